@@ -1,0 +1,125 @@
+"""Build a rung into a device binary, and export it as a module that loads with the TVM runtime alone.
+
+    f = gemm_ladder.hgemm_v4(4096, 4096, 4096)         # a T.prim_func (nothing compiled yet)
+    mod = gemm_ladder.build(f)                          # or build("v4", 4096, 4096, 4096, ...)
+    mod.export("v4.so")                                  # v4.so + v4.so.json (the manifest)
+    D = gemm_ladder.load("v4.so")(A, B)                  # on the GPU box, runtime-only TVM
+
+A built module knows its rung, knobs, shape, dtype, arch, TVM version and compiler; the
+manifest beside the ``.so`` carries the same, so the loader can refuse a wrong input or a
+wrong GPU before launching anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import toolchain
+from .config import GemmConfig
+from .rungs import config_of_prim_func, kernel_of, make_config, rung_module
+
+MANIFEST_SUFFIX = ".json"
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class BuiltModule:
+    """A compiled rung: the TVM executable, its device binary and everything that made it."""
+
+    cfg: GemmConfig
+    executable: object
+    binary: bytes
+    source: str
+    compiler: toolchain.Compiler
+    tvm_version: str
+    build_seconds: float
+    extra: dict = field(default_factory=dict)
+
+    def manifest(self) -> dict:
+        return {
+            "format": MANIFEST_VERSION,
+            "config": self.cfg.to_dict(),
+            "rung": self.cfg.rung,
+            "shape": list(self.cfg.shape),
+            "dtype": self.cfg.dtype,
+            "arch": self.cfg.arch,
+            "knobs": self.cfg.knobs(),
+            "tvm_version": self.tvm_version,
+            "compiler": self.compiler.describe(),
+            "binary_sha256": hashlib.sha256(self.binary).hexdigest(),
+            "binary_bytes": len(self.binary),
+            "build_seconds": round(self.build_seconds, 3),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **self.extra,
+        }
+
+    def export(self, path) -> Path:
+        """Write ``path`` (a shared library with the device binary inside) and its manifest."""
+        from .sass import has_device_binary  # pylint: disable=import-outside-toplevel
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.executable.export_library(str(path))
+        blob = path.read_bytes()
+        if not has_device_binary(blob) or b"__global__" in blob:
+            raise toolchain.ToolchainError(
+                f"{path} holds CUDA source instead of a device binary; this build would compile "
+                "at load time. Check that the device compiler works (python -m gemm_ladder info)"
+            )
+        Path(str(path) + MANIFEST_SUFFIX).write_text(json.dumps(self.manifest(), indent=2) + "\n")
+        return path
+
+    def cuda_source(self) -> str:
+        return self.source
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return f"<BuiltModule {c.rung} {c.M}x{c.N}x{c.K} {c.dtype} {c.arch} ({self.compiler.describe()})>"
+
+
+def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs) -> BuiltModule:
+    """Compile a rung to a device binary through TVM's CUDA codegen.
+
+    ``build("v4", M, N, K, **knobs)`` validates the knobs first (no compile on a bad config);
+    ``build(hgemm_v4(M, N, K))`` builds a prim_func a rung returned.
+    """
+    if isinstance(rung_or_func, str):
+        if None in (M, N, K):
+            raise TypeError(f"build({rung_or_func!r}, M, N, K, ...) needs the shape")
+        cfg = make_config(rung_or_func, M, N, K, **knobs)
+        func = None
+    else:
+        if M is not None or knobs:
+            raise TypeError("build(prim_func) takes no shape or knobs: they are in the prim_func")
+        func = rung_or_func
+        cfg = config_of_prim_func(func)
+    compiler = toolchain.prepare()
+    import tvm  # pylint: disable=import-outside-toplevel
+
+    if func is None:
+        func = kernel_of(cfg)
+    target = tvm.target.Target({"kind": "cuda", "arch": cfg.arch})
+    toolchain.RECORD.binary = toolchain.RECORD.source = None
+    t0 = time.perf_counter()
+    with target:
+        ex = tvm.compile(func, target=target, tir_pipeline="tirx")
+    seconds = time.perf_counter() - t0
+    if toolchain.RECORD.binary is None:
+        raise toolchain.ToolchainError(
+            "TVM kept CUDA source instead of compiling it (its CUDA runtime library did not load); "
+            "see gemm_ladder/toolchain.py"
+        )
+    return BuiltModule(
+        cfg=cfg,
+        executable=ex,
+        binary=toolchain.RECORD.binary,
+        source=toolchain.RECORD.source,
+        compiler=compiler,
+        tvm_version=tvm.__version__,
+        build_seconds=seconds,
+        extra={"launch": rung_module(cfg.rung, cfg.arch).launch(cfg)},
+    )

@@ -1,0 +1,176 @@
+"""Check and time loaded modules on a GPU: the one harness every rung, test and benchmark uses.
+
+Runtime-only (torch + the TVM runtime). The method:
+
+- correctness: fresh random inputs (randn) for every check, the output poisoned with NaN before
+  the launch, the error ||D - ref|| / ||ref|| against a float64 reference, compared with the
+  error of torch's own fp16/bf16 matmul (cuBLAS) on the same inputs: the kernel passes when its
+  error is within 2x of cuBLAS's (plus a small floor), no element is NaN (every output
+  written) and its worst element is within 8x of cuBLAS's worst element;
+- timing: warm-up, then the median of many runs timed with CUDA events, rotating through
+  enough input sets that they do not fit in L2; cuBLAS (``torch.matmul``) is timed the same way
+  in the same process, right after.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shutil
+import statistics
+import subprocess
+from dataclasses import asdict, dataclass
+
+ERROR_FLOOR = {"float16": 2e-4, "bfloat16": 2e-3}
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    rel_err: float
+    torch_rel_err: float
+    max_abs_err: float
+    torch_max_abs_err: float
+    nan_count: int
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _torch_dtype(name):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    return getattr(torch, name)
+
+
+def random_inputs(M, N, K, dtype, device="cuda", seed=0):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    A = torch.randn((M, K), generator=g, device=device, dtype=torch.float32).to(_torch_dtype(dtype))
+    B = torch.randn((N, K), generator=g, device=device, dtype=torch.float32).to(_torch_dtype(dtype))
+    return A, B
+
+
+def check(mod, seed: int = 0) -> CheckResult:
+    """Run ``mod`` once on fresh random inputs and compare with a float64 reference."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    A, B = random_inputs(mod.M, mod.N, mod.K, mod.dtype, seed=seed)
+    out = torch.full((mod.M, mod.N), float("nan"), dtype=A.dtype, device=A.device)
+    mod(A, B, out=out)
+    torch.cuda.synchronize()
+    ref = A.double() @ B.double().T
+    theirs = (A @ B.T).double()
+    ours = out.double()
+    nan_count = int(torch.isnan(ours).sum().item())
+    ref_norm = ref.norm().item() or 1.0
+    diff = torch.nan_to_num(ours - ref, nan=float("inf"))
+    rel = (diff.norm().item()) / ref_norm
+    trel = (theirs - ref).norm().item() / ref_norm
+    mabs = diff.abs().max().item()
+    tmabs = (theirs - ref).abs().max().item()
+    floor = ERROR_FLOOR[mod.dtype]
+    ok = nan_count == 0 and rel <= 2 * trel + floor and mabs <= 8 * tmabs + floor * 16
+    detail = ""
+    if not ok:
+        bad = (diff.abs() > 8 * tmabs + floor * 16).nonzero()
+        if nan_count:
+            detail = f"{nan_count} outputs never written (NaN)"
+        elif len(bad):
+            rows, cols = bad[:, 0], bad[:, 1]
+            detail = (
+                f"{len(bad)} bad elements, rows {rows.min().item()}..{rows.max().item()}, "
+                f"cols {cols.min().item()}..{cols.max().item()}, first at {tuple(bad[0].tolist())}"
+            )
+    return CheckResult(ok, rel, trel, mabs, tmabs, nan_count, detail)
+
+
+def _median_ms(fn, sets, warmup: int, reps: int) -> float:
+    import torch  # pylint: disable=import-outside-toplevel
+
+    for i in range(warmup):
+        fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        args = sets[i % len(sets)]
+        s.record()
+        fn(*args)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = None) -> dict:
+    """Median time of ``mod`` and of cuBLAS on the same shape, in one process, same method."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    l2 = l2_bytes or torch.cuda.get_device_properties(0).L2_cache_size
+    per_set = (mod.M * mod.K + mod.N * mod.K + mod.M * mod.N) * 2
+    n_sets = max(1, min(8, -(-3 * l2 // per_set)))  # enough sets to spill L2 three times
+    sets = []
+    for i in range(n_sets):
+        A, B = random_inputs(mod.M, mod.N, mod.K, mod.dtype, seed=1000 + i)
+        sets.append((A, B, torch.empty((mod.M, mod.N), dtype=A.dtype, device=A.device)))
+    flops = 2.0 * mod.M * mod.N * mod.K
+    ours = _median_ms(lambda a, b, o: mod(a, b, out=o), sets, warmup, reps)
+    theirs = _median_ms(lambda a, b, o: torch.matmul(a, b.T, out=o), sets, warmup, reps)
+    return {
+        "ms": ours,
+        "tflops": flops / ours / 1e9,
+        "cublas_ms": theirs,
+        "cublas_tflops": flops / theirs / 1e9,
+        "ratio_to_cublas": theirs / ours,
+        "input_sets": n_sets,
+        "reps": reps,
+        "warmup": warmup,
+    }
+
+
+def _smi(query: str) -> str:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return ""
+    out = subprocess.run([exe, f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True, check=False)
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+
+
+def gpu_info() -> dict:
+    """GPU name, clocks, power limit and driver, as read now."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "name": torch.cuda.get_device_name(0),
+        "capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "l2_bytes": props.L2_cache_size,
+        "smem_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
+        "sm_clock_mhz_now": _smi("clocks.sm"),
+        "sm_clock_mhz_max": _smi("clocks.max.sm"),
+        "mem_clock_mhz_now": _smi("clocks.mem"),
+        "power_limit": _smi("power.limit"),
+        "driver": _smi("driver_version"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def run_info(commit: str | None = None) -> dict:
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit or os.environ.get("GEMM_LADDER_COMMIT") or _git_commit(),
+    }
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"

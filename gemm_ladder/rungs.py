@@ -1,0 +1,101 @@
+"""The ladder: which rungs exist, which archs each has a form for, and how a call becomes a config.
+
+``hgemm_vN(M, N, K, **knobs)`` is ``prim_func("vN", M, N, K, **knobs)``: it picks the rung's
+form for ``arch`` (``gemm_ladder/<arch>/hgemm_vN.py``), fills in the rung's default knobs,
+validates everything, and only then traces the TVMScript kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import importlib.util
+import os
+from types import ModuleType
+
+from .config import ARCHS, ConfigError, GemmConfig, check_common
+
+CONFIG_ATTR = "gemm_ladder.config"
+RUNGS = ("v1", "v2", "v3", "v4", "v5", "v6")
+COMMON_KNOBS = ("dtype", "arch")
+
+
+def _arch_package(arch: str) -> str:
+    return arch.replace("_", "")  # sm_90a -> sm90a
+
+
+def rung_module(rung: str, arch: str = "sm_90a") -> ModuleType:
+    """The module that holds ``rung``'s form for ``arch``; a clear error when there is none."""
+    if rung not in RUNGS:
+        raise ConfigError(f"unknown rung {rung!r}; the ladder has {', '.join(RUNGS)}")
+    if arch not in ARCHS:
+        raise ConfigError(f"arch={arch!r} has no form in gemm-ladder; use one of {sorted(ARCHS)}")
+    name = f"gemm_ladder.{_arch_package(arch)}.hgemm_{rung}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name != name:
+            raise
+        have = [a for a in ARCHS if available(rung, a)]
+        raise ConfigError(
+            f"rung {rung} has no form for arch {arch}; it has forms for {have or 'no arch yet'}"
+        ) from None
+
+
+def available(rung: str, arch: str) -> bool:
+    """Whether ``rung`` has a form for ``arch`` (without importing TVM)."""
+    spec = importlib.util.find_spec(f"gemm_ladder.{_arch_package(arch)}")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any(
+        os.path.exists(os.path.join(loc, f"hgemm_{rung}.py")) for loc in spec.submodule_search_locations
+    )
+
+
+def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
+    """Fill in the rung's defaults and validate; raises :class:`ConfigError` before any compile."""
+    arch = knobs.get("arch", "sm_90a")
+    mod = rung_module(rung, arch)
+    allowed = set(mod.KNOBS) | set(COMMON_KNOBS)
+    unknown = sorted(set(knobs) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"rung {rung} ({arch}) takes no knob {', '.join(unknown)}; its knobs are {sorted(allowed)}"
+        )
+    values = {**mod.KNOBS, **knobs}
+    fields = set(GemmConfig.__dataclass_fields__)
+    extra = tuple(sorted((k, v) for k, v in values.items() if k not in fields))
+    cfg = GemmConfig(rung=rung, M=M, N=N, K=K, extra=extra,
+                     **{k: v for k, v in values.items() if k in fields})
+    check_common(cfg)
+    mod.check(cfg)
+    return cfg
+
+
+def prim_func(rung: str, M: int, N: int, K: int, **knobs):
+    """The TVMScript ``T.prim_func`` of ``rung`` for this shape and these knobs."""
+    cfg = make_config(rung, M, N, K, **knobs)
+    return kernel_of(cfg)
+
+
+def kernel_of(cfg: GemmConfig):
+    """Trace the rung's kernel; the prim_func carries its config (``build(func)`` reads it)."""
+    func = rung_module(cfg.rung, cfg.arch).kernel(cfg)
+    return func.with_attr(CONFIG_ATTR, json.dumps(cfg.to_dict(), sort_keys=True))
+
+
+def from_dict(d: dict) -> GemmConfig:
+    """The config :meth:`GemmConfig.to_dict` wrote, validated again."""
+    d = dict(d)
+    rung, M, N, K = d.pop("rung"), d.pop("M"), d.pop("N"), d.pop("K")
+    return make_config(rung, M, N, K, **d)
+
+
+def config_of_prim_func(func) -> GemmConfig:
+    attrs = func.attrs if func.attrs is not None else {}
+    if CONFIG_ATTR not in attrs:
+        raise TypeError(
+            "this prim_func was not made by a gemm_ladder rung: pass gemm_ladder.hgemm_v4(M, N, K) "
+            "or call gemm_ladder.build('v4', M, N, K, ...)"
+        )
+    return from_dict(json.loads(str(attrs[CONFIG_ATTR])))
