@@ -53,6 +53,7 @@ class BuiltModule:
             "binary_sha256": hashlib.sha256(self.binary).hexdigest(),
             "binary_bytes": len(self.binary),
             "build_seconds": round(self.build_seconds, 3),
+            "commit": _git_commit(),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **self.extra,
         }
@@ -79,6 +80,12 @@ class BuiltModule:
     def __repr__(self) -> str:
         c = self.cfg
         return f"<BuiltModule {c.rung} {c.M}x{c.N}x{c.K} {c.dtype} {c.arch} ({self.compiler.describe()})>"
+
+
+def _git_commit() -> str:
+    from .harness import git_commit as commit  # pylint: disable=import-outside-toplevel
+
+    return commit()
 
 
 def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs) -> BuiltModule:

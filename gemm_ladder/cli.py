@@ -198,9 +198,13 @@ def bench(paths, reps=50, timeout=300.0) -> dict:
         man = read_manifest(p)
         res = run_isolated("time", p, reps, timeout=timeout)
         results.append({"module": Path(p).name, "rung": man["rung"], "shape": man["shape"],
+                        "built_from_commit": man.get("commit"),
                         "dtype": man["dtype"], "arch": man["arch"], "knobs": man["knobs"],
                         "tvm_version": man["tvm_version"], "compiler": man.get("compiler"), **res})
-    return {"gpu": harness.gpu_info(), **harness.run_info(), "method": harness.__doc__.strip(), "results": results}
+    commits = {r.get("built_from_commit") for r in results} - {None}
+    commit = commits.pop() if len(commits) == 1 else None
+    return {"gpu": harness.gpu_info(), **harness.run_info(commit), "method": harness.__doc__.strip(),
+            "results": results}
 
 
 def _fmt(x):

@@ -163,11 +163,11 @@ def gpu_info() -> dict:
 def run_info(commit: str | None = None) -> dict:
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit or os.environ.get("GEMM_LADDER_COMMIT") or _git_commit(),
+        "commit": commit or os.environ.get("GEMM_LADDER_COMMIT") or git_commit(),
     }
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False,
                              cwd=os.path.dirname(os.path.abspath(__file__)))

@@ -143,8 +143,16 @@ class GemmModule:
             if out.device != A.device:
                 raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
-            self._function()(A, B, out)
+            self._function()(A, B, out, *self._launch_args(A.device))
         return out
+
+    def _launch_args(self, device) -> list:
+        """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU."""
+        if not self.manifest.get("launch", {}).get("persistent"):
+            return []
+        import torch  # pylint: disable=import-outside-toplevel
+
+        return [torch.cuda.get_device_properties(device).multi_processor_count]
 
 
 def _function_names(rt) -> set:
