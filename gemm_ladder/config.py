@@ -94,6 +94,7 @@ class GemmConfig:
     l2_group_size: int = 8
     tile_order: str = "grouped"
     extra: tuple = field(default=())  # rung-specific knobs as sorted (name, value) pairs
+    knob_names: tuple = field(default=())  # the knobs this rung takes (the rest keep defaults)
 
     @property
     def elem_bytes(self) -> int:
@@ -113,9 +114,8 @@ class GemmConfig:
 
     def knobs(self) -> dict:
         """The knobs as a plain dict (for manifests, cache keys and messages)."""
-        out = dataclasses.asdict(self)
-        for k in ("rung", "M", "N", "K", "extra"):
-            out.pop(k)
+        out = {"dtype": self.dtype, "arch": self.arch}
+        out.update({k: getattr(self, k) for k in self.knob_names if k in self.__dataclass_fields__})
         out.update(dict(self.extra))
         return out
 

@@ -65,7 +65,7 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     values = {**mod.KNOBS, **knobs}
     fields = set(GemmConfig.__dataclass_fields__)
     extra = tuple(sorted((k, v) for k, v in values.items() if k not in fields))
-    cfg = GemmConfig(rung=rung, M=M, N=N, K=K, extra=extra,
+    cfg = GemmConfig(rung=rung, M=M, N=N, K=K, extra=extra, knob_names=tuple(sorted(mod.KNOBS)),
                      **{k: v for k, v in values.items() if k in fields})
     check_common(cfg)
     mod.check(cfg)

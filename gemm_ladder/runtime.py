@@ -96,8 +96,6 @@ class GemmModule:
         want = getattr(torch, self.dtype)
         if t.dtype != want:
             raise ModuleInputError(f"{name} has dtype {t.dtype}; this module was built for {want} (use {name}.to({want}))")
-        if t.device.type != "cuda":
-            raise ModuleInputError(f"{name} is on {t.device}; move it to the GPU ({name}.cuda())")
         if tuple(t.shape) != tuple(shape):
             raise ModuleInputError(
                 f"{name} has shape {tuple(t.shape)}; this module was built for {tuple(shape)} "
@@ -107,6 +105,11 @@ class GemmModule:
             raise ModuleInputError(f"{name} is not contiguous (row-major); pass {name}.contiguous()")
         if t.data_ptr() % 16:
             raise ModuleInputError(f"{name} does not start on a 16-byte boundary, which TMA needs; pass {name}.clone()")
+
+    @staticmethod
+    def _check_on_gpu(name, t):
+        if t.device.type != "cuda":
+            raise ModuleInputError(f"{name} is on {t.device}; move it to the GPU ({name}.cuda())")
 
     def check_device(self, device) -> None:
         import torch  # pylint: disable=import-outside-toplevel
@@ -133,15 +136,18 @@ class GemmModule:
 
         self._check_tensor("A", A, (self.M, self.K))
         self._check_tensor("B", B, (self.N, self.K))
+        if out is not None:
+            self._check_tensor("out", out, (self.M, self.N))
+        for name, t in (("A", A), ("B", B), ("out", out)):
+            if t is not None:
+                self._check_on_gpu(name, t)
         if A.device != B.device:
             raise ModuleInputError(f"A is on {A.device} and B on {B.device}; put both on one GPU")
         self.check_device(A.device)
         if out is None:
             out = torch.empty((self.M, self.N), dtype=A.dtype, device=A.device)
-        else:
-            self._check_tensor("out", out, (self.M, self.N))
-            if out.device != A.device:
-                raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
+        elif out.device != A.device:
+            raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
             self._function()(A, B, out, *self._launch_args(A.device))
         return out

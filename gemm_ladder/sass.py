@@ -140,5 +140,5 @@ def sm_of(blob_or_binary: bytes) -> str:
     """The SASS arch a binary was built for (``sm_90a``, ``sm_100a``)."""
     kind, binary = _only_binary(blob_or_binary)
     out = _run_on(binary, kind, "-sass")
-    m = re.search(r"arch = (sm_\d+a?)", out)
+    m = re.search(r"code for (sm_\d+a?)", out)
     return m.group(1) if m else "unknown"

@@ -167,3 +167,186 @@ def tma_store_tile(D, Dsmem, m_st, n_st, plan, tid):
 
 def dtype_of(cfg: GemmConfig):
     return tvm.DataType(cfg.dtype)
+
+
+# -- multi-stage pipelines (v5, v6) -----------------------------------------------------------
+MIN_PIPE_DEPTH = 2  # one stage loading while another is read by the tensor cores
+
+
+def max_pipe_depth(cfg: GemmConfig, smem_per_block: int) -> int:
+    """The deepest operand ring that fits beside the output tile in ``smem_per_block`` bytes."""
+    plan = HopperPlan(cfg)
+    return (smem_per_block - smem_bytes(cfg, 0)) // plan.stage_bytes
+
+
+def check_pipe_depth(cfg: GemmConfig, limits=None) -> None:
+    """``pipe_depth`` between 2 and what the shared memory of the arch (or GPU) allows.
+
+    The limit is read from :func:`gemm_ladder.config.limits_for` (the device's opt-in shared
+    memory per block when a GPU of the arch is present, the arch table otherwise).
+    """
+    from ..config import ConfigError, check_budget, limits_for  # pylint: disable=import-outside-toplevel
+
+    limits = limits or limits_for(cfg.arch)
+    depth = cfg.pipe_depth
+    most = max_pipe_depth(cfg, limits.smem_per_block)
+    tile = f"blk_m={cfg.blk_m}, blk_n={cfg.blk_n}"
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < MIN_PIPE_DEPTH:
+        raise ConfigError(
+            f"pipe_depth={depth!r}: a ring needs at least {MIN_PIPE_DEPTH} stages (one loading, one "
+            f"read by wgmma); use pipe_depth={max(MIN_PIPE_DEPTH, min(4, most))}"
+        )
+    if most < MIN_PIPE_DEPTH:
+        raise ConfigError(
+            f"{tile} leaves room for {most} stage(s) of {HopperPlan(cfg).stage_bytes} bytes in the "
+            f"{limits.smem_per_block} bytes of shared memory a block may use on {cfg.arch}; "
+            f"use a smaller tile (e.g. blk_m=128, blk_n=128)"
+        )
+    if depth > most:
+        raise ConfigError(
+            f"pipe_depth={depth} with {tile} needs {smem_bytes(cfg, depth)} bytes of shared memory, "
+            f"over the {limits.smem_per_block} a block may use on {cfg.arch} "
+            f"({HopperPlan(cfg).stage_bytes} bytes per stage plus {smem_bytes(cfg, 0)} for barriers "
+            f"and the output tile); use pipe_depth={most} or less"
+        )
+    check_budget(cfg, smem_bytes(cfg, depth), limits)
+
+
+@T.inline
+def tma_load_k_tile(plan, A, B, Asmem, Bsmem, stage, m_st, n_st, k, tma2mma):
+    """One thread: TMA the K slice ``k`` of the A and B panels into ``stage`` of the ring.
+
+    The expect_tx arrive names the full box: TMA counts the zero-filled bytes past the edges too.
+    """
+    BLK_M = T.meta_var(plan.cfg.blk_m)
+    BLK_N = T.meta_var(plan.cfg.blk_n)
+    BLK_K = T.meta_var(plan.cfg.blk_k)
+    Tx.copy_async(Asmem[stage, :, :], A[m_st:m_st + BLK_M, k * BLK_K:k * BLK_K + BLK_K],
+                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]))
+    Tx.copy_async(Bsmem[stage, :, :], B[n_st:n_st + BLK_N, k * BLK_K:k * BLK_K + BLK_K],
+                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]))
+    tma2mma.arrive(stage, tx_count=plan.stage_bytes)
+
+
+def pack_op(cfg: GemmConfig) -> str:
+    """The PTX that rounds two fp32 accumulators into one 32-bit pair of the output dtype."""
+    return {"float16": "cvt.rn.f16x2.f32", "bfloat16": "cvt.rn.bf16x2.f32"}[cfg.dtype]
+
+
+@T.inline
+def acc_to_smem_stmatrix(plan, Dreg, Dsmem, wg_row0, warp_id, lane_id, packed):
+    """Registers -> shared with ``stmatrix.m8n8.x4``: 8 output elements per thread per store.
+
+    The m64nNk16 fragment of one warp is, per 8 columns, two 8x8 matrices (rows 0-7 and 8-15
+    of the warp's 16) in exactly the layout ``stmatrix`` takes: lane l holds row l/4, columns
+    2(l%4) and 2(l%4)+1. So registers (4i, 4i+1) and (4i+2, 4i+3) pack (cvt.rn.f16x2.f32) into
+    the two matrices of column block i, and one x4 store covers column blocks 2p and 2p+1.
+    Lane t gives the address of row t%8 of matrix t/8: a 16-byte chunk, which the 128B swizzle
+    keeps whole, so the swizzled address of its first element is the row's address. The eight
+    rows of a matrix land in eight different 16-byte bank groups: no bank conflicts.
+    """
+    NR = T.meta_var(plan.n_regs)
+    q = T.meta_var(lane_id // 8)
+    row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
+    for mi in T.unroll(plan.m_atoms):
+        for p in T.unroll(plan.cfg.blk_n // 16):
+            for h in T.unroll(4):
+                # h: matrix h of the x4 store = column block 2p + h//2, row half h%2
+                r = T.meta_var(mi * NR + (2 * p + h // 2) * 4 + (h % 2) * 2)
+                # cvt puts its first source in the upper half: the higher column
+                T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r + 1], Dreg[r])
+            T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
+                Dsmem.ptr_to([wg_row0 + mi * WG_M + row, (2 * p + q // 2) * 8]),
+                packed[0], packed[1], packed[2], packed[3],
+            )
+
+
+@T.inline
+def tma_store_issue(D, Dsmem, m_st, n_st, plan, tid):
+    """Shared -> global by one thread's TMA store, committed but NOT waited for.
+
+    Each writer fences its generic-proxy stores for the async proxy, the CTA barrier makes them
+    all land before thread 0 issues the copy. Whoever rewrites Dsmem next must first let the
+    bulk group finish reading it (``cp.async.bulk.wait_group.read``).
+    """
+    T.ptx.fence.proxy.async_.shared__cta()
+    T.cuda.cta_sync()
+    if tid == 0:
+        for h in T.unroll(plan.cfg.blk_n // 64):
+            Tx.copy_async(
+                D[m_st:m_st + plan.cfg.blk_m, n_st + h * 64:n_st + h * 64 + 64],
+                Dsmem[:, h * 64:h * 64 + 64], dispatch="tma_auto",
+            )
+        T.ptx.cp.async_.bulk.commit_group()
+
+
+# --- The first rungs (v1-v3): every thread copies, the output leaves from registers ----------
+#
+# Before TMA (v4) the threads themselves move A and B into the same 128B-swizzled tiles that
+# wgmma reads, with 16-byte loads and stores, and each thread writes the accumulators it holds
+# straight to global memory. One stage, no barriers other than the CTA barrier, no output tile.
+
+
+def sync_launch_info(cfg: GemmConfig, grid=None) -> dict:
+    """Grid, threads and shared memory of a rung that copies by threads (one A+B stage only)."""
+    plan = HopperPlan(cfg)
+    return {"grid": list(grid or cfg.grid_mn), "threads": plan.threads, "smem_bytes": plan.stage_bytes}
+
+
+@T.inline
+def load_tile_sync(Xsmem, stage, X, row0, k0, rows):
+    """Global -> shared by every thread of the CTA: ``X[row0:row0+rows, k0:k0+64]``.
+
+    ``Tx.cta.copy`` gives each thread 16-byte pieces (8 halves, one swizzle chunk): 8 threads
+    cover one 128-byte row, so a warp reads 4 whole rows. The destination index goes through
+    the buffer's 128B-swizzle layout, chunk c of row r lands in chunk ``c ^ (r % 8)``: the
+    same bytes TMA would write, so the wgmma descriptors are those of v4. No bounds checks:
+    the whole slice must lie inside X (v1, v2).
+    """
+    Tx.cta.copy(Xsmem[stage, :, :], X[row0:row0 + rows, k0:k0 + 64])
+
+
+@T.inline
+def load_tile_guarded(plan, Xsmem, stage, X, row0, k0, rows, tid, guard_rows, guard_k):
+    """Like :func:`load_tile_sync`, but rows past X's last row and columns past K read zeros.
+
+    Thread ``tid`` moves 16-byte chunks ``tid, tid + threads, ...`` of the (rows x 64) slice:
+    chunk c is row ``c // 8``, columns ``8 * (c % 8) ..+8``. K is a multiple of 8 (16-byte
+    rows), so a chunk is wholly inside or wholly outside; an outside chunk is stored as zeros,
+    which add nothing to the dot products (the zero-filling TMA does in v4).
+    ``guard_rows`` / ``guard_k`` are Python bools: False when the shape needs no check there.
+    """
+    n_rows = T.meta_var(X.shape[0])
+    n_k = T.meta_var(X.shape[1])
+    chunk = T.alloc_local((4,), "uint32")
+    for it in T.unroll(rows * 8 // plan.threads):
+        c = T.meta_var(it * plan.threads + tid)
+        r = T.meta_var(c // 8)
+        col = T.meta_var(c % 8 * 8)
+        inside = T.meta_var(T.And(T.Or(not guard_rows, row0 + r < n_rows), T.Or(not guard_k, k0 + col < n_k)))
+        if inside:
+            T.ptx["ld.global.v4.u32"](chunk[0], chunk[1], chunk[2], chunk[3], X.ptr_to([row0 + r, k0 + col]))
+        else:
+            for i in T.unroll(4):
+                chunk[i] = T.uint32(0)
+        T.ptx["st.shared.v4.u32"](Xsmem.ptr_to([stage, r, col]), chunk[0], chunk[1], chunk[2], chunk[3])
+
+
+@T.inline
+def acc_to_global(plan, Dreg, D, m0, n0, wg_row0, warp_id, lane_id, guard_rows, guard_cols):
+    """Registers -> global, no shared staging: each thread stores the pairs its fragment holds.
+
+    Registers 2p and 2p+1 hold adjacent columns of one row (``layouts.acc_fragment_coord``),
+    so each pair leaves as one 4-byte store. N is a multiple of 8, so a pair is wholly inside
+    or outside D; ``guard_rows`` / ``guard_cols`` (Python bools) skip the pairs past the edge.
+    """
+    n_m = T.meta_var(D.shape[0])
+    n_n = T.meta_var(D.shape[1])
+    for mi in T.unroll(plan.m_atoms):
+        for p in T.unroll(plan.n_regs // 2):
+            row, col = T.meta_var(layouts.acc_fragment_coord(2 * p, warp_id, lane_id))
+            gr = T.meta_var(m0 + wg_row0 + mi * WG_M + row)
+            gc = T.meta_var(n0 + col)
+            if T.And(T.Or(not guard_rows, gr < n_m), T.Or(not guard_cols, gc < n_n)):
+                for v in T.vectorized(2):
+                    D[gr, gc + v] = T.cast(Dreg[mi * plan.n_regs + 2 * p + v], plan.cfg.dtype)
