@@ -74,7 +74,7 @@ def cuobjdump() -> str:
         if cand.exists():
             return str(cand)
     raise SassToolError(
-        "cuobjdump is not installed: pip install 'nvidia-cuda-cuobjdump>=13.2' (or add the CUDA "
+        "cuobjdump is not installed: pip install 'nvidia-cuda-cuobjdump>=13.2' 'nvidia-cuda-nvdisasm>=13.2' (or add the CUDA "
         "toolkit's bin/ to the PATH)"
     )
 
@@ -83,7 +83,10 @@ def _run_on(binary: bytes, kind: str, *args: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"kernel.{kind}")
         Path(path).write_bytes(binary)
-        proc = subprocess.run([cuobjdump(), *args, path], capture_output=True, text=True, check=False)
+        exe = cuobjdump()
+        # cuobjdump -sass runs nvdisasm; the wheels put both in one bin/ that is not on the PATH
+        env = dict(os.environ, NVDISASM_PATH=os.environ.get("NVDISASM_PATH", os.path.dirname(exe)))
+        proc = subprocess.run([exe, *args, path], capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise SassToolError(f"cuobjdump {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout

@@ -109,5 +109,6 @@ def cuda_trace_source(order, num_m, num_n, num_ctas, l2_group_size=8, arch="sm_9
             ts.next_tile()
 
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    ex = tvm.compile(trace_kernel, target=target, tir_pipeline="tirx")
+    with target:  # a device compile (if one is set up) reads the arch from the current target
+        ex = tvm.compile(trace_kernel, target=target, tir_pipeline="tirx")
     return ex.mod.imports[0].inspect_source("cuda")

@@ -1,0 +1,229 @@
+// gemm_runner: load an exported gemm-ladder module with the TVM runtime alone (no Python, no
+// TVM compiler), run it on random inputs, check it against a CPU reference and time it.
+//
+//   gemm_runner build/ladder/v4_4096x4096x4096_float16_sm_90a.so [--reps 50]
+//
+// The shape, dtype and whether the rung is persistent come from the manifest beside the .so.
+// TVM's CUDA loader lives in libtvm_runtime_cuda.so, which registers itself when loaded: it is
+// opened first, from the directory of libtvm_runtime.so (or $TVM_LIBRARY_DIR).
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/module.h>
+#include <tvm/ffi/function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+#define CUDA_OK(call)                                                                   \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));           \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+struct Manifest {
+  int64_t M = 0, N = 0, K = 0;
+  std::string dtype;
+  bool persistent = false;
+};
+
+// The manifest is JSON written by gemm_ladder; three fields are all the runner needs.
+Manifest ReadManifest(const std::string& so_path) {
+  std::ifstream in(so_path + ".json");
+  if (!in) {
+    std::fprintf(stderr, "%s.json is missing: export writes it beside the .so\n", so_path.c_str());
+    std::exit(2);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  Manifest m;
+  std::smatch g;
+  if (!std::regex_search(text, g, std::regex("\"shape\":\\s*\\[\\s*(\\d+),\\s*(\\d+),\\s*(\\d+)"))) {
+    std::fprintf(stderr, "no shape in the manifest\n");
+    std::exit(2);
+  }
+  m.M = std::stoll(g[1]);
+  m.N = std::stoll(g[2]);
+  m.K = std::stoll(g[3]);
+  if (std::regex_search(text, g, std::regex("\"dtype\":\\s*\"(\\w+)\""))) m.dtype = g[1];
+  m.persistent = std::regex_search(text, std::regex("\"persistent\":\\s*true"));
+  return m;
+}
+
+// float -> IEEE half / bfloat16 bits, round to nearest even (finite normal inputs only).
+uint16_t ToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffffu;
+  if (exp <= 0) return static_cast<uint16_t>(sign);  // flush tiny values
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  uint32_t h = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+  uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(h);
+}
+float FromHalf(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, x;
+  if (exp == 0) {
+    float f = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -f : f;
+  }
+  if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
+  else x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+uint16_t ToBf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+float FromBf16(uint16_t b) {
+  uint32_t x = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+DLTensor View(void* data, int64_t* shape, DLDataType dt) {
+  DLTensor t{};
+  t.data = data;
+  t.device = DLDevice{kDLCUDA, 0};
+  t.ndim = 2;
+  t.dtype = dt;
+  t.shape = shape;
+  return t;
+}
+
+void LoadCudaBackend() {
+  std::string dir;
+  if (const char* env = std::getenv("TVM_LIBRARY_DIR")) {
+    dir = env;
+  } else {
+    Dl_info info{};
+    void* sym = dlsym(RTLD_DEFAULT, "TVMFFIFunctionCall");
+    if (sym && dladdr(sym, &info) && info.dli_fname) {
+      dir = info.dli_fname;
+      dir = dir.substr(0, dir.find_last_of('/'));
+    }
+  }
+  const std::string candidates[] = {dir + "/libtvm_runtime_cuda.so", "libtvm_runtime_cuda.so"};
+  for (const auto& c : candidates) {
+    if (dlopen(c.c_str(), RTLD_NOW | RTLD_GLOBAL)) return;
+  }
+  std::fprintf(stderr, "could not load libtvm_runtime_cuda.so (%s); set TVM_LIBRARY_DIR to TVM's lib/\n", dlerror());
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s MODULE.so [--reps N]\n", argv[0]);
+    return 2;
+  }
+  const std::string path = argv[1];
+  int reps = 50;
+  for (int i = 2; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
+  const Manifest man = ReadManifest(path);
+  const bool bf16 = man.dtype == "bfloat16";
+  if (!bf16 && man.dtype != "float16") {
+    std::fprintf(stderr, "dtype %s is not supported by the runner\n", man.dtype.c_str());
+    return 2;
+  }
+  LoadCudaBackend();
+  tvm::ffi::Module mod = tvm::ffi::Module::LoadFromFile(path);
+  tvm::ffi::Function fn = mod->GetFunction("main").value();
+
+  const int64_t M = man.M, N = man.N, K = man.K;
+  std::mt19937 rng(0);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> a(M * K), b(N * K), d(M * N);
+  for (auto& v : a) v = bf16 ? ToBf16(normal(rng)) : ToHalf(normal(rng));
+  for (auto& v : b) v = bf16 ? ToBf16(normal(rng)) : ToHalf(normal(rng));
+  auto to_float = [bf16](uint16_t v) { return bf16 ? FromBf16(v) : FromHalf(v); };
+
+  void *da, *db, *dd;
+  CUDA_OK(cudaMalloc(&da, a.size() * 2));
+  CUDA_OK(cudaMalloc(&db, b.size() * 2));
+  CUDA_OK(cudaMalloc(&dd, d.size() * 2));
+  CUDA_OK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(dd, 0xff, d.size() * 2));  // NaN in both formats: unwritten outputs show
+  int64_t sa[2] = {M, K}, sb[2] = {N, K}, sd[2] = {M, N};
+  const DLDataType dt{static_cast<uint8_t>(bf16 ? kDLBfloat : kDLFloat), 16, 1};
+  DLTensor ta = View(da, sa, dt), tb = View(db, sb, dt), td = View(dd, sd, dt);
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto launch = [&] {
+    if (man.persistent) fn(&ta, &tb, &td, sms);
+    else fn(&ta, &tb, &td);
+  };
+  launch();
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(d.data(), dd, d.size() * 2, cudaMemcpyDeviceToHost));
+
+  // Reference in double on up to 64 rows spread over M (every column of each).
+  double err2 = 0, ref2 = 0;
+  int64_t nan = 0;
+  const int64_t rows = std::min<int64_t>(M, 64);
+  for (int64_t s = 0; s < rows; ++s) {
+    const int64_t i = s * (M - 1) / std::max<int64_t>(rows - 1, 1);
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(to_float(a[i * K + k])) * to_float(b[j * K + k]);
+      const float got = to_float(d[i * N + j]);
+      if (std::isnan(got)) ++nan;
+      err2 += (got - acc) * (got - acc);
+      ref2 += acc * acc;
+    }
+  }
+  const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+
+  cudaEvent_t e0, e1;
+  CUDA_OK(cudaEventCreate(&e0));
+  CUDA_OK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < reps + 5; ++r) {
+    CUDA_OK(cudaEventRecord(e0));
+    launch();
+    CUDA_OK(cudaEventRecord(e1));
+    CUDA_OK(cudaEventSynchronize(e1));
+    float t = 0;
+    CUDA_OK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 5) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  const double tol = bf16 ? 1e-2 : 2e-3;
+  const bool ok = nan == 0 && rel < tol;
+  std::printf("%s  %lldx%lldx%lld %s  rel_err %.2e  unwritten %lld  %.3f ms  %.1f TFLOPS  %s\n",
+              path.c_str(), static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+              man.dtype.c_str(), rel, static_cast<long long>(nan), med, 2.0 * M * N * K / med / 1e9,
+              ok ? "OK" : "WRONG");
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dd);
+  return ok ? 0 : 1;
+}
