@@ -22,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 
+from .tune import add_tune_parser
+
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192")
 DEFAULT_DTYPES = ("float16", "bfloat16")
 MANIFEST = "manifest.json"
@@ -52,7 +54,7 @@ def _progress(iterable, total, desc):
 
         return tqdm(iterable, total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
     except ImportError:
-        return iterable
+        return iterable if iterable is not None else None
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -174,13 +176,24 @@ def gpu_present() -> bool:
         return False
 
 
+def _batch(job, paths, args, timeout, desc):
+    from .isolate import run_batch  # pylint: disable=import-outside-toplevel
+
+    bar = _progress(None, len(paths), desc) if len(paths) > 1 else None
+    tick = (lambda res: bar.update(1)) if hasattr(bar, "update") else None
+    try:
+        return run_batch(job, paths, args, timeout=timeout, on_result=tick)
+    finally:
+        if hasattr(bar, "close"):
+            bar.close()
+
+
 def verify(paths, seeds=(0, 1), timeout=180.0) -> list[dict]:
-    from .isolate import run_isolated  # pylint: disable=import-outside-toplevel
+    """Check every module on fresh random inputs, each in a child process with a deadline."""
     from .runtime import read_manifest  # pylint: disable=import-outside-toplevel
 
     rows = []
-    for p in _progress(paths, len(paths), "verify"):
-        res = run_isolated("check", p, *seeds, timeout=timeout)
+    for p, res in zip(paths, _batch("check", paths, seeds, timeout, "verify")):
         man = read_manifest(p)
         rows.append({"module": Path(p).name, "rung": man["rung"], "status": res["status"],
                      "rel_err": _fmt(res.get("rel_err")), "cublas_rel_err": _fmt(res.get("torch_rel_err")),
@@ -189,14 +202,13 @@ def verify(paths, seeds=(0, 1), timeout=180.0) -> list[dict]:
 
 
 def bench(paths, reps=50, timeout=300.0) -> dict:
+    """Time every module against cuBLAS (same process, same method); one JSON report."""
     from . import harness  # pylint: disable=import-outside-toplevel
-    from .isolate import run_isolated  # pylint: disable=import-outside-toplevel
     from .runtime import read_manifest  # pylint: disable=import-outside-toplevel
 
     results = []
-    for p in _progress(paths, len(paths), "bench"):
+    for p, res in zip(paths, _batch("time", paths, [reps], timeout, "bench")):
         man = read_manifest(p)
-        res = run_isolated("time", p, reps, timeout=timeout)
         results.append({"module": Path(p).name, "rung": man["rung"], "shape": man["shape"],
                         "built_from_commit": man.get("commit"),
                         "dtype": man["dtype"], "arch": man["arch"], "knobs": man["knobs"],
@@ -303,23 +315,74 @@ def cmd_pictures(a) -> int:
     return 0
 
 
+def main_jobs(shapes, dtypes, archs) -> list:
+    """The ladder for the main job: every rung of every arch at the default shapes; a rung that
+    cannot take a shape (v1 computes one tile, v2 one row of tiles) gets its own largest one."""
+    from .config import ConfigError  # pylint: disable=import-outside-toplevel
+    from .rungs import RUNGS, available, make_config  # pylint: disable=import-outside-toplevel
+
+    jobs = []
+    for arch in archs:
+        for rung in (r for r in RUNGS if available(r, arch)):
+            for dtype in dtypes:
+                seen = set()
+                for M, N, K in shapes:
+                    knobs = {"dtype": dtype, "arch": arch}
+                    for shape in _fallback_shapes(rung, (M, N, K), knobs):
+                        try:
+                            make_config(rung, *shape, **knobs)
+                        except ConfigError:
+                            continue
+                        if shape not in seen:
+                            seen.add(shape)
+                            jobs.append((rung, shape, knobs))
+                        break
+    return jobs
+
+
+def _fallback_shapes(rung, shape, knobs):
+    from .rungs import make_config  # pylint: disable=import-outside-toplevel
+
+    yield shape
+    try:
+        d = make_config("v4", *shape, **knobs)  # the default tile of the ladder
+    except Exception:  # pylint: disable=broad-except
+        return
+    M, N, K = shape
+    yield (d.blk_m, d.blk_n, K)
+    yield (d.blk_m, d.blk_n, d.blk_k)
+
+
 def cmd_main(a) -> int:
-    """The README's main job: export the ladder, print the info table; with a GPU, verify and bench."""
-    a.rungs, a.knob, a.jobs = None, None, a.jobs
-    rc = cmd_export(a)
+    """The README's main job: export the ladder and print its info table; with a GPU, verify and
+    bench the modules of the GPU's arch."""
+    jobs = main_jobs(a.shapes, a.dtypes, a.archs)
+    results = build_many(jobs, a.out, workers=a.jobs, desc="export")
+    write_folder_manifest(a.out, results)
+    failed = [r for r in results if r["status"] != "built"]
+    for r in failed:
+        print(f"refused: {r['rung']} {r['shape']}: {r['detail']}", file=sys.stderr)
     paths = modules_in([a.out])
     print(table(info_rows(paths), INFO_COLS))
     if not gpu_present():
-        print("no GPU here: built and exported only. Carry the folder and a runtime pack "
-              "(python -m gemm_ladder pack-runtime) to a GPU box to verify and bench.")
-        return rc
-    vrows = verify(paths)
+        print(f"\n{len(paths)} modules in {a.out}. No GPU here: built and exported only. To verify and "
+              "bench on a GPU box with no TVM: python -m gemm_ladder pack-runtime build/runtime --python X.Y, "
+              "carry both folders, then PYTHONPATH=build/runtime/site python -m gemm_ladder verify " + str(a.out))
+        return 1 if failed else 0
+    from .config import arch_of_capability  # pylint: disable=import-outside-toplevel
+    import torch  # pylint: disable=import-outside-toplevel
+
+    here = arch_of_capability(*torch.cuda.get_device_capability(0))
+    from .runtime import read_manifest  # pylint: disable=import-outside-toplevel
+
+    mine = [p for p in paths if read_manifest(p)["arch"] == here]
+    vrows = verify(mine)
     print(table(vrows, ["module", "status", "rel_err", "cublas_rel_err", "detail"]))
-    report = bench(paths)
+    report = bench(mine)
     out = Path(a.out) / "bench.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(bench_rows(report), BENCH_COLS))
-    return rc or int(any(r["status"] != "ok" for r in vrows))
+    return int(bool(failed) or any(r["status"] != "ok" for r in vrows))
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -380,8 +443,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("main", help="export the ladder and print its info table; verify and bench with a GPU")
     ladder_args(m, "build/main")
-    m.add_argument("--arch", default="sm_90a")
+    m.add_argument("--archs", type=lambda s: s.split(","), default=["sm_90a", "sm_100a"])
     m.set_defaults(fn=cmd_main)
+    add_tune_parser(sub)
     return p
 
 

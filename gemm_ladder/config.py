@@ -124,8 +124,19 @@ class GemmConfig:
         return {"rung": self.rung, "M": self.M, "N": self.N, "K": self.K, **self.knobs()}
 
     def tag(self) -> str:
-        """A file-name-safe name: rung, shape, dtype, arch."""
-        return f"{self.rung}_{self.M}x{self.N}x{self.K}_{self.dtype}_{self.arch}"
+        """A file-name-safe name that differs whenever the binary does: rung, shape, dtype, arch
+        and the knobs, e.g. ``v5_4096x4096x4096_float16_sm_90a_m128n256k64w2p4``."""
+        short = {"blk_m": "m", "blk_n": "n", "blk_k": "k", "num_warpgroups": "w", "pipe_depth": "p",
+                 "l2_group_size": "g"}
+        parts = []
+        order = list(short)
+        for name, value in sorted(self.knobs().items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])):
+            if name in ("dtype", "arch"):
+                continue
+            key = short.get(name, name.replace("_", ""))
+            parts.append(f"{key}{value}")
+        knobs = "".join(parts)
+        return f"{self.rung}_{self.M}x{self.N}x{self.K}_{self.dtype}_{self.arch}" + (f"_{knobs}" if knobs else "")
 
 
 def _fix(msg: str, fix: str) -> ConfigError:

@@ -1,40 +1,94 @@
-"""Run one GPU job in a child process with a timeout, so a kernel that deadlocks cannot hang us.
+"""Run GPU jobs in a child process with a deadline, so a kernel that deadlocks cannot hang us.
 
 A wrong mbarrier phase or byte count makes a kernel spin forever. Every GPU check and timing
-in gemm-ladder (CLI, tests, tuner) goes through :func:`run_isolated`: the child loads one
-module, runs the job and prints one JSON line; the parent kills it at the deadline and records
-``status: "timeout"`` (or ``"crash"`` with the child's last words) instead of waiting.
+in gemm-ladder (CLI, tests, tuner) goes through this module: a child process loads the modules
+and runs the job on each, printing one JSON line per module as it finishes; the parent gives
+each module its own deadline, and when one passes it kills the child, records
+``status: "timeout"`` for that module and starts a fresh child for the rest. A crash is recorded
+as ``"crash"`` with the child's last words. Loading torch and TVM once per child, not once per
+module, keeps a long list fast.
 
-    python -m gemm_ladder.isolate check path/to/module.so [seed]
-    python -m gemm_ladder.isolate time  path/to/module.so [reps]
+    python -m gemm_ladder.isolate check MODULE.so [MODULE.so ...] [--args 0,1]
+    python -m gemm_ladder.isolate time  MODULE.so [MODULE.so ...] [--args 50]
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 
 RESULT_PREFIX = "GEMM_LADDER_RESULT "
+STARTUP_SECONDS = 60.0  # importing torch and TVM in a fresh child
 
 
 def run_isolated(job: str, path, *args, timeout: float = 120.0) -> dict:
-    cmd = [sys.executable, "-m", "gemm_ladder.isolate", job, str(path), *[str(a) for a in args]]
+    """One module, one job: the result dict (``status`` is ok, wrong, error, timeout or crash)."""
+    return run_batch(job, [path], args, timeout=timeout)[0]
+
+
+def run_batch(job: str, paths, args=(), timeout: float = 120.0, on_result=None) -> list[dict]:
+    """Run ``job`` on every module, each with ``timeout`` seconds; results in the order of ``paths``."""
+    paths = [str(p) for p in paths]
+    results: list[dict | None] = [None] * len(paths)
+    start = 0
+    while start < len(paths):
+        done = _run_child(job, paths[start:], args, timeout, results, start, on_result)
+        start += max(done, 1)
+    return results  # type: ignore[return-value]
+
+
+def _run_child(job, paths, args, timeout, results, offset, on_result) -> int:
+    cmd = [sys.executable, "-m", "gemm_ladder.isolate", job, *paths, "--args", ",".join(map(str, args))]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired as err:
-        tail = (err.stderr or b"")[-2000:]
-        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-        return {"status": "timeout", "detail": f"no result after {timeout:.0f} s (deadlock?) {tail}".strip()}
-    for line in reversed(proc.stdout.splitlines()):
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    err_tail: list[str] = []
+    threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
+    threading.Thread(target=lambda: [err_tail.append(l) for l in proc.stderr], daemon=True).start()
+    done = 0
+    deadline = time.monotonic() + timeout + STARTUP_SECONDS
+    while done < len(paths):
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            proc.wait()
+            _record(results, offset + done, {"status": "timeout",
+                    "detail": f"no result after {timeout:.0f} s (a deadlock?)"}, paths[done], on_result)
+            return done + 1
+        if line is None:  # the child died
+            proc.wait()
+            tail = "".join(err_tail)[-2000:]
+            _record(results, offset + done, {"status": "crash", "returncode": proc.returncode,
+                                             "detail": tail.strip()}, paths[done], on_result)
+            return done + 1
         if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    return {"status": "crash", "returncode": proc.returncode, "detail": (proc.stderr or proc.stdout)[-2000:]}
+            _record(results, offset + done, json.loads(line[len(RESULT_PREFIX):]), paths[done], on_result)
+            done += 1
+            deadline = time.monotonic() + timeout
+    proc.wait()
+    return done
 
 
-def _child(job: str, path: str, *args: str) -> dict:
+def _record(results, i, res, path, on_result):
+    res.setdefault("module", os.path.basename(path))
+    results[i] = res
+    if on_result:
+        on_result(res)
+
+
+def _job(job: str, path: str, args: list[str]) -> dict:
+    if job == "selftest":  # exercises the watchdog without a GPU: PATH is "ok", "hang" or "crash"
+        if path == "hang":
+            time.sleep(3600)
+        if path == "crash":
+            os._exit(3)  # pylint: disable=protected-access
+        return {"status": "ok"}
     from . import harness  # pylint: disable=import-outside-toplevel
     from .runtime import load  # pylint: disable=import-outside-toplevel
 
@@ -50,16 +104,23 @@ def _child(job: str, path: str, *args: str) -> dict:
         if not first.ok:
             return {"status": "wrong", **first.as_dict()}
         return {"status": "ok", **harness.time_module(mod, reps=reps), "rel_err": first.rel_err}
-    raise SystemExit(f"unknown job {job!r}")
+    raise ValueError(f"unknown job {job!r}: use check or time")
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        result = _child(*argv)
-    except Exception as err:  # pylint: disable=broad-except
-        result = {"status": "error", "detail": f"{type(err).__name__}: {err}"}
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    args: list[str] = []
+    if "--args" in argv:
+        i = argv.index("--args")
+        args = [a for a in argv[i + 1].split(",") if a] if i + 1 < len(argv) else []
+        argv = argv[:i]
+    job, paths = argv[0], argv[1:]
+    for path in paths:
+        try:
+            result = _job(job, path, args)
+        except Exception as err:  # pylint: disable=broad-except
+            result = {"status": "error", "detail": f"{type(err).__name__}: {err}"}
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
-"""Shared fixtures: a build folder per session, and the GPU tier's skip rule.
+"""Shared fixtures: a build folder per session, the GPU tier's skip rule and its batch runner.
 
 GPU tests are marked ``gpu`` and skip themselves where torch sees no CUDA GPU (CI, build
-boxes). They never run a kernel in the test process: every launch goes through
-``gemm_ladder.isolate.run_isolated`` (a child process with a timeout), so a deadlocked kernel
-fails its test instead of hanging the run.
+boxes), unless ``GEMM_LADDER_GPU_EXPORT`` asks to export their modules for a GPU box. They
+never run a kernel in the test process: every launch goes through ``gemm_ladder.isolate``
+(a child process with a per-module deadline), so a deadlocked kernel fails its test instead of
+hanging the run. See ``tests/gpu_cases.py``.
 """
+
+import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -23,10 +28,18 @@ def _gpu_arch():
 
 
 GPU_ARCH = _gpu_arch()
+EXPORT_DIR = os.environ.get("GEMM_LADDER_GPU_EXPORT")
+PREBUILT_DIR = os.environ.get("GEMM_LADDER_PREBUILT")
 
 
 def pytest_collection_modifyitems(config, items):
-    if GPU_ARCH is not None:
+    cases = []
+    for item in items:
+        case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
+        if case is not None and "gpu_result" in getattr(item, "fixturenames", ()):
+            cases.append(case)
+    config._gpu_cases = list(dict.fromkeys(cases))
+    if GPU_ARCH is not None or EXPORT_DIR:
         return
     skip = pytest.mark.skip(reason="no CUDA GPU here: the gpu tier runs on an H100/H200")
     for item in items:
@@ -37,3 +50,45 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def build_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("build")
+
+
+def _module_paths(cases, out: Path) -> dict:
+    """A module for every case: prebuilt, or built and exported here (in parallel)."""
+    if PREBUILT_DIR:
+        index = json.loads((Path(PREBUILT_DIR) / "cases.json").read_text())
+        return {c.key: Path(PREBUILT_DIR) / index[c.key] for c in cases if c.key in index}
+    from gemm_ladder.cli import build_many
+
+    jobs = [(rung, (M, N, K), knobs) for rung, M, N, K, knobs in (c.build_args() for c in cases)]
+    results = build_many(jobs, out, desc="gpu cases")
+    paths = {}
+    for case, res in zip(cases, results):
+        assert res["status"] == "built", (str(case), res.get("detail"))
+        paths[case.key] = out / res["file"]
+    (out / "cases.json").write_text(json.dumps({k: p.name for k, p in paths.items()}, indent=1))
+    return paths
+
+
+@pytest.fixture(scope="session")
+def _gpu_batch(request, tmp_path_factory):
+    cases = request.config._gpu_cases
+    out = Path(EXPORT_DIR) if EXPORT_DIR else tmp_path_factory.mktemp("gpu_cases")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = _module_paths(cases, out)
+    if EXPORT_DIR and GPU_ARCH is None:
+        return {"exported": paths}
+    from gemm_ladder.isolate import run_batch
+
+    keys = [c.key for c in cases if c.key in paths]
+    results = run_batch("check", [paths[k] for k in keys], (0, 1), timeout=180)
+    return {"results": dict(zip(keys, results)), "paths": paths}
+
+
+@pytest.fixture
+def gpu_result(request, _gpu_batch):
+    case = request.node.callspec.params["case"]
+    if "exported" in _gpu_batch:
+        pytest.skip(f"exported for the GPU box: {_gpu_batch['exported'][case.key].name}")
+    if case.key not in _gpu_batch["results"]:
+        pytest.fail(f"no module for {case} in {PREBUILT_DIR}: export it with GEMM_LADDER_GPU_EXPORT")
+    return _gpu_batch["results"][case.key]

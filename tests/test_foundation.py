@@ -218,7 +218,7 @@ def test_cli_build_info_and_refusals(tmp_path):
     out = cli("build", "v4", "--shape", "256x512x128", "--dtype", "bfloat16", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
     so = Path(out.stdout.strip().splitlines()[-1])
-    assert so.exists() and so.name == "v4_256x512x128_bfloat16_sm_90a.so"
+    assert so.exists() and so.name == "v4_256x512x128_bfloat16_sm_90a_m128n128k64w1.so"
     info = cli("info", str(tmp_path))
     assert info.returncode == 0, info.stderr
     header, _, row = info.stdout.strip().splitlines()[:3]
@@ -246,22 +246,20 @@ def test_cli_export_writes_a_folder_manifest(tmp_path):
     assert out.returncode == 0, out.stderr
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert sorted(m["file"] for m in man["modules"]) == [
-        "v4_128x128x64_float16_sm_90a.so", "v4_256x128x64_float16_sm_90a.so"]
+        "v4_128x128x64_float16_sm_90a_m128n128k64w1.so", "v4_256x128x64_float16_sm_90a_m128n128k64w1.so"]
     assert all((tmp_path / m["file"]).exists() for m in man["modules"])
 
 
-# -- GPU tier ----------------------------------------------------------------------------------
+# -- GPU tier ---------------------------------------------------------------------------------
+from tests.gpu_cases import Case  # noqa: E402
+
 V4_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 1024, 8192), (1000, 3000, 520),
              (128, 128, 64), (64, 64, 64), (256, 256, 128)]
+CASES = [Case("v4", *s, dtype=d) for s in V4_SHAPES for d in ("float16", "bfloat16")]
+CASES += [Case("v4", 1000, 3000, 520, blk_m=256, num_warpgroups=2), Case("v4", 512, 512, 256, blk_n=64)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("shape", V4_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_v4_is_correct_on_the_gpu(build_dir, shape, dtype):
-    from gemm_ladder.isolate import run_isolated
-
-    mod = gemm_ladder.build("v4", *shape, dtype=dtype)
-    path = mod.export(build_dir / f"gpu_{mod.cfg.tag()}.so")
-    res = run_isolated("check", path, 0, 1, timeout=180)
-    assert res["status"] == "ok", res
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_v4_is_correct_on_the_gpu(case, gpu_result):
+    assert gpu_result["status"] == "ok", gpu_result
