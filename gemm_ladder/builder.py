@@ -94,9 +94,14 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
     ``build("v4", M, N, K, **knobs)`` validates the knobs first (no compile on a bad config);
     ``build(hgemm_v4(M, N, K))`` builds a prim_func a rung returned.
     """
+    tuned_from = None
     if isinstance(rung_or_func, str):
         if None in (M, N, K):
             raise TypeError(f"build({rung_or_func!r}, M, N, K, ...) needs the shape")
+        if not set(knobs) - {"dtype", "arch"}:  # no knobs given: the tuning database's best, if any
+            from .tune import tuned_knobs  # pylint: disable=import-outside-toplevel
+
+            knobs, tuned_from = tuned_knobs(rung_or_func, M, N, K, knobs)
         cfg = make_config(rung_or_func, M, N, K, **knobs)
         func = None
     else:
@@ -128,5 +133,6 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
         compiler=compiler,
         tvm_version=tvm.__version__,
         build_seconds=seconds,
-        extra={"launch": rung_module(cfg.rung, cfg.arch).launch(cfg)},
+        extra={"launch": rung_module(cfg.rung, cfg.arch).launch(cfg),
+               **({"tuned_from": tuned_from} if tuned_from else {})},
     )

@@ -65,7 +65,10 @@ def _module_paths(cases, out: Path) -> dict:
     for case, res in zip(cases, results):
         assert res["status"] == "built", (str(case), res.get("detail"))
         paths[case.key] = out / res["file"]
-    (out / "cases.json").write_text(json.dumps({k: p.name for k, p in paths.items()}, indent=1))
+    index_file = out / "cases.json"
+    index = json.loads(index_file.read_text()) if index_file.exists() else {}
+    index.update({k: p.name for k, p in paths.items()})  # several exports may share one folder
+    index_file.write_text(json.dumps(index, indent=1))
     return paths
 
 

@@ -45,13 +45,7 @@ def check(cfg: GemmConfig) -> None:
             f"v1 multiplies one K slice: K={cfg.K} must be {cfg.blk_k}; "
             f"use v2 for K a multiple of {cfg.blk_k} (v3 for any K)"
         )
-    for dim, size, knob in (("M", cfg.M, "blk_m"), ("N", cfg.N, "blk_n")):
-        tile = getattr(cfg, knob)
-        if size != tile:
-            raise ConfigError(
-                f"v1 computes one output tile: {dim}={size} must equal {knob}={tile}; "
-                f"pass {knob}={size} if that is a valid tile, or use v3 for larger M, N"
-            )
+    common.check_one_tile(cfg)
     check_budget(cfg, HopperPlan(cfg).stage_bytes)
 
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One GPU session, runtime-only: what the build box prepared (see benchmarks/README.md) is
+# checked and timed here with nothing but the TVM runtime pack, torch and the C++ runner.
+#
+#   bash benchmarks/gpu_session.sh tests    # the GPU test tier over the prebuilt cases
+#   bash benchmarks/gpu_session.sh bench    # bench the ladder, run the C++ runner
+#   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
+#
+# Inputs under build/ (git-ignored, carried to the GPU box): runtime/ (pack-runtime),
+# gpu_cases/ (GEMM_LADDER_GPU_EXPORT), ladder/ (export), runner/ (cmake), tune_*/ (tune --build-only).
+# Outputs go to $OUT (or out/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,driver_version --format=csv | tee "$OUT/gpu.txt"
+case "${1:-bench}" in
+  tests)
+    GEMM_LADDER_PREBUILT=build/gpu_cases python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "it/s]"
+    ;;
+  bench)
+    python3 -m gemm_ladder bench build/ladder --out "$OUT/bench_ladder.json" 2>&1 | grep -v "it/s]"
+    for so in build/ladder/v*_8192x8192x8192_float16_*.so; do
+      LD_LIBRARY_PATH=$PWD/build/runtime/site/tvm/lib:$PWD/build/runtime/site/tvm_ffi/lib \
+        build/runner/gemm_runner "$so" --reps 20
+    done 2>&1 | tee "$OUT/runner.txt"
+    ;;
+  tune)
+    for d in build/tune_*; do
+      python3 -m gemm_ladder tune --measure "$d" --out "$OUT/$(basename "$d")_measurements.json" 2>&1 | grep -v "it/s]"
+    done
+    ;;
+esac

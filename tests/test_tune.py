@@ -1,0 +1,423 @@
+"""CPU tests of the tuner: space pruning, cache keys, the build cache, measuring (on canned
+results), the tuning database, the builder hook, the CLI and the plot.
+
+Nothing here needs a GPU: measuring is tested with ``isolate.run_isolated`` replaced by canned
+results, and the only real builds are two tiny v4 candidates (for the cache) and one v4 build
+through the builder hook.
+"""
+
+import json
+import subprocess
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+
+from gemm_ladder import rungs, tune
+from gemm_ladder.config import ConfigError, check_budget
+
+GPU = {"name": "NVIDIA H100 80GB HBM3", "sm_clock_mhz_now": "1980 MHz"}
+TVM = tune.tvm_version()
+
+
+@pytest.fixture(autouse=True)
+def private_db(tmp_path, monkeypatch):
+    """Every test gets its own database: the repo's benchmarks/tuning is never touched."""
+    path = tmp_path / "tuning_db.json"
+    monkeypatch.setenv(tune.DB_ENV, str(path))
+    return path
+
+
+# -- fake rungs with the knobs of v5/v6, so the space is tested whatever lands in sm90a ------
+def _fake_check(cfg):
+    if cfg.blk_m % (64 * cfg.num_warpgroups):
+        raise ConfigError(f"blk_m={cfg.blk_m} does not split into {cfg.num_warpgroups} warpgroup(s) of whole "
+                          "64-row wgmma atoms")
+    stage = (cfg.blk_m + cfg.blk_n) * cfg.blk_k * 2
+    check_budget(cfg, 1024 + cfg.pipe_depth * stage + cfg.blk_m * cfg.blk_n * 2)
+
+
+FAKE = {
+    "v5": types.SimpleNamespace(KNOBS={"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2,
+                                       "pipe_depth": 3}, check=_fake_check),
+    "v6": types.SimpleNamespace(KNOBS={"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2,
+                                       "pipe_depth": 3, "l2_group_size": 8, "tile_order": "grouped"},
+                                check=_fake_check),
+}
+
+
+@pytest.fixture
+def fake_rungs(monkeypatch):
+    real = rungs.rung_module
+
+    def rung_module(rung, arch="sm_90a"):
+        return FAKE[rung] if rung in FAKE else real(rung, arch)
+
+    monkeypatch.setattr(rungs, "rung_module", rung_module)
+
+
+# -- the space ------------------------------------------------------------------------------
+def test_space_records_pipe_depth_too_deep_for_shared_memory(fake_rungs):
+    sp = tune.search_space("v5", (4096, 4096, 4096), space={"pipe_depth": [2, 3, 4, 8], "blk_m": [128],
+                                                            "blk_n": [256], "num_warpgroups": [2]})
+    assert sp.points == 4
+    assert [c["pipe_depth"] for c in sp.candidates] == [2, 3]
+    refused = {p["knobs"]["pipe_depth"]: p for p in sp.pruned}
+    assert set(refused) == {4, 8}
+    for p in refused.values():
+        assert p["reason"] == "shared-memory"
+        assert "shared memory" in p["detail"] and "pipe_depth" in p["detail"]
+    assert sp.counts() == {"points": 4, "candidates": 2, "shared-memory": 2}
+
+
+def test_space_v4_refusals_and_only_the_rungs_knobs():
+    sp = tune.search_space("v4", (4096, 4096, 4096))
+    assert set(sp.choices) == set(rungs.rung_module("v4").KNOBS)  # no pipe_depth, no l2_group_size
+    reasons = {(p["knobs"]["blk_m"], p["knobs"]["blk_n"], p["knobs"]["num_warpgroups"]): p["reason"]
+               for p in sp.pruned}
+    assert reasons[(256, 256, 1)] == "registers"
+    assert reasons[(64, 128, 2)] == "divisibility"
+    for c in sp.candidates:  # what the tuner keeps builds: the validator agrees
+        rungs.make_config("v4", 4096, 4096, 4096, **c)
+    with pytest.raises(ConfigError, match="no knob pipe_depth"):
+        tune.search_space("v4", (4096, 4096, 4096), space={"pipe_depth": [2, 3]})
+
+
+def test_space_l2_model_and_ungrouped_orders(fake_rungs):
+    space = {"pipe_depth": [3], "blk_m": [128], "blk_n": [128, 256], "num_warpgroups": [2],
+             "l2_group_size": [1, 2, 4, 8, 16, 32], "tile_order": ["grouped", "snake", "row", "column"]}
+    sp = tune.search_space("v6", (4096, 4096, 8192), space=space, l2_keep=2, num_sms=132, l2_bytes=50 << 20)
+    assert sp.points == 2 * 6 * 4
+    per_tile: dict = {}
+    for c in sp.candidates:
+        per_tile.setdefault((c["blk_n"], c["tile_order"]), []).append(c["l2_group_size"])
+    for (blk_n, order), sizes in per_tile.items():
+        if order in ("row", "column"):
+            assert sizes == [8]  # one stand-in (the rung's default) for sizes the order ignores
+        else:
+            assert len(sizes) == 2
+    assert len(sp.candidates) == 2 * (2 + 2 + 1 + 1)
+    reasons = [p["reason"] for p in sp.pruned]
+    assert reasons.count("redundant") == 2 * 2 * 5 and reasons.count("l2-model") == 2 * 2 * 4
+    assert sp.l2_model["num_sms"] == 132 and sp.l2_model["keep"] == 2
+    # without the model every group size stays
+    full = tune.search_space("v6", (4096, 4096, 8192), space=space, l2_keep=0)
+    assert len(full.candidates) == 2 * (6 + 6 + 1 + 1)
+
+
+def test_parse_space():
+    assert tune.parse_space(["pipe_depth=3,4,5", "blk_n=128,256;tile_order=grouped,snake"]) == {
+        "pipe_depth": [3, 4, 5], "blk_n": [128, 256], "tile_order": ["grouped", "snake"]}
+    with pytest.raises(ValueError, match="knob=v1,v2"):
+        tune.parse_space(["pipe_depth"])
+
+
+# -- the cache ------------------------------------------------------------------------------
+def test_cache_key_changes_with_everything_that_changes_the_binary():
+    base = dict(rung="v6", knobs={"pipe_depth": 4, "l2_group_size": 8}, shape=(4096, 4096, 4096),
+                dtype="float16", arch="sm_90a", tvm_version="0.27.0.post1", compiler="nvrtc 13.0", sources="abc")
+    key = tune.cache_key(**base)
+    assert key == tune.cache_key(**{**base, "knobs": {"l2_group_size": 8, "pipe_depth": 4}})  # order-free
+    changes = {"rung": "v5", "knobs": {"pipe_depth": 5, "l2_group_size": 8}, "shape": (4096, 4096, 8192),
+               "dtype": "bfloat16", "arch": "sm_100a", "tvm_version": "0.28.0", "compiler": "nvcc 13.0",
+               "sources": "abd"}
+    keys = {tune.cache_key(**{**base, name: value}) for name, value in changes.items()}
+    assert len(keys) == len(changes) and key not in keys
+
+
+def test_sources_hash_covers_kernels_not_host_code():
+    h = tune.sources_hash("sm_90a")
+    assert len(h) == 64 and h != tune.sources_hash("sm_100a")
+    ident = tune.toolchain_identity("sm_90a")
+    assert ident["tvm_version"] == TVM and ident["compiler"].startswith(("nvrtc", "nvcc"))
+
+
+def test_second_identical_build_only_run_builds_nothing(tmp_path):
+    space = {"blk_m": [64], "blk_n": [64, 128], "num_warpgroups": [1]}
+    # the identity is read once: this tree may be edited by others while the test runs
+    kw = dict(space=space, cache_dir=tmp_path / "cache", out=tmp_path / "cands", build_only=True,
+              jobs=2, progress=False, identity=tune.toolchain_identity("sm_90a"))
+    first = tune.tune("v4", (128, 128, 64), **kw)
+    assert first["counts"]["built"] == 2 and first["counts"]["cached"] == 0, first["failed"]
+    assert len(first["candidates"]) == 2
+    so = [tmp_path / "cands" / c["file"] for c in first["candidates"]]
+    assert all(p.exists() and Path(str(p) + ".json").exists() for p in so)
+    man = json.loads(Path(str(so[0]) + ".json").read_text())
+    assert man["tuning"]["cache_key"] == first["candidates"][0]["cache_key"]
+    stamps = [p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("*.so")]
+
+    second = tune.tune("v4", (128, 128, 64), **kw)
+    assert second["counts"]["built"] == 0 and second["counts"]["cached"] == 2
+    assert [p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("*.so")] == stamps
+    on_disk = json.loads((tmp_path / "cands" / tune.CANDIDATES).read_text())
+    assert [c["knobs"]["blk_n"] for c in on_disk["candidates"]] == [64, 128]
+    assert on_disk["tvm_version"] == TVM and on_disk["compiler"]
+
+
+# -- measuring on canned results ------------------------------------------------------------
+def _candidate_folder(folder: Path, knobs_list) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    cands = []
+    for i, knobs in enumerate(knobs_list):
+        name = f"v4_256x256x256_float16_{i:012d}.so"
+        (folder / name).write_bytes(b"not a real module")
+        cands.append({"id": f"c{i:03d}", "file": name, "knobs": knobs, "cache_key": f"{i:064d}", "status": "built"})
+    man = {"format": tune.CANDIDATES_FORMAT, "version": 1, "rung": "v4", "shape": [256, 256, 256],
+           "dtype": "float16", "arch": "sm_90a", "tvm_version": TVM, "compiler": "nvrtc 13.0", "sources": "s",
+           "commit": "abc1234", "created": "2026-11-22T00:00:00+00:00", "space": {}, "candidates": cands,
+           "failed": [], "pruned": []}
+    (folder / tune.CANDIDATES).write_text(json.dumps(man))
+    return folder
+
+
+def _timed(tflops, cublas=600.0):
+    return {"status": "ok", "ms": 1.0, "tflops": tflops, "cublas_ms": 1.0, "cublas_tflops": cublas,
+            "ratio_to_cublas": tflops / cublas, "rel_err": 1e-4}
+
+
+CANNED = {
+    0: _timed(300.0),
+    1: _timed(450.0),
+    2: {"status": "timeout", "detail": "no result after 5 s (a deadlock?)"},
+    3: {"status": "wrong", "tflops": 9999.0, "detail": "4096 bad elements"},
+    4: {"status": "crash", "returncode": -11, "detail": "Segmentation fault"},
+    5: {"status": "error", "detail": "CUDA error: an illegal memory access was encountered"},
+}
+RETRIED = {5: _timed(350.0)}  # erred in the shared child (after a faulting kernel), fine alone
+KNOBS = [{"blk_m": 128, "blk_n": n, "blk_k": 64, "num_warpgroups": w} for n, w in
+         ((64, 1), (128, 2), (192, 1), (256, 2), (128, 1), (64, 2))]
+
+
+@pytest.fixture
+def measured(tmp_path, monkeypatch):
+    from gemm_ladder import isolate
+
+    folder = _candidate_folder(tmp_path / "cands", KNOBS)
+    calls = []
+
+    def index(path):
+        return int(Path(path).stem.rsplit("_", 1)[1])
+
+    def fake_run_batch(job, paths, args=(), timeout=120.0, on_result=None):
+        calls.append(("batch", job, [Path(p).name for p in paths], tuple(args), timeout))
+        out = []
+        for p in paths:
+            res = {**CANNED[index(p)], "module": Path(p).name}
+            out.append(res)
+            if on_result:
+                on_result(res)
+        return out
+
+    def fake_run_isolated(job, path, *args, timeout=120.0):
+        calls.append(("alone", job, [Path(path).name], args, timeout))
+        return dict(RETRIED[index(path)])
+
+    monkeypatch.setattr(isolate, "run_batch", fake_run_batch)
+    monkeypatch.setattr(isolate, "run_isolated", fake_run_isolated)
+    report = tune.measure(folder, reps=7, timeout=5.0, gpu=GPU, progress=True)
+    return folder, report, calls
+
+
+def test_measure_records_failures_and_picks_the_fastest_correct(measured):
+    folder, report, calls = measured
+    assert calls[0][:2] == ("batch", "time") and len(calls[0][2]) == 6
+    assert calls[0][3] == (7,) and calls[0][4] == 5.0
+    assert calls[1][:3] == ("alone", "time", [report["results"][5]["file"]])  # the erred one, again
+    status = [r["status"] for r in report["results"]]
+    assert status == ["ok", "ok", "timeout", "wrong", "crash", "ok"]
+    assert "illegal memory access" in report["results"][5]["first_try"]
+    assert report["best"]["id"] == "c001" and report["best"]["tflops"] == 450.0
+    assert "deadlock" in report["results"][2]["detail"]
+    written = json.loads(Path(report["path"]).read_text())
+    assert written["format"] == tune.MEASUREMENTS_FORMAT and written["gpu"]["name"] == GPU["name"]
+    assert Path(report["path"]).parent == folder
+    table = tune.format_table(report)
+    assert "timeout" in table and "wrong" in table and "450.0" in table
+    assert table.index("450.0") < table.index("350.0") < table.index("300.0")
+
+
+def test_plot_is_written(measured, tmp_path):
+    _, report, _ = measured
+    assert report["plot"] and Path(report["plot"]).stat().st_size > 1000
+    png = tmp_path / "plots" / "heat.png"
+    assert tune.plot_measurements(report, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_merge_then_best_knobs_and_load_best(measured, private_db, monkeypatch):
+    folder, report, _ = measured
+    merged = tune.merge([report["path"]])
+    assert merged[0]["action"] == "added"
+    db = json.loads(private_db.read_text())
+    assert db["format"] == tune.DB_FORMAT and len(db["entries"]) == 1
+    e = db["entries"][0]
+    assert e["knobs"] == KNOBS[1] and e["tflops"] == 450.0 and e["cublas_tflops"] == 600.0
+    assert e["gpu"] == GPU["name"] and e["tvm_version"] == TVM and e["commit"] == "abc1234"
+    assert e["bucket"] == [256, 256, 256] and e["date"]
+    assert tune.merge([report["path"]])[0]["action"] == "kept"  # merging twice changes nothing
+
+    knobs, entry = tune.best_knobs("v4", 256, 256, 256, gpu=None)
+    assert knobs == KNOBS[1] and entry["tflops"] == 450.0
+
+    loaded = {}
+    monkeypatch.setattr("gemm_ladder.runtime.load", lambda p: loaded.setdefault("mod", types.SimpleNamespace(path=p)))
+    mod = tune.load_best(folder, 256, 256, 256, "float16")
+    assert Path(mod.path).name == report["best"]["file"]
+    assert mod.tuned_from["tflops"] == 450.0
+    with pytest.raises(FileNotFoundError):
+        tune.load_best(folder, 512, 512, 512)
+
+
+# -- the database ---------------------------------------------------------------------------
+def _entry(shape=(4096, 4096, 4096), tflops=500.0, gpu="NVIDIA H100 80GB HBM3", tvm=TVM, knobs=None, ratio=None):
+    return {"rung": "v4", "shape": list(shape), "bucket": tune.shape_bucket(shape), "dtype": "float16",
+            "arch": "sm_90a", "gpu": gpu, "tvm_version": tvm,
+            "knobs": knobs or {"blk_m": 128, "blk_n": 128, "blk_k": 64, "num_warpgroups": 1},
+            "tflops": tflops, "cublas_tflops": 650.0, "ratio_to_cublas": ratio or tflops / 650.0,
+            "date": "2026-11-22T00:00:00+00:00", "commit": "abc", "sources": "s"}
+
+
+def _write_db(path, entries):
+    path.write_text(json.dumps({"format": tune.DB_FORMAT, "version": tune.DB_VERSION, "entries": entries}))
+
+
+def test_db_round_trip(private_db):
+    db = tune.TuningDB()
+    assert db.path == private_db and db.entries == []
+    assert db.upsert(_entry()) == "added"
+    assert db.upsert(_entry(tflops=400.0)) == "kept"
+    assert db.upsert(_entry(tflops=550.0)) == "replaced"
+    assert db.upsert(_entry(gpu="NVIDIA H200")) == "added"
+    db.save()
+    again = tune.TuningDB()
+    assert len(again.entries) == 2
+    assert {e["gpu"]: e["tflops"] for e in again.entries} == {"NVIDIA H100 80GB HBM3": 550.0, "NVIDIA H200": 500.0}
+
+
+def test_corrupted_db_is_ignored_with_a_warning(private_db):
+    private_db.write_text('{"format": "gemm_ladder.tuning_db", "entr')
+    with pytest.warns(UserWarning, match="unreadable"):
+        db = tune.TuningDB()
+    assert db.entries == []
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert tune.best_knobs("v4", 4096, 4096, 4096) is None
+    with pytest.warns(UserWarning, match="moved to"):
+        db.upsert(_entry())
+        db.save()
+    assert len(tune.TuningDB().entries) == 1
+    assert list(private_db.parent.glob("tuning_db.json.corrupt-*"))
+
+
+def test_foreign_and_refused_entries_are_ignored_with_a_warning(private_db):
+    _write_db(private_db, [
+        _entry(tflops=900.0, tvm="0.26.0"),                                             # other TVM
+        _entry(tflops=800.0, knobs={"blk_m": 128, "blk_n": 128, "pipe_depth": 4}),       # v4 has no pipe_depth
+        _entry(tflops=700.0, knobs={"blk_m": 256, "blk_n": 256, "num_warpgroups": 1}),   # refused: registers
+        {**_entry(tflops=650.0), "rung": "v9"},                                        # unknown rung
+        _entry(tflops=400.0),
+    ])
+    with pytest.warns(UserWarning) as record:
+        knobs, entry = tune.best_knobs("v4", 4096, 4096, 4096, gpu=None)
+    assert entry["tflops"] == 400.0
+    text = "\n".join(str(w.message) for w in record)
+    assert "TVM 0.26.0" in text and "pipe_depth" in text and "refused now" in text and "v9" in text
+
+
+def test_best_knobs_picks_the_fastest_and_prefers_this_gpu(private_db):
+    fast = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2}
+    slow = {"blk_m": 128, "blk_n": 128, "blk_k": 64, "num_warpgroups": 1}
+    _write_db(private_db, [_entry(tflops=500.0, gpu="NVIDIA H100 80GB HBM3", knobs=slow),
+                           _entry(tflops=600.0, gpu="NVIDIA H200", knobs=fast)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tune.best_knobs("v4", 4096, 4096, 4096, gpu=None)[0] == fast  # build box: any GPU
+        assert tune.best_knobs("v4", 4096, 4096, 4096, gpu="NVIDIA H100 80GB HBM3")[0] == slow
+        assert tune.best_knobs("v4", 4096, 4096, 4096, dtype="bfloat16", gpu=None) is None
+        assert tune.best_knobs("v4", 4096, 4096, 4096, arch="sm_100a", gpu=None) is None
+
+
+def test_shape_buckets(private_db):
+    assert tune.shape_bucket((4096, 4096, 4096)) == [4096] * 3
+    assert tune.shape_bucket((3900, 4500, 5000)) == [4096, 4096, 4096]
+    assert tune.shape_bucket((6000, 3000, 1000)) == [4096, 2048, 1024]
+    assert tune.shape_bucket((1, 3, 8)) == [1, 4, 8]
+    a = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2}
+    b = {"blk_m": 128, "blk_n": 128, "blk_k": 64, "num_warpgroups": 1}
+    c = {"blk_m": 256, "blk_n": 128, "blk_k": 64, "num_warpgroups": 2}
+    _write_db(private_db, [_entry((4096, 4096, 4096), 600.0, knobs=a, ratio=0.80),
+                           _entry((4000, 4096, 4096), 500.0, knobs=b, ratio=0.90),
+                           _entry((8192, 8192, 8192), 650.0, knobs=c)])
+    assert tune.best_knobs("v4", 4096, 4096, 4096, gpu=None)[0] == a       # exact shape first
+    assert tune.best_knobs("v4", 4100, 4096, 4096, gpu=None)[0] == b       # bucket: best ratio to cuBLAS
+    assert tune.best_knobs("v4", 8000, 8192, 8192, gpu=None)[0] == c
+    assert tune.best_knobs("v4", 1024, 1024, 1024, gpu=None) is None
+
+
+def test_db_location(monkeypatch, tmp_path):
+    monkeypatch.setenv(tune.DB_ENV, "off")
+    assert tune.default_db_path() is None
+    assert tune.best_knobs("v4", 4096, 4096, 4096) is None
+    monkeypatch.delenv(tune.DB_ENV)
+    repo = Path(tune.__file__).resolve().parent.parent
+    monkeypatch.chdir(repo)
+    assert tune.default_db_path() == repo / "benchmarks" / "tuning" / "tuning_db.json"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path / "cache"))
+    assert tune.default_db_path() == tmp_path / "cache" / "tuning_db.json"
+
+
+# -- the builder hook -----------------------------------------------------------------------
+def test_explicit_knobs_always_win(private_db):
+    _write_db(private_db, [_entry()])
+    knobs = {"blk_n": 64, "dtype": "float16"}
+    assert tune.tuned_knobs("v4", 4096, 4096, 4096, knobs) == (knobs, None)
+    got, tuned_from = tune.tuned_knobs("v4", 4096, 4096, 4096, {"dtype": "float16"})
+    assert got == {"dtype": "float16", **_entry()["knobs"]} and tuned_from["tflops"] == 500.0
+
+
+def test_build_without_knobs_uses_the_database(private_db, capsys):
+    from gemm_ladder.builder import build
+
+    tuned = {"blk_m": 64, "blk_n": 64, "blk_k": 64, "num_warpgroups": 1}
+    _write_db(private_db, [_entry((128, 128, 64), 321.0, knobs=tuned)])
+    mod = build("v4", 128, 128, 64)
+    assert mod.cfg.blk_m == 64 and mod.cfg.blk_n == 64
+    man = mod.manifest()
+    assert man["tuned_from"]["tflops"] == 321.0 and man["tuned_from"]["db"] == str(private_db)
+    assert "tuned knobs" in capsys.readouterr().err
+    assert build("v4", 128, 128, 64, blk_n=128).cfg.blk_n == 128  # explicit knobs win
+
+
+# -- the command line -----------------------------------------------------------------------
+def test_cli_merge_and_show(measured, private_db, capsys):
+    from gemm_ladder.cli import main, make_parser
+
+    _, report, _ = measured
+    args = make_parser().parse_args(["tune", "--rung", "v6", "--shape", "4096x4096x4096",
+                                     "--space", "pipe_depth=3,4", "--build-only", "--out", "x"])
+    assert args.rung == "v6" and args.shape == (4096, 4096, 4096) and args.build_only
+    assert main(["tune", "--merge", report["path"], "--db", str(private_db)]) == 0
+    assert main(["tune", "--show", "--db", str(private_db)]) == 0
+    out = capsys.readouterr().out
+    assert "added" in out and "450.0" in out
+
+
+def test_measure_path_needs_only_the_runtime(tmp_path):
+    """--measure runs where TVM's compiler is absent: it imports no TVM, no rungs, no layouts/schedulers."""
+    folder = _candidate_folder(tmp_path / "cands", KNOBS[:2])
+    code = f"""
+import sys
+from gemm_ladder import isolate, tune
+isolate.run_batch = lambda job, paths, args=(), timeout=0, on_result=None: [{_timed(400.0)!r} for p in paths]
+r = tune.measure({str(folder)!r}, gpu={GPU!r}, progress=False)
+assert r["best"]["tflops"] == 400.0
+bad = [m for m in sys.modules if m.split(".")[0] in ("tvm", "tvm_ffi", "layouts", "schedulers")
+       or m in ("gemm_ladder.builder", "gemm_ladder.rungs", "gemm_ladder.toolchain")]
+print("BAD", bad)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(tune.__file__).resolve().parent.parent, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "BAD []" in out.stdout
