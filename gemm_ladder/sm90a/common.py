@@ -287,6 +287,23 @@ def tma_store_issue(D, Dsmem, m_st, n_st, plan, tid):
 # straight to global memory. One stage, no barriers other than the CTA barrier, no output tile.
 
 
+def check_one_tile(cfg: GemmConfig) -> None:
+    """v1 and v2 run one CTA: the output must be exactly one blk_m x blk_n tile."""
+    from ..config import ConfigError  # pylint: disable=import-outside-toplevel
+
+    for dim, size, knob, tiles in (
+        ("M", cfg.M, "blk_m", (64, 128, 256)),
+        ("N", cfg.N, "blk_n", (64, 128, 192, 256)),
+    ):
+        tile = getattr(cfg, knob)
+        if size != tile:
+            fix = f"pass {knob}={size}, or use v3" if size in tiles else "use v3"
+            raise ConfigError(
+                f"{cfg.rung} computes one output tile: {dim}={size} must equal {knob}={tile}; "
+                f"{fix} (it tiles any M and N over a grid of CTAs)"
+            )
+
+
 def sync_launch_info(cfg: GemmConfig, grid=None) -> dict:
     """Grid, threads and shared memory of a rung that copies by threads (one A+B stage only)."""
     plan = HopperPlan(cfg)
@@ -323,13 +340,18 @@ def load_tile_guarded(plan, Xsmem, stage, X, row0, k0, rows, tid, guard_rows, gu
         c = T.meta_var(it * plan.threads + tid)
         r = T.meta_var(c // 8)
         col = T.meta_var(c % 8 * 8)
-        inside = T.meta_var(T.And(T.Or(not guard_rows, row0 + r < n_rows), T.Or(not guard_k, k0 + col < n_k)))
-        if inside:
-            T.ptx["ld.global.v4.u32"](chunk[0], chunk[1], chunk[2], chunk[3], X.ptr_to([row0 + r, k0 + col]))
+        row_ok = T.meta_var(T.Or(not guard_rows, row0 + r < n_rows))
+        if T.And(row_ok, T.Or(not guard_k, k0 + col < n_k)):
+            T.ptx["ld.global.v4.u32"](
+                chunk[0], chunk[1], chunk[2], chunk[3], X.ptr_to([row0 + r, k0 + col])
+            )
         else:
             for i in T.unroll(4):
                 chunk[i] = T.uint32(0)
-        T.ptx["st.shared.v4.u32"](Xsmem.ptr_to([stage, r, col]), chunk[0], chunk[1], chunk[2], chunk[3])
+        # the layout maps (r, col) to the swizzled chunk: a 16-byte chunk stays contiguous
+        T.ptx["st.shared.v4.u32"](
+            Xsmem.ptr_to([stage, r, col]), chunk[0], chunk[1], chunk[2], chunk[3]
+        )
 
 
 @T.inline
