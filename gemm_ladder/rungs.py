@@ -34,7 +34,7 @@ def rung_module(rung: str, arch: str = "sm_90a") -> ModuleType:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:
-        if err.name != name:
+        if err.name not in (name, name.rsplit(".", 1)[0]):  # the rung, or the whole arch, is missing
             raise
         have = [a for a in ARCHS if available(rung, a)]
         raise ConfigError(

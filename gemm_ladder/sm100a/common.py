@@ -1,0 +1,260 @@
+"""What every Blackwell rung shares: the tile plan, TMEM, and the epilogues.
+
+A rung file keeps only its own technique; the parts below are the same on every rung:
+
+    tensor memory tmem[128, BN] fp32   the accumulator: row r of the tile is TMEM lane r,
+                                       column c is TMEM column c (datapath "D", M=128)
+    shared        Asmem[S, BM, 64]     128B-swizzled K-major tiles, one per pipeline stage
+                  Bsmem[S, BN, 64]
+                  Dsmem[BM, BN]        the output tile on its way to a TMA store (v4 on)
+
+One thread issues ``Tx.gemm_async(..., dispatch="tcgen05")``: TVM lowers it to one
+``tcgen05.mma.cta_group::1.kind::f16`` (SASS ``UTCHMMA``) per 16 of K, M=128, N=BN. The MMA
+is asynchronous; ``tcgen05.commit`` (SASS ``UTCBAR``) arrives on an mbarrier once every MMA
+that thread issued before it has finished, which is how the other threads learn that
+``tmem`` (or a shared stage) is ready. The epilogue is a full warpgroup: warp ``w`` may only
+read TMEM lanes ``32w .. 32w+31`` (``tcgen05.ld.32x32b``, SASS ``LDTM``), so thread ``t`` of
+the warpgroup owns row ``t`` of the tile.
+
+TMEM: TVM's ``T.TMEMPool`` addresses its buffers from column 0 (``allocated_addr`` is the
+column offset, not the address ``tcgen05.alloc`` returned), which is right only when this
+CTA holds all 512 columns. So every rung allocates all 512: a second CTA on the same SM
+waits in ``tcgen05.alloc`` until the first deallocates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm.script import tirx as T
+from tvm.script.tirx import tile as Tx
+from tvm.tirx.layout import tcgen05_atom_layout
+
+import layouts
+from ..config import ConfigError, GemmConfig
+
+MMA_M = 128  # rows of one tcgen05.mma with cta_group::1 (the full TMEM datapath)
+MMA_K = 16  # K of one tcgen05.mma for 16-bit inputs
+THREADS_PER_WG = 128
+TMEM_COLS = 512  # see the module docstring: TVM's TMEMPool needs the whole TMEM
+EPI_COLS = 32  # accumulator columns one tcgen05.ld.32x32b.x32 brings to registers
+
+
+@dataclass(frozen=True)
+class BlackwellPlan:
+    """Python-side constants of a Blackwell kernel, derived once from the config."""
+
+    cfg: GemmConfig
+
+    @property
+    def threads(self) -> int:
+        return THREADS_PER_WG
+
+    @property
+    def stage_bytes(self) -> int:
+        c = self.cfg
+        return (c.blk_m + c.blk_n) * c.blk_k * c.elem_bytes
+
+    @property
+    def epi_chunks(self) -> int:
+        return self.cfg.blk_n // EPI_COLS
+
+    def ab_layouts(self, stages: int | None = None):
+        """128B-swizzled K-major layouts of A and B; ``stages=None`` gives 2-D tiles."""
+        c = self.cfg
+        lead = () if stages is None else (stages,)
+        return (
+            layouts.shared_layout(c.dtype, (*lead, c.blk_m, c.blk_k), "128B"),
+            layouts.shared_layout(c.dtype, (*lead, c.blk_n, c.blk_k), "128B"),
+        )
+
+    def d_layout(self):
+        c = self.cfg
+        return layouts.shared_layout(c.dtype, (c.blk_m, c.blk_n), "128B")
+
+    def frag_layout(self):
+        """Register image of one ``tcgen05.ld.32x32b.x32``: thread t holds row t, 32 columns."""
+        return tcgen05_atom_layout("32x32b", (MMA_M, EPI_COLS), "float32")
+
+
+def smem_bytes(cfg: GemmConfig, stages: int, epilogue_tile: bool = True) -> int:
+    """Shared memory of a Blackwell rung: barriers and the TMEM address slot padded to the
+    1 KiB swizzle alignment, the operand ring and (from v4 on) the output tile."""
+    plan = BlackwellPlan(cfg)
+    out = cfg.blk_m * cfg.blk_n * cfg.elem_bytes if epilogue_tile else 0
+    return 1024 + stages * plan.stage_bytes + out
+
+
+def launch_info(cfg: GemmConfig, stages: int, grid=None, threads=THREADS_PER_WG,
+                epilogue_tile: bool = True, persistent: bool = False) -> dict:
+    """Grid, threads and shared memory of a launch, for manifests and the info table."""
+    info = {
+        "grid": list(grid or cfg.grid_mn),
+        "threads": threads,
+        "smem_bytes": smem_bytes(cfg, stages, epilogue_tile),
+    }
+    if persistent:
+        info["persistent"] = True
+    return info
+
+
+def check_tile(cfg: GemmConfig) -> None:
+    """Rules of the Blackwell tile: one cta_group::1 tcgen05.mma of M=128 per 16 of K."""
+    if cfg.arch != "sm_100a":
+        raise ConfigError(f"gemm_ladder/sm100a rungs build for arch='sm_100a', not {cfg.arch!r}")
+    if cfg.blk_m != MMA_M:
+        raise ConfigError(
+            f"blk_m={cfg.blk_m} is not supported on sm_100a: a cta_group::1 tcgen05.mma is "
+            f"M=128 and its accumulator fills all 128 TMEM lanes; use blk_m=128"
+        )
+    if cfg.num_warpgroups != 1:
+        raise ConfigError(
+            f"num_warpgroups={cfg.num_warpgroups} means nothing on sm_100a (one thread issues the "
+            "MMA, the accumulator lives in TMEM); leave it at 1"
+        )
+    if cfg.blk_n % 64 or not 64 <= cfg.blk_n <= 256:
+        raise ConfigError(f"blk_n={cfg.blk_n} is not supported on sm_100a; use 64, 128, 192 or 256")
+
+
+def check_exact_tile(cfg: GemmConfig, k_loop: bool) -> None:
+    """v1/v2 compute one output tile with one CTA: the shape must be that tile."""
+    want_k = "a multiple of 64" if k_loop else "64"
+    ok_k = cfg.K % cfg.blk_k == 0 if k_loop else cfg.K == cfg.blk_k
+    if cfg.M != cfg.blk_m or cfg.N != cfg.blk_n or not ok_k:
+        raise ConfigError(
+            f"{cfg.rung} computes a single {cfg.blk_m}x{cfg.blk_n} output tile with one CTA; "
+            f"got M={cfg.M}, N={cfg.N}, K={cfg.K}. Use M={cfg.blk_m}, N={cfg.blk_n} (blk_n) and K "
+            f"{want_k}, or v3 and later for other shapes"
+        )
+
+
+def max_pipe_depth(cfg: GemmConfig, epilogue_tile: bool = True) -> int:
+    """The most ring stages that fit the shared memory a block may use (device or table)."""
+    from ..config import limits_for  # pylint: disable=import-outside-toplevel
+
+    free = limits_for(cfg.arch).smem_per_block - smem_bytes(cfg, 0, epilogue_tile)
+    return max(free // BlackwellPlan(cfg).stage_bytes, 0)
+
+
+def check_pipe_depth(cfg: GemmConfig) -> None:
+    """A ring needs two stages at least; the most it may have comes from shared memory."""
+    most = max_pipe_depth(cfg)
+    if cfg.pipe_depth < 2:
+        raise ConfigError(
+            f"pipe_depth={cfg.pipe_depth}: a ring needs at least 2 stages (v4 is the one-stage "
+            f"form); use pipe_depth between 2 and {most}"
+        )
+    if cfg.pipe_depth > most:
+        raise ConfigError(
+            f"pipe_depth={cfg.pipe_depth} with blk_n={cfg.blk_n} needs "
+            f"{smem_bytes(cfg, cfg.pipe_depth)} bytes of shared memory, over what a block may use "
+            f"on {cfg.arch}; use pipe_depth={most} or lower (or a smaller blk_n)"
+        )
+
+
+@T.inline
+def alloc_tmem_and_sync(tmem_pool):
+    """Allocate TMEM (warp 0), then make the barrier inits and the TMEM address visible.
+
+    ``fence.mbarrier_init`` orders the inits before any async-proxy arrive (TMA, commit);
+    the tcgen05 fence pair around the CTA barrier orders warp 0's ``tcgen05.alloc`` (it wrote
+    the TMEM address to shared) before every later tcgen05 op of the other warps.
+    """
+    tmem_pool.commit()
+    T.ptx.fence.mbarrier_init.release.cluster()
+    T.ptx["tcgen05.fence::before_thread_sync"]()
+    T.cuda.cta_sync()
+    T.ptx["tcgen05.fence::after_thread_sync"]()
+
+
+@T.inline
+def free_tmem(tmem_pool):
+    """Every warp's TMEM reads must be done (fence + barrier) before warp 0 deallocates."""
+    T.ptx["tcgen05.fence::before_thread_sync"]()
+    T.cuda.cta_sync()
+    tmem_pool.dealloc()
+
+
+@T.inline
+def load_tile_sync(Ssmem, G, row0, k0, rows, tid, zeros):
+    """All 128 threads copy G[row0:row0+rows, k0:k0+64] into a swizzled shared tile.
+
+    16 bytes per thread per step; rows past the edge of G and K past its end read as zero
+    (K is a multiple of 8, so a 16-byte chunk is either all inside or all outside).
+    ``zeros`` is a local buffer of 8 zeros: a vector copy of it is one 16-byte store.
+    """
+    R = T.meta_var(G.shape[0])
+    KK = T.meta_var(G.shape[1])
+    for it in T.unroll(rows * 8 // THREADS_PER_WG):
+        r = T.meta_var((it * THREADS_PER_WG + tid) // 8)
+        ch = T.meta_var((it * THREADS_PER_WG + tid) % 8)
+        if T.And(row0 + r < R, k0 + ch * 8 < KK):
+            Tx.thread.copy(Ssmem[r, ch * 8:ch * 8 + 8], G[row0 + r, k0 + ch * 8:k0 + ch * 8 + 8])
+        else:
+            Tx.thread.copy(Ssmem[r, ch * 8:ch * 8 + 8], zeros[0:8])
+
+
+@T.inline
+def tmem_to_global(plan, tmem, Dreg, Dhalf, D, m_st, n_st, tid, guard):
+    """TMEM -> registers -> global, 32 columns at a time; thread t writes row t.
+
+    ``tcgen05.ld`` is asynchronous: ``tcgen05.wait::ld`` must come before the registers are
+    read. Each thread then stores its 32 values as four 16-byte vectors. ``guard`` (v3 on)
+    drops rows past D's edge and vectors past its last column (N is a multiple of 8, so a
+    vector is all inside or all outside).
+    """
+    Dfrag = Dreg.view(MMA_M, EPI_COLS, layout=plan.frag_layout())
+    for c in T.unroll(plan.epi_chunks):
+        Tx.wg.copy_async(Dfrag[:, :], tmem[:, c * EPI_COLS:c * EPI_COLS + EPI_COLS])
+        T.ptx["tcgen05.wait::ld.sync.aligned"]()
+        for j in T.unroll(EPI_COLS):
+            Dhalf[j] = T.cast(Dreg[j], D.dtype)
+        for q in T.unroll(EPI_COLS // 8):
+            col = T.meta_var(n_st + c * EPI_COLS + q * 8)
+            if guard:
+                if T.And(m_st + tid < D.shape[0], col < D.shape[1]):
+                    Tx.thread.copy(D[m_st + tid, col:col + 8], Dhalf[q * 8:q * 8 + 8])
+            else:
+                Tx.thread.copy(D[m_st + tid, col:col + 8], Dhalf[q * 8:q * 8 + 8])
+
+
+@T.inline
+def tmem_to_smem(plan, tmem, Dreg, Dsmem, tid):
+    """TMEM -> registers -> the swizzled output tile in shared memory; thread t fills row t."""
+    Dfrag = Dreg.view(MMA_M, EPI_COLS, layout=plan.frag_layout())
+    for c in T.unroll(plan.epi_chunks):
+        Tx.wg.copy_async(Dfrag[:, :], tmem[:, c * EPI_COLS:c * EPI_COLS + EPI_COLS])
+        T.ptx["tcgen05.wait::ld.sync.aligned"]()
+        for j in T.unroll(EPI_COLS):
+            Dsmem[tid, c * EPI_COLS + j] = T.cast(Dreg[j], Dsmem.dtype)
+
+
+@T.inline
+def tma_store_tile(plan, D, Dsmem, m_st, n_st, tid, epi_bar):
+    """Shared -> global by one thread's TMA store; TMA clips rows and columns past D's edge.
+
+    The proxy fence makes the threads' generic-proxy stores to Dsmem visible to the async
+    proxy (TMA); the barrier makes every thread's stores land before thread 0 issues the copy;
+    ``wait_group 0`` keeps Dsmem alive until TMA has read it, and the second barrier holds
+    every thread until then. ``epi_bar`` 0 syncs the CTA; otherwise it is the named barrier
+    of the epilogue warpgroup (v6, where the other warps never reach the epilogue).
+    """
+    T.ptx.fence.proxy.async_.shared__cta()
+    if epi_bar == 0:
+        T.cuda.cta_sync()
+    else:
+        T.cuda.warpgroup_sync(epi_bar)
+    if tid == 0:
+        # one box per 64 columns (one 128-byte swizzle atom wide): D stays a plain (M, N)
+        # tensor and N need not be a multiple of the tile
+        for h in T.unroll(plan.cfg.blk_n // 64):
+            Tx.copy_async(
+                D[m_st:m_st + plan.cfg.blk_m, n_st + h * 64:n_st + h * 64 + 64],
+                Dsmem[:, h * 64:h * 64 + 64], dispatch="tma_auto",
+            )
+        T.ptx.cp.async_.bulk.commit_group()
+        T.ptx.cp.async_.bulk.wait_group(0)
+    if epi_bar == 0:
+        T.cuda.cta_sync()
+    else:
+        T.cuda.warpgroup_sync(epi_bar)

@@ -1,0 +1,104 @@
+"""hgemm_v2 (Blackwell): a K loop over 64-wide slices, one CTA, one output tile.
+
+What changed from v1: K may be any multiple of 64. The CTA copies one K slice of A and B at a
+time into the same shared tiles and accumulates in TMEM (``accum=False`` only on the first
+slice, so TMEM needs no zeroing). The MMA is asynchronous, so before the threads overwrite
+the tiles with the next slice they must know the tensor core is done reading them: the
+issuing thread commits the slice's MMAs to ``mma2ld``, and every thread waits on that
+barrier's phase, which flips once per slice.
+
+    for each K slice:
+      all:      A, B slice -> Asmem, Bsmem; fence.proxy.async; CTA barrier
+      thread 0: tcgen05.mma x 4 -> tmem (accumulate), tcgen05.commit -> mma2ld
+      all:      wait mma2ld (phase ^= 1)        # smem free again; tmem holds the sum so far
+    all:        tcgen05.ld tmem -> Dreg -> D
+
+Barriers:   mma2ld[1]  arrived by tcgen05.commit (thread 0) when a slice's MMAs are done;
+            all threads wait; its phase flips once per K slice. The last completion also
+            means the accumulator is final.
+
+Constraints:
+  - arch sm_100a; dtype float16 or bfloat16; D = A.B^T with A [M,K], B [N,K] row-major.
+  - M == 128 (blk_m), N == blk_n (64..256, a multiple of 64), K a multiple of 64
+    (v3 tiles M and N and takes any K that is a multiple of 8).
+  - all 512 TMEM columns (see common.py).
+
+Run:  python -m gemm_ladder build v2 --shape 128x128x4096 --arch sm_100a --out build/
+"""
+
+from tvm.script import tirx as T
+from tvm.script.tirx import tile as Tx
+from tvm.backend.cuda.lang.pipeline import TCGen05Bar
+
+from ..config import GemmConfig, check_budget
+from . import common
+from .common import EPI_COLS, MMA_M, TMEM_COLS, BlackwellPlan
+
+TECHNIQUE = "K loop: commit the MMAs to an mbarrier before smem is refilled"
+KNOBS = {"blk_m": 128, "blk_n": 128, "blk_k": 64}
+
+
+def check(cfg: GemmConfig) -> None:
+    common.check_tile(cfg)
+    common.check_exact_tile(cfg, k_loop=True)
+    check_budget(cfg, common.smem_bytes(cfg, 1, epilogue_tile=False))
+
+
+def launch(cfg: GemmConfig) -> dict:
+    return common.launch_info(cfg, 1, epilogue_tile=False)
+
+
+def kernel(cfg: GemmConfig):
+    plan = BlackwellPlan(cfg)
+    M, N, K, dtype = cfg.M, cfg.N, cfg.K, cfg.dtype
+    BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
+    A_layout, B_layout = plan.ab_layouts()
+
+    # fmt: off
+    @T.prim_func
+    def hgemm(A: T.Buffer((M, K), dtype), B: T.Buffer((N, K), dtype), D: T.Buffer((M, N), dtype)):
+        T.device_entry()
+        bx = T.cta_id([1])  # noqa: F841  one CTA
+        wg_id = T.warpgroup_id([1])  # noqa: F841  (TMEMPool's warp guard needs the full id chain)
+        warp_id = T.warp_id_in_wg([4])
+        lane_id = T.lane_id([32])
+        pool = T.SMEMPool()
+        mma2ld = TCGen05Bar(pool, 1)
+        tmem_pool = T.TMEMPool(pool, TMEM_COLS, cta_group=1)
+        pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
+        Asmem = pool.alloc((BLK_M, BLK_K), dtype, layout=A_layout)
+        Bsmem = pool.alloc((BLK_N, BLK_K), dtype, layout=B_layout)
+        pool.commit()
+        mma2ld.init(1)
+        common.alloc_tmem_and_sync(tmem_pool)
+        tmem = tmem_pool.alloc((MMA_M, BLK_N), "float32")
+        tid = T.meta_var(warp_id * 32 + lane_id)
+        zeros = T.alloc_local((8,), dtype)
+        for j in T.unroll(8):
+            zeros[j] = T.cast(0, dtype)
+
+        phase: T.int32 = 0
+        for k in range(cfg.k_tiles):
+            common.load_tile_sync(Asmem, A, 0, k * BLK_K, BLK_M, tid, zeros)
+            common.load_tile_sync(Bsmem, B, 0, k * BLK_K, BLK_N, tid, zeros)
+            # generic-proxy stores -> async-proxy (tensor core) reads
+            T.ptx.fence.proxy.async_.shared__cta()
+            T.cuda.cta_sync()
+            if warp_id == 0:
+                # one lane issues: the MMA is a CTA-wide operation, not a per-thread one
+                if T.cuda.elect_sync():
+                    T.ptx["tcgen05.fence::after_thread_sync"]()
+                    Tx.gemm_async(tmem[:, 0:BLK_N], Asmem[:, :], Bsmem[:, :],
+                                  accum=(k != 0), dispatch="tcgen05", cta_group=1)
+                    mma2ld.arrive(0)  # tcgen05.commit: arrives when the MMAs above are done
+            # nobody may overwrite Asmem/Bsmem until the tensor core has read them
+            mma2ld.wait(0, phase)
+            phase = phase ^ 1
+        T.ptx["tcgen05.fence::after_thread_sync"]()
+        Dreg = T.alloc_local((EPI_COLS,), "float32")
+        Dhalf = T.alloc_local((EPI_COLS,), dtype)
+        common.tmem_to_global(plan, tmem, Dreg, Dhalf, D, 0, 0, tid, False)
+        common.free_tmem(tmem_pool)
+    # fmt: on
+
+    return hgemm
