@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_session.sh bench    # bench the ladder, run the C++ runner
 #   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
 #
-# Inputs under build/ (git-ignored, carried to the GPU box): runtime/ (pack-runtime),
+# Inputs under build/, made by benchmarks/prepare_gpu_session.sh (git-ignored, carried to the GPU box):
+# runtime/ (pack-runtime),
 # gpu_cases/ (GEMM_LADDER_GPU_EXPORT), ladder/ (export), runner/ (cmake), tune_*/ (tune --build-only).
 # Outputs go to $OUT (or out/).
 set -uo pipefail
@@ -21,7 +22,7 @@ case "${1:-bench}" in
       tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "it/s]"
     ;;
   bench)
-    python3 -m gemm_ladder bench build/ladder --out "$OUT/bench_ladder.json" 2>&1 | grep -v "it/s]"
+    python3 -m gemm_ladder bench build/ladder build/ladder/one_tile --out "$OUT/bench_ladder.json" 2>&1 | grep -v "it/s]"
     for so in build/ladder/v*_8192x8192x8192_float16_*.so; do
       LD_LIBRARY_PATH=$PWD/build/runtime/site/tvm/lib:$PWD/build/runtime/site/tvm_ffi/lib \
         build/runner/gemm_runner "$so" --reps 20

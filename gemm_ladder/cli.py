@@ -94,8 +94,12 @@ def build_many(jobs, out_dir, workers: int | None = None, desc="build") -> list[
 
 
 def write_folder_manifest(out_dir, results) -> Path:
+    """The folder's manifest.json; modules exported into the folder earlier stay listed."""
     path = Path(out_dir) / MANIFEST
+    old = json.loads(path.read_text()).get("modules", []) if path.exists() else []
     built = [r for r in results if r["status"] == "built"]
+    names = {r["file"] for r in built}
+    built = [m for m in old if m["file"] not in names and (Path(out_dir) / m["file"]).exists()] + built
     refused = [r for r in results if r["status"] != "built"]
     path.write_text(json.dumps({"modules": built, "refused": refused}, indent=2) + "\n")
     return path
