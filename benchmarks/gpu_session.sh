@@ -22,9 +22,10 @@ case "${1:-bench}" in
       tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "it/s]"
     ;;
   bench)
+    CUDART_DIR=$(python3 -c "import os, nvidia; print(os.path.join(nvidia.__path__[0], 'cu13', 'lib'))" 2>/dev/null || true)
     python3 -m gemm_ladder bench build/ladder build/ladder/one_tile --out "$OUT/bench_ladder.json" 2>&1 | grep -v "it/s]"
     for so in build/ladder/v*_8192x8192x8192_float16_*.so; do
-      LD_LIBRARY_PATH=$PWD/build/runtime/site/tvm/lib:$PWD/build/runtime/site/tvm_ffi/lib \
+      LD_LIBRARY_PATH=$PWD/build/runtime/site/tvm/lib:$PWD/build/runtime/site/tvm_ffi/lib:$CUDART_DIR \
         build/runner/gemm_runner "$so" --reps 20
     done 2>&1 | tee "$OUT/runner.txt"
     ;;
