@@ -31,7 +31,7 @@ case "${1:-bench}" in
     ;;
   tune)
     for d in build/tune_*; do
-      python3 -m gemm_ladder tune --measure "$d" --out "$OUT/$(basename "$d")_measurements.json" 2>&1 | grep -v "it/s]"
+      python3 -m gemm_ladder tune --measure "$d" --measurements-out "$OUT/$(basename "$d")_measurements.json" 2>&1 | grep -v "it/s]"
     done
     ;;
 esac

@@ -140,6 +140,8 @@ def test_cuda_source_shows_the_epilogue_fence(v4_module):
     src = mod.cuda_source()
     assert "fence.proxy.async.shared::cta" in src
     assert "mbarrier.arrive.expect_tx" in src and "wgmma.mma_async" in src
+    # the TMA store is waited for (v4 stores once per CTA) after it was committed
+    assert src.rindex("bulk_wait_group") > src.rindex("bulk_commit_group")
 
 
 # -- loading -----------------------------------------------------------------------------------

@@ -142,29 +142,6 @@ def acc_to_smem(plan, Dreg, Dsmem, wg_row0, warp_id, lane_id):
             Dsmem[wg_row0 + mi * WG_M + row, col] = T.cast(Dreg[mi * plan.n_regs + r], plan.cfg.dtype)
 
 
-@T.inline
-def tma_store_tile(D, Dsmem, m_st, n_st, plan, tid):
-    """Shared -> global by one thread's TMA store; TMA clips the rows and columns past D's edge.
-
-    The proxy fence makes the generic-proxy stores above visible to the async proxy (TMA) and
-    the barrier makes every thread's stores land before the one thread issues the copy; the
-    wait keeps Dsmem alive until TMA has read it.
-    """
-    T.ptx.fence.proxy.async_.shared__cta()
-    T.cuda.cta_sync()
-    if tid == 0:
-        # one TMA box per 64 columns (one 128-byte swizzle atom wide): the global tensor is then
-        # plain (M, N) and N need not be a multiple of the tile
-        for h in T.unroll(plan.cfg.blk_n // 64):
-            Tx.copy_async(
-                D[m_st:m_st + plan.cfg.blk_m, n_st + h * 64:n_st + h * 64 + 64],
-                Dsmem[:, h * 64:h * 64 + 64], dispatch="tma_auto",
-            )
-        T.ptx.cp.async_.bulk.commit_group()
-        T.ptx.cp.async_.bulk.wait_group(0)
-    T.cuda.cta_sync()
-
-
 def dtype_of(cfg: GemmConfig):
     return tvm.DataType(cfg.dtype)
 
@@ -278,6 +255,19 @@ def tma_store_issue(D, Dsmem, m_st, n_st, plan, tid):
                 Dsmem[:, h * 64:h * 64 + 64], dispatch="tma_auto",
             )
         T.ptx.cp.async_.bulk.commit_group()
+
+
+@T.inline
+def tma_store_tile(D, Dsmem, m_st, n_st, plan, tid):
+    """Shared -> global by one thread's TMA store, waited for before Dsmem can be reused.
+
+    The one-tile rungs (v4, v5) store once per CTA, so they simply wait for the bulk group;
+    v6 overlaps it with the next tile (``tma_store_issue`` alone).
+    """
+    tma_store_issue(D, Dsmem, m_st, n_st, plan, tid)
+    if tid == 0:
+        T.ptx.cp.async_.bulk.wait_group(0)
+    T.cuda.cta_sync()
 
 
 # --- The first rungs (v1-v3): every thread copies, the output leaves from registers ----------
