@@ -265,3 +265,18 @@ CASES += [Case("v4", 1000, 3000, 520, blk_m=256, num_warpgroups=2), Case("v4", 5
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_v4_is_correct_on_the_gpu(case, gpu_result):
     assert gpu_result["status"] == "ok", gpu_result
+
+
+ARCH_CASES = [Case("v4", 256, 256, 128, arch="sm_100a")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ARCH_CASES, ids=str)
+def test_a_blackwell_module_refuses_a_hopper_gpu(case, gpu_result):
+    """Loading works; the call stops before launch with the arch error, and nothing crashes."""
+    from tests.conftest import GPU_ARCH
+
+    if GPU_ARCH == "sm_100a":
+        pytest.skip("this GPU is a Blackwell")
+    assert gpu_result["status"] == "error", gpu_result
+    assert "ArchMismatchError" in gpu_result["detail"] and "built for sm_100a" in gpu_result["detail"]
