@@ -151,7 +151,7 @@ def info_rows(paths) -> list[dict]:
             "shape": "x".join(map(str, man["shape"])),
             "dtype": man["dtype"],
             "arch": man["arch"],
-            "grid": "x".join(map(str, launch.get("grid", []))),
+            "grid": "1/SM" if launch.get("persistent") else "x".join(map(str, launch.get("grid", []))),
             "threads": launch.get("threads", ""),
             "smem": launch.get("smem_bytes", ""),
             "regs": res.registers,
