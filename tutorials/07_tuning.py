@@ -118,9 +118,11 @@ teach.committed_results("v6")
 # %% [markdown]
 # ## Tune on a GPU
 #
-# With an H100/H200 this cell runs a small search for v6 at 4096³ (the tuner builds in parallel,
-# checks and times each candidate in a child process, and writes its database to a temporary
-# folder here); without the tuner it times a few depths with the same harness.
+# With an H100/H200 this cell runs a small search for v6 at 4096³: the 128×256 two-warpgroup
+# tile in snake order, `pipe_depth` × `l2_group_size` (six candidates). The tuner checks and times
+# each candidate in a child process and writes its database to a temporary folder here; `jobs=1`
+# builds in this process (a notebook, or this file run as a script, needs no worker pool for six
+# builds; `python -m gemm_ladder tune` builds in parallel).
 
 # %%
 import tempfile
@@ -129,7 +131,9 @@ from pathlib import Path
 if teach.gpu_here("sm_90a"):
     work = Path(tempfile.mkdtemp(prefix="tune_"))
     if tune is not None and hasattr(tune, "tune"):
-        report = tune.tune("v6", (4096, 4096, 4096), space={"pipe_depth": [2, 3], "l2_group_size": [4, 8, 16]},
+        space = {"blk_m": [128], "blk_n": [256], "num_warpgroups": [2], "tile_order": ["snake"],
+                 "pipe_depth": [2, 3], "l2_group_size": [4, 8, 16]}
+        report = tune.tune("v6", (4096, 4096, 4096), space=space, l2_keep=0, jobs=1,
                            out=work / "v6", db=work / "tuning_db.json", plot=False)
         print(tune.format_table(report))
     else:
