@@ -16,7 +16,6 @@ timeout, so a kernel that deadlocks is reported, not waited on.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import os
 import sys
@@ -76,20 +75,21 @@ def _build_one(job) -> dict:
 
 def build_many(jobs, out_dir, workers: int | None = None, desc="build") -> list[dict]:
     """Build jobs in parallel processes (building is CPU-bound; each process imports TVM once)."""
+    from .procs import map_in_processes  # pylint: disable=import-outside-toplevel
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(r, tuple(s), dict(k), str(out_dir)) for r, s, k in jobs]
-    workers = workers or min(len(jobs), os.cpu_count() or 1) or 1
-    if workers == 1:
-        return [_build_one(job) for job in _progress(jobs, len(jobs), desc)]
-    import multiprocessing  # pylint: disable=import-outside-toplevel
-
-    results = [None] * len(jobs)
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(_build_one, j): i for i, j in enumerate(jobs)}
-        for fut in _progress(cf.as_completed(futures), len(futures), desc):
-            results[futures[fut]] = fut.result()
+    bar = _progress(None, len(jobs), desc)
+    tick = (lambda i, res: bar.update(1)) if hasattr(bar, "update") else None
+    try:
+        results = map_in_processes(_build_one, jobs, workers, on_done=tick)
+    finally:
+        if hasattr(bar, "close"):
+            bar.close()
+    for res in results:
+        if isinstance(res, Exception):
+            raise res
     return results
 
 

@@ -408,27 +408,16 @@ def _progress(total: int, desc: str):
 
 
 def _run_builds(jobs, workers: int | None, on_done) -> None:
-    if not jobs:
-        return
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    if workers <= 1:
-        for job in jobs:
-            on_done(job, _build_worker(job))
-        return
-    import concurrent.futures as cf  # pylint: disable=import-outside-toplevel
-    import multiprocessing  # pylint: disable=import-outside-toplevel
+    from .procs import map_in_processes  # pylint: disable=import-outside-toplevel
 
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-        futures = {pool.submit(_build_worker, j): j for j in jobs}
-        for fut in cf.as_completed(futures):
-            job = futures[fut]
-            try:
-                res = fut.result()
-            except Exception as err:  # pylint: disable=broad-except
-                # a worker that died (e.g. a segfault in codegen) breaks the pool: record, go on
-                res = {"key": job[5], "status": "build-failed", "detail": f"{type(err).__name__}: {err}"}
-            on_done(job, res)
+    def done(i, res):
+        if isinstance(res, Exception):
+            # a worker that died (e.g. a segfault in codegen) is recorded; the search goes on
+            res = {"key": jobs[i][5], "status": "build-failed", "detail": f"{type(res).__name__}: {res}"}
+        on_done(jobs[i], res)
+
+    if jobs:
+        map_in_processes(_build_worker, jobs, workers, on_done=done)
 
 
 def _place(src: Path, dst: Path) -> None:
