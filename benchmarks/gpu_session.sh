@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh tests    # the GPU test tier over the prebuilt cases
 #   bash benchmarks/gpu_session.sh bench    # bench the ladder, run the C++ runner
 #   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
+#   bash benchmarks/gpu_session.sh sanitize # compute-sanitizer memcheck, racecheck, synccheck
 #
 # Inputs under build/, made by benchmarks/prepare_gpu_session.sh (git-ignored, carried to the GPU box):
 # runtime/ (pack-runtime),
@@ -28,6 +29,18 @@ case "${1:-bench}" in
       LD_LIBRARY_PATH=$PWD/build/runtime/site/tvm/lib:$PWD/build/runtime/site/tvm_ffi/lib:$CUDART_DIR \
         build/runner/gemm_runner "$so" --reps 20
     done 2>&1 | tee "$OUT/runner.txt"
+    ;;
+  sanitize)
+    # every module under build/sanitize/, once per tool, only our kernel instrumented (the
+    # reference matmul of the check is torch's and is left alone); one log per module and tool
+    for so in build/sanitize/*.so; do
+      for tool in memcheck racecheck synccheck; do
+        log="$OUT/sanitize_$(basename "$so" .so)_$tool.txt"
+        timeout 300 compute-sanitizer --tool "$tool" --kernel-name kns=hgemm_kernel --error-exitcode 9 \
+          python3 -m gemm_ladder.isolate check "$so" --args 0 > "$log" 2>&1
+        echo "$(basename "$so") $tool: exit $? ($(grep -c "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$log") clean summaries)"
+      done
+    done | tee "$OUT/sanitize_summary.txt"
     ;;
   tune)
     for d in build/tune_*; do

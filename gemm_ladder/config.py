@@ -165,8 +165,9 @@ def check_common(cfg: GemmConfig) -> None:
             )
     if cfg.blk_k != 64:
         raise _fix(f"blk_k={cfg.blk_k} is not supported", "use blk_k=64 (one 128-byte swizzle row of 16-bit data)")
-    if cfg.blk_m not in (64, 128, 256):
-        raise _fix(f"blk_m={cfg.blk_m} is not supported", "use blk_m in (64, 128, 256)")
+    if cfg.blk_m not in (64, 128, 192, 256):
+        # whole 64-row wgmma atoms: 192 is three, for three MMA warpgroups
+        raise _fix(f"blk_m={cfg.blk_m} is not supported", "use blk_m in (64, 128, 192, 256)")
     if cfg.blk_n % 64 or not 64 <= cfg.blk_n <= 256:
         # the output tile leaves through 128-byte-wide (64-column) swizzled TMA boxes
         raise _fix(f"blk_n={cfg.blk_n} is not supported", "use 64, 128, 192 or 256")

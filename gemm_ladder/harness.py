@@ -9,7 +9,8 @@ Runtime-only (torch + the TVM runtime). The method:
   written) and its worst element is within 8x of cuBLAS's worst element;
 - timing: warm-up, then the median of many runs timed with CUDA events, rotating through
   enough input sets that they do not fit in L2; cuBLAS (``torch.matmul``) is timed the same way
-  in the same process, right after.
+  in the same process, in alternating rounds with the module (a power-capped GPU's clock
+  drifts within a run: both sides see the same drift).
 """
 
 from __future__ import annotations
@@ -87,26 +88,35 @@ def check(mod, seed: int = 0) -> CheckResult:
     return CheckResult(ok, rel, trel, mabs, tmabs, nan_count, detail)
 
 
-def _median_ms(fn, sets, warmup: int, reps: int) -> float:
+def _event_times(fn, sets, reps: int, start: int = 0) -> list[float]:
+    """``reps`` CUDA-event-timed calls of ``fn``, rotating through the input sets."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    for i in range(warmup):
-        fn(*sets[i % len(sets)])
-    torch.cuda.synchronize()
     times = []
     for i in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        args = sets[i % len(sets)]
+        args = sets[(start + i) % len(sets)]
         s.record()
         fn(*args)
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return times
 
 
-def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = None) -> dict:
-    """Median time of ``mod`` and of cuBLAS on the same shape, in one process, same method."""
+ROUNDS = 6  # alternating rounds of ours and cuBLAS per timing
+
+
+def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = None,
+                rounds: int = ROUNDS) -> dict:
+    """Median time of ``mod`` and of cuBLAS on the same shape, in one process, same method.
+
+    A GPU held at its power limit drifts in clock within a run, so the two are not timed one
+    after the other but in ``rounds`` alternating rounds (ours, cuBLAS, cuBLAS, ours, ...) of
+    ``reps / rounds`` calls each, after a warm-up of both: each side sees the same mix of early
+    and late, cool and hot. The medians over all calls give ``ms`` and ``cublas_ms``; the
+    per-round ratios (``round_ratios``) show the spread within the run.
+    """
     import torch  # pylint: disable=import-outside-toplevel
 
     l2 = l2_bytes or torch.cuda.get_device_properties(0).L2_cache_size
@@ -117,16 +127,37 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
         A, B = random_inputs(mod.M, mod.N, mod.K, mod.dtype, seed=1000 + i)
         sets.append((A, B, torch.empty((mod.M, mod.N), dtype=A.dtype, device=A.device)))
     flops = 2.0 * mod.M * mod.N * mod.K
-    ours = _median_ms(lambda a, b, o: mod(a, b, out=o), sets, warmup, reps)
-    theirs = _median_ms(lambda a, b, o: torch.matmul(a, b.T, out=o), sets, warmup, reps)
+
+    def ours_fn(a, b, o):
+        mod(a, b, out=o)
+
+    def theirs_fn(a, b, o):
+        torch.matmul(a, b.T, out=o)
+
+    rounds = max(1, min(rounds, reps))
+    per_round = max(1, reps // rounds)
+    _event_times(ours_fn, sets, warmup)
+    _event_times(theirs_fn, sets, warmup)
+    ours, theirs, ratios = [], [], []
+    for r in range(rounds):
+        first, second = (ours_fn, theirs_fn) if r % 2 == 0 else (theirs_fn, ours_fn)
+        a = _event_times(first, sets, per_round, start=r * per_round)
+        b = _event_times(second, sets, per_round, start=r * per_round)
+        mine, cub = (a, b) if r % 2 == 0 else (b, a)
+        ours += mine
+        theirs += cub
+        ratios.append(statistics.median(cub) / statistics.median(mine))
+    ms, cublas_ms = statistics.median(ours), statistics.median(theirs)
     return {
-        "ms": ours,
-        "tflops": flops / ours / 1e9,
-        "cublas_ms": theirs,
-        "cublas_tflops": flops / theirs / 1e9,
-        "ratio_to_cublas": theirs / ours,
+        "ms": ms,
+        "tflops": flops / ms / 1e9,
+        "cublas_ms": cublas_ms,
+        "cublas_tflops": flops / cublas_ms / 1e9,
+        "ratio_to_cublas": cublas_ms / ms,
+        "round_ratios": [round(x, 4) for x in ratios],
         "input_sets": n_sets,
-        "reps": reps,
+        "reps": per_round * rounds,
+        "rounds": rounds,
         "warmup": warmup,
     }
 

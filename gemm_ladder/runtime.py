@@ -153,12 +153,15 @@ class GemmModule:
         return out
 
     def _launch_args(self, device) -> list:
-        """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU."""
-        if not self.manifest.get("launch", {}).get("persistent"):
+        """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU, or, for
+        clustered rungs (``launch["cluster_size"]``), as many whole clusters as the SMs hold."""
+        launch = self.manifest.get("launch", {})
+        if not launch.get("persistent"):
             return []
         import torch  # pylint: disable=import-outside-toplevel
 
-        return [torch.cuda.get_device_properties(device).multi_processor_count]
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return [sms // int(launch.get("cluster_size", 1))]
 
 
 def _function_names(rt) -> set:

@@ -30,6 +30,8 @@ def _gpu_arch():
 GPU_ARCH = _gpu_arch()
 EXPORT_DIR = os.environ.get("GEMM_LADDER_GPU_EXPORT")
 PREBUILT_DIR = os.environ.get("GEMM_LADDER_PREBUILT")
+# seconds a module may run before its case counts as hung (a deadlocked barrier protocol)
+GPU_TIMEOUT = float(os.environ.get("GEMM_LADDER_GPU_TIMEOUT", "180"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -83,7 +85,7 @@ def _gpu_batch(request, tmp_path_factory):
     from gemm_ladder.isolate import run_batch
 
     keys = [c.key for c in cases if c.key in paths]
-    results = run_batch("check", [paths[k] for k in keys], (0, 1), timeout=180)
+    results = run_batch("check", [paths[k] for k in keys], (0, 1), timeout=GPU_TIMEOUT)
     return {"results": dict(zip(keys, results)), "paths": paths}
 
 

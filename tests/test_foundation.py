@@ -34,7 +34,7 @@ def run_py(code: str, env=None, cwd=REPO, timeout=300):
         (dict(M=128, N=128, K=64, dtype="float32"), ["dtype='float32'", "float16"]),
         (dict(M=128, N=128, K=64, arch="sm_80"), ["sm_80", "sm_90a"]),
         (dict(M=128, N=128, K=64, blk_n=96), ["blk_n=96", "64, 128, 192 or 256"]),
-        (dict(M=128, N=128, K=64, blk_m=96), ["blk_m=96", "64, 128, 256"]),
+        (dict(M=128, N=128, K=64, blk_m=96), ["blk_m=96", "64, 128, 192, 256"]),
         (dict(M=128, N=128, K=64, pipe_depth=3), ["no knob pipe_depth", "blk_n"]),
         (dict(M=256, N=256, K=64, blk_m=256, blk_n=256), ["512", "registers", "num_warpgroups"]),
         (dict(M=256, N=256, K=64, blk_m=64, num_warpgroups=2), ["blk_m=64", "warpgroup", "blk_m=128"]),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import tvm
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
+from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import layouts
 from ..config import GemmConfig
@@ -79,11 +80,19 @@ class HopperPlan:
         return layouts.shared_layout(c.dtype, (c.blk_m, c.blk_n), "128B")
 
 
+def epilogue_bytes(cfg: GemmConfig) -> int:
+    """Shared memory the output takes on its way out: the whole tile, or (a rung with the
+    ``epi_n`` knob, narrower than the tile) two ``blk_m x epi_n`` column chunks in flight."""
+    epi_n = dict(cfg.extra).get("epi_n", cfg.blk_n)
+    chunks = 1 if epi_n >= cfg.blk_n else 2
+    return chunks * cfg.blk_m * min(epi_n, cfg.blk_n) * cfg.elem_bytes
+
+
 def smem_bytes(cfg: GemmConfig, stages: int, epilogue_tile: bool = True) -> int:
     """Shared memory of a Hopper rung: barriers padded to the 1 KiB swizzle alignment, the
-    operand ring and the output tile."""
+    operand ring and the output's staging (``epilogue_bytes``)."""
     plan = HopperPlan(cfg)
-    out = cfg.blk_m * cfg.blk_n * cfg.elem_bytes if epilogue_tile else 0
+    out = epilogue_bytes(cfg) if epilogue_tile else 0
     return 1024 + stages * plan.stage_bytes + out
 
 
@@ -96,12 +105,13 @@ def launch_info(cfg: GemmConfig, stages: int, grid=None) -> dict:
     }
 
 
-def check_tile(cfg: GemmConfig) -> None:
-    """Rules of the Hopper tile: whole wgmma rows per warpgroup."""
+def check_tile(cfg: GemmConfig, warpgroups=(1, 2)) -> None:
+    """Rules of the Hopper tile: whole wgmma rows per (MMA) warpgroup."""
     from ..config import ConfigError  # pylint: disable=import-outside-toplevel
 
-    if cfg.num_warpgroups not in (1, 2):
-        raise ConfigError(f"num_warpgroups={cfg.num_warpgroups} is not supported; use 1 or 2")
+    if cfg.num_warpgroups not in warpgroups:
+        choices = " or ".join(map(str, warpgroups))
+        raise ConfigError(f"num_warpgroups={cfg.num_warpgroups!r} is not supported; use {choices}")
     if cfg.blk_m % (WG_M * cfg.num_warpgroups):
         raise ConfigError(
             f"blk_m={cfg.blk_m} does not split into {cfg.num_warpgroups} warpgroup(s) of whole "
@@ -239,6 +249,18 @@ def acc_to_smem_stmatrix(plan, Dreg, Dsmem, wg_row0, warp_id, lane_id, packed):
 
 
 @T.inline
+def tma_store_copies(D, Dsmem, m_st, n_st, plan):
+    """One thread: the TMA stores of the output tile (64-column, 128-byte-wide boxes), committed
+    as one bulk group."""
+    for h in T.unroll(plan.cfg.blk_n // 64):
+        Tx.copy_async(
+            D[m_st:m_st + plan.cfg.blk_m, n_st + h * 64:n_st + h * 64 + 64],
+            Dsmem[:, h * 64:h * 64 + 64], dispatch="tma_auto",
+        )
+    T.ptx.cp.async_.bulk.commit_group()
+
+
+@T.inline
 def tma_store_issue(D, Dsmem, m_st, n_st, plan, tid):
     """Shared -> global by one thread's TMA store, committed but NOT waited for.
 
@@ -249,12 +271,7 @@ def tma_store_issue(D, Dsmem, m_st, n_st, plan, tid):
     T.ptx.fence.proxy.async_.shared__cta()
     T.cuda.cta_sync()
     if tid == 0:
-        for h in T.unroll(plan.cfg.blk_n // 64):
-            Tx.copy_async(
-                D[m_st:m_st + plan.cfg.blk_m, n_st + h * 64:n_st + h * 64 + 64],
-                Dsmem[:, h * 64:h * 64 + 64], dispatch="tma_auto",
-            )
-        T.ptx.cp.async_.bulk.commit_group()
+        tma_store_copies(D, Dsmem, m_st, n_st, plan)
 
 
 @T.inline
@@ -362,3 +379,263 @@ def acc_to_global(plan, Dreg, D, m0, n0, wg_row0, warp_id, lane_id, guard_rows, 
             if T.And(T.Or(not guard_rows, gr < n_m), T.Or(not guard_cols, gc < n_n)):
                 for v in T.vectorized(2):
                     D[gr, gc + v] = T.cast(Dreg[mi * plan.n_regs + 2 * p + v], plan.cfg.dtype)
+
+
+# -- warp specialization (v7+): a producer warpgroup and consumer warpgroups ------------------
+PRODUCER_WG = 0  # warpgroup 0 loads; warpgroups 1..W compute
+REGISTER_FILE = 65536  # 32-bit registers of one SM (and of one CTA, at one CTA per SM)
+PRODUCER_REGS = 40  # a scheduler, a slice counter, TMA coordinates
+CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
+
+
+@dataclass(frozen=True)
+class RoleRegisters:
+    """``setmaxnreg`` budgets of a warp-specialized CTA (None: leave the role as it starts)."""
+
+    entry: int  # what ptxas gives every thread at launch: the file over the threads
+    producer: int | None
+    consumer: int | None
+
+
+def role_registers(consumers: int) -> RoleRegisters:
+    """Budgets for one producer and ``consumers`` consumer warpgroups.
+
+    A thread starts with the register file over the CTA's threads (rounded down to 8, at most
+    255). The producer gives back down to ``PRODUCER_REGS``; the consumers share the rest,
+    rounded down to a multiple of 8 (setmaxnreg's unit). Where that is no more than they
+    start with (one consumer), nothing moves: both roles keep what they start with.
+    """
+    threads = THREADS_PER_WG * (consumers + 1)
+    entry = min(255, REGISTER_FILE // threads // 8 * 8)
+    share = (REGISTER_FILE - PRODUCER_REGS * THREADS_PER_WG) // (THREADS_PER_WG * consumers) // 8 * 8
+    if min(share, 240) <= entry:
+        # (one consumer: 256 threads start with 255 registers each, and ptxas ignores setmaxnreg
+        # in a kernel whose entry count is not capped below that)
+        return RoleRegisters(entry, None, None)
+    return RoleRegisters(entry, PRODUCER_REGS, min(share, 240))
+
+
+def check_consumer_registers(cfg: GemmConfig) -> None:
+    """The accumulators must fit a consumer's budget with room for addresses and loop state."""
+    from ..config import ConfigError  # pylint: disable=import-outside-toplevel
+
+    regs = role_registers(cfg.num_warpgroups)
+    budget = regs.consumer or regs.entry
+    acc = HopperPlan(cfg).acc_regs
+    if acc + 40 > budget:
+        raise ConfigError(
+            f"a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer warpgroup(s) needs "
+            f"{acc} fp32 accumulator registers per thread, and a consumer may hold {budget} with "
+            f"{cfg.num_warpgroups + 1} warpgroups in the CTA (40 go to addresses and loop state); "
+            "use a smaller tile or more consumer warpgroups (num_warpgroups)"
+        )
+
+
+class ConsumerRole(WarpgroupRole):
+    """Warpgroups 1..W: TVM's ``WarpgroupRole`` over a range, its register budget optional.
+
+    (``WarpgroupRole((start, stop))`` spells its guard with Python's ``and``, which a TIR
+    expression cannot take; this spells it with ``T.And``.)
+    """
+
+    def __init__(self, wg_id, consumers: int, regs: int | None):
+        super().__init__(wg_id, (1, consumers + 1), regs=regs, increase=True)
+
+    def __enter__(self):
+        self._if_frame = T.If(T.And(self.wg_id_var >= 1, self.wg_id_var < self.wg_id_val[1]))
+        self._if_frame.__enter__()
+        self._then_frame = T.Then()
+        self._then_frame.__enter__()
+        if self.regs is not None:
+            T.evaluate(T.ptx[f"setmaxnreg.inc.sync.aligned.u32"](self.regs))
+        return self
+
+
+@T.inline
+def consumer_sync(plan):
+    """A barrier of the consumer warpgroups alone (the producer never reaches it)."""
+    T.ptx.bar.sync(CONSUMER_BARRIER, plan.threads)
+
+
+@T.inline
+def consumer_store_tile(D, Dsmem, Dreg, m_st, n_st, plan, ctid, wg_row0, warp_id, lane_id, packed):
+    """The consumers' epilogue: registers -> Dsmem (stmatrix) -> one TMA store, not waited for.
+
+    Consumer thread 0 first lets the previous tile's store finish reading Dsmem; the named
+    barrier holds the other consumers until it has. Each writer fences its stmatrix stores for
+    the async proxy before the second barrier, after which thread 0 issues the copy.
+    """
+    if ctid == 0:
+        T.ptx.cp.async_.bulk.wait_group.read(0)
+    consumer_sync(plan)
+    acc_to_smem_stmatrix(plan, Dreg, Dsmem, wg_row0, warp_id, lane_id, packed)
+    T.ptx.fence.proxy.async_.shared__cta()
+    consumer_sync(plan)
+    if ctid == 0:
+        tma_store_copies(D, Dsmem, m_st, n_st, plan)
+
+
+# -- thread-block clusters (v8+): operand tiles multicast to the CTAs that share them -----------
+CLUSTER_DIMS = (1, 2)  # CTAs of a cluster along M and along N
+
+
+def cluster_shape(cfg: GemmConfig) -> tuple[int, int]:
+    """(cluster_m, cluster_n) of a clustered rung: CTAs of one cluster along M and along N."""
+    extra = dict(cfg.extra)
+    return extra.get("cluster_m", 1), extra.get("cluster_n", 1)
+
+
+def check_cluster(cfg: GemmConfig) -> None:
+    """A cluster of cluster_m x cluster_n CTAs splits each shared tile into whole swizzle atoms."""
+    from ..config import ConfigError  # pylint: disable=import-outside-toplevel
+
+    cm, cn = cluster_shape(cfg)
+    for name, v in (("cluster_m", cm), ("cluster_n", cn)):
+        if not isinstance(v, int) or isinstance(v, bool) or v not in CLUSTER_DIMS:
+            raise ConfigError(f"{name}={v!r} is not supported; use {name}=1 or 2 (clusters of 1x2, 2x1 or 2x2 CTAs)")
+    # the A tile is shared by the cluster_n CTAs of one cluster row: each loads a 1/cluster_n part
+    # of its rows; B likewise over cluster_m. A part must be whole 8-row (1 KiB) swizzle atoms.
+    for tile, parts, knob in ((cfg.blk_m, cn, "blk_m"), (cfg.blk_n, cm, "blk_n")):
+        if tile % (8 * parts):
+            raise ConfigError(
+                f"{knob}={tile} does not split into {parts} parts of whole 8-row swizzle atoms for the "
+                f"cluster's multicast; use a {knob} that is a multiple of {8 * parts}"
+            )
+
+
+def multicast_masks(cm: int, cn: int, rank_m, rank_n):
+    """The cta_masks of the A and B parts a CTA multicasts, as functions of its place in the
+    cluster (rank = rank_m + cluster_m * rank_n).
+
+    A's tile belongs to the CTAs of one cluster row (same rank_m): ranks rank_m + cm*j. B's tile
+    belongs to the CTAs of one cluster column (same rank_n): ranks cm*rank_n + i.
+    """
+    row = sum(1 << (cm * j) for j in range(cn))  # ranks 0, cm, 2cm, ... shifted by rank_m
+    col = (1 << cm) - 1  # ranks 0..cm-1, shifted by cm * rank_n
+    return row << rank_m, col << (rank_n * cm)
+
+
+@T.inline
+def _tma_part(Xsmem, X, stage, x_st, row0, rows, k, tma2mma, cta_mask):
+    """Rows ``row0 .. row0+rows`` of a tile's K slice ``k``, multicast to ``cta_mask``."""
+    BLK_K = T.meta_var(Xsmem.shape[2])
+    Tx.copy_async(Xsmem[stage, row0:row0 + rows, :],
+                  X[x_st + row0:x_st + row0 + rows, k * BLK_K:k * BLK_K + BLK_K],
+                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]), cta_mask=cta_mask)
+
+
+@T.inline
+def _tma_whole(Xsmem, X, stage, x_st, rows, k, tma2mma):
+    BLK_K = T.meta_var(Xsmem.shape[2])
+    Tx.copy_async(Xsmem[stage, :, :], X[x_st:x_st + rows, k * BLK_K:k * BLK_K + BLK_K],
+                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]))
+
+
+def tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, stage, m_st, n_st, k, tma2mma,
+                            cm, cn, rank_m, rank_n):
+    """One thread: its CTA's share of the K slice ``k`` of a cluster's A and B tiles.
+
+    A tile shared by ``cn`` CTAs is loaded in ``cn`` row parts, part ``rank_n`` by this CTA,
+    multicast (``cta_mask``) into the same stage of every CTA that shares it; B likewise over
+    ``cm``. An unshared tile is loaded whole, as in v7. Every CTA's tma2mma[stage] still expects
+    the bytes of the full A and B tiles: its own parts and its peers' land on it alike.
+    (Plain Python around inline parts: which form each operand takes is decided at trace time.)
+    """
+    c = plan.cfg
+    mask_a, mask_b = multicast_masks(cm, cn, rank_m, rank_n)
+    if cn > 1:
+        _tma_part(Asmem, A, stage, m_st, rank_n * (c.blk_m // cn), c.blk_m // cn, k, tma2mma, mask_a)
+    else:
+        _tma_whole(Asmem, A, stage, m_st, c.blk_m, k, tma2mma)
+    if cm > 1:
+        _tma_part(Bsmem, B, stage, n_st, rank_m * (c.blk_n // cm), c.blk_n // cm, k, tma2mma, mask_b)
+    else:
+        _tma_whole(Bsmem, B, stage, n_st, c.blk_n, k, tma2mma)
+    tma2mma.arrive(stage, tx_count=plan.stage_bytes)
+
+
+@T.inline
+def release_to_cluster(mma2tma, stage, cluster_size):
+    """One consumer warp's release of a stage to the producer of every CTA of the cluster: each
+    of them may multicast into this CTA's copy of the stage."""
+    for c in T.unroll(cluster_size):
+        mma2tma.arrive(stage, remote=c)
+
+
+@T.inline
+def cluster_sync():
+    """Every thread of every CTA of the cluster (barrier.cluster, release/acquire)."""
+    T.ptx.barrier.cluster.arrive.release()
+    T.ptx.barrier.cluster.wait.acquire()
+
+
+# -- per-consumer epilogues in column chunks (v9) ------------------------------------------------
+EPI_CHUNK = 64  # columns of one TMA store box: one 128-byte swizzle row of 16-bit data
+
+
+def check_epilogue(cfg: GemmConfig) -> None:
+    """``epi_n``: the columns one epilogue store moves, a multiple of 64 that divides blk_n."""
+    from ..config import ConfigError  # pylint: disable=import-outside-toplevel
+
+    epi_n = dict(cfg.extra).get("epi_n", cfg.blk_n)
+    if not isinstance(epi_n, int) or isinstance(epi_n, bool) or epi_n % EPI_CHUNK or cfg.blk_n % epi_n:
+        ok = [n for n in range(EPI_CHUNK, cfg.blk_n + 1, EPI_CHUNK) if cfg.blk_n % n == 0]
+        raise ConfigError(f"epi_n={epi_n!r} must be a multiple of {EPI_CHUNK} that divides blk_n={cfg.blk_n}; "
+                          f"use one of {ok}")
+
+
+@T.inline
+def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed):
+    """Columns ``col0 .. col0+ncols`` of one warpgroup's accumulators -> ``Esmem[buf]`` (its
+    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`."""
+    NR = T.meta_var(plan.n_regs)
+    q = T.meta_var(lane_id // 8)
+    row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
+    for mi in T.unroll(plan.m_atoms):
+        for pp in T.unroll(ncols // 16):
+            for h in T.unroll(4):
+                r = T.meta_var(mi * NR + (2 * (col0 // 16 + pp) + h // 2) * 4 + (h % 2) * 2)
+                T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r + 1], Dreg[r])
+            T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
+                Esmem.ptr_to([buf, mi * WG_M + row, (2 * pp + q // 2) * 8]),
+                packed[0], packed[1], packed[2], packed[3],
+            )
+
+
+@T.inline
+def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, lane_id, packed, epi_it,
+                          epi_n, nbuf):
+    """One consumer warpgroup's epilogue, on its own: its rows of the tile leave in ``epi_n``-wide
+    column chunks through ``nbuf`` shared buffers (two, or one when a chunk is the whole row).
+
+    Chunk ``epi_it + j`` (``epi_it`` counts this warpgroup's chunks across tiles; the caller
+    adds the chunks of a tile after it) goes to buffer ``(epi_it + j) % nbuf`` of warpgroup
+    ``c``. Before rewriting a buffer, the warpgroup's storing thread lets all but the newest
+    ``nbuf - 1`` bulk groups finish reading it (``wait_group.read``): with two buffers the store
+    of the chunk before last, which used this buffer, has then left it while the last chunk's
+    store still drains. Only this warpgroup's 128 threads meet at its named barrier (``1 + c``):
+    the other consumers and the producer run on.
+    """
+    ROWS = T.meta_var(plan.rows_per_wg)
+    for j in T.unroll(plan.cfg.blk_n // epi_n):
+        buf = T.meta_var(c * nbuf + (epi_it + j) % nbuf)
+        if wtid == 0:
+            T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
+        T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+        acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, warp_id, lane_id, packed)
+        T.ptx.fence.proxy.async_.shared__cta()
+        T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+        if wtid == 0:
+            for h in T.unroll(epi_n // EPI_CHUNK):
+                Tx.copy_async(
+                    D[m_st + c * ROWS:m_st + c * ROWS + ROWS,
+                      n_st + j * epi_n + h * EPI_CHUNK:n_st + j * epi_n + h * EPI_CHUNK + EPI_CHUNK],
+                    Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
+                )
+            T.ptx.cp.async_.bulk.commit_group()
+
+
+def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):
+    """128B-swizzled staging buffers for output chunks: ``stmatrix`` writes 16-byte rows that
+    the swizzle spreads over the banks, and the TMA store reads them back unswizzled."""
+    return layouts.shared_layout(cfg.dtype, (buffers, rows, cols), "128B")

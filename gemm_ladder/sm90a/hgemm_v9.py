@@ -1,0 +1,224 @@
+"""hgemm_v9 (Hopper): consumers that own their rows, epilogues that overlap the next tile.
+
+What changed from v8: in v8 the consumer warpgroups finished a tile together. Both waited at
+one named barrier for the previous store to leave the output tile, wrote their rows into it,
+met again, and one thread stored the whole tile: a consumer that was done first idled until the
+other caught up, and the next tile's first wgmma waited for the slowest warpgroup's epilogue.
+v9 makes each consumer warpgroup a worker of its own. Consumer ``c`` owns rows
+``[c * blk_m/W, (c+1) * blk_m/W)`` of every tile, and runs its epilogue alone:
+
+  - its own named barrier (``bar.sync 1+c, 128``), so no warpgroup waits for another;
+  - its rows leave in ``epi_n``-wide column chunks through two shared buffers of its own: while
+    the TMA store of chunk j drains, the warpgroup already writes chunk j+1 into the other buffer
+    (``stmatrix``), and only before a buffer is reused does its storing thread wait for the
+    store that read it (``cp.async.bulk.wait_group.read(1)``);
+  - when the last chunk is handed to TMA, the warpgroup goes straight to the next tile's first
+    K slice, which the producer has long loaded: the store drains under the next mainloop.
+
+Smaller staging also gives the ring room: a 128x256 tile with ``epi_n = 64`` stages 2 x 2 x
+64 x 64 halves (32 KiB) where v8 staged the whole 64 KiB tile, so four stages fit beside it.
+Up to three consumer warpgroups (``num_warpgroups``; 192-row tiles) where their registers allow.
+
+    consumer c, tile t:   for k: wait tma2mma; wgmma; commit; wait_group(1); release (cluster)
+                          wait_group(0); release the last slice
+                          for each chunk j of epi_n columns (buffer b = chunk count % 2):
+                            thread 0 of c: bulk wait_group.read(1)   (buffer b's old store left)
+                            bar.sync 1+c; stmatrix rows of c, columns j -> Esmem[c, b]; fence
+                            bar.sync 1+c; thread 0 of c: TMA store Esmem[c, b] -> D, commit
+                          -> tile t+1, while the stores drain
+
+Roles and registers:
+
+    ==========  ===========================  ==========  ======================================
+    warpgroup   role                         registers   why
+    ==========  ===========================  ==========  ======================================
+    0           producer (one thread issues  40 (W>1)    a scheduler, a slice counter, TMA
+                the cluster's TMA parts)                 coordinates and multicast masks
+    1..W        consumer c = warpgroup - 1:  232 (W=2)   blk_m/W x blk_n / 128 accumulators
+                wgmma, its own epilogue      152 (W=3)   (128 at 128x256 / 2, 96 at 192x192 / 3),
+                                             255 (W=1)   descriptors, stmatrix staging
+    ==========  ===========================  ==========  ======================================
+
+Barriers (one mbarrier per stage and CTA, as in v8; named barriers 1..W, one per consumer):
+
+    ==========  ==========================================  =================================
+    barrier     arrived by                                  waited by (phase)
+    ==========  ==========================================  =================================
+    tma2mma[s]  this CTA's producer (arrive.expect_tx of     every consumer thread of this
+                the whole stage) + the bytes of this CTA's   CTA, (it / S) & 1
+                parts and of its peers' multicast parts
+    mma2tma[s]  lane 0 of every consumer warp of every CTA   this CTA's producer before
+                of the cluster (4 x W x cluster size)        refill it, ((it / S) & 1) ^ 1
+    bar 1+c     the 128 threads of consumer c, twice per     (named barrier, no phase)
+                chunk
+    ==========  ==========================================  =================================
+
+The consumers stay in step through the ring alone: a stage is refilled only when every
+consumer warp of the cluster released it, so a consumer that runs ahead into the next tile
+can be at most ``pipe_depth`` slices ahead of the slowest.
+
+Constraints:
+  - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
+  - epi_n a multiple of 64 that divides blk_n (epi_n = blk_n: one buffer per consumer, the
+    whole row band at once);
+  - pipe_depth up to what shared memory allows beside the staging buffers.
+
+Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 --out build/
+"""
+
+from tvm.script import tirx as T
+from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
+from tvm.backend.cuda.lang.warp_role import WarpgroupRole
+
+import schedulers
+from ..config import ConfigError, GemmConfig
+from . import common
+from .common import HopperPlan
+
+TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
+KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
+         "l2_group_size": 8, "tile_order": "snake",
+         "cluster_m": 2, "cluster_n": 1, "epi_n": 64}
+CONSUMERS = (1, 2, 3)
+TILE_ORDERS = ("grouped", "snake", "row", "column")
+
+
+def check(cfg: GemmConfig) -> None:
+    common.check_tile(cfg, CONSUMERS)
+    common.check_epilogue(cfg)
+    common.check_pipe_depth(cfg)
+    common.check_consumer_registers(cfg)
+    common.check_cluster(cfg)
+    if cfg.tile_order not in TILE_ORDERS:
+        raise ConfigError(f"tile_order={cfg.tile_order!r} is not supported; use one of {TILE_ORDERS}")
+    g = cfg.l2_group_size
+    if not isinstance(g, int) or isinstance(g, bool) or g < 1:
+        raise ConfigError(f"l2_group_size={g!r} is not a positive int; use e.g. l2_group_size=8")
+    try:
+        schedulers.tile_order(cfg.tile_order, *cluster_grid(cfg), g)
+    except ValueError as err:
+        raise ConfigError(f"tile_order={cfg.tile_order!r}, l2_group_size={g}: {err}") from None
+
+
+def cluster_grid(cfg: GemmConfig) -> tuple[int, int]:
+    """The grid of cluster tiles the scheduler walks."""
+    cm, cn = common.cluster_shape(cfg)
+    m_tiles, n_tiles = cfg.grid_mn
+    return -(-m_tiles // cm), -(-n_tiles // cn)
+
+
+def launch(cfg: GemmConfig) -> dict:
+    # as many whole clusters as the SMs hold, passed at launch; a producer beside the consumers
+    cm, cn = common.cluster_shape(cfg)
+    info = common.launch_info(cfg, cfg.pipe_depth, grid=["num_sms"])
+    return {**info, "threads": info["threads"] + common.THREADS_PER_WG, "persistent": True,
+            "cluster_size": cm * cn, "cluster": [cm, cn]}
+
+
+def kernel(cfg: GemmConfig):
+    plan = HopperPlan(cfg)
+    M, N, K, dtype = cfg.M, cfg.N, cfg.K, cfg.dtype
+    BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
+    CM, CN = common.cluster_shape(cfg)
+    CS = CM * CN
+    M_TILES, N_TILES = cluster_grid(cfg)  # in cluster tiles
+    S = cfg.pipe_depth
+    K_TILES = cfg.k_tiles
+    W = cfg.num_warpgroups  # consumer warpgroups
+    MMA_WARPS = 4 * W
+    RELEASES = MMA_WARPS * CS  # every consumer warp of every CTA of the cluster
+    REGS = common.role_registers(W)
+    EPI_N = dict(cfg.extra)["epi_n"]
+    NBUF = 2 if EPI_N < BLK_N else 1  # staging buffers per consumer
+    ROWS = plan.rows_per_wg
+    A_layout, B_layout = plan.ab_layouts(S)
+    E_layout = common.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
+
+    def scheduler(prefix, num_clusters):
+        return schedulers.make_tirx_scheduler(
+            cfg.tile_order, prefix, num_m_tiles=M_TILES, num_n_tiles=N_TILES,
+            num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
+        )
+
+    # fmt: off
+    @T.prim_func
+    def hgemm(A: T.Buffer((M, K), dtype), B: T.Buffer((N, K), dtype), D: T.Buffer((M, N), dtype),
+              num_clusters: T.int32):
+        T.device_entry()
+        clu = T.cluster_id([num_clusters])
+        rank = T.cta_id_in_cluster([CS])
+        wg_id = T.warpgroup_id([W + 1])
+        warp_id = T.warp_id_in_wg([4])
+        lane_id = T.lane_id([32])
+        pool = T.SMEMPool()
+        tma2mma = TMABar(pool, S)
+        mma2tma = MBarrier(pool, S)
+        pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
+        Asmem = pool.alloc((S, BLK_M, BLK_K), dtype, layout=A_layout)
+        Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
+        Esmem = pool.alloc((W * NBUF, ROWS, EPI_N), dtype, layout=E_layout)
+        pool.commit()
+        tma2mma.init(1)
+        mma2tma.init(RELEASES)
+        # make the barrier inits visible to the async proxy and to the peers before any TMA
+        # completes or any peer arrives on them
+        T.ptx.fence.mbarrier_init.release.cluster()
+        common.cluster_sync()
+        rank_m = T.meta_var(rank % CM)
+        rank_n = T.meta_var(rank // CM)
+
+        with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
+            if T.And(warp_id == 0, lane_id == 0):
+                ts_load = scheduler("ts_load", num_clusters)
+                ts_load.init(clu)
+                load_it: T.int32 = 0
+                while ts_load.valid():
+                    for k in range(K_TILES):
+                        # the stage's previous slice (one lap back) has been released
+                        mma2tma.wait(load_it % S, ((load_it // S) & 1) ^ 1)
+                        common.tma_load_k_tile_cluster(
+                            plan, A, B, Asmem, Bsmem, load_it % S, (ts_load.m_idx * CM + rank_m) * BLK_M,
+                            (ts_load.n_idx * CN + rank_n) * BLK_N, k, tma2mma, CM, CN, rank_m, rank_n)
+                        load_it = load_it + 1
+                    ts_load.next_tile()
+
+        with common.ConsumerRole(wg_id, W, REGS.consumer):
+            c = T.meta_var(wg_id - 1)  # this consumer
+            wtid = T.meta_var(warp_id * 32 + lane_id)
+            wg_row0 = T.meta_var(c * ROWS)
+            Dreg = T.alloc_local((plan.acc_regs,), "float32")
+            desc_a = T.alloc_local((1,), "uint64")
+            desc_b = T.alloc_local((1,), "uint64")
+            packed = T.alloc_local((4,), "uint32")
+            it: T.int32 = 0  # (tile, slice) pairs consumed by this CTA: never reset
+            epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
+            ts = scheduler("ts", num_clusters)
+            ts.init(clu)
+            while ts.valid():
+                for k in range(K_TILES):
+                    tma2mma.wait(it % S, (it // S) & 1)
+                    T.ptx.wgmma.fence.sync.aligned()
+                    common.mma_k_tile(plan, Dreg, Asmem, Bsmem, it % S, wg_row0, k == 0, desc_a, desc_b)
+                    T.ptx.wgmma.commit_group.sync.aligned()
+                    T.ptx.wgmma.wait_group.sync.aligned(1)
+                    if k > 0:
+                        # slice it-1's wgmmas have retired in this warp
+                        if lane_id == 0:
+                            common.release_to_cluster(mma2tma, (it - 1) % S, CS)
+                    it = it + 1
+                T.ptx.wgmma.wait_group.sync.aligned(0)
+                if lane_id == 0:
+                    common.release_to_cluster(mma2tma, (it - 1) % S, CS)
+                common.consumer_store_chunks(D, Esmem, Dreg, (ts.m_idx * CM + rank_m) * BLK_M,
+                                             (ts.n_idx * CN + rank_n) * BLK_N, plan, c, wtid, warp_id,
+                                             lane_id, packed, epi_it, EPI_N, NBUF)
+                epi_it = epi_it + BLK_N // EPI_N
+                ts.next_tile()
+            if wtid == 0:
+                # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
+                T.ptx.cp.async_.bulk.wait_group.read(0)
+        # no CTA leaves while a peer may still arrive on its barriers or multicast into it
+        common.cluster_sync()
+    # fmt: on
+
+    return hgemm

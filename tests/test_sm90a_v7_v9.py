@@ -1,0 +1,217 @@
+"""v7 (warp specialization), v8 (clusters + TMA multicast), v9 (per-consumer epilogues) on sm_90a.
+
+CPU tier (CI): knob validation (cluster shape, consumers, epi_n, registers, shared memory),
+the register budgets of the roles, the multicast masks, and building a sample of knob
+combinations once each: their SASS must show the instructions each technique implies
+(``USETMAXREG`` in v7+, ``UTMALDG...MULTICAST`` in v8+, one named barrier per consumer in v9)
+with no local-memory spills. GPU tier (``gpu``): every rung in both dtypes at the benchmark
+shapes, a skinny shape, K shorter than the ring and shapes that are not multiples of the tile,
+plus a knob sample, each checked against a float64 reference in a child process with a
+deadline (a deadlocked barrier protocol fails its case instead of hanging the run).
+"""
+
+import re
+
+import pytest
+
+from tests.gpu_cases import Case
+
+import gemm_ladder
+from gemm_ladder import ConfigError
+from gemm_ladder.config import limits_for
+
+V7_V9 = ("v7", "v8", "v9")
+
+
+# -- config validation -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "rung, knobs, words",
+    [
+        ("v7", dict(pipe_depth=4), ["pipe_depth=4", "use pipe_depth=3 or less"]),
+        ("v7", dict(num_warpgroups=3), ["num_warpgroups=3", "1 or 2"]),
+        ("v7", dict(num_warpgroups=1), ["256 fp32 accumulator", "num_warpgroups"]),
+        ("v8", dict(cluster_m=4), ["cluster_m=4", "1 or 2"]),
+        ("v8", dict(cluster_n=True), ["cluster_n=True", "1 or 2"]),
+        ("v8", dict(cluster_m=2, blk_n=64, blk_m=64, num_warpgroups=1, cluster_n=2), []),
+        ("v9", dict(epi_n=96), ["epi_n=96", "multiple of 64", "[64, 128, 256]"]),
+        ("v9", dict(epi_n=192), ["epi_n=192", "divides blk_n=256"]),
+        ("v9", dict(num_warpgroups=4), ["num_warpgroups=4", "1 or 2 or 3"]),
+        ("v9", dict(num_warpgroups=3, blk_m=192, blk_n=256, pipe_depth=3), ["128 fp32 accumulator", "152"]),
+        ("v9", dict(epi_n=256), ["pipe_depth=4", "use pipe_depth=3 or less"]),
+        ("v6", dict(cluster_m=2), ["no knob cluster_m"]),
+        ("v7", dict(epi_n=64), ["no knob epi_n"]),
+    ],
+)
+def test_refuses_bad_knobs_with_a_fix(rung, knobs, words):
+    if not words:  # a config that must be accepted
+        assert gemm_ladder.make_config(rung, 4096, 4096, 4096, **knobs).rung == rung
+        return
+    with pytest.raises(ConfigError) as err:
+        gemm_ladder.make_config(rung, 4096, 4096, 4096, **knobs)
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+
+
+def test_role_registers_fit_the_register_file():
+    from gemm_ladder.sm90a import common
+
+    for consumers in (1, 2, 3):
+        regs = common.role_registers(consumers)
+        threads = 128 * (consumers + 1)
+        assert regs.entry * threads <= common.REGISTER_FILE  # what ptxas caps at launch
+        if regs.consumer is None:  # no reallocation: every thread keeps what it starts with
+            assert regs.producer is None and regs.entry == 255
+            continue
+        assert regs.producer * 128 + regs.consumer * 128 * consumers <= common.REGISTER_FILE
+        assert regs.producer % 8 == 0 and regs.consumer % 8 == 0  # setmaxnreg's unit
+        assert regs.producer < regs.entry < regs.consumer
+    assert common.role_registers(1).consumer is None  # one consumer already holds 255
+
+
+def test_multicast_masks_name_the_ctas_that_share_a_tile():
+    from gemm_ladder.sm90a.common import multicast_masks
+
+    # rank = rank_m + cluster_m * rank_n; A is shared along a cluster row, B along a column
+    for cm, cn in ((2, 1), (1, 2), (2, 2)):
+        for rank in range(cm * cn):
+            rm, rn = rank % cm, rank // cm
+            mask_a, mask_b = multicast_masks(cm, cn, rm, rn)
+            same_row = {r for r in range(cm * cn) if r % cm == rm}
+            same_col = {r for r in range(cm * cn) if r // cm == rn}
+            assert {r for r in range(16) if mask_a >> r & 1} == same_row
+            assert {r for r in range(16) if mask_b >> r & 1} == same_col
+
+
+def test_v9_staging_leaves_room_for_a_deeper_ring():
+    from gemm_ladder.sm90a import common
+
+    lim = limits_for("sm_90a").smem_per_block
+    v8 = gemm_ladder.make_config("v8", 4096, 4096, 4096)
+    v9 = gemm_ladder.make_config("v9", 4096, 4096, 4096)
+    assert common.max_pipe_depth(v8, lim) == 3
+    assert common.max_pipe_depth(v9, lim) == 4
+    # two 64-column chunks per 64-row band of each consumer, instead of the whole tile
+    assert common.epilogue_bytes(v9) == 2 * 128 * 64 * 2 and common.epilogue_bytes(v8) == 128 * 256 * 2
+
+
+# -- building (each module once) ---------------------------------------------------------------
+CPU_BUILDS = {
+    "v7_default": ("v7", (4096, 4096, 4096), {}),
+    "v7_w1_bf16": ("v7", (1000, 3000, 520), dict(blk_n=128, num_warpgroups=1, dtype="bfloat16")),
+    "v8_default": ("v8", (8192, 8192, 8192), {}),
+    "v8_1x2": ("v8", (1000, 3000, 520), dict(cluster_m=1, cluster_n=2)),
+    "v8_2x2": ("v8", (777, 1000, 200), dict(cluster_m=2, cluster_n=2, blk_n=128, tile_order="grouped")),
+    "v9_default": ("v9", (8192, 8192, 8192), {}),
+    "v9_w3": ("v9", (1000, 3000, 520), dict(num_warpgroups=3, blk_m=192, blk_n=192, pipe_depth=3)),
+    "v9_epi256": ("v9", (512, 768, 64), dict(epi_n=256, pipe_depth=3, cluster_m=1, dtype="bfloat16")),
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from gemm_ladder.builder import build
+
+    out = tmp_path_factory.mktemp("v7v9")
+    mods = {}
+    for name, (rung, shape, knobs) in CPU_BUILDS.items():
+        mod = build(rung, *shape, **knobs)
+        mods[name] = (mod, mod.export(out / f"{name}.so"))
+    return mods
+
+
+def _sass(built, name):
+    from gemm_ladder import sass
+
+    return sass.disassemble(built[name][0].binary)
+
+
+@pytest.mark.parametrize("name", sorted(CPU_BUILDS))
+def test_sass_has_the_technique_and_no_spills(built, name):
+    from gemm_ladder import sass
+
+    mod, _ = built[name]
+    text = _sass(built, name)
+    counts = sass.instruction_counts(text)
+    for op in ("UTMALDG", "UTMASTG", "HGMMA", "STSM", "SYNCS"):
+        assert counts[op] > 0, (op, counts)
+    assert counts["LDL"] == 0 and counts["STL"] == 0, counts
+    res = sass.resource_usage(mod.binary)
+    assert res.stack == 0 and res.local == 0, res
+    # v7+: with two or three consumers the producer gives registers back and the consumers take
+    # them; with one, every thread already holds 255 and nothing moves
+    from gemm_ladder.sm90a.common import role_registers
+
+    regs = role_registers(mod.cfg.num_warpgroups)
+    if regs.consumer is None:
+        assert "USETMAXREG" not in text
+    else:
+        assert re.search(rf"USETMAXREG\.DEALLOC\S* {regs.producer:#x}\b", text), "producer setmaxnreg.dec missing"
+        assert re.search(rf"USETMAXREG\.TRY_ALLOC\S* \S+ {regs.consumer:#x}\b", text), "consumer setmaxnreg.inc missing"
+    # v8+: operand parts go out as multicast TMA loads exactly when the cluster shares a tile
+    cm, cn = (dict(mod.cfg.extra).get("cluster_m", 1), dict(mod.cfg.extra).get("cluster_n", 1))
+    multicast = len(re.findall(r"UTMALDG\.\S*MULTICAST", text))
+    assert (multicast > 0) == (cm * cn > 1), (name, multicast)
+
+
+def test_launch_records_threads_cluster_and_persistence(built):
+    from gemm_ladder.sm90a import common
+
+    for name, (mod, _) in built.items():
+        launch = mod.extra["launch"]
+        assert launch["persistent"] is True
+        assert launch["threads"] == 128 * (mod.cfg.num_warpgroups + 1)  # producer + consumers
+        assert launch["smem_bytes"] == common.smem_bytes(mod.cfg, mod.cfg.pipe_depth)
+        assert launch["smem_bytes"] <= limits_for("sm_90a").smem_per_block
+        cm, cn = (dict(mod.cfg.extra).get("cluster_m", 1), dict(mod.cfg.extra).get("cluster_n", 1))
+        assert launch.get("cluster_size", 1) == cm * cn, name
+
+
+def test_v7_consumers_sync_without_the_producer(built):
+    src = built["v7_default"][0].cuda_source()
+    body = src[src.index("__global__ void"):]
+    assert "__syncthreads" not in body.split("setmaxnreg_dec")[1]  # no CTA barrier after the split
+    assert re.search(r"bar_sync_count_sync\(\(uint\)1, \(uint\)256\)", body)  # consumers only
+
+
+def test_v8_cluster_barriers_fence_the_kernel(built):
+    src = built["v8_default"][0].cuda_source()
+    body = src[src.index("__global__ void"):]
+    assert body.count("barrier_cluster_arrive") == 2 and body.count("barrier_cluster_wait") == 2
+    assert "mapa" in src  # releases reach the peer CTA's barrier
+
+
+def test_v9_each_consumer_has_its_own_named_barrier(built):
+    src = built["v9_w3"][0].cuda_source()
+    body = src[src.index("__global__ void"):]
+    # bar.sync <consumer warpgroup index>, 128: one barrier id per consumer, 128 threads each
+    assert re.search(r"bar_sync_count_sync\(\(\(uint\)\(warp_id_in_cta >> 2\)\), \(uint\)128\)", body)
+    assert "wait_group_read_1" in body  # a chunk's buffer waits only for the store before last
+
+
+# -- GPU tier ------------------------------------------------------------------------------------
+GPU_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 1024, 8192), (512, 768, 64),
+              (2048, 2048, 128), (1000, 3000, 520), (777, 1000, 200)]
+CASES = [Case(rung, *shape, dtype=dtype) for rung in V7_V9 for shape in GPU_SHAPES
+         for dtype in ("float16", "bfloat16")]
+KNOB_SAMPLE = [
+    ("v7", dict(blk_n=128, num_warpgroups=1, pipe_depth=4)),
+    ("v7", dict(tile_order="grouped", l2_group_size=1)),
+    ("v8", dict(cluster_m=1, cluster_n=2)),
+    ("v8", dict(cluster_m=2, cluster_n=2, blk_n=128)),
+    ("v8", dict(tile_order="row", pipe_depth=2)),
+    ("v9", dict(cluster_m=1, cluster_n=1)),
+    ("v9", dict(cluster_m=1, cluster_n=2)),
+    ("v9", dict(num_warpgroups=3, blk_m=192, blk_n=192, pipe_depth=3)),
+    ("v9", dict(blk_m=256, blk_n=128, pipe_depth=3)),
+    ("v9", dict(epi_n=128, pipe_depth=3, tile_order="grouped", l2_group_size=16)),
+    ("v9", dict(epi_n=256, pipe_depth=3)),
+    ("v9", dict(num_warpgroups=1, blk_n=128, pipe_depth=5)),
+]
+CASES += [Case(rung, *shape, **knobs) for rung, knobs in KNOB_SAMPLE
+          for shape in [(1000, 3000, 520), (777, 1000, 200), (2048, 2048, 128)]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_v7_v9_are_correct_on_the_gpu(case, gpu_result):
+    assert gpu_result["status"] == "ok", gpu_result
