@@ -153,12 +153,16 @@ class GemmModule:
         return out
 
     def _launch_args(self, device) -> list:
-        """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU."""
-        if not self.manifest.get("launch", {}).get("persistent"):
+        """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU,
+        rounded down to whole clusters where the rung launches clusters (``launch.cluster``)."""
+        launch = self.manifest.get("launch", {})
+        if not launch.get("persistent"):
             return []
         import torch  # pylint: disable=import-outside-toplevel
 
-        return [torch.cuda.get_device_properties(device).multi_processor_count]
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        cluster = int(launch.get("cluster", 1))
+        return [sms // cluster * cluster]
 
 
 def _function_names(rt) -> set:
