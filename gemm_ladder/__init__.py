@@ -20,7 +20,7 @@ TVM_VERSION = "0.27.0.post1"
 __all__ = [
     "ConfigError", "GemmConfig", "build", "load", "make_config",
     "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
-    "hgemm_v7", "hgemm_v8",
+    "hgemm_v7", "hgemm_v8", "hgemm_v9",
 ]
 
 
@@ -48,6 +48,7 @@ hgemm_v5 = _rung_entry("v5")
 hgemm_v6 = _rung_entry("v6")
 hgemm_v7 = _rung_entry("v7")
 hgemm_v8 = _rung_entry("v8")
+hgemm_v9 = _rung_entry("v9")
 
 
 def build(*args, **kwargs):

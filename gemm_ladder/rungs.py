@@ -16,7 +16,7 @@ from types import ModuleType
 from .config import ARCHS, ConfigError, GemmConfig, check_common
 
 CONFIG_ATTR = "gemm_ladder.config"
-RUNGS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
+RUNGS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9")
 COMMON_KNOBS = ("dtype", "arch")
 
 
