@@ -40,6 +40,9 @@ Registers: ``__launch_bounds__(256, 1)`` gives ptxas the count at entry (min(232
            ``setmaxnreg.inc`` the pool cannot serve waits forever. Each role builds its own
            tile scheduler, so nothing is live across the budget boundary: ptxas spills what
            is (with one shared scheduler, as in v6, it spilled the scheduler state).
+           With two warpgroups the pool would give every thread 232 anyway, so here the
+           budgets mostly document the roles; they start to matter in v9, whose three
+           warpgroups share the file (168 each at entry).
 
 Constraints:
   - arch sm_100a; dtype float16 or bfloat16; D = A.B^T with A [M,K], B [N,K] row-major.
