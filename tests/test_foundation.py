@@ -268,6 +268,8 @@ def test_v4_is_correct_on_the_gpu(case, gpu_result):
 
 
 ARCH_CASES = [Case("v4", 256, 256, 128, arch="sm_100a")]
+# v7-v9 (persistent, v8/v9 launch clusters): the refusal must come before any launch attempt
+ARCH_CASES += [Case(r, 1000, 3000, 520, arch="sm_100a") for r in ("v7", "v8", "v9")]
 
 
 @pytest.mark.gpu
