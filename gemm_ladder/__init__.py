@@ -19,8 +19,8 @@ TVM_VERSION = "0.27.0.post1"
 
 __all__ = [
     "ConfigError", "GemmConfig", "build", "load", "make_config",
-    "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6", "hgemm_v7", "hgemm_v8",
-    "hgemm_v9",
+    "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
+    "hgemm_v7", "hgemm_v8", "hgemm_v9",
 ]
 
 

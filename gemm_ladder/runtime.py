@@ -153,15 +153,16 @@ class GemmModule:
         return out
 
     def _launch_args(self, device) -> list:
-        """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU, or, for
-        clustered rungs (``launch["cluster_size"]``), as many whole clusters as the SMs hold."""
+        """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU,
+        rounded down to whole clusters where the rung launches clusters (``launch.cluster``)."""
         launch = self.manifest.get("launch", {})
         if not launch.get("persistent"):
             return []
         import torch  # pylint: disable=import-outside-toplevel
 
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return [sms // int(launch.get("cluster_size", 1))]
+        cluster = int(launch.get("cluster", 1))
+        return [sms // cluster * cluster]
 
 
 def _function_names(rt) -> set:

@@ -58,8 +58,8 @@ def test_config_is_frozen_and_round_trips():
 
 
 def test_unknown_rung_and_missing_arch_form():
-    with pytest.raises(ConfigError, match="unknown rung 'v9'"):
-        gemm_ladder.make_config("v9", 128, 128, 64)
+    with pytest.raises(ConfigError, match="unknown rung 'v10'"):
+        gemm_ladder.make_config("v10", 128, 128, 64)
     from gemm_ladder.rungs import rung_module
 
     with pytest.raises(ConfigError, match="sm_90a"):
@@ -268,6 +268,8 @@ def test_v4_is_correct_on_the_gpu(case, gpu_result):
 
 
 ARCH_CASES = [Case("v4", 256, 256, 128, arch="sm_100a")]
+# v7-v9 (persistent, v8/v9 launch clusters): the refusal must come before any launch attempt
+ARCH_CASES += [Case(r, 1000, 3000, 520, arch="sm_100a") for r in ("v7", "v8", "v9")]
 
 
 @pytest.mark.gpu

@@ -115,33 +115,57 @@ def _bracket(text: str, start: int) -> str:
 
 
 def _barrier_of(call: str, which: int = -1) -> str:
-    """The mbarrier a call names: the index into the uint64 barrier array of the pool."""
-    key = "((uint64_t*)pool_buf_ptr)["
-    spots = [m.end() - 1 for m in re.finditer(re.escape(key), call)]
+    """The mbarrier a call names: the index into the uint64 barrier array of the pool.
+
+    From v8 on a CTA's TMA may complete on its pair leader's barrier: TVM maps the pool's
+    barrier array into the leader's shared memory (``remote_mbar_ptr``, ``mapa``) and indexes
+    that; the index is the same as the leader's own expect-tx arrive uses.
+    """
+    keys = ("((uint64_t*)pool_buf_ptr)[", "remote_mbar_ptr[")
+    spots = sorted(m.end() - 1 for key in keys for m in re.finditer(re.escape(key), call))
     return re.sub(r"\s+", "", _bracket(call, spots[which]))
 
 
-def tma_stages(source: str) -> list[tuple[str, int, list[str]]]:
+def _destinations(call: str) -> int:
+    """CTAs one TMA load writes: the set bits of its multicast ``cta_mask`` (1 if unicast).
+
+    A mask that depends on the CTA's rank is written ``(base << shift)``: the count is base's.
+    """
+    if "multicast" not in call:
+        return 1
+    m = re.search(r"\(\(ushort\)\((\d+) <<[^;]*\)\)\)\s*;\s*$", call) or re.search(
+        r"\(ushort\)(\d+)\)\s*;\s*$", call)
+    assert m, f"multicast TMA with a mask this parser cannot read: {call[-200:]}"
+    return bin(int(m.group(1))).count("1")
+
+
+def tma_stage_loads(source: str) -> list[tuple[str, int, list[tuple[str, int]]]]:
     """Every TMA issue in the CUDA source.
 
     Walks the calls in source order; the loads that complete on a barrier are collected until
     the thread arrives on that barrier with ``expect_tx``. Returns one entry per expect-tx
-    arrive: (barrier index expression, expected bytes, tensor maps of its loads).
+    arrive: (barrier index expression, expected bytes, [(tensor map, CTAs written)] of its
+    loads).
     """
-    pending: dict[str, list[str]] = {}
+    pending: dict[str, list[tuple[str, int]]] = {}
     stages = []
     for line in source.splitlines():
         if "__forceinline__" in line or "pool_buf_ptr" not in line:
             continue
         if "cp_async_bulk_tensor_g2s" in line:
             tmap = re.search(r"&\((\w+_tensormap)\)", line).group(1)
-            pending.setdefault(_barrier_of(line), []).append(tmap)
+            pending.setdefault(_barrier_of(line), []).append((tmap, _destinations(line)))
         elif "mbarrier_arrive_expect_tx" in line:
             bar = _barrier_of(line)
             nbytes = int(re.search(r"\(uint\)(\d+)\)\s*;", line).group(1))
             stages.append((bar, nbytes, pending.pop(bar, [])))
     assert not pending, f"TMA loads whose barrier never gets an expect_tx: {pending}"
     return stages
+
+
+def tma_stages(source: str) -> list[tuple[str, int, list[str]]]:
+    """:func:`tma_stage_loads` with the tensor maps only (v4-v6 load into their own CTA)."""
+    return [(bar, n, [tmap for tmap, _ in loads]) for bar, n, loads in tma_stage_loads(source)]
 
 
 # -- the SASS of every rung ----------------------------------------------------------------
@@ -266,11 +290,13 @@ def test_bad_knobs_fail_before_compiling(rung, shape, knobs, match):
         gemm_ladder.make_config(rung, *shape, arch=ARCH, **knobs)
 
 
-def test_every_rung_has_an_sm100a_form():
+def test_every_sm100a_form_documents_itself():
+    """v1-v9 have a Blackwell form (a rung may exist for one arch only, so the ladder's list
+    is not the test); each says its technique, constraints and run command."""
     from gemm_ladder.rungs import RUNGS, available, rung_module
 
-    for rung in RUNGS:
-        assert available(rung, ARCH)
+    assert {f"v{i}" for i in range(1, 10)} <= {r for r in RUNGS if available(r, ARCH)}
+    for rung in (r for r in RUNGS if available(r, ARCH)):
         mod = rung_module(rung, ARCH)
         assert mod.TECHNIQUE and "Constraints:" in mod.__doc__ and "Run:" in mod.__doc__
         assert "--arch sm_100a" in mod.__doc__

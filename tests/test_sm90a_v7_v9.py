@@ -163,7 +163,7 @@ def test_launch_records_threads_cluster_and_persistence(built):
         assert launch["smem_bytes"] == common.smem_bytes(mod.cfg, mod.cfg.pipe_depth)
         assert launch["smem_bytes"] <= limits_for("sm_90a").smem_per_block
         cm, cn = (dict(mod.cfg.extra).get("cluster_m", 1), dict(mod.cfg.extra).get("cluster_n", 1))
-        assert launch.get("cluster_size", 1) == cm * cn, name
+        assert launch.get("cluster", 1) == cm * cn, name
 
 
 def test_v7_consumers_sync_without_the_producer(built):

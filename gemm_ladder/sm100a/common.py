@@ -5,12 +5,13 @@ A rung file keeps only its own technique; the parts below are the same on every 
     tensor memory tmem[128, BN] fp32   the accumulator: row r of the tile is TMEM lane r,
                                        column c is TMEM column c (datapath "D", M=128)
     shared        Asmem[S, BM, 64]     128B-swizzled K-major tiles, one per pipeline stage
-                  Bsmem[S, BN, 64]
+                  Bsmem[S, BN, 64]     (BN/2 rows from v8 on: a CTA pair shares one MMA)
                   Dsmem[BM, BN]        the output tile on its way to a TMA store (v4 on)
 
 One thread issues ``Tx.gemm_async(..., dispatch="tcgen05")``: TVM lowers it to one
 ``tcgen05.mma.cta_group::1.kind::f16`` (SASS ``UTCHMMA``) per 16 of K, M=128, N=BN. The MMA
-is asynchronous; ``tcgen05.commit`` (SASS ``UTCBAR``) arrives on an mbarrier once every MMA
+is asynchronous (from v8 on the pair's leader issues ``cta_group::2``, M=256 over two CTAs,
+SASS ``UTCHMMA.2CTA``); ``tcgen05.commit`` (SASS ``UTCBAR``) arrives on an mbarrier once every MMA
 that thread issued before it has finished, which is how the other threads learn that
 ``tmem`` (or a shared stage) is ready. The epilogue is a full warpgroup: warp ``w`` may only
 read TMEM lanes ``32w .. 32w+31`` (``tcgen05.ld.32x32b``, SASS ``LDTM``), so thread ``t`` of
@@ -45,15 +46,22 @@ class BlackwellPlan:
     """Python-side constants of a Blackwell kernel, derived once from the config."""
 
     cfg: GemmConfig
+    cta_group: int = 1  # 2 from v8 on: each CTA of a pair holds half of the B tile
 
     @property
     def threads(self) -> int:
         return THREADS_PER_WG
 
     @property
+    def b_rows(self) -> int:
+        """Rows of B one CTA loads per stage: blk_n, or blk_n/2 when a CTA pair shares the MMA."""
+        return self.cfg.blk_n // self.cta_group
+
+    @property
     def stage_bytes(self) -> int:
+        """Bytes TMA lands in one CTA's shared memory per ring stage (A tile + B tile)."""
         c = self.cfg
-        return (c.blk_m + c.blk_n) * c.blk_k * c.elem_bytes
+        return (c.blk_m + self.b_rows) * c.blk_k * c.elem_bytes
 
     @property
     def epi_chunks(self) -> int:
@@ -65,7 +73,7 @@ class BlackwellPlan:
         lead = () if stages is None else (stages,)
         return (
             layouts.shared_layout(c.dtype, (*lead, c.blk_m, c.blk_k), "128B"),
-            layouts.shared_layout(c.dtype, (*lead, c.blk_n, c.blk_k), "128B"),
+            layouts.shared_layout(c.dtype, (*lead, self.b_rows, c.blk_k), "128B"),
         )
 
     def d_layout(self):
@@ -77,24 +85,30 @@ class BlackwellPlan:
         return tcgen05_atom_layout("32x32b", (MMA_M, EPI_COLS), "float32")
 
 
-def smem_bytes(cfg: GemmConfig, stages: int, epilogue_tile: bool = True) -> int:
+def smem_bytes(cfg: GemmConfig, stages: int, epilogue_tile: bool = True, cta_group: int = 1) -> int:
     """Shared memory of a Blackwell rung: barriers and the TMEM address slot padded to the
     1 KiB swizzle alignment, the operand ring and (from v4 on) the output tile."""
-    plan = BlackwellPlan(cfg)
+    plan = BlackwellPlan(cfg, cta_group)
     out = cfg.blk_m * cfg.blk_n * cfg.elem_bytes if epilogue_tile else 0
     return 1024 + stages * plan.stage_bytes + out
 
 
 def launch_info(cfg: GemmConfig, stages: int, grid=None, threads=THREADS_PER_WG,
-                epilogue_tile: bool = True, persistent: bool = False) -> dict:
-    """Grid, threads and shared memory of a launch, for manifests and the info table."""
+                epilogue_tile: bool = True, persistent: bool = False, cluster: int = 1) -> dict:
+    """Grid, threads and shared memory of a launch, for manifests and the info table.
+
+    ``cluster`` (v8 on) is the number of CTAs per cluster: the runtime rounds the persistent
+    grid down to a multiple of it.
+    """
     info = {
         "grid": list(grid or cfg.grid_mn),
         "threads": threads,
-        "smem_bytes": smem_bytes(cfg, stages, epilogue_tile),
+        "smem_bytes": smem_bytes(cfg, stages, epilogue_tile, cta_group=2 if cluster > 1 else 1),
     }
     if persistent:
         info["persistent"] = True
+    if cluster > 1:
+        info["cluster"] = cluster
     return info
 
 
@@ -128,17 +142,17 @@ def check_exact_tile(cfg: GemmConfig, k_loop: bool) -> None:
         )
 
 
-def max_pipe_depth(cfg: GemmConfig, epilogue_tile: bool = True) -> int:
+def max_pipe_depth(cfg: GemmConfig, epilogue_tile: bool = True, cta_group: int = 1) -> int:
     """The most ring stages that fit the shared memory a block may use (device or table)."""
     from ..config import limits_for  # pylint: disable=import-outside-toplevel
 
-    free = limits_for(cfg.arch).smem_per_block - smem_bytes(cfg, 0, epilogue_tile)
-    return max(free // BlackwellPlan(cfg).stage_bytes, 0)
+    free = limits_for(cfg.arch).smem_per_block - smem_bytes(cfg, 0, epilogue_tile, cta_group)
+    return max(free // BlackwellPlan(cfg, cta_group).stage_bytes, 0)
 
 
-def check_pipe_depth(cfg: GemmConfig) -> None:
+def check_pipe_depth(cfg: GemmConfig, cta_group: int = 1) -> None:
     """A ring needs two stages at least; the most it may have comes from shared memory."""
-    most = max_pipe_depth(cfg)
+    most = max_pipe_depth(cfg, cta_group=cta_group)
     if cfg.pipe_depth < 2:
         raise ConfigError(
             f"pipe_depth={cfg.pipe_depth}: a ring needs at least 2 stages (v4 is the one-stage "
@@ -147,8 +161,8 @@ def check_pipe_depth(cfg: GemmConfig) -> None:
     if cfg.pipe_depth > most:
         raise ConfigError(
             f"pipe_depth={cfg.pipe_depth} with blk_n={cfg.blk_n} needs "
-            f"{smem_bytes(cfg, cfg.pipe_depth)} bytes of shared memory, over what a block may use "
-            f"on {cfg.arch}; use pipe_depth={most} or lower (or a smaller blk_n)"
+            f"{smem_bytes(cfg, cfg.pipe_depth, cta_group=cta_group)} bytes of shared memory, over what "
+            f"a block may use on {cfg.arch}; use pipe_depth={most} or lower (or a smaller blk_n)"
         )
 
 
@@ -230,14 +244,15 @@ def tmem_to_smem(plan, tmem, Dreg, Dsmem, tid):
 
 
 @T.inline
-def tma_store_tile(plan, D, Dsmem, m_st, n_st, tid, epi_bar):
-    """Shared -> global by one thread's TMA store; TMA clips rows and columns past D's edge.
+def tma_store_columns(plan, D, Dsmem, m_st, n_st, col0, ncols, tid, epi_bar):
+    """Columns ``col0 .. col0+ncols`` of Dsmem -> D by one thread's TMA store (``ncols`` a
+    multiple of 64); :func:`tma_store_tile` stores them all, a v9 epilogue consumer its share.
 
     The proxy fence makes the threads' generic-proxy stores to Dsmem visible to the async
     proxy (TMA); the barrier makes every thread's stores land before thread 0 issues the copy;
     ``wait_group 0`` keeps Dsmem alive until TMA has read it, and the second barrier holds
     every thread until then. ``epi_bar`` 0 syncs the CTA; otherwise it is the named barrier
-    of the epilogue warpgroup (v6, where the other warps never reach the epilogue).
+    of the epilogue warpgroup (v6 on, where the other warps never reach the epilogue).
     """
     T.ptx.fence.proxy.async_.shared__cta()
     if epi_bar == 0:
@@ -247,10 +262,11 @@ def tma_store_tile(plan, D, Dsmem, m_st, n_st, tid, epi_bar):
     if tid == 0:
         # one box per 64 columns (one 128-byte swizzle atom wide): D stays a plain (M, N)
         # tensor and N need not be a multiple of the tile
-        for h in T.unroll(plan.cfg.blk_n // 64):
+        for h in T.unroll(ncols // 64):
+            c0 = T.meta_var(col0 + h * 64)
             Tx.copy_async(
-                D[m_st:m_st + plan.cfg.blk_m, n_st + h * 64:n_st + h * 64 + 64],
-                Dsmem[:, h * 64:h * 64 + 64], dispatch="tma_auto",
+                D[m_st:m_st + plan.cfg.blk_m, n_st + c0:n_st + c0 + 64],
+                Dsmem[:, c0:c0 + 64], dispatch="tma_auto",
             )
         T.ptx.cp.async_.bulk.commit_group()
         T.ptx.cp.async_.bulk.wait_group(0)
@@ -258,3 +274,88 @@ def tma_store_tile(plan, D, Dsmem, m_st, n_st, tid, epi_bar):
         T.cuda.cta_sync()
     else:
         T.cuda.warpgroup_sync(epi_bar)
+
+
+@T.inline
+def tma_store_tile(plan, D, Dsmem, m_st, n_st, tid, epi_bar):
+    """Shared -> global by one thread's TMA store; TMA clips rows and columns past D's edge."""
+    tma_store_columns(plan, D, Dsmem, m_st, n_st, 0, plan.cfg.blk_n, tid, epi_bar)
+
+
+# -- v7 on: warp roles with register budgets ------------------------------------------------
+REG_FILE = 64 * 1024  # 32-bit registers of one SM; one CTA per SM from v6 on
+PRODUCER_REGS = 56  # TMA and MMA warps: addresses, their own scheduler, PipelineStates (ptxas
+# fits them in 40 when no state is live across the setmaxnreg boundary, see hgemm_v7)
+EPILOGUE_REGS_MAX = 232  # leaves room under the 255-register limit of a thread
+EPI_REG_COLS = 128  # accumulator columns an epilogue thread holds at once (128 fp32 registers)
+
+
+def entry_registers(warpgroups: int) -> int:
+    """Registers per thread at launch when ``warpgroups`` warpgroups share the file (one CTA
+    per SM, ``__launch_bounds__(threads, 1)``): what the producer gives back and the epilogue
+    takes is moved inside this pool (``setmaxnreg`` draws on the CTA's own pool)."""
+    return min(EPILOGUE_REGS_MAX, REG_FILE // (warpgroups * THREADS_PER_WG) // 8 * 8)
+
+
+def role_registers(epilogue_warpgroups: int) -> tuple[int, int]:
+    """``(producer, epilogue)`` setmaxnreg budgets of one producer warpgroup and
+    ``epilogue_warpgroups`` epilogue warpgroups: the producer keeps PRODUCER_REGS, the epilogue
+    warpgroups share what is left of the pool (a multiple of 8, at most EPILOGUE_REGS_MAX).
+
+    ``setmaxnreg.inc`` waits until the pool holds the registers it asks for, so budgets whose
+    sum exceeds the pool would hang the kernel: this is the one place they are computed.
+    """
+    wgs = 1 + epilogue_warpgroups
+    pool = entry_registers(wgs) * wgs
+    epilogue = min(EPILOGUE_REGS_MAX, (pool - PRODUCER_REGS) // epilogue_warpgroups // 8 * 8)
+    return PRODUCER_REGS, epilogue
+
+
+def reg_pass_cols(ncols: int) -> int:
+    """Columns per TMEM -> register pass: the largest power of two <= EPI_REG_COLS that divides
+    ``ncols`` (tcgen05.ld.32x32b takes .x1 .. .x128, powers of two)."""
+    w = EPI_REG_COLS
+    while ncols % w:
+        w //= 2
+    return w
+
+
+@T.inline
+def tmem_to_regs(tmem, Dreg, ncols):
+    """tcgen05.ld ``ncols`` accumulator columns of thread t's row (TMEM lane t) into Dreg,
+    all issued before one ``tcgen05.wait::ld``: the loads overlap instead of taking turns."""
+    Dfrag = Dreg.view(MMA_M, ncols, layout=tcgen05_atom_layout("32x32b", (MMA_M, ncols), "float32"))
+    Tx.wg.copy_async(Dfrag[:, :], tmem[:, 0:ncols])
+    T.ptx["tcgen05.wait::ld.sync.aligned"]()
+
+
+@T.inline
+def regs_to_smem(Dreg, Dsmem, tid, col0, ncols):
+    """fp32 registers -> the swizzled output tile: thread t writes row t, columns col0.."""
+    for j in T.unroll(ncols):
+        Dsmem[tid, col0 + j] = T.cast(Dreg[j], Dsmem.dtype)
+
+
+# -- v8 on: a CTA pair (cluster) shares one tcgen05.mma -------------------------------------
+CTA_PAIR = 2  # CTAs of one cta_group::2 MMA
+
+
+@T.inline
+def alloc_tmem_and_cluster_sync(tmem_pool):
+    """:func:`alloc_tmem_and_sync` for a cluster: the barrier is cluster-wide, because the other
+    CTAs' TMA, multicast commits and remote arrives land on this CTA's barriers and must not
+    come before their init."""
+    tmem_pool.commit()
+    T.ptx.fence.mbarrier_init.release.cluster()
+    T.ptx["tcgen05.fence::before_thread_sync"]()
+    T.cuda.cluster_sync()
+    T.ptx["tcgen05.fence::after_thread_sync"]()
+
+
+@T.inline
+def free_tmem_cluster(tmem_pool):
+    """The pair deallocates together (cta_group::2), and no CTA leaves while another may still
+    signal its barriers or read its shared memory: a cluster barrier first."""
+    T.ptx["tcgen05.fence::before_thread_sync"]()
+    T.cuda.cluster_sync()
+    tmem_pool.dealloc()

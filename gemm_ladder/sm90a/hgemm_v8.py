@@ -55,8 +55,8 @@ Constraints:
   - those of v7;
   - cluster_m, cluster_n in {1, 2}; blk_m a multiple of 8 x cluster_n and blk_n of
     8 x cluster_m (a multicast part is whole 8-row swizzle atoms);
-  - the grid is launch-time: ``num_clusters`` = SM count // cluster size, passed by the runtime
-    (``launch["cluster_size"]`` in the manifest).
+  - the grid is launch-time: ``num_ctas`` = the SM count rounded down to whole clusters,
+    passed by the runtime (``launch["cluster"]`` in the manifest is the cluster size).
 
 Run:  python -m gemm_ladder build v8 --shape 8192x8192x8192 --knob cluster_m=2 --out build/
 """
@@ -101,11 +101,12 @@ def cluster_grid(cfg: GemmConfig) -> tuple[int, int]:
 
 
 def launch(cfg: GemmConfig) -> dict:
-    # as many whole clusters as the SMs hold, passed at launch; a producer beside the consumers
+    # as many whole clusters as the SMs hold (the runtime rounds num_ctas), a producer beside
+    # the consumers
     cm, cn = common.cluster_shape(cfg)
     info = common.launch_info(cfg, cfg.pipe_depth, grid=["num_sms"])
-    return {**info, "threads": info["threads"] + common.THREADS_PER_WG, "persistent": True,
-            "cluster_size": cm * cn, "cluster": [cm, cn]}
+    return {**info, "grid": ["num_ctas"], "threads": info["threads"] + common.THREADS_PER_WG,
+            "persistent": True, "cluster": cm * cn, "cluster_shape": [cm, cn]}
 
 
 def kernel(cfg: GemmConfig):
@@ -133,10 +134,12 @@ def kernel(cfg: GemmConfig):
     # fmt: off
     @T.prim_func
     def hgemm(A: T.Buffer((M, K), dtype), B: T.Buffer((N, K), dtype), D: T.Buffer((M, N), dtype),
-              num_clusters: T.int32):
+              num_ctas: T.int32):
         T.device_entry()
-        clu = T.cluster_id([num_clusters])
+        cta = T.cta_id([num_ctas])  # whole clusters: the runtime rounds the SM count down
         rank = T.cta_id_in_cluster([CS])
+        clu = T.meta_var(cta // CS)
+        num_clusters = T.meta_var(num_ctas // CS)
         wg_id = T.warpgroup_id([W + 1])
         warp_id = T.warp_id_in_wg([4])
         lane_id = T.lane_id([32])
