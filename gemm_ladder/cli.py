@@ -35,11 +35,11 @@ from .tune import report as tune_report
 from .tune.run import default_out
 
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 class UsageError(Exception):
     """Arguments that contradict each other or name nothing: printed, exit status 2."""
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -175,8 +175,9 @@ def cmd_pack_runtime(a) -> int:
 
 
 def cmd_pictures(a) -> int:
-    import layouts  # pylint: disable=import-outside-toplevel  (matplotlib on first picture)
-    import schedulers  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel  (layouts is not in the runtime pack a GPU box runs the CLI from)
+    import layouts
+    import schedulers
 
     out = Path(a.dest)
     written = list(layouts.write_all(out / "layouts") or []) + list(schedulers.write_all(out / "schedulers") or [])
@@ -197,7 +198,8 @@ def cmd_main(a) -> int:
         print(f"refused: {r['rung']} {r['shape']}: {r['detail']}", file=sys.stderr)
     paths = _modules([a.out])
     rows, bad = report.info_rows(paths)
-    print(report.table(rows, report.INFO_COLS))
+    if rows:
+        print(report.table(rows, report.INFO_COLS))
     for p in bad:
         print(f"error: {p}", file=sys.stderr)
     if not device.present():
@@ -205,8 +207,8 @@ def cmd_main(a) -> int:
               "bench on a GPU box with no TVM: python -m gemm_ladder pack-runtime build/runtime --python X.Y, "
               "carry both folders, then PYTHONPATH=build/runtime/site python -m gemm_ladder verify " + str(a.out))
         return 1 if failed or bad else 0
-    here = device.arch_of(0)
-    mine = [p for p in paths if read_manifest(p)["arch"] == here]
+    here, good = device.arch_of(0), {r["module"] for r in rows}
+    mine = [p for p in paths if p.name in good and read_manifest(p)["arch"] == here]
     vrows = batch.verify(mine)
     print(report.table(report.verify_rows(vrows), report.VERIFY_COLS))
     result = batch.bench(mine)
