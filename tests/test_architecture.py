@@ -139,3 +139,14 @@ def test_no_host_module_passes_the_line_limit():
         if n > MAX_LINES:
             long[str(rel)] = n
     assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+def test_every_rung_file_is_a_public_entry_point():
+    """A rung is its file (rungs.RUNGS is found from them); each has gemm_ladder.hgemm_vN."""
+    import gemm_ladder
+    from gemm_ladder.rungs import RUNGS
+
+    files = {p.stem.split("_", 1)[1] for folder in RUNG_FOLDERS for p in (PACKAGE / folder).glob("hgemm_v*.py")}
+    assert set(RUNGS) == files and list(RUNGS) == sorted(files, key=lambda r: int(r[1:]))
+    for rung in RUNGS:
+        assert f"hgemm_{rung}" in gemm_ladder.__all__ and callable(getattr(gemm_ladder, f"hgemm_{rung}"))

@@ -38,6 +38,12 @@ def run_py(code: str, env=None, cwd=REPO, timeout=300):
         (dict(M=128, N=128, K=64, pipe_depth=3), ["no knob pipe_depth", "blk_n"]),
         (dict(M=256, N=256, K=64, blk_m=256, blk_n=256), ["512", "registers", "num_warpgroups"]),
         (dict(M=256, N=256, K=64, blk_m=64, num_warpgroups=2), ["blk_m=64", "warpgroup", "blk_m=128"]),
+        # knobs of the wrong type: refused by the validator with a fix, before anything is traced
+        (dict(M=128, N=128, K=64, blk_n=128.0), ["blk_n=128.0 is a float, not an int", "pass blk_n=128"]),
+        (dict(M=128, N=128, K=64, blk_n="128"), ["blk_n='128' is a string", "pass blk_n=128 (an int"]),
+        (dict(M=128, N=128, K=64, num_warpgroups=True), ["num_warpgroups=True is a bool", "e.g. num_warpgroups=1"]),
+        (dict(M=128, N=128, K=64, blk_m=1.5), ["blk_m=1.5 is a float", "pass an int"]),
+        (dict(M=128, N=128, K=64, dtype=2), ["dtype=2 is an int, not a string", "dtype='float16'"]),
     ],
 )
 def test_v4_refuses_bad_config_with_a_fix(kwargs, words):
