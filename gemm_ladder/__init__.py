@@ -24,6 +24,9 @@ The modules, from the bottom up (an import points down or sideways, never up)::
     batch, report             build many, verify, bench; the tables
     tune/, teach/             the tuner (space, cache, measuring, db, report, run); the tutorials' helpers
     cli                       argument parsing only; nothing imports it
+
+This file's ``build`` sits above ``tune.db`` (it applies the tuned-knobs policy); ``tests/
+test_architecture.py`` walks every import and fails on a cycle.
 """
 
 from __future__ import annotations
