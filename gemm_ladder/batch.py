@@ -30,12 +30,15 @@ FOLDER_MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class BuildJob:
-    """One module to build: the rung, the shape, the knobs (final), and where tuned knobs came from."""
+    """One module to build: the rung, the shape and the knobs (final); ``extra`` goes into its
+    manifest (``tuned_from``: where tuned knobs came from; ``tuning``: a cache key); ``name`` is
+    the file's stem (default: the config's tag)."""
 
     rung: str
     shape: tuple
     knobs: dict
-    tuned_from: dict | None = None
+    extra: dict | None = None
+    name: str | None = None
 
 
 def as_job(job) -> BuildJob:
@@ -48,7 +51,8 @@ def as_job(job) -> BuildJob:
 
 # -- building ---------------------------------------------------------------------------------
 def build_one(job_and_dir) -> dict:
-    """Build and export one module (runs in a worker process); a refused config is a result."""
+    """Build and export one module (the worker of every parallel build: export, main, the GPU
+    test tier, the tuner's cache); a refused config is a result, any other failure raises."""
     job, out_dir = job_and_dir
     M, N, K = job.shape
     try:
@@ -56,9 +60,8 @@ def build_one(job_and_dir) -> dict:
     except ConfigError as err:
         return {"rung": job.rung, "shape": list(job.shape), "knobs": job.knobs, "status": "refused",
                 "detail": str(err)}
-    if job.tuned_from:
-        mod.extra["tuned_from"] = job.tuned_from
-    path = Path(out_dir) / f"{mod.cfg.tag()}.so"
+    mod.extra.update(job.extra or {})
+    path = Path(out_dir) / f"{job.name or mod.cfg.tag()}.so"
     mod.export(path)
     return {"file": path.name, "status": "built", **read_manifest(path)}
 

@@ -25,8 +25,8 @@ import traceback
 from pathlib import Path
 
 from .. import files, toolchain
-from ..builder import build
-from ..config import ARCHS, COMMON_KNOBS, ConfigError
+from ..batch import BuildJob, build_one
+from ..config import ARCHS, COMMON_KNOBS
 from ..harness import git_commit, utc_now
 from ..procs import map_in_processes
 from ..report import progress
@@ -136,28 +136,28 @@ def _cached(cache: Path, key: str) -> Path | None:
 
 
 def build_worker(job) -> dict:
-    """Build one candidate into the cache (runs in a worker process)."""
+    """Build one candidate into the cache as ``<key>.so`` (runs in a worker process): the build
+    and export of :func:`gemm_ladder.batch.build_one`, with the cache key in the manifest. Every
+    failure is a result: the search goes on."""
     rung, shape, knobs, dtype, arch, key, fields, cache = job
-    cache = Path(cache)
     try:
-        mod = build(rung, *shape, dtype=dtype, arch=arch, **knobs)
-        have = (mod.tvm_version, mod.compiler.describe())
-        if have != (fields["tvm_version"], fields["compiler"]):
-            raise RuntimeError(f"built with TVM {have[0]} / {have[1]} but keyed for "
-                               f"TVM {fields['tvm_version']} / {fields['compiler']}")
-        mod.extra["tuning"] = {"cache_key": key, "cache_key_fields": fields}
-        tmp = cache / f".tmp-{key}-{os.getpid()}"
-        mod.export(tmp / "module.so")
-        # the manifest lands last: a cache entry without it is unfinished and gets rebuilt
-        os.replace(tmp / "module.so", cache / f"{key}.so")
-        os.replace(tmp / "module.so.json", cache / f"{key}.so.json")
-        shutil.rmtree(tmp, ignore_errors=True)
-        return {"key": key, "status": "built", "build_seconds": round(mod.build_seconds, 3)}
-    except ConfigError as err:
-        return {"key": key, "status": "refused", "detail": str(err)}
+        res = build_one((BuildJob(rung, tuple(shape), {**knobs, "dtype": dtype, "arch": arch},
+                                  extra={"tuning": {"cache_key": key, "cache_key_fields": fields}}, name=key),
+                         cache))
     except Exception as err:  # pylint: disable=broad-except  (a failed candidate is a result)
         tail = traceback.format_exc()[-1500:]
         return {"key": key, "status": "build-failed", "detail": f"{type(err).__name__}: {err}\n{tail}"}
+    if res["status"] != "built":
+        return {"key": key, "status": "refused", "detail": res["detail"]}
+    have = (res["tvm_version"], res["compiler"])
+    if have != (fields["tvm_version"], fields["compiler"]):
+        so = Path(cache) / res["file"]
+        manifest_path(so).unlink(missing_ok=True)  # the manifest first: no half entry looks finished
+        so.unlink(missing_ok=True)
+        return {"key": key, "status": "build-failed",
+                "detail": f"built with TVM {have[0]} / {have[1]} but keyed for TVM {fields['tvm_version']} / "
+                          f"{fields['compiler']}"}
+    return {"key": key, "status": "built", "build_seconds": res["build_seconds"]}
 
 
 def _run_builds(jobs, workers: int | None, on_done) -> None:

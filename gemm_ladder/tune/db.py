@@ -311,5 +311,6 @@ def tuned_jobs(jobs) -> list[BuildJob]:
     out = []
     for job in map(as_job, jobs):
         knobs, tuned_from = tuned_knobs(job.rung, *job.shape, job.knobs)
-        out.append(BuildJob(job.rung, job.shape, knobs, tuned_from))
+        extra = {**(job.extra or {}), **({"tuned_from": tuned_from} if tuned_from else {})}
+        out.append(BuildJob(job.rung, job.shape, knobs, extra or None, job.name))
     return out
