@@ -6,8 +6,27 @@
     mod.export("v4.so")                                   # .so + .so.json manifest
     D = gemm_ladder.load("v4.so")(A, B)                   # runtime-only TVM, torch tensors
 
-Importing this package compiles nothing and imports no TVM: the rungs and the builder load
-TVM's compiler on first use, and :func:`load` needs only TVM's runtime.
+``gemm_ladder.build("v6", M, N, K)`` with no rung knobs takes the tuning database's best knobs
+for the shape and says so (``gemm_ladder.tune.db``); ``gemm_ladder.builder.build`` is the pure
+primitive underneath (the rung's defaults, whatever the database holds).
+
+Importing this package compiles nothing and imports no TVM, and no more of gemm_ladder than
+the config: each entry point imports what it needs on first use, so a GPU box with TVM's
+runtime alone can ``load`` modules.
+
+The modules, from the bottom up (an import points down or sideways, never up)::
+
+    device, config            the GPU probe; knobs, the arch table, the rules every rung shares
+    budget, launch            shared memory and registers; a launch and a persistent schedule
+    sm90a/, sm100a/, rungs    the rungs (one file each) and the one validator, make_config
+    builder, runtime          build and export (pure); load and run (runtime-only)
+    harness, isolate, sass    check and time on a GPU, in a watched child; read the SASS
+    batch, report             build many, verify, bench; the tables
+    tune/, teach/             the tuner (space, cache, measuring, db, report, run); the tutorials' helpers
+    cli                       argument parsing only; nothing imports it
+
+This file's ``build`` sits above ``tune.db`` (it applies the tuned-knobs policy); ``tests/
+test_architecture.py`` walks every import and fails on a cycle.
 """
 
 from __future__ import annotations
@@ -15,7 +34,6 @@ from __future__ import annotations
 from .config import ConfigError, GemmConfig
 
 __version__ = "0.1.0"
-TVM_VERSION = "0.27.0.post1"
 
 __all__ = [
     "ConfigError", "GemmConfig", "build", "load", "make_config",
@@ -26,7 +44,7 @@ __all__ = [
 
 def _rung_entry(rung: str):
     def hgemm(M: int, N: int, K: int, **knobs):
-        from .rungs import prim_func  # pylint: disable=import-outside-toplevel
+        from .rungs import prim_func  # pylint: disable=import-outside-toplevel  (keeps the import light)
 
         return prim_func(rung, M, N, K, **knobs)
 
@@ -51,22 +69,35 @@ hgemm_v8 = _rung_entry("v8")
 hgemm_v9 = _rung_entry("v9")
 
 
-def build(*args, **kwargs):
-    """See :func:`gemm_ladder.builder.build`."""
-    from .builder import build as _build  # pylint: disable=import-outside-toplevel
+def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs):
+    """Compile a rung (see :func:`gemm_ladder.builder.build`), with tuned knobs when given none.
 
-    return _build(*args, **kwargs)
+    ``build("v6", M, N, K)`` (``dtype``/``arch`` aside, no knobs) looks up the tuning database's
+    best knobs for the shape; when it finds some it prints which entry it used and records it as
+    ``mod.extra["tuned_from"]`` (and in the manifest). Explicit knobs, or a prim_func, build
+    exactly what they say.
+    """
+    from . import builder  # pylint: disable=import-outside-toplevel  (keeps the import light)
+    from .tune import db  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(rung_or_func, str) or None in (M, N, K):
+        return builder.build(rung_or_func, M, N, K, **knobs)
+    knobs, tuned_from = db.tuned_knobs(rung_or_func, M, N, K, knobs)
+    mod = builder.build(rung_or_func, M, N, K, **knobs)
+    if tuned_from:
+        mod.extra["tuned_from"] = tuned_from
+    return mod
 
 
 def load(path):
     """See :func:`gemm_ladder.runtime.load` (runtime-only TVM is enough)."""
-    from .runtime import load as _load  # pylint: disable=import-outside-toplevel
+    from .runtime import load as _load  # pylint: disable=import-outside-toplevel  (keeps the import light)
 
     return _load(path)
 
 
 def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     """Validate a rung's knobs for a shape without tracing or compiling anything."""
-    from .rungs import make_config as _make  # pylint: disable=import-outside-toplevel
+    from .rungs import make_config as _make  # pylint: disable=import-outside-toplevel  (keeps the import light)
 
     return _make(rung, M, N, K, **knobs)

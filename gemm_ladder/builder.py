@@ -1,29 +1,32 @@
 """Build a rung into a device binary, and export it as a module that loads with the TVM runtime alone.
 
     f = gemm_ladder.hgemm_v4(4096, 4096, 4096)         # a T.prim_func (nothing compiled yet)
-    mod = gemm_ladder.build(f)                          # or build("v4", 4096, 4096, 4096, ...)
+    mod = builder.build(f)                              # or build("v4", 4096, 4096, 4096, ...)
     mod.export("v4.so")                                  # v4.so + v4.so.json (the manifest)
     D = gemm_ladder.load("v4.so")(A, B)                  # on the GPU box, runtime-only TVM
 
+:func:`build` is pure: the same rung, shape and knobs give the same binary, whoever calls it and
+from wherever (a knob it is not given takes the rung's default). Choosing knobs from the tuning
+database is policy, one level up: ``gemm_ladder.build("v6", M, N, K)`` with no knobs.
+
 A built module knows its rung, knobs, shape, dtype, arch, TVM version and compiler; the
-manifest beside the ``.so`` carries the same, so the loader can refuse a wrong input or a
-wrong GPU before launching anything.
+manifest beside the ``.so`` carries the same, plus the size and sha256 of the ``.so`` itself,
+so the loader can refuse a damaged file, a wrong input or a wrong GPU before launching anything.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import toolchain
+from . import files, toolchain
 from .config import GemmConfig
+from .harness import git_commit
 from .rungs import config_of_prim_func, kernel_of, make_config, rung_module
-
-MANIFEST_SUFFIX = ".json"
-MANIFEST_VERSION = 1
+from .runtime import MANIFEST_VERSION, manifest_path
+from .sass import has_device_binary
 
 
 @dataclass
@@ -40,6 +43,7 @@ class BuiltModule:
     extra: dict = field(default_factory=dict)
 
     def manifest(self) -> dict:
+        """What built this module; :meth:`export` adds the exported file's size and sha256."""
         return {
             "format": MANIFEST_VERSION,
             "config": self.cfg.to_dict(),
@@ -53,25 +57,29 @@ class BuiltModule:
             "binary_sha256": hashlib.sha256(self.binary).hexdigest(),
             "binary_bytes": len(self.binary),
             "build_seconds": round(self.build_seconds, 3),
-            "commit": _git_commit(),
+            "commit": git_commit(),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **self.extra,
         }
 
     def export(self, path) -> Path:
-        """Write ``path`` (a shared library with the device binary inside) and its manifest."""
-        from .sass import has_device_binary  # pylint: disable=import-outside-toplevel
+        """Write ``path`` (a shared library with the device binary inside) and its manifest.
 
+        Both land atomically (written beside, then renamed), the ``.so`` first: a reader sees
+        the old pair, or a new ``.so`` that the old manifest's sha256 does not match (which
+        ``load`` reports), never half a file.
+        """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.executable.export_library(str(path))
-        blob = path.read_bytes()
-        if not has_device_binary(blob) or b"__global__" in blob:
-            raise toolchain.ToolchainError(
-                f"{path} holds CUDA source instead of a device binary; this build would compile "
-                "at load time. Check that the device compiler works (python -m gemm_ladder info)"
-            )
-        Path(str(path) + MANIFEST_SUFFIX).write_text(json.dumps(self.manifest(), indent=2) + "\n")
+        with files.replacing(path) as tmp:
+            self.executable.export_library(str(tmp))
+            blob = tmp.read_bytes()
+            if not has_device_binary(blob) or b"__global__" in blob:
+                raise toolchain.ToolchainError(
+                    f"{path} holds CUDA source instead of a device binary; this build would compile "
+                    "at load time. Check that the device compiler works (python -m gemm_ladder info)"
+                )
+        files.write_json(manifest_path(path), {**self.manifest(), "so_bytes": len(blob),
+                                                "so_sha256": hashlib.sha256(blob).hexdigest()})
         return path
 
     def cuda_source(self) -> str:
@@ -82,26 +90,16 @@ class BuiltModule:
         return f"<BuiltModule {c.rung} {c.M}x{c.N}x{c.K} {c.dtype} {c.arch} ({self.compiler.describe()})>"
 
 
-def _git_commit() -> str:
-    from .harness import git_commit as commit  # pylint: disable=import-outside-toplevel
-
-    return commit()
-
-
 def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs) -> BuiltModule:
     """Compile a rung to a device binary through TVM's CUDA codegen.
 
     ``build("v4", M, N, K, **knobs)`` validates the knobs first (no compile on a bad config);
-    ``build(hgemm_v4(M, N, K))`` builds a prim_func a rung returned.
+    knobs not given take the rung's defaults. ``build(hgemm_v4(M, N, K))`` builds a prim_func a
+    rung returned.
     """
-    tuned_from = None
     if isinstance(rung_or_func, str):
         if None in (M, N, K):
             raise TypeError(f"build({rung_or_func!r}, M, N, K, ...) needs the shape")
-        if not set(knobs) - {"dtype", "arch"}:  # no knobs given: the tuning database's best, if any
-            from .tune import tuned_knobs  # pylint: disable=import-outside-toplevel
-
-            knobs, tuned_from = tuned_knobs(rung_or_func, M, N, K, knobs)
         cfg = make_config(rung_or_func, M, N, K, **knobs)
         func = None
     else:
@@ -110,7 +108,7 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
         func = rung_or_func
         cfg = config_of_prim_func(func)
     compiler = toolchain.prepare()
-    import tvm  # pylint: disable=import-outside-toplevel
+    import tvm  # pylint: disable=import-outside-toplevel  (TVM's compiler: only when building)
 
     if func is None:
         func = kernel_of(cfg)
@@ -133,6 +131,5 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
         compiler=compiler,
         tvm_version=tvm.__version__,
         build_seconds=seconds,
-        extra={"launch": rung_module(cfg.rung, cfg.arch).launch(cfg),
-               **({"tuned_from": tuned_from} if tuned_from else {})},
+        extra={"launch": rung_module(cfg.rung, cfg.arch).launch(cfg)},
     )

@@ -1,4 +1,4 @@
-"""``python -m gemm_ladder``: build, export, verify, bench and inspect the ladder.
+"""``python -m gemm_ladder``: build, export, verify, bench, inspect and tune the ladder.
 
     python -m gemm_ladder build v4 --shape 4096x4096x4096 --out build/
     python -m gemm_ladder export --rungs v4 --shapes 4096x4096x4096,8192x8192x8192 --out build/ladder
@@ -7,24 +7,39 @@
     python -m gemm_ladder verify build/ladder               # GPU box, runtime-only TVM
     python -m gemm_ladder bench build/ladder --out benchmarks/results/run.json
     python -m gemm_ladder main --out build/main             # the README's main job
+    python -m gemm_ladder tune --rung v6 --shape 4096x4096x4096   # see gemm_ladder.tune
 
 ``build``/``export``/``info`` need TVM's compiler (a build box, no GPU needed); ``verify`` and
 ``bench`` need a GPU and only TVM's runtime. Each GPU job runs in a child process with a
 timeout, so a kernel that deadlocks is reported, not waited on.
+
+This module parses arguments and calls the library (``batch``, ``report``, ``tune``); nothing
+imports it. ``build``, ``export`` and ``main`` give a job with no rung knobs the tuning
+database's best (``tune.db.tuned_jobs``, which says what it chose).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-from .tune import add_tune_parser
+from . import batch, device, pack, report
+from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
+from .files import FolderInUse
+from .runtime import read_manifest
+from .tune import cache, db, measuring, space
+from .tune import report as tune_report
+from .tune.run import default_out
 
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192")
-DEFAULT_DTYPES = ("float16", "bfloat16")
-MANIFEST = "manifest.json"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+class UsageError(Exception):
+    """Arguments that contradict each other or name nothing: printed, exit status 2."""
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -35,217 +50,76 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return M, N, K
 
 
-def parse_knob(text: str):
-    if "=" not in text:
+def parse_knob(text: str) -> tuple[str, int | str]:
+    """``name=value``: an int (``pipe_depth=4``) or a name (``tile_order=snake``)."""
+    name, eq, value = text.partition("=")
+    if not eq or not _NAME.fullmatch(name.strip()):
         raise argparse.ArgumentTypeError(f"knob {text!r} is not name=value, e.g. pipe_depth=4")
-    name, value = text.split("=", 1)
+    value = value.strip()
+    if re.fullmatch(r"[+-]?\d+", value):
+        return name.strip(), int(value)
+    if _NAME.fullmatch(value):
+        return name.strip(), value
+    raise argparse.ArgumentTypeError(
+        f"knob {text!r}: {value!r} is neither an int nor a name; knobs take ints (pipe_depth=4) "
+        "or names (tile_order=snake)"
+    )
+
+
+def _take(knobs: dict, name: str, flag: str, given, as_list: bool = False):
+    """dtype or arch from its flag or from ``--knob name=...``: both, disagreeing, is an error
+    (for ``build`` and ``export`` alike). None when neither gives it."""
+    via_knob = knobs.pop(name, None)
+    if via_knob is None:
+        return given
+    if as_list:
+        via_knob = [via_knob]
+    if given is not None and given != via_knob:
+        shown = ",".join(given) if isinstance(given, list) else given
+        raise UsageError(f"--knob {name}={_text(via_knob)} conflicts with {flag} {shown}: "
+                         f"give {name} once, with {flag}")
+    return via_knob
+
+
+def _text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _build_args(a, plural: bool) -> tuple[dict, object, str]:
+    """The rung knobs of ``--knob``, the dtype (``build``) or dtypes (``export``), and the arch."""
+    knobs = dict(a.knob or [])
+    if plural:
+        dtypes = _take(knobs, "dtype", "--dtypes", a.dtypes, as_list=True) or list(DTYPES)
+    else:
+        dtypes = _take(knobs, "dtype", "--dtype", a.dtype) or DEFAULT_DTYPE
+    arch = _take(knobs, "arch", "--arch", a.arch) or DEFAULT_ARCH
+    return knobs, dtypes, arch
+
+
+def _print_problems(problems) -> None:
+    for p in problems:
+        print(f"warning: {p}", file=sys.stderr)
+
+
+def _no_gpu(what: str) -> int:
+    print(f"error: {what} needs a CUDA GPU ({device.why_no_gpu()})", file=sys.stderr)
+    return 2
+
+
+def _modules(paths) -> list[Path]:
     try:
-        value = int(value)
-    except ValueError:
-        pass
-    return name, value
-
-
-def _progress(iterable, total, desc):
-    try:
-        from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-
-        return tqdm(iterable, total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
-    except ImportError:
-        return iterable if iterable is not None else None
-
-
-# -- building ---------------------------------------------------------------------------------
-def _build_one(job) -> dict:
-    """Build and export one module (runs in a worker process)."""
-    rung, shape, knobs, out_dir = job
-    from .builder import build  # pylint: disable=import-outside-toplevel
-    from .config import ConfigError  # pylint: disable=import-outside-toplevel
-
-    M, N, K = shape
-    try:
-        mod = build(rung, M, N, K, **knobs)
-    except ConfigError as err:
-        return {"rung": rung, "shape": list(shape), "knobs": knobs, "status": "refused", "detail": str(err)}
-    path = Path(out_dir) / f"{mod.cfg.tag()}.so"
-    mod.export(path)
-    return {"file": path.name, "status": "built", **mod.manifest()}
-
-
-def build_many(jobs, out_dir, workers: int | None = None, desc="build") -> list[dict]:
-    """Build jobs in parallel processes (building is CPU-bound; each process imports TVM once)."""
-    from .procs import map_in_processes  # pylint: disable=import-outside-toplevel
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(r, tuple(s), dict(k), str(out_dir)) for r, s, k in jobs]
-    bar = _progress(None, len(jobs), desc)
-    tick = (lambda i, res: bar.update(1)) if hasattr(bar, "update") else None
-    try:
-        results = map_in_processes(_build_one, jobs, workers, on_done=tick)
-    finally:
-        if hasattr(bar, "close"):
-            bar.close()
-    for res in results:
-        if isinstance(res, Exception):
-            raise res
-    return results
-
-
-def write_folder_manifest(out_dir, results) -> Path:
-    """The folder's manifest.json; modules exported into the folder earlier stay listed."""
-    path = Path(out_dir) / MANIFEST
-    old = json.loads(path.read_text()).get("modules", []) if path.exists() else []
-    built = [r for r in results if r["status"] == "built"]
-    names = {r["file"] for r in built}
-    built = [m for m in old if m["file"] not in names and (Path(out_dir) / m["file"]).exists()] + built
-    refused = [r for r in results if r["status"] != "built"]
-    path.write_text(json.dumps({"modules": built, "refused": refused}, indent=2) + "\n")
-    return path
-
-
-def modules_in(paths) -> list[Path]:
-    """Expand folders (their manifest, else every .so) into module paths."""
-    out = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            man = p / MANIFEST
-            if man.exists():
-                out += [p / m["file"] for m in json.loads(man.read_text())["modules"]]
-            else:
-                out += sorted(p.glob("*.so"))
-        elif p.exists():
-            out.append(p)
-        else:
-            raise SystemExit(f"{p} does not exist")
-    if not out:
-        raise SystemExit(f"no modules found in {', '.join(map(str, paths))}")
-    return out
-
-
-# -- reporting --------------------------------------------------------------------------------
-def table(rows: list[dict], cols: list[str]) -> str:
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
-    line = "  ".join(c.ljust(widths[c]) for c in cols)
-    sep = "  ".join("-" * widths[c] for c in cols)
-    body = ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols) for r in rows]
-    return "\n".join([line, sep, *body])
-
-
-def info_rows(paths) -> list[dict]:
-    from . import sass  # pylint: disable=import-outside-toplevel
-    from .runtime import read_manifest  # pylint: disable=import-outside-toplevel
-
-    rows = []
-    for p in paths:
-        man = read_manifest(p)
-        blob = Path(p).read_bytes()
-        sass_text = sass.disassemble(blob)
-        counts = sass.instruction_counts(sass_text)
-        res = sass.resource_usage(blob)
-        launch = man.get("launch", {})
-        rows.append({
-            "module": Path(p).name,
-            "rung": man["rung"],
-            "shape": "x".join(map(str, man["shape"])),
-            "dtype": man["dtype"],
-            "arch": man["arch"],
-            "grid": "1/SM" if launch.get("persistent") else "x".join(map(str, launch.get("grid", []))),
-            "threads": launch.get("threads", ""),
-            "smem": launch.get("smem_bytes", ""),
-            "regs": res.registers,
-            "stack": res.stack,
-            "spills(LDL/STL)": f"{counts['LDL']}/{counts['STL']}",
-            "UTMALDG": counts["UTMALDG"],
-            "UTMASTG": counts["UTMASTG"],
-            "HGMMA": counts["HGMMA"],
-            "UTCHMMA": counts["UTCHMMA"] + counts["UTCQMMA"],
-            "LDTM": counts["LDTM"],
-            "LDGSTS/LDG": f"{counts['LDGSTS']}/{counts['LDG']}",
-        })
-    return rows
-
-
-INFO_COLS = ["module", "grid", "threads", "smem", "regs", "stack", "spills(LDL/STL)", "UTMALDG",
-             "UTMASTG", "HGMMA", "UTCHMMA", "LDTM", "LDGSTS/LDG"]
-
-
-def gpu_present() -> bool:
-    try:
-        import torch  # pylint: disable=import-outside-toplevel
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
-def _batch(job, paths, args, timeout, desc):
-    from .isolate import run_batch  # pylint: disable=import-outside-toplevel
-
-    bar = _progress(None, len(paths), desc) if len(paths) > 1 else None
-    tick = (lambda res: bar.update(1)) if hasattr(bar, "update") else None
-    try:
-        return run_batch(job, paths, args, timeout=timeout, on_result=tick)
-    finally:
-        if hasattr(bar, "close"):
-            bar.close()
-
-
-def verify(paths, seeds=(0, 1), timeout=180.0) -> list[dict]:
-    """Check every module on fresh random inputs, each in a child process with a deadline."""
-    from .runtime import read_manifest  # pylint: disable=import-outside-toplevel
-
-    rows = []
-    for p, res in zip(paths, _batch("check", paths, seeds, timeout, "verify")):
-        man = read_manifest(p)
-        rows.append({"module": Path(p).name, "rung": man["rung"], "status": res["status"],
-                     "rel_err": _fmt(res.get("rel_err")), "cublas_rel_err": _fmt(res.get("torch_rel_err")),
-                     "detail": res.get("detail", "")})
-    return rows
-
-
-def bench(paths, reps=50, timeout=300.0) -> dict:
-    """Time every module against cuBLAS (same process, same method); one JSON report."""
-    from . import harness  # pylint: disable=import-outside-toplevel
-    from .runtime import read_manifest  # pylint: disable=import-outside-toplevel
-
-    results = []
-    for p, res in zip(paths, _batch("time", paths, [reps], timeout, "bench")):
-        man = read_manifest(p)
-        results.append({"module": Path(p).name, "rung": man["rung"], "shape": man["shape"],
-                        "built_from_commit": man.get("commit"),
-                        "dtype": man["dtype"], "arch": man["arch"], "knobs": man["knobs"],
-                        "tvm_version": man["tvm_version"], "compiler": man.get("compiler"), **res})
-    commits = {r.get("built_from_commit") for r in results} - {None}
-    commit = commits.pop() if len(commits) == 1 else None
-    return {"gpu": harness.gpu_info(), **harness.run_info(commit), "method": harness.__doc__.strip(),
-            "results": results}
-
-
-def _fmt(x):
-    return "" if x is None else f"{x:.2e}"
-
-
-BENCH_COLS = ["module", "status", "ms", "tflops", "cublas_tflops", "ratio_to_cublas"]
-
-
-def bench_rows(report) -> list[dict]:
-    rows = []
-    for r in report["results"]:
-        rows.append({**r, "ms": f"{r.get('ms', 0):.3f}" if "ms" in r else "",
-                     "tflops": f"{r['tflops']:.1f}" if "tflops" in r else "",
-                     "cublas_tflops": f"{r['cublas_tflops']:.1f}" if "cublas_tflops" in r else "",
-                     "ratio_to_cublas": f"{r['ratio_to_cublas']:.3f}" if "ratio_to_cublas" in r else ""})
-    return rows
+        found, problems = batch.modules_in(paths)
+    except FileNotFoundError as err:
+        raise UsageError(str(err)) from None
+    _print_problems(problems)
+    return found
 
 
 # -- commands ---------------------------------------------------------------------------------
 def cmd_build(a) -> int:
-    M, N, K = a.shape
-    knobs = dict(a.knob or [])
-    knobs.update(dtype=a.dtype, arch=a.arch)
-    res = build_many([(a.rung, (M, N, K), knobs)], a.out, workers=1)
-    r = res[0]
+    knobs, dtype, arch = _build_args(a, plural=False)
+    jobs = db.tuned_jobs([(a.rung, a.shape, {**knobs, "dtype": dtype, "arch": arch})])
+    r = batch.build_many(jobs, a.out, workers=1)[0]
     if r["status"] != "built":
         print(f"error: {r['detail']}", file=sys.stderr)
         return 2
@@ -253,17 +127,12 @@ def cmd_build(a) -> int:
     return 0
 
 
-def ladder_jobs(rungs, shapes, dtypes, arch, knobs=None):
-    from .rungs import RUNGS, available  # pylint: disable=import-outside-toplevel
-
-    rungs = rungs or [r for r in RUNGS if available(r, arch)]
-    return [(r, s, {"dtype": d, "arch": arch, **(knobs or {})}) for r in rungs for s in shapes for d in dtypes]
-
-
 def cmd_export(a) -> int:
-    jobs = ladder_jobs(a.rungs, a.shapes, a.dtypes, a.arch, dict(a.knob or []))
-    results = build_many(jobs, a.out, workers=a.jobs, desc="export")
-    man = write_folder_manifest(a.out, results)
+    knobs, dtypes, arch = _build_args(a, plural=True)
+    jobs = db.tuned_jobs(batch.ladder_jobs(a.rungs, a.shapes, dtypes, arch, knobs))
+    results = batch.build_many(jobs, a.out, workers=a.jobs, desc="export")
+    man, problems = batch.write_folder_manifest(a.out, results)
+    _print_problems(problems)
     for r in results:
         if r["status"] != "built":
             print(f"refused: {r['rung']} {r['shape']} {r['knobs']}: {r['detail']}", file=sys.stderr)
@@ -272,44 +141,43 @@ def cmd_export(a) -> int:
 
 
 def cmd_info(a) -> int:
-    print(table(info_rows(modules_in(a.paths)), INFO_COLS))
-    return 0
+    rows, problems = report.info_rows(_modules(a.paths))
+    if rows:
+        print(report.table(rows, report.INFO_COLS))
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def cmd_verify(a) -> int:
-    if not gpu_present():
-        print("error: verify needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
-    rows = verify(modules_in(a.paths), seeds=a.seeds, timeout=a.timeout)
-    print(table(rows, ["module", "status", "rel_err", "cublas_rel_err", "detail"]))
+    if not device.present():
+        return _no_gpu("verify")
+    rows = batch.verify(_modules(a.paths), seeds=a.seeds, timeout=a.timeout)
+    print(report.table(report.verify_rows(rows), report.VERIFY_COLS))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
 def cmd_bench(a) -> int:
-    if not gpu_present():
-        print("error: bench needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
-    report = bench(modules_in(a.paths), reps=a.reps, timeout=a.timeout)
+    if not device.present():
+        return _no_gpu("bench")
+    result = batch.bench(_modules(a.paths), reps=a.reps, timeout=a.timeout)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"GPU: {report['gpu']['name']}  SM clock {report['gpu']['sm_clock_mhz_now']} "
-          f"(max {report['gpu']['sm_clock_mhz_max']})  power limit {report['gpu']['power_limit']}")
-    print(table(bench_rows(report), BENCH_COLS))
-    return 0 if all(r["status"] == "ok" for r in report["results"]) else 1
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(report.gpu_line(result["gpu"]))
+    print(report.table(report.bench_rows(result), report.BENCH_COLS))
+    return 0 if all(r["status"] == "ok" for r in result["results"]) else 1
 
 
 def cmd_pack_runtime(a) -> int:
-    from .pack import pack_runtime  # pylint: disable=import-outside-toplevel
-
-    site = pack_runtime(a.dest, python=a.python)
-    print(site)
+    print(pack.pack_runtime(a.dest, python=a.python))
     return 0
 
 
 def cmd_pictures(a) -> int:
-    import layouts  # pylint: disable=import-outside-toplevel
-    import schedulers  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel  (layouts is not in the runtime pack a GPU box runs the CLI from)
+    import layouts
+    import schedulers
 
     out = Path(a.dest)
     written = list(layouts.write_all(out / "layouts") or []) + list(schedulers.write_all(out / "schedulers") or [])
@@ -318,104 +186,197 @@ def cmd_pictures(a) -> int:
     return 0
 
 
-def main_jobs(shapes, dtypes, archs) -> list:
-    """The ladder for the main job: every rung of every arch at the default shapes; a rung that
-    cannot take a shape (v1 computes one tile, v2 one row of tiles) gets its own largest one."""
-    from .config import ConfigError  # pylint: disable=import-outside-toplevel
-    from .rungs import RUNGS, available, make_config  # pylint: disable=import-outside-toplevel
-
-    jobs = []
-    for arch in archs:
-        for rung in (r for r in RUNGS if available(r, arch)):
-            for dtype in dtypes:
-                seen = set()
-                for M, N, K in shapes:
-                    knobs = {"dtype": dtype, "arch": arch}
-                    for shape in _fallback_shapes(rung, (M, N, K), knobs):
-                        try:
-                            make_config(rung, *shape, **knobs)
-                        except ConfigError:
-                            continue
-                        if shape not in seen:
-                            seen.add(shape)
-                            jobs.append((rung, shape, knobs))
-                        break
-    return jobs
-
-
-def _fallback_shapes(rung, shape, knobs):
-    from .rungs import make_config  # pylint: disable=import-outside-toplevel
-
-    yield shape
-    try:
-        d = make_config("v4", *shape, **knobs)  # the default tile of the ladder
-    except Exception:  # pylint: disable=broad-except
-        return
-    M, N, K = shape
-    yield (d.blk_m, d.blk_n, K)
-    yield (d.blk_m, d.blk_n, d.blk_k)
-
-
 def cmd_main(a) -> int:
     """The README's main job: export the ladder and print its info table; with a GPU, verify and
     bench the modules of the GPU's arch."""
-    jobs = main_jobs(a.shapes, a.dtypes, a.archs)
-    results = build_many(jobs, a.out, workers=a.jobs, desc="export")
-    write_folder_manifest(a.out, results)
+    jobs = db.tuned_jobs(batch.main_jobs(a.shapes, a.dtypes or list(DTYPES), a.archs))
+    results = batch.build_many(jobs, a.out, workers=a.jobs, desc="export")
+    _, problems = batch.write_folder_manifest(a.out, results)
+    _print_problems(problems)
     failed = [r for r in results if r["status"] != "built"]
     for r in failed:
         print(f"refused: {r['rung']} {r['shape']}: {r['detail']}", file=sys.stderr)
-    paths = modules_in([a.out])
-    print(table(info_rows(paths), INFO_COLS))
-    if not gpu_present():
+    paths = _modules([a.out])
+    rows, bad = report.info_rows(paths)
+    if rows:
+        print(report.table(rows, report.INFO_COLS))
+    for p in bad:
+        print(f"error: {p}", file=sys.stderr)
+    if not device.present():
         print(f"\n{len(paths)} modules in {a.out}. No GPU here: built and exported only. To verify and "
               "bench on a GPU box with no TVM: python -m gemm_ladder pack-runtime build/runtime --python X.Y, "
               "carry both folders, then PYTHONPATH=build/runtime/site python -m gemm_ladder verify " + str(a.out))
-        return 1 if failed else 0
-    from .config import arch_of_capability  # pylint: disable=import-outside-toplevel
-    import torch  # pylint: disable=import-outside-toplevel
+        return 1 if failed or bad else 0
+    here, good = device.arch_of(0), {r["module"] for r in rows}
+    mine = [p for p in paths if p.name in good and read_manifest(p)["arch"] == here]
+    vrows = batch.verify(mine)
+    print(report.table(report.verify_rows(vrows), report.VERIFY_COLS))
+    result = batch.bench(mine)
+    (Path(a.out) / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(report.table(report.bench_rows(result), report.BENCH_COLS))
+    return int(bool(failed or bad) or any(r["status"] != "ok" for r in vrows))
 
-    here = arch_of_capability(*torch.cuda.get_device_capability(0))
-    from .runtime import read_manifest  # pylint: disable=import-outside-toplevel
 
-    mine = [p for p in paths if read_manifest(p)["arch"] == here]
-    vrows = verify(mine)
-    print(table(vrows, ["module", "status", "rel_err", "cublas_rel_err", "detail"]))
-    report = bench(mine)
-    out = Path(a.out) / "bench.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(table(bench_rows(report), BENCH_COLS))
-    return int(bool(failed) or any(r["status"] != "ok" for r in vrows))
+def _db_arg(a):
+    if a.db:
+        return a.db
+    path = db.default_db_path()
+    if path is None:
+        raise UsageError(f"${db.DB_ENV} is off; pass --db PATH")
+    return path
+
+
+def _print_merged(merged) -> None:
+    for m in merged:
+        e = m.get("entry")
+        if e:
+            print(f"{m['action']}: {e['rung']} {'x'.join(map(str, e['shape']))} {e['dtype']} on {e['gpu']}: "
+                  f"{e['knobs']} {e['tflops']:.1f} TFLOPS ({(e.get('ratio_to_cublas') or 0):.3f}x cuBLAS)")
+        else:
+            print(f"{m['action']}: {m['file']}")
+
+
+def _tune_show(a) -> int:
+    tdb = db.TuningDB(_db_arg(a))
+    rows = [{"rung": e["rung"], "shape": "x".join(map(str, e["shape"])), "dtype": e["dtype"],
+             "arch": e["arch"], "gpu": e["gpu"], "tvm": e["tvm_version"], "tflops": f"{e['tflops']:.1f}",
+             "ratio": f"{(e.get('ratio_to_cublas') or 0):.3f}", "knobs": tune_report.knob_label(e["knobs"]),
+             "date": str(e.get("date", ""))[:10]} for e in tdb.entries]
+    print(f"{tdb.path}: {len(rows)} entries")
+    if rows:
+        print(report.table(rows, list(rows[0])))
+    return 0
+
+
+def _tune_measure(a, folder) -> tuple[int, dict]:
+    result = measuring.measure(folder, reps=a.reps, timeout=a.timeout, out=a.measurements_out,
+                               plot=a.plot or True)
+    print(tune_report.format_table(result, a.top))
+    print(f"measurements: {result['path']}" + (f"\nplot: {result['plot']}" if result.get("plot") else ""))
+    return (0 if result["best"] else 1), result
+
+
+def cmd_tune(a) -> int:
+    if a.show:
+        return _tune_show(a)
+    if a.merge:
+        _print_merged(db.merge(a.merge, _db_arg(a)))
+        return 0
+    if a.measure:
+        if not device.present():
+            return _no_gpu("--measure")
+        code, result = _tune_measure(a, a.measure)
+        print(f"next: python -m gemm_ladder tune --merge {result['path']}")
+        return code
+    if not a.rung or not a.shape:
+        print("error: tune needs --rung and --shape (or --measure DIR, --merge FILE, --show)", file=sys.stderr)
+        return 2
+    try:
+        sp = space.search_space(a.rung, a.shape, a.dtype, a.arch, space.parse_space(a.space), a.l2_keep, a.sms,
+                                int(a.l2_mb * 2**20) if a.l2_mb else None)
+    except (ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"space: {sp.counts()}", file=sys.stderr)
+    if a.dry_run:
+        for p in sp.pruned:
+            print(f"pruned ({p['reason']}): {tune_report.knob_label(p['knobs'])}: {p['detail']}")
+        for c in sp.candidates:
+            print(f"candidate: {tune_report.knob_label(c)}")
+        return 0
+    if not a.build_only and not device.present():
+        print("error: no GPU here: use --build-only --out DIR, then tune --measure DIR on a GPU box",
+              file=sys.stderr)
+        return 2
+    out = Path(a.out) if a.out else default_out(a.rung, a.shape, a.dtype, a.arch)
+    try:
+        man = cache.build_candidates(sp, out, a.cache, a.jobs)
+    except FolderInUse as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    c = man["counts"]
+    print(f"{len(man['candidates'])} candidates in {out} ({c['built']} built, {c['cached']} from the cache, "
+          f"{c['failed']} failed to build; {len(man['pruned'])} pruned)")
+    for f in man["failed"]:
+        print(f"build failed: {tune_report.knob_label(f['knobs'])}: "
+              f"{f.get('detail', '').splitlines()[0] if f.get('detail') else ''}", file=sys.stderr)
+    if a.build_only:
+        print(f"next, on a GPU box: python -m gemm_ladder tune --measure {out}")
+        return 0 if man["candidates"] else 1
+    code, result = _tune_measure(a, out)
+    _print_merged(db.merge([result["path"]], _db_arg(a)))
+    return code
+
+
+# -- the parser -------------------------------------------------------------------------------
+def _add_build_args(sp) -> None:
+    sp.add_argument("--arch", default=None, choices=sorted(ARCHS), help="sm_90a (Hopper, the default) or sm_100a (Blackwell)")
+    sp.add_argument("--knob", action="append", type=parse_knob, metavar="NAME=VALUE",
+                    help="a rung knob, e.g. pipe_depth=4 (repeatable); with no rung knob, the tuning "
+                         "database's best is used (and printed)")
+
+
+def _add_ladder_args(sp, out_default: str) -> None:
+    sp.add_argument("--shapes", type=lambda s: [parse_shape(x) for x in s.split(",")],
+                    default=[parse_shape(s) for s in DEFAULT_SHAPES])
+    sp.add_argument("--dtypes", type=lambda s: s.split(","), default=None,
+                    help=f"comma-separated, default {','.join(DTYPES)}")
+    sp.add_argument("--out", default=out_default)
+    sp.add_argument("--jobs", type=int, default=None, help="parallel build processes (default: cores)")
+
+
+def _add_tune_parser(sub) -> None:
+    t = sub.add_parser(
+        "tune", help="search a rung's knobs for a shape: build in parallel, time on the GPU, remember the best",
+        description="Tune a rung's knobs for one shape (see gemm_ladder/tune/__init__.py).",
+        epilog="modes: (default) build + measure + merge on a GPU box with TVM's compiler; --build-only "
+               "--out DIR on a build box; --measure DIR on a GPU box (runtime-only TVM is enough); "
+               "--merge FILE...; --show",
+    )
+    t.add_argument("--rung", help="the rung to tune, e.g. v6")
+    t.add_argument("--shape", type=parse_shape, help="MxNxK, e.g. 4096x4096x4096")
+    t.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES)
+    t.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
+    t.add_argument("--space", action="append", metavar="KNOB=V1,V2",
+                   help="values to try for a knob, e.g. pipe_depth=3,4,5 (repeatable; ';' separates knobs)")
+    t.add_argument("--l2-keep", type=int, default=3,
+                   help="keep the best N l2_group_size values per tile shape by the L2 model (0: all)")
+    t.add_argument("--sms", type=int, default=None, help="SM count for the L2 model (default: the GPU, or H100/B200)")
+    t.add_argument("--l2-mb", type=float, default=None, help="L2 size in MiB for the L2 model")
+    t.add_argument("--jobs", type=int, default=None, help="parallel build processes (default: cores)")
+    t.add_argument("--cache", default=None, help="build cache folder (default: user cache /tune)")
+    t.add_argument("--out", default=None, help="candidate folder (default: build/tune/<rung>_<shape>_...)")
+    t.add_argument("--build-only", action="store_true", help="build and export the candidates, measure nothing")
+    t.add_argument("--measure", metavar="DIR", help="measure a candidate folder made by --build-only")
+    t.add_argument("--merge", nargs="+", metavar="FILE", help="merge measurements files into the database")
+    t.add_argument("--show", action="store_true", help="print the tuning database")
+    t.add_argument("--dry-run", action="store_true", help="print the pruned space, build nothing")
+    t.add_argument("--db", default=None, help=f"tuning database (default: ${db.DB_ENV}, the repo's "
+                                              "benchmarks/tuning/tuning_db.json, else the user cache)")
+    t.add_argument("--reps", type=int, default=50)
+    t.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate before it counts as hung")
+    t.add_argument("--measurements-out", default=None, help="measurements JSON path (default: in the folder)")
+    t.add_argument("--plot", default=None, help="PNG path (default: beside the measurements)")
+    t.add_argument("--top", type=int, default=20, help="rows of the final table")
+    t.set_defaults(fn=cmd_tune)
 
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gemm_ladder", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    def common_build(sp):
-        sp.add_argument("--arch", default="sm_90a", help="sm_90a (Hopper) or sm_100a (Blackwell)")
-        sp.add_argument("--knob", action="append", type=parse_knob, metavar="NAME=VALUE",
-                        help="a rung knob, e.g. pipe_depth=4 (repeatable)")
-
     b = sub.add_parser("build", help="build one rung for one shape into an exported .so")
     b.add_argument("rung")
     b.add_argument("--shape", type=parse_shape, required=True)
-    b.add_argument("--dtype", default="float16", choices=DEFAULT_DTYPES)
+    b.add_argument("--dtype", default=None, choices=DTYPES, help=f"default {DEFAULT_DTYPE}")
     b.add_argument("--out", default="build")
-    common_build(b)
+    _add_build_args(b)
     b.set_defaults(fn=cmd_build)
-
-    def ladder_args(sp, out_default):
-        sp.add_argument("--shapes", type=lambda s: [parse_shape(x) for x in s.split(",")],
-                        default=[parse_shape(s) for s in DEFAULT_SHAPES])
-        sp.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DEFAULT_DTYPES))
-        sp.add_argument("--out", default=out_default)
-        sp.add_argument("--jobs", type=int, default=None, help="parallel build processes (default: cores)")
 
     e = sub.add_parser("export", help="build a set of rungs and shapes into a folder with a manifest")
     e.add_argument("--rungs", type=lambda s: s.split(","), default=None)
-    ladder_args(e, "build/ladder")
-    common_build(e)
+    _add_ladder_args(e, "build/ladder")
+    _add_build_args(e)
     e.set_defaults(fn=cmd_export)
 
     i = sub.add_parser("info", help="grid, threads, shared memory, registers, spills and SASS counts")
@@ -445,13 +406,17 @@ def make_parser() -> argparse.ArgumentParser:
     pc.set_defaults(fn=cmd_pictures)
 
     m = sub.add_parser("main", help="export the ladder and print its info table; verify and bench with a GPU")
-    ladder_args(m, "build/main")
-    m.add_argument("--archs", type=lambda s: s.split(","), default=["sm_90a", "sm_100a"])
+    _add_ladder_args(m, "build/main")
+    m.add_argument("--archs", type=lambda s: s.split(","), default=list(ARCHS))
     m.set_defaults(fn=cmd_main)
-    add_tune_parser(sub)
+    _add_tune_parser(sub)
     return p
 
 
 def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,22 +1,32 @@
-"""Knobs of a rung, held in one frozen dataclass, and the one function that checks them.
+"""Knobs of a rung, held in one frozen dataclass, and the rules every rung shares.
 
-Every rung takes ``hgemm_vN(M, N, K, **knobs)``. The knobs become a :class:`GemmConfig`;
-:func:`validate` checks it against the rung's own rules and the limits of the arch (or of the
-GPU at hand), and raises :class:`ConfigError` *before anything is compiled*, with a message
-that names the limit and a value that would work. The tuner prunes its space with the same
-function, so a config the tuner keeps is a config that builds.
+Every rung takes ``hgemm_vN(M, N, K, **knobs)``. The knobs become a :class:`GemmConfig`, and
+:func:`gemm_ladder.rungs.make_config` (the one validator) checks it: the knobs' types against the
+rung's declared defaults (:func:`check_knob_types`), the rules below (:func:`check_common`),
+then the rung's own ``check`` with the shared-memory and register budget of
+:mod:`gemm_ladder.budget`. It raises :class:`ConfigError` *before anything is compiled*, with a
+message that names the limit and a value that would work. The tuner prunes its space with the
+same function, so a config the tuner keeps is a config that builds.
 
 This module imports no TVM: it is used on build boxes, by the tuner and by the runtime alike.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
 DTYPES = ("float16", "bfloat16")
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2}
+DEFAULT_DTYPE = "float16"
+DEFAULT_ARCH = "sm_90a"
+# dtype and arch: every rung takes them; they are part of the question, not knobs to tune
+COMMON_KNOBS = {"dtype": DEFAULT_DTYPE, "arch": DEFAULT_ARCH}
+# Tile orders a persistent rung takes (``schedulers.orders`` draws them), on either arch: those
+# the GPU tier has run. Snake is the default: on an H100 it beat grouped at 8192^3 and matched it
+# at 4096^3 (benchmarks/results/2026-11-22_h100_v6_tile_order_sweep.json, benchmarks/tuning/).
+TILE_ORDERS = ("grouped", "snake", "row", "column")
+DEFAULT_TILE_ORDER = "snake"
 
 
 class ConfigError(ValueError):
@@ -28,7 +38,7 @@ class ArchLimits:
     """What a rung may use on one GPU arch.
 
     The table below holds the documented per-block opt-in limits; when a GPU of the arch is
-    present, :func:`limits_for` reads the real numbers off the device instead.
+    present, :func:`gemm_ladder.budget.limits_for` reads the real numbers off the device instead.
     """
 
     arch: str
@@ -36,41 +46,13 @@ class ArchLimits:
     smem_per_block: int  # bytes a block may opt in to
     regs_per_thread: int = 255
     sm_count: int | None = None  # known only when read off a device
+    acc_in_registers: bool = True  # Hopper's wgmma accumulates in registers, Blackwell in TMEM
 
 
 ARCHS = {
     "sm_90a": ArchLimits("sm_90a", "Hopper", smem_per_block=227 * 1024),
-    "sm_100a": ArchLimits("sm_100a", "Blackwell", smem_per_block=227 * 1024),
+    "sm_100a": ArchLimits("sm_100a", "Blackwell", smem_per_block=227 * 1024, acc_in_registers=False),
 }
-
-
-def arch_of_capability(major: int, minor: int) -> str:
-    """The arch string a rung must be built for to run on a GPU of this compute capability."""
-    return {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get((major, minor), f"sm_{major}{minor}")
-
-
-def limits_for(arch: str, device: int | None = None) -> ArchLimits:
-    """Limits for ``arch``; read off CUDA device ``device`` when it is that arch.
-
-    ``device=None`` looks for device 0 through torch, if torch and a GPU are there; a build box
-    without a GPU gets the table's numbers.
-    """
-    if arch not in ARCHS:
-        raise ConfigError(f"unknown arch {arch!r}: gemm-ladder has forms for {sorted(ARCHS)}")
-    base = ARCHS[arch]
-    try:
-        import torch  # pylint: disable=import-outside-toplevel
-
-        if not torch.cuda.is_available():
-            return base
-        idx = 0 if device is None else device
-        props = torch.cuda.get_device_properties(idx)
-        if arch_of_capability(props.major, props.minor) != arch:
-            return base
-        smem = getattr(props, "shared_memory_per_block_optin", base.smem_per_block)
-        return dataclasses.replace(base, smem_per_block=int(smem), sm_count=props.multi_processor_count)
-    except Exception:  # pylint: disable=broad-except
-        return base
 
 
 @dataclass(frozen=True)
@@ -84,15 +66,15 @@ class GemmConfig:
     M: int
     N: int
     K: int
-    dtype: str = "float16"
-    arch: str = "sm_90a"
+    dtype: str = DEFAULT_DTYPE
+    arch: str = DEFAULT_ARCH
     blk_m: int = 128
     blk_n: int = 128
     blk_k: int = 64
     pipe_depth: int = 1
     num_warpgroups: int = 1
     l2_group_size: int = 8
-    tile_order: str = "grouped"
+    tile_order: str = DEFAULT_TILE_ORDER
     extra: tuple = field(default=())  # rung-specific knobs as sorted (name, value) pairs
     knob_names: tuple = field(default=())  # the knobs this rung takes (the rest keep defaults)
 
@@ -143,6 +125,39 @@ def _fix(msg: str, fix: str) -> ConfigError:
     return ConfigError(f"{msg}; {fix}")
 
 
+def _type_ok(value, default) -> bool:
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, type(default))
+
+
+def _kind(value) -> str:
+    name = type(value).__name__
+    return {"int": "an int", "str": "a string"}.get(name, f"a {name}")
+
+
+def check_knob_types(rung: str, knobs: dict, defaults: dict) -> None:
+    """Each knob has the type of its declared default: an int knob takes an int (not a float, a
+    bool or a string of digits), a name knob a string. A rung declares its knobs and defaults in
+    its ``KNOBS`` dict; new knobs are checked by declaring them."""
+    for name, value in knobs.items():
+        if name not in defaults or _type_ok(value, defaults[name]):
+            continue
+        default = defaults[name]
+        if isinstance(default, int) and not isinstance(default, bool):
+            if isinstance(value, float) and value.is_integer():
+                fix = f"pass {name}={int(value)}"
+            elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+                fix = f"pass {name}={int(value)} (an int, not a string)"
+            else:
+                fix = f"pass an int, e.g. {name}={default}"
+        else:
+            fix = f"pass {_kind(default)}, e.g. {name}={default!r}"
+        raise _fix(f"{rung}: {name}={value!r} is {_kind(value)}, not {_kind(default)}", fix)
+
+
 def check_common(cfg: GemmConfig) -> None:
     """Rules every rung shares: shape, dtype, arch, and what TMA can describe."""
     for name, v in (("M", cfg.M), ("N", cfg.N), ("K", cfg.K)):
@@ -171,34 +186,3 @@ def check_common(cfg: GemmConfig) -> None:
     if cfg.blk_n % 64 or not 64 <= cfg.blk_n <= 256:
         # the output tile leaves through 128-byte-wide (64-column) swizzled TMA boxes
         raise _fix(f"blk_n={cfg.blk_n} is not supported", "use 64, 128, 192 or 256")
-
-
-def acc_regs_per_thread(cfg: GemmConfig) -> int:
-    """fp32 accumulator registers each MMA thread holds (Hopper: accumulators live in registers)."""
-    return cfg.blk_m * cfg.blk_n // (128 * cfg.num_warpgroups)
-
-
-def check_budget(cfg: GemmConfig, smem_bytes: int, limits: ArchLimits | None = None) -> None:
-    """Shared memory and registers against the arch (or device) limits."""
-    limits = limits or limits_for(cfg.arch)
-    if smem_bytes > limits.smem_per_block:
-        raise _fix(
-            f"{cfg.rung} with blk_m={cfg.blk_m}, blk_n={cfg.blk_n}, pipe_depth={cfg.pipe_depth} needs "
-            f"{smem_bytes} bytes of shared memory, over the {limits.smem_per_block} a block may use on "
-            f"{cfg.arch}",
-            "lower pipe_depth or the tile size",
-        )
-    if cfg.arch == "sm_90a":
-        regs = acc_regs_per_thread(cfg)
-        # The accumulators share the 255-register file with addresses, descriptors and loop state.
-        if regs > 128 * 1.5:
-            raise _fix(
-                f"a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} warpgroup(s) needs {regs} "
-                f"fp32 accumulator registers per thread, over the {int(128 * 1.5)} that leave room in "
-                f"the {limits.regs_per_thread}-register file",
-                "use a smaller tile or more warpgroups (num_warpgroups)",
-            )
-
-
-def replace(cfg: GemmConfig, **changes) -> GemmConfig:
-    return dataclasses.replace(cfg, **changes)

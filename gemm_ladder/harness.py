@@ -22,6 +22,8 @@ import statistics
 import subprocess
 from dataclasses import asdict, dataclass
 
+from . import device
+
 ERROR_FLOOR = {"float16": 2e-4, "bfloat16": 2e-3}
 
 
@@ -119,7 +121,7 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     """
     import torch  # pylint: disable=import-outside-toplevel
 
-    l2 = l2_bytes or torch.cuda.get_device_properties(0).L2_cache_size
+    l2 = l2_bytes or device.probe(0).l2_bytes
     per_set = (mod.M * mod.K + mod.N * mod.K + mod.M * mod.N) * 2
     n_sets = max(1, min(8, -(-3 * l2 // per_set)))  # enough sets to spill L2 three times
     sets = []
@@ -170,17 +172,19 @@ def _smi(query: str) -> str:
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
 
 
-def gpu_info() -> dict:
+def gpu_info(index: int = 0) -> dict:
     """GPU name, clocks, power limit and driver, as read now."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    props = torch.cuda.get_device_properties(0)
+    gpu = device.probe(index)
+    if gpu is None:
+        raise RuntimeError(f"no CUDA GPU {index} here ({device.why_no_gpu(index=index)})")
     return {
-        "name": torch.cuda.get_device_name(0),
-        "capability": f"{props.major}.{props.minor}",
-        "sm_count": props.multi_processor_count,
-        "l2_bytes": props.L2_cache_size,
-        "smem_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
+        "name": gpu.name,
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(index))),
+        "sm_count": gpu.sm_count,
+        "l2_bytes": gpu.l2_bytes,
+        "smem_per_block_optin": gpu.smem_per_block_optin,
         "sm_clock_mhz_now": _smi("clocks.sm"),
         "sm_clock_mhz_max": _smi("clocks.max.sm"),
         "mem_clock_mhz_now": _smi("clocks.mem"),
@@ -191,9 +195,14 @@ def gpu_info() -> dict:
     }
 
 
+def utc_now() -> str:
+    """Now, UTC, to the second (ISO 8601): the date every result file records."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def run_info(commit: str | None = None) -> dict:
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "commit": commit or os.environ.get("GEMM_LADDER_COMMIT") or git_commit(),
     }
 

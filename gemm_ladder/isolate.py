@@ -22,6 +22,9 @@ import sys
 import threading
 import time
 
+from . import harness
+from .runtime import load
+
 RESULT_PREFIX = "GEMM_LADDER_RESULT "
 STARTUP_SECONDS = 60.0  # importing torch and TVM in a fresh child
 
@@ -89,9 +92,6 @@ def _job(job: str, path: str, args: list[str]) -> dict:
         if path == "crash":
             os._exit(3)  # pylint: disable=protected-access
         return {"status": "ok"}
-    from . import harness  # pylint: disable=import-outside-toplevel
-    from .runtime import load  # pylint: disable=import-outside-toplevel
-
     mod = load(path)
     if job == "check":
         seeds = [int(s) for s in args] or [0]

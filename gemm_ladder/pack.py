@@ -15,6 +15,7 @@ libraries and its Python package without ``libtvm_compiler.so`` (about 250 MB le
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -51,7 +52,8 @@ def _ffi_wheel(python: str, dest: Path) -> Path:
 
 
 def pack_runtime(dest, python: str | None = None, with_package: bool = True) -> Path:
-    """Write ``dest/site`` with runtime-only ``tvm``, ``tvm_ffi`` for ``python`` and gemm_ladder."""
+    """Write ``dest/site`` with runtime-only ``tvm``, ``tvm_ffi`` for ``python``, gemm_ladder and
+    ``schedulers`` (pure Python: the CLI imports it)."""
     import tvm  # pylint: disable=import-outside-toplevel
     import tvm_ffi  # pylint: disable=import-outside-toplevel
 
@@ -79,6 +81,9 @@ def pack_runtime(dest, python: str | None = None, with_package: bool = True) -> 
     if with_package:
         pkg = Path(__file__).parent
         _copy_pruned(pkg, site / pkg.name, ("__pycache__",))
+        # the CLI's tuner imports the pure-Python tile-order models (no TVM, no numpy)
+        schedulers = Path(importlib.util.find_spec("schedulers").origin).parent
+        _copy_pruned(schedulers, site / "schedulers", ("__pycache__",))
     (site / "RUNTIME_ONLY.txt").write_text(
         f"runtime-only TVM {tvm.__version__} for Python {python}; no libtvm_compiler.so\n"
     )

@@ -2,29 +2,52 @@
 
 ``hgemm_vN(M, N, K, **knobs)`` is ``prim_func("vN", M, N, K, **knobs)``: it picks the rung's
 form for ``arch`` (``gemm_ladder/<arch>/hgemm_vN.py``), fills in the rung's default knobs,
-validates everything, and only then traces the TVMScript kernel.
+validates everything (:func:`make_config`, the one validator), and only then traces the
+TVMScript kernel.
+
+The rungs are the files: a new ``gemm_ladder/<arch>/hgemm_vN.py`` with ``TECHNIQUE``, ``KNOBS``
+(its knobs and their defaults: a new knob is declared there, and its type is checked from its
+default), ``check(cfg)``, ``launch(cfg)`` and ``kernel(cfg)`` is in :data:`RUNGS`. Importing
+this module imports no TVM (the rung files are imported on first use).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import importlib.util
-import os
+import json
+import re
+from pathlib import Path
 from types import ModuleType
 
-from .config import ARCHS, ConfigError, GemmConfig, check_common
+from .config import ARCHS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig, check_common, check_knob_types
 
 CONFIG_ATTR = "gemm_ladder.config"
-RUNGS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9")
-COMMON_KNOBS = ("dtype", "arch")
+_RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
 
 
 def _arch_package(arch: str) -> str:
     return arch.replace("_", "")  # sm_90a -> sm90a
 
 
-def rung_module(rung: str, arch: str = "sm_90a") -> ModuleType:
+def _arch_dirs(arch: str) -> list[Path]:
+    spec = importlib.util.find_spec(f"gemm_ladder.{_arch_package(arch)}")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(loc) for loc in spec.submodule_search_locations]
+
+
+def _discover() -> tuple[str, ...]:
+    """Every rung that has a file for some arch, in ladder order (v1, v2, ..., v10)."""
+    names = {m.group(1) for arch in ARCHS for d in _arch_dirs(arch) for p in d.glob("hgemm_v*.py")
+             if (m := _RUNG_FILE.fullmatch(p.name))}
+    return tuple(sorted(names, key=lambda r: int(r[1:])))
+
+
+RUNGS = _discover()
+
+
+def rung_module(rung: str, arch: str = DEFAULT_ARCH) -> ModuleType:
     """The module that holds ``rung``'s form for ``arch``; a clear error when there is none."""
     if rung not in RUNGS:
         raise ConfigError(f"unknown rung {rung!r}; the ladder has {', '.join(RUNGS)}")
@@ -44,17 +67,12 @@ def rung_module(rung: str, arch: str = "sm_90a") -> ModuleType:
 
 def available(rung: str, arch: str) -> bool:
     """Whether ``rung`` has a form for ``arch`` (without importing TVM)."""
-    spec = importlib.util.find_spec(f"gemm_ladder.{_arch_package(arch)}")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    return any(
-        os.path.exists(os.path.join(loc, f"hgemm_{rung}.py")) for loc in spec.submodule_search_locations
-    )
+    return any((d / f"hgemm_{rung}.py").exists() for d in _arch_dirs(arch))
 
 
 def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     """Fill in the rung's defaults and validate; raises :class:`ConfigError` before any compile."""
-    arch = knobs.get("arch", "sm_90a")
+    arch = knobs.get("arch", DEFAULT_ARCH)
     mod = rung_module(rung, arch)
     allowed = set(mod.KNOBS) | set(COMMON_KNOBS)
     unknown = sorted(set(knobs) - allowed)
@@ -62,6 +80,7 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
         raise ConfigError(
             f"rung {rung} ({arch}) takes no knob {', '.join(unknown)}; its knobs are {sorted(allowed)}"
         )
+    check_knob_types(rung, knobs, {**COMMON_KNOBS, **mod.KNOBS})
     values = {**mod.KNOBS, **knobs}
     fields = set(GemmConfig.__dataclass_fields__)
     extra = tuple(sorted((k, v) for k, v in values.items() if k not in fields))

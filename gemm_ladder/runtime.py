@@ -8,20 +8,33 @@ It never compiles anything: the ``.so`` holds the device binary.
     D = mod(A, B)            # A [M, K], B [N, K] on the GPU, D = A @ B.T
     mod(A, B, out=D)         # writes into D
 
-Every input is checked before launch: dtype, device, shape, layout (contiguous, 16-byte
-aligned) and that the GPU is the arch the module was built for.
+Before the dynamic loader sees the ``.so``, its manifest is read and checked (a JSON object of
+this format, with the fields the loader needs) and the file is checked against it: its size and
+sha256, recorded at export. A truncated copy or a manifest of another module is refused with a
+:class:`ManifestError` that names the file and the fix (loading a truncated ``.so`` would crash
+the process). Every input is checked before launch: dtype, device, shape, layout (contiguous,
+16-byte aligned) and that the GPU is the arch the module was built for.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import sys
 from pathlib import Path
 
-from .config import arch_of_capability
+from . import device
 
 MANIFEST_SUFFIX = ".json"
+MANIFEST_VERSION = 2  # what gemm_ladder.builder writes
+# what the loader reads, and the type each must have
+_FIELDS = {"rung": str, "shape": list, "dtype": str, "arch": str, "knobs": dict, "tvm_version": str,
+           "so_bytes": int, "so_sha256": str}
+
+
+class ManifestError(ValueError):
+    """A module's manifest is unreadable, or does not describe the ``.so`` beside it."""
 
 
 class ModuleInputError(ValueError):
@@ -56,16 +69,70 @@ def _load_cuda_runtime_libs() -> None:
         ) from None
 
 
+def manifest_path(path) -> Path:
+    """The manifest beside an exported module: ``X.so`` -> ``X.so.json``."""
+    return Path(str(path) + MANIFEST_SUFFIX)
+
+
 def read_manifest(path) -> dict:
+    """The manifest of the module at ``path`` (``path + ".json"``), checked to be one: a JSON
+    object of this format with the fields the loader reads. The ``.so`` is not opened."""
     path = Path(path)
-    man = Path(str(path) + MANIFEST_SUFFIX)
+    man = manifest_path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
     if not man.exists():
         raise FileNotFoundError(
             f"{man} is missing: gemm_ladder.load needs the manifest that export() writes beside the .so"
         )
-    return json.loads(man.read_text())
+    again = f"copy {man.name} again from where {path.name} was exported, or re-export the module"
+    text = man.read_text(errors="replace")
+    if not text.strip():
+        raise ManifestError(f"{man} is empty (a copy cut short?): {again}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ManifestError(f"{man} is not valid JSON ({err.msg} at line {err.lineno}; truncated?): "
+                            f"{again}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{man} holds a JSON {type(data).__name__}, not the object export() writes: {again}")
+    if data.get("format") != MANIFEST_VERSION:
+        raise ManifestError(
+            f"{man} has manifest format {data.get('format')!r}; this gemm_ladder reads format "
+            f"{MANIFEST_VERSION} (which records the .so's size and sha256): re-export the module"
+        )
+    for name, kind in _FIELDS.items():
+        if not isinstance(data.get(name), kind) or isinstance(data.get(name), bool):
+            raise ManifestError(f"{man}: field {name!r} is missing or not a {kind.__name__}: {again}")
+    if len(data["shape"]) != 3 or not all(isinstance(x, int) and x > 0 for x in data["shape"]):
+        raise ManifestError(f"{man}: shape {data['shape']!r} is not [M, N, K]: {again}")
+    return data
+
+
+def check_file(path, manifest: dict) -> None:
+    """The ``.so`` at ``path`` is the one ``manifest`` was written for: same size, same sha256.
+
+    Run before anything maps the file: the dynamic loader dies (a bus error, no message) on a
+    truncated shared library.
+    """
+    path = Path(path)
+    have = path.stat().st_size
+    if have != manifest["so_bytes"]:
+        cut = " (cut short: an unfinished copy?)" if have < manifest["so_bytes"] else ""
+        raise ManifestError(
+            f"{path} is {have} bytes but its manifest {path.name}{MANIFEST_SUFFIX} says "
+            f"{manifest['so_bytes']}{cut}: copy the .so again, or re-export it"
+        )
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != manifest["so_sha256"]:
+        raise ManifestError(
+            f"{path} does not match its manifest {path.name}{MANIFEST_SUFFIX} (sha256 differs): the "
+            "manifest belongs to another module, or the .so was changed; copy both files again "
+            "from where they were exported together, or re-export"
+        )
 
 
 class GemmModule:
@@ -111,18 +178,17 @@ class GemmModule:
         if t.device.type != "cuda":
             raise ModuleInputError(f"{name} is on {t.device}; move it to the GPU ({name}.cuda())")
 
-    def check_device(self, device) -> None:
+    def check_device(self, where) -> None:
         import torch  # pylint: disable=import-outside-toplevel
 
-        idx = device.index if device.index is not None else torch.cuda.current_device()
+        idx = where.index if where.index is not None else torch.cuda.current_device()
         if idx in self._checked_devices:
             return
-        major, minor = torch.cuda.get_device_capability(idx)
-        have = arch_of_capability(major, minor)
+        have = device.arch_of(idx)
         if have != self.arch:
             raise ArchMismatchError(
                 f"{self.path.name} was built for {self.arch} but GPU {idx} "
-                f"({torch.cuda.get_device_name(idx)}) is {have}: rebuild with arch={have!r}"
+                f"({device.name_of(idx)}) is {have}: rebuild with arch={have!r}"
             )
         self._checked_devices.add(idx)
 
@@ -152,17 +218,14 @@ class GemmModule:
             self._function()(A, B, out, *self._launch_args(A.device))
         return out
 
-    def _launch_args(self, device) -> list:
+    def _launch_args(self, where) -> list:
         """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU,
         rounded down to whole clusters where the rung launches clusters (``launch.cluster``)."""
         launch = self.manifest.get("launch", {})
         if not launch.get("persistent"):
             return []
-        import torch  # pylint: disable=import-outside-toplevel
-
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
         cluster = int(launch.get("cluster", 1))
-        return [sms // cluster * cluster]
+        return [device.sm_count(where) // cluster * cluster]
 
 
 def _function_names(rt) -> set:
@@ -173,8 +236,11 @@ def _function_names(rt) -> set:
 
 
 def load(path) -> GemmModule:
-    """Load an exported rung (``.so`` plus its ``.json`` manifest) with the TVM runtime only."""
+    """Load an exported rung (``.so`` plus its ``.json`` manifest) with the TVM runtime only.
+
+    The manifest and the file are checked first (:func:`read_manifest`, :func:`check_file`)."""
     manifest = read_manifest(path)
+    check_file(path, manifest)
     import tvm  # pylint: disable=import-outside-toplevel
 
     _load_cuda_runtime_libs()

@@ -42,7 +42,8 @@ struct Manifest {
   bool persistent = false;
 };
 
-// The manifest is JSON written by gemm_ladder; three fields are all the runner needs.
+// The manifest is JSON written by gemm_ladder; the runner reads the shape, the dtype, whether the
+// rung is persistent, and the .so's size (checked before the loader maps the file).
 Manifest ReadManifest(const std::string& so_path) {
   std::ifstream in(so_path + ".json");
   if (!in) {
@@ -63,6 +64,18 @@ Manifest ReadManifest(const std::string& so_path) {
   m.K = std::stoll(g[3]);
   if (std::regex_search(text, g, std::regex("\"dtype\":\\s*\"(\\w+)\""))) m.dtype = g[1];
   m.persistent = std::regex_search(text, std::regex("\"persistent\":\\s*true"));
+  // the .so must be the size export recorded: the dynamic loader crashes on a truncated copy
+  if (!std::regex_search(text, g, std::regex("\"so_bytes\":\\s*(\\d+)"))) {
+    std::fprintf(stderr, "%s.json records no so_bytes: re-export the module\n", so_path.c_str());
+    std::exit(2);
+  }
+  std::ifstream so(so_path, std::ios::binary | std::ios::ate);
+  const long long have = so ? static_cast<long long>(so.tellg()) : -1;
+  if (have != std::stoll(g[1])) {
+    std::fprintf(stderr, "%s is %lld bytes but its manifest says %s: copy it again, or re-export\n",
+                 so_path.c_str(), have, g[1].str().c_str());
+    std::exit(2);
+  }
   return m;
 }
 

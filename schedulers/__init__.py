@@ -1,10 +1,12 @@
-"""Tile schedulers for persistent GEMMs: which CTA computes which output tile, when.
+"""Schedules of a GEMM: which CTA computes which output tile when (the tile orders of a
+persistent kernel), and when one tile's K slices load and multiply (the pipeline model).
 
 Modules, and what each may import:
 
 - ``orders``: pure-Python models of the tile orders ("row", "column", TVM's "grouped"
   and "serpentine", our "snake"), drawn as ASCII grids in its docstring.
 - ``traffic``: an L2/DRAM traffic model per order and ``l2_group_size``, for tuners.
+- ``pipeline``: a timing model of one tile's K loop through a ``pipe_depth``-stage ring.
 - ``plots``: pictures of orders and traffic (imports matplotlib on first call).
 - ``tirx_orders``: the orders as TIRx schedulers for kernels (imports TVM).
 - ``tvm_bridge``: runs a TIRx scheduler's index arithmetic on the CPU (imports TVM).
@@ -12,7 +14,8 @@ Modules, and what each may import:
 ``import schedulers`` imports neither TVM nor matplotlib.
 """
 
-from .orders import ORDERS, assignment, format_grid, tile_order, waves
+from .orders import ORDERS, assignment, check_order, format_grid, tile_order, waves
+from .pipeline import pipeline_schedule
 from .plots import plot_order, plot_traffic_vs_group, write_all
 from .traffic import Traffic, dram_traffic, rank_group_sizes
 
@@ -20,9 +23,11 @@ __all__ = [
     "ORDERS",
     "Traffic",
     "assignment",
+    "check_order",
     "dram_traffic",
     "format_grid",
     "make_tirx_scheduler",
+    "pipeline_schedule",
     "plot_order",
     "plot_traffic_vs_group",
     "rank_group_sizes",

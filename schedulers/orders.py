@@ -166,12 +166,13 @@ _ORDER_FUNCS = {
 }
 
 
-def _raw_order(order, num_m, num_n, g, cluster_m, cluster_n) -> list[Tile]:
+def _raw_order(order, num_m, num_n, g, cluster_m, cluster_n, limit=None) -> list[Tile]:
     rows, cols = _ceil_div(num_m, cluster_m), _ceil_div(num_n, cluster_n)
     func = _ORDER_FUNCS[order]
     tiles = []
     # like TVM, the work count is rounded up to whole clusters
-    for w in range(rows * cols * cluster_m * cluster_n):
+    count = rows * cols * cluster_m * cluster_n
+    for w in range(count if limit is None else min(limit, count)):
         cm_off, t = w % cluster_m, w // cluster_m
         cn_off, t = t % cluster_n, t // cluster_n
         row, col = func(t, rows, cols, g)
@@ -204,6 +205,55 @@ def _coverage_error(order, num_m, num_n, g, cluster_m, cluster_n) -> str:
         f"(0, 0) several times instead; use an l2_group_size that works here, e.g. "
         f"{good[:8]}, or order='grouped' / 'snake'"
     )
+
+
+def check_order(
+    order: str,
+    num_m: int,
+    num_n: int,
+    l2_group_size: int = 8,
+    cluster_m: int = 1,
+    cluster_n: int = 1,
+) -> None:
+    """Raise ``ValueError`` unless ``order`` visits every tile of the grid exactly once.
+
+    The same verdict as ``tile_order(..., check=True)``, reached without walking the grid:
+    row, column, grouped and snake are one-to-one on any grid of whole clusters, and
+    serpentine is unless ``serpentine_ok`` says otherwise. Costs the same for 4 tiles and for
+    4 billion; ``tests/test_schedulers.py`` compares it with the full walk on small grids.
+    """
+    _check_order(order)
+    _check_positive(
+        num_m=num_m,
+        num_n=num_n,
+        l2_group_size=l2_group_size,
+        cluster_m=cluster_m,
+        cluster_n=cluster_n,
+    )
+    whole = num_m % cluster_m == 0 and num_n % cluster_n == 0
+    if not whole or (
+        order == "serpentine"
+        and not serpentine_ok(num_m // cluster_m, num_n // cluster_n, l2_group_size)
+    ):
+        raise ValueError(
+            _coverage_error(order, num_m, num_n, l2_group_size, cluster_m, cluster_n)
+        )
+
+
+def first_tiles(
+    order: str,
+    num_m: int,
+    num_n: int,
+    count: int,
+    l2_group_size: int = 8,
+    cluster_m: int = 1,
+    cluster_n: int = 1,
+) -> list[Tile]:
+    """The tiles of work items ``0 .. count-1`` (``tile_order(...)[:count]``) after
+    ``check_order``: the cost is ``count``, not the size of the grid."""
+    check_order(order, num_m, num_n, l2_group_size, cluster_m, cluster_n)
+    _check_positive(count=count)
+    return _raw_order(order, num_m, num_n, l2_group_size, cluster_m, cluster_n, limit=count)
 
 
 def tile_order(

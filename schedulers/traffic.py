@@ -29,6 +29,11 @@ So the traffic against ``g`` is a valley; its floor and width depend on K (the
 footprint grows with K) and on the L2 size.  ``rank_group_sizes`` orders candidate
 sizes by modelled traffic so that a tuner times only the best few.
 
+Large grids: the traffic of a grouped order repeats group after group, so ranking group sizes
+needs the first few groups, not all of them. ``max_waves`` plays only the first waves (and
+builds only their tiles): what a tuner needs for a 32768 x 32768 grid, at the cost of a
+small one. ``Traffic.waves_total`` says how many there are in all.
+
 Limits: real L2s are not LRU, H100/H200 split L2 into two halves, CTAs drift apart
 over K, and the epilogue's C writes (the same for every order) are left out.  Use the
 numbers to rank orders and sizes, not to predict bandwidth.
@@ -39,7 +44,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .orders import _ceil_div, _check_positive, waves
+from .orders import _ceil_div, _check_positive, first_tiles, waves
 
 DEFAULT_GROUP_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -54,6 +59,7 @@ class Traffic:
     b_bytes: int
     compulsory_bytes: int  # every byte of A and B once: the floor
     panels_per_wave: tuple[tuple[int, int], ...]  # distinct (A panels, B panels) per wave
+    waves_total: int = 0  # waves of the whole grid (``len(per_wave)`` were played)
 
     @property
     def amplification(self) -> float:
@@ -80,18 +86,26 @@ def dram_traffic(
     cluster_m: int = 1,
     cluster_n: int = 1,
     k_chunks: int = 8,
+    max_waves: int | None = None,
 ) -> Traffic:
     """Model the DRAM bytes of A and B read by a persistent GEMM using ``order``.
 
-    Raises ``ValueError`` for an order that does not cover the tile grid exactly once
-    (see ``schedulers.orders.tile_order``).
+    ``max_waves``: play only the first waves (see the module docstring); ``total_bytes`` is
+    then theirs. Raises ``ValueError`` for an order that does not cover the tile grid exactly
+    once (see ``schedulers.orders.tile_order``).
     """
     _check_positive(
         M=M, N=N, K=K, blk_m=blk_m, blk_n=blk_n, l2_bytes=l2_bytes,
-        dtype_bytes=dtype_bytes, k_chunks=k_chunks,
+        dtype_bytes=dtype_bytes, k_chunks=k_chunks, num_ctas=num_ctas,
     )
     num_m, num_n = _ceil_div(M, blk_m), _ceil_div(N, blk_n)
-    schedule = waves(order, num_m, num_n, num_ctas, l2_group_size, cluster_m, cluster_n)
+    waves_total = _ceil_div(num_m * num_n, num_ctas)
+    if max_waves is not None and max_waves < waves_total:
+        _check_positive(max_waves=max_waves)
+        tiles = first_tiles(order, num_m, num_n, max_waves * num_ctas, l2_group_size, cluster_m, cluster_n)
+        schedule = [tiles[i : i + num_ctas] for i in range(0, len(tiles), num_ctas)]
+    else:
+        schedule = waves(order, num_m, num_n, num_ctas, l2_group_size, cluster_m, cluster_n)
 
     # bytes per K element of each panel; edge panels are narrower
     a_row = [min(blk_m, M - i * blk_m) * dtype_bytes for i in range(num_m)]
@@ -130,6 +144,7 @@ def dram_traffic(
         b_bytes=fetched["B"],
         compulsory_bytes=(M + N) * K * dtype_bytes,
         panels_per_wave=tuple(panels),
+        waves_total=waves_total,
     )
 
 
@@ -147,19 +162,21 @@ def rank_group_sizes(
     cluster_m: int = 1,
     cluster_n: int = 1,
     within: float | None = None,
+    max_waves: int | None = None,
 ) -> list[tuple[int, Traffic]]:
     """``(l2_group_size, Traffic)`` pairs, least modelled traffic first.
 
     Sizes for which ``order`` does not cover the grid (TVM's serpentine bug) are left
     out.  Ties go to the smaller size.  ``within=0.05`` keeps only sizes whose traffic
-    is at most 5 % above the best, which is what a tuner would time.
+    is at most 5 % above the best, which is what a tuner would time.  ``max_waves``
+    (see :func:`dram_traffic`) is the same for every size, so the ranking is fair.
     """
     ranked = []
     for g in group_sizes:
         try:
             t = dram_traffic(
                 order, M, N, K, blk_m, blk_n, num_ctas, l2_bytes, g, dtype_bytes,
-                cluster_m, cluster_n,
+                cluster_m, cluster_n, max_waves=max_waves,
             )
         except ValueError:
             if not isinstance(g, int) or g < 1:

@@ -15,16 +15,10 @@ import pytest
 
 
 def _gpu_arch():
-    try:
-        import torch
+    from gemm_ladder import device
 
-        if not torch.cuda.is_available():
-            return None
-        from gemm_ladder.config import arch_of_capability
-
-        return arch_of_capability(*torch.cuda.get_device_capability(0))
-    except Exception:  # pylint: disable=broad-except
-        return None
+    gpu = device.probe(0)
+    return gpu.arch if gpu is not None else None
 
 
 GPU_ARCH = _gpu_arch()
@@ -59,7 +53,7 @@ def _module_paths(cases, out: Path) -> dict:
     if PREBUILT_DIR:
         index = json.loads((Path(PREBUILT_DIR) / "cases.json").read_text())
         return {c.key: Path(PREBUILT_DIR) / index[c.key] for c in cases if c.key in index}
-    from gemm_ladder.cli import build_many
+    from gemm_ladder.batch import build_many
 
     jobs = [(rung, (M, N, K), knobs) for rung, M, N, K, knobs in (c.build_args() for c in cases)]
     results = build_many(jobs, out, desc="gpu cases")

@@ -14,7 +14,7 @@ import pytest
 
 import gemm_ladder
 from gemm_ladder import ConfigError
-from gemm_ladder.config import limits_for
+from gemm_ladder.budget import limits_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,6 +38,12 @@ def run_py(code: str, env=None, cwd=REPO, timeout=300):
         (dict(M=128, N=128, K=64, pipe_depth=3), ["no knob pipe_depth", "blk_n"]),
         (dict(M=256, N=256, K=64, blk_m=256, blk_n=256), ["512", "registers", "num_warpgroups"]),
         (dict(M=256, N=256, K=64, blk_m=64, num_warpgroups=2), ["blk_m=64", "warpgroup", "blk_m=128"]),
+        # knobs of the wrong type: refused by the validator with a fix, before anything is traced
+        (dict(M=128, N=128, K=64, blk_n=128.0), ["blk_n=128.0 is a float, not an int", "pass blk_n=128"]),
+        (dict(M=128, N=128, K=64, blk_n="128"), ["blk_n='128' is a string", "pass blk_n=128 (an int"]),
+        (dict(M=128, N=128, K=64, num_warpgroups=True), ["num_warpgroups=True is a bool", "e.g. num_warpgroups=1"]),
+        (dict(M=128, N=128, K=64, blk_m=1.5), ["blk_m=1.5 is a float", "pass an int"]),
+        (dict(M=128, N=128, K=64, dtype=2), ["dtype=2 is an int, not a string", "dtype='float16'"]),
     ],
 )
 def test_v4_refuses_bad_config_with_a_fix(kwargs, words):
@@ -69,7 +75,7 @@ def test_unknown_rung_and_missing_arch_form():
 def test_shared_memory_limit_comes_from_the_arch_table_without_a_gpu():
     lim = limits_for("sm_90a")
     assert lim.smem_per_block == 227 * 1024
-    from gemm_ladder.config import check_budget
+    from gemm_ladder.budget import check_budget
 
     cfg = gemm_ladder.make_config("v4", 128, 128, 64)
     with pytest.raises(ConfigError, match="shared memory"):
@@ -98,7 +104,9 @@ def test_prim_func_knows_its_config_and_builds(v4_module):
     assert man["rung"] == "v4" and man["shape"] == [1000, 3000, 520] and man["arch"] == "sm_90a"
     assert man["tvm_version"] == "0.27.0.post1"
     assert man["compiler"].split()[0] in ("nvrtc", "nvcc")
-    assert man["launch"] == {"grid": [8, 24], "threads": 128, "smem_bytes": mod.extra["launch"]["smem_bytes"]}
+    # 1 KiB of barriers, a 128x64 A and B tile (32 KiB) and the 128x128 output tile (32 KiB)
+    assert man["launch"] == {"grid": [8, 24], "threads": 128, "smem_bytes": 66560}
+    assert man["so_bytes"] == path.stat().st_size and len(man["so_sha256"]) == 64
 
 
 def test_build_refuses_a_foreign_prim_func():
@@ -153,6 +161,82 @@ def test_load_needs_the_manifest(tmp_path, v4_module):
         gemm_ladder.load(lonely)
 
 
+DAMAGED_LOAD = r"""
+import sys
+import gemm_ladder
+for path in sys.argv[1:]:
+    try:
+        gemm_ladder.load(path)
+        print("LOADED", path)
+    except Exception as err:
+        print(type(err).__name__, "|", path, "|", " ".join(str(err).split()))
+"""
+
+
+def _damaged_copies(folder: Path, path: Path) -> dict:
+    """Copies of an exported module, each damaged one way: name -> .so path."""
+    blob, man = path.read_bytes(), json.loads(Path(str(path) + ".json").read_text())
+    text = json.dumps(man)
+    cases = {
+        "truncated": (blob[: len(blob) // 2], text),
+        "changed": (blob[:-1] + bytes([blob[-1] ^ 0xFF]), text),  # same size, other bytes
+        "other_manifest": (blob, json.dumps({**man, "so_bytes": man["so_bytes"] + 4096,
+                                             "so_sha256": "0" * 64})),
+        "empty_manifest": (blob, ""),
+        "cut_manifest": (blob, text[: len(text) // 2]),
+        "list_manifest": (blob, json.dumps([man])),
+        "old_format": (blob, json.dumps({**man, "format": 1})),
+        "no_rung": (blob, json.dumps({k: v for k, v in man.items() if k != "rung"})),
+    }
+    out = {}
+    for name, (so, manifest) in cases.items():
+        p = folder / f"{name}.so"
+        p.write_bytes(so)
+        Path(str(p) + ".json").write_text(manifest)
+        out[name] = p
+    return out
+
+
+def test_load_refuses_a_damaged_module_before_the_loader_sees_it(tmp_path, v4_module):
+    """A truncated .so kills Python inside the dynamic loader: load checks it first. A manifest
+    that is damaged, or belongs to another module, gives one clear error naming the file."""
+    _, path = v4_module
+    damaged = _damaged_copies(tmp_path, path)
+    out = subprocess.run([sys.executable, "-c", DAMAGED_LOAD, *map(str, damaged.values())], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]  # the child survived every one
+    lines = dict(zip(damaged, out.stdout.strip().splitlines()))
+    words = {
+        "truncated": ["bytes but its manifest", "cut short", "copy the .so again"],
+        "changed": ["sha256 differs", "re-export"],
+        "other_manifest": ["bytes but its manifest", "says"],
+        "empty_manifest": ["is empty", "re-export"],
+        "cut_manifest": ["not valid JSON", "truncated"],
+        "list_manifest": ["JSON list", "not the object"],
+        "old_format": ["format 1", "re-export"],
+        "no_rung": ["field 'rung'"],
+    }
+    for name, expected in words.items():
+        kind, where, message = lines[name].split(" | ")
+        assert kind == "ManifestError", lines[name]
+        assert Path(where).name == f"{name}.so" and f"{name}.so" in message, lines[name]
+        for w in expected:
+            assert w in message, (name, w, message)
+
+
+def test_info_reports_a_damaged_module_and_lists_the_rest(tmp_path, v4_module):
+    _, path = v4_module
+    good = tmp_path / path.name
+    good.write_bytes(path.read_bytes())
+    Path(str(good) + ".json").write_text(Path(str(path) + ".json").read_text())
+    _damaged_copies(tmp_path, path)
+    out = cli("info", str(tmp_path))
+    assert out.returncode == 1
+    rows = out.stdout.strip().splitlines()[2:]
+    assert [r.split()[0] for r in rows] == [good.name]  # the good module, whatever the others are
+    assert out.stderr.count("error: ") == 8 and "truncated.so" in out.stderr
+
+
 RUNTIME_ONLY_CHECK = r"""
 import ctypes, sys, os
 ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the build stub stands in for the driver
@@ -177,6 +261,8 @@ print("\n".join(errs))
 
 def test_runtime_only_loading(tmp_path, v4_module):
     """The exported module loads with a runtime-only TVM and refuses bad inputs before launch."""
+    from tests.conftest import GPU_ARCH
+
     from gemm_ladder import toolchain
     from gemm_ladder.pack import pack_runtime
 
@@ -194,6 +280,14 @@ def test_runtime_only_loading(tmp_path, v4_module):
     assert "shape (3000, 512)" in lines[1] and "(3000, 520)" in lines[1]
     assert "is on cpu" in lines[2] and ".cuda()" in lines[2]
     assert "not contiguous" in lines[3]
+    # the CLI runs from the pack alone (what it imports is in the pack)
+    where = subprocess.run([sys.executable, "-c", "import gemm_ladder.cli, schedulers; print(schedulers.__file__)"],
+                           capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path, timeout=300)
+    assert where.returncode == 0 and where.stdout.startswith(str(site)), where.stderr[-2000:]
+    verify = subprocess.run([sys.executable, "-m", "gemm_ladder", "verify", str(path)], capture_output=True,
+                            text=True, env={**os.environ, **env}, cwd=tmp_path, timeout=300)
+    if GPU_ARCH is None:
+        assert verify.returncode == 2 and "needs a CUDA GPU" in verify.stderr, verify.stderr[-2000:]
 
 
 def test_module_refuses_a_gpu_of_another_arch(monkeypatch, v4_module):
@@ -250,6 +344,91 @@ def test_cli_export_writes_a_folder_manifest(tmp_path):
     assert sorted(m["file"] for m in man["modules"]) == [
         "v4_128x128x64_float16_sm_90a_m128n128k64w1.so", "v4_256x128x64_float16_sm_90a_m128n128k64w1.so"]
     assert all((tmp_path / m["file"]).exists() for m in man["modules"])
+
+
+def test_a_corrupt_folder_manifest_blocks_neither_export_nor_info(tmp_path, v4_module):
+    """The modules' own manifests are the truth: a damaged folder list is reported and rebuilt."""
+    from gemm_ladder import batch
+
+    _, path = v4_module
+    for name in ("a.so", "b.so"):
+        (tmp_path / name).write_bytes(path.read_bytes())
+        (tmp_path / f"{name}.json").write_text(Path(str(path) + ".json").read_text())
+    (tmp_path / "manifest.json").write_text('{"modules": [{"file": "a.so"}, ')  # cut short
+    out = cli("info", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "manifest.json is unreadable" in out.stderr
+    assert [r.split()[0] for r in out.stdout.strip().splitlines()[2:]] == ["a.so", "b.so"]
+    # a later export into the folder goes on, and the list is whole again
+    new = {"file": "c.so", "status": "built", "rung": "v4"}
+    (tmp_path / "c.so").write_bytes(b"")
+    man, problems = batch.write_folder_manifest(tmp_path, [new])
+    assert any("unreadable" in p for p in problems)
+    assert [m["file"] for m in json.loads(man.read_text())["modules"]] == ["a.so", "b.so", "c.so"]
+    # entries that name no file, or a file that is gone, are reported and left out
+    man.write_text(json.dumps({"modules": [{"file": "a.so"}, {"nofile": 1}, {"file": "gone.so"}, "x"]}))
+    entries, problems = batch.read_folder_manifest(tmp_path)
+    assert [e["file"] for e in entries] == ["a.so"] and len(problems) == 3
+
+
+EXPORT_ONE = r"""
+import sys
+from gemm_ladder import batch
+results = [{"file": sys.argv[2], "status": "built", "rung": "v4"}]
+open(sys.argv[1] + "/" + sys.argv[2], "wb").close()
+for _ in range(20):
+    batch.write_folder_manifest(sys.argv[1], results)
+"""
+
+
+def test_exports_into_one_folder_at_once_lose_nothing(tmp_path):
+    """Each export merges its modules into the folder list under the folder's lock."""
+    procs = [subprocess.Popen([sys.executable, "-c", EXPORT_ONE, str(tmp_path), f"m{i}.so"], cwd=REPO)
+             for i in range(4)]
+    assert all(p.wait(timeout=300) == 0 for p in procs)
+    listed = sorted(m["file"] for m in json.loads((tmp_path / "manifest.json").read_text())["modules"])
+    assert listed == ["m0.so", "m1.so", "m2.so", "m3.so"]
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]  # no temp file left behind
+
+
+@pytest.mark.parametrize("args, words", [
+    (["build", "v4", "--shape", "256x256x64", "--knob", "dtype=bfloat16", "--dtype", "float16"],
+     ["--knob dtype=bfloat16 conflicts with --dtype float16"]),
+    (["build", "v4", "--shape", "256x256x64", "--knob", "arch=sm_100a", "--arch", "sm_90a"],
+     ["--knob arch=sm_100a conflicts with --arch sm_90a"]),
+    (["export", "--rungs", "v4", "--knob", "dtype=bfloat16", "--dtypes", "float16"],
+     ["--knob dtype=bfloat16 conflicts with --dtypes float16"]),
+    (["export", "--rungs", "v4", "--knob", "arch=sm_100a", "--arch", "sm_90a"],
+     ["--knob arch=sm_100a conflicts with --arch sm_90a"]),
+    (["build", "v5", "--shape", "256x256x64", "--knob", "pipe_depth=4.0"],
+     ["pipe_depth=4.0", "neither an int nor a name"]),
+    (["build", "v5", "--shape", "256x256x64", "--knob", "pipe_depth"], ["not name=value"]),
+    (["build", "v5", "--shape", "256x256x64", "--knob", "pipe_depth=four"],
+     ["pipe_depth='four' is a string, not an int", "pass an int"]),
+])
+def test_cli_refuses_conflicting_or_unparseable_knobs(args, words, tmp_path):
+    out = cli(*args, "--out", str(tmp_path))
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    for w in words:
+        assert w in out.stderr, (w, out.stderr)
+    assert not list(tmp_path.glob("*.so"))
+
+
+def test_build_and_export_resolve_dtype_and_arch_alike():
+    from gemm_ladder import cli as cli_module
+
+    parser = cli_module.make_parser()
+    build = parser.parse_args(["build", "v4", "--shape", "128x128x64", "--knob", "dtype=bfloat16",
+                               "--knob", "arch=sm_100a", "--knob", "blk_n=64"])
+    export = parser.parse_args(["export", "--knob", "dtype=bfloat16", "--knob", "arch=sm_100a",
+                                "--knob", "blk_n=64"])
+    knobs_b, dtype, arch_b = cli_module._build_args(build, plural=False)
+    knobs_e, dtypes, arch_e = cli_module._build_args(export, plural=True)
+    assert (knobs_b, dtype, arch_b) == ({"blk_n": 64}, "bfloat16", "sm_100a")
+    assert (knobs_e, dtypes, arch_e) == ({"blk_n": 64}, ["bfloat16"], "sm_100a")
+    plain = cli_module._build_args(parser.parse_args(["export"]), plural=True)
+    assert plain == ({}, ["float16", "bfloat16"], "sm_90a")
 
 
 # -- GPU tier ---------------------------------------------------------------------------------

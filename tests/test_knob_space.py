@@ -1,6 +1,6 @@
 """Every knob combination the validator accepts must build: a seeded sample of each rung's space.
 
-The tuner enumerates the same space (``tune.search_space``) and prunes it with the validator;
+The tuner enumerates the same space (``tune.space.search_space``) and prunes it with the validator;
 here a random sample of what survives, for every Hopper and Blackwell rung that has knobs, is
 compiled to a device binary. A config the validator accepts but the compiler rejects fails.
 """
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from gemm_ladder import tune
+from gemm_ladder.tune import space as tune_space
 from gemm_ladder.builder import build
 
 SAMPLES = 3
@@ -23,7 +23,7 @@ def _sample(rung, arch):
         space = {"blk_m": [M], "blk_n": [N]}
     else:
         space = None
-    sp = tune.search_space(rung, shape, arch=arch, space=space, l2_keep=0)
+    sp = tune_space.search_space(rung, shape, arch=arch, space=space, l2_keep=0)
     assert sp.candidates, f"{rung} {arch}: the validator accepts nothing: {sp.counts()}"
     rng = random.Random(f"{rung}-{arch}")
     return shape, rng.sample(sp.candidates, min(SAMPLES, len(sp.candidates)))

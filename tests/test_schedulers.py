@@ -356,3 +356,55 @@ def test_snake_kernel_builds_for_sm90a(bridge):
     assert "blockIdx.x" in body
     assert "while (1)" in body and "< 70)" in body  # the persistent loop over 70 tiles
     assert "(6 - " in body  # odd groups mirror n: cols - 1 - step
+
+
+# -- the constant-time check against the full walk -------------------------------------------
+def test_check_order_agrees_with_the_full_walk_on_small_grids():
+    """``check_order`` (what the validator runs, whatever the grid) gives the verdict, and the
+    message, of walking every work item (``tile_order(check=True)``)."""
+    from schedulers.orders import ORDERS, check_order, tile_order
+
+    checked = 0
+    for order in ORDERS:
+        for m in range(1, 11):
+            for n in range(1, 11):
+                for g in range(1, 12):
+                    for cm, cn in ((1, 1), (2, 1), (1, 2), (2, 2)):
+                        try:
+                            tile_order(order, m, n, g, cm, cn)
+                            full = None
+                        except ValueError as err:
+                            full = str(err)
+                        try:
+                            check_order(order, m, n, g, cm, cn)
+                            fast = None
+                        except ValueError as err:
+                            fast = str(err)
+                        assert fast == full, (order, m, n, g, cm, cn)
+                        checked += full is not None
+    assert checked > 100  # the walk refuses many of these grids: the comparison has teeth
+
+
+def test_first_tiles_is_the_start_of_the_order():
+    from schedulers.orders import first_tiles, tile_order
+
+    assert first_tiles("snake", 37, 23, 100, 4) == tile_order("snake", 37, 23, 4)[:100]
+    assert len(first_tiles("grouped", 2**20, 2**10, 5)) == 5  # a billion tiles, five built
+    with pytest.raises(ValueError, match="serpentine"):
+        first_tiles("serpentine", 10, 10, 5, 4)
+
+
+# -- the K-loop pipeline model ---------------------------------------------------------------
+def test_pipeline_model_overlaps_loads_with_deeper_rings():
+    from schedulers import pipeline_schedule
+
+    one, two, four = (pipeline_schedule(s, k_tiles=16) for s in (1, 2, 4))
+    # one stage: each slice's load waits for the previous slice's wgmmas (no overlap)
+    assert all(one["loads"][j][0] >= one["mmas"][j - 1][1] for j in range(1, 16))
+    assert one["busy"] < two["busy"] < four["busy"] <= 1.0
+    for s in (one, two, four):  # a wgmma never starts before its slice landed, nor overlaps the last
+        assert all(m0 >= arrive for (_, arrive), (m0, _) in zip(s["loads"], s["mmas"]))
+        assert all(b[0] >= a[1] for a, b in zip(s["mmas"], s["mmas"][1:]))
+    # with enough stages the tensor cores wait only for the first load
+    deep = pipeline_schedule(8, k_tiles=64, latency=1.5, transfer=0.5)
+    assert deep["time"] == pytest.approx(64 * 1.0 + 1.5 + 0.5)

@@ -21,6 +21,7 @@ import pytest
 
 from gemm_ladder import ConfigError
 from gemm_ladder.config import ARCHS
+from tests.lowered import launch_of, lowered_script
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCH = "sm_100a"
@@ -48,28 +49,8 @@ def built():
     out = {}
     for rung, (shape, knobs) in CASES.items():
         mod = builder.build(rung, *shape, arch=ARCH, **knobs)
-        out[rung] = (mod, sass.disassemble(mod.binary), _lowered_script(mod))
+        out[rung] = (mod, sass.disassemble(mod.binary), lowered_script(mod))
     return out
-
-
-def _lowered_script(mod) -> str:
-    """The module after TVM's tirx pipeline, host side included (as ``tvm.compile`` runs it).
-
-    The CUDA source has the device half of TMA only; the host half (the tensor maps with
-    their box sizes, and the launch with its dynamic shared memory) is in this script.
-    """
-    import tvm
-
-    from gemm_ladder.rungs import kernel_of
-
-    target = tvm.target.Target({"kind": "cuda", "arch": mod.cfg.arch})
-    host = tvm.target.Target("llvm" if tvm.runtime.enabled("llvm") else "c")
-    with target:
-        irmod = tvm.IRModule.from_expr(kernel_of(mod.cfg))
-        irmod = tvm.tirx.transform.BindTarget(target.with_host(host))(irmod)
-        pipeline, _, _ = tvm.tirx.get_tir_pipeline("tirx")
-        irmod = pipeline(irmod)
-    return irmod.script()
 
 
 # -- parsing the generated code ------------------------------------------------------------
@@ -92,15 +73,6 @@ def tensormap_boxes(script: str) -> dict[str, int]:
             n *= b
         boxes[name] = n * TYPE_BYTES[dtype]
     return boxes
-
-
-def launch_of(script: str) -> dict[str, str]:
-    """launch param -> the argument the host passes (``blockIdx.x``, dynamic smem, ...)."""
-    m = re.search(r'T\.call_ffi_kernel\("[^"]+", (.*?), launch_params=\[(.*?)\]', script)
-    assert m, "no kernel launch in the lowered host code"
-    args = [a.strip() for a in m.group(1).split(", ")]
-    params = [p.strip().strip('"') for p in m.group(2).split(", ")]
-    return dict(zip(params, args[-len(params):]))
 
 
 def _bracket(text: str, start: int) -> str:

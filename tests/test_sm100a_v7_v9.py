@@ -19,7 +19,8 @@ import pytest
 
 from gemm_ladder import ConfigError
 from gemm_ladder.config import ARCHS
-from tests.test_sm100a import _lowered_script, launch_of, tensormap_boxes, tma_stage_loads
+from tests.lowered import launch_of, lowered_script
+from tests.test_sm100a import tensormap_boxes, tma_stage_loads
 
 ARCH = "sm_100a"
 B200_SMEM = 227 * 1024
@@ -62,7 +63,7 @@ def built():
         if case not in cache:
             rung, shape, knobs = CASES[case]
             mod = builder.build(rung, *shape, arch=ARCH, **knobs)
-            cache[case] = (mod, sass.disassemble(mod.binary), _lowered_script(mod),
+            cache[case] = (mod, sass.disassemble(mod.binary), lowered_script(mod),
                            sass.resource_usage(mod.binary))
         return cache[case]
 

@@ -16,7 +16,8 @@ from tests.gpu_cases import Case
 
 import gemm_ladder
 from gemm_ladder import ConfigError
-from gemm_ladder.config import ArchLimits, limits_for
+from gemm_ladder.budget import limits_for
+from gemm_ladder.config import ARCHS, ArchLimits
 
 V5_V6 = ("v5", "v6")
 
@@ -45,9 +46,9 @@ def test_pipe_depth_limit_comes_from_shared_memory():
     from gemm_ladder.sm90a import common
 
     cfg = gemm_ladder.make_config("v5", 4096, 4096, 4096, blk_n=128, num_warpgroups=1, pipe_depth=2)
-    table = limits_for("sm_90a")
-    # 128x128 fp16: 32 KiB per stage, 32 KiB output tile, 1 KiB barriers
-    assert common.max_pipe_depth(cfg, table.smem_per_block) == (table.smem_per_block - 33 * 1024) // (32 * 1024)
+    table = ARCHS["sm_90a"]
+    # 128x128 fp16: 32 KiB per stage, 32 KiB output tile, 1 KiB barriers: (227 - 33) // 32 = 6
+    assert common.max_pipe_depth(cfg, table.smem_per_block) == 6
     small = ArchLimits("sm_90a", "Hopper", smem_per_block=100 * 1024)
     common.check_pipe_depth(cfg, small)
     with pytest.raises(ConfigError, match=r"pipe_depth=3 .* over the 102400 .* use pipe_depth=2 or less"):
@@ -64,9 +65,13 @@ def test_v6_tile_order_and_group_size():
         gemm_ladder.make_config("v6", 4096, 4096, 4096, l2_group_size=0)
     with pytest.raises(ConfigError, match="no knob tile_order"):
         gemm_ladder.make_config("v5", 4096, 4096, 4096, tile_order="snake")
+    tags = set()
     for order in ("grouped", "snake", "row", "column"):
         cfg = gemm_ladder.make_config("v6", 1000, 3000, 520, tile_order=order, l2_group_size=16)
-        assert cfg.knobs()["tile_order"] == order
+        tags.add(cfg.tag())
+    assert len(tags) == 4  # the order changes the binary: it is in the module's name
+    with pytest.raises(ConfigError, match="serpentine"):  # both archs take the same orders
+        gemm_ladder.make_config("v6", 4096, 4096, 4096, tile_order="serpentine")
 
 
 def test_knob_defaults_are_valid_on_the_table_limits():
@@ -122,10 +127,19 @@ def test_manifests_say_how_to_launch(built):
     assert not v5["launch"].get("persistent")
     assert v5["launch"]["grid"] == [32, 16]
     assert v6["launch"]["persistent"] is True
-    from gemm_ladder.sm90a import hgemm_v6
-
-    assert v6["knobs"]["tile_order"] == hgemm_v6.KNOBS["tile_order"] and "l2_group_size" in v6["knobs"]
+    assert v6["launch"]["grid"] == ["num_ctas"]  # the kernel's trailing argument, as on sm_100a
+    assert v6["knobs"]["tile_order"] == "snake" and v6["knobs"]["l2_group_size"] == 8
     assert v6["launch"]["smem_bytes"] <= limits_for("sm_90a").smem_per_block
+
+
+@pytest.mark.parametrize("name", sorted(CPU_BUILDS))
+def test_smem_bytes_match_the_launch(built, name):
+    """The budget's formula is what the host asks cuLaunchKernel for (the lowered launch)."""
+    from tests.lowered import launch_of, lowered_script
+
+    mod, path = built[name]
+    launch = json.loads(path.with_suffix(".so.json").read_text())["launch"]
+    assert int(launch_of(lowered_script(mod))["tirx.use_dyn_shared_memory"]) == launch["smem_bytes"]
 
 
 def test_v6_source_has_the_scheduler_loop(built):

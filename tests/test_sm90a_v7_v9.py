@@ -18,7 +18,7 @@ from tests.gpu_cases import Case
 
 import gemm_ladder
 from gemm_ladder import ConfigError
-from gemm_ladder.config import limits_for
+from gemm_ladder.budget import limits_for
 
 V7_V9 = ("v7", "v8", "v9")
 
@@ -31,7 +31,7 @@ V7_V9 = ("v7", "v8", "v9")
         ("v7", dict(num_warpgroups=3), ["num_warpgroups=3", "1 or 2"]),
         ("v7", dict(num_warpgroups=1), ["256 fp32 accumulator", "num_warpgroups"]),
         ("v8", dict(cluster_m=4), ["cluster_m=4", "1 or 2"]),
-        ("v8", dict(cluster_n=True), ["cluster_n=True", "1 or 2"]),
+        ("v8", dict(cluster_n=True), ["cluster_n=True", "bool", "cluster_n=1"]),
         ("v8", dict(cluster_m=2, blk_n=64, blk_m=64, num_warpgroups=1, cluster_n=2), []),
         ("v9", dict(epi_n=96), ["epi_n=96", "multiple of 64", "[64, 128, 256]"]),
         ("v9", dict(epi_n=192), ["epi_n=192", "divides blk_n=256"]),
@@ -83,15 +83,17 @@ def test_multicast_masks_name_the_ctas_that_share_a_tile():
 
 
 def test_v9_staging_leaves_room_for_a_deeper_ring():
-    from gemm_ladder.sm90a import common
+    from gemm_ladder import budget
 
     lim = limits_for("sm_90a").smem_per_block
     v8 = gemm_ladder.make_config("v8", 4096, 4096, 4096)
     v9 = gemm_ladder.make_config("v9", 4096, 4096, 4096)
-    assert common.max_pipe_depth(v8, lim) == 3
-    assert common.max_pipe_depth(v9, lim) == 4
+    assert budget.max_pipe_depth(v8, lim) == 3
+    assert budget.max_pipe_depth(v9, lim) == 4
     # two 64-column chunks per 64-row band of each consumer, instead of the whole tile
-    assert common.epilogue_bytes(v9) == 2 * 128 * 64 * 2 and common.epilogue_bytes(v8) == 128 * 256 * 2
+    assert budget.out_bytes(v9) == 2 * 128 * 64 * 2 and budget.out_bytes(v8) == 128 * 256 * 2
+    wide = gemm_ladder.make_config("v9", 4096, 4096, 4096, epi_n=256, pipe_depth=3)
+    assert budget.out_bytes(wide) == budget.out_bytes(v8)  # one chunk: the whole tile
 
 
 # -- building (each module once) ---------------------------------------------------------------

@@ -5,6 +5,9 @@ same function with ``isolate.run_isolated`` replaced: the glue (export, check, t
 stopping on a wrong kernel) is exercised here, the kernels themselves by the GPU tier.
 """
 
+import hashlib
+import json
+
 import pytest
 
 import gemm_ladder
@@ -35,6 +38,8 @@ def test_gpu_cell_checks_then_times(monkeypatch, built, tmp_path, capsys):
     out = teach.check_and_time(built, folder=tmp_path)
     assert [c[0] for c in calls] == ["check", "time"]
     assert (tmp_path / calls[0][1]).exists()  # it exported a real module for the child
+    exported = json.loads((tmp_path / (calls[0][1] + ".json")).read_text())
+    assert exported["binary_sha256"] == hashlib.sha256(built.binary).hexdigest()  # the one it was given
     text = capsys.readouterr().out
     assert "rel_err 2.10e-04" in text and "ratio 0.833" in text
     assert out["time"]["tflops"] == 500.0

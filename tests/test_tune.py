@@ -1,5 +1,6 @@
 """CPU tests of the tuner: space pruning, cache keys, the build cache, measuring (on canned
-results), the tuning database, the builder hook, the CLI and the plot.
+results), the tuning database, the build policy (tuned knobs one level above the pure builder),
+the CLI and the plot.
 
 Nothing here needs a GPU: measuring is tested with ``isolate.run_isolated`` replaced by canned
 results, and the only real builds are two tiny v4 candidates (for the cache) and one v4 build
@@ -15,18 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import rungs, tune
-from gemm_ladder.config import ConfigError, check_budget
+from gemm_ladder import rungs
+from gemm_ladder.budget import check_budget
+from gemm_ladder.config import ConfigError
+from gemm_ladder.tune import cache, db, measuring, run
+from gemm_ladder.tune import space as tune_space
+from gemm_ladder.tune import report as tune_report
 
 GPU = {"name": "NVIDIA H100 80GB HBM3", "sm_clock_mhz_now": "1980 MHz"}
-TVM = tune.tvm_version()
+TVM = cache.tvm_version()
 
 
 @pytest.fixture(autouse=True)
 def private_db(tmp_path, monkeypatch):
     """Every test gets its own database: the repo's benchmarks/tuning is never touched."""
     path = tmp_path / "tuning_db.json"
-    monkeypatch.setenv(tune.DB_ENV, str(path))
+    monkeypatch.setenv(db.DB_ENV, str(path))
     return path
 
 
@@ -60,7 +65,7 @@ def fake_rungs(monkeypatch):
 
 # -- the space ------------------------------------------------------------------------------
 def test_space_records_pipe_depth_too_deep_for_shared_memory(fake_rungs):
-    sp = tune.search_space("v5", (4096, 4096, 4096), space={"pipe_depth": [2, 3, 4, 8], "blk_m": [128],
+    sp = tune_space.search_space("v5", (4096, 4096, 4096), space={"pipe_depth": [2, 3, 4, 8], "blk_m": [128],
                                                             "blk_n": [256], "num_warpgroups": [2]})
     assert sp.points == 4
     assert [c["pipe_depth"] for c in sp.candidates] == [2, 3]
@@ -73,7 +78,7 @@ def test_space_records_pipe_depth_too_deep_for_shared_memory(fake_rungs):
 
 
 def test_space_v4_refusals_and_only_the_rungs_knobs():
-    sp = tune.search_space("v4", (4096, 4096, 4096))
+    sp = tune_space.search_space("v4", (4096, 4096, 4096))
     assert set(sp.choices) == set(rungs.rung_module("v4").KNOBS)  # no pipe_depth, no l2_group_size
     reasons = {(p["knobs"]["blk_m"], p["knobs"]["blk_n"], p["knobs"]["num_warpgroups"]): p["reason"]
                for p in sp.pruned}
@@ -82,13 +87,13 @@ def test_space_v4_refusals_and_only_the_rungs_knobs():
     for c in sp.candidates:  # what the tuner keeps builds: the validator agrees
         rungs.make_config("v4", 4096, 4096, 4096, **c)
     with pytest.raises(ConfigError, match="no knob pipe_depth"):
-        tune.search_space("v4", (4096, 4096, 4096), space={"pipe_depth": [2, 3]})
+        tune_space.search_space("v4", (4096, 4096, 4096), space={"pipe_depth": [2, 3]})
 
 
 def test_space_l2_model_and_ungrouped_orders(fake_rungs):
     space = {"pipe_depth": [3], "blk_m": [128], "blk_n": [128, 256], "num_warpgroups": [2],
              "l2_group_size": [1, 2, 4, 8, 16, 32], "tile_order": ["grouped", "snake", "row", "column"]}
-    sp = tune.search_space("v6", (4096, 4096, 8192), space=space, l2_keep=2, num_sms=132, l2_bytes=50 << 20)
+    sp = tune_space.search_space("v6", (4096, 4096, 8192), space=space, l2_keep=2, num_sms=132, l2_bytes=50 << 20)
     assert sp.points == 2 * 6 * 4
     per_tile: dict = {}
     for c in sp.candidates:
@@ -103,34 +108,82 @@ def test_space_l2_model_and_ungrouped_orders(fake_rungs):
     assert reasons.count("redundant") == 2 * 2 * 5 and reasons.count("l2-model") == 2 * 2 * 4
     assert sp.l2_model["num_sms"] == 132 and sp.l2_model["keep"] == 2
     # without the model every group size stays
-    full = tune.search_space("v6", (4096, 4096, 8192), space=space, l2_keep=0)
+    full = tune_space.search_space("v6", (4096, 4096, 8192), space=space, l2_keep=0)
     assert len(full.candidates) == 2 * (6 + 6 + 1 + 1)
 
 
+def test_pruning_cost_does_not_grow_with_the_grid(monkeypatch):
+    """v6 at 32768 x 32768 x 4096 (and M = 2**31): the validator checks the tile order without
+    walking the grid, and the L2 model plays a bounded number of waves."""
+    import schedulers.orders
+    import schedulers.traffic
+
+    walked = []
+    real_first = schedulers.orders.first_tiles
+
+    def no_full_walk(*args, **kwargs):
+        raise AssertionError(f"the whole tile order was built: {args}")
+
+    def counted_first(*args, **kwargs):
+        walked.append(args[3])
+        return real_first(*args, **kwargs)
+
+    monkeypatch.setattr(schedulers.orders, "tile_order", no_full_walk)
+    monkeypatch.setattr(schedulers.traffic, "waves", no_full_walk)
+    monkeypatch.setattr(schedulers.traffic, "first_tiles", counted_first)
+    import gemm_ladder
+
+    assert gemm_ladder.make_config("v6", 2**31, 4096, 4096).grid_mn == (2**31 // 128, 16)
+    sp = tune_space.search_space("v6", (32768, 32768, 4096), space={"pipe_depth": [3], "num_warpgroups": [2]},
+                                 num_sms=132, l2_bytes=50 << 20)
+    assert sp.candidates and sp.counts()["l2-model"] > 0
+    assert walked and max(walked) <= tune_space.MODEL_WAVES * 132
+
+
+@pytest.mark.parametrize("shape", [(16384, 16384, 4096), (8192, 8192, 8192), (32768, 8192, 8192)])
+def test_the_l2_models_first_waves_rank_like_all_of_them(shape):
+    from schedulers import rank_group_sizes
+
+    args = (*shape, 128, 256, 132, 50 << 20)
+    for order in ("grouped", "snake"):
+        full = rank_group_sizes(*args, order=order, group_sizes=(1, 2, 4, 8, 16, 32))
+        window = rank_group_sizes(*args, order=order, group_sizes=(1, 2, 4, 8, 16, 32),
+                                  max_waves=tune_space.MODEL_WAVES)
+        assert [g for g, _ in window[:3]] == [g for g, _ in full[:3]], (order, shape)
+
+
 def test_parse_space():
-    assert tune.parse_space(["pipe_depth=3,4,5", "blk_n=128,256;tile_order=grouped,snake"]) == {
+    assert tune_space.parse_space(["pipe_depth=3,4,5", "blk_n=128,256;tile_order=grouped,snake"]) == {
         "pipe_depth": [3, 4, 5], "blk_n": [128, 256], "tile_order": ["grouped", "snake"]}
     with pytest.raises(ValueError, match="knob=v1,v2"):
-        tune.parse_space(["pipe_depth"])
+        tune_space.parse_space(["pipe_depth"])
 
 
 # -- the cache ------------------------------------------------------------------------------
 def test_cache_key_changes_with_everything_that_changes_the_binary():
     base = dict(rung="v6", knobs={"pipe_depth": 4, "l2_group_size": 8}, shape=(4096, 4096, 4096),
                 dtype="float16", arch="sm_90a", tvm_version="0.27.0.post1", compiler="nvrtc 13.0", sources="abc")
-    key = tune.cache_key(**base)
-    assert key == tune.cache_key(**{**base, "knobs": {"l2_group_size": 8, "pipe_depth": 4}})  # order-free
+    key = cache.cache_key(**base)
+    assert key == cache.cache_key(**{**base, "knobs": {"l2_group_size": 8, "pipe_depth": 4}})  # order-free
     changes = {"rung": "v5", "knobs": {"pipe_depth": 5, "l2_group_size": 8}, "shape": (4096, 4096, 8192),
                "dtype": "bfloat16", "arch": "sm_100a", "tvm_version": "0.28.0", "compiler": "nvcc 13.0",
                "sources": "abd"}
-    keys = {tune.cache_key(**{**base, name: value}) for name, value in changes.items()}
+    keys = {cache.cache_key(**{**base, name: value}) for name, value in changes.items()}
     assert len(keys) == len(changes) and key not in keys
 
 
 def test_sources_hash_covers_kernels_not_host_code():
-    h = tune.sources_hash("sm_90a")
-    assert len(h) == 64 and h != tune.sources_hash("sm_100a")
-    ident = tune.toolchain_identity("sm_90a")
+    h = cache.sources_hash("sm_90a")
+    assert len(h) == 64 and h != cache.sources_hash("sm_100a")
+    names = {n for n, _ in cache.hashed_sources("sm_90a")}
+    for kernel_side in ("gemm_ladder/sm90a/hgemm_v6.py", "gemm_ladder/sm90a/common.py", "gemm_ladder/budget.py",
+                        "gemm_ladder/config.py", "gemm_ladder/builder.py", "layouts/swizzle.py",
+                        "schedulers/tirx_orders.py"):
+        assert kernel_side in names, kernel_side
+    for host_side in ("gemm_ladder/cli.py", "gemm_ladder/tune/db.py", "gemm_ladder/teach/plots.py",
+                      "gemm_ladder/batch.py", "gemm_ladder/sm100a/hgemm_v6.py", "schedulers/plots.py"):
+        assert host_side not in names, host_side
+    ident = cache.toolchain_identity("sm_90a")
     assert ident["tvm_version"] == TVM and ident["compiler"].startswith(("nvrtc", "nvcc"))
 
 
@@ -138,8 +191,8 @@ def test_second_identical_build_only_run_builds_nothing(tmp_path):
     space = {"blk_m": [64], "blk_n": [64, 128], "num_warpgroups": [1]}
     # the identity is read once: this tree may be edited by others while the test runs
     kw = dict(space=space, cache_dir=tmp_path / "cache", out=tmp_path / "cands", build_only=True,
-              jobs=2, progress=False, identity=tune.toolchain_identity("sm_90a"))
-    first = tune.tune("v4", (128, 128, 64), **kw)
+              jobs=2, progress=False, identity=cache.toolchain_identity("sm_90a"))
+    first = run.tune("v4", (128, 128, 64), **kw)
     assert first["counts"]["built"] == 2 and first["counts"]["cached"] == 0, first["failed"]
     assert len(first["candidates"]) == 2
     so = [tmp_path / "cands" / c["file"] for c in first["candidates"]]
@@ -148,12 +201,24 @@ def test_second_identical_build_only_run_builds_nothing(tmp_path):
     assert man["tuning"]["cache_key"] == first["candidates"][0]["cache_key"]
     stamps = [p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("*.so")]
 
-    second = tune.tune("v4", (128, 128, 64), **kw)
+    second = run.tune("v4", (128, 128, 64), **kw)
     assert second["counts"]["built"] == 0 and second["counts"]["cached"] == 2
     assert [p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("*.so")] == stamps
-    on_disk = json.loads((tmp_path / "cands" / tune.CANDIDATES).read_text())
+    on_disk = json.loads((tmp_path / "cands" / measuring.CANDIDATES).read_text())
     assert [c["knobs"]["blk_n"] for c in on_disk["candidates"]] == [64, 128]
     assert on_disk["tvm_version"] == TVM and on_disk["compiler"]
+
+
+def test_two_runs_into_one_folder_do_not_mix(tmp_path):
+    """A second tuning run into a folder in use is refused at once, with a message; nothing is built."""
+    from gemm_ladder import files
+
+    sp = tune_space.Space("v4", (128, 128, 64), "float16", "sm_90a", {}, candidates=[{"blk_n": 64}])
+    with files.folder_lock(tmp_path / "cands"):
+        with pytest.raises(files.FolderInUse, match="in use by another gemm_ladder run.*another folder"):
+            cache.build_candidates(sp, tmp_path / "cands", cache_dir=tmp_path / "cache", show_progress=False,
+                                   identity={"tvm_version": TVM, "compiler": "nvrtc 13.0", "sources": "s"})
+    assert not list((tmp_path / "cands").glob("*.so")) and not (tmp_path / "cache").exists()
 
 
 # -- measuring on canned results ------------------------------------------------------------
@@ -164,11 +229,11 @@ def _candidate_folder(folder: Path, knobs_list) -> Path:
         name = f"v4_256x256x256_float16_{i:012d}.so"
         (folder / name).write_bytes(b"not a real module")
         cands.append({"id": f"c{i:03d}", "file": name, "knobs": knobs, "cache_key": f"{i:064d}", "status": "built"})
-    man = {"format": tune.CANDIDATES_FORMAT, "version": 1, "rung": "v4", "shape": [256, 256, 256],
+    man = {"format": measuring.CANDIDATES_FORMAT, "version": 1, "rung": "v4", "shape": [256, 256, 256],
            "dtype": "float16", "arch": "sm_90a", "tvm_version": TVM, "compiler": "nvrtc 13.0", "sources": "s",
            "commit": "abc1234", "created": "2026-11-22T00:00:00+00:00", "space": {}, "candidates": cands,
            "failed": [], "pruned": []}
-    (folder / tune.CANDIDATES).write_text(json.dumps(man))
+    (folder / measuring.CANDIDATES).write_text(json.dumps(man))
     return folder
 
 
@@ -216,7 +281,7 @@ def measured(tmp_path, monkeypatch):
 
     monkeypatch.setattr(isolate, "run_batch", fake_run_batch)
     monkeypatch.setattr(isolate, "run_isolated", fake_run_isolated)
-    report = tune.measure(folder, reps=7, timeout=5.0, gpu=GPU, progress=True)
+    report = measuring.measure(folder, reps=7, timeout=5.0, gpu=GPU, progress=True)
     return folder, report, calls
 
 
@@ -231,9 +296,9 @@ def test_measure_records_failures_and_picks_the_fastest_correct(measured):
     assert report["best"]["id"] == "c001" and report["best"]["tflops"] == 450.0
     assert "deadlock" in report["results"][2]["detail"]
     written = json.loads(Path(report["path"]).read_text())
-    assert written["format"] == tune.MEASUREMENTS_FORMAT and written["gpu"]["name"] == GPU["name"]
+    assert written["format"] == measuring.MEASUREMENTS_FORMAT and written["gpu"]["name"] == GPU["name"]
     assert Path(report["path"]).parent == folder
-    table = tune.format_table(report)
+    table = tune_report.format_table(report)
     assert "timeout" in table and "wrong" in table and "450.0" in table
     assert table.index("450.0") < table.index("350.0") < table.index("300.0")
 
@@ -242,37 +307,37 @@ def test_plot_is_written(measured, tmp_path):
     _, report, _ = measured
     assert report["plot"] and Path(report["plot"]).stat().st_size > 1000
     png = tmp_path / "plots" / "heat.png"
-    assert tune.plot_measurements(report, png)
+    assert tune_report.plot_measurements(report, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_merge_then_best_knobs_and_load_best(measured, private_db, monkeypatch):
     folder, report, _ = measured
-    merged = tune.merge([report["path"]])
+    merged = db.merge([report["path"]])
     assert merged[0]["action"] == "added"
-    db = json.loads(private_db.read_text())
-    assert db["format"] == tune.DB_FORMAT and len(db["entries"]) == 1
-    e = db["entries"][0]
+    saved = json.loads(private_db.read_text())
+    assert saved["format"] == db.DB_FORMAT and len(saved["entries"]) == 1
+    e = saved["entries"][0]
     assert e["knobs"] == KNOBS[1] and e["tflops"] == 450.0 and e["cublas_tflops"] == 600.0
     assert e["gpu"] == GPU["name"] and e["tvm_version"] == TVM and e["commit"] == "abc1234"
     assert e["bucket"] == [256, 256, 256] and e["date"]
-    assert tune.merge([report["path"]])[0]["action"] == "kept"  # merging twice changes nothing
+    assert db.merge([report["path"]])[0]["action"] == "kept"  # merging twice changes nothing
 
-    knobs, entry = tune.best_knobs("v4", 256, 256, 256, gpu=None)
+    knobs, entry = db.best_knobs("v4", 256, 256, 256, gpu=None)
     assert knobs == KNOBS[1] and entry["tflops"] == 450.0
 
     loaded = {}
     monkeypatch.setattr("gemm_ladder.runtime.load", lambda p: loaded.setdefault("mod", types.SimpleNamespace(path=p)))
-    mod = tune.load_best(folder, 256, 256, 256, "float16")
+    mod = measuring.load_best(folder, 256, 256, 256, "float16")
     assert Path(mod.path).name == report["best"]["file"]
     assert mod.tuned_from["tflops"] == 450.0
     with pytest.raises(FileNotFoundError):
-        tune.load_best(folder, 512, 512, 512)
+        measuring.load_best(folder, 512, 512, 512)
 
 
 # -- the database ---------------------------------------------------------------------------
 def _entry(shape=(4096, 4096, 4096), tflops=500.0, gpu="NVIDIA H100 80GB HBM3", tvm=TVM, knobs=None, ratio=None):
-    return {"rung": "v4", "shape": list(shape), "bucket": tune.shape_bucket(shape), "dtype": "float16",
+    return {"rung": "v4", "shape": list(shape), "bucket": db.shape_bucket(shape), "dtype": "float16",
             "arch": "sm_90a", "gpu": gpu, "tvm_version": tvm,
             "knobs": knobs or {"blk_m": 128, "blk_n": 128, "blk_k": 64, "num_warpgroups": 1},
             "tflops": tflops, "cublas_tflops": 650.0, "ratio_to_cublas": ratio or tflops / 650.0,
@@ -280,18 +345,18 @@ def _entry(shape=(4096, 4096, 4096), tflops=500.0, gpu="NVIDIA H100 80GB HBM3", 
 
 
 def _write_db(path, entries):
-    path.write_text(json.dumps({"format": tune.DB_FORMAT, "version": tune.DB_VERSION, "entries": entries}))
+    path.write_text(json.dumps({"format": db.DB_FORMAT, "version": db.DB_VERSION, "entries": entries}))
 
 
 def test_db_round_trip(private_db):
-    db = tune.TuningDB()
-    assert db.path == private_db and db.entries == []
-    assert db.upsert(_entry()) == "added"
-    assert db.upsert(_entry(tflops=400.0)) == "kept"
-    assert db.upsert(_entry(tflops=550.0)) == "replaced"
-    assert db.upsert(_entry(gpu="NVIDIA H200")) == "added"
-    db.save()
-    again = tune.TuningDB()
+    tdb = db.TuningDB()
+    assert tdb.path == private_db and tdb.entries == []
+    assert tdb.upsert(_entry()) == "added"
+    assert tdb.upsert(_entry(tflops=400.0)) == "kept"
+    assert tdb.upsert(_entry(tflops=550.0)) == "replaced"
+    assert tdb.upsert(_entry(gpu="NVIDIA H200")) == "added"
+    tdb.save()
+    again = db.TuningDB()
     assert len(again.entries) == 2
     assert {e["gpu"]: e["tflops"] for e in again.entries} == {"NVIDIA H100 80GB HBM3": 550.0, "NVIDIA H200": 500.0}
 
@@ -299,14 +364,14 @@ def test_db_round_trip(private_db):
 def test_corrupted_db_is_ignored_with_a_warning(private_db):
     private_db.write_text('{"format": "gemm_ladder.tuning_db", "entr')
     with pytest.warns(UserWarning, match="unreadable"):
-        db = tune.TuningDB()
-    assert db.entries == []
+        tdb = db.TuningDB()
+    assert tdb.entries == []
     with pytest.warns(UserWarning, match="unreadable"):
-        assert tune.best_knobs("v4", 4096, 4096, 4096) is None
+        assert db.best_knobs("v4", 4096, 4096, 4096) is None
     with pytest.warns(UserWarning, match="moved to"):
-        db.upsert(_entry())
-        db.save()
-    assert len(tune.TuningDB().entries) == 1
+        tdb.upsert(_entry())
+        tdb.save()
+    assert len(db.TuningDB().entries) == 1
     assert list(private_db.parent.glob("tuning_db.json.corrupt-*"))
 
 
@@ -319,10 +384,48 @@ def test_foreign_and_refused_entries_are_ignored_with_a_warning(private_db):
         _entry(tflops=400.0),
     ])
     with pytest.warns(UserWarning) as record:
-        knobs, entry = tune.best_knobs("v4", 4096, 4096, 4096, gpu=None)
+        knobs, entry = db.best_knobs("v4", 4096, 4096, 4096, gpu=None)
     assert entry["tflops"] == 400.0
     text = "\n".join(str(w.message) for w in record)
     assert "TVM 0.26.0" in text and "pipe_depth" in text and "refused now" in text and "v10" in text
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"tflops": -5.0}, "not a positive finite number"),
+    ({"tflops": float("nan")}, "not a positive finite number"),
+    ({"tflops": float("inf")}, "not a positive finite number"),
+    ({"tflops": 5000.0}, "above the 990 TFLOPS"),
+    ({"tflops": True}, "tflops True is not a number"),
+    ({"ratio_to_cublas": float("nan")}, "ratio_to_cublas"),
+    ({"knobs": {"blk_m": 128.0, "blk_n": 128}}, "blk_m=128.0 is float"),
+    ({"knobs": {"blk_m": True}}, "blk_m=True is bool"),
+    ({"knobs": {"blk_m": [128]}}, "blk_m=[128] is list"),
+])
+def test_db_ignores_speeds_and_knobs_no_gpu_can_have(private_db, bad, words):
+    _write_db(private_db, [_entry(tflops=400.0), {**_entry(tflops=450.0, gpu="NVIDIA H200"), **bad}])
+    with pytest.warns(UserWarning, match="entry ignored") as record:
+        tdb = db.TuningDB()
+    assert [e["tflops"] for e in tdb.entries] == [400.0]
+    assert words in str(record[0].message)
+    with pytest.warns(UserWarning):
+        assert db.best_knobs("v4", 4096, 4096, 4096, gpu=None)[1]["tflops"] == 400.0
+
+
+def test_merge_ignores_impossible_measurements(measured, private_db):
+    _, report, _ = measured
+    fake = dict(report, results=[dict(r) for r in report["results"]])
+    fake["results"][1]["tflops"] = float("nan")  # the fastest correct one, broken
+    fake["results"][0]["tflops"] = 1e6
+    path = Path(report["path"]).with_name("measurements_broken.json")
+    path.write_text(json.dumps(fake))
+    with pytest.warns(UserWarning, match="ignored"):
+        merged = db.merge([path])
+    assert merged[0]["entry"]["tflops"] == 350.0  # the next correct one; NaN and 1e6 left out
+    everything_broken = dict(fake, results=[dict(r, tflops=-1.0) for r in fake["results"]])
+    path.write_text(json.dumps(everything_broken))
+    with pytest.warns(UserWarning) as record:
+        assert db.merge([path])[0]["action"] == "nothing"
+    assert any("nothing merged" in str(w.message) for w in record)
 
 
 def test_best_knobs_picks_the_fastest_and_prefers_this_gpu(private_db):
@@ -332,72 +435,86 @@ def test_best_knobs_picks_the_fastest_and_prefers_this_gpu(private_db):
                            _entry(tflops=600.0, gpu="NVIDIA H200", knobs=fast)])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert tune.best_knobs("v4", 4096, 4096, 4096, gpu=None)[0] == fast  # build box: any GPU
-        assert tune.best_knobs("v4", 4096, 4096, 4096, gpu="NVIDIA H100 80GB HBM3")[0] == slow
-        assert tune.best_knobs("v4", 4096, 4096, 4096, dtype="bfloat16", gpu=None) is None
-        assert tune.best_knobs("v4", 4096, 4096, 4096, arch="sm_100a", gpu=None) is None
+        assert db.best_knobs("v4", 4096, 4096, 4096, gpu=None)[0] == fast  # build box: any GPU
+        assert db.best_knobs("v4", 4096, 4096, 4096, gpu="NVIDIA H100 80GB HBM3")[0] == slow
+        assert db.best_knobs("v4", 4096, 4096, 4096, dtype="bfloat16", gpu=None) is None
+        assert db.best_knobs("v4", 4096, 4096, 4096, arch="sm_100a", gpu=None) is None
 
 
 def test_shape_buckets(private_db):
-    assert tune.shape_bucket((4096, 4096, 4096)) == [4096] * 3
-    assert tune.shape_bucket((3900, 4500, 5000)) == [4096, 4096, 4096]
-    assert tune.shape_bucket((6000, 3000, 1000)) == [4096, 2048, 1024]
-    assert tune.shape_bucket((1, 3, 8)) == [1, 4, 8]
+    assert db.shape_bucket((4096, 4096, 4096)) == [4096] * 3
+    assert db.shape_bucket((3900, 4500, 5000)) == [4096, 4096, 4096]
+    assert db.shape_bucket((6000, 3000, 1000)) == [4096, 2048, 1024]
+    assert db.shape_bucket((1, 3, 8)) == [1, 4, 8]
     a = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2}
     b = {"blk_m": 128, "blk_n": 128, "blk_k": 64, "num_warpgroups": 1}
     c = {"blk_m": 256, "blk_n": 128, "blk_k": 64, "num_warpgroups": 2}
     _write_db(private_db, [_entry((4096, 4096, 4096), 600.0, knobs=a, ratio=0.80),
                            _entry((4000, 4096, 4096), 500.0, knobs=b, ratio=0.90),
                            _entry((8192, 8192, 8192), 650.0, knobs=c)])
-    assert tune.best_knobs("v4", 4096, 4096, 4096, gpu=None)[0] == a       # exact shape first
-    assert tune.best_knobs("v4", 4100, 4096, 4096, gpu=None)[0] == b       # bucket: best ratio to cuBLAS
-    assert tune.best_knobs("v4", 8000, 8192, 8192, gpu=None)[0] == c
-    assert tune.best_knobs("v4", 1024, 1024, 1024, gpu=None) is None
+    assert db.best_knobs("v4", 4096, 4096, 4096, gpu=None)[0] == a       # exact shape first
+    assert db.best_knobs("v4", 4100, 4096, 4096, gpu=None)[0] == b       # bucket: best ratio to cuBLAS
+    assert db.best_knobs("v4", 8000, 8192, 8192, gpu=None)[0] == c
+    assert db.best_knobs("v4", 1024, 1024, 1024, gpu=None) is None
 
 
 def test_db_location(monkeypatch, tmp_path):
-    monkeypatch.setenv(tune.DB_ENV, "off")
-    assert tune.default_db_path() is None
-    assert tune.best_knobs("v4", 4096, 4096, 4096) is None
-    monkeypatch.delenv(tune.DB_ENV)
-    repo = Path(tune.__file__).resolve().parent.parent
+    monkeypatch.setenv(db.DB_ENV, "off")
+    assert db.default_db_path() is None
+    assert db.best_knobs("v4", 4096, 4096, 4096) is None
+    monkeypatch.delenv(db.DB_ENV)
+    repo = Path(db.__file__).resolve().parents[2]
     monkeypatch.chdir(repo)
-    assert tune.default_db_path() == repo / "benchmarks" / "tuning" / "tuning_db.json"
+    assert db.default_db_path() == repo / "benchmarks" / "tuning" / "tuning_db.json"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path / "cache"))
-    assert tune.default_db_path() == tmp_path / "cache" / "tuning_db.json"
+    assert db.default_db_path() == tmp_path / "cache" / "tuning_db.json"
 
 
 # -- the builder hook -----------------------------------------------------------------------
 def test_explicit_knobs_always_win(private_db):
     _write_db(private_db, [_entry()])
     knobs = {"blk_n": 64, "dtype": "float16"}
-    assert tune.tuned_knobs("v4", 4096, 4096, 4096, knobs) == (knobs, None)
-    got, tuned_from = tune.tuned_knobs("v4", 4096, 4096, 4096, {"dtype": "float16"})
+    assert db.tuned_knobs("v4", 4096, 4096, 4096, knobs) == (knobs, None)
+    got, tuned_from = db.tuned_knobs("v4", 4096, 4096, 4096, {"dtype": "float16"})
     assert got == {"dtype": "float16", **_entry()["knobs"]} and tuned_from["tflops"] == 500.0
 
 
 def test_build_without_knobs_uses_the_database(private_db, capsys):
-    from gemm_ladder.builder import build
+    """gemm_ladder.build (the public API) takes the database's knobs and says so; the builder
+    underneath is pure: the same call builds the rung's defaults whatever the database holds."""
+    import gemm_ladder
+    from gemm_ladder import builder
 
     tuned = {"blk_m": 64, "blk_n": 64, "blk_k": 64, "num_warpgroups": 1}
     _write_db(private_db, [_entry((128, 128, 64), 321.0, knobs=tuned)])
-    mod = build("v4", 128, 128, 64)
+    mod = gemm_ladder.build("v4", 128, 128, 64)
     assert mod.cfg.blk_m == 64 and mod.cfg.blk_n == 64
     man = mod.manifest()
     assert man["tuned_from"]["tflops"] == 321.0 and man["tuned_from"]["db"] == str(private_db)
     assert "tuned knobs" in capsys.readouterr().err
-    assert build("v4", 128, 128, 64, blk_n=128).cfg.blk_n == 128  # explicit knobs win
+    assert gemm_ladder.build("v4", 128, 128, 64, blk_n=128).cfg.blk_n == 128  # explicit knobs win
+    pure = builder.build("v4", 128, 128, 64)
+    assert (pure.cfg.blk_m, pure.cfg.blk_n) == (128, 128) and "tuned_from" not in pure.manifest()
+    assert "tuned knobs" not in capsys.readouterr().err
 
 
-# -- the command line -----------------------------------------------------------------------
+def test_the_cli_build_takes_tuned_knobs_and_says_so(private_db, tmp_path):
+    tuned = {"blk_m": 64, "blk_n": 64, "blk_k": 64, "num_warpgroups": 1}
+    _write_db(private_db, [_entry((128, 128, 64), 321.0, knobs=tuned)])
+    out = subprocess.run([sys.executable, "-m", "gemm_ladder", "build", "v4", "--shape", "128x128x64",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                         cwd=Path(db.__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert "tuned knobs" in out.stderr and Path(out.stdout.strip()).name.endswith("m64n64k64w1.so")
+    man = json.loads(Path(out.stdout.strip() + ".json").read_text())
+    assert man["tuned_from"]["tflops"] == 321.0 and man["knobs"]["blk_m"] == 64
+
+
 def test_cli_merge_and_show(measured, private_db, capsys):
-    from gemm_ladder.cli import main, make_parser
+    from gemm_ladder.cli import main
 
     _, report, _ = measured
-    args = make_parser().parse_args(["tune", "--rung", "v6", "--shape", "4096x4096x4096",
-                                     "--space", "pipe_depth=3,4", "--build-only", "--out", "x"])
-    assert args.rung == "v6" and args.shape == (4096, 4096, 4096) and args.build_only
     assert main(["tune", "--merge", report["path"], "--db", str(private_db)]) == 0
     assert main(["tune", "--show", "--db", str(private_db)]) == 0
     out = capsys.readouterr().out
@@ -409,15 +526,16 @@ def test_measure_path_needs_only_the_runtime(tmp_path):
     folder = _candidate_folder(tmp_path / "cands", KNOBS[:2])
     code = f"""
 import sys
-from gemm_ladder import isolate, tune
+from gemm_ladder import isolate
+from gemm_ladder.tune import measuring
 isolate.run_batch = lambda job, paths, args=(), timeout=0, on_result=None: [{_timed(400.0)!r} for p in paths]
-r = tune.measure({str(folder)!r}, gpu={GPU!r}, progress=False)
+r = measuring.measure({str(folder)!r}, gpu={GPU!r}, progress=False)
 assert r["best"]["tflops"] == 400.0
 bad = [m for m in sys.modules if m.split(".")[0] in ("tvm", "tvm_ffi", "layouts", "schedulers")
        or m in ("gemm_ladder.builder", "gemm_ladder.rungs", "gemm_ladder.toolchain")]
 print("BAD", bad)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=Path(tune.__file__).resolve().parent.parent, check=False)
+                         cwd=Path(db.__file__).resolve().parents[2], check=False)
     assert out.returncode == 0, out.stderr
     assert "BAD []" in out.stdout

@@ -18,8 +18,9 @@
 #
 # * **`pipe_depth`** (v5, v6): deeper rings hide more TMA latency (notebook 05), but each stage
 #   costs `(blk_m + blk_n) · 64 · 2` bytes of shared memory next to the output tile, and the block
-#   limit (227 KiB on H100/H200) caps the depth. The config validator computes the cap, reading
-#   the limit off the GPU when there is one, and refuses anything deeper before compiling.
+#   limit (227 KiB on H100/H200) caps the depth. The config validator computes the cap
+#   (`gemm_ladder.budget`, one formula for both archs), reading the limit off the GPU when there is
+#   one, and refuses anything deeper before compiling.
 # * **`l2_group_size`** (v6): how many rows of tiles one L2 group spans. The traffic model ranks
 #   the sizes; only a measurement decides between the near-ties.
 #
@@ -31,26 +32,20 @@ import math
 
 import gemm_ladder
 import schedulers
-from gemm_ladder import teach
-from gemm_ladder.config import limits_for
-from gemm_ladder.sm90a import common
-
-try:  # the tuner; this notebook also works with the validator and the L2 model alone
-    from gemm_ladder import tune
-except ImportError:
-    tune = None
-print("gemm_ladder.tune:", "present" if tune else "not there: using the validator and the L2 model only")
+from gemm_ladder import budget, teach
+from gemm_ladder.tune import db, run
+from gemm_ladder.tune import report as tune_report
 
 # %% [markdown]
 # ## `pipe_depth`: what fits in shared memory
 
 # %%
-limit = limits_for("sm_90a").smem_per_block
+limit = budget.limits_for("sm_90a").smem_per_block
 print(f"shared memory a block may use on sm_90a here: {limit} B ({limit / 1024:.0f} KiB)")
 for blk_m, blk_n, wgs in ((128, 128, 1), (128, 256, 2), (256, 128, 2)):
     cfg = gemm_ladder.make_config("v5", 4096, 4096, 4096, blk_m=blk_m, blk_n=blk_n, num_warpgroups=wgs, pipe_depth=2)
-    deepest = common.max_pipe_depth(cfg, limit)
-    stage_kib = common.HopperPlan(cfg).stage_bytes // 1024
+    deepest = budget.max_pipe_depth(cfg, limit)
+    stage_kib = budget.stage_bytes(cfg) // 1024
     print(f"  {blk_m}x{blk_n} tile: {stage_kib} KiB per stage -> pipe_depth <= {deepest}")
 
 # %%
@@ -59,8 +54,8 @@ teach.show(teach.plot_smem_budget(cfg, range(1, 7)))
 
 # %% [markdown]
 # What survives the validator for v6 at 8192³ over `pipe_depth` 2..7 and `l2_group_size`
-# 1..32 (other knobs at the rung's defaults). With `gemm_ladder.tune` the L2 model also drops
-# all but the best few group sizes.
+# 1..32 (other knobs at the rung's defaults); the tuner's L2 model (`gemm_ladder.tune.space`) also
+# drops all but the best few group sizes.
 
 # %%
 space = teach.tuning_space("v6", (8192, 8192, 8192),
@@ -96,20 +91,17 @@ teach.show(schedulers.plot_traffic_vs_group(16384, 16384, 4096, blk_m=128, blk_n
 # %% [markdown]
 # ## What has been measured
 #
-# The tuning database (when the tuner is there and has entries) and the committed benchmark
-# runs for the pipelined rungs.
+# The tuning database (`gemm_ladder.tune.db`) and the committed benchmark runs for the
+# pipelined rungs.
 
 # %%
-if tune is not None and hasattr(tune, "TuningDB") and hasattr(tune, "default_db_path"):
-    path = tune.default_db_path()
-    entries = tune.TuningDB(path).entries if path is not None and path.exists() else []
-    shown = path.relative_to(teach.REPO) if path is not None and teach.REPO in path.parents else path
-    print(f"tuning database {shown}: {len(entries)} entries")
-    for e in entries:
-        print(f"  {e['rung']} {'x'.join(map(str, e['shape']))} {e['dtype']} on {e['gpu']}: {e['knobs']} "
-              f"{e['tflops']:.1f} TFLOPS ({(e.get('ratio_to_cublas') or math.nan):.3f}x cuBLAS)")
-else:
-    print("no tuning database: gemm_ladder.tune is not there")
+path = db.default_db_path()
+entries = db.TuningDB(path).entries if path is not None and path.exists() else []
+shown = path.relative_to(teach.REPO) if path is not None and teach.REPO in path.parents else path
+print(f"tuning database {shown}: {len(entries)} entries")
+for e in entries:
+    print(f"  {e['rung']} {'x'.join(map(str, e['shape']))} {e['dtype']} on {e['gpu']}: {e['knobs']} "
+          f"{e['tflops']:.1f} TFLOPS ({(e.get('ratio_to_cublas') or math.nan):.3f}x cuBLAS)")
 
 # %%
 print(repr(teach.committed_results("v5")))
@@ -130,14 +122,10 @@ from pathlib import Path
 
 if teach.gpu_here("sm_90a"):
     work = Path(tempfile.mkdtemp(prefix="tune_"))
-    if tune is not None and hasattr(tune, "tune"):
-        space = {"blk_m": [128], "blk_n": [256], "num_warpgroups": [2], "tile_order": ["snake"],
-                 "pipe_depth": [2, 3], "l2_group_size": [4, 8, 16]}
-        report = tune.tune("v6", (4096, 4096, 4096), space=space, l2_keep=0, jobs=1,
-                           out=work / "v6", db=work / "tuning_db.json", plot=False)
-        print(tune.format_table(report))
-    else:
-        for depth in (2, 3):
-            teach.check_and_time(gemm_ladder.build("v6", 4096, 4096, 4096, pipe_depth=depth))
+    space = {"blk_m": [128], "blk_n": [256], "num_warpgroups": [2], "tile_order": ["snake"],
+             "pipe_depth": [2, 3], "l2_group_size": [4, 8, 16]}
+    report = run.tune("v6", (4096, 4096, 4096), space=space, l2_keep=0, jobs=1,
+                      out=work / "v6", db=work / "tuning_db.json", plot=False)
+    print(tune_report.format_table(report))
 else:
     print(teach.no_gpu_message("sm_90a", committed=False))

@@ -32,7 +32,13 @@ from tvm.script.tirx import tile as Tx
 from tvm.tirx.layout import tcgen05_atom_layout
 
 import layouts
+from .. import budget, launch
 from ..config import ConfigError, GemmConfig
+
+# what both archs share, under the names the rungs call it by (common.smem_bytes, ...)
+from ..budget import MIN_PIPE_DEPTH, check_budget, check_pipe_depth, max_pipe_depth, smem_bytes  # noqa: F401
+from ..config import DEFAULT_TILE_ORDER  # noqa: F401
+from ..launch import check_schedule  # noqa: F401
 
 MMA_M = 128  # rows of one tcgen05.mma with cta_group::1 (the full TMEM datapath)
 MMA_K = 16  # K of one tcgen05.mma for 16-bit inputs
@@ -59,9 +65,8 @@ class BlackwellPlan:
 
     @property
     def stage_bytes(self) -> int:
-        """Bytes TMA lands in one CTA's shared memory per ring stage (A tile + B tile)."""
-        c = self.cfg
-        return (c.blk_m + self.b_rows) * c.blk_k * c.elem_bytes
+        """Bytes TMA lands in one CTA's shared memory per ring stage (A tile + its share of B)."""
+        return budget.stage_bytes(self.cfg, self.cta_group)
 
     @property
     def epi_chunks(self) -> int:
@@ -85,31 +90,15 @@ class BlackwellPlan:
         return tcgen05_atom_layout("32x32b", (MMA_M, EPI_COLS), "float32")
 
 
-def smem_bytes(cfg: GemmConfig, stages: int, epilogue_tile: bool = True, cta_group: int = 1) -> int:
-    """Shared memory of a Blackwell rung: barriers and the TMEM address slot padded to the
-    1 KiB swizzle alignment, the operand ring and (from v4 on) the output tile."""
-    plan = BlackwellPlan(cfg, cta_group)
-    out = cfg.blk_m * cfg.blk_n * cfg.elem_bytes if epilogue_tile else 0
-    return 1024 + stages * plan.stage_bytes + out
-
-
 def launch_info(cfg: GemmConfig, stages: int, grid=None, threads=THREADS_PER_WG,
                 epilogue_tile: bool = True, persistent: bool = False, cluster: int = 1) -> dict:
     """Grid, threads and shared memory of a launch, for manifests and the info table.
 
-    ``cluster`` (v8 on) is the number of CTAs per cluster: the runtime rounds the persistent
-    grid down to a multiple of it.
+    ``cluster`` (v8 on) is the number of CTAs per cluster: its CTA pairs share one MMA (half of
+    B per CTA), and the runtime rounds the persistent grid down to a multiple of it.
     """
-    info = {
-        "grid": list(grid or cfg.grid_mn),
-        "threads": threads,
-        "smem_bytes": smem_bytes(cfg, stages, epilogue_tile, cta_group=2 if cluster > 1 else 1),
-    }
-    if persistent:
-        info["persistent"] = True
-    if cluster > 1:
-        info["cluster"] = cluster
-    return info
+    smem = smem_bytes(cfg, stages, epilogue_tile, cta_group=2 if cluster > 1 else 1)
+    return launch.launch_info(cfg, threads, smem, grid, persistent, cluster)
 
 
 def check_tile(cfg: GemmConfig) -> None:
@@ -139,30 +128,6 @@ def check_exact_tile(cfg: GemmConfig, k_loop: bool) -> None:
             f"{cfg.rung} computes a single {cfg.blk_m}x{cfg.blk_n} output tile with one CTA; "
             f"got M={cfg.M}, N={cfg.N}, K={cfg.K}. Use M={cfg.blk_m}, N={cfg.blk_n} (blk_n) and K "
             f"{want_k}, or v3 and later for other shapes"
-        )
-
-
-def max_pipe_depth(cfg: GemmConfig, epilogue_tile: bool = True, cta_group: int = 1) -> int:
-    """The most ring stages that fit the shared memory a block may use (device or table)."""
-    from ..config import limits_for  # pylint: disable=import-outside-toplevel
-
-    free = limits_for(cfg.arch).smem_per_block - smem_bytes(cfg, 0, epilogue_tile, cta_group)
-    return max(free // BlackwellPlan(cfg, cta_group).stage_bytes, 0)
-
-
-def check_pipe_depth(cfg: GemmConfig, cta_group: int = 1) -> None:
-    """A ring needs two stages at least; the most it may have comes from shared memory."""
-    most = max_pipe_depth(cfg, cta_group=cta_group)
-    if cfg.pipe_depth < 2:
-        raise ConfigError(
-            f"pipe_depth={cfg.pipe_depth}: a ring needs at least 2 stages (v4 is the one-stage "
-            f"form); use pipe_depth between 2 and {most}"
-        )
-    if cfg.pipe_depth > most:
-        raise ConfigError(
-            f"pipe_depth={cfg.pipe_depth} with blk_n={cfg.blk_n} needs "
-            f"{smem_bytes(cfg, cfg.pipe_depth, cta_group=cta_group)} bytes of shared memory, over what "
-            f"a block may use on {cfg.arch}; use pipe_depth={most} or lower (or a smaller blk_n)"
         )
 
 

@@ -34,7 +34,8 @@ from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 from tvm.backend.cuda.lang.pipeline import TCGen05Bar
 
-from ..config import GemmConfig, check_budget
+from ..budget import check_budget
+from ..config import GemmConfig
 from . import common
 from .common import EPI_COLS, MMA_M, TMEM_COLS, BlackwellPlan
 

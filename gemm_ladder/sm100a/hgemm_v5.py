@@ -25,9 +25,9 @@ Barriers:   tma2mma[S]  full:  arrived by the TMA lane (expect_tx = stage bytes)
 Constraints:
   - arch sm_100a; dtype float16 or bfloat16; D = A.B^T with A [M,K], B [N,K] row-major.
   - K and N multiples of 8 (16-byte TMA row strides); any M (TMA zero-fills and clips).
-  - blk_m 128; blk_n 64..256, a multiple of 64; 2 <= pipe_depth and
-    1 KiB + pipe_depth * (128 + blk_n) * 64 * 2 + 128 * blk_n * 2 bytes <= the shared memory
-    a block may use (227 KiB on B200: pipe_depth <= 6 at blk_n=128, 4 at blk_n=192...).
+  - blk_m 128; blk_n 64..256, a multiple of 64; 2 <= pipe_depth <= ``budget.max_pipe_depth``
+    (the ring, the output tile and the barriers in the shared memory a block may use: 227 KiB on
+    B200, pipe_depth <= 6 at blk_n=128, 4 at blk_n=192...).
   - all 512 TMEM columns (see common.py).
 
 Run:  python -m gemm_ladder build v5 --shape 4096x4096x4096 --arch sm_100a --out build/
@@ -37,7 +37,8 @@ from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 from tvm.backend.cuda.lang.pipeline import PipelineState, TCGen05Bar, TMABar
 
-from ..config import GemmConfig, check_budget
+from ..budget import check_budget
+from ..config import GemmConfig
 from . import common
 from .common import EPI_COLS, MMA_M, TMEM_COLS, BlackwellPlan
 

@@ -28,7 +28,8 @@ Constraints:
   - arch sm_100a; dtype float16 or bfloat16; D = A.B^T with A [M,K], B [N,K] row-major.
   - K and N multiples of 8 (16-byte TMA row strides); any M (TMA zero-fills and clips).
   - blk_m 128; blk_n 64..256, a multiple of 64; 2 <= pipe_depth within shared memory
-    (as v5); tile_order in schedulers.ORDERS with an l2_group_size the order accepts.
+    (as v5); tile_order in ``config.TILE_ORDERS`` (grouped, snake, row, column) with an
+    l2_group_size that covers the tile grid (``launch.check_schedule``).
   - launched with ``num_ctas`` = the SM count (runtime.GemmModule does this; the manifest
     says ``launch.persistent``).
 
@@ -40,15 +41,15 @@ from tvm.script.tirx import tile as Tx
 from tvm.backend.cuda.lang.pipeline import MBarrier, PipelineState, TCGen05Bar, TMABar
 
 from schedulers import make_tirx_scheduler
-from schedulers.orders import tile_order
 
-from ..config import ConfigError, GemmConfig, check_budget
+from ..budget import check_budget
+from ..config import ConfigError, GemmConfig
 from . import common
 from .common import EPI_COLS, MMA_M, THREADS_PER_WG, TMEM_COLS, BlackwellPlan
 
 TECHNIQUE = "persistent CTAs with a tile scheduler, double-buffered TMEM, epilogue warpgroup"
 KNOBS = {"blk_m": 128, "blk_n": 128, "blk_k": 64, "pipe_depth": 4,
-         "l2_group_size": 8, "tile_order": "grouped"}
+         "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER}
 ACC_STAGES = 2  # accumulators in TMEM: the MMAs of one tile overlap the epilogue of the last
 EPI_BAR = 1  # named barrier of the epilogue warpgroup (0 is __syncthreads)
 
@@ -59,16 +60,12 @@ def check(cfg: GemmConfig) -> None:
     if ACC_STAGES * cfg.blk_n > TMEM_COLS:
         raise ConfigError(f"blk_n={cfg.blk_n}: {ACC_STAGES} accumulators need "
                           f"{ACC_STAGES * cfg.blk_n} TMEM columns, over {TMEM_COLS}; use blk_n<=256")
-    try:
-        tile_order(cfg.tile_order, *cfg.grid_mn, cfg.l2_group_size)
-    except ValueError as err:
-        raise ConfigError(f"tile_order={cfg.tile_order!r}, l2_group_size={cfg.l2_group_size}: {err}") from None
+    common.check_schedule(cfg)
     check_budget(cfg, common.smem_bytes(cfg, cfg.pipe_depth))
 
 
 def launch(cfg: GemmConfig) -> dict:
-    return common.launch_info(cfg, cfg.pipe_depth, grid=["num_ctas"],
-                              threads=2 * THREADS_PER_WG, persistent=True)
+    return common.launch_info(cfg, cfg.pipe_depth, threads=2 * THREADS_PER_WG, persistent=True)
 
 
 def kernel(cfg: GemmConfig):

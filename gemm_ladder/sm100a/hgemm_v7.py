@@ -61,9 +61,9 @@ from tvm.backend.cuda.lang.pipeline import MBarrier, PipelineState, TCGen05Bar, 
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole, WarpRole
 
 from schedulers import make_tirx_scheduler
-from schedulers.orders import tile_order
 
-from ..config import ConfigError, GemmConfig, check_budget
+from ..budget import check_budget
+from ..config import ConfigError, GemmConfig
 from . import common
 from .common import MMA_M, THREADS_PER_WG, TMEM_COLS, BlackwellPlan
 
@@ -82,10 +82,7 @@ def check(cfg: GemmConfig) -> None:
     if ACC_STAGES * cfg.blk_n > TMEM_COLS:
         raise ConfigError(f"blk_n={cfg.blk_n}: {ACC_STAGES} accumulators need "
                           f"{ACC_STAGES * cfg.blk_n} TMEM columns, over {TMEM_COLS}; use blk_n<=256")
-    try:
-        tile_order(cfg.tile_order, *cfg.grid_mn, cfg.l2_group_size)
-    except ValueError as err:
-        raise ConfigError(f"tile_order={cfg.tile_order!r}, l2_group_size={cfg.l2_group_size}: {err}") from None
+    common.check_schedule(cfg)
     check_budget(cfg, common.smem_bytes(cfg, cfg.pipe_depth))
 
 

@@ -15,13 +15,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import layouts
-from ..config import GemmConfig
+from .. import budget, launch
+from ..config import ConfigError, GemmConfig
+
+# what both archs share, under the names the rungs call it by (common.smem_bytes, ...)
+from ..budget import MIN_PIPE_DEPTH, check_budget, check_pipe_depth, max_pipe_depth, smem_bytes  # noqa: F401
+from ..config import DEFAULT_TILE_ORDER  # noqa: F401
+from ..launch import check_schedule  # noqa: F401
 
 WG_M = 64  # rows of one wgmma
 MMA_K = 16  # K of one wgmma for 16-bit inputs
@@ -56,8 +61,7 @@ class HopperPlan:
 
     @property
     def stage_bytes(self) -> int:
-        c = self.cfg
-        return (c.blk_m + c.blk_n) * c.blk_k * c.elem_bytes
+        return budget.stage_bytes(self.cfg)
 
     @property
     def mma_op(self) -> str:
@@ -80,35 +84,13 @@ class HopperPlan:
         return layouts.shared_layout(c.dtype, (c.blk_m, c.blk_n), "128B")
 
 
-def epilogue_bytes(cfg: GemmConfig) -> int:
-    """Shared memory the output takes on its way out: the whole tile, or (a rung with the
-    ``epi_n`` knob, narrower than the tile) two ``blk_m x epi_n`` column chunks in flight."""
-    epi_n = dict(cfg.extra).get("epi_n", cfg.blk_n)
-    chunks = 1 if epi_n >= cfg.blk_n else 2
-    return chunks * cfg.blk_m * min(epi_n, cfg.blk_n) * cfg.elem_bytes
-
-
-def smem_bytes(cfg: GemmConfig, stages: int, epilogue_tile: bool = True) -> int:
-    """Shared memory of a Hopper rung: barriers padded to the 1 KiB swizzle alignment, the
-    operand ring and the output's staging (``epilogue_bytes``)."""
-    plan = HopperPlan(cfg)
-    out = epilogue_bytes(cfg) if epilogue_tile else 0
-    return 1024 + stages * plan.stage_bytes + out
-
-
-def launch_info(cfg: GemmConfig, stages: int, grid=None) -> dict:
+def launch_info(cfg: GemmConfig, stages: int, grid=None, persistent: bool = False, cluster: int = 1) -> dict:
     """Grid, threads and shared memory of a launch, for manifests and the info table."""
-    return {
-        "grid": list(grid or cfg.grid_mn),
-        "threads": HopperPlan(cfg).threads,
-        "smem_bytes": smem_bytes(cfg, stages),
-    }
+    return launch.launch_info(cfg, HopperPlan(cfg).threads, smem_bytes(cfg, stages), grid, persistent, cluster)
 
 
 def check_tile(cfg: GemmConfig, warpgroups=(1, 2)) -> None:
     """Rules of the Hopper tile: whole wgmma rows per (MMA) warpgroup."""
-    from ..config import ConfigError  # pylint: disable=import-outside-toplevel
-
     if cfg.num_warpgroups not in warpgroups:
         choices = " or ".join(map(str, warpgroups))
         raise ConfigError(f"num_warpgroups={cfg.num_warpgroups!r} is not supported; use {choices}")
@@ -152,51 +134,7 @@ def acc_to_smem(plan, Dreg, Dsmem, wg_row0, warp_id, lane_id):
             Dsmem[wg_row0 + mi * WG_M + row, col] = T.cast(Dreg[mi * plan.n_regs + r], plan.cfg.dtype)
 
 
-def dtype_of(cfg: GemmConfig):
-    return tvm.DataType(cfg.dtype)
-
-
-# -- multi-stage pipelines (v5, v6) -----------------------------------------------------------
-MIN_PIPE_DEPTH = 2  # one stage loading while another is read by the tensor cores
-
-
-def max_pipe_depth(cfg: GemmConfig, smem_per_block: int) -> int:
-    """The deepest operand ring that fits beside the output tile in ``smem_per_block`` bytes."""
-    plan = HopperPlan(cfg)
-    return (smem_per_block - smem_bytes(cfg, 0)) // plan.stage_bytes
-
-
-def check_pipe_depth(cfg: GemmConfig, limits=None) -> None:
-    """``pipe_depth`` between 2 and what the shared memory of the arch (or GPU) allows.
-
-    The limit is read from :func:`gemm_ladder.config.limits_for` (the device's opt-in shared
-    memory per block when a GPU of the arch is present, the arch table otherwise).
-    """
-    from ..config import ConfigError, check_budget, limits_for  # pylint: disable=import-outside-toplevel
-
-    limits = limits or limits_for(cfg.arch)
-    depth = cfg.pipe_depth
-    most = max_pipe_depth(cfg, limits.smem_per_block)
-    tile = f"blk_m={cfg.blk_m}, blk_n={cfg.blk_n}"
-    if not isinstance(depth, int) or isinstance(depth, bool) or depth < MIN_PIPE_DEPTH:
-        raise ConfigError(
-            f"pipe_depth={depth!r}: a ring needs at least {MIN_PIPE_DEPTH} stages (one loading, one "
-            f"read by wgmma); use pipe_depth={max(MIN_PIPE_DEPTH, min(4, most))}"
-        )
-    if most < MIN_PIPE_DEPTH:
-        raise ConfigError(
-            f"{tile} leaves room for {most} stage(s) of {HopperPlan(cfg).stage_bytes} bytes in the "
-            f"{limits.smem_per_block} bytes of shared memory a block may use on {cfg.arch}; "
-            f"use a smaller tile (e.g. blk_m=128, blk_n=128)"
-        )
-    if depth > most:
-        raise ConfigError(
-            f"pipe_depth={depth} with {tile} needs {smem_bytes(cfg, depth)} bytes of shared memory, "
-            f"over the {limits.smem_per_block} a block may use on {cfg.arch} "
-            f"({HopperPlan(cfg).stage_bytes} bytes per stage plus {smem_bytes(cfg, 0)} for barriers "
-            f"and the output tile); use pipe_depth={most} or less"
-        )
-    check_budget(cfg, smem_bytes(cfg, depth), limits)
+# -- multi-stage pipelines (v5, v6): pipe_depth is checked by budget.check_pipe_depth ----------
 
 
 @T.inline
@@ -296,8 +234,6 @@ def tma_store_tile(D, Dsmem, m_st, n_st, plan, tid):
 
 def check_one_tile(cfg: GemmConfig) -> None:
     """v1 and v2 run one CTA: the output must be exactly one blk_m x blk_n tile."""
-    from ..config import ConfigError  # pylint: disable=import-outside-toplevel
-
     for dim, size, knob, tiles in (
         ("M", cfg.M, "blk_m", (64, 128, 256)),
         ("N", cfg.N, "blk_n", (64, 128, 192, 256)),
@@ -314,7 +250,7 @@ def check_one_tile(cfg: GemmConfig) -> None:
 def sync_launch_info(cfg: GemmConfig, grid=None) -> dict:
     """Grid, threads and shared memory of a rung that copies by threads (one A+B stage only)."""
     plan = HopperPlan(cfg)
-    return {"grid": list(grid or cfg.grid_mn), "threads": plan.threads, "smem_bytes": plan.stage_bytes}
+    return launch.launch_info(cfg, plan.threads, plan.stage_bytes, grid)
 
 
 @T.inline
@@ -417,8 +353,6 @@ def role_registers(consumers: int) -> RoleRegisters:
 
 def check_consumer_registers(cfg: GemmConfig) -> None:
     """The accumulators must fit a consumer's budget with room for addresses and loop state."""
-    from ..config import ConfigError  # pylint: disable=import-outside-toplevel
-
     regs = role_registers(cfg.num_warpgroups)
     budget = regs.consumer or regs.entry
     acc = HopperPlan(cfg).acc_regs
@@ -487,8 +421,6 @@ def cluster_shape(cfg: GemmConfig) -> tuple[int, int]:
 
 def check_cluster(cfg: GemmConfig) -> None:
     """A cluster of cluster_m x cluster_n CTAs splits each shared tile into whole swizzle atoms."""
-    from ..config import ConfigError  # pylint: disable=import-outside-toplevel
-
     cm, cn = cluster_shape(cfg)
     for name, v in (("cluster_m", cm), ("cluster_n", cn)):
         if not isinstance(v, int) or isinstance(v, bool) or v not in CLUSTER_DIMS:
@@ -575,8 +507,6 @@ EPI_CHUNK = 64  # columns of one TMA store box: one 128-byte swizzle row of 16-b
 
 def check_epilogue(cfg: GemmConfig) -> None:
     """``epi_n``: the columns one epilogue store moves, a multiple of 64 that divides blk_n."""
-    from ..config import ConfigError  # pylint: disable=import-outside-toplevel
-
     epi_n = dict(cfg.extra).get("epi_n", cfg.blk_n)
     if not isinstance(epi_n, int) or isinstance(epi_n, bool) or epi_n % EPI_CHUNK or cfg.blk_n % epi_n:
         ok = [n for n in range(EPI_CHUNK, cfg.blk_n + 1, EPI_CHUNK) if cfg.blk_n % n == 0]

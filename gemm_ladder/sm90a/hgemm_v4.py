@@ -27,7 +27,8 @@ from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 from tvm.backend.cuda.lang.pipeline import TMABar
 
-from ..config import GemmConfig, check_budget
+from ..budget import check_budget
+from ..config import GemmConfig
 from . import common
 from .common import HopperPlan
 

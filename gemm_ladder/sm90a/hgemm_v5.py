@@ -40,8 +40,9 @@ Constraints:
     load and clipped on store by TMA; K may be shorter than the ring (fewer slices than stages).
   - blk_m in {64, 128, 256} split over num_warpgroups (1 or 2) in 64-row wgmma atoms; blk_n in
     {64, 128, 192, 256}; blk_k = 64.
-  - 2 <= pipe_depth <= (shared memory per block - output tile - 1 KiB) / stage bytes, with the
-    shared memory read off the GPU when one is present (``config.limits_for``).
+  - 2 <= pipe_depth <= (shared memory per block - output tile - 1 KiB) / stage bytes
+    (``budget.max_pipe_depth``), with the shared memory read off the GPU when one is present
+    (``budget.limits_for``).
 
 Run:  python -m gemm_ladder build v5 --shape 4096x4096x4096 --knob pipe_depth=3 --out build/
 """

@@ -43,8 +43,8 @@ Constraints:
   - those of v5 (sm_90a; float16/bfloat16; K and N multiples of 8; blk_k = 64; blk_m in
     {64, 128, 256} over 1 or 2 warpgroups; blk_n in {64, 128, 192, 256}; pipe_depth from 2 up
     to what shared memory allows);
-  - tile_order in grouped / snake / row / column; l2_group_size >= 1; the scheduler's order is
-    checked against the pure-Python model (``schedulers.orders.tile_order``) for the tile grid.
+  - tile_order in grouped / snake / row / column (``config.TILE_ORDERS``); l2_group_size >= 1;
+    the order must cover the tile grid exactly once (``launch.check_schedule``).
 
 Run:  python -m gemm_ladder build v6 --shape 8192x8192x8192 --knob l2_group_size=8 --out build/
 """
@@ -53,33 +53,24 @@ from tvm.script import tirx as T
 from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
 
 import schedulers
-from ..config import ConfigError, GemmConfig
+from ..config import GemmConfig
 from . import common
 from .common import HopperPlan
 
 TECHNIQUE = "persistent CTAs with an L2-grouped tile scheduler"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 3,
-         "l2_group_size": 8, "tile_order": "snake"}
-TILE_ORDERS = ("grouped", "snake", "row", "column")
+         "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER}
 
 
 def check(cfg: GemmConfig) -> None:
     common.check_tile(cfg)
     common.check_pipe_depth(cfg)
-    if cfg.tile_order not in TILE_ORDERS:
-        raise ConfigError(f"tile_order={cfg.tile_order!r} is not supported; use one of {TILE_ORDERS}")
-    g = cfg.l2_group_size
-    if not isinstance(g, int) or isinstance(g, bool) or g < 1:
-        raise ConfigError(f"l2_group_size={g!r} is not a positive int; use e.g. l2_group_size=8")
-    try:
-        schedulers.tile_order(cfg.tile_order, *cfg.grid_mn, g)
-    except ValueError as err:
-        raise ConfigError(f"tile_order={cfg.tile_order!r}, l2_group_size={g}: {err}") from None
+    common.check_schedule(cfg)
 
 
 def launch(cfg: GemmConfig) -> dict:
     # the grid is one CTA per SM of the GPU it runs on: the runtime passes that count
-    return {**common.launch_info(cfg, cfg.pipe_depth, grid=["num_sms"]), "persistent": True}
+    return common.launch_info(cfg, cfg.pipe_depth, persistent=True)
 
 
 def kernel(cfg: GemmConfig):

@@ -79,35 +79,26 @@ from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import schedulers
-from ..config import ConfigError, GemmConfig
+from ..config import GemmConfig
 from . import common
 from .common import HopperPlan
 
 TECHNIQUE = "warp specialization: a TMA producer warpgroup, wgmma consumer warpgroups"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 3,
-         "l2_group_size": 8, "tile_order": "snake"}
-TILE_ORDERS = ("grouped", "snake", "row", "column")
+         "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER}
 
 
 def check(cfg: GemmConfig) -> None:
     common.check_tile(cfg)
     common.check_pipe_depth(cfg)
     common.check_consumer_registers(cfg)
-    if cfg.tile_order not in TILE_ORDERS:
-        raise ConfigError(f"tile_order={cfg.tile_order!r} is not supported; use one of {TILE_ORDERS}")
-    g = cfg.l2_group_size
-    if not isinstance(g, int) or isinstance(g, bool) or g < 1:
-        raise ConfigError(f"l2_group_size={g!r} is not a positive int; use e.g. l2_group_size=8")
-    try:
-        schedulers.tile_order(cfg.tile_order, *cfg.grid_mn, g)
-    except ValueError as err:
-        raise ConfigError(f"tile_order={cfg.tile_order!r}, l2_group_size={g}: {err}") from None
+    common.check_schedule(cfg)
 
 
 def launch(cfg: GemmConfig) -> dict:
     # one CTA per SM, passed at launch; a producer warpgroup beside the consumers
-    info = common.launch_info(cfg, cfg.pipe_depth, grid=["num_sms"])
-    return {**info, "threads": info["threads"] + common.THREADS_PER_WG, "persistent": True}
+    info = common.launch_info(cfg, cfg.pipe_depth, persistent=True)
+    return {**info, "threads": info["threads"] + common.THREADS_PER_WG}
 
 
 def kernel(cfg: GemmConfig):

@@ -66,15 +66,14 @@ from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import schedulers
-from ..config import ConfigError, GemmConfig
+from ..config import GemmConfig
 from . import common
 from .common import HopperPlan
 
 TECHNIQUE = "thread-block clusters: operand tiles multicast by TMA to the CTAs that share them"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 3,
-         "l2_group_size": 8, "tile_order": "snake",
+         "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
          "cluster_m": 2, "cluster_n": 1}
-TILE_ORDERS = ("grouped", "snake", "row", "column")
 
 
 def check(cfg: GemmConfig) -> None:
@@ -82,15 +81,7 @@ def check(cfg: GemmConfig) -> None:
     common.check_pipe_depth(cfg)
     common.check_consumer_registers(cfg)
     common.check_cluster(cfg)
-    if cfg.tile_order not in TILE_ORDERS:
-        raise ConfigError(f"tile_order={cfg.tile_order!r} is not supported; use one of {TILE_ORDERS}")
-    g = cfg.l2_group_size
-    if not isinstance(g, int) or isinstance(g, bool) or g < 1:
-        raise ConfigError(f"l2_group_size={g!r} is not a positive int; use e.g. l2_group_size=8")
-    try:
-        schedulers.tile_order(cfg.tile_order, *cluster_grid(cfg), g)
-    except ValueError as err:
-        raise ConfigError(f"tile_order={cfg.tile_order!r}, l2_group_size={g}: {err}") from None
+    common.check_schedule(cfg, grid=cluster_grid(cfg))
 
 
 def cluster_grid(cfg: GemmConfig) -> tuple[int, int]:
@@ -104,9 +95,8 @@ def launch(cfg: GemmConfig) -> dict:
     # as many whole clusters as the SMs hold (the runtime rounds num_ctas), a producer beside
     # the consumers
     cm, cn = common.cluster_shape(cfg)
-    info = common.launch_info(cfg, cfg.pipe_depth, grid=["num_sms"])
-    return {**info, "grid": ["num_ctas"], "threads": info["threads"] + common.THREADS_PER_WG,
-            "persistent": True, "cluster": cm * cn, "cluster_shape": [cm, cn]}
+    info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=cm * cn)
+    return {**info, "threads": info["threads"] + common.THREADS_PER_WG, "cluster_shape": [cm, cn]}
 
 
 def kernel(cfg: GemmConfig):

@@ -1,0 +1,36 @@
+"""Tune a rung's knobs for one shape: build candidates in parallel, time them on a GPU, remember the best.
+
+    python -m gemm_ladder tune --rung v6 --shape 4096x4096x4096            # GPU box with TVM's compiler
+    python -m gemm_ladder tune --rung v6 --shape 4096x4096x4096 --build-only --out build/tune/v6
+    python -m gemm_ladder tune --measure build/tune/v6                      # GPU box, runtime-only TVM
+    python -m gemm_ladder tune --merge build/tune/v6/measurements_nvidia-h100-80gb-hbm3.json
+    python -m gemm_ladder tune --show                                       # the database as a table
+
+    from gemm_ladder.tune.run import tune
+    tune("v6", (4096, 4096, 4096), space={"pipe_depth": [3, 4, 5]})
+
+How a run goes, and the module of each step::
+
+    space      every combination of the rung's knobs (only knobs the rung has: its KNOBS dict;    space
+      |        the values to try: space.DEFAULT_CHOICES, or the rung's own TUNE_CHOICES)
+      | pruned by rungs.make_config (shared memory, registers, divisibility: each refusal kept
+      | with its reason), by dropping l2_group_size where the order ignores it (row, column),
+      | and by the L2-reuse model (schedulers.rank_group_sizes over the first waves: the best
+      v few l2_group_size values per tile shape and order)
+    build      parallel processes; each binary lands in a cache keyed by all that changes it     cache
+      |        (a second identical run builds nothing)
+      v        --build-only: a folder of .so + .so.json and candidates.json
+    measure    isolate's "time" job in a watched child, a deadline per candidate: checked on     measuring
+      |        randn inputs, then timed against cuBLAS in the same process, as ``bench`` does; a
+      v        wrong, crashing or hanging candidate is recorded and the search goes on
+    merge      the fastest correct candidate goes into the tuning database                       db
+    use        gemm_ladder.build(rung, M, N, K) with no knobs takes the database's best          db
+               (db.tuned_knobs; builder.build itself never reads the database);
+               measuring.load_best(folder) loads the fastest measured module of a folder
+
+Tables and the plot of a measurement are in ``report``; ``run.tune`` is the whole run in one call.
+
+Measuring needs only the TVM runtime: ``measuring`` and ``report`` import no TVM compiler, no
+rungs, no ``layouts`` or ``schedulers``, and this package's ``__init__`` imports nothing, so
+``import gemm_ladder.tune.measuring`` on a GPU box stays runtime-only.
+"""

@@ -1,0 +1,277 @@
+"""The build side of a tuning run: a cache of built candidates, and the candidate folder.
+
+Cache key: sha256 of the JSON of {rung, knobs (all of the rung's knobs, defaults filled in),
+shape, dtype, arch, TVM version, compiler (``toolchain.choose_compiler().describe()``), a hash of
+the sources that reach the binary (:func:`hashed_sources`: ``gemm_ladder/``, ``layouts/``,
+``schedulers/`` less the host-only modules in :data:`HOST_ONLY` and the other archs' rung
+folders), cache format}. A cache entry is ``<key>.so`` + ``<key>.so.json``, the manifest landing
+last: an entry without it is unfinished and gets rebuilt.
+
+:func:`build_candidates` builds what the cache lacks in parallel processes and places every
+candidate (hard-linked) in a folder with ``candidates.json``, holding the folder's lock: a
+second run into the same folder is refused with a message instead of mixing the two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import traceback
+from pathlib import Path
+
+from .. import files, toolchain
+from ..batch import BuildJob, build_one
+from ..config import ARCHS, COMMON_KNOBS
+from ..harness import git_commit, utc_now
+from ..procs import map_in_processes
+from ..report import progress
+from ..runtime import manifest_path
+from .measuring import CANDIDATES, CANDIDATES_FORMAT
+from .space import Space
+
+CACHE_FORMAT = 2  # 2: module manifests record the .so's size and sha256
+SOURCE_PACKAGES = ("gemm_ladder", "layouts", "schedulers")
+# Sources whose edits cannot change a binary (paths inside their package; a trailing / is a folder).
+HOST_ONLY = {
+    "gemm_ladder": ("__main__.py", "batch.py", "cli.py", "device.py", "files.py", "harness.py",
+                    "isolate.py", "pack.py", "procs.py", "report.py", "runtime.py", "sass.py",
+                    "teach/", "tune/"),
+    "layouts": ("plots.py",),
+    "schedulers": ("plots.py", "pipeline.py"),
+}
+
+
+def _package_dirs(name: str) -> list[Path]:
+    if name == "gemm_ladder":
+        return [Path(__file__).resolve().parent.parent]
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(p) for p in spec.submodule_search_locations]
+
+
+def _host_only(pkg: str, rel: str) -> bool:
+    return any(rel == h or (h.endswith("/") and rel.startswith(h)) for h in HOST_ONLY.get(pkg, ()))
+
+
+def hashed_sources(arch: str | None = None) -> list[tuple[str, Path]]:
+    """``(package/relative/path, file)`` of every source that can reach a binary of ``arch``:
+    the host-only modules and the rung folders of the other archs are left out."""
+    other_archs = {a.replace("_", "") for a in ARCHS if arch is not None and a != arch}
+    out = []
+    for pkg in SOURCE_PACKAGES:
+        for root in _package_dirs(pkg):
+            for path in sorted(root.rglob("*.py")):
+                rel = path.relative_to(root)
+                if "__pycache__" in rel.parts or _host_only(pkg, rel.as_posix()):
+                    continue
+                if pkg == "gemm_ladder" and rel.parts[0] in other_archs:
+                    continue
+                out.append((f"{pkg}/{rel.as_posix()}", path))
+    return out
+
+
+def sources_hash(arch: str | None = None) -> str:
+    """sha256 over :func:`hashed_sources`: an edited rung, layout or scheduler changes it."""
+    h = hashlib.sha256()
+    for name, path in hashed_sources(arch):
+        h.update(f"{name}\0".encode())
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def tvm_version() -> str:
+    """The installed TVM's version, read without importing TVM."""
+    for dist in ("apache-tvm", "tvm"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    import tvm  # pylint: disable=import-outside-toplevel  (a source build: no package metadata)
+
+    return tvm.__version__
+
+
+def toolchain_identity(arch: str | None = None) -> dict:
+    """TVM version, device compiler and source hash: the build box's part of every cache key."""
+    return {"tvm_version": tvm_version(), "compiler": toolchain.choose_compiler().describe(),
+            "sources": sources_hash(arch)}
+
+
+def cache_key_fields(rung: str, knobs: dict, shape, dtype: str, arch: str, tvm_version: str,
+                     compiler: str, sources: str) -> dict:
+    knobs = {k: v for k, v in knobs.items() if k not in COMMON_KNOBS}
+    return {"cache_format": CACHE_FORMAT, "rung": rung, "knobs": dict(sorted(knobs.items())),
+            "shape": [int(x) for x in shape], "dtype": dtype, "arch": arch,
+            "tvm_version": tvm_version, "compiler": compiler, "sources": sources}
+
+
+def cache_key(rung: str, knobs: dict, shape, dtype: str, arch: str, tvm_version: str, compiler: str,
+              sources: str) -> str:
+    """sha256 of everything that changes the binary (see the module docstring)."""
+    fields = cache_key_fields(rung, knobs, shape, dtype, arch, tvm_version, compiler, sources)
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def default_cache_dir() -> Path:
+    return toolchain.cache_dir() / "tune"
+
+
+def _cached(cache: Path, key: str) -> Path | None:
+    so = cache / f"{key}.so"
+    man = manifest_path(so)
+    if so.exists() and man.exists():
+        try:
+            if json.loads(man.read_text()).get("tuning", {}).get("cache_key") == key:
+                return so
+        except (OSError, ValueError):
+            pass
+    return None
+
+
+def build_worker(job) -> dict:
+    """Build one candidate into the cache as ``<key>.so`` (runs in a worker process): the build
+    and export of :func:`gemm_ladder.batch.build_one`, with the cache key in the manifest. Every
+    failure is a result: the search goes on."""
+    rung, shape, knobs, dtype, arch, key, fields, cache = job
+    try:
+        res = build_one((BuildJob(rung, tuple(shape), {**knobs, "dtype": dtype, "arch": arch},
+                                  extra={"tuning": {"cache_key": key, "cache_key_fields": fields}}, name=key),
+                         cache))
+    except Exception as err:  # pylint: disable=broad-except  (a failed candidate is a result)
+        tail = traceback.format_exc()[-1500:]
+        return {"key": key, "status": "build-failed", "detail": f"{type(err).__name__}: {err}\n{tail}"}
+    if res["status"] != "built":
+        return {"key": key, "status": "refused", "detail": res["detail"]}
+    have = (res["tvm_version"], res["compiler"])
+    if have != (fields["tvm_version"], fields["compiler"]):
+        so = Path(cache) / res["file"]
+        manifest_path(so).unlink(missing_ok=True)  # the manifest first: no half entry looks finished
+        so.unlink(missing_ok=True)
+        return {"key": key, "status": "build-failed",
+                "detail": f"built with TVM {have[0]} / {have[1]} but keyed for TVM {fields['tvm_version']} / "
+                          f"{fields['compiler']}"}
+    return {"key": key, "status": "built", "build_seconds": res["build_seconds"]}
+
+
+def _run_builds(jobs, workers: int | None, on_done) -> None:
+    def done(i, res):
+        if isinstance(res, Exception):
+            # a worker that died (e.g. a segfault in codegen) is recorded; the search goes on
+            res = {"key": jobs[i][5], "status": "build-failed", "detail": f"{type(res).__name__}: {res}"}
+        on_done(jobs[i], res)
+
+    if jobs:
+        map_in_processes(build_worker, jobs, workers, on_done=done)
+
+
+def _place(src: Path, dst: Path) -> None:
+    """Hard-link (or copy) a cached file into the candidate folder, atomically."""
+    with files.replacing(dst) as tmp:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copy2(src, tmp)
+
+
+def _drop_stale(out: Path, keep: set) -> None:
+    """Remove candidates of an earlier run from ``out`` (only modules the tuner placed there)."""
+    for so in out.glob("*.so"):
+        man = manifest_path(so)
+        if so.name in keep or so.name.startswith(".") or not man.exists():
+            continue
+        try:
+            ours = "tuning" in json.loads(man.read_text())
+        except (OSError, ValueError):
+            ours = False
+        if ours:
+            so.unlink()
+            man.unlink()
+
+
+def _todo(sp: Space, cache: Path, ident: dict) -> tuple[list[dict], list[tuple]]:
+    """One entry per candidate (knobs, cache key, ``cached``?) and the build jobs the cache lacks."""
+    todo, entries = [], []
+    for knobs in sp.candidates:
+        args = (sp.rung, knobs, sp.shape, sp.dtype, sp.arch, ident["tvm_version"], ident["compiler"],
+                ident["sources"])
+        fields, key = cache_key_fields(*args), cache_key(*args)
+        entry = {"knobs": knobs, "cache_key": key}
+        entries.append(entry)
+        if _cached(cache, key):
+            entry["status"] = "cached"
+        else:
+            todo.append((sp.rung, sp.shape, knobs, sp.dtype, sp.arch, key, fields, str(cache)))
+    return entries, todo
+
+
+def build_candidates(sp: Space, out, cache_dir=None, jobs: int | None = None, show_progress: bool = True,
+                     identity: dict | None = None) -> dict:
+    """Build ``sp``'s candidates (cache first), place them in ``out`` with ``candidates.json``.
+
+    Holds ``out``'s lock throughout: raises :class:`gemm_ladder.files.FolderInUse` when another
+    run is using the folder."""
+    out = Path(out)
+    with files.folder_lock(out, wait=False, what="this tuning run (--out)"):
+        cache = Path(cache_dir) if cache_dir else default_cache_dir()
+        cache.mkdir(parents=True, exist_ok=True)
+        ident = identity or toolchain_identity(sp.arch)
+        entries, todo = _todo(sp, cache, ident)
+        counts = {"built": 0, "cached": len(entries) - len(todo), "failed": 0}
+        if todo:
+            print(f"tune: {len(entries)} candidates, {counts['cached']} in the cache ({cache}), "
+                  f"building {len(todo)}", file=sys.stderr)
+        bar = progress(len(todo), f"build {sp.rung}") if show_progress and todo else None
+        by_key = {e["cache_key"]: e for e in entries}
+
+        def done(job, res):
+            e = by_key[job[5]]
+            e["status"] = res["status"]
+            if res["status"] == "built":
+                counts["built"] += 1
+                e["build_seconds"] = res["build_seconds"]
+            else:
+                counts["failed"] += 1
+                e["detail"] = res.get("detail", "")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(built=counts["built"], failed=counts["failed"])
+
+        try:
+            _run_builds(todo, jobs, done)
+        finally:
+            if bar is not None:
+                bar.close()
+        manifest = _place_all(sp, out, cache, entries, ident)
+        manifest["counts"] = {**sp.counts(), **counts}
+        files.write_json(out / CANDIDATES, manifest)
+    return manifest
+
+
+def _place_all(sp: Space, out: Path, cache: Path, entries: list[dict], ident: dict) -> dict:
+    M, N, K = sp.shape
+    candidates, failed = [], []
+    for i, e in enumerate(entries):
+        if e["status"] not in ("built", "cached"):
+            failed.append(e)
+            continue
+        name = f"{sp.rung}_{M}x{N}x{K}_{sp.dtype}_{e['cache_key'][:12]}.so"
+        src = cache / f"{e['cache_key']}.so"
+        _place(src, out / name)
+        _place(manifest_path(src), manifest_path(out / name))
+        candidates.append({"id": f"c{i:03d}", "file": name, **e})
+    _drop_stale(out, {c["file"] for c in candidates})
+    return {
+        "format": CANDIDATES_FORMAT, "version": 1,
+        "rung": sp.rung, "shape": list(sp.shape), "dtype": sp.dtype, "arch": sp.arch,
+        "tvm_version": ident["tvm_version"], "compiler": ident["compiler"], "sources": ident["sources"],
+        "commit": git_commit(), "created": utc_now(),
+        "space": sp.choices, "l2_model": sp.l2_model,
+        "candidates": candidates, "failed": failed, "pruned": sp.pruned,
+    }

@@ -1,0 +1,152 @@
+"""The GPU side of a tuning run: check and time every candidate of a folder; load the best.
+
+Runtime-only: nothing here imports TVM's compiler, the rungs, ``layouts`` or ``schedulers``, so a
+GPU box with the runtime pack (``python -m gemm_ladder pack-runtime``) measures what a build box
+prepared (``tune --build-only``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+
+from .. import device, files, harness, isolate, runtime
+from ..report import progress as progress_bar
+from .report import knob_label, plot_measurements
+
+CANDIDATES = "candidates.json"  # a candidate folder's list, written by tune.cache.build_candidates
+CANDIDATES_FORMAT = "gemm_ladder.tune.candidates"
+MEASUREMENTS_FORMAT = "gemm_ladder.tune.measurements"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "gpu"
+
+
+def read_candidates(folder) -> dict:
+    path = Path(folder) / CANDIDATES
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: make the folder with tune --build-only --out {folder}")
+    try:
+        man = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): build the folder again with tune --build-only") from None
+    if not isinstance(man, dict) or man.get("format") != CANDIDATES_FORMAT:
+        raise ValueError(f"{path} is not a gemm_ladder candidates manifest")
+    return man
+
+
+def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict | None = None,
+            progress: bool = True, plot=True) -> dict:
+    """Check and time every candidate of ``folder`` against cuBLAS; write the measurements JSON.
+
+    The ``time`` job of :mod:`gemm_ladder.isolate` (a randn check, then ``harness.time_module``:
+    the candidate and cuBLAS timed in the same process, as ``bench`` does) runs on all candidates
+    in one watched child, each with its own ``timeout``. ``wrong``, ``crash``, ``error`` and
+    ``timeout`` are recorded and do not stop the search; a candidate that erred is measured again
+    alone in a fresh child (``run_isolated``), since a kernel that faults breaks the CUDA context
+    for every module after it in the same child. Returns the measurements dict (``"path"`` says
+    where it was written).
+    """
+    folder = Path(folder)
+    man = read_candidates(folder)
+    gpu = gpu or harness.gpu_info()
+    cands = man["candidates"]
+    present = [i for i, c in enumerate(cands) if (folder / c["file"]).exists()]
+    state = {"best": None}
+    bar = progress_bar(len(present), f"measure {man['rung']}") if progress else None
+
+    def seen(res):
+        best = state["best"]
+        if res.get("status") == "ok" and (best is None or res["tflops"] > best["tflops"]):
+            state["best"] = best = res
+        if bar is not None:
+            bar.update(1)
+            if best is not None:
+                bar.set_postfix_str(f"best {best['tflops']:.1f} TFLOPS ({best['ratio_to_cublas']:.2f}x cuBLAS) "
+                                    f"{best.get('module', '')}")
+
+    timed = isolate.run_batch("time", [folder / cands[i]["file"] for i in present], (reps,),
+                              timeout=timeout, on_result=seen) if present else []
+    if bar is not None:
+        bar.close()
+    by_index = dict(zip(present, timed))
+    for i, res in by_index.items():
+        if res.get("status") == "error":
+            again = isolate.run_isolated("time", folder / cands[i]["file"], reps, timeout=timeout)
+            by_index[i] = {**again, "first_try": res.get("detail", "")}
+    results = []
+    for i, cand in enumerate(cands):
+        res = by_index.get(i, {"status": "missing", "detail": f"{folder / cand['file']} is not there"})
+        res = {k: v for k, v in res.items() if k != "module"}
+        results.append({"id": cand["id"], "file": cand["file"], "knobs": cand["knobs"],
+                        "cache_key": cand["cache_key"], **res})
+    ok = [r for r in results if r["status"] == "ok"]
+    best = max(ok, key=lambda r: r["tflops"]) if ok else None
+    report = {
+        "format": MEASUREMENTS_FORMAT, "version": 1,
+        "rung": man["rung"], "shape": man["shape"], "dtype": man["dtype"], "arch": man["arch"],
+        "tvm_version": man["tvm_version"], "compiler": man["compiler"], "sources": man.get("sources"),
+        "commit": man.get("commit"), "gpu": gpu, "date": harness.utc_now(), "reps": reps, "timeout_s": timeout,
+        "method": harness.__doc__.strip(), "candidates": str(folder.resolve()),
+        "results": results, "best": best,
+    }
+    path = Path(out) if out else folder / f"measurements_{_slug(gpu.get('name', 'gpu'))}.json"
+    files.write_json(path, report)
+    report["path"] = str(path)
+    if plot:
+        png = Path(plot) if isinstance(plot, (str, os.PathLike)) else path.with_suffix(".png")
+        report["plot"] = str(png) if plot_measurements(report, png) else None
+    return report
+
+
+def _reports(folder: Path) -> list[tuple[Path, dict]]:
+    reports = []
+    for p in sorted(folder.glob("measurements*.json")):
+        try:
+            r = json.loads(p.read_text())
+        except ValueError:
+            warnings.warn(f"{p} does not parse: ignored", stacklevel=3)
+            continue
+        if isinstance(r, dict) and r.get("format") == MEASUREMENTS_FORMAT:
+            reports.append((p, r))
+    return reports
+
+
+def load_best(folder, M: int | None = None, N: int | None = None, K: int | None = None,
+              dtype: str | None = None):
+    """Load the fastest correct module that ``measure`` found in a candidate folder (runtime-only).
+
+    Reads ``folder/measurements*.json``, preferring the file measured on this GPU. The module
+    gets a ``tuned_from`` attribute (file, knobs, TFLOPS, GPU).
+    """
+    folder = Path(folder)
+    reports = _reports(folder)
+    if not reports:
+        raise FileNotFoundError(f"no measurements in {folder}: run tune --measure {folder} on a GPU first")
+    gpu = device.probe()
+    here = gpu.name if gpu is not None else None
+    rows = []
+    for p, r in reports:
+        if M is not None and list(r["shape"]) != [M, N, K]:
+            continue
+        if dtype is not None and r["dtype"] != dtype:
+            continue
+        for row in r["results"]:
+            if row.get("status") == "ok" and (folder / row["file"]).exists():
+                rows.append(((r["gpu"].get("name") == here, row["tflops"]), row, r, p))
+    if not rows:
+        want = f" for {M}x{N}x{K}" if M is not None else ""
+        raise FileNotFoundError(f"no correct measured module{want}{' ' + dtype if dtype else ''} in {folder}")
+    _, row, r, p = max(rows, key=lambda t: t[0])
+    mod = runtime.load(folder / row["file"])
+    mod.tuned_from = {"measurements": str(p), "file": row["file"], "knobs": row["knobs"],
+                      "tflops": row["tflops"], "ratio_to_cublas": row.get("ratio_to_cublas"),
+                      "gpu": r["gpu"].get("name")}
+    print(f"gemm_ladder: loaded {row['file']} ({knob_label(row['knobs'])}: {row['tflops']:.1f} TFLOPS on "
+          f"{r['gpu'].get('name')}, from {p.name})", file=sys.stderr)
+    return mod

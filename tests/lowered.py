@@ -1,0 +1,38 @@
+"""The host half of a rung's module after TVM's tirx pipeline, for tests that check the launch.
+
+The CUDA source has the device half only; the tensor maps with their box sizes and the kernel
+launch with its grid and dynamic shared memory are in the lowered host code.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def lowered_script(mod) -> str:
+    """The module after TVM's tirx pipeline, host side included (as ``tvm.compile`` runs it).
+
+    The CUDA source has the device half of TMA only; the host half (the tensor maps with
+    their box sizes, and the launch with its dynamic shared memory) is in this script.
+    """
+    import tvm
+
+    from gemm_ladder.rungs import kernel_of
+
+    target = tvm.target.Target({"kind": "cuda", "arch": mod.cfg.arch})
+    host = tvm.target.Target("llvm" if tvm.runtime.enabled("llvm") else "c")
+    with target:
+        irmod = tvm.IRModule.from_expr(kernel_of(mod.cfg))
+        irmod = tvm.tirx.transform.BindTarget(target.with_host(host))(irmod)
+        pipeline, _, _ = tvm.tirx.get_tir_pipeline("tirx")
+        irmod = pipeline(irmod)
+    return irmod.script()
+
+
+def launch_of(script: str) -> dict[str, str]:
+    """launch param -> the argument the host passes (``blockIdx.x``, dynamic smem, ...)."""
+    m = re.search(r'T\.call_ffi_kernel\("[^"]+", (.*?), launch_params=\[(.*?)\]', script)
+    assert m, "no kernel launch in the lowered host code"
+    args = [a.strip() for a in m.group(1).split(", ")]
+    params = [p.strip().strip('"') for p in m.group(2).split(", ")]
+    return dict(zip(params, args[-len(params):]))
