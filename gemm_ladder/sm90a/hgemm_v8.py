@@ -74,6 +74,7 @@ TECHNIQUE = "thread-block clusters: operand tiles multicast by TMA to the CTAs t
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 3,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
          "cluster_m": 2, "cluster_n": 1}
+TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2)}  # what the tuner tries for the new knobs
 
 
 def check(cfg: GemmConfig) -> None:

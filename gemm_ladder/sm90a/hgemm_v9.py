@@ -80,6 +80,8 @@ KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_dep
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
          "cluster_m": 2, "cluster_n": 1, "epi_n": 64}
 CONSUMERS = (1, 2, 3)
+TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256),
+                "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}
 
 
 def check(cfg: GemmConfig) -> None:
