@@ -17,7 +17,7 @@ from .config import ARCHS, ConfigError, GemmConfig, check_common
 
 CONFIG_ATTR = "gemm_ladder.config"
 RUNGS = ("v1", "v2", "v3", "v4", "v5", "v6")
-COMMON_KNOBS = ("dtype", "arch")
+COMMON_KNOBS = ("dtype", "arch", "watchdog")
 
 
 def _arch_package(arch: str) -> str:
@@ -79,8 +79,12 @@ def prim_func(rung: str, M: int, N: int, K: int, **knobs):
 
 
 def kernel_of(cfg: GemmConfig):
-    """Trace the rung's kernel; the prim_func carries its config (``build(func)`` reads it)."""
-    func = rung_module(cfg.rung, cfg.arch).kernel(cfg)
+    """Trace the rung's kernel; the prim_func carries its config (``build(func)`` reads it) and
+    the names of its barriers (``gemm_ladder.barriers``, which also bounds its waits when the
+    ``watchdog`` knob is set)."""
+    from .barriers.classes import traced  # pylint: disable=import-outside-toplevel
+
+    func = traced(cfg, rung_module(cfg.rung, cfg.arch).kernel)
     return func.with_attr(CONFIG_ATTR, json.dumps(cfg.to_dict(), sort_keys=True))
 
 

@@ -1,0 +1,315 @@
+"""The mbarrier protocol check of a kernel: run its threads, report per barrier, name the faults.
+
+    from gemm_ladder.barriers import check
+    report = check.check_config(gemm_ladder.make_config("v5", 1000, 1000, 520))
+    print(report.table())          # one block per barrier
+    assert report.ok, report.findings
+
+What is checked, over the threads of one CTA (a cluster: all its CTAs) and a few schedules:
+
+- every phase completes with exactly its init count of arrivals, and its expect_tx bytes equal
+  the bytes of the TMA copies that complete on it (the full box, zero-filled edges included);
+  a phase that never completes is reported as the deadlock it causes, with the barrier's state;
+- every wait lands on the next phase of its barrier: not the same one again (a phase that did
+  not flip), not one later (a waiter two phases behind, which a parity cannot tell apart);
+- an MMA reads a stage only after the TMA copy into it landed (a wait on the phase its bytes
+  completed), and a stage is refilled (TMA or thread stores) only after every MMA read of it
+  retired (``wgmma.wait_group``, or the ``tcgen05.commit`` barrier) *and* that release reached
+  the writer through a barrier phase;
+- barriers are initialised before use, and the kernel does not end with a phase half done or
+  TMA copies in flight.
+
+Each finding names the check, the barrier and phase, the role (producer / consumer / MMA /
+epilogue, from what the threads do after the wait or before the arrive) and the threads.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from .interp import Program, SimError
+from .kernel_ir import KernelIR, load
+from .sim import Finding, Sim
+
+POLICIES = ("forward", "reverse", "lockstep")
+TILES_PER_CTA = 3  # persistent rungs: CTA 0 gets this many tiles
+
+
+@dataclass
+class Report:
+    title: str
+    kir: KernelIR
+    program: Program
+    sims: list[Sim]
+    findings: list[str] = field(default_factory=list)
+    raw: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+    roles: dict = field(default_factory=dict)
+    site_threads: dict = field(default_factory=dict)
+    site_bars: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def summary(self) -> str:
+        status = "ok" if self.ok else f"{len(self.findings)} finding(s)"
+        bars = ", ".join(f"{b.name}[{b.depth}]" for b in self.kir.barriers) or "no mbarriers"
+        return f"{self.title}: {bars}: {status} ({self.seconds:.1f} s)"
+
+    def table(self) -> str:
+        return render_table(self)
+
+    def site_table(self) -> list[dict]:
+        """role and unit of every wait site, as the watchdog's decoder reads them."""
+        out = []
+        for site in self.program.sites:
+            if site.kind != "wait":
+                continue
+            wd = site.extra.get("watchdog_site")
+            out.append({"site": wd if wd is not None else site.id, "role": self.roles.get(site.id),
+                        "unit": unit_of(self.site_threads.get(site.id, set()), self.sims[0].n_threads),
+                        "who": describe(self.site_threads.get(site.id, set()), self.sims[0].n_threads),
+                        "phase": site.phase_text})
+        return out
+
+
+# -- describing threads ------------------------------------------------------------------------
+def _ranges(xs) -> str:
+    xs = sorted(set(xs))
+    out, start, prev = [], None, None
+    for x in xs + [None]:
+        if start is None:
+            start = prev = x
+        elif x is not None and x == prev + 1:
+            prev = x
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = x
+    return ", ".join(out)
+
+
+def _plural(word, xs):
+    return f"{word}{'s' if len(set(xs)) > 1 else ''} {_ranges(xs)}"
+
+
+def describe(threads, n_threads: int) -> str:
+    """``warpgroups 0-1``, ``lane 0 of warps 0-7``, ``thread 0``... for a set of (rank, tid)."""
+    tids = sorted({t for _, t in threads})
+    if not tids:
+        return "no thread"
+    if len(tids) == 1:
+        t = tids[0]
+        return f"thread {t}" + (f" (warp {t // 32} lane {t % 32})" if t else "")
+    if len(tids) == n_threads:
+        return f"all {n_threads} threads"
+    warps: dict[int, list] = {}
+    for t in tids:
+        warps.setdefault(t // 32, []).append(t)
+    full = [w for w, ts in warps.items() if len(ts) == 32]
+    if len(full) == len(warps):
+        wgs = {w // 4 for w in full}
+        if all(all(g * 4 + i in warps for i in range(4)) for g in wgs) and len(full) == 4 * len(wgs):
+            return f"{_plural('warpgroup', wgs)} ({len(tids)} threads)"
+        return f"{_plural('warp', full)} ({len(tids)} threads)"
+    if all(len(ts) == 1 for ts in warps.values()):
+        lanes = {t % 32 for t in tids}
+        lane = f"lane {lanes.pop()}" if len(lanes) == 1 else "one lane"
+        return f"{lane} of {_plural('warp', warps)}"
+    return f"{len(tids)} threads of {_plural('warp', warps)}"
+
+
+def unit_of(threads, n_threads: int) -> str:
+    """warpgroup, warp or thread: what the watchdog names for a waiter at this site."""
+    tids = sorted({t for _, t in threads})
+    if len(tids) <= 1:
+        return "thread"
+    text = describe(threads, n_threads)
+    if text.startswith("warpgroup") or text.startswith("all"):
+        return "warpgroup"
+    if text.startswith("warp") or " of warp" in text:
+        return "warp"
+    return "thread"
+
+
+# -- running -------------------------------------------------------------------------------------
+def _param_values(kir: KernelIR, program: Program, num_ctas: int | None) -> dict:
+    values = {}
+    for name in program.params:
+        if name == "num_ctas":
+            if num_ctas is None:
+                tiles = math.prod(kir.cfg.grid_mn) if kir.cfg is not None else 4
+                num_ctas = max(1, math.ceil(tiles / TILES_PER_CTA))
+            values[name] = num_ctas
+    return values
+
+
+def _extent(program, tag, params) -> int:
+    v = program.launch_extents.get(tag)
+    if v is None:
+        return 1
+    if hasattr(v, "value"):
+        return int(v.value)
+    return int(params.get(getattr(v, "name", ""), 1))
+
+
+def block_sets(program: Program, params: dict, which: str = "ends") -> list[tuple[list, int]]:
+    """The CTAs to run together (a cluster, or one CTA) and the cluster size: first and last."""
+    gx, gy, gz = (_extent(program, f"blockIdx.{a}", params) for a in "xyz")
+    cluster = _extent(program, "clusterCtaIdx.x", params)
+    first = [(r, 0, 0) for r in range(cluster)]
+    last_x = (gx // cluster - 1) * cluster
+    last = [(last_x + r, gy - 1, gz - 1) for r in range(cluster)]
+    sets = [first]
+    if which == "ends" and last != first:
+        sets.append(last)
+    return [(s, cluster) for s in sets]
+
+
+def run(kir: KernelIR, *, policies=POLICIES, num_ctas: int | None = None, which: str = "ends",
+        title: str | None = None) -> Report:
+    t0 = time.perf_counter()
+    sims: list[Sim] = []
+    program = None
+    try:
+        program = Program(kir.device, kir.operand_buffers)
+        params = _param_values(kir, program, num_ctas)
+        for blocks, cluster in block_sets(program, params, which):
+            for policy in policies:
+                sims.append(Sim(kir, program, blocks, params, policy, cluster).run())
+    except SimError as err:
+        report = Report(title or _title(kir), kir, program, sims, seconds=time.perf_counter() - t0)
+        report.findings.append(f"[simulate] {err}")
+        return report
+    report = Report(title or _title(kir), kir, program, sims)
+    _merge(report)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _title(kir: KernelIR) -> str:
+    c = kir.cfg
+    if c is None:
+        return f"kernel ({kir.arch})"
+    return f"{c.rung} {kir.arch} {c.M}x{c.N}x{c.K} {c.dtype} [{c.tag().split(c.arch)[-1].lstrip('_') or 'defaults'}]"
+
+
+def _merge(report: Report) -> None:
+    roles: dict = {}
+    threads: dict = {}
+    bars: dict = {}
+    for sim in report.sims:
+        for site, votes in sim.site_roles.items():
+            agg = roles.setdefault(site, {})
+            for k, v in votes.items():
+                agg[k] = agg.get(k, 0) + v
+        for site, ths in sim.site_threads.items():
+            threads.setdefault(site, set()).update((0, t) for _, t in ths)
+        bars.update(sim.site_bar)
+    report.roles = {s: max(v, key=v.get) for s, v in roles.items()}
+    for site in report.program.sites:
+        if site.kind == "wait" and site.id not in report.roles:
+            report.roles[site.id] = "epilogue"
+    report.site_threads = threads
+    report.site_bars = bars
+    seen = set()
+    for sim in report.sims:
+        for f in sim.findings:
+            text = render_finding(report, sim, f)
+            if text not in seen:
+                seen.add(text)
+                report.findings.append(text)
+                report.raw.append(f)
+
+
+def render_finding(report: Report, sim: Sim, f: Finding) -> str:
+    where = ""
+    if f.cta is not None and f.cta < len(sim.ctas):
+        block = sim.ctas[f.cta].block
+        where = f" of CTA {block[0] if block[1:] == (0, 0) else block}"
+    who = ""
+    if f.who:
+        by_rank: dict = {}
+        for r, t in f.who:
+            by_rank.setdefault(r, set()).add((r, t))
+        rank = f.cta if f.cta is not None else next(iter(by_rank))
+        ths = by_rank.get(rank) or next(iter(by_rank.values()))
+        role = report.roles.get(f.site) if f.site is not None else None
+        who = f"{role + ' ' if role else ''}{describe(ths, sim.n_threads)}{where}: "
+    phase = f" phase {f.phase}" if f.phase is not None and f.check != "race" else ""
+    return f"[{f.check}] {f.barrier}{phase}: {who}{f.text} [{sim.policy} schedule]"
+
+
+# -- the table -----------------------------------------------------------------------------------
+def render_table(report: Report) -> str:
+    kir, sims = report.kir, report.sims
+    lines = [report.summary()]
+    if not sims:
+        return "\n".join(lines + [f"  {f}" for f in report.findings])
+    sim = sims[0]
+    n = sim.n_threads
+    sites = {s.id: s for s in report.program.sites}
+    for arr in kir.barriers:
+        prefix = arr.name + "["
+        states = [b for c in sim.ctas for b in c.bars.values() if b.label.startswith(prefix) and b.rank == 0]
+        counts = sorted({b.count for b in states if b.count is not None})
+        phases = " ".join(str(next((b.n for b in states if b.label == arr.label(i)), 0)) for i in range(arr.depth))
+        bad = [f for f in report.findings if f"] {prefix}" in f or f"{arr.name}[" in f.split(":")[0]]
+        kind = {"tma": "TMABar", "tcgen05": "TCGen05Bar", "mbarrier": "MBarrier"}.get(arr.kind, arr.kind)
+        lines.append(f"  {arr.name} ({kind} x{arr.depth}, init {', '.join(map(str, counts)) or '?'}): "
+                     f"phases completed per slot {phases}: {'ok' if not bad else f'{len(bad)} finding(s)'}")
+        mine = [sid for sid, name in report.site_bars.items() if name == arr.name]
+        block: list[str] = []
+        for sid in sorted(mine):
+            site = sites[sid]
+            who = describe(report.site_threads.get(sid, set()), n)
+            role = report.roles.get(sid, "")
+            if site.kind == "arrive":
+                tx = sorted(sim.site_phases.get(sid, set()))
+                what = f"arrive.expect_tx {', '.join(map(str, tx))} B" if tx else "arrive"
+                block.append(f"    arrive    {role} {who}: {what}")
+            elif site.kind == "commit":
+                block.append(f"    arrive    {role} {who}: tcgen05.commit (when its MMAs complete)")
+            elif site.kind == "tma":
+                copies = [c for s in sims for c in s.copies if c.site == sid]
+                if copies:
+                    info = kir.tensormaps.get(next((k for k, v in kir.tensormaps.items()
+                                                    if v.name == copies[0].tmap), ""), None)
+                    zero = max(c.box_bytes - c.in_bounds for c in copies)
+                    mc = " (multicast)" if site.extra.get("multicast") else ""
+                    edge = f"; edge boxes zero-fill up to {zero} B, counted" if zero else ""
+                    block.append(f"    complete  TMA {info.describe() if info else copies[0].tmap}{mc}{edge}")
+            elif site.kind == "wait":
+                block.append(f"    wait      {role} {who}: parity {site.phase_text}")
+        for line in dict.fromkeys(block):  # unrolled copies of one site print once
+            lines.append(line)
+        hist = [h for b in states for h in b.history]
+        if hist:
+            shapes = sorted({(sum(a[2] for a in h.arrivals), h.expected, sum(c.box_bytes for c in h.copies))
+                             for h in hist})
+            for arrivals, exp, got in shapes:
+                tail = f"; expect_tx {exp} B, delivered {got} B" if exp or got else ""
+                lines.append(f"    phase     {arrivals} arrival(s) of {counts[0] if counts else '?'}{tail}")
+        for f in bad:
+            lines.append(f"    FINDING   {f}")
+    other = [f for f in report.findings if not any(f"{a.name}[" in f for a in kir.barriers)]
+    for f in other:
+        lines.append(f"  FINDING {f}")
+    return "\n".join(lines)
+
+
+# -- entry points --------------------------------------------------------------------------------
+def check_kernel(func_or_cfg, **kw) -> Report:
+    """Check a rung's config or a traced prim_func (e.g. a deliberately broken variant)."""
+    return run(load(func_or_cfg), **kw)
+
+
+def check_config(cfg, **kw) -> Report:
+    return check_kernel(cfg, **kw)
+
+
+def check_module(mod, **kw) -> Report:
+    """Check a :class:`gemm_ladder.builder.BuiltModule` (its config is traced again)."""
+    return check_kernel(mod.cfg, **kw)
