@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from .interp import Program, SimError
 from .kernel_ir import KernelIR, load
 from .sim import Finding, Sim
+from .words import describe, unit_of
 
 POLICIES = ("forward", "reverse", "lockstep")
 TILES_PER_CTA = 3  # persistent rungs: CTA 0 gets this many tiles
@@ -76,64 +77,6 @@ class Report:
         return out
 
 
-# -- describing threads ------------------------------------------------------------------------
-def _ranges(xs) -> str:
-    xs = sorted(set(xs))
-    out, start, prev = [], None, None
-    for x in xs + [None]:
-        if start is None:
-            start = prev = x
-        elif x is not None and x == prev + 1:
-            prev = x
-        else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = x
-    return ", ".join(out)
-
-
-def _plural(word, xs):
-    return f"{word}{'s' if len(set(xs)) > 1 else ''} {_ranges(xs)}"
-
-
-def describe(threads, n_threads: int) -> str:
-    """``warpgroups 0-1``, ``lane 0 of warps 0-7``, ``thread 0``... for a set of (rank, tid)."""
-    tids = sorted({t for _, t in threads})
-    if not tids:
-        return "no thread"
-    if len(tids) == 1:
-        t = tids[0]
-        return f"thread {t}" + (f" (warp {t // 32} lane {t % 32})" if t else "")
-    if len(tids) == n_threads:
-        return f"all {n_threads} threads"
-    warps: dict[int, list] = {}
-    for t in tids:
-        warps.setdefault(t // 32, []).append(t)
-    full = [w for w, ts in warps.items() if len(ts) == 32]
-    if len(full) == len(warps):
-        wgs = {w // 4 for w in full}
-        if all(all(g * 4 + i in warps for i in range(4)) for g in wgs) and len(full) == 4 * len(wgs):
-            return f"{_plural('warpgroup', wgs)} ({len(tids)} threads)"
-        return f"{_plural('warp', full)} ({len(tids)} threads)"
-    if all(len(ts) == 1 for ts in warps.values()):
-        lanes = {t % 32 for t in tids}
-        lane = f"lane {lanes.pop()}" if len(lanes) == 1 else "one lane"
-        return f"{lane} of {_plural('warp', warps)}"
-    return f"{len(tids)} threads of {_plural('warp', warps)}"
-
-
-def unit_of(threads, n_threads: int) -> str:
-    """warpgroup, warp or thread: what the watchdog names for a waiter at this site."""
-    tids = sorted({t for _, t in threads})
-    if len(tids) <= 1:
-        return "thread"
-    text = describe(threads, n_threads)
-    if text.startswith("warpgroup") or text.startswith("all"):
-        return "warpgroup"
-    if text.startswith("warp") or " of warp" in text:
-        return "warp"
-    return "thread"
-
-
 # -- running -------------------------------------------------------------------------------------
 def _param_values(kir: KernelIR, program: Program, num_ctas: int | None) -> dict:
     values = {}
@@ -169,7 +112,7 @@ def block_sets(program: Program, params: dict, which: str = "ends") -> list[tupl
 
 
 def run(kir: KernelIR, *, policies=POLICIES, num_ctas: int | None = None, which: str = "ends",
-        title: str | None = None) -> Report:
+        title: str | None = None, step_budget: int | None = None) -> Report:
     t0 = time.perf_counter()
     sims: list[Sim] = []
     program = None
@@ -178,7 +121,7 @@ def run(kir: KernelIR, *, policies=POLICIES, num_ctas: int | None = None, which:
         params = _param_values(kir, program, num_ctas)
         for blocks, cluster in block_sets(program, params, which):
             for policy in policies:
-                sims.append(Sim(kir, program, blocks, params, policy, cluster).run())
+                sims.append(Sim(kir, program, blocks, params, policy, cluster, step_budget).run())
     except SimError as err:
         report = Report(title or _title(kir), kir, program, sims, seconds=time.perf_counter() - t0)
         report.findings.append(f"[simulate] {err}")
@@ -209,37 +152,74 @@ def _merge(report: Report) -> None:
             threads.setdefault(site, set()).update((0, t) for _, t in ths)
         bars.update(sim.site_bar)
     report.roles = {s: max(v, key=v.get) for s, v in roles.items()}
-    for site in report.program.sites:
-        if site.kind == "wait" and site.id not in report.roles:
-            report.roles[site.id] = "epilogue"
+    sites = report.program.sites
+    for site in sites:
+        if site.kind == "mma":
+            report.roles[site.id] = _MMA_ROLE[site.extra.get("engine")]
+        elif site.kind == "tma":
+            report.roles[site.id] = "producer"
+        elif site.kind == "wait" and site.id not in report.roles:
+            # a wait no run got past: the role of what the code does after it
+            report.roles[site.id] = _role_after(sites, site.id)
     report.site_threads = threads
     report.site_bars = bars
-    seen = set()
+    merged: dict = {}
     for sim in report.sims:
         for f in sim.findings:
             text = render_finding(report, sim, f)
-            if text not in seen:
-                seen.add(text)
-                report.findings.append(text)
+            if text not in merged:
+                merged[text] = []
                 report.raw.append(f)
+            merged[text].append(sim.policy)
+    for text, policies in merged.items():
+        names = list(dict.fromkeys(policies))
+        report.findings.append(f"{text} [{', '.join(names)} schedule{'s' if len(names) > 1 else ''}]")
+
+
+_MMA_ROLE = {"wgmma": "consumer", "tcgen05": "MMA", None: "consumer"}
+
+
+def _role_after(sites, i: int) -> str:
+    for site in sites[i + 1:]:
+        if site.kind == "tma":
+            return "producer"
+        if site.kind == "mma":
+            return _MMA_ROLE[site.extra.get("engine")]
+        if site.kind in ("arrive", "commit", "store"):
+            return "epilogue"
+    return "epilogue"
+
+
+def _cta_name(sim: Sim, rank) -> str:
+    if rank is None or rank >= len(sim.ctas):
+        return ""
+    block = sim.ctas[rank].block
+    name = f"CTA {block[0]}" if block[1:] == (0, 0) else f"CTA {block}"
+    return name + (f" (cluster rank {rank})" if len(sim.ctas) > 1 else "")
+
+
+def _who(report: Report, sim: Sim, who, site, rank=None) -> str:
+    by_rank: dict = {}
+    for r, t in who:
+        by_rank.setdefault(r, set()).add((r, t))
+    if not by_rank:
+        return ""
+    role = report.roles.get(site) if site is not None else None
+    parts = []
+    for r in ([rank] if rank in by_rank else sorted(by_rank)):
+        parts.append(f"{role + ' ' if role else ''}{describe(by_rank[r], sim.n_threads)} of {_cta_name(sim, r)}")
+    return " and ".join(parts)
 
 
 def render_finding(report: Report, sim: Sim, f: Finding) -> str:
-    where = ""
-    if f.cta is not None and f.cta < len(sim.ctas):
-        block = sim.ctas[f.cta].block
-        where = f" of CTA {block[0] if block[1:] == (0, 0) else block}"
-    who = ""
-    if f.who:
-        by_rank: dict = {}
-        for r, t in f.who:
-            by_rank.setdefault(r, set()).add((r, t))
-        rank = f.cta if f.cta is not None else next(iter(by_rank))
-        ths = by_rank.get(rank) or next(iter(by_rank.values()))
-        role = report.roles.get(f.site) if f.site is not None else None
-        who = f"{role + ' ' if role else ''}{describe(ths, sim.n_threads)}{where}: "
-    phase = f" phase {f.phase}" if f.phase is not None and f.check != "race" else ""
-    return f"[{f.check}] {f.barrier}{phase}: {who}{f.text} [{sim.policy} schedule]"
+    phase = f" phase {f.phase}" if f.phase is not None else ""
+    head = f"[{f.check}]" + (f" {f.barrier}{phase}" if f.barrier else "")
+    text = f.text.replace("{others}", describe(f.others, sim.n_threads)) if f.others else f.text
+    if f.groups:
+        body = "; ".join(f"{_who(report, sim, who, site)} {t}" for who, site, t in f.groups)
+        return f"{head} {text}: {body}"
+    who = _who(report, sim, f.who, f.site, f.cta)
+    return f"{head}: {who + ': ' if who else ''}{text}"
 
 
 # -- the table -----------------------------------------------------------------------------------
@@ -313,3 +293,26 @@ def check_config(cfg, **kw) -> Report:
 def check_module(mod, **kw) -> Report:
     """Check a :class:`gemm_ladder.builder.BuiltModule` (its config is traced again)."""
     return check_kernel(mod.cfg, **kw)
+
+
+def watchdog_table(func) -> dict | None:
+    """The table a watchdog build's manifest carries: barrier names and, per bounded wait, its
+    role and unit (from a short run of the checker; a site no run reached gets its role from
+    the code after it). None for a build without the watchdog."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    from .classes import WATCHDOG_ATTR  # pylint: disable=import-outside-toplevel
+
+    attrs = func.attrs if func.attrs is not None else {}
+    if WATCHDOG_ATTR not in attrs:
+        return None
+    table = json.loads(str(attrs[WATCHDOG_ATTR]))
+    try:
+        report = run(load(func), policies=("forward",), which="first", step_budget=40_000)
+        by_site = {s["site"]: s for s in report.site_table()}
+    except Exception as err:  # pylint: disable=broad-except
+        by_site = {}
+        table["roles_error"] = f"{type(err).__name__}: {err}"
+    for site in table["sites"]:
+        site.update({k: v for k, v in by_site.get(site["site"], {}).items() if k != "site"})
+    return table

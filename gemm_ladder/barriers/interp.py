@@ -110,7 +110,19 @@ def _operands(call) -> list:
 
 
 def _op(call) -> str:
-    return call.op.name if isinstance(call.op, ir.Op) else str(call.op)
+    """The op name, with the PTX dialect's variants folded (``mbarrier_arrive_nocount``,
+    ``mapa_u32``... are the same operation to the simulator)."""
+    name = call.op.name if isinstance(call.op, ir.Op) else str(call.op)
+    for family in _FAMILIES:
+        if name.startswith(family):
+            return family
+    return name
+
+
+# longest first: mbarrier_arrive_expect_tx before mbarrier_arrive
+_FAMILIES = ("tirx.ptx.mbarrier_arrive_expect_tx", "tirx.ptx.mbarrier_arrive", "tirx.ptx.mbarrier_init",
+             "tirx.ptx.mbarrier_expect_tx", "tirx.ptx.mapa", "tirx.ptx.cp_async_bulk_tensor_g2s",
+             "tirx.ptx.tcgen05_commit", "tirx.ptx.tcgen05_mma", "tirx.ptx.st_vec")
 
 
 def _func_name(call) -> str:
@@ -491,6 +503,8 @@ class Program:
         def run(th):
             if pred is None or pred(th):
                 th.sim.mbar_arrive(th, addr(th), count(th), None, site)
+            else:
+                th.sim.mbar_skip(th, addr(th), site)
             return
             yield  # pylint: disable=unreachable
         return run
@@ -504,6 +518,8 @@ class Program:
         def run(th):
             if pred is None or pred(th):
                 th.sim.mbar_arrive(th, addr(th), 1, tx(th), site)
+            else:
+                th.sim.mbar_skip(th, addr(th), site)
             return
             yield  # pylint: disable=unreachable
         return run
@@ -521,7 +537,7 @@ class Program:
 
     def _wait(self, call, addr_e, phase_e, site_extra=None):
         addr, phase = self._expr(addr_e), self._expr(phase_e)
-        site = self._site("wait", call, phase_text=str(phase_e), extra=site_extra or {})
+        site = self._site("wait", call, phase_text=_simplified(phase_e), extra=site_extra or {})
 
         def run(th):
             a, p = addr(th), phase(th)
@@ -1015,6 +1031,17 @@ def _const(v):
 def _nothing(th):
     return
     yield  # pylint: disable=unreachable
+
+
+def _simplified(e) -> str:
+    """A phase expression as the table prints it: constants folded, ``^ 0`` gone."""
+    try:
+        from tvm import arith  # pylint: disable=import-outside-toplevel
+
+        e = arith.Analyzer().simplify(e)
+    except Exception:  # pylint: disable=broad-except
+        pass
+    return str(e)
 
 
 def _short(text: str, n: int = 160) -> str:

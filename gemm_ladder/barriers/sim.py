@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .interp import TICK, UNKNOWN, SimError, Smem, TMap
+from .words import plural
 
 TX_LIMIT = (1 << 20) - 1  # tx-count and arrival count range of an mbarrier phase
 MAX_STEPS = 3_000_000
@@ -43,6 +44,8 @@ class Finding:
     site: int | None
     text: str  # the message without the role, which is filled in after the run
     cta: int | None = None
+    groups: list = field(default_factory=list)  # deadlock: (who, site, text) per blocked group
+    others: list = field(default_factory=list)  # threads the text names as {others}
 
     def key(self):
         return (self.check, self.barrier, self.phase, self.site, self.text)
@@ -83,6 +86,7 @@ class Read:
     engine: str
     region: tuple
     retire: object = None  # ("epoch", g, e) or Pending
+    released: list = field(default_factory=list)  # (barrier, phase) the owner arrived on since
 
 
 @dataclass
@@ -90,11 +94,13 @@ class PhaseRecord:
     arrivals: list  # (rank, tid, count, site)
     expected: int
     copies: list  # Copy
+    step: int = 0  # the simulation step it completed at
 
 
 class BarrierState:
     __slots__ = ("rank", "off", "comp", "label", "count", "init_by", "pending", "tx", "n", "acc",
-                 "clocks", "arrivals", "expected", "copies", "pendings", "history", "expected_sites")
+                 "clocks", "arrivals", "expected", "copies", "pendings", "history", "expected_sites",
+                 "skipped")
 
     def __init__(self, rank, off, comp, label):
         self.rank, self.off, self.comp, self.label = rank, off, comp, label
@@ -111,6 +117,7 @@ class BarrierState:
         self.pendings: list = []
         self.history: list[PhaseRecord] = []
         self.expected_sites: list = []
+        self.skipped: list = []  # (rank, tid, site) that reached an arrive with its predicate off
 
 
 class CTA:
@@ -139,6 +146,7 @@ class Thread:
         self.wg_open: list = []
         self.wg_groups: deque = deque()
         self.tc_open: list = []
+        self.unreleased: list = []  # MMA reads this thread owns, not yet followed by an arrive
         self.last_action = None
         self.after_wait: list = []  # wait sites passed since the thread last did something
         self.observed: dict = {}  # (rank, off) -> last observed phase
@@ -161,8 +169,9 @@ class Thread:
 class Sim:
     """One run of a cluster (or a single CTA) under one schedule."""
 
-    def __init__(self, kir, program, blocks, params, policy="forward", cluster=1):
+    def __init__(self, kir, program, blocks, params, policy="forward", cluster=1, step_budget=None):
         self.kir, self.program, self.policy = kir, program, policy
+        self.step_budget = step_budget  # stop quietly after this many steps (enough to learn roles)
         self.params = params
         self.cluster = cluster
         n_threads = _extent(kir.launch, program, "threadIdx.x", params)
@@ -193,8 +202,9 @@ class Sim:
         self.site_bar: dict[int, str] = {}
         self.steps = 0
         self.deadlocked: list = []
+        self.stuck: list = []  # barriers threads wait on forever, after a deadlock
         self.finished = False
-        self.cluster_sync = {"waiting": set(), "gen": 0}
+        self._cluster = {"waiting": set(), "gen": 0}
 
     # -- clocks --------------------------------------------------------------------------------
     def zero_vc(self):
@@ -208,10 +218,13 @@ class Sim:
         return np.maximum(a, b)
 
     # -- findings --------------------------------------------------------------------------------
-    def find(self, check, barrier, phase, who, site, text, cta=None):
+    def find(self, check, barrier, phase, who, site, text, cta=None, others=None, key=None):
+        """Record a finding once (``key``: what counts as the same one; default its text)."""
         f = Finding(check, barrier, phase, who, site.id if site is not None else None, text, cta)
-        if f.key() not in self._seen:
-            self._seen.add(f.key())
+        f.others = sorted(set(others or []))
+        key = key or f.key()
+        if key not in self._seen:
+            self._seen.add(key)
             self.findings.append(f)
 
     # -- coordinates -----------------------------------------------------------------------------
@@ -298,6 +311,10 @@ class Sim:
         if any(a[0] == th.rank and a[1] == th.tid and a[3] == site.id for a in bar.arrivals):
             self.find("arrivals", bar.label, bar.n, [(th.rank, th.tid)], site,
                       f"arrives twice on {bar.label} in phase {bar.n} from the same site", th.rank)
+        for rd in th.unreleased:
+            if rd.retire is None:
+                rd.released.append((bar.label, bar.n))
+        th.unreleased = [rd for rd in th.unreleased if rd.retire is None]
         bar.arrivals.append((th.rank, th.tid, count, site.id))
         bar.pending -= count
         bar.acc = self.join(bar.acc, th.vc)
@@ -306,6 +323,12 @@ class Sim:
                       f"{bar.label} phase {bar.n} gets {bar.count - bar.pending} arrivals, over its "
                       f"init count {bar.count} (its tx-count holds the phase open)", th.rank)
         self._maybe_complete(bar)
+
+    def mbar_skip(self, th, addr, site):
+        """A predicated arrive this thread reached with its predicate false."""
+        bar = self._bar(th, addr, site, "arrive")
+        self.site_bar[site.id] = bar.label.split("[")[0]
+        bar.skipped.append((th.rank, th.tid, site.id))
 
     def mbar_expect_tx(self, th, addr, tx, site):
         bar = self._bar(th, addr, site, "expect_tx")
@@ -340,12 +363,12 @@ class Sim:
                           f"{c.issue_phase} of {bar.label} completes phase {n}: an earlier phase "
                           f"completed before all its bytes landed (expect_tx counted fewer bytes "
                           f"than its copies)", bar.rank)
-        bar.history.append(PhaseRecord(bar.arrivals, bar.expected, bar.copies))
+        bar.history.append(PhaseRecord(bar.arrivals, bar.expected, bar.copies, self.steps))
         bar.n += 1
         bar.pending = bar.count
         bar.tx = 0
         bar.expected = 0
-        bar.arrivals, bar.copies, bar.pendings, bar.expected_sites = [], [], [], []
+        bar.arrivals, bar.copies, bar.pendings, bar.expected_sites, bar.skipped = [], [], [], [], []
         bar.acc = self.zero_vc()
         self.version += 1
 
@@ -462,18 +485,31 @@ class Sim:
         if region is None:
             return
         label = self.kir.region_label(region["key"])
+        stage = region["key"][1]
+        early: dict = {}
+        unordered = []
         for rd in region["reads"]:
             if rd.retire is None:
-                what = ("its wgmma group is not retired (wgmma.wait_group)" if rd.engine == "wgmma"
-                        else "no tcgen05.commit covers it yet")
-                self.find("release", label, None, [(th.rank, th.tid), rd.thread], site,
-                          f"overwrites {label} while an MMA of thread {rd.thread[1]} still reads it: "
-                          f"{what}", rank)
+                # the release that went out before the read retired: the owner's arrive on the
+                # slot of this stage, else its first arrive after the read
+                rel = next((r for r in rd.released if r[0].endswith(f"[{stage}]")), None) or \
+                    (rd.released[0] if rd.released else ("", None))
+                early.setdefault((rel[0], rel[1], rd.engine), []).append(rd.thread)
             elif not self._visible(th, rd.retire):
-                self.find("release", label, None, [(th.rank, th.tid), rd.thread], site,
-                          f"overwrites {label} without waiting for the release of the MMA read by "
-                          f"thread {rd.thread[1]} (no barrier phase orders the read's retirement "
-                          f"before this write)", rank)
+                unordered.append(rd.thread)
+        for (bar, phase, engine), readers in early.items():
+            pending = ("their wgmma group is not retired (wgmma.wait_group)" if engine == "wgmma"
+                       else "no tcgen05.commit covers it yet")
+            how_released = (f"; they released it by arriving on {bar} before the read retired" if bar else "")
+            self.find("release", bar or label, phase, [(th.rank, th.tid)], site,
+                      f"refills {label} while the MMA reads of it by {_readers(readers, engine)} are in "
+                      f"flight: {pending}{how_released}", rank, key=("release", region["key"][0], "early"))
+        if unordered:
+            self.find("release", label, None, [(th.rank, th.tid)], site,
+                      f"refills {label} without waiting for the release of the MMA reads by "
+                      f"{_readers(unordered, 'wgmma' if any(r.engine == 'wgmma' for r in region['reads']) else '')}: "
+                      f"no barrier phase orders their retirement before this write", rank,
+                      key=("release", region["key"][0], "unordered"))
         region["reads"] = []
         region["write"] = how
 
@@ -534,6 +570,7 @@ class Sim:
                               f"before it", th.rank)
             rd = Read((th.rank, th.tid), th.g, site.id, engine, region["key"])
             region["reads"].append(rd)
+            th.unreleased.append(rd)
             (th.wg_open if engine == "wgmma" else th.tc_open).append(rd)
 
     def wgmma_commit(self, th, site):
@@ -597,7 +634,7 @@ class Sim:
         self.version += 1
 
     def cluster_sync(self, th, site):
-        state = self.cluster_sync
+        state = self._cluster
         key = -1
         gen = th.sync_gen.get(key)
         if gen is not None:
@@ -725,9 +762,9 @@ class Sim:
             if cta.syncs[bar_id]["waiting"]:
                 self._try_release_sync(cta, bar_id)
         self._try_release_collective(cta, th.warp)
-        if self.cluster_sync["waiting"]:
+        if self._cluster["waiting"]:
             need = sum(t.state != "done" for t in self.threads)
-            if len(self.cluster_sync["waiting"]) >= need:
+            if len(self._cluster["waiting"]) >= need:
                 self.version += 1
         self.version += 1
 
@@ -752,6 +789,8 @@ class Sim:
                     continue
                 while self._ready(th):
                     self.steps += 1
+                    if self.step_budget is not None and self.steps > self.step_budget:
+                        return
                     if self.steps > MAX_STEPS:
                         raise SimError(f"the simulation ran over {MAX_STEPS} steps: a loop that does not end?")
                     moved = self._step(th)
@@ -791,10 +830,12 @@ class Sim:
     def barrier_state_text(self, bar) -> str:
         got = sum(a[2] for a in bar.arrivals)
         delivered = sum(c.box_bytes for c in bar.copies)
-        parts = [f"{bar.label} phase {bar.n}: {got} of {bar.count} arrivals"]
+        parts = [f"{got} of {bar.count} arrivals"]
         if bar.expected or bar.copies:
-            boxes = " + ".join(f"{c.tmap.replace('_tensormap', '')} {c.box_bytes}" for c in bar.copies)
-            parts.append(f"expect_tx {bar.expected} bytes, copies delivered {delivered}"
+            boxes = " + ".join(
+                f"{c.tmap.replace('_tensormap', '')} {c.box_bytes}"
+                + (f" from rank {c.issuer[0]}" if c.issuer[0] != bar.rank else "") for c in bar.copies)
+            parts.append(f"expect_tx {bar.expected} bytes, its copies delivered {delivered}"
                          + (f" ({boxes})" if boxes else ""))
             zero = sum(c.box_bytes - c.in_bounds for c in bar.copies)
             if zero:
@@ -802,29 +843,63 @@ class Sim:
         return "; ".join(parts)
 
     def _report_deadlock(self):
+        """The blocked threads, grouped; and for each stuck phase, why it cannot complete."""
         groups: dict = {}
         for th in self.deadlocked:
             tok = th.token
             if tok is None:
-                continue
-            if tok[0] == "wait":
-                _, bar, parity, site = tok
-                key = ("wait", th.rank, id(bar), parity & 1, site.id)
+                key = ("other", th.rank)
+            elif tok[0] == "wait":
+                key = ("wait", th.rank, id(tok[1]), tok[2] & 1, tok[3].id)
             else:
                 key = (tok[0], th.rank, tok[1] if len(tok) > 1 else None)
             groups.setdefault(key, []).append(th)
+        summary = []
+        stuck = {}
         for key, ths in groups.items():
             who = [(t.rank, t.tid) for t in ths]
             if key[0] == "wait":
                 bar, parity, site = ths[0].token[1], ths[0].token[2] & 1, ths[0].token[3]
-                self.find("deadlock", bar.label, bar.n, who, site,
-                          f"wait on {bar.label} for parity {parity} forever ({self.barrier_state_text(bar)})",
-                          ths[0].rank)
+                stuck[id(bar)] = bar
+                summary.append((who, site.id, f"wait on {bar.label} for parity {parity} "
+                                              f"(phase {bar.n}: {self.barrier_state_text(bar)})"))
             elif key[0] == "sync":
-                self.find("deadlock", f"bar.sync {key[2]}", None, who, None,
-                          f"wait at named barrier {key[2]} forever", ths[0].rank)
+                summary.append((who, None, f"wait at named barrier {key[2]}"))
             else:
-                self.find("deadlock", key[0], None, who, None, f"wait at {key[0]} forever", ths[0].rank)
+                summary.append((who, None, f"wait at {key[0]}"))
+        self.stuck = list(stuck.values())
+        for bar in self.stuck:
+            self._why_stuck(bar)
+        f = Finding("deadlock", "", None, [], None, "no thread can go on", None)
+        f.groups = summary
+        if f.key() not in self._seen:
+            self._seen.add(f.key())
+            self.findings.append(f)
+
+    def _why_stuck(self, bar):
+        """A stuck phase's cause, when it is visible in the phase itself."""
+        who = [(a[0], a[1]) for a in bar.arrivals]
+        if bar.count is not None and bar.pending <= 0 and bar.tx != 0:
+            site = self.program.sites[bar.expected_sites[0]] if bar.expected_sites else None
+            self.find("expect-tx", bar.label, bar.n, who, site,
+                      f"every arrival is in but the bytes do not add up: {self.barrier_state_text(bar)}",
+                      bar.rank)
+            return
+        if bar.skipped:
+            site = self.program.sites[bar.skipped[0][2]]
+            self.find("arrivals", bar.label, bar.n, [(r, t) for r, t, _ in bar.skipped], site,
+                      f"reach the arrive on {bar.label} with its predicate off: the phase gets "
+                      f"{self.barrier_state_text(bar)}", bar.rank)
+            return
+        arrivers = {(r, t) for sid, ths in self.site_threads.items()
+                    if self.site_bar.get(sid) == bar.label.split("[")[0]
+                    and self.program.sites[sid].kind in ("arrive", "commit") for r, t in ths if r == bar.rank}
+        missing = arrivers - set(who)
+        gone = [m for m in missing if self.ctas[m[0]].threads[m[1]].state == "done"]
+        if missing and len(gone) == len(missing):
+            self.find("arrivals", bar.label, bar.n, sorted(gone), None,
+                      f"left the kernel without arriving on {bar.label} (they arrive on it elsewhere): "
+                      f"the phase gets {self.barrier_state_text(bar)}", bar.rank)
 
 
 def _extent(launch, program, tag, params):
@@ -839,3 +914,9 @@ def _extent(launch, program, tag, params):
     raise SimError(f"launch extent {tag} = {v} is not known")
 
 
+def _readers(threads, engine) -> str:
+    ranks = sorted({r for r, _ in threads})
+    where = f" of cluster {plural('rank', ranks)}" if ranks != [0] else ""
+    if engine == "wgmma":
+        return f"the wgmma of {plural('warp', [t // 32 for _, t in threads])}{where}"
+    return f"the MMA issued by {plural('thread', [t for _, t in threads])}{where}"
