@@ -163,6 +163,11 @@ def check_common(cfg: GemmConfig) -> None:
                 f"that TMA needs",
                 f"pad {name} to a multiple of {per16} (e.g. {up}) and zero the padding",
             )
+    watchdog = dict(cfg.extra).get("watchdog")
+    if watchdog is not None and (isinstance(watchdog, bool) or not isinstance(watchdog, (int, float))
+                                 or not 0 < watchdog <= 3600):
+        raise _fix(f"watchdog={watchdog!r} is not a number of seconds in (0, 3600]",
+                   "use e.g. watchdog=2 (bound every mbarrier wait by 2 s), or leave it out")
     if cfg.blk_k != 64:
         raise _fix(f"blk_k={cfg.blk_k} is not supported", "use blk_k=64 (one 128-byte swizzle row of 16-bit data)")
     if cfg.blk_m not in (64, 128, 256):
