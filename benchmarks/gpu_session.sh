@@ -5,10 +5,12 @@
 #   bash benchmarks/gpu_session.sh tests    # the GPU test tier over the prebuilt cases
 #   bash benchmarks/gpu_session.sh bench    # bench the ladder, run the C++ runner
 #   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
+#   bash benchmarks/gpu_session.sh barriers # broken variants under the watchdog; its cost off/on
 #
 # Inputs under build/, made by benchmarks/prepare_gpu_session.sh (git-ignored, carried to the GPU box):
 # runtime/ (pack-runtime),
-# gpu_cases/ (GEMM_LADDER_GPU_EXPORT), ladder/ (export), runner/ (cmake), tune_*/ (tune --build-only).
+# gpu_cases/ (GEMM_LADDER_GPU_EXPORT, with watchdog/ twins), ladder/ (export), runner/ (cmake),
+# tune_*/ (tune --build-only), barriers/ (benchmarks/barrier_watchdog.py prepare).
 # Outputs go to $OUT (or out/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +21,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,drive
 case "${1:-bench}" in
   tests)
     GEMM_LADDER_PREBUILT=build/gpu_cases python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "it/s]"
+      tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py tests/test_barriers.py \
+      2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "it/s]"
     ;;
   bench)
     CUDART_DIR=$(python3 -c "import os, nvidia; print(os.path.join(nvidia.__path__[0], 'cu13', 'lib'))" 2>/dev/null || true)
@@ -28,6 +31,9 @@ case "${1:-bench}" in
       LD_LIBRARY_PATH=$PWD/build/runtime/site/tvm/lib:$PWD/build/runtime/site/tvm_ffi/lib:$CUDART_DIR \
         build/runner/gemm_runner "$so" --reps 20
     done 2>&1 | tee "$OUT/runner.txt"
+    ;;
+  barriers)
+    python3 benchmarks/barrier_watchdog.py run build/barriers --out "$OUT/barriers" 2>&1 | grep -v "it/s]"
     ;;
   tune)
     for d in build/tune_*; do

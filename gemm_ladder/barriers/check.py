@@ -242,6 +242,7 @@ def render_table(report: Report) -> str:
                      f"phases completed per slot {phases}: {'ok' if not bad else f'{len(bad)} finding(s)'}")
         mine = [sid for sid, name in report.site_bars.items() if name == arr.name]
         block: list[str] = []
+        tma_sites: list[int] = []
         for sid in sorted(mine):
             site = sites[sid]
             who = describe(report.site_threads.get(sid, set()), n)
@@ -253,16 +254,11 @@ def render_table(report: Report) -> str:
             elif site.kind == "commit":
                 block.append(f"    arrive    {role} {who}: tcgen05.commit (when its MMAs complete)")
             elif site.kind == "tma":
-                copies = [c for s in sims for c in s.copies if c.site == sid]
-                if copies:
-                    info = kir.tensormaps.get(next((k for k, v in kir.tensormaps.items()
-                                                    if v.name == copies[0].tmap), ""), None)
-                    zero = max(c.box_bytes - c.in_bounds for c in copies)
-                    mc = " (multicast)" if site.extra.get("multicast") else ""
-                    edge = f"; edge boxes zero-fill up to {zero} B, counted" if zero else ""
-                    block.append(f"    complete  TMA {info.describe() if info else copies[0].tmap}{mc}{edge}")
+                tma_sites.append(sid)
             elif site.kind == "wait":
-                block.append(f"    wait      {role} {who}: parity {site.phase_text}")
+                phase = site.phase_text[:-4] if site.phase_text.endswith(" ^ 0") else site.phase_text
+                block.append(f"    wait      {role} {who}: parity {phase}")
+        block.extend(_tma_lines(kir, sims, sites, tma_sites))
         for line in dict.fromkeys(block):  # unrolled copies of one site print once
             lines.append(line)
         hist = [h for b in states for h in b.history]
@@ -278,6 +274,23 @@ def render_table(report: Report) -> str:
     for f in other:
         lines.append(f"  FINDING {f}")
     return "\n".join(lines)
+
+
+def _tma_lines(kir, sims, sites, tma_sites) -> list[str]:
+    """One line per tensor map completing on a barrier: its box, and the most of it that an
+    edge box zero-fills (TMA still counts those bytes)."""
+    by_map: dict = {}
+    for sid in tma_sites:
+        for c in (c for s in sims for c in s.copies if c.site == sid):
+            key = (c.tmap, bool(sites[sid].extra.get("multicast")))
+            by_map[key] = max(by_map.get(key, 0), c.box_bytes - c.in_bounds)
+    out = []
+    for (tmap, multicast), zero in by_map.items():
+        info = next((v for v in kir.tensormaps.values() if v.name == tmap), None)
+        mc = " (multicast)" if multicast else ""
+        edge = f"; edge boxes zero-fill up to {zero} B, counted" if zero else ""
+        out.append(f"    complete  TMA {info.describe() if info else tmap}{mc}{edge}")
+    return out
 
 
 # -- entry points --------------------------------------------------------------------------------
