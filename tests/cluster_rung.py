@@ -53,7 +53,8 @@ def kernel(cfg, b_mask=lambda rank: FULL_MASK):
     @T.prim_func
     def hgemm(A: T.Buffer((M, K), dtype), B: T.Buffer((N, K), dtype), D: T.Buffer((M, N), dtype)):
         T.device_entry()
-        cm, by = T.cluster_id([GRID_M // CLUSTER, GRID_N])
+        # a 1-D cluster id: TVM launches a 1-D grid, on which %clusterid.y would always be 0
+        clu = T.cluster_id([GRID_M // CLUSTER * GRID_N])
         rank = T.cta_id_in_cluster([CLUSTER])
         wg_id = T.warpgroup_id([cfg.num_warpgroups])
         warp_id = T.warp_id_in_wg([4])
@@ -74,8 +75,8 @@ def kernel(cfg, b_mask=lambda rank: FULL_MASK):
 
         tid = T.meta_var(wg_id * 128 + warp_id * 32 + lane_id)
         wg_row0 = T.meta_var(wg_id * plan.rows_per_wg)
-        m_st = T.meta_var((cm * CLUSTER + rank) * BLK_M)
-        n_st = T.meta_var(by * BLK_N)
+        m_st = T.meta_var((clu % (GRID_M // CLUSTER) * CLUSTER + rank) * BLK_M)
+        n_st = T.meta_var(clu // (GRID_M // CLUSTER) * BLK_N)
         Dreg = T.alloc_local((plan.acc_regs,), "float32")
         desc_a = T.alloc_local((1,), "uint64")
         desc_b = T.alloc_local((1,), "uint64")

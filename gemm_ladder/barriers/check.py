@@ -17,7 +17,8 @@ What is checked, over the threads of one CTA (a cluster: all its CTAs) and a few
   retired (``wgmma.wait_group``, or the ``tcgen05.commit`` barrier) *and* that release reached
   the writer through a barrier phase;
 - barriers are initialised before use, and the kernel does not end with a phase half done or
-  TMA copies in flight.
+  TMA copies in flight;
+- no TMA box lies wholly outside its tensor (all zero-fill: a tile index past the grid).
 
 Each finding names the check, the barrier and phase, the role (producer / consumer / MMA /
 epilogue, from what the threads do after the wait or before the arrive) and the threads.
@@ -29,9 +30,10 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .interp import Program, SimError
+from .interp import Program
 from .kernel_ir import KernelIR, load
 from .sim import Finding, Sim
+from .values import SimError
 from .words import describe, unit_of
 
 POLICIES = ("forward", "reverse", "lockstep")

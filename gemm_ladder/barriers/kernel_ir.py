@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import ir
 
-from .interp import DTYPE_BYTES, _bytes, _op
+from .values import DTYPE_BYTES, dtype_bytes, op_name
 
 from .classes import BARRIERS_ATTR
 
@@ -248,7 +248,7 @@ def load(func_or_cfg, arch: str | None = None) -> KernelIR:
     for buf in pool:
         off = _int(buf.elem_offset) or 0
         shape = tuple(int(d) for d in buf.shape)
-        elem = _bytes(buf.dtype)
+        elem = dtype_bytes(buf.dtype)
         if str(buf.dtype) == "uint64" and len(shape) == 1 and shape[0] > 0:
             rec = names.get(off)
             name = rec["name"] if rec else (buf.name[:-4] if buf.name.endswith("_buf") else buf.name)
@@ -262,7 +262,7 @@ def load(func_or_cfg, arch: str | None = None) -> KernelIR:
                                      "tirx.cuda.tcgen05_encode_matrix_descriptor"})
     for call in found:
         arg = call.args[1]
-        while type(arg).__name__ == "Call" and _op(arg) in ("tirx.address_of", "tirx.cuda.cvta_generic_to_shared"):
+        while type(arg).__name__ == "Call" and op_name(arg) in ("tirx.address_of", "tirx.cuda.cvta_generic_to_shared"):
             arg = arg.args[0]
         if type(arg).__name__ == "TensorLoad":
             operands.add(arg.source.name)

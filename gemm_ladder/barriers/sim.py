@@ -24,146 +24,15 @@ checker runs a few schedules (threads in order, in reverse, in lockstep).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from .interp import TICK, UNKNOWN, SimError, Smem, TMap
+from .values import TICK, UNKNOWN, SimError, Smem, TMap
+from .state import (CTA, TX_LIMIT, BarrierState, Copy, Finding, Pending, PhaseRecord, Read,
+                    Thread)
 from .words import plural
 
-TX_LIMIT = (1 << 20) - 1  # tx-count and arrival count range of an mbarrier phase
 MAX_STEPS = 3_000_000
-
-
-@dataclass
-class Finding:
-    check: str  # expect-tx | arrivals | phase | race | deadlock | init | exit | simulate
-    barrier: str
-    phase: int | None
-    who: list  # [(rank, tid)]
-    site: int | None
-    text: str  # the message without the role, which is filled in after the run
-    cta: int | None = None
-    groups: list = field(default_factory=list)  # deadlock: (who, site, text) per blocked group
-    others: list = field(default_factory=list)  # threads the text names as {others}
-
-    def key(self):
-        return (self.check, self.barrier, self.phase, self.site, self.text)
-
-
-@dataclass
-class Pending:
-    """An event whose ordering is known once a barrier phase it counts towards completes."""
-
-    alts: list = field(default_factory=list)  # (vc component, value needed)
-
-    def visible(self, vc) -> bool:
-        return any(vc[c] >= need for c, need in self.alts)
-
-
-@dataclass
-class Copy:
-    id: int
-    issuer: tuple  # (rank, tid)
-    site: int
-    tmap: str
-    box_bytes: int
-    in_bounds: int
-    dst_rank: int
-    dst_off: int
-    bar_off: int
-    issue_vc: list
-    issue_phase: int
-    landed: Pending = field(default_factory=Pending)
-    done: bool = False
-
-
-@dataclass
-class Read:
-    thread: tuple
-    g: int
-    site: int
-    engine: str
-    region: tuple
-    retire: object = None  # ("epoch", g, e) or Pending
-    released: list = field(default_factory=list)  # (barrier, phase) the owner arrived on since
-
-
-@dataclass
-class PhaseRecord:
-    arrivals: list  # (rank, tid, count, site)
-    expected: int
-    copies: list  # Copy
-    step: int = 0  # the simulation step it completed at
-
-
-class BarrierState:
-    __slots__ = ("rank", "off", "comp", "label", "count", "init_by", "pending", "tx", "n", "acc",
-                 "clocks", "arrivals", "expected", "copies", "pendings", "history", "expected_sites",
-                 "skipped")
-
-    def __init__(self, rank, off, comp, label):
-        self.rank, self.off, self.comp, self.label = rank, off, comp, label
-        self.count = None
-        self.init_by = None  # (g, epoch)
-        self.pending = 0
-        self.tx = 0
-        self.n = 0
-        self.acc = None
-        self.clocks: list = []
-        self.arrivals: list = []
-        self.expected = 0
-        self.copies: list = []
-        self.pendings: list = []
-        self.history: list[PhaseRecord] = []
-        self.expected_sites: list = []
-        self.skipped: list = []  # (rank, tid, site) that reached an arrive with its predicate off
-
-
-class CTA:
-    def __init__(self, rank, block, threads):
-        self.rank = rank
-        self.block = block  # (bx, by, bz)
-        self.threads = threads
-        self.bars: dict[int, BarrierState] = {}
-        self.regions: dict[tuple, dict] = {}
-        self.syncs: dict[int, dict] = {}  # named barrier id -> {"waiting": set, "gen": int}
-        self.collectives: dict[int, dict] = {}  # warp -> {"site": id, "waiting": set}
-        self.live_lanes: dict[int, int] = {}  # warp -> lanes not yet done
-        self.live = 0
-
-
-class Thread:
-    def __init__(self, sim, cta, tid, g):
-        self.sim, self.cta, self.rank, self.tid, self.g = sim, cta, cta.rank, tid, g
-        self.lane, self.warp = tid % 32, tid // 32
-        self.env = sim.program.new_env()
-        self.gen = None
-        self.state = "run"
-        self.token = None
-        self.blocked_at = -1
-        self.vc = sim.zero_vc()
-        self.wg_open: list = []
-        self.wg_groups: deque = deque()
-        self.tc_open: list = []
-        self.unreleased: list = []  # MMA reads this thread owns, not yet followed by an arrive
-        self.last_action = None
-        self.after_wait: list = []  # wait sites passed since the thread last did something
-        self.observed: dict = {}  # (rank, off) -> last observed phase
-        self.sync_gen: dict = {}
-        self.collective_gen = -1
-        self.passed_gen = -1
-
-    def tick(self) -> int:
-        self.vc[self.g] += 1
-        return int(self.vc[self.g])
-
-    def sreg(self, name: str):
-        return self.sim.sreg(self, name)
-
-    def sim_leader_lane(self) -> int:
-        return min((t.lane for t in self.cta.threads[self.warp * 32:self.warp * 32 + 32]
-                    if t.state != "done"), default=self.lane)
 
 
 class Sim:
@@ -432,6 +301,13 @@ class Sim:
                           f"{len(self.ctas)}", th.rank)
                 ranks = [r for r in ranks if r < len(self.ctas)]
         inb = info.in_bounds_bytes(coords)
+        if inb == 0:
+            dims = "x".join(map(str, reversed(info.dims)))
+            at = ", ".join(map(str, reversed(coords)))
+            self.find("tma-bounds", info.name.replace("_tensormap", ""), None, [(th.rank, th.tid)], site,
+                      f"loads a {info.describe()} at ({at}), wholly outside the {dims} tensor: every "
+                      f"byte is zero-filled (a tile index past the grid?)", th.rank,
+                      key=("tma-bounds", site.id, info.name))
         for r in ranks:
             bar = self._bar(th, Smem(mbar.off, r), site, "TMA complete_tx")
             if bar.count is None:
@@ -530,17 +406,19 @@ class Sim:
             self._role_after_wait(t, "consumer")
             t.last_action = "mma"
         vc = np.min(np.stack([t.vc for t in lanes]), axis=0)
-        self.mma_issue(th.cta.threads[th.warp * 32], "wgmma", descs, site, vc)
+        self.mma_issue(th.cta.threads[th.warp * 32], "wgmma", descs, site, vc,
+                       who=[(t.rank, t.tid) for t in lanes])
         self.site_threads.setdefault(site.id, set()).update((t.rank, t.tid) for t in lanes)
         return True
 
-    def mma_issue(self, th, engine, descs, site, vc=None):
+    def mma_issue(self, th, engine, descs, site, vc=None, who=None):
         self.site_threads.setdefault(site.id, set()).add((th.rank, th.tid))
         self._role_after_wait(th, "consumer" if engine == "wgmma" else "MMA")
         th.last_action = "mma"
         th.tick()
         if vc is None:
             vc = th.vc
+        who = who or [(th.rank, th.tid)]
         for d in descs:
             if not isinstance(d, int):
                 raise SimError(f"MMA descriptor {d!r} is not known at {site.text}")
@@ -552,20 +430,20 @@ class Sim:
             label = region["key"]
             if w is None:
                 label = self.kir.region_label(label)
-                self.find("race", label, None, [(th.rank, th.tid)], site,
+                self.find("race", label, None, who, site,
                           f"MMA reads {label} before anything wrote it", th.rank)
             elif w[0] == "tma":
                 copy = w[1]
                 if not copy.done or not copy.landed.visible(vc):
                     label = self.kir.region_label(label)
                     bar = self.kir.slot_label(copy.bar_off)
-                    self.find("race", bar, copy.issue_phase, [(th.rank, th.tid)], site,
+                    self.find("race", bar, copy.issue_phase, who, site,
                               f"MMA reads {label} before the TMA copy into it landed: no wait on "
                               f"phase {copy.issue_phase} of {bar} orders it", th.rank)
             elif w[0] == "gen":
                 if vc[w[1]] < w[2]:
                     label = self.kir.region_label(label)
-                    self.find("race", label, None, [(th.rank, th.tid), w[3]], site,
+                    self.find("race", label, None, who, site,
                               f"MMA reads {label} before the stores of thread {w[3][1]} are ordered "
                               f"before it", th.rank)
             rd = Read((th.rank, th.tid), th.g, site.id, engine, region["key"])
