@@ -67,6 +67,7 @@ def build_twin(path, out_dir=None, seconds: float = TWIN_SECONDS) -> Path:
 
     knobs = dict(json.loads(Path(str(path) + ".json").read_text())["config"])
     rung, M, N, K = knobs.pop("rung"), knobs.pop("M"), knobs.pop("N"), knobs.pop("K")
+    seconds = int(seconds) if float(seconds).is_integer() else seconds  # watchdog2, not watchdog2.0
     mod = build(rung, M, N, K, **knobs, watchdog=seconds)  # explicit knobs: no tuning lookup
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="gemm_ladder_watchdog_"))
     return mod.export(out_dir / f"{mod.cfg.tag()}.so")
