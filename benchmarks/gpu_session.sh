@@ -6,10 +6,12 @@
 #   bash benchmarks/gpu_session.sh bench    # bench the ladder, run the C++ runner
 #   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
 #   bash benchmarks/gpu_session.sh sanitize # compute-sanitizer memcheck, racecheck, synccheck
+#   bash benchmarks/gpu_session.sh barriers # broken variants under the watchdog; its cost off/on
 #
 # Inputs under build/, made by benchmarks/prepare_gpu_session.sh (git-ignored, carried to the GPU box):
 # runtime/ (pack-runtime),
-# gpu_cases/ (GEMM_LADDER_GPU_EXPORT), ladder/ (export), runner/ (cmake), tune_*/ (tune --build-only).
+# gpu_cases/ (GEMM_LADDER_GPU_EXPORT, with watchdog/ twins), ladder/ (export), runner/ (cmake),
+# tune_*/ (tune --build-only), barriers/ (benchmarks/barrier_watchdog.py prepare).
 # Outputs go to $OUT (or out/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +22,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,drive
 case "${1:-bench}" in
   tests)
     GEMM_LADDER_PREBUILT=build/gpu_cases python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "it/s]"
+      tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py tests/test_barriers.py \
+      2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "it/s]"
     ;;
   bench)
     CUDART_DIR=$(python3 -c "import os, nvidia; print(os.path.join(nvidia.__path__[0], 'cu13', 'lib'))" 2>/dev/null || true)
@@ -41,6 +44,9 @@ case "${1:-bench}" in
         echo "$(basename "$so") $tool: exit $? ($(grep -c "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$log") clean summaries)"
       done
     done | tee "$OUT/sanitize_summary.txt"
+    ;;
+  barriers)
+    python3 benchmarks/barrier_watchdog.py run build/barriers --out "$OUT/barriers" 2>&1 | grep -v "it/s]"
     ;;
   tune)
     for d in build/tune_*; do

@@ -123,6 +123,9 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
             "TVM kept CUDA source instead of compiling it (its CUDA runtime library did not load); "
             "see gemm_ladder/toolchain.py"
         )
+    from .barriers.check import watchdog_table  # pylint: disable=import-outside-toplevel
+
+    watchdog = watchdog_table(func)  # a watchdog build: what decodes its timeout record
     return BuiltModule(
         cfg=cfg,
         executable=ex,
@@ -131,5 +134,6 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
         compiler=compiler,
         tvm_version=tvm.__version__,
         build_seconds=seconds,
-        extra={"launch": rung_module(cfg.rung, cfg.arch).launch(cfg)},
+        extra={"launch": rung_module(cfg.rung, cfg.arch).launch(cfg),
+               **({"watchdog": watchdog} if watchdog else {})},
     )

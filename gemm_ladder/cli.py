@@ -8,6 +8,7 @@
     python -m gemm_ladder bench build/ladder --out benchmarks/results/run.json
     python -m gemm_ladder main --out build/main             # the README's main job
     python -m gemm_ladder tune --rung v6 --shape 4096x4096x4096   # see gemm_ladder.tune
+    python -m gemm_ladder check v5 v6 --arch sm_90a         # mbarrier protocol check (gemm_ladder.barriers)
 
 ``build``/``export``/``info`` need TVM's compiler (a build box, no GPU needed); ``verify`` and
 ``bench`` need a GPU and only TVM's runtime. Each GPU job runs in a child process with a
@@ -404,6 +405,12 @@ def make_parser() -> argparse.ArgumentParser:
     pc = sub.add_parser("pictures", help="write the layout and scheduler pictures")
     pc.add_argument("dest")
     pc.set_defaults(fn=cmd_pictures)
+
+    # everything after "check" goes to gemm_ladder.barriers (its own options, --help included)
+    ck = sub.add_parser("check", add_help=False, prefix_chars="\0",
+                        help="check the mbarrier protocol of the rungs (CPU); see check --help")
+    ck.add_argument("args", nargs="*")
+    ck.set_defaults(fn=lambda a: __import__("gemm_ladder.barriers.ladder", fromlist=["main"]).main(a.args))
 
     m = sub.add_parser("main", help="export the ladder and print its info table; verify and bench with a GPU")
     _add_ladder_args(m, "build/main")

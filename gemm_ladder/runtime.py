@@ -215,7 +215,13 @@ class GemmModule:
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
-            self._function()(A, B, out, *self._launch_args(A.device))
+            args = (A, B, out, *self._launch_args(A.device))
+            if self.manifest.get("watchdog"):  # bounded waits: a hang raises BarrierTimeoutError
+                from .barriers import watchdog  # pylint: disable=import-outside-toplevel
+
+                watchdog.launch(self._function(), args, self.manifest["watchdog"], self.rung)
+            else:
+                self._function()(*args)
         return out
 
     def _launch_args(self, where) -> list:

@@ -67,10 +67,10 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 """
 
 from tvm.script import tirx as T
-from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import schedulers
+from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common
 from .common import HopperPlan
