@@ -34,16 +34,18 @@ case "${1:-bench}" in
     done 2>&1 | tee "$OUT/runner.txt"
     ;;
   sanitize)
-    # every module under build/sanitize/, once per tool, only our kernel instrumented (the
-    # reference matmul of the check is torch's and is left alone); one log per module and tool
+    # every module under build/sanitize/, once per tool, over the whole check (our kernel and
+    # torch's reference); one log per module and tool, then one archive of the logs
     for so in build/sanitize/*.so; do
       for tool in memcheck racecheck synccheck; do
         log="$OUT/sanitize_$(basename "$so" .so)_$tool.txt"
-        timeout 300 compute-sanitizer --tool "$tool" --kernel-name kns=hgemm_kernel --error-exitcode 9 \
+        timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
           python3 -m gemm_ladder.isolate check "$so" --args 0 > "$log" 2>&1
-        echo "$(basename "$so") $tool: exit $? ($(grep -c "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$log") clean summaries)"
+        rc=$?
+        echo "$(basename "$so") $tool: exit $rc; $(grep -h "SUMMARY\|Internal Sanitizer\|GEMM_LADDER_RESULT" "$log" | cut -c1-160 | tr '\n' ' ')"
       done
     done | tee "$OUT/sanitize_summary.txt"
+    tar czf "$OUT/sanitize_logs.tgz" -C "$OUT" $(cd "$OUT" && ls sanitize_*_*.txt) && rm -f "$OUT"/sanitize_*_*check.txt
     ;;
   barriers)
     python3 benchmarks/barrier_watchdog.py run build/barriers --out "$OUT/barriers" 2>&1 | grep -v "it/s]"
