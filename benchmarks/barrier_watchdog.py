@@ -17,7 +17,7 @@ GPU box (runtime-only TVM, the repo and DIR; see benchmarks/README.md):
   such as a release before ``wgmma.wait_group`` may end ``wrong`` or even ``ok``: the checker,
   not the GPU, is the tool for those);
 - the 2-CTA multicast test kernel, correct, with the watchdog: it must pass the check;
-- v4, v5 and v6 at 4096^3 and 8192^3 (fp16) with the watchdog off and on, timed in one process,
+- v4, v5, v6 and v9 at 4096^3 and 8192^3 (fp16) with the watchdog off and on, timed in one process,
   alternating, from raw launches (the record is passed, nothing polls it): the cost of the
   bounded waits. Off is the shipped build (its SASS is that of TVM's own waits; a CPU test
   compares them).
@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 GPU_SHAPE = (2048, 2048, 1024)  # broken variants: big enough to keep every CTA busy
 CLUSTER_SHAPE = (2048, 2048, 1024)
 TIMED = [("v4", (4096, 4096, 4096)), ("v5", (4096, 4096, 4096)), ("v6", (4096, 4096, 4096)),
-         ("v5", (8192, 8192, 8192)), ("v6", (8192, 8192, 8192))]
+         ("v5", (8192, 8192, 8192)), ("v6", (8192, 8192, 8192)), ("v9", (4096, 4096, 4096)),
+         ("v9", (8192, 8192, 8192))]
 WATCHDOG = 2
 CHECK_TIMEOUT = 60.0
 

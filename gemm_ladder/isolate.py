@@ -50,7 +50,7 @@ def run_batch(job: str, paths, args=(), timeout: float = 120.0, on_result=None, 
     if explain and job != "selftest" and any(r and r.get("status") == "timeout" for r in results):
         from .barriers.explain import explain_timeouts  # pylint: disable=import-outside-toplevel
 
-        explain_timeouts(job, paths, args, results, timeout=min(timeout, 60.0))
+        explain_timeouts(job, paths, args, results, run_isolated, timeout=min(timeout, 60.0))
     return results  # type: ignore[return-value]
 
 

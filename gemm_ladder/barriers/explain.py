@@ -85,9 +85,12 @@ def twins(folder, seconds: float = TWIN_SECONDS) -> list[Path]:
     return out
 
 
-def explain_timeouts(job: str, paths, args, results, timeout: float = 60.0) -> None:
-    """Add the watchdog's words to every ``timeout`` result (in place)."""
-    from ..isolate import run_isolated  # pylint: disable=import-outside-toplevel
+def explain_timeouts(job: str, paths, args, results, run_isolated, timeout: float = 60.0) -> None:
+    """Add the watchdog's words to every ``timeout`` result (in place).
+
+    ``run_isolated(job, path, *args, timeout=...)`` runs one module in a watched child; the caller
+    (:mod:`gemm_ladder.isolate`) passes its own, so this module does not import the layer above it.
+    """
 
     for path, res in zip(paths, results):
         if not res or res.get("status") != "timeout":
