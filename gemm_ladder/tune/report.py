@@ -57,6 +57,39 @@ def format_table(report: dict, top: int | None = 20) -> str:
     return head + "\n" + table(rows, cols)
 
 
+RUN_COLS = ["rung", "shape", "dtype", "gpu", "ok", "failed", "tflops", "cublas", "ratio", "best"]
+
+
+def run_rows(run: dict) -> list[dict]:
+    """One row per measured folder of a run: its best candidate against cuBLAS."""
+    rows = []
+    for rep in run["reports"]:
+        ok = [r for r in rep["results"] if r["status"] == "ok"]
+        best = rep.get("best")
+        failed: dict = {}
+        for r in rep["results"]:
+            if r["status"] != "ok":
+                failed[r["status"]] = failed.get(r["status"], 0) + 1
+        rows.append({"rung": rep["rung"], "shape": "x".join(map(str, rep["shape"])), "dtype": rep["dtype"],
+                     "gpu": (rep.get("gpu") or {}).get("name", "?"), "ok": f"{len(ok)}/{len(rep['results'])}",
+                     "failed": " ".join(f"{k}:{v}" for k, v in sorted(failed.items())),
+                     "tflops": f"{best['tflops']:.1f}" if best else "-",
+                     "cublas": f"{best['cublas_tflops']:.1f}" if best else "-",
+                     "ratio": f"{best['ratio_to_cublas']:.3f}" if best else "-",
+                     "best": knob_label(best["knobs"]) if best else "none correct"})
+    return rows
+
+
+def format_run(run: dict) -> str:
+    """The final table of a run over several folders, and its throughput."""
+    servers = run.get("servers") or {}
+    head = (f"{len(run['reports'])} shapes, {run['measured']} of {run['candidates']} candidates measured "
+            f"({run['ok']} correct) in {run['wall_s']:.0f} s on {len(servers)} GPU(s): "
+            f"{run.get('candidates_per_minute') or 0:.1f} candidates/min")
+    per = "; ".join(f"{name}: {s['candidates']}" for name, s in sorted(servers.items()))
+    return "\n".join([head] + ([f"per server: {per}"] if per else []) + [table(run_rows(run), RUN_COLS)])
+
+
 def plot_measurements(report: dict, path) -> bool:
     """A heat map of TFLOPS over pipe_depth x l2_group_size (best over the other knobs) and a bar
     per correct candidate against cuBLAS, as one PNG. False when matplotlib is missing."""
