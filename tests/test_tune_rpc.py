@@ -302,3 +302,26 @@ def test_the_pack_serves_rpc_alone(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith(f"OK {site}") and out.stdout.rstrip().endswith("[]"), out.stdout
+
+
+def _run(best_by_shape, rate, servers=1):
+    reports = []
+    for shape, results in best_by_shape.items():
+        rs = [{"knobs": {"pipe_depth": d}, "status": "ok", "tflops": t} for d, t in results]
+        reports.append({"rung": "v6", "shape": list(shape), "dtype": "float16", "results": rs,
+                        "best": max(rs, key=lambda r: r["tflops"])})
+    return {"reports": reports, "candidates_per_minute": rate, "servers": {f"h/gpu{i}": {} for i in range(servers)}}
+
+
+def test_compare_runs_agrees_on_the_same_best_or_a_tie_within_the_noise():
+    one = _run({(4096, 4096, 4096): [(3, 600.0), (4, 620.0)], (8192, 8192, 8192): [(3, 650.0), (4, 640.0)],
+                (4096, 11008, 4096): [(3, 500.0), (4, 600.0)]}, 20.0)
+    many = _run({(4096, 4096, 4096): [(3, 601.0), (4, 622.0)], (8192, 8192, 8192): [(3, 640.0), (4, 645.0)],
+                 (4096, 11008, 4096): [(3, 610.0), (4, 590.0)]}, 39.0, servers=2)
+    out = tune_report.compare_runs(one, many)
+    same, tie, differ = out["shapes"]
+    assert same["same_knobs"] and same["agree"]
+    assert not tie["same_knobs"] and tie["other_best_in_base"] == round(640 / 650, 4) and tie["agree"]
+    assert not differ["agree"] and differ["other_best_in_base"] == round(500 / 600, 4)
+    assert not out["agree"] and out["candidates_per_minute"]["speedup"] == 1.95 and out["gpus"] == {"base": 1,
+                                                                                                     "other": 2}

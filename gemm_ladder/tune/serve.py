@@ -113,9 +113,10 @@ def run_server(tracker: tuple[str, int], key: str, host: str = "0.0.0.0", port: 
     multiprocessing.set_start_method("fork", force=True)
     who = identity(gpu if gpu is not None else probe_gpu())
     tvm_ffi.register_global_func(MEASURE_FN, lambda request: measure_request(request, measure, who), override=True)
-    state = PopenRPCServerState(host, port, port_end or port + 100, tracker_addr=tracker, key=key, custom_addr=custom_addr,
-                                silent=True)
-    print(f"gemm_ladder serve: server {key} on {host}:{state.port} (GPU {who['cuda_visible_devices'] or 'all'}: "
+    state = PopenRPCServerState(host, port, port_end or port + 100, tracker_addr=tracker, key=key,
+                                custom_addr=custom_addr, silent=True)
+    print(f"gemm_ladder serve: server {key} (pid {os.getpid()}) on {host}:{state.port} "
+          f"(GPU {who['cuda_visible_devices'] or 'all'}: "
           f"{who['gpu'].get('name')}), tracker {tracker[0]}:{tracker[1]}", flush=True)
     state.thread.join()
     print(f"gemm_ladder serve: server on port {state.port} stopped serving", file=sys.stderr, flush=True)
@@ -254,15 +255,17 @@ class Cluster:
         out = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_dir / f"server_gpu{gpu}.log", "a", encoding="utf-8")  # pylint: disable=consider-using-with
+            # the child keeps the file open; this process closes its copy below
+            out = open(self.log_dir / f"server_gpu{gpu}.log", "a", encoding="utf-8")  # pylint: disable=R1732
         self.servers[gpu] = subprocess.Popen(cmd, env=_child_env(gpu, self.env), start_new_session=True, stdout=out,
                                              stderr=subprocess.STDOUT if out else None)
         if out is not None:
             out.close()
 
     def start(self, wait: float = 300.0) -> list[list]:
-        """Start every server; wait (at most ``wait`` s) until all have registered. Returns their addresses."""
-        if not self.gpus:
+        """Start every server; wait (at most ``wait`` s) until all have registered. Returns their
+        addresses. A host with no GPU runs the tracker alone."""
+        if not self.gpus and self.tracker_state is None:
             raise RuntimeError("no GPU to serve: nvidia-smi and torch see none (or CUDA_VISIBLE_DEVICES is empty)")
         for gpu in self.gpus:
             self._start(gpu)
