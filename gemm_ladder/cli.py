@@ -32,7 +32,8 @@ from . import batch, device, pack, report
 from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
 from .files import FolderInUse
 from .runtime import read_manifest
-from .tune import cache, db, measuring, plan, rpc, serve, space
+from .tune import cache, db, measuring, rpc, serve, space
+from .tune.jobs import PlanError, from_args as jobs_from_args
 from .tune import report as tune_report
 from .tune.run import measure_local, tune_many
 
@@ -261,8 +262,8 @@ def _tracker(a):
 
 def _jobs(a) -> list:
     try:
-        return plan.jobs(a.rung, ([a.shape] if a.shape else []) + list(a.shapes or []), a.plan, a.dtype)
-    except (OSError, plan.PlanError) as err:
+        return jobs_from_args(a.rung, ([a.shape] if a.shape else []) + list(a.shapes or []), a.plan, a.dtype)
+    except (OSError, PlanError) as err:
         raise UsageError(str(err)) from None
 
 
@@ -375,7 +376,7 @@ def _add_tune_parser(sub) -> None:
     t.add_argument("--shape", type=parse_shape, help="MxNxK, e.g. 4096x4096x4096")
     t.add_argument("--shapes", type=lambda s: [parse_shape(x) for x in s.split(",")], default=None,
                    help="several shapes in one run, comma-separated")
-    t.add_argument("--plan", metavar="FILE", help="rungs and shapes, one rung a line (see gemm_ladder/tune/plan.py)")
+    t.add_argument("--plan", metavar="FILE", help="rungs and shapes, one rung a line (see gemm_ladder/tune/jobs.py)")
     t.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES)
     t.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
     t.add_argument("--space", action="append", metavar="KNOB=V1,V2",

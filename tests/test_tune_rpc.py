@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder import isolate
-from gemm_ladder.tune import db, measuring, plan, rpc, serve
+from gemm_ladder.tune import db, jobs, measuring, rpc, serve
 from gemm_ladder.tune import report as tune_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,18 +232,18 @@ def test_parse_address():
 
 # -- plans: several shapes in one run --------------------------------------------------------
 def test_plan_lines():
-    jobs = plan.parse_plan("""
+    found = jobs.parse_plan("""
         # weight shapes at three token counts
         v6 M=128,4096 NK=4096x4096,11008x4096   # two M x two weights
         v9 4096x4096x4096 dtype=float16,bfloat16 pipe_depth=3,4
         v6 128x4096x4096                         # already listed: once
     """)
-    assert [(j.rung, j.shape, j.dtype) for j in jobs] == [
+    assert [(j.rung, j.shape, j.dtype) for j in found] == [
         ("v6", (128, 4096, 4096), "float16"), ("v6", (128, 11008, 4096), "float16"),
         ("v6", (4096, 4096, 4096), "float16"), ("v6", (4096, 11008, 4096), "float16"),
         ("v9", (4096, 4096, 4096), "float16"), ("v9", (4096, 4096, 4096), "bfloat16")]
-    assert jobs[4].space == {"pipe_depth": [3, 4]} and jobs[0].space == {}
-    assert jobs[0].name("sm_90a") == "v6_128x4096x4096_float16_sm_90a"
+    assert found[4].space == {"pipe_depth": [3, 4]} and found[0].space == {}
+    assert found[0].name("sm_90a") == "v6_128x4096x4096_float16_sm_90a"
 
 
 @pytest.mark.parametrize("line, words", [
@@ -256,8 +256,8 @@ def test_plan_lines():
     ("v6 dtype=float16", "no shape"),
 ])
 def test_plan_errors_name_the_line_and_a_fix(line, words):
-    with pytest.raises(plan.PlanError, match=words) as err:
-        plan.parse_plan(f"# header\n{line}\n", source="model.plan")
+    with pytest.raises(jobs.PlanError, match=words) as err:
+        jobs.parse_plan(f"# header\n{line}\n", source="model.plan")
     assert "model.plan:2" in str(err.value)
 
 
@@ -292,7 +292,7 @@ def test_the_pack_serves_rpc_alone(tmp_path):
         os.symlink(libs, deps / "numpy.libs")
     os.symlink(typing_extensions.__file__, deps / "typing_extensions.py")
     code = ("import sys; import tvm.rpc.tracker, tvm.rpc.server, tvm.rpc.client; "
-            "from gemm_ladder.tune import serve, rpc, measuring, plan; "
+            "from gemm_ladder.tune import serve, rpc, measuring, jobs; "
             "s = serve.start_tracker('127.0.0.1', %d); serve.stop_tracker(s, ('127.0.0.1', s.port)); "
             "bad = [m for m in sys.modules if m in ('gemm_ladder.builder', 'gemm_ladder.rungs', 'layouts')]; "
             "import gemm_ladder.cli; print('OK', tvm.__file__, bad)" % _free_port())

@@ -34,10 +34,10 @@ How a run goes, and the module of each step::
                measuring.load_best(folder) loads the fastest measured module of a folder
 
 Tables and the plot of a measurement are in ``report``; ``run.tune`` is the whole run in one call,
-``run.tune_many`` a run over a list of jobs (``plan``: rungs x shapes x dtypes, e.g. a model's
+``run.tune_many`` a run over a list of jobs (``jobs``: rungs x shapes x dtypes, e.g. a model's
 weight shapes at a few M), with one progress bar over all and one table at the end.
 
-Measuring needs only the TVM runtime: ``measuring``, ``report``, ``plan``, ``rpc`` and ``serve``
+Measuring needs only the TVM runtime: ``measuring``, ``report``, ``jobs``, ``rpc`` and ``serve``
 import no TVM compiler, no rungs, no ``layouts`` or ``schedulers``, and this package's
 ``__init__`` imports nothing, so they run on a GPU box from the runtime pack.
 """

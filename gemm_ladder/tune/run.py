@@ -2,9 +2,9 @@
 
     from gemm_ladder.tune.run import tune, tune_many
     report = tune("v6", (4096, 4096, 4096), space={"pipe_depth": [3, 4, 5]})
-    run = tune_many(plan.read_plan("model.plan"), tracker=("127.0.0.1", 9190), key="h200")
+    run = tune_many(jobs.read_plan("model.plan"), tracker=("127.0.0.1", 9190), key="h200")
 
-``tune_many`` runs a list of jobs (``plan``: shapes, rungs, dtypes): every job's candidates are
+``tune_many`` runs a list of jobs (``jobs``: rungs x shapes x dtypes, from a plan file): every job's candidates are
 built first, then all are measured as one run, on this GPU or on the RPC servers of a tracker
 (``rpc``), with one progress bar, and every job's best goes into the database.
 
@@ -23,7 +23,7 @@ from ..report import progress as progress_bar
 from .cache import build_candidates
 from .db import merge
 from .measuring import RUN_FORMAT, measure
-from .plan import Job
+from .jobs import Job
 from .space import search_space
 
 

@@ -109,7 +109,7 @@ def read_plan(path, dtype: str = "float16") -> list[Job]:
     return parse_plan(path.read_text(), dtype, str(path))
 
 
-def jobs(rung: str | None = None, shapes=(), path=None, dtype: str = "float16") -> list[Job]:
+def from_args(rung: str | None = None, shapes=(), path=None, dtype: str = "float16") -> list[Job]:
     """The jobs of a run: a plan file's, or one rung at ``shapes`` (each once); [] when neither is given."""
     if path:
         if rung or shapes:
