@@ -32,7 +32,7 @@ from . import batch, device, pack, report
 from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
 from .files import FolderInUse
 from .runtime import read_manifest
-from .tune import cache, db, measuring, rpc, serve, space
+from .tune import db, rpc, serve, space
 from .tune.jobs import PlanError, from_args as jobs_from_args
 from .tune import report as tune_report
 from .tune.run import measure_local, tune_many

@@ -206,16 +206,16 @@ def test_read_reply_refuses_what_cannot_be_results():
           "ratio_to_cublas": 0.66}
     who = {"host": "h", "cuda_visible_devices": "1", "gpu": {"name": "G"}}
     reply = json.dumps({"results": [{**ok, "so_sha256": "aa" * 32}, {**ok, "so_sha256": "cc" * 32}], "server": who})
-    results, server = rpc.read_reply(reply, items, "sm_90a")
+    results, server = rpc.read_reply(reply, items, ["sm_90a"] * 2)
     assert results[0]["status"] == "ok" and results[0]["server"] == "h/gpu1" and server == who
     assert results[1]["status"] == "bad-reply" and "b.so" in results[1]["detail"]
     for bad, words in (("nonsense", "not JSON"), (json.dumps({"results": [ok]}), "list of 2 results"),
                        (None, "not JSON")):
         with pytest.raises(rpc.BadReply, match=words):
-            rpc.read_reply(bad, items, "sm_90a")
+            rpc.read_reply(bad, items, ["sm_90a"] * 2)
     nan = json.dumps({"results": [{**ok, "so_sha256": "aa" * 32, "ms": float("nan")},
                                   {**ok, "so_sha256": "bb" * 32, "cublas_tflops": -1}]})
-    results, _ = rpc.read_reply(nan, items, "sm_90a")
+    results, _ = rpc.read_reply(nan, items, ["sm_90a", "sm_100a"])
     assert [r["status"] for r in results] == ["bad-reply", "bad-reply"]
 
 

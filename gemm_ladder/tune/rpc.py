@@ -156,9 +156,9 @@ def _result_problem(res: dict, item: _Item, arch: str) -> str | None:
     return None
 
 
-def read_reply(reply, items: list, arch: str) -> tuple[list[dict], dict]:
+def read_reply(reply, items: list, archs: list[str]) -> tuple[list[dict], dict]:
     """``(one result per item, the server's identity)``; :class:`BadReply` when the reply as a
-    whole cannot be read. A result that cannot be real becomes ``bad-reply``."""
+    whole cannot be read. A result that cannot be real (on its item's arch) becomes ``bad-reply``."""
     try:
         data = json.loads(reply)
     except (TypeError, ValueError) as err:
@@ -168,7 +168,7 @@ def read_reply(reply, items: list, arch: str) -> tuple[list[dict], dict]:
         raise BadReply(f"the reply has no list of {len(items)} results: {str(reply)[:120]!r}")
     who = data.get("server") if isinstance(data.get("server"), dict) else {}
     out = []
-    for res, item in zip(results, items):
+    for res, item, arch in zip(results, items, archs):
         if not isinstance(res, dict) or res.get("status") not in CHILD_STATUSES:
             res = {"status": "bad-reply", "detail": f"not a result: {str(res)[:120]!r}"}
         else:
@@ -214,9 +214,8 @@ class _Run:
         if att.error is not None:
             self.failed(att, "server-lost", f"the RPC session ended ({att.phase}): {att.error}")
             return
-        arch = self.mans[att.items[0].folder]["arch"]
         try:
-            results, who = read_reply(att.reply, att.items, arch)
+            results, who = read_reply(att.reply, att.items, [self.mans[it.folder]["arch"] for it in att.items])
         except BadReply as err:
             self.failed(att, "bad-reply", str(err))
             return
