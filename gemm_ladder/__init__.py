@@ -22,7 +22,8 @@ The modules, from the bottom up (an import points down or sideways, never up)::
     builder, runtime          build and export (pure); load and run (runtime-only)
     harness, isolate, sass    check and time on a GPU, in a watched child; read the SASS
     batch, report             build many, verify, bench; the tables
-    tune/, teach/             the tuner (space, cache, measuring, db, report, run); the tutorials' helpers
+    tune/, teach/             the tuner (space, cache, measuring, db, report, jobs, run; rpc + serve: many
+                              GPUs through TVM's RPC tracker); the tutorials' helpers
     cli                       argument parsing only; nothing imports it
 
 This file's ``build`` sits above ``tune.db`` (it applies the tuned-knobs policy); ``tests/
