@@ -123,6 +123,12 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
             "TVM kept CUDA source instead of compiling it (its CUDA runtime library did not load); "
             "see gemm_ladder/toolchain.py"
         )
+    launch = rung_module(cfg.rung, cfg.arch).launch(cfg)
+    extra = {"launch": launch}
+    if launch.get("dynamic_m"):
+        # a module for every M: its knobs were chosen at cfg.M (a pack that tuned them over a
+        # range of M says so through BuildJob.extra, which replaces this)
+        extra["dynamic_m"] = {"min_m": 1, "tuned_for_m": [cfg.M, cfg.M]}
     return BuiltModule(
         cfg=cfg,
         executable=ex,
@@ -131,5 +137,5 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
         compiler=compiler,
         tvm_version=tvm.__version__,
         build_seconds=seconds,
-        extra={"launch": rung_module(cfg.rung, cfg.arch).launch(cfg)},
+        extra=extra,
     )

@@ -14,6 +14,10 @@ sha256, recorded at export. A truncated copy or a manifest of another module is 
 :class:`ManifestError` that names the file and the fix (loading a truncated ``.so`` would crash
 the process). Every input is checked before launch: dtype, device, shape, layout (contiguous,
 16-byte aligned) and that the GPU is the arch the module was built for.
+
+A module built with a runtime M (``launch["dynamic_m"]`` in its manifest: v6/v9 with
+``dynamic_m=True``) takes any M >= 1 with its N and K: ``mod(A, B)`` reads M off ``A``.
+``mod.M`` is then the M its knobs were chosen for (what ``check`` and ``time`` use by default).
 """
 
 from __future__ import annotations
@@ -147,12 +151,15 @@ class GemmModule:
         self.arch = manifest["arch"]
         self.knobs = manifest["knobs"]
         self.tvm_version = manifest["tvm_version"]
+        # M read off A at every call (any M >= 1); self.M is then the M the knobs were chosen for
+        self.dynamic_m = bool(manifest.get("launch", {}).get("dynamic_m"))
         self._rt = rt_module
         self._fn = None
         self._checked_devices: set = set()
 
     def __repr__(self) -> str:
-        return f"<GemmModule {self.rung} {self.M}x{self.N}x{self.K} {self.dtype} {self.arch} from {self.path.name}>"
+        m = "(any M)" if self.dynamic_m else self.M
+        return f"<GemmModule {self.rung} {m}x{self.N}x{self.K} {self.dtype} {self.arch} from {self.path.name}>"
 
     # -- checks -------------------------------------------------------------------------------
     def _check_tensor(self, name, t, shape):
@@ -164,9 +171,11 @@ class GemmModule:
         if t.dtype != want:
             raise ModuleInputError(f"{name} has dtype {t.dtype}; this module was built for {want} (use {name}.to({want}))")
         if tuple(t.shape) != tuple(shape):
+            built = (f"any M >= 1 with N={self.N}, K={self.K}" if self.dynamic_m
+                     else f"M={self.M}, N={self.N}, K={self.K}")
             raise ModuleInputError(
-                f"{name} has shape {tuple(t.shape)}; this module was built for {tuple(shape)} "
-                f"(M={self.M}, N={self.N}, K={self.K}): build one for your shape"
+                f"{name} has shape {tuple(t.shape)}; this module wants {tuple(shape)} "
+                f"(it was built for {built}): build one for your shape"
             )
         if not t.is_contiguous():
             raise ModuleInputError(f"{name} is not contiguous (row-major); pass {name}.contiguous()")
@@ -197,13 +206,28 @@ class GemmModule:
             self._fn = self._rt["main"] if "main" in _function_names(self._rt) else self._rt
         return self._fn
 
+    def rows_of(self, A) -> int:
+        """The M of a call: A's rows for a module with a runtime M (at least 1), else the
+        module's M."""
+        if not self.dynamic_m:
+            return self.M
+        shape = tuple(getattr(A, "shape", ()))
+        if len(shape) != 2 or shape[0] < 1:
+            raise ModuleInputError(
+                f"A has shape {shape}; this module takes A of shape (M, {self.K}) with any M >= 1"
+            )
+        return int(shape[0])
+
     def __call__(self, A, B, out=None):
         import torch  # pylint: disable=import-outside-toplevel
 
-        self._check_tensor("A", A, (self.M, self.K))
+        if not isinstance(A, torch.Tensor):
+            raise ModuleInputError(f"A must be a torch.Tensor, got {type(A).__name__}")
+        M = self.rows_of(A)
+        self._check_tensor("A", A, (M, self.K))
         self._check_tensor("B", B, (self.N, self.K))
         if out is not None:
-            self._check_tensor("out", out, (self.M, self.N))
+            self._check_tensor("out", out, (M, self.N))
         for name, t in (("A", A), ("B", B), ("out", out)):
             if t is not None:
                 self._check_on_gpu(name, t)
@@ -211,7 +235,7 @@ class GemmModule:
             raise ModuleInputError(f"A is on {A.device} and B on {B.device}; put both on one GPU")
         self.check_device(A.device)
         if out is None:
-            out = torch.empty((self.M, self.N), dtype=A.dtype, device=A.device)
+            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm import tirx
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import layouts
+from schedulers.tirx_orders import RUNTIME_M_ORDERS
 from .. import budget, launch
 from ..config import ConfigError, GemmConfig
 
@@ -569,3 +571,38 @@ def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):
     """128B-swizzled staging buffers for output chunks: ``stmatrix`` writes 16-byte rows that
     the swizzle spreads over the banks, and the TMA store reads them back unswizzled."""
     return layouts.shared_layout(cfg.dtype, (buffers, rows, cols), "128B")
+
+
+# -- a runtime M (the dynamic_m knob of the persistent rungs): one module for every M -----------
+def dynamic_m(cfg: GemmConfig) -> bool:
+    return bool(dict(cfg.extra).get("dynamic_m", False))
+
+
+def m_extent(cfg: GemmConfig):
+    """M as the kernel is written for it: ``cfg.M``, or, with ``dynamic_m``, a runtime int32
+    ``M`` that the host code reads off A's shape at every call (``T.match_buffer`` binds it and
+    checks that D has as many rows). The TMA descriptors are encoded on the host at every
+    launch with that extent, so the loads zero-fill and the stores clip at the real M."""
+    return tirx.Var("M", "int32") if dynamic_m(cfg) else cfg.M
+
+
+def tiles_over(extent, tile: int):
+    """``ceil(extent / tile)`` for a Python int or a runtime expression (a symbolic M)."""
+    return -(-extent // tile) if isinstance(extent, int) else T.truncdiv(extent + (tile - 1), tile)
+
+
+def check_dynamic_m(cfg: GemmConfig) -> None:
+    """A runtime M takes only the tile orders that visit every tile of any grid once. The
+    knobs are validated (shared memory, registers, the schedule) at ``cfg.M``: the M they were
+    chosen for, which the manifest records."""
+    if dynamic_m(cfg) and cfg.tile_order not in RUNTIME_M_ORDERS:
+        raise ConfigError(
+            f"tile_order={cfg.tile_order!r} cannot take a runtime M (the order's shape depends on the "
+            f"number of M tiles); with dynamic_m=True use tile_order in {RUNTIME_M_ORDERS}"
+        )
+
+
+def dynamic_launch(cfg: GemmConfig, info: dict) -> dict:
+    """A launch record that says M is read at run time (``runtime.GemmModule`` then takes any
+    M >= 1 with the module's N and K)."""
+    return {**info, "dynamic_m": True} if dynamic_m(cfg) else info
