@@ -15,13 +15,14 @@ loads with the TVM runtime alone::
      "created": "...", "commit": "...", "sms": 132, "request": {...},
      "modules": [{"file": "v9_anyM_x4096x4096_float16_sm_90a_....so", "rung": "v9",
                   "shape": [1, 4096, 4096], "dtype": "float16", "arch": "sm_90a",
-                  "knobs": {...}, "dynamic_m": true, "m_range": [1, 64],
+                  "knobs": {...}, "dynamic_m": true, "m_range": [1, 64], "m_values": [1, 16, 64],
                   "so_bytes": 203848, "so_sha256": "...",
                   "choice": {"source": "rule", "rule": "weight-streaming", "why": "..."}}, ...]}
 
 A module that takes M at run time (``dynamic_m``: one module for every M, N and K fixed) serves
-any M; ``m_range`` is the range of M its knobs were chosen for (the requested M that chose
-them). A module of one M serves that M, and a smaller M through a zero-padded copy of A.
+any M; ``m_range`` is the range of M its knobs were chosen for and ``m_values`` the requested M
+that chose them (where the ranges of two modules overlap, the one chosen at the nearer M wins).
+A module of one M serves that M, and a smaller M through a zero-padded copy of A.
 :meth:`KernelPack.find` ranks what a pack holds for a shape: the exact M, then a dynamic module
 whose range holds M, then the nearest dynamic range, then a larger static M (padded).
 
@@ -109,10 +110,10 @@ class KernelPack:
         for e in self._by_nk.get((N, K, dtype, arch), ()):
             lo, hi = e["m_range"]
             if e["dynamic_m"]:
-                if lo <= M <= hi:
-                    fit, dist = "tuned-range", 0.0
-                else:
-                    fit, dist = "any-m", abs(math.log2(M / (lo if M < lo else hi)))
+                # ranges of different rules may overlap (a rule can hold at M = 128 and 2048 but not
+                # at 512): the module chosen at the M nearest this one wins
+                dist = min(abs(math.log2(M / v)) for v in (e.get("m_values") or (lo, hi)))
+                fit = "tuned-range" if lo <= M <= hi else "any-m"
             elif e["shape"][0] == M:
                 fit, dist = "exact", 0.0
             elif e["shape"][0] > M:
@@ -228,7 +229,7 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
         extra = {"dynamic_m": {"min_m": 1, "tuned_for_m": [lo, hi]}} if g["dynamic_m"] else None
         job = BuildJob(g["rung"], (M, g["N"], g["K"]), g["knobs"], extra)
         out.append({"job": job, "m_range": [lo, hi] if g["dynamic_m"] else [M, M], "dynamic_m": g["dynamic_m"],
-                    "choice": g["choice"], "file": _name(job, g["dynamic_m"]) + ".so"})
+                    "m_values": sorted(set(g["ms"])), "choice": g["choice"], "file": _name(job, g["dynamic_m"]) + ".so"})
     return out
 
 
@@ -276,7 +277,8 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
         job = item["job"]
         entries.append({"file": item["file"], "rung": job.rung, "shape": list(job.shape), "dtype": man["dtype"],
                         "arch": man["arch"], "knobs": man["knobs"], "dynamic_m": item["dynamic_m"],
-                        "m_range": item["m_range"], "so_bytes": man["so_bytes"], "so_sha256": man["so_sha256"],
+                        "m_range": item["m_range"], "m_values": item["m_values"], "so_bytes": man["so_bytes"],
+                        "so_sha256": man["so_sha256"],
                         "choice": item["choice"]})
     with files.folder_lock(out, wait=True, what="this pack build"):
         try:

@@ -78,6 +78,19 @@ def test_find_pads_m_only_without_a_runtime_m_module(tmp_path):
     assert KernelPack(folder).find(4096, 256, 512, "float16", "sm_90a") is None  # no larger M to pad to
 
 
+def test_overlapping_ranges_go_to_the_module_chosen_nearest(tmp_path):
+    """A rule can hold at M = 128 and 2048 but not at 512: the module chosen at 512 serves 512."""
+    folder = tmp_path / "overlap"
+    folder.mkdir()
+    large = _module(folder, "large.so", shape=(128, 256, 512), dynamic=True)
+    few = _module(folder, "few.so", shape=(512, 256, 512), dynamic=True)
+    large.update(m_range=[128, 2048], m_values=[128, 2048])
+    few.update(m_range=[512, 512], m_values=[512])
+    pk = KernelPack(_pack(folder, [large, few]))
+    assert [pk.find(M, 256, 512, "float16", "sm_90a").entry["file"] for M in (128, 512, 1024, 2048, 8192)] == \
+        ["large.so", "few.so", "large.so", "large.so", "large.so"]
+
+
 def test_find_matches_n_k_dtype_and_arch(pack):
     pk = KernelPack(pack)
     assert pk.find(128, 256, 512, "bfloat16", "sm_90a").entry["file"] == "bf16.so"
