@@ -6,10 +6,13 @@
 #   bash benchmarks/gpu_session.sh bench    # bench the ladder, run the C++ runner
 #   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
 #   bash benchmarks/gpu_session.sh sanitize # compute-sanitizer memcheck, racecheck, synccheck
+#   bash benchmarks/gpu_session.sh front    # the front door's GPU tier (benchmarks/prepare_front_door.sh)
+#   bash benchmarks/gpu_session.sh suite    # the shape suite: gemm_ladder.matmul against cuBLAS
 #
 # Inputs under build/, made by benchmarks/prepare_gpu_session.sh (git-ignored, carried to the GPU box):
 # runtime/ (pack-runtime),
-# gpu_cases/ (GEMM_LADDER_GPU_EXPORT), ladder/ (export), runner/ (cmake), tune_*/ (tune --build-only).
+# gpu_cases/ (GEMM_LADDER_GPU_EXPORT), ladder/ (export), runner/ (cmake), tune_*/ (tune --build-only),
+# front_cases/ and suite_pack/ (benchmarks/prepare_front_door.sh).
 # Outputs go to $OUT (or out/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +44,15 @@ case "${1:-bench}" in
         echo "$(basename "$so") $tool: exit $? ($(grep -c "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$log") clean summaries)"
       done
     done | tee "$OUT/sanitize_summary.txt"
+    ;;
+  front)
+    GEMM_LADDER_PREBUILT=build/front_cases python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_front_door_gpu.py 2>&1 | tee "$OUT/front_door_tests.txt" | grep -v "it/s]"
+    ;;
+  suite)
+    # kernels from the pack only (nothing is built here); JSON (and the plot, where matplotlib is)
+    GEMM_LADDER_BUILD=0 python3 -m gemm_ladder suite run --pack build/suite_pack --out "$OUT/shape_suite.json" \
+      2>&1 | grep -v "it/s]" | tee "$OUT/shape_suite.txt"
     ;;
   tune)
     for d in build/tune_*; do

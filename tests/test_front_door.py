@@ -253,3 +253,37 @@ def test_dynamo_captures_one_graph():
     torch._dynamo.reset()
     assert len(graphs) == 1
     assert sum("gemm_ladder" in str(n.target) for n in graphs[0].graph.nodes) == 2
+
+
+RUNTIME_ONLY_ROUTE = r"""
+import ctypes, sys
+ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the build stub stands in for the driver
+from gemm_ladder import front
+front._arch = lambda index: "sm_90a"
+route, _ = front._route(16, 256, 512, "float16", 0)
+import tvm
+assert tvm.base._RUNTIME_ONLY and "tvm_compiler" not in tvm.base._LOADED_LIBS
+assert "layouts" not in sys.modules and "schedulers" not in sys.modules, "the compiler side was imported"
+print(route.source, route.rung, type(route.module).__name__, route.module.dynamic_m)
+"""
+
+
+@pytest.mark.slow
+def test_a_pack_serves_with_the_tvm_runtime_alone(tmp_path):
+    """What a GPU box without TVM's compiler does: the front door finds the module in a pack and
+    loads it with a runtime-only TVM, importing nothing of the compiler side."""
+    import os
+    import subprocess
+    import sys
+
+    from gemm_ladder import toolchain
+    from gemm_ladder.pack import pack_runtime
+
+    kernel_pack.build_pack(tmp_path / "pack", [(16, 256, 512)], ["float16"], sms=132, workers=1)
+    site = pack_runtime(tmp_path / "rt")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site)] + [p for p in sys.path if p.endswith("site-packages")]),
+           "TVM_USE_RUNTIME_LIB": "1", kernel_pack.PACK_ENV: str(tmp_path / "pack")}
+    out = subprocess.run([sys.executable, "-c", RUNTIME_ONLY_ROUTE, str(toolchain._stub_driver())], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[:3] == ["kernel", "pack", "v9"] and out.stdout.split()[3] == "GemmModule"
