@@ -265,15 +265,16 @@ def table_rows(doc: dict) -> list[dict]:
     return rows
 
 
-def plot_result(doc: dict, path) -> Path:
-    """Ratio to cuBLAS per case (and the targets); GB/s against the HBM peak for memory-bound cases."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+def figure(doc: dict):
+    """Ratio to cuBLAS per case (and the targets); GB/s against the HBM peak for memory-bound
+    cases. A matplotlib Figure on the Agg canvas (no display needed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
+    from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
 
     res = doc["results"]
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(max(12, len(res) * 0.2), 9), gridspec_kw={"height_ratios": [3, 2]})
+    fig = Figure(figsize=(max(12, len(res) * 0.2), 9))
+    FigureCanvasAgg(fig)
+    ax, bx = fig.subplots(2, 1, gridspec_kw={"height_ratios": [3, 2]})
     xs = range(len(res))
     ratios = [r.get("ratio_to_cublas", 0.0) for r in res]
     colors = ["tab:blue" if r["dtype"] == "float16" else "tab:orange" for r in res]
@@ -298,7 +299,11 @@ def plot_result(doc: dict, path) -> Path:
     bx.set_xticks(list(xs), [""] * len(res))
     bx.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def plot_result(doc: dict, path) -> Path:
+    """:func:`figure` written to ``path`` (PNG)."""
     path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    figure(doc).savefig(path, dpi=110)
     return path
