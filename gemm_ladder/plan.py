@@ -5,33 +5,39 @@ The front door (:func:`gemm_ladder.matmul`) asks :func:`choose` for a rung and i
 :func:`layout_fixes` for the copies a tensor needs. Both are data plus small pure functions, so
 each rule has its own test and a new rung is one more table entry.
 
-**Rules.** :data:`RULES` is an ordered list of :class:`Rule`; the first whose ``when`` holds for
-the problem, whose rung has a form for the arch and whose knobs the validator accepts, wins. A
-rule that does not apply, or whose rung is missing, is skipped and the reason kept for
-``explain``. Today's table (Hopper; Blackwell takes v9's defaults)::
+**Rules.** :data:`RULES` is an ordered list of :class:`Rule`; the first whose rung has a form
+for the arch, whose ``when`` holds for the problem and whose knobs the validator accepts, wins. A
+rule passed over is kept with the reason for ``explain``. Today's table (Hopper; Blackwell takes
+v9's defaults)::
 
-    rule              when                              rung, knobs                          why
-    weight-streaming  M <= 64                           v9, 64-row tiles, one consumer,      reading B dominates: as many
-                                                        no cluster, blk_n by makespan,       CTAs as the tiles allow
-                                                        the deepest ring (<= 8)              stream B at once
-    few-tiles         M > 64 and 128x128 tiles finish   v9, 128x128 tiles                    fewer tiles than SMs leave
-                      in fewer tile-units than 128x256                                      SMs idle; smaller tiles
-                                                                                             spread the work
-    large             otherwise                         v9 defaults (128x256, 2 consumers,   measured 0.95-1.05x cuBLAS
-                                                        depth 4, 2x1 cluster, epi_n 64)       on squares and 3072x8192x1536
+    rule              when                          rung, knobs                                why
+    swap-ab           M <= 64                       v11: blk_m a power of two >= M (8..64),    reading B is the whole
+                                                    blk_n and split_k by the wave model, the   cost: N fills the MMA's
+                                                    deepest ring (<= 8)                        64 rows, enough SMs stream
+    weight-streaming  M <= 64 (without v11)         v9, 64-row tiles, one consumer, blk_n by   as many CTAs as the tiles
+                                                    makespan, the deepest ring (<= 8)          allow stream B at once
+    split-k           M > 64 and the wave model     v10: 128x256 or 128x128 tiles and the      too few tiles for whole
+                      finishes sooner split          split_k the model ranks first              waves: split the K loops
+    few-tiles         M > 64 and 128x128 tiles      v9, 128x128 tiles                          fewer tiles than SMs
+                      finish in fewer tile-units                                               leave SMs idle
+    large             otherwise                     v9 defaults (128x256, 2 consumers,         measured 0.95-1.05x
+                                                    depth 4, 2x1 cluster, epi_n 64)            cuBLAS on squares
 
-*Makespan in tile units* (:func:`makespan`): a persistent grid of ``sms`` CTAs runs
-``ceil(tiles / sms)`` waves of tiles; a wave costs one tile's area (``blk_m x blk_n``, the
-same K), so the choice that finishes in fewer tile units wins, the larger tile on a tie (its
-MMAs are more efficient). ``schedulers.orders.waves`` draws the same waves tile by tile.
+The wave model is ``schedulers.wave_model`` (tiles, split-K units, waves, and what bounds each:
+DRAM, an SM's read rate, the tensor cores); its numbers go into ``explain``. *Makespan in tile
+units* (:func:`makespan`) is its wave quantization alone: a persistent grid of ``sms`` CTAs runs
+``ceil(tiles / sms)`` waves, each costing one tile's area, and the larger tile wins a tie.
 
-A new rung plugs in as a :class:`Rule` inserted before ``large`` (for example a swap-AB or
-split-K rung for small M), with its test in ``tests/test_plan.py``.
+A new rung plugs in as a :class:`Rule` inserted where it should take precedence, with its test
+in ``tests/test_plan.py``; a rule whose rung is missing is passed over, so the table also says
+what the ladder falls back to.
 
 **The tuning database** (``gemm_ladder.tune.db``) is asked first: its best entry in the shape's
-bucket (every dim rounded to a power of two), among the rungs at or above the rule's rung on
-the ladder, replaces the rule's choice; entries of lower rungs are ignored (the ladder has moved
-past them: v9 at its defaults beats the v6 entries the database holds for 4096^3 and 8192^3).
+bucket (every dim rounded to a power of two) replaces the rule's choice, by ratio to cuBLAS. A
+measured entry beats a rule that rests on a model alone, whatever its rung; against a rule with
+committed measurements (``Rule.evidence``) only entries of rungs at or above the rule's count,
+since the ladder has moved past the others (v9 at its defaults beats the v6 entries the database
+holds for 4096^3 and 8192^3).
 
 **Layout.** TMA describes a tensor whose row stride is a multiple of 16 bytes and whose start is
 16-byte aligned (``config.check_common``). :data:`LAYOUT_RULES` says what the front door copies
@@ -51,6 +57,7 @@ from typing import Callable
 from .config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, GemmConfig
 
 TMA_ALIGN_BYTES = 16
+MODEL_ONLY = "model only: not yet measured"
 MAX_SMALL_M_DEPTH = 8  # stages a 64-row tile may take for weight streaming (more hides no more latency)
 
 
@@ -118,7 +125,12 @@ class Rule:
     when: Callable[[Problem], bool]
     knobs: Callable[[Problem], dict]
     why: str
-    evidence: str = "model only: not yet measured"
+    evidence: str = MODEL_ONLY
+    detail: Callable[[Problem], str] | None = None  # the model's numbers for this problem, for explain
+
+    @property
+    def measured(self) -> bool:
+        return self.evidence != MODEL_ONLY
 
 
 def _small_m_knobs(p: Problem) -> dict:
@@ -132,10 +144,58 @@ def _few_tiles(p: Problem) -> bool:
     return p.M > 64 and makespan(p, 128, 128) < makespan(p, 128, 256)
 
 
+# -- rules that ask the wave model (schedulers.wave_model: tiles, split-K units, waves, and what
+# bounds each; imported on first use, build boxes only)
+MAX_SWAP_DEPTH = 8  # v11's ring: as deep as shared memory allows, up to 8 (deep rings keep B in flight)
+
+
+def _waves(p: Problem, tiles, split_ks=(1, 2, 3, 4, 6, 8), pipe_depth: int = 4):
+    from schedulers import wave_model  # pylint: disable=import-outside-toplevel
+
+    return wave_model.rank(p.M, p.N, p.K, tiles, split_ks, pipe_depth, wave_model.with_sms(wave_model.H100, p.sms))[0]
+
+
+def swap_blk_m(M: int) -> int:
+    """v11's tile height (wgmma's N) for M rows: a power of two from 8 to 64, so that one module
+    serves a range of M (1-8, 9-16, 17-32, 33-64)."""
+    return min(64, max(8, 1 << (M - 1).bit_length()))
+
+
+def _swap_pick(p: Problem):
+    """The wave model's best (tile, split_k) for v11, each tile with the deepest ring it fits."""
+    bm = swap_blk_m(p.M)
+    plans = [_waves(p, [(bm, bn)], pipe_depth=_deepest("v11", p, {"blk_m": bm, "blk_n": bn}, MAX_SWAP_DEPTH))
+             for bn in (128, 256)]
+    best = min(plans, key=lambda w: (round(w.time_s, 9), w.units))
+    return best, _deepest("v11", p, {"blk_m": best.blk_m, "blk_n": best.blk_n}, MAX_SWAP_DEPTH)
+
+
+def _swap_knobs(p: Problem) -> dict:
+    best, depth = _swap_pick(p)
+    return {"blk_m": best.blk_m, "blk_n": best.blk_n, "split_k": best.split_k, "pipe_depth": depth}
+
+
+def _split_k_wins(p: Problem) -> bool:
+    return p.M > 64 and _waves(p, [(128, 256), (128, 128)]).split_k > 1
+
+
+def _split_k_knobs(p: Problem) -> dict:
+    best = _waves(p, [(128, 256), (128, 128)])
+    return {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
+
+
 RULES: list[Rule] = [
+    Rule("swap-ab", "sm_90a", "v11", when=lambda p: p.M <= 64, knobs=_swap_knobs,
+         why="M <= 64: reading B (N x K) is the whole cost; swap AB puts N in wgmma's 64-row slot (M as its N, "
+             "a power of two from 8), and the wave model picks blk_n and split_k so that enough SMs stream B",
+         detail=lambda p: "wave model: " + _swap_pick(p)[0].why()),
     Rule("weight-streaming", "sm_90a", "v9", when=lambda p: p.M <= 64, knobs=_small_m_knobs,
          why="M <= 64: reading B (N x K) dominates, so the output is cut into as many 64-row tiles as fill "
              "the SMs (blk_n by makespan), each streaming its slice of B through a deep ring"),
+    Rule("split-k", "sm_90a", "v10", when=_split_k_wins, knobs=_split_k_knobs,
+         why="too few tiles for whole waves: the wave model finishes sooner with each tile's K loop split "
+             "over several CTAs (the last one sums the fp32 partials)",
+         detail=lambda p: "wave model: " + _waves(p, [(128, 256), (128, 128)]).why()),
     Rule("few-tiles", "sm_90a", "v9", when=_few_tiles,
          knobs=lambda p: {"blk_m": 128, "blk_n": 128},
          why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): "
@@ -161,6 +221,7 @@ class Choice:
     why: str
     skipped: tuple = field(default=())
     db_entry: dict | None = None
+    measured: bool = False  # the rule's choice rests on committed measurements, not a model alone
 
     def as_dict(self) -> dict:
         return {"rung": self.rung, "knobs": dict(self.knobs), "source": self.source, "rule": self.rule,
@@ -176,6 +237,12 @@ class Choice:
 
 def _rung_order(rung: str) -> int:
     return int(rung[1:]) if rung[1:].isdigit() else -1
+
+
+def _available(rung: str, arch: str) -> bool:
+    from .rungs import available  # pylint: disable=import-outside-toplevel
+
+    return available(rung, arch)
 
 
 def _validate(rung: str, p: Problem, knobs: dict) -> str | None:
@@ -198,6 +265,9 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
     for rule in RULES if rules is None else rules:
         if rule.arch != p.arch:
             continue
+        if validate and not _available(rule.rung, p.arch):
+            skipped.append(f"rule {rule.name!r} ({rule.rung}): rung {rule.rung} has no form for {p.arch}")
+            continue
         if not rule.when(p):
             skipped.append(f"rule {rule.name!r} does not apply")
             continue
@@ -206,14 +276,15 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
         if problem:
             skipped.append(f"rule {rule.name!r} ({rule.rung}): {problem}")
             continue
-        return Choice(rule.rung, knobs, "rule", rule.name, f"{rule.why} [{rule.evidence}]",
-                      tuple(s for s in skipped if "does not apply" not in s))
+        why = f"{rule.why} [{rule.evidence}]" + (f"; {rule.detail(p)}" if rule.detail else "")
+        return Choice(rule.rung, knobs, "rule", rule.name, why,
+                      tuple(s for s in skipped if "does not apply" not in s), measured=rule.measured)
     raise LookupError(f"no rule of the heuristic covers {p}; passed over: {'; '.join(skipped) or 'none for this arch'}")
 
 
-def db_choice(p: Problem, floor_rung: str, db=None) -> tuple[Choice | None, list[str]]:
+def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | None, list[str]]:
     """The tuning database's best entry in ``p``'s bucket among rungs at or above ``floor_rung``
-    (by ratio to cuBLAS), and notes on the entries passed over."""
+    (any rung when None), by ratio to cuBLAS, and notes on the entries passed over."""
     import warnings  # pylint: disable=import-outside-toplevel
 
     from .tune import db as tdb  # pylint: disable=import-outside-toplevel  (the tuner: build boxes)
@@ -224,7 +295,7 @@ def db_choice(p: Problem, floor_rung: str, db=None) -> tuple[Choice | None, list
             if e["dtype"] == p.dtype and e["arch"] == p.arch and tdb.shape_bucket(e["shape"]) == bucket}
     notes, found = [], []
     for rung in sorted(near, key=_rung_order):
-        if _rung_order(rung) < _rung_order(floor_rung):
+        if floor_rung is not None and _rung_order(rung) < _rung_order(floor_rung):
             notes.append(f"tuning database has {rung} for bucket {'x'.join(map(str, bucket))}: below the rule's "
                          f"{floor_rung} on the ladder, ignored")
             continue
@@ -249,9 +320,11 @@ def choose(p: Problem, db=None, rules=None, use_db: bool = True) -> Choice:
     rule = rule_choice(p, rules)
     if not use_db:
         return rule
-    found, notes = db_choice(p, rule.rung, db)
+    # a measured entry beats a rule that rests on a model alone, whatever its rung
+    found, notes = db_choice(p, rule.rung if rule.measured else None, db)
     if found is None:
-        return Choice(rule.rung, rule.knobs, rule.source, rule.rule, rule.why, rule.skipped + tuple(notes))
+        return Choice(rule.rung, rule.knobs, rule.source, rule.rule, rule.why, rule.skipped + tuple(notes),
+                      measured=rule.measured)
     return Choice(found.rung, found.knobs, "db", found.rule, found.why,
                   (f"rule {rule.rule!r} would take {rule.rung}",) + tuple(notes), found.db_entry)
 
