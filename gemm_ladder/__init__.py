@@ -47,7 +47,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError", "GemmConfig", "build", "load", "make_config", "matmul", "use_pack",
     "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
-    "hgemm_v7", "hgemm_v8", "hgemm_v9",
+    "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11",
 ]
 
 
@@ -76,6 +76,8 @@ hgemm_v6 = _rung_entry("v6")
 hgemm_v7 = _rung_entry("v7")
 hgemm_v8 = _rung_entry("v8")
 hgemm_v9 = _rung_entry("v9")
+hgemm_v10 = _rung_entry("v10")
+hgemm_v11 = _rung_entry("v11")
 
 
 def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs):

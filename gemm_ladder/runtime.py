@@ -18,6 +18,11 @@ the process). Every input is checked before launch: dtype, device, shape, layout
 A module built with a runtime M (``launch["dynamic_m"]`` in its manifest: v6/v9 with
 ``dynamic_m=True``) takes any M >= 1 with its N and K: ``mod(A, B)`` reads M off ``A``.
 ``mod.M`` is then the M its knobs were chosen for (what ``check`` and ``time`` use by default).
+
+A split-K module (``launch["workspace"]``: v10, v11) takes an fp32 buffer of partial tiles and
+int32 counters after ``D``; the module allocates them (zeroed once: the kernel puts every
+counter back to zero) on first use per GPU, sized for the call's M, and grows them for a larger
+M. Launch one such module from one stream at a time (two launches at once would share them).
 """
 
 from __future__ import annotations
@@ -156,6 +161,7 @@ class GemmModule:
         self._rt = rt_module
         self._fn = None
         self._checked_devices: set = set()
+        self._workspaces: dict = {}  # GPU index -> (fp32 partials, int32 counters)
 
     def __repr__(self) -> str:
         m = "(any M)" if self.dynamic_m else self.M
@@ -239,8 +245,35 @@ class GemmModule:
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
-            self._function()(A, B, out, *self._launch_args(A.device))
+            self._function()(A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device))
         return out
+
+    def workspace_elems(self, M: int) -> dict:
+        """Elements of each workspace buffer a launch with ``M`` rows takes (``{}``: none):
+        ``ceil(M / m_step)`` times the per-step counts of ``launch["workspace"]``, at least one."""
+        ws = self.manifest.get("launch", {}).get("workspace")
+        if not ws:
+            return {}
+        steps = -(-M // int(ws["m_step"]))
+        return {kind: max(1, steps * int(ws[f"{kind}_per_m_step"])) for kind in ("float32", "int32")}
+
+    def _workspace_args(self, M: int, where) -> list:
+        """The split-K workspace of this GPU, as views of exactly the size the kernel checks."""
+        need = self.workspace_elems(M)
+        if not need:
+            return []
+        import torch  # pylint: disable=import-outside-toplevel
+
+        idx = where.index if where.index is not None else torch.cuda.current_device()
+        have = self._workspaces.get(idx)
+        if have is None or have[0].numel() < need["float32"] or have[1].numel() < need["int32"]:
+            dev = torch.device("cuda", idx)
+            old = have or (torch.empty(0), torch.empty(0))
+            # zeroed once: every launch leaves its counters at zero again
+            have = (torch.zeros(max(need["float32"], old[0].numel()), dtype=torch.float32, device=dev),
+                    torch.zeros(max(need["int32"], old[1].numel()), dtype=torch.int32, device=dev))
+            self._workspaces[idx] = have
+        return [have[0][: need["float32"]], have[1][: need["int32"]]]
 
     def _launch_args(self, where) -> list:
         """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU,
