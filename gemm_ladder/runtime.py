@@ -248,6 +248,33 @@ class GemmModule:
             self._function()(A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device))
         return out
 
+    def launcher(self, A, B, out):
+        """A function ``launch(A, B, out)`` that launches this module on tensors like these (same
+        shapes, dtype and GPU) without checking them again: the checks of a call run once here, and
+        the grid and split-K workspace are bound for this M. For callers that check their own
+        inputs and launch one shape many times (the front door), where the checks of every call
+        would cost more host time than a small kernel takes."""
+        import torch  # pylint: disable=import-outside-toplevel
+
+        M = self.rows_of(A)
+        for name, t, shape in (("A", A, (M, self.K)), ("B", B, (self.N, self.K)), ("out", out, (M, self.N))):
+            self._check_tensor(name, t, shape)
+            self._check_on_gpu(name, t)
+        if A.device != B.device or out.device != A.device:
+            raise ModuleInputError(f"A is on {A.device}, B on {B.device}, out on {out.device}; put all on one GPU")
+        self.check_device(A.device)
+        fn, idx = self._function(), A.device.index
+        tail = [*self._workspace_args(M, A.device), *self._launch_args(A.device)]
+
+        def launch(a, b, d):
+            if torch.cuda.current_device() == idx:
+                fn(a, b, d, *tail)
+            else:
+                with torch.cuda.device(idx):
+                    fn(a, b, d, *tail)
+
+        return launch
+
     def workspace_elems(self, M: int) -> dict:
         """Elements of each workspace buffer a launch with ``M`` rows takes (``{}``: none):
         ``ceil(M / m_step)`` times the per-step counts of ``launch["workspace"]``, at least one."""
