@@ -289,6 +289,12 @@ class GemmModule:
         need = self.workspace_elems(M)
         if not need:
             return []
+        if max(need.values()) >= 2**31:  # the kernel indexes its workspace with 32-bit ints
+            raise ModuleInputError(
+                f"M={M} needs a split-K workspace of {need['float32']} fp32 partials, more than this "
+                f"module's 32-bit indices reach; split the call into parts of fewer rows, or use a "
+                f"module with split_k=1 for this M"
+            )
         import torch  # pylint: disable=import-outside-toplevel
 
         idx = where.index if where.index is not None else torch.cuda.current_device()

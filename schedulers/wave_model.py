@@ -29,6 +29,18 @@ each: the same waves of work, more fill and partial traffic.
 ``fill`` (units / (waves x ctas)) is the share of the SMs' time slots with work: the wave
 quantization that ``plan.makespan`` of the front door also counts.
 
+Which rung for which shape class (Hopper; what the front door's rules in ``gemm_ladder.plan``
+build on, ``rank`` choosing the tile and split_k among those the rung takes)::
+
+    M <= 64, large N (decode)        v11 swap AB: blk_m = swap_blk_m(M) (8..64), blk_n 256 or 128,
+                                     the deepest ring up to 8, split_k = best_split_k (about 3-4
+                                     at N = 4096, 1 from N = 28672 on)
+    all M <= 64 with one module      v11 dynamic_m=True, blk_m=64, knobs as for M = 64
+    64 < M <= 256, under a wave      v11 with blk_m = swap_blk_m(M, 256) (one tile of M), or v10
+    M > 256, under ~2 waves of       v10 split-K, 128x256 or 128x128, split_k 2-4
+      128x256 tiles
+    the rest                         v9 (dynamic_m=True for one module over a range of M)
+
 The constants are an H100 SXM's (:data:`H100`; 132 SMs, ~3.0 TB/s copy bandwidth, ~700 TFLOPS
 fp16 dense achieved), rough by design: the model ranks choices and explains them; it does not
 predict microseconds. ``tests/test_sm90a_small_m.py`` checks the rankings it gives.

@@ -87,6 +87,11 @@ def test_workspace_sizes_agree_between_kernel_and_runtime():
             tiles = math.ceil(cfg.M / (cfg.blk_m * cm)) * cm * math.ceil(cfg.grid_mn[1] / cn) * cn
             assert mod.workspace_elems(cfg.M) == {"float32": tiles * s * cfg.blk_m * cfg.blk_n,
                                                   "int32": tiles * cfg.num_warpgroups}
+            # past what the kernel's 32-bit indices reach: refused before any launch
+            from gemm_ladder.runtime import ModuleInputError
+
+            with pytest.raises(ModuleInputError, match="32-bit indices"):
+                mod._workspace_args(2**31 // (s * cfg.N) + cfg.blk_m * 2, None)
 
 
 # -- the index arithmetic, played out in numpy ---------------------------------------------------

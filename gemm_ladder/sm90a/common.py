@@ -549,8 +549,11 @@ def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, la
     the other consumers and the producer run on.
     """
     ROWS = T.meta_var(plan.rows_per_wg)
+    # one consumer: its buffers are the first, said as constants (TVM cannot prove that
+    # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
+    first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
     for j in T.unroll(plan.cfg.blk_n // epi_n):
-        buf = T.meta_var(c * nbuf + (epi_it + j) % nbuf)
+        buf = T.meta_var(first + (epi_it + j) % nbuf)
         if wtid == 0:
             T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
         T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)

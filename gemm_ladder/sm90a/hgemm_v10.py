@@ -24,11 +24,24 @@ same wave, their partials are still in L2 when the last one reads them, and no u
 for another (no deadlock whatever runs when). The sum is taken in split order whoever comes
 last: the same bits on every run.
 
-Barriers: v9's, plus the named barrier 1+c twice per unit around the count (the consumer's
-128 threads: their partial stores are before thread 0's release). Global memory: per tile and
-consumer a counter (``atom.acq_rel.gpu``) and ``split_k`` fp32 partial slots of the consumer's
-accumulators in fragment order (``launch["workspace"]``; the runtime allocates it and zeroes it
-once, the last unit of each tile puts the counter back to zero).
+Roles and registers: v9's (warpgroup 0 produces, consumers 1..W own their rows and epilogues).
+Barriers: v9's, and a counter in global memory per tile and consumer:
+
+    ============  ============================================  ================================
+    barrier       arrived by                                    waited by (phase)
+    ============  ============================================  ================================
+    tma2mma[s]    as v9 (the producer's expect_tx + the bytes)  every consumer thread, as v9
+    mma2tma[s]    as v9 (lane 0 of every consumer warp of the   the producer before a refill
+                  cluster, after the wait_group)
+    bar 1+c       consumer c's 128 threads: twice per unit      (named barrier, no phase)
+                  around the count, twice per stored chunk
+    count[t, c]   thread 0 of consumer c in each of tile t's    nobody: the unit whose add
+    (global)      split_k units (fence; atom.acq_rel.gpu.add)   returns split_k - 1 sums
+    ============  ============================================  ================================
+
+The partials: ``split_k`` fp32 slots per tile and consumer, in fragment order
+(``launch["workspace"]``; the runtime allocates them and zeroes the counters once, the last unit
+of each tile puts its counter back to zero).
 
 When it pays: fewer tile units than about two waves (a few big tiles over many SMs: small or
 middling M and N with a long K). It costs the partials' traffic, ``split_k`` x blk_m x blk_n x

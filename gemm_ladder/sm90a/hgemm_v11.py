@@ -2,8 +2,10 @@
 
 What changed from v10: wgmma's A operand is always 64 rows, so a tile of D holds at least 64 rows
 of M. When M is small (decoding: M from 1 to 64 tokens, B a weight matrix of many rows N) most
-of those rows are zero-filled padding, and every tile streams its B panel for 64 rows of
-which a few are real. v11 computes the transposed tile instead, D^T = B_tile . A_tile^T:
+of those rows are padding: TMA zero-fills them at no DRAM cost, but the tensor cores multiply
+them and the accumulators hold them (at M = 8, seven eighths of both), and the wgmma's N (the
+tile's width in N) is capped at 256 per instruction. v11 computes the transposed tile instead,
+D^T = B_tile . A_tile^T:
 
     v10: wgmma.m64n{blk_n}k16  A = A_tile (64-row atoms of M),  B = B_tile (blk_n rows of N)
     v11: wgmma.m64n{blk_m}k16  A = B_tile (64-row atoms of N),  B = A_tile (blk_m rows of M)
