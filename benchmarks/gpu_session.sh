@@ -6,13 +6,16 @@
 #   bash benchmarks/gpu_session.sh bench    # bench the ladder, run the C++ runner
 #   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
 #   bash benchmarks/gpu_session.sh sanitize # compute-sanitizer memcheck, racecheck, synccheck
+#   bash benchmarks/gpu_session.sh barriers # broken variants under the watchdog; its cost off/on
 #   bash benchmarks/gpu_session.sh front    # the front door's GPU tier (benchmarks/prepare_front_door.sh)
 #   bash benchmarks/gpu_session.sh suite    # the shape suite: gemm_ladder.matmul against cuBLAS
 #
 # Inputs under build/, made by benchmarks/prepare_gpu_session.sh (git-ignored, carried to the GPU box):
 # runtime/ (pack-runtime),
-# gpu_cases/ (GEMM_LADDER_GPU_EXPORT), ladder/ (export), runner/ (cmake), tune_*/ (tune --build-only),
-# front_cases/ and suite_pack/ (benchmarks/prepare_front_door.sh).
+# gpu_cases/ (GEMM_LADDER_GPU_EXPORT, with watchdog/ twins), ladder/ (export), runner/ (cmake),
+# tune_*/ (tune --build-only), barriers/ (benchmarks/barrier_watchdog.py prepare);
+# by benchmarks/prepare_front_door.sh: front_cases/, shape_cases/ (GEMM_LADDER_GPU_EXPORT),
+# suite_pack/ (pack build --suite), every_shape/ (benchmarks/every_shape_kernels.py).
 # Outputs go to $OUT (or out/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +26,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,drive
 case "${1:-bench}" in
   tests)
     GEMM_LADDER_PREBUILT=build/gpu_cases python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "it/s]"
+      tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py tests/test_barriers.py \
+      2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "it/s]"
     ;;
   bench)
     CUDART_DIR=$(python3 -c "import os, nvidia; print(os.path.join(nvidia.__path__[0], 'cu13', 'lib'))" 2>/dev/null || true)
@@ -34,25 +38,36 @@ case "${1:-bench}" in
     done 2>&1 | tee "$OUT/runner.txt"
     ;;
   sanitize)
-    # every module under build/sanitize/, once per tool, only our kernel instrumented (the
-    # reference matmul of the check is torch's and is left alone); one log per module and tool
+    # every module under build/sanitize/, once per tool, over the whole check (our kernel and
+    # torch's reference); one log per module and tool, then one archive of the logs
     for so in build/sanitize/*.so; do
       for tool in memcheck racecheck synccheck; do
         log="$OUT/sanitize_$(basename "$so" .so)_$tool.txt"
-        timeout 300 compute-sanitizer --tool "$tool" --kernel-name kns=hgemm_kernel --error-exitcode 9 \
+        timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
           python3 -m gemm_ladder.isolate check "$so" --args 0 > "$log" 2>&1
-        echo "$(basename "$so") $tool: exit $? ($(grep -c "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$log") clean summaries)"
+        rc=$?
+        echo "$(basename "$so") $tool: exit $rc; $(grep -h "SUMMARY\|Internal Sanitizer\|GEMM_LADDER_RESULT" "$log" | cut -c1-160 | tr '\n' ' ')"
       done
     done | tee "$OUT/sanitize_summary.txt"
+    tar czf "$OUT/sanitize_logs.tgz" -C "$OUT" $(cd "$OUT" && ls sanitize_*_*.txt) && rm -f "$OUT"/sanitize_*_*check.txt
+    ;;
+  barriers)
+    python3 benchmarks/barrier_watchdog.py run build/barriers --out "$OUT/barriers" 2>&1 | grep -v "it/s]"
     ;;
   front)
-    GEMM_LADDER_PREBUILT=build/front_cases python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_front_door_gpu.py 2>&1 | tee "$OUT/front_door_tests.txt" | grep -v "it/s]"
+    # the front door's tier (its pack: build/front_cases/front_pack) and the issue's kernels:
+    # v10/v11 at odd shapes, runtime-M modules at every M of harness.DYNAMIC_M_CHECKS
+    GEMM_LADDER_PREBUILT=build/front_cases python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+      tests/test_front_door_gpu.py tests/test_sm90a_small_m.py tests/test_dynamic_m.py \
+      2>&1 | tee "$OUT/front_door_tests.txt" | grep -v "it/s]"
     ;;
   suite)
     # kernels from the pack only (nothing is built here); JSON (and the plot, where matplotlib is)
     GEMM_LADDER_BUILD=0 python3 -m gemm_ladder suite run --pack build/suite_pack --out "$OUT/shape_suite.json" \
       2>&1 | grep -v "it/s]" | tee "$OUT/shape_suite.txt"
+    # v10, v11 and runtime-M modules with the wave model's knobs, beside v9 (benchmarks/every_shape_kernels.py)
+    python3 -m gemm_ladder bench build/every_shape --out "$OUT/bench_every_shape.json" 2>&1 \
+      | grep -v "it/s]" | tee "$OUT/bench_every_shape.txt"
     ;;
   tune)
     for d in build/tune_*; do

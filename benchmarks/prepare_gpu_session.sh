@@ -14,9 +14,14 @@ TUNE_SPACE_V6="$TUNE_SPACE_V5;tile_order=grouped,snake"
 
 $PY -m gemm_ladder pack-runtime build/runtime --python "$GPU_PY"
 rm -rf build/gpu_cases build/ladder build/tune_*
-# the GPU test tier's modules (tests/gpu_cases.py)
+# the GPU test tier's modules (tests/gpu_cases.py; test_barriers.py adds the broken variants)
 GEMM_LADDER_GPU_EXPORT=build/gpu_cases $PY -m pytest -q -m gpu -p no:cacheprovider \
-  tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py
+  tests/test_foundation.py tests/test_sm90a_v1_v3.py tests/test_sm90a_v5_v6.py tests/test_barriers.py
+# their watchdog twins: a case that times out on the GPU box is explained by its twin
+$PY -m gemm_ladder.barriers twins build/gpu_cases >/dev/null
+# barrier safety on the GPU: broken variants under the watchdog, the watchdog's cost
+rm -rf build/barriers
+$PY benchmarks/barrier_watchdog.py prepare build/barriers
 # the ladder at the benchmark shapes (v1 and v2 take one tile: their largest shapes)
 $PY -m gemm_ladder export --rungs v3,v4,v5,v6 --out build/ladder
 $PY -m gemm_ladder export --rungs v1 --shapes 128x128x64 --out build/ladder/one_tile

@@ -123,8 +123,11 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
             "TVM kept CUDA source instead of compiling it (its CUDA runtime library did not load); "
             "see gemm_ladder/toolchain.py"
         )
+    from .barriers.check import watchdog_table  # pylint: disable=import-outside-toplevel
+
+    watchdog = watchdog_table(func)  # a watchdog build: what decodes its timeout record
     launch = rung_module(cfg.rung, cfg.arch).launch(cfg)
-    extra = {"launch": launch}
+    extra = {"launch": launch, **({"watchdog": watchdog} if watchdog else {})}
     if launch.get("dynamic_m"):
         # a module for every M: its knobs were chosen at cfg.M (a pack that tuned them over a
         # range of M says so through BuildJob.extra, which replaces this)

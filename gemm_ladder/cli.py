@@ -10,6 +10,9 @@
     python -m gemm_ladder tune --rung v6 --shape 4096x4096x4096   # see gemm_ladder.tune
     python -m gemm_ladder pack build --model llama-8b --out build/pack   # kernels for the front door
     python -m gemm_ladder suite run --pack build/pack --out suite.json   # matmul vs cuBLAS, the shape suite
+    python -m gemm_ladder check v5 v6 --arch sm_90a         # mbarrier protocol check (gemm_ladder.barriers)
+    python -m gemm_ladder serve --key h200                 # a tracker + one RPC server per GPU
+    python -m gemm_ladder tune --plan model.plan --tracker HOST:9190 --key h200
 
 ``build``/``export``/``info`` need TVM's compiler (a build box, no GPU needed); ``verify`` and
 ``bench`` need a GPU and only TVM's runtime. Each GPU job runs in a child process with a
@@ -32,9 +35,10 @@ from . import batch, cli_front, device, pack, report
 from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
 from .files import FolderInUse
 from .runtime import read_manifest
-from .tune import cache, db, measuring, space
+from .tune import db, rpc, serve, space
+from .tune.jobs import PlanError, from_args as jobs_from_args
 from .tune import report as tune_report
-from .tune.run import default_out
+from .tune.run import measure_local, tune_many
 
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
@@ -250,12 +254,38 @@ def _tune_show(a) -> int:
     return 0
 
 
-def _tune_measure(a, folder) -> tuple[int, dict]:
-    result = measuring.measure(folder, reps=a.reps, timeout=a.timeout, out=a.measurements_out,
-                               plot=a.plot or True)
-    print(tune_report.format_table(result, a.top))
-    print(f"measurements: {result['path']}" + (f"\nplot: {result['plot']}" if result.get("plot") else ""))
-    return (0 if result["best"] else 1), result
+def _tracker(a):
+    if bool(a.tracker) != bool(a.key):
+        raise UsageError("--tracker HOST:PORT and --key KEY go together: the servers that key registered there")
+    try:
+        return serve.parse_address(a.tracker) if a.tracker else None
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _jobs(a) -> list:
+    try:
+        return jobs_from_args(a.rung, ([a.shape] if a.shape else []) + list(a.shapes or []), a.plan, a.dtype)
+    except (OSError, PlanError) as err:
+        raise UsageError(str(err)) from None
+
+
+def _measured(a, run: dict) -> int:
+    if len(run["reports"]) == 1:
+        rep = run["reports"][0]
+        print(tune_report.format_table(rep, a.top))
+        print(f"measurements: {rep['path']}" + (f"\nplot: {rep['plot']}" if rep.get("plot") else ""))
+    print(tune_report.format_run(run) + (f"\nrun: {run['path']}" if run.get("path") else ""))
+    if "merged" in run:
+        _print_merged(run["merged"])
+    else:
+        print(f"next: python -m gemm_ladder tune --merge {run.get('path') or run['reports'][0]['path']}")
+    return 0 if all(r["best"] for r in run["reports"]) else 1
+
+
+def _space_of(a, job):
+    return space.search_space(job.rung, job.shape, job.dtype, a.arch, {**space.parse_space(a.space), **job.space},
+                              a.l2_keep, a.sms, int(a.l2_mb * 2**20) if a.l2_mb else None)
 
 
 def cmd_tune(a) -> int:
@@ -264,50 +294,60 @@ def cmd_tune(a) -> int:
     if a.merge:
         _print_merged(db.merge(a.merge, _db_arg(a)))
         return 0
+    tracker = _tracker(a)
     if a.measure:
-        if not device.present():
+        if tracker is None and not device.present():
             return _no_gpu("--measure")
-        code, result = _tune_measure(a, a.measure)
-        print(f"next: python -m gemm_ladder tune --merge {result['path']}")
-        return code
-    if not a.rung or not a.shape:
-        print("error: tune needs --rung and --shape (or --measure DIR, --merge FILE, --show)", file=sys.stderr)
+        try:
+            run = (rpc.measure_folders(a.measure, tracker, a.key, a.reps, a.timeout, a.rpc_batch, a.run_out)
+                   if tracker else measure_local(a.measure, a.reps, a.timeout, out=a.run_out, plot=a.plot or True,
+                                                 measurements_out=a.measurements_out))
+        except RuntimeError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        return _measured(a, run)
+    jobs = _jobs(a)
+    if not jobs:
+        print("error: tune needs --rung with --shape/--shapes, or --plan FILE (or --measure DIR, --merge FILE, "
+              "--show)", file=sys.stderr)
         return 2
-    try:
-        sp = space.search_space(a.rung, a.shape, a.dtype, a.arch, space.parse_space(a.space), a.l2_keep, a.sms,
-                                int(a.l2_mb * 2**20) if a.l2_mb else None)
-    except (ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"space: {sp.counts()}", file=sys.stderr)
     if a.dry_run:
-        for p in sp.pruned:
-            print(f"pruned ({p['reason']}): {tune_report.knob_label(p['knobs'])}: {p['detail']}")
-        for c in sp.candidates:
-            print(f"candidate: {tune_report.knob_label(c)}")
+        try:
+            spaces = [_space_of(a, job) for job in jobs]
+        except (ConfigError, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        for job, sp in zip(jobs, spaces):
+            print(f"{job.name(a.arch)}: {sp.counts()}")
+            for p in sp.pruned if len(jobs) == 1 else ():
+                print(f"pruned ({p['reason']}): {tune_report.knob_label(p['knobs'])}: {p['detail']}")
+            for c in sp.candidates if len(jobs) == 1 else ():
+                print(f"candidate: {tune_report.knob_label(c)}")
         return 0
-    if not a.build_only and not device.present():
-        print("error: no GPU here: use --build-only --out DIR, then tune --measure DIR on a GPU box",
-              file=sys.stderr)
+    if not a.build_only and tracker is None and not device.present():
+        print("error: no GPU here: use --build-only --out DIR, then tune --measure DIR on a GPU box (or "
+              "--tracker HOST:PORT --key KEY to measure on RPC servers)", file=sys.stderr)
         return 2
-    out = Path(a.out) if a.out else default_out(a.rung, a.shape, a.dtype, a.arch)
     try:
-        man = cache.build_candidates(sp, out, a.cache, a.jobs)
-    except FolderInUse as err:
+        result = tune_many(jobs, a.arch, space.parse_space(a.space), out=a.out, l2_keep=a.l2_keep, num_sms=a.sms,
+                           l2_bytes=int(a.l2_mb * 2**20) if a.l2_mb else None, build_jobs=a.jobs, cache_dir=a.cache,
+                           build_only=a.build_only, tracker=tracker, key=a.key, batch=a.rpc_batch, reps=a.reps,
+                           timeout=a.timeout, db=None if a.build_only else _db_arg(a), plot=a.plot or True,
+                           run_out=a.run_out, measurements_out=a.measurements_out)
+    except (ConfigError, ValueError, FolderInUse, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    c = man["counts"]
-    print(f"{len(man['candidates'])} candidates in {out} ({c['built']} built, {c['cached']} from the cache, "
-          f"{c['failed']} failed to build; {len(man['pruned'])} pruned)")
-    for f in man["failed"]:
-        print(f"build failed: {tune_report.knob_label(f['knobs'])}: "
-              f"{f.get('detail', '').splitlines()[0] if f.get('detail') else ''}", file=sys.stderr)
+    for folder, man in zip(result["folders"], result["manifests"]):
+        c = man["counts"]
+        print(f"{len(man['candidates'])} candidates in {folder} ({c['built']} built, {c['cached']} from the cache, "
+              f"{c['failed']} failed to build; {len(man['pruned'])} pruned)")
+        for f in man["failed"]:
+            print(f"build failed: {tune_report.knob_label(f['knobs'])}: "
+                  f"{f.get('detail', '').splitlines()[0] if f.get('detail') else ''}", file=sys.stderr)
     if a.build_only:
-        print(f"next, on a GPU box: python -m gemm_ladder tune --measure {out}")
-        return 0 if man["candidates"] else 1
-    code, result = _tune_measure(a, out)
-    _print_merged(db.merge([result["path"]], _db_arg(a)))
-    return code
+        print(f"next, on a GPU box: python -m gemm_ladder tune --measure {' '.join(result['folders'])}")
+        return 0 if all(m["candidates"] for m in result["manifests"]) else 1
+    return _measured(a, result)
 
 
 # -- the parser -------------------------------------------------------------------------------
@@ -337,6 +377,9 @@ def _add_tune_parser(sub) -> None:
     )
     t.add_argument("--rung", help="the rung to tune, e.g. v6")
     t.add_argument("--shape", type=parse_shape, help="MxNxK, e.g. 4096x4096x4096")
+    t.add_argument("--shapes", type=lambda s: [parse_shape(x) for x in s.split(",")], default=None,
+                   help="several shapes in one run, comma-separated")
+    t.add_argument("--plan", metavar="FILE", help="rungs and shapes, one rung a line (see gemm_ladder/tune/jobs.py)")
     t.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES)
     t.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
     t.add_argument("--space", action="append", metavar="KNOB=V1,V2",
@@ -347,9 +390,14 @@ def _add_tune_parser(sub) -> None:
     t.add_argument("--l2-mb", type=float, default=None, help="L2 size in MiB for the L2 model")
     t.add_argument("--jobs", type=int, default=None, help="parallel build processes (default: cores)")
     t.add_argument("--cache", default=None, help="build cache folder (default: user cache /tune)")
-    t.add_argument("--out", default=None, help="candidate folder (default: build/tune/<rung>_<shape>_...)")
+    t.add_argument("--out", default=None, help="the candidate folder (default: build/tune/<rung>_<shape>_...); of "
+                                               "several shapes, the folder of their folders (default: build/tune)")
     t.add_argument("--build-only", action="store_true", help="build and export the candidates, measure nothing")
-    t.add_argument("--measure", metavar="DIR", help="measure a candidate folder made by --build-only")
+    t.add_argument("--measure", metavar="DIR", nargs="+", help="measure candidate folders made by --build-only")
+    t.add_argument("--tracker", metavar="HOST:PORT", help="measure on the RPC servers of this TVM tracker (serve)")
+    t.add_argument("--key", help="the servers' key at the tracker (serve --key), e.g. h200")
+    t.add_argument("--rpc-batch", type=int, default=4, help="candidates per RPC session (see gemm_ladder/tune/rpc.py)")
+    t.add_argument("--run-out", default=None, help="write the run (every folder's report, candidates/min) here")
     t.add_argument("--merge", nargs="+", metavar="FILE", help="merge measurements files into the database")
     t.add_argument("--show", action="store_true", help="print the tuning database")
     t.add_argument("--dry-run", action="store_true", help="print the pruned space, build nothing")
@@ -407,16 +455,29 @@ def make_parser() -> argparse.ArgumentParser:
     pc.add_argument("dest")
     pc.set_defaults(fn=cmd_pictures)
 
+    # everything after "check" goes to gemm_ladder.barriers (its own options, --help included)
+    ck = sub.add_parser("check", add_help=False, prefix_chars="\0",
+                        help="check the mbarrier protocol of the rungs (CPU); see check --help")
+    ck.add_argument("args", nargs="*")
+    ck.set_defaults(fn=lambda a: __import__("gemm_ladder.barriers.ladder", fromlist=["main"]).main(a.args))
+
     m = sub.add_parser("main", help="export the ladder and print its info table; verify and bench with a GPU")
     _add_ladder_args(m, "build/main")
     m.add_argument("--archs", type=lambda s: s.split(","), default=list(ARCHS))
     m.set_defaults(fn=cmd_main)
     _add_tune_parser(sub)
     cli_front.add_parsers(sub)
+
+    # its options are the launcher's own (gemm_ladder.tune.serve): main() hands them over unparsed
+    sub.add_parser("serve", add_help=False, help="a TVM RPC tracker and one RPC server per GPU here, for "
+                                                 "tune --tracker (serve --help)")
     return p
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:
+        return serve.main(argv[1:])
     args = make_parser().parse_args(argv)
     try:
         return args.fn(args)

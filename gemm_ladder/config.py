@@ -22,6 +22,9 @@ DEFAULT_DTYPE = "float16"
 DEFAULT_ARCH = "sm_90a"
 # dtype and arch: every rung takes them; they are part of the question, not knobs to tune
 COMMON_KNOBS = {"dtype": DEFAULT_DTYPE, "arch": DEFAULT_ARCH}
+# options every rung takes that change the binary but not the kernel's technique (checked by
+# check_common): ``watchdog`` bounds every mbarrier wait (gemm_ladder.barriers)
+BUILD_OPTIONS = ("watchdog",)
 # Tile orders a persistent rung takes (``schedulers.orders`` draws them), on either arch: those
 # the GPU tier has run. Snake is the default: on an H100 it beat grouped at 8192^3 and matched it
 # at 4096^3 (benchmarks/results/2026-11-22_h100_v6_tile_order_sweep.json, benchmarks/tuning/).
@@ -182,6 +185,11 @@ def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES) -> None:
                 f"that TMA needs",
                 f"pad {name} to a multiple of {per16} (e.g. {up}) and zero the padding",
             )
+    watchdog = dict(cfg.extra).get("watchdog")
+    if watchdog is not None and (isinstance(watchdog, bool) or not isinstance(watchdog, (int, float))
+                                 or not 0 < watchdog <= 3600):
+        raise _fix(f"watchdog={watchdog!r} is not a number of seconds in (0, 3600]",
+                   "use e.g. watchdog=2 (bound every mbarrier wait by 2 s), or leave it out")
     if cfg.blk_k != 64:
         raise _fix(f"blk_k={cfg.blk_k} is not supported", "use blk_k=64 (one 128-byte swizzle row of 16-bit data)")
     if cfg.blk_m not in blk_m_choices:

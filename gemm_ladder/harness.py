@@ -7,10 +7,11 @@ Runtime-only (torch + the TVM runtime). The method:
   error of torch's own fp16/bf16 matmul (cuBLAS) on the same inputs: the kernel passes when its
   error is within 2x of cuBLAS's (plus a small floor), no element is NaN (every output
   written) and its worst element is within 8x of cuBLAS's worst element;
-- timing: warm-up, then the median of many runs timed with CUDA events, rotating through
-  enough input sets that they do not fit in L2; cuBLAS (``torch.matmul``) is timed the same way
-  in the same process, in alternating rounds with the module (a power-capped GPU's clock
-  drifts within a run: both sides see the same drift).
+- timing: warm-up, then the median of many runs timed with CUDA events, queued back to back
+  (one synchronisation per round, so the events bracket GPU work, not the host's launch path),
+  rotating through enough input sets that they do not fit in L2; cuBLAS (``torch.matmul``) is
+  timed the same way in the same process, in alternating rounds with the module (a
+  power-capped GPU's clock drifts within a run: both sides see the same drift).
 """
 
 from __future__ import annotations
@@ -106,19 +107,42 @@ def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
 
 
 def _event_times(fn, sets, reps: int, start: int = 0) -> list[float]:
-    """``reps`` CUDA-event-timed calls of ``fn``, rotating through the input sets."""
+    """``reps`` CUDA-event-timed calls of ``fn``, rotating through the input sets.
+
+    The calls are queued back to back and the stream is synchronised once at the end: the host
+    runs ahead of the GPU, so each call's start event waits in the stream behind the previous
+    call and the pair brackets the GPU's work alone. (Synchronising after every call would add
+    the host's launch path -- argument checks, tensor-map encoding, the driver call -- to every
+    sample, and that path is not the same length for a loaded module and for cuBLAS.)
+    """
     import torch  # pylint: disable=import-outside-toplevel
 
-    times = []
+    events = []
     for i in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         args = sets[(start + i) % len(sets)]
         s.record()
         fn(*args)
         e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return times
+        events.append((s, e))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events]
+
+
+def host_us(fn, sets, reps: int = 20) -> float:
+    """Microseconds the host spends in one call of ``fn`` (its launch path: checks, argument
+    packing, the driver call), with the GPU kept busy so the host never waits for it."""
+    import time  # pylint: disable=import-outside-toplevel
+
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(reps):
+        fn(*sets[i % len(sets)])
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e6
 
 
 ROUNDS = 6  # alternating rounds of ours and cuBLAS per timing
@@ -168,7 +192,9 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     # what a memory-bound (small-M, weight-streaming) shape is judged by: A, B read and D
     # written once, over the time
     moved = (mod.M * mod.K + mod.N * mod.K + mod.M * mod.N) * 2
+    launch = {"host_us": round(host_us(ours_fn, sets), 1), "cublas_host_us": round(host_us(theirs_fn, sets), 1)}
     return {
+        **launch,
         "ms": ms,
         "tflops": flops / ms / 1e9,
         "gbps": moved / ms / 1e6,

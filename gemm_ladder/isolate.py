@@ -36,18 +36,27 @@ STARTUP_SECONDS = 60.0  # importing torch and TVM in a fresh child
 
 
 def run_isolated(job: str, path, *args, timeout: float = 120.0) -> dict:
-    """One module, one job: the result dict (``status`` is ok, wrong, error, timeout or crash)."""
+    """One module, one job: the result dict (``status`` is ok, wrong, error, hang (a watchdog
+    build named the barrier it waits on), timeout or crash)."""
     return run_batch(job, [path], args, timeout=timeout)[0]
 
 
-def run_batch(job: str, paths, args=(), timeout: float = 120.0, on_result=None) -> list[dict]:
-    """Run ``job`` on every module, each with ``timeout`` seconds; results in the order of ``paths``."""
+def run_batch(job: str, paths, args=(), timeout: float = 120.0, on_result=None, explain: bool = True) -> list[dict]:
+    """Run ``job`` on every module, each with ``timeout`` seconds; results in the order of ``paths``.
+
+    ``explain``: a module that timed out is run again as its watchdog build (see
+    :mod:`gemm_ladder.barriers.explain`), which names the barrier the kernel waits on.
+    """
     paths = [str(p) for p in paths]
     results: list[dict | None] = [None] * len(paths)
     start = 0
     while start < len(paths):
         done = _run_child(job, paths[start:], args, timeout, results, start, on_result)
         start += max(done, 1)
+    if explain and job != "selftest" and any(r and r.get("status") == "timeout" for r in results):
+        from .barriers.explain import explain_timeouts  # pylint: disable=import-outside-toplevel
+
+        explain_timeouts(job, paths, args, results, run_isolated, timeout=min(timeout, 60.0))
     return results  # type: ignore[return-value]
 
 
@@ -77,9 +86,14 @@ def _run_child(job, paths, args, timeout, results, offset, on_result) -> int:
                                              "detail": tail.strip()}, paths[done], on_result)
             return done + 1
         if line.startswith(RESULT_PREFIX):
-            _record(results, offset + done, json.loads(line[len(RESULT_PREFIX):]), paths[done], on_result)
+            res = json.loads(line[len(RESULT_PREFIX):])
+            _record(results, offset + done, res, paths[done], on_result)
             done += 1
             deadline = time.monotonic() + timeout
+            if res.pop("exit_child", False):  # its CUDA context is stuck: a fresh child goes on
+                proc.kill()
+                proc.wait()
+                return done
     proc.wait()
     return done
 
@@ -92,11 +106,17 @@ def _record(results, i, res, path, on_result):
 
 
 def _job(job: str, path: str, args: list[str]) -> dict:
-    if job == "selftest":  # exercises the watchdog without a GPU: PATH is "ok", "hang" or "crash"
+    if job == "selftest":  # exercises the deadline without a GPU: PATH is ok, hang, crash or barrier
         if path == "hang":
             time.sleep(3600)
         if path == "crash":
             os._exit(3)  # pylint: disable=protected-access
+        if path == "barrier":  # what a watchdog build raises when its kernel did not stop
+            from .barriers import watchdog  # pylint: disable=import-outside-toplevel
+
+            rec = {"barrier": "tma2mma", "slot": 1, "parity": 0, "role": "consumer", "unit": "warpgroup",
+                   "cta": 3, "cluster_rank": 0, "thread": 0, "waited_s": 2.0, "state_word": 0, "site": 0}
+            raise watchdog.BarrierTimeoutError(watchdog.message("selftest", rec), rec, kernel_stopped=False)
         return {"status": "ok"}
     if ":" in job:
         module, _, name = job.partition(":")
@@ -134,7 +154,11 @@ def main(argv=None) -> None:
             result = _job(job, path, args)
         except Exception as err:  # pylint: disable=broad-except
             result = {"status": "error", "detail": f"{type(err).__name__}: {err}"}
+            if type(err).__name__ == "BarrierTimeoutError":  # a watchdog build gave up waiting
+                result.update(status="hang", barrier=err.record, exit_child=not err.kernel_stopped)
         print(RESULT_PREFIX + json.dumps(result), flush=True)
+        if result.get("exit_child"):
+            os._exit(0)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ libraries and its Python package without ``libtvm_compiler.so`` (about 250 MB le
     PYTHONPATH=build/runtime/site TVM_USE_RUNTIME_LIB=1 python -m gemm_ladder verify build/
 
 ``tvm_ffi`` is a compiled extension: for another Python version its wheel is downloaded with
-``pip download`` on the build box (which has the network the GPU box lacks).
+``pip download`` on the build box (which has the network the GPU box lacks). ``tornado`` (pure
+Python; its one extension is abi3) comes along for the RPC tracker of ``tune --tracker``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 # Parts of the TVM wheel that only the compiler needs.
 _TVM_SKIP = ("libtvm_compiler.so", "3rdparty", "include", "src", "web", "__pycache__", "relax")
 _FFI_SKIP = ("include", "3rdparty", "src", "cmake", "__pycache__", "stub")
+_TORNADO_SKIP = ("test", "__pycache__")
 
 
 def _copy_pruned(src: Path, dst: Path, skip) -> None:
@@ -78,6 +80,9 @@ def pack_runtime(dest, python: str | None = None, with_package: bool = True) -> 
                     zf.extract(name, site)
             for so in (site / "tvm_ffi").rglob("*.so*"):
                 os.chmod(so, 0o755)
+    tornado = importlib.util.find_spec("tornado")
+    if tornado is not None:  # tvm.rpc.tracker's event loop (python -m gemm_ladder serve)
+        _copy_pruned(Path(tornado.origin).parent, site / "tornado", _TORNADO_SKIP)
     if with_package:
         pkg = Path(__file__).parent
         _copy_pruned(pkg, site / pkg.name, ("__pycache__",))

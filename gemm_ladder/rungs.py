@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from .config import (ARCHS, BLK_M_CHOICES, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig, check_common,
-                     check_knob_types)
+from .config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
+                     check_common, check_knob_types)
 
 CONFIG_ATTR = "gemm_ladder.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
@@ -75,7 +75,7 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     """Fill in the rung's defaults and validate; raises :class:`ConfigError` before any compile."""
     arch = knobs.get("arch", DEFAULT_ARCH)
     mod = rung_module(rung, arch)
-    allowed = set(mod.KNOBS) | set(COMMON_KNOBS)
+    allowed = set(mod.KNOBS) | set(COMMON_KNOBS) | set(BUILD_OPTIONS)
     unknown = sorted(set(knobs) - allowed)
     if unknown:
         raise ConfigError(
@@ -99,8 +99,12 @@ def prim_func(rung: str, M: int, N: int, K: int, **knobs):
 
 
 def kernel_of(cfg: GemmConfig):
-    """Trace the rung's kernel; the prim_func carries its config (``build(func)`` reads it)."""
-    func = rung_module(cfg.rung, cfg.arch).kernel(cfg)
+    """Trace the rung's kernel; the prim_func carries its config (``build(func)`` reads it) and
+    the names of its barriers (``gemm_ladder.barriers``, which also bounds its waits when the
+    ``watchdog`` knob is set)."""
+    from .barriers.classes import traced  # pylint: disable=import-outside-toplevel
+
+    func = traced(cfg, rung_module(cfg.rung, cfg.arch).kernel)
     return func.with_attr(CONFIG_ATTR, json.dumps(cfg.to_dict(), sort_keys=True))
 
 

@@ -245,7 +245,13 @@ class GemmModule:
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
-            self._function()(A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device))
+            args = (A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device))
+            if self.manifest.get("watchdog"):  # bounded waits: a hang raises BarrierTimeoutError
+                from .barriers import watchdog  # pylint: disable=import-outside-toplevel
+
+                watchdog.launch(self._function(), args, self.manifest["watchdog"], self.rung)
+            else:
+                self._function()(*args)
         return out
 
     def launcher(self, A, B, out):
@@ -265,6 +271,14 @@ class GemmModule:
         self.check_device(A.device)
         fn, idx = self._function(), A.device.index
         tail = [*self._workspace_args(M, A.device), *self._launch_args(A.device)]
+        if self.manifest.get("watchdog"):  # a watchdog build: every launch bounded, as in __call__
+            from .barriers import watchdog  # pylint: disable=import-outside-toplevel
+
+            def bounded(a, b, d):
+                with torch.cuda.device(idx):
+                    watchdog.launch(fn, (a, b, d, *tail), self.manifest["watchdog"], self.rung)
+
+            return bounded
 
         def launch(a, b, d):
             if torch.cuda.current_device() == idx:

@@ -185,6 +185,28 @@ def test_expect_tx_equals_the_bytes_tma_moves(built, rung):
     assert stages[0][1] == (c.blk_m + c.blk_n) * c.blk_k * c.elem_bytes
 
 
+@pytest.mark.parametrize("rung", TMA_RUNGS)
+def test_every_phase_of_the_ring_gets_its_boxes_bytes(built, rung):
+    """The protocol check (gemm_ladder.barriers) runs the threads of the built config: every phase
+    of tma2mma expects exactly the bytes of the two boxes (A, B) that complete on it, edge boxes
+    counted in full, and the ring has a barrier per stage."""
+    from gemm_ladder.barriers.check import check_module
+
+    mod = built[rung][0]
+    report = check_module(mod, policies=("forward",), which="first")
+    assert report.ok, report.table()
+    c = mod.cfg
+    stage_bytes = (c.blk_m + c.blk_n) * c.blk_k * c.elem_bytes
+    ring = next(b for b in report.kir.barriers if b.name == "tma2mma")
+    assert ring.depth == c.pipe_depth  # a barrier per stage of the ring (v4: one stage)
+    phases = [h for cta in report.sims[0].ctas for b in cta.bars.values()
+              if b.label.startswith("tma2mma[") for h in b.history]
+    assert len(phases) >= c.k_tiles
+    for h in phases:
+        assert sorted(x.tmap for x in h.copies) == ["A_tensormap", "B_tensormap"]
+        assert h.expected == sum(x.box_bytes for x in h.copies) == stage_bytes
+
+
 def test_expect_tx_parser_catches_a_wrong_count(built):
     mod, _, script = built["v4"]
     bad = re.sub(r"(mbarrier_arrive_expect_tx\w*\(.*\(uint\))(\d+)", lambda m: m.group(1) + "16", mod.source)

@@ -32,8 +32,8 @@ Run:  python -m gemm_ladder build v1 --shape 128x128x64 --arch sm_100a --out bui
 
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
-from tvm.backend.cuda.lang.pipeline import TCGen05Bar
 
+from ..barriers import TCGen05Bar
 from ..budget import check_budget
 from ..config import GemmConfig
 from . import common

@@ -28,8 +28,8 @@ Run:  python -m gemm_ladder build v2 --shape 128x128x4096 --arch sm_100a --out b
 
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
-from tvm.backend.cuda.lang.pipeline import TCGen05Bar
 
+from ..barriers import TCGen05Bar
 from ..budget import check_budget
 from ..config import GemmConfig
 from . import common

@@ -24,8 +24,8 @@ Run:  python -m gemm_ladder build v3 --shape 4096x4096x4096 --arch sm_100a --out
 
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
-from tvm.backend.cuda.lang.pipeline import TCGen05Bar
 
+from ..barriers import TCGen05Bar
 from ..budget import check_budget
 from ..config import GemmConfig
 from . import common

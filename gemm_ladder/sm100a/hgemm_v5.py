@@ -35,8 +35,9 @@ Run:  python -m gemm_ladder build v5 --shape 4096x4096x4096 --arch sm_100a --out
 
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
-from tvm.backend.cuda.lang.pipeline import PipelineState, TCGen05Bar, TMABar
+from tvm.backend.cuda.lang.pipeline import PipelineState
 
+from ..barriers import TCGen05Bar, TMABar
 from ..budget import check_budget
 from ..config import GemmConfig
 from . import common

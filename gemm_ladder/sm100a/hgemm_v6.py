@@ -38,10 +38,11 @@ Run:  python -m gemm_ladder build v6 --shape 4096x4096x4096 --arch sm_100a --out
 
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
-from tvm.backend.cuda.lang.pipeline import MBarrier, PipelineState, TCGen05Bar, TMABar
+from tvm.backend.cuda.lang.pipeline import PipelineState
 
 from schedulers import make_tirx_scheduler
 
+from ..barriers import MBarrier, TCGen05Bar, TMABar
 from ..budget import check_budget
 from ..config import ConfigError, GemmConfig
 from . import common

@@ -70,11 +70,12 @@ import math
 
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
-from tvm.backend.cuda.lang.pipeline import MBarrier, PipelineState, TCGen05Bar, TMABar
+from tvm.backend.cuda.lang.pipeline import PipelineState
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole, WarpRole
 
 from schedulers import make_tirx_scheduler
 
+from ..barriers import MBarrier, TCGen05Bar, TMABar
 from ..budget import check_budget
 from ..config import ConfigError, GemmConfig
 from . import common

@@ -59,10 +59,10 @@ Run:  python -m gemm_ladder build v10 --shape 978x2640x3336 --knob split_k=2 --o
 """
 
 from tvm.script import tirx as T
-from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import schedulers
+from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common, splitk
 from .common import HopperPlan

@@ -47,10 +47,10 @@ Run:  python -m gemm_ladder build v11 --shape 16x4096x4096 --knob blk_m=16 --kno
 """
 
 from tvm.script import tirx as T
-from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import schedulers
+from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common, splitk
 from .common import SwapPlan

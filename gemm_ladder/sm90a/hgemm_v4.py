@@ -25,8 +25,8 @@ Run:  python -m gemm_ladder build v4 --shape 4096x4096x4096 --out build/
 
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
-from tvm.backend.cuda.lang.pipeline import TMABar
 
+from ..barriers import TMABar
 from ..budget import check_budget
 from ..config import GemmConfig
 from . import common

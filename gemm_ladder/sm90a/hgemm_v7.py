@@ -75,10 +75,10 @@ Run:  python -m gemm_ladder build v7 --shape 8192x8192x8192 --knob l2_group_size
 """
 
 from tvm.script import tirx as T
-from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import schedulers
+from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common
 from .common import HopperPlan

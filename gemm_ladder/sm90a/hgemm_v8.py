@@ -62,10 +62,10 @@ Run:  python -m gemm_ladder build v8 --shape 8192x8192x8192 --knob cluster_m=2 -
 """
 
 from tvm.script import tirx as T
-from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import schedulers
+from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common
 from .common import HopperPlan
@@ -74,6 +74,7 @@ TECHNIQUE = "thread-block clusters: operand tiles multicast by TMA to the CTAs t
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 3,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
          "cluster_m": 2, "cluster_n": 1}
+TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2)}  # what the tuner tries for the new knobs
 
 
 def check(cfg: GemmConfig) -> None:

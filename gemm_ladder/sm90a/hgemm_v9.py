@@ -75,10 +75,10 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 """
 
 from tvm.script import tirx as T
-from tvm.backend.cuda.lang.pipeline import MBarrier, TMABar
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import schedulers
+from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common
 from .common import HopperPlan
@@ -88,6 +88,8 @@ KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_dep
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
          "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False}
 CONSUMERS = (1, 2, 3)
+TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256),
+                "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}
 
 
 def check(cfg: GemmConfig) -> None:

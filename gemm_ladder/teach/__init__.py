@@ -11,10 +11,12 @@ and what it measured, without pasting code into the notebooks.
     teach.show(teach.plot_pipeline_timeline())     # a picture, as a PNG in the notebook
 
 Modules: ``sources`` (rung files, diffs), ``built`` (a built module's source, SASS, counts),
-``gpu`` (the GPU cells), ``results`` (committed measurements), ``plots`` (pictures),
-``tuning`` (the tuner's pruned space), ``shapes`` (tutorial 11: waves, weight streaming, swap-AB
-and split-K pictures, the front door's policy; ``from gemm_ladder.teach import shapes``). The models the pictures draw live with the other models:
-``schedulers.pipeline`` (the K-loop pipeline), ``schedulers.orders``/``traffic`` (tile orders),
+``gpu`` (the GPU cells), ``results`` (committed measurements), ``plots`` (pictures; ``roles``
+for the pictures of v7-v9), ``tuning`` (the tuner's pruned space), ``shapes`` (tutorial 11: waves,
+weight streaming, swap-AB and split-K pictures, the front door's policy; ``from gemm_ladder.teach
+import shapes``). The models the pictures draw live with the other models:
+``schedulers.pipeline`` (the K-loop pipeline), ``schedulers.roles`` (producer/consumer roles,
+epilogues, cluster multicast), ``schedulers.orders``/``traffic`` (tile orders),
 ``gemm_ladder.budget`` (shared memory).
 
 Pictures are drawn on matplotlib's Agg canvas (no display needed) and handed to the notebook as
@@ -34,13 +36,15 @@ from .gpu import check_and_time, gpu_here, no_gpu_message
 from .plots import (plot_cta_grid, plot_k_loop, plot_pipeline_timeline, plot_smem_budget, plot_tma_box,
                     show)
 from .results import RESULTS_DIR, ResultTable, committed_results
+from .roles import plot_cluster_multicast, plot_epilogue_overlap, plot_roles
 from .sources import REPO, diff_text, function_source, rung_diff, rung_source, rung_source_path, show_source
 from .tuning import tuning_space
 
 __all__ = [
     "REPO", "RESULTS_DIR", "ResultTable", "check_and_time", "committed_results", "config_of", "describe",
-    "diff_text", "function_source", "gpu_here", "no_gpu_message", "pipeline_schedule", "plot_cta_grid",
-    "plot_k_loop", "plot_pipeline_timeline", "plot_smem_budget", "plot_tma_box", "rung_diff", "rung_source",
+    "diff_text", "function_source", "gpu_here", "no_gpu_message", "pipeline_schedule", "plot_cluster_multicast",
+    "plot_cta_grid", "plot_epilogue_overlap", "plot_k_loop", "plot_pipeline_timeline", "plot_roles",
+    "plot_smem_budget", "plot_tma_box", "rung_diff", "rung_source",
     "rung_source_path", "sass_counts", "sass_text", "show", "show_sass_counts", "show_source",
     "source_excerpt", "tuning_space",
 ]

@@ -97,7 +97,7 @@ def sass_counts(built) -> dict:
 
 def _label(built) -> str:
     c = built.cfg
-    return f"{c.rung} {c.M}x{c.N}x{c.K}"
+    return f"{c.rung} {c.M}x{c.N}x{c.K}" + ("" if c.arch == "sm_90a" else f" {c.arch}")
 
 
 def show_sass_counts(*built, names=None) -> None:

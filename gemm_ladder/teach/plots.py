@@ -260,8 +260,11 @@ def plot_smem_budget(cfg, pipe_depths=range(1, 9), smem_limit: int | None = None
     ax.bar(depths, [base] * len(depths), color="gray", label="barriers + 1 KiB alignment")
     ax.bar(depths, [d * stage for d in depths], bottom=[base] * len(depths), color="tab:blue",
            label=f"ring: pipe_depth x {stage // 1024} KiB (A {c.blk_m}x{c.blk_k} + B {c.blk_n}x{c.blk_k})")
+    epi_n = c.knobs().get("epi_n", c.blk_n)
+    what = (f"output tile Dsmem {c.blk_m}x{c.blk_n}" if epi_n >= c.blk_n
+            else f"output staging: 2 chunks of {c.blk_m}x{epi_n}")
     ax.bar(depths, [out] * len(depths), bottom=[base + d * stage for d in depths], color="tab:orange",
-           label=f"output tile Dsmem {c.blk_m}x{c.blk_n} ({out // 1024} KiB)")
+           label=f"{what} ({out // 1024} KiB)")
     ax.axhline(limit, color="red", lw=1.5, label=f"limit per block: {limit // 1024} KiB")
     ax.set_xticks(depths)
     ax.set_xlabel("pipe_depth")

@@ -1,6 +1,8 @@
-"""Tune a rung's knobs for one shape: build candidates in parallel, time them on a GPU, remember the best.
+"""Tune a rung's knobs for one shape or many: build candidates in parallel, time them on GPUs, remember the best.
 
     python -m gemm_ladder tune --rung v6 --shape 4096x4096x4096            # GPU box with TVM's compiler
+    python -m gemm_ladder tune --plan model.plan --tracker HOST:9190 --key h200   # many shapes, many GPUs
+    python -m gemm_ladder serve --key h200                                  # on each GPU host (see serve)
     python -m gemm_ladder tune --rung v6 --shape 4096x4096x4096 --build-only --out build/tune/v6
     python -m gemm_ladder tune --measure build/tune/v6                      # GPU box, runtime-only TVM
     python -m gemm_ladder tune --merge build/tune/v6/measurements_nvidia-h100-80gb-hbm3.json
@@ -23,14 +25,19 @@ How a run goes, and the module of each step::
     measure    isolate's "time" job in a watched child, a deadline per candidate: checked on     measuring
       |        randn inputs, then timed against cuBLAS in the same process, as ``bench`` does; a
       v        wrong, crashing or hanging candidate is recorded and the search goes on
+    (or rpc:   batches of candidates uploaded to TVM RPC servers, one per GPU, from a tracker;    rpc, serve
+      |        each server measures them as above and replies; a server that dies or hangs
+      v        costs the candidate it held, the run goes on with the others)
     merge      the fastest correct candidate goes into the tuning database                       db
     use        gemm_ladder.build(rung, M, N, K) with no knobs takes the database's best          db
                (db.tuned_knobs; builder.build itself never reads the database);
                measuring.load_best(folder) loads the fastest measured module of a folder
 
-Tables and the plot of a measurement are in ``report``; ``run.tune`` is the whole run in one call.
+Tables and the plot of a measurement are in ``report``; ``run.tune`` is the whole run in one call,
+``run.tune_many`` a run over a list of jobs (``jobs``: rungs x shapes x dtypes, e.g. a model's
+weight shapes at a few M), with one progress bar over all and one table at the end.
 
-Measuring needs only the TVM runtime: ``measuring`` and ``report`` import no TVM compiler, no
-rungs, no ``layouts`` or ``schedulers``, and this package's ``__init__`` imports nothing, so
-``import gemm_ladder.tune.measuring`` on a GPU box stays runtime-only.
+Measuring needs only the TVM runtime: ``measuring``, ``report``, ``jobs``, ``rpc`` and ``serve``
+import no TVM compiler, no rungs, no ``layouts`` or ``schedulers``, and this package's
+``__init__`` imports nothing, so they run on a GPU box from the runtime pack.
 """

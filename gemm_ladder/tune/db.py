@@ -39,15 +39,12 @@ from ..batch import BuildJob, as_job
 from ..config import ARCHS, COMMON_KNOBS, DTYPES, ConfigError
 from ..rungs import RUNGS, make_config
 from .cache import tvm_version
-from .measuring import MEASUREMENTS_FORMAT
+from .measuring import MEASUREMENTS_FORMAT, PEAK_TFLOPS, RUN_FORMAT, speed_problem  # noqa: F401  (db.PEAK_TFLOPS)
 
 DB_FORMAT = "gemm_ladder.tuning_db"
 DB_VERSION = 1
 DB_ENV = "GEMM_LADDER_TUNING_DB"
 ENTRY_KEY = ("rung", "shape", "dtype", "arch", "gpu", "tvm_version")
-# Dense fp16/bf16 tensor-core peak of the fastest GPU of each arch (H100/H200 SXM; GB200), in
-# TFLOPS: a measurement above it is a broken timer or a broken file, not a fast kernel.
-PEAK_TFLOPS = {"sm_90a": 990.0, "sm_100a": 2500.0}
 _ENTRY_TYPES = {"rung": str, "shape": list, "dtype": str, "arch": str, "gpu": str, "tvm_version": str,
                 "knobs": dict, "tflops": (int, float)}
 
@@ -82,18 +79,6 @@ def default_db_path() -> Path | None:
     if root is not None:
         return root / "benchmarks" / "tuning" / "tuning_db.json"
     return toolchain.cache_dir() / "tuning_db.json"
-
-
-def speed_problem(tflops, arch: str, name: str = "tflops") -> str | None:
-    """Why ``tflops`` cannot be a real measurement on ``arch``, or None."""
-    if not isinstance(tflops, (int, float)) or isinstance(tflops, bool):
-        return f"{name} {tflops!r} is not a number"
-    if not math.isfinite(tflops) or tflops <= 0:
-        return f"{name} {tflops!r} is not a positive finite number"
-    peak = PEAK_TFLOPS.get(arch)
-    if peak is not None and tflops > peak:
-        return f"{name} {tflops} is above the {peak:.0f} TFLOPS no {arch} GPU exceeds"
-    return None
 
 
 def knobs_problem(knobs) -> str | None:
@@ -211,12 +196,21 @@ def entry_from_measurements(report: dict, source: str = "measurements") -> dict 
     }
 
 
+def _reports_in(path) -> list[tuple[str, dict]]:
+    """The measurements reports of a measurements file, or of a run file (several folders)."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict) and data.get("format") == RUN_FORMAT and isinstance(data.get("reports"), list):
+        return [(f"{path} [{i}]", r) for i, r in enumerate(data["reports"])]
+    return [(str(path), data)]
+
+
 def merge(paths, db=None) -> list[dict]:
-    """Merge measurements files into the database; returns what happened to each."""
+    """Merge measurements files (or run files, each report of them) into the database; returns
+    what happened to each report."""
     tdb = db if isinstance(db, TuningDB) else TuningDB(db)
     done = []
-    for p in paths if isinstance(paths, (list, tuple)) else [paths]:
-        report = json.loads(Path(p).read_text())
+    reports = [pr for p in (paths if isinstance(paths, (list, tuple)) else [paths]) for pr in _reports_in(p)]
+    for p, report in reports:
         if not isinstance(report, dict) or report.get("format") != MEASUREMENTS_FORMAT:
             raise ValueError(f"{p} is not a gemm_ladder measurements file")
         entry = entry_from_measurements(report, str(p))

@@ -8,6 +8,7 @@ prepared (``tune --build-only``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -21,6 +22,10 @@ from .report import knob_label, plot_measurements
 CANDIDATES = "candidates.json"  # a candidate folder's list, written by tune.cache.build_candidates
 CANDIDATES_FORMAT = "gemm_ladder.tune.candidates"
 MEASUREMENTS_FORMAT = "gemm_ladder.tune.measurements"
+RUN_FORMAT = "gemm_ladder.tune.run"  # several folders measured in one run: their reports and the run's figures
+# Dense fp16/bf16 tensor-core peak of the fastest GPU of each arch (H100/H200 SXM; GB200), in
+# TFLOPS: a measurement above it is a broken timer or a broken file, not a fast kernel.
+PEAK_TFLOPS = {"sm_90a": 990.0, "sm_100a": 2500.0}
 
 
 def _slug(text: str) -> str:
@@ -40,17 +45,45 @@ def read_candidates(folder) -> dict:
     return man
 
 
-def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict | None = None,
-            progress: bool = True, plot=True) -> dict:
-    """Check and time every candidate of ``folder`` against cuBLAS; write the measurements JSON.
+def speed_problem(tflops, arch: str, name: str = "tflops") -> str | None:
+    """Why ``tflops`` cannot be a real measurement on ``arch``, or None."""
+    if not isinstance(tflops, (int, float)) or isinstance(tflops, bool):
+        return f"{name} {tflops!r} is not a number"
+    if not math.isfinite(tflops) or tflops <= 0:
+        return f"{name} {tflops!r} is not a positive finite number"
+    peak = PEAK_TFLOPS.get(arch)
+    if peak is not None and tflops > peak:
+        return f"{name} {tflops} is above the {peak:.0f} TFLOPS no {arch} GPU exceeds"
+    return None
+
+
+def time_paths(paths, reps: int = 50, timeout: float = 300.0, on_result=None) -> list[dict]:
+    """Check and time modules against cuBLAS, each with its own ``timeout``: the method of
+    :func:`measure` (and of a tuning RPC server, ``tune.serve``), results in the order of ``paths``.
 
     The ``time`` job of :mod:`gemm_ladder.isolate` (a randn check, then ``harness.time_module``:
-    the candidate and cuBLAS timed in the same process, as ``bench`` does) runs on all candidates
-    in one watched child, each with its own ``timeout``. ``wrong``, ``crash``, ``error`` and
-    ``timeout`` are recorded and do not stop the search; a candidate that erred is measured again
-    alone in a fresh child (``run_isolated``), since a kernel that faults breaks the CUDA context
-    for every module after it in the same child. Returns the measurements dict (``"path"`` says
-    where it was written).
+    the module and cuBLAS timed in the same process, as ``bench`` does) runs on all of them in
+    one watched child. A module that erred is measured again alone in a fresh child
+    (``run_isolated``), since a kernel that faults breaks the CUDA context for every module
+    after it in the same child; its first error is kept as ``first_try``.
+    """
+    paths = [Path(p) for p in paths]
+    timed = isolate.run_batch("time", paths, (reps,), timeout=timeout, on_result=on_result) if paths else []
+    for i, res in enumerate(timed):
+        if res.get("status") == "error":
+            again = isolate.run_isolated("time", paths[i], reps, timeout=timeout)
+            timed[i] = {**again, "first_try": res.get("detail", "")}
+    return timed
+
+
+def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict | None = None,
+            progress: bool = True, plot=True, bar=None) -> dict:
+    """Check and time every candidate of ``folder`` against cuBLAS; write the measurements JSON.
+
+    :func:`time_paths` on every candidate of the folder: ``wrong``, ``crash``, ``error`` and
+    ``timeout`` are recorded and do not stop the search. ``bar``: a progress bar to advance
+    (one bar over several folders); else one is made when ``progress``. Returns the
+    measurements dict (``"path"`` says where it was written).
     """
     folder = Path(folder)
     man = read_candidates(folder)
@@ -58,7 +91,9 @@ def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict 
     cands = man["candidates"]
     present = [i for i, c in enumerate(cands) if (folder / c["file"]).exists()]
     state = {"best": None}
-    bar = progress_bar(len(present), f"measure {man['rung']}") if progress else None
+    own_bar = bar is None and progress
+    if own_bar:
+        bar = progress_bar(len(present), f"measure {man['rung']}")
 
     def seen(res):
         best = state["best"]
@@ -70,32 +105,42 @@ def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict 
                 bar.set_postfix_str(f"best {best['tflops']:.1f} TFLOPS ({best['ratio_to_cublas']:.2f}x cuBLAS) "
                                     f"{best.get('module', '')}")
 
-    timed = isolate.run_batch("time", [folder / cands[i]["file"] for i in present], (reps,),
-                              timeout=timeout, on_result=seen) if present else []
-    if bar is not None:
-        bar.close()
-    by_index = dict(zip(present, timed))
-    for i, res in by_index.items():
-        if res.get("status") == "error":
-            again = isolate.run_isolated("time", folder / cands[i]["file"], reps, timeout=timeout)
-            by_index[i] = {**again, "first_try": res.get("detail", "")}
+    try:
+        timed = time_paths([folder / cands[i]["file"] for i in present], reps, timeout, on_result=seen)
+    finally:
+        if own_bar and bar is not None:
+            bar.close()
+    report = make_report(folder, man, dict(zip(present, timed)), gpu, reps, timeout)
+    return write_report(report, Path(out) if out else None, plot)
+
+
+def make_report(folder, man: dict, by_index: dict, gpu: dict, reps: int, timeout: float, **extra) -> dict:
+    """The measurements report of a candidate folder from its results (``{candidate index:
+    result}``); a candidate with no result is ``missing``. ``extra`` fields are added."""
+    folder = Path(folder)
     results = []
-    for i, cand in enumerate(cands):
+    for i, cand in enumerate(man["candidates"]):
         res = by_index.get(i, {"status": "missing", "detail": f"{folder / cand['file']} is not there"})
         res = {k: v for k, v in res.items() if k != "module"}
         results.append({"id": cand["id"], "file": cand["file"], "knobs": cand["knobs"],
                         "cache_key": cand["cache_key"], **res})
     ok = [r for r in results if r["status"] == "ok"]
     best = max(ok, key=lambda r: r["tflops"]) if ok else None
-    report = {
+    return {
         "format": MEASUREMENTS_FORMAT, "version": 1,
         "rung": man["rung"], "shape": man["shape"], "dtype": man["dtype"], "arch": man["arch"],
         "tvm_version": man["tvm_version"], "compiler": man["compiler"], "sources": man.get("sources"),
         "commit": man.get("commit"), "gpu": gpu, "date": harness.utc_now(), "reps": reps, "timeout_s": timeout,
         "method": harness.__doc__.strip(), "candidates": str(folder.resolve()),
-        "results": results, "best": best,
+        **extra, "results": results, "best": best,
     }
-    path = Path(out) if out else folder / f"measurements_{_slug(gpu.get('name', 'gpu'))}.json"
+
+
+def write_report(report: dict, path=None, plot=True) -> dict:
+    """Write a measurements report (default: ``measurements_<gpu>.json`` in its candidate
+    folder) and its plot; returns it with ``"path"`` (and ``"plot"``)."""
+    gpu = report.get("gpu") or {}
+    path = Path(path) if path else Path(report["candidates"]) / f"measurements_{_slug(gpu.get('name', 'gpu'))}.json"
     files.write_json(path, report)
     report["path"] = str(path)
     if plot:

@@ -57,6 +57,74 @@ def format_table(report: dict, top: int | None = 20) -> str:
     return head + "\n" + table(rows, cols)
 
 
+RUN_COLS = ["rung", "shape", "dtype", "gpu", "ok", "failed", "tflops", "cublas", "ratio", "best"]
+
+
+def run_rows(run: dict) -> list[dict]:
+    """One row per measured folder of a run: its best candidate against cuBLAS."""
+    rows = []
+    for rep in run["reports"]:
+        ok = [r for r in rep["results"] if r["status"] == "ok"]
+        best = rep.get("best")
+        failed: dict = {}
+        for r in rep["results"]:
+            if r["status"] != "ok":
+                failed[r["status"]] = failed.get(r["status"], 0) + 1
+        rows.append({"rung": rep["rung"], "shape": "x".join(map(str, rep["shape"])), "dtype": rep["dtype"],
+                     "gpu": (rep.get("gpu") or {}).get("name", "?"), "ok": f"{len(ok)}/{len(rep['results'])}",
+                     "failed": " ".join(f"{k}:{v}" for k, v in sorted(failed.items())),
+                     "tflops": f"{best['tflops']:.1f}" if best else "-",
+                     "cublas": f"{best['cublas_tflops']:.1f}" if best else "-",
+                     "ratio": f"{best['ratio_to_cublas']:.3f}" if best else "-",
+                     "best": knob_label(best["knobs"]) if best else "none correct"})
+    return rows
+
+
+def format_run(run: dict) -> str:
+    """The final table of a run over several folders, and its throughput."""
+    servers = run.get("servers") or {}
+    head = (f"{len(run['reports'])} shapes, {run['measured']} of {run['candidates']} candidates measured "
+            f"({run['ok']} correct) in {run['wall_s']:.0f} s on {len(servers)} GPU(s): "
+            f"{run.get('candidates_per_minute') or 0:.1f} candidates/min")
+    per = "; ".join(f"{name}: {s['candidates']}" for name, s in sorted(servers.items()))
+    return "\n".join([head] + ([f"per server: {per}"] if per else []) + [table(run_rows(run), RUN_COLS)])
+
+
+def compare_runs(base: dict, other: dict, tolerance: float = 0.02) -> dict:
+    """Whether two runs over the same candidates found the same best configs.
+
+    Per shape: the best knobs of each run, and in ``base``'s own measurements how fast
+    ``other``'s best was against ``base``'s best (``other_best_in_base``). A shape agrees when the
+    knobs are the same, or when that ratio is within ``tolerance`` (a tie within the noise).
+    Also the candidates per minute of each run and their ratio.
+    """
+    def key(rep):
+        return (rep["rung"], tuple(rep["shape"]), rep["dtype"])
+
+    theirs = {key(r): r for r in other["reports"]}
+    shapes = []
+    for rep in base["reports"]:
+        mine, their_rep = rep.get("best"), theirs.get(key(rep))
+        their = their_rep.get("best") if their_rep else None
+        row = {"rung": rep["rung"], "shape": list(rep["shape"]), "dtype": rep["dtype"],
+               "base_best": mine and mine["knobs"], "other_best": their and their["knobs"]}
+        if mine and their:
+            same = mine["knobs"] == their["knobs"]
+            in_base = next((r for r in rep["results"] if r["knobs"] == their["knobs"] and r["status"] == "ok"), None)
+            ratio = in_base["tflops"] / mine["tflops"] if in_base else None
+            row.update(same_knobs=same, other_best_in_base=round(ratio, 4) if ratio else None,
+                       agree=same or (ratio is not None and ratio >= 1 - tolerance),
+                       base_tflops=round(mine["tflops"], 1), other_tflops=round(their["tflops"], 1))
+        else:
+            row.update(same_knobs=False, other_best_in_base=None, agree=False)
+        shapes.append(row)
+    rate = (base.get("candidates_per_minute"), other.get("candidates_per_minute"))
+    return {"tolerance": tolerance, "agree": all(r["agree"] for r in shapes), "shapes": shapes,
+            "candidates_per_minute": {"base": rate[0], "other": rate[1],
+                                      "speedup": round(rate[1] / rate[0], 2) if all(rate) else None},
+            "gpus": {"base": len(base.get("servers") or {}), "other": len(other.get("servers") or {})}}
+
+
 def plot_measurements(report: dict, path) -> bool:
     """A heat map of TFLOPS over pipe_depth x l2_group_size (best over the other knobs) and a bar
     per correct candidate against cuBLAS, as one PNG. False when matplotlib is missing."""

@@ -1,0 +1,646 @@
+"""Compile a lowered device kernel (TIR) into a program one simulated thread can run.
+
+The protocol checker runs every thread of a CTA (or a cluster) through the kernel's control
+flow, so it must evaluate exactly what decides which barrier a thread touches, with which phase
+and how many bytes: loop bounds, ``if`` conditions on thread and CTA indices, the local scalars
+of pipeline states and tile schedulers, shared-memory addresses and MMA descriptors. Everything
+else (the math, register traffic, global loads) is dropped before the run by a dependency
+analysis: a statement is kept when it is a *root* (an mbarrier, TMA, MMA, CTA/warp barrier
+operation, or a generic store into an MMA operand buffer) or defines a value a kept statement
+uses.
+
+The result is a tree of Python closures; each statement is a generator that yields only where
+the thread blocks (an mbarrier wait, a named barrier, a warp-collective instruction) or, at
+loop back-edges, to let the scheduler interleave threads. The operations themselves are the
+simulator's (:class:`gemm_ladder.barriers.sim.Sim`); this module only decides *which* and with
+*what* arguments.
+
+The values are those of :mod:`.values`; expressions compile in :mod:`.exprs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .exprs import ExprCompiler, simplified, uses_of, lvalue_defs
+from .values import (ENCODE_OPS, MBAR_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN,
+                     WGMMA_MMA_PREFIX, WGMMA_OTHER, WGMMA_SYNC, any_unknown, buffer_size, call_operands,
+                     call_strings, func_call_name, handle_of, is_predicated, op_name, SimError, Smem)
+
+
+@dataclass
+class Site:
+    """One barrier-relevant call in the kernel, in program order."""
+
+    id: int
+    kind: str  # init, arrive, expect_tx, wait, tma, mma, commit, wait_group, store, sync
+    text: str
+    phase_text: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class Program(ExprCompiler):
+    """The compiled kernel: ``run(th)`` is a generator; ``sites`` name its barrier operations."""
+
+    def __init__(self, func, operand_buffers: set[str]):
+        self.func = func
+        self.operand_buffers = operand_buffers
+        self.slots: dict[int, int] = {}
+        self.slot_names: list[str] = []
+        self.sites: list[Site] = []
+        self.params: dict[str, int] = {}
+        self.thread_tags: dict[str, int] = {}  # "threadIdx.x" -> slot
+        self.launch_extents: dict[str, object] = {}
+        self._kept: set[int] = set()
+        self._lane0_only: set[int] = set()
+        self.alias: dict[int, int] = {}
+        self._find_aliases(func.body)
+        self._analyse(func.body)
+        self.run = self._stmt(func.body) or _nothing
+        for p in func.params:
+            self.params[p.name] = self._slot(p)
+
+    def new_env(self) -> list:
+        return [UNKNOWN] * len(self.slot_names)
+
+    # -- dependency analysis: which statements matter --------------------------------------------
+    def _analyse(self, body) -> None:
+        leaves: list[tuple[object, set, set, bool]] = []  # (stmt, defs, uses, root)
+        parents: dict[int, list[tuple[object, set]]] = {}  # leaf handle -> enclosing (stmt, uses)
+
+        def walk(s, stack):
+            t = type(s).__name__
+            if t == "SeqStmt":
+                for x in s.seq:
+                    walk(x, stack)
+            elif t == "AttrStmt":
+                uses = uses_of(s.value) if s.attr_key == "thread_extent" else set()
+                walk(s.body, stack + [(s, uses)])
+            elif t == "For":
+                uses = uses_of(s.min) | uses_of(s.extent)
+                walk(s.body, stack + [(s, uses | {handle_of(s.loop_var)})])
+            elif t == "While":
+                walk(s.body, stack + [(s, uses_of(s.condition))])
+            elif t == "IfThenElse":
+                inner = stack + [(s, uses_of(s.condition))]
+                walk(s.then_case, inner)
+                if s.else_case is not None:
+                    walk(s.else_case, inner)
+            else:
+                defs, uses, root = self._leaf_info(s)
+                leaves.append((s, {self._root(d) for d in defs}, {self._root(u) for u in uses}, root))
+                parents[handle_of(s)] = [(p, {self._root(u) for u in pu}) for p, pu in stack]
+
+        walk(body, [])
+
+        def closure(roots_ok) -> set[int]:
+            needed: set[int] = set()
+            kept: set[int] = set()
+            changed = True
+            while changed:
+                changed = False
+                for s, defs, uses, root in leaves:
+                    key = handle_of(s)
+                    if key in kept:
+                        continue
+                    if (root and roots_ok(s)) or (defs & needed):
+                        kept.add(key)
+                        needed |= uses
+                        for parent, puses in parents[key]:
+                            kept.add(handle_of(parent))
+                            needed |= puses
+                        changed = True
+            return kept
+
+        self._kept = closure(lambda s: True)
+        # leaves kept only for wgmma descriptors: wgmma is warp-collective and its descriptors
+        # warp-uniform, so lane 0 alone computes them (a 32x smaller run)
+        other = closure(lambda s: not _is_wgmma_mma(s))
+        self._lane0_only = {handle_of(s) for s, _, _, root in leaves
+                            if not root and handle_of(s) in self._kept and handle_of(s) not in other}
+
+    def _leaf_info(self, s) -> tuple[set, set, bool]:
+        t = type(s).__name__
+        if t == "Bind":
+            return {handle_of(s.var)}, uses_of(s.value), False
+        if t == "BufferStore":
+            buf = s.buffer
+            scope = buf.scope()
+            if scope == "local":
+                return {self._root(handle_of(buf))}, uses_of(s.value) | set().union(*[uses_of(i) for i in s.indices]), False
+            if scope.startswith("shared") and buf.name in self.operand_buffers:
+                return set(), set().union(*[uses_of(i) for i in s.indices]), True
+            return set(), set(), False
+        if t == "Evaluate" and type(s.value).__name__ == "Call":
+            call = s.value
+            op = op_name(call)
+            if op in MBAR_OPS or op in SYNC_OPS or op in WGMMA_SYNC:
+                return set(), uses_of(call), True
+            if op.startswith("tirx.ptx.cp_async_bulk_tensor_g2s") or op == "tirx.ptx.tcgen05_commit":
+                return set(), uses_of(call), True
+            if op.startswith(TCGEN05_MMA_PREFIX):
+                ops = call_operands(call)
+                return set(), uses_of(ops[1]) | uses_of(ops[2]), True
+            if op.startswith(WGMMA_MMA_PREFIX) and op not in WGMMA_SYNC and op not in WGMMA_OTHER:
+                ops = call_operands(call)
+                return set(), uses_of(ops[-7]) | uses_of(ops[-6]), True
+            if op in ENCODE_OPS:
+                ops = call_operands(call)
+                return lvalue_defs(ops[0]), set().union(*[uses_of(a) for a in ops[1:]]), False
+            if op == "tirx.ptx.mapa":
+                ops = call_operands(call)
+                return lvalue_defs(ops[0]), set().union(*[uses_of(a) for a in ops[1:]]), False
+            if op == "tirx.cuda.func_call" and func_call_name(call) == _WATCHDOG_FN:
+                return set(), uses_of(call), True
+            if op == "tirx.ptx.st_vec" and "shared" in call_strings(call):
+                # the simulator keeps only the stores that land in an MMA operand tile
+                return set(), uses_of(call_operands(call)[0]), True
+            return set(), set(), False
+        return set(), set(), False
+
+    # -- statements -------------------------------------------------------------------------
+    def _stmt(self, s):
+        """A generator function for ``s``, or None when nothing in it matters."""
+        t = type(s).__name__
+        if t != "SeqStmt" and handle_of(s) not in self._kept:
+            return None
+        run = getattr(self, "_s_" + t)(s)
+        if run is not None and handle_of(s) in self._lane0_only:
+            inner = run
+
+            def run(th):
+                if th.lane == 0:
+                    yield from inner(th)
+        return run
+
+    def _s_SeqStmt(self, s):
+        parts = [p for p in (self._stmt(x) for x in s.seq) if p is not None]
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+
+        def run(th):
+            for p in parts:
+                yield from p(th)
+        return run
+
+    def _s_AttrStmt(self, s):
+        body = self._stmt(s.body) or _nothing
+        if s.attr_key == "thread_extent":
+            iv = s.node
+            tag = iv.thread_tag
+            slot = self._slot(iv.var)
+            self.thread_tags[tag] = slot
+            self.launch_extents[tag] = s.value
+            return body  # the simulator fills the slot from the thread's coordinates
+        return body
+
+    def _s_For(self, s):
+        body = self._stmt(s.body) or _nothing
+        slot = self._slot(s.loop_var)
+        lo, ext = self._expr(s.min), self._expr(s.extent)
+
+        def run(th):
+            start, n = lo(th), ext(th)
+            if any_unknown(start, n):
+                raise SimError(f"loop bound of {s.loop_var.name} is not known")
+            env = th.env
+            for i in range(start, start + n):
+                env[slot] = i
+                yield from body(th)
+                yield TICK
+        return run
+
+    def _s_While(self, s):
+        body = self._stmt(s.body) or _nothing
+        cond = self._expr(s.condition)
+
+        def run(th):
+            while True:
+                c = cond(th)
+                if c is UNKNOWN:
+                    raise SimError(f"while condition {s.condition} is not known")
+                if not c:
+                    return
+                yield from body(th)
+                yield TICK
+        return run
+
+    def _s_IfThenElse(self, s):
+        then = self._stmt(s.then_case) or _nothing
+        other = (self._stmt(s.else_case) if s.else_case is not None else None) or _nothing
+        cond = self._expr(s.condition)
+        text = str(s.condition)
+
+        def run(th):
+            c = cond(th)
+            if c is UNKNOWN:
+                raise SimError(f"branch condition {text} is not known")
+            if c:
+                yield from then(th)
+            else:
+                yield from other(th)
+        return run
+
+    def _s_Bind(self, s):
+        slot = self._slot(s.var)
+        value = self._expr(s.value)
+
+        def run(th):
+            th.env[slot] = value(th)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _s_BufferStore(self, s):
+        buf = s.buffer
+        if buf.scope() == "local":
+            slot = self._buf_slot(buf)
+            idx = self._flat_index(buf, s.indices)
+            value = self._expr(s.value)
+            size = buffer_size(buf)
+
+            def run(th):
+                arr = th.env[slot]
+                if not isinstance(arr, list):
+                    arr = th.env[slot] = [UNKNOWN] * size
+                i = idx(th)
+                if i is UNKNOWN:
+                    raise SimError(f"index of {buf.name} is not known")
+                arr[i] = value(th)
+                return
+                yield  # pylint: disable=unreachable
+            return run
+        # a generic store into an MMA operand tile
+        addr = self._shared_address(buf, s.indices)
+        site = self._site("store", s, extra={"buffer": buf.name})
+
+        def run(th):
+            th.sim.smem_store(th, addr(th), site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _s_Evaluate(self, s):
+        call = s.value
+        op = op_name(call)
+        handler = _CALLS.get(op)
+        if handler is None:
+            if op.startswith("tirx.ptx.cp_async_bulk_tensor_g2s"):
+                handler = Program._c_tma_load
+            elif op.startswith(TCGEN05_MMA_PREFIX):
+                handler = Program._c_tcgen05_mma
+            elif op.startswith(WGMMA_MMA_PREFIX) and op not in WGMMA_OTHER:
+                handler = Program._c_wgmma_mma
+            elif op == "tirx.cuda.func_call" and func_call_name(call) == _WATCHDOG_FN:
+                handler = Program._c_watchdog_wait
+            else:
+                return None
+        return handler(self, call)
+
+    def _s_DeclBuffer(self, s):
+        return None
+
+    def _s_AllocBuffer(self, s):
+        buf = s.buffer
+        if buf.scope() != "local":
+            return None
+        slot = self._buf_slot(buf)
+        size = buffer_size(buf)
+
+        def run(th):
+            th.env[slot] = [UNKNOWN] * size
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    # -- calls ---------------------------------------------------------------------------------
+    def _site(self, kind, node, phase_text="", extra=None) -> Site:
+        site = Site(len(self.sites), kind, _short(str(node)), phase_text, extra or {})
+        self.sites.append(site)
+        return site
+
+    def _c_mbarrier_init(self, call):
+        ops = call_operands(call)
+        addr, count = self._expr(ops[0]), self._expr(ops[1])
+        site = self._site("init", call)
+
+        def run(th):
+            th.sim.mbar_init(th, addr(th), count(th), site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _c_mbarrier_arrive(self, call):
+        ops = call_operands(call)
+        addr = self._expr(ops[0])
+        count = self._expr(ops[1]) if len(ops) > 1 else (lambda th: 1)
+        pred = self._pred(call)
+        site = self._site("arrive", call)
+
+        def run(th):
+            if pred is None or pred(th):
+                th.sim.mbar_arrive(th, addr(th), count(th), None, site)
+            else:
+                th.sim.mbar_skip(th, addr(th), site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _c_mbarrier_arrive_expect_tx(self, call):
+        ops = call_operands(call)
+        addr, tx = self._expr(ops[0]), self._expr(ops[1])
+        pred = self._pred(call)
+        site = self._site("arrive", call, extra={"expect_tx": True})
+
+        def run(th):
+            if pred is None or pred(th):
+                th.sim.mbar_arrive(th, addr(th), 1, tx(th), site)
+            else:
+                th.sim.mbar_skip(th, addr(th), site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _c_mbarrier_expect_tx(self, call):
+        ops = call_operands(call)
+        addr, tx = self._expr(ops[0]), self._expr(ops[1])
+        site = self._site("expect_tx", call)
+
+        def run(th):
+            th.sim.mbar_expect_tx(th, addr(th), tx(th), site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _wait(self, call, addr_e, phase_e, site_extra=None):
+        addr, phase = self._expr(addr_e), self._expr(phase_e)
+        site = self._site("wait", call, phase_text=simplified(phase_e), extra=site_extra or {})
+
+        def run(th):
+            a, p = addr(th), phase(th)
+            while True:
+                tok = th.sim.mbar_wait(th, a, p, site)
+                if tok is None:
+                    return
+                yield tok
+        return run
+
+    def _c_mbarrier_wait(self, call):
+        ops = call_operands(call)
+        return self._wait(call, ops[0], ops[1])
+
+    _c_mbarrier_wait_cluster = _c_mbarrier_wait
+
+    def _c_watchdog_wait(self, call):
+        # gemm_ladder_bounded_wait(bar, phase, record, bar_id, stage, site, limit_ns)
+        ops = call_operands(call)
+        return self._wait(call, ops[0], ops[1], {"watchdog_site": int(ops[5].value)})
+
+    def _c_tma_load(self, call):
+        ops = call_operands(call)
+        strings = call_strings(call)
+        multicast = any("multicast" in x for x in strings)
+        dst, tmap = self._expr(ops[0]), self._expr(ops[1])
+        # dst, tensor map, coords..., mbar[, cta_mask][, cache hint]
+        rest = ops[2:]
+        n_extra = 1 if multicast else 0
+        if any("L2::cache_hint" in x for x in strings):
+            n_extra += 1
+        coords_e = rest[: len(rest) - 1 - n_extra]
+        coords = [self._expr(c) for c in coords_e]
+        mbar = self._expr(rest[len(coords_e)])
+        mask = self._expr(rest[len(coords_e) + 1]) if multicast else None
+        site = self._site("tma", call, extra={"multicast": multicast})
+
+        def run(th):
+            th.sim.tma_load(th, dst(th), tmap(th), [c(th) for c in coords], mbar(th),
+                         mask(th) if mask is not None else None, site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _c_tcgen05_mma(self, call):
+        ops = call_operands(call)
+        descs = [self._expr(ops[1]), self._expr(ops[2])]
+        site = self._site("mma", call, extra={"engine": "tcgen05"})
+
+        def run(th):
+            th.sim.mma_issue(th, "tcgen05", [d(th) for d in descs], site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _c_tcgen05_commit(self, call):
+        ops = call_operands(call)
+        strings = call_strings(call)
+        addr = self._expr(ops[0])
+        mask = self._expr(ops[1]) if any("multicast" in x for x in strings) and len(ops) > 1 else None
+        pred = self._pred(call)
+        site = self._site("commit", call)
+
+        def run(th):
+            if pred is None or pred(th):
+                th.sim.tcgen05_commit(th, addr(th), mask(th) if mask is not None else None, site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _c_wgmma_mma(self, call):
+        ops = call_operands(call)
+        strings = call_strings(call)
+        n_desc = 1 if "_rs" in op_name(call) else 2
+        descs = [self._expr(ops[-7]), self._expr(ops[-6])][2 - n_desc:]
+        site = self._site("mma", call, extra={"engine": "wgmma", "shape": next(
+            (x for x in strings if x.startswith("m64")), "")})
+
+        def run(th):
+            while True:
+                tok = th.sim.warp_collective(th, site)
+                if tok is None:
+                    break
+                yield tok
+            # one issue per warp: the descriptors are warp-uniform, lane 0 computed them
+            # (see _lane0_only); the reads belong to lane 0, checked with every lane's clock
+            th.sim.warp_uniform(th, site, lambda: th.sim.wgmma_issue(th, [d(th.cta.threads[th.warp * 32])
+                                                                          for d in descs], site))
+        return run
+
+    def _c_wgmma_commit(self, call):
+        site = self._site("commit", call, extra={"engine": "wgmma"})
+
+        def run(th):
+            th.sim.wgmma_commit(th, site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _c_wgmma_wait(self, call):
+        n = self._expr(call_operands(call)[0])
+        site = self._site("wait_group", call)
+
+        def run(th):
+            k = n(th)
+            while True:
+                tok = th.sim.warp_collective(th, site, wait_group=k)
+                if tok is None:
+                    return
+                yield tok
+        return run
+
+    def _c_cta_sync(self, call):
+        site = self._site("sync", call)
+
+        def run(th):
+            while True:
+                tok = th.sim.bar_sync(th, 0, None, site)
+                if tok is None:
+                    return
+                yield tok
+        return run
+
+    def _c_warpgroup_sync(self, call):
+        bar = self._expr(call_operands(call)[0])
+        site = self._site("sync", call)
+
+        def run(th):
+            b = bar(th)
+            while True:
+                tok = th.sim.bar_sync(th, b, 128, site)
+                if tok is None:
+                    return
+                yield tok
+        return run
+
+    def _c_cluster_sync(self, call):
+        site = self._site("sync", call)
+
+        def run(th):
+            while True:
+                tok = th.sim.cluster_sync(th, site)
+                if tok is None:
+                    return
+                yield tok
+        return run
+
+    def _c_cluster_split(self, call):
+        """barrier.cluster.arrive / .wait (``sm90a.common.cluster_sync`` spells them out)."""
+        site = self._site("sync", call)
+        step = self._sim_cluster_arrive if "arrive" in op_name(call) else self._sim_cluster_wait
+
+        def run(th):
+            while True:
+                tok = step(th, site)
+                if tok is None:
+                    return
+                yield tok
+        return run
+
+    @staticmethod
+    def _sim_cluster_arrive(th, site):
+        return th.sim.cluster_arrive(th, site)
+
+    @staticmethod
+    def _sim_cluster_wait(th, site):
+        return th.sim.cluster_wait(th, site)
+
+    def _c_encode(self, call):
+        ops = call_operands(call)
+        dst = self._lvalue(ops[0])
+        addr = self._expr(ops[1])
+        rest = [self._expr(a) for a in ops[2:]]
+
+        def run(th):
+            slot, i = dst(th)
+            a = addr(th)
+            value = UNKNOWN
+            if isinstance(a, Smem):
+                lo = (a.off >> 4) & 0x3FFF
+                fields = [r(th) for r in rest]
+                value = lo
+                if fields and isinstance(fields[0], int):
+                    value |= (fields[0] & 0x3FFF) << 16
+                if len(fields) > 1 and isinstance(fields[1], int):
+                    value |= (fields[1] & 0x3FFF) << 32
+            arr = th.env[slot]
+            if not isinstance(arr, list):
+                arr = th.env[slot] = [UNKNOWN] * (i + 1)
+            arr[i] = value
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _c_mapa(self, call):
+        ops = call_operands(call)
+        dst = self._lvalue(ops[0])
+        addr, rank = self._expr(ops[1]), self._expr(ops[2])
+
+        def run(th):
+            slot, i = dst(th)
+            a, r = addr(th), rank(th)
+            arr = th.env[slot]
+            if not isinstance(arr, list):
+                arr = th.env[slot] = [UNKNOWN] * (i + 1)
+            arr[i] = Smem(a.off, r) if isinstance(a, Smem) and isinstance(r, int) else UNKNOWN
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _c_st_vec(self, call):
+        ops = call_operands(call)
+        addr = self._expr(ops[0])
+        site = self._site("store", call)
+
+        def run(th):
+            th.sim.smem_store(th, addr(th), site)
+            return
+            yield  # pylint: disable=unreachable
+        return run
+
+    def _pred(self, call):
+        """The predicate of a ``@p`` raw PTX call (``pred=``), if the call has one."""
+        if not is_predicated(call):
+            return None
+        return self._expr([a for a in call.args if type(a).__name__ != "StringImm"][-1])
+
+
+def _nothing(th):
+    return
+    yield  # pylint: disable=unreachable
+
+
+def _short(text: str, n: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _is_wgmma_mma(s) -> bool:
+    if type(s).__name__ != "Evaluate" or type(s.value).__name__ != "Call":
+        return False
+    op = op_name(s.value)
+    return op.startswith(WGMMA_MMA_PREFIX) and op not in WGMMA_SYNC and op not in WGMMA_OTHER
+
+
+_WATCHDOG_FN = "gemm_ladder_bounded_wait"
+
+_CALLS = {
+    "tirx.ptx.mbarrier_init": Program._c_mbarrier_init,
+    "tirx.ptx.mbarrier_arrive": Program._c_mbarrier_arrive,
+    "tirx.ptx.mbarrier_arrive_expect_tx": Program._c_mbarrier_arrive_expect_tx,
+    "tirx.ptx.mbarrier_expect_tx": Program._c_mbarrier_expect_tx,
+    "tirx.cuda.mbarrier_wait": Program._c_mbarrier_wait,
+    "tirx.cuda.mbarrier_wait_acquire_cluster": Program._c_mbarrier_wait_cluster,
+    "tirx.ptx.tcgen05_commit": Program._c_tcgen05_commit,
+    "tirx.ptx.wgmma_commit_group": Program._c_wgmma_commit,
+    "tirx.ptx.wgmma_wait_group": Program._c_wgmma_wait,
+    "tirx.cuda.cta_sync": Program._c_cta_sync,
+    "tirx.cuda.warpgroup_sync": Program._c_warpgroup_sync,
+    "tirx.cuda.cluster_sync": Program._c_cluster_sync,
+    "tirx.ptx.barrier_cluster_arrive": Program._c_cluster_split,
+    "tirx.ptx.barrier_cluster_wait": Program._c_cluster_split,
+    "tirx.cuda.wgmma_encode_matrix_descriptor": Program._c_encode,
+    "tirx.cuda.tcgen05_encode_matrix_descriptor": Program._c_encode,
+    "tirx.ptx.mapa": Program._c_mapa,
+    "tirx.ptx.st_vec": Program._c_st_vec,
+}

@@ -1,0 +1,120 @@
+"""What one tuning run covers: a list of (rung, shape, dtype) jobs, from the CLI or a plan file.
+
+A plan file has one rung per line with its shapes; ``#`` starts a comment::
+
+    # a model's weight shapes (N x K) at three token counts (M), and two square shapes
+    v6 M=128,1024,4096 NK=4096x4096,11008x4096,4096x11008
+    v9 4096x4096x4096 8192x8192x8192 dtype=float16,bfloat16 pipe_depth=3,4
+
+On a line: the rung first; then shapes ``MxNxK``, and/or ``M=`` with ``NK=`` (every M with
+every weight shape); ``dtype=`` (default: the run's); any other ``knob=v1,v2`` narrows that
+rung's space (``tune --space`` syntax). Jobs are listed in the order written, each once.
+
+Pure Python (no TVM): the GPU box reads plans too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import DTYPES
+
+_SHAPE = re.compile(r"^(\d+)x(\d+)x(\d+)$")
+_NK = re.compile(r"^(\d+)x(\d+)$")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One shape of one rung in one dtype; ``space`` narrows the rung's knobs (``{knob: [values]}``)."""
+
+    rung: str
+    shape: tuple[int, int, int]
+    dtype: str = "float16"
+    space: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def name(self, arch: str) -> str:
+        """The job's candidate folder name: ``v6_4096x4096x4096_float16_sm_90a``."""
+        M, N, K = self.shape
+        return f"{self.rung}_{M}x{N}x{K}_{self.dtype}_{arch}"
+
+
+class PlanError(ValueError):
+    """A plan line that does not parse; the message names the line and what would."""
+
+
+def _ints(text: str, what: str, where: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise PlanError(f"{where}: {what}={text!r} is not a list of ints, e.g. {what}=128,4096") from None
+    if not values or any(v <= 0 for v in values):
+        raise PlanError(f"{where}: {what}={text!r} needs positive ints, e.g. {what}=128,4096")
+    return values
+
+
+def parse_line(line: str, dtype: str = "float16", where: str = "plan") -> list[Job]:
+    """The jobs of one plan line (none for a blank or comment line)."""
+    words = line.split("#", 1)[0].split()
+    if not words:
+        return []
+    rung, shapes, ms, nks, dtypes, space = words[0], [], [], [], [dtype], {}
+    if not re.fullmatch(r"v\d+", rung):
+        raise PlanError(f"{where}: a line starts with a rung (v6), not {rung!r}")
+    for word in words[1:]:
+        name, eq, value = word.partition("=")
+        if not eq:
+            m = _SHAPE.match(word.lower())
+            if not m:
+                raise PlanError(f"{where}: {word!r} is neither MxNxK (4096x4096x4096) nor name=values")
+            shapes.append(tuple(int(x) for x in m.groups()))
+        elif name == "M":
+            ms += _ints(value, "M", where)
+        elif name == "NK":
+            for nk in value.lower().split(","):
+                m = _NK.match(nk.strip())
+                if not m:
+                    raise PlanError(f"{where}: NK entry {nk!r} is not NxK, e.g. NK=4096x11008")
+                nks.append(tuple(int(x) for x in m.groups()))
+        elif name == "dtype":
+            dtypes = [d for d in value.split(",") if d]
+            bad = [d for d in dtypes if d not in DTYPES]
+            if bad or not dtypes:
+                raise PlanError(f"{where}: dtype {','.join(bad) or value!r} is not one of {', '.join(DTYPES)}")
+        else:
+            space[name] = [int(v) if re.fullmatch(r"[+-]?\d+", v) else v for v in value.split(",") if v]
+    if bool(ms) != bool(nks):
+        raise PlanError(f"{where}: M= and NK= go together (every M with every NxK), e.g. M=128,4096 NK=4096x4096")
+    shapes += [(m, n, k) for m in ms for n, k in nks]
+    if not shapes:
+        raise PlanError(f"{where}: no shape for {rung}: give MxNxK, or M= with NK=")
+    return [Job(rung, s, d, dict(space)) for d in dtypes for s in shapes]
+
+
+def parse_plan(text: str, dtype: str = "float16", source: str = "plan") -> list[Job]:
+    """All jobs of a plan, each once, in order."""
+    jobs: list[Job] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for job in parse_line(line, dtype, f"{source}:{n}"):
+            if job not in jobs:
+                jobs.append(job)
+    if not jobs:
+        raise PlanError(f"{source} lists no job: write lines like 'v6 4096x4096x4096'")
+    return jobs
+
+
+def read_plan(path, dtype: str = "float16") -> list[Job]:
+    path = Path(path)
+    return parse_plan(path.read_text(), dtype, str(path))
+
+
+def from_args(rung: str | None = None, shapes=(), path=None, dtype: str = "float16") -> list[Job]:
+    """The jobs of a run: a plan file's, or one rung at ``shapes`` (each once); [] when neither is given."""
+    if path:
+        if rung or shapes:
+            raise PlanError(f"the plan {path} lists rungs and shapes: give it alone, or a rung and shapes")
+        return read_plan(path, dtype)
+    if not rung:
+        return []
+    return list(dict.fromkeys(Job(rung, tuple(s), dtype) for s in shapes))
