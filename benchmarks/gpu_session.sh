@@ -7,11 +7,15 @@
 #   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
 #   bash benchmarks/gpu_session.sh sanitize # compute-sanitizer memcheck, racecheck, synccheck
 #   bash benchmarks/gpu_session.sh barriers # broken variants under the watchdog; its cost off/on
+#   bash benchmarks/gpu_session.sh front    # the front door's GPU tier (benchmarks/prepare_front_door.sh)
+#   bash benchmarks/gpu_session.sh suite    # the shape suite: gemm_ladder.matmul against cuBLAS
 #
 # Inputs under build/, made by benchmarks/prepare_gpu_session.sh (git-ignored, carried to the GPU box):
 # runtime/ (pack-runtime),
 # gpu_cases/ (GEMM_LADDER_GPU_EXPORT, with watchdog/ twins), ladder/ (export), runner/ (cmake),
-# tune_*/ (tune --build-only), barriers/ (benchmarks/barrier_watchdog.py prepare).
+# tune_*/ (tune --build-only), barriers/ (benchmarks/barrier_watchdog.py prepare);
+# by benchmarks/prepare_front_door.sh: front_cases/, shape_cases/ (GEMM_LADDER_GPU_EXPORT),
+# suite_pack/ (pack build --suite), every_shape/ (benchmarks/every_shape_kernels.py).
 # Outputs go to $OUT (or out/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +53,21 @@ case "${1:-bench}" in
     ;;
   barriers)
     python3 benchmarks/barrier_watchdog.py run build/barriers --out "$OUT/barriers" 2>&1 | grep -v "it/s]"
+    ;;
+  front)
+    # the front door's tier (its pack: build/front_cases/front_pack) and the issue's kernels:
+    # v10/v11 at odd shapes, runtime-M modules at every M of harness.DYNAMIC_M_CHECKS
+    GEMM_LADDER_PREBUILT=build/front_cases python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+      tests/test_front_door_gpu.py tests/test_sm90a_small_m.py tests/test_dynamic_m.py \
+      2>&1 | tee "$OUT/front_door_tests.txt" | grep -v "it/s]"
+    ;;
+  suite)
+    # kernels from the pack only (nothing is built here); JSON (and the plot, where matplotlib is)
+    GEMM_LADDER_BUILD=0 python3 -m gemm_ladder suite run --pack build/suite_pack --out "$OUT/shape_suite.json" \
+      2>&1 | grep -v "it/s]" | tee "$OUT/shape_suite.txt"
+    # v10, v11 and runtime-M modules with the wave model's knobs, beside v9 (benchmarks/every_shape_kernels.py)
+    python3 -m gemm_ladder bench build/every_shape --out "$OUT/bench_every_shape.json" 2>&1 \
+      | grep -v "it/s]" | tee "$OUT/bench_every_shape.txt"
     ;;
   tune)
     for d in build/tune_*; do

@@ -1,6 +1,12 @@
 """gemm-ladder: fast half-precision GEMM kernels in TVM TIRx, one technique per rung.
 
     import gemm_ladder
+    D = gemm_ladder.matmul(A, B)                         # the front door: any shape, D = A . B^T
+    gemm_ladder.matmul(A, B, explain=True)               # ... and which kernel, from where, why
+    import gemm_ladder.ops                               # torch.ops.gemm_ladder.mm (torch.compile)
+
+The rungs underneath, one at a time::
+
     f = gemm_ladder.hgemm_v4(4096, 4096, 4096)          # TVMScript T.prim_func, sm_90a
     mod = gemm_ladder.build(f)                           # device binary through TVM's CUDA codegen
     mod.export("v4.so")                                   # .so + .so.json manifest
@@ -24,6 +30,9 @@ The modules, from the bottom up (an import points down or sideways, never up)::
     batch, report             build many, verify, bench; the tables
     tune/, teach/             the tuner (space, cache, measuring, db, report, jobs, run; rpc + serve: many
                               GPUs through TVM's RPC tracker); the tutorials' helpers
+    plan                      which kernel for a shape (database, rules) and what TMA needs copied
+    module_cache, kernel_pack modules built on first use, shared by processes; packs of exported modules
+    front, ops, suite         the front door (matmul), the torch op, the shape suite benchmark
     cli                       argument parsing only; nothing imports it
 
 This file's ``build`` sits above ``tune.db`` (it applies the tuned-knobs policy); ``tests/
@@ -37,9 +46,9 @@ from .config import ConfigError, GemmConfig
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "GemmConfig", "build", "load", "make_config",
+    "ConfigError", "GemmConfig", "build", "load", "make_config", "matmul", "use_pack",
     "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
-    "hgemm_v7", "hgemm_v8", "hgemm_v9",
+    "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11",
 ]
 
 
@@ -68,6 +77,8 @@ hgemm_v6 = _rung_entry("v6")
 hgemm_v7 = _rung_entry("v7")
 hgemm_v8 = _rung_entry("v8")
 hgemm_v9 = _rung_entry("v9")
+hgemm_v10 = _rung_entry("v10")
+hgemm_v11 = _rung_entry("v11")
 
 
 def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs):
@@ -95,6 +106,20 @@ def load(path):
     from .runtime import load as _load  # pylint: disable=import-outside-toplevel  (keeps the import light)
 
     return _load(path)
+
+
+def matmul(A, B, out=None, explain: bool = False):
+    """D = A . B^T for any shape (A [..., K], B [N, K]): see :mod:`gemm_ladder.front`."""
+    from .front import matmul as _matmul  # pylint: disable=import-outside-toplevel  (keeps the import light)
+
+    return _matmul(A, B, out=out, explain=explain)
+
+
+def use_pack(folder):
+    """Look in the kernel pack ``folder`` first (see :mod:`gemm_ladder.kernel_pack`)."""
+    from .front import use_pack as _use  # pylint: disable=import-outside-toplevel
+
+    return _use(folder)
 
 
 def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:

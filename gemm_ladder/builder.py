@@ -126,6 +126,12 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
     from .barriers.check import watchdog_table  # pylint: disable=import-outside-toplevel
 
     watchdog = watchdog_table(func)  # a watchdog build: what decodes its timeout record
+    launch = rung_module(cfg.rung, cfg.arch).launch(cfg)
+    extra = {"launch": launch, **({"watchdog": watchdog} if watchdog else {})}
+    if launch.get("dynamic_m"):
+        # a module for every M: its knobs were chosen at cfg.M (a pack that tuned them over a
+        # range of M says so through BuildJob.extra, which replaces this)
+        extra["dynamic_m"] = {"min_m": 1, "tuned_for_m": [cfg.M, cfg.M]}
     return BuiltModule(
         cfg=cfg,
         executable=ex,
@@ -134,6 +140,5 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
         compiler=compiler,
         tvm_version=tvm.__version__,
         build_seconds=seconds,
-        extra={"launch": rung_module(cfg.rung, cfg.arch).launch(cfg),
-               **({"watchdog": watchdog} if watchdog else {})},
+        extra=extra,
     )

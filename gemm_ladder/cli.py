@@ -8,6 +8,8 @@
     python -m gemm_ladder bench build/ladder --out benchmarks/results/run.json
     python -m gemm_ladder main --out build/main             # the README's main job
     python -m gemm_ladder tune --rung v6 --shape 4096x4096x4096   # see gemm_ladder.tune
+    python -m gemm_ladder pack build --model llama-8b --out build/pack   # kernels for the front door
+    python -m gemm_ladder suite run --pack build/pack --out suite.json   # matmul vs cuBLAS, the shape suite
     python -m gemm_ladder check v5 v6 --arch sm_90a         # mbarrier protocol check (gemm_ladder.barriers)
     python -m gemm_ladder serve --key h200                 # a tracker + one RPC server per GPU
     python -m gemm_ladder tune --plan model.plan --tracker HOST:9190 --key h200
@@ -29,7 +31,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import batch, device, pack, report
+from . import batch, cli_front, device, pack, report
 from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
 from .files import FolderInUse
 from .runtime import read_manifest
@@ -464,6 +466,7 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--archs", type=lambda s: s.split(","), default=list(ARCHS))
     m.set_defaults(fn=cmd_main)
     _add_tune_parser(sub)
+    cli_front.add_parsers(sub)
 
     # its options are the launcher's own (gemm_ladder.tune.serve): main() hands them over unparsed
     sub.add_parser("serve", add_help=False, help="a TVM RPC tracker and one RPC server per GPU here, for "
@@ -478,6 +481,6 @@ def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except UsageError as err:
+    except (UsageError, cli_front.UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -161,8 +161,12 @@ def check_knob_types(rung: str, knobs: dict, defaults: dict) -> None:
         raise _fix(f"{rung}: {name}={value!r} is {_kind(value)}, not {_kind(default)}", fix)
 
 
-def check_common(cfg: GemmConfig) -> None:
-    """Rules every rung shares: shape, dtype, arch, and what TMA can describe."""
+BLK_M_CHOICES = (64, 128, 192, 256)  # whole 64-row wgmma atoms (192: three, for three MMA warpgroups)
+
+
+def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES) -> None:
+    """Rules every rung shares: shape, dtype, arch, and what TMA can describe. ``blk_m_choices``:
+    the output tile heights the rung takes (a swap-AB rung puts M in wgmma's N: multiples of 8)."""
     for name, v in (("M", cfg.M), ("N", cfg.N), ("K", cfg.K)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise _fix(f"{name}={v!r} is not a positive int", f"pass a positive Python int for {name}")
@@ -188,9 +192,9 @@ def check_common(cfg: GemmConfig) -> None:
                    "use e.g. watchdog=2 (bound every mbarrier wait by 2 s), or leave it out")
     if cfg.blk_k != 64:
         raise _fix(f"blk_k={cfg.blk_k} is not supported", "use blk_k=64 (one 128-byte swizzle row of 16-bit data)")
-    if cfg.blk_m not in (64, 128, 192, 256):
-        # whole 64-row wgmma atoms: 192 is three, for three MMA warpgroups
-        raise _fix(f"blk_m={cfg.blk_m} is not supported", "use blk_m in (64, 128, 192, 256)")
+    if cfg.blk_m not in blk_m_choices:
+        choices = blk_m_choices if len(blk_m_choices) <= 8 else f"multiples of 8 from {blk_m_choices[0]} to {blk_m_choices[-1]}"
+        raise _fix(f"blk_m={cfg.blk_m} is not supported by {cfg.rung}", f"use blk_m in {choices}")
     if cfg.blk_n % 64 or not 64 <= cfg.blk_n <= 256:
         # the output tile leaves through 128-byte-wide (64-column) swizzled TMA boxes
         raise _fix(f"blk_n={cfg.blk_n} is not supported", "use 64, 128, 192 or 256")

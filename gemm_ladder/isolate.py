@@ -10,10 +10,16 @@ module, keeps a long list fast.
 
     python -m gemm_ladder.isolate check MODULE.so [MODULE.so ...] [--args 0,1]
     python -m gemm_ladder.isolate time  MODULE.so [MODULE.so ...] [--args 50]
+    python -m gemm_ladder.isolate gemm_ladder.suite:time_case CASE [CASE ...] [--args 50]
+
+A job named ``package.module:function`` runs ``function(item, args)`` on each item (a case name
+instead of a module path) and returns its result dict: the front door's checks and the shape
+suite run this way.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import queue
@@ -112,12 +118,20 @@ def _job(job: str, path: str, args: list[str]) -> dict:
                    "cta": 3, "cluster_rank": 0, "thread": 0, "waited_s": 2.0, "state_word": 0, "site": 0}
             raise watchdog.BarrierTimeoutError(watchdog.message("selftest", rec), rec, kernel_stopped=False)
         return {"status": "ok"}
+    if ":" in job:
+        module, _, name = job.partition(":")
+        return getattr(importlib.import_module(module), name)(path, args)
     mod = load(path)
     if job == "check":
         seeds = [int(s) for s in args] or [0]
-        results = [harness.check(mod, seed=s) for s in seeds]
-        worst = max(results, key=lambda r: (not r.ok, r.rel_err))
-        return {"status": "ok" if all(r.ok for r in results) else "wrong", **worst.as_dict(), "seeds": seeds}
+        ms = harness.check_ms(mod)  # a runtime-M module: every M of harness.DYNAMIC_M_CHECKS
+        results = [(m, harness.check(mod, seed=s, M=m)) for m in ms for s in seeds]
+        worst_m, worst = max(results, key=lambda mr: (not mr[1].ok, mr[1].rel_err))
+        out = {"status": "ok" if all(r.ok for _, r in results) else "wrong", **worst.as_dict(), "seeds": seeds}
+        if len(ms) > 1:
+            out.update(m_checked=list(ms), worst_m=worst_m,
+                       wrong_m=sorted({m for m, r in results if not r.ok}))
+        return out
     if job == "time":
         reps = int(args[0]) if args else 50
         first = harness.check(mod, seed=7)

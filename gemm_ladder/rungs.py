@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from .config import (ARCHS, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig, check_common,
-                     check_knob_types)
+from .config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
+                     check_common, check_knob_types)
 
 CONFIG_ATTR = "gemm_ladder.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
@@ -87,7 +87,7 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     extra = tuple(sorted((k, v) for k, v in values.items() if k not in fields))
     cfg = GemmConfig(rung=rung, M=M, N=N, K=K, extra=extra, knob_names=tuple(sorted(mod.KNOBS)),
                      **{k: v for k, v in values.items() if k in fields})
-    check_common(cfg)
+    check_common(cfg, getattr(mod, "BLK_M_CHOICES", BLK_M_CHOICES))
     mod.check(cfg)
     return cfg
 

@@ -14,6 +14,15 @@ sha256, recorded at export. A truncated copy or a manifest of another module is 
 :class:`ManifestError` that names the file and the fix (loading a truncated ``.so`` would crash
 the process). Every input is checked before launch: dtype, device, shape, layout (contiguous,
 16-byte aligned) and that the GPU is the arch the module was built for.
+
+A module built with a runtime M (``launch["dynamic_m"]`` in its manifest: v6/v9 with
+``dynamic_m=True``) takes any M >= 1 with its N and K: ``mod(A, B)`` reads M off ``A``.
+``mod.M`` is then the M its knobs were chosen for (what ``check`` and ``time`` use by default).
+
+A split-K module (``launch["workspace"]``: v10, v11) takes an fp32 buffer of partial tiles and
+int32 counters after ``D``; the module allocates them (zeroed once: the kernel puts every
+counter back to zero) on first use per GPU, sized for the call's M, and grows them for a larger
+M. Launch one such module from one stream at a time (two launches at once would share them).
 """
 
 from __future__ import annotations
@@ -147,12 +156,16 @@ class GemmModule:
         self.arch = manifest["arch"]
         self.knobs = manifest["knobs"]
         self.tvm_version = manifest["tvm_version"]
+        # M read off A at every call (any M >= 1); self.M is then the M the knobs were chosen for
+        self.dynamic_m = bool(manifest.get("launch", {}).get("dynamic_m"))
         self._rt = rt_module
         self._fn = None
         self._checked_devices: set = set()
+        self._workspaces: dict = {}  # GPU index -> (fp32 partials, int32 counters)
 
     def __repr__(self) -> str:
-        return f"<GemmModule {self.rung} {self.M}x{self.N}x{self.K} {self.dtype} {self.arch} from {self.path.name}>"
+        m = "(any M)" if self.dynamic_m else self.M
+        return f"<GemmModule {self.rung} {m}x{self.N}x{self.K} {self.dtype} {self.arch} from {self.path.name}>"
 
     # -- checks -------------------------------------------------------------------------------
     def _check_tensor(self, name, t, shape):
@@ -164,9 +177,11 @@ class GemmModule:
         if t.dtype != want:
             raise ModuleInputError(f"{name} has dtype {t.dtype}; this module was built for {want} (use {name}.to({want}))")
         if tuple(t.shape) != tuple(shape):
+            built = (f"any M >= 1 with N={self.N}, K={self.K}" if self.dynamic_m
+                     else f"M={self.M}, N={self.N}, K={self.K}")
             raise ModuleInputError(
-                f"{name} has shape {tuple(t.shape)}; this module was built for {tuple(shape)} "
-                f"(M={self.M}, N={self.N}, K={self.K}): build one for your shape"
+                f"{name} has shape {tuple(t.shape)}; this module wants {tuple(shape)} "
+                f"(it was built for {built}): build one for your shape"
             )
         if not t.is_contiguous():
             raise ModuleInputError(f"{name} is not contiguous (row-major); pass {name}.contiguous()")
@@ -197,13 +212,28 @@ class GemmModule:
             self._fn = self._rt["main"] if "main" in _function_names(self._rt) else self._rt
         return self._fn
 
+    def rows_of(self, A) -> int:
+        """The M of a call: A's rows for a module with a runtime M (at least 1), else the
+        module's M."""
+        if not self.dynamic_m:
+            return self.M
+        shape = tuple(getattr(A, "shape", ()))
+        if len(shape) != 2 or shape[0] < 1:
+            raise ModuleInputError(
+                f"A has shape {shape}; this module takes A of shape (M, {self.K}) with any M >= 1"
+            )
+        return int(shape[0])
+
     def __call__(self, A, B, out=None):
         import torch  # pylint: disable=import-outside-toplevel
 
-        self._check_tensor("A", A, (self.M, self.K))
+        if not isinstance(A, torch.Tensor):
+            raise ModuleInputError(f"A must be a torch.Tensor, got {type(A).__name__}")
+        M = self.rows_of(A)
+        self._check_tensor("A", A, (M, self.K))
         self._check_tensor("B", B, (self.N, self.K))
         if out is not None:
-            self._check_tensor("out", out, (self.M, self.N))
+            self._check_tensor("out", out, (M, self.N))
         for name, t in (("A", A), ("B", B), ("out", out)):
             if t is not None:
                 self._check_on_gpu(name, t)
@@ -211,11 +241,11 @@ class GemmModule:
             raise ModuleInputError(f"A is on {A.device} and B on {B.device}; put both on one GPU")
         self.check_device(A.device)
         if out is None:
-            out = torch.empty((self.M, self.N), dtype=A.dtype, device=A.device)
+            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
-            args = (A, B, out, *self._launch_args(A.device))
+            args = (A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device))
             if self.manifest.get("watchdog"):  # bounded waits: a hang raises BarrierTimeoutError
                 from .barriers import watchdog  # pylint: disable=import-outside-toplevel
 
@@ -223,6 +253,74 @@ class GemmModule:
             else:
                 self._function()(*args)
         return out
+
+    def launcher(self, A, B, out):
+        """A function ``launch(A, B, out)`` that launches this module on tensors like these (same
+        shapes, dtype and GPU) without checking them again: the checks of a call run once here, and
+        the grid and split-K workspace are bound for this M. For callers that check their own
+        inputs and launch one shape many times (the front door), where the checks of every call
+        would cost more host time than a small kernel takes."""
+        import torch  # pylint: disable=import-outside-toplevel
+
+        M = self.rows_of(A)
+        for name, t, shape in (("A", A, (M, self.K)), ("B", B, (self.N, self.K)), ("out", out, (M, self.N))):
+            self._check_tensor(name, t, shape)
+            self._check_on_gpu(name, t)
+        if A.device != B.device or out.device != A.device:
+            raise ModuleInputError(f"A is on {A.device}, B on {B.device}, out on {out.device}; put all on one GPU")
+        self.check_device(A.device)
+        fn, idx = self._function(), A.device.index
+        tail = [*self._workspace_args(M, A.device), *self._launch_args(A.device)]
+        if self.manifest.get("watchdog"):  # a watchdog build: every launch bounded, as in __call__
+            from .barriers import watchdog  # pylint: disable=import-outside-toplevel
+
+            def bounded(a, b, d):
+                with torch.cuda.device(idx):
+                    watchdog.launch(fn, (a, b, d, *tail), self.manifest["watchdog"], self.rung)
+
+            return bounded
+
+        def launch(a, b, d):
+            if torch.cuda.current_device() == idx:
+                fn(a, b, d, *tail)
+            else:
+                with torch.cuda.device(idx):
+                    fn(a, b, d, *tail)
+
+        return launch
+
+    def workspace_elems(self, M: int) -> dict:
+        """Elements of each workspace buffer a launch with ``M`` rows takes (``{}``: none):
+        ``ceil(M / m_step)`` times the per-step counts of ``launch["workspace"]``, at least one."""
+        ws = self.manifest.get("launch", {}).get("workspace")
+        if not ws:
+            return {}
+        steps = -(-M // int(ws["m_step"]))
+        return {kind: max(1, steps * int(ws[f"{kind}_per_m_step"])) for kind in ("float32", "int32")}
+
+    def _workspace_args(self, M: int, where) -> list:
+        """The split-K workspace of this GPU, as views of exactly the size the kernel checks."""
+        need = self.workspace_elems(M)
+        if not need:
+            return []
+        if max(need.values()) >= 2**31:  # the kernel indexes its workspace with 32-bit ints
+            raise ModuleInputError(
+                f"M={M} needs a split-K workspace of {need['float32']} fp32 partials, more than this "
+                f"module's 32-bit indices reach; split the call into parts of fewer rows, or use a "
+                f"module with split_k=1 for this M"
+            )
+        import torch  # pylint: disable=import-outside-toplevel
+
+        idx = where.index if where.index is not None else torch.cuda.current_device()
+        have = self._workspaces.get(idx)
+        if have is None or have[0].numel() < need["float32"] or have[1].numel() < need["int32"]:
+            dev = torch.device("cuda", idx)
+            old = have or (torch.empty(0), torch.empty(0))
+            # zeroed once: every launch leaves its counters at zero again
+            have = (torch.zeros(max(need["float32"], old[0].numel()), dtype=torch.float32, device=dev),
+                    torch.zeros(max(need["int32"], old[1].numel()), dtype=torch.int32, device=dev))
+            self._workspaces[idx] = have
+        return [have[0][: need["float32"]], have[1][: need["int32"]]]
 
     def _launch_args(self, where) -> list:
         """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU,

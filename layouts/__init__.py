@@ -38,7 +38,7 @@ from .banks import (
     wavefronts,
 )
 from .descriptors import SWIZZLE_CODE, WgmmaDesc, wgmma_desc_fields
-from .fragments import acc_fragment_coord, acc_fragment_map, acc_fragment_owner
+from .fragments import acc_fragment_coord, acc_fragment_map, acc_fragment_owner, stmatrix_trans_row
 from .plots import plot_acc_fragment, plot_swizzle, plot_swizzle_atom, write_all
 from .swizzle import (
     LAYOUT_NAMES,

@@ -71,3 +71,17 @@ def acc_fragment_owner(n: int):
             row, col = fmap[t, r]
             owner[row, col] = (t, r)
     return owner
+
+
+def stmatrix_trans_row(block, half, warp, q):
+    """Where ``stmatrix ... .trans`` puts row ``q`` of the 8x8 matrix (``block``, ``half``) of a
+    warp's m64nNk16 fragment: ``(row, col)`` of its first element in the *transposed* tile.
+
+    The fragment's 8-column group ``block`` of warp ``warp`` holds two 8x8 matrices, its rows
+    ``16*warp + 8*half .. +8`` (registers ``4*block + 2*half`` and ``+1``, one 32-bit pair per
+    lane in the layout ``stmatrix`` takes). ``.trans`` stores the transpose, so stored row ``q``
+    is the fragment's column ``8*block + q``: row ``8*block + q`` of the transposed tile, its 8
+    elements the fragment rows ``16*warp + 8*half .. +8``, which are columns there. Swap AB
+    (Hopper v11) writes D this way from accumulators that hold D^T. Works on ints and PrimExprs.
+    """
+    return 8 * block + q, 16 * warp + 8 * half

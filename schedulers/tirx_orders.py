@@ -28,7 +28,10 @@ order          scheduler
 
 The factory checks the order against ``schedulers.orders.tile_order`` first, so a grid
 that TVM's serpentine order (or a partial cluster) would compute wrongly fails here
-with a ``ValueError`` instead of in the output.  Tile counts must be Python ints.
+with a ``ValueError`` instead of in the output.  ``num_n_tiles`` must be a Python int;
+``num_m_tiles`` may be a runtime expression (a kernel with a symbolic M) for the orders
+that visit every tile of any grid once (``RUNTIME_M_ORDERS``: "grouped", "snake"): the
+check then cannot run, and needs not.
 
 This module and ``schedulers.tvm_bridge`` are the only ones that import TVM.
 """
@@ -39,6 +42,12 @@ from tvm.backend.cuda.lang.tile_scheduler import BaseTileScheduler, ClusterPersi
 from tvm.script import tirx as T
 
 from .orders import ORDERS, _ceil_div, tile_order
+
+# orders that visit every tile of any grid exactly once, whatever the number of rows: those a
+# kernel with a runtime M may use (column groups all rows, serpentine breaks on some grids, and
+# TVM folds the tail branch of "row", groups of one row, into a division by zero when the row
+# count is an expression)
+RUNTIME_M_ORDERS = ("grouped", "snake")
 
 
 @T.meta_class
@@ -70,9 +79,9 @@ class SnakeScheduler2D(BaseTileScheduler):
         cluster_n: int = 1,
     ):
         super().__init__(prefix)
-        for name, value in (("num_m_tiles", num_m_tiles), ("num_n_tiles", num_n_tiles)):
-            if not isinstance(value, int):
-                raise TypeError(f"SnakeScheduler2D needs a Python int {name}, got {value!r}")
+        if not isinstance(num_n_tiles, int):
+            raise TypeError(f"SnakeScheduler2D needs a Python int num_n_tiles, got {num_n_tiles!r}")
+        static_m = isinstance(num_m_tiles, int)
         self._num_clusters = num_clusters
         self._l2_group_size = l2_group_size
         self._cluster_m = cluster_m
@@ -81,11 +90,14 @@ class SnakeScheduler2D(BaseTileScheduler):
         self.work_idx = self.linear_idx  # the same names TVM's scheduler offers
         self.tile_idx = self.tile_count
 
-        rows = _ceil_div(num_m_tiles, cluster_m)
+        # a runtime M (num_m_tiles an expression) makes the row counts expressions too; the
+        # tail then divides by a runtime count
+        rows = _ceil_div(num_m_tiles, cluster_m) if static_m else T.truncdiv(num_m_tiles + cluster_m - 1, cluster_m)
         self._N_TILE_COLS = _ceil_div(num_n_tiles, cluster_n)
-        self._FULL_GROUPS = rows // l2_group_size
+        self._FULL_GROUPS = rows // l2_group_size if static_m else T.truncdiv(rows, l2_group_size)
+        tail = rows - self._FULL_GROUPS * l2_group_size
         # max(.., 1): the tail branch is emitted even without a tail; never divide by 0
-        self._SAFE_TAIL_ROWS = max(rows - self._FULL_GROUPS * l2_group_size, 1)
+        self._SAFE_TAIL_ROWS = max(tail, 1) if static_m else T.max(tail, 1)
         self._TOTAL_TILES = rows * self._N_TILE_COLS * cluster_m * cluster_n
 
     # fmt: off
@@ -158,13 +170,18 @@ def make_tirx_scheduler(
     """
     if order not in ORDERS:
         raise ValueError(f"unknown tile order {order!r}; choose one of {ORDERS}")
-    if not isinstance(num_m_tiles, int) or not isinstance(num_n_tiles, int):
-        raise TypeError(
-            "make_tirx_scheduler needs Python int tile counts (it checks the order on "
-            "them); for a runtime M use ClusterPersistentScheduler2D directly"
+    if not isinstance(num_n_tiles, int):
+        raise TypeError(f"make_tirx_scheduler needs a Python int num_n_tiles, got {num_n_tiles!r}")
+    if isinstance(num_m_tiles, int):
+        # the same check the pure model makes: refuse orders TVM would compute wrongly
+        tile_order(order, num_m_tiles, num_n_tiles, l2_group_size, cluster_m, cluster_n)
+    elif order not in RUNTIME_M_ORDERS:
+        raise ValueError(
+            f"order {order!r} cannot take a runtime number of M tiles (its shape depends on "
+            f"it); use one of {RUNTIME_M_ORDERS}"
         )
-    # the same check the pure model makes: refuse orders TVM would compute wrongly
-    tile_order(order, num_m_tiles, num_n_tiles, l2_group_size, cluster_m, cluster_n)
+    elif num_n_tiles % cluster_n:
+        raise ValueError(f"{num_n_tiles} N tiles are not whole clusters of {cluster_n}; pad N or use cluster_n=1")
     kw = dict(
         num_m_tiles=num_m_tiles,
         num_n_tiles=num_n_tiles,

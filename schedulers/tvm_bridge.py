@@ -62,6 +62,35 @@ def trace_scheduler(make, num_m, num_n, num_ctas, cluster_m=1, cluster_n=1):
     return out.numpy()
 
 
+def runtime_m_trace(order, num_m_values, num_n, num_ctas, l2_group_size=8):
+    """One host function for every ``num_m`` (the scheduler's M tile count a runtime
+    argument, as in a kernel with a symbolic M), run for each of ``num_m_values``.
+
+    Returns ``{num_m: trace}`` with ``trace`` as :func:`trace_scheduler` gives it.
+    """
+    total = max(num_m_values) * num_n
+
+    @T.prim_func
+    def trace(out: T.Buffer((total, 3), "int32"), num_m: T.int32):
+        for c in T.serial(num_ctas):
+            ts = make_tirx_scheduler(order, "ts", num_m_tiles=num_m, num_n_tiles=num_n,
+                                     num_clusters=num_ctas, l2_group_size=l2_group_size)
+            ts.init(c)
+            while ts.valid():
+                out[ts.linear_idx, 0] = ts.m_idx
+                out[ts.linear_idx, 1] = ts.n_idx
+                out[ts.linear_idx, 2] = c
+                ts.next_tile()
+
+    ex = tvm.compile(trace, target="llvm", tir_pipeline="tirx")
+    traces = {}
+    for num_m in num_m_values:
+        out = tvm.runtime.tensor(np.full((total, 3), _UNWRITTEN, dtype="int32"))
+        ex["trace"](out, num_m)
+        traces[num_m] = out.numpy()[: num_m * num_n]
+    return traces
+
+
 def tvm_trace(num_m, num_n, num_ctas, l2_group_size=8, cluster_m=1, cluster_n=1,
               serpentine=False):
     """``trace_scheduler`` of TVM's own ``ClusterPersistentScheduler2D``, unchecked."""

@@ -48,8 +48,10 @@ def reports():
 # -- the ladder passes -------------------------------------------------------------------------
 @pytest.mark.parametrize("rung, arch", PAIRS, ids=[f"{r}-{a}" for r, a in PAIRS])
 def test_every_rung_passes_the_protocol_check(reports, rung, arch):
-    # v1-v3 have no ring: one scenario (the longest K) is enough; the CLI runs them all
-    got = reports(rung, arch, only_last=rung in ("v1", "v2", "v3"))
+    # v1-v3 have no ring: one scenario (the longest K) is enough; v10 and v11 share v9's ring and
+    # take a minute a scenario on two cores: their longest K (a partial last slice) only. The CLI
+    # runs them all.
+    got = reports(rung, arch, only_last=rung in ("v1", "v2", "v3", "v10", "v11"))
     assert got, f"no scenario of {rung} {arch} could be configured"
     for report in got:
         assert report.ok, report.table()

@@ -524,6 +524,27 @@ class Program(ExprCompiler):
                 yield tok
         return run
 
+    def _c_cluster_split(self, call):
+        """barrier.cluster.arrive / .wait (``sm90a.common.cluster_sync`` spells them out)."""
+        site = self._site("sync", call)
+        step = self._sim_cluster_arrive if "arrive" in op_name(call) else self._sim_cluster_wait
+
+        def run(th):
+            while True:
+                tok = step(th, site)
+                if tok is None:
+                    return
+                yield tok
+        return run
+
+    @staticmethod
+    def _sim_cluster_arrive(th, site):
+        return th.sim.cluster_arrive(th, site)
+
+    @staticmethod
+    def _sim_cluster_wait(th, site):
+        return th.sim.cluster_wait(th, site)
+
     def _c_encode(self, call):
         ops = call_operands(call)
         dst = self._lvalue(ops[0])
@@ -616,6 +637,8 @@ _CALLS = {
     "tirx.cuda.cta_sync": Program._c_cta_sync,
     "tirx.cuda.warpgroup_sync": Program._c_warpgroup_sync,
     "tirx.cuda.cluster_sync": Program._c_cluster_sync,
+    "tirx.ptx.barrier_cluster_arrive": Program._c_cluster_split,
+    "tirx.ptx.barrier_cluster_wait": Program._c_cluster_split,
     "tirx.cuda.wgmma_encode_matrix_descriptor": Program._c_encode,
     "tirx.cuda.tcgen05_encode_matrix_descriptor": Program._c_encode,
     "tirx.ptx.mapa": Program._c_mapa,

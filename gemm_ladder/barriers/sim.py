@@ -33,6 +33,7 @@ from .state import (CTA, TX_LIMIT, BarrierState, Copy, Finding, Pending, PhaseRe
 from .words import plural
 
 MAX_STEPS = 3_000_000
+CLUSTER_SPLIT = -2  # Thread.sync_gen key of a barrier.cluster.arrive awaiting its wait
 
 
 class Sim:
@@ -73,7 +74,7 @@ class Sim:
         self.deadlocked: list = []
         self.stuck: list = []  # barriers threads wait on forever, after a deadlock
         self.finished = False
-        self._cluster = {"waiting": set(), "gen": 0}
+        self._cluster = {"waiting": set(), "gen": 0, "snaps": {}, "released": {}}
 
     # -- clocks --------------------------------------------------------------------------------
     def zero_vc(self):
@@ -512,29 +513,68 @@ class Sim:
         self.version += 1
 
     def cluster_sync(self, th, site):
+        """``T.cuda.cluster_sync()``: every live thread of the cluster meets (arrive and wait)."""
         state = self._cluster
         key = -1
         gen = th.sync_gen.get(key)
         if gen is not None:
+            self._cluster_try_complete()  # a thread may have exited since
             if state["gen"] > gen:
                 del th.sync_gen[key]
                 return None
             return ("cluster_sync",)
         th.sync_gen[key] = state["gen"]
         state["waiting"].add(th.g)
-        need = sum(t.state != "done" for t in self.threads)
-        if len(state["waiting"]) >= need:
-            members = [self.threads[g] for g in state["waiting"]]
-            clock = np.max(np.stack([m.vc for m in members]), axis=0)
-            for m in members:
-                m.vc = clock.copy()
-                m.tick()
-            state["waiting"] = set()
-            state["gen"] += 1
-            self.version += 1
+        state["snaps"][th.g] = th.vc.copy()
+        self._cluster_try_complete()
+        if state["gen"] > th.sync_gen[key]:
             del th.sync_gen[key]
             return None
         return ("cluster_sync",)
+
+    def cluster_arrive(self, th, site):
+        """``barrier.cluster.arrive.release``: counted now (with what this thread did so far),
+        waited for by its :meth:`cluster_wait`; the thread runs on in between."""
+        state = self._cluster
+        th.sync_gen[CLUSTER_SPLIT] = state["gen"]
+        state["waiting"].add(th.g)
+        state["snaps"][th.g] = th.vc.copy()
+        th.tick()
+        self._cluster_try_complete()
+        return None
+
+    def cluster_wait(self, th, site):
+        """``barrier.cluster.wait.acquire``: until every live thread of the cluster arrived on
+        this thread's phase; then it has seen what each did before its arrive."""
+        state = self._cluster
+        gen = th.sync_gen.get(CLUSTER_SPLIT)
+        if gen is None:  # no arrive of its own: the phase it would wait on is the current one
+            return None
+        self._cluster_try_complete()
+        if state["gen"] > gen:
+            del th.sync_gen[CLUSTER_SPLIT]
+            th.vc = np.maximum(th.vc, state["released"][gen])
+            th.tick()
+            return None
+        return ("cluster_sync",)
+
+    def _cluster_try_complete(self):
+        """The cluster barrier's phase completes when every live thread arrived (a thread that
+        has exited counts as arrived, as on the hardware)."""
+        state = self._cluster
+        need = sum(t.state != "done" for t in self.threads)
+        if not state["waiting"] or len(state["waiting"]) < need:
+            return
+        merged = np.max(np.stack(list(state["snaps"].values())), axis=0)
+        state["released"][state["gen"]] = merged
+        for g in state["waiting"]:
+            m = self.threads[g]
+            if m.sync_gen.get(CLUSTER_SPLIT) != state["gen"]:  # blocked in cluster_sync: leaves with it
+                m.vc = merged.copy()
+                m.tick()
+        state["waiting"], state["snaps"] = set(), {}
+        state["gen"] += 1
+        self.version += 1
 
     def warp_collective(self, th, site, wait_group=None):
         """A ``.sync.aligned`` instruction: the lanes of the warp meet before any goes on.

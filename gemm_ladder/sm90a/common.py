@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm import tirx
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import layouts
+from schedulers.tirx_orders import RUNTIME_M_ORDERS
 from .. import budget, launch
 from ..config import ConfigError, GemmConfig
 
@@ -351,11 +353,11 @@ def role_registers(consumers: int) -> RoleRegisters:
     return RoleRegisters(entry, PRODUCER_REGS, min(share, 240))
 
 
-def check_consumer_registers(cfg: GemmConfig) -> None:
+def check_consumer_registers(cfg: GemmConfig, plan: HopperPlan | None = None) -> None:
     """The accumulators must fit a consumer's budget with room for addresses and loop state."""
     regs = role_registers(cfg.num_warpgroups)
     budget = regs.consumer or regs.entry
-    acc = HopperPlan(cfg).acc_regs
+    acc = (plan or HopperPlan(cfg)).acc_regs
     if acc + 40 > budget:
         raise ConfigError(
             f"a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer warpgroup(s) needs "
@@ -547,8 +549,11 @@ def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, la
     the other consumers and the producer run on.
     """
     ROWS = T.meta_var(plan.rows_per_wg)
+    # one consumer: its buffers are the first, said as constants (TVM cannot prove that
+    # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
+    first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
     for j in T.unroll(plan.cfg.blk_n // epi_n):
-        buf = T.meta_var(c * nbuf + (epi_it + j) % nbuf)
+        buf = T.meta_var(first + (epi_it + j) % nbuf)
         if wtid == 0:
             T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
         T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
@@ -569,3 +574,147 @@ def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):
     """128B-swizzled staging buffers for output chunks: ``stmatrix`` writes 16-byte rows that
     the swizzle spreads over the banks, and the TMA store reads them back unswizzled."""
     return layouts.shared_layout(cfg.dtype, (buffers, rows, cols), "128B")
+
+
+# -- a runtime M (the dynamic_m knob of the persistent rungs): one module for every M -----------
+def dynamic_m(cfg: GemmConfig) -> bool:
+    return bool(dict(cfg.extra).get("dynamic_m", False))
+
+
+def m_extent(cfg: GemmConfig):
+    """M as the kernel is written for it: ``cfg.M``, or, with ``dynamic_m``, a runtime int32
+    ``M`` that the host code reads off A's shape at every call (``T.match_buffer`` binds it and
+    checks that D has as many rows). The TMA descriptors are encoded on the host at every
+    launch with that extent, so the loads zero-fill and the stores clip at the real M.
+
+    M = 1 is written as a runtime M too (the host code still checks that A has one row): with a
+    constant extent of 1, ``tma_auto`` drops A's row stride and refuses the descriptor."""
+    return tirx.Var("M", "int32") if dynamic_m(cfg) or cfg.M == 1 else cfg.M
+
+
+def tiles_over(extent, tile: int):
+    """``ceil(extent / tile)`` for a Python int or a runtime expression (a symbolic M)."""
+    return -(-extent // tile) if isinstance(extent, int) else T.truncdiv(extent + (tile - 1), tile)
+
+
+def check_dynamic_m(cfg: GemmConfig) -> None:
+    """A runtime M takes only the tile orders that visit every tile of any grid once. The
+    knobs are validated (shared memory, registers, the schedule) at ``cfg.M``: the M they were
+    chosen for, which the manifest records."""
+    if dynamic_m(cfg) and cfg.tile_order not in RUNTIME_M_ORDERS:
+        raise ConfigError(
+            f"tile_order={cfg.tile_order!r} cannot take a runtime M (the order's shape depends on the "
+            f"number of M tiles); with dynamic_m=True use tile_order in {RUNTIME_M_ORDERS}"
+        )
+
+
+def dynamic_launch(cfg: GemmConfig, info: dict) -> dict:
+    """A launch record that says M is read at run time (``runtime.GemmModule`` then takes any
+    M >= 1 with the module's N and K)."""
+    return {**info, "dynamic_m": True} if dynamic_m(cfg) else info
+
+
+# -- swap AB (v11): the weights' rows in wgmma's 64-row slot, the (few) rows of M as its N --------
+SWAP_BLK_M = tuple(range(8, 257, 8))  # wgmma's N: a multiple of 8 up to 256
+
+
+@dataclass(frozen=True)
+class SwapPlan(HopperPlan):
+    """A swap-AB kernel computes the tile's transpose, D^T = B_tile . A_tile^T: B's ``blk_n``
+    rows fill wgmma's 64-row slot (consumer ``c`` owns rows ``[c * blk_n/W, (c+1) * blk_n/W)``
+    of N) and A's ``blk_m`` rows are its N. ``mma_k_tile(plan, Dreg, Bsmem, Asmem, ...)`` then
+    issues ``wgmma.m64n{blk_m}k16`` with the operands' roles swapped; the accumulator of atom
+    ``a`` holds D^T rows (N) ``64a + ...`` by columns (M) in the usual fragment layout."""
+
+    @property
+    def rows_per_wg(self) -> int:  # rows of N per consumer
+        return self.cfg.blk_n // self.cfg.num_warpgroups
+
+    @property
+    def n_regs(self) -> int:  # accumulator registers of one m64n{blk_m} wgmma
+        return self.cfg.blk_m // 2
+
+    @property
+    def mma_op(self) -> str:
+        t = {"float16": "f16", "bfloat16": "bf16"}[self.cfg.dtype]
+        return f"wgmma.mma_async.sync.aligned.m64n{self.cfg.blk_m}k{MMA_K}.f32.{t}.{t}"
+
+
+def check_swap_tile(cfg: GemmConfig, consumers=(1, 2)) -> None:
+    """Rules of a swap-AB tile: blk_m (wgmma's N) a multiple of 8 (``config.check_common`` with
+    :data:`SWAP_BLK_M`), blk_n whole 64-row atoms per consumer."""
+    if cfg.num_warpgroups not in consumers:
+        choices = " or ".join(map(str, consumers))
+        raise ConfigError(f"num_warpgroups={cfg.num_warpgroups!r} is not supported; use {choices}")
+    if cfg.blk_n % (WG_M * cfg.num_warpgroups):
+        raise ConfigError(
+            f"blk_n={cfg.blk_n} does not split into {cfg.num_warpgroups} consumer(s) of whole 64-row "
+            f"wgmma atoms (swap AB puts N in wgmma's rows); use blk_n={WG_M * cfg.num_warpgroups} or a "
+            "multiple of it"
+        )
+
+
+@T.inline
+def acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed):
+    """Swap AB: one consumer's D^T accumulators -> ``Esmem[buf]`` as D, rows M by the
+    consumer's ``rows_per_wg`` columns of N, with ``stmatrix ... .trans``.
+
+    Per atom ``a`` and 8-column block ``i`` of the fragment (8 rows of M), warp ``w`` holds two
+    8x8 matrices (its N rows ``64a + 16w + 8h .. +8``, h = 0, 1) in the layout ``stmatrix``
+    takes (registers ``4i + 2h``, ``4i + 2h + 1``, packed by ``cvt``); ``.trans`` stores each
+    transposed, so row ``q`` of the stored matrix is D row ``8i + q``, N columns
+    ``64a + 16w + 8h .. +8``: one 16-byte chunk, whole under the 128B swizzle. x4 stores take
+    two 8-row blocks at once; an odd last block goes as x2.
+    """
+    NR = T.meta_var(plan.n_regs)
+    MB = T.meta_var(plan.cfg.blk_m // 8)  # 8-row blocks of M
+    q = T.meta_var(lane_id % 8)
+    mat = T.meta_var(lane_id // 8)
+    for a in T.unroll(plan.m_atoms):
+        for ip in T.unroll(MB // 2):
+            for h4 in T.unroll(4):
+                # matrix h4 of the x4 store: block 2ip + h4//2, N half h4%2
+                r = T.meta_var(a * NR + (2 * ip + h4 // 2) * 4 + (h4 % 2) * 2)
+                T.ptx[pack_op(plan.cfg)](packed[h4], Dreg[r + 1], Dreg[r])
+            # lane 8*mat + q: row q of matrix mat (block 2ip + mat//2, half mat%2)
+            row, col = T.meta_var(layouts.stmatrix_trans_row(2 * ip + mat // 2, mat % 2, warp_id, q))
+            T.ptx.stmatrix.sync.aligned.m8n8.x4.trans.shared.b16(
+                Esmem.ptr_to([buf, row, a * WG_M + col]), packed[0], packed[1], packed[2], packed[3],
+            )
+        if MB % 2 == 1:
+            for h in T.unroll(2):
+                r = T.meta_var(a * NR + (MB - 1) * 4 + h * 2)
+                T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r + 1], Dreg[r])
+            # x2: lanes 0-15 give the rows of the two matrices (the others' addresses unused)
+            row1, col1 = T.meta_var(layouts.stmatrix_trans_row(MB - 1, mat % 2, warp_id, q))
+            T.ptx.stmatrix.sync.aligned.m8n8.x2.trans.shared.b16(
+                Esmem.ptr_to([buf, row1, a * WG_M + col1]), packed[0], packed[1],
+            )
+
+
+@T.inline
+def consumer_store_transposed(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, lane_id, packed):
+    """Swap AB, one consumer's epilogue on its own: its D^T accumulators go into its staging
+    buffer ``Esmem[c]`` as D (``blk_m`` rows, its ``rows_per_wg`` columns of N), which leaves in
+    64-column TMA stores, committed and not waited for. Before rewriting the buffer its storing
+    thread lets the previous tile's stores finish reading it; the consumer's named barrier
+    (``1 + c``) holds the others until then, and again until every thread's stmatrix stores are
+    fenced for the async proxy."""
+    COLS = T.meta_var(plan.rows_per_wg)
+    # one consumer: its buffer is 0, said as a constant (TVM cannot prove that warpgroup - 1 is,
+    # and the staging layout of a single buffer has no stride to scale it by)
+    buf = T.meta_var(c if plan.cfg.num_warpgroups > 1 else 0)
+    if wtid == 0:
+        T.ptx.cp.async_.bulk.wait_group.read(0)
+    T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed)
+    T.ptx.fence.proxy.async_.shared__cta()
+    T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    if wtid == 0:
+        for h in T.unroll(COLS // EPI_CHUNK):
+            Tx.copy_async(
+                D[m_st:m_st + plan.cfg.blk_m,
+                  n_st + c * COLS + h * EPI_CHUNK:n_st + c * COLS + h * EPI_CHUNK + EPI_CHUNK],
+                Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
+            )
+        T.ptx.cp.async_.bulk.commit_group()

@@ -39,6 +39,11 @@ Dreg is read by the epilogue, and the next tile's first wgmma (scale-d = 0) come
 program order. Phases are never reset: ``it`` keeps counting across tiles, so a K with fewer
 slices than stages, or a count that is not a multiple of S, carries the phase over correctly.
 
+One module for every M (``dynamic_m=True``): M becomes a runtime value (a symbolic ``M``
+bound from A's shape; TMA descriptors take it as their extent), the scheduler's number of M
+tiles is computed from it at run time, N and K stay fixed. Knobs are validated at the shape's M,
+which the manifest records as the M they were chosen for. Tile orders: grouped or snake.
+
 Constraints:
   - those of v5 (sm_90a; float16/bfloat16; K and N multiples of 8; blk_k = 64; blk_m in
     {64, 128, 256} over 1 or 2 warpgroups; blk_n in {64, 128, 192, 256}; pipe_depth from 2 up
@@ -59,25 +64,26 @@ from .common import HopperPlan
 
 TECHNIQUE = "persistent CTAs with an L2-grouped tile scheduler"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 3,
-         "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER}
+         "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER, "dynamic_m": False}
 
 
 def check(cfg: GemmConfig) -> None:
     common.check_tile(cfg)
     common.check_pipe_depth(cfg)
     common.check_schedule(cfg)
+    common.check_dynamic_m(cfg)
 
 
 def launch(cfg: GemmConfig) -> dict:
     # the grid is one CTA per SM of the GPU it runs on: the runtime passes that count
-    return common.launch_info(cfg, cfg.pipe_depth, persistent=True)
+    return common.dynamic_launch(cfg, common.launch_info(cfg, cfg.pipe_depth, persistent=True))
 
 
 def kernel(cfg: GemmConfig):
     plan = HopperPlan(cfg)
-    M, N, K, dtype = cfg.M, cfg.N, cfg.K, cfg.dtype
+    M, N, K, dtype = common.m_extent(cfg), cfg.N, cfg.K, cfg.dtype  # M: an int or runtime
     BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
-    M_TILES, N_TILES = cfg.grid_mn
+    M_TILES, N_TILES = common.tiles_over(M, BLK_M), cfg.grid_mn[1]
     S = cfg.pipe_depth
     K_TILES = cfg.k_tiles
     MMA_WARPS = 4 * cfg.num_warpgroups
@@ -92,8 +98,10 @@ def kernel(cfg: GemmConfig):
 
     # fmt: off
     @T.prim_func
-    def hgemm(A: T.Buffer((M, K), dtype), B: T.Buffer((N, K), dtype), D: T.Buffer((M, N), dtype),
-              num_ctas: T.int32):
+    def hgemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
+        A = T.match_buffer(a, (M, K), dtype)
+        B = T.match_buffer(b, (N, K), dtype)
+        D = T.match_buffer(d, (M, N), dtype)
         T.device_entry()
         cta = T.cta_id([num_ctas])
         wg_id = T.warpgroup_id([cfg.num_warpgroups])

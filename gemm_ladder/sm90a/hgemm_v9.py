@@ -57,6 +57,14 @@ The consumers stay in step through the ring alone: a stage is refilled only when
 consumer warp of the cluster released it, so a consumer that runs ahead into the next tile
 can be at most ``pipe_depth`` slices ahead of the slowest.
 
+One module for every M (``dynamic_m=True``): M becomes a runtime value of the kernel (a
+symbolic ``M`` bound from A's shape by the host code; the TMA descriptors, encoded on the host
+at every call, take it as their extent, so loads zero-fill and stores clip at the real M), and
+the scheduler's number of M tiles is computed from it at run time. N and K stay fixed (they
+are the weights). The knobs are validated and tuned at the shape's M; the manifest says
+``launch["dynamic_m"]`` and the M range they were chosen for (``dynamic_m["tuned_for_m"]``).
+Tile orders: grouped or snake (``schedulers.tirx_orders.RUNTIME_M_ORDERS``).
+
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
   - epi_n a multiple of 64 that divides blk_n (epi_n = blk_n: one buffer per consumer, the
@@ -78,7 +86,7 @@ from .common import HopperPlan
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
-         "cluster_m": 2, "cluster_n": 1, "epi_n": 64}
+         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False}
 CONSUMERS = (1, 2, 3)
 TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256),
                 "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}
@@ -91,13 +99,15 @@ def check(cfg: GemmConfig) -> None:
     common.check_consumer_registers(cfg)
     common.check_cluster(cfg)
     common.check_schedule(cfg, grid=cluster_grid(cfg))
+    common.check_dynamic_m(cfg)
 
 
-def cluster_grid(cfg: GemmConfig) -> tuple[int, int]:
-    """The grid of cluster tiles the scheduler walks."""
+def cluster_grid(cfg: GemmConfig, M=None) -> tuple:
+    """The grid of cluster tiles the scheduler walks (for ``M``, default cfg.M; a runtime M
+    gives a runtime number of rows)."""
     cm, cn = common.cluster_shape(cfg)
-    m_tiles, n_tiles = cfg.grid_mn
-    return -(-m_tiles // cm), -(-n_tiles // cn)
+    M = cfg.M if M is None else M
+    return common.tiles_over(M, cfg.blk_m * cm), -(-cfg.grid_mn[1] // cn)
 
 
 def launch(cfg: GemmConfig) -> dict:
@@ -105,16 +115,17 @@ def launch(cfg: GemmConfig) -> dict:
     # the consumers
     cm, cn = common.cluster_shape(cfg)
     info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=cm * cn)
-    return {**info, "threads": info["threads"] + common.THREADS_PER_WG, "cluster_shape": [cm, cn]}
+    info = {**info, "threads": info["threads"] + common.THREADS_PER_WG, "cluster_shape": [cm, cn]}
+    return common.dynamic_launch(cfg, info)
 
 
 def kernel(cfg: GemmConfig):
     plan = HopperPlan(cfg)
-    M, N, K, dtype = cfg.M, cfg.N, cfg.K, cfg.dtype
+    M, N, K, dtype = common.m_extent(cfg), cfg.N, cfg.K, cfg.dtype  # M: an int or runtime
     BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
     CM, CN = common.cluster_shape(cfg)
     CS = CM * CN
-    M_TILES, N_TILES = cluster_grid(cfg)  # in cluster tiles
+    M_TILES, N_TILES = cluster_grid(cfg, M)  # in cluster tiles
     S = cfg.pipe_depth
     K_TILES = cfg.k_tiles
     W = cfg.num_warpgroups  # consumer warpgroups
@@ -135,8 +146,10 @@ def kernel(cfg: GemmConfig):
 
     # fmt: off
     @T.prim_func
-    def hgemm(A: T.Buffer((M, K), dtype), B: T.Buffer((N, K), dtype), D: T.Buffer((M, N), dtype),
-              num_ctas: T.int32):
+    def hgemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
+        A = T.match_buffer(a, (M, K), dtype)
+        B = T.match_buffer(b, (N, K), dtype)
+        D = T.match_buffer(d, (M, N), dtype)
         T.device_entry()
         cta = T.cta_id([num_ctas])  # whole clusters: the runtime rounds the SM count down
         rank = T.cta_id_in_cluster([CS])

@@ -12,8 +12,9 @@ and what it measured, without pasting code into the notebooks.
 
 Modules: ``sources`` (rung files, diffs), ``built`` (a built module's source, SASS, counts),
 ``gpu`` (the GPU cells), ``results`` (committed measurements), ``plots`` (pictures; ``roles``
-for the pictures of v7-v9),
-``tuning`` (the tuner's pruned space). The models the pictures draw live with the other models:
+for the pictures of v7-v9), ``tuning`` (the tuner's pruned space), ``shapes`` (tutorial 11: waves,
+weight streaming, swap-AB and split-K pictures, the front door's policy; ``from gemm_ladder.teach
+import shapes``). The models the pictures draw live with the other models:
 ``schedulers.pipeline`` (the K-loop pipeline), ``schedulers.roles`` (producer/consumer roles,
 epilogues, cluster multicast), ``schedulers.orders``/``traffic`` (tile orders),
 ``gemm_ladder.budget`` (shared memory).

@@ -1,0 +1,147 @@
+"""The ``pack`` and ``suite`` commands of ``python -m gemm_ladder``: kernel packs for the front door
+and the shape suite. Argument parsing only (the library: ``kernel_pack``, ``suite``); only
+``gemm_ladder.cli`` imports this module.
+
+    python -m gemm_ladder pack build --model llama-8b --dtypes float16,bfloat16 --out build/pack
+    python -m gemm_ladder pack build --shapes 16x4096x4096,2048x6144x4096 --out build/pack
+    python -m gemm_ladder pack build --suite --out build/suite_pack
+    python -m gemm_ladder pack show build/pack           # what the pack holds, and which rule chose it
+    python -m gemm_ladder pack check build/pack          # every module against pack.json
+    python -m gemm_ladder suite run --pack build/suite_pack --out suite.json   # GPU box
+    python -m gemm_ladder suite plot suite.json --out suite.png
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import device, kernel_pack, report
+from .config import ARCHS, DEFAULT_ARCH, DTYPES
+
+
+class UsageError(Exception):
+    """Arguments that name nothing: printed, exit status 2 (``cli.main`` catches it)."""
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    import argparse  # pylint: disable=import-outside-toplevel
+
+    try:
+        M, N, K = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not MxNxK, e.g. 16x4096x4096") from None
+    return M, N, K
+
+
+def _no_gpu(what: str) -> int:
+    print(f"error: {what} needs a CUDA GPU ({device.why_no_gpu()})", file=sys.stderr)
+    return 2
+
+
+def _pack_shapes(a) -> list[tuple[int, int, int]]:
+    shapes = list(a.shapes or [])
+    if a.model:
+        if a.model not in kernel_pack.MODELS:
+            raise UsageError(f"--model {a.model!r} is not known; known: {', '.join(kernel_pack.MODELS)}")
+        shapes += [(M, N, K) for N, K in kernel_pack.MODELS[a.model].values() for M in a.m]
+    if a.suite:
+        from . import suite  # pylint: disable=import-outside-toplevel
+
+        shapes += suite.shapes()
+    if not shapes:
+        raise UsageError("pack build needs --shapes, --model or --suite")
+    return sorted(set(shapes))
+
+
+def cmd_pack(a) -> int:
+    if a.pack_cmd == "build":
+        shapes = _pack_shapes(a)
+        man = kernel_pack.build_pack(a.out, shapes, a.dtypes or list(DTYPES), a.arch, a.sms, not a.static, a.jobs,
+                                     request={"shapes": ["x".join(map(str, s)) for s in shapes], "model": a.model,
+                                              "suite": a.suite, "m": list(a.m)})
+        for r in man["results"]:
+            if r["status"] == "failed":
+                print(f"failed: {r['file']}: {r['detail']}", file=sys.stderr)
+        print(f"{len(man['modules'])} modules in {a.out} ({kernel_pack.pack_bytes(a.out) / 2**20:.1f} MiB): "
+              + ", ".join(f"{sum(r['status'] == k for r in man['results'])} {k}" for k in ("built", "cache", "failed")))
+        return 0 if all(r["status"] != "failed" for r in man["results"]) else 1
+    try:
+        pk = kernel_pack.KernelPack(a.folder)
+    except kernel_pack.PackError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    rows, bad = [], 0
+    for e in pk.modules:
+        status = "listed"
+        if a.pack_cmd == "check":
+            try:
+                pk.check_entry(e)
+                status = "ok"
+            except kernel_pack.PackError as err:
+                status, bad = f"error: {err}", bad + 1
+        rows.append({"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}",
+                     "dtype": e["dtype"], "M": f"{e['m_range'][0]}..{e['m_range'][1]}" + (" (any)" if e["dynamic_m"] else ""),
+                     "rule": (e.get("choice") or {}).get("rule", ""), "status": status})
+    print(report.table(rows, list(rows[0])) if rows else f"{a.folder}: no modules")
+    return 1 if bad else 0
+
+
+def cmd_suite(a) -> int:
+    from . import suite  # pylint: disable=import-outside-toplevel
+
+    if a.suite_cmd == "list":
+        for c in suite.cases(a.dtypes or suite.SUITE_DTYPES):
+            print(c["id"], c["group"])
+        return 0
+    if a.suite_cmd == "plot":
+        print(suite.plot_result(json.loads(Path(a.result).read_text()), a.out))
+        return 0
+    if not device.present():
+        return _no_gpu("suite run")
+    if a.pack:
+        os.environ[kernel_pack.PACK_ENV] = os.pathsep.join(a.pack)  # the child process reads it
+    doc = suite.run(a.out, a.dtypes or suite.SUITE_DTYPES, a.only, a.reps, a.timeout, a.plot)
+    print(report.table(suite.table_rows(doc), ["case", "group", "status", "rung", "source", "ratio", "tflops",
+                                                "GB/s", "host_us"]))
+    print(json.dumps(doc["summary"], indent=1))
+    return 0 if doc["summary"]["ok"] == doc["summary"]["cases"] else 1
+
+
+def add_parsers(sub) -> None:
+    pk = sub.add_parser("pack", help="kernel packs for the front door (gemm_ladder.matmul): build, show, check")
+    pks = pk.add_subparsers(dest="pack_cmd", required=True)
+    b = pks.add_parser("build", help="build the modules a list of shapes, a model or the suite needs")
+    b.add_argument("--shapes", type=lambda s: [parse_shape(x) for x in s.split(",")], default=None)
+    b.add_argument("--model", default=None, help=f"a model's weight shapes: {', '.join(kernel_pack.MODELS)}")
+    b.add_argument("--m", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 128, 512, 2048, 8192],
+                   help="the M values --model is built for (default: the suite's)")
+    b.add_argument("--suite", action="store_true", help="every shape of the shape suite")
+    b.add_argument("--dtypes", type=lambda s: s.split(","), default=None)
+    b.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
+    b.add_argument("--sms", type=int, default=None, help="SM count the heuristic plans for (default: the GPU, or H100)")
+    b.add_argument("--static", action="store_true", help="one module per M even where a rung takes M at run time")
+    b.add_argument("--out", default="build/pack")
+    b.add_argument("--jobs", type=int, default=None)
+    for name in ("show", "check"):
+        s = pks.add_parser(name, help="list the modules" if name == "show" else "check every module against pack.json")
+        s.add_argument("folder")
+    pk.set_defaults(fn=cmd_pack)
+    su = sub.add_parser("suite", help="the shape suite: gemm_ladder.matmul against cuBLAS (GPU), its plot")
+    sus = su.add_subparsers(dest="suite_cmd", required=True)
+    r = sus.add_parser("run", help="time every case on this GPU; JSON and plot")
+    r.add_argument("--pack", action="append", help="kernel pack folder (repeatable; else $GEMM_LADDER_PACK)")
+    r.add_argument("--out", default="suite.json")
+    r.add_argument("--plot", default=None, help="PNG path (default: beside --out)")
+    r.add_argument("--only", action="append", help="run the cases whose id or group holds this text")
+    r.add_argument("--dtypes", type=lambda s: s.split(","), default=None)
+    r.add_argument("--reps", type=int, default=60)
+    r.add_argument("--timeout", type=float, default=240.0)
+    p = sus.add_parser("plot", help="plot a suite result")
+    p.add_argument("result")
+    p.add_argument("--out", default="suite.png")
+    ls = sus.add_parser("list", help="print the cases")
+    ls.add_argument("--dtypes", type=lambda s: s.split(","), default=None)
+    su.set_defaults(fn=cmd_suite)

@@ -1,0 +1,351 @@
+"""The front door: ``D = A . B^T`` for any shape, on the kernel the policy chooses for it.
+
+    import gemm_ladder
+    D = gemm_ladder.matmul(A, B)              # A [..., K] (batch dims flattened into M), B [N, K]
+    gemm_ladder.matmul(A, B, out=D)           # D [..., N]
+    gemm_ladder.matmul(A, B, explain=True)    # also prints which kernel, from where, and why
+
+How a call finds its kernel (once per shape, dtype and GPU arch; then from memory)::
+
+    1. kernel packs ($GEMM_LADDER_PACK, gemm_ladder.use_pack): a module built for this M, or one
+       that takes M at run time with knobs chosen for a range that holds M   (kernel_pack)
+    2. where TVM's compiler is here: the policy's choice (the tuning database by shape bucket,
+       else the heuristic's rules: gemm_ladder.plan), from the module cache or built into it
+       now, shared safely by concurrent processes                              (module_cache)
+    3. a pack module that serves the shape less well: M outside the range its knobs were chosen
+       for, or a larger M with A copied into zero-padded rows
+    4. else a clear error that says how to build a pack for the shape
+
+Loaded modules stay loaded for the life of the process. ``explain=True`` prints the choice to
+stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO logs every new choice.
+
+Inputs: fp16 or bf16, contiguous, row-major, on one CUDA GPU; what TMA cannot describe (N or K
+not a multiple of 8, a view that does not start on a 16-byte boundary) takes a correct, slower
+path through padded copies (``plan.LAYOUT_RULES``) and says so. Other dtypes, devices and
+layouts raise ``ModuleInputError`` with the fix. Empty shapes give empty (or zero) results
+without a launch, as cuBLAS does.
+
+Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
+It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
+(the first call of a shape loads its module: run it before capturing).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import device
+from .config import DTYPES
+from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
+from .plan import Fixes, Layout, layout_fixes
+from .runtime import ModuleInputError, load
+
+logger = logging.getLogger("gemm_ladder.matmul")
+
+
+class NoKernelError(RuntimeError):
+    """No pack serves the shape and nothing can be built here; the message says how to get one."""
+
+
+@dataclass
+class Route:
+    """How one (M, N, K, dtype, arch) is computed: the module, the M it was built for (None: any
+    M), where it came from, and the lines ``explain`` prints."""
+
+    module: object
+    module_M: int | None
+    source: str
+    rung: str
+    knobs: dict
+    lines: list = field(default_factory=list)
+    calls: int = 0
+    launchers: dict = field(default_factory=dict)  # GPU index -> the module's unchecked launch
+
+    def run(self, a, b, d) -> None:
+        """Launch on tensors of the kernel's shape that the front door checked: the module checks
+        them once per GPU (``GemmModule.launcher``), then launches with no further checks."""
+        idx = a.device.index
+        launch = self.launchers.get(idx)
+        if launch is None:
+            maker = getattr(self.module, "launcher", None)
+            launch = maker(a, b, d) if maker is not None else (lambda x, y, z: self.module(x, y, out=z))
+            self.launchers[idx] = launch
+        launch(a, b, d)
+
+    def as_dict(self) -> dict:
+        return {"rung": self.rung, "knobs": self.knobs, "source": self.source, "module_M": self.module_M,
+                "module": str(getattr(self.module, "path", "")), "explain": list(self.lines)}
+
+
+_LOCK = threading.RLock()
+_ROUTES: dict = {}
+_LOADED: dict = {}
+_ARCH: dict = {}
+_STATE: dict = {"packs": None, "extra": [], "why_no_build": ...}
+
+
+def use_pack(folder) -> KernelPack:
+    """Look in the kernel pack ``folder`` first from now on (before ``$GEMM_LADDER_PACK``'s)."""
+    pack = KernelPack(folder)
+    with _LOCK:
+        _STATE["extra"].insert(0, pack)
+        _ROUTES.clear()
+    return pack
+
+
+def reset() -> None:
+    """Forget every choice, loaded module and pack (the next call looks again)."""
+    with _LOCK:
+        _ROUTES.clear()
+        _LOADED.clear()
+        _STATE.update(packs=None, extra=[], why_no_build=...)
+
+
+def _packs() -> list[KernelPack]:
+    if _STATE["packs"] is None:
+        _STATE["packs"] = [KernelPack(p) for p in packs_from_env()]
+    return _STATE["extra"] + _STATE["packs"]
+
+
+def _why_no_build() -> str | None:
+    if _STATE["why_no_build"] is ...:
+        from .module_cache import why_cannot_build  # pylint: disable=import-outside-toplevel
+
+        _STATE["why_no_build"] = why_cannot_build()
+    return _STATE["why_no_build"]
+
+
+def _load(path):
+    key = str(Path(path).resolve())
+    if key not in _LOADED:
+        _LOADED[key] = load(path)
+    return _LOADED[key]
+
+
+# -- checks ---------------------------------------------------------------------------------------
+def _shapes(A, B, out):
+    """(M, N, K, D's shape) of a call whose dtypes, shapes and layouts fit; else ModuleInputError."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    for name, t in (("A", A), ("B", B), ("out", out)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ModuleInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if A.dtype != B.dtype:
+        raise ModuleInputError(f"A is {A.dtype} and B is {B.dtype}: pass both in one dtype (B.to({A.dtype}))")
+    if _dtype_name(A.dtype) not in DTYPES:
+        raise ModuleInputError(f"A has dtype {A.dtype}; gemm_ladder.matmul takes torch.float16 or torch.bfloat16 "
+                               "(use A.to(torch.float16) and B.to(torch.float16))")
+    if B.dim() != 2 or A.dim() < 1:
+        raise ModuleInputError(f"B must be [N, K] and A [..., K]; got A {tuple(A.shape)} and B {tuple(B.shape)}")
+    N, K = B.shape
+    if A.shape[-1] != K:
+        raise ModuleInputError(f"A is {tuple(A.shape)} and B {tuple(B.shape)}: A's last dim must be B's K={K} "
+                               "(D = A . B^T)")
+    shape = (*A.shape[:-1], N)
+    if out is not None:
+        if out.dtype != A.dtype:
+            raise ModuleInputError(f"out has dtype {out.dtype}; it must be A's {A.dtype}")
+        if tuple(out.shape) != shape:
+            raise ModuleInputError(f"out has shape {tuple(out.shape)}; D = A . B^T is {shape}")
+    for name, t in (("A", A), ("B", B), ("out", out)):
+        if t is not None and not t.is_contiguous():
+            raise ModuleInputError(f"{name} is not contiguous (row-major); pass {name}.contiguous()")
+    M = int(torch.Size(A.shape[:-1]).numel())
+    return M, N, K, shape
+
+
+def _check(A, B, out):
+    """(M, N, K, A as [M, K], out as [M, N] or None, D's shape); raises ModuleInputError."""
+    M, N, K, shape = _shapes(A, B, out)
+    for name, t in (("A", A), ("B", B), ("out", out)):
+        if t is None:
+            continue
+        if t.device.type != "cuda":
+            raise ModuleInputError(f"{name} is on {t.device}; move it to the GPU ({name}.cuda())")
+        if t.device != A.device:
+            raise ModuleInputError(f"{name} is on {t.device} and A on {A.device}; put all on one GPU")
+    return M, N, K, A.reshape(M, K), (out.view(M, N) if out is not None else None), shape
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def _arch(index: int) -> str:
+    if index not in _ARCH:
+        _ARCH[index] = device.arch_of(index)
+    return _ARCH[index]
+
+
+# -- choosing -------------------------------------------------------------------------------------
+def _route(M: int, N: int, K: int, dtype: str, index: int) -> tuple[Route, bool]:
+    """The route of a shape (and whether it was known already)."""
+    arch = _arch(index)
+    key = (M, N, K, dtype, arch)
+    route = _ROUTES.get(key)
+    if route is not None:
+        return route, True
+    with _LOCK:
+        route = _ROUTES.get(key)
+        if route is None:
+            route = _resolve(M, N, K, dtype, arch, index)
+            _ROUTES[key] = route
+            logger.info("gemm_ladder.matmul %dx%dx%d %s (%s):\n%s", M, N, K, dtype, arch, "\n".join(route.lines))
+    return route, False
+
+
+def _from_pack(found, note: str | None = None) -> Route:
+    mod = _load(found.pack.check_entry(found.entry))
+    e = found.entry
+    choice = e.get("choice") or {}
+    by = {"rule": f"rule {choice.get('rule')!r}", "db": "the tuning database"}.get(choice.get("source"), "not recorded")
+    lines = [f"kernel: {e['rung']} ({_knob_text(e['knobs'])})",
+             f"chosen by: {by}, when the pack was built: {choice.get('why', 'not recorded')}",
+             f"source: {found.describe()}"]
+    if note:
+        lines.append(note)
+    return Route(mod, None if e["dynamic_m"] else e["shape"][0], "kernel pack", e["rung"], dict(e["knobs"]), lines)
+
+
+def _knob_text(knobs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()) if k not in ("dtype", "arch")) or "its defaults"
+
+
+def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int) -> Route:
+    """The policy's choice, from the module cache or built into it (TVM's compiler is here)."""
+    # pylint: disable=import-outside-toplevel  (the compiler side: build boxes only)
+    from . import module_cache, plan
+    from .batch import BuildJob
+    from .rungs import rung_module
+
+    p = plan.Problem(M, N, K, dtype, arch, device.sm_count(index))
+    choice = plan.choose(p)
+    knobs = dict(choice.knobs)
+    dynamic = "dynamic_m" in rung_module(choice.rung, arch).KNOBS and \
+        plan._validate(choice.rung, p, {**knobs, "dynamic_m": True}) is None  # pylint: disable=protected-access
+    if dynamic:
+        knobs["dynamic_m"] = True
+    job = BuildJob(choice.rung, (M if dynamic else max(M, MIN_STATIC_M), N, K), knobs)
+    path, how = module_cache.get_or_build(job)
+    source = {"cache": "module cache", "built": "fresh build"}[how]
+    lines = choice.text().splitlines()
+    lines[0] = f"kernel: {lines[0]}" + (" [M at run time]" if dynamic else "")
+    lines = [lines[0]] + [line.strip() for line in lines[1:]]
+    lines.append(f"source: {source} {path}" + (" (built now, on first use)" if how == "built" else ""))
+    return Route(_load(path), None if dynamic else job.shape[0], source, choice.rung, knobs, lines)
+
+
+def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int) -> Route:
+    found = None
+    for pack in _packs():
+        f = pack.find(M, N, K, dtype, arch)
+        if f is not None and (found is None or FIT_RANK[f.fit] < FIT_RANK[found.fit]):
+            found = f
+    if found is not None and found.fit in ("exact", "tuned-range"):
+        return _from_pack(found)
+    why = _why_no_build()
+    if why is None:
+        return _build_route(M, N, K, dtype, arch, index)
+    if found is not None:
+        return _from_pack(found, f"note: the pack has nothing closer and nothing can be built here ({why})")
+    where = ", ".join(str(p.folder) for p in _packs()) or "none ($GEMM_LADDER_PACK is not set)"
+    raise NoKernelError(
+        f"no kernel for M={M}, N={N}, K={K}, {dtype} on {arch}: no kernel pack serves it (packs: {where}) and "
+        f"nothing can be built here ({why}). On a box with TVM's compiler: python -m gemm_ladder pack build "
+        f"--shapes {M}x{N}x{K} --dtypes {dtype} --out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK"
+    )
+
+
+FIT_RANK = {"exact": 0, "tuned-range": 1, "any-m": 2, "pad-m": 3}
+
+
+# -- running --------------------------------------------------------------------------------------
+def _launch(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes):
+    """Run the route's module on ``A2`` [M, K], ``B`` [N, K], with the copies ``fixes`` asks for."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    Mk = route.module_M if route.module_M is not None else M
+    Nk, Kk = fixes.N, fixes.K
+    a, b = A2, B
+    if Mk != M or Kk != K:
+        a = A2.new_zeros((Mk, Kk))
+        a[:M, :K] = A2
+    elif fixes.copies("copy-a"):
+        a = A2.clone()
+    if Nk != N or Kk != K:
+        b = B.new_zeros((Nk, Kk))
+        b[:N, :K] = B
+    elif fixes.copies("copy-b"):
+        b = B.clone()
+    if Mk == M and Nk == N and not fixes.copies("stage-out"):
+        d = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
+        route.run(a, b, d)
+        return d
+    d = torch.empty((Mk, Nk), dtype=A2.dtype, device=A2.device)
+    route.run(a, b, d)
+    result = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
+    result.copy_(d[:M, :N])
+    return result
+
+
+def _trivial(A, out, shape, M: int, N: int, K: int):
+    """Empty shapes: nothing to launch (K = 0 gives zeros, as cuBLAS does)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    D = out if out is not None else torch.empty(shape, dtype=A.dtype, device=A.device)
+    if K == 0 and M and N:
+        D.zero_()
+    return D
+
+
+def route_of(M: int, N: int, K: int, dtype: str = "float16", index: int = 0) -> Route:
+    """The route ``matmul`` takes for this shape on GPU ``index`` (resolved now if it was not)."""
+    fixes = layout_fixes(Layout(M, N, K, dtype))
+    return _route(M, fixes.N, fixes.K, dtype, index)[0]
+
+
+def explain_text(M, N, K, dtype, arch, route: Route, fixes: Fixes, known: bool, batch=None) -> str:
+    head = f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype} on {arch}"
+    if batch is not None:
+        head += f" (A {batch} flattened into M={M})"
+    lines = [head] + [f"  {line}" for line in route.lines]
+    if route.module_M is not None and route.module_M > M:
+        lines.append(f"  layout: copy A into {route.module_M} zero-padded rows (the module is built for "
+                     f"M={route.module_M}): correct, slower")
+    lines += [f"  layout: {line}" for line in fixes.lines()]
+    if known:
+        lines.append("  (this shape's kernel was already loaded in this process)")
+    return "\n".join(lines)
+
+
+def matmul(A, B, out=None, explain: bool = False):
+    """D = A . B^T on the GPU, for any shape (see the module docstring); returns D (or ``out``)."""
+    M, N, K, A2, out2, shape = _check(A, B, out)
+    dtype = _dtype_name(A.dtype)
+    if M == 0 or N == 0 or K == 0:
+        if explain:
+            print(f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype}: empty, nothing launched", file=sys.stderr)
+        return _trivial(A, out, shape, M, N, K)
+    aligned = (A2.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, out2 is None or out2.data_ptr() % 16 == 0)
+    if K % 8 or N % 8 or not all(aligned):
+        fixes = layout_fixes(Layout(M, N, K, dtype, *aligned, out_given=out2 is not None))
+    else:
+        fixes = Fixes((), N, K)
+    index = A.device.index if A.device.index is not None else 0
+    route, known = _route(M, fixes.N, fixes.K, dtype, index)
+    route.calls += 1
+    D = _launch(route, A2, B, out2, M, N, K, fixes)
+    if explain:
+        batch = tuple(A.shape) if A.dim() != 2 else None
+        print(explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch), file=sys.stderr)
+    return out if out is not None else D.view(shape)

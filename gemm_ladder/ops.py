@@ -1,0 +1,65 @@
+"""``torch.ops.gemm_ladder.mm``: the front door as a torch custom op.
+
+    import gemm_ladder.ops                        # registers the op (imports torch)
+    D = torch.ops.gemm_ladder.mm(A, B)            # A [..., K], B [N, K] -> D [..., N] = A . B^T
+
+The op is registered with ``torch.library.custom_op`` and has a fake implementation (shapes and
+dtypes only), so ``torch.compile(fullgraph=True)`` traces a model that calls it without a graph
+break and ``torch.export`` exports it; an autograd formula in terms of the op itself
+(``dA = mm(dD, B^T)``, ``dB = mm(dD^T, A^T)`` on the flattened batch), so it trains. The real
+implementation is :func:`gemm_ladder.matmul` on torch's current stream; inputs are made
+contiguous first (free when they are), as torch's own matmul takes any strides. Tensors off the
+GPU, or of another dtype, get the front door's errors.
+
+Warm a shape up once before capturing it in a CUDA graph: its first call loads the module.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .front import matmul
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_meta(A: torch.Tensor, B: torch.Tensor) -> None:
+    """The checks that need no data: the same as the real op's, for fake and meta tensors."""
+    torch._check(A.dtype == B.dtype, lambda: f"gemm_ladder.mm: A is {A.dtype} and B is {B.dtype}; pass one dtype")
+    torch._check(A.dtype in _DTYPES, lambda: f"gemm_ladder.mm: dtype {A.dtype}; use torch.float16 or torch.bfloat16")
+    torch._check(B.dim() == 2 and A.dim() >= 1,
+                 lambda: f"gemm_ladder.mm: B must be [N, K] and A [..., K]; got {tuple(A.shape)} and {tuple(B.shape)}")
+    torch._check(A.shape[-1] == B.shape[1],
+                 lambda: f"gemm_ladder.mm: A's last dim {A.shape[-1]} is not B's K={B.shape[1]} (D = A . B^T)")
+
+
+@torch.library.custom_op("gemm_ladder::mm", mutates_args=())
+def mm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """D = A . B^T through ``gemm_ladder.matmul`` (A [..., K], B [N, K])."""
+    _check_meta(A, B)
+    return matmul(A.contiguous(), B.contiguous())
+
+
+@mm.register_fake
+def _mm_fake(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    _check_meta(A, B)
+    return A.new_empty((*A.shape[:-1], B.shape[0]))
+
+
+def _setup_context(ctx, inputs, output):  # pylint: disable=unused-argument
+    A, B = inputs
+    ctx.save_for_backward(A, B)
+
+
+def _backward(ctx, grad):
+    A, B = ctx.saved_tensors
+    dA = dB = None
+    if ctx.needs_input_grad[0]:
+        dA = mm(grad, B.t())  # [..., N] . ([K, N])^T
+    if ctx.needs_input_grad[1]:
+        g2, a2 = grad.reshape(-1, B.shape[0]), A.reshape(-1, A.shape[-1])
+        dB = mm(g2.t(), a2.t())  # [N, M] . ([K, M])^T
+    return dA, dB
+
+
+mm.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,416 @@
+"""Which kernel for a shape: the tuning database by shape bucket, else the rules below; and what a
+tensor needs before TMA can read it.
+
+The front door (:func:`gemm_ladder.matmul`) asks :func:`choose` for a rung and its knobs, and
+:func:`layout_fixes` for the copies a tensor needs. Both are data plus small pure functions, so
+each rule has its own test and a new rung is one more table entry.
+
+**Rules.** :data:`RULES` is an ordered list of :class:`Rule`; the first whose rung has a form
+for the arch, whose ``when`` holds for the problem and whose knobs the validator accepts, wins. A
+rule passed over is kept with the reason for ``explain``. Today's table (Hopper; Blackwell takes
+v9's defaults)::
+
+    rule              when                          rung, knobs                                why
+    swap-ab           M <= 64                       v11: blk_m a power of two >= M (8..64),    reading B is the whole
+                                                    blk_n and split_k by the wave model, the   cost: N fills the MMA's
+                                                    deepest ring (<= 8)                        64 rows, enough SMs stream
+    weight-streaming  M <= 64 (without v11)         v9, 64-row tiles, one consumer, blk_n by   as many CTAs as the tiles
+                                                    makespan, the deepest ring (<= 8)          allow stream B at once
+    split-k           M > 64 and the wave model     v10: 128x256 or 128x128 tiles and the      too few tiles for whole
+                      finishes sooner split          split_k the model ranks first              waves: split the K loops
+    few-tiles         M > 64 and 128x128 tiles      v9, 128x128 tiles                          fewer tiles than SMs
+                      finish in fewer tile-units                                               leave SMs idle
+    large             otherwise                     v9 defaults (128x256, 2 consumers,         measured 0.95-1.05x
+                                                    depth 4, 2x1 cluster, epi_n 64)            cuBLAS on squares
+
+The wave model is ``schedulers.wave_model`` (tiles, split-K units, waves, and what bounds each:
+DRAM, an SM's read rate, the tensor cores); its numbers go into ``explain``. *Makespan in tile
+units* (:func:`makespan`) is its wave quantization alone: a persistent grid of ``sms`` CTAs runs
+``ceil(tiles / sms)`` waves, each costing one tile's area, and the larger tile wins a tie.
+
+A new rung plugs in as a :class:`Rule` inserted where it should take precedence, with its test
+in ``tests/test_plan.py``; a rule whose rung is missing is passed over, so the table also says
+what the ladder falls back to.
+
+**The tuning database** (``gemm_ladder.tune.db``) is asked first: its best entry in the shape's
+bucket (every dim rounded to a power of two) replaces the rule's choice, by ratio to cuBLAS. A
+measured entry beats a rule that rests on a model alone, whatever its rung; against a rule with
+committed measurements (``Rule.evidence``) only entries of rungs at or above the rule's count,
+since the ladder has moved past the others (v9 at its defaults beats the v6 entries the database
+holds for 4096^3 and 8192^3).
+
+**Layout.** TMA describes a tensor whose row stride is a multiple of 16 bytes and whose start is
+16-byte aligned (``config.check_common``). :data:`LAYOUT_RULES` says what the front door copies
+when a tensor is not so: K or N padded with zeros to a multiple of 8, a misaligned view cloned,
+an output that TMA cannot write staged. Each fix is correct and slower, and ``explain`` says so.
+
+Importing this module imports no TVM, torch, ``schedulers`` or tuner: :func:`choose` imports the
+database and the validator on first use (a build box), :func:`layout_fixes` needs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, GemmConfig
+
+TMA_ALIGN_BYTES = 16
+MODEL_ONLY = "model only: not yet measured"
+MAX_SMALL_M_DEPTH = 8  # stages a 64-row tile may take for weight streaming (more hides no more latency)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The question a rule answers: D[M, N] = A[M, K] . B[N, K]^T on ``sms`` SMs of ``arch``."""
+
+    M: int
+    N: int
+    K: int
+    dtype: str = DEFAULT_DTYPE
+    arch: str = DEFAULT_ARCH
+    sms: int = 132
+
+    def tiles(self, blk_m: int, blk_n: int) -> int:
+        return math.ceil(self.M / blk_m) * math.ceil(self.N / blk_n)
+
+    def waves(self, blk_m: int, blk_n: int) -> int:
+        return math.ceil(self.tiles(blk_m, blk_n) / self.sms)
+
+    @property
+    def bytes_moved(self) -> int:
+        """A, B and D once each: the least DRAM traffic of any kernel."""
+        return (self.M * self.K + self.N * self.K + self.M * self.N) * DTYPE_BYTES[self.dtype]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+
+def makespan(p: Problem, blk_m: int, blk_n: int) -> int:
+    """Waves x tile area: the time of a persistent grid in units of one element's K loop."""
+    return p.waves(blk_m, blk_n) * blk_m * blk_n
+
+
+def best_tile(p: Problem, tiles) -> tuple[int, int]:
+    """The ``(blk_m, blk_n)`` of ``tiles`` (largest first) with the least :func:`makespan`; the
+    first (largest) on a tie."""
+    return min(tiles, key=lambda t: makespan(p, *t))  # min keeps the first of equals
+
+
+def _deepest(rung: str, p: Problem, knobs: dict, cap: int) -> int:
+    """The deepest ring shared memory allows for these knobs (the arch table's limit), up to ``cap``."""
+    from .budget import max_pipe_depth  # pylint: disable=import-outside-toplevel  (budget asks the device)
+
+    fields = set(GemmConfig.__dataclass_fields__)
+    cfg = GemmConfig(rung=rung, M=p.M, N=p.N, K=p.K, dtype=p.dtype, arch=p.arch,
+                     **{k: v for k, v in knobs.items() if k in fields},
+                     extra=tuple(sorted((k, v) for k, v in knobs.items() if k not in fields)))
+    return max(2, min(cap, max_pipe_depth(cfg)))
+
+
+# -- the rules --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """One line of the heuristic: when it applies, the rung and knobs it picks, and why.
+
+    ``knobs(problem)`` gives the rung knobs (dtype and arch are added); ``evidence`` names the
+    committed results behind the choice, or says it is a model's choice not yet measured.
+    """
+
+    name: str
+    arch: str
+    rung: str
+    when: Callable[[Problem], bool]
+    knobs: Callable[[Problem], dict]
+    why: str
+    evidence: str = MODEL_ONLY
+    detail: Callable[[Problem], str] | None = None  # the model's numbers for this problem, for explain
+
+    @property
+    def measured(self) -> bool:
+        return self.evidence != MODEL_ONLY
+
+
+def _small_m_knobs(p: Problem) -> dict:
+    # not 64x64: v9 stages a 64-column epilogue chunk that TVM 0.27 cannot place 128 B-aligned then
+    blk_m, blk_n = best_tile(p, [(64, 256), (64, 128)])
+    knobs = {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 1, "epi_n": 64}
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
+
+
+def _few_tiles(p: Problem) -> bool:
+    return p.M > 64 and makespan(p, 128, 128) < makespan(p, 128, 256)
+
+
+# -- rules that ask the wave model (schedulers.wave_model: tiles, split-K units, waves, and what
+# bounds each; imported on first use, build boxes only)
+MAX_SWAP_DEPTH = 8  # v11's ring: as deep as shared memory allows, up to 8 (deep rings keep B in flight)
+
+
+def _waves(p: Problem, tiles, split_ks=(1, 2, 3, 4, 6, 8), pipe_depth: int = 4):
+    from schedulers import wave_model  # pylint: disable=import-outside-toplevel
+
+    return wave_model.rank(p.M, p.N, p.K, tiles, split_ks, pipe_depth, wave_model.with_sms(wave_model.H100, p.sms))[0]
+
+
+def swap_blk_m(M: int) -> int:
+    """v11's tile height (wgmma's N) for M rows: a power of two from 8 to 64, so that one module
+    serves a range of M (1-8, 9-16, 17-32, 33-64)."""
+    return min(64, max(8, 1 << (M - 1).bit_length()))
+
+
+def _swap_pick(p: Problem):
+    """The wave model's best (tile, split_k) for v11, each tile with the deepest ring it fits."""
+    bm = swap_blk_m(p.M)
+    plans = [_waves(p, [(bm, bn)], pipe_depth=_deepest("v11", p, {"blk_m": bm, "blk_n": bn}, MAX_SWAP_DEPTH))
+             for bn in (128, 256)]
+    best = min(plans, key=lambda w: (round(w.time_s, 9), w.units))
+    return best, _deepest("v11", p, {"blk_m": best.blk_m, "blk_n": best.blk_n}, MAX_SWAP_DEPTH)
+
+
+def _swap_knobs(p: Problem) -> dict:
+    best, depth = _swap_pick(p)
+    return {"blk_m": best.blk_m, "blk_n": best.blk_n, "split_k": best.split_k, "pipe_depth": depth}
+
+
+def _split_k_wins(p: Problem) -> bool:
+    return p.M > 64 and _waves(p, [(128, 256), (128, 128)]).split_k > 1
+
+
+def _split_k_knobs(p: Problem) -> dict:
+    best = _waves(p, [(128, 256), (128, 128)])
+    return {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
+
+
+RULES: list[Rule] = [
+    Rule("swap-ab", "sm_90a", "v11", when=lambda p: p.M <= 64, knobs=_swap_knobs,
+         why="M <= 64: reading B (N x K) is the whole cost; swap AB puts N in wgmma's 64-row slot (M as its N, "
+             "a power of two from 8), and the wave model picks blk_n and split_k so that enough SMs stream B",
+         detail=lambda p: "wave model: " + _swap_pick(p)[0].why()),
+    Rule("weight-streaming", "sm_90a", "v9", when=lambda p: p.M <= 64, knobs=_small_m_knobs,
+         why="M <= 64: reading B (N x K) dominates, so the output is cut into as many 64-row tiles as fill "
+             "the SMs (blk_n by makespan), each streaming its slice of B through a deep ring"),
+    Rule("split-k", "sm_90a", "v10", when=_split_k_wins, knobs=_split_k_knobs,
+         why="too few tiles for whole waves: the wave model finishes sooner with each tile's K loop split "
+             "over several CTAs (the last one sums the fp32 partials)",
+         detail=lambda p: "wave model: " + _waves(p, [(128, 256), (128, 128)]).why()),
+    Rule("few-tiles", "sm_90a", "v9", when=_few_tiles,
+         knobs=lambda p: {"blk_m": 128, "blk_n": 128},
+         why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): "
+             "128x128 tiles finish in fewer tile-units of work"),
+    Rule("large", "sm_90a", "v9", when=lambda p: True, knobs=lambda p: {},
+         why="enough tiles for every SM: v9 at its defaults (128x256 tiles, two consumers, depth 4, 2x1 cluster)",
+         evidence="benchmarks/results/2026-11-22_h100_v6_v9_sweep.json: 0.95-1.05x cuBLAS at 3072x8192x1536, "
+                  "4096^3, 6144^3, 8192^3 (fp16, bf16)"),
+    Rule("large", "sm_100a", "v9", when=lambda p: True, knobs=lambda p: {},
+         why="Blackwell: v9 at its defaults (compiled only; no Blackwell GPU has measured it)"),
+]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` picked: a rung and its knobs (dtype and arch included), where from
+    (``"db"`` or ``"rule"``), the rule's name, why, and what was passed over on the way."""
+
+    rung: str
+    knobs: dict
+    source: str
+    rule: str
+    why: str
+    skipped: tuple = field(default=())
+    db_entry: dict | None = None
+    measured: bool = False  # the rule's choice rests on committed measurements, not a model alone
+
+    def as_dict(self) -> dict:
+        return {"rung": self.rung, "knobs": dict(self.knobs), "source": self.source, "rule": self.rule,
+                "why": self.why, "skipped": list(self.skipped)}
+
+    def text(self) -> str:
+        knobs = ", ".join(f"{k}={v}" for k, v in sorted(self.knobs.items()) if k not in ("dtype", "arch"))
+        lines = [f"{self.rung} ({knobs or 'its defaults'})",
+                 f"  chosen by: {'tuning database' if self.source == 'db' else 'rule ' + repr(self.rule)}: {self.why}"]
+        lines += [f"  passed over: {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _rung_order(rung: str) -> int:
+    return int(rung[1:]) if rung[1:].isdigit() else -1
+
+
+def _available(rung: str, arch: str) -> bool:
+    from .rungs import available  # pylint: disable=import-outside-toplevel
+
+    return available(rung, arch)
+
+
+def _validate(rung: str, p: Problem, knobs: dict) -> str | None:
+    """None when the validator takes the knobs for this problem, else its message."""
+    from .config import ConfigError  # pylint: disable=import-outside-toplevel
+    from .rungs import available, make_config  # pylint: disable=import-outside-toplevel
+
+    if not available(rung, p.arch):
+        return f"rung {rung} has no form for {p.arch}"
+    try:
+        make_config(rung, p.M, p.N, p.K, **knobs)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
+    """The first rule of ``rules`` (default :data:`RULES`) that applies to ``p`` and validates."""
+    skipped = []
+    for rule in RULES if rules is None else rules:
+        if rule.arch != p.arch:
+            continue
+        if validate and not _available(rule.rung, p.arch):
+            skipped.append(f"rule {rule.name!r} ({rule.rung}): rung {rule.rung} has no form for {p.arch}")
+            continue
+        if not rule.when(p):
+            skipped.append(f"rule {rule.name!r} does not apply")
+            continue
+        knobs = {**rule.knobs(p), "dtype": p.dtype, "arch": p.arch}
+        problem = _validate(rule.rung, p, knobs) if validate else None
+        if problem:
+            skipped.append(f"rule {rule.name!r} ({rule.rung}): {problem}")
+            continue
+        why = f"{rule.why} [{rule.evidence}]" + (f"; {rule.detail(p)}" if rule.detail else "")
+        return Choice(rule.rung, knobs, "rule", rule.name, why,
+                      tuple(s for s in skipped if "does not apply" not in s), measured=rule.measured)
+    raise LookupError(f"no rule of the heuristic covers {p}; passed over: {'; '.join(skipped) or 'none for this arch'}")
+
+
+def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | None, list[str]]:
+    """The tuning database's best entry in ``p``'s bucket among rungs at or above ``floor_rung``
+    (any rung when None), by ratio to cuBLAS, and notes on the entries passed over."""
+    import warnings  # pylint: disable=import-outside-toplevel
+
+    from .tune import db as tdb  # pylint: disable=import-outside-toplevel  (the tuner: build boxes)
+
+    base = db if isinstance(db, tdb.TuningDB) else tdb.TuningDB(db)
+    bucket = tdb.shape_bucket((p.M, p.N, p.K))
+    near = {e["rung"] for e in base.entries
+            if e["dtype"] == p.dtype and e["arch"] == p.arch and tdb.shape_bucket(e["shape"]) == bucket}
+    notes, found = [], []
+    for rung in sorted(near, key=_rung_order):
+        if floor_rung is not None and _rung_order(rung) < _rung_order(floor_rung):
+            notes.append(f"tuning database has {rung} for bucket {'x'.join(map(str, bucket))}: below the rule's "
+                         f"{floor_rung} on the ladder, ignored")
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # entries refused for this shape are simply not used
+            best = tdb.best_knobs(rung, p.M, p.N, p.K, p.dtype, p.arch, db=base)
+        if best is not None:
+            found.append((rung, *best))
+    if not found:
+        return None, notes
+    rung, knobs, entry = max(found, key=lambda f: f[2].get("ratio_to_cublas") or 0.0)
+    why = (f"best in bucket {'x'.join(map(str, bucket))}: {entry['gpu']} {'x'.join(map(str, entry['shape']))} "
+           f"{entry['tflops']:.0f} TFLOPS ({entry.get('ratio_to_cublas') or 0:.2f}x cuBLAS, {str(entry.get('date'))[:10]}; "
+           f"{entry['db']})")
+    return Choice(rung, {**knobs, "dtype": p.dtype, "arch": p.arch}, "db", "tuning database", why,
+                  db_entry=entry), notes
+
+
+def choose(p: Problem, db=None, rules=None, use_db: bool = True) -> Choice:
+    """The rung and knobs for ``p``: the tuning database's (see the module docstring), else the
+    first rule that applies. Validates with the rungs' own validator (imports the rung files)."""
+    rule = rule_choice(p, rules)
+    if not use_db:
+        return rule
+    # a measured entry beats a rule that rests on a model alone, whatever its rung
+    found, notes = db_choice(p, rule.rung if rule.measured else None, db)
+    if found is None:
+        return Choice(rule.rung, rule.knobs, rule.source, rule.rule, rule.why, rule.skipped + tuple(notes),
+                      measured=rule.measured)
+    return Choice(found.rung, found.knobs, "db", found.rule, found.why,
+                  (f"rule {rule.rule!r} would take {rule.rung}",) + tuple(notes), found.db_entry)
+
+
+def default_sms(arch: str) -> int:
+    """The SM count of the GPU here when it is of ``arch``, else the tuner's model machine."""
+    from . import device  # pylint: disable=import-outside-toplevel
+    from .tune.space import MODEL_MACHINE  # pylint: disable=import-outside-toplevel
+
+    gpu = device.probe(0, arch=arch)
+    return gpu.sm_count if gpu is not None else MODEL_MACHINE[arch]["num_sms"]
+
+
+# -- layout: what TMA needs ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """The shape and alignment of one call: each ``*_aligned`` says the tensor starts on a
+    16-byte boundary; ``out_given`` whether the caller passed ``out``."""
+
+    M: int
+    N: int
+    K: int
+    dtype: str = DEFAULT_DTYPE
+    a_aligned: bool = True
+    b_aligned: bool = True
+    out_aligned: bool = True
+    out_given: bool = False
+
+    @property
+    def per16(self) -> int:
+        return TMA_ALIGN_BYTES // DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class LayoutRule:
+    name: str
+    when: Callable[[Layout], bool]
+    fix: str  # what the front door does
+    why: str
+
+
+def _up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+LAYOUT_RULES: list[LayoutRule] = [
+    LayoutRule("pad-k", lambda l: l.K % l.per16 != 0, "copy A and B into zero-padded K",
+               "a row of K elements is not a multiple of 16 bytes, which TMA strides must be"),
+    LayoutRule("pad-n", lambda l: l.N % l.per16 != 0, "copy B into zero-padded N rows and compute into a padded D",
+               "a row of D (N elements) is not a multiple of 16 bytes"),
+    LayoutRule("copy-a", lambda l: not l.a_aligned and l.K % l.per16 == 0, "clone A",
+               "A does not start on a 16-byte boundary (a view into a larger tensor)"),
+    LayoutRule("copy-b", lambda l: not l.b_aligned and l.K % l.per16 == 0, "clone B",
+               "B does not start on a 16-byte boundary (a view into a larger tensor)"),
+    LayoutRule("stage-out", lambda l: l.out_given and not l.out_aligned and l.N % l.per16 == 0,
+               "compute into a fresh D and copy it into out", "out does not start on a 16-byte boundary"),
+]
+
+
+@dataclass(frozen=True)
+class Fixes:
+    """The copies one call needs and the shape the kernel then sees (``N``/``K`` padded)."""
+
+    names: tuple
+    N: int
+    K: int
+
+    @property
+    def pad_k(self) -> bool:
+        return "pad-k" in self.names
+
+    @property
+    def pad_n(self) -> bool:
+        return "pad-n" in self.names
+
+    def copies(self, name: str) -> bool:
+        return name in self.names
+
+    def lines(self) -> list[str]:
+        by_name = {r.name: r for r in LAYOUT_RULES}
+        return [f"{by_name[n].fix} ({by_name[n].why}): correct, slower" for n in self.names]
+
+
+def layout_fixes(layout: Layout) -> Fixes:
+    """Which :data:`LAYOUT_RULES` apply, and the ``N``, ``K`` the kernel is built for."""
+    names = tuple(r.name for r in LAYOUT_RULES if r.when(layout))
+    N = _up(layout.N, layout.per16) if "pad-n" in names else layout.N
+    K = _up(layout.K, layout.per16) if "pad-k" in names else layout.K
+    return Fixes(names, N, K)

@@ -1,0 +1,151 @@
+"""Split-K (v10, v11): the K loop of one output tile shared by ``split_k`` work units, and the
+reduction of their fp32 partial tiles inside the kernel, by the last unit of a tile to finish.
+
+Work units. The persistent scheduler walks a grid whose columns are (N tile, split) pairs:
+virtual column ``v = n * split_k + s``, so the ``split_k`` units of a tile sit next to each other
+in every tile order (they run in the same wave, and their partials are still in L2 when the last
+one sums them). Unit ``s`` runs K slices ``[s * k_tiles / split_k, (s+1) * k_tiles / split_k)``
+(integer division: the slices differ by at most one, none is empty since split_k <= k_tiles).
+
+The reduction, per consumer warpgroup (each owns its part of the tile's accumulators):
+
+    every unit:   st.global  its fp32 accumulators -> workspace slot (tile, s, consumer)
+                  bar.sync 1+c                      (all 128 threads' stores are before ...)
+                  thread 0: fence.acq_rel.gpu; old = atom.acq_rel.gpu.add(count[tile, c], 1)
+                            flag[c] = old           (... the release of thread 0's atomic)
+                  bar.sync 1+c
+    the last      flag[c] == split_k - 1: every other unit's slot is written and visible
+    (flag[c] ==   (its atomic came before ours; ours acquires: MEMBAR + L1 invalidate)
+     split_k-1):  Dreg = slot 0 + slot 1 + ... + slot split_k-1, in that order (ld.global.cg)
+                  thread 0: count[tile, c] = 0      (ready for the next launch)
+                  the usual epilogue: Dreg -> shared -> TMA store
+    the others:   nothing more: on to their next unit
+
+No unit ever waits for another, so residency and scheduling order cannot deadlock it. The sum
+runs over the slots in split order whoever arrives last (its own partial too goes through the
+workspace), so the result is the same bits on every run. A slot is written in the fragment's
+own order (register quad j of thread t at ``(j * 128 + t) * 4``): 512 contiguous bytes per quad
+per warpgroup, so every store and load is a whole 16-byte vector per thread, fully coalesced.
+
+Workspace (the runtime allocates it, ``runtime.GemmModule``; the manifest's
+``launch["workspace"]`` says how big): per ``m_step`` rows of M (a row of cluster tiles),
+``float32_per_m_step`` partial elements (``split_k`` slots of every tile) and
+``int32_per_m_step`` counters (one per tile and consumer), zeroed once: the last unit of each
+tile puts its counter back to zero. At least one element each, so a split_k=1 kernel (which
+never touches them) still gets valid pointers. Two launches of one module on two streams at
+once would share the runtime's workspace: launch a module from one stream at a time.
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from ..config import ConfigError, GemmConfig
+
+MAX_SPLIT_K = 32  # more slots than this cost more in partial traffic than they spread
+
+
+def split_k(cfg: GemmConfig) -> int:
+    return dict(cfg.extra).get("split_k", 1)
+
+
+def check_split_k(cfg: GemmConfig) -> None:
+    """``split_k``: an int from 1 to the tile's K slices (each unit gets at least one), at most
+    :data:`MAX_SPLIT_K`."""
+    s = split_k(cfg)
+    most = min(cfg.k_tiles, MAX_SPLIT_K)
+    if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= most:
+        raise ConfigError(
+            f"split_k={s!r}: K={cfg.K} has {cfg.k_tiles} slices of blk_k={cfg.blk_k}, and each of the "
+            f"split_k units needs at least one (and at most {MAX_SPLIT_K} units); use split_k from 1 to {most}"
+        )
+
+
+def workspace(cfg: GemmConfig, m_step: int, tiles_per_m_step: int, consumers: int) -> dict:
+    """The manifest's ``launch["workspace"]``: what the runtime allocates for ``M`` rows,
+    ``ceil(M / m_step)`` times the per-step counts (at least one element of each)."""
+    s = split_k(cfg)
+    return {
+        "m_step": m_step,
+        "float32_per_m_step": tiles_per_m_step * s * cfg.blk_m * cfg.blk_n if s > 1 else 0,
+        "int32_per_m_step": tiles_per_m_step * consumers if s > 1 else 0,
+        "zeroed": True,
+    }
+
+
+def workspace_elems(ws: dict, M, kind: str):
+    """Elements of the ``kind`` ("float32" or "int32") workspace for ``M`` rows: a Python int,
+    or an expression of a runtime M (the kernel's buffer shape; the host code checks it)."""
+    per = ws[f"{kind}_per_m_step"]
+    if per == 0:
+        return 1
+    step = ws["m_step"]
+    if isinstance(M, int):
+        return -(-M // step) * per
+    return T.truncdiv(M + (step - 1), step) * per
+
+
+# -- the index arithmetic, on Python ints and PrimExprs alike (the kernels and the model test) ----
+def unit(col, S):
+    """Scheduler column ``col`` of a split-K grid -> (tile column, split)."""
+    return col // S, col % S
+
+
+def k_slices(split, S, k_tiles):
+    """(first K slice, slice count) of split ``split`` of ``S``: the counts differ by at most one."""
+    k0 = split * k_tiles // S
+    return k0, (split + 1) * k_tiles // S - k0
+
+
+def counter_index(m_tile, n_tile, c, n_tiles, consumers):
+    """The counter of consumer ``c``'s part of CTA tile (m_tile, n_tile)."""
+    return (m_tile * n_tiles + n_tile) * consumers + c
+
+
+def slot_offset(counter, split, S, quad, thread, acc_regs):
+    """fp32 offset of register quad ``quad`` of warpgroup thread ``thread`` in the partial slot
+    of split ``split`` of ``counter``'s tile part: the ``S`` slots of a part are contiguous,
+    each in fragment order (quad-major, 16 bytes per thread)."""
+    return (counter * S + split) * (acc_regs * 128) + (quad * 128 + thread) * 4
+
+
+@T.inline
+def publish_and_count(P, C, Dreg, acc_regs, counter, split, wtid, flag, c, S):
+    """Every unit: store this consumer's partial into its slot of the workspace and count it
+    on the tile's counter; ``flag[c]`` then holds how many units of the tile counted before this
+    one (``S - 1``: this is the last)."""
+    for j in T.unroll(acc_regs // 4):
+        T.ptx["st.global.v4.f32"](P.ptr_to([slot_offset(counter, split, S, j, wtid, acc_regs)]),
+                                  Dreg[4 * j], Dreg[4 * j + 1], Dreg[4 * j + 2], Dreg[4 * j + 3])
+    # the barrier orders every thread's stores before thread 0's release; thread 0's fence
+    # and acq_rel atomic make them visible at GPU scope to the unit that counts last
+    T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
+    if wtid == 0:
+        old = T.alloc_local((1,), "uint32")
+        T.ptx["fence.acq_rel.gpu"]()
+        T.ptx["atom.acq_rel.gpu.global.add.u32"](old[0], C.ptr_to([counter]), T.uint32(1))
+        flag[c] = T.Cast("int32", old[0])
+    T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
+
+
+@T.inline
+def sum_partials(P, C, Dreg, acc_regs, counter, wtid, S):
+    """The last unit of a tile: its accumulators become the sum of the part's ``S`` slots, in
+    split order, and the counter goes back to zero.
+
+    ``ld.global.cg`` reads L2, where the other SMs' stores are (the acquire above also
+    invalidated this SM's L1). The counter reset is the last access to it in this launch: every
+    unit of the tile has counted. (ptxas hoists the loads of all slots ahead of the adds; with
+    128 accumulators a consumer and split_k >= 3 that spills one register here, once a tile.)"""
+    part = T.alloc_local((4,), "float32")
+    for j in T.unroll(acc_regs // 4):
+        for s in T.unroll(S):
+            T.ptx["ld.global.cg.v4.f32"](part[0], part[1], part[2], part[3],
+                                        P.ptr_to([slot_offset(counter, s, S, j, wtid, acc_regs)]))
+            for e in T.unroll(4):
+                if s == 0:  # the accumulators were stored: overwrite, do not add
+                    Dreg[4 * j + e] = part[e]
+                else:
+                    Dreg[4 * j + e] = Dreg[4 * j + e] + part[e]
+    if wtid == 0:
+        T.ptx["st.relaxed.gpu.global.u32"](C.ptr_to([counter]), T.uint32(0))

@@ -1,0 +1,183 @@
+"""The front door's GPU checks, run in a child process by ``gemm_ladder.isolate`` (a job named
+``tests.front_door_jobs:<function>``, one item per case), so a kernel that hangs fails its test
+instead of the session. Each returns ``{"status": "ok" | "wrong", ...}``; the tests in
+``tests/test_front_door_gpu.py`` list the cases and the kernel pack they run from.
+
+A case of :func:`check_case` is ``dtype:MxNxK:variant``; the variants:
+
+    plain      A [M, K], B [N, K] fresh and aligned
+    out        into a given ``out``
+    batch      A [2, M/2, K] (M even): batch dims flattened into M
+    views      A, B and out contiguous views 2 bytes past a 16-byte boundary (cloned, staged)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import torch
+
+from gemm_ladder import harness
+from gemm_ladder.front import matmul
+
+# check cases need the same layout fixes as the front door's padded path, and the same error bar
+# as every kernel check: within 2x of cuBLAS's error on the same inputs (harness)
+
+
+def _misaligned(shape, dtype, fill=None):
+    n = 1
+    for s in shape:
+        n *= s
+    flat = torch.empty(n + 8, dtype=dtype, device="cuda")
+    view = flat[1:1 + n].view(*shape)
+    if fill is not None:
+        view.copy_(fill)
+    return view
+
+
+def _compare(D, A, B, dtype) -> dict:
+    A2, D2 = A.reshape(-1, A.shape[-1]), D.reshape(-1, D.shape[-1])
+    ref = A2.double() @ B.double().T
+    theirs = (A2 @ B.T).double()
+    nan = int(torch.isnan(D2).sum().item())
+    norm = ref.norm().item() or 1.0
+    diff = torch.nan_to_num(D2.double() - ref, nan=float("inf"))
+    rel, trel = diff.norm().item() / norm, (theirs - ref).norm().item() / norm
+    mabs, tmabs = diff.abs().max().item() if diff.numel() else 0.0, (theirs - ref).abs().max().item() if diff.numel() else 0.0
+    floor = harness.ERROR_FLOOR[dtype]
+    ok = nan == 0 and rel <= 2 * trel + floor and mabs <= 8 * tmabs + 16 * floor
+    return {"status": "ok" if ok else "wrong", "rel_err": rel, "cublas_rel_err": trel, "max_abs_err": mabs,
+            "nan_count": nan}
+
+
+def check_case(item: str, args) -> dict:
+    """One shape through ``gemm_ladder.matmul``, compared with a float64 reference."""
+    dtype, shape, variant = item.split(":")
+    M, N, K = (int(x) for x in shape.split("x"))
+    tdt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(M * 31 + N * 7 + K)
+    A = torch.randn((M, K), generator=g, device="cuda").to(tdt)
+    B = torch.randn((N, K), generator=g, device="cuda").to(tdt)
+    if variant == "views":
+        A, B = _misaligned((M, K), tdt, A), _misaligned((N, K), tdt, B)
+        out = _misaligned((M, N), tdt, torch.full((M, N), float("nan"), device="cuda"))
+        assert A.data_ptr() % 16 and B.data_ptr() % 16 and out.data_ptr() % 16
+        D = matmul(A, B, out=out)
+        assert D is out
+    elif variant == "out":
+        out = torch.full((M, N), float("nan"), dtype=tdt, device="cuda")
+        D = matmul(A, B, out=out)
+        assert D is out
+    elif variant == "batch":
+        A = A.view(2, M // 2, K)
+        D = matmul(A, B)
+        assert D.shape == (2, M // 2, N)
+    else:
+        D = matmul(A, B)
+    torch.cuda.synchronize()
+    if M * N == 0 or K == 0:
+        ok = D.shape == (M, N) and (K != 0 or bool((D == 0).all()))
+        return {"status": "ok" if ok else "wrong", "shape": list(D.shape)}
+    return _compare(D, A, B, dtype)
+
+
+def explain(item: str, args) -> dict:
+    """``explain=True`` names the rung, the rule, the source and any copy."""
+    M, N, K = (int(x) for x in item.split("x"))
+    A = torch.randn((M, K), device="cuda").half()
+    B = torch.randn((N, K), device="cuda").half()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        matmul(A, B, explain=True)
+        matmul(A, B, explain=True)
+    text = err.getvalue()
+    want = ["gemm_ladder.matmul:", f"M={M} N={N} K={K}", "kernel:", "chosen by:", "source: kernel pack",
+            "already loaded in this process"]
+    if K % 8:
+        want.append("zero-padded K")
+    missing = [w for w in want if w not in text]
+    return {"status": "wrong" if missing else "ok", "missing": missing, "text": text[-3000:]}
+
+
+def opcheck(item: str, args) -> dict:
+    """``torch.library.opcheck``: schema, fake tensor, autograd registration, AOT dispatch."""
+    import gemm_ladder.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+    A = torch.randn((3, 5, 512), device="cuda").half().requires_grad_()
+    B = torch.randn((256, 512), device="cuda").half().requires_grad_()
+    result = torch.library.opcheck(torch.ops.gemm_ladder.mm.default, (A, B))
+    bad = {k: v for k, v in result.items() if v != "SUCCESS"}
+    return {"status": "wrong" if bad else "ok", "opcheck": {k: str(v)[:500] for k, v in result.items()}}
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Parameter(torch.randn(128, 64, device="cuda").half() / 8)
+        self.down = torch.nn.Parameter(torch.randn(64, 128, device="cuda").half() / 8)
+
+    def forward(self, x):
+        return torch.ops.gemm_ladder.mm(torch.nn.functional.silu(torch.ops.gemm_ladder.mm(x, self.up)), self.down) + x
+
+    def reference(self, x):
+        return torch.nn.functional.silu(x @ self.up.T) @ self.down.T + x
+
+
+def compile_fullgraph(item: str, args) -> dict:
+    """``torch.compile(fullgraph=True)`` of a small model: no graph break, the eager result."""
+    import gemm_ladder.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+    model = _Tiny()
+    x = torch.randn(2, 5, 64, device="cuda").half()
+    breaks = torch._dynamo.explain(model)(x).graph_break_count
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True)(x)
+        eager, ref = model(x), model.reference(x)
+    err = (got.float() - ref.float()).abs().max().item()
+    ok = breaks == 0 and torch.equal(got, eager) and err < 0.05
+    return {"status": "ok" if ok else "wrong", "graph_breaks": breaks, "max_abs_err": err,
+            "same_as_eager": bool(torch.equal(got, eager))}
+
+
+def cuda_graph(item: str, args) -> dict:
+    """Capture the op in a CUDA graph (after one warm-up call) and replay it on new inputs."""
+    import gemm_ladder.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+    x = torch.randn(32, 512, device="cuda").half()
+    w = torch.randn(1024, 512, device="cuda").half()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.gemm_ladder.mm(x, w)  # warm-up: loads the module outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = torch.ops.gemm_ladder.mm(x, w)
+    results = []
+    for seed in range(3):
+        x.copy_(torch.randn(32, 512, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).half())
+        graph.replay()
+        torch.cuda.synchronize()
+        results.append(_compare(y, x, w, "float16"))
+    ok = all(r["status"] == "ok" for r in results)
+    return {"status": "ok" if ok else "wrong", "replays": results}
+
+
+def current_stream(item: str, args) -> dict:
+    """The op runs on torch's current stream: on a side stream whose input is written after a
+    long sleep, it must wait for the write (on the default stream it would read zeros)."""
+    import gemm_ladder.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+    w = torch.randn(1024, 512, device="cuda").half()
+    src = torch.randn(64, 512, device="cuda").half()
+    x = torch.zeros(64, 512, device="cuda").half()
+    torch.ops.gemm_ladder.mm(x, w)  # warm-up
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of spinning on s
+        x.copy_(src)
+        y = torch.ops.gemm_ladder.mm(x, w)
+    s.synchronize()
+    return _compare(y, src, w, "float16")

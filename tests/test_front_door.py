@@ -1,0 +1,313 @@
+"""The front door on the CPU: input errors, the padded-copy path (with a stand-in kernel that
+checks what TMA would need), where a kernel comes from (pack, cache, build) and what ``explain``
+says, and the torch op's fake implementation (meta tensors, ``torch.export``).
+
+The GPU tier (``tests/test_front_door_gpu.py``) runs the real kernels."""
+
+import json
+
+import pytest
+import torch
+
+from gemm_ladder import front, kernel_pack
+from gemm_ladder.plan import Fixes, Layout, layout_fixes
+from gemm_ladder.runtime import ModuleInputError
+
+from .test_kernel_pack import _module, _pack
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch, tmp_path):
+    """No pack from the environment, a private cache and database, no choice remembered."""
+    monkeypatch.delenv(kernel_pack.PACK_ENV, raising=False)
+    monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GEMM_LADDER_TUNING_DB", "off")
+    front.reset()
+    yield
+    front.reset()
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def h(*shape, dtype=torch.float16):
+    return torch.zeros(shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("A, B, out, words", [
+    (h(4, 64, dtype=torch.float32), h(8, 64, dtype=torch.float32), None, ["float32", "torch.float16 or torch.bfloat16"]),
+    (h(4, 64), h(8, 64, dtype=torch.bfloat16), None, ["torch.float16 and B is torch.bfloat16", "B.to("]),
+    (h(4, 64), h(8, 32), None, ["last dim must be B's K=32"]),
+    (h(4, 64), h(2, 8, 64), None, ["B must be [N, K]"]),
+    (h(4, 64), h(8, 64), None, ["A is on cpu", "A.cuda()"]),
+    (h(64, 4).t(), h(8, 64), None, ["A is not contiguous", "A.contiguous()"]),
+    (h(4, 64), h(64, 8).t(), None, ["B is not contiguous"]),
+    (h(4, 64), h(8, 64), h(4, 9), ["out has shape (4, 9)", "(4, 8)"]),
+    (h(4, 64), h(8, 64), h(4, 8, dtype=torch.bfloat16), ["out has dtype torch.bfloat16"]),
+    ("A", h(8, 64), None, ["must be a torch.Tensor"]),
+])
+def test_bad_inputs_get_the_fix(A, B, out, words):
+    with pytest.raises(ModuleInputError) as err:
+        front.matmul(A, B, out)
+    for w in words:
+        assert w in str(err.value), str(err.value)
+
+
+def test_batch_dims_flatten_into_m():
+    A, B = h(2, 3, 64).to("meta"), h(8, 64).to("meta")
+    with pytest.raises(ModuleInputError, match="is on meta"):
+        front.matmul(A, B)
+    assert front._shapes(h(2, 3, 64), h(8, 64), h(2, 3, 8)) == (6, 8, 64, (2, 3, 8))
+    assert front._shapes(h(64), h(8, 64), None) == (1, 8, 64, (8,))
+    assert front._shapes(h(0, 64), h(8, 64), None) == (0, 8, 64, (0, 8))
+
+
+# -- the padded-copy path ----------------------------------------------------------------------
+class TmaKernel:
+    """Stands in for a loaded module: refuses what TMA cannot describe, then computes D = A . B^T."""
+
+    def __init__(self, M=None):
+        self.M = M
+        self.seen = []
+
+    def __call__(self, a, b, out):
+        for name, t in (("A", a), ("B", b), ("out", out)):
+            assert t.is_contiguous() and t.data_ptr() % 16 == 0, f"{name} is not TMA-ready"
+            assert t.shape[-1] % 8 == 0, f"{name} rows are not 16-byte multiples"
+        if self.M is not None:
+            assert a.shape[0] == self.M
+        self.seen.append((tuple(a.shape), tuple(b.shape), tuple(out.shape)))
+        out.copy_((a.float() @ b.float().T).to(out.dtype))
+
+
+def _misaligned(M, K, dtype=torch.float16):
+    """A contiguous [M, K] view that starts 2 bytes past a 16-byte boundary."""
+    flat = torch.randn(M * K + 8).to(dtype)
+    return flat[1:1 + M * K].view(M, K)
+
+
+@pytest.mark.parametrize("M, N, K, a_off, b_off, with_out, out_off, module_M, names", [
+    (5, 64, 64, False, False, False, False, None, ()),
+    (5, 64, 100, False, False, False, False, None, ("pad-k",)),
+    (5, 100, 64, False, False, True, False, None, ("pad-n",)),
+    (5, 64, 64, True, True, False, False, None, ("copy-a", "copy-b")),
+    (5, 64, 64, False, False, True, True, None, ("stage-out",)),
+    (1, 64, 64, False, False, False, False, 2, ()),           # a module of M=2: A copied into 2 rows
+    (7, 36, 20, True, True, True, True, 16, ("pad-k", "pad-n")),
+])
+def test_the_padded_path_is_correct_and_tma_ready(M, N, K, a_off, b_off, with_out, out_off, module_M, names):
+    A = _misaligned(M, K) if a_off else torch.randn(M, K).half()
+    B = _misaligned(N, K) if b_off else torch.randn(N, K).half()
+    out = (_misaligned(M, N) if out_off else torch.empty(M, N).half()) if with_out else None
+    layout = Layout(M, N, K, "float16", A.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0,
+                    out is None or out.data_ptr() % 16 == 0, out is not None)
+    fixes = layout_fixes(layout)
+    assert fixes.names == names
+    kernel = TmaKernel(module_M)
+    route = front.Route(kernel, module_M, "test", "v9", {})
+    D = front._launch(route, A, B, out, M, N, K, fixes)
+    ref = (A.float() @ B.float().T).half()  # the padded product may round the fp32 sums differently
+    torch.testing.assert_close(D, ref, rtol=2e-3, atol=2e-3)
+    assert out is None or D is out
+    assert len(kernel.seen) == 1
+
+
+class CheckedOnce(TmaKernel):
+    """A module with ``launcher``: the inputs are checked when it is made, once per GPU."""
+
+    made = 0
+
+    def launcher(self, a, b, out):
+        self.made += 1
+        return lambda x, y, z: self(x, y, z)
+
+
+def test_a_route_checks_once_then_launches():
+    kernel = CheckedOnce()
+    route = front.Route(kernel, None, "test", "v9", {})
+    A, B = torch.randn(5, 64).half(), torch.randn(64, 64).half()
+    for _ in range(3):
+        D = front._launch(route, A, B, None, 5, 64, 64, Fixes((), 64, 64))
+    assert kernel.made == 1 and len(kernel.seen) == 3
+    torch.testing.assert_close(D, (A.float() @ B.float().T).half(), rtol=2e-3, atol=2e-3)
+
+
+def test_explain_says_what_was_copied_and_why():
+    route = front.Route(None, 16, "kernel pack", "v9", {}, ["kernel: v9 (blk_m=64)", "source: kernel pack P: f.so"])
+    text = front.explain_text(7, 36, 20, "float16", "sm_90a", route, layout_fixes(Layout(7, 36, 20)), True, (1, 7, 20))
+    for words in ["M=7 N=36 K=20 float16 on sm_90a", "A (1, 7, 20) flattened into M=7", "kernel: v9", "source: kernel pack",
+                  "copy A into 16 zero-padded rows", "zero-padded K", "padded D", "correct, slower",
+                  "already loaded in this process"]:
+        assert words in text, text
+
+
+# -- where the kernel comes from ---------------------------------------------------------------
+@pytest.fixture
+def no_gpu_needed(monkeypatch):
+    """The GPU questions answered for an H100, modules 'loaded' as their paths."""
+    monkeypatch.setattr(front, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(front.device, "sm_count", lambda index: 132)
+    monkeypatch.setattr(front, "_load", lambda path: TmaKernel())
+
+
+@pytest.fixture
+def small_pack(tmp_path):
+    folder = tmp_path / "pack"
+    folder.mkdir()
+    any_m = _module(folder, "any.so", shape=(1, 256, 512), dynamic=True)
+    any_m["m_range"] = [1, 64]
+    return _pack(folder, [any_m, _module(folder, "m128.so", shape=(128, 256, 512))])
+
+
+def test_a_pack_serves_first(small_pack, monkeypatch, no_gpu_needed):
+    monkeypatch.setenv(kernel_pack.PACK_ENV, str(small_pack))
+    exact, _ = front._route(128, 256, 512, "float16", 0)
+    assert (exact.source, exact.module_M) == ("kernel pack", 128)
+    assert any("m128.so" in line and "built for M=128" in line for line in exact.lines)
+    assert any("rule 'r'" in line for line in exact.lines)
+    ranged, known = front._route(16, 256, 512, "float16", 0)
+    assert (ranged.module_M, known) == (None, False) and "knobs chosen for M in 1..64" in "\n".join(ranged.lines)
+    assert front._route(16, 256, 512, "float16", 0) == (ranged, True)  # remembered
+
+
+def test_without_a_compiler_a_pack_serves_less_well_or_the_error_says_how(small_pack, monkeypatch, no_gpu_needed):
+    monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
+    front.use_pack(small_pack)
+    far, _ = front._route(1000, 256, 512, "float16", 0)  # outside the runtime-M module's range
+    assert far.module_M is None and "nothing can be built here" in "\n".join(far.lines)
+    with pytest.raises(front.NoKernelError) as err:
+        front._route(16, 4096, 4096, "float16", 0)
+    for words in ["M=16, N=4096, K=4096", str(small_pack), "switched off",
+                  "pack build --shapes 16x4096x4096 --dtypes float16", "GEMM_LADDER_PACK"]:
+        assert words in str(err.value)
+
+
+def test_a_damaged_pack_in_the_environment_is_an_error(tmp_path, monkeypatch, no_gpu_needed):
+    (tmp_path / "p").mkdir()
+    monkeypatch.setenv(kernel_pack.PACK_ENV, str(tmp_path / "p"))
+    with pytest.raises(kernel_pack.PackError, match="pack.json is missing"):
+        front._route(16, 256, 512, "float16", 0)
+
+
+@pytest.mark.slow
+def test_with_a_compiler_the_policy_builds_into_the_cache(tmp_path, no_gpu_needed):
+    """No pack: the policy's choice is built on first use, found in the cache by the next
+    process (here: after forgetting), and a runtime-M module serves another M of its rule."""
+    from gemm_ladder import plan
+
+    rule = plan.rule_choice(plan.Problem(16, 256, 512))
+    first, _ = front._route(16, 256, 512, "float16", 0)
+    assert first.source == "fresh build" and first.rung == rule.rung
+    text = "\n".join(first.lines)
+    assert f"rule {rule.rule!r}" in text and "built now, on first use" in text and str(tmp_path / "cache") in text
+    front.reset()
+    again, _ = front._route(16, 256, 512, "float16", 0)
+    assert again.source == "module cache"
+    if first.module_M is None:  # the rung takes M at run time: one module for the rule's M
+        other, _ = front._route(12, 256, 512, "float16", 0)  # the same v11 tile (blk_m=16) as M=16
+        assert other.source == "module cache" and other.lines[-1] == again.lines[-1]
+
+
+# -- the torch op's fake implementation ------------------------------------------------------------
+import gemm_ladder.ops  # noqa: E402  (registers torch.ops.gemm_ladder.mm)
+
+mm = torch.ops.gemm_ladder.mm
+
+
+@pytest.mark.parametrize("a_shape", [(5, 64), (2, 3, 64), (64,), (0, 64)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fake_shapes_dtypes_and_batch_dims(a_shape, dtype):
+    A = torch.empty(a_shape, dtype=dtype, device="meta")
+    B = torch.empty(40, 64, dtype=dtype, device="meta")
+    D = mm(A, B)
+    assert D.shape == (*a_shape[:-1], 40) and D.dtype == dtype and D.device.type == "meta"
+
+
+@pytest.mark.parametrize("A, B, words", [
+    (torch.empty(5, 64, device="meta"), torch.empty(40, 64, device="meta"), "use torch.float16 or torch.bfloat16"),
+    (torch.empty(5, 64, dtype=torch.float16, device="meta"), torch.empty(40, 64, dtype=torch.bfloat16, device="meta"),
+     "pass one dtype"),
+    (torch.empty(5, 32, dtype=torch.float16, device="meta"), torch.empty(40, 64, dtype=torch.float16, device="meta"),
+     "last dim 32 is not B's K=64"),
+    (torch.empty(5, 64, dtype=torch.float16, device="meta"), torch.empty(2, 40, 64, dtype=torch.float16, device="meta"),
+     "B must be [N, K]"),
+])
+def test_fake_refuses_what_the_op_refuses(A, B, words):
+    with pytest.raises(RuntimeError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        mm(A, B)
+
+
+def test_the_op_off_the_gpu_says_so():
+    with pytest.raises(ModuleInputError, match="move it to the GPU"):
+        mm(torch.zeros(4, 64, dtype=torch.float16), torch.zeros(8, 64, dtype=torch.float16))
+
+
+def test_fake_backward_shapes():
+    A = torch.empty(2, 3, 64, dtype=torch.float16, device="meta", requires_grad=True)
+    B = torch.empty(40, 64, dtype=torch.float16, device="meta", requires_grad=True)
+    mm(A, B).sum().backward()
+    assert A.grad.shape == A.shape and B.grad.shape == B.shape
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Parameter(torch.randn(128, 64, dtype=torch.float16))
+        self.down = torch.nn.Parameter(torch.randn(64, 128, dtype=torch.float16))
+
+    def forward(self, x):
+        return mm(torch.nn.functional.silu(mm(x, self.up)), self.down) + x
+
+
+def test_export_traces_the_op_without_a_graph_break():
+    ep = torch.export.export(Tiny(), (torch.randn(2, 5, 64, dtype=torch.float16),))
+    calls = [n for n in ep.graph.nodes if n.op == "call_function" and "gemm_ladder" in str(n.target)]
+    assert len(calls) == 2
+    assert [tuple(n.meta["val"].shape) for n in calls] == [(2, 5, 128), (2, 5, 64)]
+
+
+def test_dynamo_captures_one_graph():
+    """torch.compile's frontend: one graph, no break (the backend here only records it)."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return lambda *args: (torch.zeros(2, 5, 64, dtype=torch.float16),)
+
+    torch._dynamo.reset()
+    torch.compile(Tiny(), backend=record, fullgraph=True)(torch.randn(2, 5, 64, dtype=torch.float16))
+    torch._dynamo.reset()
+    assert len(graphs) == 1
+    assert sum("gemm_ladder" in str(n.target) for n in graphs[0].graph.nodes) == 2
+
+
+RUNTIME_ONLY_ROUTE = r"""
+import ctypes, sys
+ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the build stub stands in for the driver
+from gemm_ladder import front
+front._arch = lambda index: "sm_90a"
+route, _ = front._route(16, 256, 512, "float16", 0)
+import tvm
+assert tvm.base._RUNTIME_ONLY and "tvm_compiler" not in tvm.base._LOADED_LIBS
+assert "layouts" not in sys.modules and "schedulers" not in sys.modules, "the compiler side was imported"
+print(route.source, route.rung, type(route.module).__name__, route.module.dynamic_m)
+"""
+
+
+@pytest.mark.slow
+def test_a_pack_serves_with_the_tvm_runtime_alone(tmp_path):
+    """What a GPU box without TVM's compiler does: the front door finds the module in a pack and
+    loads it with a runtime-only TVM, importing nothing of the compiler side."""
+    import os
+    import subprocess
+    import sys
+
+    from gemm_ladder import toolchain
+    from gemm_ladder.pack import pack_runtime
+
+    kernel_pack.build_pack(tmp_path / "pack", [(16, 256, 512)], ["float16"], sms=132, workers=1)
+    site = pack_runtime(tmp_path / "rt")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site)] + [p for p in sys.path if p.endswith("site-packages")]),
+           "TVM_USE_RUNTIME_LIB": "1", kernel_pack.PACK_ENV: str(tmp_path / "pack")}
+    out = subprocess.run([sys.executable, "-c", RUNTIME_ONLY_ROUTE, str(toolchain._stub_driver())], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[:2] == ["kernel", "pack"] and out.stdout.split()[3] == "GemmModule"

@@ -1,0 +1,239 @@
+"""The front door's policy (``gemm_ladder.plan``): one test per rule of the heuristic, the tuning
+database by shape bucket, the makespan model, and one test per layout rule (what TMA cannot
+describe gets copied)."""
+
+import json
+
+import pytest
+
+from gemm_ladder import plan
+from gemm_ladder.budget import max_pipe_depth
+from gemm_ladder.plan import Layout, Problem, Rule, choose, layout_fixes, rule_choice
+from gemm_ladder.rungs import available, make_config
+from gemm_ladder.tune import cache, db
+
+H100 = 132
+# the swap-AB (v11) and split-K (v10) rules need their rungs and the wave model
+needs_v11 = pytest.mark.skipif(not available("v11", "sm_90a"), reason="no v11 in this ladder")
+needs_v10 = pytest.mark.skipif(not available("v10", "sm_90a"), reason="no v10 in this ladder")
+TVM = cache.tvm_version()
+
+
+@pytest.fixture(autouse=True)
+def private_db(tmp_path, monkeypatch):
+    path = tmp_path / "tuning_db.json"
+    monkeypatch.setenv(db.DB_ENV, str(path))
+    return path
+
+
+def P(M, N, K, dtype="float16", arch="sm_90a"):
+    return Problem(M, N, K, dtype, arch, H100)
+
+
+def rung_knobs(choice):
+    return {k: v for k, v in choice.knobs.items() if k not in ("dtype", "arch")}
+
+
+# -- the makespan model -----------------------------------------------------------------------
+def test_makespan_counts_waves_of_tile_area():
+    p = P(512, 4096, 4096)
+    assert p.tiles(128, 256) == 4 * 16 and p.waves(128, 256) == 1
+    assert plan.makespan(p, 128, 256) == 128 * 256           # 64 tiles: one wave, 68 SMs idle
+    assert plan.makespan(p, 128, 128) == 128 * 128           # 128 tiles: still one wave, half the area
+    assert plan.best_tile(p, [(128, 256), (128, 128)]) == (128, 128)
+    tie = P(512, 6144, 4096)                                 # 96 tiles vs 192 (two waves): a tie
+    assert plan.makespan(tie, 128, 256) == plan.makespan(tie, 128, 128)
+    assert plan.best_tile(tie, [(128, 256), (128, 128)]) == (128, 256)  # the larger tile on a tie
+
+
+# -- one test per rule ------------------------------------------------------------------------
+def without(*names):
+    """The rules less some: a later rule is tested on shapes an earlier one would take."""
+    return [r for r in plan.RULES if r.name not in names]
+
+
+@needs_v11
+@pytest.mark.parametrize("M, blk_m", [(1, 8), (7, 8), (9, 16), (16, 16), (17, 32), (33, 64), (64, 64)])
+def test_rule_swap_ab(M, blk_m):
+    """M <= 64: v11, M rounded up to a power of two from 8 (wgmma's N), blk_n and split_k as the
+    wave model ranks them, the deepest ring shared memory allows (at most 8)."""
+    from schedulers import wave_model
+
+    c = rule_choice(P(M, 4096, 4096))
+    assert (c.rule, c.rung) == ("swap-ab", "v11")
+    k = rung_knobs(c)
+    assert k["blk_m"] == blk_m == plan.swap_blk_m(M)
+    best = min((wave_model.rank(M, 4096, 4096, [(blk_m, bn)], pipe_depth=plan._deepest(
+        "v11", P(M, 4096, 4096), {"blk_m": blk_m, "blk_n": bn}, 8))[0] for bn in (128, 256)),
+        key=lambda w: (round(w.time_s, 9), w.units))
+    assert (k["blk_n"], k["split_k"]) == (best.blk_n, best.split_k)
+    cfg = make_config("v11", M, 4096, 4096, **{**k, "pipe_depth": 2})
+    assert k["pipe_depth"] == min(8, max_pipe_depth(cfg))
+    assert "wave model:" in c.why and "swap AB" in c.why
+
+
+@needs_v11
+def test_rule_swap_ab_stops_above_m_64():
+    assert rule_choice(P(64, 4096, 4096)).rule == "swap-ab"
+    assert rule_choice(P(65, 4096, 4096)).rule != "swap-ab"
+
+
+@pytest.mark.parametrize("M, N, blk_n", [(1, 4096, 128), (16, 6144, 128), (64, 28672, 256), (7, 128256, 256)])
+def test_rule_weight_streaming(M, N, blk_n):
+    """Without v11: 64-row v9 tiles, one consumer, no cluster, blk_n by makespan, the deepest ring <= 8."""
+    c = rule_choice(P(M, N, 4096), without("swap-ab"))
+    assert (c.rule, c.rung) == ("weight-streaming", "v9")
+    k = rung_knobs(c)
+    assert (k["blk_m"], k["num_warpgroups"], k["cluster_m"], k["cluster_n"], k["blk_n"]) == (64, 1, 1, 1, blk_n)
+    cfg = make_config("v9", M, N, 4096, **{**k, "pipe_depth": 2})
+    assert k["pipe_depth"] == min(plan.MAX_SMALL_M_DEPTH, max_pipe_depth(cfg))
+    assert "reading B" in c.why
+
+
+def test_rule_weight_streaming_stops_above_m_64():
+    rules = without("swap-ab")
+    assert rule_choice(P(64, 4096, 4096), rules).rule == "weight-streaming"
+    assert rule_choice(P(65, 4096, 4096), rules).rule != "weight-streaming"
+
+
+@needs_v10
+@pytest.mark.parametrize("M, N, K", [(128, 4096, 4096), (978, 2640, 3336), (1024, 1024, 1024), (8192, 128, 4096)])
+def test_rule_split_k(M, N, K):
+    """M > 64 and the wave model finishes sooner with split K: v10 with its tile and split_k."""
+    from schedulers import wave_model
+
+    c = rule_choice(P(M, N, K))
+    best = wave_model.rank(M, N, K, [(128, 256), (128, 128)])[0]
+    assert (c.rule, c.rung) == ("split-k", "v10") and best.split_k > 1
+    assert rung_knobs(c) == {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
+    assert "K loop split" in c.why and f"split_k={best.split_k}" in c.why
+
+
+@needs_v10
+def test_rule_split_k_not_for_whole_waves():
+    assert rule_choice(P(8192, 8192, 8192)).rule == "large"
+    assert rule_choice(P(16, 4096, 4096)).rule != "split-k"
+
+
+@pytest.mark.parametrize("M, N, K", [(128, 4096, 4096), (1024, 1024, 1024), (512, 4096, 14336)])
+def test_rule_few_tiles(M, N, K):
+    """Without split K: fewer 128x256 tiles than SMs, 128x128 tiles finish in fewer tile-units."""
+    c = rule_choice(P(M, N, K), without("swap-ab", "split-k"))
+    assert (c.rule, c.rung, rung_knobs(c)) == ("few-tiles", "v9", {"blk_m": 128, "blk_n": 128})
+    assert plan.makespan(P(M, N, K), 128, 128) < plan.makespan(P(M, N, K), 128, 256)
+
+
+@pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (8192, 128256, 4096), (512, 6144, 4096), (978, 2640, 3336)])
+def test_rule_large(M, N, K):
+    """Enough tiles for every SM (or a tie): v9 at its defaults, with the evidence named."""
+    c = rule_choice(P(M, N, K), without("split-k"))
+    assert (c.rule, c.rung, rung_knobs(c)) == ("large", "v9", {})
+    assert "v6_v9_sweep.json" in c.why
+
+
+def test_rule_large_on_blackwell():
+    c = rule_choice(P(16, 4096, 4096, arch="sm_100a"))
+    assert (c.rule, c.rung, c.knobs["arch"]) == ("large", "v9", "sm_100a")
+
+
+def test_a_new_rung_is_one_table_entry():
+    """A rule before 'large' takes the shapes it names; one whose rung is not in the ladder, or
+    whose knobs the validator refuses, is passed over with the reason."""
+    missing = Rule("swap-ab", "sm_90a", "v99", when=lambda p: p.M <= 64, knobs=lambda p: {}, why="swap A and B")
+    refused = Rule("odd", "sm_90a", "v5", when=lambda p: p.M <= 64, knobs=lambda p: {"blk_n": 96}, why="x")
+    new = Rule("tiny", "sm_90a", "v5", when=lambda p: p.M <= 64, knobs=lambda p: {"blk_n": 128}, why="tiny M")
+    rules = [missing, refused, new] + plan.RULES
+    c = rule_choice(P(16, 4096, 4096), rules)  # before swap-ab in the table: it wins
+    assert (c.rule, c.rung, rung_knobs(c)) == ("tiny", "v5", {"blk_n": 128})
+    assert any("v99" in s and "no form" in s for s in c.skipped), c.skipped
+    assert any("blk_n=96" in s for s in c.skipped), c.skipped
+    assert rule_choice(P(4096, 4096, 4096), rules).rule == "large"
+
+
+def test_every_rule_validates_and_every_shape_has_a_rule():
+    for M in (1, 2, 7, 16, 63, 64, 65, 128, 300, 1000, 4096, 8191):
+        for N, K in ((4096, 4096), (6144, 4096), (128256, 4096), (4096, 14336), (8, 8)):
+            c = rule_choice(P(M, N, K))
+            make_config(c.rung, M, N, K, **c.knobs)
+
+
+# -- the tuning database ------------------------------------------------------------------------
+def _entry(rung, shape, knobs, ratio, tflops=600.0):
+    return {"rung": rung, "shape": list(shape), "bucket": db.shape_bucket(shape), "dtype": "float16",
+            "arch": "sm_90a", "gpu": "NVIDIA H100 80GB HBM3", "tvm_version": TVM, "knobs": knobs,
+            "tflops": tflops, "cublas_tflops": tflops / ratio, "ratio_to_cublas": ratio,
+            "date": "2026-11-22T00:00:00+00:00", "commit": "abc", "sources": "s"}
+
+
+def _write_db(path, entries):
+    path.write_text(json.dumps({"format": db.DB_FORMAT, "version": db.DB_VERSION, "entries": entries}))
+
+
+def test_no_database_entry_means_the_rule(private_db):
+    c = choose(P(4096, 4096, 4096))
+    assert c.source == "rule" and c.rule == "large"
+
+
+def test_database_by_bucket_at_or_above_a_measured_rules_rung(private_db):
+    """Where the rule rests on measurements (large: v9), the database's best in the shape's
+    bucket wins when its rung is not below v9; a v6 entry is ignored (and explain says so)."""
+    v6 = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 3}
+    v9 = {"blk_m": 128, "blk_n": 192, "pipe_depth": 4, "tile_order": "grouped"}
+    _write_db(private_db, [_entry("v6", (8192, 8192, 8192), v6, 1.2),
+                           _entry("v9", (8192, 8192, 8192), v9, 0.99)])
+    assert rule_choice(P(8000, 8200, 8192)).rule == "large"
+    c = choose(P(8000, 8200, 8192))                     # same bucket as 8192^3
+    assert (c.source, c.rung, rung_knobs(c)) == ("db", "v9", v9)
+    assert "best in bucket 8192x8192x8192" in c.why and "0.99x cuBLAS" in c.why
+    assert any("v6" in s and "below the rule's v9" in s for s in c.skipped), c.skipped
+    assert "tuning database" in c.text()
+    other = choose(P(4096, 4096, 4096))                 # another bucket: the rule
+    assert other.source == "rule"
+
+
+@needs_v10
+def test_a_measured_entry_beats_a_models_rule(private_db):
+    """Where the rule is the wave model's (split-k: v10), a measured entry of any rung wins."""
+    v9 = {"blk_m": 128, "blk_n": 128}
+    _write_db(private_db, [_entry("v9", (1024, 1024, 1024), v9, 0.8)])
+    assert rule_choice(P(1024, 1024, 1024)).rule == "split-k"
+    c = choose(P(1024, 1024, 1024))
+    assert (c.source, c.rung, rung_knobs(c)) == ("db", "v9", v9)
+
+
+def test_database_entries_the_validator_refuses_are_not_used(private_db):
+    _write_db(private_db, [_entry("v9", (4096, 4096, 4096), {"blk_n": 96}, 1.1)])
+    c = choose(P(4096, 4096, 4096))
+    assert c.source == "rule"
+
+
+# -- layout: one test per rule ----------------------------------------------------------------
+def test_layout_aligned_needs_nothing():
+    f = layout_fixes(Layout(100, 4096, 4096))
+    assert f.names == () and (f.N, f.K) == (4096, 4096) and f.lines() == []
+
+
+def test_layout_pad_k():
+    f = layout_fixes(Layout(100, 4096, 100, a_aligned=False))
+    assert f.names == ("pad-k",) and f.K == 104 and f.N == 4096  # the padded copy of A is aligned too
+    assert "16 bytes" in f.lines()[0] and "slower" in f.lines()[0]
+
+
+def test_layout_pad_n():
+    f = layout_fixes(Layout(100, 1001, 4096, out_given=True, out_aligned=False))
+    assert f.names == ("pad-n",) and f.N == 1008
+
+
+def test_layout_copy_a_and_b():
+    f = layout_fixes(Layout(100, 4096, 4096, a_aligned=False, b_aligned=False))
+    assert f.names == ("copy-a", "copy-b") and (f.N, f.K) == (4096, 4096)
+
+
+def test_layout_stage_out():
+    assert layout_fixes(Layout(100, 4096, 4096, out_given=True, out_aligned=False)).names == ("stage-out",)
+    assert layout_fixes(Layout(100, 4096, 4096, out_given=False, out_aligned=False)).names == ()
+
+
+def test_layout_bf16_pads_to_eight_elements_too():
+    assert layout_fixes(Layout(1, 12, 20, dtype="bfloat16")).names == ("pad-k", "pad-n")
+    assert (layout_fixes(Layout(1, 12, 20, dtype="bfloat16")).N, layout_fixes(Layout(1, 12, 20)).K) == (16, 24)

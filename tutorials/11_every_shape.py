@@ -1,0 +1,188 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 11 · Every shape a user has: waves, weight streaming, swap-AB, split-K and the front door
+#
+# The rungs so far were tuned on big squares. A model multiplies activations of a varying token
+# count M by fixed weights (N x K), and on those shapes v6 at its defaults fell far behind cuBLAS
+# (H100, same process; issue 12):
+#
+# | M x N x K | v6 / cuBLAS |
+# |---|---|
+# | 32 x 1408 x 3584 | 0.30x |
+# | 135 x 3688 x 6200 | 0.33x |
+# | 978 x 2640 x 3336 | 0.64x |
+# | 64 x 64 x 8192 | 0.12x |
+#
+# This notebook shows why with the models (tiles and waves, bytes against FLOPs), what the last
+# rungs do about it (swap AB, split K), and how the front door, `gemm_ladder.matmul`, picks a
+# kernel for any shape and says why.
+
+# %%
+import json
+
+import schedulers
+from gemm_ladder import kernel_pack, plan, report, rungs, suite, teach
+from gemm_ladder.teach import shapes as pictures
+from schedulers import wave_model
+
+ISSUE = [(32, 1408, 3584), (135, 3688, 6200), (292, 5136, 3152), (978, 2640, 3336), (4162, 2760, 1128),
+         (8192, 128, 4096), (64, 64, 8192)]
+LLAMA = [(M, N, K) for N, K in kernel_pack.MODELS["llama-8b"].values() for M in (16, 512, 8192)]
+
+# %% [markdown]
+# ## Tiles and waves
+#
+# A persistent kernel runs one CTA per SM (132 on an H100); each walks its share of the output
+# tiles. `ceil(tiles / SMs)` *waves*: the kernel lasts as long as its busiest CTA. When a shape
+# has fewer tiles than SMs, or a few more than a whole number of waves, SMs sit idle for a large
+# part of the run. The share of SM slots with work, for three tile shapes:
+
+# %%
+print(report.table(pictures.wave_rows(ISSUE + LLAMA[:6]), ["shape", "128x256", "128x128", "64x128"]))
+
+# %%
+teach.show(pictures.plot_fill(ISSUE + LLAMA))
+
+# %% [markdown]
+# 978 x 2640 in 128 x 256 tiles is 8 x 11 = 88 tiles: one wave that leaves 44 of the 132 SMs idle
+# for the whole kernel. The tile order (notebook 06) draws it; every tile is in wave 0:
+
+# %%
+teach.show(schedulers.plot_order("snake", 8, 11, 132, l2_group_size=8))
+
+# %% [markdown]
+# ## Small M streams the weights
+#
+# With M tokens, A is M x K and B is N x K: for M much smaller than N, B is nearly all the bytes,
+# and the arithmetic per byte (about M FLOPs per byte of B) is far below what the tensor cores
+# need to be the limit. The least time a kernel can take is then the time to read B once from
+# HBM: the decode shapes are a bandwidth problem, and the shape suite reports them in GB/s
+# against the HBM peak. Left: the two lower bounds (the copy bandwidth and the tensor cores'
+# rate of `schedulers.wave_model.H100`); right: the share of the bytes that are B.
+
+# %%
+teach.show(pictures.plot_weight_streaming(4096, 4096))
+
+# %% [markdown]
+# ## Swap AB: the weights fill the MMA's 64 rows
+#
+# wgmma's A operand is always 64 rows. With the output tile's rows taken from M, a tile at M = 16
+# is three quarters zero padding, and each tile streams a panel of B for 64 rows of which 16 are
+# real. v11 computes the transposed tile, D^T = B_tile . A_tile^T: N fills the 64-row slot, and
+# M becomes wgmma's N, which may be as small as 8.
+
+# %%
+teach.show(pictures.plot_swap_ab(M=16, N_tile=128))
+if rungs.available("v11", "sm_90a"):
+    print(rungs.rung_module("v11").__doc__.split("\n\n")[1])
+
+# %% [markdown]
+# ## Split K: more units than tiles
+#
+# Swap AB fixes the padding, not the count of tiles: 16 x 4096 x 4096 in 16 x 128 tiles is 32
+# tiles, 32 SMs each reading a 1 MiB panel of B at the rate one SM's ring allows, 100 SMs idle.
+# Split K cuts each tile's K loop into `split_k` units (v10, and v11 on top of it); the last unit
+# of a tile to finish adds the fp32 partials up (in split order: the same bits every run). The
+# wave model (`schedulers.wave_model`) ranks the choices; the colour is the K range of a tile:
+
+# %%
+best = wave_model.best_split_k(16, 4096, 4096, 16, 128)
+print(best.why())
+teach.show(pictures.plot_split_k(16, 4096, 4096, 16, 128, best.split_k))
+
+# %%
+for p in wave_model.rank(978, 2640, 3336, [(128, 256), (128, 128)])[:5]:
+    print(p.why())
+
+# %% [markdown]
+# For a big square the same model says no: 8192^3 in 128 x 256 tiles is 2048 tiles, 15.5 waves,
+# and splitting K only adds partial tiles to write and read back.
+
+# %%
+for p in wave_model.rank(8192, 8192, 8192, [(128, 256)], split_ks=(1, 2, 4))[:3]:
+    print(p.why())
+
+# %% [markdown]
+# ## The front door's policy
+#
+# `gemm_ladder.matmul(A, B)` picks a kernel per shape: the tuning database's best entry in the
+# shape's bucket (every dim rounded to a power of two) where one exists at or above the rule's
+# rung, else the first rule of `gemm_ladder.plan.RULES` that applies and validates. A new rung is
+# one more entry in that table, with its own test in `tests/test_plan.py`.
+
+# %%
+print(report.table([{"rule": r.name, "arch": r.arch, "rung": r.rung, "why": r.why[:110], "evidence": r.evidence[:60]}
+                    for r in plan.RULES], ["rule", "arch", "rung", "why", "evidence"]))
+
+# %%
+print(report.table(pictures.policy_rows(ISSUE[:4] + LLAMA[:6]), ["shape", "rung", "rule", "knobs", "intensity"]))
+
+# %% [markdown]
+# What `explain` prints for one shape (the front door adds where the module came from: a kernel
+# pack, the module cache, or a build on first use):
+
+# %%
+print(plan.choose(plan.Problem(16, 6144, 4096)).text())
+
+# %% [markdown]
+# ## What TMA cannot describe
+#
+# TMA needs every row stride to be a multiple of 16 bytes and every tensor to start on a 16-byte
+# boundary. cuBLAS takes any shape, and so does the front door: where a tensor does not fit, it
+# copies it into a zero-padded (or aligned) buffer first, a correct and slower path, and says so.
+
+# %%
+for layout in (plan.Layout(33, 1001, 100), plan.Layout(64, 4096, 4096, a_aligned=False),
+               plan.Layout(64, 4096, 4096, out_given=True, out_aligned=False)):
+    f = plan.layout_fixes(layout)
+    print(f"M={layout.M} N={layout.N} K={layout.K}: kernel sees N={f.N}, K={f.K}")
+    for line in f.lines():
+        print("   ", line)
+
+# %% [markdown]
+# ## Kernel packs: one module per choice, every M
+#
+# A GPU box without TVM's compiler gets its kernels from a pack built elsewhere
+# (`python -m gemm_ladder pack build --model llama-8b`). A rung that takes M at run time
+# (`dynamic_m`) needs one module per (N, K, dtype) and policy choice, whatever M the model runs
+# at: the pack for the Llama-8B weights at the suite's M values holds this many modules:
+
+# %%
+items = kernel_pack.plan_pack([(M, N, K) for N, K in kernel_pack.MODELS["llama-8b"].values() for M in suite.SUITE_M],
+                              ["float16"], sms=132)
+print(report.table([{"N x K": f"{i['job'].shape[1]}x{i['job'].shape[2]}", "rung": i["job"].rung,
+                     "M chosen for": ",".join(map(str, i["m_values"])), "runtime M": i["dynamic_m"],
+                     "rule": i["choice"]["rule"]} for i in items], ["N x K", "rung", "M chosen for", "runtime M", "rule"]))
+
+# %% [markdown]
+# ## On the GPU: the front door and the shape suite
+#
+# On an H100 with a pack, `matmul(A, B, explain=True)` runs the kernel and prints the choice; the
+# shape suite (`python -m gemm_ladder suite run`) times it against cuBLAS over the squares and the
+# Llama-8B shapes. The committed results, where a run exists:
+
+# %%
+if teach.gpu_here():
+    print(pictures.explain_on_gpu(16, 6144, 4096))
+else:
+    print(teach.no_gpu_message())
+runs = sorted(teach.RESULTS_DIR.glob("*shape_suite*.json"))
+if runs:
+    doc = json.loads(runs[-1].read_text())
+    print(runs[-1].name, json.dumps(doc["summary"], indent=1)[:800])
+    teach.show(suite.figure(doc))
+else:
+    print("No shape-suite run is committed yet: benchmarks/prepare_front_door.sh here, then "
+          "benchmarks/gpu_session.sh suite on an H100.")
