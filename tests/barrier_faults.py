@@ -7,19 +7,32 @@ injected while a real rung is traced, either by handing the rung a barrier class
 in one way (the rung module's class names are swapped for the duration of the trace), or by
 editing the traced TIR (moving one statement).
 
-    ==========================  ======  =================================================
-    variant                     rung    fault
-    ==========================  ======  =================================================
-    expect_tx_one_box_over      v5 H    arrive.expect_tx counts one A box more than TMA moves
-    arrival_missing             v5 H    the last MMA warp never releases a stage
-    phase_one_late              v5 H    the MMA waits flip their phase one K slice late
-    release_before_wait_group   v5 H    a stage is released before wgmma.wait_group retired
-                                        the group that reads it
-    multicast_missing_cta       v5 H    (2-CTA clusters) rank 1 multicasts its half of the
-                                        B slice to itself only
-    bw_expect_tx_one_box_over   v6 B    as above, on the Blackwell persistent rung
-    bw_epilogue_arrival_missing v6 B    one epilogue thread never frees its accumulator
-    ==========================  ======  =================================================
+    =================================  ======  =====================================================
+    variant                            rung    fault
+    =================================  ======  =====================================================
+    expect_tx_one_box_over             v5 H    arrive.expect_tx counts one A box more than TMA moves
+    arrival_missing                    v5 H    the last MMA warp never releases a stage
+    phase_one_late                     v5 H    the MMA waits flip their phase one K slice late
+    release_before_wait_group          v5 H    a stage is released before wgmma.wait_group retired
+                                               the group that reads it
+    multicast_missing_cta              v5 H    (2-CTA clusters) rank 1 multicasts its half of the
+                                               B slice to itself only
+    bw_expect_tx_one_box_over          v6 B    as above, on the Blackwell persistent rung
+    bw_epilogue_arrival_missing        v6 B    one epilogue thread never frees its accumulator
+    ws_release_before_wait_group       v7 H    a consumer warp releases a stage before
+                                               wgmma.wait_group retired the group that reads it
+    cluster_release_own_only           v8 H    (2x1 clusters) each consumer warp releases a stage
+                                               to its own CTA's producer only, not to the peer's,
+                                               which multicasts into it too
+    cluster_multicast_own_only         v8 H    (2x1 clusters) each CTA multicasts its half of the
+                                               B slice to itself only: the mask misses the peer
+    bw_pair_tma_own_barrier            v8 B    (CTA pairs) the TMA copies complete on the issuing
+                                               CTA's tma2mma, not on the pair leader's
+    cluster_expect_tx_one_box_over     v9 H    (2x1 clusters) arrive.expect_tx counts one B part
+                                               box more than its own and its peer's copies move
+    bw_pair_expect_tx_one_box_under    v9 B    (CTA pairs) the leader expects one A box less than
+                                               the pair's copies move
+    =================================  ======  =====================================================
 """
 
 from __future__ import annotations
@@ -82,6 +95,27 @@ VARIANTS = {v.name: v for v in [
     Variant("bw_epilogue_arrival_missing", "v6", "sm_100a", (1000, 1024, 520),
             "the last epilogue thread never arrives on epi2mma",
             ("arrivals", "epi2mma"), ("hang",)),
+    Variant("cluster_release_own_only", "v8", "sm_90a", (256, 256, 320),
+            "each consumer warp arrives on its own CTA's mma2tma only: the peer's producer, which "
+            "multicasts its B half into this CTA's stage, never sees the stage released",
+            ("arrivals", "mma2tma"), ("hang",), {"cluster_m": 2, "cluster_n": 1}),
+    Variant("bw_pair_tma_own_barrier", "v8", "sm_100a", (256, 256, 320),
+            "the TMA copies complete on the issuing CTA's tma2mma (no remote view of the pair "
+            "leader's), so the leader's barrier receives its own CTA's bytes only",
+            ("expect-tx", "tma2mma"), ("hang",), {"cluster_n": 1}),
+    Variant("ws_release_before_wait_group", "v7", "sm_90a", (256, 512, 320),
+            "mma2tma is arrived on before wgmma.wait_group retires the group reading the stage",
+            ("release", "mma2tma"), ("wrong", "ok"), {"pipe_depth": 2}),
+    Variant("cluster_multicast_own_only", "v8", "sm_90a", (256, 256, 320),
+            "each CTA's B part goes to its own stage only: the multicast mask misses the peer CTA",
+            ("expect-tx", "tma2mma"), ("hang",), {"cluster_m": 2, "cluster_n": 1}),
+    Variant("cluster_expect_tx_one_box_over", "v9", "sm_90a", (256, 256, 320),
+            "arrive.expect_tx counts one B part box (16384 B) more than the cluster's copies move",
+            ("expect-tx", "tma2mma"), ("hang",), {"cluster_m": 2, "cluster_n": 1}),
+    Variant("bw_pair_expect_tx_one_box_under", "v9", "sm_100a", (256, 256, 320),
+            "the pair leader's arrive.expect_tx counts one A box (16384 B) less than the pair's "
+            "copies move: a phase completes before its last box lands",
+            ("expect-tx", "tma2mma"), ("wrong", "hang"), {"cluster_n": 1}),
 ]}
 
 
@@ -173,6 +207,61 @@ def phase_one_late(cfg):
     return _trace(cfg, TMABar=_tma_bar_late())
 
 
+def cluster_release_own_only(cfg):
+    """v8 (Hopper) with ``common.release_to_cluster`` arriving on the local mma2tma alone."""
+    from tvm.script import tirx as T
+
+    from gemm_ladder.sm90a import common
+
+    @T.inline
+    def release_own_cta_only(mma2tma, stage, cluster_size):  # pylint: disable=unused-argument
+        mma2tma.arrive(stage)
+
+    with swapped(common, release_to_cluster=release_own_cta_only):
+        return _trace(cfg)
+
+
+def bw_pair_tma_own_barrier(cfg):
+    """v8 (Blackwell) whose tma2mma ``remote_view`` is the local barrier: every CTA's copies
+    complete on its own tma2mma, while only the pair leader's expects (and waits for) them."""
+    from gemm_ladder.barriers import TMABar
+
+    class TMABarNoView(TMABar):
+        def remote_view(self, rank):
+            return self
+
+    return _trace(cfg, TMABar=TMABarNoView)
+
+
+def ws_release_before_wait_group(cfg):
+    """v7 with each release (the ``if`` around the mma2tma arrive) moved above the
+    wgmma.wait_group that precedes it."""
+    return release_before_wait_group(cfg)
+
+
+def cluster_multicast_own_only(cfg):
+    """v8 (Hopper) whose B multicast masks name the issuing CTA alone."""
+    from gemm_ladder.sm90a import common
+
+    def own_only(cm, cn, rank_m, rank_n):
+        mask_a, _ = common_masks(cm, cn, rank_m, rank_n)
+        return mask_a, 1 << (rank_m + cm * rank_n)
+
+    common_masks = common.multicast_masks
+    with swapped(common, multicast_masks=own_only):
+        return _trace(cfg)
+
+
+def cluster_expect_tx_one_box_over(cfg):
+    """v9 (Hopper): one box of B's multicast parts (blk_n / cluster_m rows) too many."""
+    part_rows = cfg.blk_n // dict(cfg.extra).get("cluster_m", 1)
+    return _trace(cfg, TMABar=_tma_bar_plus(part_rows * cfg.blk_k * cfg.elem_bytes))
+
+
+def bw_pair_expect_tx_one_box_under(cfg):
+    return _trace(cfg, TMABar=_tma_bar_plus(-cfg.blk_m * cfg.blk_k * cfg.elem_bytes))
+
+
 # -- editing the traced TIR -----------------------------------------------------------------
 def _rebuild(stmt, fn):
     """Post-order rewrite of a statement tree: ``fn(seq_list)`` may reorder a SeqStmt's list."""
@@ -204,7 +293,8 @@ def _releases(s) -> bool:
 
 
 def release_before_wait_group(cfg):
-    """v5's K loop with the ``if k > 0`` block (release + refill) moved above wait_group(1)."""
+    """v5's K loop with the ``if k > 0`` block (release + refill) moved above wait_group(1)
+    (v7: the release alone; its end-of-tile release moves above wait_group(0) too)."""
     func = _trace(cfg)
     moved = []
 
@@ -216,7 +306,7 @@ def release_before_wait_group(cfg):
         return seq
 
     func = func.with_body(_rebuild(func.body, fn))
-    assert moved, "v5's K loop no longer has wait_group(1) followed by the release"
+    assert moved, f"{cfg.rung}'s K loop no longer has wgmma.wait_group followed by the release"
     return func
 
 

@@ -18,12 +18,15 @@ from .barrier_faults import VARIANTS
 SCHEDULES = ("forward", "lockstep")  # reverse is the CLI's third; two keep CI fast
 PAIRS = [(r, a) for a in ("sm_90a", "sm_100a") for r in RUNGS if available(r, a)]
 KNOB_SAMPLE = [
-    ("v5", "sm_90a", {"pipe_depth": 2}),
     ("v5", "sm_90a", {"pipe_depth": 4, "num_warpgroups": 1, "blk_m": 64, "blk_n": 128}),
-    ("v6", "sm_90a", {"pipe_depth": 2, "tile_order": "row", "l2_group_size": 1}),
     ("v6", "sm_90a", {"pipe_depth": 4, "blk_n": 128, "tile_order": "grouped", "l2_group_size": 2}),
-    ("v5", "sm_100a", {"pipe_depth": 2, "blk_n": 256}),
     ("v6", "sm_100a", {"pipe_depth": 6, "blk_n": 64, "tile_order": "snake"}),
+    # clusters: multicast of both operands and remote releases to 4 CTAs; 3 consumers
+    ("v8", "sm_90a", {"cluster_m": 2, "cluster_n": 2, "blk_n": 128, "pipe_depth": 4}),
+    ("v9", "sm_90a", {"num_warpgroups": 3, "blk_m": 192, "blk_n": 128, "epi_n": 128}),
+    # CTA pairs: one pair (no A multicast), with one and two epilogue consumers
+    ("v8", "sm_100a", {"cluster_n": 1}),
+    ("v9", "sm_100a", {"epi_consumers": 2, "cluster_n": 1, "pipe_depth": 3}),
 ]
 
 
@@ -33,25 +36,25 @@ def reports():
     from gemm_ladder.barriers.check import check_config
     from gemm_ladder.barriers.ladder import scenarios
 
-    cache: dict = {}
+    cache: dict = {}  # config -> Report: a test asking for the last scenario reuses the ladder's
 
-    def get(rung, arch, knobs=None, only_last=False):
-        key = (rung, arch, tuple(sorted((knobs or {}).items())), only_last)
-        if key not in cache:
-            cfgs = scenarios(rung, arch, knobs)
-            cfgs = cfgs[-1:] if only_last else cfgs
-            cache[key] = [check_config(c, policies=SCHEDULES) for c in cfgs]
-        return cache[key]
+    def get(rung, arch, knobs=None, only_last=False, ends=False):
+        cfgs = scenarios(rung, arch, knobs)
+        cfgs = cfgs[-1:] if only_last else cfgs[::max(1, len(cfgs) - 1)] if ends else cfgs
+        for c in cfgs:
+            if c not in cache:
+                cache[c] = check_config(c, policies=SCHEDULES)
+        return [cache[c] for c in cfgs]
     return get
 
 
 # -- the ladder passes -------------------------------------------------------------------------
 @pytest.mark.parametrize("rung, arch", PAIRS, ids=[f"{r}-{a}" for r, a in PAIRS])
 def test_every_rung_passes_the_protocol_check(reports, rung, arch):
-    # v1-v3 have no ring: one scenario (the longest K) is enough; v10 and v11 share v9's ring and
-    # take a minute a scenario on two cores: their longest K (a partial last slice) only. The CLI
-    # runs them all.
-    got = reports(rung, arch, only_last=rung in ("v1", "v2", "v3", "v10", "v11"))
+    # v1-v3 have no ring: one scenario (the longest K) is enough; v7-v9 run v6's ring, so its
+    # two ends (fewer K slices than stages, more with a partial last one); v10 and v11 share v9's
+    # ring: their longest K (a partial last slice) only. The CLI runs every scenario.
+    got = reports(rung, arch, only_last=rung in ("v1", "v2", "v3", "v10", "v11"), ends=rung in ("v7", "v8", "v9"))
     assert got, f"no scenario of {rung} {arch} could be configured"
     for report in got:
         assert report.ok, report.table()
@@ -123,6 +126,56 @@ def test_cluster_kernel_passes(tmp_path):
     assert "(multicast)" in text and "init 8" in text  # 4 MMA warps x 2 CTAs release each stage
 
 
+def test_cluster_rungs_run_whole_clusters(reports):
+    """Hopper v8: the cluster barrier orders the inits before the peers' multicasts and remote
+    releases; every CTA's stage counts its own and its peer's parts."""
+    report = reports("v8", "sm_90a", only_last=True)[0]
+    assert [c.block for c in report.sims[0].ctas] == [(0, 0, 0), (1, 0, 0)]
+    text = report.table()
+    assert "mma2tma (MBarrier x3, init 16)" in text and "16 arrival(s) of 16" in text
+    assert "expect_tx 49152 B, delivered 49152 B" in text and "(multicast)" in text
+
+
+def test_cta_pairs_complete_on_the_leader(reports):
+    """Blackwell v8: the pair's copies (the peer's through its remote view of the leader's
+    barrier, the other pair's multicast A parts) all complete on the leader's tma2mma."""
+    report = reports("v8", "sm_100a", only_last=True)[0]
+    assert len(report.sims[0].ctas) == 4 and min(c.block[0] for c in report.sims[0].ctas) == 0
+    assert [b.name for b in report.kir.barriers] == ["tma2mma", "mma2tma", "mma2epi", "epi2mma"]
+    assert "expect_tx 65536 B, delivered 65536 B" in report.table()
+    leader_phases = [h for c in report.sims[0].ctas for b in c.bars.values() if b.label.startswith("tma2mma")
+                     for h in b.history]
+    assert leader_phases and {b.rank for c in report.sims[0].ctas for b in c.bars.values()
+                              if b.label.startswith("tma2mma") and b.history} == {0, 2}
+    assert all({c.issuer[0] for c in h.copies} == {0, 1, 2, 3} for h in leader_phases)
+
+
+def test_box_past_the_grid_is_a_note_in_a_cluster(reports):
+    """A cluster hanging over the grid's edge loads every part of its tile: a note, not a finding."""
+    for rung, arch in (("v8", "sm_90a"), ("v8", "sm_100a")):
+        report = reports(rung, arch, only_last=True)[0]
+        assert report.ok, report.table()
+        notes = [n for n in report.notes if n.startswith("[tma-bounds]")]
+        assert notes and all("by design" in n and "CTA " in n for n in notes), report.notes
+        assert "  NOTE    [tma-bounds]" in report.table()
+
+
+def test_box_past_the_grid_is_a_finding_outside_clusters():
+    """The same box loaded by a CTA of no cluster (here one CTA past v5's grid) is a finding."""
+    import gemm_ladder
+    from gemm_ladder.barriers.interp import Program
+    from gemm_ladder.barriers.kernel_ir import load
+    from gemm_ladder.barriers.sim import Sim
+
+    kir = load(gemm_ladder.make_config("v5", 256, 256, 128, pipe_depth=2))
+    program = Program(kir.device, kir.operand_buffers)
+    past = int(program.launch_extents["blockIdx.x"].value)
+    sim = Sim(kir, program, [(past, 0, 0)], {}, "forward").run()
+    hits = [f.text for f in sim.findings if f.check == "tma-bounds"]
+    assert hits and all("wholly outside" in t and "past the grid?" in t for t in hits), hits
+    assert not sim.notes
+
+
 # -- the broken variants are caught -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def broken():
@@ -171,6 +224,27 @@ EXPECTED = {
     "bw_epilogue_arrival_missing": r"\[arrivals\] epi2mma\[0\] phase 0: epilogue thread 127 \(warp 3 lane 31\) of "
                                    r"CTA 0: reach the arrive on epi2mma\[0\] with its predicate off: the phase gets "
                                    r"127 of 128 arrivals",
+    "cluster_release_own_only": r"\[arrivals\] mma2tma\[0\] phase 0: consumer lane 0 of warps 4-11 of CTA 1 \(cluster "
+                                r"rank 1\): arrive on mma2tma\[0\] of cluster rank 1 but never on that of cluster rank "
+                                r"0, whose phase 0 waits for them: it gets 8 of 16 arrivals",
+    "bw_pair_tma_own_barrier": r"\[expect-tx\] tma2mma\[0\] phase 0: producer thread 128 \(warp 4 lane 0\) of CTA 0 "
+                               r"\(cluster rank 0\): every arrival is in but the bytes do not add up: 1 of 1 arrivals; "
+                               r"expect_tx 65536 bytes, its copies delivered 32768 \(A 16384 \+ B 16384\)",
+    "ws_release_before_wait_group": r"\[release\] mma2tma\[0\] phase 0: producer thread 0 of CTA 0: refills "
+                                    r"Asmem\[0\] while the MMA reads of it by the wgmma of warps 4-11 may be in "
+                                    r"flight: they released it by arriving on mma2tma\[0\] before wgmma.wait_group "
+                                    r"retired their group",
+    "cluster_multicast_own_only": r"\[expect-tx\] tma2mma\[0\] phase 0: producer thread 0 of CTA 0 \(cluster rank "
+                                  r"0\): every arrival is in but the bytes do not add up: 1 of 1 arrivals; expect_tx "
+                                  r"49152 bytes, its copies delivered 32768 \(A 16384 \+ B 16384\)",
+    "cluster_expect_tx_one_box_over": r"\[expect-tx\] tma2mma\[0\] phase 0: producer thread 0 of CTA 1 \(cluster "
+                                      r"rank 1\): every arrival is in but the bytes do not add up: 1 of 1 arrivals; "
+                                      r"expect_tx 65536 bytes, its copies delivered 49152 \(B 16384 from rank 0 \+ "
+                                      r"A 16384 \+ B 16384\)",
+    "bw_pair_expect_tx_one_box_under": r"\[expect-tx\] tma2mma\[0\] phase 0: producer thread 256 \(warp 8 lane 0\) "
+                                       r"of CTA 1 \(cluster rank 1\): a TMA copy into Bsmem\[0\] of cluster rank 1 "
+                                       r"issued for phase 0 of tma2mma\[0\] lands in phase 1: phase 0 completed "
+                                       r"before all its bytes landed",
 }
 
 

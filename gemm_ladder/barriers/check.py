@@ -18,7 +18,13 @@ What is checked, over the threads of one CTA (a cluster: all its CTAs) and a few
   the writer through a barrier phase;
 - barriers are initialised before use, and the kernel does not end with a phase half done or
   TMA copies in flight;
-- no TMA box lies wholly outside its tensor (all zero-fill: a tile index past the grid).
+- no TMA box lies wholly outside its tensor (all zero-fill: a tile index past the grid), but
+  in a cluster whose tile hangs over the grid's edge: there a CTA whose own tile is past the
+  edge still loads its boxes so that its multicast parts reach its peers (a note, not a finding).
+
+Clusters run whole: every thread of every CTA of the cluster, with remote arrives (``mapa``),
+multicast and ``.cta_group::2`` TMA, pair MMAs and commits, and the cluster barrier
+(``barrier.cluster.arrive`` / ``wait``) that orders the mbarrier inits before the peers use them.
 
 Each finding names the check, the barrier and phase, the role (producer / consumer / MMA /
 epilogue, from what the threads do after the wait or before the arrive) and the threads.
@@ -47,6 +53,7 @@ class Report:
     program: Program
     sims: list[Sim]
     findings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # by design, not a fault (printed in the table)
     raw: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
     roles: dict = field(default_factory=dict)
@@ -81,12 +88,14 @@ class Report:
 
 # -- running -------------------------------------------------------------------------------------
 def _param_values(kir: KernelIR, program: Program, num_ctas: int | None) -> dict:
+    """A persistent kernel's grid: whole clusters, about TILES_PER_CTA tiles each."""
     values = {}
+    cluster = _extent(program, "clusterCtaIdx.x", {})
     for name in program.params:
         if name == "num_ctas":
             if num_ctas is None:
                 tiles = math.prod(kir.cfg.grid_mn) if kir.cfg is not None else 4
-                num_ctas = max(1, math.ceil(tiles / TILES_PER_CTA))
+                num_ctas = cluster * max(1, math.ceil(math.ceil(tiles / cluster) / TILES_PER_CTA))
             values[name] = num_ctas
     return values
 
@@ -105,7 +114,7 @@ def block_sets(program: Program, params: dict, which: str = "ends") -> list[tupl
     gx, gy, gz = (_extent(program, f"blockIdx.{a}", params) for a in "xyz")
     cluster = _extent(program, "clusterCtaIdx.x", params)
     first = [(r, 0, 0) for r in range(cluster)]
-    last_x = (gx // cluster - 1) * cluster
+    last_x = max(0, gx // cluster - 1) * cluster
     last = [(last_x + r, gy - 1, gz - 1) for r in range(cluster)]
     sets = [first]
     if which == "ends" and last != first:
@@ -166,6 +175,7 @@ def _merge(report: Report) -> None:
     report.site_threads = threads
     report.site_bars = bars
     merged: dict = {}
+    notes: dict = {}
     for sim in report.sims:
         for f in sim.findings:
             text = render_finding(report, sim, f)
@@ -173,9 +183,12 @@ def _merge(report: Report) -> None:
                 merged[text] = []
                 report.raw.append(f)
             merged[text].append(sim.policy)
+        for f in sim.notes:
+            notes.setdefault(render_finding(report, sim, f), None)
     for text, policies in merged.items():
         names = list(dict.fromkeys(policies))
         report.findings.append(f"{text} [{', '.join(names)} schedule{'s' if len(names) > 1 else ''}]")
+    report.notes = list(notes)
 
 
 _MMA_ROLE = {"wgmma": "consumer", "tcgen05": "MMA", None: "consumer"}
@@ -275,6 +288,8 @@ def render_table(report: Report) -> str:
     other = [f for f in report.findings if not any(f"{a.name}[" in f for a in kir.barriers)]
     for f in other:
         lines.append(f"  FINDING {f}")
+    for f in report.notes:
+        lines.append(f"  NOTE    {f}")
     return "\n".join(lines)
 
 

@@ -43,7 +43,9 @@ class ExprCompiler:
             return
         if t == "DeclBuffer":
             data = s.data
-            if type(data).__name__ == "Call" and op_name(data) == "tirx.buffer_data":
+            if type(data).__name__ == "Var":  # a buffer over a pointer the kernel computed
+                self.buffer_ptr[handle_of(s.buffer)] = data
+            elif type(data).__name__ == "Call" and op_name(data) == "tirx.buffer_data":
                 src = data.args[0]
                 if handle_of(src) != handle_of(s.buffer):
                     self.alias[handle_of(s.buffer)] = handle_of(src)
@@ -93,10 +95,14 @@ class ExprCompiler:
         return f
 
     def _shared_address(self, buf, indices):
+        """A shared buffer element's address: from the pool base, or, for a buffer declared
+        over a pointer the kernel computed (a barrier mapped into a peer CTA), from that."""
         idx = self._flat_index(buf, indices)
         elem = dtype_bytes(buf.dtype)
         off = buf.elem_offset
         base = int(off) if off is not None and hasattr(off, "value") else 0
+        ptr = self.buffer_ptr.get(handle_of(buf))
+        data = self._expr(ptr) if ptr is not None else _const(UNKNOWN)
 
         def f(th):
             i = idx(th)
@@ -104,6 +110,9 @@ class ExprCompiler:
                 i = i[0]
             if i is UNKNOWN:
                 return UNKNOWN
+            p = data(th)
+            if isinstance(p, Smem):
+                return Smem(p.off + (base + i) * elem, p.rank, elem)
             return Smem((base + i) * elem, None, elem)
         return f
 

@@ -15,31 +15,22 @@ loop back-edges, to let the scheduler interleave threads. The operations themsel
 simulator's (:class:`gemm_ladder.barriers.sim.Sim`); this module only decides *which* and with
 *what* arguments.
 
-The values are those of :mod:`.values`; expressions compile in :mod:`.exprs`.
+The values are those of :mod:`.values`; expressions compile in :mod:`.exprs`, calls in
+:mod:`.calls`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from .exprs import ExprCompiler, simplified, uses_of, lvalue_defs
+from .calls import WATCHDOG_FN, CallCompiler, Site
+from .exprs import ExprCompiler, lvalue_defs, uses_of
 from .values import (ENCODE_OPS, MBAR_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN,
                      WGMMA_MMA_PREFIX, WGMMA_OTHER, WGMMA_SYNC, any_unknown, buffer_size, call_operands,
-                     call_strings, func_call_name, handle_of, is_predicated, op_name, SimError, Smem)
+                     call_strings, func_call_name, handle_of, op_name, SimError)
+
+__all__ = ["Program", "Site"]
 
 
-@dataclass
-class Site:
-    """One barrier-relevant call in the kernel, in program order."""
-
-    id: int
-    kind: str  # init, arrive, expect_tx, wait, tma, mma, commit, wait_group, store, sync
-    text: str
-    phase_text: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-class Program(ExprCompiler):
+class Program(CallCompiler, ExprCompiler):
     """The compiled kernel: ``run(th)`` is a generator; ``sites`` name its barrier operations."""
 
     def __init__(self, func, operand_buffers: set[str]):
@@ -54,6 +45,7 @@ class Program(ExprCompiler):
         self._kept: set[int] = set()
         self._lane0_only: set[int] = set()
         self.alias: dict[int, int] = {}
+        self.buffer_ptr: dict[int, object] = {}  # buffer handle -> the pointer Var it is declared over
         self._find_aliases(func.body)
         self._analyse(func.body)
         self.run = self._stmt(func.body) or _nothing
@@ -121,6 +113,8 @@ class Program(ExprCompiler):
 
     def _leaf_info(self, s) -> tuple[set, set, bool]:
         t = type(s).__name__
+        if t == "DeclBuffer" and handle_of(s.buffer) in self.buffer_ptr:
+            return {handle_of(s.buffer)}, {handle_of(s.data)}, False
         if t == "Bind":
             return {handle_of(s.var)}, uses_of(s.value), False
         if t == "BufferStore":
@@ -150,7 +144,7 @@ class Program(ExprCompiler):
             if op == "tirx.ptx.mapa":
                 ops = call_operands(call)
                 return lvalue_defs(ops[0]), set().union(*[uses_of(a) for a in ops[1:]]), False
-            if op == "tirx.cuda.func_call" and func_call_name(call) == _WATCHDOG_FN:
+            if op == "tirx.cuda.func_call" and func_call_name(call) == WATCHDOG_FN:
                 return set(), uses_of(call), True
             if op == "tirx.ptx.st_vec" and "shared" in call_strings(call):
                 # the simulator keeps only the stores that land in an MMA operand tile
@@ -283,21 +277,7 @@ class Program(ExprCompiler):
         return run
 
     def _s_Evaluate(self, s):
-        call = s.value
-        op = op_name(call)
-        handler = _CALLS.get(op)
-        if handler is None:
-            if op.startswith("tirx.ptx.cp_async_bulk_tensor_g2s"):
-                handler = Program._c_tma_load
-            elif op.startswith(TCGEN05_MMA_PREFIX):
-                handler = Program._c_tcgen05_mma
-            elif op.startswith(WGMMA_MMA_PREFIX) and op not in WGMMA_OTHER:
-                handler = Program._c_wgmma_mma
-            elif op == "tirx.cuda.func_call" and func_call_name(call) == _WATCHDOG_FN:
-                handler = Program._c_watchdog_wait
-            else:
-                return None
-        return handler(self, call)
+        return self.call_handler(s.value)
 
     def _s_DeclBuffer(self, s):
         return None
@@ -315,304 +295,10 @@ class Program(ExprCompiler):
             yield  # pylint: disable=unreachable
         return run
 
-    # -- calls ---------------------------------------------------------------------------------
-    def _site(self, kind, node, phase_text="", extra=None) -> Site:
-        site = Site(len(self.sites), kind, _short(str(node)), phase_text, extra or {})
-        self.sites.append(site)
-        return site
-
-    def _c_mbarrier_init(self, call):
-        ops = call_operands(call)
-        addr, count = self._expr(ops[0]), self._expr(ops[1])
-        site = self._site("init", call)
-
-        def run(th):
-            th.sim.mbar_init(th, addr(th), count(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _c_mbarrier_arrive(self, call):
-        ops = call_operands(call)
-        addr = self._expr(ops[0])
-        count = self._expr(ops[1]) if len(ops) > 1 else (lambda th: 1)
-        pred = self._pred(call)
-        site = self._site("arrive", call)
-
-        def run(th):
-            if pred is None or pred(th):
-                th.sim.mbar_arrive(th, addr(th), count(th), None, site)
-            else:
-                th.sim.mbar_skip(th, addr(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _c_mbarrier_arrive_expect_tx(self, call):
-        ops = call_operands(call)
-        addr, tx = self._expr(ops[0]), self._expr(ops[1])
-        pred = self._pred(call)
-        site = self._site("arrive", call, extra={"expect_tx": True})
-
-        def run(th):
-            if pred is None or pred(th):
-                th.sim.mbar_arrive(th, addr(th), 1, tx(th), site)
-            else:
-                th.sim.mbar_skip(th, addr(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _c_mbarrier_expect_tx(self, call):
-        ops = call_operands(call)
-        addr, tx = self._expr(ops[0]), self._expr(ops[1])
-        site = self._site("expect_tx", call)
-
-        def run(th):
-            th.sim.mbar_expect_tx(th, addr(th), tx(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _wait(self, call, addr_e, phase_e, site_extra=None):
-        addr, phase = self._expr(addr_e), self._expr(phase_e)
-        site = self._site("wait", call, phase_text=simplified(phase_e), extra=site_extra or {})
-
-        def run(th):
-            a, p = addr(th), phase(th)
-            while True:
-                tok = th.sim.mbar_wait(th, a, p, site)
-                if tok is None:
-                    return
-                yield tok
-        return run
-
-    def _c_mbarrier_wait(self, call):
-        ops = call_operands(call)
-        return self._wait(call, ops[0], ops[1])
-
-    _c_mbarrier_wait_cluster = _c_mbarrier_wait
-
-    def _c_watchdog_wait(self, call):
-        # gemm_ladder_bounded_wait(bar, phase, record, bar_id, stage, site, limit_ns)
-        ops = call_operands(call)
-        return self._wait(call, ops[0], ops[1], {"watchdog_site": int(ops[5].value)})
-
-    def _c_tma_load(self, call):
-        ops = call_operands(call)
-        strings = call_strings(call)
-        multicast = any("multicast" in x for x in strings)
-        dst, tmap = self._expr(ops[0]), self._expr(ops[1])
-        # dst, tensor map, coords..., mbar[, cta_mask][, cache hint]
-        rest = ops[2:]
-        n_extra = 1 if multicast else 0
-        if any("L2::cache_hint" in x for x in strings):
-            n_extra += 1
-        coords_e = rest[: len(rest) - 1 - n_extra]
-        coords = [self._expr(c) for c in coords_e]
-        mbar = self._expr(rest[len(coords_e)])
-        mask = self._expr(rest[len(coords_e) + 1]) if multicast else None
-        site = self._site("tma", call, extra={"multicast": multicast})
-
-        def run(th):
-            th.sim.tma_load(th, dst(th), tmap(th), [c(th) for c in coords], mbar(th),
-                         mask(th) if mask is not None else None, site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _c_tcgen05_mma(self, call):
-        ops = call_operands(call)
-        descs = [self._expr(ops[1]), self._expr(ops[2])]
-        site = self._site("mma", call, extra={"engine": "tcgen05"})
-
-        def run(th):
-            th.sim.mma_issue(th, "tcgen05", [d(th) for d in descs], site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _c_tcgen05_commit(self, call):
-        ops = call_operands(call)
-        strings = call_strings(call)
-        addr = self._expr(ops[0])
-        mask = self._expr(ops[1]) if any("multicast" in x for x in strings) and len(ops) > 1 else None
-        pred = self._pred(call)
-        site = self._site("commit", call)
-
-        def run(th):
-            if pred is None or pred(th):
-                th.sim.tcgen05_commit(th, addr(th), mask(th) if mask is not None else None, site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _c_wgmma_mma(self, call):
-        ops = call_operands(call)
-        strings = call_strings(call)
-        n_desc = 1 if "_rs" in op_name(call) else 2
-        descs = [self._expr(ops[-7]), self._expr(ops[-6])][2 - n_desc:]
-        site = self._site("mma", call, extra={"engine": "wgmma", "shape": next(
-            (x for x in strings if x.startswith("m64")), "")})
-
-        def run(th):
-            while True:
-                tok = th.sim.warp_collective(th, site)
-                if tok is None:
-                    break
-                yield tok
-            # one issue per warp: the descriptors are warp-uniform, lane 0 computed them
-            # (see _lane0_only); the reads belong to lane 0, checked with every lane's clock
-            th.sim.warp_uniform(th, site, lambda: th.sim.wgmma_issue(th, [d(th.cta.threads[th.warp * 32])
-                                                                          for d in descs], site))
-        return run
-
-    def _c_wgmma_commit(self, call):
-        site = self._site("commit", call, extra={"engine": "wgmma"})
-
-        def run(th):
-            th.sim.wgmma_commit(th, site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _c_wgmma_wait(self, call):
-        n = self._expr(call_operands(call)[0])
-        site = self._site("wait_group", call)
-
-        def run(th):
-            k = n(th)
-            while True:
-                tok = th.sim.warp_collective(th, site, wait_group=k)
-                if tok is None:
-                    return
-                yield tok
-        return run
-
-    def _c_cta_sync(self, call):
-        site = self._site("sync", call)
-
-        def run(th):
-            while True:
-                tok = th.sim.bar_sync(th, 0, None, site)
-                if tok is None:
-                    return
-                yield tok
-        return run
-
-    def _c_warpgroup_sync(self, call):
-        bar = self._expr(call_operands(call)[0])
-        site = self._site("sync", call)
-
-        def run(th):
-            b = bar(th)
-            while True:
-                tok = th.sim.bar_sync(th, b, 128, site)
-                if tok is None:
-                    return
-                yield tok
-        return run
-
-    def _c_cluster_sync(self, call):
-        site = self._site("sync", call)
-
-        def run(th):
-            while True:
-                tok = th.sim.cluster_sync(th, site)
-                if tok is None:
-                    return
-                yield tok
-        return run
-
-    def _c_cluster_split(self, call):
-        """barrier.cluster.arrive / .wait (``sm90a.common.cluster_sync`` spells them out)."""
-        site = self._site("sync", call)
-        step = self._sim_cluster_arrive if "arrive" in op_name(call) else self._sim_cluster_wait
-
-        def run(th):
-            while True:
-                tok = step(th, site)
-                if tok is None:
-                    return
-                yield tok
-        return run
-
-    @staticmethod
-    def _sim_cluster_arrive(th, site):
-        return th.sim.cluster_arrive(th, site)
-
-    @staticmethod
-    def _sim_cluster_wait(th, site):
-        return th.sim.cluster_wait(th, site)
-
-    def _c_encode(self, call):
-        ops = call_operands(call)
-        dst = self._lvalue(ops[0])
-        addr = self._expr(ops[1])
-        rest = [self._expr(a) for a in ops[2:]]
-
-        def run(th):
-            slot, i = dst(th)
-            a = addr(th)
-            value = UNKNOWN
-            if isinstance(a, Smem):
-                lo = (a.off >> 4) & 0x3FFF
-                fields = [r(th) for r in rest]
-                value = lo
-                if fields and isinstance(fields[0], int):
-                    value |= (fields[0] & 0x3FFF) << 16
-                if len(fields) > 1 and isinstance(fields[1], int):
-                    value |= (fields[1] & 0x3FFF) << 32
-            arr = th.env[slot]
-            if not isinstance(arr, list):
-                arr = th.env[slot] = [UNKNOWN] * (i + 1)
-            arr[i] = value
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _c_mapa(self, call):
-        ops = call_operands(call)
-        dst = self._lvalue(ops[0])
-        addr, rank = self._expr(ops[1]), self._expr(ops[2])
-
-        def run(th):
-            slot, i = dst(th)
-            a, r = addr(th), rank(th)
-            arr = th.env[slot]
-            if not isinstance(arr, list):
-                arr = th.env[slot] = [UNKNOWN] * (i + 1)
-            arr[i] = Smem(a.off, r) if isinstance(a, Smem) and isinstance(r, int) else UNKNOWN
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _c_st_vec(self, call):
-        ops = call_operands(call)
-        addr = self._expr(ops[0])
-        site = self._site("store", call)
-
-        def run(th):
-            th.sim.smem_store(th, addr(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
-
-    def _pred(self, call):
-        """The predicate of a ``@p`` raw PTX call (``pred=``), if the call has one."""
-        if not is_predicated(call):
-            return None
-        return self._expr([a for a in call.args if type(a).__name__ != "StringImm"][-1])
-
 
 def _nothing(th):
     return
     yield  # pylint: disable=unreachable
-
-
-def _short(text: str, n: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _is_wgmma_mma(s) -> bool:
@@ -620,27 +306,3 @@ def _is_wgmma_mma(s) -> bool:
         return False
     op = op_name(s.value)
     return op.startswith(WGMMA_MMA_PREFIX) and op not in WGMMA_SYNC and op not in WGMMA_OTHER
-
-
-_WATCHDOG_FN = "gemm_ladder_bounded_wait"
-
-_CALLS = {
-    "tirx.ptx.mbarrier_init": Program._c_mbarrier_init,
-    "tirx.ptx.mbarrier_arrive": Program._c_mbarrier_arrive,
-    "tirx.ptx.mbarrier_arrive_expect_tx": Program._c_mbarrier_arrive_expect_tx,
-    "tirx.ptx.mbarrier_expect_tx": Program._c_mbarrier_expect_tx,
-    "tirx.cuda.mbarrier_wait": Program._c_mbarrier_wait,
-    "tirx.cuda.mbarrier_wait_acquire_cluster": Program._c_mbarrier_wait_cluster,
-    "tirx.ptx.tcgen05_commit": Program._c_tcgen05_commit,
-    "tirx.ptx.wgmma_commit_group": Program._c_wgmma_commit,
-    "tirx.ptx.wgmma_wait_group": Program._c_wgmma_wait,
-    "tirx.cuda.cta_sync": Program._c_cta_sync,
-    "tirx.cuda.warpgroup_sync": Program._c_warpgroup_sync,
-    "tirx.cuda.cluster_sync": Program._c_cluster_sync,
-    "tirx.ptx.barrier_cluster_arrive": Program._c_cluster_split,
-    "tirx.ptx.barrier_cluster_wait": Program._c_cluster_split,
-    "tirx.cuda.wgmma_encode_matrix_descriptor": Program._c_encode,
-    "tirx.cuda.tcgen05_encode_matrix_descriptor": Program._c_encode,
-    "tirx.ptx.mapa": Program._c_mapa,
-    "tirx.ptx.st_vec": Program._c_st_vec,
-}

@@ -250,6 +250,8 @@ def load(func_or_cfg, arch: str | None = None) -> KernelIR:
         shape = tuple(int(d) for d in buf.shape)
         elem = dtype_bytes(buf.dtype)
         if str(buf.dtype) == "uint64" and len(shape) == 1 and shape[0] > 0:
+            if any(b.offset == off for b in barriers):
+                continue  # a view of a barrier array mapped into a peer CTA (remote_view)
             rec = names.get(off)
             name = rec["name"] if rec else (buf.name[:-4] if buf.name.endswith("_buf") else buf.name)
             kind = rec["kind"] if rec else "mbarrier"

@@ -19,6 +19,9 @@ completed it (the arrivals, and the issue of the copies whose bytes it counted).
 refilled only after its release" is a clock comparison, independent of how this particular run
 interleaved the threads; the runs still differ in which phase a parity wait lands on, so the
 checker runs a few schedules (threads in order, in reverse, in lockstep).
+
+This module holds the mbarriers and the run; the thread barriers are in :mod:`.syncs`, TMA and
+the MMA engines in :mod:`.engines`, the report of a run that ends badly in :mod:`.diagnose`.
 """
 
 from __future__ import annotations
@@ -27,16 +30,16 @@ from collections import deque
 
 import numpy as np
 
-from .values import TICK, UNKNOWN, SimError, Smem, TMap
-from .state import (CTA, TX_LIMIT, BarrierState, Copy, Finding, Pending, PhaseRecord, Read,
-                    Thread)
-from .words import plural
+from .diagnose import DiagnoseMixin
+from .engines import EngineMixin
+from .state import CTA, TX_LIMIT, BarrierState, Finding, PhaseRecord, Thread
+from .syncs import ClusterBarrier, SyncMixin
+from .values import TICK, UNKNOWN, SimError, Smem
 
 MAX_STEPS = 3_000_000
-CLUSTER_SPLIT = -2  # Thread.sync_gen key of a barrier.cluster.arrive awaiting its wait
 
 
-class Sim:
+class Sim(SyncMixin, EngineMixin, DiagnoseMixin):
     """One run of a cluster (or a single CTA) under one schedule."""
 
     def __init__(self, kir, program, blocks, params, policy="forward", cluster=1, step_budget=None):
@@ -62,10 +65,13 @@ class Sim:
                 cta.live_lanes[tid // 32] = cta.live_lanes.get(tid // 32, 0) + 1
                 cta.live += 1
         self.version = 0
-        self.copies: list[Copy] = []
+        self.copies: list = []
         self.in_flight: deque = deque()
         self.findings: list[Finding] = []
+        self.notes: list[Finding] = []  # what looks wrong but is by design (see judge_outside)
         self._seen: set = set()
+        self.outside: list = []  # TMA boxes wholly outside their tensor, judged after the run
+        self.arrive_map: dict = {}  # barrier label -> (rank, tid) -> {barrier rank: arrive site}
         self.site_threads: dict[int, set] = {}
         self.site_roles: dict[int, dict] = {}
         self.site_phases: dict[int, set] = {}
@@ -74,7 +80,8 @@ class Sim:
         self.deadlocked: list = []
         self.stuck: list = []  # barriers threads wait on forever, after a deadlock
         self.finished = False
-        self._cluster = {"waiting": set(), "gen": 0, "snaps": {}, "released": {}}
+        self.live_threads = len(self.threads)
+        self.cluster_bar = ClusterBarrier(self.zero_vc())
 
     # -- clocks --------------------------------------------------------------------------------
     def zero_vc(self):
@@ -88,14 +95,14 @@ class Sim:
         return np.maximum(a, b)
 
     # -- findings --------------------------------------------------------------------------------
-    def find(self, check, barrier, phase, who, site, text, cta=None, others=None, key=None):
-        """Record a finding once (``key``: what counts as the same one; default its text)."""
+    def find(self, check, barrier, phase, who, site, text, cta=None, others=None, key=None, note=False):
+        """Record a finding (a note) once (``key``: what counts as the same one; default its text)."""
         f = Finding(check, barrier, phase, who, site.id if site is not None else None, text, cta)
         f.others = sorted(set(others or []))
         key = key or f.key()
         if key not in self._seen:
             self._seen.add(key)
-            self.findings.append(f)
+            (self.notes if note else self.findings).append(f)
 
     # -- coordinates -----------------------------------------------------------------------------
     def sreg(self, th, name):
@@ -188,11 +195,16 @@ class Sim:
         bar.arrivals.append((th.rank, th.tid, count, site.id))
         bar.pending -= count
         bar.acc = self.join(bar.acc, th.vc)
+        self._note_arrival(th, bar, site)
         if bar.pending < 0:
             self.find("arrivals", bar.label, bar.n, [(th.rank, th.tid)], site,
                       f"{bar.label} phase {bar.n} gets {bar.count - bar.pending} arrivals, over its "
                       f"init count {bar.count} (its tx-count holds the phase open)", th.rank)
         self._maybe_complete(bar)
+
+    def _note_arrival(self, th, bar, site):
+        seen = self.arrive_map.setdefault(bar.label, {}).setdefault((th.rank, th.tid), {})
+        seen.setdefault(bar.rank, site.id)
 
     def mbar_skip(self, th, addr, site):
         """A predicated arrive this thread reached with its predicate false."""
@@ -226,13 +238,6 @@ class Sim:
         bar.clocks.append(clock)
         for p in bar.pendings:
             p.alts.append((bar.comp, n + 1))
-        for c in bar.copies:
-            if c.issue_phase != n:
-                self.find("expect-tx", bar.label, n, [c.issuer], None,
-                          f"a TMA copy into {self._region_text(c.dst_off)} issued for phase "
-                          f"{c.issue_phase} of {bar.label} completes phase {n}: an earlier phase "
-                          f"completed before all its bytes landed (expect_tx counted fewer bytes "
-                          f"than its copies)", bar.rank)
         bar.history.append(PhaseRecord(bar.arrivals, bar.expected, bar.copies, self.steps))
         bar.n += 1
         bar.pending = bar.count
@@ -278,365 +283,6 @@ class Sim:
         th.last_action = "wait"
         return None
 
-    # -- TMA -------------------------------------------------------------------------------------
-    def tma_load(self, th, dst, tmap, coords, mbar, mask, site):
-        self.site_threads.setdefault(site.id, set()).add((th.rank, th.tid))
-        if not isinstance(dst, Smem) or not isinstance(mbar, Smem):
-            raise SimError(f"TMA load with an address the checker cannot follow at {site.text}")
-        info = self.kir.tensormaps.get(tmap.name) if isinstance(tmap, TMap) else None
-        if info is None:
-            raise SimError(f"TMA load from an unknown tensor map {tmap!r} at {site.text}")
-        self._role_after_wait(th, "producer")
-        th.last_action = "tma"
-        th.tick()
-        if mask is None:
-            ranks = [th.rank]
-        else:
-            if not isinstance(mask, int):
-                raise SimError(f"multicast mask {mask!r} is not known at {site.text}")
-            ranks = [r for r in range(16) if mask >> r & 1]
-            bad = [r for r in ranks if r >= len(self.ctas)]
-            if bad:
-                self.find("multicast", "", None, [(th.rank, th.tid)], site,
-                          f"multicast mask 0x{mask:x} names CTA ranks {bad} outside the cluster of "
-                          f"{len(self.ctas)}", th.rank)
-                ranks = [r for r in ranks if r < len(self.ctas)]
-        inb = info.in_bounds_bytes(coords)
-        if inb == 0:
-            dims = "x".join(map(str, reversed(info.dims)))
-            at = ", ".join(map(str, reversed(coords)))
-            self.find("tma-bounds", info.name.replace("_tensormap", ""), None, [(th.rank, th.tid)], site,
-                      f"loads a {info.describe()} at ({at}), wholly outside the {dims} tensor: every "
-                      f"byte is zero-filled (a tile index past the grid?)", th.rank,
-                      key=("tma-bounds", site.id, info.name))
-        for r in ranks:
-            bar = self._bar(th, Smem(mbar.off, r), site, "TMA complete_tx")
-            if bar.count is None:
-                self.find("init", bar.label, None, [(th.rank, th.tid)], site,
-                          f"TMA completes on {bar.label} of CTA rank {r} before it is initialised", r)
-                continue
-            self.site_bar[site.id] = bar.label.split("[")[0]
-            copy = Copy(len(self.copies), (th.rank, th.tid), site.id, info.name, info.box_bytes, inb, r,
-                        dst.off, mbar.off, th.vc.copy(), bar.n)
-            self.copies.append(copy)
-            self._write(th, r, dst.off, ("tma", copy), site)
-            self.in_flight.append(copy)
-        if self.policy != "lockstep":
-            self.land_all()
-
-    def land_all(self):
-        while self.in_flight:
-            self.land(self.in_flight.popleft())
-
-    def land(self, copy):
-        bar = self.ctas[copy.dst_rank].bars[copy.bar_off]
-        copy.done = True
-        bar.tx -= copy.box_bytes
-        bar.copies.append(copy)
-        bar.pendings.append(copy.landed)
-        bar.acc = self.join(bar.acc, copy.issue_vc)
-        self.version += 1
-        self._maybe_complete(bar)
-
-    # -- MMA and operand tiles -------------------------------------------------------------------
-    def _region(self, rank, off):
-        reg = self.kir.region_of(off)
-        if reg is None or reg[0] not in self.kir.operand_buffers:
-            return None
-        return self.ctas[rank].regions.setdefault(reg, {"write": None, "reads": [], "key": reg})
-
-    def _region_text(self, off):
-        reg = self.kir.region_of(off)
-        return self.kir.region_label(reg) if reg else f"shared byte {off}"
-
-    def _visible(self, th, token) -> bool:
-        if token is None:
-            return False
-        if isinstance(token, Pending):
-            return token.visible(th.vc)
-        _, g, e = token
-        return th.vc[g] >= e
-
-    def _write(self, th, rank, off, how, site):
-        region = self._region(rank, off)
-        if region is None:
-            return
-        label = self.kir.region_label(region["key"])
-        stage = region["key"][1]
-        early: dict = {}
-        unordered = []
-        for rd in region["reads"]:
-            if rd.retire is None:
-                # the release that went out before the read retired: the owner's arrive on the
-                # slot of this stage, else its first arrive after the read
-                rel = next((r for r in rd.released if r[0].endswith(f"[{stage}]")), None) or \
-                    (rd.released[0] if rd.released else ("", None))
-                early.setdefault((rel[0], rel[1], rd.engine), []).append(rd.thread)
-            elif not self._visible(th, rd.retire):
-                unordered.append(rd.thread)
-        for (bar, phase, engine), readers in early.items():
-            pending = ("their wgmma group is not retired (wgmma.wait_group)" if engine == "wgmma"
-                       else "no tcgen05.commit covers it yet")
-            how_released = (f"; they released it by arriving on {bar} before the read retired" if bar else "")
-            self.find("release", bar or label, phase, [(th.rank, th.tid)], site,
-                      f"refills {label} while the MMA reads of it by {_readers(readers, engine)} are in "
-                      f"flight: {pending}{how_released}", rank, key=("release", region["key"][0], "early"))
-        if unordered:
-            self.find("release", label, None, [(th.rank, th.tid)], site,
-                      f"refills {label} without waiting for the release of the MMA reads by "
-                      f"{_readers(unordered, 'wgmma' if any(r.engine == 'wgmma' for r in region['reads']) else '')}: "
-                      f"no barrier phase orders their retirement before this write", rank,
-                      key=("release", region["key"][0], "unordered"))
-        region["reads"] = []
-        region["write"] = how
-
-    def smem_store(self, th, addr, site):
-        if not isinstance(addr, Smem):
-            return
-        if self._region(th.rank, addr.off) is None:
-            return
-        self.site_threads.setdefault(site.id, set()).add((th.rank, th.tid))
-        e = th.tick()
-        self._write(th, th.rank, addr.off, ("gen", th.g, e, (th.rank, th.tid)), site)
-
-    def wgmma_issue(self, th, descs, site):
-        """One wgmma of a warp (its lanes just met): lane 0 owns the reads; the check that the
-        data landed uses the least clock of the lanes, so every lane must have waited."""
-        lanes = [t for t in th.cta.threads[th.warp * 32:th.warp * 32 + 32] if t.state != "done"]
-        for t in lanes:
-            self._role_after_wait(t, "consumer")
-            t.last_action = "mma"
-        vc = np.min(np.stack([t.vc for t in lanes]), axis=0)
-        self.mma_issue(th.cta.threads[th.warp * 32], "wgmma", descs, site, vc,
-                       who=[(t.rank, t.tid) for t in lanes])
-        self.site_threads.setdefault(site.id, set()).update((t.rank, t.tid) for t in lanes)
-        return True
-
-    def mma_issue(self, th, engine, descs, site, vc=None, who=None):
-        self.site_threads.setdefault(site.id, set()).add((th.rank, th.tid))
-        self._role_after_wait(th, "consumer" if engine == "wgmma" else "MMA")
-        th.last_action = "mma"
-        th.tick()
-        if vc is None:
-            vc = th.vc
-        who = who or [(th.rank, th.tid)]
-        for d in descs:
-            if not isinstance(d, int):
-                raise SimError(f"MMA descriptor {d!r} is not known at {site.text}")
-            off = (d & 0x3FFF) << 4
-            region = self._region(th.rank, off)
-            if region is None:
-                continue
-            w = region["write"]
-            label = region["key"]
-            if w is None:
-                label = self.kir.region_label(label)
-                self.find("race", label, None, who, site,
-                          f"MMA reads {label} before anything wrote it", th.rank)
-            elif w[0] == "tma":
-                copy = w[1]
-                if not copy.done or not copy.landed.visible(vc):
-                    label = self.kir.region_label(label)
-                    bar = self.kir.slot_label(copy.bar_off)
-                    self.find("race", bar, copy.issue_phase, who, site,
-                              f"MMA reads {label} before the TMA copy into it landed: no wait on "
-                              f"phase {copy.issue_phase} of {bar} orders it", th.rank)
-            elif w[0] == "gen":
-                if vc[w[1]] < w[2]:
-                    label = self.kir.region_label(label)
-                    self.find("race", label, None, who, site,
-                              f"MMA reads {label} before the stores of thread {w[3][1]} are ordered "
-                              f"before it", th.rank)
-            rd = Read((th.rank, th.tid), th.g, site.id, engine, region["key"])
-            region["reads"].append(rd)
-            th.unreleased.append(rd)
-            (th.wg_open if engine == "wgmma" else th.tc_open).append(rd)
-
-    def wgmma_commit(self, th, site):
-        th.wg_groups.append(th.wg_open)
-        th.wg_open = []
-
-
-    def tcgen05_commit(self, th, addr, mask, site):
-        self.site_threads.setdefault(site.id, set()).add((th.rank, th.tid))
-        ranks = [th.rank] if mask is None else [r for r in range(len(self.ctas)) if mask >> r & 1]
-        pending = Pending()
-        for rd in th.tc_open:
-            rd.retire = pending
-        th.tc_open = []
-        votes = self.site_roles.setdefault(site.id, {})
-        votes["MMA"] = votes.get("MMA", 0) + 1
-        th.last_action = "commit"
-        for r in ranks:
-            target = addr if addr.rank is not None or r == th.rank else Smem(addr.off, r)
-            bar = self._bar(th, target, site, "tcgen05.commit")
-            if not self._use(th, bar, site, "commits to"):
-                continue
-            th.tick()
-            bar.arrivals.append((th.rank, th.tid, 1, site.id))
-            bar.pending -= 1
-            bar.pendings.append(pending)
-            bar.acc = self.join(bar.acc, th.vc)
-            self._maybe_complete(bar)
-
-    # -- CTA, named and cluster barriers, warp collectives --------------------------------------
-    def bar_sync(self, th, bar_id, count, site):
-        cta = th.cta
-        state = cta.syncs.setdefault(bar_id, {"waiting": set(), "gen": 0, "count": count})
-        gen = th.sync_gen.get(bar_id)
-        if gen is not None:
-            if state["gen"] > gen:
-                del th.sync_gen[bar_id]
-                return None
-            return ("sync", bar_id)
-        th.sync_gen[bar_id] = state["gen"]
-        state["waiting"].add(th.tid)
-        self.site_threads.setdefault(site.id, set()).add((th.rank, th.tid))
-        self._try_release_sync(cta, bar_id)
-        if state["gen"] > th.sync_gen[bar_id]:
-            del th.sync_gen[bar_id]
-            return None
-        return ("sync", bar_id)
-
-    def _try_release_sync(self, cta, bar_id):
-        state = cta.syncs[bar_id]
-        need = state["count"] if state["count"] is not None else cta.live
-        if len(state["waiting"]) < need:
-            return
-        members = [cta.threads[t] for t in state["waiting"]]
-        clock = np.max(np.stack([m.vc for m in members]), axis=0)
-        for m in members:
-            m.vc = clock.copy()
-            m.tick()
-        state["waiting"] = set()
-        state["gen"] += 1
-        self.version += 1
-
-    def cluster_sync(self, th, site):
-        """``T.cuda.cluster_sync()``: every live thread of the cluster meets (arrive and wait)."""
-        state = self._cluster
-        key = -1
-        gen = th.sync_gen.get(key)
-        if gen is not None:
-            self._cluster_try_complete()  # a thread may have exited since
-            if state["gen"] > gen:
-                del th.sync_gen[key]
-                return None
-            return ("cluster_sync",)
-        th.sync_gen[key] = state["gen"]
-        state["waiting"].add(th.g)
-        state["snaps"][th.g] = th.vc.copy()
-        self._cluster_try_complete()
-        if state["gen"] > th.sync_gen[key]:
-            del th.sync_gen[key]
-            return None
-        return ("cluster_sync",)
-
-    def cluster_arrive(self, th, site):
-        """``barrier.cluster.arrive.release``: counted now (with what this thread did so far),
-        waited for by its :meth:`cluster_wait`; the thread runs on in between."""
-        state = self._cluster
-        th.sync_gen[CLUSTER_SPLIT] = state["gen"]
-        state["waiting"].add(th.g)
-        state["snaps"][th.g] = th.vc.copy()
-        th.tick()
-        self._cluster_try_complete()
-        return None
-
-    def cluster_wait(self, th, site):
-        """``barrier.cluster.wait.acquire``: until every live thread of the cluster arrived on
-        this thread's phase; then it has seen what each did before its arrive."""
-        state = self._cluster
-        gen = th.sync_gen.get(CLUSTER_SPLIT)
-        if gen is None:  # no arrive of its own: the phase it would wait on is the current one
-            return None
-        self._cluster_try_complete()
-        if state["gen"] > gen:
-            del th.sync_gen[CLUSTER_SPLIT]
-            th.vc = np.maximum(th.vc, state["released"][gen])
-            th.tick()
-            return None
-        return ("cluster_sync",)
-
-    def _cluster_try_complete(self):
-        """The cluster barrier's phase completes when every live thread arrived (a thread that
-        has exited counts as arrived, as on the hardware)."""
-        state = self._cluster
-        need = sum(t.state != "done" for t in self.threads)
-        if not state["waiting"] or len(state["waiting"]) < need:
-            return
-        merged = np.max(np.stack(list(state["snaps"].values())), axis=0)
-        state["released"][state["gen"]] = merged
-        for g in state["waiting"]:
-            m = self.threads[g]
-            if m.sync_gen.get(CLUSTER_SPLIT) != state["gen"]:  # blocked in cluster_sync: leaves with it
-                m.vc = merged.copy()
-                m.tick()
-        state["waiting"], state["snaps"] = set(), {}
-        state["gen"] += 1
-        self.version += 1
-
-    def warp_collective(self, th, site, wait_group=None):
-        """A ``.sync.aligned`` instruction: the lanes of the warp meet before any goes on.
-
-        ``wait_group`` (the n of ``wgmma.wait_group n``) retires the warp's older wgmma groups
-        at the meeting, and the lanes leave with each other's clocks: after it, any lane's
-        release covers the reads of every lane.
-        """
-        cta = th.cta
-        state = cta.collectives.setdefault(th.warp, {"site": None, "waiting": set(), "gen": 0, "n": None})
-        if th.collective_gen >= 0:
-            if state["gen"] > th.collective_gen:
-                th.passed_gen = th.collective_gen
-                th.collective_gen = -1
-                return None
-            return ("collective", th.warp)
-        if state["waiting"] and state["site"] != site.id:
-            self.find("simulate", "", None, [(th.rank, th.tid)], site,
-                      f"lanes of warp {th.warp} meet at different warp-collective instructions", th.rank)
-        state["site"] = site.id
-        state["n"] = wait_group
-        state["waiting"].add(th.lane)
-        th.collective_gen = state["gen"]
-        self._try_release_collective(cta, th.warp)
-        if state["gen"] > th.collective_gen:
-            th.passed_gen = th.collective_gen
-            th.collective_gen = -1
-            return None
-        return ("collective", th.warp)
-
-    def warp_uniform(self, th, site, fn):
-        """``fn()`` evaluated once per warp at a collective the lanes just passed together."""
-        cache = th.cta.collectives[th.warp].setdefault("cache", {})
-        key = (site.id, th.passed_gen)
-        if key not in cache:
-            if len(cache) > 64:
-                cache.clear()
-            cache[key] = fn()
-        return cache[key]
-
-    def _try_release_collective(self, cta, warp):
-        state = cta.collectives.get(warp)
-        if not state or not state["waiting"]:
-            return
-        if len(state["waiting"]) < cta.live_lanes.get(warp, 0):
-            return
-        lanes = [t for t in cta.threads[warp * 32:warp * 32 + 32] if t.lane in state["waiting"]]
-        if state["n"] is not None:
-            n = state["n"]
-            for t in lanes:
-                e = t.tick()
-                t.last_action = "wait_group"
-                while len(t.wg_groups) > n:
-                    for rd in t.wg_groups.popleft():
-                        rd.retire = ("epoch", t.g, e)
-            clock = np.max(np.stack([t.vc for t in lanes]), axis=0)
-            for t in lanes:
-                t.vc = clock.copy()
-        state["waiting"] = set()
-        state["gen"] += 1
-        self.version += 1
-
     # -- roles -------------------------------------------------------------------------------
     def _role_after_wait(self, th, role):
         for sid in th.after_wait:
@@ -672,20 +318,6 @@ class Sim:
         th.blocked_at = self.version
         return was < 0 or was != self.version
 
-    def _thread_done(self, th):
-        cta = th.cta
-        cta.live_lanes[th.warp] -= 1
-        cta.live -= 1
-        for bar_id in list(cta.syncs):
-            if cta.syncs[bar_id]["waiting"]:
-                self._try_release_sync(cta, bar_id)
-        self._try_release_collective(cta, th.warp)
-        if self._cluster["waiting"]:
-            need = sum(t.state != "done" for t in self.threads)
-            if len(self._cluster["waiting"]) >= need:
-                self.version += 1
-        self.version += 1
-
     def run(self) -> "Sim":
         order = list(self.threads)
         if self.policy == "reverse":
@@ -696,6 +328,9 @@ class Sim:
             self._loop(order)
         except SimError as err:
             self.find("simulate", "", None, [], None, str(err))
+        self.judge_outside()
+        for th in self.threads:  # the report reads barriers, copies and sites, not the frames
+            th.gen = th.env = None
         return self
 
     def _loop(self, order):
@@ -733,93 +368,6 @@ class Sim:
                 self._report_deadlock()
                 return
 
-    # -- end of run ------------------------------------------------------------------------------
-    def _at_exit(self):
-        for cta in self.ctas:
-            for bar in cta.bars.values():
-                if bar.arrivals or bar.tx or bar.copies:
-                    got = sum(a[2] for a in bar.arrivals)
-                    delivered = sum(c.box_bytes for c in bar.copies)
-                    self.find("exit", bar.label, bar.n, [(a[0], a[1]) for a in bar.arrivals], None,
-                              f"the kernel ends with phase {bar.n} of {bar.label} open: {got} of "
-                              f"{bar.count} arrivals, {bar.expected} bytes expected, {delivered} "
-                              f"delivered", cta.rank)
-
-    def barrier_state_text(self, bar) -> str:
-        got = sum(a[2] for a in bar.arrivals)
-        delivered = sum(c.box_bytes for c in bar.copies)
-        parts = [f"{got} of {bar.count} arrivals"]
-        if bar.expected or bar.copies:
-            boxes = " + ".join(
-                f"{c.tmap.replace('_tensormap', '')} {c.box_bytes}"
-                + (f" from rank {c.issuer[0]}" if c.issuer[0] != bar.rank else "") for c in bar.copies)
-            parts.append(f"expect_tx {bar.expected} bytes, its copies delivered {delivered}"
-                         + (f" ({boxes})" if boxes else ""))
-            zero = sum(c.box_bytes - c.in_bounds for c in bar.copies)
-            if zero:
-                parts.append(f"{zero} of them zero-filled past the tensor's edge (TMA counts the full box)")
-        return "; ".join(parts)
-
-    def _report_deadlock(self):
-        """The blocked threads, grouped; and for each stuck phase, why it cannot complete."""
-        groups: dict = {}
-        for th in self.deadlocked:
-            tok = th.token
-            if tok is None:
-                key = ("other", th.rank)
-            elif tok[0] == "wait":
-                key = ("wait", th.rank, id(tok[1]), tok[2] & 1, tok[3].id)
-            else:
-                key = (tok[0], th.rank, tok[1] if len(tok) > 1 else None)
-            groups.setdefault(key, []).append(th)
-        summary = []
-        stuck = {}
-        for key, ths in groups.items():
-            who = [(t.rank, t.tid) for t in ths]
-            if key[0] == "wait":
-                bar, parity, site = ths[0].token[1], ths[0].token[2] & 1, ths[0].token[3]
-                stuck[id(bar)] = bar
-                summary.append((who, site.id, f"wait on {bar.label} for parity {parity} "
-                                              f"(phase {bar.n}: {self.barrier_state_text(bar)})"))
-            elif key[0] == "sync":
-                summary.append((who, None, f"wait at named barrier {key[2]}"))
-            else:
-                summary.append((who, None, f"wait at {key[0]}"))
-        self.stuck = list(stuck.values())
-        for bar in self.stuck:
-            self._why_stuck(bar)
-        f = Finding("deadlock", "", None, [], None, "no thread can go on", None)
-        f.groups = summary
-        if f.key() not in self._seen:
-            self._seen.add(f.key())
-            self.findings.append(f)
-
-    def _why_stuck(self, bar):
-        """A stuck phase's cause, when it is visible in the phase itself."""
-        who = [(a[0], a[1]) for a in bar.arrivals]
-        if bar.count is not None and bar.pending <= 0 and bar.tx != 0:
-            site = self.program.sites[bar.expected_sites[0]] if bar.expected_sites else None
-            self.find("expect-tx", bar.label, bar.n, who, site,
-                      f"every arrival is in but the bytes do not add up: {self.barrier_state_text(bar)}",
-                      bar.rank)
-            return
-        if bar.skipped:
-            site = self.program.sites[bar.skipped[0][2]]
-            self.find("arrivals", bar.label, bar.n, [(r, t) for r, t, _ in bar.skipped], site,
-                      f"reach the arrive on {bar.label} with its predicate off: the phase gets "
-                      f"{self.barrier_state_text(bar)}", bar.rank)
-            return
-        arrivers = {(r, t) for sid, ths in self.site_threads.items()
-                    if self.site_bar.get(sid) == bar.label.split("[")[0]
-                    and self.program.sites[sid].kind in ("arrive", "commit") for r, t in ths if r == bar.rank}
-        missing = arrivers - set(who)
-        gone = [m for m in missing if self.ctas[m[0]].threads[m[1]].state == "done"]
-        if missing and len(gone) == len(missing):
-            self.find("arrivals", bar.label, bar.n, sorted(gone), None,
-                      f"left the kernel without arriving on {bar.label} (they arrive on it elsewhere): "
-                      f"the phase gets {self.barrier_state_text(bar)}", bar.rank)
-
-
 def _extent(launch, program, tag, params):
     v = program.launch_extents.get(tag)
     if v is None:
@@ -830,11 +378,3 @@ def _extent(launch, program, tag, params):
     if name in params:
         return params[name]
     raise SimError(f"launch extent {tag} = {v} is not known")
-
-
-def _readers(threads, engine) -> str:
-    ranks = sorted({r for r, _ in threads})
-    where = f" of cluster {plural('rank', ranks)}" if ranks != [0] else ""
-    if engine == "wgmma":
-        return f"the wgmma of {plural('warp', [t // 32 for _, t in threads])}{where}"
-    return f"the MMA issued by {plural('thread', [t for _, t in threads])}{where}"

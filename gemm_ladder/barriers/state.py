@@ -10,7 +10,7 @@ TX_LIMIT = (1 << 20) - 1  # tx-count and arrival count range of an mbarrier phas
 
 @dataclass
 class Finding:
-    check: str  # expect-tx | arrivals | phase | race | deadlock | init | exit | simulate
+    check: str  # expect-tx | arrivals | phase | race | release | deadlock | init | exit | tma-bounds | ...
     barrier: str
     phase: int | None
     who: list  # [(rank, tid)]
@@ -47,6 +47,7 @@ class Copy:
     bar_off: int
     issue_vc: list
     issue_phase: int
+    bar_rank: int  # the CTA whose mbarrier the copy completes on
     landed: Pending = field(default_factory=Pending)
     done: bool = False
 
@@ -126,6 +127,7 @@ class Thread:
         self.sync_gen: dict = {}
         self.collective_gen = -1
         self.passed_gen = -1
+        self.cluster_pending = None  # the cluster barrier phase this thread arrived in, not yet waited
 
     def tick(self) -> int:
         self.vc[self.g] += 1
