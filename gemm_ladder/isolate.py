@@ -155,7 +155,11 @@ def main(argv=None) -> None:
         except Exception as err:  # pylint: disable=broad-except
             result = {"status": "error", "detail": f"{type(err).__name__}: {err}"}
             if type(err).__name__ == "BarrierTimeoutError":  # a watchdog build gave up waiting
-                result.update(status="hang", barrier=err.record, exit_child=not err.kernel_stopped)
+                result.update(status="hang", barrier=err.record)
+            # a stopped kernel (the watchdog's trap) or a device fault leaves this process's CUDA
+            # context unusable: every later launch here would fail with the same error
+            if result["status"] == "hang" or "CUDA error" in result["detail"]:
+                result["exit_child"] = True
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         if result.get("exit_child"):
             os._exit(0)  # pylint: disable=protected-access

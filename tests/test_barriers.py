@@ -429,5 +429,5 @@ def test_watchdog_names_the_hang(broken_on_gpu, name):
     variant, res = VARIANTS[name], broken_on_gpu[name]
     assert res["status"] in variant.gpu, res
     if res["status"] == "hang":
-        assert re.match(r"\S+: (producer|consumer|MMA|epilogue) \S+ \d+ of CTA \d+.* waits on "
+        assert re.match(r"(BarrierTimeoutError: )?\S+: (producer|consumer|MMA|epilogue) \S+ \d+ of CTA \d+.* waits on "
                         r"(tma2mma|mma2tma)\[\d\] \(phase parity [01]\) for [\d.]+ s", res["detail"]), res

@@ -27,7 +27,9 @@ POLL_SECONDS = 0.002
 GRACE_SECONDS = 1.0  # after the record is written: time for the other waiters to leave
 
 # The bounded wait. The fast path is one try_wait, as in TVM's wait; the slow path polls with
-# TVM's suspend hint (10 ms) and reads %globaltimer. The claim word is a device global: the
+# the same try_wait, without a suspend hint (with TVM's 10 ms hint there, v9's watchdog build ran
+# about 1000x slower than its shipped build on an H100: waiters seemed to sleep out the hint),
+# and reads %globaltimer. The claim word is a device global: the
 # first waiter of this launch (launch ids only grow) raises it with atomicMax and writes the
 # record; the others see it raised and leave too.
 WAIT_SOURCE = r"""
@@ -48,9 +50,9 @@ __forceinline__ __device__ void gemm_ladder_bounded_wait(void* bar, int phase, l
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     while (true) {
         asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2, %3;\n\t"
+                     "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n\t"
                      "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done) : "r"(addr), "r"(phase), "r"(0x989680) : "memory");
+                     : "=r"(done) : "r"(addr), "r"(phase) : "memory");
         if (done) return;
         if (*(volatile unsigned long long*)&gemm_ladder_watchdog_claim >= launch) {
             asm volatile("exit;");
