@@ -26,12 +26,13 @@ LAUNCH, DONE, BAR, STAGE, PARITY, SITE, CTA, THREAD, WAITED_NS, STATE, RANK = ra
 POLL_SECONDS = 0.002
 GRACE_SECONDS = 1.0  # after the record is written: time for the other waiters to leave
 
-# The bounded wait. The fast path is one try_wait, as in TVM's wait; the slow path polls with
-# the same try_wait, without a suspend hint (with TVM's 10 ms hint there, v9's watchdog build ran
-# about 1000x slower than its shipped build on an H100: waiters seemed to sleep out the hint),
-# and reads %globaltimer. The claim word is a device global: the
-# first waiter of this launch (launch ids only grow) raises it with atomicMax and writes the
-# record; the others see it raised and leave too.
+# The bounded wait. The fast path is one try_wait, as in TVM's wait; the slow path polls the
+# same try_wait and reads %globaltimer, and only after a millisecond of waiting does it touch
+# memory: the launch id in the record (pinned host memory, a PCIe read) and the claim word (a
+# device global). Reading the record at every slow wait made v9's watchdog build about 1100x
+# slower than its shipped build on an H100 (benchmarks/results/2026-11-22_h100_barrier_watchdog/).
+# The first waiter of a launch past its limit (launch ids only grow) raises the claim word with
+# atomicMax and writes the record; the others see it raised and leave too.
 WAIT_SOURCE = r"""
 __device__ unsigned long long gemm_ladder_watchdog_claim = 0ull;
 __forceinline__ __device__ void gemm_ladder_bounded_wait(void* bar, int phase, long long rec_addr,
@@ -45,7 +46,7 @@ __forceinline__ __device__ void gemm_ladder_bounded_wait(void* bar, int phase, l
                  : "=r"(done) : "r"(addr), "r"(phase) : "memory");
     if (done) return;
     volatile long long* rec = (volatile long long*)rec_addr;
-    unsigned long long launch = (unsigned long long)rec[0];
+    unsigned long long launch = 0ull;
     unsigned long long start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     while (true) {
@@ -54,10 +55,12 @@ __forceinline__ __device__ void gemm_ladder_bounded_wait(void* bar, int phase, l
                      "selp.u32 %0, 1, 0, p;\n\t}"
                      : "=r"(done) : "r"(addr), "r"(phase) : "memory");
         if (done) return;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (now - start < 1000000ull) continue;  // the first millisecond: the barrier only
+        if (launch == 0ull) launch = (unsigned long long)rec[0];
         if (*(volatile unsigned long long*)&gemm_ladder_watchdog_claim >= launch) {
             asm volatile("exit;");
         }
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
         if (now - start >= (unsigned long long)limit_ns) {
             if (atomicMax(&gemm_ladder_watchdog_claim, launch) < launch) {
                 unsigned long long state;
