@@ -70,35 +70,12 @@ def check(cfg: GemmConfig) -> None:
     common.check_swap_tile(cfg, CONSUMERS)
     common.check_pipe_depth(cfg)
     common.check_consumer_registers(cfg, SwapPlan(cfg))
-    common.check_cluster(cfg)
-    splitk.check_split_k(cfg)
-    rows, cols = cluster_grid(cfg)
-    common.check_schedule(cfg, grid=(rows, cols * splitk.split_k(cfg)))
-    common.check_dynamic_m(cfg)
+    splitk.check_grid(cfg)
 
 
-def cluster_grid(cfg: GemmConfig, M=None) -> tuple:
-    """The grid of cluster tiles (for ``M``, default cfg.M; a runtime M gives a runtime number
-    of rows); the scheduler walks it with ``split_k`` columns per tile column."""
-    cm, cn = common.cluster_shape(cfg)
-    M = cfg.M if M is None else M
-    return common.tiles_over(M, cfg.blk_m * cm), -(-cfg.grid_mn[1] // cn)
-
-
-def workspace(cfg: GemmConfig) -> dict:
-    # per row of cluster tiles (blk_m x cluster_m rows of M): cluster_m x (cluster columns x
-    # cluster_n) CTA tiles, each with a counter per consumer and split_k partial slots
-    cm, cn = common.cluster_shape(cfg)
-    tiles = cm * cluster_grid(cfg)[1] * cn
-    return splitk.workspace(cfg, cfg.blk_m * cm, tiles, cfg.num_warpgroups)
-
-
-def launch(cfg: GemmConfig) -> dict:
-    cm, cn = common.cluster_shape(cfg)
-    info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=cm * cn)
-    info = {**info, "threads": info["threads"] + common.THREADS_PER_WG, "cluster_shape": [cm, cn],
-            "workspace": workspace(cfg)}
-    return common.dynamic_launch(cfg, info)
+cluster_grid = splitk.cluster_grid
+workspace = splitk.tile_workspace
+launch = splitk.launch
 
 
 def kernel(cfg: GemmConfig):

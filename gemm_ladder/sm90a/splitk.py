@@ -41,6 +41,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from ..config import ConfigError, GemmConfig
+from . import common
 
 MAX_SPLIT_K = 32  # more slots than this cost more in partial traffic than they spread
 
@@ -59,6 +60,42 @@ def check_split_k(cfg: GemmConfig) -> None:
             f"split_k={s!r}: K={cfg.K} has {cfg.k_tiles} slices of blk_k={cfg.blk_k}, and each of the "
             f"split_k units needs at least one (and at most {MAX_SPLIT_K} units); use split_k from 1 to {most}"
         )
+
+
+def cluster_grid(cfg: GemmConfig, M=None) -> tuple:
+    """The grid of cluster tiles (for ``M``, default cfg.M; a runtime M gives a runtime number
+    of rows); the scheduler walks it with ``split_k`` columns per tile column."""
+    cm, cn = common.cluster_shape(cfg)
+    M = cfg.M if M is None else M
+    return common.tiles_over(M, cfg.blk_m * cm), -(-cfg.grid_mn[1] // cn)
+
+
+def check_grid(cfg: GemmConfig) -> None:
+    """What v10 and v11 check past their tiles: clusters, ``split_k``, the schedule over
+    ``split_k`` columns per tile column, a runtime M."""
+    common.check_cluster(cfg)
+    check_split_k(cfg)
+    rows, cols = cluster_grid(cfg)
+    common.check_schedule(cfg, grid=(rows, cols * split_k(cfg)))
+    common.check_dynamic_m(cfg)
+
+
+def tile_workspace(cfg: GemmConfig) -> dict:
+    """Per row of cluster tiles (blk_m x cluster_m rows of M): cluster_m x (cluster columns x
+    cluster_n) CTA tiles, each with a counter per consumer and split_k partial slots."""
+    cm, cn = common.cluster_shape(cfg)
+    tiles = cm * cluster_grid(cfg)[1] * cn
+    return workspace(cfg, cfg.blk_m * cm, tiles, cfg.num_warpgroups)
+
+
+def launch(cfg: GemmConfig) -> dict:
+    """The launch of a split-K rung: persistent clusters, a producer warpgroup beside the
+    consumers, and the workspace the runtime allocates."""
+    cm, cn = common.cluster_shape(cfg)
+    info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=cm * cn)
+    info = {**info, "threads": info["threads"] + common.THREADS_PER_WG, "cluster_shape": [cm, cn],
+            "workspace": tile_workspace(cfg)}
+    return common.dynamic_launch(cfg, info)
 
 
 def workspace(cfg: GemmConfig, m_step: int, tiles_per_m_step: int, consumers: int) -> dict:
