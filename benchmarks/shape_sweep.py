@@ -1,0 +1,303 @@
+"""Kernel candidates for the shape suite's weak cases, timed on the GPU alone (CUDA graphs).
+
+The shape suite (``gemm_ladder suite``) times ``gemm_ladder.matmul`` as a user calls it, host path
+included. This sweep asks a different question, one level down: for each weak case of the suite,
+which rung and knobs make the fastest *kernel*? Every candidate is a runtime-M module as a kernel
+pack would hold it, checked against a float64 reference, then timed against cuBLAS with both sides
+captured into CUDA graphs (``GRAPH_CALLS`` launches per graph, rotating through enough input sets
+to spill L2), so the host's launch cost is out of both figures. Rounds alternate ours and cuBLAS.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/shape_sweep.py prepare build/sweep     # build box
+    python3 benchmarks/shape_sweep.py run build/sweep --out out/sweep               # GPU box
+
+``run`` writes ``OUT/sweep.jsonl`` as it goes (a hang loses only what is left; run it under
+``timeout``) and ``OUT/sweep.json``: per case every candidate's time, TFLOPS, GB/s and ratio to
+cuBLAS, the policy's current choice marked ``current``, and the best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LLAMA = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096))
+GRAPH_CALLS = 20
+ROUNDS = 6
+GRAPHS_PER_ROUND = 3
+MAX_DEPTH = 8
+
+
+def _cases() -> list[tuple]:
+    """(M, N, K) of the weak cases of the 2026-11-22 suite run, fp16."""
+    out = [(1024, 1024, 1024), (2048, 2048, 2048), (8192, 28672, 4096), (8192, 4096, 4096)]
+    for N, K in LLAMA:
+        out += [(128, N, K), (512, N, K)]
+        if N * K <= 4096 * 14336:
+            out += [(1, N, K), (64, N, K)]
+    return out
+
+
+def _candidates(M: int, N: int, K: int) -> list[tuple[str, dict]]:
+    """(rung, knobs) to try for one shape: v9 tiles, v10 splits, v11 swap-AB tiles and splits."""
+    c = [("v9", {}), ("v9", {"blk_m": 128, "blk_n": 128}), ("v9", {"blk_m": 128, "blk_n": 192}),
+         ("v9", {"blk_m": 128, "blk_n": 256, "cluster_m": 1})]
+    if M <= 256:
+        c += [("v9", {"blk_m": 64, "blk_n": 256, "num_warpgroups": 1, "cluster_m": 1, "epi_n": 64}),
+              ("v9", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 1, "epi_n": 64})]
+    for bn in (128, 256):
+        for sk in (2, 3, 4, 6):
+            c.append(("v10", {"blk_m": 128, "blk_n": bn, "split_k": sk, "cluster_m": 1}))
+    if M <= 256:
+        bm = max(8, 1 << (M - 1).bit_length())
+        for bn in (128, 256):
+            for sk in (1, 2, 3, 4, 6, 8):
+                c.append(("v11", {"blk_m": bm, "blk_n": bn, "split_k": sk}))
+    return c
+
+
+def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:
+    """Skip splits that make more than ~1.25 waves of units (the model never wants those)."""
+    sk = knobs.get("split_k", 1)
+    if sk == 1:
+        return True
+    bm, bn = knobs["blk_m"], knobs["blk_n"]
+    tiles = -(-N // bn) * -(-M // bm) if rung == "v11" else -(-M // bm) * -(-N // bn)
+    return tiles * sk <= 1.25 * sms and tiles < sms
+
+
+# -- build box -------------------------------------------------------------------------------
+def prepare(out: Path, dtype: str = "float16") -> None:
+    from gemm_ladder import budget, make_config
+    from gemm_ladder.batch import BuildJob, build_many
+    from gemm_ladder.config import ConfigError
+    from gemm_ladder.plan import Problem, choose
+
+    out.mkdir(parents=True, exist_ok=True)
+    jobs, index = [], []
+    for M, N, K in _cases():
+        cur = choose(Problem(M, N, K, dtype, "sm_90a", 132))
+        cur_knobs = {k: v for k, v in cur.knobs.items() if k not in ("dtype", "arch")}
+        seen = set()
+        cands = [(cur.rung, cur_knobs, True)] + [(r, k, False) for r, k in _candidates(M, N, K)]
+        for rung, knobs, current in cands:
+            if not _units_ok(rung, M, N, knobs) and not current:
+                continue
+            knobs = {**knobs, "dtype": dtype, "dynamic_m": True}
+            try:
+                if "pipe_depth" not in knobs:
+                    cfg = make_config(rung, M, N, K, **{**knobs, "pipe_depth": 2})
+                    knobs["pipe_depth"] = min(MAX_DEPTH if rung != "v9" or M <= 256 else 4,
+                                              budget.max_pipe_depth(cfg))
+                cfg = make_config(rung, M, N, K, **knobs)
+            except ConfigError as err:
+                print(f"skip {rung} {M}x{N}x{K} {knobs}: {str(err)[:100]}")
+                continue
+            key = (rung, tuple(sorted(cfg.knobs().items())))
+            if key in seen:
+                for e in index:
+                    if e["shape"] == [M, N, K] and (e["rung"], tuple(sorted(e["knobs"].items()))) == key:
+                        e["current"] = e["current"] or current
+                continue
+            seen.add(key)
+            name = f"{len(jobs):03d}_{rung}_{M}x{N}x{K}"
+            jobs.append(BuildJob(rung, (M, N, K), knobs, name=name))
+            index.append({"file": f"{name}.so", "shape": [M, N, K], "dtype": dtype, "rung": rung,
+                          "knobs": dict(cfg.knobs()), "current": current,
+                          "current_why": cur.why if current else None})
+    print(f"{len(jobs)} candidates over {len(_cases())} shapes", flush=True)
+    t0 = time.perf_counter()
+    results = build_many(jobs, out)
+    bad = [r for r in results if r.get("status") != "built"]
+    (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    print(f"built {len(results) - len(bad)} in {time.perf_counter() - t0:.0f} s; failed: {len(bad)}")
+    for r in bad:
+        print("  ", r.get("rung"), r.get("shape"), str(r.get("detail"))[:150])
+
+
+# -- GPU box ---------------------------------------------------------------------------------
+def _graph_ms(fn, sets) -> "object":
+    """A function that replays a CUDA graph of ``GRAPH_CALLS`` calls of ``fn`` and returns ms per call."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(*sets[i % len(sets)])
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(GRAPH_CALLS):
+            fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+
+    def replay(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            e.synchronize()
+            out.append(s.elapsed_time(e) / GRAPH_CALLS)
+        return out
+
+    return replay
+
+
+def _time(mod, M: int, sets) -> dict:
+    import torch
+
+    A, B, D = sets[0]
+    launch = mod.launcher(A, B, D)
+    ours = _graph_ms(launch, sets)
+    theirs = _graph_ms(lambda a, b, o: torch.matmul(a, b.T, out=o), sets)
+    ours(2), theirs(2)
+    mine, cub = [], []
+    for r in range(ROUNDS):
+        if r % 2 == 0:
+            mine += ours(GRAPHS_PER_ROUND)
+            cub += theirs(GRAPHS_PER_ROUND)
+        else:
+            cub += theirs(GRAPHS_PER_ROUND)
+            mine += ours(GRAPHS_PER_ROUND)
+    ms, cms = statistics.median(mine), statistics.median(cub)
+    N, K = mod.N, mod.K
+    moved = (M * K + N * K + M * N) * 2
+    return {"ms": ms, "cublas_ms": cms, "ratio_to_cublas": cms / ms, "tflops": 2.0 * M * N * K / ms / 1e9,
+            "gbps": moved / ms / 1e6, "cublas_gbps": moved / cms / 1e6}
+
+
+def run(folder: Path, out: Path) -> None:
+    import torch
+
+    from gemm_ladder import harness, load
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = json.loads((folder / "index.json").read_text())
+    gpu = harness.gpu_info(0)
+    lines = (out / "sweep.jsonl").open("w")
+    rows = []
+    inputs = {}
+    for e in index:
+        M, N, K = e["shape"]
+        key = (M, N, K, e["dtype"])
+        if key not in inputs:
+            inputs.clear()
+            torch.cuda.empty_cache()
+            l2 = torch.cuda.get_device_properties(0).L2_cache_size
+            per_set = (M * K + N * K + M * N) * 2
+            sets = []
+            for i in range(max(1, min(8, -(-3 * l2 // per_set)))):
+                a, b = harness.random_inputs(M, N, K, e["dtype"], seed=500 + i)
+                sets.append((a, b, torch.empty((M, N), dtype=a.dtype, device=a.device)))
+            inputs[key] = sets
+        row = dict(e)
+        t0 = time.perf_counter()
+        try:
+            mod = load(folder / e["file"])
+            chk = harness.check(mod, seed=3, M=M)
+            row["check_ok"], row["rel_err"] = bool(chk.ok), float(chk.rel_err)
+            if chk.ok:
+                row.update(_time(mod, M, inputs[key]))
+                row["status"] = "ok"
+            else:
+                row["status"] = "wrong"
+        except Exception as err:  # a candidate that fails is a result, not the end of the sweep
+            row["status"], row["error"] = "error", f"{type(err).__name__}: {str(err)[:300]}"
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        rows.append(row)
+        lines.write(json.dumps(row) + "\n")
+        lines.flush()
+        print(f"{M}x{N}x{K} {e['rung']:>3} {'*' if e['current'] else ' '} "
+              f"{json.dumps({k: v for k, v in e['knobs'].items() if k not in ('dtype', 'arch', 'dynamic_m')})}: "
+              f"{row['status']} {row.get('ratio_to_cublas', 0):.3f} ({row.get('ms', 0) * 1e3:.1f} us, "
+              f"cuBLAS {row.get('cublas_ms', 0) * 1e3:.1f} us)", flush=True)
+    best = {}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        k = "x".join(map(str, r["shape"])) + "_" + r["dtype"]
+        if k not in best or r["ratio_to_cublas"] > best[k]["ratio_to_cublas"]:
+            best[k] = r
+    cur = {"x".join(map(str, r["shape"])) + "_" + r["dtype"]: r for r in rows if r["current"] and r["status"] == "ok"}
+    summary = {k: {"best": {"rung": b["rung"], "knobs": b["knobs"], "ratio_to_cublas": round(b["ratio_to_cublas"], 3)},
+                   "current_ratio": round(cur[k]["ratio_to_cublas"], 3) if k in cur else None} for k, b in best.items()}
+    doc = {"format": "gemm_ladder.shape_sweep", "gpu": gpu, "date": harness.utc_now(),
+           "commit": harness.run_info().get("commit"),
+           "method": f"CUDA graphs of {GRAPH_CALLS} launches, {ROUNDS} alternating rounds x {GRAPHS_PER_ROUND} replays; "
+                     "runtime-M modules; checked against float64 first",
+           "summary": summary, "results": rows}
+    (out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
+    for k, s in summary.items():
+        print(f"{k}: current {s['current_ratio']} best {s['best']['ratio_to_cublas']} {s['best']['rung']} "
+              f"{ {kk: v for kk, v in s['best']['knobs'].items() if kk not in ('dtype', 'arch', 'dynamic_m')} }")
+
+
+MARGIN = 1.03  # a candidate replaces the policy's choice only when this much faster
+
+
+def to_db(result: Path, db_path: Path | None) -> None:
+    """Merge each case's best candidate into the tuning database, where it beats the policy's
+    current choice by :data:`MARGIN` (the database is asked before the rules, by shape bucket)."""
+    from gemm_ladder.tune import db as tdb
+    from gemm_ladder.tune.cache import tvm_version
+
+    doc = json.loads(result.read_text())
+    base = tdb.TuningDB(db_path)
+    by_case: dict = {}
+    for r in doc["results"]:
+        by_case.setdefault((tuple(r["shape"]), r["dtype"]), []).append(r)
+    for (shape, dtype), rows in by_case.items():
+        ok = [r for r in rows if r["status"] == "ok"]
+        cur = [r for r in ok if r["current"]]
+        if not ok or not cur:
+            continue
+        best = max(ok, key=lambda r: r["ratio_to_cublas"])
+        gain = best["ratio_to_cublas"] / cur[0]["ratio_to_cublas"]
+        if best["current"] or gain < MARGIN:
+            print(f"{'x'.join(map(str, shape))} {dtype}: the policy's choice stays ({gain:.3f}x)")
+            continue
+        knobs = {k: v for k, v in best["knobs"].items() if k not in ("dtype", "arch", "dynamic_m")}
+        entry = {"rung": best["rung"], "shape": list(shape), "bucket": tdb.shape_bucket(shape), "dtype": dtype,
+                 "arch": "sm_90a", "gpu": doc["gpu"]["name"], "tvm_version": tvm_version(), "knobs": knobs,
+                 "tflops": best["tflops"], "cublas_tflops": 2.0 * shape[0] * shape[1] * shape[2] / best["cublas_ms"] / 1e9,
+                 "ratio_to_cublas": best["ratio_to_cublas"], "ms": best["ms"], "date": doc["date"],
+                 "commit": doc["commit"], "source": f"shape sweep ({doc['method']})",
+                 "candidates_measured": len(rows), "candidates_ok": len(ok)}
+        print(f"{'x'.join(map(str, shape))} {dtype}: {base.upsert(entry)} {best['rung']} {knobs} "
+              f"({cur[0]['ratio_to_cublas']:.3f} -> {best['ratio_to_cublas']:.3f})")
+    base.save()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("folder", type=Path)
+    r = sub.add_parser("run")
+    r.add_argument("folder", type=Path)
+    r.add_argument("--out", type=Path, required=True)
+    d = sub.add_parser("db", help="merge the winners into the tuning database")
+    d.add_argument("result", type=Path)
+    d.add_argument("--db", type=Path, default=None)
+    a = ap.parse_args()
+    if a.cmd == "prepare":
+        prepare(a.folder)
+    elif a.cmd == "run":
+        run(a.folder, a.out)
+    else:
+        to_db(a.result, a.db)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
