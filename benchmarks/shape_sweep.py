@@ -12,7 +12,8 @@ to spill L2), so the host's launch cost is out of both figures. Rounds alternate
 
 ``run`` writes ``OUT/sweep.jsonl`` as it goes (a hang loses only what is left; run it under
 ``timeout``) and ``OUT/sweep.json``: per case every candidate's time, TFLOPS, GB/s and ratio to
-cuBLAS, the policy's current choice marked ``current``, and the best.
+cuBLAS, the policy's current choice marked ``current``, and the best. The rules of
+``gemm_ladder.plan`` cite its committed result for their thresholds.
 """
 
 from __future__ import annotations
@@ -242,42 +243,6 @@ def run(folder: Path, out: Path) -> None:
               f"{ {kk: v for kk, v in s['best']['knobs'].items() if kk not in ('dtype', 'arch', 'dynamic_m')} }")
 
 
-MARGIN = 1.03  # a candidate replaces the policy's choice only when this much faster
-
-
-def to_db(result: Path, db_path: Path | None) -> None:
-    """Merge each case's best candidate into the tuning database, where it beats the policy's
-    current choice by :data:`MARGIN` (the database is asked before the rules, by shape bucket)."""
-    from gemm_ladder.tune import db as tdb
-    from gemm_ladder.tune.cache import tvm_version
-
-    doc = json.loads(result.read_text())
-    base = tdb.TuningDB(db_path)
-    by_case: dict = {}
-    for r in doc["results"]:
-        by_case.setdefault((tuple(r["shape"]), r["dtype"]), []).append(r)
-    for (shape, dtype), rows in by_case.items():
-        ok = [r for r in rows if r["status"] == "ok"]
-        cur = [r for r in ok if r["current"]]
-        if not ok or not cur:
-            continue
-        best = max(ok, key=lambda r: r["ratio_to_cublas"])
-        gain = best["ratio_to_cublas"] / cur[0]["ratio_to_cublas"]
-        if best["current"] or gain < MARGIN:
-            print(f"{'x'.join(map(str, shape))} {dtype}: the policy's choice stays ({gain:.3f}x)")
-            continue
-        knobs = {k: v for k, v in best["knobs"].items() if k not in ("dtype", "arch", "dynamic_m")}
-        entry = {"rung": best["rung"], "shape": list(shape), "bucket": tdb.shape_bucket(shape), "dtype": dtype,
-                 "arch": "sm_90a", "gpu": doc["gpu"]["name"], "tvm_version": tvm_version(), "knobs": knobs,
-                 "tflops": best["tflops"], "cublas_tflops": 2.0 * shape[0] * shape[1] * shape[2] / best["cublas_ms"] / 1e9,
-                 "ratio_to_cublas": best["ratio_to_cublas"], "ms": best["ms"], "date": doc["date"],
-                 "commit": doc["commit"], "source": f"shape sweep ({doc['method']})",
-                 "candidates_measured": len(rows), "candidates_ok": len(ok)}
-        print(f"{'x'.join(map(str, shape))} {dtype}: {base.upsert(entry)} {best['rung']} {knobs} "
-              f"({cur[0]['ratio_to_cublas']:.3f} -> {best['ratio_to_cublas']:.3f})")
-    base.save()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -286,16 +251,11 @@ def main() -> int:
     r = sub.add_parser("run")
     r.add_argument("folder", type=Path)
     r.add_argument("--out", type=Path, required=True)
-    d = sub.add_parser("db", help="merge the winners into the tuning database")
-    d.add_argument("result", type=Path)
-    d.add_argument("--db", type=Path, default=None)
     a = ap.parse_args()
     if a.cmd == "prepare":
         prepare(a.folder)
-    elif a.cmd == "run":
-        run(a.folder, a.out)
     else:
-        to_db(a.result, a.db)
+        run(a.folder, a.out)
     return 0
 
 

@@ -10,23 +10,38 @@ for the arch, whose ``when`` holds for the problem and whose knobs the validator
 rule passed over is kept with the reason for ``explain``. Today's table (Hopper; Blackwell takes
 v9's defaults)::
 
-    rule              when                          rung, knobs                                why
-    swap-ab           M <= 64                       v11: blk_m a power of two >= M (8..64),    reading B is the whole
-                                                    blk_n and split_k by the wave model, the   cost: N fills the MMA's
-                                                    deepest ring (<= 8)                        64 rows, enough SMs stream
-    weight-streaming  M <= 64 (without v11)         v9, 64-row tiles, one consumer, blk_n by   as many CTAs as the tiles
-                                                    makespan, the deepest ring (<= 8)          allow stream B at once
-    split-k           M > 64 and the wave model     v10: 128x256 or 128x128 tiles and the      too few tiles for whole
-                      finishes sooner split          split_k the model ranks first              waves: split the K loops
-    few-tiles         M > 64 and 128x128 tiles      v9, 128x128 tiles                          fewer tiles than SMs
-                      finish in fewer tile-units                                               leave SMs idle
-    large             otherwise                     v9 defaults (128x256, 2 consumers,         measured 0.95-1.05x
-                                                    depth 4, 2x1 cluster, epi_n 64)            cuBLAS on squares
+    rule              when                            rung, knobs                               why
+    row-tiles         32 < M <= 128, 32 or more        v9: 64x128 tiles, one consumer, no        each CTA streams its own
+                      64x128 tiles that fit in one     cluster, the deepest ring (<= 8)          rows of A against a slice
+                      wave, and K <= 8192                                                        of B: no split, no swap
+    swap-ab           M <= 64                          v11: blk_m a power of two >= M (8..64),   reading B is the whole
+                                                       blk_n 128, the deepest ring (<= 8),       cost: N fills the MMA's
+                                                       split_k until 48 CTAs stream B            64 rows
+    weight-streaming  M <= 64 (without v11)            v9, 64-row tiles, one consumer, blk_n by  as many CTAs as the tiles
+                                                       makespan, the deepest ring (<= 8)         allow stream B at once
+    swap-ab-128       64 < M <= 128                    v11: blk_m 128, blk_n 128, split_k        as swap-ab, for B too
+                                                       until 96 CTAs stream B                    large for row-tiles
+    split-k           M > 64, the wave model finishes  v10: 128x256 or 128x128 tiles and the     too few tiles for whole
+                      sooner split, and each split     split_k the model ranks first             waves: split the K loops
+                      keeps >= 4096 of K
+    tile-shape        M > 64 and 128x192 or 128x128    v9 with that tile                         fewer tiles than SMs, or
+                      tiles finish first (makespan                                               a ragged last wave
+                      over the tile's measured rate)
+    large             otherwise                        v9 defaults (128x256, 2 consumers,        measured 0.95-1.05x
+                                                       depth 4, 2x1 cluster, epi_n 64)           cuBLAS on squares
+
+The thresholds are measurements, not guesses: ``benchmarks/results/2026-11-22_h100_shape_sweep/``
+timed every candidate of the suite's weak cases as a kernel alone (CUDA graphs) against cuBLAS.
+Split K lost wherever each split kept less than 4096 of K (1024^3, M = 128 and 512 at K = 4096)
+and won at K = 14336; v11 streams best with 128-row tiles and an 8-deep ring, split until about
+48 CTAs (M <= 64) or 96 (M = 128) read B; 64-row v9 tiles beat both while they fit in one wave.
 
 The wave model is ``schedulers.wave_model`` (tiles, split-K units, waves, and what bounds each:
 DRAM, an SM's read rate, the tensor cores); its numbers go into ``explain``. *Makespan in tile
 units* (:func:`makespan`) is its wave quantization alone: a persistent grid of ``sms`` CTAs runs
-``ceil(tiles / sms)`` waves, each costing one tile's area, and the larger tile wins a tie.
+``ceil(tiles / sms)`` waves, each costing one tile's area over the tile's rate
+(:data:`TILE_RATE`: a 128x128 tile does less work per wgmma and per byte of shared memory read),
+and the larger tile wins a tie.
 
 A new rung plugs in as a :class:`Rule` inserted where it should take precedence, with its test
 in ``tests/test_plan.py``; a rule whose rung is missing is passed over, so the table also says
@@ -88,9 +103,16 @@ class Problem:
         return 2 * self.M * self.N * self.K
 
 
-def makespan(p: Problem, blk_m: int, blk_n: int) -> int:
-    """Waves x tile area: the time of a persistent grid in units of one element's K loop."""
-    return p.waves(blk_m, blk_n) * blk_m * blk_n
+# v9's kernel-only rate per tile shape, relative to 128x256, where waves do not matter (many
+# of them): 8192x28672x4096 0.99 / 0.86, 8192x4096x4096 0.98 / 0.89, 512x128256x4096 1.02 / 0.88
+# (128x192 / 128x128; benchmarks/results/2026-11-22_h100_shape_sweep/)
+TILE_RATE = {(128, 256): 1.0, (128, 192): 0.98, (128, 128): 0.87}
+
+
+def makespan(p: Problem, blk_m: int, blk_n: int) -> float:
+    """Waves x tile area over the tile's rate: the time of a persistent grid in units of one
+    element's K loop at 128x256's rate."""
+    return p.waves(blk_m, blk_n) * blk_m * blk_n / TILE_RATE.get((blk_m, blk_n), 1.0)
 
 
 def best_tile(p: Problem, tiles) -> tuple[int, int]:
@@ -140,8 +162,24 @@ def _small_m_knobs(p: Problem) -> dict:
     return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
 
 
-def _few_tiles(p: Problem) -> bool:
-    return p.M > 64 and makespan(p, 128, 128) < makespan(p, 128, 256)
+SQUARE_TILES = [(128, 256), (128, 192), (128, 128)]
+
+
+def _tile_shape(p: Problem) -> bool:
+    return p.M > 64 and best_tile(p, SQUARE_TILES) != (128, 256)
+
+
+ROW_TILES_MAX_K = 8192  # longer K: the row tiles' few CTAs take too long; v11 splits K instead
+ROW_TILES_MIN = 32  # fewer 64x128 tiles stream B through too few SMs: v11 splits K instead
+
+
+def _row_tiles(p: Problem) -> bool:
+    return 32 < p.M <= 128 and ROW_TILES_MIN <= p.tiles(64, 128) <= p.sms and p.K <= ROW_TILES_MAX_K
+
+
+def _row_tile_knobs(p: Problem) -> dict:
+    knobs = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 1, "epi_n": 64}
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
 
 
 # -- rules that ask the wave model (schedulers.wave_model: tiles, split-K units, waves, and what
@@ -161,45 +199,86 @@ def swap_blk_m(M: int) -> int:
     return min(64, max(8, 1 << (M - 1).bit_length()))
 
 
-def _swap_pick(p: Problem):
-    """The wave model's best (tile, split_k) for v11, each tile with the deepest ring it fits."""
-    bm = swap_blk_m(p.M)
-    plans = [_waves(p, [(bm, bn)], pipe_depth=_deepest("v11", p, {"blk_m": bm, "blk_n": bn}, MAX_SWAP_DEPTH))
-             for bn in (128, 256)]
-    best = min(plans, key=lambda w: (round(w.time_s, 9), w.units))
-    return best, _deepest("v11", p, {"blk_m": best.blk_m, "blk_n": best.blk_n}, MAX_SWAP_DEPTH)
+SWAP_BLK_N = 128  # an 8-deep ring fits beside 128 rows of N; 256 rows leave room for 4-6 stages
+SWAP_STREAMS = {64: 48, 128: 96}  # CTAs that should read B at once, by the largest M of the rule
+MAX_SPLIT_K = 8
 
 
-def _swap_knobs(p: Problem) -> dict:
-    best, depth = _swap_pick(p)
-    return {"blk_m": best.blk_m, "blk_n": best.blk_n, "split_k": best.split_k, "pipe_depth": depth}
+def swap_split_k(p: Problem, blk_n: int = SWAP_BLK_N) -> int:
+    """v11's split_k: the fewest K slices that give at least :data:`SWAP_STREAMS` CTAs streaming
+    B (each split costs a round of fp32 partials; past that many streams it no longer pays)."""
+    target = SWAP_STREAMS[64 if p.M <= 64 else 128]
+    tiles = math.ceil(p.N / blk_n)
+    return max(1, min(MAX_SPLIT_K, math.ceil(target / tiles), p.K // 64))
+
+
+def _swap_knobs(p: Problem, blk_m: int | None = None) -> dict:
+    bm = blk_m or swap_blk_m(p.M)
+    knobs = {"blk_m": bm, "blk_n": SWAP_BLK_N, "split_k": swap_split_k(p)}
+    return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SWAP_DEPTH)}
+
+
+def _swap_detail(p: Problem) -> str:
+    sk = swap_split_k(p)
+    tiles = math.ceil(p.N / SWAP_BLK_N)
+    return f"{tiles} tiles of {SWAP_BLK_N} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
+
+
+SPLIT_K_MIN_SLICE = 4096  # each split keeps at least this much of K (measured: shorter slices lose)
+
+
+def _split_plan(p: Problem):
+    splits = [s for s in (1, 2, 3, 4, 6, 8) if s == 1 or p.K // s >= SPLIT_K_MIN_SLICE]
+    return _waves(p, [(128, 256), (128, 128)], tuple(splits))
 
 
 def _split_k_wins(p: Problem) -> bool:
-    return p.M > 64 and _waves(p, [(128, 256), (128, 128)]).split_k > 1
+    return p.M > 64 and _split_plan(p).split_k > 1
 
 
 def _split_k_knobs(p: Problem) -> dict:
-    best = _waves(p, [(128, 256), (128, 128)])
-    return {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
+    best = _split_plan(p)
+    knobs = {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
+    return {**knobs, "cluster_m": 1} if p.M <= 128 else knobs  # one row of tiles: no pair to share B
+
+
+SWEEP = "benchmarks/results/2026-11-22_h100_shape_sweep/sweep.json"
 
 
 RULES: list[Rule] = [
+    Rule("row-tiles", "sm_90a", "v9", when=_row_tiles, knobs=_row_tile_knobs,
+         why="32 < M <= 128 with a B small enough that 64-row tiles fit in one wave: each CTA streams its "
+             "own 64 rows of A against 128 rows of B through a deep ring, with no split and no swap",
+         evidence=SWEEP + ": 0.77-0.91x cuBLAS as kernels at M = 64, 128 with N x K = 4096x4096, 6144x4096, "
+                  "ahead of v11 and v10 there",
+         detail=lambda p: f"{p.tiles(64, 128)} tiles of 64x128 on {p.sms} SMs"),
     Rule("swap-ab", "sm_90a", "v11", when=lambda p: p.M <= 64, knobs=_swap_knobs,
          why="M <= 64: reading B (N x K) is the whole cost; swap AB puts N in wgmma's 64-row slot (M as its N, "
-             "a power of two from 8), and the wave model picks blk_n and split_k so that enough SMs stream B",
-         detail=lambda p: "wave model: " + _swap_pick(p)[0].why()),
+             "a power of two from 8), 128 rows of N per CTA beside an 8-deep ring, and K split until enough "
+             "CTAs stream B",
+         evidence=SWEEP + ": 0.94-0.97x cuBLAS as kernels at M = 1, 64",
+         detail=_swap_detail),
     Rule("weight-streaming", "sm_90a", "v9", when=lambda p: p.M <= 64, knobs=_small_m_knobs,
          why="M <= 64: reading B (N x K) dominates, so the output is cut into as many 64-row tiles as fill "
              "the SMs (blk_n by makespan), each streaming its slice of B through a deep ring"),
+    Rule("swap-ab-128", "sm_90a", "v11", when=lambda p: 64 < p.M <= 128, knobs=lambda p: _swap_knobs(p, 128),
+         why="64 < M <= 128 with a B too large for 64-row tiles in one wave (or a long K): swap AB with "
+             "128 rows of M as wgmma's N, K split until enough CTAs stream B",
+         evidence=SWEEP + ": 0.98-1.01x cuBLAS as kernels at M = 128 with N x K = 28672x4096, 4096x14336, "
+                  "128256x4096",
+         detail=_swap_detail),
     Rule("split-k", "sm_90a", "v10", when=_split_k_wins, knobs=_split_k_knobs,
-         why="too few tiles for whole waves: the wave model finishes sooner with each tile's K loop split "
-             "over several CTAs (the last one sums the fp32 partials)",
-         detail=lambda p: "wave model: " + _waves(p, [(128, 256), (128, 128)]).why()),
-    Rule("few-tiles", "sm_90a", "v9", when=_few_tiles,
-         knobs=lambda p: {"blk_m": 128, "blk_n": 128},
-         why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): "
-             "128x128 tiles finish in fewer tile-units of work"),
+         why="too few tiles for whole waves and a long K: the wave model finishes sooner with each tile's K "
+             f"loop split over several CTAs (each keeping >= {SPLIT_K_MIN_SLICE} of K; the last one sums the "
+             "fp32 partials)",
+         detail=lambda p: "wave model: " + _split_plan(p).why()),
+    Rule("tile-shape", "sm_90a", "v9", when=_tile_shape,
+         knobs=lambda p: dict(zip(("blk_m", "blk_n"), best_tile(p, SQUARE_TILES))),
+         why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): a narrower "
+             "tile finishes first, its waves weighed by its measured rate",
+         evidence=SWEEP + ": 128x192 0.89-1.04x and 128x128 0.79x cuBLAS at M = 512, where 128x256 gave 0.56-1.03x",
+         detail=lambda p: "makespan (tile units): " + ", ".join(
+             f"{bm}x{bn} {p.tiles(bm, bn)} tiles {makespan(p, bm, bn):.0f}" for bm, bn in SQUARE_TILES)),
     Rule("large", "sm_90a", "v9", when=lambda p: True, knobs=lambda p: {},
          why="enough tiles for every SM: v9 at its defaults (128x256 tiles, two consumers, depth 4, 2x1 cluster)",
          evidence="benchmarks/results/2026-11-22_h100_v6_v9_sweep.json: 0.95-1.05x cuBLAS at 3072x8192x1536, "

@@ -9,6 +9,9 @@ A case of :func:`check_case` is ``dtype:MxNxK:variant``; the variants:
     out        into a given ``out``
     batch      A [2, M/2, K] (M even): batch dims flattened into M
     views      A, B and out contiguous views 2 bytes past a 16-byte boundary (cloned, staged)
+    again      the shape called again (the front door's fast path: checks skipped, a launch as
+               the first call's) with new inputs, into ``out``, with batch dims, and with a
+               misaligned A, which must miss the fast path and get its copy
 """
 
 from __future__ import annotations
@@ -73,6 +76,23 @@ def check_case(item: str, args) -> dict:
         A = A.view(2, M // 2, K)
         D = matmul(A, B)
         assert D.shape == (2, M // 2, N)
+    elif variant == "again":
+        matmul(A, B)  # checked, and remembered
+        results = []
+        for _ in range(2):
+            A = torch.randn((M, K), generator=g, device="cuda").to(tdt)
+            results.append(_compare(matmul(A, B), A, B, dtype))
+            out = torch.full((M, N), float("nan"), dtype=tdt, device="cuda")
+            assert matmul(A, B, out=out) is out and matmul(A, B, out=out) is out
+            results.append(_compare(out, A, B, dtype))
+            A3 = A.view(2, M // 2, K)
+            D3 = matmul(A3, B)
+            assert D3.shape == (2, M // 2, N)
+            results.append(_compare(D3, A3, B, dtype))
+        skew = _misaligned((M, K), tdt, A)
+        results.append(_compare(matmul(skew, B), skew, B, dtype))
+        bad = [r for r in results if r["status"] != "ok"]
+        return bad[0] if bad else {**results[-1], "calls": len(results)}
     else:
         D = matmul(A, B)
     torch.cuda.synchronize()

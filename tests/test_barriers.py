@@ -344,6 +344,37 @@ def test_watchdog_record_in_words():
         "v6: producer thread 0 of CTA 17 waits on mma2tma[2]")
 
 
+def test_watchdog_fault_after_the_record_is_the_stop():
+    """A kernel that faults once its record is out (threads left mid-protocol) counts as stopped
+    by the watchdog; a fault before any record is the fault, raised as it is."""
+    from gemm_ladder.barriers import watchdog
+
+    class Faulted:
+        def query(self):
+            raise RuntimeError("CUDA error: an illegal instruction was encountered")
+
+    class Running:
+        def query(self):
+            return False
+
+    lid = 1234
+    rec = [0] * watchdog.RECORD_WORDS
+    rec[watchdog.DONE] = lid
+    assert watchdog._finished(Faulted(), rec, lid) is True
+    assert watchdog._finished(Running(), rec, lid) is False
+    rec[watchdog.DONE] = lid - 1  # a record of an earlier launch: this one's fault is its own
+    with pytest.raises(RuntimeError, match="illegal instruction"):
+        watchdog._finished(Faulted(), rec, lid)
+
+
+def test_watchdog_waiters_leave_after_the_record():
+    """Only the claimer writes the record; the other waiters leave once it is out."""
+    from gemm_ladder.barriers.watchdog import WAIT_SOURCE
+
+    body = WAIT_SOURCE.split("gemm_ladder_watchdog_claim >= launch)", 1)[1].split("}", 2)
+    assert "rec[1] != launch" in body[0] and "exit;" in body[1]
+
+
 @pytest.mark.parametrize("value", [0, -1, "2", True, 10_000])
 def test_watchdog_knob_is_checked(value):
     import gemm_ladder

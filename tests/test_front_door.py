@@ -130,6 +130,53 @@ def test_a_route_checks_once_then_launches():
     torch.testing.assert_close(D, (A.float() @ B.float().T).half(), rtol=2e-3, atol=2e-3)
 
 
+def _remembered(M, N, K, shape, with_out):
+    """A route remembered for the fast path as a checked GPU call would leave it (CPU stand-ins)."""
+    kernel = TmaKernel()
+    route = front.Route(kernel, None, "test", "v9", {})
+    A = torch.randn(*shape[:-1], K).half()
+    B = torch.randn(N, K).half()
+    out = torch.empty(*shape).half() if with_out else None
+    front._FAST[front._fast_key(A, B, out)] = (route, kernel, M, N, K, tuple(shape))
+    return kernel, route, A, B, out
+
+
+@pytest.mark.parametrize("shape, with_out", [((6, 64), False), ((6, 64), True), ((2, 3, 64), False),
+                                             ((2, 3, 64), True)])
+def test_a_call_like_a_checked_one_launches_at_once(shape, with_out):
+    """Same shapes, dtypes and GPUs as a remembered call: the remembered launch, on new data."""
+    kernel, route, A, B, out = _remembered(6, 64, 32, shape, with_out)
+    A2 = torch.randn_like(A)
+    D = front._fast(A2, B, out)
+    assert D is not None and tuple(D.shape) == shape and (out is None or D is out)
+    assert len(kernel.seen) == 1 and route.calls == 1
+    torch.testing.assert_close(D.reshape(6, 64), (A2.reshape(6, 32).float() @ B.float().T).half(),
+                               rtol=2e-3, atol=2e-3)
+
+
+def test_the_fast_path_misses_what_it_has_not_seen_checked():
+    """Another shape, dtype, a non-contiguous or misaligned tensor, a missing or extra out, or
+    no tensor at all: no launch (the checked path runs and says what is wrong)."""
+    kernel, route, A, B, out = _remembered(6, 64, 32, (6, 64), True)
+    flat = torch.randn(6 * 32 + 8).half()
+    misses = [
+        (torch.randn(7, 32).half(), B, torch.empty(7, 64).half()),        # another M
+        (A.bfloat16(), B.bfloat16(), out.bfloat16()),                      # another dtype
+        (torch.randn(32, 6).half().t(), B, out),                           # not contiguous
+        (flat[1:1 + 6 * 32].view(6, 32), B, out),                          # 2 bytes off 16
+        (A, B, None),                                                      # no out where one was
+        (A, B, torch.empty(6, 64, dtype=torch.float32)),                   # out of another dtype
+        ("A", B, out),
+        (A.numpy(), B, out),
+    ]
+    for a, b, o in misses:
+        assert front._fast(a, b, o) is None
+    assert kernel.seen == [] and route.calls == 0
+    assert front._fast(A, B, out) is out and len(kernel.seen) == 1
+    front.reset()
+    assert front._fast(A, B, out) is None  # reset forgets it
+
+
 def test_explain_says_what_was_copied_and_why():
     route = front.Route(None, 16, "kernel pack", "v9", {}, ["kernel: v9 (blk_m=64)", "source: kernel pack P: f.so"])
     text = front.explain_text(7, 36, 20, "float16", "sm_90a", route, layout_fixes(Layout(7, 36, 20)), True, (1, 7, 20))

@@ -30,6 +30,8 @@ CASES = [
     "float16:128x4096x4096:out",
     "float16:10x4096x4096:batch",
     "float16:64x4096x4096:views",                 # cloned A and B, staged out
+    "float16:64x6144x4096:again",                 # the fast path of a shape seen before
+    "bfloat16:1000x6144x4096:again",
     "float16:33x1001x100:plain",                  # N and K padded to 1008 and 104
     "bfloat16:33x1001x100:out",
     "float16:0x4096x4096:plain",                  # empty: nothing launched

@@ -35,15 +35,19 @@ def rung_knobs(choice):
 
 
 # -- the makespan model -----------------------------------------------------------------------
-def test_makespan_counts_waves_of_tile_area():
+def test_makespan_counts_waves_of_tile_area_over_its_rate():
     p = P(512, 4096, 4096)
     assert p.tiles(128, 256) == 4 * 16 and p.waves(128, 256) == 1
     assert plan.makespan(p, 128, 256) == 128 * 256           # 64 tiles: one wave, 68 SMs idle
-    assert plan.makespan(p, 128, 128) == 128 * 128           # 128 tiles: still one wave, half the area
-    assert plan.best_tile(p, [(128, 256), (128, 128)]) == (128, 128)
-    tie = P(512, 6144, 4096)                                 # 96 tiles vs 192 (two waves): a tie
-    assert plan.makespan(tie, 128, 256) == plan.makespan(tie, 128, 128)
-    assert plan.best_tile(tie, [(128, 256), (128, 128)]) == (128, 256)  # the larger tile on a tie
+    slow = 128 * 128 / plan.TILE_RATE[(128, 128)]            # 128 tiles: still one wave, half the area,
+    assert plan.makespan(p, 128, 128) == pytest.approx(slow)  # at a 128x128 tile's lower rate
+    assert 128 * 128 < slow < 128 * 256
+    assert plan.best_tile(p, plan.SQUARE_TILES) == (128, 128)
+    two = P(512, 6144, 4096)         # 96 tiles of 128x256 (one wave) vs 192 of 128x128 (two waves)
+    assert plan.makespan(two, 128, 128) > plan.makespan(two, 128, 256)
+    assert plan.best_tile(two, plan.SQUARE_TILES) == (128, 192)  # 128 tiles: one wave of a narrower tile
+    many = P(8192, 28672, 4096)      # 55 waves against 109: the rates decide, 128x256 wins
+    assert plan.best_tile(many, plan.SQUARE_TILES) == (128, 256)
 
 
 # -- one test per rule ------------------------------------------------------------------------
@@ -52,30 +56,65 @@ def without(*names):
     return [r for r in plan.RULES if r.name not in names]
 
 
+@pytest.mark.parametrize("M, N, K", [(64, 4096, 4096), (128, 6144, 4096), (33, 6144, 4096), (100, 4096, 8192)])
+def test_rule_row_tiles(M, N, K):
+    """32 < M <= 128, enough 64x128 tiles for one wave and no more, K <= 8192: v9 64x128, one
+    consumer, no cluster, the deepest ring (at most 8)."""
+    c = rule_choice(P(M, N, K))
+    assert (c.rule, c.rung) == ("row-tiles", "v9")
+    k = rung_knobs(c)
+    assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["cluster_m"], k["cluster_n"]) == (64, 128, 1, 1, 1)
+    assert k["pipe_depth"] == min(8, max_pipe_depth(make_config("v9", M, N, K, **{**k, "pipe_depth": 2})))
+    assert f"{P(M, N, K).tiles(64, 128)} tiles of 64x128" in c.why
+
+
+@pytest.mark.parametrize("M, N, K", [(32, 4096, 4096), (129, 4096, 4096), (128, 28672, 4096), (64, 4096, 14336),
+                                     (64, 1024, 4096)])
+def test_rule_row_tiles_stops(M, N, K):
+    """M outside 33..128, more tiles than SMs, a long K, or too few tiles to stream B."""
+    assert rule_choice(P(M, N, K)).rule != "row-tiles"
+
+
 @needs_v11
 @pytest.mark.parametrize("M, blk_m", [(1, 8), (7, 8), (9, 16), (16, 16), (17, 32), (33, 64), (64, 64)])
 def test_rule_swap_ab(M, blk_m):
-    """M <= 64: v11, M rounded up to a power of two from 8 (wgmma's N), blk_n and split_k as the
-    wave model ranks them, the deepest ring shared memory allows (at most 8)."""
-    from schedulers import wave_model
-
-    c = rule_choice(P(M, 4096, 4096))
+    """M <= 64: v11, M rounded up to a power of two from 8 (wgmma's N), 128 rows of N per CTA,
+    the deepest ring shared memory allows (at most 8)."""
+    c = rule_choice(P(M, 28672, 4096))
     assert (c.rule, c.rung) == ("swap-ab", "v11")
     k = rung_knobs(c)
-    assert k["blk_m"] == blk_m == plan.swap_blk_m(M)
-    best = min((wave_model.rank(M, 4096, 4096, [(blk_m, bn)], pipe_depth=plan._deepest(
-        "v11", P(M, 4096, 4096), {"blk_m": blk_m, "blk_n": bn}, 8))[0] for bn in (128, 256)),
-        key=lambda w: (round(w.time_s, 9), w.units))
-    assert (k["blk_n"], k["split_k"]) == (best.blk_n, best.split_k)
-    cfg = make_config("v11", M, 4096, 4096, **{**k, "pipe_depth": 2})
+    assert (k["blk_m"], k["blk_n"]) == (blk_m, 128) and blk_m == plan.swap_blk_m(M)
+    cfg = make_config("v11", M, 28672, 4096, **{**k, "pipe_depth": 2})
     assert k["pipe_depth"] == min(8, max_pipe_depth(cfg))
-    assert "wave model:" in c.why and "swap AB" in c.why
+    assert k["split_k"] == 1 and "224 CTAs stream B" in c.why and "swap AB" in c.why
+
+
+@needs_v11
+@pytest.mark.parametrize("M, N, K, split_k", [(1, 6144, 4096, 1), (1, 4096, 4096, 2), (16, 4096, 14336, 2),
+                                              (1, 1024, 4096, 6), (1, 64, 8192, 8), (8, 2048, 128, 2)])
+def test_rule_swap_ab_splits_k_until_48_ctas_stream_b(M, N, K, split_k):
+    """The fewest K slices that give 48 CTAs reading B, at most 8 and at most one per k-tile."""
+    c = rule_choice(P(M, N, K))
+    assert (c.rule, c.rung, c.knobs["split_k"]) == ("swap-ab", "v11", split_k)
+    tiles = -(-N // 128)
+    assert tiles * split_k >= 48 or split_k in (8, K // 64)
+    assert split_k == 1 or tiles * (split_k - 1) < 48
 
 
 @needs_v11
 def test_rule_swap_ab_stops_above_m_64():
-    assert rule_choice(P(64, 4096, 4096)).rule == "swap-ab"
-    assert rule_choice(P(65, 4096, 4096)).rule != "swap-ab"
+    assert rule_choice(P(64, 28672, 4096)).rule == "swap-ab"
+    assert rule_choice(P(65, 28672, 4096)).rule == "swap-ab-128"
+
+
+@needs_v11
+@pytest.mark.parametrize("M, N, K, split_k", [(128, 28672, 4096, 1), (65, 128256, 4096, 1), (128, 4096, 14336, 3),
+                                              (100, 2048, 16384, 6)])
+def test_rule_swap_ab_128(M, N, K, split_k):
+    """64 < M <= 128 where row tiles do not fit: v11 with 128 rows of M, split until 96 CTAs stream B."""
+    c = rule_choice(P(M, N, K))
+    assert (c.rule, c.rung) == ("swap-ab-128", "v11")
+    assert (c.knobs["blk_m"], c.knobs["blk_n"], c.knobs["split_k"]) == (128, 128, split_k)
 
 
 @pytest.mark.parametrize("M, N, blk_n", [(1, 4096, 128), (16, 6144, 128), (64, 28672, 256), (7, 128256, 256)])
@@ -91,42 +130,48 @@ def test_rule_weight_streaming(M, N, blk_n):
 
 
 def test_rule_weight_streaming_stops_above_m_64():
-    rules = without("swap-ab")
+    rules = without("swap-ab", "row-tiles")
     assert rule_choice(P(64, 4096, 4096), rules).rule == "weight-streaming"
     assert rule_choice(P(65, 4096, 4096), rules).rule != "weight-streaming"
 
 
 @needs_v10
-@pytest.mark.parametrize("M, N, K", [(128, 4096, 4096), (978, 2640, 3336), (1024, 1024, 1024), (8192, 128, 4096)])
+@pytest.mark.parametrize("M, N, K", [(512, 4096, 14336), (200, 4096, 14336), (300, 2048, 16384)])
 def test_rule_split_k(M, N, K):
-    """M > 64 and the wave model finishes sooner with split K: v10 with its tile and split_k."""
-    from schedulers import wave_model
-
+    """M > 64, a K long enough that every split keeps 4096 of it, and the wave model finishes
+    sooner split: v10 with the model's tile and split_k."""
     c = rule_choice(P(M, N, K))
-    best = wave_model.rank(M, N, K, [(128, 256), (128, 128)])[0]
+    best = plan._split_plan(P(M, N, K))
     assert (c.rule, c.rung) == ("split-k", "v10") and best.split_k > 1
+    assert K // best.split_k >= plan.SPLIT_K_MIN_SLICE
     assert rung_knobs(c) == {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
     assert "K loop split" in c.why and f"split_k={best.split_k}" in c.why
 
 
 @needs_v10
-def test_rule_split_k_not_for_whole_waves():
-    assert rule_choice(P(8192, 8192, 8192)).rule == "large"
-    assert rule_choice(P(16, 4096, 4096)).rule != "split-k"
+@pytest.mark.parametrize("M, N, K", [(8192, 8192, 8192), (1024, 1024, 1024), (512, 4096, 4096), (978, 2640, 3336),
+                                     (8192, 128, 4096), (16, 4096, 4096)])
+def test_rule_split_k_not_for_whole_waves_or_short_k(M, N, K):
+    """Whole waves, or a K too short for slices of 4096 (measured: split K lost at K <= 4096)."""
+    assert rule_choice(P(M, N, K)).rule != "split-k"
 
 
-@pytest.mark.parametrize("M, N, K", [(128, 4096, 4096), (1024, 1024, 1024), (512, 4096, 14336)])
-def test_rule_few_tiles(M, N, K):
-    """Without split K: fewer 128x256 tiles than SMs, 128x128 tiles finish in fewer tile-units."""
-    c = rule_choice(P(M, N, K), without("swap-ab", "split-k"))
-    assert (c.rule, c.rung, rung_knobs(c)) == ("few-tiles", "v9", {"blk_m": 128, "blk_n": 128})
-    assert plan.makespan(P(M, N, K), 128, 128) < plan.makespan(P(M, N, K), 128, 256)
+@pytest.mark.parametrize("M, N, K, tile", [(512, 4096, 4096, (128, 128)), (1024, 1024, 1024, (128, 128)),
+                                           (512, 6144, 4096, (128, 192)), (512, 28672, 4096, (128, 192)),
+                                           (978, 2640, 3336, (128, 192))])
+def test_rule_tile_shape(M, N, K, tile):
+    """128x256 tiles leave SMs idle: the tile of least makespan over its measured rate."""
+    c = rule_choice(P(M, N, K))
+    assert (c.rule, c.rung) == ("tile-shape", "v9")
+    assert (c.knobs["blk_m"], c.knobs["blk_n"]) == tile == plan.best_tile(P(M, N, K), plan.SQUARE_TILES)
+    assert "makespan (tile units)" in c.why
 
 
-@pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (8192, 128256, 4096), (512, 6144, 4096), (978, 2640, 3336)])
+@pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (8192, 128256, 4096), (8192, 28672, 4096),
+                                     (2048, 2048, 2048), (512, 128256, 4096)])
 def test_rule_large(M, N, K):
-    """Enough tiles for every SM (or a tie): v9 at its defaults, with the evidence named."""
-    c = rule_choice(P(M, N, K), without("split-k"))
+    """Enough tiles for every SM: v9 at its defaults, with the evidence named."""
+    c = rule_choice(P(M, N, K))
     assert (c.rule, c.rung, rung_knobs(c)) == ("large", "v9", {})
     assert "v6_v9_sweep.json" in c.why
 
@@ -195,9 +240,9 @@ def test_database_by_bucket_at_or_above_a_measured_rules_rung(private_db):
 def test_a_measured_entry_beats_a_models_rule(private_db):
     """Where the rule is the wave model's (split-k: v10), a measured entry of any rung wins."""
     v9 = {"blk_m": 128, "blk_n": 128}
-    _write_db(private_db, [_entry("v9", (1024, 1024, 1024), v9, 0.8)])
-    assert rule_choice(P(1024, 1024, 1024)).rule == "split-k"
-    c = choose(P(1024, 1024, 1024))
+    _write_db(private_db, [_entry("v9", (512, 4096, 14336), v9, 0.8)])
+    assert rule_choice(P(512, 4096, 14336)).rule == "split-k"
+    c = choose(P(512, 4096, 14336))
     assert (c.source, c.rung, rung_knobs(c)) == ("db", "v9", v9)
 
 

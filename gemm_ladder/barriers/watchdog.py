@@ -32,7 +32,9 @@ GRACE_SECONDS = 1.0  # after the record is written: time for the other waiters t
 # device global). Reading the record at every slow wait made v9's watchdog build about 1100x
 # slower than its shipped build on an H100 (benchmarks/results/2026-11-22_h100_barrier_watchdog/).
 # The first waiter of a launch past its limit (launch ids only grow) raises the claim word with
-# atomicMax and writes the record; the others see it raised and leave too.
+# atomicMax and writes the record; the others see it raised and leave once the record is out
+# (a thread that leaves early can fault the kernel -- lanes gone from a warp that reaches an
+# .aligned barrier -- before the claimer has written it: seen on an H100 with v5's phase fault).
 WAIT_SOURCE = r"""
 __device__ unsigned long long gemm_ladder_watchdog_claim = 0ull;
 __forceinline__ __device__ void gemm_ladder_bounded_wait(void* bar, int phase, long long rec_addr,
@@ -59,6 +61,10 @@ __forceinline__ __device__ void gemm_ladder_bounded_wait(void* bar, int phase, l
         if (now - start < 1000000ull) continue;  // the first millisecond: the barrier only
         if (launch == 0ull) launch = (unsigned long long)rec[0];
         if (*(volatile unsigned long long*)&gemm_ladder_watchdog_claim >= launch) {
+            // another waiter claimed this launch: leave only once its record is out, so that no
+            // thread's exit (a warp at an .aligned barrier with lanes gone faults the kernel)
+            // can end the kernel before the claimer has written it
+            while ((unsigned long long)rec[1] != launch) { __nanosleep(1000); }
             asm volatile("exit;");
         }
         if (now - start >= (unsigned long long)limit_ns) {
@@ -164,7 +170,7 @@ def launch(fn, args, table: dict, label: str, hang_seconds: float | None = None)
     limit = hang_seconds if hang_seconds is not None else max(30.0, 10 * bound)
     give_up = time.monotonic() + limit
     reported_at = None
-    while not done.query():
+    while not _finished(done, rec, lid):
         if int(rec[DONE]) == lid:
             reported_at = reported_at or time.monotonic()
             if time.monotonic() - reported_at > GRACE_SECONDS:
@@ -177,9 +183,21 @@ def launch(fn, args, table: dict, label: str, hang_seconds: float | None = None)
         time.sleep(POLL_SECONDS)
     if int(rec[DONE]) != lid:
         return
-    stopped = done.query()
+    stopped = _finished(done, rec, lid)
     fields = decode(rec.tolist(), table)
     raise BarrierTimeoutError(message(label, fields), fields, stopped)
+
+
+def _finished(done, rec, lid: int) -> bool:
+    """Whether the kernel has left the GPU. A kernel whose waiters gave up may end in a fault
+    (threads leave the kernel mid-protocol): once the record is out, that fault is the
+    watchdog's stop, and the record, not the fault, is the report; before, the fault is raised."""
+    try:
+        return bool(done.query())
+    except RuntimeError:
+        if int(rec[DONE]) == lid:
+            return True
+        raise
 
 
 def enabled(manifest: dict) -> dict | None:
