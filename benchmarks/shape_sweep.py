@@ -8,6 +8,7 @@ captured into CUDA graphs (``GRAPH_CALLS`` launches per graph, rotating through 
 to spill L2), so the host's launch cost is out of both figures. Rounds alternate ours and cuBLAS.
 
     PYTHONPATH=. .venv/bin/python benchmarks/shape_sweep.py prepare build/sweep     # build box
+    (``prepare --focus``: the second campaign, :data:`FOCUS`)
     python3 benchmarks/shape_sweep.py run build/sweep --out out/sweep               # GPU box
 
 ``run`` writes ``OUT/sweep.jsonl`` as it goes (a hang loses only what is left; run it under
@@ -63,6 +64,29 @@ def _candidates(M: int, N: int, K: int) -> list[tuple[str, dict]]:
     return c
 
 
+# a second campaign: the cases the first left below 0.85x (N = K = 4096 at M = 64, 128, 512), with
+# multicast pairs for the row tiles, split K over 64-row tiles, and one-consumer 128- and 256-wide tiles
+FOCUS = {
+    (64, 4096, 4096): [("v9", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 1, "epi_n": 64}),
+                       ("v10", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 1, "split_k": 2}),
+                       ("v10", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 1, "split_k": 4}),
+                       ("v11", {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "split_k": 2}),
+                       ("v11", {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "split_k": 4})],
+    (128, 4096, 4096): [("v9", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 1, "epi_n": 64}),
+                        ("v9", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 2, "epi_n": 64}),
+                        ("v10", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 1, "split_k": 2}),
+                        ("v10", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 2, "split_k": 2}),
+                        ("v11", {"blk_m": 128, "blk_n": 64, "num_warpgroups": 1, "split_k": 2}),
+                        ("v11", {"blk_m": 128, "blk_n": 64, "num_warpgroups": 1, "split_k": 4})],
+    (512, 4096, 4096): [("v9", {"blk_m": 128, "blk_n": 128}),
+                        ("v9", {"blk_m": 128, "blk_n": 128, "cluster_m": 1, "cluster_n": 2}),
+                        ("v9", {"blk_m": 128, "blk_n": 128, "num_warpgroups": 1}),
+                        ("v9", {"blk_m": 64, "blk_n": 256, "num_warpgroups": 1, "cluster_m": 1, "epi_n": 64}),
+                        ("v9", {"blk_m": 64, "blk_n": 256, "num_warpgroups": 1, "cluster_m": 2, "epi_n": 64}),
+                        ("v9", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 2, "epi_n": 64})],
+}
+
+
 def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:
     """Skip splits that make more than ~1.25 waves of units (the model never wants those)."""
     sk = knobs.get("split_k", 1)
@@ -74,7 +98,7 @@ def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:
 
 
 # -- build box -------------------------------------------------------------------------------
-def prepare(out: Path, dtype: str = "float16") -> None:
+def prepare(out: Path, dtype: str = "float16", focus: bool = False) -> None:
     from gemm_ladder import budget, make_config
     from gemm_ladder.batch import BuildJob, build_many
     from gemm_ladder.config import ConfigError
@@ -82,11 +106,12 @@ def prepare(out: Path, dtype: str = "float16") -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     jobs, index = [], []
-    for M, N, K in _cases():
+    for M, N, K in (FOCUS if focus else _cases()):
         cur = choose(Problem(M, N, K, dtype, "sm_90a", 132))
         cur_knobs = {k: v for k, v in cur.knobs.items() if k not in ("dtype", "arch")}
         seen = set()
-        cands = [(cur.rung, cur_knobs, True)] + [(r, k, False) for r, k in _candidates(M, N, K)]
+        cands = [(cur.rung, cur_knobs, True)] + [(r, k, False) for r, k in
+                                                 (FOCUS[(M, N, K)] if focus else _candidates(M, N, K))]
         for rung, knobs, current in cands:
             if not _units_ok(rung, M, N, knobs) and not current:
                 continue
@@ -112,7 +137,7 @@ def prepare(out: Path, dtype: str = "float16") -> None:
             index.append({"file": f"{name}.so", "shape": [M, N, K], "dtype": dtype, "rung": rung,
                           "knobs": dict(cfg.knobs()), "current": current,
                           "current_why": cur.why if current else None})
-    print(f"{len(jobs)} candidates over {len(_cases())} shapes", flush=True)
+    print(f"{len(jobs)} candidates over {len(FOCUS if focus else _cases())} shapes", flush=True)
     t0 = time.perf_counter()
     results = build_many(jobs, out)
     bad = [r for r in results if r.get("status") != "built"]
@@ -248,12 +273,13 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("folder", type=Path)
+    p.add_argument("--focus", action="store_true", help="the second campaign (FOCUS) instead of the first")
     r = sub.add_parser("run")
     r.add_argument("folder", type=Path)
     r.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     if a.cmd == "prepare":
-        prepare(a.folder)
+        prepare(a.folder, focus=a.focus)
     else:
         run(a.folder, a.out)
     return 0
