@@ -236,10 +236,13 @@ def verify(paths, seeds=(0, 1), timeout: float = 180.0) -> list[dict]:
     return rows
 
 
-def bench(paths, reps: int = 50, timeout: float = 300.0) -> dict:
-    """Time every module against cuBLAS (same process, same method); one JSON report."""
+def bench(paths, reps: int = 50, timeout: float = 300.0, timer: str = "queued") -> dict:
+    """Time every module against cuBLAS (same process, same method, ``harness.time_module``'s
+    ``timer``); one JSON report."""
+    if timer not in harness.TIMERS:
+        raise ValueError(f"timer={timer!r}: use one of {', '.join(harness.TIMERS)}")
     results = []
-    for p, res in zip(paths, _batch("time", paths, [reps], timeout, "bench")):
+    for p, res in zip(paths, _batch("time", paths, [reps, timer], timeout, "bench")):
         try:
             man = read_manifest(p)
         except (OSError, ManifestError) as err:

@@ -166,7 +166,7 @@ def cmd_verify(a) -> int:
 def cmd_bench(a) -> int:
     if not device.present():
         return _no_gpu("bench")
-    result = batch.bench(_modules(a.paths), reps=a.reps, timeout=a.timeout)
+    result = batch.bench(_modules(a.paths), reps=a.reps, timeout=a.timeout, timer=a.timer)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -442,6 +442,9 @@ def make_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="time exported modules against cuBLAS in one process (GPU)")
     be.add_argument("paths", nargs="+")
     be.add_argument("--reps", type=int, default=50)
+    be.add_argument("--timer", choices=("queued", "graph"), default="queued",
+                    help="queued launches between CUDA events (default), or replays of a CUDA graph of "
+                         "20 launches (the launch gaps of a captured model)")
     be.add_argument("--timeout", type=float, default=300.0)
     be.add_argument("--out", default=None, help="write the JSON report here")
     be.set_defaults(fn=cmd_bench)

@@ -12,6 +12,10 @@ Runtime-only (torch + the TVM runtime). The method:
   rotating through enough input sets that they do not fit in L2; cuBLAS (``torch.matmul``) is
   timed the same way in the same process, in alternating rounds with the module (a
   power-capped GPU's clock drifts within a run: both sides see the same drift).
+  ``timer="graph"`` times CUDA-graph replays instead: each sample is one replay of
+  ``GRAPH_CALLS`` launches (rotating through the input sets) over ``GRAPH_CALLS``, for the module
+  and for cuBLAS alike, so the GPU's launch gaps between kernels shrink to what a model captured
+  in a graph sees.
 """
 
 from __future__ import annotations
@@ -146,10 +150,42 @@ def host_us(fn, sets, reps: int = 20) -> float:
 
 
 ROUNDS = 6  # alternating rounds of ours and cuBLAS per timing
+TIMERS = ("queued", "graph")
+GRAPH_CALLS = 20  # launches per captured graph (timer="graph")
+
+
+def _graph_times(fn, sets, reps: int) -> list[float]:
+    """``reps`` samples, each one replay of a CUDA graph of ``GRAPH_CALLS`` calls of ``fn``
+    (captured on first use and kept on ``fn``), in ms per call."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    graph = getattr(fn, "_graph", None)
+    if graph is None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # capture needs the launches' one-time setup done first
+            fn(*sets[0])
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(GRAPH_CALLS):
+                fn(*sets[i % len(sets)])
+        torch.cuda.synchronize()
+        fn._graph = graph  # pylint: disable=protected-access
+    events = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        events.append((s, e))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / GRAPH_CALLS for s, e in events]
 
 
 def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = None,
-                rounds: int = ROUNDS) -> dict:
+                rounds: int = ROUNDS, timer: str = "queued") -> dict:
     """Median time of ``mod`` and of cuBLAS on the same shape, in one process, same method.
 
     A GPU held at its power limit drifts in clock within a run, so the two are not timed one
@@ -160,6 +196,11 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     """
     import torch  # pylint: disable=import-outside-toplevel
 
+    if timer not in TIMERS:
+        raise ValueError(f"timer={timer!r}: use one of {', '.join(TIMERS)}")
+    if timer == "graph" and getattr(mod, "manifest", {}).get("watchdog"):
+        raise ValueError("a watchdog build cannot be timed in a CUDA graph (each launch waits on its record): "
+                         "use timer='queued', or the build without the watchdog")
     l2 = l2_bytes or device.probe(0).l2_bytes
     per_set = (mod.M * mod.K + mod.N * mod.K + mod.M * mod.N) * 2
     n_sets = max(1, min(8, -(-3 * l2 // per_set)))  # enough sets to spill L2 three times
@@ -175,15 +216,26 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     def theirs_fn(a, b, o):
         torch.matmul(a, b.T, out=o)
 
+    ours_side, theirs_side = ours_fn, theirs_fn
+    if timer == "graph":
+        ours_fn(*sets[0])  # the checked call once; the graph replays the module's unchecked launch
+        if hasattr(mod, "launcher"):
+            ours_side = mod.launcher(*sets[0])
+
+    def _timed(fn, n, start=0):
+        if timer == "graph":
+            return _graph_times(fn, sets, n)
+        return _event_times(fn, sets, n, start=start)
+
     rounds = max(1, min(rounds, reps))
     per_round = max(1, reps // rounds)
-    _event_times(ours_fn, sets, warmup)
-    _event_times(theirs_fn, sets, warmup)
+    _timed(ours_side, warmup)
+    _timed(theirs_side, warmup)
     ours, theirs, ratios = [], [], []
     for r in range(rounds):
-        first, second = (ours_fn, theirs_fn) if r % 2 == 0 else (theirs_fn, ours_fn)
-        a = _event_times(first, sets, per_round, start=r * per_round)
-        b = _event_times(second, sets, per_round, start=r * per_round)
+        first, second = (ours_side, theirs_side) if r % 2 == 0 else (theirs_side, ours_side)
+        a = _timed(first, per_round, start=r * per_round)
+        b = _timed(second, per_round, start=r * per_round)
         mine, cub = (a, b) if r % 2 == 0 else (b, a)
         ours += mine
         theirs += cub
@@ -207,6 +259,7 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
         "reps": per_round * rounds,
         "rounds": rounds,
         "warmup": warmup,
+        "timer": timer if timer == "queued" else f"graph of {GRAPH_CALLS} launches",
     }
 
 

@@ -134,10 +134,11 @@ def _job(job: str, path: str, args: list[str]) -> dict:
         return out
     if job == "time":
         reps = int(args[0]) if args else 50
+        timer = args[1] if len(args) > 1 else "queued"
         first = harness.check(mod, seed=7)
         if not first.ok:
             return {"status": "wrong", **first.as_dict()}
-        return {"status": "ok", **harness.time_module(mod, reps=reps), "rel_err": first.rel_err}
+        return {"status": "ok", **harness.time_module(mod, reps=reps, timer=timer), "rel_err": first.rel_err}
     raise ValueError(f"unknown job {job!r}: use check or time")
 
 

@@ -411,6 +411,35 @@ def test_timeout_finds_the_watchdog_twin(tmp_path):
     assert find_twin(tmp_path / "watchdog" / "v5_wd.so") is None  # a twin has no twin
 
 
+def test_a_timing_hang_is_explained_by_checking_the_twin(tmp_path):
+    """A bench (job "time") that timed out: its watchdog twin runs the check job once (a watchdog
+    build cannot be timed in a CUDA graph); other jobs run the twin as they ran the module."""
+    import json
+
+    from gemm_ladder.barriers.explain import explain_timeouts
+
+    cfg = {"rung": "v5", "M": 64, "N": 64, "K": 64, "dtype": "float16", "arch": "sm_90a"}
+    (tmp_path / "v5.so").write_bytes(b"")
+    (tmp_path / "v5.so.json").write_text(json.dumps({"config": cfg}))
+    (tmp_path / "watchdog").mkdir()
+    (tmp_path / "watchdog" / "v5_wd.so").write_bytes(b"")
+    (tmp_path / "watchdog" / "v5_wd.so.json").write_text(
+        json.dumps({"config": {**cfg, "watchdog": 2}, "watchdog": {"seconds": 2}}))
+    calls = []
+
+    def run_isolated(job, path, *args, timeout):
+        calls.append((job, path.name, args))
+        return {"status": "hang", "detail": "v5: producer thread 0 of CTA 3 waits on mma2tma[0]",
+                "barrier": {"barrier": "mma2tma"}}
+
+    for job, args, want in (("time", (50, "graph"), ("check", (0,))), ("check", (0, 1), ("check", (0, 1)))):
+        calls.clear()
+        results = [{"status": "timeout", "detail": "no answer in 60 s"}]
+        explain_timeouts(job, [tmp_path / "v5.so"], args, results, run_isolated)
+        assert calls == [(want[0], "v5_wd.so", want[1])]
+        assert results[0]["barrier"] == {"barrier": "mma2tma"} and "waits on mma2tma[0]" in results[0]["detail"]
+
+
 # -- on a GPU (each kernel in a child process with a deadline, see tests/conftest.py) ---------
 from .gpu_cases import Case  # noqa: E402
 

@@ -326,6 +326,26 @@ def test_cli_build_info_and_refusals(tmp_path):
     assert bad.returncode == 2 and "MxNxK" in bad.stderr
 
 
+def test_timers_refuse_what_they_cannot_time():
+    """An unknown timer, or a watchdog build in a CUDA graph (its launches wait on their record),
+    fail before any input is made; the CLI offers the two timers."""
+    from gemm_ladder import batch, harness
+
+    class WatchdogModule:
+        M = N = K = 64
+        dtype = "float16"
+        manifest = {"watchdog": {"seconds": 2}}
+
+    with pytest.raises(ValueError, match="timer='sundial': use one of queued, graph"):
+        harness.time_module(WatchdogModule(), timer="sundial")
+    with pytest.raises(ValueError, match="cannot be timed in a CUDA graph"):
+        harness.time_module(WatchdogModule(), timer="graph")
+    with pytest.raises(ValueError, match="timer='wall'"):
+        batch.bench([], timer="wall")
+    bad = cli("bench", "x.so", "--timer", "sundial")
+    assert bad.returncode == 2 and "invalid choice: 'sundial'" in bad.stderr
+
+
 @pytest.mark.skipif(os.environ.get("CUDA_VISIBLE_DEVICES") is not None, reason="GPU may be present")
 def test_cli_verify_without_a_gpu_says_so(tmp_path, v4_module):
     from tests.conftest import GPU_ARCH
