@@ -6,6 +6,9 @@ which rung and knobs make the fastest *kernel*? Every candidate is a runtime-M m
 pack would hold it, checked against a float64 reference, then timed against cuBLAS with both sides
 captured into CUDA graphs (``GRAPH_CALLS`` launches per graph, rotating through enough input sets
 to spill L2), so the host's launch cost is out of both figures. Rounds alternate ours and cuBLAS.
+The sweep ranks our candidates per case (cuBLAS is the common yardstick); its ratios are those of
+a captured model, not the queued timer's (cuBLAS may pick other kernels under capture, see
+``gemm_ladder.harness``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/shape_sweep.py prepare build/sweep     # build box
     (``prepare --focus``: the second campaign, :data:`FOCUS`)

@@ -444,7 +444,8 @@ def make_parser() -> argparse.ArgumentParser:
     be.add_argument("--reps", type=int, default=50)
     be.add_argument("--timer", choices=("queued", "graph"), default="queued",
                     help="queued launches between CUDA events (default), or replays of a CUDA graph of "
-                         "20 launches (the launch gaps of a captured model)")
+                         "20 launches (the launch gaps of a captured model; cuBLAS may pick other kernels "
+                         "when captured, so the ratio is not the queued one)")
     be.add_argument("--timeout", type=float, default=300.0)
     be.add_argument("--out", default=None, help="write the JSON report here")
     be.set_defaults(fn=cmd_bench)

@@ -15,7 +15,9 @@ Runtime-only (torch + the TVM runtime). The method:
   ``timer="graph"`` times CUDA-graph replays instead: each sample is one replay of
   ``GRAPH_CALLS`` launches (rotating through the input sets) over ``GRAPH_CALLS``, for the module
   and for cuBLAS alike, so the GPU's launch gaps between kernels shrink to what a model captured
-  in a graph sees.
+  in a graph sees. Read its ratio as "under capture", not as the queued one: cuBLAS may run other
+  kernels when captured (H100, 4096^3 fp16: 667-671 TFLOPS captured, 738-744 queued, in one run:
+  ``benchmarks/results/2026-11-22_h100_v9_timers/``).
 """
 
 from __future__ import annotations
