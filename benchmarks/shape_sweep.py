@@ -4,7 +4,7 @@ The shape suite (``gemm_ladder suite``) times ``gemm_ladder.matmul`` as a user c
 included. This sweep asks a different question, one level down: for each weak case of the suite,
 which rung and knobs make the fastest *kernel*? Every candidate is a runtime-M module as a kernel
 pack would hold it, checked against a float64 reference, then timed against cuBLAS with both sides
-captured into CUDA graphs (``GRAPH_CALLS`` launches per graph, rotating through enough input sets
+captured into CUDA graphs (``harness.GRAPH_CALLS`` launches per graph, rotating through enough input sets
 to spill L2), so the host's launch cost is out of both figures. Rounds alternate ours and cuBLAS.
 The sweep ranks our candidates per case (cuBLAS is the common yardstick); its ratios are those of
 a captured model, not the queued timer's (cuBLAS may pick other kernels under capture, see
@@ -33,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 LLAMA = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096))
-GRAPH_CALLS = 20
 ROUNDS = 6
 GRAPHS_PER_ROUND = 3
 MAX_DEPTH = 8
@@ -151,53 +150,22 @@ def prepare(out: Path, dtype: str = "float16", focus: bool = False) -> None:
 
 
 # -- GPU box ---------------------------------------------------------------------------------
-def _graph_ms(fn, sets) -> "object":
-    """A function that replays a CUDA graph of ``GRAPH_CALLS`` calls of ``fn`` and returns ms per call."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            fn(*sets[i % len(sets)])
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(GRAPH_CALLS):
-            fn(*sets[i % len(sets)])
-    torch.cuda.synchronize()
-
-    def replay(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            e.synchronize()
-            out.append(s.elapsed_time(e) / GRAPH_CALLS)
-        return out
-
-    return replay
-
-
 def _time(mod, M: int, sets) -> dict:
     import torch
 
+    from gemm_ladder.harness import graph_times
+
     A, B, D = sets[0]
-    launch = mod.launcher(A, B, D)
-    ours = _graph_ms(launch, sets)
-    theirs = _graph_ms(lambda a, b, o: torch.matmul(a, b.T, out=o), sets)
-    ours(2), theirs(2)
+    ours = mod.launcher(A, B, D)
+
+    def theirs(a, b, o):
+        torch.matmul(a, b.T, out=o)
+
+    graph_times(ours, sets, 2), graph_times(theirs, sets, 2)  # capture, warm up
     mine, cub = [], []
     for r in range(ROUNDS):
-        if r % 2 == 0:
-            mine += ours(GRAPHS_PER_ROUND)
-            cub += theirs(GRAPHS_PER_ROUND)
-        else:
-            cub += theirs(GRAPHS_PER_ROUND)
-            mine += ours(GRAPHS_PER_ROUND)
+        for fn, into in ((ours, mine), (theirs, cub)) if r % 2 == 0 else ((theirs, cub), (ours, mine)):
+            into += graph_times(fn, sets, GRAPHS_PER_ROUND)
     ms, cms = statistics.median(mine), statistics.median(cub)
     N, K = mod.N, mod.K
     moved = (M * K + N * K + M * N) * 2
@@ -262,7 +230,7 @@ def run(folder: Path, out: Path) -> None:
                    "current_ratio": round(cur[k]["ratio_to_cublas"], 3) if k in cur else None} for k, b in best.items()}
     doc = {"format": "gemm_ladder.shape_sweep", "gpu": gpu, "date": harness.utc_now(),
            "commit": harness.run_info().get("commit"),
-           "method": f"CUDA graphs of {GRAPH_CALLS} launches, {ROUNDS} alternating rounds x {GRAPHS_PER_ROUND} replays; "
+           "method": f"CUDA graphs of {harness.GRAPH_CALLS} launches, {ROUNDS} alternating rounds x {GRAPHS_PER_ROUND} replays; "
                      "runtime-M modules; checked against float64 first",
            "summary": summary, "results": rows}
     (out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")

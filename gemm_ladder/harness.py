@@ -156,7 +156,7 @@ TIMERS = ("queued", "graph")
 GRAPH_CALLS = 20  # launches per captured graph (timer="graph")
 
 
-def _graph_times(fn, sets, reps: int) -> list[float]:
+def graph_times(fn, sets, reps: int) -> list[float]:
     """``reps`` samples, each one replay of a CUDA graph of ``GRAPH_CALLS`` calls of ``fn``
     (captured on first use and kept on ``fn``), in ms per call."""
     import torch  # pylint: disable=import-outside-toplevel
@@ -226,7 +226,7 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
 
     def _timed(fn, n, start=0):
         if timer == "graph":
-            return _graph_times(fn, sets, n)
+            return graph_times(fn, sets, n)
         return _event_times(fn, sets, n, start=start)
 
     rounds = max(1, min(rounds, reps))
