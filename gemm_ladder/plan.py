@@ -24,8 +24,8 @@ v9's defaults)::
     split-k           M > 64, the wave model finishes  v10: 128x256 or 128x128 tiles and the     too few tiles for whole
                       sooner split, and each split     split_k the model ranks first             waves: split the K loops
                       keeps >= 4096 of K
-    tile-shape        M > 64 and 128x192 or 128x128    v9 with that tile                         fewer tiles than SMs, or
-                      tiles finish first (makespan                                               a ragged last wave
+    tile-shape        M > 64 and 128x192 or 128x128    v9 with that tile and the deepest ring    fewer tiles than SMs, or
+                      tiles finish first (makespan     it fits (6 for 128x128)                   a ragged last wave
                       over the tile's measured rate)
     large             otherwise                        v9 defaults (128x256, 2 consumers,        measured 0.95-1.05x
                                                        depth 4, 2x1 cluster, epi_n 64)           cuBLAS on squares
@@ -169,6 +169,13 @@ def _tile_shape(p: Problem) -> bool:
     return p.M > 64 and best_tile(p, SQUARE_TILES) != (128, 256)
 
 
+def _tile_shape_knobs(p: Problem) -> dict:
+    """The tile of least makespan, with the deepest ring it fits (128x128: 6 stages, where v9's
+    default is 4: 0.80 -> 0.93x cuBLAS at 512x4096x4096, 2026-11-22_h100_shape_sweep_depth/)."""
+    knobs = dict(zip(("blk_m", "blk_n"), best_tile(p, SQUARE_TILES)))
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
+
+
 ROW_TILES_MAX_K = 8192  # longer K: the row tiles' few CTAs take too long; v11 splits K instead
 ROW_TILES_MIN = 32  # fewer 64x128 tiles stream B through too few SMs: v11 splits K instead
 
@@ -272,8 +279,7 @@ RULES: list[Rule] = [
              f"loop split over several CTAs (each keeping >= {SPLIT_K_MIN_SLICE} of K; the last one sums the "
              "fp32 partials)",
          detail=lambda p: "wave model: " + _split_plan(p).why()),
-    Rule("tile-shape", "sm_90a", "v9", when=_tile_shape,
-         knobs=lambda p: dict(zip(("blk_m", "blk_n"), best_tile(p, SQUARE_TILES))),
+    Rule("tile-shape", "sm_90a", "v9", when=_tile_shape, knobs=_tile_shape_knobs,
          why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): a narrower "
              "tile finishes first, its waves weighed by its measured rate",
          evidence=SWEEP + ": 128x192 0.89-1.04x and 128x128 0.79x cuBLAS at M = 512, where 128x256 gave 0.56-1.03x",

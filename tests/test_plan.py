@@ -165,6 +165,9 @@ def test_rule_tile_shape(M, N, K, tile):
     assert (c.rule, c.rung) == ("tile-shape", "v9")
     assert (c.knobs["blk_m"], c.knobs["blk_n"]) == tile == plan.best_tile(P(M, N, K), plan.SQUARE_TILES)
     assert "makespan (tile units)" in c.why
+    k = rung_knobs(c)  # the deepest ring the tile fits: 6 stages of 128x128, 4 of 128x192
+    assert k["pipe_depth"] == max_pipe_depth(make_config("v9", M, N, K, **{**k, "pipe_depth": 2}))
+    assert k["pipe_depth"] == {(128, 128): 6, (128, 192): 4}[tile]
 
 
 @pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (8192, 128256, 4096), (8192, 28672, 4096),
