@@ -43,9 +43,8 @@ units* (:func:`makespan`) is its wave quantization alone: a persistent grid of `
 (:data:`TILE_RATE`: a 128x128 tile does less work per wgmma and per byte of shared memory read),
 and the larger tile wins a tie.
 
-A new rung plugs in as a :class:`Rule` inserted where it should take precedence, with its test
-in ``tests/test_plan.py``; a rule whose rung is missing is passed over, so the table also says
-what the ladder falls back to.
+A new rung plugs in as a :class:`Rule` where it should take precedence, with its test in
+``tests/test_plan.py``; a rule whose rung is missing is passed over (the ladder falls back).
 
 **The tuning database** (``gemm_ladder.tune.db``) is asked first: its best entry in the shape's
 bucket (every dim rounded to a power of two) replaces the rule's choice, by ratio to cuBLAS. A
@@ -170,14 +169,13 @@ def _tile_shape(p: Problem) -> bool:
 
 
 def _tile_shape_knobs(p: Problem) -> dict:
-    """The tile of least makespan, with the deepest ring it fits (128x128: 6 stages, where v9's
-    default is 4: 0.80 -> 0.93x cuBLAS at 512x4096x4096, 2026-11-22_h100_shape_sweep_depth/)."""
+    """The tile of least makespan, with the deepest ring it fits (128x128: 6 stages, not v9's 4:
+    0.80 -> 0.93x cuBLAS at 512x4096x4096, benchmarks/results/2026-11-22_h100_shape_sweep_depth/)."""
     knobs = dict(zip(("blk_m", "blk_n"), best_tile(p, SQUARE_TILES)))
     return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
 
 
-ROW_TILES_MAX_K = 8192  # longer K: the row tiles' few CTAs take too long; v11 splits K instead
-ROW_TILES_MIN = 32  # fewer 64x128 tiles stream B through too few SMs: v11 splits K instead
+ROW_TILES_MAX_K, ROW_TILES_MIN = 8192, 32  # longer K, or fewer 64x128 tiles: v11 splits K instead
 
 
 def _row_tiles(p: Problem) -> bool:
