@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .exprs import simplified
-from .values import (TCGEN05_MMA_PREFIX, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER, call_operands,
-                     call_strings, func_call_name, is_predicated, op_name, Smem)
+from .values import (TCGEN05_MMA_PREFIX, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER, at_once, call_operands,
+                     call_strings, func_call_name, is_predicated, op_name, Smem, until_done)
 
 
 @dataclass
@@ -57,12 +57,7 @@ class CallCompiler:
         ops = call_operands(call)
         addr, count = self._expr(ops[0]), self._expr(ops[1])
         site = self._site("init", call)
-
-        def run(th):
-            th.sim.mbar_init(th, addr(th), count(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(lambda th: th.sim.mbar_init(th, addr(th), count(th), site))
 
     def _c_mbarrier_arrive(self, call):
         ops = call_operands(call)
@@ -71,14 +66,12 @@ class CallCompiler:
         pred = self._pred(call)
         site = self._site("arrive", call)
 
-        def run(th):
+        def arrive(th):
             if pred is None or pred(th):
                 th.sim.mbar_arrive(th, addr(th), count(th), None, site)
             else:
                 th.sim.mbar_skip(th, addr(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(arrive)
 
     def _c_mbarrier_arrive_expect_tx(self, call):
         ops = call_operands(call)
@@ -86,25 +79,18 @@ class CallCompiler:
         pred = self._pred(call)
         site = self._site("arrive", call, extra={"expect_tx": True})
 
-        def run(th):
+        def arrive(th):
             if pred is None or pred(th):
                 th.sim.mbar_arrive(th, addr(th), 1, tx(th), site)
             else:
                 th.sim.mbar_skip(th, addr(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(arrive)
 
     def _c_mbarrier_expect_tx(self, call):
         ops = call_operands(call)
         addr, tx = self._expr(ops[0]), self._expr(ops[1])
         site = self._site("expect_tx", call)
-
-        def run(th):
-            th.sim.mbar_expect_tx(th, addr(th), tx(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(lambda th: th.sim.mbar_expect_tx(th, addr(th), tx(th), site))
 
     def _wait(self, call, addr_e, phase_e, site_extra=None):
         addr, phase = self._expr(addr_e), self._expr(phase_e)
@@ -147,12 +133,8 @@ class CallCompiler:
         pair = "cta_group::2" in strings
         site = self._site("tma", call, extra={"multicast": multicast, "pair": pair})
 
-        def run(th):
-            th.sim.tma_load(th, dst(th), tmap(th), [c(th) for c in coords], mbar(th),
-                            mask(th) if mask is not None else None, site, pair)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(lambda th: th.sim.tma_load(th, dst(th), tmap(th), [c(th) for c in coords], mbar(th),
+                                                  mask(th) if mask is not None else None, site, pair))
 
     def _c_tcgen05_mma(self, call):
         ops = call_operands(call)
@@ -160,11 +142,7 @@ class CallCompiler:
         pair = "cta_group::2" in call_strings(call)
         site = self._site("mma", call, extra={"engine": "tcgen05", "pair": pair})
 
-        def run(th):
-            th.sim.mma_issue(th, "tcgen05", [d(th) for d in descs], site, pair=pair)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(lambda th: th.sim.mma_issue(th, "tcgen05", [d(th) for d in descs], site, pair=pair))
 
     def _c_tcgen05_commit(self, call):
         ops = call_operands(call)
@@ -174,12 +152,10 @@ class CallCompiler:
         pred = self._pred(call)
         site = self._site("commit", call)
 
-        def run(th):
+        def commit(th):
             if pred is None or pred(th):
                 th.sim.tcgen05_commit(th, addr(th), mask(th) if mask is not None else None, site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(commit)
 
     def _c_wgmma_mma(self, call):
         ops = call_operands(call)
@@ -190,11 +166,7 @@ class CallCompiler:
             (x for x in strings if x.startswith("m64")), "")})
 
         def run(th):
-            while True:
-                tok = th.sim.warp_collective(th, site)
-                if tok is None:
-                    break
-                yield tok
+            yield from until_done(lambda t: t.sim.warp_collective(t, site))(th)
             # one issue per warp: the descriptors are warp-uniform, lane 0 computed them
             # (see _lane0_only); the reads belong to lane 0, checked with every lane's clock
             th.sim.warp_uniform(th, site, lambda: th.sim.wgmma_issue(th, [d(th.cta.threads[th.warp * 32])
@@ -203,83 +175,45 @@ class CallCompiler:
 
     def _c_wgmma_commit(self, call):
         site = self._site("commit", call, extra={"engine": "wgmma"})
-
-        def run(th):
-            th.sim.wgmma_commit(th, site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(lambda th: th.sim.wgmma_commit(th, site))
 
     def _c_wgmma_wait(self, call):
         n = self._expr(call_operands(call)[0])
         site = self._site("wait_group", call)
 
-        def run(th):
-            k = n(th)
-            while True:
-                tok = th.sim.warp_collective(th, site, wait_group=k)
-                if tok is None:
-                    return
-                yield tok
-        return run
+        return until_done(lambda th: th.sim.warp_collective(th, site, wait_group=n(th)))
 
     def _c_cta_sync(self, call):
         site = self._site("sync", call)
 
-        def run(th):
-            while True:
-                tok = th.sim.bar_sync(th, 0, None, site)
-                if tok is None:
-                    return
-                yield tok
-        return run
+        return until_done(lambda th: th.sim.bar_sync(th, 0, None, site))
 
     def _c_warpgroup_sync(self, call):
         bar = self._expr(call_operands(call)[0])
         site = self._site("sync", call)
 
-        def run(th):
-            b = bar(th)
-            while True:
-                tok = th.sim.bar_sync(th, b, 128, site)
-                if tok is None:
-                    return
-                yield tok
-        return run
+        return until_done(lambda th: th.sim.bar_sync(th, bar(th), 128, site))
 
     def _c_cluster_sync(self, call):
         """``T.cuda.cluster_sync()``: barrier.cluster.arrive (release) + wait (acquire)."""
         site = self._site("sync", call)
 
+        wait = until_done(lambda th: th.sim.cluster_wait(th, site))
+
         def run(th):
             th.sim.cluster_arrive(th, site)
-            while True:
-                tok = th.sim.cluster_wait(th, site)
-                if tok is None:
-                    return
-                yield tok
+            yield from wait(th)
         return run
 
     def _c_cluster_arrive(self, call):
         release = "relaxed" not in call_strings(call)
         site = self._site("sync", call)
 
-        def run(th):
-            th.sim.cluster_arrive(th, site, release)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(lambda th: th.sim.cluster_arrive(th, site, release))
 
     def _c_cluster_wait(self, call):
         site = self._site("sync", call)
-
-        def run(th):
-            while True:
-                tok = th.sim.cluster_wait(th, site)
-                if tok is None:
-                    return
-                yield tok
-        return run
+        return until_done(lambda th: th.sim.cluster_wait(th, site))
 
     def _c_encode(self, call):
         ops = call_operands(call)
@@ -287,7 +221,7 @@ class CallCompiler:
         addr = self._expr(ops[1])
         rest = [self._expr(a) for a in ops[2:]]
 
-        def run(th):
+        def encode(th):
             slot, i = dst(th)
             a = addr(th)
             value = UNKNOWN
@@ -303,36 +237,27 @@ class CallCompiler:
             if not isinstance(arr, list):
                 arr = th.env[slot] = [UNKNOWN] * (i + 1)
             arr[i] = value
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(encode)
 
     def _c_mapa(self, call):
         ops = call_operands(call)
         dst = self._lvalue(ops[0])
         addr, rank = self._expr(ops[1]), self._expr(ops[2])
 
-        def run(th):
+        def mapa(th):
             slot, i = dst(th)
             a, r = addr(th), rank(th)
             arr = th.env[slot]
             if not isinstance(arr, list):
                 arr = th.env[slot] = [UNKNOWN] * (i + 1)
             arr[i] = Smem(a.off, r) if isinstance(a, Smem) and isinstance(r, int) else UNKNOWN
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(mapa)
 
     def _c_st_vec(self, call):
         ops = call_operands(call)
         addr = self._expr(ops[0])
         site = self._site("store", call)
-
-        def run(th):
-            th.sim.smem_store(th, addr(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(lambda th: th.sim.smem_store(th, addr(th), site))
 
     def _pred(self, call):
         """The predicate of a ``@p`` raw PTX call (``pred=``), if the call has one."""

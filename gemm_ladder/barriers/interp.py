@@ -24,7 +24,7 @@ from __future__ import annotations
 from .calls import WATCHDOG_FN, CallCompiler, Site
 from .exprs import ExprCompiler, lvalue_defs, uses_of
 from .values import (ENCODE_OPS, MBAR_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN,
-                     WGMMA_MMA_PREFIX, WGMMA_OTHER, WGMMA_SYNC, any_unknown, buffer_size, call_operands,
+                     WGMMA_MMA_PREFIX, WGMMA_OTHER, WGMMA_SYNC, any_unknown, at_once, buffer_size, call_operands,
                      call_strings, func_call_name, handle_of, op_name, SimError)
 
 __all__ = ["Program", "Site"]
@@ -241,11 +241,9 @@ class Program(CallCompiler, ExprCompiler):
         slot = self._slot(s.var)
         value = self._expr(s.value)
 
-        def run(th):
+        def bind(th):
             th.env[slot] = value(th)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(bind)
 
     def _s_BufferStore(self, s):
         buf = s.buffer
@@ -255,7 +253,7 @@ class Program(CallCompiler, ExprCompiler):
             value = self._expr(s.value)
             size = buffer_size(buf)
 
-            def run(th):
+            def store(th):
                 arr = th.env[slot]
                 if not isinstance(arr, list):
                     arr = th.env[slot] = [UNKNOWN] * size
@@ -263,18 +261,11 @@ class Program(CallCompiler, ExprCompiler):
                 if i is UNKNOWN:
                     raise SimError(f"index of {buf.name} is not known")
                 arr[i] = value(th)
-                return
-                yield  # pylint: disable=unreachable
-            return run
+            return at_once(store)
         # a generic store into an MMA operand tile
         addr = self._shared_address(buf, s.indices)
         site = self._site("store", s, extra={"buffer": buf.name})
-
-        def run(th):
-            th.sim.smem_store(th, addr(th), site)
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(lambda th: th.sim.smem_store(th, addr(th), site))
 
     def _s_Evaluate(self, s):
         return self.call_handler(s.value)
@@ -289,16 +280,12 @@ class Program(CallCompiler, ExprCompiler):
         slot = self._buf_slot(buf)
         size = buffer_size(buf)
 
-        def run(th):
+        def alloc(th):
             th.env[slot] = [UNKNOWN] * size
-            return
-            yield  # pylint: disable=unreachable
-        return run
+        return at_once(alloc)
 
 
-def _nothing(th):
-    return
-    yield  # pylint: disable=unreachable
+_nothing = at_once(lambda th: None)
 
 
 def _is_wgmma_mma(s) -> bool:

@@ -143,3 +143,24 @@ def buffer_size(buf) -> int:
     for d in buf.shape:
         n *= int(d)
     return max(n, 1)
+
+
+# -- steps: what a compiled statement or call runs per thread. Every step is a generator function
+# of the thread; one that must wait yields the token it waits on (the engine resumes it later).
+def at_once(action):
+    """A step that never waits: ``action(th)`` runs when the thread reaches it."""
+
+    def run(th):
+        action(th)
+        return
+        yield  # pylint: disable=unreachable
+    return run
+
+
+def until_done(poll):
+    """A step that waits: ``poll(th)`` gives the token to wait on, or None once the thread may go on."""
+
+    def run(th):
+        while (tok := poll(th)) is not None:
+            yield tok
+    return run
