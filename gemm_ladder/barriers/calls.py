@@ -61,27 +61,21 @@ class CallCompiler:
 
     def _c_mbarrier_arrive(self, call):
         ops = call_operands(call)
-        addr = self._expr(ops[0])
         count = self._expr(ops[1]) if len(ops) > 1 else (lambda th: 1)
-        pred = self._pred(call)
-        site = self._site("arrive", call)
-
-        def arrive(th):
-            if pred is None or pred(th):
-                th.sim.mbar_arrive(th, addr(th), count(th), None, site)
-            else:
-                th.sim.mbar_skip(th, addr(th), site)
-        return at_once(arrive)
+        return self._arrive(call, ops[0], count, None, self._site("arrive", call))
 
     def _c_mbarrier_arrive_expect_tx(self, call):
         ops = call_operands(call)
-        addr, tx = self._expr(ops[0]), self._expr(ops[1])
-        pred = self._pred(call)
-        site = self._site("arrive", call, extra={"expect_tx": True})
+        return self._arrive(call, ops[0], lambda th: 1, self._expr(ops[1]),
+                            self._site("arrive", call, extra={"expect_tx": True}))
+
+    def _arrive(self, call, addr_e, count, tx, site):
+        """An arrive (with its expect_tx bytes, if ``tx``); a predicated one that is off skips."""
+        addr, pred = self._expr(addr_e), self._pred(call)
 
         def arrive(th):
             if pred is None or pred(th):
-                th.sim.mbar_arrive(th, addr(th), 1, tx(th), site)
+                th.sim.mbar_arrive(th, addr(th), count(th), tx(th) if tx is not None else None, site)
             else:
                 th.sim.mbar_skip(th, addr(th), site)
         return at_once(arrive)
