@@ -11,7 +11,7 @@ a captured model, not the queued timer's (cuBLAS may pick other kernels under ca
 ``gemm_ladder.harness``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/shape_sweep.py prepare build/sweep     # build box
-    (``prepare --focus``: the second campaign, :data:`FOCUS`)
+    (``prepare --campaign focus`` / ``tiles64``: the second and third campaigns, :data:`FOCUS`, :data:`TILES64`)
     python3 benchmarks/shape_sweep.py run build/sweep --out out/sweep               # GPU box
 
 ``run`` writes ``OUT/sweep.jsonl`` as it goes (a hang loses only what is left; run it under
@@ -88,6 +88,26 @@ FOCUS = {
                         ("v9", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 2, "epi_n": 64})],
 }
 
+# a third campaign: 64x64 swap-AB tiles with cuBLAS's 13-deep ring (its nvjet 64x64_64x13 kernel,
+# `2026-11-22_h100_ncu_n4096/`), alone and in pairs that multicast B (cluster_m) or A (cluster_n)
+_T64 = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "split_k": 1}
+TILES64 = {
+    (128, 4096, 4096): [("v11", {**_T64, "pipe_depth": 13}),
+                        ("v11", {**_T64, "pipe_depth": 13, "cluster_m": 2}),
+                        ("v11", {**_T64, "pipe_depth": 13, "cluster_n": 2}),
+                        ("v11", {**_T64, "pipe_depth": 8, "cluster_m": 2}),
+                        ("v9", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 2, "epi_n": 64})],
+    (64, 4096, 4096): [("v11", {**_T64, "pipe_depth": 13}),
+                       ("v11", {**_T64, "pipe_depth": 13, "split_k": 2}),
+                       ("v11", {**_T64, "pipe_depth": 13, "split_k": 2, "cluster_n": 2})],
+    (128, 6144, 4096): [("v11", {**_T64, "pipe_depth": 13, "cluster_m": 2}),
+                        ("v11", {**_T64, "blk_m": 128, "pipe_depth": 8}),
+                        ("v9", {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 2, "epi_n": 64})],
+    (128, 28672, 4096): [("v11", {**_T64, "pipe_depth": 13, "cluster_m": 2})],
+    (128, 4096, 14336): [("v11", {**_T64, "pipe_depth": 13, "cluster_m": 2})],
+}
+CAMPAIGNS = {"focus": FOCUS, "tiles64": TILES64}
+
 
 def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:
     """Skip splits that make more than ~1.25 waves of units (the model never wants those)."""
@@ -100,7 +120,7 @@ def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:
 
 
 # -- build box -------------------------------------------------------------------------------
-def prepare(out: Path, dtype: str = "float16", focus: bool = False) -> None:
+def prepare(out: Path, dtype: str = "float16", campaign: str | None = None) -> None:
     from gemm_ladder import budget, make_config
     from gemm_ladder.batch import BuildJob, build_many
     from gemm_ladder.config import ConfigError
@@ -108,12 +128,13 @@ def prepare(out: Path, dtype: str = "float16", focus: bool = False) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     jobs, index = [], []
-    for M, N, K in (FOCUS if focus else _cases()):
+    focus = CAMPAIGNS.get(campaign)
+    for M, N, K in (focus or _cases()):
         cur = choose(Problem(M, N, K, dtype, "sm_90a", 132))
         cur_knobs = {k: v for k, v in cur.knobs.items() if k not in ("dtype", "arch")}
         seen = set()
         cands = [(cur.rung, cur_knobs, True)] + [(r, k, False) for r, k in
-                                                 (FOCUS[(M, N, K)] if focus else _candidates(M, N, K))]
+                                                 (focus[(M, N, K)] if focus else _candidates(M, N, K))]
         for rung, knobs, current in cands:
             if not _units_ok(rung, M, N, knobs) and not current:
                 continue
@@ -139,7 +160,7 @@ def prepare(out: Path, dtype: str = "float16", focus: bool = False) -> None:
             index.append({"file": f"{name}.so", "shape": [M, N, K], "dtype": dtype, "rung": rung,
                           "knobs": dict(cfg.knobs()), "current": current,
                           "current_why": cur.why if current else None})
-    print(f"{len(jobs)} candidates over {len(FOCUS if focus else _cases())} shapes", flush=True)
+    print(f"{len(jobs)} candidates over {len(focus or _cases())} shapes", flush=True)
     t0 = time.perf_counter()
     results = build_many(jobs, out)
     bad = [r for r in results if r.get("status") != "built"]
@@ -244,13 +265,14 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("folder", type=Path)
-    p.add_argument("--focus", action="store_true", help="the second campaign (FOCUS) instead of the first")
+    p.add_argument("--campaign", choices=sorted(CAMPAIGNS),
+                   help="a later campaign (FOCUS: the second, TILES64: the third) instead of the first")
     r = sub.add_parser("run")
     r.add_argument("folder", type=Path)
     r.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     if a.cmd == "prepare":
-        prepare(a.folder, focus=a.focus)
+        prepare(a.folder, campaign=a.campaign)
     else:
         run(a.folder, a.out)
     return 0
