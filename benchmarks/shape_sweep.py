@@ -11,7 +11,8 @@ a captured model, not the queued timer's (cuBLAS may pick other kernels under ca
 ``gemm_ladder.harness``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/shape_sweep.py prepare build/sweep     # build box
-    (``prepare --campaign focus`` / ``tiles64``: the second and third campaigns, :data:`FOCUS`, :data:`TILES64`)
+    (``prepare --campaign focus`` / ``tiles64`` / ``stream``: the later campaigns, :data:`FOCUS`,
+    :data:`TILES64`, :func:`_stream`)
     python3 benchmarks/shape_sweep.py run build/sweep --out out/sweep               # GPU box
 
 ``run`` writes ``OUT/sweep.jsonl`` as it goes (a hang loses only what is left; run it under
@@ -106,7 +107,29 @@ TILES64 = {
     (128, 28672, 4096): [("v11", {**_T64, "pipe_depth": 13, "cluster_m": 2})],
     (128, 4096, 14336): [("v11", {**_T64, "pipe_depth": 13, "cluster_m": 2})],
 }
-CAMPAIGNS = {"focus": FOCUS, "tiles64": TILES64}
+
+
+def _stream() -> dict:
+    """A fourth campaign: the ``stream_b`` load hints (L2 evict-first B, evict-last A, 256-byte L2
+    fills) on and off for the policy's choice at every suite case with M <= 128, and for the
+    row-tiles cases multicast pairs and 64-wide v11 tiles beside it."""
+    from gemm_ladder.plan import Problem, choose
+
+    out = {}
+    for N, K in LLAMA:
+        for M in (1, 16, 64, 128):
+            cur = choose(Problem(M, N, K, "float16", "sm_90a", 132))
+            knobs = {k: v for k, v in cur.knobs.items() if k not in ("dtype", "arch")}
+            out[(M, N, K)] = [(cur.rung, {**knobs, "stream_b": False})]
+            if cur.rule == "row-tiles":
+                out[(M, N, K)] += [("v9", {**knobs, "cluster_m": 2}),
+                                   ("v11", {**_T64, "blk_m": M, "pipe_depth": 8, "stream_b": True}),
+                                   ("v11", {**_T64, "blk_m": M, "pipe_depth": 8, "stream_b": True,
+                                            "cluster_n": 2})]
+    return out
+
+
+CAMPAIGNS = {"focus": FOCUS, "tiles64": TILES64, "stream": _stream}
 
 
 def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:
@@ -129,6 +152,7 @@ def prepare(out: Path, dtype: str = "float16", campaign: str | None = None) -> N
     out.mkdir(parents=True, exist_ok=True)
     jobs, index = [], []
     focus = CAMPAIGNS.get(campaign)
+    focus = focus() if callable(focus) else focus
     for M, N, K in (focus or _cases()):
         cur = choose(Problem(M, N, K, dtype, "sm_90a", 132))
         cur_knobs = {k: v for k, v in cur.knobs.items() if k not in ("dtype", "arch")}
@@ -266,7 +290,8 @@ def main() -> int:
     p = sub.add_parser("prepare")
     p.add_argument("folder", type=Path)
     p.add_argument("--campaign", choices=sorted(CAMPAIGNS),
-                   help="a later campaign (FOCUS: the second, TILES64: the third) instead of the first")
+                   help="a later campaign (FOCUS: the second, TILES64: the third, _stream: the fourth) "
+                        "instead of the first")
     r = sub.add_parser("run")
     r.add_argument("folder", type=Path)
     r.add_argument("--out", type=Path, required=True)

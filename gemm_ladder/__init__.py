@@ -30,7 +30,7 @@ The modules, from the bottom up (an import points down or sideways, never up)::
     batch, report             build many, verify, bench; the tables
     tune/, teach/             the tuner (space, cache, measuring, db, report, jobs, run; rpc + serve: many
                               GPUs through TVM's RPC tracker); the tutorials' helpers
-    plan                      which kernel for a shape (database, rules) and what TMA needs copied
+    plan, tma_layout          which kernel for a shape (database, rules); what TMA needs copied
     module_cache, kernel_pack modules built on first use, shared by processes; packs of exported modules
     front, ops, suite         the front door (matmul), the torch op, the shape suite benchmark
     cli                       argument parsing only; nothing imports it

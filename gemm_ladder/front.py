@@ -24,7 +24,7 @@ stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO logs every new choic
 
 Inputs: fp16 or bf16, contiguous, row-major, on one CUDA GPU; what TMA cannot describe (N or K
 not a multiple of 8, a view that does not start on a 16-byte boundary) takes a correct, slower
-path through padded copies (``plan.LAYOUT_RULES``) and says so. Other dtypes, devices and
+path through padded copies (``tma_layout.LAYOUT_RULES``) and says so. Other dtypes, devices and
 layouts raise ``ModuleInputError`` with the fix. Empty shapes give empty (or zero) results
 without a launch, as cuBLAS does.
 
@@ -44,7 +44,7 @@ from pathlib import Path
 from . import device
 from .config import DTYPES
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
-from .plan import Fixes, Layout, layout_fixes
+from .tma_layout import Fixes, Layout, layout_fixes
 from .runtime import ModuleInputError, load
 
 logger = logging.getLogger("gemm_ladder.matmul")

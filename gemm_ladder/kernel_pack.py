@@ -202,7 +202,7 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
     """The modules a pack needs for ``shapes`` (``(M, N, K)``) in ``dtypes``: one per choice of
     the front door's policy (``plan.choose``, at the N and K it pads to), one for all the M of a
     (rung, knobs, N, K) where the rung takes M at run time, else one per M."""
-    from . import plan  # pylint: disable=import-outside-toplevel
+    from . import plan, tma_layout  # pylint: disable=import-outside-toplevel
     from .batch import BuildJob  # pylint: disable=import-outside-toplevel
     from .rungs import rung_module  # pylint: disable=import-outside-toplevel
 
@@ -210,7 +210,7 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
     groups: dict = {}
     for dtype in dtypes:
         for M, N, K in shapes:
-            fixes = plan.layout_fixes(plan.Layout(M, N, K, dtype))
+            fixes = tma_layout.layout_fixes(tma_layout.Layout(M, N, K, dtype))
             choice = plan.choose(plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms))
             knobs = dict(choice.knobs)
             dyn = dynamic and "dynamic_m" in rung_module(choice.rung, arch).KNOBS

@@ -53,13 +53,11 @@ committed measurements (``Rule.evidence``) only entries of rungs at or above the
 since the ladder has moved past the others (v9 at its defaults beats the v6 entries the database
 holds for 4096^3 and 8192^3).
 
-**Layout.** TMA describes a tensor whose row stride is a multiple of 16 bytes and whose start is
-16-byte aligned (``config.check_common``). :data:`LAYOUT_RULES` says what the front door copies
-when a tensor is not so: K or N padded with zeros to a multiple of 8, a misaligned view cloned,
-an output that TMA cannot write staged. Each fix is correct and slower, and ``explain`` says so.
+**Layout.** What a tensor needs before TMA can read it (padding, clones, a staged output) is
+:mod:`gemm_ladder.tma_layout`'s.
 
 Importing this module imports no TVM, torch, ``schedulers`` or tuner: :func:`choose` imports the
-database and the validator on first use (a build box), :func:`layout_fixes` needs nothing.
+database and the validator on first use (a build box).
 """
 
 from __future__ import annotations
@@ -70,8 +68,10 @@ from typing import Callable
 
 from .config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, GemmConfig
 
-TMA_ALIGN_BYTES = 16
 MODEL_ONLY = "model only: not yet measured"
+# the small-M rules stream B past a few rows of A: B's loads evict first from L2, A's last, 256-byte
+# L2 fills (sm90a/common.load_hints; +4-5% as kernels at M = 128, -1% at M = 512 where B is reused)
+STREAM_B = {"stream_b": True}
 MAX_SMALL_M_DEPTH = 8  # stages a 64-row tile may take for weight streaming (more hides no more latency)
 
 
@@ -158,7 +158,7 @@ def _small_m_knobs(p: Problem) -> dict:
     # not 64x64: v9 stages a 64-column epilogue chunk that TVM 0.27 cannot place 128 B-aligned then
     blk_m, blk_n = best_tile(p, [(64, 256), (64, 128)])
     knobs = {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 1, "epi_n": 64}
-    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH), **STREAM_B}
 
 
 SQUARE_TILES = [(128, 256), (128, 192), (128, 128)]
@@ -184,7 +184,7 @@ def _row_tiles(p: Problem) -> bool:
 
 def _row_tile_knobs(p: Problem) -> dict:
     knobs = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 1, "epi_n": 64}
-    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH), **STREAM_B}
 
 
 # -- rules that ask the wave model (schedulers.wave_model: tiles, split-K units, waves, and what
@@ -220,7 +220,7 @@ def swap_split_k(p: Problem, blk_n: int = SWAP_BLK_N) -> int:
 def _swap_knobs(p: Problem, blk_m: int | None = None) -> dict:
     bm = blk_m or swap_blk_m(p.M)
     knobs = {"blk_m": bm, "blk_n": SWAP_BLK_N, "split_k": swap_split_k(p)}
-    return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SWAP_DEPTH)}
+    return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SWAP_DEPTH), **STREAM_B}
 
 
 def _swap_detail(p: Problem) -> str:
@@ -419,81 +419,3 @@ def default_sms(arch: str) -> int:
 
     gpu = device.probe(0, arch=arch)
     return gpu.sm_count if gpu is not None else MODEL_MACHINE[arch]["num_sms"]
-
-
-# -- layout: what TMA needs ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class Layout:
-    """The shape and alignment of one call: each ``*_aligned`` says the tensor starts on a
-    16-byte boundary; ``out_given`` whether the caller passed ``out``."""
-
-    M: int
-    N: int
-    K: int
-    dtype: str = DEFAULT_DTYPE
-    a_aligned: bool = True
-    b_aligned: bool = True
-    out_aligned: bool = True
-    out_given: bool = False
-
-    @property
-    def per16(self) -> int:
-        return TMA_ALIGN_BYTES // DTYPE_BYTES[self.dtype]
-
-
-@dataclass(frozen=True)
-class LayoutRule:
-    name: str
-    when: Callable[[Layout], bool]
-    fix: str  # what the front door does
-    why: str
-
-
-def _up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-LAYOUT_RULES: list[LayoutRule] = [
-    LayoutRule("pad-k", lambda l: l.K % l.per16 != 0, "copy A and B into zero-padded K",
-               "a row of K elements is not a multiple of 16 bytes, which TMA strides must be"),
-    LayoutRule("pad-n", lambda l: l.N % l.per16 != 0, "copy B into zero-padded N rows and compute into a padded D",
-               "a row of D (N elements) is not a multiple of 16 bytes"),
-    LayoutRule("copy-a", lambda l: not l.a_aligned and l.K % l.per16 == 0, "clone A",
-               "A does not start on a 16-byte boundary (a view into a larger tensor)"),
-    LayoutRule("copy-b", lambda l: not l.b_aligned and l.K % l.per16 == 0, "clone B",
-               "B does not start on a 16-byte boundary (a view into a larger tensor)"),
-    LayoutRule("stage-out", lambda l: l.out_given and not l.out_aligned and l.N % l.per16 == 0,
-               "compute into a fresh D and copy it into out", "out does not start on a 16-byte boundary"),
-]
-
-
-@dataclass(frozen=True)
-class Fixes:
-    """The copies one call needs and the shape the kernel then sees (``N``/``K`` padded)."""
-
-    names: tuple
-    N: int
-    K: int
-
-    @property
-    def pad_k(self) -> bool:
-        return "pad-k" in self.names
-
-    @property
-    def pad_n(self) -> bool:
-        return "pad-n" in self.names
-
-    def copies(self, name: str) -> bool:
-        return name in self.names
-
-    def lines(self) -> list[str]:
-        by_name = {r.name: r for r in LAYOUT_RULES}
-        return [f"{by_name[n].fix} ({by_name[n].why}): correct, slower" for n in self.names]
-
-
-def layout_fixes(layout: Layout) -> Fixes:
-    """Which :data:`LAYOUT_RULES` apply, and the ``N``, ``K`` the kernel is built for."""
-    names = tuple(r.name for r in LAYOUT_RULES if r.when(layout))
-    N = _up(layout.N, layout.per16) if "pad-n" in names else layout.N
-    K = _up(layout.K, layout.per16) if "pad-k" in names else layout.K
-    return Fixes(names, N, K)

@@ -24,6 +24,8 @@ KNOB_SAMPLE = [
     # clusters: multicast of both operands and remote releases to 4 CTAs; 3 consumers
     ("v8", "sm_90a", {"cluster_m": 2, "cluster_n": 2, "blk_n": 128, "pipe_depth": 4}),
     ("v9", "sm_90a", {"num_warpgroups": 3, "blk_m": 192, "blk_n": 128, "epi_n": 128}),
+    # L2 cache policies on every load, one of them multicast, and split K
+    ("v11", "sm_90a", {"stream_b": True, "cluster_m": 2, "blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "split_k": 2}),
     # CTA pairs: one pair (no A multicast), with one and two epilogue consumers
     ("v8", "sm_100a", {"cluster_n": 1}),
     ("v9", "sm_100a", {"epi_consumers": 2, "cluster_n": 1, "pipe_depth": 3}),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gemm_ladder import front, kernel_pack
-from gemm_ladder.plan import Fixes, Layout, layout_fixes
+from gemm_ladder.tma_layout import Fixes, Layout, layout_fixes
 from gemm_ladder.runtime import ModuleInputError
 
 from .test_kernel_pack import _module, _pack

@@ -44,7 +44,7 @@ OP_SHAPES = [(15, 256, 512), (15, 512, 256), (256, 512, 16),   # opcheck: forwar
 
 
 def _kernel_shapes():
-    from gemm_ladder.plan import Layout, layout_fixes
+    from gemm_ladder.tma_layout import Layout, layout_fixes
 
     out = {"float16": set(OP_SHAPES), "bfloat16": set()}
     for case in CASES:

@@ -8,7 +8,8 @@ import pytest
 
 from gemm_ladder import plan
 from gemm_ladder.budget import max_pipe_depth
-from gemm_ladder.plan import Layout, Problem, Rule, choose, layout_fixes, rule_choice
+from gemm_ladder.plan import Problem, Rule, choose, rule_choice
+from gemm_ladder.tma_layout import Layout, layout_fixes
 from gemm_ladder.rungs import available, make_config
 from gemm_ladder.tune import cache, db
 

@@ -264,6 +264,9 @@ CPU_BUILDS = {
     "v11_m33_w1": ("v11", (33, 3000, 520), dict(blk_m=40, num_warpgroups=1, split_k=2, dtype="bfloat16")),
     "v11_nosplit": ("v11", (64, 28672, 4096), dict(blk_n=256, split_k=1, pipe_depth=4)),
     "v11_dyn": ("v11", (64, 4096, 4096), dict(dynamic_m=True, tile_order="grouped")),
+    # B streamed past 128 rows of A, multicast over a 2x1 cluster, with the stream_b load hints
+    "v11_stream": ("v11", (128, 4096, 4096), dict(blk_m=64, blk_n=64, num_warpgroups=1, split_k=2, cluster_m=2,
+                                                   stream_b=True)),
 }
 
 
@@ -306,6 +309,34 @@ def test_sass_has_the_technique_and_no_spills(built, name):
     assert re.search(r"MEMBAR\.ALL\.GPU", text) and re.search(r"CCTL\.IVALL", text)
     assert bool(re.search(r"LDG\.E\.128\.STRONG\.GPU", text)) == split
     assert bool(re.search(r"STG\.E\.128", text)) == split
+
+
+def test_stream_b_puts_an_l2_policy_on_every_load(built):
+    """stream_b: every TMA load, whole or a multicast part, carries an L2 cache policy (a
+    ``desc[...]`` operand on UTMALDG in SASS); the loads of the other builds carry none."""
+    from gemm_ladder import sass
+
+    for name, (mod, _) in built.items():
+        loads = [line for line in sass.disassemble(mod.binary).splitlines() if "UTMALDG" in line]
+        hinted = [line for line in loads if "desc[" in line]
+        if dict(mod.cfg.extra)["stream_b"]:
+            assert loads and len(hinted) == len(loads) and any("MULTICAST" in line for line in hinted), name
+        else:
+            assert loads and not hinted, (name, hinted)
+
+
+@pytest.mark.parametrize("rung, knobs", [("v9", dict(blk_m=64, blk_n=128, num_warpgroups=1, cluster_m=1)),
+                                         ("v11", dict(blk_m=64, split_k=2, cluster_m=2))])
+def test_stream_b_tensor_maps_fetch_256_bytes_per_l2_miss(rung, knobs):
+    """The loads' tensor maps ask L2 for 256-byte fills with stream_b, TVM's 128 without; the
+    store's map is the same either way."""
+    from gemm_ladder import make_config
+    from gemm_ladder.barriers.kernel_ir import load
+
+    for stream, fill in ((True, 3), (False, 2)):
+        maps = load(make_config(rung, 128, 4096, 4096, stream_b=stream, **knobs)).tensormaps
+        assert {n: t.l2_promotion for n, t in maps.items()} == {"A_tensormap": fill, "B_tensormap": fill,
+                                                                 "D_tensormap": 2}
 
 
 def test_kernel_source_counts_once_per_consumer_and_sums_in_split_order(built):

@@ -33,7 +33,7 @@
 import json
 
 import schedulers
-from gemm_ladder import kernel_pack, plan, report, rungs, suite, teach
+from gemm_ladder import kernel_pack, plan, report, rungs, suite, teach, tma_layout
 from gemm_ladder.teach import shapes as pictures
 from schedulers import wave_model
 
@@ -144,9 +144,9 @@ print(plan.choose(plan.Problem(16, 6144, 4096)).text())
 # copies it into a zero-padded (or aligned) buffer first, a correct and slower path, and says so.
 
 # %%
-for layout in (plan.Layout(33, 1001, 100), plan.Layout(64, 4096, 4096, a_aligned=False),
-               plan.Layout(64, 4096, 4096, out_given=True, out_aligned=False)):
-    f = plan.layout_fixes(layout)
+for layout in (tma_layout.Layout(33, 1001, 100), tma_layout.Layout(64, 4096, 4096, a_aligned=False),
+               tma_layout.Layout(64, 4096, 4096, out_given=True, out_aligned=False)):
+    f = tma_layout.layout_fixes(layout)
     print(f"M={layout.M} N={layout.N} K={layout.K}: kernel sees N={f.N}, K={f.K}")
     for line in f.lines():
         print("   ", line)

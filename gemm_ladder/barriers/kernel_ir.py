@@ -32,6 +32,7 @@ class TensorMapInfo:
     dims: tuple[int, ...]  # innermost first, as cuTensorMapEncodeTiled takes them
     box: tuple[int, ...]
     elem_bytes: int
+    l2_promotion: int = 2  # bytes an L2 miss fetches: 0 none, 1 64 B, 2 128 B, 3 256 B (CUtensorMapL2promotion)
 
     @property
     def box_bytes(self) -> int:
@@ -226,7 +227,8 @@ def load(func_or_cfg, arch: str | None = None) -> KernelIR:
         ints = [_int(a) for a in call.args[2:]]
         dims, box = ints[:rank], ints[2 * rank - 1:3 * rank - 1]
         dtype = str(call.attrs.descriptor_dtype)
-        by_var[call.args[0].__chandle__()] = (call.args[0].name, dims, box, DTYPE_BYTES.get(dtype, 2))
+        by_var[call.args[0].__chandle__()] = (call.args[0].name, dims, box, DTYPE_BYTES.get(dtype, 2),
+                                              int(call.attrs.l2_promotion))
     tensormaps = {}
     launch = {}
     if launches:
@@ -235,7 +237,7 @@ def load(func_or_cfg, arch: str | None = None) -> KernelIR:
         for p, a in zip(device.params, args):
             info = by_var.get(a.__chandle__()) if type(a).__name__ == "Var" else None
             if info is not None:
-                tensormaps[p.name] = TensorMapInfo(info[0], tuple(info[1]), tuple(info[2]), info[3])
+                tensormaps[p.name] = TensorMapInfo(info[0], tuple(info[1]), tuple(info[2]), info[3], info[4])
         params = list(call.attrs.launch_params)
         for name, value in zip(params, args[-len(params):]):
             launch[name] = _int(value) if _int(value) is not None else getattr(value, "name", str(value))

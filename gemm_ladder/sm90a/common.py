@@ -449,20 +449,36 @@ def multicast_masks(cm: int, cn: int, rank_m, rank_n):
     return row << rank_m, col << (rank_n * cm)
 
 
+# ``stream_b`` (v9-v11): when B is read once and A again by every CTA (small M: the weights stream
+# past a few rows of activations), B's loads ask L2 to evict them first and A's to keep them, and
+# both tensor maps fetch 256 bytes per L2 miss (a row of B is read 128 bytes per K slice: the next
+# slice's half is then already in L2). +4-5% as kernels at M = 128, N x K = 4096x4096 and 6144x4096;
+# -1% at M = 512, where four row tiles read each B tile
+# (benchmarks/results/2026-11-22_h100_stream_b/xopts_1/sweep.json). TVM's TMA copy takes both
+# options (``cache_hint``, ``tensormap_l2_promotion``); this only chooses them.
+STREAM_A = {"cache_hint": "evict_last", "tensormap_l2_promotion": "L2::256B"}
+STREAM_B = {"cache_hint": "evict_first", "tensormap_l2_promotion": "L2::256B"}
+
+
+def load_hints(cfg: GemmConfig) -> tuple[dict, dict]:
+    """The TMA load options of A and B for ``cfg`` (none unless its ``stream_b`` knob is set)."""
+    return (STREAM_A, STREAM_B) if dict(cfg.extra).get("stream_b") else ({}, {})
+
+
 @T.inline
-def _tma_part(Xsmem, X, stage, x_st, row0, rows, k, tma2mma, cta_mask):
+def _tma_part(Xsmem, X, stage, x_st, row0, rows, k, tma2mma, cta_mask, hints):
     """Rows ``row0 .. row0+rows`` of a tile's K slice ``k``, multicast to ``cta_mask``."""
     BLK_K = T.meta_var(Xsmem.shape[2])
     Tx.copy_async(Xsmem[stage, row0:row0 + rows, :],
                   X[x_st + row0:x_st + row0 + rows, k * BLK_K:k * BLK_K + BLK_K],
-                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]), cta_mask=cta_mask)
+                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]), cta_mask=cta_mask, **hints)
 
 
 @T.inline
-def _tma_whole(Xsmem, X, stage, x_st, rows, k, tma2mma):
+def _tma_whole(Xsmem, X, stage, x_st, rows, k, tma2mma, hints):
     BLK_K = T.meta_var(Xsmem.shape[2])
     Tx.copy_async(Xsmem[stage, :, :], X[x_st:x_st + rows, k * BLK_K:k * BLK_K + BLK_K],
-                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]))
+                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]), **hints)
 
 
 def tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, stage, m_st, n_st, k, tma2mma,
@@ -477,14 +493,15 @@ def tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, stage, m_st, n_st, k, tma2
     """
     c = plan.cfg
     mask_a, mask_b = multicast_masks(cm, cn, rank_m, rank_n)
+    hint_a, hint_b = load_hints(c)
     if cn > 1:
-        _tma_part(Asmem, A, stage, m_st, rank_n * (c.blk_m // cn), c.blk_m // cn, k, tma2mma, mask_a)
+        _tma_part(Asmem, A, stage, m_st, rank_n * (c.blk_m // cn), c.blk_m // cn, k, tma2mma, mask_a, hint_a)
     else:
-        _tma_whole(Asmem, A, stage, m_st, c.blk_m, k, tma2mma)
+        _tma_whole(Asmem, A, stage, m_st, c.blk_m, k, tma2mma, hint_a)
     if cm > 1:
-        _tma_part(Bsmem, B, stage, n_st, rank_m * (c.blk_n // cm), c.blk_n // cm, k, tma2mma, mask_b)
+        _tma_part(Bsmem, B, stage, n_st, rank_m * (c.blk_n // cm), c.blk_n // cm, k, tma2mma, mask_b, hint_b)
     else:
-        _tma_whole(Bsmem, B, stage, n_st, c.blk_n, k, tma2mma)
+        _tma_whole(Bsmem, B, stage, n_st, c.blk_n, k, tma2mma, hint_b)
     tma2mma.arrive(stage, tx_count=plan.stage_bytes)
 
 

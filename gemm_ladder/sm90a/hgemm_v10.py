@@ -50,7 +50,7 @@ unit); ``schedulers.wave_model`` models both and picks ``split_k``. ``split_k=1`
 unused workspace).
 
 Constraints:
-  - those of v9 (clusters, consumers, epi_n, registers, shared memory; ``dynamic_m``);
+  - those of v9 (clusters, consumers, epi_n, registers, shared memory; ``dynamic_m``, ``stream_b``);
   - split_k from 1 to the K slices (K / 64, rounded up) and at most 32. With 128 accumulators
     a consumer (128x256 over two) and split_k >= 3, ptxas spills one register around the last
     unit's sum (a store and a load once a tile, off the K loop).
@@ -70,7 +70,7 @@ from .common import HopperPlan
 TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the fp32 partials"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
-         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "split_k": 2}
+         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "split_k": 2, "stream_b": False}
 CONSUMERS = (1, 2, 3)
 # what the tuner tries beyond the defaults (gemm_ladder.tune.space)
 TUNE_CHOICES = {"split_k": (1, 2, 3, 4, 6, 8)}

@@ -12,8 +12,8 @@ D^T = B_tile . A_tile^T:
 
 so N, large, fills the 64-row slot and M becomes wgmma's N, which may be as small as 8: blk_m is
 a multiple of 8 from 8 to 256 (one module at blk_m=8 serves M = 1..8 with no padding beyond 8
-rows). The loads, the ring, the producer, the scheduler, the clusters and split-K are v10's:
-only the operands swap in ``mma_k_tile(plan, Dreg, Bsmem, Asmem, ...)`` (``common.SwapPlan``)
+rows). The loads (and their ``stream_b`` hints), the ring, the producer, the scheduler, the
+clusters and split-K are v10's: only the operands swap in ``mma_k_tile(plan, Dreg, Bsmem, Asmem, ...)`` (``common.SwapPlan``)
 and consumer ``c`` now owns ``blk_n / W`` rows of N (columns of D) and all ``blk_m`` rows of M.
 The accumulators hold D^T, so the epilogue stores them transposed: ``stmatrix ... .trans``
 writes each 8x8 block of the fragment as D's rows into the consumer's staging buffer
@@ -58,7 +58,7 @@ from .common import SwapPlan
 TECHNIQUE = "swap AB: N in the MMA's 64-row slot, small M as its N, the tile stored transposed"
 KNOBS = {"blk_m": 64, "blk_n": 128, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 6,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
-         "cluster_m": 1, "cluster_n": 1, "dynamic_m": False, "split_k": 4}
+         "cluster_m": 1, "cluster_n": 1, "dynamic_m": False, "split_k": 4, "stream_b": False}
 BLK_M_CHOICES = common.SWAP_BLK_M  # M is wgmma's N
 CONSUMERS = (1, 2)
 # what the tuner tries beyond the defaults (gemm_ladder.tune.space)

@@ -65,6 +65,12 @@ are the weights). The knobs are validated and tuned at the shape's M; the manife
 ``launch["dynamic_m"]`` and the M range they were chosen for (``dynamic_m["tuned_for_m"]``).
 Tile orders: grouped or snake (``schedulers.tirx_orders.RUNTIME_M_ORDERS``).
 
+Streaming B (``stream_b=True``, off by default): when few rows of A meet a large B (M up to
+128: the weights stream past a handful of tokens), B is read once and A again by every CTA. The
+loads then say so: B's TMA copies carry an L2 evict-first policy and A's evict-last, and both
+tensor maps fetch 256 bytes per L2 miss (``common.load_hints``). It paid 4-5% at M = 128 on an
+H100 and lost 1% at M = 512, so the front door's small-M rules set it and the others do not.
+
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
   - epi_n a multiple of 64 that divides blk_n (epi_n = blk_n: one buffer per consumer, the
@@ -86,7 +92,7 @@ from .common import HopperPlan
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
-         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False}
+         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False}
 CONSUMERS = (1, 2, 3)
 TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256),
                 "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}

@@ -35,6 +35,7 @@ DEFAULT_CHOICES = {
     "blk_n": (64, 128, 192, 256),
     "num_warpgroups": (1, 2),
     "tile_order": ("grouped", "snake", "row", "column"),
+    "stream_b": (False, True),
 }
 # Orders that walk the grid without L2 groups: l2_group_size changes nothing there.
 UNGROUPED_ORDERS = ("row", "column")
