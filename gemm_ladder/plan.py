@@ -11,9 +11,9 @@ rule passed over is kept with the reason for ``explain``. Today's table (Hopper;
 v9's defaults)::
 
     rule              when                            rung, knobs                               why
-    row-tiles         32 < M <= 128, 32 or more        v9: 64x128 tiles, one consumer, no        each CTA streams its own
-                      64x128 tiles that fit in one     cluster, the deepest ring (<= 8)          rows of A against a slice
-                      wave, and K <= 8192                                                        of B: no split, no swap
+    row-tiles         32 < M <= 128, 32 or more        v9: 64x128 tiles, one consumer, a 2x1     each CTA streams its own
+                      64x128 tiles that fit in one     cluster for two row tiles (M > 64), the   rows of A against a slice
+                      wave, and K <= 8192              deepest ring (<= 8)                       of B: no split, no swap
     swap-ab           M <= 64                          v11: blk_m a power of two >= M (8..64),   reading B is the whole
                                                        blk_n 128, the deepest ring (<= 8),       cost: N fills the MMA's
                                                        split_k until 48 CTAs stream B            64 rows
@@ -29,6 +29,10 @@ v9's defaults)::
                       over the tile's measured rate)
     large             otherwise                        v9 defaults (128x256, 2 consumers,        measured 0.95-1.05x
                                                        depth 4, 2x1 cluster, epi_n 64)           cuBLAS on squares
+
+The four small-M rules (row-tiles to swap-ab-128) also set ``stream_b``: B's loads evict first
+from L2, A's last, with 256-byte L2 fills (+2-6% as kernels at 19 of the suite's 20 cases with
+M <= 128, ``benchmarks/results/2026-11-22_h100_stream_b/``).
 
 The thresholds are measurements, not guesses: ``benchmarks/results/2026-11-22_h100_shape_sweep/``
 timed every candidate of the suite's weak cases as a kernel alone (CUDA graphs) against cuBLAS.
@@ -69,8 +73,7 @@ from typing import Callable
 from .config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, GemmConfig
 
 MODEL_ONLY = "model only: not yet measured"
-# the small-M rules stream B past a few rows of A: B's loads evict first from L2, A's last, 256-byte
-# L2 fills (sm90a/common.load_hints; +4-5% as kernels at M = 128, -1% at M = 512 where B is reused)
+# the small-M rules stream B past a few rows of A (sm90a/common.load_hints; see the docstring)
 STREAM_B = {"stream_b": True}
 MAX_SMALL_M_DEPTH = 8  # stages a 64-row tile may take for weight streaming (more hides no more latency)
 
@@ -183,7 +186,11 @@ def _row_tiles(p: Problem) -> bool:
 
 
 def _row_tile_knobs(p: Problem) -> dict:
-    knobs = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 1, "epi_n": 64}
+    # two row tiles (M > 64): a 2x1 cluster multicasts B to both, so each slice of B leaves L2 once
+    # (with stream_b's evict-first, an unshared second read would miss: 0.81 -> 0.77 at 128x6144x4096,
+    # 0.95 with the pair; benchmarks/results/2026-11-22_h100_stream_b/)
+    knobs = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 2 if p.M > 64 else 1, "cluster_n": 1,
+             "epi_n": 64}
     return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH), **STREAM_B}
 
 
@@ -253,9 +260,10 @@ SWEEP = "benchmarks/results/2026-11-22_h100_shape_sweep/sweep.json"
 RULES: list[Rule] = [
     Rule("row-tiles", "sm_90a", "v9", when=_row_tiles, knobs=_row_tile_knobs,
          why="32 < M <= 128 with a B small enough that 64-row tiles fit in one wave: each CTA streams its "
-             "own 64 rows of A against 128 rows of B through a deep ring, with no split and no swap",
+             "own 64 rows of A against 128 rows of B through a deep ring, with no split and no swap (two row "
+             "tiles share B through a 2x1 cluster)",
          evidence=SWEEP + ": 0.77-0.91x cuBLAS as kernels at M = 64, 128 with N x K = 4096x4096, 6144x4096, "
-                  "ahead of v11 and v10 there",
+                  "ahead of v11 and v10 there; with the pair and stream_b 0.81-0.95x (2026-11-22_h100_stream_b)",
          detail=lambda p: f"{p.tiles(64, 128)} tiles of 64x128 on {p.sms} SMs"),
     Rule("swap-ab", "sm_90a", "v11", when=lambda p: p.M <= 64, knobs=_swap_knobs,
          why="M <= 64: reading B (N x K) is the whole cost; swap AB puts N in wgmma's 64-row slot (M as its N, "

@@ -60,13 +60,31 @@ def without(*names):
 @pytest.mark.parametrize("M, N, K", [(64, 4096, 4096), (128, 6144, 4096), (33, 6144, 4096), (100, 4096, 8192)])
 def test_rule_row_tiles(M, N, K):
     """32 < M <= 128, enough 64x128 tiles for one wave and no more, K <= 8192: v9 64x128, one
-    consumer, no cluster, the deepest ring (at most 8)."""
+    consumer, the deepest ring (at most 8); two row tiles (M > 64) pair up in a 2x1 cluster that
+    multicasts B, one row tile has no pair."""
     c = rule_choice(P(M, N, K))
     assert (c.rule, c.rung) == ("row-tiles", "v9")
     k = rung_knobs(c)
-    assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["cluster_m"], k["cluster_n"]) == (64, 128, 1, 1, 1)
+    pair = 2 if M > 64 else 1
+    assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["cluster_m"], k["cluster_n"]) == (64, 128, 1, pair, 1)
     assert k["pipe_depth"] == min(8, max_pipe_depth(make_config("v9", M, N, K, **{**k, "pipe_depth": 2})))
     assert f"{P(M, N, K).tiles(64, 128)} tiles of 64x128" in c.why
+
+
+@pytest.mark.parametrize("M, N, K, rule", [(64, 4096, 4096, "row-tiles"), (1, 4096, 4096, "swap-ab"),
+                                           (128, 28672, 4096, "swap-ab-128"), (512, 4096, 4096, "tile-shape"),
+                                           (4096, 4096, 4096, "large"), (200, 4096, 14336, "split-k")])
+def test_small_m_rules_stream_b_and_the_others_do_not(M, N, K, rule):
+    """stream_b (evict-first B, evict-last A, 256-byte L2 fills) where B streams past at most 128
+    rows of A; where several row tiles reuse B from L2 it would cost a second read."""
+    c = rule_choice(P(M, N, K))
+    assert c.rule == rule
+    assert rung_knobs(c).get("stream_b", False) is (M <= 128)
+
+
+def test_weight_streaming_streams_b():
+    c = rule_choice(P(16, 4096, 4096), without("swap-ab"))
+    assert c.rule == "weight-streaming" and rung_knobs(c)["stream_b"] is True
 
 
 @pytest.mark.parametrize("M, N, K", [(32, 4096, 4096), (129, 4096, 4096), (128, 28672, 4096), (64, 4096, 14336),
