@@ -11,8 +11,8 @@ a captured model, not the queued timer's (cuBLAS may pick other kernels under ca
 ``gemm_ladder.harness``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/shape_sweep.py prepare build/sweep     # build box
-    (``prepare --campaign focus`` / ``tiles64`` / ``stream``: the later campaigns, :data:`FOCUS`,
-    :data:`TILES64`, :func:`_stream`)
+    (``prepare --campaign focus`` / ``tiles64`` / ``stream`` / ``narrow``: the later campaigns,
+    :data:`FOCUS`, :data:`TILES64`, :func:`_stream`, :data:`NARROW`)
     python3 benchmarks/shape_sweep.py run build/sweep --out out/sweep               # GPU box
 
 ``run`` writes ``OUT/sweep.jsonl`` as it goes (a hang loses only what is left; run it under
@@ -129,7 +129,22 @@ def _stream() -> dict:
     return out
 
 
-CAMPAIGNS = {"focus": FOCUS, "tiles64": TILES64, "stream": _stream}
+# a fifth campaign: the two cases of N = K = 4096 still under 0.85x with stream_b, against
+# narrower tiles (128 CTAs), deeper rings and split K, all streaming B
+_S = {"stream_b": True}
+_ROW2 = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 2, "epi_n": 64, **_S}
+NARROW = {
+    (128, 4096, 4096): [("v9", {**_ROW2, "pipe_depth": 6}),
+                        ("v10", {**_ROW2, "pipe_depth": 8, "split_k": 2}),
+                        ("v11", {**_T64, **_S, "pipe_depth": 8, "cluster_m": 2}),
+                        ("v11", {**_T64, **_S, "pipe_depth": 12, "cluster_m": 2}),
+                        ("v11", {**_T64, **_S, "blk_m": 128, "pipe_depth": 8, "split_k": 2}),
+                        ("v11", {**_T64, **_S, "blk_n": 128, "num_warpgroups": 2, "pipe_depth": 8, "cluster_m": 2})],
+    (64, 4096, 4096): [("v11", {**_T64, **_S, "pipe_depth": 8}),
+                       ("v11", {**_T64, **_S, "pipe_depth": 12}),
+                       ("v11", {**_T64, **_S, "pipe_depth": 8, "split_k": 2})],
+}
+CAMPAIGNS = {"focus": FOCUS, "tiles64": TILES64, "stream": _stream, "narrow": NARROW}
 
 
 def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:
@@ -290,8 +305,8 @@ def main() -> int:
     p = sub.add_parser("prepare")
     p.add_argument("folder", type=Path)
     p.add_argument("--campaign", choices=sorted(CAMPAIGNS),
-                   help="a later campaign (FOCUS: the second, TILES64: the third, _stream: the fourth) "
-                        "instead of the first")
+                   help="a later campaign (FOCUS: the second, TILES64: the third, _stream: the fourth, "
+                        "NARROW: the fifth) instead of the first")
     r = sub.add_parser("run")
     r.add_argument("folder", type=Path)
     r.add_argument("--out", type=Path, required=True)

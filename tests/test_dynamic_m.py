@@ -200,6 +200,9 @@ CASES = [
     Case("v9", 1000, 3000, 520, dynamic_m=True),  # N, K not multiples of the tile
     Case("v9", 1000, 3000, 520, dynamic_m=True, cluster_m=1, cluster_n=2, tile_order="grouped"),
     Case("v9", 1000, 3000, 520, dynamic_m=True, cluster_m=1, num_warpgroups=1, blk_n=128, pipe_depth=5),
+    # the row-tiles rule's kernel: 64-row tiles paired over B, with the stream_b load hints
+    Case("v9", 128, 3000, 520, dynamic_m=True, blk_m=64, blk_n=128, num_warpgroups=1, cluster_m=2, epi_n=64,
+         pipe_depth=8, stream_b=True),
     Case("v6", 1000, 3000, 520, dynamic_m=True),
     Case("v6", 2048, 2048, 1024, dynamic_m=True, dtype="bfloat16", tile_order="grouped"),
 ]

@@ -402,11 +402,15 @@ V11_CASES = [
     Case("v11", 64, 3000, 520, cluster_n=2, split_k=2),
     Case("v11", 135, 3688, 6200, blk_m=136, split_k=4, pipe_depth=4),
     Case("v11", 20, 184, 328, blk_m=24, blk_n=64, num_warpgroups=1, split_k=1),
+    # stream_b: L2 policies on every load (multicast parts too), 256-byte L2 fills
+    Case("v11", 128, 4096, 4096, blk_m=64, blk_n=64, num_warpgroups=1, split_k=2, cluster_m=2, stream_b=True),
+    Case("v11", 7, 1000, 520, blk_m=8, split_k=3, stream_b=True, dtype="bfloat16"),
 ]
 DYNAMIC_CASES = [
     Case("v11", 64, 4096, 4096, dynamic_m=True, tile_order="grouped"),
     Case("v11", 16, 1000, 520, blk_m=16, dynamic_m=True, split_k=3, dtype="bfloat16"),
     Case("v10", 1000, 3000, 520, dynamic_m=True, split_k=2),
+    Case("v10", 1000, 3000, 520, dynamic_m=True, split_k=2, cluster_m=2, stream_b=True),
 ]
 
 
