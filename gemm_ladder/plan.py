@@ -31,8 +31,8 @@ v9's defaults)::
                                                        depth 4, 2x1 cluster, epi_n 64)           cuBLAS on squares
 
 The four small-M rules (row-tiles to swap-ab-128) also set ``stream_b``: B's loads evict first
-from L2, A's last, with 256-byte L2 fills (+2-6% as kernels at 19 of the suite's 20 cases with
-M <= 128, ``benchmarks/results/2026-11-22_h100_stream_b/``).
+from L2, A's last, with 256-byte L2 fills (+1.6-6.3% as kernels at 18 of the suite's 20 cases
+with M <= 128, ``benchmarks/results/2026-11-22_h100_stream_b/``).
 
 The thresholds are measurements, not guesses: ``benchmarks/results/2026-11-22_h100_shape_sweep/``
 timed every candidate of the suite's weak cases as a kernel alone (CUDA graphs) against cuBLAS.

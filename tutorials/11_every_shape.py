@@ -115,6 +115,45 @@ for p in wave_model.rank(8192, 8192, 8192, [(128, 256)], split_ks=(1, 2, 4))[:3]
     print(p.why())
 
 # %% [markdown]
+# ## Tell L2 that B streams past
+#
+# At small M every CTA reads its slice of B once and the few rows of A again. The TMA loads can
+# say so: the `stream_b` knob of v9-v11 puts an L2 evict-first policy on B's loads and evict-last
+# on A's, and asks both tensor maps for 256-byte L2 fills (a 64-wide K slice reads 128 bytes of
+# each row of B; the next slice's half is then already in L2). TVM's TMA copy takes both options;
+# the rung only chooses them:
+
+# %%
+if rungs.available("v9", "sm_90a"):
+    from gemm_ladder.sm90a import common as sm90a_common
+
+    print("A:", sm90a_common.STREAM_A, "\nB:", sm90a_common.STREAM_B)
+
+# %% [markdown]
+# The front door's small-M rules set it. Measured on an H100 as kernels alone (CUDA graphs), the
+# same kernel with and without the hints, at the suite's cases with M <= 128:
+
+# %%
+stream_run = teach.RESULTS_DIR / "2026-11-22_h100_stream_b" / "suite_small_m" / "sweep.json"
+if stream_run.exists():
+    pairs: dict = {}
+    for r in json.loads(stream_run.read_text())["results"]:
+        same = tuple(sorted((k, v) for k, v in r["knobs"].items() if k != "stream_b"))
+        pairs.setdefault((tuple(r["shape"]), r["rung"], same), {})[r["knobs"]["stream_b"]] = r["ratio_to_cublas"]
+    print(report.table([{"M x N x K": "x".join(map(str, shape)), "rung": rung, "cluster": dict(knobs)["cluster_m"],
+                         "without": f"{got[False]:.3f}", "stream_b": f"{got[True]:.3f}",
+                         "gain": f"{got[True] / got[False] - 1:+.1%}"}
+                        for (shape, rung, knobs), got in pairs.items() if len(got) == 2],
+                       ["M x N x K", "rung", "cluster", "without", "stream_b", "gain"]))
+
+# %% [markdown]
+# Two cases lose. At 128x6144x4096 in 64-row tiles without a cluster two CTAs read each B tile,
+# and evict-first sends the second read back to HBM: the row-tiles rule therefore pairs the two
+# row tiles of M > 64 in a 2x1 cluster that multicasts B (one read from L2), 0.95x there. At
+# 128x128256x4096 (B read once) the hints cost 1.8%; the rule keeps them for the 18 cases that
+# gain 1.6-6.3%.
+
+# %% [markdown]
 # ## The front door's policy
 #
 # `gemm_ladder.matmul(A, B)` picks a kernel per shape: the tuning database's best entry in the
@@ -178,10 +217,10 @@ if teach.gpu_here():
     print(pictures.explain_on_gpu(16, 6144, 4096))
 else:
     print(teach.no_gpu_message())
-runs = sorted(teach.RESULTS_DIR.glob("*shape_suite*.json"))
+runs = sorted(teach.RESULTS_DIR.glob("*shape_suite*/**/shape_suite.json"))
 if runs:
     doc = json.loads(runs[-1].read_text())
-    print(runs[-1].name, json.dumps(doc["summary"], indent=1)[:800])
+    print(runs[-1].relative_to(teach.RESULTS_DIR), json.dumps(doc["summary"], indent=1)[:800])
     teach.show(suite.figure(doc))
 else:
     print("No shape-suite run is committed yet: benchmarks/prepare_front_door.sh here, then "

@@ -452,9 +452,10 @@ def multicast_masks(cm: int, cn: int, rank_m, rank_n):
 # ``stream_b`` (v9-v11): when B is read once and A again by every CTA (small M: the weights stream
 # past a few rows of activations), B's loads ask L2 to evict them first and A's to keep them, and
 # both tensor maps fetch 256 bytes per L2 miss (a row of B is read 128 bytes per K slice: the next
-# slice's half is then already in L2). On an H100, as kernels: +2-6% at 19 of the shape suite's 20
-# cases with M <= 128; -1% at M = 512 and -4% where two CTAs read the same B tile without
-# multicast (evicted first, the second read misses): benchmarks/results/2026-11-22_h100_stream_b/.
+# slice's half is then already in L2). On an H100, as kernels: +1.6-6.3% at 18 of the shape
+# suite's 20 cases with M <= 128, -1.8% at 128x128256x4096; -1% at M = 512 and -4% where two CTAs
+# read the same B tile without multicast (evicted first, the second read misses):
+# benchmarks/results/2026-11-22_h100_stream_b/.
 # TVM's TMA copy takes both options (``cache_hint``, ``tensormap_l2_promotion``); this only
 # chooses them.
 STREAM_A = {"cache_hint": "evict_last", "tensormap_l2_promotion": "L2::256B"}

@@ -68,9 +68,9 @@ Tile orders: grouped or snake (``schedulers.tirx_orders.RUNTIME_M_ORDERS``).
 Streaming B (``stream_b=True``, off by default): when few rows of A meet a large B (M up to
 128: the weights stream past a handful of tokens), B is read once and A again by every CTA. The
 loads then say so: B's TMA copies carry an L2 evict-first policy and A's evict-last, and both
-tensor maps fetch 256 bytes per L2 miss (``common.load_hints``). On an H100 it paid 2-6% at
-M <= 128 and lost 1% at M = 512 (and 4% where two CTAs read one B tile without multicast), so
-the front door's small-M rules set it and the others do not.
+tensor maps fetch 256 bytes per L2 miss (``common.load_hints``). On an H100 it paid 1.6-6.3% at
+18 of 20 shapes with M <= 128 and lost 1% at M = 512 (and 4% where two CTAs read one B tile
+without multicast), so the front door's small-M rules set it and the others do not.
 
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
