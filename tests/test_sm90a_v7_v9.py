@@ -38,6 +38,11 @@ V7_V9 = ("v7", "v8", "v9")
         ("v9", dict(num_warpgroups=4), ["num_warpgroups=4", "1 or 2 or 3"]),
         ("v9", dict(num_warpgroups=3, blk_m=192, blk_n=256, pipe_depth=3), ["128 fp32 accumulator", "152"]),
         ("v9", dict(epi_n=256), ["pipe_depth=4", "use pipe_depth=3 or less"]),
+        ("v9", dict(pingpong=True), ["pingpong=True", "whole 128x256 tile", "256 fp32", "blk_m=64, blk_n=256"]),
+        ("v9", dict(pingpong=True, num_warpgroups=1, blk_n=128), ["takes turns", "num_warpgroups=2"]),
+        ("v9", dict(pingpong=True, blk_m=64, blk_n=256, pipe_depth=5), ["pipe_depth=5", "use pipe_depth=4 or less"]),
+        ("v9", dict(pingpong=True, blk_m=128, blk_n=128, pipe_depth=5), []),
+        ("v9", dict(pingpong="yes"), ["pingpong='yes'", "bool"]),
         ("v6", dict(cluster_m=2), ["no knob cluster_m"]),
         ("v7", dict(epi_n=64), ["no knob epi_n"]),
     ],
@@ -208,6 +213,8 @@ KNOB_SAMPLE = [
     ("v9", dict(epi_n=128, pipe_depth=3, tile_order="grouped", l2_group_size=16)),
     ("v9", dict(epi_n=256, pipe_depth=3)),
     ("v9", dict(num_warpgroups=1, blk_n=128, pipe_depth=5)),
+    ("v9", dict(pingpong=True, blk_m=64, blk_n=256)),
+    ("v9", dict(pingpong=True, blk_m=128, blk_n=128, cluster_m=1, cluster_n=2, pipe_depth=5)),
 ]
 CASES += [Case(rung, *shape, **knobs) for rung, knobs in KNOB_SAMPLE
           for shape in [(1000, 3000, 520), (777, 1000, 200), (2048, 2048, 128)]]

@@ -42,8 +42,12 @@ class HopperPlan:
     cfg: GemmConfig
 
     @property
+    def pingpong(self) -> bool:  # v9's knob: each consumer warpgroup owns whole tiles, in turn
+        return bool(dict(self.cfg.extra).get("pingpong", False))
+
+    @property
     def rows_per_wg(self) -> int:
-        return self.cfg.blk_m // self.cfg.num_warpgroups
+        return self.cfg.blk_m if self.pingpong else self.cfg.blk_m // self.cfg.num_warpgroups
 
     @property
     def m_atoms(self) -> int:  # wgmma rows per warpgroup
@@ -96,7 +100,13 @@ def check_tile(cfg: GemmConfig, warpgroups=(1, 2)) -> None:
     if cfg.num_warpgroups not in warpgroups:
         choices = " or ".join(map(str, warpgroups))
         raise ConfigError(f"num_warpgroups={cfg.num_warpgroups!r} is not supported; use {choices}")
-    if cfg.blk_m % (WG_M * cfg.num_warpgroups):
+    if HopperPlan(cfg).pingpong:
+        if cfg.num_warpgroups < 2:
+            raise ConfigError("pingpong=True takes turns between consumer warpgroups, and num_warpgroups=1 has "
+                              "one; use num_warpgroups=2, or pingpong=False")
+        if cfg.blk_m % WG_M:
+            raise ConfigError(f"blk_m={cfg.blk_m} is not whole 64-row wgmma atoms; use 64, 128 or 192")
+    elif cfg.blk_m % (WG_M * cfg.num_warpgroups):
         raise ConfigError(
             f"blk_m={cfg.blk_m} does not split into {cfg.num_warpgroups} warpgroup(s) of whole "
             f"64-row wgmma atoms; use blk_m={WG_M * cfg.num_warpgroups} or a multiple of it"
@@ -357,7 +367,14 @@ def check_consumer_registers(cfg: GemmConfig, plan: HopperPlan | None = None) ->
     """The accumulators must fit a consumer's budget with room for addresses and loop state."""
     regs = role_registers(cfg.num_warpgroups)
     budget = regs.consumer or regs.entry
-    acc = (plan or HopperPlan(cfg)).acc_regs
+    plan = plan or HopperPlan(cfg)
+    acc = plan.acc_regs
+    if acc + 40 > budget and plan.pingpong:
+        raise ConfigError(
+            f"with pingpong=True each consumer warpgroup holds a whole {cfg.blk_m}x{cfg.blk_n} tile: {acc} fp32 "
+            f"accumulator registers per thread, and a consumer may hold {budget} (40 go to addresses and loop "
+            "state); use blk_m=64, blk_n=256 or blk_m=128, blk_n=128"
+        )
     if acc + 40 > budget:
         raise ConfigError(
             f"a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer warpgroup(s) needs "
@@ -568,6 +585,7 @@ def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, la
     the other consumers and the producer run on.
     """
     ROWS = T.meta_var(plan.rows_per_wg)
+    row0 = T.meta_var(0 if plan.pingpong else c * ROWS)  # its band of the tile (pingpong: all of it)
     # one consumer: its buffers are the first, said as constants (TVM cannot prove that
     # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
     first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
@@ -582,7 +600,7 @@ def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, la
         if wtid == 0:
             for h in T.unroll(epi_n // EPI_CHUNK):
                 Tx.copy_async(
-                    D[m_st + c * ROWS:m_st + c * ROWS + ROWS,
+                    D[m_st + row0:m_st + row0 + ROWS,
                       n_st + j * epi_n + h * EPI_CHUNK:n_st + j * epi_n + h * EPI_CHUNK + EPI_CHUNK],
                     Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
                 )

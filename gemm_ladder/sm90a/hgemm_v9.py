@@ -51,7 +51,11 @@ Barriers (one mbarrier per stage and CTA, as in v8; named barriers 1..W, one per
                 of the cluster (4 x W x cluster size)        refill it, ((it / S) & 1) ^ 1
     bar 1+c     the 128 threads of consumer c, twice per     (named barrier, no phase)
                 chunk
+    mma2mma[c]  pingpong only: lane 0 of each warp of        every thread of consumer c before
+                consumer c - 1 (mod W), its mainloop issued  its next tile, ((t - 1) / W) & 1
     ==========  ==========================================  =================================
+
+(With ``pingpong`` mma2tma[s] counts the 4 warps of the tile's owner in each CTA of the cluster.)
 
 The consumers stay in step through the ring alone: a stage is refilled only when every
 consumer warp of the cluster released it, so a consumer that runs ahead into the next tile
@@ -65,6 +69,21 @@ are the weights). The knobs are validated and tuned at the shape's M; the manife
 ``launch["dynamic_m"]`` and the M range they were chosen for (``dynamic_m["tuned_for_m"]``).
 Tile orders: grouped or snake (``schedulers.tirx_orders.RUNTIME_M_ORDERS``).
 
+Ping-pong (``pingpong=True``, off by default): the consumers stop sharing tiles. Consumer ``c``
+owns every W-th tile of its CTA whole (64x256 or 128x128: 128 accumulators a thread), and they
+take turns: consumer ``c`` starts a tile's mainloop only when the consumer before it has issued
+the last wgmma of its own (``mma2mma[c]``), so while one stages its epilogue the other keeps the
+tensor cores busy. The ring is shared and in order; a consumer skips the slices of the others'
+tiles (``it += K_TILES``) and releases only its own (``mma2tma`` counts 4 warps per CTA). The turn
+is what keeps the parity waits honest: a consumer that ran ahead into its next tile would wait
+on ring slots whose earlier phases it never saw.
+
+    consumer c, tile t (t % W == c):  [t > 0] wait mma2mma[c] (phase (t - 1) / W)
+                                      for k: wait tma2mma; wgmma; commit; wait_group(1); release
+                                      lane 0 of each warp: arrive mma2mma[(c + 1) % W]
+                                      wait_group(0); release the last slice; epilogue (as above)
+    consumer c, tile t (t % W != c):  it += K_TILES
+
 Streaming B (``stream_b=True``, off by default): when few rows of A meet a large B (M up to
 128: the weights stream past a handful of tokens), B is read once and A again by every CTA. The
 loads then say so: B's TMA copies carry an L2 evict-first policy and A's evict-last, and both
@@ -73,7 +92,8 @@ tensor maps fetch 256 bytes per L2 miss (``common.load_hints``). On an H100 it p
 without multicast), so the front door's small-M rules set it and the others do not.
 
 Constraints:
-  - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
+  - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W; with
+    pingpong, 2 or 3 consumers and blk_m a multiple of 64, a whole tile's accumulators in each);
   - epi_n a multiple of 64 that divides blk_n (epi_n = blk_n: one buffer per consumer, the
     whole row band at once);
   - pipe_depth up to what shared memory allows beside the staging buffers.
@@ -93,17 +113,17 @@ from .common import HopperPlan
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
-         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False}
+         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False, "pingpong": False}
 CONSUMERS = (1, 2, 3)
 TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256),
-                "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}
+                "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256), "pingpong": (False, True)}
 
 
 def check(cfg: GemmConfig) -> None:
     common.check_tile(cfg, CONSUMERS)
     common.check_epilogue(cfg)
-    common.check_pipe_depth(cfg)
     common.check_consumer_registers(cfg)
+    common.check_pipe_depth(cfg)
     common.check_cluster(cfg)
     common.check_schedule(cfg, grid=cluster_grid(cfg))
     common.check_dynamic_m(cfg)
@@ -136,8 +156,9 @@ def kernel(cfg: GemmConfig):
     S = cfg.pipe_depth
     K_TILES = cfg.k_tiles
     W = cfg.num_warpgroups  # consumer warpgroups
-    MMA_WARPS = 4 * W
-    RELEASES = MMA_WARPS * CS  # every consumer warp of every CTA of the cluster
+    PP = plan.pingpong  # consumers take whole tiles in turn instead of sharing each tile
+    MMA_WARPS = 4 if PP else 4 * W  # the warps that read a stage: its tile's owner(s)
+    RELEASES = MMA_WARPS * CS  # those warps in every CTA of the cluster
     REGS = common.role_registers(W)
     EPI_N = dict(cfg.extra)["epi_n"]
     NBUF = 2 if EPI_N < BLK_N else 1  # staging buffers per consumer
@@ -168,6 +189,8 @@ def kernel(cfg: GemmConfig):
         pool = T.SMEMPool()
         tma2mma = TMABar(pool, S)
         mma2tma = MBarrier(pool, S)
+        # pingpong: slot c is consumer c's turn, given by the consumer before it (none without)
+        mma2mma = T.meta_var(MBarrier(pool, W) if PP else None)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((S, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
@@ -175,6 +198,8 @@ def kernel(cfg: GemmConfig):
         pool.commit()
         tma2mma.init(1)
         mma2tma.init(RELEASES)
+        if PP:
+            mma2mma.init(4)  # lane 0 of each warp of the consumer before
         # make the barrier inits visible to the async proxy and to the peers before any TMA
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
@@ -200,34 +225,48 @@ def kernel(cfg: GemmConfig):
         with common.ConsumerRole(wg_id, W, REGS.consumer):
             c = T.meta_var(wg_id - 1)  # this consumer
             wtid = T.meta_var(warp_id * 32 + lane_id)
-            wg_row0 = T.meta_var(c * ROWS)
+            wg_row0 = T.meta_var(0 if PP else c * ROWS)
             Dreg = T.alloc_local((plan.acc_regs,), "float32")
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
             it: T.int32 = 0  # (tile, slice) pairs consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
+            turn: T.int32 = 0  # tiles of this CTA so far (pingpong: consumer turn % W takes the tile)
             ts = scheduler("ts", num_clusters)
             ts.init(clu)
             while ts.valid():
-                for k in range(K_TILES):
-                    tma2mma.wait(it % S, (it // S) & 1)
-                    T.ptx.wgmma.fence.sync.aligned()
-                    common.mma_k_tile(plan, Dreg, Asmem, Bsmem, it % S, wg_row0, k == 0, desc_a, desc_b)
-                    T.ptx.wgmma.commit_group.sync.aligned()
-                    T.ptx.wgmma.wait_group.sync.aligned(1)
-                    if k > 0:
-                        # slice it-1's wgmmas have retired in this warp
+                mine = T.meta_var(turn % W == c if PP else True)  # pingpong: every W-th tile is ours
+                if mine:
+                    if PP:
+                        if turn > 0:
+                            # the consumer before has seen every slice before ours land: our
+                            # parity waits then name one phase (it cannot lap us, nor we it)
+                            mma2mma.wait(c, ((turn - 1) // W) & 1)
+                    for k in range(K_TILES):
+                        tma2mma.wait(it % S, (it // S) & 1)
+                        T.ptx.wgmma.fence.sync.aligned()
+                        common.mma_k_tile(plan, Dreg, Asmem, Bsmem, it % S, wg_row0, k == 0, desc_a, desc_b)
+                        T.ptx.wgmma.commit_group.sync.aligned()
+                        T.ptx.wgmma.wait_group.sync.aligned(1)
+                        if k > 0:
+                            # slice it-1's wgmmas have retired in this warp
+                            if lane_id == 0:
+                                common.release_to_cluster(mma2tma, (it - 1) % S, CS)
+                        it = it + 1
+                    if PP:
                         if lane_id == 0:
-                            common.release_to_cluster(mma2tma, (it - 1) % S, CS)
-                    it = it + 1
-                T.ptx.wgmma.wait_group.sync.aligned(0)
-                if lane_id == 0:
-                    common.release_to_cluster(mma2tma, (it - 1) % S, CS)
-                common.consumer_store_chunks(D, Esmem, Dreg, (ts.m_idx * CM + rank_m) * BLK_M,
-                                             (ts.n_idx * CN + rank_n) * BLK_N, plan, c, wtid, warp_id,
-                                             lane_id, packed, epi_it, EPI_N, NBUF)
-                epi_it = epi_it + BLK_N // EPI_N
+                            mma2mma.arrive((c + 1) % W)  # our wgmmas are issued: the next consumer's turn
+                    T.ptx.wgmma.wait_group.sync.aligned(0)
+                    if lane_id == 0:
+                        common.release_to_cluster(mma2tma, (it - 1) % S, CS)
+                    common.consumer_store_chunks(D, Esmem, Dreg, (ts.m_idx * CM + rank_m) * BLK_M,
+                                                 (ts.n_idx * CN + rank_n) * BLK_N, plan, c, wtid, warp_id,
+                                                 lane_id, packed, epi_it, EPI_N, NBUF)
+                    epi_it = epi_it + BLK_N // EPI_N
+                else:
+                    it = it + K_TILES  # another consumer's tile: its slices pass us by
+                turn = turn + 1
                 ts.next_tile()
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
