@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/pingpong_kernels.py build/pingpong           # build box
     python3 -m gemm_ladder bench build/pingpong --out out/bench_pingpong.json             # GPU box
+    (``--clusters build/pingpong2``: the second round, 2x2 clusters, fp16 at 4096^3 and 8192^3)
 
 Cooperative (v9's default): both consumer warpgroups share each 128x256 tile, 64 rows each, and
 finish it together: while they stage its epilogue the tensor cores wait. Ping-pong
@@ -27,16 +28,29 @@ CANDIDATES = [
     {"pingpong": True, "blk_m": 128, "blk_n": 128, "pipe_depth": 5},
     {"pingpong": True, "blk_m": 128, "blk_n": 128, "pipe_depth": 5, "cluster_m": 1, "cluster_n": 2},
 ]
+# a second round: 2x2 clusters, where each CTA loads half of its A tile and half of its B tile
+# (A shared along N, B along M): ping-pong's half-size tiles then read no more from L2 per FLOP than
+# the cooperative 128x256 tile in a 2x1 cluster
+CLUSTER_2X2 = [
+    {"cluster_m": 2, "cluster_n": 2},
+    {"pingpong": True, "blk_m": 128, "blk_n": 128, "pipe_depth": 5, "cluster_m": 2, "cluster_n": 2},
+    {"pingpong": True, "blk_m": 64, "blk_n": 256, "cluster_m": 2, "cluster_n": 2},
+]
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
+    if len(argv) not in (1, 2):
         print(__doc__)
         return 2
-    out_dir = Path(argv[0])
-    jobs = [BuildJob("v9", shape, {"dtype": dtype, **knobs})
-            for shape, dtypes in SHAPES.items() for dtype in dtypes for knobs in CANDIDATES]
+    if len(argv) == 2 and argv[0] == "--clusters":
+        out_dir = Path(argv[1])
+        jobs = [BuildJob("v9", shape, {"dtype": "float16", **knobs})
+                for shape in ((4096, 4096, 4096), (8192, 8192, 8192)) for knobs in CANDIDATES[:1] + CLUSTER_2X2]
+    else:
+        out_dir = Path(argv[0])
+        jobs = [BuildJob("v9", shape, {"dtype": dtype, **knobs})
+                for shape, dtypes in SHAPES.items() for dtype in dtypes for knobs in CANDIDATES]
     results = build_many(jobs, out_dir, desc="ping-pong kernels")
     path, problems = write_folder_manifest(out_dir, results)
     print(f"{len(results) - len(problems)} built into {out_dir} ({path.name}); failed: {len(problems)}")
