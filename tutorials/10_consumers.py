@@ -42,8 +42,10 @@
 # `pipe_depth` slices ahead of the slowest.
 
 # %%
+import json
+
 import gemm_ladder
-from gemm_ladder import teach
+from gemm_ladder import report, teach
 
 # %% [markdown]
 # ## What changed against v8
@@ -85,6 +87,30 @@ teach.describe(built)
 teach.source_excerpt(built, r"bar_sync_count_sync\(\(\(uint\)|wait_group_read_1\(\);|commit_group\(\);", context=0,
                      max_matches=6)
 teach.show_sass_counts(built)
+
+# %% [markdown]
+# ## A road not taken: ping-pong consumers
+#
+# v9's consumers still finish each tile together, so while both stage its epilogue the tensor
+# cores wait. The other design (`pingpong=True`) gives each consumer whole tiles in turn: one
+# stages its epilogue while the other runs its mainloop. The turn is an mbarrier per consumer
+# (`mma2mma`): consumer `c` starts a tile only once the consumer before it has issued its last
+# wgmma, which also keeps the ring's parity waits honest (a consumer that ran into its next tile
+# early would wait on ring slots a lap ahead). The price is the tile: a warpgroup's registers hold
+# 64x256 or 128x128, half of v9's 128x256, and a half-size tile loads 1.5x the operand bytes per
+# FLOP. Measured on an H100 against cuBLAS in one process, it lost to the cooperative default:
+
+# %%
+pp_run = teach.RESULTS_DIR / "2026-11-22_h100_v9_pingpong" / "bench_pingpong.json"
+if pp_run.exists():
+    rows = []
+    for r in json.loads(pp_run.read_text())["results"]:
+        k = r["knobs"]
+        rows.append({"shape": "x".join(map(str, r["shape"])), "dtype": r["dtype"],
+                     "consumers": "ping-pong" if k.get("pingpong") else "cooperative",
+                     "tile": f"{k['blk_m']}x{k['blk_n']}", "cluster": f"{k['cluster_m']}x{k['cluster_n']}",
+                     "TFLOPS": f"{r['tflops']:.0f}", "x cuBLAS": f"{r['ratio_to_cublas']:.3f}"})
+    print(report.table(rows, ["shape", "dtype", "consumers", "tile", "cluster", "TFLOPS", "x cuBLAS"]))
 
 # %% [markdown]
 # ## Blackwell (sm_100a, compiled only)

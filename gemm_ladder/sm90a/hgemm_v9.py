@@ -78,6 +78,14 @@ tiles (``it += K_TILES``) and releases only its own (``mma2tma`` counts 4 warps 
 is what keeps the parity waits honest: a consumer that ran ahead into its next tile would wait
 on ring slots whose earlier phases it never saw.
 
+It does not pay on an H100 (``benchmarks/results/2026-11-22_h100_v9_pingpong/``): in 2-CTA
+clusters 0.79-0.91x cuBLAS at 4096^3, 0.91-0.99x at 8192^3 and 0.88-0.93x at 3072x8192x1536
+(0.54-0.61x without a cluster), where the cooperative default measured 1.00, 1.02-1.03 and 1.01
+in the same process. A whole tile per consumer halves the tile (64x256 or 128x128: what a
+warpgroup's registers hold), and a half-size tile loads 1.5x the operand bytes per FLOP; 2x2
+clusters, which would share them back, ran at 0.46-0.63x. The knob stays for study (tutorial
+10); the tuner does not try it.
+
     consumer c, tile t (t % W == c):  [t > 0] wait mma2mma[c] (phase (t - 1) / W)
                                       for k: wait tma2mma; wgmma; commit; wait_group(1); release
                                       lane 0 of each warp: arrive mma2mma[(c + 1) % W]
@@ -116,7 +124,7 @@ KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_dep
          "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False, "pingpong": False}
 CONSUMERS = (1, 2, 3)
 TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256),
-                "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256), "pingpong": (False, True)}
+                "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}  # not pingpong: it measured slower
 
 
 def check(cfg: GemmConfig) -> None:
