@@ -187,6 +187,20 @@ def test_v8_cluster_barriers_fence_the_kernel(built):
     assert "mapa" in src  # releases reach the peer CTA's barrier
 
 
+@pytest.mark.parametrize("name", sorted(CPU_BUILDS))
+def test_descriptors_are_encoded_once_per_slice(built, name):
+    """``common.mma_k_tile`` encodes each operand's descriptor once per K slice and steps it along
+    K with a 64-bit add: an encode (address >> 4, a 64-bit USHF.R.U64) per operand and slice, not
+    per wgmma. (The stepped descriptor equals an encode at that address: test_layouts checks the
+    offsets against TVM's layout.)"""
+    from gemm_ladder import sass
+
+    text = sass.disassemble(built[name][0].binary)
+    hgmma, encodes = len(re.findall(r"\bHGMMA\.", text)), len(re.findall(r"USHF\.R\.U64", text))
+    m_atoms = built[name][0].cfg.blk_m // 64 // built[name][0].cfg.num_warpgroups
+    assert hgmma and encodes <= hgmma * (1 + m_atoms) // (4 * m_atoms), (hgmma, encodes)
+
+
 def test_v9_each_consumer_has_its_own_named_barrier(built):
     src = built["v9_w3"][0].cuda_source()
     body = src[src.index("__global__ void"):]

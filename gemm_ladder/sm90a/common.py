@@ -119,21 +119,25 @@ def mma_k_tile(plan, Dreg, Asmem, Bsmem, stage, wg_row0, first, desc_a, desc_b):
 
     ``first`` is true on the first K slice of a tile: the first k16 step then writes the
     accumulators instead of adding to them (scale-d = 0), so they need no zeroing.
+
+    Each operand's descriptor is encoded once per slice (and 64-row atom), at K step 0; the K
+    steps add ``desc.offset16(k)`` to it (32 bytes of K: every tile starts on the first row of a
+    128-byte swizzle atom, where the step is a plain offset), the descriptor an encode at that
+    address would give. An encode costs the warp some ten uniform instructions; the add one.
     """
     d = T.meta_var(plan.desc)
+    T.cuda.wgmma.encode_matrix_descriptor(
+        T.address_of(desc_b[0]), Bsmem.ptr_to([stage, 0, 0]), d.ldo, d.sdo, d.swizzle_code
+    )
     for mi in T.unroll(plan.m_atoms):
+        T.cuda.wgmma.encode_matrix_descriptor(
+            T.address_of(desc_a[0]), Asmem.ptr_to([stage, wg_row0 + mi * WG_M, 0]), d.ldo, d.sdo, d.swizzle_code
+        )
         for kk in T.unroll(plan.cfg.blk_k // MMA_K):
-            T.cuda.wgmma.encode_matrix_descriptor(
-                T.address_of(desc_a[0]),
-                Asmem.ptr_to([stage, wg_row0 + mi * WG_M, kk * MMA_K]),
-                d.ldo, d.sdo, d.swizzle_code,
-            )
-            T.cuda.wgmma.encode_matrix_descriptor(
-                T.address_of(desc_b[0]), Bsmem.ptr_to([stage, 0, kk * MMA_K]), d.ldo, d.sdo, d.swizzle_code
-            )
             T.ptx[plan.mma_op](
                 *[Dreg[mi * plan.n_regs + r] for r in range(plan.n_regs)],
-                desc_a[0], desc_b[0], T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
+                desc_a[0] + T.Cast("uint64", kk * d.k_step), desc_b[0] + T.Cast("uint64", kk * d.k_step),
+                T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
             )
 
 
