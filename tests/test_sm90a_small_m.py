@@ -45,6 +45,9 @@ from gemm_ladder import ConfigError
         ("v11", (64, 4096, 4096), dict(epi_n=64), ["no knob epi_n"]),
         ("v9", (64, 4096, 4096), dict(split_k=2), ["no knob split_k"]),
         ("v9", (64, 4096, 4096), dict(blk_m=16), ["blk_m=16", "(64, 128, 192, 256)"]),
+        ("v11", (16, 4096, 4096), dict(stream_b=1), ["stream_b=1", "not a bool", "stream_b=False"]),
+        ("v9", (64, 4096, 4096), dict(stream_b="yes"), ["stream_b='yes'", "a string, not a bool"]),
+        ("v8", (64, 4096, 4096), dict(stream_b=True), ["no knob stream_b"]),
         # accepted
         ("v11", (1, 4096, 4096), dict(blk_m=8, split_k=4), []),
         ("v11", (135, 3688, 6200), dict(blk_m=136, split_k=4, pipe_depth=5), []),
