@@ -56,19 +56,22 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return M, N, K
 
 
-def parse_knob(text: str) -> tuple[str, int | str]:
-    """``name=value``: an int (``pipe_depth=4``) or a name (``tile_order=snake``)."""
+def parse_knob(text: str) -> tuple[str, int | str | bool]:
+    """``name=value``: an int (``pipe_depth=4``), a switch (``stream_k=true``: true or false, any
+    case) or a name (``tile_order=snake``)."""
     name, eq, value = text.partition("=")
     if not eq or not _NAME.fullmatch(name.strip()):
         raise argparse.ArgumentTypeError(f"knob {text!r} is not name=value, e.g. pipe_depth=4")
     value = value.strip()
     if re.fullmatch(r"[+-]?\d+", value):
         return name.strip(), int(value)
+    if value.lower() in ("true", "false"):
+        return name.strip(), value.lower() == "true"
     if _NAME.fullmatch(value):
         return name.strip(), value
     raise argparse.ArgumentTypeError(
-        f"knob {text!r}: {value!r} is neither an int nor a name; knobs take ints (pipe_depth=4) "
-        "or names (tile_order=snake)"
+        f"knob {text!r}: {value!r} is neither an int, true/false nor a name; knobs take ints "
+        "(pipe_depth=4), switches (stream_k=true) or names (tile_order=snake)"
     )
 
 

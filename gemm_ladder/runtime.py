@@ -21,8 +21,8 @@ A module built with a runtime M (``launch["dynamic_m"]`` in its manifest: v6/v9 
 
 A split-K module (``launch["workspace"]``: v10, v11) takes an fp32 buffer of partial tiles and
 int32 counters after ``D``; the module allocates them (zeroed once: the kernel puts every
-counter back to zero) on first use per GPU, sized for the call's M, and grows them for a larger
-M. Launch one such module from one stream at a time (two launches at once would share them).
+counter back to zero) on first use per GPU, sized for the call's M (and, with v10's
+``stream_k``, for the GPU's CTA count), and grows them for a larger M. Launch one such module from one stream at a time (two launches at once would share them).
 """
 
 from __future__ import annotations
@@ -293,18 +293,27 @@ class GemmModule:
 
         return launch
 
-    def workspace_elems(self, M: int) -> dict:
-        """Elements of each workspace buffer a launch with ``M`` rows takes (``{}``: none):
-        ``ceil(M / m_step)`` times the per-step counts of ``launch["workspace"]``, at least one."""
+    def workspace_elems(self, M: int, num_ctas: int | None = None) -> dict:
+        """Elements of each workspace buffer a launch with ``M`` rows on ``num_ctas`` CTAs takes
+        (``{}``: none): ``ceil(M / m_step)`` times the per-step counts of ``launch["workspace"]``
+        plus ``num_ctas`` times its per-CTA counts (stream-K), at least one."""
         ws = self.manifest.get("launch", {}).get("workspace")
         if not ws:
             return {}
         steps = -(-M // int(ws["m_step"]))
-        return {kind: max(1, steps * int(ws[f"{kind}_per_m_step"])) for kind in ("float32", "int32")}
+        need = {}
+        for kind in ("float32", "int32"):
+            per_cta = int(ws.get(f"{kind}_per_cta", 0))
+            if per_cta and num_ctas is None:
+                raise ValueError(f"{self!r}: its workspace grows with the launch's CTAs; pass num_ctas")
+            need[kind] = max(1, steps * int(ws[f"{kind}_per_m_step"]) + (num_ctas or 0) * per_cta)
+        return need
 
     def _workspace_args(self, M: int, where) -> list:
         """The split-K workspace of this GPU, as views of exactly the size the kernel checks."""
-        need = self.workspace_elems(M)
+        ws = self.manifest.get("launch", {}).get("workspace") or {}
+        per_cta = ws.get("float32_per_cta") or ws.get("int32_per_cta")  # stream-K: sized by the CTAs
+        need = self.workspace_elems(M, self._launch_args(where)[0] if per_cta else None)
         if not need:
             return []
         if max(need.values()) >= 2**31:  # the kernel indexes its workspace with 32-bit ints

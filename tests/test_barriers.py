@@ -28,6 +28,8 @@ KNOB_SAMPLE = [
     ("v9", "sm_90a", {"pingpong": True, "blk_m": 64, "blk_n": 256}),
     # L2 cache policies on every load, one of them multicast, and split K
     ("v11", "sm_90a", {"stream_b": True, "cluster_m": 2, "blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "split_k": 2}),
+    # stream-K: whole tiles, then the tail's pieces (a counter in global memory, no mbarrier)
+    ("v10", "sm_90a", {"stream_k": True, "split_k": 1}),
     # CTA pairs: one pair (no A multicast), with one and two epilogue consumers
     ("v8", "sm_100a", {"cluster_n": 1}),
     ("v9", "sm_100a", {"epi_consumers": 2, "cluster_n": 1, "pipe_depth": 3}),

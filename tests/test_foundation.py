@@ -421,7 +421,7 @@ def test_exports_into_one_folder_at_once_lose_nothing(tmp_path):
     (["export", "--rungs", "v4", "--knob", "arch=sm_100a", "--arch", "sm_90a"],
      ["--knob arch=sm_100a conflicts with --arch sm_90a"]),
     (["build", "v5", "--shape", "256x256x64", "--knob", "pipe_depth=4.0"],
-     ["pipe_depth=4.0", "neither an int nor a name"]),
+     ["pipe_depth=4.0", "neither an int, true/false nor a name"]),
     (["build", "v5", "--shape", "256x256x64", "--knob", "pipe_depth"], ["not name=value"]),
     (["build", "v5", "--shape", "256x256x64", "--knob", "pipe_depth=four"],
      ["pipe_depth='four' is a string, not an int", "pass an int"]),

@@ -116,6 +116,19 @@ def _consumer_coords(swap, blk_m, blk_n, W, c):
     return m, n
 
 
+def _operands(M, N, K, m_rows, n_rows, k_tiles, seed):
+    """Small-integer A (M x K) and B (N x K), and copies zero-padded to whole tiles (m_rows and
+    n_rows rows, k_tiles slices of 64): every product is exact in float64."""
+    rng = np.random.default_rng(seed)
+    A = rng.integers(-4, 5, size=(M, K)).astype(np.float64)
+    B = rng.integers(-4, 5, size=(N, K)).astype(np.float64)
+    Ap = np.zeros((m_rows, k_tiles * 64))
+    Ap[:M, :K] = A
+    Bp = np.zeros((n_rows, k_tiles * 64))
+    Bp[:N, :K] = B
+    return A, B, Ap, Bp
+
+
 def _emulate(rung, M, N, K, knobs, arrival_seed):
     """Every unit of the kernel's schedule, in a random arrival order, through the workspace."""
     from gemm_ladder.rungs import rung_module
@@ -130,13 +143,7 @@ def _emulate(rung, M, N, K, knobs, arrival_seed):
     rows, cols = mod.cluster_grid(cfg)
     ws = mod.workspace(cfg)
     k_tiles = cfg.k_tiles
-    rng = np.random.default_rng(0)
-    A = rng.integers(-4, 5, size=(M, K)).astype(np.float64)
-    B = rng.integers(-4, 5, size=(N, K)).astype(np.float64)
-    Ap = np.zeros((rows * cm * bm, k_tiles * 64))
-    Ap[:M, :K] = A
-    Bp = np.zeros((cols * cn * bn, k_tiles * 64))
-    Bp[:N, :K] = B
+    A, B, Ap, Bp = _operands(M, N, K, rows * cm * bm, cols * cn * bn, k_tiles, seed=0)
     P = np.full(splitk.workspace_elems(ws, M, "float32"), np.nan)
     C = np.zeros(splitk.workspace_elems(ws, M, "int32"), dtype=np.int64)
     D = np.full((rows * cm * bm, cols * cn * bn), np.nan)
@@ -391,6 +398,14 @@ V10_CASES = [
     Case("v10", 1000, 3000, 520, split_k=1),
     Case("v10", 1000, 3000, 520, num_warpgroups=3, blk_m=192, blk_n=192, pipe_depth=3, split_k=2,
          tile_order="grouped", l2_group_size=2),
+    # stream_k (on an H100's 132 SMs: 240 cluster tiles on 66 clusters, 384 tiles on 132, 256 on
+    # 66 with 3 K slices a tile, 70 on 66, and 4096^3)
+    Case("v10", 3000, 5000, 1000, split_k=1, stream_k=True),
+    Case("v10", 2000, 3000, 776, blk_n=128, cluster_m=1, pipe_depth=5, split_k=1, stream_k=True,
+         tile_order="grouped", l2_group_size=4, dtype="bfloat16"),
+    Case("v10", 4000, 2000, 192, blk_n=128, cluster_m=1, cluster_n=2, epi_n=128, split_k=1, stream_k=True),
+    Case("v10", 1792, 2560, 8192, split_k=1, stream_k=True),
+    Case("v10", 4096, 4096, 4096, split_k=1, stream_k=True, dtype="bfloat16"),
 ]
 V11_CASES = [
     Case("v11", 1, 4096, 4096, blk_m=8, split_k=4),

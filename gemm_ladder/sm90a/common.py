@@ -537,6 +537,39 @@ def release_to_cluster(mma2tma, stage, cluster_size):
 
 
 @T.inline
+def produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk, m_st, n_st, cm, cn, rank_m, rank_n):
+    """The producer's loads of K slices ``[k0, k0 + nk)`` of one tile into ring slots
+    ``load_it, load_it + 1, ...`` (mod pipe_depth), each after the slot's previous slice (one lap
+    back) was released."""
+    S = T.meta_var(plan.cfg.pipe_depth)
+    for k in range(nk):
+        mma2tma.wait((load_it + k) % S, (((load_it + k) // S) & 1) ^ 1)
+        tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, (load_it + k) % S, m_st, n_st, k0 + k, tma2mma,
+                                cm, cn, rank_m, rank_n)
+
+
+@T.inline
+def consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs):
+    """A consumer's ``nk`` K slices of one tile from ring slots ``it, it + 1, ...``: wait, wgmma,
+    and release each slot once its wgmmas retired (one slice behind: ``wait_group(1)``); the
+    accumulators start over at the first slice."""
+    S = T.meta_var(plan.cfg.pipe_depth)
+    for k in range(nk):
+        tma2mma.wait((it + k) % S, ((it + k) // S) & 1)
+        T.ptx.wgmma.fence.sync.aligned()
+        mma_k_tile(plan, Dreg, Asmem, Bsmem, (it + k) % S, wg_row0, k == 0, desc_a, desc_b)
+        T.ptx.wgmma.commit_group.sync.aligned()
+        T.ptx.wgmma.wait_group.sync.aligned(1)
+        if k > 0:
+            # slice k-1's wgmmas have retired in this warp
+            if lane_id == 0:
+                release_to_cluster(mma2tma, (it + k - 1) % S, cs)
+    T.ptx.wgmma.wait_group.sync.aligned(0)
+    if lane_id == 0:
+        release_to_cluster(mma2tma, (it + nk - 1) % S, cs)
+
+
+@T.inline
 def cluster_sync():
     """Every thread of every CTA of the cluster (barrier.cluster, release/acquire)."""
     T.ptx.barrier.cluster.arrive.release()

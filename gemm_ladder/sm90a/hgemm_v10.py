@@ -49,13 +49,43 @@ middling M and N with a long K). It costs the partials' traffic, ``split_k`` x b
 unit); ``schedulers.wave_model`` models both and picks ``split_k``. ``split_k=1`` is v9 (with an
 unused workspace).
 
+Stream-K (``stream_k=True`` with ``split_k=1``, off by default; ``sm90a/streamk.py`` draws it):
+split-K cuts every tile evenly, stream-K only the tail. T cluster tiles on G clusters leave the
+last wave ``G - T % G`` clusters idle; with ``stream_k`` the full waves run whole tiles as v9
+does, and the K slices of the partial wave's tiles (with the wave before them when they are
+fewer than half a wave) are dealt out evenly, a contiguous range to each cluster. A tile then
+has two or three pieces on neighbouring clusters; they meet in the workspace as split-K units
+do, except that a piece reads the counter first and skips publishing when the others are in,
+and the last one sums the pieces in K order with its own registers at its place (the same bits
+whatever arrives last). Each cluster runs its whole tiles, then the piece from slice 0, then
+the one up to the end of its range, so the clusters read the same K slices at about the same
+time (in the range's own order DRAM reads went up from 147 to 280 MB at 4096^3).
+
+    consumer c, piece (tile j, slices [k0, k0 + nk)):  the K loop (as v9)
+        whole tile:  the v9 epilogue
+        else:        bar.sync; thread 0: seen = ld.acquire.gpu count[j, c]; bar.sync
+                     seen < pieces - 1: st.global Dreg -> slot; bar.sync; thread 0: fence;
+                                        old = atom.add count[j, c]; bar.sync
+                     last (seen or old == pieces - 1): Dreg = p0 + p1 (+ p2), own at its place;
+                                        count[j, c] = 0; the v9 epilogue
+
+On an H100 (``benchmarks/results/2026-11-23_h100_stream_k/``) it pays where the tail is most of
+a wave: 1792x2560x8192 (70 cluster tiles on 66 clusters) 0.95x cuBLAS against v9's 0.56x,
+2304x4096x4096 0.92x against 0.73x; at 6144^3 1.01x against 0.95-1.00x. It loses where the
+partial wave is nearly full: 4096^3 (58 of 66) 0.95x against v9's 1.00x, 3072x8192x1536
+0.93x against 1.01x: every cluster meets twice (publishes 128 KiB or reads it back, a fence,
+the K loop drained and refilled), about 14k cycles an SM, more than the 8 slices it saves.
+
 Constraints:
   - those of v9 (clusters, consumers, epi_n, registers, shared memory; ``dynamic_m``, ``stream_b``);
+  - stream_k only with split_k=1; its workspace is two slots of every consumer's accumulators
+    and a counter per CTA of the launch (the runtime sizes it for the GPU at hand);
   - split_k from 1 to the K slices (K / 64, rounded up) and at most 32. With 128 accumulators
     a consumer (128x256 over two) and split_k >= 3, ptxas spills one register around the last
     unit's sum (a store and a load once a tile, off the K loop).
 
 Run:  python -m gemm_ladder build v10 --shape 978x2640x3336 --knob split_k=2 --out build/
+      python -m gemm_ladder build v10 --shape 1792x2560x8192 --knob split_k=1 --knob stream_k=true --out build/
 """
 
 from tvm.script import tirx as T
@@ -64,16 +94,17 @@ from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 import schedulers
 from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
-from . import common, splitk
+from . import common, splitk, streamk
 from .common import HopperPlan
 
 TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the fp32 partials"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
-         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "split_k": 2, "stream_b": False}
+         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "split_k": 2, "stream_b": False,
+         "stream_k": False}
 CONSUMERS = (1, 2, 3)
 # what the tuner tries beyond the defaults (gemm_ladder.tune.space)
-TUNE_CHOICES = {"split_k": (1, 2, 3, 4, 6, 8)}
+TUNE_CHOICES = {"split_k": (1, 2, 3, 4, 6, 8), "stream_k": (False, True)}
 
 
 def check(cfg: GemmConfig) -> None:
@@ -82,11 +113,19 @@ def check(cfg: GemmConfig) -> None:
     common.check_pipe_depth(cfg)
     common.check_consumer_registers(cfg)
     splitk.check_grid(cfg)
+    streamk.check(cfg)
 
 
 cluster_grid = splitk.cluster_grid
-workspace = splitk.tile_workspace
-launch = splitk.launch
+
+
+def workspace(cfg: GemmConfig) -> dict:
+    """Split-K's slots and counters per row of tiles, stream-K's per CTA of the launch."""
+    return {**splitk.tile_workspace(cfg), **streamk.workspace(cfg, cfg.num_warpgroups)}
+
+
+def launch(cfg: GemmConfig) -> dict:
+    return {**splitk.launch(cfg), "workspace": workspace(cfg)}
 
 
 def kernel(cfg: GemmConfig):
@@ -111,8 +150,7 @@ def kernel(cfg: GemmConfig):
     A_layout, B_layout = plan.ab_layouts(S)
     E_layout = common.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
     WS = workspace(cfg)
-    P_ELEMS = splitk.workspace_elems(WS, M, "float32")
-    C_ELEMS = splitk.workspace_elems(WS, M, "int32")
+    SK = streamk.enabled(cfg)  # whole tiles for the full waves, the tail's K loops spread evenly
 
     def scheduler(prefix, num_clusters):
         return schedulers.make_tirx_scheduler(
@@ -120,19 +158,27 @@ def kernel(cfg: GemmConfig):
             num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
         )
 
+    def whole_tiles_left(ts, dp_tiles):
+        # stream_k: the scheduler hands out the whole tiles only, the stream-K ones come after
+        return T.And(ts.valid(), ts.linear_idx < dp_tiles) if SK else ts.valid()
+
     # fmt: off
     @T.prim_func
     def hgemm(a: T.handle, b: T.handle, d: T.handle, p: T.handle, cnt: T.handle, num_ctas: T.int32):
         A = T.match_buffer(a, (M, K), dtype)
         B = T.match_buffer(b, (N, K), dtype)
         D = T.match_buffer(d, (M, N), dtype)
-        P = T.match_buffer(p, (P_ELEMS,), "float32")  # partial slots
-        C = T.match_buffer(cnt, (C_ELEMS,), "int32")  # units counted per tile and consumer
+        P = T.match_buffer(p, (splitk.workspace_elems(WS, M, "float32", num_ctas),), "float32")  # partial slots
+        C = T.match_buffer(cnt, (splitk.workspace_elems(WS, M, "int32", num_ctas),), "int32")  # tile counters
         T.device_entry()
         cta = T.cta_id([num_ctas])  # whole clusters: the runtime rounds the SM count down
         rank = T.cta_id_in_cluster([CS])
         clu = T.meta_var(cta // CS)
         num_clusters = T.meta_var(num_ctas // CS)
+        # stream_k: the tiles of the last two waves (none if the waves are whole) go by K slices,
+        # this cluster's [sk_first, sk_end) of them
+        dp_tiles, sk_tiles = T.meta_var(streamk.split(M_TILES * N_TILES, num_clusters))
+        sk_first, sk_end = T.meta_var(streamk.cluster_range(clu, sk_tiles, num_clusters, K_TILES))
         wg_id = T.warpgroup_id([W + 1])
         warp_id = T.warp_id_in_wg([4])
         lane_id = T.lane_id([32])
@@ -159,20 +205,29 @@ def kernel(cfg: GemmConfig):
                 ts_load = scheduler("ts_load", num_clusters)
                 ts_load.init(clu)
                 load_it: T.int32 = 0
-                while ts_load.valid():
+                # stream_k: computed once (as expressions, their selects and divisions by the
+                # runtime cluster count would swamp the compiler wherever they are used)
+                dp_load: T.int32 = dp_tiles
+                first_load: T.int32 = sk_first
+                end_load: T.int32 = sk_end
+                while whole_tiles_left(ts_load, dp_load):
                     # column n * SPLIT + s of the scheduler's grid: split s of tile column n, K
                     # slices [k0, k0 + nk)
                     n_col, split = T.meta_var(splitk.unit(ts_load.n_idx, SPLIT))
                     k0, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                    for k in range(nk):
-                        # the stage's previous slice (one lap back) has been released
-                        mma2tma.wait(load_it % S, ((load_it // S) & 1) ^ 1)
-                        common.tma_load_k_tile_cluster(
-                            plan, A, B, Asmem, Bsmem, load_it % S, (ts_load.m_idx * CM + rank_m) * BLK_M,
-                            (n_col * CN + rank_n) * BLK_N, k0 + k, tma2mma, CM, CN,
-                            rank_m, rank_n)
-                        load_it = load_it + 1
+                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk,
+                                          (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
+                                          CM, CN, rank_m, rank_n)
+                    load_it = load_it + nk
                     ts_load.next_tile()
+                if SK:
+                    for p in range(streamk.pieces(first_load, end_load, K_TILES)):
+                        j, k0, nk = T.meta_var(streamk.piece(p, first_load, end_load, K_TILES))
+                        ts_load.init(dp_load + j)  # the scheduler's place of stream-K tile j
+                        common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk,
+                                              (ts_load.m_idx * CM + rank_m) * BLK_M,
+                                              (ts_load.n_idx * CN + rank_n) * BLK_N, CM, CN, rank_m, rank_n)
+                        load_it = load_it + nk
 
         with common.ConsumerRole(wg_id, W, REGS.consumer):
             c = T.meta_var(wg_id - 1)  # this consumer
@@ -186,23 +241,18 @@ def kernel(cfg: GemmConfig):
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             ts = scheduler("ts", num_clusters)
             ts.init(clu)
-            while ts.valid():
+            dp_mine: T.int32 = dp_tiles
+            first_mine: T.int32 = sk_first
+            end_mine: T.int32 = sk_end
+            pc = T.alloc_local((3,), "int32")  # the piece: stream-K tile, first slice, count
+            mt = T.alloc_local((2,), "int32")  # a split tile's: cluster of its slice 0, pieces
+            sb = T.alloc_local((3,), "int32")  # and where its pieces' slots start (this thread's part)
+            while whole_tiles_left(ts, dp_mine):
                 n_col, split = T.meta_var(splitk.unit(ts.n_idx, SPLIT))
                 _, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                for k in range(nk):
-                    tma2mma.wait(it % S, (it // S) & 1)
-                    T.ptx.wgmma.fence.sync.aligned()
-                    common.mma_k_tile(plan, Dreg, Asmem, Bsmem, it % S, wg_row0, k == 0, desc_a, desc_b)
-                    T.ptx.wgmma.commit_group.sync.aligned()
-                    T.ptx.wgmma.wait_group.sync.aligned(1)
-                    if k > 0:
-                        # slice it-1's wgmmas have retired in this warp
-                        if lane_id == 0:
-                            common.release_to_cluster(mma2tma, (it - 1) % S, CS)
-                    it = it + 1
-                T.ptx.wgmma.wait_group.sync.aligned(0)
-                if lane_id == 0:
-                    common.release_to_cluster(mma2tma, (it - 1) % S, CS)
+                common.consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b,
+                                      lane_id, CS)
+                it = it + nk
                 m_cta = T.meta_var(ts.m_idx * CM + rank_m)
                 n_cta = T.meta_var(n_col * CN + rank_n)
                 if SPLIT > 1:
@@ -218,6 +268,44 @@ def kernel(cfg: GemmConfig):
                                                  wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
                     epi_it = epi_it + BLK_N // EPI_N
                 ts.next_tile()
+            if SK:
+                for p in range(streamk.pieces(first_mine, end_mine, K_TILES)):
+                    j, k0, nk = T.meta_var(streamk.piece(p, first_mine, end_mine, K_TILES))
+                    pc[0] = j
+                    pc[1] = k0
+                    pc[2] = nk
+                    ts.init(dp_mine + pc[0])
+                    common.consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, pc[2], wg_row0, desc_a,
+                                          desc_b, lane_id, CS)
+                    it = it + pc[2]
+                    m_sk = T.meta_var(ts.m_idx * CM + rank_m)
+                    n_sk = T.meta_var(ts.n_idx * CN + rank_n)
+                    if pc[2] == K_TILES:  # a whole tile in this cluster's range
+                        common.consumer_store_chunks(D, Esmem, Dreg, m_sk * BLK_M, n_sk * BLK_N, plan, c,
+                                                     wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
+                        epi_it = epi_it + BLK_N // EPI_N
+                    else:
+                        # the tile's 2 or 3 pieces are clusters g_h, g_h + 1, ... in K order; the
+                        # counter is g_h's; a piece's slot is 1 if its range began before the tile
+                        tile0 = T.meta_var(pc[0] * K_TILES)
+                        sk_tiles_now = T.meta_var(M_TILES * N_TILES - dp_mine)
+                        mt[0] = streamk.cluster_of(tile0, sk_tiles_now, num_clusters, K_TILES)  # g_h
+                        mt[1] = streamk.cluster_of(tile0 + K_TILES - 1, sk_tiles_now, num_clusters,
+                                                   K_TILES) - mt[0] + 1  # pieces
+                        g_h = T.meta_var(mt[0])
+                        head_first = T.meta_var(streamk.cluster_range(g_h, sk_tiles_now, num_clusters, K_TILES)[0])
+                        cnt_i = T.meta_var(streamk.counter(g_h, rank, c, CS, W))
+                        mine = T.meta_var(streamk.slot(clu, rank, c, T.Select(first_mine < tile0, 1, 0), CS, W))
+                        streamk.meet(P, C, Dreg, ACC, cnt_i, mine, mt[1] - 1, wtid, flag, c)
+                        if flag[c] == mt[1] - 1:  # the other pieces counted first: sum and store
+                            sb[0] = streamk.slot_offset(streamk.slot(g_h, rank, c, T.Select(head_first < tile0, 1, 0),
+                                                                     CS, W), 0, wtid, ACC)
+                            sb[1] = streamk.slot_offset(streamk.slot(g_h + 1, rank, c, 0, CS, W), 0, wtid, ACC)
+                            sb[2] = streamk.slot_offset(streamk.slot(g_h + 2, rank, c, 0, CS, W), 0, wtid, ACC)
+                            streamk.sum_pieces(P, C, Dreg, ACC, cnt_i, mt[1], clu - g_h, sb, wtid)
+                            common.consumer_store_chunks(D, Esmem, Dreg, m_sk * BLK_M, n_sk * BLK_N, plan, c,
+                                                         wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
+                            epi_it = epi_it + BLK_N // EPI_N
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
                 T.ptx.cp.async_.bulk.wait_group.read(0)

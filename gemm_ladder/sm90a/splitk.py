@@ -110,16 +110,22 @@ def workspace(cfg: GemmConfig, m_step: int, tiles_per_m_step: int, consumers: in
     }
 
 
-def workspace_elems(ws: dict, M, kind: str):
-    """Elements of the ``kind`` ("float32" or "int32") workspace for ``M`` rows: a Python int,
-    or an expression of a runtime M (the kernel's buffer shape; the host code checks it)."""
-    per = ws[f"{kind}_per_m_step"]
-    if per == 0:
+def workspace_elems(ws: dict, M, kind: str, num_ctas=None):
+    """Elements of the ``kind`` ("float32" or "int32") workspace for ``M`` rows and a launch of
+    ``num_ctas`` CTAs: a Python int, or an expression of a runtime M or CTA count (the kernel's
+    buffer shape; the host code checks it). At least one element."""
+    per, per_cta = ws[f"{kind}_per_m_step"], ws.get(f"{kind}_per_cta", 0)
+    if per == 0 and per_cta == 0:
         return 1
-    step = ws["m_step"]
-    if isinstance(M, int):
-        return -(-M // step) * per
-    return T.truncdiv(M + (step - 1), step) * per
+    total = 0
+    if per:
+        step = ws["m_step"]
+        total = -(-M // step) * per if isinstance(M, int) else T.truncdiv(M + (step - 1), step) * per
+    if per_cta:
+        if num_ctas is None:
+            raise ValueError("this workspace grows with the launch's CTAs: pass num_ctas")
+        total = total + num_ctas * per_cta
+    return total
 
 
 # -- the index arithmetic, on Python ints and PrimExprs alike (the kernels and the model test) ----
@@ -147,15 +153,15 @@ def slot_offset(counter, split, S, quad, thread, acc_regs):
 
 
 @T.inline
-def publish_and_count(P, C, Dreg, acc_regs, counter, split, wtid, flag, c, S):
-    """Every unit: store this consumer's partial into its slot of the workspace and count it
-    on the tile's counter; ``flag[c]`` then holds how many units of the tile counted before this
-    one (``S - 1``: this is the last)."""
+def publish(P, C, Dreg, acc_regs, base, counter, wtid, flag, c):
+    """Store this consumer's fp32 accumulators at ``base`` of the workspace (this thread's first
+    quad; each quad 512 floats on) and count them on ``counter``: ``flag[c]`` then holds how many
+    counted before (split-K units here, stream-K pieces in ``streamk.meet``)."""
     for j in T.unroll(acc_regs // 4):
-        T.ptx["st.global.v4.f32"](P.ptr_to([slot_offset(counter, split, S, j, wtid, acc_regs)]),
+        T.ptx["st.global.v4.f32"](P.ptr_to([base + j * 512]),
                                   Dreg[4 * j], Dreg[4 * j + 1], Dreg[4 * j + 2], Dreg[4 * j + 3])
-    # the barrier orders every thread's stores before thread 0's release; thread 0's fence
-    # and acq_rel atomic make them visible at GPU scope to the unit that counts last
+    # the barrier orders every thread's stores (and its read of flag) before thread 0's release;
+    # thread 0's fence and acq_rel atomic make them visible at GPU scope to the one that counts last
     T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
     if wtid == 0:
         old = T.alloc_local((1,), "uint32")
@@ -163,6 +169,14 @@ def publish_and_count(P, C, Dreg, acc_regs, counter, split, wtid, flag, c, S):
         T.ptx["atom.acq_rel.gpu.global.add.u32"](old[0], C.ptr_to([counter]), T.uint32(1))
         flag[c] = T.Cast("int32", old[0])
     T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
+
+
+@T.inline
+def publish_and_count(P, C, Dreg, acc_regs, counter, split, wtid, flag, c, S):
+    """Every unit: store this consumer's partial into its slot of the workspace and count it
+    on the tile's counter; ``flag[c]`` then holds how many units of the tile counted before this
+    one (``S - 1``: this is the last)."""
+    publish(P, C, Dreg, acc_regs, slot_offset(counter, split, S, 0, wtid, acc_regs), counter, wtid, flag, c)
 
 
 @T.inline
