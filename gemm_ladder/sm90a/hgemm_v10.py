@@ -70,8 +70,10 @@ time (in the range's own order DRAM reads went up from 147 to 280 MB at 4096^3).
                                         count[j, c] = 0; the v9 epilogue
 
 On an H100 (``benchmarks/results/2026-11-23_h100_stream_k/``) it pays where the tail is most of
-a wave: 1792x2560x8192 (70 cluster tiles on 66 clusters) 0.95x cuBLAS against v9's 0.56x,
-2304x4096x4096 0.92x against 0.73x; at 6144^3 1.01x against 0.95-1.00x. It loses where the
+a wave: 1792x2560x8192 (70 cluster tiles on 66 clusters) 0.95x cuBLAS against v9's 0.56x and
+split-K's 0.64x, 2560x2560x8192 0.96x against 0.82x, 2304x4096x4096 0.92x against 0.73x (but v9
+in 128x192 tiles, whose waves come out whole there, 0.99x); 6144^3 0.99-1.01x against
+0.95-1.00x. The front door does not choose it yet. It loses where the
 partial wave is nearly full: 4096^3 (58 of 66) 0.95x against v9's 1.00x, 3072x8192x1536
 0.93x against 1.01x: every cluster meets twice (publishes 128 KiB or reads it back, a fence,
 the K loop drained and refilled), about 14k cycles an SM, more than the 8 slices it saves.
@@ -175,8 +177,8 @@ def kernel(cfg: GemmConfig):
         rank = T.cta_id_in_cluster([CS])
         clu = T.meta_var(cta // CS)
         num_clusters = T.meta_var(num_ctas // CS)
-        # stream_k: the tiles of the last two waves (none if the waves are whole) go by K slices,
-        # this cluster's [sk_first, sk_end) of them
+        # stream_k: the partial wave's tiles (with the wave before them when they are fewer than
+        # half a wave; none if the waves are whole) go by K slices, [sk_first, sk_end) to this cluster
         dp_tiles, sk_tiles = T.meta_var(streamk.split(M_TILES * N_TILES, num_clusters))
         sk_first, sk_end = T.meta_var(streamk.cluster_range(clu, sk_tiles, num_clusters, K_TILES))
         wg_id = T.warpgroup_id([W + 1])
