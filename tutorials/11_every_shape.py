@@ -115,6 +115,52 @@ for p in wave_model.rank(8192, 8192, 8192, [(128, 256)], split_ks=(1, 2, 4))[:3]
     print(p.why())
 
 # %% [markdown]
+# ## Stream-K: split only the tail
+#
+# Between the two sits a shape with whole waves and a ragged last one: 1792 x 2560 x 8192 is 70
+# cluster tiles (256 x 256, two CTAs each) on an H100's 66 clusters, one full wave and 4 tiles
+# that keep 4 clusters busy for a second wave while 62 wait. v10's `stream_k` runs the full waves
+# as v9 does and deals the K slices of the last wave's tiles out evenly, one contiguous range to
+# each cluster (`sm90a/streamk.py`). A tile then has two or three pieces on neighbouring
+# clusters; they meet in a workspace, and the last one sums them in K order. Each cluster runs
+# its whole tiles, then the piece that starts at slice 0 of a tile, then the piece that ends its
+# range, so the clusters stay at about the same K slice (and find A and B in L2). Tiles of eight
+# slices on four clusters, each letter a tile and each column a slice of time (capitals: whole
+# tiles; 11 tiles leave a partial wave of 3, dealt out alone; 9 leave 1, dealt out with the wave
+# before it):
+
+# %%
+if rungs.available("v10", "sm_90a"):
+    from gemm_ladder.sm90a import streamk
+
+    for tiles in (11, 9):
+        dp_tiles, sk_tiles = streamk.split(tiles, 4)
+        print(f"{tiles} tiles on 4 clusters: {dp_tiles} whole, {sk_tiles} by slices")
+        for g in range(4):
+            first, end = streamk.cluster_range(g, sk_tiles, 4, 8)
+            whole = "".join("ABCDEFGHIJK"[t] * 8 for t in range(g, dp_tiles, 4))
+            pieces = [streamk.piece(p, first, end, 8) for p in range(streamk.pieces(first, end, 8))]
+            print(f"  cluster {g}: {whole}|" + " ".join(
+                ("ABCDEFGHIJK" if nk == 8 else "abcdefghijk")[dp_tiles + j] * nk for j, _, nk in pieces))
+
+# %% [markdown]
+# Measured on an H100 against the front door's own choice at each shape (same process; the
+# split costs every cluster two meetings, about 14k cycles an SM, so it loses where the last
+# wave is nearly full: 4096^3, 58 of 66, 0.95x against v9's 1.00x):
+
+# %%
+sk_run = teach.RESULTS_DIR / "2026-11-23_h100_stream_k" / "6_final" / "skfd_bench_1.json"
+if sk_run.exists():
+    by_shape: dict = {}
+    for r in json.loads(sk_run.read_text())["results"]:
+        which = "stream_k" if r["knobs"].get("stream_k") else f"{r['rung']} (front door)"
+        by_shape.setdefault("x".join(map(str, r["shape"])), {})[which] = r["ratio_to_cublas"]
+    print(report.table([{"M x N x K": shape, "front door's choice": next(f"{k.split()[0]}: {v:.3f}"
+                                                                          for k, v in got.items() if k != "stream_k"),
+                         "stream_k": f"{got['stream_k']:.3f}"} for shape, got in by_shape.items() if len(got) == 2],
+                       ["M x N x K", "front door's choice", "stream_k"]))
+
+# %% [markdown]
 # ## Tell L2 that B streams past
 #
 # At small M every CTA reads its slice of B once and the few rows of A again. The TMA loads can
