@@ -13,6 +13,7 @@ and issues one ``wgmma.m64nBNk16`` per 64 of those rows and per 16 of K.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -548,11 +549,19 @@ def produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk, 
                                 cm, cn, rank_m, rank_n)
 
 
+# T.inline takes a copy of a module's globals when it is defined; the K-loop helpers below look
+# the release up on the module itself when a kernel is built, so that the one release of the
+# cluster (``release_to_cluster``) can be swapped for a broken one (tests/barrier_faults.py)
+_THIS = sys.modules[__name__]
+
+
 @T.inline
-def consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs):
-    """A consumer's ``nk`` K slices of one tile from ring slots ``it, it + 1, ...``: wait, wgmma,
-    and release each slot once its wgmmas retired (one slice behind: ``wait_group(1)``); the
-    accumulators start over at the first slice."""
+def issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs):
+    """A consumer's ``nk`` K slices of one tile from ring slots ``it, it + 1, ...``: wait for the
+    slot, issue its wgmmas, and release each slot once its wgmmas retired (one slice behind:
+    ``wait_group(1)``) to the producer of every CTA of the cluster; the accumulators start over
+    at the first slice. The last slice's wgmmas may still run: :func:`retire_slices` waits for
+    them (v9's ping-pong passes the turn between the two)."""
     S = T.meta_var(plan.cfg.pipe_depth)
     for k in range(nk):
         tma2mma.wait((it + k) % S, ((it + k) // S) & 1)
@@ -563,10 +572,23 @@ def consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, 
         if k > 0:
             # slice k-1's wgmmas have retired in this warp
             if lane_id == 0:
-                release_to_cluster(mma2tma, (it + k - 1) % S, cs)
+                _THIS.release_to_cluster(mma2tma, (it + k - 1) % S, cs)
+
+
+@T.inline
+def retire_slices(plan, mma2tma, it, nk, lane_id, cs):
+    """Wait for the last of :func:`issue_slices`' wgmmas and release its slot."""
     T.ptx.wgmma.wait_group.sync.aligned(0)
     if lane_id == 0:
-        release_to_cluster(mma2tma, (it + nk - 1) % S, cs)
+        _THIS.release_to_cluster(mma2tma, (it + nk - 1) % plan.cfg.pipe_depth, cs)
+
+
+@T.inline
+def consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs):
+    """A consumer's ``nk`` K slices of one tile, issued and retired (the K loop of v8-v11; the
+    teaching rungs v5-v7 write theirs out)."""
+    issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs)
+    retire_slices(plan, mma2tma, it, nk, lane_id, cs)
 
 
 @T.inline

@@ -151,14 +151,10 @@ def kernel(cfg: GemmConfig):
                     # slices [k0, k0 + nk)
                     n_col, split = T.meta_var(splitk.unit(ts_load.n_idx, SPLIT))
                     k0, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                    for k in range(nk):
-                        # the stage's previous slice (one lap back) has been released
-                        mma2tma.wait(load_it % S, ((load_it // S) & 1) ^ 1)
-                        common.tma_load_k_tile_cluster(
-                            plan, A, B, Asmem, Bsmem, load_it % S, (ts_load.m_idx * CM + rank_m) * BLK_M,
-                            (n_col * CN + rank_n) * BLK_N, k0 + k, tma2mma, CM, CN,
-                            rank_m, rank_n)
-                        load_it = load_it + 1
+                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk,
+                                          (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
+                                          CM, CN, rank_m, rank_n)
+                    load_it = load_it + nk
                     ts_load.next_tile()
 
         with common.ConsumerRole(wg_id, W, REGS.consumer):
@@ -175,21 +171,10 @@ def kernel(cfg: GemmConfig):
             while ts.valid():
                 n_col, split = T.meta_var(splitk.unit(ts.n_idx, SPLIT))
                 _, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                for k in range(nk):
-                    tma2mma.wait(it % S, (it // S) & 1)
-                    T.ptx.wgmma.fence.sync.aligned()
-                    # swapped: B's rows are wgmma's 64-row operand, A's rows its N
-                    common.mma_k_tile(plan, Dreg, Bsmem, Asmem, it % S, n_row0, k == 0, desc_a, desc_b)
-                    T.ptx.wgmma.commit_group.sync.aligned()
-                    T.ptx.wgmma.wait_group.sync.aligned(1)
-                    if k > 0:
-                        # slice it-1's wgmmas have retired in this warp
-                        if lane_id == 0:
-                            common.release_to_cluster(mma2tma, (it - 1) % S, CS)
-                    it = it + 1
-                T.ptx.wgmma.wait_group.sync.aligned(0)
-                if lane_id == 0:
-                    common.release_to_cluster(mma2tma, (it - 1) % S, CS)
+                # swapped: B's rows are wgmma's 64-row operand, A's rows its N
+                common.consume_slices(plan, tma2mma, mma2tma, Dreg, Bsmem, Asmem, it, nk, n_row0, desc_a, desc_b,
+                                      lane_id, CS)
+                it = it + nk
                 m_cta = T.meta_var(ts.m_idx * CM + rank_m)
                 n_cta = T.meta_var(n_col * CN + rank_n)
                 if SPLIT > 1:

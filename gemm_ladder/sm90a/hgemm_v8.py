@@ -157,13 +157,11 @@ def kernel(cfg: GemmConfig):
                 ts_load.init(clu)
                 load_it: T.int32 = 0
                 while ts_load.valid():
-                    for k in range(K_TILES):
-                        # the stage's previous slice (one lap back) has been released
-                        mma2tma.wait(load_it % S, ((load_it // S) & 1) ^ 1)
-                        common.tma_load_k_tile_cluster(
-                            plan, A, B, Asmem, Bsmem, load_it % S, (ts_load.m_idx * CM + rank_m) * BLK_M,
-                            (ts_load.n_idx * CN + rank_n) * BLK_N, k, tma2mma, CM, CN, rank_m, rank_n)
-                        load_it = load_it + 1
+                    # each stage refilled once its previous slice (one lap back) was released
+                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, 0, K_TILES,
+                                          (ts_load.m_idx * CM + rank_m) * BLK_M, (ts_load.n_idx * CN + rank_n) * BLK_N,
+                                          CM, CN, rank_m, rank_n)
+                    load_it = load_it + K_TILES
                     ts_load.next_tile()
 
         with common.ConsumerRole(wg_id, W, REGS.consumer):
@@ -177,20 +175,10 @@ def kernel(cfg: GemmConfig):
             ts = scheduler("ts", num_clusters)
             ts.init(clu)
             while ts.valid():
-                for k in range(K_TILES):
-                    tma2mma.wait(it % S, (it // S) & 1)
-                    T.ptx.wgmma.fence.sync.aligned()
-                    common.mma_k_tile(plan, Dreg, Asmem, Bsmem, it % S, wg_row0, k == 0, desc_a, desc_b)
-                    T.ptx.wgmma.commit_group.sync.aligned()
-                    T.ptx.wgmma.wait_group.sync.aligned(1)
-                    if k > 0:
-                        # slice it-1's wgmmas have retired in this warp
-                        if lane_id == 0:
-                            common.release_to_cluster(mma2tma, (it - 1) % S, CS)
-                    it = it + 1
-                T.ptx.wgmma.wait_group.sync.aligned(0)
-                if lane_id == 0:
-                    common.release_to_cluster(mma2tma, (it - 1) % S, CS)
+                # the K loop, each slot released to the producer of every CTA of the cluster
+                common.consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0, desc_a,
+                                      desc_b, lane_id, CS)
+                it = it + K_TILES
                 common.consumer_store_tile(D, Dsmem, Dreg, (ts.m_idx * CM + rank_m) * BLK_M,
                                            (ts.n_idx * CN + rank_n) * BLK_N, plan,
                                            ctid, wg_row0, warp_id, lane_id, packed)
