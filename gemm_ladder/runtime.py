@@ -22,7 +22,8 @@ A module built with a runtime M (``launch["dynamic_m"]`` in its manifest: v6/v9 
 A split-K module (``launch["workspace"]``: v10, v11) takes an fp32 buffer of partial tiles and
 int32 counters after ``D``; the module allocates them (zeroed once: the kernel puts every
 counter back to zero) on first use per GPU, sized for the call's M (and, with v10's
-``stream_k``, for the GPU's CTA count), and grows them for a larger M. Launch one such module from one stream at a time (two launches at once would share them).
+``stream_k``, for the GPU's CTA count), and grows them for a larger M. Launch one such module
+from one stream at a time (two launches at once would share them).
 """
 
 from __future__ import annotations
