@@ -59,6 +59,14 @@ class HopperPlan:
         return self.cfg.blk_n // 2
 
     @property
+    def acc_stride(self) -> int:  # registers between two 64-row atoms' accumulators
+        return self.n_regs
+
+    @property
+    def n_cols(self) -> int:  # columns of the tile the wgmmas cover
+        return self.cfg.blk_n
+
+    @property
     def acc_regs(self) -> int:
         return self.m_atoms * self.n_regs
 
@@ -136,7 +144,7 @@ def mma_k_tile(plan, Dreg, Asmem, Bsmem, stage, wg_row0, first, desc_a, desc_b):
         )
         for kk in T.unroll(plan.cfg.blk_k // MMA_K):
             T.ptx[plan.mma_op](
-                *[Dreg[mi * plan.n_regs + r] for r in range(plan.n_regs)],
+                *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
                 desc_a[0] + T.Cast("uint64", kk * d.k_step), desc_b[0] + T.Cast("uint64", kk * d.k_step),
                 T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
             )
@@ -615,7 +623,7 @@ def check_epilogue(cfg: GemmConfig) -> None:
 def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed):
     """Columns ``col0 .. col0+ncols`` of one warpgroup's accumulators -> ``Esmem[buf]`` (its
     rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`."""
-    NR = T.meta_var(plan.n_regs)
+    NR = T.meta_var(plan.acc_stride)
     q = T.meta_var(lane_id // 8)
     row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
     for mi in T.unroll(plan.m_atoms):
@@ -648,7 +656,7 @@ def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, la
     # one consumer: its buffers are the first, said as constants (TVM cannot prove that
     # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
     first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
-    for j in T.unroll(plan.cfg.blk_n // epi_n):
+    for j in T.unroll(plan.n_cols // epi_n):
         buf = T.meta_var(first + (epi_it + j) % nbuf)
         if wtid == 0:
             T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)

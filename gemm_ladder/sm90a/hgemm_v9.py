@@ -115,13 +115,14 @@ from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 import schedulers
 from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
-from . import common
+from . import common, narrowtail
 from .common import HopperPlan
 
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
-         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False, "pingpong": False}
+         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False, "pingpong": False,
+         "tail_n": 0}
 CONSUMERS = (1, 2, 3)
 TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256),
                 "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}  # not pingpong: it measured slower
@@ -135,6 +136,7 @@ def check(cfg: GemmConfig) -> None:
     common.check_cluster(cfg)
     common.check_schedule(cfg, grid=cluster_grid(cfg))
     common.check_dynamic_m(cfg)
+    narrowtail.check(cfg)
 
 
 def cluster_grid(cfg: GemmConfig, M=None) -> tuple:
@@ -173,12 +175,21 @@ def kernel(cfg: GemmConfig):
     ROWS = plan.rows_per_wg
     A_layout, B_layout = plan.ab_layouts(S)
     E_layout = common.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
+    TN = narrowtail.tail_n(cfg)  # tail_n: the partial wave's tiles cut TN columns wide (0: not)
+    NARROW_ON = TN > 0
+    KN = narrowtail.per_row(N, CN, TN) if TN else 0  # narrow cluster tiles a row
+    NARROW = narrowtail.NarrowPlan(cfg, width=TN) if TN else None
+    NCH, REM = divmod(TN, EPI_N)  # a narrow tile's staged chunks, and the columns after them
 
-    def scheduler(prefix, num_clusters):
+    def scheduler(prefix, num_clusters, cut=0):
+        # tail_n: the whole tiles are those of the rows above the ``cut`` narrow ones
         return schedulers.make_tirx_scheduler(
-            cfg.tile_order, prefix, num_m_tiles=M_TILES, num_n_tiles=N_TILES,
+            cfg.tile_order, prefix, num_m_tiles=M_TILES - cut if TN else M_TILES, num_n_tiles=N_TILES,
             num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
         )
+
+    def cut_rows(num_clusters):
+        return narrowtail.rows(M_TILES, N_TILES, KN, num_clusters) if TN else 0
 
     # fmt: off
     @T.prim_func
@@ -191,6 +202,8 @@ def kernel(cfg: GemmConfig):
         rank = T.cta_id_in_cluster([CS])
         clu = T.meta_var(cta // CS)
         num_clusters = T.meta_var(num_ctas // CS)
+        # tail_n: how many of the last rows of tiles are cut narrow, for this launch's clusters
+        narrow_rows = T.meta_var(cut_rows(num_clusters))
         wg_id = T.warpgroup_id([W + 1])
         warp_id = T.warp_id_in_wg([4])
         lane_id = T.lane_id([32])
@@ -217,7 +230,8 @@ def kernel(cfg: GemmConfig):
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
             if T.And(warp_id == 0, lane_id == 0):
-                ts_load = scheduler("ts_load", num_clusters)
+                cut_load: T.int32 = narrow_rows
+                ts_load = scheduler("ts_load", num_clusters, cut_load)
                 ts_load.init(clu)
                 load_it: T.int32 = 0
                 while ts_load.valid():
@@ -227,6 +241,17 @@ def kernel(cfg: GemmConfig):
                                           CM, CN, rank_m, rank_n)
                     load_it = load_it + K_TILES
                     ts_load.next_tile()
+                if NARROW_ON:
+                    # the narrow tiles this cluster's stride reaches past the whole ones: the same
+                    # boxes (B's rows past the narrow tile are read and not used)
+                    q_load: T.int32 = ts_load.linear_idx - (M_TILES - cut_load) * N_TILES
+                    while q_load < cut_load * KN:
+                        nm, nn = T.meta_var(narrowtail.narrow_tile(q_load, M_TILES - cut_load, KN))
+                        common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, 0, K_TILES,
+                                              (nm * CM + rank_m) * BLK_M, (nn * CN + rank_n) * TN,
+                                              CM, CN, rank_m, rank_n)
+                        load_it = load_it + K_TILES
+                        q_load = q_load + num_clusters
 
         with common.ConsumerRole(wg_id, W, REGS.consumer):
             c = T.meta_var(wg_id - 1)  # this consumer
@@ -239,7 +264,8 @@ def kernel(cfg: GemmConfig):
             it: T.int32 = 0  # (tile, slice) pairs consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             turn: T.int32 = 0  # tiles of this CTA so far (pingpong: consumer turn % W takes the tile)
-            ts = scheduler("ts", num_clusters)
+            cut: T.int32 = narrow_rows
+            ts = scheduler("ts", num_clusters, cut)
             ts.init(clu)
             while ts.valid():
                 mine = T.meta_var(turn % W == c if PP else True)  # pingpong: every W-th tile is ours
@@ -264,6 +290,25 @@ def kernel(cfg: GemmConfig):
                     it = it + K_TILES  # another consumer's tile: its slices pass us by
                 turn = turn + 1
                 ts.next_tile()
+            if NARROW_ON:
+                q: T.int32 = ts.linear_idx - (M_TILES - cut) * N_TILES
+                while q < cut * KN:
+                    nm, nn = T.meta_var(narrowtail.narrow_tile(q, M_TILES - cut, KN))
+                    # m64n{TN}k16 into the first TN / 2 accumulators of each atom
+                    common.issue_slices(NARROW, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
+                                        desc_a, desc_b, lane_id, CS)
+                    common.retire_slices(NARROW, mma2tma, it, K_TILES, lane_id, CS)
+                    it = it + K_TILES
+                    if NCH > 0:
+                        common.consumer_store_chunks(D, Esmem, Dreg, (nm * CM + rank_m) * BLK_M,
+                                                     (nn * CN + rank_n) * TN, NARROW, c, wtid, warp_id, lane_id,
+                                                     packed, epi_it, EPI_N, NBUF)
+                        epi_it = epi_it + NCH
+                    if REM > 0:
+                        # the columns after the last whole chunk: from the registers, guarded
+                        narrowtail.cols_to_global(NARROW, Dreg, D, (nm * CM + rank_m) * BLK_M, (nn * CN + rank_n) * TN,
+                                                  wg_row0, NCH * EPI_N, REM, warp_id, lane_id)
+                    q = q + num_clusters
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
                 T.ptx.cp.async_.bulk.wait_group.read(0)
