@@ -7,8 +7,8 @@ tile, no cluster with more tiles than v9 gives it, the busiest cluster's columns
 (waves - 1) x blk_n + tail_n, and ``columns_per_cluster`` (the model the front door reads) the
 same as the walk; ``best_tail_n`` the narrowest width that cuts; one build with its SASS (the
 narrow wgmma beside the whole one, the columns after the last staged chunk stored from the
-registers, no spills). GPU tier: shapes where the cut happens on 132 SMs, checked against a
-float64 reference in a child process with a deadline.
+registers, no spills). The GPU cases (shapes where the cut happens on 132 SMs) live with v9's in
+``test_sm90a_v7_v9``.
 """
 
 import random
@@ -16,8 +16,6 @@ import re
 
 import numpy as np
 import pytest
-
-from tests.gpu_cases import Case
 
 import gemm_ladder
 from gemm_ladder import ConfigError
@@ -140,20 +138,3 @@ def test_sass_has_the_narrow_wgmma_and_register_stores_and_no_spills(built):
     # 232 = 3 staged chunks of 64 + 40 columns from the registers: 5 column groups of 8, in two
     # rows of the fragment, one 4-byte store a pair
     assert counts["STG"] == 10, counts
-
-
-# -- GPU tier: the cut happens at these shapes on 132 SMs (H100, H200) ---------------------------
-CASES = [
-    Case("v9", 1000, 3000, 520, tail_n=232, cluster_m=1),  # every tile narrow, the rows' last past N
-    Case("v9", 1000, 3000, 520, tail_n=200),  # 2x1 clusters, 8 columns from the registers
-    Case("v9", 4096, 4096, 512, tail_n=232, cluster_m=1),  # whole tiles, then 8 rows of narrow ones
-    Case("v9", 4096, 4096, 512, tail_n=232, cluster_m=1, cluster_n=2, dtype="bfloat16"),
-    Case("v9", 8192, 8192, 512, tail_n=176),  # 8192^3's cut, 2x1 clusters
-    Case("v9", 2000, 3072, 1000, tail_n=192, tile_order="grouped", l2_group_size=8),  # no columns after the chunks
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_narrow_tail_is_correct_on_the_gpu(case, gpu_result):
-    assert gpu_result["status"] == "ok", gpu_result

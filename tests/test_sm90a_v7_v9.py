@@ -232,6 +232,15 @@ KNOB_SAMPLE = [
 ]
 CASES += [Case(rung, *shape, **knobs) for rung, knobs in KNOB_SAMPLE
           for shape in [(1000, 3000, 520), (777, 1000, 200), (2048, 2048, 128)]]
+# tail_n (tests/test_narrow_tail.py): shapes where the cut happens on 132 SMs (H100, H200)
+CASES += [
+    Case("v9", 1000, 3000, 520, tail_n=232, cluster_m=1),  # every tile narrow, the rows' last past N
+    Case("v9", 1000, 3000, 520, tail_n=200),  # 2x1 clusters, 8 columns from the registers
+    Case("v9", 4096, 4096, 512, tail_n=232, cluster_m=1),  # whole tiles, then 8 rows of narrow ones
+    Case("v9", 4096, 4096, 512, tail_n=232, cluster_m=1, cluster_n=2, dtype="bfloat16"),
+    Case("v9", 8192, 8192, 512, tail_n=176),  # 8192^3's cut, 2x1 clusters
+    Case("v9", 2000, 3072, 1000, tail_n=192, tile_order="grouped", l2_group_size=8),  # no columns after the chunks
+]
 
 
 @pytest.mark.gpu
