@@ -99,12 +99,23 @@ tensor maps fetch 256 bytes per L2 miss (``common.load_hints``). On an H100 it p
 18 of 20 shapes with M <= 128 and lost 1% at M = 512 (and 4% where two CTAs read one B tile
 without multicast), so the front door's small-M rules set it and the others do not.
 
+A narrow last wave (``tail_n``, 0 = off; ``sm90a/narrowtail.py`` draws the cut): the rows of
+tiles the partial wave would run are cut again into ``tail_n``-wide tiles, enough of them that
+every cluster runs one (``m64n{tail_n}k16``, the columns after the last ``epi_n`` chunk stored
+from the registers), so the busiest cluster runs (waves - 1) x blk_n + tail_n columns instead of
+waves x blk_n: 1000 against 1024 at 4096^3 (``tail_n=232``). The cut is computed at launch from
+the cluster count, and none is made where it would not fit. On an H100 it paid at 8192^3 fp16
+(1.5-5%) but not at 4096^3 (5% slower in 1x1 clusters, level in 2x1): a narrow tile took 1.1x a
+whole one's time for 0.91 of its wgmma cycles (``benchmarks/results/2026-11-23_h100_narrow_tail/``).
+
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W; with
     pingpong, 2 or 3 consumers and blk_m a multiple of 64, a whole tile's accumulators in each);
   - epi_n a multiple of 64 that divides blk_n (epi_n = blk_n: one buffer per consumer, the
     whole row band at once);
-  - pipe_depth up to what shared memory allows beside the staging buffers.
+  - pipe_depth up to what shared memory allows beside the staging buffers;
+  - tail_n a multiple of 8 below blk_n, with a fixed M, the cooperative consumers and a grouped
+    or snake tile order.
 
 Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 --out build/
 """

@@ -36,6 +36,13 @@ tile's), and store ``epi_n``-wide chunks as v9 does; the last ``tail_n % epi_n``
 straight from the registers (4-byte stores, guarded at D's edges: a row's last narrow tile may
 end past N).
 
+On an H100 (``benchmarks/results/2026-11-23_h100_narrow_tail/``) it does not pay where it was
+meant to: 4096^3 got 5% slower in 1x1 clusters and stayed level in 2x1. The tensor pipe's cycles
+follow the columns (a 232-wide wgmma costs 0.91 of a 256-wide one) but a narrow tile took about
+1.1x a whole tile's time: it loads the whole tile's boxes for 0.91 of the work, and where its
+loads stall is not yet measured (loading only its ``tail_n`` rows of B is the next thing to try).
+8192^3 fp16 (``tail_n=176``) was 1.5-5% faster in 4 passes of 4, bf16 in 2 of 4. Off by default.
+
 Written here because TVM's tile schedulers cut every tile the same.
 """
 
