@@ -103,3 +103,89 @@ def probe(index: int = 0, arch: str | None = None) -> GPU | None:
                    smem_per_block_optin=int(optin) if optin else None)
     except Exception:  # pylint: disable=broad-except  (a device that cannot answer is not there)
         return None
+
+
+# -- clusters: how many run at once -------------------------------------------------------------
+# The driver answers "how many clusters of this launch fit on the GPU at once" only for a
+# function (cuOccupancyMaxActiveClusters). A TVM module does not hand out its CUfunction, so the
+# question is asked of a kernel with nothing in it, loaded from PTX (the driver compiles it for
+# the GPU at hand; sm_90 PTX runs on every arch with clusters), launched like the module: the same
+# threads and shared memory per CTA. What limits a cluster's placement is that its CTAs must sit on
+# one GPC at once, one per SM where the shared memory allows only one; registers cannot lower the
+# answer, since ptxas fitted the module's registers to its CTA. The CUDA runtime has the same
+# query; TVM has none, so this one is written here, on the driver library every GPU machine has.
+_PROBE_PTX = b"""
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry gemm_ladder_cluster_probe()
+{
+    ret;
+}
+"""
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+
+
+def _driver_types():
+    import ctypes  # pylint: disable=import-outside-toplevel
+
+    class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte union at offset 8
+        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+    class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+        _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem_bytes", ctypes.c_uint),
+                    ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)),
+                    ("num_attrs", ctypes.c_uint)]
+
+    return LaunchAttribute, LaunchConfig
+
+
+def max_active_clusters(index: int, cluster: int, threads: int, smem_bytes: int) -> int:
+    """Clusters of ``cluster`` CTAs (``threads`` threads and ``smem_bytes`` of dynamic shared
+    memory each) that CUDA device ``index`` runs at once, as its driver answers.
+
+    On an H100 SXM (132 SMs) the answer for clusters of 4 is below 132 // 4: a persistent launch of
+    ``sm_count // cluster`` clusters would run its last ones only after others finished. Raises
+    RuntimeError when the driver cannot be asked (no libcuda, or it refuses the launch)."""
+    import ctypes  # pylint: disable=import-outside-toplevel
+
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError as err:
+        raise RuntimeError(f"the CUDA driver library cannot be loaded ({err})") from None
+
+    def ok(name, *args):
+        res = getattr(cu, name)(*args)
+        if res != 0:
+            msg = ctypes.c_char_p()
+            cu.cuGetErrorString(res, ctypes.byref(msg))
+            raise RuntimeError(f"{name} failed: {(msg.value or b'').decode() or res}")
+
+    LaunchAttribute, LaunchConfig = _driver_types()
+    dev, ctx, old = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
+    mod, fn, count = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+    ok("cuInit", 0)
+    ok("cuDeviceGet", ctypes.byref(dev), index)
+    ok("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+    try:
+        ok("cuCtxPushCurrent_v2", ctx)
+        try:
+            ok("cuModuleLoadData", ctypes.byref(mod), ctypes.c_char_p(_PROBE_PTX))
+            try:
+                ok("cuModuleGetFunction", ctypes.byref(fn), mod, b"gemm_ladder_cluster_probe")
+                ok("cuFuncSetAttribute", fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem_bytes))
+                attr = LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+                attr.value[0], attr.value[1], attr.value[2] = cluster, 1, 1
+                cfg = LaunchConfig(shared_mem_bytes=int(smem_bytes), attrs=ctypes.pointer(attr), num_attrs=1)
+                cfg.grid[:] = [cluster, 1, 1]
+                cfg.block[:] = [int(threads), 1, 1]
+                ok("cuOccupancyMaxActiveClusters", ctypes.byref(count), fn, ctypes.byref(cfg))
+            finally:
+                if mod.value:
+                    cu.cuModuleUnload(mod)
+        finally:
+            cu.cuCtxPopCurrent_v2(ctypes.byref(old))
+    finally:
+        cu.cuDevicePrimaryCtxRelease_v2(dev)
+    return int(count.value)

@@ -32,6 +32,7 @@ import ctypes
 import hashlib
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from . import device
@@ -163,6 +164,7 @@ class GemmModule:
         self._fn = None
         self._checked_devices: set = set()
         self._workspaces: dict = {}  # GPU index -> (fp32 partials, int32 counters)
+        self._grids: dict = {}  # GPU index -> CTAs of a persistent launch
 
     def __repr__(self) -> str:
         m = "(any M)" if self.dynamic_m else self.M
@@ -337,13 +339,40 @@ class GemmModule:
         return [have[0][: need["float32"]], have[1][: need["int32"]]]
 
     def _launch_args(self, where) -> list:
-        """Persistent rungs take their grid size at launch: one CTA per SM of *this* GPU,
-        rounded down to whole clusters where the rung launches clusters (``launch.cluster``)."""
+        """Persistent rungs take their grid size at launch: :func:`persistent_grid` for *this* GPU
+        (asked once per GPU)."""
         launch = self.manifest.get("launch", {})
         if not launch.get("persistent"):
             return []
-        cluster = int(launch.get("cluster", 1))
-        return [device.sm_count(where) // cluster * cluster]
+        import torch  # pylint: disable=import-outside-toplevel
+
+        idx = where.index if where.index is not None else torch.cuda.current_device()
+        if idx not in self._grids:
+            self._grids[idx] = persistent_grid(idx, launch, self.path.name)
+        return [self._grids[idx]]
+
+
+def persistent_grid(index: int, launch: dict, name: str = "the module") -> int:
+    """The CTAs of a persistent launch on GPU ``index``: one per SM, in whole clusters where the
+    rung launches clusters (``launch["cluster"]``), and no more clusters than the GPU runs at once
+    (:func:`device.max_active_clusters`). An H100 SXM's 132 SMs hold 33 clusters of 2 CTAs but only
+    32 of 4: a 33rd would start when another finished and run its tiles in a second pass."""
+    cluster = int(launch.get("cluster", 1))
+    ctas = device.sm_count(index) // cluster * cluster
+    if cluster == 1:
+        return ctas
+    try:
+        fit = device.max_active_clusters(index, cluster, launch["threads"], launch["smem_bytes"])
+    except RuntimeError as err:
+        warnings.warn(f"{name}: the driver could not say how many clusters of {cluster} CTAs GPU {index} "
+                      f"runs at once ({err}); launching {ctas} CTAs, which may run the last clusters late",
+                      RuntimeWarning, stacklevel=3)
+        return ctas
+    if fit < 1:
+        raise ModuleInputError(
+            f"GPU {index} cannot run a cluster of {cluster} CTAs with {launch['smem_bytes']} bytes of shared "
+            f"memory each, which {name} launches; rebuild it with cluster_m=1, cluster_n=1")
+    return min(ctas, fit * cluster)
 
 
 def _function_names(rt) -> set:

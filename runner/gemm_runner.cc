@@ -40,6 +40,7 @@ struct Manifest {
   int64_t M = 0, N = 0, K = 0;
   std::string dtype;
   bool persistent = false;
+  int cluster = 1, threads = 0, smem_bytes = 0;  // the launch: CTAs per cluster, and per CTA
 };
 
 // The manifest is JSON written by gemm_ladder; the runner reads the shape, the dtype, whether the
@@ -64,6 +65,9 @@ Manifest ReadManifest(const std::string& so_path) {
   m.K = std::stoll(g[3]);
   if (std::regex_search(text, g, std::regex("\"dtype\":\\s*\"(\\w+)\""))) m.dtype = g[1];
   m.persistent = std::regex_search(text, std::regex("\"persistent\":\\s*true"));
+  if (std::regex_search(text, g, std::regex("\"cluster\":\\s*(\\d+)"))) m.cluster = std::stoi(g[1]);
+  if (std::regex_search(text, g, std::regex("\"threads\":\\s*(\\d+)"))) m.threads = std::stoi(g[1]);
+  if (std::regex_search(text, g, std::regex("\"smem_bytes\":\\s*(\\d+)"))) m.smem_bytes = std::stoi(g[1]);
   // the .so must be the size export recorded: the dynamic loader crashes on a truncated copy
   if (!std::regex_search(text, g, std::regex("\"so_bytes\":\\s*(\\d+)"))) {
     std::fprintf(stderr, "%s.json records no so_bytes: re-export the module\n", so_path.c_str());
@@ -128,6 +132,49 @@ DLTensor View(void* data, int64_t* shape, DLDataType dt) {
   return t;
 }
 
+// Clusters of `cluster` CTAs (`threads` threads, `smem` bytes of dynamic shared memory each) that
+// the GPU runs at once, or 0 when the driver cannot say. As gemm_ladder.device.max_active_clusters:
+// cuOccupancyMaxActiveClusters asked of an empty kernel loaded from PTX, launched like the module
+// (TVM's module does not hand out its function). The CUDA context must be current.
+int MaxActiveClusters(int cluster, int threads, int smem) {
+  struct LaunchAttr { int id; char pad[4]; unsigned value[16]; };  // CUlaunchAttribute
+  struct LaunchCfg {  // CUlaunchConfig
+    unsigned grid[3], block[3], smem;
+    void* stream;
+    LaunchAttr* attrs;
+    unsigned num_attrs;
+  };
+  static const char kPtx[] =
+      ".version 8.0\n.target sm_90\n.address_size 64\n"
+      ".visible .entry gemm_ladder_cluster_probe()\n{\n  ret;\n}\n";
+  void* cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!cu) return 0;
+  using LoadData = int (*)(void**, const void*);
+  using GetFunction = int (*)(void**, void*, const char*);
+  using SetAttribute = int (*)(void*, int, int);
+  using Occupancy = int (*)(int*, void*, const LaunchCfg*);
+  using Unload = int (*)(void*);
+  auto load = reinterpret_cast<LoadData>(dlsym(cu, "cuModuleLoadData"));
+  auto get = reinterpret_cast<GetFunction>(dlsym(cu, "cuModuleGetFunction"));
+  auto set = reinterpret_cast<SetAttribute>(dlsym(cu, "cuFuncSetAttribute"));
+  auto occupancy = reinterpret_cast<Occupancy>(dlsym(cu, "cuOccupancyMaxActiveClusters"));
+  auto unload = reinterpret_cast<Unload>(dlsym(cu, "cuModuleUnload"));
+  if (!load || !get || !set || !occupancy || !unload) return 0;
+  void *mod = nullptr, *fn = nullptr;
+  if (load(&mod, kPtx) != 0) return 0;
+  int count = 0;
+  LaunchAttr attr{};
+  attr.id = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+  attr.value[0] = cluster;
+  attr.value[1] = attr.value[2] = 1;
+  LaunchCfg cfg{{unsigned(cluster), 1, 1}, {unsigned(threads), 1, 1}, unsigned(smem), nullptr, &attr, 1};
+  const bool asked = get(&fn, mod, "gemm_ladder_cluster_probe") == 0 &&
+                     set(fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */, smem) == 0 &&
+                     occupancy(&count, fn, &cfg) == 0;
+  unload(mod);
+  return asked ? count : 0;
+}
+
 void LoadCudaBackend() {
   std::string dir;
   if (const char* env = std::getenv("TVM_LIBRARY_DIR")) {
@@ -187,8 +234,17 @@ int main(int argc, char** argv) {
   int64_t sa[2] = {M, K}, sb[2] = {N, K}, sd[2] = {M, N};
   const DLDataType dt{static_cast<uint8_t>(bf16 ? kDLBfloat : kDLFloat), 16, 1};
   DLTensor ta = View(da, sa, dt), tb = View(db, sb, dt), td = View(dd, sd, dt);
+  // a persistent module: one CTA per SM in whole clusters, no more clusters than run at once
+  // (as gemm_ladder.runtime.persistent_grid)
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  sms = sms / man.cluster * man.cluster;
+  if (man.persistent && man.cluster > 1) {
+    const int fit = MaxActiveClusters(man.cluster, man.threads, man.smem_bytes);
+    if (fit > 0) sms = std::min(sms, fit * man.cluster);
+    else std::fprintf(stderr, "the driver could not say how many clusters of %d run at once; launching %d CTAs\n",
+                      man.cluster, sms);
+  }
   auto launch = [&] {
     if (man.persistent) fn(&ta, &tb, &td, sms);
     else fn(&ta, &tb, &td);
@@ -231,9 +287,10 @@ int main(int argc, char** argv) {
   const double med = ms[ms.size() / 2];
   const double tol = bf16 ? 1e-2 : 2e-3;
   const bool ok = nan == 0 && rel < tol;
-  std::printf("%s  %lldx%lldx%lld %s  rel_err %.2e  unwritten %lld  %.3f ms  %.1f TFLOPS  %s\n",
+  const std::string grid = man.persistent ? "  CTAs " + std::to_string(sms) : "";
+  std::printf("%s  %lldx%lldx%lld %s%s  rel_err %.2e  unwritten %lld  %.3f ms  %.1f TFLOPS  %s\n",
               path.c_str(), static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-              man.dtype.c_str(), rel, static_cast<long long>(nan), med, 2.0 * M * N * K / med / 1e9,
+              man.dtype.c_str(), grid.c_str(), rel, static_cast<long long>(nan), med, 2.0 * M * N * K / med / 1e9,
               ok ? "OK" : "WRONG");
   cudaFree(da);
   cudaFree(db);

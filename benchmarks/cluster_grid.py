@@ -1,0 +1,106 @@
+"""How many clusters a persistent launch should have: the SM count over the cluster size, or what
+the GPU can hold at once.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/cluster_grid.py prepare build/cluster_grid   # build box
+    python3 benchmarks/cluster_grid.py run build/cluster_grid --out out/cluster_grid.json  # GPU box
+
+A persistent rung launches one CTA per SM, in whole clusters. A cluster's CTAs must run on one
+GPC at once, and an H100 SXM's 132 SMs do not all sit in GPCs that hold whole 4-CTA clusters:
+the driver (``cuOccupancyMaxActiveClusters``, ``gemm_ladder.device.max_active_clusters``) may
+answer fewer clusters than ``132 // 4 = 33``. A launch of more clusters than fit runs the extra
+ones after the first finish: a second pass for their tiles.
+
+``prepare`` builds v9 at issue 11's shapes in 2x1 and 2x2 clusters (and 1x1 at 4096^3, the
+tuning database's pick there). ``run`` asks the driver what fits for cluster sizes 1, 2 and 4,
+checks every module against a float reference, and times each module on several CTA counts in
+one process, alternating with cuBLAS: the runtime's grid, the SM count in whole clusters, and
+(2x1) the grid of a 2x2 cluster's fit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SQUARES = ((4096, 4096, 4096), (8192, 8192, 8192))
+BASE = {"pipe_depth": 4, "tile_order": "snake", "l2_group_size": 4, "blk_m": 128, "blk_n": 256,
+        "num_warpgroups": 2, "epi_n": 64}
+
+
+def jobs():
+    from gemm_ladder.batch import BuildJob  # pylint: disable=import-outside-toplevel
+
+    out = []
+    for shape in SQUARES:
+        for dtype in ("float16", "bfloat16"):
+            for cm, cn in ((2, 1), (2, 2)):
+                out.append(BuildJob("v9", shape, {**BASE, "dtype": dtype, "cluster_m": cm, "cluster_n": cn}))
+    out.append(BuildJob("v9", (4096,) * 3, {**BASE, "dtype": "float16", "cluster_m": 1, "cluster_n": 1}))
+    out.append(BuildJob("v9", (4096,) * 3, {**BASE, "dtype": "float16", "cluster_m": 2, "cluster_n": 2,
+                                             "l2_group_size": 8}))
+    for shape in ((6144, 6144, 6144), (3072, 8192, 1536)):
+        for cm, cn in ((2, 1), (2, 2)):
+            out.append(BuildJob("v9", shape, {**BASE, "dtype": "float16", "cluster_m": cm, "cluster_n": cn}))
+    return out
+
+
+def prepare(out_dir: Path) -> int:
+    from gemm_ladder.batch import build_many, write_folder_manifest  # pylint: disable=import-outside-toplevel
+
+    results = build_many(jobs(), out_dir, desc="cluster grid")
+    _, problems = write_folder_manifest(out_dir, results)
+    bad = [r for r in results if r["status"] != "built"]
+    print(f"{len(results) - len(bad)} built into {out_dir}; failed: {len(bad) + len(problems)}")
+    return 1 if bad or problems else 0
+
+
+def run(folder: Path, out: Path) -> int:
+    import torch  # pylint: disable=import-outside-toplevel
+
+    from gemm_ladder import device, harness, runtime  # pylint: disable=import-outside-toplevel
+
+    idx = torch.cuda.current_device()
+    sms = device.sm_count(idx)
+    mods = sorted(folder.glob("*.so"))
+    first = runtime.load(mods[0])
+    launch = first.manifest["launch"]
+    fit = {c: device.max_active_clusters(idx, c, launch["threads"], launch["smem_bytes"]) for c in (1, 2, 4, 8)}
+    print(f"SMs {sms}; clusters that fit at once ({launch['threads']} threads, {launch['smem_bytes']} B): {fit}",
+          flush=True)
+    report = {**harness.run_info(), "gpu": harness.gpu_info(idx), "sm_count": sms, "max_active_clusters": fit,
+              "method": "time_module (queued, rounds alternating with cuBLAS), one process; a module per "
+                        "grid by overriding the CTA count of its launch", "results": []}
+    for path in mods:
+        mod = runtime.load(path)
+        cs = int(mod.manifest["launch"].get("cluster", 1))
+        grids = {mod._launch_args(torch.device("cuda", idx))[0], sms // cs * cs}  # pylint: disable=protected-access
+        if cs == 2:
+            grids.add(fit[4] * 4)
+        for n in sorted(grids):
+            mod._launch_args = lambda where, n=n: [n]  # pylint: disable=protected-access
+            chk = harness.check(mod)
+            t = harness.time_module(mod, reps=60)
+            row = {"module": path.name, "rung": mod.rung, "shape": [mod.M, mod.N, mod.K], "dtype": mod.dtype,
+                   "knobs": mod.manifest["knobs"], "cluster": cs, "num_ctas": n,
+                   "status": "ok" if chk.ok else "wrong", "rel_err": chk.rel_err, **t}
+            report["results"].append(row)
+            print(f"{path.name[:60]:60s} ctas {n:4d}  {t['ms']:.4f} ms  {t['tflops']:.0f} TFLOPS  "
+                  f"{t['ratio_to_cublas']:.3f}x  {row['status']}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "prepare":
+        return prepare(Path(argv[1]))
+    if len(argv) == 4 and argv[0] == "run" and argv[2] == "--out":
+        return run(Path(argv[1]), Path(argv[3]))
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
