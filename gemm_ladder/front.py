@@ -230,21 +230,30 @@ def _knob_text(knobs: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()) if k not in ("dtype", "arch")) or "its defaults"
 
 
+def plan_job(p, rules=None):
+    """The policy's choice for problem ``p`` (``plan.choose``, with ``rules`` if given) and the
+    build job the front door makes of it: a runtime M where the rung takes one."""
+    # pylint: disable=import-outside-toplevel  (the compiler side: build boxes only)
+    from . import plan
+    from .batch import BuildJob
+    from .rungs import rung_module
+
+    choice = plan.choose(p, rules=rules)
+    knobs = dict(choice.knobs)
+    if "dynamic_m" in rung_module(choice.rung, p.arch).KNOBS and \
+            plan._validate(choice.rung, p, {**knobs, "dynamic_m": True}) is None:  # pylint: disable=protected-access
+        knobs["dynamic_m"] = True
+    shape = (p.M if knobs.get("dynamic_m") else max(p.M, MIN_STATIC_M), p.N, p.K)
+    return choice, BuildJob(choice.rung, shape, knobs)
+
+
 def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int) -> Route:
     """The policy's choice, from the module cache or built into it (TVM's compiler is here)."""
     # pylint: disable=import-outside-toplevel  (the compiler side: build boxes only)
     from . import module_cache, plan
-    from .batch import BuildJob
-    from .rungs import rung_module
 
-    p = plan.Problem(M, N, K, dtype, arch, device.sm_count(index))
-    choice = plan.choose(p)
-    knobs = dict(choice.knobs)
-    dynamic = "dynamic_m" in rung_module(choice.rung, arch).KNOBS and \
-        plan._validate(choice.rung, p, {**knobs, "dynamic_m": True}) is None  # pylint: disable=protected-access
-    if dynamic:
-        knobs["dynamic_m"] = True
-    job = BuildJob(choice.rung, (M if dynamic else max(M, MIN_STATIC_M), N, K), knobs)
+    choice, job = plan_job(plan.Problem(M, N, K, dtype, arch, device.sm_count(index)))
+    dynamic, knobs = "dynamic_m" in job.knobs, job.knobs
     path, how = module_cache.get_or_build(job)
     source = {"cache": "module cache", "built": "fresh build"}[how]
     lines = choice.text().splitlines()

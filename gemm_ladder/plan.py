@@ -21,6 +21,10 @@ v9's defaults)::
                                                        makespan, the deepest ring (<= 8)         allow stream B at once
     swap-ab-128       64 < M <= 128                    v11: blk_m 128, blk_n 128, split_k        as swap-ab, for B too
                                                        until 96 CTAs stream B                    large for row-tiles
+    stream-k          M > 128, a partial last wave     v10 stream_k: v9's tiles, the last        the last wave's idle SMs
+                      of 2x1 clusters, and stream-K    wave's K slices dealt out over every      outweigh two meets of
+                      finishes >= 1% sooner than the   cluster                                   partial sums a CTA
+                      best v9 tile (makespan)
     split-k           M > 64, the wave model finishes  v10: 128x256 or 128x128 tiles and the     too few tiles for whole
                       sooner split, and each split     split_k the model ranks first             waves: split the K loops
                       keeps >= 4096 of K
@@ -254,6 +258,39 @@ def _split_k_knobs(p: Problem) -> dict:
     return {**knobs, "cluster_m": 1} if p.M <= 128 else knobs  # one row of tiles: no pair to share B
 
 
+# -- stream-K (v10 ``stream_k``): v9's 128x256 tiles in 2x1 clusters for the whole waves, the partial
+# wave's K slices dealt out evenly over the clusters. Every CTA then runs tiles / SMs of a tile, and
+# meets its neighbours twice (fp32 partials through L2, a fence, its K loop drained and refilled):
+# about 14k cycles an SM at 4096^3, some 14 K slices of a 128x256 tile
+# (benchmarks/results/2026-11-23_h100_stream_k/). It must beat the best v9 tile by 1%: the meet's
+# cost is one measurement, and a gain of less is within a run's spread.
+STREAM_K_MEET_SLICES = 14
+STREAM_K_MARGIN = 0.99
+STREAM_K = "benchmarks/results/2026-11-23_h100_stream_k/README.md"
+
+
+def stream_k_makespan(p: Problem) -> float | None:
+    """v10 ``stream_k``'s time in :func:`makespan`'s units, or None where it makes no cut (fewer
+    cluster tiles than clusters, or whole waves of them: v10 then runs v9's schedule)."""
+    clusters = p.sms // 2
+    cluster_tiles = math.ceil(math.ceil(p.M / 128) / 2) * math.ceil(p.N / 256)
+    if cluster_tiles < clusters or cluster_tiles % clusters == 0:
+        return None
+    meets = STREAM_K_MEET_SLICES / math.ceil(p.K / 64)  # in tiles
+    return (p.tiles(128, 256) / p.sms + meets) * 128 * 256
+
+
+def _stream_k_wins(p: Problem) -> bool:
+    sk = stream_k_makespan(p)
+    return p.M > 128 and sk is not None and sk <= STREAM_K_MARGIN * min(makespan(p, *t) for t in SQUARE_TILES)
+
+
+def _stream_k_detail(p: Problem) -> str:
+    sk = stream_k_makespan(p)
+    tiles = ", ".join(f"{bm}x{bn} {makespan(p, bm, bn):.0f}" for bm, bn in SQUARE_TILES)
+    return f"makespan (tile units): stream-K {sk:.0f} against {tiles}" if sk is not None else "no partial wave to cut"
+
+
 SWEEP = "benchmarks/results/2026-11-22_h100_shape_sweep/sweep.json"
 
 
@@ -280,6 +317,13 @@ RULES: list[Rule] = [
          evidence=SWEEP + ": 0.98-1.01x cuBLAS as kernels at M = 128 with N x K = 28672x4096, 4096x14336, "
                   "128256x4096",
          detail=_swap_detail),
+    Rule("stream-k", "sm_90a", "v10", when=_stream_k_wins, knobs=lambda p: {"split_k": 1, "stream_k": True},
+         why="M > 128 and a partial last wave: v9's tiles for the whole waves, the last wave's K slices dealt "
+             "out evenly over the clusters (v10 stream_k), when that finishes at least 1% sooner than the best "
+             f"v9 tile with two meets of about {STREAM_K_MEET_SLICES} K slices per CTA",
+         evidence=STREAM_K + ": 0.94-0.96x cuBLAS at 1792x2560x8192, 2560x2560x8192, 3072x3072x8192 "
+                  "(split-K 0.64-0.74x, v9 0.82x), 1.03-1.07x at 8192^3 (v9 1.01-1.03x)",
+         detail=_stream_k_detail),
     Rule("split-k", "sm_90a", "v10", when=_split_k_wins, knobs=_split_k_knobs,
          why="too few tiles for whole waves and a long K: the wave model finishes sooner with each tile's K "
              f"loop split over several CTAs (each keeping >= {SPLIT_K_MIN_SLICE} of K; the last one sums the "

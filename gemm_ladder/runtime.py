@@ -361,6 +361,9 @@ def persistent_grid(index: int, launch: dict, name: str = "the module") -> int:
     ctas = device.sm_count(index) // cluster * cluster
     if cluster == 1:
         return ctas
+    if not all(isinstance(launch.get(k), int) for k in ("threads", "smem_bytes")):
+        raise ManifestError(f"{name}: its manifest's launch records no threads or smem_bytes, which a clustered "
+                            "launch needs to size its grid; re-export the module")
     try:
         fit = device.max_active_clusters(index, cluster, launch["threads"], launch["smem_bytes"])
     except RuntimeError as err:

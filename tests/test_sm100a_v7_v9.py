@@ -348,8 +348,10 @@ def test_v7_to_v9_exist_for_sm100a_only_so_far():
 
 
 def test_persistent_cluster_grid_is_whole_clusters(monkeypatch):
-    """The runtime launches one CTA per SM, rounded down to whole clusters."""
+    """The runtime launches one CTA per SM, rounded down to whole clusters (all of which fit here)."""
     import torch
+
+    from gemm_ladder import device
 
     from gemm_ladder.runtime import GemmModule
 
@@ -357,8 +359,10 @@ def test_persistent_cluster_grid_is_whole_clusters(monkeypatch):
         multi_processor_count = 150
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: Props())
+    monkeypatch.setattr(device, "max_active_clusters", lambda index, cluster, threads, smem: 150 // cluster)
     man = {"rung": "v8", "shape": [4096] * 3, "dtype": "float16", "arch": ARCH, "knobs": {},
-           "tvm_version": "0.27.0.post1", "launch": {"persistent": True, "cluster": 4}}
+           "tvm_version": "0.27.0.post1",
+           "launch": {"persistent": True, "cluster": 4, "threads": 384, "smem_bytes": 200000}}
     assert GemmModule("v8.so", man, None)._launch_args(torch.device("cuda", 0)) == [148]
     man["launch"] = {"persistent": True}
     assert GemmModule("v7.so", man, None)._launch_args(torch.device("cuda", 0)) == [150]

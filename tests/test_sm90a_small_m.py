@@ -406,6 +406,10 @@ V10_CASES = [
     Case("v10", 4000, 2000, 192, blk_n=128, cluster_m=1, cluster_n=2, epi_n=128, split_k=1, stream_k=True),
     Case("v10", 1792, 2560, 8192, split_k=1, stream_k=True),
     Case("v10", 4096, 4096, 4096, split_k=1, stream_k=True, dtype="bfloat16"),
+    # 2x2 clusters (30 of them run at once on an H100, so 108 cluster tiles are 3.6 waves), and a
+    # runtime M as the front door builds it (checked at M = 1 ... 8191: no cut, then a cut)
+    Case("v10", 3000, 4600, 1000, split_k=1, stream_k=True, cluster_m=2, cluster_n=2),
+    Case("v10", 5120, 5120, 1024, split_k=1, stream_k=True, dynamic_m=True),
 ]
 V11_CASES = [
     Case("v11", 1, 4096, 4096, blk_m=8, split_k=4),

@@ -241,6 +241,8 @@ CASES += [
     Case("v9", 8192, 8192, 512, tail_n=176),  # 8192^3's cut, 2x1 clusters
     Case("v9", 2000, 3072, 1000, tail_n=192, tile_order="grouped", l2_group_size=8),  # no columns after the chunks
 ]
+# 2x2 clusters on the grid of the clusters that run at once (tests/test_cluster_grid.py)
+CASES += [Case("v9", 1000, 3000, 520, cluster_m=2, cluster_n=2), Case("v9", 4096, 4096, 512, cluster_m=2, cluster_n=2)]
 
 
 @pytest.mark.gpu

@@ -155,6 +155,9 @@ def test_the_l2_models_first_waves_rank_like_all_of_them(shape):
 def test_parse_space():
     assert tune_space.parse_space(["pipe_depth=3,4,5", "blk_n=128,256;tile_order=grouped,snake"]) == {
         "pipe_depth": [3, 4, 5], "blk_n": [128, 256], "tile_order": ["grouped", "snake"]}
+    # switches as --knob takes them (a string 'False' would be refused by every rung's validator)
+    assert tune_space.parse_space(["stream_k=false,True;dynamic_m=FALSE"]) == {
+        "stream_k": [False, True], "dynamic_m": [False]}
     with pytest.raises(ValueError, match="knob=v1,v2"):
         tune_space.parse_space(["pipe_depth"])
 

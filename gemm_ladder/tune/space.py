@@ -69,10 +69,11 @@ class Space:
 
 
 def _value(text: str):
+    """An int, a switch (true / false, any case, as ``--knob`` takes it) or a name."""
     try:
         return int(text)
     except ValueError:
-        return text
+        return text.lower() == "true" if text.lower() in ("true", "false") else text
 
 
 def parse_space(items) -> dict:
