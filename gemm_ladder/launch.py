@@ -5,7 +5,9 @@ A manifest's ``launch`` is ``{"grid": [...], "threads": T, "smem_bytes": S}``; a
 (one CTA per SM, the count read off the GPU at launch) adds ``"persistent": true`` and its grid is
 the placeholder :data:`PERSISTENT_GRID`, the name of the kernel's trailing argument that the
 runtime fills with the SM count (``runtime.GemmModule``, ``runner/gemm_runner.cc``), rounded down
-to whole clusters where the rung launches clusters (``"cluster"``: CTAs per cluster).
+to whole clusters where the rung launches clusters (``"cluster"``: CTAs per cluster), and no more
+clusters than the GPU runs at once (``runtime.persistent_grid``; the driver is asked with the
+launch's ``threads`` and ``smem_bytes``).
 
 A persistent rung's ``tile_order`` and ``l2_group_size`` pick the scheduler
 (``schedulers.make_tirx_scheduler``); :func:`check_schedule` refuses an order that would not

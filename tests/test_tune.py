@@ -401,7 +401,6 @@ def test_foreign_and_refused_entries_are_ignored_with_a_warning(private_db):
     ({"tflops": True}, "tflops True is not a number"),
     ({"ratio_to_cublas": float("nan")}, "ratio_to_cublas"),
     ({"knobs": {"blk_m": 128.0, "blk_n": 128}}, "blk_m=128.0 is float"),
-    ({"knobs": {"blk_m": True}}, "blk_m=True is bool"),
     ({"knobs": {"blk_m": [128]}}, "blk_m=[128] is list"),
 ])
 def test_db_ignores_speeds_and_knobs_no_gpu_can_have(private_db, bad, words):
@@ -412,6 +411,22 @@ def test_db_ignores_speeds_and_knobs_no_gpu_can_have(private_db, bad, words):
     assert words in str(record[0].message)
     with pytest.warns(UserWarning):
         assert db.best_knobs("v4", 4096, 4096, 4096, gpu=None)[1]["tflops"] == 400.0
+
+
+def test_db_takes_switch_knobs_and_the_validator_refuses_a_bool_for_an_int(private_db):
+    """A knob may be a bool (v10's stream_k, v9's dynamic_m): the database keeps such entries; a
+    bool where the rung wants an int is left to the rung's validator, which refuses it at use."""
+    switch = {**_entry(tflops=450.0), "rung": "v10", "shape": [1792, 2560, 8192], "bucket": db.shape_bucket((1792, 2560, 8192)),
+              "knobs": {"split_k": 1, "stream_k": True, "dynamic_m": False}}
+    _write_db(private_db, [switch, _entry(tflops=500.0, knobs={"blk_m": True, "blk_n": 128})])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tdb = db.TuningDB()
+    assert len(tdb.entries) == 2
+    knobs, entry = db.best_knobs("v10", 1792, 2560, 8192, gpu=None)
+    assert (knobs["stream_k"], knobs["dynamic_m"], entry["tflops"]) == (True, False, 450.0)
+    with pytest.warns(UserWarning, match="refused now.*blk_m=True"):
+        assert db.best_knobs("v4", 4096, 4096, 4096, gpu=None) is None
 
 
 def test_merge_ignores_impossible_measurements(measured, private_db):

@@ -73,7 +73,7 @@ On an H100 (``benchmarks/results/2026-11-23_h100_stream_k/``) it pays where the 
 a wave: 1792x2560x8192 (70 cluster tiles on 66 clusters) 0.95x cuBLAS against v9's 0.56x and
 split-K's 0.64x, 2560x2560x8192 0.96x against 0.82x, 2304x4096x4096 0.92x against 0.73x (but v9
 in 128x192 tiles, whose waves come out whole there, 0.99x); 6144^3 0.99-1.01x against
-0.95-1.00x. The front door does not choose it yet. It loses where the
+0.95-1.00x. The front door chooses it by makespan (``plan``'s rule ``stream-k``). It loses where the
 partial wave is nearly full: 4096^3 (58 of 66) 0.95x against v9's 1.00x, 3072x8192x1536
 0.93x against 1.01x: every cluster meets twice (publishes 128 KiB or reads it back, a fence,
 the K loop drained and refilled), about 14k cycles an SM, more than the 8 slices it saves.

@@ -55,8 +55,10 @@ Constraints:
   - those of v7;
   - cluster_m, cluster_n in {1, 2}; blk_m a multiple of 8 x cluster_n and blk_n of
     8 x cluster_m (a multicast part is whole 8-row swizzle atoms);
-  - the grid is launch-time: ``num_ctas`` = the SM count rounded down to whole clusters,
-    passed by the runtime (``launch["cluster"]`` in the manifest is the cluster size).
+  - the grid is launch-time: ``num_ctas`` = the SM count rounded down to whole clusters, and no
+    more clusters than the GPU runs at once, passed by the runtime (``runtime.persistent_grid``;
+    ``launch["cluster"]`` in the manifest is the cluster size). An H100 SXM runs all 66 clusters
+    of 2 but only 30 of 4: a 2x2 launch gets 120 CTAs, as the driver answers.
 
 Run:  python -m gemm_ladder build v8 --shape 8192x8192x8192 --knob cluster_m=2 --out build/
 """

@@ -83,8 +83,10 @@ clusters 0.79-0.91x cuBLAS at 4096^3, 0.91-0.99x at 8192^3 and 0.88-0.93x at 307
 (0.54-0.61x without a cluster), where the cooperative default measured 1.00, 1.02-1.03 and 1.01
 in the same process. A whole tile per consumer halves the tile (64x256 or 128x128: what a
 warpgroup's registers hold), and a half-size tile loads 1.5x the operand bytes per FLOP; 2x2
-clusters, which would share them back, ran at 0.46-0.63x. The knob stays for study (tutorial
-10); the tuner does not try it.
+clusters, which would share them back, ran at 0.46-0.63x. (That was a launch of 33 clusters of
+4 where an H100 runs 30 at once; on the 30 that fit, a 2x2 cluster of 128x256 tiles runs at
+0.80-0.91x, as fast as 2x1 clusters on the same 120 SMs: ``2026-11-23_h100_cluster_grid``.) The
+knob stays for study (tutorial 10); the tuner does not try it.
 
     consumer c, tile t (t % W == c):  [t > 0] wait mma2mma[c] (phase (t - 1) / W)
                                       for k: wait tma2mma; wgmma; commit; wait_group(1); release

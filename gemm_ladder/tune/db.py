@@ -82,12 +82,13 @@ def default_db_path() -> Path | None:
 
 
 def knobs_problem(knobs) -> str | None:
-    """Why ``knobs`` cannot be a rung's knobs (every knob is an int or a name), or None."""
+    """Why ``knobs`` cannot be a rung's knobs (every knob is an int, a switch such as
+    ``stream_k`` or a name), or None."""
     if not isinstance(knobs, dict):
         return "knobs are not an object"
     for k, v in knobs.items():
-        if not isinstance(v, (int, str)) or isinstance(v, bool):
-            return f"knob {k}={v!r} is {type(v).__name__}, not an int or a name"
+        if not isinstance(v, (int, str)):  # bool is an int
+            return f"knob {k}={v!r} is {type(v).__name__}, not an int, a bool or a name"
     return None
 
 
