@@ -176,8 +176,8 @@ def test_rule_split_k_not_for_whole_waves_or_short_k(M, N, K):
 
 
 @pytest.mark.parametrize("M, N, K, tile", [(512, 4096, 4096, (128, 128)), (1024, 1024, 1024, (128, 128)),
-                                           (512, 6144, 4096, (128, 192)), (512, 28672, 4096, (128, 192)),
-                                           (978, 2640, 3336, (128, 192))])
+                                           (512, 6144, 4096, (128, 192)), (2304, 4096, 4096, (128, 192)),
+                                           (978, 2640, 3336, (128, 192)), (3000, 5000, 4000, (128, 192))])
 def test_rule_tile_shape(M, N, K, tile):
     """128x256 tiles leave SMs idle: the tile of least makespan over its measured rate."""
     c = rule_choice(P(M, N, K))
@@ -189,8 +189,48 @@ def test_rule_tile_shape(M, N, K, tile):
     assert k["pipe_depth"] == {(128, 128): 6, (128, 192): 4}[tile]
 
 
+# measured on an H100 (benchmarks/results/2026-11-23_h100_stream_k_rule/): stream-K ahead of the
+# front door's earlier choice in the same process at each of these
+STREAM_K_WINS = [(1792, 2560, 8192), (2560, 2560, 8192), (8192, 8192, 8192), (6144, 6144, 6144),
+                 (5120, 5120, 5120), (4096, 11008, 4096), (8192, 4096, 8192), (4096, 14336, 4096),
+                 (512, 128256, 4096), (512, 28672, 4096), (16384, 16384, 4096)]
+
+
+@needs_v10
+@pytest.mark.parametrize("M, N, K", STREAM_K_WINS)
+def test_rule_stream_k(M, N, K):
+    """A partial last wave worth more than two meets a CTA: v10 stream_k on v10's defaults (2x1
+    clusters of 128x256 tiles), with the model's numbers in the why."""
+    p = P(M, N, K)
+    c = rule_choice(p)
+    assert (c.rule, c.rung, rung_knobs(c)) == ("stream-k", "v10", {"split_k": 1, "stream_k": True})
+    assert plan.stream_k_makespan(p) <= plan.STREAM_K_MARGIN * min(plan.makespan(p, *t) for t in plan.SQUARE_TILES)
+    assert "makespan (tile units): stream-K" in c.why and "stream_k" in c.why
+
+
+def test_stream_k_makespan_model():
+    """Tiles over SMs plus two meets of 14 K slices, in makespan's units; None without a cut."""
+    p = P(1792, 2560, 8192)  # 14 x 10 tiles of 128x256 on 132 SMs, 128 K slices a tile
+    assert plan.stream_k_makespan(p) == pytest.approx((140 / 132 + 14 / 128) * 128 * 256)
+    assert plan.makespan(p, 128, 256) == 2 * 128 * 256  # v9: two waves, the second nearly idle
+    assert plan.stream_k_makespan(P(2048, 2048, 8192)) is None  # 64 cluster tiles on 66 clusters: no full wave
+    assert plan.stream_k_makespan(P(2816, 3072, 4096)) is None  # 11 x 12 = 132 cluster tiles: whole waves
+    assert plan.stream_k_makespan(Problem(2816, 3072, 4096, sms=130)) is not None  # 65 clusters: a partial wave
+
+
+@pytest.mark.parametrize("M, N, K, rule", [
+    (4096, 4096, 4096, "large"),          # 58 of 66 clusters busy in the last wave: the meets cost more
+    (3072, 8192, 1536, "large"),          # K = 1536: the meets are a quarter of a tile
+    (2304, 4096, 4096, "tile-shape"),     # 128x192 tiles come out in whole waves
+    (3000, 5000, 4000, "tile-shape"),     # stream-K 0.8% behind 128x192 by the model; 0.89-0.90x vs 0.93-0.96x measured
+    (8192, 28672, 4096, "large"),         # ahead by 0.9%: inside the margin
+])
+def test_rule_stream_k_not_where_it_loses(M, N, K, rule):
+    assert rule_choice(P(M, N, K)).rule == rule
+
+
 @pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (8192, 128256, 4096), (8192, 28672, 4096),
-                                     (2048, 2048, 2048), (512, 128256, 4096)])
+                                     (2048, 2048, 2048), (3072, 8192, 1536), (4608, 4608, 4096)])
 def test_rule_large(M, N, K):
     """Enough tiles for every SM: v9 at its defaults, with the evidence named."""
     c = rule_choice(P(M, N, K))

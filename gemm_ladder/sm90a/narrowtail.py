@@ -57,6 +57,7 @@ from schedulers.tirx_orders import RUNTIME_M_ORDERS
 
 from ..config import ConfigError, GemmConfig
 from .common import MMA_K, WG_M, HopperPlan
+from .streamk import _both, _select  # pylint: disable=protected-access
 
 TAIL_STEP = 8  # wgmma's N granularity for 16-bit inputs
 
@@ -86,15 +87,8 @@ def check(cfg: GemmConfig) -> None:
                           f"tile_order={cfg.tile_order!r} cannot; use one of {RUNTIME_M_ORDERS}, or tail_n=0")
 
 
-# -- the cut, on Python ints and PrimExprs alike (the kernel and the model test) --------------------
-def _select(cond, a, b):
-    return (a if cond else b) if isinstance(cond, bool) else T.Select(cond, a, b)
-
-
-def _both(a, b):
-    return (a and b) if isinstance(a, bool) and isinstance(b, bool) else T.And(a, b)
-
-
+# -- the cut, on Python ints and PrimExprs alike (the kernel and the model test), with stream-K's
+# helpers for a select and an and that take either
 def per_row(n: int, cluster_n: int, width: int) -> int:
     """Narrow cluster tiles in a row of N (``width`` columns per CTA)."""
     return -(-n // (cluster_n * width))
