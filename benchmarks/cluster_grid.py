@@ -3,6 +3,7 @@ the GPU can hold at once.
 
     PYTHONPATH=. .venv/bin/python benchmarks/cluster_grid.py prepare build/cluster_grid   # build box
     python3 benchmarks/cluster_grid.py run build/cluster_grid --out out/cluster_grid.json  # GPU box
+    python3 benchmarks/cluster_grid.py run build/cluster_grid --out out/grid128.json --grids 132,128
 
 A persistent rung launches one CTA per SM, in whole clusters. A cluster's CTAs must run on one
 GPC at once, and an H100 SXM's 132 SMs do not all sit in GPCs that hold whole 4-CTA clusters:
@@ -14,7 +15,9 @@ ones after the first finish: a second pass for their tiles.
 tuning database's pick there). ``run`` asks the driver what fits for cluster sizes 1, 2 and 4,
 checks every module against a float reference, and times each module on several CTA counts in
 one process, alternating with cuBLAS: the runtime's grid, the SM count in whole clusters, and
-(2x1) the grid of a 2x2 cluster's fit.
+(2x1) the grid of a 2x2 cluster's fit. ``--grids 132,128``: the 2x1 modules only, at exactly
+those CTA counts, in two passes (the order reversed in the second): does a launch on 128 SMs (64
+clusters, whole waves at issue 11's shapes, 4 SMs idle and drawing no power) gain clock?
 """
 
 from __future__ import annotations
@@ -53,6 +56,30 @@ def prepare(out_dir: Path) -> int:
     bad = [r for r in results if r["status"] != "built"]
     print(f"{len(results) - len(bad)} built into {out_dir}; failed: {len(bad) + len(problems)}")
     return 1 if bad or problems else 0
+
+
+def run_grids(folder: Path, out: Path, grids: list[int]) -> int:
+    from gemm_ladder import harness, runtime  # pylint: disable=import-outside-toplevel
+
+    report = {**harness.run_info(), "gpu": harness.gpu_info(0),
+              "method": "time_module per grid (queued, alternating with cuBLAS), two passes, the grids' order "
+                        "reversed in the second", "results": []}
+    mods = sorted(p for p in folder.glob("*.so") if "clusterm2clustern1" in p.name)
+    for n_pass, order in enumerate((grids, grids[::-1]), start=1):
+        for path in mods:
+            mod = runtime.load(path)
+            for n in order:
+                mod._launch_args = lambda where, n=n: [n]  # pylint: disable=protected-access
+                chk = harness.check(mod)
+                t = harness.time_module(mod, reps=60)
+                report["results"].append({"pass": n_pass, "module": path.name, "rung": mod.rung,
+                                          "shape": [mod.M, mod.N, mod.K], "dtype": mod.dtype, "num_ctas": n,
+                                          "status": "ok" if chk.ok else "wrong", **t})
+                print(n_pass, mod.M, mod.N, mod.K, mod.dtype[:4], n, f"{t['ms']:.4f}", f"{t['ratio_to_cublas']:.3f}",
+                      "ok" if chk.ok else "WRONG", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    return 0
 
 
 def run(folder: Path, out: Path) -> int:
@@ -98,6 +125,8 @@ def main(argv=None) -> int:
         return prepare(Path(argv[1]))
     if len(argv) == 4 and argv[0] == "run" and argv[2] == "--out":
         return run(Path(argv[1]), Path(argv[3]))
+    if len(argv) == 6 and argv[0] == "run" and argv[2] == "--out" and argv[4] == "--grids":
+        return run_grids(Path(argv[1]), Path(argv[3]), [int(g) for g in argv[5].split(",")])
     print(__doc__)
     return 2
 
