@@ -58,6 +58,25 @@ def prepare(out_dir: Path) -> int:
     return 1 if bad or problems else 0
 
 
+def _time_at(harness, mod, path, n: int, **extra) -> dict:
+    """``mod`` checked and timed against cuBLAS with its launch set to ``n`` CTAs: a result row."""
+    mod._launch_args = lambda where: [n]  # pylint: disable=protected-access
+    chk = harness.check(mod)
+    t = harness.time_module(mod, reps=60)
+    row = {**extra, "module": path.name, "rung": mod.rung, "shape": [mod.M, mod.N, mod.K], "dtype": mod.dtype,
+           "knobs": mod.manifest["knobs"], "cluster": int(mod.manifest["launch"].get("cluster", 1)), "num_ctas": n,
+           "status": "ok" if chk.ok else "wrong", "rel_err": chk.rel_err, **t}
+    print(f"{path.name[:60]:60s} ctas {n:4d}  {t['ms']:.4f} ms  {t['tflops']:.0f} TFLOPS  "
+          f"{t['ratio_to_cublas']:.3f}x  {row['status']}", flush=True)
+    return row
+
+
+def _write(out: Path, report: dict) -> int:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
 def run_grids(folder: Path, out: Path, grids: list[int]) -> int:
     from gemm_ladder import harness, runtime  # pylint: disable=import-outside-toplevel
 
@@ -68,18 +87,8 @@ def run_grids(folder: Path, out: Path, grids: list[int]) -> int:
     for n_pass, order in enumerate((grids, grids[::-1]), start=1):
         for path in mods:
             mod = runtime.load(path)
-            for n in order:
-                mod._launch_args = lambda where, n=n: [n]  # pylint: disable=protected-access
-                chk = harness.check(mod)
-                t = harness.time_module(mod, reps=60)
-                report["results"].append({"pass": n_pass, "module": path.name, "rung": mod.rung,
-                                          "shape": [mod.M, mod.N, mod.K], "dtype": mod.dtype, "num_ctas": n,
-                                          "status": "ok" if chk.ok else "wrong", **t})
-                print(n_pass, mod.M, mod.N, mod.K, mod.dtype[:4], n, f"{t['ms']:.4f}", f"{t['ratio_to_cublas']:.3f}",
-                      "ok" if chk.ok else "WRONG", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    return 0
+            report["results"] += [_time_at(harness, mod, path, n, **{"pass": n_pass}) for n in order]
+    return _write(out, report)
 
 
 def run(folder: Path, out: Path) -> int:
@@ -90,8 +99,7 @@ def run(folder: Path, out: Path) -> int:
     idx = torch.cuda.current_device()
     sms = device.sm_count(idx)
     mods = sorted(folder.glob("*.so"))
-    first = runtime.load(mods[0])
-    launch = first.manifest["launch"]
+    launch = runtime.load(mods[0]).manifest["launch"]
     fit = {c: device.max_active_clusters(idx, c, launch["threads"], launch["smem_bytes"]) for c in (1, 2, 4, 8)}
     print(f"SMs {sms}; clusters that fit at once ({launch['threads']} threads, {launch['smem_bytes']} B): {fit}",
           flush=True)
@@ -104,19 +112,8 @@ def run(folder: Path, out: Path) -> int:
         grids = {mod._launch_args(torch.device("cuda", idx))[0], sms // cs * cs}  # pylint: disable=protected-access
         if cs == 2:
             grids.add(fit[4] * 4)
-        for n in sorted(grids):
-            mod._launch_args = lambda where, n=n: [n]  # pylint: disable=protected-access
-            chk = harness.check(mod)
-            t = harness.time_module(mod, reps=60)
-            row = {"module": path.name, "rung": mod.rung, "shape": [mod.M, mod.N, mod.K], "dtype": mod.dtype,
-                   "knobs": mod.manifest["knobs"], "cluster": cs, "num_ctas": n,
-                   "status": "ok" if chk.ok else "wrong", "rel_err": chk.rel_err, **t}
-            report["results"].append(row)
-            print(f"{path.name[:60]:60s} ctas {n:4d}  {t['ms']:.4f} ms  {t['tflops']:.0f} TFLOPS  "
-                  f"{t['ratio_to_cublas']:.3f}x  {row['status']}", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    return 0
+        report["results"] += [_time_at(harness, mod, path, n) for n in sorted(grids)]
+    return _write(out, report)
 
 
 def main(argv=None) -> int:
