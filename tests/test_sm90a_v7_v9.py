@@ -201,6 +201,19 @@ def test_descriptors_are_encoded_once_per_slice(built, name):
     assert hgmma and encodes <= hgmma * (1 + m_atoms) // (4 * m_atoms), (hgmma, encodes)
 
 
+@pytest.mark.parametrize("name", sorted(n for n in CPU_BUILDS if not n.startswith("v7")))
+def test_v8_v9_encode_descriptors_once_per_tile(built, name):
+    """v8 and v9 run their K loop through ``common.issue_slices``, which encodes ring slot 0's two
+    descriptors once per tile (``encode_slot0``) and reaches each slot by an add: the kernel holds
+    exactly one encode (a 64-bit USHF.R.U64) per operand, however far the K loop is unrolled.
+    (v7 writes its loop out with ``mma_k_tile``'s per-slice encode; the test above bounds it.)"""
+    from gemm_ladder import sass
+
+    text = sass.disassemble(built[name][0].binary)
+    assert len(re.findall(r"USHF\.R\.U64", text)) == 2
+    assert len(re.findall(r"\bHGMMA\.", text)) >= 8  # the K loop is there, and unrolled
+
+
 def test_v9_each_consumer_has_its_own_named_barrier(built):
     src = built["v9_w3"][0].cuda_source()
     body = src[src.index("__global__ void"):]

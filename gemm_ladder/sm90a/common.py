@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
@@ -146,6 +147,46 @@ def mma_k_tile(plan, Dreg, Asmem, Bsmem, stage, wg_row0, first, desc_a, desc_b):
             T.ptx[plan.mma_op](
                 *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
                 desc_a[0] + T.Cast("uint64", kk * d.k_step), desc_b[0] + T.Cast("uint64", kk * d.k_step),
+                T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
+            )
+
+
+def slot_step16(buf) -> int:
+    """16-byte units between two ring slots of a ``(stages, rows, cols)`` shared tile: what a
+    descriptor's address field moves from one slot to the next."""
+    _, rows, cols = (int(x) for x in buf.shape)
+    return rows * cols * tvm.DataType(buf.dtype).bits // 8 // 16
+
+
+@T.inline
+def encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b):
+    """The descriptors of ring slot 0 (A at this warpgroup's first row), once per tile: the K
+    loop of v8-v11 (:func:`mma_k_slot`) reaches every slot, atom and K step from them by adds."""
+    d = T.meta_var(plan.desc)
+    T.cuda.wgmma.encode_matrix_descriptor(
+        T.address_of(desc_b[0]), Bsmem.ptr_to([0, 0, 0]), d.ldo, d.sdo, d.swizzle_code
+    )
+    T.cuda.wgmma.encode_matrix_descriptor(
+        T.address_of(desc_a[0]), Asmem.ptr_to([0, wg_row0, 0]), d.ldo, d.sdo, d.swizzle_code
+    )
+
+
+@T.inline
+def mma_k_slot(plan, Dreg, stage, first, desc_a, desc_b, step_a, step_b):
+    """:func:`mma_k_tile` without an encode: the wgmmas of ring slot ``stage`` from slot 0's
+    descriptors (:func:`encode_slot0`) plus ``stage * step`` (:func:`slot_step16`), the 64-row atom
+    and the K step. A ring slot starts 1 KiB aligned, as does every atom, so the sum is the
+    descriptor an encode at that address would give (the 14-bit address field cannot carry:
+    shared memory ends below 256 KiB). It costs the warp two adds a slice where an encode costs
+    some twenty uniform instructions."""
+    d = T.meta_var(plan.desc)
+    a0 = T.meta_var(desc_a[0] + T.Cast("uint64", stage * step_a))
+    b0 = T.meta_var(desc_b[0] + T.Cast("uint64", stage * step_b))
+    for mi in T.unroll(plan.m_atoms):
+        for kk in T.unroll(plan.cfg.blk_k // MMA_K):
+            T.ptx[plan.mma_op](
+                *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
+                a0 + T.Cast("uint64", mi * d.row_block_step + kk * d.k_step), b0 + T.Cast("uint64", kk * d.k_step),
                 T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
             )
 
@@ -571,10 +612,11 @@ def issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, de
     at the first slice. The last slice's wgmmas may still run: :func:`retire_slices` waits for
     them (v9's ping-pong passes the turn between the two)."""
     S = T.meta_var(plan.cfg.pipe_depth)
+    encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b)
     for k in range(nk):
         tma2mma.wait((it + k) % S, ((it + k) // S) & 1)
         T.ptx.wgmma.fence.sync.aligned()
-        mma_k_tile(plan, Dreg, Asmem, Bsmem, (it + k) % S, wg_row0, k == 0, desc_a, desc_b)
+        mma_k_slot(plan, Dreg, (it + k) % S, k == 0, desc_a, desc_b, slot_step16(Asmem), slot_step16(Bsmem))
         T.ptx.wgmma.commit_group.sync.aligned()
         T.ptx.wgmma.wait_group.sync.aligned(1)
         if k > 0:
