@@ -211,7 +211,7 @@ def test_v8_v9_encode_descriptors_once_per_tile(built, name):
 
     text = sass.disassemble(built[name][0].binary)
     assert len(re.findall(r"USHF\.R\.U64", text)) == 2
-    assert len(re.findall(r"\bHGMMA\.", text)) >= 8  # the K loop is there, and unrolled
+    assert len(re.findall(r"\bHGMMA\.", text)) >= 4  # the K steps of a slice are there
 
 
 def test_v9_each_consumer_has_its_own_named_barrier(built):
