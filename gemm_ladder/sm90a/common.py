@@ -158,6 +158,14 @@ def slot_step16(buf) -> int:
     return rows * cols * tvm.DataType(buf.dtype).bits // 8 // 16
 
 
+def k_loop_unroll(nk):
+    """How :func:`issue_slices` lets nvcc unroll its K loop: freely over a whole tile's fixed
+    slice count (it then unrolls over the ring's slots with constant descriptor offsets), not at
+    all over a run-time count (a split-K or stream-K piece), where unrolled copies and their
+    remainders only raise the consumers' register pressure around the pieces (spills)."""
+    return None if isinstance(nk, int) else False
+
+
 @T.inline
 def encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b):
     """The descriptors of ring slot 0 (A at this warpgroup's first row), once per tile: the K
@@ -613,7 +621,7 @@ def issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, de
     them (v9's ping-pong passes the turn between the two)."""
     S = T.meta_var(plan.cfg.pipe_depth)
     encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b)
-    for k in range(nk):
+    for k in T.serial(nk, unroll=k_loop_unroll(nk)):
         tma2mma.wait((it + k) % S, ((it + k) // S) & 1)
         T.ptx.wgmma.fence.sync.aligned()
         mma_k_slot(plan, Dreg, (it + k) % S, k == 0, desc_a, desc_b, slot_step16(Asmem), slot_step16(Bsmem))
