@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
@@ -124,6 +123,19 @@ def check_tile(cfg: GemmConfig, warpgroups=(1, 2)) -> None:
 
 
 @T.inline
+def wgmma_k_steps(plan, Dreg, mi, first, da, db):
+    """The k16 wgmmas of one BLK_K slice into 64-row atom ``mi``'s accumulators, from the
+    descriptors ``da`` and ``db`` of the slice's K step 0, each K step 32 bytes further."""
+    d = T.meta_var(plan.desc)
+    for kk in T.unroll(plan.cfg.blk_k // MMA_K):
+        T.ptx[plan.mma_op](
+            *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
+            da + T.Cast("uint64", kk * d.k_step), db + T.Cast("uint64", kk * d.k_step),
+            T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
+        )
+
+
+@T.inline
 def mma_k_tile(plan, Dreg, Asmem, Bsmem, stage, wg_row0, first, desc_a, desc_b):
     """Issue the wgmmas of one BLK_K slice: for each 64-row atom and each k16 step.
 
@@ -143,19 +155,13 @@ def mma_k_tile(plan, Dreg, Asmem, Bsmem, stage, wg_row0, first, desc_a, desc_b):
         T.cuda.wgmma.encode_matrix_descriptor(
             T.address_of(desc_a[0]), Asmem.ptr_to([stage, wg_row0 + mi * WG_M, 0]), d.ldo, d.sdo, d.swizzle_code
         )
-        for kk in T.unroll(plan.cfg.blk_k // MMA_K):
-            T.ptx[plan.mma_op](
-                *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
-                desc_a[0] + T.Cast("uint64", kk * d.k_step), desc_b[0] + T.Cast("uint64", kk * d.k_step),
-                T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
-            )
+        wgmma_k_steps(plan, Dreg, mi, first, desc_a[0], desc_b[0])
 
 
 def slot_step16(buf) -> int:
     """16-byte units between two ring slots of a ``(stages, rows, cols)`` shared tile: what a
-    descriptor's address field moves from one slot to the next."""
-    _, rows, cols = (int(x) for x in buf.shape)
-    return rows * cols * tvm.DataType(buf.dtype).bits // 8 // 16
+    descriptor's address field moves from one slot to the next (``layouts``' ``stage_step``)."""
+    return layouts.wgmma_desc_fields(str(buf.dtype), tuple(int(x) for x in buf.shape), "128B").stage_step
 
 
 def k_loop_unroll(nk):
@@ -191,12 +197,7 @@ def mma_k_slot(plan, Dreg, stage, first, desc_a, desc_b, step_a, step_b):
     a0 = T.meta_var(desc_a[0] + T.Cast("uint64", stage * step_a))
     b0 = T.meta_var(desc_b[0] + T.Cast("uint64", stage * step_b))
     for mi in T.unroll(plan.m_atoms):
-        for kk in T.unroll(plan.cfg.blk_k // MMA_K):
-            T.ptx[plan.mma_op](
-                *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
-                a0 + T.Cast("uint64", mi * d.row_block_step + kk * d.k_step), b0 + T.Cast("uint64", kk * d.k_step),
-                T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
-            )
+        wgmma_k_steps(plan, Dreg, mi, first, a0 + T.Cast("uint64", mi * d.row_block_step), b0)
 
 
 @T.inline
