@@ -596,15 +596,18 @@ def release_to_cluster(mma2tma, stage, cluster_size):
 
 
 @T.inline
-def produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk, m_st, n_st, cm, cn, rank_m, rank_n):
+def produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk, m_st, n_st, cm, cn, rank_m, rank_n,
+                   backwards=False):
     """The producer's loads of K slices ``[k0, k0 + nk)`` of one tile into ring slots
     ``load_it, load_it + 1, ...`` (mod pipe_depth), each after the slot's previous slice (one lap
-    back) was released."""
+    back) was released; with ``backwards`` (a run-time condition) from the last slice to the
+    first (v9's ``k_zigzag``: the consumers add the slices in whatever order they land)."""
     S = T.meta_var(plan.cfg.pipe_depth)
     for k in range(nk):
         mma2tma.wait((load_it + k) % S, (((load_it + k) // S) & 1) ^ 1)
-        tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, (load_it + k) % S, m_st, n_st, k0 + k, tma2mma,
-                                cm, cn, rank_m, rank_n)
+        tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, (load_it + k) % S, m_st, n_st,
+                                k0 + k if backwards is False else T.Select(backwards, k0 + nk - 1 - k, k0 + k),
+                                tma2mma, cm, cn, rank_m, rank_n)
 
 
 # T.inline takes a copy of a module's globals when it is defined; the K-loop helpers below look
@@ -614,24 +617,36 @@ _THIS = sys.modules[__name__]
 
 
 @T.inline
+def begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, k, desc_a, desc_b):
+    """Slice ``k`` of a tile: wait for its ring slot and issue its wgmmas (one commit group)."""
+    S = T.meta_var(plan.cfg.pipe_depth)
+    tma2mma.wait((it + k) % S, ((it + k) // S) & 1)
+    T.ptx.wgmma.fence.sync.aligned()
+    mma_k_slot(plan, Dreg, (it + k) % S, k == 0, desc_a, desc_b, slot_step16(Asmem), slot_step16(Bsmem))
+    T.ptx.wgmma.commit_group.sync.aligned()
+
+
+@T.inline
+def end_slice(plan, mma2tma, it, k, lane_id, cs):
+    """Let slice ``k - 1``'s wgmmas retire (slice ``k``'s may run on) and release its slot."""
+    T.ptx.wgmma.wait_group.sync.aligned(1)
+    if k > 0:
+        # slice k-1's wgmmas have retired in this warp
+        if lane_id == 0:
+            _THIS.release_to_cluster(mma2tma, (it + k - 1) % plan.cfg.pipe_depth, cs)
+
+
+@T.inline
 def issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs):
     """A consumer's ``nk`` K slices of one tile from ring slots ``it, it + 1, ...``: wait for the
     slot, issue its wgmmas, and release each slot once its wgmmas retired (one slice behind:
     ``wait_group(1)``) to the producer of every CTA of the cluster; the accumulators start over
     at the first slice. The last slice's wgmmas may still run: :func:`retire_slices` waits for
     them (v9's ping-pong passes the turn between the two)."""
-    S = T.meta_var(plan.cfg.pipe_depth)
     encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b)
     for k in T.serial(nk, unroll=k_loop_unroll(nk)):
-        tma2mma.wait((it + k) % S, ((it + k) // S) & 1)
-        T.ptx.wgmma.fence.sync.aligned()
-        mma_k_slot(plan, Dreg, (it + k) % S, k == 0, desc_a, desc_b, slot_step16(Asmem), slot_step16(Bsmem))
-        T.ptx.wgmma.commit_group.sync.aligned()
-        T.ptx.wgmma.wait_group.sync.aligned(1)
-        if k > 0:
-            # slice k-1's wgmmas have retired in this warp
-            if lane_id == 0:
-                _THIS.release_to_cluster(mma2tma, (it + k - 1) % S, cs)
+        begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, k, desc_a, desc_b)
+        end_slice(plan, mma2tma, it, k, lane_id, cs)
 
 
 @T.inline
@@ -673,19 +688,53 @@ def check_epilogue(cfg: GemmConfig) -> None:
 @T.inline
 def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed):
     """Columns ``col0 .. col0+ncols`` of one warpgroup's accumulators -> ``Esmem[buf]`` (its
-    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`."""
+    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`. With
+    ``packed=None``, ``Dreg`` holds the pairs already (:func:`acc_to_pairs`)."""
     NR = T.meta_var(plan.acc_stride)
     q = T.meta_var(lane_id // 8)
     row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
     for mi in T.unroll(plan.m_atoms):
         for pp in T.unroll(ncols // 16):
-            for h in T.unroll(4):
-                r = T.meta_var(mi * NR + (2 * (col0 // 16 + pp) + h // 2) * 4 + (h % 2) * 2)
-                T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r + 1], Dreg[r])
-            T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
-                Esmem.ptr_to([buf, mi * WG_M + row, (2 * pp + q // 2) * 8]),
-                packed[0], packed[1], packed[2], packed[3],
+            if packed is None:
+                p0 = T.meta_var((mi * NR + (2 * (col0 // 16 + pp)) * 4) // 2)
+                T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
+                    Esmem.ptr_to([buf, mi * WG_M + row, (2 * pp + q // 2) * 8]),
+                    Dreg[p0], Dreg[p0 + 1], Dreg[p0 + 2], Dreg[p0 + 3],
+                )
+            else:
+                for h in T.unroll(4):
+                    r = T.meta_var(mi * NR + (2 * (col0 // 16 + pp) + h // 2) * 4 + (h % 2) * 2)
+                    T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r + 1], Dreg[r])
+                T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
+                    Esmem.ptr_to([buf, mi * WG_M + row, (2 * pp + q // 2) * 8]),
+                    packed[0], packed[1], packed[2], packed[3],
+                )
+
+
+@T.inline
+def store_chunk(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, lane_id, packed, epi_it, j, epi_n, nbuf):
+    """Chunk ``j`` of :func:`consumer_store_chunks` (``packed=None``: from pairs, as
+    :func:`acc_chunk_to_smem_stmatrix` says)."""
+    ROWS = T.meta_var(plan.rows_per_wg)
+    row0 = T.meta_var(0 if plan.pingpong else c * ROWS)  # its band of the tile (pingpong: all of it)
+    # one consumer: its buffers are the first, said as constants (TVM cannot prove that
+    # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
+    first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
+    buf = T.meta_var(first + (epi_it + j) % nbuf)
+    if wtid == 0:
+        T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
+    T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, warp_id, lane_id, packed)
+    T.ptx.fence.proxy.async_.shared__cta()
+    T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    if wtid == 0:
+        for h in T.unroll(epi_n // EPI_CHUNK):
+            Tx.copy_async(
+                D[m_st + row0:m_st + row0 + ROWS,
+                  n_st + j * epi_n + h * EPI_CHUNK:n_st + j * epi_n + h * EPI_CHUNK + EPI_CHUNK],
+                Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
             )
+        T.ptx.cp.async_.bulk.commit_group()
 
 
 @T.inline
@@ -702,27 +751,43 @@ def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, la
     store still drains. Only this warpgroup's 128 threads meet at its named barrier (``1 + c``):
     the other consumers and the producer run on.
     """
-    ROWS = T.meta_var(plan.rows_per_wg)
-    row0 = T.meta_var(0 if plan.pingpong else c * ROWS)  # its band of the tile (pingpong: all of it)
-    # one consumer: its buffers are the first, said as constants (TVM cannot prove that
-    # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
-    first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
     for j in T.unroll(plan.n_cols // epi_n):
-        buf = T.meta_var(first + (epi_it + j) % nbuf)
-        if wtid == 0:
-            T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
-        T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
-        acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, warp_id, lane_id, packed)
-        T.ptx.fence.proxy.async_.shared__cta()
-        T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
-        if wtid == 0:
-            for h in T.unroll(epi_n // EPI_CHUNK):
-                Tx.copy_async(
-                    D[m_st + row0:m_st + row0 + ROWS,
-                      n_st + j * epi_n + h * EPI_CHUNK:n_st + j * epi_n + h * EPI_CHUNK + EPI_CHUNK],
-                    Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
-                )
-            T.ptx.cp.async_.bulk.commit_group()
+        store_chunk(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, lane_id, packed, epi_it, j, epi_n, nbuf)
+
+
+
+@T.inline
+def issue_slices_under(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs,
+                       D, Esmem, Preg, m_prev, n_prev, has_prev, c, wtid, warp_id, epi_it, epi_n, nbuf):
+    """:func:`issue_slices` with the previous tile's epilogue under it (v9's ``epi_under``):
+    after slice ``j``'s wgmmas are issued, and while they run, chunk ``j`` of the previous tile
+    (``has_prev``) goes from its 16-bit pairs (``Preg``, :func:`acc_to_pairs`) through shared
+    memory to D. Chunks past the tile's last slice (a K of fewer slices than chunks) follow it."""
+    NCH = T.meta_var(plan.n_cols // epi_n)
+    NIN = T.meta_var(min(NCH, nk))
+    encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b)
+    for j in T.unroll(NIN):
+        begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, j, desc_a, desc_b)
+        if has_prev:
+            store_chunk(D, Esmem, Preg, m_prev, n_prev, plan, c, wtid, warp_id, lane_id, None, epi_it, j, epi_n,
+                        nbuf)
+        end_slice(plan, mma2tma, it, j, lane_id, cs)
+    for k in T.serial(nk - NIN, unroll=k_loop_unroll(nk)):
+        begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, NIN + k, desc_a, desc_b)
+        end_slice(plan, mma2tma, it, NIN + k, lane_id, cs)
+    if has_prev:
+        for j in T.unroll(NIN, NCH):
+            store_chunk(D, Esmem, Preg, m_prev, n_prev, plan, c, wtid, warp_id, lane_id, None, epi_it, j, epi_n,
+                        nbuf)
+
+
+@T.inline
+def acc_to_pairs(plan, Dreg, Preg):
+    """Round every accumulator of a tile into 16-bit pairs, ``Preg[i] = (Dreg[2i], Dreg[2i+1])``:
+    the pairs :func:`acc_chunk_to_smem_stmatrix` makes chunk by chunk, made at once so that
+    the accumulators are free for the next tile while the pairs wait for their stores."""
+    for i in T.unroll(plan.acc_regs // 2):
+        T.ptx[pack_op(plan.cfg)](Preg[i], Dreg[2 * i + 1], Dreg[2 * i])
 
 
 def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):

@@ -135,7 +135,7 @@ TECHNIQUE = "consumers with their own rows and epilogues, stores draining under 
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
          "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False, "pingpong": False,
-         "tail_n": 0}
+         "tail_n": 0, "epi_under": False, "k_zigzag": False}
 CONSUMERS = (1, 2, 3)
 TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256),
                 "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}  # not pingpong: it measured slower
@@ -193,6 +193,8 @@ def kernel(cfg: GemmConfig):
     KN = narrowtail.per_row(N, CN, TN) if TN else 0  # narrow cluster tiles a row
     NARROW = narrowtail.NarrowPlan(cfg, width=TN) if TN else None
     NCH, REM = divmod(TN, EPI_N)  # a narrow tile's staged chunks, and the columns after them
+    UNDER = bool(dict(cfg.extra)["epi_under"])  # a tile's chunks staged under the next tile's wgmmas
+    ZIGZAG = bool(dict(cfg.extra)["k_zigzag"])  # every second tile of a CTA loads its K slices backwards
 
     def scheduler(prefix, num_clusters, cut=0):
         # tail_n: the whole tiles are those of the rows above the ``cut`` narrow ones
@@ -200,6 +202,10 @@ def kernel(cfg: GemmConfig):
             cfg.tile_order, prefix, num_m_tiles=M_TILES - cut if TN else M_TILES, num_n_tiles=N_TILES,
             num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
         )
+
+    def backwards(load_it):
+        # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
+        return (load_it // K_TILES) % 2 == 1 if ZIGZAG else False
 
     def cut_rows(num_clusters):
         return narrowtail.rows(M_TILES, N_TILES, KN, num_clusters) if TN else 0
@@ -251,7 +257,7 @@ def kernel(cfg: GemmConfig):
                     # each stage refilled once its previous slice (one lap back) was released
                     common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, 0, K_TILES,
                                           (ts_load.m_idx * CM + rank_m) * BLK_M, (ts_load.n_idx * CN + rank_n) * BLK_N,
-                                          CM, CN, rank_m, rank_n)
+                                          CM, CN, rank_m, rank_n, backwards(load_it))
                     load_it = load_it + K_TILES
                     ts_load.next_tile()
                 if NARROW_ON:
@@ -274,6 +280,10 @@ def kernel(cfg: GemmConfig):
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
+            # epi_under: the last tile's output as 16-bit pairs, stored under the next tile
+            Preg = T.alloc_local((plan.acc_regs // 2 if UNDER else 1,), "uint32")
+            m_prev: T.int32 = 0
+            n_prev: T.int32 = 0
             it: T.int32 = 0  # (tile, slice) pairs consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             turn: T.int32 = 0  # tiles of this CTA so far (pingpong: consumer turn % W takes the tile)
@@ -288,17 +298,29 @@ def kernel(cfg: GemmConfig):
                             # the consumer before has seen every slice before ours land: our
                             # parity waits then name one phase (it cannot lap us, nor we it)
                             mma2mma.wait(c, ((turn - 1) // W) & 1)
-                    common.issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
-                                        desc_a, desc_b, lane_id, CS)
-                    if PP:
-                        if lane_id == 0:
-                            mma2mma.arrive((c + 1) % W)  # our wgmmas are issued: the next consumer's turn
-                    common.retire_slices(plan, mma2tma, it, K_TILES, lane_id, CS)
+                    if UNDER:
+                        # the previous tile's chunks, one after each of this tile's first wgmma issues
+                        common.issue_slices_under(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
+                                                  desc_a, desc_b, lane_id, CS, D, Esmem, Preg, m_prev, n_prev,
+                                                  turn > 0, c, wtid, warp_id, epi_it, EPI_N, NBUF)
+                        if turn > 0:
+                            epi_it = epi_it + BLK_N // EPI_N
+                        common.retire_slices(plan, mma2tma, it, K_TILES, lane_id, CS)
+                        common.acc_to_pairs(plan, Dreg, Preg)  # the accumulators are free for the next tile
+                        m_prev = (ts.m_idx * CM + rank_m) * BLK_M
+                        n_prev = (ts.n_idx * CN + rank_n) * BLK_N
+                    else:
+                        common.issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
+                                            desc_a, desc_b, lane_id, CS)
+                        if PP:
+                            if lane_id == 0:
+                                mma2mma.arrive((c + 1) % W)  # our wgmmas are issued: the next consumer's turn
+                        common.retire_slices(plan, mma2tma, it, K_TILES, lane_id, CS)
+                        common.consumer_store_chunks(D, Esmem, Dreg, (ts.m_idx * CM + rank_m) * BLK_M,
+                                                     (ts.n_idx * CN + rank_n) * BLK_N, plan, c, wtid, warp_id,
+                                                     lane_id, packed, epi_it, EPI_N, NBUF)
+                        epi_it = epi_it + BLK_N // EPI_N
                     it = it + K_TILES
-                    common.consumer_store_chunks(D, Esmem, Dreg, (ts.m_idx * CM + rank_m) * BLK_M,
-                                                 (ts.n_idx * CN + rank_n) * BLK_N, plan, c, wtid, warp_id,
-                                                 lane_id, packed, epi_it, EPI_N, NBUF)
-                    epi_it = epi_it + BLK_N // EPI_N
                 else:
                     it = it + K_TILES  # another consumer's tile: its slices pass us by
                 turn = turn + 1
@@ -322,6 +344,10 @@ def kernel(cfg: GemmConfig):
                         narrowtail.cols_to_global(NARROW, Dreg, D, (nm * CM + rank_m) * BLK_M, (nn * CN + rank_n) * TN,
                                                   wg_row0, NCH * EPI_N, REM, warp_id, lane_id)
                     q = q + num_clusters
+            if UNDER:
+                if turn > 0:
+                    common.consumer_store_chunks(D, Esmem, Preg, m_prev, n_prev, plan, c, wtid, warp_id, lane_id,
+                                                 None, epi_it, EPI_N, NBUF)
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
                 T.ptx.cp.async_.bulk.wait_group.read(0)
