@@ -66,7 +66,7 @@ def run_group(paths: list[Path], rounds: int, per_round: int, warm: float, sampl
     def cublas(a, b, o):
         torch.matmul(a, b.T, out=o)
 
-    kernels = [("cublas", cublas)] + [(p.name, ours(m)) for p, m, c in zip(paths, mods, checks) if c.ok]
+    kernels = [("cublas", cublas)] + [(str(p), ours(m)) for p, m, c in zip(paths, mods, checks) if c.ok]
     t_end = time.time() + warm
     while time.time() < t_end:
         for _, fn in kernels:
@@ -84,21 +84,21 @@ def run_group(paths: list[Path], rounds: int, per_round: int, warm: float, sampl
     t1 = time.time()
     flops = 2.0 * first.M * first.N * first.K
     cub = statistics.median(times["cublas"])
-    base = paths[0].name
+    base = str(paths[0])
     rows = []
     for p, c in zip(paths, checks):
-        row = {"module": p.name, "check": c.as_dict()}
+        row = {"module": p.name, "path": str(p), "check": c.as_dict()}
         if c.ok:
-            ms = statistics.median(times[p.name])
+            ms = statistics.median(times[str(p)])
             row.update({
                 "status": "ok", "ms": ms, "tflops": flops / ms / 1e9, "ratio_to_cublas": cub / ms,
                 "round_ratio_to_cublas_quartiles": quartiles(
-                    [a / b for a, b in zip(round_ms["cublas"], round_ms[p.name])]),
+                    [a / b for a, b in zip(round_ms["cublas"], round_ms[str(p)])]),
             })
-            if p.name != base and base in times:
+            if str(p) != base and base in times:
                 row["ratio_to_first"] = statistics.median(times[base]) / ms
                 row["round_ratio_to_first_quartiles"] = quartiles(
-                    [a / b for a, b in zip(round_ms[base], round_ms[p.name])])
+                    [a / b for a, b in zip(round_ms[base], round_ms[str(p)])])
         else:
             row["status"] = "wrong"
         rows.append(row)
@@ -131,7 +131,8 @@ def main() -> None:
     for row in group["modules"]:
         extra = (f"  x first {row['ratio_to_first']:.3f} (rounds {row['round_ratio_to_first_quartiles']})"
                  if "ratio_to_first" in row else "")
-        print(f"{row['module'][:90]:90s} {row['status']:5s} {row.get('tflops', 0):7.1f} TFLOPS "
+        label = f"{Path(row['path']).parent.name}/{row['module']}"
+        print(f"{label[:120]:120s} {row['status']:5s} {row.get('tflops', 0):7.1f} TFLOPS "
               f"x cuBLAS {row.get('ratio_to_cublas', 0):.3f}{extra}")
     print(f"cuBLAS {group['cublas_tflops']:.1f} TFLOPS; clocks {group['clocks']}")
 

@@ -43,6 +43,14 @@ V7_V9 = ("v7", "v8", "v9")
         ("v9", dict(pingpong=True, blk_m=64, blk_n=256, pipe_depth=5), ["pipe_depth=5", "use pipe_depth=4 or less"]),
         ("v9", dict(pingpong=True, blk_m=128, blk_n=128, pipe_depth=5), []),
         ("v9", dict(pingpong="yes"), ["pingpong='yes'", "bool"]),
+        ("v9", dict(epi_under=True, pingpong=True, blk_m=64), ["epi_under=True", "pingpong=True", "use one of them"]),
+        ("v9", dict(epi_under=True, tail_n=232), ["epi_under=True", "tail_n", "tail_n=0", "epi_under=False"]),
+        ("v9", dict(epi_under=True, num_warpgroups=3, blk_m=192, blk_n=192, pipe_depth=3),
+         ["epi_under=True", "48 registers", "152", "use epi_under=False"]),
+        ("v9", dict(epi_under="yes"), ["epi_under='yes'", "bool"]),
+        ("v9", dict(k_zigzag=1), ["k_zigzag=1", "an int, not a bool"]),
+        ("v9", dict(epi_under=True, k_zigzag=True), []),
+        ("v9", dict(epi_under=True, num_warpgroups=1, blk_m=64), []),
         ("v6", dict(cluster_m=2), ["no knob cluster_m"]),
         ("v7", dict(epi_n=64), ["no knob epi_n"]),
     ],
@@ -111,6 +119,7 @@ CPU_BUILDS = {
     "v9_default": ("v9", (8192, 8192, 8192), {}),
     "v9_w3": ("v9", (1000, 3000, 520), dict(num_warpgroups=3, blk_m=192, blk_n=192, pipe_depth=3)),
     "v9_epi256": ("v9", (512, 768, 64), dict(epi_n=256, pipe_depth=3, cluster_m=1, dtype="bfloat16")),
+    "v9_under": ("v9", (1000, 3000, 520), dict(epi_under=True, k_zigzag=True)),
 }
 
 
@@ -222,6 +231,27 @@ def test_v9_each_consumer_has_its_own_named_barrier(built):
     assert "wait_group_read_1" in body  # a chunk's buffer waits only for the store before last
 
 
+def _lines_of(text, pattern):
+    return [i for i, line in enumerate(text.splitlines()) if re.search(pattern, line)]
+
+
+@pytest.mark.parametrize("name, under", [("v9_default", False), ("v9_under", True)])
+def test_v9_epi_under_stages_chunks_between_the_next_tiles_wgmmas(built, name, under):
+    """With ``epi_under`` the stmatrix of a tile's chunks sit between the next tile's wgmma
+    issues, and the wgmmas stay asynchronous (ptxas serialises them, one wait per HGMMA, when
+    it cannot prove the accumulators it sees read are not in flight); without it every stmatrix
+    comes after the K loop's last wgmma."""
+    text = _sass(built, name)
+    hgmma, stsm = _lines_of(text, r"\bHGMMA\."), _lines_of(text, r"\bSTSM\b")
+    between = [i for i in stsm if hgmma[0] < i < hgmma[-1]]
+    assert bool(between) == under, (name, len(between))
+    waits = _lines_of(text, r"WARPGROUP\.DEPBAR")
+    assert len(waits) < len(hgmma) / 2, (name, len(waits), len(hgmma))
+    # the pairs: one cvt per two accumulators at a tile's end (128 -> 64 at 128x256 over two)
+    pairs = len(_lines_of(text, r"F2FP\.F16\.F32\.PACK_AB"))
+    assert (pairs >= 64) if under else (pairs == 64), (name, pairs)
+
+
 # -- GPU tier ------------------------------------------------------------------------------------
 GPU_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 1024, 8192), (512, 768, 64),
               (2048, 2048, 128), (1000, 3000, 520), (777, 1000, 200)]
@@ -253,6 +283,22 @@ CASES += [
     Case("v9", 4096, 4096, 512, tail_n=232, cluster_m=1, cluster_n=2, dtype="bfloat16"),
     Case("v9", 8192, 8192, 512, tail_n=176),  # 8192^3's cut, 2x1 clusters
     Case("v9", 2000, 3072, 1000, tail_n=192, tile_order="grouped", l2_group_size=8),  # no columns after the chunks
+]
+# epi_under (and k_zigzag): a K of more slices than chunks, fewer (3 < 4: chunks after the last
+# slice), one slice, one consumer, one buffer, no cluster, runtime M, the benchmark shapes
+CASES += [
+    Case("v9", 1000, 3000, 520, epi_under=True),
+    Case("v9", 1000, 3000, 520, epi_under=True, k_zigzag=True, dtype="bfloat16"),
+    Case("v9", 1000, 3000, 192, epi_under=True),
+    Case("v9", 777, 1536, 64, epi_under=True, dtype="bfloat16"),
+    Case("v9", 1000, 3000, 520, epi_under=True, num_warpgroups=1, blk_m=64, k_zigzag=True),
+    Case("v9", 1000, 3000, 520, epi_under=True, epi_n=256, pipe_depth=3),
+    Case("v9", 1000, 3000, 520, epi_under=True, cluster_m=1, tile_order="grouped", l2_group_size=4),
+    Case("v9", 2000, 3000, 520, epi_under=True, dynamic_m=True, tile_order="grouped"),
+    Case("v9", 1000, 3000, 520, k_zigzag=True, cluster_m=1, cluster_n=2),
+    Case("v9", 4096, 4096, 4096, epi_under=True, k_zigzag=True),
+    Case("v9", 4096, 4096, 4096, epi_under=True, k_zigzag=True, dtype="bfloat16"),
+    Case("v9", 8192, 8192, 8192, epi_under=True),
 ]
 # 2x2 clusters on the grid of the clusters that run at once (tests/test_cluster_grid.py)
 CASES += [Case("v9", 1000, 3000, 520, cluster_m=2, cluster_n=2), Case("v9", 4096, 4096, 512, cluster_m=2, cluster_n=2)]

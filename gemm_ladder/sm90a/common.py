@@ -438,6 +438,13 @@ def check_consumer_registers(cfg: GemmConfig, plan: HopperPlan | None = None) ->
             f"accumulator registers per thread, and a consumer may hold {budget} (40 go to addresses and loop "
             "state); use blk_m=64, blk_n=256 or blk_m=128, blk_n=128"
         )
+    if epi_under(cfg) and acc + acc // 2 + 40 > budget:
+        raise ConfigError(
+            f"epi_under=True keeps a tile's output as 16-bit pairs ({acc // 2} registers a thread) beside the "
+            f"next tile's {acc} fp32 accumulators, and a consumer of a {cfg.blk_m}x{cfg.blk_n} tile over "
+            f"{cfg.num_warpgroups} warpgroup(s) may hold {budget} (40 go to addresses and loop state); use "
+            "epi_under=False, or a tile with fewer accumulators a consumer (e.g. blk_m=128, blk_n=256 over 2)"
+        )
     if acc + 40 > budget:
         raise ConfigError(
             f"a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer warpgroup(s) needs "
@@ -445,6 +452,27 @@ def check_consumer_registers(cfg: GemmConfig, plan: HopperPlan | None = None) ->
             f"{cfg.num_warpgroups + 1} warpgroups in the CTA (40 go to addresses and loop state); "
             "use a smaller tile or more consumer warpgroups (num_warpgroups)"
         )
+
+
+def epi_under(cfg: GemmConfig) -> bool:
+    """v9's knob: each tile's epilogue runs under the next tile's first K slices."""
+    return bool(dict(cfg.extra).get("epi_under", False))
+
+
+def check_epi_under(cfg: GemmConfig) -> None:
+    """``epi_under`` needs the consumers to share tiles and every tile to leave in whole chunks
+    (its registers are checked by :func:`check_consumer_registers`)."""
+    if not epi_under(cfg):
+        return
+    extra = dict(cfg.extra)
+    if extra.get("pingpong", False):
+        raise ConfigError("epi_under=True stages a tile's chunks under the same consumers' next tile, and "
+                          "pingpong=True already hides each consumer's epilogue under the other's mainloop; "
+                          "use one of them")
+    if extra.get("tail_n", 0):
+        raise ConfigError("epi_under=True keeps the last whole tile's output for the next tile to store, and "
+                          "tail_n cuts the narrow tiles that follow it with an epilogue of their own; use "
+                          "tail_n=0 with epi_under=True, or epi_under=False")
 
 
 class ConsumerRole(WarpgroupRole):
@@ -759,19 +787,22 @@ def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, la
 @T.inline
 def issue_slices_under(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs,
                        D, Esmem, Preg, m_prev, n_prev, has_prev, c, wtid, warp_id, epi_it, epi_n, nbuf):
-    """:func:`issue_slices` with the previous tile's epilogue under it (v9's ``epi_under``):
-    after slice ``j``'s wgmmas are issued, and while they run, chunk ``j`` of the previous tile
-    (``has_prev``) goes from its 16-bit pairs (``Preg``, :func:`acc_to_pairs`) through shared
-    memory to D. Chunks past the tile's last slice (a K of fewer slices than chunks) follow it."""
+    """:func:`issue_slices` with the previous tile's epilogue under it (v9's ``epi_under``): once
+    slice ``j``'s wgmmas are issued and slice ``j - 1``'s have retired, and while slice ``j``'s
+    run, chunk ``j`` of the previous tile (``has_prev``, a run-time condition) goes from its
+    16-bit pairs (``Preg``, :func:`acc_to_pairs`) through shared memory to D. Chunks past the
+    tile's last slice (a K of fewer slices than chunks) follow it."""
     NCH = T.meta_var(plan.n_cols // epi_n)
     NIN = T.meta_var(min(NCH, nk))
     encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b)
     for j in T.unroll(NIN):
         begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, j, desc_a, desc_b)
+        end_slice(plan, mma2tma, it, j, lane_id, cs)
         if has_prev:
+            # after the wait, not between the issue and the wait: 0.8% fewer SM cycles at 4096^3
+            # on an H100 (benchmarks/results/2026-11-23_h100_epi_under/)
             store_chunk(D, Esmem, Preg, m_prev, n_prev, plan, c, wtid, warp_id, lane_id, None, epi_it, j, epi_n,
                         nbuf)
-        end_slice(plan, mma2tma, it, j, lane_id, cs)
     for k in T.serial(nk - NIN, unroll=k_loop_unroll(nk)):
         begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, NIN + k, desc_a, desc_b)
         end_slice(plan, mma2tma, it, NIN + k, lane_id, cs)

@@ -36,7 +36,9 @@ Roles and registers:
                 the cluster's TMA parts)                 coordinates and multicast masks
     1..W        consumer c = warpgroup - 1:  232 (W=2)   blk_m/W x blk_n / 128 accumulators
                 wgmma, its own epilogue      152 (W=3)   (128 at 128x256 / 2, 96 at 192x192 / 3),
-                                             255 (W=1)   descriptors, stmatrix staging
+                                             255 (W=1)   descriptors, stmatrix staging; with
+                                                         epi_under, half as many again for the
+                                                         last tile's 16-bit pairs (192 of 232)
     ==========  ===========================  ==========  ======================================
 
 Barriers (one mbarrier per stage and CTA, as in v8; named barriers 1..W, one per consumer):
@@ -110,6 +112,34 @@ the cluster count, and none is made where it would not fit. On an H100 it paid a
 (1.5-5%) but not at 4096^3 (5% slower in 1x1 clusters, level in 2x1): a narrow tile took 1.1x a
 whole one's time for 0.91 of its wgmma cycles (``benchmarks/results/2026-11-23_h100_narrow_tail/``).
 
+The epilogue under the next tile (``epi_under=True``, off by default; the tuning database
+turns it on where it measured faster). Above, a consumer's tensor cores idle from its last
+slice's retirement until its last chunk's store is issued: about 3k of a 67k-cycle tile at
+4096^3 on an H100. With ``epi_under`` the consumer only rounds the accumulators into 16-bit
+pairs there (``common.acc_to_pairs``: 64 registers a thread at 128x256 / 2, kept beside the
+next tile's accumulators) and goes straight to the next tile; chunk j of the old tile leaves
+from the pairs once the new tile's slice j is issued and slice j - 1 has retired, while slice j
+runs (``common.issue_slices_under``). The last tile stores after its loop as before. Same
+barriers, same named-barrier use per chunk; only where the chunks sit moves:
+
+    consumer c, tile t:   for k < chunks: wait tma2mma; wgmma; commit; wait_group(1); release
+                                          [t > 0] chunk k of tile t-1 from the pairs (as above)
+                          for the other k: as above
+                          wait_group(0); release the last slice; accumulators -> pairs
+    after the last tile:  its chunks from the pairs
+
+On an H100 (``benchmarks/results/2026-11-23_h100_epi_under/``, modules and cuBLAS taking turns
+in the same rounds) it is 1.1-1.5% faster at 4096^3, 1.1-2.0% at 8192^3, 1.2% at 6144^3 and 3.8%
+at 3072x8192x1536; ncu counts 2-3k fewer cycles on the busiest SM at 4096^3. Its limits: the
+wgmma pipe still drains at every boundary (ptxas serialises the wgmmas if a tile's first slice
+is issued while the last one's still run and the tile loop reads accumulators: it cannot match
+the waits to the groups across the loop's back edge), and 192 of the 232 registers are taken.
+
+Reading K backwards on every second tile of a CTA (``k_zigzag=True``, off by default): the
+producer loads that tile's slices from the last to the first, so it starts on the K panels of A
+and B the tile before ended with, still in L2 (the consumers add the slices in the order they
+land). At 4096^3 on an H100 it cut DRAM reads by 12-33% and the time by 0-0.2%.
+
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W; with
     pingpong, 2 or 3 consumers and blk_m a multiple of 64, a whole tile's accumulators in each);
@@ -117,7 +147,9 @@ Constraints:
     whole row band at once);
   - pipe_depth up to what shared memory allows beside the staging buffers;
   - tail_n a multiple of 8 below blk_n, with a fixed M, the cooperative consumers and a grouped
-    or snake tile order.
+    or snake tile order;
+  - epi_under with the cooperative consumers, tail_n = 0 and room for the pairs (accumulators
+    x 1.5 + 40 registers within the consumer's budget: not three consumers).
 
 Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 --out build/
 """
@@ -137,13 +169,15 @@ KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_dep
          "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False, "pingpong": False,
          "tail_n": 0, "epi_under": False, "k_zigzag": False}
 CONSUMERS = (1, 2, 3)
-TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256),
+TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256), "epi_under": (False, True),
+                "k_zigzag": (False, True),
                 "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}  # not pingpong: it measured slower
 
 
 def check(cfg: GemmConfig) -> None:
     common.check_tile(cfg, CONSUMERS)
     common.check_epilogue(cfg)
+    common.check_epi_under(cfg)
     common.check_consumer_registers(cfg)
     common.check_pipe_depth(cfg)
     common.check_cluster(cfg)
@@ -193,7 +227,7 @@ def kernel(cfg: GemmConfig):
     KN = narrowtail.per_row(N, CN, TN) if TN else 0  # narrow cluster tiles a row
     NARROW = narrowtail.NarrowPlan(cfg, width=TN) if TN else None
     NCH, REM = divmod(TN, EPI_N)  # a narrow tile's staged chunks, and the columns after them
-    UNDER = bool(dict(cfg.extra)["epi_under"])  # a tile's chunks staged under the next tile's wgmmas
+    UNDER = common.epi_under(cfg)  # a tile's chunks staged under the next tile's wgmmas
     ZIGZAG = bool(dict(cfg.extra)["k_zigzag"])  # every second tile of a CTA loads its K slices backwards
 
     def scheduler(prefix, num_clusters, cut=0):
