@@ -28,6 +28,7 @@ PREBUILT_DIR = os.environ.get("GEMM_LADDER_PREBUILT")
 GPU_TIMEOUT = float(os.environ.get("GEMM_LADDER_GPU_TIMEOUT", "180"))
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: a subset exports only its own cases
 def pytest_collection_modifyitems(config, items):
     cases = []
     for item in items:

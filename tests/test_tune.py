@@ -351,6 +351,33 @@ def _write_db(path, entries):
     path.write_text(json.dumps({"format": db.DB_FORMAT, "version": db.DB_VERSION, "entries": entries}))
 
 
+def test_the_ratio_to_cublas_ranks_candidates_before_tflops():
+    """A candidate timed on a hotter GPU shows fewer TFLOPS but keeps its ratio to cuBLAS timed
+    beside it: the report's best, the database entry and the lookup all take the higher ratio;
+    without ratios the TFLOPS decide."""
+    fast_clock = {"id": "c000", "status": "ok", "tflops": 760.0, "ratio_to_cublas": 1.004,
+                  "knobs": {"blk_m": 128, "blk_n": 128, "blk_k": 64, "num_warpgroups": 1}}
+    better = {"id": "c001", "status": "ok", "tflops": 731.0, "ratio_to_cublas": 1.024,
+              "knobs": {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2}}
+    assert max([fast_clock, better], key=tune_report.speed_rank)["id"] == "c001"
+    no_ratio = [{**fast_clock, "ratio_to_cublas": None}, {**better, "ratio_to_cublas": None}]
+    assert max(no_ratio, key=tune_report.speed_rank)["id"] == "c000"
+    report = {"rung": "v4", "shape": [4096, 4096, 4096], "dtype": "float16", "arch": "sm_90a",
+              "tvm_version": TVM, "gpu": {"name": "NVIDIA H100 80GB HBM3"}, "results": [fast_clock, better]}
+    entry = db.entry_from_measurements(report)
+    assert entry["knobs"] == better["knobs"] and entry["tflops"] == 731.0
+
+
+def test_db_lookup_prefers_the_higher_ratio_of_one_shape(private_db):
+    slow_ratio = {"blk_m": 128, "blk_n": 128, "blk_k": 64, "num_warpgroups": 1}
+    high_ratio = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2}
+    _write_db(private_db, [_entry(tflops=760.0, ratio=1.004, knobs=slow_ratio),
+                           {**_entry(tflops=731.0, ratio=1.024, knobs=high_ratio), "commit": "def"}])
+    tdb = db.TuningDB()
+    assert len(tdb.entries) == 2
+    assert db.best_knobs("v4", 4096, 4096, 4096, gpu=None)[0] == high_ratio
+
+
 def test_db_round_trip(private_db):
     tdb = db.TuningDB()
     assert tdb.path == private_db and tdb.entries == []

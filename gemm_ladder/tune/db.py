@@ -39,6 +39,7 @@ from ..batch import BuildJob, as_job
 from ..config import ARCHS, COMMON_KNOBS, DTYPES, ConfigError
 from ..rungs import RUNGS, make_config
 from .cache import tvm_version
+from .report import speed_rank
 from .measuring import MEASUREMENTS_FORMAT, PEAK_TFLOPS, RUN_FORMAT, speed_problem  # noqa: F401  (db.PEAK_TFLOPS)
 
 DB_FORMAT = "gemm_ladder.tuning_db"
@@ -155,13 +156,14 @@ class TuningDB:
         return self.path
 
     def upsert(self, entry: dict) -> str:
-        """Add ``entry``; an entry of the same key is replaced when slower, or older and from other sources."""
+        """Add ``entry``; an entry of the same key is replaced when slower (``report.speed_rank``), or older
+        and from other sources."""
         key = tuple(json.dumps(entry[k]) for k in ENTRY_KEY)
         for i, old in enumerate(self.entries):
             if tuple(json.dumps(old[k]) for k in ENTRY_KEY) != key:
                 continue
             newer_code = old.get("sources") != entry.get("sources") and entry.get("date", "") >= old.get("date", "")
-            if entry["tflops"] > old["tflops"] or newer_code:
+            if speed_rank(entry) > speed_rank(old) or newer_code:
                 self.entries[i] = entry
                 return "replaced"
             return "kept"
@@ -183,7 +185,7 @@ def entry_from_measurements(report: dict, source: str = "measurements") -> dict 
         ok.append(r)
     if not ok:
         return None
-    best = max(ok, key=lambda r: r["tflops"])
+    best = max(ok, key=speed_rank)
     gpu = report.get("gpu") or {}
     return {
         "rung": report["rung"], "shape": list(report["shape"]), "bucket": shape_bucket(report["shape"]),
@@ -273,9 +275,8 @@ def best_knobs(rung: str, M: int, N: int, K: int, dtype: str = "float16", arch: 
         here = gpu
 
     def rank(e):
-        exact = list(e["shape"]) == [M, N, K]
-        speed = e["tflops"] if exact else (e.get("ratio_to_cublas") or 0.0)
-        return (here is not None and e["gpu"] == here, exact, speed)
+        # this GPU's entries first, then the shape's own, then the fastest by report.speed_rank
+        return (here is not None and e["gpu"] == here, list(e["shape"]) == [M, N, K], speed_rank(e))
 
     best = max(usable, key=rank)
     return dict(best["knobs"]), {**best, "db": str(tdb.path)}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import device, files, harness, isolate, runtime
 from ..report import progress as progress_bar
-from .report import knob_label, plot_measurements
+from .report import knob_label, plot_measurements, speed_rank
 
 CANDIDATES = "candidates.json"  # a candidate folder's list, written by tune.cache.build_candidates
 CANDIDATES_FORMAT = "gemm_ladder.tune.candidates"
@@ -97,7 +97,7 @@ def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict 
 
     def seen(res):
         best = state["best"]
-        if res.get("status") == "ok" and (best is None or res["tflops"] > best["tflops"]):
+        if res.get("status") == "ok" and (best is None or speed_rank(res) > speed_rank(best)):
             state["best"] = best = res
         if bar is not None:
             bar.update(1)
@@ -125,7 +125,7 @@ def make_report(folder, man: dict, by_index: dict, gpu: dict, reps: int, timeout
         results.append({"id": cand["id"], "file": cand["file"], "knobs": cand["knobs"],
                         "cache_key": cand["cache_key"], **res})
     ok = [r for r in results if r["status"] == "ok"]
-    best = max(ok, key=lambda r: r["tflops"]) if ok else None
+    best = max(ok, key=speed_rank) if ok else None
     return {
         "format": MEASUREMENTS_FORMAT, "version": 1,
         "rung": man["rung"], "shape": man["shape"], "dtype": man["dtype"], "arch": man["arch"],

@@ -13,6 +13,18 @@ from pathlib import Path
 from ..report import table
 
 
+def speed_rank(result: dict) -> tuple:
+    """The order of measured candidates and database entries, fastest last (``max`` picks it):
+    the ratio to cuBLAS timed in the same rounds, then TFLOPS. On a GPU held at its power limit
+    the clock drifts by several percent from one candidate's turn to the next (the first of a
+    folder run on a cooler GPU, and two sessions never run at the same clock); cuBLAS, timed
+    beside each candidate, drifts with it, so the ratio compares candidates where TFLOPS would
+    reward the order of the run. A result without a ratio ranks by TFLOPS, after those with one."""
+    ratio = result.get("ratio_to_cublas")
+    has = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio) and ratio > 0
+    return (1 if has else 0, ratio if has else 0.0, result.get("tflops") or 0.0)
+
+
 def knob_label(knobs: dict, varying=None) -> str:
     """A short name for a knob set: ``128x256 d3 g8 snake`` (only the ``varying`` knobs, if given)."""
     short = {"pipe_depth": "d", "l2_group_size": "g", "num_warpgroups": "w", "tile_order": ""}
@@ -34,7 +46,7 @@ def _varying(results) -> list[str]:
 def result_rows(report: dict, top: int | None = 20) -> tuple[list[dict], list[str]]:
     results = report["results"]
     varying = _varying(results) or [k for k in (results[0]["knobs"] if results else {}) if k != "blk_k"]
-    ok = sorted((r for r in results if r["status"] == "ok"), key=lambda r: -r["tflops"])
+    ok = sorted((r for r in results if r["status"] == "ok"), key=speed_rank, reverse=True)
     bad = [r for r in results if r["status"] != "ok"]
     rows = []
     for i, r in enumerate(ok[:top] if top else ok):
@@ -134,7 +146,7 @@ def plot_measurements(report: dict, path) -> bool:
     except ImportError:
         warnings.warn("matplotlib is not installed: no tuning plot", stacklevel=2)
         return False
-    ok = sorted((r for r in report["results"] if r["status"] == "ok"), key=lambda r: -r["tflops"])
+    ok = sorted((r for r in report["results"] if r["status"] == "ok"), key=speed_rank, reverse=True)
     failed = len(report["results"]) - len(ok)
     fig = Figure(figsize=(13, 4.8))
     FigureCanvasAgg(fig)
