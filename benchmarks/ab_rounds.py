@@ -86,8 +86,9 @@ def run_group(paths: list[Path], rounds: int, per_round: int, warm: float, sampl
     cub = statistics.median(times["cublas"])
     base = str(paths[0])
     rows = []
-    for p, c in zip(paths, checks):
-        row = {"module": p.name, "path": str(p), "check": c.as_dict()}
+    for p, m, c in zip(paths, mods, checks):
+        row = {"module": p.name, "path": str(p), "rung": m.rung, "shape": list(shape), "dtype": m.dtype,
+               "knobs": m.knobs, "build_commit": m.manifest.get("commit"), "check": c.as_dict()}
         if c.ok:
             ms = statistics.median(times[str(p)])
             row.update({

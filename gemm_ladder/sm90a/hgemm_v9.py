@@ -129,11 +129,12 @@ barriers, same named-barrier use per chunk; only where the chunks sit moves:
     after the last tile:  its chunks from the pairs
 
 On an H100 (``benchmarks/results/2026-11-23_h100_epi_under/``, modules and cuBLAS taking turns
-in the same rounds) it is 1.1-1.5% faster at 4096^3, 1.1-2.0% at 8192^3, 1.2% at 6144^3 and 3.8%
-at 3072x8192x1536; ncu counts 2-3k fewer cycles on the busiest SM at 4096^3. Its limits: the
-wgmma pipe still drains at every boundary (ptxas serialises the wgmmas if a tile's first slice
-is issued while the last one's still run and the tile loop reads accumulators: it cannot match
-the waits to the groups across the loop's back edge), and 192 of the 232 registers are taken.
+in the same rounds) it is 1.7-2.1% faster at 4096^3 (1.019-1.027x cuBLAS), 1.1-2.2% at 8192^3,
+1.2-1.4% at 6144^3 fp16 and 3.8-5.8% at 3072x8192x1536; ncu counts 4-5k fewer cycles on the
+busiest SM at 4096^3. What it leaves: the wgmma pipe still drains and refills at every boundary
+(ptxas serialises all wgmmas when a loop that reads accumulators carries pending wgmma groups
+over its back edge, so the next tile's first slice cannot be issued under the last one's), and
+192 of the 232 registers are taken.
 
 Reading K backwards on every second tile of a CTA (``k_zigzag=True``, off by default): the
 producer loads that tile's slices from the last to the first, so it starts on the K panels of A
