@@ -139,7 +139,8 @@ over its back edge, so the next tile's first slice cannot be issued under the la
 Reading K backwards on every second tile of a CTA (``k_zigzag=True``, off by default): the
 producer loads that tile's slices from the last to the first, so it starts on the K panels of A
 and B the tile before ended with, still in L2 (the consumers add the slices in the order they
-land). At 4096^3 on an H100 it cut DRAM reads by 12-33% and the time by 0-0.2%.
+land). At 4096^3 on an H100 it cut DRAM reads by 12-33%
+(``benchmarks/results/2026-11-23_h100_tile_boundary/``) and the time by 0-0.2%.
 
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W; with
@@ -334,7 +335,7 @@ def kernel(cfg: GemmConfig):
                             # parity waits then name one phase (it cannot lap us, nor we it)
                             mma2mma.wait(c, ((turn - 1) // W) & 1)
                     if UNDER:
-                        # the previous tile's chunks, one after each of this tile's first wgmma issues
+                        # the previous tile's chunks, one under each of this tile's first slices
                         common.issue_slices_under(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
                                                   desc_a, desc_b, lane_id, CS, D, Esmem, Preg, m_prev, n_prev,
                                                   turn > 0, c, wtid, warp_id, epi_it, EPI_N, NBUF)
