@@ -723,20 +723,15 @@ def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lan
     row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
     for mi in T.unroll(plan.m_atoms):
         for pp in T.unroll(ncols // 16):
-            if packed is None:
-                p0 = T.meta_var((mi * NR + (2 * (col0 // 16 + pp)) * 4) // 2)
-                T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
-                    Esmem.ptr_to([buf, mi * WG_M + row, (2 * pp + q // 2) * 8]),
-                    Dreg[p0], Dreg[p0 + 1], Dreg[p0 + 2], Dreg[p0 + 3],
-                )
-            else:
+            r0 = T.meta_var(mi * NR + 2 * (col0 // 16 + pp) * 4)  # the first of the 8 accumulators stored
+            if packed is not None:
                 for h in T.unroll(4):
-                    r = T.meta_var(mi * NR + (2 * (col0 // 16 + pp) + h // 2) * 4 + (h % 2) * 2)
-                    T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r + 1], Dreg[r])
-                T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
-                    Esmem.ptr_to([buf, mi * WG_M + row, (2 * pp + q // 2) * 8]),
-                    packed[0], packed[1], packed[2], packed[3],
-                )
+                    T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r0 + 2 * h + 1], Dreg[r0 + 2 * h])
+            src = T.meta_var([packed[h] for h in range(4)] if packed is not None
+                             else [Dreg[r0 // 2 + h] for h in range(4)])
+            T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
+                Esmem.ptr_to([buf, mi * WG_M + row, (2 * pp + q // 2) * 8]), *src,
+            )
 
 
 @T.inline
@@ -781,7 +776,6 @@ def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, la
     """
     for j in T.unroll(plan.n_cols // epi_n):
         store_chunk(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, lane_id, packed, epi_it, j, epi_n, nbuf)
-
 
 
 @T.inline
