@@ -10,6 +10,11 @@ module, keeps a long list fast.
 
     python -m gemm_ladder.isolate check MODULE.so [MODULE.so ...] [--args 0,1]
     python -m gemm_ladder.isolate time  MODULE.so [MODULE.so ...] [--args 50]
+    python -m gemm_ladder.isolate rounds MODULE.so MODULE.so [...] [--args 40,10,2.0]
+
+The ``rounds`` job times its modules together, taking turns with cuBLAS in the same rounds
+(:mod:`gemm_ladder.rounds`); its first result comes when the whole group is timed, so its
+deadline is the group's.
     python -m gemm_ladder.isolate gemm_ladder.suite:time_case CASE [CASE ...] [--args 50]
 
 A job named ``package.module:function`` runs ``function(item, args)`` on each item (a case name
@@ -150,6 +155,16 @@ def main(argv=None) -> None:
         args = [a for a in argv[i + 1].split(",") if a] if i + 1 < len(argv) else []
         argv = argv[:i]
     job, paths = argv[0], argv[1:]
+    if job == "rounds":  # one group, timed together: one result line per module, in order
+        try:
+            from .rounds import group_job  # pylint: disable=import-outside-toplevel
+
+            results = group_job(paths, args)
+        except Exception as err:  # pylint: disable=broad-except
+            results = [{"status": "error", "detail": f"{type(err).__name__}: {err}"} for _ in paths]
+        for result in results:
+            print(RESULT_PREFIX + json.dumps(result), flush=True)
+        return
     for path in paths:
         try:
             result = _job(job, path, args)

@@ -32,7 +32,8 @@ v9's defaults)::
                       tiles finish first (makespan     it fits (6 for 128x128)                   a ragged last wave
                       over the tile's measured rate)
     large             otherwise                        v9 defaults (128x256, 2 consumers,        measured 0.95-1.05x
-                                                       depth 4, 2x1 cluster, epi_n 64)           cuBLAS on squares
+                                                       depth 4, 2x1 cluster, epi_n 64); with     cuBLAS on squares;
+                                                       epi_under where tiles > SMs               epi_under +0.4-2.8%
 
 The four small-M rules (row-tiles to swap-ab-128) also set ``stream_b``: B's loads evict first
 from L2, A's last, with 256-byte L2 fills (+1.6-6.3% as kernels at 18 of the suite's 20 cases
@@ -294,6 +295,22 @@ def _stream_k_detail(p: Problem) -> str:
 SWEEP = "benchmarks/results/2026-11-22_h100_shape_sweep/sweep.json"
 
 
+# -- v9's epilogue under the next tile (``epi_under``) pays where a CTA has a next tile: at six
+# shapes of 1.9 to 7.8 waves of 128x256 tiles it was 0.4-2.8% faster in the same rounds, at 2048^3
+# (one tile a CTA, nothing to hide it under) 2.6% slower, and at the one-tile shapes of the
+# tile-shape rule 0.9-4.3% slower (benchmarks/results/2026-11-23_h100_front_door_epi_under/).
+EPI_UNDER_AB = "benchmarks/results/2026-11-23_h100_front_door_epi_under/"
+
+
+def _epi_under_pays(p: Problem) -> bool:
+    """The busiest CTAs of a persistent 128x256 grid run two tiles or more."""
+    return p.tiles(128, 256) > p.sms
+
+
+def _large_knobs(p: Problem) -> dict:
+    return {"epi_under": True} if _epi_under_pays(p) else {}
+
+
 RULES: list[Rule] = [
     Rule("row-tiles", "sm_90a", "v9", when=_row_tiles, knobs=_row_tile_knobs,
          why="32 < M <= 128 with a B small enough that 64-row tiles fit in one wave: each CTA streams its "
@@ -335,10 +352,14 @@ RULES: list[Rule] = [
          evidence=SWEEP + ": 128x192 0.89-1.04x and 128x128 0.79x cuBLAS at M = 512, where 128x256 gave 0.56-1.03x",
          detail=lambda p: "makespan (tile units): " + ", ".join(
              f"{bm}x{bn} {p.tiles(bm, bn)} tiles {makespan(p, bm, bn):.0f}" for bm, bn in SQUARE_TILES)),
-    Rule("large", "sm_90a", "v9", when=lambda p: True, knobs=lambda p: {},
-         why="enough tiles for every SM: v9 at its defaults (128x256 tiles, two consumers, depth 4, 2x1 cluster)",
+    Rule("large", "sm_90a", "v9", when=lambda p: True, knobs=_large_knobs,
+         why="enough tiles for every SM: v9 at its defaults (128x256 tiles, two consumers, depth 4, 2x1 cluster), "
+             "with each tile's epilogue under the next tile (epi_under) where the busiest CTAs run two tiles or more",
          evidence="benchmarks/results/2026-11-22_h100_v6_v9_sweep.json: 0.95-1.05x cuBLAS at 3072x8192x1536, "
-                  "4096^3, 6144^3, 8192^3 (fp16, bf16)"),
+                  "4096^3, 6144^3, 8192^3 (fp16, bf16); " + EPI_UNDER_AB + ": epi_under +0.4% to +2.8% at six "
+                  "shapes of 1.9 to 7.8 waves, -2.6% at 2048^3 (one tile a CTA)",
+         detail=lambda p: f"{p.tiles(128, 256)} tiles of 128x256 on {p.sms} SMs: epi_under "
+                          + ("on" if _epi_under_pays(p) else "off (no CTA runs a second tile)")),
     Rule("large", "sm_100a", "v9", when=lambda p: True, knobs=lambda p: {},
          why="Blackwell: v9 at its defaults (compiled only; no Blackwell GPU has measured it)"),
 ]

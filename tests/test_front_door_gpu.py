@@ -34,6 +34,8 @@ CASES = [
     "bfloat16:1000x6144x4096:again",
     "float16:33x1001x100:plain",                  # N and K padded to 1008 and 104
     "bfloat16:33x1001x100:out",
+    "float16:2048x4096x4096:plain",               # the large rule with epi_under (256 tiles on 132 SMs)
+    "bfloat16:3000x4096x4096:again",              # the same module at a ragged runtime M (3000 = 23.4 tiles), again
     "float16:0x4096x4096:plain",                  # empty: nothing launched
     "float16:16x4096x0:plain",                    # K = 0: zeros, as cuBLAS gives
 ]

@@ -19,3 +19,13 @@ def test_a_hang_times_out_and_the_batch_goes_on(monkeypatch):
 def test_a_single_job_reports_errors_as_results(tmp_path):
     res = isolate.run_isolated("check", tmp_path / "missing.so", 0, timeout=60)
     assert res["status"] == "error" and "missing.so" in res["detail"]
+
+
+def test_the_rounds_job_answers_for_every_module_of_its_group(tmp_path):
+    """The tuner's second pass times a group in one child: an error there (a missing module) comes
+    back once per module of the group, in order, and names the problem."""
+    paths = [tmp_path / "a.so", tmp_path / "b.so"]
+    res = isolate.run_batch("rounds", paths, (2, 1, 0.0), timeout=60, explain=False)
+    assert [r["status"] for r in res] == ["error", "error"]
+    assert [r["module"] for r in res] == ["a.so", "b.so"]
+    assert "a.so" in res[0]["detail"]

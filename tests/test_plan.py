@@ -229,13 +229,29 @@ def test_rule_stream_k_not_where_it_loses(M, N, K, rule):
     assert rule_choice(P(M, N, K)).rule == rule
 
 
-@pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (8192, 128256, 4096), (8192, 28672, 4096),
-                                     (2048, 2048, 2048), (3072, 8192, 1536), (4608, 4608, 4096)])
-def test_rule_large(M, N, K):
-    """Enough tiles for every SM: v9 at its defaults, with the evidence named."""
+@pytest.mark.parametrize("M, N, K, knobs", [
+    (4096, 4096, 4096, {"epi_under": True}),     # 512 tiles on 132 SMs
+    (8192, 128256, 4096, {"epi_under": True}),
+    (8192, 28672, 4096, {"epi_under": True}),
+    (3072, 8192, 1536, {"epi_under": True}),
+    (4608, 4608, 4096, {"epi_under": True}),
+    (2048, 2048, 2048, {}),                      # 128 tiles: no CTA has a next tile to hide a store under
+])
+def test_rule_large(M, N, K, knobs):
+    """Enough tiles for every SM: v9 at its defaults, with the evidence named; the epilogue under
+    the next tile only where the busiest CTAs run a second tile."""
     c = rule_choice(P(M, N, K))
-    assert (c.rule, c.rung, rung_knobs(c)) == ("large", "v9", {})
-    assert "v6_v9_sweep.json" in c.why
+    assert (c.rule, c.rung, rung_knobs(c)) == ("large", "v9", knobs)
+    assert "v6_v9_sweep.json" in c.why and plan.EPI_UNDER_AB in c.why
+    make_config(c.rung, M, N, K, **c.knobs)  # the validator takes them
+
+
+@pytest.mark.parametrize("n_tiles, on", [(131, False), (132, False), (133, True), (264, True)])
+def test_epi_under_from_the_second_tile(n_tiles, on):
+    """epi_under turns on at one 128x256 tile more than the SMs: the first CTA with a second tile."""
+    p = P(128, 256 * n_tiles, 4096)
+    assert p.tiles(128, 256) == n_tiles
+    assert plan._large_knobs(p) == ({"epi_under": True} if on else {})  # pylint: disable=protected-access
 
 
 def test_rule_large_on_blackwell():

@@ -268,7 +268,7 @@ def measured(tmp_path, monkeypatch):
     def index(path):
         return int(Path(path).stem.rsplit("_", 1)[1])
 
-    def fake_run_batch(job, paths, args=(), timeout=120.0, on_result=None):
+    def fake_run_batch(job, paths, args=(), timeout=120.0, on_result=None, explain=True):
         calls.append(("batch", job, [Path(p).name for p in paths], tuple(args), timeout))
         out = []
         for p in paths:
@@ -284,7 +284,7 @@ def measured(tmp_path, monkeypatch):
 
     monkeypatch.setattr(isolate, "run_batch", fake_run_batch)
     monkeypatch.setattr(isolate, "run_isolated", fake_run_isolated)
-    report = measuring.measure(folder, reps=7, timeout=5.0, gpu=GPU, progress=True)
+    report = measuring.measure(folder, reps=7, timeout=5.0, gpu=GPU, progress=True, confirm_top=0)
     return folder, report, calls
 
 
@@ -304,6 +304,71 @@ def test_measure_records_failures_and_picks_the_fastest_correct(measured):
     table = tune_report.format_table(report)
     assert "timeout" in table and "wrong" in table and "450.0" in table
     assert table.index("450.0") < table.index("350.0") < table.index("300.0")
+
+
+# the second pass (measuring.confirm): the first pass's leaders timed again together
+def _rounds(ratio, cublas=600.0):
+    return {"status": "ok", "ms": 1.0 / ratio, "tflops": cublas * ratio, "cublas_tflops": cublas,
+            "ratio_to_cublas": ratio, "round_ratio_to_cublas_quartiles": [ratio - 0.01, ratio, ratio + 0.01]}
+
+
+@pytest.mark.parametrize("second, best, statuses", [
+    # the first pass's runner-up (c005, 350 TFLOPS) is ahead when they take turns in the same rounds
+    ({1: _rounds(0.55), 5: _rounds(0.62), 0: _rounds(0.50)}, "c005", ["ok", "ok", "timeout", "wrong", "crash", "ok"]),
+    # the leader fails its second check: it is wrong, not the best
+    ({1: {"status": "wrong", "rel_err": 0.3, "detail": "4096 bad elements"}, 5: _rounds(0.55), 0: _rounds(0.58)},
+     "c000", ["ok", "wrong", "timeout", "wrong", "crash", "ok"]),
+    # the second pass errs for one: it keeps its first pass, unconfirmed, below the confirmed ones
+    ({1: {"status": "error", "detail": "RuntimeError: x"}, 5: _rounds(0.52), 0: _rounds(0.51)},
+     "c005", ["ok", "ok", "timeout", "wrong", "crash", "ok"]),
+])
+def test_second_pass_ranks_the_leaders(tmp_path, monkeypatch, second, best, statuses):
+    from gemm_ladder import isolate
+
+    folder = _candidate_folder(tmp_path / "cands", KNOBS)
+    calls = []
+
+    def index(path):
+        return int(Path(path).stem.rsplit("_", 1)[1])
+
+    def fake_run_batch(job, paths, args=(), timeout=120.0, on_result=None, explain=True):
+        calls.append((job, [index(p) for p in paths], tuple(args), timeout, explain))
+        table = second if job == "rounds" else CANNED
+        return [{**table[index(p)], "module": Path(p).name} for p in paths]
+
+    monkeypatch.setattr(isolate, "run_batch", fake_run_batch)
+    monkeypatch.setattr(isolate, "run_isolated", lambda job, path, *a, timeout=120.0: dict(RETRIED[index(path)]))
+    report = measuring.measure(folder, reps=7, timeout=5.0, gpu=GPU, progress=False, plot=False, confirm_top=3)
+    job, group, args, timeout, explain = calls[-1]
+    assert (job, group, explain) == ("rounds", [1, 5, 0], False)  # the three best of the first pass, best first
+    assert args == (measuring.rounds.ROUNDS, measuring.rounds.PER_ROUND, measuring.rounds.WARM_S)
+    assert timeout >= 3 * 5.0  # the group's deadline, not one module's
+    assert [r["status"] for r in report["results"]] == statuses
+    assert report["best"]["id"] == best and report["best"]["confirmed"] is True
+    assert report["best"]["ratio_to_cublas"] == second[int(best[1:])]["ratio_to_cublas"]
+    assert report["best"]["first_pass"]["tflops"] == {**CANNED, **RETRIED}[int(best[1:])]["tflops"]
+    assert report["confirm"]["candidates"] == [report["results"][i]["file"] for i in (1, 5, 0)]
+    erred = [r for r in report["results"] if "confirm_error" in r]
+    assert all(not r.get("confirmed") for r in erred)
+    entry = db.entry_from_measurements(report)
+    assert entry["knobs"] == report["best"]["knobs"] and entry["confirmed"] is True
+
+
+def test_second_pass_needs_two_correct_leaders():
+    ok, bad = _timed(400.0), {"status": "wrong"}
+    assert measuring.confirm_pick([ok, bad, _timed(300.0)], 4) == [0, 2]
+    assert measuring.confirm_pick([ok, bad], 4) == []          # one correct: nothing to compare
+    assert measuring.confirm_pick([ok, _timed(500.0)], 1) == []  # --confirm 1: first pass only
+    assert measuring.confirm_pick([ok, _timed(500.0), _timed(450.0)], 2) == [1, 2]
+
+
+def test_a_confirmed_entry_outranks_a_first_pass_one():
+    """A first pass on a cool GPU reads ratios several percent high: a confirmed entry (same rounds,
+    power limit) wins over an unconfirmed one whatever their ratios."""
+    first_pass = {"ratio_to_cublas": 1.07, "tflops": 750.0}
+    confirmed = {"ratio_to_cublas": 1.02, "tflops": 700.0, "confirmed": True}
+    assert max([first_pass, confirmed], key=tune_report.speed_rank) is confirmed
+    assert max([{**confirmed, "ratio_to_cublas": 1.03}, confirmed], key=tune_report.speed_rank)["ratio_to_cublas"] == 1.03
 
 
 def test_plot_is_written(measured, tmp_path):
@@ -573,7 +638,7 @@ def test_measure_path_needs_only_the_runtime(tmp_path):
 import sys
 from gemm_ladder import isolate
 from gemm_ladder.tune import measuring
-isolate.run_batch = lambda job, paths, args=(), timeout=0, on_result=None: [{_timed(400.0)!r} for p in paths]
+isolate.run_batch = lambda job, paths, args=(), timeout=0, on_result=None, explain=True: [{_timed(400.0)!r} for p in paths]
 r = measuring.measure({str(folder)!r}, gpu={GPU!r}, progress=False)
 assert r["best"]["tflops"] == 400.0
 bad = [m for m in sys.modules if m.split(".")[0] in ("tvm", "tvm_ffi", "layouts", "schedulers")

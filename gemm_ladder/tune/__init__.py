@@ -24,7 +24,11 @@ How a run goes, and the module of each step::
       v        --build-only: a folder of .so + .so.json and candidates.json
     measure    isolate's "time" job in a watched child, a deadline per candidate: checked on     measuring
       |        randn inputs, then timed against cuBLAS in the same process, as ``bench`` does; a
-      v        wrong, crashing or hanging candidate is recorded and the search goes on
+      |        wrong, crashing or hanging candidate is recorded and the search goes on
+    confirm    the --confirm best (default 4) timed again together: isolate's "rounds" job, each  measuring,
+      |        candidate and cuBLAS taking turns in the same rounds after a warm-up at the power  rounds
+      v        limit; their numbers replace the first pass's (kept as first_pass), and they rank
+               first (report.speed_rank). Local measuring only: RPC servers give the first pass
     (or rpc:   batches of candidates uploaded to TVM RPC servers, one per GPU, from a tracker;    rpc, serve
       |        each server measures them as above and replies; a server that dies or hangs
       v        costs the candidate it held, the run goes on with the others)

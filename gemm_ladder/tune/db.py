@@ -193,6 +193,7 @@ def entry_from_measurements(report: dict, source: str = "measurements") -> dict 
         "tvm_version": report["tvm_version"], "knobs": best["knobs"],
         "tflops": best["tflops"], "cublas_tflops": best.get("cublas_tflops"),
         "ratio_to_cublas": best.get("ratio_to_cublas"), "ms": best.get("ms"),
+        "confirmed": best.get("confirmed") is True,
         "date": report.get("date"), "commit": report.get("commit"), "compiler": report.get("compiler"),
         "sources": report.get("sources"), "sm_clock_mhz": gpu.get("sm_clock_mhz_now"),
         "candidates_measured": len(report.get("results", [])), "candidates_ok": len(ok),

@@ -15,7 +15,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .. import device, files, harness, isolate, runtime
+from .. import device, files, harness, isolate, rounds, runtime
 from ..report import progress as progress_bar
 from .report import knob_label, plot_measurements, speed_rank
 
@@ -26,6 +26,7 @@ RUN_FORMAT = "gemm_ladder.tune.run"  # several folders measured in one run: thei
 # Dense fp16/bf16 tensor-core peak of the fastest GPU of each arch (H100/H200 SXM; GB200), in
 # TFLOPS: a measurement above it is a broken timer or a broken file, not a fast kernel.
 PEAK_TFLOPS = {"sm_90a": 990.0, "sm_100a": 2500.0}
+CONFIRM_TOP = 4  # candidates timed again together in the second pass (tune --confirm)
 
 
 def _slug(text: str) -> str:
@@ -77,12 +78,13 @@ def time_paths(paths, reps: int = 50, timeout: float = 300.0, on_result=None) ->
 
 
 def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict | None = None,
-            progress: bool = True, plot=True, bar=None) -> dict:
+            progress: bool = True, plot=True, bar=None, confirm_top: int = CONFIRM_TOP) -> dict:
     """Check and time every candidate of ``folder`` against cuBLAS; write the measurements JSON.
 
     :func:`time_paths` on every candidate of the folder: ``wrong``, ``crash``, ``error`` and
-    ``timeout`` are recorded and do not stop the search. ``bar``: a progress bar to advance
-    (one bar over several folders); else one is made when ``progress``. Returns the
+    ``timeout`` are recorded and do not stop the search. Then :func:`confirm` times the
+    ``confirm_top`` best again, together (0 or 1: no second pass). ``bar``: a progress bar to
+    advance (one bar over several folders); else one is made when ``progress``. Returns the
     measurements dict (``"path"`` says where it was written).
     """
     folder = Path(folder)
@@ -110,8 +112,68 @@ def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict 
     finally:
         if own_bar and bar is not None:
             bar.close()
-    report = make_report(folder, man, dict(zip(present, timed)), gpu, reps, timeout)
+    paths = [folder / cands[i]["file"] for i in present]
+    timed, second = confirm(paths, timed, confirm_top, timeout)
+    report = make_report(folder, man, dict(zip(present, timed)), gpu, reps, timeout, confirm=second)
     return write_report(report, Path(out) if out else None, plot)
+
+
+def confirm_pick(results: list[dict], top: int) -> list[int]:
+    """The indices of the ``top`` best correct results of a first pass (``report.speed_rank``),
+    best first; none when fewer than two are correct or ``top`` < 2 (nothing to compare)."""
+    ok = sorted((i for i, r in enumerate(results) if r.get("status") == "ok"),
+                key=lambda i: speed_rank(results[i]), reverse=True)
+    return ok[:top] if top >= 2 and len(ok) >= 2 else []
+
+
+def apply_confirmed(results: list[dict], picked: list[int], second: list[dict]) -> list[dict]:
+    """The first pass's results with the second pass's numbers on the ``picked`` ones.
+
+    A confirmed result takes the second pass's ``ms``, ``tflops``, ``cublas_tflops`` and
+    ``ratio_to_cublas`` (the first pass's go to ``first_pass``) and ``confirmed: True``, which
+    ranks it before every unconfirmed one (``report.speed_rank``). A candidate that failed its
+    second check (``wrong``, ``timeout``, ``crash``) takes that status; one whose second pass
+    erred otherwise keeps its first pass, unconfirmed, with the reason in ``confirm_error``.
+    """
+    out = [dict(r) for r in results]
+    for i, res in zip(picked, second):
+        if res.get("status") == "ok":
+            first = {k: out[i].get(k) for k in ("ms", "tflops", "cublas_tflops", "ratio_to_cublas")}
+            out[i].update({k: res[k] for k in ("ms", "tflops", "cublas_tflops", "ratio_to_cublas",
+                                               "round_ratio_to_cublas_quartiles") if k in res},
+                          first_pass=first, confirmed=True)
+        elif res.get("status") in ("wrong", "timeout", "crash", "hang"):
+            out[i] = {**out[i], **{k: v for k, v in res.items() if k != "module"}, "confirm_failed": True}
+        else:
+            out[i]["confirm_error"] = res.get("detail", res.get("status"))
+    return out
+
+
+def confirm(paths, results: list[dict], top: int = CONFIRM_TOP, timeout: float = 300.0,
+            rounds_args=(rounds.ROUNDS, rounds.PER_ROUND, rounds.WARM_S)) -> tuple[list[dict], dict | None]:
+    """The tuner's second pass: the ``top`` best candidates of the first (``results``, in the order
+    of ``paths``) timed again together, taking turns with cuBLAS in the same rounds after a
+    warm-up at the power limit (:mod:`gemm_ladder.rounds`, in a watched child).
+
+    The first pass times each candidate for a fraction of a second beside cuBLAS. On a GPU that
+    reaches its power limit only after a few hundred milliseconds, that reads the early clock, and
+    the candidates' ratios spread by several percent from turn to turn: at 6144^3 bf16 on an H100
+    the first pass put a candidate 4% ahead of one that the same rounds put 2% behind
+    (``benchmarks/results/2026-11-23_h100_front_door_epi_under/``). Returns the results with
+    :func:`apply_confirmed` and the second pass's record (``None`` when there was none).
+    """
+    picked = confirm_pick(results, top)
+    if not picked:
+        return results, None
+    n_rounds, per_round, warm = rounds_args
+    group = [str(paths[i]) for i in picked]
+    # the first result comes once the whole group is timed: the deadline is the group's
+    deadline = timeout * len(group) + warm
+    second = isolate.run_batch("rounds", group, (n_rounds, per_round, warm), timeout=deadline, explain=False)
+    record = {"method": rounds.__doc__.split("\n\n")[0], "top": top, "rounds": n_rounds, "per_round": per_round,
+              "warm_s": warm, "candidates": [Path(g).name for g in group],
+              "statuses": [r.get("status") for r in second]}
+    return apply_confirmed(results, picked, second), record
 
 
 def make_report(folder, man: dict, by_index: dict, gpu: dict, reps: int, timeout: float, **extra) -> dict:
@@ -183,7 +245,7 @@ def load_best(folder, M: int | None = None, N: int | None = None, K: int | None 
             continue
         for row in r["results"]:
             if row.get("status") == "ok" and (folder / row["file"]).exists():
-                rows.append(((r["gpu"].get("name") == here, row["tflops"]), row, r, p))
+                rows.append(((r["gpu"].get("name") == here, speed_rank(row)), row, r, p))
     if not rows:
         want = f" for {M}x{N}x{K}" if M is not None else ""
         raise FileNotFoundError(f"no correct measured module{want}{' ' + dtype if dtype else ''} in {folder}")
