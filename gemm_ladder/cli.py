@@ -38,7 +38,7 @@ from .runtime import read_manifest
 from .tune import db, rpc, serve, space
 from .tune.jobs import PlanError, from_args as jobs_from_args
 from .tune import report as tune_report
-from .tune.measuring import CONFIRM_TOP
+from .tune.measuring import CONFIRM_TOP, confirm_count
 from .tune.run import measure_local, tune_many
 
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192")
@@ -292,18 +292,6 @@ def _space_of(a, job):
                               a.l2_keep, a.sms, int(a.l2_mb * 2**20) if a.l2_mb else None)
 
 
-def _confirm_count(text: str) -> int:
-    """``--confirm N``: a whole number of candidates, 0 or more."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: give how many candidates to time "
-                                         f"again, e.g. --confirm {CONFIRM_TOP}, or 0 for the first pass only") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} is negative: give 0 (the first pass only) or more")
-    return n
-
-
 def cmd_tune(a) -> int:
     if a.show:
         return _tune_show(a)
@@ -420,7 +408,7 @@ def _add_tune_parser(sub) -> None:
     t.add_argument("--db", default=None, help=f"tuning database (default: ${db.DB_ENV}, the repo's "
                                               "benchmarks/tuning/tuning_db.json, else the user cache)")
     t.add_argument("--reps", type=int, default=50)
-    t.add_argument("--confirm", type=_confirm_count, default=CONFIRM_TOP, metavar="N",
+    t.add_argument("--confirm", type=confirm_count, default=CONFIRM_TOP, metavar="N",
                    help=f"time the N best candidates of the first pass again, together with cuBLAS in the same "
                         f"rounds at the power limit, and rank by that (default {CONFIRM_TOP}; 0: first pass only; "
                         f"local measuring only)")

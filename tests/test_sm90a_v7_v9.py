@@ -308,3 +308,21 @@ CASES += [Case("v9", 1000, 3000, 520, cluster_m=2, cluster_n=2), Case("v9", 4096
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_v7_v9_are_correct_on_the_gpu(case, gpu_result):
     assert gpu_result["status"] == "ok", gpu_result
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [Case("v9", 1000, 3000, 520, epi_under=True)], ids=str)
+def test_the_tuners_second_pass_times_a_group_on_the_gpu(case, gpu_result, _gpu_batch):
+    """isolate's ``rounds`` job (the tuner's second pass): a group checked and timed in one
+    watched child, taking turns with cuBLAS; the same module twice reads alike."""
+    from gemm_ladder import isolate  # pylint: disable=import-outside-toplevel
+
+    assert gpu_result["status"] == "ok", gpu_result
+    path = _gpu_batch["paths"][case.key]
+    res = isolate.run_batch("rounds", [path, path], (6, 4, 0.2), timeout=120, explain=False)
+    assert [r["status"] for r in res] == ["ok", "ok"], res
+    for r in res:
+        assert r["ratio_to_cublas"] > 0 and r["tflops"] > 0 and r["rel_err"] < 1e-2
+        low, mid, high = r["round_ratio_to_cublas_quartiles"]
+        assert low <= mid <= high
+    assert "ratio_to_first" not in res[0] and 0.8 < res[1]["ratio_to_first"] < 1.25

@@ -649,3 +649,13 @@ print("BAD", bad)
                          cwd=Path(db.__file__).resolve().parents[2], check=False)
     assert out.returncode == 0, out.stderr
     assert "BAD []" in out.stdout
+
+
+@pytest.mark.parametrize("value, words", [("x", "not a whole number"), ("-1", "negative"), ("2.5", "not a whole")])
+def test_confirm_refuses_what_is_not_a_count(value, words, capsys):
+    from gemm_ladder.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["tune", "--measure", "somewhere", "--confirm", value])
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err

@@ -113,7 +113,9 @@ the cluster count, and none is made where it would not fit. On an H100 it paid a
 whole one's time for 0.91 of its wgmma cycles (``benchmarks/results/2026-11-23_h100_narrow_tail/``).
 
 The epilogue under the next tile (``epi_under=True``, off by default; the tuning database
-turns it on where it measured faster). Above, a consumer's tensor cores idle from its last
+turns it on at every benchmark shape, the front door's ``large`` rule wherever 128x256 tiles
+outnumber the SMs: with one tile a CTA there is nothing to hide the stores under, and it
+measured 1-4% slower). Above, a consumer's tensor cores idle from its last
 slice's retirement until its last chunk's store is issued: about 3k of a 67k-cycle tile at
 4096^3 on an H100. With ``epi_under`` the consumer only rounds the accumulators into 16-bit
 pairs there (``common.acc_to_pairs``: 64 registers a thread at 128x256 / 2, kept beside the

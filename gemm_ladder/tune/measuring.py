@@ -7,6 +7,7 @@ prepared (``tune --build-only``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -116,6 +117,18 @@ def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict 
     timed, second = confirm(paths, timed, confirm_top, timeout)
     report = make_report(folder, man, dict(zip(present, timed)), gpu, reps, timeout, confirm=second)
     return write_report(report, Path(out) if out else None, plot)
+
+
+def confirm_count(text: str) -> int:
+    """``tune --confirm N``: a whole number of candidates, 0 or more (an argparse type)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: give how many candidates to time "
+                                         f"again, e.g. --confirm {CONFIRM_TOP}, or 0 for the first pass only") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative: give 0 (the first pass only) or more")
+    return n
 
 
 def confirm_pick(results: list[dict], top: int) -> list[int]:
