@@ -112,7 +112,26 @@ def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
     return CheckResult(ok, rel, trel, mabs, tmabs, nan_count, detail)
 
 
-def _event_times(fn, sets, reps: int, start: int = 0) -> list[float]:
+def sets_to_spill_l2(M: int, N: int, K: int, l2_bytes: int) -> int:
+    """How many (A, B, D) sets of 16-bit inputs spill an L2 of ``l2_bytes`` three times (1 to 8), so
+    that rotating through them times a kernel reading DRAM, as a caller with fresh inputs sees."""
+    per_set = (M * K + N * K + M * N) * 2
+    return max(1, min(8, -(-3 * l2_bytes // per_set)))
+
+
+def input_sets(M: int, N: int, K: int, dtype: str, seed: int = 1000, l2_bytes: int | None = None) -> list:
+    """:func:`sets_to_spill_l2` sets of ``randn`` A, B (seeds ``seed``, ``seed + 1``, ...) and an
+    empty D, on the GPU."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    sets = []
+    for i in range(sets_to_spill_l2(M, N, K, l2_bytes or device.probe(0).l2_bytes)):
+        A, B = random_inputs(M, N, K, dtype, seed=seed + i)
+        sets.append((A, B, torch.empty((M, N), dtype=A.dtype, device=A.device)))
+    return sets
+
+
+def event_times(fn, sets, reps: int, start: int = 0) -> list[float]:
     """``reps`` CUDA-event-timed calls of ``fn``, rotating through the input sets.
 
     The calls are queued back to back and the stream is synchronised once at the end: the host
@@ -203,13 +222,8 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     if timer == "graph" and getattr(mod, "manifest", {}).get("watchdog"):
         raise ValueError("a watchdog build cannot be timed in a CUDA graph (each launch waits on its record): "
                          "use timer='queued', or the build without the watchdog")
-    l2 = l2_bytes or device.probe(0).l2_bytes
-    per_set = (mod.M * mod.K + mod.N * mod.K + mod.M * mod.N) * 2
-    n_sets = max(1, min(8, -(-3 * l2 // per_set)))  # enough sets to spill L2 three times
-    sets = []
-    for i in range(n_sets):
-        A, B = random_inputs(mod.M, mod.N, mod.K, mod.dtype, seed=1000 + i)
-        sets.append((A, B, torch.empty((mod.M, mod.N), dtype=A.dtype, device=A.device)))
+    sets = input_sets(mod.M, mod.N, mod.K, mod.dtype, seed=1000, l2_bytes=l2_bytes)
+    n_sets = len(sets)
     flops = 2.0 * mod.M * mod.N * mod.K
 
     def ours_fn(a, b, o):
@@ -227,7 +241,7 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     def _timed(fn, n, start=0):
         if timer == "graph":
             return graph_times(fn, sets, n)
-        return _event_times(fn, sets, n, start=start)
+        return event_times(fn, sets, n, start=start)
 
     rounds = max(1, min(rounds, reps))
     per_round = max(1, reps // rounds)

@@ -11,11 +11,11 @@ module, keeps a long list fast.
     python -m gemm_ladder.isolate check MODULE.so [MODULE.so ...] [--args 0,1]
     python -m gemm_ladder.isolate time  MODULE.so [MODULE.so ...] [--args 50]
     python -m gemm_ladder.isolate rounds MODULE.so MODULE.so [...] [--args 40,10,2.0]
+    python -m gemm_ladder.isolate gemm_ladder.suite:time_case CASE [CASE ...] [--args 50]
 
 The ``rounds`` job times its modules together, taking turns with cuBLAS in the same rounds
 (:mod:`gemm_ladder.rounds`); its first result comes when the whole group is timed, so its
 deadline is the group's.
-    python -m gemm_ladder.isolate gemm_ladder.suite:time_case CASE [CASE ...] [--args 50]
 
 A job named ``package.module:function`` runs ``function(item, args)`` on each item (a case name
 instead of a module path) and returns its result dict: the front door's checks and the shape

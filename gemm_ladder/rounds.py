@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from . import device, harness
+from . import harness
 
 ROUNDS, PER_ROUND, WARM_S = 40, 10, 2.0  # the tuner's second pass: about 2 s of warm-up, 400 launches each
 
@@ -63,12 +63,8 @@ def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: fl
                          "at least 1, warm at least 0")
     check_group(mods)
     first = mods[0]
-    per_set = (first.M * first.K + first.N * first.K + first.M * first.N) * 2
-    n_sets = max(1, min(8, -(-3 * device.probe(0).l2_bytes // per_set)))
-    sets = []
-    for i in range(n_sets):
-        A, B = harness.random_inputs(first.M, first.N, first.K, first.dtype, seed=2000 + i)
-        sets.append((A, B, torch.empty((first.M, first.N), dtype=A.dtype, device=A.device)))
+    sets = harness.input_sets(first.M, first.N, first.K, first.dtype, seed=2000)
+    n_sets = len(sets)
 
     def ours(m):
         return lambda a, b, o: m(a, b, out=o)
@@ -80,7 +76,7 @@ def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: fl
     t_end = time.time() + warm
     while time.time() < t_end:
         for fn in kernels:
-            harness._event_times(fn, sets, per_round)  # pylint: disable=protected-access
+            harness.event_times(fn, sets, per_round)
     times: list[list[float]] = [[] for _ in kernels]
     round_ms: list[list[float]] = [[] for _ in kernels]
     # every kernel in every position, forwards and backwards (not every permutation: 9 kernels
@@ -91,7 +87,7 @@ def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: fl
     t0 = time.time()
     for r in range(rounds):
         for i in orders[r % len(orders)]:
-            ts = harness._event_times(kernels[i], sets, per_round, start=r * per_round)  # pylint: disable=protected-access
+            ts = harness.event_times(kernels[i], sets, per_round, start=r * per_round)
             times[i] += ts
             round_ms[i].append(statistics.median(ts))
     t1 = time.time()
@@ -117,8 +113,10 @@ def group_job(paths, args) -> list[dict]:
     or ``wrong`` with the check."""
     from .runtime import load  # pylint: disable=import-outside-toplevel
 
-    rounds, per_round, warm = (int(args[0]), int(args[1]), float(args[2])) if len(args) >= 3 else (
-        ROUNDS, PER_ROUND, WARM_S)
+    if args and len(args) != 3:
+        raise ValueError(f"the rounds job takes rounds, per round and warm-up seconds (e.g. --args "
+                         f"{ROUNDS},{PER_ROUND},{WARM_S}), or none for those; got {','.join(map(str, args))}")
+    rounds, per_round, warm = (int(args[0]), int(args[1]), float(args[2])) if args else (ROUNDS, PER_ROUND, WARM_S)
     mods = [load(p) for p in paths]
     check_group(mods)
     checks = [harness.check(m, seed=7) for m in mods]

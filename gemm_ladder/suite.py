@@ -138,8 +138,7 @@ def time_case(case_id: str, args) -> dict:
     if not check["ok"]:
         return {"status": "wrong", **base}
     del D
-    per_set = (M * K + N * K + M * N) * 2
-    n_sets = max(1, min(8, -(-3 * torch.cuda.get_device_properties(0).L2_cache_size // per_set)))
+    n_sets = harness.sets_to_spill_l2(M, N, K, torch.cuda.get_device_properties(0).L2_cache_size)
     sets = [(A, B, torch.empty((M, N), dtype=A.dtype, device=A.device))]
     for i in range(1, n_sets):
         a, b = harness.random_inputs(M, N, K, dtype, seed=1000 + i)

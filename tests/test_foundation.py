@@ -481,3 +481,14 @@ def test_a_blackwell_module_refuses_a_hopper_gpu(case, gpu_result):
         pytest.skip("this GPU is a Blackwell")
     assert gpu_result["status"] == "error", gpu_result
     assert "ArchMismatchError" in gpu_result["detail"] and "built for sm_100a" in gpu_result["detail"]
+
+
+@pytest.mark.parametrize("shape, l2, sets", [
+    ((4096, 4096, 4096), 50 * 2**20, 2),     # 96 MiB a set: two spill 50 MiB three times
+    ((256, 256, 256), 50 * 2**20, 8),        # a tiny set: capped at 8
+    ((8192, 8192, 8192), 50 * 2**20, 1),     # one set is already 384 MiB
+])
+def test_timers_rotate_through_enough_inputs_to_spill_l2(shape, l2, sets):
+    from gemm_ladder import harness
+
+    assert harness.sets_to_spill_l2(*shape, l2) == sets
