@@ -112,11 +112,15 @@ def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
     return CheckResult(ok, rel, trel, mabs, tmabs, nan_count, detail)
 
 
+def bytes_once(M: int, N: int, K: int) -> int:
+    """The fewest bytes a 16-bit GEMM moves through device memory: A and B read once, D written once."""
+    return (M * K + N * K + M * N) * 2
+
+
 def sets_to_spill_l2(M: int, N: int, K: int, l2_bytes: int) -> int:
     """How many (A, B, D) sets of 16-bit inputs spill an L2 of ``l2_bytes`` three times (1 to 8), so
     that rotating through them times a kernel reading DRAM, as a caller with fresh inputs sees."""
-    per_set = (M * K + N * K + M * N) * 2
-    return max(1, min(8, -(-3 * l2_bytes // per_set)))
+    return max(1, min(8, -(-3 * l2_bytes // bytes_once(M, N, K))))
 
 
 def input_sets(M: int, N: int, K: int, dtype: str, seed: int = 1000, l2_bytes: int | None = None) -> list:

@@ -165,11 +165,11 @@ def time_case(case_id: str, args) -> dict:
         cub += t
         ratios.append(statistics.median(t) / statistics.median(o))
     ms, cms = statistics.median(mine), statistics.median(cub)
-    flops = 2.0 * M * N * K
+    flops, moved = 2.0 * M * N * K, harness.bytes_once(M, N, K)
     return {"status": "ok", **base, "ms": ms, "cublas_ms": cms, "tflops": flops / ms / 1e9,
             "cublas_tflops": flops / cms / 1e9, "ratio_to_cublas": cms / ms,
-            "round_ratios": [round(x, 4) for x in ratios], "gbps": per_set / ms / 1e6,
-            "cublas_gbps": per_set / cms / 1e6, "burst": burst, "samples": len(mine), "input_sets": n_sets,
+            "round_ratios": [round(x, 4) for x in ratios], "gbps": moved / ms / 1e6,
+            "cublas_gbps": moved / cms / 1e6, "burst": burst, "samples": len(mine), "input_sets": n_sets,
             "host_us": _host_us(ours, sets), "cublas_host_us": _host_us(theirs, sets)}
 
 
@@ -224,7 +224,7 @@ def run(out=None, dtypes=SUITE_DTYPES, only=None, reps: int = 60, timeout: float
     for c, res in zip(todo, got):
         res.pop("module", None)
         row = {**c, **res}
-        intensity = 2.0 * c["M"] * c["N"] * c["K"] / ((c["M"] * c["K"] + c["N"] * c["K"] + c["M"] * c["N"]) * 2)
+        intensity = 2.0 * c["M"] * c["N"] * c["K"] / harness.bytes_once(c["M"], c["N"], c["K"])
         row["intensity_flop_per_byte"] = round(intensity, 1)
         row["memory_bound"] = bool(balance and intensity < balance)
         if row.get("status") == "ok" and peak:
