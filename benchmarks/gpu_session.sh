@@ -9,13 +9,15 @@
 #   bash benchmarks/gpu_session.sh barriers # broken variants under the watchdog; its cost off/on
 #   bash benchmarks/gpu_session.sh front    # the front door's GPU tier (benchmarks/prepare_front_door.sh)
 #   bash benchmarks/gpu_session.sh suite    # the shape suite: gemm_ladder.matmul against cuBLAS
+#   bash benchmarks/gpu_session.sh smoke    # every GPU-only command on one tiny shape (tests/gpu_smoke.py)
 #
 # Inputs under build/, made by benchmarks/prepare_gpu_session.sh (git-ignored, carried to the GPU box):
 # runtime/ (pack-runtime),
 # gpu_cases/ (GEMM_LADDER_GPU_EXPORT, with watchdog/ twins), ladder/ (export), runner/ (cmake),
 # tune_*/ (tune --build-only), barriers/ (benchmarks/barrier_watchdog.py prepare);
 # by benchmarks/prepare_front_door.sh: front_cases/, shape_cases/ (GEMM_LADDER_GPU_EXPORT),
-# suite_pack/ (pack build --suite), every_shape/ (benchmarks/every_shape_kernels.py).
+# suite_pack/ (pack build --suite), every_shape/ (benchmarks/every_shape_kernels.py);
+# by python -m tests.gpu_smoke build/smoke: smoke/.
 # Outputs go to $OUT (or out/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +70,11 @@ case "${1:-bench}" in
     # v10, v11 and runtime-M modules with the wave model's knobs, beside v9 (benchmarks/every_shape_kernels.py)
     python3 -m gemm_ladder bench build/every_shape --out "$OUT/bench_every_shape.json" 2>&1 \
       | grep -v "it/s]" | tee "$OUT/bench_every_shape.txt"
+    ;;
+  smoke)
+    # run after any change to host code that runs on a GPU; its log is what a closing note cites
+    GEMM_LADDER_SMOKE=build/smoke python3 -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_gpu_smoke.py \
+      2>&1 | tee "$OUT/gpu_smoke.txt" | grep -v "it/s]"
     ;;
   tune)
     for d in build/tune_*; do

@@ -263,7 +263,7 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     ms, cublas_ms = statistics.median(ours), statistics.median(theirs)
     # what a memory-bound (small-M, weight-streaming) shape is judged by: A, B read and D
     # written once, over the time
-    moved = (mod.M * mod.K + mod.N * mod.K + mod.M * mod.N) * 2
+    moved = bytes_once(mod.M, mod.N, mod.K)
     launch = {"host_us": round(host_us(ours_fn, sets), 1), "cublas_host_us": round(host_us(theirs_fn, sets), 1)}
     return {
         **launch,

@@ -1,0 +1,58 @@
+"""What the GPU smoke tier (``tests/test_gpu_smoke.py``) runs: one tiny shape per GPU-only entry.
+
+Every command and library entry that only runs on a GPU is run once here, as a user runs it, on
+the smallest inputs that reach its whole host path: ``verify``, ``bench``, ``suite run``, ``tune
+--measure``, the ``rounds`` job of ``gemm_ladder.isolate``, ``gemm_ladder.matmul`` and the torch
+op. A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
+this tier is what catches that, so it runs on the device after any change to host code.
+
+The modules are built where TVM's compiler is (a build box) and carried::
+
+    .venv/bin/python -m tests.gpu_smoke build/smoke            # build box: the artifacts below
+    GEMM_LADDER_SMOKE=build/smoke python3 -m pytest -q -m gpu tests/test_gpu_smoke.py   # GPU box
+
+On a box with both a GPU and TVM's compiler the tests build the folder themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+INDEX = "smoke.json"
+# one module of the production rung at a shape of partial tiles, and one of the teaching ladder
+LADDER = [("v9", (200, 264, 320)), ("v4", (256, 256, 512))]
+TUNE = ("v5", (256, 256, 512), "blk_m=128;blk_n=128;num_warpgroups=2;pipe_depth=2,3")
+# one case of the shape suite (fp16 only: ``--only`` matches case ids by substring) and the
+# weight the front door's tests call through its pack
+SUITE_CASE = "float16-16x4096x4096"
+FRONT_SHAPES = ("16x4096x4096", "37x4096x4096")
+
+
+def _cli(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "gemm_ladder", *args], check=True, cwd=REPO)
+
+
+def prepare(out) -> Path:
+    """Build every artifact of the tier into ``out`` and index them in ``out/smoke.json``."""
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for rung, (M, N, K) in LADDER:
+        _cli("export", "--rungs", rung, "--shapes", f"{M}x{N}x{K}", "--dtypes", "float16", "--out", str(out / "ladder"))
+    rung, (M, N, K), space = TUNE
+    _cli("tune", "--rung", rung, "--shape", f"{M}x{N}x{K}", "--space", space, "--build-only", "--out", str(out / "tune"))
+    shapes = sorted({SUITE_CASE.partition("-")[2], *FRONT_SHAPES})
+    _cli("pack", "build", "--shapes", ",".join(shapes), "--dtypes", "float16", "--out", str(out / "pack"))
+    index = {"ladder": "ladder", "tune": "tune", "pack": "pack", "suite_case": SUITE_CASE,
+             "front_shapes": list(FRONT_SHAPES)}
+    (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tests.gpu_smoke OUT_DIR")
+    print(prepare(sys.argv[1]))
