@@ -27,7 +27,7 @@ DEADLINE = 420  # seconds for one command: a hang fails the test, it does not ha
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     if SMOKE_DIR:
-        root = Path(SMOKE_DIR)
+        root = Path(SMOKE_DIR).resolve()  # the commands run in their own temporary folders
         if not (root / INDEX).is_file():
             pytest.fail(f"{root} has no {INDEX}: build it with python -m tests.gpu_smoke {root} on a build box")
     elif GPU_ARCH is None:
@@ -77,8 +77,8 @@ def test_suite_run(smoke, tmp_path):
     result = tmp_path / "suite.json"
     out = _gemm_ladder("suite", "run", "--pack", smoke["pack"], "--only", smoke["suite_case"], "--dtypes",
                        "float16", "--reps", "6", "--out", result, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
     doc = json.loads(result.read_text())
+    assert out.returncode == 0, (out.stderr, doc["results"])
     assert doc["summary"]["cases"] == 1 and doc["summary"]["ok"] == 1, doc["summary"]
     row = doc["results"][0]
     assert row["id"] == smoke["suite_case"] and row["check"]["ok"] and row["ratio_to_cublas"] > 0
