@@ -3,11 +3,16 @@ plot of a result, and the command's refusal without a GPU. (Running it is a GPU 
 ``benchmarks/gpu_session.sh suite``.)"""
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gemm_ladder import kernel_pack, suite
+
+from .conftest import GPU_ARCH
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,10 +62,11 @@ def test_table_and_plot_of_a_result(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_suite_run_needs_a_gpu():
+@pytest.mark.skipif(GPU_ARCH is not None, reason="a GPU is here: the smoke tier runs suite run (test_gpu_smoke.py)")
+def test_suite_run_needs_a_gpu(tmp_path):
+    # in a temporary folder: where a GPU is, this would run the suite, and write its result, there
     out = subprocess.run([sys.executable, "-m", "gemm_ladder", "suite", "run", "--out", "x.json"],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
-    from .conftest import GPU_ARCH
-
-    if GPU_ARCH is None:
-        assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr
+    assert not (tmp_path / "x.json").exists()
