@@ -18,15 +18,19 @@ How a call finds its kernel (once per shape, dtype and GPU arch; then from memor
 
 Loaded modules stay loaded for the life of the process. A call whose shapes, dtypes and GPUs are
 those of an earlier call that took the plain path (no copies) skips the checks and the lookup: it
-checks only that its tensors are contiguous and 16-byte aligned, and launches as that call did (a
-~20 us kernel would otherwise wait on the host; ``benchmarks/front_overhead.py`` measures it). ``explain=True`` prints the choice to
+checks only that its tensors are contiguous and 16-byte aligned, want no grad and that ``out``
+shares no memory with A or B, and launches as that call did (a ~20 us kernel would otherwise
+wait on the host; ``benchmarks/front_overhead.py`` measures it). ``explain=True`` prints the choice to
 stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO logs every new choice.
 
 Inputs: fp16 or bf16, contiguous, row-major, on one CUDA GPU; what TMA cannot describe (N or K
 not a multiple of 8, a view that does not start on a 16-byte boundary) takes a correct, slower
 path through padded copies (``tma_layout.LAYOUT_RULES``) and says so. Other dtypes, devices and
-layouts raise ``ModuleInputError`` with the fix. Empty shapes give empty (or zero) results
-without a launch, as cuBLAS does.
+layouts raise ``ModuleInputError`` with the fix, and so do what would silently mislead: an
+``out`` that overlaps A or B (the kernel would overwrite what it reads), a tensor that requires
+grad while grad mode is on (there is no backward here: ``torch.ops.gemm_ladder.mm`` has one), and
+a B laid out as a transposed view (``lin.weight.t()``: B is [N, K] like ``lin.weight``). Empty
+shapes give empty (or zero) results without a launch, as cuBLAS does.
 
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
 It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
@@ -137,12 +141,13 @@ def _load(path):
 
 # -- checks ---------------------------------------------------------------------------------------
 def _shapes(A, B, out):
-    """(M, N, K, D's shape) of a call whose dtypes, shapes and layouts fit; else ModuleInputError."""
+    """(M, N, K, D's shape) of a call whose arguments fit, all but their device (these checks need
+    no GPU, so the CPU tests reach them); else ModuleInputError."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    for name, t in (("A", A), ("B", B), ("out", out)):
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise ModuleInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t, what in (("A", A, "[..., K]"), ("B", B, "[N, K]"), ("out", out, "[..., N] or None")):
+        if not isinstance(t, torch.Tensor) and (t is not None or name != "out"):
+            raise ModuleInputError(f"{name} must be a torch.Tensor {what}, got {type(t).__name__}")
     if A.dtype != B.dtype:
         raise ModuleInputError(f"A is {A.dtype} and B is {B.dtype}: pass both in one dtype (B.to({A.dtype}))")
     if _dtype_name(A.dtype) not in DTYPES:
@@ -152,19 +157,71 @@ def _shapes(A, B, out):
         raise ModuleInputError(f"B must be [N, K] and A [..., K]; got A {tuple(A.shape)} and B {tuple(B.shape)}")
     N, K = B.shape
     if A.shape[-1] != K:
+        hint = ""
+        if A.shape[-1] == N:
+            hint = f"; B looks like [K, N], but {B_LAYOUT} (for a [K, N] matrix W, W.t().contiguous())"
         raise ModuleInputError(f"A is {tuple(A.shape)} and B {tuple(B.shape)}: A's last dim must be B's K={K} "
-                               "(D = A . B^T)")
+                               f"(D = A . B^T){hint}")
     shape = (*A.shape[:-1], N)
     if out is not None:
         if out.dtype != A.dtype:
             raise ModuleInputError(f"out has dtype {out.dtype}; it must be A's {A.dtype}")
         if tuple(out.shape) != shape:
             raise ModuleInputError(f"out has shape {tuple(out.shape)}; D = A . B^T is {shape}")
+    if is_transposed(B):
+        raise ModuleInputError(transposed_b_error(B))
     for name, t in (("A", A), ("B", B), ("out", out)):
         if t is not None and not t.is_contiguous():
             raise ModuleInputError(f"{name} is not contiguous (row-major); pass {name}.contiguous()")
+    _refuse_grad_and_overlap(A, B, out)
     M = int(torch.Size(A.shape[:-1]).numel())
     return M, N, K, shape
+
+
+# what B is, for a caller who passed its [K, N] transpose (thinking of x @ W where lin(x) was meant)
+B_LAYOUT = ("B is read as [N, K], laid out like nn.Linear.weight: for lin(x) pass lin.weight itself, "
+            "not lin.weight.t()")
+
+
+def transposed_b_error(B) -> str:
+    """The error for a ``B`` that :func:`is_transposed` (the front door's and the op's)."""
+    return (f"B {tuple(B.shape)} is the transpose of a contiguous tensor (as lin.weight.t() is), but D = A . B^T: "
+            f"{B_LAYOUT} (here: B.t()); only if you mean A . B^T with this B's values, pass B.contiguous()")
+
+
+def is_transposed(B) -> bool:
+    """Whether the 2-d ``B`` is laid out as ``T.t()`` of a contiguous ``T`` (and is not itself
+    contiguous): what ``lin.weight.t()`` gives, where a caller thinking of ``x @ W`` meant ``lin(x)``."""
+    return B.dim() == 2 and not B.is_contiguous() and B.t().is_contiguous()
+
+
+def _overlaps(t, u) -> bool:
+    """Whether contiguous ``t`` and ``u`` share a byte: their elements fill [data_ptr, data_ptr +
+    nbytes), so the byte ranges are exact (stricter than torch's same-storage test, which misses
+    two storages over one allocation). Meta tensors have no bytes."""
+    if t.device != u.device or t.device.type == "meta":
+        return False
+    t0, u0 = t.data_ptr(), u.data_ptr()
+    return t0 < u0 + u.nbytes and u0 < t0 + t.nbytes
+
+
+def _refuse_grad_and_overlap(A, B, out) -> None:
+    """What would silently mislead in tensors that fit otherwise (contiguous: the byte ranges are
+    exact): gradients that would stop here, and an ``out`` the kernel would write while it still
+    reads A or B."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    wants_grad = [name for name, t in (("A", A), ("B", B), ("out", out)) if t is not None and t.requires_grad]
+    if wants_grad and torch.is_grad_enabled():
+        raise ModuleInputError(
+            f"{' and '.join(wants_grad)} require{'s' if len(wants_grad) == 1 else ''} grad: gemm_ladder.matmul "
+            "has no backward (its result would silently stop the gradient). Call it under torch.no_grad() or "
+            "torch.inference_mode(), pass .detach()ed tensors, or use torch.ops.gemm_ladder.mm "
+            "(import gemm_ladder.ops), which has one")
+    for name, t in (("A", A), ("B", B)):
+        if out is not None and _overlaps(out, t):
+            raise ModuleInputError(f"out overlaps {name} in memory: the kernel would overwrite {name} while it "
+                                   f"reads it. Pass an out that shares no memory with A or B (or no out)")
 
 
 def _check(A, B, out):
@@ -359,19 +416,28 @@ def _fast_key(A, B, out):
 
 
 def _fast(A, B, out):
-    """The launch of a call like one already checked (same shapes, dtypes, GPUs; contiguous and
-    16-byte aligned, checked again here), or None: then the checked path runs."""
+    """The launch of a call like one already checked (same shapes, dtypes, GPUs; contiguous,
+    16-byte aligned, no grad wanted and ``out`` apart from A and B, checked again here), or None:
+    then the checked path runs (and says what is wrong, if anything)."""
     key = _fast_key(A, B, out)
     hit = _FAST.get(key) if key is not None else None
     if hit is None:
         return None
-    if out is None:
-        if not (A.is_contiguous() and B.is_contiguous()) or (A.data_ptr() | B.data_ptr()) & 15:
-            return None
-    elif (not (A.is_contiguous() and B.is_contiguous() and out.is_contiguous())
-          or (A.data_ptr() | B.data_ptr() | out.data_ptr()) & 15):
+    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes) = hit
+    if (A.requires_grad or B.requires_grad or (out is not None and out.requires_grad)) and _grad_enabled():
         return None
-    route, launch, M, N, K, shape = hit
+    pa, pb = A.data_ptr(), B.data_ptr()
+    if out is None:
+        if not (A.is_contiguous() and B.is_contiguous()) or (pa | pb) & 15:
+            return None
+    else:
+        pd = out.data_ptr()
+        if (not (A.is_contiguous() and B.is_contiguous() and out.is_contiguous())
+                or (pa | pb | pd) & 15):
+            return None
+        d_end = pd + d_bytes  # all three contiguous: each fills [ptr, ptr + its bytes)
+        if (pd < pa + a_bytes and pa < d_end) or (pd < pb + b_bytes and pb < d_end):
+            return None
     a = A if len(shape) == 2 else A.view(M, K)
     if out is None:
         import torch  # pylint: disable=import-outside-toplevel
@@ -385,6 +451,13 @@ def _fast(A, B, out):
     return out
 
 
+def _grad_enabled() -> bool:
+    """``torch.is_grad_enabled()``, asked only when a tensor wants grad."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    return torch.is_grad_enabled()
+
+
 def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
     """After a checked call that took the plain path (no copies, the module built for any M or
     this one): later calls like it go through :func:`_fast`."""
@@ -392,7 +465,8 @@ def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
     key = _fast_key(A, B, out)
     if launch is not None and key is not None and A.device.type == "cuda":
         with _LOCK:
-            _FAST[key] = (route, launch, M, N, K, tuple(shape))
+            spans = (A.nbytes, B.nbytes, M * N * A.element_size())  # the bytes of A, B and D
+            _FAST[key] = (route, launch, M, N, K, tuple(shape), spans)
 
 
 def matmul(A, B, out=None, explain: bool = False):

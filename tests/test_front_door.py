@@ -39,7 +39,7 @@ def h(*shape, dtype=torch.float16):
     (h(4, 64), h(2, 8, 64), None, ["B must be [N, K]"]),
     (h(4, 64), h(8, 64), None, ["A is on cpu", "A.cuda()"]),
     (h(64, 4).t(), h(8, 64), None, ["A is not contiguous", "A.contiguous()"]),
-    (h(4, 64), h(64, 8).t(), None, ["B is not contiguous"]),
+    (h(4, 64), h(8, 128)[:, ::2], None, ["B is not contiguous"]),
     (h(4, 64), h(8, 64), h(4, 9), ["out has shape (4, 9)", "(4, 8)"]),
     (h(4, 64), h(8, 64), h(4, 8, dtype=torch.bfloat16), ["out has dtype torch.bfloat16"]),
     ("A", h(8, 64), None, ["must be a torch.Tensor"]),
@@ -137,7 +137,8 @@ def _remembered(M, N, K, shape, with_out):
     A = torch.randn(*shape[:-1], K).half()
     B = torch.randn(N, K).half()
     out = torch.empty(*shape).half() if with_out else None
-    front._FAST[front._fast_key(A, B, out)] = (route, kernel, M, N, K, tuple(shape))
+    spans = (A.nbytes, B.nbytes, M * N * A.element_size())
+    front._FAST[front._fast_key(A, B, out)] = (route, kernel, M, N, K, tuple(shape), spans)
     return kernel, route, A, B, out
 
 
@@ -175,6 +176,31 @@ def test_the_fast_path_misses_what_it_has_not_seen_checked():
     assert front._fast(A, B, out) is out and len(kernel.seen) == 1
     front.reset()
     assert front._fast(A, B, out) is None  # reset forgets it
+
+
+def test_the_fast_path_leaves_an_overlapping_out_or_grad_to_the_checked_path():
+    """An ``out`` that shares bytes with A or B, or a tensor that wants grad (grad mode on): no
+    launch; the checked path refuses it. An out right after A, or grad mode off: the launch."""
+    kernel, route, A, B, out = _remembered(6, 64, 64, (6, 64), True)  # N == K: out=A fits the key
+    flat = torch.randn(3 * 6 * 64).half()  # A, then 3 rows more of it, then the rest
+    a_in_flat = flat[:6 * 64].view(6, 64)
+    misses = [
+        (A, B, A, "out overlaps A"),
+        (A, B, B[:6], "out overlaps B"),
+        (a_in_flat, B, flat[3 * 64:9 * 64].view(6, 64), "out overlaps A"),
+        (A.clone().requires_grad_(), B, out, "A requires grad"),
+        (A, B.clone().requires_grad_(), out, "B requires grad"),
+        (A, B, out.clone().requires_grad_(), "out requires grad"),
+    ]
+    for a, b, o, words in misses:
+        assert front._fast(a, b, o) is None, words
+        with pytest.raises(ModuleInputError, match=words):
+            front.matmul(a, b, o)
+    assert kernel.seen == [] and route.calls == 0
+    assert front._fast(a_in_flat, B, flat[6 * 64:12 * 64].view(6, 64)) is not None  # adjacent, no byte shared
+    with torch.no_grad():
+        assert front._fast(A.clone().requires_grad_(), B, out) is out
+    assert len(kernel.seen) == 2
 
 
 def test_explain_says_what_was_copied_and_why():

@@ -1,0 +1,170 @@
+"""The front door's inputs that used to mislead (issue 28), on the CPU: an ``out`` that overlaps A
+or B, tensors that want grad, B passed as ``lin.weight.t()``, and arguments that are not tensors,
+through ``gemm_ladder.matmul``, the torch op and ``gemm_ladder.build``/``load``. Each is refused
+before any GPU is asked, so the checks run here; a call that passes them all is told, here, to
+move its tensors to the GPU. The fast path's share is in ``tests/test_front_door.py``."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import gemm_ladder
+from gemm_ladder import front, ops
+from gemm_ladder.runtime import ModuleInputError
+
+mm = torch.ops.gemm_ladder.mm
+ON_CPU = "move it to the GPU"  # what a call that passes every other check is told here
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    front.reset()
+    yield
+    front.reset()
+
+
+def h(*shape, device="cpu"):
+    return torch.zeros(shape, dtype=torch.float16, device=device)
+
+
+def refused(call, *words, error=ModuleInputError):
+    with pytest.raises(error) as err:
+        call()
+    for w in words:
+        assert w in str(err.value), str(err.value)
+
+
+# -- out overlapping A or B -----------------------------------------------------------------------
+def test_out_that_is_a_or_b_is_refused():
+    """``matmul(A, W, out=A)`` with N == K used to run, reading A while writing it."""
+    A, B = torch.randn(8, 64).half(), torch.randn(64, 64).half()
+    refused(lambda: gemm_ladder.matmul(A, B, out=A), "out overlaps A", "shares no memory with A or B")
+    refused(lambda: gemm_ladder.matmul(A, B, out=B[:8]), "out overlaps B")
+    refused(lambda: gemm_ladder.matmul(A, B, out=torch.empty(8, 64).half()), ON_CPU)  # an out of its own
+
+
+@settings(max_examples=80, deadline=None)
+@given(M=st.integers(1, 4), N=st.integers(1, 4), K=st.integers(1, 4), one_buffer=st.booleans(),
+       starts=st.tuples(st.integers(0, 48), st.integers(0, 48), st.integers(0, 48)))
+def test_out_is_refused_exactly_when_it_shares_an_element_with_a_or_b(M, N, K, one_buffer, starts):
+    """A, B and out cut from one buffer at any element offsets (or B from its own): the call is
+    refused for overlap exactly when out's elements meet A's or B's (A meeting B is fine: both
+    are only read)."""
+    flat, other = torch.zeros(64).half(), torch.zeros(64).half()
+    a0, b0, d0 = starts
+    A = flat[a0:a0 + M * K].view(M, K)
+    B = (flat if one_buffer else other)[b0:b0 + N * K].view(N, K)
+    out = flat[d0:d0 + M * N].view(M, N)
+    d_elems = set(range(d0, d0 + M * N))
+    if d_elems & set(range(a0, a0 + M * K)):
+        refused(lambda: front.matmul(A, B, out), "out overlaps A")
+    elif one_buffer and d_elems & set(range(b0, b0 + N * K)):
+        refused(lambda: front.matmul(A, B, out), "out overlaps B")
+    else:
+        refused(lambda: front.matmul(A, B, out), ON_CPU)
+
+
+# -- tensors that want grad -----------------------------------------------------------------------
+@pytest.mark.parametrize("which", ["A", "B", "out"])
+def test_a_tensor_that_wants_grad_is_refused_while_grad_mode_is_on(which):
+    """The result of matmul has no grad_fn: with grad mode on, gradients would stop there."""
+    args = {"A": h(4, 64), "B": h(8, 64), "out": h(4, 8)}
+    args[which].requires_grad_()
+    call = lambda: gemm_ladder.matmul(args["A"], args["B"], out=args["out"])  # noqa: E731
+    refused(call, f"{which} requires grad", "torch.no_grad()", "torch.ops.gemm_ladder.mm")
+    with torch.no_grad():
+        refused(call, ON_CPU)
+    with torch.inference_mode():
+        refused(call, ON_CPU)
+
+
+def test_the_op_has_a_backward_so_it_takes_tensors_that_want_grad():
+    """The op's autograd runs the front door with grad mode off: no refusal (the device's error)."""
+    refused(lambda: mm(h(2, 4, 64).requires_grad_(), h(8, 64).requires_grad_()), ON_CPU)
+
+
+def test_the_ops_autograd_and_fake_pass_opcheck_through_the_front_doors_checks(monkeypatch):
+    """The op's forward and backward go through the front door's checks (a CPU product stands in
+    for the kernel): torch.library.opcheck's schema, autograd, fake-tensor and AOT tests pass, so
+    the backward passes B operands the op takes (contiguous, not the transposed views it refuses),
+    and the gradients are torch's."""
+    def stand_in(A, B):
+        front._shapes(A, B, None)
+        return (A.float() @ B.float().T).to(A.dtype)
+
+    monkeypatch.setattr(ops, "matmul", stand_in)
+    A = torch.randn(3, 5, 64).half().requires_grad_()
+    B = torch.randn(40, 64).half().requires_grad_()
+    assert set(torch.library.opcheck(mm.default, (A, B)).values()) == {"SUCCESS"}
+    mm(A, B).float().square().sum().backward()
+    A2, B2 = A.detach().float().requires_grad_(), B.detach().float().requires_grad_()
+    (A2 @ B2.T).half().float().square().sum().backward()
+    torch.testing.assert_close(A.grad.float(), A2.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(B.grad.float(), B2.grad, rtol=2e-2, atol=2e-2)
+
+
+# -- B passed as lin.weight.t() -------------------------------------------------------------------
+TRANSPOSED = ["transpose of a contiguous tensor", "[N, K]", "nn.Linear.weight", "pass lin.weight itself",
+              "B.contiguous()"]
+
+
+def test_a_transposed_weight_is_told_what_b_is():
+    """``matmul(x, lin.weight.t())`` on a square layer: 'pass B.contiguous()' would compute
+    ``x @ W``, not ``lin(x)``; the error says B is [N, K] like lin.weight, and what to pass."""
+    lin = torch.nn.Linear(64, 64, bias=False).half().requires_grad_(False)
+    x = h(4, 64)
+    refused(lambda: gemm_ladder.matmul(x, lin.weight.t()), *TRANSPOSED)
+    refused(lambda: gemm_ladder.matmul(x, lin.weight), ON_CPU)  # the advice, followed
+    refused(lambda: gemm_ladder.matmul(x, h(8, 128)[:, ::2]), "B is not contiguous")  # not a transpose
+
+
+def test_the_op_refuses_a_transposed_weight_too_real_and_fake():
+    """The op made any B contiguous, so ``mm(x, lin.weight.t())`` computed ``x @ W`` silently."""
+    lin = torch.nn.Linear(64, 64, bias=False).half().requires_grad_(False)
+    refused(lambda: mm(h(4, 64), lin.weight.t()), *TRANSPOSED, error=RuntimeError)
+    refused(lambda: mm(h(4, 64, device="meta"), h(64, 64, device="meta").t()), *TRANSPOSED, error=RuntimeError)
+    refused(lambda: mm(h(4, 64), lin.weight), ON_CPU)
+    refused(lambda: mm(h(4, 64), h(8, 128)[:, ::2]), ON_CPU)  # other strides: made contiguous, as before
+    assert mm(h(4, 64, device="meta"), h(64, 64, device="meta")).shape == (4, 64)
+
+
+def test_a_transposed_weight_of_another_shape_gets_the_hint_with_the_shape_error():
+    """A non-square ``lin.weight.t()`` is [K, N]: the shape error says B looks like it."""
+    W = torch.nn.Linear(64, 32, bias=False).half().requires_grad_(False).weight  # [32, 64]
+    words = ["A's last dim", "B looks like [K, N]", "pass lin.weight itself"]
+    refused(lambda: gemm_ladder.matmul(h(4, 64), W.t()), *words[1:], "must be B's K=32")
+    refused(lambda: mm(h(4, 64, device="meta"), W.t().to("meta")), *words, error=RuntimeError)
+
+
+# -- arguments that are not tensors ---------------------------------------------------------------
+W = h(8, 64)
+
+
+@pytest.mark.parametrize("args, words", [
+    ((None, W), ["A must be a torch.Tensor [..., K]", "NoneType"]),
+    ((h(4, 64), None), ["B must be a torch.Tensor [N, K]", "NoneType"]),
+    (([[1.0] * 64], W), ["A must be a torch.Tensor", "list"]),
+    ((h(4, 64), W, 3), ["out must be a torch.Tensor [..., N] or None", "int"]),
+])
+def test_matmul_names_an_argument_that_is_not_a_tensor(args, words):
+    refused(lambda: gemm_ladder.matmul(*args), *words)
+
+
+@pytest.mark.parametrize("args, words", [
+    ((None, W), ["gemm_ladder.mm: A must be a torch.Tensor [..., K]", "NoneType"]),
+    ((h(4, 64), None), ["gemm_ladder.mm: B must be a torch.Tensor [N, K]", "NoneType"]),
+])
+def test_the_op_names_an_argument_that_is_not_a_tensor(args, words):
+    refused(lambda: mm(*args), *words)
+
+
+@pytest.mark.parametrize("first", [42, None, b"v4", 4.0])
+def test_build_names_a_first_argument_that_is_neither_a_rung_nor_a_prim_func(first):
+    refused(lambda: gemm_ladder.build(first, 128, 128, 64), "gemm_ladder.build takes a rung name ('v4'",
+            "gemm_ladder.hgemm_v4(M, N, K)", f"got {type(first).__name__} {first!r}", error=TypeError)
+
+
+@pytest.mark.parametrize("path", [42, None, ["v4.so"]])
+def test_load_names_a_path_that_is_not_one(path):
+    refused(lambda: gemm_ladder.load(path), "gemm_ladder.load takes the path of an exported module",
+            f"got {type(path).__name__}", error=TypeError)
