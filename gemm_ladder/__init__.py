@@ -41,6 +41,8 @@ test_architecture.py`` walks every import and fails on a cycle.
 
 from __future__ import annotations
 
+import os
+
 from .config import ConfigError, GemmConfig
 
 __version__ = "0.1.0"
@@ -89,6 +91,11 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
     ``mod.extra["tuned_from"]`` (and in the manifest). Explicit knobs, or a prim_func, build
     exactly what they say.
     """
+    if not isinstance(rung_or_func, str) and not hasattr(rung_or_func, "attrs"):
+        # a prim_func has attrs (a rung's config among them: rungs.config_of_prim_func checks that)
+        raise TypeError(f"gemm_ladder.build takes a rung name ('v4', with M, N, K) or a rung's prim_func "
+                        f"(gemm_ladder.hgemm_v4(M, N, K)) first; got {type(rung_or_func).__name__} "
+                        f"{rung_or_func!r:.60}")
     from . import builder  # pylint: disable=import-outside-toplevel  (keeps the import light)
     from .tune import db  # pylint: disable=import-outside-toplevel
 
@@ -103,6 +110,9 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
 
 def load(path):
     """See :func:`gemm_ladder.runtime.load` (runtime-only TVM is enough)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"gemm_ladder.load takes the path of an exported module (a str or pathlib.Path to its .so); "
+                        f"got {type(path).__name__} {path!r:.60}")
     from .runtime import load as _load  # pylint: disable=import-outside-toplevel  (keeps the import light)
 
     return _load(path)
