@@ -13,8 +13,12 @@ How a call finds its kernel (once per shape, dtype and GPU arch; then from memor
        else the heuristic's rules: gemm_ladder.plan), from the module cache or built into it
        now, shared safely by concurrent processes                              (module_cache)
     3. a pack module that serves the shape less well: M outside the range its knobs were chosen
-       for, or a larger M with A copied into zero-padded rows
-    4. else a clear error that says how to build a pack for the shape
+       for, or a larger M with A copied into zero-padded rows; but not one made for an M far from
+       this one (more than 4x outside its range, or more than twice the rows: ``_far``)
+    4. else torch's own matmul (cuBLAS), with a warning once per shape (KernelFallbackWarning)
+       that says how to build a pack for it: a model with one layer no pack serves still runs,
+       as fast as torch. ``strict=True`` or ``GEMM_LADDER_STRICT=1`` makes this a NoKernelError
+       (and lets a far module serve, with the warning)
 
 Loaded modules stay loaded for the life of the process. A call whose shapes, dtypes and GPUs are
 those of an earlier call that took the plain path (no copies) skips the checks and the lookup: it
@@ -40,8 +44,10 @@ It launches on torch's current stream, so CUDA-graph capture works once a shape 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,17 +260,17 @@ def _arch(index: int) -> str:
 
 
 # -- choosing -------------------------------------------------------------------------------------
-def _route(M: int, N: int, K: int, dtype: str, index: int) -> tuple[Route, bool]:
-    """The route of a shape (and whether it was known already)."""
+def _route(M: int, N: int, K: int, dtype: str, index: int, strict: bool = False) -> tuple[Route, bool]:
+    """The route of a shape (and whether it was known already); ``strict``: no torch fallback."""
     arch = _arch(index)
-    key = (M, N, K, dtype, arch)
+    key = (M, N, K, dtype, arch, strict)
     route = _ROUTES.get(key)
     if route is not None:
         return route, True
     with _LOCK:
         route = _ROUTES.get(key)
         if route is None:
-            route = _resolve(M, N, K, dtype, arch, index)
+            route = _resolve(M, N, K, dtype, arch, index, strict)
             _ROUTES[key] = route
             logger.info("gemm_ladder.matmul %dx%dx%d %s (%s):\n%s", M, N, K, dtype, arch, "\n".join(route.lines))
     return route, False
@@ -320,7 +326,21 @@ def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int) -> R
     return Route(_load(path), None if dynamic else job.shape[0], source, choice.rung, knobs, lines)
 
 
-def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int) -> Route:
+def _far(e: dict, fit: str, M: int) -> str | None:
+    """Why a pack's module would serve this M far from what it was made for (None: it would not):
+    a runtime-M module at an M more than :data:`FAR_FACTOR` times outside the range its knobs were
+    chosen for (a split-K module chosen for M = 2 ran M = 4096 at 0.04x cuBLAS), or a module of
+    one M that more than doubles the rows it computes."""
+    if fit == "any-m":
+        lo, hi = e["m_range"]
+        if M > FAR_FACTOR * hi or M * FAR_FACTOR < lo:
+            return f"M={M} is far outside M {lo}..{hi}, the range its knobs were chosen for"
+    if fit == "pad-m" and e["shape"][0] > 2 * M:
+        return f"it is built for M={e['shape'][0]}: A would be copied into {e['shape'][0]} rows for M={M}"
+    return None
+
+
+def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool) -> Route:
     found = None
     for pack in _packs():
         f = pack.find(M, N, K, dtype, arch)
@@ -331,14 +351,63 @@ def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int) -> Route
     why = _why_no_build()
     if why is None:
         return _build_route(M, N, K, dtype, arch, index)
+    how = (f"on a box with TVM's compiler: python -m gemm_ladder pack build --shapes {M}x{N}x{K} --dtypes {dtype} "
+           f"--out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK")
     if found is not None:
-        return _from_pack(found, f"note: the pack has nothing closer and nothing can be built here ({why})")
+        far = _far(found.entry, found.fit, M)
+        note = f"note: the pack has nothing closer and nothing can be built here ({why})"
+        if far is None or strict:
+            route = _from_pack(found, note)
+            if far is not None:
+                _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {dtype}: {found.entry['file']} serves it although {far} "
+                      f"(strict mode); for a kernel made for this M, {how}")
+            return route
+        return _torch_route(M, N, K, dtype, f"the nearest kernel pack module, {found.entry['file']}, would serve it "
+                                               f"badly: {far}; and nothing can be built here ({why})", how)
     where = ", ".join(str(p.folder) for p in _packs()) or "none ($GEMM_LADDER_PACK is not set)"
-    raise NoKernelError(
-        f"no kernel for M={M}, N={N}, K={K}, {dtype} on {arch}: no kernel pack serves it (packs: {where}) and "
-        f"nothing can be built here ({why}). On a box with TVM's compiler: python -m gemm_ladder pack build "
-        f"--shapes {M}x{N}x{K} --dtypes {dtype} --out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK"
-    )
+    missing = f"no kernel pack serves it (packs: {where}) and nothing can be built here ({why})"
+    if strict:
+        raise NoKernelError(f"no kernel for M={M}, N={N}, K={K}, {dtype} on {arch}: {missing}. {how[0].upper()}{how[1:]}")
+    return _torch_route(M, N, K, dtype, missing, how)
+
+
+class KernelFallbackWarning(UserWarning):
+    """The front door computes a shape with torch's own matmul, or with a kernel made for another M."""
+
+
+class TorchMatmul:
+    """torch's own ``D = A . B^T`` (cuBLAS) in a module's place: the front door's fallback where no
+    kernel of ours serves a shape, so a model with one such layer still runs, as fast as torch."""
+
+    path = "torch.matmul (cuBLAS)"
+
+    def __call__(self, a, b, out):
+        import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
+
+        torch.matmul(a, b.t(), out=out)
+
+
+def _warn(text: str) -> None:
+    warnings.warn(text, KernelFallbackWarning, stacklevel=4)
+
+
+def _torch_route(M: int, N: int, K: int, dtype: str, why: str, how: str) -> Route:
+    """The fallback (see :class:`TorchMatmul`), said once per shape: a warning, and ``explain``."""
+    _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {dtype}: torch's own matmul computes it: {why}. For a kernel "
+          f"of ours, {how}. {STRICT_ENV}=1 (or strict=True) makes this an error")
+    lines = ["kernel: torch.matmul (cuBLAS), the fallback", f"why: {why}", f"for a kernel of ours: {how}",
+             f"source: torch ({STRICT_ENV}=1 or matmul(..., strict=True) raises NoKernelError instead)"]
+    return Route(TorchMatmul(), None, "torch fallback", "torch", {}, lines)
+
+
+STRICT_ENV = "GEMM_LADDER_STRICT"
+FAR_FACTOR = 4
+
+
+def _strict(strict: bool | None) -> bool:
+    if strict is not None:
+        return bool(strict)
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 FIT_RANK = {"exact": 0, "tuned-range": 1, "any-m": 2, "pad-m": 3}
@@ -469,9 +538,13 @@ def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
             _FAST[key] = (route, launch, M, N, K, tuple(shape), spans)
 
 
-def matmul(A, B, out=None, explain: bool = False):
-    """D = A . B^T on the GPU, for any shape (see the module docstring); returns D (or ``out``)."""
-    if not explain:
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None):
+    """D = A . B^T on the GPU, for any shape (see the module docstring); returns D (or ``out``).
+
+    ``strict``: where no kernel of ours serves the shape, raise :class:`NoKernelError` instead of
+    computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
+    first resolved)."""
+    if not explain and strict is None:
         done = _fast(A, B, out)
         if done is not None:
             return done
@@ -487,8 +560,10 @@ def matmul(A, B, out=None, explain: bool = False):
     else:
         fixes = Fixes((), N, K)
     index = A.device.index if A.device.index is not None else 0
-    route, known = _route(M, fixes.N, fixes.K, dtype, index)
+    route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict))
     route.calls += 1
+    if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
+        fixes = Fixes((), N, K)
     D = _launch(route, A2, B, out2, M, N, K, fixes)
     if not fixes.names and (route.module_M is None or route.module_M == M):
         _remember(A, B, out, route, M, N, K, shape)

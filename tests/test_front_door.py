@@ -5,6 +5,7 @@ says, and the torch op's fake implementation (meta tensors, ``torch.export``).
 The GPU tier (``tests/test_front_door_gpu.py``) runs the real kernels."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -244,13 +245,73 @@ def test_a_pack_serves_first(small_pack, monkeypatch, no_gpu_needed):
 def test_without_a_compiler_a_pack_serves_less_well_or_the_error_says_how(small_pack, monkeypatch, no_gpu_needed):
     monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
     front.use_pack(small_pack)
-    far, _ = front._route(1000, 256, 512, "float16", 0)  # outside the runtime-M module's range
-    assert far.module_M is None and "nothing can be built here" in "\n".join(far.lines)
+    near, _ = front._route(200, 256, 512, "float16", 0)  # outside the runtime-M module's range 1..64, within 4x
+    assert near.module_M is None and near.source == "kernel pack"
+    assert "nothing can be built here" in "\n".join(near.lines)
     with pytest.raises(front.NoKernelError) as err:
-        front._route(16, 4096, 4096, "float16", 0)
+        front._route(16, 4096, 4096, "float16", 0, strict=True)
     for words in ["M=16, N=4096, K=4096", str(small_pack), "switched off",
                   "pack build --shapes 16x4096x4096 --dtypes float16", "GEMM_LADDER_PACK"]:
         assert words in str(err.value)
+
+
+def test_where_no_kernel_serves_torch_does_and_says_so_once(small_pack, monkeypatch, no_gpu_needed):
+    """A runtime-only box with no pack for a shape: torch's matmul computes it (a model with one
+    such layer still runs), a warning says how to get a kernel, once per shape."""
+    monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
+    front.use_pack(small_pack)
+    A, B = torch.randn(16, 96).half(), torch.randn(40, 96).half()
+    with pytest.warns(front.KernelFallbackWarning) as caught:
+        route, _ = front._route(16, 40, 96, "float16", 0)
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    for words in ["M=16 N=40 K=96", "torch's own matmul", "pack build --shapes 16x40x96", "GEMM_LADDER_STRICT=1"]:
+        assert words in text, text
+    assert route.source == "torch fallback" and "torch.matmul" in route.lines[0]
+    D = torch.full((16, 40), float("nan")).half()
+    route.run(A, B, D)
+    torch.testing.assert_close(D.float(), (A.float() @ B.float().T), rtol=2e-3, atol=2e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same shape again: remembered, no second warning
+        assert front._route(16, 40, 96, "float16", 0) == (route, True)
+
+
+@pytest.mark.parametrize("strict_env", ["1", "true"])
+def test_strict_mode_restores_the_error(small_pack, monkeypatch, no_gpu_needed, strict_env):
+    monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
+    monkeypatch.setenv(front.STRICT_ENV, strict_env)
+    front.use_pack(small_pack)
+    with pytest.raises(front.NoKernelError, match="no kernel pack serves it"):
+        front._route(16, 40, 96, "float16", 0, front._strict(None))
+    assert front._strict(False) is False  # the argument wins over the environment
+
+
+def test_a_module_made_for_a_far_m_is_not_used_silently(small_pack, monkeypatch, no_gpu_needed):
+    """A runtime-M module chosen for M in 1..64 asked for M = 4096 (a split-K module chosen for
+    M = 2 once ran M = 4096 at 0.04x cuBLAS): torch serves it, with a warning; strict mode keeps
+    the module, still with a warning."""
+    monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
+    front.use_pack(small_pack)
+    with pytest.warns(front.KernelFallbackWarning, match="far outside M 1..64"):
+        route, _ = front._route(4096, 256, 512, "float16", 0)
+    assert route.source == "torch fallback"
+    with pytest.warns(front.KernelFallbackWarning, match="strict mode"):
+        kept, _ = front._route(4096, 256, 512, "float16", 0, strict=True)
+    assert kept.source == "kernel pack"
+    padded = kernel_pack.Found({"shape": [128, 256, 512], "m_range": [128, 128]}, "pad-m", None)
+    assert front._far(padded.entry, padded.fit, 100) is None       # 128 rows for 100: served
+    assert "copied into 128 rows" in front._far(padded.entry, padded.fit, 16)
+
+
+def test_the_fallback_takes_any_layout_without_copies(small_pack, monkeypatch, no_gpu_needed):
+    """torch's matmul needs none of TMA's copies: an odd K and a misaligned A go straight to it."""
+    monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
+    front.use_pack(small_pack)
+    monkeypatch.setattr(front, "_check", lambda A, B, out: (A.shape[0], B.shape[0], B.shape[1], A, out, (A.shape[0], B.shape[0])))
+    A, B = _misaligned(5, 100), torch.randn(36, 100).half()
+    with pytest.warns(front.KernelFallbackWarning):
+        D = front.matmul(A, B)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
 
 
 def test_a_damaged_pack_in_the_environment_is_an_error(tmp_path, monkeypatch, no_gpu_needed):
