@@ -136,6 +136,28 @@ for bad in (lambda: gemm_ladder.matmul(A, W, out=A), lambda: gemm_ladder.matmul(
         print("SMOKE refused:", str(err).splitlines()[0])
     else:
         raise AssertionError("a call that must be refused ran")
+# a layer no pack serves: torch's matmul computes it, with one warning, also in a compiled model
+# replayed from a CUDA graph (the other layer comes from the pack)
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    X = torch.randn(16, 4096, device="cuda", dtype=torch.float16)
+    W2 = torch.randn(1024, 4096, device="cuda", dtype=torch.float16) / 64
+    W1 = torch.randn(4096, 4096, device="cuda", dtype=torch.float16) / 64
+    f = torch.compile(lambda x: torch.ops.gemm_ladder.mm(torch.ops.gemm_ladder.mm(x, W1), W2), fullgraph=True)
+    want = (X.double() @ W1.double().T) @ W2.double().T
+    got = f(X)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = f(X)
+    g.replay()
+    torch.cuda.synchronize()
+    for D in (got, static):
+        err = ((D.double() - want).norm() / want.norm()).item()
+        assert err < 5e-3, err
+fell = [w for w in caught if w.category.__name__ == "KernelFallbackWarning"]
+assert len(fell) == 1 and "M=16 N=1024 K=4096" in str(fell[0].message), [str(w.message) for w in caught]
+print("SMOKE fallback:", str(fell[0].message)[:160])
 print("SMOKE done")
 """
 
