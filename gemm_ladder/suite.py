@@ -72,7 +72,7 @@ def parse_id(case_id: str) -> tuple[int, int, int, str]:
 
 
 # -- the child: one case ------------------------------------------------------------------------
-def _check(A, B, D, dtype) -> dict:
+def check_case(A, B, D, dtype) -> dict:
     """D against a float64 reference on up to CHECK_ROWS rows; cuBLAS's error on them as yardstick."""
     import torch  # pylint: disable=import-outside-toplevel
 
@@ -92,7 +92,7 @@ def _check(A, B, D, dtype) -> dict:
             "nan_count": nan, "rows_checked": int(rows.numel())}
 
 
-def _samples(fn, sets, burst: int, n: int, start: int) -> list[float]:
+def burst_samples(fn, sets, burst: int, n: int, start: int) -> list[float]:
     """``n`` samples of ``burst`` back-to-back calls each; ms per call."""
     import torch  # pylint: disable=import-outside-toplevel
 
@@ -133,7 +133,7 @@ def time_case(case_id: str, args) -> dict:
     matmul(A, B, out=D)
     torch.cuda.synchronize()
     route = route_of(M, N, K, dtype).as_dict()
-    check = _check(A, B, D, dtype)
+    check = check_case(A, B, D, dtype)
     base = {"route": route, "check": check, "rel_err": check["rel_err"]}
     if not check["ok"]:
         return {"status": "wrong", **base}
@@ -151,15 +151,15 @@ def time_case(case_id: str, args) -> dict:
         torch.matmul(a, b.T, out=o)
 
     for fn in (ours, theirs):
-        _samples(fn, sets, 1, 5, 0)  # warm-up (clocks, caches, the module's first launch)
-    rough = statistics.median(_samples(theirs, sets, 1, 5, 0)) * 1e3
+        burst_samples(fn, sets, 1, 5, 0)  # warm-up (clocks, caches, the module's first launch)
+    rough = statistics.median(burst_samples(theirs, sets, 1, 5, 0)) * 1e3
     burst = max(1, min(64, math.ceil(BURST_US / max(rough, 1e-3))))
     per_round = max(1, reps // ROUNDS)
     mine, cub, ratios = [], [], []
     for r in range(ROUNDS):
         first, second = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-        a = _samples(first, sets, burst, per_round, r)
-        b = _samples(second, sets, burst, per_round, r)
+        a = burst_samples(first, sets, burst, per_round, r)
+        b = burst_samples(second, sets, burst, per_round, r)
         o, t = (a, b) if r % 2 == 0 else (b, a)
         mine += o
         cub += t

@@ -1,0 +1,52 @@
+"""The every-model suite on the CPU: its families and split, the fixed sample, the summary. (Running
+it is a GPU benchmark: ``python -m gemm_ladder.every_model run``.)"""
+
+import math
+
+import pytest
+
+from gemm_ladder import every_model, kernel_pack
+
+
+def test_the_families_are_many_and_llama_8b_is_the_tuned_one():
+    fams = every_model.FAMILIES
+    assert len(fams) >= 10
+    assert [f for f, spec in fams.items() if not spec["held_out"]] == ["llama-3.1-8b"]
+    assert fams["llama-3.1-8b"]["weights"] == kernel_pack.MODELS["llama-8b"]  # the shape suite's model
+    shapes = {nk for spec in fams.values() for nk in spec["weights"].values()}
+    assert any(n % 8 or k % 8 for n, k in shapes), "no weight takes the padded path"
+    assert min(every_model.M_CHOICES) == 1 and max(every_model.M_CHOICES) >= 16384
+
+
+def test_the_sample_is_fixed_split_and_holds_an_odd_shape():
+    a, b = every_model.cases(40), every_model.cases(40)
+    assert a == b and len(a) == 40 and len({c["id"] + c["family"] + c["layer"] for c in a}) == 40
+    held = [c for c in a if c["held_out"]]
+    assert len(a) // 2 <= len(held) < len(a)
+    assert any(c["N"] % 8 or c["K"] % 8 for c in a)
+    assert len(every_model.cases(None)) == len(every_model.all_cases())
+    assert every_model.cases(7, seed=1) != every_model.cases(7, seed=2)
+
+
+def _row(ratio_k, ratio_c, held_out, status="ok", source="kernel pack"):
+    return {"held_out": held_out, "status": status, "correct": status == "ok", "kernel_ratio": ratio_k,
+            "call_ratio": ratio_c, "route": {"source": source}}
+
+
+def test_summary_keeps_tuned_and_held_out_apart():
+    rows = [_row(1.1, 1.2, False), _row(0.8, 1.0, True), _row(0.95, 1.05, True, source="torch fallback"),
+            _row(0, 0, True, status="wrong")]
+    s = every_model.summary(rows)
+    assert s["cases"] == 4 and s["correct"] == 3
+    assert s["tuned"]["kernel_geomean"] == 1.1 and s["tuned"]["cases"] == 1
+    assert math.isclose(s["held_out"]["kernel_geomean"], math.sqrt(0.8 * 0.95))
+    assert s["held_out"]["kernel_below_0_9"] == 1 and s["held_out"]["fallback"] == 1
+    assert s["held_out"]["ok"] == 2 and s["held_out"]["cases"] == 3
+    assert math.isclose(s["all"]["call_min"], 1.0)
+
+
+def test_the_command_refuses_a_negative_sample(capsys):
+    with pytest.raises(SystemExit) as err:
+        every_model.main(["list", "--sample", "-3"])
+    assert err.value.code == 2
+    assert "--sample -3" in capsys.readouterr().err
