@@ -67,9 +67,10 @@ def build_one(job_and_dir) -> dict:
 
 
 def build_many(jobs, out_dir, workers: int | None = None, desc: str = "build") -> list[dict]:
-    """Build jobs in parallel processes (building is CPU-bound; each process imports TVM once)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Build jobs in parallel processes (building is CPU-bound; each process imports TVM once).
+    The cache and ``out_dir`` are checked first (:func:`files.open_build_folders`): an unusable
+    one is a :class:`files.FolderError` before anything compiles."""
+    out_dir = files.open_build_folders(out_dir)
     work = [(as_job(j), str(out_dir)) for j in jobs]
     bar = progress(len(work), desc)
     try:

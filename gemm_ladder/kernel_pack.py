@@ -262,6 +262,7 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     from .procs import map_in_processes  # pylint: disable=import-outside-toplevel
     from .tune.cache import tvm_version  # pylint: disable=import-outside-toplevel
 
+    files.open_build_folders(out)  # the cache and out, before anything compiles (files.FolderError)
     sms = sms or plan.default_sms(arch)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,10 @@ libraries and its Python package without ``libtvm_compiler.so`` (about 250 MB le
     # on the GPU box:
     PYTHONPATH=build/runtime/site TVM_USE_RUNTIME_LIB=1 python -m gemm_ladder verify build/
 
+Every shared library in ``site/`` has its size and sha256 in ``site/RUNTIME_LIBS.json``;
+``gemm_ladder.load`` checks them (:func:`check_runtime_libs`) before TVM is first imported from
+the pack, so a copy cut short is named instead of killing the process with a bus error.
+
 ``tvm_ffi`` is a compiled extension: for another Python version its wheel is downloaded with
 ``pip download`` on the build box (which has the network the GPU box lacks). ``tornado`` (pure
 Python; its one extension is abi3) comes along for the RPC tracker of ``tune --tracker``.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +29,14 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from . import files
+
+# What the dynamic loader maps from a pack: each library's size and sha256, checked before loading.
+RUNTIME_LIBS = "RUNTIME_LIBS.json"
+LIBS_FORMAT = "gemm_ladder.runtime_libs"
+LIBS_VERSION = 1
+_CHECKED: set = set()  # sites whose libraries this process has checked
 
 # Parts of the TVM wheel that only the compiler needs.
 _TVM_SKIP = ("libtvm_compiler.so", "3rdparty", "include", "src", "web", "__pycache__", "relax")
@@ -53,16 +66,69 @@ def _ffi_wheel(python: str, dest: Path) -> Path:
     return wheels[0]
 
 
+def record_libraries(site: Path) -> dict:
+    """The :data:`RUNTIME_LIBS` record of ``site``: size and sha256 of every shared library in it."""
+    libs = sorted(p for p in site.rglob("*.so*") if p.is_file() and (p.suffix == ".so" or ".so." in p.name))
+    return {"format": LIBS_FORMAT, "version": LIBS_VERSION,
+            "files": {p.relative_to(site).as_posix(): files.file_record(p) for p in libs}}
+
+
+def check_runtime_libs() -> None:
+    """Where ``tvm`` comes from a runtime pack (a :data:`RUNTIME_LIBS` record beside it), check
+    every library the pack recorded against its size and sha256, before the first one loads
+    (once per process): a pack copied short would otherwise die in the dynamic loader with a
+    bus error and no message. Raises :class:`gemm_ladder.files.DamagedFile`."""
+    spec = importlib.util.find_spec("tvm")
+    if spec is None or not spec.origin:
+        return
+    site = Path(spec.origin).resolve().parent.parent
+    record_path = site / RUNTIME_LIBS
+    if site in _CHECKED or not record_path.exists():
+        return
+    again = f"run pack-runtime again and copy {site} whole"
+    try:
+        libs = json.loads(record_path.read_text())["files"]
+        if not isinstance(libs, dict):
+            raise TypeError("files is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise files.DamagedFile(f"{record_path} is unreadable ({type(err).__name__}: {err}): {again}") from None
+    for rel, recorded in libs.items():
+        files.check_loadable(site / rel, recorded, again)
+    _CHECKED.add(site)
+
+
+def _clear_staging(dest: Path) -> None:
+    for old in dest.glob(".site.*"):
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def pack_runtime(dest, python: str | None = None, with_package: bool = True) -> Path:
     """Write ``dest/site`` with runtime-only ``tvm``, ``tvm_ffi`` for ``python``, gemm_ladder and
-    ``schedulers`` (pure Python: the CLI imports it)."""
-    import tvm  # pylint: disable=import-outside-toplevel
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
+    ``schedulers`` (pure Python: the CLI imports it), and :data:`RUNTIME_LIBS`.
 
-    python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
-    site = Path(dest) / "site"
-    if site.exists():
-        shutil.rmtree(site)
+    ``dest`` is opened and locked first (:class:`gemm_ladder.files.FolderError` for a file, a
+    folder that cannot be written or one another pack-runtime is writing into); the new ``site``
+    is written beside the old one, its record last, and renamed into place: a run cut short
+    leaves the old pack whole."""
+    dest = Path(dest)
+    with files.folder_lock(dest, wait=False, what="this pack-runtime", role="runtime pack folder"):
+        import tvm  # pylint: disable=import-outside-toplevel
+        import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+        _clear_staging(dest)  # what a run cut short left (we hold the folder's lock)
+        staging = dest / f".site.tmp{os.getpid()}"
+        _fill_site(staging, tvm, tvm_ffi, python or f"{sys.version_info.major}.{sys.version_info.minor}",
+                   with_package)
+        files.write_json(staging / RUNTIME_LIBS, record_libraries(staging))
+        site = dest / "site"
+        if site.exists() or site.is_symlink():
+            os.replace(site, dest / f".site.old{os.getpid()}")
+        os.replace(staging, site)
+        _clear_staging(dest)
+    return site
+
+
+def _fill_site(site: Path, tvm, tvm_ffi, python: str, with_package: bool) -> None:
     site.mkdir(parents=True)
     _copy_pruned(Path(tvm.__file__).parent, site / "tvm", _TVM_SKIP)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -92,4 +158,3 @@ def pack_runtime(dest, python: str | None = None, with_package: bool = True) -> 
     (site / "RUNTIME_ONLY.txt").write_text(
         f"runtime-only TVM {tvm.__version__} for Python {python}; no libtvm_compiler.so\n"
     )
-    return site

@@ -35,7 +35,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import device
+from . import device, pack
 
 MANIFEST_SUFFIX = ".json"
 MANIFEST_VERSION = 2  # what gemm_ladder.builder writes
@@ -391,6 +391,7 @@ def load(path) -> GemmModule:
     The manifest and the file are checked first (:func:`read_manifest`, :func:`check_file`)."""
     manifest = read_manifest(path)
     check_file(path, manifest)
+    pack.check_runtime_libs()  # a runtime pack's libraries, before TVM loads them
     import tvm  # pylint: disable=import-outside-toplevel
 
     _load_cuda_runtime_libs()

@@ -10,8 +10,9 @@ load time, on the GPU box, with whatever compiler is there. gemm-ladder never sh
 
 1. the CUDA runtime comes from the ``nvidia-cuda-runtime`` wheel when the system has none;
 2. where no driver can be loaded, a do-nothing ``libcuda.so.1`` (built once with the C
-   compiler into the user cache) stands in for it: nothing is launched at build time, it only
-   lets TVM's CUDA library load;
+   compiler into the user cache, its size and sha256 recorded beside it; a copy that no longer
+   matches is rebuilt, since loading a truncated library is a bus error) stands in for it:
+   nothing is launched at build time, it only lets TVM's CUDA library load;
 3. the device compiler is NVRTC from the ``nvidia-cuda-nvrtc`` wheel (headers from the
    ``nvidia-cuda-runtime`` and ``nvidia-cuda-cccl`` wheels), or ``nvcc`` from the PATH when
    those wheels are missing, or when ``GEMM_LADDER_COMPILER=nvcc`` asks for it;
@@ -24,6 +25,7 @@ Every build checks that the module it exports holds a binary (see ``sass.has_dev
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -31,6 +33,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import files
 
 _STUB_SOURCE = r"""
 /* Build-time stand-in for the CUDA driver: every call reports CUDA_ERROR_NO_DEVICE (100).
@@ -73,12 +77,8 @@ def _site_cuda_home() -> Path | None:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("GEMM_LADDER_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "gemm_ladder"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """The user cache folder, checked (:func:`gemm_ladder.files.cache_dir`)."""
+    return files.cache_dir()
 
 
 def _try_load(name: str) -> bool:
@@ -111,28 +111,68 @@ def driver_present() -> bool:
     return _try_load("libcuda.so.1")
 
 
-def _stub_driver() -> Path:
-    """Build (once) the do-nothing ``libcuda.so.1`` in the cache and return its path."""
-    out = cache_dir() / "stub-driver" / "libcuda.so.1"
-    if out.exists():
-        return out
+def _build_stub(out: Path) -> None:
+    """Compile the stand-in into ``out`` atomically (beside it, then renamed) and record its size
+    and sha256 beside it, last."""
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         raise ToolchainError(
             "no GPU driver here and no C compiler to build the driver stand-in: install gcc, "
             "or build on a machine with the NVIDIA driver"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, files.replacing(out) as tmp_out:
         src = Path(tmp) / "stub.c"
         src.write_text(_STUB_SOURCE)
-        tmp_out = Path(tmp) / "libcuda.so.1"
-        subprocess.run(
-            [cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_out), str(src)],
-            check=True, capture_output=True,
-        )
-        shutil.move(str(tmp_out), out)
+        proc = subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_out), str(src)],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise ToolchainError(f"{cc} could not build the driver stand-in {out}: "
+                                 f"{' '.join(proc.stderr.split())[-300:]}")
+    files.write_json(_record_path(out), files.file_record(out))
+
+
+def _record_path(stub: Path) -> Path:
+    return stub.with_name(stub.name + ".json")
+
+
+def _read_record(stub: Path) -> dict | None:
+    try:
+        return json.loads(_record_path(stub).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _stub_driver() -> Path:
+    """The do-nothing ``libcuda.so.1`` in the cache, built on first use and checked against its
+    recorded size and sha256 on every later one: a damaged copy is rebuilt, with a warning."""
+    folder = cache_dir() / "stub-driver"
+    out = folder / "libcuda.so.1"
+    with files.folder_lock(folder, wait=True, what="this build", role="driver stand-in folder"):
+        damage = None
+        if out.exists() or out.is_symlink():
+            try:
+                files.check_loadable(out, _read_record(out))
+                return out
+            except files.DamagedFile as err:
+                damage = str(err)
+        try:
+            _build_stub(out)
+        except ToolchainError as err:
+            if damage:
+                raise ToolchainError(f"{damage}, and it cannot be rebuilt: {err}") from None
+            raise
+    if damage:
+        print(f"warning: {damage}: rebuilt it", file=sys.stderr)
     return out
+
+
+def load_stub_driver() -> None:
+    """Load the stand-in (:func:`_stub_driver`) in place of a missing driver."""
+    path = _stub_driver()
+    try:
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as err:
+        raise ToolchainError(f"the driver stand-in {path} does not load ({err}): delete it to rebuild it") from None
 
 
 def choose_compiler() -> Compiler:
@@ -193,7 +233,7 @@ def prepare() -> Compiler:
             os.environ["TVM_CUDA_NVRTC_EXTRA_OPTS"] = f"{extra} {cccl}".strip()
     load_cudart()
     if not driver_present():
-        ctypes.CDLL(str(_stub_driver()), mode=ctypes.RTLD_GLOBAL)
+        load_stub_driver()
 
     import tvm  # pylint: disable=import-outside-toplevel
     import tvm_ffi  # pylint: disable=import-outside-toplevel

@@ -5,7 +5,8 @@ shape, dtype, arch, TVM version, compiler (``toolchain.choose_compiler().describ
 the sources that reach the binary (:func:`hashed_sources`: ``gemm_ladder/``, ``layouts/``,
 ``schedulers/`` less the host-only modules in :data:`HOST_ONLY` and the other archs' rung
 folders), cache format}. A cache entry is ``<key>.so`` + ``<key>.so.json``, the manifest landing
-last: an entry without it is unfinished and gets rebuilt.
+last: an entry without it, or whose ``.so`` no longer has the size and sha256 the manifest
+records, is rebuilt.
 
 :func:`build_candidates` builds what the cache lacks in parallel processes and places every
 candidate (hard-linked) in a folder with ``candidates.json``, holding the folder's lock: a
@@ -30,7 +31,7 @@ from ..config import ARCHS, COMMON_KNOBS
 from ..harness import git_commit, utc_now
 from ..procs import map_in_processes
 from ..report import progress
-from ..runtime import manifest_path
+from ..runtime import ManifestError, check_file, manifest_path, read_manifest
 from .measuring import CANDIDATES, CANDIDATES_FORMAT
 from .space import Space
 
@@ -120,19 +121,19 @@ def cache_key(rung: str, knobs: dict, shape, dtype: str, arch: str, tvm_version:
 
 
 def default_cache_dir() -> Path:
-    return toolchain.cache_dir() / "tune"
+    return files.open_folder(toolchain.cache_dir() / "tune", "tuning cache")
 
 
 def _cached(cache: Path, key: str) -> Path | None:
+    """The cache's module of ``key``, if it is finished and undamaged (its manifest reads, names
+    the key, and the ``.so`` has the size and sha256 it records); else None: build it again."""
     so = cache / f"{key}.so"
-    man = manifest_path(so)
-    if so.exists() and man.exists():
-        try:
-            if json.loads(man.read_text()).get("tuning", {}).get("cache_key") == key:
-                return so
-        except (OSError, ValueError):
-            pass
-    return None
+    try:
+        man = read_manifest(so)
+        check_file(so, man)
+    except (OSError, ManifestError):
+        return None
+    return so if man.get("tuning", {}).get("cache_key") == key else None
 
 
 def build_worker(job) -> dict:
@@ -219,8 +220,7 @@ def build_candidates(sp: Space, out, cache_dir=None, jobs: int | None = None, sh
     run is using the folder."""
     out = Path(out)
     with files.folder_lock(out, wait=False, what="this tuning run (--out)"):
-        cache = Path(cache_dir) if cache_dir else default_cache_dir()
-        cache.mkdir(parents=True, exist_ok=True)
+        cache = files.open_folder(cache_dir, "tuning cache") if cache_dir else default_cache_dir()
         ident = identity or toolchain_identity(sp.arch)
         entries, todo = _todo(sp, cache, ident)
         counts = {"built": 0, "cached": len(entries) - len(todo), "failed": 0}
