@@ -13,11 +13,10 @@ manifests (``X.so.json``) are the source of truth the folder list is rebuilt fro
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import files, harness, isolate
+from . import files, harness, isolate, records
 from .builder import build
 from .config import ConfigError
 from .procs import map_in_processes
@@ -26,6 +25,8 @@ from .rungs import RUNGS, available, make_config
 from .runtime import ManifestError, read_manifest
 
 FOLDER_MANIFEST = "manifest.json"
+_FOLDER_SCHEMA = records.Obj({"modules": records.List()})
+_LISTED = records.Obj({"file": records.FILE_NAME})  # a module of the folder: a plain name, nothing outside it
 
 
 @dataclass(frozen=True)
@@ -136,20 +137,20 @@ def _module_entry(folder: Path, name: str):
 def read_folder_manifest(folder) -> tuple[list[dict], list[str]]:
     """The modules a folder lists and the problems met reading it (never raises on bad content).
 
-    An unreadable ``manifest.json`` is replaced, in what this returns, by the list of the
-    folder's ``.so`` files whose own manifests read; an entry naming no file, or a file that is
-    gone, is reported and left out.
+    An unreadable ``manifest.json`` (``records.read_json``: not JSON, nested too deep, no
+    ``"modules"`` list) is replaced, in what this returns, by the list of the folder's ``.so``
+    files whose own manifests read; an entry naming no file, a file outside the folder (a path,
+    not a plain name) or a file that is gone, is reported and left out.
     """
     folder = Path(folder)
     path = folder / FOLDER_MANIFEST
     problems: list[str] = []
-    try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or not isinstance(data.get("modules"), list):
-            raise ValueError('not an object with a "modules" list')
-    except FileNotFoundError:
+    if not path.exists():
         return [], []
-    except (OSError, ValueError) as err:
+    try:
+        data = records.read_json(path, "folder manifest", "export into the folder again to rewrite it",
+                                 _FOLDER_SCHEMA)
+    except records.RecordError as err:
         problems.append(f"{path} is unreadable ({err}): listing the modules in {folder} from their own manifests")
         entries = []
         for so in sorted(folder.glob("*.so")):
@@ -163,9 +164,10 @@ def read_folder_manifest(folder) -> tuple[list[dict], list[str]]:
         return entries, problems
     entries = []
     for m in data["modules"]:
-        if not isinstance(m, dict) or not isinstance(m.get("file"), str):
-            problems.append(f"{path}: entry {str(m)[:120]} names no module file: left out")
-        elif not (folder / m["file"]).exists():
+        bad = records.problem(m, _LISTED)
+        if bad:
+            problems.append(f"{path}: entry {records.show(m, 120)} names no module file in {folder} ({bad}): left out")
+        elif not (folder / m["file"]).is_file():
             problems.append(f"{path}: {m['file']} is listed but not in {folder}: left out")
         else:
             entries.append(m)
@@ -205,7 +207,7 @@ def modules_in(paths) -> tuple[list[Path], list[str]]:
         else:
             raise FileNotFoundError(f"{p} does not exist")
     if not out:
-        raise FileNotFoundError(f"no modules found in {', '.join(map(str, paths))}")
+        raise FileNotFoundError(f"no modules found in {', '.join(map(str, paths))}" + "".join(f"; {p}" for p in problems))
     return out, problems
 
 

@@ -14,6 +14,7 @@ This module imports no TVM: it is used on build boxes, by the tuner and by the r
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 DTYPES = ("float16", "bfloat16")
@@ -34,6 +35,26 @@ DEFAULT_TILE_ORDER = "snake"
 
 class ConfigError(ValueError):
     """A rung cannot take this shape or these knobs; the message says what would work."""
+
+
+KNOB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")  # a knob's name, and a value that is a name
+_INT = re.compile(r"[+-]?\d{1,30}")
+
+
+def parse_knob_value(text: str, name: str = "knob"):
+    """The value of knob ``name`` written as text: an int (``4``), a switch (``true``/``false``,
+    any case) or a name (``snake``). The one parser of knob values: ``--knob``, ``tune --space``
+    and plan files all read through it, so ``stream_b=true`` means the same everywhere (a bool:
+    the string ``'true'`` would be refused by every rung's validator)."""
+    value = str(text).strip()
+    if _INT.fullmatch(value):
+        return int(value)
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if KNOB_NAME.fullmatch(value):
+        return value
+    raise ConfigError(f"knob {name}={str(text).strip()}: {value!r} is neither an int, true/false nor a name; "
+                      "knobs take ints (pipe_depth=4), switches (stream_k=true) or names (tile_order=snake)")
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,13 @@ A module of one M serves that M, and a smaller M through a zero-padded copy of A
 :meth:`KernelPack.find` ranks what a pack holds for a shape: the exact M, then a dynamic module
 whose range holds M, then the nearest dynamic range, then a larger static M (padded).
 
-Nothing in a pack is trusted blindly: ``pack.json`` that is missing, cut short or of another
-format, an entry that lacks a field, a listed file that is gone, a file whose size or sha256 is
-not the one ``pack.json`` recorded, or a module whose own manifest describes another kernel, each
-raise :class:`PackError` naming the file and the fix, before the dynamic loader sees the ``.so``.
+Nothing in a pack is trusted blindly: ``pack.json`` that is missing, cut short, nested too deep
+or of another format, an entry with a field missing, of the wrong type or out of range (every
+field the front door reads is in :data:`PACK_SCHEMA`, checked by ``records`` when the pack is
+read: ``pack check`` and the front door run the same code), a listed file that is gone, a file
+whose size or sha256 is not the one ``pack.json`` recorded, or a module whose own manifest
+describes another kernel, each raise :class:`PackError` naming the file, the field and the fix,
+before the dynamic loader sees the ``.so``.
 
 Reading a pack and loading its modules needs the TVM runtime only; :func:`build_pack` needs the
 compiler (it builds through ``module_cache``, so a module built once is linked, not rebuilt).
@@ -45,6 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import files
+from .config import ARCHS, DTYPES
+from .records import FILE_NAME, KNOB_VALUE, SHAPE, Bool, Check, Int, List, Map, Maybe, Obj, RecordError, Str, \
+    parse_json, read_text, validate
 from .runtime import ManifestError, check_file, load, read_manifest
 
 PACK_MANIFEST = "pack.json"
@@ -60,12 +66,25 @@ MODELS = {
     "llama-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
                  "lm_head": (128256, 4096)},
 }
-_ENTRY_FIELDS = {"file": str, "rung": str, "shape": list, "dtype": str, "arch": str, "knobs": dict,
-                 "dynamic_m": bool, "m_range": list, "so_bytes": int, "so_sha256": str}
 FITS = ("exact", "tuned-range", "any-m", "pad-m")  # best first
 
 
-class PackError(ValueError):
+def _range_problem(m_range) -> str | None:
+    return f"is {m_range}: the first M is above the last" if m_range[0] > m_range[1] else None
+
+
+# every field of pack.json that the front door (KernelPack.find, check_entry, front._from_pack) reads
+ENTRY_SCHEMA = Obj(
+    {"file": FILE_NAME, "rung": Str(pattern=r"v\d+", example="v9"), "shape": SHAPE, "dtype": Str(DTYPES),
+     "arch": Str(ARCHS), "knobs": Map(KNOB_VALUE), "dynamic_m": Bool(),
+     "m_range": Check(List(Int(lo=1), length=2, what="[least M, largest M]"), _range_problem),
+     "so_bytes": Int(lo=0), "so_sha256": Str(pattern="[0-9a-f]{64}", example="64 hex digits")},
+    {"m_values": Maybe(List(Int(lo=1))),
+     "choice": Maybe(Obj(optional={"source": Maybe(Str()), "rule": Maybe(Str()), "why": Maybe(Str())}))})
+PACK_SCHEMA = Obj({"modules": List(ENTRY_SCHEMA)}, {"arch": Maybe(Str()), "sms": Maybe(Int(lo=1))})
+
+
+class PackError(RecordError):
     """A kernel pack is unreadable, or does not hold what its ``pack.json`` says."""
 
 
@@ -163,26 +182,15 @@ def read_pack_manifest(folder) -> dict:
     if not folder.is_dir():
         raise PackError(f"kernel pack {folder} is not a folder: {fix}")
     if not path.exists():
-        raise PackError(f"{path} is missing: {folder} is not a kernel pack; {fix}")
-    text = path.read_text(errors="replace")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        cut = " (cut short?)" if text.strip() and not text.rstrip().endswith("}") else ""
-        raise PackError(f"{path} is not valid JSON{cut} ({err.msg} at line {err.lineno}): {fix}") from None
+        raise PackError(f"{path} is missing: {folder} is not a kernel pack; {fix}", path=path, fix=fix)
+    data = parse_json(read_text(path, "kernel pack manifest", fix, PackError), path, "kernel pack manifest", fix,
+                      error=PackError)
     if not isinstance(data, dict) or data.get("format") != PACK_FORMAT:
-        raise PackError(f"{path} is not a {PACK_FORMAT} manifest: {fix}")
+        raise PackError(f"{path} is not a {PACK_FORMAT} manifest: {fix}", path=path, field="format", fix=fix)
     if data.get("version") != PACK_VERSION:
-        raise PackError(f"{path} has version {data.get('version')!r}; this gemm_ladder reads version {PACK_VERSION}: {fix}")
-    if not isinstance(data.get("modules"), list):
-        raise PackError(f"{path} has no \"modules\" list: {fix}")
-    for i, e in enumerate(data["modules"]):
-        for name, kind in _ENTRY_FIELDS.items():
-            if not isinstance(e, dict) or not isinstance(e.get(name), kind) or (kind is int and isinstance(e.get(name), bool)):
-                raise PackError(f"{path}: module {i} has no {name!r} of type {kind.__name__}: {fix}")
-        if len(e["shape"]) != 3 or len(e["m_range"]) != 2 or Path(e["file"]).name != e["file"]:
-            raise PackError(f"{path}: module {i} ({e['file']}) has a malformed shape, m_range or file name: {fix}")
-    return data
+        raise PackError(f"{path} has version {data.get('version')!r}; this gemm_ladder reads version {PACK_VERSION}: "
+                        f"{fix}", path=path, field="version", fix=fix)
+    return validate(data, PACK_SCHEMA, path, fix, PackError)
 
 
 def packs_from_env() -> list[Path]:

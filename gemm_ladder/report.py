@@ -72,7 +72,7 @@ def info_rows(paths) -> tuple[list[dict], list[str]]:
     for p in paths:
         try:
             rows.append(info_row(p))
-        except (OSError, ManifestError) as err:
+        except (OSError, ManifestError, ValueError) as err:  # ValueError: sass found no device binary in it
             problems.append(f"{Path(p).name}: {err}")
     return rows, problems
 

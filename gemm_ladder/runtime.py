@@ -30,21 +30,32 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import sys
 import warnings
 from pathlib import Path
 
 from . import device, pack
+from .config import ARCHS, DTYPES
+from .records import KNOB_VALUE, SHAPE, Bool, Either, Int, List, Map, Maybe, Num, Obj, RecordError, Str, \
+    parse_json, read_text, validate
 
 MANIFEST_SUFFIX = ".json"
 MANIFEST_VERSION = 2  # what gemm_ladder.builder writes
-# what the loader reads, and the type each must have
-_FIELDS = {"rung": str, "shape": list, "dtype": str, "arch": str, "knobs": dict, "tvm_version": str,
-           "so_bytes": int, "so_sha256": str}
+# every field the loader, the front door, ``info`` and packs read, with its type and range
+_WORKSPACE = Obj({"m_step": Int(lo=1), "float32_per_m_step": Int(lo=0), "int32_per_m_step": Int(lo=0)},
+                 {"float32_per_cta": Int(lo=0), "int32_per_cta": Int(lo=0), "zeroed": Bool()})
+_LAUNCH = Obj(optional={"grid": List(Either(Int(lo=1), Str(), what="a CTA count or a name")),
+                        "threads": Int(lo=1), "smem_bytes": Int(lo=0), "persistent": Bool(),
+                        "cluster": Int(lo=1), "dynamic_m": Bool(), "workspace": Maybe(_WORKSPACE)})
+MANIFEST_SCHEMA = Obj(
+    {"rung": Str(pattern=r"v\d+", example="v9"), "shape": SHAPE, "dtype": Str(DTYPES), "arch": Str(ARCHS),
+     "knobs": Map(KNOB_VALUE),
+     "tvm_version": Str(), "so_bytes": Int(lo=0), "so_sha256": Str(pattern="[0-9a-f]{64}", example="64 hex digits")},
+    {"launch": _LAUNCH, "watchdog": Maybe(Obj(optional={"seconds": Maybe(Num(positive=True))})),
+     "commit": Maybe(Str()), "compiler": Maybe(Str())})
 
 
-class ManifestError(ValueError):
+class ManifestError(RecordError):
     """A module's manifest is unreadable, or does not describe the ``.so`` beside it."""
 
 
@@ -97,27 +108,17 @@ def read_manifest(path) -> dict:
             f"{man} is missing: gemm_ladder.load needs the manifest that export() writes beside the .so"
         )
     again = f"copy {man.name} again from where {path.name} was exported, or re-export the module"
-    text = man.read_text(errors="replace")
-    if not text.strip():
-        raise ManifestError(f"{man} is empty (a copy cut short?): {again}")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ManifestError(f"{man} is not valid JSON ({err.msg} at line {err.lineno}; truncated?): "
-                            f"{again}") from None
+    data = parse_json(read_text(man, "module manifest", again, ManifestError), man, "module manifest", again,
+                      error=ManifestError)
     if not isinstance(data, dict):
-        raise ManifestError(f"{man} holds a JSON {type(data).__name__}, not the object export() writes: {again}")
+        raise ManifestError(f"{man} holds a JSON {type(data).__name__}, not the object export() writes: {again}",
+                            path=man, fix=again)
     if data.get("format") != MANIFEST_VERSION:
         raise ManifestError(
             f"{man} has manifest format {data.get('format')!r}; this gemm_ladder reads format "
-            f"{MANIFEST_VERSION} (which records the .so's size and sha256): re-export the module"
-        )
-    for name, kind in _FIELDS.items():
-        if not isinstance(data.get(name), kind) or isinstance(data.get(name), bool):
-            raise ManifestError(f"{man}: field {name!r} is missing or not a {kind.__name__}: {again}")
-    if len(data["shape"]) != 3 or not all(isinstance(x, int) and x > 0 for x in data["shape"]):
-        raise ManifestError(f"{man}: shape {data['shape']!r} is not [M, N, K]: {again}")
-    return data
+            f"{MANIFEST_VERSION} (which records the .so's size and sha256): re-export the module",
+            path=man, field="format", fix="re-export the module")
+    return validate(data, MANIFEST_SCHEMA, man, again, ManifestError)
 
 
 def check_file(path, manifest: dict) -> None:

@@ -143,7 +143,7 @@ DAMAGE = {
     "cut_manifest": ["not valid JSON", "cut short", "rebuild"],
     "other_format": ["not a gemm_ladder.kernel_pack manifest"],
     "new_version": ["version 99", "reads version 1"],
-    "entry_without_field": ["module 1", "'so_sha256'"],
+    "entry_without_field": ["field 'modules[1].so_sha256' is missing"],
     "missing_file": ["lists m128.so", "not in", "copy the whole pack folder"],
     "truncated_file": ["m128.so is 100 bytes", "cut short"],
     "changed_file": ["m128.so", "sha256 differs"],

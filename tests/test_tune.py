@@ -569,16 +569,22 @@ def test_shape_buckets(private_db):
 
 
 def test_db_location(monkeypatch, tmp_path):
+    """One documented place whatever the working directory: the user overlay over the packaged
+    database (the repo's own file is no longer picked from inside the checkout only)."""
     monkeypatch.setenv(db.DB_ENV, "off")
-    assert db.default_db_path() is None
+    assert db.default_db_path() is None and db.db_files() == (None, [])
     assert db.best_knobs("v4", 4096, 4096, 4096) is None
     monkeypatch.delenv(db.DB_ENV)
-    repo = Path(db.__file__).resolve().parents[2]
-    monkeypatch.chdir(repo)
-    assert db.default_db_path() == repo / "benchmarks" / "tuning" / "tuning_db.json"
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path / "cache"))
-    assert db.default_db_path() == tmp_path / "cache" / "tuning_db.json"
+    seen = []
+    for where in (Path(db.__file__).resolve().parents[2], tmp_path):
+        monkeypatch.chdir(where)
+        tdb = db.TuningDB()
+        seen.append((tdb.path, tdb.files, [e["knobs"] for e in tdb.entries], tdb.describe()))
+    assert seen[0] == seen[1]
+    user = tmp_path / "cache" / "tuning_db.json"
+    assert seen[0][:2] == (user, [user, db.PACKAGED_DB]) and seen[0][2]  # the packaged entries
+    assert f"{user} (user overlay: absent) over {db.PACKAGED_DB} (packaged: " in seen[0][3]
 
 
 # -- the builder hook -----------------------------------------------------------------------

@@ -10,33 +10,46 @@ A JSON file of best configs, one entry per (rung, shape, dtype, arch, gpu, TVM v
          "date": "...", "commit": "...", "compiler": "nvrtc 13.0", "sources": "<sha256>",
          "sm_clock_mhz": "1980 MHz", "candidates_measured": 48}, ...]}
 
-Where it lives: ``--db`` > ``$GEMM_LADDER_TUNING_DB`` (``off`` disables the lookup) >
-``benchmarks/tuning/tuning_db.json`` when run from inside the repo > the user cache.
+Where it lives, wherever the process runs (:func:`db_files`; ``describe()`` says which files,
+and ``explain``, ``pack build`` and ``tune --show`` print it):
 
-Nothing in it is trusted blindly. A file that does not parse is ignored (and moved aside on the
-next save); an entry that is malformed, of an unknown rung, with knobs that are not ints or
-names, or with a speed that no GPU of its arch can reach (negative, NaN, infinite, above the
-arch's peak: :data:`PEAK_TFLOPS`) is ignored with a warning, on reading and on merging; an
-entry of another TVM version, or with knobs the validator refuses today, is not used for a build.
+1. ``--db PATH`` (the CLI) or ``TuningDB(PATH)``: that file alone, read and written;
+2. else ``$GEMM_LADDER_TUNING_DB``: that file alone (``off`` disables the database);
+3. else the user overlay ``<user cache>/tuning_db.json`` (``$GEMM_LADDER_CACHE``, else
+   ``~/.cache/gemm_ladder``), which ``tune --merge`` writes, over the packaged database
+   :data:`PACKAGED_DB` (``gemm_ladder/tune/tuning_db.json``, shipped with the package and read
+   only): an overlay entry hides a packaged one of the same key. The project's measured entries
+   go into the packaged file with ``tune --merge FILE --db gemm_ladder/tune/tuning_db.json``.
+
+Nothing in it is trusted blindly. Each file is read by ``records.read_json``; a file that does
+not parse (or nests too deep) is ignored with a warning (and moved aside on the next save), or
+refused with ``records.RecordError`` when the caller asks for it strictly (``tune --show``); an
+entry that :data:`ENTRY_SCHEMA` refuses (malformed, of an unknown rung, with knobs that are not
+ints, bools or names, or with a speed that no GPU of its arch can reach: negative, NaN,
+infinite, above the arch's peak, :data:`PEAK_TFLOPS`) is ignored with a warning, on reading and
+on merging; an entry of another TVM version, or with knobs the validator refuses today, is not
+used for a build. ``tune --merge`` refuses (``RecordError``, before writing anything) a file
+that is missing, not JSON, or not a measurements or run file (:data:`MEASUREMENTS_SCHEMA`), and
+says which database it could not write.
 
 The policy: :func:`tuned_knobs` gives a build with no rung knobs the best entry's knobs and
-prints which entry it used; ``gemm_ladder.build`` and the CLI's ``build``/``export``/``main``
-call it. ``gemm_ladder.builder.build`` never does.
+prints which entry, from which file, it used; ``gemm_ladder.build`` and the CLI's
+``build``/``export``/``main`` call it. ``gemm_ladder.builder.build`` never does.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import sys
 import warnings
 from pathlib import Path
 
-from .. import device, files, toolchain
+from .. import device, files, records, toolchain
 from ..batch import BuildJob, as_job
-from ..config import ARCHS, COMMON_KNOBS, DTYPES, ConfigError
+from ..config import ARCHS, COMMON_KNOBS, DTYPES, KNOB_NAME, ConfigError
+from ..records import ANY, SHAPE, Check, List, Maybe, Num, Obj, RecordError, Str
 from ..rungs import RUNGS, make_config
 from .cache import tvm_version
 from .report import speed_rank
@@ -45,9 +58,9 @@ from .measuring import MEASUREMENTS_FORMAT, PEAK_TFLOPS, RUN_FORMAT, speed_probl
 DB_FORMAT = "gemm_ladder.tuning_db"
 DB_VERSION = 1
 DB_ENV = "GEMM_LADDER_TUNING_DB"
+PACKAGED_DB = Path(__file__).with_name("tuning_db.json")  # package data (pyproject.toml)
 ENTRY_KEY = ("rung", "shape", "dtype", "arch", "gpu", "tvm_version")
-_ENTRY_TYPES = {"rung": str, "shape": list, "dtype": str, "arch": str, "gpu": str, "tvm_version": str,
-                "knobs": dict, "tflops": (int, float)}
+_OFF = ("", "off", "none", "0")
 
 
 def shape_bucket(shape) -> list[int]:
@@ -60,26 +73,28 @@ def shape_bucket(shape) -> list[int]:
     return out
 
 
-def _repo_root() -> Path | None:
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "pyproject.toml").exists():
-        return None
-    try:
-        Path.cwd().resolve().relative_to(root)
-    except ValueError:
-        return None
-    return root
+def user_db_path() -> Path:
+    """The user overlay: what ``tune --merge`` writes when given no ``--db``."""
+    return toolchain.cache_dir() / "tuning_db.json"
+
+
+def db_files(path=None) -> tuple[Path | None, list[Path]]:
+    """``(the file written, the files read, first wins)`` for ``path`` (``--db``), else
+    ``$GEMM_LADDER_TUNING_DB`` (``off``: ``(None, [])``), else the user overlay over the packaged
+    database. Where the process runs plays no part."""
+    if path:
+        return Path(path), [Path(path)]
+    env = os.environ.get(DB_ENV)
+    if env is not None:
+        return (None, []) if env.strip().lower() in _OFF else (Path(env), [Path(env)])
+    user = user_db_path()
+    return user, [user, PACKAGED_DB]
 
 
 def default_db_path() -> Path | None:
-    """``$GEMM_LADDER_TUNING_DB`` (``off``: none), the repo's benchmarks/tuning, else the user cache."""
-    env = os.environ.get(DB_ENV)
-    if env is not None:
-        return None if env.strip().lower() in ("", "off", "none", "0") else Path(env)
-    root = _repo_root()
-    if root is not None:
-        return root / "benchmarks" / "tuning" / "tuning_db.json"
-    return toolchain.cache_dir() / "tuning_db.json"
+    """The file a merge writes by default: ``$GEMM_LADDER_TUNING_DB`` (``off``: none), else the
+    user overlay (see :func:`db_files` for what is read)."""
+    return db_files()[0]
 
 
 def knobs_problem(knobs) -> str | None:
@@ -88,95 +103,160 @@ def knobs_problem(knobs) -> str | None:
     if not isinstance(knobs, dict):
         return "knobs are not an object"
     for k, v in knobs.items():
+        if not KNOB_NAME.fullmatch(k) or k in ("rung", "M", "N", "K"):
+            return f"knob name {records.show(k)} is not a knob's name"
         if not isinstance(v, (int, str)):  # bool is an int
             return f"knob {k}={v!r} is {type(v).__name__}, not an int, a bool or a name"
     return None
 
 
+def _speeds_problem(e: dict) -> str | None:
+    return speed_problem(e["tflops"], e["arch"]) or knobs_problem(e["knobs"])
+
+
+_SPEED = Maybe(Num(positive=True))
+# an entry as the database keeps it (and as a merge makes it); the speed is checked against the arch's peak
+ENTRY_SCHEMA = Check(Obj({"rung": Str(RUNGS), "shape": SHAPE, "dtype": Str(DTYPES), "arch": Str(ARCHS), "gpu": Str(),
+                          "tvm_version": Str(), "knobs": ANY, "tflops": ANY},
+                         {"cublas_tflops": _SPEED, "ratio_to_cublas": _SPEED, "date": Maybe(Str()),
+                          "sources": Maybe(Str())}), _speeds_problem)
+DB_SCHEMA = Obj({"entries": List()})
+# what a merge reads of a measurements report (a candidate's own fields are checked one by one)
+MEASUREMENTS_SCHEMA = Obj({"format": Str((MEASUREMENTS_FORMAT,)), "rung": Str(RUNGS), "shape": SHAPE,
+                           "dtype": Str(DTYPES), "arch": Str(ARCHS), "tvm_version": Str(), "results": List(Obj())},
+                          {"gpu": Maybe(Obj(optional={"name": Maybe(Str())})), "date": Maybe(Str()),
+                           "commit": Maybe(Str()), "compiler": Maybe(Str()), "sources": Maybe(Str())})
+RUN_SCHEMA = Obj({"reports": List(MEASUREMENTS_SCHEMA)})
+
+
 def _entry_problem(e) -> str | None:
-    if not isinstance(e, dict):
-        return "not an object"
-    for k, t in _ENTRY_TYPES.items():
-        if not isinstance(e.get(k), t):
-            return f"field {k!r} missing or of the wrong type"
-    if len(e["shape"]) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                       for x in e["shape"]):
-        return f"shape {e['shape']!r} is not [M, N, K]"
-    if e["rung"] not in RUNGS:
-        return f"unknown rung {e['rung']!r}"
-    if e["arch"] not in ARCHS:
-        return f"unknown arch {e['arch']!r}"
-    problem = speed_problem(e["tflops"], e["arch"]) or knobs_problem(e["knobs"])
-    for name in ("cublas_tflops", "ratio_to_cublas"):
-        if problem is None and e.get(name) is not None:
-            v = e[name]
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-            problem = None if ok else f"{name} {v!r} is not a positive finite number"
-    return problem
+    return records.problem(e, ENTRY_SCHEMA)
+
+
+def _key(e: dict) -> tuple:
+    return tuple(json.dumps(e[k]) for k in ENTRY_KEY)
 
 
 class TuningDB:
-    """The tuning database file (see the module docstring); ``entries`` holds the trusted ones."""
+    """The tuning database (see the module docstring): ``entries`` holds the trusted ones of
+    every file read (the overlay's first), ``path`` the file :meth:`save` writes.
 
-    def __init__(self, path=None):
-        self.path = Path(path) if path else default_db_path()
+    ``strict``: a file that cannot be read or parsed raises ``RecordError`` instead of being
+    ignored with a warning (for a caller that shows the file, where empty would mislead)."""
+
+    def __init__(self, path=None, strict: bool = False):
+        self.path, self.files = db_files(path)
+        self.setting = "--db" if path else (f"${DB_ENV}" if os.environ.get(DB_ENV) is not None else "default")
         self.entries: list[dict] = []
+        self.counts: dict = {}  # file -> entries trusted, None when the file is absent
         self.corrupt = False
-        if self.path is not None and self.path.exists():
-            self._read()
+        self._own: list[dict] = []  # the entries of self.path: what save() writes
+        self._origin: dict = {}  # id(entry) -> the file it came from
+        for f in self.files:
+            self._read(f, strict)
 
-    def _read(self) -> None:
-        try:
-            data = json.loads(self.path.read_text())
-            if not isinstance(data, dict) or data.get("format") != DB_FORMAT or not isinstance(data.get("entries"), list):
-                raise ValueError(f"not a {DB_FORMAT} file")
-            if data.get("version") != DB_VERSION:
-                raise ValueError(f"version {data.get('version')!r}, this gemm_ladder reads version {DB_VERSION}")
-        except (OSError, ValueError) as err:
-            warnings.warn(f"tuning database {self.path} is unreadable ({err}): ignored, not trusted", stacklevel=3)
-            self.corrupt = True
+    def _read(self, path: Path, strict: bool) -> None:
+        if not path.exists():
+            if strict and self.setting == "--db":  # a typo must not read as an empty database
+                raise RecordError(f"tuning database {path} does not exist: check the path, or leave --db out for "
+                                  f"the default ({' over '.join(map(str, db_files()[1])) or 'off'})", path=path)
+            self.counts[path] = None
             return
+        fix = (f"fix or remove it, or pass --db PATH / set ${DB_ENV} to another database" if path != PACKAGED_DB
+               else "reinstall gemm-ladder")
+        try:
+            if not path.is_file():
+                raise RecordError(f"tuning database {path} is not a file: {fix}", path=path, fix=fix)
+            data = records.read_json(path, "tuning database", fix)
+            if not isinstance(data, dict) or data.get("format") != DB_FORMAT:
+                raise RecordError(f"{path} is not a {DB_FORMAT} file: {fix}", path=path, field="format", fix=fix)
+            if data.get("version") != DB_VERSION:
+                raise RecordError(f"{path} has version {records.show(data.get('version'))}; this gemm_ladder reads "
+                                  f"version {DB_VERSION}: {fix}", path=path, field="version", fix=fix)
+            records.validate(data, DB_SCHEMA, path, fix)
+        except RecordError as err:
+            if strict or not path.is_file():
+                raise
+            warnings.warn(f"tuning database {path} is unreadable ({err}): ignored, not trusted", stacklevel=3)
+            self.corrupt = self.corrupt or path == self.path
+            self.counts[path] = 0
+            return
+        seen = {_key(e) for e in self.entries}
+        mine = path == self.path
+        trusted = 0
         for e in data["entries"]:
             problem = _entry_problem(e)
             if problem:
-                warnings.warn(f"tuning database {self.path}: entry ignored ({problem}): {str(e)[:200]}", stacklevel=3)
+                warnings.warn(f"tuning database {path}: entry ignored ({problem}): {str(e)[:200]}", stacklevel=3)
                 continue
-            self.entries.append(e)
+            trusted += 1
+            if mine:
+                self._own.append(e)
+            if _key(e) not in seen:  # the overlay hides a packaged entry of the same key
+                self.entries.append(e)
+                self._origin[id(e)] = path
+        self.counts[path] = trusted
+
+    def origin(self, entry: dict) -> Path | None:
+        """The file an entry of :attr:`entries` came from (the written file for a new one)."""
+        return self._origin.get(id(entry), self.path)
+
+    def describe(self) -> str:
+        """Which files this database is, one line: ``tuning database: X (12 entries) over Y ...``."""
+        if not self.files:
+            return f"tuning database: off (${DB_ENV}={os.environ.get(DB_ENV, '')})"
+        parts = []
+        for f in self.files:
+            n = self.counts.get(f)
+            role = "packaged" if f == PACKAGED_DB and len(self.files) > 1 else (
+                "user overlay" if len(self.files) > 1 else self.setting)
+            parts.append(f"{f} ({role}: " + ("absent" if n is None else f"{n} entries") + ")")
+        return "tuning database: " + " over ".join(parts)
 
     def save(self) -> Path:
+        """Write the entries of :attr:`path` (atomically); ``RecordError`` when it cannot."""
         if self.path is None:
-            raise ValueError(f"no tuning database path (${DB_ENV} is off): pass --db PATH")
-        if self.corrupt and self.path.exists():
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{_dt.datetime.now():%Y%m%d%H%M%S}")
-            os.replace(self.path, aside)
-            warnings.warn(f"the unreadable tuning database was moved to {aside}", stacklevel=2)
-            self.corrupt = False
-        entries = sorted(self.entries, key=lambda e: tuple(str(e[k]) for k in ENTRY_KEY))
-        files.write_json(self.path, {"format": DB_FORMAT, "version": DB_VERSION, "entries": entries})
+            raise RecordError(f"no tuning database to write (${DB_ENV} is off): pass --db PATH")
+        fix = f"pass --db PATH (or set ${DB_ENV}) to a file you can write"
+        try:
+            if self.corrupt and self.path.exists():
+                aside = self.path.with_name(f"{self.path.name}.corrupt-{_dt.datetime.now():%Y%m%d%H%M%S}")
+                os.replace(self.path, aside)
+                warnings.warn(f"the unreadable tuning database was moved to {aside}", stacklevel=2)
+                self.corrupt = False
+            entries = sorted(self._own, key=lambda e: tuple(str(e[k]) for k in ENTRY_KEY))
+            files.write_json(self.path, {"format": DB_FORMAT, "version": DB_VERSION, "entries": entries})
+        except OSError as err:
+            raise RecordError(f"cannot write the tuning database {self.path} ({err.strerror or err}): {fix}",
+                              path=self.path, fix=fix) from None
         return self.path
 
     def upsert(self, entry: dict) -> str:
-        """Add ``entry``; an entry of the same key is replaced when slower (``report.speed_rank``), or older
-        and from other sources."""
-        key = tuple(json.dumps(entry[k]) for k in ENTRY_KEY)
+        """Add ``entry`` (to the file :meth:`save` writes); an entry of the same key, in any file
+        read, is replaced when slower (``report.speed_rank``), or older and from other sources."""
+        key = _key(entry)
         for i, old in enumerate(self.entries):
-            if tuple(json.dumps(old[k]) for k in ENTRY_KEY) != key:
+            if _key(old) != key:
                 continue
-            newer_code = old.get("sources") != entry.get("sources") and entry.get("date", "") >= old.get("date", "")
-            if speed_rank(entry) > speed_rank(old) or newer_code:
-                self.entries[i] = entry
-                return "replaced"
-            return "kept"
+            newer_code = old.get("sources") != entry.get("sources") and \
+                str(entry.get("date") or "") >= str(old.get("date") or "")
+            if not (speed_rank(entry) > speed_rank(old) or newer_code):
+                return "kept"
+            self.entries[i] = entry
+            self._own = [e for e in self._own if _key(e) != key] + [entry]
+            return "replaced"
         self.entries.append(entry)
+        self._own.append(entry)
         return "added"
 
 
 def entry_from_measurements(report: dict, source: str = "measurements") -> dict | None:
-    """The database entry for the fastest correct candidate of a measurements report; results
-    whose speed or knobs cannot be real are left out with a warning."""
+    """The database entry for the fastest correct candidate of a measurements report (checked
+    by :data:`MEASUREMENTS_SCHEMA`); results whose speed or knobs cannot be real are left out
+    with a warning."""
     ok = []
     for r in report.get("results", []):
-        if r.get("status") != "ok":
+        if not isinstance(r, dict) or r.get("status") != "ok":
             continue
         problem = speed_problem(r.get("tflops"), report.get("arch", "")) or knobs_problem(r.get("knobs"))
         if problem:
@@ -189,7 +269,7 @@ def entry_from_measurements(report: dict, source: str = "measurements") -> dict 
     gpu = report.get("gpu") or {}
     return {
         "rung": report["rung"], "shape": list(report["shape"]), "bucket": shape_bucket(report["shape"]),
-        "dtype": report["dtype"], "arch": report["arch"], "gpu": gpu.get("name", "unknown"),
+        "dtype": report["dtype"], "arch": report["arch"], "gpu": gpu.get("name") or "unknown",
         "tvm_version": report["tvm_version"], "knobs": best["knobs"],
         "tflops": best["tflops"], "cublas_tflops": best.get("cublas_tflops"),
         "ratio_to_cublas": best.get("ratio_to_cublas"), "ms": best.get("ms"),
@@ -200,23 +280,28 @@ def entry_from_measurements(report: dict, source: str = "measurements") -> dict 
     }
 
 
-def _reports_in(path) -> list[tuple[str, dict]]:
-    """The measurements reports of a measurements file, or of a run file (several folders)."""
-    data = json.loads(Path(path).read_text())
-    if isinstance(data, dict) and data.get("format") == RUN_FORMAT and isinstance(data.get("reports"), list):
+def read_reports(path) -> list[tuple[str, dict]]:
+    """The measurements reports of a measurements file, or of a run file (several folders),
+    checked (:data:`MEASUREMENTS_SCHEMA`); ``RecordError`` names the file, the field and the fix."""
+    fix = "give a measurements file that tune --measure wrote (or its run file, --run-out)"
+    data = records.read_json(path, "measurements file", fix)
+    form = data.get("format") if isinstance(data, dict) else None
+    if form == RUN_FORMAT:
+        records.validate(data, RUN_SCHEMA, path, fix)
         return [(f"{path} [{i}]", r) for i, r in enumerate(data["reports"])]
-    return [(str(path), data)]
+    if form == MEASUREMENTS_FORMAT:
+        return [(str(path), records.validate(data, MEASUREMENTS_SCHEMA, path, fix))]
+    raise RecordError(f"{path} is not a gemm_ladder measurements or run file (format {records.show(form)}): {fix}",
+                      path=path, field="format", fix=fix)
 
 
 def merge(paths, db=None) -> list[dict]:
     """Merge measurements files (or run files, each report of them) into the database; returns
-    what happened to each report."""
+    what happened to each report. Every file is read and checked before anything is written."""
     tdb = db if isinstance(db, TuningDB) else TuningDB(db)
     done = []
-    reports = [pr for p in (paths if isinstance(paths, (list, tuple)) else [paths]) for pr in _reports_in(p)]
+    reports = [pr for p in (paths if isinstance(paths, (list, tuple)) else [paths]) for pr in read_reports(p)]
     for p, report in reports:
-        if not isinstance(report, dict) or report.get("format") != MEASUREMENTS_FORMAT:
-            raise ValueError(f"{p} is not a gemm_ladder measurements file")
         entry = entry_from_measurements(report, str(p))
         problem = _entry_problem(entry) if entry is not None else None
         if entry is None or problem:
@@ -280,7 +365,7 @@ def best_knobs(rung: str, M: int, N: int, K: int, dtype: str = "float16", arch: 
         return (here is not None and e["gpu"] == here, list(e["shape"]) == [M, N, K], speed_rank(e))
 
     best = max(usable, key=rank)
-    return dict(best["knobs"]), {**best, "db": str(tdb.path)}
+    return dict(best["knobs"]), {**best, "db": str(tdb.origin(best))}
 
 
 def tuned_knobs(rung: str, M: int, N: int, K: int, knobs: dict) -> tuple[dict, dict | None]:

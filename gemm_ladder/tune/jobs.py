@@ -8,7 +8,12 @@ A plan file has one rung per line with its shapes; ``#`` starts a comment::
 
 On a line: the rung first; then shapes ``MxNxK``, and/or ``M=`` with ``NK=`` (every M with
 every weight shape); ``dtype=`` (default: the run's); any other ``knob=v1,v2`` narrows that
-rung's space (``tune --space`` syntax). Jobs are listed in the order written, each once.
+rung's space (``tune --space`` syntax; each value read by ``config.parse_knob_value``, as
+``--knob`` reads it: ``stream_b=true,false`` is two switches). Jobs are listed in the order
+written, each once; a plan lists at most :data:`MAX_JOBS`.
+
+The file is read by ``records.read_text``: a missing, unreadable or binary file, like a line that
+does not parse, raises :class:`PlanError` naming the file, the line and the fix.
 
 Pure Python (no TVM): the GPU box reads plans too.
 """
@@ -19,10 +24,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import DTYPES
+from .. import records
+from ..config import DTYPES, KNOB_NAME, ConfigError, parse_knob_value
 
-_SHAPE = re.compile(r"^(\d+)x(\d+)x(\d+)$")
-_NK = re.compile(r"^(\d+)x(\d+)$")
+_SHAPE = re.compile(r"^(\d{1,9})x(\d{1,9})x(\d{1,9})$")
+_NK = re.compile(r"^(\d{1,9})x(\d{1,9})$")
+MAX_JOBS = 4096  # a plan's jobs: each is a tuning run of up to hundreds of candidates
 
 
 @dataclass(frozen=True)
@@ -40,15 +47,16 @@ class Job:
         return f"{self.rung}_{M}x{N}x{K}_{self.dtype}_{arch}"
 
 
-class PlanError(ValueError):
-    """A plan line that does not parse; the message names the line and what would."""
+class PlanError(records.RecordError):
+    """A plan that cannot be read, or a line that does not parse; the message names the file,
+    the line and what would parse."""
 
 
 def _ints(text: str, what: str, where: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise PlanError(f"{where}: {what}={text!r} is not a list of ints, e.g. {what}=128,4096") from None
+    words = [v.strip() for v in text.split(",") if v.strip()]
+    if not all(re.fullmatch(r"[+-]?\d{1,9}", v) for v in words):
+        raise PlanError(f"{where}: {what}={text!r} is not a list of ints, e.g. {what}=128,4096")
+    values = [int(v) for v in words]
     if not values or any(v <= 0 for v in values):
         raise PlanError(f"{where}: {what}={text!r} needs positive ints, e.g. {what}=128,4096")
     return values
@@ -66,24 +74,31 @@ def parse_line(line: str, dtype: str = "float16", where: str = "plan") -> list[J
         name, eq, value = word.partition("=")
         if not eq:
             m = _SHAPE.match(word.lower())
-            if not m:
-                raise PlanError(f"{where}: {word!r} is neither MxNxK (4096x4096x4096) nor name=values")
-            shapes.append(tuple(int(x) for x in m.groups()))
+            if not m or 0 in (shape := tuple(int(x) for x in m.groups())):
+                raise PlanError(f"{where}: {word!r} is neither MxNxK of positive ints (4096x4096x4096) nor name=values")
+            shapes.append(shape)
         elif name == "M":
             ms += _ints(value, "M", where)
         elif name == "NK":
             for nk in value.lower().split(","):
                 m = _NK.match(nk.strip())
-                if not m:
-                    raise PlanError(f"{where}: NK entry {nk!r} is not NxK, e.g. NK=4096x11008")
-                nks.append(tuple(int(x) for x in m.groups()))
+                if not m or 0 in (n_k := tuple(int(x) for x in m.groups())):
+                    raise PlanError(f"{where}: NK entry {nk!r} is not NxK of positive ints, e.g. NK=4096x11008")
+                nks.append(n_k)
         elif name == "dtype":
             dtypes = [d for d in value.split(",") if d]
             bad = [d for d in dtypes if d not in DTYPES]
             if bad or not dtypes:
                 raise PlanError(f"{where}: dtype {','.join(bad) or value!r} is not one of {', '.join(DTYPES)}")
+        elif not KNOB_NAME.fullmatch(name):
+            raise PlanError(f"{where}: {word!r} does not start with a knob name, e.g. pipe_depth=3,4")
         else:
-            space[name] = [int(v) if re.fullmatch(r"[+-]?\d+", v) else v for v in value.split(",") if v]
+            try:
+                space[name] = [parse_knob_value(v, name) for v in value.split(",") if v.strip()]
+            except ConfigError as err:
+                raise PlanError(f"{where}: {err}") from None
+            if not space[name]:
+                raise PlanError(f"{where}: {word!r} gives {name} no value, e.g. {name}=3,4")
     if bool(ms) != bool(nks):
         raise PlanError(f"{where}: M= and NK= go together (every M with every NxK), e.g. M=128,4096 NK=4096x4096")
     shapes += [(m, n, k) for m in ms for n, k in nks]
@@ -95,18 +110,24 @@ def parse_line(line: str, dtype: str = "float16", where: str = "plan") -> list[J
 def parse_plan(text: str, dtype: str = "float16", source: str = "plan") -> list[Job]:
     """All jobs of a plan, each once, in order."""
     jobs: list[Job] = []
+    seen: set = set()
     for n, line in enumerate(text.splitlines(), 1):
         for job in parse_line(line, dtype, f"{source}:{n}"):
-            if job not in jobs:
+            if job not in seen:
+                seen.add(job)
                 jobs.append(job)
+            if len(jobs) > MAX_JOBS:
+                raise PlanError(f"{source}:{n}: the plan lists more than {MAX_JOBS} jobs: split it into several plans")
     if not jobs:
         raise PlanError(f"{source} lists no job: write lines like 'v6 4096x4096x4096'")
     return jobs
 
 
 def read_plan(path, dtype: str = "float16") -> list[Job]:
-    path = Path(path)
-    return parse_plan(path.read_text(), dtype, str(path))
+    """The jobs of the plan file ``path`` (:class:`PlanError` if it cannot be read or parsed)."""
+    fix = "give a text file of lines like 'v6 4096x4096x4096' (see gemm_ladder/tune/jobs.py)"
+    text = records.read_text(path, "plan", fix, error=PlanError, max_bytes=2**20)
+    return parse_plan(text, dtype, str(Path(path)))
 
 
 def from_args(rung: str | None = None, shapes=(), path=None, dtype: str = "float16") -> list[Job]:

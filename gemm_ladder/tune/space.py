@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from schedulers import rank_group_sizes
 
 from .. import device, rungs
-from ..config import DTYPE_BYTES, ConfigError
+from ..config import DTYPE_BYTES, KNOB_NAME, ConfigError, parse_knob_value
 
 # Values tried for each knob a rung has; a knob not listed here (or in the rung's TUNE_CHOICES)
 # keeps the rung's default.
@@ -68,23 +68,19 @@ class Space:
         return out
 
 
-def _value(text: str):
-    """An int, a switch (true / false, any case, as ``--knob`` takes it) or a name."""
-    try:
-        return int(text)
-    except ValueError:
-        return text.lower() == "true" if text.lower() in ("true", "false") else text
-
-
 def parse_space(items) -> dict:
-    """``["pipe_depth=3,4,5", "blk_n=128,256;tile_order=grouped"]`` -> ``{knob: [values]}``."""
+    """``["pipe_depth=3,4,5", "blk_n=128,256;tile_order=grouped"]`` -> ``{knob: [values]}``; each
+    value read by ``config.parse_knob_value`` (as ``--knob`` and plan files read them)."""
     out: dict = {}
     for item in items or []:
         for part in filter(None, (p.strip() for p in re.split(r"[;\s]+", item))):
-            if "=" not in part:
+            name, eq, values = part.partition("=")
+            if not eq or not KNOB_NAME.fullmatch(name.strip()):
                 raise ValueError(f"space item {part!r} is not knob=v1,v2,..., e.g. pipe_depth=3,4,5")
-            name, values = part.split("=", 1)
-            out[name.strip()] = [_value(v.strip()) for v in values.split(",") if v.strip()]
+            name = name.strip()
+            out[name] = [parse_knob_value(v, name) for v in values.split(",") if v.strip()]
+            if not out[name]:
+                raise ValueError(f"space item {part!r} gives {name} no value, e.g. {name}=3,4")
     return out
 
 
