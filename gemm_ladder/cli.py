@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 from . import batch, cli_front, device, pack, report
-from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
+from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, KNOB_NAME, ConfigError, parse_knob_value
 from .files import FolderInUse
+from .records import RecordError
 from .runtime import read_manifest
 from .tune import db, rpc, serve, space
 from .tune.jobs import PlanError, from_args as jobs_from_args
@@ -42,7 +42,6 @@ from .tune.measuring import CONFIRM_TOP, confirm_count
 from .tune.run import measure_local, tune_many
 
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 class UsageError(Exception):
@@ -59,21 +58,14 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 def parse_knob(text: str) -> tuple[str, int | str | bool]:
     """``name=value``: an int (``pipe_depth=4``), a switch (``stream_k=true``: true or false, any
-    case) or a name (``tile_order=snake``)."""
+    case) or a name (``tile_order=snake``), read by ``config.parse_knob_value`` as everywhere."""
     name, eq, value = text.partition("=")
-    if not eq or not _NAME.fullmatch(name.strip()):
+    if not eq or not KNOB_NAME.fullmatch(name.strip()):
         raise argparse.ArgumentTypeError(f"knob {text!r} is not name=value, e.g. pipe_depth=4")
-    value = value.strip()
-    if re.fullmatch(r"[+-]?\d+", value):
-        return name.strip(), int(value)
-    if value.lower() in ("true", "false"):
-        return name.strip(), value.lower() == "true"
-    if _NAME.fullmatch(value):
-        return name.strip(), value
-    raise argparse.ArgumentTypeError(
-        f"knob {text!r}: {value!r} is neither an int, true/false nor a name; knobs take ints "
-        "(pipe_depth=4), switches (stream_k=true) or names (tile_order=snake)"
-    )
+    try:
+        return name.strip(), parse_knob_value(value, name.strip())
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _take(knobs: dict, name: str, flag: str, given, as_list: bool = False):
@@ -228,12 +220,10 @@ def cmd_main(a) -> int:
 
 
 def _db_arg(a):
-    if a.db:
-        return a.db
-    path = db.default_db_path()
-    if path is None:
+    """``--db``, else None: the default database (``tune.db.db_files``), refused when it is off."""
+    if not a.db and db.default_db_path() is None:
         raise UsageError(f"${db.DB_ENV} is off; pass --db PATH")
-    return path
+    return a.db or None
 
 
 def _print_merged(merged) -> None:
@@ -247,12 +237,23 @@ def _print_merged(merged) -> None:
 
 
 def _tune_show(a) -> int:
-    tdb = db.TuningDB(_db_arg(a))
+    """``--merge FILE...`` (every file checked before the database is written), then ``--show``;
+    a file that cannot be read or written is a usage error, not a traceback or "0 entries"."""
+    try:
+        if a.merge:
+            tdb = db.TuningDB(_db_arg(a))
+            _print_merged(db.merge(a.merge, tdb))
+            print(f"merged into {tdb.path}")
+        if not a.show:
+            return 0
+        tdb = db.TuningDB(_db_arg(a), strict=True)  # strict: a --db that is not there is an error
+    except RecordError as err:
+        raise UsageError(str(err)) from None
     rows = [{"rung": e["rung"], "shape": "x".join(map(str, e["shape"])), "dtype": e["dtype"],
              "arch": e["arch"], "gpu": e["gpu"], "tvm": e["tvm_version"], "tflops": f"{e['tflops']:.1f}",
              "ratio": f"{(e.get('ratio_to_cublas') or 0):.3f}", "knobs": tune_report.knob_label(e["knobs"]),
              "date": str(e.get("date", ""))[:10]} for e in tdb.entries]
-    print(f"{tdb.path}: {len(rows)} entries")
+    print(f"{tdb.describe()}: {len(rows)} entries shown")
     if rows:
         print(report.table(rows, list(rows[0])))
     return 0
@@ -296,8 +297,7 @@ def cmd_tune(a) -> int:
     if a.show:
         return _tune_show(a)
     if a.merge:
-        _print_merged(db.merge(a.merge, _db_arg(a)))
-        return 0
+        return _tune_show(a)
     tracker = _tracker(a)
     if a.measure:
         if tracker is None and not device.present():
@@ -405,8 +405,8 @@ def _add_tune_parser(sub) -> None:
     t.add_argument("--merge", nargs="+", metavar="FILE", help="merge measurements files into the database")
     t.add_argument("--show", action="store_true", help="print the tuning database")
     t.add_argument("--dry-run", action="store_true", help="print the pruned space, build nothing")
-    t.add_argument("--db", default=None, help=f"tuning database (default: ${db.DB_ENV}, the repo's "
-                                              "benchmarks/tuning/tuning_db.json, else the user cache)")
+    t.add_argument("--db", default=None, help=f"tuning database file (default: ${db.DB_ENV}, else the user cache's "
+                                              "over the packaged gemm_ladder/tune/tuning_db.json; see tune/db.py)")
     t.add_argument("--reps", type=int, default=50)
     t.add_argument("--confirm", type=confirm_count, default=CONFIRM_TOP, metavar="N",
                    help=f"time the N best candidates of the first pass again, together with cuBLAS in the same "
