@@ -293,6 +293,8 @@ def read_text(path, what: str, fix: str, error: type = RecordError, max_bytes: i
             raise fail("does not exist")
         if path.is_dir():
             raise fail("is a folder, not a file")
+        if not path.is_file():  # a pipe or a device: reading it could wait forever
+            raise fail("is not a regular file (a pipe or a device?)")
         size = path.stat().st_size
         if size > max_bytes:
             raise fail(f"is {size} bytes, more than a {what} can be ({max_bytes} bytes)")

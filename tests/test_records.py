@@ -10,6 +10,7 @@ line naming the file. ``tests/test_records_cli.py`` does the same through the CL
 
 import hashlib
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -156,6 +157,7 @@ def test_every_reader_reads_its_valid_document(tmp_path_factory, name):
 @pytest.mark.parametrize("content, words", [
     (None, "does not exist"),
     ("folder", "is a folder"),
+    ("fifo", "not a regular file"),  # reading a pipe would wait for a writer forever
     (b"\x89PNG\r\n\x1a\n\x00\x00\xff", "is not text"),
     (b"{\"a\": \x00}", "NUL byte"),
     (b"", "is empty"),
@@ -167,6 +169,8 @@ def test_read_json_refuses_with_one_line_naming_the_file_and_the_fix(tmp_path, c
     path = tmp_path / "x.json"
     if content == "folder":
         path.mkdir()
+    elif content == "fifo":
+        os.mkfifo(path)
     elif content is not None:
         path.write_bytes(content)
     with pytest.raises(RecordError) as err:
