@@ -30,15 +30,16 @@ import json
 import sys
 from pathlib import Path
 
-from . import batch, cli_front, device, pack, report
-from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, KNOB_NAME, ConfigError, parse_knob_value
+from . import batch, cli_front, cli_types, device, pack, report
+from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
 from .files import FolderInUse
 from .records import RecordError
+from .rungs import RUNGS
 from .runtime import read_manifest
 from .tune import db, rpc, serve, space
 from .tune.jobs import PlanError, from_args as jobs_from_args
 from .tune import report as tune_report
-from .tune.measuring import CONFIRM_TOP, confirm_count
+from .tune.measuring import CONFIRM_TOP, confirm_count, read_candidates
 from .tune.run import measure_local, tune_many
 
 DEFAULT_SHAPES = ("4096x4096x4096", "8192x8192x8192")
@@ -48,24 +49,7 @@ class UsageError(Exception):
     """Arguments that contradict each other or name nothing: printed, exit status 2."""
 
 
-def parse_shape(text: str) -> tuple[int, int, int]:
-    try:
-        M, N, K = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape {text!r} is not MxNxK, e.g. 4096x4096x4096") from None
-    return M, N, K
-
-
-def parse_knob(text: str) -> tuple[str, int | str | bool]:
-    """``name=value``: an int (``pipe_depth=4``), a switch (``stream_k=true``: true or false, any
-    case) or a name (``tile_order=snake``), read by ``config.parse_knob_value`` as everywhere."""
-    name, eq, value = text.partition("=")
-    if not eq or not KNOB_NAME.fullmatch(name.strip()):
-        raise argparse.ArgumentTypeError(f"knob {text!r} is not name=value, e.g. pipe_depth=4")
-    try:
-        return name.strip(), parse_knob_value(value, name.strip())
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+parse_knob = cli_types.knob  # --knob name=value: the one parser, check's too
 
 
 def _take(knobs: dict, name: str, flag: str, given, as_list: bool = False):
@@ -152,17 +136,19 @@ def cmd_info(a) -> int:
 
 
 def cmd_verify(a) -> int:
+    paths = _modules(a.paths)  # a mistyped path is found here, not on the GPU box
     if not device.present():
         return _no_gpu("verify")
-    rows = batch.verify(_modules(a.paths), seeds=a.seeds, timeout=a.timeout)
+    rows = batch.verify(paths, seeds=a.seeds, timeout=a.timeout)
     print(report.table(report.verify_rows(rows), report.VERIFY_COLS))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
 def cmd_bench(a) -> int:
+    paths = _modules(a.paths)
     if not device.present():
         return _no_gpu("bench")
-    result = batch.bench(_modules(a.paths), reps=a.reps, timeout=a.timeout, timer=a.timer)
+    result = batch.bench(paths, reps=a.reps, timeout=a.timeout, timer=a.timer)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -260,12 +246,22 @@ def _tune_show(a) -> int:
 
 
 def _tracker(a):
+    """The tracker of ``--tracker`` (checked: something answers there), or None."""
     if bool(a.tracker) != bool(a.key):
         raise UsageError("--tracker HOST:PORT and --key KEY go together: the servers that key registered there")
-    try:
-        return serve.parse_address(a.tracker) if a.tracker else None
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    problem = serve.tracker_problem(a.tracker) if a.tracker else None
+    if problem:
+        raise UsageError(f"--tracker: {problem}")
+    return a.tracker
+
+
+def _candidate_folders(folders) -> None:
+    """``tune --measure``'s folders each hold a candidate list (checked before looking for a GPU)."""
+    for folder in folders:
+        try:
+            read_candidates(folder)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--measure: {err}") from None
 
 
 def _jobs(a) -> list:
@@ -298,6 +294,8 @@ def cmd_tune(a) -> int:
         return _tune_show(a)
     if a.merge:
         return _tune_show(a)
+    if a.measure:
+        _candidate_folders(a.measure)
     tracker = _tracker(a)
     if a.measure:
         if tracker is None and not device.present():
@@ -357,18 +355,17 @@ def cmd_tune(a) -> int:
 # -- the parser -------------------------------------------------------------------------------
 def _add_build_args(sp) -> None:
     sp.add_argument("--arch", default=None, choices=sorted(ARCHS), help="sm_90a (Hopper, the default) or sm_100a (Blackwell)")
-    sp.add_argument("--knob", action="append", type=parse_knob, metavar="NAME=VALUE",
-                    help="a rung knob, e.g. pipe_depth=4 (repeatable); with no rung knob, the tuning "
-                         "database's best is used (and printed)")
+    sp.add_argument("--knob", action=cli_types.AppendOnce, type=parse_knob, metavar="NAME=VALUE",
+                    help="a rung knob, e.g. pipe_depth=4 (repeatable, each knob once); with no rung knob, the "
+                         "tuning database's best is used (and printed)")
 
 
 def _add_ladder_args(sp, out_default: str) -> None:
-    sp.add_argument("--shapes", type=lambda s: [parse_shape(x) for x in s.split(",")],
-                    default=[parse_shape(s) for s in DEFAULT_SHAPES])
-    sp.add_argument("--dtypes", type=lambda s: s.split(","), default=None,
+    sp.add_argument("--shapes", type=cli_types.shapes, default=cli_types.shapes(",".join(DEFAULT_SHAPES)))
+    sp.add_argument("--dtypes", type=cli_types.names(DTYPES, "dtype"), default=None,
                     help=f"comma-separated, default {','.join(DTYPES)}")
     sp.add_argument("--out", default=out_default)
-    sp.add_argument("--jobs", type=int, default=None, help="parallel build processes (default: cores)")
+    sp.add_argument("--jobs", type=cli_types.count, default=None, help="parallel build processes (default: cores)")
 
 
 def _add_tune_parser(sub) -> None:
@@ -379,43 +376,47 @@ def _add_tune_parser(sub) -> None:
                "--out DIR on a build box; --measure DIR on a GPU box (runtime-only TVM is enough); "
                "--merge FILE...; --show",
     )
-    t.add_argument("--rung", help="the rung to tune, e.g. v6")
-    t.add_argument("--shape", type=parse_shape, help="MxNxK, e.g. 4096x4096x4096")
-    t.add_argument("--shapes", type=lambda s: [parse_shape(x) for x in s.split(",")], default=None,
+    t.add_argument("--rung", choices=RUNGS, metavar="RUNG", help="the rung to tune, e.g. v6")
+    t.add_argument("--shape", type=cli_types.shape, help="MxNxK, e.g. 4096x4096x4096")
+    t.add_argument("--shapes", type=cli_types.shapes, default=None,
                    help="several shapes in one run, comma-separated")
     t.add_argument("--plan", metavar="FILE", help="rungs and shapes, one rung a line (see gemm_ladder/tune/jobs.py)")
     t.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES)
     t.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
     t.add_argument("--space", action="append", metavar="KNOB=V1,V2",
                    help="values to try for a knob, e.g. pipe_depth=3,4,5 (repeatable; ';' separates knobs)")
-    t.add_argument("--l2-keep", type=int, default=3,
+    t.add_argument("--l2-keep", type=cli_types.count_or_zero, default=3,
                    help="keep the best N l2_group_size values per tile shape by the L2 model (0: all)")
-    t.add_argument("--sms", type=int, default=None, help="SM count for the L2 model (default: the GPU, or H100/B200)")
-    t.add_argument("--l2-mb", type=float, default=None, help="L2 size in MiB for the L2 model")
-    t.add_argument("--jobs", type=int, default=None, help="parallel build processes (default: cores)")
+    t.add_argument("--sms", type=cli_types.count, default=None,
+                   help="SM count for the L2 model (default: the GPU, or H100/B200)")
+    t.add_argument("--l2-mb", type=cli_types.positive, default=None, help="L2 size in MiB for the L2 model")
+    t.add_argument("--jobs", type=cli_types.count, default=None, help="parallel build processes (default: cores)")
     t.add_argument("--cache", default=None, help="build cache folder (default: user cache /tune)")
     t.add_argument("--out", default=None, help="the candidate folder (default: build/tune/<rung>_<shape>_...); of "
                                                "several shapes, the folder of their folders (default: build/tune)")
     t.add_argument("--build-only", action="store_true", help="build and export the candidates, measure nothing")
     t.add_argument("--measure", metavar="DIR", nargs="+", help="measure candidate folders made by --build-only")
-    t.add_argument("--tracker", metavar="HOST:PORT", help="measure on the RPC servers of this TVM tracker (serve)")
-    t.add_argument("--key", help="the servers' key at the tracker (serve --key), e.g. h200")
-    t.add_argument("--rpc-batch", type=int, default=4, help="candidates per RPC session (see gemm_ladder/tune/rpc.py)")
+    t.add_argument("--tracker", metavar="HOST:PORT", type=cli_types.address,
+                   help="measure on the RPC servers of this TVM tracker (serve)")
+    t.add_argument("--key", type=cli_types.word, help="the servers' key at the tracker (serve --key), e.g. h200")
+    t.add_argument("--rpc-batch", type=cli_types.count, default=4,
+                   help="candidates per RPC session (see gemm_ladder/tune/rpc.py)")
     t.add_argument("--run-out", default=None, help="write the run (every folder's report, candidates/min) here")
     t.add_argument("--merge", nargs="+", metavar="FILE", help="merge measurements files into the database")
     t.add_argument("--show", action="store_true", help="print the tuning database")
     t.add_argument("--dry-run", action="store_true", help="print the pruned space, build nothing")
     t.add_argument("--db", default=None, help=f"tuning database file (default: ${db.DB_ENV}, else the user cache's "
                                               "over the packaged gemm_ladder/tune/tuning_db.json; see tune/db.py)")
-    t.add_argument("--reps", type=int, default=50)
+    t.add_argument("--reps", type=cli_types.count, default=50)
     t.add_argument("--confirm", type=confirm_count, default=CONFIRM_TOP, metavar="N",
                    help=f"time the N best candidates of the first pass again, together with cuBLAS in the same "
                         f"rounds at the power limit, and rank by that (default {CONFIRM_TOP}; 0: first pass only; "
                         f"local measuring only)")
-    t.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate before it counts as hung")
+    t.add_argument("--timeout", type=cli_types.positive, default=300.0,
+                   help="seconds per candidate before it counts as hung")
     t.add_argument("--measurements-out", default=None, help="measurements JSON path (default: in the folder)")
     t.add_argument("--plot", default=None, help="PNG path (default: beside the measurements)")
-    t.add_argument("--top", type=int, default=20, help="rows of the final table")
+    t.add_argument("--top", type=cli_types.count, default=20, help="rows of the final table")
     t.set_defaults(fn=cmd_tune)
 
 
@@ -424,15 +425,15 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     b = sub.add_parser("build", help="build one rung for one shape into an exported .so")
-    b.add_argument("rung")
-    b.add_argument("--shape", type=parse_shape, required=True)
+    b.add_argument("rung", choices=RUNGS, metavar="RUNG")
+    b.add_argument("--shape", type=cli_types.shape, required=True)
     b.add_argument("--dtype", default=None, choices=DTYPES, help=f"default {DEFAULT_DTYPE}")
     b.add_argument("--out", default="build")
     _add_build_args(b)
     b.set_defaults(fn=cmd_build)
 
     e = sub.add_parser("export", help="build a set of rungs and shapes into a folder with a manifest")
-    e.add_argument("--rungs", type=lambda s: s.split(","), default=None)
+    e.add_argument("--rungs", type=cli_types.names(RUNGS, "rung"), default=None)
     _add_ladder_args(e, "build/ladder")
     _add_build_args(e)
     e.set_defaults(fn=cmd_export)
@@ -443,24 +444,24 @@ def make_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="run exported modules on random inputs against torch (GPU)")
     v.add_argument("paths", nargs="+")
-    v.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
-    v.add_argument("--timeout", type=float, default=180.0)
+    v.add_argument("--seeds", type=cli_types.whole_numbers(0, "0,1"), default=[0, 1])
+    v.add_argument("--timeout", type=cli_types.positive, default=180.0)
     v.set_defaults(fn=cmd_verify)
 
     be = sub.add_parser("bench", help="time exported modules against cuBLAS in one process (GPU)")
     be.add_argument("paths", nargs="+")
-    be.add_argument("--reps", type=int, default=50)
+    be.add_argument("--reps", type=cli_types.count, default=50)
     be.add_argument("--timer", choices=("queued", "graph"), default="queued",
                     help="queued launches between CUDA events (default), or replays of a CUDA graph of "
                          "20 launches (the launch gaps of a captured model; cuBLAS may pick other kernels "
                          "when captured, so the ratio is not the queued one)")
-    be.add_argument("--timeout", type=float, default=300.0)
+    be.add_argument("--timeout", type=cli_types.positive, default=300.0)
     be.add_argument("--out", default=None, help="write the JSON report here")
     be.set_defaults(fn=cmd_bench)
 
     pr = sub.add_parser("pack-runtime", help="write a runtime-only TVM + gemm_ladder for a GPU box")
     pr.add_argument("dest")
-    pr.add_argument("--python", default=None, help="the GPU box's Python, e.g. 3.12")
+    pr.add_argument("--python", type=cli_types.python_version, default=None, help="the GPU box's Python, e.g. 3.12")
     pr.set_defaults(fn=cmd_pack_runtime)
 
     pc = sub.add_parser("pictures", help="write the layout and scheduler pictures")
@@ -475,7 +476,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("main", help="export the ladder and print its info table; verify and bench with a GPU")
     _add_ladder_args(m, "build/main")
-    m.add_argument("--archs", type=lambda s: s.split(","), default=list(ARCHS))
+    m.add_argument("--archs", type=cli_types.names(ARCHS, "arch"), default=list(ARCHS))
     m.set_defaults(fn=cmd_main)
     _add_tune_parser(sub)
     cli_front.add_parsers(sub)
@@ -487,7 +488,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = cli_types.glue_values(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         return serve.main(argv[1:])
     args = make_parser().parse_args(argv)

@@ -18,22 +18,12 @@ import os
 import sys
 from pathlib import Path
 
-from . import device, kernel_pack, report
+from . import cli_types, device, kernel_pack, report, suite
 from .config import ARCHS, DEFAULT_ARCH, DTYPES
 
 
 class UsageError(Exception):
     """Arguments that name nothing: printed, exit status 2 (``cli.main`` catches it)."""
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-    import argparse  # pylint: disable=import-outside-toplevel
-
-    try:
-        M, N, K = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape {text!r} is not MxNxK, e.g. 16x4096x4096") from None
-    return M, N, K
 
 
 def _no_gpu(what: str) -> int:
@@ -44,12 +34,8 @@ def _no_gpu(what: str) -> int:
 def _pack_shapes(a) -> list[tuple[int, int, int]]:
     shapes = list(a.shapes or [])
     if a.model:
-        if a.model not in kernel_pack.MODELS:
-            raise UsageError(f"--model {a.model!r} is not known; known: {', '.join(kernel_pack.MODELS)}")
         shapes += [(M, N, K) for N, K in kernel_pack.MODELS[a.model].values() for M in a.m]
     if a.suite:
-        from . import suite  # pylint: disable=import-outside-toplevel
-
         shapes += suite.shapes()
     if not shapes:
         raise UsageError("pack build needs --shapes, --model or --suite")
@@ -89,16 +75,37 @@ def cmd_pack(a) -> int:
     return 1 if bad else 0
 
 
-def cmd_suite(a) -> int:
-    from . import suite  # pylint: disable=import-outside-toplevel
+def _suite_result(path) -> dict:
+    """A result of ``suite run`` (what ``suite plot`` draws)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeError, ValueError) as err:
+        raise UsageError(f"{path}: not a suite result ({err}); make one with suite run --out {path}") from None
+    if not isinstance(doc, dict) or doc.get("format") != suite.SUITE_FORMAT or not isinstance(doc.get("results"), list):
+        raise UsageError(f"{path} is not a suite result ({suite.SUITE_FORMAT}); make one with suite run --out {path}")
+    return doc
 
+
+def _suite_packs(a) -> None:
+    """``suite run``'s packs are kernel packs, and ``--only`` picks a case (checked before the GPU)."""
+    for folder in a.pack or ():
+        try:
+            kernel_pack.read_pack_manifest(folder)
+        except kernel_pack.PackError as err:
+            raise UsageError(f"--pack: {err}") from None
+    if not suite.select(a.dtypes or suite.SUITE_DTYPES, a.only):
+        raise UsageError(f"--only {' '.join(a.only)} matches no case of the suite; see suite list")
+
+
+def cmd_suite(a) -> int:
     if a.suite_cmd == "list":
         for c in suite.cases(a.dtypes or suite.SUITE_DTYPES):
             print(c["id"], c["group"])
         return 0
     if a.suite_cmd == "plot":
-        print(suite.plot_result(json.loads(Path(a.result).read_text()), a.out))
+        print(suite.plot_result(_suite_result(a.result), a.out))
         return 0
+    _suite_packs(a)
     if not device.present():
         return _no_gpu("suite run")
     if a.pack:
@@ -114,17 +121,18 @@ def add_parsers(sub) -> None:
     pk = sub.add_parser("pack", help="kernel packs for the front door (gemm_ladder.matmul): build, show, check")
     pks = pk.add_subparsers(dest="pack_cmd", required=True)
     b = pks.add_parser("build", help="build the modules a list of shapes, a model or the suite needs")
-    b.add_argument("--shapes", type=lambda s: [parse_shape(x) for x in s.split(",")], default=None)
-    b.add_argument("--model", default=None, help=f"a model's weight shapes: {', '.join(kernel_pack.MODELS)}")
-    b.add_argument("--m", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 128, 512, 2048, 8192],
+    b.add_argument("--shapes", type=cli_types.shapes, default=None)
+    b.add_argument("--model", default=None, choices=kernel_pack.MODELS, help="a model's weight shapes")
+    b.add_argument("--m", type=cli_types.whole_numbers(1, "16,128"), default=list(suite.SUITE_M),
                    help="the M values --model is built for (default: the suite's)")
     b.add_argument("--suite", action="store_true", help="every shape of the shape suite")
-    b.add_argument("--dtypes", type=lambda s: s.split(","), default=None)
+    b.add_argument("--dtypes", type=cli_types.names(DTYPES, "dtype"), default=None)
     b.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
-    b.add_argument("--sms", type=int, default=None, help="SM count the heuristic plans for (default: the GPU, or H100)")
+    b.add_argument("--sms", type=cli_types.count, default=None,
+                   help="SM count the heuristic plans for (default: the GPU, or H100)")
     b.add_argument("--static", action="store_true", help="one module per M even where a rung takes M at run time")
     b.add_argument("--out", default="build/pack")
-    b.add_argument("--jobs", type=int, default=None)
+    b.add_argument("--jobs", type=cli_types.count, default=None)
     for name in ("show", "check"):
         s = pks.add_parser(name, help="list the modules" if name == "show" else "check every module against pack.json")
         s.add_argument("folder")
@@ -132,16 +140,17 @@ def add_parsers(sub) -> None:
     su = sub.add_parser("suite", help="the shape suite: gemm_ladder.matmul against cuBLAS (GPU), its plot")
     sus = su.add_subparsers(dest="suite_cmd", required=True)
     r = sus.add_parser("run", help="time every case on this GPU; JSON and plot")
-    r.add_argument("--pack", action="append", help="kernel pack folder (repeatable; else $GEMM_LADDER_PACK)")
+    r.add_argument("--pack", action="append", metavar="FOLDER",
+                   help="kernel pack folder (repeatable; else $GEMM_LADDER_PACK)")
     r.add_argument("--out", default="suite.json")
     r.add_argument("--plot", default=None, help="PNG path (default: beside --out)")
     r.add_argument("--only", action="append", help="run the cases whose id or group holds this text")
-    r.add_argument("--dtypes", type=lambda s: s.split(","), default=None)
-    r.add_argument("--reps", type=int, default=60)
-    r.add_argument("--timeout", type=float, default=240.0)
+    r.add_argument("--dtypes", type=cli_types.names(suite.SUITE_DTYPES, "dtype"), default=None)
+    r.add_argument("--reps", type=cli_types.count, default=60)
+    r.add_argument("--timeout", type=cli_types.positive, default=240.0)
     p = sus.add_parser("plot", help="plot a suite result")
     p.add_argument("result")
     p.add_argument("--out", default="suite.png")
     ls = sus.add_parser("list", help="print the cases")
-    ls.add_argument("--dtypes", type=lambda s: s.split(","), default=None)
+    ls.add_argument("--dtypes", type=cli_types.names(suite.SUITE_DTYPES, "dtype"), default=None)
     su.set_defaults(fn=cmd_suite)

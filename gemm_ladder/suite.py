@@ -60,6 +60,11 @@ def cases(dtypes=SUITE_DTYPES) -> list[dict]:
     return out
 
 
+def select(dtypes=SUITE_DTYPES, only=None) -> list[dict]:
+    """The cases of ``dtypes`` whose id or group holds one of the texts of ``only`` (all: None)."""
+    return [c for c in cases(dtypes) if not only or any(o in c["id"] or o in c["group"] for o in only)]
+
+
 def shapes() -> list[tuple[int, int, int]]:
     """The distinct (M, N, K) of the suite (what its kernel pack must serve)."""
     return sorted({(c["M"], c["N"], c["K"]) for c in cases(SUITE_DTYPES[:1])})
@@ -207,7 +212,7 @@ def run(out=None, dtypes=SUITE_DTYPES, only=None, reps: int = 60, timeout: float
     """Run the suite (the kernels from ``$GEMM_LADDER_PACK`` / the module cache); write ``out``."""
     from .report import progress as progress_bar  # pylint: disable=import-outside-toplevel
 
-    todo = [c for c in cases(dtypes) if not only or any(o in c["id"] or o in c["group"] for o in only)]
+    todo = select(dtypes, only)
     bar = progress_bar(len(todo), "suite") if progress else None
     try:
         got = isolate.run_batch("gemm_ladder.suite:time_case", [c["id"] for c in todo], [reps], timeout=timeout,

@@ -41,11 +41,25 @@ import sys
 import time
 from pathlib import Path
 
+from .. import cli_types
+
 MEASURE_FN = "gemm_ladder.tune.measure"
 TRACKER_PORT = 9190  # TVM's defaults: a tracker on 9190..9199, servers from 9090
 SERVER_PORT = 9090
 RESTARTS = 3  # per GPU, by Cluster.watch: a GPU whose server keeps dying is given up
 _GPU_INFO = "import json; from gemm_ladder import harness; print(json.dumps(harness.gpu_info(0)))"
+
+
+def tracker_problem(tracker: tuple[str, int], timeout: float = 5.0) -> str | None:
+    """Why nothing can be asked of a tracker at ``tracker`` (no such host, nothing listening), or
+    None. TVM's own client retries a dead address for a minute, then raises: asked first, a
+    mistyped ``--tracker`` is one line at once."""
+    try:
+        with socket.create_connection(tracker, timeout=timeout):
+            return None
+    except OSError as err:
+        return (f"nothing answers at {tracker[0]}:{tracker[1]} ({err.strerror or err}): start a tracker there "
+                f"with python -m gemm_ladder serve --key KEY, or name the one that runs")
 
 
 def parse_address(text: str, default_port: int = TRACKER_PORT) -> tuple[str, int]:
@@ -126,14 +140,14 @@ def run_server(tracker: tuple[str, int], key: str, host: str = "0.0.0.0", port: 
 def server_main(argv=None, measure=None, gpu: dict | None = None) -> int:
     """``python -m gemm_ladder.tune.serve server ...``: one server (what :class:`Cluster` starts)."""
     p = argparse.ArgumentParser(prog="python -m gemm_ladder.tune.serve server")
-    p.add_argument("--tracker", required=True)
-    p.add_argument("--key", required=True)
+    p.add_argument("--tracker", type=cli_types.address, required=True)
+    p.add_argument("--key", type=cli_types.word, required=True)
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=SERVER_PORT)
-    p.add_argument("--port-end", type=int, default=None)
+    p.add_argument("--port", type=cli_types.port, default=SERVER_PORT)
+    p.add_argument("--port-end", type=cli_types.port, default=None)
     p.add_argument("--custom-addr", default=None)
-    a = p.parse_args(argv)
-    return run_server(parse_address(a.tracker), a.key, a.host, a.port, a.port_end, a.custom_addr, measure, gpu)
+    a = p.parse_args(cli_types.glue_values(argv if argv is not None else sys.argv[1:]))
+    return run_server(a.tracker, a.key, a.host, a.port, a.port_end, a.custom_addr, measure, gpu)
 
 
 # -- the tracker --------------------------------------------------------------------------------
@@ -328,36 +342,51 @@ class Cluster:
         self.stop()
 
 
-def main(argv=None) -> int:
-    """``python -m gemm_ladder serve ...`` (and ``python -m gemm_ladder.tune.serve``): a tracker and
-    this host's servers until Ctrl-C, or ``--status``; ``server ...`` is one server (what they run)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["server"]:
-        return server_main(argv[1:])
+def make_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m gemm_ladder serve``."""
     p = argparse.ArgumentParser(
         prog="python -m gemm_ladder serve",
         description="Start TVM's RPC tracker (unless --tracker names one elsewhere) and one RPC server per visible "
                     "GPU, each with CUDA_VISIBLE_DEVICES set to its GPU; keep them up until Ctrl-C. TVM's RPC has "
                     "no authentication: serve on a trusted network only.")
-    p.add_argument("--key", help="the kind of GPU the servers offer, e.g. h200 (tune --key)")
-    p.add_argument("--tracker", metavar="HOST:PORT", help="register with this tracker instead of starting one")
+    p.add_argument("--key", type=cli_types.word, help="the kind of GPU the servers offer, e.g. h200 (tune --key)")
+    p.add_argument("--tracker", metavar="HOST:PORT", type=cli_types.address,
+                   help="register with this tracker instead of starting one")
     p.add_argument("--host", default="0.0.0.0", help="the address the tracker and the servers listen on")
-    p.add_argument("--port", type=int, default=TRACKER_PORT, help="the tracker's port (the first tried)")
-    p.add_argument("--server-port", type=int, default=SERVER_PORT, help="the first server's port (the first tried)")
-    p.add_argument("--gpus", default=None, help="CUDA_VISIBLE_DEVICES entries to serve, e.g. 0,1 (default: all)")
+    p.add_argument("--port", type=cli_types.port, default=TRACKER_PORT, help="the tracker's port (the first tried)")
+    p.add_argument("--server-port", type=cli_types.port, default=SERVER_PORT,
+                   help="the first server's port (the first tried)")
+    p.add_argument("--gpus", type=cli_types.words, default=None,
+                   help="CUDA_VISIBLE_DEVICES entries to serve, e.g. 0,1 (default: all)")
     p.add_argument("--custom-addr", default=None, help="the address the servers give the tracker, where clients "
                                                        "on other hosts reach them")
     p.add_argument("--log-dir", default=None, help="one log per server here (default: this terminal)")
     p.add_argument("--status", action="store_true", help="print the tracker's servers and queues, start nothing")
+    return p
+
+
+def main(argv=None) -> int:
+    """``python -m gemm_ladder serve ...`` (and ``python -m gemm_ladder.tune.serve``): a tracker and
+    this host's servers until Ctrl-C, or ``--status``; ``server ...`` is one server (what they run)."""
+    argv = cli_types.glue_values(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["server"]:
+        return server_main(argv[1:])
+    p = make_parser()
     a = p.parse_args(argv)
     if a.status:
-        print(status(parse_address(a.tracker or f"127.0.0.1:{a.port}")))
+        tracker = a.tracker or ("127.0.0.1", a.port)
+        problem = tracker_problem(tracker)
+        if problem:
+            p.error(f"argument {'--tracker' if a.tracker else '--status'}: {problem}")
+        print(status(tracker))
         return 0
     if not a.key:
         p.error("--key is needed: the kind of GPU the servers offer, e.g. --key h200 (tune --key names it)")
-    cluster = Cluster(a.key, a.gpus.split(",") if a.gpus else None, parse_address(a.tracker) if a.tracker else None,
-                      host=a.host, port=a.port, server_port=a.server_port, custom_addr=a.custom_addr,
-                      log_dir=a.log_dir)
+    problem = tracker_problem(a.tracker) if a.tracker else None
+    if problem:
+        p.error(f"argument --tracker: {problem}")
+    cluster = Cluster(a.key, a.gpus, a.tracker, host=a.host, port=a.port, server_port=a.server_port,
+                      custom_addr=a.custom_addr, log_dir=a.log_dir)
     try:
         found = cluster.start()
         where = f"{cluster.tracker[0]}:{cluster.tracker[1]}"
