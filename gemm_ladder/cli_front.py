@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from . import cli_types, device, kernel_pack, report, suite
-from .config import ARCHS, DEFAULT_ARCH, DTYPES
+from .config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
+from .files import FolderError
 
 
 class UsageError(Exception):
@@ -45,9 +46,12 @@ def _pack_shapes(a) -> list[tuple[int, int, int]]:
 def cmd_pack(a) -> int:
     if a.pack_cmd == "build":
         shapes = _pack_shapes(a)
-        man = kernel_pack.build_pack(a.out, shapes, a.dtypes or list(DTYPES), a.arch, a.sms, not a.static, a.jobs,
-                                     request={"shapes": ["x".join(map(str, s)) for s in shapes], "model": a.model,
-                                              "suite": a.suite, "m": list(a.m)})
+        try:
+            man = kernel_pack.build_pack(a.out, shapes, a.dtypes or list(DTYPES), a.arch, a.sms, not a.static, a.jobs,
+                                         request={"shapes": ["x".join(map(str, s)) for s in shapes],
+                                                  "model": a.model, "suite": a.suite, "m": list(a.m)})
+        except (ConfigError, LookupError, FolderError) as err:  # a shape no kernel takes, an --out that is no folder
+            raise UsageError(str(err)) from None
         for r in man["results"]:
             if r["status"] == "failed":
                 print(f"failed: {r['file']}: {r['detail']}", file=sys.stderr)

@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,6 +123,34 @@ def test_a_dead_tracker_is_said_at_once(tmp_path):
         assert out.returncode == 2 and time.monotonic() - start < 20, out.stderr
         line = _one_error_line(out.stderr)
         assert "--tracker" in line and "nothing answers" in line and dead in line, line
+
+
+def test_a_listener_that_is_no_tracker_is_said(tmp_path):
+    """Something answers at ``--tracker`` but speaks no TVM RPC: one line, not TVM's traceback."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def answer():  # the CLI's probe, then TVM's client
+            for _ in range(2):
+                conn, _ = listener.accept()
+                with conn:
+                    conn.sendall(b"HTTP/1.0 200 OK\r\n\r\nhello")
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        out = _cli(["serve", "--status", "--tracker", f"127.0.0.1:{port}"], tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "not as a TVM tracker" in _one_error_line(out.stderr)
+
+
+def test_a_pack_of_a_shape_no_kernel_takes_is_refused(tmp_path):
+    """M past the kernels' 32-bit indices: the planner's refusal, as one line (was a traceback)."""
+    out = _cli(["pack", "build", "--shapes", "10000000x4096x4096", "--out", str(tmp_path / "pack")], tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "use M <=" in _one_error_line(out.stderr)
+    assert not list((tmp_path / "pack").glob("*.so"))
 
 
 # -- counts, in this process ---------------------------------------------------------------------

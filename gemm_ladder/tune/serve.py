@@ -192,15 +192,22 @@ def servers_of(tracker: tuple[str, int], key: str, timeout: float = 10.0) -> lis
     return [s["addr"] for s in summary.get("server_info", []) if s.get("key") == f"server:{key}"]
 
 
-def status(tracker: tuple[str, int]) -> str:
-    """The tracker's own text summary: servers, and per key the free and pending counts."""
+def status(tracker: tuple[str, int], timeout: float = 30.0) -> str:
+    """The tracker's own text summary: servers, and per key the free and pending counts. A peer
+    that accepts but does not answer raises ``TimeoutError`` after ``timeout`` s (TVM's client
+    sockets take the default timeout, set here while it talks)."""
     from tvm import rpc  # pylint: disable=import-outside-toplevel
 
-    session = rpc.connect_tracker(*tracker)
+    before = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout)
     try:
-        return session.text_summary()
+        session = rpc.connect_tracker(*tracker)
+        try:
+            return session.text_summary()
+        finally:
+            session.close()
     finally:
-        session.close()
+        socket.setdefaulttimeout(before)
 
 
 # -- a host's servers ---------------------------------------------------------------------------
@@ -378,7 +385,11 @@ def main(argv=None) -> int:
         problem = tracker_problem(tracker)
         if problem:
             p.error(f"argument {'--tracker' if a.tracker else '--status'}: {problem}")
-        print(status(tracker))
+        try:
+            print(status(tracker))
+        except (OSError, RuntimeError) as err:  # something answers there, but not a TVM tracker
+            p.error(f"argument {'--tracker' if a.tracker else '--status'}: {tracker[0]}:{tracker[1]} answers, but "
+                    f"not as a TVM tracker ({' '.join(str(err).split())[:200]})")
         return 0
     if not a.key:
         p.error("--key is needed: the kind of GPU the servers offer, e.g. --key h200 (tune --key names it)")
