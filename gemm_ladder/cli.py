@@ -30,9 +30,9 @@ import json
 import sys
 from pathlib import Path
 
-from . import batch, cli_front, cli_types, device, pack, report
+from . import batch, cli_front, cli_types, device, files, pack, report
 from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
-from .files import FolderInUse
+from .files import FolderError, FolderInUse
 from .records import RecordError
 from .rungs import RUNGS
 from .runtime import read_manifest
@@ -167,7 +167,7 @@ def cmd_pictures(a) -> int:
     import layouts
     import schedulers
 
-    out = Path(a.dest)
+    out = files.open_folder(a.dest, "pictures folder")
     written = list(layouts.write_all(out / "layouts") or []) + list(schedulers.write_all(out / "schedulers") or [])
     for w in written:
         print(w)
@@ -249,8 +249,7 @@ def _tracker(a):
     """The tracker of ``--tracker`` (checked: something answers there), or None."""
     if bool(a.tracker) != bool(a.key):
         raise UsageError("--tracker HOST:PORT and --key KEY go together: the servers that key registered there")
-    problem = serve.tracker_problem(a.tracker) if a.tracker else None
-    if problem:
+    if a.tracker and (problem := serve.tracker_problem(a.tracker)):
         raise UsageError(f"--tracker: {problem}")
     return a.tracker
 
@@ -401,7 +400,7 @@ def _add_tune_parser(sub) -> None:
     t.add_argument("--key", type=cli_types.word, help="the servers' key at the tracker (serve --key), e.g. h200")
     t.add_argument("--rpc-batch", type=cli_types.count, default=4,
                    help="candidates per RPC session (see gemm_ladder/tune/rpc.py)")
-    t.add_argument("--run-out", default=None, help="write the run (every folder's report, candidates/min) here")
+    t.add_argument("--run-out", type=cli_types.out_file, help="write the run (its reports, candidates/min) here")
     t.add_argument("--merge", nargs="+", metavar="FILE", help="merge measurements files into the database")
     t.add_argument("--show", action="store_true", help="print the tuning database")
     t.add_argument("--dry-run", action="store_true", help="print the pruned space, build nothing")
@@ -414,8 +413,9 @@ def _add_tune_parser(sub) -> None:
                         f"local measuring only)")
     t.add_argument("--timeout", type=cli_types.positive, default=300.0,
                    help="seconds per candidate before it counts as hung")
-    t.add_argument("--measurements-out", default=None, help="measurements JSON path (default: in the folder)")
-    t.add_argument("--plot", default=None, help="PNG path (default: beside the measurements)")
+    t.add_argument("--measurements-out", type=cli_types.out_file, default=None,
+                   help="measurements JSON path (default: in the folder)")
+    t.add_argument("--plot", type=cli_types.out_file, default=None, help="PNG path (default: beside the measurements)")
     t.add_argument("--top", type=cli_types.count, default=20, help="rows of the final table")
     t.set_defaults(fn=cmd_tune)
 
@@ -456,7 +456,7 @@ def make_parser() -> argparse.ArgumentParser:
                          "20 launches (the launch gaps of a captured model; cuBLAS may pick other kernels "
                          "when captured, so the ratio is not the queued one)")
     be.add_argument("--timeout", type=cli_types.positive, default=300.0)
-    be.add_argument("--out", default=None, help="write the JSON report here")
+    be.add_argument("--out", type=cli_types.out_file, default=None, help="write the JSON report here")
     be.set_defaults(fn=cmd_bench)
 
     pr = sub.add_parser("pack-runtime", help="write a runtime-only TVM + gemm_ladder for a GPU box")
@@ -494,6 +494,6 @@ def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (UsageError, cli_front.UsageError) as err:
+    except (UsageError, cli_front.UsageError, FolderError) as err:  # FolderError: an output folder that is no folder
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+from pathlib import Path
 
 from .config import KNOB_NAME, ConfigError, parse_knob_value
 
@@ -144,6 +146,21 @@ def address(text: str) -> tuple[str, int]:
     if not sep or not _HOST.fullmatch(host):
         raise _refuse(f"{text!r} is not HOST:PORT, e.g. 127.0.0.1:9190")
     return host, port(port_text)
+
+
+def out_file(text: str) -> str:
+    """A file to write (``bench --out``, ``tune --run-out``): not a folder, and in a folder that is
+    writable or can be made, so a run's result is not lost at its end for a mistyped path. Nothing
+    is created here (``files.open_folder`` makes the folder when the command writes)."""
+    path = Path(text).absolute()
+    if path.is_dir():
+        raise _refuse(f"{text} is a folder; give a file path, e.g. {Path(text) / 'result.json'}")
+    there = next(p for p in path.parents if p.exists())
+    if not there.is_dir():
+        raise _refuse(f"{text} cannot be written: {there} is a file, not a folder")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise _refuse(f"{text} cannot be written: {there} is not writable")
+    return text
 
 
 def python_version(text: str) -> str:

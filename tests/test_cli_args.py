@@ -189,6 +189,24 @@ def test_paths_are_checked_before_the_gpu(tmp_path, monkeypatch):
     assert cli_guard.run(["suite", "run"]).code is None  # no path given: on to the GPU
 
 
+def test_outputs_that_cannot_be_written_are_refused_first(tmp_path, monkeypatch):
+    """A result file under a file, or a folder given for a file: said before the run, not after it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "empty").mkdir()
+    for argv, flag in ((["bench", "x.so", "--out", "afile/r.json"], "--out"),
+                       (["suite", "run", "--out", "empty"], "--out"),
+                       (["tune", "--measure", "c", "--run-out", "afile/run.json"], "--run-out"),
+                       (["suite", "plot", "r.json", "--out", "afile/x/p.png"], "--out")):
+        got = cli_guard.run(argv)
+        assert got.code == 2, (argv, got)
+        assert f"argument {flag}:" in _one_error_line(got.err), got.err
+    got = cli_guard.run(["pictures", "afile"])  # an output folder that is a file
+    assert got.code == 2 and "pictures folder afile is a file" in _one_error_line(got.err), got.err
+    out = _cli(["pack-runtime", "afile"], tmp_path)
+    assert out.returncode == 2 and "afile is a file" in _one_error_line(out.stderr), out.stderr
+
+
 def test_suite_plot_reads_a_suite_result(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.json").write_text('{"format": "something else"}')
@@ -245,7 +263,9 @@ def test_glue_values_hands_a_dashed_value_to_its_option():
     (cli_types.count_or_zero, "-1", "negative"), (cli_types.positive, "nan", "positive finite"),
     (cli_types.port, "0", "1 to 65535"), (cli_types.address, "host", "HOST:PORT"), (cli_types.address, ":1", "HOST"),
     (cli_types.names(("a", "b"), "dtype"), "a,a", "twice"), (cli_types.names(("a", "b"), "dtype"), "c", "a,b"),
-    (cli_types.python_version, "312", "X.Y"), (cli_types.word, "a b", "name"), (cli_types.knob, "x", "name=value"),
+    (cli_types.python_version, "312", "X.Y"), (cli_types.out_file, "/", "is a folder"),
+    (cli_types.out_file, "/proc/version/x", "is a file"), (cli_types.word, "a b", "name"),
+    (cli_types.knob, "x", "name=value"),
 ])
 def test_a_type_refuses_with_what_would_work(parse, text, words):
     with pytest.raises(argparse.ArgumentTypeError, match=words):

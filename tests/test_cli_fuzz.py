@@ -37,7 +37,7 @@ GOOD = {"count": ["1", "4", "132"], "count_or_zero": ["0", "3"], "positive": ["0
         "knob": ["pipe_depth=3", "blk_n=64", "tile_order=snake", "stream_k=true", "num_warpgroups=2"],
         "rung": list(RUNGS), "rung list": ["v4,v5", *RUNGS], "dtype list": ["float16,bfloat16", *DTYPES],
         "arch list": ["sm_90a,sm_100a", *ARCHS], "_schedules": ["forward", "forward,lockstep"],
-        "whole numbers": ["0,1", "16,128"], "confirm_count": ["0", "4"]}
+        "whole numbers": ["0,1", "16,128"], "confirm_count": ["0", "4"], "out_file": ["r.json", "sub/r.json"]}
 TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=10)
 # lines an exit 2 may print besides its one error: argparse's usage, and notes
 ALLOWED = ("usage:", " ", "warning:", "not checked:")
