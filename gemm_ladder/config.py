@@ -8,6 +8,15 @@ then the rung's own ``check`` with the shared-memory and register budget of
 message that names the limit and a value that would work. The tuner prunes its space with the
 same function, so a config the tuner keeps is a config that builds.
 
+**32-bit indices.** The kernels index with signed 32-bit ints: TVM's loop variables and buffer
+offsets, TMA's coordinates, the thread offsets of the early rungs, the split-K workspace. So
+every extent (M, N, K), every matrix (A = M x K, B = N x K, D = M x N elements) and the split-K
+workspace (``split_k`` fp32 partials per element of D), each padded to whole tiles, must hold
+fewer than :data:`INDEX_LIMIT` = 2^31 elements (:func:`check_index_range`, part of
+:func:`check_common`). For N = K = 4096 and 128-row tiles that is M <= 524160; :func:`max_m`
+gives the largest M a config takes. A module built with ``dynamic_m=True`` reads M at run time
+as an int32: it serves M from 1 to ``max_m(cfg)``, and the caller refuses a larger M.
+
 This module imports no TVM: it is used on build boxes, by the tuner and by the runtime alike.
 """
 
@@ -35,6 +44,10 @@ DEFAULT_TILE_ORDER = "snake"
 
 class ConfigError(ValueError):
     """A rung cannot take this shape or these knobs; the message says what would work."""
+
+
+class IndexRangeError(ConfigError):
+    """A shape too large for the kernels' signed 32-bit indices (:func:`check_extents`)."""
 
 
 KNOB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")  # a knob's name, and a value that is a name
@@ -145,8 +158,8 @@ class GemmConfig:
         return f"{self.rung}_{self.M}x{self.N}x{self.K}_{self.dtype}_{self.arch}" + (f"_{knobs}" if knobs else "")
 
 
-def _fix(msg: str, fix: str) -> ConfigError:
-    return ConfigError(f"{msg}; {fix}")
+def _fix(msg: str, fix: str, error: type = ConfigError) -> ConfigError:
+    return error(f"{msg}; {fix}")
 
 
 def _type_ok(value, default) -> bool:
@@ -219,3 +232,90 @@ def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES) -> None:
     if cfg.blk_n % 64 or not 64 <= cfg.blk_n <= 256:
         # the output tile leaves through 128-byte-wide (64-column) swizzled TMA boxes
         raise _fix(f"blk_n={cfg.blk_n} is not supported", "use 64, 128, 192 or 256")
+    check_index_range(cfg)
+
+
+# -- 32-bit indices (see the module docstring) ------------------------------------------------------
+INDEX_LIMIT = 2**31  # elements a signed 32-bit index reaches, one past the largest offset
+
+
+def _whole(extent: int, tile: int) -> int:
+    return -(-extent // tile) * tile
+
+
+def index_counts(M: int, N: int, K: int, blk_m: int = 1, blk_n: int = 1, blk_k: int = 1,
+                 split_k: int = 1) -> dict[str, int]:
+    """What a kernel of this shape and tile indexes with 32-bit ints, in elements, each extent
+    padded to whole tiles (a CTA computes the offsets of a whole tile, also past the edge where
+    a guard then skips them). The split-K workspace is there only with ``split_k`` > 1."""
+    m, n, k = _whole(M, blk_m), _whole(N, blk_n), _whole(K, blk_k)
+    counts = {"M": m, "N": n, "K": k, "A (M x K)": m * k, "B (N x K)": n * k, "D (M x N)": m * n}
+    if split_k > 1:
+        counts[f"the split-K workspace (M x N x split_k={split_k})"] = m * n * split_k
+    return counts
+
+
+def largest_m(N: int, K: int, blk_m: int = 1, blk_n: int = 1, blk_k: int = 1, split_k: int = 1) -> int:
+    """The largest M (a multiple of ``blk_m``) that keeps every count of :func:`index_counts`
+    below :data:`INDEX_LIMIT`; 0 when N and K alone reach it."""
+    if max(index_counts(1, N, K, blk_m, blk_n, blk_k, split_k).values()) >= INDEX_LIMIT:
+        return 0
+    per_row = max(1, _whole(K, blk_k), _whole(N, blk_n) * max(split_k, 1))
+    return (INDEX_LIMIT - 1) // per_row // blk_m * blk_m
+
+
+def _split_k_of(cfg: GemmConfig) -> int:
+    s = dict(cfg.extra).get("split_k", 1)
+    return s if isinstance(s, int) and not isinstance(s, bool) and s > 1 else 1
+
+
+def max_m(cfg: GemmConfig) -> int:
+    """The largest M a kernel of ``cfg``'s N, K and knobs takes: what a module built with
+    ``dynamic_m=True`` (M read at run time, an int32) serves at most; 0 when N and K alone are
+    too large."""
+    return largest_m(cfg.N, cfg.K, cfg.blk_m, cfg.blk_n, cfg.blk_k, _split_k_of(cfg))
+
+
+def _over(counts: dict[str, int]) -> tuple[str, int] | None:
+    return next(((n, c) for n, c in counts.items() if c >= INDEX_LIMIT), None)
+
+
+def _fitting_nk(N: int, K: int, blk_m: int, blk_n: int, blk_k: int, split_k: int) -> tuple[int, int, str]:
+    """An (N, K) of parts that some M fits beside, and how to say it."""
+    n_pad, k_pad = _whole(N, blk_n), _whole(K, blk_k)
+    most_k = (INDEX_LIMIT - 1) // max(n_pad, blk_m) // blk_k * blk_k  # a K beside this N
+    most_n = (INDEX_LIMIT - 1) // max(k_pad, blk_m * split_k) // blk_n * blk_n  # an N beside this K
+    if most_k >= blk_k and blk_m * n_pad * split_k < INDEX_LIMIT:
+        return N, most_k, f"split K into parts of at most {most_k} and add the products"
+    if most_n >= blk_n:
+        return most_n, K, f"split N into parts of at most {most_n} columns"
+    return 32768, 32768, "split N and K into parts of at most 32768 each"
+
+
+def check_extents(who: str, M: int, N: int, K: int, blk_m: int = 1, blk_n: int = 1, blk_k: int = 1,
+                  split_k: int = 1) -> None:
+    """Refuse a shape whose 32-bit indices would overflow (:func:`index_counts`), in one line that
+    names the count, the limit and the sizes that fit (an M, else parts of K or N, and of M beside
+    them). ``who`` starts the message (a rung, or the policy). Constant time, whatever the shape."""
+    over = _over(index_counts(M, N, K, blk_m, blk_n, blk_k, split_k))
+    if over is None:
+        return
+    most_m = largest_m(N, K, blk_m, blk_n, blk_k, split_k)
+    if most_m < 1:  # N and K alone reach the limit: name that count, whatever M is
+        over = _over(index_counts(1, N, K, blk_m, blk_n, blk_k, split_k))
+    name, count = over
+    padded = f" (padded to whole {blk_m}x{blk_n}x{blk_k} tiles)" if (blk_m, blk_n, blk_k) != (1, 1, 1) else ""
+    what = f"{name} = {count}" if name in ("M", "N", "K") else f"{name} has {count} elements"
+    msg = f"{who}: {M}x{N}x{K}: {what}{padded}, over the {INDEX_LIMIT - 1} a signed 32-bit index reaches"
+    if most_m >= 1:
+        raise _fix(msg, f"use M <= {most_m} (split the rows into calls of at most {most_m})", IndexRangeError)
+    part_n, part_k, fix = _fitting_nk(N, K, blk_m, blk_n, blk_k, split_k)
+    rows = largest_m(part_n, part_k, blk_m, blk_n, blk_k, split_k)
+    raise _fix(msg, fix + (f", and the rows into calls of at most {rows}" if M > rows else ""),
+               IndexRangeError)
+
+
+def check_index_range(cfg: GemmConfig) -> None:
+    """``cfg``'s shape with its tiles (and split-K workspace) within 32-bit indices: every rung of
+    both archs goes through this (:func:`check_common`)."""
+    check_extents(cfg.rung, cfg.M, cfg.N, cfg.K, cfg.blk_m, cfg.blk_n, cfg.blk_k, _split_k_of(cfg))

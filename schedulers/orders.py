@@ -75,6 +75,8 @@ cluster_n`` where (row, col) is the order applied to ``w // (cluster_m * cluster
 
 from __future__ import annotations
 
+import itertools
+
 ORDERS = ("row", "column", "grouped", "serpentine", "snake")
 
 Tile = tuple[int, int]
@@ -198,7 +200,10 @@ def _coverage_error(order, num_m, num_n, g, cluster_m, cluster_n) -> str:
             f"edge; pad the grid to a multiple of the cluster shape or use cluster 1 x 1"
         )
     rows, cols = num_m // cluster_m, num_n // cluster_n
-    good = [s for s in range(1, max(rows, cols) + 1) if serpentine_ok(rows, cols, s)]
+    # the first eight sizes that work, looked for among the first 4096 (a grid may have billions
+    # of rows); a size past the columns always works (no full block column)
+    near = (s for s in range(1, min(max(rows, cols), 4096) + 1) if serpentine_ok(rows, cols, s))
+    good = list(itertools.islice(itertools.chain(near, (cols + 1,) if cols >= 4096 else ()), 8))
     return (
         f"TVM 0.27's serpentine order skips the bottom strip of a {rows} x {cols} cluster "
         f"grid with l2_group_size={g} (left-over rows and columns) and computes tile "

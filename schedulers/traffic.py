@@ -31,8 +31,10 @@ sizes by modelled traffic so that a tuner times only the best few.
 
 Large grids: the traffic of a grouped order repeats group after group, so ranking group sizes
 needs the first few groups, not all of them. ``max_waves`` plays only the first waves (and
-builds only their tiles): what a tuner needs for a 32768 x 32768 grid, at the cost of a
-small one. ``Traffic.waves_total`` says how many there are in all.
+builds only their tiles; a panel's width is a closed form, not a list over the grid): what a
+tuner needs for a 32768 x 32768 grid, or a 2^40-row one, at the cost of a small one: time and
+memory grow with ``max_waves * num_ctas * k_chunks``, not with the tiles.
+``Traffic.waves_total`` says how many there are in all.
 
 Limits: real L2s are not LRU, H100/H200 split L2 into two halves, CTAs drift apart
 over K, and the epilogue's C writes (the same for every order) are left out.  Use the
@@ -65,6 +67,12 @@ class Traffic:
     def amplification(self) -> float:
         """``total_bytes / compulsory_bytes``; 1.0 is perfect reuse."""
         return self.total_bytes / self.compulsory_bytes
+
+
+def _panel_bytes(extent: int, blk: int, dtype_bytes: int):
+    """Bytes per K element of panel ``i`` of ``extent`` rows cut into ``blk``-row panels (the last
+    one narrower): a function, so that a grid of billions of panels costs nothing up front."""
+    return lambda i: min(blk, extent - i * blk) * dtype_bytes
 
 
 def _k_slices(K: int, k_chunks: int) -> list[int]:
@@ -108,8 +116,7 @@ def dram_traffic(
         schedule = waves(order, num_m, num_n, num_ctas, l2_group_size, cluster_m, cluster_n)
 
     # bytes per K element of each panel; edge panels are narrower
-    a_row = [min(blk_m, M - i * blk_m) * dtype_bytes for i in range(num_m)]
-    b_col = [min(blk_n, N - j * blk_n) * dtype_bytes for j in range(num_n)]
+    a_row, b_col = _panel_bytes(M, blk_m, dtype_bytes), _panel_bytes(N, blk_n, dtype_bytes)
     slices = _k_slices(K, k_chunks)
 
     cache: OrderedDict[tuple[str, int, int], int] = OrderedDict()
@@ -129,7 +136,7 @@ def dram_traffic(
                     if key in cache:
                         cache.move_to_end(key)
                         continue
-                    size = width[p] * k_len
+                    size = width(p) * k_len
                     fetched[kind] += size
                     cache[key] = size
                     used += size

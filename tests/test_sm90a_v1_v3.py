@@ -31,7 +31,7 @@ from gemm_ladder import ConfigError
         ("v2", (128, 192, 128), {}, ["N=192", "pass blk_n=192"]),
         ("v2", (128, 256, 64), {"blk_n": 256}, ["256 fp32 accumulator registers", "num_warpgroups"]),
         ("v3", (128, 128, 60), {}, ["K=60", "pad K"]),
-        ("v3", (65536, 65536, 64), {}, ["32-bit", "D", "use v4"]),
+        ("v3", (65536, 65536, 64), {}, ["32-bit", "D (M x N)", "use M <= 32640"]),  # every rung: config.check_index_range
         ("v3", (4096, 4096, 4096), {"blk_n": 96}, ["blk_n=96"]),
     ],
 )

@@ -113,8 +113,8 @@ def test_space_l2_model_and_ungrouped_orders(fake_rungs):
 
 
 def test_pruning_cost_does_not_grow_with_the_grid(monkeypatch):
-    """v6 at 32768 x 32768 x 4096 (and M = 2**31): the validator checks the tile order without
-    walking the grid, and the L2 model plays a bounded number of waves."""
+    """v6 at 32768 x 32768 x 4096 (and a 65535 x 1 tile grid): the validator checks the tile order
+    without walking the grid, and the L2 model plays a bounded number of waves."""
     import schedulers.orders
     import schedulers.traffic
 
@@ -133,7 +133,7 @@ def test_pruning_cost_does_not_grow_with_the_grid(monkeypatch):
     monkeypatch.setattr(schedulers.traffic, "first_tiles", counted_first)
     import gemm_ladder
 
-    assert gemm_ladder.make_config("v6", 2**31, 4096, 4096).grid_mn == (2**31 // 128, 16)
+    assert gemm_ladder.make_config("v6", 2**23 - 128, 64, 64).grid_mn == (2**16 - 1, 1)
     sp = tune_space.search_space("v6", (32768, 32768, 4096), space={"pipe_depth": [3], "num_warpgroups": [2]},
                                  num_sms=132, l2_bytes=50 << 20)
     assert sp.candidates and sp.counts()["l2-model"] > 0

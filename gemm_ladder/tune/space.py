@@ -12,6 +12,10 @@ given by the caller; a knob with none keeps its default. Then, in order:
    per tile shape, order and cluster shape. It plays the first :data:`MODEL_WAVES` waves only:
    the traffic of a grouped order repeats from group to group, so a 32768 x 32768 grid costs
    what a 4096 x 4096 one does, and the ranking is the full model's (``tests/test_tune.py``).
+
+A shape past the kernels' 32-bit indices (``config.check_extents``: no knob can make it fit) is
+refused at once, before any point is validated. A step that runs longer than
+:data:`PROGRESS_DELAY_S` (validating the points of a large space, the L2 model) shows a tqdm bar.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import sys
 from dataclasses import dataclass, field
+
+from tqdm import tqdm
 
 from schedulers import rank_group_sizes
 
 from .. import device, rungs
-from ..config import DTYPE_BYTES, KNOB_NAME, ConfigError, parse_knob_value
+from ..config import DTYPE_BYTES, KNOB_NAME, ConfigError, check_extents, parse_knob_value
 
 # Values tried for each knob a rung has; a knob not listed here (or in the rung's TUNE_CHOICES)
 # keeps the rung's default.
@@ -45,6 +52,7 @@ MODEL_MACHINE = {
     "sm_100a": {"num_sms": 148, "l2_bytes": 126 * 1024 * 1024, "assumed": "B200"},
 }
 MODEL_WAVES = 32  # waves the L2 model plays per candidate order (see the module docstring)
+PROGRESS_DELAY_S = 2.0  # a step shows its progress bar once it has run this long
 
 
 @dataclass
@@ -114,6 +122,8 @@ def choices(rung: str, arch: str, space: dict | None = None) -> dict:
 
 def _refusal_reason(msg: str) -> str:
     low = msg.lower()
+    if "32-bit index" in low:
+        return "32-bit-index"
     if "shared memory" in low:
         return "shared-memory"
     if "register" in low:
@@ -148,6 +158,15 @@ def _rank_groups(M, N, K, key, sizes, dtype_bytes, machine) -> list[tuple[int, o
     best_g = math.sqrt(ctas * blk_n / blk_m)
     ranked.sort(key=lambda gt: (gt[1].total_bytes, abs(math.log2(gt[0] / best_g)), gt[0]))
     return ranked
+
+
+def _steps(items, total: int, desc: str, progress: bool):
+    """``items``, with a tqdm bar on stderr that shows once the step has run
+    :data:`PROGRESS_DELAY_S` (a short step prints nothing)."""
+    if not progress:
+        return items
+    return tqdm(items, total=total, desc=desc, file=sys.stderr, delay=PROGRESS_DELAY_S, leave=False,
+                dynamic_ncols=True)
 
 
 def _validate(rung, M, N, K, dtype, arch, names, values_list, sp: Space) -> list[dict]:
@@ -187,7 +206,8 @@ def _drop_ignored_group_sizes(valid: list[dict], default_g, sp: Space) -> list[d
     return kept
 
 
-def _l2_prune(valid: list[dict], M, N, K, dtype, defaults, l2_keep, machine, sp: Space) -> list[dict]:
+def _l2_prune(valid: list[dict], M, N, K, dtype, defaults, l2_keep, machine, sp: Space,
+              progress: bool = False) -> list[dict]:
     """Keep the best ``l2_keep`` group sizes per (tile, order, cluster) by the L2 model."""
     def key_of(knobs):
         get = {**defaults, **knobs}.get
@@ -200,7 +220,7 @@ def _l2_prune(valid: list[dict], M, N, K, dtype, defaults, l2_keep, machine, sp:
         if key[2] not in UNGROUPED_ORDERS:
             groups.setdefault(key, set()).add(knobs["l2_group_size"])
     keep: dict = {}
-    for key, sizes in groups.items():
+    for key, sizes in _steps(groups.items(), len(groups), f"L2 model, {sp.rung}", progress):
         ranked = _rank_groups(M, N, K, key, sorted(sizes), DTYPE_BYTES[dtype], machine)
         keep[key] = {"kept": [g for g, _ in ranked[:l2_keep]], "traffic": {g: t.total_bytes for g, t in ranked}}
     kept = []
@@ -220,24 +240,30 @@ def _l2_prune(valid: list[dict], M, N, K, dtype, defaults, l2_keep, machine, sp:
 
 
 def search_space(rung: str, shape, dtype: str = "float16", arch: str = "sm_90a", space: dict | None = None,
-                 l2_keep: int | None = 3, num_sms: int | None = None, l2_bytes: int | None = None) -> Space:
+                 l2_keep: int | None = 3, num_sms: int | None = None, l2_bytes: int | None = None,
+                 progress: bool = True) -> Space:
     """Enumerate the rung's knob space for ``shape`` and prune it before anything is built.
 
     ``space`` narrows or widens the values per knob (``{"pipe_depth": [3, 4]}``); knobs it does
     not name take :func:`choices`. ``l2_keep``: keep the best ``l2_keep`` l2_group_size values per
-    (blk_m, blk_n, tile_order) by the L2-reuse model; ``None`` or 0 keeps them all.
+    (blk_m, blk_n, tile_order) by the L2-reuse model; ``None`` or 0 keeps them all. ``progress``:
+    a bar on stderr for a step that runs long. A shape no knob can fit in 32-bit indices raises
+    ``IndexRangeError`` (a ``ConfigError``) at once.
     """
     M, N, K = (int(x) for x in shape)
+    check_extents(f"tune {rung}", M, N, K)  # smallest tiles: refuses only what every point would
     table = choices(rung, arch, space)
     defaults = rung_knobs(rung, arch)
     sp = Space(rung, (M, N, K), dtype, arch, table)
     names = list(table)
-    valid = _validate(rung, M, N, K, dtype, arch, names, itertools.product(*(table[n] for n in names)), sp)
+    points = _steps(itertools.product(*(table[n] for n in names)), math.prod(len(table[n]) for n in names),
+                    f"validate {rung} knobs", progress)
+    valid = _validate(rung, M, N, K, dtype, arch, names, points, sp)
     if "l2_group_size" in table and "tile_order" in table:
         valid = _drop_ignored_group_sizes(valid, defaults["l2_group_size"], sp)
     if l2_keep and "l2_group_size" in table and len(table["l2_group_size"]) > l2_keep:
         machine = model_machine(arch, num_sms, l2_bytes)
         sp.l2_model = {"keep": l2_keep, "waves": MODEL_WAVES, **machine}
-        valid = _l2_prune(valid, M, N, K, dtype, defaults, l2_keep, machine, sp)
+        valid = _l2_prune(valid, M, N, K, dtype, defaults, l2_keep, machine, sp, progress)
     sp.candidates = valid
     return sp
