@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 
 from . import batch, cli_front, cli_types, device, files, pack, report
 from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
-from .files import FolderError, FolderInUse
+from .files import DamagedFile, FolderError, FolderInUse
 from .records import RecordError
 from .rungs import RUNGS
 from .runtime import read_manifest
+from .toolchain import ToolchainError
 from .tune import db, rpc, serve, space
 from .tune.jobs import PlanError, from_args as jobs_from_args
 from .tune import report as tune_report
@@ -492,8 +495,23 @@ def main(argv=None) -> int:
     if argv[:1] == ["serve"]:
         return serve.main(argv[1:])
     args = make_parser().parse_args(argv)
+    warnings.formatwarning = _one_line_warning
     try:
         return args.fn(args)
-    except (UsageError, cli_front.UsageError, FolderError) as err:  # FolderError: an output folder that is no folder
-        print(f"error: {err}", file=sys.stderr)
+    except USER_ERRORS as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # a reader that stopped early (| head): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+# what a user can mend, each with a one-line message that says how: printed, exit status 2.
+# (FolderError: an output folder or cache that is no folder; RecordError: a file the project
+# reads; DamagedFile: a library the loader would map, cut short; ToolchainError: no compiler for
+# the driver stand-in; ConfigError: knobs or a shape no kernel takes.)
+USER_ERRORS = (UsageError, cli_front.UsageError, FolderError, RecordError, DamagedFile, ToolchainError, ConfigError)
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # pylint: disable=unused-argument
+    return f"warning: {' '.join(str(message).split())}\n"

@@ -21,6 +21,7 @@ from pathlib import Path
 from . import cli_types, device, kernel_pack, report, suite
 from .config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
 from .files import FolderError
+from .tune import db as tune_db
 
 
 class UsageError(Exception):
@@ -55,6 +56,7 @@ def cmd_pack(a) -> int:
         for r in man["results"]:
             if r["status"] == "failed":
                 print(f"failed: {r['file']}: {r['detail']}", file=sys.stderr)
+        print(f"the policy's choices: {tune_db.TuningDB().describe()}")
         print(f"{len(man['modules'])} modules in {a.out} ({kernel_pack.pack_bytes(a.out) / 2**20:.1f} MiB): "
               + ", ".join(f"{sum(r['status'] == k for r in man['results'])} {k}" for k in ("built", "cache", "failed")))
         return 0 if all(r["status"] != "failed" for r in man["results"]) else 1

@@ -284,6 +284,8 @@ def _from_pack(found, note: str | None = None) -> Route:
     lines = [f"kernel: {e['rung']} ({_knob_text(e['knobs'])})",
              f"chosen by: {by}, when the pack was built: {choice.get('why', 'not recorded')}",
              f"source: {found.describe()}"]
+    if choice.get("database"):
+        lines.append(f"when the pack was built, {choice['database']}")
     if note:
         lines.append(note)
     return Route(mod, None if e["dynamic_m"] else e["shape"][0], "kernel pack", e["rung"], dict(e["knobs"]), lines)

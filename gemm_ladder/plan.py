@@ -383,16 +383,19 @@ class Choice:
     skipped: tuple = field(default=())
     db_entry: dict | None = None
     measured: bool = False  # the rule's choice rests on committed measurements, not a model alone
+    database: str = ""  # which tuning database files were asked (TuningDB.describe), "" when none was
 
     def as_dict(self) -> dict:
         return {"rung": self.rung, "knobs": dict(self.knobs), "source": self.source, "rule": self.rule,
-                "why": self.why, "skipped": list(self.skipped)}
+                "why": self.why, "skipped": list(self.skipped), "database": self.database}
 
     def text(self) -> str:
         knobs = ", ".join(f"{k}={v}" for k, v in sorted(self.knobs.items()) if k not in ("dtype", "arch"))
         lines = [f"{self.rung} ({knobs or 'its defaults'})",
                  f"  chosen by: {'tuning database' if self.source == 'db' else 'rule ' + repr(self.rule)}: {self.why}"]
         lines += [f"  passed over: {s}" for s in self.skipped]
+        if self.database:
+            lines.append(f"  {self.database}")
         return "\n".join(lines)
 
 
@@ -456,9 +459,10 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
     raise LookupError(f"no rule of the heuristic covers {p}; passed over: {'; '.join(skipped) or 'none for this arch'}")
 
 
-def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | None, list[str]]:
+def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | None, list[str], str]:
     """The tuning database's best entry in ``p``'s bucket among rungs at or above ``floor_rung``
-    (any rung when None), by ratio to cuBLAS, and notes on the entries passed over."""
+    (any rung when None), by ratio to cuBLAS, notes on the entries passed over, and which files
+    the database read (``TuningDB.describe``)."""
     import warnings  # pylint: disable=import-outside-toplevel
 
     from .tune import db as tdb  # pylint: disable=import-outside-toplevel  (the tuner: build boxes)
@@ -479,13 +483,13 @@ def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | Non
         if best is not None:
             found.append((rung, *best))
     if not found:
-        return None, notes
+        return None, notes, base.describe()
     rung, knobs, entry = max(found, key=lambda f: f[2].get("ratio_to_cublas") or 0.0)
     why = (f"best in bucket {'x'.join(map(str, bucket))}: {entry['gpu']} {'x'.join(map(str, entry['shape']))} "
            f"{entry['tflops']:.0f} TFLOPS ({entry.get('ratio_to_cublas') or 0:.2f}x cuBLAS, {str(entry.get('date'))[:10]}; "
            f"{entry['db']})")
     return Choice(rung, {**knobs, "dtype": p.dtype, "arch": p.arch}, "db", "tuning database", why,
-                  db_entry=entry), notes
+                  db_entry=entry), notes, base.describe()
 
 
 def choose(p: Problem, db=None, rules=None, use_db: bool = True) -> Choice:
@@ -495,12 +499,13 @@ def choose(p: Problem, db=None, rules=None, use_db: bool = True) -> Choice:
     if not use_db:
         return rule
     # a measured entry beats a rule that rests on a model alone, whatever its rung
-    found, notes = db_choice(p, rule.rung if rule.measured else None, db)
+    found, notes, database = db_choice(p, rule.rung if rule.measured else None, db)
     if found is None:
         return Choice(rule.rung, rule.knobs, rule.source, rule.rule, rule.why, rule.skipped + tuple(notes),
-                      measured=rule.measured)
+                      measured=rule.measured, database=database)
     return Choice(found.rung, found.knobs, "db", found.rule, found.why,
-                  (f"rule {rule.rule!r} would take {rule.rung}",) + tuple(notes), found.db_entry)
+                  (f"rule {rule.rule!r} would take {rule.rung}",) + tuple(notes), found.db_entry,
+                  database=database)
 
 
 def default_sms(arch: str) -> int:

@@ -174,7 +174,6 @@ def _cli(*args, env=None):
                           cwd=REPO, env={**os.environ, **(env or {})})
 
 
-@pytest.mark.xfail(strict=True, reason="cli.main does not yet print files.FolderError as one line with exit 2")
 def test_the_commands_report_a_bad_folder_in_one_line(bad, tmp_path):
     cache = {"GEMM_LADDER_CACHE": str(tmp_path / "cache")}
     runs = [

@@ -297,6 +297,16 @@ def test_no_database_entry_means_the_rule(private_db):
     assert c.source == "rule" and c.rule == "large"
 
 
+def test_the_choice_names_the_database_files_it_asked(private_db, monkeypatch):
+    """explain and pack build say which tuning database decided: the same call from another folder
+    or machine with another database chooses otherwise, and the text must show it."""
+    c = choose(P(4096, 4096, 4096))
+    assert str(private_db) in c.database and "absent" in c.database
+    assert c.database in c.text() and c.as_dict()["database"] == c.database
+    monkeypatch.setenv(db.DB_ENV, "off")
+    assert "off" in choose(P(4096, 4096, 4096)).database
+
+
 def test_database_by_bucket_at_or_above_a_measured_rules_rung(private_db):
     """Where the rule rests on measurements (large: v9), the database's best in the shape's
     bucket wins when its rung is not below v9; a v6 entry is ignored (and explain says so)."""
