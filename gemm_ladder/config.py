@@ -237,6 +237,10 @@ def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES) -> None:
 
 # -- 32-bit indices (see the module docstring) ------------------------------------------------------
 INDEX_LIMIT = 2**31  # elements a signed 32-bit index reaches, one past the largest offset
+# the largest tile any rung takes (blk_m, blk_n, blk_k; check_common): a shape within 32-bit indices
+# at this tile is within them at every tile (a split-K workspace aside), so the M that the policy's
+# refusal (plan.rule_choice) offers is one every rule can take
+LARGEST_TILE = (max(BLK_M_CHOICES), 256, 64)
 
 
 def _whole(extent: int, tile: int) -> int:

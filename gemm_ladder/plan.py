@@ -75,17 +75,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .config import (DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, ConfigError, GemmConfig, IndexRangeError,
-                     check_extents)
+from .config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, LARGEST_TILE, ConfigError, GemmConfig, check_extents
 
 MODEL_ONLY = "model only: not yet measured"
 # the small-M rules stream B past a few rows of A (sm90a/common.load_hints; see the docstring)
 STREAM_B = {"stream_b": True}
 MAX_SMALL_M_DEPTH = 8  # stages a 64-row tile may take for weight streaming (more hides no more latency)
-# the largest tile of any rung (blk_m, blk_n, blk_k): a shape within 32-bit indices at this tile is
-# within them at every tile a rule picks (split-K's workspace aside), so the M the policy's refusal
-# names is one that every rule can take
-LARGEST_TILE = (256, 256, 64)
 
 
 @dataclass(frozen=True)
@@ -409,33 +404,23 @@ def _available(rung: str, arch: str) -> bool:
     return available(rung, arch)
 
 
-def _refusal(rung: str, p: Problem, knobs: dict) -> ConfigError | None:
-    """None when the validator takes the knobs for this problem, else its error."""
+def _validate(rung: str, p: Problem, knobs: dict) -> str | None:
+    """None when the validator takes the knobs for this problem, else its message."""
     from .rungs import available, make_config  # pylint: disable=import-outside-toplevel
 
     if not available(rung, p.arch):
-        return ConfigError(f"rung {rung} has no form for {p.arch}")
+        return f"rung {rung} has no form for {p.arch}"
     try:
         make_config(rung, p.M, p.N, p.K, **knobs)
     except ConfigError as err:
-        return err
+        return str(err)
     return None
 
 
-def _validate(rung: str, p: Problem, knobs: dict) -> str | None:
-    """None when the validator takes the knobs for this problem, else its message."""
-    err = _refusal(rung, p, knobs)
-    return None if err is None else str(err)
-
-
 def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
-    """The first rule of ``rules`` (default :data:`RULES`) that applies to ``p`` and validates.
-
-    A shape past the kernels' 32-bit indices raises ``IndexRangeError`` (a ``ConfigError``) with
-    the validator's message: before any rule's model looks at it, or, where only the tiles of
-    every rule that applies reach the limit, in place of the ``LookupError``."""
-    check_extents("gemm_ladder", p.M, p.N, p.K, *LARGEST_TILE)
-    skipped, too_large = [], None
+    """The first rule of ``rules`` (default :data:`RULES`) that applies to ``p`` and validates."""
+    check_extents("gemm_ladder", p.M, p.N, p.K, *LARGEST_TILE)  # IndexRangeError past 32-bit indices, at once
+    skipped = []
     for rule in RULES if rules is None else rules:
         if rule.arch != p.arch:
             continue
@@ -446,16 +431,13 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
             skipped.append(f"rule {rule.name!r} does not apply")
             continue
         knobs = {**rule.knobs(p), "dtype": p.dtype, "arch": p.arch}
-        problem = _refusal(rule.rung, p, knobs) if validate else None
+        problem = _validate(rule.rung, p, knobs) if validate else None
         if problem:
             skipped.append(f"rule {rule.name!r} ({rule.rung}): {problem}")
-            too_large = too_large or (problem if isinstance(problem, IndexRangeError) else None)
             continue
         why = f"{rule.why} [{rule.evidence}]" + (f"; {rule.detail(p)}" if rule.detail else "")
         return Choice(rule.rung, knobs, "rule", rule.name, why,
                       tuple(s for s in skipped if "does not apply" not in s), measured=rule.measured)
-    if too_large is not None:
-        raise too_large
     raise LookupError(f"no rule of the heuristic covers {p}; passed over: {'; '.join(skipped) or 'none for this arch'}")
 
 

@@ -159,13 +159,17 @@ def test_the_m_the_policy_offers_gets_a_kernel():
     gemm_ladder.make_config(choice.rung, most, 4096, 4096, **choice.knobs)
 
 
-def test_a_rule_refused_only_for_its_tiles_ends_in_the_index_error():
-    """Where the shape fits but every rule's tiles (here a split-K workspace) do not, the policy
-    raises the validator's IndexRangeError, not a LookupError."""
-    rule = plan.Rule("split-8", "sm_90a", "v10", when=lambda p: True, knobs=lambda p: {"split_k": 8, "cluster_m": 1},
-                     why="a test")
-    with pytest.raises(IndexRangeError, match="split-K workspace"):
-        plan.rule_choice(plan.Problem(65536, 8192, 8192), rules=[rule])
+def test_the_policys_tile_is_the_largest_any_rung_takes():
+    """The policy checks at ``LARGEST_TILE``: no rung takes a larger tile, so the M it offers fits
+    every rule's tile."""
+    blk_m, blk_n, blk_k = config.LARGEST_TILE
+    for rung, arch in EVERY_RUNG:
+        with pytest.raises(ConfigError):
+            rungs.make_config(rung, 4096, 4096, 4096, arch=arch, blk_m=blk_m + 8)
+        with pytest.raises(ConfigError):
+            rungs.make_config(rung, 4096, 4096, 4096, arch=arch, blk_n=blk_n + 64)
+        with pytest.raises(ConfigError):
+            rungs.make_config(rung, 4096, 4096, 4096, arch=arch, blk_k=blk_k * 2)
 
 
 # -- the tuner --------------------------------------------------------------------------------
