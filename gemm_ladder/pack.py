@@ -14,7 +14,8 @@ the pack, so a copy cut short is named instead of killing the process with a bus
 
 ``tvm_ffi`` is a compiled extension: for another Python version its wheel is downloaded with
 ``pip download`` on the build box (which has the network the GPU box lacks). ``tornado`` (pure
-Python; its one extension is abi3) comes along for the RPC tracker of ``tune --tracker``.
+Python; its one extension is abi3) comes along for the RPC tracker of ``tune --tracker``, and
+``tqdm`` (pure Python) for the progress bars of the tuner and the suites.
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ def _fill_site(site: Path, tvm, tvm_ffi, python: str, with_package: bool) -> Non
     tornado = importlib.util.find_spec("tornado")
     if tornado is not None:  # tvm.rpc.tracker's event loop (python -m gemm_ladder serve)
         _copy_pruned(Path(tornado.origin).parent, site / "tornado", _TORNADO_SKIP)
+    bars = importlib.util.find_spec("tqdm")
+    if bars is not None:  # the progress bars of the tuner and the suites (pure Python)
+        _copy_pruned(Path(bars.origin).parent, site / "tqdm", ("__pycache__",))
     if with_package:
         pkg = Path(__file__).parent
         _copy_pruned(pkg, site / pkg.name, ("__pycache__",))

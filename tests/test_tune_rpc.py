@@ -281,6 +281,7 @@ def test_the_pack_serves_rpc_alone(tmp_path):
 
     site = pack_runtime(tmp_path / "rt")
     assert (site / "tornado" / "__init__.py").exists() and not (site / "tornado" / "test").exists()
+    assert (site / "tqdm" / "__init__.py").exists()  # the tuner's progress bars
     deps = tmp_path / "deps"
     deps.mkdir()
     import numpy

@@ -29,6 +29,7 @@
 
 # %%
 import math
+from pathlib import Path
 
 import gemm_ladder
 import schedulers
@@ -95,11 +96,9 @@ teach.show(schedulers.plot_traffic_vs_group(16384, 16384, 4096, blk_m=128, blk_n
 # pipelined rungs.
 
 # %%
-path = db.default_db_path()
-entries = db.TuningDB(path).entries if path is not None and path.exists() else []
-shown = path.relative_to(teach.REPO) if path is not None and teach.REPO in path.parents else path
-print(f"tuning database {shown}: {len(entries)} entries")
-for e in entries:
+tuned = db.TuningDB()  # the packaged database under the user's overlay, wherever this runs
+print(tuned.describe().replace(str(teach.REPO) + "/", "").replace(str(Path.home()), "~"))
+for e in tuned.entries:
     print(f"  {e['rung']} {'x'.join(map(str, e['shape']))} {e['dtype']} on {e['gpu']}: {e['knobs']} "
           f"{e['tflops']:.1f} TFLOPS ({(e.get('ratio_to_cublas') or math.nan):.3f}x cuBLAS)")
 
@@ -118,7 +117,6 @@ teach.committed_results("v6")
 
 # %%
 import tempfile
-from pathlib import Path
 
 if teach.gpu_here("sm_90a"):
     work = Path(tempfile.mkdtemp(prefix="tune_"))

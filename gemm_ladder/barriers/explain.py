@@ -19,17 +19,24 @@ On a runtime-only GPU box without twins the result stays an unexplained timeout.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import tempfile
 from pathlib import Path
 
+from ..records import Map, Obj, RecordError, read_json
+
 TWIN_SECONDS = 2  # the bound each wait of a twin gets
 TWIN_FOLDER = "watchdog"
+MANIFEST_CONFIG = Obj({"config": Map()})  # what a twin needs of a module's manifest
 
 
 def _config(manifest: dict) -> dict:
     return dict(manifest.get("config") or {})
+
+
+def _manifest(path: Path) -> dict:
+    """A module's manifest, with the config a twin is built from (``RecordError`` names what is wrong)."""
+    return read_json(path, "module manifest", "export the module again", MANIFEST_CONFIG)
 
 
 def find_twin(path) -> Path | None:
@@ -38,15 +45,15 @@ def find_twin(path) -> Path | None:
     man_path = Path(str(path) + ".json")
     if not man_path.exists():
         return None
-    manifest = json.loads(man_path.read_text())
+    manifest = _manifest(man_path)
     if manifest.get("watchdog"):
         return None  # it is a watchdog build already
     want = _config(manifest)
     for folder in (path.parent / TWIN_FOLDER, path.parent):
         for cand in sorted(folder.glob("*.so.json")):
             try:
-                other = json.loads(cand.read_text())
-            except (OSError, ValueError):
+                other = _manifest(cand)
+            except RecordError:
                 continue
             cfg = _config(other)
             if other.get("watchdog") and cfg.pop("watchdog", None) and cfg == want:
@@ -65,7 +72,7 @@ def build_twin(path, out_dir=None, seconds: float = TWIN_SECONDS) -> Path:
     """Build and export the watchdog twin of the module at ``path`` (needs TVM's compiler)."""
     from ..builder import build  # pylint: disable=import-outside-toplevel
 
-    knobs = dict(json.loads(Path(str(path) + ".json").read_text())["config"])
+    knobs = dict(_manifest(Path(str(path) + ".json"))["config"])
     rung, M, N, K = knobs.pop("rung"), knobs.pop("M"), knobs.pop("N"), knobs.pop("K")
     seconds = int(seconds) if float(seconds).is_integer() else seconds  # watchdog2, not watchdog2.0
     mod = build(rung, M, N, K, **knobs, watchdog=seconds)  # explicit knobs: no tuning lookup
@@ -79,7 +86,7 @@ def twins(folder, seconds: float = TWIN_SECONDS) -> list[Path]:
     out = []
     for man in sorted(folder.glob("*.so.json")):
         so = Path(str(man)[: -len(".json")])
-        if json.loads(man.read_text()).get("watchdog") or find_twin(so):
+        if _manifest(man).get("watchdog") or find_twin(so):
             continue
         out.append(build_twin(so, folder / TWIN_FOLDER, seconds))
     return out

@@ -25,7 +25,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from .. import files, toolchain
+from .. import files, records, toolchain
 from ..batch import BuildJob, build_one
 from ..config import ARCHS, COMMON_KNOBS
 from ..harness import git_commit, utc_now
@@ -188,8 +188,8 @@ def _drop_stale(out: Path, keep: set) -> None:
         if so.name in keep or so.name.startswith(".") or not man.exists():
             continue
         try:
-            ours = "tuning" in json.loads(man.read_text())
-        except (OSError, ValueError):
+            ours = "tuning" in records.read_json(man, "module manifest", "remove it", records.Obj())
+        except records.RecordError:
             ours = False
         if ours:
             so.unlink()

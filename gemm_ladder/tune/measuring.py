@@ -8,7 +8,6 @@ prepared (``tune --build-only``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -16,12 +15,17 @@ import sys
 import warnings
 from pathlib import Path
 
-from .. import device, files, harness, isolate, rounds, runtime
+from .. import device, files, harness, isolate, records, rounds, runtime
+from ..records import FILE_NAME, SHAPE, List, Map, Obj, Str
 from ..report import progress as progress_bar
 from .report import knob_label, plot_measurements, speed_rank
 
 CANDIDATES = "candidates.json"  # a candidate folder's list, written by tune.cache.build_candidates
 CANDIDATES_FORMAT = "gemm_ladder.tune.candidates"
+# what measuring reads of a candidate list (tune.cache.build_candidates writes it)
+CANDIDATES_SCHEMA = Obj({"format": Str((CANDIDATES_FORMAT,)), "rung": Str(), "shape": SHAPE, "dtype": Str(),
+                         "arch": Str(), "tvm_version": Str(), "compiler": Str(),
+                         "candidates": List(Obj({"id": Str(), "file": FILE_NAME, "knobs": Map(), "cache_key": Str()}))})
 MEASUREMENTS_FORMAT = "gemm_ladder.tune.measurements"
 RUN_FORMAT = "gemm_ladder.tune.run"  # several folders measured in one run: their reports and the run's figures
 # Dense fp16/bf16 tensor-core peak of the fastest GPU of each arch (H100/H200 SXM; GB200), in
@@ -35,16 +39,11 @@ def _slug(text: str) -> str:
 
 
 def read_candidates(folder) -> dict:
+    """``folder``'s candidate list (what ``tune --build-only`` wrote), checked: ``RecordError``
+    (a ``ValueError``) naming the file, the field and the fix."""
     path = Path(folder) / CANDIDATES
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: make the folder with tune --build-only --out {folder}")
-    try:
-        man = json.loads(path.read_text())
-    except ValueError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}): build the folder again with tune --build-only") from None
-    if not isinstance(man, dict) or man.get("format") != CANDIDATES_FORMAT:
-        raise ValueError(f"{path} is not a gemm_ladder candidates manifest")
-    return man
+    return records.read_json(path, "candidate list", f"make the folder with tune --build-only --out {folder}",
+                             CANDIDATES_SCHEMA)
 
 
 def speed_problem(tflops, arch: str, name: str = "tflops") -> str | None:
@@ -228,9 +227,9 @@ def _reports(folder: Path) -> list[tuple[Path, dict]]:
     reports = []
     for p in sorted(folder.glob("measurements*.json")):
         try:
-            r = json.loads(p.read_text())
-        except ValueError:
-            warnings.warn(f"{p} does not parse: ignored", stacklevel=3)
+            r = records.read_json(p, "measurements", "measure the folder again with tune --measure")
+        except records.RecordError as err:
+            warnings.warn(f"{err}: ignored", stacklevel=3)
             continue
         if isinstance(r, dict) and r.get("format") == MEASUREMENTS_FORMAT:
             reports.append((p, r))

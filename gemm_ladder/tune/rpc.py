@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import harness, isolate
+from .. import harness, isolate, records
 from ..report import progress as progress_bar
 from ..runtime import manifest_path
 from .measuring import RUN_FORMAT, make_report, read_candidates, speed_problem, write_report
@@ -160,6 +160,8 @@ def read_reply(reply, items: list, archs: list[str]) -> tuple[list[dict], dict]:
     """``(one result per item, the server's identity)``; :class:`BadReply` when the reply as a
     whole cannot be read. A result that cannot be real (on its item's arch) becomes ``bad-reply``."""
     try:
+        if isinstance(reply, str) and records.depth(reply) > records.MAX_DEPTH:
+            raise ValueError(f"it nests deeper than {records.MAX_DEPTH} levels")  # json.loads would recurse out
         data = json.loads(reply)
     except (TypeError, ValueError) as err:
         raise BadReply(f"the reply is not JSON ({err}): {str(reply)[:120]!r}") from None
@@ -270,8 +272,9 @@ def _items(folders, mans) -> list[_Item]:
             if not path.exists():
                 continue
             try:
-                sha = json.loads(manifest_path(path).read_text())["so_sha256"]
-            except (OSError, ValueError, KeyError, TypeError):
+                sha = records.read_json(manifest_path(path), "module manifest", "build the candidates again",
+                                        records.Obj({"so_sha256": records.Str()}))["so_sha256"]
+            except records.RecordError:
                 sha = ""
             items.append(_Item(f, i, path, sha))
     return items
