@@ -323,7 +323,9 @@ def cmd_tune(a) -> int:
             return 2
         for job, sp in zip(jobs, spaces):
             print(f"{job.name(a.arch)}: {sp.counts()}")
-            for p in sp.pruned if len(jobs) == 1 else ():
+            # one job: every point; several: each reason once, with an example (a refusal always says why)
+            shown = sp.pruned if len(jobs) == 1 else list({p["reason"]: p for p in sp.pruned}.values())
+            for p in shown:
                 print(f"pruned ({p['reason']}): {tune_report.knob_label(p['knobs'])}: {p['detail']}")
             for c in sp.candidates if len(jobs) == 1 else ():
                 print(f"candidate: {tune_report.knob_label(c)}")

@@ -221,6 +221,19 @@ def test_a_plan_line_of_switches_keeps_its_candidates(tmp_path):
     assert "{'points': 4, 'candidates': 4}" in out and "{'points': 1, 'candidates': 1}" in out
 
 
+def test_a_plan_of_several_jobs_says_why_each_refusal(tmp_path):
+    """With several jobs a dry run listed only counts (``'refused': 8``); each reason now shows
+    once, with a point it refused and what the validator said."""
+    fixed = V9_ONE_POINT.replace("blk_n=256;", "").replace(";", " ")
+    path = tmp_path / "p.plan"
+    path.write_text(f"v9 4096x4096x4096 {fixed} blk_n=96,100,128\nv9 2048x2048x2048 {fixed} blk_n=128\n")
+    rc, out, err = cli("tune", "--plan", path, "--dry-run", "--l2-keep", "0")
+    assert rc == 0, err
+    assert "'refused': 2" in out, out
+    pruned = [line for line in out.splitlines() if line.startswith("pruned (")]
+    assert len(pruned) == 1 and "blk_n=" in pruned[0] and "is not supported; use" in pruned[0], out
+
+
 # -- random files at every command that reads one ---------------------------------------------------------
 def _check_outcome(rc, err, allowed=(0, 2)):
     assert rc in allowed and "Traceback" not in err, (rc, err)
