@@ -311,6 +311,10 @@ def check_extents(who: str, M: int, N: int, K: int, blk_m: int = 1, blk_n: int =
     padded = f" (padded to whole {blk_m}x{blk_n}x{blk_k} tiles)" if (blk_m, blk_n, blk_k) != (1, 1, 1) else ""
     what = f"{name} = {count}" if name in ("M", "N", "K") else f"{name} has {count} elements"
     msg = f"{who}: {M}x{N}x{K}: {what}{padded}, over the {INDEX_LIMIT - 1} a signed 32-bit index reaches"
+    if split_k > 1 and _over(index_counts(M, N, K, blk_m, blk_n, blk_k)) is None:  # the workspace alone
+        fewer = (INDEX_LIMIT - 1) // (_whole(M, blk_m) * _whole(N, blk_n))
+        fix = "use split_k=1" if fewer == 1 else f"use split_k <= {fewer}"
+        raise _fix(msg, fix + (f", or M <= {most_m}" if most_m >= 1 else ""), IndexRangeError)
     if most_m >= 1:
         raise _fix(msg, f"use M <= {most_m} (split the rows into calls of at most {most_m})", IndexRangeError)
     part_n, part_k, fix = _fitting_nk(N, K, blk_m, blk_n, blk_k, split_k)

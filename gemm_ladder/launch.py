@@ -12,6 +12,9 @@ launch's ``threads`` and ``smem_bytes``).
 A persistent rung's ``tile_order`` and ``l2_group_size`` pick the scheduler
 (``schedulers.make_tirx_scheduler``); :func:`check_schedule` refuses an order that would not
 visit every tile exactly once, in constant time whatever the grid (``schedulers.check_order``).
+
+A grid of one CTA per tile must fit CUDA's grid (:data:`GRID_LIMITS`: 65535 along y, where the
+rungs put the N tiles): :func:`check_grid`, which the validator runs on every rung's launch.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from schedulers.orders import check_order
 from .config import TILE_ORDERS, ConfigError, GemmConfig
 
 PERSISTENT_GRID = "num_ctas"
+GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's largest gridDim.x, .y and .z
 
 
 def launch_info(cfg: GemmConfig, threads: int, smem_bytes: int, grid=None, persistent: bool = False,
@@ -55,3 +59,16 @@ def check_schedule(cfg: GemmConfig, grid=None) -> None:
         check_order(cfg.tile_order, *(grid or cfg.grid_mn), g)
     except ValueError as err:
         raise ConfigError(f"tile_order={cfg.tile_order!r}, l2_group_size={g}: {err}") from None
+
+
+def check_grid(cfg: GemmConfig, info: dict) -> None:
+    """The launch ``info`` (:func:`launch_info`) within CUDA's grid limits; a persistent grid (the
+    SM count, filled in at launch) always is."""
+    for axis, extent, most in zip("xyz", info["grid"], GRID_LIMITS):
+        if isinstance(extent, int) and extent > most:
+            grid_m, grid_n = cfg.grid_mn
+            fix = (f"split N into parts of at most {most * cfg.blk_n} columns" if (axis, extent) == ("y", grid_n)
+                   else f"split M into parts of at most {most * cfg.blk_m} rows" if (axis, extent) == ("x", grid_m)
+                   else "split the problem")
+            raise ConfigError(f"{cfg.rung}: {cfg.M}x{cfg.N}x{cfg.K} launches {extent} CTAs along grid {axis}, over "
+                              f"the {most} CUDA allows; {fix}, or use a persistent rung (v6 and up: one CTA per SM)")

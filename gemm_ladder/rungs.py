@@ -22,6 +22,7 @@ from types import ModuleType
 
 from .config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
                      check_common, check_knob_types)
+from .launch import check_grid
 
 CONFIG_ATTR = "gemm_ladder.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
@@ -89,6 +90,7 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
                      **{k: v for k, v in values.items() if k in fields})
     check_common(cfg, getattr(mod, "BLK_M_CHOICES", BLK_M_CHOICES))
     mod.check(cfg)
+    check_grid(cfg, mod.launch(cfg))
     return cfg
 
 

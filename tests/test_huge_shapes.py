@@ -89,8 +89,29 @@ def test_the_ladder_still_takes_its_ordinary_shapes():
 def test_a_split_k_workspace_counts_too():
     """v10's fp32 partials are split_k per element of D: D fits, the workspace does not."""
     gemm_ladder.make_config("v10", 65536, 8192, 8192, split_k=1, cluster_m=1)
-    with pytest.raises(IndexRangeError, match=r"split-K workspace .*split_k=8.*use M <= 32640"):
+    with pytest.raises(IndexRangeError, match=r"split-K workspace .*split_k=8\).*; use split_k <= 3, or M <= 32640$"):
         gemm_ladder.make_config("v10", 65536, 8192, 8192, split_k=8, cluster_m=1)
+    gemm_ladder.make_config("v10", 65536, 8192, 8192, split_k=3, cluster_m=1)
+    with pytest.raises(IndexRangeError, match=r"; use split_k=1$"):
+        gemm_ladder.make_config("v11", 128, 12582912, 64)
+
+
+@pytest.mark.parametrize("rung, arch", EVERY_RUNG)
+def test_a_grid_of_a_cta_per_tile_fits_cudas_grid(rung, arch):
+    """12582912 columns: 98304 tiles of 128 along grid y, over CUDA's 65535. A rung that launches a
+    CTA per tile refuses (naming the axis, the limit and N parts that fit); a persistent one takes it."""
+    shape = (128, 12582912, 64)
+    mod = rungs.rung_module(rung, arch)
+    try:
+        cfg = rungs.make_config(rung, *shape, arch=arch)
+    except ConfigError as err:
+        if "grid y" in str(err):
+            assert re.search(r"over the 65535 CUDA allows; split N into parts of at most (\d+) columns", str(err))
+            most = int(re.search(r"at most (\d+) columns", str(err)).group(1))
+            rungs.make_config(rung, 128, most, 64, arch=arch)
+        return  # refused for the rung's own reasons (v1, v2: one tile; split-K: the workspace)
+    grid = mod.launch(cfg)["grid"]
+    assert all(not isinstance(g, int) or g <= 65535 for g in grid[1:]), grid
 
 
 def test_a_runtime_m_module_serves_up_to_max_m():
@@ -120,8 +141,10 @@ def test_the_rule_refuses_exactly_what_overflows(M, N, K, blk_m, blk_n, blk_k, s
     except IndexRangeError as err:
         assert overflows
         text = _one_line(err)
-        if found := re.search(r"use M <= (\d+)", text):
-            config.check_extents("v0", int(found.group(1)), N, K, *tiles)
+        if found := re.search(r"use M <= (\d+)|, or M <= (\d+)", text):
+            config.check_extents("v0", int(found.group(1) or found.group(2)), N, K, *tiles)
+        if found := re.search(r"use split_k(?:=| <= )(\d+)", text):
+            config.check_extents("v0", M, N, K, blk_m, blk_n, blk_k, int(found.group(1)))
         if found := re.search(r"split K into parts of at most (\d+)", text):
             part_k = int(found.group(1))
             rows = re.search(r"the rows into calls of at most (\d+)", text)

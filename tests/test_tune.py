@@ -44,12 +44,16 @@ def _fake_check(cfg):
     check_budget(cfg, 1024 + cfg.pipe_depth * stage + cfg.blk_m * cfg.blk_n * 2)
 
 
+def _fake_launch(cfg):
+    return {"grid": list(cfg.grid_mn)}  # a CTA per tile (the validator checks it against CUDA's grid)
+
+
 FAKE = {
     "v5": types.SimpleNamespace(KNOBS={"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2,
-                                       "pipe_depth": 3}, check=_fake_check),
+                                       "pipe_depth": 3}, check=_fake_check, launch=_fake_launch),
     "v6": types.SimpleNamespace(KNOBS={"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2,
                                        "pipe_depth": 3, "l2_group_size": 8, "tile_order": "grouped"},
-                                check=_fake_check),
+                                check=_fake_check, launch=_fake_launch),
 }
 
 

@@ -165,8 +165,8 @@ def _steps(items, total: int, desc: str, progress: bool):
     :data:`PROGRESS_DELAY_S` (a short step prints nothing)."""
     if not progress:
         return items
-    return tqdm(items, total=total, desc=desc, file=sys.stderr, delay=PROGRESS_DELAY_S, leave=False,
-                dynamic_ncols=True)
+    return tqdm(items, total=total, desc=desc, file=sys.stderr, delay=PROGRESS_DELAY_S, mininterval=1.0,
+                leave=False, dynamic_ncols=True)
 
 
 def _validate(rung, M, N, K, dtype, arch, names, values_list, sp: Space) -> list[dict]:
