@@ -15,7 +15,8 @@ workspace (``split_k`` fp32 partials per element of D), each padded to whole til
 fewer than :data:`INDEX_LIMIT` = 2^31 elements (:func:`check_index_range`, part of
 :func:`check_common`). For N = K = 4096 and 128-row tiles that is M <= 524160; :func:`max_m`
 gives the largest M a config takes. A module built with ``dynamic_m=True`` reads M at run time
-as an int32: it serves M from 1 to ``max_m(cfg)``, and the caller refuses a larger M.
+as an int32: it serves M from 1 to ``max_m(cfg)`` (:func:`max_m_of` its manifest's knobs), and
+the caller refuses a larger M.
 
 This module imports no TVM: it is used on build boxes, by the tuner and by the runtime alike.
 """
@@ -268,16 +269,23 @@ def largest_m(N: int, K: int, blk_m: int = 1, blk_n: int = 1, blk_k: int = 1, sp
     return (INDEX_LIMIT - 1) // per_row // blk_m * blk_m
 
 
-def _split_k_of(cfg: GemmConfig) -> int:
-    s = dict(cfg.extra).get("split_k", 1)
+def _split_k_of(knobs: dict) -> int:
+    s = knobs.get("split_k", 1)
     return s if isinstance(s, int) and not isinstance(s, bool) and s > 1 else 1
 
 
+def max_m_of(N: int, K: int, knobs: dict) -> int:
+    """The largest M a kernel of this N and K with these knobs (``GemmConfig.knobs()``, or the
+    ``knobs`` of a module's manifest: the runtime has no rung to make a config with) takes: what
+    a module built with ``dynamic_m=True`` (M read at run time, an int32) serves at most; 0 when
+    N and K alone are too large."""
+    tile = [knobs.get(name, getattr(GemmConfig, name)) for name in ("blk_m", "blk_n", "blk_k")]
+    return largest_m(N, K, *tile, _split_k_of(knobs))
+
+
 def max_m(cfg: GemmConfig) -> int:
-    """The largest M a kernel of ``cfg``'s N, K and knobs takes: what a module built with
-    ``dynamic_m=True`` (M read at run time, an int32) serves at most; 0 when N and K alone are
-    too large."""
-    return largest_m(cfg.N, cfg.K, cfg.blk_m, cfg.blk_n, cfg.blk_k, _split_k_of(cfg))
+    """:func:`max_m_of` for a config."""
+    return max_m_of(cfg.N, cfg.K, cfg.knobs())
 
 
 def _over(counts: dict[str, int]) -> tuple[str, int] | None:
@@ -326,4 +334,4 @@ def check_extents(who: str, M: int, N: int, K: int, blk_m: int = 1, blk_n: int =
 def check_index_range(cfg: GemmConfig) -> None:
     """``cfg``'s shape with its tiles (and split-K workspace) within 32-bit indices: every rung of
     both archs goes through this (:func:`check_common`)."""
-    check_extents(cfg.rung, cfg.M, cfg.N, cfg.K, cfg.blk_m, cfg.blk_n, cfg.blk_k, _split_k_of(cfg))
+    check_extents(cfg.rung, cfg.M, cfg.N, cfg.K, cfg.blk_m, cfg.blk_n, cfg.blk_k, _split_k_of(dict(cfg.extra)))

@@ -120,6 +120,11 @@ def test_a_runtime_m_module_serves_up_to_max_m():
     most = config.max_m(cfg)
     assert most == config.largest_m(4096, 4096, cfg.blk_m, cfg.blk_n, cfg.blk_k) == 524160
     assert "M <= 524160" in config.__doc__  # the number the docstring gives
+    # from a manifest's knobs (what the runtime has), the same number, also for split-K
+    assert config.max_m_of(4096, 4096, dict(cfg.knobs())) == most
+    split = gemm_ladder.make_config("v11", 64, 8192, 8192, dynamic_m=True, split_k=4)
+    assert config.max_m_of(8192, 8192, dict(split.knobs())) == config.max_m(split) == \
+        (INDEX_LIMIT - 1) // (8192 * 4) // split.blk_m * split.blk_m
     config.check_extents("v9", most, 4096, 4096, cfg.blk_m, cfg.blk_n, cfg.blk_k)
     with pytest.raises(IndexRangeError):
         config.check_extents("v9", most + 1, 4096, 4096, cfg.blk_m, cfg.blk_n, cfg.blk_k)
