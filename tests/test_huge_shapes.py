@@ -211,6 +211,18 @@ def test_tune_refuses_a_shape_no_knob_can_fit_at_once(rung, shape):
     assert time.perf_counter() - started < 3.0
 
 
+def test_the_m_the_tuner_offers_leaves_candidates():
+    """The tuner refuses at the tile of its space that takes the most rows, so the M it offers
+    is one some point takes; one row more, and none does."""
+    space = {"pipe_depth": [3], "num_warpgroups": [1], "blk_n": [128, 256], "tile_order": ["snake"]}
+    with pytest.raises(IndexRangeError) as err:
+        tune_space.search_space("v6", (2**31, 4096, 4096), space=space, progress=False)
+    most = int(re.search(r"use M <= (\d+)", str(err.value)).group(1))
+    assert tune_space.search_space("v6", (most, 4096, 4096), space=space, progress=False).candidates
+    with pytest.raises(IndexRangeError):
+        tune_space.search_space("v6", (most + 1, 4096, 4096), space=space, progress=False)
+
+
 @pytest.mark.timeout(60)
 def test_the_l2_model_at_2_to_the_40_rows_is_bounded():
     """The model the tuner plays (``MODEL_WAVES`` waves) at M = 2^40: well under a few seconds for

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from schedulers import rank_group_sizes
 
 from .. import device, rungs
-from ..config import DTYPE_BYTES, KNOB_NAME, ConfigError, check_extents, parse_knob_value
+from ..config import DTYPE_BYTES, KNOB_NAME, ConfigError, check_extents, largest_m, parse_knob_value
 
 # Values tried for each knob a rung has; a knob not listed here (or in the rung's TUNE_CHOICES)
 # keeps the rung's default.
@@ -169,6 +169,17 @@ def _steps(items, total: int, desc: str, progress: bool):
                 leave=False, dynamic_ncols=True)
 
 
+def _check_some_tile_fits(rung, M, N, K, table, defaults) -> None:
+    """Refuse at once a shape that no tile of the space fits in 32-bit indices (every point would
+    be refused): checked at the tile that takes the most rows, with that tile's message."""
+    def ints(name):
+        values = table.get(name, [defaults.get(name, 1)])
+        return [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0] or [1]
+
+    tiles = list(itertools.product(ints("blk_m"), ints("blk_n"), ints("blk_k")))
+    check_extents(f"tune {rung}", M, N, K, *max(tiles, key=lambda tile: largest_m(N, K, *tile)))
+
+
 def _validate(rung, M, N, K, dtype, arch, names, values_list, sp: Space) -> list[dict]:
     valid = []
     for values in values_list:
@@ -251,9 +262,9 @@ def search_space(rung: str, shape, dtype: str = "float16", arch: str = "sm_90a",
     ``IndexRangeError`` (a ``ConfigError``) at once.
     """
     M, N, K = (int(x) for x in shape)
-    check_extents(f"tune {rung}", M, N, K)  # smallest tiles: refuses only what every point would
     table = choices(rung, arch, space)
     defaults = rung_knobs(rung, arch)
+    _check_some_tile_fits(rung, M, N, K, table, defaults)
     sp = Space(rung, (M, N, K), dtype, arch, table)
     names = list(table)
     points = _steps(itertools.product(*(table[n] for n in names)), math.prod(len(table[n]) for n in names),
