@@ -15,7 +15,8 @@ How a call finds its kernel (once per shape, dtype and GPU arch; then from memor
     3. a pack module that serves the shape less well: M outside the range its knobs were chosen
        for, or a larger M with A copied into zero-padded rows; but not one made for an M far from
        this one (more than 4x outside its range, or more than twice the rows: ``_far``)
-    4. else torch's own matmul (cuBLAS), with a warning once per shape (KernelFallbackWarning)
+    4. else (or where M is past what a kernel of ours indexes in 32 bits: config.max_m_of)
+       torch's own matmul (cuBLAS), with a warning once per shape (KernelFallbackWarning)
        that says how to build a pack for it: a model with one layer no pack serves still runs,
        as fast as torch. ``strict=True`` or ``GEMM_LADDER_STRICT=1`` makes this a NoKernelError
        (and lets a far module serve, with the warning)
@@ -52,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import device
-from .config import DTYPES
+from .config import DTYPES, IndexRangeError, max_m_of
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
 from .tma_layout import Fixes, Layout, layout_fixes
 from .runtime import ModuleInputError, load
@@ -343,16 +344,24 @@ def _far(e: dict, fit: str, M: int) -> str | None:
 
 
 def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool) -> Route:
-    found = None
+    found, beyond = None, ""
     for pack in _packs():
         f = pack.find(M, N, K, dtype, arch)
+        if f is not None and f.entry["dynamic_m"] and M > (most := max_m_of(N, K, f.entry["knobs"])):
+            beyond = f"; {f.entry['file']} reads M as a 32-bit index and serves M <= {most}"
+            continue
         if f is not None and (found is None or FIT_RANK[f.fit] < FIT_RANK[found.fit]):
             found = f
     if found is not None and found.fit in ("exact", "tuned-range"):
         return _from_pack(found)
     why = _why_no_build()
     if why is None:
-        return _build_route(M, N, K, dtype, arch, index)
+        try:
+            return _build_route(M, N, K, dtype, arch, index)
+        except IndexRangeError as err:  # past what any kernel of ours indexes: torch's 64-bit indices take it
+            if strict:
+                raise
+            return _torch_route(M, N, K, dtype, str(err), "split the call into parts that fit")
     how = (f"on a box with TVM's compiler: python -m gemm_ladder pack build --shapes {M}x{N}x{K} --dtypes {dtype} "
            f"--out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK")
     if found is not None:
@@ -367,7 +376,7 @@ def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: 
         return _torch_route(M, N, K, dtype, f"the nearest kernel pack module, {found.entry['file']}, would serve it "
                                                f"badly: {far}; and nothing can be built here ({why})", how)
     where = ", ".join(str(p.folder) for p in _packs()) or "none ($GEMM_LADDER_PACK is not set)"
-    missing = f"no kernel pack serves it (packs: {where}) and nothing can be built here ({why})"
+    missing = f"no kernel pack serves it (packs: {where}{beyond}) and nothing can be built here ({why})"
     if strict:
         raise NoKernelError(f"no kernel for M={M}, N={N}, K={K}, {dtype} on {arch}: {missing}. {how[0].upper()}{how[1:]}")
     return _torch_route(M, N, K, dtype, missing, how)

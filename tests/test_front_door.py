@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gemm_ladder import front, kernel_pack
+from gemm_ladder.config import IndexRangeError
 from gemm_ladder.tma_layout import Fixes, Layout, layout_fixes
 from gemm_ladder.runtime import ModuleInputError
 
@@ -301,6 +302,25 @@ def test_a_module_made_for_a_far_m_is_not_used_silently(small_pack, monkeypatch,
     padded = kernel_pack.Found({"shape": [128, 256, 512], "m_range": [128, 128]}, "pad-m", None)
     assert front._far(padded.entry, padded.fit, 100) is None       # 128 rows for 100: served
     assert "copied into 128 rows" in front._far(padded.entry, padded.fit, 16)
+
+
+def test_an_m_past_32_bit_indices_is_never_launched_on_our_kernels(small_pack, monkeypatch, no_gpu_needed):
+    """A runtime-M module reads M as an int32: a pack's module is not used past the M it indexes
+    (config.max_m_of), and a shape the policy refuses (IndexRangeError) goes to torch, whose
+    indices are 64-bit; strict mode says why instead."""
+    monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
+    front.use_pack(small_pack)
+    huge = 2**23  # [M, 512] rows of A: past 2^31 elements
+    with pytest.warns(front.KernelFallbackWarning, match="reads M as a 32-bit index and serves M <= "):
+        route, _ = front._route(huge, 256, 512, "float16", 0)
+    assert route.source == "torch fallback"
+    front.reset()
+    monkeypatch.setattr(front, "_why_no_build", lambda: None)  # a compiler here: the policy is asked
+    with pytest.warns(front.KernelFallbackWarning, match="32-bit"):
+        route, _ = front._route(2**31, 4096, 4096, "float16", 0)
+    assert route.source == "torch fallback"
+    with pytest.raises(IndexRangeError, match="32-bit"):
+        front._route(2**31, 4096, 4096, "float16", 0, strict=True)
 
 
 def test_the_fallback_takes_any_layout_without_copies(small_pack, monkeypatch, no_gpu_needed):
