@@ -234,15 +234,16 @@ def summary(rows: list[dict]) -> dict:
                      "kernel_below_0_9": sum(r["kernel_ratio"] < 0.9 for r in ok),
                      "call_geomean": _geomean(r["call_ratio"] for r in ok),
                      "call_min": min((r["call_ratio"] for r in ok), default=None),
-                     "fallback": sum((r.get("route") or {}).get("source") == "torch fallback" for r in ok)}
+                     "torch": sum((r.get("route") or {}).get("rung") == "torch" for r in ok)}
     return out
 
 
-def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.0, progress: bool = True) -> dict:
+def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.0, progress: bool = True,
+        seed: int = 0) -> dict:
     """Run the sample (kernels from ``$GEMM_LADDER_PACK``, else the module cache); write ``out``."""
     from .report import progress as progress_bar  # pylint: disable=import-outside-toplevel
 
-    todo = cases(sample)
+    todo = cases(sample, seed)
     bar = progress_bar(len(todo), "every model") if progress else None
     try:
         got = isolate.run_batch("gemm_ladder.every_model:time_case", [c["id"] for c in todo], [reps], timeout=timeout,
@@ -259,7 +260,8 @@ def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.
             row["gbps_of_hbm_peak"] = res["gbps"] / peak
         rows.append(row)
     doc = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(), "hbm_peak_gbps": peak,
-           "method": __doc__.split("Method, per case,")[1].strip(), "summary": summary(rows), "rows": rows}
+           "method": __doc__.split("Method, per case,")[1].strip(), "sample": {"cases": sample, "seed": seed},
+           "summary": summary(rows), "rows": rows}
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")
@@ -288,10 +290,11 @@ def main(argv=None) -> int:
     r.add_argument("--reps", type=int, default=30)
     for s in (ls, pk, r):
         s.add_argument("--sample", type=int, default=40, help="cases (0: every case)")
+        s.add_argument("--seed", type=int, default=0, help="which fixed sample (a fresh seed: cases not seen before)")
     a = p.parse_args(argv)
     if a.sample < 0:
         p.error(f"--sample {a.sample}: give a count of cases, or 0 for every case")
-    todo = cases(a.sample or None)
+    todo = cases(a.sample or None, a.seed)
     if a.cmd == "list":
         for c in todo:
             print(c["id"], c["family"], c["layer"], "held out" if c["held_out"] else "tuned")
@@ -306,7 +309,7 @@ def main(argv=None) -> int:
             man = build_pack(Path(a.out) / dtype, sorted(shapes), [dtype])
             print(f"{len(man['modules'])} modules in {Path(a.out) / dtype}")
         return 0
-    doc = run(a.out, a.sample or None, a.reps)
+    doc = run(a.out, a.sample or None, a.reps, seed=a.seed)
     print(table(doc))
     print(json.dumps(doc["summary"], indent=1))
     return 0

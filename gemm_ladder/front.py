@@ -15,6 +15,8 @@ How a call finds its kernel (once per shape, dtype and GPU arch; then from memor
     3. a pack module that serves the shape less well: M outside the range its knobs were chosen
        for, or a larger M with A copied into zero-padded rows; but not one made for an M far from
        this one (more than 4x outside its range, or more than twice the rows: ``_far``)
+    0. a problem so small that cuBLAS measured faster (under TINY_FLOPS and TINY_BYTES): torch's
+       matmul, and explain says so (strict mode skips this step)
     4. else (or where M is past what a kernel of ours indexes in 32 bits: config.max_m_of)
        torch's own matmul (cuBLAS), with a warning once per shape (KernelFallbackWarning)
        that says how to build a pack for it: a model with one layer no pack serves still runs,
@@ -344,6 +346,8 @@ def _far(e: dict, fit: str, M: int) -> str | None:
 
 
 def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool) -> Route:
+    if not strict and _tiny(M, N, K):
+        return _tiny_route(M, N, K)
     found, beyond = None, ""
     for pack in _packs():
         f = pack.find(M, N, K, dtype, arch)
@@ -413,6 +417,26 @@ def _torch_route(M: int, N: int, K: int, dtype: str, why: str, how: str) -> Rout
 
 STRICT_ENV = "GEMM_LADDER_STRICT"
 FAR_FACTOR = 4
+# A problem this small takes a few microseconds whoever computes it, and there our kernels lost to
+# cuBLAS as kernels (CUDA graphs, L2 spilled): 0.34x at 128x1024x1024, 0.55-0.76x at GPT-2's 768-wide
+# layers, while 16x4096x4096 (33 MB) was level and 2x1280x5120 0.98x
+# [benchmarks/results/2026-11-25_h100_every_model/every_model_seed0.json]. Below both bounds the
+# front door calls torch's matmul (strict mode keeps ours).
+TINY_FLOPS = 2e9
+TINY_BYTES = 8 << 20
+
+
+def _tiny(M: int, N: int, K: int) -> bool:
+    return 2.0 * M * N * K < TINY_FLOPS and 2 * (M * K + N * K + M * N) < TINY_BYTES
+
+
+def _tiny_route(M: int, N: int, K: int) -> Route:
+    lines = ["kernel: torch.matmul (cuBLAS), chosen",
+             f"why: {M}x{N}x{K} is under {TINY_FLOPS / 1e9:.0f} GFLOP and {TINY_BYTES >> 20} MiB moved, where "
+             "cuBLAS measured faster than our kernels (0.34-0.76x ours) [benchmarks/results/"
+             "2026-11-25_h100_every_model/every_model_seed0.json]",
+             f"source: torch ({STRICT_ENV}=1 or matmul(..., strict=True) takes our kernel instead)"]
+    return Route(TorchMatmul(), None, "torch (tiny)", "torch", {}, lines)
 
 
 def _strict(strict: bool | None) -> bool:

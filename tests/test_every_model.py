@@ -28,19 +28,19 @@ def test_the_sample_is_fixed_split_and_holds_an_odd_shape():
     assert every_model.cases(7, seed=1) != every_model.cases(7, seed=2)
 
 
-def _row(ratio_k, ratio_c, held_out, status="ok", source="kernel pack"):
+def _row(ratio_k, ratio_c, held_out, status="ok", rung="v9"):
     return {"held_out": held_out, "status": status, "correct": status == "ok", "kernel_ratio": ratio_k,
-            "call_ratio": ratio_c, "route": {"source": source}}
+            "call_ratio": ratio_c, "route": {"rung": rung}}
 
 
 def test_summary_keeps_tuned_and_held_out_apart():
-    rows = [_row(1.1, 1.2, False), _row(0.8, 1.0, True), _row(0.95, 1.05, True, source="torch fallback"),
+    rows = [_row(1.1, 1.2, False), _row(0.8, 1.0, True), _row(0.95, 1.05, True, rung="torch"),
             _row(0, 0, True, status="wrong")]
     s = every_model.summary(rows)
     assert s["cases"] == 4 and s["correct"] == 3
     assert s["tuned"]["kernel_geomean"] == 1.1 and s["tuned"]["cases"] == 1
     assert math.isclose(s["held_out"]["kernel_geomean"], math.sqrt(0.8 * 0.95))
-    assert s["held_out"]["kernel_below_0_9"] == 1 and s["held_out"]["fallback"] == 1
+    assert s["held_out"]["kernel_below_0_9"] == 1 and s["held_out"]["torch"] == 1
     assert s["held_out"]["ok"] == 2 and s["held_out"]["cases"] == 3
     assert math.isclose(s["all"]["call_min"], 1.0)
 

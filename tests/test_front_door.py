@@ -24,6 +24,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv(kernel_pack.PACK_ENV, raising=False)
     monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("GEMM_LADDER_TUNING_DB", "off")
+    monkeypatch.setattr(front, "TINY_FLOPS", 0)  # these small shapes stand for any: no torch for tiny ones
     front.reset()
     yield
     front.reset()
@@ -321,6 +322,20 @@ def test_an_m_past_32_bit_indices_is_never_launched_on_our_kernels(small_pack, m
     assert route.source == "torch fallback"
     with pytest.raises(IndexRangeError, match="32-bit"):
         front._route(2**31, 4096, 4096, "float16", 0, strict=True)
+
+
+def test_a_tiny_problem_goes_to_torch_and_explain_says_why(small_pack, monkeypatch, no_gpu_needed):
+    """Where cuBLAS measured faster (a few microseconds of work either way), torch's matmul is the
+    choice, with no warning (it is the policy, not a gap); strict mode keeps our kernels."""
+    monkeypatch.setattr(front, "TINY_FLOPS", 2e9)
+    front.use_pack(small_pack)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        route, _ = front._route(128, 256, 512, "float16", 0)
+    assert route.source == "torch (tiny)" and "cuBLAS measured faster" in "\n".join(route.lines)
+    assert front._route(128, 256, 512, "float16", 0, strict=True)[0].source == "kernel pack"
+    assert front._tiny(1, 768, 768) and front._tiny(1536, 768, 768) and front._tiny(128, 1024, 1024)
+    assert not front._tiny(16, 4096, 4096) and not front._tiny(2, 1280, 5120)  # 33 MB and 13 MB moved
 
 
 def test_the_fallback_takes_any_layout_without_copies(small_pack, monkeypatch, no_gpu_needed):

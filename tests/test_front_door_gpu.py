@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import isolate, kernel_pack
+from gemm_ladder import front, isolate, kernel_pack
 
 from .conftest import EXPORT_DIR, GPU_ARCH, GPU_TIMEOUT, PREBUILT_DIR
 
@@ -80,6 +80,7 @@ def from_pack(front_pack, monkeypatch):
     """The child processes take kernels from the pack only."""
     monkeypatch.setenv(kernel_pack.PACK_ENV, str(front_pack))
     monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
+    monkeypatch.setenv(front.STRICT_ENV, "1")  # our kernels at every shape, tiny ones too: no torch
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,7 @@ def case_results(front_pack):
     mp = pytest.MonkeyPatch()
     mp.setenv(kernel_pack.PACK_ENV, str(front_pack))
     mp.setenv("GEMM_LADDER_BUILD", "0")
+    mp.setenv(front.STRICT_ENV, "1")
     try:
         got = isolate.run_batch("tests.front_door_jobs:check_case", CASES, timeout=GPU_TIMEOUT)
     finally:
