@@ -234,7 +234,9 @@ def summary(rows: list[dict]) -> dict:
                      "kernel_below_0_9": sum(r["kernel_ratio"] < 0.9 for r in ok),
                      "call_geomean": _geomean(r["call_ratio"] for r in ok),
                      "call_min": min((r["call_ratio"] for r in ok), default=None),
-                     "torch": sum((r.get("route") or {}).get("rung") == "torch" for r in ok)}
+                     "torch": sum((r.get("route") or {}).get("rung") == "torch" for r in ok),
+                     "torch_in_graphs": sum(any("under CUDA-graph capture" in line
+                                                for line in (r.get("route") or {}).get("explain", ())) for r in ok)}
     return out
 
 

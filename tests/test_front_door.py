@@ -324,16 +324,28 @@ def test_an_m_past_32_bit_indices_is_never_launched_on_our_kernels(small_pack, m
         front._route(2**31, 4096, 4096, "float16", 0, strict=True)
 
 
-def test_a_tiny_problem_goes_to_torch_and_explain_says_why(small_pack, monkeypatch, no_gpu_needed):
-    """Where cuBLAS measured faster (a few microseconds of work either way), torch's matmul is the
-    choice, with no warning (it is the policy, not a gap); strict mode keeps our kernels."""
+def test_a_tiny_problem_runs_ours_eagerly_and_torchs_in_a_graph(small_pack, monkeypatch, no_gpu_needed):
+    """Where cuBLAS's kernel measured faster (a few microseconds of work either way), a call under
+    CUDA-graph capture runs torch's matmul and an eager call ours (the shorter host path); explain
+    says so; strict mode runs ours always."""
     monkeypatch.setattr(front, "TINY_FLOPS", 2e9)
     front.use_pack(small_pack)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error")  # a choice, not a gap: no warning
         route, _ = front._route(128, 256, 512, "float16", 0)
-    assert route.source == "torch (tiny)" and "cuBLAS measured faster" in "\n".join(route.lines)
-    assert front._route(128, 256, 512, "float16", 0, strict=True)[0].source == "kernel pack"
+    assert route.source == "kernel pack" and "under CUDA-graph capture: torch.matmul" in "\n".join(route.lines)
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    want = (A.float() @ B.float().T)
+    for capturing, ours_calls in ((False, 1), (True, 1)):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        ours = route.module.ours
+        before = len(ours.seen)
+        D = torch.full((128, 256), float("nan")).half()
+        route.module(A, B, D)
+        torch.testing.assert_close(D.float(), want, rtol=2e-3, atol=2e-3)
+        assert len(ours.seen) - before == (0 if capturing else ours_calls)
+    strict, _ = front._route(128, 256, 512, "float16", 0, strict=True)
+    assert not isinstance(strict.module, front.CapturedByTorch)
     assert front._tiny(1, 768, 768) and front._tiny(1536, 768, 768) and front._tiny(128, 1024, 1024)
     assert not front._tiny(16, 4096, 4096) and not front._tiny(2, 1280, 5120)  # 33 MB and 13 MB moved
 
