@@ -417,6 +417,29 @@ def _validate(rung: str, p: Problem, knobs: dict) -> str | None:
     return None
 
 
+# A 2x1 cluster pairs row tiles: with an odd number of them the last pair's second CTA computes a
+# whole tile of rows past M. At M = 333 (3 row tiles of 128, computed as 4) v9 and v10 ran at
+# 0.56-0.74x cuBLAS as kernels [benchmarks/results/2026-11-25_h100_every_model/every_model_seed1.json];
+# pairing column tiles instead (1x2), or none, computes only the tiles there are.
+def _pair_along_n(rung: str, p: Problem, knobs: dict) -> tuple[dict, str] | None:
+    """The knobs with the cluster turned along N where a 2x1 cluster would pad the row tiles to an
+    even count (None: it would not, the rung has no such cluster, or the validator refuses the turn)."""
+    from .rungs import make_config  # pylint: disable=import-outside-toplevel  (the rung files import TVM)
+
+    if rung not in ("v9", "v10"):  # v11 swaps A and B: its rows are N's
+        return None
+    cfg = make_config(rung, p.M, p.N, p.K, **knobs).knobs()
+    row_tiles, col_tiles = math.ceil(p.M / cfg["blk_m"]), math.ceil(p.N / cfg["blk_n"])
+    if cfg.get("cluster_m") != 2 or cfg.get("cluster_n") != 1 or row_tiles % 2 == 0:
+        return None
+    turned = {**knobs, "cluster_m": 1, "cluster_n": 2 if col_tiles % 2 == 0 else 1}
+    if _validate(rung, p, turned) is not None:
+        return None
+    shape = f"{turned['cluster_m']}x{turned['cluster_n']}"
+    return turned, (f"{row_tiles} row tiles of {cfg['blk_m']} (odd): a {shape} cluster, since 2x1 pairs would compute "
+                    f"{row_tiles + 1}")
+
+
 def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
     """The first rule of ``rules`` (default :data:`RULES`) that applies to ``p`` and validates."""
     check_extents("gemm_ladder", p.M, p.N, p.K, *LARGEST_TILE)  # IndexRangeError past 32-bit indices, at once
@@ -436,6 +459,9 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
             skipped.append(f"rule {rule.name!r} ({rule.rung}): {problem}")
             continue
         why = f"{rule.why} [{rule.evidence}]" + (f"; {rule.detail(p)}" if rule.detail else "")
+        if validate and (paired := _pair_along_n(rule.rung, p, knobs)) is not None:
+            knobs, note = paired
+            why += f"; {note}"
         return Choice(rule.rung, knobs, "rule", rule.name, why,
                       tuple(s for s in skipped if "does not apply" not in s), measured=rule.measured)
     raise LookupError(f"no rule of the heuristic covers {p}; passed over: {'; '.join(skipped) or 'none for this arch'}")

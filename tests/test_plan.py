@@ -163,8 +163,23 @@ def test_rule_split_k(M, N, K):
     best = plan._split_plan(P(M, N, K))
     assert (c.rule, c.rung) == ("split-k", "v10") and best.split_k > 1
     assert K // best.split_k >= plan.SPLIT_K_MIN_SLICE
-    assert rung_knobs(c) == {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
+    knobs = rung_knobs(c)
+    turned = {k: knobs.pop(k) for k in ("cluster_m", "cluster_n") if k in knobs}
+    assert knobs == {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
+    assert bool(turned) == (-(-M // 128) % 2 == 1)  # an odd count of row tiles: no 2x1 pairs (below)
     assert "K loop split" in c.why and f"split_k={best.split_k}" in c.why
+
+
+@pytest.mark.parametrize("M, N, K, cluster", [(333, 16384, 2048, (1, 2)), (333, 4096, 14336, (1, 2)),
+                                              (333, 256000, 3584, (1, 2)), (333, 128256, 4096, (1, 1))])
+def test_an_odd_count_of_row_tiles_is_not_paired_along_m(M, N, K, cluster):
+    """A 2x1 cluster over 3 row tiles computes 4 (0.56-0.74x cuBLAS at M = 333): the rule's choice
+    pairs column tiles instead where their count is even, else none."""
+    c = rule_choice(P(M, N, K))
+    assert (c.knobs["cluster_m"], c.knobs["cluster_n"]) == cluster
+    assert "3 row tiles of 128 (odd)" in c.why
+    even = rule_choice(P(512, N, K))  # 4 row tiles: the rule's own cluster stays
+    assert "(odd)" not in even.why
 
 
 @needs_v10
