@@ -236,16 +236,16 @@ def phase_one_late(cfg):
 
 
 def cluster_release_own_only(cfg):
-    """v8 (Hopper) with ``common.release_to_cluster`` arriving on the local mma2tma alone."""
+    """v8 (Hopper) with the ring's ``release_to_cluster`` arriving on the local mma2tma alone."""
     from tvm.script import tirx as T
 
-    from gemm_ladder.sm90a import common
+    from gemm_ladder.sm90a import ring
 
     @T.inline
     def release_own_cta_only(mma2tma, stage, cluster_size):  # pylint: disable=unused-argument
         mma2tma.arrive(stage)
 
-    with swapped(common, release_to_cluster=release_own_cta_only):
+    with swapped(ring, release_to_cluster=release_own_cta_only):
         return _trace(cfg)
 
 

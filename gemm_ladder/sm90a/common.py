@@ -13,7 +13,6 @@ and issues one ``wgmma.m64nBNk16`` per 64 of those rows and per 16 of K.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -576,96 +575,81 @@ def load_hints(cfg: GemmConfig) -> tuple[dict, dict]:
 
 
 @T.inline
-def _tma_part(Xsmem, X, stage, x_st, row0, rows, k, tma2mma, cta_mask, hints):
+def _tma_part(Xsmem, X, stage, x_st, row0, rows, k, mbar, cta_mask, hints):
     """Rows ``row0 .. row0+rows`` of a tile's K slice ``k``, multicast to ``cta_mask``."""
     BLK_K = T.meta_var(Xsmem.shape[2])
     Tx.copy_async(Xsmem[stage, row0:row0 + rows, :],
                   X[x_st + row0:x_st + row0 + rows, k * BLK_K:k * BLK_K + BLK_K],
-                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]), cta_mask=cta_mask, **hints)
+                  dispatch="tma_auto", mbar=mbar, cta_mask=cta_mask, **hints)
 
 
 @T.inline
-def _tma_whole(Xsmem, X, stage, x_st, rows, k, tma2mma, hints):
+def _tma_whole(Xsmem, X, stage, x_st, rows, k, mbar, hints):
     BLK_K = T.meta_var(Xsmem.shape[2])
     Tx.copy_async(Xsmem[stage, :, :], X[x_st:x_st + rows, k * BLK_K:k * BLK_K + BLK_K],
-                  dispatch="tma_auto", mbar=tma2mma.ptr_to([stage]), **hints)
+                  dispatch="tma_auto", mbar=mbar, **hints)
 
 
-def tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, stage, m_st, n_st, k, tma2mma,
-                            cm, cn, rank_m, rank_n):
-    """One thread: its CTA's share of the K slice ``k`` of a cluster's A and B tiles.
+def tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, ring, pos, m_st, n_st, k, cm, cn, rank_m, rank_n):
+    """One thread: its CTA's share of the K slice ``k`` of a cluster's A and B tiles, into the
+    ring slot of position ``pos``.
 
     A tile shared by ``cn`` CTAs is loaded in ``cn`` row parts, part ``rank_n`` by this CTA,
     multicast (``cta_mask``) into the same stage of every CTA that shares it; B likewise over
-    ``cm``. An unshared tile is loaded whole, as in v7. Every CTA's tma2mma[stage] still expects
-    the bytes of the full A and B tiles: its own parts and its peers' land on it alike.
+    ``cm``. An unshared tile is loaded whole, as in v7. Every CTA's full barrier (tma2mma) still
+    expects the bytes of the full A and B tiles: its own parts and its peers' land on it alike.
     (Plain Python around inline parts: which form each operand takes is decided at trace time.)
     """
     c = plan.cfg
     mask_a, mask_b = multicast_masks(cm, cn, rank_m, rank_n)
     hint_a, hint_b = load_hints(c)
+    stage, mbar = ring.slot(pos), ring.full_bar(pos)
     if cn > 1:
-        _tma_part(Asmem, A, stage, m_st, rank_n * (c.blk_m // cn), c.blk_m // cn, k, tma2mma, mask_a, hint_a)
+        _tma_part(Asmem, A, stage, m_st, rank_n * (c.blk_m // cn), c.blk_m // cn, k, mbar, mask_a, hint_a)
     else:
-        _tma_whole(Asmem, A, stage, m_st, c.blk_m, k, tma2mma, hint_a)
+        _tma_whole(Asmem, A, stage, m_st, c.blk_m, k, mbar, hint_a)
     if cm > 1:
-        _tma_part(Bsmem, B, stage, n_st, rank_m * (c.blk_n // cm), c.blk_n // cm, k, tma2mma, mask_b, hint_b)
+        _tma_part(Bsmem, B, stage, n_st, rank_m * (c.blk_n // cm), c.blk_n // cm, k, mbar, mask_b, hint_b)
     else:
-        _tma_whole(Bsmem, B, stage, n_st, c.blk_n, k, tma2mma, hint_b)
-    tma2mma.arrive(stage, tx_count=plan.stage_bytes)
+        _tma_whole(Bsmem, B, stage, n_st, c.blk_n, k, mbar, hint_b)
+    ring.expect(pos, plan.stage_bytes)
 
 
 @T.inline
-def release_to_cluster(mma2tma, stage, cluster_size):
-    """One consumer warp's release of a stage to the producer of every CTA of the cluster: each
-    of them may multicast into this CTA's copy of the stage."""
-    for c in T.unroll(cluster_size):
-        mma2tma.arrive(stage, remote=c)
-
-
-@T.inline
-def produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk, m_st, n_st, cm, cn, rank_m, rank_n,
+def produce_slices(plan, A, B, Asmem, Bsmem, ring, load_it, k0, nk, m_st, n_st, cm, cn, rank_m, rank_n,
                    backwards=False):
-    """The producer's loads of K slices ``[k0, k0 + nk)`` of one tile into ring slots
-    ``load_it, load_it + 1, ...`` (mod pipe_depth), each after the slot's previous slice (one lap
-    back) was released; with ``backwards`` (a run-time condition) from the last slice to the
-    first (v9's ``k_zigzag``: the consumers add the slices in whatever order they land)."""
-    S = T.meta_var(plan.cfg.pipe_depth)
+    """The producer's loads of K slices ``[k0, k0 + nk)`` of one tile into ring positions
+    ``load_it, load_it + 1, ...``, each after its slot's previous slice (one lap back) was
+    released; with ``backwards`` (a run-time condition) from the last slice to the first (v9's
+    ``k_zigzag``: the consumers add the slices in whatever order they land)."""
     for k in range(nk):
-        mma2tma.wait((load_it + k) % S, (((load_it + k) // S) & 1) ^ 1)
-        tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, (load_it + k) % S, m_st, n_st,
+        ring.wait_empty(load_it + k)
+        tma_load_k_tile_cluster(plan, A, B, Asmem, Bsmem, ring, load_it + k, m_st, n_st,
                                 k0 + k if backwards is False else T.Select(backwards, k0 + nk - 1 - k, k0 + k),
-                                tma2mma, cm, cn, rank_m, rank_n)
-
-
-# T.inline takes a copy of a module's globals when it is defined; the K-loop helpers below look
-# the release up on the module itself when a kernel is built, so that the one release of the
-# cluster (``release_to_cluster``) can be swapped for a broken one (tests/barrier_faults.py)
-_THIS = sys.modules[__name__]
+                                cm, cn, rank_m, rank_n)
 
 
 @T.inline
-def begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, k, desc_a, desc_b):
+def begin_slice(plan, ring, Dreg, Asmem, Bsmem, it, k, desc_a, desc_b):
     """Slice ``k`` of a tile: wait for its ring slot and issue its wgmmas (one commit group)."""
-    S = T.meta_var(plan.cfg.pipe_depth)
-    tma2mma.wait((it + k) % S, ((it + k) // S) & 1)
+    ring.wait_full(it + k)
     T.ptx.wgmma.fence.sync.aligned()
-    mma_k_slot(plan, Dreg, (it + k) % S, k == 0, desc_a, desc_b, slot_step16(Asmem), slot_step16(Bsmem))
+    mma_k_slot(plan, Dreg, ring.slot(it + k), k == 0, desc_a, desc_b, slot_step16(Asmem), slot_step16(Bsmem))
     T.ptx.wgmma.commit_group.sync.aligned()
 
 
 @T.inline
-def end_slice(plan, mma2tma, it, k, lane_id, cs):
+def end_slice(ring, it, k, lane_id):
     """Let slice ``k - 1``'s wgmmas retire (slice ``k``'s may run on) and release its slot."""
     T.ptx.wgmma.wait_group.sync.aligned(1)
     if k > 0:
         # slice k-1's wgmmas have retired in this warp
         if lane_id == 0:
-            _THIS.release_to_cluster(mma2tma, (it + k - 1) % plan.cfg.pipe_depth, cs)
+            ring.release(it + k - 1)
 
 
 @T.inline
-def issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs):
+def issue_slices(plan, ring, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id):
     """A consumer's ``nk`` K slices of one tile from ring slots ``it, it + 1, ...``: wait for the
     slot, issue its wgmmas, and release each slot once its wgmmas retired (one slice behind:
     ``wait_group(1)``) to the producer of every CTA of the cluster; the accumulators start over
@@ -673,24 +657,24 @@ def issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, de
     them (v9's ping-pong passes the turn between the two)."""
     encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b)
     for k in T.serial(nk, unroll=k_loop_unroll(nk)):
-        begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, k, desc_a, desc_b)
-        end_slice(plan, mma2tma, it, k, lane_id, cs)
+        begin_slice(plan, ring, Dreg, Asmem, Bsmem, it, k, desc_a, desc_b)
+        end_slice(ring, it, k, lane_id)
 
 
 @T.inline
-def retire_slices(plan, mma2tma, it, nk, lane_id, cs):
+def retire_slices(ring, it, nk, lane_id):
     """Wait for the last of :func:`issue_slices`' wgmmas and release its slot."""
     T.ptx.wgmma.wait_group.sync.aligned(0)
     if lane_id == 0:
-        _THIS.release_to_cluster(mma2tma, (it + nk - 1) % plan.cfg.pipe_depth, cs)
+        ring.release(it + nk - 1)
 
 
 @T.inline
-def consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs):
+def consume_slices(plan, ring, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id):
     """A consumer's ``nk`` K slices of one tile, issued and retired (the K loop of v8-v11; the
     teaching rungs v5-v7 write theirs out)."""
-    issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs)
-    retire_slices(plan, mma2tma, it, nk, lane_id, cs)
+    issue_slices(plan, ring, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id)
+    retire_slices(ring, it, nk, lane_id)
 
 
 @T.inline
@@ -779,7 +763,7 @@ def consumer_store_chunks(D, Esmem, Dreg, m_st, n_st, plan, c, wtid, warp_id, la
 
 
 @T.inline
-def issue_slices_under(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id, cs,
+def issue_slices_under(plan, ring, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b, lane_id,
                        D, Esmem, Preg, m_prev, n_prev, has_prev, c, wtid, warp_id, epi_it, epi_n, nbuf):
     """:func:`issue_slices` with the previous tile's epilogue under it (v9's ``epi_under``): once
     slice ``j``'s wgmmas are issued and slice ``j - 1``'s have retired, and while slice ``j``'s
@@ -790,16 +774,16 @@ def issue_slices_under(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_ro
     NIN = T.meta_var(min(NCH, nk))
     encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b)
     for j in T.unroll(NIN):
-        begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, j, desc_a, desc_b)
-        end_slice(plan, mma2tma, it, j, lane_id, cs)
+        begin_slice(plan, ring, Dreg, Asmem, Bsmem, it, j, desc_a, desc_b)
+        end_slice(ring, it, j, lane_id)
         if has_prev:
             # after the wait, not between the issue and the wait: 0.8% fewer SM cycles at 4096^3
             # on an H100 (benchmarks/results/2026-11-23_h100_epi_under/)
             store_chunk(D, Esmem, Preg, m_prev, n_prev, plan, c, wtid, warp_id, lane_id, None, epi_it, j, epi_n,
                         nbuf)
     for k in T.serial(nk - NIN, unroll=k_loop_unroll(nk)):
-        begin_slice(plan, tma2mma, Dreg, Asmem, Bsmem, it, NIN + k, desc_a, desc_b)
-        end_slice(plan, mma2tma, it, NIN + k, lane_id, cs)
+        begin_slice(plan, ring, Dreg, Asmem, Bsmem, it, NIN + k, desc_a, desc_b)
+        end_slice(ring, it, NIN + k, lane_id)
     if has_prev:
         for j in T.unroll(NIN, NCH):
             store_chunk(D, Esmem, Preg, m_prev, n_prev, plan, c, wtid, warp_id, lane_id, None, epi_it, j, epi_n,

@@ -98,6 +98,7 @@ from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common, splitk, streamk
 from .common import HopperPlan
+from .ring import Ring
 
 TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the fp32 partials"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
@@ -187,14 +188,14 @@ def kernel(cfg: GemmConfig):
         pool = T.SMEMPool()
         tma2mma = TMABar(pool, S)
         mma2tma = MBarrier(pool, S)
+        ring = Ring(tma2mma, mma2tma, cluster_size=CS)  # the stages, their barriers and phases
         flag = pool.alloc((W,), "int32")  # per consumer: units of the tile counted before this one
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((S, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
         Esmem = pool.alloc((W * NBUF, ROWS, EPI_N), dtype, layout=E_layout)
         pool.commit()
-        tma2mma.init(1)
-        mma2tma.init(RELEASES)
+        ring.init(releases=RELEASES)
         # make the barrier inits visible to the async proxy and to the peers before any TMA
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
@@ -217,7 +218,7 @@ def kernel(cfg: GemmConfig):
                     # slices [k0, k0 + nk)
                     n_col, split = T.meta_var(splitk.unit(ts_load.n_idx, SPLIT))
                     k0, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk,
+                    common.produce_slices(plan, A, B, Asmem, Bsmem, ring, load_it, k0, nk,
                                           (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
                                           CM, CN, rank_m, rank_n)
                     load_it = load_it + nk
@@ -226,7 +227,7 @@ def kernel(cfg: GemmConfig):
                     for p in range(streamk.pieces(first_load, end_load, K_TILES)):
                         j, k0, nk = T.meta_var(streamk.piece(p, first_load, end_load, K_TILES))
                         ts_load.init(dp_load + j)  # the scheduler's place of stream-K tile j
-                        common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk,
+                        common.produce_slices(plan, A, B, Asmem, Bsmem, ring, load_it, k0, nk,
                                               (ts_load.m_idx * CM + rank_m) * BLK_M,
                                               (ts_load.n_idx * CN + rank_n) * BLK_N, CM, CN, rank_m, rank_n)
                         load_it = load_it + nk
@@ -252,8 +253,8 @@ def kernel(cfg: GemmConfig):
             while whole_tiles_left(ts, dp_mine):
                 n_col, split = T.meta_var(splitk.unit(ts.n_idx, SPLIT))
                 _, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                common.consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b,
-                                      lane_id, CS)
+                common.consume_slices(plan, ring, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b,
+                                      lane_id)
                 it = it + nk
                 m_cta = T.meta_var(ts.m_idx * CM + rank_m)
                 n_cta = T.meta_var(n_col * CN + rank_n)
@@ -277,8 +278,8 @@ def kernel(cfg: GemmConfig):
                     pc[1] = k0
                     pc[2] = nk
                     ts.init(dp_mine + pc[0])
-                    common.consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, pc[2], wg_row0, desc_a,
-                                          desc_b, lane_id, CS)
+                    common.consume_slices(plan, ring, Dreg, Asmem, Bsmem, it, pc[2], wg_row0, desc_a,
+                                          desc_b, lane_id)
                     it = it + pc[2]
                     m_sk = T.meta_var(ts.m_idx * CM + rank_m)
                     n_sk = T.meta_var(ts.n_idx * CN + rank_n)

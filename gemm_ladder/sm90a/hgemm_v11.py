@@ -54,6 +54,7 @@ from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common, splitk
 from .common import SwapPlan
+from .ring import Ring
 
 TECHNIQUE = "swap AB: N in the MMA's 64-row slot, small M as its N, the tile stored transposed"
 KNOBS = {"blk_m": 64, "blk_n": 128, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 6,
@@ -126,14 +127,14 @@ def kernel(cfg: GemmConfig):
         pool = T.SMEMPool()
         tma2mma = TMABar(pool, S)
         mma2tma = MBarrier(pool, S)
+        ring = Ring(tma2mma, mma2tma, cluster_size=CS)  # the stages, their barriers and phases
         flag = pool.alloc((W,), "int32")  # per consumer: units of the tile counted before this one
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((S, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
         Esmem = pool.alloc((W, BLK_M, ROWS), dtype, layout=E_layout)  # one D band per consumer
         pool.commit()
-        tma2mma.init(1)
-        mma2tma.init(RELEASES)
+        ring.init(releases=RELEASES)
         # make the barrier inits visible to the async proxy and to the peers before any TMA
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
@@ -151,7 +152,7 @@ def kernel(cfg: GemmConfig):
                     # slices [k0, k0 + nk)
                     n_col, split = T.meta_var(splitk.unit(ts_load.n_idx, SPLIT))
                     k0, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk,
+                    common.produce_slices(plan, A, B, Asmem, Bsmem, ring, load_it, k0, nk,
                                           (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
                                           CM, CN, rank_m, rank_n)
                     load_it = load_it + nk
@@ -172,8 +173,8 @@ def kernel(cfg: GemmConfig):
                 n_col, split = T.meta_var(splitk.unit(ts.n_idx, SPLIT))
                 _, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
                 # swapped: B's rows are wgmma's 64-row operand, A's rows its N
-                common.consume_slices(plan, tma2mma, mma2tma, Dreg, Bsmem, Asmem, it, nk, n_row0, desc_a, desc_b,
-                                      lane_id, CS)
+                common.consume_slices(plan, ring, Dreg, Bsmem, Asmem, it, nk, n_row0, desc_a, desc_b,
+                                      lane_id)
                 it = it + nk
                 m_cta = T.meta_var(ts.m_idx * CM + rank_m)
                 n_cta = T.meta_var(n_col * CN + rank_n)

@@ -166,6 +166,7 @@ from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common, narrowtail
 from .common import HopperPlan
+from .ring import Ring
 
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
@@ -267,6 +268,7 @@ def kernel(cfg: GemmConfig):
         pool = T.SMEMPool()
         tma2mma = TMABar(pool, S)
         mma2tma = MBarrier(pool, S)
+        ring = Ring(tma2mma, mma2tma, cluster_size=CS)  # the stages, their barriers and phases
         # pingpong: slot c is consumer c's turn, given by the consumer before it (none without)
         mma2mma = T.meta_var(MBarrier(pool, W) if PP else None)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
@@ -274,8 +276,7 @@ def kernel(cfg: GemmConfig):
         Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
         Esmem = pool.alloc((W * NBUF, ROWS, EPI_N), dtype, layout=E_layout)
         pool.commit()
-        tma2mma.init(1)
-        mma2tma.init(RELEASES)
+        ring.init(releases=RELEASES)
         if PP:
             mma2mma.init(4)  # lane 0 of each warp of the consumer before
         # make the barrier inits visible to the async proxy and to the peers before any TMA
@@ -293,7 +294,7 @@ def kernel(cfg: GemmConfig):
                 load_it: T.int32 = 0
                 while ts_load.valid():
                     # each stage refilled once its previous slice (one lap back) was released
-                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, 0, K_TILES,
+                    common.produce_slices(plan, A, B, Asmem, Bsmem, ring, load_it, 0, K_TILES,
                                           (ts_load.m_idx * CM + rank_m) * BLK_M, (ts_load.n_idx * CN + rank_n) * BLK_N,
                                           CM, CN, rank_m, rank_n, backwards(load_it))
                     load_it = load_it + K_TILES
@@ -304,7 +305,7 @@ def kernel(cfg: GemmConfig):
                     q_load: T.int32 = ts_load.linear_idx - (M_TILES - cut_load) * N_TILES
                     while q_load < cut_load * KN:
                         nm, nn = T.meta_var(narrowtail.narrow_tile(q_load, M_TILES - cut_load, KN))
-                        common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, 0, K_TILES,
+                        common.produce_slices(plan, A, B, Asmem, Bsmem, ring, load_it, 0, K_TILES,
                                               (nm * CM + rank_m) * BLK_M, (nn * CN + rank_n) * TN,
                                               CM, CN, rank_m, rank_n)
                         load_it = load_it + K_TILES
@@ -338,22 +339,22 @@ def kernel(cfg: GemmConfig):
                             mma2mma.wait(c, ((turn - 1) // W) & 1)
                     if UNDER:
                         # the previous tile's chunks, one under each of this tile's first slices
-                        common.issue_slices_under(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
-                                                  desc_a, desc_b, lane_id, CS, D, Esmem, Preg, m_prev, n_prev,
+                        common.issue_slices_under(plan, ring, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
+                                                  desc_a, desc_b, lane_id, D, Esmem, Preg, m_prev, n_prev,
                                                   turn > 0, c, wtid, warp_id, epi_it, EPI_N, NBUF)
                         if turn > 0:
                             epi_it = epi_it + BLK_N // EPI_N
-                        common.retire_slices(plan, mma2tma, it, K_TILES, lane_id, CS)
+                        common.retire_slices(ring, it, K_TILES, lane_id)
                         common.acc_to_pairs(plan, Dreg, Preg)  # the accumulators are free for the next tile
                         m_prev = (ts.m_idx * CM + rank_m) * BLK_M
                         n_prev = (ts.n_idx * CN + rank_n) * BLK_N
                     else:
-                        common.issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
-                                            desc_a, desc_b, lane_id, CS)
+                        common.issue_slices(plan, ring, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
+                                            desc_a, desc_b, lane_id)
                         if PP:
                             if lane_id == 0:
                                 mma2mma.arrive((c + 1) % W)  # our wgmmas are issued: the next consumer's turn
-                        common.retire_slices(plan, mma2tma, it, K_TILES, lane_id, CS)
+                        common.retire_slices(ring, it, K_TILES, lane_id)
                         common.consumer_store_chunks(D, Esmem, Dreg, (ts.m_idx * CM + rank_m) * BLK_M,
                                                      (ts.n_idx * CN + rank_n) * BLK_N, plan, c, wtid, warp_id,
                                                      lane_id, packed, epi_it, EPI_N, NBUF)
@@ -368,9 +369,9 @@ def kernel(cfg: GemmConfig):
                 while q < cut * KN:
                     nm, nn = T.meta_var(narrowtail.narrow_tile(q, M_TILES - cut, KN))
                     # m64n{TN}k16 into the first TN / 2 accumulators of each atom
-                    common.issue_slices(NARROW, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
-                                        desc_a, desc_b, lane_id, CS)
-                    common.retire_slices(NARROW, mma2tma, it, K_TILES, lane_id, CS)
+                    common.issue_slices(NARROW, ring, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
+                                        desc_a, desc_b, lane_id)
+                    common.retire_slices(ring, it, K_TILES, lane_id)
                     it = it + K_TILES
                     if NCH > 0:
                         common.consumer_store_chunks(D, Esmem, Dreg, (nm * CM + rank_m) * BLK_M,
