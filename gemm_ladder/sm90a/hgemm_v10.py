@@ -96,8 +96,11 @@ from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 import schedulers
 from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
-from . import common, splitk, streamk
+from . import common, epilogue, splitk, streamk
 from .common import HopperPlan
+from .epilogue import ChunkedEpilogue
+from .mainloop import Consumer
+from .producer import Producer
 from .ring import Ring
 
 TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the fp32 partials"
@@ -112,7 +115,7 @@ TUNE_CHOICES = {"split_k": (1, 2, 3, 4, 6, 8), "stream_k": (False, True)}
 
 def check(cfg: GemmConfig) -> None:
     common.check_tile(cfg, CONSUMERS)
-    common.check_epilogue(cfg)
+    epilogue.check_epilogue(cfg)
     common.check_pipe_depth(cfg)
     common.check_consumer_registers(cfg)
     splitk.check_grid(cfg)
@@ -151,7 +154,7 @@ def kernel(cfg: GemmConfig):
     ROWS = plan.rows_per_wg
     ACC = plan.acc_regs
     A_layout, B_layout = plan.ab_layouts(S)
-    E_layout = common.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
+    E_layout = epilogue.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
     WS = workspace(cfg)
     SK = streamk.enabled(cfg)  # whole tiles for the full waves, the tail's K loops spread evenly
 
@@ -202,6 +205,8 @@ def kernel(cfg: GemmConfig):
         common.cluster_sync()
         rank_m = T.meta_var(rank % CM)
         rank_n = T.meta_var(rank // CM)
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
+                                    cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
             if T.And(warp_id == 0, lane_id == 0):
@@ -218,18 +223,17 @@ def kernel(cfg: GemmConfig):
                     # slices [k0, k0 + nk)
                     n_col, split = T.meta_var(splitk.unit(ts_load.n_idx, SPLIT))
                     k0, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                    common.produce_slices(plan, A, B, Asmem, Bsmem, ring, load_it, k0, nk,
-                                          (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
-                                          CM, CN, rank_m, rank_n)
+                    loads.load_tile(load_it, (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
+                                    first_slice=k0, num_slices=nk)
                     load_it = load_it + nk
                     ts_load.next_tile()
                 if SK:
                     for p in range(streamk.pieces(first_load, end_load, K_TILES)):
                         j, k0, nk = T.meta_var(streamk.piece(p, first_load, end_load, K_TILES))
                         ts_load.init(dp_load + j)  # the scheduler's place of stream-K tile j
-                        common.produce_slices(plan, A, B, Asmem, Bsmem, ring, load_it, k0, nk,
-                                              (ts_load.m_idx * CM + rank_m) * BLK_M,
-                                              (ts_load.n_idx * CN + rank_n) * BLK_N, CM, CN, rank_m, rank_n)
+                        loads.load_tile(load_it, (ts_load.m_idx * CM + rank_m) * BLK_M,
+                                        (ts_load.n_idx * CN + rank_n) * BLK_N,
+                                        first_slice=k0, num_slices=nk)
                         load_it = load_it + nk
 
         with common.ConsumerRole(wg_id, W, REGS.consumer):
@@ -240,6 +244,10 @@ def kernel(cfg: GemmConfig):
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
+            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Asmem, b_smem=Bsmem, acc=Dreg, desc_a=desc_a,
+                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
+            epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid, warp_id=warp_id,
+                                             lane_id=lane_id, packed=packed, chunk_cols=EPI_N, buffers=NBUF))
             it: T.int32 = 0  # (unit, slice) pairs consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             ts = scheduler("ts", num_clusters)
@@ -253,8 +261,7 @@ def kernel(cfg: GemmConfig):
             while whole_tiles_left(ts, dp_mine):
                 n_col, split = T.meta_var(splitk.unit(ts.n_idx, SPLIT))
                 _, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                common.consume_slices(plan, ring, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b,
-                                      lane_id)
+                mma.run(it, nk)
                 it = it + nk
                 m_cta = T.meta_var(ts.m_idx * CM + rank_m)
                 n_cta = T.meta_var(n_col * CN + rank_n)
@@ -263,13 +270,11 @@ def kernel(cfg: GemmConfig):
                     splitk.publish_and_count(P, C, Dreg, ACC, counter, split, wtid, flag, c, SPLIT)
                     if flag[c] == SPLIT - 1:  # the last unit of the tile: sum and store
                         splitk.sum_partials(P, C, Dreg, ACC, counter, wtid, SPLIT)
-                        common.consumer_store_chunks(D, Esmem, Dreg, m_cta * BLK_M, n_cta * BLK_N, plan, c,
-                                                     wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
-                        epi_it = epi_it + BLK_N // EPI_N
+                        epi.store_tile(Dreg, m_cta * BLK_M, n_cta * BLK_N, epi_it)
+                        epi_it = epi_it + epi.chunks_per_tile
                 else:
-                    common.consumer_store_chunks(D, Esmem, Dreg, m_cta * BLK_M, n_cta * BLK_N, plan, c,
-                                                 wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
-                    epi_it = epi_it + BLK_N // EPI_N
+                    epi.store_tile(Dreg, m_cta * BLK_M, n_cta * BLK_N, epi_it)
+                    epi_it = epi_it + epi.chunks_per_tile
                 ts.next_tile()
             if SK:
                 for p in range(streamk.pieces(first_mine, end_mine, K_TILES)):
@@ -278,15 +283,13 @@ def kernel(cfg: GemmConfig):
                     pc[1] = k0
                     pc[2] = nk
                     ts.init(dp_mine + pc[0])
-                    common.consume_slices(plan, ring, Dreg, Asmem, Bsmem, it, pc[2], wg_row0, desc_a,
-                                          desc_b, lane_id)
+                    mma.run(it, pc[2])
                     it = it + pc[2]
                     m_sk = T.meta_var(ts.m_idx * CM + rank_m)
                     n_sk = T.meta_var(ts.n_idx * CN + rank_n)
                     if pc[2] == K_TILES:  # a whole tile in this cluster's range
-                        common.consumer_store_chunks(D, Esmem, Dreg, m_sk * BLK_M, n_sk * BLK_N, plan, c,
-                                                     wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
-                        epi_it = epi_it + BLK_N // EPI_N
+                        epi.store_tile(Dreg, m_sk * BLK_M, n_sk * BLK_N, epi_it)
+                        epi_it = epi_it + epi.chunks_per_tile
                     else:
                         # the tile's 2 or 3 pieces are clusters g_h, g_h + 1, ... in K order; the
                         # counter is g_h's; a piece's slot is 1 if its range began before the tile
@@ -306,9 +309,8 @@ def kernel(cfg: GemmConfig):
                             sb[1] = streamk.slot_offset(streamk.slot(g_h + 1, rank, c, 0, CS, W), 0, wtid, ACC)
                             sb[2] = streamk.slot_offset(streamk.slot(g_h + 2, rank, c, 0, CS, W), 0, wtid, ACC)
                             streamk.sum_pieces(P, C, Dreg, ACC, cnt_i, mt[1], clu - g_h, sb, wtid)
-                            common.consumer_store_chunks(D, Esmem, Dreg, m_sk * BLK_M, n_sk * BLK_N, plan, c,
-                                                         wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
-                            epi_it = epi_it + BLK_N // EPI_N
+                            epi.store_tile(Dreg, m_sk * BLK_M, n_sk * BLK_N, epi_it)
+                            epi_it = epi_it + epi.chunks_per_tile
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
                 T.ptx.cp.async_.bulk.wait_group.read(0)
