@@ -93,7 +93,6 @@ Run:  python -m gemm_ladder build v10 --shape 978x2640x3336 --knob split_k=2 --o
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-import schedulers
 from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common, epilogue, splitk, streamk
@@ -102,6 +101,7 @@ from .epilogue import ChunkedEpilogue
 from .mainloop import Consumer
 from .producer import Producer
 from .ring import Ring
+from .schedule import Schedule
 
 TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the fp32 partials"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
@@ -158,12 +158,6 @@ def kernel(cfg: GemmConfig):
     WS = workspace(cfg)
     SK = streamk.enabled(cfg)  # whole tiles for the full waves, the tail's K loops spread evenly
 
-    def scheduler(prefix, num_clusters):
-        return schedulers.make_tirx_scheduler(
-            cfg.tile_order, prefix, num_m_tiles=M_TILES, num_n_tiles=N_TILES * SPLIT,
-            num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
-        )
-
     def whole_tiles_left(ts, dp_tiles):
         # stream_k: the scheduler hands out the whole tiles only, the stream-K ones come after
         return T.And(ts.valid(), ts.linear_idx < dp_tiles) if SK else ts.valid()
@@ -205,12 +199,14 @@ def kernel(cfg: GemmConfig):
         common.cluster_sync()
         rank_m = T.meta_var(rank % CM)
         rank_n = T.meta_var(rank // CM)
+        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=M_TILES, n_tiles=N_TILES, cluster_m=CM, cluster_n=CN,
+                                    rank_m=rank_m, rank_n=rank_n, units_per_tile=SPLIT))
         loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
                                     cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
             if T.And(warp_id == 0, lane_id == 0):
-                ts_load = scheduler("ts_load", num_clusters)
+                ts_load = sched.tiles("ts_load", num_clusters)
                 ts_load.init(clu)
                 load_it: T.int32 = 0
                 # stream_k: computed once (as expressions, their selects and divisions by the
@@ -223,7 +219,7 @@ def kernel(cfg: GemmConfig):
                     # slices [k0, k0 + nk)
                     n_col, split = T.meta_var(splitk.unit(ts_load.n_idx, SPLIT))
                     k0, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                    loads.load_tile(load_it, (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
+                    loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(n_col),
                                     first_slice=k0, num_slices=nk)
                     load_it = load_it + nk
                     ts_load.next_tile()
@@ -231,8 +227,8 @@ def kernel(cfg: GemmConfig):
                     for p in range(streamk.pieces(first_load, end_load, K_TILES)):
                         j, k0, nk = T.meta_var(streamk.piece(p, first_load, end_load, K_TILES))
                         ts_load.init(dp_load + j)  # the scheduler's place of stream-K tile j
-                        loads.load_tile(load_it, (ts_load.m_idx * CM + rank_m) * BLK_M,
-                                        (ts_load.n_idx * CN + rank_n) * BLK_N,
+                        loads.load_tile(load_it, sched.m_start(ts_load.m_idx),
+                                        sched.n_start(ts_load.n_idx),
                                         first_slice=k0, num_slices=nk)
                         load_it = load_it + nk
 
@@ -250,7 +246,7 @@ def kernel(cfg: GemmConfig):
                                              lane_id=lane_id, packed=packed, chunk_cols=EPI_N, buffers=NBUF))
             it: T.int32 = 0  # (unit, slice) pairs consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
-            ts = scheduler("ts", num_clusters)
+            ts = sched.tiles("ts", num_clusters)
             ts.init(clu)
             dp_mine: T.int32 = dp_tiles
             first_mine: T.int32 = sk_first
@@ -263,8 +259,8 @@ def kernel(cfg: GemmConfig):
                 _, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
                 mma.run(it, nk)
                 it = it + nk
-                m_cta = T.meta_var(ts.m_idx * CM + rank_m)
-                n_cta = T.meta_var(n_col * CN + rank_n)
+                m_cta = T.meta_var(sched.cta_m(ts.m_idx))
+                n_cta = T.meta_var(sched.cta_n(n_col))
                 if SPLIT > 1:
                     counter = T.meta_var(splitk.counter_index(m_cta, n_cta, c, N_CTA_TILES, W))
                     splitk.publish_and_count(P, C, Dreg, ACC, counter, split, wtid, flag, c, SPLIT)
@@ -285,8 +281,8 @@ def kernel(cfg: GemmConfig):
                     ts.init(dp_mine + pc[0])
                     mma.run(it, pc[2])
                     it = it + pc[2]
-                    m_sk = T.meta_var(ts.m_idx * CM + rank_m)
-                    n_sk = T.meta_var(ts.n_idx * CN + rank_n)
+                    m_sk = T.meta_var(sched.cta_m(ts.m_idx))
+                    n_sk = T.meta_var(sched.cta_n(ts.n_idx))
                     if pc[2] == K_TILES:  # a whole tile in this cluster's range
                         epi.store_tile(Dreg, m_sk * BLK_M, n_sk * BLK_N, epi_it)
                         epi_it = epi_it + epi.chunks_per_tile

@@ -49,7 +49,6 @@ Run:  python -m gemm_ladder build v11 --shape 16x4096x4096 --knob blk_m=16 --kno
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-import schedulers
 from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common, epilogue, splitk
@@ -58,6 +57,7 @@ from .epilogue import TransposedEpilogue
 from .mainloop import Consumer
 from .producer import Producer
 from .ring import Ring
+from .schedule import Schedule
 
 TECHNIQUE = "swap AB: N in the MMA's 64-row slot, small M as its N, the tile stored transposed"
 KNOBS = {"blk_m": 64, "blk_n": 128, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 6,
@@ -105,12 +105,6 @@ def kernel(cfg: GemmConfig):
     P_ELEMS = splitk.workspace_elems(WS, M, "float32")
     C_ELEMS = splitk.workspace_elems(WS, M, "int32")
 
-    def scheduler(prefix, num_clusters):
-        return schedulers.make_tirx_scheduler(
-            cfg.tile_order, prefix, num_m_tiles=M_TILES, num_n_tiles=N_TILES * SPLIT,
-            num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
-        )
-
     # fmt: off
     @T.prim_func
     def hgemm(a: T.handle, b: T.handle, d: T.handle, p: T.handle, cnt: T.handle, num_ctas: T.int32):
@@ -144,12 +138,14 @@ def kernel(cfg: GemmConfig):
         common.cluster_sync()
         rank_m = T.meta_var(rank % CM)
         rank_n = T.meta_var(rank // CM)
+        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=M_TILES, n_tiles=N_TILES, cluster_m=CM, cluster_n=CN,
+                                    rank_m=rank_m, rank_n=rank_n, units_per_tile=SPLIT))
         loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
                                     cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
             if T.And(warp_id == 0, lane_id == 0):
-                ts_load = scheduler("ts_load", num_clusters)
+                ts_load = sched.tiles("ts_load", num_clusters)
                 ts_load.init(clu)
                 load_it: T.int32 = 0
                 while ts_load.valid():
@@ -157,7 +153,7 @@ def kernel(cfg: GemmConfig):
                     # slices [k0, k0 + nk)
                     n_col, split = T.meta_var(splitk.unit(ts_load.n_idx, SPLIT))
                     k0, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                    loads.load_tile(load_it, (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
+                    loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(n_col),
                                     first_slice=k0, num_slices=nk)
                     load_it = load_it + nk
                     ts_load.next_tile()
@@ -176,15 +172,15 @@ def kernel(cfg: GemmConfig):
             epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                 warp_id=warp_id, lane_id=lane_id, packed=packed))
             it: T.int32 = 0  # (unit, slice) pairs consumed by this CTA: never reset
-            ts = scheduler("ts", num_clusters)
+            ts = sched.tiles("ts", num_clusters)
             ts.init(clu)
             while ts.valid():
                 n_col, split = T.meta_var(splitk.unit(ts.n_idx, SPLIT))
                 _, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
                 mma.run(it, nk)
                 it = it + nk
-                m_cta = T.meta_var(ts.m_idx * CM + rank_m)
-                n_cta = T.meta_var(n_col * CN + rank_n)
+                m_cta = T.meta_var(sched.cta_m(ts.m_idx))
+                n_cta = T.meta_var(sched.cta_n(n_col))
                 if SPLIT > 1:
                     counter = T.meta_var(splitk.counter_index(m_cta, n_cta, c, N_CTA_TILES, W))
                     splitk.publish_and_count(P, C, Dreg, ACC, counter, split, wtid, flag, c, SPLIT)

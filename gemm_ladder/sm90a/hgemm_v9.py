@@ -161,7 +161,6 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-import schedulers
 from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common, epilogue, narrowtail
@@ -170,6 +169,7 @@ from .epilogue import ChunkedEpilogue
 from .mainloop import Consumer
 from .producer import Producer
 from .ring import Ring
+from .schedule import Schedule
 
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
@@ -238,13 +238,6 @@ def kernel(cfg: GemmConfig):
     UNDER = common.epi_under(cfg)  # a tile's chunks staged under the next tile's wgmmas
     ZIGZAG = bool(dict(cfg.extra)["k_zigzag"])  # every second tile of a CTA loads its K slices backwards
 
-    def scheduler(prefix, num_clusters, cut=0):
-        # tail_n: the whole tiles are those of the rows above the ``cut`` narrow ones
-        return schedulers.make_tirx_scheduler(
-            cfg.tile_order, prefix, num_m_tiles=M_TILES - cut if tail_n else M_TILES, num_n_tiles=N_TILES,
-            num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
-        )
-
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
         return (load_it // K_TILES) % 2 == 1 if ZIGZAG else False
@@ -288,19 +281,21 @@ def kernel(cfg: GemmConfig):
         common.cluster_sync()
         rank_m = T.meta_var(rank % CM)
         rank_n = T.meta_var(rank // CM)
+        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=M_TILES, n_tiles=N_TILES, cluster_m=CM, cluster_n=CN,
+                                    rank_m=rank_m, rank_n=rank_n))
         loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
                                     cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
             if T.And(warp_id == 0, lane_id == 0):
                 cut_load: T.int32 = narrow_rows
-                ts_load = scheduler("ts_load", num_clusters, cut_load)
+                # tail_n: the whole tiles are those of the rows above the narrow ones
+                ts_load = sched.tiles("ts_load", num_clusters, cut_load if NARROW_ON else 0)
                 ts_load.init(clu)
                 load_it: T.int32 = 0
                 while ts_load.valid():
                     # each stage refilled once its previous slice (one lap back) was released
-                    loads.load_tile(load_it, (ts_load.m_idx * CM + rank_m) * BLK_M,
-                                    (ts_load.n_idx * CN + rank_n) * BLK_N,
+                    loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(ts_load.n_idx),
                                     backwards=backwards(load_it))
                     load_it = load_it + K_TILES
                     ts_load.next_tile()
@@ -310,7 +305,7 @@ def kernel(cfg: GemmConfig):
                     q_load: T.int32 = ts_load.linear_idx - (M_TILES - cut_load) * N_TILES
                     while q_load < cut_load * narrow_per_row:
                         nm, nn = T.meta_var(narrowtail.narrow_tile(q_load, M_TILES - cut_load, narrow_per_row))
-                        loads.load_tile(load_it, (nm * CM + rank_m) * BLK_M, (nn * CN + rank_n) * tail_n)
+                        loads.load_tile(load_it, sched.m_start(nm), sched.n_start(nn, tail_n))
                         load_it = load_it + K_TILES
                         q_load = q_load + num_clusters
 
@@ -334,7 +329,7 @@ def kernel(cfg: GemmConfig):
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             turn: T.int32 = 0  # tiles of this CTA so far (pingpong: consumer turn % W takes the tile)
             cut: T.int32 = narrow_rows
-            ts = scheduler("ts", num_clusters, cut)
+            ts = sched.tiles("ts", num_clusters, cut if NARROW_ON else 0)
             ts.init(clu)
             while ts.valid():
                 mine = T.meta_var(turn % W == c if pingpong else True)  # pingpong: every W-th tile is ours
@@ -351,16 +346,15 @@ def kernel(cfg: GemmConfig):
                             epi_it = epi_it + epi.chunks_per_tile
                         mma.retire(it, K_TILES)
                         epilogue.acc_to_pairs(plan, Dreg, Preg)  # the accumulators are free for the next tile
-                        m_prev = (ts.m_idx * CM + rank_m) * BLK_M
-                        n_prev = (ts.n_idx * CN + rank_n) * BLK_N
+                        m_prev = sched.m_start(ts.m_idx)
+                        n_prev = sched.n_start(ts.n_idx)
                     else:
                         mma.issue(it, K_TILES)
                         if pingpong:
                             if lane_id == 0:
                                 mma2mma.arrive((c + 1) % W)  # our wgmmas are issued: the next consumer's turn
                         mma.retire(it, K_TILES)
-                        epi.store_tile(Dreg, (ts.m_idx * CM + rank_m) * BLK_M, (ts.n_idx * CN + rank_n) * BLK_N,
-                                       epi_it)
+                        epi.store_tile(Dreg, sched.m_start(ts.m_idx), sched.n_start(ts.n_idx), epi_it)
                         epi_it = epi_it + epi.chunks_per_tile
                     it = it + K_TILES
                 else:
@@ -376,13 +370,13 @@ def kernel(cfg: GemmConfig):
                     mma.retire(it, K_TILES)
                     it = it + K_TILES
                     if narrow_chunks > 0:
-                        epi.with_plan(NARROW).store_tile(Dreg, (nm * CM + rank_m) * BLK_M, (nn * CN + rank_n) * tail_n,
+                        epi.with_plan(NARROW).store_tile(Dreg, sched.m_start(nm), sched.n_start(nn, tail_n),
                                                          epi_it)
                         epi_it = epi_it + narrow_chunks
                     if narrow_rest > 0:
                         # the columns after the last whole chunk: from the registers, guarded
-                        narrowtail.cols_to_global(NARROW, Dreg, D, (nm * CM + rank_m) * BLK_M,
-                                                  (nn * CN + rank_n) * tail_n, wg_row0, narrow_chunks * EPI_N,
+                        narrowtail.cols_to_global(NARROW, Dreg, D, sched.m_start(nm),
+                                                  sched.n_start(nn, tail_n), wg_row0, narrow_chunks * EPI_N,
                                                   narrow_rest, warp_id, lane_id)
                     q = q + num_clusters
             if UNDER:
