@@ -43,19 +43,13 @@ what the shipped SASS was measured with; this class only gives it one home.
 
 from __future__ import annotations
 
-import sys
-
 from tvm.script import tirx as T
-
-# the ring's release is looked up on this module when a kernel is traced, so that a test can
-# swap it for a broken one (tests/barrier_faults.py: ``cluster_release_own_only``)
-_THIS = sys.modules[__name__]
-
 
 @T.inline
 def release_to_cluster(empty, stage, cluster_size):
     """One consumer warp's release of a stage to the producer of every CTA of the cluster: each
-    of them may multicast into this CTA's copy of the stage."""
+    of them may multicast into this CTA's copy of the stage. (:meth:`Ring.release`, plain Python,
+    looks it up when a kernel is traced: tests/barrier_faults.py swaps in a broken one.)"""
     for c in T.unroll(cluster_size):
         empty.arrive(stage, remote=c)
 
@@ -108,4 +102,4 @@ class Ring:
     def release(self, pos) -> None:
         """One consumer warp (its lane 0): slot ``pos`` is read, to every producer of the
         cluster."""
-        _THIS.release_to_cluster(self.empty, self.slot(pos), self.cluster_size)
+        release_to_cluster(self.empty, self.slot(pos), self.cluster_size)
