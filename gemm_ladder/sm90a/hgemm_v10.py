@@ -244,6 +244,8 @@ def kernel(cfg: GemmConfig):
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
             epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid, warp_id=warp_id,
                                              lane_id=lane_id, packed=packed, chunk_cols=EPI_N, buffers=NBUF))
+            parts = T.meta_var(splitk.Partials(slots=P, counters=C, acc=Dreg, acc_regs=ACC, thread=wtid, flag=flag,
+                                               consumer=c))
             it: T.int32 = 0  # (unit, slice) pairs consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             ts = sched.tiles("ts", num_clusters)
@@ -263,9 +265,9 @@ def kernel(cfg: GemmConfig):
                 n_cta = T.meta_var(sched.cta_n(n_col))
                 if SPLIT > 1:
                     counter = T.meta_var(splitk.counter_index(m_cta, n_cta, c, N_CTA_TILES, W))
-                    splitk.publish_and_count(P, C, Dreg, ACC, counter, split, wtid, flag, c, SPLIT)
-                    if flag[c] == SPLIT - 1:  # the last unit of the tile: sum and store
-                        splitk.sum_partials(P, C, Dreg, ACC, counter, wtid, SPLIT)
+                    parts.publish_unit(counter, split, SPLIT)
+                    if parts.counted_before() == SPLIT - 1:  # the last unit of the tile: sum and store
+                        parts.sum_units(counter, SPLIT)
                         epi.store_tile(Dreg, m_cta * BLK_M, n_cta * BLK_N, epi_it)
                         epi_it = epi_it + epi.chunks_per_tile
                 else:
@@ -298,13 +300,13 @@ def kernel(cfg: GemmConfig):
                         head_first = T.meta_var(streamk.cluster_range(g_h, sk_tiles_now, num_clusters, K_TILES)[0])
                         cnt_i = T.meta_var(streamk.counter(g_h, rank, c, CS, W))
                         mine = T.meta_var(streamk.slot(clu, rank, c, T.Select(first_mine < tile0, 1, 0), CS, W))
-                        streamk.meet(P, C, Dreg, ACC, cnt_i, mine, mt[1] - 1, wtid, flag, c)
-                        if flag[c] == mt[1] - 1:  # the other pieces counted first: sum and store
+                        streamk.meet_pieces(parts, cnt_i, mine, mt[1] - 1)
+                        if parts.counted_before() == mt[1] - 1:  # the other pieces counted first: sum and store
                             sb[0] = streamk.slot_offset(streamk.slot(g_h, rank, c, T.Select(head_first < tile0, 1, 0),
                                                                      CS, W), 0, wtid, ACC)
                             sb[1] = streamk.slot_offset(streamk.slot(g_h + 1, rank, c, 0, CS, W), 0, wtid, ACC)
                             sb[2] = streamk.slot_offset(streamk.slot(g_h + 2, rank, c, 0, CS, W), 0, wtid, ACC)
-                            streamk.sum_pieces(P, C, Dreg, ACC, cnt_i, mt[1], clu - g_h, sb, wtid)
+                            streamk.sum_tile_pieces(parts, cnt_i, mt[1], clu - g_h, sb)
                             epi.store_tile(Dreg, m_sk * BLK_M, n_sk * BLK_N, epi_it)
                             epi_it = epi_it + epi.chunks_per_tile
             if wtid == 0:

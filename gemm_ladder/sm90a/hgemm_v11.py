@@ -171,6 +171,8 @@ def kernel(cfg: GemmConfig):
                                       desc_b=desc_b, row0=n_row0, lane_id=lane_id))
             epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                 warp_id=warp_id, lane_id=lane_id, packed=packed))
+            parts = T.meta_var(splitk.Partials(slots=P, counters=C, acc=Dreg, acc_regs=ACC, thread=wtid, flag=flag,
+                                               consumer=c))
             it: T.int32 = 0  # (unit, slice) pairs consumed by this CTA: never reset
             ts = sched.tiles("ts", num_clusters)
             ts.init(clu)
@@ -183,9 +185,9 @@ def kernel(cfg: GemmConfig):
                 n_cta = T.meta_var(sched.cta_n(n_col))
                 if SPLIT > 1:
                     counter = T.meta_var(splitk.counter_index(m_cta, n_cta, c, N_CTA_TILES, W))
-                    splitk.publish_and_count(P, C, Dreg, ACC, counter, split, wtid, flag, c, SPLIT)
-                    if flag[c] == SPLIT - 1:  # the last unit of the tile: sum and store
-                        splitk.sum_partials(P, C, Dreg, ACC, counter, wtid, SPLIT)
+                    parts.publish_unit(counter, split, SPLIT)
+                    if parts.counted_before() == SPLIT - 1:  # the last unit of the tile: sum and store
+                        parts.sum_units(counter, SPLIT)
                         epi.store_tile(Dreg, m_cta * BLK_M, n_cta * BLK_N)
                 else:
                     epi.store_tile(Dreg, m_cta * BLK_M, n_cta * BLK_N)
