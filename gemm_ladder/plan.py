@@ -78,7 +78,7 @@ from typing import Callable
 from .config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, LARGEST_TILE, ConfigError, GemmConfig, check_extents
 
 MODEL_ONLY = "model only: not yet measured"
-# the small-M rules stream B past a few rows of A (sm90a/common.load_hints; see the docstring)
+# the small-M rules stream B past a few rows of A (sm90a/producer.load_hints; see the docstring)
 STREAM_B = {"stream_b": True}
 MAX_SMALL_M_DEPTH = 8  # stages a 64-row tile may take for weight streaming (more hides no more latency)
 

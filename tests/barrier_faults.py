@@ -236,16 +236,16 @@ def phase_one_late(cfg):
 
 
 def cluster_release_own_only(cfg):
-    """v8 (Hopper) with ``common.release_to_cluster`` arriving on the local mma2tma alone."""
+    """v8 (Hopper) with the ring's ``release_to_cluster`` arriving on the local mma2tma alone."""
     from tvm.script import tirx as T
 
-    from gemm_ladder.sm90a import common
+    from gemm_ladder.sm90a import ring
 
     @T.inline
     def release_own_cta_only(mma2tma, stage, cluster_size):  # pylint: disable=unused-argument
         mma2tma.arrive(stage)
 
-    with swapped(common, release_to_cluster=release_own_cta_only):
+    with swapped(ring, release_to_cluster=release_own_cta_only):
         return _trace(cfg)
 
 
@@ -269,14 +269,14 @@ def ws_release_before_wait_group(cfg):
 
 def cluster_multicast_own_only(cfg):
     """v8 (Hopper) whose B multicast masks name the issuing CTA alone."""
-    from gemm_ladder.sm90a import common
+    from gemm_ladder.sm90a import producer
 
     def own_only(cm, cn, rank_m, rank_n):
-        mask_a, _ = common_masks(cm, cn, rank_m, rank_n)
+        mask_a, _ = producer_masks(cm, cn, rank_m, rank_n)
         return mask_a, 1 << (rank_m + cm * rank_n)
 
-    common_masks = common.multicast_masks
-    with swapped(common, multicast_masks=own_only):
+    producer_masks = producer.multicast_masks
+    with swapped(producer, multicast_masks=own_only):
         return _trace(cfg)
 
 

@@ -82,7 +82,7 @@ def test_role_registers_fit_the_register_file():
 
 
 def test_multicast_masks_name_the_ctas_that_share_a_tile():
-    from gemm_ladder.sm90a.common import multicast_masks
+    from gemm_ladder.sm90a.producer import multicast_masks
 
     # rank = rank_m + cluster_m * rank_n; A is shared along a cluster row, B along a column
     for cm, cn in ((2, 1), (1, 2), (2, 2)):
@@ -212,7 +212,7 @@ def test_descriptors_are_encoded_once_per_slice(built, name):
 
 @pytest.mark.parametrize("name", sorted(n for n in CPU_BUILDS if not n.startswith("v7")))
 def test_v8_v9_encode_descriptors_once_per_tile(built, name):
-    """v8 and v9 run their K loop through ``common.issue_slices``, which encodes ring slot 0's two
+    """v8 and v9 run their K loop through ``mainloop.Consumer.issue``, which encodes ring slot 0's two
     descriptors once per tile (``encode_slot0``) and reaches each slot by an add: the kernel holds
     exactly one encode (a 64-bit USHF.R.U64) per operand, however far the K loop is unrolled.
     (v7 writes its loop out with ``mma_k_tile``'s per-slice encode; the test above bounds it.)"""

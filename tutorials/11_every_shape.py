@@ -171,9 +171,9 @@ if sk_run.exists():
 
 # %%
 if rungs.available("v9", "sm_90a"):
-    from gemm_ladder.sm90a import common as sm90a_common
+    from gemm_ladder.sm90a import producer as sm90a_producer
 
-    print("A:", sm90a_common.STREAM_A, "\nB:", sm90a_common.STREAM_B)
+    print("A:", sm90a_producer.STREAM_A, "\nB:", sm90a_producer.STREAM_B)
 
 # %% [markdown]
 # The front door's small-M rules set it. Measured on an H100 as kernels alone (CUDA graphs), the

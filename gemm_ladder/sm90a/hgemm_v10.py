@@ -93,11 +93,15 @@ Run:  python -m gemm_ladder build v10 --shape 978x2640x3336 --knob split_k=2 --o
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-import schedulers
 from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
-from . import common, splitk, streamk
+from . import common, epilogue, splitk, streamk
 from .common import HopperPlan
+from .epilogue import ChunkedEpilogue
+from .mainloop import Consumer
+from .producer import Producer
+from .ring import Ring
+from .schedule import Schedule
 
 TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the fp32 partials"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
@@ -111,7 +115,7 @@ TUNE_CHOICES = {"split_k": (1, 2, 3, 4, 6, 8), "stream_k": (False, True)}
 
 def check(cfg: GemmConfig) -> None:
     common.check_tile(cfg, CONSUMERS)
-    common.check_epilogue(cfg)
+    epilogue.check_epilogue(cfg)
     common.check_pipe_depth(cfg)
     common.check_consumer_registers(cfg)
     splitk.check_grid(cfg)
@@ -150,15 +154,9 @@ def kernel(cfg: GemmConfig):
     ROWS = plan.rows_per_wg
     ACC = plan.acc_regs
     A_layout, B_layout = plan.ab_layouts(S)
-    E_layout = common.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
+    E_layout = epilogue.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
     WS = workspace(cfg)
     SK = streamk.enabled(cfg)  # whole tiles for the full waves, the tail's K loops spread evenly
-
-    def scheduler(prefix, num_clusters):
-        return schedulers.make_tirx_scheduler(
-            cfg.tile_order, prefix, num_m_tiles=M_TILES, num_n_tiles=N_TILES * SPLIT,
-            num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
-        )
 
     def whole_tiles_left(ts, dp_tiles):
         # stream_k: the scheduler hands out the whole tiles only, the stream-K ones come after
@@ -187,24 +185,28 @@ def kernel(cfg: GemmConfig):
         pool = T.SMEMPool()
         tma2mma = TMABar(pool, S)
         mma2tma = MBarrier(pool, S)
+        ring = Ring(tma2mma, mma2tma, cluster_size=CS)  # the stages, their barriers and phases
         flag = pool.alloc((W,), "int32")  # per consumer: units of the tile counted before this one
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((S, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
         Esmem = pool.alloc((W * NBUF, ROWS, EPI_N), dtype, layout=E_layout)
         pool.commit()
-        tma2mma.init(1)
-        mma2tma.init(RELEASES)
+        ring.init(releases=RELEASES)
         # make the barrier inits visible to the async proxy and to the peers before any TMA
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
         common.cluster_sync()
         rank_m = T.meta_var(rank % CM)
         rank_n = T.meta_var(rank // CM)
+        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=M_TILES, n_tiles=N_TILES, cluster_m=CM, cluster_n=CN,
+                                    rank_m=rank_m, rank_n=rank_n, units_per_tile=SPLIT))
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
+                                    cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
             if T.And(warp_id == 0, lane_id == 0):
-                ts_load = scheduler("ts_load", num_clusters)
+                ts_load = sched.tiles("ts_load", num_clusters)
                 ts_load.init(clu)
                 load_it: T.int32 = 0
                 # stream_k: computed once (as expressions, their selects and divisions by the
@@ -217,18 +219,17 @@ def kernel(cfg: GemmConfig):
                     # slices [k0, k0 + nk)
                     n_col, split = T.meta_var(splitk.unit(ts_load.n_idx, SPLIT))
                     k0, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk,
-                                          (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
-                                          CM, CN, rank_m, rank_n)
+                    loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(n_col),
+                                    first_slice=k0, num_slices=nk)
                     load_it = load_it + nk
                     ts_load.next_tile()
                 if SK:
                     for p in range(streamk.pieces(first_load, end_load, K_TILES)):
                         j, k0, nk = T.meta_var(streamk.piece(p, first_load, end_load, K_TILES))
                         ts_load.init(dp_load + j)  # the scheduler's place of stream-K tile j
-                        common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk,
-                                              (ts_load.m_idx * CM + rank_m) * BLK_M,
-                                              (ts_load.n_idx * CN + rank_n) * BLK_N, CM, CN, rank_m, rank_n)
+                        loads.load_tile(load_it, sched.m_start(ts_load.m_idx),
+                                        sched.n_start(ts_load.n_idx),
+                                        first_slice=k0, num_slices=nk)
                         load_it = load_it + nk
 
         with common.ConsumerRole(wg_id, W, REGS.consumer):
@@ -239,9 +240,15 @@ def kernel(cfg: GemmConfig):
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
+            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Asmem, b_smem=Bsmem, acc=Dreg, desc_a=desc_a,
+                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
+            epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid, warp_id=warp_id,
+                                             lane_id=lane_id, packed=packed, chunk_cols=EPI_N, buffers=NBUF))
+            parts = T.meta_var(splitk.Partials(slots=P, counters=C, acc=Dreg, acc_regs=ACC, thread=wtid, flag=flag,
+                                               consumer=c))
             it: T.int32 = 0  # (unit, slice) pairs consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
-            ts = scheduler("ts", num_clusters)
+            ts = sched.tiles("ts", num_clusters)
             ts.init(clu)
             dp_mine: T.int32 = dp_tiles
             first_mine: T.int32 = sk_first
@@ -252,23 +259,20 @@ def kernel(cfg: GemmConfig):
             while whole_tiles_left(ts, dp_mine):
                 n_col, split = T.meta_var(splitk.unit(ts.n_idx, SPLIT))
                 _, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                common.consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, nk, wg_row0, desc_a, desc_b,
-                                      lane_id, CS)
+                mma.run(it, nk)
                 it = it + nk
-                m_cta = T.meta_var(ts.m_idx * CM + rank_m)
-                n_cta = T.meta_var(n_col * CN + rank_n)
+                m_cta = T.meta_var(sched.cta_m(ts.m_idx))
+                n_cta = T.meta_var(sched.cta_n(n_col))
                 if SPLIT > 1:
                     counter = T.meta_var(splitk.counter_index(m_cta, n_cta, c, N_CTA_TILES, W))
-                    splitk.publish_and_count(P, C, Dreg, ACC, counter, split, wtid, flag, c, SPLIT)
-                    if flag[c] == SPLIT - 1:  # the last unit of the tile: sum and store
-                        splitk.sum_partials(P, C, Dreg, ACC, counter, wtid, SPLIT)
-                        common.consumer_store_chunks(D, Esmem, Dreg, m_cta * BLK_M, n_cta * BLK_N, plan, c,
-                                                     wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
-                        epi_it = epi_it + BLK_N // EPI_N
+                    parts.publish_unit(counter, split, SPLIT)
+                    if parts.counted_before() == SPLIT - 1:  # the last unit of the tile: sum and store
+                        parts.sum_units(counter, SPLIT)
+                        epi.store_tile(Dreg, m_cta * BLK_M, n_cta * BLK_N, epi_it)
+                        epi_it = epi_it + epi.chunks_per_tile
                 else:
-                    common.consumer_store_chunks(D, Esmem, Dreg, m_cta * BLK_M, n_cta * BLK_N, plan, c,
-                                                 wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
-                    epi_it = epi_it + BLK_N // EPI_N
+                    epi.store_tile(Dreg, m_cta * BLK_M, n_cta * BLK_N, epi_it)
+                    epi_it = epi_it + epi.chunks_per_tile
                 ts.next_tile()
             if SK:
                 for p in range(streamk.pieces(first_mine, end_mine, K_TILES)):
@@ -277,15 +281,13 @@ def kernel(cfg: GemmConfig):
                     pc[1] = k0
                     pc[2] = nk
                     ts.init(dp_mine + pc[0])
-                    common.consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, pc[2], wg_row0, desc_a,
-                                          desc_b, lane_id, CS)
+                    mma.run(it, pc[2])
                     it = it + pc[2]
-                    m_sk = T.meta_var(ts.m_idx * CM + rank_m)
-                    n_sk = T.meta_var(ts.n_idx * CN + rank_n)
+                    m_sk = T.meta_var(sched.cta_m(ts.m_idx))
+                    n_sk = T.meta_var(sched.cta_n(ts.n_idx))
                     if pc[2] == K_TILES:  # a whole tile in this cluster's range
-                        common.consumer_store_chunks(D, Esmem, Dreg, m_sk * BLK_M, n_sk * BLK_N, plan, c,
-                                                     wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
-                        epi_it = epi_it + BLK_N // EPI_N
+                        epi.store_tile(Dreg, m_sk * BLK_M, n_sk * BLK_N, epi_it)
+                        epi_it = epi_it + epi.chunks_per_tile
                     else:
                         # the tile's 2 or 3 pieces are clusters g_h, g_h + 1, ... in K order; the
                         # counter is g_h's; a piece's slot is 1 if its range began before the tile
@@ -298,16 +300,15 @@ def kernel(cfg: GemmConfig):
                         head_first = T.meta_var(streamk.cluster_range(g_h, sk_tiles_now, num_clusters, K_TILES)[0])
                         cnt_i = T.meta_var(streamk.counter(g_h, rank, c, CS, W))
                         mine = T.meta_var(streamk.slot(clu, rank, c, T.Select(first_mine < tile0, 1, 0), CS, W))
-                        streamk.meet(P, C, Dreg, ACC, cnt_i, mine, mt[1] - 1, wtid, flag, c)
-                        if flag[c] == mt[1] - 1:  # the other pieces counted first: sum and store
+                        streamk.meet_pieces(parts, cnt_i, mine, mt[1] - 1)
+                        if parts.counted_before() == mt[1] - 1:  # the other pieces counted first: sum and store
                             sb[0] = streamk.slot_offset(streamk.slot(g_h, rank, c, T.Select(head_first < tile0, 1, 0),
                                                                      CS, W), 0, wtid, ACC)
                             sb[1] = streamk.slot_offset(streamk.slot(g_h + 1, rank, c, 0, CS, W), 0, wtid, ACC)
                             sb[2] = streamk.slot_offset(streamk.slot(g_h + 2, rank, c, 0, CS, W), 0, wtid, ACC)
-                            streamk.sum_pieces(P, C, Dreg, ACC, cnt_i, mt[1], clu - g_h, sb, wtid)
-                            common.consumer_store_chunks(D, Esmem, Dreg, m_sk * BLK_M, n_sk * BLK_N, plan, c,
-                                                         wtid, warp_id, lane_id, packed, epi_it, EPI_N, NBUF)
-                            epi_it = epi_it + BLK_N // EPI_N
+                            streamk.sum_tile_pieces(parts, cnt_i, mt[1], clu - g_h, sb)
+                            epi.store_tile(Dreg, m_sk * BLK_M, n_sk * BLK_N, epi_it)
+                            epi_it = epi_it + epi.chunks_per_tile
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
                 T.ptx.cp.async_.bulk.wait_group.read(0)

@@ -17,7 +17,7 @@ clusters and split-K are v10's: only the operands swap in ``mma_k_tile(plan, Dre
 and consumer ``c`` now owns ``blk_n / W`` rows of N (columns of D) and all ``blk_m`` rows of M.
 The accumulators hold D^T, so the epilogue stores them transposed: ``stmatrix ... .trans``
 writes each 8x8 block of the fragment as D's rows into the consumer's staging buffer
-(``common.acc_to_smem_stmatrix_trans``), which leaves by 64-column TMA stores.
+(``epilogue.acc_to_smem_stmatrix_trans``), which leaves by 64-column TMA stores.
 
     consumer c, unit (tile, s):  for k: wait tma2mma; wgmma(B rows of c, A); commit; ...  (v10)
                                  [split_k > 1: partials, count, the last one sums]       (v10)
@@ -49,11 +49,15 @@ Run:  python -m gemm_ladder build v11 --shape 16x4096x4096 --knob blk_m=16 --kno
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-import schedulers
 from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
-from . import common, splitk
+from . import common, epilogue, splitk
 from .common import SwapPlan
+from .epilogue import TransposedEpilogue
+from .mainloop import Consumer
+from .producer import Producer
+from .ring import Ring
+from .schedule import Schedule
 
 TECHNIQUE = "swap AB: N in the MMA's 64-row slot, small M as its N, the tile stored transposed"
 KNOBS = {"blk_m": 64, "blk_n": 128, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 6,
@@ -96,16 +100,10 @@ def kernel(cfg: GemmConfig):
     ROWS = plan.rows_per_wg  # rows of N per consumer: its columns of D
     ACC = plan.acc_regs
     A_layout, B_layout = plan.ab_layouts(S)
-    E_layout = common.staging_layout(cfg, W, BLK_M, ROWS)
+    E_layout = epilogue.staging_layout(cfg, W, BLK_M, ROWS)
     WS = workspace(cfg)
     P_ELEMS = splitk.workspace_elems(WS, M, "float32")
     C_ELEMS = splitk.workspace_elems(WS, M, "int32")
-
-    def scheduler(prefix, num_clusters):
-        return schedulers.make_tirx_scheduler(
-            cfg.tile_order, prefix, num_m_tiles=M_TILES, num_n_tiles=N_TILES * SPLIT,
-            num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
-        )
 
     # fmt: off
     @T.prim_func
@@ -126,24 +124,28 @@ def kernel(cfg: GemmConfig):
         pool = T.SMEMPool()
         tma2mma = TMABar(pool, S)
         mma2tma = MBarrier(pool, S)
+        ring = Ring(tma2mma, mma2tma, cluster_size=CS)  # the stages, their barriers and phases
         flag = pool.alloc((W,), "int32")  # per consumer: units of the tile counted before this one
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((S, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
         Esmem = pool.alloc((W, BLK_M, ROWS), dtype, layout=E_layout)  # one D band per consumer
         pool.commit()
-        tma2mma.init(1)
-        mma2tma.init(RELEASES)
+        ring.init(releases=RELEASES)
         # make the barrier inits visible to the async proxy and to the peers before any TMA
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
         common.cluster_sync()
         rank_m = T.meta_var(rank % CM)
         rank_n = T.meta_var(rank // CM)
+        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=M_TILES, n_tiles=N_TILES, cluster_m=CM, cluster_n=CN,
+                                    rank_m=rank_m, rank_n=rank_n, units_per_tile=SPLIT))
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
+                                    cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
             if T.And(warp_id == 0, lane_id == 0):
-                ts_load = scheduler("ts_load", num_clusters)
+                ts_load = sched.tiles("ts_load", num_clusters)
                 ts_load.init(clu)
                 load_it: T.int32 = 0
                 while ts_load.valid():
@@ -151,9 +153,8 @@ def kernel(cfg: GemmConfig):
                     # slices [k0, k0 + nk)
                     n_col, split = T.meta_var(splitk.unit(ts_load.n_idx, SPLIT))
                     k0, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, k0, nk,
-                                          (ts_load.m_idx * CM + rank_m) * BLK_M, (n_col * CN + rank_n) * BLK_N,
-                                          CM, CN, rank_m, rank_n)
+                    loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(n_col),
+                                    first_slice=k0, num_slices=nk)
                     load_it = load_it + nk
                     ts_load.next_tile()
 
@@ -165,28 +166,31 @@ def kernel(cfg: GemmConfig):
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
+            # swapped: B's rows are wgmma's 64-row operand, A's rows its N
+            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem, b_smem=Asmem, acc=Dreg, desc_a=desc_a,
+                                      desc_b=desc_b, row0=n_row0, lane_id=lane_id))
+            epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
+                                                warp_id=warp_id, lane_id=lane_id, packed=packed))
+            parts = T.meta_var(splitk.Partials(slots=P, counters=C, acc=Dreg, acc_regs=ACC, thread=wtid, flag=flag,
+                                               consumer=c))
             it: T.int32 = 0  # (unit, slice) pairs consumed by this CTA: never reset
-            ts = scheduler("ts", num_clusters)
+            ts = sched.tiles("ts", num_clusters)
             ts.init(clu)
             while ts.valid():
                 n_col, split = T.meta_var(splitk.unit(ts.n_idx, SPLIT))
                 _, nk = T.meta_var(splitk.k_slices(split, SPLIT, K_TILES))
-                # swapped: B's rows are wgmma's 64-row operand, A's rows its N
-                common.consume_slices(plan, tma2mma, mma2tma, Dreg, Bsmem, Asmem, it, nk, n_row0, desc_a, desc_b,
-                                      lane_id, CS)
+                mma.run(it, nk)
                 it = it + nk
-                m_cta = T.meta_var(ts.m_idx * CM + rank_m)
-                n_cta = T.meta_var(n_col * CN + rank_n)
+                m_cta = T.meta_var(sched.cta_m(ts.m_idx))
+                n_cta = T.meta_var(sched.cta_n(n_col))
                 if SPLIT > 1:
                     counter = T.meta_var(splitk.counter_index(m_cta, n_cta, c, N_CTA_TILES, W))
-                    splitk.publish_and_count(P, C, Dreg, ACC, counter, split, wtid, flag, c, SPLIT)
-                    if flag[c] == SPLIT - 1:  # the last unit of the tile: sum and store
-                        splitk.sum_partials(P, C, Dreg, ACC, counter, wtid, SPLIT)
-                        common.consumer_store_transposed(D, Esmem, Dreg, m_cta * BLK_M, n_cta * BLK_N, plan, c,
-                                                         wtid, warp_id, lane_id, packed)
+                    parts.publish_unit(counter, split, SPLIT)
+                    if parts.counted_before() == SPLIT - 1:  # the last unit of the tile: sum and store
+                        parts.sum_units(counter, SPLIT)
+                        epi.store_tile(Dreg, m_cta * BLK_M, n_cta * BLK_N)
                 else:
-                    common.consumer_store_transposed(D, Esmem, Dreg, m_cta * BLK_M, n_cta * BLK_N, plan, c,
-                                                     wtid, warp_id, lane_id, packed)
+                    epi.store_tile(Dreg, m_cta * BLK_M, n_cta * BLK_N)
                 ts.next_tile()
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits

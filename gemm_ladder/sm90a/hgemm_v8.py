@@ -71,6 +71,9 @@ from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common
 from .common import HopperPlan
+from .mainloop import Consumer
+from .producer import Producer
+from .ring import Ring
 
 TECHNIQUE = "thread-block clusters: operand tiles multicast by TMA to the CTAs that share them"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 3,
@@ -139,19 +142,21 @@ def kernel(cfg: GemmConfig):
         pool = T.SMEMPool()
         tma2mma = TMABar(pool, S)
         mma2tma = MBarrier(pool, S)
+        ring = Ring(tma2mma, mma2tma, cluster_size=CS)  # the stages, their barriers and phases
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((S, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
         Dsmem = pool.alloc((BLK_M, BLK_N), dtype, layout=D_layout)
         pool.commit()
-        tma2mma.init(1)
-        mma2tma.init(RELEASES)
+        ring.init(releases=RELEASES)
         # make the barrier inits visible to the async proxy and to the peers before any TMA
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
         common.cluster_sync()
         rank_m = T.meta_var(rank % CM)
         rank_n = T.meta_var(rank // CM)
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
+                                    cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
             if T.And(warp_id == 0, lane_id == 0):
@@ -160,9 +165,8 @@ def kernel(cfg: GemmConfig):
                 load_it: T.int32 = 0
                 while ts_load.valid():
                     # each stage refilled once its previous slice (one lap back) was released
-                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, 0, K_TILES,
-                                          (ts_load.m_idx * CM + rank_m) * BLK_M, (ts_load.n_idx * CN + rank_n) * BLK_N,
-                                          CM, CN, rank_m, rank_n)
+                    loads.load_tile(load_it, (ts_load.m_idx * CM + rank_m) * BLK_M,
+                                    (ts_load.n_idx * CN + rank_n) * BLK_N)
                     load_it = load_it + K_TILES
                     ts_load.next_tile()
 
@@ -173,13 +177,14 @@ def kernel(cfg: GemmConfig):
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
+            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Asmem, b_smem=Bsmem, acc=Dreg, desc_a=desc_a,
+                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
             it: T.int32 = 0  # (tile, slice) pairs consumed by this CTA: never reset
             ts = scheduler("ts", num_clusters)
             ts.init(clu)
             while ts.valid():
                 # the K loop, each slot released to the producer of every CTA of the cluster
-                common.consume_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0, desc_a,
-                                      desc_b, lane_id, CS)
+                mma.run(it, K_TILES)
                 it = it + K_TILES
                 common.consumer_store_tile(D, Dsmem, Dreg, (ts.m_idx * CM + rank_m) * BLK_M,
                                            (ts.n_idx * CN + rank_n) * BLK_N, plan,

@@ -99,7 +99,7 @@ knob stays for study (tutorial 10); the tuner does not try it.
 Streaming B (``stream_b=True``, off by default): when few rows of A meet a large B (M up to
 128: the weights stream past a handful of tokens), B is read once and A again by every CTA. The
 loads then say so: B's TMA copies carry an L2 evict-first policy and A's evict-last, and both
-tensor maps fetch 256 bytes per L2 miss (``common.load_hints``). On an H100 it paid 1.6-6.3% at
+tensor maps fetch 256 bytes per L2 miss (``producer.load_hints``). On an H100 it paid 1.6-6.3% at
 18 of 20 shapes with M <= 128 and lost 1% at M = 512 (and 4% where two CTAs read one B tile
 without multicast), so the front door's small-M rules set it and the others do not.
 
@@ -118,10 +118,10 @@ outnumber the SMs: with one tile a CTA there is nothing to hide the stores under
 measured 1-4% slower). Above, a consumer's tensor cores idle from its last
 slice's retirement until its last chunk's store is issued: about 3k of a 67k-cycle tile at
 4096^3 on an H100. With ``epi_under`` the consumer only rounds the accumulators into 16-bit
-pairs there (``common.acc_to_pairs``: 64 registers a thread at 128x256 / 2, kept beside the
+pairs there (``epilogue.acc_to_pairs``: 64 registers a thread at 128x256 / 2, kept beside the
 next tile's accumulators) and goes straight to the next tile; chunk j of the old tile leaves
 from the pairs once the new tile's slice j is issued and slice j - 1 has retired, while slice j
-runs (``common.issue_slices_under``). The last tile stores after its loop as before. Same
+runs (``mainloop.Consumer.issue_under``). The last tile stores after its loop as before. Same
 barriers, same named-barrier use per chunk; only where the chunks sit moves:
 
     consumer c, tile t:   for k < chunks: wait tma2mma; wgmma; commit; wait_group(1); release
@@ -161,11 +161,15 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-import schedulers
 from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
-from . import common, narrowtail
+from . import common, epilogue, narrowtail
 from .common import HopperPlan
+from .epilogue import ChunkedEpilogue
+from .mainloop import Consumer
+from .producer import Producer
+from .ring import Ring
+from .schedule import Schedule
 
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
@@ -180,7 +184,7 @@ TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256
 
 def check(cfg: GemmConfig) -> None:
     common.check_tile(cfg, CONSUMERS)
-    common.check_epilogue(cfg)
+    epilogue.check_epilogue(cfg)
     common.check_epi_under(cfg)
     common.check_consumer_registers(cfg)
     common.check_pipe_depth(cfg)
@@ -212,41 +216,34 @@ def kernel(cfg: GemmConfig):
     M, N, K, dtype = common.m_extent(cfg), cfg.N, cfg.K, cfg.dtype  # M: an int or runtime
     BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
     CM, CN = common.cluster_shape(cfg)
-    CS = CM * CN
+    cluster_size = CM * CN
     M_TILES, N_TILES = cluster_grid(cfg, M)  # in cluster tiles
     S = cfg.pipe_depth
     K_TILES = cfg.k_tiles
     W = cfg.num_warpgroups  # consumer warpgroups
-    PP = plan.pingpong  # consumers take whole tiles in turn instead of sharing each tile
-    MMA_WARPS = 4 if PP else 4 * W  # the warps that read a stage: its tile's owner(s)
-    RELEASES = MMA_WARPS * CS  # those warps in every CTA of the cluster
+    pingpong = plan.pingpong  # consumers take whole tiles in turn instead of sharing each tile
+    MMA_WARPS = 4 if pingpong else 4 * W  # the warps that read a stage: its tile's owner(s)
+    RELEASES = MMA_WARPS * cluster_size  # those warps in every CTA of the cluster
     REGS = common.role_registers(W)
     EPI_N = dict(cfg.extra)["epi_n"]
     NBUF = 2 if EPI_N < BLK_N else 1  # staging buffers per consumer
     ROWS = plan.rows_per_wg
     A_layout, B_layout = plan.ab_layouts(S)
-    E_layout = common.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
-    TN = narrowtail.tail_n(cfg)  # tail_n: the partial wave's tiles cut TN columns wide (0: not)
-    NARROW_ON = TN > 0
-    KN = narrowtail.per_row(N, CN, TN) if TN else 0  # narrow cluster tiles a row
-    NARROW = narrowtail.NarrowPlan(cfg, width=TN) if TN else None
-    NCH, REM = divmod(TN, EPI_N)  # a narrow tile's staged chunks, and the columns after them
+    E_layout = epilogue.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
+    tail_n = narrowtail.tail_n(cfg)  # the partial wave's tiles cut tail_n columns wide (0: not)
+    NARROW_ON = tail_n > 0
+    narrow_per_row = narrowtail.per_row(N, CN, tail_n) if tail_n else 0  # narrow cluster tiles a row
+    NARROW = narrowtail.NarrowPlan(cfg, width=tail_n) if tail_n else None
+    narrow_chunks, narrow_rest = divmod(tail_n, EPI_N)  # a narrow tile's staged chunks, the columns after
     UNDER = common.epi_under(cfg)  # a tile's chunks staged under the next tile's wgmmas
     ZIGZAG = bool(dict(cfg.extra)["k_zigzag"])  # every second tile of a CTA loads its K slices backwards
-
-    def scheduler(prefix, num_clusters, cut=0):
-        # tail_n: the whole tiles are those of the rows above the ``cut`` narrow ones
-        return schedulers.make_tirx_scheduler(
-            cfg.tile_order, prefix, num_m_tiles=M_TILES - cut if TN else M_TILES, num_n_tiles=N_TILES,
-            num_clusters=num_clusters, l2_group_size=cfg.l2_group_size,
-        )
 
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
         return (load_it // K_TILES) % 2 == 1 if ZIGZAG else False
 
     def cut_rows(num_clusters):
-        return narrowtail.rows(M_TILES, N_TILES, KN, num_clusters) if TN else 0
+        return narrowtail.rows(M_TILES, N_TILES, narrow_per_row, num_clusters) if tail_n else 0
 
     # fmt: off
     @T.prim_func
@@ -256,9 +253,9 @@ def kernel(cfg: GemmConfig):
         D = T.match_buffer(d, (M, N), dtype)
         T.device_entry()
         cta = T.cta_id([num_ctas])  # whole clusters: the runtime rounds the SM count down
-        rank = T.cta_id_in_cluster([CS])
-        clu = T.meta_var(cta // CS)
-        num_clusters = T.meta_var(num_ctas // CS)
+        rank = T.cta_id_in_cluster([cluster_size])
+        clu = T.meta_var(cta // cluster_size)
+        num_clusters = T.meta_var(num_ctas // cluster_size)
         # tail_n: how many of the last rows of tiles are cut narrow, for this launch's clusters
         narrow_rows = T.meta_var(cut_rows(num_clusters))
         wg_id = T.warpgroup_id([W + 1])
@@ -267,16 +264,16 @@ def kernel(cfg: GemmConfig):
         pool = T.SMEMPool()
         tma2mma = TMABar(pool, S)
         mma2tma = MBarrier(pool, S)
+        ring = Ring(tma2mma, mma2tma, cluster_size=cluster_size)  # the stages, their barriers and phases
         # pingpong: slot c is consumer c's turn, given by the consumer before it (none without)
-        mma2mma = T.meta_var(MBarrier(pool, W) if PP else None)
+        mma2mma = T.meta_var(MBarrier(pool, W) if pingpong else None)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((S, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
         Esmem = pool.alloc((W * NBUF, ROWS, EPI_N), dtype, layout=E_layout)
         pool.commit()
-        tma2mma.init(1)
-        mma2tma.init(RELEASES)
-        if PP:
+        ring.init(releases=RELEASES)
+        if pingpong:
             mma2mma.init(4)  # lane 0 of each warp of the consumer before
         # make the barrier inits visible to the async proxy and to the peers before any TMA
         # completes or any peer arrives on them
@@ -284,80 +281,81 @@ def kernel(cfg: GemmConfig):
         common.cluster_sync()
         rank_m = T.meta_var(rank % CM)
         rank_n = T.meta_var(rank // CM)
+        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=M_TILES, n_tiles=N_TILES, cluster_m=CM, cluster_n=CN,
+                                    rank_m=rank_m, rank_n=rank_n))
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
+                                    cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
             if T.And(warp_id == 0, lane_id == 0):
                 cut_load: T.int32 = narrow_rows
-                ts_load = scheduler("ts_load", num_clusters, cut_load)
+                # tail_n: the whole tiles are those of the rows above the narrow ones
+                ts_load = sched.tiles("ts_load", num_clusters, cut_load if NARROW_ON else 0)
                 ts_load.init(clu)
                 load_it: T.int32 = 0
                 while ts_load.valid():
                     # each stage refilled once its previous slice (one lap back) was released
-                    common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, 0, K_TILES,
-                                          (ts_load.m_idx * CM + rank_m) * BLK_M, (ts_load.n_idx * CN + rank_n) * BLK_N,
-                                          CM, CN, rank_m, rank_n, backwards(load_it))
+                    loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(ts_load.n_idx),
+                                    backwards=backwards(load_it))
                     load_it = load_it + K_TILES
                     ts_load.next_tile()
                 if NARROW_ON:
                     # the narrow tiles this cluster's stride reaches past the whole ones: the same
                     # boxes (B's rows past the narrow tile are read and not used)
                     q_load: T.int32 = ts_load.linear_idx - (M_TILES - cut_load) * N_TILES
-                    while q_load < cut_load * KN:
-                        nm, nn = T.meta_var(narrowtail.narrow_tile(q_load, M_TILES - cut_load, KN))
-                        common.produce_slices(plan, A, B, Asmem, Bsmem, tma2mma, mma2tma, load_it, 0, K_TILES,
-                                              (nm * CM + rank_m) * BLK_M, (nn * CN + rank_n) * TN,
-                                              CM, CN, rank_m, rank_n)
+                    while q_load < cut_load * narrow_per_row:
+                        nm, nn = T.meta_var(narrowtail.narrow_tile(q_load, M_TILES - cut_load, narrow_per_row))
+                        loads.load_tile(load_it, sched.m_start(nm), sched.n_start(nn, tail_n))
                         load_it = load_it + K_TILES
                         q_load = q_load + num_clusters
 
         with common.ConsumerRole(wg_id, W, REGS.consumer):
             c = T.meta_var(wg_id - 1)  # this consumer
             wtid = T.meta_var(warp_id * 32 + lane_id)
-            wg_row0 = T.meta_var(0 if PP else c * ROWS)
+            wg_row0 = T.meta_var(0 if pingpong else c * ROWS)
             Dreg = T.alloc_local((plan.acc_regs,), "float32")
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
             # epi_under: the last tile's output as 16-bit pairs, stored under the next tile
             Preg = T.alloc_local((plan.acc_regs // 2 if UNDER else 1,), "uint32")
+            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Asmem, b_smem=Bsmem, acc=Dreg, desc_a=desc_a,
+                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
+            epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid, warp_id=warp_id,
+                                             lane_id=lane_id, packed=packed, chunk_cols=EPI_N, buffers=NBUF))
             m_prev: T.int32 = 0
             n_prev: T.int32 = 0
             it: T.int32 = 0  # (tile, slice) pairs consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             turn: T.int32 = 0  # tiles of this CTA so far (pingpong: consumer turn % W takes the tile)
             cut: T.int32 = narrow_rows
-            ts = scheduler("ts", num_clusters, cut)
+            ts = sched.tiles("ts", num_clusters, cut if NARROW_ON else 0)
             ts.init(clu)
             while ts.valid():
-                mine = T.meta_var(turn % W == c if PP else True)  # pingpong: every W-th tile is ours
+                mine = T.meta_var(turn % W == c if pingpong else True)  # pingpong: every W-th tile is ours
                 if mine:
-                    if PP:
+                    if pingpong:
                         if turn > 0:
                             # the consumer before has seen every slice before ours land: our
                             # parity waits then name one phase (it cannot lap us, nor we it)
                             mma2mma.wait(c, ((turn - 1) // W) & 1)
                     if UNDER:
                         # the previous tile's chunks, one under each of this tile's first slices
-                        common.issue_slices_under(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
-                                                  desc_a, desc_b, lane_id, CS, D, Esmem, Preg, m_prev, n_prev,
-                                                  turn > 0, c, wtid, warp_id, epi_it, EPI_N, NBUF)
+                        mma.issue_under(it, K_TILES, epi, Preg, m_prev, n_prev, turn > 0, epi_it)
                         if turn > 0:
-                            epi_it = epi_it + BLK_N // EPI_N
-                        common.retire_slices(plan, mma2tma, it, K_TILES, lane_id, CS)
-                        common.acc_to_pairs(plan, Dreg, Preg)  # the accumulators are free for the next tile
-                        m_prev = (ts.m_idx * CM + rank_m) * BLK_M
-                        n_prev = (ts.n_idx * CN + rank_n) * BLK_N
+                            epi_it = epi_it + epi.chunks_per_tile
+                        mma.retire(it, K_TILES)
+                        epilogue.acc_to_pairs(plan, Dreg, Preg)  # the accumulators are free for the next tile
+                        m_prev = sched.m_start(ts.m_idx)
+                        n_prev = sched.n_start(ts.n_idx)
                     else:
-                        common.issue_slices(plan, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
-                                            desc_a, desc_b, lane_id, CS)
-                        if PP:
+                        mma.issue(it, K_TILES)
+                        if pingpong:
                             if lane_id == 0:
                                 mma2mma.arrive((c + 1) % W)  # our wgmmas are issued: the next consumer's turn
-                        common.retire_slices(plan, mma2tma, it, K_TILES, lane_id, CS)
-                        common.consumer_store_chunks(D, Esmem, Dreg, (ts.m_idx * CM + rank_m) * BLK_M,
-                                                     (ts.n_idx * CN + rank_n) * BLK_N, plan, c, wtid, warp_id,
-                                                     lane_id, packed, epi_it, EPI_N, NBUF)
-                        epi_it = epi_it + BLK_N // EPI_N
+                        mma.retire(it, K_TILES)
+                        epi.store_tile(Dreg, sched.m_start(ts.m_idx), sched.n_start(ts.n_idx), epi_it)
+                        epi_it = epi_it + epi.chunks_per_tile
                     it = it + K_TILES
                 else:
                     it = it + K_TILES  # another consumer's tile: its slices pass us by
@@ -365,27 +363,25 @@ def kernel(cfg: GemmConfig):
                 ts.next_tile()
             if NARROW_ON:
                 q: T.int32 = ts.linear_idx - (M_TILES - cut) * N_TILES
-                while q < cut * KN:
-                    nm, nn = T.meta_var(narrowtail.narrow_tile(q, M_TILES - cut, KN))
-                    # m64n{TN}k16 into the first TN / 2 accumulators of each atom
-                    common.issue_slices(NARROW, tma2mma, mma2tma, Dreg, Asmem, Bsmem, it, K_TILES, wg_row0,
-                                        desc_a, desc_b, lane_id, CS)
-                    common.retire_slices(NARROW, mma2tma, it, K_TILES, lane_id, CS)
+                while q < cut * narrow_per_row:
+                    nm, nn = T.meta_var(narrowtail.narrow_tile(q, M_TILES - cut, narrow_per_row))
+                    # m64n{tail_n}k16 into the first tail_n / 2 accumulators of each atom
+                    mma.with_plan(NARROW).issue(it, K_TILES)
+                    mma.retire(it, K_TILES)
                     it = it + K_TILES
-                    if NCH > 0:
-                        common.consumer_store_chunks(D, Esmem, Dreg, (nm * CM + rank_m) * BLK_M,
-                                                     (nn * CN + rank_n) * TN, NARROW, c, wtid, warp_id, lane_id,
-                                                     packed, epi_it, EPI_N, NBUF)
-                        epi_it = epi_it + NCH
-                    if REM > 0:
+                    if narrow_chunks > 0:
+                        epi.with_plan(NARROW).store_tile(Dreg, sched.m_start(nm), sched.n_start(nn, tail_n),
+                                                         epi_it)
+                        epi_it = epi_it + narrow_chunks
+                    if narrow_rest > 0:
                         # the columns after the last whole chunk: from the registers, guarded
-                        narrowtail.cols_to_global(NARROW, Dreg, D, (nm * CM + rank_m) * BLK_M, (nn * CN + rank_n) * TN,
-                                                  wg_row0, NCH * EPI_N, REM, warp_id, lane_id)
+                        narrowtail.cols_to_global(NARROW, Dreg, D, sched.m_start(nm),
+                                                  sched.n_start(nn, tail_n), wg_row0, narrow_chunks * EPI_N,
+                                                  narrow_rest, warp_id, lane_id)
                     q = q + num_clusters
             if UNDER:
                 if turn > 0:
-                    common.consumer_store_chunks(D, Esmem, Preg, m_prev, n_prev, plan, c, wtid, warp_id, lane_id,
-                                                 None, epi_it, EPI_N, NBUF)
+                    epi.store_pairs(Preg, m_prev, n_prev, epi_it)
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
                 T.ptx.cp.async_.bulk.wait_group.read(0)

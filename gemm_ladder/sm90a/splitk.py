@@ -38,6 +38,8 @@ once would share the runtime's workspace: launch a module from one stream at a t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm.script import tirx as T
 
 from ..config import ConfigError, GemmConfig
@@ -200,3 +202,34 @@ def sum_partials(P, C, Dreg, acc_regs, counter, wtid, S):
                     Dreg[4 * j + e] = Dreg[4 * j + e] + part[e]
     if wtid == 0:
         T.ptx["st.relaxed.gpu.global.u32"](C.ptr_to([counter]), T.uint32(0))
+
+
+@dataclass(frozen=True)
+class Partials:
+    """One consumer warpgroup's side of the workspace where the parts of a tile meet (split-K
+    units here, stream-K pieces in ``streamk``): the fp32 ``slots`` and int32 ``counters`` in
+    global memory, the consumer's accumulators, and the shared ``flag`` through which its thread 0
+    tells the others how many parts counted before this one."""
+
+    slots: object  # P: float32 partial slots
+    counters: object  # C: int32 counters, one per tile part and consumer
+    acc: object  # float32[acc_regs] local: the accumulators
+    acc_regs: int
+    thread: object  # this thread in its warpgroup (0 counts)
+    flag: object  # shared int32[consumers]
+    consumer: object  # this consumer warpgroup, 0-based
+
+    def publish_unit(self, counter, split, splits) -> None:
+        """Split-K: this unit's partial into slot ``split`` of ``counter``'s tile part, counted
+        (:func:`publish_and_count`)."""
+        publish_and_count(self.slots, self.counters, self.acc, self.acc_regs, counter, split, self.thread,
+                          self.flag, self.consumer, splits)
+
+    def counted_before(self):
+        """How many parts of the tile counted before this one (after a publish or a meet)."""
+        return self.flag[self.consumer]
+
+    def sum_units(self, counter, splits) -> None:
+        """Split-K, the last unit: the accumulators become the sum of the ``splits`` slots in
+        split order (:func:`sum_partials`)."""
+        sum_partials(self.slots, self.counters, self.acc, self.acc_regs, counter, self.thread, splits)

@@ -235,3 +235,14 @@ def sum_pieces(P, C, Dreg, acc_regs, cnt, n, me, bases, wtid):
             _sum_in_k_order(P, Dreg, acc_regs, bases, 3, 2)
     if wtid == 0:
         T.ptx["st.relaxed.gpu.global.u32"](C.ptr_to([cnt]), T.uint32(0))
+
+
+def meet_pieces(parts: splitk.Partials, cnt, mine, others) -> None:
+    """:func:`meet` for one consumer's side of the workspace (``splitk.Partials``)."""
+    meet(parts.slots, parts.counters, parts.acc, parts.acc_regs, cnt, mine, others, parts.thread, parts.flag,
+         parts.consumer)
+
+
+def sum_tile_pieces(parts: splitk.Partials, cnt, n, me, bases) -> None:
+    """:func:`sum_pieces` for one consumer's side of the workspace (``splitk.Partials``)."""
+    sum_pieces(parts.slots, parts.counters, parts.acc, parts.acc_regs, cnt, n, me, bases, parts.thread)

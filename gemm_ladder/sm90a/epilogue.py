@@ -1,0 +1,253 @@
+"""The epilogues of the warp-specialized Hopper kernels (v9-v11): each consumer warpgroup's fp32
+accumulators -> 16-bit values in shared memory (``stmatrix``) -> D by TMA stores, on its own.
+
+Two parts, each a small frozen dataclass with named fields that a kernel builds once per
+consumer and calls per tile:
+
+- :class:`ChunkedEpilogue` (v9, v10): the consumer's rows of the tile leave in ``chunk_cols``-wide
+  column chunks through ``buffers`` staging buffers of its own (two, or one when a chunk is the
+  whole row): while chunk j's store drains, chunk j+1 is written into the other buffer. From the
+  accumulators (``store_tile``) or from 16-bit pairs made earlier (``store_pairs``, v9's
+  ``epi_under``), or chunk by chunk under the next tile (``store_chunk``, called by
+  :meth:`gemm_ladder.sm90a.mainloop.Consumer.issue_under`).
+- :class:`TransposedEpilogue` (v11, swap AB): the consumer's D^T accumulators go into its staging
+  buffer as D (``stmatrix ... .trans``) and leave in 64-column stores.
+
+Only the consumer's 128 threads meet, at its named barrier (``1 + consumer``); one thread (its
+``thread`` 0) issues the stores, committed and not waited for: before it rewrites a buffer it
+lets the store that read it finish (``cp.async.bulk.wait_group.read``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tvm.script import tirx as T
+from tvm.script.tirx import tile as Tx
+
+import layouts
+from ..config import ConfigError, GemmConfig
+from .common import CONSUMER_BARRIER, THREADS_PER_WG, WG_M, HopperPlan, pack_op
+
+EPI_CHUNK = 64  # columns of one TMA store box: one 128-byte swizzle row of 16-bit data
+
+
+def check_epilogue(cfg: GemmConfig) -> None:
+    """``epi_n``: the columns one epilogue store moves, a multiple of 64 that divides blk_n."""
+    epi_n = dict(cfg.extra).get("epi_n", cfg.blk_n)
+    if not isinstance(epi_n, int) or isinstance(epi_n, bool) or epi_n % EPI_CHUNK or cfg.blk_n % epi_n:
+        ok = [n for n in range(EPI_CHUNK, cfg.blk_n + 1, EPI_CHUNK) if cfg.blk_n % n == 0]
+        raise ConfigError(f"epi_n={epi_n!r} must be a multiple of {EPI_CHUNK} that divides blk_n={cfg.blk_n}; "
+                          f"use one of {ok}")
+
+
+@T.inline
+def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed):
+    """Columns ``col0 .. col0+ncols`` of one warpgroup's accumulators -> ``Esmem[buf]`` (its
+    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`. With
+    ``packed=None``, ``Dreg`` holds the pairs already (:func:`acc_to_pairs`)."""
+    NR = T.meta_var(plan.acc_stride)
+    q = T.meta_var(lane_id // 8)
+    row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
+    for mi in T.unroll(plan.m_atoms):
+        for pp in T.unroll(ncols // 16):
+            r0 = T.meta_var(mi * NR + 2 * (col0 // 16 + pp) * 4)  # the first of the 8 accumulators stored
+            if packed is not None:
+                for h in T.unroll(4):
+                    T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r0 + 2 * h + 1], Dreg[r0 + 2 * h])
+            src = T.meta_var([packed[h] for h in range(4)] if packed is not None
+                             else [Dreg[r0 // 2 + h] for h in range(4)])
+            T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
+                Esmem.ptr_to([buf, mi * WG_M + row, (2 * pp + q // 2) * 8]), *src,
+            )
+
+
+@T.inline
+def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
+    """Chunk ``j`` of :meth:`ChunkedEpilogue.store_tile` (``packed=None``: from pairs, as
+    :func:`acc_chunk_to_smem_stmatrix` says)."""
+    plan = T.meta_var(epi.plan)
+    D = T.meta_var(epi.d)
+    Esmem = T.meta_var(epi.staging)
+    c = T.meta_var(epi.consumer)
+    wtid = T.meta_var(epi.thread)
+    epi_n = T.meta_var(epi.chunk_cols)
+    nbuf = T.meta_var(epi.buffers)
+    ROWS = T.meta_var(plan.rows_per_wg)
+    row0 = T.meta_var(0 if plan.pingpong else c * ROWS)  # its band of the tile (pingpong: all of it)
+    # one consumer: its buffers are the first, said as constants (TVM cannot prove that
+    # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
+    first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
+    buf = T.meta_var(first + (epi_it + j) % nbuf)
+    if wtid == 0:
+        T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
+    T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed)
+    T.ptx.fence.proxy.async_.shared__cta()
+    T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    if wtid == 0:
+        for h in T.unroll(epi_n // EPI_CHUNK):
+            Tx.copy_async(
+                D[m_st + row0:m_st + row0 + ROWS,
+                  n_st + j * epi_n + h * EPI_CHUNK:n_st + j * epi_n + h * EPI_CHUNK + EPI_CHUNK],
+                Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
+            )
+        T.ptx.cp.async_.bulk.commit_group()
+
+
+@T.inline
+def _store_chunks(epi, Dreg, m_st, n_st, packed, epi_it):
+    for j in T.unroll(epi.chunks_per_tile):
+        _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j)
+
+
+@dataclass(frozen=True)
+class ChunkedEpilogue:
+    """One consumer warpgroup's epilogue, on its own (v9, v10): its rows of the tile leave in
+    ``chunk_cols``-wide column chunks through ``buffers`` shared buffers (two, or one when a chunk
+    is the whole row).
+
+    Chunk ``chunk_it + j`` (``chunk_it`` counts this warpgroup's chunks across tiles; the caller
+    adds ``chunks_per_tile`` after a tile) goes to buffer ``(chunk_it + j) % buffers`` of this
+    consumer. Before rewriting a buffer, the consumer's storing thread lets all but the newest
+    ``buffers - 1`` bulk groups finish reading it (``wait_group.read``): with two buffers the store
+    of the chunk before last, which used this buffer, has then left it while the last chunk's
+    store still drains. Only this warpgroup's 128 threads meet at its named barrier
+    (``1 + consumer``): the other consumers and the producer run on.
+    """
+
+    plan: HopperPlan
+    d: object  # D in global memory
+    staging: object  # Esmem[consumers x buffers, rows_per_wg, chunk_cols], 128B-swizzled
+    consumer: object  # this consumer warpgroup, 0-based (a run-time value)
+    thread: object  # this thread in its warpgroup (0 issues the stores)
+    warp_id: object
+    lane_id: object
+    packed: object  # uint32[4] local: one stmatrix's four 16-bit pairs
+    chunk_cols: int  # epi_n
+    buffers: int  # staging buffers per consumer
+
+    @property
+    def chunks_per_tile(self) -> int:
+        return self.plan.n_cols // self.chunk_cols
+
+    def store_tile(self, acc, m_st, n_st, chunk_it) -> None:
+        """The tile at (``m_st``, ``n_st``) of D from the fp32 accumulators ``acc``."""
+        _store_chunks(self, acc, m_st, n_st, self.packed, chunk_it)
+
+    def store_pairs(self, pairs, m_st, n_st, chunk_it) -> None:
+        """The tile from its 16-bit pairs (:func:`acc_to_pairs`)."""
+        _store_chunks(self, pairs, m_st, n_st, None, chunk_it)
+
+    def store_chunk(self, pairs, m_st, n_st, chunk_it, j) -> None:
+        """Chunk ``j`` of a tile from its 16-bit pairs (v9's ``epi_under``, under the next tile)."""
+        _store_chunk(self, pairs, m_st, n_st, None, chunk_it, j)
+
+    def with_plan(self, plan: HopperPlan) -> "ChunkedEpilogue":
+        """The same epilogue for tiles of another width (v9's narrow ``tail_n`` tiles)."""
+        return dataclasses.replace(self, plan=plan)
+
+
+@T.inline
+def acc_to_pairs(plan, Dreg, Preg):
+    """Round every accumulator of a tile into 16-bit pairs, ``Preg[i] = (Dreg[2i], Dreg[2i+1])``:
+    the pairs :func:`acc_chunk_to_smem_stmatrix` makes chunk by chunk, made at once so that
+    the accumulators are free for the next tile while the pairs wait for their stores."""
+    for i in T.unroll(plan.acc_regs // 2):
+        T.ptx[pack_op(plan.cfg)](Preg[i], Dreg[2 * i + 1], Dreg[2 * i])
+
+
+def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):
+    """128B-swizzled staging buffers for output chunks: ``stmatrix`` writes 16-byte rows that
+    the swizzle spreads over the banks, and the TMA store reads them back unswizzled."""
+    return layouts.shared_layout(cfg.dtype, (buffers, rows, cols), "128B")
+
+
+
+@T.inline
+def acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed):
+    """Swap AB: one consumer's D^T accumulators -> ``Esmem[buf]`` as D, rows M by the
+    consumer's ``rows_per_wg`` columns of N, with ``stmatrix ... .trans``.
+
+    Per atom ``a`` and 8-column block ``i`` of the fragment (8 rows of M), warp ``w`` holds two
+    8x8 matrices (its N rows ``64a + 16w + 8h .. +8``, h = 0, 1) in the layout ``stmatrix``
+    takes (registers ``4i + 2h``, ``4i + 2h + 1``, packed by ``cvt``); ``.trans`` stores each
+    transposed, so row ``q`` of the stored matrix is D row ``8i + q``, N columns
+    ``64a + 16w + 8h .. +8``: one 16-byte chunk, whole under the 128B swizzle. x4 stores take
+    two 8-row blocks at once; an odd last block goes as x2.
+    """
+    NR = T.meta_var(plan.n_regs)
+    MB = T.meta_var(plan.cfg.blk_m // 8)  # 8-row blocks of M
+    q = T.meta_var(lane_id % 8)
+    mat = T.meta_var(lane_id // 8)
+    for a in T.unroll(plan.m_atoms):
+        for ip in T.unroll(MB // 2):
+            for h4 in T.unroll(4):
+                # matrix h4 of the x4 store: block 2ip + h4//2, N half h4%2
+                r = T.meta_var(a * NR + (2 * ip + h4 // 2) * 4 + (h4 % 2) * 2)
+                T.ptx[pack_op(plan.cfg)](packed[h4], Dreg[r + 1], Dreg[r])
+            # lane 8*mat + q: row q of matrix mat (block 2ip + mat//2, half mat%2)
+            row, col = T.meta_var(layouts.stmatrix_trans_row(2 * ip + mat // 2, mat % 2, warp_id, q))
+            T.ptx.stmatrix.sync.aligned.m8n8.x4.trans.shared.b16(
+                Esmem.ptr_to([buf, row, a * WG_M + col]), packed[0], packed[1], packed[2], packed[3],
+            )
+        if MB % 2 == 1:
+            for h in T.unroll(2):
+                r = T.meta_var(a * NR + (MB - 1) * 4 + h * 2)
+                T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r + 1], Dreg[r])
+            # x2: lanes 0-15 give the rows of the two matrices (the others' addresses unused)
+            row1, col1 = T.meta_var(layouts.stmatrix_trans_row(MB - 1, mat % 2, warp_id, q))
+            T.ptx.stmatrix.sync.aligned.m8n8.x2.trans.shared.b16(
+                Esmem.ptr_to([buf, row1, a * WG_M + col1]), packed[0], packed[1],
+            )
+
+
+@T.inline
+def _store_transposed(epi, Dreg, m_st, n_st):
+    plan = T.meta_var(epi.plan)
+    D = T.meta_var(epi.d)
+    Esmem = T.meta_var(epi.staging)
+    c = T.meta_var(epi.consumer)
+    wtid = T.meta_var(epi.thread)
+    COLS = T.meta_var(plan.rows_per_wg)
+    # one consumer: its buffer is 0, said as a constant (TVM cannot prove that warpgroup - 1 is,
+    # and the staging layout of a single buffer has no stride to scale it by)
+    buf = T.meta_var(c if plan.cfg.num_warpgroups > 1 else 0)
+    if wtid == 0:
+        T.ptx.cp.async_.bulk.wait_group.read(0)
+    T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, epi.warp_id, epi.lane_id, epi.packed)
+    T.ptx.fence.proxy.async_.shared__cta()
+    T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    if wtid == 0:
+        for h in T.unroll(COLS // EPI_CHUNK):
+            Tx.copy_async(
+                D[m_st:m_st + plan.cfg.blk_m,
+                  n_st + c * COLS + h * EPI_CHUNK:n_st + c * COLS + h * EPI_CHUNK + EPI_CHUNK],
+                Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
+            )
+        T.ptx.cp.async_.bulk.commit_group()
+
+
+@dataclass(frozen=True)
+class TransposedEpilogue:
+    """Swap AB (v11), one consumer's epilogue on its own: its D^T accumulators go into its
+    staging buffer ``staging[consumer]`` as D (``blk_m`` rows, its ``rows_per_wg`` columns of N),
+    which leaves in 64-column TMA stores, committed and not waited for. Before rewriting the
+    buffer its storing thread lets the previous tile's stores finish reading it; the consumer's
+    named barrier (``1 + consumer``) holds the others until then, and again until every thread's
+    stmatrix stores are fenced for the async proxy."""
+
+    plan: HopperPlan  # a SwapPlan
+    d: object
+    staging: object  # Esmem[consumers, blk_m, rows_per_wg], 128B-swizzled
+    consumer: object
+    thread: object
+    warp_id: object
+    lane_id: object
+    packed: object
+
+    def store_tile(self, acc, m_st, n_st) -> None:
+        """The tile at (``m_st``, ``n_st``) of D from the D^T accumulators ``acc``."""
+        _store_transposed(self, acc, m_st, n_st)

@@ -1,0 +1,125 @@
+"""The consumers' K loop of the warp-specialized Hopper kernels (v8-v11): wgmma over the ring.
+
+    for each slice k of a tile (ring position pos + k):
+        ring.wait_full(pos + k); wgmma.fence; the slot's wgmmas; commit
+        wgmma.wait_group(1)                  slice k - 1's wgmmas retired in this warp ...
+        lane 0: ring.release(pos + k - 1)    ... so its slot goes back to every producer of the cluster
+    wgmma.wait_group(0); lane 0: ring.release(the last slice)
+
+A kernel builds one :class:`Consumer` per consumer warpgroup with named fields, and runs a tile
+with ``run`` (or ``issue`` and ``retire`` apart, when something goes between: v9's ping-pong
+turn, or ``issue_under`` with the previous tile's epilogue chunks under the first slices).
+The descriptors of ring slot 0 are encoded once per tile; every slot, 64-row atom and K step is
+reached from them by adds (``common.mma_k_slot``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tvm.script import tirx as T
+
+from .common import HopperPlan, encode_slot0, k_loop_unroll, mma_k_slot, slot_step16
+from .ring import Ring
+
+
+@T.inline
+def _begin_slice(mma, it, k):
+    """Slice ``k`` of a tile: wait for its ring slot and issue its wgmmas (one commit group)."""
+    mma.ring.wait_full(it + k)
+    T.ptx.wgmma.fence.sync.aligned()
+    mma_k_slot(mma.plan, mma.acc, mma.ring.slot(it + k), k == 0, mma.desc_a, mma.desc_b, slot_step16(mma.a_smem),
+               slot_step16(mma.b_smem))
+    T.ptx.wgmma.commit_group.sync.aligned()
+
+
+@T.inline
+def _end_slice(mma, it, k):
+    """Let slice ``k - 1``'s wgmmas retire (slice ``k``'s may run on) and release its slot."""
+    T.ptx.wgmma.wait_group.sync.aligned(1)
+    if k > 0:
+        # slice k-1's wgmmas have retired in this warp
+        if mma.lane_id == 0:
+            mma.ring.release(it + k - 1)
+
+
+@T.inline
+def _issue(mma, it, nk):
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    for k in T.serial(nk, unroll=k_loop_unroll(nk)):
+        _begin_slice(mma, it, k)
+        _end_slice(mma, it, k)
+
+
+@T.inline
+def _retire(mma, it, nk):
+    T.ptx.wgmma.wait_group.sync.aligned(0)
+    if mma.lane_id == 0:
+        mma.ring.release(it + nk - 1)
+
+
+@T.inline
+def _issue_under(mma, it, nk, epi, pairs, m_prev, n_prev, has_prev, chunk_it):
+    NCH = T.meta_var(epi.chunks_per_tile)
+    NIN = T.meta_var(min(NCH, nk))
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    for j in T.unroll(NIN):
+        _begin_slice(mma, it, j)
+        _end_slice(mma, it, j)
+        if has_prev:
+            # after the wait, not between the issue and the wait: 0.8% fewer SM cycles at 4096^3
+            # on an H100 (benchmarks/results/2026-11-23_h100_epi_under/)
+            epi.store_chunk(pairs, m_prev, n_prev, chunk_it, j)
+    for k in T.serial(nk - NIN, unroll=k_loop_unroll(nk)):
+        _begin_slice(mma, it, NIN + k)
+        _end_slice(mma, it, NIN + k)
+    if has_prev:
+        for j in T.unroll(NIN, NCH):
+            epi.store_chunk(pairs, m_prev, n_prev, chunk_it, j)
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """One consumer warpgroup's K loop: the ring it reads, the two operand tiles in wgmma's
+    order (``a_smem`` fills the 64-row slot: A, or B under swap AB), its accumulators, the
+    descriptor registers, and its first row of ``a_smem`` (``row0``)."""
+
+    plan: HopperPlan
+    ring: Ring
+    a_smem: object  # [stages, rows, blk_k], 128B-swizzled: wgmma's A (64-row atoms)
+    b_smem: object  # [stages, cols, blk_k]: wgmma's B (its N)
+    acc: object  # float32[acc_regs] local: the accumulators
+    desc_a: object  # uint64[1] local: slot 0's descriptor of a_smem at row0
+    desc_b: object  # uint64[1] local: slot 0's descriptor of b_smem
+    row0: object  # this warpgroup's first row of a_smem
+    lane_id: object
+
+    def issue(self, pos, num_slices) -> None:
+        """``num_slices`` K slices of one tile from ring positions ``pos, pos + 1, ...``: wait for
+        each slot, issue its wgmmas, and release each slot once its wgmmas retired (one slice
+        behind: ``wait_group(1)``) to the producer of every CTA of the cluster; the accumulators
+        start over at the first slice. The last slice's wgmmas may still run: :meth:`retire`
+        waits for them (v9's ping-pong passes the turn between the two)."""
+        _issue(self, pos, num_slices)
+
+    def retire(self, pos, num_slices) -> None:
+        """Wait for the last of :meth:`issue`'s wgmmas and release its slot."""
+        _retire(self, pos, num_slices)
+
+    def run(self, pos, num_slices) -> None:
+        """A tile's K slices, issued and retired."""
+        self.issue(pos, num_slices)
+        self.retire(pos, num_slices)
+
+    def issue_under(self, pos, num_slices, epi, pairs, m_prev, n_prev, has_prev, chunk_it) -> None:
+        """:meth:`issue` with the previous tile's epilogue under it (v9's ``epi_under``): once
+        slice ``j``'s wgmmas are issued and slice ``j - 1``'s have retired, and while slice ``j``'s
+        run, chunk ``j`` of the previous tile (``has_prev``, a run-time condition) goes from its
+        16-bit ``pairs`` (``epilogue.acc_to_pairs``) through ``epi`` (a ``ChunkedEpilogue``) to D.
+        Chunks past the tile's last slice (a K of fewer slices than chunks) follow it."""
+        _issue_under(self, pos, num_slices, epi, pairs, m_prev, n_prev, has_prev, chunk_it)
+
+    def with_plan(self, plan: HopperPlan) -> "Consumer":
+        """The same K loop for tiles of another width (v9's narrow ``tail_n`` tiles)."""
+        return dataclasses.replace(self, plan=plan)

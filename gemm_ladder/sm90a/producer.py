@@ -1,0 +1,137 @@
+"""The producer of the warp-specialized Hopper kernels (v8-v11): one thread's TMA loads of the A and
+B slices of each tile into the ring, shared across a cluster by multicast, with L2 hints.
+
+    for each tile (the schedule's order), for each K slice k (or from the last, ``backwards``):
+        ring.wait_empty(pos)                   the slot's slice one lap back was released
+        A rows of this CTA's part -> Asmem[slot] of every CTA of its cluster row    (multicast)
+        B rows of this CTA's part -> Bsmem[slot] of every CTA of its cluster column (multicast)
+        ring.expect(pos, stage bytes)          arrive.expect_tx on the full barrier
+        pos += 1
+
+A kernel builds one :class:`Producer` with named fields and calls ``load_tile`` per tile::
+
+    loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring,
+                                cluster_m=CM, cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
+    loads.load_tile(load_it, m_st, n_st, first_slice=k0, num_slices=nk)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm.script import tirx as T
+from tvm.script.tirx import tile as Tx
+
+from ..config import GemmConfig
+from .common import HopperPlan
+from .ring import Ring
+
+
+def multicast_masks(cm: int, cn: int, rank_m, rank_n):
+    """The cta_masks of the A and B parts a CTA multicasts, as functions of its place in the
+    cluster (rank = rank_m + cluster_m * rank_n).
+
+    A's tile belongs to the CTAs of one cluster row (same rank_m): ranks rank_m + cm*j. B's tile
+    belongs to the CTAs of one cluster column (same rank_n): ranks cm*rank_n + i.
+    """
+    row = sum(1 << (cm * j) for j in range(cn))  # ranks 0, cm, 2cm, ... shifted by rank_m
+    col = (1 << cm) - 1  # ranks 0..cm-1, shifted by cm * rank_n
+    return row << rank_m, col << (rank_n * cm)
+
+
+# ``stream_b`` (v9-v11): when B is read once and A again by every CTA (small M: the weights stream
+# past a few rows of activations), B's loads ask L2 to evict them first and A's to keep them, and
+# both tensor maps fetch 256 bytes per L2 miss (a row of B is read 128 bytes per K slice: the next
+# slice's half is then already in L2). On an H100, as kernels: +1.6-6.3% at 18 of the shape
+# suite's 20 cases with M <= 128, -1.8% at 128x128256x4096; -1% at M = 512 and -4% where two CTAs
+# read the same B tile without multicast (evicted first, the second read misses):
+# benchmarks/results/2026-11-22_h100_stream_b/.
+# TVM's TMA copy takes both options (``cache_hint``, ``tensormap_l2_promotion``); this only
+# chooses them.
+STREAM_A = {"cache_hint": "evict_last", "tensormap_l2_promotion": "L2::256B"}
+STREAM_B = {"cache_hint": "evict_first", "tensormap_l2_promotion": "L2::256B"}
+
+
+def load_hints(cfg: GemmConfig) -> tuple[dict, dict]:
+    """The TMA load options of A and B for ``cfg`` (none unless its ``stream_b`` knob is set)."""
+    return (STREAM_A, STREAM_B) if dict(cfg.extra).get("stream_b") else ({}, {})
+
+
+@T.inline
+def _tma_part(Xsmem, X, stage, x_st, row0, rows, k, mbar, cta_mask, hints):
+    """Rows ``row0 .. row0+rows`` of a tile's K slice ``k``, multicast to ``cta_mask``."""
+    BLK_K = T.meta_var(Xsmem.shape[2])
+    Tx.copy_async(Xsmem[stage, row0:row0 + rows, :],
+                  X[x_st + row0:x_st + row0 + rows, k * BLK_K:k * BLK_K + BLK_K],
+                  dispatch="tma_auto", mbar=mbar, cta_mask=cta_mask, **hints)
+
+
+@T.inline
+def _tma_whole(Xsmem, X, stage, x_st, rows, k, mbar, hints):
+    """A tile's K slice ``k`` whole, into this CTA alone."""
+    BLK_K = T.meta_var(Xsmem.shape[2])
+    Tx.copy_async(Xsmem[stage, :, :], X[x_st:x_st + rows, k * BLK_K:k * BLK_K + BLK_K],
+                  dispatch="tma_auto", mbar=mbar, **hints)
+
+
+def _load_slice(loads: Producer, pos, m_st, n_st, k) -> None:
+    """One thread: its CTA's share of the K slice ``k`` of a cluster's A and B tiles, into the
+    ring slot of position ``pos``.
+
+    A tile shared by ``cluster_n`` CTAs is loaded in ``cluster_n`` row parts, part ``rank_n`` by
+    this CTA, multicast (``cta_mask``) into the same stage of every CTA that shares it; B likewise
+    over ``cluster_m``. An unshared tile is loaded whole, as in v7. Every CTA's full barrier
+    (tma2mma) still expects the bytes of the full A and B tiles: its own parts and its peers'
+    land on it alike. (Plain Python around inline parts: which form each operand takes is decided
+    at trace time.)
+    """
+    c, cm, cn = loads.plan.cfg, loads.cluster_m, loads.cluster_n
+    mask_a, mask_b = multicast_masks(cm, cn, loads.rank_m, loads.rank_n)
+    hint_a, hint_b = load_hints(c)
+    stage, mbar = loads.ring.slot(pos), loads.ring.full_bar(pos)
+    if cn > 1:
+        _tma_part(loads.a_smem, loads.a, stage, m_st, loads.rank_n * (c.blk_m // cn), c.blk_m // cn, k, mbar, mask_a,
+                  hint_a)
+    else:
+        _tma_whole(loads.a_smem, loads.a, stage, m_st, c.blk_m, k, mbar, hint_a)
+    if cm > 1:
+        _tma_part(loads.b_smem, loads.b, stage, n_st, loads.rank_m * (c.blk_n // cm), c.blk_n // cm, k, mbar, mask_b,
+                  hint_b)
+    else:
+        _tma_whole(loads.b_smem, loads.b, stage, n_st, c.blk_n, k, mbar, hint_b)
+    loads.ring.expect(pos, loads.plan.stage_bytes)
+
+
+@T.inline
+def _load_slices(loads, pos, first, count, m_st, n_st, backwards):
+    for k in range(count):
+        loads.ring.wait_empty(pos + k)
+        _load_slice(loads, pos + k, m_st, n_st,
+                    first + k if backwards is False else T.Select(backwards, first + count - 1 - k, first + k))
+
+
+@dataclass(frozen=True)
+class Producer:
+    """The producer thread's loads: what it reads (``a``, ``b`` in global memory), where to
+    (``a_smem``, ``b_smem``: ``[stages, rows, blk_k]`` 128B-swizzled, one slot per ring stage),
+    through which ring, and its CTA's place in a ``cluster_m`` x ``cluster_n`` cluster
+    (``rank_m``, ``rank_n``: which row part of a shared tile it loads for the others)."""
+
+    plan: HopperPlan
+    a: object
+    b: object
+    a_smem: object
+    b_smem: object
+    ring: Ring
+    cluster_m: int = 1
+    cluster_n: int = 1
+    rank_m: object = 0
+    rank_n: object = 0
+
+    def load_tile(self, pos, m_st, n_st, first_slice=0, num_slices=None, backwards=False) -> None:
+        """Slices ``[first_slice, first_slice + num_slices)`` (default: the whole K) of the tile
+        at rows ``m_st`` of A and ``n_st`` of B, into ring positions ``pos, pos + 1, ...``; with
+        ``backwards`` (a run-time condition) from the last slice to the first (v9's ``k_zigzag``:
+        the consumers add the slices in whatever order they land)."""
+        count = self.plan.cfg.k_tiles if num_slices is None else num_slices
+        _load_slices(self, pos, first_slice, count, m_st, n_st, backwards)
