@@ -180,7 +180,7 @@ def test_paths_are_checked_before_the_gpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty").mkdir()
     for argv, words in ((["verify", "empty"], "no modules found in empty"), (["bench", "nope.so"], "does not exist"),
-                        (["tune", "--measure", "empty"], "--measure: empty/candidates.json is missing"),
+                        (["tune", "--measure", "empty"], "--measure: candidate list empty/candidates.json does not exist"),
                         (["suite", "run", "--pack", "empty"], "--pack:"),
                         (["suite", "run", "--only", "no-such-case"], "--only no-such-case matches no case")):
         got = cli_guard.run(argv)
