@@ -309,7 +309,12 @@ def main(argv=None) -> int:
             by_dtype.setdefault(c["dtype"], set()).add((c["M"], c["N"], c["K"]))
         for dtype, shapes in sorted(by_dtype.items()):
             man = build_pack(Path(a.out) / dtype, sorted(shapes), [dtype])
+            failed = [r for r in man["results"] if r["status"] == "failed"]
+            for r in failed:
+                print(f"failed: {r['file']}: {r.get('detail')}", file=sys.stderr)
             print(f"{len(man['modules'])} modules in {Path(a.out) / dtype}")
+            if failed:
+                return 1
         return 0
     doc = run(a.out, a.sample or None, a.reps, seed=a.seed)
     print(table(doc))
