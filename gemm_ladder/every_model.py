@@ -70,8 +70,6 @@ FAMILIES = {
 }
 M_CHOICES = (1, 2, 7, 16, 48, 128, 333, 512, 1024, 1536, 2048, 4096, 8192, 16384)
 DTYPES = ("float16", "bfloat16")
-ROUNDS = 6
-GRAPH_BYTES = 3 << 30  # inputs the kernel timing's graph cycles through, at most (plus its outputs)
 
 
 def all_cases() -> list[dict]:
@@ -142,15 +140,8 @@ def _replays(g, n: int, calls: int) -> list[float]:
 
 
 def _alternate(ours, theirs, samples) -> tuple[float, float, list[float]]:
-    """Median ms of ours and theirs over :data:`ROUNDS` alternating rounds; per-round ratios."""
-    mine, cub, ratios = [], [], []
-    for r in range(ROUNDS):
-        first, second = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-        a, b = samples(first, r), samples(second, r)
-        o, t = (a, b) if r % 2 == 0 else (b, a)
-        mine += o
-        cub += t
-        ratios.append(statistics.median(t) / statistics.median(o))
+    """Median ms of ours and theirs over alternating rounds (``suite.alternate_rounds``); per-round ratios."""
+    mine, cub, ratios = suite.alternate_rounds(ours, theirs, samples)
     return statistics.median(mine), statistics.median(cub), ratios
 
 
@@ -159,26 +150,13 @@ def time_case(case_id: str, args) -> dict:
     import torch  # pylint: disable=import-outside-toplevel
     import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
 
-    from .front import matmul, route_of  # pylint: disable=import-outside-toplevel  (loads TVM's runtime)
+    from .front import matmul  # pylint: disable=import-outside-toplevel  (loads TVM's runtime)
 
     reps = int(args[0]) if args else 30
-    M, N, K, dtype = parse_id(case_id)
-    A, B = harness.random_inputs(M, N, K, dtype, seed=7)
-    D = torch.full((M, N), float("nan"), dtype=A.dtype, device=A.device)
-    matmul(A, B, out=D)
-    torch.cuda.synchronize()
-    route = route_of(M, N, K, dtype).as_dict()
-    check = suite.check_case(A, B, D, dtype)
-    base = {"route": route, "check": check, "rel_err": check["rel_err"]}
-    if not check["ok"]:
+    M, N, K, dtype, base, sets = suite.checked_case(case_id)
+    if sets is None:
         return {"status": "wrong", **base}
-    del D
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    n_sets = max(1, min(harness.sets_to_spill_l2(M, N, K, l2), GRAPH_BYTES // harness.bytes_once(M, N, K)))
-    sets = [(A, B, torch.empty((M, N), dtype=A.dtype, device=A.device))]
-    for i in range(1, n_sets):
-        a, b = harness.random_inputs(M, N, K, dtype, seed=1000 + i)
-        sets.append((a, b, torch.empty((M, N), dtype=A.dtype, device=A.device)))
+    n_sets = len(sets)
 
     def ours(a, b, o):
         matmul(a, b, out=o)
@@ -194,7 +172,7 @@ def time_case(case_id: str, args) -> dict:
         suite.burst_samples(fn, sets, 1, 5, 0)
     rough = statistics.median(suite.burst_samples(linear, sets, 1, 5, 0)) * 1e3
     burst = max(1, min(64, math.ceil(suite.BURST_US / max(rough, 1e-3))))
-    per_round = max(1, reps // ROUNDS)
+    per_round = max(1, reps // suite.ROUNDS)
     call_ms, lin_ms, call_rounds = _alternate(ours, linear,
                                               lambda fn, r: suite.burst_samples(fn, sets, burst, per_round, r))
     # the kernel, in CUDA graphs (no host in the time)

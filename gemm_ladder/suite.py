@@ -125,13 +125,14 @@ def _host_us(fn, sets, calls: int = 20) -> float:
     return host
 
 
-def time_case(case_id: str, args) -> dict:
-    """The child's job: check and time one case (see the module docstring)."""
+def checked_case(case_id: str):
+    """A case's first call through the front door, checked: ``(M, N, K, dtype, base, sets)``, with
+    ``base`` the route and the check, and ``sets`` the L2-spilling input sets to time it on (None
+    when the check failed: ``base`` says how)."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    from .front import matmul, route_of  # pylint: disable=import-outside-toplevel
+    from .front import matmul, route_of  # pylint: disable=import-outside-toplevel  (loads TVM's runtime)
 
-    reps = int(args[0]) if args else 60
     M, N, K, dtype = parse_id(case_id)
     A, B = harness.random_inputs(M, N, K, dtype, seed=7)
     D = torch.full((M, N), float("nan"), dtype=A.dtype, device=A.device)
@@ -141,13 +142,35 @@ def time_case(case_id: str, args) -> dict:
     check = check_case(A, B, D, dtype)
     base = {"route": route, "check": check, "rel_err": check["rel_err"]}
     if not check["ok"]:
+        return M, N, K, dtype, base, None
+    del A, B, D
+    return M, N, K, dtype, base, harness.input_sets(M, N, K, dtype, l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size)
+
+
+def alternate_rounds(ours, theirs, samples) -> tuple[list[float], list[float], list[float]]:
+    """:data:`ROUNDS` rounds, each timing ``samples(fn, round)`` of both sides, the first side
+    alternating: every sample of ours, of theirs, and each round's ratio of medians (theirs / ours)."""
+    mine, cub, ratios = [], [], []
+    for r in range(ROUNDS):
+        first, second = (ours, theirs) if r % 2 == 0 else (theirs, ours)
+        a, b = samples(first, r), samples(second, r)
+        o, t = (a, b) if r % 2 == 0 else (b, a)
+        mine += o
+        cub += t
+        ratios.append(statistics.median(t) / statistics.median(o))
+    return mine, cub, ratios
+
+
+def time_case(case_id: str, args) -> dict:
+    """The child's job: check and time one case (see the module docstring)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    from .front import matmul  # pylint: disable=import-outside-toplevel
+
+    reps = int(args[0]) if args else 60
+    M, N, K, dtype, base, sets = checked_case(case_id)
+    if sets is None:
         return {"status": "wrong", **base}
-    del D
-    n_sets = harness.sets_to_spill_l2(M, N, K, torch.cuda.get_device_properties(0).L2_cache_size)
-    sets = [(A, B, torch.empty((M, N), dtype=A.dtype, device=A.device))]
-    for i in range(1, n_sets):
-        a, b = harness.random_inputs(M, N, K, dtype, seed=1000 + i)
-        sets.append((a, b, torch.empty((M, N), dtype=A.dtype, device=A.device)))
 
     def ours(a, b, o):
         matmul(a, b, out=o)
@@ -160,21 +183,13 @@ def time_case(case_id: str, args) -> dict:
     rough = statistics.median(burst_samples(theirs, sets, 1, 5, 0)) * 1e3
     burst = max(1, min(64, math.ceil(BURST_US / max(rough, 1e-3))))
     per_round = max(1, reps // ROUNDS)
-    mine, cub, ratios = [], [], []
-    for r in range(ROUNDS):
-        first, second = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-        a = burst_samples(first, sets, burst, per_round, r)
-        b = burst_samples(second, sets, burst, per_round, r)
-        o, t = (a, b) if r % 2 == 0 else (b, a)
-        mine += o
-        cub += t
-        ratios.append(statistics.median(t) / statistics.median(o))
+    mine, cub, ratios = alternate_rounds(ours, theirs, lambda fn, r: burst_samples(fn, sets, burst, per_round, r))
     ms, cms = statistics.median(mine), statistics.median(cub)
     flops, moved = 2.0 * M * N * K, harness.bytes_once(M, N, K)
     return {"status": "ok", **base, "ms": ms, "cublas_ms": cms, "tflops": flops / ms / 1e9,
             "cublas_tflops": flops / cms / 1e9, "ratio_to_cublas": cms / ms,
             "round_ratios": [round(x, 4) for x in ratios], "gbps": moved / ms / 1e6,
-            "cublas_gbps": moved / cms / 1e6, "burst": burst, "samples": len(mine), "input_sets": n_sets,
+            "cublas_gbps": moved / cms / 1e6, "burst": burst, "samples": len(mine), "input_sets": len(sets),
             "host_us": _host_us(ours, sets), "cublas_host_us": _host_us(theirs, sets)}
 
 

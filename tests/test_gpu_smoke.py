@@ -85,6 +85,18 @@ def test_suite_run(smoke, tmp_path):
     assert row["gbps"] > 0 and row["host_us"] > 0
 
 
+def test_every_model_case(smoke, tmp_path):
+    """The every-model suite's job on one case its pack serves: checked, then timed as a call and
+    as a kernel in CUDA graphs."""
+    out = _run([sys.executable, "-m", "gemm_ladder.isolate", "gemm_ladder.every_model:time_case", smoke["suite_case"],
+                "--args", "6"], cwd=tmp_path, env={"GEMM_LADDER_PACK": str(smoke["pack"])})
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines()
+            if line.startswith("GEMM_LADDER_RESULT ")]
+    assert len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["check"]["ok"], rows
+    assert rows[0]["kernel_ratio"] > 0 and rows[0]["call_ratio"] > 0 and rows[0]["graph_calls"] >= 1
+
+
 def test_tune_measure(smoke, tmp_path):
     report = tmp_path / "measurements.json"
     out = _gemm_ladder("tune", "--measure", smoke["tune"], "--reps", "5", "--confirm", "2",
