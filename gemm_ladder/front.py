@@ -453,6 +453,11 @@ class CapturedByTorch:
     def __call__(self, a, b, out):
         self.launcher(a, b, out)(a, b, out)
 
+    def __getattr__(self, name):  # the rest is our module's (its manifest, M at run time, ...)
+        if name == "ours":
+            raise AttributeError(name)
+        return getattr(self.ours, name)
+
     def launcher(self, a, b, out):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 

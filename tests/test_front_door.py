@@ -367,6 +367,7 @@ def test_a_tiny_problem_runs_ours_eagerly_and_torchs_in_a_graph(small_pack, monk
         route.module(A, B, D)
         torch.testing.assert_close(D.float(), want, rtol=2e-3, atol=2e-3)
         assert len(ours.seen) - before == (0 if capturing else ours_calls)
+    assert route.module.seen is route.module.ours.seen  # the rest of the module reads through
     strict, _ = front._route(128, 256, 512, "float16", 0, strict=True)
     assert not isinstance(strict.module, front.CapturedByTorch)
     assert front._tiny(1, 768, 768) and front._tiny(1536, 768, 768) and front._tiny(128, 1024, 1024)
@@ -488,7 +489,7 @@ import ctypes, sys
 ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the build stub stands in for the driver
 from gemm_ladder import front
 front._arch = lambda index: "sm_90a"
-route, _ = front._route(16, 256, 512, "float16", 0)
+route, _ = front._route(16, 256, 512, "float16", 0, strict=True)  # the pack's module, tiny or not
 import tvm
 assert tvm.base._RUNTIME_ONLY and "tvm_compiler" not in tvm.base._LOADED_LIBS
 assert "layouts" not in sys.modules and "schedulers" not in sys.modules, "the compiler side was imported"
