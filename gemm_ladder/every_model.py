@@ -38,7 +38,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from . import harness, isolate, suite
+from . import cli_types, harness, isolate, suite
 
 FORMAT = "gemm_ladder.every_model"
 # (N, K) of each weight: qkv fused, attention output, gate+up fused, down, LM head (an encoder
@@ -266,14 +266,12 @@ def main(argv=None) -> int:
     pk = sub.add_parser("pack", help="build a kernel pack for the sample (build box)")
     pk.add_argument("out")
     r = sub.add_parser("run", help="time the sample on this GPU")
-    r.add_argument("--out", default="every_model.json")
-    r.add_argument("--reps", type=int, default=30)
+    r.add_argument("--out", type=cli_types.out_file, default="every_model.json")
+    r.add_argument("--reps", type=cli_types.count, default=30)
     for s in (ls, pk, r):
-        s.add_argument("--sample", type=int, default=40, help="cases (0: every case)")
+        s.add_argument("--sample", type=cli_types.count_or_zero, default=40, help="cases (0: every case)")
         s.add_argument("--seed", type=int, default=0, help="which fixed sample (a fresh seed: cases not seen before)")
     a = p.parse_args(argv)
-    if a.sample < 0:
-        p.error(f"--sample {a.sample}: give a count of cases, or 0 for every case")
     todo = cases(a.sample or None, a.seed)
     if a.cmd == "list":
         for c in todo:

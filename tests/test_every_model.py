@@ -45,8 +45,11 @@ def test_summary_keeps_tuned_and_held_out_apart():
     assert math.isclose(s["all"]["call_min"], 1.0)
 
 
-def test_the_command_refuses_a_negative_sample(capsys):
+def test_the_command_refuses_a_negative_sample_and_a_folder_for_out(capsys, tmp_path):
     with pytest.raises(SystemExit) as err:
         every_model.main(["list", "--sample", "-3"])
     assert err.value.code == 2
-    assert "--sample -3" in capsys.readouterr().err
+    assert "--sample" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:
+        every_model.main(["run", "--out", str(tmp_path)])  # a folder: refused before any GPU work
+    assert err.value.code == 2 and "--out" in capsys.readouterr().err
