@@ -151,12 +151,15 @@ class GemmConfig:
         parts = []
         order = list(short)
         for name, value in sorted(self.knobs().items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])):
-            if name in ("dtype", "arch"):
+            if name in ("dtype", "arch", "spec"):
                 continue
             key = short.get(name, name.replace("_", ""))
             parts.append(f"{key}{value}")
         knobs = "".join(parts)
-        return f"{self.rung}_{self.M}x{self.N}x{self.K}_{self.dtype}_{self.arch}" + (f"_{knobs}" if knobs else "")
+        # a non-default operand spec (gemm_ladder.spec), less D's dtype: e.g. _bias_float16
+        spec = ".".join(p for p in str(dict(self.extra).get("spec", "")).split(".") if p and p != f"d_{self.dtype}")
+        return (f"{self.rung}_{self.M}x{self.N}x{self.K}_{self.dtype}_{self.arch}" + (f"_{knobs}" if knobs else "")
+                + (f"_{spec.replace('.', '-')}" if spec else ""))
 
 
 def _fix(msg: str, fix: str, error: type = ConfigError) -> ConfigError:

@@ -23,6 +23,7 @@ from types import ModuleType
 from .config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
                      check_common, check_knob_types)
 from .launch import check_grid
+from .spec import SPEC_KNOB, as_spec, check_built, spec_of
 
 CONFIG_ATTR = "gemm_ladder.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
@@ -76,22 +77,38 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     """Fill in the rung's defaults and validate; raises :class:`ConfigError` before any compile."""
     arch = knobs.get("arch", DEFAULT_ARCH)
     mod = rung_module(rung, arch)
-    allowed = set(mod.KNOBS) | set(COMMON_KNOBS) | set(BUILD_OPTIONS)
+    knobs = _with_spec(knobs)
+    allowed = set(mod.KNOBS) | set(COMMON_KNOBS) | set(BUILD_OPTIONS) | {SPEC_KNOB}
     unknown = sorted(set(knobs) - allowed)
     if unknown:
         raise ConfigError(
             f"rung {rung} ({arch}) takes no knob {', '.join(unknown)}; its knobs are {sorted(allowed)}"
         )
-    check_knob_types(rung, knobs, {**COMMON_KNOBS, **mod.KNOBS})
+    check_knob_types(rung, knobs, {**COMMON_KNOBS, SPEC_KNOB: "", **mod.KNOBS})
     values = {**mod.KNOBS, **knobs}
     fields = set(GemmConfig.__dataclass_fields__)
     extra = tuple(sorted((k, v) for k, v in values.items() if k not in fields))
     cfg = GemmConfig(rung=rung, M=M, N=N, K=K, extra=extra, knob_names=tuple(sorted(mod.KNOBS)),
                      **{k: v for k, v in values.items() if k in fields})
     check_common(cfg, getattr(mod, "BLK_M_CHOICES", BLK_M_CHOICES))
+    check_built(spec_of(cfg), rung, getattr(mod, "EPILOGUES", ("none",)))  # what the rung does not build yet
     mod.check(cfg)
     check_grid(cfg, mod.launch(cfg))
     return cfg
+
+
+def _with_spec(knobs: dict) -> dict:
+    """The knobs with the operand spec (``spec``: a GemmSpec, its text or dict) as its text, and
+    ``dtype`` from it; the spec is left out where it is the default for the dtype (the knobs, tag
+    and cache key of such a module are those it had before the spec existed)."""
+    if knobs.get(SPEC_KNOB) in (None, ""):
+        return {k: v for k, v in knobs.items() if k != SPEC_KNOB}
+    spec = as_spec(knobs[SPEC_KNOB], knobs.get("dtype", COMMON_KNOBS["dtype"]))
+    dtype = knobs.get("dtype", spec.d)
+    if dtype != spec.d:
+        raise ConfigError(f"dtype={dtype!r} but spec {spec.text()} has D in {spec.d}; pass one of them, or both alike")
+    rest = {k: v for k, v in knobs.items() if k != SPEC_KNOB}
+    return {**rest, "dtype": dtype, **({} if spec.is_default() else {SPEC_KNOB: spec.text()})}
 
 
 def prim_func(rung: str, M: int, N: int, K: int, **knobs):

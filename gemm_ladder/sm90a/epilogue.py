@@ -16,6 +16,13 @@ consumer and calls per tile:
 Only the consumer's 128 threads meet, at its named barrier (``1 + consumer``); one thread (its
 ``thread`` 0) issues the stores, committed and not waited for: before it rewrites a buffer it
 lets the store that read it finish (``cp.async.bulk.wait_group.read``).
+
+The epilogue's extra operands come from the operand spec (``gemm_ladder.spec``):
+:func:`kernel_operands` appends them to the kernel's signature, and :class:`ChunkedEpilogue`
+takes the bias (``bias``: a buffer of N values in D's dtype, or None) and adds ``bias[n]`` to each
+fp32 accumulator of column n before it is rounded (:func:`biased`: the column of an accumulator
+register is ``8 (r // 4) + 2 (lane % 4) + r % 2`` in an m64nNk16 fragment), in the staged chunks
+and in the 16-bit pairs of ``epi_under`` alike.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import tvm
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
+from tvm.tirx.script.builder import ir as tirx_builder
 
 import layouts
 from ..config import ConfigError, GemmConfig
+from ..spec import spec_of
 from .common import CONSUMER_BARRIER, THREADS_PER_WG, WG_M, HopperPlan, pack_op
 
 EPI_CHUNK = 64  # columns of one TMA store box: one 128-byte swizzle row of 16-bit data
@@ -40,13 +50,40 @@ def check_epilogue(cfg: GemmConfig) -> None:
         ok = [n for n in range(EPI_CHUNK, cfg.blk_n + 1, EPI_CHUNK) if cfg.blk_n % n == 0]
         raise ConfigError(f"epi_n={epi_n!r} must be a multiple of {EPI_CHUNK} that divides blk_n={cfg.blk_n}; "
                           f"use one of {ok}")
+    if spec_of(cfg).bias and dict(cfg.extra).get("tail_n"):
+        raise ConfigError(f"{cfg.rung}: a bias with tail_n={dict(cfg.extra)['tail_n']} is not built yet (the narrow "
+                          "tiles' last columns leave from the registers without it); use tail_n=0")
+
+
+def kernel_operands(cfg: GemmConfig, M, N, K) -> dict:
+    """The epilogue's operands of ``cfg``'s spec (``GemmSpec.epilogue_operands``, in order) as
+    parameters of the kernel being traced, after those it declares itself: name -> buffer. Call
+    it beside the kernel's ``T.match_buffer`` lines, through ``T.meta_var``."""
+    sizes = {"M": M, "N": N, "K": K}
+    out = {}
+    for op in spec_of(cfg).epilogue_operands():
+        buf = tvm.tirx.decl_buffer(tuple(sizes[s] for s in op.shape), op.dtype, name=op.name)
+        out[op.name] = tirx_builder.arg(op.name, buf)
+    return out
+
+
+def biased(plan, Dreg, r, bias, n0, lane_id):
+    """Accumulator ``Dreg[r]`` of a tile whose columns start at ``n0``, plus ``bias`` of its column
+    as fp32 (a tile past N reads N's last value: those columns are clipped by the store); the
+    accumulator alone with no bias (no ``+ 0.0f``, which the compiler may not drop)."""
+    if bias is None:
+        return Dreg[r]
+    r_in = r % plan.acc_stride  # the register within its 64-row atom
+    col = n0 + 8 * (r_in // 4) + 2 * (lane_id % 4) + r_in % 2
+    return Dreg[r] + T.Cast("float32", bias[T.min(col, bias.shape[0] - 1)])
 
 
 @T.inline
-def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed):
+def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed, bias, n0):
     """Columns ``col0 .. col0+ncols`` of one warpgroup's accumulators -> ``Esmem[buf]`` (its
-    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`. With
-    ``packed=None``, ``Dreg`` holds the pairs already (:func:`acc_to_pairs`)."""
+    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`, plus
+    ``bias`` (None: none) of the tile's columns from ``n0``. With ``packed=None``, ``Dreg``
+    holds the pairs already (:func:`acc_to_pairs`, which added the bias)."""
     NR = T.meta_var(plan.acc_stride)
     q = T.meta_var(lane_id // 8)
     row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
@@ -55,7 +92,8 @@ def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lan
             r0 = T.meta_var(mi * NR + 2 * (col0 // 16 + pp) * 4)  # the first of the 8 accumulators stored
             if packed is not None:
                 for h in T.unroll(4):
-                    T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r0 + 2 * h + 1], Dreg[r0 + 2 * h])
+                    T.ptx[pack_op(plan.cfg)](packed[h], biased(plan, Dreg, r0 + 2 * h + 1, bias, n0, lane_id),
+                                             biased(plan, Dreg, r0 + 2 * h, bias, n0, lane_id))
             src = T.meta_var([packed[h] for h in range(4)] if packed is not None
                              else [Dreg[r0 // 2 + h] for h in range(4)])
             T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
@@ -83,7 +121,8 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
     if wtid == 0:
         T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
-    acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed)
+    acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed, epi.bias,
+                               n_st)
     T.ptx.fence.proxy.async_.shared__cta()
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
     if wtid == 0:
@@ -127,6 +166,7 @@ class ChunkedEpilogue:
     packed: object  # uint32[4] local: one stmatrix's four 16-bit pairs
     chunk_cols: int  # epi_n
     buffers: int  # staging buffers per consumer
+    bias: object = None  # bias[N] in D's dtype (kernel_operands), added before rounding; None: no bias
 
     @property
     def chunks_per_tile(self) -> int:
@@ -144,18 +184,24 @@ class ChunkedEpilogue:
         """Chunk ``j`` of a tile from its 16-bit pairs (v9's ``epi_under``, under the next tile)."""
         _store_chunk(self, pairs, m_st, n_st, None, chunk_it, j)
 
+    def acc_to_pairs(self, acc, pairs, n_st) -> None:
+        """:func:`acc_to_pairs` with this epilogue's bias, for the tile whose columns start at ``n_st``."""
+        acc_to_pairs(self.plan, acc, pairs, self.bias, n_st, self.lane_id)
+
     def with_plan(self, plan: HopperPlan) -> "ChunkedEpilogue":
         """The same epilogue for tiles of another width (v9's narrow ``tail_n`` tiles)."""
         return dataclasses.replace(self, plan=plan)
 
 
 @T.inline
-def acc_to_pairs(plan, Dreg, Preg):
-    """Round every accumulator of a tile into 16-bit pairs, ``Preg[i] = (Dreg[2i], Dreg[2i+1])``:
-    the pairs :func:`acc_chunk_to_smem_stmatrix` makes chunk by chunk, made at once so that
-    the accumulators are free for the next tile while the pairs wait for their stores."""
+def acc_to_pairs(plan, Dreg, Preg, bias, n0, lane_id):
+    """Round every accumulator of a tile (plus ``bias`` of its columns from ``n0``; None: none)
+    into 16-bit pairs, ``Preg[i] = (Dreg[2i], Dreg[2i+1])``: the pairs
+    :func:`acc_chunk_to_smem_stmatrix` makes chunk by chunk, made at once so that the
+    accumulators are free for the next tile while the pairs wait for their stores."""
     for i in T.unroll(plan.acc_regs // 2):
-        T.ptx[pack_op(plan.cfg)](Preg[i], Dreg[2 * i + 1], Dreg[2 * i])
+        T.ptx[pack_op(plan.cfg)](Preg[i], biased(plan, Dreg, 2 * i + 1, bias, n0, lane_id),
+                                 biased(plan, Dreg, 2 * i, bias, n0, lane_id))
 
 
 def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):

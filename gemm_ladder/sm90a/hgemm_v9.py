@@ -172,6 +172,7 @@ from .ring import Ring
 from .schedule import Schedule
 
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
+EPILOGUES = ("none", "bias")  # the operand spec's epilogues this rung builds (gemm_ladder.spec)
 KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
          "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
          "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False, "pingpong": False,
@@ -251,6 +252,7 @@ def kernel(cfg: GemmConfig):
         A = T.match_buffer(a, (M, K), dtype)
         B = T.match_buffer(b, (N, K), dtype)
         D = T.match_buffer(d, (M, N), dtype)
+        E = T.meta_var(epilogue.kernel_operands(cfg, M, N, K))  # the spec's epilogue operands, after num_ctas
         T.device_entry()
         cta = T.cta_id([num_ctas])  # whole clusters: the runtime rounds the SM count down
         rank = T.cta_id_in_cluster([cluster_size])
@@ -322,7 +324,8 @@ def kernel(cfg: GemmConfig):
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Asmem, b_smem=Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
             epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid, warp_id=warp_id,
-                                             lane_id=lane_id, packed=packed, chunk_cols=EPI_N, buffers=NBUF))
+                                             lane_id=lane_id, packed=packed, chunk_cols=EPI_N, buffers=NBUF,
+                                             bias=E.get("bias")))
             m_prev: T.int32 = 0
             n_prev: T.int32 = 0
             it: T.int32 = 0  # (tile, slice) pairs consumed by this CTA: never reset
@@ -345,7 +348,7 @@ def kernel(cfg: GemmConfig):
                         if turn > 0:
                             epi_it = epi_it + epi.chunks_per_tile
                         mma.retire(it, K_TILES)
-                        epilogue.acc_to_pairs(plan, Dreg, Preg)  # the accumulators are free for the next tile
+                        epi.acc_to_pairs(Dreg, Preg, sched.n_start(ts.n_idx))  # the accumulators are free for the next tile
                         m_prev = sched.m_start(ts.m_idx)
                         n_prev = sched.n_start(ts.n_idx)
                     else:
