@@ -118,11 +118,11 @@ def load(path):
     return _load(path)
 
 
-def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None):
-    """D = A . B^T for any shape (A [..., K], B [N, K]): see :mod:`gemm_ladder.front`."""
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None):
+    """D = A . B^T (+ bias [N]) for any shape (A [..., K], B [N, K]): see :mod:`gemm_ladder.front`."""
     from .front import matmul as _matmul  # pylint: disable=import-outside-toplevel  (keeps the import light)
 
-    return _matmul(A, B, out=out, explain=explain, strict=strict)
+    return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias)
 
 
 def use_pack(folder):

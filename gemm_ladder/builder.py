@@ -27,6 +27,7 @@ from .harness import git_commit
 from .rungs import config_of_prim_func, kernel_of, make_config, rung_module
 from .runtime import MANIFEST_VERSION, manifest_path
 from .sass import has_device_binary
+from .spec import spec_of
 
 
 @dataclass
@@ -52,6 +53,7 @@ class BuiltModule:
             "dtype": self.cfg.dtype,
             "arch": self.cfg.arch,
             "knobs": self.cfg.knobs(),
+            "spec": spec_of(self.cfg).to_dict(),  # the operands, in the kernel's order (gemm_ladder.spec)
             "tvm_version": self.tvm_version,
             "compiler": self.compiler.describe(),
             "binary_sha256": hashlib.sha256(self.binary).hexdigest(),

@@ -21,6 +21,7 @@ from pathlib import Path
 from . import cli_types, device, kernel_pack, report, suite
 from .config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
 from .files import FolderError
+from .spec import EPILOGUES
 from .tune import db as tune_db
 
 
@@ -50,7 +51,9 @@ def cmd_pack(a) -> int:
         try:
             man = kernel_pack.build_pack(a.out, shapes, a.dtypes or list(DTYPES), a.arch, a.sms, not a.static, a.jobs,
                                          request={"shapes": ["x".join(map(str, s)) for s in shapes],
-                                                  "model": a.model, "suite": a.suite, "m": list(a.m)})
+                                                  "model": a.model, "suite": a.suite, "m": list(a.m),
+                                                  "epilogues": list(a.epilogue)},
+                                         epilogues=tuple(a.epilogue))
         except (ConfigError, LookupError, FolderError) as err:  # a shape no kernel takes, an --out that is no folder
             raise UsageError(str(err)) from None
         for r in man["results"]:
@@ -137,6 +140,8 @@ def add_parsers(sub) -> None:
     b.add_argument("--sms", type=cli_types.count, default=None,
                    help="SM count the heuristic plans for (default: the GPU, or H100)")
     b.add_argument("--static", action="store_true", help="one module per M even where a rung takes M at run time")
+    b.add_argument("--epilogue", type=cli_types.names(EPILOGUES, "epilogue"), default=["none"],
+                   help="the epilogues to build each shape with (gemm_ladder.spec): none, bias, or none,bias")
     b.add_argument("--out", default="build/pack")
     b.add_argument("--jobs", type=cli_types.count, default=None)
     for name in ("show", "check"):

@@ -3,6 +3,7 @@
     import gemm_ladder
     D = gemm_ladder.matmul(A, B)              # A [..., K] (batch dims flattened into M), B [N, K]
     gemm_ladder.matmul(A, B, out=D)           # D [..., N]
+    gemm_ladder.matmul(A, B, bias=b)          # D = A . B^T + b, b [N] (fp32 sum, then rounded)
     gemm_ladder.matmul(A, B, explain=True)    # also prints which kernel, from where, and why
 
 How a call finds its kernel (once per shape, dtype and GPU arch; then from memory)::
@@ -40,6 +41,11 @@ grad while grad mode is on (there is no backward here: ``torch.ops.gemm_ladder.m
 a B laid out as a transposed view (``lin.weight.t()``: B is [N, K] like ``lin.weight``). Empty
 shapes give empty (or zero) results without a launch, as cuBLAS does.
 
+A bias (``bias=``: 1-d, N values, A's dtype and GPU, contiguous) is the operand spec's per-column
+bias (``gemm_ladder.spec``): the kernel adds it to the fp32 accumulators before rounding. Its
+modules are separate (a pack serves it from ``pack build --epilogue bias``; the policy picks a
+rung that builds it: v9); where none serves, torch's ``addmm`` computes it, as for a missing shape.
+
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
 It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
 (the first call of a shape loads its module: run it before capturing).
@@ -61,6 +67,7 @@ from .config import DTYPES, IndexRangeError, max_m_of
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
 from .tma_layout import Fixes, Layout, layout_fixes
 from .runtime import ModuleInputError, load
+from .spec import GemmSpec
 
 logger = logging.getLogger("gemm_ladder.matmul")
 
@@ -83,16 +90,19 @@ class Route:
     calls: int = 0
     launchers: dict = field(default_factory=dict)  # GPU index -> the module's unchecked launch
 
-    def run(self, a, b, d) -> None:
-        """Launch on tensors of the kernel's shape that the front door checked: the module checks
-        them once per GPU (``GemmModule.launcher``), then launches with no further checks."""
+    def run(self, a, b, d, operands: dict | None = None) -> None:
+        """Launch on tensors of the kernel's shape that the front door checked (``operands``: the
+        spec's epilogue operands by name, in its order): the module checks them once per GPU
+        (``GemmModule.launcher``), then launches with no further checks."""
         idx = a.device.index
+        operands = operands or {}
         launch = self.launchers.get(idx)
         if launch is None:
             maker = getattr(self.module, "launcher", None)
-            launch = maker(a, b, d) if maker is not None else (lambda x, y, z: self.module(x, y, out=z))
+            launch = maker(a, b, d, **operands) if maker is not None else \
+                (lambda x, y, z, *extras: self.module(x, y, out=z, **dict(zip(operands, extras))))
             self.launchers[idx] = launch
-        launch(a, b, d)
+        launch(a, b, d, *operands.values())
 
     def as_dict(self) -> dict:
         return {"rung": self.rung, "knobs": self.knobs, "source": self.source, "module_M": self.module_M,
@@ -152,7 +162,7 @@ def _load(path):
 
 
 # -- checks ---------------------------------------------------------------------------------------
-def _shapes(A, B, out):
+def _shapes(A, B, out, bias=None):
     """(M, N, K, D's shape) of a call whose arguments fit, all but their device (these checks need
     no GPU, so the CPU tests reach them); else ModuleInputError."""
     import torch  # pylint: disable=import-outside-toplevel
@@ -182,12 +192,27 @@ def _shapes(A, B, out):
             raise ModuleInputError(f"out has shape {tuple(out.shape)}; D = A . B^T is {shape}")
     if is_transposed(B):
         raise ModuleInputError(transposed_b_error(B))
-    for name, t in (("A", A), ("B", B), ("out", out)):
+    if bias is not None:
+        check_bias(bias, A.dtype, N)
+    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias)):
         if t is not None and not t.is_contiguous():
             raise ModuleInputError(f"{name} is not contiguous (row-major); pass {name}.contiguous()")
-    _refuse_grad_and_overlap(A, B, out)
+    _refuse_grad_and_overlap(A, B, out, bias)
     M = int(torch.Size(A.shape[:-1]).numel())
     return M, N, K, shape
+
+
+def check_bias(bias, dtype, N: int, who: str = "gemm_ladder.matmul") -> None:
+    """A per-column bias: a tensor of N values in A's dtype (the op's checks and the front door's)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(bias, torch.Tensor):
+        raise ModuleInputError(f"{who}: bias must be a torch.Tensor of N={N} values or None, got {type(bias).__name__}")
+    if bias.dim() != 1 or bias.shape[0] != N:
+        raise ModuleInputError(f"{who}: bias has shape {tuple(bias.shape)}; it is one value per column of D: ({N},) "
+                               "(a bias of another shape: add it after the call)")
+    if bias.dtype != dtype:
+        raise ModuleInputError(f"{who}: bias has dtype {bias.dtype}; it must be A's {dtype} (bias.to({dtype}))")
 
 
 # what B is, for a caller who passed its [K, N] transpose (thinking of x @ W where lin(x) was meant)
@@ -217,29 +242,30 @@ def _overlaps(t, u) -> bool:
     return t0 < u0 + u.nbytes and u0 < t0 + t.nbytes
 
 
-def _refuse_grad_and_overlap(A, B, out) -> None:
+def _refuse_grad_and_overlap(A, B, out, bias=None) -> None:
     """What would silently mislead in tensors that fit otherwise (contiguous: the byte ranges are
     exact): gradients that would stop here, and an ``out`` the kernel would write while it still
     reads A or B."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    wants_grad = [name for name, t in (("A", A), ("B", B), ("out", out)) if t is not None and t.requires_grad]
+    wants_grad = [name for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias))
+                  if t is not None and t.requires_grad]
     if wants_grad and torch.is_grad_enabled():
         raise ModuleInputError(
             f"{' and '.join(wants_grad)} require{'s' if len(wants_grad) == 1 else ''} grad: gemm_ladder.matmul "
             "has no backward (its result would silently stop the gradient). Call it under torch.no_grad() or "
             "torch.inference_mode(), pass .detach()ed tensors, or use torch.ops.gemm_ladder.mm "
             "(import gemm_ladder.ops), which has one")
-    for name, t in (("A", A), ("B", B)):
-        if out is not None and _overlaps(out, t):
+    for name, t in (("A", A), ("B", B), ("bias", bias)):
+        if out is not None and t is not None and _overlaps(out, t):
             raise ModuleInputError(f"out overlaps {name} in memory: the kernel would overwrite {name} while it "
-                                   f"reads it. Pass an out that shares no memory with A or B (or no out)")
+                                   f"reads it. Pass an out that shares no memory with A, B or bias (or no out)")
 
 
-def _check(A, B, out):
+def _check(A, B, out, bias=None):
     """(M, N, K, A as [M, K], out as [M, N] or None, D's shape); raises ModuleInputError."""
-    M, N, K, shape = _shapes(A, B, out)
-    for name, t in (("A", A), ("B", B), ("out", out)):
+    M, N, K, shape = _shapes(A, B, out, bias)
+    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias)):
         if t is None:
             continue
         if t.device.type != "cuda":
@@ -266,19 +292,23 @@ def _arch(index: int) -> str:
 
 
 # -- choosing -------------------------------------------------------------------------------------
-def _route(M: int, N: int, K: int, dtype: str, index: int, strict: bool = False) -> tuple[Route, bool]:
-    """The route of a shape (and whether it was known already); ``strict``: no torch fallback."""
+def _route(M: int, N: int, K: int, dtype: str, index: int, strict: bool = False,
+           spec: GemmSpec | None = None) -> tuple[Route, bool]:
+    """The route of a shape and operand spec (default: ``dtype`` in and out, no epilogue), and
+    whether it was known already; ``strict``: no torch fallback."""
     arch = _arch(index)
-    key = (M, N, K, dtype, arch, strict)
+    spec = spec or GemmSpec.default(dtype)
+    key = (M, N, K, dtype, arch, strict, spec)
     route = _ROUTES.get(key)
     if route is not None:
         return route, True
     with _LOCK:
         route = _ROUTES.get(key)
         if route is None:
-            route = _resolve(M, N, K, dtype, arch, index, strict)
+            route = _resolve(M, N, K, dtype, arch, index, strict, spec)
             _ROUTES[key] = route
-            logger.info("gemm_ladder.matmul %dx%dx%d %s (%s):\n%s", M, N, K, dtype, arch, "\n".join(route.lines))
+            logger.info("gemm_ladder.matmul %dx%dx%d %s %s (%s):\n%s", M, N, K, dtype, spec.epilogue, arch,
+                        "\n".join(route.lines))
     return route, False
 
 
@@ -309,7 +339,7 @@ def plan_job(p, rules=None):
     from .batch import BuildJob
     from .rungs import rung_module
 
-    choice = plan.choose(p, rules=rules)
+    choice = plan.choose(p, rules=rules)  # its knobs carry p.spec (a rung that does not build it is passed over)
     knobs = dict(choice.knobs)
     if "dynamic_m" in rung_module(choice.rung, p.arch).KNOBS and \
             plan._validate(choice.rung, p, {**knobs, "dynamic_m": True}) is None:  # pylint: disable=protected-access
@@ -318,12 +348,12 @@ def plan_job(p, rules=None):
     return choice, BuildJob(choice.rung, shape, knobs)
 
 
-def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int) -> Route:
+def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int, spec: GemmSpec) -> Route:
     """The policy's choice, from the module cache or built into it (TVM's compiler is here)."""
     # pylint: disable=import-outside-toplevel  (the compiler side: build boxes only)
     from . import module_cache, plan
 
-    choice, job = plan_job(plan.Problem(M, N, K, dtype, arch, device.sm_count(index)))
+    choice, job = plan_job(plan.Problem(M, N, K, dtype, arch, device.sm_count(index), spec))
     dynamic, knobs = "dynamic_m" in job.knobs, job.knobs
     path, how = module_cache.get_or_build(job)
     source = {"cache": "module cache", "built": "fresh build"}[how]
@@ -348,17 +378,17 @@ def _far(e: dict, fit: str, M: int) -> str | None:
     return None
 
 
-def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool) -> Route:
-    route = _resolve_ours(M, N, K, dtype, arch, index, strict)
+def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool, spec: GemmSpec) -> Route:
+    route = _resolve_ours(M, N, K, dtype, arch, index, strict, spec)
     if not strict and _tiny(M, N, K) and not isinstance(route.module, TorchMatmul):
         return _captured_by_torch(route, M, N, K)
     return route
 
 
-def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool) -> Route:
+def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool, spec: GemmSpec) -> Route:
     found, beyond = None, ""
     for pack in _packs():
-        f = pack.find(M, N, K, dtype, arch)
+        f = pack.find(M, N, K, dtype, arch, spec)
         if f is not None and f.entry["dynamic_m"] and M > (most := max_m_of(N, K, f.entry["knobs"])):
             beyond = f"; {f.entry['file']} reads M as a 32-bit index and serves M <= {most}"
             continue
@@ -369,29 +399,31 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
     why = _why_no_build()
     if why is None:
         try:
-            return _build_route(M, N, K, dtype, arch, index)
+            return _build_route(M, N, K, dtype, arch, index, spec)
         except IndexRangeError as err:  # past what any kernel of ours indexes: torch's 64-bit indices take it
             if strict:
                 raise
             return _torch_route(M, N, K, dtype, str(err), "split the call into parts that fit")
-    how = (f"on a box with TVM's compiler: python -m gemm_ladder pack build --shapes {M}x{N}x{K} --dtypes {dtype} "
-           f"--out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK")
+    epilogue = "" if spec.is_default() else f" --epilogue {spec.epilogue}"
+    how = (f"on a box with TVM's compiler: python -m gemm_ladder pack build --shapes {M}x{N}x{K} --dtypes {dtype}"
+           f"{epilogue} --out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK")
+    what = f"{dtype}" + ("" if spec.is_default() else f" with a {spec.epilogue}")
     if found is not None:
         far = _far(found.entry, found.fit, M)
         note = f"note: the pack has nothing closer and nothing can be built here ({why})"
         if far is None or strict:
             route = _from_pack(found, note)
             if far is not None:
-                _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {dtype}: {found.entry['file']} serves it although {far} "
+                _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {what}: {found.entry['file']} serves it although {far} "
                       f"(strict mode); for a kernel made for this M, {how}")
             return route
-        return _torch_route(M, N, K, dtype, f"the nearest kernel pack module, {found.entry['file']}, would serve it "
+        return _torch_route(M, N, K, what, f"the nearest kernel pack module, {found.entry['file']}, would serve it "
                                                f"badly: {far}; and nothing can be built here ({why})", how)
     where = ", ".join(str(p.folder) for p in _packs()) or "none ($GEMM_LADDER_PACK is not set)"
     missing = f"no kernel pack serves it (packs: {where}{beyond}) and nothing can be built here ({why})"
     if strict:
-        raise NoKernelError(f"no kernel for M={M}, N={N}, K={K}, {dtype} on {arch}: {missing}. {how[0].upper()}{how[1:]}")
-    return _torch_route(M, N, K, dtype, missing, how)
+        raise NoKernelError(f"no kernel for M={M}, N={N}, K={K}, {what} on {arch}: {missing}. {how[0].upper()}{how[1:]}")
+    return _torch_route(M, N, K, what, missing, how)
 
 
 class KernelFallbackWarning(UserWarning):
@@ -399,15 +431,19 @@ class KernelFallbackWarning(UserWarning):
 
 
 class TorchMatmul:
-    """torch's own ``D = A . B^T`` (cuBLAS) in a module's place: the front door's fallback where no
-    kernel of ours serves a shape, so a model with one such layer still runs, as fast as torch."""
+    """torch's own ``D = A . B^T`` (+ ``bias``: ``addmm``; cuBLAS) in a module's place: the front
+    door's fallback where no kernel of ours serves a shape (or its bias), so a model with one such
+    layer still runs, as fast as torch."""
 
     path = "torch.matmul (cuBLAS)"
 
-    def __call__(self, a, b, out):
+    def __call__(self, a, b, out, bias=None):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
-        torch.matmul(a, b.t(), out=out)
+        if bias is None:
+            torch.matmul(a, b.t(), out=out)
+        else:
+            torch.addmm(bias, a, b.t(), out=out)
 
 
 def _warn(text: str) -> None:
@@ -450,21 +486,23 @@ class CapturedByTorch:
         self.ours, self.torch = ours, TorchMatmul()
         self.path = getattr(ours, "path", "")
 
-    def __call__(self, a, b, out):
-        self.launcher(a, b, out)(a, b, out)
+    def __call__(self, a, b, out, bias=None):
+        operands = {} if bias is None else {"bias": bias}
+        self.launcher(a, b, out, **operands)(a, b, out, *operands.values())
 
     def __getattr__(self, name):  # the rest is our module's (its manifest, M at run time, ...)
         if name == "ours":
             raise AttributeError(name)
         return getattr(self.ours, name)
 
-    def launcher(self, a, b, out):
+    def launcher(self, a, b, out, **operands):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
         maker = getattr(self.ours, "launcher", None)
-        ours = maker(a, b, out) if maker is not None else (lambda x, y, z: self.ours(x, y, out=z))
+        ours = maker(a, b, out, **operands) if maker is not None else \
+            (lambda x, y, z, *extras: self.ours(x, y, out=z, **dict(zip(operands, extras))))
         capturing, theirs = torch.cuda.is_current_stream_capturing, self.torch
-        return lambda x, y, z: theirs(x, y, z) if capturing() else ours(x, y, z)
+        return lambda x, y, z, *extras: theirs(x, y, z, *extras) if capturing() else ours(x, y, z, *extras)
 
 
 def _captured_by_torch(route: Route, M: int, N: int, K: int) -> Route:
@@ -515,13 +553,18 @@ def _weight_copy(B, Nk: int, Kk: int):
     return b
 
 
-def _launch(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes):
-    """Run the route's module on ``A2`` [M, K], ``B`` [N, K], with the copies ``fixes`` asks for."""
+def _launch(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes, bias=None):
+    """Run the route's module on ``A2`` [M, K], ``B`` [N, K] (+ ``bias`` [N]), with the copies
+    ``fixes`` asks for."""
     import torch  # pylint: disable=import-outside-toplevel
 
     Mk = route.module_M if route.module_M is not None else M
     Nk, Kk = fixes.N, fixes.K
     a, b = A2, B
+    operands = {}
+    if bias is not None:  # N values, zero-padded to the kernel's N; copied onto a 16-byte boundary
+        operands["bias"] = bias if Nk == N and bias.data_ptr() % 16 == 0 else \
+            torch.nn.functional.pad(bias, (0, Nk - N))
     if Mk != M or Kk != K:
         a = A2.new_zeros((Mk, Kk))
         a[:M, :K] = A2
@@ -531,22 +574,24 @@ def _launch(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes):
         b = _weight_copy(B, Nk, Kk)
     if Mk == M and Nk == N and not fixes.copies("stage-out"):
         d = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
-        route.run(a, b, d)
+        route.run(a, b, d, operands)
         return d
     d = torch.empty((Mk, Nk), dtype=A2.dtype, device=A2.device)
-    route.run(a, b, d)
+    route.run(a, b, d, operands)
     result = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
     result.copy_(d[:M, :N])
     return result
 
 
-def _trivial(A, out, shape, M: int, N: int, K: int):
-    """Empty shapes: nothing to launch (K = 0 gives zeros, as cuBLAS does)."""
+def _trivial(A, out, shape, M: int, N: int, K: int, bias=None):
+    """Empty shapes: nothing to launch (K = 0 gives zeros, or the bias, as cuBLAS does)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     D = out if out is not None else torch.empty(shape, dtype=A.dtype, device=A.device)
     if K == 0 and M and N:
         D.zero_()
+        if bias is not None:
+            D += bias
     return D
 
 
@@ -636,36 +681,40 @@ def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
             _FAST[key] = (route, launch, M, N, K, tuple(shape), spans)
 
 
-def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None):
-    """D = A . B^T on the GPU, for any shape (see the module docstring); returns D (or ``out``).
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None):
+    """D = A . B^T (+ ``bias``, one value per column: N values in A's dtype, added to the fp32 sums
+    before rounding) on the GPU, for any shape (see the module docstring); returns D (or ``out``).
 
     ``strict``: where no kernel of ours serves the shape, raise :class:`NoKernelError` instead of
     computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
     first resolved)."""
-    if not explain and strict is None:
+    if not explain and strict is None and bias is None:
         done = _fast(A, B, out)
         if done is not None:
             return done
-    M, N, K, A2, out2, shape = _check(A, B, out)
+    M, N, K, A2, out2, shape = _check(A, B, out, bias)
     dtype = _dtype_name(A.dtype)
     if M == 0 or N == 0 or K == 0:
         if explain:
             print(f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype}: empty, nothing launched", file=sys.stderr)
-        return _trivial(A, out, shape, M, N, K)
+        return _trivial(A, out, shape, M, N, K, bias)
     aligned = (A2.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, out2 is None or out2.data_ptr() % 16 == 0)
     if K % 8 or N % 8 or not all(aligned):
         fixes = layout_fixes(Layout(M, N, K, dtype, *aligned, out_given=out2 is not None))
     else:
         fixes = Fixes((), N, K)
     index = A.device.index if A.device.index is not None else 0
-    route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict))
+    spec = GemmSpec.with_bias(dtype) if bias is not None else None
+    route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
-    D = _launch(route, A2, B, out2, M, N, K, fixes)
-    if not fixes.names and (route.module_M is None or route.module_M == M):
+    D = _launch(route, A2, B, out2, M, N, K, fixes, bias)
+    if bias is None and not fixes.names and (route.module_M is None or route.module_M == M):
         _remember(A, B, out, route, M, N, K, shape)
     if explain:
         batch = tuple(A.shape) if A.dim() != 2 else None
-        print(explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch), file=sys.stderr)
+        text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)
+        print(text + ("\n  epilogue: + bias[n], added to the fp32 sums before rounding" if bias is not None else ""),
+              file=sys.stderr)
     return out if out is not None else D.view(shape)

@@ -17,7 +17,12 @@ loads with the TVM runtime alone::
                   "shape": [1, 4096, 4096], "dtype": "float16", "arch": "sm_90a",
                   "knobs": {...}, "dynamic_m": true, "m_range": [1, 64], "m_values": [1, 16, 64],
                   "so_bytes": 203848, "so_sha256": "...",
-                  "choice": {"source": "rule", "rule": "weight-streaming", "why": "..."}}, ...]}
+                  "choice": {"source": "rule", "rule": "weight-streaming", "why": "..."},
+                  "spec": {"a": "float16", ..., "bias": "float16", "operands": [...]}}, ...]}
+
+``spec`` is the module's operand spec (``gemm_ladder.spec``): a module serves a call of its spec
+only (a bias call, a bias module: ``pack build --epilogue bias``); an entry written before the
+field existed is a module of the default spec (its dtype in and out, no epilogue).
 
 A module that takes M at run time (``dynamic_m``: one module for every M, N and K fixed) serves
 any M; ``m_range`` is the range of M its knobs were chosen for and ``m_values`` the requested M
@@ -52,6 +57,7 @@ from .config import ARCHS, DTYPES
 from .records import FILE_NAME, KNOB_VALUE, SHAPE, Bool, Check, Int, List, Map, Maybe, Obj, RecordError, Str, \
     parse_json, read_text, validate
 from .runtime import ManifestError, check_file, load, read_manifest
+from .spec import SPEC_SCHEMA, GemmSpec, spec_for, spec_of_manifest
 
 PACK_MANIFEST = "pack.json"
 PACK_FORMAT = "gemm_ladder.kernel_pack"
@@ -80,7 +86,8 @@ ENTRY_SCHEMA = Obj(
      "m_range": Check(List(Int(lo=1), length=2, what="[least M, largest M]"), _range_problem),
      "so_bytes": Int(lo=0), "so_sha256": Str(pattern="[0-9a-f]{64}", example="64 hex digits")},
     {"m_values": Maybe(List(Int(lo=1))),
-     "choice": Maybe(Obj(optional={"source": Maybe(Str()), "rule": Maybe(Str()), "why": Maybe(Str())}))})
+     "choice": Maybe(Obj(optional={"source": Maybe(Str()), "rule": Maybe(Str()), "why": Maybe(Str())})),
+     "spec": SPEC_SCHEMA})
 PACK_SCHEMA = Obj({"modules": List(ENTRY_SCHEMA)}, {"arch": Maybe(Str()), "sms": Maybe(Int(lo=1))})
 
 
@@ -118,15 +125,17 @@ class KernelPack:
         self.modules = self.manifest["modules"]
         self._by_nk: dict = {}
         for e in self.modules:
-            self._by_nk.setdefault((e["shape"][1], e["shape"][2], e["dtype"], e["arch"]), []).append(e)
+            key = (e["shape"][1], e["shape"][2], e["dtype"], e["arch"], spec_of_manifest(e))
+            self._by_nk.setdefault(key, []).append(e)
 
     def __repr__(self) -> str:
         return f"<KernelPack {self.folder} ({len(self.modules)} modules, {self.manifest.get('arch')})>"
 
-    def find(self, M: int, N: int, K: int, dtype: str, arch: str) -> Found | None:
-        """The module that serves this shape best, or None (see :data:`FITS`)."""
+    def find(self, M: int, N: int, K: int, dtype: str, arch: str, spec: GemmSpec | None = None) -> Found | None:
+        """The module of ``spec`` (default: ``dtype`` in and out, no epilogue) that serves this
+        shape best, or None (see :data:`FITS`)."""
         best, rank = None, None
-        for e in self._by_nk.get((N, K, dtype, arch), ()):
+        for e in self._by_nk.get((N, K, dtype, arch, spec or GemmSpec.default(dtype)), ()):
             lo, hi = e["m_range"]
             if e["dynamic_m"]:
                 # ranges of different rules may overlap (a rule can hold at M = 128 and 2048 but not
@@ -164,7 +173,8 @@ class KernelPack:
             raise PackError(f"{path} is not the module {PACK_MANIFEST} lists (sha256 differs): {again}")
         mine = {k: man.get(k) for k in ("rung", "dtype", "arch")}
         theirs = {k: entry[k] for k in ("rung", "dtype", "arch")}
-        if mine != theirs or man["shape"][1:] != entry["shape"][1:] or bool(man.get("launch", {}).get("dynamic_m")) != entry["dynamic_m"]:
+        if mine != theirs or man["shape"][1:] != entry["shape"][1:] or bool(man.get("launch", {}).get("dynamic_m")) != entry["dynamic_m"] \
+                or spec_of_manifest(man) != spec_of_manifest(entry):
             raise PackError(f"{path} holds {man['rung']} {man['shape']} {man['dtype']} {man['arch']} but "
                             f"{PACK_MANIFEST} lists {entry['rung']} {entry['shape']} {entry['dtype']} {entry['arch']}: {again}")
         return path
@@ -206,8 +216,10 @@ def _name(job, dynamic: bool) -> str:
     return tag.replace(f"_{job.shape[0]}x", "_anyMx", 1) if dynamic else tag
 
 
-def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True) -> list[dict]:
-    """The modules a pack needs for ``shapes`` (``(M, N, K)``) in ``dtypes``: one per choice of
+def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
+              epilogues=("none",)) -> list[dict]:
+    """The modules a pack needs for ``shapes`` (``(M, N, K)``) in ``dtypes`` with each of
+    ``epilogues`` (``none``, ``bias``: the operand spec, ``spec.spec_for``): one per choice of
     the front door's policy (``plan.choose``, at the N and K it pads to), one for all the M of a
     (rung, knobs, N, K) where the rung takes M at run time, else one per M."""
     from . import plan, tma_layout  # pylint: disable=import-outside-toplevel
@@ -216,15 +228,16 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
 
     sms = sms or plan.default_sms(arch)
     groups: dict = {}
-    for dtype in dtypes:
+    for dtype, epilogue in ((d, e) for d in dtypes for e in epilogues):
+        spec = spec_for(dtype, epilogue)
         for M, N, K in shapes:
             fixes = tma_layout.layout_fixes(tma_layout.Layout(M, N, K, dtype))
-            choice = plan.choose(plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms))
+            choice = plan.choose(plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms, spec))
             knobs = dict(choice.knobs)
             dyn = dynamic and "dynamic_m" in rung_module(choice.rung, arch).KNOBS
             if dyn:
                 knobs["dynamic_m"] = True
-                dyn = plan._validate(choice.rung, plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms), knobs) is None
+                dyn = plan._validate(choice.rung, plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms, spec), knobs) is None
                 knobs = knobs if dyn else dict(choice.knobs)
             key = (choice.rung, json.dumps(knobs, sort_keys=True), fixes.N, fixes.K, None if dyn else max(M, MIN_STATIC_M))
             g = groups.setdefault(key, {"rung": choice.rung, "knobs": knobs, "N": fixes.N, "K": fixes.K,
@@ -261,7 +274,7 @@ def _pack_worker(args) -> dict:
 
 
 def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
-               workers: int | None = None, cache_root=None, request: dict | None = None) -> dict:
+               workers: int | None = None, cache_root=None, request: dict | None = None, epilogues=("none",)) -> dict:
     """Build the modules :func:`plan_pack` lists into ``out`` and write ``out/pack.json`` (merged
     with what the folder held: entries of other files stay). Returns the manifest, with
     ``"results"`` (built / cache / failed per module)."""
@@ -274,7 +287,7 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     sms = sms or plan.default_sms(arch)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    items = plan_pack(shapes, dtypes, arch, sms, dynamic)
+    items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues)
     results = map_in_processes(_pack_worker, [(i, str(out), cache_root) for i in items], workers)
     results = [r if isinstance(r, dict) else {"file": i["file"], "status": "failed", "detail": repr(r)}
                for i, r in zip(items, results)]
@@ -288,7 +301,7 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
                         "arch": man["arch"], "knobs": man["knobs"], "dynamic_m": item["dynamic_m"],
                         "m_range": item["m_range"], "m_values": item["m_values"], "so_bytes": man["so_bytes"],
                         "so_sha256": man["so_sha256"],
-                        "choice": item["choice"]})
+                        "choice": item["choice"], "spec": spec_of_manifest(man).to_dict()})
     with files.folder_lock(out, wait=True, what="this pack build"):
         try:
             old = read_pack_manifest(out)["modules"]

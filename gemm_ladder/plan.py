@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, LARGEST_TILE, ConfigError, GemmConfig, check_extents
+from .spec import GemmSpec, spec_knobs
 
 MODEL_ONLY = "model only: not yet measured"
 # the small-M rules stream B past a few rows of A (sm90a/producer.load_hints; see the docstring)
@@ -93,6 +94,7 @@ class Problem:
     dtype: str = DEFAULT_DTYPE
     arch: str = DEFAULT_ARCH
     sms: int = 132
+    spec: GemmSpec | None = None  # the operands (gemm_ladder.spec); None: dtype in and out, no epilogue
 
     def tiles(self, blk_m: int, blk_n: int) -> int:
         return math.ceil(self.M / blk_m) * math.ceil(self.N / blk_n)
@@ -453,7 +455,8 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
         if not rule.when(p):
             skipped.append(f"rule {rule.name!r} does not apply")
             continue
-        knobs = {**rule.knobs(p), "dtype": p.dtype, "arch": p.arch}
+        knobs = {**rule.knobs(p), "dtype": p.dtype, "arch": p.arch, **spec_knobs(p.spec)}  # a rung that does not
+        # build the spec's epilogue is refused by the validator, and the rule passed over
         problem = _validate(rule.rung, p, knobs) if validate else None
         if problem:
             skipped.append(f"rule {rule.name!r} ({rule.rung}): {problem}")
@@ -496,8 +499,11 @@ def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | Non
     why = (f"best in bucket {'x'.join(map(str, bucket))}: {entry['gpu']} {'x'.join(map(str, entry['shape']))} "
            f"{entry['tflops']:.0f} TFLOPS ({entry.get('ratio_to_cublas') or 0:.2f}x cuBLAS, {str(entry.get('date'))[:10]}; "
            f"{entry['db']})")
-    return Choice(rung, {**knobs, "dtype": p.dtype, "arch": p.arch}, "db", "tuning database", why,
-                  db_entry=entry), notes, base.describe()
+    knobs = {**knobs, "dtype": p.dtype, "arch": p.arch, **spec_knobs(p.spec)}
+    if spec_knobs(p.spec) and (refused := _validate(rung, p, knobs)) is not None:  # the entries tuned no epilogue
+        return None, notes + [f"tuning database has {rung} for bucket {'x'.join(map(str, bucket))}: {refused}"], \
+            base.describe()
+    return Choice(rung, knobs, "db", "tuning database", why, db_entry=entry), notes, base.describe()
 
 
 def choose(p: Problem, db=None, rules=None, use_db: bool = True) -> Choice:

@@ -7,6 +7,7 @@ It never compiles anything: the ``.so`` holds the device binary.
     mod = gemm_ladder.load("build/v4_4096x4096x4096_float16_sm_90a.so")
     D = mod(A, B)            # A [M, K], B [N, K] on the GPU, D = A @ B.T
     mod(A, B, out=D)         # writes into D
+    mod(A, B, bias=b)        # a module whose operand spec has a bias: D = A @ B.T + b
 
 Before the dynamic loader sees the ``.so``, its manifest is read and checked (a JSON object of
 this format, with the fields the loader needs) and the file is checked against it: its size and
@@ -18,6 +19,11 @@ the process). Every input is checked before launch: dtype, device, shape, layout
 A module built with a runtime M (``launch["dynamic_m"]`` in its manifest: v6/v9 with
 ``dynamic_m=True``) takes any M >= 1 with its N and K: ``mod(A, B)`` reads M off ``A``.
 ``mod.M`` is then the M its knobs were chosen for (what ``check`` and ``time`` use by default).
+
+The manifest's ``spec`` (``gemm_ladder.spec``; a manifest written before it existed reads as the
+default: the dtype in and out, no epilogue) says which operands the kernel takes after D: they are
+passed by name (``bias=``), checked like A and B, and go to the kernel after the launch scalars,
+in the spec's order (:meth:`GemmModule.operand_args`).
 
 A split-K module (``launch["workspace"]``: v10, v11) takes an fp32 buffer of partial tiles and
 int32 counters after ``D``; the module allocates them (zeroed once: the kernel puts every
@@ -36,6 +42,7 @@ from pathlib import Path
 
 from . import device, pack
 from .config import ARCHS, DTYPES
+from .spec import SPEC_SCHEMA, GemmSpec, spec_of_manifest
 from .records import KNOB_VALUE, SHAPE, Bool, Either, Int, List, Map, Maybe, Num, Obj, RecordError, Str, \
     parse_json, read_text, validate
 
@@ -52,7 +59,7 @@ MANIFEST_SCHEMA = Obj(
      "knobs": Map(KNOB_VALUE),
      "tvm_version": Str(), "so_bytes": Int(lo=0), "so_sha256": Str(pattern="[0-9a-f]{64}", example="64 hex digits")},
     {"launch": _LAUNCH, "watchdog": Maybe(Obj(optional={"seconds": Maybe(Num(positive=True))})),
-     "commit": Maybe(Str()), "compiler": Maybe(Str())})
+     "commit": Maybe(Str()), "compiler": Maybe(Str()), "spec": SPEC_SCHEMA})
 
 
 class ManifestError(RecordError):
@@ -159,6 +166,7 @@ class GemmModule:
         self.arch = manifest["arch"]
         self.knobs = manifest["knobs"]
         self.tvm_version = manifest["tvm_version"]
+        self.spec: GemmSpec = spec_of_manifest(manifest)  # its operands (old manifests: the default)
         # M read off A at every call (any M >= 1); self.M is then the M the knobs were chosen for
         self.dynamic_m = bool(manifest.get("launch", {}).get("dynamic_m"))
         self._rt = rt_module
@@ -172,12 +180,12 @@ class GemmModule:
         return f"<GemmModule {self.rung} {m}x{self.N}x{self.K} {self.dtype} {self.arch} from {self.path.name}>"
 
     # -- checks -------------------------------------------------------------------------------
-    def _check_tensor(self, name, t, shape):
+    def _check_tensor(self, name, t, shape, dtype=None):
         import torch  # pylint: disable=import-outside-toplevel
 
         if not isinstance(t, torch.Tensor):
             raise ModuleInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        want = getattr(torch, self.dtype)
+        want = getattr(torch, dtype or self.dtype)
         if t.dtype != want:
             raise ModuleInputError(f"{name} has dtype {t.dtype}; this module was built for {want} (use {name}.to({want}))")
         if tuple(t.shape) != tuple(shape):
@@ -228,7 +236,30 @@ class GemmModule:
             )
         return int(shape[0])
 
-    def __call__(self, A, B, out=None):
+    def operand_args(self, M: int, operands: dict, where) -> list:
+        """The spec's epilogue operands (``bias``, ...) of a call with ``M`` rows, checked like A and
+        B and in the kernel's order; a missing or unexpected one is refused with what to pass."""
+        ops = self.spec.epilogue_operands()
+        names = [op.name for op in ops]
+        extra = sorted(k for k, v in operands.items() if v is not None and k not in names)
+        if extra:
+            has = f"takes {', '.join(names)}" if names else "has no epilogue operands"
+            raise ModuleInputError(f"{self.path.name} {has} (its spec: {self.spec.text()}), not {', '.join(extra)}: "
+                                   f"use a module built with them (pack build --epilogue bias), or leave them out")
+        args = []
+        for op in ops:
+            t = operands.get(op.name)
+            if t is None:
+                raise ModuleInputError(f"{self.path.name} adds {op.name} ({op.dtype}, shape {op.shape}) in its "
+                                       f"epilogue (its spec: {self.spec.text()}): pass {op.name}=")
+            self._check_tensor(op.name, t, op.extent(M, self.N, self.K), op.dtype)
+            self._check_on_gpu(op.name, t)
+            if t.device != where:
+                raise ModuleInputError(f"{op.name} is on {t.device} but A on {where}; put all on one GPU")
+            args.append(t)
+        return args
+
+    def __call__(self, A, B, out=None, **operands):
         import torch  # pylint: disable=import-outside-toplevel
 
         if not isinstance(A, torch.Tensor):
@@ -243,13 +274,14 @@ class GemmModule:
                 self._check_on_gpu(name, t)
         if A.device != B.device:
             raise ModuleInputError(f"A is on {A.device} and B on {B.device}; put both on one GPU")
+        extras = self.operand_args(M, operands, A.device)
         self.check_device(A.device)
         if out is None:
             out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
-            args = (A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device))
+            args = (A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device), *extras)
             if self.manifest.get("watchdog"):  # bounded waits: a hang raises BarrierTimeoutError
                 from .barriers import watchdog  # pylint: disable=import-outside-toplevel
 
@@ -258,12 +290,13 @@ class GemmModule:
                 self._function()(*args)
         return out
 
-    def launcher(self, A, B, out):
-        """A function ``launch(A, B, out)`` that launches this module on tensors like these (same
-        shapes, dtype and GPU) without checking them again: the checks of a call run once here, and
-        the grid and split-K workspace are bound for this M. For callers that check their own
-        inputs and launch one shape many times (the front door), where the checks of every call
-        would cost more host time than a small kernel takes."""
+    def launcher(self, A, B, out, **operands):
+        """A function ``launch(A, B, out, *epilogue_operands)`` that launches this module on
+        tensors like these (same shapes, dtype and GPU; the spec's epilogue operands, e.g. the bias,
+        in its order) without checking them again: the checks of a call run once here, and the grid
+        and split-K workspace are bound for this M. For callers that check their own inputs and
+        launch one shape many times (the front door), where the checks of every call would cost
+        more host time than a small kernel takes."""
         import torch  # pylint: disable=import-outside-toplevel
 
         M = self.rows_of(A)
@@ -272,15 +305,16 @@ class GemmModule:
             self._check_on_gpu(name, t)
         if A.device != B.device or out.device != A.device:
             raise ModuleInputError(f"A is on {A.device}, B on {B.device}, out on {out.device}; put all on one GPU")
+        self.operand_args(M, operands, A.device)
         self.check_device(A.device)
         fn, idx = self._function(), A.device.index
         tail = [*self._workspace_args(M, A.device), *self._launch_args(A.device)]
         if self.manifest.get("watchdog"):  # a watchdog build: every launch bounded, as in __call__
             from .barriers import watchdog  # pylint: disable=import-outside-toplevel
 
-            def bounded(a, b, d):
+            def bounded(a, b, d, *extras):
                 with torch.cuda.device(idx):
-                    watchdog.launch(fn, (a, b, d, *tail), self.manifest["watchdog"], self.rung)
+                    watchdog.launch(fn, (a, b, d, *tail, *extras), self.manifest["watchdog"], self.rung)
 
             return bounded
 
@@ -288,12 +322,12 @@ class GemmModule:
         # exists only once CUDA is up, so the plain query serves (a microsecond per call saved)
         current = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)  # pylint: disable=protected-access
 
-        def launch(a, b, d):
+        def launch(a, b, d, *extras):
             if current() == idx:
-                fn(a, b, d, *tail)
+                fn(a, b, d, *tail, *extras)
             else:
                 with torch.cuda.device(idx):
-                    fn(a, b, d, *tail)
+                    fn(a, b, d, *tail, *extras)
 
         return launch
 

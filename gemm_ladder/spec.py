@@ -42,6 +42,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .config import DTYPES, ConfigError
+from .records import ANY, Bool, List, Maybe, Obj, Str
 
 SPEC_KNOB = "spec"  # the knob that carries a non-default spec (its text)
 ACC_DTYPE = "float32"
@@ -50,6 +51,14 @@ DTYPE_CHOICES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2", "float32")
 MAJORS = {"a_major": ("K", "M"), "b_major": ("K", "N")}
 SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A / of B, 1x128 blocks
 EPILOGUES = ("none", "bias")  # what a rung may declare it builds (a rung's EPILOGUES)
+
+
+# the manifest's and the pack entry's ``spec`` field (GemmSpec.to_dict), checked when they are read
+SPEC_SCHEMA = Obj(
+    {"a": Str(DTYPE_CHOICES), "b": Str(DTYPE_CHOICES), "d": Str(DTYPE_CHOICES)},
+    {"acc": Str(DTYPE_CHOICES), "a_major": Str(MAJORS["a_major"]), "b_major": Str(MAJORS["b_major"]),
+     "bias": Maybe(Str(DTYPE_CHOICES)), "residual": Maybe(Str(DTYPE_CHOICES)), "scales": Maybe(Str(SCALES)),
+     "grouped": Bool(), "operands": List(Obj({"name": Str(), "dtype": Str(), "shape": List(ANY)}))})
 
 
 @dataclass(frozen=True)
@@ -206,6 +215,18 @@ def as_spec(value, dtype: str = "float16") -> GemmSpec:
     if isinstance(value, dict):
         return GemmSpec.from_dict(value)
     raise ConfigError(f"spec={value!r} is {type(value).__name__}; pass a GemmSpec or its text (e.g. bias_float16)")
+
+
+def spec_for(dtype: str, epilogue: str = "none") -> GemmSpec:
+    """The spec of ``dtype`` in and out with the epilogue named (``none`` or ``bias``)."""
+    if epilogue not in EPILOGUES:
+        raise ConfigError(f"epilogue {epilogue!r} is not built; use one of {EPILOGUES}")
+    return GemmSpec.with_bias(dtype) if epilogue == "bias" else GemmSpec.default(dtype)
+
+
+def spec_knobs(spec: GemmSpec | None) -> dict:
+    """The knobs that carry ``spec`` to a rung: none for the default (or None)."""
+    return {} if spec is None or spec.is_default() else {SPEC_KNOB: spec.text()}
 
 
 def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
