@@ -174,8 +174,10 @@ class GemmSpec:
             if part == "bias":
                 fields["bias"] = True
                 continue
-            name, sep, value = part.partition("_")
-            if not sep or name not in cls.__dataclass_fields__:
+            # the longest field name that starts the part ("a_major_K" is a_major, not a)
+            name = max((f for f in cls.__dataclass_fields__ if part.startswith(f + "_")), key=len, default=None)
+            value = part[len(name) + 1:] if name else ""
+            if name is None:
                 raise ConfigError(f"spec {text!r}: {part!r} is not field_value (fields: "
                                   f"{', '.join(cls.__dataclass_fields__)}); e.g. bias_float16")
             fields[name] = _unword(value)

@@ -3,7 +3,10 @@
 //
 //   gemm_runner build/ladder/v4_4096x4096x4096_float16_sm_90a.so [--reps 50]
 //
-// The shape, dtype and whether the rung is persistent come from the manifest beside the .so.
+// The shape, dtype and whether the rung is persistent come from the manifest beside the .so, and
+// the epilogue's operands from its operand spec ("spec": gemm_ladder/spec.py; a manifest without
+// one has none): a bias [N] is filled at random, passed after the launch scalars (the spec's
+// order) and added to the reference.
 // TVM's CUDA loader lives in libtvm_runtime_cuda.so, which registers itself when loaded: it is
 // opened first, from the directory of libtvm_runtime.so (or $TVM_LIBRARY_DIR).
 #include <cuda_runtime.h>
@@ -41,6 +44,7 @@ struct Manifest {
   std::string dtype;
   bool persistent = false;
   int cluster = 1, threads = 0, smem_bytes = 0;  // the launch: CTAs per cluster, and per CTA
+  std::vector<std::string> epilogue;  // the spec's epilogue operands, in the kernel's order
 };
 
 // The manifest is JSON written by gemm_ladder; the runner reads the shape, the dtype, whether the
@@ -68,6 +72,13 @@ Manifest ReadManifest(const std::string& so_path) {
   if (std::regex_search(text, g, std::regex("\"cluster\":\\s*(\\d+)"))) m.cluster = std::stoi(g[1]);
   if (std::regex_search(text, g, std::regex("\"threads\":\\s*(\\d+)"))) m.threads = std::stoi(g[1]);
   if (std::regex_search(text, g, std::regex("\"smem_bytes\":\\s*(\\d+)"))) m.smem_bytes = std::stoi(g[1]);
+  // the spec's operands: {"name": ..., "dtype": ..., "shape": [...], "role": "epilogue"}, in order
+  const std::regex operand("\\{[^{}]*\"role\":\\s*\"epilogue\"[^{}]*\\}"), name("\"name\":\\s*\"(\\w+)\"");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), operand); it != std::sregex_iterator(); ++it) {
+    const std::string block = it->str();
+    std::smatch n;
+    if (std::regex_search(block, n, name)) m.epilogue.push_back(n[1]);
+  }
   // the .so must be the size export recorded: the dynamic loader crashes on a truncated copy
   if (!std::regex_search(text, g, std::regex("\"so_bytes\":\\s*(\\d+)"))) {
     std::fprintf(stderr, "%s.json records no so_bytes: re-export the module\n", so_path.c_str());
@@ -122,11 +133,11 @@ float FromBf16(uint16_t b) {
   return f;
 }
 
-DLTensor View(void* data, int64_t* shape, DLDataType dt) {
+DLTensor View(void* data, int64_t* shape, DLDataType dt, int ndim = 2) {
   DLTensor t{};
   t.data = data;
   t.device = DLDevice{kDLCUDA, 0};
-  t.ndim = 2;
+  t.ndim = ndim;
   t.dtype = dt;
   t.shape = shape;
   return t;
@@ -212,6 +223,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtype %s is not supported by the runner\n", man.dtype.c_str());
     return 2;
   }
+  for (const auto& op : man.epilogue) {
+    if (op != "bias") {
+      std::fprintf(stderr, "the module's epilogue takes %s, which the runner does not fill yet (it fills a bias)\n",
+                   op.c_str());
+      return 2;
+    }
+  }
+  const bool has_bias = !man.epilogue.empty();
   LoadCudaBackend();
   tvm::ffi::Module mod = tvm::ffi::Module::LoadFromFile(path);
   tvm::ffi::Function fn = mod->GetFunction("main").value();
@@ -219,21 +238,25 @@ int main(int argc, char** argv) {
   const int64_t M = man.M, N = man.N, K = man.K;
   std::mt19937 rng(0);
   std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<uint16_t> a(M * K), b(N * K), d(M * N);
+  std::vector<uint16_t> a(M * K), b(N * K), d(M * N), bias(has_bias ? N : 1, 0);
   for (auto& v : a) v = bf16 ? ToBf16(normal(rng)) : ToHalf(normal(rng));
   for (auto& v : b) v = bf16 ? ToBf16(normal(rng)) : ToHalf(normal(rng));
+  if (has_bias)
+    for (auto& v : bias) v = bf16 ? ToBf16(normal(rng)) : ToHalf(normal(rng));
   auto to_float = [bf16](uint16_t v) { return bf16 ? FromBf16(v) : FromHalf(v); };
 
-  void *da, *db, *dd;
+  void *da, *db, *dd, *dbias;
+  CUDA_OK(cudaMalloc(&dbias, bias.size() * 2));
+  CUDA_OK(cudaMemcpy(dbias, bias.data(), bias.size() * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMalloc(&da, a.size() * 2));
   CUDA_OK(cudaMalloc(&db, b.size() * 2));
   CUDA_OK(cudaMalloc(&dd, d.size() * 2));
   CUDA_OK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(dd, 0xff, d.size() * 2));  // NaN in both formats: unwritten outputs show
-  int64_t sa[2] = {M, K}, sb[2] = {N, K}, sd[2] = {M, N};
+  int64_t sa[2] = {M, K}, sb[2] = {N, K}, sd[2] = {M, N}, sbias[1] = {N};
   const DLDataType dt{static_cast<uint8_t>(bf16 ? kDLBfloat : kDLFloat), 16, 1};
-  DLTensor ta = View(da, sa, dt), tb = View(db, sb, dt), td = View(dd, sd, dt);
+  DLTensor ta = View(da, sa, dt), tb = View(db, sb, dt), td = View(dd, sd, dt), tbias = View(dbias, sbias, dt, 1);
   // a persistent module: one CTA per SM in whole clusters, no more clusters than run at once
   // (as gemm_ladder.runtime.persistent_grid)
   int sms = 0;
@@ -245,8 +268,10 @@ int main(int argc, char** argv) {
     else std::fprintf(stderr, "the driver could not say how many clusters of %d run at once; launching %d CTAs\n",
                       man.cluster, sms);
   }
-  auto launch = [&] {
-    if (man.persistent) fn(&ta, &tb, &td, sms);
+  auto launch = [&] {  // A, B, D, the launch scalars, then the spec's epilogue operands
+    if (man.persistent && has_bias) fn(&ta, &tb, &td, sms, &tbias);
+    else if (man.persistent) fn(&ta, &tb, &td, sms);
+    else if (has_bias) fn(&ta, &tb, &td, &tbias);
     else fn(&ta, &tb, &td);
   };
   launch();
@@ -260,7 +285,7 @@ int main(int argc, char** argv) {
   for (int64_t s = 0; s < rows; ++s) {
     const int64_t i = s * (M - 1) / std::max<int64_t>(rows - 1, 1);
     for (int64_t j = 0; j < N; ++j) {
-      double acc = 0;
+      double acc = has_bias ? double(to_float(bias[j])) : 0.0;
       for (int64_t k = 0; k < K; ++k) acc += double(to_float(a[i * K + k])) * to_float(b[j * K + k]);
       const float got = to_float(d[i * N + j]);
       if (std::isnan(got)) ++nan;
@@ -295,5 +320,6 @@ int main(int argc, char** argv) {
   cudaFree(da);
   cudaFree(db);
   cudaFree(dd);
+  cudaFree(dbias);
   return ok ? 0 : 1;
 }

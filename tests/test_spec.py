@@ -1,0 +1,243 @@
+"""The operand spec (``gemm_ladder/spec.py``) on the CPU: every field, what is built and what is
+refused (with what is not built yet), the text and manifest round trips, manifests and pack
+entries written before the spec existed, the policy and the validator with a bias, and one v9
+bias module built here (its CUDA source adds the bias before rounding)."""
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from gemm_ladder import kernel_pack, plan, runtime
+from gemm_ladder.config import ConfigError
+from gemm_ladder.rungs import make_config
+from gemm_ladder.spec import (EPILOGUES, SPEC_KNOB, GemmSpec, Operand, as_spec, check_built, not_built, spec_for,
+                              spec_of, spec_of_manifest)
+
+V9 = ("none", "bias")  # what v9 declares it builds (its EPILOGUES)
+
+
+# -- fields and operands ------------------------------------------------------------------------
+def test_the_default_is_todays_gemm():
+    s = GemmSpec()
+    assert (s.a, s.b, s.d, s.acc, s.a_major, s.b_major) == ("float16",) * 3 + ("float32", "K", "K")
+    assert (s.bias, s.residual, s.scales, s.grouped) == (None, None, None, False)
+    assert s.is_default() and s.epilogue == "none" and s.tag() == "" and GemmSpec.default("bfloat16").is_default()
+
+
+def test_operands_are_ordered_with_shapes_in_m_n_k():
+    s = GemmSpec.with_bias("bfloat16")
+    assert [(o.name, o.dtype, o.shape, o.role) for o in s.operands()] == [
+        ("A", "bfloat16", ("M", "K"), "input"), ("B", "bfloat16", ("N", "K"), "input"),
+        ("D", "bfloat16", ("M", "N"), "output"), ("bias", "bfloat16", ("N",), "epilogue")]
+    assert s.epilogue_operands() == (Operand("bias", "bfloat16", ("N",), "epilogue"),)
+    assert s.epilogue_operands()[0].extent(7, 264, 320) == (264,)
+    assert GemmSpec().epilogue_operands() == ()
+
+
+def test_what_is_not_built_is_representable():
+    """fp8 with scales, MN-major operands, a residual and grouped GEMM are values, not plumbing:
+    each has its operands, and each is refused by name."""
+    fp8 = GemmSpec(a="float8_e4m3", b="float8_e4m3", d="bfloat16", scales="row")
+    assert [(o.name, o.shape) for o in fp8.epilogue_operands()] == [("scale_a", ("M",)), ("scale_b", ("N",))]
+    assert [o.shape for o in GemmSpec(b_major="N").operands()][:2] == [("M", "K"), ("K", "N")]
+    assert GemmSpec(residual="float16").epilogue_operands()[0].extent(3, 5, 7) == (3, 5)
+    assert GemmSpec(grouped=True).epilogue_operands()[0].extent(3, 5, 7, groups=4) == (5,)
+    cases = [(fp8, "fp8"), (GemmSpec(b_major="N"), "MN-major"), (GemmSpec(a_major="M"), "MN-major"),
+             (GemmSpec(acc="float16"), "float32 accumulators"), (GemmSpec(residual="float16"), "residual"),
+             (GemmSpec(grouped=True), "grouped GEMM"), (GemmSpec(scales="tensor"), "scaled"),
+             (GemmSpec(bias="bfloat16"), "in D's dtype"), (GemmSpec(a="float16", b="bfloat16"), "one dtype")]
+    for spec, words in cases:
+        with pytest.raises(ConfigError, match=words):
+            check_built(spec, "v9", V9)
+        assert words in not_built(spec, "v9", V9)
+
+
+@pytest.mark.parametrize("field, value", [("a", "int4"), ("acc", "float64"), ("a_major", "N"), ("b_major", "M"),
+                                          ("scales", "per-lane"), ("bias", "fp16"), ("grouped", 1)])
+def test_an_unknown_value_is_refused_at_once(field, value):
+    with pytest.raises(ConfigError, match=field):
+        GemmSpec(**{field: value})
+
+
+def test_the_bias_is_built_for_v9_only():
+    check_built(GemmSpec.with_bias(), "v9", V9)
+    with pytest.raises(ConfigError, match="not built for v10.*built for v9"):
+        check_built(GemmSpec.with_bias(), "v10")
+    assert EPILOGUES == ("none", "bias") and spec_for("bfloat16", "bias") == GemmSpec.with_bias("bfloat16")
+    with pytest.raises(ConfigError, match="not built"):
+        spec_for("float16", "gelu")
+
+
+# -- as text, as a knob, in manifests --------------------------------------------------------------
+@pytest.mark.parametrize("spec", [GemmSpec(), GemmSpec.default("bfloat16"), GemmSpec.with_bias(),
+                                  GemmSpec(a="float8_e4m3", b="float8_e5m2", d="bfloat16", scales="block128"),
+                                  GemmSpec(b_major="N", residual="float16", grouped=True)])
+def test_text_and_dict_round_trip(spec):
+    from gemm_ladder.config import parse_knob_value
+
+    assert GemmSpec.parse(spec.text()) == spec and parse_knob_value(spec.text()) == spec.text()  # a knob value
+    assert GemmSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert as_spec(spec.text()) == as_spec(spec.to_dict()) == as_spec(spec) == spec
+    assert "/" not in spec.tag() and " " not in spec.tag()
+
+
+def test_text_names_what_differs():
+    assert GemmSpec.with_bias().text() == "d_float16.bias_float16" and GemmSpec.parse("bias") == GemmSpec.with_bias()
+    assert GemmSpec.parse("d_bfloat16.bias") == GemmSpec.with_bias("bfloat16")
+    with pytest.raises(ConfigError, match="field_value"):
+        GemmSpec.parse("d_float16.colour_red")
+
+
+def test_the_spec_rides_as_a_knob_only_where_it_is_not_the_default():
+    plain = make_config("v9", 256, 256, 512)
+    same = make_config("v9", 256, 256, 512, spec=GemmSpec())
+    assert SPEC_KNOB not in plain.knobs() and plain == same and plain.tag() == same.tag()
+    biased = make_config("v9", 256, 256, 512, spec=GemmSpec.with_bias("bfloat16"))
+    assert biased.dtype == "bfloat16" and spec_of(biased) == GemmSpec.with_bias("bfloat16")
+    assert biased.knobs()[SPEC_KNOB] == "d_bfloat16.bias_bfloat16" and biased.tag().endswith("_bias_bfloat16")
+    assert make_config("v9", 256, 256, 512, spec="bias") == make_config("v9", 256, 256, 512, spec=GemmSpec.with_bias())
+    with pytest.raises(ConfigError, match="dtype='float16' but spec"):
+        make_config("v9", 256, 256, 512, dtype="float16", spec=GemmSpec.with_bias("bfloat16"))
+
+
+@pytest.mark.parametrize("rung, words", [("v10", "not built for v10"), ("v11", "not built for v11"),
+                                         ("v6", "not built for v6")])
+def test_rungs_without_the_bias_refuse_it_before_compiling(rung, words):
+    with pytest.raises(ConfigError, match=words):
+        make_config(rung, 256, 256, 512, spec=GemmSpec.with_bias())
+
+
+def test_v9_refuses_a_bias_with_narrow_tiles_and_fp8():
+    with pytest.raises(ConfigError, match="tail_n"):
+        make_config("v9", 4096, 4096, 4096, spec=GemmSpec.with_bias(), tail_n=232)
+    with pytest.raises(ConfigError, match="fp8"):
+        make_config("v9", 256, 256, 512, spec=GemmSpec(a="float8_e4m3", b="float8_e4m3", scales="tensor"))
+
+
+def _stand_in(folder: Path, spec: dict | None) -> Path:
+    blob = b"\0" * 64
+    so = folder / "m.so"
+    so.write_bytes(blob)
+    man = {"format": runtime.MANIFEST_VERSION, "rung": "v9", "shape": [64, 256, 512], "dtype": "bfloat16",
+           "arch": "sm_90a", "knobs": {"dtype": "bfloat16", "arch": "sm_90a"}, "tvm_version": "0.27.0.post1",
+           "so_bytes": 64, "so_sha256": hashlib.sha256(blob).hexdigest(), **({"spec": spec} if spec else {})}
+    runtime.manifest_path(so).write_text(json.dumps(man))
+    return so
+
+
+def test_a_manifest_without_a_spec_reads_as_the_default(tmp_path):
+    man = runtime.read_manifest(_stand_in(tmp_path, None))
+    assert spec_of_manifest(man) == GemmSpec.default("bfloat16")
+    mod = runtime.GemmModule(tmp_path / "m.so", man, None)
+    assert mod.spec == GemmSpec.default("bfloat16") and mod.operand_args(64, {}, None) == []
+
+
+def test_a_manifest_with_a_spec_round_trips_and_a_bad_one_is_refused(tmp_path):
+    spec = GemmSpec.with_bias("bfloat16")
+    man = runtime.read_manifest(_stand_in(tmp_path, spec.to_dict()))
+    mod = runtime.GemmModule(tmp_path / "m.so", man, None)
+    assert mod.spec == spec
+    with pytest.raises(runtime.ModuleInputError, match="pass bias="):
+        mod.operand_args(64, {}, None)
+    plain = runtime.GemmModule(tmp_path / "m.so", {**man, "spec": GemmSpec.default("bfloat16").to_dict()}, None)
+    with pytest.raises(runtime.ModuleInputError, match="has no epilogue operands.*pack build --epilogue bias"):
+        plain.operand_args(64, {"bias": object()}, None)
+    _stand_in(tmp_path, {**spec.to_dict(), "bias": "int4"})
+    with pytest.raises(runtime.ManifestError, match="spec"):
+        runtime.read_manifest(tmp_path / "m.so")
+
+
+def test_the_builder_writes_the_spec_the_runner_reads():
+    """The manifest's spec lists the operands in the kernel's order; the C++ runner finds the
+    epilogue's by their role."""
+    ops = GemmSpec.with_bias().to_dict()["operands"]
+    assert [o["name"] for o in ops] == ["A", "B", "D", "bias"] and ops[-1]["role"] == "epilogue"
+    runner = (Path(__file__).resolve().parents[1] / "runner" / "gemm_runner.cc").read_text()
+    assert '\\"role\\":\\\\s*\\"epilogue\\"' in runner and "fn(&ta, &tb, &td, sms, &tbias)" in runner
+
+
+# -- kernel packs ----------------------------------------------------------------------------------
+def _entry(folder: Path, name: str, spec: GemmSpec | None) -> dict:
+    blob = hashlib.sha256(name.encode()).digest() * 8
+    (folder / name).write_bytes(blob)
+    man = {"format": runtime.MANIFEST_VERSION, "rung": "v9", "shape": [1, 256, 512], "dtype": "float16",
+           "arch": "sm_90a", "knobs": {"dtype": "float16", "arch": "sm_90a"}, "tvm_version": "0.27.0.post1",
+           "launch": {"dynamic_m": True}, "so_bytes": len(blob), "so_sha256": hashlib.sha256(blob).hexdigest(),
+           **({"spec": spec.to_dict()} if spec else {})}
+    runtime.manifest_path(folder / name).write_text(json.dumps(man))
+    entry = {"file": name, "rung": "v9", "shape": [1, 256, 512], "dtype": "float16", "arch": "sm_90a",
+             "knobs": man["knobs"], "dynamic_m": True, "m_range": [1, 64], "so_bytes": len(blob),
+             "so_sha256": man["so_sha256"]}
+    return {**entry, "spec": spec.to_dict()} if spec else entry
+
+
+def test_a_pack_built_before_the_spec_serves_plain_calls_only(tmp_path):
+    (tmp_path / "pack").mkdir()
+    old = _entry(tmp_path / "pack", "old.so", None)
+    (tmp_path / "pack" / kernel_pack.PACK_MANIFEST).write_text(json.dumps(
+        {"format": kernel_pack.PACK_FORMAT, "version": kernel_pack.PACK_VERSION, "modules": [old]}))
+    pk = kernel_pack.KernelPack(tmp_path / "pack")
+    found = pk.find(16, 256, 512, "float16", "sm_90a")
+    assert found.entry["file"] == "old.so" and pk.check_entry(found.entry)
+    assert pk.find(16, 256, 512, "float16", "sm_90a", GemmSpec()) is not None
+    assert pk.find(16, 256, 512, "float16", "sm_90a", GemmSpec.with_bias()) is None
+
+
+def test_a_pack_serves_each_spec_its_own_module(tmp_path):
+    (tmp_path / "pack").mkdir()
+    entries = [_entry(tmp_path / "pack", "plain.so", GemmSpec()),
+               _entry(tmp_path / "pack", "bias.so", GemmSpec.with_bias())]
+    (tmp_path / "pack" / kernel_pack.PACK_MANIFEST).write_text(json.dumps(
+        {"format": kernel_pack.PACK_FORMAT, "version": kernel_pack.PACK_VERSION, "modules": entries}))
+    pk = kernel_pack.KernelPack(tmp_path / "pack")
+    assert pk.find(16, 256, 512, "float16", "sm_90a").entry["file"] == "plain.so"
+    biased = pk.find(16, 256, 512, "float16", "sm_90a", GemmSpec.with_bias())
+    assert biased.entry["file"] == "bias.so" and pk.check_entry(biased.entry)
+    # an entry whose module's own manifest says another spec is refused
+    swapped = dict(biased.entry, spec=GemmSpec().to_dict())
+    with pytest.raises(kernel_pack.PackError, match="bias.so"):
+        pk.check_entry(swapped)
+
+
+# -- the policy ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("M", [1, 37, 100, 200, 4096])
+def test_the_policy_picks_v9_for_a_bias_and_says_why_others_were_passed_over(M):
+    p = plan.Problem(M, 4096, 4096, "float16", "sm_90a", 132, GemmSpec.with_bias())
+    choice = plan.choose(p, use_db=False)
+    assert choice.rung == "v9" and choice.knobs[SPEC_KNOB] == GemmSpec.with_bias().text()
+    if M == 1:  # swap-ab (v11) comes first there
+        assert any("not built for v11" in s for s in choice.skipped), choice.skipped
+    assert SPEC_KNOB not in plan.choose(dataclasses.replace(p, spec=None), use_db=False).knobs
+
+
+def test_a_pack_plan_has_a_bias_module_beside_the_plain_one():
+    items = kernel_pack.plan_pack([(16, 4096, 4096), (333, 4096, 4096)], ["float16"], sms=132,
+                                  epilogues=("none", "bias"))
+    biased = [i for i in items if SPEC_KNOB in i["job"].knobs]
+    assert biased and all(i["job"].rung == "v9" and "_bias_float16" in i["file"] for i in biased)
+    assert len(items) > len(biased) and not any("bias" in i["file"] for i in items if i not in biased)
+
+
+# -- the kernel ------------------------------------------------------------------------------------
+def test_v9_with_a_bias_builds_and_adds_it_before_rounding(tmp_path):
+    """The bias is a parameter after num_ctas, read in D's dtype, widened to fp32 and added to the
+    accumulators inside the cvt that rounds them (the staged chunks and epi_under's pairs alike);
+    v9 without a bias has no such read."""
+    from gemm_ladder import builder
+    from gemm_ladder.rungs import kernel_of
+
+    cfg = make_config("v9", 200, 264, 320, spec=GemmSpec.with_bias(), epi_under=True, cluster_m=1)
+    assert [str(p.name) for p in kernel_of(cfg).params][-2:] == ["num_ctas", "bias"]  # the runtime's order
+    mod = builder.build(kernel_of(cfg))
+    src = mod.cuda_source()
+    assert "bias_ptr" in src and "+ ((float)bias_ptr[min(" in src, src[:2000]
+    cvts = [line for line in src.splitlines() if "cvt" in line and "Dreg" in line]
+    assert cvts and all("bias_ptr" in line for line in cvts)
+    assert mod.manifest()["spec"]["bias"] == "float16"
+    path = mod.export(tmp_path / "v9_bias.so")
+    assert runtime.read_manifest(path)["spec"] == GemmSpec.with_bias().to_dict()
+    plain = builder.build("v9", 200, 264, 320, epi_under=True, cluster_m=1).cuda_source()
+    assert "bias" not in plain
