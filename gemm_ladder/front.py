@@ -259,7 +259,7 @@ def _refuse_grad_and_overlap(A, B, out, bias=None) -> None:
     for name, t in (("A", A), ("B", B), ("bias", bias)):
         if out is not None and t is not None and _overlaps(out, t):
             raise ModuleInputError(f"out overlaps {name} in memory: the kernel would overwrite {name} while it "
-                                   f"reads it. Pass an out that shares no memory with A, B or bias (or no out)")
+                                   f"reads it. Pass an out that shares no memory with A or B (nor the bias), or no out")
 
 
 def _check(A, B, out, bias=None):

@@ -60,7 +60,7 @@ def _mm_fake(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None)
 
 
 def _setup_context(ctx, inputs, output):  # pylint: disable=unused-argument
-    A, B, _bias = inputs
+    A, B = inputs[:2]  # the bias (when given) is not needed: its grad is the sum of dD over rows
     ctx.save_for_backward(A, B)
 
 
@@ -73,9 +73,9 @@ def _backward(ctx, grad):
     if ctx.needs_input_grad[1]:
         g2, a2 = grad.reshape(-1, B.shape[0]), A.reshape(-1, A.shape[-1])
         dB = mm(g2.t(), a2.t().contiguous())  # [N, M] . ([K, M])^T
-    if ctx.needs_input_grad[2]:  # D[m, n] = ... + bias[n]: every row's dD[m, n] adds to dbias[n]
-        dbias = grad.reshape(-1, B.shape[0]).sum(0, dtype=torch.float32).to(grad.dtype)
-    return dA, dB, dbias
+    if len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2]:  # D[m, n] = ... + bias[n]: every row's
+        dbias = grad.reshape(-1, B.shape[0]).sum(0, dtype=torch.float32).to(grad.dtype)  # dD[m, n] adds to it
+    return (dA, dB, dbias)[:len(ctx.needs_input_grad)]
 
 
 mm.register_autograd(_backward, setup_context=_setup_context)

@@ -1,6 +1,7 @@
 """The front door's inputs that used to mislead (issue 28), on the CPU: an ``out`` that overlaps A
-or B, tensors that want grad, B passed as ``lin.weight.t()``, and arguments that are not tensors,
-through ``gemm_ladder.matmul``, the torch op and ``gemm_ladder.build``/``load``. Each is refused
+or B, tensors that want grad, B passed as ``lin.weight.t()``, arguments that are not tensors, and
+a bias (issue 29) of the wrong shape, dtype or layout, through ``gemm_ladder.matmul``, the torch op
+and ``gemm_ladder.build``/``load``. Each is refused
 before any GPU is asked, so the checks run here; a call that passes them all is told, here, to
 move its tensors to the GPU. The fast path's share is in ``tests/test_front_door.py``."""
 
@@ -88,9 +89,9 @@ def test_the_ops_autograd_and_fake_pass_opcheck_through_the_front_doors_checks(m
     for the kernel): torch.library.opcheck's schema, autograd, fake-tensor and AOT tests pass, so
     the backward passes B operands the op takes (contiguous, not the transposed views it refuses),
     and the gradients are torch's."""
-    def stand_in(A, B):
-        front._shapes(A, B, None)
-        return (A.float() @ B.float().T).to(A.dtype)
+    def stand_in(A, B, bias=None):
+        front._shapes(A, B, None, bias)
+        return (A.float() @ B.float().T + (0 if bias is None else bias.float())).to(A.dtype)
 
     monkeypatch.setattr(ops, "matmul", stand_in)
     A = torch.randn(3, 5, 64).half().requires_grad_()
@@ -168,3 +169,84 @@ def test_build_names_a_first_argument_that_is_neither_a_rung_nor_a_prim_func(fir
 def test_load_names_a_path_that_is_not_one(path):
     refused(lambda: gemm_ladder.load(path), "gemm_ladder.load takes the path of an exported module",
             f"got {type(path).__name__}", error=TypeError)
+
+
+# -- the bias (the operand spec's per-column epilogue operand) ------------------------------------
+@pytest.mark.parametrize("bias, words", [
+    (h(7), ["bias has shape (7,)", "one value per column of D: (8,)"]),
+    (h(1, 8), ["bias has shape (1, 8)", "(8,)"]),
+    (h(16)[::2], ["bias is not contiguous", "bias.contiguous()"]),
+    (torch.zeros(8), ["bias has dtype torch.float32", "A's torch.float16", "bias.to(torch.float16)"]),
+    ([0.0] * 8, ["bias must be a torch.Tensor of N=8 values or None", "list"]),
+])
+def test_a_bias_that_does_not_fit_is_refused_with_the_fix(bias, words):
+    refused(lambda: gemm_ladder.matmul(h(2, 3, 64), W, bias=bias), *words)
+    if isinstance(bias, torch.Tensor) and bias.is_contiguous():  # the op makes its inputs contiguous first
+        refused(lambda: mm(h(2, 3, 64), W, bias), *words, error=(ModuleInputError, RuntimeError))
+
+
+def test_a_bias_that_fits_reaches_the_device_check_and_the_fake_op():
+    refused(lambda: gemm_ladder.matmul(h(2, 3, 64), W, bias=h(8)), ON_CPU)
+    refused(lambda: mm(h(2, 3, 64), W, h(8)), ON_CPU)
+    assert mm(h(2, 3, 64, device="meta"), h(8, 64, device="meta"), h(8, device="meta")).shape == (2, 3, 8)
+    refused(lambda: mm(h(4, 64, device="meta"), h(8, 64, device="meta"), h(4, device="meta")), "bias has shape (4,)",
+            error=(ModuleInputError, RuntimeError))
+
+
+def test_a_bias_that_wants_grad_or_is_overwritten_is_refused():
+    b = h(8).requires_grad_()
+    refused(lambda: gemm_ladder.matmul(h(4, 64), W, bias=b), "bias requires grad", "torch.ops.gemm_ladder.mm")
+    flat = h(64)
+    refused(lambda: gemm_ladder.matmul(h(4, 64), W, out=flat[:32].view(4, 8), bias=flat[:8]), "out overlaps bias")
+
+
+def test_an_empty_k_gives_the_bias():
+    """K = 0: nothing to launch, D is the bias on every row (as torch's addmm gives)."""
+    b = torch.arange(8).half()
+    D = front._trivial(h(3, 0), None, (3, 8), 3, 8, 0, b)
+    torch.testing.assert_close(D, b.expand(3, 8))
+
+
+def test_the_torch_fallback_adds_the_bias():
+    A, B, b = torch.randn(5, 64).half(), torch.randn(8, 64).half(), torch.randn(8).half()
+    out = torch.full((5, 8), float("nan")).half()
+    front.TorchMatmul()(A, B, out, b)
+    torch.testing.assert_close(out, torch.nn.functional.linear(A, B, b))
+
+
+def test_a_pack_without_a_bias_module_falls_back_to_torch_and_strict_raises(tmp_path, monkeypatch):
+    """A runtime-only box whose pack has no bias module: torch computes the bias call, with one
+    warning that says how to build one (--epilogue bias); strict mode raises instead."""
+    from gemm_ladder.kernel_pack import PACK_FORMAT, PACK_MANIFEST, PACK_VERSION
+    from gemm_ladder.spec import GemmSpec
+
+    (tmp_path / PACK_MANIFEST).write_text(f'{{"format": "{PACK_FORMAT}", "version": {PACK_VERSION}, "modules": []}}')
+    monkeypatch.setattr(front, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(front, "_why_no_build", lambda: "TVM's compiler is not installed here")
+    front.use_pack(tmp_path)
+    with pytest.warns(front.KernelFallbackWarning, match="with a bias.*--epilogue bias"):
+        route, _ = front._route(16, 256, 512, "float16", 0, False, GemmSpec.with_bias())
+    assert isinstance(route.module, front.TorchMatmul)
+    A, B, b = torch.randn(16, 512).half(), torch.randn(256, 512).half(), torch.randn(256).half()
+    d = torch.empty(16, 256).half()
+    route.run(A, B, d, {"bias": b})
+    torch.testing.assert_close(d, torch.nn.functional.linear(A, B, b))
+    with pytest.raises(front.NoKernelError, match="with a bias.*--epilogue bias"):
+        front._route(16, 256, 512, "float16", 0, True, GemmSpec.with_bias())
+
+
+def test_the_op_with_a_bias_passes_opcheck_and_its_bias_grad_sums_the_rows(monkeypatch):
+    def stand_in(A, B, bias=None):
+        front._shapes(A, B, None, bias)
+        return (A.float() @ B.float().T + (0 if bias is None else bias.float())).to(A.dtype)
+
+    monkeypatch.setattr(ops, "matmul", stand_in)
+    A = torch.randn(3, 5, 64).half().requires_grad_()
+    B = torch.randn(40, 64).half().requires_grad_()
+    b = torch.randn(40).half().requires_grad_()
+    assert set(torch.library.opcheck(mm.default, (A, B, b)).values()) == {"SUCCESS"}
+    mm(A, B, b).float().square().sum().backward()
+    A2, B2, b2 = (t.detach().float().requires_grad_() for t in (A, B, b))
+    torch.nn.functional.linear(A2, B2, b2).half().float().square().sum().backward()
+    for ours, theirs in ((A, A2), (B, B2), (b, b2)):
+        torch.testing.assert_close(ours.grad.float(), theirs.grad, rtol=2e-2, atol=2e-2)
