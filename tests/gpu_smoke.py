@@ -3,7 +3,7 @@
 Every command and library entry that only runs on a GPU is run once here, as a user runs it, on
 the smallest inputs that reach its whole host path: ``verify``, ``bench``, ``suite run``, the
 every-model suite's job, ``tune --measure``, the ``rounds`` job of ``gemm_ladder.isolate``,
-``gemm_ladder.matmul`` and the torch op. A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
+``gemm_ladder.matmul`` and the torch op, also with a bias (the operand spec's epilogue). A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
 this tier is what catches that, so it runs on the device after any change to host code.
 
 The modules are built where TVM's compiler is (a build box) and carried::
@@ -30,6 +30,10 @@ TUNE = ("v5", (256, 256, 512), "blk_m=128;blk_n=128;num_warpgroups=2;pipe_depth=
 # weight the front door's tests call through its pack
 SUITE_CASE = "float16-16x4096x4096"
 FRONT_SHAPES = ("16x4096x4096", "37x4096x4096")
+# matmul(A, W, bias=b) through the pack's v9 bias modules (pack build --epilogue bias): weight
+# streaming and row tiles at small (odd) M, 128x128 tiles in a 1x2 cluster with a partial last
+# column tile (N = 3000), and 128x256 tiles at two or more a CTA with epi_under (odd M = 2001)
+BIAS_SHAPES = ("16x4096x4096", "37x4096x4096", "333x3000x520", "2001x4096x512")
 
 
 def _cli(*args: str) -> None:
@@ -46,8 +50,10 @@ def prepare(out) -> Path:
     _cli("tune", "--rung", rung, "--shape", f"{M}x{N}x{K}", "--space", space, "--build-only", "--out", str(out / "tune"))
     shapes = sorted({SUITE_CASE.partition("-")[2], *FRONT_SHAPES})
     _cli("pack", "build", "--shapes", ",".join(shapes), "--dtypes", "float16", "--out", str(out / "pack"))
+    _cli("pack", "build", "--shapes", ",".join(BIAS_SHAPES), "--dtypes", "float16", "--epilogue", "bias",
+         "--out", str(out / "pack"))  # added to the same pack
     index = {"ladder": "ladder", "tune": "tune", "pack": "pack", "suite_case": SUITE_CASE,
-             "front_shapes": list(FRONT_SHAPES)}
+             "front_shapes": list(FRONT_SHAPES), "bias_shapes": list(BIAS_SHAPES)}
     (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     return out
 

@@ -131,7 +131,7 @@ def test_the_build_primitive_does_not_reach_up(name):
 # those below it. serve and measure are side by side in the design; measure sits above serve here
 # because the suites time the front door. A module is in the layer of its longest prefix.
 LAYERS = {
-    "core": ("config", "device", "files", "records", "procs", "budget", "launch", "sass", "cli_types"),
+    "core": ("config", "spec", "device", "files", "records", "procs", "budget", "launch", "sass", "cli_types"),
     "kernels": ("rungs", "sm90a", "sm100a", "barriers.classes", "barriers.watchdog",
                 "barriers"),  # the package itself: the rungs' barrier classes (its checker names are lazy)
     "build": ("builder", "toolchain", "batch", "module_cache", "tune.cache"),

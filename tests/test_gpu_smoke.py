@@ -183,3 +183,63 @@ def test_matmul_and_op(smoke, tmp_path):
                                                                                    str(REPO)]))})
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SMOKE refused:") == 2 and "SMOKE done" in out.stdout
+
+
+BIAS = """
+import torch, gemm_ladder, gemm_ladder.ops
+from gemm_ladder import front
+torch.manual_seed(0)
+for shape in {shapes!r}:
+    M, N, K = map(int, shape.split("x"))
+    A = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    W = torch.randn(N, K, device="cuda", dtype=torch.float16) / K ** 0.5
+    b = torch.randn(N, device="cuda", dtype=torch.float16)
+    ref = A.double() @ W.double().T + b.double()
+    theirs = ((torch.nn.functional.linear(A, W, b).double() - ref).norm() / ref.norm()).item()
+    for name, fn in (("matmul", lambda: gemm_ladder.matmul(A, W, bias=b, strict=True)),
+                     ("out=", lambda: gemm_ladder.matmul(A, W, bias=b, strict=True, out=torch.full(
+                         (M, N), float("nan"), device="cuda", dtype=torch.float16))),
+                     ("op", lambda: torch.ops.gemm_ladder.mm(A, W, b))):
+        D = fn()
+        torch.cuda.synchronize()
+        err = ((D.double() - ref).norm() / ref.norm()).item()
+        worst = ((D.double() - ref).abs().max()).item()
+        assert not D.isnan().any() and err <= 2 * theirs + 1e-3, (shape, name, err, theirs)
+        print("SMOKE bias", shape, name, "rel_err", err, "max_abs", worst, "F.linear", theirs)
+    # the bias reached the kernel, not a silent torch fallback: the route is a v9 bias module of the pack
+    bias_routes = [r for key, r in front._ROUTES.items() if key[:3] == (M, N, K) and key[-1].bias]
+    assert bias_routes and all(r.rung == "v9" and r.source == "kernel pack" for r in bias_routes), \
+        [(r.rung, r.source, r.lines) for r in bias_routes]
+    print("SMOKE bias route", shape, bias_routes[0].lines[0], "|", bias_routes[0].lines[2])
+# the op's backward: dbias is the sum of dD over the rows (A and W want none: their products' K = 38
+# is a shape the pack does not hold, and strict mode would refuse it)
+A = torch.randn(2, 19, 4096, device="cuda", dtype=torch.float16)
+W = torch.randn(4096, 4096, device="cuda", dtype=torch.float16) / 64
+b = torch.randn(4096, device="cuda", dtype=torch.float16, requires_grad=True)
+g = torch.randn(2, 19, 4096, device="cuda", dtype=torch.float16)
+torch.ops.gemm_ladder.mm(A, W, b).backward(g)
+torch.testing.assert_close(b.grad.float(), g.float().sum((0, 1)), rtol=1e-2, atol=1e-1)
+# a bias that does not fit is refused on the GPU too
+try:
+    gemm_ladder.matmul(A, W, bias=b.detach()[:100])
+except ValueError as err:
+    print("SMOKE bias refused:", str(err).splitlines()[0])
+else:
+    raise AssertionError("a bias of the wrong length ran")
+print("SMOKE bias done")
+"""
+
+
+def test_matmul_with_a_bias(smoke, tmp_path):
+    """``matmul(A, W, bias=b)`` and ``mm(A, W, b)`` on the pack's v9 bias modules (strict: no
+    torch fallback), against torch's fp64 reference with the output poisoned first; the op's bias
+    gradient."""
+    script = tmp_path / "bias.py"
+    script.write_text(textwrap.dedent(BIAS.format(shapes=smoke["bias_shapes"])))
+    out = _run([sys.executable, str(script)], cwd=tmp_path, env={"GEMM_LADDER_PACK": str(smoke["pack"]),
+                                                                 "GEMM_LADDER_STRICT": "1",
+                                                                 "PYTHONPATH": os.pathsep.join(
+                                                                     filter(None, [os.environ.get("PYTHONPATH"),
+                                                                                   str(REPO)]))})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("SMOKE bias route") == len(smoke["bias_shapes"]) and "SMOKE bias done" in out.stdout
