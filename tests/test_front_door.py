@@ -378,7 +378,7 @@ def test_the_fallback_takes_any_layout_without_copies(small_pack, monkeypatch, n
     """torch's matmul needs none of TMA's copies: an odd K and a misaligned A go straight to it."""
     monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
     front.use_pack(small_pack)
-    monkeypatch.setattr(front, "_check", lambda A, B, out: (A.shape[0], B.shape[0], B.shape[1], A, out, (A.shape[0], B.shape[0])))
+    monkeypatch.setattr(front, "_check", lambda A, B, out, bias=None: (A.shape[0], B.shape[0], B.shape[1], A, out, (A.shape[0], B.shape[0])))
     A, B = _misaligned(5, 100), torch.randn(36, 100).half()
     with pytest.warns(front.KernelFallbackWarning):
         D = front.matmul(A, B)
