@@ -243,3 +243,26 @@ def test_matmul_with_a_bias(smoke, tmp_path):
                                                                                    str(REPO)]))})
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SMOKE bias route") == len(smoke["bias_shapes"]) and "SMOKE bias done" in out.stdout
+
+
+def test_the_cpp_runner_takes_a_bias_module(smoke, tmp_path):
+    """The C++ runner (``build/runner``, carried from the build box) runs a bias module of the
+    pack: the spec in its manifest makes it pass a bias after the launch scalars and add it to its
+    reference."""
+    runner = REPO / "build" / "runner" / "gemm_runner"
+    if not runner.is_file():
+        pytest.skip(f"{runner} is not here: build it with cmake -S . -B build/runner on the build box")
+    mods = sorted(smoke["pack"].glob("v9_*_bias_float16.so"))
+    assert mods, f"no bias module in {smoke['pack']}"
+    site = REPO / "build" / "runtime" / "site"
+    try:
+        import nvidia  # the CUDA runtime torch's wheels carry (libcudart.so.13)
+
+        cudart = [str(Path(p) / "cu13" / "lib") for p in nvidia.__path__]
+    except ImportError:
+        cudart = []
+    libs = os.pathsep.join([str(site / "tvm" / "lib"), str(site / "tvm_ffi" / "lib"), *cudart,
+                            os.environ.get("LD_LIBRARY_PATH", "")])
+    for so in mods:
+        out = _run([str(runner), str(so), "--reps", "5"], cwd=tmp_path, env={"LD_LIBRARY_PATH": libs})
+        assert out.returncode == 0 and " OK" in out.stdout, (out.stdout, out.stderr)
