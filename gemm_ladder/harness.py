@@ -84,10 +84,13 @@ def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
     M = mod.M if M is None else M
     A, B = random_inputs(M, mod.N, mod.K, mod.dtype, seed=seed)
     out = torch.full((M, mod.N), float("nan"), dtype=A.dtype, device=A.device)
-    mod(A, B, out=out)
+    # a module whose operand spec adds a bias (gemm_ladder.spec): a random one, in the reference too
+    bias = random_inputs(1, mod.N, 1, mod.dtype, seed=seed + 1)[1][:, 0].contiguous() \
+        if getattr(getattr(mod, "spec", None), "bias", None) else None
+    mod(A, B, out=out, **({} if bias is None else {"bias": bias}))
     torch.cuda.synchronize()
-    ref = A.double() @ B.double().T
-    theirs = (A @ B.T).double()
+    ref = A.double() @ B.double().T + (0 if bias is None else bias.double())
+    theirs = (A @ B.T if bias is None else torch.addmm(bias, A, B.T)).double()
     ours = out.double()
     nan_count = int(torch.isnan(ours).sum().item())
     ref_norm = ref.norm().item() or 1.0

@@ -166,9 +166,9 @@ class GemmSpec:
         return self.text().replace(".", "-")
 
     @classmethod
-    def parse(cls, text: str) -> "GemmSpec":
+    def parse(cls, text: str, dtype: str = "float16") -> "GemmSpec":
         """The spec :meth:`text` wrote; ``bias`` alone is a bias in D's dtype (``d_...``, default
-        float16): ``bias``, ``d_bfloat16.bias``."""
+        ``dtype``): ``bias``, ``d_bfloat16.bias``."""
         fields = {}
         for part in str(text).split("."):
             if part == "bias":
@@ -181,7 +181,7 @@ class GemmSpec:
                 raise ConfigError(f"spec {text!r}: {part!r} is not field_value (fields: "
                                   f"{', '.join(cls.__dataclass_fields__)}); e.g. bias_float16")
             fields[name] = _unword(value)
-        d = fields.get("d", "float16")
+        d = fields.get("d", dtype)
         if fields.get("bias") is True:
             fields["bias"] = d
         return dataclasses.replace(cls.default(d), **fields)
@@ -213,7 +213,7 @@ def as_spec(value, dtype: str = "float16") -> GemmSpec:
     if isinstance(value, GemmSpec):
         return value
     if isinstance(value, str):
-        return GemmSpec.parse(value)
+        return GemmSpec.parse(value, dtype)
     if isinstance(value, dict):
         return GemmSpec.from_dict(value)
     raise ConfigError(f"spec={value!r} is {type(value).__name__}; pass a GemmSpec or its text (e.g. bias_float16)")

@@ -245,6 +245,17 @@ def test_matmul_with_a_bias(smoke, tmp_path):
     assert out.stdout.count("SMOKE bias route") == len(smoke["bias_shapes"]) and "SMOKE bias done" in out.stdout
 
 
+def test_verify_checks_the_bias_modules(smoke, tmp_path):
+    """``verify`` on the pack's bias modules: the harness adds a random bias (their spec says so) and
+    checks each at its M and, M being a runtime value, at M = 1, 7, 64, 1000, 8191."""
+    mods = sorted(smoke["pack"].glob("v9_*_bias_float16.so"))
+    assert mods, f"no bias module in {smoke['pack']}"
+    out = _gemm_ladder("verify", *mods, "--seeds", "0", cwd=tmp_path)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    rows = [line for line in out.stdout.splitlines() if any(m.name in line for m in mods)]
+    assert len(rows) == len(mods) and all(" ok " in f" {r} " for r in rows), out.stdout
+
+
 def test_the_cpp_runner_takes_a_bias_module(smoke, tmp_path):
     """The C++ runner (``build/runner``, carried from the build box) runs a bias module of the
     pack: the spec in its manifest makes it pass a bias after the launch scalars and add it to its

@@ -99,6 +99,7 @@ def test_the_spec_rides_as_a_knob_only_where_it_is_not_the_default():
     assert biased.dtype == "bfloat16" and spec_of(biased) == GemmSpec.with_bias("bfloat16")
     assert biased.knobs()[SPEC_KNOB] == "d_bfloat16.bias_bfloat16" and biased.tag().endswith("_bias_bfloat16")
     assert make_config("v9", 256, 256, 512, spec="bias") == make_config("v9", 256, 256, 512, spec=GemmSpec.with_bias())
+    assert spec_of(make_config("v9", 256, 256, 512, dtype="bfloat16", spec="bias")) == GemmSpec.with_bias("bfloat16")
     with pytest.raises(ConfigError, match="dtype='float16' but spec"):
         make_config("v9", 256, 256, 512, dtype="float16", spec=GemmSpec.with_bias("bfloat16"))
 
