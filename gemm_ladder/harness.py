@@ -233,17 +233,26 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     n_sets = len(sets)
     flops = 2.0 * mod.M * mod.N * mod.K
 
+    # a bias module (its operand spec, gemm_ladder.spec) against cuBLAS's fused bias (addmm)
+    bias = random_inputs(1, mod.N, 1, mod.dtype, seed=999)[1][:, 0].contiguous() \
+        if getattr(getattr(mod, "spec", None), "bias", None) else None
+    operands = {} if bias is None else {"bias": bias}
+
     def ours_fn(a, b, o):
-        mod(a, b, out=o)
+        mod(a, b, out=o, **operands)
 
     def theirs_fn(a, b, o):
-        torch.matmul(a, b.T, out=o)
+        if bias is None:
+            torch.matmul(a, b.T, out=o)
+        else:
+            torch.addmm(bias, a, b.T, out=o)
 
     ours_side, theirs_side = ours_fn, theirs_fn
     if timer == "graph":
         ours_fn(*sets[0])  # the checked call once; the graph replays the module's unchecked launch
         if hasattr(mod, "launcher"):
-            ours_side = mod.launcher(*sets[0])
+            launch = mod.launcher(*sets[0], **operands)
+            ours_side = (lambda a, b, o: launch(a, b, o, *operands.values())) if operands else launch
 
     def _timed(fn, n, start=0):
         if timer == "graph":

@@ -242,3 +242,12 @@ def test_v9_with_a_bias_builds_and_adds_it_before_rounding(tmp_path):
     assert runtime.read_manifest(path)["spec"] == GemmSpec.with_bias().to_dict()
     plain = builder.build("v9", 200, 264, 320, epi_under=True, cluster_m=1).cuda_source()
     assert "bias" not in plain
+    from gemm_ladder import sass
+
+    try:
+        text, res = sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
+    except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
+        pytest.skip(f"no SASS here: {err}")
+    counts = sass.instruction_counts(text)
+    assert counts["LDL"] == 0 and counts["STL"] == 0 and res.local == 0, (counts, res)  # the bias spills nothing
+    assert "LDG" in text  # its values are read from global memory in the epilogue
