@@ -97,7 +97,9 @@ ARCHS = {
 class GemmConfig:
     """Everything that changes a rung's binary: the shape, the types, the arch and the knobs.
 
-    D[M, N] = A[M, K] . B[N, K]^T, row-major, ``dtype`` in and out, fp32 accumulate.
+    D[M, N] = A[M, K] . B[N, K]^T, row-major, ``dtype`` in and out, fp32 accumulate. Any other
+    operands (a bias, ...) are the ``spec`` knob in ``extra``, present only where it is not that
+    default: ``gemm_ladder.spec.spec_of(cfg)`` reads it.
     """
 
     rung: str

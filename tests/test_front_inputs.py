@@ -11,7 +11,9 @@ from hypothesis import given, settings, strategies as st
 
 import gemm_ladder
 from gemm_ladder import front, ops
+from gemm_ladder.kernel_pack import PACK_FORMAT, PACK_MANIFEST, PACK_VERSION
 from gemm_ladder.runtime import ModuleInputError
+from gemm_ladder.spec import GemmSpec
 
 mm = torch.ops.gemm_ladder.mm
 ON_CPU = "move it to the GPU"  # what a call that passes every other check is told here
@@ -217,9 +219,6 @@ def test_the_torch_fallback_adds_the_bias():
 def test_a_pack_without_a_bias_module_falls_back_to_torch_and_strict_raises(tmp_path, monkeypatch):
     """A runtime-only box whose pack has no bias module: torch computes the bias call, with one
     warning that says how to build one (--epilogue bias); strict mode raises instead."""
-    from gemm_ladder.kernel_pack import PACK_FORMAT, PACK_MANIFEST, PACK_VERSION
-    from gemm_ladder.spec import GemmSpec
-
     (tmp_path / PACK_MANIFEST).write_text(f'{{"format": "{PACK_FORMAT}", "version": {PACK_VERSION}, "modules": []}}')
     monkeypatch.setattr(front, "_arch", lambda index: "sm_90a")
     monkeypatch.setattr(front, "_why_no_build", lambda: "TVM's compiler is not installed here")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import kernel_pack, plan, runtime
-from gemm_ladder.config import ConfigError
-from gemm_ladder.rungs import make_config
+from gemm_ladder import builder, kernel_pack, plan, runtime, sass
+from gemm_ladder.config import ConfigError, parse_knob_value
+from gemm_ladder.rungs import kernel_of, make_config
 from gemm_ladder.spec import (EPILOGUES, SPEC_KNOB, GemmSpec, Operand, as_spec, check_built, not_built, spec_for,
                               spec_of, spec_of_manifest)
 
@@ -76,8 +76,6 @@ def test_the_bias_is_built_for_v9_only():
                                   GemmSpec(a="float8_e4m3", b="float8_e5m2", d="bfloat16", scales="block128"),
                                   GemmSpec(b_major="N", residual="float16", grouped=True)])
 def test_text_and_dict_round_trip(spec):
-    from gemm_ladder.config import parse_knob_value
-
     assert GemmSpec.parse(spec.text()) == spec and parse_knob_value(spec.text()) == spec.text()  # a knob value
     assert GemmSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
     assert as_spec(spec.text()) == as_spec(spec.to_dict()) == as_spec(spec) == spec
@@ -227,9 +225,6 @@ def test_v9_with_a_bias_builds_and_adds_it_before_rounding(tmp_path):
     """The bias is a parameter after num_ctas, read in D's dtype, widened to fp32 and added to the
     accumulators inside the cvt that rounds them (the staged chunks and epi_under's pairs alike);
     v9 without a bias has no such read."""
-    from gemm_ladder import builder
-    from gemm_ladder.rungs import kernel_of
-
     cfg = make_config("v9", 200, 264, 320, spec=GemmSpec.with_bias(), epi_under=True, cluster_m=1)
     assert [str(p.name) for p in kernel_of(cfg).params][-2:] == ["num_ctas", "bias"]  # the runtime's order
     mod = builder.build(kernel_of(cfg))
@@ -242,8 +237,6 @@ def test_v9_with_a_bias_builds_and_adds_it_before_rounding(tmp_path):
     assert runtime.read_manifest(path)["spec"] == GemmSpec.with_bias().to_dict()
     plain = builder.build("v9", 200, 264, 320, epi_under=True, cluster_m=1).cuda_source()
     assert "bias" not in plain
-    from gemm_ladder import sass
-
     try:
         text, res = sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
     except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
