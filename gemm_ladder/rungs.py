@@ -124,6 +124,12 @@ def kernel_of(cfg: GemmConfig):
     from .barriers.classes import traced  # pylint: disable=import-outside-toplevel
 
     func = traced(cfg, rung_module(cfg.rung, cfg.arch).kernel)
+    # the runtime passes the spec's epilogue operands last, in its order: the kernel must take them so
+    wanted = [op.name for op in spec_of(cfg).epilogue_operands()]
+    have = [str(p.name) for p in func.params]
+    if wanted and have[-len(wanted):] != wanted:
+        raise ConfigError(f"{cfg.rung}'s kernel takes ({', '.join(have)}), not its spec's epilogue operands "
+                          f"({', '.join(wanted)}) last: declare them with sm90a.epilogue.kernel_operands")
     return func.with_attr(CONFIG_ATTR, json.dumps(cfg.to_dict(), sort_keys=True))
 
 

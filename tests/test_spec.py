@@ -13,6 +13,7 @@ import pytest
 from gemm_ladder import builder, kernel_pack, plan, runtime, sass
 from gemm_ladder.config import ConfigError, parse_knob_value
 from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.sm90a import hgemm_v10
 from gemm_ladder.spec import (EPILOGUES, SPEC_KNOB, GemmSpec, Operand, as_spec, check_built, not_built, spec_for,
                               spec_of, spec_of_manifest)
 
@@ -244,3 +245,12 @@ def test_v9_with_a_bias_builds_and_adds_it_before_rounding(tmp_path):
     counts = sass.instruction_counts(text)
     assert counts["LDL"] == 0 and counts["STL"] == 0 and res.local == 0, (counts, res)  # the bias spills nothing
     assert "LDG" in text  # its values are read from global memory in the epilogue
+
+
+def test_a_kernel_that_does_not_take_its_specs_operands_is_refused(monkeypatch):
+    """A rung that declares the bias but whose kernel leaves it out would be called with one
+    argument too many: refused when traced, with where to declare it."""
+    monkeypatch.setattr(hgemm_v10, "EPILOGUES", ("none", "bias"), raising=False)
+    cfg = make_config("v10", 256, 256, 512, spec=GemmSpec.with_bias(), split_k=2)
+    with pytest.raises(ConfigError, match="kernel_operands"):
+        kernel_of(cfg)
