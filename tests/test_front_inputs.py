@@ -5,6 +5,9 @@ and ``gemm_ladder.build``/``load``. Each is refused
 before any GPU is asked, so the checks run here; a call that passes them all is told, here, to
 move its tensors to the GPU. The fast path's share is in ``tests/test_front_door.py``."""
 
+import hashlib
+import json
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -14,6 +17,7 @@ from gemm_ladder import front, ops
 from gemm_ladder.kernel_pack import PACK_FORMAT, PACK_MANIFEST, PACK_VERSION
 from gemm_ladder.runtime import ModuleInputError
 from gemm_ladder.spec import GemmSpec
+from gemm_ladder.tma_layout import Layout, layout_fixes
 
 mm = torch.ops.gemm_ladder.mm
 ON_CPU = "move it to the GPU"  # what a call that passes every other check is told here
@@ -249,3 +253,39 @@ def test_the_op_with_a_bias_passes_opcheck_and_its_bias_grad_sums_the_rows(monke
     torch.nn.functional.linear(A2, B2, b2).half().float().square().sum().backward()
     for ours, theirs in ((A, A2), (B, B2), (b, b2)):
         torch.testing.assert_close(ours.grad.float(), theirs.grad, rtol=2e-2, atol=2e-2)
+
+
+class _BiasKernel:
+    """Stands in for a loaded bias module: refuses what TMA cannot describe, then D = A . B^T + bias."""
+
+    def __call__(self, a, b, out, bias=None):
+        for name, t in (("A", a), ("B", b), ("out", out), ("bias", bias)):
+            assert t is not None and t.is_contiguous() and t.data_ptr() % 16 == 0, f"{name} is not TMA-ready"
+        assert bias.shape == (b.shape[0],), "the bias is padded like N"
+        out.copy_((a.float() @ b.float().T + bias.float()).to(out.dtype))
+
+
+@pytest.mark.parametrize("N, K", [(64, 64), (100, 64), (36, 20)])
+def test_a_pack_bias_module_serves_a_bias_call_with_ns_padding(tmp_path, monkeypatch, N, K):
+    """The pack's bias module (its entry's spec) serves the bias call; where N is padded for TMA,
+    the bias is padded with zeros like B's rows, and D is cut back to N."""
+    fixes = layout_fixes(Layout(5, N, K, "float16"))
+    blob = b"\1" * 64
+    (tmp_path / "b.so").write_bytes(blob)
+    man = {"format": 2, "rung": "v9", "shape": [1, fixes.N, fixes.K], "dtype": "float16", "arch": "sm_90a",
+           "knobs": {"dtype": "float16", "arch": "sm_90a"}, "tvm_version": "0.27.0.post1", "launch": {"dynamic_m": True},
+           "so_bytes": 64, "so_sha256": hashlib.sha256(blob).hexdigest(),
+           "spec": GemmSpec.with_bias().to_dict()}
+    (tmp_path / "b.so.json").write_text(json.dumps(man))
+    entry = {k: man[k] for k in ("rung", "shape", "dtype", "arch", "knobs", "so_bytes", "so_sha256", "spec")}
+    (tmp_path / PACK_MANIFEST).write_text(json.dumps(
+        {"format": PACK_FORMAT, "version": PACK_VERSION,
+         "modules": [{**entry, "file": "b.so", "dynamic_m": True, "m_range": [1, 64]}]}))
+    monkeypatch.setattr(front, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(front, "_load", lambda path: _BiasKernel())
+    front.use_pack(tmp_path)
+    route, _ = front._route(5, fixes.N, fixes.K, "float16", 0, True, GemmSpec.with_bias())
+    assert route.source == "kernel pack" and route.rung == "v9"
+    A, B, b = torch.randn(5, K).half(), torch.randn(N, K).half(), torch.randn(N).half()
+    D = front._launch(route, A, B, None, 5, N, K, fixes, b)
+    torch.testing.assert_close(D, torch.nn.functional.linear(A, B, b), rtol=2e-3, atol=2e-3)
