@@ -121,12 +121,13 @@ def kernel_of(cfg: GemmConfig):
     """Trace the rung's kernel; the prim_func carries its config (``build(func)`` reads it) and
     the names of its barriers (``gemm_ladder.barriers``, which also bounds its waits when the
     ``watchdog`` knob is set)."""
-    from .barriers.classes import traced  # pylint: disable=import-outside-toplevel
+    from .barriers.classes import RECORD_PARAM, traced  # pylint: disable=import-outside-toplevel
 
     func = traced(cfg, rung_module(cfg.rung, cfg.arch).kernel)
-    # the runtime passes the spec's epilogue operands last, in its order: the kernel must take them so
+    # the runtime passes the spec's epilogue operands last (before a watchdog's record), in its
+    # order: the kernel must take them so
     wanted = [op.name for op in spec_of(cfg).epilogue_operands()]
-    have = [str(p.name) for p in func.params]
+    have = [str(p.name) for p in func.params if str(p.name) != RECORD_PARAM]
     if wanted and have[-len(wanted):] != wanted:
         raise ConfigError(f"{cfg.rung}'s kernel takes ({', '.join(have)}), not its spec's epilogue operands "
                           f"({', '.join(wanted)}) last: declare them with sm90a.epilogue.kernel_operands")

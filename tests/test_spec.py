@@ -254,3 +254,10 @@ def test_a_kernel_that_does_not_take_its_specs_operands_is_refused(monkeypatch):
     cfg = make_config("v10", 256, 256, 512, spec=GemmSpec.with_bias(), split_k=2)
     with pytest.raises(ConfigError, match="kernel_operands"):
         kernel_of(cfg)
+
+
+def test_a_watchdog_build_takes_the_bias_before_its_record():
+    """A bounded build appends the watchdog's record after every parameter: the runtime passes
+    (A, B, D, num_ctas, bias) and the watchdog's launch adds the record."""
+    cfg = make_config("v9", 200, 264, 320, spec=GemmSpec.with_bias(), cluster_m=1, watchdog=2)
+    assert [str(p.name) for p in kernel_of(cfg).params][-3:] == ["num_ctas", "bias", "barrier_watchdog"]
