@@ -54,8 +54,8 @@ def test_refuses_shapes_it_cannot_take_with_a_fix(rung, shape, knobs, words):
     ],
 )
 def test_takes_its_shapes(rung, shape, knobs):
-    cfg = gemm_ladder.make_config(rung, *shape, **knobs)
-    assert cfg.shape == shape
+    cfg = gemm_ladder.make_config(rung, *shape, **knobs)  # accepted (a refusal raises ConfigError)
+    assert {k: cfg.knobs()[k] for k in knobs} == knobs, cfg.knobs()  # each knob as given
 
 
 def test_launch_is_one_cta_then_a_grid():
