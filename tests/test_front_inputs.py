@@ -96,7 +96,7 @@ def test_the_ops_autograd_and_fake_pass_opcheck_through_the_front_doors_checks(m
     the backward passes B operands the op takes (contiguous, not the transposed views it refuses),
     and the gradients are torch's."""
     def stand_in(A, B, bias=None):
-        front._shapes(A, B, None, bias)
+        front.check_shapes(A, B, None, bias)
         return (A.float() @ B.float().T + (0 if bias is None else bias.float())).to(A.dtype)
 
     monkeypatch.setattr(ops, "matmul", stand_in)
@@ -228,19 +228,19 @@ def test_a_pack_without_a_bias_module_falls_back_to_torch_and_strict_raises(tmp_
     monkeypatch.setattr(front, "_why_no_build", lambda: "TVM's compiler is not installed here")
     front.use_pack(tmp_path)
     with pytest.warns(front.KernelFallbackWarning, match="with a bias.*--epilogue bias"):
-        route, _ = front._route(16, 256, 512, "float16", 0, False, GemmSpec.with_bias())
+        route = front.route_of(16, 256, 512, "float16", 0, False, GemmSpec.with_bias())
     assert isinstance(route.module, front.TorchMatmul)
     A, B, b = torch.randn(16, 512).half(), torch.randn(256, 512).half(), torch.randn(256).half()
     d = torch.empty(16, 256).half()
     route.run(A, B, d, {"bias": b})
     torch.testing.assert_close(d, torch.nn.functional.linear(A, B, b))
     with pytest.raises(front.NoKernelError, match="with a bias.*--epilogue bias"):
-        front._route(16, 256, 512, "float16", 0, True, GemmSpec.with_bias())
+        front.route_of(16, 256, 512, "float16", 0, True, GemmSpec.with_bias())
 
 
 def test_the_op_with_a_bias_passes_opcheck_and_its_bias_grad_sums_the_rows(monkeypatch):
     def stand_in(A, B, bias=None):
-        front._shapes(A, B, None, bias)
+        front.check_shapes(A, B, None, bias)
         return (A.float() @ B.float().T + (0 if bias is None else bias.float())).to(A.dtype)
 
     monkeypatch.setattr(ops, "matmul", stand_in)
@@ -284,8 +284,8 @@ def test_a_pack_bias_module_serves_a_bias_call_with_ns_padding(tmp_path, monkeyp
     monkeypatch.setattr(front, "_arch", lambda index: "sm_90a")
     monkeypatch.setattr(front, "_load", lambda path: _BiasKernel())
     front.use_pack(tmp_path)
-    route, _ = front._route(5, fixes.N, fixes.K, "float16", 0, True, GemmSpec.with_bias())
+    route = front.route_of(5, N, K, "float16", 0, True, GemmSpec.with_bias())
     assert route.source == "kernel pack" and route.rung == "v9"
     A, B, b = torch.randn(5, K).half(), torch.randn(N, K).half(), torch.randn(N).half()
-    D = front._launch(route, A, B, None, 5, N, K, fixes, b)
+    D = front.launch_route(route, A, B, None, 5, N, K, fixes, b)
     torch.testing.assert_close(D, torch.nn.functional.linear(A, B, b), rtol=2e-3, atol=2e-3)

@@ -188,6 +188,7 @@ def test_matmul_and_op(smoke, tmp_path):
 BIAS = """
 import torch, gemm_ladder, gemm_ladder.ops
 from gemm_ladder import front
+from gemm_ladder.spec import GemmSpec
 torch.manual_seed(0)
 for shape in {shapes!r}:
     M, N, K = map(int, shape.split("x"))
@@ -207,10 +208,9 @@ for shape in {shapes!r}:
         assert not D.isnan().any() and err <= 2 * theirs + 1e-3, (shape, name, err, theirs)
         print("SMOKE bias", shape, name, "rel_err", err, "max_abs", worst, "F.linear", theirs)
     # the bias reached the kernel, not a silent torch fallback: the route is a v9 bias module of the pack
-    bias_routes = [r for key, r in front._ROUTES.items() if key[:3] == (M, N, K) and key[-1].bias]
-    assert bias_routes and all(r.rung == "v9" and r.source == "kernel pack" for r in bias_routes), \
-        [(r.rung, r.source, r.lines) for r in bias_routes]
-    print("SMOKE bias route", shape, bias_routes[0].lines[0], "|", bias_routes[0].lines[2])
+    route = front.route_of(M, N, K, spec=GemmSpec.with_bias())  # the one the calls took (remembered)
+    assert route.rung == "v9" and route.source == "kernel pack", (route.rung, route.source, route.lines)
+    print("SMOKE bias route", shape, route.lines[0], "|", route.lines[2])
 # the op's backward: dbias is the sum of dD over the rows (A and W want none: their products' K = 38
 # is a shape the pack does not hold, and strict mode would refuse it)
 A = torch.randn(2, 19, 4096, device="cuda", dtype=torch.float16)
