@@ -45,6 +45,8 @@ A bias (``bias=``: 1-d, N values, A's dtype and GPU, contiguous) is the operand 
 bias (``gemm_ladder.spec``): the kernel adds it to the fp32 accumulators before rounding. Its
 modules are separate (a pack serves it from ``pack build --epilogue bias``; the policy picks a
 rung that builds it: v9); where none serves, torch's ``addmm`` computes it, as for a missing shape.
+A call with a bias takes the checked path every time (the fast path of repeated calls below does
+not cover it yet).
 
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
 It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
