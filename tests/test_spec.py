@@ -261,3 +261,11 @@ def test_a_watchdog_build_takes_the_bias_before_its_record():
     (A, B, D, num_ctas, bias) and the watchdog's launch adds the record."""
     cfg = make_config("v9", 200, 264, 320, spec=GemmSpec.with_bias(), cluster_m=1, watchdog=2)
     assert [str(p.name) for p in kernel_of(cfg).params][-3:] == ["num_ctas", "bias", "barrier_watchdog"]
+
+
+def test_the_barrier_checker_passes_the_v9_bias_kernel():
+    """The bias adds global reads to the epilogue and nothing to its barriers: the protocol check
+    finds what it finds without it (nothing)."""
+    from gemm_ladder.barriers.check import check_config  # the checker: a tool above the kernels (its layer)
+
+    assert check_config(make_config("v9", 512, 512, 512, spec=GemmSpec.with_bias(), epi_under=True)).ok
