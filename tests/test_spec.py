@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder import builder, kernel_pack, plan, runtime, sass
+from gemm_ladder.barriers.check import check_config
 from gemm_ladder.config import ConfigError, parse_knob_value
 from gemm_ladder.rungs import kernel_of, make_config
 from gemm_ladder.sm90a import hgemm_v10
@@ -266,6 +267,4 @@ def test_a_watchdog_build_takes_the_bias_before_its_record():
 def test_the_barrier_checker_passes_the_v9_bias_kernel():
     """The bias adds global reads to the epilogue and nothing to its barriers: the protocol check
     finds what it finds without it (nothing)."""
-    from gemm_ladder.barriers.check import check_config  # the checker: a tool above the kernels (its layer)
-
     assert check_config(make_config("v9", 512, 512, 512, spec=GemmSpec.with_bias(), epi_under=True)).ok
