@@ -248,6 +248,7 @@ class TransposedEpilogue:
     lane_id: object
     packed: object
 
-    def store_tile(self, acc, m_st, n_st) -> None:
-        """The tile at (``m_st``, ``n_st``) of D from the D^T accumulators ``acc``."""
+    def store_tile(self, acc, m_st, n_st, chunk_it=None) -> None:
+        """The tile at (``m_st``, ``n_st``) of D from the D^T accumulators ``acc`` (one buffer a
+        consumer: no chunk count to keep, ``chunk_it`` is not used)."""
         _store_transposed(self, acc, m_st, n_st)
