@@ -75,7 +75,7 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
     epi_n = T.meta_var(epi.chunk_cols)
     nbuf = T.meta_var(epi.buffers)
     ROWS = T.meta_var(plan.rows_per_wg)
-    row0 = T.meta_var(0 if plan.pingpong else c * ROWS)  # its band of the tile (pingpong: all of it)
+    row0 = T.meta_var(c * ROWS)  # its band of the tile
     # one consumer: its buffers are the first, said as constants (TVM cannot prove that
     # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
     first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)

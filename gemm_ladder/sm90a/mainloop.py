@@ -7,8 +7,8 @@
     wgmma.wait_group(0); lane 0: ring.release(the last slice)
 
 A kernel builds one :class:`Consumer` per consumer warpgroup with named fields, and runs a tile
-with ``run`` (or ``issue`` and ``retire`` apart, when something goes between: v9's ping-pong
-turn, or ``issue_under`` with the previous tile's epilogue chunks under the first slices).
+with ``run`` (or ``issue`` and ``retire`` apart, when something goes between:
+``issue_under`` with the previous tile's epilogue chunks under the first slices).
 The descriptors of ring slot 0 are encoded once per tile; every slot, 64-row atom and K step is
 reached from them by adds (``common.mma_k_slot``).
 """
@@ -100,7 +100,7 @@ class Consumer:
         each slot, issue its wgmmas, and release each slot once its wgmmas retired (one slice
         behind: ``wait_group(1)``) to the producer of every CTA of the cluster; the accumulators
         start over at the first slice. The last slice's wgmmas may still run: :meth:`retire`
-        waits for them (v9's ping-pong passes the turn between the two)."""
+        waits for them."""
         _issue(self, pos, num_slices)
 
     def retire(self, pos, num_slices) -> None:
