@@ -16,6 +16,12 @@ consumer and calls per tile:
 Only the consumer's 128 threads meet, at its named barrier (``1 + consumer``); one thread (its
 ``thread`` 0) issues the stores, committed and not waited for: before it rewrites a buffer it
 lets the store that read it finish (``cp.async.bulk.wait_group.read``).
+
+What the epilogue does to each fp32 accumulator before it is rounded to D's type is an
+:class:`EpilogueOp` (``ChunkedEpilogue.op``): nothing, today. A fused epilogue (a per-column
+bias, an activation) is another class with the same members: the operands it reads, which
+``gemm.operands`` adds to the kernel's parameters, and ``apply``, called on every accumulator
+where it is rounded (:func:`acc_chunk_to_smem_stmatrix`, :func:`acc_to_pairs`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,30 @@ from .common import CONSUMER_BARRIER, THREADS_PER_WG, WG_M, HopperPlan, pack_op
 EPI_CHUNK = 64  # columns of one TMA store box: one 128-byte swizzle row of 16-bit data
 
 
+@dataclass(frozen=True)
+class EpilogueOp:
+    """The epilogue's work on the fp32 accumulators before they are rounded: none.
+
+    ``operands(cfg, M)``: the tensors it reads (``gemm.Operand``s, after D in the kernel's
+    parameters); ``bind(buffers)``: the op with those tensors' buffers (``buffers`` maps an
+    operand's name to its matched buffer); ``apply(value, reg, lane_id)``: the value accumulator
+    ``reg`` of this thread's fragment (``lane_id``; its column: the m64nNk16 layout in
+    ``common``) becomes before rounding, a PrimExpr.
+    """
+
+    def operands(self, cfg: GemmConfig, M) -> list:
+        return []
+
+    def bind(self, buffers: dict) -> "EpilogueOp":
+        return self
+
+    def apply(self, value, reg, lane_id):
+        return value
+
+
+NO_OP = EpilogueOp()
+
+
 def check_epilogue(cfg: GemmConfig) -> None:
     """``epi_n``: the columns one epilogue store moves, a multiple of 64 that divides blk_n."""
     epi_n = dict(cfg.extra).get("epi_n", cfg.blk_n)
@@ -43,9 +73,10 @@ def check_epilogue(cfg: GemmConfig) -> None:
 
 
 @T.inline
-def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed):
+def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed, op):
     """Columns ``col0 .. col0+ncols`` of one warpgroup's accumulators -> ``Esmem[buf]`` (its
-    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`. With
+    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`, each
+    accumulator through ``op`` (an :class:`EpilogueOp`) before it is rounded. With
     ``packed=None``, ``Dreg`` holds the pairs already (:func:`acc_to_pairs`)."""
     NR = T.meta_var(plan.acc_stride)
     q = T.meta_var(lane_id // 8)
@@ -55,7 +86,8 @@ def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lan
             r0 = T.meta_var(mi * NR + 2 * (col0 // 16 + pp) * 4)  # the first of the 8 accumulators stored
             if packed is not None:
                 for h in T.unroll(4):
-                    T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r0 + 2 * h + 1], Dreg[r0 + 2 * h])
+                    T.ptx[pack_op(plan.cfg)](packed[h], op.apply(Dreg[r0 + 2 * h + 1], r0 + 2 * h + 1, lane_id),
+                                             op.apply(Dreg[r0 + 2 * h], r0 + 2 * h, lane_id))
             src = T.meta_var([packed[h] for h in range(4)] if packed is not None
                              else [Dreg[r0 // 2 + h] for h in range(4)])
             T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
@@ -83,7 +115,7 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
     if wtid == 0:
         T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
-    acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed)
+    acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed, epi.op)
     T.ptx.fence.proxy.async_.shared__cta()
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
     if wtid == 0:
@@ -127,6 +159,7 @@ class ChunkedEpilogue:
     packed: object  # uint32[4] local: one stmatrix's four 16-bit pairs
     chunk_cols: int  # epi_n
     buffers: int  # staging buffers per consumer
+    op: EpilogueOp = NO_OP  # applied to each accumulator before it is rounded
 
     @property
     def chunks_per_tile(self) -> int:
@@ -150,12 +183,14 @@ class ChunkedEpilogue:
 
 
 @T.inline
-def acc_to_pairs(plan, Dreg, Preg):
-    """Round every accumulator of a tile into 16-bit pairs, ``Preg[i] = (Dreg[2i], Dreg[2i+1])``:
-    the pairs :func:`acc_chunk_to_smem_stmatrix` makes chunk by chunk, made at once so that
-    the accumulators are free for the next tile while the pairs wait for their stores."""
+def acc_to_pairs(plan, Dreg, Preg, op, lane_id):
+    """Round every accumulator of a tile into 16-bit pairs, ``Preg[i] = (Dreg[2i], Dreg[2i+1])``
+    (each through ``op`` first): the pairs :func:`acc_chunk_to_smem_stmatrix` makes chunk by
+    chunk, made at once so that the accumulators are free for the next tile while the pairs wait
+    for their stores."""
     for i in T.unroll(plan.acc_regs // 2):
-        T.ptx[pack_op(plan.cfg)](Preg[i], Dreg[2 * i + 1], Dreg[2 * i])
+        T.ptx[pack_op(plan.cfg)](Preg[i], op.apply(Dreg[2 * i + 1], 2 * i + 1, lane_id), op.apply(Dreg[2 * i], 2 * i,
+                                                                                                   lane_id))
 
 
 def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):

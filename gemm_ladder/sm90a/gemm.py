@@ -34,11 +34,13 @@ the ring's (``tma2mma``, ``mma2tma``), one named barrier per consumer (the epilo
 with a workspace, a counter in global memory per tile part (``splitk``, ``streamk``); the
 presets' docstrings draw them.
 
-The kernel's operands come from one list (:func:`operands`: A, B, D, then the workspace of a
-split-K preset), which picks the prim_func's form (:data:`_FORMS`) and shapes its buffers; the
-body is one. The epilogue's per-element work on the fp32 accumulators before they are rounded
-to D's type is the epilogue part's (``epilogue.ChunkedEpilogue``): a fused epilogue is an
-operand here and a step there.
+The kernel's operands come from one list (:func:`operands`: A, B, D, a fused epilogue's
+tensors, then the workspace of a split-K preset), which picks the prim_func's form (the end of
+:func:`kernel`) and shapes its buffers; the body is one. What the epilogue does to each fp32
+accumulator before it is rounded to D's type is the preset's ``epilogue_op``
+(``epilogue.EpilogueOp``: nothing, today): a fused epilogue such as a per-column bias is an
+``EpilogueOp`` that names its operands and applies itself, a form of the signature here, and
+a preset that uses it.
 
 The running counts that index the ring (``load_it``, ``it``) and the staging buffers
 (``epi_it``) are never reset; only the ring turns them into a stage and a phase.
@@ -56,7 +58,7 @@ from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
 from . import common, epilogue, narrowtail, splitk, streamk
 from .common import HopperPlan, SwapPlan
-from .epilogue import ChunkedEpilogue, TransposedEpilogue
+from .epilogue import NO_OP, ChunkedEpilogue, EpilogueOp, TransposedEpilogue
 from .mainloop import Consumer
 from .producer import Producer
 from .ring import Ring
@@ -72,6 +74,7 @@ class Preset:
     swap_ab: bool = False  # B's rows fill wgmma's 64-row slot, A's rows are its N (small M)
     split_k: bool = False  # work units are split-K units (and stream-K pieces) over a workspace
     epilogue: str = "chunked"  # "chunked" (epi_n columns at a time) or "transposed" (D^T as D)
+    epilogue_op: EpilogueOp = NO_OP  # the chunked epilogue's work on each accumulator before rounding
 
     def plan(self, cfg: GemmConfig) -> HopperPlan:
         return SwapPlan(cfg) if self.swap_ab else HopperPlan(cfg)
@@ -120,6 +123,7 @@ def operands(cfg: GemmConfig, preset: Preset, M, num_ctas) -> list[Operand]:
     the kernel's M (``common.m_extent``: an int, or the one runtime variable every extent uses)."""
     N, K, dtype = cfg.N, cfg.K, cfg.dtype
     ops = [Operand("a", (M, K), dtype), Operand("b", (N, K), dtype), Operand("d", (M, N), dtype)]
+    ops += preset.epilogue_op.operands(cfg, M)  # a fused epilogue's tensors (a bias vector, ...)
     ws = workspace(cfg, preset)
     if ws is not None:
         ops += [Operand("p", (splitk.workspace_elems(ws, M, "float32", num_ctas),), "float32"),  # partial slots
@@ -201,6 +205,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
         A = T.meta_var(g["a"])
         B = T.meta_var(g["b"])
         D = T.meta_var(g["d"])
+        epi_op = T.meta_var(preset.epilogue_op.bind(g))  # with its tensors
         cta = T.cta_id([num_ctas])  # whole clusters: the runtime rounds the SM count down
         rank = T.cta_id_in_cluster([cluster_size])
         clu = T.meta_var(cta // cluster_size)
@@ -296,7 +301,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
             else:
                 epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                  warp_id=warp_id, lane_id=lane_id, packed=packed,
-                                                 chunk_cols=chunk_cols, buffers=buffers))
+                                                 chunk_cols=chunk_cols, buffers=buffers, op=epi_op))
             if has_workspace:
                 parts = T.meta_var(splitk.Partials(slots=g["p"], counters=g["cnt"], acc=Dreg, acc_regs=acc_regs,
                                                    thread=wtid, flag=flag, consumer=c))
@@ -326,7 +331,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                     if tiles_done > 0:
                         epi_it = epi_it + epi.chunks_per_tile
                     mma.retire(it, K_TILES)
-                    epilogue.acc_to_pairs(plan, Dreg, Preg)  # the accumulators are free for the next tile
+                    epilogue.acc_to_pairs(plan, Dreg, Preg, epi_op, lane_id)  # the accumulators are free for the next tile
                     m_prev = sched.m_start(ts.m_idx)
                     n_prev = sched.n_start(ts.n_idx)
                     tiles_done = tiles_done + 1
@@ -412,11 +417,13 @@ def kernel(cfg: GemmConfig, preset: Preset):
         # no CTA leaves while a peer may still arrive on its barriers or multicast into it
         common.cluster_sync()
 
-    # the prim_func's form for the operand list (the same body, its tensors by name)
+    # the prim_func's form for the operand list (the same body, its tensors by name): TVMScript
+    # spells a signature out, so each list of operands has its form here (a new operand, one more)
     def shapes(num_ctas):
         return {op.name: op for op in operands(cfg, preset, M, num_ctas)}
 
-    if has_workspace:
+    names = tuple(op.name for op in operands(cfg, preset, M, 1))
+    if names == ("a", "b", "d", "p", "cnt"):
         @T.prim_func
         def hgemm(a: T.handle, b: T.handle, d: T.handle, p: T.handle, cnt: T.handle, num_ctas: T.int32):
             ops = T.meta_var(shapes(num_ctas))
@@ -427,7 +434,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
             C = T.match_buffer(cnt, ops["cnt"].shape, ops["cnt"].dtype)
             T.device_entry()
             body({"a": A, "b": B, "d": D, "p": P, "cnt": C}, num_ctas)
-    else:
+    elif names == ("a", "b", "d"):
         @T.prim_func
         def hgemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
             ops = T.meta_var(shapes(num_ctas))
@@ -436,6 +443,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
             D = T.match_buffer(d, ops["d"].shape, ops["d"].dtype)
             T.device_entry()
             body({"a": A, "b": B, "d": D}, num_ctas)
+    else:
+        raise NotImplementedError(f"the production kernel has no prim_func form for the operands {names}: add it "
+                                  "beside the others in gemm.kernel")
     # fmt: on
 
     return hgemm
