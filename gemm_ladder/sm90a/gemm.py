@@ -149,31 +149,31 @@ def kernel(cfg: GemmConfig, preset: Preset):
     plan = preset.plan(cfg)
     M, N, K, dtype = common.m_extent(cfg), cfg.N, cfg.K, cfg.dtype  # M: an int or runtime
     BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
-    CM, CN = common.cluster_shape(cfg)
-    cluster_size = CM * CN
-    M_TILES, N_TILES = preset.cluster_grid(cfg, M)  # in cluster tiles
-    N_CTA_TILES = N_TILES * CN  # tile columns of the workspace
+    cluster_m, cluster_n = common.cluster_shape(cfg)
+    cluster_size = cluster_m * cluster_n
+    m_tiles, n_tiles = preset.cluster_grid(cfg, M)  # in cluster tiles
+    n_cta_tiles = n_tiles * cluster_n  # tile columns of the workspace
     units_per_tile = splitk.split_k(cfg) if preset.split_k else 1  # split-K units of a tile
     stages = cfg.pipe_depth
-    K_TILES = cfg.k_tiles
-    W = cfg.num_warpgroups  # consumer warpgroups
-    releases = 4 * W * cluster_size  # every consumer warp of every CTA of the cluster frees a stage
-    regs = common.role_registers(W)
+    slices_per_tile = cfg.k_tiles
+    consumers = cfg.num_warpgroups  # consumer warpgroups
+    releases = 4 * consumers * cluster_size  # every consumer warp of every CTA of the cluster frees a stage
+    regs = common.role_registers(consumers)
     acc_regs = plan.acc_regs
     rows_per_wg = plan.rows_per_wg  # of a_smem (A, or B under swap AB)
     A_layout, B_layout = plan.ab_layouts(stages)
     if preset.epilogue == "transposed":
-        staging_shape = (W, BLK_M, rows_per_wg)  # one D band per consumer
+        staging_shape = (consumers, BLK_M, rows_per_wg)  # one D band per consumer
     else:
         chunk_cols = dict(cfg.extra)["epi_n"]
         buffers = 2 if chunk_cols < BLK_N else 1  # staging buffers per consumer
-        staging_shape = (W * buffers, rows_per_wg, chunk_cols)
+        staging_shape = (consumers * buffers, rows_per_wg, chunk_cols)
     E_layout = epilogue.staging_layout(cfg, *staging_shape)
     has_workspace = preset.split_k
     stream_k = preset.split_k and not preset.swap_ab and streamk.enabled(cfg)  # the tail's K loops spread evenly
     tail_n = 0 if preset.split_k else narrowtail.tail_n(cfg)  # the partial wave's tiles cut tail_n wide (0: not)
     narrow_on = tail_n > 0
-    narrow_per_row = narrowtail.per_row(N, CN, tail_n) if narrow_on else 0  # narrow cluster tiles a row
+    narrow_per_row = narrowtail.per_row(N, cluster_n, tail_n) if narrow_on else 0  # narrow cluster tiles a row
     narrow_plan = narrowtail.NarrowPlan(cfg, width=tail_n) if narrow_on else None
     narrow_chunks, narrow_rest = divmod(tail_n, chunk_cols) if narrow_on else (0, 0)  # staged chunks, the columns after
     under = not preset.split_k and common.epi_under(cfg)  # a tile's chunks stored under the next tile's wgmmas
@@ -181,10 +181,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
 
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
-        return (load_it // K_TILES) % 2 == 1 if zigzag else False
+        return (load_it // slices_per_tile) % 2 == 1 if zigzag else False
 
     def cut_rows(num_clusters):
-        return narrowtail.rows(M_TILES, N_TILES, narrow_per_row, num_clusters) if narrow_on else 0
+        return narrowtail.rows(m_tiles, n_tiles, narrow_per_row, num_clusters) if narrow_on else 0
 
     def whole_tiles_left(ts, dp_tiles):
         # stream_k: the scheduler hands out the whole tiles only, the stream-K ones come after
@@ -194,9 +194,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
         # column n * units_per_tile + s of the scheduler's grid: unit s of tile column n, K
         # slices [k0, k0 + nk); whole tiles without split-K
         if not preset.split_k:
-            return n_idx, 0, 0, K_TILES
+            return n_idx, 0, 0, slices_per_tile
         n_col, split = splitk.unit(n_idx, units_per_tile)
-        k0, nk = splitk.k_slices(split, units_per_tile, K_TILES)
+        k0, nk = splitk.k_slices(split, units_per_tile, slices_per_tile)
         return n_col, split, k0, nk
 
     # fmt: off
@@ -214,9 +214,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
         narrow_rows = T.meta_var(cut_rows(num_clusters))
         # stream_k: the partial wave's tiles (with the wave before them when they are fewer than
         # half a wave; none if the waves are whole) go by K slices, [sk_first, sk_end) to this cluster
-        dp_tiles, sk_tiles = T.meta_var(streamk.split(M_TILES * N_TILES, num_clusters))
-        sk_first, sk_end = T.meta_var(streamk.cluster_range(clu, sk_tiles, num_clusters, K_TILES))
-        wg_id = T.warpgroup_id([W + 1])
+        dp_tiles, sk_tiles = T.meta_var(streamk.split(m_tiles * n_tiles, num_clusters))
+        sk_first, sk_end = T.meta_var(streamk.cluster_range(clu, sk_tiles, num_clusters, slices_per_tile))
+        wg_id = T.warpgroup_id([consumers + 1])
         warp_id = T.warp_id_in_wg([4])
         lane_id = T.lane_id([32])
         pool = T.SMEMPool()
@@ -224,7 +224,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
         mma2tma = MBarrier(pool, stages)
         ring = Ring(tma2mma, mma2tma, cluster_size=cluster_size)  # the stages, their barriers and phases
         # per consumer: units of the tile counted before this one (split-K, stream-K)
-        flag = T.meta_var(pool.alloc((W,), "int32") if has_workspace else None)
+        flag = T.meta_var(pool.alloc((consumers,), "int32") if has_workspace else None)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((stages, BLK_N, BLK_K), dtype, layout=B_layout)
@@ -235,12 +235,12 @@ def kernel(cfg: GemmConfig, preset: Preset):
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
         common.cluster_sync()
-        rank_m = T.meta_var(rank % CM)
-        rank_n = T.meta_var(rank // CM)
-        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=M_TILES, n_tiles=N_TILES, cluster_m=CM, cluster_n=CN,
+        rank_m = T.meta_var(rank % cluster_m)
+        rank_n = T.meta_var(rank // cluster_m)
+        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=m_tiles, n_tiles=n_tiles, cluster_m=cluster_m, cluster_n=cluster_n,
                                     rank_m=rank_m, rank_n=rank_n, units_per_tile=units_per_tile))
-        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
-                                    cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=cluster_m,
+                                    cluster_n=cluster_n, rank_m=rank_m, rank_n=rank_n))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
             if T.And(warp_id == 0, lane_id == 0):
@@ -266,21 +266,21 @@ def kernel(cfg: GemmConfig, preset: Preset):
                 if narrow_on:
                     # the narrow tiles this cluster's stride reaches past the whole ones: the same
                     # boxes (B's rows past the narrow tile are read and not used)
-                    q_load: T.int32 = ts_load.linear_idx - (M_TILES - cut_load) * N_TILES
+                    q_load: T.int32 = ts_load.linear_idx - (m_tiles - cut_load) * n_tiles
                     while q_load < cut_load * narrow_per_row:
-                        nm, nn = T.meta_var(narrowtail.narrow_tile(q_load, M_TILES - cut_load, narrow_per_row))
+                        nm, nn = T.meta_var(narrowtail.narrow_tile(q_load, m_tiles - cut_load, narrow_per_row))
                         loads.load_tile(load_it, sched.m_start(nm), sched.n_start(nn, tail_n))
-                        load_it = load_it + K_TILES
+                        load_it = load_it + slices_per_tile
                         q_load = q_load + num_clusters
                 if stream_k:
-                    for p in range(streamk.pieces(first_load, end_load, K_TILES)):
-                        j, k0, nk = T.meta_var(streamk.piece(p, first_load, end_load, K_TILES))
+                    for p in range(streamk.pieces(first_load, end_load, slices_per_tile)):
+                        j, k0, nk = T.meta_var(streamk.piece(p, first_load, end_load, slices_per_tile))
                         ts_load.init(dp_load + j)  # the scheduler's place of stream-K tile j
                         loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(ts_load.n_idx),
                                         first_slice=k0, num_slices=nk)
                         load_it = load_it + nk
 
-        with common.ConsumerRole(wg_id, W, regs.consumer):
+        with common.ConsumerRole(wg_id, consumers, regs.consumer):
             c = T.meta_var(wg_id - 1)  # this consumer
             wtid = T.meta_var(warp_id * 32 + lane_id)
             wg_row0 = T.meta_var(c * rows_per_wg)  # its rows of a_smem (of N under swap AB)
@@ -327,11 +327,12 @@ def kernel(cfg: GemmConfig, preset: Preset):
                 n_col, split, _, nk = T.meta_var(unit(ts.n_idx))
                 if under:
                     # the previous tile's chunks, one under each of this tile's first slices
-                    mma.issue_under(it, K_TILES, epi, Preg, m_prev, n_prev, tiles_done > 0, epi_it)
+                    mma.issue_under(it, slices_per_tile, epi, Preg, m_prev, n_prev, tiles_done > 0, epi_it)
                     if tiles_done > 0:
                         epi_it = epi_it + epi.chunks_per_tile
-                    mma.retire(it, K_TILES)
-                    epilogue.acc_to_pairs(plan, Dreg, Preg, epi_op, lane_id)  # the accumulators are free for the next tile
+                    mma.retire(it, slices_per_tile)
+                    # the accumulators are free for the next tile
+                    epilogue.acc_to_pairs(plan, Dreg, Preg, epi_op, lane_id)
                     m_prev = sched.m_start(ts.m_idx)
                     n_prev = sched.n_start(ts.n_idx)
                     tiles_done = tiles_done + 1
@@ -342,7 +343,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                 n_st = T.meta_var(sched.n_start(n_col))
                 if units_per_tile > 1:
                     counter = T.meta_var(splitk.counter_index(sched.cta_m(ts.m_idx), sched.cta_n(n_col), c,
-                                                              N_CTA_TILES, W))
+                                                              n_cta_tiles, consumers))
                     parts.publish_unit(counter, split, units_per_tile)
                     if parts.counted_before() == units_per_tile - 1:  # the last unit of the tile: sum and store
                         parts.sum_units(counter, units_per_tile)
@@ -355,12 +356,12 @@ def kernel(cfg: GemmConfig, preset: Preset):
                         epi_it = epi_it + epi.chunks_per_tile
                 ts.next_tile()
             if narrow_on:
-                q: T.int32 = ts.linear_idx - (M_TILES - cut) * N_TILES
+                q: T.int32 = ts.linear_idx - (m_tiles - cut) * n_tiles
                 while q < cut * narrow_per_row:
-                    nm, nn = T.meta_var(narrowtail.narrow_tile(q, M_TILES - cut, narrow_per_row))
+                    nm, nn = T.meta_var(narrowtail.narrow_tile(q, m_tiles - cut, narrow_per_row))
                     # m64n{tail_n}k16 into the first tail_n / 2 accumulators of each atom
-                    mma.with_plan(narrow_plan).run(it, K_TILES)
-                    it = it + K_TILES
+                    mma.with_plan(narrow_plan).run(it, slices_per_tile)
+                    it = it + slices_per_tile
                     if narrow_chunks > 0:
                         epi.with_plan(narrow_plan).store_tile(Dreg, sched.m_start(nm), sched.n_start(nn, tail_n),
                                                               epi_it)
@@ -371,8 +372,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                                   wg_row0, narrow_chunks * chunk_cols, narrow_rest, warp_id, lane_id)
                     q = q + num_clusters
             if stream_k:
-                for p in range(streamk.pieces(first_mine, end_mine, K_TILES)):
-                    j, k0, nk = T.meta_var(streamk.piece(p, first_mine, end_mine, K_TILES))
+                for p in range(streamk.pieces(first_mine, end_mine, slices_per_tile)):
+                    j, k0, nk = T.meta_var(streamk.piece(p, first_mine, end_mine, slices_per_tile))
                     pc[0] = j
                     pc[1] = k0
                     pc[2] = nk
@@ -381,30 +382,31 @@ def kernel(cfg: GemmConfig, preset: Preset):
                     it = it + pc[2]
                     m_sk = T.meta_var(sched.m_start(ts.m_idx))
                     n_sk = T.meta_var(sched.n_start(ts.n_idx))
-                    if pc[2] == K_TILES:  # a whole tile in this cluster's range
+                    if pc[2] == slices_per_tile:  # a whole tile in this cluster's range
                         epi.store_tile(Dreg, m_sk, n_sk, epi_it)
                         epi_it = epi_it + epi.chunks_per_tile
                     else:
                         # the tile's 2 or 3 pieces are clusters g_h, g_h + 1, ... in K order; the
                         # counter is g_h's; a piece's slot is 1 if its range began before the tile
-                        tile0 = T.meta_var(pc[0] * K_TILES)
-                        sk_tiles_now = T.meta_var(M_TILES * N_TILES - dp_mine)
-                        mt[0] = streamk.cluster_of(tile0, sk_tiles_now, num_clusters, K_TILES)  # g_h
-                        mt[1] = streamk.cluster_of(tile0 + K_TILES - 1, sk_tiles_now, num_clusters,
-                                                   K_TILES) - mt[0] + 1  # pieces
+                        tile0 = T.meta_var(pc[0] * slices_per_tile)
+                        sk_tiles_now = T.meta_var(m_tiles * n_tiles - dp_mine)
+                        mt[0] = streamk.cluster_of(tile0, sk_tiles_now, num_clusters, slices_per_tile)  # g_h
+                        mt[1] = streamk.cluster_of(tile0 + slices_per_tile - 1, sk_tiles_now, num_clusters,
+                                                   slices_per_tile) - mt[0] + 1  # pieces
                         g_h = T.meta_var(mt[0])
-                        head_first = T.meta_var(streamk.cluster_range(g_h, sk_tiles_now, num_clusters, K_TILES)[0])
-                        cnt_i = T.meta_var(streamk.counter(g_h, rank, c, cluster_size, W))
+                        head_first = T.meta_var(streamk.cluster_range(g_h, sk_tiles_now, num_clusters,
+                                                                      slices_per_tile)[0])
+                        cnt_i = T.meta_var(streamk.counter(g_h, rank, c, cluster_size, consumers))
                         mine = T.meta_var(streamk.slot(clu, rank, c, T.Select(first_mine < tile0, 1, 0),
-                                                       cluster_size, W))
+                                                       cluster_size, consumers))
                         streamk.meet_pieces(parts, cnt_i, mine, mt[1] - 1)
                         if parts.counted_before() == mt[1] - 1:  # the other pieces counted first: sum and store
                             sb[0] = streamk.slot_offset(streamk.slot(g_h, rank, c, T.Select(head_first < tile0, 1, 0),
-                                                                     cluster_size, W), 0, wtid, acc_regs)
-                            sb[1] = streamk.slot_offset(streamk.slot(g_h + 1, rank, c, 0, cluster_size, W), 0, wtid,
-                                                        acc_regs)
-                            sb[2] = streamk.slot_offset(streamk.slot(g_h + 2, rank, c, 0, cluster_size, W), 0, wtid,
-                                                        acc_regs)
+                                                                     cluster_size, consumers), 0, wtid, acc_regs)
+                            sb[1] = streamk.slot_offset(streamk.slot(g_h + 1, rank, c, 0, cluster_size, consumers), 0,
+                                                        wtid, acc_regs)
+                            sb[2] = streamk.slot_offset(streamk.slot(g_h + 2, rank, c, 0, cluster_size, consumers), 0,
+                                                        wtid, acc_regs)
                             streamk.sum_tile_pieces(parts, cnt_i, mt[1], clu - g_h, sb)
                             epi.store_tile(Dreg, m_sk, n_sk, epi_it)
                             epi_it = epi_it + epi.chunks_per_tile

@@ -17,7 +17,8 @@ D^T = B_tile . A_tile^T:
 so N, large, fills the 64-row slot and M becomes wgmma's N, which may be as small as 8: blk_m is
 a multiple of 8 from 8 to 256 (one module at blk_m=8 serves M = 1..8 with no padding beyond 8
 rows). The loads (and their ``stream_b`` hints), the ring, the producer, the scheduler, the
-clusters and split-K are v10's: only the operands swap (``Consumer(a_smem=Bsmem, b_smem=Asmem, ...)``, ``common.SwapPlan``)
+clusters and split-K are v10's: only the operands swap (``Consumer(a_smem=Bsmem, b_smem=Asmem,
+...)``, ``common.SwapPlan``)
 and consumer ``c`` now owns ``blk_n / W`` rows of N (columns of D) and all ``blk_m`` rows of M.
 The accumulators hold D^T, so the epilogue stores them transposed: ``stmatrix ... .trans``
 writes each 8x8 block of the fragment as D's rows into the consumer's staging buffer

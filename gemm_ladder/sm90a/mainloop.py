@@ -61,21 +61,21 @@ def _retire(mma, it, nk):
 
 @T.inline
 def _issue_under(mma, it, nk, epi, pairs, m_prev, n_prev, has_prev, chunk_it):
-    NCH = T.meta_var(epi.chunks_per_tile)
-    NIN = T.meta_var(min(NCH, nk))
+    chunks_per_tile = T.meta_var(epi.chunks_per_tile)
+    chunks_under = T.meta_var(min(chunks_per_tile, nk))  # one under each of the first slices
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    for j in T.unroll(NIN):
+    for j in T.unroll(chunks_under):
         _begin_slice(mma, it, j)
         _end_slice(mma, it, j)
         if has_prev:
             # after the wait, not between the issue and the wait: 0.8% fewer SM cycles at 4096^3
             # on an H100 (benchmarks/results/2026-11-23_h100_epi_under/)
             epi.store_chunk(pairs, m_prev, n_prev, chunk_it, j)
-    for k in T.serial(nk - NIN, unroll=k_loop_unroll(nk)):
-        _begin_slice(mma, it, NIN + k)
-        _end_slice(mma, it, NIN + k)
+    for k in T.serial(nk - chunks_under, unroll=k_loop_unroll(nk)):
+        _begin_slice(mma, it, chunks_under + k)
+        _end_slice(mma, it, chunks_under + k)
     if has_prev:
-        for j in T.unroll(NIN, NCH):
+        for j in T.unroll(chunks_under, chunks_per_tile):
             epi.store_chunk(pairs, m_prev, n_prev, chunk_it, j)
 
 
