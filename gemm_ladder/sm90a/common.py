@@ -4,7 +4,8 @@ epilogues, the roles and their registers, clusters, a runtime M and swap AB's pl
 The parts of the warp-specialized kernels (v8-v11) live beside it, one job each: ``ring`` (the
 stages, their full/empty barriers and phases), ``producer`` (TMA loads, multicast, L2 hints),
 ``mainloop`` (the consumers' wgmma K loop) and ``epilogue`` (accumulators -> shared -> TMA
-stores, chunked or transposed).
+stores, chunked or transposed); ``gemm`` is the production kernel built from them, of which v9,
+v10 and v11 are presets.
 
 A rung file keeps only its own technique; the parts below are the same on every rung:
 
