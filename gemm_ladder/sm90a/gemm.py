@@ -306,12 +306,14 @@ def kernel(cfg: GemmConfig, preset: Preset):
                 parts = T.meta_var(splitk.Partials(slots=g["p"], counters=g["cnt"], acc=Dreg, acc_regs=acc_regs,
                                                    thread=wtid, flag=flag, consumer=c))
             if under:
-                m_prev: T.int32 = 0
+                m_prev: T.int32 = 0  # where the tile whose pairs wait goes in D
                 n_prev: T.int32 = 0
             it: T.int32 = 0  # (unit, slice) pairs consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             if under:
-                tiles_done: T.int32 = 0  # tiles of this CTA so far
+                # tiles of this CTA so far (declared here: moved above ``it``, ptxas schedules
+                # the epi_under + k_zigzag + dynamic_m kernel differently)
+                tiles_done: T.int32 = 0
             if narrow_on:
                 cut: T.int32 = narrow_rows
             ts = sched.tiles("ts", num_clusters, cut if narrow_on else 0)
