@@ -38,8 +38,7 @@ V7_V9 = ("v7", "v8", "v9")
         ("v9", dict(num_warpgroups=4), ["num_warpgroups=4", "1 or 2 or 3"]),
         ("v9", dict(num_warpgroups=3, blk_m=192, blk_n=256, pipe_depth=3), ["128 fp32 accumulator", "152"]),
         ("v9", dict(epi_n=256), ["pipe_depth=4", "use pipe_depth=3 or less"]),
-        # pingpong is retired: its old default is accepted (and ignored), anything else refused
-        ("v9", dict(pingpong=False), []),
+        # pingpong is retired: its old default is ignored (test_a_retired_knob_...), anything else refused
         ("v9", dict(pingpong=True), ["pingpong=True", "no longer builds", "2026-11-22_h100_v9_pingpong",
                                      "rebuild it without pingpong"]),
         ("v9", dict(pingpong="yes"), ["pingpong='yes'", "rebuild it without pingpong"]),
