@@ -49,20 +49,14 @@ def stage_bytes(cfg: GemmConfig, cta_group: int = 1) -> int:
     return (cfg.blk_m + cfg.blk_n // cta_group) * cfg.blk_k * cfg.elem_bytes
 
 
-def tiles_in_flight(cfg: GemmConfig) -> int:
-    """Output tiles a CTA holds at once: one, or with Hopper v9's ``pingpong`` one per consumer
-    warpgroup (each owns a whole tile, and their epilogues stage apart)."""
-    return cfg.num_warpgroups if cfg.knobs().get("pingpong") else 1
-
-
 def out_bytes(cfg: GemmConfig) -> int:
     """Bytes of the output staged in shared memory for the TMA store: the whole tile, or, for a
     rung with the ``epi_n`` knob narrower than the tile (Hopper v9), two ``blk_m x epi_n``
-    column chunks in flight; per tile in flight (:func:`tiles_in_flight`)."""
+    column chunks in flight."""
     epi_n = cfg.knobs().get("epi_n", cfg.blk_n)
     if epi_n >= cfg.blk_n:
-        return cfg.blk_m * cfg.blk_n * cfg.elem_bytes * tiles_in_flight(cfg)
-    return 2 * cfg.blk_m * epi_n * cfg.elem_bytes * tiles_in_flight(cfg)
+        return cfg.blk_m * cfg.blk_n * cfg.elem_bytes
+    return 2 * cfg.blk_m * epi_n * cfg.elem_bytes
 
 
 def smem_bytes(cfg: GemmConfig, stages: int, epilogue_tile: bool = True, cta_group: int = 1) -> int:
@@ -73,7 +67,7 @@ def smem_bytes(cfg: GemmConfig, stages: int, epilogue_tile: bool = True, cta_gro
 
 def acc_regs_per_thread(cfg: GemmConfig) -> int:
     """fp32 accumulator registers each MMA thread holds when the accumulators live in registers."""
-    return cfg.blk_m * cfg.blk_n * tiles_in_flight(cfg) // (THREADS_PER_WARPGROUP * cfg.num_warpgroups)
+    return cfg.blk_m * cfg.blk_n // (THREADS_PER_WARPGROUP * cfg.num_warpgroups)
 
 
 def check_budget(cfg: GemmConfig, smem: int, limits: ArchLimits | None = None) -> None:

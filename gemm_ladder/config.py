@@ -51,6 +51,31 @@ class IndexRangeError(ConfigError):
     """A shape too large for the kernels' signed 32-bit indices (:func:`check_extents`)."""
 
 
+class RetiredKnobError(ConfigError):
+    """A module, pack or record names a knob at a value no kernel of this gemm_ladder builds."""
+
+
+# Knobs a rung had and no longer has, with the value every module, pack and tuning record made
+# before carries: that value is accepted and ignored (:func:`drop_retired_knobs`, the one place
+# that reads this), any other refused.
+RETIRED_KNOBS = {
+    "v9": {"pingpong": (False, "v9's ping-pong consumers were removed: they measured slower on every shape "
+                               "(benchmarks/results/2026-11-22_h100_v9_pingpong/)")},
+}
+
+
+def drop_retired_knobs(rung: str, knobs: dict) -> dict:
+    """``knobs`` without ``rung``'s retired knobs where they hold their old default; a retired
+    knob at another value raises :class:`RetiredKnobError` (what built it is gone)."""
+    retired = RETIRED_KNOBS.get(rung, {})
+    for name in retired.keys() & knobs.keys():
+        old, why = retired[name]
+        if knobs[name] != old or type(knobs[name]) is not type(old):
+            raise RetiredKnobError(f"{rung} was built with {name}={knobs[name]!r}, which this gemm_ladder no longer "
+                                   f"builds ({why}); rebuild it without {name}")
+    return {k: v for k, v in knobs.items() if k not in retired}
+
+
 KNOB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")  # a knob's name, and a value that is a name
 _INT = re.compile(r"[+-]?\d{1,30}")
 

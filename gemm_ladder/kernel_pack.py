@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import files
-from .config import ARCHS, DTYPES
+from .config import ARCHS, DTYPES, RetiredKnobError, drop_retired_knobs
 from .records import FILE_NAME, KNOB_VALUE, SHAPE, Bool, Check, Int, List, Map, Maybe, Obj, RecordError, Str, \
     parse_json, read_text, validate
 from .runtime import ManifestError, check_file, load, read_manifest
@@ -200,7 +200,16 @@ def read_pack_manifest(folder) -> dict:
     if data.get("version") != PACK_VERSION:
         raise PackError(f"{path} has version {data.get('version')!r}; this gemm_ladder reads version {PACK_VERSION}: "
                         f"{fix}", path=path, field="version", fix=fix)
-    return validate(data, PACK_SCHEMA, path, fix, PackError)
+    data = validate(data, PACK_SCHEMA, path, fix, PackError)
+    modules = []
+    for i, entry in enumerate(data["modules"]):
+        try:
+            modules.append({**entry, "knobs": drop_retired_knobs(entry["rung"], entry["knobs"])})
+        except RetiredKnobError as err:
+            again = f"rebuild this pack: python -m gemm_ladder pack build --out {folder}"
+            raise PackError(f"{path}: modules[{i}] ({entry['file']}): {err}: {again}", path=path,
+                            field=f"modules[{i}].knobs", fix=again) from None
+    return {**data, "modules": modules}
 
 
 def packs_from_env() -> list[Path]:

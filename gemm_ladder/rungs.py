@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
-                     check_common, check_knob_types)
+                     check_common, check_knob_types, drop_retired_knobs)
 from .launch import check_grid
 from .spec import SPEC_KNOB, as_spec, check_built, spec_of
 
@@ -74,7 +74,9 @@ def available(rung: str, arch: str) -> bool:
 
 
 def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
-    """Fill in the rung's defaults and validate; raises :class:`ConfigError` before any compile."""
+    """Fill in the rung's defaults and validate; raises :class:`ConfigError` before any compile.
+    A knob the rung no longer has is ignored at its old default (tuning records made before)."""
+    knobs = drop_retired_knobs(rung, knobs)
     arch = knobs.get("arch", DEFAULT_ARCH)
     mod = rung_module(rung, arch)
     knobs = _with_spec(knobs)

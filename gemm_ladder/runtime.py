@@ -41,7 +41,7 @@ import warnings
 from pathlib import Path
 
 from . import device, pack
-from .config import ARCHS, DTYPES
+from .config import ARCHS, DTYPES, RetiredKnobError, drop_retired_knobs
 from .spec import SPEC_SCHEMA, GemmSpec, spec_of_manifest
 from .records import KNOB_VALUE, SHAPE, Bool, Either, Int, List, Map, Maybe, Num, Obj, RecordError, Str, \
     parse_json, read_text, validate
@@ -125,7 +125,12 @@ def read_manifest(path) -> dict:
             f"{man} has manifest format {data.get('format')!r}; this gemm_ladder reads format "
             f"{MANIFEST_VERSION} (which records the .so's size and sha256): re-export the module",
             path=man, field="format", fix="re-export the module")
-    return validate(data, MANIFEST_SCHEMA, man, again, ManifestError)
+    data = validate(data, MANIFEST_SCHEMA, man, again, ManifestError)
+    try:
+        return {**data, "knobs": drop_retired_knobs(data["rung"], data["knobs"])}
+    except RetiredKnobError as err:
+        fix = "rebuild this module (python -m gemm_ladder build) or the pack it came from (python -m gemm_ladder pack build)"
+        raise ManifestError(f"{man}: {err}: {fix}", path=man, field="knobs", fix=fix) from None
 
 
 def check_file(path, manifest: dict) -> None:

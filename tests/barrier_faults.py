@@ -32,9 +32,6 @@ editing the traced TIR (moving one statement).
                                                box more than its own and its peer's copies move
     bw_pair_expect_tx_one_box_under    v9 B    (CTA pairs) the leader expects one A box less than
                                                the pair's copies move
-    pingpong_unordered                 v9 H    (pingpong) a consumer starts its tile without waiting
-                                               for its turn (mma2mma): its parity waits on the ring
-                                               run a lap ahead of the slices the other still reads
     =================================  ======  =====================================================
 """
 
@@ -42,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from dataclasses import dataclass, field
 
 WATCHDOG_SECONDS = 2
@@ -121,11 +119,6 @@ VARIANTS = {v.name: v for v in [
             "the pair leader's arrive.expect_tx counts one A box (16384 B) less than the pair's "
             "copies move: a phase completes before its last box lands",
             ("expect-tx", "tma2mma"), ("wrong", "hang"), {"cluster_n": 1}),
-    Variant("pingpong_unordered", "v9", "sm_90a", (384, 512, 320),
-            "the ping-pong consumers skip their turn wait: the second starts on its slices while the "
-            "first's still fill the ring, and its parity waits pass on the first's phases",
-            ("phase", "tma2mma"), ("wrong", "hang"),
-            {"pingpong": True, "blk_m": 64, "blk_n": 256, "cluster_m": 1, "pipe_depth": 4}),
 ]}
 
 
@@ -144,9 +137,14 @@ def swapped(module, **classes):
 
 
 def _trace(cfg, **classes):
+    """Trace ``cfg``'s kernel with ``classes`` swapped in where it creates its barriers: the rung
+    module, or for a preset of the production kernel (``PRESET``) the template's module."""
     from gemm_ladder.rungs import kernel_of, rung_module
 
-    with swapped(rung_module(cfg.rung, cfg.arch), **classes):
+    mod = rung_module(cfg.rung, cfg.arch)
+    if hasattr(mod, "PRESET"):
+        mod = sys.modules[type(mod.PRESET).__module__]
+    with swapped(mod, **classes):
         return kernel_of(cfg)
 
 
@@ -194,24 +192,6 @@ def _tma_bar_late():
             return super().wait(stage, phase ^ late)
 
     return TMABarLate
-
-
-def _mbarrier_no_turns(turn_slots: int):
-    """An MBarrier whose waits are dropped on a barrier of ``turn_slots`` slots (v9's mma2mma
-    has one per consumer; the ring's have ``pipe_depth``)."""
-    from gemm_ladder.barriers import MBarrier
-
-    class MBarrierNoTurns(MBarrier):
-        def wait(self, stage, phase):
-            if self.depth != turn_slots:
-                super().wait(stage, phase)
-
-    return MBarrierNoTurns
-
-
-def pingpong_unordered(cfg):
-    assert cfg.pipe_depth != cfg.num_warpgroups, "the turn barrier must be told from the ring's"
-    return _trace(cfg, MBarrier=_mbarrier_no_turns(cfg.num_warpgroups))
 
 
 def expect_tx_one_box_over(cfg):

@@ -24,8 +24,6 @@ KNOB_SAMPLE = [
     # clusters: multicast of both operands and remote releases to 4 CTAs; 3 consumers
     ("v8", "sm_90a", {"cluster_m": 2, "cluster_n": 2, "blk_n": 128, "pipe_depth": 4}),
     ("v9", "sm_90a", {"num_warpgroups": 3, "blk_m": 192, "blk_n": 128, "epi_n": 128}),
-    # ping-pong consumers: whole tiles in turn, a wait that skips the other's ring phases
-    ("v9", "sm_90a", {"pingpong": True, "blk_m": 64, "blk_n": 256}),
     # L2 cache policies on every load, one of them multicast, and split K
     ("v11", "sm_90a", {"stream_b": True, "cluster_m": 2, "blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "split_k": 2}),
     # stream-K: whole tiles, then the tail's pieces (a counter in global memory, no mbarrier)
@@ -251,9 +249,6 @@ EXPECTED = {
                                        r"of CTA 1 \(cluster rank 1\): a TMA copy into Bsmem\[0\] of cluster rank 1 "
                                        r"issued for phase 0 of tma2mma\[0\] lands in phase 1: phase 0 completed "
                                        r"before all its bytes landed",
-    "pingpong_unordered": r"\[phase\] tma2mma\[1\] phase 1: consumer thread \d+ \(warp (8|11) lane \d+\) of CTA 0: "
-                          r"first wait on tma2mma\[1\] \(parity 1\) passes on phase 1: it never waited for "
-                          r"phases 0\.\.0",
 }
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import files, kernel_pack, module_cache
+from gemm_ladder import files, kernel_pack, module_cache, runtime
 from gemm_ladder.batch import BuildJob
 from gemm_ladder.kernel_pack import PACK_MANIFEST, KernelPack, PackError
 from gemm_ladder.runtime import MANIFEST_VERSION
@@ -265,3 +265,34 @@ def test_build_a_pack_and_find_its_modules(tmp_path, monkeypatch):
     again = kernel_pack.build_pack(tmp_path / "pack2", shapes, ["float16"], sms=132, workers=2)
     assert {r["status"] for r in again["results"]} == {"cache"}
     assert kernel_pack.pack_bytes(tmp_path / "pack") < 2 * 2**20
+
+
+# -- packs built before a knob was retired (v9's pingpong) ---------------------------------------
+def _with_knobs(folder: Path, knobs: dict, in_module: bool = True) -> Path:
+    """A one-module pack whose pack.json entry (and the module's own manifest) carry ``knobs``."""
+    folder.mkdir(parents=True)
+    entry = _module(folder, "old.so", shape=(128, 256, 512))
+    entry["knobs"] = {**entry["knobs"], **knobs}
+    if in_module:
+        man_path = folder / "old.so.json"
+        man_path.write_text(json.dumps({**json.loads(man_path.read_text()), "knobs": entry["knobs"]}))
+    return _pack(folder, [entry])
+
+
+def test_a_pack_built_with_a_retired_knob_at_its_default_loads(tmp_path):
+    pack = _with_knobs(tmp_path / "old", {"pingpong": False, "epi_n": 64})
+    pk = KernelPack(pack)
+    found = pk.find(128, 256, 512, "float16", "sm_90a")
+    assert found.entry["knobs"] == {"dtype": "float16", "arch": "sm_90a", "epi_n": 64}  # ignored, the rest kept
+    assert pk.check_entry(found.entry) == pack / "old.so"
+    assert "pingpong" not in runtime.read_manifest(pack / "old.so")["knobs"]
+
+
+def test_a_pack_built_with_a_retired_knob_set_is_refused(tmp_path):
+    pack = _with_knobs(tmp_path / "old", {"pingpong": True})
+    with pytest.raises(PackError) as err:
+        KernelPack(pack)
+    msg = str(err.value)
+    assert all(w in msg for w in ["pack.json", "modules[0]", "pingpong=True", "rebuild this pack", "pack build"]), msg
+    with pytest.raises(runtime.ManifestError, match=r"pingpong=True.*rebuild this module"):
+        runtime.read_manifest(pack / "old.so")

@@ -30,7 +30,6 @@ from schedulers.orders import tile_order
         (dict(tail_n=256), ["tail_n=256", "below blk_n=256", "232"]),
         (dict(tail_n=-8), ["tail_n=-8", "0 (off)"]),
         (dict(tail_n=232, dynamic_m=True), ["dynamic_m=True", "use dynamic_m=False with tail_n"]),
-        (dict(tail_n=232, pingpong=True, blk_m=64), ["pingpong=True", "use pingpong=False with tail_n"]),
         (dict(tail_n=232, tile_order="row"), ["tile_order='row'", "('grouped', 'snake')"]),
     ],
 )

@@ -289,7 +289,7 @@ def test_info_answers_random_manifests_with_one_line_per_module(tmp_path_factory
 
 
 V9_ONE_POINT = ("blk_m=128;blk_n=256;num_warpgroups=2;pipe_depth=4;l2_group_size=8;tile_order=snake;cluster_m=2;"
-                "cluster_n=1;epi_n=64;dynamic_m=false;stream_b=false;pingpong=false;tail_n=0;epi_under=false;"
+                "cluster_n=1;epi_n=64;dynamic_m=false;stream_b=false;tail_n=0;epi_under=false;"
                 "k_zigzag=false")
 PLAN_WORDS = ["v9", "v99", "x9", "4096x4096x4096", "0x64x64", "64x64", "999999999999x1x1", "M=1,128", "M=a", "NK=4096x4096",
               "NK=0x1", "dtype=float16,bfloat16", "dtype=float8", "stream_b=true,False", "pipe_depth=3.5", "=1", "foo=1",

@@ -38,12 +38,11 @@ V7_V9 = ("v7", "v8", "v9")
         ("v9", dict(num_warpgroups=4), ["num_warpgroups=4", "1 or 2 or 3"]),
         ("v9", dict(num_warpgroups=3, blk_m=192, blk_n=256, pipe_depth=3), ["128 fp32 accumulator", "152"]),
         ("v9", dict(epi_n=256), ["pipe_depth=4", "use pipe_depth=3 or less"]),
-        ("v9", dict(pingpong=True), ["pingpong=True", "whole 128x256 tile", "256 fp32", "blk_m=64, blk_n=256"]),
-        ("v9", dict(pingpong=True, num_warpgroups=1, blk_n=128), ["takes turns", "num_warpgroups=2"]),
-        ("v9", dict(pingpong=True, blk_m=64, blk_n=256, pipe_depth=5), ["pipe_depth=5", "use pipe_depth=4 or less"]),
-        ("v9", dict(pingpong=True, blk_m=128, blk_n=128, pipe_depth=5), []),
-        ("v9", dict(pingpong="yes"), ["pingpong='yes'", "bool"]),
-        ("v9", dict(epi_under=True, pingpong=True, blk_m=64), ["epi_under=True", "pingpong=True", "use one of them"]),
+        # pingpong is retired: its old default is ignored (test_a_retired_knob_...), anything else refused
+        ("v9", dict(pingpong=True), ["pingpong=True", "no longer builds", "2026-11-22_h100_v9_pingpong",
+                                     "rebuild it without pingpong"]),
+        ("v9", dict(pingpong="yes"), ["pingpong='yes'", "rebuild it without pingpong"]),
+        ("v10", dict(pingpong=False), ["no knob pingpong"]),
         ("v9", dict(epi_under=True, tail_n=232), ["epi_under=True", "tail_n", "tail_n=0", "epi_under=False"]),
         ("v9", dict(epi_under=True, num_warpgroups=3, blk_m=192, blk_n=192, pipe_depth=3),
          ["epi_under=True", "48 registers", "152", "use epi_under=False"]),
@@ -248,8 +247,6 @@ KNOB_SAMPLE = [
     ("v9", dict(epi_n=128, pipe_depth=3, tile_order="grouped", l2_group_size=16)),
     ("v9", dict(epi_n=256, pipe_depth=3)),
     ("v9", dict(num_warpgroups=1, blk_n=128, pipe_depth=5)),
-    ("v9", dict(pingpong=True, blk_m=64, blk_n=256)),
-    ("v9", dict(pingpong=True, blk_m=128, blk_n=128, cluster_m=1, cluster_n=2, pipe_depth=5)),
 ]
 CASES += [Case(rung, *shape, **knobs) for rung, knobs in KNOB_SAMPLE
           for shape in [(1000, 3000, 520), (777, 1000, 200), (2048, 2048, 128)]]
@@ -304,3 +301,9 @@ def test_the_tuners_second_pass_times_a_group_on_the_gpu(case, gpu_result, _gpu_
         low, mid, high = r["round_ratio_to_cublas_quartiles"]
         assert low <= mid <= high
     assert "ratio_to_first" not in res[0] and 0.8 < res[1]["ratio_to_first"] < 1.25
+
+
+def test_a_retired_knob_at_its_old_default_is_ignored():
+    # tuning records and modules made before v9 dropped pingpong carry pingpong=False
+    cfg = gemm_ladder.make_config("v9", 4096, 4096, 4096, pingpong=False)
+    assert "pingpong" not in cfg.knobs() and cfg == gemm_ladder.make_config("v9", 4096, 4096, 4096)

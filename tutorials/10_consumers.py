@@ -46,12 +46,27 @@ import json
 
 import gemm_ladder
 from gemm_ladder import report, teach
+from gemm_ladder.sm90a import gemm, hgemm_v9
 
 # %% [markdown]
-# ## What changed against v8
+# ## Where the code lives: a preset of the production kernel
+#
+# v8 is the last rung with a kernel body of its own. v9 (and v10, v11 after it) is a *preset* of
+# the production kernel, `gemm_ladder/sm90a/gemm.py`: the template owns the roles, the ring, the
+# loop over tiles and the barriers, and takes its parts (producer, consumers' K loop, chunked
+# epilogue, schedule) from their modules; a preset names the combination, and its file declares
+# its knobs as one frozen dataclass.
 
 # %%
-teach.rung_diff("v8", "v9")
+print(hgemm_v9.PRESET, gemm.V10, gemm.V11, sep="\n")
+teach.show_source(hgemm_v9.V9Knobs)
+
+# %% [markdown]
+# The consumer's loop over its tiles, as the template writes it (the `under` branch is the
+# `epi_under` knob; split-K units and the narrow tail are other presets' and knobs' branches):
+
+# %%
+teach.show_source(gemm.kernel)
 
 # %% [markdown]
 # ## The pictures: the epilogue, and the ring it makes room for
@@ -89,16 +104,17 @@ teach.source_excerpt(built, r"bar_sync_count_sync\(\(\(uint\)|wait_group_read_1\
 teach.show_sass_counts(built)
 
 # %% [markdown]
-# ## A road not taken: ping-pong consumers
+# ## A measured dead end: ping-pong consumers
 #
 # v9's consumers still finish each tile together, so while both stage its epilogue the tensor
-# cores wait. The other design (`pingpong=True`) gives each consumer whole tiles in turn: one
-# stages its epilogue while the other runs its mainloop. The turn is an mbarrier per consumer
-# (`mma2mma`): consumer `c` starts a tile only once the consumer before it has issued its last
-# wgmma, which also keeps the ring's parity waits honest (a consumer that ran into its next tile
-# early would wait on ring slots a lap ahead). The price is the tile: a warpgroup's registers hold
-# 64x256 or 128x128, half of v9's 128x256, and a half-size tile loads 1.5x the operand bytes per
-# FLOP. Measured on an H100 against cuBLAS in one process, it lost to the cooperative default:
+# cores wait. The other design gives each consumer whole tiles in turn: one stages its epilogue
+# while the other runs its mainloop, the turn passed by an mbarrier per consumer (consumer `c`
+# starts a tile only once the consumer before it has issued its last wgmma, which also keeps the
+# ring's parity waits honest). The price is the tile: a warpgroup's registers hold 64x256 or
+# 128x128, half of v9's 128x256, and a half-size tile loads 1.5x the operand bytes per FLOP. It
+# was built and measured on an H100 against cuBLAS in one process, lost to the cooperative
+# consumers on every shape, and was removed from the kernel (a pack built with it asks to be
+# rebuilt). The measurements:
 
 # %%
 pp_run = teach.RESULTS_DIR / "2026-11-22_h100_v9_pingpong" / "bench_pingpong.json"

@@ -4,7 +4,8 @@ epilogues, the roles and their registers, clusters, a runtime M and swap AB's pl
 The parts of the warp-specialized kernels (v8-v11) live beside it, one job each: ``ring`` (the
 stages, their full/empty barriers and phases), ``producer`` (TMA loads, multicast, L2 hints),
 ``mainloop`` (the consumers' wgmma K loop) and ``epilogue`` (accumulators -> shared -> TMA
-stores, chunked or transposed).
+stores, chunked or transposed); ``gemm`` is the production kernel built from them, of which v9,
+v10 and v11 are presets.
 
 A rung file keeps only its own technique; the parts below are the same on every rung:
 
@@ -48,12 +49,8 @@ class HopperPlan:
     cfg: GemmConfig
 
     @property
-    def pingpong(self) -> bool:  # v9's knob: each consumer warpgroup owns whole tiles, in turn
-        return bool(dict(self.cfg.extra).get("pingpong", False))
-
-    @property
     def rows_per_wg(self) -> int:
-        return self.cfg.blk_m if self.pingpong else self.cfg.blk_m // self.cfg.num_warpgroups
+        return self.cfg.blk_m // self.cfg.num_warpgroups
 
     @property
     def m_atoms(self) -> int:  # wgmma rows per warpgroup
@@ -114,13 +111,7 @@ def check_tile(cfg: GemmConfig, warpgroups=(1, 2)) -> None:
     if cfg.num_warpgroups not in warpgroups:
         choices = " or ".join(map(str, warpgroups))
         raise ConfigError(f"num_warpgroups={cfg.num_warpgroups!r} is not supported; use {choices}")
-    if HopperPlan(cfg).pingpong:
-        if cfg.num_warpgroups < 2:
-            raise ConfigError("pingpong=True takes turns between consumer warpgroups, and num_warpgroups=1 has "
-                              "one; use num_warpgroups=2, or pingpong=False")
-        if cfg.blk_m % WG_M:
-            raise ConfigError(f"blk_m={cfg.blk_m} is not whole 64-row wgmma atoms; use 64, 128 or 192")
-    elif cfg.blk_m % (WG_M * cfg.num_warpgroups):
+    if cfg.blk_m % (WG_M * cfg.num_warpgroups):
         raise ConfigError(
             f"blk_m={cfg.blk_m} does not split into {cfg.num_warpgroups} warpgroup(s) of whole "
             f"64-row wgmma atoms; use blk_m={WG_M * cfg.num_warpgroups} or a multiple of it"
@@ -437,12 +428,6 @@ def check_consumer_registers(cfg: GemmConfig, plan: HopperPlan | None = None) ->
     budget = regs.consumer or regs.entry
     plan = plan or HopperPlan(cfg)
     acc = plan.acc_regs
-    if acc + 40 > budget and plan.pingpong:
-        raise ConfigError(
-            f"with pingpong=True each consumer warpgroup holds a whole {cfg.blk_m}x{cfg.blk_n} tile: {acc} fp32 "
-            f"accumulator registers per thread, and a consumer may hold {budget} (40 go to addresses and loop "
-            "state); use blk_m=64, blk_n=256 or blk_m=128, blk_n=128"
-        )
     if epi_under(cfg) and acc + acc // 2 + 40 > budget:
         raise ConfigError(
             f"epi_under=True keeps a tile's output as 16-bit pairs ({acc // 2} registers a thread) beside the "
@@ -469,12 +454,7 @@ def check_epi_under(cfg: GemmConfig) -> None:
     (its registers are checked by :func:`check_consumer_registers`)."""
     if not epi_under(cfg):
         return
-    extra = dict(cfg.extra)
-    if extra.get("pingpong", False):
-        raise ConfigError("epi_under=True stages a tile's chunks under the same consumers' next tile, and "
-                          "pingpong=True already hides each consumer's epilogue under the other's mainloop; "
-                          "use one of them")
-    if extra.get("tail_n", 0):
+    if dict(cfg.extra).get("tail_n", 0):
         raise ConfigError("epi_under=True keeps the last whole tile's output for the next tile to store, and "
                           "tail_n cuts the narrow tiles that follow it with an epilogue of their own; use "
                           "tail_n=0 with epi_under=True, or epi_under=False")

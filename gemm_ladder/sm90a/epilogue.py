@@ -17,12 +17,14 @@ Only the consumer's 128 threads meet, at its named barrier (``1 + consumer``); o
 ``thread`` 0) issues the stores, committed and not waited for: before it rewrites a buffer it
 lets the store that read it finish (``cp.async.bulk.wait_group.read``).
 
-The epilogue's extra operands come from the operand spec (``gemm_ladder.spec``):
-:func:`kernel_operands` appends them to the kernel's signature, and :class:`ChunkedEpilogue`
-takes the bias (``bias``: a buffer of N values in D's dtype, or None) and adds ``bias[n]`` to each
-fp32 accumulator of column n before it is rounded (:func:`biased`: the column of an accumulator
-register is ``8 (r // 4) + 2 (lane % 4) + r % 2`` in an m64nNk16 fragment), in the staged chunks
-and in the 16-bit pairs of ``epi_under`` alike.
+What the epilogue does to each fp32 accumulator before it is rounded to D's type is an
+:class:`EpilogueOp` (``ChunkedEpilogue.op``): nothing (:data:`NO_OP`), or, where the operand spec
+(``gemm_ladder.spec``) has a per-column bias, :class:`BiasOp`: ``+ bias[n]`` in fp32 before the
+rounding (:func:`op_of` picks it). A fused epilogue is another class with the same members: the
+operands it reads, and ``apply``, called on every accumulator where it is rounded
+(:func:`acc_chunk_to_smem_stmatrix`, :func:`acc_to_pairs`) with the tile's first column. The
+spec's epilogue operands become kernel parameters through :func:`kernel_operands` (after
+``num_ctas``, in the spec's order: the runtime's argument order), in every prim_func form alike.
 """
 
 from __future__ import annotations
@@ -43,6 +45,71 @@ from .common import CONSUMER_BARRIER, THREADS_PER_WG, WG_M, HopperPlan, pack_op
 EPI_CHUNK = 64  # columns of one TMA store box: one 128-byte swizzle row of 16-bit data
 
 
+@dataclass(frozen=True)
+class EpilogueOp:
+    """The epilogue's work on the fp32 accumulators before they are rounded: none.
+
+    ``operands(cfg, M)``: the tensors it reads (``gemm.Operand``s, after D in the kernel's
+    parameters); ``bind(buffers)``: the op with those tensors' buffers (``buffers`` maps an
+    operand's name to its matched buffer); ``apply(value, reg, lane_id, n0)``: the value
+    accumulator ``reg`` (within its 64-row atom) of this thread's fragment (``lane_id``; its
+    column: ``layouts.acc_fragment_coord``) of the tile whose columns start at ``n0`` becomes
+    before rounding, a PrimExpr.
+    """
+
+    def operands(self, cfg: GemmConfig, M) -> list:
+        return []
+
+    def bind(self, buffers: dict) -> "EpilogueOp":
+        return self
+
+    def apply(self, value, reg, lane_id, n0):
+        return value
+
+
+NO_OP = EpilogueOp()
+
+
+@dataclass(frozen=True)
+class BiasOp(EpilogueOp):
+    """``+ bias[n]``: the spec's per-column bias (N values in D's dtype), widened to fp32 and
+    added to each accumulator of column n before it is rounded. Its operand is the spec's, made a
+    kernel parameter by :func:`kernel_operands`; ``bind`` takes its buffer."""
+
+    bias: object = None  # bias[N] in global memory (after bind)
+
+    def bind(self, buffers: dict) -> "BiasOp":
+        if "bias" not in buffers:
+            raise ConfigError(f"the kernel's parameters ({', '.join(buffers)}) have no bias: its prim_func form "
+                              "must declare the spec's operands (epilogue.kernel_operands)")
+        return dataclasses.replace(self, bias=buffers["bias"])
+
+    def apply(self, value, reg, lane_id, n0):
+        # the column of register reg (within its 64-row atom) of the m64nNk16 fragment; a tile past
+        # N reads N's last value (the store clips those columns)
+        col = n0 + layouts.acc_fragment_coord(reg, 0, lane_id)[1]
+        return value + T.Cast("float32", self.bias[T.min(col, self.bias.shape[0] - 1)])
+
+
+def op_of(cfg: GemmConfig, default: EpilogueOp = NO_OP) -> EpilogueOp:
+    """The epilogue op ``cfg``'s operand spec asks for: :class:`BiasOp` with a bias, else ``default``."""
+    return BiasOp() if spec_of(cfg).bias else default
+
+
+def kernel_operands(cfg: GemmConfig, M, N, K, buffers: dict | None = None) -> dict:
+    """``buffers`` (the form's matched tensors by name) and the epilogue's operands of ``cfg``'s
+    spec (``GemmSpec.epilogue_operands``, in order) made parameters of the kernel being traced,
+    after those its prim_func declares (so after ``num_ctas``: the runtime passes them last):
+    name -> buffer. Call it beside the form's ``T.match_buffer`` lines, before
+    ``T.device_entry``, through ``T.meta_var``."""
+    sizes = {"M": M, "N": N, "K": K}
+    out = dict(buffers or {})
+    for op in spec_of(cfg).epilogue_operands():
+        buf = tvm.tirx.decl_buffer(tuple(sizes[s] for s in op.shape), op.dtype, name=op.name)
+        out[op.name] = tirx_builder.arg(op.name, buf)
+    return out
+
+
 def check_epilogue(cfg: GemmConfig) -> None:
     """``epi_n``: the columns one epilogue store moves, a multiple of 64 that divides blk_n."""
     epi_n = dict(cfg.extra).get("epi_n", cfg.blk_n)
@@ -55,35 +122,13 @@ def check_epilogue(cfg: GemmConfig) -> None:
                           "tiles' last columns leave from the registers without it); use tail_n=0")
 
 
-def kernel_operands(cfg: GemmConfig, M, N, K) -> dict:
-    """The epilogue's operands of ``cfg``'s spec (``GemmSpec.epilogue_operands``, in order) as
-    parameters of the kernel being traced, after those it declares itself: name -> buffer. Call
-    it beside the kernel's ``T.match_buffer`` lines, through ``T.meta_var``."""
-    sizes = {"M": M, "N": N, "K": K}
-    out = {}
-    for op in spec_of(cfg).epilogue_operands():
-        buf = tvm.tirx.decl_buffer(tuple(sizes[s] for s in op.shape), op.dtype, name=op.name)
-        out[op.name] = tirx_builder.arg(op.name, buf)
-    return out
-
-
-def biased(plan, Dreg, r, bias, n0, lane_id):
-    """Accumulator ``Dreg[r]`` of a tile whose columns start at ``n0``, plus ``bias`` of its column
-    as fp32 (a tile past N reads N's last value: those columns are clipped by the store); the
-    accumulator alone with no bias (no ``+ 0.0f``, which the compiler may not drop)."""
-    if bias is None:
-        return Dreg[r]
-    r_in = r % plan.acc_stride  # the register within its 64-row atom
-    col = n0 + 8 * (r_in // 4) + 2 * (lane_id % 4) + r_in % 2
-    return Dreg[r] + T.Cast("float32", bias[T.min(col, bias.shape[0] - 1)])
-
-
 @T.inline
-def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed, bias, n0):
+def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed, op, n0):
     """Columns ``col0 .. col0+ncols`` of one warpgroup's accumulators -> ``Esmem[buf]`` (its
-    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`, plus
-    ``bias`` (None: none) of the tile's columns from ``n0``. With ``packed=None``, ``Dreg``
-    holds the pairs already (:func:`acc_to_pairs`, which added the bias)."""
+    rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`, each
+    accumulator through ``op`` (an :class:`EpilogueOp`; the tile's columns start at ``n0``)
+    before it is rounded. With ``packed=None``, ``Dreg`` holds the pairs already
+    (:func:`acc_to_pairs`, which applied the op)."""
     NR = T.meta_var(plan.acc_stride)
     q = T.meta_var(lane_id // 8)
     row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
@@ -92,8 +137,9 @@ def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lan
             r0 = T.meta_var(mi * NR + 2 * (col0 // 16 + pp) * 4)  # the first of the 8 accumulators stored
             if packed is not None:
                 for h in T.unroll(4):
-                    T.ptx[pack_op(plan.cfg)](packed[h], biased(plan, Dreg, r0 + 2 * h + 1, bias, n0, lane_id),
-                                             biased(plan, Dreg, r0 + 2 * h, bias, n0, lane_id))
+                    T.ptx[pack_op(plan.cfg)](packed[h],
+                                             op.apply(Dreg[r0 + 2 * h + 1], (r0 + 2 * h + 1) % NR, lane_id, n0),
+                                             op.apply(Dreg[r0 + 2 * h], (r0 + 2 * h) % NR, lane_id, n0))
             src = T.meta_var([packed[h] for h in range(4)] if packed is not None
                              else [Dreg[r0 // 2 + h] for h in range(4)])
             T.ptx.stmatrix.sync.aligned.m8n8.x4.shared.b16(
@@ -113,7 +159,7 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
     epi_n = T.meta_var(epi.chunk_cols)
     nbuf = T.meta_var(epi.buffers)
     ROWS = T.meta_var(plan.rows_per_wg)
-    row0 = T.meta_var(0 if plan.pingpong else c * ROWS)  # its band of the tile (pingpong: all of it)
+    row0 = T.meta_var(c * ROWS)  # its band of the tile
     # one consumer: its buffers are the first, said as constants (TVM cannot prove that
     # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
     first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
@@ -121,7 +167,7 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
     if wtid == 0:
         T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
-    acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed, epi.bias,
+    acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed, epi.op,
                                n_st)
     T.ptx.fence.proxy.async_.shared__cta()
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
@@ -166,7 +212,7 @@ class ChunkedEpilogue:
     packed: object  # uint32[4] local: one stmatrix's four 16-bit pairs
     chunk_cols: int  # epi_n
     buffers: int  # staging buffers per consumer
-    bias: object = None  # bias[N] in D's dtype (kernel_operands), added before rounding; None: no bias
+    op: EpilogueOp = NO_OP  # applied to each accumulator before it is rounded
 
     @property
     def chunks_per_tile(self) -> int:
@@ -184,24 +230,21 @@ class ChunkedEpilogue:
         """Chunk ``j`` of a tile from its 16-bit pairs (v9's ``epi_under``, under the next tile)."""
         _store_chunk(self, pairs, m_st, n_st, None, chunk_it, j)
 
-    def acc_to_pairs(self, acc, pairs, n_st) -> None:
-        """:func:`acc_to_pairs` with this epilogue's bias, for the tile whose columns start at ``n_st``."""
-        acc_to_pairs(self.plan, acc, pairs, self.bias, n_st, self.lane_id)
-
     def with_plan(self, plan: HopperPlan) -> "ChunkedEpilogue":
         """The same epilogue for tiles of another width (v9's narrow ``tail_n`` tiles)."""
         return dataclasses.replace(self, plan=plan)
 
 
 @T.inline
-def acc_to_pairs(plan, Dreg, Preg, bias, n0, lane_id):
-    """Round every accumulator of a tile (plus ``bias`` of its columns from ``n0``; None: none)
-    into 16-bit pairs, ``Preg[i] = (Dreg[2i], Dreg[2i+1])``: the pairs
+def acc_to_pairs(plan, Dreg, Preg, op, lane_id, n0):
+    """Round every accumulator of a tile into 16-bit pairs, ``Preg[i] = (Dreg[2i], Dreg[2i+1])``
+    (each through ``op`` first; the tile's columns start at ``n0``): the pairs
     :func:`acc_chunk_to_smem_stmatrix` makes chunk by chunk, made at once so that the
     accumulators are free for the next tile while the pairs wait for their stores."""
+    NR = T.meta_var(plan.acc_stride)
     for i in T.unroll(plan.acc_regs // 2):
-        T.ptx[pack_op(plan.cfg)](Preg[i], biased(plan, Dreg, 2 * i + 1, bias, n0, lane_id),
-                                 biased(plan, Dreg, 2 * i, bias, n0, lane_id))
+        T.ptx[pack_op(plan.cfg)](Preg[i], op.apply(Dreg[2 * i + 1], (2 * i + 1) % NR, lane_id, n0),
+                                 op.apply(Dreg[2 * i], (2 * i) % NR, lane_id, n0))
 
 
 def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):
@@ -294,6 +337,7 @@ class TransposedEpilogue:
     lane_id: object
     packed: object
 
-    def store_tile(self, acc, m_st, n_st) -> None:
-        """The tile at (``m_st``, ``n_st``) of D from the D^T accumulators ``acc``."""
+    def store_tile(self, acc, m_st, n_st, chunk_it=None) -> None:
+        """The tile at (``m_st``, ``n_st``) of D from the D^T accumulators ``acc`` (one buffer a
+        consumer: no chunk count to keep, ``chunk_it`` is not used)."""
         _store_transposed(self, acc, m_st, n_st)

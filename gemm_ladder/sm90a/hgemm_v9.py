@@ -1,5 +1,8 @@
 """hgemm_v9 (Hopper): consumers that own their rows, epilogues that overlap the next tile.
 
+v9 is a preset of the production kernel (``sm90a/gemm.py``: the template owns the roles, the
+ring, the loop over tiles and the barriers; this file names the parts and declares the knobs).
+
 What changed from v8: in v8 the consumer warpgroups finished a tile together. Both waited at
 one named barrier for the previous store to leave the output tile, wrote their rows into it,
 met again, and one thread stored the whole tile: a consumer that was done first idled until the
@@ -53,11 +56,7 @@ Barriers (one mbarrier per stage and CTA, as in v8; named barriers 1..W, one per
                 of the cluster (4 x W x cluster size)        refill it, ((it / S) & 1) ^ 1
     bar 1+c     the 128 threads of consumer c, twice per     (named barrier, no phase)
                 chunk
-    mma2mma[c]  pingpong only: lane 0 of each warp of        every thread of consumer c before
-                consumer c - 1 (mod W), its mainloop issued  its next tile, ((t - 1) / W) & 1
     ==========  ==========================================  =================================
-
-(With ``pingpong`` mma2tma[s] counts the 4 warps of the tile's owner in each CTA of the cluster.)
 
 The consumers stay in step through the ring alone: a stage is refilled only when every
 consumer warp of the cluster released it, so a consumer that runs ahead into the next tile
@@ -71,30 +70,9 @@ are the weights). The knobs are validated and tuned at the shape's M; the manife
 ``launch["dynamic_m"]`` and the M range they were chosen for (``dynamic_m["tuned_for_m"]``).
 Tile orders: grouped or snake (``schedulers.tirx_orders.RUNTIME_M_ORDERS``).
 
-Ping-pong (``pingpong=True``, off by default): the consumers stop sharing tiles. Consumer ``c``
-owns every W-th tile of its CTA whole (64x256 or 128x128: 128 accumulators a thread), and they
-take turns: consumer ``c`` starts a tile's mainloop only when the consumer before it has issued
-the last wgmma of its own (``mma2mma[c]``), so while one stages its epilogue the other keeps the
-tensor cores busy. The ring is shared and in order; a consumer skips the slices of the others'
-tiles (``it += K_TILES``) and releases only its own (``mma2tma`` counts 4 warps per CTA). The turn
-is what keeps the parity waits honest: a consumer that ran ahead into its next tile would wait
-on ring slots whose earlier phases it never saw.
-
-It does not pay on an H100 (``benchmarks/results/2026-11-22_h100_v9_pingpong/``): in 2-CTA
-clusters 0.79-0.91x cuBLAS at 4096^3, 0.91-0.99x at 8192^3 and 0.88-0.93x at 3072x8192x1536
-(0.54-0.61x without a cluster), where the cooperative default measured 1.00, 1.02-1.03 and 1.01
-in the same process. A whole tile per consumer halves the tile (64x256 or 128x128: what a
-warpgroup's registers hold), and a half-size tile loads 1.5x the operand bytes per FLOP; 2x2
-clusters, which would share them back, ran at 0.46-0.63x. (That was a launch of 33 clusters of
-4 where an H100 runs 30 at once; on the 30 that fit, a 2x2 cluster of 128x256 tiles runs at
-0.80-0.91x, as fast as 2x1 clusters on the same 120 SMs: ``2026-11-23_h100_cluster_grid``.) The
-knob stays for study (tutorial 10); the tuner does not try it.
-
-    consumer c, tile t (t % W == c):  [t > 0] wait mma2mma[c] (phase (t - 1) / W)
-                                      for k: wait tma2mma; wgmma; commit; wait_group(1); release
-                                      lane 0 of each warp: arrive mma2mma[(c + 1) % W]
-                                      wait_group(0); release the last slice; epilogue (as above)
-    consumer c, tile t (t % W != c):  it += K_TILES
+Ping-pong consumers (each consumer whole tiles, in turn) are not a knob: they measured slower
+on every shape (0.79-0.99x cuBLAS where the cooperative consumers ran 1.00-1.03x in the same
+process: ``benchmarks/results/2026-11-22_h100_v9_pingpong/``; tutorial 10 tells why).
 
 Streaming B (``stream_b=True``, off by default): when few rows of A meet a large B (M up to
 128: the weights stream past a handful of tokens), B is read once and A again by every CTA. The
@@ -145,8 +123,7 @@ land). At 4096^3 on an H100 it cut DRAM reads by 12-33%
 (``benchmarks/results/2026-11-23_h100_tile_boundary/``) and the time by 0-0.2%.
 
 Constraints:
-  - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W; with
-    pingpong, 2 or 3 consumers and blk_m a multiple of 64, a whole tile's accumulators in each);
+  - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
   - epi_n a multiple of 64 that divides blk_n (epi_n = blk_n: one buffer per consumer, the
     whole row band at once);
   - pipe_depth up to what shared memory allows beside the staging buffers;
@@ -158,29 +135,42 @@ Constraints:
 Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 --out build/
 """
 
-from tvm.script import tirx as T
-from tvm.backend.cuda.lang.warp_role import WarpgroupRole
+from dataclasses import dataclass
 
-from ..barriers import MBarrier, TMABar
 from ..config import GemmConfig
-from . import common, epilogue, narrowtail
-from .common import HopperPlan
-from .epilogue import ChunkedEpilogue
-from .mainloop import Consumer
-from .producer import Producer
-from .ring import Ring
-from .schedule import Schedule
+from . import common, epilogue, gemm, narrowtail
 
+PRESET = gemm.V9
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
-EPILOGUES = ("none", "bias")  # the operand spec's epilogues this rung builds (gemm_ladder.spec)
-KNOBS = {"blk_m": 128, "blk_n": 256, "blk_k": 64, "num_warpgroups": 2, "pipe_depth": 4,
-         "l2_group_size": 8, "tile_order": common.DEFAULT_TILE_ORDER,
-         "cluster_m": 2, "cluster_n": 1, "epi_n": 64, "dynamic_m": False, "stream_b": False, "pingpong": False,
-         "tail_n": 0, "epi_under": False, "k_zigzag": False}
+EPILOGUES = ("none", "bias")  # the operand spec's epilogues this preset builds (gemm_ladder.spec)
+
+
+@dataclass(frozen=True)
+class V9Knobs:
+    """v9's knobs and their defaults (``KNOBS``; ``rungs.make_config`` validates them)."""
+
+    blk_m: int = 128
+    blk_n: int = 256
+    blk_k: int = 64
+    num_warpgroups: int = 2  # consumer warpgroups
+    pipe_depth: int = 4
+    l2_group_size: int = 8
+    tile_order: str = common.DEFAULT_TILE_ORDER
+    cluster_m: int = 2
+    cluster_n: int = 1
+    epi_n: int = 64  # columns of one epilogue chunk
+    dynamic_m: bool = False  # M a runtime value: one module for every M
+    stream_b: bool = False  # L2 hints: B read once, A kept
+    tail_n: int = 0  # the partial wave's tiles cut this wide (0: off)
+    epi_under: bool = False  # a tile's chunks stored under the next tile's first slices
+    k_zigzag: bool = False  # every second tile of a CTA loads its K slices backwards
+
+
+KNOBS = gemm.knob_defaults(V9Knobs)
 CONSUMERS = (1, 2, 3)
 TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256), "epi_under": (False, True),
                 "k_zigzag": (False, True),
-                "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}  # not pingpong: it measured slower
+                "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}
 
 
 def check(cfg: GemmConfig) -> None:
@@ -198,198 +188,12 @@ def check(cfg: GemmConfig) -> None:
 def cluster_grid(cfg: GemmConfig, M=None) -> tuple:
     """The grid of cluster tiles the scheduler walks (for ``M``, default cfg.M; a runtime M
     gives a runtime number of rows)."""
-    cm, cn = common.cluster_shape(cfg)
-    M = cfg.M if M is None else M
-    return common.tiles_over(M, cfg.blk_m * cm), -(-cfg.grid_mn[1] // cn)
+    return PRESET.cluster_grid(cfg, M)
 
 
 def launch(cfg: GemmConfig) -> dict:
-    # as many whole clusters as the SMs hold (the runtime rounds num_ctas), a producer beside
-    # the consumers
-    cm, cn = common.cluster_shape(cfg)
-    info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=cm * cn)
-    info = {**info, "threads": info["threads"] + common.THREADS_PER_WG, "cluster_shape": [cm, cn]}
-    return common.dynamic_launch(cfg, info)
+    return gemm.launch(cfg, PRESET)
 
 
 def kernel(cfg: GemmConfig):
-    plan = HopperPlan(cfg)
-    M, N, K, dtype = common.m_extent(cfg), cfg.N, cfg.K, cfg.dtype  # M: an int or runtime
-    BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
-    CM, CN = common.cluster_shape(cfg)
-    cluster_size = CM * CN
-    M_TILES, N_TILES = cluster_grid(cfg, M)  # in cluster tiles
-    S = cfg.pipe_depth
-    K_TILES = cfg.k_tiles
-    W = cfg.num_warpgroups  # consumer warpgroups
-    pingpong = plan.pingpong  # consumers take whole tiles in turn instead of sharing each tile
-    MMA_WARPS = 4 if pingpong else 4 * W  # the warps that read a stage: its tile's owner(s)
-    RELEASES = MMA_WARPS * cluster_size  # those warps in every CTA of the cluster
-    REGS = common.role_registers(W)
-    EPI_N = dict(cfg.extra)["epi_n"]
-    NBUF = 2 if EPI_N < BLK_N else 1  # staging buffers per consumer
-    ROWS = plan.rows_per_wg
-    A_layout, B_layout = plan.ab_layouts(S)
-    E_layout = epilogue.staging_layout(cfg, W * NBUF, ROWS, EPI_N)
-    tail_n = narrowtail.tail_n(cfg)  # the partial wave's tiles cut tail_n columns wide (0: not)
-    NARROW_ON = tail_n > 0
-    narrow_per_row = narrowtail.per_row(N, CN, tail_n) if tail_n else 0  # narrow cluster tiles a row
-    NARROW = narrowtail.NarrowPlan(cfg, width=tail_n) if tail_n else None
-    narrow_chunks, narrow_rest = divmod(tail_n, EPI_N)  # a narrow tile's staged chunks, the columns after
-    UNDER = common.epi_under(cfg)  # a tile's chunks staged under the next tile's wgmmas
-    ZIGZAG = bool(dict(cfg.extra)["k_zigzag"])  # every second tile of a CTA loads its K slices backwards
-
-    def backwards(load_it):
-        # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
-        return (load_it // K_TILES) % 2 == 1 if ZIGZAG else False
-
-    def cut_rows(num_clusters):
-        return narrowtail.rows(M_TILES, N_TILES, narrow_per_row, num_clusters) if tail_n else 0
-
-    # fmt: off
-    @T.prim_func
-    def hgemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
-        A = T.match_buffer(a, (M, K), dtype)
-        B = T.match_buffer(b, (N, K), dtype)
-        D = T.match_buffer(d, (M, N), dtype)
-        E = T.meta_var(epilogue.kernel_operands(cfg, M, N, K))  # the spec's epilogue operands, after num_ctas
-        T.device_entry()
-        cta = T.cta_id([num_ctas])  # whole clusters: the runtime rounds the SM count down
-        rank = T.cta_id_in_cluster([cluster_size])
-        clu = T.meta_var(cta // cluster_size)
-        num_clusters = T.meta_var(num_ctas // cluster_size)
-        # tail_n: how many of the last rows of tiles are cut narrow, for this launch's clusters
-        narrow_rows = T.meta_var(cut_rows(num_clusters))
-        wg_id = T.warpgroup_id([W + 1])
-        warp_id = T.warp_id_in_wg([4])
-        lane_id = T.lane_id([32])
-        pool = T.SMEMPool()
-        tma2mma = TMABar(pool, S)
-        mma2tma = MBarrier(pool, S)
-        ring = Ring(tma2mma, mma2tma, cluster_size=cluster_size)  # the stages, their barriers and phases
-        # pingpong: slot c is consumer c's turn, given by the consumer before it (none without)
-        mma2mma = T.meta_var(MBarrier(pool, W) if pingpong else None)
-        pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
-        Asmem = pool.alloc((S, BLK_M, BLK_K), dtype, layout=A_layout)
-        Bsmem = pool.alloc((S, BLK_N, BLK_K), dtype, layout=B_layout)
-        Esmem = pool.alloc((W * NBUF, ROWS, EPI_N), dtype, layout=E_layout)
-        pool.commit()
-        ring.init(releases=RELEASES)
-        if pingpong:
-            mma2mma.init(4)  # lane 0 of each warp of the consumer before
-        # make the barrier inits visible to the async proxy and to the peers before any TMA
-        # completes or any peer arrives on them
-        T.ptx.fence.mbarrier_init.release.cluster()
-        common.cluster_sync()
-        rank_m = T.meta_var(rank % CM)
-        rank_n = T.meta_var(rank // CM)
-        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=M_TILES, n_tiles=N_TILES, cluster_m=CM, cluster_n=CN,
-                                    rank_m=rank_m, rank_n=rank_n))
-        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=CM,
-                                    cluster_n=CN, rank_m=rank_m, rank_n=rank_n))
-
-        with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=REGS.producer):
-            if T.And(warp_id == 0, lane_id == 0):
-                cut_load: T.int32 = narrow_rows
-                # tail_n: the whole tiles are those of the rows above the narrow ones
-                ts_load = sched.tiles("ts_load", num_clusters, cut_load if NARROW_ON else 0)
-                ts_load.init(clu)
-                load_it: T.int32 = 0
-                while ts_load.valid():
-                    # each stage refilled once its previous slice (one lap back) was released
-                    loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(ts_load.n_idx),
-                                    backwards=backwards(load_it))
-                    load_it = load_it + K_TILES
-                    ts_load.next_tile()
-                if NARROW_ON:
-                    # the narrow tiles this cluster's stride reaches past the whole ones: the same
-                    # boxes (B's rows past the narrow tile are read and not used)
-                    q_load: T.int32 = ts_load.linear_idx - (M_TILES - cut_load) * N_TILES
-                    while q_load < cut_load * narrow_per_row:
-                        nm, nn = T.meta_var(narrowtail.narrow_tile(q_load, M_TILES - cut_load, narrow_per_row))
-                        loads.load_tile(load_it, sched.m_start(nm), sched.n_start(nn, tail_n))
-                        load_it = load_it + K_TILES
-                        q_load = q_load + num_clusters
-
-        with common.ConsumerRole(wg_id, W, REGS.consumer):
-            c = T.meta_var(wg_id - 1)  # this consumer
-            wtid = T.meta_var(warp_id * 32 + lane_id)
-            wg_row0 = T.meta_var(0 if pingpong else c * ROWS)
-            Dreg = T.alloc_local((plan.acc_regs,), "float32")
-            desc_a = T.alloc_local((1,), "uint64")
-            desc_b = T.alloc_local((1,), "uint64")
-            packed = T.alloc_local((4,), "uint32")
-            # epi_under: the last tile's output as 16-bit pairs, stored under the next tile
-            Preg = T.alloc_local((plan.acc_regs // 2 if UNDER else 1,), "uint32")
-            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Asmem, b_smem=Bsmem, acc=Dreg, desc_a=desc_a,
-                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
-            epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid, warp_id=warp_id,
-                                             lane_id=lane_id, packed=packed, chunk_cols=EPI_N, buffers=NBUF,
-                                             bias=E.get("bias")))
-            m_prev: T.int32 = 0
-            n_prev: T.int32 = 0
-            it: T.int32 = 0  # (tile, slice) pairs consumed by this CTA: never reset
-            epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
-            turn: T.int32 = 0  # tiles of this CTA so far (pingpong: consumer turn % W takes the tile)
-            cut: T.int32 = narrow_rows
-            ts = sched.tiles("ts", num_clusters, cut if NARROW_ON else 0)
-            ts.init(clu)
-            while ts.valid():
-                mine = T.meta_var(turn % W == c if pingpong else True)  # pingpong: every W-th tile is ours
-                if mine:
-                    if pingpong:
-                        if turn > 0:
-                            # the consumer before has seen every slice before ours land: our
-                            # parity waits then name one phase (it cannot lap us, nor we it)
-                            mma2mma.wait(c, ((turn - 1) // W) & 1)
-                    if UNDER:
-                        # the previous tile's chunks, one under each of this tile's first slices
-                        mma.issue_under(it, K_TILES, epi, Preg, m_prev, n_prev, turn > 0, epi_it)
-                        if turn > 0:
-                            epi_it = epi_it + epi.chunks_per_tile
-                        mma.retire(it, K_TILES)
-                        epi.acc_to_pairs(Dreg, Preg, sched.n_start(ts.n_idx))  # the accumulators are free for the next tile
-                        m_prev = sched.m_start(ts.m_idx)
-                        n_prev = sched.n_start(ts.n_idx)
-                    else:
-                        mma.issue(it, K_TILES)
-                        if pingpong:
-                            if lane_id == 0:
-                                mma2mma.arrive((c + 1) % W)  # our wgmmas are issued: the next consumer's turn
-                        mma.retire(it, K_TILES)
-                        epi.store_tile(Dreg, sched.m_start(ts.m_idx), sched.n_start(ts.n_idx), epi_it)
-                        epi_it = epi_it + epi.chunks_per_tile
-                    it = it + K_TILES
-                else:
-                    it = it + K_TILES  # another consumer's tile: its slices pass us by
-                turn = turn + 1
-                ts.next_tile()
-            if NARROW_ON:
-                q: T.int32 = ts.linear_idx - (M_TILES - cut) * N_TILES
-                while q < cut * narrow_per_row:
-                    nm, nn = T.meta_var(narrowtail.narrow_tile(q, M_TILES - cut, narrow_per_row))
-                    # m64n{tail_n}k16 into the first tail_n / 2 accumulators of each atom
-                    mma.with_plan(NARROW).issue(it, K_TILES)
-                    mma.retire(it, K_TILES)
-                    it = it + K_TILES
-                    if narrow_chunks > 0:
-                        epi.with_plan(NARROW).store_tile(Dreg, sched.m_start(nm), sched.n_start(nn, tail_n),
-                                                         epi_it)
-                        epi_it = epi_it + narrow_chunks
-                    if narrow_rest > 0:
-                        # the columns after the last whole chunk: from the registers, guarded
-                        narrowtail.cols_to_global(NARROW, Dreg, D, sched.m_start(nm),
-                                                  sched.n_start(nn, tail_n), wg_row0, narrow_chunks * EPI_N,
-                                                  narrow_rest, warp_id, lane_id)
-                    q = q + num_clusters
-            if UNDER:
-                if turn > 0:
-                    epi.store_pairs(Preg, m_prev, n_prev, epi_it)
-            if wtid == 0:
-                # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
-                T.ptx.cp.async_.bulk.wait_group.read(0)
-        # no CTA leaves while a peer may still arrive on its barriers or multicast into it
-        common.cluster_sync()
-    # fmt: on
-
-    return hgemm
+    return gemm.kernel(cfg, PRESET)

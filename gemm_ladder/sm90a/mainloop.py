@@ -7,8 +7,8 @@
     wgmma.wait_group(0); lane 0: ring.release(the last slice)
 
 A kernel builds one :class:`Consumer` per consumer warpgroup with named fields, and runs a tile
-with ``run`` (or ``issue`` and ``retire`` apart, when something goes between: v9's ping-pong
-turn, or ``issue_under`` with the previous tile's epilogue chunks under the first slices).
+with ``run`` (or ``issue`` and ``retire`` apart, when something goes between:
+``issue_under`` with the previous tile's epilogue chunks under the first slices).
 The descriptors of ring slot 0 are encoded once per tile; every slot, 64-row atom and K step is
 reached from them by adds (``common.mma_k_slot``).
 """
@@ -61,21 +61,21 @@ def _retire(mma, it, nk):
 
 @T.inline
 def _issue_under(mma, it, nk, epi, pairs, m_prev, n_prev, has_prev, chunk_it):
-    NCH = T.meta_var(epi.chunks_per_tile)
-    NIN = T.meta_var(min(NCH, nk))
+    chunks_per_tile = T.meta_var(epi.chunks_per_tile)
+    chunks_under = T.meta_var(min(chunks_per_tile, nk))  # one under each of the first slices
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    for j in T.unroll(NIN):
+    for j in T.unroll(chunks_under):
         _begin_slice(mma, it, j)
         _end_slice(mma, it, j)
         if has_prev:
             # after the wait, not between the issue and the wait: 0.8% fewer SM cycles at 4096^3
             # on an H100 (benchmarks/results/2026-11-23_h100_epi_under/)
             epi.store_chunk(pairs, m_prev, n_prev, chunk_it, j)
-    for k in T.serial(nk - NIN, unroll=k_loop_unroll(nk)):
-        _begin_slice(mma, it, NIN + k)
-        _end_slice(mma, it, NIN + k)
+    for k in T.serial(nk - chunks_under, unroll=k_loop_unroll(nk)):
+        _begin_slice(mma, it, chunks_under + k)
+        _end_slice(mma, it, chunks_under + k)
     if has_prev:
-        for j in T.unroll(NIN, NCH):
+        for j in T.unroll(chunks_under, chunks_per_tile):
             epi.store_chunk(pairs, m_prev, n_prev, chunk_it, j)
 
 
@@ -100,7 +100,7 @@ class Consumer:
         each slot, issue its wgmmas, and release each slot once its wgmmas retired (one slice
         behind: ``wait_group(1)``) to the producer of every CTA of the cluster; the accumulators
         start over at the first slice. The last slice's wgmmas may still run: :meth:`retire`
-        waits for them (v9's ping-pong passes the turn between the two)."""
+        waits for them."""
         _issue(self, pos, num_slices)
 
     def retire(self, pos, num_slices) -> None:

@@ -79,9 +79,6 @@ def check(cfg: GemmConfig) -> None:
     if extra.get("dynamic_m", False):
         raise ConfigError("tail_n cuts the last wave of one shape's tiles, and dynamic_m=True leaves M to the "
                           "launch; use dynamic_m=False with tail_n, or tail_n=0")
-    if extra.get("pingpong", False):
-        raise ConfigError("tail_n cuts the tiles the consumers share, and pingpong=True gives each consumer whole "
-                          "tiles; use pingpong=False with tail_n, or tail_n=0")
     if cfg.tile_order not in RUNTIME_M_ORDERS:
         raise ConfigError(f"tail_n walks the whole tiles' rows in a count known at launch, which "
                           f"tile_order={cfg.tile_order!r} cannot; use one of {RUNTIME_M_ORDERS}, or tail_n=0")

@@ -36,7 +36,7 @@ is allocated and committed (these kernels initialise after, as they always have)
 ``tma2mma`` / ``mma2tma``, and swap the rung's barrier classes); and it has no release to every
 CTA of a cluster. TVM's ``PipelineState`` keeps a stage and a phase in two registers advanced one
 slice at a time; these kernels index the ring by a running count instead, which jumps by a whole
-tile (ping-pong consumers skip the other's tiles, split-K and stream-K pieces start anywhere) and
+tile (split-K units and stream-K pieces start anywhere) and
 which the whole-tile K loop unrolls over the slots with constant descriptor offsets. The count is
 what the shipped SASS was measured with; this class only gives it one home.
 """

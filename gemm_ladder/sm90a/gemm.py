@@ -1,0 +1,457 @@
+"""The production Hopper GEMM: one warp-specialized kernel built from parts; v9, v10 and v11 are
+presets of it.
+
+In the spirit of ThunderKittens' ``lcf`` template: the template owns the roles, the ring, the
+loop over work units and the barriers; the parts do one job each, and a :class:`Preset` names
+which parts a rung combines.
+
+    ==========  =======================================  =====================================
+    part        module                                   job
+    ==========  =======================================  =====================================
+    ring        ``ring.Ring``                            stages, full/empty barriers, phases
+    producer    ``producer.Producer``                    TMA loads, multicast, L2 hints
+    consumers   ``mainloop.Consumer``                    the wgmma K loop (``issue_under``)
+    epilogue    ``epilogue.ChunkedEpilogue`` /           accumulators -> shared -> TMA stores
+                ``epilogue.TransposedEpilogue``
+    schedule    ``schedule.Schedule``, ``splitk``,       which work units a cluster runs:
+                ``streamk``, ``narrowtail``              whole tiles, split-K units, stream-K
+                                                         pieces, narrow tail tiles
+    ==========  =======================================  =====================================
+
+    ======  ==============  ===========  ==========  ==========================================
+    preset  operands        schedule     epilogue    options (knobs)
+    ======  ==============  ===========  ==========  ==========================================
+    v9      A rows x B      persistent   chunked     epi_n, tail_n, epi_under, k_zigzag,
+                                                     stream_b, dynamic_m
+    v10     A rows x B      split-K      chunked     split_k, stream_k, epi_n, stream_b,
+                                                     dynamic_m
+    v11     swap AB         split-K      transposed  split_k, stream_b, dynamic_m
+    ======  ==============  ===========  ==========  ==========================================
+
+Roles: warpgroup 0 is the producer (one thread issues the CTA's TMA parts), warpgroups 1..W the
+consumers, each owning its rows of every tile and running its own epilogue. The barriers are
+the ring's (``tma2mma``, ``mma2tma``), one named barrier per consumer (the epilogue's), and,
+with a workspace, a counter in global memory per tile part (``splitk``, ``streamk``); the
+presets' docstrings draw them.
+
+The kernel's operands come from one list (:func:`operands`: A, B, D, a fused epilogue's
+tensors, then the workspace of a split-K preset), which picks the prim_func's form (the end of
+:func:`kernel`) and shapes its buffers; the body is one. What the epilogue does to each fp32
+accumulator before it is rounded to D's type is the preset's ``epilogue_op``
+(``epilogue.EpilogueOp``: nothing), or the one the operand spec asks for (``epilogue.op_of``: a
+per-column bias, v9 only); the spec's epilogue operands are parameters after ``num_ctas``
+(``epilogue.kernel_operands``, in the form here), the runtime's argument order.
+
+The running counts that index the ring (``load_it``, ``it``) and the staging buffers
+(``epi_it``) are never reset; only the ring turns them into a stage and a phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tvm.script import tirx as T
+from tvm.backend.cuda.lang.warp_role import WarpgroupRole
+
+from ..barriers import MBarrier, TMABar
+from ..config import GemmConfig
+from . import common, epilogue, narrowtail, splitk, streamk
+from .common import HopperPlan, SwapPlan
+from .epilogue import NO_OP, ChunkedEpilogue, EpilogueOp, TransposedEpilogue
+from .mainloop import Consumer
+from .producer import Producer
+from .ring import Ring
+from .schedule import Schedule
+
+
+# -- presets and their knobs ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Preset:
+    """A combination of parts: the operands' roles, the schedule of work units, the epilogue."""
+
+    name: str
+    swap_ab: bool = False  # B's rows fill wgmma's 64-row slot, A's rows are its N (small M)
+    split_k: bool = False  # work units are split-K units (and stream-K pieces) over a workspace
+    epilogue: str = "chunked"  # "chunked" (epi_n columns at a time) or "transposed" (D^T as D)
+    epilogue_op: EpilogueOp = NO_OP  # the chunked epilogue's work on each accumulator before rounding
+
+    def plan(self, cfg: GemmConfig) -> HopperPlan:
+        return SwapPlan(cfg) if self.swap_ab else HopperPlan(cfg)
+
+    def cluster_grid(self, cfg: GemmConfig, M=None) -> tuple:
+        """The grid of cluster tiles the scheduler walks (for ``M``, default cfg.M; a runtime M
+        gives a runtime number of rows)."""
+        if self.split_k:
+            return splitk.cluster_grid(cfg, M)
+        cm, cn = common.cluster_shape(cfg)
+        M = cfg.M if M is None else M
+        return common.tiles_over(M, cfg.blk_m * cm), -(-cfg.grid_mn[1] // cn)
+
+
+V9 = Preset("v9")
+V10 = Preset("v10", split_k=True)
+V11 = Preset("v11", swap_ab=True, split_k=True, epilogue="transposed")
+
+
+def knob_defaults(knobs_class) -> dict:
+    """A preset's ``KNOBS`` (the defaults the one validator, ``rungs.make_config``, fills in and
+    types from) from its frozen knob dataclass: names, types and defaults declared once."""
+    return {f.name: f.default for f in dataclasses.fields(knobs_class)}
+
+
+# -- the operands: one list, the prim_func's signature and buffer shapes ---------------------------
+@dataclass(frozen=True)
+class Operand:
+    name: str  # the prim_func's parameter
+    shape: tuple
+    dtype: str
+
+
+def workspace(cfg: GemmConfig, preset: Preset) -> dict | None:
+    """A split-K preset's workspace (``launch["workspace"]``): split-K's slots and counters per
+    row of tiles, stream-K's per CTA of the launch (v10 only)."""
+    if not preset.split_k:
+        return None
+    if preset.swap_ab:
+        return splitk.tile_workspace(cfg)
+    return {**splitk.tile_workspace(cfg), **streamk.workspace(cfg, cfg.num_warpgroups)}
+
+
+def operands(cfg: GemmConfig, preset: Preset, M, num_ctas) -> list[Operand]:
+    """The kernel's tensors in the order of its parameters (``num_ctas`` follows them); ``M``:
+    the kernel's M (``common.m_extent``: an int, or the one runtime variable every extent uses)."""
+    N, K, dtype = cfg.N, cfg.K, cfg.dtype
+    ops = [Operand("a", (M, K), dtype), Operand("b", (N, K), dtype), Operand("d", (M, N), dtype)]
+    ops += preset.epilogue_op.operands(cfg, M)  # a fused epilogue's tensors (a bias vector, ...)
+    ws = workspace(cfg, preset)
+    if ws is not None:
+        ops += [Operand("p", (splitk.workspace_elems(ws, M, "float32", num_ctas),), "float32"),  # partial slots
+                Operand("cnt", (splitk.workspace_elems(ws, M, "int32", num_ctas),), "int32")]  # tile counters
+    return ops
+
+
+def launch(cfg: GemmConfig, preset: Preset) -> dict:
+    """Persistent clusters, as many as the SMs hold (the runtime rounds num_ctas), a producer
+    warpgroup beside the consumers, and a split-K preset's workspace."""
+    if preset.split_k:
+        info = splitk.launch(cfg)
+        return {**info, "workspace": workspace(cfg, preset)}
+    cm, cn = common.cluster_shape(cfg)
+    info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=cm * cn)
+    info = {**info, "threads": info["threads"] + common.THREADS_PER_WG, "cluster_shape": [cm, cn]}
+    return common.dynamic_launch(cfg, info)
+
+
+# -- the template ----------------------------------------------------------------------------------
+def kernel(cfg: GemmConfig, preset: Preset):
+    """The preset's kernel for ``cfg`` (validated by ``rungs.make_config``), a ``T.prim_func``."""
+    plan = preset.plan(cfg)
+    M, N, K, dtype = common.m_extent(cfg), cfg.N, cfg.K, cfg.dtype  # M: an int or runtime
+    BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
+    cluster_m, cluster_n = common.cluster_shape(cfg)
+    cluster_size = cluster_m * cluster_n
+    m_tiles, n_tiles = preset.cluster_grid(cfg, M)  # in cluster tiles
+    n_cta_tiles = n_tiles * cluster_n  # tile columns of the workspace
+    units_per_tile = splitk.split_k(cfg) if preset.split_k else 1  # split-K units of a tile
+    stages = cfg.pipe_depth
+    slices_per_tile = cfg.k_tiles
+    consumers = cfg.num_warpgroups  # consumer warpgroups
+    releases = 4 * consumers * cluster_size  # every consumer warp of every CTA of the cluster frees a stage
+    regs = common.role_registers(consumers)
+    acc_regs = plan.acc_regs
+    rows_per_wg = plan.rows_per_wg  # of a_smem (A, or B under swap AB)
+    A_layout, B_layout = plan.ab_layouts(stages)
+    if preset.epilogue == "transposed":
+        staging_shape = (consumers, BLK_M, rows_per_wg)  # one D band per consumer
+    else:
+        chunk_cols = dict(cfg.extra)["epi_n"]
+        buffers = 2 if chunk_cols < BLK_N else 1  # staging buffers per consumer
+        staging_shape = (consumers * buffers, rows_per_wg, chunk_cols)
+    E_layout = epilogue.staging_layout(cfg, *staging_shape)
+    has_workspace = preset.split_k
+    stream_k = preset.split_k and not preset.swap_ab and streamk.enabled(cfg)  # the tail's K loops spread evenly
+    tail_n = 0 if preset.split_k else narrowtail.tail_n(cfg)  # the partial wave's tiles cut tail_n wide (0: not)
+    narrow_on = tail_n > 0
+    narrow_per_row = narrowtail.per_row(N, cluster_n, tail_n) if narrow_on else 0  # narrow cluster tiles a row
+    narrow_plan = narrowtail.NarrowPlan(cfg, width=tail_n) if narrow_on else None
+    narrow_chunks, narrow_rest = divmod(tail_n, chunk_cols) if narrow_on else (0, 0)  # staged chunks, the columns after
+    under = not preset.split_k and common.epi_under(cfg)  # a tile's chunks stored under the next tile's wgmmas
+    zigzag = not preset.split_k and bool(dict(cfg.extra).get("k_zigzag", False))  # odd tiles load K backwards
+
+    def backwards(load_it):
+        # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
+        return (load_it // slices_per_tile) % 2 == 1 if zigzag else False
+
+    def cut_rows(num_clusters):
+        return narrowtail.rows(m_tiles, n_tiles, narrow_per_row, num_clusters) if narrow_on else 0
+
+    def whole_tiles_left(ts, dp_tiles):
+        # stream_k: the scheduler hands out the whole tiles only, the stream-K ones come after
+        return T.And(ts.valid(), ts.linear_idx < dp_tiles) if stream_k else ts.valid()
+
+    def unit(n_idx):
+        # column n * units_per_tile + s of the scheduler's grid: unit s of tile column n, K
+        # slices [k0, k0 + nk); whole tiles without split-K
+        if not preset.split_k:
+            return n_idx, 0, 0, slices_per_tile
+        n_col, split = splitk.unit(n_idx, units_per_tile)
+        k0, nk = splitk.k_slices(split, units_per_tile, slices_per_tile)
+        return n_col, split, k0, nk
+
+    # fmt: off
+    @T.inline
+    def body(g, num_ctas):
+        A = T.meta_var(g["a"])
+        B = T.meta_var(g["b"])
+        D = T.meta_var(g["d"])
+        epi_op = T.meta_var(epilogue.op_of(cfg, preset.epilogue_op).bind(g))  # the spec's (a bias), with its tensors
+        cta = T.cta_id([num_ctas])  # whole clusters: the runtime rounds the SM count down
+        rank = T.cta_id_in_cluster([cluster_size])
+        clu = T.meta_var(cta // cluster_size)
+        num_clusters = T.meta_var(num_ctas // cluster_size)
+        # tail_n: how many of the last rows of tiles are cut narrow, for this launch's clusters
+        narrow_rows = T.meta_var(cut_rows(num_clusters))
+        # stream_k: the partial wave's tiles (with the wave before them when they are fewer than
+        # half a wave; none if the waves are whole) go by K slices, [sk_first, sk_end) to this cluster
+        dp_tiles, sk_tiles = T.meta_var(streamk.split(m_tiles * n_tiles, num_clusters))
+        sk_first, sk_end = T.meta_var(streamk.cluster_range(clu, sk_tiles, num_clusters, slices_per_tile))
+        wg_id = T.warpgroup_id([consumers + 1])
+        warp_id = T.warp_id_in_wg([4])
+        lane_id = T.lane_id([32])
+        pool = T.SMEMPool()
+        tma2mma = TMABar(pool, stages)
+        mma2tma = MBarrier(pool, stages)
+        ring = Ring(tma2mma, mma2tma, cluster_size=cluster_size)  # the stages, their barriers and phases
+        # per consumer: units of the tile counted before this one (split-K, stream-K)
+        flag = T.meta_var(pool.alloc((consumers,), "int32") if has_workspace else None)
+        pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
+        Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
+        Bsmem = pool.alloc((stages, BLK_N, BLK_K), dtype, layout=B_layout)
+        Esmem = pool.alloc(staging_shape, dtype, layout=E_layout)
+        pool.commit()
+        ring.init(releases=releases)
+        # make the barrier inits visible to the async proxy and to the peers before any TMA
+        # completes or any peer arrives on them
+        T.ptx.fence.mbarrier_init.release.cluster()
+        common.cluster_sync()
+        rank_m = T.meta_var(rank % cluster_m)
+        rank_n = T.meta_var(rank // cluster_m)
+        sched = T.meta_var(Schedule(cfg=cfg, m_tiles=m_tiles, n_tiles=n_tiles, cluster_m=cluster_m, cluster_n=cluster_n,
+                                    rank_m=rank_m, rank_n=rank_n, units_per_tile=units_per_tile))
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=cluster_m,
+                                    cluster_n=cluster_n, rank_m=rank_m, rank_n=rank_n))
+
+        with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
+            if T.And(warp_id == 0, lane_id == 0):
+                if narrow_on:
+                    cut_load: T.int32 = narrow_rows
+                # tail_n: the whole tiles are those of the rows above the narrow ones
+                ts_load = sched.tiles("ts_load", num_clusters, cut_load if narrow_on else 0)
+                ts_load.init(clu)
+                load_it: T.int32 = 0
+                if stream_k:
+                    # computed once (as expressions, their selects and divisions by the runtime
+                    # cluster count would swamp the compiler wherever they are used)
+                    dp_load: T.int32 = dp_tiles
+                    first_load: T.int32 = sk_first
+                    end_load: T.int32 = sk_end
+                while whole_tiles_left(ts_load, dp_load if stream_k else 0):
+                    # each stage refilled once its previous slice (one lap back) was released
+                    n_col, _, k0, nk = T.meta_var(unit(ts_load.n_idx))
+                    loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(n_col),
+                                    first_slice=k0, num_slices=nk, backwards=backwards(load_it))
+                    load_it = load_it + nk
+                    ts_load.next_tile()
+                if narrow_on:
+                    # the narrow tiles this cluster's stride reaches past the whole ones: the same
+                    # boxes (B's rows past the narrow tile are read and not used)
+                    q_load: T.int32 = ts_load.linear_idx - (m_tiles - cut_load) * n_tiles
+                    while q_load < cut_load * narrow_per_row:
+                        nm, nn = T.meta_var(narrowtail.narrow_tile(q_load, m_tiles - cut_load, narrow_per_row))
+                        loads.load_tile(load_it, sched.m_start(nm), sched.n_start(nn, tail_n))
+                        load_it = load_it + slices_per_tile
+                        q_load = q_load + num_clusters
+                if stream_k:
+                    for p in range(streamk.pieces(first_load, end_load, slices_per_tile)):
+                        j, k0, nk = T.meta_var(streamk.piece(p, first_load, end_load, slices_per_tile))
+                        ts_load.init(dp_load + j)  # the scheduler's place of stream-K tile j
+                        loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(ts_load.n_idx),
+                                        first_slice=k0, num_slices=nk)
+                        load_it = load_it + nk
+
+        with common.ConsumerRole(wg_id, consumers, regs.consumer):
+            c = T.meta_var(wg_id - 1)  # this consumer
+            wtid = T.meta_var(warp_id * 32 + lane_id)
+            wg_row0 = T.meta_var(c * rows_per_wg)  # its rows of a_smem (of N under swap AB)
+            Dreg = T.alloc_local((acc_regs,), "float32")
+            desc_a = T.alloc_local((1,), "uint64")
+            desc_b = T.alloc_local((1,), "uint64")
+            packed = T.alloc_local((4,), "uint32")
+            if under:
+                # the last tile's output as 16-bit pairs, stored under the next tile
+                Preg = T.alloc_local((acc_regs // 2,), "uint32")
+            # swap AB: B's rows are wgmma's 64-row operand, A's rows its N
+            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if preset.swap_ab else Asmem,
+                                      b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
+                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
+            if preset.epilogue == "transposed":
+                epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
+                                                    warp_id=warp_id, lane_id=lane_id, packed=packed))
+            else:
+                epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
+                                                 warp_id=warp_id, lane_id=lane_id, packed=packed,
+                                                 chunk_cols=chunk_cols, buffers=buffers, op=epi_op))
+            if has_workspace:
+                parts = T.meta_var(splitk.Partials(slots=g["p"], counters=g["cnt"], acc=Dreg, acc_regs=acc_regs,
+                                                   thread=wtid, flag=flag, consumer=c))
+            if under:
+                m_prev: T.int32 = 0  # where the tile whose pairs wait goes in D
+                n_prev: T.int32 = 0
+            it: T.int32 = 0  # (unit, slice) pairs consumed by this CTA: never reset
+            epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
+            if under:
+                # tiles of this CTA so far (declared here: moved above ``it``, ptxas schedules
+                # the epi_under + k_zigzag + dynamic_m kernel differently)
+                tiles_done: T.int32 = 0
+            if narrow_on:
+                cut: T.int32 = narrow_rows
+            ts = sched.tiles("ts", num_clusters, cut if narrow_on else 0)
+            ts.init(clu)
+            if stream_k:
+                dp_mine: T.int32 = dp_tiles
+                first_mine: T.int32 = sk_first
+                end_mine: T.int32 = sk_end
+                pc = T.alloc_local((3,), "int32")  # the piece: stream-K tile, first slice, count
+                mt = T.alloc_local((2,), "int32")  # a split tile's: cluster of its slice 0, pieces
+                sb = T.alloc_local((3,), "int32")  # and where its pieces' slots start (this thread's part)
+            while whole_tiles_left(ts, dp_mine if stream_k else 0):
+                n_col, split, _, nk = T.meta_var(unit(ts.n_idx))
+                if under:
+                    # the previous tile's chunks, one under each of this tile's first slices
+                    mma.issue_under(it, slices_per_tile, epi, Preg, m_prev, n_prev, tiles_done > 0, epi_it)
+                    if tiles_done > 0:
+                        epi_it = epi_it + epi.chunks_per_tile
+                    mma.retire(it, slices_per_tile)
+                    # the accumulators are free for the next tile
+                    epilogue.acc_to_pairs(plan, Dreg, Preg, epi_op, lane_id, sched.n_start(ts.n_idx))
+                    m_prev = sched.m_start(ts.m_idx)
+                    n_prev = sched.n_start(ts.n_idx)
+                    tiles_done = tiles_done + 1
+                else:
+                    mma.run(it, nk)
+                it = it + nk
+                m_st = T.meta_var(sched.m_start(ts.m_idx))
+                n_st = T.meta_var(sched.n_start(n_col))
+                if units_per_tile > 1:
+                    counter = T.meta_var(splitk.counter_index(sched.cta_m(ts.m_idx), sched.cta_n(n_col), c,
+                                                              n_cta_tiles, consumers))
+                    parts.publish_unit(counter, split, units_per_tile)
+                    if parts.counted_before() == units_per_tile - 1:  # the last unit of the tile: sum and store
+                        parts.sum_units(counter, units_per_tile)
+                        epi.store_tile(Dreg, m_st, n_st, epi_it)
+                        if preset.epilogue == "chunked":
+                            epi_it = epi_it + epi.chunks_per_tile
+                elif not under:
+                    epi.store_tile(Dreg, m_st, n_st, epi_it)
+                    if preset.epilogue == "chunked":
+                        epi_it = epi_it + epi.chunks_per_tile
+                ts.next_tile()
+            if narrow_on:
+                q: T.int32 = ts.linear_idx - (m_tiles - cut) * n_tiles
+                while q < cut * narrow_per_row:
+                    nm, nn = T.meta_var(narrowtail.narrow_tile(q, m_tiles - cut, narrow_per_row))
+                    # m64n{tail_n}k16 into the first tail_n / 2 accumulators of each atom
+                    mma.with_plan(narrow_plan).run(it, slices_per_tile)
+                    it = it + slices_per_tile
+                    if narrow_chunks > 0:
+                        epi.with_plan(narrow_plan).store_tile(Dreg, sched.m_start(nm), sched.n_start(nn, tail_n),
+                                                              epi_it)
+                        epi_it = epi_it + narrow_chunks
+                    if narrow_rest > 0:
+                        # the columns after the last whole chunk: from the registers, guarded
+                        narrowtail.cols_to_global(narrow_plan, Dreg, D, sched.m_start(nm), sched.n_start(nn, tail_n),
+                                                  wg_row0, narrow_chunks * chunk_cols, narrow_rest, warp_id, lane_id)
+                    q = q + num_clusters
+            if stream_k:
+                for p in range(streamk.pieces(first_mine, end_mine, slices_per_tile)):
+                    j, k0, nk = T.meta_var(streamk.piece(p, first_mine, end_mine, slices_per_tile))
+                    pc[0] = j
+                    pc[1] = k0
+                    pc[2] = nk
+                    ts.init(dp_mine + pc[0])
+                    mma.run(it, pc[2])
+                    it = it + pc[2]
+                    m_sk = T.meta_var(sched.m_start(ts.m_idx))
+                    n_sk = T.meta_var(sched.n_start(ts.n_idx))
+                    if pc[2] == slices_per_tile:  # a whole tile in this cluster's range
+                        epi.store_tile(Dreg, m_sk, n_sk, epi_it)
+                        epi_it = epi_it + epi.chunks_per_tile
+                    else:
+                        # the tile's 2 or 3 pieces are clusters g_h, g_h + 1, ... in K order; the
+                        # counter is g_h's; a piece's slot is 1 if its range began before the tile
+                        tile0 = T.meta_var(pc[0] * slices_per_tile)
+                        sk_tiles_now = T.meta_var(m_tiles * n_tiles - dp_mine)
+                        mt[0] = streamk.cluster_of(tile0, sk_tiles_now, num_clusters, slices_per_tile)  # g_h
+                        mt[1] = streamk.cluster_of(tile0 + slices_per_tile - 1, sk_tiles_now, num_clusters,
+                                                   slices_per_tile) - mt[0] + 1  # pieces
+                        g_h = T.meta_var(mt[0])
+                        head_first = T.meta_var(streamk.cluster_range(g_h, sk_tiles_now, num_clusters,
+                                                                      slices_per_tile)[0])
+                        cnt_i = T.meta_var(streamk.counter(g_h, rank, c, cluster_size, consumers))
+                        mine = T.meta_var(streamk.slot(clu, rank, c, T.Select(first_mine < tile0, 1, 0),
+                                                       cluster_size, consumers))
+                        streamk.meet_pieces(parts, cnt_i, mine, mt[1] - 1)
+                        if parts.counted_before() == mt[1] - 1:  # the other pieces counted first: sum and store
+                            sb[0] = streamk.slot_offset(streamk.slot(g_h, rank, c, T.Select(head_first < tile0, 1, 0),
+                                                                     cluster_size, consumers), 0, wtid, acc_regs)
+                            sb[1] = streamk.slot_offset(streamk.slot(g_h + 1, rank, c, 0, cluster_size, consumers), 0,
+                                                        wtid, acc_regs)
+                            sb[2] = streamk.slot_offset(streamk.slot(g_h + 2, rank, c, 0, cluster_size, consumers), 0,
+                                                        wtid, acc_regs)
+                            streamk.sum_tile_pieces(parts, cnt_i, mt[1], clu - g_h, sb)
+                            epi.store_tile(Dreg, m_sk, n_sk, epi_it)
+                            epi_it = epi_it + epi.chunks_per_tile
+            if under:
+                if tiles_done > 0:
+                    epi.store_pairs(Preg, m_prev, n_prev, epi_it)
+            if wtid == 0:
+                # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
+                T.ptx.cp.async_.bulk.wait_group.read(0)
+        # no CTA leaves while a peer may still arrive on its barriers or multicast into it
+        common.cluster_sync()
+
+    # the prim_func's form for the operand list (the same body, its tensors by name): TVMScript
+    # spells a signature out, so each list of operands has its form here (a new operand, one more)
+    def shapes(num_ctas):
+        return {op.name: op for op in operands(cfg, preset, M, num_ctas)}
+
+    names = tuple(op.name for op in operands(cfg, preset, M, 1))
+    if names == ("a", "b", "d", "p", "cnt"):
+        @T.prim_func
+        def hgemm(a: T.handle, b: T.handle, d: T.handle, p: T.handle, cnt: T.handle, num_ctas: T.int32):
+            ops = T.meta_var(shapes(num_ctas))
+            A = T.match_buffer(a, ops["a"].shape, ops["a"].dtype)
+            B = T.match_buffer(b, ops["b"].shape, ops["b"].dtype)
+            D = T.match_buffer(d, ops["d"].shape, ops["d"].dtype)
+            P = T.match_buffer(p, ops["p"].shape, ops["p"].dtype)
+            C = T.match_buffer(cnt, ops["cnt"].shape, ops["cnt"].dtype)
+            T.device_entry()
+            body({"a": A, "b": B, "d": D, "p": P, "cnt": C}, num_ctas)
+    elif names == ("a", "b", "d"):
+        @T.prim_func
+        def hgemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
+            ops = T.meta_var(shapes(num_ctas))
+            A = T.match_buffer(a, ops["a"].shape, ops["a"].dtype)
+            B = T.match_buffer(b, ops["b"].shape, ops["b"].dtype)
+            D = T.match_buffer(d, ops["d"].shape, ops["d"].dtype)
+            # and the spec's epilogue operands (a bias), parameters after num_ctas
+            g = T.meta_var(epilogue.kernel_operands(cfg, M, N, K, {"a": A, "b": B, "d": D}))
+            T.device_entry()
+            body(g, num_ctas)
+    else:
+        raise NotImplementedError(f"the production kernel has no prim_func form for the operands {names}: add it "
+                                  "beside the others in gemm.kernel")
+    # fmt: on
+
+    return hgemm
