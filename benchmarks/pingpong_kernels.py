@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gemm_ladder.batch import BuildJob, build_many, write_folder_manifest
+from gemm_ladder.compile.batch import BuildJob, build_many, write_folder_manifest
 
 SHAPES = {(4096, 4096, 4096): ("float16", "bfloat16"), (8192, 8192, 8192): ("float16", "bfloat16"),
           (6144, 6144, 6144): ("float16",), (3072, 8192, 1536): ("float16",)}

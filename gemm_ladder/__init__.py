@@ -3,7 +3,7 @@
     import gemm_ladder
     D = gemm_ladder.matmul(A, B)                         # the front door: any shape, D = A . B^T
     gemm_ladder.matmul(A, B, explain=True)               # ... and which kernel, from where, why
-    import gemm_ladder.ops                               # torch.ops.gemm_ladder.mm (torch.compile)
+    import gemm_ladder.serve.ops                               # torch.ops.gemm_ladder.mm (torch.compile)
 
 The rungs underneath, one at a time::
 
@@ -13,7 +13,7 @@ The rungs underneath, one at a time::
     D = gemm_ladder.load("v4.so")(A, B)                   # runtime-only TVM, torch tensors
 
 ``gemm_ladder.build("v6", M, N, K)`` with no rung knobs takes the tuning database's best knobs
-for the shape and says so (``gemm_ladder.tune.db``); ``gemm_ladder.builder.build`` is the pure
+for the shape and says so (``gemm_ladder.tune.db``); ``gemm_ladder.compile.builder.build`` is the pure
 primitive underneath (the rung's defaults, whatever the database holds).
 
 Importing this package compiles nothing and imports no TVM, and no more of gemm_ladder than
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import os
 
-from .config import ConfigError, GemmConfig
+from .core.config import ConfigError, GemmConfig
 
 __version__ = "0.1.0"
 
@@ -84,7 +84,7 @@ hgemm_v11 = _rung_entry("v11")
 
 
 def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs):
-    """Compile a rung (see :func:`gemm_ladder.builder.build`), with tuned knobs when given none.
+    """Compile a rung (see :func:`gemm_ladder.compile.builder.build`), with tuned knobs when given none.
 
     ``build("v6", M, N, K)`` (``dtype``/``arch`` aside, no knobs) looks up the tuning database's
     best knobs for the shape; when it finds some it prints which entry it used and records it as
@@ -96,7 +96,7 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
         raise TypeError(f"gemm_ladder.build takes a rung name ('v4', with M, N, K) or a rung's prim_func "
                         f"(gemm_ladder.hgemm_v4(M, N, K)) first; got {type(rung_or_func).__name__} "
                         f"{rung_or_func!r:.60}")
-    from . import builder  # pylint: disable=import-outside-toplevel  (keeps the import light)
+    from .compile import builder  # pylint: disable=import-outside-toplevel  (keeps the import light)
     from .tune import db  # pylint: disable=import-outside-toplevel
 
     if not isinstance(rung_or_func, str) or None in (M, N, K):
@@ -109,25 +109,25 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
 
 
 def load(path):
-    """See :func:`gemm_ladder.runtime.load` (runtime-only TVM is enough)."""
+    """See :func:`gemm_ladder.serve.runtime.load` (runtime-only TVM is enough)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"gemm_ladder.load takes the path of an exported module (a str or pathlib.Path to its .so); "
                         f"got {type(path).__name__} {path!r:.60}")
-    from .runtime import load as _load  # pylint: disable=import-outside-toplevel  (keeps the import light)
+    from .serve.runtime import load as _load  # pylint: disable=import-outside-toplevel  (keeps the import light)
 
     return _load(path)
 
 
 def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None):
-    """D = A . B^T for any shape (A [..., K], B [N, K]): see :mod:`gemm_ladder.front`."""
-    from .front import matmul as _matmul  # pylint: disable=import-outside-toplevel  (keeps the import light)
+    """D = A . B^T for any shape (A [..., K], B [N, K]): see :mod:`gemm_ladder.serve.front`."""
+    from .serve.front import matmul as _matmul  # pylint: disable=import-outside-toplevel  (keeps the import light)
 
     return _matmul(A, B, out=out, explain=explain, strict=strict)
 
 
 def use_pack(folder):
-    """Look in the kernel pack ``folder`` first (see :mod:`gemm_ladder.kernel_pack`)."""
-    from .front import use_pack as _use  # pylint: disable=import-outside-toplevel
+    """Look in the kernel pack ``folder`` first (see :mod:`gemm_ladder.serve.kernel_pack`)."""
+    from .serve.front import use_pack as _use  # pylint: disable=import-outside-toplevel
 
     return _use(folder)
 

@@ -32,13 +32,17 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import batch, cli_front, cli_types, device, files, pack, report
-from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
-from .files import DamagedFile, FolderError, FolderInUse
-from .records import RecordError
+from .compile import batch
+from . import cli_front
+from .core import cli_types, device, files
+from .serve import pack
+from .measure import report
+from .core.config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
+from .core.files import DamagedFile, FolderError, FolderInUse
+from .core.records import RecordError
 from .rungs import RUNGS
-from .runtime import read_manifest
-from .toolchain import ToolchainError
+from .serve.runtime import read_manifest
+from .compile.toolchain import ToolchainError
 from .tune import db, rpc, serve, space
 from .tune.jobs import PlanError, from_args as jobs_from_args
 from .tune import report as tune_report

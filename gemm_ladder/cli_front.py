@@ -18,9 +18,11 @@ import os
 import sys
 from pathlib import Path
 
-from . import cli_types, device, kernel_pack, report, suite
-from .config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
-from .files import FolderError
+from .core import cli_types, device
+from .serve import kernel_pack
+from .measure import report, suite
+from .core.config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
+from .core.files import FolderError
 from .tune import db as tune_db
 
 

@@ -20,11 +20,11 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from .config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
-                     check_common, check_knob_types)
-from .launch import check_grid
+from .core.config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
+    check_common, check_knob_types)
+from .core.launch import check_grid
 
-CONFIG_ATTR = "gemm_ladder.config"
+CONFIG_ATTR = "gemm_ladder.core.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
 
 
@@ -104,7 +104,7 @@ def kernel_of(cfg: GemmConfig):
     """Trace the rung's kernel; the prim_func carries its config (``build(func)`` reads it) and
     the names of its barriers (``gemm_ladder.barriers``, which also bounds its waits when the
     ``watchdog`` knob is set)."""
-    from .barriers.classes import traced  # pylint: disable=import-outside-toplevel
+    from .sync.classes import traced  # pylint: disable=import-outside-toplevel
 
     func = traced(cfg, rung_module(cfg.rung, cfg.arch).kernel)
     return func.with_attr(CONFIG_ATTR, json.dumps(cfg.to_dict(), sort_keys=True))

@@ -133,7 +133,7 @@ DLTensor View(void* data, int64_t* shape, DLDataType dt) {
 }
 
 // Clusters of `cluster` CTAs (`threads` threads, `smem` bytes of dynamic shared memory each) that
-// the GPU runs at once, or 0 when the driver cannot say. As gemm_ladder.device.max_active_clusters:
+// the GPU runs at once, or 0 when the driver cannot say. As gemm_ladder.core.device.max_active_clusters:
 // cuOccupancyMaxActiveClusters asked of an empty kernel loaded from PTX, launched like the module
 // (TVM's module does not hand out its function). The CUDA context must be current.
 int MaxActiveClusters(int cluster, int threads, int smem) {
@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
   const DLDataType dt{static_cast<uint8_t>(bf16 ? kDLBfloat : kDLFloat), 16, 1};
   DLTensor ta = View(da, sa, dt), tb = View(db, sb, dt), td = View(dd, sd, dt);
   // a persistent module: one CTA per SM in whole clusters, no more clusters than run at once
-  // (as gemm_ladder.runtime.persistent_grid)
+  // (as gemm_ladder.serve.runtime.persistent_grid)
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   sms = sms / man.cluster * man.cluster;

@@ -97,9 +97,9 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_the_walker_sees_relative_and_function_level_imports():
     graph = import_graph()
-    assert "gemm_ladder.builder" in graph["gemm_ladder.batch"]  # from .builder import build
+    assert "gemm_ladder.compile.builder" in graph["gemm_ladder.compile.batch"]  # from .builder import build
     assert "gemm_ladder.tune.db" in graph["gemm_ladder"]  # inside gemm_ladder.build
-    assert "gemm_ladder.budget" in graph["gemm_ladder.sm90a.common"]  # from .. import budget
+    assert "gemm_ladder.core.budget" in graph["gemm_ladder.sm90a.common"]  # from .. import budget
 
 
 def test_no_import_cycle_among_the_modules():
@@ -112,7 +112,7 @@ def test_nothing_imports_the_cli():
     assert not users, f"the CLI is for people, not for modules: {users} import gemm_ladder.cli"
 
 
-@pytest.mark.parametrize("name", ["gemm_ladder.builder", "gemm_ladder.rungs", "gemm_ladder.budget"])
+@pytest.mark.parametrize("name", ["gemm_ladder.compile.builder", "gemm_ladder.rungs", "gemm_ladder.core.budget"])
 def test_the_build_primitive_does_not_reach_up(name):
     """builder (and what it stands on) imports no tuner, batch, teaching helper or CLI."""
     graph = import_graph()
@@ -122,8 +122,8 @@ def test_the_build_primitive_does_not_reach_up(name):
         if n not in seen:
             seen.add(n)
             todo += graph[n]
-    up = sorted(n for n in seen if n.startswith(("gemm_ladder.tune", "gemm_ladder.teach", "gemm_ladder.batch",
-                                                   "gemm_ladder.cli", "gemm_ladder.report")))
+    up = sorted(n for n in seen if n.startswith(("gemm_ladder.tune", "gemm_ladder.teach", "gemm_ladder.compile.batch",
+                                                   "gemm_ladder.cli", "gemm_ladder.measure.report")))
     assert not up, f"{name} reaches up to {up}"
 
 
@@ -196,9 +196,9 @@ def test_imports_point_down_the_layers():
 
 
 def test_the_layer_rule_catches_an_upward_import():
-    graph = {"gemm_ladder.config": {"gemm_ladder.front"}, "gemm_ladder.front": {"gemm_ladder.config"}}
+    graph = {"gemm_ladder.core.config": {"gemm_ladder.serve.front"}, "gemm_ladder.serve.front": {"gemm_ladder.core.config"}}
     assert upward_imports(graph) == {("config", "front")}
-    assert layer_of("gemm_ladder.barriers.check") == "tools" and layer_of("gemm_ladder.barriers") == "kernels"
+    assert layer_of("gemm_ladder.protocol.check") == "tools" and layer_of("gemm_ladder.barriers") == "kernels"
     assert layer_of("gemm_ladder.tune.serve") == "cli" and layer_of("gemm_ladder.tune.db") == "tune"
 
 

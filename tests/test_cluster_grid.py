@@ -10,8 +10,9 @@ import warnings
 
 import pytest
 
-from gemm_ladder import device, runtime
-from gemm_ladder.runtime import GemmModule, ModuleInputError, persistent_grid
+from gemm_ladder.core import device
+from gemm_ladder.serve import runtime
+from gemm_ladder.serve.runtime import GemmModule, ModuleInputError, persistent_grid
 
 V9_2X2 = {"persistent": True, "cluster": 4, "threads": 384, "smem_bytes": 230400}
 

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import gemm_ladder
-from gemm_ladder import front, ops
-from gemm_ladder.runtime import ModuleInputError
+from gemm_ladder.serve import front, ops
+from gemm_ladder.serve.runtime import ModuleInputError
 
 mm = torch.ops.gemm_ladder.mm
 ON_CPU = "move it to the GPU"  # what a call that passes every other check is told here

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import files, kernel_pack, module_cache
-from gemm_ladder.batch import BuildJob
-from gemm_ladder.kernel_pack import PACK_MANIFEST, KernelPack, PackError
-from gemm_ladder.runtime import MANIFEST_VERSION
+from gemm_ladder.core import files
+from gemm_ladder.serve import kernel_pack
+from gemm_ladder.compile import module_cache
+from gemm_ladder.compile.batch import BuildJob
+from gemm_ladder.serve.kernel_pack import PACK_MANIFEST, KernelPack, PackError
+from gemm_ladder.serve.runtime import MANIFEST_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +143,7 @@ def _damage(pack: Path, how: str):
 DAMAGE = {
     "no_manifest": ["pack.json is missing", "not a kernel pack", "pack build"],
     "cut_manifest": ["not valid JSON", "cut short", "rebuild"],
-    "other_format": ["not a gemm_ladder.kernel_pack manifest"],
+    "other_format": ["not a gemm_ladder.serve.kernel_pack manifest"],
     "new_version": ["version 99", "reads version 1"],
     "entry_without_field": ["field 'modules[1].so_sha256' is missing"],
     "missing_file": ["lists m128.so", "not in", "copy the whole pack folder"],
@@ -253,7 +255,7 @@ def test_build_a_pack_and_find_its_modules(tmp_path, monkeypatch):
     man = kernel_pack.build_pack(tmp_path / "pack", shapes, ["float16"], sms=132, workers=2)
     assert all(r["status"] == "built" for r in man["results"]), man["results"]
     pk = KernelPack(tmp_path / "pack")
-    from gemm_ladder import plan
+    from gemm_ladder.serve import plan
 
     small = pk.find(16, 256, 512, "float16", "sm_90a")
     assert small.entry["choice"]["rule"] == plan.rule_choice(plan.Problem(16, 256, 512)).rule

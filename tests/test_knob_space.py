@@ -10,7 +10,7 @@ import random
 import pytest
 
 from gemm_ladder.tune import space as tune_space
-from gemm_ladder.builder import build
+from gemm_ladder.compile.builder import build
 
 SAMPLES = 3
 SHAPES = {"v1": (128, 128, 64), "v2": (128, 128, 256)}

@@ -123,13 +123,13 @@ def test_best_tail_n_is_the_narrowest_that_cuts():
 
 @pytest.fixture(scope="module")
 def built():
-    from gemm_ladder.builder import build
+    from gemm_ladder.compile.builder import build
 
     return build("v9", 4096, 4096, 4096, tail_n=232, cluster_m=1, dtype="bfloat16")
 
 
 def test_sass_has_the_narrow_wgmma_and_register_stores_and_no_spills(built):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     text = sass.disassemble(built.binary)
     assert set(re.findall(r"HGMMA\.(\d+x\d+)x16\.F32\.BF16", text)) == {"64x256", "64x232"}

@@ -1,4 +1,4 @@
-"""The front door's policy (``gemm_ladder.plan``): one test per rule of the heuristic, the tuning
+"""The front door's policy (``gemm_ladder.serve.plan``): one test per rule of the heuristic, the tuning
 database by shape bucket, the makespan model, and one test per layout rule (what TMA cannot
 describe gets copied)."""
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from gemm_ladder import plan
-from gemm_ladder.budget import max_pipe_depth
-from gemm_ladder.plan import Problem, Rule, choose, rule_choice
-from gemm_ladder.tma_layout import Layout, layout_fixes
+from gemm_ladder.serve import plan
+from gemm_ladder.core.budget import max_pipe_depth
+from gemm_ladder.serve.plan import Problem, Rule, choose, rule_choice
+from gemm_ladder.serve.tma_layout import Layout, layout_fixes
 from gemm_ladder.rungs import available, make_config
 from gemm_ladder.tune import cache, db
 

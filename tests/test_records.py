@@ -1,4 +1,4 @@
-"""The one reader of every file the project reads (``gemm_ladder.records``), and the readers built
+"""The one reader of every file the project reads (``gemm_ladder.core.records``), and the readers built
 on it: module manifests, folder manifests, ``pack.json``, the tuning database, measurements and
 run files, plan files.
 
@@ -18,9 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemm_ladder import batch, config, kernel_pack, records, runtime
+from gemm_ladder.compile import batch
+from gemm_ladder.core import config, records
+from gemm_ladder.serve import kernel_pack, runtime
 from gemm_ladder.cli import parse_knob
-from gemm_ladder.records import Check, Int, List, Map, Maybe, Obj, RecordError, Str
+from gemm_ladder.core.records import Check, Int, List, Map, Maybe, Obj, RecordError, Str
 from gemm_ladder.tune import db, jobs
 from gemm_ladder.tune import space as tune_space
 from gemm_ladder.tune.measuring import MEASUREMENTS_FORMAT, RUN_FORMAT

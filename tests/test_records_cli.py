@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemm_ladder import kernel_pack, runtime
+from gemm_ladder.serve import kernel_pack, runtime
 from gemm_ladder.cli import main
 from gemm_ladder.tune import db
 
@@ -121,7 +121,7 @@ def test_info_leaves_out_what_a_folder_manifest_lists_outside_the_folder(tmp_pat
     (None, "does not exist"),
     (b"\x00\x01binary", "is not text"),
     (b"{\"format\": \"gemm_ladder.tune.measurements\", \"results\": [", "not valid JSON"),
-    (b"{\"format\": \"gemm_ladder.kernel_pack\"}", "not a gemm_ladder measurements or run file"),
+    (b"{\"format\": \"gemm_ladder.serve.kernel_pack\"}", "not a gemm_ladder measurements or run file"),
     (b"[1, 2]", "not a gemm_ladder measurements or run file"),
     (json.dumps({**measurements_doc(), "results": "all"}).encode(), "field 'results' is a string"),
     (json.dumps({"format": "gemm_ladder.tune.run", "reports": [{**measurements_doc(), "shape": [1, 2]}]}).encode(),
@@ -153,7 +153,7 @@ def test_tune_merge_into_a_read_only_database_is_exit_2(tmp_path, monkeypatch):
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("gemm_ladder.files.write_json", refuse)  # root ignores a read-only mode
+    monkeypatch.setattr("gemm_ladder.core.files.write_json", refuse)  # root ignores a read-only mode
     rc, _, err = cli("tune", "--merge", tmp_path / "m.json", "--db", target)
     one_error_line(rc, err, "cannot write the tuning database", "Permission denied")
     assert target.read_text() == before

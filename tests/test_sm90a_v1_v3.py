@@ -82,7 +82,7 @@ BUILDS = {
 
 @pytest.fixture(scope="module")
 def built():
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     out = {}
     for name, (rung, shape, knobs) in BUILDS.items():
@@ -152,7 +152,7 @@ def test_v3_guards_only_the_edges_a_shape_has(built):
 
 
 def test_export_carries_sass(built, build_dir):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     mod = built["v3_edge_f16"][0]
     path = mod.export(build_dir / "v3_edge.so")

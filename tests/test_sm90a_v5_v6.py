@@ -16,8 +16,8 @@ from tests.gpu_cases import Case
 
 import gemm_ladder
 from gemm_ladder import ConfigError
-from gemm_ladder.budget import limits_for
-from gemm_ladder.config import ARCHS, ArchLimits
+from gemm_ladder.core.budget import limits_for
+from gemm_ladder.core.config import ARCHS, ArchLimits
 
 V5_V6 = ("v5", "v6")
 
@@ -95,7 +95,7 @@ CPU_BUILDS = {
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from gemm_ladder.builder import build
+    from gemm_ladder.compile.builder import build
 
     out = tmp_path_factory.mktemp("v5v6")
     mods = {}
@@ -108,7 +108,7 @@ def built(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(CPU_BUILDS))
 def test_sass_has_tma_wgmma_and_no_spills(built, name):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     mod, path = built[name]
     text = sass.disassemble(mod.binary)

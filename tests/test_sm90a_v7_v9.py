@@ -18,7 +18,7 @@ from tests.gpu_cases import Case
 
 import gemm_ladder
 from gemm_ladder import ConfigError
-from gemm_ladder.budget import limits_for
+from gemm_ladder.core.budget import limits_for
 
 V7_V9 = ("v7", "v8", "v9")
 
@@ -96,7 +96,7 @@ def test_multicast_masks_name_the_ctas_that_share_a_tile():
 
 
 def test_v9_staging_leaves_room_for_a_deeper_ring():
-    from gemm_ladder import budget
+    from gemm_ladder.core import budget
 
     lim = limits_for("sm_90a").smem_per_block
     v8 = gemm_ladder.make_config("v8", 4096, 4096, 4096)
@@ -125,7 +125,7 @@ CPU_BUILDS = {
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from gemm_ladder.builder import build
+    from gemm_ladder.compile.builder import build
 
     out = tmp_path_factory.mktemp("v7v9")
     mods = {}
@@ -136,14 +136,14 @@ def built(tmp_path_factory):
 
 
 def _sass(built, name):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     return sass.disassemble(built[name][0].binary)
 
 
 @pytest.mark.parametrize("name", sorted(CPU_BUILDS))
 def test_sass_has_the_technique_and_no_spills(built, name):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     mod, _ = built[name]
     text = _sass(built, name)
@@ -202,7 +202,7 @@ def test_descriptors_are_encoded_once_per_slice(built, name):
     K with a 64-bit add: an encode (address >> 4, a 64-bit USHF.R.U64) per operand and slice, not
     per wgmma. (The stepped descriptor equals an encode at that address: test_layouts checks the
     offsets against TVM's layout.)"""
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     text = sass.disassemble(built[name][0].binary)
     hgmma, encodes = len(re.findall(r"\bHGMMA\.", text)), len(re.findall(r"USHF\.R\.U64", text))
@@ -216,7 +216,7 @@ def test_v8_v9_encode_descriptors_once_per_tile(built, name):
     descriptors once per tile (``encode_slot0``) and reaches each slot by an add: the kernel holds
     exactly one encode (a 64-bit USHF.R.U64) per operand, however far the K loop is unrolled.
     (v7 writes its loop out with ``mma_k_tile``'s per-slice encode; the test above bounds it.)"""
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     text = sass.disassemble(built[name][0].binary)
     assert len(re.findall(r"USHF\.R\.U64", text)) == 2
@@ -315,7 +315,7 @@ def test_v7_v9_are_correct_on_the_gpu(case, gpu_result):
 def test_the_tuners_second_pass_times_a_group_on_the_gpu(case, gpu_result, _gpu_batch):
     """isolate's ``rounds`` job (the tuner's second pass): a group checked and timed in one
     watched child, taking turns with cuBLAS; the same module twice reads alike."""
-    from gemm_ladder import isolate  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.measure import isolate  # pylint: disable=import-outside-toplevel
 
     assert gpu_result["status"] == "ok", gpu_result
     path = _gpu_batch["paths"][case.key]

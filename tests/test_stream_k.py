@@ -184,7 +184,7 @@ def test_two_pieces_meet_in_any_order_and_compute_the_product(shape, knobs, clus
 
 def test_workspace_grows_with_the_ctas_and_agrees_between_kernel_and_runtime():
     from gemm_ladder.rungs import rung_module
-    from gemm_ladder.runtime import GemmModule
+    from gemm_ladder.serve.runtime import GemmModule
     from gemm_ladder.sm90a import splitk
 
     cfg = gemm_ladder.make_config("v10", 4096, 4096, 4096, split_k=1, stream_k=True)
@@ -205,7 +205,7 @@ def test_workspace_grows_with_the_ctas_and_agrees_between_kernel_and_runtime():
 
 @pytest.fixture(scope="module")
 def built():
-    from gemm_ladder.builder import build
+    from gemm_ladder.compile.builder import build
 
     return build("v10", 3000, 5000, 1000, split_k=1, stream_k=True, dtype="bfloat16")
 
@@ -238,7 +238,7 @@ def test_sass_keeps_the_k_loops_free_of_spills(built):
     """The producer's 40 registers hold its stream-K state only in part: ptxas spills a few
     scalars around each piece (a handful of local loads and stores, once a piece), never in a K
     loop of loads or wgmmas; the consumers spill nothing."""
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     text = sass.disassemble(built.binary)
     counts = sass.instruction_counts(text)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import kernel_pack, suite
+from gemm_ladder.serve import kernel_pack
+from gemm_ladder.measure import suite
 
 from .conftest import GPU_ARCH
 

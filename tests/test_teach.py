@@ -11,7 +11,8 @@ import json
 import pytest
 
 import gemm_ladder
-from gemm_ladder import isolate, teach
+from gemm_ladder.measure import isolate
+from gemm_ladder import teach
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gemm_ladder import toolchain
+from gemm_ladder.compile import toolchain
 
 BUILD_WITH = r"""
 import sys, gemm_ladder

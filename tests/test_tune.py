@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder import rungs
-from gemm_ladder.budget import check_budget
-from gemm_ladder.config import ConfigError
+from gemm_ladder.core.budget import check_budget
+from gemm_ladder.core.config import ConfigError
 from gemm_ladder.tune import cache, db, measuring, run
 from gemm_ladder.tune import space as tune_space
 from gemm_ladder.tune import report as tune_report
@@ -183,12 +183,12 @@ def test_sources_hash_covers_kernels_not_host_code():
     h = cache.sources_hash("sm_90a")
     assert len(h) == 64 and h != cache.sources_hash("sm_100a")
     names = {n for n, _ in cache.hashed_sources("sm_90a")}
-    for kernel_side in ("gemm_ladder/sm90a/hgemm_v6.py", "gemm_ladder/sm90a/common.py", "gemm_ladder/budget.py",
-                        "gemm_ladder/config.py", "gemm_ladder/builder.py", "layouts/swizzle.py",
+    for kernel_side in ("gemm_ladder/sm90a/hgemm_v6.py", "gemm_ladder/sm90a/common.py", "gemm_ladder/core/budget.py",
+                        "gemm_ladder/core/config.py", "gemm_ladder/compile/builder.py", "layouts/swizzle.py",
                         "schedulers/tirx_orders.py"):
         assert kernel_side in names, kernel_side
     for host_side in ("gemm_ladder/cli.py", "gemm_ladder/tune/db.py", "gemm_ladder/teach/plots.py",
-                      "gemm_ladder/batch.py", "gemm_ladder/sm100a/hgemm_v6.py", "schedulers/plots.py"):
+                      "gemm_ladder/compile/batch.py", "gemm_ladder/sm100a/hgemm_v6.py", "schedulers/plots.py"):
         assert host_side not in names, host_side
     ident = cache.toolchain_identity("sm_90a")
     assert ident["tvm_version"] == TVM and ident["compiler"].startswith(("nvrtc", "nvcc"))
@@ -218,7 +218,7 @@ def test_second_identical_build_only_run_builds_nothing(tmp_path):
 
 def test_two_runs_into_one_folder_do_not_mix(tmp_path):
     """A second tuning run into a folder in use is refused at once, with a message; nothing is built."""
-    from gemm_ladder import files
+    from gemm_ladder.core import files
 
     sp = tune_space.Space("v4", (128, 128, 64), "float16", "sm_90a", {}, candidates=[{"blk_n": 64}])
     with files.folder_lock(tmp_path / "cands"):
@@ -264,7 +264,7 @@ KNOBS = [{"blk_m": 128, "blk_n": n, "blk_k": 64, "num_warpgroups": w} for n, w i
 
 @pytest.fixture
 def measured(tmp_path, monkeypatch):
-    from gemm_ladder import isolate
+    from gemm_ladder.measure import isolate
 
     folder = _candidate_folder(tmp_path / "cands", KNOBS)
     calls = []
@@ -327,7 +327,7 @@ def _rounds(ratio, cublas=600.0):
      "c005", ["ok", "ok", "timeout", "wrong", "crash", "ok"]),
 ])
 def test_second_pass_ranks_the_leaders(tmp_path, monkeypatch, second, best, statuses):
-    from gemm_ladder import isolate
+    from gemm_ladder.measure import isolate
 
     folder = _candidate_folder(tmp_path / "cands", KNOBS)
     calls = []
@@ -399,7 +399,7 @@ def test_merge_then_best_knobs_and_load_best(measured, private_db, monkeypatch):
     assert knobs == KNOBS[1] and entry["tflops"] == 450.0
 
     loaded = {}
-    monkeypatch.setattr("gemm_ladder.runtime.load", lambda p: loaded.setdefault("mod", types.SimpleNamespace(path=p)))
+    monkeypatch.setattr("gemm_ladder.serve.runtime.load", lambda p: loaded.setdefault("mod", types.SimpleNamespace(path=p)))
     mod = measuring.load_best(folder, 256, 256, 256, "float16")
     assert Path(mod.path).name == report["best"]["file"]
     assert mod.tuned_from["tflops"] == 450.0
@@ -604,7 +604,7 @@ def test_build_without_knobs_uses_the_database(private_db, capsys):
     """gemm_ladder.build (the public API) takes the database's knobs and says so; the builder
     underneath is pure: the same call builds the rung's defaults whatever the database holds."""
     import gemm_ladder
-    from gemm_ladder import builder
+    from gemm_ladder.compile import builder
 
     tuned = {"blk_m": 64, "blk_n": 64, "blk_k": 64, "num_warpgroups": 1}
     _write_db(private_db, [_entry((128, 128, 64), 321.0, knobs=tuned)])
@@ -652,7 +652,7 @@ isolate.run_batch = lambda job, paths, args=(), timeout=0, on_result=None, expla
 r = measuring.measure({str(folder)!r}, gpu={GPU!r}, progress=False)
 assert r["best"]["tflops"] == 400.0
 bad = [m for m in sys.modules if m.split(".")[0] in ("tvm", "tvm_ffi", "layouts", "schedulers")
-       or m in ("gemm_ladder.builder", "gemm_ladder.rungs", "gemm_ladder.toolchain")]
+       or m in ("gemm_ladder.compile.builder", "gemm_ladder.rungs", "gemm_ladder.compile.toolchain")]
 print("BAD", bad)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

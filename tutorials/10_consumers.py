@@ -45,7 +45,8 @@
 import json
 
 import gemm_ladder
-from gemm_ladder import report, teach
+from gemm_ladder.measure import report
+from gemm_ladder import teach
 
 # %% [markdown]
 # ## What changed against v8

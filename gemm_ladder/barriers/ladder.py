@@ -21,8 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import cli_types
-from ..config import ARCHS as ARCH_LIMITS, DEFAULT_DTYPE, DTYPES, ConfigError
+from ..core import cli_types
+from ..core.config import ARCHS as ARCH_LIMITS, DEFAULT_DTYPE, DTYPES, ConfigError
 from ..rungs import RUNGS, available, make_config, rung_module
 
 ARCHS = tuple(ARCH_LIMITS)  # the check runs both by default
@@ -88,7 +88,7 @@ def twins_main(argv) -> int:
 
 def _schedules(text: str) -> list[str]:
     """``--schedules``: the checker's schedule names (imported when given: the checker imports TVM)."""
-    from .check import POLICIES  # pylint: disable=import-outside-toplevel
+    from ..protocol.check import POLICIES  # pylint: disable=import-outside-toplevel
 
     return cli_types.names(POLICIES, "schedule")(text)
 
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         return twins_main(argv[1:])
     p = make_parser()
     a = p.parse_args(argv)
-    from .check import POLICIES, check_config  # pylint: disable=import-outside-toplevel  (TVM)
+    from ..protocol.check import POLICIES, check_config  # pylint: disable=import-outside-toplevel  (TVM)
 
     knobs = dict(a.knob)
     if "arch" in knobs:

@@ -27,7 +27,7 @@ from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
 import layouts
-from ..config import ConfigError, GemmConfig
+from ..core.config import ConfigError, GemmConfig
 from .common import CONSUMER_BARRIER, THREADS_PER_WG, WG_M, HopperPlan, pack_op
 
 EPI_CHUNK = 64  # columns of one TMA store box: one 128-byte swizzle row of 16-bit data

@@ -93,8 +93,8 @@ Run:  python -m gemm_ladder build v10 --shape 978x2640x3336 --knob split_k=2 --o
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-from ..barriers import MBarrier, TMABar
-from ..config import GemmConfig
+from ..sync.classes import MBarrier, TMABar
+from ..core.config import GemmConfig
 from . import common, epilogue, splitk, streamk
 from .common import HopperPlan
 from .epilogue import ChunkedEpilogue

@@ -49,8 +49,8 @@ Run:  python -m gemm_ladder build v11 --shape 16x4096x4096 --knob blk_m=16 --kno
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-from ..barriers import MBarrier, TMABar
-from ..config import GemmConfig
+from ..sync.classes import MBarrier, TMABar
+from ..core.config import GemmConfig
 from . import common, epilogue, splitk
 from .common import SwapPlan
 from .epilogue import TransposedEpilogue

@@ -161,8 +161,8 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-from ..barriers import MBarrier, TMABar
-from ..config import GemmConfig
+from ..sync.classes import MBarrier, TMABar
+from ..core.config import GemmConfig
 from . import common, epilogue, narrowtail
 from .common import HopperPlan
 from .epilogue import ChunkedEpilogue

@@ -25,13 +25,14 @@ import sys
 import traceback
 from pathlib import Path
 
-from .. import files, records, toolchain
-from ..batch import BuildJob, build_one
-from ..config import ARCHS, COMMON_KNOBS
-from ..harness import git_commit, utc_now
-from ..procs import map_in_processes
-from ..report import progress
-from ..runtime import ManifestError, check_file, manifest_path, read_manifest
+from ..core import files, records
+from ..compile import toolchain
+from ..compile.batch import BuildJob, build_one
+from ..core.config import ARCHS, COMMON_KNOBS
+from ..measure.harness import git_commit, utc_now
+from ..core.procs import map_in_processes
+from ..measure.report import progress
+from ..serve.runtime import ManifestError, check_file, manifest_path, read_manifest
 from .measuring import CANDIDATES, CANDIDATES_FORMAT
 from .space import Space
 
@@ -138,7 +139,7 @@ def _cached(cache: Path, key: str) -> Path | None:
 
 def build_worker(job) -> dict:
     """Build one candidate into the cache as ``<key>.so`` (runs in a worker process): the build
-    and export of :func:`gemm_ladder.batch.build_one`, with the cache key in the manifest. Every
+    and export of :func:`gemm_ladder.compile.batch.build_one`, with the cache key in the manifest. Every
     failure is a result: the search goes on."""
     rung, shape, knobs, dtype, arch, key, fields, cache = job
     try:
@@ -216,7 +217,7 @@ def build_candidates(sp: Space, out, cache_dir=None, jobs: int | None = None, sh
                      identity: dict | None = None) -> dict:
     """Build ``sp``'s candidates (cache first), place them in ``out`` with ``candidates.json``.
 
-    Holds ``out``'s lock throughout: raises :class:`gemm_ladder.files.FolderInUse` when another
+    Holds ``out``'s lock throughout: raises :class:`gemm_ladder.core.files.FolderInUse` when another
     run is using the folder."""
     out = Path(out)
     with files.folder_lock(out, wait=False, what="this tuning run (--out)"):

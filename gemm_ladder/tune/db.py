@@ -34,7 +34,7 @@ says which database it could not write.
 
 The policy: :func:`tuned_knobs` gives a build with no rung knobs the best entry's knobs and
 prints which entry, from which file, it used; ``gemm_ladder.build`` and the CLI's
-``build``/``export``/``main`` call it. ``gemm_ladder.builder.build`` never does.
+``build``/``export``/``main`` call it. ``gemm_ladder.compile.builder.build`` never does.
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ import sys
 import warnings
 from pathlib import Path
 
-from .. import device, files, records, toolchain
-from ..batch import BuildJob, as_job
-from ..config import ARCHS, COMMON_KNOBS, DTYPES, KNOB_NAME, ConfigError
-from ..records import ANY, SHAPE, Check, List, Maybe, Num, Obj, RecordError, Str
+from ..core import device, files, records
+from ..compile import toolchain
+from ..compile.batch import BuildJob, as_job
+from ..core.config import ARCHS, COMMON_KNOBS, DTYPES, KNOB_NAME, ConfigError
+from ..core.records import ANY, SHAPE, Check, List, Maybe, Num, Obj, RecordError, Str
 from ..rungs import RUNGS, make_config
 from .cache import tvm_version
 from .report import speed_rank

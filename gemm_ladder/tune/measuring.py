@@ -15,9 +15,11 @@ import sys
 import warnings
 from pathlib import Path
 
-from .. import device, files, harness, isolate, records, rounds, runtime
-from ..records import FILE_NAME, SHAPE, List, Map, Obj, Str
-from ..report import progress as progress_bar
+from ..core import device, files, records
+from ..measure import harness, isolate, rounds
+from ..serve import runtime
+from ..core.records import FILE_NAME, SHAPE, List, Map, Obj, Str
+from ..measure.report import progress as progress_bar
 from .report import knob_label, plot_measurements, speed_rank
 
 CANDIDATES = "candidates.json"  # a candidate folder's list, written by tune.cache.build_candidates
@@ -62,7 +64,7 @@ def time_paths(paths, reps: int = 50, timeout: float = 300.0, on_result=None) ->
     """Check and time modules against cuBLAS, each with its own ``timeout``: the method of
     :func:`measure` (and of a tuning RPC server, ``tune.serve``), results in the order of ``paths``.
 
-    The ``time`` job of :mod:`gemm_ladder.isolate` (a randn check, then ``harness.time_module``:
+    The ``time`` job of :mod:`gemm_ladder.measure.isolate` (a randn check, then ``harness.time_module``:
     the module and cuBLAS timed in the same process, as ``bench`` does) runs on all of them in
     one watched child. A module that erred is measured again alone in a fresh child
     (``run_isolated``), since a kernel that faults breaks the CUDA context for every module
@@ -165,7 +167,7 @@ def confirm(paths, results: list[dict], top: int = CONFIRM_TOP, timeout: float =
             rounds_args=(rounds.ROUNDS, rounds.PER_ROUND, rounds.WARM_S)) -> tuple[list[dict], dict | None]:
     """The tuner's second pass: the ``top`` best candidates of the first (``results``, in the order
     of ``paths``) timed again together, taking turns with cuBLAS in the same rounds after a
-    warm-up at the power limit (:mod:`gemm_ladder.rounds`, in a watched child).
+    warm-up at the power limit (:mod:`gemm_ladder.measure.rounds`, in a watched child).
 
     The first pass times each candidate for a fraction of a second beside cuBLAS. On a GPU that
     reaches its power limit only after a few hundred milliseconds, that reads the early clock, and

@@ -10,7 +10,7 @@ import math
 import warnings
 from pathlib import Path
 
-from ..report import table
+from ..measure.report import table
 
 
 def speed_rank(result: dict) -> tuple:

@@ -46,13 +46,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import harness, isolate, records
-from ..report import progress as progress_bar
-from ..runtime import manifest_path
+from ..measure import harness, isolate
+from ..core import records
+from ..measure.report import progress as progress_bar
+from ..serve.runtime import manifest_path
 from .measuring import RUN_FORMAT, make_report, read_candidates, speed_problem, write_report
 from .serve import MEASURE_FN, servers_of
 
-# what a server's watched child reports (gemm_ladder.isolate), and what this side adds
+# what a server's watched child reports (gemm_ladder.measure.isolate), and what this side adds
 CHILD_STATUSES = ("ok", "wrong", "error", "timeout", "crash")
 RPC_STATUSES = ("server-lost", "bad-reply", "no-server")
 UPLOAD_SECONDS = 120.0  # a session's slack beyond its modules' deadlines: upload, fork, reply
@@ -328,7 +329,7 @@ def measure_folders(folders, tracker: tuple[str, int], key: str, reps: int = 50,
         "reports": reports,
     }
     if out:
-        from .. import files  # pylint: disable=import-outside-toplevel
+        from ..core import files  # pylint: disable=import-outside-toplevel
 
         files.write_json(Path(out), result)
         result["path"] = str(out)

@@ -18,8 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from .. import files, harness
-from ..report import progress as progress_bar
+from ..core import files
+from ..measure import harness
+from ..measure.report import progress as progress_bar
 from .cache import build_candidates
 from .db import merge
 from .measuring import RUN_FORMAT, measure

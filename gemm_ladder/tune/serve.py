@@ -16,7 +16,7 @@ again.
 Each server adds one function to TVM's (upload, load_module, ...): ``gemm_ladder.tune.measure``
 takes ``{"files": [...], "reps", "timeout"}`` naming uploaded modules (each with its
 ``.so.json``), measures them with :func:`gemm_ladder.tune.measuring.time_paths` (the ``time``
-job of ``gemm_ladder.isolate`` in a watched child: checked, then timed against cuBLAS in the
+job of ``gemm_ladder.measure.isolate`` in a watched child: checked, then timed against cuBLAS in the
 same process, as ``bench`` does; a hang or crash costs only that module) and returns their
 results with the sha256 of each file it measured and who it is (host, GPU). The server process
 never touches CUDA itself (its GPU is read once, in a child): a forked session must not inherit
@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import cli_types
+from ..core import cli_types
 
 MEASURE_FN = "gemm_ladder.tune.measure"
 TRACKER_PORT = 9190  # TVM's defaults: a tracker on 9190..9199, servers from 9090

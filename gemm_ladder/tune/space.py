@@ -30,8 +30,9 @@ from tqdm import tqdm
 
 from schedulers import rank_group_sizes
 
-from .. import device, rungs
-from ..config import DTYPE_BYTES, KNOB_NAME, ConfigError, check_extents, largest_m, parse_knob_value
+from ..core import device
+from .. import rungs
+from ..core.config import DTYPE_BYTES, KNOB_NAME, ConfigError, check_extents, largest_m, parse_knob_value
 
 # Values tried for each knob a rung has; a knob not listed here (or in the rung's TUNE_CHOICES)
 # keeps the rung's default.

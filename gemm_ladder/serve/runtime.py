@@ -1,0 +1,406 @@
+"""Load an exported module and run it with nothing but the TVM runtime.
+
+This module (and everything it imports) must work where TVM's compiler library is absent:
+a GPU box that got the exported ``.so`` files and a runtime-only TVM (see ``gemm_ladder.serve.pack``).
+It never compiles anything: the ``.so`` holds the device binary.
+
+    mod = gemm_ladder.load("build/v4_4096x4096x4096_float16_sm_90a.so")
+    D = mod(A, B)            # A [M, K], B [N, K] on the GPU, D = A @ B.T
+    mod(A, B, out=D)         # writes into D
+
+Before the dynamic loader sees the ``.so``, its manifest is read and checked (a JSON object of
+this format, with the fields the loader needs) and the file is checked against it: its size and
+sha256, recorded at export. A truncated copy or a manifest of another module is refused with a
+:class:`ManifestError` that names the file and the fix (loading a truncated ``.so`` would crash
+the process). Every input is checked before launch: dtype, device, shape, layout (contiguous,
+16-byte aligned) and that the GPU is the arch the module was built for.
+
+A module built with a runtime M (``launch["dynamic_m"]`` in its manifest: v6/v9 with
+``dynamic_m=True``) takes any M >= 1 with its N and K: ``mod(A, B)`` reads M off ``A``.
+``mod.M`` is then the M its knobs were chosen for (what ``check`` and ``time`` use by default).
+
+A split-K module (``launch["workspace"]``: v10, v11) takes an fp32 buffer of partial tiles and
+int32 counters after ``D``; the module allocates them (zeroed once: the kernel puts every
+counter back to zero) on first use per GPU, sized for the call's M (and, with v10's
+``stream_k``, for the GPU's CTA count), and grows them for a larger M. Launch one such module
+from one stream at a time (two launches at once would share them).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import sys
+import warnings
+from pathlib import Path
+
+from ..core import device
+from . import pack
+from ..core.config import ARCHS, DTYPES
+from ..core.records import (KNOB_VALUE, SHAPE, Bool, Either, Int, List, Map, Maybe, Num, Obj, RecordError, Str,
+    parse_json, read_text, validate)
+
+MANIFEST_SUFFIX = ".json"
+MANIFEST_VERSION = 2  # what gemm_ladder.compile.builder writes
+# every field the loader, the front door, ``info`` and packs read, with its type and range
+_WORKSPACE = Obj({"m_step": Int(lo=1), "float32_per_m_step": Int(lo=0), "int32_per_m_step": Int(lo=0)},
+                 {"float32_per_cta": Int(lo=0), "int32_per_cta": Int(lo=0), "zeroed": Bool()})
+_LAUNCH = Obj(optional={"grid": List(Either(Int(lo=1), Str(), what="a CTA count or a name")),
+                        "threads": Int(lo=1), "smem_bytes": Int(lo=0), "persistent": Bool(),
+                        "cluster": Int(lo=1), "dynamic_m": Bool(), "workspace": Maybe(_WORKSPACE)})
+MANIFEST_SCHEMA = Obj(
+    {"rung": Str(pattern=r"v\d+", example="v9"), "shape": SHAPE, "dtype": Str(DTYPES), "arch": Str(ARCHS),
+     "knobs": Map(KNOB_VALUE),
+     "tvm_version": Str(), "so_bytes": Int(lo=0), "so_sha256": Str(pattern="[0-9a-f]{64}", example="64 hex digits")},
+    {"launch": _LAUNCH, "watchdog": Maybe(Obj(optional={"seconds": Maybe(Num(positive=True))})),
+     "commit": Maybe(Str()), "compiler": Maybe(Str())})
+
+
+class ManifestError(RecordError):
+    """A module's manifest is unreadable, or does not describe the ``.so`` beside it."""
+
+
+class ModuleInputError(ValueError):
+    """A tensor passed to a loaded module does not fit it; the message says what would."""
+
+
+class ArchMismatchError(RuntimeError):
+    """The module was built for another GPU arch than the one it is asked to run on."""
+
+
+def _load_cuda_runtime_libs() -> None:
+    """TVM's CUDA part needs libcudart.so.13; torch's wheels (or the toolkit) carry one."""
+    from tvm.base import _LOADED_LIBS  # pylint: disable=import-outside-toplevel
+
+    if "tvm_runtime_cuda" in _LOADED_LIBS:
+        return
+    try:
+        ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        for base in sys.path:
+            cand = Path(base) / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
+            if cand.exists():
+                ctypes.CDLL(str(cand), mode=ctypes.RTLD_GLOBAL)
+                break
+    lib = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent / "libtvm_runtime_cuda.so"
+    try:
+        _LOADED_LIBS["tvm_runtime_cuda"] = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    except OSError as err:
+        raise RuntimeError(
+            f"TVM's CUDA runtime ({lib}) did not load: {err}. It needs the NVIDIA driver "
+            "(libcuda.so.1) and libcudart.so.13 (pip install 'nvidia-cuda-runtime==13.0.*')"
+        ) from None
+
+
+def manifest_path(path) -> Path:
+    """The manifest beside an exported module: ``X.so`` -> ``X.so.json``."""
+    return Path(str(path) + MANIFEST_SUFFIX)
+
+
+def read_manifest(path) -> dict:
+    """The manifest of the module at ``path`` (``path + ".json"``), checked to be one: a JSON
+    object of this format with the fields the loader reads. The ``.so`` is not opened."""
+    path = Path(path)
+    man = manifest_path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if not man.exists():
+        raise FileNotFoundError(
+            f"{man} is missing: gemm_ladder.load needs the manifest that export() writes beside the .so"
+        )
+    again = f"copy {man.name} again from where {path.name} was exported, or re-export the module"
+    data = parse_json(read_text(man, "module manifest", again, ManifestError), man, "module manifest", again,
+                      error=ManifestError)
+    if not isinstance(data, dict):
+        raise ManifestError(f"{man} holds a JSON {type(data).__name__}, not the object export() writes: {again}",
+                            path=man, fix=again)
+    if data.get("format") != MANIFEST_VERSION:
+        raise ManifestError(
+            f"{man} has manifest format {data.get('format')!r}; this gemm_ladder reads format "
+            f"{MANIFEST_VERSION} (which records the .so's size and sha256): re-export the module",
+            path=man, field="format", fix="re-export the module")
+    return validate(data, MANIFEST_SCHEMA, man, again, ManifestError)
+
+
+def check_file(path, manifest: dict) -> None:
+    """The ``.so`` at ``path`` is the one ``manifest`` was written for: same size, same sha256.
+
+    Run before anything maps the file: the dynamic loader dies (a bus error, no message) on a
+    truncated shared library.
+    """
+    path = Path(path)
+    have = path.stat().st_size
+    if have != manifest["so_bytes"]:
+        cut = " (cut short: an unfinished copy?)" if have < manifest["so_bytes"] else ""
+        raise ManifestError(
+            f"{path} is {have} bytes but its manifest {path.name}{MANIFEST_SUFFIX} says "
+            f"{manifest['so_bytes']}{cut}: copy the .so again, or re-export it"
+        )
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != manifest["so_sha256"]:
+        raise ManifestError(
+            f"{path} does not match its manifest {path.name}{MANIFEST_SUFFIX} (sha256 differs): the "
+            "manifest belongs to another module, or the .so was changed; copy both files again "
+            "from where they were exported together, or re-export"
+        )
+
+
+class GemmModule:
+    """A loaded rung: ``D = mod(A, B)`` or ``mod(A, B, out=D)`` on torch CUDA tensors."""
+
+    def __init__(self, path, manifest: dict, rt_module):
+        self.path = Path(path)
+        self.manifest = manifest
+        self.rung = manifest["rung"]
+        self.M, self.N, self.K = manifest["shape"]
+        self.dtype = manifest["dtype"]
+        self.arch = manifest["arch"]
+        self.knobs = manifest["knobs"]
+        self.tvm_version = manifest["tvm_version"]
+        # M read off A at every call (any M >= 1); self.M is then the M the knobs were chosen for
+        self.dynamic_m = bool(manifest.get("launch", {}).get("dynamic_m"))
+        self._rt = rt_module
+        self._fn = None
+        self._checked_devices: set = set()
+        self._workspaces: dict = {}  # GPU index -> (fp32 partials, int32 counters)
+        self._grids: dict = {}  # GPU index -> CTAs of a persistent launch
+
+    def __repr__(self) -> str:
+        m = "(any M)" if self.dynamic_m else self.M
+        return f"<GemmModule {self.rung} {m}x{self.N}x{self.K} {self.dtype} {self.arch} from {self.path.name}>"
+
+    # -- checks -------------------------------------------------------------------------------
+    def _check_tensor(self, name, t, shape):
+        import torch  # pylint: disable=import-outside-toplevel
+
+        if not isinstance(t, torch.Tensor):
+            raise ModuleInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        want = getattr(torch, self.dtype)
+        if t.dtype != want:
+            raise ModuleInputError(f"{name} has dtype {t.dtype}; this module was built for {want} (use {name}.to({want}))")
+        if tuple(t.shape) != tuple(shape):
+            built = (f"any M >= 1 with N={self.N}, K={self.K}" if self.dynamic_m
+                     else f"M={self.M}, N={self.N}, K={self.K}")
+            raise ModuleInputError(
+                f"{name} has shape {tuple(t.shape)}; this module wants {tuple(shape)} "
+                f"(it was built for {built}): build one for your shape"
+            )
+        if not t.is_contiguous():
+            raise ModuleInputError(f"{name} is not contiguous (row-major); pass {name}.contiguous()")
+        if t.data_ptr() % 16:
+            raise ModuleInputError(f"{name} does not start on a 16-byte boundary, which TMA needs; pass {name}.clone()")
+
+    @staticmethod
+    def _check_on_gpu(name, t):
+        if t.device.type != "cuda":
+            raise ModuleInputError(f"{name} is on {t.device}; move it to the GPU ({name}.cuda())")
+
+    def check_device(self, where) -> None:
+        import torch  # pylint: disable=import-outside-toplevel
+
+        idx = where.index if where.index is not None else torch.cuda.current_device()
+        if idx in self._checked_devices:
+            return
+        have = device.arch_of(idx)
+        if have != self.arch:
+            raise ArchMismatchError(
+                f"{self.path.name} was built for {self.arch} but GPU {idx} "
+                f"({device.name_of(idx)}) is {have}: rebuild with arch={have!r}"
+            )
+        self._checked_devices.add(idx)
+
+    def _function(self):
+        if self._fn is None:
+            self._fn = self._rt["main"] if "main" in _function_names(self._rt) else self._rt
+        return self._fn
+
+    def rows_of(self, A) -> int:
+        """The M of a call: A's rows for a module with a runtime M (at least 1), else the
+        module's M."""
+        if not self.dynamic_m:
+            return self.M
+        shape = tuple(getattr(A, "shape", ()))
+        if len(shape) != 2 or shape[0] < 1:
+            raise ModuleInputError(
+                f"A has shape {shape}; this module takes A of shape (M, {self.K}) with any M >= 1"
+            )
+        return int(shape[0])
+
+    def __call__(self, A, B, out=None):
+        import torch  # pylint: disable=import-outside-toplevel
+
+        if not isinstance(A, torch.Tensor):
+            raise ModuleInputError(f"A must be a torch.Tensor, got {type(A).__name__}")
+        M = self.rows_of(A)
+        self._check_tensor("A", A, (M, self.K))
+        self._check_tensor("B", B, (self.N, self.K))
+        if out is not None:
+            self._check_tensor("out", out, (M, self.N))
+        for name, t in (("A", A), ("B", B), ("out", out)):
+            if t is not None:
+                self._check_on_gpu(name, t)
+        if A.device != B.device:
+            raise ModuleInputError(f"A is on {A.device} and B on {B.device}; put both on one GPU")
+        self.check_device(A.device)
+        if out is None:
+            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
+        elif out.device != A.device:
+            raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
+        with torch.cuda.device(A.device):
+            args = (A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device))
+            if self.manifest.get("watchdog"):  # bounded waits: a hang raises BarrierTimeoutError
+                from ..sync import watchdog  # pylint: disable=import-outside-toplevel
+
+                watchdog.launch(self._function(), args, self.manifest["watchdog"], self.rung)
+            else:
+                self._function()(*args)
+        return out
+
+    def launcher(self, A, B, out):
+        """A function ``launch(A, B, out)`` that launches this module on tensors like these (same
+        shapes, dtype and GPU) without checking them again: the checks of a call run once here, and
+        the grid and split-K workspace are bound for this M. For callers that check their own
+        inputs and launch one shape many times (the front door), where the checks of every call
+        would cost more host time than a small kernel takes."""
+        import torch  # pylint: disable=import-outside-toplevel
+
+        M = self.rows_of(A)
+        for name, t, shape in (("A", A, (M, self.K)), ("B", B, (self.N, self.K)), ("out", out, (M, self.N))):
+            self._check_tensor(name, t, shape)
+            self._check_on_gpu(name, t)
+        if A.device != B.device or out.device != A.device:
+            raise ModuleInputError(f"A is on {A.device}, B on {B.device}, out on {out.device}; put all on one GPU")
+        self.check_device(A.device)
+        fn, idx = self._function(), A.device.index
+        tail = [*self._workspace_args(M, A.device), *self._launch_args(A.device)]
+        if self.manifest.get("watchdog"):  # a watchdog build: every launch bounded, as in __call__
+            from ..sync import watchdog  # pylint: disable=import-outside-toplevel
+
+            def bounded(a, b, d):
+                with torch.cuda.device(idx):
+                    watchdog.launch(fn, (a, b, d, *tail), self.manifest["watchdog"], self.rung)
+
+            return bounded
+
+        # torch.cuda.current_device() re-runs torch's lazy-init checks on every call; the launcher
+        # exists only once CUDA is up, so the plain query serves (a microsecond per call saved)
+        current = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)  # pylint: disable=protected-access
+
+        def launch(a, b, d):
+            if current() == idx:
+                fn(a, b, d, *tail)
+            else:
+                with torch.cuda.device(idx):
+                    fn(a, b, d, *tail)
+
+        return launch
+
+    def workspace_elems(self, M: int, num_ctas: int | None = None) -> dict:
+        """Elements of each workspace buffer a launch with ``M`` rows on ``num_ctas`` CTAs takes
+        (``{}``: none): ``ceil(M / m_step)`` times the per-step counts of ``launch["workspace"]``
+        plus ``num_ctas`` times its per-CTA counts (stream-K), at least one."""
+        ws = self.manifest.get("launch", {}).get("workspace")
+        if not ws:
+            return {}
+        steps = -(-M // int(ws["m_step"]))
+        need = {}
+        for kind in ("float32", "int32"):
+            per_cta = int(ws.get(f"{kind}_per_cta", 0))
+            if per_cta and num_ctas is None:
+                raise ValueError(f"{self!r}: its workspace grows with the launch's CTAs; pass num_ctas")
+            need[kind] = max(1, steps * int(ws[f"{kind}_per_m_step"]) + (num_ctas or 0) * per_cta)
+        return need
+
+    def _workspace_args(self, M: int, where) -> list:
+        """The split-K workspace of this GPU, as views of exactly the size the kernel checks."""
+        ws = self.manifest.get("launch", {}).get("workspace") or {}
+        per_cta = ws.get("float32_per_cta") or ws.get("int32_per_cta")  # stream-K: sized by the CTAs
+        need = self.workspace_elems(M, self._launch_args(where)[0] if per_cta else None)
+        if not need:
+            return []
+        if max(need.values()) >= 2**31:  # the kernel indexes its workspace with 32-bit ints
+            raise ModuleInputError(
+                f"M={M} needs a split-K workspace of {need['float32']} fp32 partials, more than this "
+                f"module's 32-bit indices reach; split the call into parts of fewer rows, or use a "
+                f"module with split_k=1 for this M"
+            )
+        import torch  # pylint: disable=import-outside-toplevel
+
+        idx = where.index if where.index is not None else torch.cuda.current_device()
+        have = self._workspaces.get(idx)
+        if have is None or have[0].numel() < need["float32"] or have[1].numel() < need["int32"]:
+            dev = torch.device("cuda", idx)
+            old = have or (torch.empty(0), torch.empty(0))
+            # zeroed once: every launch leaves its counters at zero again
+            have = (torch.zeros(max(need["float32"], old[0].numel()), dtype=torch.float32, device=dev),
+                    torch.zeros(max(need["int32"], old[1].numel()), dtype=torch.int32, device=dev))
+            self._workspaces[idx] = have
+        return [have[0][: need["float32"]], have[1][: need["int32"]]]
+
+    def _launch_args(self, where) -> list:
+        """Persistent rungs take their grid size at launch: :func:`persistent_grid` for *this* GPU
+        (asked once per GPU)."""
+        launch = self.manifest.get("launch", {})
+        if not launch.get("persistent"):
+            return []
+        import torch  # pylint: disable=import-outside-toplevel
+
+        idx = where.index if where.index is not None else torch.cuda.current_device()
+        if idx not in self._grids:
+            self._grids[idx] = persistent_grid(idx, launch, self.path.name)
+        return [self._grids[idx]]
+
+
+def persistent_grid(index: int, launch: dict, name: str = "the module") -> int:
+    """The CTAs of a persistent launch on GPU ``index``: one per SM, in whole clusters where the
+    rung launches clusters (``launch["cluster"]``), and no more clusters than the GPU runs at once
+    (:func:`device.max_active_clusters`). An H100 SXM's 132 SMs hold 33 clusters of 2 CTAs but only
+    32 of 4: a 33rd would start when another finished and run its tiles in a second pass."""
+    cluster = int(launch.get("cluster", 1))
+    ctas = device.sm_count(index) // cluster * cluster
+    if cluster == 1:
+        return ctas
+    if not all(isinstance(launch.get(k), int) for k in ("threads", "smem_bytes")):
+        raise ManifestError(f"{name}: its manifest's launch records no threads or smem_bytes, which a clustered "
+                            "launch needs to size its grid; re-export the module")
+    try:
+        fit = device.max_active_clusters(index, cluster, launch["threads"], launch["smem_bytes"])
+    except RuntimeError as err:
+        warnings.warn(f"{name}: the driver could not say how many clusters of {cluster} CTAs GPU {index} "
+                      f"runs at once ({err}); launching {ctas} CTAs, which may run the last clusters late",
+                      RuntimeWarning, stacklevel=3)
+        return ctas
+    if fit < 1:
+        raise ModuleInputError(
+            f"GPU {index} cannot run a cluster of {cluster} CTAs with {launch['smem_bytes']} bytes of shared "
+            f"memory each, which {name} launches; rebuild it with cluster_m=1, cluster_n=1")
+    return min(ctas, fit * cluster)
+
+
+def _function_names(rt) -> set:
+    try:
+        return {"main"} if rt.implements_function("main") else set()
+    except Exception:  # pylint: disable=broad-except
+        return set()
+
+
+def load(path) -> GemmModule:
+    """Load an exported rung (``.so`` plus its ``.json`` manifest) with the TVM runtime only.
+
+    The manifest and the file are checked first (:func:`read_manifest`, :func:`check_file`)."""
+    manifest = read_manifest(path)
+    check_file(path, manifest)
+    pack.check_runtime_libs()  # a runtime pack's libraries, before TVM loads them
+    import tvm  # pylint: disable=import-outside-toplevel
+
+    _load_cuda_runtime_libs()
+    if manifest.get("tvm_version") and manifest["tvm_version"] != tvm.__version__:
+        raise RuntimeError(
+            f"{path} was built with TVM {manifest['tvm_version']} but this runtime is TVM "
+            f"{tvm.__version__}: rebuild it, or use a matching runtime"
+        )
+    rt = tvm.runtime.load_module(str(path))
+    return GemmModule(path, manifest, rt)
