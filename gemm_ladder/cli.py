@@ -32,20 +32,21 @@ import sys
 import warnings
 from pathlib import Path
 
-from .compile import batch
+import schedulers
+
 from . import cli_front
+from .compile import batch
+from .compile.toolchain import ToolchainError
 from .core import cli_types, device, files
-from .serve import pack
-from .measure import report
 from .core.config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
 from .core.files import DamagedFile, FolderError, FolderInUse
+from .core.manifest import read_manifest
 from .core.records import RecordError
+from .measure import modules, report
 from .rungs import RUNGS
-from .serve.runtime import read_manifest
-from .compile.toolchain import ToolchainError
-from .tune import db, rpc, serve, space
+from .serve import pack, tuning_db as db
+from .tune import merge as tune_merge, report as tune_report, rpc, serve, space
 from .tune.jobs import PlanError, from_args as jobs_from_args
-from .tune import report as tune_report
 from .tune.measuring import CONFIRM_TOP, confirm_count, read_candidates
 from .tune.run import measure_local, tune_many
 
@@ -146,7 +147,7 @@ def cmd_verify(a) -> int:
     paths = _modules(a.paths)  # a mistyped path is found here, not on the GPU box
     if not device.present():
         return _no_gpu("verify")
-    rows = batch.verify(paths, seeds=a.seeds, timeout=a.timeout)
+    rows = modules.verify(paths, seeds=a.seeds, timeout=a.timeout)
     print(report.table(report.verify_rows(rows), report.VERIFY_COLS))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
@@ -155,7 +156,7 @@ def cmd_bench(a) -> int:
     paths = _modules(a.paths)
     if not device.present():
         return _no_gpu("bench")
-    result = batch.bench(paths, reps=a.reps, timeout=a.timeout, timer=a.timer)
+    result = modules.bench(paths, reps=a.reps, timeout=a.timeout, timer=a.timer)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -170,9 +171,8 @@ def cmd_pack_runtime(a) -> int:
 
 
 def cmd_pictures(a) -> int:
-    # pylint: disable=import-outside-toplevel  (layouts is not in the runtime pack a GPU box runs the CLI from)
-    import layouts
-    import schedulers
+    # optional: layouts/ (not in the runtime pack a GPU box runs the CLI from)
+    import layouts  # pylint: disable=import-outside-toplevel
 
     out = files.open_folder(a.dest, "pictures folder")
     written = list(layouts.write_all(out / "layouts") or []) + list(schedulers.write_all(out / "schedulers") or [])
@@ -204,9 +204,9 @@ def cmd_main(a) -> int:
         return 1 if failed or bad else 0
     here, good = device.arch_of(0), {r["module"] for r in rows}
     mine = [p for p in paths if p.name in good and read_manifest(p)["arch"] == here]
-    vrows = batch.verify(mine)
+    vrows = modules.verify(mine)
     print(report.table(report.verify_rows(vrows), report.VERIFY_COLS))
-    result = batch.bench(mine)
+    result = modules.bench(mine)
     (Path(a.out) / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     print(report.table(report.bench_rows(result), report.BENCH_COLS))
     return int(bool(failed or bad) or any(r["status"] != "ok" for r in vrows))
@@ -235,7 +235,7 @@ def _tune_show(a) -> int:
     try:
         if a.merge:
             tdb = db.TuningDB(_db_arg(a))
-            _print_merged(db.merge(a.merge, tdb))
+            _print_merged(tune_merge.merge(a.merge, tdb))
             print(f"merged into {tdb.path}")
         if not a.show:
             return 0

@@ -19,11 +19,10 @@ import sys
 from pathlib import Path
 
 from .core import cli_types, device
-from .serve import kernel_pack
-from .measure import report, suite
 from .core.config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
 from .core.files import FolderError
-from .tune import db as tune_db
+from .measure import report, suite
+from .serve import kernel_pack, tuning_db as tune_db
 
 
 class UsageError(Exception):

@@ -104,6 +104,7 @@ def kernel_of(cfg: GemmConfig):
     """Trace the rung's kernel; the prim_func carries its config (``build(func)`` reads it) and
     the names of its barriers (``gemm_ladder.barriers``, which also bounds its waits when the
     ``watchdog`` knob is set)."""
+    # optional: TVM's compiler (sync.classes subclasses its barrier classes; a runtime-only GPU box has none)
     from .sync.classes import traced  # pylint: disable=import-outside-toplevel
 
     func = traced(cfg, rung_module(cfg.rung, cfg.arch).kernel)

@@ -25,7 +25,8 @@ from gemm_ladder.serve import kernel_pack, pack
 from gemm_ladder.measure import report, suite
 from gemm_ladder.protocol import check as barrier_check
 from gemm_ladder.barriers import explain
-from gemm_ladder.tune import db, rpc, serve, space
+from gemm_ladder.serve import tuning_db as db
+from gemm_ladder.tune import rpc, serve, space
 
 
 class Accepted(Exception):

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from gemm_ladder.measure import isolate
-from gemm_ladder.serve.runtime import ManifestError, check_file, read_manifest
+from gemm_ladder.core.manifest import ManifestError, check_file, read_manifest
 from gemm_ladder.tune import serve
 
 GPU = {"name": "Stand-in GPU", "sm_count": 132, "sm_clock_mhz_now": "0 MHz"}

@@ -15,6 +15,7 @@ import pytest
 import gemm_ladder
 from gemm_ladder import ConfigError
 from gemm_ladder.core.budget import limits_for
+from gemm_ladder.measure import modules
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -342,7 +343,7 @@ def test_timers_refuse_what_they_cannot_time():
     with pytest.raises(ValueError, match="cannot be timed in a CUDA graph"):
         harness.time_module(WatchdogModule(), timer="graph")
     with pytest.raises(ValueError, match="timer='wall'"):
-        batch.bench([], timer="wall")
+        modules.bench([], timer="wall")
     bad = cli("bench", "x.so", "--timer", "sundial")
     assert bad.returncode == 2 and "invalid choice: 'sundial'" in bad.stderr
 

@@ -18,7 +18,7 @@ from gemm_ladder.serve import kernel_pack
 from gemm_ladder.compile import module_cache
 from gemm_ladder.compile.batch import BuildJob
 from gemm_ladder.serve.kernel_pack import PACK_MANIFEST, KernelPack, PackError
-from gemm_ladder.serve.runtime import MANIFEST_VERSION
+from gemm_ladder.core.manifest import MANIFEST_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ import pytest
 
 from gemm_ladder.core import files
 from gemm_ladder.serve import pack
-from gemm_ladder.serve.runtime import MANIFEST_VERSION
+from gemm_ladder.core.manifest import MANIFEST_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CC = bool(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))

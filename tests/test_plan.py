@@ -11,7 +11,8 @@ from gemm_ladder.core.budget import max_pipe_depth
 from gemm_ladder.serve.plan import Problem, Rule, choose, rule_choice
 from gemm_ladder.serve.tma_layout import Layout, layout_fixes
 from gemm_ladder.rungs import available, make_config
-from gemm_ladder.tune import cache, db
+from gemm_ladder.tune import cache
+from gemm_ladder.serve import tuning_db as db
 
 H100 = 132
 # the swap-AB (v11) and split-K (v10) rules need their rungs and the wave model

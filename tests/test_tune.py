@@ -19,7 +19,9 @@ import pytest
 from gemm_ladder import rungs
 from gemm_ladder.core.budget import check_budget
 from gemm_ladder.core.config import ConfigError
-from gemm_ladder.tune import cache, db, measuring, run
+from gemm_ladder.tune import cache, measuring, run
+from gemm_ladder.serve import tuning_db as db
+from gemm_ladder.tune import merge as tune_merge
 from gemm_ladder.tune import space as tune_space
 from gemm_ladder.tune import report as tune_report
 
@@ -187,7 +189,7 @@ def test_sources_hash_covers_kernels_not_host_code():
                         "gemm_ladder/core/config.py", "gemm_ladder/compile/builder.py", "layouts/swizzle.py",
                         "schedulers/tirx_orders.py"):
         assert kernel_side in names, kernel_side
-    for host_side in ("gemm_ladder/cli.py", "gemm_ladder/tune/db.py", "gemm_ladder/teach/plots.py",
+    for host_side in ("gemm_ladder/cli.py", "gemm_ladder/serve/tuning_db.py", "gemm_ladder/teach/plots.py",
                       "gemm_ladder/compile/batch.py", "gemm_ladder/sm100a/hgemm_v6.py", "schedulers/plots.py"):
         assert host_side not in names, host_side
     ident = cache.toolchain_identity("sm_90a")
@@ -354,7 +356,7 @@ def test_second_pass_ranks_the_leaders(tmp_path, monkeypatch, second, best, stat
     assert report["confirm"]["candidates"] == [report["results"][i]["file"] for i in (1, 5, 0)]
     erred = [r for r in report["results"] if "confirm_error" in r]
     assert all(not r.get("confirmed") for r in erred)
-    entry = db.entry_from_measurements(report)
+    entry = tune_merge.entry_from_measurements(report)
     assert entry["knobs"] == report["best"]["knobs"] and entry["confirmed"] is True
 
 
@@ -385,7 +387,7 @@ def test_plot_is_written(measured, tmp_path):
 
 def test_merge_then_best_knobs_and_load_best(measured, private_db, monkeypatch):
     folder, report, _ = measured
-    merged = db.merge([report["path"]])
+    merged = tune_merge.merge([report["path"]])
     assert merged[0]["action"] == "added"
     saved = json.loads(private_db.read_text())
     assert saved["format"] == db.DB_FORMAT and len(saved["entries"]) == 1
@@ -393,7 +395,7 @@ def test_merge_then_best_knobs_and_load_best(measured, private_db, monkeypatch):
     assert e["knobs"] == KNOBS[1] and e["tflops"] == 450.0 and e["cublas_tflops"] == 600.0
     assert e["gpu"] == GPU["name"] and e["tvm_version"] == TVM and e["commit"] == "abc1234"
     assert e["bucket"] == [256, 256, 256] and e["date"]
-    assert db.merge([report["path"]])[0]["action"] == "kept"  # merging twice changes nothing
+    assert tune_merge.merge([report["path"]])[0]["action"] == "kept"  # merging twice changes nothing
 
     knobs, entry = db.best_knobs("v4", 256, 256, 256, gpu=None)
     assert knobs == KNOBS[1] and entry["tflops"] == 450.0
@@ -433,7 +435,7 @@ def test_the_ratio_to_cublas_ranks_candidates_before_tflops():
     assert max(no_ratio, key=tune_report.speed_rank)["id"] == "c000"
     report = {"rung": "v4", "shape": [4096, 4096, 4096], "dtype": "float16", "arch": "sm_90a",
               "tvm_version": TVM, "gpu": {"name": "NVIDIA H100 80GB HBM3"}, "results": [fast_clock, better]}
-    entry = db.entry_from_measurements(report)
+    entry = tune_merge.entry_from_measurements(report)
     assert entry["knobs"] == better["knobs"] and entry["tflops"] == 731.0
 
 
@@ -533,12 +535,12 @@ def test_merge_ignores_impossible_measurements(measured, private_db):
     path = Path(report["path"]).with_name("measurements_broken.json")
     path.write_text(json.dumps(fake))
     with pytest.warns(UserWarning, match="ignored"):
-        merged = db.merge([path])
+        merged = tune_merge.merge([path])
     assert merged[0]["entry"]["tflops"] == 350.0  # the next correct one; NaN and 1e6 left out
     everything_broken = dict(fake, results=[dict(r, tflops=-1.0) for r in fake["results"]])
     path.write_text(json.dumps(everything_broken))
     with pytest.warns(UserWarning) as record:
-        assert db.merge([path])[0]["action"] == "nothing"
+        assert tune_merge.merge([path])[0]["action"] == "nothing"
     assert any("nothing merged" in str(w.message) for w in record)
 
 

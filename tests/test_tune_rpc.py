@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder.measure import isolate
-from gemm_ladder.tune import db, jobs, measuring, rpc, serve
+from gemm_ladder.serve import tuning_db as db
+from gemm_ladder.tune import merge as tune_merge
+from gemm_ladder.tune import jobs, measuring, rpc, serve
 from gemm_ladder.tune import report as tune_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +144,7 @@ def test_a_run_over_rpc_survives_a_killed_server_and_bad_candidates(cluster, tmp
     # each folder has its measurements file; the run file merges into the one database
     assert Path(ra["path"]).parent == a and json.loads(Path(ra["path"]).read_text())["format"] == \
         measuring.MEASUREMENTS_FORMAT
-    merged = db.merge([tmp_path / "run.json"])
+    merged = tune_merge.merge([tmp_path / "run.json"])
     assert [m["action"] for m in merged] == ["added", "added"]
     assert sorted(e["tflops"] for e in db.TuningDB().entries) == [420.0, 450.0]
     table = tune_report.format_run(run)

@@ -35,7 +35,8 @@ import gemm_ladder
 import schedulers
 from gemm_ladder.core import budget
 from gemm_ladder import teach
-from gemm_ladder.tune import db, run
+from gemm_ladder.serve import tuning_db as db
+from gemm_ladder.tune import run
 from gemm_ladder.tune import report as tune_report
 
 # %% [markdown]
@@ -93,7 +94,7 @@ teach.show(schedulers.plot_traffic_vs_group(16384, 16384, 4096, blk_m=128, blk_n
 # %% [markdown]
 # ## What has been measured
 #
-# The tuning database (`gemm_ladder.tune.db`) and the committed benchmark runs for the
+# The tuning database (`gemm_ladder.serve.tuning_db`) and the committed benchmark runs for the
 # pipelined rungs.
 
 # %%

@@ -23,6 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..compile.builder import build
 from ..core.records import Map, Obj, RecordError, read_json
 
 TWIN_SECONDS = 2  # the bound each wait of a twin gets
@@ -70,7 +71,6 @@ def _compiler_here() -> bool:
 
 def build_twin(path, out_dir=None, seconds: float = TWIN_SECONDS) -> Path:
     """Build and export the watchdog twin of the module at ``path`` (needs TVM's compiler)."""
-    from ..compile.builder import build  # pylint: disable=import-outside-toplevel
 
     knobs = dict(_manifest(Path(str(path) + ".json"))["config"])
     rung, M, N, K = knobs.pop("rung"), knobs.pop("M"), knobs.pop("N"), knobs.pop("K")

@@ -23,7 +23,9 @@ from pathlib import Path
 
 from ..core import cli_types
 from ..core.config import ARCHS as ARCH_LIMITS, DEFAULT_DTYPE, DTYPES, ConfigError
+from ..protocol.check import POLICIES, check_config
 from ..rungs import RUNGS, available, make_config, rung_module
+from .explain import twins
 
 ARCHS = tuple(ARCH_LIMITS)  # the check runs both by default
 
@@ -79,7 +81,6 @@ def twins_main(argv) -> int:
     a = p.parse_args(cli_types.glue_values(argv))
     if not Path(a.folder).is_dir():
         p.error(f"argument folder: {a.folder} is not a folder of exported modules")
-    from .explain import twins  # pylint: disable=import-outside-toplevel  (TVM's compiler)
 
     for path in twins(a.folder, a.seconds):
         print(path)
@@ -88,7 +89,6 @@ def twins_main(argv) -> int:
 
 def _schedules(text: str) -> list[str]:
     """``--schedules``: the checker's schedule names (imported when given: the checker imports TVM)."""
-    from ..protocol.check import POLICIES  # pylint: disable=import-outside-toplevel
 
     return cli_types.names(POLICIES, "schedule")(text)
 
@@ -146,7 +146,6 @@ def main(argv=None) -> int:
         return twins_main(argv[1:])
     p = make_parser()
     a = p.parse_args(argv)
-    from ..protocol.check import POLICIES, check_config  # pylint: disable=import-outside-toplevel  (TVM)
 
     knobs = dict(a.knob)
     if "arch" in knobs:

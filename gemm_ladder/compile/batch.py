@@ -2,7 +2,7 @@
 
 The library behind ``python -m gemm_ladder export / main / verify / bench`` and the GPU test
 tier (``tests/conftest.py``). It builds exactly the jobs it is given (a job's knobs are final:
-choosing tuned knobs is the caller's policy, see ``gemm_ladder.tune.db.tuned_jobs``), and every
+choosing tuned knobs is the caller's policy, see ``gemm_ladder.serve.tuning_db.tuned_jobs``), and every
 GPU job runs in a watched child process (``gemm_ladder.measure.isolate``).
 
 A folder of exported modules has a ``manifest.json`` listing them; several exports may share a
@@ -17,13 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import files, records
-from ..measure import harness, isolate
-from .builder import build
 from ..core.config import ConfigError
-from ..core.procs import map_in_processes
-from ..measure.report import progress
+from ..core.manifest import ManifestError, read_manifest
+from ..core.procs import map_in_processes, progress
 from ..rungs import RUNGS, available, make_config
-from ..serve.runtime import ManifestError, read_manifest
+from .builder import build
 
 FOLDER_MANIFEST = "manifest.json"
 _FOLDER_SCHEMA = records.Obj({"modules": records.List()})
@@ -210,54 +208,3 @@ def modules_in(paths) -> tuple[list[Path], list[str]]:
     if not out:
         raise FileNotFoundError(f"no modules found in {', '.join(map(str, paths))}" + "".join(f"; {p}" for p in problems))
     return out, problems
-
-
-# -- GPU jobs ---------------------------------------------------------------------------------
-def _batch(job: str, paths, args, timeout: float, desc: str) -> list[dict]:
-    bar = progress(len(paths), desc) if len(paths) > 1 else None
-    try:
-        return isolate.run_batch(job, paths, args, timeout=timeout,
-                                 on_result=(lambda res: bar.update(1)) if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-def _rung_of(path) -> str:
-    try:
-        return read_manifest(path)["rung"]
-    except (OSError, ManifestError):
-        return "?"
-
-
-def verify(paths, seeds=(0, 1), timeout: float = 180.0) -> list[dict]:
-    """Check every module on fresh random inputs, each in a child process with a deadline."""
-    rows = []
-    for p, res in zip(paths, _batch("check", paths, seeds, timeout, "verify")):
-        rows.append({"module": Path(p).name, "rung": _rung_of(p), "status": res["status"],
-                     "rel_err": res.get("rel_err"), "cublas_rel_err": res.get("torch_rel_err"),
-                     "detail": res.get("detail", "")})
-    return rows
-
-
-def bench(paths, reps: int = 50, timeout: float = 300.0, timer: str = "queued") -> dict:
-    """Time every module against cuBLAS (same process, same method, ``harness.time_module``'s
-    ``timer``); one JSON report."""
-    if timer not in harness.TIMERS:
-        raise ValueError(f"timer={timer!r}: use one of {', '.join(harness.TIMERS)}")
-    results = []
-    for p, res in zip(paths, _batch("time", paths, [reps, timer], timeout, "bench")):
-        try:
-            man = read_manifest(p)
-        except (OSError, ManifestError) as err:
-            results.append({"module": Path(p).name, **res, "status": res.get("status", "error"),
-                            "detail": res.get("detail") or str(err)})
-            continue
-        results.append({"module": Path(p).name, "rung": man["rung"], "shape": man["shape"],
-                        "built_from_commit": man.get("commit"),
-                        "dtype": man["dtype"], "arch": man["arch"], "knobs": man["knobs"],
-                        "tvm_version": man["tvm_version"], "compiler": man.get("compiler"), **res})
-    commits = {r.get("built_from_commit") for r in results} - {None}
-    commit = commits.pop() if len(commits) == 1 else None
-    return {"gpu": harness.gpu_info(), **harness.run_info(commit), "method": harness.__doc__.strip(),
-            "results": results}

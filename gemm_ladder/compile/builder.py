@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core import files
-from . import toolchain
 from ..core.config import GemmConfig
-from ..measure.harness import git_commit
+from ..core.manifest import MANIFEST_VERSION, manifest_path
+from ..core.provenance import git_commit
 from ..rungs import config_of_prim_func, kernel_of, make_config, rung_module
-from ..serve.runtime import MANIFEST_VERSION, manifest_path
+from . import toolchain
 from .sass import has_device_binary
 
 
@@ -124,6 +124,8 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
             "TVM kept CUDA source instead of compiling it (its CUDA runtime library did not load); "
             "see gemm_ladder/compile/toolchain.py"
         )
+    # optional: TVM's compiler (the checker's model imports it at import; this module must not, for
+    # the runtime-only GPU box that imports the build layer's light modules)
     from ..protocol.check import watchdog_table  # pylint: disable=import-outside-toplevel
 
     watchdog = watchdog_table(func)  # a watchdog build: what decodes its timeout record

@@ -26,9 +26,12 @@ import os
 from pathlib import Path
 
 from ..core import files
+from ..core.config import ConfigError
+from ..core.manifest import ManifestError, check_file, read_manifest
+from ..rungs import make_config
 from . import toolchain
-from .batch import BuildJob
-from ..serve.runtime import ManifestError, check_file, read_manifest
+from .batch import BuildJob, build_one
+from .identity import cache_key, toolchain_identity
 
 MODULE_NAME = "module"
 BUILD_ENV = "GEMM_LADDER_BUILD"  # 0/off: never build, use packs and the cache only
@@ -60,7 +63,6 @@ def why_cannot_build() -> str | None:
 def identity(arch: str) -> dict:
     """TVM version, device compiler and source hash (``tune.cache.toolchain_identity``), once per process."""
     if arch not in _IDENTITY:
-        from ..tune.cache import toolchain_identity  # pylint: disable=import-outside-toplevel
 
         _IDENTITY[arch] = toolchain_identity(arch)
     return _IDENTITY[arch]
@@ -73,9 +75,7 @@ def is_dynamic(knobs: dict) -> bool:
 def module_key(job: BuildJob, ident: dict | None = None) -> str:
     """The cache key of a build job (M left out when the module takes M at run time); the knobs
     are validated, and the rung's defaults filled in, first."""
-    from ..tune.cache import cache_key  # pylint: disable=import-outside-toplevel
 
-    from ..rungs import make_config  # pylint: disable=import-outside-toplevel
 
     cfg = make_config(job.rung, *job.shape, **job.knobs)  # every knob, defaults filled in
     ident = ident or identity(cfg.arch)
@@ -95,8 +95,6 @@ def valid(path: Path, key: str) -> bool:
 
 
 def _build(job: BuildJob, folder: Path) -> Path:
-    from .batch import build_one  # pylint: disable=import-outside-toplevel
-    from ..core.config import ConfigError  # pylint: disable=import-outside-toplevel
 
     res = build_one((job, folder))
     if res["status"] != "built":

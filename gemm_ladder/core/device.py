@@ -12,6 +12,7 @@ build box without torch gets "no GPU").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # compute capability -> the arch a module must be built for to run there
@@ -189,3 +190,25 @@ def max_active_clusters(index: int, cluster: int, threads: int, smem_bytes: int)
     finally:
         cu.cuDevicePrimaryCtxRelease_v2(dev)
     return int(count.value)
+
+
+# The machine the tuner's models assume for an arch when no GPU of it is here (the SM count the
+# policy plans for, the L2 the tile-order model fills)
+MODEL_MACHINE = {
+    "sm_90a": {"num_sms": 132, "l2_bytes": 50 * 1024 * 1024, "assumed": "H100 SXM"},
+    "sm_100a": {"num_sms": 148, "l2_bytes": 126 * 1024 * 1024, "assumed": "B200"},
+}
+# no GPU of an arch exceeds this (dense fp16/bf16 with fp32 accumulate): a faster "measurement" is wrong
+PEAK_TFLOPS = {"sm_90a": 990.0, "sm_100a": 2500.0}
+
+
+def speed_problem(tflops, arch: str, name: str = "tflops") -> str | None:
+    """Why ``tflops`` cannot be a real measurement on ``arch``, or None."""
+    if not isinstance(tflops, (int, float)) or isinstance(tflops, bool):
+        return f"{name} {tflops!r} is not a number"
+    if not math.isfinite(tflops) or tflops <= 0:
+        return f"{name} {tflops!r} is not a positive finite number"
+    peak = PEAK_TFLOPS.get(arch)
+    if peak is not None and tflops > peak:
+        return f"{name} {tflops} is above the {peak:.0f} TFLOPS no {arch} GPU exceeds"
+    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import sys
 
 
 def map_in_processes(fn, jobs, workers: int | None = None, on_done=None) -> list:
@@ -44,3 +45,12 @@ def map_in_processes(fn, jobs, workers: int | None = None, on_done=None) -> list
             except Exception as err:  # pylint: disable=broad-except
                 finish(futures[fut], err)
     return results
+
+
+def progress(total: int, desc: str):
+    """A tqdm bar on stderr (``update``, ``set_postfix``, ``close``), or None without tqdm."""
+    try:
+        from tqdm import tqdm  # pylint: disable=import-outside-toplevel  (optional)
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)

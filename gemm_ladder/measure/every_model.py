@@ -39,7 +39,11 @@ import sys
 from pathlib import Path
 
 from ..core import cli_types
+from ..core.procs import progress as progress_bar
+from ..serve.front import matmul
+from ..serve.kernel_pack import build_pack
 from . import harness, isolate, suite
+from .report import table as fmt
 
 FORMAT = "gemm_ladder.measure.every_model"
 # (N, K) of each weight: qkv fused, attention output, gate+up fused, down, LM head (an encoder
@@ -151,7 +155,6 @@ def time_case(case_id: str, args) -> dict:
     import torch  # pylint: disable=import-outside-toplevel
     import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
 
-    from ..serve.front import matmul  # pylint: disable=import-outside-toplevel  (loads TVM's runtime)
 
     reps = int(args[0]) if args else 30
     M, N, K, dtype, base, sets = suite.checked_case(case_id)
@@ -222,7 +225,6 @@ def summary(rows: list[dict]) -> dict:
 def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.0, progress: bool = True,
         seed: int = 0) -> dict:
     """Run the sample (kernels from ``$GEMM_LADDER_PACK``, else the module cache); write ``out``."""
-    from .report import progress as progress_bar  # pylint: disable=import-outside-toplevel
 
     todo = cases(sample, seed)
     bar = progress_bar(len(todo), "every model") if progress else None
@@ -250,7 +252,6 @@ def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.
 
 
 def table(doc: dict) -> str:
-    from .report import table as fmt  # pylint: disable=import-outside-toplevel
 
     rows = [{"family": r["family"] + (" *" if r["held_out"] else ""), "layer": r["layer"], "case": r["id"],
              "status": r.get("status"), "rung": (r.get("route") or {}).get("rung", ""),
@@ -279,7 +280,6 @@ def main(argv=None) -> int:
             print(c["id"], c["family"], c["layer"], "held out" if c["held_out"] else "tuned")
         return 0
     if a.cmd == "pack":
-        from ..serve.kernel_pack import build_pack  # pylint: disable=import-outside-toplevel  (the compiler side)
 
         by_dtype: dict = {}
         for c in todo:

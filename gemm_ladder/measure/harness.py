@@ -22,7 +22,6 @@ Runtime-only (torch + the TVM runtime). The method:
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import shutil
 import statistics
@@ -30,6 +29,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 
 from ..core import device
+from ..core.provenance import git_commit, utc_now
 
 ERROR_FLOOR = {"float16": 2e-4, "bfloat16": 2e-3}
 
@@ -314,22 +314,8 @@ def gpu_info(index: int = 0) -> dict:
     }
 
 
-def utc_now() -> str:
-    """Now, UTC, to the second (ISO 8601): the date every result file records."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def run_info(commit: str | None = None) -> dict:
     return {
         "date": utc_now(),
         "commit": commit or os.environ.get("GEMM_LADDER_COMMIT") or git_commit(),
     }
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"

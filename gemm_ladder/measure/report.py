@@ -6,25 +6,15 @@ so what is printed can be tested without a terminal.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ..compile import sass
-from ..serve.runtime import ManifestError, check_file, read_manifest
+from ..core.manifest import ManifestError, check_file, read_manifest
 
 INFO_COLS = ["module", "grid", "threads", "smem", "regs", "stack", "spills(LDL/STL)", "UTMALDG",
              "UTMASTG", "HGMMA", "UTCHMMA", "LDTM", "LDGSTS/LDG"]
 VERIFY_COLS = ["module", "status", "rel_err", "cublas_rel_err", "detail"]
 BENCH_COLS = ["module", "status", "ms", "tflops", "cublas_tflops", "ratio_to_cublas"]
-
-
-def progress(total: int, desc: str):
-    """A tqdm bar on stderr (``update``, ``set_postfix``, ``close``), or None without tqdm."""
-    try:
-        from tqdm import tqdm  # pylint: disable=import-outside-toplevel  (optional)
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
 
 
 def table(rows: list[dict], cols: list[str]) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from ..serve.runtime import load
 from . import harness
 
 ROUNDS, PER_ROUND, WARM_S = 40, 10, 2.0  # the tuner's second pass: about 2 s of warm-up, 400 launches each
@@ -111,7 +112,6 @@ def group_job(paths, args) -> list[dict]:
     poisoned, randn inputs), time the correct ones together (:func:`time_rounds`; ``args``:
     rounds, per round, warm-up seconds). One result per path, in order: ``ok`` with the timing,
     or ``wrong`` with the check."""
-    from ..serve.runtime import load  # pylint: disable=import-outside-toplevel
 
     if args and len(args) != 3:
         raise ValueError(f"the rounds job takes rounds, per round and warm-up seconds (e.g. --args "

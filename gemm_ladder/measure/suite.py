@@ -32,8 +32,12 @@ import statistics
 import time
 from pathlib import Path
 
-from . import harness, isolate
+from ..core import device
+from ..core.device import PEAK_TFLOPS
+from ..core.procs import progress as progress_bar
+from ..serve.front import matmul, route_of
 from ..serve.kernel_pack import MODELS
+from . import harness, isolate
 
 SQUARES = (1024, 2048, 4096, 8192)
 SUITE_M = (1, 16, 64, 128, 512, 2048, 8192)
@@ -131,7 +135,6 @@ def checked_case(case_id: str):
     when the check failed: ``base`` says how)."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    from ..serve.front import matmul, route_of  # pylint: disable=import-outside-toplevel  (loads TVM's runtime)
 
     M, N, K, dtype = parse_id(case_id)
     A, B = harness.random_inputs(M, N, K, dtype, seed=7)
@@ -165,7 +168,6 @@ def time_case(case_id: str, args) -> dict:
     """The child's job: check and time one case (see the module docstring)."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    from ..serve.front import matmul  # pylint: disable=import-outside-toplevel
 
     reps = int(args[0]) if args else 60
     M, N, K, dtype, base, sets = checked_case(case_id)
@@ -225,7 +227,6 @@ def summary(results: list[dict]) -> dict:
 def run(out=None, dtypes=SUITE_DTYPES, only=None, reps: int = 60, timeout: float = 240.0, plot=None,
         progress: bool = True) -> dict:
     """Run the suite (the kernels from ``$GEMM_LADDER_PACK`` / the module cache); write ``out``."""
-    from .report import progress as progress_bar  # pylint: disable=import-outside-toplevel
 
     todo = select(dtypes, only)
     bar = progress_bar(len(todo), "suite") if progress else None
@@ -237,7 +238,6 @@ def run(out=None, dtypes=SUITE_DTYPES, only=None, reps: int = 60, timeout: float
             bar.close()
     gpu = harness.gpu_info()
     peak = hbm_peak_gbps()
-    from ..tune.db import PEAK_TFLOPS  # pylint: disable=import-outside-toplevel  (one table of peaks)
 
     balance = PEAK_TFLOPS.get(gpu_arch(), 0) * 1e12 / (peak * 1e9) if peak else None
     results = []
@@ -266,7 +266,6 @@ def run(out=None, dtypes=SUITE_DTYPES, only=None, reps: int = 60, timeout: float
 
 
 def gpu_arch() -> str:
-    from ..core import device  # pylint: disable=import-outside-toplevel
 
     return device.arch_of(0)
 

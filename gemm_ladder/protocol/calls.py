@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .exprs import simplified
-from .values import (TCGEN05_MMA_PREFIX, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER, at_once, call_operands,
-                     call_strings, func_call_name, is_predicated, op_name, Smem, until_done)
+from .values import (TCGEN05_MMA_PREFIX, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER, Smem, at_once, call_operands,
+    call_strings, func_call_name, is_predicated, op_name, until_done)
 
 
 @dataclass

@@ -36,6 +36,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from ..sync.classes import WATCHDOG_ATTR
 from .interp import Program
 from .kernel_ir import KernelIR, load
 from .sim import Finding, Sim
@@ -331,7 +332,6 @@ def watchdog_table(func) -> dict | None:
     the code after it). None for a build without the watchdog."""
     import json  # pylint: disable=import-outside-toplevel
 
-    from ..sync.classes import WATCHDOG_ATTR  # pylint: disable=import-outside-toplevel
 
     attrs = func.attrs if func.attrs is not None else {}
     if WATCHDOG_ATTR not in attrs:

@@ -8,8 +8,8 @@ load) can flow through code that does not decide anything.
 
 from __future__ import annotations
 
-from .values import (UNKNOWN, any_unknown, call_operands, dtype_bytes, func_call_name,
-                     handle_of, LocalRef, op_name, SimError, Smem, TMap, trunc_div, wrap_int)
+from .values import (UNKNOWN, LocalRef, SimError, Smem, TMap, any_unknown, call_operands, dtype_bytes, func_call_name,
+    handle_of, op_name, trunc_div, wrap_int)
 
 
 class ExprCompiler:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from .calls import WATCHDOG_FN, CallCompiler, Site
 from .exprs import ExprCompiler, lvalue_defs, uses_of
-from .values import (ENCODE_OPS, MBAR_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN,
-                     WGMMA_MMA_PREFIX, WGMMA_OTHER, WGMMA_SYNC, any_unknown, at_once, buffer_size, call_operands,
-                     call_strings, func_call_name, handle_of, op_name, SimError)
+from .values import (ENCODE_OPS, MBAR_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER,
+    WGMMA_SYNC, SimError, any_unknown, at_once, buffer_size, call_operands, call_strings, func_call_name, handle_of,
+    op_name)
 
 __all__ = ["Program", "Site"]
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import ir
 
+from ..core.config import GemmConfig
+from ..rungs import CONFIG_ATTR, config_of_prim_func, kernel_of
+from ..sync.classes import BARRIERS_ATTR, WATCHDOG_ATTR
 from .values import DTYPE_BYTES, dtype_bytes, op_name
-
-from ..sync.classes import BARRIERS_ATTR
 
 
 @dataclass(frozen=True)
@@ -190,8 +191,6 @@ def _int(x):
 
 def load(func_or_cfg, arch: str | None = None) -> KernelIR:
     """Trace (for a config) and lower a kernel; gather what the checker needs to run it."""
-    from ..core.config import GemmConfig  # pylint: disable=import-outside-toplevel
-    from ..rungs import CONFIG_ATTR, config_of_prim_func, kernel_of  # pylint: disable=import-outside-toplevel
 
     cfg = None
     if isinstance(func_or_cfg, GemmConfig):
@@ -270,7 +269,6 @@ def load(func_or_cfg, arch: str | None = None) -> KernelIR:
             arg = arg.args[0]
         if type(arg).__name__ == "TensorLoad":
             operands.add(arg.source.name)
-    from ..sync.classes import WATCHDOG_ATTR  # pylint: disable=import-outside-toplevel
 
     wd = json.loads(str(attrs[WATCHDOG_ATTR])) if WATCHDOG_ATTR in attrs else None
     return KernelIR(func, device, arch, cfg, tensormaps, barriers, buffers, operands, launch, wd)

@@ -47,11 +47,18 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compile.batch import BuildJob
+from ..compile.module_cache import get_or_build
 from ..core import files
 from ..core.config import ARCHS, DTYPES
-from ..core.records import (FILE_NAME, KNOB_VALUE, SHAPE, Bool, Check, Int, List, Map, Maybe, Obj, RecordError,
-    Str, parse_json, read_text, validate)
-from .runtime import ManifestError, check_file, load, read_manifest
+from ..core.manifest import ManifestError, check_file, read_manifest
+from ..core.procs import map_in_processes
+from ..core.provenance import git_commit, tvm_version, utc_now
+from ..core.records import (FILE_NAME, KNOB_VALUE, SHAPE, Bool, Check, Int, List, Map, Maybe, Obj, RecordError, Str,
+    parse_json, read_text, validate)
+from ..rungs import make_config, rung_module
+from . import plan, tma_layout
+from .runtime import load
 
 PACK_MANIFEST = "pack.json"
 PACK_FORMAT = "gemm_ladder.serve.kernel_pack"
@@ -200,7 +207,6 @@ def packs_from_env() -> list[Path]:
 
 # -- building a pack (TVM's compiler) ---------------------------------------------------------
 def _name(job, dynamic: bool) -> str:
-    from ..rungs import make_config  # pylint: disable=import-outside-toplevel
 
     tag = make_config(job.rung, *job.shape, **job.knobs).tag()
     return tag.replace(f"_{job.shape[0]}x", "_anyMx", 1) if dynamic else tag
@@ -210,9 +216,6 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
     """The modules a pack needs for ``shapes`` (``(M, N, K)``) in ``dtypes``: one per choice of
     the front door's policy (``plan.choose``, at the N and K it pads to), one for all the M of a
     (rung, knobs, N, K) where the rung takes M at run time, else one per M."""
-    from . import plan, tma_layout  # pylint: disable=import-outside-toplevel
-    from ..compile.batch import BuildJob  # pylint: disable=import-outside-toplevel
-    from ..rungs import rung_module  # pylint: disable=import-outside-toplevel
 
     sms = sms or plan.default_sms(arch)
     groups: dict = {}
@@ -244,7 +247,6 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
 def _pack_worker(args) -> dict:
     """Build (or find in the module cache) one module and place it in the pack (a worker process)."""
     item, out, root = args
-    from ..compile.module_cache import get_or_build  # pylint: disable=import-outside-toplevel
 
     try:
         src, how = get_or_build(item["job"], root)
@@ -265,10 +267,6 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     """Build the modules :func:`plan_pack` lists into ``out`` and write ``out/pack.json`` (merged
     with what the folder held: entries of other files stay). Returns the manifest, with
     ``"results"`` (built / cache / failed per module)."""
-    from . import plan  # pylint: disable=import-outside-toplevel
-    from ..measure.harness import git_commit, utc_now  # pylint: disable=import-outside-toplevel
-    from ..core.procs import map_in_processes  # pylint: disable=import-outside-toplevel
-    from ..tune.cache import tvm_version  # pylint: disable=import-outside-toplevel
 
     files.open_build_folders(out)  # the cache and out, before anything compiles (files.FolderError)
     sms = sms or plan.default_sms(arch)

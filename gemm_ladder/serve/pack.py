@@ -154,7 +154,7 @@ def _fill_site(site: Path, tvm, tvm_ffi, python: str, with_package: bool) -> Non
     if bars is not None:  # the progress bars of the tuner and the suites (pure Python)
         _copy_pruned(Path(bars.origin).parent, site / "tqdm", ("__pycache__",))
     if with_package:
-        pkg = Path(__file__).parent
+        pkg = Path(__file__).resolve().parents[1]  # gemm_ladder/, every layer (this file is serve/pack.py)
         _copy_pruned(pkg, site / pkg.name, ("__pycache__",))
         # the CLI's tuner imports the pure-Python tile-order models (no TVM, no numpy)
         schedulers = Path(importlib.util.find_spec("schedulers").origin).parent

@@ -55,7 +55,7 @@ and the larger tile wins a tie.
 A new rung plugs in as a :class:`Rule` where it should take precedence, with its test in
 ``tests/test_plan.py``; a rule whose rung is missing is passed over (the ladder falls back).
 
-**The tuning database** (``gemm_ladder.tune.db``) is asked first: its best entry in the shape's
+**The tuning database** (``gemm_ladder.serve.tuning_db``) is asked first: its best entry in the shape's
 bucket (every dim rounded to a power of two) replaces the rule's choice, by ratio to cuBLAS. A
 measured entry beats a rule that rests on a model alone, whatever its rung; against a rule with
 committed measurements (``Rule.evidence``) only entries of rungs at or above the rule's count,
@@ -65,8 +65,8 @@ holds for 4096^3 and 8192^3).
 **Layout.** What a tensor needs before TMA can read it (padding, clones, a staged output) is
 :mod:`gemm_ladder.serve.tma_layout`'s.
 
-Importing this module imports no TVM, torch, ``schedulers`` or tuner: :func:`choose` imports the
-database and the validator on first use (a build box).
+Importing this module imports no TVM and no torch (``schedulers``' wave model is plain Python);
+the tuning database it reads is :mod:`gemm_ladder.serve.tuning_db`, which the tuner writes.
 """
 
 from __future__ import annotations
@@ -75,7 +75,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from schedulers import wave_model
+
+from ..core import device
+from ..core.budget import max_pipe_depth
 from ..core.config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, LARGEST_TILE, ConfigError, GemmConfig, check_extents
+from ..core.device import MODEL_MACHINE
+from ..rungs import available, make_config
+from . import tuning_db as tdb
 
 MODEL_ONLY = "model only: not yet measured"
 # the small-M rules stream B past a few rows of A (sm90a/producer.load_hints; see the docstring)
@@ -130,7 +137,6 @@ def best_tile(p: Problem, tiles) -> tuple[int, int]:
 
 def _deepest(rung: str, p: Problem, knobs: dict, cap: int) -> int:
     """The deepest ring shared memory allows for these knobs (the arch table's limit), up to ``cap``."""
-    from ..core.budget import max_pipe_depth  # pylint: disable=import-outside-toplevel  (budget asks the device)
 
     fields = set(GemmConfig.__dataclass_fields__)
     cfg = GemmConfig(rung=rung, M=p.M, N=p.N, K=p.K, dtype=p.dtype, arch=p.arch,
@@ -205,7 +211,6 @@ MAX_SWAP_DEPTH = 8  # v11's ring: as deep as shared memory allows, up to 8 (deep
 
 
 def _waves(p: Problem, tiles, split_ks=(1, 2, 3, 4, 6, 8), pipe_depth: int = 4):
-    from schedulers import wave_model  # pylint: disable=import-outside-toplevel
 
     return wave_model.rank(p.M, p.N, p.K, tiles, split_ks, pipe_depth, wave_model.with_sms(wave_model.H100, p.sms))[0]
 
@@ -399,14 +404,12 @@ def _rung_order(rung: str) -> int:
 
 
 def _available(rung: str, arch: str) -> bool:
-    from ..rungs import available  # pylint: disable=import-outside-toplevel
 
     return available(rung, arch)
 
 
 def _validate(rung: str, p: Problem, knobs: dict) -> str | None:
     """None when the validator takes the knobs for this problem, else its message."""
-    from ..rungs import available, make_config  # pylint: disable=import-outside-toplevel
 
     if not available(rung, p.arch):
         return f"rung {rung} has no form for {p.arch}"
@@ -424,7 +427,6 @@ def _validate(rung: str, p: Problem, knobs: dict) -> str | None:
 def _pair_along_n(rung: str, p: Problem, knobs: dict) -> tuple[dict, str] | None:
     """The knobs with the cluster turned along N where a 2x1 cluster would pad the row tiles to an
     even count (None: it would not, the rung has no such cluster, or the validator refuses the turn)."""
-    from ..rungs import make_config  # pylint: disable=import-outside-toplevel  (the rung files import TVM)
 
     if rung not in ("v9", "v10"):  # v11 swaps A and B: its rows are N's
         return None
@@ -473,7 +475,6 @@ def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | Non
     the database read (``TuningDB.describe``)."""
     import warnings  # pylint: disable=import-outside-toplevel
 
-    from ..tune import db as tdb  # pylint: disable=import-outside-toplevel  (the tuner: build boxes)
 
     base = db if isinstance(db, tdb.TuningDB) else tdb.TuningDB(db)
     bucket = tdb.shape_bucket((p.M, p.N, p.K))
@@ -518,8 +519,6 @@ def choose(p: Problem, db=None, rules=None, use_db: bool = True) -> Choice:
 
 def default_sms(arch: str) -> int:
     """The SM count of the GPU here when it is of ``arch``, else the tuner's model machine."""
-    from ..core import device  # pylint: disable=import-outside-toplevel
-    from ..tune.space import MODEL_MACHINE  # pylint: disable=import-outside-toplevel
 
     gpu = device.probe(0, arch=arch)
     return gpu.sm_count if gpu is not None else MODEL_MACHINE[arch]["num_sms"]

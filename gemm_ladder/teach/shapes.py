@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from schedulers import wave_model
 
+from ..measure import isolate
 from ..serve import plan
+from ..serve.front import matmul
 from .plots import _figure, _rect
 
 
@@ -135,7 +137,6 @@ def explain_job(item: str, args) -> dict:  # pylint: disable=unused-argument
 
     import torch  # pylint: disable=import-outside-toplevel
 
-    from ..serve.front import matmul  # pylint: disable=import-outside-toplevel
 
     shape, _, dtype = item.partition(":")
     M, N, K = (int(x) for x in shape.split("x"))
@@ -149,7 +150,6 @@ def explain_job(item: str, args) -> dict:  # pylint: disable=unused-argument
 
 def explain_on_gpu(M: int, N: int, K: int, dtype: str = "float16", timeout: float = 300.0) -> str:
     """What ``gemm_ladder.matmul(..., explain=True)`` prints for this shape, run in a child process."""
-    from ..measure import isolate  # pylint: disable=import-outside-toplevel
 
     res = isolate.run_isolated("gemm_ladder.teach.shapes:explain_job", f"{M}x{N}x{K}:{dtype}", timeout=timeout)
     return res.get("text") or f"{res['status']}: {res.get('detail', '')}"

@@ -8,7 +8,6 @@ prepared (``tune --build-only``).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
@@ -16,11 +15,13 @@ import warnings
 from pathlib import Path
 
 from ..core import device, files, records
+from ..core.procs import progress as progress_bar
+from ..core.provenance import utc_now
+from ..core.records import FILE_NAME, SHAPE, List, Map, Obj, Str
 from ..measure import harness, isolate, rounds
 from ..serve import runtime
-from ..core.records import FILE_NAME, SHAPE, List, Map, Obj, Str
-from ..measure.report import progress as progress_bar
-from .report import knob_label, plot_measurements, speed_rank
+from ..serve.tuning_db import speed_rank
+from .report import knob_label, plot_measurements
 
 CANDIDATES = "candidates.json"  # a candidate folder's list, written by tune.cache.build_candidates
 CANDIDATES_FORMAT = "gemm_ladder.tune.candidates"
@@ -32,7 +33,6 @@ MEASUREMENTS_FORMAT = "gemm_ladder.tune.measurements"
 RUN_FORMAT = "gemm_ladder.tune.run"  # several folders measured in one run: their reports and the run's figures
 # Dense fp16/bf16 tensor-core peak of the fastest GPU of each arch (H100/H200 SXM; GB200), in
 # TFLOPS: a measurement above it is a broken timer or a broken file, not a fast kernel.
-PEAK_TFLOPS = {"sm_90a": 990.0, "sm_100a": 2500.0}
 CONFIRM_TOP = 4  # candidates timed again together in the second pass (tune --confirm)
 
 
@@ -46,18 +46,6 @@ def read_candidates(folder) -> dict:
     path = Path(folder) / CANDIDATES
     return records.read_json(path, "candidate list", f"make the folder with tune --build-only --out {folder}",
                              CANDIDATES_SCHEMA)
-
-
-def speed_problem(tflops, arch: str, name: str = "tflops") -> str | None:
-    """Why ``tflops`` cannot be a real measurement on ``arch``, or None."""
-    if not isinstance(tflops, (int, float)) or isinstance(tflops, bool):
-        return f"{name} {tflops!r} is not a number"
-    if not math.isfinite(tflops) or tflops <= 0:
-        return f"{name} {tflops!r} is not a positive finite number"
-    peak = PEAK_TFLOPS.get(arch)
-    if peak is not None and tflops > peak:
-        return f"{name} {tflops} is above the {peak:.0f} TFLOPS no {arch} GPU exceeds"
-    return None
 
 
 def time_paths(paths, reps: int = 50, timeout: float = 300.0, on_result=None) -> list[dict]:
@@ -206,7 +194,7 @@ def make_report(folder, man: dict, by_index: dict, gpu: dict, reps: int, timeout
         "format": MEASUREMENTS_FORMAT, "version": 1,
         "rung": man["rung"], "shape": man["shape"], "dtype": man["dtype"], "arch": man["arch"],
         "tvm_version": man["tvm_version"], "compiler": man["compiler"], "sources": man.get("sources"),
-        "commit": man.get("commit"), "gpu": gpu, "date": harness.utc_now(), "reps": reps, "timeout_s": timeout,
+        "commit": man.get("commit"), "gpu": gpu, "date": utc_now(), "reps": reps, "timeout_s": timeout,
         "method": harness.__doc__.strip(), "candidates": str(folder.resolve()),
         **extra, "results": results, "best": best,
     }

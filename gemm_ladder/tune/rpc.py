@@ -46,11 +46,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..measure import harness, isolate
-from ..core import records
-from ..measure.report import progress as progress_bar
-from ..serve.runtime import manifest_path
-from .measuring import RUN_FORMAT, make_report, read_candidates, speed_problem, write_report
+from ..core import files, records
+from ..core.device import speed_problem
+from ..core.manifest import manifest_path
+from ..core.procs import progress as progress_bar
+from ..core.provenance import utc_now
+from ..measure import isolate
+from .measuring import RUN_FORMAT, make_report, read_candidates, write_report
 from .serve import MEASURE_FN, servers_of
 
 # what a server's watched child reports (gemm_ladder.measure.isolate), and what this side adds
@@ -321,7 +323,7 @@ def measure_folders(folders, tracker: tuple[str, int], key: str, reps: int = 50,
         reports.append(write_report(report, None, plot))
     measured = sum(r["status"] != "no-server" for r in run.results.values())
     result = {
-        "format": RUN_FORMAT, "version": 1, "date": harness.utc_now(),
+        "format": RUN_FORMAT, "version": 1, "date": utc_now(),
         "tracker": f"{tracker[0]}:{tracker[1]}", "key": key, "batch": batch, "reps": reps, "timeout_s": timeout,
         "workers": run.workers, "servers": run.servers, "wall_s": round(wall, 2), "candidates": len(items),
         "measured": measured, "ok": run.counts["ok"],
@@ -329,7 +331,6 @@ def measure_folders(folders, tracker: tuple[str, int], key: str, reps: int = 50,
         "reports": reports,
     }
     if out:
-        from ..core import files  # pylint: disable=import-outside-toplevel
 
         files.write_json(Path(out), result)
         result["path"] = str(out)

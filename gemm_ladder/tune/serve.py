@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from ..core import cli_types
+from .measuring import time_paths
 
 MEASURE_FN = "gemm_ladder.tune.measure"
 TRACKER_PORT = 9190  # TVM's defaults: a tracker on 9190..9199, servers from 9090
@@ -122,7 +123,7 @@ def run_server(tracker: tuple[str, int], key: str, host: str = "0.0.0.0", port: 
     from tvm.rpc.server import PopenRPCServerState  # pylint: disable=import-outside-toplevel
 
     if measure is None:
-        from .measuring import time_paths as measure  # pylint: disable=import-outside-toplevel
+        measure = time_paths
     # sessions are forked: they inherit the function registered here (spawn would not)
     multiprocessing.set_start_method("fork", force=True)
     who = identity(gpu if gpu is not None else probe_gpu())

@@ -41,20 +41,20 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import sys
 import warnings
 from pathlib import Path
 
-from ..core import device, files, records
 from ..compile import toolchain
 from ..compile.batch import BuildJob, as_job
+from ..core import device, files, records
 from ..core.config import ARCHS, COMMON_KNOBS, DTYPES, KNOB_NAME, ConfigError
+from ..core.device import speed_problem
+from ..core.provenance import tvm_version
 from ..core.records import ANY, SHAPE, Check, List, Maybe, Num, Obj, RecordError, Str
 from ..rungs import RUNGS, make_config
-from .cache import tvm_version
-from .report import speed_rank
-from .measuring import MEASUREMENTS_FORMAT, PEAK_TFLOPS, RUN_FORMAT, speed_problem  # noqa: F401  (db.PEAK_TFLOPS)
 
 DB_FORMAT = "gemm_ladder.tuning_db"
 DB_VERSION = 1
@@ -122,12 +122,6 @@ ENTRY_SCHEMA = Check(Obj({"rung": Str(RUNGS), "shape": SHAPE, "dtype": Str(DTYPE
                          {"cublas_tflops": _SPEED, "ratio_to_cublas": _SPEED, "date": Maybe(Str()),
                           "sources": Maybe(Str())}), _speeds_problem)
 DB_SCHEMA = Obj({"entries": List()})
-# what a merge reads of a measurements report (a candidate's own fields are checked one by one)
-MEASUREMENTS_SCHEMA = Obj({"format": Str((MEASUREMENTS_FORMAT,)), "rung": Str(RUNGS), "shape": SHAPE,
-                           "dtype": Str(DTYPES), "arch": Str(ARCHS), "tvm_version": Str(), "results": List(Obj())},
-                          {"gpu": Maybe(Obj(optional={"name": Maybe(Str())})), "date": Maybe(Str()),
-                           "commit": Maybe(Str()), "compiler": Maybe(Str()), "sources": Maybe(Str())})
-RUN_SCHEMA = Obj({"reports": List(MEASUREMENTS_SCHEMA)})
 
 
 def _entry_problem(e) -> str | None:
@@ -251,68 +245,22 @@ class TuningDB:
         return "added"
 
 
-def entry_from_measurements(report: dict, source: str = "measurements") -> dict | None:
-    """The database entry for the fastest correct candidate of a measurements report (checked
-    by :data:`MEASUREMENTS_SCHEMA`); results whose speed or knobs cannot be real are left out
-    with a warning."""
-    ok = []
-    for r in report.get("results", []):
-        if not isinstance(r, dict) or r.get("status") != "ok":
-            continue
-        problem = speed_problem(r.get("tflops"), report.get("arch", "")) or knobs_problem(r.get("knobs"))
-        if problem:
-            warnings.warn(f"{source}: candidate {r.get('id', '?')} ignored ({problem})", stacklevel=3)
-            continue
-        ok.append(r)
-    if not ok:
-        return None
-    best = max(ok, key=speed_rank)
-    gpu = report.get("gpu") or {}
-    return {
-        "rung": report["rung"], "shape": list(report["shape"]), "bucket": shape_bucket(report["shape"]),
-        "dtype": report["dtype"], "arch": report["arch"], "gpu": gpu.get("name") or "unknown",
-        "tvm_version": report["tvm_version"], "knobs": best["knobs"],
-        "tflops": best["tflops"], "cublas_tflops": best.get("cublas_tflops"),
-        "ratio_to_cublas": best.get("ratio_to_cublas"), "ms": best.get("ms"),
-        "confirmed": best.get("confirmed") is True,
-        "date": report.get("date"), "commit": report.get("commit"), "compiler": report.get("compiler"),
-        "sources": report.get("sources"), "sm_clock_mhz": gpu.get("sm_clock_mhz_now"),
-        "candidates_measured": len(report.get("results", [])), "candidates_ok": len(ok),
-    }
+def speed_rank(result: dict) -> tuple:
+    """The order of measured candidates and database entries, fastest last (``max`` picks it):
+    the ratio to cuBLAS timed in the same rounds, then TFLOPS. On a GPU held at its power limit
+    the clock drifts by several percent from one candidate's turn to the next (the first of a
+    folder run on a cooler GPU, and two sessions never run at the same clock); cuBLAS, timed
+    beside each candidate, drifts with it, so the ratio compares candidates where TFLOPS would
+    reward the order of the run. A result without a ratio ranks by TFLOPS, after those with one.
 
-
-def read_reports(path) -> list[tuple[str, dict]]:
-    """The measurements reports of a measurements file, or of a run file (several folders),
-    checked (:data:`MEASUREMENTS_SCHEMA`); ``RecordError`` names the file, the field and the fix."""
-    fix = "give a measurements file that tune --measure wrote (or its run file, --run-out)"
-    data = records.read_json(path, "measurements file", fix)
-    form = data.get("format") if isinstance(data, dict) else None
-    if form == RUN_FORMAT:
-        records.validate(data, RUN_SCHEMA, path, fix)
-        return [(f"{path} [{i}]", r) for i, r in enumerate(data["reports"])]
-    if form == MEASUREMENTS_FORMAT:
-        return [(str(path), records.validate(data, MEASUREMENTS_SCHEMA, path, fix))]
-    raise RecordError(f"{path} is not a gemm_ladder measurements or run file (format {records.show(form)}): {fix}",
-                      path=path, field="format", fix=fix)
-
-
-def merge(paths, db=None) -> list[dict]:
-    """Merge measurements files (or run files, each report of them) into the database; returns
-    what happened to each report. Every file is read and checked before anything is written."""
-    tdb = db if isinstance(db, TuningDB) else TuningDB(db)
-    done = []
-    reports = [pr for p in (paths if isinstance(paths, (list, tuple)) else [paths]) for pr in read_reports(p)]
-    for p, report in reports:
-        entry = entry_from_measurements(report, str(p))
-        problem = _entry_problem(entry) if entry is not None else None
-        if entry is None or problem:
-            warnings.warn(f"{p}: " + (f"its best entry is not trusted ({problem})" if problem
-                                      else "no candidate was correct and timed") + "; nothing merged", stacklevel=2)
-            done.append({"file": str(p), "action": "nothing"})
-            continue
-        done.append({"file": str(p), "action": tdb.upsert(entry), "entry": entry})
-    tdb.save()
-    return done
+    Before all that, a result the tuner's second pass confirmed (``confirmed``: timed again with
+    the other leaders in the same rounds, at the power limit; ``measuring.confirm``) ranks before
+    any that it did not: a first pass reads a cooler clock, and its ratios run several percent
+    high and spread from one candidate to the next."""
+    ratio = result.get("ratio_to_cublas")
+    has = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio) and ratio > 0
+    return (1 if result.get("confirmed") is True else 0, 1 if has else 0, ratio if has else 0.0,
+            result.get("tflops") or 0.0)
 
 
 def _usable(e: dict, rung: str, M: int, N: int, K: int, dtype: str, arch: str, tvm: str) -> bool:
