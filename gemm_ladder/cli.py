@@ -20,7 +20,7 @@ timeout, so a kernel that deadlocks is reported, not waited on.
 
 This module parses arguments and calls the library (``batch``, ``report``, ``tune``); nothing
 imports it. ``build``, ``export`` and ``main`` give a job with no rung knobs the tuning
-database's best (``tune.db.tuned_jobs``, which says what it chose).
+database's best (``serve.tuning_db.tuned_jobs``, which says what it chose).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def cmd_main(a) -> int:
 
 
 def _db_arg(a):
-    """``--db``, else None: the default database (``tune.db.db_files``), refused when it is off."""
+    """``--db``, else None: the default database (``serve.tuning_db.db_files``), refused when it is off."""
     if not a.db and db.default_db_path() is None:
         raise UsageError(f"${db.DB_ENV} is off; pass --db PATH")
     return a.db or None
@@ -414,7 +414,7 @@ def _add_tune_parser(sub) -> None:
     t.add_argument("--show", action="store_true", help="print the tuning database")
     t.add_argument("--dry-run", action="store_true", help="print the pruned space, build nothing")
     t.add_argument("--db", default=None, help=f"tuning database file (default: ${db.DB_ENV}, else the user cache's "
-                                              "over the packaged gemm_ladder/tune/tuning_db.json; see tune/db.py)")
+                                              "over the packaged gemm_ladder/serve/tuning_db.json; see serve/tuning_db.py)")
     t.add_argument("--reps", type=cli_types.count, default=50)
     t.add_argument("--confirm", type=confirm_count, default=CONFIRM_TOP, metavar="N",
                    help=f"time the N best candidates of the first pass again, together with cuBLAS in the same "

@@ -8,6 +8,7 @@ import pytest
 
 from gemm_ladder.serve import plan
 from gemm_ladder.core.budget import max_pipe_depth
+from gemm_ladder.core.provenance import tvm_version
 from gemm_ladder.serve.plan import Problem, Rule, choose, rule_choice
 from gemm_ladder.serve.tma_layout import Layout, layout_fixes
 from gemm_ladder.rungs import available, make_config
@@ -18,7 +19,7 @@ H100 = 132
 # the swap-AB (v11) and split-K (v10) rules need their rungs and the wave model
 needs_v11 = pytest.mark.skipif(not available("v11", "sm_90a"), reason="no v11 in this ladder")
 needs_v10 = pytest.mark.skipif(not available("v10", "sm_90a"), reason="no v10 in this ladder")
-TVM = cache.tvm_version()
+TVM = tvm_version()
 
 
 @pytest.fixture(autouse=True)

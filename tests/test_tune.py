@@ -19,6 +19,8 @@ import pytest
 from gemm_ladder import rungs
 from gemm_ladder.core.budget import check_budget
 from gemm_ladder.core.config import ConfigError
+from gemm_ladder.core.provenance import tvm_version
+from gemm_ladder.compile import identity
 from gemm_ladder.tune import cache, measuring, run
 from gemm_ladder.serve import tuning_db as db
 from gemm_ladder.tune import merge as tune_merge
@@ -26,7 +28,7 @@ from gemm_ladder.tune import space as tune_space
 from gemm_ladder.tune import report as tune_report
 
 GPU = {"name": "NVIDIA H100 80GB HBM3", "sm_clock_mhz_now": "1980 MHz"}
-TVM = cache.tvm_version()
+TVM = tvm_version()
 
 
 @pytest.fixture(autouse=True)
@@ -172,19 +174,19 @@ def test_parse_space():
 def test_cache_key_changes_with_everything_that_changes_the_binary():
     base = dict(rung="v6", knobs={"pipe_depth": 4, "l2_group_size": 8}, shape=(4096, 4096, 4096),
                 dtype="float16", arch="sm_90a", tvm_version="0.27.0.post1", compiler="nvrtc 13.0", sources="abc")
-    key = cache.cache_key(**base)
-    assert key == cache.cache_key(**{**base, "knobs": {"l2_group_size": 8, "pipe_depth": 4}})  # order-free
+    key = identity.cache_key(**base)
+    assert key == identity.cache_key(**{**base, "knobs": {"l2_group_size": 8, "pipe_depth": 4}})  # order-free
     changes = {"rung": "v5", "knobs": {"pipe_depth": 5, "l2_group_size": 8}, "shape": (4096, 4096, 8192),
                "dtype": "bfloat16", "arch": "sm_100a", "tvm_version": "0.28.0", "compiler": "nvcc 13.0",
                "sources": "abd"}
-    keys = {cache.cache_key(**{**base, name: value}) for name, value in changes.items()}
+    keys = {identity.cache_key(**{**base, name: value}) for name, value in changes.items()}
     assert len(keys) == len(changes) and key not in keys
 
 
 def test_sources_hash_covers_kernels_not_host_code():
-    h = cache.sources_hash("sm_90a")
-    assert len(h) == 64 and h != cache.sources_hash("sm_100a")
-    names = {n for n, _ in cache.hashed_sources("sm_90a")}
+    h = identity.sources_hash("sm_90a")
+    assert len(h) == 64 and h != identity.sources_hash("sm_100a")
+    names = {n for n, _ in identity.hashed_sources("sm_90a")}
     for kernel_side in ("gemm_ladder/sm90a/hgemm_v6.py", "gemm_ladder/sm90a/common.py", "gemm_ladder/core/budget.py",
                         "gemm_ladder/core/config.py", "gemm_ladder/compile/builder.py", "layouts/swizzle.py",
                         "schedulers/tirx_orders.py"):
@@ -192,7 +194,7 @@ def test_sources_hash_covers_kernels_not_host_code():
     for host_side in ("gemm_ladder/cli.py", "gemm_ladder/serve/tuning_db.py", "gemm_ladder/teach/plots.py",
                       "gemm_ladder/compile/batch.py", "gemm_ladder/sm100a/hgemm_v6.py", "schedulers/plots.py"):
         assert host_side not in names, host_side
-    ident = cache.toolchain_identity("sm_90a")
+    ident = identity.toolchain_identity("sm_90a")
     assert ident["tvm_version"] == TVM and ident["compiler"].startswith(("nvrtc", "nvcc"))
 
 
@@ -200,7 +202,7 @@ def test_second_identical_build_only_run_builds_nothing(tmp_path):
     space = {"blk_m": [64], "blk_n": [64, 128], "num_warpgroups": [1]}
     # the identity is read once: this tree may be edited by others while the test runs
     kw = dict(space=space, cache_dir=tmp_path / "cache", out=tmp_path / "cands", build_only=True,
-              jobs=2, progress=False, identity=cache.toolchain_identity("sm_90a"))
+              jobs=2, progress=False, identity=identity.toolchain_identity("sm_90a"))
     first = run.tune("v4", (128, 128, 64), **kw)
     assert first["counts"]["built"] == 2 and first["counts"]["cached"] == 0, first["failed"]
     assert len(first["candidates"]) == 2

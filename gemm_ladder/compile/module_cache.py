@@ -15,7 +15,7 @@ Two processes that want one module at once: each takes the key folder's lock
 (``files.folder_lock``, an ``flock`` the kernel drops if the holder dies), the first builds and
 exports (atomically: ``.so`` first, then the manifest), the second finds it valid when the lock
 is its own and builds nothing. A module is valid when its manifest reads, names this key, and
-the ``.so`` matches its recorded size and sha256 (``runtime.check_file``); a damaged entry is
+the ``.so`` matches its recorded size and sha256 (``manifest.check_file``); a damaged entry is
 rebuilt.
 """
 

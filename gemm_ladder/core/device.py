@@ -12,6 +12,7 @@ build box without torch gets "no GPU").
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 
@@ -129,8 +130,6 @@ _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 
 
 def _driver_types():
-    import ctypes  # pylint: disable=import-outside-toplevel
-
     class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte union at offset 8
         _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
 
@@ -149,8 +148,6 @@ def max_active_clusters(index: int, cluster: int, threads: int, smem_bytes: int)
     On an H100 SXM (132 SMs) the answer for clusters of 4 is below 132 // 4: a persistent launch of
     ``sm_count // cluster`` clusters would run its last ones only after others finished. Raises
     RuntimeError when the driver cannot be asked (no libcuda, or it refuses the launch)."""
-    import ctypes  # pylint: disable=import-outside-toplevel
-
     try:
         cu = ctypes.CDLL("libcuda.so.1")
     except OSError as err:

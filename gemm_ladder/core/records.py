@@ -3,8 +3,8 @@
 Module manifests (``X.so.json``), folder manifests, kernel packs' ``pack.json``, the tuning
 database, measurements and run files, plan files and suite results all come in through
 :func:`read_text` / :func:`read_json` and are checked against a schema written once, beside
-the format it describes (``runtime.MANIFEST_SCHEMA``, ``kernel_pack.PACK_SCHEMA``,
-``tune.db.ENTRY_SCHEMA``, ...)::
+the format it describes (``manifest.MANIFEST_SCHEMA``, ``kernel_pack.PACK_SCHEMA``,
+``tuning_db.ENTRY_SCHEMA``, ...)::
 
     data = records.read_json(path, "kernel pack manifest", fix="rebuild it with ...",
                              schema=Obj({"modules": List(ENTRY)}), error=PackError)

@@ -26,6 +26,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import time
 from dataclasses import asdict, dataclass
 
 from ..core import device
@@ -161,8 +162,6 @@ def event_times(fn, sets, reps: int, start: int = 0) -> list[float]:
 def host_us(fn, sets, reps: int = 20) -> float:
     """Microseconds the host spends in one call of ``fn`` (its launch path: checks, argument
     packing, the driver call), with the GPU kept busy so the host never waits for it."""
-    import time  # pylint: disable=import-outside-toplevel
-
     import torch  # pylint: disable=import-outside-toplevel
 
     torch.cuda.synchronize()

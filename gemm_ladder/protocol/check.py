@@ -32,6 +32,7 @@ epilogue, from what the threads do after the wait or before the arrive) and the 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -330,7 +331,6 @@ def watchdog_table(func) -> dict | None:
     """The table a watchdog build's manifest carries: barrier names and, per bounded wait, its
     role and unit (from a short run of the checker; a site no run reached gets its role from
     the code after it). None for a build without the watchdog."""
-    import json  # pylint: disable=import-outside-toplevel
 
 
     attrs = func.attrs if func.attrs is not None else {}

@@ -72,6 +72,7 @@ the tuning database it reads is :mod:`gemm_ladder.serve.tuning_db`, which the tu
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -473,7 +474,6 @@ def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | Non
     """The tuning database's best entry in ``p``'s bucket among rungs at or above ``floor_rung``
     (any rung when None), by ratio to cuBLAS, notes on the entries passed over, and which files
     the database read (``TuningDB.describe``)."""
-    import warnings  # pylint: disable=import-outside-toplevel
 
 
     base = db if isinstance(db, tdb.TuningDB) else tdb.TuningDB(db)

@@ -17,9 +17,9 @@ and ``explain``, ``pack build`` and ``tune --show`` print it):
 2. else ``$GEMM_LADDER_TUNING_DB``: that file alone (``off`` disables the database);
 3. else the user overlay ``<user cache>/tuning_db.json`` (``$GEMM_LADDER_CACHE``, else
    ``~/.cache/gemm_ladder``), which ``tune --merge`` writes, over the packaged database
-   :data:`PACKAGED_DB` (``gemm_ladder/tune/tuning_db.json``, shipped with the package and read
+   :data:`PACKAGED_DB` (``gemm_ladder/serve/tuning_db.json``, shipped with the package and read
    only): an overlay entry hides a packaged one of the same key. The project's measured entries
-   go into the packaged file with ``tune --merge FILE --db gemm_ladder/tune/tuning_db.json``.
+   go into the packaged file with ``tune --merge FILE --db gemm_ladder/serve/tuning_db.json``.
 
 Nothing in it is trusted blindly. Each file is read by ``records.read_json``; a file that does
 not parse (or nests too deep) is ignored with a warning (and moved aside on the next save), or
@@ -228,7 +228,7 @@ class TuningDB:
 
     def upsert(self, entry: dict) -> str:
         """Add ``entry`` (to the file :meth:`save` writes); an entry of the same key, in any file
-        read, is replaced when slower (``report.speed_rank``), or older and from other sources."""
+        read, is replaced when slower (``tuning_db.speed_rank``), or older and from other sources."""
         key = _key(entry)
         for i, old in enumerate(self.entries):
             if _key(old) != key:
@@ -310,7 +310,7 @@ def best_knobs(rung: str, M: int, N: int, K: int, dtype: str = "float16", arch: 
         here = gpu
 
     def rank(e):
-        # this GPU's entries first, then the shape's own, then the fastest by report.speed_rank
+        # this GPU's entries first, then the shape's own, then the fastest by tuning_db.speed_rank
         return (here is not None and e["gpu"] == here, list(e["shape"]) == [M, N, K], speed_rank(e))
 
     best = max(usable, key=rank)

@@ -5,6 +5,9 @@ nothing here is measured."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 from schedulers import wave_model
 
 from ..measure import isolate
@@ -132,11 +135,7 @@ def policy_rows(shapes, dtype: str = "float16", sms: int = 132) -> list[dict]:
 
 def explain_job(item: str, args) -> dict:  # pylint: disable=unused-argument
     """A child's job (``gemm_ladder.measure.isolate``): run the front door once with ``explain=True``."""
-    import contextlib  # pylint: disable=import-outside-toplevel
-    import io  # pylint: disable=import-outside-toplevel
-
     import torch  # pylint: disable=import-outside-toplevel
-
 
     shape, _, dtype = item.partition(":")
     M, N, K = (int(x) for x in shape.split("x"))

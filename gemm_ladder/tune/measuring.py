@@ -121,7 +121,7 @@ def confirm_count(text: str) -> int:
 
 
 def confirm_pick(results: list[dict], top: int) -> list[int]:
-    """The indices of the ``top`` best correct results of a first pass (``report.speed_rank``),
+    """The indices of the ``top`` best correct results of a first pass (``tuning_db.speed_rank``),
     best first; none when fewer than two are correct or ``top`` < 2 (nothing to compare)."""
     ok = sorted((i for i, r in enumerate(results) if r.get("status") == "ok"),
                 key=lambda i: speed_rank(results[i]), reverse=True)
@@ -133,7 +133,7 @@ def apply_confirmed(results: list[dict], picked: list[int], second: list[dict]) 
 
     A confirmed result takes the second pass's ``ms``, ``tflops``, ``cublas_tflops`` and
     ``ratio_to_cublas`` (the first pass's go to ``first_pass``) and ``confirmed: True``, which
-    ranks it before every unconfirmed one (``report.speed_rank``). A candidate that failed its
+    ranks it before every unconfirmed one (``tuning_db.speed_rank``). A candidate that failed its
     second check (``wrong``, ``timeout``, ``crash``) takes that status; one whose second pass
     erred otherwise keeps its first pass, unconfirmed, with the reason in ``confirm_error``.
     """

@@ -12,7 +12,7 @@ servers. A batch is one RPC session from the tracker: its modules and manifests 
 the server measures them the way ``tune --measure`` does (``measuring.time_paths``: checked,
 then timed against cuBLAS in the same process, each module in a watched child) and replies.
 Each reply is checked: the sha256 of every file the server measured, the statuses it may
-report, speeds a GPU can reach (``measuring.speed_problem``).
+report, speeds a GPU can reach (``device.speed_problem``).
 
 What a failure costs:
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -117,8 +118,6 @@ def run_server(tracker: tuple[str, int], key: str, host: str = "0.0.0.0", port: 
                gpu: dict | None = None) -> int:
     """Serve until TVM's listen loop ends (a session process that crashed). ``measure(paths,
     reps, timeout) -> results`` defaults to ``measuring.time_paths``; ``gpu`` to :func:`probe_gpu`."""
-    import multiprocessing  # pylint: disable=import-outside-toplevel
-
     import tvm_ffi  # pylint: disable=import-outside-toplevel
     from tvm.rpc.server import PopenRPCServerState  # pylint: disable=import-outside-toplevel
 
