@@ -24,7 +24,7 @@ from .core.config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEF
     check_common, check_knob_types)
 from .core.launch import check_grid
 
-CONFIG_ATTR = "gemm_ladder.core.config"
+CONFIG_ATTR = "gemm_ladder.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
 
 

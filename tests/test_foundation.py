@@ -395,7 +395,7 @@ def test_a_corrupt_folder_manifest_blocks_neither_export_nor_info(tmp_path, v4_m
 
 EXPORT_ONE = r"""
 import sys
-from gemm_ladder import batch
+from gemm_ladder.compile import batch
 results = [{"file": sys.argv[2], "status": "built", "rung": "v4"}]
 open(sys.argv[1] + "/" + sys.argv[2], "wb").close()
 for _ in range(20):

@@ -487,7 +487,7 @@ def test_dynamo_captures_one_graph():
 RUNTIME_ONLY_ROUTE = r"""
 import ctypes, sys
 ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the build stub stands in for the driver
-from gemm_ladder import front
+from gemm_ladder.serve import front
 front._arch = lambda index: "sm_90a"
 route, _ = front._route(16, 256, 512, "float16", 0, strict=True)  # the pack's module, tiny or not
 import tvm

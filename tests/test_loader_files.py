@@ -30,7 +30,7 @@ HAS_CC = bool(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
 
 LOAD_STUB = """
 import sys
-from gemm_ladder import toolchain
+from gemm_ladder.compile import toolchain
 try:
     toolchain.load_stub_driver()
 except toolchain.ToolchainError as err:

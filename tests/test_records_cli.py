@@ -122,7 +122,7 @@ def test_info_leaves_out_what_a_folder_manifest_lists_outside_the_folder(tmp_pat
     (None, "does not exist"),
     (b"\x00\x01binary", "is not text"),
     (b"{\"format\": \"gemm_ladder.tune.measurements\", \"results\": [", "not valid JSON"),
-    (b"{\"format\": \"gemm_ladder.serve.kernel_pack\"}", "not a gemm_ladder measurements or run file"),
+    (b"{\"format\": \"gemm_ladder.kernel_pack\"}", "not a gemm_ladder measurements or run file"),
     (b"[1, 2]", "not a gemm_ladder measurements or run file"),
     (json.dumps({**measurements_doc(), "results": "all"}).encode(), "field 'results' is a string"),
     (json.dumps({"format": "gemm_ladder.tune.run", "reports": [{**measurements_doc(), "shape": [1, 2]}]}).encode(),

@@ -318,7 +318,7 @@ def test_module_refuses_another_gpu(monkeypatch):
 
 _LOAD = """
 import sys
-from gemm_ladder import toolchain
+from gemm_ladder.compile import toolchain
 toolchain.prepare()   # the stub driver where there is no GPU driver
 import gemm_ladder
 m = gemm_ladder.load(sys.argv[1])

@@ -650,7 +650,7 @@ def test_measure_path_needs_only_the_runtime(tmp_path):
     folder = _candidate_folder(tmp_path / "cands", KNOBS[:2])
     code = f"""
 import sys
-from gemm_ladder import isolate
+from gemm_ladder.measure import isolate
 from gemm_ladder.tune import measuring
 isolate.run_batch = lambda job, paths, args=(), timeout=0, on_result=None, explain=True: [{_timed(400.0)!r} for p in paths]
 r = measuring.measure({str(folder)!r}, gpu={GPU!r}, progress=False)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from ..core import cli_types
 from ..core.config import ARCHS as ARCH_LIMITS, DEFAULT_DTYPE, DTYPES, ConfigError
-from ..protocol.check import POLICIES, check_config
+from ..protocol import check
 from ..rungs import RUNGS, available, make_config, rung_module
-from .explain import twins
+from . import explain
 
 ARCHS = tuple(ARCH_LIMITS)  # the check runs both by default
 
@@ -82,15 +82,14 @@ def twins_main(argv) -> int:
     if not Path(a.folder).is_dir():
         p.error(f"argument folder: {a.folder} is not a folder of exported modules")
 
-    for path in twins(a.folder, a.seconds):
+    for path in explain.twins(a.folder, a.seconds):
         print(path)
     return 0
 
 
 def _schedules(text: str) -> list[str]:
-    """``--schedules``: the checker's schedule names (imported when given: the checker imports TVM)."""
-
-    return cli_types.names(POLICIES, "schedule")(text)
+    """``--schedules``: the checker's schedule names."""
+    return cli_types.names(check.POLICIES, "schedule")(text)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -161,7 +160,7 @@ def main(argv=None) -> int:
         print(f"not checked: {line}", file=sys.stderr)
     bad = 0
     for cfg in configs:
-        report = check_config(cfg, policies=tuple(a.schedules or POLICIES))
+        report = check.check_config(cfg, policies=tuple(a.schedules or check.POLICIES))
         bad += not report.ok
         if a.quiet:
             print(report.summary())

@@ -22,8 +22,9 @@ CACHE_FORMAT = 2  # 2: module manifests record the .so's size and sha256
 SOURCE_PACKAGES = ("gemm_ladder", "layouts", "schedulers")
 # Sources whose edits cannot change a binary (paths inside their package; a trailing / is a folder).
 HOST_ONLY = {
-    "gemm_ladder": ("__main__.py", "compile/batch.py", "cli.py", "core/device.py", "core/files.py",
-                    "measure/", "serve/pack.py", "core/procs.py", "serve/runtime.py", "compile/sass.py",
+    "gemm_ladder": ("__main__.py", "cli.py", "cli_front.py", "compile/batch.py", "compile/identity.py",
+                    "compile/sass.py", "core/device.py", "core/files.py", "core/manifest.py", "core/procs.py",
+                    "core/provenance.py", "measure/", "serve/pack.py", "serve/runtime.py", "serve/tuning_db.py",
                     "teach/", "tune/"),
     "layouts": ("plots.py",),
     "schedulers": ("plots.py", "pipeline.py"),

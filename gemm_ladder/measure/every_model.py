@@ -45,7 +45,7 @@ from ..serve.kernel_pack import build_pack
 from . import harness, isolate, suite
 from .report import table as fmt
 
-FORMAT = "gemm_ladder.measure.every_model"
+FORMAT = "gemm_ladder.every_model"
 # (N, K) of each weight: qkv fused, attention output, gate+up fused, down, LM head (an encoder
 # or ViT: qkv, out, fc1, fc2). From the models' public configurations.
 FAMILIES = {

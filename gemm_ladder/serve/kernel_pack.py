@@ -11,7 +11,7 @@ loads with the TVM runtime alone::
 
 ``pack.json``::
 
-    {"format": "gemm_ladder.serve.kernel_pack", "version": 1, "arch": "sm_90a", "tvm_version": "...",
+    {"format": "gemm_ladder.kernel_pack", "version": 1, "arch": "sm_90a", "tvm_version": "...",
      "created": "...", "commit": "...", "sms": 132, "request": {...},
      "modules": [{"file": "v9_anyM_x4096x4096_float16_sm_90a_....so", "rung": "v9",
                   "shape": [1, 4096, 4096], "dtype": "float16", "arch": "sm_90a",
@@ -61,7 +61,7 @@ from . import plan, tma_layout
 from .runtime import load
 
 PACK_MANIFEST = "pack.json"
-PACK_FORMAT = "gemm_ladder.serve.kernel_pack"
+PACK_FORMAT = "gemm_ladder.kernel_pack"
 PACK_VERSION = 1
 PACK_ENV = "GEMM_LADDER_PACK"  # folders, separated by os.pathsep
 # TVM 0.27 cannot describe a one-row tensor for TMA: a module of one M is built for M >= 2 and

@@ -49,7 +49,7 @@ MEASURE_FN = "gemm_ladder.tune.measure"
 TRACKER_PORT = 9190  # TVM's defaults: a tracker on 9190..9199, servers from 9090
 SERVER_PORT = 9090
 RESTARTS = 3  # per GPU, by Cluster.watch: a GPU whose server keeps dying is given up
-_GPU_INFO = "import json; from gemm_ladder import harness; print(json.dumps(harness.gpu_info(0)))"
+_GPU_INFO = "import json; from gemm_ladder.measure import harness; print(json.dumps(harness.gpu_info(0)))"
 
 
 def tracker_problem(tracker: tuple[str, int], timeout: float = 5.0) -> str | None:
