@@ -16,9 +16,10 @@ The rungs underneath, one at a time::
 for the shape and says so (``gemm_ladder.serve.tuning_db``); ``gemm_ladder.compile.builder.build``
 is the pure primitive underneath (the rung's defaults, whatever the database holds).
 
-Importing this package compiles nothing and imports neither TVM nor torch (every module's top
-level is plain Python; TVM's compiler is imported where a rung is traced or built), so a GPU box
-with TVM's runtime alone can ``load`` modules and serve packs.
+Importing this package compiles nothing and imports neither TVM nor torch, nor any of the build
+layer: ``build``, ``hgemm_vN`` and ``make_config`` import it on first use (the one optional
+dependency the host's function-level imports wait for: TVM's compiler and the build layer over
+it), so a GPU box with TVM's runtime alone can ``load`` modules and serve packs.
 
 The host in layers, from the bottom up: a module imports its own layer and those below it, never
 one above (``tests/test_architecture.py`` checks every import; ``gemm_ladder/README.md`` has the
@@ -41,10 +42,7 @@ from __future__ import annotations
 
 import os
 
-from .compile import builder as _builder
 from .core.config import ConfigError, GemmConfig
-from .rungs import make_config as _make, prim_func as _prim_func
-from .serve import tuning_db as _tuning_db
 from .serve.front import matmul as _matmul, use_pack as _use
 from .serve.runtime import load as _load
 
@@ -59,7 +57,10 @@ __all__ = [
 
 def _rung_entry(rung: str):
     def hgemm(M: int, N: int, K: int, **knobs):
-        return _prim_func(rung, M, N, K, **knobs)
+        # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+        from .rungs import prim_func  # pylint: disable=import-outside-toplevel
+
+        return prim_func(rung, M, N, K, **knobs)
 
     hgemm.__name__ = hgemm.__qualname__ = f"hgemm_{rung}"
     hgemm.__doc__ = (
@@ -97,6 +98,11 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
         raise TypeError(f"gemm_ladder.build takes a rung name ('v4', with M, N, K) or a rung's prim_func "
                         f"(gemm_ladder.hgemm_v4(M, N, K)) first; got {type(rung_or_func).__name__} "
                         f"{rung_or_func!r:.60}")
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    # pylint: disable=import-outside-toplevel
+    from .compile import builder as _builder
+    from .serve import tuning_db as _tuning_db
+
     if not isinstance(rung_or_func, str) or None in (M, N, K):
         return _builder.build(rung_or_func, M, N, K, **knobs)
     knobs, tuned_from = _tuning_db.tuned_knobs(rung_or_func, M, N, K, knobs)
@@ -126,4 +132,7 @@ def use_pack(folder):
 
 def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     """Validate a rung's knobs for a shape without tracing or compiling anything."""
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    from .rungs import make_config as _make  # pylint: disable=import-outside-toplevel
+
     return _make(rung, M, N, K, **knobs)

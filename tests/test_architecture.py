@@ -174,7 +174,7 @@ def package_graph(graph) -> dict[str, set[str]]:
 
 def undocumented_local_imports(source: str, name: str = "<source>") -> list[str]:
     """``file:line`` of each import of a project module inside a function without an ``# optional:``
-    comment (on its line, or on the comment lines just above it)."""
+    comment (on its line, or above it among the comments and imports of its block)."""
     lines = source.splitlines()
     out = []
     for fn in ast.walk(ast.parse(source)):
@@ -190,8 +190,8 @@ def undocumented_local_imports(source: str, name: str = "<source>") -> list[str]
             if not project:
                 continue
             said = [lines[node.lineno - 1]]
-            i = node.lineno - 2
-            while i >= 0 and lines[i].strip().startswith("#"):
+            i = node.lineno - 2  # up through the comments and the imports of its block
+            while i >= 0 and lines[i].strip().startswith(("#", "from ", "import ")):
                 said.append(lines[i])
                 i -= 1
             if not any(OPTIONAL.search(line) for line in said):

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from gemm_ladder.core import device
-from gemm_ladder.core import manifest
+from gemm_ladder.core.manifest import ManifestError
 from gemm_ladder.serve import runtime
 from gemm_ladder.serve.runtime import GemmModule, ModuleInputError, persistent_grid
 
@@ -68,7 +68,7 @@ def test_grid_refuses_a_cluster_that_never_fits(monkeypatch):
 
 def test_grid_needs_the_launch_the_manifest_records(monkeypatch):
     stand_in(monkeypatch, 132, lambda c: 30)
-    with pytest.raises(manifest.ManifestError, match="v9.so: .*no threads or smem_bytes.*re-export"):
+    with pytest.raises(ManifestError, match="v9.so: .*no threads or smem_bytes.*re-export"):
         persistent_grid(0, {"persistent": True, "cluster": 4}, "v9.so")
 
 

@@ -56,13 +56,8 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..compile import module_cache
-from ..compile.batch import BuildJob
-from ..compile.module_cache import why_cannot_build
 from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
-from ..rungs import rung_module
-from . import plan
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
 from .runtime import ModuleInputError, load
 from .tma_layout import Fixes, Layout, layout_fixes
@@ -143,6 +138,8 @@ def _packs() -> list[KernelPack]:
 
 def _why_no_build() -> str | None:
     if _STATE["why_no_build"] is ...:
+        # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+        from ..compile.module_cache import why_cannot_build  # pylint: disable=import-outside-toplevel
 
         _STATE["why_no_build"] = why_cannot_build()
     return _STATE["why_no_build"]
@@ -308,6 +305,11 @@ def _knob_text(knobs: dict) -> str:
 def plan_job(p, rules=None):
     """The policy's choice for problem ``p`` (``plan.choose``, with ``rules`` if given) and the
     build job the front door makes of it: a runtime M where the rung takes one."""
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    # pylint: disable=import-outside-toplevel
+    from ..compile.batch import BuildJob
+    from ..rungs import rung_module
+    from . import plan
 
     choice = plan.choose(p, rules=rules)
     knobs = dict(choice.knobs)
@@ -320,6 +322,10 @@ def plan_job(p, rules=None):
 
 def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int) -> Route:
     """The policy's choice, from the module cache or built into it (TVM's compiler is here)."""
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    # pylint: disable=import-outside-toplevel
+    from ..compile import module_cache
+    from . import plan
 
     choice, job = plan_job(plan.Problem(M, N, K, dtype, arch, device.sm_count(index)))
     dynamic, knobs = "dynamic_m" in job.knobs, job.knobs

@@ -47,8 +47,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compile.batch import BuildJob
-from ..compile.module_cache import get_or_build
 from ..core import files
 from ..core.config import ARCHS, DTYPES
 from ..core.manifest import ManifestError, check_file, read_manifest
@@ -56,8 +54,7 @@ from ..core.procs import map_in_processes
 from ..core.provenance import git_commit, tvm_version, utc_now
 from ..core.records import (FILE_NAME, KNOB_VALUE, SHAPE, Bool, Check, Int, List, Map, Maybe, Obj, RecordError, Str,
     parse_json, read_text, validate)
-from ..rungs import make_config, rung_module
-from . import plan, tma_layout
+from . import tma_layout
 from .runtime import load
 
 PACK_MANIFEST = "pack.json"
@@ -207,6 +204,8 @@ def packs_from_env() -> list[Path]:
 
 # -- building a pack (TVM's compiler) ---------------------------------------------------------
 def _name(job, dynamic: bool) -> str:
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    from ..rungs import make_config  # pylint: disable=import-outside-toplevel
 
     tag = make_config(job.rung, *job.shape, **job.knobs).tag()
     return tag.replace(f"_{job.shape[0]}x", "_anyMx", 1) if dynamic else tag
@@ -216,6 +215,11 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
     """The modules a pack needs for ``shapes`` (``(M, N, K)``) in ``dtypes``: one per choice of
     the front door's policy (``plan.choose``, at the N and K it pads to), one for all the M of a
     (rung, knobs, N, K) where the rung takes M at run time, else one per M."""
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    # pylint: disable=import-outside-toplevel
+    from ..compile.batch import BuildJob
+    from ..rungs import rung_module
+    from . import plan
 
     sms = sms or plan.default_sms(arch)
     groups: dict = {}
@@ -247,6 +251,8 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
 def _pack_worker(args) -> dict:
     """Build (or find in the module cache) one module and place it in the pack (a worker process)."""
     item, out, root = args
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    from ..compile.module_cache import get_or_build  # pylint: disable=import-outside-toplevel
 
     try:
         src, how = get_or_build(item["job"], root)
@@ -267,6 +273,8 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     """Build the modules :func:`plan_pack` lists into ``out`` and write ``out/pack.json`` (merged
     with what the folder held: entries of other files stay). Returns the manifest, with
     ``"results"`` (built / cache / failed per module)."""
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    from . import plan  # pylint: disable=import-outside-toplevel
 
     files.open_build_folders(out)  # the cache and out, before anything compiles (files.FolderError)
     sms = sms or plan.default_sms(arch)

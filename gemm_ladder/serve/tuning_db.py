@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import sys
 import warnings
@@ -51,7 +50,7 @@ from ..compile import toolchain
 from ..compile.batch import BuildJob, as_job
 from ..core import device, files, records
 from ..core.config import ARCHS, COMMON_KNOBS, DTYPES, KNOB_NAME, ConfigError
-from ..core.device import speed_problem
+from ..core.device import speed_problem, speed_rank
 from ..core.provenance import tvm_version
 from ..core.records import ANY, SHAPE, Check, List, Maybe, Num, Obj, RecordError, Str
 from ..rungs import RUNGS, make_config
@@ -228,7 +227,7 @@ class TuningDB:
 
     def upsert(self, entry: dict) -> str:
         """Add ``entry`` (to the file :meth:`save` writes); an entry of the same key, in any file
-        read, is replaced when slower (``tuning_db.speed_rank``), or older and from other sources."""
+        read, is replaced when slower (``device.speed_rank``), or older and from other sources."""
         key = _key(entry)
         for i, old in enumerate(self.entries):
             if _key(old) != key:
@@ -243,24 +242,6 @@ class TuningDB:
         self.entries.append(entry)
         self._own.append(entry)
         return "added"
-
-
-def speed_rank(result: dict) -> tuple:
-    """The order of measured candidates and database entries, fastest last (``max`` picks it):
-    the ratio to cuBLAS timed in the same rounds, then TFLOPS. On a GPU held at its power limit
-    the clock drifts by several percent from one candidate's turn to the next (the first of a
-    folder run on a cooler GPU, and two sessions never run at the same clock); cuBLAS, timed
-    beside each candidate, drifts with it, so the ratio compares candidates where TFLOPS would
-    reward the order of the run. A result without a ratio ranks by TFLOPS, after those with one.
-
-    Before all that, a result the tuner's second pass confirmed (``confirmed``: timed again with
-    the other leaders in the same rounds, at the power limit; ``measuring.confirm``) ranks before
-    any that it did not: a first pass reads a cooler clock, and its ratios run several percent
-    high and spread from one candidate to the next."""
-    ratio = result.get("ratio_to_cublas")
-    has = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio) and ratio > 0
-    return (1 if result.get("confirmed") is True else 0, 1 if has else 0, ratio if has else 0.0,
-            result.get("tflops") or 0.0)
 
 
 def _usable(e: dict, rung: str, M: int, N: int, K: int, dtype: str, arch: str, tvm: str) -> bool:
@@ -310,7 +291,7 @@ def best_knobs(rung: str, M: int, N: int, K: int, dtype: str = "float16", arch: 
         here = gpu
 
     def rank(e):
-        # this GPU's entries first, then the shape's own, then the fastest by tuning_db.speed_rank
+        # this GPU's entries first, then the shape's own, then the fastest by device.speed_rank
         return (here is not None and e["gpu"] == here, list(e["shape"]) == [M, N, K], speed_rank(e))
 
     best = max(usable, key=rank)

@@ -15,12 +15,12 @@ import warnings
 from pathlib import Path
 
 from ..core import device, files, records
+from ..core.device import speed_rank
 from ..core.procs import progress as progress_bar
 from ..core.provenance import utc_now
 from ..core.records import FILE_NAME, SHAPE, List, Map, Obj, Str
 from ..measure import harness, isolate, rounds
 from ..serve import runtime
-from ..serve.tuning_db import speed_rank
 from .report import knob_label, plot_measurements
 
 CANDIDATES = "candidates.json"  # a candidate folder's list, written by tune.cache.build_candidates
@@ -121,7 +121,7 @@ def confirm_count(text: str) -> int:
 
 
 def confirm_pick(results: list[dict], top: int) -> list[int]:
-    """The indices of the ``top`` best correct results of a first pass (``tuning_db.speed_rank``),
+    """The indices of the ``top`` best correct results of a first pass (``device.speed_rank``),
     best first; none when fewer than two are correct or ``top`` < 2 (nothing to compare)."""
     ok = sorted((i for i, r in enumerate(results) if r.get("status") == "ok"),
                 key=lambda i: speed_rank(results[i]), reverse=True)
@@ -133,7 +133,7 @@ def apply_confirmed(results: list[dict], picked: list[int], second: list[dict]) 
 
     A confirmed result takes the second pass's ``ms``, ``tflops``, ``cublas_tflops`` and
     ``ratio_to_cublas`` (the first pass's go to ``first_pass``) and ``confirmed: True``, which
-    ranks it before every unconfirmed one (``tuning_db.speed_rank``). A candidate that failed its
+    ranks it before every unconfirmed one (``device.speed_rank``). A candidate that failed its
     second check (``wrong``, ``timeout``, ``crash``) takes that status; one whose second pass
     erred otherwise keeps its first pass, unconfirmed, with the reason in ``confirm_error``.
     """

@@ -12,10 +12,10 @@ import warnings
 
 from ..core import records
 from ..core.config import ARCHS, DTYPES
-from ..core.device import speed_problem
+from ..core.device import speed_problem, speed_rank
 from ..core.records import SHAPE, List, Maybe, Obj, RecordError, Str
 from ..rungs import RUNGS
-from ..serve.tuning_db import TuningDB, _entry_problem, knobs_problem, shape_bucket, speed_rank
+from ..serve.tuning_db import TuningDB, _entry_problem, knobs_problem, shape_bucket
 from .measuring import MEASUREMENTS_FORMAT, RUN_FORMAT
 
 # what a merge reads of a measurements report (a candidate's own fields are checked one by one)

@@ -10,8 +10,8 @@ import math
 import warnings
 from pathlib import Path
 
+from ..core.device import speed_rank
 from ..measure.report import table
-from ..serve.tuning_db import speed_rank
 
 
 def knob_label(knobs: dict, varying=None) -> str:
