@@ -143,7 +143,7 @@ def _damage(pack: Path, how: str):
 DAMAGE = {
     "no_manifest": ["pack.json is missing", "not a kernel pack", "pack build"],
     "cut_manifest": ["not valid JSON", "cut short", "rebuild"],
-    "other_format": ["not a gemm_ladder.serve.kernel_pack manifest"],
+    "other_format": ["not a gemm_ladder.kernel_pack manifest"],
     "new_version": ["version 99", "reads version 1"],
     "entry_without_field": ["field 'modules[1].so_sha256' is missing"],
     "missing_file": ["lists m128.so", "not in", "copy the whole pack folder"],

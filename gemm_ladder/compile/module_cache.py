@@ -61,9 +61,8 @@ def why_cannot_build() -> str | None:
 
 
 def identity(arch: str) -> dict:
-    """TVM version, device compiler and source hash (``tune.cache.toolchain_identity``), once per process."""
+    """TVM version, device compiler and source hash (``identity.toolchain_identity``), once per process."""
     if arch not in _IDENTITY:
-
         _IDENTITY[arch] = toolchain_identity(arch)
     return _IDENTITY[arch]
 
@@ -95,7 +94,6 @@ def valid(path: Path, key: str) -> bool:
 
 
 def _build(job: BuildJob, folder: Path) -> Path:
-
     res = build_one((job, folder))
     if res["status"] != "built":
         raise ConfigError(res["detail"])

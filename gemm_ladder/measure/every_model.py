@@ -252,7 +252,6 @@ def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.
 
 
 def table(doc: dict) -> str:
-
     rows = [{"family": r["family"] + (" *" if r["held_out"] else ""), "layer": r["layer"], "case": r["id"],
              "status": r.get("status"), "rung": (r.get("route") or {}).get("rung", ""),
              "kernel": f"{r['kernel_ratio']:.3f}" if "kernel_ratio" in r else "",
@@ -280,7 +279,6 @@ def main(argv=None) -> int:
             print(c["id"], c["family"], c["layer"], "held out" if c["held_out"] else "tuned")
         return 0
     if a.cmd == "pack":
-
         by_dtype: dict = {}
         for c in todo:
             by_dtype.setdefault(c["dtype"], set()).add((c["M"], c["N"], c["K"]))

@@ -62,7 +62,6 @@ def run_batch(job: str, paths, args=(), timeout: float = 120.0, on_result=None, 
         done = _run_child(job, paths[start:], args, timeout, results, start, on_result)
         start += max(done, 1)
     if explain and job != "selftest" and any(r and r.get("status") == "timeout" for r in results):
-
         explain_timeouts(job, paths, args, results, run_isolated, timeout=min(timeout, 60.0))
     return results  # type: ignore[return-value]
 
@@ -119,7 +118,6 @@ def _job(job: str, path: str, args: list[str]) -> dict:
         if path == "crash":
             os._exit(3)  # pylint: disable=protected-access
         if path == "barrier":  # what a watchdog build raises when its kernel did not stop
-
             rec = {"barrier": "tma2mma", "slot": 1, "parity": 0, "role": "consumer", "unit": "warpgroup",
                    "cta": 3, "cluster_rank": 0, "thread": 0, "waited_s": 2.0, "state_word": 0, "site": 0}
             raise watchdog.BarrierTimeoutError(watchdog.message("selftest", rec), rec, kernel_stopped=False)
@@ -158,7 +156,6 @@ def main(argv=None) -> None:
     job, paths = argv[0], argv[1:]
     if job == "rounds":  # one group, timed together: one result line per module, in order
         try:
-
             results = group_job(paths, args)
         except Exception as err:  # pylint: disable=broad-except
             results = [{"status": "error", "detail": f"{type(err).__name__}: {err}"} for _ in paths]

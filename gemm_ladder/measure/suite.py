@@ -266,7 +266,6 @@ def run(out=None, dtypes=SUITE_DTYPES, only=None, reps: int = 60, timeout: float
 
 
 def gpu_arch() -> str:
-
     return device.arch_of(0)
 
 

@@ -212,7 +212,6 @@ MAX_SWAP_DEPTH = 8  # v11's ring: as deep as shared memory allows, up to 8 (deep
 
 
 def _waves(p: Problem, tiles, split_ks=(1, 2, 3, 4, 6, 8), pipe_depth: int = 4):
-
     return wave_model.rank(p.M, p.N, p.K, tiles, split_ks, pipe_depth, wave_model.with_sms(wave_model.H100, p.sms))[0]
 
 
@@ -405,7 +404,6 @@ def _rung_order(rung: str) -> int:
 
 
 def _available(rung: str, arch: str) -> bool:
-
     return available(rung, arch)
 
 

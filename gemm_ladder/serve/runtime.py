@@ -175,7 +175,6 @@ class GemmModule:
         with torch.cuda.device(A.device):
             args = (A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device))
             if self.manifest.get("watchdog"):  # bounded waits: a hang raises BarrierTimeoutError
-
                 watchdog.launch(self._function(), args, self.manifest["watchdog"], self.rung)
             else:
                 self._function()(*args)
@@ -199,7 +198,6 @@ class GemmModule:
         fn, idx = self._function(), A.device.index
         tail = [*self._workspace_args(M, A.device), *self._launch_args(A.device)]
         if self.manifest.get("watchdog"):  # a watchdog build: every launch bounded, as in __call__
-
             def bounded(a, b, d):
                 with torch.cuda.device(idx):
                     watchdog.launch(fn, (a, b, d, *tail), self.manifest["watchdog"], self.rung)

@@ -331,7 +331,6 @@ def measure_folders(folders, tracker: tuple[str, int], key: str, reps: int = 50,
         "reports": reports,
     }
     if out:
-
         files.write_json(Path(out), result)
         result["path"] = str(out)
     return result

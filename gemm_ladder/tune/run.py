@@ -126,7 +126,6 @@ def tune_many(jobs: list[Job], arch: str = "sm_90a", space: dict | None = None, 
     if build_only:
         return result
     if tracker is not None:
-
         run = measure_folders(folders, tracker, key, reps=reps, timeout=timeout, batch=batch, out=run_out,
                               progress=progress, plot=plot)
     else:
