@@ -109,7 +109,7 @@ def _time_pair(off: str, on: str, rounds: int = 5, reps: int = 30) -> dict:
 
     def launcher(mod, bounded):
         fn = mod._function()  # pylint: disable=protected-access
-        extra = mod._launch_args(dev)  # pylint: disable=protected-access
+        extra = mod.launch_args(dev)
         if bounded:
             return lambda a, b, o: fn(a, b, o, *extra, rec.data_ptr())
         return lambda a, b, o: fn(a, b, o, *extra)

@@ -72,7 +72,7 @@ def main() -> int:
         route = front.route_of(M, N, K, "float16")
         mod = route.module
         fn = mod._function()  # pylint: disable=protected-access
-        tail = [*mod._workspace_args(M, A.device), *mod._launch_args(A.device)]  # pylint: disable=protected-access
+        tail = [*mod.workspace_args(M, A.device), *mod.launch_args(A.device)]
         rows = {
             "torch.matmul (cuBLAS)": _host_us(lambda x, y, z: torch.matmul(x, y.T, out=z), (A, B, D)),
             "gemm_ladder.matmul": _host_us(lambda x, y, z: gemm_ladder.matmul(x, y, out=z), (A, B, D)),

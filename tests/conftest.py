@@ -1,4 +1,5 @@
-"""Shared fixtures: a build folder per session, the GPU tier's skip rule and its batch runner.
+"""Shared fixtures: a build folder per session, the ``built`` factory of CPU-tier modules, the GPU
+tier's skip rule and its batch runner.
 
 GPU tests are marked ``gpu`` and skip themselves where torch sees no CUDA GPU (CI, build
 boxes), unless ``GEMM_LADDER_GPU_EXPORT`` asks to export their modules for a GPU box. They
@@ -7,11 +8,16 @@ never run a kernel in the test process: every launch goes through ``gemm_ladder.
 hanging the run. See ``tests/gpu_cases.py``.
 """
 
+import functools
 import json
 import os
 from pathlib import Path
 
 import pytest
+
+from gemm_ladder.compile import builder, sass
+
+from .lowered import lowered_script
 
 
 def _gpu_arch():
@@ -47,6 +53,55 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def build_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("build")
+
+
+class Built:
+    """One module the CPU tier builds, and what its tests read off it, each worked out once."""
+
+    def __init__(self, module: builder.BuiltModule, folder, name: str):
+        self.module = module
+        self._folder = folder  # a callable: the export folder, made when first asked for
+        self._name = name
+
+    @functools.cached_property
+    def sass(self) -> str:
+        return sass.disassemble(self.module.binary)
+
+    @functools.cached_property
+    def counts(self):
+        return sass.instruction_counts(self.sass)
+
+    @functools.cached_property
+    def resources(self):
+        return sass.resource_usage(self.module.binary)
+
+    @functools.cached_property
+    def lowered(self) -> str:
+        """The module after TVM's tirx pipeline, host side included (``tests/lowered.py``)."""
+        return lowered_script(self.module)
+
+    @functools.cached_property
+    def path(self) -> Path:
+        """The module exported (``.so`` with its manifest beside it) to a temporary folder."""
+        return self.module.export(self._folder() / f"{self._name}.so")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """``built(rung, (M, N, K), knobs)`` -> :class:`Built`: ``gemm_ladder.compile.builder.build`` (the pure
+    build: no tuning database picks knobs), each distinct build once per test file and only when
+    a test first asks for it, so ``-k v8`` builds only v8's modules."""
+    cache: dict[str, Built] = {}
+    folder = functools.cache(lambda: tmp_path_factory.mktemp("built"))
+
+    def get(rung: str, shape: tuple[int, int, int], knobs: dict | None = None) -> Built:
+        key = repr((rung, tuple(shape), sorted((knobs or {}).items())))
+        if key not in cache:
+            module = builder.build(rung, *shape, **(knobs or {}))
+            cache[key] = Built(module, folder, f"{rung}_{len(cache)}")
+        return cache[key]
+
+    return get
 
 
 def _module_paths(cases, out: Path) -> dict:

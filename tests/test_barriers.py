@@ -369,11 +369,11 @@ def test_watchdog_fault_after_the_record_is_the_stop():
     lid = 1234
     rec = [0] * watchdog.RECORD_WORDS
     rec[watchdog.DONE] = lid
-    assert watchdog._finished(Faulted(), rec, lid) is True
-    assert watchdog._finished(Running(), rec, lid) is False
+    assert watchdog.finished(Faulted(), rec, lid) is True
+    assert watchdog.finished(Running(), rec, lid) is False
     rec[watchdog.DONE] = lid - 1  # a record of an earlier launch: this one's fault is its own
     with pytest.raises(RuntimeError, match="illegal instruction"):
-        watchdog._finished(Faulted(), rec, lid)
+        watchdog.finished(Faulted(), rec, lid)
 
 
 def test_watchdog_waiters_leave_after_the_record():

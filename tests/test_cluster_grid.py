@@ -81,8 +81,8 @@ def test_module_asks_once_per_gpu(monkeypatch):
            "tvm_version": "0.27.0.post1", "launch": V9_2X2}
     mod = GemmModule("v9.so", man, None)
     for _ in range(3):
-        assert mod._launch_args(torch.device("cuda", 0)) == [120]
-    assert mod._launch_args(torch.device("cuda", 1)) == [120]
+        assert mod.launch_args(torch.device("cuda", 0)) == [120]
+    assert mod.launch_args(torch.device("cuda", 1)) == [120]
     assert [a[0] for a in asked] == [0, 1]
 
 
@@ -104,7 +104,7 @@ def test_driver_structures_have_the_c_layout():
     and count sit where the C compiler puts them (a wrong offset reads garbage in the driver)."""
     import ctypes
 
-    attr, cfg = device._driver_types()
+    attr, cfg = device.driver_types()
     assert (ctypes.sizeof(attr), attr.value.offset) == (72, 8)
     assert (ctypes.sizeof(cfg), cfg.stream.offset, cfg.attrs.offset, cfg.num_attrs.offset) == (56, 32, 40, 48)
 

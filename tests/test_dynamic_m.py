@@ -86,31 +86,16 @@ CPU_BUILDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    from gemm_ladder.compile.builder import build
-
-    out = tmp_path_factory.mktemp("dynamic_m")
-    mods = {}
-    for name, (rung, shape, knobs) in CPU_BUILDS.items():
-        mod = build(rung, *shape, **knobs)
-        mods[name] = (mod, mod.export(out / f"{name}.so"))
-    return mods
-
-
 @pytest.mark.parametrize("name", sorted(CPU_BUILDS))
 def test_kernel_takes_m_at_run_time(built, name):
-    from gemm_ladder.compile import sass
-
-    mod, _ = built[name]
-    src = mod.cuda_source()
+    b = built(*CPU_BUILDS[name])
+    src = b.module.cuda_source()
     head = src[src.index("__global__ void"):].split("{", 1)[0]
     assert "int M, int num_ctas" in head, head  # M is a kernel argument, read off A by the host
     assert "(M + " in src  # the number of M tiles is computed from it
-    counts = sass.instruction_counts(sass.disassemble(mod.binary))
+    counts, res = b.counts, b.resources
     for op in ("UTMALDG", "UTMASTG", "HGMMA", "STSM"):
         assert counts[op] > 0, (op, counts)
-    res = sass.resource_usage(mod.binary)
     assert counts["LDL"] == 0 and counts["STL"] == 0 and res.local == 0, (counts, res)
 
 
@@ -119,15 +104,16 @@ def test_prim_func_binds_m_from_a(built):
 
     from gemm_ladder.rungs import kernel_of
 
-    func = kernel_of(built["v9_dyn"][0].cfg)
+    func = kernel_of(built(*CPU_BUILDS["v9_dyn"]).module.cfg)
     a, _, d = func.params[:3]  # the buffers (TVM 0.27's PrimFunc takes them as parameters)
     assert isinstance(a.shape[0], tirx.Var) and a.shape[0].same_as(d.shape[0])  # one M for A and D
     assert [int(x) for x in a.shape[1:]] == [4096] and [int(x) for x in d.shape[1:]] == [4096]
 
 
 def test_manifest_says_m_is_dynamic(built):
-    for name, (mod, path) in built.items():
-        man = json.loads(Path(str(path) + ".json").read_text())
+    for name, case in CPU_BUILDS.items():
+        b = built(*case)
+        mod, man = b.module, json.loads(Path(str(b.path) + ".json").read_text())
         assert man["launch"]["dynamic_m"] is True and man["launch"]["persistent"] is True
         assert man["knobs"]["dynamic_m"] is True
         assert man["dynamic_m"] == {"min_m": 1, "tuned_for_m": [mod.cfg.M, mod.cfg.M]}
@@ -146,7 +132,7 @@ def test_a_static_module_says_nothing_of_a_runtime_m():
 def _module(built, name="v9_dyn"):
     from gemm_ladder.serve.runtime import GemmModule
 
-    _, path = built[name]
+    path = built(*CPU_BUILDS[name]).path
     return GemmModule(path, json.loads(Path(str(path) + ".json").read_text()), rt_module=None)
 
 

@@ -4,6 +4,7 @@ CPU tier (CI): everything up to the launch. GPU tier (``gpu``): v4 on random inp
 process with a timeout.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -56,8 +57,8 @@ def test_v4_refuses_bad_config_with_a_fix(kwargs, words):
 
 def test_config_is_frozen_and_round_trips():
     cfg = gemm_ladder.make_config("v4", 1000, 3000, 520, dtype="bfloat16", blk_n=64)
-    with pytest.raises(Exception):
-        cfg.M = 1  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.M = 1
     from gemm_ladder.rungs import from_dict
 
     assert from_dict(cfg.to_dict()) == cfg
@@ -270,7 +271,7 @@ def test_runtime_only_loading(tmp_path, v4_module):
     _, path = v4_module
     site = pack_runtime(tmp_path / "rt")
     assert not (site / "tvm" / "lib" / "libtvm_compiler.so").exists()
-    stub = toolchain._stub_driver()
+    stub = toolchain.stub_driver()
     env = {"PYTHONPATH": os.pathsep.join([str(site)] + [p for p in sys.path if p.endswith("site-packages")]),
            "TVM_USE_RUNTIME_LIB": "1"}
     out = subprocess.run([sys.executable, "-c", RUNTIME_ONLY_CHECK, str(stub), str(path)],
@@ -437,20 +438,34 @@ def test_cli_refuses_conflicting_or_unparseable_knobs(args, words, tmp_path):
     assert not list(tmp_path.glob("*.so"))
 
 
-def test_build_and_export_resolve_dtype_and_arch_alike():
+def test_build_and_export_resolve_dtype_and_arch_alike(monkeypatch, tmp_path):
+    """``--knob dtype=`` and ``--knob arch=`` reach the builder as ``--dtype(s)`` and ``--arch`` would,
+    in ``build`` and ``export`` alike (what the CLI asks ``batch.build_many`` for, stopped there)."""
+    from gemm_ladder.compile import batch
     from gemm_ladder import cli as cli_module
 
-    parser = cli_module.make_parser()
-    build = parser.parse_args(["build", "v4", "--shape", "128x128x64", "--knob", "dtype=bfloat16",
-                               "--knob", "arch=sm_100a", "--knob", "blk_n=64"])
-    export = parser.parse_args(["export", "--knob", "dtype=bfloat16", "--knob", "arch=sm_100a",
-                                "--knob", "blk_n=64"])
-    knobs_b, dtype, arch_b = cli_module._build_args(build, plural=False)
-    knobs_e, dtypes, arch_e = cli_module._build_args(export, plural=True)
-    assert (knobs_b, dtype, arch_b) == ({"blk_n": 64}, "bfloat16", "sm_100a")
-    assert (knobs_e, dtypes, arch_e) == ({"blk_n": 64}, ["bfloat16"], "sm_100a")
-    plain = cli_module._build_args(parser.parse_args(["export"]), plural=True)
-    assert plain == ({}, ["float16", "bfloat16"], "sm_90a")
+    class Asked(Exception):
+        pass
+
+    def build_many(jobs, *args, **kwargs):
+        raise Asked([(job.rung, job.knobs) for job in jobs])
+
+    monkeypatch.setattr(batch, "build_many", build_many)
+    monkeypatch.setenv("GEMM_LADDER_TUNING_DB", "off")  # no tuned knobs join the asked ones
+
+    def asked(*argv):
+        with pytest.raises(Asked) as caught:
+            cli_module.main([*argv, "--out", str(tmp_path)])
+        return caught.value.args[0]
+
+    knobs = ["--knob", "dtype=bfloat16", "--knob", "arch=sm_100a", "--knob", "blk_n=64"]
+    assert asked("build", "v4", "--shape", "128x128x64", *knobs) == [
+        ("v4", {"blk_n": 64, "dtype": "bfloat16", "arch": "sm_100a"})]
+    exported = asked("export", "--rungs", "v4", *knobs)
+    assert exported and {(r, tuple(sorted(k.items()))) for r, k in exported} == {
+        ("v4", (("arch", "sm_100a"), ("blk_n", 64), ("dtype", "bfloat16")))}
+    plain = asked("export", "--rungs", "v4")
+    assert {(k["dtype"], k["arch"]) for _, k in plain} == {("float16", "sm_90a"), ("bfloat16", "sm_90a")}
 
 
 # -- GPU tier ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ The GPU tier (``tests/test_front_door_gpu.py``) runs the real kernels."""
 
 import json
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -58,9 +59,9 @@ def test_batch_dims_flatten_into_m():
     A, B = h(2, 3, 64).to("meta"), h(8, 64).to("meta")
     with pytest.raises(ModuleInputError, match="is on meta"):
         front.matmul(A, B)
-    assert front._shapes(h(2, 3, 64), h(8, 64), h(2, 3, 8)) == (6, 8, 64, (2, 3, 8))
-    assert front._shapes(h(64), h(8, 64), None) == (1, 8, 64, (8,))
-    assert front._shapes(h(0, 64), h(8, 64), None) == (0, 8, 64, (0, 8))
+    assert front.check_shapes(h(2, 3, 64), h(8, 64), h(2, 3, 8)) == (6, 8, 64, (2, 3, 8))
+    assert front.check_shapes(h(64), h(8, 64), None) == (1, 8, 64, (8,))
+    assert front.check_shapes(h(0, 64), h(8, 64), None) == (0, 8, 64, (0, 8))
 
 
 # -- the padded-copy path ----------------------------------------------------------------------
@@ -106,11 +107,23 @@ def test_the_padded_path_is_correct_and_tma_ready(M, N, K, a_off, b_off, with_ou
     assert fixes.names == names
     kernel = TmaKernel(module_M)
     route = front.Route(kernel, module_M, "test", "v9", {})
-    D = front._launch(route, A, B, out, M, N, K, fixes)
+    D = front.launch_route(route, A, B, out, M, N, K, fixes)
     ref = (A.float() @ B.float().T).half()  # the padded product may round the fp32 sums differently
     torch.testing.assert_close(D, ref, rtol=2e-3, atol=2e-3)
     assert out is None or D is out
     assert len(kernel.seen) == 1
+
+
+class WeightSeen(TmaKernel):
+    """Keeps a weak reference to every B it was given (the padded copy, where B needs one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def __call__(self, a, b, out):
+        self.weights.append(weakref.ref(b))
+        super().__call__(a, b, out)
 
 
 def test_a_weights_padded_copy_is_kept_until_the_weight_changes():
@@ -120,20 +133,27 @@ def test_a_weights_padded_copy_is_kept_until_the_weight_changes():
     A, B = torch.randn(7, 64).half(), torch.randn(36, 64).half()
     fixes = layout_fixes(Layout(7, 36, 64, "float16"))
     assert fixes.names == ("pad-n",)
-    route = front.Route(TmaKernel(), None, "test", "v9", {})
-    first = front._launch(route, A, B, None, 7, 36, 64, fixes)
-    copies = dict(front._B_COPIES)
-    again = front._launch(route, A, B, None, 7, 36, 64, fixes)
-    assert front._B_COPIES == copies and len(copies) == 1  # the same copy served the second call
+    kernel = WeightSeen()
+    route = front.Route(kernel, None, "test", "v9", {})
+    first = front.launch_route(route, A, B, None, 7, 36, 64, fixes)
+    again = front.launch_route(route, A, B, None, 7, 36, 64, fixes)
+    assert kernel.weights[1]() is kernel.weights[0]()  # the same copy served the second call
     torch.testing.assert_close(again, first)
     B.mul_(2)  # in place: the version counter moves
-    doubled = front._launch(route, A, B, None, 7, 36, 64, fixes)
+    doubled = front.launch_route(route, A, B, None, 7, 36, 64, fixes)
     torch.testing.assert_close(doubled.float(), (A.float() @ B.float().T), rtol=2e-3, atol=2e-2)
+    assert kernel.weights[2]() is not kernel.weights[0]()
     other = B.clone()  # another tensor, same shape: never served B's copy
-    assert front._weight_copy(other, 40, 64) is not front._weight_copy(B, 40, 64)
+    front.launch_route(route, A, other, None, 7, 36, 64, fixes)
+    assert kernel.weights[3]() is not kernel.weights[2]()
+    del other
+    front.launch_route(route, A, B, None, 7, 36, 64, fixes)
+    kept = kernel.weights[4]
+    assert kept() is kernel.weights[2]()  # B's copy, still kept
     del B
+    assert kept() is not None  # the cache holds it
     front.reset()
-    assert not front._B_COPIES
+    assert kept() is None  # reset let it go
 
 
 class CheckedOnce(TmaKernel):
@@ -151,13 +171,15 @@ def test_a_route_checks_once_then_launches():
     route = front.Route(kernel, None, "test", "v9", {})
     A, B = torch.randn(5, 64).half(), torch.randn(64, 64).half()
     for _ in range(3):
-        D = front._launch(route, A, B, None, 5, 64, 64, Fixes((), 64, 64))
+        D = front.launch_route(route, A, B, None, 5, 64, 64, Fixes((), 64, 64))
     assert kernel.made == 1 and len(kernel.seen) == 3
     torch.testing.assert_close(D, (A.float() @ B.float().T).half(), rtol=2e-3, atol=2e-3)
 
 
 def _remembered(M, N, K, shape, with_out):
-    """A route remembered for the fast path as a checked GPU call would leave it (CPU stand-ins)."""
+    """A route remembered for the fast path as a checked GPU call would leave it (CPU stand-ins; the
+    one private seam here: only a GPU call gets as far as remembering). A later ``front.matmul``
+    that the fast path does not take runs the checked path, which refuses CPU tensors."""
     kernel = TmaKernel()
     route = front.Route(kernel, None, "test", "v9", {})
     A = torch.randn(*shape[:-1], K).half()
@@ -174,8 +196,8 @@ def test_a_call_like_a_checked_one_launches_at_once(shape, with_out):
     """Same shapes, dtypes and GPUs as a remembered call: the remembered launch, on new data."""
     kernel, route, A, B, out = _remembered(6, 64, 32, shape, with_out)
     A2 = torch.randn_like(A)
-    D = front._fast(A2, B, out)
-    assert D is not None and tuple(D.shape) == shape and (out is None or D is out)
+    D = front.matmul(A2, B, out)
+    assert tuple(D.shape) == shape and (out is None or D is out)
     assert len(kernel.seen) == 1 and route.calls == 1
     torch.testing.assert_close(D.reshape(6, 64), (A2.reshape(6, 32).float() @ B.float().T).half(),
                                rtol=2e-3, atol=2e-3)
@@ -197,11 +219,13 @@ def test_the_fast_path_misses_what_it_has_not_seen_checked():
         (A.numpy(), B, out),
     ]
     for a, b, o in misses:
-        assert front._fast(a, b, o) is None
+        with pytest.raises(ModuleInputError):
+            front.matmul(a, b, o)
     assert kernel.seen == [] and route.calls == 0
-    assert front._fast(A, B, out) is out and len(kernel.seen) == 1
+    assert front.matmul(A, B, out) is out and len(kernel.seen) == 1
     front.reset()
-    assert front._fast(A, B, out) is None  # reset forgets it
+    with pytest.raises(ModuleInputError, match="A is on cpu"):  # reset forgets it
+        front.matmul(A, B, out)
 
 
 def test_the_fast_path_leaves_an_overlapping_out_or_grad_to_the_checked_path():
@@ -219,13 +243,13 @@ def test_the_fast_path_leaves_an_overlapping_out_or_grad_to_the_checked_path():
         (A, B, out.clone().requires_grad_(), "out requires grad"),
     ]
     for a, b, o, words in misses:
-        assert front._fast(a, b, o) is None, words
         with pytest.raises(ModuleInputError, match=words):
             front.matmul(a, b, o)
     assert kernel.seen == [] and route.calls == 0
-    assert front._fast(a_in_flat, B, flat[6 * 64:12 * 64].view(6, 64)) is not None  # adjacent, no byte shared
+    adjacent = flat[6 * 64:12 * 64].view(6, 64)  # right after A, no byte shared
+    assert front.matmul(a_in_flat, B, adjacent) is adjacent
     with torch.no_grad():
-        assert front._fast(A.clone().requires_grad_(), B, out) is out
+        assert front.matmul(A.clone().requires_grad_(), B, out) is out
     assert len(kernel.seen) == 2
 
 
@@ -242,9 +266,9 @@ def test_explain_says_what_was_copied_and_why():
 @pytest.fixture
 def no_gpu_needed(monkeypatch):
     """The GPU questions answered for an H100, modules 'loaded' as their paths."""
-    monkeypatch.setattr(front, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(front, "_arch", lambda index: "sm_90a")  # (device.arch_of's answer is cached)
     monkeypatch.setattr(front.device, "sm_count", lambda index: 132)
-    monkeypatch.setattr(front, "_load", lambda path: TmaKernel())
+    monkeypatch.setattr(front, "load", lambda path: TmaKernel())  # the runtime's loader, as front sees it
 
 
 @pytest.fixture
@@ -258,23 +282,23 @@ def small_pack(tmp_path):
 
 def test_a_pack_serves_first(small_pack, monkeypatch, no_gpu_needed):
     monkeypatch.setenv(kernel_pack.PACK_ENV, str(small_pack))
-    exact, _ = front._route(128, 256, 512, "float16", 0)
+    exact = front.route_of(128, 256, 512)
     assert (exact.source, exact.module_M) == ("kernel pack", 128)
     assert any("m128.so" in line and "built for M=128" in line for line in exact.lines)
     assert any("rule 'r'" in line for line in exact.lines)
-    ranged, known = front._route(16, 256, 512, "float16", 0)
-    assert (ranged.module_M, known) == (None, False) and "knobs chosen for M in 1..64" in "\n".join(ranged.lines)
-    assert front._route(16, 256, 512, "float16", 0) == (ranged, True)  # remembered
+    ranged = front.route_of(16, 256, 512)
+    assert ranged.module_M is None and "knobs chosen for M in 1..64" in "\n".join(ranged.lines)
+    assert front.route_of(16, 256, 512) is ranged  # remembered
 
 
 def test_without_a_compiler_a_pack_serves_less_well_or_the_error_says_how(small_pack, monkeypatch, no_gpu_needed):
     monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
     front.use_pack(small_pack)
-    near, _ = front._route(200, 256, 512, "float16", 0)  # outside the runtime-M module's range 1..64, within 4x
+    near = front.route_of(200, 256, 512)  # outside the runtime-M module's range 1..64, within 4x
     assert near.module_M is None and near.source == "kernel pack"
     assert "nothing can be built here" in "\n".join(near.lines)
     with pytest.raises(front.NoKernelError) as err:
-        front._route(16, 4096, 4096, "float16", 0, strict=True)
+        front.route_of(16, 4096, 4096, strict=True)
     for words in ["M=16, N=4096, K=4096", str(small_pack), "switched off",
                   "pack build --shapes 16x4096x4096 --dtypes float16", "GEMM_LADDER_PACK"]:
         assert words in str(err.value)
@@ -287,7 +311,7 @@ def test_where_no_kernel_serves_torch_does_and_says_so_once(small_pack, monkeypa
     front.use_pack(small_pack)
     A, B = torch.randn(16, 96).half(), torch.randn(40, 96).half()
     with pytest.warns(front.KernelFallbackWarning) as caught:
-        route, _ = front._route(16, 40, 96, "float16", 0)
+        route = front.route_of(16, 40, 96)
     assert len(caught) == 1
     text = str(caught[0].message)
     for words in ["M=16 N=40 K=96", "torch's own matmul", "pack build --shapes 16x40x96", "GEMM_LADDER_STRICT=1"]:
@@ -298,7 +322,7 @@ def test_where_no_kernel_serves_torch_does_and_says_so_once(small_pack, monkeypa
     torch.testing.assert_close(D.float(), (A.float() @ B.float().T), rtol=2e-3, atol=2e-3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same shape again: remembered, no second warning
-        assert front._route(16, 40, 96, "float16", 0) == (route, True)
+        assert front.route_of(16, 40, 96) is route
 
 
 @pytest.mark.parametrize("strict_env", ["1", "true"])
@@ -307,25 +331,31 @@ def test_strict_mode_restores_the_error(small_pack, monkeypatch, no_gpu_needed, 
     monkeypatch.setenv(front.STRICT_ENV, strict_env)
     front.use_pack(small_pack)
     with pytest.raises(front.NoKernelError, match="no kernel pack serves it"):
-        front._route(16, 40, 96, "float16", 0, front._strict(None))
-    assert front._strict(False) is False  # the argument wins over the environment
+        front.route_of(16, 40, 96)  # strict=None: the environment's
+    with pytest.warns(front.KernelFallbackWarning):  # the argument wins over the environment
+        assert front.route_of(16, 40, 96, strict=False).source == "torch fallback"
 
 
-def test_a_module_made_for_a_far_m_is_not_used_silently(small_pack, monkeypatch, no_gpu_needed):
+def test_a_module_made_for_a_far_m_is_not_used_silently(small_pack, monkeypatch, no_gpu_needed, tmp_path):
     """A runtime-M module chosen for M in 1..64 asked for M = 4096 (a split-K module chosen for
     M = 2 once ran M = 4096 at 0.04x cuBLAS): torch serves it, with a warning; strict mode keeps
     the module, still with a warning."""
     monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
     front.use_pack(small_pack)
     with pytest.warns(front.KernelFallbackWarning, match="far outside M 1..64"):
-        route, _ = front._route(4096, 256, 512, "float16", 0)
+        route = front.route_of(4096, 256, 512)
     assert route.source == "torch fallback"
     with pytest.warns(front.KernelFallbackWarning, match="strict mode"):
-        kept, _ = front._route(4096, 256, 512, "float16", 0, strict=True)
+        kept = front.route_of(4096, 256, 512, strict=True)
     assert kept.source == "kernel pack"
-    padded = kernel_pack.Found({"shape": [128, 256, 512], "m_range": [128, 128]}, "pad-m", None)
-    assert front._far(padded.entry, padded.fit, 100) is None       # 128 rows for 100: served
-    assert "copied into 128 rows" in front._far(padded.entry, padded.fit, 16)
+    front.reset()  # a pack of one module, built for M=128: it serves at most twice the rows a call has
+    one = tmp_path / "m128"
+    one.mkdir()
+    front.use_pack(_pack(one, [_module(one, "m128.so", shape=(128, 256, 512))]))
+    served = front.route_of(100, 256, 512)
+    assert (served.source, served.module_M) == ("kernel pack", 128)  # 128 rows for 100: served
+    with pytest.warns(front.KernelFallbackWarning, match="A would be copied into 128 rows for M=16"):
+        assert front.route_of(16, 256, 512).source == "torch fallback"
 
 
 def test_an_m_past_32_bit_indices_is_never_launched_on_our_kernels(small_pack, monkeypatch, no_gpu_needed):
@@ -336,15 +366,16 @@ def test_an_m_past_32_bit_indices_is_never_launched_on_our_kernels(small_pack, m
     front.use_pack(small_pack)
     huge = 2**23  # [M, 512] rows of A: past 2^31 elements
     with pytest.warns(front.KernelFallbackWarning, match="reads M as a 32-bit index and serves M <= "):
-        route, _ = front._route(huge, 256, 512, "float16", 0)
+        route = front.route_of(huge, 256, 512)
     assert route.source == "torch fallback"
     front.reset()
-    monkeypatch.setattr(front, "_why_no_build", lambda: None)  # a compiler here: the policy is asked
+    monkeypatch.delenv("GEMM_LADDER_BUILD")  # TVM's compiler is here: the policy is asked
+    front.reset()
     with pytest.warns(front.KernelFallbackWarning, match="32-bit"):
-        route, _ = front._route(2**31, 4096, 4096, "float16", 0)
+        route = front.route_of(2**31, 4096, 4096)
     assert route.source == "torch fallback"
     with pytest.raises(IndexRangeError, match="32-bit"):
-        front._route(2**31, 4096, 4096, "float16", 0, strict=True)
+        front.route_of(2**31, 4096, 4096, strict=True)
 
 
 def test_a_tiny_problem_runs_ours_eagerly_and_torchs_in_a_graph(small_pack, monkeypatch, no_gpu_needed):
@@ -355,7 +386,7 @@ def test_a_tiny_problem_runs_ours_eagerly_and_torchs_in_a_graph(small_pack, monk
     front.use_pack(small_pack)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a choice, not a gap: no warning
-        route, _ = front._route(128, 256, 512, "float16", 0)
+        route = front.route_of(128, 256, 512)
     assert route.source == "kernel pack" and "under CUDA-graph capture: torch.matmul" in "\n".join(route.lines)
     A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
     want = (A.float() @ B.float().T)
@@ -368,10 +399,10 @@ def test_a_tiny_problem_runs_ours_eagerly_and_torchs_in_a_graph(small_pack, monk
         torch.testing.assert_close(D.float(), want, rtol=2e-3, atol=2e-3)
         assert len(ours.seen) - before == (0 if capturing else ours_calls)
     assert route.module.seen is route.module.ours.seen  # the rest of the module reads through
-    strict, _ = front._route(128, 256, 512, "float16", 0, strict=True)
+    strict = front.route_of(128, 256, 512, strict=True)
     assert not isinstance(strict.module, front.CapturedByTorch)
-    assert front._tiny(1, 768, 768) and front._tiny(1536, 768, 768) and front._tiny(128, 1024, 1024)
-    assert not front._tiny(16, 4096, 4096) and not front._tiny(2, 1280, 5120)  # 33 MB and 13 MB moved
+    assert front.is_tiny(1, 768, 768) and front.is_tiny(1536, 768, 768) and front.is_tiny(128, 1024, 1024)
+    assert not front.is_tiny(16, 4096, 4096) and not front.is_tiny(2, 1280, 5120)  # 33 MB and 13 MB moved
 
 
 def test_the_fallback_takes_any_layout_without_copies(small_pack, monkeypatch, no_gpu_needed):
@@ -389,7 +420,7 @@ def test_a_damaged_pack_in_the_environment_is_an_error(tmp_path, monkeypatch, no
     (tmp_path / "p").mkdir()
     monkeypatch.setenv(kernel_pack.PACK_ENV, str(tmp_path / "p"))
     with pytest.raises(kernel_pack.PackError, match="pack.json is missing"):
-        front._route(16, 256, 512, "float16", 0)
+        front.route_of(16, 256, 512)
 
 
 @pytest.mark.slow
@@ -399,15 +430,15 @@ def test_with_a_compiler_the_policy_builds_into_the_cache(tmp_path, no_gpu_neede
     from gemm_ladder.serve import plan
 
     rule = plan.rule_choice(plan.Problem(16, 256, 512))
-    first, _ = front._route(16, 256, 512, "float16", 0)
+    first = front.route_of(16, 256, 512)
     assert first.source == "fresh build" and first.rung == rule.rung
     text = "\n".join(first.lines)
     assert f"rule {rule.rule!r}" in text and "built now, on first use" in text and str(tmp_path / "cache") in text
     front.reset()
-    again, _ = front._route(16, 256, 512, "float16", 0)
+    again = front.route_of(16, 256, 512)
     assert again.source == "module cache"
     if first.module_M is None:  # the rung takes M at run time: one module for the rule's M
-        other, _ = front._route(12, 256, 512, "float16", 0)  # the same v11 tile (blk_m=16) as M=16
+        other = front.route_of(12, 256, 512)  # the same v11 tile (blk_m=16) as M=16
         assert other.source == "module cache" and other.lines[-1] == again.lines[-1]
 
 
@@ -489,7 +520,7 @@ import ctypes, sys
 ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the build stub stands in for the driver
 from gemm_ladder.serve import front
 front._arch = lambda index: "sm_90a"
-route, _ = front._route(16, 256, 512, "float16", 0, strict=True)  # the pack's module, tiny or not
+route = front.route_of(16, 256, 512, strict=True)  # the pack's module, tiny or not
 import tvm
 assert tvm.base._RUNTIME_ONLY and "tvm_compiler" not in tvm.base._LOADED_LIBS
 compiler_side = [m for m in sys.modules if m.startswith(("layouts", "gemm_ladder.sync.classes", "gemm_ladder.protocol",
@@ -514,7 +545,7 @@ def test_a_pack_serves_with_the_tvm_runtime_alone(tmp_path):
     site = pack_runtime(tmp_path / "rt")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site)] + [p for p in sys.path if p.endswith("site-packages")]),
            "TVM_USE_RUNTIME_LIB": "1", kernel_pack.PACK_ENV: str(tmp_path / "pack")}
-    out = subprocess.run([sys.executable, "-c", RUNTIME_ONLY_ROUTE, str(toolchain._stub_driver())], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", RUNTIME_ONLY_ROUTE, str(toolchain.stub_driver())], capture_output=True,
                          text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[:2] == ["kernel", "pack"] and out.stdout.split()[3] == "GemmModule"

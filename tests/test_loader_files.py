@@ -1,7 +1,7 @@
 """Files the project hands to the dynamic loader are checked first: loading a truncated shared
 library kills the process with a bus error (exit 135) and no message.
 
-- the driver stand-in (``toolchain._stub_driver``): its size and sha256 are recorded beside it;
+- the driver stand-in (``toolchain.stub_driver``): its size and sha256 are recorded beside it;
   a truncated or changed copy is rebuilt (atomically) with a one-line warning, or refused in one
   line where no C compiler can rebuild it;
 - a runtime pack's libraries (``pack.pack_runtime`` records them in ``site/RUNTIME_LIBS.json``):

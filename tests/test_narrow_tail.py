@@ -121,19 +121,13 @@ def test_best_tail_n_is_the_narrowest_that_cuts():
     assert narrowtail.best_tail_n(33, 16, 4096, 256, 1, 132) == 0
 
 
-@pytest.fixture(scope="module")
-def built():
-    from gemm_ladder.compile.builder import build
-
-    return build("v9", 4096, 4096, 4096, tail_n=232, cluster_m=1, dtype="bfloat16")
+NARROW_TAIL_BUILD = ("v9", (4096, 4096, 4096), dict(tail_n=232, cluster_m=1, dtype="bfloat16"))
 
 
 def test_sass_has_the_narrow_wgmma_and_register_stores_and_no_spills(built):
-    from gemm_ladder.compile import sass
-
-    text = sass.disassemble(built.binary)
+    b = built(*NARROW_TAIL_BUILD)
+    text, counts = b.sass, b.counts
     assert set(re.findall(r"HGMMA\.(\d+x\d+)x16\.F32\.BF16", text)) == {"64x256", "64x232"}
-    counts = sass.instruction_counts(text)
     assert counts["LDL"] + counts["STL"] == 0, counts
     # 232 = 3 staged chunks of 64 + 40 columns from the registers: 5 column groups of 8, in two
     # rows of the fragment, one 4-byte store a pair

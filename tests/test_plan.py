@@ -162,7 +162,7 @@ def test_rule_split_k(M, N, K):
     """M > 64, a K long enough that every split keeps 4096 of it, and the wave model finishes
     sooner split: v10 with the model's tile and split_k."""
     c = rule_choice(P(M, N, K))
-    best = plan._split_plan(P(M, N, K))
+    best = plan.split_plan(P(M, N, K))
     assert (c.rule, c.rung) == ("split-k", "v10") and best.split_k > 1
     assert K // best.split_k >= plan.SPLIT_K_MIN_SLICE
     knobs = rung_knobs(c)
@@ -268,7 +268,8 @@ def test_epi_under_from_the_second_tile(n_tiles, on):
     """epi_under turns on at one 128x256 tile more than the SMs: the first CTA with a second tile."""
     p = P(128, 256 * n_tiles, 4096)
     assert p.tiles(128, 256) == n_tiles
-    assert plan._large_knobs(p) == ({"epi_under": True} if on else {})  # pylint: disable=protected-access
+    large = rule_choice(p, [r for r in plan.RULES if r.name == "large"])
+    assert large.knobs.get("epi_under", False) is on, large.knobs
 
 
 def test_rule_large_on_blackwell():

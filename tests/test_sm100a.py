@@ -6,7 +6,7 @@ SASS names of the tcgen05 forms (cuobjdump 13): ``tcgen05.mma.cta_group::1.kind:
 ``UTCHMMA`` (fp16 and bf16 alike), ``tcgen05.commit`` is ``UTCBAR``, ``tcgen05.ld`` is
 ``LDTM``; TMA loads and stores are ``UTMALDG`` / ``UTMASTG``; Hopper's wgmma is ``HGMMA``.
 
-Each module is built once per session (about 5 s each on two cores).
+Each module is built once per file, when a test first asks for it (about 5 s each on two cores).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 from gemm_ladder import ConfigError
 from gemm_ladder.core.config import ARCHS
-from tests.lowered import launch_of, lowered_script
+from tests.lowered import launch_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCH = "sm_100a"
@@ -41,16 +41,10 @@ TMA_RUNGS = ("v4", "v5", "v6")
 TYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
-@pytest.fixture(scope="module")
-def built():
-    """rung -> (BuiltModule, SASS text, lowered TIR script); each built once."""
-    from gemm_ladder.compile import builder, sass
-
-    out = {}
-    for rung, (shape, knobs) in CASES.items():
-        mod = builder.build(rung, *shape, arch=ARCH, **knobs)
-        out[rung] = (mod, sass.disassemble(mod.binary), lowered_script(mod))
-    return out
+def _built(built, rung):
+    """``CASES[rung]`` built for sm_100a (the conftest factory builds each once)."""
+    shape, knobs = CASES[rung]
+    return built(rung, shape, {**knobs, "arch": ARCH})
 
 
 # -- parsing the generated code ------------------------------------------------------------
@@ -145,8 +139,8 @@ def tma_stages(source: str) -> list[tuple[str, int, list[str]]]:
 def test_sass_has_the_technique(built, rung):
     from gemm_ladder.compile import sass
 
-    mod, text, _ = built[rung]
-    counts = sass.instruction_counts(text)
+    b = _built(built, rung)
+    mod, counts = b.module, b.counts
     assert sass.sm_of(mod.binary) == ARCH
     assert counts["UTCHMMA"] > 0, "no tcgen05.mma (UTCHMMA) in the SASS"
     assert counts["UTCBAR"] > 0, "no tcgen05.commit (UTCBAR) in the SASS"
@@ -164,7 +158,8 @@ def test_sass_has_the_technique(built, rung):
 @pytest.mark.parametrize("rung", list(CASES))
 def test_smem_bytes_match_the_launch(built, rung):
     """The manifest's smem_bytes is what the host asks cuLaunchKernel for, and it fits."""
-    mod, _, script = built[rung]
+    b = _built(built, rung)
+    mod, script = b.module, b.lowered
     launch = mod.manifest()["launch"]
     assert int(launch_of(script)["tirx.use_dyn_shared_memory"]) == launch["smem_bytes"]
     assert launch["smem_bytes"] <= ARCHS[ARCH].smem_per_block
@@ -172,7 +167,8 @@ def test_smem_bytes_match_the_launch(built, rung):
 
 @pytest.mark.parametrize("rung", TMA_RUNGS)
 def test_expect_tx_equals_the_bytes_tma_moves(built, rung):
-    mod, _, script = built[rung]
+    b = _built(built, rung)
+    mod, script = b.module, b.lowered
     boxes = tensormap_boxes(script)
     assert set(boxes) == {"A_tensormap", "B_tensormap", "D_tensormap"}
     stages = tma_stages(mod.source)
@@ -192,7 +188,7 @@ def test_every_phase_of_the_ring_gets_its_boxes_bytes(built, rung):
     counted in full, and the ring has a barrier per stage."""
     from gemm_ladder.protocol.check import check_module
 
-    mod = built[rung][0]
+    mod = _built(built, rung).module
     report = check_module(mod, policies=("forward",), which="first")
     assert report.ok, report.table()
     c = mod.cfg
@@ -208,21 +204,23 @@ def test_every_phase_of_the_ring_gets_its_boxes_bytes(built, rung):
 
 
 def test_expect_tx_parser_catches_a_wrong_count(built):
-    mod, _, script = built["v4"]
+    b = _built(built, "v4")
+    mod, script = b.module, b.lowered
     bad = re.sub(r"(mbarrier_arrive_expect_tx\w*\(.*\(uint\))(\d+)", lambda m: m.group(1) + "16", mod.source)
     boxes = tensormap_boxes(script)
     assert any(n != sum(boxes[m] for m in maps) for _, n, maps in tma_stages(bad))
 
 
 def test_v5_ring_has_a_barrier_per_stage(built):
-    mod, _, _ = built["v5"]
+    mod = _built(built, "v5").module
     bars = {bar for bar, _, _ in tma_stages(mod.source)}
     assert len(bars) == 1 and "stage" in next(iter(bars)), bars  # indexed by the ring stage
 
 
 # -- v6: persistent launch -----------------------------------------------------------------
 def test_v6_is_persistent(built, monkeypatch):
-    mod, _, script = built["v6"]
+    b = _built(built, "v6")
+    mod, script = b.module, b.lowered
     launch = mod.manifest()["launch"]
     assert launch["persistent"] is True and launch["threads"] == 256
     assert re.search(r"hgemm_kernel\([^)]*, int num_ctas\)", mod.source), "no trailing num_ctas"
@@ -241,12 +239,13 @@ def test_v6_is_persistent(built, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: Props())
     gm = GemmModule("v6.so", mod.manifest(), None)
-    assert gm._launch_args(torch.device("cuda", 0)) == [148]
+    assert gm.launch_args(torch.device("cuda", 0)) == [148]
 
 
 def test_non_persistent_rungs_take_no_extra_argument(built):
     for rung in ("v4", "v5"):
-        mod, _, script = built[rung]
+        b = _built(built, rung)
+        mod, script = b.module, b.lowered
         assert "persistent" not in mod.manifest()["launch"]
         assert launch_of(script)["blockIdx.x"] == str(mod.cfg.grid_mn[0])
 

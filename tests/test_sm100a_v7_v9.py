@@ -19,7 +19,7 @@ import pytest
 
 from gemm_ladder import ConfigError
 from gemm_ladder.core.config import ARCHS
-from tests.lowered import launch_of, lowered_script
+from tests.lowered import launch_of
 from tests.test_sm100a import tensormap_boxes, tma_stage_loads
 
 ARCH = "sm_100a"
@@ -51,23 +51,11 @@ CASES = {
 IDS = list(CASES)
 
 
-@pytest.fixture(scope="module")
-def built():
-    """case id -> (BuiltModule, SASS text, lowered TIR script, cuobjdump resources); each case
-    is built once, when a test first asks for it (so ``-k v8`` builds only v8's)."""
-    from gemm_ladder.compile import builder, sass
-
-    cache = {}
-
-    def get(case):
-        if case not in cache:
-            rung, shape, knobs = CASES[case]
-            mod = builder.build(rung, *shape, arch=ARCH, **knobs)
-            cache[case] = (mod, sass.disassemble(mod.binary), lowered_script(mod),
-                           sass.resource_usage(mod.binary))
-        return cache[case]
-
-    return get
+def _built(built, case):
+    """``CASES[case]`` built for sm_100a (the conftest factory builds each once, when a test first
+    asks for it, so ``-k v8`` builds only v8's)."""
+    rung, shape, knobs = CASES[case]
+    return built(rung, shape, {**knobs, "arch": ARCH})
 
 
 def rung_of(case):
@@ -123,7 +111,8 @@ def setmaxnreg(sass_text: str) -> dict[str, list[int]]:
 def test_sass_has_the_technique(built, case):
     from gemm_ladder.compile import sass
 
-    mod, text, _, _ = built(case)
+    b = _built(built, case)
+    mod, text = b.module, b.sass
     rung = mod.cfg.rung
     counts = sass.instruction_counts(text)
     assert sass.sm_of(mod.binary) == ARCH
@@ -151,7 +140,8 @@ def test_sass_has_the_technique(built, case):
 def test_register_budgets_fit_the_pool(built, case):
     """setmaxnreg.inc waits until the CTA's pool can serve it: the budgets must fit the
     registers ptxas gave every thread at launch, and be the ones the rung declares."""
-    mod, text, _, res = built(case)
+    b = _built(built, case)
+    mod, text, res = b.module, b.sass, b.resources
     from gemm_ladder.sm100a import common
 
     threads = mod.manifest()["launch"]["threads"]
@@ -170,7 +160,8 @@ def test_no_spills_in_loops(built, case):
     """No local memory in any loop. ptxas may keep the warp index in one stack slot across
     tcgen05.alloc's out-of-line trap call (it does when setmaxnreg is present): that slot is
     written once before the roles split and read at role entry, outside every loop."""
-    _, text, _, res = built(case)
+    b = _built(built, case)
+    text, res = b.sass, b.resources
     assert res.local == 0 and res.stack <= 8, res
     spans = loops(text)
     for addr, op, _ in instructions(text):
@@ -185,7 +176,8 @@ def test_no_spills_in_loops(built, case):
 def test_smem_and_launch(built, case):
     """The manifest's shared memory is what the host asks for and fits a B200 block; clustered
     rungs launch clusters of the size the manifest says."""
-    mod, _, script, _ = built(case)
+    b = _built(built, case)
+    mod, script = b.module, b.lowered
     launch = mod.manifest()["launch"]
     host = launch_of(script)
     assert int(host["tirx.use_dyn_shared_memory"]) == launch["smem_bytes"] <= ARCHS[ARCH].smem_per_block
@@ -202,7 +194,7 @@ def test_smem_and_launch(built, case):
 def test_tmem_use(built, case):
     """All 512 columns are allocated (cta_group::2 from v8 on) and the epilogue's tcgen05.ld
     cover exactly the two accumulators the MMAs write, inside the 512 columns."""
-    mod, _, _, _ = built(case)
+    mod = _built(built, case).module
     src = mod.source
     group = 1 if mod.cfg.rung == "v7" else 2
     allocs = re.findall(r"tcgen05_alloc_alloc_cta_group__(\d)\w*\(.*\(uint\)(\d+)\);", src)
@@ -224,7 +216,8 @@ def test_expect_tx_equals_the_bytes_tma_lands(built, case):
     """Per ring stage the expect-tx of the barrier the MMA waits on equals the bytes every load
     that completes on it lands: box bytes times the CTAs its multicast mask writes, times the
     CTAs of the pair whose loads complete on the leader's barrier (v8 on)."""
-    mod, _, script, _ = built(case)
+    b = _built(built, case)
+    mod, script = b.module, b.lowered
     boxes = tensormap_boxes(script)
     assert set(boxes) == {"A_tensormap", "B_tensormap", "D_tensormap"}
     stages = tma_stage_loads(mod.source)
@@ -285,7 +278,7 @@ def test_arrival_counts_match_the_arrivers(built, case):
     """Every barrier's arrival count is the number of arrivals one phase gets: one expect-tx
     arrive; one commit from every pair leader whose multicast mask covers the CTA; one arrive
     per epilogue thread of every consumer warpgroup (of both CTAs of the pair from v8 on)."""
-    mod, _, _, _ = built(case)
+    mod = _built(built, case).module
     from gemm_ladder.sm100a import common
 
     launch = mod.manifest()["launch"]
@@ -363,6 +356,6 @@ def test_persistent_cluster_grid_is_whole_clusters(monkeypatch):
     man = {"rung": "v8", "shape": [4096] * 3, "dtype": "float16", "arch": ARCH, "knobs": {},
            "tvm_version": "0.27.0.post1",
            "launch": {"persistent": True, "cluster": 4, "threads": 384, "smem_bytes": 200000}}
-    assert GemmModule("v8.so", man, None)._launch_args(torch.device("cuda", 0)) == [148]
+    assert GemmModule("v8.so", man, None).launch_args(torch.device("cuda", 0)) == [148]
     man["launch"] = {"persistent": True}
-    assert GemmModule("v7.so", man, None)._launch_args(torch.device("cuda", 0)) == [150]
+    assert GemmModule("v7.so", man, None).launch_args(torch.device("cuda", 0)) == [150]

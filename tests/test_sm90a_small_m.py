@@ -56,8 +56,9 @@ from gemm_ladder import ConfigError
     ],
 )
 def test_refuses_bad_knobs_with_a_fix(rung, shape, knobs, words):
-    if not words:
-        assert gemm_ladder.make_config(rung, *shape, **knobs).rung == rung
+    if not words:  # accepted, each knob as given (none dropped or changed on the way)
+        cfg = gemm_ladder.make_config(rung, *shape, **knobs)
+        assert {k: cfg.knobs()[k] for k in knobs} == knobs, cfg.knobs()
         return
     with pytest.raises(ConfigError) as err:
         gemm_ladder.make_config(rung, *shape, **knobs)
@@ -94,7 +95,7 @@ def test_workspace_sizes_agree_between_kernel_and_runtime():
             from gemm_ladder.serve.runtime import ModuleInputError
 
             with pytest.raises(ModuleInputError, match="32-bit indices"):
-                mod._workspace_args(2**31 // (s * cfg.N) + cfg.blk_m * 2, None)
+                mod.workspace_args(2**31 // (s * cfg.N) + cfg.blk_m * 2, None)
 
 
 # -- the index arithmetic, played out in numpy ---------------------------------------------------
@@ -280,30 +281,15 @@ CPU_BUILDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    from gemm_ladder.compile.builder import build
-
-    out = tmp_path_factory.mktemp("small_m")
-    mods = {}
-    for name, (rung, shape, knobs) in CPU_BUILDS.items():
-        mod = build(rung, *shape, **knobs)
-        mods[name] = (mod, mod.export(out / f"{name}.so"))
-    return mods
-
-
 @pytest.mark.parametrize("name", sorted(CPU_BUILDS))
 def test_sass_has_the_technique_and_no_spills(built, name):
-    from gemm_ladder.compile import sass
     from gemm_ladder.sm90a import splitk
 
-    mod, _ = built[name]
-    cfg = mod.cfg
-    text = sass.disassemble(mod.binary)
-    counts = sass.instruction_counts(text)
+    b = built(*CPU_BUILDS[name])
+    cfg, text, counts = b.module.cfg, b.sass, b.counts
     for op in ("UTMALDG", "UTMASTG", "HGMMA", "STSM", "SYNCS"):
         assert counts[op] > 0, (op, counts)
-    res = sass.resource_usage(mod.binary)
+    res = b.resources
     assert counts["LDL"] == 0 and counts["STL"] == 0 and res.stack == 0 and res.local == 0, (counts, res)
     split = splitk.split_k(cfg) > 1
     if cfg.rung == "v11":  # M is wgmma's N; D^T leaves through transposed stmatrix
@@ -324,10 +310,10 @@ def test_sass_has_the_technique_and_no_spills(built, name):
 def test_stream_b_puts_an_l2_policy_on_every_load(built):
     """stream_b: every TMA load, whole or a multicast part, carries an L2 cache policy (a
     ``desc[...]`` operand on UTMALDG in SASS); the loads of the other builds carry none."""
-    from gemm_ladder.compile import sass
-
-    for name, (mod, _) in built.items():
-        loads = [line for line in sass.disassemble(mod.binary).splitlines() if "UTMALDG" in line]
+    for name, case in CPU_BUILDS.items():
+        b = built(*case)
+        mod = b.module
+        loads = [line for line in b.sass.splitlines() if "UTMALDG" in line]
         hinted = [line for line in loads if "desc[" in line]
         if dict(mod.cfg.extra)["stream_b"]:
             assert loads and len(hinted) == len(loads) and any("MULTICAST" in line for line in hinted), name
@@ -350,7 +336,7 @@ def test_stream_b_tensor_maps_fetch_256_bytes_per_l2_miss(rung, knobs):
 
 
 def test_kernel_source_counts_once_per_consumer_and_sums_in_split_order(built):
-    src = built["v10_default"][0].cuda_source()
+    src = built(*CPU_BUILDS["v10_default"]).module.cuda_source()
     body = src[src.index("__global__ void"):]
     assert body.count("atom_acq_rel_gpu_global_add_u32(") == 1
     assert body.count("st_relaxed_gpu_global_u32(") == 1  # the counter's reset, by the last unit
@@ -362,7 +348,8 @@ def test_kernel_source_counts_once_per_consumer_and_sums_in_split_order(built):
 def test_launch_records_the_workspace_and_the_runtime_m(built):
     from gemm_ladder.core.budget import limits_for
 
-    for name, (mod, _) in built.items():
+    for name, case in CPU_BUILDS.items():
+        mod = built(*case).module
         launch = mod.extra["launch"]
         assert launch["persistent"] is True and launch["threads"] == 128 * (mod.cfg.num_warpgroups + 1)
         assert launch["smem_bytes"] <= limits_for("sm_90a").smem_per_block
@@ -376,7 +363,7 @@ def test_launch_records_the_workspace_and_the_runtime_m(built):
     for name in ("v11_dyn", "v10_dyn", "v11_m1", "v11_nosplit"):
         # a runtime M is bound from A by the host code; M = 1 is written with a runtime M too (a
         # constant extent of 1 breaks tma_auto), which the host code checks against A's one row
-        func = kernel_of(built[name][0].cfg)
+        func = kernel_of(built(*CPU_BUILDS[name]).module.cfg)
         A, _, D, P = func.params[:4]
         if name == "v11_nosplit":
             assert int(A.shape[0]) == int(D.shape[0]) == 64

@@ -54,8 +54,8 @@ def test_refuses_shapes_it_cannot_take_with_a_fix(rung, shape, knobs, words):
     ],
 )
 def test_takes_its_shapes(rung, shape, knobs):
-    cfg = gemm_ladder.make_config(rung, *shape, **knobs)
-    assert cfg.shape == shape
+    cfg = gemm_ladder.make_config(rung, *shape, **knobs)  # accepted (a refusal raises ConfigError)
+    assert {k: cfg.knobs()[k] for k in knobs} == knobs, cfg.knobs()  # each knob as given
 
 
 def test_launch_is_one_cta_then_a_grid():
@@ -80,25 +80,14 @@ BUILDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def built():
-    from gemm_ladder.compile import sass
-
-    out = {}
-    for name, (rung, shape, knobs) in BUILDS.items():
-        mod = gemm_ladder.build(rung, *shape, **knobs)
-        text = sass.disassemble(mod.binary)
-        out[name] = (mod, sass.instruction_counts(text), sass.resource_usage(mod.binary), text)
-    return out
-
-
 def _kernel_body(src: str) -> str:
     return src[src.rindex('extern "C" __global__'):]
 
 
 @pytest.mark.parametrize("name", list(BUILDS))
 def test_sass_has_wgmma_no_tma_no_spills(built, name):
-    mod, counts, res, _ = built[name]
+    b = built(*BUILDS[name])
+    counts, res = b.counts, b.resources
     assert counts["HGMMA"] >= 4, counts
     assert counts["UTMALDG"] == 0 and counts["UTMASTG"] == 0, counts
     assert counts["LDL"] == 0 and counts["STL"] == 0, counts
@@ -110,8 +99,8 @@ def test_sass_has_wgmma_no_tma_no_spills(built, name):
 
 @pytest.mark.parametrize("name", list(BUILDS))
 def test_copies_are_16_bytes_and_stores_are_pairs(built, name):
-    mod, _, _, text = built[name]
-    lines = text.splitlines()
+    b = built(*BUILDS[name])
+    mod, lines = b.module, b.sass.splitlines()
     for op in ("LDG", "STS"):  # global -> shared in 16-byte chunks (one swizzle chunk each)
         found = [line for line in lines if re.search(rf"\b{op}\b", line)]
         assert found and all(".128" in line for line in found), (op, found[:3])
@@ -123,8 +112,8 @@ def test_copies_are_16_bytes_and_stores_are_pairs(built, name):
 
 @pytest.mark.parametrize("name", list(BUILDS))
 def test_stores_are_fenced_for_wgmma_before_the_barrier(built, name):
-    mod, _, _, text = built[name]
-    src = mod.cuda_source()
+    b = built(*BUILDS[name])
+    src = b.module.cuda_source()
     assert "fence.proxy.async.shared::cta" in src
     body = _kernel_body(src)
     fence = body.index("fence_proxy_proxy_async_shared__cta()")
@@ -132,31 +121,30 @@ def test_stores_are_fenced_for_wgmma_before_the_barrier(built, name):
     first_mma = body.index("mma_async_sync_aligned_m64n")
     last_copy = body.rindex("st_vec_shared_v4_u32", 0, fence)
     assert last_copy < fence < barrier < first_mma
-    assert "FENCE.VIEW.ASYNC.S" in text
+    assert "FENCE.VIEW.ASYNC.S" in b.sass
 
 
 def test_k_loop_frees_the_stage_before_the_next_copy(built):
     # v2/v3: a second barrier after wait_group, before the next slice overwrites the stage
     for name in ("v2_f16", "v3_edge_f16"):
-        body = _kernel_body(built[name][0].cuda_source())
+        body = _kernel_body(built(*BUILDS[name]).module.cuda_source())
         wait = body.index("wgmma_wait_group")
         assert "cta_sync()" in body[wait:body.index("}", wait)], name
 
 
 def test_v3_guards_only_the_edges_a_shape_has(built):
-    edge = _kernel_body(built["v3_edge_f16"][0].cuda_source())
-    even = _kernel_body(built["v3_even_bf16"][0].cuda_source())
+    edge_module = built(*BUILDS["v3_edge_f16"]).module
+    edge = _kernel_body(edge_module.cuda_source())
+    even = _kernel_body(built(*BUILDS["v3_even_bf16"]).module.cuda_source())
     assert "if (" in edge and "= (uint)0;" in edge  # zero-filled chunks past M, N and K
     assert "if (" not in even and "(uint)0" not in even
-    assert built["v3_edge_f16"][0].extra["launch"]["grid"] == [8, 24]
+    assert edge_module.extra["launch"]["grid"] == [8, 24]
 
 
-def test_export_carries_sass(built, build_dir):
+def test_export_carries_sass(built):
     from gemm_ladder.compile import sass
 
-    mod = built["v3_edge_f16"][0]
-    path = mod.export(build_dir / "v3_edge.so")
-    blob = path.read_bytes()
+    blob = built(*BUILDS["v3_edge_f16"]).path.read_bytes()
     assert sass.has_device_binary(blob) and b"__global__" not in blob
 
 

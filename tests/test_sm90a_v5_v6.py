@@ -93,37 +93,21 @@ CPU_BUILDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    from gemm_ladder.compile.builder import build
-
-    out = tmp_path_factory.mktemp("v5v6")
-    mods = {}
-    for name, (rung, shape, knobs) in CPU_BUILDS.items():
-        mod = build(rung, *shape, **knobs)
-        path = mod.export(out / f"{name}.so")
-        mods[name] = (mod, path)
-    return mods
-
-
 @pytest.mark.parametrize("name", sorted(CPU_BUILDS))
 def test_sass_has_tma_wgmma_and_no_spills(built, name):
-    from gemm_ladder.compile import sass
-
-    mod, path = built[name]
-    text = sass.disassemble(mod.binary)
-    counts = sass.instruction_counts(text)
+    b = built(*CPU_BUILDS[name])
+    counts = b.counts
     for op in ("UTMALDG", "UTMASTG", "HGMMA", "STSM"):
         assert counts[op] > 0, (op, counts)
     assert counts["LDL"] == 0 and counts["STL"] == 0, counts
-    res = sass.resource_usage(mod.binary)
+    res = b.resources
     assert res.stack == 0 and res.local == 0, res
     assert res.registers <= 255
 
 
 def test_manifests_say_how_to_launch(built):
-    v5 = json.loads(built["v5_default"][1].with_suffix(".so.json").read_text())
-    v6 = json.loads(built["v6_default"][1].with_suffix(".so.json").read_text())
+    v5 = json.loads(built(*CPU_BUILDS["v5_default"]).path.with_suffix(".so.json").read_text())
+    v6 = json.loads(built(*CPU_BUILDS["v6_default"]).path.with_suffix(".so.json").read_text())
     assert not v5["launch"].get("persistent")
     assert v5["launch"]["grid"] == [32, 16]
     assert v6["launch"]["persistent"] is True
@@ -135,15 +119,15 @@ def test_manifests_say_how_to_launch(built):
 @pytest.mark.parametrize("name", sorted(CPU_BUILDS))
 def test_smem_bytes_match_the_launch(built, name):
     """The budget's formula is what the host asks cuLaunchKernel for (the lowered launch)."""
-    from tests.lowered import launch_of, lowered_script
+    from tests.lowered import launch_of
 
-    mod, path = built[name]
-    launch = json.loads(path.with_suffix(".so.json").read_text())["launch"]
-    assert int(launch_of(lowered_script(mod))["tirx.use_dyn_shared_memory"]) == launch["smem_bytes"]
+    b = built(*CPU_BUILDS[name])
+    launch = json.loads(b.path.with_suffix(".so.json").read_text())["launch"]
+    assert int(launch_of(b.lowered)["tirx.use_dyn_shared_memory"]) == launch["smem_bytes"]
 
 
 def test_v6_source_has_the_scheduler_loop(built):
-    src = built["v6_default"][0].cuda_source()
+    src = built(*CPU_BUILDS["v6_default"]).module.cuda_source()
     head = src[src.index("__global__ void"):]
     signature = head[: head.index("{")]
     assert "int num_ctas" in signature  # the grid size arrives at launch
@@ -153,7 +137,7 @@ def test_v6_source_has_the_scheduler_loop(built):
 
 
 def test_v5_source_keeps_one_wgmma_group_in_flight(built):
-    src = built["v5_default"][0].cuda_source()
+    src = built(*CPU_BUILDS["v5_default"]).module.cuda_source()
     assert "wait_group_sync_aligned_1" in src and "mbarrier_arrive" in src
 
 

@@ -56,8 +56,9 @@ V7_V9 = ("v7", "v8", "v9")
     ],
 )
 def test_refuses_bad_knobs_with_a_fix(rung, knobs, words):
-    if not words:  # a config that must be accepted
-        assert gemm_ladder.make_config(rung, 4096, 4096, 4096, **knobs).rung == rung
+    if not words:  # a config that must be accepted, each knob as given
+        cfg = gemm_ladder.make_config(rung, 4096, 4096, 4096, **knobs)
+        assert {k: cfg.knobs()[k] for k in knobs} == knobs, cfg.knobs()
         return
     with pytest.raises(ConfigError) as err:
         gemm_ladder.make_config(rung, 4096, 4096, 4096, **knobs)
@@ -123,35 +124,14 @@ CPU_BUILDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    from gemm_ladder.compile.builder import build
-
-    out = tmp_path_factory.mktemp("v7v9")
-    mods = {}
-    for name, (rung, shape, knobs) in CPU_BUILDS.items():
-        mod = build(rung, *shape, **knobs)
-        mods[name] = (mod, mod.export(out / f"{name}.so"))
-    return mods
-
-
-def _sass(built, name):
-    from gemm_ladder.compile import sass
-
-    return sass.disassemble(built[name][0].binary)
-
-
 @pytest.mark.parametrize("name", sorted(CPU_BUILDS))
 def test_sass_has_the_technique_and_no_spills(built, name):
-    from gemm_ladder.compile import sass
-
-    mod, _ = built[name]
-    text = _sass(built, name)
-    counts = sass.instruction_counts(text)
+    b = built(*CPU_BUILDS[name])
+    mod, text, counts = b.module, b.sass, b.counts
     for op in ("UTMALDG", "UTMASTG", "HGMMA", "STSM", "SYNCS"):
         assert counts[op] > 0, (op, counts)
     assert counts["LDL"] == 0 and counts["STL"] == 0, counts
-    res = sass.resource_usage(mod.binary)
+    res = b.resources
     assert res.stack == 0 and res.local == 0, res
     # v7+: with two or three consumers the producer gives registers back and the consumers take
     # them; with one, every thread already holds 255 and nothing moves
@@ -172,7 +152,8 @@ def test_sass_has_the_technique_and_no_spills(built, name):
 def test_launch_records_threads_cluster_and_persistence(built):
     from gemm_ladder.sm90a import common
 
-    for name, (mod, _) in built.items():
+    for name, case in CPU_BUILDS.items():
+        mod = built(*case).module
         launch = mod.extra["launch"]
         assert launch["persistent"] is True
         assert launch["threads"] == 128 * (mod.cfg.num_warpgroups + 1)  # producer + consumers
@@ -183,14 +164,14 @@ def test_launch_records_threads_cluster_and_persistence(built):
 
 
 def test_v7_consumers_sync_without_the_producer(built):
-    src = built["v7_default"][0].cuda_source()
+    src = built(*CPU_BUILDS["v7_default"]).module.cuda_source()
     body = src[src.index("__global__ void"):]
     assert "__syncthreads" not in body.split("setmaxnreg_dec")[1]  # no CTA barrier after the split
     assert re.search(r"bar_sync_count_sync\(\(uint\)1, \(uint\)256\)", body)  # consumers only
 
 
 def test_v8_cluster_barriers_fence_the_kernel(built):
-    src = built["v8_default"][0].cuda_source()
+    src = built(*CPU_BUILDS["v8_default"]).module.cuda_source()
     body = src[src.index("__global__ void"):]
     assert body.count("barrier_cluster_arrive") == 2 and body.count("barrier_cluster_wait") == 2
     assert "mapa" in src  # releases reach the peer CTA's barrier
@@ -202,11 +183,10 @@ def test_descriptors_are_encoded_once_per_slice(built, name):
     K with a 64-bit add: an encode (address >> 4, a 64-bit USHF.R.U64) per operand and slice, not
     per wgmma. (The stepped descriptor equals an encode at that address: test_layouts checks the
     offsets against TVM's layout.)"""
-    from gemm_ladder.compile import sass
-
-    text = sass.disassemble(built[name][0].binary)
+    b = built(*CPU_BUILDS[name])
+    text, cfg = b.sass, b.module.cfg
     hgmma, encodes = len(re.findall(r"\bHGMMA\.", text)), len(re.findall(r"USHF\.R\.U64", text))
-    m_atoms = built[name][0].cfg.blk_m // 64 // built[name][0].cfg.num_warpgroups
+    m_atoms = cfg.blk_m // 64 // cfg.num_warpgroups
     assert hgmma and encodes <= hgmma * (1 + m_atoms) // (4 * m_atoms), (hgmma, encodes)
 
 
@@ -216,15 +196,13 @@ def test_v8_v9_encode_descriptors_once_per_tile(built, name):
     descriptors once per tile (``encode_slot0``) and reaches each slot by an add: the kernel holds
     exactly one encode (a 64-bit USHF.R.U64) per operand, however far the K loop is unrolled.
     (v7 writes its loop out with ``mma_k_tile``'s per-slice encode; the test above bounds it.)"""
-    from gemm_ladder.compile import sass
-
-    text = sass.disassemble(built[name][0].binary)
+    text = built(*CPU_BUILDS[name]).sass
     assert len(re.findall(r"USHF\.R\.U64", text)) == 2
     assert len(re.findall(r"\bHGMMA\.", text)) >= 4  # the K steps of a slice are there
 
 
 def test_v9_each_consumer_has_its_own_named_barrier(built):
-    src = built["v9_w3"][0].cuda_source()
+    src = built(*CPU_BUILDS["v9_w3"]).module.cuda_source()
     body = src[src.index("__global__ void"):]
     # bar.sync <consumer warpgroup index>, 128: one barrier id per consumer, 128 threads each
     assert re.search(r"bar_sync_count_sync\(\(\(uint\)\(warp_id_in_cta >> 2\)\), \(uint\)128\)", body)
@@ -241,7 +219,7 @@ def test_v9_epi_under_stages_chunks_between_the_next_tiles_wgmmas(built, name, u
     issues, and the wgmmas stay asynchronous (ptxas serialises them, one wait per HGMMA, when
     it cannot prove the accumulators it sees read are not in flight); without it every stmatrix
     comes after the K loop's last wgmma."""
-    text = _sass(built, name)
+    text = built(*CPU_BUILDS[name]).sass
     hgmma, stsm = _lines_of(text, r"\bHGMMA\."), _lines_of(text, r"\bSTSM\b")
     between = [i for i in stsm if hgmma[0] < i < hgmma[-1]]
     assert bool(between) == under, (name, len(between))

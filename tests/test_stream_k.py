@@ -203,15 +203,12 @@ def test_workspace_grows_with_the_ctas_and_agrees_between_kernel_and_runtime():
     assert splitk.workspace_elems(plain, 4096, "float32") == 1
 
 
-@pytest.fixture(scope="module")
-def built():
-    from gemm_ladder.compile.builder import build
-
-    return build("v10", 3000, 5000, 1000, split_k=1, stream_k=True, dtype="bfloat16")
+STREAM_K_BUILD = ("v10", (3000, 5000, 1000), dict(split_k=1, stream_k=True, dtype="bfloat16"))
 
 
 def test_kernel_meets_once_per_piece_and_sums_up_to_three_slots(built):
-    body = built.cuda_source()[built.cuda_source().index("__global__ void"):]
+    src = built(*STREAM_K_BUILD).module.cuda_source()
+    body = src[src.index("__global__ void"):]
     assert body.count("ld_acquire_gpu_global_u32(") == 1  # the partner counted already?
     assert body.count("atom_acq_rel_gpu_global_add_u32(") == 1
     assert body.count("st_relaxed_gpu_global_u32(") == 1  # the reset, by the last piece
@@ -238,10 +235,8 @@ def test_sass_keeps_the_k_loops_free_of_spills(built):
     """The producer's 40 registers hold its stream-K state only in part: ptxas spills a few
     scalars around each piece (a handful of local loads and stores, once a piece), never in a K
     loop of loads or wgmmas; the consumers spill nothing."""
-    from gemm_ladder.compile import sass
-
-    text = sass.disassemble(built.binary)
-    counts = sass.instruction_counts(text)
+    b = built(*STREAM_K_BUILD)
+    text, counts = b.sass, b.counts
     assert counts["LDL"] + counts["STL"] <= 16, counts
     loops = _inner_loops(text)
     loads = [b for b in loops if any("UTMALDG" in o for o in b)]

@@ -10,14 +10,10 @@ import json
 
 import pytest
 
-import gemm_ladder
 from gemm_ladder.measure import isolate
 from gemm_ladder import teach
 
-
-@pytest.fixture(scope="module")
-def built():
-    return gemm_ladder.build("v4", 256, 256, 128)
+V4_BUILD = ("v4", (256, 256, 128), {})
 
 
 def _fake(results):
@@ -36,11 +32,12 @@ def test_gpu_cell_checks_then_times(monkeypatch, built, tmp_path, capsys):
         "time": {"status": "ok", "ms": 0.01, "tflops": 500.0, "cublas_tflops": 600.0, "ratio_to_cublas": 0.833},
     })
     monkeypatch.setattr(isolate, "run_isolated", fake)
-    out = teach.check_and_time(built, folder=tmp_path)
+    mod = built(*V4_BUILD).module
+    out = teach.check_and_time(mod, folder=tmp_path)
     assert [c[0] for c in calls] == ["check", "time"]
     assert (tmp_path / calls[0][1]).exists()  # it exported a real module for the child
     exported = json.loads((tmp_path / (calls[0][1] + ".json")).read_text())
-    assert exported["binary_sha256"] == hashlib.sha256(built.binary).hexdigest()  # the one it was given
+    assert exported["binary_sha256"] == hashlib.sha256(mod.binary).hexdigest()  # the one it was given
     text = capsys.readouterr().out
     assert "rel_err 2.10e-04" in text and "ratio 0.833" in text
     assert out["time"]["tflops"] == 500.0
@@ -51,12 +48,12 @@ def test_gpu_cell_stops_on_a_wrong_kernel(monkeypatch, built, tmp_path):
                                    "detail": "17 bad elements"}})
     monkeypatch.setattr(isolate, "run_isolated", fake)
     with pytest.raises(AssertionError, match="failed its check"):
-        teach.check_and_time(built, folder=tmp_path)
+        teach.check_and_time(built(*V4_BUILD).module, folder=tmp_path)
     assert [c[0] for c in calls] == ["check"]
 
 
 def test_gpu_cell_reports_a_hang(monkeypatch, built, tmp_path):
     _, fake = _fake({"check": {"status": "timeout", "detail": "no result after 300 s (a deadlock?)"}})
     monkeypatch.setattr(isolate, "run_isolated", fake)
-    out = teach.check_and_time(built, folder=tmp_path, strict=False)
+    out = teach.check_and_time(built(*V4_BUILD).module, folder=tmp_path, strict=False)
     assert out["check"]["status"] == "timeout" and out["time"]["status"] == "skipped"

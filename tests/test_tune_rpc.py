@@ -188,22 +188,36 @@ def test_no_server_for_the_key_is_an_error_not_a_wait(cluster, tmp_path):
     assert time.monotonic() - start < 30
 
 
-def test_servers_that_all_die_leave_the_rest_no_server(monkeypatch):
-    """With no server at the tracker for server_wait, what is queued or under way is recorded, not waited on."""
-    items = [rpc._Item(0, i, Path(f"m{i}.so"), "h") for i in range(5)]
-    run = rpc._Run(items, [{"arch": "sm_90a"}], ("127.0.0.1", 1), KEY, 5, 1.0, 2, 1, None)
-    started = []
-    monkeypatch.setattr(rpc._Attempt, "start", lambda self: started.append(self) or self)
-    monkeypatch.setattr(rpc, "servers_of", lambda tracker, key: [])
+def test_servers_that_all_die_leave_the_rest_no_server(tmp_path, monkeypatch):
+    """With no server at the tracker for server_wait, what is queued or under way is recorded, not
+    waited on: a server was there when the run began, and its session never came."""
+    from tvm import rpc as tvm_rpc
+
+    folder = _standins(tmp_path / "d", (256, 256, 256), ["ok 300"] * 5)
+    release, asked = threading.Event(), []
+
+    def connect_tracker(*address):  # the session a dead server never gives
+        asked.append(address)
+        release.wait(60)
+        raise ConnectionError("the test is over")
+
+    there = iter([["the server"]])  # registered when the run starts, then gone
+    monkeypatch.setattr(rpc, "servers_of", lambda tracker, key: next(there, []))
     monkeypatch.setattr(rpc, "SERVER_CHECK_EVERY", 0.0)
-    run.drive(server_wait=0.5)
-    assert len(started) == 1 and started[0].cancelled
-    assert [run.results[(0, i)]["status"] for i in range(5)] == ["no-server"] * 5
-    assert "no server with key" in run.results[(0, 4)]["detail"]
+    monkeypatch.setattr(tvm_rpc, "connect_tracker", connect_tracker)
+    try:
+        run = rpc.measure_folders([folder], ("127.0.0.1", 1), KEY, batch=2, workers=1, progress=False, plot=False,
+                                  server_wait=0.5)
+    finally:
+        release.set()
+    assert len(asked) <= 1  # one worker: at most one batch under way, the rest queued
+    results = run["reports"][0]["results"]
+    assert [r["status"] for r in results] == ["no-server"] * 5 and run["measured"] == 0
+    assert "no server with key" in results[4]["detail"]
 
 
 def test_read_reply_refuses_what_cannot_be_results():
-    items = [rpc._Item(0, 0, Path("a.so"), "aa" * 32), rpc._Item(0, 1, Path("b.so"), "bb" * 32)]
+    items = [rpc.Item(0, 0, Path("a.so"), "aa" * 32), rpc.Item(0, 1, Path("b.so"), "bb" * 32)]
     ok = {"status": "ok", "ms": 1.0, "tflops": 400.0, "cublas_ms": 1.0, "cublas_tflops": 600.0,
           "ratio_to_cublas": 0.66}
     who = {"host": "h", "cuda_visible_devices": "1", "gpu": {"name": "G"}}

@@ -3,8 +3,9 @@
 Each ``tutorials/NN_name.py`` (jupytext percent format) is converted with jupytext and executed
 with nbclient in a fresh ``python3`` kernel; a cell that raises fails the test. GPU cells check
 ``teach.gpu_here()`` and print why they skip. Every ``.py`` must have its ``.ipynb`` (the
-executed copy, with outputs, that GitHub shows) and every ``.ipynb`` its ``.py``; a tutorial
-that is neither tested here nor listed in ``SKIPPED`` (with a reason) fails.
+executed copy, with outputs, that GitHub shows) and every ``.ipynb`` its ``.py``, cell for cell
+(code and markdown, outputs aside); a tutorial that is neither tested here nor listed in ``SKIPPED``
+(with a reason) fails.
 
 Regenerate the executed notebooks after editing a tutorial::
 
@@ -14,6 +15,7 @@ Regenerate the executed notebooks after editing a tutorial::
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 import time
@@ -79,6 +81,58 @@ def test_notebooks_have_outputs():
         assert images, f"{name}.ipynb shows no picture"
         errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
         assert not errors, f"{name}.ipynb was saved with an error: {errors[0].get('ename')}"
+
+
+def cells(nb) -> list[tuple[str, str]]:
+    """(cell type, source) of every cell: what a reader sees of a notebook, outputs aside."""
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
+def mismatch(source, executed) -> str | None:
+    """Where the executed notebook's cells differ from its .py source's (as jupytext reads it), in
+    words with a short diff of the first cell that differs; None where they are the same."""
+    want, have = cells(source), cells(executed)
+    for i, (w, h) in enumerate(zip(want, have)):
+        if w != h:
+            diff = "\n".join(list(difflib.unified_diff(h[1].splitlines(), w[1].splitlines(), ".ipynb", ".py",
+                                                       lineterm="", n=1))[:20])
+            return f"cell {i} is {h[0]} in the .ipynb and {w[0]} in the .py\n{diff}"
+    if len(want) != len(have):
+        return f"the .py has {len(want)} cells and the .ipynb {len(have)}"
+    return None
+
+
+@pytest.mark.parametrize("name", notebook_names())
+def test_notebook_matches_its_source(name):
+    """The executed .ipynb shows the code and text of its .py (a notebook regenerated from an old
+    .py, or edited by hand, would show GitHub readers what CI does not run)."""
+    import jupytext
+    import nbformat
+
+    if not (TUTORIALS / f"{name}.py").exists():
+        pytest.skip("no .py: test_every_tutorial_is_paired fails for it")
+    wrong = mismatch(jupytext.read(TUTORIALS / f"{name}.py"), nbformat.read(TUTORIALS / f"{name}.ipynb", as_version=4))
+    assert wrong is None, f"{name}.ipynb is not its .py ({wrong}); run python tests/test_tutorials.py {name}"
+
+
+def test_an_edited_source_is_a_mismatch(tmp_path):
+    """The check above fails on a real difference: a changed code line, a changed word of text, a
+    cell dropped from the notebook."""
+    import jupytext
+    import nbformat
+
+    name = tutorial_names()[0]
+    executed = nbformat.read(TUTORIALS / f"{name}.ipynb", as_version=4)
+    text = (TUTORIALS / f"{name}.py").read_text()
+    code_line = next(line for line in text.splitlines() if line.startswith("import "))
+    text_line = next(line for line in text.splitlines() if line.startswith("# # "))  # a heading
+    for old, new, words in ((code_line, code_line + "  # edited", "code"), (text_line, text_line + " edited", "markdown")):
+        edited = tmp_path / f"{name}.py"
+        edited.write_text(text.replace(old, new, 1))
+        wrong = mismatch(jupytext.read(edited), executed)
+        assert wrong and f"{words} in the .ipynb" in wrong and "edited" in wrong, wrong
+    executed.cells.pop()
+    assert "cells" in mismatch(jupytext.read(TUTORIALS / f"{name}.py"), executed)
 
 
 @pytest.mark.parametrize("name", tutorial_names())

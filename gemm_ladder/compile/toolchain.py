@@ -142,7 +142,7 @@ def _read_record(stub: Path) -> dict | None:
         return None
 
 
-def _stub_driver() -> Path:
+def stub_driver() -> Path:
     """The do-nothing ``libcuda.so.1`` in the cache, built on first use and checked against its
     recorded size and sha256 on every later one: a damaged copy is rebuilt, with a warning."""
     folder = cache_dir() / "stub-driver"
@@ -167,8 +167,8 @@ def _stub_driver() -> Path:
 
 
 def load_stub_driver() -> None:
-    """Load the stand-in (:func:`_stub_driver`) in place of a missing driver."""
-    path = _stub_driver()
+    """Load the stand-in (:func:`stub_driver`) in place of a missing driver."""
+    path = stub_driver()
     try:
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     except OSError as err:

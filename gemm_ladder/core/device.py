@@ -129,7 +129,9 @@ _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 
 
-def _driver_types():
+def driver_types():
+    """The ctypes structures of ``cuLaunchKernelEx``'s arguments (CUlaunchAttribute, CUlaunchConfig),
+    laid out as the driver's C headers lay them out (``tests/test_cluster_grid.py`` checks it)."""
     class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte union at offset 8
         _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
 
@@ -160,7 +162,7 @@ def max_active_clusters(index: int, cluster: int, threads: int, smem_bytes: int)
             cu.cuGetErrorString(res, ctypes.byref(msg))
             raise RuntimeError(f"{name} failed: {(msg.value or b'').decode() or res}")
 
-    LaunchAttribute, LaunchConfig = _driver_types()
+    LaunchAttribute, LaunchConfig = driver_types()
     dev, ctx, old = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
     mod, fn, count = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
     ok("cuInit", 0)

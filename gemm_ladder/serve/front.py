@@ -153,9 +153,10 @@ def _load(path):
 
 
 # -- checks ---------------------------------------------------------------------------------------
-def _shapes(A, B, out):
-    """(M, N, K, D's shape) of a call whose arguments fit, all but their device (these checks need
-    no GPU, so the CPU tests reach them); else ModuleInputError."""
+def check_shapes(A, B, out):
+    """(M, N, K, D's shape) of a call whose arguments fit, all but their device, batch dims of A
+    flattened into M; else ModuleInputError with the fix. These are :func:`matmul`'s checks that
+    need no GPU (the op's tests run them on the CPU)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     for name, t, what in (("A", A, "[..., K]"), ("B", B, "[N, K]"), ("out", out, "[..., N] or None")):
@@ -239,7 +240,7 @@ def _refuse_grad_and_overlap(A, B, out) -> None:
 
 def _check(A, B, out):
     """(M, N, K, A as [M, K], out as [M, N] or None, D's shape); raises ModuleInputError."""
-    M, N, K, shape = _shapes(A, B, out)
+    M, N, K, shape = check_shapes(A, B, out)
     for name, t in (("A", A), ("B", B), ("out", out)):
         if t is None:
             continue
@@ -354,7 +355,7 @@ def _far(e: dict, fit: str, M: int) -> str | None:
 
 def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool) -> Route:
     route = _resolve_ours(M, N, K, dtype, arch, index, strict)
-    if not strict and _tiny(M, N, K) and not isinstance(route.module, TorchMatmul):
+    if not strict and is_tiny(M, N, K) and not isinstance(route.module, TorchMatmul):
         return _captured_by_torch(route, M, N, K)
     return route
 
@@ -438,7 +439,9 @@ TINY_FLOPS = 2e9
 TINY_BYTES = 8 << 20
 
 
-def _tiny(M: int, N: int, K: int) -> bool:
+def is_tiny(M: int, N: int, K: int) -> bool:
+    """Whether ``M x N x K`` is under both bounds above (TINY_FLOPS and TINY_BYTES moved): where
+    cuBLAS's kernel measured faster than ours, so graph capture takes torch's (CapturedByTorch)."""
     return 2.0 * M * N * K < TINY_FLOPS and 2 * (M * K + N * K + M * N) < TINY_BYTES
 
 
@@ -519,8 +522,10 @@ def _weight_copy(B, Nk: int, Kk: int):
     return b
 
 
-def _launch(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes):
-    """Run the route's module on ``A2`` [M, K], ``B`` [N, K], with the copies ``fixes`` asks for."""
+def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes):
+    """Run the route's module on ``A2`` [M, K], ``B`` [N, K] (and ``out2`` [M, N] or None), with the
+    copies ``fixes`` asks for and A copied into the rows of a module built for a larger M: what
+    :func:`matmul` does once it has checked its tensors and found the route; returns D [M, N]."""
     import torch  # pylint: disable=import-outside-toplevel
 
     Mk = route.module_M if route.module_M is not None else M
@@ -554,10 +559,11 @@ def _trivial(A, out, shape, M: int, N: int, K: int):
     return D
 
 
-def route_of(M: int, N: int, K: int, dtype: str = "float16", index: int = 0) -> Route:
-    """The route ``matmul`` takes for this shape on GPU ``index`` (resolved now if it was not)."""
+def route_of(M: int, N: int, K: int, dtype: str = "float16", index: int = 0, strict: bool | None = None) -> Route:
+    """The route ``matmul`` takes for this shape on GPU ``index`` (resolved now if it was not, and
+    then remembered: the same object again); ``strict`` as :func:`matmul`'s."""
     fixes = layout_fixes(Layout(M, N, K, dtype))
-    return _route(M, fixes.N, fixes.K, dtype, index)[0]
+    return _route(M, fixes.N, fixes.K, dtype, index, _strict(strict))[0]
 
 
 def explain_text(M, N, K, dtype, arch, route: Route, fixes: Fixes, known: bool, batch=None) -> str:
@@ -666,7 +672,7 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None):
     route.calls += 1
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
-    D = _launch(route, A2, B, out2, M, N, K, fixes)
+    D = launch_route(route, A2, B, out2, M, N, K, fixes)
     if not fixes.names and (route.module_M is None or route.module_M == M):
         _remember(A, B, out, route, M, N, K, shape)
     if explain:

@@ -249,17 +249,20 @@ def _swap_detail(p: Problem) -> str:
 SPLIT_K_MIN_SLICE = 4096  # each split keeps at least this much of K (measured: shorter slices lose)
 
 
-def _split_plan(p: Problem):
+def split_plan(p: Problem):
+    """The wave model's best 128-row tile (256 or 128 columns) and split_k for ``p``, among the
+    split counts that keep :data:`SPLIT_K_MIN_SLICE` of K each (1 where no split does): what the
+    split-K rule takes, and whether it applies (a split above 1 for M > 64)."""
     splits = [s for s in (1, 2, 3, 4, 6, 8) if s == 1 or p.K // s >= SPLIT_K_MIN_SLICE]
     return _waves(p, [(128, 256), (128, 128)], tuple(splits))
 
 
 def _split_k_wins(p: Problem) -> bool:
-    return p.M > 64 and _split_plan(p).split_k > 1
+    return p.M > 64 and split_plan(p).split_k > 1
 
 
 def _split_k_knobs(p: Problem) -> dict:
-    best = _split_plan(p)
+    best = split_plan(p)
     knobs = {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
     return {**knobs, "cluster_m": 1} if p.M <= 128 else knobs  # one row of tiles: no pair to share B
 
@@ -350,7 +353,7 @@ RULES: list[Rule] = [
          why="too few tiles for whole waves and a long K: the wave model finishes sooner with each tile's K "
              f"loop split over several CTAs (each keeping >= {SPLIT_K_MIN_SLICE} of K; the last one sums the "
              "fp32 partials)",
-         detail=lambda p: "wave model: " + _split_plan(p).why()),
+         detail=lambda p: "wave model: " + split_plan(p).why()),
     Rule("tile-shape", "sm_90a", "v9", when=_tile_shape, knobs=_tile_shape_knobs,
          why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): a narrower "
              "tile finishes first, its waves weighed by its measured rate",

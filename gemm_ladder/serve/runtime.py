@@ -173,7 +173,7 @@ class GemmModule:
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
-            args = (A, B, out, *self._workspace_args(M, A.device), *self._launch_args(A.device))
+            args = (A, B, out, *self.workspace_args(M, A.device), *self.launch_args(A.device))
             if self.manifest.get("watchdog"):  # bounded waits: a hang raises BarrierTimeoutError
                 watchdog.launch(self._function(), args, self.manifest["watchdog"], self.rung)
             else:
@@ -196,7 +196,7 @@ class GemmModule:
             raise ModuleInputError(f"A is on {A.device}, B on {B.device}, out on {out.device}; put all on one GPU")
         self.check_device(A.device)
         fn, idx = self._function(), A.device.index
-        tail = [*self._workspace_args(M, A.device), *self._launch_args(A.device)]
+        tail = [*self.workspace_args(M, A.device), *self.launch_args(A.device)]
         if self.manifest.get("watchdog"):  # a watchdog build: every launch bounded, as in __call__
             def bounded(a, b, d):
                 with torch.cuda.device(idx):
@@ -233,11 +233,13 @@ class GemmModule:
             need[kind] = max(1, steps * int(ws[f"{kind}_per_m_step"]) + (num_ctas or 0) * per_cta)
         return need
 
-    def _workspace_args(self, M: int, where) -> list:
-        """The split-K workspace of this GPU, as views of exactly the size the kernel checks."""
+    def workspace_args(self, M: int, where) -> list:
+        """The workspace arguments a launch of ``M`` rows on GPU ``where`` passes after D (``[]``
+        without split-K): this GPU's zeroed buffers, as views of exactly the size the kernel
+        checks; ModuleInputError where they would pass the kernel's 32-bit indices."""
         ws = self.manifest.get("launch", {}).get("workspace") or {}
         per_cta = ws.get("float32_per_cta") or ws.get("int32_per_cta")  # stream-K: sized by the CTAs
-        need = self.workspace_elems(M, self._launch_args(where)[0] if per_cta else None)
+        need = self.workspace_elems(M, self.launch_args(where)[0] if per_cta else None)
         if not need:
             return []
         if max(need.values()) >= 2**31:  # the kernel indexes its workspace with 32-bit ints
@@ -259,9 +261,9 @@ class GemmModule:
             self._workspaces[idx] = have
         return [have[0][: need["float32"]], have[1][: need["int32"]]]
 
-    def _launch_args(self, where) -> list:
-        """Persistent rungs take their grid size at launch: :func:`persistent_grid` for *this* GPU
-        (asked once per GPU)."""
+    def launch_args(self, where) -> list:
+        """The launch arguments after the workspace: ``[]``, or for a persistent rung its grid size,
+        :func:`persistent_grid` for *this* GPU (asked once per GPU)."""
         launch = self.manifest.get("launch", {})
         if not launch.get("persistent"):
             return []

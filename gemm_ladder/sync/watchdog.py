@@ -170,7 +170,7 @@ def launch(fn, args, table: dict, label: str, hang_seconds: float | None = None)
     limit = hang_seconds if hang_seconds is not None else max(30.0, 10 * bound)
     give_up = time.monotonic() + limit
     reported_at = None
-    while not _finished(done, rec, lid):
+    while not finished(done, rec, lid):
         if int(rec[DONE]) == lid:
             reported_at = reported_at or time.monotonic()
             if time.monotonic() - reported_at > GRACE_SECONDS:
@@ -183,12 +183,12 @@ def launch(fn, args, table: dict, label: str, hang_seconds: float | None = None)
         time.sleep(POLL_SECONDS)
     if int(rec[DONE]) != lid:
         return
-    stopped = _finished(done, rec, lid)
+    stopped = finished(done, rec, lid)
     fields = decode(rec.tolist(), table)
     raise BarrierTimeoutError(message(label, fields), fields, stopped)
 
 
-def _finished(done, rec, lid: int) -> bool:
+def finished(done, rec, lid: int) -> bool:
     """Whether the kernel has left the GPU. A kernel whose waiters gave up may end in a fault
     (threads leave the kernel mid-protocol): once the record is out, that fault is the
     watchdog's stop, and the record, not the fault, is the report; before, the fault is raised."""

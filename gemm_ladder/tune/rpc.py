@@ -71,8 +71,9 @@ def session_timeout(n: int, timeout: float) -> float:
 
 
 @dataclass
-class _Item:
-    """One candidate to measure: its folder (index), its index there, file and hash."""
+class Item:
+    """One candidate to measure: its folder (index), its index there, file and hash (what
+    :func:`read_reply` checks a server's results against)."""
 
     folder: int
     index: int
@@ -142,7 +143,7 @@ def server_name(who: dict) -> str:
     return f"{who.get('host', '?')}/gpu{gpu}"
 
 
-def _result_problem(res: dict, item: _Item, arch: str) -> str | None:
+def _result_problem(res: dict, item: Item, arch: str) -> str | None:
     if res.get("so_sha256") != item.sha256:
         return (f"the server measured a file with sha256 {str(res.get('so_sha256'))[:12]}..., not "
                 f"{item.path.name} ({item.sha256[:12]}...)")
@@ -196,7 +197,7 @@ class _Run:
         self.servers: dict[str, dict] = {}
         self.counts = collections.Counter()
 
-    def record(self, item: _Item, res: dict) -> None:
+    def record(self, item: Item, res: dict) -> None:
         if item.first_try and "first_try" not in res:
             res = {**res, "first_try": item.first_try}
         self.results[(item.folder, item.index)] = res
@@ -267,7 +268,7 @@ class _Run:
                 self.record(it, {"status": "no-server", "detail": why})
 
 
-def _items(folders, mans) -> list[_Item]:
+def _items(folders, mans) -> list[Item]:
     items = []
     for f, (folder, man) in enumerate(zip(folders, mans)):
         for i, cand in enumerate(man["candidates"]):
@@ -279,7 +280,7 @@ def _items(folders, mans) -> list[_Item]:
                                         records.Obj({"so_sha256": records.Str()}))["so_sha256"]
             except records.RecordError:
                 sha = ""
-            items.append(_Item(f, i, path, sha))
+            items.append(Item(f, i, path, sha))
     return items
 
 
