@@ -1,6 +1,6 @@
 """Two or more modules of one shape against each other and cuBLAS, in many short rounds.
 
-The method is :mod:`gemm_ladder.rounds` (every module of the group and cuBLAS take turns in the
+The method is :mod:`gemm_ladder.measure.rounds` (every module of the group and cuBLAS take turns in the
 same rounds, after a warm-up at the power limit; the per-round ratios give quartiles), the one
 the tuner's second pass uses. This script adds:
 
@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
 
-from gemm_ladder import harness, rounds  # noqa: E402
-from gemm_ladder.runtime import load  # noqa: E402
+from gemm_ladder.measure import harness, rounds  # noqa: E402
+from gemm_ladder.serve.runtime import load  # noqa: E402
 
 
 def run_group(paths: list[Path], n_rounds: int, per_round: int, warm: float, sampler: Sampler) -> dict:

@@ -12,7 +12,7 @@ GPU box (runtime-only TVM, the repo and DIR; see benchmarks/README.md):
 ``run`` writes ``OUT/watchdog_log.txt`` and ``OUT/watchdog.json``:
 
 - every Hopper broken variant of ``tests/barrier_faults.py``, built with ``watchdog=2``, checked
-  through ``gemm_ladder.isolate`` as ``verify`` does: the ones that hang must end in a named
+  through ``gemm_ladder.measure.isolate`` as ``verify`` does: the ones that hang must end in a named
   ``BarrierTimeoutError`` (status ``hang``) within seconds, not in the isolate's timeout (a race
   such as a release before ``wgmma.wait_group`` may end ``wrong`` or even ``ok``: the checker,
   not the GPU, is the tool for those);
@@ -48,7 +48,7 @@ CHECK_TIMEOUT = 60.0
 # -- build box -------------------------------------------------------------------------------
 def prepare(out: Path) -> None:
     import gemm_ladder
-    from gemm_ladder.barriers.check import check_kernel
+    from gemm_ladder.protocol.check import check_kernel
     from tests.barrier_faults import VARIANTS, cluster_prim_func
 
     out.mkdir(parents=True, exist_ok=True)
@@ -91,8 +91,9 @@ def _time_pair(off: str, on: str, rounds: int = 5, reps: int = 30) -> dict:
     """Median kernel time of two builds of one config, alternating, raw launches."""
     import torch
 
-    from gemm_ladder import harness, load
-    from gemm_ladder.barriers.watchdog import RECORD_WORDS
+    from gemm_ladder.measure import harness
+    from gemm_ladder import load
+    from gemm_ladder.sync.watchdog import RECORD_WORDS
 
     mods = [load(off), load(on)]
     m = mods[0]
@@ -139,8 +140,8 @@ def _time_pair(off: str, on: str, rounds: int = 5, reps: int = 30) -> dict:
 
 
 def run(folder: Path, out: Path) -> int:
-    from gemm_ladder import harness
-    from gemm_ladder.isolate import run_isolated
+    from gemm_ladder.measure import harness
+    from gemm_ladder.measure.isolate import run_isolated
 
     out.mkdir(parents=True, exist_ok=True)
     index = json.loads((folder / "index.json").read_text())

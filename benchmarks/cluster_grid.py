@@ -7,7 +7,7 @@ the GPU can hold at once.
 
 A persistent rung launches one CTA per SM, in whole clusters. A cluster's CTAs must run on one
 GPC at once, and an H100 SXM's 132 SMs do not all sit in GPCs that hold whole 4-CTA clusters:
-the driver (``cuOccupancyMaxActiveClusters``, ``gemm_ladder.device.max_active_clusters``) may
+the driver (``cuOccupancyMaxActiveClusters``, ``gemm_ladder.core.device.max_active_clusters``) may
 answer fewer clusters than ``132 // 4 = 33``. A launch of more clusters than fit runs the extra
 ones after the first finish: a second pass for their tiles.
 
@@ -32,7 +32,7 @@ BASE = {"pipe_depth": 4, "tile_order": "snake", "l2_group_size": 4, "blk_m": 128
 
 
 def jobs():
-    from gemm_ladder.batch import BuildJob  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.compile.batch import BuildJob  # pylint: disable=import-outside-toplevel
 
     out = []
     for shape in SQUARES:
@@ -49,7 +49,7 @@ def jobs():
 
 
 def prepare(out_dir: Path) -> int:
-    from gemm_ladder.batch import build_many, write_folder_manifest  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.compile.batch import build_many, write_folder_manifest  # pylint: disable=import-outside-toplevel
 
     results = build_many(jobs(), out_dir, desc="cluster grid")
     _, problems = write_folder_manifest(out_dir, results)
@@ -78,7 +78,8 @@ def _write(out: Path, report: dict) -> int:
 
 
 def run_grids(folder: Path, out: Path, grids: list[int]) -> int:
-    from gemm_ladder import harness, runtime  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.measure import harness
+    from gemm_ladder.serve import runtime  # pylint: disable=import-outside-toplevel
 
     report = {**harness.run_info(), "gpu": harness.gpu_info(0),
               "method": "time_module per grid (queued, alternating with cuBLAS), two passes, the grids' order "
@@ -94,7 +95,9 @@ def run_grids(folder: Path, out: Path, grids: list[int]) -> int:
 def run(folder: Path, out: Path) -> int:
     import torch  # pylint: disable=import-outside-toplevel
 
-    from gemm_ladder import device, harness, runtime  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.core import device
+    from gemm_ladder.measure import harness
+    from gemm_ladder.serve import runtime  # pylint: disable=import-outside-toplevel
 
     idx = torch.cuda.current_device()
     sms = device.sm_count(idx)

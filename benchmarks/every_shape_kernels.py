@@ -24,9 +24,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gemm_ladder import budget, make_config
-from gemm_ladder.batch import BuildJob, build_many, write_folder_manifest
-from gemm_ladder.config import ConfigError
+from gemm_ladder.core import budget
+from gemm_ladder import make_config
+from gemm_ladder.compile.batch import BuildJob, build_many, write_folder_manifest
+from gemm_ladder.core.config import ConfigError
 from schedulers import wave_model
 
 DECODE_M = (1, 16, 64)

@@ -60,7 +60,7 @@ def main() -> int:
     import torch
 
     import gemm_ladder
-    from gemm_ladder import front
+    from gemm_ladder.serve import front
 
     gemm_ladder.use_pack(a.pack)
     lines = []

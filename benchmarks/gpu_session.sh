@@ -46,7 +46,7 @@ case "${1:-bench}" in
       for tool in memcheck racecheck synccheck; do
         log="$OUT/sanitize_$(basename "$so" .so)_$tool.txt"
         timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          python3 -m gemm_ladder.isolate check "$so" --args 0 > "$log" 2>&1
+          python3 -m gemm_ladder.measure.isolate check "$so" --args 0 > "$log" 2>&1
         rc=$?
         echo "$(basename "$so") $tool: exit $rc; $(grep -h "SUMMARY\|Internal Sanitizer\|GEMM_LADDER_RESULT" "$log" | cut -c1-160 | tr '\n' ' ')"
       done

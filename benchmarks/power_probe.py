@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from gemm_ladder import harness
-from gemm_ladder.runtime import load
+from gemm_ladder.measure import harness
+from gemm_ladder.serve.runtime import load
 
 
 class Sampler:

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 GPU_PY=${1:-3.12}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # benchmarks/every_shape_kernels.py imports this checkout
-export GEMM_LADDER_TUNING_DB=${GEMM_LADDER_TUNING_DB:-gemm_ladder/tune/tuning_db.json}  # the packaged one alone
+export GEMM_LADDER_TUNING_DB=${GEMM_LADDER_TUNING_DB:-gemm_ladder/serve/tuning_db.json}  # the packaged one alone
 
 $PY -m gemm_ladder pack-runtime build/runtime --python "$GPU_PY"
 rm -rf build/suite_pack build/front_cases build/every_shape

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from gemm_ladder.runtime import load
+from gemm_ladder.serve.runtime import load
 
 
 def main(path: str, times: int = 3) -> None:

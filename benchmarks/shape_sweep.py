@@ -8,7 +8,7 @@ captured into CUDA graphs (``harness.GRAPH_CALLS`` launches per graph, rotating 
 to spill L2), so the host's launch cost is out of both figures. Rounds alternate ours and cuBLAS.
 The sweep ranks our candidates per case (cuBLAS is the common yardstick); its ratios are those of
 a captured model, not the queued timer's (cuBLAS may pick other kernels under capture, see
-``gemm_ladder.harness``).
+``gemm_ladder.measure.harness``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/shape_sweep.py prepare build/sweep     # build box
     (``prepare --campaign focus`` / ``tiles64`` / ``stream`` / ``narrow``: the later campaigns,
@@ -18,7 +18,7 @@ a captured model, not the queued timer's (cuBLAS may pick other kernels under ca
 ``run`` writes ``OUT/sweep.jsonl`` as it goes (a hang loses only what is left; run it under
 ``timeout``) and ``OUT/sweep.json``: per case every candidate's time, TFLOPS, GB/s and ratio to
 cuBLAS, the policy's current choice marked ``current``, and the best. The rules of
-``gemm_ladder.plan`` cite its committed result for their thresholds.
+``gemm_ladder.serve.plan`` cite its committed result for their thresholds.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _stream() -> dict:
     """A fourth campaign: the ``stream_b`` load hints (L2 evict-first B, evict-last A, 256-byte L2
     fills) on and off for the policy's choice at every suite case with M <= 128, and for the
     row-tiles cases multicast pairs and 64-wide v11 tiles beside it."""
-    from gemm_ladder.plan import Problem, choose
+    from gemm_ladder.serve.plan import Problem, choose
 
     out = {}
     for N, K in LLAMA:
@@ -159,10 +159,11 @@ def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:
 
 # -- build box -------------------------------------------------------------------------------
 def prepare(out: Path, dtype: str = "float16", campaign: str | None = None) -> None:
-    from gemm_ladder import budget, make_config
-    from gemm_ladder.batch import BuildJob, build_many
-    from gemm_ladder.config import ConfigError
-    from gemm_ladder.plan import Problem, choose
+    from gemm_ladder.core import budget
+    from gemm_ladder import make_config
+    from gemm_ladder.compile.batch import BuildJob, build_many
+    from gemm_ladder.core.config import ConfigError
+    from gemm_ladder.serve.plan import Problem, choose
 
     out.mkdir(parents=True, exist_ok=True)
     jobs, index = [], []
@@ -213,7 +214,7 @@ def prepare(out: Path, dtype: str = "float16", campaign: str | None = None) -> N
 def _time(mod, M: int, sets) -> dict:
     import torch
 
-    from gemm_ladder.harness import graph_times
+    from gemm_ladder.measure.harness import graph_times
 
     A, B, D = sets[0]
     ours = mod.launcher(A, B, D)
@@ -236,7 +237,9 @@ def _time(mod, M: int, sets) -> dict:
 def run(folder: Path, out: Path) -> None:
     import torch
 
-    from gemm_ladder import harness, load
+    from gemm_ladder.core import provenance
+    from gemm_ladder.measure import harness
+    from gemm_ladder import load
 
     out.mkdir(parents=True, exist_ok=True)
     index = json.loads((folder / "index.json").read_text())
@@ -288,7 +291,7 @@ def run(folder: Path, out: Path) -> None:
     cur = {"x".join(map(str, r["shape"])) + "_" + r["dtype"]: r for r in rows if r["current"] and r["status"] == "ok"}
     summary = {k: {"best": {"rung": b["rung"], "knobs": b["knobs"], "ratio_to_cublas": round(b["ratio_to_cublas"], 3)},
                    "current_ratio": round(cur[k]["ratio_to_cublas"], 3) if k in cur else None} for k, b in best.items()}
-    doc = {"format": "gemm_ladder.shape_sweep", "gpu": gpu, "date": harness.utc_now(),
+    doc = {"format": "gemm_ladder.shape_sweep", "gpu": gpu, "date": provenance.utc_now(),
            "commit": harness.run_info().get("commit"),
            "method": f"CUDA graphs of {harness.GRAPH_CALLS} launches, {ROUNDS} alternating rounds x {GRAPHS_PER_ROUND} replays; "
                      "runtime-M modules; checked against float64 first",

@@ -33,9 +33,9 @@ ROUND2 = [(512, 28672, 4096), (16384, 16384, 4096), (3000, 5000, 4000)]
 
 def jobs(cases):
     # pylint: disable=import-outside-toplevel
-    from gemm_ladder import plan
-    from gemm_ladder.batch import BuildJob
-    from gemm_ladder.front import plan_job
+    from gemm_ladder.serve import plan
+    from gemm_ladder.compile.batch import BuildJob
+    from gemm_ladder.serve.front import plan_job
 
     without = [r for r in plan.RULES if r.name != "stream-k"]
     out = []
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     if len(argv) != 1:
         print(__doc__)
         return 2
-    from gemm_ladder.batch import build_many, write_folder_manifest  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.compile.batch import build_many, write_folder_manifest  # pylint: disable=import-outside-toplevel
 
     cases = ([(s, "float16") for s in ROUND2] if round2 else
              [(s, "float16") for s in FITTED + HELD_OUT] + [(s, "bfloat16") for s in BF16])

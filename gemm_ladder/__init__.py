@@ -3,7 +3,7 @@
     import gemm_ladder
     D = gemm_ladder.matmul(A, B)                         # the front door: any shape, D = A . B^T
     gemm_ladder.matmul(A, B, explain=True)               # ... and which kernel, from where, why
-    import gemm_ladder.ops                               # torch.ops.gemm_ladder.mm (torch.compile)
+    import gemm_ladder.serve.ops                         # torch.ops.gemm_ladder.mm (torch.compile)
 
 The rungs underneath, one at a time::
 
@@ -13,37 +13,38 @@ The rungs underneath, one at a time::
     D = gemm_ladder.load("v4.so")(A, B)                   # runtime-only TVM, torch tensors
 
 ``gemm_ladder.build("v6", M, N, K)`` with no rung knobs takes the tuning database's best knobs
-for the shape and says so (``gemm_ladder.tune.db``); ``gemm_ladder.builder.build`` is the pure
-primitive underneath (the rung's defaults, whatever the database holds).
+for the shape and says so (``gemm_ladder.serve.tuning_db``); ``gemm_ladder.compile.builder.build``
+is the pure primitive underneath (the rung's defaults, whatever the database holds).
 
-Importing this package compiles nothing and imports no TVM, and no more of gemm_ladder than
-the config: each entry point imports what it needs on first use, so a GPU box with TVM's
-runtime alone can ``load`` modules.
+Importing this package compiles nothing and imports neither TVM nor torch, nor any of the build
+layer: ``build``, ``hgemm_vN`` and ``make_config`` import it on first use (the one optional
+dependency the host's function-level imports wait for: TVM's compiler and the build layer over
+it), so a GPU box with TVM's runtime alone can ``load`` modules and serve packs.
 
-The modules, from the bottom up (an import points down or sideways, never up)::
+The host in layers, from the bottom up: a module imports its own layer and those below it, never
+one above (``tests/test_architecture.py`` checks every import; ``gemm_ladder/README.md`` has the
+table)::
 
-    device, config            the GPU probe; knobs, the arch table, the rules every rung shares
-    budget, launch            shared memory and registers; a launch and a persistent schedule
-    sm90a/, sm100a/, rungs    the rungs (one file each) and the one validator, make_config
-    builder, runtime          build and export (pure); load and run (runtime-only)
-    harness, isolate, sass    check and time on a GPU, in a watched child; read the SASS
-    batch, report             build many, verify, bench; the tables
-    tune/, teach/             the tuner (space, cache, measuring, db, report, jobs, run; rpc + serve: many
-                              GPUs through TVM's RPC tracker); the tutorials' helpers
-    plan, tma_layout          which kernel for a shape (database, rules); what TMA needs copied
-    module_cache, kernel_pack modules built on first use, shared by processes; packs of exported modules
-    front, ops, suite         the front door (matmul), the torch op, the shape suite benchmark
-    cli                       argument parsing only; nothing imports it
-
-This file's ``build`` sits above ``tune.db`` (it applies the tuned-knobs policy); ``tests/
-test_architecture.py`` walks every import and fails on a cycle.
+    core/       config, spec, device, budget, launch, records, files, manifest, provenance, procs, cli_types
+    sync/       the barrier classes the rungs build with; the watchdog's bounded wait and record
+    sm90a/, sm100a/, rungs    the rungs (one file each); their registry and the one validator, make_config
+    protocol/   the barrier protocol checker's model (a watchdog build names its waits with it)
+    compile/    builder, toolchain, sass, batch, identity, module_cache: the build layer
+    barriers/   the checker's tools over the builder (python -m gemm_ladder.barriers, explain)
+    serve/      runtime, pack, tma_layout, kernel_pack, tuning_db, plan, front, ops: run for a caller
+    measure/    harness, rounds, isolate, modules, report, suite, every_model: check and time on a GPU
+    tune/       the tuner (space, cache, measuring, merge, report, jobs, run; rpc + serve: many GPUs)
+    this file   the entry points: matmul, build (with the tuned-knobs policy), load, use_pack, hgemm_vN
+    teach/, cli, cli_front, __main__    the tutorials' helpers and the command line; nothing imports them
 """
 
 from __future__ import annotations
 
 import os
 
-from .config import ConfigError, GemmConfig
+from .core.config import ConfigError, GemmConfig
+from .serve.front import matmul as _matmul, use_pack as _use
+from .serve.runtime import load as _load
 
 __version__ = "0.1.0"
 
@@ -56,7 +57,8 @@ __all__ = [
 
 def _rung_entry(rung: str):
     def hgemm(M: int, N: int, K: int, **knobs):
-        from .rungs import prim_func  # pylint: disable=import-outside-toplevel  (keeps the import light)
+        # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+        from .rungs import prim_func  # pylint: disable=import-outside-toplevel
 
         return prim_func(rung, M, N, K, **knobs)
 
@@ -84,7 +86,7 @@ hgemm_v11 = _rung_entry("v11")
 
 
 def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs):
-    """Compile a rung (see :func:`gemm_ladder.builder.build`), with tuned knobs when given none.
+    """Compile a rung (see :func:`gemm_ladder.compile.builder.build`), with tuned knobs when given none.
 
     ``build("v6", M, N, K)`` (``dtype``/``arch`` aside, no knobs) looks up the tuning database's
     best knobs for the shape; when it finds some it prints which entry it used and records it as
@@ -96,44 +98,41 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
         raise TypeError(f"gemm_ladder.build takes a rung name ('v4', with M, N, K) or a rung's prim_func "
                         f"(gemm_ladder.hgemm_v4(M, N, K)) first; got {type(rung_or_func).__name__} "
                         f"{rung_or_func!r:.60}")
-    from . import builder  # pylint: disable=import-outside-toplevel  (keeps the import light)
-    from .tune import db  # pylint: disable=import-outside-toplevel
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    # pylint: disable=import-outside-toplevel
+    from .compile import builder as _builder
+    from .serve import tuning_db as _tuning_db
 
     if not isinstance(rung_or_func, str) or None in (M, N, K):
-        return builder.build(rung_or_func, M, N, K, **knobs)
-    knobs, tuned_from = db.tuned_knobs(rung_or_func, M, N, K, knobs)
-    mod = builder.build(rung_or_func, M, N, K, **knobs)
+        return _builder.build(rung_or_func, M, N, K, **knobs)
+    knobs, tuned_from = _tuning_db.tuned_knobs(rung_or_func, M, N, K, knobs)
+    mod = _builder.build(rung_or_func, M, N, K, **knobs)
     if tuned_from:
         mod.extra["tuned_from"] = tuned_from
     return mod
 
 
 def load(path):
-    """See :func:`gemm_ladder.runtime.load` (runtime-only TVM is enough)."""
+    """See :func:`gemm_ladder.serve.runtime.load` (runtime-only TVM is enough)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"gemm_ladder.load takes the path of an exported module (a str or pathlib.Path to its .so); "
                         f"got {type(path).__name__} {path!r:.60}")
-    from .runtime import load as _load  # pylint: disable=import-outside-toplevel  (keeps the import light)
-
     return _load(path)
 
 
 def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None):
-    """D = A . B^T (+ bias [N]) for any shape (A [..., K], B [N, K]): see :mod:`gemm_ladder.front`."""
-    from .front import matmul as _matmul  # pylint: disable=import-outside-toplevel  (keeps the import light)
-
+    """D = A . B^T (+ bias [N]) for any shape (A [..., K], B [N, K]): see :mod:`gemm_ladder.serve.front`."""
     return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias)
 
 
 def use_pack(folder):
-    """Look in the kernel pack ``folder`` first (see :mod:`gemm_ladder.kernel_pack`)."""
-    from .front import use_pack as _use  # pylint: disable=import-outside-toplevel
-
+    """Look in the kernel pack ``folder`` first (see :mod:`gemm_ladder.serve.kernel_pack`)."""
     return _use(folder)
 
 
 def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     """Validate a rung's knobs for a shape without tracing or compiling anything."""
-    from .rungs import make_config as _make  # pylint: disable=import-outside-toplevel  (keeps the import light)
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    from .rungs import make_config as _make  # pylint: disable=import-outside-toplevel
 
     return _make(rung, M, N, K, **knobs)

@@ -20,7 +20,7 @@ timeout, so a kernel that deadlocks is reported, not waited on.
 
 This module parses arguments and calls the library (``batch``, ``report``, ``tune``); nothing
 imports it. ``build``, ``export`` and ``main`` give a job with no rung knobs the tuning
-database's best (``tune.db.tuned_jobs``, which says what it chose).
+database's best (``serve.tuning_db.tuned_jobs``, which says what it chose).
 """
 
 from __future__ import annotations
@@ -32,16 +32,21 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import batch, cli_front, cli_types, device, files, pack, report
-from .config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
-from .files import DamagedFile, FolderError, FolderInUse
-from .records import RecordError
+import schedulers
+
+from . import cli_front
+from .compile import batch
+from .compile.toolchain import ToolchainError
+from .core import cli_types, device, files
+from .core.config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
+from .core.files import DamagedFile, FolderError, FolderInUse
+from .core.manifest import read_manifest
+from .core.records import RecordError
+from .measure import modules, report
 from .rungs import RUNGS
-from .runtime import read_manifest
-from .toolchain import ToolchainError
-from .tune import db, rpc, serve, space
+from .serve import pack, tuning_db as db
+from .tune import merge as tune_merge, report as tune_report, rpc, serve, space
 from .tune.jobs import PlanError, from_args as jobs_from_args
-from .tune import report as tune_report
 from .tune.measuring import CONFIRM_TOP, confirm_count, read_candidates
 from .tune.run import measure_local, tune_many
 
@@ -142,7 +147,7 @@ def cmd_verify(a) -> int:
     paths = _modules(a.paths)  # a mistyped path is found here, not on the GPU box
     if not device.present():
         return _no_gpu("verify")
-    rows = batch.verify(paths, seeds=a.seeds, timeout=a.timeout)
+    rows = modules.verify(paths, seeds=a.seeds, timeout=a.timeout)
     print(report.table(report.verify_rows(rows), report.VERIFY_COLS))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
@@ -151,7 +156,7 @@ def cmd_bench(a) -> int:
     paths = _modules(a.paths)
     if not device.present():
         return _no_gpu("bench")
-    result = batch.bench(paths, reps=a.reps, timeout=a.timeout, timer=a.timer)
+    result = modules.bench(paths, reps=a.reps, timeout=a.timeout, timer=a.timer)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -166,9 +171,8 @@ def cmd_pack_runtime(a) -> int:
 
 
 def cmd_pictures(a) -> int:
-    # pylint: disable=import-outside-toplevel  (layouts is not in the runtime pack a GPU box runs the CLI from)
-    import layouts
-    import schedulers
+    # optional: layouts/ (not in the runtime pack a GPU box runs the CLI from)
+    import layouts  # pylint: disable=import-outside-toplevel
 
     out = files.open_folder(a.dest, "pictures folder")
     written = list(layouts.write_all(out / "layouts") or []) + list(schedulers.write_all(out / "schedulers") or [])
@@ -200,16 +204,16 @@ def cmd_main(a) -> int:
         return 1 if failed or bad else 0
     here, good = device.arch_of(0), {r["module"] for r in rows}
     mine = [p for p in paths if p.name in good and read_manifest(p)["arch"] == here]
-    vrows = batch.verify(mine)
+    vrows = modules.verify(mine)
     print(report.table(report.verify_rows(vrows), report.VERIFY_COLS))
-    result = batch.bench(mine)
+    result = modules.bench(mine)
     (Path(a.out) / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     print(report.table(report.bench_rows(result), report.BENCH_COLS))
     return int(bool(failed or bad) or any(r["status"] != "ok" for r in vrows))
 
 
 def _db_arg(a):
-    """``--db``, else None: the default database (``tune.db.db_files``), refused when it is off."""
+    """``--db``, else None: the default database (``serve.tuning_db.db_files``), refused when it is off."""
     if not a.db and db.default_db_path() is None:
         raise UsageError(f"${db.DB_ENV} is off; pass --db PATH")
     return a.db or None
@@ -231,7 +235,7 @@ def _tune_show(a) -> int:
     try:
         if a.merge:
             tdb = db.TuningDB(_db_arg(a))
-            _print_merged(db.merge(a.merge, tdb))
+            _print_merged(tune_merge.merge(a.merge, tdb))
             print(f"merged into {tdb.path}")
         if not a.show:
             return 0
@@ -410,7 +414,7 @@ def _add_tune_parser(sub) -> None:
     t.add_argument("--show", action="store_true", help="print the tuning database")
     t.add_argument("--dry-run", action="store_true", help="print the pruned space, build nothing")
     t.add_argument("--db", default=None, help=f"tuning database file (default: ${db.DB_ENV}, else the user cache's "
-                                              "over the packaged gemm_ladder/tune/tuning_db.json; see tune/db.py)")
+                                              "over the packaged gemm_ladder/serve/tuning_db.json; see serve/tuning_db.py)")
     t.add_argument("--reps", type=cli_types.count, default=50)
     t.add_argument("--confirm", type=confirm_count, default=CONFIRM_TOP, metavar="N",
                    help=f"time the N best candidates of the first pass again, together with cuBLAS in the same "

@@ -18,11 +18,12 @@ import os
 import sys
 from pathlib import Path
 
-from . import cli_types, device, kernel_pack, report, suite
-from .config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
-from .files import FolderError
-from .spec import EPILOGUES
-from .tune import db as tune_db
+from .core import cli_types, device
+from .core.config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
+from .core.files import FolderError
+from .core.spec import EPILOGUES
+from .measure import report, suite
+from .serve import kernel_pack, tuning_db as tune_db
 
 
 class UsageError(Exception):
@@ -141,7 +142,7 @@ def add_parsers(sub) -> None:
                    help="SM count the heuristic plans for (default: the GPU, or H100)")
     b.add_argument("--static", action="store_true", help="one module per M even where a rung takes M at run time")
     b.add_argument("--epilogue", type=cli_types.names(EPILOGUES, "epilogue"), default=["none"],
-                   help="the epilogues to build each shape with (gemm_ladder.spec): none, bias, or none,bias")
+                   help="the epilogues to build each shape with (gemm_ladder.core.spec): none, bias, or none,bias")
     b.add_argument("--out", default="build/pack")
     b.add_argument("--jobs", type=cli_types.count, default=None)
     for name in ("show", "check"):

@@ -20,10 +20,10 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from .config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
-                     check_common, check_knob_types, drop_retired_knobs)
-from .launch import check_grid
-from .spec import SPEC_KNOB, as_spec, check_built, spec_of
+from .core.config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
+    check_common, check_knob_types, drop_retired_knobs)
+from .core.launch import check_grid
+from .core.spec import SPEC_KNOB, as_spec, check_built, spec_of
 
 CONFIG_ATTR = "gemm_ladder.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
@@ -123,7 +123,8 @@ def kernel_of(cfg: GemmConfig):
     """Trace the rung's kernel; the prim_func carries its config (``build(func)`` reads it) and
     the names of its barriers (``gemm_ladder.barriers``, which also bounds its waits when the
     ``watchdog`` knob is set)."""
-    from .barriers.classes import RECORD_PARAM, traced  # pylint: disable=import-outside-toplevel
+    # optional: TVM's compiler (sync.classes subclasses its barrier classes; a runtime-only GPU box has none)
+    from .sync.classes import RECORD_PARAM, traced  # pylint: disable=import-outside-toplevel
 
     func = traced(cfg, rung_module(cfg.rung, cfg.arch).kernel)
     # the runtime passes the spec's epilogue operands last (before a watchdog's record), in its

@@ -4,7 +4,7 @@
 //   gemm_runner build/ladder/v4_4096x4096x4096_float16_sm_90a.so [--reps 50]
 //
 // The shape, dtype and whether the rung is persistent come from the manifest beside the .so, and
-// the epilogue's operands from its operand spec ("spec": gemm_ladder/spec.py; a manifest without
+// the epilogue's operands from its operand spec ("spec": gemm_ladder/core/spec.py; a manifest without
 // one has none): a bias [N] is filled at random, passed after the launch scalars (the spec's
 // order) and added to the reference.
 // TVM's CUDA loader lives in libtvm_runtime_cuda.so, which registers itself when loaded: it is
@@ -144,7 +144,7 @@ DLTensor View(void* data, int64_t* shape, DLDataType dt, int ndim = 2) {
 }
 
 // Clusters of `cluster` CTAs (`threads` threads, `smem` bytes of dynamic shared memory each) that
-// the GPU runs at once, or 0 when the driver cannot say. As gemm_ladder.device.max_active_clusters:
+// the GPU runs at once, or 0 when the driver cannot say. As gemm_ladder.core.device.max_active_clusters:
 // cuOccupancyMaxActiveClusters asked of an empty kernel loaded from PTX, launched like the module
 // (TVM's module does not hand out its function). The CUDA context must be current.
 int MaxActiveClusters(int cluster, int threads, int smem) {
@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
   const DLDataType dt{static_cast<uint8_t>(bf16 ? kDLBfloat : kDLFloat), 16, 1};
   DLTensor ta = View(da, sa, dt), tb = View(db, sb, dt), td = View(dd, sd, dt), tbias = View(dbias, sbias, dt, 1);
   // a persistent module: one CTA per SM in whole clusters, no more clusters than run at once
-  // (as gemm_ladder.runtime.persistent_grid)
+  // (as gemm_ladder.serve.runtime.persistent_grid)
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   sms = sms / man.cluster * man.cluster;

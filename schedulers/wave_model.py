@@ -29,7 +29,7 @@ each: the same waves of work, more fill and partial traffic.
 ``fill`` (units / (waves x ctas)) is the share of the SMs' time slots with work: the wave
 quantization that ``plan.makespan`` of the front door also counts.
 
-Which rung for which shape class (Hopper; what the front door's rules in ``gemm_ladder.plan``
+Which rung for which shape class (Hopper; what the front door's rules in ``gemm_ladder.serve.plan``
 build on, ``rank`` choosing the tile and split_k among those the rung takes)::
 
     M <= 64, large N (decode)        v11 swap AB: blk_m = swap_blk_m(M) (8..64), blk_n 256 or 128,

@@ -149,7 +149,7 @@ def _trace(cfg, **classes):
 
 
 def _tma_bar_plus(extra_bytes):
-    from gemm_ladder.barriers import TMABar
+    from gemm_ladder.sync.classes import TMABar
 
     class TMABarPlus(TMABar):
         """arrive.expect_tx with ``extra_bytes`` more than the caller asked for."""
@@ -166,7 +166,7 @@ def _mbarrier_skipping(skip_thread):
     """An MBarrier whose arrive is predicated off for the threads ``skip_thread(rank)`` picks."""
     from tvm.script import tirx as T
 
-    from gemm_ladder.barriers import MBarrier
+    from gemm_ladder.sync.classes import MBarrier
 
     class MBarrierSkipping(MBarrier):
         def arrive(self, stage, remote=None, pred=None, count=None):
@@ -184,7 +184,7 @@ def _tma_bar_late():
     """
     from tvm.script import tirx as T
 
-    from gemm_ladder.barriers import TMABar
+    from gemm_ladder.sync.classes import TMABar
 
     class TMABarLate(TMABar):
         def wait(self, stage, phase):
@@ -232,7 +232,7 @@ def cluster_release_own_only(cfg):
 def bw_pair_tma_own_barrier(cfg):
     """v8 (Blackwell) whose tma2mma ``remote_view`` is the local barrier: every CTA's copies
     complete on its own tma2mma, while only the pair leader's expects (and waits for) them."""
-    from gemm_ladder.barriers import TMABar
+    from gemm_ladder.sync.classes import TMABar
 
     class TMABarNoView(TMABar):
         def remote_view(self, rank):
@@ -321,7 +321,7 @@ def release_before_wait_group(cfg):
 # -- the cluster kernel --------------------------------------------------------------------------
 def cluster_prim_func(cfg, b_mask=None):
     """tests/cluster_rung.py for a v5 config, as a prim_func ``gemm_ladder.build`` takes."""
-    from gemm_ladder.barriers.classes import traced
+    from gemm_ladder.sync.classes import traced
     from gemm_ladder.rungs import CONFIG_ATTR
 
     from . import cluster_rung

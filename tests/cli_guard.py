@@ -18,9 +18,15 @@ import pytest
 
 import layouts
 import schedulers
-from gemm_ladder import batch, cli, device, kernel_pack, pack, report, suite
-from gemm_ladder.barriers import check as barrier_check, explain
-from gemm_ladder.tune import db, rpc, serve, space
+from gemm_ladder.compile import batch
+from gemm_ladder import cli
+from gemm_ladder.core import device
+from gemm_ladder.serve import kernel_pack, pack
+from gemm_ladder.measure import report, suite
+from gemm_ladder.protocol import check as barrier_check
+from gemm_ladder.barriers import explain
+from gemm_ladder.serve import tuning_db as db
+from gemm_ladder.tune import rpc, serve, space
 
 
 class Accepted(Exception):

@@ -25,7 +25,7 @@ the end (no CTA leaves while its peer may still arrive on its barriers).
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
-from gemm_ladder.barriers import MBarrier, TMABar
+from gemm_ladder.sync.classes import MBarrier, TMABar
 from gemm_ladder.sm90a import common
 from gemm_ladder.sm90a.common import HopperPlan
 

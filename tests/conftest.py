@@ -3,7 +3,7 @@ tier's skip rule and its batch runner.
 
 GPU tests are marked ``gpu`` and skip themselves where torch sees no CUDA GPU (CI, build
 boxes), unless ``GEMM_LADDER_GPU_EXPORT`` asks to export their modules for a GPU box. They
-never run a kernel in the test process: every launch goes through ``gemm_ladder.isolate``
+never run a kernel in the test process: every launch goes through ``gemm_ladder.measure.isolate``
 (a child process with a per-module deadline), so a deadlocked kernel fails its test instead of
 hanging the run. See ``tests/gpu_cases.py``.
 """
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import builder, sass
+from gemm_ladder.compile import builder, sass
 
 from .lowered import lowered_script
 
 
 def _gpu_arch():
-    from gemm_ladder import device
+    from gemm_ladder.core import device
 
     gpu = device.probe(0)
     return gpu.arch if gpu is not None else None
@@ -88,7 +88,7 @@ class Built:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """``built(rung, (M, N, K), knobs)`` -> :class:`Built`: ``gemm_ladder.builder.build`` (the pure
+    """``built(rung, (M, N, K), knobs)`` -> :class:`Built`: ``gemm_ladder.compile.builder.build`` (the pure
     build: no tuning database picks knobs), each distinct build once per test file and only when
     a test first asks for it, so ``-k v8`` builds only v8's modules."""
     cache: dict[str, Built] = {}
@@ -109,7 +109,7 @@ def _module_paths(cases, out: Path) -> dict:
     if PREBUILT_DIR:
         index = json.loads((Path(PREBUILT_DIR) / "cases.json").read_text())
         return {c.key: Path(PREBUILT_DIR) / index[c.key] for c in cases if c.key in index}
-    from gemm_ladder.batch import build_many
+    from gemm_ladder.compile.batch import build_many
 
     jobs = [(rung, (M, N, K), knobs) for rung, M, N, K, knobs in (c.build_args() for c in cases)]
     results = build_many(jobs, out, desc="gpu cases")
@@ -132,7 +132,7 @@ def _gpu_batch(request, tmp_path_factory):
     paths = _module_paths(cases, out)
     if EXPORT_DIR and GPU_ARCH is None:
         return {"exported": paths}
-    from gemm_ladder.isolate import run_batch
+    from gemm_ladder.measure.isolate import run_batch
 
     keys = [c.key for c in cases if c.key in paths]
     results = run_batch("check", [paths[k] for k in keys], (0, 1), timeout=GPU_TIMEOUT)

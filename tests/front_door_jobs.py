@@ -1,4 +1,4 @@
-"""The front door's GPU checks, run in a child process by ``gemm_ladder.isolate`` (a job named
+"""The front door's GPU checks, run in a child process by ``gemm_ladder.measure.isolate`` (a job named
 ``tests.front_door_jobs:<function>``, one item per case), so a kernel that hangs fails its test
 instead of the session. Each returns ``{"status": "ok" | "wrong", ...}``; the tests in
 ``tests/test_front_door_gpu.py`` list the cases and the kernel pack they run from.
@@ -21,8 +21,8 @@ import io
 
 import torch
 
-from gemm_ladder import harness
-from gemm_ladder.front import matmul
+from gemm_ladder.measure import harness
+from gemm_ladder.serve.front import matmul
 
 # check cases need the same layout fixes as the front door's padded path, and the same error bar
 # as every kernel check: within 2x of cuBLAS's error on the same inputs (harness)
@@ -122,7 +122,7 @@ def explain(item: str, args) -> dict:
 
 def opcheck(item: str, args) -> dict:
     """``torch.library.opcheck``: schema, fake tensor, autograd registration, AOT dispatch."""
-    import gemm_ladder.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import gemm_ladder.serve.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
     A = torch.randn((3, 5, 512), device="cuda").half().requires_grad_()
     B = torch.randn((256, 512), device="cuda").half().requires_grad_()
@@ -146,7 +146,7 @@ class _Tiny(torch.nn.Module):
 
 def compile_fullgraph(item: str, args) -> dict:
     """``torch.compile(fullgraph=True)`` of a small model: no graph break, the eager result."""
-    import gemm_ladder.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import gemm_ladder.serve.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
     model = _Tiny()
     x = torch.randn(2, 5, 64, device="cuda").half()
@@ -162,7 +162,7 @@ def compile_fullgraph(item: str, args) -> dict:
 
 def cuda_graph(item: str, args) -> dict:
     """Capture the op in a CUDA graph (after one warm-up call) and replay it on new inputs."""
-    import gemm_ladder.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import gemm_ladder.serve.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
     x = torch.randn(32, 512, device="cuda").half()
     w = torch.randn(1024, 512, device="cuda").half()
@@ -187,7 +187,7 @@ def cuda_graph(item: str, args) -> dict:
 def current_stream(item: str, args) -> dict:
     """The op runs on torch's current stream: on a side stream whose input is written after a
     long sleep, it must wait for the write (on the default stream it would read zeros)."""
-    import gemm_ladder.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import gemm_ladder.serve.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
     w = torch.randn(1024, 512, device="cuda").half()
     src = torch.randn(64, 512, device="cuda").half()

@@ -10,7 +10,7 @@ A GPU test module lists its cases and one parametrized test::
         assert gpu_result["status"] == "ok", gpu_result
 
 The conftest gathers every case of the session, gets a module for each, and checks them all in
-one child process with a per-module deadline (``gemm_ladder.isolate.run_batch``): torch and TVM
+one child process with a per-module deadline (``gemm_ladder.measure.isolate.run_batch``): torch and TVM
 load once, and a deadlocked kernel costs its own deadline only.
 
 Where the modules come from:

@@ -2,7 +2,7 @@
 
 Every command and library entry that only runs on a GPU is run once here, as a user runs it, on
 the smallest inputs that reach its whole host path: ``verify``, ``bench``, ``suite run``, the
-every-model suite's job, ``tune --measure``, the ``rounds`` job of ``gemm_ladder.isolate``,
+every-model suite's job, ``tune --measure``, the ``rounds`` job of ``gemm_ladder.measure.isolate``,
 ``gemm_ladder.matmul`` and the torch op, also with a bias (the operand spec's epilogue). A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
 this tier is what catches that, so it runs on the device after any change to host code.
 

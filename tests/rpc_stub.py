@@ -10,7 +10,7 @@ does:
 - ``ok T``: correct, T TFLOPS (cuBLAS 600);
 - ``wrong``: a wrong result;
 - ``crash`` / ``hang``: the kernel crashes / deadlocks, in a watched child of
-  ``gemm_ladder.isolate`` (its ``selftest`` job): recorded as ``crash`` / ``timeout``;
+  ``gemm_ladder.measure.isolate`` (its ``selftest`` job): recorded as ``crash`` / ``timeout``;
 - ``slow DIR``: the first time, writes ``DIR/slow.pgid`` (this server's process group) and
   waits to be killed; once that file exists, ``ok 100``;
 - ``server-hang``: the server itself stops answering (the session timeout ends it);
@@ -25,12 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from gemm_ladder import isolate
-from gemm_ladder.runtime import ManifestError, check_file, read_manifest
+from gemm_ladder.measure import isolate
+from gemm_ladder.core.manifest import ManifestError, check_file, read_manifest
 from gemm_ladder.tune import serve
 
 GPU = {"name": "Stand-in GPU", "sm_count": 132, "sm_clock_mhz_now": "0 MHz"}
-STARTUP_SECONDS = 5.0  # the watched child's start (python -m gemm_ladder.isolate, no torch)
+STARTUP_SECONDS = 5.0  # the watched child's start (python -m gemm_ladder.measure.isolate, no torch)
 
 
 def _timed(tflops: float) -> dict:

@@ -1,12 +1,17 @@
-"""The host side's shape: imports point down the layers, no cycle, nothing imports the CLI.
+"""The host side's shape: each module in a layer, imports only into the layers below, no cycle
+(between modules or between packages), nothing imports the CLI, serving never imports the tuner,
+and no import of a project module hides inside a function unless it says which optional
+dependency it waits for.
 
 These walk the source (``ast``), so they see every import, at the top of a module or inside a
-function, and import nothing themselves.
+function, and import nothing themselves. A long module that does one thing is fine: there is no
+length rule here.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -90,72 +95,41 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_cycle_finder_finds_cycles():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-
-
-def test_the_walker_sees_relative_and_function_level_imports():
-    graph = import_graph()
-    assert "gemm_ladder.builder" in graph["gemm_ladder.batch"]  # from .builder import build
-    assert "gemm_ladder.tune.db" in graph["gemm_ladder"]  # inside gemm_ladder.build
-    assert "gemm_ladder.budget" in graph["gemm_ladder.sm90a.common"]  # from .. import budget
-
-
-def test_no_import_cycle_among_the_modules():
-    cycle = find_cycle(import_graph())
-    assert cycle is None, "import cycle: " + " -> ".join(cycle)
-
-
-def test_nothing_imports_the_cli():
-    users = sorted(n for n, deps in import_graph().items() if "gemm_ladder.cli" in deps and n != "gemm_ladder.__main__")
-    assert not users, f"the CLI is for people, not for modules: {users} import gemm_ladder.cli"
-
-
-@pytest.mark.parametrize("name", ["gemm_ladder.builder", "gemm_ladder.rungs", "gemm_ladder.budget"])
-def test_the_build_primitive_does_not_reach_up(name):
-    """builder (and what it stands on) imports no tuner, batch, teaching helper or CLI."""
-    graph = import_graph()
-    seen, todo = set(), [name]
-    while todo:
-        n = todo.pop()
-        if n not in seen:
-            seen.add(n)
-            todo += graph[n]
-    up = sorted(n for n in seen if n.startswith(("gemm_ladder.tune", "gemm_ladder.teach", "gemm_ladder.batch",
-                                                   "gemm_ladder.cli", "gemm_ladder.report")))
-    assert not up, f"{name} reaches up to {up}"
-
-
-# The host's layers, bottom up (STYLE.md, "The host side"): a module may import its own layer and
-# those below it. serve and measure are side by side in the design; measure sits above serve here
-# because the suites time the front door. A module is in the layer of its longest prefix.
+# The host's layers, bottom up (STYLE.md, "The host side"; the table is gemm_ladder/README.md's).
+# A module is in the layer of its longest prefix (a path under gemm_ladder/, dots for folders).
 LAYERS = {
-    "core": ("config", "spec", "device", "files", "records", "procs", "budget", "launch", "sass", "cli_types"),
-    "kernels": ("rungs", "sm90a", "sm100a", "barriers.classes", "barriers.watchdog",
-                "barriers"),  # the package itself: the rungs' barrier classes (its checker names are lazy)
-    "build": ("builder", "toolchain", "batch", "module_cache", "tune.cache"),
-    "serve": ("runtime", "tma_layout", "kernel_pack", "plan", "front", "ops", "pack"),
-    "measure": ("harness", "isolate", "rounds", "report", "suite", "every_model"),
+    "core": ("core",),  # config, spec, device, budget, launch, records, files, manifest, provenance, procs
+    "sync": ("sync",),  # the barrier classes the rungs build with; the watchdog's wait and record
+    "rungs": ("rungs", "sm90a", "sm100a"),  # the rung files and their registry (make_config)
+    "protocol": ("protocol",),  # the barrier checker's model: the watchdog build names its waits with it
+    "build": ("compile",),  # builder, toolchain, sass, batch, identity, module_cache
+    "tools": ("barriers",),  # the checker's tools over the builder (python -m gemm_ladder.barriers)
+    "serve": ("serve",),  # runtime, pack, tma_layout, kernel_pack, tuning_db, plan, front, ops
+    "measure": ("measure",),  # harness, rounds, isolate, modules, report, suite, every_model
     "tune": ("tune",),
-    "tools": ("barriers.check", "barriers.sim", "barriers.interp", "barriers.kernel_ir", "barriers.explain",
-              "barriers.calls", "barriers.engines", "barriers.exprs", "barriers.state", "barriers.diagnose",
-              "barriers.values", "barriers.words", "barriers.picture", "barriers.syncs", "teach"),
-    "api": ("",),  # gemm_ladder/__init__.py: the entry points over everything below
-    "cli": ("cli", "cli_front", "__main__", "barriers.__main__", "barriers.ladder", "tune.serve"),
+    "api": ("",),  # gemm_ladder/__init__.py: matmul, build (with the tuned-knobs policy), load
+    "top": ("teach", "cli", "cli_front", "__main__"),  # the tutorials' helpers and the command line
 }
-# Imports that point up today, each a debt the production redesign (issue 29) pays: the build
-# reaches into the runtime and the harness, the kernels' barrier package into its checker, the
-# policy into the tuner. The test fails on a new one, and on one that is gone but still listed.
-KNOWN_UPWARD = {
-    ("barriers", "barriers.check"), ("batch", "harness"), ("batch", "isolate"), ("batch", "report"),
-    ("batch", "runtime"), ("builder", "barriers.check"), ("builder", "harness"), ("builder", "runtime"),
-    ("isolate", "barriers.explain"), ("kernel_pack", "harness"), ("module_cache", "runtime"),
-    ("plan", "tune.db"), ("plan", "tune.space"), ("suite", "tune.db"), ("tune.cache", "harness"),
-    ("tune.cache", "report"), ("tune.cache", "runtime"), ("tune.cache", "tune.measuring"),
-    ("tune.cache", "tune.space"), ("tune.rpc", "tune.serve"),
+_BELOW_BUILD = {"core", "sync", "rungs", "protocol"}
+# which layers a layer may import (its own always): every arrow of the host, and no other
+MAY_IMPORT = {
+    "core": set(),
+    "sync": {"core"},
+    "rungs": {"core", "sync"},
+    "protocol": {"core", "sync", "rungs"},
+    "build": _BELOW_BUILD,
+    "tools": _BELOW_BUILD | {"build"},
+    "serve": {"core", "sync", "rungs", "build"},  # never the tuner, measure, the checker or the CLI
+    "measure": _BELOW_BUILD | {"build", "tools", "serve"},
+    "tune": _BELOW_BUILD | {"build", "tools", "serve", "measure"},
+    "api": {"core", "rungs", "build", "serve"},
+    "top": set(LAYERS) - {"top"},
 }
-RANK = {name: i for i, name in enumerate(LAYERS)}
+CLI = ("gemm_ladder.cli", "gemm_ladder.cli_front", "gemm_ladder.__main__", "gemm_ladder.barriers.__main__")
+PROJECT = ("gemm_ladder", "layouts", "schedulers")
+# a function-local import of a project module says which optional dependency it waits for, on its
+# line or in the comment just above it: "# optional: TVM's compiler (...)"
+OPTIONAL = re.compile(r"#\s*optional:\s*\S")
 
 
 def layer_of(module: str) -> str:
@@ -172,12 +146,87 @@ def layer_of(module: str) -> str:
 
 
 def _short(module: str) -> str:
-    return module.removeprefix("gemm_ladder").removeprefix(".")
+    return module.removeprefix("gemm_ladder").removeprefix(".") or "gemm_ladder"
 
 
-def upward_imports(graph) -> set[tuple[str, str]]:
-    return {(_short(m), _short(d)) for m, deps in graph.items() for d in deps
-            if RANK[layer_of(d)] > RANK[layer_of(m)]}
+def layer_violations(graph) -> list[str]:
+    """Every import that crosses into a layer its layer may not import."""
+    out = []
+    for m, deps in sorted(graph.items()):
+        for d in sorted(deps):
+            a, b = layer_of(m), layer_of(d)
+            if a != b and b not in MAY_IMPORT[a]:
+                out.append(f"{_short(m)} ({a}) -> {_short(d)} ({b})")
+    return out
+
+
+def _package(module: str) -> str:
+    """The package of a module, one level under gemm_ladder (a top-level module is its own)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        out.setdefault(_package(m), set()).update(_package(d) for d in deps if _package(d) != _package(m))
+    return out
+
+
+def undocumented_local_imports(source: str, name: str = "<source>") -> list[str]:
+    """``file:line`` of each import of a project module inside a function without an ``# optional:``
+    comment (on its line, or above it among the comments and imports of its block)."""
+    lines = source.splitlines()
+    out = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom):
+                project = node.level > 0 or (node.module or "").split(".")[0] in PROJECT
+            elif isinstance(node, ast.Import):
+                project = any(a.name.split(".")[0] in PROJECT for a in node.names)
+            else:
+                continue
+            if not project:
+                continue
+            said = [lines[node.lineno - 1]]
+            i = node.lineno - 2  # up through the comments and the imports of its block
+            while i >= 0 and lines[i].strip().startswith(("#", "from ", "import ")):
+                said.append(lines[i])
+                i -= 1
+            if not any(OPTIONAL.search(line) for line in said):
+                out.append(f"{name}:{node.lineno}")
+    return sorted(set(out))
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_the_walker_sees_relative_and_function_level_imports():
+    graph = import_graph()
+    assert "gemm_ladder.compile.builder" in graph["gemm_ladder.compile.batch"]  # from .builder import build
+    assert "gemm_ladder.protocol.check" in graph["gemm_ladder.compile.builder"]  # inside builder.build
+    assert "gemm_ladder.core.budget" in graph["gemm_ladder.sm90a.common"]  # from ..core import budget
+
+
+def test_no_import_cycle_among_the_modules():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_among_the_packages():
+    """A cycle between packages (core, compile, serve, ...) is one between layers, even when no two
+    modules import each other."""
+    cycle = find_cycle(package_graph(import_graph()))
+    assert cycle is None, "package cycle: " + " -> ".join(cycle)
+
+
+def test_nothing_imports_the_cli():
+    users = sorted(n for n, deps in import_graph().items()
+                   if n not in CLI and any(d in CLI for d in deps))
+    assert not users, f"the CLI is for people, not for modules: {users} import it"
 
 
 def test_every_module_has_a_layer():
@@ -185,21 +234,68 @@ def test_every_module_has_a_layer():
         layer_of(module)
 
 
-def test_imports_point_down_the_layers():
-    """A long module that does one thing is fine; an import that points up is not (it hid a cycle
-    once). Known debts are listed, and the list only shrinks."""
-    up = upward_imports(import_graph())
-    new = sorted(up - KNOWN_UPWARD)
-    assert not new, "imports that point up the layers: " + ", ".join(f"{a} -> {b}" for a, b in new)
-    paid = sorted(KNOWN_UPWARD - up)
-    assert not paid, "no longer imported, remove from KNOWN_UPWARD: " + ", ".join(f"{a} -> {b}" for a, b in paid)
+def test_imports_follow_the_layers():
+    """A module imports its own layer and those :data:`MAY_IMPORT` names for it, nothing else."""
+    bad = layer_violations(import_graph())
+    assert not bad, "imports across the layers' arrows:\n  " + "\n  ".join(bad)
 
 
-def test_the_layer_rule_catches_an_upward_import():
-    graph = {"gemm_ladder.config": {"gemm_ladder.front"}, "gemm_ladder.front": {"gemm_ladder.config"}}
-    assert upward_imports(graph) == {("config", "front")}
-    assert layer_of("gemm_ladder.barriers.check") == "tools" and layer_of("gemm_ladder.barriers") == "kernels"
-    assert layer_of("gemm_ladder.tune.serve") == "cli" and layer_of("gemm_ladder.tune.db") == "tune"
+def test_serving_never_imports_the_tuner():
+    """Not even through another module: what serve imports, all the way down, holds no tuner,
+    measuring, checker tool or CLI module."""
+    graph = import_graph()
+    for start in (m for m in graph if layer_of(m) == "serve"):
+        seen, todo = set(), [start]
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo += graph[n]
+        up = sorted(n for n in seen if layer_of(n) in ("tune", "measure", "tools", "api", "top"))
+        assert not up, f"{start} reaches {up}"
+
+
+@pytest.mark.parametrize("name", ["gemm_ladder.compile.builder", "gemm_ladder.rungs", "gemm_ladder.core.budget"])
+def test_the_build_primitive_does_not_reach_up(name):
+    """builder (and what it stands on) imports no runtime, tuner, measuring, teaching helper or CLI."""
+    graph = import_graph()
+    seen, todo = set(), [name]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += graph[n]
+    up = sorted(n for n in seen if layer_of(n) in ("tools", "serve", "measure", "tune", "api", "top"))
+    assert not up, f"{name} reaches up to {up}"
+
+
+def test_no_undocumented_function_local_imports():
+    """An import inside a function hides an arrow (here it once hid a cycle): a project module is
+    imported at the top, unless the function waits for an optional dependency and says which."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "__pycache__" not in path.parts:
+            found += undocumented_local_imports(path.read_text(), str(path.relative_to(REPO)))
+    assert not found, "function-local imports of project modules without '# optional: <what>':\n  " + "\n  ".join(found)
+
+
+def test_the_rules_catch_what_they_forbid():
+    """Each rule above fails on a violation made up for it."""
+    up = {"gemm_ladder.core.config": {"gemm_ladder.serve.front"}, "gemm_ladder.serve.front": set()}
+    assert layer_violations(up) == ["core.config (core) -> serve.front (serve)"]
+    tuner = {"gemm_ladder.serve.plan": {"gemm_ladder.tune.space"}, "gemm_ladder.tune.space": set()}
+    assert layer_violations(tuner) == ["serve.plan (serve) -> tune.space (tune)"]
+    cli = {"gemm_ladder.measure.suite": {"gemm_ladder.cli"}, "gemm_ladder.cli": set()}
+    assert layer_violations(cli) == ["measure.suite (measure) -> cli (top)"]
+    sideways = {"gemm_ladder.compile.a": {"gemm_ladder.serve.b"}, "gemm_ladder.serve.b": {"gemm_ladder.compile.c"},
+                "gemm_ladder.compile.c": set()}
+    assert find_cycle(package_graph(sideways)) == ["gemm_ladder.compile", "gemm_ladder.serve", "gemm_ladder.compile"]
+    src = ("def f():\n    from .front import matmul\n\n"
+           "def g():\n    # optional: TVM's compiler\n    from .builder import build\n\n"
+           "def h():\n    import torch\n")
+    assert undocumented_local_imports(src) == ["<source>:2"]
+    assert layer_of("gemm_ladder.barriers.ladder") == "tools" and layer_of("gemm_ladder.protocol.check") == "protocol"
+    assert layer_of("gemm_ladder") == "api" and layer_of("gemm_ladder.sm90a.hgemm_v9") == "rungs"
 
 
 def test_every_rung_file_is_a_public_entry_point():

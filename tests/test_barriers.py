@@ -37,7 +37,7 @@ KNOB_SAMPLE = [
 @pytest.fixture(scope="module")
 def reports():
     """(rung, arch, knobs) -> [Report] for the ladder's edge scenarios, each checked once."""
-    from gemm_ladder.barriers.check import check_config
+    from gemm_ladder.protocol.check import check_config
     from gemm_ladder.barriers.ladder import scenarios
 
     cache: dict = {}  # config -> Report: a test asking for the last scenario reuses the ladder's
@@ -118,7 +118,7 @@ def test_every_tma_phase_counts_its_boxes(reports):
 def test_cluster_kernel_passes(tmp_path):
     """The 2-CTA multicast kernel (tests/cluster_rung.py): remote arrives, multicast bytes."""
     import gemm_ladder
-    from gemm_ladder.barriers.check import check_kernel
+    from gemm_ladder.protocol.check import check_kernel
 
     from .barrier_faults import cluster_prim_func
 
@@ -167,9 +167,9 @@ def test_box_past_the_grid_is_a_note_in_a_cluster(reports):
 def test_box_past_the_grid_is_a_finding_outside_clusters():
     """The same box loaded by a CTA of no cluster (here one CTA past v5's grid) is a finding."""
     import gemm_ladder
-    from gemm_ladder.barriers.interp import Program
-    from gemm_ladder.barriers.kernel_ir import load
-    from gemm_ladder.barriers.sim import Sim
+    from gemm_ladder.protocol.interp import Program
+    from gemm_ladder.protocol.kernel_ir import load
+    from gemm_ladder.protocol.sim import Sim
 
     kir = load(gemm_ladder.make_config("v5", 256, 256, 128, pipe_depth=2))
     program = Program(kir.device, kir.operand_buffers)
@@ -183,7 +183,7 @@ def test_box_past_the_grid_is_a_finding_outside_clusters():
 # -- the broken variants are caught -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def broken():
-    from gemm_ladder.barriers.check import check_kernel
+    from gemm_ladder.protocol.check import check_kernel
 
     cache: dict = {}
 
@@ -276,7 +276,7 @@ def _tvm_classes_build(cfg):
 
     from tvm.backend.cuda.lang import pipeline
 
-    from gemm_ladder import builder
+    from gemm_ladder.compile import builder
     from gemm_ladder.rungs import CONFIG_ATTR, rung_module
 
     from .barrier_faults import swapped
@@ -292,7 +292,7 @@ def _tvm_classes_build(cfg):
 def test_watchdog_off_is_free(rung, arch):
     """Off (the default), the rungs' barrier classes emit exactly TVM's code: same source, same SASS."""
     import gemm_ladder
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     cfg = gemm_ladder.make_config(rung, 1000, 1024, 520, arch=arch)
     ours, theirs = gemm_ladder.build(cfg.rung, cfg.M, cfg.N, cfg.K, **cfg.knobs()), _tvm_classes_build(cfg)
@@ -309,8 +309,8 @@ def watchdog_build():
 
 
 def test_watchdog_bounds_every_wait(watchdog_build):
-    from gemm_ladder import sass
-    from gemm_ladder.barriers.watchdog import WAIT_FN
+    from gemm_ladder.compile import sass
+    from gemm_ladder.sync.watchdog import WAIT_FN
 
     src = watchdog_build.source
     assert re.search(r"hgemm_kernel\([^)]*, int64_t barrier_watchdog\)", src), "no trailing record argument"
@@ -332,7 +332,7 @@ def test_watchdog_manifest_names_barriers_and_roles(watchdog_build):
 
 
 def test_watchdog_record_in_words():
-    from gemm_ladder.barriers import watchdog
+    from gemm_ladder.sync import watchdog
 
     table = {"seconds": 2.0, "barriers": [{"name": "tma2mma"}, {"name": "mma2tma"}],
              "sites": [{"site": 0, "barrier": 0, "role": "consumer", "unit": "warpgroup"},
@@ -351,7 +351,7 @@ def test_watchdog_record_in_words():
 def test_watchdog_fault_after_the_record_is_the_stop():
     """A kernel that faults once its record is out (threads left mid-protocol) counts as stopped
     by the watchdog; a fault before any record is the fault, raised as it is."""
-    from gemm_ladder.barriers import watchdog
+    from gemm_ladder.sync import watchdog
 
     class Faulted:
         def query(self):
@@ -373,7 +373,7 @@ def test_watchdog_fault_after_the_record_is_the_stop():
 
 def test_watchdog_waiters_leave_after_the_record():
     """Only the claimer writes the record; the other waiters leave once it is out."""
-    from gemm_ladder.barriers.watchdog import WAIT_SOURCE
+    from gemm_ladder.sync.watchdog import WAIT_SOURCE
 
     body = WAIT_SOURCE.split("gemm_ladder_watchdog_claim >= launch)", 1)[1].split("}", 2)
     assert "rec[1] != launch" in body[0] and "exit;" in body[1]
@@ -390,7 +390,7 @@ def test_watchdog_knob_is_checked(value):
 def test_isolate_reports_a_barrier_timeout_as_a_hang():
     """A watchdog build's exception becomes status "hang" with its words; a kernel that did not
     stop makes the child leave (its CUDA context is stuck) and the batch goes on in a fresh one."""
-    from gemm_ladder.isolate import run_batch
+    from gemm_ladder.measure.isolate import run_batch
 
     res = run_batch("selftest", ["barrier", "ok"], timeout=20)
     assert res[0]["status"] == "hang" and "waits on tma2mma[1]" in res[0]["detail"]
@@ -480,7 +480,7 @@ def broken_on_gpu(tmp_path_factory):
         (folder / "broken.json").write_text(json.dumps(GPU_VARIANTS))
         if export:
             pytest.skip(f"exported for the GPU box into {folder}")
-    from gemm_ladder.isolate import run_batch
+    from gemm_ladder.measure.isolate import run_batch
 
     names = json.loads((folder / "broken.json").read_text())
     results = run_batch("check", [folder / f"{n}.so" for n in names], (0,), timeout=60)

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import cli_types
+from gemm_ladder.core import cli_types
 from gemm_ladder.barriers.ladder import scenarios
-from gemm_ladder.config import ConfigError
+from gemm_ladder.core.config import ConfigError
 from tests import cli_guard
 
 REPO = Path(__file__).resolve().parents[1]

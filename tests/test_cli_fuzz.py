@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gemm_ladder import cli
 from gemm_ladder.barriers import ladder
-from gemm_ladder.config import ARCHS, DTYPES
+from gemm_ladder.core.config import ARCHS, DTYPES
 from gemm_ladder.rungs import RUNGS
 from gemm_ladder.tune import serve
 from tests import cli_guard

@@ -10,8 +10,10 @@ import warnings
 
 import pytest
 
-from gemm_ladder import device, runtime
-from gemm_ladder.runtime import GemmModule, ModuleInputError, persistent_grid
+from gemm_ladder.core import device
+from gemm_ladder.core.manifest import ManifestError
+from gemm_ladder.serve import runtime
+from gemm_ladder.serve.runtime import GemmModule, ModuleInputError, persistent_grid
 
 V9_2X2 = {"persistent": True, "cluster": 4, "threads": 384, "smem_bytes": 230400}
 
@@ -66,7 +68,7 @@ def test_grid_refuses_a_cluster_that_never_fits(monkeypatch):
 
 def test_grid_needs_the_launch_the_manifest_records(monkeypatch):
     stand_in(monkeypatch, 132, lambda c: 30)
-    with pytest.raises(runtime.ManifestError, match="v9.so: .*no threads or smem_bytes.*re-export"):
+    with pytest.raises(ManifestError, match="v9.so: .*no threads or smem_bytes.*re-export"):
         persistent_grid(0, {"persistent": True, "cluster": 4}, "v9.so")
 
 

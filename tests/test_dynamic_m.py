@@ -130,7 +130,7 @@ def test_a_static_module_says_nothing_of_a_runtime_m():
 # -- the runtime's checks (no GPU: a CPU tensor that passes the shape checks is refused for
 # being on the CPU, the check after them) ----------------------------------------------------------
 def _module(built, name="v9_dyn"):
-    from gemm_ladder.runtime import GemmModule
+    from gemm_ladder.serve.runtime import GemmModule
 
     path = built(*CPU_BUILDS[name]).path
     return GemmModule(path, json.loads(Path(str(path) + ".json").read_text()), rt_module=None)
@@ -140,7 +140,7 @@ def _module(built, name="v9_dyn"):
 def test_runtime_takes_any_m(built, M):
     import torch
 
-    from gemm_ladder.runtime import ModuleInputError
+    from gemm_ladder.serve.runtime import ModuleInputError
 
     mod = _module(built)
     assert mod.dynamic_m and mod.rows_of(torch.empty(M, 4096)) == M
@@ -155,7 +155,7 @@ def test_runtime_takes_any_m(built, M):
 def test_runtime_refuses_what_a_dynamic_module_cannot_take(built):
     import torch
 
-    from gemm_ladder.runtime import ModuleInputError
+    from gemm_ladder.serve.runtime import ModuleInputError
 
     mod = _module(built)
     f16 = torch.float16
@@ -172,7 +172,7 @@ def test_runtime_refuses_what_a_dynamic_module_cannot_take(built):
 
 
 def test_check_runs_a_dynamic_module_at_every_m(built):
-    from gemm_ladder import harness
+    from gemm_ladder.measure import harness
 
     mod = _module(built, "v6_dyn")
     assert harness.check_ms(mod) == (1, 7, 64, 1000, 8191)  # 1000: also the M it was built for

@@ -1,11 +1,12 @@
 """The every-model suite on the CPU: its families and split, the fixed sample, the summary. (Running
-it is a GPU benchmark: ``python -m gemm_ladder.every_model run``.)"""
+it is a GPU benchmark: ``python -m gemm_ladder.measure.every_model run``.)"""
 
 import math
 
 import pytest
 
-from gemm_ladder import every_model, kernel_pack
+from gemm_ladder.measure import every_model
+from gemm_ladder.serve import kernel_pack
 
 
 def test_the_families_are_many_and_llama_8b_is_the_tuned_one():

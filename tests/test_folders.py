@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import batch, files, kernel_pack, pack, procs
-from gemm_ladder.batch import BuildJob
+from gemm_ladder.compile import batch
+from gemm_ladder.core import files, procs
+from gemm_ladder.serve import kernel_pack, pack
+from gemm_ladder.compile.batch import BuildJob
 from gemm_ladder.tune import cache as tune_cache
 from gemm_ladder.tune import space as tune_space
 

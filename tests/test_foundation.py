@@ -15,7 +15,8 @@ import pytest
 
 import gemm_ladder
 from gemm_ladder import ConfigError
-from gemm_ladder.budget import limits_for
+from gemm_ladder.core.budget import limits_for
+from gemm_ladder.measure import modules
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +77,7 @@ def test_unknown_rung_and_missing_arch_form():
 def test_shared_memory_limit_comes_from_the_arch_table_without_a_gpu():
     lim = limits_for("sm_90a")
     assert lim.smem_per_block == 227 * 1024
-    from gemm_ladder.budget import check_budget
+    from gemm_ladder.core.budget import check_budget
 
     cfg = gemm_ladder.make_config("v4", 128, 128, 64)
     with pytest.raises(ConfigError, match="shared memory"):
@@ -122,7 +123,7 @@ def test_build_refuses_a_foreign_prim_func():
 
 
 def test_export_carries_a_device_binary_not_source(v4_module):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     _, path = v4_module
     blob = path.read_bytes()
@@ -133,7 +134,7 @@ def test_export_carries_a_device_binary_not_source(v4_module):
 
 
 def test_v4_sass_has_tma_and_wgmma_and_no_spills(v4_module):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     _, path = v4_module
     counts = sass.instruction_counts(sass.disassemble(path.read_bytes()))
@@ -242,7 +243,7 @@ RUNTIME_ONLY_CHECK = r"""
 import ctypes, sys, os
 ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the build stub stands in for the driver
 import torch, gemm_ladder
-from gemm_ladder.runtime import ModuleInputError, ArchMismatchError
+from gemm_ladder.serve.runtime import ModuleInputError, ArchMismatchError
 m = gemm_ladder.load(sys.argv[2])
 import tvm
 assert tvm.base._RUNTIME_ONLY, "compiler library was loaded"
@@ -264,8 +265,8 @@ def test_runtime_only_loading(tmp_path, v4_module):
     """The exported module loads with a runtime-only TVM and refuses bad inputs before launch."""
     from tests.conftest import GPU_ARCH
 
-    from gemm_ladder import toolchain
-    from gemm_ladder.pack import pack_runtime
+    from gemm_ladder.compile import toolchain
+    from gemm_ladder.serve.pack import pack_runtime
 
     _, path = v4_module
     site = pack_runtime(tmp_path / "rt")
@@ -294,7 +295,7 @@ def test_runtime_only_loading(tmp_path, v4_module):
 def test_module_refuses_a_gpu_of_another_arch(monkeypatch, v4_module):
     import torch
 
-    from gemm_ladder.runtime import ArchMismatchError, GemmModule
+    from gemm_ladder.serve.runtime import ArchMismatchError, GemmModule
 
     _, path = v4_module
     man = json.loads(Path(str(path) + ".json").read_text())
@@ -330,7 +331,8 @@ def test_cli_build_info_and_refusals(tmp_path):
 def test_timers_refuse_what_they_cannot_time():
     """An unknown timer, or a watchdog build in a CUDA graph (its launches wait on their record),
     fail before any input is made; the CLI offers the two timers."""
-    from gemm_ladder import batch, harness
+    from gemm_ladder.compile import batch
+    from gemm_ladder.measure import harness
 
     class WatchdogModule:
         M = N = K = 64
@@ -342,7 +344,7 @@ def test_timers_refuse_what_they_cannot_time():
     with pytest.raises(ValueError, match="cannot be timed in a CUDA graph"):
         harness.time_module(WatchdogModule(), timer="graph")
     with pytest.raises(ValueError, match="timer='wall'"):
-        batch.bench([], timer="wall")
+        modules.bench([], timer="wall")
     bad = cli("bench", "x.so", "--timer", "sundial")
     assert bad.returncode == 2 and "invalid choice: 'sundial'" in bad.stderr
 
@@ -369,7 +371,7 @@ def test_cli_export_writes_a_folder_manifest(tmp_path):
 
 def test_a_corrupt_folder_manifest_blocks_neither_export_nor_info(tmp_path, v4_module):
     """The modules' own manifests are the truth: a damaged folder list is reported and rebuilt."""
-    from gemm_ladder import batch
+    from gemm_ladder.compile import batch
 
     _, path = v4_module
     for name in ("a.so", "b.so"):
@@ -394,7 +396,7 @@ def test_a_corrupt_folder_manifest_blocks_neither_export_nor_info(tmp_path, v4_m
 
 EXPORT_ONE = r"""
 import sys
-from gemm_ladder import batch
+from gemm_ladder.compile import batch
 results = [{"file": sys.argv[2], "status": "built", "rung": "v4"}]
 open(sys.argv[1] + "/" + sys.argv[2], "wb").close()
 for _ in range(20):
@@ -439,7 +441,7 @@ def test_cli_refuses_conflicting_or_unparseable_knobs(args, words, tmp_path):
 def test_build_and_export_resolve_dtype_and_arch_alike(monkeypatch, tmp_path):
     """``--knob dtype=`` and ``--knob arch=`` reach the builder as ``--dtype(s)`` and ``--arch`` would,
     in ``build`` and ``export`` alike (what the CLI asks ``batch.build_many`` for, stopped there)."""
-    from gemm_ladder import batch
+    from gemm_ladder.compile import batch
     from gemm_ladder import cli as cli_module
 
     class Asked(Exception):
@@ -504,6 +506,6 @@ def test_a_blackwell_module_refuses_a_hopper_gpu(case, gpu_result):
     ((8192, 8192, 8192), 50 * 2**20, 1),     # one set is already 384 MiB
 ])
 def test_timers_rotate_through_enough_inputs_to_spill_l2(shape, l2, sets):
-    from gemm_ladder import harness
+    from gemm_ladder.measure import harness
 
     assert harness.sets_to_spill_l2(*shape, l2) == sets

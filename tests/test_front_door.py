@@ -11,10 +11,10 @@ import weakref
 import pytest
 import torch
 
-from gemm_ladder import front, kernel_pack
-from gemm_ladder.config import IndexRangeError
-from gemm_ladder.tma_layout import Fixes, Layout, layout_fixes
-from gemm_ladder.runtime import ModuleInputError
+from gemm_ladder.serve import front, kernel_pack
+from gemm_ladder.core.config import IndexRangeError
+from gemm_ladder.serve.tma_layout import Fixes, Layout, layout_fixes
+from gemm_ladder.serve.runtime import ModuleInputError
 
 from .test_kernel_pack import _module, _pack
 
@@ -427,7 +427,7 @@ def test_a_damaged_pack_in_the_environment_is_an_error(tmp_path, monkeypatch, no
 def test_with_a_compiler_the_policy_builds_into_the_cache(tmp_path, no_gpu_needed):
     """No pack: the policy's choice is built on first use, found in the cache by the next
     process (here: after forgetting), and a runtime-M module serves another M of its rule."""
-    from gemm_ladder import plan
+    from gemm_ladder.serve import plan
 
     rule = plan.rule_choice(plan.Problem(16, 256, 512))
     first = front.route_of(16, 256, 512)
@@ -443,7 +443,7 @@ def test_with_a_compiler_the_policy_builds_into_the_cache(tmp_path, no_gpu_neede
 
 
 # -- the torch op's fake implementation ------------------------------------------------------------
-import gemm_ladder.ops  # noqa: E402  (registers torch.ops.gemm_ladder.mm)
+import gemm_ladder.serve.ops  # noqa: E402  (registers torch.ops.gemm_ladder.mm)
 
 mm = torch.ops.gemm_ladder.mm
 
@@ -518,12 +518,14 @@ def test_dynamo_captures_one_graph():
 RUNTIME_ONLY_ROUTE = r"""
 import ctypes, sys
 ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the build stub stands in for the driver
-from gemm_ladder import front
+from gemm_ladder.serve import front
 front._arch = lambda index: "sm_90a"
 route = front.route_of(16, 256, 512, strict=True)  # the pack's module, tiny or not
 import tvm
 assert tvm.base._RUNTIME_ONLY and "tvm_compiler" not in tvm.base._LOADED_LIBS
-assert "layouts" not in sys.modules and "schedulers" not in sys.modules, "the compiler side was imported"
+compiler_side = [m for m in sys.modules if m.startswith(("layouts", "gemm_ladder.sync.classes", "gemm_ladder.protocol",
+                                                        "gemm_ladder.sm90a", "gemm_ladder.sm100a"))]
+assert not compiler_side, f"the compiler side was imported: {compiler_side}"
 print(route.source, route.rung, type(route.module).__name__, route.module.dynamic_m)
 """
 
@@ -536,8 +538,8 @@ def test_a_pack_serves_with_the_tvm_runtime_alone(tmp_path):
     import subprocess
     import sys
 
-    from gemm_ladder import toolchain
-    from gemm_ladder.pack import pack_runtime
+    from gemm_ladder.compile import toolchain
+    from gemm_ladder.serve.pack import pack_runtime
 
     kernel_pack.build_pack(tmp_path / "pack", [(16, 256, 512)], ["float16"], sms=132, workers=1)
     site = pack_runtime(tmp_path / "rt")

@@ -4,7 +4,7 @@ shapes), ``explain``, and the torch op (``opcheck``, ``torch.compile(fullgraph=T
 capture, torch's current stream).
 
 Every check runs in a child process with a deadline (``tests/front_door_jobs.py`` through
-``gemm_ladder.isolate``), from a kernel pack with building switched off, so this is what a GPU
+``gemm_ladder.measure.isolate``), from a kernel pack with building switched off, so this is what a GPU
 box with the TVM runtime alone runs. The pack comes from:
 
 - ``GEMM_LADDER_PREBUILT=DIR``: ``DIR/front_pack`` (made on a build box, see below);
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import front, isolate, kernel_pack
+from gemm_ladder.serve import front, kernel_pack
+from gemm_ladder.measure import isolate
 
 from .conftest import EXPORT_DIR, GPU_ARCH, GPU_TIMEOUT, PREBUILT_DIR
 
@@ -46,7 +47,7 @@ OP_SHAPES = [(15, 256, 512), (15, 512, 256), (256, 512, 16),   # opcheck: forwar
 
 
 def _kernel_shapes():
-    from gemm_ladder.tma_layout import Layout, layout_fixes
+    from gemm_ladder.serve.tma_layout import Layout, layout_fixes
 
     out = {"float16": set(OP_SHAPES), "bfloat16": set()}
     for case in CASES:

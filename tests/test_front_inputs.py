@@ -13,11 +13,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import gemm_ladder
-from gemm_ladder import front, ops
-from gemm_ladder.kernel_pack import PACK_FORMAT, PACK_MANIFEST, PACK_VERSION
-from gemm_ladder.runtime import ModuleInputError
-from gemm_ladder.spec import GemmSpec
-from gemm_ladder.tma_layout import Layout, layout_fixes
+from gemm_ladder.serve import front, ops
+from gemm_ladder.serve.kernel_pack import PACK_FORMAT, PACK_MANIFEST, PACK_VERSION
+from gemm_ladder.serve.runtime import ModuleInputError
+from gemm_ladder.core.spec import GemmSpec
+from gemm_ladder.serve.tma_layout import Layout, layout_fixes
 
 mm = torch.ops.gemm_ladder.mm
 ON_CPU = "move it to the GPU"  # what a call that passes every other check is told here

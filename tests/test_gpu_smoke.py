@@ -88,7 +88,7 @@ def test_suite_run(smoke, tmp_path):
 def test_every_model_case(smoke, tmp_path):
     """The every-model suite's job on one case its pack serves: checked, then timed as a call and
     as a kernel in CUDA graphs."""
-    out = _run([sys.executable, "-m", "gemm_ladder.isolate", "gemm_ladder.every_model:time_case", smoke["suite_case"],
+    out = _run([sys.executable, "-m", "gemm_ladder.measure.isolate", "gemm_ladder.measure.every_model:time_case", smoke["suite_case"],
                 "--args", "6"], cwd=tmp_path, env={"GEMM_LADDER_PACK": str(smoke["pack"])})
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines()
@@ -109,7 +109,7 @@ def test_tune_measure(smoke, tmp_path):
 
 def test_rounds_job(smoke, tmp_path):
     mods = [m for m in _modules(smoke["tune"]) if "watchdog" not in m.name][:2]
-    out = _run([sys.executable, "-m", "gemm_ladder.isolate", "rounds", *map(str, mods), "--args", "3,4,0.2"],
+    out = _run([sys.executable, "-m", "gemm_ladder.measure.isolate", "rounds", *map(str, mods), "--args", "3,4,0.2"],
                cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines()
@@ -120,8 +120,8 @@ def test_rounds_job(smoke, tmp_path):
 
 
 FRONT = """
-import torch, gemm_ladder, gemm_ladder.ops
-from gemm_ladder.runtime import ModuleInputError
+import torch, gemm_ladder, gemm_ladder.serve.ops
+from gemm_ladder.serve.runtime import ModuleInputError
 torch.manual_seed(0)
 for shape in {shapes!r}:
     M, N, K = map(int, shape.split("x"))
@@ -186,9 +186,9 @@ def test_matmul_and_op(smoke, tmp_path):
 
 
 BIAS = """
-import torch, gemm_ladder, gemm_ladder.ops
-from gemm_ladder import front
-from gemm_ladder.spec import GemmSpec
+import torch, gemm_ladder, gemm_ladder.serve.ops
+from gemm_ladder.serve import front
+from gemm_ladder.core.spec import GemmSpec
 torch.manual_seed(0)
 for shape in {shapes!r}:
     M, N, K = map(int, shape.split("x"))

@@ -17,8 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gemm_ladder
-from gemm_ladder import batch, config, kernel_pack, plan, rungs
-from gemm_ladder.config import INDEX_LIMIT, ConfigError, IndexRangeError
+from gemm_ladder.compile import batch
+from gemm_ladder.core import config
+from gemm_ladder.serve import kernel_pack, plan
+from gemm_ladder import rungs
+from gemm_ladder.core.config import INDEX_LIMIT, ConfigError, IndexRangeError
 from gemm_ladder.tune import space as tune_space
 from schedulers import dram_traffic, rank_group_sizes
 from schedulers.orders import check_order

@@ -2,7 +2,7 @@
 
 import time
 
-from gemm_ladder import isolate
+from gemm_ladder.measure import isolate
 
 
 def test_a_hang_times_out_and_the_batch_goes_on(monkeypatch):

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import files, kernel_pack, module_cache, runtime
-from gemm_ladder.batch import BuildJob
-from gemm_ladder.kernel_pack import PACK_MANIFEST, KernelPack, PackError
-from gemm_ladder.runtime import MANIFEST_VERSION
+from gemm_ladder.core import files, manifest
+from gemm_ladder.serve import kernel_pack, runtime
+from gemm_ladder.compile import module_cache
+from gemm_ladder.compile.batch import BuildJob
+from gemm_ladder.serve.kernel_pack import PACK_MANIFEST, KernelPack, PackError
+from gemm_ladder.core.manifest import MANIFEST_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -253,7 +255,7 @@ def test_build_a_pack_and_find_its_modules(tmp_path, monkeypatch):
     man = kernel_pack.build_pack(tmp_path / "pack", shapes, ["float16"], sms=132, workers=2)
     assert all(r["status"] == "built" for r in man["results"]), man["results"]
     pk = KernelPack(tmp_path / "pack")
-    from gemm_ladder import plan
+    from gemm_ladder.serve import plan
 
     small = pk.find(16, 256, 512, "float16", "sm_90a")
     assert small.entry["choice"]["rule"] == plan.rule_choice(plan.Problem(16, 256, 512)).rule
@@ -285,7 +287,7 @@ def test_a_pack_built_with_a_retired_knob_at_its_default_loads(tmp_path):
     found = pk.find(128, 256, 512, "float16", "sm_90a")
     assert found.entry["knobs"] == {"dtype": "float16", "arch": "sm_90a", "epi_n": 64}  # ignored, the rest kept
     assert pk.check_entry(found.entry) == pack / "old.so"
-    assert "pingpong" not in runtime.read_manifest(pack / "old.so")["knobs"]
+    assert "pingpong" not in manifest.read_manifest(pack / "old.so")["knobs"]
 
 
 def test_a_pack_built_with_a_retired_knob_set_is_refused(tmp_path):
@@ -294,5 +296,5 @@ def test_a_pack_built_with_a_retired_knob_set_is_refused(tmp_path):
         KernelPack(pack)
     msg = str(err.value)
     assert all(w in msg for w in ["pack.json", "modules[0]", "pingpong=True", "rebuild this pack", "pack build"]), msg
-    with pytest.raises(runtime.ManifestError, match=r"pingpong=True.*rebuild this module"):
-        runtime.read_manifest(pack / "old.so")
+    with pytest.raises(manifest.ManifestError, match=r"pingpong=True.*rebuild this module"):
+        manifest.read_manifest(pack / "old.so")

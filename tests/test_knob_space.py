@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from gemm_ladder.builder import build
-from gemm_ladder.config import ConfigError
+from gemm_ladder.compile.builder import build
+from gemm_ladder.core.config import ConfigError
 from gemm_ladder.rungs import make_config, rung_module
 from gemm_ladder.sm90a import gemm
 from gemm_ladder.tune import space as tune_space

@@ -21,15 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import files, pack
-from gemm_ladder.runtime import MANIFEST_VERSION
+from gemm_ladder.core import files
+from gemm_ladder.serve import pack
+from gemm_ladder.core.manifest import MANIFEST_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CC = bool(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
 
 LOAD_STUB = """
 import sys
-from gemm_ladder import toolchain
+from gemm_ladder.compile import toolchain
 try:
     toolchain.load_stub_driver()
 except toolchain.ToolchainError as err:

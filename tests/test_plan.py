@@ -1,4 +1,4 @@
-"""The front door's policy (``gemm_ladder.plan``): one test per rule of the heuristic, the tuning
+"""The front door's policy (``gemm_ladder.serve.plan``): one test per rule of the heuristic, the tuning
 database by shape bucket, the makespan model, and one test per layout rule (what TMA cannot
 describe gets copied)."""
 
@@ -6,18 +6,20 @@ import json
 
 import pytest
 
-from gemm_ladder import plan
-from gemm_ladder.budget import max_pipe_depth
-from gemm_ladder.plan import Problem, Rule, choose, rule_choice
-from gemm_ladder.tma_layout import Layout, layout_fixes
+from gemm_ladder.serve import plan
+from gemm_ladder.core.budget import max_pipe_depth
+from gemm_ladder.core.provenance import tvm_version
+from gemm_ladder.serve.plan import Problem, Rule, choose, rule_choice
+from gemm_ladder.serve.tma_layout import Layout, layout_fixes
 from gemm_ladder.rungs import available, make_config
-from gemm_ladder.tune import cache, db
+from gemm_ladder.tune import cache
+from gemm_ladder.serve import tuning_db as db
 
 H100 = 132
 # the swap-AB (v11) and split-K (v10) rules need their rungs and the wave model
 needs_v11 = pytest.mark.skipif(not available("v11", "sm_90a"), reason="no v11 in this ladder")
 needs_v10 = pytest.mark.skipif(not available("v10", "sm_90a"), reason="no v10 in this ladder")
-TVM = cache.tvm_version()
+TVM = tvm_version()
 
 
 @pytest.fixture(autouse=True)

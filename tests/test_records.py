@@ -1,4 +1,4 @@
-"""The one reader of every file the project reads (``gemm_ladder.records``), and the readers built
+"""The one reader of every file the project reads (``gemm_ladder.core.records``), and the readers built
 on it: module manifests, folder manifests, ``pack.json``, the tuning database, measurements and
 run files, plan files.
 
@@ -18,10 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemm_ladder import batch, config, kernel_pack, records, runtime
+from gemm_ladder.compile import batch
+from gemm_ladder.core import config, records
+from gemm_ladder.core.manifest import MANIFEST_VERSION, ManifestError, manifest_path, read_manifest
+from gemm_ladder.serve import kernel_pack
 from gemm_ladder.cli import parse_knob
-from gemm_ladder.records import Check, Int, List, Map, Maybe, Obj, RecordError, Str
-from gemm_ladder.tune import db, jobs
+from gemm_ladder.core.records import Check, Int, List, Map, Maybe, Obj, RecordError, Str
+from gemm_ladder.serve import tuning_db as db
+from gemm_ladder.tune import merge as tune_merge
+from gemm_ladder.tune import jobs
 from gemm_ladder.tune import space as tune_space
 from gemm_ladder.tune.measuring import MEASUREMENTS_FORMAT, RUN_FORMAT
 
@@ -35,18 +40,18 @@ def module_files(folder: Path, name: str = "m.so", **manifest) -> Path:
     blob = hashlib.sha256(name.encode()).digest() * 8
     so = folder / name
     so.write_bytes(blob)
-    man = {"format": runtime.MANIFEST_VERSION, "rung": "v9", "shape": [64, 256, 512], "dtype": "float16",
+    man = {"format": MANIFEST_VERSION, "rung": "v9", "shape": [64, 256, 512], "dtype": "float16",
            "arch": "sm_90a", "knobs": {"dtype": "float16", "arch": "sm_90a", "stream_b": False},
            "tvm_version": TVM, "launch": {"grid": ["num_ctas"], "threads": 384, "smem_bytes": 1024,
                                           "persistent": True, "dynamic_m": True},
            "so_bytes": len(blob), "so_sha256": hashlib.sha256(blob).hexdigest(), **manifest}
-    runtime.manifest_path(so).write_text(json.dumps(man))
+    manifest_path(so).write_text(json.dumps(man))
     return so
 
 
 def pack_doc(folder: Path) -> dict:
     so = module_files(folder)
-    man = json.loads(runtime.manifest_path(so).read_text())
+    man = json.loads(manifest_path(so).read_text())
     entry = {"file": so.name, "rung": "v9", "shape": [1, 256, 512], "dtype": "float16", "arch": "sm_90a",
              "knobs": man["knobs"], "dynamic_m": True, "m_range": [1, 64], "m_values": [1, 16, 64],
              "so_bytes": man["so_bytes"], "so_sha256": man["so_sha256"],
@@ -107,14 +112,14 @@ def merge_into(tmp_path: Path):
     def merge(path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return db.merge([path], tmp_path / "merged_db.json")
+            return tune_merge.merge([path], tmp_path / "merged_db.json")
     return merge
 
 
 # (file name inside the work folder, a valid document, how to read it, the error it may raise)
 READERS = {
-    "manifest": ("m.so.json", lambda f: json.loads(runtime.manifest_path(module_files(f)).read_text()),
-                 lambda f: runtime.read_manifest(f / "m.so"), runtime.ManifestError),
+    "manifest": ("m.so.json", lambda f: json.loads(manifest_path(module_files(f)).read_text()),
+                 lambda f: read_manifest(f / "m.so"), ManifestError),
     "pack": ("pack.json", pack_doc, read_pack, kernel_pack.PackError),
     "db": ("tuning_db.json", lambda f: db_doc(), lambda f: read_db_strict(f / "tuning_db.json"), RecordError),
     "db_lenient": ("tuning_db.json", lambda f: db_doc(), lambda f: read_db_lenient(f / "tuning_db.json"), None),
@@ -304,8 +309,8 @@ def test_a_plan_of_too_many_jobs_is_refused():
 ])
 def test_a_module_manifest_with_a_wrongly_typed_field_is_refused(tmp_path, field, value, words):
     so = module_files(tmp_path, **{field: value})
-    with pytest.raises(runtime.ManifestError) as err:
-        runtime.read_manifest(so)
+    with pytest.raises(ManifestError) as err:
+        read_manifest(so)
     assert words in str(err.value) and "re-export" in str(err.value)
 
 
@@ -331,7 +336,7 @@ def test_pack_json_fields_the_front_door_reads_are_checked_when_the_pack_is_read
 
 def test_a_pack_module_whose_manifest_has_a_bad_launch_is_a_pack_error(tmp_path):
     doc = pack_doc(tmp_path)
-    man = runtime.manifest_path(tmp_path / "m.so")
+    man = manifest_path(tmp_path / "m.so")
     man.write_text(json.dumps({**json.loads(man.read_text()), "launch": "grid"}))
     (tmp_path / "pack.json").write_text(json.dumps(doc))
     pk = kernel_pack.KernelPack(tmp_path)

@@ -20,9 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemm_ladder import kernel_pack, runtime
+from gemm_ladder.serve import kernel_pack
+from gemm_ladder.core.manifest import manifest_path
 from gemm_ladder.cli import main
-from gemm_ladder.tune import db
+from gemm_ladder.serve import tuning_db as db
 
 from .test_records import JSON, db_doc, measurements_doc, module_files, pack_doc
 
@@ -83,7 +84,7 @@ def test_pack_check_says_ok_for_a_good_pack(tmp_path):
 
 def test_pack_check_reports_a_module_whose_manifest_has_a_bad_launch(tmp_path):
     (tmp_path / "pack.json").write_text(json.dumps(pack_doc(tmp_path)))
-    man = runtime.manifest_path(tmp_path / "m.so")
+    man = manifest_path(tmp_path / "m.so")
     man.write_text(json.dumps({**json.loads(man.read_text()), "launch": "grid"}))
     rc, out, _ = cli("pack", "check", tmp_path)
     assert rc == 1 and "field 'launch' is a string ('grid'), not an object" in out
@@ -153,7 +154,7 @@ def test_tune_merge_into_a_read_only_database_is_exit_2(tmp_path, monkeypatch):
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("gemm_ladder.files.write_json", refuse)  # root ignores a read-only mode
+    monkeypatch.setattr("gemm_ladder.core.files.write_json", refuse)  # root ignores a read-only mode
     rc, _, err = cli("tune", "--merge", tmp_path / "m.json", "--db", target)
     one_error_line(rc, err, "cannot write the tuning database", "Permission denied")
     assert target.read_text() == before
@@ -280,9 +281,9 @@ def test_tune_merge_and_show_answer_random_files_with_0_or_2(tmp_path_factory, d
 def test_info_answers_random_manifests_with_one_line_per_module(tmp_path_factory, data):
     folder = tmp_path_factory.mktemp("info")
     so = module_files(folder)
-    man = json.loads(runtime.manifest_path(so).read_text())
+    man = json.loads(manifest_path(so).read_text())
     man[data.draw(st.sampled_from(sorted(man)))] = data.draw(JSON)
-    runtime.manifest_path(so).write_text(json.dumps(man))
+    manifest_path(so).write_text(json.dumps(man))
     rc, _, err = cli("info", so)
     assert rc in (0, 1) and "Traceback" not in err  # 1: the module is reported, one line
     assert rc == 0 or len(err.strip().splitlines()) == 1

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder import ConfigError
-from gemm_ladder.config import ARCHS
+from gemm_ladder.core.config import ARCHS
 from tests.lowered import launch_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def tma_stages(source: str) -> list[tuple[str, int, list[str]]]:
 # -- the SASS of every rung ----------------------------------------------------------------
 @pytest.mark.parametrize("rung", list(CASES))
 def test_sass_has_the_technique(built, rung):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     b = _built(built, rung)
     mod, counts = b.module, b.counts
@@ -186,7 +186,7 @@ def test_every_phase_of_the_ring_gets_its_boxes_bytes(built, rung):
     """The protocol check (gemm_ladder.barriers) runs the threads of the built config: every phase
     of tma2mma expects exactly the bytes of the two boxes (A, B) that complete on it, edge boxes
     counted in full, and the ring has a barrier per stage."""
-    from gemm_ladder.barriers.check import check_module
+    from gemm_ladder.protocol.check import check_module
 
     mod = _built(built, rung).module
     report = check_module(mod, policies=("forward",), which="first")
@@ -232,7 +232,7 @@ def test_v6_is_persistent(built, monkeypatch):
 
     import torch
 
-    from gemm_ladder.runtime import GemmModule
+    from gemm_ladder.serve.runtime import GemmModule
 
     class Props:
         multi_processor_count = 148
@@ -252,7 +252,8 @@ def test_non_persistent_rungs_take_no_extra_argument(built):
 
 # -- config errors -------------------------------------------------------------------------
 def test_rung_without_a_form_for_the_arch(monkeypatch):
-    from gemm_ladder import config, rungs
+    from gemm_ladder.core import config
+    from gemm_ladder import rungs
 
     monkeypatch.setitem(config.ARCHS, "sm_103a", config.ArchLimits("sm_103a", "Blackwell Ultra", 227 * 1024))
     with pytest.raises(ConfigError, match="no form for arch sm_103a"):
@@ -299,7 +300,7 @@ def test_every_sm100a_form_documents_itself():
 def test_module_refuses_another_gpu(monkeypatch):
     import torch
 
-    from gemm_ladder.runtime import ArchMismatchError, GemmModule
+    from gemm_ladder.serve.runtime import ArchMismatchError, GemmModule
 
     manifest = {"rung": "v4", "shape": [4096] * 3, "dtype": "float16", "arch": ARCH,
                 "knobs": {}, "tvm_version": "0.27.0.post1"}
@@ -316,7 +317,7 @@ def test_module_refuses_another_gpu(monkeypatch):
 
 _LOAD = """
 import sys
-from gemm_ladder import toolchain
+from gemm_ladder.compile import toolchain
 toolchain.prepare()   # the stub driver where there is no GPU driver
 import gemm_ladder
 m = gemm_ladder.load(sys.argv[1])
@@ -325,7 +326,7 @@ print(m.arch, m.rung)
 
 
 def test_export_and_load(tmp_path):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     out = tmp_path / "ladder"
     cmd = [sys.executable, "-m", "gemm_ladder", "export", "--arch", ARCH, "--rungs", "v4",

@@ -18,7 +18,7 @@ import re
 import pytest
 
 from gemm_ladder import ConfigError
-from gemm_ladder.config import ARCHS
+from gemm_ladder.core.config import ARCHS
 from tests.lowered import launch_of
 from tests.test_sm100a import tensormap_boxes, tma_stage_loads
 
@@ -109,7 +109,7 @@ def setmaxnreg(sass_text: str) -> dict[str, list[int]]:
 # -- the technique in the SASS -----------------------------------------------------------------
 @pytest.mark.parametrize("case", IDS)
 def test_sass_has_the_technique(built, case):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     b = _built(built, case)
     mod, text = b.module, b.sass
@@ -344,9 +344,9 @@ def test_persistent_cluster_grid_is_whole_clusters(monkeypatch):
     """The runtime launches one CTA per SM, rounded down to whole clusters (all of which fit here)."""
     import torch
 
-    from gemm_ladder import device
+    from gemm_ladder.core import device
 
-    from gemm_ladder.runtime import GemmModule
+    from gemm_ladder.serve.runtime import GemmModule
 
     class Props:
         multi_processor_count = 150

@@ -69,7 +69,7 @@ def test_refuses_bad_knobs_with_a_fix(rung, shape, knobs, words):
 def test_workspace_sizes_agree_between_kernel_and_runtime():
     """The kernel's buffer shapes (``splitk.workspace_elems``, checked by the host code) and the
     runtime's allocation (``GemmModule.workspace_elems``) come from one manifest record."""
-    from gemm_ladder.runtime import GemmModule
+    from gemm_ladder.serve.runtime import GemmModule
     from gemm_ladder.rungs import rung_module
     from gemm_ladder.sm90a import splitk
 
@@ -92,7 +92,7 @@ def test_workspace_sizes_agree_between_kernel_and_runtime():
             assert mod.workspace_elems(cfg.M) == {"float32": tiles * s * cfg.blk_m * cfg.blk_n,
                                                   "int32": tiles * cfg.num_warpgroups}
             # past what the kernel's 32-bit indices reach: refused before any launch
-            from gemm_ladder.runtime import ModuleInputError
+            from gemm_ladder.serve.runtime import ModuleInputError
 
             with pytest.raises(ModuleInputError, match="32-bit indices"):
                 mod.workspace_args(2**31 // (s * cfg.N) + cfg.blk_m * 2, None)
@@ -327,7 +327,7 @@ def test_stream_b_tensor_maps_fetch_256_bytes_per_l2_miss(rung, knobs):
     """The loads' tensor maps ask L2 for 256-byte fills with stream_b, TVM's 128 without; the
     store's map is the same either way."""
     from gemm_ladder import make_config
-    from gemm_ladder.barriers.kernel_ir import load
+    from gemm_ladder.protocol.kernel_ir import load
 
     for stream, fill in ((True, 3), (False, 2)):
         maps = load(make_config(rung, 128, 4096, 4096, stream_b=stream, **knobs)).tensormaps
@@ -346,7 +346,7 @@ def test_kernel_source_counts_once_per_consumer_and_sums_in_split_order(built):
 
 
 def test_launch_records_the_workspace_and_the_runtime_m(built):
-    from gemm_ladder.budget import limits_for
+    from gemm_ladder.core.budget import limits_for
 
     for name, case in CPU_BUILDS.items():
         mod = built(*case).module

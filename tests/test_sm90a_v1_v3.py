@@ -142,7 +142,7 @@ def test_v3_guards_only_the_edges_a_shape_has(built):
 
 
 def test_export_carries_sass(built):
-    from gemm_ladder import sass
+    from gemm_ladder.compile import sass
 
     blob = built(*BUILDS["v3_edge_f16"]).path.read_bytes()
     assert sass.has_device_binary(blob) and b"__global__" not in blob

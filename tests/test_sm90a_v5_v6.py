@@ -16,8 +16,8 @@ from tests.gpu_cases import Case
 
 import gemm_ladder
 from gemm_ladder import ConfigError
-from gemm_ladder.budget import limits_for
-from gemm_ladder.config import ARCHS, ArchLimits
+from gemm_ladder.core.budget import limits_for
+from gemm_ladder.core.config import ARCHS, ArchLimits
 
 V5_V6 = ("v5", "v6")
 

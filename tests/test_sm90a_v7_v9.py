@@ -18,7 +18,7 @@ from tests.gpu_cases import Case
 
 import gemm_ladder
 from gemm_ladder import ConfigError
-from gemm_ladder.budget import limits_for
+from gemm_ladder.core.budget import limits_for
 
 V7_V9 = ("v7", "v8", "v9")
 
@@ -96,7 +96,7 @@ def test_multicast_masks_name_the_ctas_that_share_a_tile():
 
 
 def test_v9_staging_leaves_room_for_a_deeper_ring():
-    from gemm_ladder import budget
+    from gemm_ladder.core import budget
 
     lim = limits_for("sm_90a").smem_per_block
     v8 = gemm_ladder.make_config("v8", 4096, 4096, 4096)
@@ -290,7 +290,7 @@ def test_v7_v9_are_correct_on_the_gpu(case, gpu_result):
 def test_the_tuners_second_pass_times_a_group_on_the_gpu(case, gpu_result, _gpu_batch):
     """isolate's ``rounds`` job (the tuner's second pass): a group checked and timed in one
     watched child, taking turns with cuBLAS; the same module twice reads alike."""
-    from gemm_ladder import isolate  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.measure import isolate  # pylint: disable=import-outside-toplevel
 
     assert gpu_result["status"] == "ok", gpu_result
     path = _gpu_batch["paths"][case.key]

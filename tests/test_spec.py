@@ -1,4 +1,4 @@
-"""The operand spec (``gemm_ladder/spec.py``) on the CPU: every field, what is built and what is
+"""The operand spec (``gemm_ladder/core/spec.py``) on the CPU: every field, what is built and what is
 refused (with what is not built yet), the text and manifest round trips, manifests and pack
 entries written before the spec existed, the policy and the validator with a bias, and one v9
 bias module built here (its CUDA source adds the bias before rounding)."""
@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 from tvm.error import DiagnosticError
 
-from gemm_ladder import builder, kernel_pack, plan, runtime, sass
-from gemm_ladder.barriers.check import check_config
-from gemm_ladder.config import ConfigError, parse_knob_value
+from gemm_ladder.compile import builder, sass
+from gemm_ladder.core import manifest
+from gemm_ladder.serve import kernel_pack, plan, runtime
+from gemm_ladder.protocol.check import check_config
+from gemm_ladder.core.config import ConfigError, parse_knob_value
 from gemm_ladder.rungs import kernel_of, make_config
 from gemm_ladder.sm90a import hgemm_v10
-from gemm_ladder.spec import (EPILOGUES, SPEC_KNOB, GemmSpec, Operand, as_spec, check_built, not_built, spec_for,
-                              spec_of, spec_of_manifest)
+from gemm_ladder.core.spec import (EPILOGUES, SPEC_KNOB, GemmSpec, Operand, as_spec, check_built, not_built,
+    spec_for, spec_of, spec_of_manifest)
 
 V9 = ("none", "bias")  # what v9 declares it builds (its EPILOGUES)
 
@@ -123,15 +125,15 @@ def _stand_in(folder: Path, spec: dict | None) -> Path:
     blob = b"\0" * 64
     so = folder / "m.so"
     so.write_bytes(blob)
-    man = {"format": runtime.MANIFEST_VERSION, "rung": "v9", "shape": [64, 256, 512], "dtype": "bfloat16",
+    man = {"format": manifest.MANIFEST_VERSION, "rung": "v9", "shape": [64, 256, 512], "dtype": "bfloat16",
            "arch": "sm_90a", "knobs": {"dtype": "bfloat16", "arch": "sm_90a"}, "tvm_version": "0.27.0.post1",
            "so_bytes": 64, "so_sha256": hashlib.sha256(blob).hexdigest(), **({"spec": spec} if spec else {})}
-    runtime.manifest_path(so).write_text(json.dumps(man))
+    manifest.manifest_path(so).write_text(json.dumps(man))
     return so
 
 
 def test_a_manifest_without_a_spec_reads_as_the_default(tmp_path):
-    man = runtime.read_manifest(_stand_in(tmp_path, None))
+    man = manifest.read_manifest(_stand_in(tmp_path, None))
     assert spec_of_manifest(man) == GemmSpec.default("bfloat16")
     mod = runtime.GemmModule(tmp_path / "m.so", man, None)
     assert mod.spec == GemmSpec.default("bfloat16") and mod.operand_args(64, {}, None) == []
@@ -139,7 +141,7 @@ def test_a_manifest_without_a_spec_reads_as_the_default(tmp_path):
 
 def test_a_manifest_with_a_spec_round_trips_and_a_bad_one_is_refused(tmp_path):
     spec = GemmSpec.with_bias("bfloat16")
-    man = runtime.read_manifest(_stand_in(tmp_path, spec.to_dict()))
+    man = manifest.read_manifest(_stand_in(tmp_path, spec.to_dict()))
     mod = runtime.GemmModule(tmp_path / "m.so", man, None)
     assert mod.spec == spec
     with pytest.raises(runtime.ModuleInputError, match="pass bias="):
@@ -148,8 +150,8 @@ def test_a_manifest_with_a_spec_round_trips_and_a_bad_one_is_refused(tmp_path):
     with pytest.raises(runtime.ModuleInputError, match="has no epilogue operands.*pack build --epilogue bias"):
         plain.operand_args(64, {"bias": object()}, None)
     _stand_in(tmp_path, {**spec.to_dict(), "bias": "int4"})
-    with pytest.raises(runtime.ManifestError, match="spec"):
-        runtime.read_manifest(tmp_path / "m.so")
+    with pytest.raises(manifest.ManifestError, match="spec"):
+        manifest.read_manifest(tmp_path / "m.so")
 
 
 def test_the_builder_writes_the_spec_the_runner_reads():
@@ -165,11 +167,11 @@ def test_the_builder_writes_the_spec_the_runner_reads():
 def _entry(folder: Path, name: str, spec: GemmSpec | None) -> dict:
     blob = hashlib.sha256(name.encode()).digest() * 8
     (folder / name).write_bytes(blob)
-    man = {"format": runtime.MANIFEST_VERSION, "rung": "v9", "shape": [1, 256, 512], "dtype": "float16",
+    man = {"format": manifest.MANIFEST_VERSION, "rung": "v9", "shape": [1, 256, 512], "dtype": "float16",
            "arch": "sm_90a", "knobs": {"dtype": "float16", "arch": "sm_90a"}, "tvm_version": "0.27.0.post1",
            "launch": {"dynamic_m": True}, "so_bytes": len(blob), "so_sha256": hashlib.sha256(blob).hexdigest(),
            **({"spec": spec.to_dict()} if spec else {})}
-    runtime.manifest_path(folder / name).write_text(json.dumps(man))
+    manifest.manifest_path(folder / name).write_text(json.dumps(man))
     entry = {"file": name, "rung": "v9", "shape": [1, 256, 512], "dtype": "float16", "arch": "sm_90a",
              "knobs": man["knobs"], "dynamic_m": True, "m_range": [1, 64], "so_bytes": len(blob),
              "so_sha256": man["so_sha256"]}
@@ -237,7 +239,7 @@ def test_v9_with_a_bias_builds_and_adds_it_before_rounding(tmp_path):
     assert cvts and all("bias_ptr" in line for line in cvts)
     assert mod.manifest()["spec"]["bias"] == "float16"
     path = mod.export(tmp_path / "v9_bias.so")
-    assert runtime.read_manifest(path)["spec"] == GemmSpec.with_bias().to_dict()
+    assert manifest.read_manifest(path)["spec"] == GemmSpec.with_bias().to_dict()
     plain = builder.build("v9", 200, 264, 320, epi_under=True, cluster_m=1).cuda_source()
     assert "bias" not in plain
     try:

@@ -184,7 +184,7 @@ def test_two_pieces_meet_in_any_order_and_compute_the_product(shape, knobs, clus
 
 def test_workspace_grows_with_the_ctas_and_agrees_between_kernel_and_runtime():
     from gemm_ladder.rungs import rung_module
-    from gemm_ladder.runtime import GemmModule
+    from gemm_ladder.serve.runtime import GemmModule
     from gemm_ladder.sm90a import splitk
 
     cfg = gemm_ladder.make_config("v10", 4096, 4096, 4096, split_k=1, stream_k=True)

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gemm_ladder import kernel_pack, suite
+from gemm_ladder.serve import kernel_pack
+from gemm_ladder.measure import suite
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from gemm_ladder import isolate, teach
+from gemm_ladder.measure import isolate
+from gemm_ladder import teach
 
 V4_BUILD = ("v4", (256, 256, 128), {})
 

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from gemm_ladder import toolchain
+from gemm_ladder.compile import toolchain
 
 BUILD_WITH = r"""
 import sys, gemm_ladder
-from gemm_ladder import sass
+from gemm_ladder.compile import sass
 mod = gemm_ladder.build("v4", 256, 256, 128)
 blob = open(mod.export(sys.argv[1]), "rb").read()
 print(mod.compiler.name, sass.sm_of(blob), sass.instruction_counts(sass.disassemble(blob))["HGMMA"] > 0)

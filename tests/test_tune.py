@@ -17,14 +17,18 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder import rungs
-from gemm_ladder.budget import check_budget
-from gemm_ladder.config import ConfigError
-from gemm_ladder.tune import cache, db, measuring, run
+from gemm_ladder.core.budget import check_budget
+from gemm_ladder.core.config import ConfigError
+from gemm_ladder.core.provenance import tvm_version
+from gemm_ladder.compile import identity
+from gemm_ladder.tune import cache, measuring, run
+from gemm_ladder.serve import tuning_db as db
+from gemm_ladder.tune import merge as tune_merge
 from gemm_ladder.tune import space as tune_space
 from gemm_ladder.tune import report as tune_report
 
 GPU = {"name": "NVIDIA H100 80GB HBM3", "sm_clock_mhz_now": "1980 MHz"}
-TVM = cache.tvm_version()
+TVM = tvm_version()
 
 
 @pytest.fixture(autouse=True)
@@ -170,27 +174,27 @@ def test_parse_space():
 def test_cache_key_changes_with_everything_that_changes_the_binary():
     base = dict(rung="v6", knobs={"pipe_depth": 4, "l2_group_size": 8}, shape=(4096, 4096, 4096),
                 dtype="float16", arch="sm_90a", tvm_version="0.27.0.post1", compiler="nvrtc 13.0", sources="abc")
-    key = cache.cache_key(**base)
-    assert key == cache.cache_key(**{**base, "knobs": {"l2_group_size": 8, "pipe_depth": 4}})  # order-free
+    key = identity.cache_key(**base)
+    assert key == identity.cache_key(**{**base, "knobs": {"l2_group_size": 8, "pipe_depth": 4}})  # order-free
     changes = {"rung": "v5", "knobs": {"pipe_depth": 5, "l2_group_size": 8}, "shape": (4096, 4096, 8192),
                "dtype": "bfloat16", "arch": "sm_100a", "tvm_version": "0.28.0", "compiler": "nvcc 13.0",
                "sources": "abd"}
-    keys = {cache.cache_key(**{**base, name: value}) for name, value in changes.items()}
+    keys = {identity.cache_key(**{**base, name: value}) for name, value in changes.items()}
     assert len(keys) == len(changes) and key not in keys
 
 
 def test_sources_hash_covers_kernels_not_host_code():
-    h = cache.sources_hash("sm_90a")
-    assert len(h) == 64 and h != cache.sources_hash("sm_100a")
-    names = {n for n, _ in cache.hashed_sources("sm_90a")}
-    for kernel_side in ("gemm_ladder/sm90a/hgemm_v6.py", "gemm_ladder/sm90a/common.py", "gemm_ladder/budget.py",
-                        "gemm_ladder/config.py", "gemm_ladder/builder.py", "layouts/swizzle.py",
+    h = identity.sources_hash("sm_90a")
+    assert len(h) == 64 and h != identity.sources_hash("sm_100a")
+    names = {n for n, _ in identity.hashed_sources("sm_90a")}
+    for kernel_side in ("gemm_ladder/sm90a/hgemm_v6.py", "gemm_ladder/sm90a/common.py", "gemm_ladder/core/budget.py",
+                        "gemm_ladder/core/config.py", "gemm_ladder/compile/builder.py", "layouts/swizzle.py",
                         "schedulers/tirx_orders.py"):
         assert kernel_side in names, kernel_side
-    for host_side in ("gemm_ladder/cli.py", "gemm_ladder/tune/db.py", "gemm_ladder/teach/plots.py",
-                      "gemm_ladder/batch.py", "gemm_ladder/sm100a/hgemm_v6.py", "schedulers/plots.py"):
+    for host_side in ("gemm_ladder/cli.py", "gemm_ladder/serve/tuning_db.py", "gemm_ladder/teach/plots.py",
+                      "gemm_ladder/compile/batch.py", "gemm_ladder/sm100a/hgemm_v6.py", "schedulers/plots.py"):
         assert host_side not in names, host_side
-    ident = cache.toolchain_identity("sm_90a")
+    ident = identity.toolchain_identity("sm_90a")
     assert ident["tvm_version"] == TVM and ident["compiler"].startswith(("nvrtc", "nvcc"))
 
 
@@ -198,7 +202,7 @@ def test_second_identical_build_only_run_builds_nothing(tmp_path):
     space = {"blk_m": [64], "blk_n": [64, 128], "num_warpgroups": [1]}
     # the identity is read once: this tree may be edited by others while the test runs
     kw = dict(space=space, cache_dir=tmp_path / "cache", out=tmp_path / "cands", build_only=True,
-              jobs=2, progress=False, identity=cache.toolchain_identity("sm_90a"))
+              jobs=2, progress=False, identity=identity.toolchain_identity("sm_90a"))
     first = run.tune("v4", (128, 128, 64), **kw)
     assert first["counts"]["built"] == 2 and first["counts"]["cached"] == 0, first["failed"]
     assert len(first["candidates"]) == 2
@@ -218,7 +222,7 @@ def test_second_identical_build_only_run_builds_nothing(tmp_path):
 
 def test_two_runs_into_one_folder_do_not_mix(tmp_path):
     """A second tuning run into a folder in use is refused at once, with a message; nothing is built."""
-    from gemm_ladder import files
+    from gemm_ladder.core import files
 
     sp = tune_space.Space("v4", (128, 128, 64), "float16", "sm_90a", {}, candidates=[{"blk_n": 64}])
     with files.folder_lock(tmp_path / "cands"):
@@ -264,7 +268,7 @@ KNOBS = [{"blk_m": 128, "blk_n": n, "blk_k": 64, "num_warpgroups": w} for n, w i
 
 @pytest.fixture
 def measured(tmp_path, monkeypatch):
-    from gemm_ladder import isolate
+    from gemm_ladder.measure import isolate
 
     folder = _candidate_folder(tmp_path / "cands", KNOBS)
     calls = []
@@ -327,7 +331,7 @@ def _rounds(ratio, cublas=600.0):
      "c005", ["ok", "ok", "timeout", "wrong", "crash", "ok"]),
 ])
 def test_second_pass_ranks_the_leaders(tmp_path, monkeypatch, second, best, statuses):
-    from gemm_ladder import isolate
+    from gemm_ladder.measure import isolate
 
     folder = _candidate_folder(tmp_path / "cands", KNOBS)
     calls = []
@@ -354,7 +358,7 @@ def test_second_pass_ranks_the_leaders(tmp_path, monkeypatch, second, best, stat
     assert report["confirm"]["candidates"] == [report["results"][i]["file"] for i in (1, 5, 0)]
     erred = [r for r in report["results"] if "confirm_error" in r]
     assert all(not r.get("confirmed") for r in erred)
-    entry = db.entry_from_measurements(report)
+    entry = tune_merge.entry_from_measurements(report)
     assert entry["knobs"] == report["best"]["knobs"] and entry["confirmed"] is True
 
 
@@ -385,7 +389,7 @@ def test_plot_is_written(measured, tmp_path):
 
 def test_merge_then_best_knobs_and_load_best(measured, private_db, monkeypatch):
     folder, report, _ = measured
-    merged = db.merge([report["path"]])
+    merged = tune_merge.merge([report["path"]])
     assert merged[0]["action"] == "added"
     saved = json.loads(private_db.read_text())
     assert saved["format"] == db.DB_FORMAT and len(saved["entries"]) == 1
@@ -393,13 +397,13 @@ def test_merge_then_best_knobs_and_load_best(measured, private_db, monkeypatch):
     assert e["knobs"] == KNOBS[1] and e["tflops"] == 450.0 and e["cublas_tflops"] == 600.0
     assert e["gpu"] == GPU["name"] and e["tvm_version"] == TVM and e["commit"] == "abc1234"
     assert e["bucket"] == [256, 256, 256] and e["date"]
-    assert db.merge([report["path"]])[0]["action"] == "kept"  # merging twice changes nothing
+    assert tune_merge.merge([report["path"]])[0]["action"] == "kept"  # merging twice changes nothing
 
     knobs, entry = db.best_knobs("v4", 256, 256, 256, gpu=None)
     assert knobs == KNOBS[1] and entry["tflops"] == 450.0
 
     loaded = {}
-    monkeypatch.setattr("gemm_ladder.runtime.load", lambda p: loaded.setdefault("mod", types.SimpleNamespace(path=p)))
+    monkeypatch.setattr("gemm_ladder.serve.runtime.load", lambda p: loaded.setdefault("mod", types.SimpleNamespace(path=p)))
     mod = measuring.load_best(folder, 256, 256, 256, "float16")
     assert Path(mod.path).name == report["best"]["file"]
     assert mod.tuned_from["tflops"] == 450.0
@@ -433,7 +437,7 @@ def test_the_ratio_to_cublas_ranks_candidates_before_tflops():
     assert max(no_ratio, key=tune_report.speed_rank)["id"] == "c000"
     report = {"rung": "v4", "shape": [4096, 4096, 4096], "dtype": "float16", "arch": "sm_90a",
               "tvm_version": TVM, "gpu": {"name": "NVIDIA H100 80GB HBM3"}, "results": [fast_clock, better]}
-    entry = db.entry_from_measurements(report)
+    entry = tune_merge.entry_from_measurements(report)
     assert entry["knobs"] == better["knobs"] and entry["tflops"] == 731.0
 
 
@@ -533,12 +537,12 @@ def test_merge_ignores_impossible_measurements(measured, private_db):
     path = Path(report["path"]).with_name("measurements_broken.json")
     path.write_text(json.dumps(fake))
     with pytest.warns(UserWarning, match="ignored"):
-        merged = db.merge([path])
+        merged = tune_merge.merge([path])
     assert merged[0]["entry"]["tflops"] == 350.0  # the next correct one; NaN and 1e6 left out
     everything_broken = dict(fake, results=[dict(r, tflops=-1.0) for r in fake["results"]])
     path.write_text(json.dumps(everything_broken))
     with pytest.warns(UserWarning) as record:
-        assert db.merge([path])[0]["action"] == "nothing"
+        assert tune_merge.merge([path])[0]["action"] == "nothing"
     assert any("nothing merged" in str(w.message) for w in record)
 
 
@@ -604,7 +608,7 @@ def test_build_without_knobs_uses_the_database(private_db, capsys):
     """gemm_ladder.build (the public API) takes the database's knobs and says so; the builder
     underneath is pure: the same call builds the rung's defaults whatever the database holds."""
     import gemm_ladder
-    from gemm_ladder import builder
+    from gemm_ladder.compile import builder
 
     tuned = {"blk_m": 64, "blk_n": 64, "blk_k": 64, "num_warpgroups": 1}
     _write_db(private_db, [_entry((128, 128, 64), 321.0, knobs=tuned)])
@@ -646,13 +650,13 @@ def test_measure_path_needs_only_the_runtime(tmp_path):
     folder = _candidate_folder(tmp_path / "cands", KNOBS[:2])
     code = f"""
 import sys
-from gemm_ladder import isolate
+from gemm_ladder.measure import isolate
 from gemm_ladder.tune import measuring
 isolate.run_batch = lambda job, paths, args=(), timeout=0, on_result=None, explain=True: [{_timed(400.0)!r} for p in paths]
 r = measuring.measure({str(folder)!r}, gpu={GPU!r}, progress=False)
 assert r["best"]["tflops"] == 400.0
 bad = [m for m in sys.modules if m.split(".")[0] in ("tvm", "tvm_ffi", "layouts", "schedulers")
-       or m in ("gemm_ladder.builder", "gemm_ladder.rungs", "gemm_ladder.toolchain")]
+       or m in ("gemm_ladder.compile.builder", "gemm_ladder.rungs", "gemm_ladder.compile.toolchain")]
 print("BAD", bad)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

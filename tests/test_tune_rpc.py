@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder import isolate
-from gemm_ladder.tune import db, jobs, measuring, rpc, serve
+from gemm_ladder.measure import isolate
+from gemm_ladder.serve import tuning_db as db
+from gemm_ladder.tune import merge as tune_merge
+from gemm_ladder.tune import jobs, measuring, rpc, serve
 from gemm_ladder.tune import report as tune_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +144,7 @@ def test_a_run_over_rpc_survives_a_killed_server_and_bad_candidates(cluster, tmp
     # each folder has its measurements file; the run file merges into the one database
     assert Path(ra["path"]).parent == a and json.loads(Path(ra["path"]).read_text())["format"] == \
         measuring.MEASUREMENTS_FORMAT
-    merged = db.merge([tmp_path / "run.json"])
+    merged = tune_merge.merge([tmp_path / "run.json"])
     assert [m["action"] for m in merged] == ["added", "added"]
     assert sorted(e["tflops"] for e in db.TuningDB().entries) == [420.0, 450.0]
     table = tune_report.format_run(run)
@@ -291,7 +293,7 @@ def test_cli_plan_dry_run_and_usage(tmp_path, capsys):
 def test_the_pack_serves_rpc_alone(tmp_path):
     """What a GPU box runs (tracker, servers, the client) imports from the runtime pack, with
     only what torch brings beside it (numpy, typing_extensions): no compiler, no site-packages."""
-    from gemm_ladder.pack import pack_runtime
+    from gemm_ladder.serve.pack import pack_runtime
 
     site = pack_runtime(tmp_path / "rt")
     assert (site / "tornado" / "__init__.py").exists() and not (site / "tornado" / "test").exists()
@@ -309,7 +311,7 @@ def test_the_pack_serves_rpc_alone(tmp_path):
     code = ("import sys; import tvm.rpc.tracker, tvm.rpc.server, tvm.rpc.client; "
             "from gemm_ladder.tune import serve, rpc, measuring, jobs; "
             "s = serve.start_tracker('127.0.0.1', %d); serve.stop_tracker(s, ('127.0.0.1', s.port)); "
-            "bad = [m for m in sys.modules if m in ('gemm_ladder.builder', 'gemm_ladder.rungs', 'layouts')]; "
+            "bad = [m for m in sys.modules if m in ('gemm_ladder.compile.builder', 'gemm_ladder.rungs', 'layouts')]; "
             "import gemm_ladder.cli; print('OK', tvm.__file__, bad)" % _free_port())
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": f"{site}{os.pathsep}{deps}",
            "TVM_USE_RUNTIME_LIB": "1", "HOME": str(tmp_path)}

@@ -19,7 +19,7 @@
 # * **`pipe_depth`** (v5, v6): deeper rings hide more TMA latency (notebook 05), but each stage
 #   costs `(blk_m + blk_n) · 64 · 2` bytes of shared memory next to the output tile, and the block
 #   limit (227 KiB on H100/H200) caps the depth. The config validator computes the cap
-#   (`gemm_ladder.budget`, one formula for both archs), reading the limit off the GPU when there is
+#   (`gemm_ladder.core.budget`, one formula for both archs), reading the limit off the GPU when there is
 #   one, and refuses anything deeper before compiling.
 # * **`l2_group_size`** (v6): how many rows of tiles one L2 group spans. The traffic model ranks
 #   the sizes; only a measurement decides between the near-ties.
@@ -33,8 +33,10 @@ from pathlib import Path
 
 import gemm_ladder
 import schedulers
-from gemm_ladder import budget, teach
-from gemm_ladder.tune import db, run
+from gemm_ladder.core import budget
+from gemm_ladder import teach
+from gemm_ladder.serve import tuning_db as db
+from gemm_ladder.tune import run
 from gemm_ladder.tune import report as tune_report
 
 # %% [markdown]
@@ -92,7 +94,7 @@ teach.show(schedulers.plot_traffic_vs_group(16384, 16384, 4096, blk_m=128, blk_n
 # %% [markdown]
 # ## What has been measured
 #
-# The tuning database (`gemm_ladder.tune.db`) and the committed benchmark runs for the
+# The tuning database (`gemm_ladder.serve.tuning_db`) and the committed benchmark runs for the
 # pipelined rungs.
 
 # %%

@@ -45,7 +45,8 @@
 import json
 
 import gemm_ladder
-from gemm_ladder import report, teach
+from gemm_ladder.measure import report
+from gemm_ladder import teach
 from gemm_ladder.sm90a import gemm, hgemm_v9
 
 # %% [markdown]

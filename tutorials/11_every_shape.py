@@ -33,7 +33,9 @@
 import json
 
 import schedulers
-from gemm_ladder import kernel_pack, plan, report, rungs, suite, teach, tma_layout
+from gemm_ladder.serve import kernel_pack, plan, tma_layout
+from gemm_ladder.measure import report, suite
+from gemm_ladder import rungs, teach
 from gemm_ladder.teach import shapes as pictures
 from schedulers import wave_model
 
@@ -204,7 +206,7 @@ if stream_run.exists():
 #
 # `gemm_ladder.matmul(A, B)` picks a kernel per shape: the tuning database's best entry in the
 # shape's bucket (every dim rounded to a power of two) where one exists at or above the rule's
-# rung, else the first rule of `gemm_ladder.plan.RULES` that applies and validates. A new rung is
+# rung, else the first rule of `gemm_ladder.serve.plan.RULES` that applies and validates. A new rung is
 # one more entry in that table, with its own test in `tests/test_plan.py`.
 
 # %%

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import gemm_ladder
 from gemm_ladder import teach
-from gemm_ladder.barriers import check, ladder, picture
+from gemm_ladder.barriers import ladder, picture
+from gemm_ladder.protocol import check
 
 # %% [markdown]
 # ## The table of a healthy rung
@@ -117,7 +118,7 @@ for name, variant in barrier_faults.VARIANTS.items():
 # ## The watchdog build
 #
 # TVM's mbarrier wait spins forever. With `watchdog=SECONDS` the rungs' barrier classes
-# (`gemm_ladder/barriers/classes.py`, subclasses of TVM's) emit a *bounded* wait instead: it spins
+# (`gemm_ladder/sync/classes.py`, subclasses of TVM's) emit a *bounded* wait instead: it spins
 # on `mbarrier.try_wait.parity` and `%globaltimer`; after the bound the first waiter writes
 # (barrier, slot, parity, wait site, CTA, thread, time, the barrier's raw word) into a record in
 # pinned host memory passed as the kernel's last argument, and every waiter leaves the kernel
@@ -152,7 +153,7 @@ for key in counts["off"]:
 
 # %%
 if teach.gpu_here("sm_90a"):
-    from gemm_ladder.isolate import run_isolated
+    from gemm_ladder.measure.isolate import run_isolated
 
     path = gemm_ladder.build(broken.prim_func(shape=(2048, 2048, 1024), watchdog=2)).export(
         Path("build") / "broken_expect_tx.so")

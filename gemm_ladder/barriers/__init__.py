@@ -1,38 +1,23 @@
-"""Barrier safety: a static check of every rung's mbarrier protocol, and a watchdog build.
+"""Barrier safety, the tools: the protocol checker's ladder and the watchdog's explanations.
 
-Two tools, one package:
-
-- **the protocol checker** (:mod:`.check`, CPU only): traces a rung, lowers it with TVM's tirx
-  pipeline, and runs every thread of a CTA (or of a cluster) through the kernel's control flow
-  against a model of mbarriers, TMA and the MMA engines (:mod:`.interp`, :mod:`.sim`). It prints
-  a table per barrier (who arrives, how many bytes each phase expects and receives, who waits
-  on which phase) and names every violation with its barrier, phase and role::
+- **the protocol checker** (:mod:`gemm_ladder.protocol`, CPU only): traces a rung, lowers it with
+  TVM's tirx pipeline, and runs every thread of a CTA (or of a cluster) through the kernel's
+  control flow against a model of mbarriers, TMA and the MMA engines. It prints a table per
+  barrier (who arrives, how many bytes each phase expects and receives, who waits on which
+  phase) and names every violation with its barrier, phase and role::
 
       python -m gemm_ladder.barriers                      # the ladder, both archs (what CI runs)
       python -m gemm_ladder.barriers v5 --shape 1000x1000x520 --knob pipe_depth=4
 
-- **the watchdog build** (:mod:`.classes`, :mod:`.watchdog`): the ``watchdog=SECONDS`` knob
-  bounds every mbarrier wait; a kernel that hangs reports which barrier, phase, CTA and role it
-  waits on, as a Python exception. Off by default, and free when off (the same SASS).
+  :mod:`.ladder` is that command; :mod:`.explain` builds a timed-out kernel's watchdog twin and
+  says which barrier it waits on; :mod:`.picture` draws a report.
+- **the watchdog build** (:mod:`gemm_ladder.sync.classes`, :mod:`gemm_ladder.sync.watchdog`): the
+  ``watchdog=SECONDS`` knob bounds every mbarrier wait; a kernel that hangs reports which barrier,
+  phase, CTA and role it waits on, as a Python exception. Off by default, and free when off (the
+  same SASS).
 
-The rungs take their barrier classes from here (``from ..barriers import TMABar``): TVM's
-classes, recorded so that both tools can name them.
+The layers: the rungs take their barrier classes from :mod:`gemm_ladder.sync` (below them); the
+checker's model (:mod:`gemm_ladder.protocol`) sits below the builder, which uses it to name a
+watchdog build's waits; these tools sit above the builder. This package imports nothing itself:
+``gemm_ladder.measure.isolate`` imports :mod:`.explain` on a runtime-only GPU box.
 """
-
-from __future__ import annotations
-
-__all__ = ["MBarrier", "TMABar", "TCGen05Bar", "Pipeline", "check_config", "check_kernel", "check_module"]
-
-
-def __getattr__(name):
-    # TVM is imported only when a barrier class or the checker is asked for: the watchdog's
-    # runtime half (``.watchdog``) must load on a GPU box with the TVM runtime alone
-    if name in ("MBarrier", "TMABar", "TCGen05Bar", "Pipeline"):
-        from . import classes  # pylint: disable=import-outside-toplevel
-
-        return getattr(classes, name)
-    if name in ("check_config", "check_kernel", "check_module"):
-        from . import check  # pylint: disable=import-outside-toplevel
-
-        return getattr(check, name)
-    raise AttributeError(name)

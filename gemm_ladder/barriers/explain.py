@@ -1,9 +1,9 @@
 """Explain a GPU job that timed out: run the module's watchdog twin and say what it waits on.
 
-``gemm_ladder.isolate`` kills a child whose kernel does not finish and records ``timeout``.
+``gemm_ladder.measure.isolate`` kills a child whose kernel does not finish and records ``timeout``.
 That says *that* a kernel hangs, not *why*. Here, for each timed-out module, the same config
 built with the ``watchdog`` knob (its *twin*) runs in a fresh child; its bounded waits turn the
-hang into a :class:`~gemm_ladder.barriers.watchdog.BarrierTimeoutError`, whose message is added
+hang into a :class:`~gemm_ladder.sync.watchdog.BarrierTimeoutError`, whose message is added
 to the timed-out result (``detail`` and ``barrier``).
 
 Where the twin comes from, in order:
@@ -23,7 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..records import Map, Obj, RecordError, read_json
+from ..core.records import Map, Obj, RecordError, read_json
 
 TWIN_SECONDS = 2  # the bound each wait of a twin gets
 TWIN_FOLDER = "watchdog"
@@ -70,7 +70,8 @@ def _compiler_here() -> bool:
 
 def build_twin(path, out_dir=None, seconds: float = TWIN_SECONDS) -> Path:
     """Build and export the watchdog twin of the module at ``path`` (needs TVM's compiler)."""
-    from ..builder import build  # pylint: disable=import-outside-toplevel
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    from ..compile.builder import build  # pylint: disable=import-outside-toplevel
 
     knobs = dict(_manifest(Path(str(path) + ".json"))["config"])
     rung, M, N, K = knobs.pop("rung"), knobs.pop("M"), knobs.pop("N"), knobs.pop("K")
@@ -96,7 +97,7 @@ def explain_timeouts(job: str, paths, args, results, run_isolated, timeout: floa
     """Add the watchdog's words to every ``timeout`` result (in place).
 
     ``run_isolated(job, path, *args, timeout=...)`` runs one module in a watched child; the caller
-    (:mod:`gemm_ladder.isolate`) passes its own, so this module does not import the layer above it.
+    (:mod:`gemm_ladder.measure.isolate`) passes its own, so this module does not import the layer above it.
     """
 
     for path, res in zip(paths, results):

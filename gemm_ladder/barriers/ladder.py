@@ -21,9 +21,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import cli_types
-from ..config import ARCHS as ARCH_LIMITS, DEFAULT_DTYPE, DTYPES, ConfigError
+from ..core import cli_types
+from ..core.config import ARCHS as ARCH_LIMITS, DEFAULT_DTYPE, DTYPES, ConfigError
+from ..protocol import check
 from ..rungs import RUNGS, available, make_config, rung_module
+from . import explain
 
 ARCHS = tuple(ARCH_LIMITS)  # the check runs both by default
 
@@ -79,18 +81,15 @@ def twins_main(argv) -> int:
     a = p.parse_args(cli_types.glue_values(argv))
     if not Path(a.folder).is_dir():
         p.error(f"argument folder: {a.folder} is not a folder of exported modules")
-    from .explain import twins  # pylint: disable=import-outside-toplevel  (TVM's compiler)
 
-    for path in twins(a.folder, a.seconds):
+    for path in explain.twins(a.folder, a.seconds):
         print(path)
     return 0
 
 
 def _schedules(text: str) -> list[str]:
-    """``--schedules``: the checker's schedule names (imported when given: the checker imports TVM)."""
-    from .check import POLICIES  # pylint: disable=import-outside-toplevel
-
-    return cli_types.names(POLICIES, "schedule")(text)
+    """``--schedules``: the checker's schedule names."""
+    return cli_types.names(check.POLICIES, "schedule")(text)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -146,7 +145,6 @@ def main(argv=None) -> int:
         return twins_main(argv[1:])
     p = make_parser()
     a = p.parse_args(argv)
-    from .check import POLICIES, check_config  # pylint: disable=import-outside-toplevel  (TVM)
 
     knobs = dict(a.knob)
     if "arch" in knobs:
@@ -162,7 +160,7 @@ def main(argv=None) -> int:
         print(f"not checked: {line}", file=sys.stderr)
     bad = 0
     for cfg in configs:
-        report = check_config(cfg, policies=tuple(a.schedules or POLICIES))
+        report = check.check_config(cfg, policies=tuple(a.schedules or check.POLICIES))
         bad += not report.ok
         if a.quiet:
             print(report.summary())

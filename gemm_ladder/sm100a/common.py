@@ -32,13 +32,13 @@ from tvm.script.tirx import tile as Tx
 from tvm.tirx.layout import tcgen05_atom_layout
 
 import layouts
-from .. import budget, launch
-from ..config import ConfigError, GemmConfig
+from ..core import budget, launch
+from ..core.config import ConfigError, GemmConfig
 
 # what both archs share, under the names the rungs call it by (common.smem_bytes, ...)
-from ..budget import MIN_PIPE_DEPTH, check_budget, check_pipe_depth, max_pipe_depth, smem_bytes  # noqa: F401
-from ..config import DEFAULT_TILE_ORDER  # noqa: F401
-from ..launch import check_schedule  # noqa: F401
+from ..core.budget import MIN_PIPE_DEPTH, check_budget, check_pipe_depth, max_pipe_depth, smem_bytes  # noqa: F401
+from ..core.config import DEFAULT_TILE_ORDER  # noqa: F401
+from ..core.launch import check_schedule  # noqa: F401
 
 MMA_M = 128  # rows of one tcgen05.mma with cta_group::1 (the full TMEM datapath)
 MMA_K = 16  # K of one tcgen05.mma for 16-bit inputs

@@ -33,9 +33,9 @@ Run:  python -m gemm_ladder build v1 --shape 128x128x64 --arch sm_100a --out bui
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
-from ..barriers import TCGen05Bar
-from ..budget import check_budget
-from ..config import GemmConfig
+from ..sync.classes import TCGen05Bar
+from ..core.budget import check_budget
+from ..core.config import GemmConfig
 from . import common
 from .common import EPI_COLS, MMA_M, TMEM_COLS, BlackwellPlan
 

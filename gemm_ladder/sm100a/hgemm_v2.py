@@ -29,9 +29,9 @@ Run:  python -m gemm_ladder build v2 --shape 128x128x4096 --arch sm_100a --out b
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
-from ..barriers import TCGen05Bar
-from ..budget import check_budget
-from ..config import GemmConfig
+from ..sync.classes import TCGen05Bar
+from ..core.budget import check_budget
+from ..core.config import GemmConfig
 from . import common
 from .common import EPI_COLS, MMA_M, TMEM_COLS, BlackwellPlan
 

@@ -34,9 +34,9 @@ Run:  python -m gemm_ladder build v4 --shape 4096x4096x4096 --arch sm_100a --out
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
-from ..barriers import TCGen05Bar, TMABar
-from ..budget import check_budget
-from ..config import GemmConfig
+from ..sync.classes import TCGen05Bar, TMABar
+from ..core.budget import check_budget
+from ..core.config import GemmConfig
 from . import common
 from .common import EPI_COLS, MMA_M, TMEM_COLS, BlackwellPlan
 

@@ -37,9 +37,9 @@ from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 from tvm.backend.cuda.lang.pipeline import PipelineState
 
-from ..barriers import TCGen05Bar, TMABar
-from ..budget import check_budget
-from ..config import GemmConfig
+from ..sync.classes import TCGen05Bar, TMABar
+from ..core.budget import check_budget
+from ..core.config import GemmConfig
 from . import common
 from .common import EPI_COLS, MMA_M, TMEM_COLS, BlackwellPlan
 

@@ -42,9 +42,9 @@ from tvm.backend.cuda.lang.pipeline import PipelineState
 
 from schedulers import make_tirx_scheduler
 
-from ..barriers import MBarrier, TCGen05Bar, TMABar
-from ..budget import check_budget
-from ..config import ConfigError, GemmConfig
+from ..sync.classes import MBarrier, TCGen05Bar, TMABar
+from ..core.budget import check_budget
+from ..core.config import ConfigError, GemmConfig
 from . import common
 from .common import EPI_COLS, MMA_M, THREADS_PER_WG, TMEM_COLS, BlackwellPlan
 

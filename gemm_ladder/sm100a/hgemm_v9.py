@@ -58,9 +58,9 @@ from tvm.backend.cuda.lang.warp_role import WarpgroupRole, WarpRole
 
 from schedulers import make_tirx_scheduler
 
-from ..barriers import MBarrier, TCGen05Bar, TMABar
-from ..budget import check_budget
-from ..config import ConfigError, GemmConfig
+from ..sync.classes import MBarrier, TCGen05Bar, TMABar
+from ..core.budget import check_budget
+from ..core.config import ConfigError, GemmConfig
 from . import common
 from .common import CTA_PAIR, MMA_M, THREADS_PER_WG, TMEM_COLS, BlackwellPlan
 

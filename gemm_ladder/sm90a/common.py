@@ -29,13 +29,13 @@ from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 import layouts
 from schedulers.tirx_orders import RUNTIME_M_ORDERS
-from .. import budget, launch
-from ..config import ConfigError, GemmConfig
+from ..core import budget, launch
+from ..core.config import ConfigError, GemmConfig
 
 # what both archs share, under the names the rungs call it by (common.smem_bytes, ...)
-from ..budget import MIN_PIPE_DEPTH, check_budget, check_pipe_depth, max_pipe_depth, smem_bytes  # noqa: F401
-from ..config import DEFAULT_TILE_ORDER  # noqa: F401
-from ..launch import check_schedule  # noqa: F401
+from ..core.budget import MIN_PIPE_DEPTH, check_budget, check_pipe_depth, max_pipe_depth, smem_bytes  # noqa: F401
+from ..core.config import DEFAULT_TILE_ORDER  # noqa: F401
+from ..core.launch import check_schedule  # noqa: F401
 
 WG_M = 64  # rows of one wgmma
 MMA_K = 16  # K of one wgmma for 16-bit inputs

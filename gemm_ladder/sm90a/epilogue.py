@@ -19,7 +19,7 @@ lets the store that read it finish (``cp.async.bulk.wait_group.read``).
 
 What the epilogue does to each fp32 accumulator before it is rounded to D's type is an
 :class:`EpilogueOp` (``ChunkedEpilogue.op``): nothing (:data:`NO_OP`), or, where the operand spec
-(``gemm_ladder.spec``) has a per-column bias, :class:`BiasOp`: ``+ bias[n]`` in fp32 before the
+(``gemm_ladder.core.spec``) has a per-column bias, :class:`BiasOp`: ``+ bias[n]`` in fp32 before the
 rounding (:func:`op_of` picks it). A fused epilogue is another class with the same members: the
 operands it reads, and ``apply``, called on every accumulator where it is rounded
 (:func:`acc_chunk_to_smem_stmatrix`, :func:`acc_to_pairs`) with the tile's first column. The
@@ -38,8 +38,8 @@ from tvm.script.tirx import tile as Tx
 from tvm.tirx.script.builder import ir as tirx_builder
 
 import layouts
-from ..config import ConfigError, GemmConfig
-from ..spec import spec_of
+from ..core.config import ConfigError, GemmConfig
+from ..core.spec import spec_of
 from .common import CONSUMER_BARRIER, THREADS_PER_WG, WG_M, HopperPlan, pack_op
 
 EPI_CHUNK = 64  # columns of one TMA store box: one 128-byte swizzle row of 16-bit data

@@ -54,8 +54,8 @@ from dataclasses import dataclass
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-from ..barriers import MBarrier, TMABar
-from ..config import GemmConfig
+from ..sync.classes import MBarrier, TMABar
+from ..core.config import GemmConfig
 from . import common, epilogue, narrowtail, splitk, streamk
 from .common import HopperPlan, SwapPlan
 from .epilogue import NO_OP, ChunkedEpilogue, EpilogueOp, TransposedEpilogue

@@ -29,8 +29,8 @@ Run:  python -m gemm_ladder build v1 --shape 128x128x64 --out build/
 
 from tvm.script import tirx as T
 
-from ..budget import check_budget
-from ..config import ConfigError, GemmConfig
+from ..core.budget import check_budget
+from ..core.config import ConfigError, GemmConfig
 from . import common
 from .common import HopperPlan
 

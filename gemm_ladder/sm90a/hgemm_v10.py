@@ -95,7 +95,7 @@ Run:  python -m gemm_ladder build v10 --shape 978x2640x3336 --knob split_k=2 --o
 
 from dataclasses import dataclass
 
-from ..config import GemmConfig
+from ..core.config import GemmConfig
 from . import common, epilogue, gemm, splitk, streamk
 
 PRESET = gemm.V10

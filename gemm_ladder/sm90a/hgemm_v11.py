@@ -53,7 +53,7 @@ Run:  python -m gemm_ladder build v11 --shape 16x4096x4096 --knob blk_m=16 --kno
 
 from dataclasses import dataclass
 
-from ..config import GemmConfig
+from ..core.config import GemmConfig
 from . import common, gemm, splitk
 from .common import SwapPlan
 

@@ -26,8 +26,8 @@ Run:  python -m gemm_ladder build v2 --shape 128x128x4096 --out build/
 
 from tvm.script import tirx as T
 
-from ..budget import check_budget
-from ..config import ConfigError, GemmConfig
+from ..core.budget import check_budget
+from ..core.config import ConfigError, GemmConfig
 from . import common
 from .common import HopperPlan
 

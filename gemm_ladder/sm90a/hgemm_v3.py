@@ -35,8 +35,8 @@ Run:  python -m gemm_ladder build v3 --shape 4096x4096x4096 --out build/
 
 from tvm.script import tirx as T
 
-from ..budget import check_budget
-from ..config import ConfigError, GemmConfig
+from ..core.budget import check_budget
+from ..core.config import ConfigError, GemmConfig
 from . import common
 from .common import HopperPlan
 

@@ -26,9 +26,9 @@ Run:  python -m gemm_ladder build v4 --shape 4096x4096x4096 --out build/
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
-from ..barriers import TMABar
-from ..budget import check_budget
-from ..config import GemmConfig
+from ..sync.classes import TMABar
+from ..core.budget import check_budget
+from ..core.config import GemmConfig
 from . import common
 from .common import HopperPlan
 

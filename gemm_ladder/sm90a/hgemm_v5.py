@@ -49,8 +49,8 @@ Run:  python -m gemm_ladder build v5 --shape 4096x4096x4096 --knob pipe_depth=3 
 
 from tvm.script import tirx as T
 
-from ..barriers import MBarrier, TMABar
-from ..config import GemmConfig
+from ..sync.classes import MBarrier, TMABar
+from ..core.config import GemmConfig
 from . import common
 from .common import HopperPlan
 

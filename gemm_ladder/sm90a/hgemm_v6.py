@@ -57,8 +57,8 @@ Run:  python -m gemm_ladder build v6 --shape 8192x8192x8192 --knob l2_group_size
 from tvm.script import tirx as T
 
 import schedulers
-from ..barriers import MBarrier, TMABar
-from ..config import GemmConfig
+from ..sync.classes import MBarrier, TMABar
+from ..core.config import GemmConfig
 from . import common
 from .common import HopperPlan
 

@@ -137,12 +137,12 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 
 from dataclasses import dataclass
 
-from ..config import GemmConfig
+from ..core.config import GemmConfig
 from . import common, epilogue, gemm, narrowtail
 
 PRESET = gemm.V9
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
-EPILOGUES = ("none", "bias")  # the operand spec's epilogues this preset builds (gemm_ladder.spec)
+EPILOGUES = ("none", "bias")  # the operand spec's epilogues this preset builds (gemm_ladder.core.spec)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from tvm.script import tirx as T
 import layouts
 from schedulers.tirx_orders import RUNTIME_M_ORDERS
 
-from ..config import ConfigError, GemmConfig
+from ..core.config import ConfigError, GemmConfig
 from .common import MMA_K, WG_M, HopperPlan
 from .streamk import _both, _select  # pylint: disable=protected-access
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
-from ..config import GemmConfig
+from ..core.config import GemmConfig
 from .common import HopperPlan
 from .ring import Ring
 

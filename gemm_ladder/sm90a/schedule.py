@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import schedulers
-from ..config import GemmConfig
+from ..core.config import GemmConfig
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from tvm.script import tirx as T
 
-from ..config import ConfigError, GemmConfig
+from ..core.config import ConfigError, GemmConfig
 from . import common
 
 MAX_SPLIT_K = 32  # more slots than this cost more in partial traffic than they spread

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from ..config import ConfigError, GemmConfig
+from ..core.config import ConfigError, GemmConfig
 from . import splitk
 
 

@@ -17,13 +17,13 @@ weight streaming, swap-AB and split-K pictures, the front door's policy; ``from 
 import shapes``). The models the pictures draw live with the other models:
 ``schedulers.pipeline`` (the K-loop pipeline), ``schedulers.roles`` (producer/consumer roles,
 epilogues, cluster multicast), ``schedulers.orders``/``traffic`` (tile orders),
-``gemm_ladder.budget`` (shared memory).
+``gemm_ladder.core.budget`` (shared memory).
 
 Pictures are drawn on matplotlib's Agg canvas (no display needed) and handed to the notebook as
 PNG data by :func:`show`, so they appear the same under Jupyter, nbclient and GitHub's viewer.
 
 GPU work goes through :func:`check_and_time`, which exports the module and runs
-``gemm_ladder.isolate.run_isolated("check" / "time")`` in a child process: a kernel that
+``gemm_ladder.measure.isolate.run_isolated("check" / "time")`` in a child process: a kernel that
 deadlocks is reported, not waited on. :func:`gpu_here` says whether there is a GPU of the arch.
 
 Importing this package imports neither TVM nor matplotlib.
@@ -33,8 +33,7 @@ from schedulers.pipeline import pipeline_schedule
 
 from .built import config_of, describe, sass_counts, sass_text, show_sass_counts, source_excerpt
 from .gpu import check_and_time, gpu_here, no_gpu_message
-from .plots import (plot_cta_grid, plot_k_loop, plot_pipeline_timeline, plot_smem_budget, plot_tma_box,
-                    show)
+from .plots import plot_cta_grid, plot_k_loop, plot_pipeline_timeline, plot_smem_budget, plot_tma_box, show
 from .results import RESULTS_DIR, ResultTable, committed_results
 from .roles import plot_cluster_multicast, plot_epilogue_overlap, plot_roles
 from .sources import REPO, diff_text, function_source, rung_diff, rung_source, rung_source_path, show_source

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from .. import sass
-from ..config import GemmConfig
+from ..compile import sass
+from ..core.config import GemmConfig
 
 LINE_WIDTH = 150  # generated CUDA lines are long (64 accumulator operands): cut them here
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .. import device, isolate
+from ..core import device
+from ..measure import isolate
 
 
 def gpu_here(arch: str = "sm_90a") -> bool:

@@ -9,7 +9,7 @@ import math
 
 from schedulers.pipeline import pipeline_schedule
 
-from .. import budget
+from ..core import budget
 from .built import config_of
 
 
@@ -249,7 +249,7 @@ def plot_pipeline_timeline(pipe_depths=(1, 2, 3, 4), k_tiles: int = 8, mma: floa
 
 def plot_smem_budget(cfg, pipe_depths=range(1, 9), smem_limit: int | None = None) -> object:
     """Shared memory of a pipelined rung per ``pipe_depth`` (stacked: barriers and alignment,
-    operand ring, output tile; the parts of ``gemm_ladder.budget.smem_bytes``) against the
+    operand ring, output tile; the parts of ``gemm_ladder.core.budget.smem_bytes``) against the
     per-block limit."""
     c = config_of(cfg)
     limit = smem_limit or budget.limits_for(c.arch).smem_per_block

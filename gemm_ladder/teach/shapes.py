@@ -1,13 +1,18 @@
 """Pictures and tables of tutorial 11 (every shape): tiles and waves per shape, why small M is
 bound by reading the weights, the swap-AB and split-K pictures, and the front door's policy over
-the shape suite. The numbers come from the models (``gemm_ladder.plan``, ``schedulers.wave_model``);
+the shape suite. The numbers come from the models (``gemm_ladder.serve.plan``, ``schedulers.wave_model``);
 nothing here is measured."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 from schedulers import wave_model
 
-from .. import plan
+from ..measure import isolate
+from ..serve import plan
+from ..serve.front import matmul
 from .plots import _figure, _rect
 
 
@@ -129,13 +134,8 @@ def policy_rows(shapes, dtype: str = "float16", sms: int = 132) -> list[dict]:
 
 
 def explain_job(item: str, args) -> dict:  # pylint: disable=unused-argument
-    """A child's job (``gemm_ladder.isolate``): run the front door once with ``explain=True``."""
-    import contextlib  # pylint: disable=import-outside-toplevel
-    import io  # pylint: disable=import-outside-toplevel
-
+    """A child's job (``gemm_ladder.measure.isolate``): run the front door once with ``explain=True``."""
     import torch  # pylint: disable=import-outside-toplevel
-
-    from ..front import matmul  # pylint: disable=import-outside-toplevel
 
     shape, _, dtype = item.partition(":")
     M, N, K = (int(x) for x in shape.split("x"))
@@ -149,7 +149,6 @@ def explain_job(item: str, args) -> dict:  # pylint: disable=unused-argument
 
 def explain_on_gpu(M: int, N: int, K: int, dtype: str = "float16", timeout: float = 300.0) -> str:
     """What ``gemm_ladder.matmul(..., explain=True)`` prints for this shape, run in a child process."""
-    from .. import isolate  # pylint: disable=import-outside-toplevel
 
     res = isolate.run_isolated("gemm_ladder.teach.shapes:explain_job", f"{M}x{N}x{K}:{dtype}", timeout=timeout)
     return res.get("text") or f"{res['status']}: {res.get('detail', '')}"

@@ -28,7 +28,7 @@ How a run goes, and the module of each step::
     confirm    the --confirm best (default 4) timed again together: isolate's "rounds" job, each  measuring,
       |        candidate and cuBLAS taking turns in the same rounds after a warm-up at the power  rounds
       v        limit; their numbers replace the first pass's (kept as first_pass), and they rank
-               first (report.speed_rank). Local measuring only: RPC servers give the first pass
+               first (device.speed_rank). Local measuring only: RPC servers give the first pass
     (or rpc:   batches of candidates uploaded to TVM RPC servers, one per GPU, from a tracker;    rpc, serve
       |        each server measures them as above and replies; a server that dies or hangs
       v        costs the candidate it held, the run goes on with the others)

@@ -2,8 +2,8 @@
 
 Cache key: sha256 of the JSON of {rung, knobs (all of the rung's knobs, defaults filled in),
 shape, dtype, arch, TVM version, compiler (``toolchain.choose_compiler().describe()``), a hash of
-the sources that reach the binary (:func:`hashed_sources`: ``gemm_ladder/``, ``layouts/``,
-``schedulers/`` less the host-only modules in :data:`HOST_ONLY` and the other archs' rung
+the sources that reach the binary (``compile.identity.hashed_sources``: ``gemm_ladder/``, ``layouts/``,
+``schedulers/`` less the host-only modules in ``compile.identity.HOST_ONLY`` and the other archs' rung
 folders), cache format}. A cache entry is ``<key>.so`` + ``<key>.so.json``, the manifest landing
 last: an entry without it, or whose ``.so`` no longer has the size and sha256 the manifest
 records, is rebuilt.
@@ -15,110 +15,21 @@ second run into the same folder is refused with a message instead of mixing the 
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
-import importlib.util
-import json
 import os
 import shutil
 import sys
 import traceback
 from pathlib import Path
 
-from .. import files, records, toolchain
-from ..batch import BuildJob, build_one
-from ..config import ARCHS, COMMON_KNOBS
-from ..harness import git_commit, utc_now
-from ..procs import map_in_processes
-from ..report import progress
-from ..runtime import ManifestError, check_file, manifest_path, read_manifest
+from ..compile import toolchain
+from ..compile.batch import BuildJob, build_one
+from ..compile.identity import cache_key, cache_key_fields, toolchain_identity
+from ..core import files, records
+from ..core.manifest import ManifestError, check_file, manifest_path, read_manifest
+from ..core.procs import map_in_processes, progress
+from ..core.provenance import git_commit, utc_now
 from .measuring import CANDIDATES, CANDIDATES_FORMAT
 from .space import Space
-
-CACHE_FORMAT = 2  # 2: module manifests record the .so's size and sha256
-SOURCE_PACKAGES = ("gemm_ladder", "layouts", "schedulers")
-# Sources whose edits cannot change a binary (paths inside their package; a trailing / is a folder).
-HOST_ONLY = {
-    "gemm_ladder": ("__main__.py", "batch.py", "cli.py", "device.py", "files.py", "harness.py",
-                    "isolate.py", "pack.py", "procs.py", "report.py", "runtime.py", "sass.py",
-                    "teach/", "tune/"),
-    "layouts": ("plots.py",),
-    "schedulers": ("plots.py", "pipeline.py"),
-}
-
-
-def _package_dirs(name: str) -> list[Path]:
-    if name == "gemm_ladder":
-        return [Path(__file__).resolve().parent.parent]
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    return [Path(p) for p in spec.submodule_search_locations]
-
-
-def _host_only(pkg: str, rel: str) -> bool:
-    return any(rel == h or (h.endswith("/") and rel.startswith(h)) for h in HOST_ONLY.get(pkg, ()))
-
-
-def hashed_sources(arch: str | None = None) -> list[tuple[str, Path]]:
-    """``(package/relative/path, file)`` of every source that can reach a binary of ``arch``:
-    the host-only modules and the rung folders of the other archs are left out."""
-    other_archs = {a.replace("_", "") for a in ARCHS if arch is not None and a != arch}
-    out = []
-    for pkg in SOURCE_PACKAGES:
-        for root in _package_dirs(pkg):
-            for path in sorted(root.rglob("*.py")):
-                rel = path.relative_to(root)
-                if "__pycache__" in rel.parts or _host_only(pkg, rel.as_posix()):
-                    continue
-                if pkg == "gemm_ladder" and rel.parts[0] in other_archs:
-                    continue
-                out.append((f"{pkg}/{rel.as_posix()}", path))
-    return out
-
-
-def sources_hash(arch: str | None = None) -> str:
-    """sha256 over :func:`hashed_sources`: an edited rung, layout or scheduler changes it."""
-    h = hashlib.sha256()
-    for name, path in hashed_sources(arch):
-        h.update(f"{name}\0".encode())
-        h.update(path.read_bytes())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def tvm_version() -> str:
-    """The installed TVM's version, read without importing TVM."""
-    for dist in ("apache-tvm", "tvm"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    import tvm  # pylint: disable=import-outside-toplevel  (a source build: no package metadata)
-
-    return tvm.__version__
-
-
-def toolchain_identity(arch: str | None = None) -> dict:
-    """TVM version, device compiler and source hash: the build box's part of every cache key."""
-    return {"tvm_version": tvm_version(), "compiler": toolchain.choose_compiler().describe(),
-            "sources": sources_hash(arch)}
-
-
-def cache_key_fields(rung: str, knobs: dict, shape, dtype: str, arch: str, tvm_version: str,
-                     compiler: str, sources: str) -> dict:
-    knobs = {k: v for k, v in knobs.items() if k not in COMMON_KNOBS}
-    return {"cache_format": CACHE_FORMAT, "rung": rung, "knobs": dict(sorted(knobs.items())),
-            "shape": [int(x) for x in shape], "dtype": dtype, "arch": arch,
-            "tvm_version": tvm_version, "compiler": compiler, "sources": sources}
-
-
-def cache_key(rung: str, knobs: dict, shape, dtype: str, arch: str, tvm_version: str, compiler: str,
-              sources: str) -> str:
-    """sha256 of everything that changes the binary (see the module docstring)."""
-    fields = cache_key_fields(rung, knobs, shape, dtype, arch, tvm_version, compiler, sources)
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-
 
 def default_cache_dir() -> Path:
     return files.open_folder(toolchain.cache_dir() / "tune", "tuning cache")
@@ -138,7 +49,7 @@ def _cached(cache: Path, key: str) -> Path | None:
 
 def build_worker(job) -> dict:
     """Build one candidate into the cache as ``<key>.so`` (runs in a worker process): the build
-    and export of :func:`gemm_ladder.batch.build_one`, with the cache key in the manifest. Every
+    and export of :func:`gemm_ladder.compile.batch.build_one`, with the cache key in the manifest. Every
     failure is a result: the search goes on."""
     rung, shape, knobs, dtype, arch, key, fields, cache = job
     try:
@@ -216,7 +127,7 @@ def build_candidates(sp: Space, out, cache_dir=None, jobs: int | None = None, sh
                      identity: dict | None = None) -> dict:
     """Build ``sp``'s candidates (cache first), place them in ``out`` with ``candidates.json``.
 
-    Holds ``out``'s lock throughout: raises :class:`gemm_ladder.files.FolderInUse` when another
+    Holds ``out``'s lock throughout: raises :class:`gemm_ladder.core.files.FolderInUse` when another
     run is using the folder."""
     out = Path(out)
     with files.folder_lock(out, wait=False, what="this tuning run (--out)"):

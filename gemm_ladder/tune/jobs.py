@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import records
-from ..config import DTYPES, KNOB_NAME, ConfigError, parse_knob_value
+from ..core import records
+from ..core.config import DTYPES, KNOB_NAME, ConfigError, parse_knob_value
 
 _SHAPE = re.compile(r"^(\d{1,9})x(\d{1,9})x(\d{1,9})$")
 _NK = re.compile(r"^(\d{1,9})x(\d{1,9})$")

@@ -8,17 +8,20 @@ prepared (``tune --build-only``).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
 import warnings
 from pathlib import Path
 
-from .. import device, files, harness, isolate, records, rounds, runtime
-from ..records import FILE_NAME, SHAPE, List, Map, Obj, Str
-from ..report import progress as progress_bar
-from .report import knob_label, plot_measurements, speed_rank
+from ..core import device, files, records
+from ..core.device import speed_rank
+from ..core.procs import progress as progress_bar
+from ..core.provenance import utc_now
+from ..core.records import FILE_NAME, SHAPE, List, Map, Obj, Str
+from ..measure import harness, isolate, rounds
+from ..serve import runtime
+from .report import knob_label, plot_measurements
 
 CANDIDATES = "candidates.json"  # a candidate folder's list, written by tune.cache.build_candidates
 CANDIDATES_FORMAT = "gemm_ladder.tune.candidates"
@@ -30,7 +33,6 @@ MEASUREMENTS_FORMAT = "gemm_ladder.tune.measurements"
 RUN_FORMAT = "gemm_ladder.tune.run"  # several folders measured in one run: their reports and the run's figures
 # Dense fp16/bf16 tensor-core peak of the fastest GPU of each arch (H100/H200 SXM; GB200), in
 # TFLOPS: a measurement above it is a broken timer or a broken file, not a fast kernel.
-PEAK_TFLOPS = {"sm_90a": 990.0, "sm_100a": 2500.0}
 CONFIRM_TOP = 4  # candidates timed again together in the second pass (tune --confirm)
 
 
@@ -46,23 +48,11 @@ def read_candidates(folder) -> dict:
                              CANDIDATES_SCHEMA)
 
 
-def speed_problem(tflops, arch: str, name: str = "tflops") -> str | None:
-    """Why ``tflops`` cannot be a real measurement on ``arch``, or None."""
-    if not isinstance(tflops, (int, float)) or isinstance(tflops, bool):
-        return f"{name} {tflops!r} is not a number"
-    if not math.isfinite(tflops) or tflops <= 0:
-        return f"{name} {tflops!r} is not a positive finite number"
-    peak = PEAK_TFLOPS.get(arch)
-    if peak is not None and tflops > peak:
-        return f"{name} {tflops} is above the {peak:.0f} TFLOPS no {arch} GPU exceeds"
-    return None
-
-
 def time_paths(paths, reps: int = 50, timeout: float = 300.0, on_result=None) -> list[dict]:
     """Check and time modules against cuBLAS, each with its own ``timeout``: the method of
     :func:`measure` (and of a tuning RPC server, ``tune.serve``), results in the order of ``paths``.
 
-    The ``time`` job of :mod:`gemm_ladder.isolate` (a randn check, then ``harness.time_module``:
+    The ``time`` job of :mod:`gemm_ladder.measure.isolate` (a randn check, then ``harness.time_module``:
     the module and cuBLAS timed in the same process, as ``bench`` does) runs on all of them in
     one watched child. A module that erred is measured again alone in a fresh child
     (``run_isolated``), since a kernel that faults breaks the CUDA context for every module
@@ -131,7 +121,7 @@ def confirm_count(text: str) -> int:
 
 
 def confirm_pick(results: list[dict], top: int) -> list[int]:
-    """The indices of the ``top`` best correct results of a first pass (``report.speed_rank``),
+    """The indices of the ``top`` best correct results of a first pass (``device.speed_rank``),
     best first; none when fewer than two are correct or ``top`` < 2 (nothing to compare)."""
     ok = sorted((i for i, r in enumerate(results) if r.get("status") == "ok"),
                 key=lambda i: speed_rank(results[i]), reverse=True)
@@ -143,7 +133,7 @@ def apply_confirmed(results: list[dict], picked: list[int], second: list[dict]) 
 
     A confirmed result takes the second pass's ``ms``, ``tflops``, ``cublas_tflops`` and
     ``ratio_to_cublas`` (the first pass's go to ``first_pass``) and ``confirmed: True``, which
-    ranks it before every unconfirmed one (``report.speed_rank``). A candidate that failed its
+    ranks it before every unconfirmed one (``device.speed_rank``). A candidate that failed its
     second check (``wrong``, ``timeout``, ``crash``) takes that status; one whose second pass
     erred otherwise keeps its first pass, unconfirmed, with the reason in ``confirm_error``.
     """
@@ -165,7 +155,7 @@ def confirm(paths, results: list[dict], top: int = CONFIRM_TOP, timeout: float =
             rounds_args=(rounds.ROUNDS, rounds.PER_ROUND, rounds.WARM_S)) -> tuple[list[dict], dict | None]:
     """The tuner's second pass: the ``top`` best candidates of the first (``results``, in the order
     of ``paths``) timed again together, taking turns with cuBLAS in the same rounds after a
-    warm-up at the power limit (:mod:`gemm_ladder.rounds`, in a watched child).
+    warm-up at the power limit (:mod:`gemm_ladder.measure.rounds`, in a watched child).
 
     The first pass times each candidate for a fraction of a second beside cuBLAS. On a GPU that
     reaches its power limit only after a few hundred milliseconds, that reads the early clock, and
@@ -204,7 +194,7 @@ def make_report(folder, man: dict, by_index: dict, gpu: dict, reps: int, timeout
         "format": MEASUREMENTS_FORMAT, "version": 1,
         "rung": man["rung"], "shape": man["shape"], "dtype": man["dtype"], "arch": man["arch"],
         "tvm_version": man["tvm_version"], "compiler": man["compiler"], "sources": man.get("sources"),
-        "commit": man.get("commit"), "gpu": gpu, "date": harness.utc_now(), "reps": reps, "timeout_s": timeout,
+        "commit": man.get("commit"), "gpu": gpu, "date": utc_now(), "reps": reps, "timeout_s": timeout,
         "method": harness.__doc__.strip(), "candidates": str(folder.resolve()),
         **extra, "results": results, "best": best,
     }

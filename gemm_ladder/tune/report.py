@@ -10,25 +10,8 @@ import math
 import warnings
 from pathlib import Path
 
-from ..report import table
-
-
-def speed_rank(result: dict) -> tuple:
-    """The order of measured candidates and database entries, fastest last (``max`` picks it):
-    the ratio to cuBLAS timed in the same rounds, then TFLOPS. On a GPU held at its power limit
-    the clock drifts by several percent from one candidate's turn to the next (the first of a
-    folder run on a cooler GPU, and two sessions never run at the same clock); cuBLAS, timed
-    beside each candidate, drifts with it, so the ratio compares candidates where TFLOPS would
-    reward the order of the run. A result without a ratio ranks by TFLOPS, after those with one.
-
-    Before all that, a result the tuner's second pass confirmed (``confirmed``: timed again with
-    the other leaders in the same rounds, at the power limit; ``measuring.confirm``) ranks before
-    any that it did not: a first pass reads a cooler clock, and its ratios run several percent
-    high and spread from one candidate to the next."""
-    ratio = result.get("ratio_to_cublas")
-    has = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio) and ratio > 0
-    return (1 if result.get("confirmed") is True else 0, 1 if has else 0, ratio if has else 0.0,
-            result.get("tflops") or 0.0)
+from ..core.device import speed_rank
+from ..measure.report import table
 
 
 def knob_label(knobs: dict, varying=None) -> str:

@@ -12,7 +12,7 @@ servers. A batch is one RPC session from the tracker: its modules and manifests 
 the server measures them the way ``tune --measure`` does (``measuring.time_paths``: checked,
 then timed against cuBLAS in the same process, each module in a watched child) and replies.
 Each reply is checked: the sha256 of every file the server measured, the statuses it may
-report, speeds a GPU can reach (``measuring.speed_problem``).
+report, speeds a GPU can reach (``device.speed_problem``).
 
 What a failure costs:
 
@@ -46,13 +46,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import harness, isolate, records
-from ..report import progress as progress_bar
-from ..runtime import manifest_path
-from .measuring import RUN_FORMAT, make_report, read_candidates, speed_problem, write_report
+from ..core import files, records
+from ..core.device import speed_problem
+from ..core.manifest import manifest_path
+from ..core.procs import progress as progress_bar
+from ..core.provenance import utc_now
+from ..measure import isolate
+from .measuring import RUN_FORMAT, make_report, read_candidates, write_report
 from .serve import MEASURE_FN, servers_of
 
-# what a server's watched child reports (gemm_ladder.isolate), and what this side adds
+# what a server's watched child reports (gemm_ladder.measure.isolate), and what this side adds
 CHILD_STATUSES = ("ok", "wrong", "error", "timeout", "crash")
 RPC_STATUSES = ("server-lost", "bad-reply", "no-server")
 UPLOAD_SECONDS = 120.0  # a session's slack beyond its modules' deadlines: upload, fork, reply
@@ -321,7 +324,7 @@ def measure_folders(folders, tracker: tuple[str, int], key: str, reps: int = 50,
         reports.append(write_report(report, None, plot))
     measured = sum(r["status"] != "no-server" for r in run.results.values())
     result = {
-        "format": RUN_FORMAT, "version": 1, "date": harness.utc_now(),
+        "format": RUN_FORMAT, "version": 1, "date": utc_now(),
         "tracker": f"{tracker[0]}:{tracker[1]}", "key": key, "batch": batch, "reps": reps, "timeout_s": timeout,
         "workers": run.workers, "servers": run.servers, "wall_s": round(wall, 2), "candidates": len(items),
         "measured": measured, "ok": run.counts["ok"],
@@ -329,8 +332,6 @@ def measure_folders(folders, tracker: tuple[str, int], key: str, reps: int = 50,
         "reports": reports,
     }
     if out:
-        from .. import files  # pylint: disable=import-outside-toplevel
-
         files.write_json(Path(out), result)
         result["path"] = str(out)
     return result

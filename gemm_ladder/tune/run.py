@@ -18,12 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-from .. import files, harness
-from ..report import progress as progress_bar
+from ..core import files
+from ..core.procs import progress as progress_bar
+from ..core.provenance import utc_now
+from ..measure import harness
 from .cache import build_candidates
-from .db import merge
-from .measuring import RUN_FORMAT, measure
 from .jobs import Job
+from .measuring import CONFIRM_TOP, RUN_FORMAT, measure, read_candidates
+from .merge import merge
+from .rpc import measure_folders
 from .space import search_space
 
 
@@ -69,7 +72,6 @@ def measure_local(folders, reps: int = 50, timeout: float = 300.0, *, out=None, 
     returns the run (the shape of ``rpc.measure_folders``'s). ``measurements_out``: where the
     one folder's measurements go (default: in the folder). ``confirm_top``: candidates of each
     folder timed again together (``measuring.confirm``; default ``measuring.CONFIRM_TOP``)."""
-    from .measuring import CONFIRM_TOP, read_candidates  # pylint: disable=import-outside-toplevel
 
     confirm_top = CONFIRM_TOP if confirm_top is None else confirm_top
 
@@ -87,7 +89,7 @@ def measure_local(folders, reps: int = 50, timeout: float = 300.0, *, out=None, 
             bar.close()
     wall = time.monotonic() - start
     measured = sum(len(r["results"]) for r in reports)
-    run = {"format": RUN_FORMAT, "version": 1, "date": harness.utc_now(), "reps": reps, "timeout_s": timeout,
+    run = {"format": RUN_FORMAT, "version": 1, "date": utc_now(), "reps": reps, "timeout_s": timeout,
            "servers": {"local": {"gpu": gpu, "candidates": measured}}, "wall_s": round(wall, 2),
            "candidates": measured, "measured": measured,
            "ok": sum(r["status"] == "ok" for rep in reports for r in rep["results"]),
@@ -124,8 +126,6 @@ def tune_many(jobs: list[Job], arch: str = "sm_90a", space: dict | None = None, 
     if build_only:
         return result
     if tracker is not None:
-        from .rpc import measure_folders  # pylint: disable=import-outside-toplevel
-
         run = measure_folders(folders, tracker, key, reps=reps, timeout=timeout, batch=batch, out=run_out,
                               progress=progress, plot=plot)
     else:

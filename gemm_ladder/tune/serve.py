@@ -16,7 +16,7 @@ again.
 Each server adds one function to TVM's (upload, load_module, ...): ``gemm_ladder.tune.measure``
 takes ``{"files": [...], "reps", "timeout"}`` naming uploaded modules (each with its
 ``.so.json``), measures them with :func:`gemm_ladder.tune.measuring.time_paths` (the ``time``
-job of ``gemm_ladder.isolate`` in a watched child: checked, then timed against cuBLAS in the
+job of ``gemm_ladder.measure.isolate`` in a watched child: checked, then timed against cuBLAS in the
 same process, as ``bench`` does; a hang or crash costs only that module) and returns their
 results with the sha256 of each file it measured and who it is (host, GPU). The server process
 never touches CUDA itself (its GPU is read once, in a child): a forked session must not inherit
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -41,13 +42,14 @@ import sys
 import time
 from pathlib import Path
 
-from .. import cli_types
+from ..core import cli_types
+from .measuring import time_paths
 
 MEASURE_FN = "gemm_ladder.tune.measure"
 TRACKER_PORT = 9190  # TVM's defaults: a tracker on 9190..9199, servers from 9090
 SERVER_PORT = 9090
 RESTARTS = 3  # per GPU, by Cluster.watch: a GPU whose server keeps dying is given up
-_GPU_INFO = "import json; from gemm_ladder import harness; print(json.dumps(harness.gpu_info(0)))"
+_GPU_INFO = "import json; from gemm_ladder.measure import harness; print(json.dumps(harness.gpu_info(0)))"
 
 
 def tracker_problem(tracker: tuple[str, int], timeout: float = 5.0) -> str | None:
@@ -116,13 +118,11 @@ def run_server(tracker: tuple[str, int], key: str, host: str = "0.0.0.0", port: 
                gpu: dict | None = None) -> int:
     """Serve until TVM's listen loop ends (a session process that crashed). ``measure(paths,
     reps, timeout) -> results`` defaults to ``measuring.time_paths``; ``gpu`` to :func:`probe_gpu`."""
-    import multiprocessing  # pylint: disable=import-outside-toplevel
-
     import tvm_ffi  # pylint: disable=import-outside-toplevel
     from tvm.rpc.server import PopenRPCServerState  # pylint: disable=import-outside-toplevel
 
     if measure is None:
-        from .measuring import time_paths as measure  # pylint: disable=import-outside-toplevel
+        measure = time_paths
     # sessions are forked: they inherit the function registered here (spawn would not)
     multiprocessing.set_start_method("fork", force=True)
     who = identity(gpu if gpu is not None else probe_gpu())

@@ -30,8 +30,10 @@ from tqdm import tqdm
 
 from schedulers import rank_group_sizes
 
-from .. import device, rungs
-from ..config import DTYPE_BYTES, KNOB_NAME, ConfigError, check_extents, largest_m, parse_knob_value
+from .. import rungs
+from ..core import device
+from ..core.config import DTYPE_BYTES, KNOB_NAME, ConfigError, check_extents, largest_m, parse_knob_value
+from ..core.device import MODEL_MACHINE
 
 # Values tried for each knob a rung has; a knob not listed here (or in the rung's TUNE_CHOICES)
 # keeps the rung's default.
@@ -47,10 +49,6 @@ DEFAULT_CHOICES = {
 # Orders that walk the grid without L2 groups: l2_group_size changes nothing there.
 UNGROUPED_ORDERS = ("row", "column")
 # The L2 model's machine when no GPU of the arch is here to ask (assumptions, recorded as such).
-MODEL_MACHINE = {
-    "sm_90a": {"num_sms": 132, "l2_bytes": 50 * 1024 * 1024, "assumed": "H100 SXM"},
-    "sm_100a": {"num_sms": 148, "l2_bytes": 126 * 1024 * 1024, "assumed": "B200"},
-}
 MODEL_WAVES = 32  # waves the L2 model plays per candidate order (see the module docstring)
 PROGRESS_DELAY_S = 2.0  # a step shows its progress bar once it has run this long
 

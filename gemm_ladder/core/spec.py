@@ -1,0 +1,277 @@
+"""The operand spec: one frozen description of a GEMM's operands, from the front door to the kernel.
+
+    D[M, N] = epilogue(sum_k A[M, K] . B[N, K]^T, in ``acc``)      (A and B K-major, D row-major)
+
+A :class:`GemmSpec` says the dtypes of A, B and D, the accumulator's, each operand's major-ness,
+and the epilogue's extra operands (a per-column bias, a residual C, scale tensors, grouped GEMM's
+offsets). :meth:`GemmSpec.operands` is the one ordered list of a kernel's tensor operands, each
+with its dtype and its shape in terms of M, N and K: the kernel's signature (``sm90a.common.
+epilogue_operands``), the runtime's argument list (``runtime.GemmModule``), the manifest's
+``spec`` field and the C++ runner's arguments all derive from it.
+
+Every combination is *representable* (fp8 with scales, MN-major operands, grouped GEMM are new
+values of these fields, not new plumbing), but only what is built is accepted: :func:`check_built`
+refuses the rest with a :class:`ConfigError` that names what is not built yet, before anything
+compiles. Built today:
+
+    ==========  =========================================================================
+    field       accepted
+    ==========  =========================================================================
+    a, b, d     float16 or bfloat16, all three the same
+    acc         float32
+    a_major     K (A is [M, K], row-major)
+    b_major     K (B is [N, K], row-major, like nn.Linear.weight)
+    bias        None, or D's dtype: D[m, n] = round(acc[m, n] + bias[n]), on rungs whose
+                ``EPILOGUES`` lists ``"bias"`` (v9)
+    residual    None
+    scales      None
+    grouped     False
+    ==========  =========================================================================
+
+The spec travels as a knob, ``spec``, whose value is :meth:`GemmSpec.text` (a name the knob
+parser takes, e.g. ``d_float16.bias_float16``): only where it is not the default for the dtype, so every
+module built before the spec existed keeps its tag, its cache key and its manifest, and a
+manifest or pack entry without the field reads as the default (:func:`spec_of_manifest`).
+
+This module imports no TVM and no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .config import DTYPES, ConfigError
+from .records import ANY, Bool, List, Maybe, Obj, Str
+
+SPEC_KNOB = "spec"  # the knob that carries a non-default spec (its text)
+ACC_DTYPE = "float32"
+# what a field may hold (representable); BUILT: what is built today
+DTYPE_CHOICES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2", "float32")
+MAJORS = {"a_major": ("K", "M"), "b_major": ("K", "N")}
+SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A / of B, 1x128 blocks
+EPILOGUES = ("none", "bias")  # what a rung may declare it builds (a rung's EPILOGUES)
+
+
+# the manifest's and the pack entry's ``spec`` field (GemmSpec.to_dict), checked when they are read
+SPEC_SCHEMA = Obj(
+    {"a": Str(DTYPE_CHOICES), "b": Str(DTYPE_CHOICES), "d": Str(DTYPE_CHOICES)},
+    {"acc": Str(DTYPE_CHOICES), "a_major": Str(MAJORS["a_major"]), "b_major": Str(MAJORS["b_major"]),
+     "bias": Maybe(Str(DTYPE_CHOICES)), "residual": Maybe(Str(DTYPE_CHOICES)), "scales": Maybe(Str(SCALES)),
+     "grouped": Bool(), "operands": List(Obj({"name": Str(), "dtype": Str(), "shape": List(ANY)}))})
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One tensor a kernel takes: its name, dtype, shape in terms of M, N and K, and role."""
+
+    name: str  # "A", "B", "D", "bias", "C", "scale_a", "scale_b", "offsets"
+    dtype: str
+    shape: tuple  # of "M", "N", "K", "K/128", "G+1" (groups + 1) or ints
+    role: str  # "input", "output" or "epilogue"
+
+    def extent(self, M: int, N: int, K: int, groups: int = 1) -> tuple:
+        """The shape for this problem."""
+        sizes = {"M": M, "N": N, "K": K, "K/128": -(-K // 128), "G": groups, "G+1": groups + 1}
+        return tuple(sizes[s] if isinstance(s, str) else s for s in self.shape)
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """A GEMM's operands (see the module docstring). The default is today's GEMM in fp16."""
+
+    a: str = "float16"
+    b: str = "float16"
+    d: str = "float16"
+    acc: str = ACC_DTYPE
+    a_major: str = "K"
+    b_major: str = "K"
+    bias: str | None = None  # dtype of a per-column bias [N], or None
+    residual: str | None = None  # dtype of a residual C [M, N] added before rounding, or None
+    scales: str | None = None  # fp32 scales of A and B (one of SCALES), or None
+    grouped: bool = False  # grouped GEMM: int32 offsets [G + 1] of each group's rows of A
+
+    def __post_init__(self):
+        for name in ("a", "b", "d", "acc", "bias", "residual"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPE_CHOICES:
+                raise ConfigError(f"spec {name}={value!r} is no dtype gemm_ladder knows; use one of {DTYPE_CHOICES}")
+        for name, choices in MAJORS.items():
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"spec {name}={getattr(self, name)!r}; use one of {choices}")
+        if self.scales is not None and self.scales not in SCALES:
+            raise ConfigError(f"spec scales={self.scales!r}; use one of {SCALES} or None")
+        if not isinstance(self.grouped, bool):
+            raise ConfigError(f"spec grouped={self.grouped!r}; use True or False")
+
+    @classmethod
+    def default(cls, dtype: str = "float16") -> "GemmSpec":
+        """Today's GEMM: ``dtype`` in and out, fp32 accumulate, no epilogue."""
+        return cls(a=dtype, b=dtype, d=dtype)
+
+    @classmethod
+    def with_bias(cls, dtype: str = "float16") -> "GemmSpec":
+        """``dtype`` in and out, plus a per-column bias in ``dtype``."""
+        return cls(a=dtype, b=dtype, d=dtype, bias=dtype)
+
+    @property
+    def epilogue(self) -> str:
+        """The epilogue's name: ``none``, ``bias``, ``residual``, ``bias+residual``."""
+        parts = [p for p, on in (("bias", self.bias), ("residual", self.residual)) if on]
+        return "+".join(parts) or "none"
+
+    def is_default(self) -> bool:
+        return self == GemmSpec.default(self.d)
+
+    def operands(self) -> tuple[Operand, ...]:
+        """The kernel's tensor operands in order: A, B, D, then the epilogue's (bias, C, scales,
+        offsets). A kernel's signature and the runtime's argument list are this list in order,
+        with the epilogue operands after the launch scalars (``runtime.GemmModule``)."""
+        a_shape = ("M", "K") if self.a_major == "K" else ("K", "M")
+        b_shape = ("N", "K") if self.b_major == "K" else ("K", "N")
+        ops = [Operand("A", self.a, a_shape, "input"), Operand("B", self.b, b_shape, "input"),
+               Operand("D", self.d, ("M", "N"), "output")]
+        return tuple(ops) + self.epilogue_operands()
+
+    def epilogue_operands(self) -> tuple[Operand, ...]:
+        """The operands after D (what a rung's epilogue reads), in order."""
+        ops = []
+        if self.bias:
+            ops.append(Operand("bias", self.bias, ("N",), "epilogue"))
+        if self.residual:
+            ops.append(Operand("C", self.residual, ("M", "N"), "epilogue"))
+        if self.scales:
+            shapes = {"tensor": ((1,), (1,)), "row": (("M",), ("N",)), "block128": (("M", "K/128"), ("N", "K/128"))}
+            sa, sb = shapes[self.scales]
+            ops += [Operand("scale_a", ACC_DTYPE, sa, "epilogue"), Operand("scale_b", ACC_DTYPE, sb, "epilogue")]
+        if self.grouped:
+            ops.append(Operand("offsets", "int32", ("G+1",), "epilogue"))
+        return tuple(ops)
+
+    # -- as text (the knob, file names) and as JSON (manifests) -----------------------------------
+    def text(self) -> str:
+        """The spec as a name the knob parser takes: the fields that differ from the default for
+        D's dtype after D's, ``field_value`` joined by dots (``d_float16.bias_float16``; the
+        default: ``d_float16``)."""
+        base = dataclasses.asdict(GemmSpec.default(self.d))
+        mine = dataclasses.asdict(self)
+        return ".".join([f"d_{self.d}"] + [f"{k}_{_word(v)}" for k, v in mine.items() if k != "d" and v != base[k]])
+
+    def tag(self) -> str:
+        """A short file-name part ("" for the default): ``bias`` where the bias is D's dtype."""
+        if self.is_default():
+            return ""
+        if self == GemmSpec.with_bias(self.d):
+            return "bias"
+        return self.text().replace(".", "-")
+
+    @classmethod
+    def parse(cls, text: str, dtype: str = "float16") -> "GemmSpec":
+        """The spec :meth:`text` wrote; ``bias`` alone is a bias in D's dtype (``d_...``, default
+        ``dtype``): ``bias``, ``d_bfloat16.bias``."""
+        fields = {}
+        for part in str(text).split("."):
+            if part == "bias":
+                fields["bias"] = True
+                continue
+            # the longest field name that starts the part ("a_major_K" is a_major, not a)
+            name = max((f for f in cls.__dataclass_fields__ if part.startswith(f + "_")), key=len, default=None)
+            value = part[len(name) + 1:] if name else ""
+            if name is None:
+                raise ConfigError(f"spec {text!r}: {part!r} is not field_value (fields: "
+                                  f"{', '.join(cls.__dataclass_fields__)}); e.g. bias_float16")
+            fields[name] = _unword(value)
+        d = fields.get("d", dtype)
+        if fields.get("bias") is True:
+            fields["bias"] = d
+        return dataclasses.replace(cls.default(d), **fields)
+
+    def to_dict(self) -> dict:
+        """For manifests: every field, plus the operand list (name, dtype, shape) for readers
+        without this module (the C++ runner)."""
+        return {**dataclasses.asdict(self),
+                "operands": [{"name": o.name, "dtype": o.dtype, "shape": list(o.shape), "role": o.role}
+                             for o in self.operands()]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GemmSpec":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def _word(value) -> str:
+    return {None: "none", True: "true", False: "false"}.get(value, value) if not isinstance(value, str) else value
+
+
+def _unword(value: str):
+    return {"none": None, "true": True, "false": False}.get(value, value)
+
+
+def as_spec(value, dtype: str = "float16") -> GemmSpec:
+    """A spec from a :class:`GemmSpec`, its text, its dict, or None (the default for ``dtype``)."""
+    if value is None or value == "":
+        return GemmSpec.default(dtype)
+    if isinstance(value, GemmSpec):
+        return value
+    if isinstance(value, str):
+        return GemmSpec.parse(value, dtype)
+    if isinstance(value, dict):
+        return GemmSpec.from_dict(value)
+    raise ConfigError(f"spec={value!r} is {type(value).__name__}; pass a GemmSpec or its text (e.g. bias_float16)")
+
+
+def spec_for(dtype: str, epilogue: str = "none") -> GemmSpec:
+    """The spec of ``dtype`` in and out with the epilogue named (``none`` or ``bias``)."""
+    if epilogue not in EPILOGUES:
+        raise ConfigError(f"epilogue {epilogue!r} is not built; use one of {EPILOGUES}")
+    return GemmSpec.with_bias(dtype) if epilogue == "bias" else GemmSpec.default(dtype)
+
+
+def spec_knobs(spec: GemmSpec | None) -> dict:
+    """The knobs that carry ``spec`` to a rung: none for the default (or None)."""
+    return {} if spec is None or spec.is_default() else {SPEC_KNOB: spec.text()}
+
+
+def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
+    """What of ``spec`` rung ``rung`` (whose ``EPILOGUES`` are ``epilogues``) does not build, or None."""
+    if spec.a not in DTYPES or spec.b != spec.a or spec.d != spec.a:
+        return (f"A={spec.a}, B={spec.b}, D={spec.d}: only float16 or bfloat16 in and out, one dtype, are built "
+                "(fp8 and mixed dtypes are not built yet)")
+    if spec.acc != ACC_DTYPE:
+        return f"acc={spec.acc}: only float32 accumulators are built"
+    if spec.a_major != "K" or spec.b_major != "K":
+        return (f"a_major={spec.a_major}, b_major={spec.b_major}: only K-major A [M, K] and B [N, K] are built "
+                "(MN-major operands are not built yet; pass B as [N, K], like nn.Linear.weight)")
+    if spec.scales is not None:
+        return f"scales={spec.scales}: scaled (fp8) GEMMs are not built yet"
+    if spec.grouped:
+        return "grouped GEMM is not built yet"
+    if spec.residual is not None:
+        return "a residual C is not built yet"
+    if spec.bias is not None and spec.bias != spec.d:
+        return f"bias={spec.bias}: a bias is built in D's dtype ({spec.d}) only"
+    if spec.epilogue not in epilogues:
+        return (f"epilogue {spec.epilogue!r} is not built for {rung} (it builds {', '.join(epilogues)}); "
+                "the bias epilogue is built for v9")
+    return None
+
+
+def spec_of(cfg) -> GemmSpec:
+    """The spec of a :class:`gemm_ladder.core.config.GemmConfig`: its ``spec`` knob, else the default
+    for its dtype."""
+    return as_spec(dict(cfg.extra).get(SPEC_KNOB), cfg.dtype)
+
+
+def check_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> None:
+    """Refuse, with a :class:`ConfigError` naming what is not built yet, a spec ``rung`` does not build."""
+    why = not_built(spec, rung, epilogues)
+    if why is not None:
+        raise ConfigError(f"{rung}: spec {spec.text()}: {why}")
+
+
+def spec_of_manifest(manifest: dict) -> GemmSpec:
+    """The spec of a module's manifest or a pack's entry: its ``spec`` field, else the ``spec``
+    knob, else (a module built before the spec existed) the default for its dtype."""
+    if isinstance(manifest.get("spec"), dict):
+        return GemmSpec.from_dict(manifest["spec"])
+    knobs = manifest.get("knobs") or {}
+    return as_spec(knobs.get(SPEC_KNOB), manifest.get("dtype") or knobs.get("dtype") or "float16")

@@ -1,0 +1,332 @@
+"""Check and time loaded modules on a GPU: the one harness every rung, test and benchmark uses.
+
+Runtime-only (torch + the TVM runtime). The method:
+
+- correctness: fresh random inputs (randn) for every check, the output poisoned with NaN before
+  the launch, the error ||D - ref|| / ||ref|| against a float64 reference, compared with the
+  error of torch's own fp16/bf16 matmul (cuBLAS) on the same inputs: the kernel passes when its
+  error is within 2x of cuBLAS's (plus a small floor), no element is NaN (every output
+  written) and its worst element is within 8x of cuBLAS's worst element;
+- timing: warm-up, then the median of many runs timed with CUDA events, queued back to back
+  (one synchronisation per round, so the events bracket GPU work, not the host's launch path),
+  rotating through enough input sets that they do not fit in L2; cuBLAS (``torch.matmul``) is
+  timed the same way in the same process, in alternating rounds with the module (a
+  power-capped GPU's clock drifts within a run: both sides see the same drift).
+  ``timer="graph"`` times CUDA-graph replays instead: each sample is one replay of
+  ``GRAPH_CALLS`` launches (rotating through the input sets) over ``GRAPH_CALLS``, for the module
+  and for cuBLAS alike, so the GPU's launch gaps between kernels shrink to what a model captured
+  in a graph sees. Read its ratio as "under capture", not as the queued one: cuBLAS may run other
+  kernels when captured (H100, 4096^3 fp16: 667-671 TFLOPS captured, 738-744 queued, in one run:
+  ``benchmarks/results/2026-11-22_h100_v9_timers/``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+from ..core import device
+from ..core.provenance import git_commit, utc_now
+
+ERROR_FLOOR = {"float16": 2e-4, "bfloat16": 2e-3}
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    rel_err: float
+    torch_rel_err: float
+    max_abs_err: float
+    torch_max_abs_err: float
+    nan_count: int
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _torch_dtype(name):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    return getattr(torch, name)
+
+
+def random_inputs(M, N, K, dtype, device="cuda", seed=0):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    A = torch.randn((M, K), generator=g, device=device, dtype=torch.float32).to(_torch_dtype(dtype))
+    B = torch.randn((N, K), generator=g, device=device, dtype=torch.float32).to(_torch_dtype(dtype))
+    return A, B
+
+
+# the M values a module with a runtime M is checked at (besides the M its knobs were chosen
+# for): one row, an odd few, one tile, many tiles with a ragged edge, just under a power of two
+DYNAMIC_M_CHECKS = (1, 7, 64, 1000, 8191)
+
+
+def check_ms(mod) -> tuple[int, ...]:
+    """The M values ``check`` runs ``mod`` at: its M, and for a runtime-M module the
+    :data:`DYNAMIC_M_CHECKS` too."""
+    if not getattr(mod, "dynamic_m", False):
+        return (mod.M,)
+    return tuple(sorted({mod.M, *DYNAMIC_M_CHECKS}))
+
+
+def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
+    """Run ``mod`` once on fresh random inputs and compare with a float64 reference (at ``M``
+    rows, for a module with a runtime M; default the module's M)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    M = mod.M if M is None else M
+    A, B = random_inputs(M, mod.N, mod.K, mod.dtype, seed=seed)
+    out = torch.full((M, mod.N), float("nan"), dtype=A.dtype, device=A.device)
+    # a module whose operand spec adds a bias (gemm_ladder.core.spec): a random one, in the reference too
+    bias = random_inputs(1, mod.N, 1, mod.dtype, seed=seed + 1)[1][:, 0].contiguous() \
+        if getattr(getattr(mod, "spec", None), "bias", None) else None
+    mod(A, B, out=out, **({} if bias is None else {"bias": bias}))
+    torch.cuda.synchronize()
+    ref = A.double() @ B.double().T + (0 if bias is None else bias.double())
+    theirs = (A @ B.T if bias is None else torch.addmm(bias, A, B.T)).double()
+    ours = out.double()
+    nan_count = int(torch.isnan(ours).sum().item())
+    ref_norm = ref.norm().item() or 1.0
+    diff = torch.nan_to_num(ours - ref, nan=float("inf"))
+    rel = (diff.norm().item()) / ref_norm
+    trel = (theirs - ref).norm().item() / ref_norm
+    mabs = diff.abs().max().item()
+    tmabs = (theirs - ref).abs().max().item()
+    floor = ERROR_FLOOR[mod.dtype]
+    ok = nan_count == 0 and rel <= 2 * trel + floor and mabs <= 8 * tmabs + floor * 16
+    detail = ""
+    if not ok:
+        bad = (diff.abs() > 8 * tmabs + floor * 16).nonzero()
+        if nan_count:
+            detail = f"{nan_count} outputs never written (NaN)"
+        elif len(bad):
+            rows, cols = bad[:, 0], bad[:, 1]
+            detail = (
+                f"{len(bad)} bad elements, rows {rows.min().item()}..{rows.max().item()}, "
+                f"cols {cols.min().item()}..{cols.max().item()}, first at {tuple(bad[0].tolist())}"
+            )
+    return CheckResult(ok, rel, trel, mabs, tmabs, nan_count, detail)
+
+
+def bytes_once(M: int, N: int, K: int) -> int:
+    """The fewest bytes a 16-bit GEMM moves through device memory: A and B read once, D written once."""
+    return (M * K + N * K + M * N) * 2
+
+
+def sets_to_spill_l2(M: int, N: int, K: int, l2_bytes: int) -> int:
+    """How many (A, B, D) sets of 16-bit inputs spill an L2 of ``l2_bytes`` three times (1 to 8), so
+    that rotating through them times a kernel reading DRAM, as a caller with fresh inputs sees."""
+    return max(1, min(8, -(-3 * l2_bytes // bytes_once(M, N, K))))
+
+
+def input_sets(M: int, N: int, K: int, dtype: str, seed: int = 1000, l2_bytes: int | None = None) -> list:
+    """:func:`sets_to_spill_l2` sets of ``randn`` A, B (seeds ``seed``, ``seed + 1``, ...) and an
+    empty D, on the GPU."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    sets = []
+    for i in range(sets_to_spill_l2(M, N, K, l2_bytes or device.probe(0).l2_bytes)):
+        A, B = random_inputs(M, N, K, dtype, seed=seed + i)
+        sets.append((A, B, torch.empty((M, N), dtype=A.dtype, device=A.device)))
+    return sets
+
+
+def event_times(fn, sets, reps: int, start: int = 0) -> list[float]:
+    """``reps`` CUDA-event-timed calls of ``fn``, rotating through the input sets.
+
+    The calls are queued back to back and the stream is synchronised once at the end: the host
+    runs ahead of the GPU, so each call's start event waits in the stream behind the previous
+    call and the pair brackets the GPU's work alone. (Synchronising after every call would add
+    the host's launch path -- argument checks, tensor-map encoding, the driver call -- to every
+    sample, and that path is not the same length for a loaded module and for cuBLAS.)
+    """
+    import torch  # pylint: disable=import-outside-toplevel
+
+    events = []
+    for i in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        args = sets[(start + i) % len(sets)]
+        s.record()
+        fn(*args)
+        e.record()
+        events.append((s, e))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events]
+
+
+def host_us(fn, sets, reps: int = 20) -> float:
+    """Microseconds the host spends in one call of ``fn`` (its launch path: checks, argument
+    packing, the driver call), with the GPU kept busy so the host never waits for it."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(reps):
+        fn(*sets[i % len(sets)])
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e6
+
+
+ROUNDS = 6  # alternating rounds of ours and cuBLAS per timing
+TIMERS = ("queued", "graph")
+GRAPH_CALLS = 20  # launches per captured graph (timer="graph")
+
+
+def graph_times(fn, sets, reps: int) -> list[float]:
+    """``reps`` samples, each one replay of a CUDA graph of ``GRAPH_CALLS`` calls of ``fn``
+    (captured on first use and kept on ``fn``), in ms per call."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    graph = getattr(fn, "_graph", None)
+    if graph is None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # capture needs the launches' one-time setup done first
+            fn(*sets[0])
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(GRAPH_CALLS):
+                fn(*sets[i % len(sets)])
+        torch.cuda.synchronize()
+        fn._graph = graph  # pylint: disable=protected-access
+    events = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        events.append((s, e))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / GRAPH_CALLS for s, e in events]
+
+
+def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = None,
+                rounds: int = ROUNDS, timer: str = "queued") -> dict:
+    """Median time of ``mod`` and of cuBLAS on the same shape, in one process, same method.
+
+    A GPU held at its power limit drifts in clock within a run, so the two are not timed one
+    after the other but in ``rounds`` alternating rounds (ours, cuBLAS, cuBLAS, ours, ...) of
+    ``reps / rounds`` calls each, after a warm-up of both: each side sees the same mix of early
+    and late, cool and hot. The medians over all calls give ``ms`` and ``cublas_ms``; the
+    per-round ratios (``round_ratios``) show the spread within the run.
+    """
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if timer not in TIMERS:
+        raise ValueError(f"timer={timer!r}: use one of {', '.join(TIMERS)}")
+    if timer == "graph" and getattr(mod, "manifest", {}).get("watchdog"):
+        raise ValueError("a watchdog build cannot be timed in a CUDA graph (each launch waits on its record): "
+                         "use timer='queued', or the build without the watchdog")
+    sets = input_sets(mod.M, mod.N, mod.K, mod.dtype, seed=1000, l2_bytes=l2_bytes)
+    n_sets = len(sets)
+    flops = 2.0 * mod.M * mod.N * mod.K
+
+    # a bias module (its operand spec, gemm_ladder.core.spec) against cuBLAS's fused bias (addmm)
+    bias = random_inputs(1, mod.N, 1, mod.dtype, seed=999)[1][:, 0].contiguous() \
+        if getattr(getattr(mod, "spec", None), "bias", None) else None
+    operands = {} if bias is None else {"bias": bias}
+
+    def ours_fn(a, b, o):
+        mod(a, b, out=o, **operands)
+
+    def theirs_fn(a, b, o):
+        if bias is None:
+            torch.matmul(a, b.T, out=o)
+        else:
+            torch.addmm(bias, a, b.T, out=o)
+
+    ours_side, theirs_side = ours_fn, theirs_fn
+    if timer == "graph":
+        ours_fn(*sets[0])  # the checked call once; the graph replays the module's unchecked launch
+        if hasattr(mod, "launcher"):
+            launch = mod.launcher(*sets[0], **operands)
+            ours_side = (lambda a, b, o: launch(a, b, o, *operands.values())) if operands else launch
+
+    def _timed(fn, n, start=0):
+        if timer == "graph":
+            return graph_times(fn, sets, n)
+        return event_times(fn, sets, n, start=start)
+
+    rounds = max(1, min(rounds, reps))
+    per_round = max(1, reps // rounds)
+    _timed(ours_side, warmup)
+    _timed(theirs_side, warmup)
+    ours, theirs, ratios = [], [], []
+    for r in range(rounds):
+        first, second = (ours_side, theirs_side) if r % 2 == 0 else (theirs_side, ours_side)
+        a = _timed(first, per_round, start=r * per_round)
+        b = _timed(second, per_round, start=r * per_round)
+        mine, cub = (a, b) if r % 2 == 0 else (b, a)
+        ours += mine
+        theirs += cub
+        ratios.append(statistics.median(cub) / statistics.median(mine))
+    ms, cublas_ms = statistics.median(ours), statistics.median(theirs)
+    # what a memory-bound (small-M, weight-streaming) shape is judged by: A, B read and D
+    # written once, over the time
+    moved = bytes_once(mod.M, mod.N, mod.K)
+    launch = {"host_us": round(host_us(ours_fn, sets), 1), "cublas_host_us": round(host_us(theirs_fn, sets), 1)}
+    return {
+        **launch,
+        "ms": ms,
+        "tflops": flops / ms / 1e9,
+        "gbps": moved / ms / 1e6,
+        "cublas_gbps": moved / cublas_ms / 1e6,
+        "cublas_ms": cublas_ms,
+        "cublas_tflops": flops / cublas_ms / 1e9,
+        "ratio_to_cublas": cublas_ms / ms,
+        "round_ratios": [round(x, 4) for x in ratios],
+        "input_sets": n_sets,
+        "reps": per_round * rounds,
+        "rounds": rounds,
+        "warmup": warmup,
+        "timer": timer if timer == "queued" else f"graph of {GRAPH_CALLS} launches",
+    }
+
+
+def _smi(query: str) -> str:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return ""
+    out = subprocess.run([exe, f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True, check=False)
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+
+
+def gpu_info(index: int = 0) -> dict:
+    """GPU name, clocks, power limit and driver, as read now."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    gpu = device.probe(index)
+    if gpu is None:
+        raise RuntimeError(f"no CUDA GPU {index} here ({device.why_no_gpu(index=index)})")
+    return {
+        "name": gpu.name,
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(index))),
+        "sm_count": gpu.sm_count,
+        "l2_bytes": gpu.l2_bytes,
+        "smem_per_block_optin": gpu.smem_per_block_optin,
+        "sm_clock_mhz_now": _smi("clocks.sm"),
+        "sm_clock_mhz_max": _smi("clocks.max.sm"),
+        "mem_clock_mhz_now": _smi("clocks.mem"),
+        "power_limit": _smi("power.limit"),
+        "driver": _smi("driver_version"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def run_info(commit: str | None = None) -> dict:
+    return {
+        "date": utc_now(),
+        "commit": commit or os.environ.get("GEMM_LADDER_COMMIT") or git_commit(),
+    }

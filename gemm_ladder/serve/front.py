@@ -1,0 +1,734 @@
+"""The front door: ``D = A . B^T`` for any shape, on the kernel the policy chooses for it.
+
+    import gemm_ladder
+    D = gemm_ladder.matmul(A, B)              # A [..., K] (batch dims flattened into M), B [N, K]
+    gemm_ladder.matmul(A, B, out=D)           # D [..., N]
+    gemm_ladder.matmul(A, B, bias=b)          # D = A . B^T + b, b [N] (fp32 sum, then rounded)
+    gemm_ladder.matmul(A, B, explain=True)    # also prints which kernel, from where, and why
+
+How a call finds its kernel (once per shape, dtype and GPU arch; then from memory)::
+
+    1. kernel packs ($GEMM_LADDER_PACK, gemm_ladder.use_pack): a module built for this M, or one
+       that takes M at run time with knobs chosen for a range that holds M   (kernel_pack)
+    2. where TVM's compiler is here: the policy's choice (the tuning database by shape bucket,
+       else the heuristic's rules: gemm_ladder.serve.plan), from the module cache or built into it
+       now, shared safely by concurrent processes                              (module_cache)
+    3. a pack module that serves the shape less well: M outside the range its knobs were chosen
+       for, or a larger M with A copied into zero-padded rows; but not one made for an M far from
+       this one (more than 4x outside its range, or more than twice the rows: ``_far``)
+    0. a problem so small that cuBLAS's kernel measured faster (under TINY_FLOPS and TINY_BYTES):
+       torch's matmul inside CUDA-graph capture, ours for eager calls (whose host path is the
+       shorter), and explain says so (strict mode: ours always)
+    4. else (or where M is past what a kernel of ours indexes in 32 bits: config.max_m_of)
+       torch's own matmul (cuBLAS), with a warning once per shape (KernelFallbackWarning)
+       that says how to build a pack for it: a model with one layer no pack serves still runs,
+       as fast as torch. ``strict=True`` or ``GEMM_LADDER_STRICT=1`` makes this a NoKernelError
+       (and lets a far module serve, with the warning)
+
+Loaded modules stay loaded for the life of the process. A call whose shapes, dtypes and GPUs are
+those of an earlier call that took the plain path (no copies) skips the checks and the lookup: it
+checks only that its tensors are contiguous and 16-byte aligned, want no grad and that ``out``
+shares no memory with A or B, and launches as that call did (a ~20 us kernel would otherwise
+wait on the host; ``benchmarks/front_overhead.py`` measures it). ``explain=True`` prints the choice to
+stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO logs every new choice.
+
+Inputs: fp16 or bf16, contiguous, row-major, on one CUDA GPU; what TMA cannot describe (N or K
+not a multiple of 8, a view that does not start on a 16-byte boundary) takes a correct, slower
+path through padded copies (``tma_layout.LAYOUT_RULES``) and says so. Other dtypes, devices and
+layouts raise ``ModuleInputError`` with the fix, and so do what would silently mislead: an
+``out`` that overlaps A or B (the kernel would overwrite what it reads), a tensor that requires
+grad while grad mode is on (there is no backward here: ``torch.ops.gemm_ladder.mm`` has one), and
+a B laid out as a transposed view (``lin.weight.t()``: B is [N, K] like ``lin.weight``). Empty
+shapes give empty (or zero) results without a launch, as cuBLAS does.
+
+A bias (``bias=``: 1-d, N values, A's dtype and GPU, contiguous) is the operand spec's per-column
+bias (``gemm_ladder.core.spec``): the kernel adds it to the fp32 accumulators before rounding. Its
+modules are separate (a pack serves it from ``pack build --epilogue bias``; the policy picks a
+rung that builds it: v9); where none serves, torch's ``addmm`` computes it, as for a missing shape.
+A call with a bias takes the checked path every time (the fast path of repeated calls below does
+not cover it yet).
+
+Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
+It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
+(the first call of a shape loads its module: run it before capturing).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core import device
+from ..core.config import DTYPES, IndexRangeError, max_m_of
+from ..core.spec import GemmSpec
+from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
+from .runtime import ModuleInputError, load
+from .tma_layout import Fixes, Layout, layout_fixes
+
+logger = logging.getLogger("gemm_ladder.matmul")
+
+
+class NoKernelError(RuntimeError):
+    """No pack serves the shape and nothing can be built here; the message says how to get one."""
+
+
+@dataclass
+class Route:
+    """How one (M, N, K, dtype, arch) is computed: the module, the M it was built for (None: any
+    M), where it came from, and the lines ``explain`` prints."""
+
+    module: object
+    module_M: int | None
+    source: str
+    rung: str
+    knobs: dict
+    lines: list = field(default_factory=list)
+    calls: int = 0
+    launchers: dict = field(default_factory=dict)  # GPU index -> the module's unchecked launch
+
+    def run(self, a, b, d, operands: dict | None = None) -> None:
+        """Launch on tensors of the kernel's shape that the front door checked (``operands``: the
+        spec's epilogue operands by name, in its order): the module checks them once per GPU
+        (``GemmModule.launcher``), then launches with no further checks."""
+        idx = a.device.index
+        operands = operands or {}
+        launch = self.launchers.get(idx)
+        if launch is None:
+            maker = getattr(self.module, "launcher", None)
+            launch = maker(a, b, d, **operands) if maker is not None else \
+                (lambda x, y, z, *extras: self.module(x, y, out=z, **dict(zip(operands, extras))))
+            self.launchers[idx] = launch
+        launch(a, b, d, *operands.values())
+
+    def as_dict(self) -> dict:
+        return {"rung": self.rung, "knobs": self.knobs, "source": self.source, "module_M": self.module_M,
+                "module": str(getattr(self.module, "path", "")), "explain": list(self.lines)}
+
+
+_LOCK = threading.RLock()
+_ROUTES: dict = {}
+# calls already checked once, by everything a later call must share for the same answer: the
+# shapes, dtypes and GPUs of A, B and out. A hit needs only contiguity and alignment checked again
+# (see _fast): for kernels of ~20 us the host's checks would otherwise cost more than the kernel.
+_FAST: dict = {}
+_LOADED: dict = {}
+_ARCH: dict = {}
+_STATE: dict = {"packs": None, "extra": [], "why_no_build": ...}
+
+
+def use_pack(folder) -> KernelPack:
+    """Look in the kernel pack ``folder`` first from now on (before ``$GEMM_LADDER_PACK``'s)."""
+    pack = KernelPack(folder)
+    with _LOCK:
+        _STATE["extra"].insert(0, pack)
+        _ROUTES.clear()
+        _FAST.clear()
+    return pack
+
+
+def reset() -> None:
+    """Forget every choice, loaded module and pack (the next call looks again)."""
+    with _LOCK:
+        _ROUTES.clear()
+        _FAST.clear()
+        _LOADED.clear()
+        _B_COPIES.clear()
+        _STATE.update(packs=None, extra=[], why_no_build=...)
+
+
+def _packs() -> list[KernelPack]:
+    if _STATE["packs"] is None:
+        _STATE["packs"] = [KernelPack(p) for p in packs_from_env()]
+    return _STATE["extra"] + _STATE["packs"]
+
+
+def _why_no_build() -> str | None:
+    if _STATE["why_no_build"] is ...:
+        # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+        from ..compile.module_cache import why_cannot_build  # pylint: disable=import-outside-toplevel
+
+        _STATE["why_no_build"] = why_cannot_build()
+    return _STATE["why_no_build"]
+
+
+def _load(path):
+    key = str(Path(path).resolve())
+    if key not in _LOADED:
+        _LOADED[key] = load(path)
+    return _LOADED[key]
+
+
+# -- checks ---------------------------------------------------------------------------------------
+def check_shapes(A, B, out, bias=None):
+    """(M, N, K, D's shape) of a call whose arguments fit (``bias``: None, or N values in A's
+    dtype), all but their device, batch dims of A flattened into M; else ModuleInputError with the
+    fix. These are :func:`matmul`'s checks that need no GPU (the op's tests run them on the CPU)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    for name, t, what in (("A", A, "[..., K]"), ("B", B, "[N, K]"), ("out", out, "[..., N] or None")):
+        if not isinstance(t, torch.Tensor) and (t is not None or name != "out"):
+            raise ModuleInputError(f"{name} must be a torch.Tensor {what}, got {type(t).__name__}")
+    if A.dtype != B.dtype:
+        raise ModuleInputError(f"A is {A.dtype} and B is {B.dtype}: pass both in one dtype (B.to({A.dtype}))")
+    if _dtype_name(A.dtype) not in DTYPES:
+        raise ModuleInputError(f"A has dtype {A.dtype}; gemm_ladder.matmul takes torch.float16 or torch.bfloat16 "
+                               "(use A.to(torch.float16) and B.to(torch.float16))")
+    if B.dim() != 2 or A.dim() < 1:
+        raise ModuleInputError(f"B must be [N, K] and A [..., K]; got A {tuple(A.shape)} and B {tuple(B.shape)}")
+    N, K = B.shape
+    if A.shape[-1] != K:
+        hint = ""
+        if A.shape[-1] == N:
+            hint = f"; B looks like [K, N], but {B_LAYOUT} (for a [K, N] matrix W, W.t().contiguous())"
+        raise ModuleInputError(f"A is {tuple(A.shape)} and B {tuple(B.shape)}: A's last dim must be B's K={K} "
+                               f"(D = A . B^T){hint}")
+    shape = (*A.shape[:-1], N)
+    if out is not None:
+        if out.dtype != A.dtype:
+            raise ModuleInputError(f"out has dtype {out.dtype}; it must be A's {A.dtype}")
+        if tuple(out.shape) != shape:
+            raise ModuleInputError(f"out has shape {tuple(out.shape)}; D = A . B^T is {shape}")
+    if is_transposed(B):
+        raise ModuleInputError(transposed_b_error(B))
+    if bias is not None:
+        check_bias(bias, A.dtype, N)
+    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias)):
+        if t is not None and not t.is_contiguous():
+            raise ModuleInputError(f"{name} is not contiguous (row-major); pass {name}.contiguous()")
+    _refuse_grad_and_overlap(A, B, out, bias)
+    M = int(torch.Size(A.shape[:-1]).numel())
+    return M, N, K, shape
+
+
+def check_bias(bias, dtype, N: int, who: str = "gemm_ladder.matmul") -> None:
+    """A per-column bias: a tensor of N values in A's dtype (the op's checks and the front door's)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(bias, torch.Tensor):
+        raise ModuleInputError(f"{who}: bias must be a torch.Tensor of N={N} values or None, got {type(bias).__name__}")
+    if bias.dim() != 1 or bias.shape[0] != N:
+        raise ModuleInputError(f"{who}: bias has shape {tuple(bias.shape)}; it is one value per column of D: ({N},) "
+                               "(a bias of another shape: add it after the call)")
+    if bias.dtype != dtype:
+        raise ModuleInputError(f"{who}: bias has dtype {bias.dtype}; it must be A's {dtype} (bias.to({dtype}))")
+
+
+# what B is, for a caller who passed its [K, N] transpose (thinking of x @ W where lin(x) was meant)
+B_LAYOUT = ("B is read as [N, K], laid out like nn.Linear.weight: for lin(x) pass lin.weight itself, "
+            "not lin.weight.t()")
+
+
+def transposed_b_error(B) -> str:
+    """The error for a ``B`` that :func:`is_transposed` (the front door's and the op's)."""
+    return (f"B {tuple(B.shape)} is the transpose of a contiguous tensor (as lin.weight.t() is), but D = A . B^T: "
+            f"{B_LAYOUT} (here: B.t()); only if you mean A . B^T with this B's values, pass B.contiguous()")
+
+
+def is_transposed(B) -> bool:
+    """Whether the 2-d ``B`` is laid out as ``T.t()`` of a contiguous ``T`` (and is not itself
+    contiguous): what ``lin.weight.t()`` gives, where a caller thinking of ``x @ W`` meant ``lin(x)``."""
+    return B.dim() == 2 and not B.is_contiguous() and B.t().is_contiguous()
+
+
+def _overlaps(t, u) -> bool:
+    """Whether contiguous ``t`` and ``u`` share a byte: their elements fill [data_ptr, data_ptr +
+    nbytes), so the byte ranges are exact (stricter than torch's same-storage test, which misses
+    two storages over one allocation). Meta tensors have no bytes."""
+    if t.device != u.device or t.device.type == "meta":
+        return False
+    t0, u0 = t.data_ptr(), u.data_ptr()
+    return t0 < u0 + u.nbytes and u0 < t0 + t.nbytes
+
+
+def _refuse_grad_and_overlap(A, B, out, bias=None) -> None:
+    """What would silently mislead in tensors that fit otherwise (contiguous: the byte ranges are
+    exact): gradients that would stop here, and an ``out`` the kernel would write while it still
+    reads A or B."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    wants_grad = [name for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias))
+                  if t is not None and t.requires_grad]
+    if wants_grad and torch.is_grad_enabled():
+        raise ModuleInputError(
+            f"{' and '.join(wants_grad)} require{'s' if len(wants_grad) == 1 else ''} grad: gemm_ladder.matmul "
+            "has no backward (its result would silently stop the gradient). Call it under torch.no_grad() or "
+            "torch.inference_mode(), pass .detach()ed tensors, or use torch.ops.gemm_ladder.mm "
+            "(import gemm_ladder.serve.ops), which has one")
+    for name, t in (("A", A), ("B", B), ("bias", bias)):
+        if out is not None and t is not None and _overlaps(out, t):
+            raise ModuleInputError(f"out overlaps {name} in memory: the kernel would overwrite {name} while it "
+                                   f"reads it. Pass an out that shares no memory with A or B (nor the bias), or no out")
+
+
+def _check(A, B, out, bias=None):
+    """(M, N, K, A as [M, K], out as [M, N] or None, D's shape); raises ModuleInputError."""
+    M, N, K, shape = check_shapes(A, B, out, bias)
+    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias)):
+        if t is None:
+            continue
+        if t.device.type != "cuda":
+            raise ModuleInputError(f"{name} is on {t.device}; move it to the GPU ({name}.cuda())")
+        if t.device != A.device:
+            raise ModuleInputError(f"{name} is on {t.device} and A on {A.device}; put all on one GPU")
+    return M, N, K, A.reshape(M, K), (out.view(M, N) if out is not None else None), shape
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def _arch(index: int) -> str:
+    if index not in _ARCH:
+        _ARCH[index] = device.arch_of(index)
+    return _ARCH[index]
+
+
+# -- choosing -------------------------------------------------------------------------------------
+def _route(M: int, N: int, K: int, dtype: str, index: int, strict: bool = False,
+           spec: GemmSpec | None = None) -> tuple[Route, bool]:
+    """The route of a shape and operand spec (default: ``dtype`` in and out, no epilogue), and
+    whether it was known already; ``strict``: no torch fallback."""
+    arch = _arch(index)
+    spec = spec or GemmSpec.default(dtype)
+    key = (M, N, K, dtype, arch, strict, spec)
+    route = _ROUTES.get(key)
+    if route is not None:
+        return route, True
+    with _LOCK:
+        route = _ROUTES.get(key)
+        if route is None:
+            route = _resolve(M, N, K, dtype, arch, index, strict, spec)
+            _ROUTES[key] = route
+            logger.info("gemm_ladder.matmul %dx%dx%d %s %s (%s):\n%s", M, N, K, dtype, spec.epilogue, arch,
+                        "\n".join(route.lines))
+    return route, False
+
+
+def _from_pack(found, note: str | None = None) -> Route:
+    mod = _load(found.pack.check_entry(found.entry))
+    e = found.entry
+    choice = e.get("choice") or {}
+    by = {"rule": f"rule {choice.get('rule')!r}", "db": "the tuning database"}.get(choice.get("source"), "not recorded")
+    lines = [f"kernel: {e['rung']} ({_knob_text(e['knobs'])})",
+             f"chosen by: {by}, when the pack was built: {choice.get('why', 'not recorded')}",
+             f"source: {found.describe()}"]
+    if choice.get("database"):
+        lines.append(f"when the pack was built, {choice['database']}")
+    if note:
+        lines.append(note)
+    return Route(mod, None if e["dynamic_m"] else e["shape"][0], "kernel pack", e["rung"], dict(e["knobs"]), lines)
+
+
+def _knob_text(knobs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()) if k not in ("dtype", "arch")) or "its defaults"
+
+
+def plan_job(p, rules=None):
+    """The policy's choice for problem ``p`` (``plan.choose``, with ``rules`` if given) and the
+    build job the front door makes of it: a runtime M where the rung takes one."""
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    # pylint: disable=import-outside-toplevel
+    from ..compile.batch import BuildJob
+    from ..rungs import rung_module
+    from . import plan
+
+    choice = plan.choose(p, rules=rules)  # its knobs carry p.spec (a rung that does not build it is passed over)
+    knobs = dict(choice.knobs)
+    if "dynamic_m" in rung_module(choice.rung, p.arch).KNOBS and \
+            plan._validate(choice.rung, p, {**knobs, "dynamic_m": True}) is None:  # pylint: disable=protected-access
+        knobs["dynamic_m"] = True
+    shape = (p.M if knobs.get("dynamic_m") else max(p.M, MIN_STATIC_M), p.N, p.K)
+    return choice, BuildJob(choice.rung, shape, knobs)
+
+
+def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int, spec: GemmSpec) -> Route:
+    """The policy's choice, from the module cache or built into it (TVM's compiler is here)."""
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    # pylint: disable=import-outside-toplevel
+    from ..compile import module_cache
+    from . import plan
+
+    choice, job = plan_job(plan.Problem(M, N, K, dtype, arch, device.sm_count(index), spec))
+    dynamic, knobs = "dynamic_m" in job.knobs, job.knobs
+    path, how = module_cache.get_or_build(job)
+    source = {"cache": "module cache", "built": "fresh build"}[how]
+    lines = choice.text().splitlines()
+    lines[0] = f"kernel: {lines[0]}" + (" [M at run time]" if dynamic else "")
+    lines = [lines[0]] + [line.strip() for line in lines[1:]]
+    lines.append(f"source: {source} {path}" + (" (built now, on first use)" if how == "built" else ""))
+    return Route(_load(path), None if dynamic else job.shape[0], source, choice.rung, knobs, lines)
+
+
+def _far(e: dict, fit: str, M: int) -> str | None:
+    """Why a pack's module would serve this M far from what it was made for (None: it would not):
+    a runtime-M module at an M more than :data:`FAR_FACTOR` times outside the range its knobs were
+    chosen for (a split-K module chosen for M = 2 ran M = 4096 at 0.04x cuBLAS), or a module of
+    one M that more than doubles the rows it computes."""
+    if fit == "any-m":
+        lo, hi = e["m_range"]
+        if M > FAR_FACTOR * hi or M * FAR_FACTOR < lo:
+            return f"M={M} is far outside M {lo}..{hi}, the range its knobs were chosen for"
+    if fit == "pad-m" and e["shape"][0] > 2 * M:
+        return f"it is built for M={e['shape'][0]}: A would be copied into {e['shape'][0]} rows for M={M}"
+    return None
+
+
+def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool, spec: GemmSpec) -> Route:
+    route = _resolve_ours(M, N, K, dtype, arch, index, strict, spec)
+    if not strict and is_tiny(M, N, K) and not isinstance(route.module, TorchMatmul):
+        return _captured_by_torch(route, M, N, K)
+    return route
+
+
+def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool, spec: GemmSpec) -> Route:
+    found, beyond = None, ""
+    for pack in _packs():
+        f = pack.find(M, N, K, dtype, arch, spec)
+        if f is not None and f.entry["dynamic_m"] and M > (most := max_m_of(N, K, f.entry["knobs"])):
+            beyond = f"; {f.entry['file']} reads M as a 32-bit index and serves M <= {most}"
+            continue
+        if f is not None and (found is None or FIT_RANK[f.fit] < FIT_RANK[found.fit]):
+            found = f
+    if found is not None and found.fit in ("exact", "tuned-range"):
+        return _from_pack(found)
+    why = _why_no_build()
+    if why is None:
+        try:
+            return _build_route(M, N, K, dtype, arch, index, spec)
+        except IndexRangeError as err:  # past what any kernel of ours indexes: torch's 64-bit indices take it
+            if strict:
+                raise
+            return _torch_route(M, N, K, dtype, str(err), "split the call into parts that fit")
+    epilogue = "" if spec.is_default() else f" --epilogue {spec.epilogue}"
+    how = (f"on a box with TVM's compiler: python -m gemm_ladder pack build --shapes {M}x{N}x{K} --dtypes {dtype}"
+           f"{epilogue} --out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK")
+    what = f"{dtype}" + ("" if spec.is_default() else f" with a {spec.epilogue}")
+    if found is not None:
+        far = _far(found.entry, found.fit, M)
+        note = f"note: the pack has nothing closer and nothing can be built here ({why})"
+        if far is None or strict:
+            route = _from_pack(found, note)
+            if far is not None:
+                _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {what}: {found.entry['file']} serves it although {far} "
+                      f"(strict mode); for a kernel made for this M, {how}")
+            return route
+        return _torch_route(M, N, K, what, f"the nearest kernel pack module, {found.entry['file']}, would serve it "
+                                               f"badly: {far}; and nothing can be built here ({why})", how)
+    where = ", ".join(str(p.folder) for p in _packs()) or "none ($GEMM_LADDER_PACK is not set)"
+    missing = f"no kernel pack serves it (packs: {where}{beyond}) and nothing can be built here ({why})"
+    if strict:
+        raise NoKernelError(f"no kernel for M={M}, N={N}, K={K}, {what} on {arch}: {missing}. {how[0].upper()}{how[1:]}")
+    return _torch_route(M, N, K, what, missing, how)
+
+
+class KernelFallbackWarning(UserWarning):
+    """The front door computes a shape with torch's own matmul, or with a kernel made for another M."""
+
+
+class TorchMatmul:
+    """torch's own ``D = A . B^T`` (+ ``bias``: ``addmm``; cuBLAS) in a module's place: the front
+    door's fallback where no kernel of ours serves a shape (or its bias), so a model with one such
+    layer still runs, as fast as torch."""
+
+    path = "torch.matmul (cuBLAS)"
+
+    def __call__(self, a, b, out, bias=None):
+        import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
+
+        if bias is None:
+            torch.matmul(a, b.t(), out=out)
+        else:
+            torch.addmm(bias, a, b.t(), out=out)
+
+
+def _warn(text: str) -> None:
+    warnings.warn(text, KernelFallbackWarning, stacklevel=4)
+
+
+def _torch_route(M: int, N: int, K: int, dtype: str, why: str, how: str) -> Route:
+    """The fallback (see :class:`TorchMatmul`), said once per shape: a warning, and ``explain``."""
+    _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {dtype}: torch's own matmul computes it: {why}. For a kernel "
+          f"of ours, {how}. {STRICT_ENV}=1 (or strict=True) makes this an error")
+    lines = ["kernel: torch.matmul (cuBLAS), the fallback", f"why: {why}", f"for a kernel of ours: {how}",
+             f"source: torch ({STRICT_ENV}=1 or matmul(..., strict=True) raises NoKernelError instead)"]
+    return Route(TorchMatmul(), None, "torch fallback", "torch", {}, lines)
+
+
+STRICT_ENV = "GEMM_LADDER_STRICT"
+FAR_FACTOR = 4
+# A problem this small takes a few microseconds whoever computes it, and there our kernels lost to
+# cuBLAS as kernels (CUDA graphs, L2 spilled): 0.34x at 128x1024x1024, 0.55-0.76x at GPT-2's 768-wide
+# layers, while 16x4096x4096 (33 MB) was level and 2x1280x5120 0.98x
+# [benchmarks/results/2026-11-25_h100_every_model/every_model_seed0.json]. Below both bounds the
+# front door calls torch's matmul inside CUDA-graph capture (CapturedByTorch; strict mode keeps ours).
+TINY_FLOPS = 2e9
+TINY_BYTES = 8 << 20
+
+
+def is_tiny(M: int, N: int, K: int) -> bool:
+    """Whether ``M x N x K`` is under both bounds above (TINY_FLOPS and TINY_BYTES moved): where
+    cuBLAS's kernel measured faster than ours, so graph capture takes torch's (CapturedByTorch)."""
+    return 2.0 * M * N * K < TINY_FLOPS and 2 * (M * K + N * K + M * N) < TINY_BYTES
+
+
+class CapturedByTorch:
+    """A tiny problem's module: ours for an eager call, torch's (cuBLAS) inside CUDA-graph capture.
+
+    Eager, a tiny call costs its host path more than its kernel, and ours is the shorter (call
+    ratio 1.2-1.5x against F.linear); replayed from a graph, only the kernel counts, and there
+    cuBLAS's is faster (ours 0.34-0.76x). One ``torch.cuda.is_current_stream_capturing()`` a call
+    picks each where it wins."""
+
+    def __init__(self, ours):
+        self.ours, self.torch = ours, TorchMatmul()
+        self.path = getattr(ours, "path", "")
+
+    def __call__(self, a, b, out, bias=None):
+        operands = {} if bias is None else {"bias": bias}
+        self.launcher(a, b, out, **operands)(a, b, out, *operands.values())
+
+    def __getattr__(self, name):  # the rest is our module's (its manifest, M at run time, ...)
+        if name == "ours":
+            raise AttributeError(name)
+        return getattr(self.ours, name)
+
+    def launcher(self, a, b, out, **operands):
+        import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
+
+        maker = getattr(self.ours, "launcher", None)
+        ours = maker(a, b, out, **operands) if maker is not None else \
+            (lambda x, y, z, *extras: self.ours(x, y, out=z, **dict(zip(operands, extras))))
+        capturing, theirs = torch.cuda.is_current_stream_capturing, self.torch
+        return lambda x, y, z, *extras: theirs(x, y, z, *extras) if capturing() else ours(x, y, z, *extras)
+
+
+def _captured_by_torch(route: Route, M: int, N: int, K: int) -> Route:
+    route.module = CapturedByTorch(route.module)
+    route.lines.append(f"under CUDA-graph capture: torch.matmul (cuBLAS), since {M}x{N}x{K} is under "
+                       f"{TINY_FLOPS / 1e9:.0f} GFLOP and {TINY_BYTES >> 20} MiB moved, where cuBLAS's kernel measured "
+                       "faster than ours (0.34-0.76x ours) [benchmarks/results/2026-11-25_h100_every_model/"
+                       "every_model_seed0.json]; eager calls keep ours, whose host path is the shorter (strict mode: "
+                       "ours always)")
+    return route
+
+
+def _strict(strict: bool | None) -> bool:
+    if strict is not None:
+        return bool(strict)
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+FIT_RANK = {"exact": 0, "tuned-range": 1, "any-m": 2, "pad-m": 3}
+
+
+# -- running --------------------------------------------------------------------------------------
+# B is a weight: the same tensor call after call. Its zero-padded (or realigned) copy is kept, keyed
+# on B's memory, shape and dtype, and used while B's version counter says nothing wrote B since
+# (copying a 50257x768 LM head on every call cost GPT-2's 7-row decode 0.43x cuBLAS:
+# benchmarks/results/2026-11-25_h100_every_model/every_model_seed1.json). Inside CUDA-graph capture
+# the copy is made in the graph, so a replay sees an in-place update of B.
+_B_COPIES: dict = {}
+B_COPIES_KEPT = 64
+
+
+def _weight_copy(B, Nk: int, Kk: int):
+    """``B`` [N, K] in a zero-padded, 16-byte aligned [Nk, Kk] tensor, from the cache while B is unchanged."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    capturing = B.is_cuda and torch.cuda.is_current_stream_capturing()
+    key = (B.data_ptr(), tuple(B.shape), B.dtype, B.device, Nk, Kk)
+    hit = None if capturing else _B_COPIES.get(key)
+    # the same tensor object (a weak reference: a new tensor at B's old address never matches), unwritten
+    if hit is not None and hit[0]() is B and hit[1] == B._version:
+        return hit[2]
+    b = B.new_zeros((Nk, Kk))
+    b[: B.shape[0], : B.shape[1]] = B
+    if not capturing:
+        if key not in _B_COPIES and len(_B_COPIES) >= B_COPIES_KEPT:
+            _B_COPIES.pop(next(iter(_B_COPIES)))  # the oldest
+        _B_COPIES[key] = (weakref.ref(B), B._version, b)
+    return b
+
+
+def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes, bias=None):
+    """Run the route's module on ``A2`` [M, K], ``B`` [N, K] (and ``out2`` [M, N] or None; + ``bias``
+    [N], zero-padded like N), with the copies ``fixes`` asks for and A copied into the rows of a
+    module built for a larger M: what :func:`matmul` does once it has checked its tensors and found
+    the route; returns D [M, N]."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    Mk = route.module_M if route.module_M is not None else M
+    Nk, Kk = fixes.N, fixes.K
+    a, b = A2, B
+    operands = {}
+    if bias is not None:  # N values, zero-padded to the kernel's N; copied onto a 16-byte boundary
+        operands["bias"] = bias if Nk == N and bias.data_ptr() % 16 == 0 else \
+            torch.nn.functional.pad(bias, (0, Nk - N))
+    if Mk != M or Kk != K:
+        a = A2.new_zeros((Mk, Kk))
+        a[:M, :K] = A2
+    elif fixes.copies("copy-a"):
+        a = A2.clone()
+    if Nk != N or Kk != K or fixes.copies("copy-b"):
+        b = _weight_copy(B, Nk, Kk)
+    if Mk == M and Nk == N and not fixes.copies("stage-out"):
+        d = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
+        route.run(a, b, d, operands)
+        return d
+    d = torch.empty((Mk, Nk), dtype=A2.dtype, device=A2.device)
+    route.run(a, b, d, operands)
+    result = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
+    result.copy_(d[:M, :N])
+    return result
+
+
+def _trivial(A, out, shape, M: int, N: int, K: int, bias=None):
+    """Empty shapes: nothing to launch (K = 0 gives zeros, or the bias, as cuBLAS does)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    D = out if out is not None else torch.empty(shape, dtype=A.dtype, device=A.device)
+    if K == 0 and M and N:
+        D.zero_()
+        if bias is not None:
+            D += bias
+    return D
+
+
+def route_of(M: int, N: int, K: int, dtype: str = "float16", index: int = 0, strict: bool | None = None,
+             spec: GemmSpec | None = None) -> Route:
+    """The route ``matmul`` takes for this shape on GPU ``index`` (resolved now if it was not, and
+    then remembered: the same object again); ``strict`` as :func:`matmul`'s; ``spec``: the
+    operands (``GemmSpec.with_bias(dtype)`` for a call with a bias; default none)."""
+    fixes = layout_fixes(Layout(M, N, K, dtype))
+    return _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)[0]
+
+
+def explain_text(M, N, K, dtype, arch, route: Route, fixes: Fixes, known: bool, batch=None) -> str:
+    head = f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype} on {arch}"
+    if batch is not None:
+        head += f" (A {batch} flattened into M={M})"
+    lines = [head] + [f"  {line}" for line in route.lines]
+    if route.module_M is not None and route.module_M > M:
+        lines.append(f"  layout: copy A into {route.module_M} zero-padded rows (the module is built for "
+                     f"M={route.module_M}): correct, slower")
+    lines += [f"  layout: {line}" for line in fixes.lines()]
+    if known:
+        lines.append("  (this shape's kernel was already loaded in this process)")
+    return "\n".join(lines)
+
+
+def _fast_key(A, B, out):
+    """What a call shares with an earlier, fully checked one that took the plain path; None when
+    the arguments are not tensors (the checked path says what they should be)."""
+    try:
+        if out is None:
+            return (A.shape, B.shape, A.dtype, B.dtype, A.get_device(), B.get_device())
+        return (A.shape, B.shape, A.dtype, B.dtype, A.get_device(), B.get_device(), out.shape, out.dtype,
+                out.get_device())
+    except (AttributeError, TypeError):
+        return None
+
+
+def _fast(A, B, out):
+    """The launch of a call like one already checked (same shapes, dtypes, GPUs; contiguous,
+    16-byte aligned, no grad wanted and ``out`` apart from A and B, checked again here), or None:
+    then the checked path runs (and says what is wrong, if anything)."""
+    key = _fast_key(A, B, out)
+    hit = _FAST.get(key) if key is not None else None
+    if hit is None:
+        return None
+    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes) = hit
+    if (A.requires_grad or B.requires_grad or (out is not None and out.requires_grad)) and _grad_enabled():
+        return None
+    pa, pb = A.data_ptr(), B.data_ptr()
+    if out is None:
+        if not (A.is_contiguous() and B.is_contiguous()) or (pa | pb) & 15:
+            return None
+    else:
+        pd = out.data_ptr()
+        if (not (A.is_contiguous() and B.is_contiguous() and out.is_contiguous())
+                or (pa | pb | pd) & 15):
+            return None
+        d_end = pd + d_bytes  # all three contiguous: each fills [ptr, ptr + its bytes)
+        if (pd < pa + a_bytes and pa < d_end) or (pd < pb + b_bytes and pb < d_end):
+            return None
+    a = A if len(shape) == 2 else A.view(M, K)
+    if out is None:
+        import torch  # pylint: disable=import-outside-toplevel
+
+        d = torch.empty((M, N), dtype=A.dtype, device=A.device)
+        launch(a, B, d)
+        route.calls += 1
+        return d if len(shape) == 2 else d.view(shape)
+    launch(a, B, out if len(shape) == 2 else out.view(M, N))
+    route.calls += 1
+    return out
+
+
+def _grad_enabled() -> bool:
+    """``torch.is_grad_enabled()``, asked only when a tensor wants grad."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    return torch.is_grad_enabled()
+
+
+def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
+    """After a checked call that took the plain path (no copies, the module built for any M or
+    this one): later calls like it go through :func:`_fast`."""
+    launch = route.launchers.get(A.device.index)
+    key = _fast_key(A, B, out)
+    if launch is not None and key is not None and A.device.type == "cuda":
+        with _LOCK:
+            spans = (A.nbytes, B.nbytes, M * N * A.element_size())  # the bytes of A, B and D
+            _FAST[key] = (route, launch, M, N, K, tuple(shape), spans)
+
+
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None):
+    """D = A . B^T (+ ``bias``, one value per column: N values in A's dtype, added to the fp32 sums
+    before rounding) on the GPU, for any shape (see the module docstring); returns D (or ``out``).
+
+    ``strict``: where no kernel of ours serves the shape, raise :class:`NoKernelError` instead of
+    computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
+    first resolved)."""
+    if not explain and strict is None and bias is None:
+        done = _fast(A, B, out)
+        if done is not None:
+            return done
+    M, N, K, A2, out2, shape = _check(A, B, out, bias)
+    dtype = _dtype_name(A.dtype)
+    if M == 0 or N == 0 or K == 0:
+        if explain:
+            print(f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype}: empty, nothing launched", file=sys.stderr)
+        return _trivial(A, out, shape, M, N, K, bias)
+    aligned = (A2.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, out2 is None or out2.data_ptr() % 16 == 0)
+    if K % 8 or N % 8 or not all(aligned):
+        fixes = layout_fixes(Layout(M, N, K, dtype, *aligned, out_given=out2 is not None))
+    else:
+        fixes = Fixes((), N, K)
+    index = A.device.index if A.device.index is not None else 0
+    spec = GemmSpec.with_bias(dtype) if bias is not None else None
+    route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
+    route.calls += 1
+    if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
+        fixes = Fixes((), N, K)
+    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias)
+    if bias is None and not fixes.names and (route.module_M is None or route.module_M == M):
+        _remember(A, B, out, route, M, N, K, shape)
+    if explain:
+        batch = tuple(A.shape) if A.dim() != 2 else None
+        text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)
+        print(text + ("\n  epilogue: + bias[n], added to the fp32 sums before rounding" if bias is not None else ""),
+              file=sys.stderr)
+    return out if out is not None else D.view(shape)

@@ -1,0 +1,81 @@
+"""``torch.ops.gemm_ladder.mm``: the front door as a torch custom op.
+
+    import gemm_ladder.serve.ops                        # registers the op (imports torch)
+    D = torch.ops.gemm_ladder.mm(A, B)            # A [..., K], B [N, K] -> D [..., N] = A . B^T
+    D = torch.ops.gemm_ladder.mm(A, B, bias)      # + bias [N] (nn.Linear's), in the kernel's epilogue
+
+The op is registered with ``torch.library.custom_op`` and has a fake implementation (shapes and
+dtypes only), so ``torch.compile(fullgraph=True)`` traces a model that calls it without a graph
+break and ``torch.export`` exports it; an autograd formula in terms of the op itself
+(``dA = mm(dD, B^T)``, ``dB = mm(dD^T, A^T)`` on the flattened batch, ``dbias`` = the sum of
+``dD`` over its rows), so it trains. The real
+implementation is :func:`gemm_ladder.matmul` on torch's current stream (under the op's autograd,
+with grad mode off); inputs are made contiguous first (free when they are), as torch's own matmul
+takes any strides, except a B laid out as a transposed view (``lin.weight.t()``): B is [N, K]
+like ``lin.weight``, so that B is refused with what to pass, in the real and the fake op alike
+(``mm(x, lin.weight.t())`` would otherwise compute ``x @ W``, not ``lin(x)``). Tensors off the
+GPU, or of another dtype, get the front door's errors.
+
+Warm a shape up once before capturing it in a CUDA graph: its first call loads the module.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .front import B_LAYOUT, check_bias, is_transposed, matmul, transposed_b_error
+from .runtime import ModuleInputError
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_meta(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    """The checks that need no data: the same as the real op's, for fake and meta tensors."""
+    for name, t, what in (("A", A, "[..., K]"), ("B", B, "[N, K]")):
+        if not isinstance(t, torch.Tensor):
+            raise ModuleInputError(f"gemm_ladder.mm: {name} must be a torch.Tensor {what}, got {type(t).__name__}")
+    torch._check(A.dtype == B.dtype, lambda: f"gemm_ladder.mm: A is {A.dtype} and B is {B.dtype}; pass one dtype")
+    torch._check(A.dtype in _DTYPES, lambda: f"gemm_ladder.mm: dtype {A.dtype}; use torch.float16 or torch.bfloat16")
+    torch._check(B.dim() == 2 and A.dim() >= 1,
+                 lambda: f"gemm_ladder.mm: B must be [N, K] and A [..., K]; got {tuple(A.shape)} and {tuple(B.shape)}")
+    torch._check(A.shape[-1] == B.shape[1],
+                 lambda: f"gemm_ladder.mm: A's last dim {A.shape[-1]} is not B's K={B.shape[1]} (D = A . B^T)"
+                 + (f"; B looks like [K, N], but {B_LAYOUT}" if A.shape[-1] == B.shape[0] else ""))
+    torch._check(not is_transposed(B), lambda: f"gemm_ladder.mm: {transposed_b_error(B)}")
+    if bias is not None:
+        check_bias(bias, A.dtype, B.shape[0], "gemm_ladder.mm")
+
+
+@torch.library.custom_op("gemm_ladder::mm", mutates_args=())
+def mm(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """D = A . B^T (+ bias [N]) through ``gemm_ladder.matmul`` (A [..., K], B [N, K])."""
+    _check_meta(A, B, bias)
+    return matmul(A.contiguous(), B.contiguous(), bias=None if bias is None else bias.contiguous())
+
+
+@mm.register_fake
+def _mm_fake(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    _check_meta(A, B, bias)
+    return A.new_empty((*A.shape[:-1], B.shape[0]))
+
+
+def _setup_context(ctx, inputs, output):  # pylint: disable=unused-argument
+    A, B = inputs[:2]  # the bias (when given) is not needed: its grad is the sum of dD over rows
+    ctx.save_for_backward(A, B)
+
+
+def _backward(ctx, grad):
+    A, B = ctx.saved_tensors
+    dA = dB = dbias = None
+    # the B operands are transposes, made contiguous here: the op refuses a transposed view as B
+    if ctx.needs_input_grad[0]:
+        dA = mm(grad, B.t().contiguous())  # [..., N] . ([K, N])^T
+    if ctx.needs_input_grad[1]:
+        g2, a2 = grad.reshape(-1, B.shape[0]), A.reshape(-1, A.shape[-1])
+        dB = mm(g2.t(), a2.t().contiguous())  # [N, M] . ([K, M])^T
+    if len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2]:  # D[m, n] = ... + bias[n]: every row's
+        dbias = grad.reshape(-1, B.shape[0]).sum(0, dtype=torch.float32).to(grad.dtype)  # dD[m, n] adds to it
+    return (dA, dB, dbias)[:len(ctx.needs_input_grad)]
+
+
+mm.register_autograd(_backward, setup_context=_setup_context)

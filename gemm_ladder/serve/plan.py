@@ -1,0 +1,531 @@
+"""Which kernel for a shape: the tuning database by shape bucket, else the rules below; and what a
+tensor needs before TMA can read it.
+
+The front door (:func:`gemm_ladder.matmul`) asks :func:`choose` for a rung and its knobs, and
+:func:`layout_fixes` for the copies a tensor needs. Both are data plus small pure functions, so
+each rule has its own test and a new rung is one more table entry.
+
+**Rules.** :data:`RULES` is an ordered list of :class:`Rule`; the first whose rung has a form
+for the arch, whose ``when`` holds for the problem and whose knobs the validator accepts, wins. A
+rule passed over is kept with the reason for ``explain``. Today's table (Hopper; Blackwell takes
+v9's defaults)::
+
+    rule              when                            rung, knobs                               why
+    row-tiles         32 < M <= 128, 32 or more        v9: 64x128 tiles, one consumer, a 2x1     each CTA streams its own
+                      64x128 tiles that fit in one     cluster for two row tiles (M > 64), the   rows of A against a slice
+                      wave, and K <= 8192              deepest ring (<= 8)                       of B: no split, no swap
+    swap-ab           M <= 64                          v11: blk_m a power of two >= M (8..64),   reading B is the whole
+                                                       blk_n 128, the deepest ring (<= 8),       cost: N fills the MMA's
+                                                       split_k until 48 CTAs stream B            64 rows
+    weight-streaming  M <= 64 (without v11)            v9, 64-row tiles, one consumer, blk_n by  as many CTAs as the tiles
+                                                       makespan, the deepest ring (<= 8)         allow stream B at once
+    swap-ab-128       64 < M <= 128                    v11: blk_m 128, blk_n 128, split_k        as swap-ab, for B too
+                                                       until 96 CTAs stream B                    large for row-tiles
+    stream-k          M > 128, a partial last wave     v10 stream_k: v9's tiles, the last        the last wave's idle SMs
+                      of 2x1 clusters, and stream-K    wave's K slices dealt out over every      outweigh two meets of
+                      finishes >= 1% sooner than the   cluster                                   partial sums a CTA
+                      best v9 tile (makespan)
+    split-k           M > 64, the wave model finishes  v10: 128x256 or 128x128 tiles and the     too few tiles for whole
+                      sooner split, and each split     split_k the model ranks first             waves: split the K loops
+                      keeps >= 4096 of K
+    tile-shape        M > 64 and 128x192 or 128x128    v9 with that tile and the deepest ring    fewer tiles than SMs, or
+                      tiles finish first (makespan     it fits (6 for 128x128)                   a ragged last wave
+                      over the tile's measured rate)
+    large             otherwise                        v9 defaults (128x256, 2 consumers,        measured 0.95-1.05x
+                                                       depth 4, 2x1 cluster, epi_n 64); with     cuBLAS on squares;
+                                                       epi_under where tiles > SMs               epi_under +0.4-2.8%
+
+The four small-M rules (row-tiles to swap-ab-128) also set ``stream_b``: B's loads evict first
+from L2, A's last, with 256-byte L2 fills (+1.6-6.3% as kernels at 18 of the suite's 20 cases
+with M <= 128, ``benchmarks/results/2026-11-22_h100_stream_b/``).
+
+The thresholds are measurements, not guesses: ``benchmarks/results/2026-11-22_h100_shape_sweep/``
+timed every candidate of the suite's weak cases as a kernel alone (CUDA graphs) against cuBLAS.
+Split K lost wherever each split kept less than 4096 of K (1024^3, M = 128 and 512 at K = 4096)
+and won at K = 14336; v11 streams best with 128-row tiles and an 8-deep ring, split until about
+48 CTAs (M <= 64) or 96 (M = 128) read B; 64-row v9 tiles beat both while they fit in one wave.
+
+The wave model is ``schedulers.wave_model`` (tiles, split-K units, waves, and what bounds each:
+DRAM, an SM's read rate, the tensor cores); its numbers go into ``explain``. *Makespan in tile
+units* (:func:`makespan`) is its wave quantization alone: a persistent grid of ``sms`` CTAs runs
+``ceil(tiles / sms)`` waves, each costing one tile's area over the tile's rate
+(:data:`TILE_RATE`: a 128x128 tile does less work per wgmma and per byte of shared memory read),
+and the larger tile wins a tie.
+
+A new rung plugs in as a :class:`Rule` where it should take precedence, with its test in
+``tests/test_plan.py``; a rule whose rung is missing is passed over (the ladder falls back).
+
+**The tuning database** (``gemm_ladder.serve.tuning_db``) is asked first: its best entry in the shape's
+bucket (every dim rounded to a power of two) replaces the rule's choice, by ratio to cuBLAS. A
+measured entry beats a rule that rests on a model alone, whatever its rung; against a rule with
+committed measurements (``Rule.evidence``) only entries of rungs at or above the rule's count,
+since the ladder has moved past the others (v9 at its defaults beats the v6 entries the database
+holds for 4096^3 and 8192^3).
+
+**Layout.** What a tensor needs before TMA can read it (padding, clones, a staged output) is
+:mod:`gemm_ladder.serve.tma_layout`'s.
+
+Importing this module imports no TVM and no torch (``schedulers``' wave model is plain Python);
+the tuning database it reads is :mod:`gemm_ladder.serve.tuning_db`, which the tuner writes.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+from schedulers import wave_model
+
+from ..core import device
+from ..core.budget import max_pipe_depth
+from ..core.config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, LARGEST_TILE, ConfigError, GemmConfig, check_extents
+from ..core.device import MODEL_MACHINE
+from ..core.spec import GemmSpec, spec_knobs
+from ..rungs import available, make_config
+from . import tuning_db as tdb
+
+MODEL_ONLY = "model only: not yet measured"
+# the small-M rules stream B past a few rows of A (sm90a/producer.load_hints; see the docstring)
+STREAM_B = {"stream_b": True}
+MAX_SMALL_M_DEPTH = 8  # stages a 64-row tile may take for weight streaming (more hides no more latency)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The question a rule answers: D[M, N] = A[M, K] . B[N, K]^T on ``sms`` SMs of ``arch``."""
+
+    M: int
+    N: int
+    K: int
+    dtype: str = DEFAULT_DTYPE
+    arch: str = DEFAULT_ARCH
+    sms: int = 132
+    spec: GemmSpec | None = None  # the operands (gemm_ladder.core.spec); None: dtype in and out, no epilogue
+
+    def tiles(self, blk_m: int, blk_n: int) -> int:
+        return math.ceil(self.M / blk_m) * math.ceil(self.N / blk_n)
+
+    def waves(self, blk_m: int, blk_n: int) -> int:
+        return math.ceil(self.tiles(blk_m, blk_n) / self.sms)
+
+    @property
+    def bytes_moved(self) -> int:
+        """A, B and D once each: the least DRAM traffic of any kernel."""
+        return (self.M * self.K + self.N * self.K + self.M * self.N) * DTYPE_BYTES[self.dtype]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+
+# v9's kernel-only rate per tile shape, relative to 128x256, where waves do not matter (many
+# of them): 8192x28672x4096 0.99 / 0.86, 8192x4096x4096 0.98 / 0.89, 512x128256x4096 1.02 / 0.88
+# (128x192 / 128x128; benchmarks/results/2026-11-22_h100_shape_sweep/)
+TILE_RATE = {(128, 256): 1.0, (128, 192): 0.98, (128, 128): 0.87}
+
+
+def makespan(p: Problem, blk_m: int, blk_n: int) -> float:
+    """Waves x tile area over the tile's rate: the time of a persistent grid in units of one
+    element's K loop at 128x256's rate."""
+    return p.waves(blk_m, blk_n) * blk_m * blk_n / TILE_RATE.get((blk_m, blk_n), 1.0)
+
+
+def best_tile(p: Problem, tiles) -> tuple[int, int]:
+    """The ``(blk_m, blk_n)`` of ``tiles`` (largest first) with the least :func:`makespan`; the
+    first (largest) on a tie."""
+    return min(tiles, key=lambda t: makespan(p, *t))  # min keeps the first of equals
+
+
+def _deepest(rung: str, p: Problem, knobs: dict, cap: int) -> int:
+    """The deepest ring shared memory allows for these knobs (the arch table's limit), up to ``cap``."""
+
+    fields = set(GemmConfig.__dataclass_fields__)
+    cfg = GemmConfig(rung=rung, M=p.M, N=p.N, K=p.K, dtype=p.dtype, arch=p.arch,
+                     **{k: v for k, v in knobs.items() if k in fields},
+                     extra=tuple(sorted((k, v) for k, v in knobs.items() if k not in fields)))
+    return max(2, min(cap, max_pipe_depth(cfg)))
+
+
+# -- the rules --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """One line of the heuristic: when it applies, the rung and knobs it picks, and why.
+
+    ``knobs(problem)`` gives the rung knobs (dtype and arch are added); ``evidence`` names the
+    committed results behind the choice, or says it is a model's choice not yet measured.
+    """
+
+    name: str
+    arch: str
+    rung: str
+    when: Callable[[Problem], bool]
+    knobs: Callable[[Problem], dict]
+    why: str
+    evidence: str = MODEL_ONLY
+    detail: Callable[[Problem], str] | None = None  # the model's numbers for this problem, for explain
+
+    @property
+    def measured(self) -> bool:
+        return self.evidence != MODEL_ONLY
+
+
+def _small_m_knobs(p: Problem) -> dict:
+    # not 64x64: v9 stages a 64-column epilogue chunk that TVM 0.27 cannot place 128 B-aligned then
+    blk_m, blk_n = best_tile(p, [(64, 256), (64, 128)])
+    knobs = {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 1, "epi_n": 64}
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH), **STREAM_B}
+
+
+SQUARE_TILES = [(128, 256), (128, 192), (128, 128)]
+
+
+def _tile_shape(p: Problem) -> bool:
+    return p.M > 64 and best_tile(p, SQUARE_TILES) != (128, 256)
+
+
+def _tile_shape_knobs(p: Problem) -> dict:
+    """The tile of least makespan, with the deepest ring it fits (128x128: 6 stages, not v9's 4:
+    0.80 -> 0.93x cuBLAS at 512x4096x4096, benchmarks/results/2026-11-22_h100_shape_sweep_depth/)."""
+    knobs = dict(zip(("blk_m", "blk_n"), best_tile(p, SQUARE_TILES)))
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
+
+
+ROW_TILES_MAX_K, ROW_TILES_MIN = 8192, 32  # longer K, or fewer 64x128 tiles: v11 splits K instead
+
+
+def _row_tiles(p: Problem) -> bool:
+    return 32 < p.M <= 128 and ROW_TILES_MIN <= p.tiles(64, 128) <= p.sms and p.K <= ROW_TILES_MAX_K
+
+
+def _row_tile_knobs(p: Problem) -> dict:
+    # two row tiles (M > 64): a 2x1 cluster multicasts B to both, so each slice of B leaves L2 once
+    # (with stream_b's evict-first, an unshared second read would miss: 0.81 -> 0.77 at 128x6144x4096,
+    # 0.95 with the pair; benchmarks/results/2026-11-22_h100_stream_b/)
+    knobs = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "cluster_m": 2 if p.M > 64 else 1, "cluster_n": 1,
+             "epi_n": 64}
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH), **STREAM_B}
+
+
+# -- rules that ask the wave model (schedulers.wave_model: tiles, split-K units, waves, and what
+# bounds each; imported on first use, build boxes only)
+MAX_SWAP_DEPTH = 8  # v11's ring: as deep as shared memory allows, up to 8 (deep rings keep B in flight)
+
+
+def _waves(p: Problem, tiles, split_ks=(1, 2, 3, 4, 6, 8), pipe_depth: int = 4):
+    return wave_model.rank(p.M, p.N, p.K, tiles, split_ks, pipe_depth, wave_model.with_sms(wave_model.H100, p.sms))[0]
+
+
+def swap_blk_m(M: int) -> int:
+    """v11's tile height (wgmma's N) for M rows: a power of two from 8 to 64, so that one module
+    serves a range of M (1-8, 9-16, 17-32, 33-64)."""
+    return min(64, max(8, 1 << (M - 1).bit_length()))
+
+
+SWAP_BLK_N = 128  # an 8-deep ring fits beside 128 rows of N; 256 rows leave room for 4-6 stages
+SWAP_STREAMS = {64: 48, 128: 96}  # CTAs that should read B at once, by the largest M of the rule
+MAX_SPLIT_K = 8
+
+
+def swap_split_k(p: Problem, blk_n: int = SWAP_BLK_N) -> int:
+    """v11's split_k: the fewest K slices that give at least :data:`SWAP_STREAMS` CTAs streaming
+    B (each split costs a round of fp32 partials; past that many streams it no longer pays)."""
+    target = SWAP_STREAMS[64 if p.M <= 64 else 128]
+    tiles = math.ceil(p.N / blk_n)
+    return max(1, min(MAX_SPLIT_K, math.ceil(target / tiles), p.K // 64))
+
+
+def _swap_knobs(p: Problem, blk_m: int | None = None) -> dict:
+    bm = blk_m or swap_blk_m(p.M)
+    knobs = {"blk_m": bm, "blk_n": SWAP_BLK_N, "split_k": swap_split_k(p)}
+    return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SWAP_DEPTH), **STREAM_B}
+
+
+def _swap_detail(p: Problem) -> str:
+    sk = swap_split_k(p)
+    tiles = math.ceil(p.N / SWAP_BLK_N)
+    return f"{tiles} tiles of {SWAP_BLK_N} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
+
+
+SPLIT_K_MIN_SLICE = 4096  # each split keeps at least this much of K (measured: shorter slices lose)
+
+
+def split_plan(p: Problem):
+    """The wave model's best 128-row tile (256 or 128 columns) and split_k for ``p``, among the
+    split counts that keep :data:`SPLIT_K_MIN_SLICE` of K each (1 where no split does): what the
+    split-K rule takes, and whether it applies (a split above 1 for M > 64)."""
+    splits = [s for s in (1, 2, 3, 4, 6, 8) if s == 1 or p.K // s >= SPLIT_K_MIN_SLICE]
+    return _waves(p, [(128, 256), (128, 128)], tuple(splits))
+
+
+def _split_k_wins(p: Problem) -> bool:
+    return p.M > 64 and split_plan(p).split_k > 1
+
+
+def _split_k_knobs(p: Problem) -> dict:
+    best = split_plan(p)
+    knobs = {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
+    return {**knobs, "cluster_m": 1} if p.M <= 128 else knobs  # one row of tiles: no pair to share B
+
+
+# -- stream-K (v10 ``stream_k``): v9's 128x256 tiles in 2x1 clusters for the whole waves, the partial
+# wave's K slices dealt out evenly over the clusters. Every CTA then runs tiles / SMs of a tile, and
+# meets its neighbours twice (fp32 partials through L2, a fence, its K loop drained and refilled):
+# about 14k cycles an SM at 4096^3, some 14 K slices of a 128x256 tile
+# (benchmarks/results/2026-11-23_h100_stream_k/). It must beat the best v9 tile by 1%: the meet's
+# cost is one measurement, and a gain of less is within a run's spread.
+STREAM_K_MEET_SLICES = 14
+STREAM_K_MARGIN = 0.99
+STREAM_K = "benchmarks/results/2026-11-23_h100_stream_k/README.md"
+
+
+def stream_k_makespan(p: Problem) -> float | None:
+    """v10 ``stream_k``'s time in :func:`makespan`'s units, or None where it makes no cut (fewer
+    cluster tiles than clusters, or whole waves of them: v10 then runs v9's schedule)."""
+    clusters = p.sms // 2
+    cluster_tiles = math.ceil(math.ceil(p.M / 128) / 2) * math.ceil(p.N / 256)
+    if cluster_tiles < clusters or cluster_tiles % clusters == 0:
+        return None
+    meets = STREAM_K_MEET_SLICES / math.ceil(p.K / 64)  # in tiles
+    return (p.tiles(128, 256) / p.sms + meets) * 128 * 256
+
+
+def _stream_k_wins(p: Problem) -> bool:
+    sk = stream_k_makespan(p)
+    return p.M > 128 and sk is not None and sk <= STREAM_K_MARGIN * min(makespan(p, *t) for t in SQUARE_TILES)
+
+
+def _stream_k_detail(p: Problem) -> str:
+    sk = stream_k_makespan(p)
+    tiles = ", ".join(f"{bm}x{bn} {makespan(p, bm, bn):.0f}" for bm, bn in SQUARE_TILES)
+    return f"makespan (tile units): stream-K {sk:.0f} against {tiles}" if sk is not None else "no partial wave to cut"
+
+
+SWEEP = "benchmarks/results/2026-11-22_h100_shape_sweep/sweep.json"
+
+
+# -- v9's epilogue under the next tile (``epi_under``) pays where a CTA has a next tile: at six
+# shapes of 1.9 to 7.8 waves of 128x256 tiles it was 0.4-2.8% faster in the same rounds, at 2048^3
+# (one tile a CTA, nothing to hide it under) 2.6% slower, and at the one-tile shapes of the
+# tile-shape rule 0.9-4.3% slower (benchmarks/results/2026-11-23_h100_front_door_epi_under/).
+EPI_UNDER_AB = "benchmarks/results/2026-11-23_h100_front_door_epi_under/"
+
+
+def _epi_under_pays(p: Problem) -> bool:
+    """The busiest CTAs of a persistent 128x256 grid run two tiles or more."""
+    return p.tiles(128, 256) > p.sms
+
+
+def _large_knobs(p: Problem) -> dict:
+    return {"epi_under": True} if _epi_under_pays(p) else {}
+
+
+RULES: list[Rule] = [
+    Rule("row-tiles", "sm_90a", "v9", when=_row_tiles, knobs=_row_tile_knobs,
+         why="32 < M <= 128 with a B small enough that 64-row tiles fit in one wave: each CTA streams its "
+             "own 64 rows of A against 128 rows of B through a deep ring, with no split and no swap (two row "
+             "tiles share B through a 2x1 cluster)",
+         evidence=SWEEP + ": 0.77-0.91x cuBLAS as kernels at M = 64, 128 with N x K = 4096x4096, 6144x4096, "
+                  "ahead of v11 and v10 there; with the pair and stream_b 0.81-0.95x (2026-11-22_h100_stream_b)",
+         detail=lambda p: f"{p.tiles(64, 128)} tiles of 64x128 on {p.sms} SMs"),
+    Rule("swap-ab", "sm_90a", "v11", when=lambda p: p.M <= 64, knobs=_swap_knobs,
+         why="M <= 64: reading B (N x K) is the whole cost; swap AB puts N in wgmma's 64-row slot (M as its N, "
+             "a power of two from 8), 128 rows of N per CTA beside an 8-deep ring, and K split until enough "
+             "CTAs stream B",
+         evidence=SWEEP + ": 0.94-0.97x cuBLAS as kernels at M = 1, 64",
+         detail=_swap_detail),
+    Rule("weight-streaming", "sm_90a", "v9", when=lambda p: p.M <= 64, knobs=_small_m_knobs,
+         why="M <= 64: reading B (N x K) dominates, so the output is cut into as many 64-row tiles as fill "
+             "the SMs (blk_n by makespan), each streaming its slice of B through a deep ring"),
+    Rule("swap-ab-128", "sm_90a", "v11", when=lambda p: 64 < p.M <= 128, knobs=lambda p: _swap_knobs(p, 128),
+         why="64 < M <= 128 with a B too large for 64-row tiles in one wave (or a long K): swap AB with "
+             "128 rows of M as wgmma's N, K split until enough CTAs stream B",
+         evidence=SWEEP + ": 0.98-1.01x cuBLAS as kernels at M = 128 with N x K = 28672x4096, 4096x14336, "
+                  "128256x4096",
+         detail=_swap_detail),
+    Rule("stream-k", "sm_90a", "v10", when=_stream_k_wins, knobs=lambda p: {"split_k": 1, "stream_k": True},
+         why="M > 128 and a partial last wave: v9's tiles for the whole waves, the last wave's K slices dealt "
+             "out evenly over the clusters (v10 stream_k), when that finishes at least 1% sooner than the best "
+             f"v9 tile with two meets of about {STREAM_K_MEET_SLICES} K slices per CTA",
+         evidence=STREAM_K + ": 0.94-0.96x cuBLAS at 1792x2560x8192, 2560x2560x8192, 3072x3072x8192 "
+                  "(split-K 0.64-0.74x, v9 0.82x), 1.03-1.07x at 8192^3 (v9 1.01-1.03x)",
+         detail=_stream_k_detail),
+    Rule("split-k", "sm_90a", "v10", when=_split_k_wins, knobs=_split_k_knobs,
+         why="too few tiles for whole waves and a long K: the wave model finishes sooner with each tile's K "
+             f"loop split over several CTAs (each keeping >= {SPLIT_K_MIN_SLICE} of K; the last one sums the "
+             "fp32 partials)",
+         detail=lambda p: "wave model: " + split_plan(p).why()),
+    Rule("tile-shape", "sm_90a", "v9", when=_tile_shape, knobs=_tile_shape_knobs,
+         why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): a narrower "
+             "tile finishes first, its waves weighed by its measured rate",
+         evidence=SWEEP + ": 128x192 0.89-1.04x and 128x128 0.79x cuBLAS at M = 512, where 128x256 gave 0.56-1.03x",
+         detail=lambda p: "makespan (tile units): " + ", ".join(
+             f"{bm}x{bn} {p.tiles(bm, bn)} tiles {makespan(p, bm, bn):.0f}" for bm, bn in SQUARE_TILES)),
+    Rule("large", "sm_90a", "v9", when=lambda p: True, knobs=_large_knobs,
+         why="enough tiles for every SM: v9 at its defaults (128x256 tiles, two consumers, depth 4, 2x1 cluster), "
+             "with each tile's epilogue under the next tile (epi_under) where the busiest CTAs run two tiles or more",
+         evidence="benchmarks/results/2026-11-22_h100_v6_v9_sweep.json: 0.95-1.05x cuBLAS at 3072x8192x1536, "
+                  "4096^3, 6144^3, 8192^3 (fp16, bf16); " + EPI_UNDER_AB + ": epi_under +0.4% to +2.8% at six "
+                  "shapes of 1.9 to 7.8 waves, -2.6% at 2048^3 (one tile a CTA)",
+         detail=lambda p: f"{p.tiles(128, 256)} tiles of 128x256 on {p.sms} SMs: epi_under "
+                          + ("on" if _epi_under_pays(p) else "off (no CTA runs a second tile)")),
+    Rule("large", "sm_100a", "v9", when=lambda p: True, knobs=lambda p: {},
+         why="Blackwell: v9 at its defaults (compiled only; no Blackwell GPU has measured it)"),
+]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` picked: a rung and its knobs (dtype and arch included), where from
+    (``"db"`` or ``"rule"``), the rule's name, why, and what was passed over on the way."""
+
+    rung: str
+    knobs: dict
+    source: str
+    rule: str
+    why: str
+    skipped: tuple = field(default=())
+    db_entry: dict | None = None
+    measured: bool = False  # the rule's choice rests on committed measurements, not a model alone
+    database: str = ""  # which tuning database files were asked (TuningDB.describe), "" when none was
+
+    def as_dict(self) -> dict:
+        return {"rung": self.rung, "knobs": dict(self.knobs), "source": self.source, "rule": self.rule,
+                "why": self.why, "skipped": list(self.skipped), "database": self.database}
+
+    def text(self) -> str:
+        knobs = ", ".join(f"{k}={v}" for k, v in sorted(self.knobs.items()) if k not in ("dtype", "arch"))
+        lines = [f"{self.rung} ({knobs or 'its defaults'})",
+                 f"  chosen by: {'tuning database' if self.source == 'db' else 'rule ' + repr(self.rule)}: {self.why}"]
+        lines += [f"  passed over: {s}" for s in self.skipped]
+        if self.database:
+            lines.append(f"  {self.database}")
+        return "\n".join(lines)
+
+
+def _rung_order(rung: str) -> int:
+    return int(rung[1:]) if rung[1:].isdigit() else -1
+
+
+def _available(rung: str, arch: str) -> bool:
+    return available(rung, arch)
+
+
+def _validate(rung: str, p: Problem, knobs: dict) -> str | None:
+    """None when the validator takes the knobs for this problem, else its message."""
+
+    if not available(rung, p.arch):
+        return f"rung {rung} has no form for {p.arch}"
+    try:
+        make_config(rung, p.M, p.N, p.K, **knobs)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+# A 2x1 cluster pairs row tiles: with an odd number of them the last pair's second CTA computes a
+# whole tile of rows past M. At M = 333 (3 row tiles of 128, computed as 4) v9 and v10 ran at
+# 0.56-0.74x cuBLAS as kernels [benchmarks/results/2026-11-25_h100_every_model/every_model_seed1.json];
+# pairing column tiles instead (1x2), or none, computes only the tiles there are.
+def _pair_along_n(rung: str, p: Problem, knobs: dict) -> tuple[dict, str] | None:
+    """The knobs with the cluster turned along N where a 2x1 cluster would pad the row tiles to an
+    even count (None: it would not, the rung has no such cluster, or the validator refuses the turn)."""
+
+    if rung not in ("v9", "v10"):  # v11 swaps A and B: its rows are N's
+        return None
+    cfg = make_config(rung, p.M, p.N, p.K, **knobs).knobs()
+    row_tiles, col_tiles = math.ceil(p.M / cfg["blk_m"]), math.ceil(p.N / cfg["blk_n"])
+    if cfg.get("cluster_m") != 2 or cfg.get("cluster_n") != 1 or row_tiles % 2 == 0:
+        return None
+    turned = {**knobs, "cluster_m": 1, "cluster_n": 2 if col_tiles % 2 == 0 else 1}
+    if _validate(rung, p, turned) is not None:
+        return None
+    shape = f"{turned['cluster_m']}x{turned['cluster_n']}"
+    return turned, (f"{row_tiles} row tiles of {cfg['blk_m']} (odd): a {shape} cluster, since 2x1 pairs would compute "
+                    f"{row_tiles + 1}")
+
+
+def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
+    """The first rule of ``rules`` (default :data:`RULES`) that applies to ``p`` and validates."""
+    check_extents("gemm_ladder", p.M, p.N, p.K, *LARGEST_TILE)  # IndexRangeError past 32-bit indices, at once
+    skipped = []
+    for rule in RULES if rules is None else rules:
+        if rule.arch != p.arch:
+            continue
+        if validate and not _available(rule.rung, p.arch):
+            skipped.append(f"rule {rule.name!r} ({rule.rung}): rung {rule.rung} has no form for {p.arch}")
+            continue
+        if not rule.when(p):
+            skipped.append(f"rule {rule.name!r} does not apply")
+            continue
+        knobs = {**rule.knobs(p), "dtype": p.dtype, "arch": p.arch, **spec_knobs(p.spec)}  # a rung that does not
+        # build the spec's epilogue is refused by the validator, and the rule passed over
+        problem = _validate(rule.rung, p, knobs) if validate else None
+        if problem:
+            skipped.append(f"rule {rule.name!r} ({rule.rung}): {problem}")
+            continue
+        why = f"{rule.why} [{rule.evidence}]" + (f"; {rule.detail(p)}" if rule.detail else "")
+        if validate and (paired := _pair_along_n(rule.rung, p, knobs)) is not None:
+            knobs, note = paired
+            why += f"; {note}"
+        return Choice(rule.rung, knobs, "rule", rule.name, why,
+                      tuple(s for s in skipped if "does not apply" not in s), measured=rule.measured)
+    raise LookupError(f"no rule of the heuristic covers {p}; passed over: {'; '.join(skipped) or 'none for this arch'}")
+
+
+def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | None, list[str], str]:
+    """The tuning database's best entry in ``p``'s bucket among rungs at or above ``floor_rung``
+    (any rung when None), by ratio to cuBLAS, notes on the entries passed over, and which files
+    the database read (``TuningDB.describe``)."""
+
+
+    base = db if isinstance(db, tdb.TuningDB) else tdb.TuningDB(db)
+    bucket = tdb.shape_bucket((p.M, p.N, p.K))
+    near = {e["rung"] for e in base.entries
+            if e["dtype"] == p.dtype and e["arch"] == p.arch and tdb.shape_bucket(e["shape"]) == bucket}
+    notes, found = [], []
+    for rung in sorted(near, key=_rung_order):
+        if floor_rung is not None and _rung_order(rung) < _rung_order(floor_rung):
+            notes.append(f"tuning database has {rung} for bucket {'x'.join(map(str, bucket))}: below the rule's "
+                         f"{floor_rung} on the ladder, ignored")
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # entries refused for this shape are simply not used
+            best = tdb.best_knobs(rung, p.M, p.N, p.K, p.dtype, p.arch, db=base)
+        if best is not None:
+            found.append((rung, *best))
+    if not found:
+        return None, notes, base.describe()
+    rung, knobs, entry = max(found, key=lambda f: f[2].get("ratio_to_cublas") or 0.0)
+    why = (f"best in bucket {'x'.join(map(str, bucket))}: {entry['gpu']} {'x'.join(map(str, entry['shape']))} "
+           f"{entry['tflops']:.0f} TFLOPS ({entry.get('ratio_to_cublas') or 0:.2f}x cuBLAS, {str(entry.get('date'))[:10]}; "
+           f"{entry['db']})")
+    knobs = {**knobs, "dtype": p.dtype, "arch": p.arch, **spec_knobs(p.spec)}
+    if spec_knobs(p.spec) and (refused := _validate(rung, p, knobs)) is not None:  # the entries tuned no epilogue
+        return None, notes + [f"tuning database has {rung} for bucket {'x'.join(map(str, bucket))}: {refused}"], \
+            base.describe()
+    return Choice(rung, knobs, "db", "tuning database", why, db_entry=entry), notes, base.describe()
+
+
+def choose(p: Problem, db=None, rules=None, use_db: bool = True) -> Choice:
+    """The rung and knobs for ``p``: the tuning database's (see the module docstring), else the
+    first rule that applies. Validates with the rungs' own validator (imports the rung files)."""
+    rule = rule_choice(p, rules)
+    if not use_db:
+        return rule
+    # a measured entry beats a rule that rests on a model alone, whatever its rung
+    found, notes, database = db_choice(p, rule.rung if rule.measured else None, db)
+    if found is None:
+        return Choice(rule.rung, rule.knobs, rule.source, rule.rule, rule.why, rule.skipped + tuple(notes),
+                      measured=rule.measured, database=database)
+    return Choice(found.rung, found.knobs, "db", found.rule, found.why,
+                  (f"rule {rule.rule!r} would take {rule.rung}",) + tuple(notes), found.db_entry,
+                  database=database)
+
+
+def default_sms(arch: str) -> int:
+    """The SM count of the GPU here when it is of ``arch``, else the tuner's model machine."""
+
+    gpu = device.probe(0, arch=arch)
+    return gpu.sm_count if gpu is not None else MODEL_MACHINE[arch]["num_sms"]
