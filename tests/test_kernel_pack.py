@@ -391,6 +391,21 @@ def test_build_a_pack_and_find_its_modules(tmp_path, monkeypatch):
     assert kernel_pack.pack_bytes(tmp_path / "pack") < 2 * 2**20
 
 
+@pytest.mark.slow
+def test_build_a_pack_for_a_weight(tmp_path, monkeypatch):
+    """A small weight built for its whole M range: every entry checks against its real module, and
+    M = 1, 100 and 16384 each find the module chosen at their bucket."""
+    monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GEMM_LADDER_TUNING_DB", "off")
+    man = kernel_pack.build_pack(tmp_path / "pack", [], ["float16"], sms=132, workers=2, weights=[(256, 512)])
+    assert all(r["status"] == "built" for r in man["results"]), man["results"]
+    pk = KernelPack(tmp_path / "pack")
+    assert all(pk.check_entry(e) for e in pk.modules)
+    for M in (1, 100, 16384):
+        found = pk.find(M, 256, 512, "float16", "sm_90a")
+        assert found.fit == "tuned-range" and _bucket_of(M) in found.entry["m_values"], (M, found.entry)
+
+
 # -- packs built before a knob was retired (v9's pingpong) ---------------------------------------
 def _with_knobs(folder: Path, knobs: dict, in_module: bool = True) -> Path:
     """A one-module pack whose pack.json entry (and the module's own manifest) carry ``knobs``."""
