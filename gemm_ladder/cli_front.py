@@ -3,6 +3,7 @@ and the shape suite. Argument parsing only (the library: ``kernel_pack``, ``suit
 ``gemm_ladder.cli`` imports this module.
 
     python -m gemm_ladder pack build --model llama-8b --dtypes float16,bfloat16 --out build/pack
+    python -m gemm_ladder pack build --weights 4096x4096 --dry-run    # the modules, by M bucket
     python -m gemm_ladder pack build --shapes 16x4096x4096,2048x6144x4096 --out build/pack
     python -m gemm_ladder pack build --suite --out build/suite_pack
     python -m gemm_ladder pack show build/pack           # what the pack holds, and which rule chose it
@@ -35,42 +36,75 @@ def _no_gpu(what: str) -> int:
     return 2
 
 
-def _pack_shapes(a) -> list[tuple[int, int, int]]:
-    shapes = list(a.shapes or [])
-    if a.model:
+def _pack_request(a) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """The shapes (their M only) and the weights (every M: ``kernel_pack.M_BUCKETS``) to build."""
+    shapes, weights = list(a.shapes or []), list(a.weights or [])
+    if a.model and a.m:
         shapes += [(M, N, K) for N, K in kernel_pack.MODELS[a.model].values() for M in a.m]
+    elif a.model:
+        weights += list(kernel_pack.MODELS[a.model].values())
+    elif a.m:
+        raise UsageError("--m narrows --model to these M; for a weight at given M use --shapes MxNxK")
     if a.suite:
         shapes += suite.shapes()
-    if not shapes:
-        raise UsageError("pack build needs --shapes, --model or --suite")
-    return sorted(set(shapes))
+    if not shapes and not weights:
+        raise UsageError("pack build needs --weights, --shapes, --model or --suite")
+    return sorted(set(shapes)), sorted(set(weights))
+
+
+def _in_m_order(entries) -> list[dict]:
+    """Pack entries by dtype and weight, each weight's in M order."""
+    return sorted(entries, key=lambda e: (e["dtype"], e["shape"][1], e["shape"][2], e["m_range"][0]))
+
+
+def _row(e: dict) -> dict:
+    """``pack show``'s row of an entry: the module, the M it serves and the M its knobs were chosen at."""
+    lo, hi = e["m_range"]
+    served = f"{lo}..{hi}" if e["dynamic_m"] else f"{hi} (less: padded)"
+    return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}", "dtype": e["dtype"],
+            "M served": served, "chosen at M": ",".join(map(str, e.get("m_values") or [])),
+            "rule": (e.get("choice") or {}).get("rule", "")}
+
+
+def _pack_build(a) -> int:
+    shapes, weights = _pack_request(a)
+    dtypes = a.dtypes or list(DTYPES)
+    try:
+        if a.dry_run:
+            items = kernel_pack.plan_pack(shapes, dtypes, a.arch, a.sms, not a.static, tuple(a.epilogue), weights)
+            rows = [_row(e) for e in _in_m_order(e for i in items for e in kernel_pack.entries_of(i))]
+            print(report.table(rows, list(rows[0])))
+            print(f"{len(items)} modules (dry run: nothing built)")
+            return 0
+        man = kernel_pack.build_pack(a.out, shapes, dtypes, a.arch, a.sms, not a.static, a.jobs,
+                                     request={"shapes": ["x".join(map(str, s)) for s in shapes],
+                                              "weights": ["x".join(map(str, w)) for w in weights],
+                                              "m_buckets": list(kernel_pack.M_BUCKETS) if weights else [],
+                                              "model": a.model, "suite": a.suite, "m": list(a.m or []),
+                                              "epilogues": list(a.epilogue)},
+                                     epilogues=tuple(a.epilogue), weights=weights)
+    except (ConfigError, LookupError, FolderError) as err:  # a shape no kernel takes, an --out that is no folder
+        raise UsageError(str(err)) from None
+    for r in man["results"]:
+        if r["status"] == "failed":
+            print(f"failed: {r['file']}: {r['detail']}", file=sys.stderr)
+    print(f"the policy's choices: {tune_db.TuningDB().describe()}")
+    print(f"{len({e['file'] for e in man['modules']})} modules in {a.out} "
+          f"({kernel_pack.pack_bytes(a.out) / 2**20:.1f} MiB): "
+          + ", ".join(f"{sum(r['status'] == k for r in man['results'])} {k}" for k in ("built", "cache", "failed")))
+    return 0 if all(r["status"] != "failed" for r in man["results"]) else 1
 
 
 def cmd_pack(a) -> int:
     if a.pack_cmd == "build":
-        shapes = _pack_shapes(a)
-        try:
-            man = kernel_pack.build_pack(a.out, shapes, a.dtypes or list(DTYPES), a.arch, a.sms, not a.static, a.jobs,
-                                         request={"shapes": ["x".join(map(str, s)) for s in shapes],
-                                                  "model": a.model, "suite": a.suite, "m": list(a.m),
-                                                  "epilogues": list(a.epilogue)},
-                                         epilogues=tuple(a.epilogue))
-        except (ConfigError, LookupError, FolderError) as err:  # a shape no kernel takes, an --out that is no folder
-            raise UsageError(str(err)) from None
-        for r in man["results"]:
-            if r["status"] == "failed":
-                print(f"failed: {r['file']}: {r['detail']}", file=sys.stderr)
-        print(f"the policy's choices: {tune_db.TuningDB().describe()}")
-        print(f"{len(man['modules'])} modules in {a.out} ({kernel_pack.pack_bytes(a.out) / 2**20:.1f} MiB): "
-              + ", ".join(f"{sum(r['status'] == k for r in man['results'])} {k}" for k in ("built", "cache", "failed")))
-        return 0 if all(r["status"] != "failed" for r in man["results"]) else 1
+        return _pack_build(a)
     try:
         pk = kernel_pack.KernelPack(a.folder)
     except kernel_pack.PackError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     rows, bad = [], 0
-    for e in pk.modules:
+    for e in _in_m_order(pk.modules):
         status = "listed"
         if a.pack_cmd == "check":
             try:
@@ -78,9 +112,7 @@ def cmd_pack(a) -> int:
                 status = "ok"
             except kernel_pack.PackError as err:
                 status, bad = f"error: {err}", bad + 1
-        rows.append({"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}",
-                     "dtype": e["dtype"], "M": f"{e['m_range'][0]}..{e['m_range'][1]}" + (" (any)" if e["dynamic_m"] else ""),
-                     "rule": (e.get("choice") or {}).get("rule", ""), "status": status})
+        rows.append({**_row(e), "status": status})
     print(report.table(rows, list(rows[0])) if rows else f"{a.folder}: no modules")
     return 1 if bad else 0
 
@@ -130,11 +162,17 @@ def cmd_suite(a) -> int:
 def add_parsers(sub) -> None:
     pk = sub.add_parser("pack", help="kernel packs for the front door (gemm_ladder.matmul): build, show, check")
     pks = pk.add_subparsers(dest="pack_cmd", required=True)
-    b = pks.add_parser("build", help="build the modules a list of shapes, a model or the suite needs")
-    b.add_argument("--shapes", type=cli_types.shapes, default=None)
-    b.add_argument("--model", default=None, choices=kernel_pack.MODELS, help="a model's weight shapes")
-    b.add_argument("--m", type=cli_types.whole_numbers(1, "16,128"), default=list(suite.SUITE_M),
-                   help="the M values --model is built for (default: the suite's)")
+    b = pks.add_parser("build", help="build the modules a list of weights or shapes, a model or the suite needs")
+    b.add_argument("--weights", type=cli_types.weights, default=None,
+                   help="weights NxK (4096x4096,6144x4096), each for its whole M range: the policy's choice at "
+                        f"every M bucket ({','.join(map(str, kernel_pack.M_BUCKETS))}), one module per choice")
+    b.add_argument("--shapes", type=cli_types.shapes, default=None,
+                   help="shapes MxNxK (16x4096x4096): exactly these M (another M of the weight is served by the "
+                        "nearest, or built where TVM's compiler is)")
+    b.add_argument("--model", default=None, choices=kernel_pack.MODELS,
+                   help="a model's weights, for their whole M range (as --weights) unless --m is given")
+    b.add_argument("--m", type=cli_types.whole_numbers(1, "16,128"), default=None,
+                   help="build --model for these M only (as --shapes)")
     b.add_argument("--suite", action="store_true", help="every shape of the shape suite")
     b.add_argument("--dtypes", type=cli_types.names(DTYPES, "dtype"), default=None)
     b.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
@@ -145,6 +183,8 @@ def add_parsers(sub) -> None:
                    help="the epilogues to build each shape with (gemm_ladder.core.spec): none, bias, or none,bias")
     b.add_argument("--out", default="build/pack")
     b.add_argument("--jobs", type=cli_types.count, default=None)
+    b.add_argument("--dry-run", action="store_true", help="print the modules it would build, and the M each "
+                                                           "serves; build nothing")
     for name in ("show", "check"):
         s = pks.add_parser(name, help="list the modules" if name == "show" else "check every module against pack.json")
         s.add_argument("folder")

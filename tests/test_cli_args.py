@@ -72,6 +72,11 @@ REFUSED = [
     (["pack", "build", "--dtypes", "float32", "--shapes", "128x128x64"], ["--dtypes", "float32"]),
     (["pack", "build", "--shapes", "0x4096x4096"], ["--shapes", "sizes must be positive"]),
     (["pack", "build", "--model", "llama-8b", "--m", "0"], ["--m", "0"]),
+    (["pack", "build", "--weights", "4096"], ["--weights", "'4096'", "NxK", "4096x4096"]),
+    (["pack", "build", "--weights", "0x4096"], ["--weights", "0x4096", "N and K must be positive"]),
+    (["pack", "build", "--weights", "4096x4095x1"], ["--weights", "4096x4095x1", "NxK", "--shapes"]),
+    (["pack", "build", "--m", "16"], ["--m", "--model", "--shapes"]),
+    (["pack", "build"], ["--weights", "--shapes", "--model"]),
     (["main", "--archs", "sm_80"], ["--archs", "sm_80", "sm_90a"]),
     (["main", "--dtypes", "float32"], ["--dtypes", "float32"]),
     (["build", "v4", "--shape", "-1x4096x4096"], ["--shape", "sizes must be positive"]),
@@ -101,6 +106,7 @@ def test_the_issues_commands_are_refused_in_one_line(args, words, tmp_path, monk
 # a few as a user runs them: the process ends with status 2 and one line, not a signal or a traceback
 AS_RUN = [(a, w) for a, w in REFUSED if " ".join(a) in (
     "check v99", "check v5 --shape -1x4096x4096", "pack build --sms -4 --shapes 128x128x64",
+    "pack build --weights 4096x4095x1",
     "suite list --dtypes float32", "serve --port 99999 --status", f"verify {MISSING}")]
 
 
@@ -265,7 +271,8 @@ def test_glue_values_hands_a_dashed_value_to_its_option():
     (cli_types.names(("a", "b"), "dtype"), "a,a", "twice"), (cli_types.names(("a", "b"), "dtype"), "c", "a,b"),
     (cli_types.python_version, "312", "X.Y"), (cli_types.out_file, "/", "is a folder"),
     (cli_types.out_file, "/proc/version/x", "is a file"), (cli_types.word, "a b", "name"),
-    (cli_types.knob, "x", "name=value"),
+    (cli_types.knob, "x", "name=value"), (cli_types.weight, "4096", "NxK"), (cli_types.weight, "4096x0", "positive"),
+    (cli_types.weights, "8x8,8x8x8", "--shapes"),
 ])
 def test_a_type_refuses_with_what_would_work(parse, text, words):
     with pytest.raises(argparse.ArgumentTypeError, match=words):
@@ -274,6 +281,7 @@ def test_a_type_refuses_with_what_would_work(parse, text, words):
 
 def test_the_types_take_what_they_should():
     assert cli_types.shapes("1x2x3, 4X5X6") == [(1, 2, 3), (4, 5, 6)]
+    assert cli_types.weights("4096x4096, 6144X4096") == [(4096, 4096), (6144, 4096)]
     assert cli_types.address("gpu-host:9191") == ("gpu-host", 9191)
     assert cli_types.count_or_zero("0") == 0 and cli_types.positive("0.5") == 0.5
     assert cli_types.knob("stream_k=True") == ("stream_k", True)

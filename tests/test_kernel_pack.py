@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder.core import files, manifest
-from gemm_ladder.serve import kernel_pack, runtime
+from gemm_ladder.serve import front, kernel_pack, plan, runtime
 from gemm_ladder.compile import module_cache
 from gemm_ladder.compile.batch import BuildJob
 from gemm_ladder.serve.kernel_pack import PACK_MANIFEST, KernelPack, PackError
+from gemm_ladder.core.config import LARGEST_TILE, IndexRangeError, largest_m
 from gemm_ladder.core.manifest import MANIFEST_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,6 +107,107 @@ def test_a_good_pack_checks(pack):
         assert pk.check_entry(e) == pack / e["file"]
 
 
+# -- a weight's whole M range (pack build --weights NxK) ---------------------------------------
+def _cells_of(items) -> list[list[int]]:
+    return sorted(run["m_range"] for i in items for run in i["served"])
+
+
+def _bucket_of(M: int) -> int:
+    """The bucket that serves M: the least at or above it (kernel_pack.bucket_cells)."""
+    return next(b for b, lo, hi in kernel_pack.bucket_cells() if lo <= M <= hi)
+
+
+@pytest.fixture(scope="module")
+def weight_plan():
+    """The plan of one weight for its whole M range (plan_pack: the policy, nothing built)."""
+    return kernel_pack.plan_pack([], ["float16"], sms=132, weights=[(4096, 4096)])
+
+
+def test_the_buckets_tile_the_whole_m_range():
+    cells = kernel_pack.bucket_cells()
+    assert [c[0] for c in cells] == list(kernel_pack.M_BUCKETS) and cells[0][1] == 1 and cells[-1][2] == 16384
+    assert all(lo <= b == hi for b, lo, hi in cells)
+    assert all(a[2] + 1 == b[1] for a, b in zip(cells, cells[1:]))  # no gap, no overlap
+
+
+def test_a_weight_too_wide_for_16384_rows_stops_at_the_most_it_takes():
+    """A 152k-row lm_head indexes at most 14080 rows in 32 bits: the ladder ends there, tiled."""
+    most = largest_m(151936, 896, *LARGEST_TILE)
+    assert 8192 < most < 16384 and kernel_pack.weight_buckets(151936, 896)[-2:] == (8192, most)
+    assert kernel_pack.weight_buckets(4096, 4096) == kernel_pack.M_BUCKETS
+    items = kernel_pack.plan_pack([], ["float16"], sms=132, weights=[(151936, 896)])
+    cells = _cells_of(items)
+    assert cells[0][0] == 1 and cells[-1][1] == most and all(a[1] + 1 == b[0] for a, b in zip(cells, cells[1:]))
+    with pytest.raises(IndexRangeError, match="32-bit"):
+        kernel_pack.weight_buckets(2**20, 2**12)  # N x K alone past the limit: said, not an empty plan
+
+
+def test_a_weight_without_m_is_planned_at_every_bucket(weight_plan):
+    """Every bucket is served by the module of the policy's choice there; the modules' ranges
+    tile 1..16384; one file a module (a choice that wins two runs of buckets gets two entries)."""
+    cells = _cells_of(weight_plan)
+    assert cells[0][0] == 1 and cells[-1][1] == 16384
+    assert all(a[1] + 1 == b[0] for a, b in zip(cells, cells[1:])), cells
+    assert len({i["file"] for i in weight_plan}) == len(weight_plan)
+    assert all(i["dynamic_m"] and "_anyMx4096x4096_" in i["file"] for i in weight_plan)
+    for b in kernel_pack.M_BUCKETS:
+        item, run = next((i, r) for i in weight_plan for r in i["served"] if b in r["m_values"])
+        choice = plan.choose(plan.Problem(b, 4096, 4096, "float16", "sm_90a", 132))
+        job = BuildJob(choice.rung, (b, 4096, 4096), {**choice.knobs, "dynamic_m": True})
+        assert item["file"] == kernel_pack._name(job, True) + ".so", b
+        assert run["m_range"][0] <= b <= run["m_range"][1]
+
+
+def test_a_module_that_wins_two_runs_of_buckets_gets_two_ranges():
+    """Chosen at 1024 and 4096 but not 2048 (the tuning database's bucket): two entries, no overlap."""
+    asks = [(b, lo, hi, True) for b, lo, hi in kernel_pack.bucket_cells() if b in (1024, 4096, 8192)]
+    assert kernel_pack._runs(asks) == [{"m_range": [513, 1024], "m_values": [1024]},
+                                       {"m_range": [2049, 8192], "m_values": [4096, 8192]}]
+    # requested M alone (--shapes) keep one range from the least to the largest, as before
+    assert kernel_pack._runs([(16, 16, 16, False), (128, 128, 128, False)]) == \
+        [{"m_range": [16, 128], "m_values": [16, 128]}]
+
+
+def _planned_pack(folder: Path, items) -> KernelPack:
+    """A pack of ``items`` (plan_pack's) with stand-in modules, one entry a range served."""
+    folder.mkdir()
+    entries = []
+    for item in items:
+        entry = _module(folder, item["file"], item["job"].rung, item["job"].shape, dynamic=True)
+        entries += [{**entry, **run} for run in item["served"]]
+    return KernelPack(_pack(folder, entries))
+
+
+@pytest.mark.parametrize("M", [1, 3, 100, 5000, 16384])
+def test_find_serves_any_m_of_a_weight_from_its_bucket(weight_plan, tmp_path, M):
+    found = _planned_pack(tmp_path / "pack", weight_plan).find(M, 4096, 4096, "float16", "sm_90a")
+    assert found.fit == "tuned-range" and _bucket_of(M) in found.entry["m_values"], (M, found.entry)
+    assert f"M in {found.entry['m_range'][0]}..{found.entry['m_range'][1]}" in found.describe()
+
+
+def test_every_m_up_to_16384_is_a_tuned_range_fit_and_none_past_it(weight_plan, tmp_path):
+    pk = _planned_pack(tmp_path / "pack", weight_plan)
+    for M in range(1, 16385):
+        found = pk.find(M, 4096, 4096, "float16", "sm_90a")
+        assert found.fit == "tuned-range" and _bucket_of(M) in found.entry["m_values"], M
+    top = pk.find(16384, 4096, 4096, "float16", "sm_90a").entry
+    for M, far in ((16385, False), (65536, False), (65537, True)):
+        found = pk.find(M, 4096, 4096, "float16", "sm_90a")
+        assert (found.fit, found.entry) == ("any-m", top)
+        assert (front._far(found.entry, found.fit, M) is not None) == far, M
+
+
+def test_pack_show_says_which_m_each_module_serves(weight_plan, tmp_path):
+    _planned_pack(tmp_path / "pack", weight_plan)
+    out = subprocess.run([sys.executable, "-m", "gemm_ladder", "pack", "show", str(tmp_path / "pack")],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "M served" in lines[0] and "chosen at M" in lines[0]
+    served = [line.split()[4] for line in lines[2:]]
+    assert served == [f"{r[0]}..{r[1]}" for r in _cells_of(weight_plan)]  # in M order
+
+
 # -- damaged packs: a clear error, naming the file and the fix -----------------------------------
 def _damage(pack: Path, how: str):
     man = json.loads((pack / PACK_MANIFEST).read_text())
@@ -187,14 +289,20 @@ def fake_build(job, folder):
     time.sleep(1.0)
     with open(Path(folder).parent / "builds.log", "a") as log:
         log.write(f"{os.getpid()}\n")
-    blob = b"module" * 1000
+    return stand_in_build(job, folder)
+
+
+def stand_in_build(job, folder):
+    """A module's bytes and its manifest, at once (what module_cache keeps of a build)."""
+    blob = f"module {job.name}".encode() * 100
     so = Path(folder) / f"{job.name}.so"
     with files.replacing(so) as tmp:
         tmp.write_bytes(blob)
     files.write_json(Path(str(so) + ".json"), {
         "format": MANIFEST_VERSION, "rung": job.rung, "shape": list(job.shape), "dtype": "float16", "arch": "sm_90a",
         "knobs": job.knobs, "tvm_version": "0.27.0.post1", "so_bytes": len(blob),
-        "so_sha256": hashlib.sha256(blob).hexdigest(), **(job.extra or {})})
+        "so_sha256": hashlib.sha256(blob).hexdigest(), **(job.extra or {}),
+        **({"launch": {"dynamic_m": True}} if job.knobs.get("dynamic_m") else {})})
     return so
 
 
@@ -244,6 +352,22 @@ def test_why_a_box_cannot_build(monkeypatch):
     assert "runtime-only" in module_cache.why_cannot_build()
 
 
+def test_a_pack_built_for_a_weight_tiles_its_m_range(tmp_path, monkeypatch):
+    """build_pack of a weight (stand-in builds): one file a module, one entry a range it serves,
+    and the entries tile 1..16384; the folder checks."""
+    real = module_cache.get_or_build
+    monkeypatch.setattr(module_cache, "get_or_build",
+                        lambda job, root=None: real(job, root, build=stand_in_build, ident=IDENT))
+    man = kernel_pack.build_pack(tmp_path / "pack", [], ["float16"], sms=132, workers=1,
+                                 cache_root=tmp_path / "cache", weights=[(4096, 4096)])
+    assert {r["status"] for r in man["results"]} == {"built"}
+    pk = KernelPack(tmp_path / "pack")
+    ranges = sorted(e["m_range"] for e in pk.modules)
+    assert ranges[0][0] == 1 and ranges[-1][1] == 16384 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert len({e["file"] for e in pk.modules}) == len(man["results"]) == len(list((tmp_path / "pack").glob("*.so")))
+    assert all(pk.check_entry(e) for e in pk.modules)
+
+
 # -- a real pack --------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_build_a_pack_and_find_its_modules(tmp_path, monkeypatch):
@@ -255,8 +379,6 @@ def test_build_a_pack_and_find_its_modules(tmp_path, monkeypatch):
     man = kernel_pack.build_pack(tmp_path / "pack", shapes, ["float16"], sms=132, workers=2)
     assert all(r["status"] == "built" for r in man["results"]), man["results"]
     pk = KernelPack(tmp_path / "pack")
-    from gemm_ladder.serve import plan
-
     small = pk.find(16, 256, 512, "float16", "sm_90a")
     assert small.entry["choice"]["rule"] == plan.rule_choice(plan.Problem(16, 256, 512)).rule
     if small.entry["dynamic_m"]:
@@ -267,6 +389,21 @@ def test_build_a_pack_and_find_its_modules(tmp_path, monkeypatch):
     again = kernel_pack.build_pack(tmp_path / "pack2", shapes, ["float16"], sms=132, workers=2)
     assert {r["status"] for r in again["results"]} == {"cache"}
     assert kernel_pack.pack_bytes(tmp_path / "pack") < 2 * 2**20
+
+
+@pytest.mark.slow
+def test_build_a_pack_for_a_weight(tmp_path, monkeypatch):
+    """A small weight built for its whole M range: every entry checks against its real module, and
+    M = 1, 100 and 16384 each find the module chosen at their bucket."""
+    monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GEMM_LADDER_TUNING_DB", "off")
+    man = kernel_pack.build_pack(tmp_path / "pack", [], ["float16"], sms=132, workers=2, weights=[(256, 512)])
+    assert all(r["status"] == "built" for r in man["results"]), man["results"]
+    pk = KernelPack(tmp_path / "pack")
+    assert all(pk.check_entry(e) for e in pk.modules)
+    for M in (1, 100, 16384):
+        found = pk.find(M, 256, 512, "float16", "sm_90a")
+        assert found.fit == "tuned-range" and _bucket_of(M) in found.entry["m_values"], (M, found.entry)
 
 
 # -- packs built before a knob was retired (v9's pingpong) ---------------------------------------

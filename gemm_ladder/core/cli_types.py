@@ -102,6 +102,30 @@ def shapes(text: str) -> list[tuple[int, int, int]]:
         raise _refuse(f"shapes {text!r}: {err}") from None
 
 
+def weight(text: str) -> tuple[int, int]:
+    """``NxK`` (``4096x4096``): a weight of N rows (output features) and K columns (input
+    features), each 1 or more; M is left out (a pack builds the weight's whole M range)."""
+    parts = text.lower().split("x")
+    if len(parts) == 3:
+        raise _refuse(f"weight {text!r} has three sizes: a weight is NxK, e.g. 4096x4096 (MxNxK is a shape: "
+                      f"pack build --shapes)")
+    try:
+        N, K = (int(x) for x in parts)
+    except ValueError:
+        raise _refuse(f"weight {text!r} is not NxK (N output features, K input features), e.g. 4096x4096") from None
+    if min(N, K) < 1:
+        raise _refuse(f"weight {text!r}: N and K must be positive, e.g. 4096x4096")
+    return N, K
+
+
+def weights(text: str) -> list[tuple[int, int]]:
+    """Comma-separated weights: ``4096x4096,6144x4096``."""
+    try:
+        return [weight(s.strip()) for s in text.split(",")]
+    except argparse.ArgumentTypeError as err:
+        raise _refuse(f"weights {text!r}: {err}") from None
+
+
 def one_of(known, what: str):
     """One name of ``known`` (a positional argument that may repeat: ``check v5 v6``)."""
     known = tuple(known)

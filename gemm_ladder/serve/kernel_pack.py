@@ -5,7 +5,8 @@ absent: it is built on a build box for a list of shapes, or for a model's weight
 loads with the TVM runtime alone::
 
     python -m gemm_ladder pack build --model llama-8b --dtypes float16,bfloat16 --out build/pack
-    python -m gemm_ladder pack build --shapes 16x4096x4096,2048x6144x4096 --out build/pack
+    python -m gemm_ladder pack build --weights 4096x4096,6144x4096 --out build/pack   # every M, 1..16384
+    python -m gemm_ladder pack build --shapes 16x4096x4096,2048x6144x4096 --out build/pack   # these M only
     python -m gemm_ladder pack show build/pack
     GEMM_LADDER_PACK=build/pack python my_model.py        # the front door looks there first
 
@@ -31,6 +32,16 @@ A module of one M serves that M, and a smaller M through a zero-padded copy of A
 :meth:`KernelPack.find` ranks what a pack holds for a shape: the exact M, then a dynamic module
 whose range holds M, then the nearest dynamic range, then a larger static M (padded).
 
+**A weight's whole M range.** A weight named without M (``pack build --weights NxK``, ``--model``
+without ``--m``) is planned at every bucket of :data:`M_BUCKETS`, each bucket standing for the M
+from just above the previous bucket up to itself (:func:`bucket_cells`: 1, 2..8, 9..16, ...,
+8193..16384). Buckets whose choice is one module share it, and the module gets one entry per
+contiguous run of buckets it won, with that run's cells as ``m_range`` (a module can win 2048 and
+8192 but not 4096: two entries of one file). The entries of a weight tile 1..16384 (or 1..the
+most rows its 32-bit indices take: :func:`weight_buckets`), so any M in it is a ``tuned-range`` fit of the module chosen at its bucket; past 16384 the top bucket's module is
+an ``any-m`` fit, which the front door passes over (``front._far``) past ``front.FAR_FACTOR``
+times 16384.
+
 Nothing in a pack is trusted blindly: ``pack.json`` that is missing, cut short, nested too deep
 or of another format, an entry with a field missing, of the wrong type or out of range (every
 field the front door reads is in :data:`PACK_SCHEMA`, checked by ``records`` when the pack is
@@ -45,7 +56,6 @@ compiler (it builds through ``module_cache``, so a module built once is linked, 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -53,7 +63,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import files
-from ..core.config import ARCHS, DTYPES, RetiredKnobError, drop_retired_knobs
+from ..core.config import (ARCHS, DTYPES, LARGEST_TILE, RetiredKnobError, check_extents, drop_retired_knobs,
+    largest_m)
 from ..core.manifest import ManifestError, check_file, read_manifest
 from ..core.procs import map_in_processes
 from ..core.provenance import git_commit, tvm_version, utc_now
@@ -77,6 +88,15 @@ MODELS = {
                  "lm_head": (128256, 4096)},
 }
 FITS = ("exact", "tuned-range", "any-m", "pad-m")  # best first
+# The M a weight is planned at when no M is given (pack build --weights, --model without --m): each
+# bucket serves the M above the previous one up to itself (bucket_cells). Powers of two because the
+# policy's rules switch there (plan.swap_blk_m's tile heights serve 1-8, 9-16, 17-32, 33-64;
+# swap-ab holds to M = 64, row-tiles for 32 < M <= 128), so the choice at a bucket's top is made
+# for tiles that cover every M of its cell; 1 apart, for decode's single row (the tuning database
+# buckets it on its own); 2..4 not, as swap_blk_m is 8 for them all; 16384, the largest M of the
+# every-model suite (measure/every_model.M_CHOICES): past it the top bucket's module serves. A
+# weight too wide for 16384 rows in 32-bit indices stops at the most it takes (weight_buckets).
+M_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 def _range_problem(m_range) -> str | None:
@@ -113,9 +133,11 @@ class Found:
 
     def describe(self) -> str:
         e = self.entry
+        lo, hi = e["m_range"]
+        at = f" (at M={','.join(map(str, e['m_values']))})" if e.get("m_values") else ""
         what = {"exact": f"built for M={e['shape'][0]}",
-                "tuned-range": f"M at run time, knobs chosen for M in {e['m_range'][0]}..{e['m_range'][1]}",
-                "any-m": f"M at run time, knobs chosen for M in {e['m_range'][0]}..{e['m_range'][1]} (outside it)",
+                "tuned-range": f"M at run time, knobs chosen for M in {lo}..{hi}{at}",
+                "any-m": f"M at run time, knobs chosen for M in {lo}..{hi}{at}, outside it",
                 "pad-m": f"built for M={e['shape'][0]}: A is copied into {e['shape'][0]} zero-padded rows"}[self.fit]
         return f"kernel pack {self.pack.folder}: {e['file']} ({what})"
 
@@ -230,12 +252,51 @@ def _name(job, dynamic: bool) -> str:
     return tag.replace(f"_{job.shape[0]}x", "_anyMx", 1) if dynamic else tag
 
 
+def weight_buckets(N: int, K: int) -> tuple[int, ...]:
+    """The buckets of :data:`M_BUCKETS` a weight takes: those up to the largest M the policy's
+    kernels index in 32 bits at this N and K (``config.largest_m`` at the largest tile, as
+    ``plan.rule_choice`` checks), and that M as the last bucket where it falls short of the top
+    (an lm_head of 152k rows takes M <= 14080). ``IndexRangeError`` where N and K alone are too large."""
+    most = largest_m(N, K, *LARGEST_TILE)
+    if most < 1:
+        check_extents("gemm_ladder", 1, N, K, *LARGEST_TILE)
+    kept = tuple(b for b in M_BUCKETS if b <= most)
+    return kept if kept[-1] == M_BUCKETS[-1] or kept[-1] == most else kept + (most,)
+
+
+def bucket_cells(buckets=M_BUCKETS) -> list[tuple[int, int, int]]:
+    """``(bucket, least M, largest M)`` of each bucket of a weight's M range: a bucket serves the M
+    above the bucket before it, up to itself (see :data:`M_BUCKETS`)."""
+    return [(b, (buckets[i - 1] + 1) if i else 1, b) for i, b in enumerate(buckets)]
+
+
+def _runs(asks) -> list[dict]:
+    """The ``m_range`` and ``m_values`` entries of a runtime-M module from the M it was chosen at
+    (``(M, least, largest, bucket)``): requested M alone give one range from the least to the
+    largest (``--shapes``: those M); a bucket's cell joins whatever it touches, one entry a run."""
+    if not any(bucket for *_, bucket in asks):
+        ms = sorted({M for M, *_ in asks})
+        return [{"m_range": [ms[0], ms[-1]], "m_values": ms}]
+    runs: list[dict] = []
+    for M, lo, hi, _ in sorted(asks, key=lambda a: (a[1], a[2])):
+        if runs and lo <= runs[-1]["m_range"][1] + 1:
+            run = runs[-1]
+            run["m_range"][1] = max(run["m_range"][1], hi)
+            run["m_values"] = sorted({*run["m_values"], M})
+        else:
+            runs.append({"m_range": [lo, hi], "m_values": [M]})
+    return runs
+
+
 def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
-              epilogues=("none",)) -> list[dict]:
-    """The modules a pack needs for ``shapes`` (``(M, N, K)``) in ``dtypes`` with each of
-    ``epilogues`` (``none``, ``bias``: the operand spec, ``spec.spec_for``): one per choice of
-    the front door's policy (``plan.choose``, at the N and K it pads to), one for all the M of a
-    (rung, knobs, N, K) where the rung takes M at run time, else one per M."""
+              epilogues=("none",), weights=()) -> list[dict]:
+    """The modules a pack needs for ``shapes`` (``(M, N, K)``: those M) and ``weights``
+    (``(N, K)``: every bucket of :func:`weight_buckets`) in ``dtypes`` with each of ``epilogues``
+    (``none``, ``bias``: the operand spec, ``spec.spec_for``): one per choice of the front door's
+    policy (``plan.choose``, at the N and K it pads to), one for all the M of a (rung, knobs, N, K)
+    where the rung takes M at run time, else one per M. Each item: the build ``job``, its
+    ``file``, ``dynamic_m``, the ``choice`` and ``served``, the ``m_range``/``m_values`` of each
+    pack.json entry it gets (:func:`_runs`)."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
     # pylint: disable=import-outside-toplevel
     from ..compile.batch import BuildJob
@@ -246,28 +307,49 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
     groups: dict = {}
     for dtype, epilogue in ((d, e) for d in dtypes for e in epilogues):
         spec = spec_for(dtype, epilogue)
-        for M, N, K in shapes:
+        asks = [(M, N, K, M, M, False) for M, N, K in shapes]
+        for N, K in weights:
+            padded = tma_layout.layout_fixes(tma_layout.Layout(1, N, K, dtype))  # what the kernels index
+            asks += [(b, N, K, lo, hi, True) for b, lo, hi in bucket_cells(weight_buckets(padded.N, padded.K))]
+        for M, N, K, lo, hi, bucket in asks:
             fixes = tma_layout.layout_fixes(tma_layout.Layout(M, N, K, dtype))
-            choice = plan.choose(plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms, spec))
+            problem = plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms, spec)
+            choice = plan.choose(problem)
             knobs = dict(choice.knobs)
             dyn = dynamic and "dynamic_m" in rung_module(choice.rung, arch).KNOBS
             if dyn:
                 knobs["dynamic_m"] = True
-                dyn = plan._validate(choice.rung, plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms, spec), knobs) is None
+                dyn = plan._validate(choice.rung, problem, knobs) is None
                 knobs = knobs if dyn else dict(choice.knobs)
-            key = (choice.rung, json.dumps(knobs, sort_keys=True), fixes.N, fixes.K, None if dyn else max(M, MIN_STATIC_M))
-            g = groups.setdefault(key, {"rung": choice.rung, "knobs": knobs, "N": fixes.N, "K": fixes.K,
-                                        "dynamic_m": dyn, "ms": [], "choice": choice.as_dict()})
-            g["ms"].append(M)
+            # the file names the binary (config.tag: every knob, anyM for a runtime M), so one
+            # group per file: two choices that fill in to the same kernel share it
+            file = _name(BuildJob(choice.rung, (M if dyn else max(M, MIN_STATIC_M), fixes.N, fixes.K), knobs),
+                         dyn) + ".so"
+            g = groups.setdefault(file, {"rung": choice.rung, "knobs": knobs, "N": fixes.N, "K": fixes.K,
+                                         "dynamic_m": dyn, "asks": [], "choice": choice.as_dict()})
+            g["asks"].append((M, lo, hi, bucket))
     out = []
-    for g in groups.values():
-        lo, hi = min(g["ms"]), max(g["ms"])
+    for file, g in groups.items():
+        ms = [a[0] for a in g["asks"]]
+        lo, hi = min(ms), max(ms)
         M = lo if g["dynamic_m"] else max(hi, MIN_STATIC_M)
         extra = {"dynamic_m": {"min_m": 1, "tuned_for_m": [lo, hi]}} if g["dynamic_m"] else None
         job = BuildJob(g["rung"], (M, g["N"], g["K"]), g["knobs"], extra)
-        out.append({"job": job, "m_range": [lo, hi] if g["dynamic_m"] else [M, M], "dynamic_m": g["dynamic_m"],
-                    "m_values": sorted(set(g["ms"])), "choice": g["choice"], "file": _name(job, g["dynamic_m"]) + ".so"})
+        served = _runs(g["asks"]) if g["dynamic_m"] else [{"m_range": [M, M], "m_values": sorted(set(ms))}]
+        out.append({"job": job, "file": file, "dynamic_m": g["dynamic_m"], "choice": g["choice"], "served": served})
     return out
+
+
+def entries_of(item: dict, man: dict | None = None) -> list[dict]:
+    """The ``pack.json`` entries of a module :func:`plan_pack` planned, one a range of M it serves;
+    with its manifest ``man`` once built (its size, sha256 and spec), without it for a dry run."""
+    job = item["job"]
+    entry = {"file": item["file"], "rung": job.rung, "shape": list(job.shape), "dtype": job.knobs["dtype"],
+             "arch": job.knobs["arch"], "knobs": job.knobs, "dynamic_m": item["dynamic_m"], "choice": item["choice"]}
+    if man is not None:
+        entry.update(dtype=man["dtype"], arch=man["arch"], knobs=man["knobs"], so_bytes=man["so_bytes"],
+                     so_sha256=man["so_sha256"], spec=spec_of_manifest(man).to_dict())
+    return [{**entry, "m_range": run["m_range"], "m_values": run["m_values"]} for run in item["served"]]
 
 
 def _pack_worker(args) -> dict:
@@ -291,7 +373,8 @@ def _pack_worker(args) -> dict:
 
 
 def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
-               workers: int | None = None, cache_root=None, request: dict | None = None, epilogues=("none",)) -> dict:
+               workers: int | None = None, cache_root=None, request: dict | None = None, epilogues=("none",),
+               weights=()) -> dict:
     """Build the modules :func:`plan_pack` lists into ``out`` and write ``out/pack.json`` (merged
     with what the folder held: entries of other files stay). Returns the manifest, with
     ``"results"`` (built / cache / failed per module)."""
@@ -302,21 +385,12 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     sms = sms or plan.default_sms(arch)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues)
+    items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues, weights)
     results = map_in_processes(_pack_worker, [(i, str(out), cache_root) for i in items], workers)
     results = [r if isinstance(r, dict) else {"file": i["file"], "status": "failed", "detail": repr(r)}
                for i, r in zip(items, results)]
-    entries = []
-    for item, res in zip(items, results):
-        if res["status"] == "failed":
-            continue
-        man = read_manifest(out / item["file"])
-        job = item["job"]
-        entries.append({"file": item["file"], "rung": job.rung, "shape": list(job.shape), "dtype": man["dtype"],
-                        "arch": man["arch"], "knobs": man["knobs"], "dynamic_m": item["dynamic_m"],
-                        "m_range": item["m_range"], "m_values": item["m_values"], "so_bytes": man["so_bytes"],
-                        "so_sha256": man["so_sha256"],
-                        "choice": item["choice"], "spec": spec_of_manifest(man).to_dict()})
+    entries = [e for item, res in zip(items, results) if res["status"] != "failed"
+               for e in entries_of(item, read_manifest(out / item["file"]))]
     with files.folder_lock(out, wait=True, what="this pack build"):
         try:
             old = read_pack_manifest(out)["modules"]
