@@ -120,9 +120,10 @@ def load(path):
     return _load(path)
 
 
-def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None):
-    """D = A . B^T (+ bias [N]) for any shape (A [..., K], B [N, K]): see :mod:`gemm_ladder.serve.front`."""
-    return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias)
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None):
+    """D = act(A . B^T (+ bias [N])) for any shape (A [..., K], B [N, K]; ``activation``: relu,
+    gelu_tanh, gelu_erf, silu or None): see :mod:`gemm_ladder.serve.front`."""
+    return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias, activation=activation)
 
 
 def use_pack(folder):

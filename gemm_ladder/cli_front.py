@@ -22,7 +22,7 @@ from pathlib import Path
 from .core import cli_types, device
 from .core.config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
 from .core.files import FolderError
-from .core.spec import EPILOGUES
+from .core.spec import epilogue_names
 from .measure import report, suite
 from .serve import kernel_pack, tuning_db as tune_db
 
@@ -179,8 +179,10 @@ def add_parsers(sub) -> None:
     b.add_argument("--sms", type=cli_types.count, default=None,
                    help="SM count the heuristic plans for (default: the GPU, or H100)")
     b.add_argument("--static", action="store_true", help="one module per M even where a rung takes M at run time")
-    b.add_argument("--epilogue", type=cli_types.names(EPILOGUES, "epilogue"), default=["none"],
-                   help="the epilogues to build each shape with (gemm_ladder.core.spec): none, bias, or none,bias")
+    b.add_argument("--epilogue", type=cli_types.names(epilogue_names(), "epilogue"), default=["none"],
+                   help="the epilogues to build each shape with (gemm_ladder.core.spec.spec_for): none, bias, an "
+                        "activation (relu, gelu_tanh, gelu_erf, silu), or bias_ and one (bias_gelu_tanh); "
+                        "comma-separated, e.g. none,bias,bias_silu")
     b.add_argument("--out", default="build/pack")
     b.add_argument("--jobs", type=cli_types.count, default=None)
     b.add_argument("--dry-run", action="store_true", help="print the modules it would build, and the M each "

@@ -6,7 +6,7 @@
 // The shape, dtype and whether the rung is persistent come from the manifest beside the .so, and
 // the epilogue's operands from its operand spec ("spec": gemm_ladder/core/spec.py; a manifest without
 // one has none): a bias [N] is filled at random, passed after the launch scalars (the spec's
-// order) and added to the reference.
+// order) and added to the reference, and its activation ("act") is applied to the reference after it.
 // TVM's CUDA loader lives in libtvm_runtime_cuda.so, which registers itself when loaded: it is
 // opened first, from the directory of libtvm_runtime.so (or $TVM_LIBRARY_DIR).
 #include <cuda_runtime.h>
@@ -45,6 +45,7 @@ struct Manifest {
   bool persistent = false;
   int cluster = 1, threads = 0, smem_bytes = 0;  // the launch: CTAs per cluster, and per CTA
   std::vector<std::string> epilogue;  // the spec's epilogue operands, in the kernel's order
+  std::string act = "none";  // the spec's activation after the bias (its "act"; absent: none)
 };
 
 // The manifest is JSON written by gemm_ladder; the runner reads the shape, the dtype, whether the
@@ -79,6 +80,7 @@ Manifest ReadManifest(const std::string& so_path) {
     std::smatch n;
     if (std::regex_search(block, n, name)) m.epilogue.push_back(n[1]);
   }
+  if (std::regex_search(text, g, std::regex("\"act\":\\s*\"(\\w+)\""))) m.act = g[1];
   // the .so must be the size export recorded: the dynamic loader crashes on a truncated copy
   if (!std::regex_search(text, g, std::regex("\"so_bytes\":\\s*(\\d+)"))) {
     std::fprintf(stderr, "%s.json records no so_bytes: re-export the module\n", so_path.c_str());
@@ -231,6 +233,19 @@ int main(int argc, char** argv) {
     }
   }
   const bool has_bias = !man.epilogue.empty();
+  // the spec's activation on the fp64 reference, as torch computes it (gemm_ladder.core.spec.ACTIVATIONS)
+  const auto activate = [&man](double x) {
+    if (man.act == "relu") return x > 0 ? x : 0.0;
+    if (man.act == "gelu_tanh") return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    if (man.act == "gelu_erf") return 0.5 * x * (1 + std::erf(x * 0.7071067811865476));
+    if (man.act == "silu") return x / (1 + std::exp(-x));
+    return x;
+  };
+  if (man.act != "none" && man.act != "relu" && man.act != "gelu_tanh" && man.act != "gelu_erf" && man.act != "silu") {
+    std::fprintf(stderr, "the module's activation %s is not one the runner knows (none, relu, gelu_tanh, gelu_erf, "
+                 "silu)\n", man.act.c_str());
+    return 2;
+  }
   LoadCudaBackend();
   tvm::ffi::Module mod = tvm::ffi::Module::LoadFromFile(path);
   tvm::ffi::Function fn = mod->GetFunction("main").value();
@@ -287,6 +302,7 @@ int main(int argc, char** argv) {
     for (int64_t j = 0; j < N; ++j) {
       double acc = has_bias ? double(to_float(bias[j])) : 0.0;
       for (int64_t k = 0; k < K; ++k) acc += double(to_float(a[i * K + k])) * to_float(b[j * K + k]);
+      acc = activate(acc);
       const float got = to_float(d[i * N + j]);
       if (std::isnan(got)) ++nan;
       err2 += (got - acc) * (got - acc);

@@ -3,7 +3,8 @@
 Every command and library entry that only runs on a GPU is run once here, as a user runs it, on
 the smallest inputs that reach its whole host path: ``verify``, ``bench``, ``suite run``, the
 every-model suite's job, ``tune --measure``, the ``rounds`` job of ``gemm_ladder.measure.isolate``,
-``gemm_ladder.matmul`` and the torch op, also with a bias (the operand spec's epilogue). A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
+``gemm_ladder.matmul`` and the torch op, also with a bias and with a bias and an activation (the
+operand spec's epilogue). A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
 this tier is what catches that, so it runs on the device after any change to host code.
 
 The modules are built where TVM's compiler is (a build box) and carried::
@@ -34,6 +35,13 @@ FRONT_SHAPES = ("16x4096x4096", "37x4096x4096")
 # streaming and row tiles at small (odd) M, 128x128 tiles in a 1x2 cluster with a partial last
 # column tile (N = 3000), and 128x256 tiles at two or more a CTA with epi_under (odd M = 2001)
 BIAS_SHAPES = ("16x4096x4096", "37x4096x4096", "333x3000x520", "2001x4096x512")
+# matmul(A, W, bias=b, activation=a) through the pack's v9 modules of every activation in both
+# dtypes (pack build --epilogue bias_relu,...): 128x128 tiles in a 1x2 cluster with a partial
+# column tile, and 128x256 tiles with epi_under (its pairs take the activation too); two of the
+# bias shapes, so the op's backward recomputes the activation's input on their bias modules
+ACT_SHAPES = ("333x3000x520", "2001x4096x512")
+ACT_EPILOGUES = ("bias_relu", "bias_gelu_tanh", "bias_gelu_erf", "bias_silu")
+ACT_ALONE = ("silu", "float16", "333x3000x520")  # and one activation without a bias
 
 
 def _cli(*args: str) -> None:
@@ -52,8 +60,13 @@ def prepare(out) -> Path:
     _cli("pack", "build", "--shapes", ",".join(shapes), "--dtypes", "float16", "--out", str(out / "pack"))
     _cli("pack", "build", "--shapes", ",".join(BIAS_SHAPES), "--dtypes", "float16", "--epilogue", "bias",
          "--out", str(out / "pack"))  # added to the same pack
+    _cli("pack", "build", "--shapes", ",".join(ACT_SHAPES), "--dtypes", "float16,bfloat16", "--epilogue",
+         ",".join(ACT_EPILOGUES), "--out", str(out / "pack"))
+    act, dtype, shape = ACT_ALONE
+    _cli("pack", "build", "--shapes", shape, "--dtypes", dtype, "--epilogue", act, "--out", str(out / "pack"))
     index = {"ladder": "ladder", "tune": "tune", "pack": "pack", "suite_case": SUITE_CASE,
-             "front_shapes": list(FRONT_SHAPES), "bias_shapes": list(BIAS_SHAPES)}
+             "front_shapes": list(FRONT_SHAPES), "bias_shapes": list(BIAS_SHAPES), "act_shapes": list(ACT_SHAPES),
+             "act_epilogues": list(ACT_EPILOGUES), "act_alone": list(ACT_ALONE)}
     (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     return out
 

@@ -16,7 +16,7 @@ import gemm_ladder
 from gemm_ladder.serve import front, ops
 from gemm_ladder.serve.kernel_pack import PACK_FORMAT, PACK_MANIFEST, PACK_VERSION
 from gemm_ladder.serve.runtime import ModuleInputError
-from gemm_ladder.core.spec import GemmSpec
+from gemm_ladder.core.spec import GemmSpec, torch_activation
 from gemm_ladder.serve.tma_layout import Layout, layout_fixes
 
 mm = torch.ops.gemm_ladder.mm
@@ -85,6 +85,14 @@ def test_a_tensor_that_wants_grad_is_refused_while_grad_mode_is_on(which):
         refused(call, ON_CPU)
 
 
+def stand_in_matmul(A, B, bias=None, activation=None):
+    """``gemm_ladder.matmul`` for the op's tests on the CPU: its checks, then a CPU product (with
+    the bias and the activation)."""
+    act = front.check_activation(activation)
+    front.check_shapes(A, B, None, bias)
+    return torch_activation(A.float() @ B.float().T + (0 if bias is None else bias.float()), act).to(A.dtype)
+
+
 def test_the_op_has_a_backward_so_it_takes_tensors_that_want_grad():
     """The op's autograd runs the front door with grad mode off: no refusal (the device's error)."""
     refused(lambda: mm(h(2, 4, 64).requires_grad_(), h(8, 64).requires_grad_()), ON_CPU)
@@ -95,11 +103,7 @@ def test_the_ops_autograd_and_fake_pass_opcheck_through_the_front_doors_checks(m
     for the kernel): torch.library.opcheck's schema, autograd, fake-tensor and AOT tests pass, so
     the backward passes B operands the op takes (contiguous, not the transposed views it refuses),
     and the gradients are torch's."""
-    def stand_in(A, B, bias=None):
-        front.check_shapes(A, B, None, bias)
-        return (A.float() @ B.float().T + (0 if bias is None else bias.float())).to(A.dtype)
-
-    monkeypatch.setattr(ops, "matmul", stand_in)
+    monkeypatch.setattr(ops, "matmul", stand_in_matmul)
     A = torch.randn(3, 5, 64).half().requires_grad_()
     B = torch.randn(40, 64).half().requires_grad_()
     assert set(torch.library.opcheck(mm.default, (A, B)).values()) == {"SUCCESS"}
@@ -239,11 +243,7 @@ def test_a_pack_without_a_bias_module_falls_back_to_torch_and_strict_raises(tmp_
 
 
 def test_the_op_with_a_bias_passes_opcheck_and_its_bias_grad_sums_the_rows(monkeypatch):
-    def stand_in(A, B, bias=None):
-        front.check_shapes(A, B, None, bias)
-        return (A.float() @ B.float().T + (0 if bias is None else bias.float())).to(A.dtype)
-
-    monkeypatch.setattr(ops, "matmul", stand_in)
+    monkeypatch.setattr(ops, "matmul", stand_in_matmul)
     A = torch.randn(3, 5, 64).half().requires_grad_()
     B = torch.randn(40, 64).half().requires_grad_()
     b = torch.randn(40).half().requires_grad_()
@@ -289,3 +289,77 @@ def test_a_pack_bias_module_serves_a_bias_call_with_ns_padding(tmp_path, monkeyp
     A, B, b = torch.randn(5, K).half(), torch.randn(N, K).half(), torch.randn(N).half()
     D = front.launch_route(route, A, B, None, 5, N, K, fixes, b)
     torch.testing.assert_close(D, torch.nn.functional.linear(A, B, b), rtol=2e-3, atol=2e-3)
+
+
+# -- the activation (issue 31: the spec's act, after the bias) -------------------------------------
+ACTS = ("relu", "gelu_tanh", "gelu_erf", "silu")
+
+
+@pytest.mark.parametrize("activation, words", [
+    ("gelu", ["activation='gelu'", "relu, gelu_tanh, gelu_erf, silu", "F.gelu's default is gelu_erf"]),
+    ("tanh", ["activation='tanh'", "use one of"]),
+    (torch.nn.functional.relu, ["activation=<function", "or None"]),
+])
+def test_an_unknown_activation_is_refused_with_the_names(activation, words):
+    refused(lambda: gemm_ladder.matmul(h(2, 3, 64), W, activation=activation), *words)
+    refused(lambda: gemm_ladder.matmul(h(2, 3, 64), W, bias=h(8), activation=activation), *words)
+    if isinstance(activation, str):
+        refused(lambda: mm(h(2, 3, 64), W, None, activation), *words, error=(ModuleInputError, RuntimeError))
+        refused(lambda: mm(h(2, 3, 64, device="meta"), W.to("meta"), None, activation), *words,
+                error=(ModuleInputError, RuntimeError))
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_an_activation_that_fits_reaches_the_device_check_and_the_fake_op(act):
+    refused(lambda: gemm_ladder.matmul(h(2, 3, 64), W, activation=act), ON_CPU)
+    refused(lambda: gemm_ladder.matmul(h(2, 3, 64), W, bias=h(8), activation=act), ON_CPU)
+    refused(lambda: mm(h(2, 3, 64), W, h(8), act), ON_CPU)
+    meta = mm(h(2, 3, 64, device="meta"), h(8, 64, device="meta"), h(8, device="meta"), act)
+    assert meta.shape == (2, 3, 8) and meta.dtype == torch.float16
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_op_with_an_activation_passes_opcheck_and_its_grads_go_through_it(monkeypatch, act, with_bias):
+    """The backward recomputes the activation's input (Z = mm(A, B, bias)) and takes dD through
+    torch's backward of the activation: the grads of A, B and the bias are torch's."""
+    monkeypatch.setattr(ops, "matmul", stand_in_matmul)
+    A = torch.randn(3, 5, 64).half().requires_grad_()
+    B = torch.randn(40, 64).half().requires_grad_()
+    b = torch.randn(40).half().requires_grad_() if with_bias else None
+    assert set(torch.library.opcheck(mm.default, (A, B, b, act)).values()) == {"SUCCESS"}
+    mm(A, B, b, act).float().square().sum().backward()
+    ins = [t for t in (A, B, b) if t is not None]
+    ref = [t.detach().float().requires_grad_() for t in ins]
+    torch_activation(torch.nn.functional.linear(*ref), act).half().float().square().sum().backward()
+    for ours, theirs in zip(ins, ref):  # rounding points differ (fp16 Z): compared as norms
+        assert (ours.grad.float() - theirs.grad).norm() <= 1e-2 * theirs.grad.norm(), act
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_the_torch_fallback_and_an_empty_k_apply_the_activation(act):
+    A, B, b = torch.randn(5, 64).half(), torch.randn(8, 64).half(), torch.randn(8).half()
+    out = torch.full((5, 8), float("nan")).half()
+    front.TorchMatmul(act)(A, B, out, b)
+    torch.testing.assert_close(out, torch_activation(torch.nn.functional.linear(A, B, b), act))
+    D = front._trivial(h(3, 0), None, (3, 8), 3, 8, 0, b, act)
+    torch.testing.assert_close(D, torch_activation(b, act).expand(3, 8))
+
+
+def test_a_pack_without_an_activation_module_falls_back_to_torch_and_strict_raises(tmp_path, monkeypatch):
+    """As for the bias: torch computes it (F.linear, then the activation) with one warning that
+    names the pack build that makes one (--epilogue bias_gelu_tanh); strict mode raises."""
+    (tmp_path / PACK_MANIFEST).write_text(f'{{"format": "{PACK_FORMAT}", "version": {PACK_VERSION}, "modules": []}}')
+    monkeypatch.setattr(front, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(front, "_why_no_build", lambda: "TVM's compiler is not installed here")
+    front.use_pack(tmp_path)
+    spec = GemmSpec.with_epilogue("float16", True, "gelu_tanh")
+    with pytest.warns(front.KernelFallbackWarning, match="bias_gelu_tanh.*--epilogue bias_gelu_tanh"):
+        route = front.route_of(16, 256, 512, "float16", 0, False, spec)
+    assert isinstance(route.module, front.TorchMatmul)
+    A, B, b = torch.randn(16, 512).half(), torch.randn(256, 512).half(), torch.randn(256).half()
+    d = torch.empty(16, 256).half()
+    route.run(A, B, d, {"bias": b})
+    torch.testing.assert_close(d, torch.nn.functional.gelu(torch.nn.functional.linear(A, B, b), approximate="tanh"))
+    with pytest.raises(front.NoKernelError, match="--epilogue bias_gelu_tanh"):
+        front.route_of(16, 256, 512, "float16", 0, True, spec)

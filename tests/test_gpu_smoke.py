@@ -277,3 +277,114 @@ def test_the_cpp_runner_takes_a_bias_module(smoke, tmp_path):
     for so in mods:
         out = _run([str(runner), str(so), "--reps", "5"], cwd=tmp_path, env={"LD_LIBRARY_PATH": libs})
         assert out.returncode == 0 and " OK" in out.stdout, (out.stdout, out.stderr)
+
+
+ACT = """
+import torch, gemm_ladder, gemm_ladder.serve.ops
+from gemm_ladder.serve import front, ops
+from gemm_ladder.core.spec import GemmSpec, spec_for, torch_activation
+torch.manual_seed(0)
+cases = [(s, d, e) for s in {shapes!r} for d in ("float16", "bfloat16") for e in {epilogues!r}] + [{alone!r}[::-1]]
+for shape, dtype, epilogue in cases:
+    spec = spec_for(dtype, epilogue)
+    M, N, K = map(int, shape.split("x"))
+    dt = getattr(torch, dtype)
+    A = torch.randn(M, K, device="cuda", dtype=dt)
+    W = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5
+    b = torch.randn(N, device="cuda", dtype=dt) if spec.bias else None
+    ref = torch_activation(A.double() @ W.double().T + (0 if b is None else b.double()), spec.act)
+    # torch's own error: its unfused path, F.linear and then the activation, in the dtype
+    theirs = ((torch_activation(torch.nn.functional.linear(A, W, b), spec.act).double() - ref).norm()
+              / ref.norm()).item()
+    for name, fn in (("matmul", lambda: gemm_ladder.matmul(A, W, bias=b, activation=spec.act, strict=True)),
+                     ("out=", lambda: gemm_ladder.matmul(A, W, bias=b, activation=spec.act, strict=True,
+                                                         out=torch.full((M, N), float("nan"), device="cuda", dtype=dt))),
+                     ("op", lambda: torch.ops.gemm_ladder.mm(A, W, b, spec.act))):
+        D = fn()
+        torch.cuda.synchronize()
+        err = ((D.double() - ref).norm() / ref.norm()).item()
+        worst = ((D.double() - ref).abs().max()).item()
+        assert not D.isnan().any() and err <= 2 * theirs + 1e-3, (shape, dtype, epilogue, name, err, theirs)
+        print("SMOKE act", shape, dtype, epilogue, name, "rel_err", err, "max_abs", worst, "torch", theirs)
+    # the activation ran in the kernel, not a silent torch fallback: a v9 module of the pack
+    route = front.route_of(M, N, K, dtype, spec=spec)
+    assert route.rung == "v9" and route.source == "kernel pack", (route.rung, route.source, route.lines)
+    print("SMOKE act route", shape, dtype, epilogue, route.lines[0], "|", route.lines[2])
+# the op's backward through the activation: dbias = the rows' sum of act'(Z) * dD, Z recomputed on
+# the pack's bias module (A and W want no grad: strict mode has no module for their products)
+M, N, K = map(int, {shapes!r}[0].split("x"))
+A = torch.randn(M, K, device="cuda", dtype=torch.float16)
+W = torch.randn(N, K, device="cuda", dtype=torch.float16) / K ** 0.5
+g = torch.randn(M, N, device="cuda", dtype=torch.float16)
+for epilogue in {epilogues!r}:
+    act = spec_for("float16", epilogue).act
+    b = torch.randn(N, device="cuda", dtype=torch.float16, requires_grad=True)
+    torch.ops.gemm_ladder.mm(A, W, b, act).backward(g)
+    z = (A.double() @ W.double().T + b.detach().double()).requires_grad_()
+    torch_activation(z, act).backward(g.double())
+    err = ((b.grad.double() - z.grad.sum(0)).norm() / z.grad.sum(0).norm()).item()
+    assert err < 2e-2, (epilogue, err)
+    print("SMOKE act grad", epilogue, "dbias rel_err", err)
+try:
+    gemm_ladder.matmul(A, W, activation="gelu")
+except ValueError as err:
+    print("SMOKE act refused:", str(err).splitlines()[0])
+else:
+    raise AssertionError("an unknown activation ran")
+print("SMOKE act done")
+"""
+
+
+def test_matmul_with_a_bias_and_an_activation(smoke, tmp_path):
+    """``matmul(A, W, bias=b, activation=a)`` and ``mm(A, W, b, a)`` for every activation in both
+    dtypes at two odd shapes, on the pack's v9 modules (strict: no torch fallback), against
+    torch's fp64 reference of act(A . W^T + b) with the output poisoned first, within 2x of
+    torch's own unfused path's error; one activation without a bias; the op's bias gradient
+    through the activation."""
+    script = tmp_path / "act.py"
+    script.write_text(textwrap.dedent(ACT.format(shapes=smoke["act_shapes"], epilogues=smoke["act_epilogues"],
+                                                 alone=smoke["act_alone"])))
+    out = _run([sys.executable, str(script)], cwd=tmp_path, env={"GEMM_LADDER_PACK": str(smoke["pack"]),
+                                                                 "GEMM_LADDER_STRICT": "1",
+                                                                 "PYTHONPATH": os.pathsep.join(
+                                                                     filter(None, [os.environ.get("PYTHONPATH"),
+                                                                                   str(REPO)]))})
+    assert out.returncode == 0, out.stderr
+    cases = len(smoke["act_shapes"]) * 2 * len(smoke["act_epilogues"]) + 1
+    assert out.stdout.count("SMOKE act route") == cases and "SMOKE act done" in out.stdout
+
+
+def _act_modules(smoke) -> list[Path]:
+    mods = sorted(smoke["pack"].glob("v9_*act_*.so"))
+    assert len(mods) == len(smoke["act_shapes"]) * 2 * len(smoke["act_epilogues"]) + 1, mods
+    return mods
+
+
+def test_verify_checks_the_activation_modules(smoke, tmp_path):
+    """``verify`` on the pack's activation modules: the harness's reference applies their spec's
+    activation (and adds a random bias where they have one)."""
+    mods = _act_modules(smoke)
+    out = _gemm_ladder("verify", *mods, "--seeds", "0", cwd=tmp_path)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    rows = [line for line in out.stdout.splitlines() if any(m.name in line for m in mods)]
+    assert len(rows) == len(mods) and all(" ok " in f" {r} " for r in rows), out.stdout
+
+
+def test_the_cpp_runner_takes_an_activation_module(smoke, tmp_path):
+    """The C++ runner applies the manifest's activation to its reference (one module of each)."""
+    runner = REPO / "build" / "runner" / "gemm_runner"
+    if not runner.is_file():
+        pytest.skip(f"{runner} is not here: build it with cmake -S . -B build/runner on the build box")
+    site = REPO / "build" / "runtime" / "site"
+    try:
+        import nvidia  # the CUDA runtime torch's wheels carry (libcudart.so.13)
+
+        cudart = [str(Path(p) / "cu13" / "lib") for p in nvidia.__path__]
+    except ImportError:
+        cudart = []
+    libs = os.pathsep.join([str(site / "tvm" / "lib"), str(site / "tvm_ffi" / "lib"), *cudart,
+                            os.environ.get("LD_LIBRARY_PATH", "")])
+    mods = [m for m in _act_modules(smoke) if "float16" in m.name and "bfloat16" not in m.name]
+    for so in mods:
+        out = _run([str(runner), str(so), "--reps", "5"], cwd=tmp_path, env={"LD_LIBRARY_PATH": libs})
+        assert out.returncode == 0 and " OK" in out.stdout, (out.stdout, out.stderr)

@@ -18,10 +18,10 @@ from gemm_ladder.protocol.check import check_config
 from gemm_ladder.core.config import ConfigError, parse_knob_value
 from gemm_ladder.rungs import kernel_of, make_config
 from gemm_ladder.sm90a import hgemm_v10
-from gemm_ladder.core.spec import (EPILOGUES, SPEC_KNOB, GemmSpec, Operand, as_spec, check_built, not_built,
-    spec_for, spec_of, spec_of_manifest)
+from gemm_ladder.core.spec import (ACTIVATIONS, EPILOGUES, SPEC_KNOB, SPEC_SCHEMA, GemmSpec, Operand, as_spec,
+    check_built, epilogue_names, not_built, spec_for, spec_of, spec_of_manifest)
 
-V9 = ("none", "bias")  # what v9 declares it builds (its EPILOGUES)
+V9 = ("none", "bias", "act")  # what v9 declares it builds (its EPILOGUES)
 
 
 # -- fields and operands ------------------------------------------------------------------------
@@ -71,7 +71,7 @@ def test_the_bias_is_built_for_v9_only():
     check_built(GemmSpec.with_bias(), "v9", V9)
     with pytest.raises(ConfigError, match="not built for v10.*built for v9"):
         check_built(GemmSpec.with_bias(), "v10")
-    assert EPILOGUES == ("none", "bias") and spec_for("bfloat16", "bias") == GemmSpec.with_bias("bfloat16")
+    assert EPILOGUES == ("none", "bias", "act") and spec_for("bfloat16", "bias") == GemmSpec.with_bias("bfloat16")
     with pytest.raises(ConfigError, match="not built"):
         spec_for("float16", "gelu")
 
@@ -271,3 +271,107 @@ def test_the_barrier_checker_passes_the_v9_bias_kernel():
     """The bias adds global reads to the epilogue and nothing to its barriers: the protocol check
     finds what it finds without it (nothing)."""
     assert check_config(make_config("v9", 512, 512, 512, spec=GemmSpec.with_bias(), epi_under=True)).ok
+
+
+# -- activations (issue 31): act(acc + bias) in fp32 before rounding, v9 only ----------------------
+ACTS = ACTIVATIONS[1:]
+
+
+def test_an_activation_is_a_field_with_a_name_for_each_epilogue():
+    assert GemmSpec().act == "none" and ACTS == ("relu", "gelu_tanh", "gelu_erf", "silu")
+    for name in epilogue_names():  # none, bias, relu, ..., bias_relu, ...: spec_for and .epilogue invert
+        for dtype in ("float16", "bfloat16"):
+            assert spec_for(dtype, name).epilogue == name and spec_for(dtype, name).d == dtype
+    s = spec_for("bfloat16", "bias_gelu_tanh")
+    assert s == GemmSpec.with_epilogue("bfloat16", True, "gelu_tanh") and s.bias == "bfloat16"
+    assert s.tag() == "bias_gelu_tanh" and spec_for("float16", "silu").tag() == "silu"
+    assert s.epilogue_operands() == GemmSpec.with_bias("bfloat16").epilogue_operands()  # no operand of its own
+    with pytest.raises(ConfigError, match="gelu_tanh"):
+        spec_for("float16", "bias_gelu")
+
+
+@pytest.mark.parametrize("act", ["gelu", "tanh", "", "RELU"])
+def test_an_unknown_activation_is_refused_at_once(act):
+    with pytest.raises(ConfigError, match="act=.*use one of"):
+        GemmSpec(act=act)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_an_activation_round_trips_as_text_knob_and_manifest(act, bias):
+    spec = GemmSpec.with_epilogue("bfloat16", bias, act)
+    assert spec.text().endswith(f".act_{act}") and GemmSpec.parse(spec.text()) == spec
+    assert parse_knob_value(spec.text()) == spec.text()
+    doc = json.loads(json.dumps(spec.to_dict()))
+    assert doc["act"] == act and GemmSpec.from_dict(doc) == spec
+    assert SPEC_SCHEMA.check(doc) == doc
+    cfg = make_config("v9", 256, 256, 512, spec=spec)
+    assert spec_of(cfg) == spec and cfg.tag().endswith(f"act_{act}")
+
+
+def test_specs_without_an_activation_write_what_they_wrote_before():
+    """Manifests and pack entries of specs without an activation carry no ``act`` (byte-identical
+    to before it existed); one without it reads as ``none``, and ``act_none`` parses too."""
+    for spec in (GemmSpec(), GemmSpec.with_bias("bfloat16")):
+        assert "act" not in spec.to_dict() and "act" not in spec.text()
+    old = {k: v for k, v in GemmSpec.with_bias().to_dict().items()}
+    assert GemmSpec.from_dict(old).act == "none" and spec_of_manifest({"spec": old}) == GemmSpec.with_bias()
+    assert GemmSpec.parse("bias.act_none") == GemmSpec.with_bias()
+
+
+def test_a_manifest_with_an_activation_round_trips_and_a_bad_one_is_refused(tmp_path):
+    spec = GemmSpec.with_epilogue("bfloat16", True, "silu")
+    man = manifest.read_manifest(_stand_in(tmp_path, spec.to_dict()))
+    assert runtime.GemmModule(tmp_path / "m.so", man, None).spec == spec
+    _stand_in(tmp_path, {**spec.to_dict(), "act": "gelu"})
+    with pytest.raises(manifest.ManifestError, match="act"):
+        manifest.read_manifest(tmp_path / "m.so")
+
+
+@pytest.mark.parametrize("rung", ["v10", "v11", "v6"])
+def test_rungs_without_the_activation_refuse_it_before_compiling(rung):
+    with pytest.raises(ConfigError, match=f"not built for {rung}.*no act"):
+        make_config(rung, 256, 256, 512, spec=GemmSpec.with_epilogue("float16", False, "relu"))
+
+
+def test_v9_refuses_an_activation_with_narrow_tiles():
+    with pytest.raises(ConfigError, match="epilogue gelu_erf with tail_n=232"):
+        make_config("v9", 4096, 4096, 4096, spec=spec_for("float16", "gelu_erf"), tail_n=232)
+    check_built(spec_for("float16", "bias_silu"), "v9", V9)
+    assert "no act" in not_built(spec_for("float16", "bias_silu"), "v9", ("none", "bias"))
+
+
+def test_the_policy_and_the_pack_plan_pick_v9_for_an_activation():
+    spec = spec_for("float16", "bias_gelu_tanh")
+    for M in (1, 333, 4096):
+        choice = plan.choose(plan.Problem(M, 4096, 4096, "float16", "sm_90a", 132, spec), use_db=False)
+        assert choice.rung == "v9" and choice.knobs[SPEC_KNOB] == spec.text()
+    items = kernel_pack.plan_pack([(333, 3000, 520)], ["bfloat16"], sms=132, epilogues=("bias", "bias_relu", "silu"))
+    assert sorted(i["file"].rsplit("_sm_90a", 1)[1].split("snake", 1)[1] for i in items) == [
+        "_act_silu.so", "_bias_bfloat16-act_relu.so", "_bias_bfloat16.so"]
+
+
+# each activation's formula in the generated CUDA: CUDA's names of TIRx's T.max, T.tanh, T.erf, T.exp
+CUDA_MATH = {"relu": "max(pre_act", "gelu_tanh": "tanhf(", "gelu_erf": "erff(", "silu": "expf("}
+
+
+@pytest.mark.parametrize("act, bias", [("relu", True), ("gelu_tanh", True), ("gelu_erf", True), ("silu", False)])
+def test_v9_with_an_activation_applies_it_before_rounding(act, bias):
+    """The activation is bound to the (biased) accumulator once (``pre_act``) and applied inside
+    the cvt that rounds it, in the staged chunks and epi_under's pairs alike."""
+    spec = GemmSpec.with_epilogue("float16", bias, act)
+    cfg = make_config("v9", 200, 264, 320, spec=spec, epi_under=True, cluster_m=1)
+    assert [str(p.name) for p in kernel_of(cfg).params][-1] == ("bias" if bias else "num_ctas")
+    mod = builder.build(kernel_of(cfg))
+    src = mod.cuda_source()
+    cvts = [line for line in src.splitlines() if "cvt" in line and "pre_act" in line]
+    assert cvts and all(CUDA_MATH[act] in line for line in cvts), src[:2000]
+    assert not [line for line in src.splitlines() if "cvt" in line and "Dreg" in line]  # none left unactivated
+    assert ("bias_ptr" in src) == bias and all(CUDA_MATH[a] not in src for a in ACTS if a != act and a != "relu")
+    assert mod.manifest()["spec"]["act"] == act
+
+
+def test_the_barrier_checker_passes_the_v9_activation_kernel():
+    """The activation is arithmetic on registers: the protocol check finds nothing, as without it."""
+    assert check_config(make_config("v9", 512, 512, 512, spec=spec_for("float16", "bias_gelu_tanh"),
+                                    epi_under=True)).ok

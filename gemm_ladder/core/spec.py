@@ -23,6 +23,8 @@ compiles. Built today:
     b_major     K (B is [N, K], row-major, like nn.Linear.weight)
     bias        None, or D's dtype: D[m, n] = round(acc[m, n] + bias[n]), on rungs whose
                 ``EPILOGUES`` lists ``"bias"`` (v9)
+    act         one of ACTIVATIONS, after the bias, in fp32 before rounding:
+                D = round(act(acc + bias)), on rungs whose ``EPILOGUES`` lists ``"act"`` (v9)
     residual    None
     scales      None
     grouped     False
@@ -50,7 +52,10 @@ ACC_DTYPE = "float32"
 DTYPE_CHOICES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2", "float32")
 MAJORS = {"a_major": ("K", "M"), "b_major": ("K", "N")}
 SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A / of B, 1x128 blocks
-EPILOGUES = ("none", "bias")  # what a rung may declare it builds (a rung's EPILOGUES)
+# the activation after the bias: relu, GELU by tanh's formula (F.gelu(approximate="tanh")) or erf's
+# (F.gelu), SiLU (F.silu); "none": the identity
+ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
+EPILOGUES = ("none", "bias", "act")  # what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS)
 
 
 # the manifest's and the pack entry's ``spec`` field (GemmSpec.to_dict), checked when they are read
@@ -58,7 +63,8 @@ SPEC_SCHEMA = Obj(
     {"a": Str(DTYPE_CHOICES), "b": Str(DTYPE_CHOICES), "d": Str(DTYPE_CHOICES)},
     {"acc": Str(DTYPE_CHOICES), "a_major": Str(MAJORS["a_major"]), "b_major": Str(MAJORS["b_major"]),
      "bias": Maybe(Str(DTYPE_CHOICES)), "residual": Maybe(Str(DTYPE_CHOICES)), "scales": Maybe(Str(SCALES)),
-     "grouped": Bool(), "operands": List(Obj({"name": Str(), "dtype": Str(), "shape": List(ANY)}))})
+     "act": Str(ACTIVATIONS), "grouped": Bool(),
+     "operands": List(Obj({"name": Str(), "dtype": Str(), "shape": List(ANY)}))})
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class GemmSpec:
     bias: str | None = None  # dtype of a per-column bias [N], or None
     residual: str | None = None  # dtype of a residual C [M, N] added before rounding, or None
     scales: str | None = None  # fp32 scales of A and B (one of SCALES), or None
+    act: str = "none"  # the activation after the bias (one of ACTIVATIONS)
     grouped: bool = False  # grouped GEMM: int32 offsets [G + 1] of each group's rows of A
 
     def __post_init__(self):
@@ -101,6 +108,10 @@ class GemmSpec:
                 raise ConfigError(f"spec {name}={getattr(self, name)!r}; use one of {choices}")
         if self.scales is not None and self.scales not in SCALES:
             raise ConfigError(f"spec scales={self.scales!r}; use one of {SCALES} or None")
+        if self.act is None:  # "act_none" in text reads as None
+            object.__setattr__(self, "act", "none")
+        if self.act not in ACTIVATIONS:
+            raise ConfigError(f"spec act={self.act!r} is no activation gemm_ladder knows; use one of {ACTIVATIONS}")
         if not isinstance(self.grouped, bool):
             raise ConfigError(f"spec grouped={self.grouped!r}; use True or False")
 
@@ -114,10 +125,17 @@ class GemmSpec:
         """``dtype`` in and out, plus a per-column bias in ``dtype``."""
         return cls(a=dtype, b=dtype, d=dtype, bias=dtype)
 
+    @classmethod
+    def with_epilogue(cls, dtype: str = "float16", bias: bool = False, act: str = "none") -> "GemmSpec":
+        """``dtype`` in and out, a per-column bias in ``dtype`` or none, then activation ``act``."""
+        return cls(a=dtype, b=dtype, d=dtype, bias=dtype if bias else None, act=act)
+
     @property
     def epilogue(self) -> str:
-        """The epilogue's name: ``none``, ``bias``, ``residual``, ``bias+residual``."""
-        parts = [p for p, on in (("bias", self.bias), ("residual", self.residual)) if on]
+        """The epilogue's name, as ``pack build --epilogue`` takes it (:func:`spec_for`): ``none``,
+        ``bias``, an activation (``gelu_tanh``), ``bias_gelu_tanh``; ``residual`` (not built) joins with ``+``."""
+        head = "_".join(p for p, on in (("bias", self.bias), (self.act, self.act != "none")) if on)
+        parts = [p for p, on in ((head, head), ("residual", self.residual)) if on]
         return "+".join(parts) or "none"
 
     def is_default(self) -> bool:
@@ -158,11 +176,12 @@ class GemmSpec:
         return ".".join([f"d_{self.d}"] + [f"{k}_{_word(v)}" for k, v in mine.items() if k != "d" and v != base[k]])
 
     def tag(self) -> str:
-        """A short file-name part ("" for the default): ``bias`` where the bias is D's dtype."""
+        """A short file-name part ("" for the default): the epilogue's name (``bias``,
+        ``bias_gelu_tanh``) where only it differs from the default and a bias is D's dtype."""
         if self.is_default():
             return ""
-        if self == GemmSpec.with_bias(self.d):
-            return "bias"
+        if self == GemmSpec.with_epilogue(self.d, bool(self.bias), self.act):
+            return self.epilogue
         return self.text().replace(".", "-")
 
     @classmethod
@@ -187,9 +206,11 @@ class GemmSpec:
         return dataclasses.replace(cls.default(d), **fields)
 
     def to_dict(self) -> dict:
-        """For manifests: every field, plus the operand list (name, dtype, shape) for readers
+        """For manifests: every field (but ``act`` where it is ``none``: the manifests of specs
+        without one stay as they were), plus the operand list (name, dtype, shape) for readers
         without this module (the C++ runner)."""
-        return {**dataclasses.asdict(self),
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "act" or v != "none"}
+        return {**fields,
                 "operands": [{"name": o.name, "dtype": o.dtype, "shape": list(o.shape), "role": o.role}
                              for o in self.operands()]}
 
@@ -219,11 +240,22 @@ def as_spec(value, dtype: str = "float16") -> GemmSpec:
     raise ConfigError(f"spec={value!r} is {type(value).__name__}; pass a GemmSpec or its text (e.g. bias_float16)")
 
 
+def epilogue_names() -> tuple[str, ...]:
+    """The epilogue names :func:`spec_for` takes: ``none``, ``bias``, each activation, and
+    ``bias_`` + each activation (``bias_gelu_tanh``)."""
+    acts = ACTIVATIONS[1:]
+    return ("none", "bias") + acts + tuple(f"bias_{a}" for a in acts)
+
+
 def spec_for(dtype: str, epilogue: str = "none") -> GemmSpec:
-    """The spec of ``dtype`` in and out with the epilogue named (``none`` or ``bias``)."""
-    if epilogue not in EPILOGUES:
-        raise ConfigError(f"epilogue {epilogue!r} is not built; use one of {EPILOGUES}")
-    return GemmSpec.with_bias(dtype) if epilogue == "bias" else GemmSpec.default(dtype)
+    """The spec of ``dtype`` in and out with the epilogue named (:func:`epilogue_names`: ``none``,
+    ``bias``, ``relu``, ``bias_gelu_tanh``, ...; the inverse of :attr:`GemmSpec.epilogue`)."""
+    if epilogue not in epilogue_names():
+        raise ConfigError(f"epilogue {epilogue!r} is not built; use one of {', '.join(epilogue_names())}")
+    bias = epilogue == "bias" or epilogue.startswith("bias_")
+    act = epilogue[len("bias_"):] if epilogue.startswith("bias_") else (epilogue if epilogue not in ("none", "bias")
+                                                                         else "none")
+    return GemmSpec.with_epilogue(dtype, bias, act)
 
 
 def spec_knobs(spec: GemmSpec | None) -> dict:
@@ -249,10 +281,28 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
         return "a residual C is not built yet"
     if spec.bias is not None and spec.bias != spec.d:
         return f"bias={spec.bias}: a bias is built in D's dtype ({spec.d}) only"
-    if spec.epilogue not in epilogues:
-        return (f"epilogue {spec.epilogue!r} is not built for {rung} (it builds {', '.join(epilogues)}); "
-                "the bias epilogue is built for v9")
+    missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none")) if on and part not in epilogues]
+    if missing:
+        return (f"epilogue {spec.epilogue!r} is not built for {rung} (its epilogue has no {' and no '.join(missing)}; "
+                f"it builds {', '.join(epilogues)}); the bias and the activations are built for v9")
     return None
+
+
+def torch_activation(x, act: str):
+    """``act`` (one of ACTIVATIONS) as torch computes it on ``x`` (a new tensor; ``x`` for ``none``):
+    the reference and the fallback of the fused activation, in ``x``'s dtype (fp64 for a reference)."""
+    # optional: torch, the caller's (this module imports no torch otherwise)
+    import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
+
+    if act not in ACTIVATIONS:
+        raise ConfigError(f"activation {act!r}: use one of {', '.join(ACTIVATIONS)}")
+    if act == "none":
+        return x
+    if act == "relu":
+        return F.relu(x)
+    if act == "silu":
+        return F.silu(x)
+    return F.gelu(x, approximate="tanh" if act == "gelu_tanh" else "none")
 
 
 def spec_of(cfg) -> GemmSpec:

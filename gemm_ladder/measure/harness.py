@@ -18,6 +18,14 @@ Runtime-only (torch + the TVM runtime). The method:
   in a graph sees. Read its ratio as "under capture", not as the queued one: cuBLAS may run other
   kernels when captured (H100, 4096^3 fp16: 667-671 TFLOPS captured, 738-744 queued, in one run:
   ``benchmarks/results/2026-11-22_h100_v9_timers/``).
+
+A module whose operand spec (``gemm_ladder.core.spec``) has a bias gets a random one, and one with
+an activation has it in the reference (``spec.torch_activation`` in float64) and in torch's side:
+``check`` compares with torch's unfused path (``addmm`` or ``matmul``, rounded, then the
+activation), and ``time_module`` times against it too (``F.linear`` then the activation, the
+unfused path a model runs). cuBLASLt's fused epilogue, ``torch._addmm_activation`` (relu, and GELU
+by tanh's formula, with a bias), is the other peer where it applies (``fused_peer`` says so); it is
+not timed here.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from dataclasses import asdict, dataclass
 
 from ..core import device
 from ..core.provenance import git_commit, utc_now
+from ..core.spec import torch_activation
 
 ERROR_FLOOR = {"float16": 2e-4, "bfloat16": 2e-3}
 
@@ -88,10 +97,11 @@ def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
     # a module whose operand spec adds a bias (gemm_ladder.core.spec): a random one, in the reference too
     bias = random_inputs(1, mod.N, 1, mod.dtype, seed=seed + 1)[1][:, 0].contiguous() \
         if getattr(getattr(mod, "spec", None), "bias", None) else None
+    act = getattr(getattr(mod, "spec", None), "act", "none")
     mod(A, B, out=out, **({} if bias is None else {"bias": bias}))
     torch.cuda.synchronize()
-    ref = A.double() @ B.double().T + (0 if bias is None else bias.double())
-    theirs = (A @ B.T if bias is None else torch.addmm(bias, A, B.T)).double()
+    ref = torch_activation(A.double() @ B.double().T + (0 if bias is None else bias.double()), act)
+    theirs = torch_activation(A @ B.T if bias is None else torch.addmm(bias, A, B.T), act).double()
     ours = out.double()
     nan_count = int(torch.isnan(ours).sum().item())
     ref_norm = ref.norm().item() or 1.0
@@ -236,6 +246,8 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     bias = random_inputs(1, mod.N, 1, mod.dtype, seed=999)[1][:, 0].contiguous() \
         if getattr(getattr(mod, "spec", None), "bias", None) else None
     operands = {} if bias is None else {"bias": bias}
+    # an activation module against torch's unfused path: the product, then the activation
+    act = getattr(getattr(mod, "spec", None), "act", "none")
 
     def ours_fn(a, b, o):
         mod(a, b, out=o, **operands)
@@ -245,6 +257,8 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
             torch.matmul(a, b.T, out=o)
         else:
             torch.addmm(bias, a, b.T, out=o)
+        if act != "none":
+            torch_activation(o, act)
 
     ours_side, theirs_side = ours_fn, theirs_fn
     if timer == "graph":
@@ -291,6 +305,10 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
         "rounds": rounds,
         "warmup": warmup,
         "timer": timer if timer == "queued" else f"graph of {GRAPH_CALLS} launches",
+        **({} if act == "none" else {
+            "cublas_path": f"{'addmm' if bias is not None else 'matmul'} then {act} (torch's unfused path)",
+            "fused_peer": ("torch._addmm_activation (cuBLASLt's fused epilogue) applies, not timed here"
+                           if bias is not None and act in ("relu", "gelu_tanh") else "none in torch")}),
     }
 
 

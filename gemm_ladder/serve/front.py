@@ -4,6 +4,7 @@
     D = gemm_ladder.matmul(A, B)              # A [..., K] (batch dims flattened into M), B [N, K]
     gemm_ladder.matmul(A, B, out=D)           # D [..., N]
     gemm_ladder.matmul(A, B, bias=b)          # D = A . B^T + b, b [N] (fp32 sum, then rounded)
+    gemm_ladder.matmul(A, B, bias=b, activation="gelu_tanh")  # D = gelu(A . B^T + b), in fp32, then rounded
     gemm_ladder.matmul(A, B, explain=True)    # also prints which kernel, from where, and why
 
 How a call finds its kernel (once per shape, dtype and GPU arch; then from memory)::
@@ -45,8 +46,12 @@ A bias (``bias=``: 1-d, N values, A's dtype and GPU, contiguous) is the operand 
 bias (``gemm_ladder.core.spec``): the kernel adds it to the fp32 accumulators before rounding. Its
 modules are separate (a pack serves it from ``pack build --epilogue bias``; the policy picks a
 rung that builds it: v9); where none serves, torch's ``addmm`` computes it, as for a missing shape.
-A call with a bias takes the checked path every time (the fast path of repeated calls below does
-not cover it yet).
+An activation (``activation=``: ``relu``, ``gelu_tanh``, ``gelu_erf``, ``silu``, or None) is the
+spec's ``act``: the kernel applies it after the bias, in fp32, before rounding (modules from
+``pack build --epilogue bias_gelu_tanh``, or ``gelu_tanh`` without a bias); where none serves,
+torch computes ``F.linear`` and then the activation (``spec.torch_activation``), with the warning.
+A call with a bias or an activation takes the checked path every time (the fast path of repeated
+calls below does not cover it yet).
 
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
 It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
@@ -66,7 +71,7 @@ from pathlib import Path
 
 from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
-from ..core.spec import GemmSpec
+from ..core.spec import ACTIVATIONS, GemmSpec, torch_activation
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
 from .runtime import ModuleInputError, load
 from .tma_layout import Fixes, Layout, layout_fixes
@@ -204,6 +209,17 @@ def check_shapes(A, B, out, bias=None):
     _refuse_grad_and_overlap(A, B, out, bias)
     M = int(torch.Size(A.shape[:-1]).numel())
     return M, N, K, shape
+
+
+def check_activation(activation, who: str = "gemm_ladder.matmul") -> str:
+    """The spec's ``act`` of an ``activation=`` argument (None: ``none``); else ModuleInputError
+    naming the activations there are."""
+    if activation is None:
+        return "none"
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        hint = " (F.gelu's default is gelu_erf; approximate='tanh' is gelu_tanh)" if activation == "gelu" else ""
+        raise ModuleInputError(f"{who}: activation={activation!r}; use one of {', '.join(ACTIVATIONS)}, or None{hint}")
+    return activation
 
 
 def check_bias(bias, dtype, N: int, who: str = "gemm_ladder.matmul") -> None:
@@ -388,7 +404,7 @@ def _far(e: dict, fit: str, M: int) -> str | None:
 def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool, spec: GemmSpec) -> Route:
     route = _resolve_ours(M, N, K, dtype, arch, index, strict, spec)
     if not strict and is_tiny(M, N, K) and not isinstance(route.module, TorchMatmul):
-        return _captured_by_torch(route, M, N, K)
+        return _captured_by_torch(route, M, N, K, spec.act)
     return route
 
 
@@ -410,7 +426,7 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
         except IndexRangeError as err:  # past what any kernel of ours indexes: torch's 64-bit indices take it
             if strict:
                 raise
-            return _torch_route(M, N, K, dtype, str(err), "split the call into parts that fit")
+            return _torch_route(M, N, K, dtype, str(err), "split the call into parts that fit", spec.act)
     epilogue = "" if spec.is_default() else f" --epilogue {spec.epilogue}"
     how = (f"on a box with TVM's compiler: python -m gemm_ladder pack build --shapes {M}x{N}x{K} --dtypes {dtype}"
            f"{epilogue} --out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK")
@@ -425,12 +441,12 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
                       f"(strict mode); for a kernel made for this M, {how}")
             return route
         return _torch_route(M, N, K, what, f"the nearest kernel pack module, {found.entry['file']}, would serve it "
-                                               f"badly: {far}; and nothing can be built here ({why})", how)
+                                               f"badly: {far}; and nothing can be built here ({why})", how, spec.act)
     where = ", ".join(str(p.folder) for p in _packs()) or "none ($GEMM_LADDER_PACK is not set)"
     missing = f"no kernel pack serves it (packs: {where}{beyond}) and nothing can be built here ({why})"
     if strict:
         raise NoKernelError(f"no kernel for M={M}, N={N}, K={K}, {what} on {arch}: {missing}. {how[0].upper()}{how[1:]}")
-    return _torch_route(M, N, K, what, missing, how)
+    return _torch_route(M, N, K, what, missing, how, spec.act)
 
 
 class KernelFallbackWarning(UserWarning):
@@ -438,11 +454,15 @@ class KernelFallbackWarning(UserWarning):
 
 
 class TorchMatmul:
-    """torch's own ``D = A . B^T`` (+ ``bias``: ``addmm``; cuBLAS) in a module's place: the front
-    door's fallback where no kernel of ours serves a shape (or its bias), so a model with one such
-    layer still runs, as fast as torch."""
+    """torch's own ``D = A . B^T`` (+ ``bias``: ``addmm``; cuBLAS), then the activation ``act``
+    (``spec.torch_activation``: torch's best unfused path, F.linear and then the activation) in a
+    module's place: the front door's fallback where no kernel of ours serves a shape (or its
+    epilogue), so a model with one such layer still runs, as fast as torch."""
 
     path = "torch.matmul (cuBLAS)"
+
+    def __init__(self, act: str = "none"):
+        self.act = act
 
     def __call__(self, a, b, out, bias=None):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
@@ -451,19 +471,22 @@ class TorchMatmul:
             torch.matmul(a, b.t(), out=out)
         else:
             torch.addmm(bias, a, b.t(), out=out)
+        if self.act != "none":
+            out.copy_(torch_activation(out, self.act))
 
 
 def _warn(text: str) -> None:
     warnings.warn(text, KernelFallbackWarning, stacklevel=4)
 
 
-def _torch_route(M: int, N: int, K: int, dtype: str, why: str, how: str) -> Route:
-    """The fallback (see :class:`TorchMatmul`), said once per shape: a warning, and ``explain``."""
+def _torch_route(M: int, N: int, K: int, dtype: str, why: str, how: str, act: str = "none") -> Route:
+    """The fallback (see :class:`TorchMatmul`; ``act``: the activation after it), said once per
+    shape and epilogue: a warning, and ``explain``."""
     _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {dtype}: torch's own matmul computes it: {why}. For a kernel "
           f"of ours, {how}. {STRICT_ENV}=1 (or strict=True) makes this an error")
     lines = ["kernel: torch.matmul (cuBLAS), the fallback", f"why: {why}", f"for a kernel of ours: {how}",
              f"source: torch ({STRICT_ENV}=1 or matmul(..., strict=True) raises NoKernelError instead)"]
-    return Route(TorchMatmul(), None, "torch fallback", "torch", {}, lines)
+    return Route(TorchMatmul(act), None, "torch fallback", "torch", {}, lines)
 
 
 STRICT_ENV = "GEMM_LADDER_STRICT"
@@ -491,8 +514,8 @@ class CapturedByTorch:
     cuBLAS's is faster (ours 0.34-0.76x). One ``torch.cuda.is_current_stream_capturing()`` a call
     picks each where it wins."""
 
-    def __init__(self, ours):
-        self.ours, self.torch = ours, TorchMatmul()
+    def __init__(self, ours, act: str = "none"):
+        self.ours, self.torch = ours, TorchMatmul(act)
         self.path = getattr(ours, "path", "")
 
     def __call__(self, a, b, out, bias=None):
@@ -514,8 +537,8 @@ class CapturedByTorch:
         return lambda x, y, z, *extras: theirs(x, y, z, *extras) if capturing() else ours(x, y, z, *extras)
 
 
-def _captured_by_torch(route: Route, M: int, N: int, K: int) -> Route:
-    route.module = CapturedByTorch(route.module)
+def _captured_by_torch(route: Route, M: int, N: int, K: int, act: str = "none") -> Route:
+    route.module = CapturedByTorch(route.module, act)
     route.lines.append(f"under CUDA-graph capture: torch.matmul (cuBLAS), since {M}x{N}x{K} is under "
                        f"{TINY_FLOPS / 1e9:.0f} GFLOP and {TINY_BYTES >> 20} MiB moved, where cuBLAS's kernel measured "
                        "faster than ours (0.34-0.76x ours) [benchmarks/results/2026-11-25_h100_every_model/"
@@ -594,8 +617,9 @@ def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes
     return result
 
 
-def _trivial(A, out, shape, M: int, N: int, K: int, bias=None):
-    """Empty shapes: nothing to launch (K = 0 gives zeros, or the bias, as cuBLAS does)."""
+def _trivial(A, out, shape, M: int, N: int, K: int, bias=None, act: str = "none"):
+    """Empty shapes: nothing to launch (K = 0 gives zeros, or the bias, as cuBLAS does; then the
+    activation of that)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     D = out if out is not None else torch.empty(shape, dtype=A.dtype, device=A.device)
@@ -603,6 +627,8 @@ def _trivial(A, out, shape, M: int, N: int, K: int, bias=None):
         D.zero_()
         if bias is not None:
             D += bias
+        if act != "none":
+            D.copy_(torch_activation(D, act))
     return D
 
 
@@ -695,40 +721,43 @@ def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
             _FAST[key] = (route, launch, M, N, K, tuple(shape), spans)
 
 
-def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None):
-    """D = A . B^T (+ ``bias``, one value per column: N values in A's dtype, added to the fp32 sums
-    before rounding) on the GPU, for any shape (see the module docstring); returns D (or ``out``).
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None):
+    """D = act(A . B^T (+ ``bias``, one value per column: N values in A's dtype, added to the fp32
+    sums)), ``activation`` one of ``relu``, ``gelu_tanh``, ``gelu_erf``, ``silu`` or None, applied
+    in fp32 before rounding, on the GPU, for any shape (see the module docstring); returns D (or ``out``).
 
     ``strict``: where no kernel of ours serves the shape, raise :class:`NoKernelError` instead of
     computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
     first resolved)."""
-    if not explain and strict is None and bias is None:
+    if not explain and strict is None and bias is None and activation is None:
         done = _fast(A, B, out)
         if done is not None:
             return done
+    act = check_activation(activation)
     M, N, K, A2, out2, shape = _check(A, B, out, bias)
     dtype = _dtype_name(A.dtype)
     if M == 0 or N == 0 or K == 0:
         if explain:
             print(f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype}: empty, nothing launched", file=sys.stderr)
-        return _trivial(A, out, shape, M, N, K, bias)
+        return _trivial(A, out, shape, M, N, K, bias, act)
     aligned = (A2.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, out2 is None or out2.data_ptr() % 16 == 0)
     if K % 8 or N % 8 or not all(aligned):
         fixes = layout_fixes(Layout(M, N, K, dtype, *aligned, out_given=out2 is not None))
     else:
         fixes = Fixes((), N, K)
     index = A.device.index if A.device.index is not None else 0
-    spec = GemmSpec.with_bias(dtype) if bias is not None else None
+    spec = GemmSpec.with_epilogue(dtype, bias is not None, act) if bias is not None or act != "none" else None
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
     D = launch_route(route, A2, B, out2, M, N, K, fixes, bias)
-    if bias is None and not fixes.names and (route.module_M is None or route.module_M == M):
+    if spec is None and not fixes.names and (route.module_M is None or route.module_M == M):
         _remember(A, B, out, route, M, N, K, shape)
     if explain:
         batch = tuple(A.shape) if A.dim() != 2 else None
         text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)
-        print(text + ("\n  epilogue: + bias[n], added to the fp32 sums before rounding" if bias is not None else ""),
+        steps = [what for what, on in (("+ bias[n]", bias is not None), (act, act != "none")) if on]
+        print(text + (f"\n  epilogue: {', then '.join(steps)}, on the fp32 sums before rounding" if steps else ""),
               file=sys.stderr)
     return out if out is not None else D.view(shape)

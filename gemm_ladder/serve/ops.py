@@ -3,12 +3,15 @@
     import gemm_ladder.serve.ops                        # registers the op (imports torch)
     D = torch.ops.gemm_ladder.mm(A, B)            # A [..., K], B [N, K] -> D [..., N] = A . B^T
     D = torch.ops.gemm_ladder.mm(A, B, bias)      # + bias [N] (nn.Linear's), in the kernel's epilogue
+    D = torch.ops.gemm_ladder.mm(A, B, bias, "gelu_tanh")  # then an activation, in the epilogue too
 
 The op is registered with ``torch.library.custom_op`` and has a fake implementation (shapes and
 dtypes only), so ``torch.compile(fullgraph=True)`` traces a model that calls it without a graph
 break and ``torch.export`` exports it; an autograd formula in terms of the op itself
 (``dA = mm(dD, B^T)``, ``dB = mm(dD^T, A^T)`` on the flattened batch, ``dbias`` = the sum of
-``dD`` over its rows), so it trains. The real
+``dD`` over its rows; with an activation, ``dD`` is first taken through it at the pre-activation
+``Z = mm(A, B, bias)``, recomputed in the backward (one more GEMM; the forward writes only D), by
+torch's own ``*_backward`` ops), so it trains. The real
 implementation is :func:`gemm_ladder.matmul` on torch's current stream (under the op's autograd,
 with grad mode off); inputs are made contiguous first (free when they are), as torch's own matmul
 takes any strides, except a B laid out as a transposed view (``lin.weight.t()``): B is [N, K]
@@ -23,13 +26,14 @@ from __future__ import annotations
 
 import torch
 
-from .front import B_LAYOUT, check_bias, is_transposed, matmul, transposed_b_error
+from .front import B_LAYOUT, check_activation, check_bias, is_transposed, matmul, transposed_b_error
 from .runtime import ModuleInputError
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _check_meta(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+def _check_meta(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None,
+                activation: str | None = None) -> None:
     """The checks that need no data: the same as the real op's, for fake and meta tensors."""
     for name, t, what in (("A", A, "[..., K]"), ("B", B, "[N, K]")):
         if not isinstance(t, torch.Tensor):
@@ -44,28 +48,51 @@ def _check_meta(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = No
     torch._check(not is_transposed(B), lambda: f"gemm_ladder.mm: {transposed_b_error(B)}")
     if bias is not None:
         check_bias(bias, A.dtype, B.shape[0], "gemm_ladder.mm")
+    check_activation(activation, "gemm_ladder.mm")
 
 
 @torch.library.custom_op("gemm_ladder::mm", mutates_args=())
-def mm(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """D = A . B^T (+ bias [N]) through ``gemm_ladder.matmul`` (A [..., K], B [N, K])."""
-    _check_meta(A, B, bias)
-    return matmul(A.contiguous(), B.contiguous(), bias=None if bias is None else bias.contiguous())
+def mm(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None,
+       activation: str | None = None) -> torch.Tensor:
+    """D = act(A . B^T (+ bias [N])) through ``gemm_ladder.matmul`` (A [..., K], B [N, K];
+    ``activation``: relu, gelu_tanh, gelu_erf, silu or None)."""
+    _check_meta(A, B, bias, activation)
+    return matmul(A.contiguous(), B.contiguous(), bias=None if bias is None else bias.contiguous(),
+                  activation=activation)
 
 
 @mm.register_fake
-def _mm_fake(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    _check_meta(A, B, bias)
+def _mm_fake(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None,
+             activation: str | None = None) -> torch.Tensor:
+    _check_meta(A, B, bias, activation)
     return A.new_empty((*A.shape[:-1], B.shape[0]))
 
 
 def _setup_context(ctx, inputs, output):  # pylint: disable=unused-argument
-    A, B = inputs[:2]  # the bias (when given) is not needed: its grad is the sum of dD over rows
-    ctx.save_for_backward(A, B)
+    A, B = inputs[:2]
+    bias = inputs[2] if len(inputs) > 2 else None
+    ctx.activation = check_activation(inputs[3] if len(inputs) > 3 else None, "gemm_ladder.mm")
+    # the bias's grad is the sum of dD over rows: it is kept only to recompute an activation's input
+    ctx.has_bias = bias is not None and ctx.activation != "none"
+    ctx.save_for_backward(A, B, *((bias,) if ctx.has_bias else ()))
+
+
+def activation_backward(grad: torch.Tensor, z: torch.Tensor, act: str) -> torch.Tensor:
+    """dL/dZ of ``D = act(Z)`` from ``grad`` = dL/dD (torch's own backward ops, in fp32)."""
+    g, zf = grad.float(), z.float()
+    if act == "relu":
+        out = torch.ops.aten.threshold_backward(g, zf, 0)
+    elif act == "silu":
+        out = torch.ops.aten.silu_backward(g, zf)
+    else:
+        out = torch.ops.aten.gelu_backward(g, zf, approximate="tanh" if act == "gelu_tanh" else "none")
+    return out.to(grad.dtype)
 
 
 def _backward(ctx, grad):
-    A, B = ctx.saved_tensors
+    A, B, *rest = ctx.saved_tensors
+    if ctx.activation != "none":  # through the activation at its input, recomputed: Z = A . B^T (+ bias)
+        grad = activation_backward(grad, mm(A, B, rest[0] if ctx.has_bias else None), ctx.activation)
     dA = dB = dbias = None
     # the B operands are transposes, made contiguous here: the op refuses a transposed view as B
     if ctx.needs_input_grad[0]:
@@ -75,7 +102,7 @@ def _backward(ctx, grad):
         dB = mm(g2.t(), a2.t().contiguous())  # [N, M] . ([K, M])^T
     if len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2]:  # D[m, n] = ... + bias[n]: every row's
         dbias = grad.reshape(-1, B.shape[0]).sum(0, dtype=torch.float32).to(grad.dtype)  # dD[m, n] adds to it
-    return (dA, dB, dbias)[:len(ctx.needs_input_grad)]
+    return (dA, dB, dbias, None)[:len(ctx.needs_input_grad)]
 
 
 mm.register_autograd(_backward, setup_context=_setup_context)

@@ -20,7 +20,7 @@ lets the store that read it finish (``cp.async.bulk.wait_group.read``).
 What the epilogue does to each fp32 accumulator before it is rounded to D's type is an
 :class:`EpilogueOp` (``ChunkedEpilogue.op``): nothing (:data:`NO_OP`), or, where the operand spec
 (``gemm_ladder.core.spec``) has a per-column bias, :class:`BiasOp`: ``+ bias[n]`` in fp32 before the
-rounding (:func:`op_of` picks it). A fused epilogue is another class with the same members: the
+rounding, and where it has an activation, :class:`ActivationOp` around it (:func:`op_of` picks them). A fused epilogue is another class with the same members: the
 operands it reads, and ``apply``, called on every accumulator where it is rounded
 (:func:`acc_chunk_to_smem_stmatrix`, :func:`acc_to_pairs`) with the tile's first column. The
 spec's epilogue operands become kernel parameters through :func:`kernel_operands` (after
@@ -91,9 +91,53 @@ class BiasOp(EpilogueOp):
         return value + T.Cast("float32", self.bias[T.min(col, self.bias.shape[0] - 1)])
 
 
+def _relu(x):
+    return T.max(x, T.float32(0))
+
+
+def _gelu_tanh(x):  # F.gelu(x, approximate="tanh")
+    return T.float32(0.5) * x * (T.float32(1) + T.tanh(T.float32(0.7978845608028654) * (x + T.float32(0.044715) * x * x * x)))
+
+
+def _gelu_erf(x):  # F.gelu(x)
+    return T.float32(0.5) * x * (T.float32(1) + T.erf(x * T.float32(0.7071067811865476)))
+
+
+def _silu(x):  # F.silu(x) = x * sigmoid(x)
+    return x / (T.float32(1) + T.exp(-x))
+
+
+# the spec's activations (gemm_ladder.core.spec.ACTIVATIONS) as fp32 expressions: TIRx's T.max,
+# T.tanh, T.erf and T.exp (CUDA's fmaxf, tanhf, erff and expf)
+ACTIVATION_EXPRS = {"relu": _relu, "gelu_tanh": _gelu_tanh, "gelu_erf": _gelu_erf, "silu": _silu}
+
+
+@dataclass(frozen=True)
+class ActivationOp(EpilogueOp):
+    """``act(inner(acc))``: the spec's activation (``relu``, ``gelu_tanh``, ``gelu_erf``, ``silu``)
+    in fp32 on what ``inner`` (the bias, or nothing) made of each accumulator, before it is
+    rounded. ``inner``'s value is bound once (a ``Let``), as the formulas read it several times."""
+
+    act: str = "relu"
+    inner: EpilogueOp = NO_OP
+
+    def operands(self, cfg: GemmConfig, M) -> list:
+        return self.inner.operands(cfg, M)
+
+    def bind(self, buffers: dict) -> "ActivationOp":
+        return dataclasses.replace(self, inner=self.inner.bind(buffers))
+
+    def apply(self, value, reg, lane_id, n0):
+        x = tvm.tirx.Var("pre_act", "float32")
+        return tvm.tirx.Let(x, self.inner.apply(value, reg, lane_id, n0), ACTIVATION_EXPRS[self.act](x))
+
+
 def op_of(cfg: GemmConfig, default: EpilogueOp = NO_OP) -> EpilogueOp:
-    """The epilogue op ``cfg``'s operand spec asks for: :class:`BiasOp` with a bias, else ``default``."""
-    return BiasOp() if spec_of(cfg).bias else default
+    """The epilogue op ``cfg``'s operand spec asks for: :class:`BiasOp` with a bias, else ``default``,
+    inside an :class:`ActivationOp` where the spec has an activation."""
+    spec = spec_of(cfg)
+    op = BiasOp() if spec.bias else default
+    return op if spec.act == "none" else ActivationOp(spec.act, op)
 
 
 def kernel_operands(cfg: GemmConfig, M, N, K, buffers: dict | None = None) -> dict:
@@ -117,9 +161,9 @@ def check_epilogue(cfg: GemmConfig) -> None:
         ok = [n for n in range(EPI_CHUNK, cfg.blk_n + 1, EPI_CHUNK) if cfg.blk_n % n == 0]
         raise ConfigError(f"epi_n={epi_n!r} must be a multiple of {EPI_CHUNK} that divides blk_n={cfg.blk_n}; "
                           f"use one of {ok}")
-    if spec_of(cfg).bias and dict(cfg.extra).get("tail_n"):
-        raise ConfigError(f"{cfg.rung}: a bias with tail_n={dict(cfg.extra)['tail_n']} is not built yet (the narrow "
-                          "tiles' last columns leave from the registers without it); use tail_n=0")
+    if not spec_of(cfg).epilogue == "none" and dict(cfg.extra).get("tail_n"):
+        raise ConfigError(f"{cfg.rung}: epilogue {spec_of(cfg).epilogue} with tail_n={dict(cfg.extra)['tail_n']} is not "
+                          "built yet (the narrow tiles' last columns leave from the registers without it); use tail_n=0")
 
 
 @T.inline
