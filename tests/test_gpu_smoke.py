@@ -296,9 +296,10 @@ for shape, dtype, epilogue in cases:
     # torch's own error: its unfused path, F.linear and then the activation, in the dtype
     theirs = ((torch_activation(torch.nn.functional.linear(A, W, b), spec.act).double() - ref).norm()
               / ref.norm()).item()
+    poisoned = lambda: torch.full((M, N), float("nan"), device="cuda", dtype=dt)
     for name, fn in (("matmul", lambda: gemm_ladder.matmul(A, W, bias=b, activation=spec.act, strict=True)),
                      ("out=", lambda: gemm_ladder.matmul(A, W, bias=b, activation=spec.act, strict=True,
-                                                         out=torch.full((M, N), float("nan"), device="cuda", dtype=dt))),
+                                                         out=poisoned())),
                      ("op", lambda: torch.ops.gemm_ladder.mm(A, W, b, spec.act))):
         D = fn()
         torch.cuda.synchronize()

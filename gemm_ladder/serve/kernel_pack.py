@@ -292,8 +292,9 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
               epilogues=("none",), weights=()) -> list[dict]:
     """The modules a pack needs for ``shapes`` (``(M, N, K)``: those M) and ``weights``
     (``(N, K)``: every bucket of :func:`weight_buckets`) in ``dtypes`` with each of ``epilogues``
-    (``none``, ``bias``, ``bias_gelu_tanh``, ...: the operand spec, ``spec.spec_for``): one per choice of the front door's
-    policy (``plan.choose``, at the N and K it pads to), one for all the M of a (rung, knobs, N, K)
+    (``none``, ``bias``, ``bias_gelu_tanh``, ...: the operand spec, ``spec.spec_for``): one per
+    choice of the front door's policy (``plan.choose``, at the N and K it pads to), one for all the
+    M of a (rung, knobs, N, K)
     where the rung takes M at run time, else one per M. Each item: the build ``job``, its
     ``file``, ``dynamic_m``, the ``choice`` and ``served``, the ``m_range``/``m_values`` of each
     pack.json entry it gets (:func:`_runs`)."""

@@ -20,8 +20,9 @@ lets the store that read it finish (``cp.async.bulk.wait_group.read``).
 What the epilogue does to each fp32 accumulator before it is rounded to D's type is an
 :class:`EpilogueOp` (``ChunkedEpilogue.op``): nothing (:data:`NO_OP`), or, where the operand spec
 (``gemm_ladder.core.spec``) has a per-column bias, :class:`BiasOp`: ``+ bias[n]`` in fp32 before the
-rounding, and where it has an activation, :class:`ActivationOp` around it (:func:`op_of` picks them). A fused epilogue is another class with the same members: the
-operands it reads, and ``apply``, called on every accumulator where it is rounded
+rounding, and where it has an activation, :class:`ActivationOp` around it (:func:`op_of` picks
+them). A fused epilogue is another class with the same members: the operands it reads, and
+``apply``, called on every accumulator where it is rounded
 (:func:`acc_chunk_to_smem_stmatrix`, :func:`acc_to_pairs`) with the tile's first column. The
 spec's epilogue operands become kernel parameters through :func:`kernel_operands` (after
 ``num_ctas``, in the spec's order: the runtime's argument order), in every prim_func form alike.
@@ -96,7 +97,8 @@ def _relu(x):
 
 
 def _gelu_tanh(x):  # F.gelu(x, approximate="tanh")
-    return T.float32(0.5) * x * (T.float32(1) + T.tanh(T.float32(0.7978845608028654) * (x + T.float32(0.044715) * x * x * x)))
+    inner = T.float32(0.7978845608028654) * (x + T.float32(0.044715) * x * x * x)  # sqrt(2/pi) (x + 0.044715 x^3)
+    return T.float32(0.5) * x * (T.float32(1) + T.tanh(inner))
 
 
 def _gelu_erf(x):  # F.gelu(x)
@@ -161,9 +163,10 @@ def check_epilogue(cfg: GemmConfig) -> None:
         ok = [n for n in range(EPI_CHUNK, cfg.blk_n + 1, EPI_CHUNK) if cfg.blk_n % n == 0]
         raise ConfigError(f"epi_n={epi_n!r} must be a multiple of {EPI_CHUNK} that divides blk_n={cfg.blk_n}; "
                           f"use one of {ok}")
-    if not spec_of(cfg).epilogue == "none" and dict(cfg.extra).get("tail_n"):
-        raise ConfigError(f"{cfg.rung}: epilogue {spec_of(cfg).epilogue} with tail_n={dict(cfg.extra)['tail_n']} is not "
-                          "built yet (the narrow tiles' last columns leave from the registers without it); use tail_n=0")
+    tail_n, epilogue = dict(cfg.extra).get("tail_n"), spec_of(cfg).epilogue
+    if epilogue != "none" and tail_n:
+        raise ConfigError(f"{cfg.rung}: epilogue {epilogue} with tail_n={tail_n} is not built yet (the narrow tiles' "
+                          "last columns leave from the registers without it); use tail_n=0")
 
 
 @T.inline
