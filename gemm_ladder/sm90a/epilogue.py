@@ -92,8 +92,8 @@ class BiasOp(EpilogueOp):
         return value + T.Cast("float32", self.bias[T.min(col, self.bias.shape[0] - 1)])
 
 
-def _relu(x):
-    return T.max(x, T.float32(0))
+def _relu(x):  # F.relu: NaN stays NaN (fmaxf would make it 0)
+    return T.Select(x < T.float32(0), T.float32(0), x)
 
 
 def _gelu_tanh(x):  # F.gelu(x, approximate="tanh")
@@ -109,8 +109,8 @@ def _silu(x):  # F.silu(x) = x * sigmoid(x)
     return x / (T.float32(1) + T.exp(-x))
 
 
-# the spec's activations (gemm_ladder.core.spec.ACTIVATIONS) as fp32 expressions: TIRx's T.max,
-# T.tanh, T.erf and T.exp (CUDA's fmaxf, tanhf, erff and expf)
+# the spec's activations (gemm_ladder.core.spec.ACTIVATIONS) as fp32 expressions: TIRx's T.Select,
+# T.tanh, T.erf and T.exp (CUDA's ?:, tanhf, erff and expf)
 ACTIVATION_EXPRS = {"relu": _relu, "gelu_tanh": _gelu_tanh, "gelu_erf": _gelu_erf, "silu": _silu}
 
 
