@@ -192,8 +192,12 @@ def table(rows: list[dict]) -> str:
     def f3(x):
         return f"{x:.3f}" if x is not None else "-"
 
-    def short(file):  # rung and knobs: the file name less its shape, dtype and arch
-        return file.split("_")[0] + " " + re.sub(r"^.*?_sm_\d+a_", "", file).removesuffix(".so")
+    def short(file):  # rung, tile, split-K, stream-K (the JSON has the whole file name)
+        knobs = re.sub(r"^.*?_sm_\d+a_", "", file)
+        tile, split = re.match(r"m\d+n\d+", knobs), re.search(r"splitk(\d+)", knobs)
+        return " ".join([file.split("_")[0], tile.group(0) if tile else "?",
+                         *([f"split {split.group(1)}"] if split and split.group(1) != "1" else []),
+                         *(["stream-k"] if "streamkTrue" in knobs else [])])
 
     out = [{"weight": r["weight"] + (" *" if r["held_out"] else ""), "M": r["M"], "ok": "yes" if r["correct"] else "NO",
             "chosen": short(r["chosen"]) if r["chosen"] else "-",
