@@ -66,10 +66,10 @@ PLAN_FILE = "m_range.json"  # beside pack.json: the weights and the M to test ea
 # Llama-8B's attention output, down projection and LM head (the policy was tuned on them), and
 # phi-2's fc2 (2560x10240), a weight of no model it was tuned on
 WEIGHTS = "4096x4096,4096x14336,128256x4096,2560x10240"
-# one M in every cell of kernel_pack.M_BUCKETS (bucket_cells: 1 | 2..8 | 9..16 | ... | 8193..16384),
+# one M in every cell of kernel_pack.M_BUCKETS (bucket_cells: 1 | 2..8 | 9..16 | ... | 12289..16384),
 # about 3/4 up the cell and off the tile multiples where the cell allows (a ragged last tile), plus
 # 8, the top of decode's 2..8 cell
-M_POINTS = (1, 3, 8, 12, 24, 48, 96, 200, 384, 700, 1536, 3000, 6000, 12000)
+M_POINTS = (1, 3, 8, 12, 24, 48, 96, 160, 200, 320, 448, 700, 900, 1200, 1792, 2560, 3500, 5000, 7000, 10000, 14000)
 TARGET = 0.9  # issue 30: any M of a packed weight within 0.9x of the best module for that M
 SCREEN = 2.0  # a candidate this many times slower than the fastest, roughly, leaves the rounds
 ROUNDS, PER_ROUND = 8, 4  # rounds x replays per kernel per round
