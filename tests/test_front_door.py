@@ -300,7 +300,7 @@ def test_without_a_compiler_a_pack_serves_less_well_or_the_error_says_how(small_
     with pytest.raises(front.NoKernelError) as err:
         front.route_of(16, 4096, 4096, strict=True)
     for words in ["M=16, N=4096, K=4096", str(small_pack), "switched off",
-                  "pack build --shapes 16x4096x4096 --dtypes float16", "GEMM_LADDER_PACK"]:
+                  "pack build --weights 4096x4096 --dtypes float16", "GEMM_LADDER_PACK"]:
         assert words in str(err.value)
 
 
@@ -314,7 +314,7 @@ def test_where_no_kernel_serves_torch_does_and_says_so_once(small_pack, monkeypa
         route = front.route_of(16, 40, 96)
     assert len(caught) == 1
     text = str(caught[0].message)
-    for words in ["M=16 N=40 K=96", "torch's own matmul", "pack build --shapes 16x40x96", "GEMM_LADDER_STRICT=1"]:
+    for words in ["M=16 N=40 K=96", "torch's own matmul", "pack build --weights 40x96", "GEMM_LADDER_STRICT=1"]:
         assert words in text, text
     assert route.source == "torch fallback" and "torch.matmul" in route.lines[0]
     D = torch.full((16, 40), float("nan")).half()

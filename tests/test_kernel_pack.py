@@ -133,7 +133,7 @@ def test_the_buckets_tile_the_whole_m_range():
 def test_a_weight_too_wide_for_16384_rows_stops_at_the_most_it_takes():
     """A 152k-row lm_head indexes at most 14080 rows in 32 bits: the ladder ends there, tiled."""
     most = largest_m(151936, 896, *LARGEST_TILE)
-    assert 8192 < most < 16384 and kernel_pack.weight_buckets(151936, 896)[-2:] == (8192, most)
+    assert 12288 < most < 16384 and kernel_pack.weight_buckets(151936, 896)[-2:] == (12288, most)
     assert kernel_pack.weight_buckets(4096, 4096) == kernel_pack.M_BUCKETS
     items = kernel_pack.plan_pack([], ["float16"], sms=132, weights=[(151936, 896)])
     cells = _cells_of(items)
@@ -159,10 +159,10 @@ def test_a_weight_without_m_is_planned_at_every_bucket(weight_plan):
 
 
 def test_a_module_that_wins_two_runs_of_buckets_gets_two_ranges():
-    """Chosen at 1024 and 4096 but not 2048 (the tuning database's bucket): two entries, no overlap."""
-    asks = [(b, lo, hi, True) for b, lo, hi in kernel_pack.bucket_cells() if b in (1024, 4096, 8192)]
-    assert kernel_pack._runs(asks) == [{"m_range": [513, 1024], "m_values": [1024]},
-                                       {"m_range": [2049, 8192], "m_values": [4096, 8192]}]
+    """Chosen at 1024, 3072 and 4096 but not 1536 and 2048: two entries, no overlap."""
+    asks = [(b, lo, hi, True) for b, lo, hi in kernel_pack.bucket_cells() if b in (1024, 3072, 4096)]
+    assert kernel_pack._runs(asks) == [{"m_range": [769, 1024], "m_values": [1024]},
+                                       {"m_range": [2049, 4096], "m_values": [3072, 4096]}]
     # requested M alone (--shapes) keep one range from the least to the largest, as before
     assert kernel_pack._runs([(16, 16, 16, False), (128, 128, 128, False)]) == \
         [{"m_range": [16, 128], "m_values": [16, 128]}]

@@ -9,6 +9,7 @@ their ``KNOBS`` is derived from it and their space goes through the same validat
 
 import dataclasses
 import random
+import typing
 
 import pytest
 
@@ -48,9 +49,10 @@ def test_a_preset_declares_its_knobs_once(rung):
     assert mod.KNOBS == gemm.knob_defaults(knobs_class)
     assert mod.PRESET.name == rung and mod.kernel.__module__ == mod.__name__
     # the declared types are the ones the validator checks
+    types = typing.get_type_hints(knobs_class)  # the annotations, resolved (some are strings)
     for f in dataclasses.fields(knobs_class):
-        assert type(f.default) is f.type, f
-        wrong = "x" if f.type is not str else 1
+        assert type(f.default) is types[f.name], f
+        wrong = "x" if types[f.name] is not str else 1
         with pytest.raises(ConfigError, match=f.name):
             make_config(rung, *PRESETS[rung], **{f.name: wrong})
     assert set(mod.TUNE_CHOICES) <= set(mod.KNOBS)

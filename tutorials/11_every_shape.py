@@ -250,7 +250,7 @@ for layout in (tma_layout.Layout(33, 1001, 100), tma_layout.Layout(64, 4096, 409
 items = kernel_pack.plan_pack([(M, N, K) for N, K in kernel_pack.MODELS["llama-8b"].values() for M in suite.SUITE_M],
                               ["float16"], sms=132)
 print(report.table([{"N x K": f"{i['job'].shape[1]}x{i['job'].shape[2]}", "rung": i["job"].rung,
-                     "M chosen for": ",".join(map(str, i["m_values"])), "runtime M": i["dynamic_m"],
+                     "M chosen for": ",".join(str(m) for run in i["served"] for m in run["m_values"]), "runtime M": i["dynamic_m"],
                      "rule": i["choice"]["rule"]} for i in items], ["N x K", "rung", "M chosen for", "runtime M", "rule"]))
 
 # %% [markdown]

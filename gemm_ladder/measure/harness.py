@@ -191,12 +191,16 @@ TIMERS = ("queued", "graph")
 GRAPH_CALLS = 20  # launches per captured graph (timer="graph")
 
 
-def graph_times(fn, sets, reps: int) -> list[float]:
-    """``reps`` samples, each one replay of a CUDA graph of ``GRAPH_CALLS`` calls of ``fn``
-    (captured on first use and kept on ``fn``), in ms per call."""
+def graph_times(fn, sets, reps: int, calls: int = GRAPH_CALLS) -> list[float]:
+    """``reps`` samples, each one replay of a CUDA graph of ``calls`` calls of ``fn`` rotating
+    through ``sets`` (captured on first use and kept on ``fn``), in ms per call. Fewer calls for a
+    long kernel keep a sample short (a 20 ms GEMM needs no 20 launches to be timed); at least
+    ``len(sets)`` of them, or the graph would not spill L2."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    graph = getattr(fn, "_graph", None)
+    graph, captured = getattr(fn, "_graph", (None, None))
+    if graph is not None and captured != calls:
+        raise ValueError(f"this function's graph holds {captured} calls, not {calls}: time it with calls={captured}")
     if graph is None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -206,10 +210,10 @@ def graph_times(fn, sets, reps: int) -> list[float]:
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for i in range(GRAPH_CALLS):
+            for i in range(calls):
                 fn(*sets[i % len(sets)])
         torch.cuda.synchronize()
-        fn._graph = graph  # pylint: disable=protected-access
+        fn._graph = (graph, calls)  # pylint: disable=protected-access
     events = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -218,7 +222,7 @@ def graph_times(fn, sets, reps: int) -> list[float]:
         e.record()
         events.append((s, e))
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) / GRAPH_CALLS for s, e in events]
+    return [s.elapsed_time(e) / calls for s, e in events]
 
 
 def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = None,

@@ -428,7 +428,8 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
                 raise
             return _torch_route(M, N, K, dtype, str(err), "split the call into parts that fit", spec.act)
     epilogue = "" if spec.is_default() else f" --epilogue {spec.epilogue}"
-    how = (f"on a box with TVM's compiler: python -m gemm_ladder pack build --shapes {M}x{N}x{K} --dtypes {dtype}"
+    # --weights: the weight's whole M range (a server's prefill and decode), not only this M
+    how = (f"on a box with TVM's compiler: python -m gemm_ladder pack build --weights {N}x{K} --dtypes {dtype}"
            f"{epilogue} --out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK")
     what = f"{dtype}" + ("" if spec.is_default() else f" with a {spec.epilogue}")
     if found is not None:

@@ -35,7 +35,7 @@ whose range holds M, then the nearest dynamic range, then a larger static M (pad
 **A weight's whole M range.** A weight named without M (``pack build --weights NxK``, ``--model``
 without ``--m``) is planned at every bucket of :data:`M_BUCKETS`, each bucket standing for the M
 from just above the previous bucket up to itself (:func:`bucket_cells`: 1, 2..8, 9..16, ...,
-8193..16384). Buckets whose choice is one module share it, and the module gets one entry per
+12289..16384). Buckets whose choice is one module share it, and the module gets one entry per
 contiguous run of buckets it won, with that run's cells as ``m_range`` (a module can win 2048 and
 8192 but not 4096: two entries of one file). The entries of a weight tile 1..16384 (or 1..the
 most rows its 32-bit indices take: :func:`weight_buckets`), so any M in it is a ``tuned-range`` fit of the module chosen at its bucket; past 16384 the top bucket's module is
@@ -94,9 +94,14 @@ FITS = ("exact", "tuned-range", "any-m", "pad-m")  # best first
 # swap-ab holds to M = 64, row-tiles for 32 < M <= 128), so the choice at a bucket's top is made
 # for tiles that cover every M of its cell; 1 apart, for decode's single row (the tuning database
 # buckets it on its own); 2..4 not, as swap_blk_m is 8 for them all; 16384, the largest M of the
-# every-model suite (measure/every_model.M_CHOICES): past it the top bucket's module serves. A
-# weight too wide for 16384 rows in 32-bit indices stops at the most it takes (weight_buckets).
-M_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# every-model suite (measure/every_model.M_CHOICES): past it the top bucket's module serves. Above
+# 128 the waves decide, not the tile heights, and they change between powers of two: with buckets at
+# powers of two only, M = 1536 ran the module chosen at 2048 at 0.77-0.80x the best module the pack
+# held (benchmarks/results/2026-11-26_h100_m_range/), so from 128 on the ladder has a point half way
+# (x1.5) too. A weight too wide for 16384 rows in 32-bit indices stops at the most it takes
+# (weight_buckets).
+M_BUCKETS = (1, 8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
+             16384)
 
 
 def _range_problem(m_range) -> str | None:

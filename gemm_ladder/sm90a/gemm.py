@@ -94,6 +94,25 @@ V10 = Preset("v10", split_k=True)
 V11 = Preset("v11", swap_ab=True, split_k=True, epilogue="transposed")
 
 
+@dataclass(frozen=True)
+class ProductionKnobs:
+    """The knobs every preset with the chunked epilogue takes (v9 and v10 add their own), with
+    their defaults: a 128x256 tile over two consumers, four stages, 2x1 clusters."""
+
+    blk_m: int = 128
+    blk_n: int = 256
+    blk_k: int = 64
+    num_warpgroups: int = 2  # consumer warpgroups
+    pipe_depth: int = 4
+    l2_group_size: int = 8
+    tile_order: str = common.DEFAULT_TILE_ORDER
+    cluster_m: int = 2
+    cluster_n: int = 1
+    epi_n: int = 64  # columns of one epilogue chunk
+    dynamic_m: bool = False  # M a runtime value: one module for every M
+    stream_b: bool = False  # L2 hints: B read once, A kept
+
+
 def knob_defaults(knobs_class) -> dict:
     """A preset's ``KNOBS`` (the defaults the one validator, ``rungs.make_config``, fills in and
     types from) from its frozen knob dataclass: names, types and defaults declared once."""

@@ -103,22 +103,11 @@ TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the f
 
 
 @dataclass(frozen=True)
-class V10Knobs:
-    """v10's knobs and their defaults (``KNOBS``; ``rungs.make_config`` validates them)."""
+class V10Knobs(gemm.ProductionKnobs):
+    """v10's knobs and their defaults (``KNOBS``; ``rungs.make_config`` validates them): the
+    production kernel's, and the split."""
 
-    blk_m: int = 128
-    blk_n: int = 256
-    blk_k: int = 64
-    num_warpgroups: int = 2  # consumer warpgroups
-    pipe_depth: int = 4
-    l2_group_size: int = 8
-    tile_order: str = common.DEFAULT_TILE_ORDER
-    cluster_m: int = 2
-    cluster_n: int = 1
-    epi_n: int = 64  # columns of one epilogue chunk
-    dynamic_m: bool = False  # M a runtime value: one module for every M
     split_k: int = 2  # work units a tile's K loop is cut into
-    stream_b: bool = False  # L2 hints: B read once, A kept
     stream_k: bool = False  # (split_k=1) the partial wave's K loops spread evenly over the clusters
 
 

@@ -146,21 +146,10 @@ EPILOGUES = ("none", "bias", "act")  # the operand spec's epilogues this preset 
 
 
 @dataclass(frozen=True)
-class V9Knobs:
-    """v9's knobs and their defaults (``KNOBS``; ``rungs.make_config`` validates them)."""
+class V9Knobs(gemm.ProductionKnobs):
+    """v9's knobs and their defaults (``KNOBS``; ``rungs.make_config`` validates them): the
+    production kernel's, and v9's options."""
 
-    blk_m: int = 128
-    blk_n: int = 256
-    blk_k: int = 64
-    num_warpgroups: int = 2  # consumer warpgroups
-    pipe_depth: int = 4
-    l2_group_size: int = 8
-    tile_order: str = common.DEFAULT_TILE_ORDER
-    cluster_m: int = 2
-    cluster_n: int = 1
-    epi_n: int = 64  # columns of one epilogue chunk
-    dynamic_m: bool = False  # M a runtime value: one module for every M
-    stream_b: bool = False  # L2 hints: B read once, A kept
     tail_n: int = 0  # the partial wave's tiles cut this wide (0: off)
     epi_under: bool = False  # a tile's chunks stored under the next tile's first slices
     k_zigzag: bool = False  # every second tile of a CTA loads its K slices backwards
