@@ -19,8 +19,10 @@ compiles. Built today:
     ==========  =========================================================================
     a, b, d     float16 or bfloat16, all three the same
     acc         float32
-    a_major     K (A is [M, K], row-major)
-    b_major     K (B is [N, K], row-major, like nn.Linear.weight)
+    a_major     K (A is [M, K], row-major); M (A is [K, M], row-major) on rungs whose
+                ``MN_MAJOR`` is true (v9)
+    b_major     K (B is [N, K], row-major, like nn.Linear.weight); N (B is [K, N],
+                row-major) on rungs whose ``MN_MAJOR`` is true (v9)
     bias        None, or D's dtype: D[m, n] = round(acc[m, n] + bias[n]), on rungs whose
                 ``EPILOGUES`` lists ``"bias"`` (v9)
     act         one of ACTIVATIONS, after the bias, in fp32 before rounding:
@@ -263,16 +265,17 @@ def spec_knobs(spec: GemmSpec | None) -> dict:
     return {} if spec is None or spec.is_default() else {SPEC_KNOB: spec.text()}
 
 
-def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
-    """What of ``spec`` rung ``rung`` (whose ``EPILOGUES`` are ``epilogues``) does not build, or None."""
+def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = False) -> str | None:
+    """What of ``spec`` rung ``rung`` (whose ``EPILOGUES`` are ``epilogues``, and which loads
+    MN-major operands where ``mn_major``: its ``MN_MAJOR``) does not build, or None."""
     if spec.a not in DTYPES or spec.b != spec.a or spec.d != spec.a:
         return (f"A={spec.a}, B={spec.b}, D={spec.d}: only float16 or bfloat16 in and out, one dtype, are built "
                 "(fp8 and mixed dtypes are not built yet)")
     if spec.acc != ACC_DTYPE:
         return f"acc={spec.acc}: only float32 accumulators are built"
-    if spec.a_major != "K" or spec.b_major != "K":
-        return (f"a_major={spec.a_major}, b_major={spec.b_major}: only K-major A [M, K] and B [N, K] are built "
-                "(MN-major operands are not built yet; pass B as [N, K], like nn.Linear.weight)")
+    if (spec.a_major != "K" or spec.b_major != "K") and not mn_major:
+        return (f"a_major={spec.a_major}, b_major={spec.b_major}: {rung} builds only K-major A [M, K] and B [N, K] "
+                "(MN-major operands are built for v9; pass B as [N, K], like nn.Linear.weight, or use v9)")
     if spec.scales is not None:
         return f"scales={spec.scales}: scaled (fp8) GEMMs are not built yet"
     if spec.grouped:
@@ -311,9 +314,9 @@ def spec_of(cfg) -> GemmSpec:
     return as_spec(dict(cfg.extra).get(SPEC_KNOB), cfg.dtype)
 
 
-def check_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> None:
+def check_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = False) -> None:
     """Refuse, with a :class:`ConfigError` naming what is not built yet, a spec ``rung`` does not build."""
-    why = not_built(spec, rung, epilogues)
+    why = not_built(spec, rung, epilogues, mn_major)
     if why is not None:
         raise ConfigError(f"{rung}: spec {spec.text()}: {why}")
 
