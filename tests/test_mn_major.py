@@ -140,6 +140,7 @@ def test_the_kernel_takes_a_and_b_in_their_stored_shapes():
     ({"spec": _spec("M", "K"), "blk_m": 64, "num_warpgroups": 1, "cluster_n": 2, "cluster_m": 1}, "cluster_n=1"),
     ({"spec": _spec("K", "N"), "blk_n": 64, "cluster_m": 2}, "cluster_m=1"),
     ({"spec": _spec("K", "N"), "tail_n": 232}, "tail_n=0"),
+    ({"spec": _spec("M", "K"), "dynamic_m": True, "tile_order": "snake"}, "dynamic_m=False"),
 ])
 def test_what_an_mn_major_tile_cannot_load_is_refused(knobs, fragment):
     with pytest.raises(ConfigError, match=fragment):

@@ -616,6 +616,9 @@ def check_majors(cfg: GemmConfig) -> None:
             raise ConfigError(f"an MN-major {name} is loaded in parts of 64 columns: its tile's {rows} rows in "
                               f"{knob}={parts} part(s) are {rows // parts}; use {knob}=1 or a tile of "
                               f"{WG_M * parts} x k rows")
+    if plan.a_major == "MN" and dynamic_m(cfg):
+        raise ConfigError("dynamic_m with an MN-major A is not built (A [K, M]'s row stride, M x 2 bytes, must be "
+                          "known to be a multiple of 16 for TMA); use dynamic_m=False (one module per M)")
     if plan.b_major == "MN" and dict(cfg.extra).get("tail_n"):
         raise ConfigError("tail_n with an MN-major B is not built (the narrow tiles read B K-major); use tail_n=0")
 
