@@ -201,3 +201,23 @@ def current_stream(item: str, args) -> dict:
         y = torch.ops.gemm_ladder.mm(x, w)
     s.synchronize()
     return _compare(y, src, w, "float16")
+
+
+def first_use(item: str, args) -> dict:
+    """The first call of a shape times the kernels that serve it and torch's (not strict), keeps the
+    fastest and says so; the answer is right; a second process (``item``: the choices file, shared)
+    takes the remembered winner without timing."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    os.environ["GEMM_LADDER_STRICT"] = "0"
+    os.environ["GEMM_LADDER_CHOICES"] = item
+    A = torch.randn((64, 4096), device="cuda").half()
+    B = torch.randn((6144, 4096), device="cuda").half()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        D = matmul(A, B, explain=True)
+    text = err.getvalue()
+    said = "measured at first use" in text or "chosen at an earlier first use" in text
+    check = _compare(D, A, B, "float16")
+    ok = said and check["status"] == "ok" and os.path.exists(item)
+    return {"status": "ok" if ok else "wrong", "said": said, "check": check, "text": text[-3000:]}

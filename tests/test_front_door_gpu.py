@@ -130,3 +130,11 @@ def test_cuda_graph_capture(from_pack):
 def test_runs_on_torchs_current_stream(from_pack):
     res = _job("current_stream")
     assert res["status"] == "ok", res
+
+
+def test_the_first_call_measures_and_a_later_process_remembers(from_pack, tmp_path):
+    choices = str(tmp_path / "choices.json")
+    first = _job("first_use", choices)
+    assert first["status"] == "ok" and "measured at first use" in first["text"], first
+    again = _job("first_use", choices)
+    assert again["status"] == "ok" and "chosen at an earlier first use" in again["text"], again

@@ -26,6 +26,13 @@ How a call finds its kernel (once per shape, dtype and GPU arch; then from memor
        as fast as torch. ``strict=True`` or ``GEMM_LADDER_STRICT=1`` makes this a NoKernelError
        (and lets a far module serve, with the warning)
 
+Measured at first use (``first_use``): where a pack holds several modules that serve this M as
+they are (1.) or the policy's module was built (2.), the first eager call of the shape times them
+and torch's own matmul on its own A and B, and the shape keeps the fastest (torch only where it
+beats every kernel of ours by 2%: never slower than cuBLAS), remembered per GPU, M and candidates
+in ``$GEMM_LADDER_CHOICES`` (default ``<cache>/choices.json``); ``explain`` prints the times.
+``GEMM_LADDER_MEASURE=0`` keeps the pack's or the policy's choice; strict mode times ours only.
+
 Loaded modules stay loaded for the life of the process. A call whose shapes, dtypes and GPUs are
 those of an earlier call that took the plain path (no copies) skips the checks and the lookup: it
 checks only that its tensors are contiguous and 16-byte aligned, want no grad and that ``out``
@@ -72,6 +79,7 @@ from pathlib import Path
 from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
 from ..core.spec import ACTIVATIONS, GemmSpec, torch_activation
+from . import first_use
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
 from .runtime import ModuleInputError, load
 from .tma_layout import Fixes, Layout, layout_fixes
@@ -96,6 +104,9 @@ class Route:
     lines: list = field(default_factory=list)
     calls: int = 0
     launchers: dict = field(default_factory=dict)  # GPU index -> the module's unchecked launch
+    # the kernels to time at the first call of the shape (first_use): label -> (identity, make its
+    # Route); emptied once measured or remembered
+    candidates: dict = field(default_factory=dict)
 
     def run(self, a, b, d, operands: dict | None = None) -> None:
         """Launch on tensors of the kernel's shape that the front door checked (``operands``: the
@@ -110,6 +121,19 @@ class Route:
                 (lambda x, y, z, *extras: self.module(x, y, out=z, **dict(zip(operands, extras))))
             self.launchers[idx] = launch
         launch(a, b, d, *operands.values())
+
+    def adopt(self, other: "Route", note: str) -> None:
+        """Become ``other`` (the measured winner), keeping this object (the one the route table
+        and explain hold); a tiny problem's module stays torch's under capture (CapturedByTorch)."""
+        tiny = self.module.torch.act if isinstance(self.module, CapturedByTorch) else None
+        if other is not self:
+            self.module, self.module_M, self.source = other.module, other.module_M, other.source
+            self.rung, self.knobs, self.lines = other.rung, other.knobs, list(other.lines)
+            self.launchers = dict(other.launchers)
+            if tiny is not None and not isinstance(self.module, (TorchMatmul, CapturedByTorch)):
+                self.module, self.launchers = CapturedByTorch(self.module, tiny), {}
+        self.candidates = {}
+        self.lines.append(note)
 
     def as_dict(self) -> dict:
         return {"rung": self.rung, "knobs": self.knobs, "source": self.source, "module_M": self.module_M,
@@ -384,7 +408,9 @@ def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int, spec
     lines[0] = f"kernel: {lines[0]}" + (" [M at run time]" if dynamic else "")
     lines = [lines[0]] + [line.strip() for line in lines[1:]]
     lines.append(f"source: {source} {path}" + (" (built now, on first use)" if how == "built" else ""))
-    return Route(_load(path), None if dynamic else job.shape[0], source, choice.rung, knobs, lines)
+    route = Route(_load(path), None if dynamic else job.shape[0], source, choice.rung, knobs, lines)
+    route.candidates = {choice.rung: (Path(path).name, lambda: route)}  # torch's joins (_offer_torch)
+    return route
 
 
 def _far(e: dict, fit: str, M: int) -> str | None:
@@ -418,11 +444,11 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
         if f is not None and (found is None or FIT_RANK[f.fit] < FIT_RANK[found.fit]):
             found = f
     if found is not None and found.fit in ("exact", "tuned-range"):
-        return _from_pack(found)
+        return _with_candidates(_from_pack(found), found, M, N, K, dtype, arch, strict, spec)
     why = _why_no_build()
     if why is None:
         try:
-            return _build_route(M, N, K, dtype, arch, index, spec)
+            return _offer_torch(_build_route(M, N, K, dtype, arch, index, spec), M, N, K, strict, spec.act)
         except IndexRangeError as err:  # past what any kernel of ours indexes: torch's 64-bit indices take it
             if strict:
                 raise
@@ -437,6 +463,8 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
         note = f"note: the pack has nothing closer and nothing can be built here ({why})"
         if far is None or strict:
             route = _from_pack(found, note)
+            if found.fit != "pad-m":
+                _with_candidates(route, found, M, N, K, dtype, arch, strict, spec)
             if far is not None:
                 _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {what}: {found.entry['file']} serves it although {far} "
                       f"(strict mode); for a kernel made for this M, {how}")
@@ -448,6 +476,75 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
     if strict:
         raise NoKernelError(f"no kernel for M={M}, N={N}, K={K}, {what} on {arch}: {missing}. {how[0].upper()}{how[1:]}")
     return _torch_route(M, N, K, what, missing, how, spec.act)
+
+
+def _with_candidates(route: Route, found, M: int, N: int, K: int, dtype: str, arch: str, strict: bool,
+                     spec: GemmSpec) -> Route:
+    """The route of pack module ``found``, with the packs' other modules that serve this M as they
+    are (``KernelPack.serving``, nearest first, at most first_use.MAX_CANDIDATES in all) and
+    torch's (not strict) as its candidates for the first call's timing."""
+    serving = [f for pack in _packs() for f in pack.serving(M, N, K, dtype, arch, spec)]
+    others = {f.entry["so_sha256"]: f for f in serving if f.entry["so_sha256"] != found.entry["so_sha256"]}
+    route.candidates = {found.entry["file"]: (found.entry["so_sha256"], lambda: route)}
+    for sha, f in list(others.items())[:first_use.MAX_CANDIDATES - 1]:
+        route.candidates[f.entry["file"]] = (sha, lambda f=f: _from_pack(f))
+    return _offer_torch(route, M, N, K, strict, spec.act)
+
+
+def _offer_torch(route: Route, M: int, N: int, K: int, strict: bool, act: str) -> Route:
+    """Add torch's own matmul to the route's candidates (not in strict mode): where it measures
+    faster at first use than every kernel of ours, it computes the shape (first_use)."""
+    if not strict:
+        lines = ["kernel: torch.matmul (cuBLAS)", f"why: at first use on this GPU it ran {M}x{N}x{K} faster than "
+                 "every kernel of ours that serves it (gemm_ladder is never slower than the library it replaces)",
+                 f"source: torch ({STRICT_ENV}=1 or strict=True keeps ours)"]
+        route.candidates[first_use.TORCH] = (first_use.TORCH,
+                                             lambda: Route(TorchMatmul(act), None, "torch, measured faster", "torch", {}, lines))
+    return route
+
+
+def _settle(route: Route, a, b, operands: dict, M: int, N: int, index: int) -> None:
+    """Time the route's candidates on the call's own A and B (into a scratch D) and make the route
+    the winner, or take the winner remembered for this GPU, M and candidates (first_use)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    with _LOCK:
+        cands = route.candidates
+        if not cands or not first_use.can_measure(a):
+            return
+        if len(cands) == 1:
+            route.candidates = {}
+            return
+        ids = {label: ident for label, (ident, _) in cands.items()}
+        gpu = device.name_of(index)
+        key = first_use.key_of(gpu, M, ids)
+        winner = first_use.remembered(key, ids)
+        if winner is not None:
+            route.adopt(cands[winner][1](), f"chosen at an earlier first use on {gpu}, among {len(cands)} candidates "
+                                            f"(remembered in {first_use.choices_path()})")
+            return
+        routes = {label: make() for label, (_, make) in cands.items()}
+        d = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        extras = tuple(operands.values())
+
+        def launcher(r):
+            r.run(a, b, d, operands)  # checks once per GPU, then launches unchecked
+            fn = r.launchers[a.device.index]
+            return lambda: fn(a, b, d, *extras)
+
+        launches = {}
+        for label, r in routes.items():
+            try:
+                launches[label] = launcher(r)
+            except (ValueError, RuntimeError):  # a module that refuses this M is no candidate
+                if r is route:
+                    raise
+        times = first_use.time_launches(launches)
+        winner = first_use.pick(times)
+        first_use.remember(key, ids[winner])
+        timed = "; ".join(f"{label} {us:.1f} us" for label, us in sorted(times.items(), key=lambda lt: lt[1]))
+        route.adopt(routes[winner], f"measured at first use on {gpu} (queued calls, median of {first_use.ROUNDS} "
+                                    f"rounds): {timed}; chose {winner}")
 
 
 class KernelFallbackWarning(UserWarning):
@@ -750,6 +847,9 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     spec = GemmSpec.with_epilogue(dtype, bias is not None, act) if bias is not None or act != "none" else None
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
+    if route.candidates and not fixes.names and route.module_M in (None, M) and first_use.enabled() \
+            and (bias is None or bias.data_ptr() % 16 == 0):
+        _settle(route, A2, B, {} if bias is None else {"bias": bias}, M, N, index)
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
     D = launch_route(route, A2, B, out2, M, N, K, fixes, bias)
