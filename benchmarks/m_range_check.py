@@ -307,8 +307,9 @@ def measure(pack: KernelPack, weight: dict, M: int, arch: str, loaded: dict, rou
     # what the front door's first call would choose: its candidates (KernelPack.serving, at most
     # first_use.MAX_CANDIDATES) and torch, timed as it times them
     serving = [f.entry["file"] for f in pack.serving(M, N, K, dtype, arch)][:first_use.MAX_CANDIDATES]
-    queued = {f: (lambda fn=kernels[f]: fn(*sets[0])) for f in serving if f in kernels}
-    queued[first_use.TORCH] = lambda: cublas(*sets[0])
+    first = sets[0]
+    queued = {f: (lambda fn=kernels[f]: fn(*first)) for f in serving if f in kernels}
+    queued[first_use.TORCH] = lambda: cublas(*first)
     queued_us = first_use.time_launches(queued)
     add_measured(row, first_use.pick(queued_us), queued_us)
     row.update(input_sets=len(sets), t0=t0, t1=t1)

@@ -138,3 +138,8 @@ def test_the_first_call_measures_and_a_later_process_remembers(from_pack, tmp_pa
     assert first["status"] == "ok" and "measured at first use" in first["text"], first
     again = _job("first_use", choices)
     assert again["status"] == "ok" and "chosen at an earlier first use" in again["text"], again
+
+
+def test_a_compiled_graph_replayed_model_runs_with_a_layer_no_pack_serves(from_pack):
+    res = _job("compile_fallback")
+    assert res["status"] == "ok", res
