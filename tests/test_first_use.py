@@ -75,8 +75,9 @@ def test_the_winner_and_torchs_margin(times, winner):
     assert first_use.pick(times) == winner
 
 
-def _times(table):
-    """A stand-in for time_launches: each candidate's microseconds from ``table`` (by label)."""
+def _times(table, kernels=None):
+    """A stand-in for time_launches: each candidate's microseconds from ``table`` (by label); as
+    kernels in graphs (time_graphs) from ``kernels``, else the same."""
     calls = []
 
     def fake(launches, rounds=first_use.ROUNDS):
@@ -85,6 +86,12 @@ def _times(table):
         calls.append(sorted(launches))
         return {label: table[label] for label in launches}
     return fake, calls
+
+
+@pytest.fixture(autouse=True)
+def graphs_like_calls(monkeypatch):
+    """Kernels in graphs time as queued calls, unless a test says otherwise."""
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, queued_us, rounds=first_use.ROUNDS: dict(queued_us))
 
 
 def test_the_first_call_times_the_candidates_and_keeps_the_fastest(three, monkeypatch, capsys):
@@ -102,8 +109,8 @@ def test_the_first_call_times_the_candidates_and_keeps_the_fastest(three, monkey
     front.matmul(A, B)  # the second call: no timing
     assert len(calls) == 1
     doc = json.loads((three.parent / "choices.json").read_text())
-    assert list(doc["choices"].values()) == [KernelPack(three).serving(128, 256, 512, "float16", "sm_90a")[1]
-                                             .entry["so_sha256"]]
+    mid = KernelPack(three).serving(128, 256, 512, "float16", "sm_90a")[1].entry["so_sha256"]
+    assert list(doc["choices"].values()) == [f"{mid},{mid}"]  # for eager calls, and in graphs
 
 
 def test_a_new_process_takes_the_remembered_winner_without_timing(three, monkeypatch):
@@ -180,3 +187,48 @@ def test_a_module_serving_outside_its_range_is_timed_against_torch_too(three, mo
     D = front.matmul(A, B)
     torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
     assert route.rung == "torch" and "faster than every kernel of ours" in "\n".join(route.lines)
+
+
+def test_graphs_may_take_another_kernel_than_eager_calls(three, monkeypatch):
+    """Ours has the shorter host path, cuBLAS's kernel may be the faster: eager calls run the
+    queued winner, calls inside CUDA-graph capture the kernel winner; remembered both."""
+    fake, _ = _times({"m128.so": 30.0, "mid.so": 20.0, "low.so": 50.0, "torch": 25.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, queued_us, rounds=3:
+                        {"m128.so": 18.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    front.matmul(A, B)
+    route = front.route_of(128, 256, 512)
+    assert isinstance(route.module, front.ByCapture) and route.module.eager.path.name == "mid.so"
+    assert isinstance(route.module.graphs, front.TorchMatmul)
+    assert "under CUDA-graph capture: torch.matmul (cuBLAS)" in "\n".join(route.lines)
+    for capturing, ran_ours in ((False, 1), (True, 0)):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        before = route.module.eager.launches
+        D = torch.full((128, 256), float("nan")).half()
+        route.run(A, B, D) if not capturing else route.module(A, B, D)
+        torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+        assert route.module.eager.launches - before == ran_ours
+    front.reset()  # a new process: both winners from the file
+    front.use_pack(three)
+    monkeypatch.setattr(first_use, "_STATE", {"file": None, "doc": None, "warned": False})
+    monkeypatch.setattr(first_use, "time_launches", lambda *a, **k: pytest.fail("timed again"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    front.matmul(A, B)
+    again = front.route_of(128, 256, 512)
+    assert isinstance(again.module, front.ByCapture) and again.module.eager.path.name == "mid.so"
+
+
+def test_a_tiny_problem_timed_keeps_what_measured_faster_in_graphs(three, monkeypatch):
+    """The tiny rule (torch's kernel in graphs) stands where nothing is timed; once timed, the
+    measurement decides, and explain no longer says the rule."""
+    monkeypatch.setattr(front, "TINY_FLOPS", 2e9)
+    route = front.route_of(128, 256, 512)
+    assert isinstance(route.module, front.ByCapture) and "under CUDA-graph capture" in "\n".join(route.lines)
+    fake, _ = _times({"m128.so": 10.0, "mid.so": 20.0, "low.so": 50.0, "torch": 25.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    front.matmul(torch.randn(128, 512).half(), torch.randn(256, 512).half())
+    assert route.module.path.name == "m128.so" and not isinstance(route.module, front.ByCapture)
+    assert "under CUDA-graph capture" not in "\n".join(route.lines)

@@ -11,15 +11,19 @@ each candidate on the caller's own A and B, and the winner is remembered:
   :data:`MAX_CANDIDATES`, nearest first to the M their knobs were chosen at; and, unless strict,
   torch's own matmul (cuBLAS): where it measures faster than every kernel of ours, torch computes
   the shape (the front door is never slower than the library it replaces) and ``explain`` says so;
-- the timing: queued launches on the current stream as a caller makes them (host path included),
-  into a scratch output, between CUDA events; :data:`ROUNDS` rounds whose order rotates, each
-  sample a batch of launches of at least :data:`SAMPLE_US`; the median. A first launch of each
-  is its warm-up. It costs each new shape a few milliseconds (an lm_head at M = 8192: ~0.2 s);
+- the timing, twice: as queued launches on the current stream as a caller makes them (host path
+  included), and as kernels alone (a CUDA graph of the same launches, replayed: what a model served
+  with CUDA graphs sees), into a scratch output, between CUDA events; :data:`ROUNDS` rounds whose
+  order rotates, each sample a batch of launches of at least :data:`SAMPLE_US`; the median. A
+  first launch of each is its warm-up. Eager calls take the queued winner, calls inside CUDA-graph
+  capture the kernel winner (``front.ByCapture`` where they differ: ours has the shorter host path,
+  cuBLAS's kernel may be the faster). It costs each new shape a few milliseconds (an lm_head at
+  M = 8192: ~0.3 s);
 - nothing is measured inside CUDA-graph capture (the pack's own choice serves; a later eager call
   of the shape measures), nor with ``GEMM_LADDER_MEASURE=0``;
 - remembered: in the process (the route), and in a small JSON file (``$GEMM_LADDER_CHOICES``,
   default ``<cache>/choices.json``; ``off``: the process only), keyed on the GPU's name, the
-  candidates' sha256 and M, so a new process skips the timing and a rebuilt pack is timed again.
+  candidates' sha256 and M, both winners, so a new process skips the timing and a rebuilt pack is timed again.
   An unreadable file is warned about once and rewritten.
 
 Written here, not taken from a library: Triton's autotuner times Triton kernels it compiles and
@@ -97,25 +101,30 @@ def key_of(gpu: str, M: int, candidates: dict) -> str:
     return "|".join([gpu, f"M={M}", *sorted(candidates.values())])
 
 
-def remembered(key: str, candidates: dict) -> str | None:
-    """The remembered winner's name among ``candidates`` (name -> sha256), or None."""
+def remembered(key: str, candidates: dict) -> tuple[str, str] | None:
+    """The remembered winners' names among ``candidates`` (name -> sha256): (for eager calls,
+    under CUDA-graph capture), or None."""
     path = choices_path()
     if path is None:
         return None
     with _LOCK:
-        sha = _doc(path).get(key)
-    return next((name for name, s in candidates.items() if s == sha), None)
+        value = _doc(path).get(key, "")
+    shas = value.split(",")
+    names = [next((name for name, s in candidates.items() if s == sha), None) for sha in shas]
+    if len(names) != 2 or None in names:
+        return None
+    return names[0], names[1]
 
 
-def remember(key: str, sha: str) -> None:
-    """Keep ``key`` -> the winner's sha256 in the file (best effort: a file that cannot be written
-    leaves the choice in the process)."""
+def remember(key: str, eager: str, graphs: str) -> None:
+    """Keep ``key`` -> the winners' sha256 (eager, under capture) in the file (best effort: a file
+    that cannot be written leaves the choice in the process)."""
     path = choices_path()
     if path is None:
         return
     with _LOCK:
         doc = dict(_doc(path))
-        doc[key] = sha
+        doc[key] = f"{eager},{graphs}"
         try:
             files.write_json(path, {"format": "gemm_ladder.choices", "version": 1, "choices": doc})
         except OSError:
@@ -153,6 +162,39 @@ def time_launches(launches: dict, rounds: int = ROUNDS) -> dict:
             start.record()
             for _ in range(reps[n]):
                 launches[n]()
+            end.record()
+            end.synchronize()
+            samples[n].append(start.elapsed_time(end) * 1e3 / reps[n])
+    return {n: statistics.median(s) for n, s in samples.items()}
+
+
+def time_graphs(launches: dict, queued_us: dict, rounds: int = ROUNDS) -> dict:
+    """Median microseconds per launch of each of ``launches`` as a kernel alone: a CUDA graph of
+    as many launches as make a sample (``queued_us``: their queued times), replayed in rounds whose
+    order rotates. A candidate that cannot be captured is left out (an empty dict: none could)."""
+    import torch  # pylint: disable=import-outside-toplevel  (the caller's)
+
+    graphs, reps = {}, {}
+    for n, fn in launches.items():
+        reps[n] = max(1, min(MAX_REPS, int(SAMPLE_US / max(queued_us.get(n, SAMPLE_US), 1.0)) + 1))
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g):
+                for _ in range(reps[n]):
+                    fn()
+        except RuntimeError:
+            continue
+        graphs[n] = g
+    names = list(graphs)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples: dict = {n: [] for n in names}
+    for n in names:
+        graphs[n].replay()  # warm-up
+    for r in range(rounds):
+        for i in range(len(names)):
+            n = names[(r + i) % len(names)]
+            start.record()
+            graphs[n].replay()
             end.record()
             end.synchronize()
             samples[n].append(start.elapsed_time(end) * 1e3 / reps[n])
