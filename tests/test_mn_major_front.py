@@ -154,3 +154,18 @@ def test_fake_tensors_take_transposed_views():
     assert mm(torch.empty(16, 64, dtype=torch.bfloat16, device="meta"), meta.t()).shape == (16, 24)
     with pytest.raises(RuntimeError, match="B looks like"):  # the shape is still D = A . B^T's
         mm(torch.empty(16, 64, dtype=torch.bfloat16, device="meta"), meta)
+
+
+def test_by_capture_hands_each_module_its_own_operands():
+    """A route measured at first use may run ours eagerly and torch's inside graph capture (or the
+    reverse): ours of an MN-major spec gets the memory under the views, torch's the views."""
+    M, N, K = 16, 24, 32
+    A, B, d = r(K, M).t(), r(K, N).t(), torch.empty(M, N).half()
+    ours, theirs = Recorder(GemmSpec(a_major="M", b_major="N")), Recorder(None)  # theirs: torch's, no spec
+    for module, stored in ((ours, True), (theirs, False)):
+        front.ByCapture._views(module, A, B, d, {})(A, B, d)  # pylint: disable=protected-access
+        a, b, _ = module.calls[-1]
+        assert (a.is_contiguous() and b.is_contiguous()) == stored and a.data_ptr() == A.data_ptr()
+    # launch_route hands ByCapture the views: it converts per module (its launcher asks CUDA whether
+    # a capture is on, so it runs on the GPU tier)
+    assert front.takes_stored(front.ByCapture(ours, theirs)) == (False, False)

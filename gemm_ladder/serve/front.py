@@ -444,9 +444,7 @@ def _far(e: dict, fit: str, M: int) -> str | None:
 
 def _resolve(M: int, N: int, K: int, dtype: str, arch: str, index: int, strict: bool, spec: GemmSpec) -> Route:
     route = _resolve_ours(M, N, K, dtype, arch, index, strict, spec)
-    # (an MN-major call keeps ours under capture too: CapturedByTorch hands both the same tensors,
-    # and ours takes an MN-major operand as its stored memory)
-    if not strict and is_tiny(M, N, K) and not isinstance(route.module, TorchMatmul) and not _mn_major(spec):
+    if not strict and is_tiny(M, N, K) and not isinstance(route.module, TorchMatmul):
         return _captured_by_torch(route, M, N, K, spec.act)
     return route
 
@@ -549,9 +547,10 @@ def _settle(route: Route, a, b, operands: dict, M: int, N: int, index: int) -> N
         extras = tuple(operands.values())
 
         def launcher(r):
-            r.run(a, b, d, operands)  # checks once per GPU, then launches unchecked
+            ra, rb = stored_operands(r.module, a, b)  # an MN-major module: the memory under the views
+            r.run(ra, rb, d, operands)  # checks once per GPU, then launches unchecked
             fn = r.launchers[a.device.index]
-            return lambda: fn(a, b, d, *extras)
+            return lambda: fn(ra, rb, d, *extras)
 
         launches = {}
         for label, r in routes.items():
@@ -665,9 +664,19 @@ class ByCapture:
     def launcher(self, a, b, out, **operands):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
-        eager, graphs = launcher_of(self.eager, a, b, out, **operands), launcher_of(self.graphs, a, b, out, **operands)
+        eager, graphs = self._views(self.eager, a, b, out, operands), self._views(self.graphs, a, b, out, operands)
         capturing = torch.cuda.is_current_stream_capturing
         return lambda x, y, z, *extras: graphs(x, y, z, *extras) if capturing() else eager(x, y, z, *extras)
+
+    @staticmethod
+    def _views(module, a, b, out, operands):
+        """``module``'s launch on A and B as views: each module of ours of an MN-major spec gets the
+        memory under them (:func:`stored_operands`), torch's matmul the views themselves."""
+        ta, tb = takes_stored(module)
+        fn = launcher_of(module, *stored_operands(module, a, b), out, **operands)
+        if not (ta or tb):
+            return fn
+        return lambda x, y, z, *extras: fn(x.t() if ta else x, y.t() if tb else y, z, *extras)
 
 
 def _captured_by_torch(route: Route, M: int, N: int, K: int, act: str = "none") -> Route:
@@ -683,6 +692,21 @@ def _captured_by_torch(route: Route, M: int, N: int, K: int, act: str = "none") 
 def _mn_major(spec: GemmSpec | None) -> bool:
     """Whether ``spec`` has an MN-major operand."""
     return spec is not None and (spec.a_major != "K" or spec.b_major != "K")
+
+
+def takes_stored(module) -> tuple[bool, bool]:
+    """Whether ``module`` takes A, and B, as the memory under a transposed view (ours, of an
+    MN-major spec: the kernel's stored [K, M] / [K, N]) rather than the view itself (torch's
+    matmul takes any view; :class:`ByCapture` hands each of its modules its own)."""
+    spec = None if isinstance(module, ByCapture) else getattr(module, "spec", None)
+    return (spec is not None and spec.a_major != "K"), (spec is not None and spec.b_major != "K")
+
+
+def stored_operands(module, a, b) -> tuple:
+    """``a`` and ``b`` (A [M, K] and B [N, K], MN-major ones as transposed views) as ``module``
+    takes them (:func:`takes_stored`)."""
+    ta, tb = takes_stored(module)
+    return (a.t() if ta else a), (b.t() if tb else b)
 
 
 def _strict(strict: bool | None) -> bool:
@@ -735,8 +759,7 @@ def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes
     a, b = A2, B
     # ours takes an MN-major operand (the spec's; A2 or B a transposed view) as the memory under the
     # view; torch's fallback, which has no spec, takes any view
-    spec = getattr(route.module, "spec", None)
-    mn_a, mn_b = spec is not None and spec.a_major != "K", spec is not None and spec.b_major != "K"
+    mn_a, mn_b = takes_stored(route.module)
     operands = {}
     if bias is not None:  # N values, zero-padded to the kernel's N; copied onto a 16-byte boundary
         operands["bias"] = bias if Nk == N and bias.data_ptr() % 16 == 0 else \
