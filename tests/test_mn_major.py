@@ -9,7 +9,7 @@ checker passes them."""
 
 import pytest
 
-from layouts import desc_read_offset, operand_desc_fields, swizzle_offset, wgmma_desc_fields_mn
+from layouts import desc_read_offset, operand_desc_fields, swizzle_offset, tvm_bridge, wgmma_desc_fields_mn
 from gemm_ladder.compile import builder, sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec, check_built, not_built
@@ -66,6 +66,17 @@ def test_every_element_a_wgmma_reads_is_where_the_tma_box_put_it(a_major, b_majo
                         got = desc_read_offset(desc, dtype, start, mn, k)
                         assert got == _where_tma_put(shape, major, dtype, row0 + mn, kk * 16 + k), \
                             (operand, major, row0, kk, mn, k)
+
+
+@pytest.mark.parametrize("shape", [(4, 64, 128), (4, 64, 256)])
+def test_tvms_layout_of_the_mn_major_ring_is_the_model(shape):
+    """The ring's MN-major tiles as the kernel allocates them ([stages, blk_k, rows], TVM's
+    mma_shared_layout, which the TMA boxes and the descriptor encodes are placed by) put every
+    sampled element where the layouts model does."""
+    layout = tvm_bridge.shared_layout("float16", shape, "128B")
+    for stage, row, col in [(0, 0, 0), (1, 7, 63), (2, 8, 64), (3, 63, shape[2] - 1), (1, 17, 100), (0, 33, 70)]:
+        assert tvm_bridge.layout_apply(layout, shape, (stage, row, col)) * 2 == \
+            swizzle_offset("float16", shape, "128B", row, col, stage)
 
 
 def test_the_k_loops_adds_reach_the_same_descriptors_an_encode_would():
