@@ -75,3 +75,9 @@ def test_the_summary_counts_shapes_below_the_bar(lc):
 def test_run_names_its_results_file_for_the_issue(lc, tmp_path):
     with pytest.raises(SystemExit):
         lc.main(["run", str(tmp_path), "--out", str(tmp_path / "backward.json")])
+
+
+def test_run_without_a_gpu_says_so_and_writes_nothing(lc, tmp_path, capsys):
+    out = tmp_path / "layouts_check.json"
+    assert lc.run(tmp_path, out) == 2
+    assert "no GPU" in capsys.readouterr().err and not out.exists()
