@@ -50,14 +50,14 @@ import gemm_ladder  # noqa: E402  (the front door)
 import gemm_ladder.serve.ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.mm)
 from gemm_ladder.core import cli_types, device, files  # noqa: E402
 from gemm_ladder.core.records import Int, List, Obj, RecordError, Str, read_json  # noqa: E402
-from gemm_ladder.core.spec import GemmSpec  # noqa: E402
+from gemm_ladder.core.spec import OPERAND_LAYOUTS, GemmSpec  # noqa: E402
 from gemm_ladder.measure import harness, isolate, suite  # noqa: E402
 from gemm_ladder.measure.report import table as fmt  # noqa: E402
 from gemm_ladder.serve.kernel_pack import KernelPack, build_pack  # noqa: E402
 
 FORMAT = "gemm_ladder.layouts_check"
 PLAN_FILE = "layouts.json"
-LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MK": ("M", "K"), "MN": ("M", "N")}  # name -> (a_major, b_major)
+LAYOUTS = OPERAND_LAYOUTS  # name -> (a_major, b_major)
 # odd shapes: M, N and K multiples of 8 (what TMA reads an MN-major operand at) but not of any tile
 CHECK_SHAPES = ((328, 264, 520), (1000, 1528, 776))
 CHECK_DTYPES = ("float16", "bfloat16")

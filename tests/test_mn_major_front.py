@@ -4,6 +4,11 @@ op's backward passing its operands as transposed views (dX = dY . W with W as an
 dW = dY^T . X with both MN-major), its gradients against torch's through a CPU stand-in for the
 kernel, opcheck, and fake tensors."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -169,3 +174,19 @@ def test_by_capture_hands_each_module_its_own_operands():
     # launch_route hands ByCapture the views: it converts per module (its launcher asks CUDA whether
     # a capture is on, so it runs on the GPU tier)
     assert front.takes_stored(front.ByCapture(ours, theirs)) == (False, False)
+
+
+def _cli(*args):
+    repo = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "gemm_ladder", *args], capture_output=True, text=True, cwd=repo,
+                          env={**os.environ, "PYTHONPATH": str(repo)}, check=False)
+
+
+def test_pack_build_takes_the_operand_layouts():
+    """``pack build --layouts KK,KN,MN``: a module of each (the backward's dX and dW beside the
+    forward), named apart; an unknown layout is refused with the known ones."""
+    out = _cli("pack", "build", "--shapes", "256x512x384", "--dtypes", "bfloat16", "--layouts", "KK,KN,MN", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "_b_major_N.so" in out.stdout and "_a_major_M-b_major_N.so" in out.stdout and "3 modules" in out.stdout
+    bad = _cli("pack", "build", "--shapes", "256x512x384", "--layouts", "NT", "--dry-run")
+    assert bad.returncode == 2 and "not a known operand layout" in bad.stderr and "KK,KN,MK,MN" in bad.stderr

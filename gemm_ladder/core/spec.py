@@ -58,6 +58,9 @@ SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A 
 # (F.gelu), SiLU (F.silu); "none": the identity
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
 EPILOGUES = ("none", "bias", "act")  # what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS)
+# the operand layouts by name, (a_major, b_major): KK the forward x . W^T; KN a B stored [K, N] (dX = dY . W
+# reads W so); MK an A stored [K, M]; MN both (dW = dY^T . X reads dY and X so)
+OPERAND_LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MK": ("M", "K"), "MN": ("M", "N")}
 
 
 # the manifest's and the pack entry's ``spec`` field (GemmSpec.to_dict), checked when they are read
