@@ -511,10 +511,12 @@ def _offer_torch(route: Route, M: int, N: int, K: int, strict: bool, act: str) -
     return route
 
 
-def _settle(route: Route, a, b, operands: dict, M: int, N: int, index: int) -> None:
-    """Time the route's candidates on the call's own A and B (into a scratch D), as queued calls
-    and as kernels replayed from CUDA graphs, and make the route the winners (``Route.adopt``), or
-    take the winners remembered for this GPU, M and candidates (first_use)."""
+def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, index: int) -> None:
+    """Time the route's candidates on the call's A and B and copies of them (first_use.input_sets),
+    into scratch outputs, as queued calls and as kernels replayed from CUDA graphs, each the whole
+    way a call takes (the padded path's copies included: :func:`launch_route`), and make the
+    route the winners (``Route.adopt``), or take the winners remembered for this GPU, shape and
+    candidates (first_use)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     with _LOCK:
@@ -526,7 +528,7 @@ def _settle(route: Route, a, b, operands: dict, M: int, N: int, index: int) -> N
             return
         ids = {label: ident for label, (ident, _) in cands.items()}
         gpu = device.name_of(index)
-        key = first_use.key_of(gpu, M, ids)
+        key = first_use.key_of(gpu, M, N, K, ids)
         known = first_use.remembered(key, ids)
         made = {label: cands[label][1]() for label in (set(known) if known else cands)}
         mine = next((label for label, r in made.items() if r is route), None)  # the route's own module
@@ -536,31 +538,50 @@ def _settle(route: Route, a, b, operands: dict, M: int, N: int, index: int) -> N
                                                             f"{len(cands)} candidates (remembered in {first_use.choices_path()})")
             return
         d = torch.empty((M, N), dtype=a.dtype, device=a.device)
-        extras = tuple(operands.values())
+        sets = first_use.input_sets(a, b, d, _l2_bytes(index), same_b=bool(fixes.names))
+        whole = bool(fixes.names) or (bias is not None and bias.data_ptr() % 16 != 0)  # copies on the way
 
-        def launcher(r):
-            r.run(a, b, d, operands)  # checks once per GPU, then launches unchecked
-            fn = r.launchers[a.device.index]
-            return lambda: fn(a, b, d, *extras)
+        def call_of(r):
+            if isinstance(r.module, TorchMatmul) or whole:  # the whole way a call takes
+                fx = Fixes((), N, K) if isinstance(r.module, TorchMatmul) else fixes
+                call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fx, bias)  # noqa: E731
+            else:
+                extras = () if bias is None else (bias,)
+                r.run(a, b, sets[0][2], {} if bias is None else {"bias": bias})  # checked once per GPU
+                fn = r.launchers[a.device.index]
+                call = lambda x, y, z: fn(x, y, z, *extras)  # noqa: E731
+            call(*sets[0])
+            return call
 
-        launches = {}
+        calls = {}
         for label, r in routes.items():
             try:
-                launches[label] = launcher(r)
+                calls[label] = call_of(r)
             except (ValueError, RuntimeError):  # a module that refuses this M is no candidate
                 if label == mine:
                     raise
-        times = first_use.time_launches(launches)
-        kernel_times = first_use.time_graphs(launches, times)
+        times = first_use.time_launches(calls, sets)
+        kernel_times = first_use.time_graphs(calls, sets, times)
         eager, graphs = first_use.pick(times), first_use.pick(kernel_times or times)
         first_use.remember(key, ids[eager], ids[graphs])
 
         def said(ts):
             return "; ".join(f"{label} {us:.1f} us" for label, us in sorted(ts.items(), key=lambda lt: lt[1]))
         route.adopt(routes[eager], routes[graphs],
-                    f"measured at first use on {gpu} (median of {first_use.ROUNDS} rounds): as queued calls "
-                    f"{said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; chose {eager}"
-                    + (f", and {graphs} under capture" if graphs != eager else ""))
+                    f"measured at first use on {gpu} (median of {first_use.ROUNDS} rounds, input sets spilling L2): "
+                    f"as queued calls {said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; "
+                    f"chose {eager}" + (f", and {graphs} under capture" if graphs != eager else ""))
+
+
+def _l2_bytes(index: int) -> int:
+    if index not in _L2:
+        import torch  # pylint: disable=import-outside-toplevel
+
+        _L2[index] = torch.cuda.get_device_properties(index).L2_cache_size
+    return _L2[index]
+
+
+_L2: dict = {}
 
 
 class KernelFallbackWarning(UserWarning):
@@ -581,8 +602,8 @@ class TorchMatmul:
     def __call__(self, a, b, out, bias=None):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
-        if bias is None:
-            torch.matmul(a, b.t(), out=out)
+        if bias is None:  # mm, not matmul: the shortest way to cuBLAS for 2-d operands (a is [M, K] here)
+            torch.mm(a, b.t(), out=out)
         else:
             torch.addmm(bias, a, b.t(), out=out)
         if self.act != "none":
@@ -895,9 +916,8 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     spec = GemmSpec.with_epilogue(dtype, bias is not None, act) if bias is not None or act != "none" else None
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
-    if route.candidates and not fixes.names and route.module_M in (None, M) and first_use.enabled() \
-            and (bias is None or bias.data_ptr() % 16 == 0):
-        _settle(route, A2, B, {} if bias is None else {"bias": bias}, M, N, index)
+    if route.candidates and route.module_M in (None, M) and first_use.enabled():
+        _settle(route, A2, B, M, N, K, fixes, bias, index)
     if (fixes.N != N or fixes.K != K or fixes.copies("copy-b")) and not _strict(strict) and _capturing(A):
         route = _weight_as_it_is(act)
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
