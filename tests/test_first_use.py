@@ -80,9 +80,12 @@ def _times(table, kernels=None):
     kernels in graphs (time_graphs) from ``kernels``, else the same."""
     calls = []
 
-    def fake(launches, rounds=first_use.ROUNDS):
+    def fake(launches, sets, rounds=first_use.ROUNDS):
         for fn in launches.values():
-            fn()  # launchable: each candidate was checked and runs on the call's tensors
+            for a, b, d in sets:  # each candidate runs, right, on every input set
+                d.fill_(float("nan"))
+                fn(a, b, d)
+                torch.testing.assert_close(d.float(), a.float() @ b.float().T, rtol=2e-3, atol=2e-3)
         calls.append(sorted(launches))
         return {label: table[label] for label in launches}
     return fake, calls
@@ -91,7 +94,8 @@ def _times(table, kernels=None):
 @pytest.fixture(autouse=True)
 def graphs_like_calls(monkeypatch):
     """Kernels in graphs time as queued calls, unless a test says otherwise."""
-    monkeypatch.setattr(first_use, "time_graphs", lambda launches, queued_us, rounds=first_use.ROUNDS: dict(queued_us))
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=first_use.ROUNDS: dict(queued_us))
+    monkeypatch.setattr(front, "_l2_bytes", lambda index: 1 << 20)  # 1 MiB: a few input sets at these shapes
 
 
 def test_the_first_call_times_the_candidates_and_keeps_the_fastest(three, monkeypatch, capsys):
@@ -194,7 +198,7 @@ def test_graphs_may_take_another_kernel_than_eager_calls(three, monkeypatch):
     queued winner, calls inside CUDA-graph capture the kernel winner; remembered both."""
     fake, _ = _times({"m128.so": 30.0, "mid.so": 20.0, "low.so": 50.0, "torch": 25.0})
     monkeypatch.setattr(first_use, "time_launches", fake)
-    monkeypatch.setattr(first_use, "time_graphs", lambda launches, queued_us, rounds=3:
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=3:
                         {"m128.so": 18.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0})
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
@@ -232,3 +236,29 @@ def test_a_tiny_problem_timed_keeps_what_measured_faster_in_graphs(three, monkey
     front.matmul(torch.randn(128, 512).half(), torch.randn(256, 512).half())
     assert route.module.path.name == "m128.so" and not isinstance(route.module, front.ByCapture)
     assert "under CUDA-graph capture" not in "\n".join(route.lines)
+
+
+def test_input_sets_spill_l2_twice_over_and_keep_one_weight_on_the_padded_path():
+    a, b, d = torch.zeros(64, 512).half(), torch.zeros(256, 512).half(), torch.zeros(64, 256).half()
+    size = a.nbytes + b.nbytes + d.nbytes  # 352 KiB a set
+    sets = first_use.input_sets(a, b, d, l2_bytes=1 << 20)
+    assert len(sets) == -(-2 * (1 << 20) // size) == 6 and sets[0] == (a, b, d)
+    assert len({t.data_ptr() for s in sets for t in s}) == 3 * len(sets)  # every set its own tensors
+    assert len(first_use.input_sets(a, b, d, l2_bytes=1 << 30)) == first_use.MAX_SETS
+    assert len(first_use.input_sets(a, b, d, l2_bytes=1)) == 1
+    same = first_use.input_sets(a, b, d, l2_bytes=1 << 20, same_b=True)
+    assert all(s[1] is b for s in same) and len(same) == min(first_use.MAX_SETS, -(-2 * (1 << 20) // (a.nbytes + d.nbytes)))
+
+
+def test_the_padded_path_is_timed_the_whole_way_against_torch(three, monkeypatch):
+    """N = 250 (padded to 256 for TMA): ours is timed with its copies, torch on the tensors as they
+    are; the key holds the call's own N, so N = 256 is timed apart."""
+    fake, calls = _times({"m128.so": 30.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    A, B = torch.randn(128, 512).half(), torch.randn(250, 512).half()
+    D = front.matmul(A, B)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert calls == [["low.so", "m128.so", "mid.so", "torch"]]
+    assert front.route_of(128, 250, 512).rung == "torch"
+    keys = list(json.loads((three.parent / "choices.json").read_text())["choices"])
+    assert keys == [k for k in keys if "|128x250x512|" in k] and len(keys) == 1

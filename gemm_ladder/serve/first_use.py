@@ -15,7 +15,8 @@ each candidate on the caller's own A and B, and the winner is remembered:
   included), and as kernels alone (a CUDA graph of the same launches, replayed: what a model served
   with CUDA graphs sees), into a scratch output, between CUDA events; :data:`ROUNDS` rounds whose
   order rotates, each sample a batch of launches of at least :data:`SAMPLE_US`; the median. A
-  first launch of each is its warm-up. Eager calls take the queued winner, calls inside CUDA-graph
+  first launch of each is its warm-up, after :data:`WARM_MS` of calls that bring an idle GPU's
+  clocks up. Eager calls take the queued winner, calls inside CUDA-graph
   capture the kernel winner (``front.ByCapture`` where they differ: ours has the shorter host path,
   cuBLAS's kernel may be the faster). It costs each new shape a few milliseconds (an lm_head at
   M = 8192: ~0.3 s);
@@ -47,9 +48,11 @@ MEASURE_ENV = "GEMM_LADDER_MEASURE"  # "0": the pack's (policy's) choice, nothin
 CHOICES_ENV = "GEMM_LADDER_CHOICES"  # the file of remembered choices; "off": the process only
 CHOICES_FILE = "choices.json"
 MAX_CANDIDATES = 4  # kernels of ours timed (plus torch)
-ROUNDS = 3
+ROUNDS = 5
+WARM_MS = 10.0  # calls before the timing, to bring an idle GPU's clocks up (they start at a few hundred MHz)
 SAMPLE_US = 200.0  # each timed sample: launches adding up to at least this (a one-launch sample is noise)
 MAX_REPS = 100
+MAX_SETS = 8  # input sets cycled through while timing (enough to spill L2 for all but tiny shapes)
 # torch must beat our best by this much to take a shape: our host path is the shorter, and a tie
 # within timing noise keeps ours (the faster call)
 TORCH_MARGIN = 1.02
@@ -96,9 +99,10 @@ def _doc(path: Path) -> dict:
     return doc
 
 
-def key_of(gpu: str, M: int, candidates: dict) -> str:
-    """A choice's key: the GPU's name, M and the candidates (name -> sha256 or ``torch``), sorted."""
-    return "|".join([gpu, f"M={M}", *sorted(candidates.values())])
+def key_of(gpu: str, M: int, N: int, K: int, candidates: dict) -> str:
+    """A choice's key: the GPU's name, the call's shape (N and K as given: a padded shape shares
+    its modules with others) and the candidates (name -> sha256 or ``torch``), sorted."""
+    return "|".join([gpu, f"{M}x{N}x{K}", *sorted(candidates.values())])
 
 
 def remembered(key: str, candidates: dict) -> tuple[str, str] | None:
@@ -139,66 +143,101 @@ def can_measure(a) -> bool:
     return a.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
-def time_launches(launches: dict, rounds: int = ROUNDS) -> dict:
-    """Median microseconds per launch of each of ``launches`` (name -> a function of no arguments
-    that queues one call), in rounds whose order rotates, on the current stream."""
+def input_sets(a, b, d, l2_bytes: int, same_b: bool = False) -> list[tuple]:
+    """``(a, b, d)`` and copies of them, as many as spill ``l2_bytes`` twice over (at most
+    :data:`MAX_SETS`): timed on the caller's tensors alone, a kernel whose inputs stay in L2 would
+    look faster than it runs in a model (each layer's weight read once a pass). ``same_b``: one B
+    for all (its padded copy is cached per tensor: copies of it would each leave one behind)."""
+    size = a.nbytes + d.nbytes + (0 if same_b else b.nbytes)
+    n = max(1, min(MAX_SETS, -(-2 * l2_bytes // max(size, 1))))
+    return [(a, b, d)] + [(a.clone(), b if same_b else b.clone(), d.clone()) for _ in range(n - 1)]
+
+
+def _rough(call, sets) -> float:
+    """Microseconds of one call (after one as warm-up)."""
     import torch  # pylint: disable=import-outside-toplevel  (the caller's)
 
-    names = list(launches)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    rough = {}
-    for n in names:  # the warm-up, then one timed launch: how many make a sample
-        launches[n]()
-        start.record()
-        launches[n]()
-        end.record()
-        end.synchronize()
-        rough[n] = max(start.elapsed_time(end) * 1e3, 1.0)
-    reps = {n: max(1, min(MAX_REPS, int(SAMPLE_US / rough[n]) + 1)) for n in names}
+    call(*sets[0])
+    start.record()
+    call(*sets[-1])
+    end.record()
+    end.synchronize()
+    return max(start.elapsed_time(end) * 1e3, 1.0)
+
+
+def _reps(us: float, n_sets: int) -> int:
+    """Calls a sample makes: at least :data:`SAMPLE_US` of them and every input set once."""
+    return max(n_sets, min(MAX_REPS, int(SAMPLE_US / us) + 1))
+
+
+def _rounds(samplers: dict, rounds: int) -> dict:
+    """Median microseconds per call of each of ``samplers`` (name -> a function that runs one
+    sample and returns its microseconds per call), in rounds whose order rotates."""
+    names = list(samplers)
     samples: dict = {n: [] for n in names}
     for r in range(rounds):
         for i in range(len(names)):
             n = names[(r + i) % len(names)]
-            start.record()
-            for _ in range(reps[n]):
-                launches[n]()
-            end.record()
-            end.synchronize()
-            samples[n].append(start.elapsed_time(end) * 1e3 / reps[n])
+            samples[n].append(samplers[n]())
     return {n: statistics.median(s) for n, s in samples.items()}
 
 
-def time_graphs(launches: dict, queued_us: dict, rounds: int = ROUNDS) -> dict:
-    """Median microseconds per launch of each of ``launches`` as a kernel alone: a CUDA graph of
-    as many launches as make a sample (``queued_us``: their queued times), replayed in rounds whose
-    order rotates. A candidate that cannot be captured is left out (an empty dict: none could)."""
+def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
+    """Median microseconds per call of each of ``calls`` (name -> a function of (a, b, d) that
+    queues one call) as a caller queues them, cycling through ``sets``, on the current stream."""
     import torch  # pylint: disable=import-outside-toplevel  (the caller's)
 
-    graphs, reps = {}, {}
-    for n, fn in launches.items():
-        reps[n] = max(1, min(MAX_REPS, int(SAMPLE_US / max(queued_us.get(n, SAMPLE_US), 1.0)) + 1))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first = next(iter(calls.values()))
+    start.record()
+    for n in range(4096):  # the warm-up: WARM_MS of calls, looked at every 16
+        first(*sets[n % len(sets)])
+        if n % 16 == 15:
+            end.record()
+            end.synchronize()
+            if start.elapsed_time(end) >= WARM_MS:
+                break
+
+    def sampler(call, reps):
+        def sample():
+            start.record()
+            for i in range(reps):
+                call(*sets[i % len(sets)])
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e3 / reps
+        return sample
+    return _rounds({n: sampler(c, _reps(_rough(c, sets), len(sets))) for n, c in calls.items()}, rounds)
+
+
+def time_graphs(calls: dict, sets: list, queued_us: dict, rounds: int = ROUNDS) -> dict:
+    """Median microseconds per call of each of ``calls`` as kernels alone: a CUDA graph of as many
+    calls as make a sample (``queued_us``: their queued times), cycling through ``sets``, replayed
+    in rounds whose order rotates. A candidate that cannot be captured is left out."""
+    import torch  # pylint: disable=import-outside-toplevel  (the caller's)
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samplers = {}
+    for n, call in calls.items():
+        reps = _reps(queued_us.get(n, SAMPLE_US), len(sets))
         g = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(g):
-                for _ in range(reps[n]):
-                    fn()
+                for i in range(reps):
+                    call(*sets[i % len(sets)])
         except RuntimeError:
             continue
-        graphs[n] = g
-    names = list(graphs)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples: dict = {n: [] for n in names}
-    for n in names:
-        graphs[n].replay()  # warm-up
-    for r in range(rounds):
-        for i in range(len(names)):
-            n = names[(r + i) % len(names)]
+        g.replay()  # warm-up
+
+        def sample(g=g, reps=reps):
             start.record()
-            graphs[n].replay()
+            g.replay()
             end.record()
             end.synchronize()
-            samples[n].append(start.elapsed_time(end) * 1e3 / reps[n])
-    return {n: statistics.median(s) for n, s in samples.items()}
+            return start.elapsed_time(end) * 1e3 / reps
+        samplers[n] = sample
+    return _rounds(samplers, rounds)
 
 
 def pick(times: dict) -> str:

@@ -33,7 +33,8 @@ calls keep the fastest call, calls inside graph capture the fastest kernel (torc
 beats every kernel of ours by 2%: never slower than cuBLAS), remembered per GPU, M and candidates
 in ``$GEMM_LADDER_CHOICES`` (default ``<cache>/choices.json``); ``explain`` prints the times.
 Inside capture a weight that needs a padded copy for TMA goes to torch's matmul (the copy would
-be made on every replay); strict mode keeps ours.
+be made on every replay) unless the first call timed ours faster with the copy in the graph;
+strict mode keeps ours.
 ``GEMM_LADDER_MEASURE=0`` keeps the pack's or the policy's choice; strict mode times ours only.
 
 Loaded modules stay loaded for the life of the process. A call whose shapes, dtypes and GPUs are
@@ -519,10 +520,12 @@ def _offer_torch(route: Route, M: int, N: int, K: int, strict: bool, act: str) -
     return route
 
 
-def _settle(route: Route, a, b, operands: dict, M: int, N: int, index: int) -> None:
-    """Time the route's candidates on the call's own A and B (into a scratch D), as queued calls
-    and as kernels replayed from CUDA graphs, and make the route the winners (``Route.adopt``), or
-    take the winners remembered for this GPU, M and candidates (first_use)."""
+def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, index: int) -> None:
+    """Time the route's candidates on the call's A and B and copies of them (first_use.input_sets),
+    into scratch outputs, as queued calls and as kernels replayed from CUDA graphs, each the whole
+    way a call takes (the padded path's copies included: :func:`launch_route`), and make the
+    route the winners (``Route.adopt``), or take the winners remembered for this GPU, shape and
+    candidates (first_use)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     with _LOCK:
@@ -534,7 +537,7 @@ def _settle(route: Route, a, b, operands: dict, M: int, N: int, index: int) -> N
             return
         ids = {label: ident for label, (ident, _) in cands.items()}
         gpu = device.name_of(index)
-        key = first_use.key_of(gpu, M, ids)
+        key = first_use.key_of(gpu, M, N, K, ids)
         known = first_use.remembered(key, ids)
         made = {label: cands[label][1]() for label in (set(known) if known else cands)}
         mine = next((label for label, r in made.items() if r is route), None)  # the route's own module
@@ -544,32 +547,55 @@ def _settle(route: Route, a, b, operands: dict, M: int, N: int, index: int) -> N
                                                             f"{len(cands)} candidates (remembered in {first_use.choices_path()})")
             return
         d = torch.empty((M, N), dtype=a.dtype, device=a.device)
-        extras = tuple(operands.values())
+        sets = first_use.input_sets(a, b, d, _l2_bytes(index), same_b=bool(fixes.names))
+        whole = bool(fixes.names) or (bias is not None and bias.data_ptr() % 16 != 0)  # copies on the way
 
-        def launcher(r):
-            ra, rb = stored_operands(r.module, a, b)  # an MN-major module: the memory under the views
-            r.run(ra, rb, d, operands)  # checks once per GPU, then launches unchecked
-            fn = r.launchers[a.device.index]
-            return lambda: fn(ra, rb, d, *extras)
+        def call_of(r):
+            if isinstance(r.module, TorchMatmul) or whole:  # the whole way a call takes
+                fx = Fixes((), N, K) if isinstance(r.module, TorchMatmul) else fixes
+                call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fx, bias)  # noqa: E731
+            else:
+                extras = () if bias is None else (bias,)
+                # checked once per GPU; an MN-major module takes the memory under the views
+                r.run(*stored_operands(r.module, a, b), sets[0][2], {} if bias is None else {"bias": bias})
+                fn = r.launchers[a.device.index]
+                ta, tb = takes_stored(r.module)
+                if ta or tb:
+                    call = lambda x, y, z: fn(x.t() if ta else x, y.t() if tb else y, z, *extras)  # noqa: E731
+                else:
+                    call = lambda x, y, z: fn(x, y, z, *extras)  # noqa: E731
+            call(*sets[0])
+            return call
 
-        launches = {}
+        calls = {}
         for label, r in routes.items():
             try:
-                launches[label] = launcher(r)
+                calls[label] = call_of(r)
             except (ValueError, RuntimeError):  # a module that refuses this M is no candidate
                 if label == mine:
                     raise
-        times = first_use.time_launches(launches)
-        kernel_times = first_use.time_graphs(launches, times)
+        times = first_use.time_launches(calls, sets)
+        kernel_times = first_use.time_graphs(calls, sets, times)
         eager, graphs = first_use.pick(times), first_use.pick(kernel_times or times)
         first_use.remember(key, ids[eager], ids[graphs])
 
         def said(ts):
             return "; ".join(f"{label} {us:.1f} us" for label, us in sorted(ts.items(), key=lambda lt: lt[1]))
         route.adopt(routes[eager], routes[graphs],
-                    f"measured at first use on {gpu} (median of {first_use.ROUNDS} rounds): as queued calls "
-                    f"{said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; chose {eager}"
-                    + (f", and {graphs} under capture" if graphs != eager else ""))
+                    f"measured at first use on {gpu} (median of {first_use.ROUNDS} rounds, input sets spilling L2): "
+                    f"as queued calls {said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; "
+                    f"chose {eager}" + (f", and {graphs} under capture" if graphs != eager else ""))
+
+
+def _l2_bytes(index: int) -> int:
+    if index not in _L2:
+        import torch  # pylint: disable=import-outside-toplevel
+
+        _L2[index] = torch.cuda.get_device_properties(index).L2_cache_size
+    return _L2[index]
+
+
+_L2: dict = {}
 
 
 class KernelFallbackWarning(UserWarning):
@@ -590,12 +616,22 @@ class TorchMatmul:
     def __call__(self, a, b, out, bias=None):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
-        if bias is None:
-            torch.matmul(a, b.t(), out=out)
+        if bias is None:  # mm, not matmul: the shortest way to cuBLAS for 2-d operands (a is [M, K] here)
+            torch.mm(a, b.t(), out=out)
         else:
             torch.addmm(bias, a, b.t(), out=out)
         if self.act != "none":
             out.copy_(torch_activation(out, self.act))
+
+    def launcher(self, a, b, out, **operands):
+        """The call for tensors like these; with no bias and no activation, torch's ``mm`` itself
+        (nothing of ours between a repeated call and cuBLAS but the front door's fast path)."""
+        import torch  # pylint: disable=import-outside-toplevel
+
+        if operands or self.act != "none":
+            return lambda x, y, z, *extras: self(x, y, z, *extras)
+        mm = torch.mm
+        return lambda x, y, z: mm(x, y.t(), out=z)
 
 
 def _warn(text: str) -> None:
@@ -841,7 +877,9 @@ def _fast(A, B, out):
     hit = _FAST.get(key) if key is not None else None
     if hit is None:
         return None
-    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes) = hit
+    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes), padded = hit
+    if padded and _capturing(A):  # in a graph a padded weight goes to torch (_weight_as_it_is)
+        return None
     if (A.requires_grad or B.requires_grad or (out is not None and out.requires_grad)) and _grad_enabled():
         return None
     pa, pb = A.data_ptr(), B.data_ptr()
@@ -882,7 +920,10 @@ def _weight_as_it_is(act: str) -> Route:
     """Inside CUDA-graph capture, a weight TMA cannot read (N or K not a multiple of 8, off a
     16-byte boundary) would be copied into its padded form on every replay (so a replay sees an
     in-place update of it): a 77 MB LM head made GPT-2's 7-row decode 0.43x cuBLAS as a kernel
-    [benchmarks/results/2026-11-26_h100_every_model/]. torch's matmul reads it as it is; strict mode keeps ours."""
+    [benchmarks/results/2026-11-25_h100_every_model/every_model_seed1.json], while at 512 rows and
+    more ours, copy included, ran 1.7-3.6x cuBLAS's unaligned path. torch's matmul reads the weight
+    as it is where the first call's timing (copies in the graph) found its kernel faster, or nothing
+    was timed yet; strict mode keeps ours."""
     route = _IN_GRAPHS.get(act)
     if route is None:
         lines = ["kernel: torch.matmul (cuBLAS), inside CUDA-graph capture",
@@ -899,15 +940,22 @@ def _grad_enabled() -> bool:
     return torch.is_grad_enabled()
 
 
-def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
+def padded_launch(route: Route, M: int, N: int, K: int, fixes: Fixes):
+    """The fast path's launch of a call whose only copies are a padded N or K (the same for every
+    call of these shapes; the weight's padded copy is kept while the weight is unchanged)."""
+    return lambda a, b, d: launch_route(route, a, b, d, M, N, K, fixes)
+
+
+def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape, fixes: Fixes) -> None:
     """After a checked call that took the plain path (no copies, the module built for any M or
-    this one): later calls like it go through :func:`_fast`."""
-    launch = route.launchers.get(A.device.index)
+    this one), or only padded N or K (copies that depend on the shapes alone, the weight's kept:
+    :func:`launch_route`): later calls like it go through :func:`_fast`."""
+    launch = padded_launch(route, M, N, K, fixes) if fixes.names else route.launchers.get(A.device.index)
     key = _fast_key(A, B, out)
     if launch is not None and key is not None and A.device.type == "cuda":
         with _LOCK:
             spans = (A.nbytes, B.nbytes, M * N * A.element_size())  # the bytes of A, B and D
-            _FAST[key] = (route, launch, M, N, K, tuple(shape), spans)
+            _FAST[key] = (route, launch, M, N, K, tuple(shape), spans, bool(fixes.names))
 
 
 def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None):
@@ -950,16 +998,18 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
                                    b_major=b_major)
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
-    if route.candidates and not fixes.names and route.module_M in (None, M) and first_use.enabled() \
-            and (bias is None or bias.data_ptr() % 16 == 0):
-        _settle(route, A2, B, {} if bias is None else {"bias": bias}, M, N, index)
+    if route.candidates and route.module_M in (None, M) and first_use.enabled():
+        _settle(route, A2, B, M, N, K, fixes, bias, index)
     if (fixes.N != N or fixes.K != K or fixes.copies("copy-b")) and not _strict(strict) and _capturing(A):
-        route = _weight_as_it_is(act)
+        in_graphs = route.module.graphs if isinstance(route.module, ByCapture) else route.module
+        if route.candidates or isinstance(in_graphs, TorchMatmul):  # not measured, or torch's kernel won
+            route = _weight_as_it_is(act)
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
     D = launch_route(route, A2, B, out2, M, N, K, fixes, bias)
-    if spec is None and not fixes.names and (route.module_M is None or route.module_M == M):
-        _remember(A, B, out, route, M, N, K, shape)
+    if spec is None and set(fixes.names) <= {"pad-n", "pad-k"} and (route.module_M is None or route.module_M == M) \
+            and not _capturing(A):
+        _remember(A, B, out, route, M, N, K, shape, fixes)
     if explain:
         batch = tuple(A.shape) if A.dim() != 2 else None
         text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)
