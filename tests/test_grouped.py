@@ -15,6 +15,8 @@ from hypothesis import given, settings, strategies as st
 
 from gemm_ladder import ConfigError, make_config
 from gemm_ladder.core.spec import GemmSpec
+from gemm_ladder.protocol import check, interp, kernel_ir, sim
+from gemm_ladder.rungs import kernel_of
 from gemm_ladder.sm90a import grouped
 
 GROUPED = GemmSpec(grouped=True).text()
@@ -127,3 +129,35 @@ def test_builds_for_sm90a_with_guarded_stores_and_no_spills(built, dtype):
     assert len(re.findall(r"\bSTG\.E\b", text)) >= b.module.cfg.blk_n // 4, "no guarded stores"
     launch = b.module.extra["launch"]
     assert launch["dynamic_m"] is True and launch["persistent"] is True and launch["experts"] == 5
+
+
+@pytest.mark.parametrize("counts", [(0, 129, 0, 0, 0, 0, 0, 231), (300, 0, 1, 59, 0, 0, 0, 0), (0,) * 7 + (360,)])
+def test_the_kernels_walk_is_the_models(monkeypatch, counts):
+    """The producer's TMA loads, as the barrier checker runs the traced kernel (every CTA of a
+    launch, each alone), are the model's work units in order: A rows from the expert's first row,
+    W rows from e * N. (A kernel that overwrote a row before its n-tile was computed from it once
+    loaded W rows past the grid here while the model was right.)"""
+    cfg = make_config("v12", 360, 320, 128, experts=8, spec=GROUPED, pipe_depth=2)
+    offs = [sum(counts[: e + 1]) for e in range(8)]
+    kir = kernel_ir.load(kernel_of(cfg))
+    program = interp.Program(kir.device, kir.operand_buffers)
+    loads = []
+    real = sim.Sim.tma_load
+
+    def record(self, th, dst, tmap, coords, *args, **kw):
+        loads.append((th.cta.block[0], tmap.name, tuple(coords)))
+        return real(self, th, dst, tmap, coords, *args, **kw)
+
+    monkeypatch.setattr(sim.Sim, "tma_load", record)
+    num_ctas = 3
+    params = {**check._param_values(kir, program, num_ctas), "offsets_ptr": offs}  # pylint: disable=protected-access
+    for cta in range(num_ctas):
+        ran = sim.Sim(kir, program, [(cta, 0, 0)], params, "forward", 1, None).run()
+        assert not ran.findings, ran.findings
+    want = grouped.walk(offs, 360, cfg.blk_m, 2, cfg.l2_group_size, num_ctas)
+    for cta in range(num_ctas):
+        mine = [(name, c) for b, name, c in loads if b == cta]
+        k_slices = cfg.k_tiles
+        assert [c[1] for name, c in mine if name.startswith("A")][::k_slices] == [u.row0 for u in want[cta]]
+        assert [c[1] for name, c in mine if name.startswith("B")][::k_slices] == \
+            [u.expert * 320 + u.n_tile * cfg.blk_n for u in want[cta]]

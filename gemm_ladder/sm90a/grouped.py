@@ -202,8 +202,8 @@ def fill_tables(w, offs, M, tid, threads):
 
 @T.inline
 def locate_tile(w, t, at):
-    """Work unit ``t`` into ``at`` (int32[5] local): expert, first row, the expert's end row, the
-    first column of D, the first row of W viewed as [E * N, K]."""
+    """Work unit ``t`` into ``at`` (int32[7] local): expert, first row, the expert's end row, the
+    first column of D, the first row of W viewed as [E * N, K] (then two scratch slots)."""
     at[0] = 0
     n_steps = T.meta_var(len(search_steps(w.experts)))
     for step in T.unroll(n_steps):
@@ -216,8 +216,11 @@ def locate_tile(w, t, at):
     at[2] = w.ends[e]
     at[3] = t - T.Select(e > 0, w.tile_end[prev], 0)  # its local unit, for a moment
     m, n = T.meta_var(tile_in_expert(at[3], tiles_over(at[2] - at[1], w.blk_m), w.n_tiles, w.group))
-    at[1] = at[1] + m * w.blk_m
-    at[3] = n * w.blk_n
+    # m and n are expressions of at[1] and at[3]: both computed before either is overwritten
+    at[5] = m
+    at[6] = n
+    at[1] = at[1] + at[5] * w.blk_m
+    at[3] = at[6] * w.blk_n
     at[4] = e * w.n + at[3]
 
 
@@ -238,6 +241,19 @@ def rows_to_global(plan, Dreg, D, m0, n0, row0, row_end, warp_id, lane_id):
 
 def experts_of(cfg: GemmConfig) -> int:
     return int(dict(cfg.extra)["experts"])
+
+
+def checker_params(cfg: GemmConfig) -> dict:
+    """The runtime values the barrier check (``gemm_ladder.protocol``) runs the kernel with: M, and
+    a routing with an empty expert first, one whole m-tile and one row on the next (a guarded
+    boundary tile), the rest of the tokens on the last expert and none on the others."""
+    E, M = experts_of(cfg), cfg.M
+    counts = [0] * E
+    if E > 1:
+        counts[1] = min(M, cfg.blk_m + 1)
+    counts[-1] += M - sum(counts)
+    offsets = [sum(counts[: e + 1]) for e in range(E)]
+    return {"M": M, "offsets": offsets}
 
 
 def check(cfg: GemmConfig) -> None:
@@ -317,7 +333,7 @@ def kernel(cfg: GemmConfig):
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
             if T.And(warp_id == 0, lane_id == 0):
-                at_load = T.alloc_local((5,), "int32")
+                at_load = T.alloc_local((7,), "int32")
                 t_load: T.int32 = cta
                 load_it: T.int32 = 0
                 while t_load < w.total():
@@ -335,7 +351,7 @@ def kernel(cfg: GemmConfig):
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
-            at = T.alloc_local((5,), "int32")
+            at = T.alloc_local((7,), "int32")
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Asmem, b_smem=Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
             epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
