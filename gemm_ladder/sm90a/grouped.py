@@ -315,12 +315,13 @@ def kernel(cfg: GemmConfig):
         tma2mma = TMABar(pool, stages)
         mma2tma = MBarrier(pool, stages)
         ring = Ring(tma2mma, mma2tma)
-        ends = pool.alloc((E,), "int32")  # each expert's end row, clamped
-        tile_end = pool.alloc((E,), "int32")  # work units through each expert
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((stages, BLK_N, BLK_K), dtype, layout=B_layout)
         Esmem = pool.alloc(staging_shape, dtype, layout=E_layout)
+        # after the tiles (before them they would pass the 1 KiB the barriers leave from 121 experts)
+        ends = pool.alloc((E,), "int32")  # each expert's end row, clamped
+        tile_end = pool.alloc((E,), "int32")  # work units through each expert
         pool.commit()
         w = T.meta_var(Walk(ends=ends, tile_end=tile_end, experts=E, blk_m=BLK_M, blk_n=BLK_N, n=N, n_tiles=n_tiles,
                             group=cfg.l2_group_size))
