@@ -97,7 +97,7 @@ def test_locate_is_a_search_over_the_tile_ends(E):
 
 
 @pytest.mark.parametrize("knobs, words", [
-    (dict(), ["v12 is the grouped GEMM", "grouped_true"]),
+    (dict(spec="d_float16"), ["v12 is the grouped GEMM", "grouped_true"]),
     (dict(spec=GROUPED, experts=0), ["experts=0", "1..1024", "W.shape[0]"]),
     (dict(spec=GROUPED, experts=True), ["experts=True"]),
     (dict(spec=GROUPED, cluster_m=2), ["no knob cluster_m"]),
@@ -110,6 +110,11 @@ def test_refuses_what_it_does_not_build(knobs, words):
         make_config("v12", 4096, 4096, 4096, **knobs)
     for w in words:
         assert w in str(err.value)
+
+
+def test_v12_defaults_to_the_grouped_spec_of_its_dtype():
+    cfg = make_config("v12", 4096, 4096, 4096, dtype="bfloat16", experts=4)
+    assert dict(cfg.extra)["spec"] == GemmSpec(a="bfloat16", b="bfloat16", d="bfloat16", grouped=True).text()
 
 
 def test_v9_refuses_a_grouped_spec():

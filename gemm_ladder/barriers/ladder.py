@@ -23,7 +23,6 @@ from pathlib import Path
 
 from ..core import cli_types
 from ..core.config import ARCHS as ARCH_LIMITS, DEFAULT_DTYPE, DTYPES, ConfigError
-from ..core.spec import GemmSpec
 from ..protocol import check
 from ..rungs import RUNGS, available, make_config, rung_module
 from . import explain
@@ -37,8 +36,6 @@ def scenarios(rung: str, arch: str, knobs: dict | None = None) -> list:
     have, a ring too deep for shared memory)."""
     mod = rung_module(rung, arch)
     knobs = {**mod.KNOBS, **(knobs or {})}
-    if "grouped" in getattr(mod, "EPILOGUES", ()):  # the grouped GEMM (v12) takes grouped specs only
-        knobs.setdefault("spec", GemmSpec(grouped=True).text())
     blk_m, blk_n = knobs.get("blk_m", 128), knobs.get("blk_n", 128)
     stages = knobs.get("pipe_depth", 1)
     persistent = "l2_group_size" in mod.KNOBS or "tile_order" in mod.KNOBS
