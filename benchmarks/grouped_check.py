@@ -27,7 +27,7 @@ to run), into DIR. ``run DIR --out FILE.json`` (GPU box: TVM runtime and torch o
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_check.py run build/grouped --out out/grouped_check.json   # GPU box
 
-About 2 minutes on an H100 (an estimate until the first run); DIR about 2 MiB (six modules).
+About 2-3 minutes on an H100 (an estimate until the first run); DIR about 1.8 MiB (eight modules).
 """
 
 from __future__ import annotations
@@ -44,13 +44,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch  # noqa: E402
+from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+
+import gemm_ladder  # noqa: E402
+import gemm_ladder.serve.grouped_ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.grouped_mm)
 from gemm_ladder.core import device, files  # noqa: E402
+from gemm_ladder.measure import harness, isolate  # noqa: E402
+from gemm_ladder.serve.grouped import spec_of_dtype, use_grouped_module  # noqa: E402
 
 FORMAT = "gemm_ladder.grouped_check"
 PLAN_FILE = "grouped_check.json"
-# (name, experts, N, K): Mixtral-like (8 experts of 14336x4096), Qwen-MoE-like (64 of 1408x2048), and
-# an odd one for the edges (N not a multiple of the tile, K of the slice)
-SHAPES = [("mixtral", 8, 14336, 4096), ("qwen_moe", 64, 1408, 2048), ("odd", 5, 1000, 520)]
+# (name, experts, N, K): Mixtral-like (8 experts of 14336x4096), Qwen-MoE-like (64 of 1408x2048),
+# DeepSeek-V3-like (256 of 2048x7168), and an odd one for the edges (N not a multiple of the tile, K of
+# the slice)
+SHAPES = [("mixtral", 8, 14336, 4096), ("qwen_moe", 64, 1408, 2048), ("deepseek_v3", 256, 2048, 7168),
+          ("odd", 5, 1000, 520)]
 DTYPES = ("float16", "bfloat16")
 BUILD_M = 4096  # the M the modules are built at (M is read at run time)
 CHECK_TOKENS = 1000  # rows of A in the correctness cases (not a multiple of the tile)
@@ -123,7 +132,6 @@ def prepare(out) -> int:
     # pylint: disable=import-outside-toplevel
     from gemm_ladder.compile import module_cache
     from gemm_ladder.compile.batch import BuildJob
-    from gemm_ladder.serve.grouped import spec_of_dtype
 
     folder = files.open_folder(out)
     modules = []
@@ -146,12 +154,10 @@ def prepare(out) -> int:
 def _inputs(E, N, K, dtype, counts, M, seed):
     """A [M, K] (M >= the counts' sum: rows past offs[-1] too), W [E, N, K] scaled to keep D near
     one, offs on the GPU."""
-    import torch  # pylint: disable=import-outside-toplevel
-
     g = torch.Generator(device="cuda").manual_seed(seed)
     dt = getattr(torch, dtype)
-    A = torch.randn(M, K, device="cuda", generator=g).to(dt)
-    W = (torch.randn(E, N, K, device="cuda", generator=g) / math.sqrt(K)).to(dt)
+    A = torch.randn(M, K, device="cuda", generator=g, dtype=dt)
+    W = torch.randn(E, N, K, device="cuda", generator=g, dtype=dt).div_(math.sqrt(K))
     offs = torch.tensor(offsets_of(counts), dtype=torch.int32, device="cuda")
     return A, W, offs
 
@@ -159,8 +165,6 @@ def _inputs(E, N, K, dtype, counts, M, seed):
 def _errors(A, W, offs_list, D, M) -> tuple[float, float, int, int]:
     """(our relative error, torch's, NaN outputs inside the experts' rows, rows past offs[-1] that
     were written) against a per-expert fp32 reference."""
-    import torch  # pylint: disable=import-outside-toplevel
-
     torch.backends.cuda.matmul.allow_tf32 = False
     ours_sq = theirs_sq = ref_sq = 0.0
     nan = 0
@@ -181,9 +185,8 @@ def _errors(A, W, offs_list, D, M) -> tuple[float, float, int, int]:
 
 
 def check_job(path, args) -> dict:
-    """Every routing of CHECK_ROUTINGS on one module, then the CUDA-graph replay with new offs."""
-    import torch  # pylint: disable=import-outside-toplevel
-    from gemm_ladder.serve.grouped import use_grouped_module  # pylint: disable=import-outside-toplevel
+    """Every routing of CHECK_ROUTINGS on one module (and through the front door and the op), then
+    the CUDA-graph replay with new offs."""
 
     mod = use_grouped_module(path)
     E, N, K, dtype = mod.experts, mod.N, mod.K, mod.dtype
@@ -198,9 +201,15 @@ def check_job(path, args) -> dict:
         torch.cuda.synchronize()
         rel, trel, nan, past = _errors(A, W, offsets_of(counts), D, M)
         ok = nan == 0 and past == 0 and rel <= 2 * trel + floor
+        # the front door and the torch op serve this module (registered) with the same bits
+        front = gemm_ladder.grouped_mm(A, W, offs)
+        op = torch.ops.gemm_ladder.grouped_mm(A, W, offs)
+        end = offsets_of(counts)[-1]
+        same = bool(torch.equal(front[:end], D[:end]) and torch.equal(op[:end], D[:end]))
+        ok = ok and same
         ok_all &= ok
         cases.append({"routing": routing, "ok": ok, "rel_err": rel, "torch_rel_err": trel, "nan": nan,
-                      "rows_past_offs_written": past, "counts_head": counts[:8]})
+                      "rows_past_offs_written": past, "front_door_and_op_same": same, "counts_head": counts[:8]})
     # one graph, three routings: offs overwritten in place between replays
     routings = ("balanced", "one", "zipf")
     A, W, offs = _inputs(E, N, K, dtype, counts_of(routings[0], E, CHECK_TOKENS), CHECK_TOKENS, seed=99)
@@ -228,8 +237,6 @@ def check_job(path, args) -> dict:
 
 
 def _grouped_mm_works(A, W, offs) -> bool:
-    import torch  # pylint: disable=import-outside-toplevel
-
     try:
         torch._grouped_mm(A, W.transpose(1, 2), offs=offs)  # pylint: disable=protected-access
         torch.cuda.synchronize()
@@ -240,15 +247,12 @@ def _grouped_mm_works(A, W, offs) -> bool:
 
 def time_job(path, args) -> dict:
     """Ours, torch._grouped_mm and the cuBLAS loop in rotating rounds, per (tokens, routing)."""
-    import torch  # pylint: disable=import-outside-toplevel
-    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
-    from gemm_ladder.serve.grouped import use_grouped_module  # pylint: disable=import-outside-toplevel
 
     mod = use_grouped_module(path)
     E, N, K, dtype = mod.experts, mod.N, mod.K, mod.dtype
     l2 = device.probe(0).l2_bytes or (50 << 20)
     results = []
-    W = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(getattr(torch, dtype))
+    W = torch.randn(E, N, K, device="cuda", dtype=getattr(torch, dtype)).div_(math.sqrt(K))
     Wt = W.transpose(1, 2)
     for tokens in TOKENS:
         for routing in TIMED_ROUTINGS:
@@ -297,8 +301,6 @@ def time_job(path, args) -> dict:
 
 # -- run (GPU box) ------------------------------------------------------------------------------------
 def run(folder, out) -> int:
-    from gemm_ladder.measure import harness, isolate  # pylint: disable=import-outside-toplevel
-    from power_probe import Sampler  # pylint: disable=import-outside-toplevel  (a sibling script: torch)
 
     why = device.why_no_gpu(index=0)
     if why is not None:
