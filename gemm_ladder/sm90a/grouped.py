@@ -189,15 +189,17 @@ def fill_tables(w, offs, M, tid, threads):
             w.ends[i * threads + tid] = offs[i * threads + tid]
     T.cuda.cta_sync()
     if tid == 0:
-        run = T.alloc_local((2,), "int32")  # the last end row, the tiles so far
+        # in registers: the last end row, the tiles so far, this expert's end (the loop carries only
+        # a max, a min and a multiply-add; the shared loads of later experts do not wait on them)
+        run = T.alloc_local((3,), "int32")
         run[0] = 0
         run[1] = 0
         for e in T.serial(w.experts):
-            end = T.meta_var(T.min(T.max(w.ends[e], run[0]), M))
-            run[1] = run[1] + tiles_over(end - run[0], w.blk_m) * w.n_tiles
-            w.ends[e] = end
+            run[2] = T.min(T.max(w.ends[e], run[0]), M)
+            run[1] = run[1] + tiles_over(run[2] - run[0], w.blk_m) * w.n_tiles
+            w.ends[e] = run[2]
             w.tile_end[e] = run[1]
-            run[0] = w.ends[e]
+            run[0] = run[2]
 
 
 @T.inline
