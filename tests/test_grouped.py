@@ -136,14 +136,19 @@ def test_builds_for_sm90a_with_guarded_stores_and_no_spills(built, dtype):
     assert launch["dynamic_m"] is True and launch["persistent"] is True and launch["experts"] == 5
 
 
-@pytest.mark.parametrize("counts", [(0, 129, 0, 0, 0, 0, 0, 231), (300, 0, 1, 59, 0, 0, 0, 0), (0,) * 7 + (360,)])
+MANY = tuple(7 if e in (3, 250, 398) else 0 for e in range(400))  # more experts than threads
+
+
+@pytest.mark.parametrize("counts", [(0, 129, 0, 0, 0, 0, 0, 231), (300, 0, 1, 59, 0, 0, 0, 0), (0,) * 7 + (360,),
+                                    MANY[:399] + (339,)])
 def test_the_kernels_walk_is_the_models(monkeypatch, counts):
     """The producer's TMA loads, as the barrier checker runs the traced kernel (every CTA of a
     launch, each alone), are the model's work units in order: A rows from the expert's first row,
     W rows from e * N. (A kernel that overwrote a row before its n-tile was computed from it once
     loaded W rows past the grid here while the model was right.)"""
-    cfg = make_config("v12", 360, 320, 128, experts=8, spec=GROUPED, pipe_depth=2)
-    offs = [sum(counts[: e + 1]) for e in range(8)]
+    E = len(counts)
+    cfg = make_config("v12", 360, 320, 128, experts=E, spec=GROUPED, pipe_depth=2)
+    offs = [sum(counts[: e + 1]) for e in range(E)]
     kir = kernel_ir.load(kernel_of(cfg))
     program = interp.Program(kir.device, kir.operand_buffers)
     loads = []
@@ -166,3 +171,4 @@ def test_the_kernels_walk_is_the_models(monkeypatch, counts):
         assert [c[1] for name, c in mine if name.startswith("A")][::k_slices] == [u.row0 for u in want[cta]]
         assert [c[1] for name, c in mine if name.startswith("B")][::k_slices] == \
             [u.expert * 320 + u.n_tile * cfg.blk_n for u in want[cta]]
+    assert sum(len(w) for w in want) == sum(-(-c // cfg.blk_m) * 2 for c in counts)  # every tile ran
