@@ -186,7 +186,7 @@ def _remembered(M, N, K, shape, with_out):
     B = torch.randn(N, K).half()
     out = torch.empty(*shape).half() if with_out else None
     spans = (A.nbytes, B.nbytes, M * N * A.element_size())
-    front._FAST[front._fast_key(A, B, out)] = (route, kernel, M, N, K, tuple(shape), spans)
+    front._FAST[front._fast_key(A, B, out)] = (route, kernel, M, N, K, tuple(shape), spans, False)
     return kernel, route, A, B, out
 
 
@@ -565,3 +565,28 @@ def test_in_a_graph_a_weight_needing_a_padded_copy_goes_to_torch(small_pack, mon
         D = front.matmul(A, B, strict=strict)
         torch.testing.assert_close(D.float(), want, rtol=2e-3, atol=2e-3)
         assert bool(front._B_COPIES) == copied, (capturing, strict)
+
+
+def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypatch):
+    """N = 250 (padded to 256 for TMA): a repeated call skips the checks and keeps the weight's
+    padded copy; inside CUDA-graph capture it leaves the call to the checked path (where torch
+    reads the weight as it is)."""
+    M, N, K = 6, 250, 64
+    kernel = TmaKernel()
+    route = front.Route(kernel, None, "test", "v9", {})
+    fixes = layout_fixes(Layout(M, N, K, "float16"))
+    assert fixes.names == ("pad-n",) and fixes.N == 256
+    A, B, out = torch.randn(M, K).half(), torch.randn(N, K).half(), torch.empty(M, N).half()
+    spans = (A.nbytes, B.nbytes, M * N * A.element_size())
+    front._FAST[front._fast_key(A, B, out)] = (route, front.padded_launch(route, M, N, K, fixes), M, N, K, (M, N),
+                                               spans, True)
+    monkeypatch.setattr(front, "_capturing", lambda a: False)
+    for _ in range(2):
+        A2 = torch.randn_like(A)
+        assert front.matmul(A2, B, out) is out
+        torch.testing.assert_close(out.float(), A2.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert [s[1] for s in kernel.seen] == [(256, 64), (256, 64)] and len(front._B_COPIES) == 1
+    monkeypatch.setattr(front, "_capturing", lambda a: True)
+    with pytest.raises(ModuleInputError, match="A is on cpu"):  # the checked path
+        front.matmul(A, B, out)
+    assert len(kernel.seen) == 2

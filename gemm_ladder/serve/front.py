@@ -609,6 +609,16 @@ class TorchMatmul:
         if self.act != "none":
             out.copy_(torch_activation(out, self.act))
 
+    def launcher(self, a, b, out, **operands):
+        """The call for tensors like these; with no bias and no activation, torch's ``mm`` itself
+        (nothing of ours between a repeated call and cuBLAS but the front door's fast path)."""
+        import torch  # pylint: disable=import-outside-toplevel
+
+        if operands or self.act != "none":
+            return lambda x, y, z, *extras: self(x, y, z, *extras)
+        mm = torch.mm
+        return lambda x, y, z: mm(x, y.t(), out=z)
+
 
 def _warn(text: str) -> None:
     warnings.warn(text, KernelFallbackWarning, stacklevel=4)
@@ -819,7 +829,9 @@ def _fast(A, B, out):
     hit = _FAST.get(key) if key is not None else None
     if hit is None:
         return None
-    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes) = hit
+    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes), padded = hit
+    if padded and _capturing(A):  # in a graph a padded weight goes to torch (_weight_as_it_is)
+        return None
     if (A.requires_grad or B.requires_grad or (out is not None and out.requires_grad)) and _grad_enabled():
         return None
     pa, pb = A.data_ptr(), B.data_ptr()
@@ -877,15 +889,22 @@ def _grad_enabled() -> bool:
     return torch.is_grad_enabled()
 
 
-def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
+def padded_launch(route: Route, M: int, N: int, K: int, fixes: Fixes):
+    """The fast path's launch of a call whose only copies are a padded N or K (the same for every
+    call of these shapes; the weight's padded copy is kept while the weight is unchanged)."""
+    return lambda a, b, d: launch_route(route, a, b, d, M, N, K, fixes)
+
+
+def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape, fixes: Fixes) -> None:
     """After a checked call that took the plain path (no copies, the module built for any M or
-    this one): later calls like it go through :func:`_fast`."""
-    launch = route.launchers.get(A.device.index)
+    this one), or only padded N or K (copies that depend on the shapes alone, the weight's kept:
+    :func:`launch_route`): later calls like it go through :func:`_fast`."""
+    launch = padded_launch(route, M, N, K, fixes) if fixes.names else route.launchers.get(A.device.index)
     key = _fast_key(A, B, out)
     if launch is not None and key is not None and A.device.type == "cuda":
         with _LOCK:
             spans = (A.nbytes, B.nbytes, M * N * A.element_size())  # the bytes of A, B and D
-            _FAST[key] = (route, launch, M, N, K, tuple(shape), spans)
+            _FAST[key] = (route, launch, M, N, K, tuple(shape), spans, bool(fixes.names))
 
 
 def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None):
@@ -923,8 +942,9 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
     D = launch_route(route, A2, B, out2, M, N, K, fixes, bias)
-    if spec is None and not fixes.names and (route.module_M is None or route.module_M == M):
-        _remember(A, B, out, route, M, N, K, shape)
+    if spec is None and set(fixes.names) <= {"pad-n", "pad-k"} and (route.module_M is None or route.module_M == M) \
+            and not _capturing(A):
+        _remember(A, B, out, route, M, N, K, shape, fixes)
     if explain:
         batch = tuple(A.shape) if A.dim() != 2 else None
         text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)
