@@ -29,7 +29,16 @@ memory. The walk, in every CTA:
 
 The producer thread and every consumer thread compute the same walk from the same tables, so they
 agree on every tile without talking (the ring still carries the data). :func:`walk` is the model
-of this walk in plain Python; the tests hold it against a per-expert reference over random routing.
+of this walk in plain Python; the tests hold it against a per-expert reference over random routing,
+and hold the kernel's TMA loads (every CTA of a launch run by the barrier checker, with the offsets
+of :func:`checker_params` or others) against it. Thread 0's scan is serial: about E times a few
+cycles before the first load (a warp-wide scan is the next step where E is in the hundreds).
+
+Why a body beside ``gemm.kernel``'s rather than another form of it: the template's loops take a
+TVM tile scheduler (``valid``, ``next_tile``, ``m_idx``) and one epilogue path; here each unit is a
+search with an expert-dependent A row, B row and end row, and two epilogue paths. The parts are the
+template's own (``Ring``, ``Producer``, ``Consumer``, ``ChunkedEpilogue``), so v9's protocol is
+unchanged; threading the walk through the template would touch every branch of v9-v11's loops.
 
 Edges. B rows past an expert's N (N not a multiple of blk_n) are the next expert's weight (or TMA's
 zero fill past ``E * N``): they only feed D columns >= N, which the store clips. A rows past the
