@@ -2,9 +2,9 @@
 makes, CUDA-graph capturable with changing counts, and timed against torch's grouped GEMM and a
 loop of cuBLAS GEMMs at MoE shapes (issue 33's contiguous layout).
 
-``prepare DIR`` (build box) builds one v12 module per (experts, N, K, dtype) of :data:`SHAPES`
-through the module cache and copies them, with their manifests and ``grouped_check.json`` (what
-to run), into DIR. ``run DIR --out FILE.json`` (GPU box: TVM runtime and torch only):
+``prepare DIR`` (build box) builds one v12 module per (experts, N, K, dtype) of :data:`SHAPES`, and
+per knob variant of :data:`VARIANTS`, through the module cache and copies them, with their
+manifests and ``grouped_check.json`` (what to run), into DIR. ``run DIR --out FILE.json`` (GPU box: TVM runtime and torch only):
 
 1. correctness, each module in a child process with a deadline (``gemm_ladder.measure.isolate``:
    a deadlock fails its module instead of hanging the run): random inputs, D poisoned with NaN,
@@ -27,7 +27,8 @@ to run), into DIR. ``run DIR --out FILE.json`` (GPU box: TVM runtime and torch o
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_check.py run build/grouped --out out/grouped_check.json   # GPU box
 
-About 2-3 minutes on an H100 (an estimate until the first run); DIR about 1.8 MiB (eight modules).
+About 2-3 minutes on an H100 (an estimate until the first run); DIR about 2.7 MiB (twelve modules:
+the shapes in both dtypes, and :data:`VARIANTS`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ PLAN_FILE = "grouped_check.json"
 # the slice)
 SHAPES = [("mixtral", 8, 14336, 4096), ("qwen_moe", 64, 1408, 2048), ("deepseek_v3", 256, 2048, 7168),
           ("odd", 5, 1000, 520)]
+# knob variants beside the defaults (128x256 tiles), by shape: 128-wide tiles fit N = 1408 (11 of
+# them; 5.5 of 256) and give a few tokens per expert more, smaller work units to spread over the SMs
+VARIANTS = {"qwen_moe": [{"blk_n": 128}], "deepseek_v3": [{"blk_n": 128}]}
 DTYPES = ("float16", "bfloat16")
 BUILD_M = 4096  # the M the modules are built at (M is read at run time)
 CHECK_TOKENS = 1000  # rows of A in the correctness cases (not a multiple of the tile)
@@ -101,6 +105,11 @@ def counts_of(routing: str, experts: int, tokens: int, seed: int = 0) -> list[in
     raise ValueError(f"routing {routing!r}: use one of {CHECK_ROUTINGS}")
 
 
+def variant_text(knobs: dict) -> str:
+    """A knob variant's name in files and rows (``default``: the v12 defaults)."""
+    return "_".join(f"{k}{v}" for k, v in sorted(knobs.items())) or "default"
+
+
 def offsets_of(counts: list[int]) -> list[int]:
     """torch._grouped_mm's offs: the cumulative end row of each expert."""
     out, run = [], 0
@@ -137,13 +146,16 @@ def prepare(out) -> int:
     modules = []
     for name, E, N, K in SHAPES:
         for dtype in DTYPES:
-            knobs = {"experts": E, "dtype": dtype, "spec": spec_of_dtype(dtype).text()}
-            path, _ = module_cache.get_or_build(BuildJob("v12", (BUILD_M, N, K), knobs))
-            stem = f"grouped_{name}_{dtype}"
-            for src in Path(path).parent.iterdir():
-                if src.name.startswith(Path(path).name):  # the .so and its manifest (.so.json)
-                    shutil.copy(src, folder / src.name.replace(Path(path).stem, stem, 1))
-            modules.append({"file": f"{stem}.so", "shape": name, "experts": E, "N": N, "K": K, "dtype": dtype})
+            for variant in [{}] + VARIANTS.get(name, []):
+                knobs = {"experts": E, "dtype": dtype, "spec": spec_of_dtype(dtype).text(), **variant}
+                path, _ = module_cache.get_or_build(BuildJob("v12", (BUILD_M, N, K), knobs))
+                text = variant_text(variant)
+                stem = f"grouped_{name}_{dtype}" + (f"_{text}" if variant else "")
+                for src in Path(path).parent.iterdir():
+                    if src.name.startswith(Path(path).name):  # the .so and its manifest (.so.json)
+                        shutil.copy(src, folder / src.name.replace(Path(path).stem, stem, 1))
+                modules.append({"file": f"{stem}.so", "shape": name, "experts": E, "N": N, "K": K, "dtype": dtype,
+                                "variant": text})
     files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules})
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(f"{len(modules)} modules, {size / 2**20:.1f} MiB in {folder}")
@@ -322,7 +334,8 @@ def run(folder, out) -> int:
         sampler.stop()
     rows = []
     for m, path, c in zip(plan["modules"], paths, checks):
-        base = {"experts": m["experts"], "N": m["N"], "K": m["K"], "dtype": m["dtype"], "shape": m["shape"]}
+        base = {"experts": m["experts"], "N": m["N"], "K": m["K"], "dtype": m["dtype"], "shape": m["shape"],
+                "variant": m.get("variant", "default")}
         correct = c.get("status") == "ok"
         for case in c.get("cases", []):
             rows.append(row({**base, "tokens": CHECK_TOKENS, "routing": case["routing"], "kind": "check",
@@ -334,17 +347,17 @@ def run(folder, out) -> int:
         if not correct or (path in timed and t.get("status") != "ok"):
             rows.append(row({**base, "tokens": None, "routing": None, "kind": "failure",
                              "detail": json.dumps({"check": c, "time": t})[:4000]}, False, {}))
-    ratios = [r["ratio_to_grouped_mm"] for r in rows if r["ratio_to_grouped_mm"]]
+    ratios = [r["ratio_to_grouped_mm"] for r in rows if r["ratio_to_grouped_mm"] and r["variant"] == "default"]
     result = {"format": FORMAT, "gpu": harness.gpu_info(), **harness.run_info(),
               "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
               "summary": {"modules": len(paths), "correct_modules": sum(c.get("status") == "ok" for c in checks),
-                          "geomean_ratio_to_grouped_mm": math.exp(statistics.fmean(map(math.log, ratios)))
+                          "geomean_ratio_to_grouped_mm (default knobs)": math.exp(statistics.fmean(map(math.log, ratios)))
                           if ratios else None, "min_ratio_to_grouped_mm": min(ratios) if ratios else None},
               "checks": checks, "rows": rows}
     files.write_json(out, result)
     for r in rows:
         if r["kind"] == "timed":
-            print(f"{r['shape']:9s} {r['dtype']:8s} tokens={r['tokens']:5d} {r['routing']:8s} "
+            print(f"{r['shape']:11s} {r['variant']:8s} {r['dtype']:8s} tokens={r['tokens']:5d} {r['routing']:8s} "
                   f"x grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f}  x loop {r['peer_ratios']['cublas_loop_graph'] or 0:.3f}")
     print(json.dumps(result["summary"]), f"{result['seconds']:.0f} s; wrote {out}")
     return 0

@@ -61,3 +61,9 @@ def test_run_wants_a_results_name_with_grouped(gc, tmp_path, capsys):
     with pytest.raises(SystemExit):
         gc.main(["run", str(tmp_path), "--out", str(tmp_path / "out.json")])
     assert "must contain 'grouped'" in capsys.readouterr().err
+
+
+def test_a_variant_is_named_by_its_knobs(gc):
+    assert gc.variant_text({}) == "default"
+    assert gc.variant_text({"blk_n": 128, "pipe_depth": 5}) == "blk_n128_pipe_depth5"
+    assert all(name in {s[0] for s in gc.SHAPES} for name in gc.VARIANTS)
