@@ -552,8 +552,9 @@ def test_a_pack_serves_with_the_tvm_runtime_alone(tmp_path):
 
 
 def test_in_a_graph_a_weight_needing_a_padded_copy_goes_to_torch(small_pack, monkeypatch, no_gpu_needed):
-    """Inside capture the padded copy of a weight would be made on every replay: torch's matmul reads
-    it as it is (no copy kept, none made); eager calls and strict mode keep ours and the copy."""
+    """Inside capture the padded copy of a weight would be made on every replay: where nothing was
+    timed, torch's matmul reads it as it is (no copy kept, none made); eager calls and strict mode
+    keep ours and the copy; where the first call timed ours (copy in the graph) faster, ours."""
     front.use_pack(small_pack)
     monkeypatch.setattr(front, "_check", lambda A, B, out, bias=None: (A.shape[0], B.shape[0], B.shape[1], A, out, (A.shape[0], B.shape[0])))
     monkeypatch.setattr(front.first_use, "can_measure", lambda a: False)
@@ -590,3 +591,9 @@ def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypat
     with pytest.raises(ModuleInputError, match="A is on cpu"):  # the checked path
         front.matmul(A, B, out)
     assert len(kernel.seen) == 2
+
+    front.route_of(16, 256, 512).candidates = {}  # as measured, ours the winner under capture
+    front._B_COPIES.clear()
+    monkeypatch.setattr(front, "_capturing", lambda a: True)
+    torch.testing.assert_close(front.matmul(A, B).float(), want, rtol=2e-3, atol=2e-3)
+    assert front._B_COPIES  # ours, with its copy

@@ -33,7 +33,8 @@ calls keep the fastest call, calls inside graph capture the fastest kernel (torc
 beats every kernel of ours by 2%: never slower than cuBLAS), remembered per GPU, M and candidates
 in ``$GEMM_LADDER_CHOICES`` (default ``<cache>/choices.json``); ``explain`` prints the times.
 Inside capture a weight that needs a padded copy for TMA goes to torch's matmul (the copy would
-be made on every replay); strict mode keeps ours.
+be made on every replay) unless the first call timed ours faster with the copy in the graph;
+strict mode keeps ours.
 ``GEMM_LADDER_MEASURE=0`` keeps the pack's or the policy's choice; strict mode times ours only.
 
 Loaded modules stay loaded for the life of the process. A call whose shapes, dtypes and GPUs are
@@ -872,7 +873,10 @@ def _weight_as_it_is(act: str) -> Route:
     """Inside CUDA-graph capture, a weight TMA cannot read (N or K not a multiple of 8, off a
     16-byte boundary) would be copied into its padded form on every replay (so a replay sees an
     in-place update of it): a 77 MB LM head made GPT-2's 7-row decode 0.43x cuBLAS as a kernel
-    [benchmarks/results/2026-11-26_h100_every_model/]. torch's matmul reads it as it is; strict mode keeps ours."""
+    [benchmarks/results/2026-11-25_h100_every_model/every_model_seed1.json], while at 512 rows and
+    more ours, copy included, ran 1.7-3.6x cuBLAS's unaligned path. torch's matmul reads the weight
+    as it is where the first call's timing (copies in the graph) found its kernel faster, or nothing
+    was timed yet; strict mode keeps ours."""
     route = _IN_GRAPHS.get(act)
     if route is None:
         lines = ["kernel: torch.matmul (cuBLAS), inside CUDA-graph capture",
@@ -938,7 +942,9 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     if route.candidates and route.module_M in (None, M) and first_use.enabled():
         _settle(route, A2, B, M, N, K, fixes, bias, index)
     if (fixes.N != N or fixes.K != K or fixes.copies("copy-b")) and not _strict(strict) and _capturing(A):
-        route = _weight_as_it_is(act)
+        in_graphs = route.module.graphs if isinstance(route.module, ByCapture) else route.module
+        if route.candidates or isinstance(in_graphs, TorchMatmul):  # not measured, or torch's kernel won
+            route = _weight_as_it_is(act)
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
     D = launch_route(route, A2, B, out2, M, N, K, fixes, bias)
