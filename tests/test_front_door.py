@@ -568,6 +568,12 @@ def test_in_a_graph_a_weight_needing_a_padded_copy_goes_to_torch(small_pack, mon
         torch.testing.assert_close(D.float(), want, rtol=2e-3, atol=2e-3)
         assert bool(front._B_COPIES) == copied, (capturing, strict)
 
+    front.route_of(16, 256, 512).candidates = {}  # as measured, ours the winner under capture
+    front._B_COPIES.clear()
+    monkeypatch.setattr(front, "_capturing", lambda a: True)
+    torch.testing.assert_close(front.matmul(A, B).float(), want, rtol=2e-3, atol=2e-3)
+    assert front._B_COPIES  # ours, with its copy
+
 
 def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypatch):
     """N = 250 (padded to 256 for TMA): a repeated call skips the checks and keeps the weight's
@@ -592,9 +598,3 @@ def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypat
     with pytest.raises(ModuleInputError, match="A is on cpu"):  # the checked path
         front.matmul(A, B, out)
     assert len(kernel.seen) == 2
-
-    front.route_of(16, 256, 512).candidates = {}  # as measured, ours the winner under capture
-    front._B_COPIES.clear()
-    monkeypatch.setattr(front, "_capturing", lambda a: True)
-    torch.testing.assert_close(front.matmul(A, B).float(), want, rtol=2e-3, atol=2e-3)
-    assert front._B_COPIES  # ours, with its copy
