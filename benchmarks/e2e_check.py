@@ -61,11 +61,13 @@ from gemm_ladder.core import cli_types, device, files
 from gemm_ladder.core.records import Int, List, Obj, RecordError, Str, read_json
 from gemm_ladder.measure import harness, isolate
 from gemm_ladder.measure.report import table as fmt
-from gemm_ladder.serve.kernel_pack import build_pack
+from gemm_ladder.core.spec import GemmSpec
+from gemm_ladder.serve.kernel_pack import KernelPack, PackError, build_pack
 
 FORMAT = "gemm_ladder.e2e_check"
 PLAN_FILE = "e2e.json"
 DTYPE = "bfloat16"
+ARCH = "sm_90a"  # the pack's (H100)
 
 
 # -- the model (plain torch) --------------------------------------------------------------------
@@ -170,18 +172,28 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, S, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, S, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        if cache is not None:
+        groups = cfg.heads // cfg.kv_heads
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, _repeat_kv(k, groups), _repeat_kv(v, groups), is_causal=True)
+        else:
             k_cache, v_cache = cache
             k_cache.index_copy_(2, pos, k)
             v_cache.index_copy_(2, pos, v)
-            k, v = k_cache, v_cache
-        groups = cfg.heads // cfg.kv_heads
-        k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
-        if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            y = _decode_attention(q, k_cache, v_cache, mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, S, cfg.hidden))
+
+
+def _decode_attention(q, k, v, mask):
+    """One query position against the whole cache, grouped by KV head (query head h reads KV head
+    h // groups, as :func:`_repeat_kv` pairs them) without repeating the cache: at batch 64 the
+    repeat would copy more bytes than the step's weights. q [B, H, 1, D], k and v [B, kv, L, D],
+    ``mask`` [1, 1, 1, L]."""
+    B, H, _, D = q.shape
+    kv = k.shape[1]
+    qg = q.view(B, kv, H // kv, D)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * D ** -0.5  # [B, kv, groups, L]
+    p = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(q.dtype)
+    return torch.matmul(p, v).view(B, H, 1, D)
 
 
 class MLP(nn.Module):
@@ -349,6 +361,21 @@ def pack_requests(doc: dict) -> list[dict]:
             for lay, shapes in sorted(groups.items())]
 
 
+def unserved(pack: KernelPack, doc: dict, arch: str) -> list[str]:
+    """The plan's GEMMs that no module of ``pack`` serves as built for (an exact M, or a runtime-M
+    module whose tuned range holds M): what ``run`` would find missing (strict: an error) or
+    served by a module made for other M."""
+    out = []
+    for g in doc["gemms"]:
+        a_major, b_major = LAYOUTS[g["layout"]]
+        spec = GemmSpec(a=DTYPE, b=DTYPE, d=DTYPE, a_major=a_major, b_major=b_major)
+        found = pack.find(g["M"], g["N"], g["K"], DTYPE, arch, spec)
+        if found is None or found.fit not in ("exact", "tuned-range"):
+            out.append(f"{g['layout']} {g['M']}x{g['N']}x{g['K']} ({g['why']}): "
+                       f"{'no module' if found is None else found.fit}")
+    return out
+
+
 def config_of(doc: dict, name: str) -> Config:
     return Config(**doc["models"][name])
 
@@ -423,16 +450,19 @@ def prepare(out, sms: int, workers: int | None = None) -> int:
     doc = plan()
     results = []
     for req in pack_requests(doc):
-        man = build_pack(out, req["shapes"], req["dtypes"], sms=sms, workers=workers, epilogues=req["epilogues"],
+        man = build_pack(out, req["shapes"], req["dtypes"], arch=ARCH, sms=sms, workers=workers, epilogues=req["epilogues"],
                          layouts=req["layouts"], request={"by": "benchmarks/e2e_check.py"})
         results += man["results"]
     failed = [r for r in results if r["status"] == "failed"]
     for r in failed:
         print(f"failed: {r['file']}: {r.get('detail')}", file=sys.stderr)
     files.write_json(Path(out) / PLAN_FILE, doc)
+    missing = unserved(KernelPack(out), doc, ARCH)
+    for m in missing:
+        print(f"not served as planned: {m}", file=sys.stderr)
     size = sum(p.stat().st_size for p in Path(out).iterdir() if p.is_file())
     print(f"{len({r['file'] for r in results})} modules for {len(doc['gemms'])} GEMMs, {size / 2**20:.1f} MiB in {out}")
-    return 1 if failed else 0
+    return 1 if failed or missing else 0
 
 
 # -- the GPU side (a CPU dry run for the tests: eager steps, wall clock) ----------------------------
@@ -567,6 +597,7 @@ def inference(doc: dict, dev: str = "cuda") -> dict:
     positions = max([s for _, s in inf["prefill"]] + [inf["decode_context"]])
     with torch.device(dev):
         base = Llama(cfg, positions).to(torch.bfloat16).init_weights(seed=8)
+        base.cos, base.sin = rotary_tables(cfg, positions, device=dev)  # the angles stay fp32, as Llama's
     base.eval()
     ours = copy.deepcopy(base)
     swapped = gnn.patch(ours, verbose=False)
@@ -699,11 +730,16 @@ def run(folder, out, phases=("inference", "train")) -> int:
     if why is not None:
         print(f"e2e_check run: no GPU ({why}): run it on the GPU box", file=sys.stderr)
         return 2
+    fix = f"run benchmarks/e2e_check.py prepare {folder} on the build box and carry the folder here"
     try:
-        read_json(Path(folder) / PLAN_FILE, "e2e_check plan",
-                  f"run benchmarks/e2e_check.py prepare {folder} on the build box and carry the folder here", PLAN_SCHEMA)
-    except RecordError as err:
+        doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", fix, PLAN_SCHEMA)
+        missing = unserved(KernelPack(folder), doc, device.arch_of(0))
+    except (RecordError, PackError) as err:
         print(f"e2e_check run: {err}", file=sys.stderr)
+        return 2
+    if missing:
+        print(f"e2e_check run: the pack in {folder} does not serve {len(missing)} GEMM(s) of the plan on this GPU "
+              f"({missing[0]}{', ...' if len(missing) > 1 else ''}): {fix}", file=sys.stderr)
         return 2
     start = time.time()
     gpu = harness.gpu_info()

@@ -264,3 +264,26 @@ def test_train_dry_run_gives_torchs_curve_where_the_layers_are_torchs(e2e):
     assert row["phase"] == "train" and row["tokens"] == 32 and row["loss_ok"] is True
     assert row["losses"]["ours"] == row["losses"]["torch"] and row["losses"]["yardstick"] != row["losses"]["torch"]
     assert row["loss_rule"]["drift"] == 0.0 and row["final_loss_torch"] < row["first_loss"]
+
+
+class _StubPack:
+    """A pack that serves what ``fits`` says: (layout majors, M, N, K) -> fit."""
+
+    def __init__(self, fits):
+        self.fits = fits
+
+    def find(self, M, N, K, dtype, arch, spec):
+        fit = self.fits.get(((spec.a_major, spec.b_major), M, N, K))
+        return None if fit is None else type("Found", (), {"fit": fit})()
+
+
+def test_unserved_names_the_gemms_no_module_serves_as_planned(e2e):
+    doc = e2e.plan()
+    fits = {(e2e.LAYOUTS[g["layout"]], g["M"], g["N"], g["K"]): "exact" for g in doc["gemms"]}
+    assert e2e.unserved(_StubPack(fits), doc, "sm_90a") == []
+    dw = next(g for g in doc["gemms"] if g["layout"] == "MN")
+    del fits[(("M", "N"), dw["M"], dw["N"], dw["K"])]
+    kn = next(g for g in doc["gemms"] if g["layout"] == "KN")
+    fits[(("K", "N"), kn["M"], kn["N"], kn["K"])] = "pad-m"  # a module made for more rows: not as planned
+    got = e2e.unserved(_StubPack(fits), doc, "sm_90a")
+    assert len(got) == 2 and any("no module" in m and "dW" in m for m in got) and any("pad-m" in m for m in got)
