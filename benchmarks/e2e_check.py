@@ -55,14 +55,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import gemm_ladder  # the front door (use_pack)
-import gemm_ladder.nn as gnn
-from gemm_ladder.core import cli_types, device, files
-from gemm_ladder.core.records import Int, List, Obj, RecordError, Str, read_json
-from gemm_ladder.measure import harness, isolate
-from gemm_ladder.measure.report import table as fmt
-from gemm_ladder.core.spec import GemmSpec
-from gemm_ladder.serve.kernel_pack import KernelPack, PackError, build_pack
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+
+import gemm_ladder  # noqa: E402  (the front door: use_pack)
+import gemm_ladder.nn as gnn  # noqa: E402
+from gemm_ladder.core import cli_types, device, files  # noqa: E402
+from gemm_ladder.core.records import Int, List, Obj, RecordError, Str, read_json  # noqa: E402
+from gemm_ladder.core.spec import GemmSpec  # noqa: E402
+from gemm_ladder.measure import harness, isolate  # noqa: E402
+from gemm_ladder.measure.report import table as fmt  # noqa: E402
+from gemm_ladder.serve.kernel_pack import KernelPack, PackError, build_pack  # noqa: E402
 
 FORMAT = "gemm_ladder.e2e_check"
 PLAN_FILE = "e2e.json"
@@ -637,8 +640,9 @@ def inference(doc: dict, dev: str = "cuda") -> dict:
             fns = {n: (lambda m=m: m(tokens, last_only=True)) for n, m in models.items()}
             for fn in fns.values():
                 fn()
+            t0 = time.time()
             ms = _alternate(fns, ROUNDS, PREFILL_REPS, dev)
-            out["rows"].append({"phase": "prefill", "model": cfg.name, "batch": b, "seq": s, "tokens": b * s,
+            out["rows"].append({"t0": t0, "t1": time.time(), "phase": "prefill", "model": cfg.name, "batch": b, "seq": s, "tokens": b * s,
                                 "torch_ms": ms["torch"], "ours_ms": ms["ours"], "ratio_to_torch": ms["torch"] / ms["ours"],
                                 "tokens_per_s": b * s / ms["ours"] * 1e3,
                                 "torch_tokens_per_s": b * s / ms["torch"] * 1e3})
@@ -646,8 +650,9 @@ def inference(doc: dict, dev: str = "cuda") -> dict:
             _free(dev)
         for b in inf["decode"]:
             steps = {n: decode_step(m, b, inf["decode_context"], seed=10 + b) for n, m in models.items()}
+            t0 = time.time()
             ms = _alternate({n: st.replay for n, st in steps.items()}, ROUNDS, DECODE_REPLAYS, dev)
-            out["rows"].append({"phase": "decode", "model": cfg.name, "batch": b, "tokens": b,
+            out["rows"].append({"t0": t0, "t1": time.time(), "phase": "decode", "model": cfg.name, "batch": b, "tokens": b,
                                 "context": inf["decode_context"], "cuda_graph": dev.type == "cuda",
                                 "torch_ms": ms["torch"], "ours_ms": ms["ours"], "ratio_to_torch": ms["torch"] / ms["ours"],
                                 "tokens_per_s": b / ms["ours"] * 1e3, "torch_tokens_per_s": b / ms["torch"] * 1e3})
@@ -691,6 +696,7 @@ def train(doc: dict, dev: str = "cuda") -> dict:
         return loss.detach()
 
     names = list(models)
+    t0 = time.time()
     for i in range(tr["steps"]):
         x, y = train_batch(cfg, tr["batch"], tr["seq"], i, tr["seed"], device=dev)
         for n in (names if i % 2 == 0 else names[::-1]):
@@ -702,7 +708,7 @@ def train(doc: dict, dev: str = "cuda") -> dict:
     losses = {n: torch.stack(v).tolist() for n, v in losses.items()}
     ms = {n: statistics.median(sp.ms() for sp in v[tr["warmup"]:]) for n, v in spans.items()}
     rule = loss_ok(losses["ours"], losses["torch"], losses["yardstick"])
-    row = {"phase": "train", "model": cfg.name, "params": cfg.params(), "batch": tr["batch"], "seq": tr["seq"],
+    row = {"t0": t0, "t1": time.time(), "phase": "train", "model": cfg.name, "params": cfg.params(), "batch": tr["batch"], "seq": tr["seq"],
            "tokens": tr["batch"] * tr["seq"], "steps": tr["steps"], "precision": "bf16 autocast, fp32 master weights",
            "optimizer": "AdamW", "torch_step_ms": ms["torch"], "ours_step_ms": ms["ours"],
            "yardstick_step_ms": ms["yardstick"], "ratio_to_torch": ms["torch"] / ms["ours"], "loss_ok": rule["ok"],
@@ -745,10 +751,16 @@ def run(folder, out, phases=("inference", "train")) -> int:
     gpu = harness.gpu_info()
     job = f"{__name__ if __name__ != '__main__' else 'benchmarks.e2e_check'}:phase_job"
     results = {}
+    sampler = Sampler()
     for phase in phases:
+        t0 = time.time()
         results[phase] = isolate.run_batch(job, [phase], [str(folder)], timeout=PHASE_TIMEOUT[phase], explain=False)[0]
+        results[phase]["clocks"] = sampler.between(t0, time.time())
         print(f"{phase}: {results[phase].get('status')} ({time.time() - start:.0f} s)", file=sys.stderr)
     rows = [r for res in results.values() for r in res.get("rows", [])]
+    for r in rows:  # the SM clock and power while the row was timed
+        r["clocks"] = sampler.between(r.pop("t0"), r.pop("t1"))
+    sampler.stop()
     summary = {p: {"status": results[p].get("status"),
                    "geomean_ratio": geomean(r["ratio_to_torch"] for r in rows if r["phase"] == p)}
                for p in ("prefill", "decode", "train") if any(r["phase"] == p for r in rows)}
