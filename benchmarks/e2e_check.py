@@ -286,6 +286,7 @@ def linear_names(model: nn.Module) -> list[str]:
 
 
 # -- the plan and the pack (no GPU) -------------------------------------------------------------
+INFER_MODELS = ("llama-8b-2l", "llama-125m")  # real widths, and a small model at full depth
 PREFILL = ((1, 512), (4, 2048), (8, 4096))  # batch x sequence
 DECODE = (1, 8, 64)  # batch
 DECODE_CONTEXT = 1024  # cache positions; the timed step is the last, attending to all of them
@@ -302,7 +303,7 @@ _MODEL = Obj({"name": Str(), **{k: Int(lo=1) for k in ("hidden", "layers", "head
                                                           "vocab")}})
 PLAN_SCHEMA = Obj({"format": Str([FORMAT]),
                    "models": Obj({name: _MODEL for name in CONFIGS}),
-                   "inference": Obj({"model": Str(list(CONFIGS)), "prefill": List(List(Int(lo=1), length=2)),
+                   "inference": Obj({"models": List(Str(list(CONFIGS)), min_len=1), "prefill": List(List(Int(lo=1), length=2)),
                                      "decode": List(Int(lo=1)), "decode_context": Int(lo=2),
                                      "check_prefill": List(Int(lo=1), length=2), "check_decode": Int(lo=1)}),
                    "train": Obj({"model": Str(list(CONFIGS)), "batch": Int(lo=1), "seq": Int(lo=2),
@@ -331,23 +332,24 @@ def backward_gemms(cfg: Config, rows: int) -> dict[str, list[tuple[int, int, int
 
 def plan() -> dict:
     """What ``prepare`` writes to :data:`PLAN_FILE`: the models, the runs, and every GEMM they make."""
-    inf, tr = CONFIGS["llama-8b-2l"], CONFIGS[TRAIN["model"]]
+    tr = CONFIGS[TRAIN["model"]]
     gemms: dict = {}
 
     def add(layout, shapes, why):
         for s in shapes:
             gemms.setdefault((layout, *s), why)
 
-    for b, s in PREFILL:
-        add("KK", forward_gemms(inf, b * s, head_rows=b), f"prefill {b}x{s}")
-    for b in DECODE:
-        add("KK", forward_gemms(inf, b), f"decode {b}")
+    for inf in (CONFIGS[n] for n in INFER_MODELS):
+        for b, s in PREFILL:
+            add("KK", forward_gemms(inf, b * s, head_rows=b), f"{inf.name} prefill {b}x{s}")
+        for b in DECODE:
+            add("KK", forward_gemms(inf, b), f"{inf.name} decode {b}")
     rows = TRAIN["batch"] * TRAIN["seq"]
     add("KK", forward_gemms(tr, rows), "train forward")
     for layout, shapes in backward_gemms(tr, rows).items():
         add(layout, shapes, f"train backward {'dX' if layout == 'KN' else 'dW'}")
     return {"format": FORMAT, "models": {n: dataclasses.asdict(c) for n, c in CONFIGS.items()},
-            "inference": {"model": inf.name, "prefill": [list(p) for p in PREFILL], "decode": list(DECODE),
+            "inference": {"models": list(INFER_MODELS), "prefill": [list(p) for p in PREFILL], "decode": list(DECODE),
                           "decode_context": DECODE_CONTEXT,
                           "check_prefill": list(CHECK_PREFILL), "check_decode": CHECK_DECODE},
             "train": dict(TRAIN),
@@ -579,23 +581,30 @@ def decode_step(model, batch: int, length: int, seed: int) -> DecodeStep:
 
 def phase_job(item: str, args) -> dict:
     """An isolated job (``measure.isolate``, ``package.module:function``): ``item`` is the phase
-    (``inference`` or ``train``); ``args``: the pack folder."""
+    (``inference:MODEL`` or ``train``); ``args``: the pack folder."""
     folder = args[0]
     doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", "run prepare again", PLAN_SCHEMA)
+    if item not in phases_of(doc):
+        raise ValueError(f"unknown phase {item!r}: " + ", ".join(phases_of(doc)))
     _strict_front(folder)
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference is fp32
-    if item == "inference":
-        return inference(doc)
     if item == "train":
         return train(doc)
-    raise ValueError(f"unknown phase {item!r}: inference or train")
+    return inference(doc, item.partition(":")[2])
 
 
-def inference(doc: dict, dev: str = "cuda") -> dict:
+def phases_of(doc: dict, only=("inference", "train")) -> list[str]:
+    """The isolated phases of the plan (each a child process): inference of each model, training;
+    ``only``: those kinds."""
+    items = [f"inference:{m}" for m in doc["inference"]["models"]] + ["train"]
+    return [i for i in items if i.partition(":")[0] in only]
+
+
+def inference(doc: dict, model: str, dev: str = "cuda") -> dict:
     """Correctness against the fp32 model, then prefill and decode timings (see the module
     docstring); ``dev`` other than cuda: a dry run of the same steps (tests)."""
     inf = doc["inference"]
-    cfg = config_of(doc, inf["model"])
+    cfg = config_of(doc, model)
     dev = torch.device(dev)
     positions = max([s for _, s in inf["prefill"]] + [inf["decode_context"]])
     with torch.device(dev):
@@ -718,7 +727,7 @@ def train(doc: dict, dev: str = "cuda") -> dict:
 
 
 # -- run ----------------------------------------------------------------------------------------
-PHASE_TIMEOUT = {"inference": 150.0, "train": 90.0}
+PHASE_TIMEOUT = {"inference": 150.0, "train": 90.0}  # seconds a phase's child may go without a result
 
 
 def table(rows: list[dict]) -> str:
@@ -730,7 +739,19 @@ def table(rows: list[dict]) -> str:
     return fmt(out, list(out[0])) if out else "no rows"
 
 
-def run(folder, out, phases=("inference", "train")) -> int:
+def summarize(results: dict, rows: list[dict]) -> dict:
+    """Per phase and model of the rows: how many, the geomean and least ratio to torch, and (train)
+    whether the loss check passed; per isolated phase its status."""
+    out: dict = {"status": {p: r.get("status") for p, r in results.items()}}
+    for key in sorted({(r["phase"], r["model"]) for r in rows}):
+        part = [r for r in rows if (r["phase"], r["model"]) == key]
+        ratios = [r["ratio_to_torch"] for r in part]
+        out[f"{key[0]} {key[1]}"] = {"rows": len(part), "geomean_ratio": geomean(ratios), "min_ratio": min(ratios),
+                                     **({"loss_ok": all(r["loss_ok"] for r in part)} if key[0] == "train" else {})}
+    return out
+
+
+def run(folder, out, only=("inference", "train")) -> int:
     """Each phase in a child with its deadline; writes ``out``. 0 once written, 2 where it cannot run."""
     why = device.why_no_gpu(index=0)
     if why is not None:
@@ -752,18 +773,17 @@ def run(folder, out, phases=("inference", "train")) -> int:
     job = f"{__name__ if __name__ != '__main__' else 'benchmarks.e2e_check'}:phase_job"
     results = {}
     sampler = Sampler()
-    for phase in phases:
+    for phase in phases_of(doc, only):
         t0 = time.time()
-        results[phase] = isolate.run_batch(job, [phase], [str(folder)], timeout=PHASE_TIMEOUT[phase], explain=False)[0]
+        results[phase] = isolate.run_batch(job, [phase], [str(folder)], timeout=PHASE_TIMEOUT[phase.partition(":")[0]],
+                                           explain=False)[0]
         results[phase]["clocks"] = sampler.between(t0, time.time())
         print(f"{phase}: {results[phase].get('status')} ({time.time() - start:.0f} s)", file=sys.stderr)
     rows = [r for res in results.values() for r in res.get("rows", [])]
     for r in rows:  # the SM clock and power while the row was timed
         r["clocks"] = sampler.between(r.pop("t0"), r.pop("t1"))
     sampler.stop()
-    summary = {p: {"status": results[p].get("status"),
-                   "geomean_ratio": geomean(r["ratio_to_torch"] for r in rows if r["phase"] == p)}
-               for p in ("prefill", "decode", "train") if any(r["phase"] == p for r in rows)}
+    summary = summarize(results, rows)
     result = {"format": FORMAT, "version": 1, "gpu": gpu, "gpu_after": harness.gpu_info(), **harness.run_info(),
               "seconds": round(time.time() - start, 1), "method": __doc__.split("\n\n")[2].strip(),
               "front_door": "strict, pack's choice (GEMM_LADDER_STRICT=1, GEMM_LADDER_MEASURE=0)",

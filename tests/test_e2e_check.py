@@ -100,20 +100,23 @@ def test_the_plan_builds_every_forward_gemm_the_runs_make(e2e):
     position), each decode step and the training forward are in the plan, in the forward layout."""
     doc = e2e.plan()
     planned = {(g["M"], g["N"], g["K"]) for g in doc["gemms"] if g["layout"] == "KK"}
-    cfg = e2e.CONFIGS["llama-8b-2l"]
+    assert doc["inference"]["models"] == ["llama-8b-2l", "llama-125m"]
+    for name in doc["inference"]["models"]:
+        cfg = e2e.CONFIGS[name]
+        with torch.device("meta"):
+            m = e2e.Llama(cfg, max_positions=16)
+            for b, s in e2e.PREFILL:
+                tokens = torch.zeros((b, s), dtype=torch.long)
+                # meta tensors: shapes only; rotary tables would need s positions, so stub them
+                m.cos, m.sin = torch.zeros(s, cfg.head_dim), torch.zeros(s, cfg.head_dim)
+                got = _gemms_run(m, lambda: m(tokens, last_only=True))
+                assert got <= planned and {M for M, N, _ in got if N == cfg.vocab} == {b}
+            for b in e2e.DECODE:
+                cache = m.new_cache(b, 8)
+                pos, mask = torch.zeros(1, dtype=torch.long), torch.ones(1, 1, 1, 8, dtype=torch.bool)
+                got = _gemms_run(m, lambda: m.decode(torch.zeros((b, 1), dtype=torch.long), pos, cache, mask))
+                assert got <= planned and {M for M, _, _ in got} == {b}
     with torch.device("meta"):
-        m = e2e.Llama(cfg, max_positions=16)
-        for b, s in e2e.PREFILL:
-            tokens = torch.zeros((b, s), dtype=torch.long)
-            # meta tensors: shapes only; rotary tables would need s positions, so stub them
-            m.cos, m.sin = torch.zeros(s, cfg.head_dim), torch.zeros(s, cfg.head_dim)
-            got = _gemms_run(m, lambda: m(tokens, last_only=True))
-            assert got <= planned and {M for M, N, _ in got if N == cfg.vocab} == {b}
-        for b in e2e.DECODE:
-            cache = m.new_cache(b, 8)
-            pos, mask = torch.zeros(1, dtype=torch.long), torch.ones(1, 1, 1, 8, dtype=torch.bool)
-            got = _gemms_run(m, lambda: m.decode(torch.zeros((b, 1), dtype=torch.long), pos, cache, mask))
-            assert got <= planned and {M for M, _, _ in got} == {b}
         tr = e2e.CONFIGS[e2e.TRAIN["model"]]
         t = e2e.Llama(tr, max_positions=e2e.TRAIN["seq"])
         tokens = torch.zeros((e2e.TRAIN["batch"], e2e.TRAIN["seq"]), dtype=torch.long)
@@ -229,7 +232,7 @@ def _tiny_doc(e2e):
     """The plan with the tiny model in both runs, and small runs (a dry run on the CPU)."""
     doc = e2e.plan()
     doc["models"] = {"tiny": __import__("dataclasses").asdict(_tiny(e2e))}
-    doc["inference"].update(model="tiny", prefill=[[1, 8], [2, 16]], decode=[2], decode_context=16,
+    doc["inference"].update(models=["tiny"], prefill=[[1, 8], [2, 16]], decode=[2], decode_context=16,
                             check_prefill=[1, 8], check_decode=2)
     doc["train"].update(model="tiny", batch=2, seq=16, steps=e2e.LOSS_LAST + e2e.LOSS_WINDOW, warmup=5, lr=3e-3)
     return doc
@@ -244,7 +247,7 @@ def test_inference_dry_run_checks_then_times_every_case(e2e):
     """The inference phase on the CPU (patched layers are F.linear there): the checks pass with
     ours equal to torch, and a row per prefill and decode case in the results format."""
     doc = _tiny_doc(e2e)
-    out = e2e.inference(doc, dev="cpu")
+    out = e2e.inference(doc, "tiny", dev="cpu")
     assert out["status"] == "ok" and out["swapped"] == 7 * 2 + 1
     for what in ("hidden", "logits", "decode"):
         c = out["check"][what]
@@ -287,3 +290,23 @@ def test_unserved_names_the_gemms_no_module_serves_as_planned(e2e):
     fits[(("K", "N"), kn["M"], kn["N"], kn["K"])] = "pad-m"  # a module made for more rows: not as planned
     got = e2e.unserved(_StubPack(fits), doc, "sm_90a")
     assert len(got) == 2 and any("no module" in m and "dW" in m for m in got) and any("pad-m" in m for m in got)
+
+
+def test_phases_are_one_child_per_inference_model_and_training(e2e, tmp_path):
+    doc = e2e.plan()
+    assert e2e.phases_of(doc) == ["inference:llama-8b-2l", "inference:llama-125m", "train"]
+    assert e2e.phases_of(doc, only=("train",)) == ["train"]
+    e2e.files.write_json(tmp_path / e2e.PLAN_FILE, doc)  # phase_job reads the plan first
+    with pytest.raises(ValueError, match="unknown phase 'inference:gpt2'"):
+        e2e.phase_job("inference:gpt2", [str(tmp_path)])
+
+
+def test_the_summary_groups_rows_by_phase_and_model(e2e):
+    rows = [{"phase": "prefill", "model": "a", "ratio_to_torch": 1.2}, {"phase": "prefill", "model": "a",
+                                                                        "ratio_to_torch": 0.8},
+            {"phase": "decode", "model": "a", "ratio_to_torch": 1.1},
+            {"phase": "train", "model": "b", "ratio_to_torch": 0.9, "loss_ok": False}]
+    got = e2e.summarize({"inference:a": {"status": "ok"}, "train": {"status": "wrong"}}, rows)
+    assert got["status"] == {"inference:a": "ok", "train": "wrong"}
+    assert got["prefill a"]["geomean_ratio"] == pytest.approx((1.2 * 0.8) ** 0.5) and got["prefill a"]["min_ratio"] == 0.8
+    assert got["decode a"]["rows"] == 1 and got["train b"]["loss_ok"] is False
