@@ -7,12 +7,12 @@ KV heads through ``F.scaled_dot_product_attention``, a SwiGLU MLP of separate ga
 with random weights: no download, no ``transformers``, and a decode step with our own static KV
 cache that a CUDA graph captures.
 
-- inference (:data:`CONFIGS` ``llama-8b-2l``: Llama-3.1-8B's widths, 2 layers): the torch model and a
-  deep copy patched with ``gemm_ladder.nn.patch`` in one process. Correctness first: the final
-  hidden states of a 1x512 prefill and the last logits, and the logits of a graph-replayed decode
-  step at batch 8, against the same model in fp32 (a float64-free reference: TF32 off); ours
-  passes where its relative error is at most twice torch's bf16 model's own plus bf16's floor
-  (``harness.ERROR_FLOOR``): rounding differs, the error must not grow. Then prefill (eager, logits
+- inference (:data:`INFER_MODELS`: ``llama-8b-2l``, Llama-3.1-8B's widths with 2 layers, and
+  ``llama-125m``, 12 layers of width 768), each model in a process of its own: the torch model and
+  a deep copy patched with ``gemm_ladder.nn.patch``. Correctness first: the final hidden states
+  of a 1x512 prefill and the last logits, and the logits of a graph-replayed decode step at batch
+  8, against the same model in fp32 (TF32 off); ours passes where its relative error is at most
+  twice torch's bf16 model's own plus bf16's floor (``harness.ERROR_FLOOR``): rounding differs, the error must not grow. Then prefill (eager, logits
   of the last position only, as generation computes them) at each batch x sequence of
   :data:`PREFILL`, and decode at each batch of :data:`DECODE` as one step captured in a CUDA graph
   and replayed (static KV cache of :data:`DECODE_CONTEXT` positions, the new token attending to all);
@@ -20,8 +20,8 @@ cache that a CUDA graph captures.
 - training (``llama-125m``: full depth, 12 layers): from the same initial weights and the same
   batches (a fixed seed; sequences that walk a few fixed strides through part of the vocabulary,
   so the loss falls), AdamW with fp32 master weights under bf16 autocast (what mixed-precision
-  training runs: the GEMMs in bf16, the optimizer state and updates in fp32), :data:`TRAIN_STEPS`
-  steps of torch, ours and a yardstick run (torch from weights perturbed by 1e-3 relative noise:
+  training runs: the GEMMs in bf16, the optimizer state and updates in fp32), ``TRAIN["steps"]``
+  (150) steps of torch, ours and a yardstick run (torch from weights perturbed by 1e-3 relative noise:
   how far two runs that differ only by rounding-size changes drift apart), one step of each in
   turn; ``loss_ok`` per :func:`loss_ok`; step time the median over the steps after warm-up;
 - each phase runs in a child process with a deadline (``measure.isolate``): a hang costs its
@@ -739,6 +739,14 @@ def table(rows: list[dict]) -> str:
     return fmt(out, list(out[0])) if out else "no rows"
 
 
+def phase_line(phase: str, res: dict) -> str:
+    """One line on a finished phase: its status, the errors of its checks, or what went wrong."""
+    checks = "; ".join(f"{k} rel err {v['rel_err']:.2e} (torch {v['torch_rel_err']:.2e})"
+                       for k, v in res.get("check", {}).items() if isinstance(v, dict))
+    detail = str(res.get("detail", ""))[-300:]
+    return " ".join(x for x in (f"{phase}: {res.get('status')}", checks, detail) if x)
+
+
 def summarize(results: dict, rows: list[dict]) -> dict:
     """Per phase and model of the rows: how many, the geomean and least ratio to torch, and (train)
     whether the loss check passed; per isolated phase its status."""
@@ -778,7 +786,7 @@ def run(folder, out, only=("inference", "train")) -> int:
         results[phase] = isolate.run_batch(job, [phase], [str(folder)], timeout=PHASE_TIMEOUT[phase.partition(":")[0]],
                                            explain=False)[0]
         results[phase]["clocks"] = sampler.between(t0, time.time())
-        print(f"{phase}: {results[phase].get('status')} ({time.time() - start:.0f} s)", file=sys.stderr)
+        print(f"{phase_line(phase, results[phase])} ({time.time() - start:.0f} s)", file=sys.stderr)
     rows = [r for res in results.values() for r in res.get("rows", [])]
     for r in rows:  # the SM clock and power while the row was timed
         r["clocks"] = sampler.between(r.pop("t0"), r.pop("t1"))

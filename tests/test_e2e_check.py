@@ -310,3 +310,13 @@ def test_the_summary_groups_rows_by_phase_and_model(e2e):
     assert got["status"] == {"inference:a": "ok", "train": "wrong"}
     assert got["prefill a"]["geomean_ratio"] == pytest.approx((1.2 * 0.8) ** 0.5) and got["prefill a"]["min_ratio"] == 0.8
     assert got["decode a"]["rows"] == 1 and got["train b"]["loss_ok"] is False
+
+
+def test_a_phase_line_says_the_checks_or_what_went_wrong(e2e):
+    ok = {"status": "ok", "check": {"prefill": [1, 512], "hidden": {"rel_err": 0.011, "torch_rel_err": 0.01},
+                                    "decode": {"batch": 8, "rel_err": 0.02, "torch_rel_err": 0.019}}}
+    line = e2e.phase_line("inference:llama-8b-2l", ok)
+    assert line.startswith("inference:llama-8b-2l: ok") and "hidden rel err 1.10e-02 (torch 1.00e-02)" in line
+    assert "decode rel err 2.00e-02" in line
+    assert e2e.phase_line("train", {"status": "timeout", "detail": "no result after 90 s"}) == \
+        "train: timeout no result after 90 s"
