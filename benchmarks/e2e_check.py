@@ -12,8 +12,9 @@ cache that a CUDA graph captures.
   a deep copy patched with ``gemm_ladder.nn.patch``. Correctness first: the final hidden states
   of a 1x512 prefill and the last logits, and the logits of a graph-replayed decode step at batch
   8, against the same model in fp32 (TF32 off); ours passes where its relative error is at most
-  twice torch's bf16 model's own plus bf16's floor (``harness.ERROR_FLOOR``): rounding differs, the error must not grow. Then prefill (eager, logits
-  of the last position only, as generation computes them) at each batch x sequence of
+  twice torch's bf16 model's own plus bf16's floor (``harness.ERROR_FLOOR``): rounding differs,
+  the error must not grow. Then prefill (eager, logits of the last position only, as generation
+  computes them) at each batch x sequence of
   :data:`PREFILL`, and decode at each batch of :data:`DECODE` as one step captured in a CUDA graph
   and replayed (static KV cache of :data:`DECODE_CONTEXT` positions, the new token attending to all);
   torch and ours take turns in alternating rounds, median per-round times;
@@ -303,7 +304,8 @@ _MODEL = Obj({"name": Str(), **{k: Int(lo=1) for k in ("hidden", "layers", "head
                                                           "vocab")}})
 PLAN_SCHEMA = Obj({"format": Str([FORMAT]),
                    "models": Obj({name: _MODEL for name in CONFIGS}),
-                   "inference": Obj({"models": List(Str(list(CONFIGS)), min_len=1), "prefill": List(List(Int(lo=1), length=2)),
+                   "inference": Obj({"models": List(Str(list(CONFIGS)), min_len=1),
+                                     "prefill": List(List(Int(lo=1), length=2)),
                                      "decode": List(Int(lo=1)), "decode_context": Int(lo=2),
                                      "check_prefill": List(Int(lo=1), length=2), "check_decode": Int(lo=1)}),
                    "train": Obj({"model": Str(list(CONFIGS)), "batch": Int(lo=1), "seq": Int(lo=2),
@@ -455,7 +457,8 @@ def prepare(out, sms: int, workers: int | None = None) -> int:
     doc = plan()
     results = []
     for req in pack_requests(doc):
-        man = build_pack(out, req["shapes"], req["dtypes"], arch=ARCH, sms=sms, workers=workers, epilogues=req["epilogues"],
+        man = build_pack(out, req["shapes"], req["dtypes"], arch=ARCH, sms=sms, workers=workers,
+                         epilogues=req["epilogues"],
                          layouts=req["layouts"], request={"by": "benchmarks/e2e_check.py"})
         results += man["results"]
     failed = [r for r in results if r["status"] == "failed"]
@@ -600,6 +603,14 @@ def phases_of(doc: dict, only=("inference", "train")) -> list[str]:
     return [i for i in items if i.partition(":")[0] in only]
 
 
+def _row(phase: str, cfg: Config, batch: int, tokens: int, ms: dict, t0: float, **extra) -> dict:
+    """A timed row of the results format (``tokens``: processed per call; ``t0``, ``t1``: when it
+    was timed, for the clocks ``run`` sampled)."""
+    return {"t0": t0, "t1": time.time(), "phase": phase, "model": cfg.name, "batch": batch, "tokens": tokens,
+            **extra, "torch_ms": ms["torch"], "ours_ms": ms["ours"], "ratio_to_torch": ms["torch"] / ms["ours"],
+            "tokens_per_s": tokens / ms["ours"] * 1e3, "torch_tokens_per_s": tokens / ms["torch"] * 1e3}
+
+
 def inference(doc: dict, model: str, dev: str = "cuda") -> dict:
     """Correctness against the fp32 model, then prefill and decode timings (see the module
     docstring); ``dev`` other than cuda: a dry run of the same steps (tests)."""
@@ -651,20 +662,15 @@ def inference(doc: dict, model: str, dev: str = "cuda") -> dict:
                 fn()
             t0 = time.time()
             ms = _alternate(fns, ROUNDS, PREFILL_REPS, dev)
-            out["rows"].append({"t0": t0, "t1": time.time(), "phase": "prefill", "model": cfg.name, "batch": b, "seq": s, "tokens": b * s,
-                                "torch_ms": ms["torch"], "ours_ms": ms["ours"], "ratio_to_torch": ms["torch"] / ms["ours"],
-                                "tokens_per_s": b * s / ms["ours"] * 1e3,
-                                "torch_tokens_per_s": b * s / ms["torch"] * 1e3})
+            out["rows"].append(_row("prefill", cfg, b, b * s, ms, t0, seq=s))
             del tokens, fns
             _free(dev)
         for b in inf["decode"]:
             steps = {n: decode_step(m, b, inf["decode_context"], seed=10 + b) for n, m in models.items()}
             t0 = time.time()
             ms = _alternate({n: st.replay for n, st in steps.items()}, ROUNDS, DECODE_REPLAYS, dev)
-            out["rows"].append({"t0": t0, "t1": time.time(), "phase": "decode", "model": cfg.name, "batch": b, "tokens": b,
-                                "context": inf["decode_context"], "cuda_graph": dev.type == "cuda",
-                                "torch_ms": ms["torch"], "ours_ms": ms["ours"], "ratio_to_torch": ms["torch"] / ms["ours"],
-                                "tokens_per_s": b / ms["ours"] * 1e3, "torch_tokens_per_s": b / ms["torch"] * 1e3})
+            out["rows"].append(_row("decode", cfg, b, b, ms, t0, context=inf["decode_context"],
+                                    cuda_graph=dev.type == "cuda"))
             del steps
             _free(dev)
     return out
@@ -717,10 +723,11 @@ def train(doc: dict, dev: str = "cuda") -> dict:
     losses = {n: torch.stack(v).tolist() for n, v in losses.items()}
     ms = {n: statistics.median(sp.ms() for sp in v[tr["warmup"]:]) for n, v in spans.items()}
     rule = loss_ok(losses["ours"], losses["torch"], losses["yardstick"])
-    row = {"t0": t0, "t1": time.time(), "phase": "train", "model": cfg.name, "params": cfg.params(), "batch": tr["batch"], "seq": tr["seq"],
-           "tokens": tr["batch"] * tr["seq"], "steps": tr["steps"], "precision": "bf16 autocast, fp32 master weights",
-           "optimizer": "AdamW", "torch_step_ms": ms["torch"], "ours_step_ms": ms["ours"],
-           "yardstick_step_ms": ms["yardstick"], "ratio_to_torch": ms["torch"] / ms["ours"], "loss_ok": rule["ok"],
+    row = {"t0": t0, "t1": time.time(), "phase": "train", "model": cfg.name, "params": cfg.params(),
+           "batch": tr["batch"], "seq": tr["seq"], "tokens": tr["batch"] * tr["seq"], "steps": tr["steps"],
+           "precision": "bf16 autocast, fp32 master weights", "optimizer": "AdamW", "torch_step_ms": ms["torch"],
+           "ours_step_ms": ms["ours"], "yardstick_step_ms": ms["yardstick"], "ratio_to_torch": ms["torch"] / ms["ours"],
+           "tokens_per_s": tr["batch"] * tr["seq"] / ms["ours"] * 1e3, "loss_ok": rule["ok"],
            "loss_rule": rule, "first_loss": losses["torch"][0], "final_loss_torch": smooth(losses["torch"])[-1],
            "final_loss_ours": smooth(losses["ours"])[-1], "losses": losses}
     return {"status": "ok" if rule["ok"] else "wrong", "swapped": len(swapped), "rows": [row]}
@@ -795,7 +802,8 @@ def run(folder, out, only=("inference", "train")) -> int:
     result = {"format": FORMAT, "version": 1, "gpu": gpu, "gpu_after": harness.gpu_info(), **harness.run_info(),
               "seconds": round(time.time() - start, 1), "method": __doc__.split("\n\n")[2].strip(),
               "front_door": "strict, pack's choice (GEMM_LADDER_STRICT=1, GEMM_LADDER_MEASURE=0)",
-              "summary": summary, "phases": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in results.items()},
+              "summary": summary,
+              "phases": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in results.items()},
               "rows": rows}
     files.write_json(out, result)
     print(table(rows))
