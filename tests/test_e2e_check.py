@@ -299,6 +299,8 @@ def test_phases_are_one_child_per_inference_model_and_training(e2e, tmp_path):
     e2e.files.write_json(tmp_path / e2e.PLAN_FILE, doc)  # phase_job reads the plan first
     with pytest.raises(ValueError, match="unknown phase 'inference:gpt2'"):
         e2e.phase_job("inference:gpt2", [str(tmp_path)])
+    with pytest.raises(ValueError, match="unknown front-door mode 'fast': strict, measured"):
+        e2e.phase_job("train", [str(tmp_path), "fast"])
 
 
 def test_the_summary_groups_rows_by_phase_and_model(e2e):
