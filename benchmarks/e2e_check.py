@@ -64,11 +64,11 @@ from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
 import gemm_ladder  # noqa: E402  (the front door: use_pack)
 import gemm_ladder.nn as gnn  # noqa: E402
 from gemm_ladder.core import cli_types, device, files  # noqa: E402
-from gemm_ladder.core.records import Int, List, Obj, RecordError, Str, read_json  # noqa: E402
+from gemm_ladder.core.records import Int, List, Map, Obj, Str, read_json  # noqa: E402
 from gemm_ladder.core.spec import GemmSpec  # noqa: E402
 from gemm_ladder.measure import harness, isolate  # noqa: E402
 from gemm_ladder.measure.report import table as fmt  # noqa: E402
-from gemm_ladder.serve.kernel_pack import KernelPack, PackError, build_pack  # noqa: E402
+from gemm_ladder.serve.kernel_pack import KernelPack, build_pack  # noqa: E402
 
 FORMAT = "gemm_ladder.e2e_check"
 PLAN_FILE = "e2e.json"
@@ -305,12 +305,12 @@ ROUNDS, PREFILL_REPS, DECODE_REPLAYS = 5, 3, 20
 _MODEL = Obj({"name": Str(), **{k: Int(lo=1) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate",
                                                           "vocab")}})
 PLAN_SCHEMA = Obj({"format": Str([FORMAT]),
-                   "models": Obj({name: _MODEL for name in CONFIGS}),
-                   "inference": Obj({"models": List(Str(list(CONFIGS)), min_len=1),
+                   "models": Map(_MODEL),
+                   "inference": Obj({"models": List(Str(), min_len=1),
                                      "prefill": List(List(Int(lo=1), length=2)),
                                      "decode": List(Int(lo=1)), "decode_context": Int(lo=2),
                                      "check_prefill": List(Int(lo=1), length=2), "check_decode": Int(lo=1)}),
-                   "train": Obj({"model": Str(list(CONFIGS)), "batch": Int(lo=1), "seq": Int(lo=2),
+                   "train": Obj({"model": Str(), "batch": Int(lo=1), "seq": Int(lo=2),
                                  "steps": Int(lo=LOSS_LAST + LOSS_WINDOW), "warmup": Int(lo=0)}),
                    "gemms": List(Obj({"layout": Str(["KK", "KN", "MN"]), "M": Int(lo=1), "N": Int(lo=1),
                                       "K": Int(lo=1), "why": Str()}))})
@@ -386,6 +386,10 @@ def unserved(pack: KernelPack, doc: dict, arch: str) -> list[str]:
 
 
 def config_of(doc: dict, name: str) -> Config:
+    """The plan's model ``name`` (a run names models the plan's ``models`` holds)."""
+    if name not in doc["models"]:
+        raise ValueError(f"the plan runs model {name!r} but holds only {', '.join(doc['models'])}: "
+                         "run prepare again")
     return Config(**doc["models"][name])
 
 
@@ -787,8 +791,10 @@ def run(folder, out, only=("inference", "train"), mode: str = "strict") -> int:
     fix = f"run benchmarks/e2e_check.py prepare {folder} on the build box and carry the folder here"
     try:
         doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", fix, PLAN_SCHEMA)
+        for name in [*doc["inference"]["models"], doc["train"]["model"]]:
+            config_of(doc, name)
         missing = unserved(KernelPack(folder), doc, device.arch_of(0))
-    except (RecordError, PackError) as err:
+    except ValueError as err:  # a bad plan or pack (RecordError, PackError), or a model the plan lacks
         print(f"e2e_check run: {err}", file=sys.stderr)
         return 2
     if missing:

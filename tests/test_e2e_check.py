@@ -4,7 +4,9 @@ GEMMs the model runs, ``gemm_ladder.nn.patch`` on it, the loss rule of its train
 ``run``'s refusal without a GPU. (Running it is a GPU benchmark: ``e2e_check.py run``.)"""
 
 import copy
+import dataclasses
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -153,6 +155,8 @@ def test_the_pack_requests_cover_the_plan_in_each_layout(e2e):
         assert (e2e.LAYOUTS[g["layout"]], (g["M"], g["N"], g["K"])) in built
     e2e.PLAN_SCHEMA.check(doc)  # what run reads back
     assert e2e.config_of(doc, "llama-125m") == e2e.CONFIGS["llama-125m"]
+    with pytest.raises(ValueError, match="holds only llama-8b-2l, llama-125m"):
+        e2e.config_of(doc, "gpt2")
 
 
 def test_patch_swaps_every_linear_of_the_model_over_its_parameters(e2e):
@@ -231,7 +235,7 @@ def test_run_names_its_results_file_for_the_issue(e2e, tmp_path):
 def _tiny_doc(e2e):
     """The plan with the tiny model in both runs, and small runs (a dry run on the CPU)."""
     doc = e2e.plan()
-    doc["models"] = {"tiny": __import__("dataclasses").asdict(_tiny(e2e))}
+    doc["models"]["tiny"] = dataclasses.asdict(_tiny(e2e))
     doc["inference"].update(models=["tiny"], prefill=[[1, 8], [2, 16]], decode=[2], decode_context=16,
                             check_prefill=[1, 8], check_decode=2)
     doc["train"].update(model="tiny", batch=2, seq=16, steps=e2e.LOSS_LAST + e2e.LOSS_WINDOW, warmup=5, lr=3e-3)
@@ -323,3 +327,45 @@ def test_a_phase_line_says_the_checks_or_what_went_wrong(e2e):
     assert "decode rel err 2.00e-02" in line
     assert e2e.phase_line("train", {"status": "timeout", "detail": "no result after 90 s"}) == \
         "train: timeout no result after 90 s"
+
+
+class _Clocks:
+    def between(self, t0, t1):
+        return {"sm_mhz": 1980, "watts": 500, "samples": 1 if t0 <= t1 else 0}
+
+    def stop(self):
+        pass
+
+
+def test_run_writes_the_results_format_from_its_phases(e2e, tmp_path, monkeypatch, capsys):
+    """``run``'s side of a GPU run (the phases done as CPU dry runs in this process): every row of
+    the issue's results format, the clocks of each row, the summary, the table; nothing lost
+    after the phases have run."""
+    doc = _tiny_doc(e2e)
+    e2e.files.write_json(tmp_path / e2e.PLAN_FILE, doc)
+    monkeypatch.setattr(e2e.device, "why_no_gpu", lambda index=0: None)
+    monkeypatch.setattr(e2e.device, "arch_of", lambda index: "sm_90a")
+    monkeypatch.setattr(e2e, "KernelPack", lambda folder: None)
+    monkeypatch.setattr(e2e, "unserved", lambda pack, doc, arch: [])
+    monkeypatch.setattr(e2e.harness, "gpu_info", lambda index=0: {"name": "stub"})
+    monkeypatch.setattr(e2e, "Sampler", _Clocks)
+    asked = []
+
+    def run_batch(job, items, args, timeout, explain):
+        asked.append((job.rpartition(":")[2], items, list(args)))
+        (item,) = items
+        return [e2e.train(doc, dev="cpu") if item == "train" else e2e.inference(doc, "tiny", dev="cpu")]
+
+    monkeypatch.setattr(e2e.isolate, "run_batch", run_batch)
+    out = tmp_path / "e2e_check.json"
+    assert e2e.main(["run", str(tmp_path), "--out", str(out), "--front", "measured"]) == 0
+    assert asked == [("phase_job", ["inference:tiny"], [str(tmp_path), "measured"]),
+                     ("phase_job", ["train"], [str(tmp_path), "measured"])]
+    got = json.loads(out.read_text())
+    assert [r["phase"] for r in got["rows"]] == ["prefill", "prefill", "decode", "train"]
+    for r in got["rows"]:
+        assert {"phase", "model", "batch", "tokens", "ratio_to_torch"} <= set(r) and r["clocks"]["samples"] == 1
+    assert got["rows"][-1]["loss_ok"] is True and got["front_door"]["mode"] == "measured"
+    assert got["summary"]["status"] == {"inference:tiny": "ok", "train": "ok"}
+    assert got["summary"]["train tiny"]["loss_ok"] is True and got["gpu"] == {"name": "stub"}
+    assert "inference:tiny: ok hidden rel err" in capsys.readouterr().err
