@@ -31,6 +31,7 @@ import layouts
 from schedulers.tirx_orders import RUNTIME_M_ORDERS
 from ..core import budget, launch
 from ..core.config import ConfigError, GemmConfig
+from ..core.spec import spec_of, torch_name
 
 # what both archs share, under the names the rungs call it by (common.smem_bytes, ...)
 from ..core.budget import MIN_PIPE_DEPTH, check_budget, check_pipe_depth, max_pipe_depth, smem_bytes  # noqa: F401
@@ -39,6 +40,7 @@ from ..core.launch import check_schedule  # noqa: F401
 
 WG_M = 64  # rows of one wgmma
 MMA_K = 16  # K of one wgmma for 16-bit inputs
+FP8_PTX = {"float8_e4m3": "e4m3", "float8_e5m2": "e5m2"}  # wgmma's names of the fp8 operand types
 THREADS_PER_WG = 128
 
 
@@ -81,19 +83,42 @@ class HopperPlan:
         return budget.stage_bytes(self.cfg)
 
     @property
+    def a_dtype(self) -> str:
+        """A's element type as TVM names it: D's for a 16-bit GEMM, ``float8_e4m3fn`` for fp8."""
+        return torch_name(spec_of(self.cfg).a) if spec_of(self.cfg).is_fp8 else self.cfg.dtype
+
+    @property
+    def b_dtype(self) -> str:
+        return torch_name(spec_of(self.cfg).b) if spec_of(self.cfg).is_fp8 else self.cfg.dtype
+
+    @property
+    def mma_k(self) -> int:
+        """K of one wgmma: 32 bytes of K, k16 for 16-bit operands, k32 for fp8."""
+        return 32 // layouts.dtype_bytes(self.a_dtype)
+
+    @property
     def mma_op(self) -> str:
-        t = {"float16": "f16", "bfloat16": "bf16"}[self.cfg.dtype]
-        return f"wgmma.mma_async.sync.aligned.m64n{self.cfg.blk_n}k{MMA_K}.f32.{t}.{t}"
+        if spec_of(self.cfg).is_fp8:
+            ta, tb = (FP8_PTX[spec_of(self.cfg).a], FP8_PTX[spec_of(self.cfg).b])
+        else:
+            ta = tb = {"float16": "f16", "bfloat16": "bf16"}[self.cfg.dtype]
+        return f"wgmma.mma_async.sync.aligned.m64n{self.n_cols}k{self.mma_k}.f32.{ta}.{tb}"
+
+    @property
+    def mma_imms(self) -> tuple:
+        """wgmma's immediates after scale-d: scale-a, scale-b and, for 16-bit operands, the
+        transposes (0: K-major); fp8 wgmma has no transpose, it reads K-major only."""
+        return (1, 1) if spec_of(self.cfg).is_fp8 else (1, 1, 0, 0)
 
     @property
     def desc(self) -> layouts.WgmmaDesc:
-        return layouts.wgmma_desc_fields(self.cfg.dtype, (WG_M, self.cfg.blk_k), "128B")
+        return layouts.wgmma_desc_fields(self.a_dtype, (WG_M, self.cfg.blk_k), "128B")
 
     def ab_layouts(self, stages: int):
         c = self.cfg
         return (
-            layouts.shared_layout(c.dtype, (stages, c.blk_m, c.blk_k), "128B"),
-            layouts.shared_layout(c.dtype, (stages, c.blk_n, c.blk_k), "128B"),
+            layouts.shared_layout(self.a_dtype, (stages, c.blk_m, c.blk_k), "128B"),
+            layouts.shared_layout(self.b_dtype, (stages, c.blk_n, c.blk_k), "128B"),
         )
 
     def d_layout(self):
@@ -123,11 +148,11 @@ def wgmma_k_steps(plan, Dreg, mi, first, da, db):
     """The k16 wgmmas of one BLK_K slice into 64-row atom ``mi``'s accumulators, from the
     descriptors ``da`` and ``db`` of the slice's K step 0, each K step 32 bytes further."""
     d = T.meta_var(plan.desc)
-    for kk in T.unroll(plan.cfg.blk_k // MMA_K):
+    for kk in T.unroll(plan.cfg.blk_k // plan.mma_k):
         T.ptx[plan.mma_op](
             *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
             da + T.Cast("uint64", kk * d.k_step), db + T.Cast("uint64", kk * d.k_step),
-            T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
+            T.Not(T.And(first, kk == 0)), *plan.mma_imms,
         )
 
 

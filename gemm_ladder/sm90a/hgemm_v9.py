@@ -138,11 +138,15 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 from dataclasses import dataclass
 
 from ..core.config import GemmConfig
-from . import common, epilogue, gemm, narrowtail
+from . import common, epilogue, fp8, gemm, narrowtail
 
 PRESET = gemm.V9
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
-EPILOGUES = ("none", "bias", "act")  # the operand spec's epilogues this preset builds (gemm_ladder.core.spec)
+EPILOGUES = ("none", "bias", "act", "scaled")  # the operand spec's epilogues this preset builds (core.spec; scaled: fp8)
+# knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8: the knobs
+# and tags of 16-bit modules stay as they were), and their defaults for v9's own (sm90a/fp8.py)
+FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT}  # K slices between promotions into fp32 (0: none)
+FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,7 @@ def check(cfg: GemmConfig) -> None:
     common.check_schedule(cfg, grid=cluster_grid(cfg))
     common.check_dynamic_m(cfg)
     narrowtail.check(cfg)
+    fp8.check(cfg)
 
 
 def cluster_grid(cfg: GemmConfig, M=None) -> tuple:
