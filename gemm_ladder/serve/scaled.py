@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from ..core import device
 from ..core.spec import FP8_SCALES, MN_MAJOR_FP8_FIX, GemmSpec
-from .front import KernelFallbackWarning, NoKernelError, Route
+from .front import KernelFallbackWarning, NoKernelError, Route, cached_module, why_no_build
 from .runtime import ModuleInputError, load
 
 RECIPES = FP8_SCALES  # "tensor", "row"
@@ -220,13 +220,8 @@ def _fits(mod, call: Call) -> bool:
 
 
 def _build(call: Call, arch: str) -> Route:
-    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
-    # pylint: disable=import-outside-toplevel
-    from ..compile import module_cache
-    from ..compile.batch import BuildJob
-
     knobs = {"spec": call.spec.text(), "dtype": call.spec.d, "arch": arch, "dynamic_m": True}
-    path, how = module_cache.get_or_build(BuildJob(MODULE_RUNG, (call.M, call.N, call.K), knobs))
+    path, how = cached_module((MODULE_RUNG, (call.M, call.N, call.K), knobs))
     source = {"cache": "module cache", "built": "fresh build"}[how]
     return Route(load(path), None, source, MODULE_RUNG, knobs,
                  [f"kernel: {MODULE_RUNG} fp8 ({call.spec.text()}) [M at run time]", f"source: {source} {path}"])
@@ -240,10 +235,7 @@ def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
             if _fits(mod, call):
                 return Route(mod, None if mod.dynamic_m else mod.M, "use_module", mod.rung, {},
                              [f"kernel: {mod.rung} fp8 ({call.spec.text()})", f"source: use_module {mod.path}"])
-        # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
-        from ..compile.module_cache import why_cannot_build  # pylint: disable=import-outside-toplevel
-
-        why = why_cannot_build()
+        why = why_no_build()
         if why is None:
             return _build(call, arch)
         why = f"no module given to use_module serves it and nothing can be built here ({why})"
