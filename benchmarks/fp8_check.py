@@ -8,8 +8,8 @@
 module cache and copies them (and their manifests) into the folder with ``fp8_plan.json``.
 ``run`` needs the TVM runtime and torch only:
 
-- correctness first, each case in a child process with a deadline (a kernel that hangs costs its
-  case, not the run): random bf16 inputs quantized with ``gemm_ladder.quantize_fp8`` (the recipe's
+- correctness first, in child processes with a deadline a case (a kernel that hangs or crashes
+  costs its case, and a new child goes on with the next): random bf16 inputs quantized with ``gemm_ladder.quantize_fp8`` (the recipe's
   scales), the output poisoned with NaN, the error against a float64 product of the dequantized
   inputs, with ``torch._scaled_mm``'s own error on the same inputs as the yardstick (pass: within
   2x of it, and no NaN); the promotion's effect at K = 16384 (the same inputs through the modules
@@ -29,10 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import queue
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,33 +47,40 @@ from gemm_ladder.core.spec import GemmSpec  # noqa: E402
 
 FORMAT = "gemm_ladder.fp8_check"
 PLAN_FILE = "fp8_plan.json"
-# (name, N, K, recipe, promote, bias): one runtime-M module each
+# (name, N, K, recipe, promote, bias, other knobs): one runtime-M module each (v9's fp8 defaults:
+# 128x128 tiles over two consumers, blk_k 128, four stages)
 MODULES = (
-    ("t_3008x1024_bias32", 3008, 1024, "tensor", 1, "float32"),
-    ("r_3008x1024_bias", 3008, 1024, "row", 1, "bfloat16"),
-    ("t_4096x4096", 4096, 4096, "tensor", 1, None),
-    ("r_4096x4096", 4096, 4096, "row", 1, None),
-    ("t_8192x8192", 8192, 8192, "tensor", 1, None),
-    ("r_8192x8192", 8192, 8192, "row", 1, None),
-    ("t_4096x7168", 4096, 7168, "tensor", 1, None),
-    ("r_4096x7168", 4096, 7168, "row", 1, None),
-    ("t_7168x16384", 7168, 16384, "tensor", 1, None),
-    ("t_1024x16384_p0", 1024, 16384, "tensor", 0, None),
-    ("t_1024x16384_p1", 1024, 16384, "tensor", 1, None),
+    ("t_3008x1024_bias32", 3008, 1024, "tensor", 1, "float32", {}),
+    ("r_3008x1024_bias", 3008, 1024, "row", 1, "bfloat16", {}),
+    ("t_4096x4096", 4096, 4096, "tensor", 1, None, {}),
+    ("r_4096x4096", 4096, 4096, "row", 1, None, {}),
+    ("t_4096x4096_p6", 4096, 4096, "tensor", 1, None, {"pipe_depth": 6}),  # a deeper ring
+    ("t_4096x4096_n256_p0", 4096, 4096, "tensor", 0, None, {"blk_n": 256}),  # no promotion: room for 128x256
+    ("t_8192x8192", 8192, 8192, "tensor", 1, None, {}),
+    ("r_8192x8192", 8192, 8192, "row", 1, None, {}),
+    ("t_4096x7168", 4096, 7168, "tensor", 1, None, {}),
+    ("r_4096x7168", 4096, 7168, "row", 1, None, {}),
+    ("t_7168x16384", 7168, 16384, "tensor", 1, None, {}),
+    ("t_1024x16384_p0", 1024, 16384, "tensor", 0, None, {}),
+    ("t_1024x16384_p1", 1024, 16384, "tensor", 1, None, {}),
 )
 BF16 = (("bf16_4096", 4096, 4096, 4096), ("bf16_8192", 8192, 8192, 8192))  # our bf16 v9, for the 1.7x target
-# correctness cases: (module, M); odd M, bias, both recipes, DeepGEMM's 128x4096x7168
+# correctness cases: (module, M); odd M, bias, both recipes, DeepGEMM's 128x4096x7168, the
+# promotion at K = 16384 with and without it, and every module at an M it is timed at
 CHECKS = (("t_3008x1024_bias32", 1000), ("r_3008x1024_bias", 1000), ("t_4096x7168", 128), ("r_4096x7168", 128),
           ("t_1024x16384_p0", 512), ("t_1024x16384_p1", 512), ("t_4096x4096", 4096), ("r_4096x4096", 4096),
+          ("t_4096x4096_p6", 4096), ("t_4096x4096_n256_p0", 4096),
           ("t_8192x8192", 8192), ("r_8192x8192", 8192), ("t_7168x16384", 4096), ("r_4096x7168", 4096))
 # timed cases: (module, M, bf16 peer or None)
-TIMED = (("t_4096x4096", 4096, "bf16_4096"), ("r_4096x4096", 4096, "bf16_4096"),
+TIMED = (("t_4096x4096", 4096, "bf16_4096"), ("r_4096x4096", 4096, "bf16_4096"), ("t_4096x4096_p6", 4096, None),
+         ("t_4096x4096_n256_p0", 4096, None),
          ("t_8192x8192", 8192, "bf16_8192"), ("r_8192x8192", 8192, "bf16_8192"),
          ("t_7168x16384", 4096, None), ("t_4096x7168", 4096, None), ("t_4096x7168", 128, None),
-         ("t_4096x7168", 64, None), ("r_4096x7168", 128, None), ("r_4096x7168", 2048, None))
+         ("t_4096x7168", 64, None), ("r_4096x7168", 128, None), ("r_4096x7168", 2048, None),
+         ("t_1024x16384_p0", 4096, None), ("t_1024x16384_p1", 4096, None))
 TOLERANCE = 2.0  # ours within 2x of torch._scaled_mm's error
-CHECK_TIMEOUT = 90.0  # seconds for one child's check
-ROUNDS, PER_ROUND = 6, 4
+CHECK_TIMEOUT = 60.0  # seconds for one case (the first one's child starts torch and CUDA too)
+ROUNDS, PER_ROUND = 8, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 
 
 def spec_of(recipe: str, bias) -> GemmSpec:
@@ -83,6 +93,10 @@ def tflops(M: int, N: int, K: int, ms: float | None) -> float | None:
 
 def ratio(peer_ms, ours_ms):
     return None if not peer_ms or not ours_ms else peer_ms / ours_ms
+
+
+def f3(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def passes(err: float, torch_err: float) -> bool:
@@ -99,11 +113,12 @@ def prepare(out) -> int:
     out = Path(out)
     files.open_folder(out)
     plan = {"format": FORMAT, "modules": {}, "bf16": {}}
-    for name, N, K, recipe, promote, bias in MODULES:
-        knobs = {"spec": spec_of(recipe, bias).text(), "dtype": "bfloat16", "dynamic_m": True, "promote": promote}
+    for name, N, K, recipe, promote, bias, more in MODULES:
+        knobs = {"spec": spec_of(recipe, bias).text(), "dtype": "bfloat16", "dynamic_m": True, "promote": promote,
+                 **more}
         path, _ = module_cache.get_or_build(BuildJob("v9", (256, N, K), knobs))
         plan["modules"][name] = _copy(path, out, name) | {"N": N, "K": K, "recipe": recipe, "promote": promote,
-                                                           "bias": bias}
+                                                           "bias": bias, "knobs": more}
         print(f"{name}: {path}")
     for name, M, N, K in BF16:
         knobs = {"dtype": "bfloat16", "epi_under": True}
@@ -139,11 +154,13 @@ def inputs(M: int, N: int, K: int, recipe: str, bias, seed: int):
 
 
 def ours(mod, aq, wq, sa, sb, b, out):
+    """Our module on the inputs (its operands: the bias, then the scales as vectors)."""
     ops = ({"bias": b} if b is not None else {}) | {"scale_a": sa.reshape(-1), "scale_b": sb.reshape(-1)}
     return mod(aq, wq, out=out, **ops)
 
 
 def torch_scaled(aq, wq, sa, sb, b, recipe):
+    """torch._scaled_mm on the same inputs (an fp32 bias added in fp32, as ours does)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     M, N = aq.shape[0], wq.shape[0]
@@ -154,9 +171,13 @@ def torch_scaled(aq, wq, sa, sb, b, recipe):
 
 
 def check_one(folder, name: str, M: int) -> dict:
-    """One correctness case (in a child): ours and torch's error against float64."""
+    """One correctness case (in a child): ours and torch's error against float64 (the largest error
+    over the largest |value|, and the mean error over the mean |value|, where a rounding bias of
+    the accumulation shows and the output's bf16 rounding averages out); ours through the front
+    door (``scaled_mm`` with the module given to ``use_module``) must give the same bits."""
     import torch  # pylint: disable=import-outside-toplevel
     import gemm_ladder  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.serve import scaled  # pylint: disable=import-outside-toplevel
 
     plan = json.loads((Path(folder) / PLAN_FILE).read_text())["modules"][name]
     mod = gemm_ladder.load(Path(folder) / plan["file"])
@@ -165,35 +186,81 @@ def check_one(folder, name: str, M: int) -> dict:
     d = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     ours(mod, aq, wq, sa, sb, b, d)
     ref_t = torch_scaled(aq, wq, sa, sb, b, recipe)
+    scaled.use_module(mod)
+    d_front, lines = gemm_ladder.scaled_mm(aq, wq.t(), sa, sb, bias=b, out_dtype=torch.bfloat16, explain=True)
     torch.cuda.synchronize()
-    ref = (aq.double() * sa.double().reshape(-1, 1) if recipe == "row" else aq.double() * sa.double()) @ \
-          (wq.double() * (sb.double().reshape(-1, 1) if recipe == "row" else sb.double())).t()
+    col = (lambda s: s.double().reshape(-1, 1)) if recipe == "row" else (lambda s: s.double())
+    ref = (aq.double() * col(sa)) @ (wq.double() * col(sb)).t()
     if b is not None:
         ref = ref + b.double()
-    scale = ref.abs().max().item() or 1.0
+    top, mean = ref.abs().max().item() or 1.0, ref.abs().mean().item() or 1.0
 
-    def err(x):
-        return ((x.double() - ref).abs().max() / scale).item()
+    def errs(x):
+        diff = (x.double() - ref).abs()
+        return (diff.max() / top).item(), (diff.mean() / mean).item()
 
-    e, et = err(d), err(ref_t)
+    (e, em), (et, etm) = errs(d), errs(ref_t)
     nan = bool(torch.isnan(d).any())
     return {"name": name, "M": M, "N": N, "K": K, "recipe": recipe, "promote": plan["promote"], "bias": plan["bias"],
-            "rel_err": e, "torch_rel_err": et, "nan": nan, "correct": (not nan) and passes(e, et)}
+            "rel_err": e, "torch_rel_err": et, "mean_rel_err": em, "torch_mean_rel_err": etm, "nan": nan,
+            "front_door_same": bool(torch.equal(d_front, d)), "front_door": lines,
+            "correct": (not nan) and passes(e, et)}
 
 
-def _child(folder, name: str, M: int) -> dict:
-    cmd = [sys.executable, __file__, "child", str(folder), name, str(M)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=CHECK_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return {"name": name, "M": M, "correct": False, "error": f"timeout after {CHECK_TIMEOUT} s (a hang?)"}
-    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-    if p.returncode or not lines:
-        return {"name": name, "M": M, "correct": False, "error": f"rc {p.returncode}: {p.stderr[-600:]}"}
-    return json.loads(lines[-1])
+def check_all(folder, cases) -> list[dict]:
+    """Every case of ``cases`` in child processes, one JSON line a case: a case that takes more
+    than :data:`CHECK_TIMEOUT` seconds (a hang) or crashes its child is recorded as such, and a
+    new child goes on with the next."""
+    results, todo = [], list(cases)
+    while todo:
+        cmd = [sys.executable, __file__, "child", str(folder), *[f"{n}:{m}" for n, m in todo]]
+        err = tempfile.TemporaryFile(mode="w+")  # a file: a chatty child never blocks on a full pipe
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)], daemon=True).start()
+        while todo:
+            try:
+                line = lines.get(timeout=CHECK_TIMEOUT)
+            except queue.Empty:
+                line, why = None, f"no result in {CHECK_TIMEOUT:.0f} s (a hang?)"
+                proc.kill()
+            else:
+                why = None if line is not None else f"its child ended (rc {proc.wait()}): {_tail(err)}"
+            if line is not None and not line.startswith("{"):
+                continue  # something the child printed besides a result
+            name, M = todo.pop(0)
+            res = json.loads(line) if line is not None else {"name": name, "M": M, "correct": False, "error": why}
+            results.append(res)
+            print(f"check {name} M={M}: {'ok' if res.get('correct') else 'FAIL'} err {res.get('rel_err')} "
+                  f"(torch {res.get('torch_rel_err')}) {res.get('error', '')}", flush=True)
+            if line is None:
+                break  # a new child for the rest
+        proc.kill()
+        proc.wait()
+        err.close()
+    return results
+
+
+def _tail(f, chars: int = 600) -> str:
+    f.seek(0)
+    return f.read()[-chars:]
+
+
+def _scaled_mm_peer(recipe: str, fast: bool):
+    """torch._scaled_mm on an input set (into its D where this torch takes ``out=``)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    def call(a, w, sa, sb, d):
+        ssa, ssb = (sa.reshape(-1, 1), sb.reshape(1, -1)) if recipe == "row" else (sa, sb)
+        return torch._scaled_mm(a, w.t(), ssa, ssb, out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+    return call
 
 
 def time_case(folder, plan, name: str, M: int, peer: str | None, loaded: dict) -> dict:
+    """Ours, torch._scaled_mm (with and without its fast accumulation) and, with ``peer``, our bf16
+    v9 on bf16 inputs of the shape: each on input sets that spill L2 three times, in rounds whose
+    order rotates and reverses, as kernels (CUDA graphs) and as queued calls."""
     import torch  # pylint: disable=import-outside-toplevel
     import gemm_ladder  # pylint: disable=import-outside-toplevel
     from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
@@ -202,52 +269,52 @@ def time_case(folder, plan, name: str, M: int, peer: str | None, loaded: dict) -
     N, K, recipe = m["N"], m["K"], m["recipe"]
     if name not in loaded:
         loaded[name] = gemm_ladder.load(Path(folder) / m["file"])
-    mod = loaded[name]
-    per_set = M * K + N * K + 2 * M * N
-    n_sets = max(2, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / per_set))
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    n_sets = max(2, math.ceil(3 * l2 / (M * K + N * K + 2 * M * N)))
     sets = []
     for i in range(n_sets):
         aq, wq, sa, sb, _ = inputs(M, N, K, recipe, None, seed=100 + i)
         sets.append((aq, wq, sa, sb, torch.empty((M, N), dtype=torch.bfloat16, device="cuda")))
-    ops0 = {"scale_a": sets[0][2].reshape(-1), "scale_b": sets[0][3].reshape(-1)}
-    launch = mod.launcher(sets[0][0], sets[0][1], sets[0][4], **ops0)
-    ssa = (lambda s: s.reshape(-1, 1)) if recipe == "row" else (lambda s: s)
-    ssb = (lambda s: s.reshape(1, -1)) if recipe == "row" else (lambda s: s)
-    kernels = {
-        "ours": lambda a, w, sa, sb, d: launch(a, w, d, sa.reshape(-1), sb.reshape(-1)),
-        "torch_scaled_mm": lambda a, w, sa, sb, d: torch._scaled_mm(a, w.t(), ssa(sa), ssb(sb), out_dtype=torch.bfloat16,
-                                                                    out=d),
-    }
+    launch = loaded[name].launcher(sets[0][0], sets[0][1], sets[0][4], scale_a=sets[0][2].reshape(-1),
+                                   scale_b=sets[0][3].reshape(-1))
+    kernels = {"ours": (lambda a, w, sa, sb, d: launch(a, w, d, sa.reshape(-1), sb.reshape(-1)), sets),
+               "torch_scaled_mm": (_scaled_mm_peer(recipe, False), sets),
+               "torch_scaled_mm_fast_accum": (_scaled_mm_peer(recipe, True), sets)}
     if peer is not None:
-        pm = plan["bf16"][peer]
         if peer not in loaded:
-            loaded[peer] = gemm_ladder.load(Path(folder) / pm["file"])
-        bsets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16), torch.randn(N, K, device="cuda",
-                  dtype=torch.bfloat16), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
-        blaunch = loaded[peer].launcher(*bsets[0])
-    graph, call = {n: [] for n in kernels}, {n: [] for n in kernels}
+            loaded[peer] = gemm_ladder.load(Path(folder) / plan["bf16"][peer]["file"])
+        b_sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
+                   torch.randn(N, K, device="cuda", dtype=torch.bfloat16),
+                   torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+                  for _ in range(max(2, math.ceil(3 * l2 / (2 * (M * K + N * K + M * N)))))]
+        b_launch = loaded[peer].launcher(*b_sets[0])
+        kernels["ours_bf16_v9"] = (lambda a, w, d: b_launch(a, w, d), b_sets)
+    for n, (fn, ss) in list(kernels.items()):
+        try:
+            fn(*ss[0])
+            torch.cuda.synchronize()
+        except (RuntimeError, TypeError) as err:  # a peer this torch lacks (fast accumulation with rows, ...)
+            print(f"  {n}: left out: {str(err)[:200]}", flush=True)
+            del kernels[n]
     names = list(kernels)
+    calls = max(8, max(len(ss) for _, ss in kernels.values()))
+    graph, call = {n: [] for n in names}, {n: [] for n in names}
     t0 = time.time()
     for r in range(ROUNDS):
         order = names[r % len(names):] + names[:r % len(names)]
-        for n in (order if r % 2 == 0 else order[::-1]):
-            graph[n] += harness.graph_times(kernels[n], sets, PER_ROUND, max(len(sets), 8))
-            call[n] += harness.event_times(kernels[n], sets, PER_ROUND)
-    if peer is not None:  # the bf16 peer on its own input sets, in rounds of its own beside ours
-        bk = {"ours_bf16_v9": lambda a, w, d: blaunch(a, w, d)}
-        for r in range(ROUNDS):
-            graph.setdefault("ours_bf16_v9", [])
-            call.setdefault("ours_bf16_v9", [])
-            graph["ours_bf16_v9"] += harness.graph_times(bk["ours_bf16_v9"], bsets, PER_ROUND, max(len(bsets), 8))
-            call["ours_bf16_v9"] += harness.event_times(bk["ours_bf16_v9"], bsets, PER_ROUND)
+        for n in (order if (r // len(names)) % 2 == 0 else order[::-1]):
+            fn, ss = kernels[n]
+            graph[n] += harness.graph_times(fn, ss, PER_ROUND, calls)
+            call[n] += harness.event_times(fn, ss, PER_ROUND)
     t1 = time.time()
     g = {n: statistics.median(v) for n, v in graph.items()}
     c = {n: statistics.median(v) for n, v in call.items()}
-    peers = {n: ratio(g[n], g["ours"]) for n in g if n != "ours"}
     return {"recipe": recipe, "M": M, "N": N, "K": K, "module": name, "tflops": tflops(M, N, K, g["ours"]),
-            "ratio_to_scaled_mm": ratio(g["torch_scaled_mm"], g["ours"]), "peer_ratios": peers,
-            "kernel_ms": g, "call_ms": c, "call_ratio_to_scaled_mm": ratio(c["torch_scaled_mm"], c["ours"]),
-            "tflops_by_peer": {n: tflops(M, N, K, v) for n, v in g.items()}, "input_sets": n_sets, "t0": t0, "t1": t1}
+            "ratio_to_scaled_mm": ratio(g.get("torch_scaled_mm"), g["ours"]),
+            "peer_ratios": {n: ratio(g[n], g["ours"]) for n in g if n != "ours"},
+            "kernel_ms": g, "call_ms": c, "call_ratio_to_scaled_mm": ratio(c.get("torch_scaled_mm"), c["ours"]),
+            "tflops_by_peer": {n: tflops(M, N, K, v) for n, v in g.items()}, "input_sets": len(sets), "t0": t0,
+            "t1": t1}
 
 
 def run(folder, out) -> int:
@@ -259,12 +326,7 @@ def run(folder, out) -> int:
 
     plan = json.loads((Path(folder) / PLAN_FILE).read_text())
     start, sampler = time.time(), Sampler()
-    checks = []
-    for name, M in CHECKS:
-        res = _child(folder, name, M)
-        checks.append(res)
-        print(f"check {name} M={M}: {'ok' if res.get('correct') else 'FAIL'} "
-              f"err {res.get('rel_err')} (torch {res.get('torch_rel_err')}) {res.get('error', '')}", flush=True)
+    checks = check_all(folder, CHECKS)
     good = {(c["name"], c["M"]) for c in checks if c.get("correct")}
     good_modules = {c["name"] for c in checks if c.get("correct")}
     bad_modules = {c["name"] for c in checks if not c.get("correct")}
@@ -280,8 +342,9 @@ def run(folder, out) -> int:
             row["correct"] = True
             row["clocks"] = sampler.between(row.pop("t0"), row.pop("t1"))
             rows.append(row)
-            print(f"{name} M={M}: {row['tflops']:.0f} TFLOPS, x torch._scaled_mm {row['ratio_to_scaled_mm']:.3f} "
-                  f"(calls {row['call_ratio_to_scaled_mm']:.3f}), peers {row['peer_ratios']}", flush=True)
+            print(f"{name} M={M}: {row['tflops']:.0f} TFLOPS, x torch._scaled_mm {f3(row['ratio_to_scaled_mm'])} "
+                  f"(calls {f3(row['call_ratio_to_scaled_mm'])}), peers "
+                  f"{ {n: f3(v) for n, v in row['peer_ratios'].items()} }", flush=True)
     finally:
         sampler.stop()
     promo = {c["promote"]: c for c in checks if c.get("name", "").startswith("t_1024x16384") and "rel_err" in c}
@@ -291,6 +354,7 @@ def run(folder, out) -> int:
               "promotion_k16384": {str(k): {"rel_err": v["rel_err"], "torch_rel_err": v["torch_rel_err"]}
                                    for k, v in promo.items()},
               "rows": rows}
+    files.open_folder(Path(out).parent)
     files.write_json(out, result)
     print(f"{sum(1 for c in checks if c.get('correct'))} of {len(checks)} checks pass; {len(rows)} rows; "
           f"{result['seconds']:.0f} s; wrote {out}")
@@ -305,15 +369,16 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="GPU box: check, then time against torch._scaled_mm")
     r.add_argument("folder")
     r.add_argument("--out", type=cli_types.out_file, default="fp8_check.json")
-    c = sub.add_parser("child", help="(internal) one correctness case, as a JSON line")
+    c = sub.add_parser("child", help="(internal) correctness cases NAME:M, a JSON line each")
     c.add_argument("folder")
-    c.add_argument("name")
-    c.add_argument("M", type=int)
+    c.add_argument("cases", nargs="+")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
         return prepare(a.out)
     if a.cmd == "child":
-        print(json.dumps(check_one(a.folder, a.name, a.M)))
+        for case in a.cases:
+            name, _, M = case.rpartition(":")
+            print(json.dumps(check_one(a.folder, name, int(M))), flush=True)
         return 0
     return run(a.folder, a.out)
 

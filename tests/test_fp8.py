@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 import sys
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +21,8 @@ from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec, check_built, not_built
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.serve import scaled
+from gemm_ladder.serve.front import KernelFallbackWarning, NoKernelError
 from gemm_ladder.serve.runtime import ModuleInputError
 from gemm_ladder.serve.scaled import check_call
 from gemm_ladder.sm90a import hgemm_v9
@@ -186,10 +190,37 @@ def test_scaled_mm_refuses_cpu_tensors_and_the_fake_op_gives_shapes():
             torch.ops.gemm_ladder.scaled_mm(a, w.t().contiguous(), torch.ones(1), torch.ones(1))
 
 
+def test_scaled_mm_routes_to_a_given_module_else_to_torch_with_one_warning(monkeypatch):
+    """use_module's module where it fits (its spec, N and K; any M at runtime M); else, where
+    nothing can be built, torch._scaled_mm with one warning per shape, or NoKernelError (strict)."""
+    monkeypatch.setattr(scaled.device, "arch_of", lambda index: "sm_90a")
+    monkeypatch.setattr(scaled, "why_no_build", lambda: "GEMM_LADDER_BUILD=0")
+    scaled.reset()
+    call = check_call(*_operands(M=64, N=48, K=32))
+    with pytest.warns(KernelFallbackWarning, match=r"torch._scaled_mm computes it.*GEMM_LADDER_BUILD=0"):
+        route = scaled._resolve(call, 0, False, torch.bfloat16)
+    assert isinstance(route.module, scaled.TorchScaledMM) and route.lines[0] == "kernel: torch._scaled_mm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per shape
+        scaled._resolve(call, 0, False, torch.bfloat16)
+    with pytest.raises(NoKernelError, match="use_module"):
+        scaled._resolve(call, 0, True, torch.bfloat16)
+    tensor = SimpleNamespace(spec=GemmSpec.fp8(scales="tensor"), N=48, K=32, M=None, dynamic_m=True, rung="v9",
+                             path="t.so")
+    rows = SimpleNamespace(spec=call.spec, N=48, K=32, M=None, dynamic_m=True, rung="v9", path="r.so")
+    scaled.use_module(rows)
+    scaled.use_module(tensor)  # newest first, but not the call's recipe
+    route = scaled._resolve(call, 0, True, torch.bfloat16)
+    assert route.module is rows and route.lines[1] == "source: use_module r.so"
+    with pytest.raises(ModuleInputError, match="no fp8 module"):
+        scaled.use_module(SimpleNamespace(spec=GemmSpec(), path="h.so"))
+    scaled.reset()
+
+
 # -- the GPU check's pure parts --------------------------------------------------------------------
 def test_the_gpu_check_plans_modules_that_build_and_judges_by_torchs_error():
-    for _, N, K, recipe, promote, bias in fp8_check.MODULES:
-        make_config("v9", 256, N, K, spec=fp8_check.spec_of(recipe, bias), dynamic_m=True, promote=promote)
+    for _, N, K, recipe, promote, bias, more in fp8_check.MODULES:
+        make_config("v9", 256, N, K, spec=fp8_check.spec_of(recipe, bias), dynamic_m=True, promote=promote, **more)
     names = {m[0] for m in fp8_check.MODULES}
     assert {n for n, _ in fp8_check.CHECKS} <= names and {n for n, _, _ in fp8_check.TIMED} <= names
     assert {n for n, _ in fp8_check.CHECKS} >= {n for n, _, _ in fp8_check.TIMED}  # nothing timed unchecked
@@ -197,3 +228,10 @@ def test_the_gpu_check_plans_modules_that_build_and_judges_by_torchs_error():
     assert not fp8_check.passes(float("nan"), 1e-3) and fp8_check.passes(0.0, 0.0)
     assert fp8_check.tflops(4096, 4096, 4096, 0.1) == pytest.approx(1374.39, rel=1e-4)
     assert fp8_check.ratio(2.0, 1.0) == 2.0 and fp8_check.ratio(None, 1.0) is None
+
+
+def test_the_gpu_checks_children_record_a_crash_and_go_on(tmp_path):
+    """A child that dies (here: no plan in the folder) costs its case; a new child takes the next."""
+    results = fp8_check.check_all(tmp_path, [("a", 1), ("b", 2)])
+    assert [(r["name"], r["M"], r["correct"]) for r in results] == [("a", 1, False), ("b", 2, False)]
+    assert all("its child ended (rc 1)" in r["error"] and "fp8_plan.json" in r["error"] for r in results)

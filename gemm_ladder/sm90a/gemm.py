@@ -381,8 +381,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
                             epi_it = epi_it + epi.chunks_per_tile
                 elif not under:
                     if scaled:
-                        fp8.scale_sums(plan, mma.sums, g["scale_a"], g["scale_b"], fp8.recipe(cfg), m_st + wg_row0, n_st,
-                                       warp_id, lane_id, Sreg)
+                        # fp8: the sums times the scales, before the epilogue op (the bias)
+                        fp8.scale_sums(plan, mma.sums, g["scale_a"], g["scale_b"], fp8.recipe(cfg), m_st + wg_row0,
+                                       n_st, warp_id, lane_id, Sreg)
                     epi.store_tile(mma.sums, m_st, n_st, epi_it)
                     if preset.epilogue == "chunked":
                         epi_it = epi_it + epi.chunks_per_tile
