@@ -39,7 +39,9 @@ tensors, then the workspace of a split-K preset), which picks the prim_func's fo
 :func:`kernel`) and shapes its buffers; the body is one. What the epilogue does to each fp32
 accumulator before it is rounded to D's type is the preset's ``epilogue_op``
 (``epilogue.EpilogueOp``: nothing), or the one the operand spec asks for (``epilogue.op_of``: a
-per-column bias and an activation after it, v9 only); the spec's epilogue operands are parameters after ``num_ctas``
+per-column bias and an activation after it, v9 only; an fp8 spec's scales multiply the sums before it,
+``fp8.scale_sums``, and its ``promote`` knob gives the consumers an fp32 total, ``mainloop.Consumer``);
+the spec's epilogue operands are parameters after ``num_ctas``
 (``epilogue.kernel_operands``, in the form here), the runtime's argument order.
 
 The running counts that index the ring (``load_it``, ``it``) and the staging buffers

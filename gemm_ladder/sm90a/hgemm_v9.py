@@ -122,6 +122,13 @@ and B the tile before ended with, still in L2 (the consumers add the slices in t
 land). At 4096^3 on an H100 it cut DRAM reads by 12-33%
 (``benchmarks/results/2026-11-23_h100_tile_boundary/``) and the time by 0-0.2%.
 
+fp8 (``spec=GemmSpec.fp8(...)``, issue 32; ``sm90a/fp8.py`` says what changes): e4m3 operands
+through the same ring at blk_k = 128 (one 128-byte swizzle row), ``m64nNk32`` e4m3 wgmmas, fp32
+scales (one a tensor, or one a row of A and a column of B) on the sums before the bias, and the
+promotion (knob ``promote``, fp8 specs only: the tensor cores' sums added into fp32 every
+``promote`` slices). Its defaults: 128x128 tiles over two consumers (the promoted sums double the
+accumulators), ``promote=1``; no ``epi_under`` or ``tail_n`` yet.
+
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
   - epi_n a multiple of 64 that divides blk_n (epi_n = blk_n: one buffer per consumer, the
