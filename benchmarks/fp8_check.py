@@ -9,19 +9,23 @@ module cache and copies them (and their manifests) into the folder with ``fp8_pl
 ``run`` needs the TVM runtime and torch only:
 
 - correctness first, in child processes with a deadline a case (a kernel that hangs or crashes
-  costs its case, and a new child goes on with the next): random bf16 inputs quantized with ``gemm_ladder.quantize_fp8`` (the recipe's
-  scales), the output poisoned with NaN, the error against a float64 product of the dequantized
-  inputs, with ``torch._scaled_mm``'s own error on the same inputs as the yardstick (pass: within
-  2x of it, and no NaN); the promotion's effect at K = 16384 (the same inputs through the modules
-  with and without it);
-- then each timed case whose module passed: ours, ``torch._scaled_mm`` (same recipe) and our bf16
-  v9 (at 4096^3 and 8192^3) in rounds whose order rotates, as kernels (one replay of a CUDA graph of
-  calls cycling input sets that spill L2: ``harness.graph_times``) and as queued calls
-  (``harness.event_times``); the GPU's clocks and power sampled throughout (``power_probe``).
+  costs its case, and a new child goes on with the next): random bf16 inputs quantized with
+  ``gemm_ladder.quantize_fp8`` (the recipe's scales), the output poisoned with NaN, the error
+  against a float64 product of the dequantized inputs, with ``torch._scaled_mm``'s own error on
+  the same inputs as the yardstick (pass: within 2x of it, and no NaN); the same call through the
+  front door (``scaled_mm`` with ``use_module``) must give the same bits; the promotion's effect at
+  K = 16384 (the same inputs through the modules with and without it, largest and mean error);
+- then each timed case whose module's checks all came near the answer (no NaN, within 16x torch's
+  error: a module without the promotion is less accurate, not broken; its row's ``correct`` says
+  whether it met the 2x): ours, ``torch._scaled_mm`` (same recipe, with and without its fast
+  accumulation) and our bf16 v9 (at 4096^3 and 8192^3) in rounds whose order rotates, as kernels
+  (one replay of a CUDA graph of calls cycling input sets that spill L2: ``harness.graph_times``)
+  and as queued calls (``harness.event_times``); the GPU's clocks and power sampled throughout
+  (``power_probe``).
 
 Rows (the issue's results format): recipe, M, N, K, correct, tflops (ours, kernel timing),
 ratio_to_scaled_mm (torch's time over ours), peer_ratios (peer -> its time over ours), the kernel
-and call times of each. Sized for about two minutes on an H100.
+and call times of each. Sized for two to three minutes on an H100 (an estimate until its first run).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ MODULES = (
     ("t_4096x4096", 4096, 4096, "tensor", 1, None, {}),
     ("r_4096x4096", 4096, 4096, "row", 1, None, {}),
     ("t_4096x4096_p6", 4096, 4096, "tensor", 1, None, {"pipe_depth": 6}),  # a deeper ring
+    ("t_4096x4096_every2", 4096, 4096, "tensor", 2, None, {}),  # half as many promotions
     ("t_4096x4096_n256_p0", 4096, 4096, "tensor", 0, None, {"blk_n": 256}),  # no promotion: room for 128x256
     ("t_8192x8192", 8192, 8192, "tensor", 1, None, {}),
     ("r_8192x8192", 8192, 8192, "row", 1, None, {}),
@@ -69,16 +74,17 @@ BF16 = (("bf16_4096", 4096, 4096, 4096), ("bf16_8192", 8192, 8192, 8192))  # our
 # promotion at K = 16384 with and without it, and every module at an M it is timed at
 CHECKS = (("t_3008x1024_bias32", 1000), ("r_3008x1024_bias", 1000), ("t_4096x7168", 128), ("r_4096x7168", 128),
           ("t_1024x16384_p0", 512), ("t_1024x16384_p1", 512), ("t_4096x4096", 4096), ("r_4096x4096", 4096),
-          ("t_4096x4096_p6", 4096), ("t_4096x4096_n256_p0", 4096),
+          ("t_4096x4096_p6", 4096), ("t_4096x4096_every2", 4096), ("t_4096x4096_n256_p0", 4096),
           ("t_8192x8192", 8192), ("r_8192x8192", 8192), ("t_7168x16384", 4096), ("r_4096x7168", 4096))
 # timed cases: (module, M, bf16 peer or None)
 TIMED = (("t_4096x4096", 4096, "bf16_4096"), ("r_4096x4096", 4096, "bf16_4096"), ("t_4096x4096_p6", 4096, None),
-         ("t_4096x4096_n256_p0", 4096, None),
+         ("t_4096x4096_every2", 4096, None), ("t_4096x4096_n256_p0", 4096, None),
          ("t_8192x8192", 8192, "bf16_8192"), ("r_8192x8192", 8192, "bf16_8192"),
          ("t_7168x16384", 4096, None), ("t_4096x7168", 4096, None), ("t_4096x7168", 128, None),
          ("t_4096x7168", 64, None), ("r_4096x7168", 128, None), ("r_4096x7168", 2048, None),
          ("t_1024x16384_p0", 4096, None), ("t_1024x16384_p1", 4096, None))
 TOLERANCE = 2.0  # ours within 2x of torch._scaled_mm's error
+TIMABLE = 16.0  # timed (its row not correct) up to this many times torch's error: less accurate, not broken
 CHECK_TIMEOUT = 60.0  # seconds for one case (the first one's child starts torch and CUDA too)
 ROUNDS, PER_ROUND = 8, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 
@@ -93,6 +99,22 @@ def tflops(M: int, N: int, K: int, ms: float | None) -> float | None:
 
 def ratio(peer_ms, ours_ms):
     return None if not peer_ms or not ours_ms else peer_ms / ours_ms
+
+
+def runs(check: dict) -> bool:
+    """A check whose output is numbers near the answer (no NaN, within :data:`TIMABLE` x torch's
+    error): a module less accurate than torch (no promotion at a long K) but not broken."""
+    return (check.get("rel_err") is not None and not check.get("nan") and math.isfinite(check["rel_err"])
+            and check["rel_err"] <= TIMABLE * max(check["torch_rel_err"], 1e-6))
+
+
+def modules_that_pass(checks) -> tuple[set, set]:
+    """The modules every check of which is correct, and those every check of which :func:`runs`
+    (timed; a row says whether it is correct)."""
+    names = {c["name"] for c in checks}
+    correct = {n for n in names if all(c.get("correct") for c in checks if c["name"] == n)}
+    timable = {n for n in names if all(runs(c) for c in checks if c["name"] == n)}
+    return correct, timable
 
 
 def f3(x) -> str:
@@ -328,18 +350,17 @@ def run(folder, out) -> int:
     start, sampler = time.time(), Sampler()
     checks = check_all(folder, CHECKS)
     good = {(c["name"], c["M"]) for c in checks if c.get("correct")}
-    good_modules = {c["name"] for c in checks if c.get("correct")}
-    bad_modules = {c["name"] for c in checks if not c.get("correct")}
+    correct, timable = modules_that_pass(checks)
     rows, loaded = [], {}
     try:
         for name, M, peer in TIMED:
-            if name in bad_modules or name not in good_modules:
+            if name not in timable:
                 rows.append({"recipe": plan["modules"][name]["recipe"], "M": M, "N": plan["modules"][name]["N"],
                              "K": plan["modules"][name]["K"], "module": name, "correct": False, "tflops": None,
                              "ratio_to_scaled_mm": None, "peer_ratios": {}})
                 continue
             row = time_case(folder, plan, name, M, peer, loaded)
-            row["correct"] = True
+            row["correct"] = name in correct
             row["clocks"] = sampler.between(row.pop("t0"), row.pop("t1"))
             rows.append(row)
             print(f"{name} M={M}: {row['tflops']:.0f} TFLOPS, x torch._scaled_mm {f3(row['ratio_to_scaled_mm'])} "

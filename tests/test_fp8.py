@@ -171,10 +171,16 @@ def test_check_call_refuses_with_the_fix(change, words):
         check_call(o["A"], o["B"], o["scale_a"], o["scale_b"], o.get("bias"), o.get("out_dtype"), o.get("out"))
 
 
-def test_k_and_n_must_be_multiples_of_16():
+def test_k_and_n_must_be_multiples_of_16_and_k_not_0():
     aq, b, sa, sb = _operands(K=24)
     with pytest.raises(ModuleInputError, match="multiples of 16"):
         check_call(aq, b, sa, sb)
+    aq, b, sa, sb = _operands(N=40)
+    with pytest.raises(ModuleInputError, match="multiples of 16"):
+        check_call(aq, b, sa, sb)
+    z = torch.empty(64, 0, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ModuleInputError, match="K=0"):
+        check_call(z, torch.empty(48, 0, dtype=torch.float8_e4m3fn).t(), torch.ones(1), torch.ones(1))
 
 
 def test_scaled_mm_refuses_cpu_tensors_and_the_fake_op_gives_shapes():
@@ -228,6 +234,13 @@ def test_the_gpu_check_plans_modules_that_build_and_judges_by_torchs_error():
     assert not fp8_check.passes(float("nan"), 1e-3) and fp8_check.passes(0.0, 0.0)
     assert fp8_check.tflops(4096, 4096, 4096, 0.1) == pytest.approx(1374.39, rel=1e-4)
     assert fp8_check.ratio(2.0, 1.0) == 2.0 and fp8_check.ratio(None, 1.0) is None
+    checks = [{"name": "a", "rel_err": 1e-3, "torch_rel_err": 1e-3, "nan": False, "correct": True},
+              {"name": "a", "rel_err": 5e-3, "torch_rel_err": 1e-3, "nan": False, "correct": False},  # less accurate
+              {"name": "b", "rel_err": 1e-3, "torch_rel_err": 1e-3, "nan": False, "correct": True},
+              {"name": "c", "rel_err": 1.0, "torch_rel_err": 1e-3, "nan": False, "correct": False},  # wrong
+              {"name": "d", "rel_err": 1e-3, "torch_rel_err": 1e-3, "nan": True, "correct": False},  # NaN left
+              {"name": "e", "correct": False, "error": "timeout"}]  # hung
+    assert fp8_check.modules_that_pass(checks) == ({"b"}, {"a", "b"})
 
 
 def test_the_gpu_checks_children_record_a_crash_and_go_on(tmp_path):

@@ -130,6 +130,8 @@ def check_call(A, B, scale_a, scale_b, bias=None, out_dtype=None, out=None) -> C
     if B.shape[0] != K:
         raise ModuleInputError(f"{who}: A is [M={M}, K={K}] but B is {tuple(B.shape)}, not [K={K}, N]"
                                + (" (B looks like [N, K]: pass B.t())" if B.shape[1] == K else ""))
+    if K == 0:
+        raise ModuleInputError(f"{who}: K=0: A and B hold nothing to multiply; pass K > 0 (a multiple of 16)")
     if K % 16 or N % 16:
         raise ModuleInputError(f"{who}: K={K} and N={N} must be multiples of 16 (torch._scaled_mm's rule and TMA's "
                                "16-byte rows); pad them with zeros")
@@ -268,6 +270,8 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
         with _LOCK:
             route = _ROUTES.setdefault(key, _resolve(call, index, strict, out_dtype))
     D = out if out is not None else torch.empty((call.M, call.N), dtype=out_dtype, device=A.device)
+    if call.M == 0 or call.N == 0:  # nothing to compute (no kernel takes an empty launch)
+        return (D, ["kernel: none (an empty D)"]) if explain else D
     operands = {}
     if bias is not None:
         operands["bias"] = bias
