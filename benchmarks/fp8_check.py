@@ -131,6 +131,7 @@ def prepare(out) -> int:
     # the build layer: this box's TVM compiler
     from gemm_ladder.compile import module_cache  # pylint: disable=import-outside-toplevel
     from gemm_ladder.compile.batch import BuildJob  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.serve import tuning_db  # pylint: disable=import-outside-toplevel
 
     out = Path(out)
     files.open_folder(out)
@@ -142,10 +143,10 @@ def prepare(out) -> int:
         plan["modules"][name] = _copy(path, out, name) | {"N": N, "K": K, "recipe": recipe, "promote": promote,
                                                            "bias": bias, "knobs": more}
         print(f"{name}: {path}")
-    for name, M, N, K in BF16:
-        knobs = {"dtype": "bfloat16", "epi_under": True}
+    for name, M, N, K in BF16:  # the tuning database's knobs for the shape (the front door's choice)
+        knobs, _ = tuning_db.tuned_knobs("v9", M, N, K, {"dtype": "bfloat16"})
         path, _ = module_cache.get_or_build(BuildJob("v9", (M, N, K), knobs))
-        plan["bf16"][name] = _copy(path, out, name) | {"M": M, "N": N, "K": K}
+        plan["bf16"][name] = _copy(path, out, name) | {"M": M, "N": N, "K": K, "knobs": knobs}
     files.write_json(out / PLAN_FILE, plan)
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     print(f"{len(MODULES) + len(BF16)} modules, {size / 2**20:.1f} MiB in {out}")
