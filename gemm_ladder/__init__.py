@@ -2,6 +2,7 @@
 
     import gemm_ladder
     D = gemm_ladder.matmul(A, B)                         # the front door: any shape, D = A . B^T
+    D = gemm_ladder.grouped_mm(A, W, offs)               # one GEMM per expert (MoE), one launch
     gemm_ladder.matmul(A, B, explain=True)               # ... and which kernel, from where, why
     import gemm_ladder.serve.ops                         # torch.ops.gemm_ladder.mm (torch.compile)
     xq, sx = gemm_ladder.quantize_fp8(x, "row")          # fp8 (issue 32), torch._scaled_mm's rules:
@@ -37,6 +38,7 @@ table)::
     measure/    harness, rounds, isolate, modules, report, suite, every_model: check and time on a GPU
     tune/       the tuner (space, cache, measuring, merge, report, jobs, run; rpc + serve: many GPUs)
     this file   the entry points: matmul, build (with the tuned-knobs policy), load, use_pack, hgemm_vN
+    nn          Linear (nn.Linear on torch.ops.gemm_ladder.mm) and patch(model): import gemm_ladder.nn
     teach/, cli, cli_front, __main__    the tutorials' helpers and the command line; nothing imports them
 """
 
@@ -46,15 +48,17 @@ import os
 
 from .core.config import ConfigError, GemmConfig
 from .serve.front import matmul as _matmul, use_pack as _use
+from .serve.grouped import grouped_mm, use_grouped_module
 from .serve.scaled import quantize_fp8 as _quantize_fp8, scaled_mm as _scaled_mm
 from .serve.runtime import load as _load
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "GemmConfig", "build", "load", "make_config", "matmul", "quantize_fp8", "scaled_mm", "use_pack",
+    "ConfigError", "GemmConfig", "build", "grouped_mm", "load", "make_config", "matmul", "quantize_fp8", "scaled_mm",
+    "use_grouped_module", "use_pack",
     "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
-    "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11",
+    "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11", "hgemm_v12",
 ]
 
 
@@ -86,6 +90,7 @@ hgemm_v8 = _rung_entry("v8")
 hgemm_v9 = _rung_entry("v9")
 hgemm_v10 = _rung_entry("v10")
 hgemm_v11 = _rung_entry("v11")
+hgemm_v12 = _rung_entry("v12")
 
 
 def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs):

@@ -23,7 +23,7 @@ from types import ModuleType
 from .core.config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
     check_common, check_knob_types, drop_retired_knobs)
 from .core.launch import check_grid
-from .core.spec import SPEC_KNOB, as_spec, check_built, operand_bytes, spec_of
+from .core.spec import SPEC_KNOB, GemmSpec, as_spec, check_built, operand_bytes, spec_of
 
 CONFIG_ATTR = "gemm_ladder.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
@@ -79,6 +79,10 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     knobs = drop_retired_knobs(rung, knobs)
     arch = knobs.get("arch", DEFAULT_ARCH)
     mod = rung_module(rung, arch)
+    if "grouped" in getattr(mod, "EPILOGUES", ()) and knobs.get(SPEC_KNOB) in (None, ""):
+        # a grouped rung (v12) builds grouped specs only: its default is the grouped GEMM in the dtype
+        dtype = knobs.get("dtype", COMMON_KNOBS["dtype"])
+        knobs = {**knobs, SPEC_KNOB: GemmSpec(a=dtype, b=dtype, d=dtype, grouped=True)}
     knobs = _with_spec(knobs)
     # an fp8 spec: the rung's FP8_KNOBS (v9's promote), present only there (the knobs, tags and
     # cache keys of 16-bit modules stay as they were), and its FP8_DEFAULTS (blk_k=128)
@@ -99,7 +103,8 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     cfg = GemmConfig(rung=rung, M=M, N=N, K=K, extra=extra, knob_names=tuple(sorted(mod.KNOBS)),
                      **{k: v for k, v in values.items() if k in fields})
     check_common(cfg, getattr(mod, "BLK_M_CHOICES", BLK_M_CHOICES), operand_bytes(spec_of(cfg)))
-    check_built(spec_of(cfg), rung, getattr(mod, "EPILOGUES", ("none",)))  # what the rung does not build yet
+    # what the rung does not build yet
+    check_built(spec_of(cfg), rung, getattr(mod, "EPILOGUES", ("none",)), getattr(mod, "MN_MAJOR", False))
     mod.check(cfg)
     check_grid(cfg, mod.launch(cfg))
     return cfg

@@ -42,7 +42,8 @@ def h(*shape, dtype=torch.float16):
     (h(4, 64), h(8, 32), None, ["last dim must be B's K=32"]),
     (h(4, 64), h(2, 8, 64), None, ["B must be [N, K]"]),
     (h(4, 64), h(8, 64), None, ["A is on cpu", "A.cuda()"]),
-    (h(64, 4).t(), h(8, 64), None, ["A is not contiguous", "A.contiguous()"]),
+    (h(64, 4).t(), h(8, 64), None, ["A is on cpu"]),  # a transposed view: an MN-major A (issue 31)
+    (h(4, 128)[:, ::2], h(8, 64), None, ["A is not contiguous", "A.contiguous()"]),
     (h(4, 64), h(8, 128)[:, ::2], None, ["B is not contiguous"]),
     (h(4, 64), h(8, 64), h(4, 9), ["out has shape (4, 9)", "(4, 8)"]),
     (h(4, 64), h(8, 64), h(4, 8, dtype=torch.bfloat16), ["out has dtype torch.bfloat16"]),
@@ -186,7 +187,7 @@ def _remembered(M, N, K, shape, with_out):
     B = torch.randn(N, K).half()
     out = torch.empty(*shape).half() if with_out else None
     spans = (A.nbytes, B.nbytes, M * N * A.element_size())
-    front._FAST[front._fast_key(A, B, out)] = (route, kernel, M, N, K, tuple(shape), spans)
+    front._FAST[front._fast_key(A, B, out)] = (route, kernel, M, N, K, tuple(shape), spans, False)
     return kernel, route, A, B, out
 
 
@@ -552,8 +553,9 @@ def test_a_pack_serves_with_the_tvm_runtime_alone(tmp_path):
 
 
 def test_in_a_graph_a_weight_needing_a_padded_copy_goes_to_torch(small_pack, monkeypatch, no_gpu_needed):
-    """Inside capture the padded copy of a weight would be made on every replay: torch's matmul reads
-    it as it is (no copy kept, none made); eager calls and strict mode keep ours and the copy."""
+    """Inside capture the padded copy of a weight would be made on every replay: where nothing was
+    timed, torch's matmul reads it as it is (no copy kept, none made); eager calls and strict mode
+    keep ours and the copy; where the first call timed ours (copy in the graph) faster, ours."""
     front.use_pack(small_pack)
     monkeypatch.setattr(front, "_check", lambda A, B, out, bias=None: (A.shape[0], B.shape[0], B.shape[1], A, out, (A.shape[0], B.shape[0])))
     monkeypatch.setattr(front.first_use, "can_measure", lambda a: False)
@@ -565,3 +567,34 @@ def test_in_a_graph_a_weight_needing_a_padded_copy_goes_to_torch(small_pack, mon
         D = front.matmul(A, B, strict=strict)
         torch.testing.assert_close(D.float(), want, rtol=2e-3, atol=2e-3)
         assert bool(front._B_COPIES) == copied, (capturing, strict)
+
+    front.route_of(16, 256, 512).candidates = {}  # as measured, ours the winner under capture
+    front._B_COPIES.clear()
+    monkeypatch.setattr(front, "_capturing", lambda a: True)
+    torch.testing.assert_close(front.matmul(A, B).float(), want, rtol=2e-3, atol=2e-3)
+    assert front._B_COPIES  # ours, with its copy
+
+
+def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypatch):
+    """N = 250 (padded to 256 for TMA): a repeated call skips the checks and keeps the weight's
+    padded copy; inside CUDA-graph capture it leaves the call to the checked path (where torch
+    reads the weight as it is)."""
+    M, N, K = 6, 250, 64
+    kernel = TmaKernel()
+    route = front.Route(kernel, None, "test", "v9", {})
+    fixes = layout_fixes(Layout(M, N, K, "float16"))
+    assert fixes.names == ("pad-n",) and fixes.N == 256
+    A, B, out = torch.randn(M, K).half(), torch.randn(N, K).half(), torch.empty(M, N).half()
+    spans = (A.nbytes, B.nbytes, M * N * A.element_size())
+    front._FAST[front._fast_key(A, B, out)] = (route, front.padded_launch(route, M, N, K, fixes), M, N, K, (M, N),
+                                               spans, True)
+    monkeypatch.setattr(front, "_capturing", lambda a: False)
+    for _ in range(2):
+        A2 = torch.randn_like(A)
+        assert front.matmul(A2, B, out) is out
+        torch.testing.assert_close(out.float(), A2.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert [s[1] for s in kernel.seen] == [(256, 64), (256, 64)] and len(front._B_COPIES) == 1
+    monkeypatch.setattr(front, "_capturing", lambda a: True)
+    with pytest.raises(ModuleInputError, match="A is on cpu"):  # the checked path
+        front.matmul(A, B, out)
+    assert len(kernel.seen) == 2

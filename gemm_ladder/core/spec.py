@@ -19,15 +19,21 @@ compiles. Built today:
     ==========  =========================================================================
     a, b, d     float16 or bfloat16, all three the same
     acc         float32
-    a_major     K (A is [M, K], row-major)
-    b_major     K (B is [N, K], row-major, like nn.Linear.weight)
+    a_major     K (A is [M, K], row-major); M (A is [K, M], row-major) on rungs whose
+                ``MN_MAJOR`` is true (v9)
+    b_major     K (B is [N, K], row-major, like nn.Linear.weight); N (B is [K, N],
+                row-major) on rungs whose ``MN_MAJOR`` is true (v9)
     bias        None, or D's dtype: D[m, n] = round(acc[m, n] + bias[n]), on rungs whose
                 ``EPILOGUES`` lists ``"bias"`` (v9)
     act         one of ACTIVATIONS, after the bias, in fp32 before rounding:
                 D = round(act(acc + bias)), on rungs whose ``EPILOGUES`` lists ``"act"`` (v9)
     residual    None
     scales      None
-    grouped     False
+    grouped     False, or True on rungs whose ``EPILOGUES`` lists ``"grouped"`` (v12) with no
+                bias or activation: B is the experts' weights W [G, N, K] (the kernel views it
+                as [G * N, K]) and ``offsets`` [G] int32 the cumulative END row of each group
+                in A and D (``torch._grouped_mm``'s ``offs``: group g is rows
+                [offsets[g-1], offsets[g]), offsets[-1] = 0)
     ==========  =========================================================================
 
 and the scaled fp8 GEMM (issue 32), on rungs whose ``EPILOGUES`` lists ``"scaled"`` (v9):
@@ -69,7 +75,11 @@ SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A 
 # the activation after the bias: relu, GELU by tanh's formula (F.gelu(approximate="tanh")) or erf's
 # (F.gelu), SiLU (F.silu); "none": the identity
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
-EPILOGUES = ("none", "bias", "act")  # what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS)
+# what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS; "grouped": the grouped GEMM)
+EPILOGUES = ("none", "bias", "act", "grouped")
+# the operand layouts by name, (a_major, b_major): KK the forward x . W^T; KN a B stored [K, N] (dX = dY . W
+# reads W so); MK an A stored [K, M]; MN both (dW = dY^T . X reads dY and X so)
+OPERAND_LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MK": ("M", "K"), "MN": ("M", "N")}
 SCALED = "scaled"  # a rung's EPILOGUES lists it where it builds the scaled fp8 GEMM (v9)
 FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
 FP8_SCALES = ("tensor", "row")  # the recipes built (block128 is not yet)
@@ -94,12 +104,12 @@ class Operand:
 
     name: str  # "A", "B", "D", "bias", "C", "scale_a", "scale_b", "offsets"
     dtype: str
-    shape: tuple  # of "M", "N", "K", "K/128", "G+1" (groups + 1) or ints
+    shape: tuple  # of "M", "N", "K", "K/128", "G" (groups) or ints
     role: str  # "input", "output" or "epilogue"
 
     def extent(self, M: int, N: int, K: int, groups: int = 1) -> tuple:
         """The shape for this problem."""
-        sizes = {"M": M, "N": N, "K": K, "K/128": -(-K // 128), "G": groups, "G+1": groups + 1}
+        sizes = {"M": M, "N": N, "K": K, "K/128": -(-K // 128), "G": groups}
         return tuple(sizes[s] if isinstance(s, str) else s for s in self.shape)
 
 
@@ -117,7 +127,7 @@ class GemmSpec:
     residual: str | None = None  # dtype of a residual C [M, N] added before rounding, or None
     scales: str | None = None  # fp32 scales of A and B (one of SCALES), or None
     act: str = "none"  # the activation after the bias (one of ACTIVATIONS)
-    grouped: bool = False  # grouped GEMM: int32 offsets [G + 1] of each group's rows of A
+    grouped: bool = False  # grouped GEMM: B is [G, N, K], int32 offsets [G]: each group's end row of A and D
 
     def __post_init__(self):
         for name in ("a", "b", "d", "acc", "bias", "residual"):
@@ -179,6 +189,8 @@ class GemmSpec:
         with the epilogue operands after the launch scalars (``runtime.GemmModule``)."""
         a_shape = ("M", "K") if self.a_major == "K" else ("K", "M")
         b_shape = ("N", "K") if self.b_major == "K" else ("K", "N")
+        if self.grouped:  # one weight a group (an expert)
+            b_shape = ("G",) + b_shape
         ops = [Operand("A", self.a, a_shape, "input"), Operand("B", self.b, b_shape, "input"),
                Operand("D", self.d, ("M", "N"), "output")]
         return tuple(ops) + self.epilogue_operands()
@@ -195,7 +207,7 @@ class GemmSpec:
             sa, sb = shapes[self.scales]
             ops += [Operand("scale_a", ACC_DTYPE, sa, "epilogue"), Operand("scale_b", ACC_DTYPE, sb, "epilogue")]
         if self.grouped:
-            ops.append(Operand("offsets", "int32", ("G+1",), "epilogue"))
+            ops.append(Operand("offsets", "int32", ("G",), "epilogue"))
         return tuple(ops)
 
     # -- as text (the knob, file names) and as JSON (manifests) -----------------------------------
@@ -330,8 +342,9 @@ def _fp8_not_built(spec: GemmSpec, rung: str, epilogues) -> str | None:
     return None
 
 
-def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
-    """What of ``spec`` rung ``rung`` (whose ``EPILOGUES`` are ``epilogues``) does not build, or None."""
+def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = False) -> str | None:
+    """What of ``spec`` rung ``rung`` (whose ``EPILOGUES`` are ``epilogues``, and which loads
+    MN-major operands where ``mn_major``: its ``MN_MAJOR``) does not build, or None."""
     if spec.is_fp8:
         return _fp8_not_built(spec, rung, epilogues)
     if spec.a not in DTYPES or spec.b != spec.a or spec.d != spec.a:
@@ -339,13 +352,16 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
                 "(fp8 and mixed dtypes are not built yet)")
     if spec.acc != ACC_DTYPE:
         return f"acc={spec.acc}: only float32 accumulators are built"
-    if spec.a_major != "K" or spec.b_major != "K":
-        return (f"a_major={spec.a_major}, b_major={spec.b_major}: only K-major A [M, K] and B [N, K] are built "
-                "(MN-major operands are not built yet; pass B as [N, K], like nn.Linear.weight)")
+    if (spec.a_major != "K" or spec.b_major != "K") and not mn_major:
+        return (f"a_major={spec.a_major}, b_major={spec.b_major}: {rung} builds only K-major A [M, K] and B [N, K] "
+                "(MN-major operands are built for v9; pass B as [N, K], like nn.Linear.weight, or use v9)")
     if spec.scales is not None:
         return f"scales={spec.scales}: scaled (fp8) GEMMs are not built yet"
-    if spec.grouped:
-        return "grouped GEMM is not built yet"
+    if spec.grouped != ("grouped" in epilogues):
+        return ("grouped GEMM is built on v12 only (gemm_ladder.grouped_mm)" if spec.grouped
+                else f"{rung} is the grouped GEMM: its spec must be grouped (grouped_true); use v9 for one GEMM")
+    if spec.grouped and (spec.bias is not None or spec.act != "none"):
+        return "a grouped GEMM with a bias or an activation is not built yet"
     if spec.residual is not None:
         return "a residual C is not built yet"
     if spec.bias is not None and spec.bias != spec.d:
@@ -380,9 +396,9 @@ def spec_of(cfg) -> GemmSpec:
     return as_spec(dict(cfg.extra).get(SPEC_KNOB), cfg.dtype)
 
 
-def check_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> None:
+def check_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = False) -> None:
     """Refuse, with a :class:`ConfigError` naming what is not built yet, a spec ``rung`` does not build."""
-    why = not_built(spec, rung, epilogues)
+    why = not_built(spec, rung, epilogues, mn_major)
     if why is not None:
         raise ConfigError(f"{rung}: spec {spec.text()}: {why}")
 

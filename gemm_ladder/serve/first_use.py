@@ -15,7 +15,8 @@ each candidate on the caller's own A and B, and the winner is remembered:
   included), and as kernels alone (a CUDA graph of the same launches, replayed: what a model served
   with CUDA graphs sees), into a scratch output, between CUDA events; :data:`ROUNDS` rounds whose
   order rotates, each sample a batch of launches of at least :data:`SAMPLE_US`; the median. A
-  first launch of each is its warm-up. Eager calls take the queued winner, calls inside CUDA-graph
+  first launch of each is its warm-up, after :data:`WARM_MS` of calls that bring an idle GPU's
+  clocks up. Eager calls take the queued winner, calls inside CUDA-graph
   capture the kernel winner (``front.ByCapture`` where they differ: ours has the shorter host path,
   cuBLAS's kernel may be the faster). It costs each new shape a few milliseconds (an lm_head at
   M = 8192: ~0.3 s);
@@ -47,7 +48,8 @@ MEASURE_ENV = "GEMM_LADDER_MEASURE"  # "0": the pack's (policy's) choice, nothin
 CHOICES_ENV = "GEMM_LADDER_CHOICES"  # the file of remembered choices; "off": the process only
 CHOICES_FILE = "choices.json"
 MAX_CANDIDATES = 4  # kernels of ours timed (plus torch)
-ROUNDS = 3
+ROUNDS = 5
+WARM_MS = 10.0  # calls before the timing, to bring an idle GPU's clocks up (they start at a few hundred MHz)
 SAMPLE_US = 200.0  # each timed sample: launches adding up to at least this (a one-launch sample is noise)
 MAX_REPS = 100
 MAX_SETS = 8  # input sets cycled through while timing (enough to spill L2 for all but tiny shapes)
@@ -187,6 +189,15 @@ def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
     import torch  # pylint: disable=import-outside-toplevel  (the caller's)
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first = next(iter(calls.values()))
+    start.record()
+    for n in range(4096):  # the warm-up: WARM_MS of calls, looked at every 16
+        first(*sets[n % len(sets)])
+        if n % 16 == 15:
+            end.record()
+            end.synchronize()
+            if start.elapsed_time(end) >= WARM_MS:
+                break
 
     def sampler(call, reps):
         def sample():

@@ -144,7 +144,10 @@ def operands(cfg: GemmConfig, preset: Preset, M, num_ctas) -> list[Operand]:
     the kernel's M (``common.m_extent``: an int, or the one runtime variable every extent uses)."""
     N, K, dtype = cfg.N, cfg.K, cfg.dtype
     plan = preset.plan(cfg)  # A's and B's types: D's, or fp8 (sm90a/fp8.py)
-    ops = [Operand("a", (M, K), plan.a_dtype), Operand("b", (N, K), plan.b_dtype), Operand("d", (M, N), dtype)]
+    # an MN-major operand is stored [K, M] (or [K, N]) row-major (the operand spec's a_major / b_major)
+    a_shape = (M, K) if plan.a_major == "K" else (K, M)
+    b_shape = (N, K) if plan.b_major == "K" else (K, N)
+    ops = [Operand("a", a_shape, plan.a_dtype), Operand("b", b_shape, plan.b_dtype), Operand("d", (M, N), dtype)]
     ops += preset.epilogue_op.operands(cfg, M)  # a fused epilogue's tensors (a bias vector, ...)
     ws = workspace(cfg, preset)
     if ws is not None:
@@ -170,7 +173,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     """The preset's kernel for ``cfg`` (validated by ``rungs.make_config``), a ``T.prim_func``."""
     plan = preset.plan(cfg)
     M, N, K, dtype = common.m_extent(cfg), cfg.N, cfg.K, cfg.dtype  # M: an int or runtime
-    BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
+    BLK_M, BLK_N = cfg.blk_m, cfg.blk_n
     cluster_m, cluster_n = common.cluster_shape(cfg)
     cluster_size = cluster_m * cluster_n
     m_tiles, n_tiles = preset.cluster_grid(cfg, M)  # in cluster tiles
@@ -252,8 +255,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
         # per consumer: units of the tile counted before this one (split-K, stream-K)
         flag = T.meta_var(pool.alloc((consumers,), "int32") if has_workspace else None)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
-        Asmem = pool.alloc((stages, BLK_M, BLK_K), plan.a_dtype, layout=A_layout)
-        Bsmem = pool.alloc((stages, BLK_N, BLK_K), plan.b_dtype, layout=B_layout)
+        Asmem = pool.alloc(plan.a_shape(stages), plan.a_dtype, layout=A_layout)  # [stages, BLK_M, BLK_K] or MN-major
+        Bsmem = pool.alloc(plan.b_shape(stages), plan.b_dtype, layout=B_layout)
         Esmem = pool.alloc(staging_shape, dtype, layout=E_layout)
         pool.commit()
         ring.init(releases=releases)
