@@ -5,6 +5,8 @@
     D = gemm_ladder.grouped_mm(A, W, offs)               # one GEMM per expert (MoE), one launch
     gemm_ladder.matmul(A, B, explain=True)               # ... and which kernel, from where, why
     import gemm_ladder.serve.ops                         # torch.ops.gemm_ladder.mm (torch.compile)
+    xq, sx = gemm_ladder.quantize_fp8(x, "row")          # fp8 (issue 32), torch._scaled_mm's rules:
+    D = gemm_ladder.scaled_mm(xq, wq.t(), sx, sw.t())    # ... with wq, sw = quantize_fp8(W, "row")
 
 The rungs underneath, one at a time::
 
@@ -47,13 +49,14 @@ import os
 from .core.config import ConfigError, GemmConfig
 from .serve.front import matmul as _matmul, use_pack as _use
 from .serve.grouped import grouped_mm, use_grouped_module
+from .serve.scaled import quantize_fp8 as _quantize_fp8, scaled_mm as _scaled_mm
 from .serve.runtime import load as _load
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "GemmConfig", "build", "grouped_mm", "load", "make_config", "matmul", "use_grouped_module",
-    "use_pack",
+    "ConfigError", "GemmConfig", "build", "grouped_mm", "load", "make_config", "matmul", "quantize_fp8", "scaled_mm",
+    "use_grouped_module", "use_pack",
     "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
     "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11", "hgemm_v12",
 ]
@@ -129,6 +132,19 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     """D = act(A . B^T (+ bias [N])) for any shape (A [..., K], B [N, K]; ``activation``: relu,
     gelu_tanh, gelu_erf, silu or None): see :mod:`gemm_ladder.serve.front`."""
     return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias, activation=activation)
+
+
+def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, explain: bool = False,
+              strict: bool = False):
+    """fp8 D = A @ B * scale_a * scale_b (+ bias) with torch._scaled_mm's semantics (A [M, K] e4m3
+    row-major, B [K, N] column-major: W.t() of a row-major [N, K] W): see :mod:`gemm_ladder.serve.scaled`."""
+    return _scaled_mm(A, B, scale_a, scale_b, bias=bias, out_dtype=out_dtype, out=out, explain=explain, strict=strict)
+
+
+def quantize_fp8(x, recipe: str = "tensor", dtype=None):
+    """``(x_fp8, scale)`` with torch's rounding (amax / 448, clamp, to float8_e4m3fn), ``recipe``
+    ``tensor`` or ``row``: see :func:`gemm_ladder.serve.scaled.quantize_fp8`."""
+    return _quantize_fp8(x, recipe, dtype)
 
 
 def use_pack(folder):

@@ -23,7 +23,7 @@ from types import ModuleType
 from .core.config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
     check_common, check_knob_types, drop_retired_knobs)
 from .core.launch import check_grid
-from .core.spec import SPEC_KNOB, GemmSpec, as_spec, check_built, spec_of
+from .core.spec import SPEC_KNOB, GemmSpec, as_spec, check_built, operand_bytes, spec_of
 
 CONFIG_ATTR = "gemm_ladder.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
@@ -84,19 +84,25 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
         dtype = knobs.get("dtype", COMMON_KNOBS["dtype"])
         knobs = {**knobs, SPEC_KNOB: GemmSpec(a=dtype, b=dtype, d=dtype, grouped=True)}
     knobs = _with_spec(knobs)
-    allowed = set(mod.KNOBS) | set(COMMON_KNOBS) | set(BUILD_OPTIONS) | {SPEC_KNOB}
+    # an fp8 spec: the rung's FP8_KNOBS (v9's promote), present only there (the knobs, tags and
+    # cache keys of 16-bit modules stay as they were), and its FP8_DEFAULTS (blk_k=128)
+    fp8 = SPEC_KNOB in knobs and as_spec(knobs[SPEC_KNOB], knobs["dtype"]).is_fp8
+    fp8_knobs = {**getattr(mod, "FP8_DEFAULTS", {}), **getattr(mod, "FP8_KNOBS", {})} if fp8 else {}
+    allowed = set(mod.KNOBS) | set(COMMON_KNOBS) | set(BUILD_OPTIONS) | {SPEC_KNOB} | set(fp8_knobs)
     unknown = sorted(set(knobs) - allowed)
     if unknown:
+        only_fp8 = sorted(set(unknown) & set(getattr(mod, "FP8_KNOBS", {})))
         raise ConfigError(
             f"rung {rung} ({arch}) takes no knob {', '.join(unknown)}; its knobs are {sorted(allowed)}"
+            + (f" ({', '.join(only_fp8)}: fp8 specs only)" if only_fp8 else "")
         )
-    check_knob_types(rung, knobs, {**COMMON_KNOBS, SPEC_KNOB: "", **mod.KNOBS})
-    values = {**mod.KNOBS, **knobs}
+    check_knob_types(rung, knobs, {**COMMON_KNOBS, SPEC_KNOB: "", **mod.KNOBS, **fp8_knobs})
+    values = {**mod.KNOBS, **fp8_knobs, **knobs}
     fields = set(GemmConfig.__dataclass_fields__)
     extra = tuple(sorted((k, v) for k, v in values.items() if k not in fields))
     cfg = GemmConfig(rung=rung, M=M, N=N, K=K, extra=extra, knob_names=tuple(sorted(mod.KNOBS)),
                      **{k: v for k, v in values.items() if k in fields})
-    check_common(cfg, getattr(mod, "BLK_M_CHOICES", BLK_M_CHOICES))
+    check_common(cfg, getattr(mod, "BLK_M_CHOICES", BLK_M_CHOICES), operand_bytes(spec_of(cfg)))
     # what the rung does not build yet
     check_built(spec_of(cfg), rung, getattr(mod, "EPILOGUES", ("none",)), getattr(mod, "MN_MAJOR", False))
     mod.check(cfg)

@@ -51,7 +51,8 @@ def test_what_is_not_built_is_representable():
     assert GemmSpec(residual="float16").epilogue_operands()[0].extent(3, 5, 7) == (3, 5)
     grouped = GemmSpec(grouped=True)
     assert [o.extent(3, 5, 7, groups=4) for o in grouped.operands()] == [(3, 7), (4, 5, 7), (3, 5), (4,)]
-    cases = [(fp8, "fp8"), (GemmSpec(b_major="N"), "MN-major"), (GemmSpec(a_major="M"), "MN-major"),
+    cases = [(dataclasses.replace(fp8, scales="block128"), "block-wise scales"),
+             (GemmSpec(b_major="N"), "MN-major"), (GemmSpec(a_major="M"), "MN-major"),
              (GemmSpec(acc="float16"), "float32 accumulators"), (GemmSpec(residual="float16"), "residual"),
              (GemmSpec(grouped=True), "grouped GEMM"), (GemmSpec(scales="tensor"), "scaled"),
              (GemmSpec(bias="bfloat16"), "in D's dtype"), (GemmSpec(a="float16", b="bfloat16"), "one dtype")]
@@ -118,8 +119,8 @@ def test_rungs_without_the_bias_refuse_it_before_compiling(rung, words):
 def test_v9_refuses_a_bias_with_narrow_tiles_and_fp8():
     with pytest.raises(ConfigError, match="tail_n"):
         make_config("v9", 4096, 4096, 4096, spec=GemmSpec.with_bias(), tail_n=232)
-    with pytest.raises(ConfigError, match="fp8"):
-        make_config("v9", 256, 256, 512, spec=GemmSpec(a="float8_e4m3", b="float8_e4m3", scales="tensor"))
+    with pytest.raises(ConfigError, match="tail_n is not built for fp8"):
+        make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(), tail_n=64)
 
 
 def _stand_in(folder: Path, spec: dict | None) -> Path:

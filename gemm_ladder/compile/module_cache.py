@@ -30,7 +30,7 @@ from ..core.config import ConfigError
 from ..core.manifest import ManifestError, check_file, read_manifest
 from ..rungs import make_config
 from . import toolchain
-from .batch import BuildJob, build_one
+from .batch import BuildJob, as_job, build_one
 from .identity import cache_key, toolchain_identity
 
 MODULE_NAME = "module"
@@ -106,6 +106,7 @@ def get_or_build(job: BuildJob, root=None, build=None, ident: dict | None = None
     ``build(job, folder) -> path`` builds and exports (default: ``batch.build_one``); the job's
     manifest gets ``module_cache_key``. Raises ``ConfigError`` for knobs the validator refuses.
     """
+    job = as_job(job)  # or (rung, (M, N, K), knobs)
     key = module_key(job, ident)
     folder = Path(root or cache_root()) / key
     path = folder / f"{MODULE_NAME}.so"

@@ -23,6 +23,7 @@ import dataclasses
 
 from . import device
 from .config import ARCHS, ArchLimits, ConfigError, GemmConfig
+from .spec import operand_bytes, spec_of
 
 BARRIER_BYTES = 1024  # barriers (and the TMEM address) padded to the 1 KiB swizzle alignment
 MIN_PIPE_DEPTH = 2  # a ring: one stage loading while another is read by the tensor cores
@@ -46,7 +47,7 @@ def limits_for(arch: str, index: int | None = None) -> ArchLimits:
 def stage_bytes(cfg: GemmConfig, cta_group: int = 1) -> int:
     """Bytes of one ring stage in one CTA: an A tile and a B tile of one K slice. Where a CTA
     pair shares one MMA (``cta_group=2``, Blackwell v8+), each CTA holds half of B."""
-    return (cfg.blk_m + cfg.blk_n // cta_group) * cfg.blk_k * cfg.elem_bytes
+    return (cfg.blk_m + cfg.blk_n // cta_group) * cfg.blk_k * operand_bytes(spec_of(cfg))
 
 
 def out_bytes(cfg: GemmConfig) -> int:

@@ -229,9 +229,12 @@ def check_knob_types(rung: str, knobs: dict, defaults: dict) -> None:
 BLK_M_CHOICES = (64, 128, 192, 256)  # whole 64-row wgmma atoms (192: three, for three MMA warpgroups)
 
 
-def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES) -> None:
+def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES, operand_bytes: int | None = None) -> None:
     """Rules every rung shares: shape, dtype, arch, and what TMA can describe. ``blk_m_choices``:
-    the output tile heights the rung takes (a swap-AB rung puts M in wgmma's N: multiples of 8)."""
+    the output tile heights the rung takes (a swap-AB rung puts M in wgmma's N: multiples of 8);
+    ``operand_bytes``: bytes of an element of A and B (default D's; 1 for fp8, whose 128-byte
+    swizzle rows hold blk_k = 128)."""
+    in_bytes = operand_bytes or cfg.elem_bytes
     for name, v in (("M", cfg.M), ("N", cfg.N), ("K", cfg.K)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise _fix(f"{name}={v!r} is not a positive int", f"pass a positive Python int for {name}")
@@ -241,12 +244,12 @@ def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES) -> None:
         raise _fix(f"arch={cfg.arch!r} has no form in gemm-ladder", f"use one of {sorted(ARCHS)}")
     # TMA (and the 16-byte vector copies of the early rungs) need every row stride to be a
     # multiple of 16 bytes: K for A and B, N for D.
-    per16 = 16 // cfg.elem_bytes
-    for name, v in (("K", cfg.K), ("N", cfg.N)):
+    for name, v, nbytes in (("K", cfg.K, in_bytes), ("N", cfg.N, cfg.elem_bytes)):
+        per16 = 16 // nbytes
         if v % per16:
             up = (v + per16 - 1) // per16 * per16
             raise _fix(
-                f"{name}={v} gives a row stride of {v * cfg.elem_bytes} bytes, not a multiple of 16 "
+                f"{name}={v} gives a row stride of {v * nbytes} bytes, not a multiple of 16 "
                 f"that TMA needs",
                 f"pad {name} to a multiple of {per16} (e.g. {up}) and zero the padding",
             )
@@ -255,7 +258,9 @@ def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES) -> None:
                                  or not 0 < watchdog <= 3600):
         raise _fix(f"watchdog={watchdog!r} is not a number of seconds in (0, 3600]",
                    "use e.g. watchdog=2 (bound every mbarrier wait by 2 s), or leave it out")
-    if cfg.blk_k != 64:
+    if in_bytes == 1 and cfg.blk_k != 128:
+        raise _fix(f"blk_k={cfg.blk_k} is not supported for fp8", "use blk_k=128 (one 128-byte swizzle row of fp8)")
+    if in_bytes != 1 and cfg.blk_k != 64:
         raise _fix(f"blk_k={cfg.blk_k} is not supported", "use blk_k=64 (one 128-byte swizzle row of 16-bit data)")
     if cfg.blk_m not in blk_m_choices:
         choices = blk_m_choices if len(blk_m_choices) <= 8 else f"multiples of 8 from {blk_m_choices[0]} to {blk_m_choices[-1]}"

@@ -36,6 +36,20 @@ compiles. Built today:
                 [offsets[g-1], offsets[g]), offsets[-1] = 0)
     ==========  =========================================================================
 
+and the scaled fp8 GEMM (issue 32), on rungs whose ``EPILOGUES`` lists ``"scaled"`` (v9):
+
+    ==========  =========================================================================
+    field       accepted
+    ==========  =========================================================================
+    a           float8_e4m3
+    b           float8_e4m3 or float8_e5m2
+    d           bfloat16 or float16
+    a_major     K, b_major K (fp8 wgmma reads both operands K-major only)
+    scales      tensor (scale_a [1], scale_b [1]) or row (scale_a [M], scale_b [N]), fp32:
+                D = round(acc * scale_a * scale_b + bias); block128 is refused by name
+    bias        None, D's dtype or float32
+    ==========  =========================================================================
+
 The spec travels as a knob, ``spec``, whose value is :meth:`GemmSpec.text` (a name the knob
 parser takes, e.g. ``d_float16.bias_float16``): only where it is not the default for the dtype, so every
 module built before the spec existed keeps its tag, its cache key and its manifest, and a
@@ -66,6 +80,13 @@ EPILOGUES = ("none", "bias", "act", "grouped")
 # the operand layouts by name, (a_major, b_major): KK the forward x . W^T; KN a B stored [K, N] (dX = dY . W
 # reads W so); MK an A stored [K, M]; MN both (dW = dY^T . X reads dY and X so)
 OPERAND_LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MK": ("M", "K"), "MN": ("M", "N")}
+SCALED = "scaled"  # a rung's EPILOGUES lists it where it builds the scaled fp8 GEMM (v9)
+FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
+FP8_SCALES = ("tensor", "row")  # the recipes built (block128 is not yet)
+OPERAND_BYTES = {"float16": 2, "bfloat16": 2, "float8_e4m3": 1, "float8_e5m2": 1, "float32": 4}
+# the names torch and TVM give our dtypes where they differ (torch.float8_e4m3fn, "float8_e4m3fn")
+TORCH_NAMES = {"float8_e4m3": "float8_e4m3fn"}
+MN_MAJOR_FP8_FIX = "fp8 wgmma reads both operands K-major: pass B as [N, K] row-major / call .t().contiguous()"
 
 
 # the manifest's and the pack entry's ``spec`` field (GemmSpec.to_dict), checked when they are read
@@ -139,6 +160,17 @@ class GemmSpec:
     def with_epilogue(cls, dtype: str = "float16", bias: bool = False, act: str = "none") -> "GemmSpec":
         """``dtype`` in and out, a per-column bias in ``dtype`` or none, then activation ``act``."""
         return cls(a=dtype, b=dtype, d=dtype, bias=dtype if bias else None, act=act)
+
+    @classmethod
+    def fp8(cls, d: str = "bfloat16", scales: str = "tensor", bias: str | None = None,
+            b: str = "float8_e4m3") -> "GemmSpec":
+        """A scaled fp8 GEMM: A e4m3 (B e4m3 or e5m2), D ``d``, fp32 scales of recipe ``scales``
+        (``tensor`` or ``row``), a per-column bias in ``bias``'s dtype or none."""
+        return cls(a="float8_e4m3", b=b, d=d, scales=scales, bias=bias)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.a in FP8_DTYPES or self.b in FP8_DTYPES
 
     @property
     def epilogue(self) -> str:
@@ -275,9 +307,46 @@ def spec_knobs(spec: GemmSpec | None) -> dict:
     return {} if spec is None or spec.is_default() else {SPEC_KNOB: spec.text()}
 
 
+def operand_bytes(spec: GemmSpec) -> int:
+    """Bytes of one element of A (and B): what a ring stage holds per element of K."""
+    return OPERAND_BYTES[spec.a]
+
+
+def torch_name(dtype: str) -> str:
+    """The torch (and TVM) name of one of our dtype names: ``float8_e4m3`` is ``float8_e4m3fn``."""
+    return TORCH_NAMES.get(dtype, dtype)
+
+
+def _fp8_not_built(spec: GemmSpec, rung: str, epilogues) -> str | None:
+    """What of a spec with fp8 operands ``rung`` does not build, or None (see the module docstring)."""
+    if spec.a != "float8_e4m3" or spec.b not in FP8_DTYPES:
+        return (f"A={spec.a}, B={spec.b}: fp8 is built with A float8_e4m3 and B float8_e4m3 or float8_e5m2 "
+                "(mixed fp8 and 16-bit operands are not built)")
+    if spec.d not in DTYPES:
+        return f"D={spec.d}: an fp8 GEMM is built with D in bfloat16 or float16 (fp32 out is not built yet)"
+    if spec.acc != ACC_DTYPE:
+        return f"acc={spec.acc}: only float32 accumulators are built"
+    if spec.a_major != "K" or spec.b_major != "K":
+        return f"a_major={spec.a_major}, b_major={spec.b_major}: {MN_MAJOR_FP8_FIX}"
+    if spec.scales is None:
+        return f"scales=None: an fp8 GEMM takes fp32 scales; use scales in {FP8_SCALES}"
+    if spec.scales not in FP8_SCALES:
+        return (f"scales={spec.scales}: block-wise scales (DeepSeek-V3's 1x128 / 128x128 blocks) are not built yet; "
+                f"use one of {FP8_SCALES}")
+    if spec.residual is not None or spec.grouped or spec.act != "none":
+        return "an fp8 GEMM is built with a bias at most (no residual, grouped GEMM or activation yet)"
+    if spec.bias is not None and spec.bias not in (spec.d, ACC_DTYPE):
+        return f"bias={spec.bias}: an fp8 GEMM's bias is built in D's dtype ({spec.d}) or float32"
+    if SCALED not in epilogues:
+        return f"the scaled fp8 GEMM is not built for {rung}; it is built for v9"
+    return None
+
+
 def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = False) -> str | None:
     """What of ``spec`` rung ``rung`` (whose ``EPILOGUES`` are ``epilogues``, and which loads
     MN-major operands where ``mn_major``: its ``MN_MAJOR``) does not build, or None."""
+    if spec.is_fp8:
+        return _fp8_not_built(spec, rung, epilogues)
     if spec.a not in DTYPES or spec.b != spec.a or spec.d != spec.a:
         return (f"A={spec.a}, B={spec.b}, D={spec.d}: only float16 or bfloat16 in and out, one dtype, are built "
                 "(fp8 and mixed dtypes are not built yet)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .exprs import simplified
 from .values import (TCGEN05_MMA_PREFIX, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER, Smem, at_once, call_operands,
-    call_strings, func_call_name, is_predicated, op_name, until_done)
+    call_strings, func_call_name, is_predicated, op_name, until_done, wgmma_descs)
 
 
 @dataclass
@@ -152,10 +152,8 @@ class CallCompiler:
         return at_once(commit)
 
     def _c_wgmma_mma(self, call):
-        ops = call_operands(call)
         strings = call_strings(call)
-        n_desc = 1 if "_rs" in op_name(call) else 2
-        descs = [self._expr(ops[-7]), self._expr(ops[-6])][2 - n_desc:]
+        descs = [self._expr(d) for d in wgmma_descs(call)]
         site = self._site("mma", call, extra={"engine": "wgmma", "shape": next(
             (x for x in strings if x.startswith("m64")), "")})
 

@@ -25,7 +25,7 @@ from .calls import WATCHDOG_FN, CallCompiler, Site
 from .exprs import ExprCompiler, is_table, lvalue_defs, uses_of
 from .values import (ENCODE_OPS, MBAR_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER,
     WGMMA_SYNC, SimError, any_unknown, at_once, buffer_size, call_operands, call_strings, func_call_name, handle_of,
-    op_name)
+    op_name, wgmma_descs)
 
 __all__ = ["Program", "Site"]
 
@@ -138,8 +138,7 @@ class Program(CallCompiler, ExprCompiler):
                 ops = call_operands(call)
                 return set(), uses_of(ops[1]) | uses_of(ops[2]), True
             if op.startswith(WGMMA_MMA_PREFIX) and op not in WGMMA_SYNC and op not in WGMMA_OTHER:
-                ops = call_operands(call)
-                return set(), uses_of(ops[-7]) | uses_of(ops[-6]), True
+                return set(), set().union(*[uses_of(d) for d in wgmma_descs(call)]), True
             if op in ENCODE_OPS:
                 ops = call_operands(call)
                 return lvalue_defs(ops[0]), set().union(*[uses_of(a) for a in ops[1:]]), False

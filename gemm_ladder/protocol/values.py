@@ -96,6 +96,16 @@ def call_operands(call) -> list:
     return ops[:-1] if is_predicated(call) else ops
 
 
+def wgmma_descs(call) -> list:
+    """A wgmma's shared-memory descriptor operands (B's; and A's first, unless A is in registers:
+    the ``rs`` form). After them come scale-d, scale-a, scale-b, and for 16-bit operands the two
+    transposes: fp8 and tf32 wgmmas read K-major only and have none."""
+    ops = call_operands(call)
+    tail = 5 if any(t in call_strings(call) for t in ("e4m3", "e5m2", "tf32")) else 7
+    descs = [ops[-tail], ops[-tail + 1]]
+    return descs[1:] if "_rs" in op_name(call) else descs
+
+
 def op_name(call) -> str:
     """The op name, with the PTX dialect's variants folded (``mbarrier_arrive_nocount``,
     ``mapa_u32``... are the same operation to the simulator)."""

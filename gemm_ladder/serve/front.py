@@ -191,6 +191,20 @@ def _packs() -> list[KernelPack]:
     return _STATE["extra"] + _STATE["packs"]
 
 
+def why_no_build() -> str | None:
+    """Why nothing can be built here (no TVM compiler, ``GEMM_LADDER_BUILD=0``, ...), or None."""
+    return _why_no_build()
+
+
+def cached_module(job) -> tuple[Path, str]:
+    """The module of ``job`` (a ``BuildJob``, or ``(rung, (M, N, K), knobs)``) from the module
+    cache (``"cache"``), or built into it now (``"built"``): TVM's compiler must be here."""
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    from ..compile import module_cache  # pylint: disable=import-outside-toplevel
+
+    return module_cache.get_or_build(job)
+
+
 def _why_no_build() -> str | None:
     if _STATE["why_no_build"] is ...:
         # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
@@ -412,13 +426,11 @@ def plan_job(p, rules=None):
 def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int, spec: GemmSpec) -> Route:
     """The policy's choice, from the module cache or built into it (TVM's compiler is here)."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
-    # pylint: disable=import-outside-toplevel
-    from ..compile import module_cache
-    from . import plan
+    from . import plan  # pylint: disable=import-outside-toplevel
 
     choice, job = plan_job(plan.Problem(M, N, K, dtype, arch, device.sm_count(index), spec))
     dynamic, knobs = "dynamic_m" in job.knobs, job.knobs
-    path, how = module_cache.get_or_build(job)
+    path, how = cached_module(job)
     source = {"cache": "module cache", "built": "fresh build"}[how]
     lines = choice.text().splitlines()
     lines[0] = f"kernel: {lines[0]}" + (" [M at run time]" if dynamic else "")

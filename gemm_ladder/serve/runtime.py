@@ -41,7 +41,7 @@ from pathlib import Path
 
 from ..core import device
 from ..core.manifest import ManifestError, check_file, read_manifest
-from ..core.spec import GemmSpec, spec_of_manifest
+from ..core.spec import GemmSpec, spec_of_manifest, torch_name
 from ..sync import watchdog
 from . import pack
 
@@ -109,7 +109,7 @@ class GemmModule:
 
         if not isinstance(t, torch.Tensor):
             raise ModuleInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        want = getattr(torch, dtype or self.dtype)
+        want = getattr(torch, torch_name(dtype or self.dtype))  # float8_e4m3 is torch's float8_e4m3fn
         if t.dtype != want:
             raise ModuleInputError(f"{name} has dtype {t.dtype}; this module was built for {want} (use {name}.to({want}))")
         if tuple(t.shape) != tuple(shape):
@@ -201,8 +201,8 @@ class GemmModule:
         if not isinstance(A, torch.Tensor):
             raise ModuleInputError(f"A must be a torch.Tensor, got {type(A).__name__}")
         M = self.rows_of(A)
-        self._check_tensor("A", A, self.stored_shape("A", M))
-        self._check_tensor("B", B, self.stored_shape("B", M))
+        self._check_tensor("A", A, self.stored_shape("A", M), self.spec.a)
+        self._check_tensor("B", B, self.stored_shape("B", M), self.spec.b)
         if out is not None:
             self._check_tensor("out", out, (M, self.N))
         for name, t in (("A", A), ("B", B), ("out", out)):
@@ -213,7 +213,7 @@ class GemmModule:
         extras = self.operand_args(M, operands, A.device)
         self.check_device(A.device)
         if out is None:
-            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
+            out = torch.empty((M, self.N), dtype=getattr(torch, self.dtype), device=A.device)  # D's dtype
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
@@ -234,9 +234,10 @@ class GemmModule:
         import torch  # pylint: disable=import-outside-toplevel
 
         M = self.rows_of(A)
-        for name, t, shape in (("A", A, self.stored_shape("A", M)), ("B", B, self.stored_shape("B", M)),
-                               ("out", out, (M, self.N))):
-            self._check_tensor(name, t, shape)
+        for name, t, shape, dtype in (("A", A, self.stored_shape("A", M), self.spec.a),
+                                      ("B", B, self.stored_shape("B", M), self.spec.b),
+                                      ("out", out, (M, self.N), self.dtype)):
+            self._check_tensor(name, t, shape, dtype)
             self._check_on_gpu(name, t)
         if A.device != B.device or out.device != A.device:
             raise ModuleInputError(f"A is on {A.device}, B on {B.device}, out on {out.device}; put all on one GPU")

@@ -31,7 +31,7 @@ import layouts
 from schedulers.tirx_orders import RUNTIME_M_ORDERS
 from ..core import budget, launch
 from ..core.config import ConfigError, GemmConfig
-from ..core.spec import spec_of
+from ..core.spec import spec_of, torch_name
 
 # what both archs share, under the names the rungs call it by (common.smem_bytes, ...)
 from ..core.budget import MIN_PIPE_DEPTH, check_budget, check_pipe_depth, max_pipe_depth, smem_bytes  # noqa: F401
@@ -40,6 +40,7 @@ from ..core.launch import check_schedule  # noqa: F401
 
 WG_M = 64  # rows of one wgmma
 MMA_K = 16  # K of one wgmma for 16-bit inputs
+FP8_PTX = {"float8_e4m3": "e4m3", "float8_e5m2": "e5m2"}  # wgmma's names of the fp8 operand types
 THREADS_PER_WG = 128
 
 
@@ -82,13 +83,36 @@ class HopperPlan:
         return budget.stage_bytes(self.cfg)
 
     @property
+    def a_dtype(self) -> str:
+        """A's element type as TVM names it: D's for a 16-bit GEMM, ``float8_e4m3fn`` for fp8."""
+        return torch_name(spec_of(self.cfg).a) if spec_of(self.cfg).is_fp8 else self.cfg.dtype
+
+    @property
+    def b_dtype(self) -> str:
+        return torch_name(spec_of(self.cfg).b) if spec_of(self.cfg).is_fp8 else self.cfg.dtype
+
+    @property
+    def mma_k(self) -> int:
+        """K of one wgmma: 32 bytes of K, k16 for 16-bit operands, k32 for fp8."""
+        return 32 // layouts.dtype_bytes(self.a_dtype)
+
+    @property
     def mma_op(self) -> str:
-        t = {"float16": "f16", "bfloat16": "bf16"}[self.cfg.dtype]
-        return f"wgmma.mma_async.sync.aligned.m64n{self.cfg.blk_n}k{MMA_K}.f32.{t}.{t}"
+        if spec_of(self.cfg).is_fp8:
+            ta, tb = (FP8_PTX[spec_of(self.cfg).a], FP8_PTX[spec_of(self.cfg).b])
+        else:
+            ta = tb = {"float16": "f16", "bfloat16": "bf16"}[self.cfg.dtype]
+        return f"wgmma.mma_async.sync.aligned.m64n{self.n_cols}k{self.mma_k}.f32.{ta}.{tb}"
+
+    @property
+    def mma_imms(self) -> tuple:
+        """wgmma's immediates after scale-d: scale-a, scale-b and, for 16-bit operands, the
+        transposes (1: MN-major); fp8 wgmma has no transpose, it reads K-major only."""
+        return (1, 1) if spec_of(self.cfg).is_fp8 else (1, 1, self.desc_a.trans, self.desc_b.trans)
 
     @property
     def desc(self) -> layouts.WgmmaDesc:
-        return layouts.wgmma_desc_fields(self.cfg.dtype, (WG_M, self.cfg.blk_k), "128B")
+        return layouts.wgmma_desc_fields(self.a_dtype, (WG_M, self.cfg.blk_k), "128B")
 
     @property
     def a_major(self) -> str:
@@ -128,10 +152,9 @@ class HopperPlan:
         return layouts.wgmma_desc_fields_mn(self.cfg.dtype, self.tile_shape(self.cfg.blk_n, "MN"), "128B")
 
     def ab_layouts(self, stages: int):
-        c = self.cfg
         return (
-            layouts.shared_layout(c.dtype, self.a_shape(stages), "128B"),
-            layouts.shared_layout(c.dtype, self.b_shape(stages), "128B"),
+            layouts.shared_layout(self.a_dtype, self.a_shape(stages), "128B"),
+            layouts.shared_layout(self.b_dtype, self.b_shape(stages), "128B"),
         )
 
     def d_layout(self):
@@ -162,12 +185,12 @@ def wgmma_k_steps(plan, Dreg, mi, first, da, db):
     descriptors ``da`` and ``db`` of the slice's K step 0, each K step 32 bytes further."""
     fa = T.meta_var(plan.desc_a)
     fb = T.meta_var(plan.desc_b)
-    for kk in T.unroll(plan.cfg.blk_k // MMA_K):
-        # an MN-major operand steps 16 rows of K (2 KiB) and sets wgmma's transpose bit
+    for kk in T.unroll(plan.cfg.blk_k // plan.mma_k):
+        # an MN-major operand steps 16 rows of K (2 KiB) and sets wgmma's transpose bit (16-bit only)
         T.ptx[plan.mma_op](
             *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
             da + T.Cast("uint64", kk * fa.k_step), db + T.Cast("uint64", kk * fb.k_step),
-            T.Not(T.And(first, kk == 0)), 1, 1, fa.trans, fb.trans,
+            T.Not(T.And(first, kk == 0)), *plan.mma_imms,
         )
 
 
@@ -199,7 +222,8 @@ def slot_step16(buf) -> int:
     descriptor's address field moves from one slot to the next (``layouts``' ``stage_step``;
     one slot's bytes, K-major or MN-major alike)."""
     shape = tuple(int(x) for x in buf.shape)
-    return layouts.wgmma_desc_fields(str(buf.dtype), (*shape[:-2], shape[-1] * shape[-2] // 64, 64),
+    cols = 128 // layouts.dtype_bytes(str(buf.dtype))  # one 128-byte swizzle row: 64 16-bit values, 128 fp8
+    return layouts.wgmma_desc_fields(str(buf.dtype), (*shape[:-2], shape[-1] * shape[-2] // cols, cols),
                                      "128B").stage_step
 
 

@@ -151,7 +151,9 @@ def kernel_operands(cfg: GemmConfig, M, N, K, buffers: dict | None = None) -> di
     sizes = {"M": M, "N": N, "K": K}
     out = dict(buffers or {})
     for op in spec_of(cfg).epilogue_operands():
-        buf = tvm.tirx.decl_buffer(tuple(sizes[s] for s in op.shape), op.dtype, name=op.name)
+        # an extent is M, N or K, or a number (a per-tensor scale's 1)
+        buf = tvm.tirx.decl_buffer(tuple(sizes[s] if isinstance(s, str) else s for s in op.shape), op.dtype,
+                                   name=op.name)
         out[op.name] = tirx_builder.arg(op.name, buf)
     return out
 

@@ -39,7 +39,9 @@ tensors, then the workspace of a split-K preset), which picks the prim_func's fo
 :func:`kernel`) and shapes its buffers; the body is one. What the epilogue does to each fp32
 accumulator before it is rounded to D's type is the preset's ``epilogue_op``
 (``epilogue.EpilogueOp``: nothing), or the one the operand spec asks for (``epilogue.op_of``: a
-per-column bias and an activation after it, v9 only); the spec's epilogue operands are parameters after ``num_ctas``
+per-column bias and an activation after it, v9 only; an fp8 spec's scales multiply the sums before it,
+``fp8.scale_sums``, and its ``promote`` knob gives the consumers an fp32 total, ``mainloop.Consumer``);
+the spec's epilogue operands are parameters after ``num_ctas``
 (``epilogue.kernel_operands``, in the form here), the runtime's argument order.
 
 The running counts that index the ring (``load_it``, ``it``) and the staging buffers
@@ -56,7 +58,7 @@ from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 from ..sync.classes import MBarrier, TMABar
 from ..core.config import GemmConfig
-from . import common, epilogue, narrowtail, splitk, streamk
+from . import common, epilogue, fp8, narrowtail, splitk, streamk
 from .common import HopperPlan, SwapPlan
 from .epilogue import NO_OP, ChunkedEpilogue, EpilogueOp, TransposedEpilogue
 from .mainloop import Consumer
@@ -141,11 +143,11 @@ def operands(cfg: GemmConfig, preset: Preset, M, num_ctas) -> list[Operand]:
     """The kernel's tensors in the order of its parameters (``num_ctas`` follows them); ``M``:
     the kernel's M (``common.m_extent``: an int, or the one runtime variable every extent uses)."""
     N, K, dtype = cfg.N, cfg.K, cfg.dtype
-    plan = preset.plan(cfg)
+    plan = preset.plan(cfg)  # A's and B's types: D's, or fp8 (sm90a/fp8.py)
     # an MN-major operand is stored [K, M] (or [K, N]) row-major (the operand spec's a_major / b_major)
     a_shape = (M, K) if plan.a_major == "K" else (K, M)
     b_shape = (N, K) if plan.b_major == "K" else (K, N)
-    ops = [Operand("a", a_shape, dtype), Operand("b", b_shape, dtype), Operand("d", (M, N), dtype)]
+    ops = [Operand("a", a_shape, plan.a_dtype), Operand("b", b_shape, plan.b_dtype), Operand("d", (M, N), dtype)]
     ops += preset.epilogue_op.operands(cfg, M)  # a fused epilogue's tensors (a bias vector, ...)
     ws = workspace(cfg, preset)
     if ws is not None:
@@ -201,6 +203,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
     narrow_chunks, narrow_rest = divmod(tail_n, chunk_cols) if narrow_on else (0, 0)  # staged chunks, the columns after
     under = not preset.split_k and common.epi_under(cfg)  # a tile's chunks stored under the next tile's wgmmas
     zigzag = not preset.split_k and bool(dict(cfg.extra).get("k_zigzag", False))  # odd tiles load K backwards
+    scaled = fp8.enabled(cfg)  # fp8: the sums scaled before the epilogue (sm90a/fp8.py)
+    promote = fp8.promote(cfg)  # fp8: K slices between promotions into fp32 sums (0: none)
+    total_regs = acc_regs if promote else 1  # the promoted sums (one unused register without)
+    scale_regs = fp8.scale_regs(plan) if scaled else 1
 
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
@@ -249,8 +255,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
         # per consumer: units of the tile counted before this one (split-K, stream-K)
         flag = T.meta_var(pool.alloc((consumers,), "int32") if has_workspace else None)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
-        Asmem = pool.alloc(plan.a_shape(stages), dtype, layout=A_layout)  # [stages, BLK_M, BLK_K] or MN-major
-        Bsmem = pool.alloc(plan.b_shape(stages), dtype, layout=B_layout)
+        Asmem = pool.alloc(plan.a_shape(stages), plan.a_dtype, layout=A_layout)  # [stages, BLK_M, BLK_K] or MN-major
+        Bsmem = pool.alloc(plan.b_shape(stages), plan.b_dtype, layout=B_layout)
         Esmem = pool.alloc(staging_shape, dtype, layout=E_layout)
         pool.commit()
         ring.init(releases=releases)
@@ -314,10 +320,13 @@ def kernel(cfg: GemmConfig, preset: Preset):
             if under:
                 # the last tile's output as 16-bit pairs, stored under the next tile
                 Preg = T.alloc_local((acc_regs // 2,), "uint32")
+            # fp8: the promoted fp32 sums, and a thread's scales (one register each when unused)
+            Freg = T.alloc_local((total_regs,), "float32")
+            Sreg = T.alloc_local((scale_regs,), "float32")
             # swap AB: B's rows are wgmma's 64-row operand, A's rows its N
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if preset.swap_ab else Asmem,
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
-                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
+                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg))
             if preset.epilogue == "transposed":
                 epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                     warp_id=warp_id, lane_id=lane_id, packed=packed))
@@ -376,7 +385,11 @@ def kernel(cfg: GemmConfig, preset: Preset):
                         if preset.epilogue == "chunked":
                             epi_it = epi_it + epi.chunks_per_tile
                 elif not under:
-                    epi.store_tile(Dreg, m_st, n_st, epi_it)
+                    if scaled:
+                        # fp8: the sums times the scales, before the epilogue op (the bias)
+                        fp8.scale_sums(plan, mma.sums, g["scale_a"], g["scale_b"], fp8.recipe(cfg), m_st + wg_row0,
+                                       n_st, warp_id, lane_id, Sreg)
+                    epi.store_tile(mma.sums, m_st, n_st, epi_it)
                     if preset.epilogue == "chunked":
                         epi_it = epi_it + epi.chunks_per_tile
                 ts.next_tile()

@@ -122,6 +122,13 @@ and B the tile before ended with, still in L2 (the consumers add the slices in t
 land). At 4096^3 on an H100 it cut DRAM reads by 12-33%
 (``benchmarks/results/2026-11-23_h100_tile_boundary/``) and the time by 0-0.2%.
 
+fp8 (``spec=GemmSpec.fp8(...)``, issue 32; ``sm90a/fp8.py`` says what changes): e4m3 operands
+through the same ring at blk_k = 128 (one 128-byte swizzle row), ``m64nNk32`` e4m3 wgmmas, fp32
+scales (one a tensor, or one a row of A and a column of B) on the sums before the bias, and the
+promotion (knob ``promote``, fp8 specs only: the tensor cores' sums added into fp32 every
+``promote`` slices). Its defaults: 128x128 tiles over two consumers (the promoted sums double the
+accumulators), ``promote=1``; no ``epi_under`` or ``tail_n`` yet.
+
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
   - epi_n a multiple of 64 that divides blk_n (epi_n = blk_n: one buffer per consumer, the
@@ -138,12 +145,16 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 from dataclasses import dataclass
 
 from ..core.config import GemmConfig
-from . import common, epilogue, gemm, narrowtail
+from . import common, epilogue, fp8, gemm, narrowtail
 
 PRESET = gemm.V9
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
-EPILOGUES = ("none", "bias", "act")  # the operand spec's epilogues this preset builds (gemm_ladder.core.spec)
+EPILOGUES = ("none", "bias", "act", "scaled")  # the operand spec's epilogues this preset builds (core.spec; scaled: fp8)
 MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] through transposed wgmma operands
+# knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8: the knobs
+# and tags of 16-bit modules stay as they were), and their defaults for v9's own (sm90a/fp8.py)
+FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT}  # K slices between promotions into fp32 (0: none)
+FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,7 @@ def check(cfg: GemmConfig) -> None:
     common.check_dynamic_m(cfg)
     common.check_majors(cfg)
     narrowtail.check(cfg)
+    fp8.check(cfg)
 
 
 def cluster_grid(cfg: GemmConfig, M=None) -> tuple:

@@ -8,7 +8,9 @@
 
 A kernel builds one :class:`Consumer` per consumer warpgroup with named fields, and runs a tile
 with ``run`` (or ``issue`` and ``retire`` apart, when something goes between:
-``issue_under`` with the previous tile's epilogue chunks under the first slices).
+``issue_under`` with the previous tile's epilogue chunks under the first slices). fp8's
+promotion (``promote``): groups of slices into fresh accumulators, each group retired and added
+into an fp32 ``total``.
 The descriptors of ring slot 0 are encoded once per tile; every slot, 64-row atom and K step is
 reached from them by adds (``common.mma_k_slot``).
 """
@@ -53,6 +55,57 @@ def _issue(mma, it, nk):
 
 
 @T.inline
+def _promoted_group(mma, it, k0, count):
+    """Slices ``k0 .. k0 + count`` of a tile into fresh tensor-core accumulators (the first
+    slice's first wgmma writes them), then all retired and their slots released: a slice's slot
+    goes back once the slice after it was issued and it retired (``wait_group(1)``), the last
+    two after ``wait_group(0)``, before the accumulators are read."""
+    for j in T.unroll(count):
+        mma.ring.wait_full(it + k0 + j)
+        T.ptx.wgmma.fence.sync.aligned()
+        mma_k_slot(mma.plan, mma.acc, mma.ring.slot(it + k0 + j), j == 0, mma.desc_a, mma.desc_b,
+                   slot_step16(mma.a_smem), slot_step16(mma.b_smem))
+        T.ptx.wgmma.commit_group.sync.aligned()
+        if j < count - 1:
+            T.ptx.wgmma.wait_group.sync.aligned(1)
+            if j > 0:
+                if mma.lane_id == 0:
+                    mma.ring.release(it + k0 + j - 1)
+    T.ptx.wgmma.wait_group.sync.aligned(0)
+    if mma.lane_id == 0:
+        if count > 1:
+            mma.ring.release(it + k0 + count - 2)
+        mma.ring.release(it + k0 + count - 1)
+
+
+@T.inline
+def _promote(mma, first):
+    """The promotion: the tensor cores' partial sums into the fp32 total (its start on the first
+    group), by the CUDA cores' exact fp32 adds."""
+    if first:
+        for r in T.unroll(mma.plan.acc_regs):
+            mma.total[r] = mma.acc[r]
+    else:
+        for r in T.unroll(mma.plan.acc_regs):
+            mma.total[r] = mma.total[r] + mma.acc[r]
+
+
+@T.inline
+def _run_promoted(mma, it, nk):
+    groups = T.meta_var(nk // mma.promote)
+    rest = T.meta_var(nk % mma.promote)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    # whole groups, each retired before its sums are read: no wgmma is pending over the loop's
+    # back edge (where ptxas would serialise every wgmma of the loop)
+    for g in T.serial(groups):
+        _promoted_group(mma, it, g * mma.promote, mma.promote)
+        _promote(mma, g == 0)
+    if rest > 0:
+        _promoted_group(mma, it, groups * mma.promote, rest)
+        _promote(mma, groups == 0)
+
+
+@T.inline
 def _retire(mma, it, nk):
     T.ptx.wgmma.wait_group.sync.aligned(0)
     if mma.lane_id == 0:
@@ -94,6 +147,13 @@ class Consumer:
     desc_b: object  # uint64[1] local: slot 0's descriptor of b_smem
     row0: object  # this warpgroup's first row of a_smem
     lane_id: object
+    promote: int = 0  # fp8: slices between promotions into ``total`` (0: none, acc holds the sums)
+    total: object = None  # float32[acc_regs] local: the promoted sums (with promote)
+
+    @property
+    def sums(self):
+        """Where a tile's sums are once :meth:`run` returns: ``total`` with promotion, else ``acc``."""
+        return self.total if self.promote else self.acc
 
     def issue(self, pos, num_slices) -> None:
         """``num_slices`` K slices of one tile from ring positions ``pos, pos + 1, ...``: wait for
@@ -108,9 +168,14 @@ class Consumer:
         _retire(self, pos, num_slices)
 
     def run(self, pos, num_slices) -> None:
-        """A tile's K slices, issued and retired."""
-        self.issue(pos, num_slices)
-        self.retire(pos, num_slices)
+        """A tile's K slices, issued and retired; with ``promote``, every ``promote`` slices run
+        into fresh accumulators, retire, and are added into ``total`` in fp32 (what DeepGEMM and
+        CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain)."""
+        if self.promote:
+            _run_promoted(self, pos, num_slices)
+        else:
+            self.issue(pos, num_slices)
+            self.retire(pos, num_slices)
 
     def issue_under(self, pos, num_slices, epi, pairs, m_prev, n_prev, has_prev, chunk_it) -> None:
         """:meth:`issue` with the previous tile's epilogue under it (v9's ``epi_under``): once

@@ -1,0 +1,280 @@
+"""``gemm_ladder.scaled_mm``: the fp8 front door, with ``torch._scaled_mm``'s semantics and shape rules.
+
+    xq, sx = gemm_ladder.quantize_fp8(x, "row")                 # bf16 [M, K] -> e4m3 + scale [M, 1]
+    wq, sw = gemm_ladder.quantize_fp8(W, "row")                 # bf16 [N, K] (nn.Linear.weight)
+    y = gemm_ladder.scaled_mm(xq, wq.t(), sx, sw.t(), out_dtype=torch.bfloat16)   # ~ x @ W.T
+
+    D[m, n] = round(sum_k A[m, k] B[k, n] * scale_a * scale_b (+ bias[n]))
+
+As ``torch._scaled_mm``: A ``[M, K]`` float8_e4m3fn row-major; B ``[K, N]`` column-major, i.e. the
+``.t()`` view of a row-major ``[N, K]`` weight (taken as it is, with no copy: our kernel reads B as
+``[N, K]`` K-major, which is that view's memory); fp32 scales, one recipe for both:
+
+    ==========  ==========================  ==========================
+    recipe      scale_a                     scale_b
+    ==========  ==========================  ==========================
+    tensor      one value ([], [1], [1,1])  one value
+    row         [M, 1] (or [M])             [1, N] (or [N])
+    ==========  ==========================  ==========================
+
+``bias`` ``[N]`` in ``out_dtype`` or fp32; ``out_dtype`` bfloat16 (default) or float16 on our
+kernels (float32: torch's); K and N multiples of 16 (torch's rule, and TMA's 16-byte strides).
+Any other layout is refused with the fix: fp8 wgmma reads both operands K-major, so a row-major
+``[K, N]`` B is not transposed behind the caller's back.
+
+Where the kernel comes from (``explain=True`` returns the lines with D): a module registered with
+:func:`use_module` that serves the shape (its N, K and spec; any M for a runtime-M module), else v9
+built into the module cache where TVM's compiler is here (``sm90a/fp8.py``), else
+``torch._scaled_mm`` (a :class:`front.KernelFallbackWarning` once per shape; ``strict=True``:
+:class:`front.NoKernelError` instead). Kernel packs and the tuner know no fp8 yet (issue 32's next
+slice).
+
+:func:`quantize_fp8` makes the inputs with the rounding torch's recipes use: ``amax / fp8_max``
+as the scale (the dequantization multiplier), ``x / scale`` clamped to the fp8 range, then
+``.to(float8)`` (round to nearest even).
+
+This module imports torch only where it is called (``gemm_ladder`` imports no torch).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from dataclasses import dataclass
+
+from ..core import device
+from ..core.spec import FP8_SCALES, MN_MAJOR_FP8_FIX, GemmSpec
+from .front import KernelFallbackWarning, NoKernelError, Route, cached_module, why_no_build
+from .runtime import ModuleInputError, load
+
+RECIPES = FP8_SCALES  # "tensor", "row"
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+AMAX_FLOOR = 1e-12  # an all-zero row or tensor gets this amax (its scale stays finite and positive)
+MODULE_RUNG = "v9"
+
+_LOCK = threading.RLock()
+_ROUTES: dict = {}
+_MODULES: list = []  # use_module's, newest first
+_WARNED: set = set()
+
+
+# -- quantizing --------------------------------------------------------------------------------------
+def quantize_fp8(x, recipe: str = "tensor", dtype=None):
+    """``(x_fp8, scale)`` with ``x ~ x_fp8 * scale``: ``scale = amax / fp8_max`` in fp32 over the whole
+    tensor (``tensor``: a 0-dim scale) or over each row (``row``: ``[rows, 1]``), ``x / scale``
+    clamped to +-fp8_max and rounded to ``dtype`` (default float8_e4m3fn). Pass a weight's row scale
+    to :func:`scaled_mm` as ``scale.t()`` (``[1, N]``)."""
+    import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
+
+    dtype = dtype or torch.float8_e4m3fn
+    name = str(dtype).removeprefix("torch.")
+    if name not in FP8_MAX:
+        raise ModuleInputError(f"quantize_fp8: dtype {dtype}; use torch.float8_e4m3fn or torch.float8_e5m2")
+    if recipe not in RECIPES:
+        raise ModuleInputError(f"quantize_fp8: recipe {recipe!r}; use one of {RECIPES} (block-wise is not built yet)")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
+        raise ModuleInputError("quantize_fp8: x must be a floating-point torch.Tensor")
+    if recipe == "row" and x.dim() != 2:
+        raise ModuleInputError(f"quantize_fp8: the row recipe takes a 2-D x, got shape {tuple(x.shape)}")
+    xf = x.float()
+    amax = xf.abs().amax() if recipe == "tensor" else xf.abs().amax(dim=1, keepdim=True)
+    scale = amax.clamp(min=AMAX_FLOOR) / FP8_MAX[name]
+    q = (xf / scale).clamp(-FP8_MAX[name], FP8_MAX[name]).to(dtype)
+    return q, scale.to(torch.float32)
+
+
+# -- checks -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call:
+    """What the checks found of a call: the shape, the recipe and the operand spec it needs."""
+
+    M: int
+    N: int
+    K: int
+    recipe: str
+    spec: GemmSpec | None  # None: no kernel of ours computes it (fp32 out): torch's
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _recipe(scale_a, scale_b, M: int, N: int) -> str:
+    sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
+    if scale_a.numel() == 1 and scale_b.numel() == 1 and len(sa) <= 2 and len(sb) <= 2:
+        return "tensor"
+    if sa in ((M, 1), (M,)) and sb in ((1, N), (N,)):
+        return "row"
+    raise ModuleInputError(
+        f"gemm_ladder.scaled_mm: scale_a {sa} and scale_b {sb} are no recipe for M={M}, N={N}: pass one value each "
+        f"(tensor) or scale_a [{M}, 1] and scale_b [1, {N}] (row); block-wise scales are not built yet")
+
+
+def check_call(A, B, scale_a, scale_b, bias=None, out_dtype=None, out=None) -> Call:
+    """Every check that needs no data (the real call's and the fake op's): dtypes, shapes, layouts,
+    the scales' recipe; a :class:`ModuleInputError` naming the problem and the fix."""
+    import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
+
+    who = "gemm_ladder.scaled_mm"
+    for name, t in (("A", A), ("B", B), ("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(t, torch.Tensor):
+            raise ModuleInputError(f"{who}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if A.dtype != torch.float8_e4m3fn:
+        raise ModuleInputError(f"{who}: A is {A.dtype}; pass torch.float8_e4m3fn (gemm_ladder.quantize_fp8(A))")
+    if B.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ModuleInputError(f"{who}: B is {B.dtype}; pass torch.float8_e4m3fn or torch.float8_e5m2 "
+                               "(gemm_ladder.quantize_fp8(W) of a row-major [N, K] W, then .t())")
+    if A.dim() != 2 or B.dim() != 2:
+        raise ModuleInputError(f"{who}: A must be [M, K] and B [K, N]; got {tuple(A.shape)} and {tuple(B.shape)}")
+    (M, K), N = A.shape, B.shape[1]
+    if B.shape[0] != K:
+        raise ModuleInputError(f"{who}: A is [M={M}, K={K}] but B is {tuple(B.shape)}, not [K={K}, N]"
+                               + (" (B looks like [N, K]: pass B.t())" if B.shape[1] == K else ""))
+    if K == 0:
+        raise ModuleInputError(f"{who}: K=0: A and B hold nothing to multiply; pass K > 0 (a multiple of 16)")
+    if K % 16 or N % 16:
+        raise ModuleInputError(f"{who}: K={K} and N={N} must be multiples of 16 (torch._scaled_mm's rule and TMA's "
+                               "16-byte rows); pad them with zeros")
+    if M > 1 and A.stride() != (K, 1):
+        raise ModuleInputError(f"{who}: A must be row-major [M, K] (strides ({K}, 1), got {A.stride()}): "
+                               "pass A.contiguous()")
+    if N > 1 and B.stride() != (1, K):
+        raise ModuleInputError(f"{who}: B must be [K, N] column-major, the .t() of a row-major [N, K] W (strides "
+                               f"(1, {K}), got {B.stride()}): {MN_MAJOR_FP8_FIX}, then pass its .t()")
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if t.dtype != torch.float32:
+            raise ModuleInputError(f"{who}: {name} is {t.dtype}; scales are torch.float32 ({name}.float())")
+        if not t.is_contiguous():
+            raise ModuleInputError(f"{who}: {name} is not contiguous; pass {name}.contiguous()")
+    recipe = _recipe(scale_a, scale_b, M, N)
+    out_dtype = out_dtype or torch.bfloat16
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ModuleInputError(f"{who}: out_dtype {out_dtype}; use torch.bfloat16, torch.float16 or torch.float32")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (N,):
+            raise ModuleInputError(f"{who}: bias must be a torch.Tensor of shape [{N}] (one value per column)")
+        if bias.dtype not in (out_dtype, torch.float32):
+            raise ModuleInputError(f"{who}: bias is {bias.dtype}; pass it in out_dtype ({out_dtype}) or torch.float32")
+        if not bias.is_contiguous():
+            raise ModuleInputError(f"{who}: bias is not contiguous; pass bias.contiguous()")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or out.dtype != out_dtype:
+            raise ModuleInputError(f"{who}: out must be a [{M}, {N}] {out_dtype} tensor")
+        if not out.is_contiguous():
+            raise ModuleInputError(f"{who}: out is not contiguous; pass a contiguous out (or none)")
+    devices = {t.device for t in (A, B, scale_a, scale_b, bias, out) if t is not None}
+    if len(devices) > 1:
+        raise ModuleInputError(f"{who}: the tensors are on {sorted(map(str, devices))}; put all on one GPU")
+    spec = None
+    if out_dtype != torch.float32:
+        spec = GemmSpec.fp8(_name(out_dtype), recipe, None if bias is None else _name(bias.dtype),
+                            b="float8_e5m2" if B.dtype == torch.float8_e5m2 else "float8_e4m3")
+    return Call(M, N, K, recipe, spec)
+
+
+# -- where the kernel comes from ----------------------------------------------------------------------
+def use_module(path_or_module):
+    """Serve the fp8 calls ``path_or_module`` (an exported module or a loaded one) fits, before
+    anything else; returns the loaded module."""
+    mod = load(path_or_module) if not hasattr(path_or_module, "spec") else path_or_module
+    if not mod.spec.is_fp8:
+        raise ModuleInputError(f"{getattr(mod, 'path', mod)} is no fp8 module (its spec: {mod.spec.text()})")
+    with _LOCK:
+        _MODULES.insert(0, mod)
+        _ROUTES.clear()
+    return mod
+
+
+def reset() -> None:
+    """Forget every registered module, choice and warning."""
+    with _LOCK:
+        _MODULES.clear()
+        _ROUTES.clear()
+        _WARNED.clear()
+
+
+class TorchScaledMM:
+    """``torch._scaled_mm`` in a module's place (A [M, K], B as [N, K] rows, the spec's operands):
+    the fallback where no kernel of ours serves a call. An fp32 bias is added in fp32 before the
+    rounding, as our kernel does (torch takes a bias in out_dtype)."""
+
+    def __init__(self, recipe: str, out_dtype):
+        self.recipe, self.out_dtype = recipe, out_dtype
+
+    def __call__(self, a, b_nk, out=None, scale_a=None, scale_b=None, bias=None):
+        import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
+
+        M, N = a.shape[0], b_nk.shape[0]
+        sa, sb = (scale_a.reshape(M, 1), scale_b.reshape(1, N)) if self.recipe == "row" else (scale_a, scale_b)
+        if bias is not None and bias.dtype == torch.float32 and self.out_dtype != torch.float32:
+            d = (torch._scaled_mm(a, b_nk.t(), sa, sb, out_dtype=torch.float32) + bias).to(self.out_dtype)
+        else:
+            d = torch._scaled_mm(a, b_nk.t(), sa, sb, bias=bias, out_dtype=self.out_dtype)
+        if out is None:
+            return d
+        out.copy_(d)
+        return out
+
+
+def _fits(mod, call: Call) -> bool:
+    return (mod.spec == call.spec and mod.N == call.N and mod.K == call.K
+            and (mod.dynamic_m or mod.M == call.M))
+
+
+def _build(call: Call, arch: str) -> Route:
+    knobs = {"spec": call.spec.text(), "dtype": call.spec.d, "arch": arch, "dynamic_m": True}
+    path, how = cached_module((MODULE_RUNG, (call.M, call.N, call.K), knobs))
+    source = {"cache": "module cache", "built": "fresh build"}[how]
+    return Route(load(path), None, source, MODULE_RUNG, knobs,
+                 [f"kernel: {MODULE_RUNG} fp8 ({call.spec.text()}) [M at run time]", f"source: {source} {path}"])
+
+
+def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
+    arch = device.arch_of(index)
+    why = "out_dtype float32 is not built (bfloat16 or float16 are)" if call.spec is None else None
+    if why is None:
+        for mod in _MODULES:
+            if _fits(mod, call):
+                return Route(mod, None if mod.dynamic_m else mod.M, "use_module", mod.rung, {},
+                             [f"kernel: {mod.rung} fp8 ({call.spec.text()})", f"source: use_module {mod.path}"])
+        why = why_no_build()
+        if why is None:
+            return _build(call, arch)
+        why = f"no module given to use_module serves it and nothing can be built here ({why})"
+    what = f"M={call.M} N={call.N} K={call.K} fp8 {call.recipe}"
+    if strict:
+        raise NoKernelError(f"gemm_ladder.scaled_mm {what}: {why}; build a module on a box with TVM's compiler "
+                            "and pass it to gemm_ladder.serve.scaled.use_module")
+    if (call.M, call.N, call.K, call.recipe) not in _WARNED:
+        _WARNED.add((call.M, call.N, call.K, call.recipe))
+        warnings.warn(f"gemm_ladder.scaled_mm {what}: torch._scaled_mm computes it: {why}", KernelFallbackWarning,
+                      stacklevel=3)
+    return Route(TorchScaledMM(call.recipe, out_dtype), None, "torch", "torch._scaled_mm", {},
+                 ["kernel: torch._scaled_mm", f"why: {why}"])
+
+
+def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, explain: bool = False,
+              strict: bool = False):
+    """``D = A @ B * scale_a * scale_b (+ bias)`` as ``torch._scaled_mm`` (see the module docstring);
+    ``explain=True`` returns ``(D, lines)`` saying which kernel ran, from where and why."""
+    import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
+
+    out_dtype = out_dtype or torch.bfloat16
+    call = check_call(A, B, scale_a, scale_b, bias, out_dtype, out)
+    if A.device.type != "cuda":
+        raise ModuleInputError(f"gemm_ladder.scaled_mm: A is on {A.device}; move the tensors to the GPU (.cuda())")
+    index = A.device.index if A.device.index is not None else torch.cuda.current_device()
+    key = (call, index, strict, out_dtype)
+    route = _ROUTES.get(key)
+    if route is None:
+        with _LOCK:
+            route = _ROUTES.setdefault(key, _resolve(call, index, strict, out_dtype))
+    D = out if out is not None else torch.empty((call.M, call.N), dtype=out_dtype, device=A.device)
+    if call.M == 0 or call.N == 0:  # nothing to compute (no kernel takes an empty launch)
+        return (D, ["kernel: none (an empty D)"]) if explain else D
+    operands = {}
+    if bias is not None:
+        operands["bias"] = bias
+    operands["scale_a"], operands["scale_b"] = scale_a.reshape(-1), scale_b.reshape(-1)  # the spec's order
+    route.run(A, B.t(), D, operands)
+    return (D, list(route.lines)) if explain else D
