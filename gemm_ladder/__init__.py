@@ -120,10 +120,13 @@ def load(path):
     return _load(path)
 
 
-def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None):
-    """D = act(A . B^T (+ bias [N])) for any shape (A [..., K], B [N, K]; ``activation``: relu,
-    gelu_tanh, gelu_erf, silu or None): see :mod:`gemm_ladder.serve.front`."""
-    return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias, activation=activation)
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None,
+           alpha: float = 1.0, residual=None, beta: float = 1.0, out_dtype=None):
+    """D = act(alpha . A . B^T (+ bias [N])) (+ beta . residual) for any shape (A [..., K], B [N, K];
+    ``activation``: relu, gelu_tanh, gelu_erf, silu or None; ``residual`` may be ``out``: in place;
+    ``out_dtype``: None or torch.float32): see :mod:`gemm_ladder.serve.front`."""
+    return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias, activation=activation, alpha=alpha,
+                   residual=residual, beta=beta, out_dtype=out_dtype)
 
 
 def use_pack(folder):

@@ -25,7 +25,12 @@ compiles. Built today:
                 ``EPILOGUES`` lists ``"bias"`` (v9)
     act         one of ACTIVATIONS, after the bias, in fp32 before rounding:
                 D = round(act(acc + bias)), on rungs whose ``EPILOGUES`` lists ``"act"`` (v9)
-    residual    None
+    alpha       False, or True: the kernel takes a runtime fp32 scalar ``alpha`` (a parameter, so one
+                module serves every value) and computes act(alpha . acc + bias), on rungs whose
+                ``EPILOGUES`` lists ``"alpha"`` (v9)
+    residual    None, or D's dtype: a residual C [M, N] and a runtime fp32 scalar ``beta``:
+                D = round(act(alpha . acc + bias) + beta . C), C read in the epilogue (it may be D
+                itself: an in-place residual add), on rungs whose ``EPILOGUES`` lists ``"residual"`` (v9)
     scales      None
     grouped     False
     ==========  =========================================================================
@@ -55,7 +60,10 @@ SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A 
 # the activation after the bias: relu, GELU by tanh's formula (F.gelu(approximate="tanh")) or erf's
 # (F.gelu), SiLU (F.silu); "none": the identity
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
-EPILOGUES = ("none", "bias", "act")  # what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS)
+# what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS; "alpha": the runtime
+# scale of the product; "residual": C and its runtime scale beta)
+EPILOGUES = ("none", "bias", "act", "alpha", "residual")
+SCALARS = ("alpha", "beta")  # the fp32 scalar parameters of an epilogue (Operand.role "scalar")
 
 
 # the manifest's and the pack entry's ``spec`` field (GemmSpec.to_dict), checked when they are read
@@ -63,7 +71,7 @@ SPEC_SCHEMA = Obj(
     {"a": Str(DTYPE_CHOICES), "b": Str(DTYPE_CHOICES), "d": Str(DTYPE_CHOICES)},
     {"acc": Str(DTYPE_CHOICES), "a_major": Str(MAJORS["a_major"]), "b_major": Str(MAJORS["b_major"]),
      "bias": Maybe(Str(DTYPE_CHOICES)), "residual": Maybe(Str(DTYPE_CHOICES)), "scales": Maybe(Str(SCALES)),
-     "act": Str(ACTIVATIONS), "grouped": Bool(),
+     "act": Str(ACTIVATIONS), "grouped": Bool(), "alpha": Bool(),
      "operands": List(Obj({"name": Str(), "dtype": Str(), "shape": List(ANY)}))})
 
 
@@ -74,7 +82,7 @@ class Operand:
     name: str  # "A", "B", "D", "bias", "C", "scale_a", "scale_b", "offsets"
     dtype: str
     shape: tuple  # of "M", "N", "K", "K/128", "G+1" (groups + 1) or ints
-    role: str  # "input", "output" or "epilogue"
+    role: str  # "input", "output", "epilogue" (a tensor) or "scalar" (an fp32 value, shape ())
 
     def extent(self, M: int, N: int, K: int, groups: int = 1) -> tuple:
         """The shape for this problem."""
@@ -97,6 +105,7 @@ class GemmSpec:
     scales: str | None = None  # fp32 scales of A and B (one of SCALES), or None
     act: str = "none"  # the activation after the bias (one of ACTIVATIONS)
     grouped: bool = False  # grouped GEMM: int32 offsets [G + 1] of each group's rows of A
+    alpha: bool = False  # a runtime fp32 scalar alpha scales the product: act(alpha . acc + bias)
 
     def __post_init__(self):
         for name in ("a", "b", "d", "acc", "bias", "residual"):
@@ -112,8 +121,9 @@ class GemmSpec:
             object.__setattr__(self, "act", "none")
         if self.act not in ACTIVATIONS:
             raise ConfigError(f"spec act={self.act!r} is no activation gemm_ladder knows; use one of {ACTIVATIONS}")
-        if not isinstance(self.grouped, bool):
-            raise ConfigError(f"spec grouped={self.grouped!r}; use True or False")
+        for name in ("grouped", "alpha"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"spec {name}={getattr(self, name)!r}; use True or False")
 
     @classmethod
     def default(cls, dtype: str = "float16") -> "GemmSpec":
@@ -126,15 +136,20 @@ class GemmSpec:
         return cls(a=dtype, b=dtype, d=dtype, bias=dtype)
 
     @classmethod
-    def with_epilogue(cls, dtype: str = "float16", bias: bool = False, act: str = "none") -> "GemmSpec":
-        """``dtype`` in and out, a per-column bias in ``dtype`` or none, then activation ``act``."""
-        return cls(a=dtype, b=dtype, d=dtype, bias=dtype if bias else None, act=act)
+    def with_epilogue(cls, dtype: str = "float16", bias: bool = False, act: str = "none", alpha: bool = False,
+                      residual: bool = False) -> "GemmSpec":
+        """``dtype`` in and out, a per-column bias in ``dtype`` or none, then activation ``act``;
+        ``alpha``: a runtime scale of the product; ``residual``: ``+ beta . C``, C in ``dtype``."""
+        return cls(a=dtype, b=dtype, d=dtype, bias=dtype if bias else None, act=act, alpha=alpha,
+                   residual=dtype if residual else None)
 
     @property
     def epilogue(self) -> str:
         """The epilogue's name, as ``pack build --epilogue`` takes it (:func:`spec_for`): ``none``,
-        ``bias``, an activation (``gelu_tanh``), ``bias_gelu_tanh``; ``residual`` (not built) joins with ``+``."""
-        head = "_".join(p for p, on in (("bias", self.bias), (self.act, self.act != "none")) if on)
+        ``bias``, an activation (``gelu_tanh``), ``bias_gelu_tanh``, ``alpha_bias_gelu_tanh``;
+        ``residual`` joins with ``+`` (``bias+residual``, ``residual`` alone)."""
+        head = "_".join(p for p, on in (("alpha", self.alpha), ("bias", self.bias), (self.act, self.act != "none"))
+                        if on)
         parts = [p for p, on in ((head, head), ("residual", self.residual)) if on]
         return "+".join(parts) or "none"
 
@@ -152,12 +167,15 @@ class GemmSpec:
         return tuple(ops) + self.epilogue_operands()
 
     def epilogue_operands(self) -> tuple[Operand, ...]:
-        """The operands after D (what a rung's epilogue reads), in order."""
+        """The operands after D (what a rung's epilogue reads), in order: the bias, alpha, then C and
+        beta (the scalars are fp32 kernel parameters, role ``scalar``)."""
         ops = []
         if self.bias:
             ops.append(Operand("bias", self.bias, ("N",), "epilogue"))
+        if self.alpha:
+            ops.append(Operand("alpha", ACC_DTYPE, (), "scalar"))
         if self.residual:
-            ops.append(Operand("C", self.residual, ("M", "N"), "epilogue"))
+            ops += [Operand("C", self.residual, ("M", "N"), "epilogue"), Operand("beta", ACC_DTYPE, (), "scalar")]
         if self.scales:
             shapes = {"tensor": ((1,), (1,)), "row": (("M",), ("N",)), "block128": (("M", "K/128"), ("N", "K/128"))}
             sa, sb = shapes[self.scales]
@@ -180,8 +198,8 @@ class GemmSpec:
         ``bias_gelu_tanh``) where only it differs from the default and a bias is D's dtype."""
         if self.is_default():
             return ""
-        if self == GemmSpec.with_epilogue(self.d, bool(self.bias), self.act):
-            return self.epilogue
+        if self == GemmSpec.with_epilogue(self.d, bool(self.bias), self.act, self.alpha, bool(self.residual)):
+            return self.epilogue.replace("+", "-")
         return self.text().replace(".", "-")
 
     @classmethod
@@ -206,10 +224,11 @@ class GemmSpec:
         return dataclasses.replace(cls.default(d), **fields)
 
     def to_dict(self) -> dict:
-        """For manifests: every field (but ``act`` where it is ``none``: the manifests of specs
-        without one stay as they were), plus the operand list (name, dtype, shape) for readers
-        without this module (the C++ runner)."""
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "act" or v != "none"}
+        """For manifests: every field (but ``act`` where it is ``none`` and ``alpha`` where it is
+        False: the manifests of specs without them stay as they were), plus the operand list (name,
+        dtype, shape) for readers without this module (the C++ runner)."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items()
+                  if (k, v) not in (("act", "none"), ("alpha", False))}
         return {**fields,
                 "operands": [{"name": o.name, "dtype": o.dtype, "shape": list(o.shape), "role": o.role}
                              for o in self.operands()]}
@@ -241,21 +260,29 @@ def as_spec(value, dtype: str = "float16") -> GemmSpec:
 
 
 def epilogue_names() -> tuple[str, ...]:
-    """The epilogue names :func:`spec_for` takes: ``none``, ``bias``, each activation, and
-    ``bias_`` + each activation (``bias_gelu_tanh``)."""
+    """The epilogue names :func:`spec_for` takes: ``none``, ``bias``, each activation, ``bias_`` +
+    each activation (``bias_gelu_tanh``), each of those after ``alpha_`` (``alpha``,
+    ``alpha_bias_relu``), and each with ``+residual`` (``residual`` alone: ``D = A.B^T + beta C``)."""
     acts = ACTIVATIONS[1:]
-    return ("none", "bias") + acts + tuple(f"bias_{a}" for a in acts)
+    heads = ("bias",) + acts + tuple(f"bias_{a}" for a in acts)
+    heads = ("none",) + heads + ("alpha",) + tuple(f"alpha_{h}" for h in heads)
+    return heads + ("residual",) + tuple(f"{h}+residual" for h in heads[1:])
 
 
 def spec_for(dtype: str, epilogue: str = "none") -> GemmSpec:
     """The spec of ``dtype`` in and out with the epilogue named (:func:`epilogue_names`: ``none``,
-    ``bias``, ``relu``, ``bias_gelu_tanh``, ...; the inverse of :attr:`GemmSpec.epilogue`)."""
+    ``bias``, ``relu``, ``bias_gelu_tanh``, ``alpha_bias+residual``, ...; the inverse of
+    :attr:`GemmSpec.epilogue`)."""
     if epilogue not in epilogue_names():
         raise ConfigError(f"epilogue {epilogue!r} is not built; use one of {', '.join(epilogue_names())}")
-    bias = epilogue == "bias" or epilogue.startswith("bias_")
-    act = epilogue[len("bias_"):] if epilogue.startswith("bias_") else (epilogue if epilogue not in ("none", "bias")
-                                                                         else "none")
-    return GemmSpec.with_epilogue(dtype, bias, act)
+    head, _, tail = epilogue.partition("+")
+    residual = head == "residual" or tail == "residual"
+    head = "none" if head == "residual" else head
+    alpha = head == "alpha" or head.startswith("alpha_")
+    head = "none" if head == "alpha" else head.removeprefix("alpha_")
+    bias = head == "bias" or head.startswith("bias_")
+    act = head[len("bias_"):] if head.startswith("bias_") else (head if head not in ("none", "bias") else "none")
+    return GemmSpec.with_epilogue(dtype, bias, act, alpha, residual)
 
 
 def spec_knobs(spec: GemmSpec | None) -> dict:
@@ -277,14 +304,16 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
         return f"scales={spec.scales}: scaled (fp8) GEMMs are not built yet"
     if spec.grouped:
         return "grouped GEMM is not built yet"
-    if spec.residual is not None:
-        return "a residual C is not built yet"
+    if spec.residual is not None and spec.residual != spec.d:
+        return f"residual={spec.residual}: a residual C is built in D's dtype ({spec.d}) only"
     if spec.bias is not None and spec.bias != spec.d:
         return f"bias={spec.bias}: a bias is built in D's dtype ({spec.d}) only"
-    missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none")) if on and part not in epilogues]
+    missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none"), ("alpha", spec.alpha),
+                                     ("residual", spec.residual)) if on and part not in epilogues]
     if missing:
         return (f"epilogue {spec.epilogue!r} is not built for {rung} (its epilogue has no {' and no '.join(missing)}; "
-                f"it builds {', '.join(epilogues)}); the bias and the activations are built for v9")
+                f"it builds {', '.join(epilogues)}); the bias, the activations, alpha and the residual are built "
+                "for v9")
     return None
 
 

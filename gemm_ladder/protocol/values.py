@@ -60,7 +60,8 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 
 MBAR_OPS = {"tirx.ptx.mbarrier_init", "tirx.ptx.mbarrier_arrive", "tirx.ptx.mbarrier_arrive_expect_tx",
             "tirx.ptx.mbarrier_expect_tx", "tirx.cuda.mbarrier_wait", "tirx.cuda.mbarrier_wait_acquire_cluster"}
 SYNC_OPS = {"tirx.cuda.cta_sync", "tirx.cuda.warpgroup_sync", "tirx.cuda.cluster_sync",
-            "tirx.ptx.barrier_cluster_arrive", "tirx.ptx.barrier_cluster_wait"}
+            "tirx.ptx.barrier_cluster_arrive", "tirx.ptx.barrier_cluster_wait",
+            "tirx.ptx.bar_sync_count"}  # bar.sync id, count: a consumer's named barrier (T.ptx.bar.sync)
 WGMMA_SYNC = {"tirx.ptx.wgmma_commit_group", "tirx.ptx.wgmma_wait_group"}
 WGMMA_OTHER = {"tirx.ptx.wgmma_fence"}  # ordering for the tensor core only: nothing to model
 TCGEN05_MMA_PREFIX = "tirx.ptx.tcgen05_mma"

@@ -73,7 +73,7 @@ from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
 from ..core.spec import ACTIVATIONS, GemmSpec, torch_activation
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
-from .runtime import ModuleInputError, load
+from .runtime import ModuleInputError, load, scalar_arg
 from .tma_layout import Fixes, Layout, layout_fixes
 
 logger = logging.getLogger("gemm_ladder.matmul")
@@ -282,10 +282,54 @@ def _refuse_grad_and_overlap(A, B, out, bias=None) -> None:
                                    f"reads it. Pass an out that shares no memory with A or B (nor the bias), or no out")
 
 
-def _check(A, B, out, bias=None):
+def check_residual(residual, shape, dtype, A, B, out, bias=None, who: str = "gemm_ladder.matmul") -> None:
+    """A residual C: a contiguous tensor of D's ``shape`` and ``dtype``, on A's device, sharing no
+    memory with A, B or the bias; it may be ``out`` itself (the same tensor memory: an in-place
+    residual add, which the kernel makes safe) but not overlap ``out`` otherwise."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(residual, torch.Tensor):
+        raise ModuleInputError(f"{who}: residual must be a torch.Tensor of D's shape {shape} or None, "
+                               f"got {type(residual).__name__}")
+    if tuple(residual.shape) != tuple(shape):
+        raise ModuleInputError(f"{who}: residual has shape {tuple(residual.shape)}; it is added to D, of shape "
+                               f"{tuple(shape)} (broadcast it first: residual.expand({tuple(shape)}).contiguous())")
+    if residual.dtype != dtype:
+        raise ModuleInputError(f"{who}: residual has dtype {residual.dtype}; it must be D's {dtype} "
+                               f"(residual.to({dtype}))")
+    if not residual.is_contiguous():
+        raise ModuleInputError(f"{who}: residual is not contiguous (row-major); pass residual.contiguous()")
+    if residual.requires_grad and torch.is_grad_enabled():
+        raise ModuleInputError(f"{who}: residual requires grad, and gemm_ladder.matmul has no backward: call it under "
+                               "torch.no_grad(), or use torch.ops.gemm_ladder.mm_epilogue (import gemm_ladder.serve.ops)")
+    for name, t in (("A", A), ("B", B), ("bias", bias)):
+        if t is not None and _overlaps(residual, t):
+            raise ModuleInputError(f"{who}: residual overlaps {name} in memory: D would be written where {name} is "
+                                   f"still read. Pass a residual apart from A, B and the bias")
+    if out is not None and _overlaps(residual, out) and not (residual.data_ptr() == out.data_ptr()
+                                                              and residual.shape == out.shape):
+        raise ModuleInputError(f"{who}: residual partly overlaps out: pass out=residual itself (in place) or an out "
+                               "apart from it")
+
+
+def _check_out(out, shape, dtype, A, B, bias, residual) -> None:
+    """An ``out`` for a D of another dtype than A's (fp32 output): shape, dtype, layout, no overlap."""
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or not out.is_contiguous():
+        raise ModuleInputError(f"gemm_ladder.matmul: out is {tuple(out.shape)} {out.dtype}; D is {tuple(shape)} "
+                               f"{dtype}, contiguous")
+    for name, t in (("A", A), ("B", B), ("bias", bias)):
+        if t is not None and _overlaps(out, t):
+            raise ModuleInputError(f"gemm_ladder.matmul: out overlaps {name} in memory; pass an out apart from it")
+    if residual is not None and _overlaps(out, residual) and out.data_ptr() != residual.data_ptr():
+        raise ModuleInputError("gemm_ladder.matmul: residual partly overlaps out: pass out=residual or apart")
+
+
+def _check(A, B, out, bias=None, residual=None, d_dtype=None):
     """(M, N, K, A as [M, K], out as [M, N] or None, D's shape); raises ModuleInputError."""
     M, N, K, shape = check_shapes(A, B, out, bias)
-    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias)):
+    if residual is not None:
+        check_residual(residual, shape, d_dtype or A.dtype, A, B, out, bias)
+    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias), ("residual", residual)):
         if t is None:
             continue
         if t.device.type != "cuda":
@@ -465,15 +509,24 @@ class TorchMatmul:
     def __init__(self, act: str = "none"):
         self.act = act
 
-    def __call__(self, a, b, out, bias=None):
+    def __call__(self, a, b, out, bias=None, alpha=1.0, C=None, beta=1.0):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
-        if bias is None:
-            torch.matmul(a, b.t(), out=out)
+        if C is None and alpha == 1.0:  # the plain path writes out directly
+            if bias is None:
+                torch.matmul(a, b.t(), out=out)
+            else:
+                torch.addmm(bias, a, b.t(), out=out)
+            if self.act != "none":
+                out.copy_(torch_activation(out, self.act))
+            return
+        # act(alpha A.B^T + bias) + beta C: C may be out, so z is made apart and added elementwise
+        z = torch.addmm(bias, a, b.t(), alpha=alpha) if bias is not None else torch.mm(a, b.t()).mul_(alpha)
+        z = torch_activation(z, self.act)
+        if C is None:
+            out.copy_(z)
         else:
-            torch.addmm(bias, a, b.t(), out=out)
-        if self.act != "none":
-            out.copy_(torch_activation(out, self.act))
+            torch.add(z, C, alpha=beta, out=out)
 
 
 def _warn(text: str) -> None:
@@ -519,8 +572,8 @@ class CapturedByTorch:
         self.ours, self.torch = ours, TorchMatmul(act)
         self.path = getattr(ours, "path", "")
 
-    def __call__(self, a, b, out, bias=None):
-        operands = {} if bias is None else {"bias": bias}
+    def __call__(self, a, b, out, **operands):
+        operands = {k: v for k, v in operands.items() if v is not None}
         self.launcher(a, b, out, **operands)(a, b, out, *operands.values())
 
     def __getattr__(self, name):  # the rest is our module's (its manifest, M at run time, ...)
@@ -534,8 +587,9 @@ class CapturedByTorch:
         maker = getattr(self.ours, "launcher", None)
         ours = maker(a, b, out, **operands) if maker is not None else \
             (lambda x, y, z, *extras: self.ours(x, y, out=z, **dict(zip(operands, extras))))
-        capturing, theirs = torch.cuda.is_current_stream_capturing, self.torch
-        return lambda x, y, z, *extras: theirs(x, y, z, *extras) if capturing() else ours(x, y, z, *extras)
+        capturing, theirs, names = torch.cuda.is_current_stream_capturing, self.torch, list(operands)
+        return lambda x, y, z, *extras: theirs(x, y, z, **dict(zip(names, extras))) if capturing() \
+            else ours(x, y, z, *extras)
 
 
 def _captured_by_torch(route: Route, M: int, N: int, K: int, act: str = "none") -> Route:
@@ -586,20 +640,30 @@ def _weight_copy(B, Nk: int, Kk: int):
     return b
 
 
-def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes, bias=None):
+def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes, bias=None, alpha=None, C2=None,
+                 beta: float = 1.0):
     """Run the route's module on ``A2`` [M, K], ``B`` [N, K] (and ``out2`` [M, N] or None; + ``bias``
-    [N], zero-padded like N), with the copies ``fixes`` asks for and A copied into the rows of a
-    module built for a larger M: what :func:`matmul` does once it has checked its tensors and found
-    the route; returns D [M, N]."""
+    [N], zero-padded like N; ``alpha`` where the spec has it; a residual ``C2`` [M, N] and ``beta``),
+    with the copies ``fixes`` asks for and A copied into the rows of a module built for a larger M:
+    what :func:`matmul` does once it has checked its tensors and found the route; returns D [M, N]."""
     import torch  # pylint: disable=import-outside-toplevel
 
     Mk = route.module_M if route.module_M is not None else M
     Nk, Kk = fixes.N, fixes.K
     a, b = A2, B
-    operands = {}
+    operands = {}  # in the spec's order (GemmSpec.epilogue_operands): bias, alpha, C, beta
     if bias is not None:  # N values, zero-padded to the kernel's N; copied onto a 16-byte boundary
         operands["bias"] = bias if Nk == N and bias.data_ptr() % 16 == 0 else \
             torch.nn.functional.pad(bias, (0, Nk - N))
+    if alpha is not None:
+        operands["alpha"] = alpha
+    if C2 is not None:  # C in the kernel's rows and columns (a copy where padded or misaligned)
+        if Mk == M and Nk == N and C2.data_ptr() % 16 == 0:
+            operands["C"] = C2
+        else:
+            operands["C"] = C2.new_zeros((Mk, Nk))
+            operands["C"][:M, :N] = C2
+        operands["beta"] = beta
     if Mk != M or Kk != K:
         a = A2.new_zeros((Mk, Kk))
         a[:M, :K] = A2
@@ -618,18 +682,47 @@ def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes
     return result
 
 
-def _trivial(A, out, shape, M: int, N: int, K: int, bias=None, act: str = "none"):
+def _trivial(A, out, shape, M: int, N: int, K: int, bias=None, act: str = "none", beta: float = 1.0, residual=None):
     """Empty shapes: nothing to launch (K = 0 gives zeros, or the bias, as cuBLAS does; then the
-    activation of that)."""
+    activation of that, then beta times the residual)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     D = out if out is not None else torch.empty(shape, dtype=A.dtype, device=A.device)
     if K == 0 and M and N:
-        D.zero_()
+        z = torch.zeros(shape, dtype=A.dtype, device=A.device)
         if bias is not None:
-            D += bias
-        if act != "none":
-            D.copy_(torch_activation(D, act))
+            z += bias
+        z = torch_activation(z, act)
+        if residual is not None:  # residual may be D: z is apart, the add elementwise
+            torch.add(z, residual, alpha=beta, out=D)
+        else:
+            D.copy_(z)
+    return D
+
+
+def _fp32_out(A, B, out, bias, act: str, alpha: float, residual, beta: float, out_dtype):
+    """``out_dtype=torch.float32``: checked like any call, computed by torch in fp32 (fp32 output is
+    not built in our kernels yet), said once per shape by a KernelFallbackWarning."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if out_dtype != torch.float32:
+        raise ModuleInputError(f"gemm_ladder.matmul: out_dtype={out_dtype}; use None (A's dtype) or torch.float32")
+    M, N, K, A2, out2, shape = _check(A, B, None, bias, residual, d_dtype=torch.float32)
+    if out is not None:
+        _check_out(out, shape, torch.float32, A, B, bias, residual)
+    key = ("fp32-out", M, N, K, A.dtype)
+    if key not in _ROUTES:
+        _ROUTES[key] = True
+        _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {A.dtype} -> float32: fp32 output is not built in our kernels "
+              "yet; torch computes it (A . B^T in fp32, then the epilogue in fp32)")
+    z = torch.mm(A2.float(), B.float().t()).mul_(alpha)
+    if bias is not None:
+        z += bias.float()
+    z = torch_activation(z, act)
+    if residual is not None:
+        z = z.add_(residual.reshape(M, N).float(), alpha=beta)
+    D = out if out is not None else torch.empty(shape, dtype=torch.float32, device=A.device)
+    D.view(M, N).copy_(z)
     return D
 
 
@@ -722,43 +815,56 @@ def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
             _FAST[key] = (route, launch, M, N, K, tuple(shape), spans)
 
 
-def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None):
-    """D = act(A . B^T (+ ``bias``, one value per column: N values in A's dtype, added to the fp32
-    sums)), ``activation`` one of ``relu``, ``gelu_tanh``, ``gelu_erf``, ``silu`` or None, applied
-    in fp32 before rounding, on the GPU, for any shape (see the module docstring); returns D (or ``out``).
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None,
+           alpha: float = 1.0, residual=None, beta: float = 1.0, out_dtype=None):
+    """D = act(alpha . A . B^T (+ ``bias``, one value per column: N values in A's dtype, added to the
+    fp32 sums)) (+ ``beta . residual``), ``activation`` one of ``relu``, ``gelu_tanh``, ``gelu_erf``,
+    ``silu`` or None, all in fp32 before rounding, on the GPU, for any shape (see the module
+    docstring); returns D (or ``out``). ``alpha``, ``beta``: Python floats (runtime values of one
+    module); ``residual``: C of D's shape and dtype, which may be ``out`` itself (in place);
+    ``out_dtype``: None (A's dtype) or torch.float32 (not built yet: torch computes it).
 
     ``strict``: where no kernel of ours serves the shape, raise :class:`NoKernelError` instead of
     computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
     first resolved)."""
-    if not explain and strict is None and bias is None and activation is None:
+    plain_epilogue = alpha == 1.0 and residual is None and beta == 1.0 and out_dtype is None
+    if not explain and strict is None and bias is None and activation is None and plain_epilogue:
         done = _fast(A, B, out)
         if done is not None:
             return done
     act = check_activation(activation)
-    M, N, K, A2, out2, shape = _check(A, B, out, bias)
+    if not plain_epilogue:
+        alpha, beta = scalar_arg("alpha", alpha, "gemm_ladder.matmul"), scalar_arg("beta", beta, "gemm_ladder.matmul")
+        if out_dtype is not None and out_dtype != getattr(A, "dtype", None):
+            return _fp32_out(A, B, out, bias, act, alpha, residual, beta, out_dtype)
+    M, N, K, A2, out2, shape = _check(A, B, out, bias, residual)
+    C2 = residual.view(M, N) if residual is not None else None
     dtype = _dtype_name(A.dtype)
     if M == 0 or N == 0 or K == 0:
         if explain:
             print(f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype}: empty, nothing launched", file=sys.stderr)
-        return _trivial(A, out, shape, M, N, K, bias, act)
+        return _trivial(A, out, shape, M, N, K, bias, act, beta, residual)
     aligned = (A2.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, out2 is None or out2.data_ptr() % 16 == 0)
     if K % 8 or N % 8 or not all(aligned):
         fixes = layout_fixes(Layout(M, N, K, dtype, *aligned, out_given=out2 is not None))
     else:
         fixes = Fixes((), N, K)
     index = A.device.index if A.device.index is not None else 0
-    spec = GemmSpec.with_epilogue(dtype, bias is not None, act) if bias is not None or act != "none" else None
+    # alpha in the spec only where it is not 1 (one module serves every other value)
+    spec = GemmSpec.with_epilogue(dtype, bias is not None, act, alpha != 1.0, residual is not None)
+    spec = None if spec.is_default() else spec
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
-    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias)
+    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias, alpha if alpha != 1.0 else None, C2, beta)
     if spec is None and not fixes.names and (route.module_M is None or route.module_M == M):
         _remember(A, B, out, route, M, N, K, shape)
     if explain:
         batch = tuple(A.shape) if A.dim() != 2 else None
         text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)
-        steps = [what for what, on in (("+ bias[n]", bias is not None), (act, act != "none")) if on]
+        steps = [what for what, on in (("x alpha", alpha != 1.0), ("+ bias[n]", bias is not None), (act, act != "none"),
+                                       ("+ beta C", residual is not None)) if on]
         print(text + (f"\n  epilogue: {', then '.join(steps)}, on the fp32 sums before rounding" if steps else ""),
               file=sys.stderr)
     return out if out is not None else D.view(shape)

@@ -39,8 +39,11 @@ tensors, then the workspace of a split-K preset), which picks the prim_func's fo
 :func:`kernel`) and shapes its buffers; the body is one. What the epilogue does to each fp32
 accumulator before it is rounded to D's type is the preset's ``epilogue_op``
 (``epilogue.EpilogueOp``: nothing), or the one the operand spec asks for (``epilogue.op_of``: a
-per-column bias and an activation after it, v9 only); the spec's epilogue operands are parameters after ``num_ctas``
-(``epilogue.kernel_operands``, in the form here), the runtime's argument order.
+runtime scale alpha, a per-column bias and an activation after it, v9 only), then a residual
+``+ beta . C`` (``epilogue.ResidualRead``: C's chunk loaded by TMA into the staging buffer it
+is about to be stored from, which makes ``out=C`` safe); the spec's epilogue operands (tensors and
+fp32 scalars) are parameters after ``num_ctas`` (``epilogue.kernel_operands``, in the form here),
+the runtime's argument order.
 
 The running counts that index the ring (``load_it``, ``it``) and the staging buffers
 (``epi_it``) are never reset; only the ring turns them into a stage and a phase.
@@ -56,6 +59,7 @@ from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 from ..sync.classes import MBarrier, TMABar
 from ..core.config import GemmConfig
+from ..core.spec import spec_of
 from . import common, epilogue, narrowtail, splitk, streamk
 from .common import HopperPlan, SwapPlan
 from .epilogue import NO_OP, ChunkedEpilogue, EpilogueOp, TransposedEpilogue
@@ -197,6 +201,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     narrow_chunks, narrow_rest = divmod(tail_n, chunk_cols) if narrow_on else (0, 0)  # staged chunks, the columns after
     under = not preset.split_k and common.epi_under(cfg)  # a tile's chunks stored under the next tile's wgmmas
     zigzag = not preset.split_k and bool(dict(cfg.extra).get("k_zigzag", False))  # odd tiles load K backwards
+    residual = bool(spec_of(cfg).residual)  # + beta . C, C loaded into the staging buffers
 
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
@@ -244,12 +249,17 @@ def kernel(cfg: GemmConfig, preset: Preset):
         ring = Ring(tma2mma, mma2tma, cluster_size=cluster_size)  # the stages, their barriers and phases
         # per consumer: units of the tile counted before this one (split-K, stream-K)
         flag = T.meta_var(pool.alloc((consumers,), "int32") if has_workspace else None)
+        # a residual C: one TMA load of C's chunk in flight per consumer (epilogue.ResidualRead)
+        if residual:
+            c_ready = TMABar(pool, consumers)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((stages, BLK_N, BLK_K), dtype, layout=B_layout)
         Esmem = pool.alloc(staging_shape, dtype, layout=E_layout)
         pool.commit()
         ring.init(releases=releases)
+        if residual:
+            c_ready.init(1)  # the storing thread's arrive.expect_tx, then C's bytes
         # make the barrier inits visible to the async proxy and to the peers before any TMA
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
@@ -307,6 +317,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
+            if residual:
+                c_pairs = T.alloc_local((4,), "uint32")  # one ldmatrix of C
             if under:
                 # the last tile's output as 16-bit pairs, stored under the next tile
                 Preg = T.alloc_local((acc_regs // 2,), "uint32")
@@ -320,7 +332,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
             else:
                 epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                  warp_id=warp_id, lane_id=lane_id, packed=packed,
-                                                 chunk_cols=chunk_cols, buffers=buffers, op=epi_op))
+                                                 chunk_cols=chunk_cols, buffers=buffers, op=epi_op,
+                                                 residual=epilogue.ResidualRead.of(
+                                                     cfg, g, c_ready if residual else None,
+                                                     c_pairs if residual else None)))
             if has_workspace:
                 parts = T.meta_var(splitk.Partials(slots=g["p"], counters=g["cnt"], acc=Dreg, acc_regs=acc_regs,
                                                    thread=wtid, flag=flag, consumer=c))

@@ -1,0 +1,312 @@
+"""The fused epilogue with a scale and a residual (issue 31) on a GPU: every new epilogue checked at
+odd shapes, then timed at the Llama-8B weight shapes against torch's best paths.
+
+    D = act(alpha . A . W^T + bias) + beta . C          (C may be D itself: out=C, in place)
+
+- checks (each module in a child process with a timeout, so a hang or a crash is a row, not the
+  end of the run): random inputs, D poisoned with NaN first, the error against a float64 reference
+  with torch's own error on the same formula (``front.TorchMatmul``, the front door's fallback) as
+  the yardstick (ours within 2x of it, or 1e-2 absolute where both are tiny); in place (out = C)
+  as well as into a separate D; fp16 and bf16; alpha and beta not 1.
+- timing (bf16, the modules the front door's policy picks, ``plan.choose``): ``residual``
+  (``D = x . W^T + C``) against cuBLAS's fused ``torch.addmm(C, x, W.t())`` and the unfused
+  ``F.linear`` then ``+ C``; ``alpha_bias_gelu_tanh+residual`` against
+  ``torch._addmm_activation(b, x, W.t(), use_gelu=True)`` then ``+ C`` (cuBLASLt's fused
+  bias+GELU) and the unfused ``F.gelu(F.linear(x, W, b), approximate="tanh") + C``. Kernel level:
+  CUDA graphs of calls cycling input sets that spill L2, ours and the peers taking turns in rounds
+  (``harness.graph_times``); call level: queued calls with the host's checks (``GemmModule.__call__``
+  against the torch calls), events around each burst.
+
+Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
+``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
+are faster), each peer's ratio and every time in ms; plus ``checks`` and the GPU's name and clocks.
+
+    PYTHONPATH=$PWD nice .venv/bin/python benchmarks/epilogue_check.py prepare build/epi     # build box
+    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+        python3 benchmarks/epilogue_check.py run build/epi --out out/epilogue_check.json    # GPU box
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gemm_ladder.core import files
+from gemm_ladder.core.spec import spec_for, spec_of_manifest, torch_activation
+
+PLAN_FILE = "epilogue_plan.json"
+CHECK_SHAPES = [(200, 264, 320), (1000, 3000, 520)]  # odd-ish: partial tiles in M, N and K
+CHECK_EPILOGUES = ["residual", "alpha", "alpha_bias_gelu_tanh+residual", "bias_relu+residual"]
+LLAMA_WEIGHTS = [(4096, 4096), (14336, 4096), (4096, 14336)]  # (N, K): attention out, MLP up, MLP down
+TIME_MS = [128, 2048, 8192]
+TIME_EPILOGUES = ["residual", "alpha_bias_gelu_tanh+residual"]
+ALPHA, BETA = 0.75, 0.5  # not 1: the scalars must reach the kernel
+ROUNDS, PER_ROUND = 6, 5
+CHECK_TIMEOUT = 120.0
+
+
+def cases() -> list[dict]:
+    """What ``prepare`` builds: (purpose, epilogue, dtype, M, N, K)."""
+    out = [{"purpose": "check", "epilogue": e, "dtype": d, "shape": list(s)}
+           for e in CHECK_EPILOGUES for d in ("float16", "bfloat16") for s in CHECK_SHAPES[:1]]
+    out += [{"purpose": "check", "epilogue": "alpha_bias_gelu_tanh+residual", "dtype": "bfloat16",
+             "shape": list(CHECK_SHAPES[1])}]
+    out += [{"purpose": "time", "epilogue": e, "dtype": "bfloat16", "shape": [M, N, K]}
+            for e in TIME_EPILOGUES for N, K in LLAMA_WEIGHTS for M in TIME_MS]
+    return out
+
+
+def prepare(out: str, sms: int = 132) -> int:
+    """Build every case's module (the front door's policy; through the module cache, so the .so
+    holds the compiled fatbin) and copy it into ``out`` with :data:`PLAN_FILE`."""
+    # the build layer: this step runs where TVM's compiler is (the GPU box has the runtime only)
+    # pylint: disable=import-outside-toplevel
+    from gemm_ladder.compile import module_cache
+    from gemm_ladder.serve import plan
+    from gemm_ladder.serve.front import plan_job
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    doc, failed = {"cases": []}, 0
+    for case in cases():
+        M, N, K = case["shape"]
+        spec = spec_for(case["dtype"], case["epilogue"])
+        try:
+            _, job = plan_job(plan.Problem(M, N, K, case["dtype"], "sm_90a", sms, spec))
+            path, _ = module_cache.get_or_build(job)
+        except Exception as err:  # pylint: disable=broad-except  (a row that says why)
+            print(f"failed: {case}: {err}", file=sys.stderr)
+            failed += 1
+            continue
+        name = f"{path.parent.name}.so"
+        if not (folder / name).exists():
+            shutil.copyfile(path, folder / name)
+            shutil.copyfile(Path(str(path) + ".json"), folder / (name + ".json"))
+        doc["cases"].append({**case, "file": name, "knobs": job.knobs, "module_shape": list(job.shape)})
+        print(f"{case['purpose']} {case['epilogue']} {case['dtype']} {M}x{N}x{K}: {name}")
+    files.write_json(folder / PLAN_FILE, doc)
+    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    print(f"{len(doc['cases'])} cases, {size / 2**20:.1f} MiB in {folder}")
+    return 1 if failed else 0
+
+
+# -- the reference (no GPU needed: float64 on any device) -------------------------------------------
+def reference(A, B, bias, act: str, alpha: float, C, beta: float):
+    """act(alpha . A . B^T + bias) + beta . C in float64, the formula the kernel computes in fp32."""
+    z = (A.double() @ B.double().t()) * alpha
+    if bias is not None:
+        z = z + bias.double()
+    z = torch_activation(z, act)
+    return z + beta * C.double() if C is not None else z
+
+
+def within(ours: float, theirs: float) -> bool:
+    """Ours within 2x torch's own error on the same formula, or both tiny (1e-2 absolute)."""
+    return ours == ours and (ours <= 2.0 * theirs or ours <= 1e-2)
+
+
+def operands_of(spec, M: int, N: int, dtype, seed: int):
+    """The epilogue's inputs of a spec: (bias or None, alpha, C or None, beta)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    bias = torch.randn(N, generator=g, device="cuda").to(dtype) if spec.bias else None
+    C = torch.randn(M, N, generator=g, device="cuda").to(dtype) if spec.residual else None
+    return bias, (ALPHA if spec.alpha else 1.0), C, (BETA if spec.residual else 1.0)
+
+
+def check_one(path: str, M: int, seed: int = 0) -> dict:
+    """One module at M rows: into a separate D (poisoned with NaN) and, with a residual, in place."""
+    import torch  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.serve.front import TorchMatmul  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.serve.runtime import load  # pylint: disable=import-outside-toplevel
+
+    mod = load(path)
+    spec, dtype = mod.spec, getattr(torch, mod.dtype)
+    N, K = mod.N, mod.K
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    A = torch.randn(M, K, generator=g, device="cuda").to(dtype)
+    B = (torch.randn(N, K, generator=g, device="cuda") / K ** 0.5).to(dtype)
+    bias, alpha, C, beta = operands_of(spec, M, N, dtype, seed + 1)
+    ref = reference(A, B, bias, spec.act, alpha, C, beta)
+    theirs = torch.empty(M, N, dtype=dtype, device="cuda")
+    TorchMatmul(spec.act)(A, B, theirs, bias=bias, alpha=alpha, C=C, beta=beta)
+    err_torch = (theirs.double() - ref).abs().max().item()
+    kwargs = {k: v for k, v in (("bias", bias), ("alpha", alpha), ("C", C), ("beta", beta)) if v is not None}
+    kwargs = {k: v for k, v in kwargs.items() if k in {o.name for o in spec.epilogue_operands()}}
+    rows = []
+    D = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
+    mod(A, B, out=D, **kwargs)
+    torch.cuda.synchronize()
+    rows.append(("out", D))
+    if C is not None:  # in place: D is C
+        Cin = C.clone()
+        mod(A, B, out=Cin, **{**kwargs, "C": Cin})
+        torch.cuda.synchronize()
+        rows.append(("in_place", Cin))
+    res = {"file": Path(path).name, "M": M, "N": N, "K": K, "dtype": mod.dtype, "epilogue": spec.epilogue,
+           "err_torch": err_torch}
+    ok = True
+    for name, out in rows:
+        nan = bool(torch.isnan(out).any().item())
+        err = (out.double() - ref).abs().max().item()
+        res[f"err_{name}"], res[f"nan_{name}"] = err, nan
+        ok = ok and not nan and within(err, err_torch)
+    res["status"] = "ok" if ok else "wrong"
+    return res
+
+
+def check_isolated(path: Path, M: int) -> dict:
+    """:func:`check_one` in a child process with a timeout: a hang or a crash is a row."""
+    cmd = [sys.executable, __file__, "check-one", str(path), str(M)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHECK_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        return {"file": path.name, "M": M, "status": "timeout"}
+    for line in proc.stdout.splitlines()[::-1]:
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"file": path.name, "M": M, "status": "crash", "detail": (proc.stderr or "")[-800:]}
+
+
+# -- timing -----------------------------------------------------------------------------------------
+def peers(epilogue: str):
+    """torch's paths for an epilogue, each ``fn(A, W, D, bias, C)`` writing D."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
+
+    if epilogue == "residual":
+        return {"addmm": lambda a, w, d, b, c: torch.addmm(c, a, w.t(), out=d),
+                "unfused": lambda a, w, d, b, c: torch.add(F.linear(a, w), c, out=d)}
+
+    def lt(a, w, d, b, c):  # cuBLASLt's fused bias + GELU (tanh), then the residual
+        torch.add(torch._addmm_activation(b, a * ALPHA, w.t(), use_gelu=True), c, alpha=BETA, out=d)  # pylint: disable=protected-access
+
+    def unfused(a, w, d, b, c):
+        torch.add(F.gelu(F.linear(a, w).mul_(ALPHA).add_(b), approximate="tanh"), c, alpha=BETA, out=d)
+    return {"addmm_activation": lt, "unfused": unfused}
+
+
+def time_case(path: Path, case: dict, rounds: int, per_round: int) -> dict:
+    """Ours and the peers at one shape: kernel level (graphs) and call level (queued), in rounds."""
+    import torch  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.serve.runtime import load  # pylint: disable=import-outside-toplevel
+
+    mod = load(path)
+    M, N, K = case["shape"]
+    dtype, spec = getattr(torch, case["dtype"]), mod.spec
+    n_sets = harness.sets_to_spill_l2(M, N, K, torch.cuda.get_device_properties(0).L2_cache_size)
+    sets = []
+    for i in range(max(2, n_sets)):
+        g = torch.Generator(device="cuda").manual_seed(100 + i)
+        A = torch.randn(M, K, generator=g, device="cuda").to(dtype)
+        W = (torch.randn(N, K, generator=g, device="cuda") / K ** 0.5).to(dtype)
+        bias, _, C, _ = operands_of(spec, M, N, dtype, 200 + i)
+        sets.append((A, W, torch.empty(M, N, dtype=dtype, device="cuda"), bias, C))
+    names = [o.name for o in spec.epilogue_operands()]
+    vals = {"alpha": ALPHA, "beta": BETA if spec.epilogue != "residual" else 1.0}
+    a0, w0, d0, b0, c0 = sets[0]
+    launch = mod.launcher(a0, w0, d0, **{n: {"bias": b0, "C": c0}.get(n, vals.get(n)) for n in names})
+
+    def ours(a, w, d, b, c):
+        launch(a, w, d, *[{"bias": b, "C": c}.get(n, vals.get(n)) for n in names])
+
+    def ours_call(a, w, d, b, c):
+        mod(a, w, out=d, **{n: {"bias": b, "C": c}.get(n, vals.get(n)) for n in names})
+
+    kernels = {"ours": ours, **peers(spec.epilogue)}
+    calls = max(len(sets), 20)
+    for fn in kernels.values():
+        harness.graph_times(fn, sets, 2, calls)  # capture, warm up
+    kernel_ms: dict = {n: [] for n in kernels}
+    call_ms: dict = {n: [] for n in kernels}
+    call_fns = {**kernels, "ours": ours_call}
+    for r in range(rounds):
+        order = list(kernels) if r % 2 == 0 else list(kernels)[::-1]
+        for n in order:
+            kernel_ms[n] += harness.graph_times(kernels[n], sets, per_round, calls)
+        for n in order:
+            call_ms[n] += harness.event_times(call_fns[n], sets, per_round * 4, start=r)
+    kmed = {n: statistics.median(v) for n, v in kernel_ms.items()}
+    cmed = {n: statistics.median(v) for n, v in call_ms.items()}
+    theirs = [n for n in kernels if n != "ours"]
+    row = {"op": spec.epilogue, "M": M, "N": N, "K": K, "dtype": case["dtype"], "file": path.name,
+           "kernel_ratio": min(kmed[n] for n in theirs) / kmed["ours"],
+           "call_ratio": min(cmed[n] for n in theirs) / cmed["ours"],
+           "kernel_ms": kmed, "call_ms": cmed}
+    for n in theirs:
+        row[f"kernel_ratio_{n}"], row[f"call_ratio_{n}"] = kmed[n] / kmed["ours"], cmed[n] / cmed["ours"]
+    return row
+
+
+def run(folder: str, out: str, rounds: int = ROUNDS, per_round: int = PER_ROUND) -> int:
+    """Checks first (isolated), then timing of the modules whose checks passed; writes ``out``."""
+    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
+
+    if "epilogue" not in Path(out).name:
+        raise SystemExit(f"--out {out}: the results file's name must contain 'epilogue' (issue 31's format)")
+    folder_p = Path(folder)
+    doc = json.loads((folder_p / PLAN_FILE).read_text())
+    t0 = time.time()
+    checks, passed = [], set()
+    for case in doc["cases"]:
+        M = case["shape"][0]
+        res = {**check_isolated(folder_p / case["file"], M), "purpose": case["purpose"]}
+        checks.append(res)
+        if res["status"] == "ok":
+            passed.add((case["file"], M))
+        print(f"check {case['epilogue']} {case['dtype']} {'x'.join(map(str, case['shape']))}: {res['status']} "
+              f"{ {k: v for k, v in res.items() if k.startswith('err')} }", flush=True)
+    rows = []
+    for case in doc["cases"]:
+        if case["purpose"] != "time":
+            continue
+        if (case["file"], case["shape"][0]) not in passed:
+            rows.append({"op": case["epilogue"], "M": case["shape"][0], "N": case["shape"][1], "K": case["shape"][2],
+                         "dtype": case["dtype"], "kernel_ratio": None, "call_ratio": None, "skipped": "check failed"})
+            continue
+        row = time_case(folder_p / case["file"], case, rounds, per_round)
+        rows.append(row)
+        print(f"time {row['op']} {row['M']}x{row['N']}x{row['K']}: kernel {row['kernel_ratio']:.3f}x, "
+              f"call {row['call_ratio']:.3f}x the best torch path", flush=True)
+    result = {"gpu": harness.gpu_info(0), "run": harness.run_info(), "seconds": time.time() - t0,
+              "checks": checks, "rows": rows}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1, default=str))
+    bad = [c for c in checks if c["status"] != "ok"]
+    print(f"{len(checks) - len(bad)} of {len(checks)} checks ok; {len(rows)} rows in {out} ({time.time() - t0:.0f} s)")
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="build the modules into DIR (build box)")
+    p.add_argument("dir")
+    p.add_argument("--sms", type=int, default=132)
+    r = sub.add_parser("run", help="check and time them (GPU box)")
+    r.add_argument("dir")
+    r.add_argument("--out", required=True)
+    r.add_argument("--rounds", type=int, default=ROUNDS)
+    r.add_argument("--per-round", type=int, default=PER_ROUND)
+    c = sub.add_parser("check-one", help="(internal) one module's check, in a child process")
+    c.add_argument("path")
+    c.add_argument("M", type=int)
+    args = ap.parse_args(argv)
+    if args.cmd == "prepare":
+        return prepare(args.dir, args.sms)
+    if args.cmd == "run":
+        return run(args.dir, args.out, args.rounds, args.per_round)
+    print("RESULT " + json.dumps(check_one(args.path, args.M)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
