@@ -29,6 +29,7 @@ are faster), each peer's ratio and every time in ms; plus ``checks`` and the GPU
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -46,20 +47,37 @@ CHECK_EPILOGUES = ["residual", "alpha", "alpha_bias_gelu_tanh+residual", "bias_r
 LLAMA_WEIGHTS = [(4096, 4096), (14336, 4096), (4096, 14336)]  # (N, K): attention out, MLP up, MLP down
 TIME_MS = [128, 2048, 8192]
 TIME_EPILOGUES = ["residual", "alpha_bias_gelu_tanh+residual"]
+FP32_EPILOGUES = ["none", "alpha_bias_relu"]  # with a float32 D
 ALPHA, BETA = 0.75, 0.5  # not 1: the scalars must reach the kernel
 ROUNDS, PER_ROUND = 6, 5
 CHECK_TIMEOUT = 120.0
 
 
 def cases() -> list[dict]:
-    """What ``prepare`` builds: (purpose, epilogue, dtype, M, N, K)."""
+    """What ``prepare`` builds: (purpose, epilogue, dtype of A and B, D's dtype, M, N, K, knobs
+    beyond the policy's)."""
     out = [{"purpose": "check", "epilogue": e, "dtype": d, "shape": list(s)}
            for e in CHECK_EPILOGUES for d in ("float16", "bfloat16") for s in CHECK_SHAPES[:1]]
     out += [{"purpose": "check", "epilogue": "alpha_bias_gelu_tanh+residual", "dtype": "bfloat16",
              "shape": list(CHECK_SHAPES[1])}]
+    # a float32 D (the policy's knobs, and 64-column float32 chunks: epi_n=128 with three stages)
+    out += [{"purpose": "check", "epilogue": e, "dtype": d, "d": "float32", "shape": list(s)}
+            for e in FP32_EPILOGUES for d in ("float16", "bfloat16") for s in CHECK_SHAPES]
+    out += [{"purpose": "check", "epilogue": "bias_gelu_tanh", "dtype": "bfloat16", "d": "float32",
+             "shape": list(CHECK_SHAPES[0]), "knobs": {"epi_n": 128, "pipe_depth": 3, "cluster_m": 1}}]
     out += [{"purpose": "time", "epilogue": e, "dtype": "bfloat16", "shape": [M, N, K]}
             for e in TIME_EPILOGUES for N, K in LLAMA_WEIGHTS for M in TIME_MS]
+    out += [{"purpose": "time", "epilogue": "none", "dtype": "bfloat16", "d": "float32", "shape": [M, N, K]}
+            for N, K in LLAMA_WEIGHTS for M in TIME_MS]
     return out
+
+
+def spec_of_case(case: dict):
+    """The operand spec of a case: its epilogue, with D (and the bias) in float32 where it says."""
+    spec = spec_for(case["dtype"], case["epilogue"])
+    if case.get("d") == "float32":
+        spec = dataclasses.replace(spec, d="float32", bias="float32" if spec.bias else None)
+    return spec
 
 
 def prepare(out: str, sms: int = 132) -> int:
@@ -76,9 +94,11 @@ def prepare(out: str, sms: int = 132) -> int:
     doc, failed = {"cases": []}, 0
     for case in cases():
         M, N, K = case["shape"]
-        spec = spec_for(case["dtype"], case["epilogue"])
+        spec = spec_of_case(case)
         try:
             _, job = plan_job(plan.Problem(M, N, K, case["dtype"], "sm_90a", sms, spec))
+            if case.get("knobs"):
+                job = dataclasses.replace(job, knobs={**job.knobs, **case["knobs"]})
             path, _ = module_cache.get_or_build(job)
         except Exception as err:  # pylint: disable=broad-except  (a row that says why)
             print(f"failed: {case}: {err}", file=sys.stderr)
@@ -89,7 +109,7 @@ def prepare(out: str, sms: int = 132) -> int:
             shutil.copyfile(path, folder / name)
             shutil.copyfile(Path(str(path) + ".json"), folder / (name + ".json"))
         doc["cases"].append({**case, "file": name, "knobs": job.knobs, "module_shape": list(job.shape)})
-        print(f"{case['purpose']} {case['epilogue']} {case['dtype']} {M}x{N}x{K}: {name}")
+        print(f"{case['purpose']} {spec.text()} {M}x{N}x{K}: {name}")
     files.write_json(folder / PLAN_FILE, doc)
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(f"{len(doc['cases'])} cases, {size / 2**20:.1f} MiB in {folder}")
@@ -111,13 +131,13 @@ def within(ours: float, theirs: float) -> bool:
     return ours == ours and (ours <= 2.0 * theirs or ours <= 1e-2)
 
 
-def operands_of(spec, M: int, N: int, dtype, seed: int):
-    """The epilogue's inputs of a spec: (bias or None, alpha, C or None, beta)."""
+def operands_of(spec, M: int, N: int, seed: int):
+    """The epilogue's inputs of a spec: (bias or None, alpha, C or None, beta), in the spec's dtypes."""
     import torch  # pylint: disable=import-outside-toplevel
 
     g = torch.Generator(device="cuda").manual_seed(seed)
-    bias = torch.randn(N, generator=g, device="cuda").to(dtype) if spec.bias else None
-    C = torch.randn(M, N, generator=g, device="cuda").to(dtype) if spec.residual else None
+    bias = torch.randn(N, generator=g, device="cuda").to(getattr(torch, spec.bias)) if spec.bias else None
+    C = torch.randn(M, N, generator=g, device="cuda").to(getattr(torch, spec.residual)) if spec.residual else None
     return bias, (ALPHA if spec.alpha else 1.0), C, (BETA if spec.residual else 1.0)
 
 
@@ -133,15 +153,16 @@ def check_one(path: str, M: int, seed: int = 0) -> dict:
     g = torch.Generator(device="cuda").manual_seed(seed)
     A = torch.randn(M, K, generator=g, device="cuda").to(dtype)
     B = (torch.randn(N, K, generator=g, device="cuda") / K ** 0.5).to(dtype)
-    bias, alpha, C, beta = operands_of(spec, M, N, dtype, seed + 1)
+    bias, alpha, C, beta = operands_of(spec, M, N, seed + 1)
     ref = reference(A, B, bias, spec.act, alpha, C, beta)
-    theirs = torch.empty(M, N, dtype=dtype, device="cuda")
+    d_dtype = getattr(torch, spec.d)
+    theirs = torch.empty(M, N, dtype=d_dtype, device="cuda")
     TorchMatmul(spec.act)(A, B, theirs, bias=bias, alpha=alpha, C=C, beta=beta)
     err_torch = (theirs.double() - ref).abs().max().item()
     kwargs = {k: v for k, v in (("bias", bias), ("alpha", alpha), ("C", C), ("beta", beta)) if v is not None}
     kwargs = {k: v for k, v in kwargs.items() if k in {o.name for o in spec.epilogue_operands()}}
     rows = []
-    D = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
+    D = torch.full((M, N), float("nan"), dtype=d_dtype, device="cuda")
     mod(A, B, out=D, **kwargs)
     torch.cuda.synchronize()
     rows.append(("out", D))
@@ -150,8 +171,8 @@ def check_one(path: str, M: int, seed: int = 0) -> dict:
         mod(A, B, out=Cin, **{**kwargs, "C": Cin})
         torch.cuda.synchronize()
         rows.append(("in_place", Cin))
-    res = {"file": Path(path).name, "M": M, "N": N, "K": K, "dtype": mod.dtype, "epilogue": spec.epilogue,
-           "err_torch": err_torch}
+    res = {"file": Path(path).name, "M": M, "N": N, "K": K, "dtype": mod.dtype, "d": spec.d,
+           "epilogue": spec.epilogue, "err_torch": err_torch}
     ok = True
     for name, out in rows:
         nan = bool(torch.isnan(out).any().item())
@@ -181,6 +202,17 @@ def peers(epilogue: str):
     import torch  # pylint: disable=import-outside-toplevel
     import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
 
+    if epilogue == "fp32_out":  # D = A . W^T in float32
+        def mm_out_dtype(a, w, d, b, c):  # torch's own float32-output GEMM (torch >= 2.8), where it exists
+            torch.mm(a, w.t(), out_dtype=torch.float32, out=d)
+        found = {"linear_then_float": lambda a, w, d, b, c: d.copy_(F.linear(a, w))}
+        try:
+            probe = torch.ones(16, 16, dtype=torch.bfloat16, device="cuda")
+            torch.mm(probe, probe, out_dtype=torch.float32)
+            found["mm_out_dtype"] = mm_out_dtype
+        except (TypeError, RuntimeError):
+            pass
+        return found
     if epilogue == "residual":
         return {"addmm": lambda a, w, d, b, c: torch.addmm(c, a, w.t(), out=d),
                 "unfused": lambda a, w, d, b, c: torch.add(F.linear(a, w), c, out=d)}
@@ -202,14 +234,15 @@ def time_case(path: Path, case: dict, rounds: int, per_round: int) -> dict:
     mod = load(path)
     M, N, K = case["shape"]
     dtype, spec = getattr(torch, case["dtype"]), mod.spec
+    op = "fp32_out" if spec.d == "float32" else spec.epilogue
     n_sets = harness.sets_to_spill_l2(M, N, K, torch.cuda.get_device_properties(0).L2_cache_size)
     sets = []
     for i in range(max(2, n_sets)):
         g = torch.Generator(device="cuda").manual_seed(100 + i)
         A = torch.randn(M, K, generator=g, device="cuda").to(dtype)
         W = (torch.randn(N, K, generator=g, device="cuda") / K ** 0.5).to(dtype)
-        bias, _, C, _ = operands_of(spec, M, N, dtype, 200 + i)
-        sets.append((A, W, torch.empty(M, N, dtype=dtype, device="cuda"), bias, C))
+        bias, _, C, _ = operands_of(spec, M, N, 200 + i)
+        sets.append((A, W, torch.empty(M, N, dtype=getattr(torch, spec.d), device="cuda"), bias, C))
     names = [o.name for o in spec.epilogue_operands()]
     vals = {"alpha": ALPHA, "beta": BETA if spec.epilogue != "residual" else 1.0}
     a0, w0, d0, b0, c0 = sets[0]
@@ -221,7 +254,7 @@ def time_case(path: Path, case: dict, rounds: int, per_round: int) -> dict:
     def ours_call(a, w, d, b, c):
         mod(a, w, out=d, **{n: {"bias": b, "C": c}.get(n, vals.get(n)) for n in names})
 
-    kernels = {"ours": ours, **peers(spec.epilogue)}
+    kernels = {"ours": ours, **peers(op)}
     calls = max(len(sets), 20)
     for fn in kernels.values():
         harness.graph_times(fn, sets, 2, calls)  # capture, warm up
@@ -237,7 +270,7 @@ def time_case(path: Path, case: dict, rounds: int, per_round: int) -> dict:
     kmed = {n: statistics.median(v) for n, v in kernel_ms.items()}
     cmed = {n: statistics.median(v) for n, v in call_ms.items()}
     theirs = [n for n in kernels if n != "ours"]
-    row = {"op": spec.epilogue, "M": M, "N": N, "K": K, "dtype": case["dtype"], "file": path.name,
+    row = {"op": op, "M": M, "N": N, "K": K, "dtype": case["dtype"], "file": path.name,
            "kernel_ratio": min(kmed[n] for n in theirs) / kmed["ours"],
            "call_ratio": min(cmed[n] for n in theirs) / cmed["ours"],
            "kernel_ms": kmed, "call_ms": cmed}
@@ -262,14 +295,15 @@ def run(folder: str, out: str, rounds: int = ROUNDS, per_round: int = PER_ROUND)
         checks.append(res)
         if res["status"] == "ok":
             passed.add((case["file"], M))
-        print(f"check {case['epilogue']} {case['dtype']} {'x'.join(map(str, case['shape']))}: {res['status']} "
+        print(f"check {case['epilogue']} {case['dtype']} -> {case.get('d', case['dtype'])} "
+              f"{'x'.join(map(str, case['shape']))}: {res['status']} "
               f"{ {k: v for k, v in res.items() if k.startswith('err')} }", flush=True)
     rows = []
     for case in doc["cases"]:
         if case["purpose"] != "time":
             continue
         if (case["file"], case["shape"][0]) not in passed:
-            rows.append({"op": case["epilogue"], "M": case["shape"][0], "N": case["shape"][1], "K": case["shape"][2],
+            rows.append({"op": "fp32_out" if case.get("d") == "float32" else case["epilogue"], "M": case["shape"][0], "N": case["shape"][1], "K": case["shape"][2],
                          "dtype": case["dtype"], "kernel_ratio": None, "call_ratio": None, "skipped": "check failed"})
             continue
         row = time_case(folder_p / case["file"], case, rounds, per_round)

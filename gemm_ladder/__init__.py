@@ -43,13 +43,13 @@ from __future__ import annotations
 import os
 
 from .core.config import ConfigError, GemmConfig
-from .serve.front import matmul as _matmul, use_pack as _use
+from .serve.front import matmul as _matmul, swiglu as _swiglu, use_pack as _use
 from .serve.runtime import load as _load
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "GemmConfig", "build", "load", "make_config", "matmul", "use_pack",
+    "ConfigError", "GemmConfig", "build", "load", "make_config", "matmul", "swiglu", "use_pack",
     "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
     "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11",
 ]
@@ -127,6 +127,11 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     ``out_dtype``: None or torch.float32): see :mod:`gemm_ladder.serve.front`."""
     return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias, activation=activation, alpha=alpha,
                    residual=residual, beta=beta, out_dtype=out_dtype)
+
+
+def swiglu(x, W_gu, out=None, strict: bool | None = None):
+    """silu(x . Wg^T) * (x . Wu^T) from W_gu = cat([Wg, Wu]) [2N, K]: see :func:`gemm_ladder.serve.front.swiglu`."""
+    return _swiglu(x, W_gu, out=out, strict=strict)
 
 
 def use_pack(folder):

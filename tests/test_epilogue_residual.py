@@ -213,3 +213,85 @@ def test_the_gpu_checks_plan_covers_every_new_epilogue_and_the_llama_shapes():
     A, B, C = (t.double() for t in _abc())
     ref = mod.reference(A, B, None, "relu", 2.0, C, 0.5)
     assert torch.allclose(ref, torch.relu(2.0 * A @ B.t()) + 0.5 * C)
+
+
+def test_the_checker_needs_the_named_barriers_the_residual_kernel_declares(monkeypatch):
+    """Without modelling bar.sync (the kernel's NAMED_BARRIERS_ATTR), the storing thread would run
+    ahead in the model and the C barrier's phases mix: the attribute is what makes the check true."""
+    from gemm_ladder.protocol import check as check_mod  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(check_mod, "NAMED_BARRIERS_ATTR", "gemm_ladder.not_an_attr")
+    report = check_config(make_config("v9", 256, 256, 512, spec=spec_for("float16", "residual"), cluster_m=1))
+    assert not report.ok and "c_ready" in " ".join(report.findings)
+
+
+# -- a float32 D (the spec's d) -------------------------------------------------------------------------
+FP32 = GemmSpec(a="bfloat16", b="bfloat16", d="float32", bias="float32", act="relu", alpha=True)
+
+
+def test_a_float32_d_is_built_for_v9_from_16_bit_inputs_only():
+    make_config("v9", 256, 256, 512, spec=FP32, dtype="bfloat16")
+    for spec, words in ((GemmSpec(a="float32", b="float32", d="float32"), "float32. is not supported"),
+                        (GemmSpec(d="float32", residual="float32"), "residual C with a float32 D"),
+                        (GemmSpec(d="float32", bias="float16"), "in D's dtype")):
+        with pytest.raises(ConfigError, match=words):
+            make_config("v9", 256, 256, 512, spec=spec)
+    with pytest.raises(ConfigError, match="no fp32_out"):
+        make_config("v10", 256, 256, 512, spec=GemmSpec(d="float32"), split_k=2)
+    with pytest.raises(ConfigError, match="float32 D with tail_n=0, epi_under=True"):
+        make_config("v9", 256, 256, 512, spec=GemmSpec(d="float32"), epi_under=True)
+
+
+def test_v9_with_a_float32_d_stages_float32_and_stores_32_column_boxes():
+    cfg = make_config("v9", 200, 264, 320, spec=FP32, cluster_m=1, dtype="bfloat16")
+    mod = builder.build(kernel_of(cfg))
+    src = mod.cuda_source()
+    assert "float* __restrict__ bias_ptr" in src and "((float*)pool_buf_ptr)[" in src
+    assert "stmatrix_sync_aligned_m8n8_x4_shared_b16(" not in src.split("__global__")[-1]
+    assert "cvt_bf16x2" not in src.split("__global__")[-1]  # nothing rounded to 16 bits
+    # 256 columns a tile, 32 of float32 a box: 8 stores a tile (16-bit D: 4 of 64)
+    stores = [line for line in src.splitlines() if "cp_async_bulk_tensor_s2g" in line and "void" not in line]
+    assert len(stores) == 8
+    assert mod.manifest()["spec"]["d"] == "float32"
+
+
+def test_the_barrier_checker_passes_the_float32_d_kernel():
+    assert check_config(make_config("v9", 512, 512, 512, spec=FP32, dtype="bfloat16")).ok
+
+
+def test_out_dtype_is_checked_and_the_fallback_computes_a_float32_d():
+    A, B, C = _abc()
+    with pytest.raises(ModuleInputError, match="out has dtype torch.float16; it must be D's torch.float32"):
+        gemm_ladder.matmul(A, B, out=torch.empty(5, 8, dtype=torch.float16), out_dtype=torch.float32)
+    with pytest.raises(ModuleInputError, match="residual has dtype torch.float16; it must be D's torch.float32"):
+        gemm_ladder.matmul(A, B, residual=C, out_dtype=torch.float32)
+    out = torch.empty(5, 8)
+    TorchMatmul("none")(A, B, out, alpha=2.0)
+    assert torch.allclose(out.double(), 2.0 * A.double() @ B.double().t(), atol=1e-4)
+
+
+def test_the_policy_serves_a_float32_d_with_v9_without_epi_under():
+    for M in (128, 8192):
+        choice = plan.choose(plan.Problem(M, 4096, 4096, "bfloat16", "sm_90a", 132, FP32), use_db=True)
+        assert choice.rung == "v9" and not choice.knobs.get("epi_under") and not choice.knobs.get("tail_n")
+
+
+# -- SwiGLU (the front door's; not one kernel yet) -------------------------------------------------------
+def test_swiglu_refuses_an_odd_fused_weight_and_a_bad_out():
+    x, W = torch.randn(4, 16, dtype=torch.float16), torch.randn(7, 16, dtype=torch.float16)
+    with pytest.raises(ModuleInputError, match="even number of rows"):
+        gemm_ladder.swiglu(x, W)
+    W = torch.randn(8, 16, dtype=torch.float16)
+    with pytest.raises(ModuleInputError, match=r"out must be \(4, 4\)"):
+        gemm_ladder.swiglu(x, W, out=torch.empty(4, 8, dtype=torch.float16))
+
+
+def test_swiglus_elementwise_half_is_silu_of_the_gate_times_the_up_half():
+    from gemm_ladder.serve.front import glu_halves  # pylint: disable=import-outside-toplevel
+
+    x, Wg, Wu = torch.randn(3, 16).double(), torch.randn(4, 16).double(), torch.randn(4, 16).double()
+    h = x @ torch.cat([Wg, Wu]).t()
+    want = torch.nn.functional.silu(x @ Wg.t()) * (x @ Wu.t())
+    assert torch.allclose(glu_halves(h.half()).double(), want, rtol=2e-2, atol=2e-2)
+    out = torch.empty(3, 4, dtype=torch.float64)
+    assert glu_halves(h, out) is out and torch.allclose(out, want.float().double(), atol=1e-5)

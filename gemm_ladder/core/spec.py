@@ -17,7 +17,8 @@ compiles. Built today:
     ==========  =========================================================================
     field       accepted
     ==========  =========================================================================
-    a, b, d     float16 or bfloat16, all three the same
+    a, b, d     float16 or bfloat16, all three the same; or D in float32 (a wgrad into fp32 master
+                weights) on rungs whose ``EPILOGUES`` lists ``"fp32_out"`` (v9; not with a residual)
     acc         float32
     a_major     K (A is [M, K], row-major)
     b_major     K (B is [N, K], row-major, like nn.Linear.weight)
@@ -61,8 +62,8 @@ SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A 
 # (F.gelu), SiLU (F.silu); "none": the identity
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
 # what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS; "alpha": the runtime
-# scale of the product; "residual": C and its runtime scale beta)
-EPILOGUES = ("none", "bias", "act", "alpha", "residual")
+# scale of the product; "residual": C and its runtime scale beta; "fp32_out": D in float32 from 16-bit A, B)
+EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out")
 SCALARS = ("alpha", "beta")  # the fp32 scalar parameters of an epilogue (Operand.role "scalar")
 
 
@@ -292,9 +293,10 @@ def spec_knobs(spec: GemmSpec | None) -> dict:
 
 def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
     """What of ``spec`` rung ``rung`` (whose ``EPILOGUES`` are ``epilogues``) does not build, or None."""
-    if spec.a not in DTYPES or spec.b != spec.a or spec.d != spec.a:
-        return (f"A={spec.a}, B={spec.b}, D={spec.d}: only float16 or bfloat16 in and out, one dtype, are built "
-                "(fp8 and mixed dtypes are not built yet)")
+    fp32_out = spec.d == "float32" and spec.a in DTYPES and spec.b == spec.a
+    if spec.a not in DTYPES or spec.b != spec.a or (spec.d != spec.a and not fp32_out):
+        return (f"A={spec.a}, B={spec.b}, D={spec.d}: only float16 or bfloat16 in, one dtype, and D in it or in "
+                "float32, are built (fp8 and mixed dtypes are not built yet)")
     if spec.acc != ACC_DTYPE:
         return f"acc={spec.acc}: only float32 accumulators are built"
     if spec.a_major != "K" or spec.b_major != "K":
@@ -306,10 +308,12 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
         return "grouped GEMM is not built yet"
     if spec.residual is not None and spec.residual != spec.d:
         return f"residual={spec.residual}: a residual C is built in D's dtype ({spec.d}) only"
+    if spec.residual is not None and fp32_out:
+        return "a residual C with a float32 D is not built yet (C is read back as 16-bit pairs)"
     if spec.bias is not None and spec.bias != spec.d:
         return f"bias={spec.bias}: a bias is built in D's dtype ({spec.d}) only"
     missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none"), ("alpha", spec.alpha),
-                                     ("residual", spec.residual)) if on and part not in epilogues]
+                                     ("residual", spec.residual), ("fp32_out", fp32_out)) if on and part not in epilogues]
     if missing:
         return (f"epilogue {spec.epilogue!r} is not built for {rung} (its epilogue has no {' and no '.join(missing)}; "
                 f"it builds {', '.join(epilogues)}); the bias, the activations, alpha and the residual are built "

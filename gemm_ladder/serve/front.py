@@ -5,6 +5,8 @@
     gemm_ladder.matmul(A, B, out=D)           # D [..., N]
     gemm_ladder.matmul(A, B, bias=b)          # D = A . B^T + b, b [N] (fp32 sum, then rounded)
     gemm_ladder.matmul(A, B, bias=b, activation="gelu_tanh")  # D = gelu(A . B^T + b), in fp32, then rounded
+    gemm_ladder.matmul(A, B, alpha=0.5, residual=C, out=C)  # C = 0.5 A . B^T + C, in place, one kernel
+    gemm_ladder.matmul(A, B, out_dtype=torch.float32)        # D in float32 (A, B 16-bit)
     gemm_ladder.matmul(A, B, explain=True)    # also prints which kernel, from where, and why
 
 How a call finds its kernel (once per shape, dtype and GPU arch; then from memory)::
@@ -50,7 +52,15 @@ An activation (``activation=``: ``relu``, ``gelu_tanh``, ``gelu_erf``, ``silu``,
 spec's ``act``: the kernel applies it after the bias, in fp32, before rounding (modules from
 ``pack build --epilogue bias_gelu_tanh``, or ``gelu_tanh`` without a bias); where none serves,
 torch computes ``F.linear`` and then the activation (``spec.torch_activation``), with the warning.
-A call with a bias or an activation takes the checked path every time (the fast path of repeated
+A scale ``alpha`` (a Python float; the spec's ``alpha``, a runtime parameter of one module for
+every value other than 1) multiplies the product before the bias; a residual (``residual=``: C of
+D's shape and dtype, contiguous, apart from A, B and the bias, or ``out`` itself) is added times
+``beta`` after the activation, all in fp32 before rounding: ``D = act(alpha A.B^T + bias) + beta C``
+(v9 reads C's chunk by TMA into the staging buffer it then stores D from, which makes ``out=C``
+safe: ``sm90a.epilogue.ResidualRead``). ``out_dtype=torch.float32`` makes D float32 (the spec's
+``d``; a bias then goes to the kernel in float32; a residual with a float32 D is not built, torch
+computes it). Where no module serves, torch computes the same formula (``TorchMatmul``), with the
+warning. A call with any of these takes the checked path every time (the fast path of repeated
 calls below does not cover it yet).
 
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
@@ -60,6 +70,7 @@ It launches on torch's current stream, so CUDA-graph capture works once a shape 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -170,10 +181,11 @@ def _load(path):
 
 
 # -- checks ---------------------------------------------------------------------------------------
-def check_shapes(A, B, out, bias=None):
+def check_shapes(A, B, out, bias=None, d_dtype=None):
     """(M, N, K, D's shape) of a call whose arguments fit (``bias``: None, or N values in A's
-    dtype), all but their device, batch dims of A flattened into M; else ModuleInputError with the
-    fix. These are :func:`matmul`'s checks that need no GPU (the op's tests run them on the CPU)."""
+    dtype; ``d_dtype``: D's dtype, default A's), all but their device, batch dims of A flattened
+    into M; else ModuleInputError with the fix. These are :func:`matmul`'s checks that need no GPU
+    (the op's tests run them on the CPU)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     for name, t, what in (("A", A, "[..., K]"), ("B", B, "[N, K]"), ("out", out, "[..., N] or None")):
@@ -195,8 +207,9 @@ def check_shapes(A, B, out, bias=None):
                                f"(D = A . B^T){hint}")
     shape = (*A.shape[:-1], N)
     if out is not None:
-        if out.dtype != A.dtype:
-            raise ModuleInputError(f"out has dtype {out.dtype}; it must be A's {A.dtype}")
+        if out.dtype != (d_dtype or A.dtype):
+            raise ModuleInputError(f"out has dtype {out.dtype}; it must be D's {d_dtype or A.dtype}"
+                                   + ("" if d_dtype else " (out_dtype=torch.float32 for a float32 D)"))
         if tuple(out.shape) != shape:
             raise ModuleInputError(f"out has shape {tuple(out.shape)}; D = A . B^T is {shape}")
     if is_transposed(B):
@@ -282,6 +295,17 @@ def _refuse_grad_and_overlap(A, B, out, bias=None) -> None:
                                    f"reads it. Pass an out that shares no memory with A or B (nor the bias), or no out")
 
 
+def check_out_dtype(out_dtype, A):
+    """D's dtype for ``out_dtype``: None for A's (None or A's dtype), torch.float32; else ModuleInputError."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if out_dtype is None or out_dtype == getattr(A, "dtype", None):
+        return None
+    if out_dtype != torch.float32:
+        raise ModuleInputError(f"gemm_ladder.matmul: out_dtype={out_dtype}; use None (A's dtype) or torch.float32")
+    return torch.float32
+
+
 def check_residual(residual, shape, dtype, A, B, out, bias=None, who: str = "gemm_ladder.matmul") -> None:
     """A residual C: a contiguous tensor of D's ``shape`` and ``dtype``, on A's device, sharing no
     memory with A, B or the bias; it may be ``out`` itself (the same tensor memory: an in-place
@@ -326,7 +350,7 @@ def _check_out(out, shape, dtype, A, B, bias, residual) -> None:
 
 def _check(A, B, out, bias=None, residual=None, d_dtype=None):
     """(M, N, K, A as [M, K], out as [M, N] or None, D's shape); raises ModuleInputError."""
-    M, N, K, shape = check_shapes(A, B, out, bias)
+    M, N, K, shape = check_shapes(A, B, out, bias, d_dtype)
     if residual is not None:
         check_residual(residual, shape, d_dtype or A.dtype, A, B, out, bias)
     for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias), ("residual", residual)):
@@ -512,6 +536,9 @@ class TorchMatmul:
     def __call__(self, a, b, out, bias=None, alpha=1.0, C=None, beta=1.0):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
+        if out.dtype != a.dtype:  # a float32 D: the product and the epilogue in float32
+            a, b = a.float(), b.float()
+            bias = bias.float() if bias is not None else None
         if C is None and alpha == 1.0:  # the plain path writes out directly
             if bias is None:
                 torch.matmul(a, b.t(), out=out)
@@ -641,11 +668,12 @@ def _weight_copy(B, Nk: int, Kk: int):
 
 
 def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes, bias=None, alpha=None, C2=None,
-                 beta: float = 1.0):
+                 beta: float = 1.0, d_dtype=None):
     """Run the route's module on ``A2`` [M, K], ``B`` [N, K] (and ``out2`` [M, N] or None; + ``bias``
     [N], zero-padded like N; ``alpha`` where the spec has it; a residual ``C2`` [M, N] and ``beta``),
     with the copies ``fixes`` asks for and A copied into the rows of a module built for a larger M:
-    what :func:`matmul` does once it has checked its tensors and found the route; returns D [M, N]."""
+    what :func:`matmul` does once it has checked its tensors and found the route; returns D [M, N]
+    (in ``d_dtype``, default A's)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     Mk = route.module_M if route.module_M is not None else M
@@ -672,24 +700,25 @@ def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes
     if Nk != N or Kk != K or fixes.copies("copy-b"):
         b = _weight_copy(B, Nk, Kk)
     if Mk == M and Nk == N and not fixes.copies("stage-out"):
-        d = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
+        d = out2 if out2 is not None else torch.empty((M, N), dtype=d_dtype or A2.dtype, device=A2.device)
         route.run(a, b, d, operands)
         return d
-    d = torch.empty((Mk, Nk), dtype=A2.dtype, device=A2.device)
+    d = torch.empty((Mk, Nk), dtype=d_dtype or A2.dtype, device=A2.device)
     route.run(a, b, d, operands)
-    result = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
+    result = out2 if out2 is not None else torch.empty((M, N), dtype=d_dtype or A2.dtype, device=A2.device)
     result.copy_(d[:M, :N])
     return result
 
 
-def _trivial(A, out, shape, M: int, N: int, K: int, bias=None, act: str = "none", beta: float = 1.0, residual=None):
+def _trivial(A, out, shape, M: int, N: int, K: int, bias=None, act: str = "none", beta: float = 1.0, residual=None,
+             d_dtype=None):
     """Empty shapes: nothing to launch (K = 0 gives zeros, or the bias, as cuBLAS does; then the
     activation of that, then beta times the residual)."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    D = out if out is not None else torch.empty(shape, dtype=A.dtype, device=A.device)
+    D = out if out is not None else torch.empty(shape, dtype=d_dtype or A.dtype, device=A.device)
     if K == 0 and M and N:
-        z = torch.zeros(shape, dtype=A.dtype, device=A.device)
+        z = torch.zeros(shape, dtype=D.dtype, device=A.device)
         if bias is not None:
             z += bias
         z = torch_activation(z, act)
@@ -697,32 +726,6 @@ def _trivial(A, out, shape, M: int, N: int, K: int, bias=None, act: str = "none"
             torch.add(z, residual, alpha=beta, out=D)
         else:
             D.copy_(z)
-    return D
-
-
-def _fp32_out(A, B, out, bias, act: str, alpha: float, residual, beta: float, out_dtype):
-    """``out_dtype=torch.float32``: checked like any call, computed by torch in fp32 (fp32 output is
-    not built in our kernels yet), said once per shape by a KernelFallbackWarning."""
-    import torch  # pylint: disable=import-outside-toplevel
-
-    if out_dtype != torch.float32:
-        raise ModuleInputError(f"gemm_ladder.matmul: out_dtype={out_dtype}; use None (A's dtype) or torch.float32")
-    M, N, K, A2, out2, shape = _check(A, B, None, bias, residual, d_dtype=torch.float32)
-    if out is not None:
-        _check_out(out, shape, torch.float32, A, B, bias, residual)
-    key = ("fp32-out", M, N, K, A.dtype)
-    if key not in _ROUTES:
-        _ROUTES[key] = True
-        _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {A.dtype} -> float32: fp32 output is not built in our kernels "
-              "yet; torch computes it (A . B^T in fp32, then the epilogue in fp32)")
-    z = torch.mm(A2.float(), B.float().t()).mul_(alpha)
-    if bias is not None:
-        z += bias.float()
-    z = torch_activation(z, act)
-    if residual is not None:
-        z = z.add_(residual.reshape(M, N).float(), alpha=beta)
-    D = out if out is not None else torch.empty(shape, dtype=torch.float32, device=A.device)
-    D.view(M, N).copy_(z)
     return D
 
 
@@ -833,17 +836,17 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
         if done is not None:
             return done
     act = check_activation(activation)
+    d_dtype = None  # A's
     if not plain_epilogue:
         alpha, beta = scalar_arg("alpha", alpha, "gemm_ladder.matmul"), scalar_arg("beta", beta, "gemm_ladder.matmul")
-        if out_dtype is not None and out_dtype != getattr(A, "dtype", None):
-            return _fp32_out(A, B, out, bias, act, alpha, residual, beta, out_dtype)
-    M, N, K, A2, out2, shape = _check(A, B, out, bias, residual)
+        d_dtype = check_out_dtype(out_dtype, A)
+    M, N, K, A2, out2, shape = _check(A, B, out, bias, residual, d_dtype)
     C2 = residual.view(M, N) if residual is not None else None
     dtype = _dtype_name(A.dtype)
     if M == 0 or N == 0 or K == 0:
         if explain:
             print(f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype}: empty, nothing launched", file=sys.stderr)
-        return _trivial(A, out, shape, M, N, K, bias, act, beta, residual)
+        return _trivial(A, out, shape, M, N, K, bias, act, beta, residual, d_dtype)
     aligned = (A2.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, out2 is None or out2.data_ptr() % 16 == 0)
     if K % 8 or N % 8 or not all(aligned):
         fixes = layout_fixes(Layout(M, N, K, dtype, *aligned, out_given=out2 is not None))
@@ -852,12 +855,16 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     index = A.device.index if A.device.index is not None else 0
     # alpha in the spec only where it is not 1 (one module serves every other value)
     spec = GemmSpec.with_epilogue(dtype, bias is not None, act, alpha != 1.0, residual is not None)
+    if d_dtype is not None:  # a float32 D: its bias and residual in float32 too
+        spec = dataclasses.replace(spec, d="float32", bias="float32" if bias is not None else None,
+                                   residual="float32" if residual is not None else None)
+        bias = bias.float() if bias is not None else None
     spec = None if spec.is_default() else spec
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
-    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias, alpha if alpha != 1.0 else None, C2, beta)
+    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias, alpha if alpha != 1.0 else None, C2, beta, d_dtype)
     if spec is None and not fixes.names and (route.module_M is None or route.module_M == M):
         _remember(A, B, out, route, M, N, K, shape)
     if explain:
@@ -868,3 +875,43 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
         print(text + (f"\n  epilogue: {', then '.join(steps)}, on the fp32 sums before rounding" if steps else ""),
               file=sys.stderr)
     return out if out is not None else D.view(shape)
+
+
+def glu_halves(h, out=None):
+    """``silu(h[..., :N]) * h[..., N:]`` of a gate/up product ``h`` [..., 2N] (``x . W_gu^T``), in
+    fp32, rounded once into ``out`` (or a new tensor of h's dtype): SwiGLU's elementwise half."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    gate, up = h.float().chunk(2, dim=-1)
+    y = torch.nn.functional.silu(gate).mul_(up)
+    if out is None:
+        return y.to(h.dtype)
+    out.copy_(y)
+    return out
+
+
+def swiglu(x, W_gu, out=None, strict: bool | None = None):
+    """``silu(x . Wg^T) * (x . Wu^T)`` from the fused gate/up weight ``W_gu = cat([Wg, Wu])`` [2N, K]
+    (the layout of HF LLaMA-style fused MLPs): D [..., N].
+
+    Not one kernel yet: the product ``x . W_gu^T`` [..., 2N] goes through :func:`matmul` (our
+    kernel where one serves), then :func:`glu_halves` in torch. ``out``: [..., N] in x's dtype,
+    apart from x and W_gu."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(W_gu, torch.Tensor) or W_gu.dim() != 2 or W_gu.shape[0] % 2:
+        shape = tuple(W_gu.shape) if isinstance(W_gu, torch.Tensor) else type(W_gu).__name__
+        raise ModuleInputError(f"gemm_ladder.swiglu: W_gu is {shape}; it is cat([W_gate, W_up]) of shape [2N, K] "
+                               "(an even number of rows: gate rows first, then up rows)")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ModuleInputError(f"gemm_ladder.swiglu: x must be a torch.Tensor [..., K], got {type(x).__name__}")
+    N = W_gu.shape[0] // 2
+    if out is not None:
+        shape = (*x.shape[:-1], N)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype:
+            raise ModuleInputError(f"gemm_ladder.swiglu: out must be {shape} {x.dtype} (half of W_gu's rows), got "
+                                   f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        for name, t in (("x", x), ("W_gu", W_gu)):
+            if _overlaps(out, t):
+                raise ModuleInputError(f"gemm_ladder.swiglu: out overlaps {name} in memory; pass an out apart from it")
+    return glu_halves(matmul(x, W_gu, strict=strict), out)

@@ -475,12 +475,15 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
 
 
 def with_spec(knobs: dict, p: Problem) -> dict:
-    """A choice's knobs for ``p``: its dtype, arch and operand spec; with a residual C, not
-    ``epi_under`` (C is added in fp32 before a chunk is rounded, which epi_under does a tile early:
-    ``sm90a.epilogue.check_epilogue`` refuses it), so the rule or entry still serves."""
+    """A choice's knobs for ``p``: its dtype, arch and operand spec; with a residual C or a float32
+    D, not ``epi_under`` nor ``tail_n`` (both keep a tile's 16-bit values in registers, while C is
+    added in fp32 before a chunk is rounded and a float32 D is not rounded:
+    ``sm90a.epilogue.check_epilogue`` refuses them), so the rule or entry still serves."""
     out = {**knobs, "dtype": p.dtype, "arch": p.arch, **spec_knobs(p.spec)}
-    if p.spec is not None and p.spec.residual and out.get("epi_under"):
-        out["epi_under"] = False
+    if p.spec is not None and (p.spec.residual or p.spec.d == "float32"):
+        for knob, off in (("epi_under", False), ("tail_n", 0)):
+            if out.get(knob):
+                out[knob] = off
     return out
 
 

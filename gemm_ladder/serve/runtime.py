@@ -211,7 +211,7 @@ class GemmModule:
         self._check_tensor("A", A, (M, self.K))
         self._check_tensor("B", B, (self.N, self.K))
         if out is not None:
-            self._check_tensor("out", out, (M, self.N))
+            self._check_tensor("out", out, (M, self.N), self.spec.d)
         for name, t in (("A", A), ("B", B), ("out", out)):
             if t is not None:
                 self._check_on_gpu(name, t)
@@ -220,7 +220,7 @@ class GemmModule:
         extras = self.operand_args(M, operands, A.device)
         self.check_device(A.device)
         if out is None:
-            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
+            out = torch.empty((M, self.N), dtype=getattr(torch, self.spec.d), device=A.device)
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
@@ -242,7 +242,7 @@ class GemmModule:
 
         M = self.rows_of(A)
         for name, t, shape in (("A", A, (M, self.K)), ("B", B, (self.N, self.K)), ("out", out, (M, self.N))):
-            self._check_tensor(name, t, shape)
+            self._check_tensor(name, t, shape, self.spec.d if name == "out" else None)
             self._check_on_gpu(name, t)
         if A.device != B.device or out.device != A.device:
             raise ModuleInputError(f"A is on {A.device}, B on {B.device}, out on {out.device}; put all on one GPU")

@@ -17,6 +17,12 @@ Only the consumer's 128 threads meet, at its named barrier (``1 + consumer``); o
 ``thread`` 0) issues the stores, committed and not waited for: before it rewrites a buffer it
 lets the store that read it finish (``cp.async.bulk.wait_group.read``).
 
+A residual ``+ beta . C`` (the spec's ``residual``) is a :class:`ResidualRead`: C's chunk is loaded
+by TMA into the staging buffer before the chunk is written there, and read back with ``ldmatrix``
+(its docstring says why that is fast and why ``out=C`` is safe). A float32 D (the spec's ``d``)
+stages ``epi_n / 2`` columns a chunk (the same bytes) with plain 32-bit stores and leaves in
+32-column boxes (one 128-byte swizzle row).
+
 What the epilogue does to each fp32 accumulator before it is rounded to D's type is an
 :class:`EpilogueOp` (``ChunkedEpilogue.op``): nothing (:data:`NO_OP`), or, where the operand spec
 (``gemm_ladder.core.spec``) has a per-column bias, :class:`BiasOp`: ``+ bias[n]`` in fp32 before the
@@ -238,10 +244,28 @@ def check_epilogue(cfg: GemmConfig) -> None:
     if epilogue != "none" and tail_n:
         raise ConfigError(f"{cfg.rung}: epilogue {epilogue} with tail_n={tail_n} is not built yet (the narrow tiles' "
                           "last columns leave from the registers without it); use tail_n=0")
+    if spec_of(cfg).d == "float32" and (tail_n or dict(cfg.extra).get("epi_under")):
+        raise ConfigError(f"{cfg.rung}: a float32 D with tail_n={tail_n}, epi_under="
+                          f"{dict(cfg.extra).get('epi_under')} is not built (both keep 16-bit values in registers); use "
+                          "tail_n=0, epi_under=False")
     if spec_of(cfg).residual and dict(cfg.extra).get("epi_under"):
         raise ConfigError(f"{cfg.rung}: a residual C with epi_under=True is not built (the tile is rounded to 16-bit "
                           "pairs before its chunks' C is loaded, and C must be added in fp32 first); use "
                           "epi_under=False")
+
+
+@T.inline
+def _acc_chunk_to_smem_f32(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, op, n0):
+    """A float32 D's chunk: every accumulator of columns ``col0 .. col0+ncols`` through ``op`` into
+    ``Esmem[buf]`` at its (row, column) of the m64nNk16 fragment (``layouts.acc_fragment_coord``),
+    the 128B swizzle applied by the buffer's layout."""
+    NR = T.meta_var(plan.acc_stride)
+    for mi in T.unroll(plan.m_atoms):
+        for i in T.unroll(ncols // 8):
+            for jj in T.unroll(4):
+                r = T.meta_var(mi * NR + (col0 // 8 + i) * 4 + jj)
+                row, col = T.meta_var(layouts.acc_fragment_coord((col0 // 8 + i) * 4 + jj, warp_id, lane_id))
+                Esmem[buf, mi * WG_M + row, col - col0] = op.apply(Dreg[r], r % NR, lane_id, n0)
 
 
 @T.inline
@@ -257,7 +281,9 @@ def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lan
     NR = T.meta_var(plan.acc_stride)
     q = T.meta_var(lane_id // 8)
     row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
-    for mi in T.unroll(plan.m_atoms):
+    if Esmem.dtype == "float32":  # no stmatrix for 32-bit values: each accumulator stored as it is
+        _acc_chunk_to_smem_f32(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, op, n0)
+    for mi in T.unroll(plan.m_atoms if Esmem.dtype != "float32" else 0):
         for pp in T.unroll(ncols // 16):
             r0 = T.meta_var(mi * NR + 2 * (col0 // 16 + pp) * 4)  # the first of the 8 accumulators stored
             if residual is not None:
@@ -321,12 +347,13 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
                                n_st, res)
     T.ptx.fence.proxy.async_.shared__cta()
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    box = T.meta_var(epi.box_cols)
     if wtid == 0:
-        for h in T.unroll(epi_n // EPI_CHUNK):
+        for h in T.unroll(epi_n // box):
             Tx.copy_async(
                 D[m_st + row0:m_st + row0 + ROWS,
-                  n_st + j * epi_n + h * EPI_CHUNK:n_st + j * epi_n + h * EPI_CHUNK + EPI_CHUNK],
-                Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
+                  n_st + j * epi_n + h * box:n_st + j * epi_n + h * box + box],
+                Esmem[buf, :, h * box:h * box + box], dispatch="tma_auto",
             )
         T.ptx.cp.async_.bulk.commit_group()
 
@@ -369,6 +396,11 @@ class ChunkedEpilogue:
     def chunks_per_tile(self) -> int:
         return self.plan.n_cols // self.chunk_cols
 
+    @property
+    def box_cols(self) -> int:
+        """Columns of one TMA store box: one 128-byte swizzle row (64 of 16-bit D, 32 of float32)."""
+        return EPI_CHUNK * 2 // (4 if self.staging.dtype == "float32" else 2)
+
     def store_tile(self, acc, m_st, n_st, chunk_it) -> None:
         """The tile at (``m_st``, ``n_st``) of D from the fp32 accumulators ``acc``."""
         _store_chunks(self, acc, m_st, n_st, self.packed, chunk_it)
@@ -401,10 +433,16 @@ def acc_to_pairs(plan, Dreg, Preg, op, lane_id, n0):
                                  op.apply(Dreg[2 * i], (2 * i) % NR, lane_id, n0))
 
 
-def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):
-    """128B-swizzled staging buffers for output chunks: ``stmatrix`` writes 16-byte rows that
-    the swizzle spreads over the banks, and the TMA store reads them back unswizzled."""
-    return layouts.shared_layout(cfg.dtype, (buffers, rows, cols), "128B")
+def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int, dtype: str | None = None):
+    """128B-swizzled staging buffers for output chunks (of ``dtype``, default the config's):
+    ``stmatrix`` writes 16-byte rows that the swizzle spreads over the banks, and the TMA store
+    reads them back unswizzled."""
+    return layouts.shared_layout(dtype or cfg.dtype, (buffers, rows, cols), "128B")
+
+
+def d_bytes(cfg: GemmConfig) -> int:
+    """Bytes of one element of D: 2, or 4 where the spec has D in float32."""
+    return 4 if spec_of(cfg).d == "float32" else 2
 
 
 

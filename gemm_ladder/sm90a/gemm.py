@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-from ..sync.classes import MBarrier, TMABar
+from ..sync.classes import NAMED_BARRIERS_ATTR, MBarrier, TMABar
 from ..core.config import GemmConfig
 from ..core.spec import spec_of
 from . import common, epilogue, narrowtail, splitk, streamk
@@ -145,7 +145,7 @@ def operands(cfg: GemmConfig, preset: Preset, M, num_ctas) -> list[Operand]:
     """The kernel's tensors in the order of its parameters (``num_ctas`` follows them); ``M``:
     the kernel's M (``common.m_extent``: an int, or the one runtime variable every extent uses)."""
     N, K, dtype = cfg.N, cfg.K, cfg.dtype
-    ops = [Operand("a", (M, K), dtype), Operand("b", (N, K), dtype), Operand("d", (M, N), dtype)]
+    ops = [Operand("a", (M, K), dtype), Operand("b", (N, K), dtype), Operand("d", (M, N), spec_of(cfg).d)]
     ops += preset.epilogue_op.operands(cfg, M)  # a fused epilogue's tensors (a bias vector, ...)
     ws = workspace(cfg, preset)
     if ws is not None:
@@ -188,10 +188,12 @@ def kernel(cfg: GemmConfig, preset: Preset):
     if preset.epilogue == "transposed":
         staging_shape = (consumers, BLK_M, rows_per_wg)  # one D band per consumer
     else:
-        chunk_cols = dict(cfg.extra)["epi_n"]
+        # epi_n columns of 16-bit D a chunk; of a float32 D half as many (the same staging bytes)
+        chunk_cols = dict(cfg.extra)["epi_n"] * 2 // epilogue.d_bytes(cfg)
         buffers = 2 if chunk_cols < BLK_N else 1  # staging buffers per consumer
         staging_shape = (consumers * buffers, rows_per_wg, chunk_cols)
-    E_layout = epilogue.staging_layout(cfg, *staging_shape)
+    d_dtype = spec_of(cfg).d  # the staging buffers hold D's values
+    E_layout = epilogue.staging_layout(cfg, *staging_shape, dtype=d_dtype)
     has_workspace = preset.split_k
     stream_k = preset.split_k and not preset.swap_ab and streamk.enabled(cfg)  # the tail's K loops spread evenly
     tail_n = 0 if preset.split_k else narrowtail.tail_n(cfg)  # the partial wave's tiles cut tail_n wide (0: not)
@@ -255,7 +257,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((stages, BLK_N, BLK_K), dtype, layout=B_layout)
-        Esmem = pool.alloc(staging_shape, dtype, layout=E_layout)
+        Esmem = pool.alloc(staging_shape, d_dtype, layout=E_layout)
         pool.commit()
         ring.init(releases=releases)
         if residual:
@@ -488,4 +490,6 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                   "beside the others in gemm.kernel")
     # fmt: on
 
+    if residual:  # the C loads' mbarrier is ordered by the consumers' named barrier: the checker models it
+        hgemm = hgemm.with_attr(NAMED_BARRIERS_ATTR, True)
     return hgemm
