@@ -7,12 +7,16 @@ odd shapes, then timed at the Llama-8B weight shapes against torch's best paths.
   end of the run): random inputs, D poisoned with NaN first, the error against a float64 reference
   with torch's own error on the same formula (``front.TorchMatmul``, the front door's fallback) as
   the yardstick (ours within 2x of it, or 1e-2 absolute where both are tiny); in place (out = C)
-  as well as into a separate D; fp16 and bf16; alpha and beta not 1.
+  as well as into a separate D; fp16 and bf16; alpha and beta not 1; a float32 D; SwiGLU (its
+  reference: silu of the gate half times the up half of the float64 product).
 - timing (bf16, the modules the front door's policy picks, ``plan.choose``): ``residual``
   (``D = x . W^T + C``) against cuBLAS's fused ``torch.addmm(C, x, W.t())`` and the unfused
   ``F.linear`` then ``+ C``; ``alpha_bias_gelu_tanh+residual`` against
   ``torch._addmm_activation(b, x, W.t(), use_gelu=True)`` then ``+ C`` (cuBLASLt's fused
-  bias+GELU) and the unfused ``F.gelu(F.linear(x, W, b), approximate="tanh") + C``. Kernel level:
+  bias+GELU) and the unfused ``F.gelu(F.linear(x, W, b), approximate="tanh") + C``; a float32 D
+  (``fp32_out``) against ``torch.mm(..., out_dtype=torch.float32)`` where torch has it and
+  ``F.linear`` then a copy into float32; ``swiglu`` (W_gu = cat([Wg, Wu]) 28672x4096, Llama-8B's
+  MLP) against HF's two linears and one ``F.linear`` with W_gu then the halves. Kernel level:
   CUDA graphs of calls cycling input sets that spill L2, ours and the peers taking turns in rounds
   (``harness.graph_times``); call level: queued calls with the host's checks (``GemmModule.__call__``
   against the torch calls), events around each burst.
@@ -48,6 +52,7 @@ LLAMA_WEIGHTS = [(4096, 4096), (14336, 4096), (4096, 14336)]  # (N, K): attentio
 TIME_MS = [128, 2048, 8192]
 TIME_EPILOGUES = ["residual", "alpha_bias_gelu_tanh+residual"]
 FP32_EPILOGUES = ["none", "alpha_bias_relu"]  # with a float32 D
+GLU_CHECK_SHAPES = [(200, 528, 320), (1000, 3008, 520)]  # (M, W_gu's rows, K): D 264 and 1504 wide
 ALPHA, BETA = 0.75, 0.5  # not 1: the scalars must reach the kernel
 ROUNDS, PER_ROUND = 6, 5
 CHECK_TIMEOUT = 120.0
@@ -69,6 +74,13 @@ def cases() -> list[dict]:
             for e in TIME_EPILOGUES for N, K in LLAMA_WEIGHTS for M in TIME_MS]
     out += [{"purpose": "time", "epilogue": "none", "dtype": "bfloat16", "d": "float32", "shape": [M, N, K]}
             for N, K in LLAMA_WEIGHTS for M in TIME_MS]
+    # SwiGLU: N is W_gu's rows (both halves), D has N / 2 columns
+    out += [{"purpose": "check", "epilogue": "swiglu", "dtype": d, "shape": list(s)}
+            for d in ("float16", "bfloat16") for s in GLU_CHECK_SHAPES]
+    out += [{"purpose": "check", "epilogue": "swiglu", "dtype": "bfloat16", "shape": list(GLU_CHECK_SHAPES[0]),
+             "knobs": {"cluster_m": 1}}]
+    out += [{"purpose": "time", "epilogue": "swiglu", "dtype": "bfloat16", "shape": [M, 2 * 14336, 4096]}
+            for M in TIME_MS]
     return out
 
 
@@ -154,10 +166,16 @@ def check_one(path: str, M: int, seed: int = 0) -> dict:
     A = torch.randn(M, K, generator=g, device="cuda").to(dtype)
     B = (torch.randn(N, K, generator=g, device="cuda") / K ** 0.5).to(dtype)
     bias, alpha, C, beta = operands_of(spec, M, N, seed + 1)
-    ref = reference(A, B, bias, spec.act, alpha, C, beta)
     d_dtype = getattr(torch, spec.d)
-    theirs = torch.empty(M, N, dtype=d_dtype, device="cuda")
-    TorchMatmul(spec.act)(A, B, theirs, bias=bias, alpha=alpha, C=C, beta=beta)
+    if spec.gated:  # SwiGLU: silu(A Wg^T) * (A Wu^T), D N / 2 wide; torch: two products, then the halves
+        h = A.double() @ B.double().t()
+        ref = torch_activation(h[:, :N // 2], spec.act) * h[:, N // 2:]
+        theirs = torch_activation(A @ B[:N // 2].t(), spec.act) * (A @ B[N // 2:].t())
+        N = N // 2
+    else:
+        ref = reference(A, B, bias, spec.act, alpha, C, beta)
+        theirs = torch.empty(M, N, dtype=d_dtype, device="cuda")
+        TorchMatmul(spec.act)(A, B, theirs, bias=bias, alpha=alpha, C=C, beta=beta)
     err_torch = (theirs.double() - ref).abs().max().item()
     kwargs = {k: v for k, v in (("bias", bias), ("alpha", alpha), ("C", C), ("beta", beta)) if v is not None}
     kwargs = {k: v for k, v in kwargs.items() if k in {o.name for o in spec.epilogue_operands()}}
@@ -202,6 +220,15 @@ def peers(epilogue: str):
     import torch  # pylint: disable=import-outside-toplevel
     import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
 
+    if epilogue == "swiglu":  # silu(x Wg^T) * (x Wu^T), W_gu = cat([Wg, Wu])
+        def two_linears(a, w, d, b, c):  # HF's LlamaMLP: gate_proj, up_proj apart
+            n = w.shape[0] // 2
+            torch.mul(F.silu(F.linear(a, w[:n])), F.linear(a, w[n:]), out=d)
+
+        def fused_weight(a, w, d, b, c):  # one product with W_gu, then the halves
+            g, u = F.linear(a, w).chunk(2, dim=-1)
+            torch.mul(F.silu(g), u, out=d)
+        return {"two_linears": two_linears, "fused_weight": fused_weight}
     if epilogue == "fp32_out":  # D = A . W^T in float32
         def mm_out_dtype(a, w, d, b, c):  # torch's own float32-output GEMM (torch >= 2.8), where it exists
             torch.mm(a, w.t(), out_dtype=torch.float32, out=d)
@@ -242,7 +269,8 @@ def time_case(path: Path, case: dict, rounds: int, per_round: int) -> dict:
         A = torch.randn(M, K, generator=g, device="cuda").to(dtype)
         W = (torch.randn(N, K, generator=g, device="cuda") / K ** 0.5).to(dtype)
         bias, _, C, _ = operands_of(spec, M, N, 200 + i)
-        sets.append((A, W, torch.empty(M, N, dtype=getattr(torch, spec.d), device="cuda"), bias, C))
+        d_cols = N // 2 if spec.gated else N
+        sets.append((A, W, torch.empty(M, d_cols, dtype=getattr(torch, spec.d), device="cuda"), bias, C))
     names = [o.name for o in spec.epilogue_operands()]
     vals = {"alpha": ALPHA, "beta": BETA if spec.epilogue != "residual" else 1.0}
     a0, w0, d0, b0, c0 = sets[0]

@@ -16,6 +16,7 @@ from gemm_ladder.rungs import kernel_of, make_config
 from gemm_ladder.serve import plan
 from gemm_ladder.serve.front import TorchMatmul
 from gemm_ladder.serve.runtime import ModuleInputError, scalar_arg
+from gemm_ladder.sm90a import gemm
 
 sys_path_bench = __import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -282,7 +283,7 @@ def test_swiglu_refuses_an_odd_fused_weight_and_a_bad_out():
     with pytest.raises(ModuleInputError, match="even number of rows"):
         gemm_ladder.swiglu(x, W)
     W = torch.randn(8, 16, dtype=torch.float16)
-    with pytest.raises(ModuleInputError, match=r"out must be \(4, 4\)"):
+    with pytest.raises(ModuleInputError, match=r"out must be a contiguous \(4, 4\)"):
         gemm_ladder.swiglu(x, W, out=torch.empty(4, 8, dtype=torch.float16))
 
 
@@ -295,3 +296,48 @@ def test_swiglus_elementwise_half_is_silu_of_the_gate_times_the_up_half():
     assert torch.allclose(glu_halves(h.half()).double(), want, rtol=2e-2, atol=2e-2)
     out = torch.empty(3, 4, dtype=torch.float64)
     assert glu_halves(h, out) is out and torch.allclose(out, want.float().double(), atol=1e-5)
+
+
+# -- SwiGLU in one kernel (the spec's gated B) -----------------------------------------------------------
+def test_a_gated_spec_halves_d_and_refuses_what_is_not_built():
+    spec = spec_for("bfloat16", "swiglu")
+    assert (spec.gated, spec.act, spec.epilogue, spec.tag()) == (True, "silu", "swiglu", "swiglu")
+    assert spec.operands()[2].extent(7, 528, 320) == (7, 264)
+    assert GemmSpec.parse(spec.text()) == spec and GemmSpec.from_dict(spec.to_dict()) == spec
+    assert spec_for("float16", "gated_gelu_tanh").act == "gelu_tanh"
+    for bad in (GemmSpec(gated=True), GemmSpec(gated=True, act="silu", bias="float16")):
+        with pytest.raises(ConfigError, match="gated B"):
+            make_config("v9", 256, 512, 512, spec=bad)
+    with pytest.raises(ConfigError, match="epi_n dividing blk_n / 2 = 128"):
+        make_config("v9", 256, 512, 512, spec=spec, dtype="bfloat16", epi_n=256)
+    with pytest.raises(ConfigError, match="no gated"):
+        make_config("v10", 256, 512, 512, spec=spec, dtype="bfloat16", split_k=2)
+
+
+@pytest.mark.parametrize("cluster_m", [1, 2])
+def test_v9_swiglu_loads_gate_and_up_rows_into_one_b_tile_and_stores_half(cluster_m):
+    """B's tile: the gate rows of the tile's outputs and, past N / 2, their up rows (two boxes, or
+    one a CTA of a pair); the epilogue multiplies silu(register r) by register r + acc_stride / 2 and
+    stores 128 of the 256 columns (two 64-column stores a consumer a tile)."""
+    cfg = make_config("v9", 200, 528, 320, spec=spec_for("float16", "swiglu"), cluster_m=cluster_m)
+    assert [o.shape for o in gemm.operands(cfg, gemm.V9, 200, 1)] == [(200, 320), (528, 320), (200, 264)]
+    src = builder.build(kernel_of(cfg)).cuda_source()
+    body = src.split("__global__")[-1]
+    assert "+ 264)" in body  # the up rows start N / 2 = 264 rows down W_gu
+    assert "* Dreg_ptr[65])" in body and "* Dreg_ptr[64])" in body  # gate column c meets up column c + 128
+    stores = [line for line in body.splitlines() if "cp_async_bulk_tensor_s2g" in line]
+    assert len(stores) == 2
+
+
+def test_the_barrier_checker_passes_the_swiglu_kernel():
+    for cluster_m in (1, 2):
+        cfg = make_config("v9", 512, 1024, 512, spec=spec_for("float16", "swiglu"), cluster_m=cluster_m)
+        assert check_config(cfg).ok
+
+
+def test_the_policy_serves_swiglu_with_v9_and_half_tile_chunks():
+    spec = spec_for("bfloat16", "swiglu")
+    for M in (128, 2048, 8192):
+        choice = plan.choose(plan.Problem(M, 28672, 4096, "bfloat16", "sm_90a", 132, spec), use_db=True)
+        assert choice.rung == "v9" and not choice.knobs.get("epi_under")
+        assert choice.knobs.get("epi_n", 64) <= choice.knobs.get("blk_n", 256) // 2

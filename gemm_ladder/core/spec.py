@@ -29,6 +29,9 @@ compiles. Built today:
     alpha       False, or True: the kernel takes a runtime fp32 scalar ``alpha`` (a parameter, so one
                 module serves every value) and computes act(alpha . acc + bias), on rungs whose
                 ``EPILOGUES`` lists ``"alpha"`` (v9)
+    gated       False, or True: B is ``cat([W_gate, W_up])`` (N rows: both halves) and
+                D [M, N/2] = act(x . W_gate^T) * (x . W_up^T) (SwiGLU: act silu), on rungs whose
+                ``EPILOGUES`` lists ``"gated"`` (v9; nothing else in the epilogue yet)
     residual    None, or D's dtype: a residual C [M, N] and a runtime fp32 scalar ``beta``:
                 D = round(act(alpha . acc + bias) + beta . C), C read in the epilogue (it may be D
                 itself: an in-place residual add), on rungs whose ``EPILOGUES`` lists ``"residual"`` (v9)
@@ -62,8 +65,9 @@ SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A 
 # (F.gelu), SiLU (F.silu); "none": the identity
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
 # what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS; "alpha": the runtime
-# scale of the product; "residual": C and its runtime scale beta; "fp32_out": D in float32 from 16-bit A, B)
-EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out")
+# scale of the product; "residual": C and its runtime scale beta; "fp32_out": D in float32 from 16-bit A, B;
+# "gated": B = cat([W_gate, W_up]), D = act(gate) * up, half B's rows: SwiGLU with act silu)
+EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated")
 SCALARS = ("alpha", "beta")  # the fp32 scalar parameters of an epilogue (Operand.role "scalar")
 
 
@@ -72,7 +76,7 @@ SPEC_SCHEMA = Obj(
     {"a": Str(DTYPE_CHOICES), "b": Str(DTYPE_CHOICES), "d": Str(DTYPE_CHOICES)},
     {"acc": Str(DTYPE_CHOICES), "a_major": Str(MAJORS["a_major"]), "b_major": Str(MAJORS["b_major"]),
      "bias": Maybe(Str(DTYPE_CHOICES)), "residual": Maybe(Str(DTYPE_CHOICES)), "scales": Maybe(Str(SCALES)),
-     "act": Str(ACTIVATIONS), "grouped": Bool(), "alpha": Bool(),
+     "act": Str(ACTIVATIONS), "grouped": Bool(), "alpha": Bool(), "gated": Bool(),
      "operands": List(Obj({"name": Str(), "dtype": Str(), "shape": List(ANY)}))})
 
 
@@ -87,7 +91,7 @@ class Operand:
 
     def extent(self, M: int, N: int, K: int, groups: int = 1) -> tuple:
         """The shape for this problem."""
-        sizes = {"M": M, "N": N, "K": K, "K/128": -(-K // 128), "G": groups, "G+1": groups + 1}
+        sizes = {"M": M, "N": N, "K": K, "N/2": N // 2, "K/128": -(-K // 128), "G": groups, "G+1": groups + 1}
         return tuple(sizes[s] if isinstance(s, str) else s for s in self.shape)
 
 
@@ -107,6 +111,8 @@ class GemmSpec:
     act: str = "none"  # the activation after the bias (one of ACTIVATIONS)
     grouped: bool = False  # grouped GEMM: int32 offsets [G + 1] of each group's rows of A
     alpha: bool = False  # a runtime fp32 scalar alpha scales the product: act(alpha . acc + bias)
+    # B is cat([W_gate, W_up]) [N, K] (N: both halves), D [M, N/2] = act(x . W_gate^T) * (x . W_up^T)
+    gated: bool = False
 
     def __post_init__(self):
         for name in ("a", "b", "d", "acc", "bias", "residual"):
@@ -122,7 +128,7 @@ class GemmSpec:
             object.__setattr__(self, "act", "none")
         if self.act not in ACTIVATIONS:
             raise ConfigError(f"spec act={self.act!r} is no activation gemm_ladder knows; use one of {ACTIVATIONS}")
-        for name in ("grouped", "alpha"):
+        for name in ("grouped", "alpha", "gated"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"spec {name}={getattr(self, name)!r}; use True or False")
 
@@ -149,6 +155,8 @@ class GemmSpec:
         """The epilogue's name, as ``pack build --epilogue`` takes it (:func:`spec_for`): ``none``,
         ``bias``, an activation (``gelu_tanh``), ``bias_gelu_tanh``, ``alpha_bias_gelu_tanh``;
         ``residual`` joins with ``+`` (``bias+residual``, ``residual`` alone)."""
+        if self.gated:  # SwiGLU, GeGLU: the gate's activation names it
+            return "swiglu" if self.act == "silu" else f"gated_{self.act}"
         head = "_".join(p for p, on in (("alpha", self.alpha), ("bias", self.bias), (self.act, self.act != "none"))
                         if on)
         parts = [p for p, on in ((head, head), ("residual", self.residual)) if on]
@@ -164,7 +172,7 @@ class GemmSpec:
         a_shape = ("M", "K") if self.a_major == "K" else ("K", "M")
         b_shape = ("N", "K") if self.b_major == "K" else ("K", "N")
         ops = [Operand("A", self.a, a_shape, "input"), Operand("B", self.b, b_shape, "input"),
-               Operand("D", self.d, ("M", "N"), "output")]
+               Operand("D", self.d, ("M", "N/2") if self.gated else ("M", "N"), "output")]
         return tuple(ops) + self.epilogue_operands()
 
     def epilogue_operands(self) -> tuple[Operand, ...]:
@@ -199,6 +207,8 @@ class GemmSpec:
         ``bias_gelu_tanh``) where only it differs from the default and a bias is D's dtype."""
         if self.is_default():
             return ""
+        if self.gated and self == dataclasses.replace(GemmSpec.default(self.d), act=self.act, gated=True):
+            return self.epilogue
         if self == GemmSpec.with_epilogue(self.d, bool(self.bias), self.act, self.alpha, bool(self.residual)):
             return self.epilogue.replace("+", "-")
         return self.text().replace(".", "-")
@@ -229,7 +239,7 @@ class GemmSpec:
         False: the manifests of specs without them stay as they were), plus the operand list (name,
         dtype, shape) for readers without this module (the C++ runner)."""
         fields = {k: v for k, v in dataclasses.asdict(self).items()
-                  if (k, v) not in (("act", "none"), ("alpha", False))}
+                  if (k, v) not in (("act", "none"), ("alpha", False), ("gated", False))}
         return {**fields,
                 "operands": [{"name": o.name, "dtype": o.dtype, "shape": list(o.shape), "role": o.role}
                              for o in self.operands()]}
@@ -267,7 +277,8 @@ def epilogue_names() -> tuple[str, ...]:
     acts = ACTIVATIONS[1:]
     heads = ("bias",) + acts + tuple(f"bias_{a}" for a in acts)
     heads = ("none",) + heads + ("alpha",) + tuple(f"alpha_{h}" for h in heads)
-    return heads + ("residual",) + tuple(f"{h}+residual" for h in heads[1:])
+    gated = ("swiglu",) + tuple(f"gated_{a}" for a in acts if a != "silu")
+    return heads + ("residual",) + tuple(f"{h}+residual" for h in heads[1:]) + gated
 
 
 def spec_for(dtype: str, epilogue: str = "none") -> GemmSpec:
@@ -276,6 +287,9 @@ def spec_for(dtype: str, epilogue: str = "none") -> GemmSpec:
     :attr:`GemmSpec.epilogue`)."""
     if epilogue not in epilogue_names():
         raise ConfigError(f"epilogue {epilogue!r} is not built; use one of {', '.join(epilogue_names())}")
+    if epilogue == "swiglu" or epilogue.startswith("gated_"):
+        act = "silu" if epilogue == "swiglu" else epilogue[len("gated_"):]
+        return GemmSpec(a=dtype, b=dtype, d=dtype, act=act, gated=True)
     head, _, tail = epilogue.partition("+")
     residual = head == "residual" or tail == "residual"
     head = "none" if head == "residual" else head
@@ -312,8 +326,12 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
         return "a residual C with a float32 D is not built yet (C is read back as 16-bit pairs)"
     if spec.bias is not None and spec.bias != spec.d:
         return f"bias={spec.bias}: a bias is built in D's dtype ({spec.d}) only"
+    if spec.gated and (spec.act == "none" or spec.bias or spec.alpha or spec.residual or fp32_out):
+        return ("a gated B (SwiGLU) is built with an activation of the gate and nothing else: no bias, alpha, "
+                "residual or float32 D yet (and act='none' is no gate)")
     missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none"), ("alpha", spec.alpha),
-                                     ("residual", spec.residual), ("fp32_out", fp32_out)) if on and part not in epilogues]
+                                     ("residual", spec.residual), ("fp32_out", fp32_out), ("gated", spec.gated))
+               if on and part not in epilogues]
     if missing:
         return (f"epilogue {spec.epilogue!r} is not built for {rung} (its epilogue has no {' and no '.join(missing)}; "
                 f"it builds {', '.join(epilogues)}); the bias, the activations, alpha and the residual are built "

@@ -82,7 +82,7 @@ from pathlib import Path
 
 from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
-from ..core.spec import ACTIVATIONS, GemmSpec, torch_activation
+from ..core.spec import ACTIVATIONS, GemmSpec, spec_for, torch_activation
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
 from .runtime import ModuleInputError, load, scalar_arg
 from .tma_layout import Fixes, Layout, layout_fixes
@@ -892,11 +892,14 @@ def glu_halves(h, out=None):
 
 def swiglu(x, W_gu, out=None, strict: bool | None = None):
     """``silu(x . Wg^T) * (x . Wu^T)`` from the fused gate/up weight ``W_gu = cat([Wg, Wu])`` [2N, K]
-    (the layout of HF LLaMA-style fused MLPs): D [..., N].
+    (the layout of HF LLaMA-style fused MLPs): D [..., N] in x's dtype (``out``: [..., N], apart
+    from x and W_gu).
 
-    Not one kernel yet: the product ``x . W_gu^T`` [..., 2N] goes through :func:`matmul` (our
-    kernel where one serves), then :func:`glu_halves` in torch. ``out``: [..., N] in x's dtype,
-    apart from x and W_gu."""
+    One kernel where a module serves (the spec's ``gated``, ``spec_for(dtype, "swiglu")``: v9 loads
+    each tile's gate rows and the matching up rows into one B tile, so a thread holds a gate and its
+    up value, and stores silu(gate) * up: half the output bytes of the two products). Else, or where
+    the layout needs copies (N or K not a multiple of 8, a view off a 16-byte boundary), the product
+    ``x . W_gu^T`` [..., 2N] goes through :func:`matmul` and :func:`glu_halves` in torch."""
     import torch  # pylint: disable=import-outside-toplevel
 
     if not isinstance(W_gu, torch.Tensor) or W_gu.dim() != 2 or W_gu.shape[0] % 2:
@@ -906,12 +909,28 @@ def swiglu(x, W_gu, out=None, strict: bool | None = None):
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         raise ModuleInputError(f"gemm_ladder.swiglu: x must be a torch.Tensor [..., K], got {type(x).__name__}")
     N = W_gu.shape[0] // 2
+    shape = (*x.shape[:-1], N)
     if out is not None:
-        shape = (*x.shape[:-1], N)
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype:
-            raise ModuleInputError(f"gemm_ladder.swiglu: out must be {shape} {x.dtype} (half of W_gu's rows), got "
-                                   f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype \
+                or not out.is_contiguous():
+            raise ModuleInputError(f"gemm_ladder.swiglu: out must be a contiguous {shape} {x.dtype} (half of W_gu's "
+                                   f"rows), got {tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
         for name, t in (("x", x), ("W_gu", W_gu)):
             if _overlaps(out, t):
                 raise ModuleInputError(f"gemm_ladder.swiglu: out overlaps {name} in memory; pass an out apart from it")
+    M, N2, K, x2, _, _ = _check(x, W_gu, None)
+    aligned = x2.data_ptr() % 16 == 0 and W_gu.data_ptr() % 16 == 0 and (out is None or out.data_ptr() % 16 == 0)
+    if M and K and N and K % 8 == 0 and N % 8 == 0 and aligned:
+        index = x.device.index if x.device.index is not None else 0
+        dtype = _dtype_name(x.dtype)
+        route, _ = _route(M, N2, K, dtype, index, _strict(strict), spec_for(dtype, "swiglu"))
+        module = route.module.ours if isinstance(route.module, CapturedByTorch) else route.module
+        if not isinstance(module, TorchMatmul) and route.module_M in (None, M):  # ours: one kernel
+            route.calls += 1
+            d = out.view(M, N) if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+            if module is route.module:
+                route.run(x2, W_gu, d)
+            else:  # a tiny problem's: ours under capture too (torch's fallback is no gated GEMM)
+                module(x2, W_gu, out=d)
+            return out if out is not None else d.view(shape)
     return glu_halves(matmul(x, W_gu, strict=strict), out)

@@ -475,11 +475,16 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
 
 
 def with_spec(knobs: dict, p: Problem) -> dict:
-    """A choice's knobs for ``p``: its dtype, arch and operand spec; with a residual C or a float32
-    D, not ``epi_under`` nor ``tail_n`` (both keep a tile's 16-bit values in registers, while C is
+    """A choice's knobs for ``p``: its dtype, arch and operand spec; with a gated B (SwiGLU), not
+    ``epi_under`` and chunks of at most half a tile; with a residual C or a float32 D, not
+    ``epi_under`` nor ``tail_n`` (both keep a tile's 16-bit values in registers, while C is
     added in fp32 before a chunk is rounded and a float32 D is not rounded:
     ``sm90a.epilogue.check_epilogue`` refuses them), so the rule or entry still serves."""
     out = {**knobs, "dtype": p.dtype, "arch": p.arch, **spec_knobs(p.spec)}
+    if p.spec is not None and p.spec.gated:  # chunks within the output half of a tile, not under the next
+        out["epi_under"] = False
+        if out.get("epi_n", 64) > out.get("blk_n", 256) // 2:
+            out["epi_n"] = 64
     if p.spec is not None and (p.spec.residual or p.spec.d == "float32"):
         for knob, off in (("epi_under", False), ("tail_n", 0)):
             if out.get(knob):

@@ -211,7 +211,7 @@ class GemmModule:
         self._check_tensor("A", A, (M, self.K))
         self._check_tensor("B", B, (self.N, self.K))
         if out is not None:
-            self._check_tensor("out", out, (M, self.N), self.spec.d)
+            self._check_tensor("out", out, self.d_shape(M), self.spec.d)
         for name, t in (("A", A), ("B", B), ("out", out)):
             if t is not None:
                 self._check_on_gpu(name, t)
@@ -220,7 +220,7 @@ class GemmModule:
         extras = self.operand_args(M, operands, A.device)
         self.check_device(A.device)
         if out is None:
-            out = torch.empty((M, self.N), dtype=getattr(torch, self.spec.d), device=A.device)
+            out = torch.empty(self.d_shape(M), dtype=getattr(torch, self.spec.d), device=A.device)
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
@@ -230,6 +230,10 @@ class GemmModule:
             else:
                 self._function()(*args)
         return out
+
+    def d_shape(self, M: int) -> tuple:
+        """D's shape for M rows: (M, N), or (M, N / 2) where the spec's B is gated (SwiGLU)."""
+        return self.spec.operands()[2].extent(M, self.N, self.K)
 
     def launcher(self, A, B, out, **operands):
         """A function ``launch(A, B, out, *epilogue_operands)`` that launches this module on
@@ -241,7 +245,7 @@ class GemmModule:
         import torch  # pylint: disable=import-outside-toplevel
 
         M = self.rows_of(A)
-        for name, t, shape in (("A", A, (M, self.K)), ("B", B, (self.N, self.K)), ("out", out, (M, self.N))):
+        for name, t, shape in (("A", A, (M, self.K)), ("B", B, (self.N, self.K)), ("out", out, self.d_shape(M))):
             self._check_tensor(name, t, shape, self.spec.d if name == "out" else None)
             self._check_on_gpu(name, t)
         if A.device != B.device or out.device != A.device:

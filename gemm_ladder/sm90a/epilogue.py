@@ -248,6 +248,13 @@ def check_epilogue(cfg: GemmConfig) -> None:
         raise ConfigError(f"{cfg.rung}: a float32 D with tail_n={tail_n}, epi_under="
                           f"{dict(cfg.extra).get('epi_under')} is not built (both keep 16-bit values in registers); use "
                           "tail_n=0, epi_under=False")
+    if spec_of(cfg).gated:
+        half = cfg.blk_n // 2
+        if dict(cfg.extra).get("epi_under") or half % epi_n or cfg.N % 16:
+            raise ConfigError(f"{cfg.rung}: a gated B (SwiGLU) needs epi_n dividing blk_n / 2 = {half} (epi_n={epi_n}), "
+                              f"epi_under=False (epi_under={dict(cfg.extra).get('epi_under')}) and N (both halves) a "
+                              f"multiple of 16 (N={cfg.N}: D has N / 2 columns, 16-byte rows); use epi_n=64, "
+                              "epi_under=False")
     if spec_of(cfg).residual and dict(cfg.extra).get("epi_under"):
         raise ConfigError(f"{cfg.rung}: a residual C with epi_under=True is not built (the tile is rounded to 16-bit "
                           "pairs before its chunks' C is loaded, and C must be added in fp32 first); use "
@@ -270,14 +277,15 @@ def _acc_chunk_to_smem_f32(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id
 
 @T.inline
 def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed, op, n0,
-                               residual=None):
+                               residual=None, up=0):
     """Columns ``col0 .. col0+ncols`` of one warpgroup's accumulators -> ``Esmem[buf]`` (its
     rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`, each
     accumulator through ``op`` (an :class:`EpilogueOp`; the tile's columns start at ``n0``)
     before it is rounded. With ``packed=None``, ``Dreg`` holds the pairs already
     (:func:`acc_to_pairs`, which applied the op). With a ``residual`` (:class:`ResidualRead`),
     ``Esmem[buf]`` holds C's chunk: each 16x16 block is read (``ldmatrix``, the same addresses)
-    and ``beta . C`` added before the block is written over."""
+    and ``beta . C`` added before the block is written over. With ``up`` (a gated B: the registers
+    between a gate column and its up column, ``acc_stride / 2``), each value is ``op(gate) * up``."""
     NR = T.meta_var(plan.acc_stride)
     q = T.meta_var(lane_id // 8)
     row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
@@ -298,6 +306,12 @@ def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lan
                         + residual.beta * _unpack(cp[h], True, plan.cfg.dtype),
                         op.apply(Dreg[r0 + 2 * h], (r0 + 2 * h) % NR, lane_id, n0)
                         + residual.beta * _unpack(cp[h], False, plan.cfg.dtype))
+            elif packed is not None and up > 0:
+                for h in T.unroll(4):
+                    T.ptx[pack_op(plan.cfg)](
+                        packed[h],
+                        op.apply(Dreg[r0 + 2 * h + 1], (r0 + 2 * h + 1) % NR, lane_id, n0) * Dreg[r0 + 2 * h + 1 + up],
+                        op.apply(Dreg[r0 + 2 * h], (r0 + 2 * h) % NR, lane_id, n0) * Dreg[r0 + 2 * h + up])
             elif packed is not None:
                 for h in T.unroll(4):
                     T.ptx[pack_op(plan.cfg)](packed[h],
@@ -344,7 +358,8 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
     if res is not None:
         res.ready.wait(c, (epi_it + j) % 2)  # this consumer's C loads so far: one a chunk
     acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed, epi.op,
-                               n_st, res)
+                               n_st, res, plan.acc_stride // 2 if epi.gated else 0)
+    n_d = T.meta_var(n_st // 2 if epi.gated else n_st)  # D's columns: half the kernel's with a gated B
     T.ptx.fence.proxy.async_.shared__cta()
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
     box = T.meta_var(epi.box_cols)
@@ -352,7 +367,7 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
         for h in T.unroll(epi_n // box):
             Tx.copy_async(
                 D[m_st + row0:m_st + row0 + ROWS,
-                  n_st + j * epi_n + h * box:n_st + j * epi_n + h * box + box],
+                  n_d + j * epi_n + h * box:n_d + j * epi_n + h * box + box],
                 Esmem[buf, :, h * box:h * box + box], dispatch="tma_auto",
             )
         T.ptx.cp.async_.bulk.commit_group()
@@ -391,10 +406,13 @@ class ChunkedEpilogue:
     buffers: int  # staging buffers per consumer
     op: EpilogueOp = NO_OP  # applied to each accumulator before it is rounded
     residual: ResidualRead | None = None  # + beta . C, read into the staging buffer (store_tile only)
+    # a gated B (SwiGLU): accumulator columns c < n_cols / 2 are gates, c + n_cols / 2 their up
+    # projections (the same thread's registers r, r + acc_stride / 2); D gets op(gate) * up, half the columns
+    gated: bool = False
 
     @property
     def chunks_per_tile(self) -> int:
-        return self.plan.n_cols // self.chunk_cols
+        return self.plan.n_cols // (2 if self.gated else 1) // self.chunk_cols
 
     @property
     def box_cols(self) -> int:

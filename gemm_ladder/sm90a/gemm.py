@@ -145,7 +145,8 @@ def operands(cfg: GemmConfig, preset: Preset, M, num_ctas) -> list[Operand]:
     """The kernel's tensors in the order of its parameters (``num_ctas`` follows them); ``M``:
     the kernel's M (``common.m_extent``: an int, or the one runtime variable every extent uses)."""
     N, K, dtype = cfg.N, cfg.K, cfg.dtype
-    ops = [Operand("a", (M, K), dtype), Operand("b", (N, K), dtype), Operand("d", (M, N), spec_of(cfg).d)]
+    d_cols = N // 2 if spec_of(cfg).gated else N  # a gated B (SwiGLU): N is both halves, D one
+    ops = [Operand("a", (M, K), dtype), Operand("b", (N, K), dtype), Operand("d", (M, d_cols), spec_of(cfg).d)]
     ops += preset.epilogue_op.operands(cfg, M)  # a fused epilogue's tensors (a bias vector, ...)
     ws = workspace(cfg, preset)
     if ws is not None:
@@ -204,6 +205,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     under = not preset.split_k and common.epi_under(cfg)  # a tile's chunks stored under the next tile's wgmmas
     zigzag = not preset.split_k and bool(dict(cfg.extra).get("k_zigzag", False))  # odd tiles load K backwards
     residual = bool(spec_of(cfg).residual)  # + beta . C, C loaded into the staging buffers
+    gated = spec_of(cfg).gated  # B = cat([W_gate, W_up]): D = act(gate) * up, N / 2 columns
 
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
@@ -271,7 +273,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
         sched = T.meta_var(Schedule(cfg=cfg, m_tiles=m_tiles, n_tiles=n_tiles, cluster_m=cluster_m, cluster_n=cluster_n,
                                     rank_m=rank_m, rank_n=rank_n, units_per_tile=units_per_tile))
         loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=cluster_m,
-                                    cluster_n=cluster_n, rank_m=rank_m, rank_n=rank_n))
+                                    cluster_n=cluster_n, rank_m=rank_m, rank_n=rank_n,
+                                    gated_n=N // 2 if gated else 0))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
             if T.And(warp_id == 0, lane_id == 0):
@@ -337,7 +340,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                                  chunk_cols=chunk_cols, buffers=buffers, op=epi_op,
                                                  residual=epilogue.ResidualRead.of(
                                                      cfg, g, c_ready if residual else None,
-                                                     c_pairs if residual else None)))
+                                                     c_pairs if residual else None), gated=gated))
             if has_workspace:
                 parts = T.meta_var(splitk.Partials(slots=g["p"], counters=g["cnt"], acc=Dreg, acc_regs=acc_regs,
                                                    thread=wtid, flag=flag, consumer=c))

@@ -142,7 +142,7 @@ from . import common, epilogue, gemm, narrowtail
 
 PRESET = gemm.V9
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
-EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out")  # the operand spec's epilogues this preset builds (gemm_ladder.core.spec)
+EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated")  # the operand spec's epilogues this preset builds (gemm_ladder.core.spec)
 
 
 @dataclass(frozen=True)
