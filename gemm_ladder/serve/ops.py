@@ -5,6 +5,7 @@
     D = torch.ops.gemm_ladder.mm(A, B, bias)      # + bias [N] (nn.Linear's), in the kernel's epilogue
     D = torch.ops.gemm_ladder.mm(A, B, bias, "gelu_tanh")  # then an activation, in the epilogue too
     D = torch.ops.gemm_ladder.mm_epilogue(A, B, bias, "relu", 0.5, C, 1.0)  # relu(0.5 A.B^T + bias) + C
+    Y = torch.ops.gemm_ladder.swiglu(x, W_gu)     # silu(x . Wg^T) * (x . Wu^T), W_gu = cat([Wg, Wu])
 
 The op is registered with ``torch.library.custom_op`` and has a fake implementation (shapes and
 dtypes only), so ``torch.compile(fullgraph=True)`` traces a model that calls it without a graph
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .front import B_LAYOUT, check_activation, check_bias, is_transposed, matmul, transposed_b_error
+from .front import B_LAYOUT, check_activation, check_bias, is_transposed, matmul, swiglu, transposed_b_error
 from .runtime import ModuleInputError
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -170,3 +171,47 @@ def _epilogue_backward(ctx, grad):
 
 
 mm_epilogue.register_autograd(_epilogue_backward, setup_context=_epilogue_setup)
+
+
+# -- SwiGLU from a fused gate/up weight (issue 31) -------------------------------------------------------
+def _check_swiglu_meta(x, W_gu) -> None:
+    _check_meta(x, W_gu)
+    torch._check(W_gu.shape[0] % 2 == 0, lambda: f"gemm_ladder.swiglu: W_gu has {W_gu.shape[0]} rows; it is "
+                 "cat([W_gate, W_up]) [2N, K]")
+
+
+@torch.library.custom_op("gemm_ladder::swiglu", mutates_args=())
+def swiglu_op(x: torch.Tensor, W_gu: torch.Tensor) -> torch.Tensor:
+    """silu(x . Wg^T) * (x . Wu^T) with W_gu = cat([Wg, Wu]) through ``gemm_ladder.swiglu`` (one
+    kernel where a module serves)."""
+    _check_swiglu_meta(x, W_gu)
+    return swiglu(x.contiguous(), W_gu.contiguous())
+
+
+@swiglu_op.register_fake
+def _swiglu_fake(x, W_gu):
+    _check_swiglu_meta(x, W_gu)
+    return x.new_empty((*x.shape[:-1], W_gu.shape[0] // 2))
+
+
+def _swiglu_setup(ctx, inputs, output):  # pylint: disable=unused-argument
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, grad):
+    """Recomputed in torch: h = x . W_gu^T, g and u its halves; dg = dY . u . silu'(g),
+    du = dY . silu(g); dx = [dg, du] . W_gu, dW_gu = [dg, du]^T . x (in fp32, then x's dtype)."""
+    x, W_gu = ctx.saved_tensors
+    h = torch.matmul(x, W_gu.t()).float()
+    gate, up = h.chunk(2, dim=-1)
+    dgate = torch.ops.aten.silu_backward(grad.float() * up, gate)
+    dh = torch.cat([dgate, grad.float() * torch.nn.functional.silu(gate)], dim=-1)
+    dx = dW = None
+    if ctx.needs_input_grad[0]:
+        dx = torch.matmul(dh, W_gu.float()).to(x.dtype)
+    if ctx.needs_input_grad[1]:
+        dW = torch.matmul(dh.reshape(-1, dh.shape[-1]).t(), x.reshape(-1, x.shape[-1]).float()).to(W_gu.dtype)
+    return dx, dW
+
+
+swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
