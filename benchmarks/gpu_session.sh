@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_session.sh front    # the front door's GPU tier (benchmarks/prepare_front_door.sh)
 #   bash benchmarks/gpu_session.sh suite    # the shape suite: gemm_ladder.matmul against cuBLAS
 #   bash benchmarks/gpu_session.sh smoke    # every GPU-only command on one tiny shape (tests/gpu_smoke.py)
+#   bash benchmarks/gpu_session.sh models   # issue 30: m_range_check and the every-model samples (build/em_s*)
 #
 # Inputs under build/, made by benchmarks/prepare_gpu_session.sh (git-ignored, carried to the GPU box):
 # runtime/ (pack-runtime),
@@ -75,6 +76,19 @@ case "${1:-bench}" in
     # run after any change to host code that runs on a GPU; its log is what a closing note cites
     GEMM_LADDER_SMOKE=build/smoke python3 -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_gpu_smoke.py \
       2>&1 | tee "$OUT/gpu_smoke.txt" | grep -v "it/s]"
+    ;;
+  models)
+    # issue 30: any M of a packed weight (benchmarks/m_range_check.py prepare build/m_range), then the
+    # every-model suite for each sample packed under build/em_s<SEED>/ (every_model pack build/em_sS --seed S),
+    # kernels from the packs only; the front door's first-use choices in a fresh file
+    export GEMM_LADDER_BUILD=0 GEMM_LADDER_CHOICES="$OUT/choices.json"
+    [ -d build/m_range ] && python3 benchmarks/m_range_check.py run build/m_range --out "$OUT/m_range_check.json" \
+      2>&1 | grep -v "it/s]" | tail -40 | tee "$OUT/m_range_check.txt"
+    for d in build/em_s*; do
+      seed=${d##*_s}
+      GEMM_LADDER_PACK=$d/float16:$d/bfloat16 python3 -m gemm_ladder.measure.every_model run --seed "$seed" \
+        --out "$OUT/every_model_seed$seed.json" 2>&1 | grep -v "it/s]" | tail -60 | tee "$OUT/every_model_seed$seed.txt"
+    done
     ;;
   tune)
     for d in build/tune_*; do

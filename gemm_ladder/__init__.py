@@ -2,6 +2,7 @@
 
     import gemm_ladder
     D = gemm_ladder.matmul(A, B)                         # the front door: any shape, D = A . B^T
+    D = gemm_ladder.grouped_mm(A, W, offs)               # one GEMM per expert (MoE), one launch
     gemm_ladder.matmul(A, B, explain=True)               # ... and which kernel, from where, why
     import gemm_ladder.serve.ops                         # torch.ops.gemm_ladder.mm (torch.compile)
 
@@ -44,14 +45,16 @@ import os
 
 from .core.config import ConfigError, GemmConfig
 from .serve.front import matmul as _matmul, swiglu as _swiglu, use_pack as _use
+from .serve.grouped import grouped_mm, use_grouped_module
 from .serve.runtime import load as _load
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "GemmConfig", "build", "load", "make_config", "matmul", "swiglu", "use_pack",
+    "ConfigError", "GemmConfig", "build", "grouped_mm", "load", "make_config", "matmul", "swiglu",
+    "use_grouped_module", "use_pack",
     "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
-    "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11",
+    "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11", "hgemm_v12",
 ]
 
 
@@ -83,6 +86,7 @@ hgemm_v8 = _rung_entry("v8")
 hgemm_v9 = _rung_entry("v9")
 hgemm_v10 = _rung_entry("v10")
 hgemm_v11 = _rung_entry("v11")
+hgemm_v12 = _rung_entry("v12")
 
 
 def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs):

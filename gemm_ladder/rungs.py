@@ -23,7 +23,7 @@ from types import ModuleType
 from .core.config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
     check_common, check_knob_types, drop_retired_knobs)
 from .core.launch import check_grid
-from .core.spec import SPEC_KNOB, as_spec, check_built, spec_of
+from .core.spec import SPEC_KNOB, GemmSpec, as_spec, check_built, spec_of
 
 CONFIG_ATTR = "gemm_ladder.config"
 _RUNG_FILE = re.compile(r"hgemm_(v\d+)\.py")
@@ -79,6 +79,10 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     knobs = drop_retired_knobs(rung, knobs)
     arch = knobs.get("arch", DEFAULT_ARCH)
     mod = rung_module(rung, arch)
+    if "grouped" in getattr(mod, "EPILOGUES", ()) and knobs.get(SPEC_KNOB) in (None, ""):
+        # a grouped rung (v12) builds grouped specs only: its default is the grouped GEMM in the dtype
+        dtype = knobs.get("dtype", COMMON_KNOBS["dtype"])
+        knobs = {**knobs, SPEC_KNOB: GemmSpec(a=dtype, b=dtype, d=dtype, grouped=True)}
     knobs = _with_spec(knobs)
     allowed = set(mod.KNOBS) | set(COMMON_KNOBS) | set(BUILD_OPTIONS) | {SPEC_KNOB}
     unknown = sorted(set(knobs) - allowed)

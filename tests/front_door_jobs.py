@@ -201,3 +201,67 @@ def current_stream(item: str, args) -> dict:
         y = torch.ops.gemm_ladder.mm(x, w)
     s.synchronize()
     return _compare(y, src, w, "float16")
+
+
+def first_use(item: str, args) -> dict:
+    """The first call of a shape times the kernels that serve it and torch's (not strict), keeps the
+    fastest and says so; the answer is right; a second process (``item``: the choices file, shared)
+    takes the remembered winner without timing."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    os.environ["GEMM_LADDER_STRICT"] = "0"
+    os.environ["GEMM_LADDER_CHOICES"] = item
+    A = torch.randn((64, 4096), device="cuda").half()
+    B = torch.randn((6144, 4096), device="cuda").half()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        D = matmul(A, B, explain=True)
+    text = err.getvalue()
+    said = "measured at first use" in text or "chosen at an earlier first use" in text
+    check = _compare(D, A, B, "float16")
+    ok = said and check["status"] == "ok" and os.path.exists(item)
+    return {"status": "ok" if ok else "wrong", "said": said, "check": check, "text": text[-3000:]}
+
+
+class _ThreeLayers(torch.nn.Module):
+    """Three layers through the op at M = 10; the middle one's weight (128 x 128) is in no pack."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(n, k, device="cuda").half() / 8)
+                                         for n, k in ((128, 64), (128, 128), (64, 128))])
+
+    def forward(self, x):
+        for w in self.w:
+            x = torch.nn.functional.silu(torch.ops.gemm_ladder.mm(x, w))
+        return x
+
+    def reference(self, x):
+        for w in self.w:
+            x = torch.nn.functional.silu(x @ w.T)
+        return x
+
+
+def compile_fallback(item: str, args) -> dict:
+    """``torch.compile(fullgraph=True, mode="reduce-overhead")`` (CUDA-graph replay) of a model one
+    of whose layers no pack serves, on a runtime-only box, not strict: it runs, that layer on
+    torch's matmul with one warning, replays right on new inputs."""
+    import os  # pylint: disable=import-outside-toplevel
+    import warnings  # pylint: disable=import-outside-toplevel
+
+    import gemm_ladder.serve.ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    from gemm_ladder.serve.front import KernelFallbackWarning  # pylint: disable=import-outside-toplevel
+
+    os.environ["GEMM_LADDER_STRICT"] = "0"
+    model = _ThreeLayers()
+    fn = torch.compile(model, fullgraph=True, mode="reduce-overhead")
+    errs = []
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for seed in range(4):
+            x = torch.randn(2, 5, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).half()
+            got = fn(x).clone()
+            errs.append((got.float() - model.reference(x).float()).abs().max().item())
+    fallbacks = [str(w.message) for w in caught if issubclass(w.category, KernelFallbackWarning)]
+    ok = max(errs) < 0.05 and len(fallbacks) >= 1 and all("N=128 K=128" in f for f in fallbacks)
+    return {"status": "ok" if ok else "wrong", "max_abs_err": errs, "fallbacks": fallbacks[:3]}

@@ -1,6 +1,7 @@
 """The every-model suite on the CPU: its families and split, the fixed sample, the summary. (Running
 it is a GPU benchmark: ``python -m gemm_ladder.measure.every_model run``.)"""
 
+import json
 import math
 
 import pytest
@@ -54,3 +55,17 @@ def test_the_command_refuses_a_negative_sample_and_a_folder_for_out(capsys, tmp_
     with pytest.raises(SystemExit) as err:
         every_model.main(["run", "--out", str(tmp_path)])  # a folder: refused before any GPU work
     assert err.value.code == 2 and "--out" in capsys.readouterr().err
+
+
+def test_plot_draws_both_ratios_from_result_files_and_refuses_a_wrong_file(tmp_path, capsys):
+    rows = [{"M": m, "held_out": m > 100, "status": "ok", "kernel_ratio": 0.9 + m / 1e4, "call_ratio": 1.1}
+            for m in (1, 16, 333, 4096)] + [{"M": 7, "held_out": True, "status": "wrong"}]
+    result = tmp_path / "every_model_seed0.json"
+    result.write_text(json.dumps({"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "rows": rows}))
+    png = tmp_path / "plots" / "every_model.png"
+    assert every_model.main(["plot", str(result), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": [{"M": -1, "held_out": True, "status": "ok"}]}))
+    assert every_model.main(["plot", str(bad), "--out", str(png)]) == 2
+    assert "bad.json" in capsys.readouterr().err

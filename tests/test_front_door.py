@@ -186,7 +186,7 @@ def _remembered(M, N, K, shape, with_out):
     B = torch.randn(N, K).half()
     out = torch.empty(*shape).half() if with_out else None
     spans = (A.nbytes, B.nbytes, M * N * A.element_size())
-    front._FAST[front._fast_key(A, B, out)] = (route, kernel, M, N, K, tuple(shape), spans)
+    front._FAST[front._fast_key(A, B, out)] = (route, kernel, M, N, K, tuple(shape), spans, False)
     return kernel, route, A, B, out
 
 
@@ -392,15 +392,15 @@ def test_a_tiny_problem_runs_ours_eagerly_and_torchs_in_a_graph(small_pack, monk
     want = (A.float() @ B.float().T)
     for capturing, ours_calls in ((False, 1), (True, 1)):
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
-        ours = route.module.ours
+        ours = route.module.eager
         before = len(ours.seen)
         D = torch.full((128, 256), float("nan")).half()
         route.module(A, B, D)
         torch.testing.assert_close(D.float(), want, rtol=2e-3, atol=2e-3)
         assert len(ours.seen) - before == (0 if capturing else ours_calls)
-    assert route.module.seen is route.module.ours.seen  # the rest of the module reads through
+    assert route.module.seen is route.module.eager.seen  # the rest of the module reads through
     strict = front.route_of(128, 256, 512, strict=True)
-    assert not isinstance(strict.module, front.CapturedByTorch)
+    assert not isinstance(strict.module, front.ByCapture)
     assert front.is_tiny(1, 768, 768) and front.is_tiny(1536, 768, 768) and front.is_tiny(128, 1024, 1024)
     assert not front.is_tiny(16, 4096, 4096) and not front.is_tiny(2, 1280, 5120)  # 33 MB and 13 MB moved
 
@@ -549,3 +549,51 @@ def test_a_pack_serves_with_the_tvm_runtime_alone(tmp_path):
                          text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[:2] == ["kernel", "pack"] and out.stdout.split()[3] == "GemmModule"
+
+
+def test_in_a_graph_a_weight_needing_a_padded_copy_goes_to_torch(small_pack, monkeypatch, no_gpu_needed):
+    """Inside capture the padded copy of a weight would be made on every replay: where nothing was
+    timed, torch's matmul reads it as it is (no copy kept, none made); eager calls and strict mode
+    keep ours and the copy; where the first call timed ours (copy in the graph) faster, ours."""
+    front.use_pack(small_pack)
+    monkeypatch.setattr(front, "_check", lambda A, B, out, bias=None: (A.shape[0], B.shape[0], B.shape[1], A, out, (A.shape[0], B.shape[0])))
+    monkeypatch.setattr(front.first_use, "can_measure", lambda a: False)
+    A, B = torch.randn(16, 512).half(), torch.randn(250, 512).half()  # N = 250: padded to 256 for TMA
+    want = A.float() @ B.float().T
+    for capturing, strict, copied in ((True, False, False), (False, False, True), (True, True, True)):
+        front._B_COPIES.clear()
+        monkeypatch.setattr(front, "_capturing", lambda a, c=capturing: c)
+        D = front.matmul(A, B, strict=strict)
+        torch.testing.assert_close(D.float(), want, rtol=2e-3, atol=2e-3)
+        assert bool(front._B_COPIES) == copied, (capturing, strict)
+
+
+def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypatch):
+    """N = 250 (padded to 256 for TMA): a repeated call skips the checks and keeps the weight's
+    padded copy; inside CUDA-graph capture it leaves the call to the checked path (where torch
+    reads the weight as it is)."""
+    M, N, K = 6, 250, 64
+    kernel = TmaKernel()
+    route = front.Route(kernel, None, "test", "v9", {})
+    fixes = layout_fixes(Layout(M, N, K, "float16"))
+    assert fixes.names == ("pad-n",) and fixes.N == 256
+    A, B, out = torch.randn(M, K).half(), torch.randn(N, K).half(), torch.empty(M, N).half()
+    spans = (A.nbytes, B.nbytes, M * N * A.element_size())
+    front._FAST[front._fast_key(A, B, out)] = (route, front.padded_launch(route, M, N, K, fixes), M, N, K, (M, N),
+                                               spans, True)
+    monkeypatch.setattr(front, "_capturing", lambda a: False)
+    for _ in range(2):
+        A2 = torch.randn_like(A)
+        assert front.matmul(A2, B, out) is out
+        torch.testing.assert_close(out.float(), A2.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert [s[1] for s in kernel.seen] == [(256, 64), (256, 64)] and len(front._B_COPIES) == 1
+    monkeypatch.setattr(front, "_capturing", lambda a: True)
+    with pytest.raises(ModuleInputError, match="A is on cpu"):  # the checked path
+        front.matmul(A, B, out)
+    assert len(kernel.seen) == 2
+
+    front.route_of(16, 256, 512).candidates = {}  # as measured, ours the winner under capture
+    front._B_COPIES.clear()
+    monkeypatch.setattr(front, "_capturing", lambda a: True)
+    torch.testing.assert_close(front.matmul(A, B).float(), want, rtol=2e-3, atol=2e-3)
+    assert front._B_COPIES  # ours, with its copy

@@ -130,3 +130,16 @@ def test_cuda_graph_capture(from_pack):
 def test_runs_on_torchs_current_stream(from_pack):
     res = _job("current_stream")
     assert res["status"] == "ok", res
+
+
+def test_the_first_call_measures_and_a_later_process_remembers(from_pack, tmp_path):
+    choices = str(tmp_path / "choices.json")
+    first = _job("first_use", choices)
+    assert first["status"] == "ok" and "measured at first use" in first["text"], first
+    again = _job("first_use", choices)
+    assert again["status"] == "ok" and "chosen at an earlier first use" in again["text"], again
+
+
+def test_a_compiled_graph_replayed_model_runs_with_a_layer_no_pack_serves(from_pack):
+    res = _job("compile_fallback")
+    assert res["status"] == "ok", res

@@ -131,3 +131,19 @@ def test_prepare_dry_run_prints_the_plan(mrc, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "2560x10240 float16 (held out)" in out and "4096x4096 float16:" in out
     assert not (tmp_path / "p").exists()
+
+
+def test_the_measured_choice_is_scored_against_the_best_module(mrc):
+    """The front door's first-use choice (queued calls) scored as kernels: a module by its own
+    time, torch's choice by cuBLAS's; a row without a timed measured choice is below the target."""
+    timed = {"chosen.so": {"correct": True, "ms": 0.5, "rough": False},
+             "best.so": {"correct": True, "ms": 0.4, "rough": False}}
+    row = mrc.add_measured(mrc.make_row(WEIGHT, 700, "chosen.so", "tuned-range", timed, 0.45), "best.so",
+                           {"best.so": 30.0, "chosen.so": 40.0, "torch": 33.0})
+    assert row["measured_over_best"] == 1.0 and math.isclose(row["measured_ratio"], 0.45 / 0.4)
+    by_torch = mrc.add_measured(mrc.make_row(WEIGHT, 700, "chosen.so", "tuned-range", timed, 0.45), "torch", {})
+    assert math.isclose(by_torch["measured_over_best"], 0.4 / 0.45) and by_torch["measured_ratio"] == 1.0
+    s = mrc.summary([row, by_torch, {**by_torch, "measured_over_best": None}])
+    assert s["all"]["measured_below_target"] == 2 and s["all"]["measured_torch"] == 2 and not s["met_measured"]
+    assert s["all"]["below_target"] == 3  # the chosen module (0.8 of the best) in every row
+    assert mrc.summary([row])["met_measured"]

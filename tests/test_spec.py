@@ -49,7 +49,8 @@ def test_what_is_not_built_is_representable():
     assert [(o.name, o.shape) for o in fp8.epilogue_operands()] == [("scale_a", ("M",)), ("scale_b", ("N",))]
     assert [o.shape for o in GemmSpec(b_major="N").operands()][:2] == [("M", "K"), ("K", "N")]
     assert GemmSpec(residual="float16").epilogue_operands()[0].extent(3, 5, 7) == (3, 5)
-    assert GemmSpec(grouped=True).epilogue_operands()[0].extent(3, 5, 7, groups=4) == (5,)
+    grouped = GemmSpec(grouped=True)
+    assert [o.extent(3, 5, 7, groups=4) for o in grouped.operands()] == [(3, 7), (4, 5, 7), (3, 5), (4,)]
     cases = [(fp8, "fp8"), (GemmSpec(b_major="N"), "MN-major"), (GemmSpec(a_major="M"), "MN-major"),
              (GemmSpec(acc="float16"), "float32 accumulators"), (GemmSpec(residual="float16"), "residual"),
              (GemmSpec(grouped=True), "grouped GEMM"), (GemmSpec(scales="tensor"), "scaled"),
@@ -71,7 +72,7 @@ def test_the_bias_is_built_for_v9_only():
     check_built(GemmSpec.with_bias(), "v9", V9)
     with pytest.raises(ConfigError, match="not built for v10.*built for v9"):
         check_built(GemmSpec.with_bias(), "v10")
-    assert EPILOGUES == ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated") and spec_for("bfloat16", "bias") == GemmSpec.with_bias("bfloat16")
+    assert EPILOGUES == ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated", "grouped") and spec_for("bfloat16", "bias") == GemmSpec.with_bias("bfloat16")
     with pytest.raises(ConfigError, match="not built"):
         spec_for("float16", "gelu")
 
@@ -375,3 +376,13 @@ def test_the_barrier_checker_passes_the_v9_activation_kernel():
     """The activation is arithmetic on registers: the protocol check finds nothing, as without it."""
     assert check_config(make_config("v9", 512, 512, 512, spec=spec_for("float16", "bias_gelu_tanh"),
                                     epi_under=True)).ok
+
+
+def test_grouped_is_built_on_v12_alone_and_without_an_epilogue():
+    grouped = GemmSpec(grouped=True)
+    assert not_built(grouped, "v12", ("grouped",)) is None
+    assert "v12 only" in not_built(grouped, "v9", V9)
+    assert "must be grouped" in not_built(GemmSpec(), "v12", ("grouped",))
+    assert "bias or an activation" in not_built(GemmSpec(grouped=True, bias="float16"), "v12", ("grouped",))
+    assert "bias or an activation" in not_built(GemmSpec(grouped=True, act="silu"), "v12", ("grouped",))
+    assert GemmSpec.parse(grouped.text()) == grouped

@@ -36,7 +36,11 @@ compiles. Built today:
                 D = round(act(alpha . acc + bias) + beta . C), C read in the epilogue (it may be D
                 itself: an in-place residual add), on rungs whose ``EPILOGUES`` lists ``"residual"`` (v9)
     scales      None
-    grouped     False
+    grouped     False, or True on rungs whose ``EPILOGUES`` lists ``"grouped"`` (v12) with no
+                bias or activation: B is the experts' weights W [G, N, K] (the kernel views it
+                as [G * N, K]) and ``offsets`` [G] int32 the cumulative END row of each group
+                in A and D (``torch._grouped_mm``'s ``offs``: group g is rows
+                [offsets[g-1], offsets[g]), offsets[-1] = 0)
     ==========  =========================================================================
 
 The spec travels as a knob, ``spec``, whose value is :meth:`GemmSpec.text` (a name the knob
@@ -66,8 +70,9 @@ SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A 
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
 # what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS; "alpha": the runtime
 # scale of the product; "residual": C and its runtime scale beta; "fp32_out": D in float32 from 16-bit A, B;
-# "gated": B = cat([W_gate, W_up]), D = act(gate) * up, half B's rows: SwiGLU with act silu)
-EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated")
+# "gated": B = cat([W_gate, W_up]), D = act(gate) * up, half B's rows: SwiGLU with act silu;
+# "grouped": the grouped GEMM)
+EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated", "grouped")
 SCALARS = ("alpha", "beta")  # the fp32 scalar parameters of an epilogue (Operand.role "scalar")
 
 
@@ -86,12 +91,12 @@ class Operand:
 
     name: str  # "A", "B", "D", "bias", "C", "scale_a", "scale_b", "offsets"
     dtype: str
-    shape: tuple  # of "M", "N", "K", "K/128", "G+1" (groups + 1) or ints
+    shape: tuple  # of "M", "N", "K", "N/2", "K/128", "G" (groups) or ints
     role: str  # "input", "output", "epilogue" (a tensor) or "scalar" (an fp32 value, shape ())
 
     def extent(self, M: int, N: int, K: int, groups: int = 1) -> tuple:
         """The shape for this problem."""
-        sizes = {"M": M, "N": N, "K": K, "N/2": N // 2, "K/128": -(-K // 128), "G": groups, "G+1": groups + 1}
+        sizes = {"M": M, "N": N, "K": K, "N/2": N // 2, "K/128": -(-K // 128), "G": groups}
         return tuple(sizes[s] if isinstance(s, str) else s for s in self.shape)
 
 
@@ -109,7 +114,7 @@ class GemmSpec:
     residual: str | None = None  # dtype of a residual C [M, N] added before rounding, or None
     scales: str | None = None  # fp32 scales of A and B (one of SCALES), or None
     act: str = "none"  # the activation after the bias (one of ACTIVATIONS)
-    grouped: bool = False  # grouped GEMM: int32 offsets [G + 1] of each group's rows of A
+    grouped: bool = False  # grouped GEMM: B is [G, N, K], int32 offsets [G]: each group's end row of A and D
     alpha: bool = False  # a runtime fp32 scalar alpha scales the product: act(alpha . acc + bias)
     # B is cat([W_gate, W_up]) [N, K] (N: both halves), D [M, N/2] = act(x . W_gate^T) * (x . W_up^T)
     gated: bool = False
@@ -171,6 +176,8 @@ class GemmSpec:
         with the epilogue operands after the launch scalars (``runtime.GemmModule``)."""
         a_shape = ("M", "K") if self.a_major == "K" else ("K", "M")
         b_shape = ("N", "K") if self.b_major == "K" else ("K", "N")
+        if self.grouped:  # one weight a group (an expert)
+            b_shape = ("G",) + b_shape
         ops = [Operand("A", self.a, a_shape, "input"), Operand("B", self.b, b_shape, "input"),
                Operand("D", self.d, ("M", "N/2") if self.gated else ("M", "N"), "output")]
         return tuple(ops) + self.epilogue_operands()
@@ -190,7 +197,7 @@ class GemmSpec:
             sa, sb = shapes[self.scales]
             ops += [Operand("scale_a", ACC_DTYPE, sa, "epilogue"), Operand("scale_b", ACC_DTYPE, sb, "epilogue")]
         if self.grouped:
-            ops.append(Operand("offsets", "int32", ("G+1",), "epilogue"))
+            ops.append(Operand("offsets", "int32", ("G",), "epilogue"))
         return tuple(ops)
 
     # -- as text (the knob, file names) and as JSON (manifests) -----------------------------------
@@ -318,8 +325,12 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
                 "(MN-major operands are not built yet; pass B as [N, K], like nn.Linear.weight)")
     if spec.scales is not None:
         return f"scales={spec.scales}: scaled (fp8) GEMMs are not built yet"
-    if spec.grouped:
-        return "grouped GEMM is not built yet"
+    if spec.grouped != ("grouped" in epilogues):
+        return ("grouped GEMM is built on v12 only (gemm_ladder.grouped_mm)" if spec.grouped
+                else f"{rung} is the grouped GEMM: its spec must be grouped (grouped_true); use v9 for one GEMM")
+    if spec.grouped and (spec.bias is not None or spec.act != "none" or spec.alpha or spec.residual or spec.gated
+                         or fp32_out):
+        return "a grouped GEMM with a bias, an activation, alpha, a residual, a gated B or a float32 D is not built yet"
     if spec.residual is not None and spec.residual != spec.d:
         return f"residual={spec.residual}: a residual C is built in D's dtype ({spec.d}) only"
     if spec.residual is not None and fp32_out:

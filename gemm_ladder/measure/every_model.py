@@ -40,12 +40,16 @@ from pathlib import Path
 
 from ..core import cli_types
 from ..core.procs import progress as progress_bar
+from ..core.records import ANY, Bool, Int, List, Obj, RecordError, Str, read_json
 from ..serve.front import matmul
 from ..serve.kernel_pack import build_pack
 from . import harness, isolate, suite
 from .report import table as fmt
 
 FORMAT = "gemm_ladder.every_model"
+# what plot reads of a result file (checked when read): rows with M, the split and both ratios
+RESULT_SCHEMA = Obj({"rows": List(Obj({"M": Int(lo=0), "held_out": Bool(), "status": Str()},
+                                      {"kernel_ratio": ANY, "call_ratio": ANY}))}, {"gpu": ANY})
 # (N, K) of each weight: qkv fused, attention output, gate+up fused, down, LM head (an encoder
 # or ViT: qkv, out, fc1, fc2). From the models' public configurations.
 FAMILIES = {
@@ -260,19 +264,62 @@ def table(doc: dict) -> str:
     return fmt(rows, list(rows[0])) + "\n(* held out: the policy was not tuned on this family)" if rows else "no cases"
 
 
+def plot(docs: list[dict], path) -> Path:
+    """Both ratios against M, one point a case, tuned and held-out families apart, from one or more
+    runs (``docs``), as one PNG at ``path`` (matplotlib's Agg canvas, no display)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
+    from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+
+    rows = [r for d in docs for r in d["rows"] if r.get("status") == "ok"]
+    fig = Figure(figsize=(13, 4.8))
+    FigureCanvasAgg(fig)
+    for ax, key, title in zip(fig.subplots(1, 2, sharey=True), ("kernel_ratio", "call_ratio"),
+                              ("kernel (CUDA graphs, L2 spilled)", "call (matmul as users call it)")):
+        for held, color, label in ((False, "tab:blue", "tuned on"), (True, "tab:orange", "held out")):
+            part = [r for r in rows if bool(r["held_out"]) == held]
+            g = _geomean(r[key] for r in part)
+            ax.scatter([r["M"] for r in part], [r[key] for r in part], s=18, color=color, alpha=0.8,
+                       label=f"{label}: {len(part)} cases, geomean {g:.3f}" if g else label)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.axhline(0.9, color="tab:red", linewidth=0.8, linestyle="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (rows of A)")
+        ax.set_title(title)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.axes[0].set_ylabel("cuBLAS time / ours (above 1: faster)")
+    gpu = (docs[0].get("gpu") or {}).get("name", "") if docs else ""
+    fig.suptitle(f"gemm_ladder.matmul on the every-model suite, {gpu}".strip(", "))
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gemm_ladder.measure.every_model", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list", help="print the cases of the sample")
     pk = sub.add_parser("pack", help="build a kernel pack for the sample (build box)")
     pk.add_argument("out")
+    pl = sub.add_parser("plot", help="both ratios against M from result files, as a PNG")
+    pl.add_argument("results", nargs="+", help="files every_model run --out wrote")
+    pl.add_argument("--out", type=cli_types.out_file, default="every_model.png")
     r = sub.add_parser("run", help="time the sample on this GPU")
     r.add_argument("--out", type=cli_types.out_file, default="every_model.json")
     r.add_argument("--reps", type=cli_types.count, default=30)
-    for s in (ls, pk, r):
+    for s in (ls, pk, r):  # (plot reads what the files say)
         s.add_argument("--sample", type=cli_types.count_or_zero, default=40, help="cases (0: every case)")
         s.add_argument("--seed", type=int, default=0, help="which fixed sample (a fresh seed: cases not seen before)")
     a = p.parse_args(argv)
+    if a.cmd == "plot":
+        try:
+            docs = [read_json(f, "every-model result", "give a file that every_model run --out wrote", RESULT_SCHEMA)
+                    for f in a.results]
+        except RecordError as err:
+            print(f"every_model plot: {err}", file=sys.stderr)
+            return 2
+        print(plot(docs, a.out))
+        return 0
     todo = cases(a.sample or None, a.seed)
     if a.cmd == "list":
         for c in todo:

@@ -37,6 +37,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from ..core.spec import spec_of
+from ..sm90a import grouped
 from ..sync.classes import NAMED_BARRIERS_ATTR, WATCHDOG_ATTR
 from .interp import Program
 from .kernel_ir import KernelIR, load
@@ -99,6 +101,11 @@ def _param_values(kir: KernelIR, program: Program, num_ctas: int | None) -> dict
                 tiles = math.prod(kir.cfg.grid_mn) if kir.cfg is not None else 4
                 num_ctas = cluster * max(1, math.ceil(math.ceil(tiles / cluster) / TILES_PER_CTA))
             values[name] = num_ctas
+    if kir.cfg is not None and spec_of(kir.cfg).grouped:
+        # the grouped kernel's schedule follows its runtime M and routing (v12: grouped.checker_params)
+        given = grouped.checker_params(kir.cfg)
+        values.update({name: given[name.removesuffix("_ptr")] for name in program.params
+                       if name.removesuffix("_ptr") in given})  # a tensor's parameter: its pointer
     return values
 
 

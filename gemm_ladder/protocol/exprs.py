@@ -152,6 +152,25 @@ class ExprCompiler:
                     return UNKNOWN
                 return arr[i]
             return f
+        if is_table(buf, self.operand_buffers):
+            # an int a thread of this CTA stored (a schedule's table: v12's tile counts per expert)
+            addr = self._shared_address(buf, e.indices)
+
+            def table(th):
+                a = addr(th)
+                return UNKNOWN if a is UNKNOWN else th.cta.tables.get(a.off, UNKNOWN)
+            return table
+        if scope == "global" and "int" in str(buf.dtype):
+            # an int operand the check is given values for (its parameter, NAME_ptr, bound to a list:
+            # v12's offsets)
+            name, idx = buf.name, self._flat_index(buf, e.indices)
+
+            def operand(th):
+                arr, i = th.sim.params.get(f"{name}_ptr", th.sim.params.get(name)), idx(th)
+                if not isinstance(arr, list) or i is UNKNOWN or not 0 <= i < len(arr):
+                    return UNKNOWN
+                return arr[i]
+            return operand
         return _const(UNKNOWN)
 
     def _e_Cast(self, e):
@@ -354,6 +373,13 @@ def simplified(e) -> str:
     except Exception:  # pylint: disable=broad-except
         pass
     return str(e)
+
+
+def is_table(buf, operand_buffers) -> bool:
+    """A shared int buffer that is no MMA operand: a table of the schedule's (v12's per-expert
+    rows and tile counts) whose values the check follows from the stores to the loads."""
+    return buf.scope().startswith("shared") and buf.name not in operand_buffers and str(buf.dtype) in ("int32",
+                                                                                                       "uint32")
 
 
 def uses_of(e) -> set[int]:

@@ -22,7 +22,7 @@ The values are those of :mod:`.values`; expressions compile in :mod:`.exprs`, ca
 from __future__ import annotations
 
 from .calls import WATCHDOG_FN, CallCompiler, Site
-from .exprs import ExprCompiler, lvalue_defs, uses_of
+from .exprs import ExprCompiler, is_table, lvalue_defs, uses_of
 from .values import (ENCODE_OPS, MBAR_OPS, NAMED_SYNC_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER,
     WGMMA_SYNC, SimError, any_unknown, at_once, buffer_size, call_operands, call_strings, func_call_name, handle_of,
     op_name)
@@ -125,6 +125,8 @@ class Program(CallCompiler, ExprCompiler):
                 return {self._root(handle_of(buf))}, uses_of(s.value) | set().union(*[uses_of(i) for i in s.indices]), False
             if scope.startswith("shared") and buf.name in self.operand_buffers:
                 return set(), set().union(*[uses_of(i) for i in s.indices]), True
+            if is_table(buf, self.operand_buffers):
+                return {handle_of(buf)}, uses_of(s.value) | set().union(*[uses_of(i) for i in s.indices]), False
             return set(), set(), False
         if t == "Evaluate" and type(s.value).__name__ == "Call":
             call = s.value
@@ -263,6 +265,16 @@ class Program(CallCompiler, ExprCompiler):
                     raise SimError(f"index of {buf.name} is not known")
                 arr[i] = value(th)
             return at_once(store)
+        if is_table(buf, self.operand_buffers):
+            # an int into a schedule's table: its value, for the loads after the CTA's barrier
+            where, value = self._shared_address(buf, s.indices), self._expr(s.value)
+
+            def put(th):
+                a = where(th)
+                if a is UNKNOWN:
+                    raise SimError(f"index of {buf.name} is not known")
+                th.cta.tables[a.off] = value(th)
+            return at_once(put)
         # a generic store into an MMA operand tile
         addr = self._shared_address(buf, s.indices)
         site = self._site("store", s, extra={"buffer": buf.name})

@@ -45,7 +45,8 @@ class TensorMapInfo:
         for c, b, d in zip(coords, self.box, self.dims):
             if not isinstance(c, int):
                 return self.box_bytes
-            n *= max(0, min(c + b, d) - max(c, 0))
+            # a runtime extent (a runtime M) is not known here: the box counts as inside along it
+            n *= max(0, min(c + b, c + b if d is None else d) - max(c, 0))
         return n
 
     def describe(self) -> str:

@@ -105,6 +105,7 @@ class CTA:
         self.collectives: dict[int, dict] = {}  # warp -> {"site": id, "waiting": set}
         self.live_lanes: dict[int, int] = {}  # warp -> lanes not yet done
         self.live = 0
+        self.tables: dict[int, int] = {}  # byte offset -> an int a thread stored in a shared table
 
 
 class Thread:

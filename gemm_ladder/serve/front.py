@@ -28,6 +28,17 @@ How a call finds its kernel (once per shape, dtype and GPU arch; then from memor
        as fast as torch. ``strict=True`` or ``GEMM_LADDER_STRICT=1`` makes this a NoKernelError
        (and lets a far module serve, with the warning)
 
+Measured at first use (``first_use``): where a pack holds several modules that serve this M as
+they are (1.) or the policy's module was built (2.), the first eager call of the shape times them
+and torch's own matmul on its own A and B, as queued calls and as kernels in a CUDA graph; eager
+calls keep the fastest call, calls inside graph capture the fastest kernel (torch only where it
+beats every kernel of ours by 2%: never slower than cuBLAS), remembered per GPU, M and candidates
+in ``$GEMM_LADDER_CHOICES`` (default ``<cache>/choices.json``); ``explain`` prints the times.
+Inside capture a weight that needs a padded copy for TMA goes to torch's matmul (the copy would
+be made on every replay) unless the first call timed ours faster with the copy in the graph;
+strict mode keeps ours.
+``GEMM_LADDER_MEASURE=0`` keeps the pack's or the policy's choice; strict mode times ours only.
+
 Loaded modules stay loaded for the life of the process. A call whose shapes, dtypes and GPUs are
 those of an earlier call that took the plain path (no copies) skips the checks and the lookup: it
 checks only that its tensors are contiguous and 16-byte aligned, want no grad and that ``out``
@@ -83,6 +94,7 @@ from pathlib import Path
 from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
 from ..core.spec import ACTIVATIONS, GemmSpec, spec_for, torch_activation
+from . import first_use
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
 from .runtime import ModuleInputError, load, scalar_arg
 from .tma_layout import Fixes, Layout, layout_fixes
@@ -107,6 +119,9 @@ class Route:
     lines: list = field(default_factory=list)
     calls: int = 0
     launchers: dict = field(default_factory=dict)  # GPU index -> the module's unchecked launch
+    # the kernels to time at the first call of the shape (first_use): label -> (identity, make its
+    # Route); emptied once measured or remembered
+    candidates: dict = field(default_factory=dict)
 
     def run(self, a, b, d, operands: dict | None = None) -> None:
         """Launch on tensors of the kernel's shape that the front door checked (``operands``: the
@@ -116,11 +131,29 @@ class Route:
         operands = operands or {}
         launch = self.launchers.get(idx)
         if launch is None:
-            maker = getattr(self.module, "launcher", None)
-            launch = maker(a, b, d, **operands) if maker is not None else \
-                (lambda x, y, z, *extras: self.module(x, y, out=z, **dict(zip(operands, extras))))
-            self.launchers[idx] = launch
+            launch = self.launchers[idx] = launcher_of(self.module, a, b, d, **operands)
         launch(a, b, d, *operands.values())
+
+    def adopt(self, eager: "Route", graphs: "Route", note: str) -> None:
+        """Become the measured winners, ``eager`` for eager calls and ``graphs`` inside CUDA-graph
+        capture (:class:`ByCapture` where they differ), keeping this object (the one the route
+        table and explain hold); their rung, knobs and lines are the eager one's."""
+        self.module, self.module_M, self.source = eager.module, eager.module_M, eager.source
+        self.rung, self.knobs, self.lines = eager.rung, eager.knobs, list(eager.lines)
+        self.launchers = dict(eager.launchers)
+        if graphs is not eager:
+            self.module, self.launchers = ByCapture(eager.module, graphs.module), {}
+            self.lines.append(f"{CAPTURE_LINE} {graphs.lines[0].removeprefix('kernel: ')} (faster as a kernel "
+                              "alone, measured at first use)")
+        self.candidates = {}
+        self.lines.append(note)
+
+    def plain(self) -> "Route":
+        """This route with its eager module alone (a tiny problem's, not torch's under capture)."""
+        if not isinstance(self.module, ByCapture):
+            return self
+        lines = [line for line in self.lines if not line.startswith(CAPTURE_LINE)]
+        return Route(self.module.eager, self.module_M, self.source, self.rung, self.knobs, lines)
 
     def as_dict(self) -> dict:
         return {"rung": self.rung, "knobs": self.knobs, "source": self.source, "module_M": self.module_M,
@@ -452,7 +485,9 @@ def _build_route(M: int, N: int, K: int, dtype: str, arch: str, index: int, spec
     lines[0] = f"kernel: {lines[0]}" + (" [M at run time]" if dynamic else "")
     lines = [lines[0]] + [line.strip() for line in lines[1:]]
     lines.append(f"source: {source} {path}" + (" (built now, on first use)" if how == "built" else ""))
-    return Route(_load(path), None if dynamic else job.shape[0], source, choice.rung, knobs, lines)
+    route = Route(_load(path), None if dynamic else job.shape[0], source, choice.rung, knobs, lines)
+    route.candidates = {choice.rung: (Path(path).name, lambda: route)}  # torch's joins (_offer_torch)
+    return route
 
 
 def _far(e: dict, fit: str, M: int) -> str | None:
@@ -486,11 +521,11 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
         if f is not None and (found is None or FIT_RANK[f.fit] < FIT_RANK[found.fit]):
             found = f
     if found is not None and found.fit in ("exact", "tuned-range"):
-        return _from_pack(found)
+        return _with_candidates(_from_pack(found), found, M, N, K, dtype, arch, strict, spec)
     why = _why_no_build()
     if why is None:
         try:
-            return _build_route(M, N, K, dtype, arch, index, spec)
+            return _offer_torch(_build_route(M, N, K, dtype, arch, index, spec), M, N, K, strict, spec.act)
         except IndexRangeError as err:  # past what any kernel of ours indexes: torch's 64-bit indices take it
             if strict:
                 raise
@@ -505,6 +540,8 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
         note = f"note: the pack has nothing closer and nothing can be built here ({why})"
         if far is None or strict:
             route = _from_pack(found, note)
+            if found.fit != "pad-m":
+                _with_candidates(route, found, M, N, K, dtype, arch, strict, spec)
             if far is not None:
                 _warn(f"gemm_ladder.matmul M={M} N={N} K={K} {what}: {found.entry['file']} serves it although {far} "
                       f"(strict mode); for a kernel made for this M, {how}")
@@ -516,6 +553,104 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
     if strict:
         raise NoKernelError(f"no kernel for M={M}, N={N}, K={K}, {what} on {arch}: {missing}. {how[0].upper()}{how[1:]}")
     return _torch_route(M, N, K, what, missing, how, spec.act)
+
+
+def _with_candidates(route: Route, found, M: int, N: int, K: int, dtype: str, arch: str, strict: bool,
+                     spec: GemmSpec) -> Route:
+    """The route of pack module ``found``, with the packs' other modules that serve this M as they
+    are (``KernelPack.serving``, nearest first, at most first_use.MAX_CANDIDATES in all) and
+    torch's (not strict) as its candidates for the first call's timing."""
+    serving = [f for pack in _packs() for f in pack.serving(M, N, K, dtype, arch, spec)]
+    others = {f.entry["so_sha256"]: f for f in serving if f.entry["so_sha256"] != found.entry["so_sha256"]}
+    route.candidates = {found.entry["file"]: (found.entry["so_sha256"], lambda: route)}
+    for sha, f in list(others.items())[:first_use.MAX_CANDIDATES - 1]:
+        route.candidates[f.entry["file"]] = (sha, lambda f=f: _from_pack(f))
+    return _offer_torch(route, M, N, K, strict, spec.act)
+
+
+def _offer_torch(route: Route, M: int, N: int, K: int, strict: bool, act: str) -> Route:
+    """Add torch's own matmul to the route's candidates (not in strict mode): where it measures
+    faster at first use than every kernel of ours, it computes the shape (first_use)."""
+    if not strict:
+        lines = ["kernel: torch.matmul (cuBLAS)", f"why: at first use on this GPU it ran {M}x{N}x{K} faster than "
+                 "every kernel of ours that serves it (gemm_ladder is never slower than the library it replaces)",
+                 f"source: torch ({STRICT_ENV}=1 or strict=True keeps ours)"]
+        route.candidates[first_use.TORCH] = (first_use.TORCH,
+                                             lambda: Route(TorchMatmul(act), None, "torch, measured faster", "torch", {}, lines))
+    return route
+
+
+def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, index: int) -> None:
+    """Time the route's candidates on the call's A and B and copies of them (first_use.input_sets),
+    into scratch outputs, as queued calls and as kernels replayed from CUDA graphs, each the whole
+    way a call takes (the padded path's copies included: :func:`launch_route`), and make the
+    route the winners (``Route.adopt``), or take the winners remembered for this GPU, shape and
+    candidates (first_use)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    with _LOCK:
+        cands = route.candidates
+        if not cands or not first_use.can_measure(a):
+            return
+        if len(cands) == 1:
+            route.candidates = {}
+            return
+        ids = {label: ident for label, (ident, _) in cands.items()}
+        gpu = device.name_of(index)
+        key = first_use.key_of(gpu, M, N, K, ids)
+        known = first_use.remembered(key, ids)
+        made = {label: cands[label][1]() for label in (set(known) if known else cands)}
+        mine = next((label for label, r in made.items() if r is route), None)  # the route's own module
+        routes = {label: (r.plain() if r is route else r) for label, r in made.items()}
+        if known is not None:
+            route.adopt(routes[known[0]], routes[known[1]], f"chosen at an earlier first use on {gpu}, among "
+                                                            f"{len(cands)} candidates (remembered in {first_use.choices_path()})")
+            return
+        d = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        sets = first_use.input_sets(a, b, d, _l2_bytes(index), same_b=bool(fixes.names))
+        whole = bool(fixes.names) or (bias is not None and bias.data_ptr() % 16 != 0)  # copies on the way
+
+        def call_of(r):
+            if isinstance(r.module, TorchMatmul) or whole:  # the whole way a call takes
+                fx = Fixes((), N, K) if isinstance(r.module, TorchMatmul) else fixes
+                call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fx, bias)  # noqa: E731
+            else:
+                extras = () if bias is None else (bias,)
+                r.run(a, b, sets[0][2], {} if bias is None else {"bias": bias})  # checked once per GPU
+                fn = r.launchers[a.device.index]
+                call = lambda x, y, z: fn(x, y, z, *extras)  # noqa: E731
+            call(*sets[0])
+            return call
+
+        calls = {}
+        for label, r in routes.items():
+            try:
+                calls[label] = call_of(r)
+            except (ValueError, RuntimeError):  # a module that refuses this M is no candidate
+                if label == mine:
+                    raise
+        times = first_use.time_launches(calls, sets)
+        kernel_times = first_use.time_graphs(calls, sets, times)
+        eager, graphs = first_use.pick(times), first_use.pick(kernel_times or times)
+        first_use.remember(key, ids[eager], ids[graphs])
+
+        def said(ts):
+            return "; ".join(f"{label} {us:.1f} us" for label, us in sorted(ts.items(), key=lambda lt: lt[1]))
+        route.adopt(routes[eager], routes[graphs],
+                    f"measured at first use on {gpu} (median of {first_use.ROUNDS} rounds, input sets spilling L2): "
+                    f"as queued calls {said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; "
+                    f"chose {eager}" + (f", and {graphs} under capture" if graphs != eager else ""))
+
+
+def _l2_bytes(index: int) -> int:
+    if index not in _L2:
+        import torch  # pylint: disable=import-outside-toplevel
+
+        _L2[index] = torch.cuda.get_device_properties(index).L2_cache_size
+    return _L2[index]
+
+
+_L2: dict = {}
 
 
 class KernelFallbackWarning(UserWarning):
@@ -540,8 +675,8 @@ class TorchMatmul:
             a, b = a.float(), b.float()
             bias = bias.float() if bias is not None else None
         if C is None and alpha == 1.0:  # the plain path writes out directly
-            if bias is None:
-                torch.matmul(a, b.t(), out=out)
+            if bias is None:  # mm, not matmul: the shortest way to cuBLAS for 2-d operands (a is [M, K] here)
+                torch.mm(a, b.t(), out=out)
             else:
                 torch.addmm(bias, a, b.t(), out=out)
             if self.act != "none":
@@ -554,6 +689,17 @@ class TorchMatmul:
             out.copy_(z)
         else:
             torch.add(z, C, alpha=beta, out=out)
+
+    def launcher(self, a, b, out, **operands):
+        """The call for tensors like these; with no bias and no activation, torch's ``mm`` itself
+        (nothing of ours between a repeated call and cuBLAS but the front door's fast path)."""
+        import torch  # pylint: disable=import-outside-toplevel
+
+        if operands or self.act != "none":  # the extras by name: the spec's order skips those it lacks
+            names = list(operands)
+            return lambda x, y, z, *extras: self(x, y, z, **dict(zip(names, extras)))
+        mm = torch.mm
+        return lambda x, y, z: mm(x, y.t(), out=z)
 
 
 def _warn(text: str) -> None:
@@ -571,57 +717,65 @@ def _torch_route(M: int, N: int, K: int, dtype: str, why: str, how: str, act: st
 
 
 STRICT_ENV = "GEMM_LADDER_STRICT"
+CAPTURE_LINE = "under CUDA-graph capture:"  # explain's line for what runs in graphs, where it differs
 FAR_FACTOR = 4
 # A problem this small takes a few microseconds whoever computes it, and there our kernels lost to
 # cuBLAS as kernels (CUDA graphs, L2 spilled): 0.34x at 128x1024x1024, 0.55-0.76x at GPT-2's 768-wide
 # layers, while 16x4096x4096 (33 MB) was level and 2x1280x5120 0.98x
 # [benchmarks/results/2026-11-25_h100_every_model/every_model_seed0.json]. Below both bounds the
-# front door calls torch's matmul inside CUDA-graph capture (CapturedByTorch; strict mode keeps ours).
+# front door calls torch's matmul inside CUDA-graph capture (ByCapture; strict mode keeps ours).
 TINY_FLOPS = 2e9
 TINY_BYTES = 8 << 20
 
 
 def is_tiny(M: int, N: int, K: int) -> bool:
     """Whether ``M x N x K`` is under both bounds above (TINY_FLOPS and TINY_BYTES moved): where
-    cuBLAS's kernel measured faster than ours, so graph capture takes torch's (CapturedByTorch)."""
+    cuBLAS's kernel measured faster than ours, so graph capture takes torch's (ByCapture; measured at first use where the shape is timed)."""
     return 2.0 * M * N * K < TINY_FLOPS and 2 * (M * K + N * K + M * N) < TINY_BYTES
 
 
-class CapturedByTorch:
-    """A tiny problem's module: ours for an eager call, torch's (cuBLAS) inside CUDA-graph capture.
+def launcher_of(module, a, b, out, **operands):
+    """``module``'s launch for tensors like these (``module.launcher``, checked once), or a call of
+    the module itself (torch's matmul, a stand-in)."""
+    maker = getattr(module, "launcher", None)
+    if maker is not None:
+        return maker(a, b, out, **operands)
+    return lambda x, y, z, *extras: module(x, y, out=z, **dict(zip(operands, extras)))
 
-    Eager, a tiny call costs its host path more than its kernel, and ours is the shorter (call
-    ratio 1.2-1.5x against F.linear); replayed from a graph, only the kernel counts, and there
-    cuBLAS's is faster (ours 0.34-0.76x). One ``torch.cuda.is_current_stream_capturing()`` a call
-    picks each where it wins."""
 
-    def __init__(self, ours, act: str = "none"):
-        self.ours, self.torch = ours, TorchMatmul(act)
-        self.path = getattr(ours, "path", "")
+class ByCapture:
+    """Two modules of one shape: ``eager`` for an eager call, ``graphs`` inside CUDA-graph capture.
+
+    Eager, a short kernel costs its host path as much as its own time, and ours is the shorter
+    (a tiny problem's call ratio 1.2-1.5x against F.linear); replayed from a graph, only the kernel
+    counts, and there another may be faster (cuBLAS's at tiny problems: ours 0.34-0.76x). The first
+    call of a shape times both ways (``first_use``); for a tiny problem not timed, ``graphs`` is
+    torch's. One ``torch.cuda.is_current_stream_capturing()`` a call picks each where it wins."""
+
+    def __init__(self, eager, graphs):
+        self.eager, self.graphs = eager, graphs
+        self.path = getattr(eager, "path", "")
 
     def __call__(self, a, b, out, **operands):
         operands = {k: v for k, v in operands.items() if v is not None}
         self.launcher(a, b, out, **operands)(a, b, out, *operands.values())
 
-    def __getattr__(self, name):  # the rest is our module's (its manifest, M at run time, ...)
-        if name == "ours":
+    def __getattr__(self, name):  # the rest is the eager module's (its manifest, M at run time, ...)
+        if name in ("eager", "graphs"):
             raise AttributeError(name)
-        return getattr(self.ours, name)
+        return getattr(self.eager, name)
 
     def launcher(self, a, b, out, **operands):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
-        maker = getattr(self.ours, "launcher", None)
-        ours = maker(a, b, out, **operands) if maker is not None else \
-            (lambda x, y, z, *extras: self.ours(x, y, out=z, **dict(zip(operands, extras))))
-        capturing, theirs, names = torch.cuda.is_current_stream_capturing, self.torch, list(operands)
-        return lambda x, y, z, *extras: theirs(x, y, z, **dict(zip(names, extras))) if capturing() \
-            else ours(x, y, z, *extras)
+        eager, graphs = launcher_of(self.eager, a, b, out, **operands), launcher_of(self.graphs, a, b, out, **operands)
+        capturing = torch.cuda.is_current_stream_capturing
+        return lambda x, y, z, *extras: graphs(x, y, z, *extras) if capturing() else eager(x, y, z, *extras)
 
 
 def _captured_by_torch(route: Route, M: int, N: int, K: int, act: str = "none") -> Route:
-    route.module = CapturedByTorch(route.module, act)
-    route.lines.append(f"under CUDA-graph capture: torch.matmul (cuBLAS), since {M}x{N}x{K} is under "
+    route.module = ByCapture(route.module, TorchMatmul(act))
+    route.lines.append(f"{CAPTURE_LINE} torch.matmul (cuBLAS), since {M}x{N}x{K} is under "
                        f"{TINY_FLOPS / 1e9:.0f} GFLOP and {TINY_BYTES >> 20} MiB moved, where cuBLAS's kernel measured "
                        "faster than ours (0.34-0.76x ours) [benchmarks/results/2026-11-25_h100_every_model/"
                        "every_model_seed0.json]; eager calls keep ours, whose host path is the shorter (strict mode: "
@@ -772,7 +926,9 @@ def _fast(A, B, out):
     hit = _FAST.get(key) if key is not None else None
     if hit is None:
         return None
-    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes) = hit
+    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes), padded = hit
+    if padded and _capturing(A):  # in a graph a padded weight goes to torch (_weight_as_it_is)
+        return None
     if (A.requires_grad or B.requires_grad or (out is not None and out.requires_grad)) and _grad_enabled():
         return None
     pa, pb = A.data_ptr(), B.data_ptr()
@@ -800,6 +956,32 @@ def _fast(A, B, out):
     return out
 
 
+def _capturing(A) -> bool:
+    import torch  # pylint: disable=import-outside-toplevel
+
+    return A.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+_IN_GRAPHS: dict = {}
+
+
+def _weight_as_it_is(act: str) -> Route:
+    """Inside CUDA-graph capture, a weight TMA cannot read (N or K not a multiple of 8, off a
+    16-byte boundary) would be copied into its padded form on every replay (so a replay sees an
+    in-place update of it): a 77 MB LM head made GPT-2's 7-row decode 0.43x cuBLAS as a kernel
+    [benchmarks/results/2026-11-25_h100_every_model/every_model_seed1.json], while at 512 rows and
+    more ours, copy included, ran 1.7-3.6x cuBLAS's unaligned path. torch's matmul reads the weight
+    as it is where the first call's timing (copies in the graph) found its kernel faster, or nothing
+    was timed yet; strict mode keeps ours."""
+    route = _IN_GRAPHS.get(act)
+    if route is None:
+        lines = ["kernel: torch.matmul (cuBLAS), inside CUDA-graph capture",
+                 "why: the weight needs a padded copy for TMA, which a graph would make on every replay",
+                 f"source: torch ({STRICT_ENV}=1 or strict=True keeps ours)"]
+        route = _IN_GRAPHS[act] = Route(TorchMatmul(act), None, "torch, in graphs", "torch", {}, lines)
+    return route
+
+
 def _grad_enabled() -> bool:
     """``torch.is_grad_enabled()``, asked only when a tensor wants grad."""
     import torch  # pylint: disable=import-outside-toplevel
@@ -807,15 +989,22 @@ def _grad_enabled() -> bool:
     return torch.is_grad_enabled()
 
 
-def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape) -> None:
+def padded_launch(route: Route, M: int, N: int, K: int, fixes: Fixes):
+    """The fast path's launch of a call whose only copies are a padded N or K (the same for every
+    call of these shapes; the weight's padded copy is kept while the weight is unchanged)."""
+    return lambda a, b, d: launch_route(route, a, b, d, M, N, K, fixes)
+
+
+def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape, fixes: Fixes) -> None:
     """After a checked call that took the plain path (no copies, the module built for any M or
-    this one): later calls like it go through :func:`_fast`."""
-    launch = route.launchers.get(A.device.index)
+    this one), or only padded N or K (copies that depend on the shapes alone, the weight's kept:
+    :func:`launch_route`): later calls like it go through :func:`_fast`."""
+    launch = padded_launch(route, M, N, K, fixes) if fixes.names else route.launchers.get(A.device.index)
     key = _fast_key(A, B, out)
     if launch is not None and key is not None and A.device.type == "cuda":
         with _LOCK:
             spans = (A.nbytes, B.nbytes, M * N * A.element_size())  # the bytes of A, B and D
-            _FAST[key] = (route, launch, M, N, K, tuple(shape), spans)
+            _FAST[key] = (route, launch, M, N, K, tuple(shape), spans, bool(fixes.names))
 
 
 def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None,
@@ -862,11 +1051,19 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     spec = None if spec.is_default() else spec
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
+    # first use times the candidates with a bias at most (the new epilogues' operands: not yet)
+    if route.candidates and route.module_M in (None, M) and first_use.enabled() and plain_epilogue:
+        _settle(route, A2, B, M, N, K, fixes, bias, index)
+    if (fixes.N != N or fixes.K != K or fixes.copies("copy-b")) and not _strict(strict) and _capturing(A):
+        in_graphs = route.module.graphs if isinstance(route.module, ByCapture) else route.module
+        if route.candidates or isinstance(in_graphs, TorchMatmul):  # not measured, or torch's kernel won
+            route = _weight_as_it_is(act)
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
     D = launch_route(route, A2, B, out2, M, N, K, fixes, bias, alpha if alpha != 1.0 else None, C2, beta, d_dtype)
-    if spec is None and not fixes.names and (route.module_M is None or route.module_M == M):
-        _remember(A, B, out, route, M, N, K, shape)
+    if spec is None and set(fixes.names) <= {"pad-n", "pad-k"} and (route.module_M is None or route.module_M == M) \
+            and not _capturing(A):
+        _remember(A, B, out, route, M, N, K, shape, fixes)
     if explain:
         batch = tuple(A.shape) if A.dim() != 2 else None
         text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)
@@ -924,7 +1121,9 @@ def swiglu(x, W_gu, out=None, strict: bool | None = None):
         index = x.device.index if x.device.index is not None else 0
         dtype = _dtype_name(x.dtype)
         route, _ = _route(M, N2, K, dtype, index, _strict(strict), spec_for(dtype, "swiglu"))
-        module = route.module.ours if isinstance(route.module, CapturedByTorch) else route.module
+        module = route.module
+        if isinstance(module, ByCapture):  # ours, whichever way it runs (torch's stand-in is no gated GEMM)
+            module = module.eager if not isinstance(module.eager, TorchMatmul) else module.graphs
         if not isinstance(module, TorchMatmul) and route.module_M in (None, M):  # ours: one kernel
             route.calls += 1
             d = out.view(M, N) if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)

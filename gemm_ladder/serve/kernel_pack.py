@@ -64,7 +64,7 @@ from pathlib import Path
 
 from ..core import files
 from ..core.config import (ARCHS, DTYPES, LARGEST_TILE, RetiredKnobError, check_extents, drop_retired_knobs,
-    largest_m)
+    largest_m, max_m_of)
 from ..core.manifest import ManifestError, check_file, read_manifest
 from ..core.procs import map_in_processes
 from ..core.provenance import git_commit, tvm_version, utc_now
@@ -183,6 +183,22 @@ class KernelPack:
             if rank is None or r < rank:
                 best, rank = e, r
         return Found(best, FITS[rank[0]], self) if best is not None else None
+
+    def serving(self, M: int, N: int, K: int, dtype: str, arch: str, spec: GemmSpec | None = None) -> list[Found]:
+        """Every module of ``spec`` that serves M rows of this weight as it is (no copies): a
+        runtime-M one whose 32-bit indices take M (``config.max_m_of``), a module built for this M;
+        nearest first to the M its knobs were chosen at (``exact``, then ``tuned-range``, then
+        ``any-m``). The measured choice at first use (``first_use``) times these."""
+        out = []
+        for e in self._by_nk.get((N, K, dtype, arch, spec or GemmSpec.default(dtype)), ()):
+            lo, hi = e["m_range"]
+            if e["dynamic_m"] and M <= max_m_of(N, K, e["knobs"]):
+                dist = min(abs(math.log2(M / v)) for v in (e.get("m_values") or (lo, hi)))
+                out.append(((1 if lo <= M <= hi else 2, dist), Found(e, "tuned-range" if lo <= M <= hi else "any-m", self)))
+            elif not e["dynamic_m"] and e["shape"][0] == M:
+                out.append(((0, 0.0), Found(e, "exact", self)))
+        out.sort(key=lambda rf: rf[0])
+        return [f for _, f in out]
 
     def check_entry(self, entry: dict) -> Path:
         """The entry's ``.so`` is there, whole, and is the module ``pack.json`` and its own

@@ -164,6 +164,11 @@ class GemmModule:
             self._fn = self._rt["main"] if "main" in _function_names(self._rt) else self._rt
         return self._fn
 
+    def entry(self):
+        """The loaded kernel function itself, unchecked: for a caller that checks its own operands
+        and passes them in the kernel's order (``serve.grouped``: W viewed as [E * N, K], offs)."""
+        return self._function()
+
     def rows_of(self, A) -> int:
         """The M of a call: A's rows for a module with a runtime M (at least 1), else the
         module's M."""

@@ -1,0 +1,249 @@
+"""The measured choice at first use: of the kernels that can serve a call, the one this GPU runs fastest.
+
+A whole-range kernel pack holds the modules the policy chose at the edges of its M buckets; inside
+a bucket the count of waves changes, and the module chosen at the edge ran at 0.76-0.89x of the
+pack's best at five of 84 M tested (benchmarks/results/2026-11-26_h100_m_range/). So, as Triton's
+and TileLang's autotuners do, the first call of a shape (M, weight, operand spec) on a GPU times
+each candidate on the caller's own A and B, and the winner is remembered:
+
+- the candidates: every module of the packs that serves this M as it is (a runtime-M module whose
+  32-bit indices take M, a module built for this M: ``KernelPack.serving``), at most
+  :data:`MAX_CANDIDATES`, nearest first to the M their knobs were chosen at; and, unless strict,
+  torch's own matmul (cuBLAS): where it measures faster than every kernel of ours, torch computes
+  the shape (the front door is never slower than the library it replaces) and ``explain`` says so;
+- the timing, twice: as queued launches on the current stream as a caller makes them (host path
+  included), and as kernels alone (a CUDA graph of the same launches, replayed: what a model served
+  with CUDA graphs sees), into a scratch output, between CUDA events; :data:`ROUNDS` rounds whose
+  order rotates, each sample a batch of launches of at least :data:`SAMPLE_US`; the median. A
+  first launch of each is its warm-up, after :data:`WARM_MS` of calls that bring an idle GPU's
+  clocks up. Eager calls take the queued winner, calls inside CUDA-graph
+  capture the kernel winner (``front.ByCapture`` where they differ: ours has the shorter host path,
+  cuBLAS's kernel may be the faster). It costs each new shape a few milliseconds (an lm_head at
+  M = 8192: ~0.3 s);
+- nothing is measured inside CUDA-graph capture (the pack's own choice serves; a later eager call
+  of the shape measures), nor with ``GEMM_LADDER_MEASURE=0``;
+- remembered: in the process (the route), and in a small JSON file (``$GEMM_LADDER_CHOICES``,
+  default ``<cache>/choices.json``; ``off``: the process only), keyed on the GPU's name, the
+  candidates' sha256 and M, both winners, so a new process skips the timing and a rebuilt pack is timed again.
+  An unreadable file is warned about once and rewritten.
+
+Written here, not taken from a library: Triton's autotuner times Triton kernels it compiles and
+TileLang's its own; neither chooses among loaded modules and torch, nor keeps choices per pack.
+
+This module imports torch on use (the caller's) and nothing of TVM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import warnings
+from pathlib import Path
+
+from ..core import files
+
+MEASURE_ENV = "GEMM_LADDER_MEASURE"  # "0": the pack's (policy's) choice, nothing timed
+CHOICES_ENV = "GEMM_LADDER_CHOICES"  # the file of remembered choices; "off": the process only
+CHOICES_FILE = "choices.json"
+MAX_CANDIDATES = 4  # kernels of ours timed (plus torch)
+ROUNDS = 5
+WARM_MS = 10.0  # calls before the timing, to bring an idle GPU's clocks up (they start at a few hundred MHz)
+SAMPLE_US = 200.0  # each timed sample: launches adding up to at least this (a one-launch sample is noise)
+MAX_REPS = 100
+MAX_SETS = 8  # input sets cycled through while timing (enough to spill L2 for all but tiny shapes)
+# torch must beat our best by this much to take a shape: our host path is the shorter, and a tie
+# within timing noise keeps ours (the faster call)
+TORCH_MARGIN = 1.02
+TORCH = "torch"
+_LOCK = threading.Lock()
+_STATE: dict = {"file": None, "doc": None, "warned": False}
+
+
+def enabled() -> bool:
+    return os.environ.get(MEASURE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def choices_path() -> Path | None:
+    """The file of remembered choices (None: ``off``, or no usable cache folder)."""
+    env = os.environ.get(CHOICES_ENV, "").strip()
+    if env.lower() in ("off", "0", "none"):
+        return None
+    if env:
+        return Path(env)
+    try:
+        return files.cache_dir() / CHOICES_FILE
+    except files.FolderError:
+        return None
+
+
+def _doc(path: Path) -> dict:
+    """The file's choices ({key: name}), read once per process and path."""
+    if _STATE["file"] == path and _STATE["doc"] is not None:
+        return _STATE["doc"]
+    doc = {}
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if not (isinstance(data, dict) and isinstance(data.get("choices"), dict)):
+                raise ValueError("no 'choices' object")
+            doc = {k: v for k, v in data["choices"].items() if isinstance(k, str) and isinstance(v, str)}
+        except (OSError, ValueError) as err:
+            if not _STATE["warned"]:
+                warnings.warn(f"gemm_ladder: the remembered kernel choices in {path} cannot be read ({err}); "
+                              f"they are measured again and the file rewritten (set {CHOICES_ENV}=off to keep "
+                              "choices in the process only)", RuntimeWarning, stacklevel=3)
+                _STATE["warned"] = True
+    _STATE.update(file=path, doc=doc)
+    return doc
+
+
+def key_of(gpu: str, M: int, N: int, K: int, candidates: dict) -> str:
+    """A choice's key: the GPU's name, the call's shape (N and K as given: a padded shape shares
+    its modules with others) and the candidates (name -> sha256 or ``torch``), sorted."""
+    return "|".join([gpu, f"{M}x{N}x{K}", *sorted(candidates.values())])
+
+
+def remembered(key: str, candidates: dict) -> tuple[str, str] | None:
+    """The remembered winners' names among ``candidates`` (name -> sha256): (for eager calls,
+    under CUDA-graph capture), or None."""
+    path = choices_path()
+    if path is None:
+        return None
+    with _LOCK:
+        value = _doc(path).get(key, "")
+    shas = value.split(",")
+    names = [next((name for name, s in candidates.items() if s == sha), None) for sha in shas]
+    if len(names) != 2 or None in names:
+        return None
+    return names[0], names[1]
+
+
+def remember(key: str, eager: str, graphs: str) -> None:
+    """Keep ``key`` -> the winners' sha256 (eager, under capture) in the file (best effort: a file
+    that cannot be written leaves the choice in the process)."""
+    path = choices_path()
+    if path is None:
+        return
+    with _LOCK:
+        doc = dict(_doc(path))
+        doc[key] = f"{eager},{graphs}"
+        try:
+            files.write_json(path, {"format": "gemm_ladder.choices", "version": 1, "choices": doc})
+        except OSError:
+            return
+        _STATE.update(file=path, doc=doc)
+
+
+def can_measure(a) -> bool:
+    """Whether a call on ``a`` can be timed now: on a GPU, outside CUDA-graph capture."""
+    import torch  # pylint: disable=import-outside-toplevel  (the caller's)
+
+    return a.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+
+def input_sets(a, b, d, l2_bytes: int, same_b: bool = False) -> list[tuple]:
+    """``(a, b, d)`` and copies of them, as many as spill ``l2_bytes`` twice over (at most
+    :data:`MAX_SETS`): timed on the caller's tensors alone, a kernel whose inputs stay in L2 would
+    look faster than it runs in a model (each layer's weight read once a pass). ``same_b``: one B
+    for all (its padded copy is cached per tensor: copies of it would each leave one behind)."""
+    size = a.nbytes + d.nbytes + (0 if same_b else b.nbytes)
+    n = max(1, min(MAX_SETS, -(-2 * l2_bytes // max(size, 1))))
+    return [(a, b, d)] + [(a.clone(), b if same_b else b.clone(), d.clone()) for _ in range(n - 1)]
+
+
+def _rough(call, sets) -> float:
+    """Microseconds of one call (after one as warm-up)."""
+    import torch  # pylint: disable=import-outside-toplevel  (the caller's)
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    call(*sets[0])
+    start.record()
+    call(*sets[-1])
+    end.record()
+    end.synchronize()
+    return max(start.elapsed_time(end) * 1e3, 1.0)
+
+
+def _reps(us: float, n_sets: int) -> int:
+    """Calls a sample makes: at least :data:`SAMPLE_US` of them and every input set once."""
+    return max(n_sets, min(MAX_REPS, int(SAMPLE_US / us) + 1))
+
+
+def _rounds(samplers: dict, rounds: int) -> dict:
+    """Median microseconds per call of each of ``samplers`` (name -> a function that runs one
+    sample and returns its microseconds per call), in rounds whose order rotates."""
+    names = list(samplers)
+    samples: dict = {n: [] for n in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            n = names[(r + i) % len(names)]
+            samples[n].append(samplers[n]())
+    return {n: statistics.median(s) for n, s in samples.items()}
+
+
+def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
+    """Median microseconds per call of each of ``calls`` (name -> a function of (a, b, d) that
+    queues one call) as a caller queues them, cycling through ``sets``, on the current stream."""
+    import torch  # pylint: disable=import-outside-toplevel  (the caller's)
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first = next(iter(calls.values()))
+    start.record()
+    for n in range(4096):  # the warm-up: WARM_MS of calls, looked at every 16
+        first(*sets[n % len(sets)])
+        if n % 16 == 15:
+            end.record()
+            end.synchronize()
+            if start.elapsed_time(end) >= WARM_MS:
+                break
+
+    def sampler(call, reps):
+        def sample():
+            start.record()
+            for i in range(reps):
+                call(*sets[i % len(sets)])
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e3 / reps
+        return sample
+    return _rounds({n: sampler(c, _reps(_rough(c, sets), len(sets))) for n, c in calls.items()}, rounds)
+
+
+def time_graphs(calls: dict, sets: list, queued_us: dict, rounds: int = ROUNDS) -> dict:
+    """Median microseconds per call of each of ``calls`` as kernels alone: a CUDA graph of as many
+    calls as make a sample (``queued_us``: their queued times), cycling through ``sets``, replayed
+    in rounds whose order rotates. A candidate that cannot be captured is left out."""
+    import torch  # pylint: disable=import-outside-toplevel  (the caller's)
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samplers = {}
+    for n, call in calls.items():
+        reps = _reps(queued_us.get(n, SAMPLE_US), len(sets))
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g):
+                for i in range(reps):
+                    call(*sets[i % len(sets)])
+        except RuntimeError:
+            continue
+        g.replay()  # warm-up
+
+        def sample(g=g, reps=reps):
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e3 / reps
+        samplers[n] = sample
+    return _rounds(samplers, rounds)
+
+
+def pick(times: dict) -> str:
+    """The fastest of ``times`` (name -> us); torch only where it beats our best by TORCH_MARGIN."""
+    ours = {n: t for n, t in times.items() if n != TORCH}
+    best = min(ours, key=ours.get) if ours else TORCH
+    if TORCH in times and (not ours or times[TORCH] * TORCH_MARGIN < ours[best]):
+        return TORCH
+    return best

@@ -1,0 +1,258 @@
+"""The grouped front door: one GEMM per expert of a mixture of experts, in one launch.
+
+    import gemm_ladder
+    D = gemm_ladder.grouped_mm(A, W, offs)        # A [M, K] tokens sorted by expert, W [E, N, K],
+                                                  # offs [E] int32 cumulative end rows -> D [M, N]
+    gemm_ladder.grouped_mm(A, W, offs, out=D)
+    import gemm_ladder.serve.grouped_ops          # torch.ops.gemm_ladder.grouped_mm (torch.compile)
+
+Semantics: ``torch._grouped_mm(A, W.transpose(1, 2), offs=offs)`` for the case the two share (2-d
+A, 3-d weights, ``offs``): expert e's rows of A and D are ``[offs[e-1], offs[e])`` (``offs[-1]`` =
+0), ``D[rows] = A[rows] . W[e]^T`` in fp32, rounded once. W is ``[E, N, K]`` row-major: each
+expert's ``nn.Linear.weight`` stacked (torch's ``mat_b`` is its ``[E, K, N]`` transposed view).
+Rows past ``offs[-1]`` are not written (torch leaves them unspecified too; pass a zeroed ``out``
+where they are read).
+
+How a call finds its kernel (once per (E, N, K, dtype, GPU)): a module registered with
+:func:`use_grouped_module` (an exported v12 module, built with ``gemm_ladder.build('v12', 4096,
+N, K, experts=E, spec='d_bfloat16.grouped_true')``); else torch's own ``torch._grouped_mm`` (bf16;
+fp16 where this torch has it), else a loop of cuBLAS GEMMs over the experts (which reads ``offs``
+on the host: a sync, and not CUDA-graph capturable), with a ``KernelFallbackWarning`` once per
+shape. Kernel packs and the module cache do not hold grouped modules yet (the next step: a pack
+entry keyed by E as well as N and K).
+
+What is checked before a launch: types, dtypes (A and W fp16 or bf16 alike, offs int32), devices
+(one GPU), shapes (A [M, K], W [E, N, K] with W's K = A's, offs [E], out [M, N]), layouts
+(contiguous, 16-byte aligned, W not torch's transposed [E, K, N] view), N and K multiples of 8
+(TMA's 16-byte strides), gradients and an ``out`` that overlaps an input. What is NOT checked:
+the VALUES of ``offs`` (non-decreasing, ``offs[-1] <= M``): they live on the GPU and reading them
+would stall the host and break CUDA-graph capture. The kernel clamps them (a running max, then M),
+so a bad ``offs`` never reads or writes outside A, W and D, but gives a wrong answer;
+``check_offsets=True`` checks them on the host first (a sync), for debugging.
+
+Runtime-only: with registered modules this needs the TVM runtime and torch, nothing of the
+compiler. It launches on torch's current stream: warm a shape up once, then capture.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+
+from ..core import device
+from ..core.config import DTYPES
+from ..core.spec import GemmSpec
+from .front import KernelFallbackWarning
+from .runtime import ModuleInputError, load
+
+RUNG = "v12"
+BUILD_M = 4096  # the M to build a module at (its knobs are validated there; M is read at run time)
+_LOCK = threading.RLock()
+_REGISTERED: dict = {}  # (E, N, K, dtype, arch) -> GroupedModule
+_ROUTES: dict = {}  # (E, N, K, dtype, index) -> Route
+
+
+def spec_of_dtype(dtype: str) -> GemmSpec:
+    """The operand spec of a grouped GEMM in ``dtype``."""
+    return GemmSpec(a=dtype, b=dtype, d=dtype, grouped=True)
+
+
+class GroupedModule:
+    """A loaded v12 module: ``launch(A, W, offs, D)`` with the checks done by the caller."""
+
+    def __init__(self, module):
+        launch = module.manifest.get("launch", {})
+        if module.rung != RUNG or not module.spec.grouped or "experts" not in launch:
+            raise ModuleInputError(f"{module.path.name} is a {module.rung} module of spec {module.spec.text()}, not a "
+                                   f"grouped GEMM ({RUNG}, spec grouped): build one with gemm_ladder.build('{RUNG}', "
+                                   "M, N, K, experts=E, spec='d_float16.grouped_true')")
+        self.module = module
+        self.experts, self.N, self.K = int(launch["experts"]), module.N, module.K
+        self.dtype, self.arch, self.path = module.dtype, module.arch, module.path
+
+    @property
+    def key(self) -> tuple:
+        return (self.experts, self.N, self.K, self.dtype, self.arch)
+
+    def launch(self, A, W, offs, D) -> None:
+        """The kernel on checked tensors: ``(A, W as [E * N, K], D, num_ctas, offs)``."""
+        import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's)
+
+        self.module.check_device(A.device)
+        with torch.cuda.device(A.device):
+            self.module.entry()(A, W.view(self.experts * self.N, self.K), D, *self.module.launch_args(A.device),
+                                offs)
+
+
+def use_grouped_module(path) -> GroupedModule:
+    """Serve grouped calls of this module's (E, N, K, dtype, arch) with it from now on."""
+    mod = GroupedModule(load(path))
+    with _LOCK:
+        _REGISTERED[mod.key] = mod
+        _ROUTES.clear()
+    return mod
+
+
+def reset() -> None:
+    """Forget every registered module and choice."""
+    with _LOCK:
+        _REGISTERED.clear()
+        _ROUTES.clear()
+
+
+# -- checks ---------------------------------------------------------------------------------------
+def check_grouped(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm") -> tuple[int, int, int, int]:
+    """(M, E, N, K) of a call whose arguments fit, all but their devices and the values of offs
+    (see the module docstring); else ModuleInputError with the fix. No GPU needed."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    for name, t, what in (("A", A, "[M, K]"), ("W", W, "[E, N, K]"), ("offs", offs, "[E] int32")):
+        if not isinstance(t, torch.Tensor):
+            raise ModuleInputError(f"{who}: {name} must be a torch.Tensor {what}, got {type(t).__name__}")
+    if out is not None and not isinstance(out, torch.Tensor):
+        raise ModuleInputError(f"{who}: out must be a torch.Tensor [M, N] or None, got {type(out).__name__}")
+    if A.dim() != 2 or W.dim() != 3:
+        raise ModuleInputError(f"{who}: A must be [M, K] (tokens sorted by expert) and W [E, N, K] (one nn.Linear "
+                               f"weight an expert); got A {tuple(A.shape)} and W {tuple(W.shape)}")
+    if A.dtype != W.dtype:
+        raise ModuleInputError(f"{who}: A is {A.dtype} and W is {W.dtype}; pass one dtype (W.to({A.dtype}))")
+    if str(A.dtype).removeprefix("torch.") not in DTYPES:
+        raise ModuleInputError(f"{who}: A has dtype {A.dtype}; use torch.float16 or torch.bfloat16")
+    M, K = A.shape
+    E, N, Kw = W.shape
+    if Kw != K:
+        hint = ""
+        if W.shape[1] == K:
+            hint = (" W looks like torch._grouped_mm's mat_b [E, K, N]; pass W as [E, N, K] (each expert's "
+                    "nn.Linear.weight): mat_b.transpose(1, 2), contiguous")
+        raise ModuleInputError(f"{who}: A is {tuple(A.shape)} and W {tuple(W.shape)}: W's last dim must be A's "
+                               f"K={K} (D = A . W[e]^T).{hint}")
+    if offs.dim() != 1 or offs.shape[0] != E:
+        raise ModuleInputError(f"{who}: offs has shape {tuple(offs.shape)}; it is one int32 per expert, ({E},): the "
+                               "cumulative END row of each expert (torch._grouped_mm's offs: counts.cumsum(0))")
+    if offs.dtype != torch.int32:
+        raise ModuleInputError(f"{who}: offs has dtype {offs.dtype}; pass offs.to(torch.int32)")
+    if out is not None:
+        if out.dtype != A.dtype:
+            raise ModuleInputError(f"{who}: out has dtype {out.dtype}; it must be A's {A.dtype}")
+        if tuple(out.shape) != (M, N):
+            raise ModuleInputError(f"{who}: out has shape {tuple(out.shape)}; D is ({M}, {N})")
+    if W.dim() == 3 and not W.is_contiguous() and W.transpose(1, 2).is_contiguous():
+        raise ModuleInputError(f"{who}: W {tuple(W.shape)} is the transposed view of a contiguous [E, {K}, {N}] "
+                               f"tensor; W is read as [E, N, K] like stacked nn.Linear weights: pass the [E, N, K] "
+                               "tensor itself, or W.contiguous() if you mean these values")
+    for name, t in (("A", A), ("W", W), ("offs", offs), ("out", out)):
+        if t is not None and not t.is_contiguous():
+            raise ModuleInputError(f"{who}: {name} is not contiguous; pass {name}.contiguous()")
+    wants_grad = [name for name, t in (("A", A), ("W", W), ("out", out)) if t is not None and t.requires_grad]
+    if wants_grad and torch.is_grad_enabled():
+        raise ModuleInputError(f"{who}: {' and '.join(wants_grad)} require grad, and the grouped GEMM has no backward "
+                               "yet; call it under torch.no_grad(), or pass .detach()ed tensors")
+    return M, E, N, K
+
+
+def check_devices(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm") -> None:
+    """One GPU for all, and what TMA needs of the addresses."""
+    for name, t in (("A", A), ("W", W), ("offs", offs), ("out", out)):
+        if t is None:
+            continue
+        if t.device.type != "cuda":
+            raise ModuleInputError(f"{who}: {name} is on {t.device}; move it to the GPU ({name}.cuda())")
+        if t.device != A.device:
+            raise ModuleInputError(f"{who}: {name} is on {t.device} and A on {A.device}; put all on one GPU")
+        if name != "offs" and t.numel() and t.data_ptr() % 16:
+            raise ModuleInputError(f"{who}: {name} does not start on a 16-byte boundary, which TMA needs; pass "
+                                   f"{name}.clone()")
+    if out is not None and out.numel():
+        for name, t in (("A", A), ("W", W), ("offs", offs)):
+            if t.numel() and out.data_ptr() < t.data_ptr() + t.nbytes and t.data_ptr() < out.data_ptr() + out.nbytes:
+                raise ModuleInputError(f"{who}: out overlaps {name} in memory: the kernel would overwrite it while "
+                                       "it reads it; pass an out that shares no memory with the inputs")
+
+
+def check_offsets(offs, M: int, who: str = "gemm_ladder.grouped_mm") -> None:
+    """The values of ``offs`` on the host (a sync): non-negative, non-decreasing, at most M."""
+    values = offs.tolist()
+    prev = 0
+    for e, v in enumerate(values):
+        if v < prev or v > M:
+            raise ModuleInputError(f"{who}: offs[{e}] = {v} after {prev}: offs must be non-decreasing end rows in "
+                                   f"0..{M} (counts.cumsum(0) of the tokens sorted by expert)")
+        prev = v
+
+
+# -- routes -----------------------------------------------------------------------------------------
+@dataclass
+class Route:
+    """How one (E, N, K, dtype, GPU) is computed, and the lines ``explain`` prints."""
+
+    run: object  # run(A, W, offs, D)
+    source: str
+    lines: list = field(default_factory=list)
+
+
+def torch_grouped_mm(A, W, offs, out) -> None:
+    """torch's own: ``torch._grouped_mm`` (bf16 everywhere it runs; fp16 where this torch has it),
+    else a loop of cuBLAS GEMMs over the experts (``offs`` read on the host)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    try:
+        out.copy_(torch._grouped_mm(A, W.transpose(1, 2), offs=offs))  # pylint: disable=protected-access
+        return
+    except (RuntimeError, AttributeError):
+        pass
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        end = min(max(end, start), A.shape[0])
+        if end > start:
+            torch.matmul(A[start:end], W[e].t(), out=out[start:end])
+        start = end
+
+
+def _route(E: int, N: int, K: int, dtype: str, index: int) -> Route:
+    arch = device.arch_of(index)
+    found = _REGISTERED.get((E, N, K, dtype, arch))
+    if found is not None:
+        return Route(found.launch, "registered", [f"kernel: {RUNG} {found.path.name}", "source: use_grouped_module"])
+    why = ("N or K is not a multiple of 8 (TMA's 16-byte strides)" if N % 8 or K % 8
+           else f"no {RUNG} module was registered for it")
+    warnings.warn(f"gemm_ladder.grouped_mm E={E} N={N} K={K} {dtype}: torch computes it ({why}). For a kernel of ours, build one on a box with TVM's compiler "
+                  f"(gemm_ladder.build('{RUNG}', {BUILD_M}, {N}, {K}, experts={E}, "
+                  f"spec='{spec_of_dtype(dtype).text()}')) and pass it to gemm_ladder.use_grouped_module",
+                  KernelFallbackWarning, stacklevel=4)
+    return Route(torch_grouped_mm, "torch fallback", ["kernel: torch._grouped_mm (or a loop of torch.matmul), the "
+                                                      f"fallback", f"why: {why}"])
+
+
+def route_of(E: int, N: int, K: int, dtype: str, index: int) -> Route:
+    key = (E, N, K, dtype, index)
+    with _LOCK:
+        if key not in _ROUTES:
+            _ROUTES[key] = _route(E, N, K, dtype, index)
+        return _ROUTES[key]
+
+
+def grouped_mm(A, W, offs, *, out=None, explain: bool = False, check_offsets_first: bool = False):
+    """``D[offs[e-1]:offs[e]] = A[offs[e-1]:offs[e]] . W[e]^T`` for every expert e (see the module
+    docstring); ``out``: D [M, N] to write into (else a new tensor); ``explain``: print which
+    kernel; ``check_offsets_first``: check the values of offs on the host first (a sync)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    M, E, N, K = check_grouped(A, W, offs, out)
+    check_devices(A, W, offs, out)
+    if check_offsets_first:
+        check_offsets(offs, M)
+    if out is None:
+        out = torch.empty((M, N), dtype=A.dtype, device=A.device)
+    if M == 0 or N == 0 or E == 0:
+        return out
+    if K == 0:  # every sum is empty
+        return out.zero_()
+    index = A.device.index if A.device.index is not None else torch.cuda.current_device()
+    route = route_of(E, N, K, str(A.dtype).removeprefix("torch."), index)
+    if explain:
+        print("\n".join(route.lines), file=sys.stderr)
+    route.run(A, W, offs, out)
+    return out

@@ -1,0 +1,31 @@
+"""``torch.ops.gemm_ladder.grouped_mm``: the grouped front door as a torch custom op.
+
+    import gemm_ladder.serve.grouped_ops                      # registers the op (imports torch)
+    D = torch.ops.gemm_ladder.grouped_mm(A, W, offs)          # A [M, K], W [E, N, K], offs [E] int32
+
+Registered with ``torch.library.custom_op`` with a fake implementation (shapes and dtypes only:
+D is ``[M, N]`` for any M, so a traced model's token count may be dynamic), so
+``torch.compile(fullgraph=True)`` traces a MoE layer that calls it without a graph break. The real
+implementation is :func:`gemm_ladder.serve.grouped.grouped_mm` on torch's current stream; inputs
+are made contiguous first (free when they are). No backward yet (the grouped GEMM's dA and dW are
+grouped GEMMs of other layouts): a call that needs one raises the front door's error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .grouped import check_grouped, grouped_mm as _grouped_mm
+
+
+@torch.library.custom_op("gemm_ladder::grouped_mm", mutates_args=())
+def grouped_mm(A: torch.Tensor, W: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """D [M, N]: expert e's rows ``[offs[e-1], offs[e])`` of A times ``W[e]^T``."""
+    check_grouped(A, W, offs, who="gemm_ladder.grouped_mm op")
+    return _grouped_mm(A.contiguous(), W.contiguous(), offs.contiguous())
+
+
+@grouped_mm.register_fake
+def _grouped_mm_fake(A: torch.Tensor, W: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    check_grouped(A, W, offs, who="gemm_ladder.grouped_mm op")
+    return A.new_empty((A.shape[0], W.shape[1]))

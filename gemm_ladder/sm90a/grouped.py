@@ -1,0 +1,403 @@
+"""Grouped GEMM over experts (mixture of experts, contiguous layout): the production kernel's parts
+with a schedule of (expert, m-tile, n-tile) work units read from the routing on the device.
+
+    D[offs[e-1]:offs[e], :] = A[offs[e-1]:offs[e], :] . W[e]^T     for every expert e   (offs[-1] = 0)
+
+A ``[M, K]`` holds the tokens sorted by expert, W ``[E, N, K]`` one ``nn.Linear`` weight per expert,
+``offs`` (int32, ``[E]``, on the GPU) the cumulative END row of each expert (``torch._grouped_mm``'s
+``offs``), D ``[M, N]``. One persistent launch; nothing of the routing crosses to the host, so a
+CUDA graph captured once serves any later routing (the counts change, the graph does not).
+
+Why a scheduler of our own: TVM's tile schedulers (``schedulers.make_tirx_scheduler``) walk one
+grid fixed at launch; here the grid is a union of per-expert grids whose sizes live in device
+memory. The walk, in every CTA:
+
+    prologue (all threads): ends[e] = offs[e] (one load each) -> shared;     cta_sync
+             thread 0:      clamp into [0, M], non-decreasing (a running max: bad offs can give a
+                            wrong answer, never a write outside D) and count each expert's tiles:
+                            tile_end[e] = sum over e' <= e of ceil(rows(e') / blk_m) * n_tiles
+             (the cluster barrier that follows the barrier inits publishes both tables)
+    work:    t = cta, cta + num_ctas, ... while t < tile_end[E - 1]:
+             e      = #{e' : tile_end[e'] <= t}              (a binary search, log2(E) shared loads)
+             local  = t - tile_end[e - 1]                    (experts with no rows own no tiles)
+             (m, n) = grouped order inside the expert       (bands of l2_group_size m-tiles; in a
+                                                               band, the m-tiles of one n-tile run
+                                                               side by side, so a wave shares each
+                                                               weight tile across a band of tokens)
+             A rows  ends[e-1] + m * blk_m ...   B rows  e * N + n * blk_n ... of W viewed [E*N, K]
+             D rows  as A's, columns n * blk_n ...
+
+The producer thread and every consumer thread compute the same walk from the same tables, so they
+agree on every tile without talking (the ring still carries the data). :func:`walk` is the model
+of this walk in plain Python; the tests hold it against a per-expert reference over random routing,
+and hold the kernel's TMA loads (every CTA of a launch run by the barrier checker, with the offsets
+of :func:`checker_params` or others) against it. Thread 0's scan is serial: about E times a few
+cycles before the first load (a warp-wide scan is the next step where E is in the hundreds).
+
+Why a body beside ``gemm.kernel``'s rather than another form of it: the template's loops take a
+TVM tile scheduler (``valid``, ``next_tile``, ``m_idx``) and one epilogue path; here each unit is a
+search with an expert-dependent A row, B row and end row, and two epilogue paths. The parts are the
+template's own (``Ring``, ``Producer``, ``Consumer``, ``ChunkedEpilogue``), so v9's protocol is
+unchanged; threading the walk through the template would touch every branch of v9-v11's loops.
+
+Edges. B rows past an expert's N (N not a multiple of blk_n) are the next expert's weight (or TMA's
+zero fill past ``E * N``): they only feed D columns >= N, which the store clips. A rows past the
+expert's last row are the next expert's tokens: their output rows must not be written, and a TMA
+store clips only at D's end. So the last m-tile of an expert (rows < blk_m) leaves by plain stores
+from the registers, each guarded by the expert's end row (``rows_to_global``); whole tiles take the
+TMA stores of v9's chunked epilogue. Chosen over tensor maps rewritten on the device per expert (a
+``tensormap.replace`` plus a fence per boundary tile, and a map per CTA in global memory): the
+guarded stores need no new protocol and touch at most E * n_tiles tiles (one per expert and
+n-tile), the minority wherever experts hold more than a few m-tiles.
+
+Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
+consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
+for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),
+no epi_under, no narrow tail: not built in this slice.
+
+Constraints: those of v9's tile (blk_m = 64 x consumers x atoms, epi_n), clusters 1x1, N and K
+multiples of 8, a runtime M (any number of tokens), E = ``experts`` fixed at build (the weight's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script import tirx as T
+from tvm.backend.cuda.lang.warp_role import WarpgroupRole
+from tvm.tirx.script.builder import ir as tirx_builder
+
+import layouts
+from ..core import budget
+from ..core.config import ConfigError, GemmConfig
+from ..sync.classes import MBarrier, TMABar
+from . import common, epilogue
+from .common import WG_M, HopperPlan
+from .epilogue import ChunkedEpilogue
+from .mainloop import Consumer
+from .producer import Producer
+from .ring import Ring
+
+MAX_EXPERTS = 1024  # the shared tables: 8 bytes an expert
+
+
+# -- the walk, in plain Python (the model the tests check) and as the kernel computes it --------------
+# on non-negative ints or PrimExprs (truncating division: the walk's values are never negative)
+def _ints(*xs) -> bool:
+    return all(isinstance(x, int) for x in xs)
+
+
+def _min(a, b):
+    return min(a, b) if _ints(a, b) else T.min(a, b)
+
+
+def _div(a, b):
+    return a // b if _ints(a, b) else T.truncdiv(a, b)
+
+
+def _mod(a, b):
+    return a % b if _ints(a, b) else T.truncmod(a, b)
+
+
+def tiles_over(rows, blk_m: int):
+    """``ceil(rows / blk_m)`` for a non-negative int or PrimExpr."""
+    return _div(rows + (blk_m - 1), blk_m)
+
+
+def tile_in_expert(local, m_tiles, n_tiles: int, group: int):
+    """(m-tile, n-tile) of an expert's ``local``-th work unit: bands of ``group`` m-tiles; inside a
+    band the band's m-tiles of n-tile 0 come first, then those of n-tile 1, ... (ints or PrimExprs)."""
+    band_units = group * n_tiles
+    band = _div(local, band_units)
+    within = local - band * band_units
+    rows_in_band = _min(group, m_tiles - band * group)
+    return band * group + _mod(within, rows_in_band), _div(within, rows_in_band)
+
+
+def search_steps(experts: int) -> list[int]:
+    """The binary search's steps, largest first: powers of two that sum to at least ``experts``."""
+    return [1 << s for s in reversed(range(max(1, experts).bit_length()))]
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """One tile of the walk: expert, its first row of A and D, the rows of the expert after it
+    (``row_end``), and the n-tile."""
+
+    expert: int
+    row0: int
+    row_end: int
+    n_tile: int
+
+
+def tables(offs, M: int, blk_m: int, n_tiles: int) -> tuple[list[int], list[int]]:
+    """(ends, tile_end) as the kernel's prologue makes them: each expert's end row clamped into
+    [0, M] and non-decreasing, and the running count of tiles through each expert."""
+    ends, tile_end, run, tiles = [], [], 0, 0
+    for o in offs:
+        end = min(max(int(o), run), M)
+        tiles += tiles_over(end - run, blk_m) * n_tiles
+        ends.append(end)
+        tile_end.append(tiles)
+        run = end
+    return ends, tile_end
+
+
+def locate(tile_end: list[int], t: int) -> int:
+    """The expert of tile ``t``: how many experts end at or before it (the kernel's branchless
+    binary search)."""
+    e, E = 0, len(tile_end)
+    for step in search_steps(E):
+        if e + step <= E and tile_end[min(e + step - 1, E - 1)] <= t:
+            e += step
+    return e
+
+
+def walk(offs, M: int, blk_m: int, n_tiles: int, group: int, num_ctas: int) -> list[list[WorkUnit]]:
+    """The work units of each CTA in order, as the kernel walks them."""
+    ends, tile_end = tables(offs, M, blk_m, n_tiles)
+    total = tile_end[-1] if tile_end else 0
+    out = []
+    for cta in range(num_ctas):
+        mine = []
+        for t in range(cta, total, num_ctas):
+            e = locate(tile_end, t)
+            start = ends[e - 1] if e > 0 else 0
+            local = t - (tile_end[e - 1] if e > 0 else 0)
+            m, n = tile_in_expert(local, tiles_over(ends[e] - start, blk_m), n_tiles, group)
+            mine.append(WorkUnit(e, start + m * blk_m, ends[e], n))
+        out.append(mine)
+    return out
+
+
+# -- the kernel's pieces ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Walk:
+    """The kernel's walk: the shared tables (``ends``, ``tile_end``: int32[E]) and the shape."""
+
+    ends: object
+    tile_end: object
+    experts: int
+    blk_m: int
+    blk_n: int
+    n: int  # columns of one expert's weight (D's N)
+    n_tiles: int
+    group: int
+
+    def total(self):
+        return self.tile_end[self.experts - 1]
+
+
+@T.inline
+def fill_tables(w, offs, M, tid, threads):
+    """Prologue: every thread loads its experts' offsets into ``ends``; after a CTA barrier thread 0
+    clamps them and counts the tiles (the cluster barrier after the barrier inits publishes them)."""
+    for i in T.serial((w.experts + threads - 1) // threads):
+        if i * threads + tid < w.experts:
+            w.ends[i * threads + tid] = offs[i * threads + tid]
+    T.cuda.cta_sync()
+    if tid == 0:
+        # in registers: the last end row, the tiles so far, this expert's end (the loop carries only
+        # a max, a min and a multiply-add; the shared loads of later experts do not wait on them)
+        run = T.alloc_local((3,), "int32")
+        run[0] = 0
+        run[1] = 0
+        for e in T.serial(w.experts):
+            run[2] = T.min(T.max(w.ends[e], run[0]), M)
+            run[1] = run[1] + tiles_over(run[2] - run[0], w.blk_m) * w.n_tiles
+            w.ends[e] = run[2]
+            w.tile_end[e] = run[1]
+            run[0] = run[2]
+
+
+@T.inline
+def locate_tile(w, t, at):
+    """Work unit ``t`` into ``at`` (int32[7] local): expert, first row, the expert's end row, the
+    first column of D, the first row of W viewed as [E * N, K] (then two scratch slots)."""
+    at[0] = 0
+    n_steps = T.meta_var(len(search_steps(w.experts)))
+    for step in T.unroll(n_steps):
+        s = T.meta_var(T.shift_left(1, n_steps - 1 - step))  # search_steps(E)[step]
+        at[0] = at[0] + T.Select(T.And(at[0] + s <= w.experts,
+                                       w.tile_end[T.min(at[0] + s - 1, w.experts - 1)] <= t), s, 0)
+    e = T.meta_var(at[0])
+    prev = T.meta_var(T.max(e - 1, 0))
+    at[1] = T.Select(e > 0, w.ends[prev], 0)  # the expert's first row
+    at[2] = w.ends[e]
+    at[3] = t - T.Select(e > 0, w.tile_end[prev], 0)  # its local unit, for a moment
+    m, n = T.meta_var(tile_in_expert(at[3], tiles_over(at[2] - at[1], w.blk_m), w.n_tiles, w.group))
+    # m and n are expressions of at[1] and at[3]: both computed before either is overwritten
+    at[5] = m
+    at[6] = n
+    at[1] = at[1] + at[5] * w.blk_m
+    at[3] = at[6] * w.blk_n
+    at[4] = e * w.n + at[3]
+
+
+@T.inline
+def rows_to_global(plan, Dreg, D, m0, n0, row0, row_end, warp_id, lane_id):
+    """A boundary tile straight from one warpgroup's accumulators to D: each thread stores the
+    pairs its fragment holds, one 4-byte store a pair, only rows before ``row_end`` (the expert's
+    end) and columns before D's N."""
+    for mi in T.unroll(plan.m_atoms):
+        for p in T.unroll(plan.n_cols // 4):
+            row, col = T.meta_var(layouts.acc_fragment_coord(2 * p, warp_id, lane_id))
+            gr = T.meta_var(m0 + row0 + mi * WG_M + row)
+            gc = T.meta_var(n0 + col)
+            if T.And(gr < row_end, gc < D.shape[1]):
+                for v in T.vectorized(2):
+                    D[gr, gc + v] = T.cast(Dreg[mi * plan.acc_stride + 2 * p + v], plan.cfg.dtype)
+
+
+def experts_of(cfg: GemmConfig) -> int:
+    return int(dict(cfg.extra)["experts"])
+
+
+def checker_params(cfg: GemmConfig) -> dict:
+    """The runtime values the barrier check (``gemm_ladder.protocol``) runs the kernel with: M, and
+    a routing with an empty expert first, one whole m-tile and one row on the next (a guarded
+    boundary tile), the rest of the tokens on the last expert and none on the others."""
+    E, M = experts_of(cfg), cfg.M
+    counts = [0] * E
+    if E > 1:
+        counts[1] = min(M, cfg.blk_m + 1)
+    counts[-1] += M - sum(counts)
+    offsets = [sum(counts[: e + 1]) for e in range(E)]
+    return {"M": M, "offsets": offsets}
+
+
+def check(cfg: GemmConfig) -> None:
+    """The grouped preset's own rules (v9's tile rules are checked beside it)."""
+    E = dict(cfg.extra).get("experts")
+    if not isinstance(E, int) or isinstance(E, bool) or not 1 <= E <= MAX_EXPERTS:
+        raise ConfigError(f"experts={E!r}: the weight's expert count, an int in 1..{MAX_EXPERTS}; pass W.shape[0]")
+    if E * cfg.N >= 2**31:
+        raise ConfigError(f"experts={E} x N={cfg.N} rows of W pass a 32-bit index; split the experts into groups")
+    smem, most = launch(cfg)["smem_bytes"], budget.limits_for(cfg.arch).smem_per_block
+    if smem > most:
+        raise ConfigError(f"pipe_depth={cfg.pipe_depth} with {E} experts needs {smem} bytes of shared memory (the ring, "
+                          f"the staging and 8 bytes an expert), over the {most} a block may use on {cfg.arch}; use "
+                          f"pipe_depth={cfg.pipe_depth - 1}")
+    cm, cn = common.cluster_shape(cfg)
+    if (cm, cn) != (1, 1):
+        raise ConfigError(f"cluster_m={cm}, cluster_n={cn}: the grouped kernel runs 1x1 clusters (a cluster's tiles "
+                          "could belong to two experts); use cluster_m=1, cluster_n=1")
+
+
+def launch(cfg: GemmConfig) -> dict:
+    """Persistent CTAs (as many as the SMs), a producer warpgroup beside the consumers, M at run
+    time; the tables' 8 bytes an expert on top of the ring and the staging."""
+    info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=1)
+    tables_bytes = 2 * 4 * experts_of(cfg)
+    return {**info, "threads": info["threads"] + common.THREADS_PER_WG, "dynamic_m": True,
+            "smem_bytes": info["smem_bytes"] + tables_bytes, "experts": experts_of(cfg)}
+
+
+def kernel(cfg: GemmConfig):
+    """The grouped kernel for ``cfg`` (validated by ``rungs.make_config``), a ``T.prim_func``:
+    ``(a [M, K], b [E * N, K], d [M, N], num_ctas, offsets [E] int32)``."""
+    plan = HopperPlan(cfg)
+    M = tirx.Var("M", "int32")
+    N, K, dtype, E = cfg.N, cfg.K, cfg.dtype, experts_of(cfg)
+    BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
+    stages = cfg.pipe_depth
+    slices_per_tile = cfg.k_tiles
+    consumers = cfg.num_warpgroups
+    threads = common.THREADS_PER_WG * (consumers + 1)
+    releases = 4 * consumers  # every consumer warp frees a stage
+    regs = common.role_registers(consumers)
+    rows_per_wg = plan.rows_per_wg
+    A_layout, B_layout = plan.ab_layouts(stages)
+    chunk_cols = dict(cfg.extra)["epi_n"]
+    buffers = 2 if chunk_cols < BLK_N else 1
+    staging_shape = (consumers * buffers, rows_per_wg, chunk_cols)
+    E_layout = epilogue.staging_layout(cfg, *staging_shape)
+    n_tiles = -(-N // BLK_N)
+
+    # fmt: off
+    @T.inline
+    def body(A, B, D, offsets, num_ctas):
+        cta = T.cta_id([num_ctas])
+        wg_id = T.warpgroup_id([consumers + 1])
+        warp_id = T.warp_id_in_wg([4])
+        lane_id = T.lane_id([32])
+        pool = T.SMEMPool()
+        tma2mma = TMABar(pool, stages)
+        mma2tma = MBarrier(pool, stages)
+        ring = Ring(tma2mma, mma2tma)
+        pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
+        Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
+        Bsmem = pool.alloc((stages, BLK_N, BLK_K), dtype, layout=B_layout)
+        Esmem = pool.alloc(staging_shape, dtype, layout=E_layout)
+        # after the tiles (before them they would pass the 1 KiB the barriers leave from 121 experts)
+        ends = pool.alloc((E,), "int32")  # each expert's end row, clamped
+        tile_end = pool.alloc((E,), "int32")  # work units through each expert
+        pool.commit()
+        w = T.meta_var(Walk(ends=ends, tile_end=tile_end, experts=E, blk_m=BLK_M, blk_n=BLK_N, n=N, n_tiles=n_tiles,
+                            group=cfg.l2_group_size))
+        fill_tables(w, offsets, M, wg_id * common.THREADS_PER_WG + warp_id * 32 + lane_id, threads)
+        ring.init(releases=releases)
+        # the barrier inits (and thread 0's tables) visible to the async proxy and every thread
+        T.ptx.fence.mbarrier_init.release.cluster()
+        common.cluster_sync()
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring))
+
+        with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
+            if T.And(warp_id == 0, lane_id == 0):
+                at_load = T.alloc_local((7,), "int32")
+                t_load: T.int32 = cta
+                load_it: T.int32 = 0
+                while t_load < w.total():
+                    locate_tile(w, t_load, at_load)
+                    # each stage refilled once its previous slice (one lap back) was released
+                    loads.load_tile(load_it, at_load[1], at_load[4])
+                    load_it = load_it + slices_per_tile
+                    t_load = t_load + num_ctas
+
+        with common.ConsumerRole(wg_id, consumers, regs.consumer):
+            c = T.meta_var(wg_id - 1)  # this consumer
+            wtid = T.meta_var(warp_id * 32 + lane_id)
+            wg_row0 = T.meta_var(c * rows_per_wg)  # its rows of the tile
+            Dreg = T.alloc_local((plan.acc_regs,), "float32")
+            desc_a = T.alloc_local((1,), "uint64")
+            desc_b = T.alloc_local((1,), "uint64")
+            packed = T.alloc_local((4,), "uint32")
+            at = T.alloc_local((7,), "int32")
+            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Asmem, b_smem=Bsmem, acc=Dreg, desc_a=desc_a,
+                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
+            epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
+                                             warp_id=warp_id, lane_id=lane_id, packed=packed,
+                                             chunk_cols=chunk_cols, buffers=buffers))
+            it: T.int32 = 0  # K slices consumed by this CTA: never reset
+            epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
+            t: T.int32 = cta
+            while t < w.total():
+                locate_tile(w, t, at)
+                mma.run(it, slices_per_tile)
+                it = it + slices_per_tile
+                if at[1] + BLK_M <= at[2]:
+                    # a whole tile of the expert's rows: v9's chunked TMA stores
+                    epi.store_tile(Dreg, at[1], at[3], epi_it)
+                    epi_it = epi_it + epi.chunks_per_tile
+                else:
+                    # the expert's last m-tile: the rows after its end are the next expert's
+                    rows_to_global(plan, Dreg, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
+                t = t + num_ctas
+            if wtid == 0:
+                # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
+                T.ptx.cp.async_.bulk.wait_group.read(0)
+        common.cluster_sync()
+
+    @T.prim_func
+    def grouped_gemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
+        A = T.match_buffer(a, (M, K), dtype)
+        B = T.match_buffer(b, (E * N, K), dtype)
+        D = T.match_buffer(d, (M, N), dtype)
+        # the spec's offsets, a parameter after num_ctas (the runtime's order for epilogue operands)
+        offsets = T.meta_var(tirx_builder.arg("offsets", tirx.decl_buffer((E,), "int32", name="offsets")))
+        T.device_entry()
+        body(A, B, D, offsets, num_ctas)
+    # fmt: on
+
+    return grouped_gemm

@@ -1,0 +1,87 @@
+"""hgemm_v12 (Hopper): grouped GEMM for mixture-of-experts, contiguous layout: one persistent launch
+over every expert's GEMM, its work units read from the routing on the device.
+
+v12 is a preset of the production kernel's parts (``sm90a/grouped.py`` owns its body: v9's ring,
+producer, consumers and chunked epilogue, with a scheduler over (expert, m-tile, n-tile) that TVM's
+tile schedulers cannot express, and a guarded store for each expert's last m-tile).
+
+What changed from v9: the operands. A ``[M, K]`` holds every expert's tokens, sorted by expert; B
+is the experts' weights ``W [E, N, K]`` viewed as ``[E * N, K]``; the int32 ``offsets [E]`` (the
+cumulative end row of each expert, ``torch._grouped_mm``'s ``offs``) follow ``num_ctas``. The
+grid is no longer ``ceil(M / blk_m) x ceil(N / blk_n)`` but the sum over the experts of their own
+grids, known only on the device: each CTA builds the table of work units per expert in shared
+memory and binary-searches it for every tile (``grouped.walk`` is the model). The tile's A rows
+start at the expert's first row, its B rows at ``e * N``; the rows past an expert's end belong to
+the next expert, so that tile leaves through stores guarded by the expert's end row.
+
+    ==========  ==============  ===========  ======================  ========================
+    preset      operands        schedule     epilogue                knobs
+    ==========  ==============  ===========  ======================  ========================
+    v12         A rows x W[e]   grouped      chunked; guarded rows   experts, blk_m, blk_n,
+                (offsets)       (experts)    for an expert's last    num_warpgroups,
+                                             m-tile                  pipe_depth, epi_n,
+                                                                     l2_group_size
+    ==========  ==============  ===========  ======================  ========================
+
+Barriers: v9's without clusters (``tma2mma[s]``: the producer's expect_tx and the TMA bytes;
+``mma2tma[s]``: lane 0 of every consumer warp; named barrier 1+c per consumer's epilogue), plus
+one CTA barrier in the prologue, after the offsets land in shared memory.
+
+Constraints: a spec with ``grouped`` and nothing else (no bias, no activation yet); 1x1 clusters;
+M at run time (any tokens, one module); N and K multiples of 8; ``experts`` <= 1024.
+
+Run:  python -m gemm_ladder build v12 --shape 4096x14336x4096 --knob experts=8 --out build/
+"""
+
+from dataclasses import dataclass
+
+from ..core.config import ConfigError, GemmConfig
+from ..core.spec import spec_of
+from . import common, epilogue, gemm, grouped
+
+PRESET = gemm.Preset("v12")  # the parts of gemm.py; its body is grouped.kernel's
+TECHNIQUE = "grouped GEMM over experts: work units from the routing, read on the device"
+EPILOGUES = ("grouped",)  # the operand spec's parts this rung builds (gemm_ladder.core.spec)
+
+
+@dataclass(frozen=True)
+class GroupedKnobs:
+    """v12's knobs and their defaults (``KNOBS``): v9's tile, no clusters, and the expert count."""
+
+    experts: int = 8  # E: the weight's experts (W.shape[0])
+    blk_m: int = 128
+    blk_n: int = 256
+    blk_k: int = 64
+    num_warpgroups: int = 2
+    pipe_depth: int = 4
+    l2_group_size: int = 8  # m-tiles of an expert in a band (the grouped order inside an expert)
+    tile_order: str = "grouped"
+    epi_n: int = 64
+
+
+KNOBS = gemm.knob_defaults(GroupedKnobs)
+CONSUMERS = (1, 2, 3)
+
+
+def check(cfg: GemmConfig) -> None:
+    if not spec_of(cfg).grouped:
+        raise ConfigError("v12 is the grouped GEMM: its spec must be grouped (spec=d_float16.grouped_true, or "
+                          "gemm_ladder.grouped_mm); use v9 for one GEMM")
+    if cfg.tile_order != "grouped":
+        raise ConfigError(f"tile_order={cfg.tile_order!r}: v12 walks each expert in bands of l2_group_size m-tiles; "
+                          "use tile_order='grouped'")
+    if not isinstance(cfg.l2_group_size, int) or cfg.l2_group_size < 1:
+        raise ConfigError(f"l2_group_size={cfg.l2_group_size!r} is not a positive int; use e.g. 8")
+    common.check_tile(cfg, CONSUMERS)
+    epilogue.check_epilogue(cfg)
+    common.check_consumer_registers(cfg)
+    common.check_pipe_depth(cfg)
+    grouped.check(cfg)
+
+
+def launch(cfg: GemmConfig) -> dict:
+    return grouped.launch(cfg)
+
+
+def kernel(cfg: GemmConfig):
+    return grouped.kernel(cfg)

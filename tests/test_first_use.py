@@ -1,0 +1,264 @@
+"""The measured choice at first use (``serve.first_use``) on the CPU: which modules are candidates
+for an M, how the winner is picked (torch only by a margin), that the front door's route becomes
+the winner and says so, that the choice is remembered per GPU, M and candidates across processes,
+and that nothing is timed under capture or when switched off. The timing itself runs on the GPU
+(``benchmarks/m_range_check.py`` compares the measured choice with the best module)."""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from gemm_ladder.serve import first_use, front, kernel_pack
+from gemm_ladder.serve.kernel_pack import KernelPack
+
+from .test_kernel_pack import _module, _pack
+
+
+class Named:
+    """A loaded module standing in for a kernel: computes D = A . B^T and counts its launches."""
+
+    def __init__(self, path):
+        self.path, self.launches = path, 0
+
+    def __call__(self, a, b, out):
+        self.launches += 1
+        out.copy_((a.float() @ b.float().T).to(out.dtype))
+
+
+@pytest.fixture
+def three(tmp_path, monkeypatch):
+    """A pack of three modules of one weight (256x512) that serve M=128: one built for it, two
+    runtime-M ones (chosen for M 100..200 and 1..64); the GPU's questions answered for an H100."""
+    monkeypatch.delenv(kernel_pack.PACK_ENV, raising=False)
+    monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GEMM_LADDER_BUILD", "0")
+    monkeypatch.setenv(first_use.CHOICES_ENV, str(tmp_path / "choices.json"))
+    monkeypatch.delenv(first_use.MEASURE_ENV, raising=False)
+    monkeypatch.setattr(front, "TINY_FLOPS", 0)
+    monkeypatch.setattr(front, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(front.device, "name_of", lambda index: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(front, "load", Named)
+    monkeypatch.setattr(first_use, "can_measure", lambda a: True)
+    monkeypatch.setattr(front, "_check", lambda A, B, out, bias=None: (  # CPU tensors stand in for the GPU's
+        A.shape[0], B.shape[0], B.shape[1], A, out, (A.shape[0], B.shape[0])))
+    monkeypatch.setattr(first_use, "_STATE", {"file": None, "doc": None, "warned": False})
+    folder = tmp_path / "pack"
+    folder.mkdir()
+    mid = _module(folder, "mid.so", shape=(1, 256, 512), dynamic=True)
+    mid["m_range"] = [100, 200]
+    low = _module(folder, "low.so", shape=(1, 256, 512), dynamic=True)  # m_range 1..64
+    front.reset()
+    front.use_pack(_pack(folder, [_module(folder, "m128.so", shape=(128, 256, 512)), mid, low,
+                                  _module(folder, "m64.so", shape=(64, 256, 512))]))
+    yield folder
+    front.reset()
+
+
+def test_the_modules_that_serve_an_m_as_they_are_nearest_first(three):
+    pack = KernelPack(three)
+    assert [(f.entry["file"], f.fit) for f in pack.serving(128, 256, 512, "float16", "sm_90a")] == \
+        [("m128.so", "exact"), ("mid.so", "tuned-range"), ("low.so", "any-m")]
+    # a module built for another M does not serve as it is (it would need A copied into its rows)
+    assert [f.entry["file"] for f in pack.serving(100, 256, 512, "float16", "sm_90a")] == ["mid.so", "low.so"]
+    assert pack.serving(128, 256, 1024, "float16", "sm_90a") == []
+
+
+@pytest.mark.parametrize("times, winner", [
+    ({"a": 10.0, "b": 9.0, "torch": 9.5}, "b"),
+    ({"a": 10.0, "torch": 9.9}, "a"),          # torch faster by less than the margin: ours (the shorter call)
+    ({"a": 10.0, "torch": 9.0}, "torch"),
+    ({"torch": 5.0}, "torch"),
+])
+def test_the_winner_and_torchs_margin(times, winner):
+    assert first_use.pick(times) == winner
+
+
+def _times(table, kernels=None):
+    """A stand-in for time_launches: each candidate's microseconds from ``table`` (by label); as
+    kernels in graphs (time_graphs) from ``kernels``, else the same."""
+    calls = []
+
+    def fake(launches, sets, rounds=first_use.ROUNDS):
+        for fn in launches.values():
+            for a, b, d in sets:  # each candidate runs, right, on every input set
+                d.fill_(float("nan"))
+                fn(a, b, d)
+                torch.testing.assert_close(d.float(), a.float() @ b.float().T, rtol=2e-3, atol=2e-3)
+        calls.append(sorted(launches))
+        return {label: table[label] for label in launches}
+    return fake, calls
+
+
+@pytest.fixture(autouse=True)
+def graphs_like_calls(monkeypatch):
+    """Kernels in graphs time as queued calls, unless a test says otherwise."""
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=first_use.ROUNDS: dict(queued_us))
+    monkeypatch.setattr(front, "_l2_bytes", lambda index: 1 << 20)  # 1 MiB: a few input sets at these shapes
+
+
+def test_the_first_call_times_the_candidates_and_keeps_the_fastest(three, monkeypatch, capsys):
+    fake, calls = _times({"m128.so": 30.0, "mid.so": 20.0, "low.so": 50.0, "torch": 25.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    D = front.matmul(A, B, explain=True)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert calls == [["low.so", "m128.so", "mid.so", "torch"]]
+    route = front.route_of(128, 256, 512)
+    assert route.module.path.name == "mid.so" and route.module_M is None and not route.candidates
+    text = capsys.readouterr().err
+    assert "measured at first use on NVIDIA H100 80GB HBM3" in text and "chose mid.so" in text
+    assert text.index("mid.so 20.0 us") < text.index("torch 25.0 us") < text.index("m128.so 30.0 us")
+    front.matmul(A, B)  # the second call: no timing
+    assert len(calls) == 1
+    doc = json.loads((three.parent / "choices.json").read_text())
+    mid = KernelPack(three).serving(128, 256, 512, "float16", "sm_90a")[1].entry["so_sha256"]
+    assert list(doc["choices"].values()) == [f"{mid},{mid}"]  # for eager calls, and in graphs
+
+
+def test_a_new_process_takes_the_remembered_winner_without_timing(three, monkeypatch):
+    fake, calls = _times({"m128.so": 30.0, "mid.so": 40.0, "low.so": 50.0, "torch": 25.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    front.matmul(A, B)
+    assert front.route_of(128, 256, 512).rung == "torch" and len(calls) == 1  # torch 25 < 30 / 1.02
+    front.reset()  # a new process: the file's choice, nothing timed
+    front.use_pack(three)
+    monkeypatch.setattr(first_use, "_STATE", {"file": None, "doc": None, "warned": False})
+    monkeypatch.setattr(first_use, "time_launches", lambda *a, **k: pytest.fail("timed again"))
+    D = front.matmul(A, B)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    route = front.route_of(128, 256, 512)
+    assert route.rung == "torch" and "chosen at an earlier first use" in route.lines[-1]
+    # another GPU's name is another key: timed there
+    monkeypatch.setattr(front.device, "name_of", lambda index: "NVIDIA H200")
+    front.reset()
+    front.use_pack(three)
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    front.matmul(A, B)
+    assert len(calls) == 2
+
+
+def test_an_unreadable_choices_file_is_said_once_and_rewritten(three, monkeypatch):
+    path = three.parent / "choices.json"
+    path.write_text('{"choices": [1, 2')
+    fake, _ = _times({"m128.so": 10.0, "mid.so": 20.0, "low.so": 50.0, "torch": 25.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    with pytest.warns(RuntimeWarning, match="cannot be read") as caught:
+        front.matmul(A, B)
+    assert len(caught) == 1 and "GEMM_LADDER_CHOICES=off" in str(caught[0].message)
+    assert json.loads(path.read_text())["format"] == "gemm_ladder.choices"
+    assert front.route_of(128, 256, 512).module.path.name == "m128.so"
+
+
+@pytest.mark.parametrize("how", ["capture", "off", "strict"])
+def test_nothing_is_timed_under_capture_when_off_or_torch_when_strict(three, monkeypatch, how):
+    fake, calls = _times({"m128.so": 30.0, "mid.so": 20.0, "low.so": 50.0, "torch": 1.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    if how == "capture":
+        monkeypatch.setattr(first_use, "can_measure", lambda a: False)
+    if how == "off":
+        monkeypatch.setenv(first_use.MEASURE_ENV, "0")
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    front.matmul(A, B, strict=how == "strict")
+    route = front.route_of(128, 256, 512, strict=how == "strict")
+    if how == "strict":  # ours only, never torch
+        assert calls == [["low.so", "m128.so", "mid.so"]] and route.module.path.name == "mid.so"
+    else:  # the pack's own choice, the candidates kept for a later eager call
+        assert calls == [] and route.module.path.name == "m128.so" and route.candidates
+
+
+def test_choices_can_stay_in_the_process(three, monkeypatch):
+    monkeypatch.setenv(first_use.CHOICES_ENV, "off")
+    fake, calls = _times({"m128.so": 30.0, "mid.so": 20.0, "low.so": 50.0, "torch": 25.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        front.matmul(torch.randn(128, 512).half(), torch.randn(256, 512).half())
+    assert len(calls) == 1 and not (three.parent / "choices.json").exists()
+
+
+def test_a_module_serving_outside_its_range_is_timed_against_torch_too(three, monkeypatch):
+    """A runtime-only box, M = 300: no module was chosen for it (mid.so for 100..200 serves, within
+    4x); the first call times it against the other and torch's, and torch may take it."""
+    route = front.route_of(300, 256, 512)
+    assert route.source == "kernel pack" and sorted(route.candidates) == ["low.so", "mid.so", "torch"]
+    fake, _ = _times({"mid.so": 30.0, "low.so": 50.0, "torch": 20.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    A, B = torch.randn(300, 512).half(), torch.randn(256, 512).half()
+    D = front.matmul(A, B)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert route.rung == "torch" and "faster than every kernel of ours" in "\n".join(route.lines)
+
+
+def test_graphs_may_take_another_kernel_than_eager_calls(three, monkeypatch):
+    """Ours has the shorter host path, cuBLAS's kernel may be the faster: eager calls run the
+    queued winner, calls inside CUDA-graph capture the kernel winner; remembered both."""
+    fake, _ = _times({"m128.so": 30.0, "mid.so": 20.0, "low.so": 50.0, "torch": 25.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=3:
+                        {"m128.so": 18.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    front.matmul(A, B)
+    route = front.route_of(128, 256, 512)
+    assert isinstance(route.module, front.ByCapture) and route.module.eager.path.name == "mid.so"
+    assert isinstance(route.module.graphs, front.TorchMatmul)
+    assert "under CUDA-graph capture: torch.matmul (cuBLAS)" in "\n".join(route.lines)
+    for capturing, ran_ours in ((False, 1), (True, 0)):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        before = route.module.eager.launches
+        D = torch.full((128, 256), float("nan")).half()
+        route.run(A, B, D) if not capturing else route.module(A, B, D)
+        torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+        assert route.module.eager.launches - before == ran_ours
+    front.reset()  # a new process: both winners from the file
+    front.use_pack(three)
+    monkeypatch.setattr(first_use, "_STATE", {"file": None, "doc": None, "warned": False})
+    monkeypatch.setattr(first_use, "time_launches", lambda *a, **k: pytest.fail("timed again"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    front.matmul(A, B)
+    again = front.route_of(128, 256, 512)
+    assert isinstance(again.module, front.ByCapture) and again.module.eager.path.name == "mid.so"
+
+
+def test_a_tiny_problem_timed_keeps_what_measured_faster_in_graphs(three, monkeypatch):
+    """The tiny rule (torch's kernel in graphs) stands where nothing is timed; once timed, the
+    measurement decides, and explain no longer says the rule."""
+    monkeypatch.setattr(front, "TINY_FLOPS", 2e9)
+    route = front.route_of(128, 256, 512)
+    assert isinstance(route.module, front.ByCapture) and "under CUDA-graph capture" in "\n".join(route.lines)
+    fake, _ = _times({"m128.so": 10.0, "mid.so": 20.0, "low.so": 50.0, "torch": 25.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    front.matmul(torch.randn(128, 512).half(), torch.randn(256, 512).half())
+    assert route.module.path.name == "m128.so" and not isinstance(route.module, front.ByCapture)
+    assert "under CUDA-graph capture" not in "\n".join(route.lines)
+
+
+def test_input_sets_spill_l2_twice_over_and_keep_one_weight_on_the_padded_path():
+    a, b, d = torch.zeros(64, 512).half(), torch.zeros(256, 512).half(), torch.zeros(64, 256).half()
+    size = a.nbytes + b.nbytes + d.nbytes  # 352 KiB a set
+    sets = first_use.input_sets(a, b, d, l2_bytes=1 << 20)
+    assert len(sets) == -(-2 * (1 << 20) // size) == 6 and sets[0] == (a, b, d)
+    assert len({t.data_ptr() for s in sets for t in s}) == 3 * len(sets)  # every set its own tensors
+    assert len(first_use.input_sets(a, b, d, l2_bytes=1 << 30)) == first_use.MAX_SETS
+    assert len(first_use.input_sets(a, b, d, l2_bytes=1)) == 1
+    same = first_use.input_sets(a, b, d, l2_bytes=1 << 20, same_b=True)
+    assert all(s[1] is b for s in same) and len(same) == min(first_use.MAX_SETS, -(-2 * (1 << 20) // (a.nbytes + d.nbytes)))
+
+
+def test_the_padded_path_is_timed_the_whole_way_against_torch(three, monkeypatch):
+    """N = 250 (padded to 256 for TMA): ours is timed with its copies, torch on the tensors as they
+    are; the key holds the call's own N, so N = 256 is timed apart."""
+    fake, calls = _times({"m128.so": 30.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    A, B = torch.randn(128, 512).half(), torch.randn(250, 512).half()
+    D = front.matmul(A, B)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert calls == [["low.so", "m128.so", "mid.so", "torch"]]
+    assert front.route_of(128, 250, 512).rung == "torch"
+    keys = list(json.loads((three.parent / "choices.json").read_text())["choices"])
+    assert keys == [k for k in keys if "|128x250x512|" in k] and len(keys) == 1

@@ -1,0 +1,101 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 13 · Grouped GEMM for mixture of experts: a scheduler that reads the routing on the GPU
+#
+# A mixture-of-experts layer sends each token to a few of many experts; its MLP is one GEMM per
+# expert with a number of tokens the router decides on the GPU at run time. Sorted by expert, the
+# tokens are one matrix A `[M, K]`, the weights W `[E, N, K]`, and `offs[e]` (int32, on the GPU)
+# is the end row of expert e, `torch._grouped_mm`'s layout:
+#
+#     D[offs[e-1]:offs[e]] = A[offs[e-1]:offs[e]] . W[e]^T        (offs[-1] = 0)
+#
+# A loop of GEMMs needs the counts on the host (a sync that stalls the GPU and breaks CUDA
+# graphs) and pays one launch per expert. v12 is one persistent launch: every CTA reads `offs`
+# into shared memory, makes two small tables, and finds each of its work units there. Nothing
+# goes back to the host, so a CUDA graph captured once serves every later routing.
+
+# %%
+import inspect
+
+import gemm_ladder
+from gemm_ladder import teach
+from gemm_ladder.protocol import check
+from gemm_ladder.sm90a import grouped
+
+# %% [markdown]
+# ## The tables and the walk
+#
+# A routing of 6 experts over 700 tokens, with 128x256 tiles and N = 600 (3 n-tiles, the last
+# one partial). The prologue clamps each end row into [0, M] (a running max: a bad `offs` can give
+# a wrong answer but never a write outside D) and counts each expert's tiles; an expert with no
+# tokens owns no tiles and costs nothing.
+
+# %%
+counts = [0, 300, 1, 0, 257, 142]
+offs = [sum(counts[: e + 1]) for e in range(len(counts))]
+M, blk_m, n_tiles = offs[-1], 128, 3
+ends, tile_end = grouped.tables(offs, M, blk_m, n_tiles)
+print(f"offs     {offs}\nends     {ends}\ntile_end {tile_end}   (work units through each expert)")
+
+# %% [markdown]
+# CTA `c` of `C` runs units `c, c + C, c + 2C, ...`. For unit `t` it binary-searches `tile_end`
+# for its expert (`log2(E)` shared loads), then places the unit inside the expert: bands of
+# `l2_group_size` m-tiles, and inside a band the m-tiles of one n-tile side by side, so the CTAs
+# running together share each weight tile across a band of tokens. The search, in the kernel's
+# own steps:
+
+# %%
+print(inspect.getsource(grouped.locate))
+walk = grouped.walk(offs, M, blk_m, n_tiles, group=2, num_ctas=4)
+for cta, units in enumerate(walk):
+    cells = [f"e{u.expert} rows {u.row0}-{min(u.row0 + blk_m, u.row_end) - 1} n{u.n_tile}"
+             + (" *" if u.row0 + blk_m > u.row_end else "") for u in units]
+    print(f"CTA {cta}: " + " | ".join(cells))
+print("* an expert's last m-tile: its rows past the expert's end belong to the next expert")
+
+# %% [markdown]
+# ## The last m-tile of an expert
+#
+# A tile's A rows start at the expert's first row; its last m-tile reads rows of the next expert
+# too (harmless: those accumulators are thrown away), but must not *write* them: a TMA store clips
+# only at D's end, so it would overwrite rows that another CTA stores. v12 stores whole tiles with
+# v9's chunked TMA epilogue and the boundary tile straight from the registers, each 4-byte pair
+# guarded by the expert's end row (the alternative, tensor maps rewritten on the device per expert,
+# needs a map per CTA in global memory and a fence per rewrite):
+
+# %%
+teach.show_source(grouped.rows_to_global)
+
+# %% [markdown]
+# ## The producer and the consumers agree
+#
+# The producer thread and every consumer thread compute the walk alike from the same tables, so
+# the ring carries the data and nothing else is exchanged. The barrier checker runs every thread of
+# the kernel with the routing of `grouped.checker_params` (an empty expert, a boundary tile, the
+# rest on the last expert): the tables in shared memory, the search and the TMA loads it decides.
+# The CPU tests also hold the producer's loads, as the checker runs them, against `grouped.walk`.
+
+# %%
+cfg = gemm_ladder.make_config("v12", 360, 320, 384, experts=8)
+print(grouped.checker_params(cfg))
+print(check.check_config(cfg, policies=("forward",)).summary())
+
+# %% [markdown]
+# ## Measured
+#
+# Not yet: `benchmarks/grouped_check.py prepare DIR` builds the modules (Mixtral-, Qwen-MoE- and
+# DeepSeek-V3-like shapes, fp16 and bf16), and `run DIR --out grouped_check.json` on an H100 checks
+# every routing case and a CUDA graph replayed after `offs` changed, then times v12 against
+# `torch._grouped_mm` and a loop of cuBLAS GEMMs. The results go under `benchmarks/results/`.
