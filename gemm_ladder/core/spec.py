@@ -330,7 +330,8 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
                 else f"{rung} is the grouped GEMM: its spec must be grouped (grouped_true); use v9 for one GEMM")
     if spec.grouped and (spec.bias is not None or spec.act != "none" or spec.alpha or spec.residual or spec.gated
                          or fp32_out):
-        return "a grouped GEMM with a bias, an activation, alpha, a residual, a gated B or a float32 D is not built yet"
+        return ("a grouped GEMM with a bias or an activation (or alpha, a residual, a gated B, a float32 D) is not "
+                "built yet")
     if spec.residual is not None and spec.residual != spec.d:
         return f"residual={spec.residual}: a residual C is built in D's dtype ({spec.d}) only"
     if spec.residual is not None and fp32_out:
