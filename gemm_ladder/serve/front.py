@@ -1029,7 +1029,8 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     if not plain_epilogue:
         alpha, beta = scalar_arg("alpha", alpha, "gemm_ladder.matmul"), scalar_arg("beta", beta, "gemm_ladder.matmul")
         d_dtype = check_out_dtype(out_dtype, A)
-    M, N, K, A2, out2, shape = _check(A, B, out, bias, residual, d_dtype)
+    extra = () if residual is None and d_dtype is None else (residual, d_dtype)  # the new epilogues' checks
+    M, N, K, A2, out2, shape = _check(A, B, out, bias, *extra)
     C2 = residual.view(M, N) if residual is not None else None
     dtype = _dtype_name(A.dtype)
     if M == 0 or N == 0 or K == 0:
