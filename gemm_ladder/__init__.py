@@ -36,6 +36,7 @@ table)::
     measure/    harness, rounds, isolate, modules, report, suite, every_model: check and time on a GPU
     tune/       the tuner (space, cache, measuring, merge, report, jobs, run; rpc + serve: many GPUs)
     this file   the entry points: matmul, build (with the tuned-knobs policy), load, use_pack, hgemm_vN
+    nn          Linear (nn.Linear on torch.ops.gemm_ladder.mm) and patch(model): import gemm_ladder.nn
     teach/, cli, cli_front, __main__    the tutorials' helpers and the command line; nothing imports them
 """
 

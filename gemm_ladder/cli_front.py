@@ -22,7 +22,7 @@ from pathlib import Path
 from .core import cli_types, device
 from .core.config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
 from .core.files import FolderError
-from .core.spec import epilogue_names
+from .core.spec import OPERAND_LAYOUTS, epilogue_names
 from .measure import report, suite
 from .serve import kernel_pack, tuning_db as tune_db
 
@@ -69,9 +69,11 @@ def _row(e: dict) -> dict:
 def _pack_build(a) -> int:
     shapes, weights = _pack_request(a)
     dtypes = a.dtypes or list(DTYPES)
+    layouts = tuple(OPERAND_LAYOUTS[name] for name in a.layouts)
     try:
         if a.dry_run:
-            items = kernel_pack.plan_pack(shapes, dtypes, a.arch, a.sms, not a.static, tuple(a.epilogue), weights)
+            items = kernel_pack.plan_pack(shapes, dtypes, a.arch, a.sms, not a.static, tuple(a.epilogue), weights,
+                                          layouts)
             rows = [_row(e) for e in _in_m_order(e for i in items for e in kernel_pack.entries_of(i))]
             print(report.table(rows, list(rows[0])))
             print(f"{len(items)} modules (dry run: nothing built)")
@@ -81,8 +83,8 @@ def _pack_build(a) -> int:
                                               "weights": ["x".join(map(str, w)) for w in weights],
                                               "m_buckets": list(kernel_pack.M_BUCKETS) if weights else [],
                                               "model": a.model, "suite": a.suite, "m": list(a.m or []),
-                                              "epilogues": list(a.epilogue)},
-                                     epilogues=tuple(a.epilogue), weights=weights)
+                                              "epilogues": list(a.epilogue), "layouts": list(a.layouts)},
+                                     epilogues=tuple(a.epilogue), weights=weights, layouts=layouts)
     except (ConfigError, LookupError, FolderError) as err:  # a shape no kernel takes, an --out that is no folder
         raise UsageError(str(err)) from None
     for r in man["results"]:
@@ -183,6 +185,10 @@ def add_parsers(sub) -> None:
                    help="the epilogues to build each shape with (gemm_ladder.core.spec.spec_for): none, bias, an "
                         "activation (relu, gelu_tanh, gelu_erf, silu), or bias_ and one (bias_gelu_tanh); "
                         "comma-separated, e.g. none,bias,bias_silu")
+    b.add_argument("--layouts", type=cli_types.names(OPERAND_LAYOUTS, "operand layout"), default=["KK"],
+                   help="the operand layouts to build each shape in (a_major, b_major: gemm_ladder.core.spec."
+                        "OPERAND_LAYOUTS): KK the forward, KN a B stored [K, N] (a backward's dX = dY . W), MN A "
+                        "and B stored [K, M], [K, N] (dW = dY^T . X), MK; comma-separated, e.g. KK,KN,MN")
     b.add_argument("--out", default="build/pack")
     b.add_argument("--jobs", type=cli_types.count, default=None)
     b.add_argument("--dry-run", action="store_true", help="print the modules it would build, and the M each "

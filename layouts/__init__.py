@@ -37,7 +37,14 @@ from .banks import (
     pattern_requests,
     wavefronts,
 )
-from .descriptors import SWIZZLE_CODE, WgmmaDesc, wgmma_desc_fields
+from .descriptors import (
+    SWIZZLE_CODE,
+    WgmmaDesc,
+    desc_read_offset,
+    operand_desc_fields,
+    wgmma_desc_fields,
+    wgmma_desc_fields_mn,
+)
 from .fragments import acc_fragment_coord, acc_fragment_map, acc_fragment_owner, stmatrix_trans_row
 from .plots import plot_acc_fragment, plot_swizzle, plot_swizzle_atom, write_all
 from .swizzle import (
@@ -82,8 +89,10 @@ __all__ = [
     "bank_of",
     "bank_of_address",
     "conflict_report",
+    "desc_read_offset",
     "dtype_bytes",
     "min_wavefronts",
+    "operand_desc_fields",
     "pattern_requests",
     "plot_acc_fragment",
     "plot_swizzle",
@@ -96,6 +105,7 @@ __all__ = [
     "tvm_swizzle_mode",
     "wavefronts",
     "wgmma_desc_fields",
+    "wgmma_desc_fields_mn",
     "write_all",
     "xor_swizzle",
 ]

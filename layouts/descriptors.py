@@ -39,9 +39,11 @@ from .swizzle import (
     CHUNK_BYTES,
     SWIZZLE_MODES,
     check_tile,
+    dtype_bytes,
     dtype_name,
     swizzle_alignment,
     swizzle_width,
+    xor_swizzle,
 )
 
 K_STEP_BYTES = 32
@@ -73,6 +75,12 @@ class WgmmaDesc:
     k_steps: int = 4  # K steps the tile holds
     stage_step: int = 0  # per stage of a (stages, rows, cols) tile
     alignment: int = 1024  # bytes the tile base must be aligned to
+    major: str = "K"  # "K": rows are M/N, K contiguous; "MN": rows are K, M/N contiguous
+
+    @property
+    def trans(self) -> int:
+        """wgmma's imm-trans-a / imm-trans-b for this tile: 1 for an MN-major (transposed) one."""
+        return 1 if self.major == "MN" else 0
 
     @property
     def wgmma_layout_type(self) -> int:
@@ -83,7 +91,14 @@ class WgmmaDesc:
         return TCGEN05_LAYOUT_TYPE[self.mode]
 
     def offset16(self, k: int = 0, rows: int = 0, stage: int = 0) -> int:
-        """16-byte units from the tile base to K step ``k``, row ``rows`` (multiple of 8)."""
+        """16-byte units from the tile base to K step ``k``, row ``rows`` (multiple of 8) of M or
+        N (for an MN-major tile: a multiple of 64, the next 64-row block of wgmma's operand)."""
+        if self.major == "MN":
+            if rows % 64:
+                raise ValueError(f"an MN-major descriptor moves in whole 64-row blocks; rows={rows}")
+            if not 0 <= k < self.k_steps:
+                raise ValueError(f"K step {k} is outside this tile's {self.k_steps} steps")
+            return k * self.k_step + rows // 64 * self.row_block_step + stage * self.stage_step
         if rows % ATOM_ROWS:
             raise ValueError(f"descriptors move in whole 8-row groups; rows={rows}")
         if not 0 <= k < self.k_steps:
@@ -177,3 +192,88 @@ def wgmma_desc_fields(dtype, tile_shape, swizzle: str = "128B") -> WgmmaDesc:
         stage_step=stage_step,
         alignment=max(swizzle_alignment(swizzle), CHUNK_BYTES),
     )
+
+
+def wgmma_desc_fields_mn(dtype, tile_shape, swizzle: str = "128B") -> WgmmaDesc:
+    """Descriptor fields of an MN-major shared tile ``(k_rows, mn_cols)`` or ``(stages, k_rows,
+    mn_cols)``: what TMA writes from a ``[K, M]`` (or ``[K, N]``) row-major operand, M (or N)
+    contiguous, in the same atoms as a K-major tile (:func:`layouts.swizzle.swizzle_offset` on
+    that shape). wgmma reads it with imm-trans = 1 (16-bit types only).
+
+    The PTX ISA's canonical MN-major layout (elements; T = 16 B of elements, W = swizzle bytes)::
+
+        128B:  ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO))
+
+    along M/N: 8 chunks of T fill one W-byte atom row, the next W / e elements are LBO further;
+    along K: 8 rows of W bytes make an atom, the next 8 rows are SBO further. In the tile,
+    column block ``b`` (W / e elements of M/N) starts after all the rows of block ``b - 1``::
+
+        LBO = k_rows x W / 16          (the next 64 M/N elements for 16-bit 128B)
+        SBO = 8 x W / 16               (the next 8 rows of K: 1024 B)
+        K step (16 rows of K) = +16 x W / 16 = +128;   64 more M/N = +LBO per W / e elements
+
+    Raises ValueError, with a fix, for a tile the mode cannot describe.
+    """
+    if swizzle not in SWIZZLE_MODES or swizzle == "none":
+        raise ValueError(f"MN-major descriptors are modelled for swizzled tiles ('32B', '64B', '128B'); "
+                         f"got {swizzle!r}. Use swizzle='128B'")
+    if len(tile_shape) not in (2, 3):
+        raise ValueError(f"tile_shape must be (k_rows, mn_cols) or (stages, k_rows, mn_cols); got {tuple(tile_shape)}")
+    rows, cols, esize = check_tile(dtype, tile_shape, swizzle)
+    if esize != 2:
+        raise ValueError(f"wgmma reads MN-major (transposed) shared operands of 16-bit types only; got "
+                         f"{dtype_name(dtype)}. Store the operand K-major")
+    width = swizzle_width(swizzle)
+    k_rows_per_step = K_STEP_BYTES // esize  # 16 rows of K per MMA K step
+    if rows % k_rows_per_step:
+        raise ValueError(f"an MN-major tile holds whole MMA K steps of {k_rows_per_step} rows; got {rows} rows. "
+                         f"Use k_rows={-(-rows // k_rows_per_step) * k_rows_per_step}")
+    block_elems = width // esize
+    if 64 % block_elems and block_elems % 64:
+        raise ValueError(f"a {swizzle} MN-major block of {block_elems} elements does not tile wgmma's 64 rows")
+    ldo = rows * width // 16
+    sdo = ATOM_ROWS * width // 16
+    stage_step = rows * cols * esize // 16 if len(tile_shape) == 3 else 0
+    for field, value in (("LBO", ldo), ("SBO", sdo)):
+        if value > FIELD_MAX:
+            raise ValueError(f"{field}={value} does not fit the 14-bit field; use fewer K rows")
+    return WgmmaDesc(
+        ldo=ldo,
+        sdo=sdo,
+        swizzle_code=SWIZZLE_CODE[swizzle],
+        k_step=k_rows_per_step * width // 16,
+        row_block_step=max(1, 64 // block_elems) * ldo,
+        mode=swizzle,
+        k_elems=k_rows_per_step,
+        k_steps=rows // k_rows_per_step,
+        stage_step=stage_step,
+        alignment=max(swizzle_alignment(swizzle), CHUNK_BYTES),
+        major="MN",
+    )
+
+
+def operand_desc_fields(dtype, tile_shape, major: str, swizzle: str = "128B") -> WgmmaDesc:
+    """The descriptor fields of a wgmma operand tile stored ``major`` ("K" or "MN")."""
+    if major == "K":
+        return wgmma_desc_fields(dtype, tile_shape, swizzle)
+    if major == "MN":
+        return wgmma_desc_fields_mn(dtype, tile_shape, swizzle)
+    raise ValueError(f"major={major!r}: use 'K' or 'MN'")
+
+
+def desc_read_offset(desc: WgmmaDesc, dtype, start: int, mn: int, k: int) -> int:
+    """The shared byte offset a wgmma reads element (``mn``, ``k``) of its operand at, from a
+    descriptor whose address field is ``start`` bytes past a swizzle-aligned base, per the PTX
+    ISA's canonical layouts (swizzled K-major and MN-major); the swizzle XOR is applied to the
+    whole address, as the hardware does. The model the tests hold the TMA box placement to."""
+    esize = dtype_bytes(dtype)
+    width = swizzle_width(desc.mode)
+    if desc.mode == "none":
+        raise ValueError("desc_read_offset models the swizzled layouts; 'none' is not modelled")
+    if desc.major == "K":  # ((8, m), (T, 2k)) : ((8T, SBO), (1, T)), K contiguous within a W-byte row
+        offset = (mn % ATOM_ROWS) * width + (mn // ATOM_ROWS) * desc.sdo * 16 + k * esize
+    else:  # ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO))
+        block = width // esize
+        offset = (mn % block) * esize + (mn // block) * desc.ldo * 16 + (k % ATOM_ROWS) * width \
+            + (k // ATOM_ROWS) * desc.sdo * 16
+    return xor_swizzle(start + offset, desc.mode)

@@ -107,7 +107,7 @@ LAYERS = {
     "serve": ("serve",),  # runtime, pack, tma_layout, kernel_pack, tuning_db, plan, front, ops
     "measure": ("measure",),  # harness, rounds, isolate, modules, report, suite, every_model
     "tune": ("tune",),
-    "api": ("",),  # gemm_ladder/__init__.py: matmul, build (with the tuned-knobs policy), load
+    "api": ("", "nn"),  # gemm_ladder/__init__.py: matmul, build (with the tuned-knobs policy), load; nn.Linear
     "top": ("teach", "cli", "cli_front", "__main__"),  # the tutorials' helpers and the command line
 }
 _BELOW_BUILD = {"core", "sync", "rungs", "protocol"}

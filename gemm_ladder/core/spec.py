@@ -20,8 +20,10 @@ compiles. Built today:
     a, b, d     float16 or bfloat16, all three the same; or D in float32 (a wgrad into fp32 master
                 weights) on rungs whose ``EPILOGUES`` lists ``"fp32_out"`` (v9; not with a residual)
     acc         float32
-    a_major     K (A is [M, K], row-major)
-    b_major     K (B is [N, K], row-major, like nn.Linear.weight)
+    a_major     K (A is [M, K], row-major); M (A is [K, M], row-major) on rungs whose
+                ``MN_MAJOR`` is true (v9)
+    b_major     K (B is [N, K], row-major, like nn.Linear.weight); N (B is [K, N],
+                row-major) on rungs whose ``MN_MAJOR`` is true (v9)
     bias        None, or D's dtype: D[m, n] = round(acc[m, n] + bias[n]), on rungs whose
                 ``EPILOGUES`` lists ``"bias"`` (v9)
     act         one of ACTIVATIONS, after the bias, in fp32 before rounding:
@@ -74,6 +76,9 @@ ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
 # "grouped": the grouped GEMM)
 EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated", "grouped")
 SCALARS = ("alpha", "beta")  # the fp32 scalar parameters of an epilogue (Operand.role "scalar")
+# the operand layouts by name, (a_major, b_major): KK the forward x . W^T; KN a B stored [K, N] (dX = dY . W
+# reads W so); MK an A stored [K, M]; MN both (dW = dY^T . X reads dY and X so)
+OPERAND_LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MK": ("M", "K"), "MN": ("M", "N")}
 
 
 # the manifest's and the pack entry's ``spec`` field (GemmSpec.to_dict), checked when they are read
@@ -312,17 +317,18 @@ def spec_knobs(spec: GemmSpec | None) -> dict:
     return {} if spec is None or spec.is_default() else {SPEC_KNOB: spec.text()}
 
 
-def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
-    """What of ``spec`` rung ``rung`` (whose ``EPILOGUES`` are ``epilogues``) does not build, or None."""
+def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = False) -> str | None:
+    """What of ``spec`` rung ``rung`` (whose ``EPILOGUES`` are ``epilogues``, and which loads
+    MN-major operands where ``mn_major``: its ``MN_MAJOR``) does not build, or None."""
     fp32_out = spec.d == "float32" and spec.a in DTYPES and spec.b == spec.a
     if spec.a not in DTYPES or spec.b != spec.a or (spec.d != spec.a and not fp32_out):
         return (f"A={spec.a}, B={spec.b}, D={spec.d}: only float16 or bfloat16 in, one dtype, and D in it or in "
                 "float32, are built (fp8 and mixed dtypes are not built yet)")
     if spec.acc != ACC_DTYPE:
         return f"acc={spec.acc}: only float32 accumulators are built"
-    if spec.a_major != "K" or spec.b_major != "K":
-        return (f"a_major={spec.a_major}, b_major={spec.b_major}: only K-major A [M, K] and B [N, K] are built "
-                "(MN-major operands are not built yet; pass B as [N, K], like nn.Linear.weight)")
+    if (spec.a_major != "K" or spec.b_major != "K") and not mn_major:
+        return (f"a_major={spec.a_major}, b_major={spec.b_major}: {rung} builds only K-major A [M, K] and B [N, K] "
+                "(MN-major operands are built for v9; pass B as [N, K], like nn.Linear.weight, or use v9)")
     if spec.scales is not None:
         return f"scales={spec.scales}: scaled (fp8) GEMMs are not built yet"
     if spec.grouped != ("grouped" in epilogues):
@@ -338,9 +344,10 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> str | None:
         return "a residual C with a float32 D is not built yet (C is read back as 16-bit pairs)"
     if spec.bias is not None and spec.bias != spec.d:
         return f"bias={spec.bias}: a bias is built in D's dtype ({spec.d}) only"
-    if spec.gated and (spec.act == "none" or spec.bias or spec.alpha or spec.residual or fp32_out):
+    if spec.gated and (spec.act == "none" or spec.bias or spec.alpha or spec.residual or fp32_out
+                       or (spec.a_major, spec.b_major) != ("K", "K")):
         return ("a gated B (SwiGLU) is built with an activation of the gate and nothing else: no bias, alpha, "
-                "residual or float32 D yet (and act='none' is no gate)")
+                "residual, float32 D or MN-major operand yet (and act='none' is no gate)")
     missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none"), ("alpha", spec.alpha),
                                      ("residual", spec.residual), ("fp32_out", fp32_out), ("gated", spec.gated))
                if on and part not in epilogues]
@@ -374,9 +381,9 @@ def spec_of(cfg) -> GemmSpec:
     return as_spec(dict(cfg.extra).get(SPEC_KNOB), cfg.dtype)
 
 
-def check_built(spec: GemmSpec, rung: str, epilogues=("none",)) -> None:
+def check_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = False) -> None:
     """Refuse, with a :class:`ConfigError` naming what is not built yet, a spec ``rung`` does not build."""
-    why = not_built(spec, rung, epilogues)
+    why = not_built(spec, rung, epilogues, mn_major)
     if why is not None:
         raise ConfigError(f"{rung}: spec {spec.text()}: {why}")
 

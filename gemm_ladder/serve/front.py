@@ -48,12 +48,16 @@ stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO logs every new choic
 
 Inputs: fp16 or bf16, contiguous, row-major, on one CUDA GPU; what TMA cannot describe (N or K
 not a multiple of 8, a view that does not start on a 16-byte boundary) takes a correct, slower
-path through padded copies (``tma_layout.LAYOUT_RULES``) and says so. Other dtypes, devices and
+path through padded copies (``tma_layout.LAYOUT_RULES``) and says so. A 2-d A or B may also be
+the transposed view of a contiguous tensor (``X.t()`` of an X [K, M], ``W.t()`` of a W [K, N]):
+an MN-major operand (the spec's ``a_major="M"`` / ``b_major="N"``), read as it lies, without a
+copy, by modules built for it (v9; the backward GEMMs of ``torch.ops.gemm_ladder.mm`` pass such
+views); where M, N or K is not a multiple of 8 it is copied K-major first. B is always the
+[N, K] of D = A . B^T: ``matmul(x, W.t())`` computes ``x . W``. Other dtypes, devices and
 layouts raise ``ModuleInputError`` with the fix, and so do what would silently mislead: an
-``out`` that overlaps A or B (the kernel would overwrite what it reads), a tensor that requires
-grad while grad mode is on (there is no backward here: ``torch.ops.gemm_ladder.mm`` has one), and
-a B laid out as a transposed view (``lin.weight.t()``: B is [N, K] like ``lin.weight``). Empty
-shapes give empty (or zero) results without a launch, as cuBLAS does.
+``out`` that overlaps A or B (the kernel would overwrite what it reads), and a tensor that
+requires grad while grad mode is on (there is no backward here: ``torch.ops.gemm_ladder.mm`` has
+one). Empty shapes give empty (or zero) results without a launch, as cuBLAS does.
 
 A bias (``bias=``: 1-d, N values, A's dtype and GPU, contiguous) is the operand spec's per-column
 bias (``gemm_ladder.core.spec``): the kernel adds it to the fp32 accumulators before rounding. Its
@@ -235,7 +239,7 @@ def check_shapes(A, B, out, bias=None, d_dtype=None):
     if A.shape[-1] != K:
         hint = ""
         if A.shape[-1] == N:
-            hint = f"; B looks like [K, N], but {B_LAYOUT} (for a [K, N] matrix W, W.t().contiguous())"
+            hint = f"; B looks like [K, N], but {B_LAYOUT} (for a [K, N] matrix W, pass W.t(): no copy)"
         raise ModuleInputError(f"A is {tuple(A.shape)} and B {tuple(B.shape)}: A's last dim must be B's K={K} "
                                f"(D = A . B^T){hint}")
     shape = (*A.shape[:-1], N)
@@ -245,13 +249,13 @@ def check_shapes(A, B, out, bias=None, d_dtype=None):
                                    + ("" if d_dtype else " (out_dtype=torch.float32 for a float32 D)"))
         if tuple(out.shape) != shape:
             raise ModuleInputError(f"out has shape {tuple(out.shape)}; D = A . B^T is {shape}")
-    if is_transposed(B):
-        raise ModuleInputError(transposed_b_error(B))
     if bias is not None:
         check_bias(bias, A.dtype, N)
     for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias)):
-        if t is not None and not t.is_contiguous():
-            raise ModuleInputError(f"{name} is not contiguous (row-major); pass {name}.contiguous()")
+        # A and B may also be the transposed view of a contiguous tensor: an MN-major operand
+        if t is not None and not t.is_contiguous() and not (name in "AB" and is_transposed(t)):
+            nor = " nor the transposed view of a contiguous tensor" if name in "AB" else ""
+            raise ModuleInputError(f"{name} is not contiguous (row-major){nor}; pass {name}.contiguous()")
     _refuse_grad_and_overlap(A, B, out, bias)
     M = int(torch.Size(A.shape[:-1]).numel())
     return M, N, K, shape
@@ -281,21 +285,23 @@ def check_bias(bias, dtype, N: int, who: str = "gemm_ladder.matmul") -> None:
         raise ModuleInputError(f"{who}: bias has dtype {bias.dtype}; it must be A's {dtype} (bias.to({dtype}))")
 
 
-# what B is, for a caller who passed its [K, N] transpose (thinking of x @ W where lin(x) was meant)
-B_LAYOUT = ("B is read as [N, K], laid out like nn.Linear.weight: for lin(x) pass lin.weight itself, "
+# what B is, for a caller whose B has the wrong shape (thinking of x @ W where lin(x) was meant)
+B_LAYOUT = ("B is read as [N, K] (D = A . B^T), like nn.Linear.weight: for lin(x) pass lin.weight itself, "
             "not lin.weight.t()")
 
 
-def transposed_b_error(B) -> str:
-    """The error for a ``B`` that :func:`is_transposed` (the front door's and the op's)."""
-    return (f"B {tuple(B.shape)} is the transpose of a contiguous tensor (as lin.weight.t() is), but D = A . B^T: "
-            f"{B_LAYOUT} (here: B.t()); only if you mean A . B^T with this B's values, pass B.contiguous()")
-
-
 def is_transposed(B) -> bool:
-    """Whether the 2-d ``B`` is laid out as ``T.t()`` of a contiguous ``T`` (and is not itself
-    contiguous): what ``lin.weight.t()`` gives, where a caller thinking of ``x @ W`` meant ``lin(x)``."""
+    """Whether the 2-d ``B`` (or A) is laid out as ``T.t()`` of a contiguous ``T`` (and is not
+    itself contiguous): an MN-major operand, whose memory ``T`` the kernel reads as it is."""
     return B.dim() == 2 and not B.is_contiguous() and B.t().is_contiguous()
+
+
+def operand_majors(A, B) -> tuple[str, str]:
+    """The spec's ``a_major`` and ``b_major`` of a call's A [M, K] and B [N, K]: "K" for a
+    contiguous tensor, "M" (or "N") for the transposed view of a contiguous [K, M] (or [K, N])
+    one: ``x.t()``, ``W.t()`` of a [K, N] weight, what a backward pass hands over (dX = dY . W
+    reads W [N, K] as an MN-major B; dW = dY^T . X reads dY and X as MN-major A and B)."""
+    return ("M" if A.dim() == 2 and is_transposed(A) else "K"), ("N" if is_transposed(B) else "K")
 
 
 def _overlaps(t, u) -> bool:
@@ -530,11 +536,12 @@ def _resolve_ours(M: int, N: int, K: int, dtype: str, arch: str, index: int, str
             if strict:
                 raise
             return _torch_route(M, N, K, dtype, str(err), "split the call into parts that fit", spec.act)
-    epilogue = "" if spec.is_default() else f" --epilogue {spec.epilogue}"
+    epilogue = "" if spec.epilogue == "none" else f" --epilogue {spec.epilogue}"
     # --weights: the weight's whole M range (a server's prefill and decode), not only this M
     how = (f"on a box with TVM's compiler: python -m gemm_ladder pack build --weights {N}x{K} --dtypes {dtype}"
            f"{epilogue} --out PACK, then carry PACK here and set GEMM_LADDER_PACK=PACK")
-    what = f"{dtype}" + ("" if spec.is_default() else f" with a {spec.epilogue}")
+    what = f"{dtype}" + ("" if spec.epilogue == "none" else f" with a {spec.epilogue}") + \
+        (f" (A {spec.a_major}-major, B {spec.b_major}-major)" if _mn_major(spec) else "")
     if found is not None:
         far = _far(found.entry, found.fit, M)
         note = f"note: the pack has nothing closer and nothing can be built here ({why})"
@@ -616,9 +623,14 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
                 call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fx, bias)  # noqa: E731
             else:
                 extras = () if bias is None else (bias,)
-                r.run(a, b, sets[0][2], {} if bias is None else {"bias": bias})  # checked once per GPU
+                # checked once per GPU; an MN-major module takes the memory under the views
+                r.run(*stored_operands(r.module, a, b), sets[0][2], {} if bias is None else {"bias": bias})
                 fn = r.launchers[a.device.index]
-                call = lambda x, y, z: fn(x, y, z, *extras)  # noqa: E731
+                ta, tb = takes_stored(r.module)
+                if ta or tb:
+                    call = lambda x, y, z: fn(x.t() if ta else x, y.t() if tb else y, z, *extras)  # noqa: E731
+                else:
+                    call = lambda x, y, z: fn(x, y, z, *extras)  # noqa: E731
             call(*sets[0])
             return call
 
@@ -768,9 +780,19 @@ class ByCapture:
     def launcher(self, a, b, out, **operands):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
-        eager, graphs = launcher_of(self.eager, a, b, out, **operands), launcher_of(self.graphs, a, b, out, **operands)
+        eager, graphs = self._views(self.eager, a, b, out, operands), self._views(self.graphs, a, b, out, operands)
         capturing = torch.cuda.is_current_stream_capturing
         return lambda x, y, z, *extras: graphs(x, y, z, *extras) if capturing() else eager(x, y, z, *extras)
+
+    @staticmethod
+    def _views(module, a, b, out, operands):
+        """``module``'s launch on A and B as views: each module of ours of an MN-major spec gets the
+        memory under them (:func:`stored_operands`), torch's matmul the views themselves."""
+        ta, tb = takes_stored(module)
+        fn = launcher_of(module, *stored_operands(module, a, b), out, **operands)
+        if not (ta or tb):
+            return fn
+        return lambda x, y, z, *extras: fn(x.t() if ta else x, y.t() if tb else y, z, *extras)
 
 
 def _captured_by_torch(route: Route, M: int, N: int, K: int, act: str = "none") -> Route:
@@ -781,6 +803,26 @@ def _captured_by_torch(route: Route, M: int, N: int, K: int, act: str = "none") 
                        "every_model_seed0.json]; eager calls keep ours, whose host path is the shorter (strict mode: "
                        "ours always)")
     return route
+
+
+def _mn_major(spec: GemmSpec | None) -> bool:
+    """Whether ``spec`` has an MN-major operand."""
+    return spec is not None and (spec.a_major != "K" or spec.b_major != "K")
+
+
+def takes_stored(module) -> tuple[bool, bool]:
+    """Whether ``module`` takes A, and B, as the memory under a transposed view (ours, of an
+    MN-major spec: the kernel's stored [K, M] / [K, N]) rather than the view itself (torch's
+    matmul takes any view; :class:`ByCapture` hands each of its modules its own)."""
+    spec = None if isinstance(module, ByCapture) else getattr(module, "spec", None)
+    return (spec is not None and spec.a_major != "K"), (spec is not None and spec.b_major != "K")
+
+
+def stored_operands(module, a, b) -> tuple:
+    """``a`` and ``b`` (A [M, K] and B [N, K], MN-major ones as transposed views) as ``module``
+    takes them (:func:`takes_stored`)."""
+    ta, tb = takes_stored(module)
+    return (a.t() if ta else a), (b.t() if tb else b)
 
 
 def _strict(strict: bool | None) -> bool:
@@ -833,6 +875,9 @@ def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes
     Mk = route.module_M if route.module_M is not None else M
     Nk, Kk = fixes.N, fixes.K
     a, b = A2, B
+    # ours takes an MN-major operand (the spec's; A2 or B a transposed view) as the memory under the
+    # view; torch's fallback, which has no spec, takes any view
+    mn_a, mn_b = takes_stored(route.module)
     operands = {}  # in the spec's order (GemmSpec.epilogue_operands): bias, alpha, C, beta
     if bias is not None:  # N values, zero-padded to the kernel's N; copied onto a 16-byte boundary
         operands["bias"] = bias if Nk == N and bias.data_ptr() % 16 == 0 else \
@@ -847,12 +892,13 @@ def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes
             operands["C"][:M, :N] = C2
         operands["beta"] = beta
     if Mk != M or Kk != K:
-        a = A2.new_zeros((Mk, Kk))
+        a = A2.new_zeros((Kk, Mk)).t() if mn_a else A2.new_zeros((Mk, Kk))  # in A's own layout
         a[:M, :K] = A2
     elif fixes.copies("copy-a"):
         a = A2.clone()
     if Nk != N or Kk != K or fixes.copies("copy-b"):
         b = _weight_copy(B, Nk, Kk)
+    a, b = (a.t() if mn_a else a), (b.t() if mn_b else b)
     if Mk == M and Nk == N and not fixes.copies("stage-out"):
         d = out2 if out2 is not None else torch.empty((M, N), dtype=d_dtype or A2.dtype, device=A2.device)
         route.run(a, b, d, operands)
@@ -1014,7 +1060,7 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     ``silu`` or None, all in fp32 before rounding, on the GPU, for any shape (see the module
     docstring); returns D (or ``out``). ``alpha``, ``beta``: Python floats (runtime values of one
     module); ``residual``: C of D's shape and dtype, which may be ``out`` itself (in place);
-    ``out_dtype``: None (A's dtype) or torch.float32 (not built yet: torch computes it).
+    ``out_dtype``: None (A's dtype) or torch.float32 (v9 builds it; with a residual torch computes it).
 
     ``strict``: where no kernel of ours serves the shape, raise :class:`NoKernelError` instead of
     computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
@@ -1038,18 +1084,28 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
             print(f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype}: empty, nothing launched", file=sys.stderr)
         return _trivial(A, out, shape, M, N, K, bias, act, beta, residual, d_dtype)
     aligned = (A2.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, out2 is None or out2.data_ptr() % 16 == 0)
+    a_major, b_major = operand_majors(A2, B)
+    layout_notes = []
+    if (a_major, b_major) != ("K", "K") and (K % 8 or N % 8 or (a_major == "M" and M % 8) or not all(aligned)):
+        # a transposed view TMA cannot read as it is (a row stride not a multiple of 16 bytes, or
+        # a misaligned start): K-major copies, then the usual fixes
+        layout_notes.append("copy the transposed view(s) into K-major tensors (TMA cannot read them as they are: "
+                            "M, N and K must be multiples of 8 and the data 16-byte aligned): correct, slower")
+        A2, B, a_major, b_major = A2.contiguous(), B.contiguous(), "K", "K"
+        aligned = (A2.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, aligned[2])
     if K % 8 or N % 8 or not all(aligned):
         fixes = layout_fixes(Layout(M, N, K, dtype, *aligned, out_given=out2 is not None))
     else:
         fixes = Fixes((), N, K)
     index = A.device.index if A.device.index is not None else 0
     # alpha in the spec only where it is not 1 (one module serves every other value)
-    spec = GemmSpec.with_epilogue(dtype, bias is not None, act, alpha != 1.0, residual is not None)
+    spec = dataclasses.replace(GemmSpec.with_epilogue(dtype, bias is not None, act, alpha != 1.0, residual is not None),
+                               a_major=a_major, b_major=b_major)
     if d_dtype is not None:  # a float32 D: its bias and residual in float32 too
         spec = dataclasses.replace(spec, d="float32", bias="float32" if bias is not None else None,
                                    residual="float32" if residual is not None else None)
         bias = bias.float() if bias is not None else None
-    spec = None if spec.is_default() else spec
+    spec = None if spec.is_default() else spec  # the default spec: the plain path, remembered for the fast one
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
     # first use times the candidates with a bias at most (the new epilogues' operands: not yet)
@@ -1068,6 +1124,9 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     if explain:
         batch = tuple(A.shape) if A.dim() != 2 else None
         text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)
+        text += "".join(f"\n  layout: {note}" for note in layout_notes)
+        if _mn_major(spec):
+            text += f"\n  operands: A {a_major}-major, B {b_major}-major (a transposed view is read as it lies)"
         steps = [what for what, on in (("x alpha", alpha != 1.0), ("+ bias[n]", bias is not None), (act, act != "none"),
                                        ("+ beta C", residual is not None)) if on]
         print(text + (f"\n  epilogue: {', then '.join(steps)}, on the fp32 sums before rounding" if steps else ""),
@@ -1116,6 +1175,8 @@ def swiglu(x, W_gu, out=None, strict: bool | None = None):
         for name, t in (("x", x), ("W_gu", W_gu)):
             if _overlaps(out, t):
                 raise ModuleInputError(f"gemm_ladder.swiglu: out overlaps {name} in memory; pass an out apart from it")
+    # the gated kernel reads K-major x and W_gu: a transposed view is copied first
+    x, W_gu = (t if t.is_contiguous() else t.contiguous() for t in (x, W_gu))
     M, N2, K, x2, _, _ = _check(x, W_gu, None)
     aligned = x2.data_ptr() % 16 == 0 and W_gu.data_ptr() % 16 == 0 and (out is None or out.data_ptr() % 16 == 0)
     if M and K and N and K % 8 == 0 and N % 8 == 0 and aligned:

@@ -56,6 +56,7 @@ compiler (it builds through ``module_cache``, so a module built once is linked, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -310,10 +311,11 @@ def _runs(asks) -> list[dict]:
 
 
 def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
-              epilogues=("none",), weights=()) -> list[dict]:
+              epilogues=("none",), weights=(), layouts=(("K", "K"),)) -> list[dict]:
     """The modules a pack needs for ``shapes`` (``(M, N, K)``: those M) and ``weights``
     (``(N, K)``: every bucket of :func:`weight_buckets`) in ``dtypes`` with each of ``epilogues``
-    (``none``, ``bias``, ``bias_gelu_tanh``, ...: the operand spec, ``spec.spec_for``): one per
+    (``none``, ``bias``, ``bias_gelu_tanh``, ...: the operand spec, ``spec.spec_for``) and each of
+    ``layouts`` (the spec's ``(a_major, b_major)``: ``("K", "N")`` for a B stored [K, N]): one per
     choice of the front door's policy (``plan.choose``, at the N and K it pads to), one for all the
     M of a (rung, knobs, N, K)
     where the rung takes M at run time, else one per M. Each item: the build ``job``, its
@@ -327,8 +329,8 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
 
     sms = sms or plan.default_sms(arch)
     groups: dict = {}
-    for dtype, epilogue in ((d, e) for d in dtypes for e in epilogues):
-        spec = spec_for(dtype, epilogue)
+    for dtype, epilogue, (a_major, b_major) in ((d, e, l) for d in dtypes for e in epilogues for l in layouts):
+        spec = dataclasses.replace(spec_for(dtype, epilogue), a_major=a_major, b_major=b_major)
         asks = [(M, N, K, M, M, False) for M, N, K in shapes]
         for N, K in weights:
             padded = tma_layout.layout_fixes(tma_layout.Layout(1, N, K, dtype))  # what the kernels index
@@ -396,7 +398,7 @@ def _pack_worker(args) -> dict:
 
 def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
                workers: int | None = None, cache_root=None, request: dict | None = None, epilogues=("none",),
-               weights=()) -> dict:
+               weights=(), layouts=(("K", "K"),)) -> dict:
     """Build the modules :func:`plan_pack` lists into ``out`` and write ``out/pack.json`` (merged
     with what the folder held: entries of other files stay). Returns the manifest, with
     ``"results"`` (built / cache / failed per module)."""
@@ -407,7 +409,7 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     sms = sms or plan.default_sms(arch)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues, weights)
+    items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues, weights, layouts)
     results = map_in_processes(_pack_worker, [(i, str(out), cache_root) for i in items], workers)
     results = [r if isinstance(r, dict) else {"file": i["file"], "status": "failed", "detail": repr(r)}
                for i, r in zip(items, results)]

@@ -9,17 +9,24 @@
 
 The op is registered with ``torch.library.custom_op`` and has a fake implementation (shapes and
 dtypes only), so ``torch.compile(fullgraph=True)`` traces a model that calls it without a graph
-break and ``torch.export`` exports it; an autograd formula in terms of the op itself
-(``dA = mm(dD, B^T)``, ``dB = mm(dD^T, A^T)`` on the flattened batch, ``dbias`` = the sum of
-``dD`` over its rows; with an activation, ``dD`` is first taken through it at the pre-activation
-``Z = mm(A, B, bias)``, recomputed in the backward (one more GEMM; the forward writes only D), by
-torch's own ``*_backward`` ops), so it trains. The real
-implementation is :func:`gemm_ladder.matmul` on torch's current stream (under the op's autograd,
-with grad mode off); inputs are made contiguous first (free when they are), as torch's own matmul
-takes any strides, except a B laid out as a transposed view (``lin.weight.t()``): B is [N, K]
-like ``lin.weight``, so that B is refused with what to pass, in the real and the fake op alike
-(``mm(x, lin.weight.t())`` would otherwise compute ``x @ W``, not ``lin(x)``). Tensors off the
-GPU, or of another dtype, get the front door's errors.
+break and ``torch.export`` exports it; and an autograd formula in terms of the op itself, so it
+trains. The backward's GEMMs take their operands as transposed views, read as they lie by
+MN-major modules (no copies)::
+
+    dA = mm(dD, B.t())         B [N, K]: the view B.t() is [K, N] over B's memory, an MN-major B
+    dB = mm(dD.t(), A.t())     the flattened dD [M, N] and A [M, K]: an MN-major A and B
+    dbias = dD.sum(0)          (D[m, n] = ... + bias[n]: every row's dD[m, n] adds to it)
+
+where a module of ours serves them (v9; the front door's route), torch's matmul otherwise. With
+an activation, ``dD`` is first taken through it at the pre-activation ``Z = mm(A, B, bias)``,
+recomputed in the backward (one more GEMM; the forward writes only D), by torch's own
+``*_backward`` ops. dB comes out in B's dtype (an fp32 D, for fp32 master weights, is where an
+fp32 weight gradient would come from: see ``_backward``). The real implementation is
+:func:`gemm_ladder.matmul` on torch's current stream (under the op's autograd, with grad mode
+off); A and B pass as they are when contiguous or a transposed view of a contiguous tensor, and
+are made contiguous otherwise, as torch's own matmul takes any strides. B is always the [N, K]
+of D = A . B^T (``mm(x, W.t())`` computes ``x . W``). Tensors off the GPU, or of another dtype,
+get the front door's errors.
 
 Warm a shape up once before capturing it in a CUDA graph: its first call loads the module.
 """
@@ -28,10 +35,15 @@ from __future__ import annotations
 
 import torch
 
-from .front import B_LAYOUT, check_activation, check_bias, is_transposed, matmul, swiglu, transposed_b_error
+from .front import B_LAYOUT, check_activation, check_bias, is_transposed, matmul, swiglu
 from .runtime import ModuleInputError
 
 _DTYPES = (torch.float16, torch.bfloat16)
+
+def _as_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the front door takes it without a copy: contiguous, or the transposed view of a
+    contiguous tensor (an MN-major operand); anything else made contiguous."""
+    return t if t.is_contiguous() or is_transposed(t) else t.contiguous()
 
 
 def _check_meta(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None,
@@ -47,7 +59,6 @@ def _check_meta(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = No
     torch._check(A.shape[-1] == B.shape[1],
                  lambda: f"gemm_ladder.mm: A's last dim {A.shape[-1]} is not B's K={B.shape[1]} (D = A . B^T)"
                  + (f"; B looks like [K, N], but {B_LAYOUT}" if A.shape[-1] == B.shape[0] else ""))
-    torch._check(not is_transposed(B), lambda: f"gemm_ladder.mm: {transposed_b_error(B)}")
     if bias is not None:
         check_bias(bias, A.dtype, B.shape[0], "gemm_ladder.mm")
     check_activation(activation, "gemm_ladder.mm")
@@ -59,7 +70,7 @@ def mm(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None,
     """D = act(A . B^T (+ bias [N])) through ``gemm_ladder.matmul`` (A [..., K], B [N, K];
     ``activation``: relu, gelu_tanh, gelu_erf, silu or None)."""
     _check_meta(A, B, bias, activation)
-    return matmul(A.contiguous(), B.contiguous(), bias=None if bias is None else bias.contiguous(),
+    return matmul(_as_operand(A), _as_operand(B), bias=None if bias is None else bias.contiguous(),
                   activation=activation)
 
 
@@ -96,12 +107,14 @@ def _backward(ctx, grad):
     if ctx.activation != "none":  # through the activation at its input, recomputed: Z = A . B^T (+ bias)
         grad = activation_backward(grad, mm(A, B, rest[0] if ctx.has_bias else None), ctx.activation)
     dA = dB = dbias = None
-    # the B operands are transposes, made contiguous here: the op refuses a transposed view as B
+    # the operands are transposed views, no copies: MN-major operands of our kernels
     if ctx.needs_input_grad[0]:
-        dA = mm(grad, B.t().contiguous())  # [..., N] . ([K, N])^T
+        dA = mm(grad, B.t())  # [..., N] . ([K, N])^T: B's memory [N, K] is an MN-major B
     if ctx.needs_input_grad[1]:
-        g2, a2 = grad.reshape(-1, B.shape[0]), A.reshape(-1, A.shape[-1])
-        dB = mm(g2.t(), a2.t().contiguous())  # [N, M] . ([K, M])^T
+        g2, a2 = grad.reshape(-1, B.shape[0]).contiguous(), A.reshape(-1, A.shape[-1]).contiguous()
+        # in B's dtype, as autograd wants it back; the hook for fp32 master weights is here: an fp32 D
+        # (the spec's d) would give an fp32 dB for an optimizer that keeps one, without a rounding
+        dB = mm(g2.t(), a2.t())  # [N, M] . ([K, M])^T: dD and A as they lie, an MN-major A and B
     if len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2]:  # D[m, n] = ... + bias[n]: every row's
         dbias = grad.reshape(-1, B.shape[0]).sum(0, dtype=torch.float32).to(grad.dtype)  # dD[m, n] adds to it
     return (dA, dB, dbias, None)[:len(ctx.needs_input_grad)]

@@ -170,16 +170,23 @@ class GemmModule:
         return self._function()
 
     def rows_of(self, A) -> int:
-        """The M of a call: A's rows for a module with a runtime M (at least 1), else the
-        module's M."""
+        """The M of a call: A's rows (its columns where A is stored MN-major, [K, M]) for a module
+        with a runtime M (at least 1), else the module's M."""
         if not self.dynamic_m:
             return self.M
         shape = tuple(getattr(A, "shape", ()))
-        if len(shape) != 2 or shape[0] < 1:
-            raise ModuleInputError(
-                f"A has shape {shape}; this module takes A of shape (M, {self.K}) with any M >= 1"
-            )
-        return int(shape[0])
+        m_dim = 0 if self.spec.a_major == "K" else 1
+        if len(shape) != 2 or shape[m_dim] < 1:
+            want = f"(M, {self.K})" if m_dim == 0 else f"({self.K}, M)"
+            raise ModuleInputError(f"A has shape {shape}; this module takes A of shape {want} with any M >= 1")
+        return int(shape[m_dim])
+
+    def stored_shape(self, name: str, M: int) -> tuple:
+        """The shape the kernel takes operand ``name`` ("A", "B", "D") in for ``M`` rows: as the
+        spec stores it (A [M, K] or, MN-major, [K, M]; B [N, K] or [K, N]), row-major. The front
+        door passes an MN-major operand as the contiguous tensor under its transposed view."""
+        op = next(o for o in self.spec.operands() if o.name == name)
+        return op.extent(M, self.N, self.K)
 
     def operand_args(self, M: int, operands: dict, where) -> list:
         """The spec's epilogue operands (``bias``, ...) of a call with ``M`` rows, checked like A and
@@ -213,8 +220,8 @@ class GemmModule:
         if not isinstance(A, torch.Tensor):
             raise ModuleInputError(f"A must be a torch.Tensor, got {type(A).__name__}")
         M = self.rows_of(A)
-        self._check_tensor("A", A, (M, self.K))
-        self._check_tensor("B", B, (self.N, self.K))
+        self._check_tensor("A", A, self.stored_shape("A", M))
+        self._check_tensor("B", B, self.stored_shape("B", M))
         if out is not None:
             self._check_tensor("out", out, self.d_shape(M), self.spec.d)
         for name, t in (("A", A), ("B", B), ("out", out)):
@@ -250,7 +257,8 @@ class GemmModule:
         import torch  # pylint: disable=import-outside-toplevel
 
         M = self.rows_of(A)
-        for name, t, shape in (("A", A, (M, self.K)), ("B", B, (self.N, self.K)), ("out", out, self.d_shape(M))):
+        for name, t, shape in (("A", A, self.stored_shape("A", M)), ("B", B, self.stored_shape("B", M)),
+                               ("out", out, self.d_shape(M))):
             self._check_tensor(name, t, shape, self.spec.d if name == "out" else None)
             self._check_on_gpu(name, t)
         if A.device != B.device or out.device != A.device:

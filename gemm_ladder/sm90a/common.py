@@ -31,6 +31,7 @@ import layouts
 from schedulers.tirx_orders import RUNTIME_M_ORDERS
 from ..core import budget, launch
 from ..core.config import ConfigError, GemmConfig
+from ..core.spec import spec_of
 
 # what both archs share, under the names the rungs call it by (common.smem_bytes, ...)
 from ..core.budget import MIN_PIPE_DEPTH, check_budget, check_pipe_depth, max_pipe_depth, smem_bytes  # noqa: F401
@@ -89,11 +90,48 @@ class HopperPlan:
     def desc(self) -> layouts.WgmmaDesc:
         return layouts.wgmma_desc_fields(self.cfg.dtype, (WG_M, self.cfg.blk_k), "128B")
 
+    @property
+    def a_major(self) -> str:
+        """How A's shared tile is stored: "K" (``[rows, blk_k]``, from A ``[M, K]``) or "MN"
+        (``[blk_k, rows]``, from A ``[K, M]``: the operand spec's ``a_major="M"``)."""
+        return "K" if spec_of(self.cfg).a_major == "K" else "MN"
+
+    @property
+    def b_major(self) -> str:
+        """How B's shared tile is stored: "K" (from B ``[N, K]``) or "MN" (from B ``[K, N]``)."""
+        return "K" if spec_of(self.cfg).b_major == "K" else "MN"
+
+    def tile_shape(self, rows: int, major: str, stages: int | None = None) -> tuple:
+        """A shared operand tile of ``rows`` M or N rows and one K slice: ``[rows, blk_k]``
+        K-major, ``[blk_k, rows]`` MN-major (the orientation of the TMA box from global)."""
+        two_d = (rows, self.cfg.blk_k) if major == "K" else (self.cfg.blk_k, rows)
+        return two_d if stages is None else (stages, *two_d)
+
+    def a_shape(self, stages: int) -> tuple:
+        return self.tile_shape(self.cfg.blk_m, self.a_major, stages)
+
+    def b_shape(self, stages: int) -> tuple:
+        return self.tile_shape(self.cfg.blk_n, self.b_major, stages)
+
+    @property
+    def desc_a(self) -> layouts.WgmmaDesc:
+        """The descriptor fields of wgmma's A (a 64-row atom of this plan's A tile)."""
+        if self.a_major == "K":
+            return self.desc
+        return layouts.wgmma_desc_fields_mn(self.cfg.dtype, self.tile_shape(self.cfg.blk_m, "MN"), "128B")
+
+    @property
+    def desc_b(self) -> layouts.WgmmaDesc:
+        """The descriptor fields of wgmma's B (the whole tile's N from one descriptor)."""
+        if self.b_major == "K":
+            return self.desc
+        return layouts.wgmma_desc_fields_mn(self.cfg.dtype, self.tile_shape(self.cfg.blk_n, "MN"), "128B")
+
     def ab_layouts(self, stages: int):
         c = self.cfg
         return (
-            layouts.shared_layout(c.dtype, (stages, c.blk_m, c.blk_k), "128B"),
-            layouts.shared_layout(c.dtype, (stages, c.blk_n, c.blk_k), "128B"),
+            layouts.shared_layout(c.dtype, self.a_shape(stages), "128B"),
+            layouts.shared_layout(c.dtype, self.b_shape(stages), "128B"),
         )
 
     def d_layout(self):
@@ -122,12 +160,14 @@ def check_tile(cfg: GemmConfig, warpgroups=(1, 2)) -> None:
 def wgmma_k_steps(plan, Dreg, mi, first, da, db):
     """The k16 wgmmas of one BLK_K slice into 64-row atom ``mi``'s accumulators, from the
     descriptors ``da`` and ``db`` of the slice's K step 0, each K step 32 bytes further."""
-    d = T.meta_var(plan.desc)
+    fa = T.meta_var(plan.desc_a)
+    fb = T.meta_var(plan.desc_b)
     for kk in T.unroll(plan.cfg.blk_k // MMA_K):
+        # an MN-major operand steps 16 rows of K (2 KiB) and sets wgmma's transpose bit
         T.ptx[plan.mma_op](
             *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
-            da + T.Cast("uint64", kk * d.k_step), db + T.Cast("uint64", kk * d.k_step),
-            T.Not(T.And(first, kk == 0)), 1, 1, 0, 0,
+            da + T.Cast("uint64", kk * fa.k_step), db + T.Cast("uint64", kk * fb.k_step),
+            T.Not(T.And(first, kk == 0)), 1, 1, fa.trans, fb.trans,
         )
 
 
@@ -156,8 +196,11 @@ def mma_k_tile(plan, Dreg, Asmem, Bsmem, stage, wg_row0, first, desc_a, desc_b):
 
 def slot_step16(buf) -> int:
     """16-byte units between two ring slots of a ``(stages, rows, cols)`` shared tile: what a
-    descriptor's address field moves from one slot to the next (``layouts``' ``stage_step``)."""
-    return layouts.wgmma_desc_fields(str(buf.dtype), tuple(int(x) for x in buf.shape), "128B").stage_step
+    descriptor's address field moves from one slot to the next (``layouts``' ``stage_step``;
+    one slot's bytes, K-major or MN-major alike)."""
+    shape = tuple(int(x) for x in buf.shape)
+    return layouts.wgmma_desc_fields(str(buf.dtype), (*shape[:-2], shape[-1] * shape[-2] // 64, 64),
+                                     "128B").stage_step
 
 
 def k_loop_unroll(nk):
@@ -172,12 +215,15 @@ def k_loop_unroll(nk):
 def encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b):
     """The descriptors of ring slot 0 (A at this warpgroup's first row), once per tile: the K
     loop of v8-v11 (:func:`mma_k_slot`) reaches every slot, atom and K step from them by adds."""
-    d = T.meta_var(plan.desc)
+    fa = T.meta_var(plan.desc_a)
+    fb = T.meta_var(plan.desc_b)
     T.cuda.wgmma.encode_matrix_descriptor(
-        T.address_of(desc_b[0]), Bsmem.ptr_to([0, 0, 0]), d.ldo, d.sdo, d.swizzle_code
+        T.address_of(desc_b[0]), Bsmem.ptr_to([0, 0, 0]), fb.ldo, fb.sdo, fb.swizzle_code
     )
+    # this warpgroup's first row of A: a row of a K-major tile, a column of an MN-major one
     T.cuda.wgmma.encode_matrix_descriptor(
-        T.address_of(desc_a[0]), Asmem.ptr_to([0, wg_row0, 0]), d.ldo, d.sdo, d.swizzle_code
+        T.address_of(desc_a[0]), Asmem.ptr_to([0, wg_row0, 0] if fa.major == "K" else [0, 0, wg_row0]), fa.ldo,
+        fa.sdo, fa.swizzle_code
     )
 
 
@@ -189,11 +235,11 @@ def mma_k_slot(plan, Dreg, stage, first, desc_a, desc_b, step_a, step_b):
     descriptor an encode at that address would give (the 14-bit address field cannot carry:
     shared memory ends below 256 KiB). It costs the warp two adds a slice where an encode costs
     some twenty uniform instructions."""
-    d = T.meta_var(plan.desc)
+    fa = T.meta_var(plan.desc_a)
     a0 = T.meta_var(desc_a[0] + T.Cast("uint64", stage * step_a))
     b0 = T.meta_var(desc_b[0] + T.Cast("uint64", stage * step_b))
     for mi in T.unroll(plan.m_atoms):
-        wgmma_k_steps(plan, Dreg, mi, first, a0 + T.Cast("uint64", mi * d.row_block_step), b0)
+        wgmma_k_steps(plan, Dreg, mi, first, a0 + T.Cast("uint64", mi * fa.row_block_step), b0)
 
 
 @T.inline
@@ -556,6 +602,25 @@ def m_extent(cfg: GemmConfig):
 def tiles_over(extent, tile: int):
     """``ceil(extent / tile)`` for a Python int or a runtime expression (a symbolic M)."""
     return -(-extent // tile) if isinstance(extent, int) else T.truncdiv(extent + (tile - 1), tile)
+
+
+def check_majors(cfg: GemmConfig) -> None:
+    """An MN-major operand (the spec's ``a_major="M"`` / ``b_major="N"``) is loaded in boxes of
+    64 M (or N) elements, one 128-byte swizzle atom row each: every multicast part of its tile
+    must be whole boxes, and v9's narrow tail tiles are not built for an MN-major B."""
+    plan = HopperPlan(cfg)
+    cm, cn = cluster_shape(cfg)
+    for name, major, rows, parts, knob in (("A", plan.a_major, cfg.blk_m, cn, "cluster_n"),
+                                           ("B", plan.b_major, cfg.blk_n, cm, "cluster_m")):
+        if major == "MN" and (rows // parts) % WG_M:
+            raise ConfigError(f"an MN-major {name} is loaded in parts of 64 columns: its tile's {rows} rows in "
+                              f"{knob}={parts} part(s) are {rows // parts}; use {knob}=1 or a tile of "
+                              f"{WG_M * parts} x k rows")
+    if plan.a_major == "MN" and dynamic_m(cfg):
+        raise ConfigError("dynamic_m with an MN-major A is not built (A [K, M]'s row stride, M x 2 bytes, must be "
+                          "known to be a multiple of 16 for TMA); use dynamic_m=False (one module per M)")
+    if plan.b_major == "MN" and dict(cfg.extra).get("tail_n"):
+        raise ConfigError("tail_n with an MN-major B is not built (the narrow tiles read B K-major); use tail_n=0")
 
 
 def check_dynamic_m(cfg: GemmConfig) -> None:

@@ -145,8 +145,12 @@ def operands(cfg: GemmConfig, preset: Preset, M, num_ctas) -> list[Operand]:
     """The kernel's tensors in the order of its parameters (``num_ctas`` follows them); ``M``:
     the kernel's M (``common.m_extent``: an int, or the one runtime variable every extent uses)."""
     N, K, dtype = cfg.N, cfg.K, cfg.dtype
+    plan = preset.plan(cfg)
+    # an MN-major operand is stored [K, M] (or [K, N]) row-major (the operand spec's a_major / b_major)
+    a_shape = (M, K) if plan.a_major == "K" else (K, M)
+    b_shape = (N, K) if plan.b_major == "K" else (K, N)
     d_cols = N // 2 if spec_of(cfg).gated else N  # a gated B (SwiGLU): N is both halves, D one
-    ops = [Operand("a", (M, K), dtype), Operand("b", (N, K), dtype), Operand("d", (M, d_cols), spec_of(cfg).d)]
+    ops = [Operand("a", a_shape, dtype), Operand("b", b_shape, dtype), Operand("d", (M, d_cols), spec_of(cfg).d)]
     ops += preset.epilogue_op.operands(cfg, M)  # a fused epilogue's tensors (a bias vector, ...)
     ws = workspace(cfg, preset)
     if ws is not None:
@@ -172,7 +176,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     """The preset's kernel for ``cfg`` (validated by ``rungs.make_config``), a ``T.prim_func``."""
     plan = preset.plan(cfg)
     M, N, K, dtype = common.m_extent(cfg), cfg.N, cfg.K, cfg.dtype  # M: an int or runtime
-    BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
+    BLK_M, BLK_N = cfg.blk_m, cfg.blk_n
     cluster_m, cluster_n = common.cluster_shape(cfg)
     cluster_size = cluster_m * cluster_n
     m_tiles, n_tiles = preset.cluster_grid(cfg, M)  # in cluster tiles
@@ -257,8 +261,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
         if residual:
             c_ready = TMABar(pool, consumers)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
-        Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
-        Bsmem = pool.alloc((stages, BLK_N, BLK_K), dtype, layout=B_layout)
+        Asmem = pool.alloc(plan.a_shape(stages), dtype, layout=A_layout)  # [stages, BLK_M, BLK_K] or MN-major
+        Bsmem = pool.alloc(plan.b_shape(stages), dtype, layout=B_layout)
         Esmem = pool.alloc(staging_shape, d_dtype, layout=E_layout)
         pool.commit()
         ring.init(releases=releases)

@@ -143,6 +143,7 @@ from . import common, epilogue, gemm, narrowtail
 PRESET = gemm.V9
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
 EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated")  # the operand spec's epilogues this preset builds (gemm_ladder.core.spec)
+MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] through transposed wgmma operands
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ def check(cfg: GemmConfig) -> None:
     common.check_cluster(cfg)
     common.check_schedule(cfg, grid=cluster_grid(cfg))
     common.check_dynamic_m(cfg)
+    common.check_majors(cfg)
     narrowtail.check(cfg)
 
 

@@ -113,13 +113,47 @@ def _load_gated_b(loads, stage, n_st, k, mbar, mask_b, hint_b) -> None:
                             hint_b)
 
 
+MN_BOX = 64  # M (or N) elements of an MN-major box: one 128-byte swizzle atom row of 16-bit values
+
+
+@T.inline
+def _tma_part_mn(Xsmem, X, stage, x_st, row0, rows, k, mbar, cta_mask, hints):
+    """An MN-major tile's (``Xsmem[stage]`` is ``[blk_k, rows]``, from X ``[K, M or N]``) columns
+    ``row0 .. row0+rows`` of K slice ``k``, multicast to ``cta_mask``: one box of ``blk_k`` rows
+    by 64 columns per 128-byte swizzle atom column (a box as wide as the part would make
+    ``tma_auto`` fold M into 64-wide groups, which needs M a multiple of 64)."""
+    BLK_K = T.meta_var(Xsmem.shape[1])
+    for j in T.unroll(rows // MN_BOX):
+        c0 = T.meta_var(row0 + j * MN_BOX)
+        Tx.copy_async(Xsmem[stage, :, c0:c0 + MN_BOX], X[k * BLK_K:k * BLK_K + BLK_K, x_st + c0:x_st + c0 + MN_BOX],
+                      dispatch="tma_auto", mbar=mbar, cta_mask=cta_mask, **hints)
+
+
+@T.inline
+def _tma_whole_mn(Xsmem, X, stage, x_st, rows, k, mbar, hints):
+    """An MN-major tile's K slice ``k`` whole, into this CTA alone, in boxes of ``blk_k`` rows
+    of K by 64 M (or N) elements (as :func:`_tma_part_mn`)."""
+    BLK_K = T.meta_var(Xsmem.shape[1])
+    for j in T.unroll(rows // MN_BOX):
+        Tx.copy_async(Xsmem[stage, :, j * MN_BOX:j * MN_BOX + MN_BOX],
+                      X[k * BLK_K:k * BLK_K + BLK_K, x_st + j * MN_BOX:x_st + j * MN_BOX + MN_BOX],
+                      dispatch="tma_auto", mbar=mbar, **hints)
+
+
+def _operand_loads(major: str):
+    """The part and whole loads of an operand stored ``major`` ("K" or "MN")."""
+    return (_tma_part, _tma_whole) if major == "K" else (_tma_part_mn, _tma_whole_mn)
+
+
 def _load_slice(loads: Producer, pos, m_st, n_st, k) -> None:
     """One thread: its CTA's share of the K slice ``k`` of a cluster's A and B tiles, into the
     ring slot of position ``pos``.
 
     A tile shared by ``cluster_n`` CTAs is loaded in ``cluster_n`` row parts, part ``rank_n`` by
     this CTA, multicast (``cta_mask``) into the same stage of every CTA that shares it; B likewise
-    over ``cluster_m``. An unshared tile is loaded whole, as in v7. Every CTA's full barrier
+    over ``cluster_m``. An unshared tile is loaded whole, as in v7. An MN-major operand (``[K, M]``
+in global, ``plan.a_major == "MN"``) is loaded in boxes of the other orientation: K rows by M
+columns, into its ``[blk_k, rows]`` tile. Every CTA's full barrier
     (tma2mma) still expects the bytes of the full A and B tiles: its own parts and its peers'
     land on it alike. (Plain Python around inline parts: which form each operand takes is decided
     at trace time.)
@@ -128,18 +162,20 @@ def _load_slice(loads: Producer, pos, m_st, n_st, k) -> None:
     mask_a, mask_b = multicast_masks(cm, cn, loads.rank_m, loads.rank_n)
     hint_a, hint_b = load_hints(c)
     stage, mbar = loads.ring.slot(pos), loads.ring.full_bar(pos)
+    part_a, whole_a = _operand_loads(loads.plan.a_major)
+    part_b, whole_b = _operand_loads(loads.plan.b_major)
     if cn > 1:
-        _tma_part(loads.a_smem, loads.a, stage, m_st, loads.rank_n * (c.blk_m // cn), c.blk_m // cn, k, mbar, mask_a,
-                  hint_a)
+        part_a(loads.a_smem, loads.a, stage, m_st, loads.rank_n * (c.blk_m // cn), c.blk_m // cn, k, mbar, mask_a,
+               hint_a)
     else:
-        _tma_whole(loads.a_smem, loads.a, stage, m_st, c.blk_m, k, mbar, hint_a)
+        whole_a(loads.a_smem, loads.a, stage, m_st, c.blk_m, k, mbar, hint_a)
     if loads.gated_n:
         _load_gated_b(loads, stage, n_st, k, mbar, mask_b, hint_b)
     elif cm > 1:
-        _tma_part(loads.b_smem, loads.b, stage, n_st, loads.rank_m * (c.blk_n // cm), c.blk_n // cm, k, mbar, mask_b,
-                  hint_b)
+        part_b(loads.b_smem, loads.b, stage, n_st, loads.rank_m * (c.blk_n // cm), c.blk_n // cm, k, mbar, mask_b,
+               hint_b)
     else:
-        _tma_whole(loads.b_smem, loads.b, stage, n_st, c.blk_n, k, mbar, hint_b)
+        whole_b(loads.b_smem, loads.b, stage, n_st, c.blk_n, k, mbar, hint_b)
     loads.ring.expect(pos, loads.plan.stage_bytes)
 
 
