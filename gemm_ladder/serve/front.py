@@ -7,6 +7,7 @@
     gemm_ladder.matmul(A, B, bias=b, activation="gelu_tanh")  # D = gelu(A . B^T + b), in fp32, then rounded
     gemm_ladder.matmul(A, B, alpha=0.5, residual=C, out=C)  # C = 0.5 A . B^T + C, in place, one kernel
     gemm_ladder.matmul(A, B, out_dtype=torch.float32)        # D in float32 (A, B 16-bit)
+    gemm_ladder.swiglu(x, W_gu)               # silu(x . Wg^T) * (x . Wu^T), W_gu = cat([Wg, Wu]): one kernel
     gemm_ladder.matmul(A, B, explain=True)    # also prints which kernel, from where, and why
 
 How a call finds its kernel (once per shape, dtype and GPU arch; then from memory)::
