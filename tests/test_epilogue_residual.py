@@ -3,6 +3,8 @@ v9's kernel (C loaded by TMA into the staging buffer and read back with ldmatrix
 fp32 parameters), the barrier checker on it, the front door's and the op's checks, fake tensors,
 and the torch fallback's formula against float64."""
 
+import sys
+
 import pytest
 import torch
 
@@ -372,3 +374,27 @@ def test_the_swiglu_op_has_fake_shapes_and_a_backward_that_matches_autograd():
     got = ops._swiglu_backward(ctx, g)
     for w, h_ in zip(want, got):
         assert torch.allclose(w, h_, rtol=1e-5, atol=1e-5)  # fp32 inside
+
+
+def test_the_gpu_checks_children_make_a_hang_and_a_crash_rows_and_go_on(tmp_path, monkeypatch):
+    """``run``'s checks never hang: a module that gives no result in time is a ``timeout`` row, one
+    that kills its child a ``crash`` row, and a new child goes on with the next (a stand-in child)."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    spec = importlib.util.spec_from_file_location("epilogue_check", sys_path_bench / "epilogue_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import json, os, sys, time\n"
+        "for job in sys.argv[2:]:\n"
+        "    path, M = job.rsplit(':', 1)\n"
+        "    if path.endswith('hang'): time.sleep(60)\n"
+        "    if path.endswith('crash'): os._exit(3)\n"
+        "    print('RESULT ' + json.dumps({'file': path, 'M': int(M), 'status': 'ok'}), flush=True)\n")
+    monkeypatch.setattr(mod, "__file__", str(child))
+    monkeypatch.setattr(mod, "CHECK_TIMEOUT", 2.0)
+    jobs = [(tmp_path / n, 8) for n in ("a", "hang", "b", "crash", "c")]
+    monkeypatch.setattr(mod.sys, "executable", sys.executable)
+    got = [r["status"] for r in mod.check_isolated(jobs)]
+    assert got == ["ok", "timeout", "ok", "crash", "ok"]
