@@ -337,7 +337,7 @@ def run(folder: str, out: str, rounds: int = ROUNDS, per_round: int = PER_ROUND)
         raise SystemExit(f"--out {out}: the results file's name must contain 'epilogue' (issue 31's format)")
     folder_p = Path(folder)
     doc = json.loads((folder_p / PLAN_FILE).read_text())
-    t0 = time.time()
+    t0, gpu_start = time.time(), harness.gpu_info(0)  # clocks and power before, and after (below)
     checks, passed = [], set()
     results = check_isolated([(folder_p / case["file"], case["shape"][0]) for case in doc["cases"]])
     for case, res in zip(doc["cases"], results):
@@ -361,7 +361,7 @@ def run(folder: str, out: str, rounds: int = ROUNDS, per_round: int = PER_ROUND)
         rows.append(row)
         print(f"time {row['op']} {row['M']}x{row['N']}x{row['K']}: kernel {row['kernel_ratio']:.3f}x, "
               f"call {row['call_ratio']:.3f}x the best torch path", flush=True)
-    result = {"gpu": harness.gpu_info(0), "run": harness.run_info(), "seconds": time.time() - t0,
+    result = {"gpu_start": gpu_start, "gpu": harness.gpu_info(0), "run": harness.run_info(), "seconds": time.time() - t0,
               "checks": checks, "rows": rows}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=1, default=str))
