@@ -1,0 +1,855 @@
+"""End to end on a GPU (issue 31): a Llama-style model on torch's ``nn.Linear`` against the same
+model patched onto our kernels (``gemm_ladder.nn.patch``), in inference and in training, bf16.
+
+The model is written here in plain torch (:class:`Llama`: RMSNorm, rotary attention with grouped
+KV heads through ``F.scaled_dot_product_attention``, a SwiGLU MLP of separate gate/up/down
+``nn.Linear``, an untied or tied LM head; every weight an ``nn.Linear``), from a :class:`Config`
+with random weights: no download, no ``transformers``, and a decode step with our own static KV
+cache that a CUDA graph captures.
+
+- inference (:data:`INFER_MODELS`: ``llama-8b-2l``, Llama-3.1-8B's widths with 2 layers, and
+  ``llama-125m``, 12 layers of width 768), each model in a process of its own: the torch model and
+  a deep copy patched with ``gemm_ladder.nn.patch``. Correctness first: the final hidden states
+  of a 1x512 prefill and the last logits, and the logits of a graph-replayed decode step at batch
+  8, against the same model in fp32 (TF32 off); ours passes where its relative error is at most
+  twice torch's bf16 model's own plus bf16's floor (``harness.ERROR_FLOOR``): rounding differs,
+  the error must not grow. Then prefill (eager, logits of the last position only, as generation
+  computes them) at each batch x sequence of
+  :data:`PREFILL`, and decode at each batch of :data:`DECODE` as one step captured in a CUDA graph
+  and replayed (static KV cache of :data:`DECODE_CONTEXT` positions, the new token attending to all);
+  torch and ours take turns in alternating rounds, median per-round times;
+- training (``llama-125m``: full depth, 12 layers): from the same initial weights and the same
+  batches (a fixed seed; sequences that walk a few fixed strides through part of the vocabulary,
+  so the loss falls), AdamW with fp32 master weights under bf16 autocast (what mixed-precision
+  training runs: the GEMMs in bf16, the optimizer state and updates in fp32), ``TRAIN["steps"]``
+  (150) steps of torch, ours and a yardstick run (torch from weights perturbed by 1e-3 relative noise:
+  how far two runs that differ only by rounding-size changes drift apart), one step of each in
+  turn; ``loss_ok`` per :func:`loss_ok`; step time the median over the steps after warm-up;
+- each phase runs in a child process with a deadline (``measure.isolate``): a hang costs its
+  phase, not the run. The front door runs strict (``GEMM_LADDER_STRICT=1``: a GEMM no module of
+  the pack serves is an error, never torch's matmul in disguise) and keeps the pack's choice
+  (``GEMM_LADDER_MEASURE=0``): every patched GEMM is our kernel. ``--front measured`` runs it as a
+  user gets it instead: the front door times the pack's modules against torch's matmul at each
+  shape's first call and keeps the faster (:data:`FRONT_MODES`).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/e2e_check.py prepare build/e2e                  # build box
+    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 GEMM_LADDER_PACK=build/e2e \\
+        python3 benchmarks/e2e_check.py run build/e2e --out out/e2e_check.json            # GPU box
+
+``prepare`` builds one kernel pack (through the module cache) holding every GEMM the runs make --
+:func:`pack_requests` of :func:`plan` -- and writes the plan to ``e2e.json`` beside ``pack.json``;
+``run`` needs the TVM runtime and torch only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+
+import gemm_ladder  # noqa: E402  (the front door: use_pack)
+import gemm_ladder.nn as gnn  # noqa: E402
+from gemm_ladder.core import cli_types, device, files  # noqa: E402
+from gemm_ladder.core.records import Int, List, Map, Obj, Str, read_json  # noqa: E402
+from gemm_ladder.core.spec import GemmSpec  # noqa: E402
+from gemm_ladder.measure import harness, isolate  # noqa: E402
+from gemm_ladder.measure.report import table as fmt  # noqa: E402
+from gemm_ladder.serve.kernel_pack import KernelPack, build_pack  # noqa: E402
+
+FORMAT = "gemm_ladder.e2e_check"
+PLAN_FILE = "e2e.json"
+DTYPE = "bfloat16"
+ARCH = "sm_90a"  # the pack's (H100)
+
+
+# -- the model (plain torch) --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """A Llama-style decoder's widths. ``tie``: the LM head shares the embedding's weight."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tie: bool = False
+    rope_theta: float = 500000.0
+    eps: float = 1e-5
+
+    def __post_init__(self):
+        if self.hidden % self.heads or self.heads % self.kv_heads or (self.hidden // self.heads) % 2:
+            raise ValueError(f"config {self.name}: hidden ({self.hidden}) must split into heads ({self.heads}) "
+                             f"of an even width, and heads into kv_heads ({self.kv_heads}) groups; e.g. hidden 768, "
+                             "heads 12, kv_heads 4")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """Each distinct ``nn.Linear`` of a layer, and the LM head: name -> weight (out, in)."""
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        return {"q_proj": (h, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, h),
+                "gate_proj": (self.intermediate, h), "up_proj": (self.intermediate, h),
+                "down_proj": (h, self.intermediate), "lm_head": (self.vocab, h)}
+
+    def params(self) -> int:
+        per_layer = sum(o * i for n, (o, i) in self.linears().items() if n != "lm_head") + 2 * self.hidden
+        head = 0 if self.tie else self.vocab * self.hidden
+        return self.layers * per_layer + self.vocab * self.hidden + head + self.hidden
+
+
+CONFIGS = {
+    # Llama-3.1-8B's widths with 2 of its 32 layers: every GEMM of the real model, 1/16 of the time
+    "llama-8b-2l": Config("llama-8b-2l", hidden=4096, layers=2, heads=32, kv_heads=8, intermediate=14336,
+                          vocab=128256),
+    # a full-depth ~125M model to train (untied: the LM head's dX and dW are GEMMs of their own)
+    "llama-125m": Config("llama-125m", hidden=768, layers=12, heads=12, kv_heads=4, intermediate=2048, vocab=32000,
+                         rope_theta=10000.0),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        # in fp32, as Llama does: a bf16 mean of squares loses the small rows
+        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rotary_tables(cfg: Config, positions: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [positions, head_dim] in fp32 (rotate-half convention)."""
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float32) / cfg.head_dim)
+    freqs = torch.outer(torch.arange(positions, device=device, dtype=torch.float32), inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rot.float() * sin).to(x.dtype)
+
+
+def _repeat_kv(x, groups: int):
+    """[B, kv, S, D] -> [B, kv * groups, S, D]: each KV head serves ``groups`` query heads (GQA;
+    repeated rather than ``enable_gqa`` so SDPA keeps its flash kernel)."""
+    if groups == 1:
+        return x
+    B, kv, S, D = x.shape
+    return x[:, :, None].expand(B, kv, groups, S, D).reshape(B, kv * groups, S, D)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.cfg = cfg
+        o = cfg.linears()
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(self, name, nn.Linear(o[name][1], o[name][0], bias=False))
+
+    def forward(self, x, cos, sin, cache=None, pos=None, mask=None):
+        """Prefill (``cache`` None: causal over x) or one decode step (x [B, 1, hidden]; the new
+        K and V written at ``pos``, a 1-element device tensor, then attending to the cache under
+        ``mask``)."""
+        cfg = self.cfg
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, cfg.heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, S, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, S, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        groups = cfg.heads // cfg.kv_heads
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, _repeat_kv(k, groups), _repeat_kv(v, groups), is_causal=True)
+        else:
+            k_cache, v_cache = cache
+            k_cache.index_copy_(2, pos, k)
+            v_cache.index_copy_(2, pos, v)
+            y = _decode_attention(q, k_cache, v_cache, mask)
+        return self.o_proj(y.transpose(1, 2).reshape(B, S, cfg.hidden))
+
+
+def _decode_attention(q, k, v, mask):
+    """One query position against the whole cache, grouped by KV head (query head h reads KV head
+    h // groups, as :func:`_repeat_kv` pairs them) without repeating the cache: at batch 64 the
+    repeat would copy more bytes than the step's weights. q [B, H, 1, D], k and v [B, kv, L, D],
+    ``mask`` [1, 1, 1, L]."""
+    B, H, _, D = q.shape
+    kv = k.shape[1]
+    qg = q.view(B, kv, H // kv, D)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * D ** -0.5  # [B, kv, groups, L]
+    p = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(q.dtype)
+    return torch.matmul(p, v).view(B, H, 1, D)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden, cfg.eps)
+        self.attn = Attention(cfg)
+        self.post_norm = RMSNorm(cfg.hidden, cfg.eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache=None, pos=None, mask=None):
+        x = x + self.attn(self.input_norm(x), cos, sin, cache, pos, mask)
+        return x + self.mlp(self.post_norm(x))
+
+
+class Llama(nn.Module):
+    """A Llama-style decoder: ``forward(tokens)`` gives the logits of every position (training),
+    ``hidden(tokens)`` the final normed states, ``decode(tokens, pos, cache, mask)`` one step."""
+
+    def __init__(self, cfg: Config, max_positions: int = 8192):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.hidden, cfg.eps)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        if cfg.tie:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rotary_tables(cfg, max_positions, device=self.embed.weight.device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def init_weights(self, seed: int, std: float = 0.02) -> "Llama":
+        """Llama's initialisation (normal, std 0.02; norms at 1), from ``seed``."""
+        g = torch.Generator(device=self.embed.weight.device).manual_seed(seed)
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    m.weight.copy_(torch.randn(m.weight.shape, generator=g, device=m.weight.device) * std)
+                elif isinstance(m, RMSNorm):
+                    m.weight.fill_(1.0)
+        return self
+
+    def hidden(self, tokens):
+        S = tokens.shape[1]
+        x = self.embed(tokens)
+        cos, sin = self.cos[:S], self.sin[:S]
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+    def forward(self, tokens, last_only: bool = False):
+        h = self.hidden(tokens)
+        return self.lm_head(h[:, -1] if last_only else h)
+
+    def new_cache(self, batch: int, length: int) -> list:
+        w = self.embed.weight
+        shape = (batch, self.cfg.kv_heads, length, self.cfg.head_dim)
+        return [(torch.zeros(shape, device=w.device, dtype=w.dtype), torch.zeros(shape, device=w.device, dtype=w.dtype))
+                for _ in self.layers]
+
+    def decode(self, tokens, pos, cache, mask):
+        """One step: tokens [B, 1] at position ``pos`` (a 1-element long tensor on the model's
+        device, so a captured graph reads it at replay); ``mask`` [1, 1, 1, length] says which
+        cache positions it sees. Logits [B, vocab]."""
+        x = self.embed(tokens)
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        for layer, kv in zip(self.layers, cache):
+            x = layer(x, cos, sin, kv, pos, mask)
+        return self.lm_head(self.norm(x)[:, -1])
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The names of ``model``'s modules whose type is exactly ``nn.Linear`` (what ``patch`` swaps)."""
+    return [n for n, m in model.named_modules() if type(m) is nn.Linear]  # pylint: disable=unidiomatic-typecheck
+
+
+# -- the plan and the pack (no GPU) -------------------------------------------------------------
+INFER_MODELS = ("llama-8b-2l", "llama-125m")  # real widths, and a small model at full depth
+PREFILL = ((1, 512), (4, 2048), (8, 4096))  # batch x sequence
+DECODE = (1, 8, 64)  # batch
+DECODE_CONTEXT = 1024  # cache positions; the timed step is the last, attending to all of them
+CHECK_PREFILL = (1, 512)  # the prefill the correctness check runs (one of PREFILL: its modules are built)
+CHECK_DECODE = 8  # likewise one of DECODE
+TRAIN = {"model": "llama-125m", "batch": 8, "seq": 512, "steps": 150, "warmup": 20, "lr": 6e-4, "seed": 31}
+LOSS_WINDOW, LOSS_LAST = 10, 50  # moving-average window, and the last steps compared
+LOSS_TOL = 0.02  # the least tolerance of loss_ok, as a fraction of torch's loss (see loss_ok)
+LOSS_YARDSTICK_X = 3.0  # ...or this many times the yardstick run's drift, where that is larger
+PERTURB = 1e-3  # the yardstick run's relative noise on the initial weights
+ROUNDS, PREFILL_REPS, DECODE_REPLAYS = 5, 3, 20
+
+_MODEL = Obj({"name": Str(), **{k: Int(lo=1) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate",
+                                                          "vocab")}})
+PLAN_SCHEMA = Obj({"format": Str([FORMAT]),
+                   "models": Map(_MODEL),
+                   "inference": Obj({"models": List(Str(), min_len=1),
+                                     "prefill": List(List(Int(lo=1), length=2)),
+                                     "decode": List(Int(lo=1)), "decode_context": Int(lo=2),
+                                     "check_prefill": List(Int(lo=1), length=2), "check_decode": Int(lo=1)}),
+                   "train": Obj({"model": Str(), "batch": Int(lo=1), "seq": Int(lo=2),
+                                 "steps": Int(lo=LOSS_LAST + LOSS_WINDOW), "warmup": Int(lo=0)}),
+                   "gemms": List(Obj({"layout": Str(["KK", "KN", "MN"]), "M": Int(lo=1), "N": Int(lo=1),
+                                      "K": Int(lo=1), "why": Str()}))})
+LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MN": ("M", "N")}  # forward, dX = dY . W, dW = dY^T . X
+
+
+def forward_gemms(cfg: Config, rows: int, head_rows: int | None = None) -> list[tuple[int, int, int]]:
+    """(M, N, K) of a forward over ``rows`` tokens: each distinct layer weight at ``rows``, the LM
+    head at ``head_rows`` (default ``rows``; a prefill's logits are the last position's)."""
+    shapes = []
+    for name, (n_out, k_in) in cfg.linears().items():
+        shapes.append((rows if name != "lm_head" else (head_rows or rows), n_out, k_in))
+    return sorted(set(shapes))
+
+
+def backward_gemms(cfg: Config, rows: int) -> dict[str, list[tuple[int, int, int]]]:
+    """The op's backward for every weight at ``rows`` tokens: dX = dY . W (M = rows, N = k_in,
+    K = n_out, W read [n_out, k_in] as it lies: KN) and dW = dY^T . X (M = n_out, N = k_in,
+    K = rows, both read as they lie: MN)."""
+    ws = sorted(set(cfg.linears().values()))
+    return {"KN": [(rows, k, n) for n, k in ws], "MN": [(n, k, rows) for n, k in ws]}
+
+
+def plan() -> dict:
+    """What ``prepare`` writes to :data:`PLAN_FILE`: the models, the runs, and every GEMM they make."""
+    tr = CONFIGS[TRAIN["model"]]
+    gemms: dict = {}
+
+    def add(layout, shapes, why):
+        for s in shapes:
+            gemms.setdefault((layout, *s), why)
+
+    for inf in (CONFIGS[n] for n in INFER_MODELS):
+        for b, s in PREFILL:
+            add("KK", forward_gemms(inf, b * s, head_rows=b), f"{inf.name} prefill {b}x{s}")
+        for b in DECODE:
+            add("KK", forward_gemms(inf, b), f"{inf.name} decode {b}")
+    rows = TRAIN["batch"] * TRAIN["seq"]
+    add("KK", forward_gemms(tr, rows), "train forward")
+    for layout, shapes in backward_gemms(tr, rows).items():
+        add(layout, shapes, f"train backward {'dX' if layout == 'KN' else 'dW'}")
+    return {"format": FORMAT, "models": {n: dataclasses.asdict(c) for n, c in CONFIGS.items()},
+            "inference": {"models": list(INFER_MODELS), "prefill": [list(p) for p in PREFILL], "decode": list(DECODE),
+                          "decode_context": DECODE_CONTEXT,
+                          "check_prefill": list(CHECK_PREFILL), "check_decode": CHECK_DECODE},
+            "train": dict(TRAIN),
+            "gemms": [{"layout": lay, "M": M, "N": N, "K": K, "why": why}
+                      for (lay, M, N, K), why in sorted(gemms.items())]}
+
+
+def pack_requests(doc: dict) -> list[dict]:
+    """The ``build_pack`` calls that build every GEMM of the plan: one per layout, bf16, no epilogue."""
+    groups: dict = {}
+    for g in doc["gemms"]:
+        groups.setdefault(g["layout"], set()).add((g["M"], g["N"], g["K"]))
+    return [{"layouts": [LAYOUTS[lay]], "dtypes": [DTYPE], "epilogues": ["none"], "shapes": sorted(shapes)}
+            for lay, shapes in sorted(groups.items())]
+
+
+def unserved(pack: KernelPack, doc: dict, arch: str) -> list[str]:
+    """The plan's GEMMs that no module of ``pack`` serves as built for (an exact M, or a runtime-M
+    module whose tuned range holds M): what ``run`` would find missing (strict: an error) or
+    served by a module made for other M."""
+    out = []
+    for g in doc["gemms"]:
+        a_major, b_major = LAYOUTS[g["layout"]]
+        spec = GemmSpec(a=DTYPE, b=DTYPE, d=DTYPE, a_major=a_major, b_major=b_major)
+        found = pack.find(g["M"], g["N"], g["K"], DTYPE, arch, spec)
+        if found is None or found.fit not in ("exact", "tuned-range"):
+            out.append(f"{g['layout']} {g['M']}x{g['N']}x{g['K']} ({g['why']}): "
+                       f"{'no module' if found is None else found.fit}")
+    return out
+
+
+def config_of(doc: dict, name: str) -> Config:
+    """The plan's model ``name`` (a run names models the plan's ``models`` holds)."""
+    if name not in doc["models"]:
+        raise ValueError(f"the plan runs model {name!r} but holds only {', '.join(doc['models'])}: "
+                         "run prepare again")
+    return Config(**doc["models"][name])
+
+
+# -- the rules (no GPU) -------------------------------------------------------------------------
+def smooth(xs: list[float], window: int = LOSS_WINDOW) -> list[float]:
+    """The trailing moving average (the first ``window - 1`` over what there is)."""
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= window:
+            acc -= xs[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def drift(losses: list[float], ref: list[float], last: int = LOSS_LAST) -> float:
+    """Mean |smoothed difference| over the last ``last`` steps, as a fraction of ``ref``'s mean
+    smoothed loss there."""
+    if len(losses) != len(ref) or len(ref) < last:
+        raise ValueError(f"drift: two curves of the same length, at least {last} steps (got {len(losses)} "
+                         f"and {len(ref)})")
+    a, b = smooth(losses)[-last:], smooth(ref)[-last:]
+    return sum(abs(x - y) for x, y in zip(a, b)) / last / (sum(b) / last)
+
+
+def loss_ok(ours: list[float], torch_losses: list[float], yardstick: list[float] | None = None) -> dict:
+    """Whether our loss curve tracks torch's: both finite, ours fell as far as half of torch's fall,
+    and its drift from torch's (:func:`drift`) is at most :data:`LOSS_TOL` of the loss or
+    :data:`LOSS_YARDSTICK_X` times the yardstick run's drift, the larger. Why: bf16 GEMMs that
+    sum in another order round differently, and the two trajectories then drift apart chaotically
+    -- bitwise equality is not expected -- but by what any rounding-size change causes (the
+    yardstick measures it); a wrong gradient shows as a curve that stops falling or leaves by
+    several percent."""
+    finite = all(math.isfinite(x) for x in ours + torch_losses)
+    if not finite:
+        return {"ok": False, "why": "a loss is not finite"}
+    d = drift(ours, torch_losses)
+    yd = drift(yardstick, torch_losses) if yardstick else None
+    tol = max(LOSS_TOL, LOSS_YARDSTICK_X * yd) if yd is not None else LOSS_TOL
+    s_ours, s_torch = smooth(ours), smooth(torch_losses)
+    fell = (s_ours[0] - s_ours[-1]) >= 0.5 * (s_torch[0] - s_torch[-1]) and s_torch[-1] < s_torch[0]
+    ok = fell and d <= tol
+    why = ("tracks torch's" if ok else "did not fall as torch's did" if not fell else
+           f"drifts {d:.4f} of the loss from torch's (tolerance {tol:.4f})")
+    return {"ok": ok, "drift": d, "yardstick_drift": yd, "tolerance": tol, "fell": fell, "why": why}
+
+
+def error_ok(rel: float, torch_rel: float) -> bool:
+    """Ours within twice torch's own bf16 error against the fp32 model, plus bf16's floor."""
+    return math.isfinite(rel) and rel <= 2 * torch_rel + harness.ERROR_FLOOR[DTYPE]
+
+
+def train_batch(cfg: Config, batch: int, seq: int, step: int, seed: int, device=None):
+    """Step ``step``'s tokens: each row walks one of 8 strides through the first ``span`` ids from a
+    random start (mod span), so a model can learn it; the same for every run of a seed."""
+    span = min(cfg.vocab, 2048)
+    g = torch.Generator(device=device or "cpu").manual_seed(seed * 100003 + step)
+    start = torch.randint(span, (batch, 1), generator=g, device=device)
+    stride = torch.randint(1, 9, (batch, 1), generator=g, device=device)
+    seqs = (start + stride * torch.arange(seq + 1, device=device)) % span
+    return seqs[:, :-1], seqs[:, 1:]
+
+
+def geomean(xs) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+# -- prepare (build box) ------------------------------------------------------------------------
+def prepare(out, sms: int, workers: int | None = None) -> int:
+    doc = plan()
+    results = []
+    for req in pack_requests(doc):
+        man = build_pack(out, req["shapes"], req["dtypes"], arch=ARCH, sms=sms, workers=workers,
+                         epilogues=req["epilogues"],
+                         layouts=req["layouts"], request={"by": "benchmarks/e2e_check.py"})
+        results += man["results"]
+    failed = [r for r in results if r["status"] == "failed"]
+    for r in failed:
+        print(f"failed: {r['file']}: {r.get('detail')}", file=sys.stderr)
+    files.write_json(Path(out) / PLAN_FILE, doc)
+    missing = unserved(KernelPack(out), doc, ARCH)
+    for m in missing:
+        print(f"not served as planned: {m}", file=sys.stderr)
+    size = sum(p.stat().st_size for p in Path(out).iterdir() if p.is_file())
+    print(f"{len({r['file'] for r in results})} modules for {len(doc['gemms'])} GEMMs, {size / 2**20:.1f} MiB in {out}")
+    return 1 if failed or missing else 0
+
+
+# -- the GPU side (a CPU dry run for the tests: eager steps, wall clock) ----------------------------
+class Span:
+    """A timed span on ``dev``'s queue: CUDA events on a GPU (what ran between them there), the
+    wall clock elsewhere."""
+
+    def __init__(self, dev: torch.device):
+        self.cuda = dev.type == "cuda"
+        self.t0 = self.t1 = 0.0
+        if self.cuda:
+            self.e0, self.e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        if self.cuda:
+            self.e0.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.e1.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def ms(self) -> float:
+        if self.cuda:
+            self.e1.synchronize()
+            return self.e0.elapsed_time(self.e1)
+        return (self.t1 - self.t0) * 1e3
+
+
+def _mean_ms(fn, reps: int, dev: torch.device) -> float:
+    """Mean milliseconds of ``reps`` calls of ``fn`` queued back to back."""
+    span = Span(dev)
+    span.start()
+    for _ in range(reps):
+        fn()
+    span.stop()
+    return span.ms() / reps
+
+
+def _alternate(fns: dict, rounds: int, reps: int, dev: torch.device) -> dict:
+    """Median over ``rounds`` of each fn's mean time, the fns taking turns (order flipped each
+    round, so neither always runs on the clocks the other left)."""
+    got: dict = {n: [] for n in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            got[n].append(_mean_ms(fns[n], reps, dev))
+    return {n: statistics.median(v) for n, v in got.items()}
+
+
+def _rel(x, ref) -> float:
+    x, ref = x.double(), ref.double()
+    return torch.nan_to_num(x - ref, nan=float("inf")).norm().item() / (ref.norm().item() or 1.0)
+
+
+def _free(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+FRONT_MODES = {
+    # every patched GEMM on a kernel of the pack (a GEMM none serves is an error, never torch's
+    # matmul in disguise), the pack's choice, nothing timed at first use: our kernels' own speed
+    "strict": {"GEMM_LADDER_STRICT": "1", "GEMM_LADDER_MEASURE": "0"},
+    # what a user gets: the front door times the pack's modules against torch's matmul at each
+    # shape's first call and keeps the faster (torch's where it wins), as it does by default
+    "measured": {"GEMM_LADDER_STRICT": "0", "GEMM_LADDER_MEASURE": "1"},
+}
+
+
+def _use_front(folder, mode: str) -> None:
+    """The front door on this pack in ``mode`` (:data:`FRONT_MODES`)."""
+    os.environ.update(FRONT_MODES[mode])
+    gemm_ladder.use_pack(folder)
+
+
+@dataclass
+class DecodeStep:
+    """One decode step of a model at a batch: ``replay()`` runs it (a CUDA graph's replay on a
+    GPU), ``logits`` holds its output, ``state`` its inputs (tokens, pos, cache, mask)."""
+
+    replay: object
+    logits: torch.Tensor
+    state: tuple
+
+
+def decode_step(model, batch: int, length: int, seed: int) -> DecodeStep:
+    """A decode step of ``model`` with its static cache (filled with seeded random K and V, the
+    same for every model at a seed); the new token sits at the last position. On a GPU the step
+    is captured in a CUDA graph after three warm-up runs on a side stream (which also load every
+    module: the front door must not load inside capture)."""
+    dev = model.embed.weight.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    cache = model.new_cache(batch, length)
+    for k, v in cache:
+        k.copy_(torch.randn(k.shape, generator=g, device=dev))
+        v.copy_(torch.randn(v.shape, generator=g, device=dev))
+    tokens = torch.randint(model.cfg.vocab, (batch, 1), generator=g, device=dev)
+    pos = torch.tensor([length - 1], device=dev)
+    mask = (torch.arange(length, device=dev) <= pos).view(1, 1, 1, length)
+    state = (tokens, pos, cache, mask)
+    if dev.type != "cuda":
+        logits = model.decode(*state)
+        return DecodeStep(lambda: logits.copy_(model.decode(*state)), logits, state)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model.decode(*state)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits = model.decode(*state)
+    return DecodeStep(graph.replay, logits, state)
+
+
+def phase_job(item: str, args) -> dict:
+    """An isolated job (``measure.isolate``, ``package.module:function``): ``item`` is the phase
+    (``inference:MODEL`` or ``train``); ``args``: the pack folder."""
+    folder, mode = args[0], (args[1] if len(args) > 1 else "strict")
+    doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", "run prepare again", PLAN_SCHEMA)
+    if item not in phases_of(doc):
+        raise ValueError(f"unknown phase {item!r}: " + ", ".join(phases_of(doc)))
+    if mode not in FRONT_MODES:
+        raise ValueError(f"unknown front-door mode {mode!r}: " + ", ".join(FRONT_MODES))
+    _use_front(folder, mode)
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference is fp32
+    if item == "train":
+        return train(doc)
+    return inference(doc, item.partition(":")[2])
+
+
+def phases_of(doc: dict, only=("inference", "train")) -> list[str]:
+    """The isolated phases of the plan (each a child process): inference of each model, training;
+    ``only``: those kinds."""
+    items = [f"inference:{m}" for m in doc["inference"]["models"]] + ["train"]
+    return [i for i in items if i.partition(":")[0] in only]
+
+
+def _row(phase: str, cfg: Config, batch: int, tokens: int, ms: dict, t0: float, **extra) -> dict:
+    """A timed row of the results format (``tokens``: processed per call; ``t0``, ``t1``: when it
+    was timed, for the clocks ``run`` sampled)."""
+    return {"t0": t0, "t1": time.time(), "phase": phase, "model": cfg.name, "batch": batch, "tokens": tokens,
+            **extra, "torch_ms": ms["torch"], "ours_ms": ms["ours"], "ratio_to_torch": ms["torch"] / ms["ours"],
+            "tokens_per_s": tokens / ms["ours"] * 1e3, "torch_tokens_per_s": tokens / ms["torch"] * 1e3}
+
+
+def inference(doc: dict, model: str, dev: str = "cuda") -> dict:
+    """Correctness against the fp32 model, then prefill and decode timings (see the module
+    docstring); ``dev`` other than cuda: a dry run of the same steps (tests)."""
+    inf = doc["inference"]
+    cfg = config_of(doc, model)
+    dev = torch.device(dev)
+    positions = max([s for _, s in inf["prefill"]] + [inf["decode_context"]])
+    with torch.device(dev):
+        base = Llama(cfg, positions).to(torch.bfloat16).init_weights(seed=8)
+        base.cos, base.sin = rotary_tables(cfg, positions, device=dev)  # the angles stay fp32, as Llama's
+    base.eval()
+    ours = copy.deepcopy(base)
+    swapped = gnn.patch(ours, verbose=False)
+    models = {"torch": base, "ours": ours}
+    out: dict = {"status": "ok", "swapped": len(swapped), "rows": []}
+    g = torch.Generator(device=dev).manual_seed(5)
+    with torch.inference_mode():
+        # correctness: a prefill's hidden states and last logits, and a decode step, against fp32
+        b, s = inf["check_prefill"]
+        tokens = torch.randint(cfg.vocab, (b, s), generator=g, device=dev)
+        ref = copy.deepcopy(base).float()
+        ref_h = ref.hidden(tokens)
+        refs = {"hidden": ref_h, "logits": ref.lm_head(ref_h[:, -1])}
+        got = {n: {"hidden": m.hidden(tokens), "logits": m(tokens, last_only=True)} for n, m in models.items()}
+        check: dict = {"prefill": [b, s]}
+        for what, r in refs.items():
+            rel, trel = _rel(got["ours"][what], r), _rel(got["torch"][what], r)
+            check[what] = {"rel_err": rel, "torch_rel_err": trel,
+                           "ours_vs_torch": _rel(got["ours"][what], got["torch"][what]), "ok": error_ok(rel, trel)}
+        steps = {n: decode_step(m, inf["check_decode"], inf["decode_context"], seed=9) for n, m in models.items()}
+        for st in steps.values():
+            st.replay()
+        tok, pos, cache, mask = steps["torch"].state
+        ref_step = ref.decode(tok, pos, [(k.float(), v.float()) for k, v in cache], mask)
+        rel, trel = _rel(steps["ours"].logits, ref_step), _rel(steps["torch"].logits, ref_step)
+        check["decode"] = {"batch": inf["check_decode"], "rel_err": rel, "torch_rel_err": trel,
+                           "ok": error_ok(rel, trel)}
+        del ref, ref_h, refs, got, steps, ref_step
+        _free(dev)
+        out["check"] = check
+        if not all(check[k]["ok"] for k in ("hidden", "logits", "decode")):
+            out["status"] = "wrong"
+            return out  # nothing timed on wrong answers
+
+        for b, s in inf["prefill"]:
+            tokens = torch.randint(cfg.vocab, (b, s), generator=g, device=dev)
+            fns = {n: (lambda m=m: m(tokens, last_only=True)) for n, m in models.items()}
+            for fn in fns.values():
+                fn()
+            t0 = time.time()
+            ms = _alternate(fns, ROUNDS, PREFILL_REPS, dev)
+            out["rows"].append(_row("prefill", cfg, b, b * s, ms, t0, seq=s))
+            del tokens, fns
+            _free(dev)
+        for b in inf["decode"]:
+            steps = {n: decode_step(m, b, inf["decode_context"], seed=10 + b) for n, m in models.items()}
+            t0 = time.time()
+            ms = _alternate({n: st.replay for n, st in steps.items()}, ROUNDS, DECODE_REPLAYS, dev)
+            out["rows"].append(_row("decode", cfg, b, b, ms, t0, context=inf["decode_context"],
+                                    cuda_graph=dev.type == "cuda"))
+            del steps
+            _free(dev)
+    return out
+
+
+def train(doc: dict, dev: str = "cuda") -> dict:
+    """torch, ours and the yardstick run from the same weights on the same batches, a step of each
+    in turn (see the module docstring); ``dev`` other than cuda: a dry run (tests)."""
+    tr = doc["train"]
+    cfg = config_of(doc, tr["model"])
+    dev = torch.device(dev)
+    with torch.device(dev):
+        base = Llama(cfg, tr["seq"]).init_weights(seed=tr["seed"])  # fp32 master weights
+    models = {"torch": base, "ours": copy.deepcopy(base), "yardstick": copy.deepcopy(base)}
+    swapped = gnn.patch(models["ours"], verbose=False)
+    g = torch.Generator(device=dev).manual_seed(tr["seed"] + 1)
+    with torch.no_grad():
+        for p in models["yardstick"].parameters():
+            p.mul_(1 + PERTURB * torch.randn(p.shape, generator=g, device=dev))
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=tr["lr"], betas=(0.9, 0.95), weight_decay=0.1,
+                                 fused=dev.type == "cuda")
+            for n, m in models.items()}
+    warm = max(1, tr["warmup"])
+    scheds = {n: torch.optim.lr_scheduler.LambdaLR(o, lambda i: min(1.0, (i + 1) / warm)) for n, o in opts.items()}
+    losses: dict = {n: [] for n in models}
+    spans: dict = {n: [] for n in models}
+
+    def step(name, x, y):
+        m, opt = models[name], opts[name]
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            logits = m(x)
+        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=dev.type == "cuda")
+        opt.step()
+        scheds[name].step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    names = list(models)
+    t0 = time.time()
+    for i in range(tr["steps"]):
+        x, y = train_batch(cfg, tr["batch"], tr["seq"], i, tr["seed"], device=dev)
+        for n in (names if i % 2 == 0 else names[::-1]):
+            span = Span(dev)
+            span.start()
+            losses[n].append(step(n, x, y))
+            span.stop()
+            spans[n].append(span)
+    losses = {n: torch.stack(v).tolist() for n, v in losses.items()}
+    ms = {n: statistics.median(sp.ms() for sp in v[tr["warmup"]:]) for n, v in spans.items()}
+    rule = loss_ok(losses["ours"], losses["torch"], losses["yardstick"])
+    row = {"t0": t0, "t1": time.time(), "phase": "train", "model": cfg.name, "params": cfg.params(),
+           "batch": tr["batch"], "seq": tr["seq"], "tokens": tr["batch"] * tr["seq"], "steps": tr["steps"],
+           "precision": "bf16 autocast, fp32 master weights", "optimizer": "AdamW", "torch_step_ms": ms["torch"],
+           "ours_step_ms": ms["ours"], "yardstick_step_ms": ms["yardstick"], "ratio_to_torch": ms["torch"] / ms["ours"],
+           "tokens_per_s": tr["batch"] * tr["seq"] / ms["ours"] * 1e3, "loss_ok": rule["ok"],
+           "loss_rule": rule, "first_loss": losses["torch"][0], "final_loss_torch": smooth(losses["torch"])[-1],
+           "final_loss_ours": smooth(losses["ours"])[-1], "losses": losses}
+    return {"status": "ok" if rule["ok"] else "wrong", "swapped": len(swapped), "rows": [row]}
+
+
+# -- run ----------------------------------------------------------------------------------------
+PHASE_TIMEOUT = {"inference": 150.0, "train": 90.0}  # seconds a phase's child may go without a result
+
+
+def table(rows: list[dict]) -> str:
+    out = [{"phase": r["phase"], "model": r["model"], "batch": r["batch"], "tokens": r["tokens"],
+            "torch ms": f"{r.get('torch_ms', r.get('torch_step_ms', 0)):.3f}",
+            "ours ms": f"{r.get('ours_ms', r.get('ours_step_ms', 0)):.3f}",
+            "x torch": f"{r['ratio_to_torch']:.3f}", "loss ok": {True: "yes", False: "NO"}.get(r.get("loss_ok"), "")}
+           for r in rows]
+    return fmt(out, list(out[0])) if out else "no rows"
+
+
+def phase_line(phase: str, res: dict) -> str:
+    """One line on a finished phase: its status, the errors of its checks, or what went wrong."""
+    checks = "; ".join(f"{k} rel err {v['rel_err']:.2e} (torch {v['torch_rel_err']:.2e})"
+                       for k, v in res.get("check", {}).items() if isinstance(v, dict))
+    detail = str(res.get("detail", ""))[-300:]
+    return " ".join(x for x in (f"{phase}: {res.get('status')}", checks, detail) if x)
+
+
+def summarize(results: dict, rows: list[dict]) -> dict:
+    """Per phase and model of the rows: how many, the geomean and least ratio to torch, and (train)
+    whether the loss check passed; per isolated phase its status."""
+    out: dict = {"status": {p: r.get("status") for p, r in results.items()}}
+    for key in sorted({(r["phase"], r["model"]) for r in rows}):
+        part = [r for r in rows if (r["phase"], r["model"]) == key]
+        ratios = [r["ratio_to_torch"] for r in part]
+        out[f"{key[0]} {key[1]}"] = {"rows": len(part), "geomean_ratio": geomean(ratios), "min_ratio": min(ratios),
+                                     **({"loss_ok": all(r["loss_ok"] for r in part)} if key[0] == "train" else {})}
+    return out
+
+
+def run(folder, out, only=("inference", "train"), mode: str = "strict") -> int:
+    """Each phase in a child with its deadline; writes ``out``. 0 once written, 2 where it cannot run."""
+    why = device.why_no_gpu(index=0)
+    if why is not None:
+        print(f"e2e_check run: no GPU ({why}): run it on the GPU box", file=sys.stderr)
+        return 2
+    fix = f"run benchmarks/e2e_check.py prepare {folder} on the build box and carry the folder here"
+    try:
+        doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", fix, PLAN_SCHEMA)
+        for name in [*doc["inference"]["models"], doc["train"]["model"]]:
+            config_of(doc, name)
+        missing = unserved(KernelPack(folder), doc, device.arch_of(0))
+    except ValueError as err:  # a bad plan or pack (RecordError, PackError), or a model the plan lacks
+        print(f"e2e_check run: {err}", file=sys.stderr)
+        return 2
+    if missing:
+        print(f"e2e_check run: the pack in {folder} does not serve {len(missing)} GEMM(s) of the plan on this GPU "
+              f"({missing[0]}{', ...' if len(missing) > 1 else ''}): {fix}", file=sys.stderr)
+        return 2
+    start = time.time()
+    gpu = harness.gpu_info()
+    job = f"{__name__ if __name__ != '__main__' else 'benchmarks.e2e_check'}:phase_job"
+    results = {}
+    sampler = Sampler()
+    for phase in phases_of(doc, only):
+        t0 = time.time()
+        deadline = PHASE_TIMEOUT[phase.partition(":")[0]]
+        results[phase] = isolate.run_batch(job, [phase], [str(folder), mode], timeout=deadline, explain=False)[0]
+        results[phase]["clocks"] = sampler.between(t0, time.time())
+        print(f"{phase_line(phase, results[phase])} ({time.time() - start:.0f} s)", file=sys.stderr)
+    rows = [r for res in results.values() for r in res.get("rows", [])]
+    for r in rows:  # the SM clock and power while the row was timed
+        r["clocks"] = sampler.between(r.pop("t0"), r.pop("t1"))
+    sampler.stop()
+    summary = summarize(results, rows)
+    result = {"format": FORMAT, "version": 1, "gpu": gpu, "gpu_after": harness.gpu_info(), **harness.run_info(),
+              "seconds": round(time.time() - start, 1), "method": __doc__.split("\n\n")[2].strip(),
+              "front_door": {"mode": mode, "env": FRONT_MODES[mode]},
+              "summary": summary,
+              "phases": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in results.items()},
+              "rows": rows}
+    files.write_json(out, result)
+    print(table(rows))
+    print(f"{result['seconds']:.0f} s; wrote {out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("prepare", help="build box: the kernel pack of every GEMM of the runs, and the plan")
+    pr.add_argument("out", help="the folder to build (and carry to the GPU box)")
+    pr.add_argument("--sms", type=cli_types.count, default=132, help="SM count the policy plans for (H100 SXM)")
+    pr.add_argument("--workers", type=cli_types.count, default=None)
+    r = sub.add_parser("run", help="GPU box: inference and training, torch against patched")
+    r.add_argument("folder", help="the folder prepare built")
+    r.add_argument("--out", type=cli_types.out_file, default="e2e_check.json")
+    r.add_argument("--phase", choices=("inference", "train"), action="append", help="only these phases (default both)")
+    r.add_argument("--front", choices=list(FRONT_MODES), default="strict",
+                   help="strict: every patched GEMM ours (default); measured: the front door's timed choice, "
+                        "torch's matmul where it is faster")
+    a = p.parse_args(argv)
+    if a.cmd == "prepare":
+        return prepare(a.out, a.sms, a.workers)
+    if "e2e" not in Path(a.out).name:
+        p.error(f"--out {a.out}: the results file's name must contain 'e2e' (issue 31's results format)")
+    return run(a.folder, a.out, tuple(a.phase or ("inference", "train")), a.front)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
