@@ -47,7 +47,7 @@ from __future__ import annotations
 import os
 
 from .core.config import ConfigError, GemmConfig
-from .serve.front import matmul as _matmul, use_pack as _use
+from .serve.front import matmul as _matmul, swiglu as _swiglu, use_pack as _use
 from .serve.grouped import grouped_mm, use_grouped_module
 from .serve.scaled import quantize_fp8 as _quantize_fp8, scaled_mm as _scaled_mm
 from .serve.runtime import load as _load
@@ -56,6 +56,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError", "GemmConfig", "build", "grouped_mm", "load", "make_config", "matmul", "quantize_fp8", "scaled_mm",
+    "swiglu",
     "use_grouped_module", "use_pack",
     "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
     "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11", "hgemm_v12",
@@ -128,10 +129,18 @@ def load(path):
     return _load(path)
 
 
-def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None):
-    """D = act(A . B^T (+ bias [N])) for any shape (A [..., K], B [N, K]; ``activation``: relu,
-    gelu_tanh, gelu_erf, silu or None): see :mod:`gemm_ladder.serve.front`."""
-    return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias, activation=activation)
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None,
+           alpha: float = 1.0, residual=None, beta: float = 1.0, out_dtype=None):
+    """D = act(alpha . A . B^T (+ bias [N])) (+ beta . residual) for any shape (A [..., K], B [N, K];
+    ``activation``: relu, gelu_tanh, gelu_erf, silu or None; ``residual`` may be ``out``: in place;
+    ``out_dtype``: None or torch.float32): see :mod:`gemm_ladder.serve.front`."""
+    return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias, activation=activation, alpha=alpha,
+                   residual=residual, beta=beta, out_dtype=out_dtype)
+
+
+def swiglu(x, W_gu, out=None, strict: bool | None = None):
+    """silu(x . Wg^T) * (x . Wu^T) from W_gu = cat([Wg, Wu]) [2N, K]: see :func:`gemm_ladder.serve.front.swiglu`."""
+    return _swiglu(x, W_gu, out=out, strict=strict)
 
 
 def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, explain: bool = False,

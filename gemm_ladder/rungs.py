@@ -117,9 +117,12 @@ def _with_spec(knobs: dict) -> dict:
     if knobs.get(SPEC_KNOB) in (None, ""):
         return {k: v for k, v in knobs.items() if k != SPEC_KNOB}
     spec = as_spec(knobs[SPEC_KNOB], knobs.get("dtype", COMMON_KNOBS["dtype"]))
-    dtype = knobs.get("dtype", spec.d)
-    if dtype != spec.d:
-        raise ConfigError(f"dtype={dtype!r} but spec {spec.text()} has D in {spec.d}; pass one of them, or both alike")
+    # the config's dtype is D's, but where the spec has D in float32: then A's and B's (16-bit)
+    want = spec.a if spec.d == "float32" else spec.d
+    dtype = knobs.get("dtype", want)
+    if dtype != want:
+        raise ConfigError(f"dtype={dtype!r} but spec {spec.text()} has {'A' if spec.d == 'float32' else 'D'} in "
+                          f"{want}; pass one of them, or both alike")
     rest = {k: v for k, v in knobs.items() if k != SPEC_KNOB}
     return {**rest, "dtype": dtype, **({} if spec.is_default() else {SPEC_KNOB: spec.text()})}
 

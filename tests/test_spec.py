@@ -73,7 +73,7 @@ def test_the_bias_is_built_for_v9_only():
     check_built(GemmSpec.with_bias(), "v9", V9)
     with pytest.raises(ConfigError, match="not built for v10.*built for v9"):
         check_built(GemmSpec.with_bias(), "v10")
-    assert EPILOGUES == ("none", "bias", "act", "grouped") and spec_for("bfloat16", "bias") == GemmSpec.with_bias("bfloat16")
+    assert EPILOGUES == ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated", "grouped") and spec_for("bfloat16", "bias") == GemmSpec.with_bias("bfloat16")
     with pytest.raises(ConfigError, match="not built"):
         spec_for("float16", "gelu")
 

@@ -17,7 +17,8 @@ compiles. Built today:
     ==========  =========================================================================
     field       accepted
     ==========  =========================================================================
-    a, b, d     float16 or bfloat16, all three the same
+    a, b, d     float16 or bfloat16, all three the same; or D in float32 (a wgrad into fp32 master
+                weights) on rungs whose ``EPILOGUES`` lists ``"fp32_out"`` (v9; not with a residual)
     acc         float32
     a_major     K (A is [M, K], row-major); M (A is [K, M], row-major) on rungs whose
                 ``MN_MAJOR`` is true (v9)
@@ -27,7 +28,15 @@ compiles. Built today:
                 ``EPILOGUES`` lists ``"bias"`` (v9)
     act         one of ACTIVATIONS, after the bias, in fp32 before rounding:
                 D = round(act(acc + bias)), on rungs whose ``EPILOGUES`` lists ``"act"`` (v9)
-    residual    None
+    alpha       False, or True: the kernel takes a runtime fp32 scalar ``alpha`` (a parameter, so one
+                module serves every value) and computes act(alpha . acc + bias), on rungs whose
+                ``EPILOGUES`` lists ``"alpha"`` (v9)
+    gated       False, or True: B is ``cat([W_gate, W_up])`` (N rows: both halves) and
+                D [M, N/2] = act(x . W_gate^T) * (x . W_up^T) (SwiGLU: act silu), on rungs whose
+                ``EPILOGUES`` lists ``"gated"`` (v9; nothing else in the epilogue yet)
+    residual    None, or D's dtype: a residual C [M, N] and a runtime fp32 scalar ``beta``:
+                D = round(act(alpha . acc + bias) + beta . C), C read in the epilogue (it may be D
+                itself: an in-place residual add), on rungs whose ``EPILOGUES`` lists ``"residual"`` (v9)
     scales      None
     grouped     False, or True on rungs whose ``EPILOGUES`` lists ``"grouped"`` (v12) with no
                 bias or activation: B is the experts' weights W [G, N, K] (the kernel views it
@@ -75,8 +84,12 @@ SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A 
 # the activation after the bias: relu, GELU by tanh's formula (F.gelu(approximate="tanh")) or erf's
 # (F.gelu), SiLU (F.silu); "none": the identity
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
-# what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS; "grouped": the grouped GEMM)
-EPILOGUES = ("none", "bias", "act", "grouped")
+# what a rung may declare it builds (a rung's EPILOGUES; "act": all ACTIVATIONS; "alpha": the runtime
+# scale of the product; "residual": C and its runtime scale beta; "fp32_out": D in float32 from 16-bit A, B;
+# "gated": B = cat([W_gate, W_up]), D = act(gate) * up, half B's rows: SwiGLU with act silu;
+# "grouped": the grouped GEMM)
+EPILOGUES = ("none", "bias", "act", "alpha", "residual", "fp32_out", "gated", "grouped")
+SCALARS = ("alpha", "beta")  # the fp32 scalar parameters of an epilogue (Operand.role "scalar")
 # the operand layouts by name, (a_major, b_major): KK the forward x . W^T; KN a B stored [K, N] (dX = dY . W
 # reads W so); MK an A stored [K, M]; MN both (dW = dY^T . X reads dY and X so)
 OPERAND_LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MK": ("M", "K"), "MN": ("M", "N")}
@@ -94,7 +107,7 @@ SPEC_SCHEMA = Obj(
     {"a": Str(DTYPE_CHOICES), "b": Str(DTYPE_CHOICES), "d": Str(DTYPE_CHOICES)},
     {"acc": Str(DTYPE_CHOICES), "a_major": Str(MAJORS["a_major"]), "b_major": Str(MAJORS["b_major"]),
      "bias": Maybe(Str(DTYPE_CHOICES)), "residual": Maybe(Str(DTYPE_CHOICES)), "scales": Maybe(Str(SCALES)),
-     "act": Str(ACTIVATIONS), "grouped": Bool(),
+     "act": Str(ACTIVATIONS), "grouped": Bool(), "alpha": Bool(), "gated": Bool(),
      "operands": List(Obj({"name": Str(), "dtype": Str(), "shape": List(ANY)}))})
 
 
@@ -104,12 +117,12 @@ class Operand:
 
     name: str  # "A", "B", "D", "bias", "C", "scale_a", "scale_b", "offsets"
     dtype: str
-    shape: tuple  # of "M", "N", "K", "K/128", "G" (groups) or ints
-    role: str  # "input", "output" or "epilogue"
+    shape: tuple  # of "M", "N", "K", "N/2", "K/128", "G" (groups) or ints
+    role: str  # "input", "output", "epilogue" (a tensor) or "scalar" (an fp32 value, shape ())
 
     def extent(self, M: int, N: int, K: int, groups: int = 1) -> tuple:
         """The shape for this problem."""
-        sizes = {"M": M, "N": N, "K": K, "K/128": -(-K // 128), "G": groups}
+        sizes = {"M": M, "N": N, "K": K, "N/2": N // 2, "K/128": -(-K // 128), "G": groups}
         return tuple(sizes[s] if isinstance(s, str) else s for s in self.shape)
 
 
@@ -128,6 +141,9 @@ class GemmSpec:
     scales: str | None = None  # fp32 scales of A and B (one of SCALES), or None
     act: str = "none"  # the activation after the bias (one of ACTIVATIONS)
     grouped: bool = False  # grouped GEMM: B is [G, N, K], int32 offsets [G]: each group's end row of A and D
+    alpha: bool = False  # a runtime fp32 scalar alpha scales the product: act(alpha . acc + bias)
+    # B is cat([W_gate, W_up]) [N, K] (N: both halves), D [M, N/2] = act(x . W_gate^T) * (x . W_up^T)
+    gated: bool = False
 
     def __post_init__(self):
         for name in ("a", "b", "d", "acc", "bias", "residual"):
@@ -143,8 +159,9 @@ class GemmSpec:
             object.__setattr__(self, "act", "none")
         if self.act not in ACTIVATIONS:
             raise ConfigError(f"spec act={self.act!r} is no activation gemm_ladder knows; use one of {ACTIVATIONS}")
-        if not isinstance(self.grouped, bool):
-            raise ConfigError(f"spec grouped={self.grouped!r}; use True or False")
+        for name in ("grouped", "alpha", "gated"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"spec {name}={getattr(self, name)!r}; use True or False")
 
     @classmethod
     def default(cls, dtype: str = "float16") -> "GemmSpec":
@@ -157,9 +174,12 @@ class GemmSpec:
         return cls(a=dtype, b=dtype, d=dtype, bias=dtype)
 
     @classmethod
-    def with_epilogue(cls, dtype: str = "float16", bias: bool = False, act: str = "none") -> "GemmSpec":
-        """``dtype`` in and out, a per-column bias in ``dtype`` or none, then activation ``act``."""
-        return cls(a=dtype, b=dtype, d=dtype, bias=dtype if bias else None, act=act)
+    def with_epilogue(cls, dtype: str = "float16", bias: bool = False, act: str = "none", alpha: bool = False,
+                      residual: bool = False) -> "GemmSpec":
+        """``dtype`` in and out, a per-column bias in ``dtype`` or none, then activation ``act``;
+        ``alpha``: a runtime scale of the product; ``residual``: ``+ beta . C``, C in ``dtype``."""
+        return cls(a=dtype, b=dtype, d=dtype, bias=dtype if bias else None, act=act, alpha=alpha,
+                   residual=dtype if residual else None)
 
     @classmethod
     def fp8(cls, d: str = "bfloat16", scales: str = "tensor", bias: str | None = None,
@@ -175,8 +195,12 @@ class GemmSpec:
     @property
     def epilogue(self) -> str:
         """The epilogue's name, as ``pack build --epilogue`` takes it (:func:`spec_for`): ``none``,
-        ``bias``, an activation (``gelu_tanh``), ``bias_gelu_tanh``; ``residual`` (not built) joins with ``+``."""
-        head = "_".join(p for p, on in (("bias", self.bias), (self.act, self.act != "none")) if on)
+        ``bias``, an activation (``gelu_tanh``), ``bias_gelu_tanh``, ``alpha_bias_gelu_tanh``;
+        ``residual`` joins with ``+`` (``bias+residual``, ``residual`` alone)."""
+        if self.gated:  # SwiGLU, GeGLU: the gate's activation names it
+            return "swiglu" if self.act == "silu" else f"gated_{self.act}"
+        head = "_".join(p for p, on in (("alpha", self.alpha), ("bias", self.bias), (self.act, self.act != "none"))
+                        if on)
         parts = [p for p, on in ((head, head), ("residual", self.residual)) if on]
         return "+".join(parts) or "none"
 
@@ -192,16 +216,19 @@ class GemmSpec:
         if self.grouped:  # one weight a group (an expert)
             b_shape = ("G",) + b_shape
         ops = [Operand("A", self.a, a_shape, "input"), Operand("B", self.b, b_shape, "input"),
-               Operand("D", self.d, ("M", "N"), "output")]
+               Operand("D", self.d, ("M", "N/2") if self.gated else ("M", "N"), "output")]
         return tuple(ops) + self.epilogue_operands()
 
     def epilogue_operands(self) -> tuple[Operand, ...]:
-        """The operands after D (what a rung's epilogue reads), in order."""
+        """The operands after D (what a rung's epilogue reads), in order: the bias, alpha, then C and
+        beta (the scalars are fp32 kernel parameters, role ``scalar``)."""
         ops = []
         if self.bias:
             ops.append(Operand("bias", self.bias, ("N",), "epilogue"))
+        if self.alpha:
+            ops.append(Operand("alpha", ACC_DTYPE, (), "scalar"))
         if self.residual:
-            ops.append(Operand("C", self.residual, ("M", "N"), "epilogue"))
+            ops += [Operand("C", self.residual, ("M", "N"), "epilogue"), Operand("beta", ACC_DTYPE, (), "scalar")]
         if self.scales:
             shapes = {"tensor": ((1,), (1,)), "row": (("M",), ("N",)), "block128": (("M", "K/128"), ("N", "K/128"))}
             sa, sb = shapes[self.scales]
@@ -224,8 +251,10 @@ class GemmSpec:
         ``bias_gelu_tanh``) where only it differs from the default and a bias is D's dtype."""
         if self.is_default():
             return ""
-        if self == GemmSpec.with_epilogue(self.d, bool(self.bias), self.act):
+        if self.gated and self == dataclasses.replace(GemmSpec.default(self.d), act=self.act, gated=True):
             return self.epilogue
+        if self == GemmSpec.with_epilogue(self.d, bool(self.bias), self.act, self.alpha, bool(self.residual)):
+            return self.epilogue.replace("+", "-")
         return self.text().replace(".", "-")
 
     @classmethod
@@ -250,10 +279,11 @@ class GemmSpec:
         return dataclasses.replace(cls.default(d), **fields)
 
     def to_dict(self) -> dict:
-        """For manifests: every field (but ``act`` where it is ``none``: the manifests of specs
-        without one stay as they were), plus the operand list (name, dtype, shape) for readers
-        without this module (the C++ runner)."""
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "act" or v != "none"}
+        """For manifests: every field (but ``act`` where it is ``none`` and ``alpha`` where it is
+        False: the manifests of specs without them stay as they were), plus the operand list (name,
+        dtype, shape) for readers without this module (the C++ runner)."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items()
+                  if (k, v) not in (("act", "none"), ("alpha", False), ("gated", False))}
         return {**fields,
                 "operands": [{"name": o.name, "dtype": o.dtype, "shape": list(o.shape), "role": o.role}
                              for o in self.operands()]}
@@ -285,21 +315,33 @@ def as_spec(value, dtype: str = "float16") -> GemmSpec:
 
 
 def epilogue_names() -> tuple[str, ...]:
-    """The epilogue names :func:`spec_for` takes: ``none``, ``bias``, each activation, and
-    ``bias_`` + each activation (``bias_gelu_tanh``)."""
+    """The epilogue names :func:`spec_for` takes: ``none``, ``bias``, each activation, ``bias_`` +
+    each activation (``bias_gelu_tanh``), each of those after ``alpha_`` (``alpha``,
+    ``alpha_bias_relu``), and each with ``+residual`` (``residual`` alone: ``D = A.B^T + beta C``)."""
     acts = ACTIVATIONS[1:]
-    return ("none", "bias") + acts + tuple(f"bias_{a}" for a in acts)
+    heads = ("bias",) + acts + tuple(f"bias_{a}" for a in acts)
+    heads = ("none",) + heads + ("alpha",) + tuple(f"alpha_{h}" for h in heads)
+    gated = ("swiglu",) + tuple(f"gated_{a}" for a in acts if a != "silu")
+    return heads + ("residual",) + tuple(f"{h}+residual" for h in heads[1:]) + gated
 
 
 def spec_for(dtype: str, epilogue: str = "none") -> GemmSpec:
     """The spec of ``dtype`` in and out with the epilogue named (:func:`epilogue_names`: ``none``,
-    ``bias``, ``relu``, ``bias_gelu_tanh``, ...; the inverse of :attr:`GemmSpec.epilogue`)."""
+    ``bias``, ``relu``, ``bias_gelu_tanh``, ``alpha_bias+residual``, ...; the inverse of
+    :attr:`GemmSpec.epilogue`)."""
     if epilogue not in epilogue_names():
         raise ConfigError(f"epilogue {epilogue!r} is not built; use one of {', '.join(epilogue_names())}")
-    bias = epilogue == "bias" or epilogue.startswith("bias_")
-    act = epilogue[len("bias_"):] if epilogue.startswith("bias_") else (epilogue if epilogue not in ("none", "bias")
-                                                                         else "none")
-    return GemmSpec.with_epilogue(dtype, bias, act)
+    if epilogue == "swiglu" or epilogue.startswith("gated_"):
+        act = "silu" if epilogue == "swiglu" else epilogue[len("gated_"):]
+        return GemmSpec(a=dtype, b=dtype, d=dtype, act=act, gated=True)
+    head, _, tail = epilogue.partition("+")
+    residual = head == "residual" or tail == "residual"
+    head = "none" if head == "residual" else head
+    alpha = head == "alpha" or head.startswith("alpha_")
+    head = "none" if head == "alpha" else head.removeprefix("alpha_")
+    bias = head == "bias" or head.startswith("bias_")
+    act = head[len("bias_"):] if head.startswith("bias_") else (head if head not in ("none", "bias") else "none")
+    return GemmSpec.with_epilogue(dtype, bias, act, alpha, residual)
 
 
 def spec_knobs(spec: GemmSpec | None) -> dict:
@@ -347,9 +389,10 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = F
     MN-major operands where ``mn_major``: its ``MN_MAJOR``) does not build, or None."""
     if spec.is_fp8:
         return _fp8_not_built(spec, rung, epilogues)
-    if spec.a not in DTYPES or spec.b != spec.a or spec.d != spec.a:
-        return (f"A={spec.a}, B={spec.b}, D={spec.d}: only float16 or bfloat16 in and out, one dtype, are built "
-                "(fp8 and mixed dtypes are not built yet)")
+    fp32_out = spec.d == "float32" and spec.a in DTYPES and spec.b == spec.a
+    if spec.a not in DTYPES or spec.b != spec.a or (spec.d != spec.a and not fp32_out):
+        return (f"A={spec.a}, B={spec.b}, D={spec.d}: only float16 or bfloat16 in, one dtype, and D in it or in "
+                "float32, are built (fp8 and mixed dtypes are not built yet)")
     if spec.acc != ACC_DTYPE:
         return f"acc={spec.acc}: only float32 accumulators are built"
     if (spec.a_major != "K" or spec.b_major != "K") and not mn_major:
@@ -360,16 +403,27 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = F
     if spec.grouped != ("grouped" in epilogues):
         return ("grouped GEMM is built on v12 only (gemm_ladder.grouped_mm)" if spec.grouped
                 else f"{rung} is the grouped GEMM: its spec must be grouped (grouped_true); use v9 for one GEMM")
-    if spec.grouped and (spec.bias is not None or spec.act != "none"):
-        return "a grouped GEMM with a bias or an activation is not built yet"
-    if spec.residual is not None:
-        return "a residual C is not built yet"
+    if spec.grouped and (spec.bias is not None or spec.act != "none" or spec.alpha or spec.residual or spec.gated
+                         or fp32_out):
+        return ("a grouped GEMM with a bias or an activation (or alpha, a residual, a gated B, a float32 D) is not "
+                "built yet")
+    if spec.residual is not None and spec.residual != spec.d:
+        return f"residual={spec.residual}: a residual C is built in D's dtype ({spec.d}) only"
+    if spec.residual is not None and fp32_out:
+        return "a residual C with a float32 D is not built yet (C is read back as 16-bit pairs)"
     if spec.bias is not None and spec.bias != spec.d:
         return f"bias={spec.bias}: a bias is built in D's dtype ({spec.d}) only"
-    missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none")) if on and part not in epilogues]
+    if spec.gated and (spec.act == "none" or spec.bias or spec.alpha or spec.residual or fp32_out
+                       or (spec.a_major, spec.b_major) != ("K", "K")):
+        return ("a gated B (SwiGLU) is built with an activation of the gate and nothing else: no bias, alpha, "
+                "residual, float32 D or MN-major operand yet (and act='none' is no gate)")
+    missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none"), ("alpha", spec.alpha),
+                                     ("residual", spec.residual), ("fp32_out", fp32_out), ("gated", spec.gated))
+               if on and part not in epilogues]
     if missing:
         return (f"epilogue {spec.epilogue!r} is not built for {rung} (its epilogue has no {' and no '.join(missing)}; "
-                f"it builds {', '.join(epilogues)}); the bias and the activations are built for v9")
+                f"it builds {', '.join(epilogues)}); the bias, the activations, alpha and the residual are built "
+                "for v9")
     return None
 
 

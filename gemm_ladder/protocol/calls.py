@@ -186,6 +186,16 @@ class CallCompiler:
 
         return until_done(lambda th: th.sim.bar_sync(th, bar(th), 128, site))
 
+    def _c_named_bar_sync(self, call):
+        """``bar.sync id, count`` (``T.ptx.bar.sync``): the epilogues' named barrier of one consumer
+        warpgroup, which orders its storing thread's TMA work against the other threads' chunk."""
+        ops = call_operands(call)
+        bar = self._expr(ops[0])
+        count = self._expr(ops[1]) if len(ops) > 1 else (lambda th: None)
+        site = self._site("sync", call)
+
+        return until_done(lambda th: th.sim.bar_sync(th, ("named", bar(th)), count(th), site))
+
     def _c_cluster_sync(self, call):
         """``T.cuda.cluster_sync()``: barrier.cluster.arrive (release) + wait (acquire)."""
         site = self._site("sync", call)
@@ -277,6 +287,7 @@ _CALLS = {
     "tirx.ptx.wgmma_wait_group": CallCompiler._c_wgmma_wait,
     "tirx.cuda.cta_sync": CallCompiler._c_cta_sync,
     "tirx.cuda.warpgroup_sync": CallCompiler._c_warpgroup_sync,
+    "tirx.ptx.bar_sync_count": CallCompiler._c_named_bar_sync,
     "tirx.cuda.cluster_sync": CallCompiler._c_cluster_sync,
     "tirx.ptx.barrier_cluster_arrive": CallCompiler._c_cluster_arrive,
     "tirx.ptx.barrier_cluster_wait": CallCompiler._c_cluster_wait,

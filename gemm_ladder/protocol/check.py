@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from ..core.spec import spec_of
 from ..sm90a import grouped
-from ..sync.classes import WATCHDOG_ATTR
+from ..sync.classes import NAMED_BARRIERS_ATTR, WATCHDOG_ATTR
 from .interp import Program
 from .kernel_ir import KernelIR, load
 from .sim import Finding, Sim
@@ -137,7 +137,8 @@ def run(kir: KernelIR, *, policies=POLICIES, num_ctas: int | None = None, which:
     sims: list[Sim] = []
     program = None
     try:
-        program = Program(kir.device, kir.operand_buffers)
+        attrs = kir.func.attrs if kir.func.attrs is not None else {}
+        program = Program(kir.device, kir.operand_buffers, named_barriers=NAMED_BARRIERS_ATTR in attrs)
         params = _param_values(kir, program, num_ctas)
         for blocks, cluster in block_sets(program, params, which):
             for policy in policies:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .calls import WATCHDOG_FN, CallCompiler, Site
 from .exprs import ExprCompiler, is_table, lvalue_defs, uses_of
-from .values import (ENCODE_OPS, MBAR_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER,
+from .values import (ENCODE_OPS, MBAR_OPS, NAMED_SYNC_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER,
     WGMMA_SYNC, SimError, any_unknown, at_once, buffer_size, call_operands, call_strings, func_call_name, handle_of,
     op_name, wgmma_descs)
 
@@ -33,8 +33,9 @@ __all__ = ["Program", "Site"]
 class Program(CallCompiler, ExprCompiler):
     """The compiled kernel: ``run(th)`` is a generator; ``sites`` name its barrier operations."""
 
-    def __init__(self, func, operand_buffers: set[str]):
+    def __init__(self, func, operand_buffers: set[str], named_barriers: bool = False):
         self.func = func
+        self.named_barriers = named_barriers  # model bar.sync id, count (NAMED_SYNC_OPS)
         self.operand_buffers = operand_buffers
         self.slots: dict[int, int] = {}
         self.slot_names: list[str] = []
@@ -130,7 +131,7 @@ class Program(CallCompiler, ExprCompiler):
         if t == "Evaluate" and type(s.value).__name__ == "Call":
             call = s.value
             op = op_name(call)
-            if op in MBAR_OPS or op in SYNC_OPS or op in WGMMA_SYNC:
+            if op in MBAR_OPS or op in SYNC_OPS or op in WGMMA_SYNC or (self.named_barriers and op in NAMED_SYNC_OPS):
                 return set(), uses_of(call), True
             if op.startswith("tirx.ptx.cp_async_bulk_tensor_g2s") or op == "tirx.ptx.tcgen05_commit":
                 return set(), uses_of(call), True

@@ -61,6 +61,10 @@ MBAR_OPS = {"tirx.ptx.mbarrier_init", "tirx.ptx.mbarrier_arrive", "tirx.ptx.mbar
             "tirx.ptx.mbarrier_expect_tx", "tirx.cuda.mbarrier_wait", "tirx.cuda.mbarrier_wait_acquire_cluster"}
 SYNC_OPS = {"tirx.cuda.cta_sync", "tirx.cuda.warpgroup_sync", "tirx.cuda.cluster_sync",
             "tirx.ptx.barrier_cluster_arrive", "tirx.ptx.barrier_cluster_wait"}
+# bar.sync id, count (T.ptx.bar.sync): a consumer's named barrier, modelled in the kernels that say
+# their mbarrier protocol relies on it (NAMED_BARRIERS_ATTR: v9's residual epilogue); elsewhere it
+# sits in branches on values the simulator does not model (split-K's last unit), and orders no mbarrier
+NAMED_SYNC_OPS = {"tirx.ptx.bar_sync_count"}
 WGMMA_SYNC = {"tirx.ptx.wgmma_commit_group", "tirx.ptx.wgmma_wait_group"}
 WGMMA_OTHER = {"tirx.ptx.wgmma_fence"}  # ordering for the tensor core only: nothing to model
 TCGEN05_MMA_PREFIX = "tirx.ptx.tcgen05_mma"

@@ -5,6 +5,9 @@
     gemm_ladder.matmul(A, B, out=D)           # D [..., N]
     gemm_ladder.matmul(A, B, bias=b)          # D = A . B^T + b, b [N] (fp32 sum, then rounded)
     gemm_ladder.matmul(A, B, bias=b, activation="gelu_tanh")  # D = gelu(A . B^T + b), in fp32, then rounded
+    gemm_ladder.matmul(A, B, alpha=0.5, residual=C, out=C)  # C = 0.5 A . B^T + C, in place, one kernel
+    gemm_ladder.matmul(A, B, out_dtype=torch.float32)        # D in float32 (A, B 16-bit)
+    gemm_ladder.swiglu(x, W_gu)               # silu(x . Wg^T) * (x . Wu^T), W_gu = cat([Wg, Wu]): one kernel
     gemm_ladder.matmul(A, B, explain=True)    # also prints which kernel, from where, and why
 
 How a call finds its kernel (once per shape, dtype and GPU arch; then from memory)::
@@ -65,7 +68,15 @@ An activation (``activation=``: ``relu``, ``gelu_tanh``, ``gelu_erf``, ``silu``,
 spec's ``act``: the kernel applies it after the bias, in fp32, before rounding (modules from
 ``pack build --epilogue bias_gelu_tanh``, or ``gelu_tanh`` without a bias); where none serves,
 torch computes ``F.linear`` and then the activation (``spec.torch_activation``), with the warning.
-A call with a bias or an activation takes the checked path every time (the fast path of repeated
+A scale ``alpha`` (a Python float; the spec's ``alpha``, a runtime parameter of one module for
+every value other than 1) multiplies the product before the bias; a residual (``residual=``: C of
+D's shape and dtype, contiguous, apart from A, B and the bias, or ``out`` itself) is added times
+``beta`` after the activation, all in fp32 before rounding: ``D = act(alpha A.B^T + bias) + beta C``
+(v9 reads C's chunk by TMA into the staging buffer it then stores D from, which makes ``out=C``
+safe: ``sm90a.epilogue.ResidualRead``). ``out_dtype=torch.float32`` makes D float32 (the spec's
+``d``; a bias then goes to the kernel in float32; a residual with a float32 D is not built, torch
+computes it). Where no module serves, torch computes the same formula (``TorchMatmul``), with the
+warning. A call with any of these takes the checked path every time (the fast path of repeated
 calls below does not cover it yet).
 
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
@@ -87,10 +98,10 @@ from pathlib import Path
 
 from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
-from ..core.spec import ACTIVATIONS, GemmSpec, torch_activation
+from ..core.spec import ACTIVATIONS, GemmSpec, spec_for, torch_activation
 from . import first_use
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
-from .runtime import ModuleInputError, load
+from .runtime import ModuleInputError, load, scalar_arg
 from .tma_layout import Fixes, Layout, layout_fixes
 
 logger = logging.getLogger("gemm_ladder.matmul")
@@ -222,10 +233,11 @@ def _load(path):
 
 
 # -- checks ---------------------------------------------------------------------------------------
-def check_shapes(A, B, out, bias=None):
+def check_shapes(A, B, out, bias=None, d_dtype=None):
     """(M, N, K, D's shape) of a call whose arguments fit (``bias``: None, or N values in A's
-    dtype), all but their device, batch dims of A flattened into M; else ModuleInputError with the
-    fix. These are :func:`matmul`'s checks that need no GPU (the op's tests run them on the CPU)."""
+    dtype; ``d_dtype``: D's dtype, default A's), all but their device, batch dims of A flattened
+    into M; else ModuleInputError with the fix. These are :func:`matmul`'s checks that need no GPU
+    (the op's tests run them on the CPU)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     for name, t, what in (("A", A, "[..., K]"), ("B", B, "[N, K]"), ("out", out, "[..., N] or None")):
@@ -247,8 +259,9 @@ def check_shapes(A, B, out, bias=None):
                                f"(D = A . B^T){hint}")
     shape = (*A.shape[:-1], N)
     if out is not None:
-        if out.dtype != A.dtype:
-            raise ModuleInputError(f"out has dtype {out.dtype}; it must be A's {A.dtype}")
+        if out.dtype != (d_dtype or A.dtype):
+            raise ModuleInputError(f"out has dtype {out.dtype}; it must be D's {d_dtype or A.dtype}"
+                                   + ("" if d_dtype else " (out_dtype=torch.float32 for a float32 D)"))
         if tuple(out.shape) != shape:
             raise ModuleInputError(f"out has shape {tuple(out.shape)}; D = A . B^T is {shape}")
     if bias is not None:
@@ -336,10 +349,65 @@ def _refuse_grad_and_overlap(A, B, out, bias=None) -> None:
                                    f"reads it. Pass an out that shares no memory with A or B (nor the bias), or no out")
 
 
-def _check(A, B, out, bias=None):
+def check_out_dtype(out_dtype, A):
+    """D's dtype for ``out_dtype``: None for A's (None or A's dtype), torch.float32; else ModuleInputError."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if out_dtype is None or out_dtype == getattr(A, "dtype", None):
+        return None
+    if out_dtype != torch.float32:
+        raise ModuleInputError(f"gemm_ladder.matmul: out_dtype={out_dtype}; use None (A's dtype) or torch.float32")
+    return torch.float32
+
+
+def check_residual(residual, shape, dtype, A, B, out, bias=None, who: str = "gemm_ladder.matmul") -> None:
+    """A residual C: a contiguous tensor of D's ``shape`` and ``dtype``, on A's device, sharing no
+    memory with A, B or the bias; it may be ``out`` itself (the same tensor memory: an in-place
+    residual add, which the kernel makes safe) but not overlap ``out`` otherwise."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(residual, torch.Tensor):
+        raise ModuleInputError(f"{who}: residual must be a torch.Tensor of D's shape {shape} or None, "
+                               f"got {type(residual).__name__}")
+    if tuple(residual.shape) != tuple(shape):
+        raise ModuleInputError(f"{who}: residual has shape {tuple(residual.shape)}; it is added to D, of shape "
+                               f"{tuple(shape)} (broadcast it first: residual.expand({tuple(shape)}).contiguous())")
+    if residual.dtype != dtype:
+        raise ModuleInputError(f"{who}: residual has dtype {residual.dtype}; it must be D's {dtype} "
+                               f"(residual.to({dtype}))")
+    if not residual.is_contiguous():
+        raise ModuleInputError(f"{who}: residual is not contiguous (row-major); pass residual.contiguous()")
+    if residual.requires_grad and torch.is_grad_enabled():
+        raise ModuleInputError(f"{who}: residual requires grad, and gemm_ladder.matmul has no backward: call it under "
+                               "torch.no_grad(), or use torch.ops.gemm_ladder.mm_epilogue (import gemm_ladder.serve.ops)")
+    for name, t in (("A", A), ("B", B), ("bias", bias)):
+        if t is not None and _overlaps(residual, t):
+            raise ModuleInputError(f"{who}: residual overlaps {name} in memory: D would be written where {name} is "
+                                   f"still read. Pass a residual apart from A, B and the bias")
+    if out is not None and _overlaps(residual, out) and not (residual.data_ptr() == out.data_ptr()
+                                                              and residual.shape == out.shape):
+        raise ModuleInputError(f"{who}: residual partly overlaps out: pass out=residual itself (in place) or an out "
+                               "apart from it")
+
+
+def _check_out(out, shape, dtype, A, B, bias, residual) -> None:
+    """An ``out`` for a D of another dtype than A's (fp32 output): shape, dtype, layout, no overlap."""
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or not out.is_contiguous():
+        raise ModuleInputError(f"gemm_ladder.matmul: out is {tuple(out.shape)} {out.dtype}; D is {tuple(shape)} "
+                               f"{dtype}, contiguous")
+    for name, t in (("A", A), ("B", B), ("bias", bias)):
+        if t is not None and _overlaps(out, t):
+            raise ModuleInputError(f"gemm_ladder.matmul: out overlaps {name} in memory; pass an out apart from it")
+    if residual is not None and _overlaps(out, residual) and out.data_ptr() != residual.data_ptr():
+        raise ModuleInputError("gemm_ladder.matmul: residual partly overlaps out: pass out=residual or apart")
+
+
+def _check(A, B, out, bias=None, residual=None, d_dtype=None):
     """(M, N, K, A as [M, K], out as [M, N] or None, D's shape); raises ModuleInputError."""
-    M, N, K, shape = check_shapes(A, B, out, bias)
-    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias)):
+    M, N, K, shape = check_shapes(A, B, out, bias, d_dtype)
+    if residual is not None:
+        check_residual(residual, shape, d_dtype or A.dtype, A, B, out, bias)
+    for name, t in (("A", A), ("B", B), ("out", out), ("bias", bias), ("residual", residual)):
         if t is None:
             continue
         if t.device.type != "cuda":
@@ -625,23 +693,36 @@ class TorchMatmul:
     def __init__(self, act: str = "none"):
         self.act = act
 
-    def __call__(self, a, b, out, bias=None):
+    def __call__(self, a, b, out, bias=None, alpha=1.0, C=None, beta=1.0):
         import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's, imported on use)
 
-        if bias is None:  # mm, not matmul: the shortest way to cuBLAS for 2-d operands (a is [M, K] here)
-            torch.mm(a, b.t(), out=out)
+        if out.dtype != a.dtype:  # a float32 D: the product and the epilogue in float32
+            a, b = a.float(), b.float()
+            bias = bias.float() if bias is not None else None
+        if C is None and alpha == 1.0:  # the plain path writes out directly
+            if bias is None:  # mm, not matmul: the shortest way to cuBLAS for 2-d operands (a is [M, K] here)
+                torch.mm(a, b.t(), out=out)
+            else:
+                torch.addmm(bias, a, b.t(), out=out)
+            if self.act != "none":
+                out.copy_(torch_activation(out, self.act))
+            return
+        # act(alpha A.B^T + bias) + beta C: C may be out, so z is made apart and added elementwise
+        z = torch.addmm(bias, a, b.t(), alpha=alpha) if bias is not None else torch.mm(a, b.t()).mul_(alpha)
+        z = torch_activation(z, self.act)
+        if C is None:
+            out.copy_(z)
         else:
-            torch.addmm(bias, a, b.t(), out=out)
-        if self.act != "none":
-            out.copy_(torch_activation(out, self.act))
+            torch.add(z, C, alpha=beta, out=out)
 
     def launcher(self, a, b, out, **operands):
         """The call for tensors like these; with no bias and no activation, torch's ``mm`` itself
         (nothing of ours between a repeated call and cuBLAS but the front door's fast path)."""
         import torch  # pylint: disable=import-outside-toplevel
 
-        if operands or self.act != "none":
-            return lambda x, y, z, *extras: self(x, y, z, *extras)
+        if operands or self.act != "none":  # the extras by name: the spec's order skips those it lacks
+            names = list(operands)
+            return lambda x, y, z, *extras: self(x, y, z, **dict(zip(names, extras)))
         mm = torch.mm
         return lambda x, y, z: mm(x, y.t(), out=z)
 
@@ -700,8 +781,8 @@ class ByCapture:
         self.eager, self.graphs = eager, graphs
         self.path = getattr(eager, "path", "")
 
-    def __call__(self, a, b, out, bias=None):
-        operands = {} if bias is None else {"bias": bias}
+    def __call__(self, a, b, out, **operands):
+        operands = {k: v for k, v in operands.items() if v is not None}
         self.launcher(a, b, out, **operands)(a, b, out, *operands.values())
 
     def __getattr__(self, name):  # the rest is the eager module's (its manifest, M at run time, ...)
@@ -795,11 +876,13 @@ def _weight_copy(B, Nk: int, Kk: int):
     return b
 
 
-def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes, bias=None):
+def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes, bias=None, alpha=None, C2=None,
+                 beta: float = 1.0, d_dtype=None):
     """Run the route's module on ``A2`` [M, K], ``B`` [N, K] (and ``out2`` [M, N] or None; + ``bias``
-    [N], zero-padded like N), with the copies ``fixes`` asks for and A copied into the rows of a
-    module built for a larger M: what :func:`matmul` does once it has checked its tensors and found
-    the route; returns D [M, N]."""
+    [N], zero-padded like N; ``alpha`` where the spec has it; a residual ``C2`` [M, N] and ``beta``),
+    with the copies ``fixes`` asks for and A copied into the rows of a module built for a larger M:
+    what :func:`matmul` does once it has checked its tensors and found the route; returns D [M, N]
+    (in ``d_dtype``, default A's)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     Mk = route.module_M if route.module_M is not None else M
@@ -808,10 +891,19 @@ def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes
     # ours takes an MN-major operand (the spec's; A2 or B a transposed view) as the memory under the
     # view; torch's fallback, which has no spec, takes any view
     mn_a, mn_b = takes_stored(route.module)
-    operands = {}
+    operands = {}  # in the spec's order (GemmSpec.epilogue_operands): bias, alpha, C, beta
     if bias is not None:  # N values, zero-padded to the kernel's N; copied onto a 16-byte boundary
         operands["bias"] = bias if Nk == N and bias.data_ptr() % 16 == 0 else \
             torch.nn.functional.pad(bias, (0, Nk - N))
+    if alpha is not None:
+        operands["alpha"] = alpha
+    if C2 is not None:  # C in the kernel's rows and columns (a copy where padded or misaligned)
+        if Mk == M and Nk == N and C2.data_ptr() % 16 == 0:
+            operands["C"] = C2
+        else:
+            operands["C"] = C2.new_zeros((Mk, Nk))
+            operands["C"][:M, :N] = C2
+        operands["beta"] = beta
     if Mk != M or Kk != K:
         a = A2.new_zeros((Kk, Mk)).t() if mn_a else A2.new_zeros((Mk, Kk))  # in A's own layout
         a[:M, :K] = A2
@@ -821,28 +913,32 @@ def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes
         b = _weight_copy(B, Nk, Kk)
     a, b = (a.t() if mn_a else a), (b.t() if mn_b else b)
     if Mk == M and Nk == N and not fixes.copies("stage-out"):
-        d = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
+        d = out2 if out2 is not None else torch.empty((M, N), dtype=d_dtype or A2.dtype, device=A2.device)
         route.run(a, b, d, operands)
         return d
-    d = torch.empty((Mk, Nk), dtype=A2.dtype, device=A2.device)
+    d = torch.empty((Mk, Nk), dtype=d_dtype or A2.dtype, device=A2.device)
     route.run(a, b, d, operands)
-    result = out2 if out2 is not None else torch.empty((M, N), dtype=A2.dtype, device=A2.device)
+    result = out2 if out2 is not None else torch.empty((M, N), dtype=d_dtype or A2.dtype, device=A2.device)
     result.copy_(d[:M, :N])
     return result
 
 
-def _trivial(A, out, shape, M: int, N: int, K: int, bias=None, act: str = "none"):
+def _trivial(A, out, shape, M: int, N: int, K: int, bias=None, act: str = "none", beta: float = 1.0, residual=None,
+             d_dtype=None):
     """Empty shapes: nothing to launch (K = 0 gives zeros, or the bias, as cuBLAS does; then the
-    activation of that)."""
+    activation of that, then beta times the residual)."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    D = out if out is not None else torch.empty(shape, dtype=A.dtype, device=A.device)
+    D = out if out is not None else torch.empty(shape, dtype=d_dtype or A.dtype, device=A.device)
     if K == 0 and M and N:
-        D.zero_()
+        z = torch.zeros(shape, dtype=D.dtype, device=A.device)
         if bias is not None:
-            D += bias
-        if act != "none":
-            D.copy_(torch_activation(D, act))
+            z += bias
+        z = torch_activation(z, act)
+        if residual is not None:  # residual may be D: z is apart, the add elementwise
+            torch.add(z, residual, alpha=beta, out=D)
+        else:
+            D.copy_(z)
     return D
 
 
@@ -970,25 +1066,36 @@ def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape, fixes: Fix
             _FAST[key] = (route, launch, M, N, K, tuple(shape), spans, bool(fixes.names))
 
 
-def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None):
-    """D = act(A . B^T (+ ``bias``, one value per column: N values in A's dtype, added to the fp32
-    sums)), ``activation`` one of ``relu``, ``gelu_tanh``, ``gelu_erf``, ``silu`` or None, applied
-    in fp32 before rounding, on the GPU, for any shape (see the module docstring); returns D (or ``out``).
+def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None,
+           alpha: float = 1.0, residual=None, beta: float = 1.0, out_dtype=None):
+    """D = act(alpha . A . B^T (+ ``bias``, one value per column: N values in A's dtype, added to the
+    fp32 sums)) (+ ``beta . residual``), ``activation`` one of ``relu``, ``gelu_tanh``, ``gelu_erf``,
+    ``silu`` or None, all in fp32 before rounding, on the GPU, for any shape (see the module
+    docstring); returns D (or ``out``). ``alpha``, ``beta``: Python floats (runtime values of one
+    module); ``residual``: C of D's shape and dtype, which may be ``out`` itself (in place);
+    ``out_dtype``: None (A's dtype) or torch.float32 (v9 builds it; with a residual torch computes it).
 
     ``strict``: where no kernel of ours serves the shape, raise :class:`NoKernelError` instead of
     computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
     first resolved)."""
-    if not explain and strict is None and bias is None and activation is None:
+    plain_epilogue = alpha == 1.0 and residual is None and beta == 1.0 and out_dtype is None
+    if not explain and strict is None and bias is None and activation is None and plain_epilogue:
         done = _fast(A, B, out)
         if done is not None:
             return done
     act = check_activation(activation)
-    M, N, K, A2, out2, shape = _check(A, B, out, bias)
+    d_dtype = None  # A's
+    if not plain_epilogue:
+        alpha, beta = scalar_arg("alpha", alpha, "gemm_ladder.matmul"), scalar_arg("beta", beta, "gemm_ladder.matmul")
+        d_dtype = check_out_dtype(out_dtype, A)
+    extra = () if residual is None and d_dtype is None else (residual, d_dtype)  # the new epilogues' checks
+    M, N, K, A2, out2, shape = _check(A, B, out, bias, *extra)
+    C2 = residual.view(M, N) if residual is not None else None
     dtype = _dtype_name(A.dtype)
     if M == 0 or N == 0 or K == 0:
         if explain:
             print(f"gemm_ladder.matmul: M={M} N={N} K={K} {dtype}: empty, nothing launched", file=sys.stderr)
-        return _trivial(A, out, shape, M, N, K, bias, act)
+        return _trivial(A, out, shape, M, N, K, bias, act, beta, residual, d_dtype)
     aligned = (A2.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, out2 is None or out2.data_ptr() % 16 == 0)
     a_major, b_major = operand_majors(A2, B)
     layout_notes = []
@@ -1004,13 +1111,18 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     else:
         fixes = Fixes((), N, K)
     index = A.device.index if A.device.index is not None else 0
-    spec = None  # the default spec: the plain path, remembered for the fast one
-    if bias is not None or act != "none" or (a_major, b_major) != ("K", "K"):
-        spec = dataclasses.replace(GemmSpec.with_epilogue(dtype, bias is not None, act), a_major=a_major,
-                                   b_major=b_major)
+    # alpha in the spec only where it is not 1 (one module serves every other value)
+    spec = dataclasses.replace(GemmSpec.with_epilogue(dtype, bias is not None, act, alpha != 1.0, residual is not None),
+                               a_major=a_major, b_major=b_major)
+    if d_dtype is not None:  # a float32 D: its bias and residual in float32 too
+        spec = dataclasses.replace(spec, d="float32", bias="float32" if bias is not None else None,
+                                   residual="float32" if residual is not None else None)
+        bias = bias.float() if bias is not None else None
+    spec = None if spec.is_default() else spec  # the default spec: the plain path, remembered for the fast one
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
-    if route.candidates and route.module_M in (None, M) and first_use.enabled():
+    # first use times the candidates with a bias at most (the new epilogues' operands: not yet)
+    if route.candidates and route.module_M in (None, M) and first_use.enabled() and plain_epilogue:
         _settle(route, A2, B, M, N, K, fixes, bias, index)
     if (fixes.N != N or fixes.K != K or fixes.copies("copy-b")) and not _strict(strict) and _capturing(A):
         in_graphs = route.module.graphs if isinstance(route.module, ByCapture) else route.module
@@ -1018,7 +1130,7 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
             route = _weight_as_it_is(act)
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
-    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias)
+    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias, alpha if alpha != 1.0 else None, C2, beta, d_dtype)
     if spec is None and set(fixes.names) <= {"pad-n", "pad-k"} and (route.module_M is None or route.module_M == M) \
             and not _capturing(A):
         _remember(A, B, out, route, M, N, K, shape, fixes)
@@ -1028,7 +1140,71 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
         text += "".join(f"\n  layout: {note}" for note in layout_notes)
         if _mn_major(spec):
             text += f"\n  operands: A {a_major}-major, B {b_major}-major (a transposed view is read as it lies)"
-        steps = [what for what, on in (("+ bias[n]", bias is not None), (act, act != "none")) if on]
+        steps = [what for what, on in (("x alpha", alpha != 1.0), ("+ bias[n]", bias is not None), (act, act != "none"),
+                                       ("+ beta C", residual is not None)) if on]
         print(text + (f"\n  epilogue: {', then '.join(steps)}, on the fp32 sums before rounding" if steps else ""),
               file=sys.stderr)
     return out if out is not None else D.view(shape)
+
+
+def glu_halves(h, out=None):
+    """``silu(h[..., :N]) * h[..., N:]`` of a gate/up product ``h`` [..., 2N] (``x . W_gu^T``), in
+    fp32, rounded once into ``out`` (or a new tensor of h's dtype): SwiGLU's elementwise half."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    gate, up = h.float().chunk(2, dim=-1)
+    y = torch.nn.functional.silu(gate).mul_(up)
+    if out is None:
+        return y.to(h.dtype)
+    out.copy_(y)
+    return out
+
+
+def swiglu(x, W_gu, out=None, strict: bool | None = None):
+    """``silu(x . Wg^T) * (x . Wu^T)`` from the fused gate/up weight ``W_gu = cat([Wg, Wu])`` [2N, K]
+    (the layout of HF LLaMA-style fused MLPs): D [..., N] in x's dtype (``out``: [..., N], apart
+    from x and W_gu).
+
+    One kernel where a module serves (the spec's ``gated``, ``spec_for(dtype, "swiglu")``: v9 loads
+    each tile's gate rows and the matching up rows into one B tile, so a thread holds a gate and its
+    up value, and stores silu(gate) * up: half the output bytes of the two products). Else, or where
+    the layout needs copies (N or K not a multiple of 8, a view off a 16-byte boundary), the product
+    ``x . W_gu^T`` [..., 2N] goes through :func:`matmul` and :func:`glu_halves` in torch."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(W_gu, torch.Tensor) or W_gu.dim() != 2 or W_gu.shape[0] % 2:
+        shape = tuple(W_gu.shape) if isinstance(W_gu, torch.Tensor) else type(W_gu).__name__
+        raise ModuleInputError(f"gemm_ladder.swiglu: W_gu is {shape}; it is cat([W_gate, W_up]) of shape [2N, K] "
+                               "(an even number of rows: gate rows first, then up rows)")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ModuleInputError(f"gemm_ladder.swiglu: x must be a torch.Tensor [..., K], got {type(x).__name__}")
+    N = W_gu.shape[0] // 2
+    shape = (*x.shape[:-1], N)
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype \
+                or not out.is_contiguous():
+            raise ModuleInputError(f"gemm_ladder.swiglu: out must be a contiguous {shape} {x.dtype} (half of W_gu's "
+                                   f"rows), got {tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        for name, t in (("x", x), ("W_gu", W_gu)):
+            if _overlaps(out, t):
+                raise ModuleInputError(f"gemm_ladder.swiglu: out overlaps {name} in memory; pass an out apart from it")
+    # the gated kernel reads K-major x and W_gu: a transposed view is copied first
+    x, W_gu = (t if t.is_contiguous() else t.contiguous() for t in (x, W_gu))
+    M, N2, K, x2, _, _ = _check(x, W_gu, None)
+    aligned = x2.data_ptr() % 16 == 0 and W_gu.data_ptr() % 16 == 0 and (out is None or out.data_ptr() % 16 == 0)
+    if M and K and N and K % 8 == 0 and N % 8 == 0 and aligned:
+        index = x.device.index if x.device.index is not None else 0
+        dtype = _dtype_name(x.dtype)
+        route, _ = _route(M, N2, K, dtype, index, _strict(strict), spec_for(dtype, "swiglu"))
+        module = route.module
+        if isinstance(module, ByCapture):  # ours, whichever way it runs (torch's stand-in is no gated GEMM)
+            module = module.eager if not isinstance(module.eager, TorchMatmul) else module.graphs
+        if not isinstance(module, TorchMatmul) and route.module_M in (None, M):  # ours: one kernel
+            route.calls += 1
+            d = out.view(M, N) if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+            if module is route.module:
+                route.run(x2, W_gu, d)
+            else:  # a tiny problem's: ours under capture too (torch's fallback is no gated GEMM)
+                module(x2, W_gu, out=d)
+            return out if out is not None else d.view(shape)
+    return glu_halves(matmul(x, W_gu, strict=strict), out)

@@ -4,6 +4,8 @@
     D = torch.ops.gemm_ladder.mm(A, B)            # A [..., K], B [N, K] -> D [..., N] = A . B^T
     D = torch.ops.gemm_ladder.mm(A, B, bias)      # + bias [N] (nn.Linear's), in the kernel's epilogue
     D = torch.ops.gemm_ladder.mm(A, B, bias, "gelu_tanh")  # then an activation, in the epilogue too
+    D = torch.ops.gemm_ladder.mm_epilogue(A, B, bias, "relu", 0.5, C, 1.0)  # relu(0.5 A.B^T + bias) + C
+    Y = torch.ops.gemm_ladder.swiglu(x, W_gu)     # silu(x . Wg^T) * (x . Wu^T), W_gu = cat([Wg, Wu])
 
 The op is registered with ``torch.library.custom_op`` and has a fake implementation (shapes and
 dtypes only), so ``torch.compile(fullgraph=True)`` traces a model that calls it without a graph
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from .front import B_LAYOUT, check_activation, check_bias, is_transposed, matmul
+from .front import B_LAYOUT, check_activation, check_bias, is_transposed, matmul, swiglu
 from .runtime import ModuleInputError
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -119,3 +121,110 @@ def _backward(ctx, grad):
 
 
 mm.register_autograd(_backward, setup_context=_setup_context)
+
+
+# -- the fused epilogue with a scale and a residual (issue 31) ---------------------------------------
+def _check_epilogue_meta(A, B, bias, activation, C, alpha, beta) -> None:
+    """:func:`_check_meta`, and a residual of D's shape and dtype, finite float scales."""
+    _check_meta(A, B, bias, activation)
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        torch._check(value == value and abs(value) != float("inf"),
+                     lambda name=name, value=value: f"gemm_ladder.mm_epilogue: {name}={value} is not finite")
+    if C is not None:
+        shape = (*A.shape[:-1], B.shape[0])
+        torch._check(tuple(C.shape) == shape and C.dtype == A.dtype,
+                     lambda: f"gemm_ladder.mm_epilogue: C is {tuple(C.shape)} {C.dtype}; it is added to D, "
+                     f"{shape} {A.dtype}")
+
+
+@torch.library.custom_op("gemm_ladder::mm_epilogue", mutates_args=())
+def mm_epilogue(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
+                alpha: float = 1.0, C: torch.Tensor | None = None, beta: float = 1.0) -> torch.Tensor:
+    """D = act(alpha . A . B^T (+ bias)) (+ beta . C) through ``gemm_ladder.matmul`` (one kernel
+    where a module serves; a new D: the in-place form is ``matmul(..., residual=C, out=C)``)."""
+    _check_epilogue_meta(A, B, bias, activation, C, alpha, beta)
+    return matmul(A.contiguous(), B.contiguous(), bias=None if bias is None else bias.contiguous(),
+                  activation=activation, alpha=alpha, residual=None if C is None else C.contiguous(), beta=beta)
+
+
+@mm_epilogue.register_fake
+def _mm_epilogue_fake(A, B, bias=None, activation=None, alpha=1.0, C=None, beta=1.0):
+    _check_epilogue_meta(A, B, bias, activation, C, alpha, beta)
+    return A.new_empty((*A.shape[:-1], B.shape[0]))
+
+
+def _epilogue_setup(ctx, inputs, output):  # pylint: disable=unused-argument
+    A, B, bias, activation, alpha, C, beta = inputs
+    ctx.activation = check_activation(activation, "gemm_ladder.mm_epilogue")
+    ctx.alpha, ctx.beta, ctx.has_bias, ctx.has_c = alpha, beta, bias is not None, C is not None
+    ctx.save_for_backward(A, B, *((bias,) if bias is not None else ()))
+
+
+def _epilogue_backward(ctx, grad):
+    """Recomputed in torch: Z = alpha A.B^T + bias (the activation's input), dZ through the
+    activation, then dA = alpha dZ . B, dB = alpha dZ^T . A, dbias = sum of dZ, dC = beta dD."""
+    A, B, *rest = ctx.saved_tensors
+    g = grad
+    if ctx.activation != "none":
+        z = torch.matmul(A, B.t()) * ctx.alpha
+        if ctx.has_bias:
+            z = z + rest[0]
+        g = activation_backward(grad, z, ctx.activation)
+    g2 = g.reshape(-1, B.shape[0])
+    dA = dB = dbias = dC = None
+    if ctx.needs_input_grad[0]:
+        dA = (torch.matmul(g, B) * ctx.alpha).to(A.dtype)
+    if ctx.needs_input_grad[1]:
+        dB = (torch.matmul(g2.t(), A.reshape(-1, A.shape[-1])) * ctx.alpha).to(B.dtype)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        dbias = g2.sum(0, dtype=torch.float32).to(g.dtype)
+    if ctx.has_c and ctx.needs_input_grad[5]:
+        dC = grad * ctx.beta
+    return dA, dB, dbias, None, None, dC, None
+
+
+mm_epilogue.register_autograd(_epilogue_backward, setup_context=_epilogue_setup)
+
+
+# -- SwiGLU from a fused gate/up weight (issue 31) -------------------------------------------------------
+def _check_swiglu_meta(x, W_gu) -> None:
+    _check_meta(x, W_gu)
+    torch._check(W_gu.shape[0] % 2 == 0, lambda: f"gemm_ladder.swiglu: W_gu has {W_gu.shape[0]} rows; it is "
+                 "cat([W_gate, W_up]) [2N, K]")
+
+
+@torch.library.custom_op("gemm_ladder::swiglu", mutates_args=())
+def swiglu_op(x: torch.Tensor, W_gu: torch.Tensor) -> torch.Tensor:
+    """silu(x . Wg^T) * (x . Wu^T) with W_gu = cat([Wg, Wu]) through ``gemm_ladder.swiglu`` (one
+    kernel where a module serves)."""
+    _check_swiglu_meta(x, W_gu)
+    return swiglu(x.contiguous(), W_gu.contiguous())
+
+
+@swiglu_op.register_fake
+def _swiglu_fake(x, W_gu):
+    _check_swiglu_meta(x, W_gu)
+    return x.new_empty((*x.shape[:-1], W_gu.shape[0] // 2))
+
+
+def _swiglu_setup(ctx, inputs, output):  # pylint: disable=unused-argument
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, grad):
+    """Recomputed in torch: h = x . W_gu^T, g and u its halves; dg = dY . u . silu'(g),
+    du = dY . silu(g); dx = [dg, du] . W_gu, dW_gu = [dg, du]^T . x (in fp32, then x's dtype)."""
+    x, W_gu = ctx.saved_tensors
+    h = torch.matmul(x, W_gu.t()).float()
+    gate, up = h.chunk(2, dim=-1)
+    dgate = torch.ops.aten.silu_backward(grad.float() * up, gate)
+    dh = torch.cat([dgate, grad.float() * torch.nn.functional.silu(gate)], dim=-1)
+    dx = dW = None
+    if ctx.needs_input_grad[0]:
+        dx = torch.matmul(dh, W_gu.float()).to(x.dtype)
+    if ctx.needs_input_grad[1]:
+        dW = torch.matmul(dh.reshape(-1, dh.shape[-1]).t(), x.reshape(-1, x.shape[-1]).float()).to(W_gu.dtype)
+    return dx, dW
+
+
+swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)

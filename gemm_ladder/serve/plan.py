@@ -459,7 +459,7 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
         if not rule.when(p):
             skipped.append(f"rule {rule.name!r} does not apply")
             continue
-        knobs = {**rule.knobs(p), "dtype": p.dtype, "arch": p.arch, **spec_knobs(p.spec)}  # a rung that does not
+        knobs = with_spec(rule.knobs(p), p)  # a rung that does not
         # build the spec's epilogue is refused by the validator, and the rule passed over
         problem = _validate(rule.rung, p, knobs) if validate else None
         if problem:
@@ -472,6 +472,24 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
         return Choice(rule.rung, knobs, "rule", rule.name, why,
                       tuple(s for s in skipped if "does not apply" not in s), measured=rule.measured)
     raise LookupError(f"no rule of the heuristic covers {p}; passed over: {'; '.join(skipped) or 'none for this arch'}")
+
+
+def with_spec(knobs: dict, p: Problem) -> dict:
+    """A choice's knobs for ``p``: its dtype, arch and operand spec; with a gated B (SwiGLU), not
+    ``epi_under`` and chunks of at most half a tile; with a residual C or a float32 D, not
+    ``epi_under`` nor ``tail_n`` (both keep a tile's 16-bit values in registers, while C is
+    added in fp32 before a chunk is rounded and a float32 D is not rounded:
+    ``sm90a.epilogue.check_epilogue`` refuses them), so the rule or entry still serves."""
+    out = {**knobs, "dtype": p.dtype, "arch": p.arch, **spec_knobs(p.spec)}
+    if p.spec is not None and p.spec.gated:  # chunks within the output half of a tile, not under the next
+        out["epi_under"] = False
+        if out.get("epi_n", 64) > out.get("blk_n", 256) // 2:
+            out["epi_n"] = 64
+    if p.spec is not None and (p.spec.residual or p.spec.d == "float32"):
+        for knob, off in (("epi_under", False), ("tail_n", 0)):
+            if out.get(knob):
+                out[knob] = off
+    return out
 
 
 def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | None, list[str], str]:
@@ -501,7 +519,7 @@ def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | Non
     why = (f"best in bucket {'x'.join(map(str, bucket))}: {entry['gpu']} {'x'.join(map(str, entry['shape']))} "
            f"{entry['tflops']:.0f} TFLOPS ({entry.get('ratio_to_cublas') or 0:.2f}x cuBLAS, {str(entry.get('date'))[:10]}; "
            f"{entry['db']})")
-    knobs = {**knobs, "dtype": p.dtype, "arch": p.arch, **spec_knobs(p.spec)}
+    knobs = with_spec(knobs, p)
     if spec_knobs(p.spec) and (refused := _validate(rung, p, knobs)) is not None:  # the entries tuned no epilogue
         return None, notes + [f"tuning database has {rung} for bucket {'x'.join(map(str, bucket))}: {refused}"], \
             base.describe()

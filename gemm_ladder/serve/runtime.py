@@ -8,6 +8,7 @@ It never compiles anything: the ``.so`` holds the device binary.
     D = mod(A, B)            # A [M, K], B [N, K] on the GPU, D = A @ B.T
     mod(A, B, out=D)         # writes into D
     mod(A, B, bias=b)        # a module whose operand spec has a bias: D = A @ B.T + b
+    mod(A, B, alpha=0.5, C=c, beta=1.0)   # a spec with alpha and a residual: D = 0.5 A @ B.T + c
 
 Before the dynamic loader sees the ``.so``, its manifest is read and checked (a JSON object of
 this format, with the fields the loader needs) and the file is checked against it: its size and
@@ -22,8 +23,10 @@ A module built with a runtime M (``launch["dynamic_m"]`` in its manifest: v6/v9 
 
 The manifest's ``spec`` (``gemm_ladder.core.spec``; a manifest written before it existed reads as the
 default: the dtype in and out, no epilogue) says which operands the kernel takes after D: they are
-passed by name (``bias=``), checked like A and B, and go to the kernel after the launch scalars,
-in the spec's order (:meth:`GemmModule.operand_args`).
+passed by name (``bias=``, ``C=``; the fp32 scalars ``alpha=``, ``beta=`` as Python floats, 1.0
+when left out), checked like A and B, and go to the kernel after the launch scalars, in the
+spec's order (:meth:`GemmModule.operand_args`). ``C`` may be ``out`` itself (an in-place
+residual add: ``epilogue.ResidualRead`` in the kernel says why that is safe).
 
 A split-K module (``launch["workspace"]``: v10, v11) takes an fp32 buffer of partial tiles and
 int32 counters after ``D``; the module allocates them (zeroed once: the kernel puts every
@@ -76,6 +79,19 @@ def _load_cuda_runtime_libs() -> None:
             f"TVM's CUDA runtime ({lib}) did not load: {err}. It needs the NVIDIA driver "
             "(libcuda.so.1) and libcudart.so.13 (pip install 'nvidia-cuda-runtime==13.0.*')"
         ) from None
+
+
+def scalar_arg(name: str, value, who: str = "the module") -> float:
+    """An epilogue's fp32 scalar (``alpha``, ``beta``) as the kernel takes it: a real, finite Python
+    or NumPy number (a tensor would need a device sync to read: pass ``float(t)``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__") \
+            or hasattr(value, "shape"):
+        raise ModuleInputError(f"{who}: {name} must be a Python float, got {type(value).__name__} "
+                               f"(a tensor's value: pass float({name}), which reads it on the host)")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ModuleInputError(f"{who}: {name}={value} is not finite; pass a finite float")
+    return value
 
 
 class GemmModule:
@@ -185,6 +201,9 @@ class GemmModule:
         args = []
         for op in ops:
             t = operands.get(op.name)
+            if op.role == "scalar":  # alpha, beta: fp32 values, 1.0 when not given
+                args.append(scalar_arg(op.name, 1.0 if t is None else t, self.path.name))
+                continue
             if t is None:
                 raise ModuleInputError(f"{self.path.name} adds {op.name} ({op.dtype}, shape {op.shape}) in its "
                                        f"epilogue (its spec: {self.spec.text()}): pass {op.name}=")
@@ -204,7 +223,7 @@ class GemmModule:
         self._check_tensor("A", A, self.stored_shape("A", M), self.spec.a)
         self._check_tensor("B", B, self.stored_shape("B", M), self.spec.b)
         if out is not None:
-            self._check_tensor("out", out, (M, self.N))
+            self._check_tensor("out", out, self.d_shape(M), self.spec.d)
         for name, t in (("A", A), ("B", B), ("out", out)):
             if t is not None:
                 self._check_on_gpu(name, t)
@@ -213,7 +232,7 @@ class GemmModule:
         extras = self.operand_args(M, operands, A.device)
         self.check_device(A.device)
         if out is None:
-            out = torch.empty((M, self.N), dtype=getattr(torch, self.dtype), device=A.device)  # D's dtype
+            out = torch.empty(self.d_shape(M), dtype=getattr(torch, torch_name(self.spec.d)), device=A.device)
         elif out.device != A.device:
             raise ModuleInputError(f"out is on {out.device} but A on {A.device}; put all on one GPU")
         with torch.cuda.device(A.device):
@@ -223,6 +242,10 @@ class GemmModule:
             else:
                 self._function()(*args)
         return out
+
+    def d_shape(self, M: int) -> tuple:
+        """D's shape for M rows: (M, N), or (M, N / 2) where the spec's B is gated (SwiGLU)."""
+        return self.spec.operands()[2].extent(M, self.N, self.K)
 
     def launcher(self, A, B, out, **operands):
         """A function ``launch(A, B, out, *epilogue_operands)`` that launches this module on
@@ -236,7 +259,7 @@ class GemmModule:
         M = self.rows_of(A)
         for name, t, shape, dtype in (("A", A, self.stored_shape("A", M), self.spec.a),
                                       ("B", B, self.stored_shape("B", M), self.spec.b),
-                                      ("out", out, (M, self.N), self.dtype)):
+                                      ("out", out, self.d_shape(M), self.spec.d)):
             self._check_tensor(name, t, shape, dtype)
             self._check_on_gpu(name, t)
         if A.device != B.device or out.device != A.device:

@@ -17,6 +17,12 @@ Only the consumer's 128 threads meet, at its named barrier (``1 + consumer``); o
 ``thread`` 0) issues the stores, committed and not waited for: before it rewrites a buffer it
 lets the store that read it finish (``cp.async.bulk.wait_group.read``).
 
+A residual ``+ beta . C`` (the spec's ``residual``) is a :class:`ResidualRead`: C's chunk is loaded
+by TMA into the staging buffer before the chunk is written there, and read back with ``ldmatrix``
+(its docstring says why that is fast and why ``out=C`` is safe). A float32 D (the spec's ``d``)
+stages ``epi_n / 2`` columns a chunk (the same bytes) with plain 32-bit stores and leaves in
+32-column boxes (one 128-byte swizzle row).
+
 What the epilogue does to each fp32 accumulator before it is rounded to D's type is an
 :class:`EpilogueOp` (``ChunkedEpilogue.op``): nothing (:data:`NO_OP`), or, where the operand spec
 (``gemm_ladder.core.spec``) has a per-column bias, :class:`BiasOp`: ``+ bias[n]`` in fp32 before the
@@ -134,12 +140,80 @@ class ActivationOp(EpilogueOp):
         return tvm.tirx.Let(x, self.inner.apply(value, reg, lane_id, n0), ACTIVATION_EXPRS[self.act](x))
 
 
+@dataclass(frozen=True)
+class ScaledOp(EpilogueOp):
+    """``op(alpha . acc)``: the spec's runtime scale of the product (``alpha``, an fp32 kernel
+    parameter: one module serves every value), applied to each accumulator before the rest of the
+    epilogue (the bias, the activation) sees it."""
+
+    op: EpilogueOp = NO_OP
+    alpha: object = None  # the fp32 scalar parameter (after bind)
+
+    def operands(self, cfg: GemmConfig, M) -> list:
+        return self.op.operands(cfg, M)
+
+    def bind(self, buffers: dict) -> "ScaledOp":
+        if "alpha" not in buffers:
+            raise ConfigError(f"the kernel's parameters ({', '.join(buffers)}) have no alpha: its prim_func form "
+                              "must declare the spec's operands (epilogue.kernel_operands)")
+        return dataclasses.replace(self, op=self.op.bind(buffers), alpha=buffers["alpha"])
+
+    def apply(self, value, reg, lane_id, n0):
+        return self.op.apply(value * self.alpha, reg, lane_id, n0)
+
+
 def op_of(cfg: GemmConfig, default: EpilogueOp = NO_OP) -> EpilogueOp:
     """The epilogue op ``cfg``'s operand spec asks for: :class:`BiasOp` with a bias, else ``default``,
-    inside an :class:`ActivationOp` where the spec has an activation."""
+    inside an :class:`ActivationOp` where the spec has an activation, inside a :class:`ScaledOp`
+    where it has ``alpha`` (the residual is not an op: :class:`ResidualRead`)."""
     spec = spec_of(cfg)
     op = BiasOp() if spec.bias else default
-    return op if spec.act == "none" else ActivationOp(spec.act, op)
+    op = op if spec.act == "none" else ActivationOp(spec.act, op)
+    return ScaledOp(op) if spec.alpha else op
+
+
+@dataclass(frozen=True)
+class ResidualRead:
+    """``+ beta . C`` after the rest of the epilogue, in fp32 before rounding: the spec's residual C
+    [M, N] (D's dtype) and its runtime scale ``beta``.
+
+    How C is read: each output chunk's C box (the consumer's rows x ``chunk_cols``) is loaded by
+    TMA into the very staging buffer the chunk is about to be written to, by the thread that stores
+    it, once the buffer's last store has left it; the consumer waits on its own mbarrier
+    (``c_ready[consumer]``, phase = the chunk count's parity: one load per chunk), reads C back with
+    ``ldmatrix`` at the addresses its ``stmatrix`` will write (``ldmatrix`` is ``stmatrix``'s
+    inverse, so each thread gets C's values of exactly its accumulators' (row, column) pairs, and
+    each warp reads its own 16-row blocks before it overwrites them: no barrier between), adds
+    ``beta . C`` and writes D over it. So C costs no shared memory of its own (the ring keeps its
+    stages), arrives in 128-byte-swizzled whole lines (rather than the fragment's 4-byte pieces
+    from global memory), and its latency is that of one TMA load per chunk, partly under the
+    previous chunk's store.
+
+    In place (C is D, ``out=C``): safe, because every element of C is read (the load has completed
+    at the mbarrier) before the same CTA's consumer issues the store of the same chunk, and no other
+    consumer or CTA reads or writes that chunk: v9's tiles are whole (no split-K), each consumer owns
+    its rows, and a chunk is stored once."""
+
+    c: object  # C [M, N] in global memory
+    beta: object  # the fp32 scalar parameter
+    ready: object  # TMABar(pool, consumers): one C load in flight per consumer
+    pairs: object  # uint32[4] local: one ldmatrix's four 16-bit pairs of C
+
+    @staticmethod
+    def of(cfg: GemmConfig, buffers: dict, ready, pairs) -> "ResidualRead | None":
+        """The residual of ``cfg``'s spec with the kernel's tensors (``buffers``), or None."""
+        if not spec_of(cfg).residual:
+            return None
+        return ResidualRead(c=buffers["C"], beta=buffers["beta"], ready=ready, pairs=pairs)
+
+
+def _unpack(pair, high: bool, dtype: str):
+    """One 16-bit value of a packed pair (the low half: the lower column) as fp32."""
+    if dtype == "bfloat16":  # bf16 is fp32's top half: shift it there
+        bits = pair & T.uint32(0xFFFF0000) if high else pair << T.uint32(16)
+        return T.reinterpret("float32", bits)
+    half = T.Cast("uint16", (pair >> T.uint32(16)) if high else (pair & T.uint32(0xFFFF)))
+    return T.Cast("float32", T.reinterpret("float16", half))
 
 
 def kernel_operands(cfg: GemmConfig, M, N, K, buffers: dict | None = None) -> dict:
@@ -151,7 +225,10 @@ def kernel_operands(cfg: GemmConfig, M, N, K, buffers: dict | None = None) -> di
     sizes = {"M": M, "N": N, "K": K}
     out = dict(buffers or {})
     for op in spec_of(cfg).epilogue_operands():
-        # an extent is M, N or K, or a number (a per-tensor scale's 1)
+        if op.role == "scalar":  # alpha, beta: fp32 values
+            out[op.name] = tirx_builder.arg(op.name, tvm.tirx.Var(op.name, op.dtype))
+            continue
+        # an extent is M, N or K (or N/2), or a number (a per-tensor scale's 1)
         buf = tvm.tirx.decl_buffer(tuple(sizes[s] if isinstance(s, str) else s for s in op.shape), op.dtype,
                                    name=op.name)
         out[op.name] = tirx_builder.arg(op.name, buf)
@@ -169,22 +246,75 @@ def check_epilogue(cfg: GemmConfig) -> None:
     if epilogue != "none" and tail_n:
         raise ConfigError(f"{cfg.rung}: epilogue {epilogue} with tail_n={tail_n} is not built yet (the narrow tiles' "
                           "last columns leave from the registers without it); use tail_n=0")
+    if spec_of(cfg).d == "float32" and (tail_n or dict(cfg.extra).get("epi_under")):
+        raise ConfigError(f"{cfg.rung}: a float32 D with tail_n={tail_n}, epi_under="
+                          f"{dict(cfg.extra).get('epi_under')} is not built (both keep 16-bit values in registers); use "
+                          "tail_n=0, epi_under=False")
+    if spec_of(cfg).gated:
+        half = cfg.blk_n // 2
+        if dict(cfg.extra).get("epi_under") or half % epi_n or cfg.N % 16:
+            raise ConfigError(f"{cfg.rung}: a gated B (SwiGLU) needs epi_n dividing blk_n / 2 = {half} (epi_n={epi_n}), "
+                              f"epi_under=False (epi_under={dict(cfg.extra).get('epi_under')}) and N (both halves) a "
+                              f"multiple of 16 (N={cfg.N}: D has N / 2 columns, 16-byte rows); use epi_n=64, "
+                              "epi_under=False")
+    if spec_of(cfg).residual and dict(cfg.extra).get("epi_under"):
+        raise ConfigError(f"{cfg.rung}: a residual C with epi_under=True is not built (the tile is rounded to 16-bit "
+                          "pairs before its chunks' C is loaded, and C must be added in fp32 first); use "
+                          "epi_under=False")
 
 
 @T.inline
-def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed, op, n0):
+def _acc_chunk_to_smem_f32(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, op, n0):
+    """A float32 D's chunk: every accumulator of columns ``col0 .. col0+ncols`` through ``op`` into
+    ``Esmem[buf]`` at its (row, column) of the m64nNk16 fragment (``layouts.acc_fragment_coord``),
+    the 128B swizzle applied by the buffer's layout."""
+    NR = T.meta_var(plan.acc_stride)
+    for mi in T.unroll(plan.m_atoms):
+        for i in T.unroll(ncols // 8):
+            for jj in T.unroll(4):
+                r = T.meta_var(mi * NR + (col0 // 8 + i) * 4 + jj)
+                row, col = T.meta_var(layouts.acc_fragment_coord((col0 // 8 + i) * 4 + jj, warp_id, lane_id))
+                Esmem[buf, mi * WG_M + row, col - col0] = op.apply(Dreg[r], r % NR, lane_id, n0)
+
+
+@T.inline
+def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, packed, op, n0,
+                               residual=None, up=0):
     """Columns ``col0 .. col0+ncols`` of one warpgroup's accumulators -> ``Esmem[buf]`` (its
     rows only, ``ncols`` wide), with ``stmatrix`` as in :func:`acc_to_smem_stmatrix`, each
     accumulator through ``op`` (an :class:`EpilogueOp`; the tile's columns start at ``n0``)
     before it is rounded. With ``packed=None``, ``Dreg`` holds the pairs already
-    (:func:`acc_to_pairs`, which applied the op)."""
+    (:func:`acc_to_pairs`, which applied the op). With a ``residual`` (:class:`ResidualRead`),
+    ``Esmem[buf]`` holds C's chunk: each 16x16 block is read (``ldmatrix``, the same addresses)
+    and ``beta . C`` added before the block is written over. With ``up`` (a gated B: the registers
+    between a gate column and its up column, ``acc_stride / 2``), each value is ``op(gate) * up``."""
     NR = T.meta_var(plan.acc_stride)
     q = T.meta_var(lane_id // 8)
     row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
-    for mi in T.unroll(plan.m_atoms):
+    if Esmem.dtype == "float32":  # no stmatrix for 32-bit values: each accumulator stored as it is
+        _acc_chunk_to_smem_f32(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, op, n0)
+    for mi in T.unroll(plan.m_atoms if Esmem.dtype != "float32" else 0):
         for pp in T.unroll(ncols // 16):
             r0 = T.meta_var(mi * NR + 2 * (col0 // 16 + pp) * 4)  # the first of the 8 accumulators stored
-            if packed is not None:
+            if residual is not None:
+                cp = T.meta_var(residual.pairs)
+                T.ptx.ldmatrix.sync.aligned.m8n8.x4.shared.b16(
+                    cp[0], cp[1], cp[2], cp[3], Esmem.ptr_to([buf, mi * WG_M + row, (2 * pp + q // 2) * 8]),
+                )
+                for h in T.unroll(4):
+                    T.ptx[pack_op(plan.cfg)](
+                        packed[h],
+                        op.apply(Dreg[r0 + 2 * h + 1], (r0 + 2 * h + 1) % NR, lane_id, n0)
+                        + residual.beta * _unpack(cp[h], True, plan.cfg.dtype),
+                        op.apply(Dreg[r0 + 2 * h], (r0 + 2 * h) % NR, lane_id, n0)
+                        + residual.beta * _unpack(cp[h], False, plan.cfg.dtype))
+            elif packed is not None and up > 0:
+                for h in T.unroll(4):
+                    T.ptx[pack_op(plan.cfg)](
+                        packed[h],
+                        op.apply(Dreg[r0 + 2 * h + 1], (r0 + 2 * h + 1) % NR, lane_id, n0) * Dreg[r0 + 2 * h + 1 + up],
+                        op.apply(Dreg[r0 + 2 * h], (r0 + 2 * h) % NR, lane_id, n0) * Dreg[r0 + 2 * h + up])
+            elif packed is not None:
                 for h in T.unroll(4):
                     T.ptx[pack_op(plan.cfg)](packed[h],
                                              op.apply(Dreg[r0 + 2 * h + 1], (r0 + 2 * h + 1) % NR, lane_id, n0),
@@ -213,19 +343,34 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
     # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
     first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
     buf = T.meta_var(first + (epi_it + j) % nbuf)
+    res = T.meta_var(epi.residual)
     if wtid == 0:
         T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
+        if res is not None:
+            # C's chunk into the buffer its store has just left (ResidualRead says why here)
+            res.ready.arrive(c, tx_count=ROWS * epi_n * 2)  # C is D's 16-bit dtype
+            for h in T.unroll(epi_n // EPI_CHUNK):
+                Tx.copy_async(
+                    Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK],
+                    res.c[m_st + row0:m_st + row0 + ROWS,
+                          n_st + j * epi_n + h * EPI_CHUNK:n_st + j * epi_n + h * EPI_CHUNK + EPI_CHUNK],
+                    dispatch="tma_auto", mbar=res.ready.ptr_to([c]),
+                )
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    if res is not None:
+        res.ready.wait(c, (epi_it + j) % 2)  # this consumer's C loads so far: one a chunk
     acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed, epi.op,
-                               n_st)
+                               n_st, res, plan.acc_stride // 2 if epi.gated else 0)
+    n_d = T.meta_var(n_st // 2 if epi.gated else n_st)  # D's columns: half the kernel's with a gated B
     T.ptx.fence.proxy.async_.shared__cta()
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
+    box = T.meta_var(epi.box_cols)
     if wtid == 0:
-        for h in T.unroll(epi_n // EPI_CHUNK):
+        for h in T.unroll(epi_n // box):
             Tx.copy_async(
                 D[m_st + row0:m_st + row0 + ROWS,
-                  n_st + j * epi_n + h * EPI_CHUNK:n_st + j * epi_n + h * EPI_CHUNK + EPI_CHUNK],
-                Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
+                  n_d + j * epi_n + h * box:n_d + j * epi_n + h * box + box],
+                Esmem[buf, :, h * box:h * box + box], dispatch="tma_auto",
             )
         T.ptx.cp.async_.bulk.commit_group()
 
@@ -262,17 +407,29 @@ class ChunkedEpilogue:
     chunk_cols: int  # epi_n
     buffers: int  # staging buffers per consumer
     op: EpilogueOp = NO_OP  # applied to each accumulator before it is rounded
+    residual: ResidualRead | None = None  # + beta . C, read into the staging buffer (store_tile only)
+    # a gated B (SwiGLU): accumulator columns c < n_cols / 2 are gates, c + n_cols / 2 their up
+    # projections (the same thread's registers r, r + acc_stride / 2); D gets op(gate) * up, half the columns
+    gated: bool = False
 
     @property
     def chunks_per_tile(self) -> int:
-        return self.plan.n_cols // self.chunk_cols
+        return self.plan.n_cols // (2 if self.gated else 1) // self.chunk_cols
+
+    @property
+    def box_cols(self) -> int:
+        """Columns of one TMA store box: one 128-byte swizzle row (64 of 16-bit D, 32 of float32)."""
+        return EPI_CHUNK * 2 // (4 if self.staging.dtype == "float32" else 2)
 
     def store_tile(self, acc, m_st, n_st, chunk_it) -> None:
         """The tile at (``m_st``, ``n_st``) of D from the fp32 accumulators ``acc``."""
         _store_chunks(self, acc, m_st, n_st, self.packed, chunk_it)
 
     def store_pairs(self, pairs, m_st, n_st, chunk_it) -> None:
-        """The tile from its 16-bit pairs (:func:`acc_to_pairs`)."""
+        """The tile from its 16-bit pairs (:func:`acc_to_pairs`; not with a residual, which is added
+        in fp32: ``check_epilogue`` refuses epi_under with one)."""
+        if self.residual is not None:
+            raise ConfigError("a residual C is added to the fp32 accumulators, not to 16-bit pairs: use epi_under=False")
         _store_chunks(self, pairs, m_st, n_st, None, chunk_it)
 
     def store_chunk(self, pairs, m_st, n_st, chunk_it, j) -> None:
@@ -296,10 +453,16 @@ def acc_to_pairs(plan, Dreg, Preg, op, lane_id, n0):
                                  op.apply(Dreg[2 * i], (2 * i) % NR, lane_id, n0))
 
 
-def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int):
-    """128B-swizzled staging buffers for output chunks: ``stmatrix`` writes 16-byte rows that
-    the swizzle spreads over the banks, and the TMA store reads them back unswizzled."""
-    return layouts.shared_layout(cfg.dtype, (buffers, rows, cols), "128B")
+def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int, dtype: str | None = None):
+    """128B-swizzled staging buffers for output chunks (of ``dtype``, default the config's):
+    ``stmatrix`` writes 16-byte rows that the swizzle spreads over the banks, and the TMA store
+    reads them back unswizzled."""
+    return layouts.shared_layout(dtype or cfg.dtype, (buffers, rows, cols), "128B")
+
+
+def d_bytes(cfg: GemmConfig) -> int:
+    """Bytes of one element of D: 2, or 4 where the spec has D in float32."""
+    return 4 if spec_of(cfg).d == "float32" else 2
 
 
 

@@ -40,8 +40,10 @@ tensors, then the workspace of a split-K preset), which picks the prim_func's fo
 accumulator before it is rounded to D's type is the preset's ``epilogue_op``
 (``epilogue.EpilogueOp``: nothing), or the one the operand spec asks for (``epilogue.op_of``: a
 per-column bias and an activation after it, v9 only; an fp8 spec's scales multiply the sums before it,
-``fp8.scale_sums``, and its ``promote`` knob gives the consumers an fp32 total, ``mainloop.Consumer``);
-the spec's epilogue operands are parameters after ``num_ctas``
+``fp8.scale_sums``, and its ``promote`` knob gives the consumers an fp32 total, ``mainloop.Consumer``;
+a runtime scale alpha before the bias), then a residual ``+ beta . C`` (``epilogue.ResidualRead``:
+C's chunk loaded by TMA into the staging buffer it is about to be stored from, which makes ``out=C``
+safe); the spec's epilogue operands (tensors and fp32 scalars) are parameters after ``num_ctas``
 (``epilogue.kernel_operands``, in the form here), the runtime's argument order.
 
 The running counts that index the ring (``load_it``, ``it``) and the staging buffers
@@ -56,8 +58,9 @@ from dataclasses import dataclass
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-from ..sync.classes import MBarrier, TMABar
+from ..sync.classes import NAMED_BARRIERS_ATTR, MBarrier, TMABar
 from ..core.config import GemmConfig
+from ..core.spec import spec_of
 from . import common, epilogue, fp8, narrowtail, splitk, streamk
 from .common import HopperPlan, SwapPlan
 from .epilogue import NO_OP, ChunkedEpilogue, EpilogueOp, TransposedEpilogue
@@ -142,12 +145,14 @@ def workspace(cfg: GemmConfig, preset: Preset) -> dict | None:
 def operands(cfg: GemmConfig, preset: Preset, M, num_ctas) -> list[Operand]:
     """The kernel's tensors in the order of its parameters (``num_ctas`` follows them); ``M``:
     the kernel's M (``common.m_extent``: an int, or the one runtime variable every extent uses)."""
-    N, K, dtype = cfg.N, cfg.K, cfg.dtype
+    N, K = cfg.N, cfg.K
     plan = preset.plan(cfg)  # A's and B's types: D's, or fp8 (sm90a/fp8.py)
     # an MN-major operand is stored [K, M] (or [K, N]) row-major (the operand spec's a_major / b_major)
     a_shape = (M, K) if plan.a_major == "K" else (K, M)
     b_shape = (N, K) if plan.b_major == "K" else (K, N)
-    ops = [Operand("a", a_shape, plan.a_dtype), Operand("b", b_shape, plan.b_dtype), Operand("d", (M, N), dtype)]
+    d_cols = N // 2 if spec_of(cfg).gated else N  # a gated B (SwiGLU): N is both halves, D one
+    ops = [Operand("a", a_shape, plan.a_dtype), Operand("b", b_shape, plan.b_dtype),
+           Operand("d", (M, d_cols), spec_of(cfg).d)]
     ops += preset.epilogue_op.operands(cfg, M)  # a fused epilogue's tensors (a bias vector, ...)
     ws = workspace(cfg, preset)
     if ws is not None:
@@ -172,7 +177,7 @@ def launch(cfg: GemmConfig, preset: Preset) -> dict:
 def kernel(cfg: GemmConfig, preset: Preset):
     """The preset's kernel for ``cfg`` (validated by ``rungs.make_config``), a ``T.prim_func``."""
     plan = preset.plan(cfg)
-    M, N, K, dtype = common.m_extent(cfg), cfg.N, cfg.K, cfg.dtype  # M: an int or runtime
+    M, N, K = common.m_extent(cfg), cfg.N, cfg.K  # M: an int or runtime
     BLK_M, BLK_N = cfg.blk_m, cfg.blk_n
     cluster_m, cluster_n = common.cluster_shape(cfg)
     cluster_size = cluster_m * cluster_n
@@ -190,10 +195,12 @@ def kernel(cfg: GemmConfig, preset: Preset):
     if preset.epilogue == "transposed":
         staging_shape = (consumers, BLK_M, rows_per_wg)  # one D band per consumer
     else:
-        chunk_cols = dict(cfg.extra)["epi_n"]
+        # epi_n columns of 16-bit D a chunk; of a float32 D half as many (the same staging bytes)
+        chunk_cols = dict(cfg.extra)["epi_n"] * 2 // epilogue.d_bytes(cfg)
         buffers = 2 if chunk_cols < BLK_N else 1  # staging buffers per consumer
         staging_shape = (consumers * buffers, rows_per_wg, chunk_cols)
-    E_layout = epilogue.staging_layout(cfg, *staging_shape)
+    d_dtype = spec_of(cfg).d  # the staging buffers hold D's values
+    E_layout = epilogue.staging_layout(cfg, *staging_shape, dtype=d_dtype)
     has_workspace = preset.split_k
     stream_k = preset.split_k and not preset.swap_ab and streamk.enabled(cfg)  # the tail's K loops spread evenly
     tail_n = 0 if preset.split_k else narrowtail.tail_n(cfg)  # the partial wave's tiles cut tail_n wide (0: not)
@@ -207,6 +214,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
     promote = fp8.promote(cfg)  # fp8: K slices between promotions into fp32 sums (0: none)
     total_regs = acc_regs if promote else 1  # the promoted sums (one unused register without)
     scale_regs = fp8.scale_regs(plan) if scaled else 1
+    residual = bool(spec_of(cfg).residual)  # + beta . C, C loaded into the staging buffers
+    gated = spec_of(cfg).gated  # B = cat([W_gate, W_up]): D = act(gate) * up, N / 2 columns
 
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
@@ -254,12 +263,17 @@ def kernel(cfg: GemmConfig, preset: Preset):
         ring = Ring(tma2mma, mma2tma, cluster_size=cluster_size)  # the stages, their barriers and phases
         # per consumer: units of the tile counted before this one (split-K, stream-K)
         flag = T.meta_var(pool.alloc((consumers,), "int32") if has_workspace else None)
+        # a residual C: one TMA load of C's chunk in flight per consumer (epilogue.ResidualRead)
+        if residual:
+            c_ready = TMABar(pool, consumers)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc(plan.a_shape(stages), plan.a_dtype, layout=A_layout)  # [stages, BLK_M, BLK_K] or MN-major
         Bsmem = pool.alloc(plan.b_shape(stages), plan.b_dtype, layout=B_layout)
-        Esmem = pool.alloc(staging_shape, dtype, layout=E_layout)
+        Esmem = pool.alloc(staging_shape, d_dtype, layout=E_layout)
         pool.commit()
         ring.init(releases=releases)
+        if residual:
+            c_ready.init(1)  # the storing thread's arrive.expect_tx, then C's bytes
         # make the barrier inits visible to the async proxy and to the peers before any TMA
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
@@ -269,7 +283,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
         sched = T.meta_var(Schedule(cfg=cfg, m_tiles=m_tiles, n_tiles=n_tiles, cluster_m=cluster_m, cluster_n=cluster_n,
                                     rank_m=rank_m, rank_n=rank_n, units_per_tile=units_per_tile))
         loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=cluster_m,
-                                    cluster_n=cluster_n, rank_m=rank_m, rank_n=rank_n))
+                                    cluster_n=cluster_n, rank_m=rank_m, rank_n=rank_n,
+                                    gated_n=N // 2 if gated else 0))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
             if T.And(warp_id == 0, lane_id == 0):
@@ -317,6 +332,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
+            if residual:
+                c_pairs = T.alloc_local((4,), "uint32")  # one ldmatrix of C
             if under:
                 # the last tile's output as 16-bit pairs, stored under the next tile
                 Preg = T.alloc_local((acc_regs // 2,), "uint32")
@@ -333,7 +350,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
             else:
                 epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                  warp_id=warp_id, lane_id=lane_id, packed=packed,
-                                                 chunk_cols=chunk_cols, buffers=buffers, op=epi_op))
+                                                 chunk_cols=chunk_cols, buffers=buffers, op=epi_op,
+                                                 residual=epilogue.ResidualRead.of(
+                                                     cfg, g, c_ready if residual else None,
+                                                     c_pairs if residual else None), gated=gated))
             if has_workspace:
                 parts = T.meta_var(splitk.Partials(slots=g["p"], counters=g["cnt"], acc=Dreg, acc_regs=acc_regs,
                                                    thread=wtid, flag=flag, consumer=c))
@@ -490,4 +510,6 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                   "beside the others in gemm.kernel")
     # fmt: on
 
+    if residual:  # the C loads' mbarrier is ordered by the consumers' named barrier: the checker models it
+        hgemm = hgemm.with_attr(NAMED_BARRIERS_ATTR, True)
     return hgemm

@@ -149,7 +149,8 @@ from . import common, epilogue, fp8, gemm, narrowtail
 
 PRESET = gemm.V9
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
-EPILOGUES = ("none", "bias", "act", "scaled")  # the operand spec's epilogues this preset builds (core.spec; scaled: fp8)
+# the operand spec's epilogues this preset builds (gemm_ladder.core.spec; scaled: fp8)
+EPILOGUES = ("none", "bias", "act", "scaled", "alpha", "residual", "fp32_out", "gated")
 MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] through transposed wgmma operands
 # knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8: the knobs
 # and tags of 16-bit modules stay as they were), and their defaults for v9's own (sm90a/fp8.py)

@@ -74,6 +74,45 @@ def _tma_whole(Xsmem, X, stage, x_st, rows, k, mbar, hints):
                   dispatch="tma_auto", mbar=mbar, **hints)
 
 
+@T.inline
+def _tma_rows(Xsmem, X, stage, x_row, row0, rows, k, mbar, cta_mask, hints):
+    """Global rows ``x_row .. x_row+rows`` of ``X``'s K slice ``k`` into rows ``row0 ..`` of the
+    stage, multicast to ``cta_mask`` (a gated B's half tile: its rows are not ``n_st + row0``)."""
+    BLK_K = T.meta_var(Xsmem.shape[2])
+    Tx.copy_async(Xsmem[stage, row0:row0 + rows, :], X[x_row:x_row + rows, k * BLK_K:k * BLK_K + BLK_K],
+                  dispatch="tma_auto", mbar=mbar, cta_mask=cta_mask, **hints)
+
+
+@T.inline
+def _tma_rows_alone(Xsmem, X, stage, x_row, row0, rows, k, mbar, hints):
+    """:func:`_tma_rows` into this CTA alone."""
+    BLK_K = T.meta_var(Xsmem.shape[2])
+    Tx.copy_async(Xsmem[stage, row0:row0 + rows, :], X[x_row:x_row + rows, k * BLK_K:k * BLK_K + BLK_K],
+                  dispatch="tma_auto", mbar=mbar, **hints)
+
+
+def gated_row(row0, half: int, n_st, gated_n: int):
+    """The row of a gated B (``W_gu = cat([W_gate, W_up])``, ``gated_n`` rows each) that row
+    ``row0`` of the B tile of column ``n_st`` (in the kernel's 2N columns) holds: the tile's first
+    ``half`` rows are gate rows from ``n_st / 2``, the others the up rows of the same outputs, so
+    that accumulator column c and c + half meet in one thread (``epilogue.ChunkedEpilogue.gated``)."""
+    return T.Select(row0 < half, n_st // 2 + row0, gated_n + n_st // 2 + row0 - half)
+
+
+def _load_gated_b(loads, stage, n_st, k, mbar, mask_b, hint_b) -> None:
+    """A gated B's tile: its gate half and its up half, each a TMA box (a cluster part is one half)."""
+    c, cm = loads.plan.cfg, loads.cluster_m
+    half = c.blk_n // 2
+    if cm > 1:
+        row0 = loads.rank_m * (c.blk_n // cm)
+        _tma_rows(loads.b_smem, loads.b, stage, gated_row(row0, half, n_st, loads.gated_n), row0, c.blk_n // cm, k,
+                  mbar, mask_b, hint_b)
+    else:
+        for h in range(2):
+            _tma_rows_alone(loads.b_smem, loads.b, stage, h * loads.gated_n + n_st // 2, h * half, half, k, mbar,
+                            hint_b)
+
+
 MN_BOX = 64  # M (or N) elements of an MN-major box: one 128-byte swizzle atom row of 16-bit values
 
 
@@ -130,7 +169,9 @@ columns, into its ``[blk_k, rows]`` tile. Every CTA's full barrier
                hint_a)
     else:
         whole_a(loads.a_smem, loads.a, stage, m_st, c.blk_m, k, mbar, hint_a)
-    if cm > 1:
+    if loads.gated_n:
+        _load_gated_b(loads, stage, n_st, k, mbar, mask_b, hint_b)
+    elif cm > 1:
         part_b(loads.b_smem, loads.b, stage, n_st, loads.rank_m * (c.blk_n // cm), c.blk_n // cm, k, mbar, mask_b,
                hint_b)
     else:
@@ -163,6 +204,7 @@ class Producer:
     cluster_n: int = 1
     rank_m: object = 0
     rank_n: object = 0
+    gated_n: int = 0  # a gated B (SwiGLU's W_gu): its gate rows (0: not gated; gated_row)
 
     def load_tile(self, pos, m_st, n_st, first_slice=0, num_slices=None, backwards=False) -> None:
         """Slices ``[first_slice, first_slice + num_slices)`` (default: the whole K) of the tile

@@ -39,6 +39,9 @@ from . import watchdog as _wd
 WATCHDOG_ATTR = "gemm_ladder.watchdog"  # prim_func attr: the table that decodes a record
 BARRIERS_ATTR = "gemm_ladder.barriers"  # prim_func attr: name, kind, pool offset, depth
 RECORD_PARAM = "barrier_watchdog"  # the kernel's trailing int64: address of the record
+# prim_func attr: the kernel's mbarrier protocol relies on its named barriers (bar.sync id, count),
+# which the protocol checker then models (v9's residual epilogue)
+NAMED_BARRIERS_ATTR = "gemm_ladder.named_barriers"
 
 
 @dataclass
