@@ -214,7 +214,8 @@ def check_isolated(jobs: list[tuple[Path, int]]) -> list[dict]:
         cmd = [sys.executable, __file__, "check-many", *[f"{p}:{M}" for p, M in rest]]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)], daemon=True).start()
+        # this child's queue and pipe bound now: a killed child's reader ends later, into its own queue
+        threading.Thread(target=lambda q=lines, p=proc: [q.put(x) for x in p.stdout] + [q.put(None)], daemon=True).start()
         got = 0
         while got < len(rest):
             try:

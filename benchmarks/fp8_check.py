@@ -240,7 +240,8 @@ def check_all(folder, cases) -> list[dict]:
         err = tempfile.TemporaryFile(mode="w+")  # a file: a chatty child never blocks on a full pipe
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)], daemon=True).start()
+        # this child's queue and pipe bound now: a killed child's reader ends later, into its own queue
+        threading.Thread(target=lambda q=lines, p=proc: [q.put(x) for x in p.stdout] + [q.put(None)], daemon=True).start()
         while todo:
             try:
                 line = lines.get(timeout=CHECK_TIMEOUT)
