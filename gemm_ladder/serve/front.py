@@ -101,7 +101,7 @@ from ..core.config import DTYPES, IndexRangeError, max_m_of
 from ..core.spec import ACTIVATIONS, GemmSpec, spec_for, torch_activation
 from . import first_use
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
-from .runtime import ModuleInputError, load, scalar_arg
+from .runtime import ModuleInputError, load, outside_graph_pools, scalar_arg
 from .tma_layout import Fixes, Layout, layout_fixes
 
 logger = logging.getLogger("gemm_ladder.matmul")
@@ -626,36 +626,40 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
             route.adopt(routes[known[0]], routes[known[1]], f"chosen at an earlier first use on {gpu}, among "
                                                             f"{len(cands)} candidates (remembered in {first_use.choices_path()})")
             return
-        d = torch.empty((M, N), dtype=a.dtype, device=a.device)
-        sets = first_use.input_sets(a, b, d, _l2_bytes(index), same_b=bool(fixes.names))
-        whole = bool(fixes.names) or (bias is not None and bias.data_ptr() % 16 != 0)  # copies on the way
 
-        def call_of(r):
-            if isinstance(r.module, TorchMatmul) or whole:  # the whole way a call takes
-                fx = Fixes((), N, K) if isinstance(r.module, TorchMatmul) else fixes
-                call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fx, bias)  # noqa: E731
-            else:
-                extras = () if bias is None else (bias,)
-                # checked once per GPU; an MN-major module takes the memory under the views
-                r.run(*stored_operands(r.module, a, b), sets[0][2], {} if bias is None else {"bias": bias})
-                fn = r.launchers[a.device.index]
-                ta, tb = takes_stored(r.module)
-                if ta or tb:
-                    call = lambda x, y, z: fn(x.t() if ta else x, y.t() if tb else y, z, *extras)  # noqa: E731
+        def measure():  # on a helper thread: its scratch tensors and graphs stay out of any CUDA graph's pool
+            d = torch.empty((M, N), dtype=a.dtype, device=a.device)
+            sets = first_use.input_sets(a, b, d, _l2_bytes(index), same_b=bool(fixes.names))
+            whole = bool(fixes.names) or (bias is not None and bias.data_ptr() % 16 != 0)  # copies on the way
+
+            def call_of(r):
+                if isinstance(r.module, TorchMatmul) or whole:  # the whole way a call takes
+                    fx = Fixes((), N, K) if isinstance(r.module, TorchMatmul) else fixes
+                    call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fx, bias)  # noqa: E731
                 else:
-                    call = lambda x, y, z: fn(x, y, z, *extras)  # noqa: E731
-            call(*sets[0])
-            return call
+                    extras = () if bias is None else (bias,)
+                    # checked once per GPU; an MN-major module takes the memory under the views
+                    r.run(*stored_operands(r.module, a, b), sets[0][2], {} if bias is None else {"bias": bias})
+                    fn = r.launchers[a.device.index]
+                    ta, tb = takes_stored(r.module)
+                    if ta or tb:
+                        call = lambda x, y, z: fn(x.t() if ta else x, y.t() if tb else y, z, *extras)  # noqa: E731
+                    else:
+                        call = lambda x, y, z: fn(x, y, z, *extras)  # noqa: E731
+                call(*sets[0])
+                return call
 
-        calls = {}
-        for label, r in routes.items():
-            try:
-                calls[label] = call_of(r)
-            except (ValueError, RuntimeError):  # a module that refuses this M is no candidate
-                if label == mine:
-                    raise
-        times = first_use.time_launches(calls, sets)
-        kernel_times = first_use.time_graphs(calls, sets, times)
+            calls = {}
+            for label, r in routes.items():
+                try:
+                    calls[label] = call_of(r)
+                except (ValueError, RuntimeError):  # a module that refuses this M is no candidate
+                    if label == mine:
+                        raise
+            times = first_use.time_launches(calls, sets)
+            return times, first_use.time_graphs(calls, sets, times)
+
+        times, kernel_times = outside_graph_pools(measure, index) if a.is_cuda else measure()
         eager, graphs = first_use.pick(times), first_use.pick(kernel_times or times)
         first_use.remember(key, ids[eager], ids[graphs])
 
@@ -867,7 +871,10 @@ def _weight_copy(B, Nk: int, Kk: int):
     # the same tensor object (a weak reference: a new tensor at B's old address never matches), unwritten
     if hit is not None and hit[0]() is B and hit[1] == B._version:
         return hit[2]
-    b = B.new_zeros((Nk, Kk))
+    if capturing:
+        b = B.new_zeros((Nk, Kk))
+    else:  # kept across calls: from the default pool, not a CUDA graph's (runtime.outside_graph_pools)
+        b = outside_graph_pools(lambda: B.new_zeros((Nk, Kk)), B.device.index) if B.is_cuda else B.new_zeros((Nk, Kk))
     b[: B.shape[0], : B.shape[1]] = B
     if not capturing:
         if key not in _B_COPIES and len(_B_COPIES) >= B_COPIES_KEPT:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -327,8 +328,9 @@ class GemmModule:
             dev = torch.device("cuda", idx)
             old = have or (torch.empty(0), torch.empty(0))
             # zeroed once: every launch leaves its counters at zero again
-            have = (torch.zeros(max(need["float32"], old[0].numel()), dtype=torch.float32, device=dev),
-                    torch.zeros(max(need["int32"], old[1].numel()), dtype=torch.int32, device=dev))
+            have = outside_graph_pools(lambda: (
+                torch.zeros(max(need["float32"], old[0].numel()), dtype=torch.float32, device=dev),
+                torch.zeros(max(need["int32"], old[1].numel()), dtype=torch.int32, device=dev)), idx)
             self._workspaces[idx] = have
         return [have[0][: need["float32"]], have[1][: need["int32"]]]
 
@@ -377,6 +379,38 @@ def _function_names(rt) -> set:
         return {"main"} if rt.implements_function("main") else set()
     except Exception:  # pylint: disable=broad-except
         return set()
+
+
+def outside_graph_pools(make, index: int):
+    """``make()`` run on a helper thread (its error raised here), outside CUDA-graph capture; inside
+    capture, here (a capture's allocations are the graph's own, as they must be).
+
+    torch's CUDA-graph trees (``torch.compile(mode="reduce-overhead")``) send every allocation of the
+    thread that warms a graph up into that graph's memory pool, and then refuse any live tensor in
+    the pool that is not an output of the graph ("tensor(s) in the cudagraph pool not tracked as
+    outputs"). A buffer kept across calls -- a split-K workspace, a weight's padded copy -- or made
+    by the first call's timing must come from the default pool: another thread's allocations do.
+    The helper waits for its stream before it returns, so any stream may use what it made."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if torch.cuda.is_current_stream_capturing():
+        return make()
+    got: dict = {}
+
+    def run():
+        try:
+            with torch.cuda.device(index):
+                got["value"] = make()
+                torch.cuda.current_stream().synchronize()
+        except BaseException as err:  # pylint: disable=broad-except  (re-raised in the caller's thread)
+            got["error"] = err
+
+    worker = threading.Thread(target=run, name="gemm_ladder-alloc")
+    worker.start()
+    worker.join()
+    if "error" in got:
+        raise got["error"]
+    return got["value"]
 
 
 def load(path) -> GemmModule:
