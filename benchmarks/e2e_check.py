@@ -673,7 +673,7 @@ def inference(doc: dict, model: str, dev: str = "cuda") -> dict:
 
         for b, s in inf["prefill"]:
             tokens = torch.randint(cfg.vocab, (b, s), generator=g, device=dev)
-            fns = {n: (lambda m=m: m(tokens, last_only=True)) for n, m in models.items()}
+            fns = {n: (lambda m=m, t=tokens: m(t, last_only=True)) for n, m in models.items()}
             for fn in fns.values():
                 fn()
             t0 = time.time()

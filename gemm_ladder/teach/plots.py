@@ -273,3 +273,34 @@ def plot_smem_budget(cfg, pipe_depths=range(1, 9), smem_limit: int | None = None
                  f"{budget.max_pipe_depth(c, limit)}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     return fig
+
+
+def plot_grouped_walk(walk, offs, blk_m: int, n_tiles: int) -> object:
+    """Grouped GEMM's work units (``sm90a.grouped.walk``: per CTA, units with ``expert``,
+    ``row0``, ``row_end`` and ``n_tile``) drawn over D: token rows down, n-tiles across, each unit
+    in its CTA's colour, named by CTA and turn, over the rows it stores (an expert's last m-tile
+    stops at the expert's end), the experts' end rows as lines; experts with no tokens own nothing."""
+    M = offs[-1] if offs else 0
+    fig = _figure(figsize=(2.4 + 1.4 * n_tiles, 1.5 + M / 90))
+    ax = fig.add_subplot(1, 1, 1)
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+    for cta, units in enumerate(walk):
+        for turn, u in enumerate(units):
+            stored = min(blk_m, u.row_end - u.row0)
+            _rect(ax, u.n_tile, u.row0, 1, stored, facecolor=colors[cta % len(colors)], alpha=0.55, edgecolor="black")
+            ax.text(u.n_tile + 0.5, u.row0 + stored / 2, f"CTA {cta}.{turn}", ha="center", va="center", fontsize=7)
+    start, empty = 0, []
+    for e, end in enumerate(offs):
+        if end == start:
+            empty.append(str(e))
+            continue
+        ax.axhline(end, color="black", linewidth=1.2)
+        ax.text(n_tiles + 0.05, (start + end) / 2, f"expert {e}: {end - start} tokens", va="center", fontsize=8)
+        start = end
+    ax.set_xlim(0, n_tiles + 1.3)
+    ax.set_ylim(M, 0)
+    ax.set_xticks([i + 0.5 for i in range(n_tiles)], [f"n-tile {i}" for i in range(n_tiles)])
+    ax.set_ylabel("token row of A and D")
+    ax.set_title(f"{len(walk)} CTAs walk the (expert, m-tile, n-tile) units"
+                 + (f"; experts {', '.join(empty)}: no tokens, no units" if empty else ""), fontsize=9)
+    return fig
