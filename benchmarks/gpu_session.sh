@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_session.sh bench    # bench the ladder, run the C++ runner
 #   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
 #   bash benchmarks/gpu_session.sh sanitize # compute-sanitizer memcheck, racecheck, synccheck
+#   bash benchmarks/gpu_session.sh sanitize_grouped  # the same over v12's grouped check (build/grouped)
 #   bash benchmarks/gpu_session.sh barriers # broken variants under the watchdog; its cost off/on
 #   bash benchmarks/gpu_session.sh front    # the front door's GPU tier (benchmarks/prepare_front_door.sh)
 #   bash benchmarks/gpu_session.sh suite    # the shape suite: gemm_ladder.matmul against cuBLAS
@@ -53,6 +54,18 @@ case "${1:-bench}" in
       done
     done | tee "$OUT/sanitize_summary.txt"
     tar czf "$OUT/sanitize_logs.tgz" -C "$OUT" $(cd "$OUT" && ls sanitize_*_*.txt) && rm -f "$OUT"/sanitize_*_*check.txt
+    ;;
+  sanitize_grouped)
+    # v12 (grouped GEMM) under compute-sanitizer: grouped_check's check job (every routing case, the
+    # front door, the op, a CUDA graph replayed after offs changed) on the odd and the Qwen-MoE modules
+    for so in build/grouped/grouped_odd_float16.so build/grouped/grouped_qwen_moe_bfloat16.so; do
+      for tool in memcheck racecheck synccheck; do
+        log="$OUT/sanitize_$(basename "$so" .so)_$tool.txt"
+        timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          python3 -m gemm_ladder.measure.isolate benchmarks.grouped_check:check_job "$so" > "$log" 2>&1
+        echo "$(basename "$so") $tool: exit $?; $(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|GEMM_LADDER_RESULT" "$log" | cut -c1-160 | tr '\n' ' ')"
+      done
+    done | tee "$OUT/sanitize_summary.txt"
     ;;
   barriers)
     python3 benchmarks/barrier_watchdog.py run build/barriers --out "$OUT/barriers" 2>&1 | grep -v "it/s]"
