@@ -16,6 +16,7 @@ so the loader can refuse a damaged file, a wrong input or a wrong GPU before lau
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -93,6 +94,32 @@ class BuiltModule:
         return f"<BuiltModule {c.rung} {c.M}x{c.N}x{c.K} {c.dtype} {c.arch} ({self.compiler.describe()})>"
 
 
+@contextlib.contextmanager
+def _descriptor_bases_kept():
+    """Keep every buffer TVM's TMA lowering keys a TensorMap by alive until the build ends.
+
+    TVM 0.27 (``copy_async/tma.py``) shares one TensorMap among copies whose key matches, and the
+    key starts with ``hash(buffer.data)``: an address. A view's data var freed mid-lowering lets the
+    next one allocated at the same address hit the cache, so whether two equal boxes share a
+    descriptor (and so the kernel's parameters, source and SASS) depended on the heap: ``build``
+    was not pure. Holding each keyed buffer until the build ends makes every address unique, so
+    the same config always gives the same binary. TVM has no switch for this, hence the wrapper.
+    """
+    from tvm.backend.cuda.tile_primitive.copy_async import tma  # pylint: disable=import-outside-toplevel
+
+    original, kept = tma._buffer_base, []  # pylint: disable=protected-access
+
+    def keeping(buffer, **kw):
+        kept.append(buffer)
+        return original(buffer, **kw)
+
+    tma._buffer_base = keeping  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        tma._buffer_base = original  # pylint: disable=protected-access
+
+
 def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | None = None, **knobs) -> BuiltModule:
     """Compile a rung to a device binary through TVM's CUDA codegen.
 
@@ -118,7 +145,7 @@ def build(rung_or_func, M: int | None = None, N: int | None = None, K: int | Non
     target = tvm.target.Target({"kind": "cuda", "arch": cfg.arch})
     toolchain.RECORD.binary = toolchain.RECORD.source = None
     t0 = time.perf_counter()
-    with target:
+    with target, _descriptor_bases_kept():
         ex = tvm.compile(func, target=target, tir_pipeline="tirx")
     seconds = time.perf_counter() - t0
     if toolchain.RECORD.binary is None:
