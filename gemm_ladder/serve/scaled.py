@@ -322,6 +322,17 @@ def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
                  ["kernel: torch._scaled_mm", f"why: {why}"] + ([f"how: {how[2:]}"] if how else []))
 
 
+def route_of(call: Call, index: int, strict: bool, out_dtype) -> Route:
+    """The route of ``call`` on GPU ``index`` (:func:`_resolve`), remembered per call and per the
+    packs looked in: a pack added since (``use_pack``) is looked in."""
+    key = (call, index, strict, out_dtype, tuple(map(id, packs())))
+    route = _ROUTES.get(key)
+    if route is None:
+        with _LOCK:
+            route = _ROUTES.setdefault(key, _resolve(call, index, strict, out_dtype))
+    return route
+
+
 def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, explain: bool = False,
               strict: bool = False):
     """``D = A @ B * scale_a * scale_b (+ bias)`` as ``torch._scaled_mm`` (see the module docstring);
@@ -333,11 +344,7 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     if A.device.type != "cuda":
         raise ModuleInputError(f"gemm_ladder.scaled_mm: A is on {A.device}; move the tensors to the GPU (.cuda())")
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
-    key = (call, index, strict, out_dtype, tuple(map(id, packs())))  # a pack added since: look again
-    route = _ROUTES.get(key)
-    if route is None:
-        with _LOCK:
-            route = _ROUTES.setdefault(key, _resolve(call, index, strict, out_dtype))
+    route = route_of(call, index, strict, out_dtype)
     D = out if out is not None else torch.empty((call.M, call.N), dtype=out_dtype, device=A.device)
     if call.M == 0 or call.N == 0:  # nothing to compute (no kernel takes an empty launch)
         return (D, ["kernel: none (an empty D)"]) if explain else D
