@@ -212,3 +212,49 @@ def test_the_cli_plans_fp8_modules_and_refuses_fp8_knobs_without_fp8():
     assert bad.returncode == 2 and "add --dtypes float8_e4m3" in bad.stderr
     bad = _cli("--weights", "4096x7168", "--dtypes", E4M3, "--fp8-scales", "block128", "--dry-run")
     assert bad.returncode == 2 and "fp8 scale recipe" in bad.stderr
+
+
+# -- the GPU check's pure parts (benchmarks/fp8_pack_check.py) --------------------------------------
+sys.path.insert(0, str(REPO / "benchmarks"))
+import fp8_pack_check  # noqa: E402  (the GPU check of scaled_mm from a pack)
+
+
+def test_the_pack_check_plans_odd_m_for_every_module_and_times_one_m_a_weight():
+    cases = fp8_pack_check.cases()
+    assert len({(c["name"], c["M"]) for c in cases}) == len(cases) == 32
+    assert {c["name"] for c in cases} == {fp8_pack_check.case_name(N, K, r, b) for N, K in fp8_pack_check.WEIGHTS
+                                          for r in fp8_pack_check.RECIPES for b in fp8_pack_check.BIASES}
+    timed = [c for c in cases if c["timed"]]
+    assert len(timed) == 4 and all(c["bias"] is None for c in timed)
+    for c in cases:  # every case's module is one the pack request plans (what pack_specs builds)
+        assert GemmSpec.fp8("bfloat16", c["recipe"], c["bias"]) in kernel_pack.pack_specs(
+            [E4M3], ("none", "bias"), fp8_scales=fp8_pack_check.RECIPES)
+    name, _, M = fp8_pack_check.item(cases[1]).rpartition("@")
+    assert (name, int(M)) == (cases[1]["name"], cases[1]["M"]) and "/" not in name and "," not in name
+
+
+def test_the_pack_check_passes_only_what_the_pack_served_within_twice_torchs_error():
+    good = {"status": "ok", "rel_err": 3e-3, "torch_rel_err": 3e-3, "nan": False, "from_pack": True}
+    assert fp8_pack_check.passes_case(good)
+    for change in ({"from_pack": False}, {"nan": True}, {"rel_err": 7e-3}, {"status": "timeout"}):
+        assert not fp8_pack_check.passes_case({**good, **change}), change
+    case = next(c for c in fp8_pack_check.cases() if c["timed"])
+    checks = [{"name": case["name"], "correct": True}, {"name": case["name"], "correct": False}]
+    assert fp8_pack_check.make_row(case, None, checks)["correct"] is False  # one of its checks failed
+    times = {"ours": {"kernel_ms": 0.2, "call_ms": 0.25}, "torch_scaled_mm": {"kernel_ms": 0.1, "call_ms": 0.1}}
+    row = fp8_pack_check.make_row(case, times, checks[:1])
+    assert row["correct"] and row["ratio_to_scaled_mm"] == 0.5 and row["peer_ratios"] == {"torch_scaled_mm": 0.5}
+    assert row["tflops"] == pytest.approx(2 * case["M"] * case["N"] * case["K"] / 0.2e-3 / 1e12)
+    assert {"recipe", "M", "N", "K", "correct", "tflops", "ratio_to_scaled_mm", "peer_ratios"} <= set(row)
+
+
+def test_the_pack_checks_children_run_the_script_and_record_a_broken_case(tmp_path, monkeypatch):
+    """The isolate child imports the script by name and runs a case; a folder without its pack
+    costs each case a recorded error (no hang, no crash of the parent)."""
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # check_all prepends benchmarks/
+    few = fp8_pack_check.cases()[:2]
+    monkeypatch.setattr(fp8_pack_check, "cases", lambda: few)
+    files.write_json(tmp_path / fp8_pack_check.PLAN_FILE, {"format": fp8_pack_check.FORMAT, "cases": few})
+    results = fp8_pack_check.check_all(tmp_path)
+    assert [(r["name"], r["M"], r["correct"]) for r in results] == [(c["name"], c["M"], False) for c in few]
+    assert all("PackError" in r["detail"] and "pack is not a folder" in r["detail"] for r in results), results
