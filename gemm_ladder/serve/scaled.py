@@ -325,7 +325,7 @@ def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
 def route_of(call: Call, index: int, strict: bool, out_dtype) -> Route:
     """The route of ``call`` on GPU ``index`` (:func:`_resolve`), remembered per call and per the
     packs looked in: a pack added since (``use_pack``) is looked in."""
-    key = (call, index, strict, out_dtype, tuple(map(id, packs())))
+    key = (call, index, strict, out_dtype, tuple(packs()))  # the packs themselves (by identity)
     route = _ROUTES.get(key)
     if route is None:
         with _LOCK:
