@@ -10,7 +10,7 @@ A kernel builds one :class:`Consumer` per consumer warpgroup with named fields, 
 with ``run`` (or ``issue`` and ``retire`` apart, when something goes between:
 ``issue_under`` with the previous tile's epilogue chunks under the first slices). fp8's
 promotion (``promote``): groups of slices into fresh accumulators, each group retired and added
-into an fp32 ``total``.
+into an fp32 ``total`` (with block scales, ``fp8.BlockScales``, scaled as it is added).
 The descriptors of ring slot 0 are encoded once per tile; every slot, 64-row atom and K step is
 reached from them by adds (``common.mma_k_slot``).
 """
@@ -81,8 +81,11 @@ def _promoted_group(mma, it, k0, count):
 @T.inline
 def _promote(mma, first):
     """The promotion: the tensor cores' partial sums into the fp32 total (its start on the first
-    group), by the CUDA cores' exact fp32 adds."""
-    if first:
+    group), by the CUDA cores' exact fp32 adds; with block scales (``mma.scales``), each sum times
+    its K block's scales first (``fp8.BlockScales``: an FFMA)."""
+    if mma.scales is not None:
+        mma.scales.promote(mma.total, mma.acc, first)
+    elif first:
         for r in T.unroll(mma.plan.acc_regs):
             mma.total[r] = mma.acc[r]
     else:
@@ -91,13 +94,18 @@ def _promote(mma, first):
 
 
 @T.inline
-def _run_promoted(mma, it, nk):
+def _run_promoted(mma, it, nk, m0, n0):
     groups = T.meta_var(nk // mma.promote)
     rest = T.meta_var(nk % mma.promote)
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    if mma.scales is not None:
+        mma.scales.load(m0, n0, 0, False)  # K block 0's (promote=1: group g is K block g)
     # whole groups, each retired before its sums are read: no wgmma is pending over the loop's
     # back edge (where ptxas would serialise every wgmma of the loop)
     for g in T.serial(groups):
+        if mma.scales is not None:
+            # the next K block's scales, loaded under this one's wgmmas (the last loads its own again)
+            mma.scales.load(m0, n0, T.min(g + 1, groups - 1), True)
         _promoted_group(mma, it, g * mma.promote, mma.promote)
         _promote(mma, g == 0)
     if rest > 0:
@@ -149,6 +157,7 @@ class Consumer:
     lane_id: object
     promote: int = 0  # fp8: slices between promotions into ``total`` (0: none, acc holds the sums)
     total: object = None  # float32[acc_regs] local: the promoted sums (with promote)
+    scales: object = None  # fp8.BlockScales: block scales applied at each promotion (promote=1), or None
 
     @property
     def sums(self):
@@ -167,12 +176,17 @@ class Consumer:
         """Wait for the last of :meth:`issue`'s wgmmas and release its slot."""
         _retire(self, pos, num_slices)
 
-    def run(self, pos, num_slices) -> None:
+    def run(self, pos, num_slices, m0=None, n0=None) -> None:
         """A tile's K slices, issued and retired; with ``promote``, every ``promote`` slices run
         into fresh accumulators, retire, and are added into ``total`` in fp32 (what DeepGEMM and
-        CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain)."""
+        CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain). With
+        block ``scales``, ``m0`` (this consumer's first row of the tile) and ``n0`` (the tile's first
+        column) say whose scales: the tile's whole K (slice g is K block g)."""
+        if self.scales is not None and (m0 is None or n0 is None or self.promote != 1):
+            raise ValueError("Consumer.run with block scales needs promote=1 and the tile's m0 and n0 "
+                             "(fp8.check refuses the knobs; a schedule that runs such a tile must pass them)")
         if self.promote:
-            _run_promoted(self, pos, num_slices)
+            _run_promoted(self, pos, num_slices, m0, n0)
         else:
             self.issue(pos, num_slices)
             self.retire(pos, num_slices)
