@@ -80,7 +80,7 @@ def _pack_build(a) -> int:
     layouts = tuple(OPERAND_LAYOUTS[name] for name in a.layouts)
     if (a.fp8_scales or a.fp8_out) and kernel_pack.FP8_INPUT not in dtypes:
         raise UsageError(f"--fp8-scales and --fp8-out choose fp8 modules: add --dtypes {kernel_pack.FP8_INPUT}")
-    fp8 = {"fp8_scales": tuple(a.fp8_scales or FP8_SCALES), "fp8_out": tuple(a.fp8_out or ["bfloat16"])}
+    fp8 = {"fp8_scales": tuple(a.fp8_scales or kernel_pack.FP8_DEFAULT_SCALES), "fp8_out": tuple(a.fp8_out or ["bfloat16"])}
     try:
         if a.dry_run:
             items = kernel_pack.plan_pack(shapes, dtypes, a.arch, a.sms, not a.static, tuple(a.epilogue), weights,
@@ -193,8 +193,9 @@ def add_parsers(sub) -> None:
                    help=f"the input dtypes (default {','.join(DTYPES)}); {kernel_pack.FP8_INPUT}: scaled_mm's fp8 "
                         "modules, of each recipe of --fp8-scales and D of --fp8-out")
     b.add_argument("--fp8-scales", type=cli_types.names(FP8_SCALES, "fp8 scale recipe"), default=None,
-                   help=f"the fp8 modules' scale recipes (default {','.join(FP8_SCALES)}): tensor (one scale each), "
-                        "row (scale_a [M, 1], scale_b [1, N])")
+                   help=f"the fp8 modules' scale recipes (default {','.join(kernel_pack.FP8_DEFAULT_SCALES)}): tensor "
+                        "(one scale each), row (scale_a [M, 1], scale_b [1, N]), block (scale_a [M, K/128] M-major, "
+                        "scale_b [K/128, N/128]: DeepSeek-V3's 1x128 and 128x128 blocks)")
     b.add_argument("--fp8-out", type=cli_types.names(DTYPES, "fp8 D dtype"), default=None,
                    help="the fp8 modules' D dtypes (default bfloat16)")
     b.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))

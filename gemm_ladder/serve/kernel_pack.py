@@ -322,10 +322,13 @@ def _runs(asks) -> list[dict]:
 
 FP8_INPUT = "float8_e4m3"  # the dtype a pack request names for scaled_mm's modules (A and B e4m3)
 FP8_EPILOGUES = ("none", "bias")  # what an fp8 module's epilogue builds (spec._fp8_not_built)
+# the recipes a pack request builds unless it names them (--fp8-scales): block scales quantize a
+# weight differently (128x128 blocks), so a pack builds them only where asked (--fp8-scales block)
+FP8_DEFAULT_SCALES = ("tensor", "row")
 PACK_DTYPES = DTYPES + (FP8_INPUT,)
 
 
-def pack_specs(dtypes, epilogues=("none",), layouts=(("K", "K"),), fp8_scales=FP8_SCALES,
+def pack_specs(dtypes, epilogues=("none",), layouts=(("K", "K"),), fp8_scales=FP8_DEFAULT_SCALES,
                fp8_out=("bfloat16",)) -> list[GemmSpec]:
     """The operand specs a pack request asks for: each 16-bit dtype with each epilogue and layout
     (``spec.spec_for``), and for :data:`FP8_INPUT` an fp8 spec for each recipe of ``fp8_scales``,
@@ -351,7 +354,7 @@ def pack_specs(dtypes, epilogues=("none",), layouts=(("K", "K"),), fp8_scales=FP
                                   f"{' or '.join(FP8_EPILOGUES)} (a bias in D's dtype)")
         for recipe in fp8_scales:
             if recipe not in FP8_SCALES:
-                raise ConfigError(f"fp8 scales {recipe!r}: use {' or '.join(FP8_SCALES)} (block-wise is not built yet)")
+                raise ConfigError(f"fp8 scales {recipe!r}: use {' or '.join(FP8_SCALES)}")
             for d in fp8_out:
                 if d not in DTYPES:
                     raise ConfigError(f"fp8 D dtype {d!r}: a pack's fp8 modules write {' or '.join(DTYPES)}")
@@ -368,7 +371,7 @@ def _check_fp8_extents(N: int, K: int) -> None:
 
 
 def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
-              epilogues=("none",), weights=(), layouts=(("K", "K"),), fp8_scales=FP8_SCALES,
+              epilogues=("none",), weights=(), layouts=(("K", "K"),), fp8_scales=FP8_DEFAULT_SCALES,
               fp8_out=("bfloat16",)) -> list[dict]:
     """The modules a pack needs for ``shapes`` (``(M, N, K)``: those M) and ``weights``
     (``(N, K)``: every bucket of :func:`weight_buckets`) in ``dtypes`` with each of ``epilogues``
@@ -461,7 +464,7 @@ def _pack_worker(args) -> dict:
 
 def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
                workers: int | None = None, cache_root=None, request: dict | None = None, epilogues=("none",),
-               weights=(), layouts=(("K", "K"),), fp8_scales=FP8_SCALES, fp8_out=("bfloat16",)) -> dict:
+               weights=(), layouts=(("K", "K"),), fp8_scales=FP8_DEFAULT_SCALES, fp8_out=("bfloat16",)) -> dict:
     """Build the modules :func:`plan_pack` lists into ``out`` and write ``out/pack.json`` (merged
     with what the folder held: entries of other files stay). Returns the manifest, with
     ``"results"`` (built / cache / failed per module)."""
