@@ -131,8 +131,8 @@ def _check_block(cfg: GemmConfig, every: int) -> None:
         raise ConfigError(f"block scales with blk_k={cfg.blk_k}, promote={every}: a K block's scales are applied "
                           f"as its sums are promoted, so each promotion must cover one {BLOCK}-wide K block; {fix}")
     if dict(cfg.extra).get("k_zigzag"):
-        raise ConfigError(f"block scales with k_zigzag=True: the consumers count K blocks in load order and a "
-                          f"backwards tile would scale slice j by block j; {fix}")
+        raise ConfigError(f"block scales with k_zigzag=True: the consumers count K blocks in load order, so a "
+                          f"backwards tile would scale its slice j (K block nk-1-j) by block j's scales; {fix}")
     if cfg.blk_n % BLOCK and BLOCK % cfg.blk_n:
         raise ConfigError(f"block scales with blk_n={cfg.blk_n}: a tile must cover whole {BLOCK}-column B blocks or "
                           f"lie in one (a multiple or a divisor of {BLOCK}); {fix}")
@@ -180,18 +180,30 @@ def _load_block(bs, m0, n0, kb, base):
         bs.sreg[base + MA + j] = bs.scale_b[T.min(n0 // BLOCK + j, bs.scale_b.shape[0] - 1), kb]
 
 
+def a_scale_slot(r, regs_per_atom):
+    """Which of a thread's A scales (:meth:`BlockScales.load`'s order: two rows an atom) accumulator
+    ``r`` takes: its atom ``r // regs_per_atom``, and its row half ``(r % 4) // 2`` (rows l/4 and
+    l/4 + 8 of the m64nN fragment)."""
+    return 2 * (r // regs_per_atom) + (r % 4) // 2
+
+
+def b_scale_slot(r, regs_per_atom):
+    """Which of the tile's B blocks accumulator ``r`` lies in: its column 8 ((r % regs_per_atom) // 4)
+    + 2 (lane % 4) + r % 2 of the tile, over 128 (64 registers a 128-column block)."""
+    return (r % regs_per_atom) // (BLOCK // 2)
+
+
 @T.inline
 def _promote_block(bs, total, acc, first):
     NR = T.meta_var(bs.plan.acc_stride)
     MA = T.meta_var(2 * bs.plan.m_atoms)
     PER = T.meta_var(BlockScales.per_slice(bs.plan))
-    # register r of atom r // NR: row half (r % 4) // 2, column 8 ((r % NR) // 4) + ...: B block (r % NR) // 64
     if first:
         for r in T.unroll(bs.plan.acc_regs):
-            total[r] = acc[r] * (bs.sreg[2 * (r // NR) + (r % 4) // 2] * bs.sreg[MA + (r % NR) // 64])
+            total[r] = acc[r] * (bs.sreg[a_scale_slot(r, NR)] * bs.sreg[MA + b_scale_slot(r, NR)])
     else:
         for r in T.unroll(bs.plan.acc_regs):
-            total[r] = total[r] + acc[r] * (bs.sreg[2 * (r // NR) + (r % 4) // 2] * bs.sreg[MA + (r % NR) // 64])
+            total[r] = total[r] + acc[r] * (bs.sreg[a_scale_slot(r, NR)] * bs.sreg[MA + b_scale_slot(r, NR)])
     for i in T.unroll(PER):
         bs.sreg[i] = bs.sreg[PER + i]
 
