@@ -3,6 +3,9 @@
     xq, sx = gemm_ladder.quantize_fp8(x, "row")                 # bf16 [M, K] -> e4m3 + scale [M, 1]
     wq, sw = gemm_ladder.quantize_fp8(W, "row")                 # bf16 [N, K] (nn.Linear.weight)
     y = gemm_ladder.scaled_mm(xq, wq.t(), sx, sw.t(), out_dtype=torch.bfloat16)   # ~ x @ W.T
+    xq, sx = gemm_ladder.quantize_fp8(x, "block")               # 1x128 groups: [M, K/128] M-major
+    wq, sw = gemm_ladder.quantize_fp8(W, "block", block=(128, 128))   # [N/128, K/128]
+    y = gemm_ladder.scaled_mm(xq, wq.t(), sx, sw.t())           # the block recipe, by the scales' shapes
 
     D[m, n] = round(sum_k A[m, k] B[k, n] * scale_a * scale_b (+ bias[n]))
 
