@@ -5,7 +5,9 @@ layout, the front door's checks, quantize_fp8's blocks, the fallback and packs. 
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -195,3 +197,13 @@ def test_the_gpu_check_hands_block_scales_to_the_kernel_as_they_lie():
     assert ops["scale_b"].shape == (2, 3) and ops["scale_b"].is_contiguous()  # [N/128, K/128]
     da, dw = fp8_check.dequantized(aq, wq, sa, sw.t(), "block")
     assert torch.equal(da, dequantize(aq, sa).double()) and torch.equal(dw, dequantize(wq, sw, (128, 128)).double())
+
+
+def test_the_pack_cli_plans_block_modules_by_name():
+    out = subprocess.run([sys.executable, "-m", "gemm_ladder", "pack", "build", "--weights", "4096x7168", "--dtypes",
+                          "float8_e4m3", "--fp8-scales", "block", "--dry-run"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=120,
+                         env={**os.environ, "GEMM_LADDER_TUNING_DB": "off"})
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if "float8_e4m3" in line]
+    assert len(rows) == 1 and "block -> bfloat16" in rows[0] and "1..16384" in rows[0], out.stdout
