@@ -175,3 +175,48 @@ def test_fast_spec_is_the_plain_product_in_either_layout_with_a_bias_at_most():
     for spec in (GemmSpec.with_epilogue(act="relu"), GemmSpec.with_epilogue(alpha=True),
                  GemmSpec.with_epilogue(residual=True), GemmSpec(d="float32"), GemmSpec(bias="float32")):
         assert not front.fast_spec(spec), spec
+
+
+# -- torch's route on the fast path (issue 30's call floor) -------------------------------------------
+@pytest.fixture
+def torch_route(monkeypatch, cpu_gpu):
+    """The checked path's route of each spec: torch's matmul (as where first use measured it
+    faster); returns the routes by spec."""
+    routes = {}
+
+    def route(M, N, K, dtype, index, strict=False, spec=None):  # pylint: disable=unused-argument
+        spec = spec or GemmSpec.default(dtype)
+        if spec not in routes:
+            routes[spec] = front.Route(front.TorchMatmul(), None, "torch, measured faster", "torch", {})
+        return routes[spec], True
+
+    monkeypatch.setattr(front, "_route", route)
+    return routes
+
+
+def test_torchs_route_repeats_as_f_linear_itself(cpu_gpu, torch_route, monkeypatch):
+    """Where torch's matmul computes a shape, a repeated call without ``out`` is F.linear on the
+    caller's tensors (batch dims, transposed views and bias as they are): no D of ours allocated."""
+    seen = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: seen.append(a) or real(*a))
+    for A, B, bias in ((r(2, 8, 16), r(24, 16), None), (r(16, 32).t(), r(16, 24).t(), None),
+                       (r(32, 16), r(24, 16), r(24))):
+        for i in range(2):
+            checked = cpu_gpu["checked"]
+            D = front.matmul(A, B, bias=bias)
+            assert cpu_gpu["checked"] == checked + (i == 0)
+            assert D.shape == (*A.shape[:-1], 24)
+            torch.testing.assert_close(D.float().reshape(-1, 24), want(A.reshape(-1, A.shape[-1]), B, bias),
+                                       rtol=2e-3, atol=2e-3)
+        assert seen[-1][0] is A and seen[-1][1] is B and seen[-1][2] is bias  # the second call's
+    assert sum(rt.calls for rt in torch_route.values()) == 6 and len(seen) == 3
+
+
+def test_torchs_route_with_an_out_writes_it(cpu_gpu, torch_route):
+    A, B, bias = r(32, 16), r(24, 16), r(24)
+    for with_bias in (False, True, True):
+        out = torch.full((32, 24), float("nan")).half()
+        assert front.matmul(A, B, out=out, bias=bias if with_bias else None) is out
+        torch.testing.assert_close(out.float(), want(A, B, bias if with_bias else None), rtol=2e-3, atol=2e-3)
+    assert cpu_gpu["checked"] == 2 and sum(rt.calls for rt in torch_route.values()) == 3

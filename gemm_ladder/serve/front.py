@@ -46,7 +46,9 @@ transposed views read as they lie, as a training step's dX and dW calls pass the
 most) skips the checks and the lookup: the strides fix every layout, so it checks only that its
 tensors are 16-byte aligned, want no grad and that ``out`` shares no memory with A, B or the
 bias, and launches as that call did (a ~20 us kernel would otherwise wait on the host;
-``benchmarks/front_overhead.py`` and ``benchmarks/host_check.py`` measure it). ``explain=True`` prints the choice to
+``benchmarks/front_overhead.py`` and ``benchmarks/host_check.py`` measure it). Where torch's
+matmul computes the shape (measured faster at first use, or the fallback), such a call without
+``out`` is ``F.linear`` on the caller's own tensors: the key lookup over calling torch directly. ``explain=True`` prints the choice to
 stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO logs every new choice.
 
 Inputs: fp16 or bf16, contiguous, row-major, on one CUDA GPU; what TMA cannot describe (N or K
@@ -980,11 +982,11 @@ def _fast_key(A, B, out, bias=None):
     contiguous tensor, an MN-major A or B), dtypes and GPUs of A, B, ``out`` and the bias; None
     when the arguments are not tensors (the checked path says what they should be)."""
     try:
-        key = (A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, A.get_device(), B.get_device())
+        key = (A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, A.device, B.device)
         if out is not None:
-            key += (out.shape, out.stride(), out.dtype, out.get_device())
+            key += (out.shape, out.stride(), out.dtype, out.device)
         if bias is not None:
-            key += ("bias", bias.shape, bias.stride(), bias.dtype, bias.get_device())
+            key += ("bias", bias.shape, bias.stride(), bias.dtype, bias.device)
         return key
     except (AttributeError, TypeError):
         return None
@@ -1025,6 +1027,9 @@ def _fast(A, B, out, bias=None):
             return None
         if bias is not None and pd < pc + bias.nbytes and pc < d_end:
             return None
+    if out is None and launch is torch_linear:  # torch's route: F.linear makes D, batch dims and all
+        route.calls += 1
+        return _linear(A, B, bias)
     a = A if len(shape) == 2 else A.view(M, K)
     if out is None:
         import torch  # pylint: disable=import-outside-toplevel
@@ -1077,10 +1082,32 @@ def padded_launch(route: Route, M: int, N: int, K: int, fixes: Fixes):
     return lambda a, b, d: launch_route(route, a, b, d, M, N, K, fixes)
 
 
+def torch_linear(a, b, d, *extras) -> None:
+    """The fast path's launch of torch's route (:class:`TorchMatmul` without an activation, the
+    front door's measured choice or its fallback): ``d = a . b^T (+ bias)`` by cuBLAS into ``d``;
+    a call without ``out`` skips this and calls ``F.linear`` itself, which allocates D (a
+    repeated call then costs the key lookup over calling F.linear directly)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if extras:
+        torch.addmm(extras[0], a, b.t(), out=d)
+    else:
+        torch.mm(a, b.t(), out=d)
+
+
+def _linear(A, B, bias):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    return torch.nn.functional.linear(A, B, bias)
+
+
 def stored_launch(route: Route, index: int):
-    """The fast path's launch of a plain call on GPU ``index``: the route's bound launcher, handed
-    the memory under a transposed view where its module reads an MN-major operand as it is stored
-    (:func:`takes_stored`); None before the route has launched on that GPU."""
+    """The fast path's launch of a plain call on GPU ``index``: :func:`torch_linear` for torch's
+    route, else the route's bound launcher, handed the memory under a transposed view where its
+    module reads an MN-major operand as it is stored (:func:`takes_stored`); None before the
+    route has launched on that GPU."""
+    if isinstance(route.module, TorchMatmul) and route.module.act == "none":
+        return torch_linear
     launch = route.launchers.get(index)
     ta, tb = takes_stored(route.module)
     if launch is None or not (ta or tb):
