@@ -208,3 +208,16 @@ def test_under_autocast_it_casts_as_f_linear_does_and_dw_reaches_the_fp32_weight
     ref.weight.grad = None
     out_ref.float().sum().backward()
     torch.testing.assert_close(ref_grad, ref.weight.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_a_backward_that_builds_a_graph_goes_through_the_op_and_differentiates_again(on_kernel):
+    """``create_graph=True`` (grad mode on in the backward): the backward's GEMMs are the op's,
+    so the gradient has a graph of its own; its values are the plain backward's."""
+    lin = _layer(bias=False)
+    x = torch.randn(4, 64).half().requires_grad_()
+    (gx,) = torch.autograd.grad(lin(x).float().sum(), x, create_graph=True)
+    assert gx.grad_fn is not None
+    (plain,) = torch.autograd.grad(lin(x).float().sum(), x)
+    assert torch.equal(gx.detach(), plain)
+    gx.float().square().sum().backward()  # through the op's own backward
+    assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
