@@ -20,8 +20,9 @@ MN-major modules (no copies)::
 where a module of ours serves them (v9; the front door's route), torch's matmul otherwise. With
 an activation, ``dD`` is first taken through it at the pre-activation ``Z = mm(A, B, bias)``,
 recomputed in the backward (one more GEMM; the forward writes only D), by torch's own
-``*_backward`` ops. dB comes out in B's dtype (an fp32 D, for fp32 master weights, is where an
-fp32 weight gradient would come from: see ``_backward``). The real implementation is
+``*_backward`` ops. dB comes out in B's dtype, as torch's own linear gives it: under autocast
+over fp32 master weights autograd's cast node takes it to fp32 (see :func:`linear_grads`, which
+``gemm_ladder.nn`` shares for its eager path). The real implementation is
 :func:`gemm_ladder.matmul` on torch's current stream (under the op's autograd, with grad mode
 off); A and B pass as they are when contiguous or a transposed view of a contiguous tensor, and
 are made contiguous otherwise, as torch's own matmul takes any strides. B is always the [N, K]
