@@ -222,7 +222,8 @@ def linear_phase(doc: dict) -> dict:
         ms = e2e_check._alternate(fns, ROUNDS, LINEAR_REPS, dev)  # pylint: disable=protected-access
         rows.append({"t0": t0, "t1": time.time(), "phase": "linear", "op": "fwd+bwd", "layer": name,
                      "M": tr["batch"] * tr["seq"], "N": n_out, "K": k_in, "dtype": "bf16 autocast, fp32 weights",
-                     "ours_us": ms["ours"] * 1e3, "torch_us": ms["torch"] * 1e3, "ratio_to_torch": ms["torch"] / ms["ours"],
+                     "ours_us": ms["ours"] * 1e3, "torch_us": ms["torch"] * 1e3,
+                     "ratio_to_torch": ms["torch"] / ms["ours"],
                      "ours_host_us": host["ours"], "torch_host_us": host["torch"], "checks": checks,
                      "weight_grad_dtype": str(ours.weight.grad.dtype),
                      "ok": all(c["ok"] for c in checks.values()) and ours.weight.grad.dtype == torch.float32})

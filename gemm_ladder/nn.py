@@ -45,8 +45,9 @@ def traced(*tensors) -> bool:
     """Whether a call must go through the registered op for a tracer to see it: under
     ``torch.compile``/``torch.export``, a dispatch mode (fake tensors, make_fx), a functorch
     transform, or with a tensor subclass."""
-    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0  # pylint: disable=protected-access
-            or torch._C._are_functorch_transforms_active()  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._are_functorch_transforms_active()
             or any(t is not None and type(t) not in _PLAIN for t in tensors))
 
 

@@ -162,9 +162,10 @@ def test_a_transposed_view_copied_for_tma_is_not_remembered(cpu_gpu):
     checked again (its view is not what the remembered launch was handed), and stays right."""
     M, N, K = 12, 24, 16
     for i in range(2):
-        A = r(K, M).t()
-        D = front.matmul(A, r(N, K))
+        A, B = r(K, M).t(), r(N, K)
+        D = front.matmul(A, B)
         assert cpu_gpu["checked"] == i + 1
+        torch.testing.assert_close(D.float(), want(A, B), rtol=2e-3, atol=2e-3)
         assert tuple(cpu_gpu["modules"][GemmSpec()].module.calls[-1][0].shape) == (M, K)  # the copy
 
 

@@ -48,8 +48,9 @@ tensors are 16-byte aligned, want no grad and that ``out`` shares no memory with
 bias, and launches as that call did (a ~20 us kernel would otherwise wait on the host;
 ``benchmarks/front_overhead.py`` and ``benchmarks/host_check.py`` measure it). Where torch's
 matmul computes the shape (measured faster at first use, or the fallback), such a call without
-``out`` is ``F.linear`` on the caller's own tensors: the key lookup over calling torch directly. ``explain=True`` prints the choice to
-stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO logs every new choice.
+``out`` is ``F.linear`` on the caller's own tensors: the key lookup over calling torch directly.
+``explain=True`` prints the choice to stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO
+logs every new choice.
 
 Inputs: fp16 or bf16, contiguous, row-major, on one CUDA GPU; what TMA cannot describe (N or K
 not a multiple of 8, a view that does not start on a 16-byte boundary) takes a correct, slower
