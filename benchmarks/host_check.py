@@ -17,7 +17,9 @@ with a deadline (``measure.isolate``: a hang costs its phase, not the run):
   alternating rounds, median;
 - ``linear``: ``gemm_ladder.nn.Linear`` against ``nn.Linear`` on fp32 master weights under bf16
   autocast, forward and backward of one layer (q, gate and down's shapes): output, dX and dW
-  checked against float64 as above, then alternating rounds;
+  checked against float64 as above, then alternating rounds, with the registered op
+  ``torch.ops.gemm_ladder.mm`` called eagerly as a third (``op_us``: the custom op's dispatch on
+  the same kernels, which Linear's eager path skips);
 - ``train``: the e2e training step (``e2e_check``'s model, batches and optimizer) for
   :data:`TRAIN_STEPS` steps of torch and ours in turn from the same weights, the median step time
   after :data:`TRAIN_WARMUP`, and whether the losses agree (:func:`loss_close`).
@@ -132,24 +134,28 @@ def _errors(got: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"rel_err": rel, "torch_rel_err": torch_rel, "ok": e2e_check.error_ok(rel, torch_rel)}
 
 
-def _host_us(fn, reps: int = HOST_REPS) -> float:
+def _host_us(fn, reps: int = HOST_REPS, dev: torch.device | None = None) -> float:
     """Host microseconds of one call of ``fn`` with the GPU kept busy (a sleep kernel queued
     first), so the host never waits for the GPU: the call's own host path."""
-    torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)  # ~100 ms of GPU time at H100 clocks; pylint: disable=protected-access
+    cuda = dev is None or dev.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # ~100 ms of GPU time at H100 clocks; pylint: disable=protected-access
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
     t1 = time.perf_counter()
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     return (t1 - t0) / reps * 1e6
 
 
-def calls_phase(doc: dict) -> dict:
+def calls_phase(doc: dict, dev: str = "cuda", rounds: int = ROUNDS) -> dict:
+    """The ``calls`` phase (module docstring); ``dev`` other than cuda: a dry run (tests)."""
     tr = doc["train"]
     cfg = e2e_check.config_of(doc, tr["model"])
     rows_n = tr["batch"] * tr["seq"]
-    dev = torch.device("cuda")
+    dev = torch.device(dev)
     g = torch.Generator(device=dev).manual_seed(31)
     tensors: dict = {}
     rows = []
@@ -170,8 +176,8 @@ def calls_phase(doc: dict) -> dict:
         fast = front._fast_key(a, b, None) in front._FAST  # pylint: disable=protected-access
         del ref, poisoned
         fns = {"ours": lambda: gemm_ladder.matmul(a, b), "torch": lambda: torch.mm(a, b.t())}
-        host = {n: _host_us(f) for n, f in fns.items()}
-        ms = e2e_check._alternate(fns, ROUNDS, CALL_REPS, dev)  # pylint: disable=protected-access
+        host = {n: _host_us(f, dev=dev) for n, f in fns.items()}
+        ms = e2e_check._alternate(fns, rounds, CALL_REPS, dev)  # pylint: disable=protected-access
         rows.append({"t0": t0, "t1": time.time(), "phase": "calls", **case, "dtype": "bfloat16",
                      "ours_us": ms["ours"] * 1e3, "torch_us": ms["torch"] * 1e3,
                      "ratio_to_torch": ms["torch"] / ms["ours"], "call_ratio": ms["torch"] / ms["ours"],
@@ -181,10 +187,11 @@ def calls_phase(doc: dict) -> dict:
     return {"status": "ok" if all(r["ok"] for r in rows) else "wrong", "rows": rows}
 
 
-def linear_phase(doc: dict) -> dict:
+def linear_phase(doc: dict, dev: str = "cuda", rounds: int = ROUNDS) -> dict:
+    """The ``linear`` phase (module docstring); ``dev`` other than cuda: a dry run (tests)."""
     tr = doc["train"]
     cfg = e2e_check.config_of(doc, tr["model"])
-    dev = torch.device("cuda")
+    dev = torch.device(dev)
     torch.manual_seed(32)
     rows = []
     for name in LINEAR_LAYERS:
@@ -195,7 +202,7 @@ def linear_phase(doc: dict) -> dict:
         dY = torch.randn(tr["batch"], tr["seq"], n_out, device=dev, dtype=DTYPE)
 
         def step(lin):
-            with torch.autocast("cuda", dtype=DTYPE):
+            with torch.autocast(dev.type, dtype=DTYPE):
                 y = lin(x)
             y.backward(dY)
             return y
@@ -217,14 +224,19 @@ def linear_phase(doc: dict) -> dict:
                 step(lin)
             return fn
 
-        fns = {"ours": timed(ours), "torch": timed(theirs)}
-        host = {n: _host_us(f, reps=10) for n, f in fns.items()}
-        ms = e2e_check._alternate(fns, ROUNDS, LINEAR_REPS, dev)  # pylint: disable=protected-access
+        # the registered op called eagerly, as Linear did before its autograd.Function: what the
+        # custom op's dispatch costs on top of the same kernels
+        via_op = copy.deepcopy(theirs)
+        via_op.forward = lambda t, w=via_op.weight: torch.ops.gemm_ladder.mm(t.to(DTYPE), w.to(DTYPE))
+        fns = {"ours": timed(ours), "torch": timed(theirs), "op": timed(via_op)}
+        host = {n: _host_us(f, reps=10, dev=dev) for n, f in fns.items()}
+        ms = e2e_check._alternate(fns, rounds, LINEAR_REPS, dev)  # pylint: disable=protected-access
         rows.append({"t0": t0, "t1": time.time(), "phase": "linear", "op": "fwd+bwd", "layer": name,
                      "M": tr["batch"] * tr["seq"], "N": n_out, "K": k_in, "dtype": "bf16 autocast, fp32 weights",
                      "ours_us": ms["ours"] * 1e3, "torch_us": ms["torch"] * 1e3,
                      "ratio_to_torch": ms["torch"] / ms["ours"],
                      "ours_host_us": host["ours"], "torch_host_us": host["torch"], "checks": checks,
+                     "op_us": ms["op"] * 1e3, "op_host_us": host["op"],
                      "weight_grad_dtype": str(ours.weight.grad.dtype),
                      "ok": all(c["ok"] for c in checks.values()) and ours.weight.grad.dtype == torch.float32})
     return {"status": "ok" if all(r["ok"] for r in rows) else "wrong", "rows": rows}

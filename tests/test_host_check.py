@@ -93,6 +93,47 @@ def test_train_dry_run_times_both_and_agrees_where_the_layers_are_torchs(hc):
     assert row["loss_ok"] is True and row["ratio_to_torch"] > 0 and row["tokens"] == 32
 
 
+def _cpu_product(A, B, out=None, bias=None, activation=None):  # pylint: disable=unused-argument
+    """The front door on the CPU (its kernels need a GPU): D = A . B^T (+ bias) in fp32, rounded."""
+    D = (A.float() @ B.float().T + (0 if bias is None else bias.float())).to(A.dtype)
+    return D if out is None else out.copy_(D)
+
+
+def test_calls_dry_run_checks_then_times_every_case(hc, monkeypatch):
+    """The calls phase on the CPU with a CPU product for the front door: every case checked (out
+    poisoned, then the plain call) and timed, in the layouts the backward passes."""
+    monkeypatch.setattr(hc, "gemm_ladder", type("Front", (), {"matmul": staticmethod(_cpu_product)}))
+    out = hc.calls_phase(_tiny_doc(hc), dev="cpu", rounds=1)
+    assert out["status"] == "ok" and len(out["rows"]) == 15  # 5 weights x fwd, dX, dW
+    for row in out["rows"]:
+        assert row["ok"] and row["check_out"]["rel_err"] < 1e-2 and row["ratio_to_torch"] > 0
+        assert row["majors"] == {"fwd": ["K", "K"], "dX": ["K", "N"], "dW": ["M", "N"]}[row["op"]]
+        assert row["fast_path"] is False  # the stand-in remembers nothing
+
+
+def test_calls_check_catches_a_wrong_or_unwritten_result(hc, monkeypatch):
+    """An ``out`` left as poisoned (NaN) or a result off by a little more than rounding: wrong."""
+    def lazy(A, B, out=None, **kwargs):
+        return _cpu_product(A, B) * 1.01 if out is None else out
+
+    monkeypatch.setattr(hc, "gemm_ladder", type("Front", (), {"matmul": staticmethod(lazy)}))
+    out = hc.calls_phase(_tiny_doc(hc), dev="cpu", rounds=1)
+    assert out["status"] == "wrong"
+    assert not any(r["check_out"]["ok"] or r["check_plain"]["ok"] for r in out["rows"])
+
+
+def test_linear_dry_run_checks_ours_torch_and_the_op(hc, monkeypatch):
+    """The linear phase on the CPU under bf16 autocast (a CPU product for the kernels): ours, torch
+    and the op timed; output, dX and dW checked; the weight's gradient in fp32."""
+    monkeypatch.setattr(ops, "matmul", _cpu_product)
+    monkeypatch.setattr(hc.gnn, "uses_kernel", lambda x, w: True)
+    out = hc.linear_phase(_tiny_doc(hc), dev="cpu", rounds=1)
+    assert out["status"] == "ok" and [r["layer"] for r in out["rows"]] == list(hc.LINEAR_LAYERS)
+    for row in out["rows"]:
+        assert row["weight_grad_dtype"] == "torch.float32" and set(row["checks"]) == {"out", "dX", "dW"}
+        assert row["op_us"] > 0 and row["ours_us"] > 0 and row["torch_us"] > 0
+
+
 class _Clocks:
     def between(self, t0, t1):
         return {"sm_mhz": 1980, "samples": 1 if t0 <= t1 else 0}
