@@ -35,7 +35,7 @@ from .built import config_of, describe, sass_counts, sass_text, show_sass_counts
 from .gpu import check_and_time, gpu_here, no_gpu_message
 from .plots import (plot_cta_grid, plot_grouped_walk, plot_k_loop, plot_pipeline_timeline, plot_smem_budget, plot_tma_box,
                     show)
-from .results import RESULTS_DIR, ResultTable, committed_results
+from .results import RESULTS_DIR, CommittedRun, ResultTable, committed_results, committed_run, geomean, ratio_summary
 from .roles import plot_cluster_multicast, plot_epilogue_overlap, plot_roles
 from .sources import REPO, diff_text, function_source, rung_diff, rung_source, rung_source_path, show_source
 from .tuning import tuning_space

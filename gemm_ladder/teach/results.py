@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import records
+from ..core.records import List, Obj, Str
 from .sources import REPO
 
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -70,3 +74,69 @@ def committed_results(rung: str | None = None, arch: str = "sm_90a", results_dir
             })
     what = f"rung {rung} ({arch})" if rung else f"any rung ({arch})"
     return ResultTable(rows, what, folder)
+
+
+# one run of a check script (``benchmarks/*_check.py run``): the GPU it ran on, when, at which commit,
+# and its rows; the date and commit at the top (layouts, e2e) or under "run" (epilogue)
+_RUN_SCHEMA = Obj({"gpu": Obj({"name": Str()}, {"sm_clock_mhz_now": Str(), "sm_clock_mhz_max": Str(),
+                                                 "power_limit": Str(), "driver": Str(), "torch": Str()})},
+                  {"rows": List(Obj()), "results": List(Obj()), "date": Str(), "commit": Str(),
+                   "run": Obj({"date": Str(), "commit": Str()}), "clocks": Obj()})
+_RUN_FIX = "restore it with git checkout, or rerun the check script that wrote it on an H100"
+
+
+@dataclass(frozen=True)
+class CommittedRun:
+    """One committed run of a check script: where it ran (``gpu``: name, clocks, power limit,
+    driver), when, at which commit, and its ``rows`` (the per-case results)."""
+
+    path: Path
+    gpu: dict
+    date: str
+    commit: str
+    rows: list
+    clocks: dict  # the SM clock and power sampled during the timing, where the script recorded them
+
+    def describe(self) -> str:
+        """One line a reader quotes: the GPU and its clocks, the date and the commit."""
+        g = self.gpu
+        during = (f", {self.clocks['sm_mhz']} MHz / {self.clocks['watts']} W during the timing"
+                  if {"sm_mhz", "watts"} <= set(self.clocks) else "")
+        where = self.path.relative_to(REPO) if REPO in self.path.parents else self.path
+        return (f"{g['name']} ({g.get('power_limit', '? W')}, driver {g.get('driver', '?')}, SM clock max "
+                f"{g.get('sm_clock_mhz_max', '?')}{during}), {self.date[:10]}, commit {self.commit[:7]}: {where}")
+
+
+def committed_run(folder: str, name: str, results_dir=None) -> CommittedRun:
+    """The run ``benchmarks/results/<folder>/<name>`` (a check script's JSON), read through the
+    project's one reader: a missing or damaged file is a ``RecordError`` naming it and the field."""
+    path = Path(results_dir or RESULTS_DIR) / folder / name
+    data = records.read_json(path, "committed run", fix=_RUN_FIX, schema=_RUN_SCHEMA)
+    stamp = data.get("run", data)
+    if "date" not in stamp or "commit" not in stamp:
+        raise records.RecordError(f"{path}: field 'commit' or 'date' is missing (at the top or under 'run'); "
+                                  f"{_RUN_FIX}")
+    rows = data.get("rows", data.get("results"))
+    if rows is None:
+        raise records.RecordError(f"{path}: field 'rows' is missing (nor 'results'); {_RUN_FIX}")
+    return CommittedRun(path, data["gpu"], stamp["date"], stamp["commit"], rows, data.get("clocks", {}))
+
+
+def geomean(values) -> float:
+    """The geometric mean: how a suite of speed ratios is summed up (one slow shape and one fast
+    one of the same factor cancel)."""
+    values = list(values)
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"a geometric mean takes positive numbers, at least one; got {values}")
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def ratio_summary(rows, by: str = "op", value: str = "kernel_ratio") -> list[dict]:
+    """Per value of ``by`` (in the rows' order): how many rows, the geomean and the lowest of
+    ``value`` (rows without it are left out)."""
+    groups: dict = {}
+    for r in rows:
+        if r.get(value) is not None:
+            groups.setdefault(r[by], []).append(r[value])
+    return [{by: k, "rows": len(v), "geomean": round(geomean(v), 3), "lowest": round(min(v), 3)}
+            for k, v in groups.items()]
