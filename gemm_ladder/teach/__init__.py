@@ -14,7 +14,11 @@ Modules: ``sources`` (rung files, diffs), ``built`` (a built module's source, SA
 ``gpu`` (the GPU cells), ``results`` (committed measurements), ``plots`` (pictures; ``roles``
 for the pictures of v7-v9), ``tuning`` (the tuner's pruned space), ``shapes`` (tutorial 11: waves,
 weight streaming, swap-AB and split-K pictures, the front door's policy; ``from gemm_ladder.teach
-import shapes``). The models the pictures draw live with the other models:
+import shapes``), ``fusion`` (tutorial 14: the bytes a fused epilogue saves, its generated lines),
+``operands`` (tutorial 15: operand layouts, TMA boxes and descriptors, the op's autograd calls;
+imports TVM and torch: ``from gemm_ladder.teach import operands``); :func:`committed_run` reads one
+committed run of a check script (GPU, clocks, commit, rows). The models the pictures draw live
+with the other models:
 ``schedulers.pipeline`` (the K-loop pipeline), ``schedulers.roles`` (producer/consumer roles,
 epilogues, cluster multicast), ``schedulers.orders``/``traffic`` (tile orders),
 ``gemm_ladder.core.budget`` (shared memory).
@@ -41,10 +45,11 @@ from .sources import REPO, diff_text, function_source, rung_diff, rung_source, r
 from .tuning import tuning_space
 
 __all__ = [
-    "REPO", "RESULTS_DIR", "ResultTable", "check_and_time", "committed_results", "config_of", "describe",
-    "diff_text", "function_source", "gpu_here", "no_gpu_message", "pipeline_schedule", "plot_cluster_multicast",
+    "REPO", "RESULTS_DIR", "CommittedRun", "ResultTable", "check_and_time", "committed_results", "committed_run",
+    "config_of", "describe",
+    "diff_text", "function_source", "geomean", "gpu_here", "no_gpu_message", "pipeline_schedule", "plot_cluster_multicast",
     "plot_cta_grid", "plot_epilogue_overlap", "plot_grouped_walk", "plot_k_loop", "plot_pipeline_timeline", "plot_roles",
-    "plot_smem_budget", "plot_tma_box", "rung_diff", "rung_source",
+    "plot_smem_budget", "plot_tma_box", "ratio_summary", "rung_diff", "rung_source",
     "rung_source_path", "sass_counts", "sass_text", "show", "show_sass_counts", "show_source",
     "source_excerpt", "tuning_space",
 ]
