@@ -110,6 +110,24 @@ def test_the_committed_epilogue_run_reads_as_its_readme_says():
     assert all(r["measured x unfused"] for r in fusion.measured_vs_model(run.rows))
 
 
+def test_sampled_clocks_sum_up_the_busy_samples_and_name_a_bad_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    head = "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], temperature.gpu\n"
+    idle, busy = "t, 345 MHz, 2619 MHz, 70.0 W, 34\n", ["t, 1980 MHz, 2619 MHz, 400.0 W, 50\n",
+                                                        "t, 1400 MHz, 2619 MHz, 700.0 W, 64\n",
+                                                        "t, 1500 MHz, 2619 MHz, 690.0 W, 60\n"]
+    (tmp_path / "run" / "clocks.csv").write_text(head + idle + "".join(busy) + idle)
+    line = teach.sampled_clocks("run", results_dir=tmp_path)
+    assert line.startswith("3 busy sample(s) of 5") and "median 1500 MHz (lowest 1400)" in line
+    assert "700 W and 64 C" in line
+    (tmp_path / "run" / "clocks.csv").write_text(head + idle + "t, fast, 2619 MHz, 400 W, 50\n")
+    with pytest.raises(RecordError, match=r"clocks.csv: line 3"):
+        teach.sampled_clocks("run", results_dir=tmp_path)
+    (tmp_path / "run" / "clocks.csv").write_text("timestamp, power.draw [W]\n" + idle)
+    with pytest.raises(RecordError, match=r"no clocks.current.sm \[MHz\] / temperature.gpu column"):
+        teach.sampled_clocks("run", results_dir=tmp_path)
+
+
 # -- tutorial 14: the bytes a fused epilogue saves ------------------------------------------------------------
 @pytest.mark.parametrize("op", fusion.OPS)
 def test_fusing_keeps_the_gemm_and_drops_memory_bound_kernels(op):

@@ -157,6 +157,7 @@ except ConfigError as err:
 # %%
 lay = teach.committed_run("2026-11-26_h100_layouts", "layouts_check.json")
 print(lay.describe())
+print(teach.sampled_clocks("2026-11-26_h100_layouts"))
 rows = [{k: r[k] for k in ("op", "weight", "tokens", "M", "N", "K")}
         | {"kernel x cuBLAS": f"{r['kernel_ratio']:.3f}", "call x cuBLAS": f"{r['call_ratio']:.3f}"} for r in lay.rows]
 print(report.table(rows, list(rows[0])))
@@ -179,6 +180,7 @@ print(report.table(teach.ratio_summary(lay.rows), ["op", "rows", "geomean", "low
 # %%
 e2e = teach.committed_run("2026-11-26_h100_e2e", "e2e_check.json")
 print(e2e.describe())
+print(teach.sampled_clocks("2026-11-26_h100_e2e"))
 rows = [{"phase": r["phase"], "model": r["model"], "batch": r["batch"], "tokens": r["tokens"],
          "torch ms": f"{r.get('torch_ms', r.get('torch_step_ms')):.2f}",
          "ours ms": f"{r.get('ours_ms', r.get('ours_step_ms')):.2f}", "x torch": f"{r['ratio_to_torch']:.3f}",

@@ -39,17 +39,18 @@ from .built import config_of, describe, sass_counts, sass_text, show_sass_counts
 from .gpu import check_and_time, gpu_here, no_gpu_message
 from .plots import (plot_cta_grid, plot_grouped_walk, plot_k_loop, plot_pipeline_timeline, plot_smem_budget, plot_tma_box,
                     show)
-from .results import RESULTS_DIR, CommittedRun, ResultTable, committed_results, committed_run, geomean, ratio_summary
+from .results import (RESULTS_DIR, CommittedRun, ResultTable, committed_results, committed_run, geomean, ratio_summary,
+                      sampled_clocks)
 from .roles import plot_cluster_multicast, plot_epilogue_overlap, plot_roles
 from .sources import REPO, diff_text, function_source, rung_diff, rung_source, rung_source_path, show_source
 from .tuning import tuning_space
 
 __all__ = [
-    "REPO", "RESULTS_DIR", "CommittedRun", "ResultTable", "check_and_time", "committed_results", "committed_run",
-    "config_of", "describe",
-    "diff_text", "function_source", "geomean", "gpu_here", "no_gpu_message", "pipeline_schedule", "plot_cluster_multicast",
+    "REPO", "RESULTS_DIR", "ResultTable", "check_and_time", "committed_results", "config_of", "describe",
+    "diff_text", "function_source", "gpu_here", "no_gpu_message", "pipeline_schedule", "plot_cluster_multicast",
     "plot_cta_grid", "plot_epilogue_overlap", "plot_grouped_walk", "plot_k_loop", "plot_pipeline_timeline", "plot_roles",
-    "plot_smem_budget", "plot_tma_box", "ratio_summary", "rung_diff", "rung_source",
+    "plot_smem_budget", "plot_tma_box", "rung_diff", "rung_source",
     "rung_source_path", "sass_counts", "sass_text", "show", "show_sass_counts", "show_source",
     "source_excerpt", "tuning_space",
+    "CommittedRun", "committed_run", "geomean", "ratio_summary", "sampled_clocks",
 ]

@@ -83,7 +83,8 @@ def model_rows(shapes, ops=OPS, elem: int = 2, gpu=wave_model.H100) -> list[dict
 
 # a committed epilogue run's ops (benchmarks/epilogue_check.py) -> the modelled op and the key of the
 # kernel-level ratio against torch's unfused path
-MEASURED = {"residual": ("residual", "kernel_ratio_unfused"), "fp32_out": ("fp32_out", "kernel_ratio_linear_then_float"),
+MEASURED = {"residual": ("residual", "kernel_ratio_unfused"),
+            "fp32_out": ("fp32_out", "kernel_ratio_linear_then_float"),
             "swiglu": ("swiglu", "kernel_ratio_two_linears")}
 
 
@@ -117,7 +118,8 @@ def activation_rows(rows, gpu=wave_model.H100) -> list[dict]:
         p = paths("bias_act", M, N, K)
         model = sum(k.seconds(gpu) for k in p["unfused"]) / sum(k.seconds(gpu) for k in p["fused"])
         out.append({"epilogue": f"bias + {act.group(1)}" if act else "none", "shape": f"{M}x{N}x{K}",
-                    "dtype": r["dtype"], "ours ms": f"{r['ms']:.3f}", "torch's path": path.replace(" (torch's unfused path)", ""),
+                    "dtype": r["dtype"], "ours ms": f"{r['ms']:.3f}",
+                    "torch's path": path.replace(" (torch's unfused path)", ""),
                     "measured": f"{r['ratio_to_cublas']:.3f}", "model": f"{model:.3f}" if act else ""})
     return out
 

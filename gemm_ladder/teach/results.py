@@ -81,30 +81,28 @@ def committed_results(rung: str | None = None, arch: str = "sm_90a", results_dir
 _RUN_SCHEMA = Obj({"gpu": Obj({"name": Str()}, {"sm_clock_mhz_now": Str(), "sm_clock_mhz_max": Str(),
                                                  "power_limit": Str(), "driver": Str(), "torch": Str()})},
                   {"rows": List(Obj()), "results": List(Obj()), "date": Str(), "commit": Str(),
-                   "run": Obj({"date": Str(), "commit": Str()}), "clocks": Obj()})
+                   "run": Obj({"date": Str(), "commit": Str()})})
 _RUN_FIX = "restore it with git checkout, or rerun the check script that wrote it on an H100"
 
 
 @dataclass(frozen=True)
 class CommittedRun:
     """One committed run of a check script: where it ran (``gpu``: name, clocks, power limit,
-    driver), when, at which commit, and its ``rows`` (the per-case results)."""
+    driver), when, at which commit, and its ``rows`` (the per-case results). The clocks sampled
+    beside it: :func:`sampled_clocks`."""
 
     path: Path
     gpu: dict
     date: str
     commit: str
     rows: list
-    clocks: dict  # the SM clock and power sampled during the timing, where the script recorded them
 
     def describe(self) -> str:
         """One line a reader quotes: the GPU and its clocks, the date and the commit."""
         g = self.gpu
-        during = (f", {self.clocks['sm_mhz']} MHz / {self.clocks['watts']} W during the timing"
-                  if {"sm_mhz", "watts"} <= set(self.clocks) else "")
         where = self.path.relative_to(REPO) if REPO in self.path.parents else self.path
         return (f"{g['name']} ({g.get('power_limit', '? W')}, driver {g.get('driver', '?')}, SM clock max "
-                f"{g.get('sm_clock_mhz_max', '?')}{during}), {self.date[:10]}, commit {self.commit[:7]}: {where}")
+                f"{g.get('sm_clock_mhz_max', '?')}), {self.date[:10]}, commit {self.commit[:7]}: {where}")
 
 
 def committed_run(folder: str, name: str, results_dir=None) -> CommittedRun:
@@ -119,7 +117,7 @@ def committed_run(folder: str, name: str, results_dir=None) -> CommittedRun:
     rows = data.get("rows", data.get("results"))
     if rows is None:
         raise records.RecordError(f"{path}: field 'rows' is missing (nor 'results'); {_RUN_FIX}")
-    return CommittedRun(path, data["gpu"], stamp["date"], stamp["commit"], rows, data.get("clocks", {}))
+    return CommittedRun(path, data["gpu"], stamp["date"], stamp["commit"], rows)
 
 
 def geomean(values) -> float:
@@ -140,3 +138,37 @@ def ratio_summary(rows, by: str = "op", value: str = "kernel_ratio") -> list[dic
             groups.setdefault(r[by], []).append(r[value])
     return [{by: k, "rows": len(v), "geomean": round(geomean(v), 3), "lowest": round(min(v), 3)}
             for k, v in groups.items()]
+
+
+_CLOCK_FIX = ("restore it with git checkout, or sample again beside the run: nvidia-smi --format=csv -lms 1000 "
+              "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu")
+
+
+def sampled_clocks(folder: str, name: str = "clocks.csv", results_dir=None) -> str:
+    """One line on the clocks sampled beside a committed run (``nvidia-smi --format=csv``, one
+    sample a second): over the busy samples (power above twice the idle draw, the lowest in the
+    file) the SM clock's median and lowest, the highest power and temperature. A power-capped
+    H100 lowers its SM clock under load, so a run's numbers hold for the clocks it ran at."""
+    path = Path(results_dir or RESULTS_DIR) / folder / name
+    lines = records.read_text(path, "clock samples", fix=_CLOCK_FIX).strip().splitlines()
+    header = [h.strip() for h in lines[0].split(",")] if lines else []
+    want = ("clocks.current.sm [MHz]", "power.draw [W]", "temperature.gpu")
+    if any(w not in header for w in want):
+        raise records.RecordError(f"{path}: the header has no {' / '.join(w for w in want if w not in header)} column; "
+                                  f"{_CLOCK_FIX}")
+    cols = [header.index(w) for w in want]
+    samples = []
+    for n, line in enumerate(lines[1:], start=2):
+        cells = [c.strip() for c in line.split(",")]
+        try:
+            samples.append(tuple(float(cells[i].split()[0]) for i in cols))
+        except (IndexError, ValueError):
+            raise records.RecordError(f"{path}: line {n} ({line[:60]!r}) is not a sample of {', '.join(want)}; "
+                                      f"{_CLOCK_FIX}") from None
+    if not samples:
+        raise records.RecordError(f"{path}: no samples; {_CLOCK_FIX}")
+    idle = min(s[1] for s in samples)
+    busy = [s for s in samples if s[1] > 2 * idle] or samples
+    sm = sorted(s[0] for s in busy)
+    return (f"{len(busy)} busy sample(s) of {len(samples)}: SM clock median {sm[len(sm) // 2]:.0f} MHz (lowest "
+            f"{sm[0]:.0f}), up to {max(s[1] for s in busy):.0f} W and {max(s[2] for s in busy):.0f} C")
