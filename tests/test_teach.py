@@ -167,6 +167,18 @@ def test_the_epilogue_excerpt_shows_the_bias_the_activation_and_the_store(built)
         fusion.epilogue_lines(mod, "residual")
 
 
+def test_the_epilogue_excerpt_shows_the_residual_read_and_swiglus_up_register(built):
+    res = built("v9", (256, 512, 128), {"spec": spec_for("float16", "bias_relu+residual")}).module
+    lines = [text for _, text in fusion.epilogue_lines(res, "residual")]
+    order = [next(i for i, t in enumerate(lines) if re.search(p, t))
+             for p in (r"mbarrier_wait", r"ldmatrix", r"cvt_.*beta \*", r"stmatrix", r"cp_async_bulk_tensor")]
+    assert order == sorted(order)  # C's chunk waited for, read back, added before the rounding, stored
+    gated = built("v9", (256, 512, 128), {"spec": spec_for("float16", "swiglu")}).module
+    rounding = next(t for _, t in fusion.epilogue_lines(gated, "gated") if "cvt_" in t)
+    up = re.search(r"expf\(.*?\* Dreg_ptr\[(\d+)\]", rounding)  # silu(gate) * the up register
+    assert up and int(up.group(1)) > 1  # the same thread's register, half the accumulators further
+
+
 # -- tutorial 15: layouts and the backward pass ---------------------------------------------------------------
 def test_the_op_backward_calls_mn_major_views_as_the_tutorial_table_says():
     calls = {r["call"]: r for r in operands.autograd_calls(96, 32, 48, activation="relu")}

@@ -133,6 +133,15 @@ teach.describe(built)
 fusion.show_epilogue(built)
 
 # %% [markdown]
+# SwiGLU's rounding, from a second small build: `silu(gate)` (`x / (1 + exp(-x))`) times the up
+# value, which is the same thread's register `acc_stride / 2` further (the B tile's second half):
+
+# %%
+swiglu = gemm_ladder.build("v9", 512, 2048, 256, spec=spec_for("float16", "swiglu"))
+print(swiglu.cfg.blk_n, "columns a tile:", swiglu.cfg.blk_n // 2, "gates and their", swiglu.cfg.blk_n // 2, "ups")
+fusion.show_epilogue(swiglu, "gated")
+
+# %% [markdown]
 # ## Check and time (GPU only)
 #
 # On an H100 or H200 this checks the module built above (random inputs and bias, output poisoned,

@@ -160,7 +160,8 @@ def plot_epilogue_bytes(M: int, N: int, K: int, elem: int = 2, gpu=wave_model.H1
     return fig
 
 
-_HEX_FLOAT = re.compile(r"\b0x[0-9a-fA-F.]+p[-+]?\d+f/\*([^*]+)\*/")
+# TVM's exact float literal with its decimal value as a comment (the sign, if any, is in both)
+_HEX_FLOAT = re.compile(r"(?<![\w.])-?0x[0-9a-fA-F.]+p[-+]?\d+f/\*([^*]+)\*/")
 
 
 def readable(line: str) -> str:
@@ -183,12 +184,13 @@ def epilogue_lines(built, what: str = "activation") -> list[tuple[int, str]]:
     if first is None:
         raise LookupError(f"{built.cfg.rung} {built.cfg.M}x{built.cfg.N}x{built.cfg.K} has no {what} epilogue "
                           f"(no line matches {start[what]!r}): build it with spec=spec_for(dtype, ...) naming one")
-    first = next(i for i in range(first, len(lines)) if "cvt_" in lines[i])  # the first rounding
-    # what feeds the first rounding: the lines just before it that name the values it rounds
-    lo = first
-    while lo > 0 and re.search(r"^\s*(float pre_act|int cse_v)", lines[lo - 1]):
-        lo -= 1
-    picked = list(range(lo, first + 1))
+    start = first
+    first = next(i for i in range(start, len(lines)) if "cvt_" in lines[i])  # the first rounding
+    # back to what feeds it: the bias adds, the wait for C's chunk; the index arithmetic (cse_v) left out
+    feeds = re.compile(r"^\s*(float pre_act|int cse_v|ushort v_|tvm_builtin_cuda_mbarrier_wait)")
+    while start > 0 and feeds.search(lines[start - 1]):
+        start -= 1
+    picked = [i for i in range(start, first + 1) if not re.search(r"^\s*int cse_v", lines[i])]
     # then, in order: the stores into the staging buffer, the fence that hands them to the async
     # proxy, the consumer's barrier, and the TMA store of the chunk
     at = first
