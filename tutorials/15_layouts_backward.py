@@ -32,14 +32,15 @@
 import torch
 
 import gemm_ladder
+import layouts
 from gemm_ladder import teach
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import OPERAND_LAYOUTS, GemmSpec
 from gemm_ladder.measure import report
 from gemm_ladder.rungs import make_config
 from gemm_ladder.serve import front, ops
+from gemm_ladder.sm90a import common, producer
 from gemm_ladder.teach import operands
-import layouts
 
 # %% [markdown]
 # ## Which operand is K-major in which GEMM
@@ -101,8 +102,19 @@ print(report.table(calls, list(calls[0])))
 # 128-byte swizzle: SBO is the next 8 rows of M (1024 B = 64), LBO is unused, a 16-deep K step is
 # 32 bytes further (+2). MN-major: SBO is the next 8 rows of *K*, LBO the next 64 elements of M
 # (one atom column further: 64 K rows x 128 B = 512), a K step is 16 rows of K (+128), and the
-# wgmma instruction's transpose immediate for that operand is 1. Both configs' fields, with the
-# boxes read from the lowered kernel (`gemm_ladder.protocol.kernel_ir`, the barrier checker's view):
+# wgmma instruction's transpose immediate for that operand is 1.
+#
+# In the code: the producer picks the load per operand's layout at trace time, and the consumer
+# encodes slot 0's descriptors from the plan's fields (`HopperPlan.desc_a` / `desc_b`, from
+# `layouts.operand_desc_fields`); an MN-major A's warpgroup starts at a *column* of its tile:
+
+# %%
+teach.show_source(producer._tma_whole_mn)
+teach.show_source(common.encode_slot0)
+
+# %% [markdown]
+# Both configs' fields, with the boxes read from the lowered kernel
+# (`gemm_ladder.protocol.kernel_ir`, the barrier checker's view):
 
 # %%
 for layout in ("KK", "MN"):
