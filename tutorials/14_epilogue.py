@@ -159,8 +159,8 @@ else:
 # ## Measured
 #
 # Two committed runs on one H100. First, bias + activation (`python -m gemm_ladder bench`, fp16,
-# queued calls in 6 alternating rounds) against torch's unfused path, `addmm` then the
-# activation, beside the model's ratio. `relu` and `gelu_tanh` land on the model; `silu` gains
+# queued calls in 6 alternating rounds: call level; this epilogue alone has no kernel-level run
+# yet) against torch's unfused path, `addmm` then the activation, beside the model's ratio. `relu` and `gelu_tanh` land on the model; `silu` gains
 # more than it says (torch's separate `silu` pass costs more than the one read and one write the
 # model gives it; not profiled).
 
