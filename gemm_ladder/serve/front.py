@@ -202,6 +202,12 @@ def _packs() -> list[KernelPack]:
     return _STATE["extra"] + _STATE["packs"]
 
 
+def packs() -> list[KernelPack]:
+    """The kernel packs the front doors look in, in order: :func:`use_pack`'s (newest first), then
+    ``$GEMM_LADDER_PACK``'s (read once, until :func:`reset`)."""
+    return _packs()
+
+
 def why_no_build() -> str | None:
     """Why nothing can be built here (no TVM compiler, ``GEMM_LADDER_BUILD=0``, ...), or None."""
     return _why_no_build()

@@ -14,13 +14,14 @@ Modules: ``sources`` (rung files, diffs), ``built`` (a built module's source, SA
 ``gpu`` (the GPU cells), ``results`` (committed measurements), ``plots`` (pictures; ``roles``
 for the pictures of v7-v9), ``tuning`` (the tuner's pruned space), ``shapes`` (tutorial 11: waves,
 weight streaming, swap-AB and split-K pictures, the front door's policy; ``from gemm_ladder.teach
-import shapes``), ``fusion`` (tutorial 14: the bytes a fused epilogue saves, its generated lines),
-``operands`` (tutorial 15: operand layouts, TMA boxes and descriptors, the op's autograd calls;
-imports TVM and torch: ``from gemm_ladder.teach import operands``); :func:`committed_run` reads one
-committed run of a check script (GPU, clocks, commit, rows). The models the pictures draw live
-with the other models:
-``schedulers.pipeline`` (the K-loop pipeline), ``schedulers.roles`` (producer/consumer roles,
-epilogues, cluster multicast), ``schedulers.orders``/``traffic`` (tile orders),
+import shapes``), ``fp8`` (tutorial 16: the wgmma a module issues, a model of fp8 accumulation
+and the promotion, the committed fp8 measurements; ``from gemm_ladder.teach import fp8``),
+``fusion`` (tutorial 14: the bytes a fused epilogue saves, its generated lines), ``operands``
+(tutorial 15: operand layouts, TMA boxes and descriptors, the op's autograd calls; imports TVM and
+torch: ``from gemm_ladder.teach import operands``); :func:`committed_run` reads one committed run
+of a check script (GPU, clocks, commit, rows). The models the pictures draw live with the other
+models: ``schedulers.pipeline`` (the K-loop pipeline), ``schedulers.roles`` (producer/consumer
+roles, epilogues, cluster multicast), ``schedulers.orders``/``traffic`` (tile orders),
 ``gemm_ladder.core.budget`` (shared memory).
 
 Pictures are drawn on matplotlib's Agg canvas (no display needed) and handed to the notebook as
