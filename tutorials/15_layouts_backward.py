@@ -74,12 +74,15 @@ for what, A, B in (("forward x . W^T", x, W), ("dX = dY . W", dY, W.t()), ("dW =
 # The op is a `torch.library.custom_op` with `register_autograd`. The forward saves A and B (and
 # the bias only where there is an activation: backward recomputes the activation's input Z with
 # one more forward GEMM rather than keeping Z, a tensor of D's size); the backward
-# takes the gradient through the activation with torch's own backward ops, then calls the op
-# twice on transposed views:
+# takes the gradient through the activation with torch's own backward ops, then `linear_grads`
+# calls the op twice on transposed views (and sums dD's rows for the bias). `gemm_ladder.nn`'s
+# eager `LinearFunction` shares `linear_grads` and calls the front door without the custom op's
+# dispatch; under `torch.compile` the registered op is what gets traced.
 
 # %%
 teach.show_source(ops._setup_context)
 teach.show_source(ops._backward)
+teach.show_source(ops.linear_grads)
 
 # %% [markdown]
 # The calls it makes, recorded on the `meta` device (shapes and strides, no data, no GPU) for a
@@ -214,5 +217,6 @@ print(report.table(rows, list(rows[0])))
 # through the op's Python path (the custom op's dispatch, the front door's checks), and at that
 # commit the backward's transposed-view calls did not take the front door's cached fast path, so
 # each ran every check again (a dX call about 56-68 us queued, against 20 us for torch's
-# `dY @ W`). That host path is being reworked; rerun `benchmarks/e2e_check.py` for the numbers of
-# a later commit.
+# `dY @ W`). That host path has been reworked since (transposed views on the front door's fast
+# path, the eager `LinearFunction` above; `benchmarks/host_check.py` times it), after these runs:
+# rerun `benchmarks/e2e_check.py` for the end-to-end numbers of a later commit.
