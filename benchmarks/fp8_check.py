@@ -400,11 +400,13 @@ def time_case(folder, plan, name: str, M: int, peer: str | None, loaded: dict) -
                   for _ in range(max(2, math.ceil(3 * l2 / (2 * (M * K + N * K + M * N)))))]
         b_launch = loaded[peer].launcher(*b_sets[0])
         kernels["ours_bf16_v9"] = (lambda a, w, d: b_launch(a, w, d), b_sets)
+    left_out = {}  # peer -> why (torch's block-wise _scaled_mm on sm_90, fast accumulation with rows, ...)
     for n, (fn, ss) in list(kernels.items()):
         try:
             fn(*ss[0])
             torch.cuda.synchronize()
-        except (RuntimeError, TypeError) as err:  # a peer this torch lacks (fast accumulation with rows, ...)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:  # a peer this torch lacks
+            left_out[n] = str(err)[:300]
             print(f"  {n}: left out: {str(err)[:200]}", flush=True)
             del kernels[n]
     names = list(kernels)
@@ -424,7 +426,8 @@ def time_case(folder, plan, name: str, M: int, peer: str | None, loaded: dict) -
             "ratio_to_scaled_mm": ratio(g.get("torch_scaled_mm"), g["ours"]),
             "peer_ratios": {n: ratio(g[n], g["ours"]) for n in g if n != "ours"},
             "kernel_ms": g, "call_ms": c, "call_ratio_to_scaled_mm": ratio(c.get("torch_scaled_mm"), c["ours"]),
-            "tflops_by_peer": {n: tflops(M, N, K, v) for n, v in g.items()}, "input_sets": len(sets), "t0": t0,
+            "tflops_by_peer": {n: tflops(M, N, K, v) for n, v in g.items()}, "input_sets": len(sets),
+            "peers_left_out": left_out, "t0": t0,
             "t1": t1}
 
 
