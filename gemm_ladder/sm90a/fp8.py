@@ -31,10 +31,12 @@ parts of it:
   (:class:`BlockScales`; one FFMA a sum a slice where the other recipes add). A thread's scales of
   a slice are its two rows of each 64-row atom and the tile's one B block (two at blk_n = 256): a
   few floats, loaded from global memory (L2: the scales of a 4096x16384 A are 2 MiB, read by the
-  N tiles of a row) one slice ahead, into registers beside those in use, so the load's latency
-  hides under the next slice's wgmmas; not staged through shared memory by the producer's TMA
-  (DeepGEMM's way), which would add a TMA box and bytes to every stage and its barrier for three
-  floats a thread. No scale in the epilogue (a bias still is).
+  N tiles of a row) one slice ahead, into registers beside those in use: K block g + 1's are
+  loaded before slice g's wgmmas are issued and moved into place after slice g's promotion, so
+  the load's latency hides under slice g's wgmmas (a next step, if a GPU run shows it stalls:
+  two register sets in a loop unrolled by two, no move); not staged through shared memory by the
+  producer's TMA (DeepGEMM's way), which would add a TMA box and bytes to every stage and its
+  barrier for three floats a thread. No scale in the epilogue (a bias still is).
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice, with promotion) within the
