@@ -73,15 +73,18 @@ def _count(text: str, op: str) -> int:
 
 def test_v9_block_scales_multiply_add_at_the_promotion_and_not_in_the_epilogue():
     """At M, N odd multiples of 16 and K = 1008 (not a multiple of 128: the last block is cut), the
-    promotion is an FFMA of each sum with its two scales' product; the scale loads are the slice's
-    and the next slice's (two rows and one B block a thread each), none in the epilogue."""
+    promotion is an FFMA of each sum with its two scales' product; the scale loads are K block 0's
+    and each turn's next two (two rows and one B block a thread each), none in the epilogue."""
     cfg = make_config("v9", 1000, 3008, 1008, spec=BLOCK, dynamic_m=True)
     mod = builder.build(kernel_of(cfg))
     src = mod.cuda_source()
     assert "m64n128k32.f32.e4m3.e4m3" in src
-    promoted = r"Freg_ptr\[\d+\] = \(Freg_ptr\[\d+\] \+ \(Dreg_ptr\[\d+\] \* \(Sreg_ptr\[\d\] \* Sreg_ptr\[2\]\)\)\)"
-    assert re.search(promoted, src)  # total += acc * (scale_a[row] * scale_b[block])
-    assert src.count("= scale_a_ptr[") == 4 and src.count("= scale_b_ptr[") == 2
+    for b_reg in (2, 5):  # total += acc * (scale_a[row] * scale_b[block]), from either register set
+        promoted = (r"Freg_ptr\[\d+\] = \(Freg_ptr\[\d+\] \+ \(Dreg_ptr\[\d+\] \* "
+                    rf"\(Sreg_ptr\[\d\] \* Sreg_ptr\[{b_reg}\]\)\)\)")
+        assert re.search(promoted, src)
+    # K block 0's before the loop, then one load of each set a turn of two slices
+    assert src.count("= scale_a_ptr[") == 6 and src.count("= scale_b_ptr[") == 3
     try:
         text, res = sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
     except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
@@ -93,8 +96,10 @@ def test_v9_block_scales_multiply_add_at_the_promotion_and_not_in_the_epilogue()
     assert res.local == 0 and _count(text, "STL") == 0
 
 
-def test_the_barrier_checker_passes_the_block_kernel():
-    assert check_config(make_config("v9", 512, 512, 1280, spec=BLOCK)).ok
+@pytest.mark.parametrize("K", [1280, 1152])
+def test_the_barrier_checker_passes_the_block_kernel(K):
+    """Two slices a turn of the K loop: 10 slices, and 9 (the last alone after the loop)."""
+    assert check_config(make_config("v9", 512, 512, K, spec=BLOCK)).ok
 
 
 # -- the front door --------------------------------------------------------------------------------

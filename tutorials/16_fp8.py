@@ -159,8 +159,9 @@ teach.show_source(fp8.scale_sums)
 # fix. Which scale register a sum takes follows the accumulator fragment: rows `lane/4` and
 # `lane/4 + 8` of each 64-row atom (two A scales a thread an atom), and one B block per 128 columns
 # (one for a 128-wide tile, two at 256). Those three floats are loaded from global memory (L2) one
-# K block ahead, into registers beside the ones in use (block g + 1's before slice g's wgmmas are
-# issued), so the load's latency hides under slice g's wgmmas; DeepGEMM stages them through shared memory with the producer's TMA instead, which
+# K block ahead, into the other of two register sets (the K loop runs two slices a turn: block
+# g + 1's load before slice g's wgmmas are issued and are read a slice later, with no register move
+# to wait on them), so the load's latency hides under a slice's wgmmas; DeepGEMM stages them through shared memory with the producer's TMA instead, which
 # costs a TMA box and barrier bytes a stage for three floats a thread. The epilogue then scales
 # nothing (a bias still is added). The layouts are those torch's `_scaled_mm` names BlockWise1x128
 # and BlockWise128x128 (A's scales M-major, so a warp's rows are adjacent), though torch 2.11

@@ -31,12 +31,12 @@ parts of it:
   (:class:`BlockScales`; one FFMA a sum a slice where the other recipes add). A thread's scales of
   a slice are its two rows of each 64-row atom and the tile's one B block (two at blk_n = 256): a
   few floats, loaded from global memory (L2: the scales of a 4096x16384 A are 2 MiB, read by the
-  N tiles of a row) one slice ahead, into registers beside those in use: K block g + 1's are
-  loaded before slice g's wgmmas are issued and moved into place after slice g's promotion, so
-  the load's latency hides under slice g's wgmmas (a next step, if a GPU run shows it stalls:
-  two register sets in a loop unrolled by two, no move); not staged through shared memory by the
-  producer's TMA (DeepGEMM's way), which would add a TMA box and bytes to every stage and its
-  barrier for three floats a thread. No scale in the epilogue (a bias still is).
+  N tiles of a row) one slice ahead, into the other of two register sets (the K loop runs two
+  slices a turn): K block g + 1's load before slice g's wgmmas are issued and are read at slice
+  g + 1's promotion, so the load's latency hides under a slice's wgmmas with no register move to
+  wait on it; not staged through shared memory by the producer's TMA (DeepGEMM's way), which
+  would add a TMA box and bytes to every stage and its barrier for three floats a thread. No
+  scale in the epilogue (a bias still is).
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice, with promotion) within the
@@ -87,8 +87,8 @@ def b_blocks(plan: HopperPlan) -> int:
 
 def scale_regs(plan: HopperPlan) -> int:
     """Registers a thread holds its scales in: its two rows of every 64-row atom (row recipe, or
-    the one product: tensor); block: those rows and the tile's B blocks, for the slice being
-    promoted and the next one (loaded under it)."""
+    the one product: tensor); block: those rows and the tile's B blocks, two sets (one read while
+    the next slice's load into the other)."""
     if at_promotion(plan.cfg):
         return 2 * BlockScales.per_slice(plan)
     return 2 * plan.m_atoms
@@ -143,8 +143,9 @@ def _check_block(cfg: GemmConfig, every: int) -> None:
 @dataclass(frozen=True)
 class BlockScales:
     """Block-wise scales at the promotion (the module docstring): the consumer's scale tensors, the
-    registers that hold a slice's scales (``sreg``: the slice being promoted at 0, the next at
-    :meth:`per_slice`), and where this thread's sums lie (``warp_id``, ``lane_id``)."""
+    registers that hold a slice's scales (``sreg``: two sets of :meth:`per_slice`, one being read
+    while the other loads: ``mainloop._run_block_scaled``), and where this thread's sums lie
+    (``warp_id``, ``lane_id``)."""
 
     plan: HopperPlan
     scale_a: object  # float32 [K/128, M] global: A's 1x128 groups, M-major
@@ -158,16 +159,15 @@ class BlockScales:
         """A thread's scales of one K block: two rows of each 64-row atom, then the B blocks."""
         return 2 * plan.m_atoms + b_blocks(plan)
 
-    def load(self, m0, n0, kb, nxt) -> None:
+    def load(self, m0, n0, kb, scale_set) -> None:
         """K block ``kb``'s scales of this thread's rows (from ``m0``, its first row of the tile)
-        and the tile's B blocks (from column ``n0``) into the current (``nxt`` False) or next
-        registers; rows and blocks past A and B read the last (the stores clip them)."""
-        _load_block(self, m0, n0, kb, self.per_slice(self.plan) if nxt else 0)
+        and the tile's B blocks (from column ``n0``) into register set ``scale_set`` (0 or 1);
+        rows and blocks past A and B read the last (the stores clip them)."""
+        _load_block(self, m0, n0, kb, scale_set * self.per_slice(self.plan))
 
-    def promote(self, total, acc, first) -> None:
-        """``total[r] (=|+=) acc[r] * scale_a * scale_b`` with the current registers' scales, then
-        the next slice's become the current."""
-        _promote_block(self, total, acc, first)
+    def promote(self, total, acc, first, scale_set) -> None:
+        """``total[r] (=|+=) acc[r] * scale_a * scale_b`` with register set ``scale_set``'s scales."""
+        _promote_block(self, total, acc, first, scale_set * self.per_slice(self.plan))
 
 
 @T.inline
@@ -196,18 +196,15 @@ def b_scale_slot(r, regs_per_atom):
 
 
 @T.inline
-def _promote_block(bs, total, acc, first):
+def _promote_block(bs, total, acc, first, base):
     NR = T.meta_var(bs.plan.acc_stride)
-    MA = T.meta_var(2 * bs.plan.m_atoms)
-    PER = T.meta_var(BlockScales.per_slice(bs.plan))
+    MA = T.meta_var(base + 2 * bs.plan.m_atoms)
     if first:
         for r in T.unroll(bs.plan.acc_regs):
-            total[r] = acc[r] * (bs.sreg[a_scale_slot(r, NR)] * bs.sreg[MA + b_scale_slot(r, NR)])
+            total[r] = acc[r] * (bs.sreg[base + a_scale_slot(r, NR)] * bs.sreg[MA + b_scale_slot(r, NR)])
     else:
         for r in T.unroll(bs.plan.acc_regs):
-            total[r] = total[r] + acc[r] * (bs.sreg[a_scale_slot(r, NR)] * bs.sreg[MA + b_scale_slot(r, NR)])
-    for i in T.unroll(PER):
-        bs.sreg[i] = bs.sreg[PER + i]
+            total[r] = total[r] + acc[r] * (bs.sreg[base + a_scale_slot(r, NR)] * bs.sreg[MA + b_scale_slot(r, NR)])
 
 
 @T.inline

@@ -81,11 +81,8 @@ def _promoted_group(mma, it, k0, count):
 @T.inline
 def _promote(mma, first):
     """The promotion: the tensor cores' partial sums into the fp32 total (its start on the first
-    group), by the CUDA cores' exact fp32 adds; with block scales (``mma.scales``), each sum times
-    its K block's scales first (``fp8.BlockScales``: an FFMA)."""
-    if mma.scales is not None:
-        mma.scales.promote(mma.total, mma.acc, first)
-    elif first:
+    group), by the CUDA cores' exact fp32 adds."""
+    if first:
         for r in T.unroll(mma.plan.acc_regs):
             mma.total[r] = mma.acc[r]
     else:
@@ -94,23 +91,38 @@ def _promote(mma, first):
 
 
 @T.inline
-def _run_promoted(mma, it, nk, m0, n0):
+def _run_promoted(mma, it, nk):
     groups = T.meta_var(nk // mma.promote)
     rest = T.meta_var(nk % mma.promote)
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    if mma.scales is not None:
-        mma.scales.load(m0, n0, 0, False)  # K block 0's (promote=1: group g is K block g)
     # whole groups, each retired before its sums are read: no wgmma is pending over the loop's
     # back edge (where ptxas would serialise every wgmma of the loop)
     for g in T.serial(groups):
-        if mma.scales is not None:
-            # the next K block's scales, loaded under this one's wgmmas (the last loads its own again)
-            mma.scales.load(m0, n0, T.min(g + 1, groups - 1), True)
         _promoted_group(mma, it, g * mma.promote, mma.promote)
         _promote(mma, g == 0)
     if rest > 0:
         _promoted_group(mma, it, groups * mma.promote, rest)
         _promote(mma, groups == 0)
+
+
+@T.inline
+def _run_block_scaled(mma, it, nk, m0, n0):
+    """:func:`_run_promoted` at ``promote=1`` with block scales (``fp8.BlockScales``): slice k is K
+    block k, promoted as ``total += acc * scales``. The loop runs two slices a turn with two sets of
+    scale registers, so block k + 1's scales load while slice k runs and are read a slice later,
+    with no move between the sets (a move would wait for the load)."""
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    mma.scales.load(m0, n0, 0, 0)
+    for p in T.serial(nk // 2):
+        mma.scales.load(m0, n0, 2 * p + 1, 1)
+        _promoted_group(mma, it, 2 * p, 1)
+        mma.scales.promote(mma.total, mma.acc, p == 0, 0)
+        mma.scales.load(m0, n0, T.min(2 * p + 2, nk - 1), 0)  # the last turn of an even nk reloads its own
+        _promoted_group(mma, it, 2 * p + 1, 1)
+        mma.scales.promote(mma.total, mma.acc, False, 1)
+    if nk % 2 == 1:
+        _promoted_group(mma, it, nk - 1, 1)
+        mma.scales.promote(mma.total, mma.acc, nk == 1, 0)
 
 
 @T.inline
@@ -182,11 +194,14 @@ class Consumer:
         CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain). With
         block ``scales``, ``m0`` (this consumer's first row of the tile) and ``n0`` (the tile's first
         column) say whose scales: the tile's whole K (slice g is K block g)."""
-        if self.scales is not None and (m0 is None or n0 is None or self.promote != 1):
-            raise ValueError("Consumer.run with block scales needs promote=1 and the tile's m0 and n0 "
-                             "(fp8.check refuses the knobs; a schedule that runs such a tile must pass them)")
-        if self.promote:
-            _run_promoted(self, pos, num_slices, m0, n0)
+        if self.scales is not None:
+            if m0 is None or n0 is None or self.promote != 1 or not isinstance(num_slices, int):
+                raise ValueError("Consumer.run with block scales needs promote=1, a fixed number of slices and the "
+                                 "tile's m0 and n0 (fp8.check refuses the knobs; a schedule that runs such a tile "
+                                 "must pass them)")
+            _run_block_scaled(self, pos, num_slices, m0, n0)
+        elif self.promote:
+            _run_promoted(self, pos, num_slices)
         else:
             self.issue(pos, num_slices)
             self.retire(pos, num_slices)
