@@ -248,8 +248,9 @@ def torch_scaled(aq, wq, sa, sb, b, recipe):
     M, N = aq.shape[0], wq.shape[0]
     if recipe == "block":
         da, dw = dequantized(aq, wq, sa, sb, recipe)
-        d = da.to(torch.bfloat16) @ dw.to(torch.bfloat16).t()
-        return d if b is None else (d.float() + b.float()).to(torch.bfloat16)
+        a16, w16 = da.to(torch.bfloat16), dw.to(torch.bfloat16)
+        # the bias in cuBLAS's epilogue (one rounding, as ours)
+        return a16 @ w16.t() if b is None else torch.addmm(b.to(torch.bfloat16), a16, w16.t())
     ssa, ssb = (sa.reshape(M, 1), sb.reshape(1, N)) if recipe == "row" else (sa, sb)
     if b is not None and b.dtype == torch.float32:
         return (torch._scaled_mm(aq, wq.t(), ssa, ssb, out_dtype=torch.float32) + b).to(torch.bfloat16)
