@@ -57,6 +57,7 @@ class GroupedKnobs:
     l2_group_size: int = 8  # m-tiles of an expert in a band (the grouped order inside an expert)
     tile_order: str = "grouped"
     epi_n: int = 64
+    layout: str = "contiguous"  # "masked": A [E * max_tokens, K], the int32 operand each expert's count
 
 
 KNOBS = gemm.knob_defaults(GroupedKnobs)
