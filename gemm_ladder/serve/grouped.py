@@ -50,8 +50,8 @@ from .runtime import ModuleInputError, load
 RUNG = "v12"
 BUILD_M = 4096  # the M to build a module at (its knobs are validated there; M is read at run time)
 _LOCK = threading.RLock()
-_REGISTERED: dict = {}  # (E, N, K, dtype, arch) -> GroupedModule
-_ROUTES: dict = {}  # (E, N, K, dtype, index) -> Route
+_REGISTERED: dict = {}  # (layout, E, N, K, dtype, arch) -> GroupedModule
+_ROUTES: dict = {}  # (layout, E, N, K, dtype, index, ...) -> Route
 
 
 def spec_of_dtype(dtype: str) -> GemmSpec:
@@ -71,10 +71,12 @@ class GroupedModule:
         self.module = module
         self.experts, self.N, self.K = int(launch["experts"]), module.N, module.K
         self.dtype, self.arch, self.path = module.dtype, module.arch, module.path
+        # "contiguous" (offs) or "masked" (counts, serve.grouped_masked); manifests before: contiguous
+        self.layout = str(launch.get("layout", "contiguous"))
 
     @property
     def key(self) -> tuple:
-        return (self.experts, self.N, self.K, self.dtype, self.arch)
+        return (self.layout, self.experts, self.N, self.K, self.dtype, self.arch)
 
     def launch(self, A, W, offs, D) -> None:
         """The kernel on checked tensors: ``(A, W as [E * N, K], D, num_ctas, offs)``."""
@@ -87,12 +89,27 @@ class GroupedModule:
 
 
 def use_grouped_module(path) -> GroupedModule:
-    """Serve grouped calls of this module's (E, N, K, dtype, arch) with it from now on."""
+    """Serve grouped calls of this module's (layout, E, N, K, dtype, arch) with it from now on: a
+    contiguous module serves ``grouped_mm``, a masked one ``grouped_mm_masked``."""
     mod = GroupedModule(load(path))
     with _LOCK:
         _REGISTERED[mod.key] = mod
         _ROUTES.clear()
     return mod
+
+
+def registered(layout: str, E: int, N: int, K: int, dtype: str, arch: str):
+    """The module registered for this (layout, E, N, K, dtype, arch), or None."""
+    with _LOCK:
+        return _REGISTERED.get((layout, E, N, K, dtype, arch))
+
+
+def cached_route(key: tuple, make) -> "Route":
+    """The route of ``key``, made once by ``make()`` (forgotten when a module is registered)."""
+    with _LOCK:
+        if key not in _ROUTES:
+            _ROUTES[key] = make()
+        return _ROUTES[key]
 
 
 def reset() -> None:
@@ -213,7 +230,7 @@ def torch_grouped_mm(A, W, offs, out) -> None:
 
 def _route(E: int, N: int, K: int, dtype: str, index: int) -> Route:
     arch = device.arch_of(index)
-    found = _REGISTERED.get((E, N, K, dtype, arch))
+    found = registered("contiguous", E, N, K, dtype, arch)
     if found is not None:
         return Route(found.launch, "registered", [f"kernel: {RUNG} {found.path.name}", "source: use_grouped_module"])
     why = ("N or K is not a multiple of 8 (TMA's 16-byte strides)" if N % 8 or K % 8
@@ -227,11 +244,7 @@ def _route(E: int, N: int, K: int, dtype: str, index: int) -> Route:
 
 
 def route_of(E: int, N: int, K: int, dtype: str, index: int) -> Route:
-    key = (E, N, K, dtype, index)
-    with _LOCK:
-        if key not in _ROUTES:
-            _ROUTES[key] = _route(E, N, K, dtype, index)
-        return _ROUTES[key]
+    return cached_route(("contiguous", E, N, K, dtype, index), lambda: _route(E, N, K, dtype, index))
 
 
 def grouped_mm(A, W, offs, *, out=None, explain: bool = False, check_offsets_first: bool = False):
