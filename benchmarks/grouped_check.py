@@ -1,6 +1,7 @@
-"""The grouped GEMM (v12, ``gemm_ladder.grouped_mm``) on a GPU: correct under the routing a model
-makes, CUDA-graph capturable with changing counts, and timed against torch's grouped GEMM and a
-loop of cuBLAS GEMMs at MoE shapes (issue 33's contiguous layout).
+"""The grouped GEMM (v12, ``gemm_ladder.grouped_mm`` and ``grouped_mm_masked``) on a GPU: correct
+under the routing a model makes, CUDA-graph capturable with changing counts, and timed against
+torch's grouped GEMM and a loop of cuBLAS GEMMs at MoE shapes (issue 33's contiguous layout), and
+for the masked layout (decode) also against a cuBLAS bmm over every slot.
 
 ``prepare DIR`` (build box) builds one v12 module per (experts, N, K, dtype) of :data:`SHAPES`, and
 per knob variant of :data:`VARIANTS`, through the module cache and copies them, with their
@@ -19,6 +20,16 @@ manifests and ``grouped_check.json`` (what to run), into DIR. ``run DIR --out FI
    handed to it on the host for free), taking turns in rotating rounds in one process, both as
    queued calls (CUDA events) and as kernels in CUDA graphs cycling input sets that spill L2
    (``harness.graph_times``), at :data:`TOKENS` rows of A and two routings;
+The masked layout (modules built with ``layout="masked"``, :data:`MASKED_VARIANTS` beside): the
+check (``masked_check_job``) runs :data:`MASKED_CHECK_ROUTINGS` (every expert empty, one expert
+full, Zipf top-k, odd counts, counts past max_tokens or below zero that the kernel clamps) with D
+poisoned (the rows past each count must stay NaN), the front door (``out`` poisoned too: kept) and
+the op (zeros there) giving the kernel's bits, and one graph replayed after the counts were
+overwritten; the timing (``masked_time_job``, bf16) runs the decode batches of
+:data:`MASKED_SHAPES` (batch tokens, top-k each, max_tokens = batch) against ``torch._grouped_mm``
+on the same rows gathered contiguous, a bmm over every slot (a decode graph without masking) and a
+loop over the experts with rows. ``run --layout masked`` runs only these.
+
 3. rows in the issue's results format (``layout``, ``experts``, ``tokens``, ``N``, ``K``,
    ``dtype``, ``routing``, ``correct``, ``ratio_to_grouped_mm`` = torch's time over ours (graphs),
    ``peer_ratios``), the GPU, its clocks (sampled through the run) and the commit.
@@ -27,8 +38,9 @@ manifests and ``grouped_check.json`` (what to run), into DIR. ``run DIR --out FI
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_check.py run build/grouped --out out/grouped_check.json   # GPU box
 
-About 2-3 minutes on an H100 (an estimate until the first run); DIR about 2.7 MiB (twelve modules:
-the shapes in both dtypes, and :data:`VARIANTS`).
+About 2-3 minutes on an H100 for the contiguous layout, about 2 more for the masked one (estimates
+until the first run); DIR about 5.5 MiB (24 modules: the shapes in both dtypes and both layouts, and
+the variants of each).
 """
 
 from __future__ import annotations

@@ -50,13 +50,24 @@ TMA stores of v9's chunked epilogue. Chosen over tensor maps rewritten on the de
 guarded stores need no new protocol and touch at most E * n_tiles tiles (one per expert and
 n-tile), the minority wherever experts hold more than a few m-tiles.
 
+Masked layout (``layout="masked"``, decode under CUDA graphs, DeepGEMM's "masked"): A is
+``[E, max_tokens, K]`` viewed ``[E * max_tokens, K]`` (so the runtime M is ``E * max_tokens``) and
+the int32 operand holds each expert's COUNT of valid rows. Only the prologue and the expert's first
+row change: ``ends[e] = e * max_tokens + clamp(counts[e], 0, max_tokens)`` (no running max: the
+experts' rows do not depend on one another; a count past max_tokens cannot be refused on the
+device, so it is cut there, never into the next expert's slot) and an expert's first row is
+``e * max_tokens``. The tile count, the search, the order inside an expert and the guarded last
+m-tile are the contiguous layout's, so the rows of a slot past its count are never written
+(:func:`masked_tables` and ``walk(layout="masked")`` are the model).
+
 Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
 consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
 for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),
 no epi_under, no narrow tail: not built in this slice.
 
 Constraints: those of v9's tile (blk_m = 64 x consumers x atoms, epi_n), clusters 1x1, N and K
-multiples of 8, a runtime M (any number of tokens), E = ``experts`` fixed at build (the weight's).
+multiples of 8, a runtime M (any number of tokens; masked: E x max_tokens), E = ``experts`` fixed at
+build (the weight's).
 """
 
 from __future__ import annotations
@@ -197,7 +208,8 @@ def walk(offs, M: int, blk_m: int, n_tiles: int, group: int, num_ctas: int,
 # -- the kernel's pieces ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Walk:
-    """The kernel's walk: the shared tables (``ends``, ``tile_end``: int32[E]) and the shape."""
+    """The kernel's walk: the shared tables (``ends``, ``tile_end``: int32[E]), the shape and the
+    layout."""
 
     ends: object
     tile_end: object
