@@ -89,7 +89,19 @@ class _OnGpu:
 def _overlapping_out():
     a = torch.zeros(3, 10, 64, dtype=torch.float16)
     out = a[:, :, :32]  # D's bytes inside A's
-    grouped.check_devices(_OnGpu(a), _OnGpu(W), _OnGpu(COUNTS), _OnGpu(out), who=grouped_masked.WHO)
+    grouped.check_devices(_OnGpu(a), _OnGpu(W), _OnGpu(COUNTS), _OnGpu(out), who=grouped_masked.WHO, table="counts")
+
+
+def test_counts_need_no_16_byte_alignment_and_are_named_in_messages():
+    """The counts are read by plain loads: a slice at any int32 boundary is fine (a TMA operand
+    must start on 16 bytes); an out over the counts names them."""
+    a, w, out = (torch.zeros(s, dtype=torch.float16) for s in ((3, 10, 64), (3, 32, 64), (3, 10, 32)))
+    table = torch.zeros(8, dtype=torch.int32)
+    grouped.check_devices(_OnGpu(a), _OnGpu(w), _OnGpu(table[1:4]), _OnGpu(out), table="counts")
+    refused(lambda: grouped.check_devices(_OnGpu(a), _OnGpu(w), _OnGpu(table), _OnGpu(table), table="counts"),
+            "out overlaps counts")
+    refused(lambda: grouped.check_devices(_OnGpu(a[:, :, 1:]), _OnGpu(w), _OnGpu(table), None, table="counts"),
+            "A does not start on a 16-byte boundary")
 
 
 def test_a_weight_that_wants_grad_is_refused():

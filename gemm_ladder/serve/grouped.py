@@ -170,20 +170,21 @@ def check_grouped(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm") -> 
     return M, E, N, K
 
 
-def check_devices(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm") -> None:
-    """One GPU for all, and what TMA needs of the addresses."""
-    for name, t in (("A", A), ("W", W), ("offs", offs), ("out", out)):
+def check_devices(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm", table: str = "offs") -> None:
+    """One GPU for all, and what TMA needs of the addresses; ``table``: the int32 operand's name in
+    messages (``counts`` for the masked layout)."""
+    for name, t in (("A", A), ("W", W), (table, offs), ("out", out)):
         if t is None:
             continue
         if t.device.type != "cuda":
             raise ModuleInputError(f"{who}: {name} is on {t.device}; move it to the GPU ({name}.cuda())")
         if t.device != A.device:
             raise ModuleInputError(f"{who}: {name} is on {t.device} and A on {A.device}; put all on one GPU")
-        if name != "offs" and t.numel() and t.data_ptr() % 16:
+        if name != table and t.numel() and t.data_ptr() % 16:  # the int32 table takes plain loads
             raise ModuleInputError(f"{who}: {name} does not start on a 16-byte boundary, which TMA needs; pass "
                                    f"{name}.clone()")
     if out is not None and out.numel():
-        for name, t in (("A", A), ("W", W), ("offs", offs)):
+        for name, t in (("A", A), ("W", W), (table, offs)):
             if t.numel() and out.data_ptr() < t.data_ptr() + t.nbytes and t.data_ptr() < out.data_ptr() + out.nbytes:
                 raise ModuleInputError(f"{who}: out overlaps {name} in memory: the kernel would overwrite it while "
                                        "it reads it; pass an out that shares no memory with the inputs")

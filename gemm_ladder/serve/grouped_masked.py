@@ -158,7 +158,7 @@ def grouped_mm_masked(A, W, counts, *, out=None, explain: bool = False, strict: 
     import torch  # pylint: disable=import-outside-toplevel
 
     E, T, N, K = check_masked(A, W, counts, out)
-    check_devices(A, W, counts, out, who=WHO)
+    check_devices(A, W, counts, out, who=WHO, table="counts")
     if check_counts_first:
         check_counts(counts, T)
     if out is None:
