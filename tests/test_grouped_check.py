@@ -124,3 +124,65 @@ def test_a_masked_row_names_its_peers_and_the_best(gc):
                              {**r, "kind": "timed", "variant": "default", "tokens": 1024, "ratio_to_best_peer": 0.5}])
     assert summary["masked"]["decode_min_ratio_to_best_peer"] == pytest.approx(1.1)  # 1024 tokens: not decode
     assert summary["contiguous"]["geomean_ratio_to_grouped_mm"] is None
+
+
+def test_module_rows_of_a_masked_module(gc):
+    """A masked module's check and timing results become rows of the issue's format, its checked
+    rows carrying the tokens the routing computed, a failure its own row."""
+    m = {"file": "x.so", "layout": "masked", "shape": "mixtral", "experts": 8, "N": 14336, "K": 4096,
+         "dtype": "bfloat16", "variant": "default"}
+    check = {"status": "ok", "cases": [{"routing": "zipf", "ok": True, "rel_err": 1e-3, "torch_rel_err": 1e-3,
+                                        "tokens": 77}]}
+    times = {p: {"graph_ms": 1.0, "queued_ms": 1.0} for p in ("ours", "grouped_mm", "bmm", "expert_loop")}
+    timing = {"status": "ok", "rows": [{"tokens": 64, "max_tokens": 32, "batch": 32, "topk": 2, "routing": "zipf",
+                                        "active_experts": 8, "times": times}]}
+    checked, timed = gc.module_rows(m, check, timing, True)
+    assert checked["layout"] == timed["layout"] == "masked" and checked["tokens"] == 77 and checked["correct"]
+    assert timed["kind"] == "timed" and timed["max_tokens"] == 32 and timed["ratio_to_best_peer"] == pytest.approx(1)
+    assert "bmm_graph" in timed["peer_ratios"] and "cublas_loop_graph" not in timed["peer_ratios"]
+    rows = gc.module_rows(m, {"status": "wrong", "cases": []}, None, False)
+    assert [r["kind"] for r in rows] == ["failure"] and rows[0]["correct"] is False
+
+
+def test_run_sends_each_layout_to_its_jobs_and_times_only_what_was_right(gc, tmp_path, monkeypatch):
+    """``run``'s plumbing on the CPU, the GPU jobs replaced: contiguous modules go to check_job and
+    time_job, masked ones to masked_check_job and, in a timed dtype and correct, masked_time_job;
+    ``--layout masked`` leaves the contiguous modules out."""
+    mods = [{"file": f"{name}.so", "layout": layout, "shape": "mixtral", "experts": 8, "N": 14336, "K": 4096,
+             "dtype": dtype, "variant": "default"}
+            for name, layout, dtype in (("c", "contiguous", "bfloat16"), ("m", "masked", "bfloat16"),
+                                        ("m16", "masked", "float16"), ("bad", "masked", "bfloat16"))]
+    (tmp_path / gc.PLAN_FILE).write_text(__import__("json").dumps({"format": gc.FORMAT, "modules": mods}))
+    calls = []
+    times = {p: {"graph_ms": 1.0, "queued_ms": 1.0} for p in ("ours", "grouped_mm", "bmm", "expert_loop",
+                                                                "cublas_loop")}
+
+    def run_batch(job, paths, **kw):
+        calls.append((job.split(":")[1], [Path(p).name for p in paths]))
+        if job.endswith("check_job"):
+            return [{"status": "wrong" if "bad" in p else "ok", "cases": []} for p in paths]
+        return [{"status": "ok", "rows": [{"tokens": 64, "routing": "zipf", "times": times}]} for _ in paths]
+
+    class Sampler:
+        def stop(self):
+            pass
+
+        def between(self, *_):
+            return {}
+
+    monkeypatch.setattr(gc.device, "why_no_gpu", lambda index: None)
+    monkeypatch.setattr(gc.isolate, "run_batch", run_batch)
+    monkeypatch.setattr(gc, "Sampler", Sampler)
+    monkeypatch.setattr(gc.harness, "gpu_info", lambda: {"name": "fake"})
+    out = tmp_path / "grouped_run.json"
+    assert gc.run(tmp_path, out) == 0
+    assert calls == [("check_job", ["c.so"]), ("time_job", ["c.so"]),
+                     ("masked_check_job", ["m.so", "m16.so", "bad.so"]), ("masked_time_job", ["m.so"])]
+    result = __import__("json").loads(out.read_text())
+    kinds = [(r["layout"], r["dtype"], r["kind"]) for r in result["rows"]]
+    assert kinds == [("contiguous", "bfloat16", "timed"), ("masked", "bfloat16", "timed"),
+                     ("masked", "bfloat16", "failure")]
+    assert result["summary"]["correct_modules"] == 3 and result["summary"]["masked"]["decode_min_ratio_to_best_peer"]
+    calls.clear()
+    assert gc.main(["run", str(tmp_path), "--out", str(out), "--layout", "masked"]) == 0
+    assert [c[0] for c in calls] == ["masked_check_job", "masked_time_job"]

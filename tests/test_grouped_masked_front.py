@@ -183,6 +183,10 @@ def test_strict_mode_raises_where_no_module_serves(monkeypatch):
     with pytest.warns(gemm_ladder.serve.front.KernelFallbackWarning, match="layout='masked'"):
         route = grouped_masked.route_of(8, 4096, 1024, "float16", 0, strict=False)
     assert route.run is grouped_masked.torch_masked_mm and route.source == "torch fallback"
+    assert "torch.bmm" in route.lines[0] and "no masked v12 module was registered" in route.lines[1]  # explain's
+    with pytest.warns(gemm_ladder.serve.front.KernelFallbackWarning, match="TMA's 16-byte strides"):
+        grouped_masked.route_of(8, 4100, 1024, "float16", 0)  # N off 8: torch even with a module
+    grouped.reset()
 
 
 def test_a_masked_module_serves_only_the_masked_door(monkeypatch):
