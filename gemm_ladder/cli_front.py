@@ -6,6 +6,7 @@ and the shape suite. Argument parsing only (the library: ``kernel_pack``, ``suit
     python -m gemm_ladder pack build --weights 4096x4096 --dry-run    # the modules, by M bucket
     python -m gemm_ladder pack build --shapes 16x4096x4096,2048x6144x4096 --out build/pack
     python -m gemm_ladder pack build --suite --out build/suite_pack
+    python -m gemm_ladder pack build --weights 4096x4096 --dtypes float8_e4m3 --fp8-scales row   # scaled_mm's
     python -m gemm_ladder pack show build/pack           # what the pack holds, and which rule chose it
     python -m gemm_ladder pack check build/pack          # every module against pack.json
     python -m gemm_ladder suite run --pack build/suite_pack --out suite.json   # GPU box
@@ -22,7 +23,7 @@ from pathlib import Path
 from .core import cli_types, device
 from .core.config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
 from .core.files import FolderError
-from .core.spec import OPERAND_LAYOUTS, epilogue_names
+from .core.spec import FP8_SCALES, OPERAND_LAYOUTS, epilogue_names, spec_of_manifest
 from .measure import report, suite
 from .serve import kernel_pack, tuning_db as tune_db
 
@@ -57,11 +58,18 @@ def _in_m_order(entries) -> list[dict]:
     return sorted(entries, key=lambda e: (e["dtype"], e["shape"][1], e["shape"][2], e["m_range"][0]))
 
 
+def _dtype_text(e: dict) -> str:
+    """An entry's dtype as ``pack show`` prints it: an fp8 module's inputs, recipe and D (its
+    ``dtype`` field is D's alone)."""
+    spec = spec_of_manifest(e)
+    return f"{spec.a} {spec.scales} -> {spec.d}" if spec.is_fp8 else e["dtype"]
+
+
 def _row(e: dict) -> dict:
     """``pack show``'s row of an entry: the module, the M it serves and the M its knobs were chosen at."""
     lo, hi = e["m_range"]
     served = f"{lo}..{hi}" if e["dynamic_m"] else f"{hi} (less: padded)"
-    return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}", "dtype": e["dtype"],
+    return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}", "dtype": _dtype_text(e),
             "M served": served, "chosen at M": ",".join(map(str, e.get("m_values") or [])),
             "rule": (e.get("choice") or {}).get("rule", "")}
 
@@ -70,10 +78,13 @@ def _pack_build(a) -> int:
     shapes, weights = _pack_request(a)
     dtypes = a.dtypes or list(DTYPES)
     layouts = tuple(OPERAND_LAYOUTS[name] for name in a.layouts)
+    if (a.fp8_scales or a.fp8_out) and kernel_pack.FP8_INPUT not in dtypes:
+        raise UsageError(f"--fp8-scales and --fp8-out choose fp8 modules: add --dtypes {kernel_pack.FP8_INPUT}")
+    fp8 = {"fp8_scales": tuple(a.fp8_scales or FP8_SCALES), "fp8_out": tuple(a.fp8_out or ["bfloat16"])}
     try:
         if a.dry_run:
             items = kernel_pack.plan_pack(shapes, dtypes, a.arch, a.sms, not a.static, tuple(a.epilogue), weights,
-                                          layouts)
+                                          layouts, **fp8)
             rows = [_row(e) for e in _in_m_order(e for i in items for e in kernel_pack.entries_of(i))]
             print(report.table(rows, list(rows[0])))
             print(f"{len(items)} modules (dry run: nothing built)")
@@ -83,8 +94,10 @@ def _pack_build(a) -> int:
                                               "weights": ["x".join(map(str, w)) for w in weights],
                                               "m_buckets": list(kernel_pack.M_BUCKETS) if weights else [],
                                               "model": a.model, "suite": a.suite, "m": list(a.m or []),
-                                              "epilogues": list(a.epilogue), "layouts": list(a.layouts)},
-                                     epilogues=tuple(a.epilogue), weights=weights, layouts=layouts)
+                                              "epilogues": list(a.epilogue), "layouts": list(a.layouts),
+                                              **({k: list(v) for k, v in fp8.items()}
+                                                 if kernel_pack.FP8_INPUT in dtypes else {})},
+                                     epilogues=tuple(a.epilogue), weights=weights, layouts=layouts, **fp8)
     except (ConfigError, LookupError, FolderError) as err:  # a shape no kernel takes, an --out that is no folder
         raise UsageError(str(err)) from None
     for r in man["results"]:
@@ -176,7 +189,14 @@ def add_parsers(sub) -> None:
     b.add_argument("--m", type=cli_types.whole_numbers(1, "16,128"), default=None,
                    help="build --model for these M only (as --shapes)")
     b.add_argument("--suite", action="store_true", help="every shape of the shape suite")
-    b.add_argument("--dtypes", type=cli_types.names(DTYPES, "dtype"), default=None)
+    b.add_argument("--dtypes", type=cli_types.names(kernel_pack.PACK_DTYPES, "dtype"), default=None,
+                   help=f"the input dtypes (default {','.join(DTYPES)}); {kernel_pack.FP8_INPUT}: scaled_mm's fp8 "
+                        "modules, of each recipe of --fp8-scales and D of --fp8-out")
+    b.add_argument("--fp8-scales", type=cli_types.names(FP8_SCALES, "fp8 scale recipe"), default=None,
+                   help=f"the fp8 modules' scale recipes (default {','.join(FP8_SCALES)}): tensor (one scale each), "
+                        "row (scale_a [M, 1], scale_b [1, N])")
+    b.add_argument("--fp8-out", type=cli_types.names(DTYPES, "fp8 D dtype"), default=None,
+                   help="the fp8 modules' D dtypes (default bfloat16)")
     b.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
     b.add_argument("--sms", type=cli_types.count, default=None,
                    help="SM count the heuristic plans for (default: the GPU, or H100)")

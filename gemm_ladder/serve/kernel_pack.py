@@ -21,6 +21,16 @@ loads with the TVM runtime alone::
                   "choice": {"source": "rule", "rule": "weight-streaming", "why": "..."},
                   "spec": {"a": "float16", ..., "bias": "float16", "operands": [...]}}, ...]}
 
+fp8 modules (``scaled_mm``'s, issue 32) are asked for with the input dtype ``float8_e4m3`` among
+the dtypes, each recipe of ``--fp8-scales`` (``tensor``, ``row``) and each D of ``--fp8-out``
+(``bfloat16``, ``float16``), with the epilogue ``none`` or ``bias`` (a bias in D's dtype)::
+
+    python -m gemm_ladder pack build --weights 4096x4096 --dtypes float8_e4m3 --fp8-scales row --out build/pack
+
+Their entries have D's dtype as ``dtype`` and say e4m3 and the recipe in ``spec``; the policy
+gives an fp8 problem one kernel at every M (``plan.FP8_RULES``), so a weight's whole M range is
+one runtime-M module.
+
 ``spec`` is the module's operand spec (``gemm_ladder.core.spec``): a module serves a call of its spec
 only (a bias call, a bias module: ``pack build --epilogue bias``); an entry written before the
 field existed is a module of the default spec (its dtype in and out, no epilogue).
@@ -64,14 +74,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import files
-from ..core.config import (ARCHS, DTYPES, LARGEST_TILE, RetiredKnobError, check_extents, drop_retired_knobs,
-    largest_m, max_m_of)
+from ..core.config import (ARCHS, DTYPES, LARGEST_TILE, ConfigError, RetiredKnobError, check_extents,
+    drop_retired_knobs, largest_m, max_m_of)
 from ..core.manifest import ManifestError, check_file, read_manifest
 from ..core.procs import map_in_processes
 from ..core.provenance import git_commit, tvm_version, utc_now
 from ..core.records import (FILE_NAME, KNOB_VALUE, SHAPE, Bool, Check, Int, List, Map, Maybe, Obj, RecordError, Str,
     parse_json, read_text, validate)
-from ..core.spec import SPEC_SCHEMA, GemmSpec, spec_for, spec_of_manifest
+from ..core.spec import FP8_SCALES, MN_MAJOR_FP8_FIX, SPEC_SCHEMA, GemmSpec, spec_for, spec_of_manifest
 from . import tma_layout
 from .runtime import load
 
@@ -310,8 +320,56 @@ def _runs(asks) -> list[dict]:
     return runs
 
 
+FP8_INPUT = "float8_e4m3"  # the dtype a pack request names for scaled_mm's modules (A and B e4m3)
+FP8_EPILOGUES = ("none", "bias")  # what an fp8 module's epilogue builds (spec._fp8_not_built)
+PACK_DTYPES = DTYPES + (FP8_INPUT,)
+
+
+def pack_specs(dtypes, epilogues=("none",), layouts=(("K", "K"),), fp8_scales=FP8_SCALES,
+               fp8_out=("bfloat16",)) -> list[GemmSpec]:
+    """The operand specs a pack request asks for: each 16-bit dtype with each epilogue and layout
+    (``spec.spec_for``), and for :data:`FP8_INPUT` an fp8 spec for each recipe of ``fp8_scales``,
+    each D of ``fp8_out`` and each epilogue (``none``; ``bias``: in D's dtype). What fp8 does not
+    build is refused by name (ConfigError), before anything is planned."""
+    specs = []
+    for dtype in dtypes:
+        if dtype not in PACK_DTYPES:
+            raise ConfigError(f"dtype {dtype!r}: a pack builds {', '.join(PACK_DTYPES)}")
+        if dtype != FP8_INPUT:
+            specs += [dataclasses.replace(spec_for(dtype, e), a_major=am, b_major=bm)
+                      for e in epilogues for am, bm in layouts]
+            continue
+        if any(tuple(lay) != ("K", "K") for lay in layouts):
+            raise ConfigError(f"{FP8_INPUT} with layouts {list(layouts)}: {MN_MAJOR_FP8_FIX}; build it with "
+                              "--layouts KK (16-bit dtypes beside it take the other layouts in another request)")
+        if not fp8_scales or not fp8_out:
+            raise ConfigError(f"{FP8_INPUT} needs a recipe and a D dtype: --fp8-scales {','.join(FP8_SCALES)} "
+                              "--fp8-out bfloat16")
+        for e in epilogues:
+            if e not in FP8_EPILOGUES:
+                raise ConfigError(f"epilogue {e!r} with {FP8_INPUT}: an fp8 module is built with the epilogue "
+                                  f"{' or '.join(FP8_EPILOGUES)} (a bias in D's dtype)")
+        for recipe in fp8_scales:
+            if recipe not in FP8_SCALES:
+                raise ConfigError(f"fp8 scales {recipe!r}: use {' or '.join(FP8_SCALES)} (block-wise is not built yet)")
+            for d in fp8_out:
+                if d not in DTYPES:
+                    raise ConfigError(f"fp8 D dtype {d!r}: a pack's fp8 modules write {' or '.join(DTYPES)}")
+                specs += [GemmSpec.fp8(d, recipe, d if e == "bias" else None) for e in epilogues]
+    return list(dict.fromkeys(specs))
+
+
+def _check_fp8_extents(N: int, K: int) -> None:
+    """fp8 modules are not fed padded copies (scaled_mm refuses what TMA cannot read as it is)."""
+    if N % 16 or K % 16:
+        raise ConfigError(f"{FP8_INPUT} at N={N}, K={K}: N and K must be multiples of 16 (torch._scaled_mm's "
+                          "rule, and TMA's 16-byte rows of 1-byte elements); leave this weight out of the fp8 "
+                          "request, or pad it")
+
+
 def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
-              epilogues=("none",), weights=(), layouts=(("K", "K"),)) -> list[dict]:
+              epilogues=("none",), weights=(), layouts=(("K", "K"),), fp8_scales=FP8_SCALES,
+              fp8_out=("bfloat16",)) -> list[dict]:
     """The modules a pack needs for ``shapes`` (``(M, N, K)``: those M) and ``weights``
     (``(N, K)``: every bucket of :func:`weight_buckets`) in ``dtypes`` with each of ``epilogues``
     (``none``, ``bias``, ``bias_gelu_tanh``, ...: the operand spec, ``spec.spec_for``) and each of
@@ -320,17 +378,22 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
     M of a (rung, knobs, N, K)
     where the rung takes M at run time, else one per M. Each item: the build ``job``, its
     ``file``, ``dynamic_m``, the ``choice`` and ``served``, the ``m_range``/``m_values`` of each
-    pack.json entry it gets (:func:`_runs`)."""
+    pack.json entry it gets (:func:`_runs`). ``float8_e4m3`` among ``dtypes``: fp8 modules of
+    each recipe of ``fp8_scales`` and D of ``fp8_out`` (:func:`pack_specs`)."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
     # pylint: disable=import-outside-toplevel
     from ..compile.batch import BuildJob
     from ..rungs import rung_module
     from . import plan
 
+    specs = pack_specs(dtypes, epilogues, layouts, fp8_scales, fp8_out)
     sms = sms or plan.default_sms(arch)
     groups: dict = {}
-    for dtype, epilogue, (a_major, b_major) in ((d, e, l) for d in dtypes for e in epilogues for l in layouts):
-        spec = dataclasses.replace(spec_for(dtype, epilogue), a_major=a_major, b_major=b_major)
+    for spec in specs:
+        dtype = spec.d if spec.is_fp8 else spec.a  # the config's dtype: an fp8 kernel's is D's
+        if spec.is_fp8:
+            for N, K in [s[1:] for s in shapes] + list(weights):
+                _check_fp8_extents(N, K)
         asks = [(M, N, K, M, M, False) for M, N, K in shapes]
         for N, K in weights:
             padded = tma_layout.layout_fixes(tma_layout.Layout(1, N, K, dtype))  # what the kernels index
@@ -398,7 +461,7 @@ def _pack_worker(args) -> dict:
 
 def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
                workers: int | None = None, cache_root=None, request: dict | None = None, epilogues=("none",),
-               weights=(), layouts=(("K", "K"),)) -> dict:
+               weights=(), layouts=(("K", "K"),), fp8_scales=FP8_SCALES, fp8_out=("bfloat16",)) -> dict:
     """Build the modules :func:`plan_pack` lists into ``out`` and write ``out/pack.json`` (merged
     with what the folder held: entries of other files stay). Returns the manifest, with
     ``"results"`` (built / cache / failed per module)."""
@@ -409,7 +472,7 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     sms = sms or plan.default_sms(arch)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues, weights, layouts)
+    items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues, weights, layouts, fp8_scales, fp8_out)
     results = map_in_processes(_pack_worker, [(i, str(out), cache_root) for i in items], workers)
     results = [r if isinstance(r, dict) else {"file": i["file"], "status": "failed", "detail": repr(r)}
                for i, r in zip(items, results)]

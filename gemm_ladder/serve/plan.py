@@ -35,6 +35,10 @@ v9's defaults)::
                                                        depth 4, 2x1 cluster, epi_n 64); with     cuBLAS on squares;
                                                        epi_under where tiles > SMs               epi_under +0.4-2.8%
 
+An fp8 problem (its spec's operands are e4m3: ``scaled_mm``'s) takes :data:`FP8_RULES` instead: v9
+at its fp8 defaults at every M, the one fp8 kernel measured on a GPU; the tuning database, which
+holds 16-bit kernels' knobs only, is not asked.
+
 The four small-M rules (row-tiles to swap-ab-128) also set ``stream_b``: B's loads evict first
 from L2, A's last, with 256-byte L2 fills (+1.6-6.3% as kernels at 18 of the suite's 20 cases
 with M <= 128, ``benchmarks/results/2026-11-22_h100_stream_b/``).
@@ -71,6 +75,7 @@ the tuning database it reads is :mod:`gemm_ladder.serve.tuning_db`, which the tu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -375,6 +380,28 @@ RULES: list[Rule] = [
 ]
 
 
+# -- fp8 (issue 32): one kernel, not the rules above. The rules choose among 16-bit kernels at knobs
+# measured for each kind of shape; the fp8 kernel has been checked and timed on a GPU at v9's fp8
+# defaults only (128x128 tiles over two consumers, the promotion every 128 of K: the promoted sums
+# double the accumulators, so the large rule's 128x256 tile does not fit), and no other rung builds
+# fp8. So every fp8 problem gets those defaults, whatever its M: one runtime-M module serves a
+# weight's whole M range, and a pack built for it holds the module scaled_mm would build itself.
+FP8_RESULTS = "benchmarks/results/2026-11-26_h100_fp8/README.md"
+FP8_RULES: list[Rule] = [
+    Rule("fp8", "sm_90a", "v9", when=lambda p: p.spec is not None and p.spec.is_fp8, knobs=lambda p: {},
+         why="an fp8 GEMM: v9 at its fp8 defaults (128x128 tiles over two consumers, e4m3 wgmma k32, the "
+             "tensor cores' sums promoted into fp32 every 128 of K), the one fp8 kernel measured",
+         evidence=FP8_RESULTS + ": correct for the tensor and row recipes at 1000x3008x1024 to 4096x7168x16384; "
+                  "0.64-0.86x torch._scaled_mm, 1.20-1.29x our bf16 v9 (kernels in CUDA graphs)"),
+]
+FP8_NO_DB = "tuning database: not asked (it holds no fp8 entries; the tuner does not time fp8 yet)"
+
+
+def is_fp8(p: Problem) -> bool:
+    """Whether ``p`` is a scaled fp8 GEMM (its spec's operands), which :data:`FP8_RULES` answer."""
+    return p.spec is not None and p.spec.is_fp8
+
+
 @dataclass(frozen=True)
 class Choice:
     """What :func:`choose` picked: a rung and its knobs (dtype and arch included), where from
@@ -450,7 +477,9 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
     """The first rule of ``rules`` (default :data:`RULES`) that applies to ``p`` and validates."""
     check_extents("gemm_ladder", p.M, p.N, p.K, *LARGEST_TILE)  # IndexRangeError past 32-bit indices, at once
     skipped = []
-    for rule in RULES if rules is None else rules:
+    if rules is None:
+        rules = FP8_RULES if is_fp8(p) else RULES
+    for rule in rules:
         if rule.arch != p.arch:
             continue
         if validate and not _available(rule.rung, p.arch):
@@ -466,7 +495,8 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
             skipped.append(f"rule {rule.name!r} ({rule.rung}): {problem}")
             continue
         why = f"{rule.why} [{rule.evidence}]" + (f"; {rule.detail(p)}" if rule.detail else "")
-        if validate and (paired := _pair_along_n(rule.rung, p, knobs)) is not None:
+        # (not fp8: its knobs stay the measured ones, the same at every M)
+        if validate and not is_fp8(p) and (paired := _pair_along_n(rule.rung, p, knobs)) is not None:
             knobs, note = paired
             why += f"; {note}"
         return Choice(rule.rung, knobs, "rule", rule.name, why,
@@ -532,6 +562,8 @@ def choose(p: Problem, db=None, rules=None, use_db: bool = True) -> Choice:
     rule = rule_choice(p, rules)
     if not use_db:
         return rule
+    if is_fp8(p):  # the database's entries are 16-bit kernels' knobs: none is an fp8 kernel's
+        return dataclasses.replace(rule, skipped=rule.skipped + (FP8_NO_DB,))
     # a measured entry beats a rule that rests on a model alone, whatever its rung
     found, notes, database = db_choice(p, rule.rung if rule.measured else None, db)
     if found is None:

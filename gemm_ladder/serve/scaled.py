@@ -22,12 +22,19 @@ kernels (float32: torch's); K and N multiples of 16 (torch's rule, and TMA's 16-
 Any other layout is refused with the fix: fp8 wgmma reads both operands K-major, so a row-major
 ``[K, N]`` B is not transposed behind the caller's back.
 
-Where the kernel comes from (``explain=True`` returns the lines with D): a module registered with
-:func:`use_module` that serves the shape (its N, K and spec; any M for a runtime-M module), else v9
-built into the module cache where TVM's compiler is here (``sm90a/fp8.py``), else
-``torch._scaled_mm`` (a :class:`front.KernelFallbackWarning` once per shape; ``strict=True``:
-:class:`front.NoKernelError` instead). Kernel packs and the tuner know no fp8 yet (issue 32's next
-slice).
+Where the kernel comes from (``explain=True`` returns the lines with D), first that serves:
+
+    1. a module registered with :func:`use_module` (its N, K and spec; any M for a runtime-M module)
+    2. a kernel pack's fp8 module (``gemm_ladder.use_pack``, ``$GEMM_LADDER_PACK``; built with
+       ``pack build --dtypes float8_e4m3 --fp8-scales ... --fp8-out ...``): the call's spec, N
+       and K, any M its runtime M takes (one kernel serves every M of an fp8 weight:
+       ``plan.FP8_RULES``), or the M it was built for
+    3. where TVM's compiler is here, the policy's fp8 kernel (``plan.FP8_RULES``: the same
+       module a pack holds) from the module cache or built into it now (``sm90a/fp8.py``)
+    4. else ``torch._scaled_mm``, with a :class:`front.KernelFallbackWarning` once per shape that
+       says how to build a pack for it; ``strict=True``: :class:`front.NoKernelError` instead.
+
+The tuner does not time fp8 yet (the policy's one fp8 kernel is v9 at its fp8 defaults).
 
 :func:`quantize_fp8` makes the inputs with the rounding torch's recipes use: ``amax / fp8_max``
 as the scale (the dequantization multiplier), ``x / scale`` clamped to the fp8 range, then
@@ -43,8 +50,10 @@ import warnings
 from dataclasses import dataclass
 
 from ..core import device
+from ..core.config import max_m_of
 from ..core.spec import FP8_SCALES, MN_MAJOR_FP8_FIX, GemmSpec
-from .front import KernelFallbackWarning, NoKernelError, Route, cached_module, why_no_build
+from .front import KernelFallbackWarning, NoKernelError, Route, cached_module, packs, why_no_build
+from .kernel_pack import FP8_INPUT
 from .runtime import ModuleInputError, load
 
 RECIPES = FP8_SCALES  # "tensor", "row"
@@ -56,6 +65,7 @@ _LOCK = threading.RLock()
 _ROUTES: dict = {}
 _MODULES: list = []  # use_module's, newest first
 _WARNED: set = set()
+_LOADED: dict = {}  # pack modules by path: loaded once for every M they serve
 
 
 # -- quantizing --------------------------------------------------------------------------------------
@@ -191,6 +201,7 @@ def reset() -> None:
         _MODULES.clear()
         _ROUTES.clear()
         _WARNED.clear()
+        _LOADED.clear()
 
 
 class TorchScaledMM:
@@ -221,12 +232,64 @@ def _fits(mod, call: Call) -> bool:
             and (mod.dynamic_m or mod.M == call.M))
 
 
+def build_knobs(call: Call, arch: str) -> dict:
+    """The knobs of the module :func:`scaled_mm` builds for ``call``: the policy's fp8 kernel
+    (``plan.FP8_RULES``: v9 at its fp8 defaults) with M at run time, as ``pack build`` plans it, so
+    a pack's module and a build here are one entry of the module cache."""
+    return {"spec": call.spec.text(), "dtype": call.spec.d, "arch": arch, "dynamic_m": True}
+
+
+def pack_command(call: Call) -> str:
+    """How to get a module for ``call``'s weight (every M) where nothing can be built: the ``pack
+    build`` that makes one, or what to change first where no pack request builds its spec (an fp32
+    bias, an e5m2 B)."""
+    if call.spec.bias not in (None, call.spec.d) or call.spec.b != FP8_INPUT:
+        return (f"kernel packs hold fp8 modules with A and B in {FP8_INPUT} and a bias in out_dtype only: pass B "
+                f"in e4m3 and the bias as bias.to(torch.{call.spec.d}) for a pack to serve this call")
+    bias = " --epilogue bias" if call.spec.bias else ""
+    return (f"on a box with TVM's compiler: python -m gemm_ladder pack build --weights {call.N}x{call.K} --dtypes "
+            f"{FP8_INPUT} --fp8-scales {call.recipe} --fp8-out {call.spec.d}{bias} --out PACK, then carry PACK here "
+            "and set GEMM_LADDER_PACK=PACK")
+
+
+def _from_packs(call: Call, arch: str) -> tuple[Route | None, list[str]]:
+    """The first kernel pack module of the call's spec, N and K that computes its M as it is (a
+    runtime-M module whose 32-bit indices take M, or one built for this M: A is not padded here),
+    and notes on the modules passed over."""
+    notes = []
+    for pack in packs():
+        found = pack.find(call.M, call.N, call.K, call.spec.d, arch, call.spec)
+        if found is None:
+            continue
+        e = found.entry
+        if found.fit == "pad-m":
+            notes.append(f"{e['file']} is built for M={e['shape'][0]}, not {call.M} (scaled_mm pads no A)")
+            continue
+        if e["dynamic_m"] and call.M > (most := max_m_of(call.N, call.K, e["knobs"])):
+            notes.append(f"{e['file']} reads M as a 32-bit index and serves M <= {most}")
+            continue
+        path = found.pack.check_entry(e)
+        key = str(path.resolve())
+        if key not in _LOADED:
+            _LOADED[key] = load(path)
+        choice = e.get("choice") or {}
+        by = f"rule {choice['rule']!r}" if choice.get("rule") else "not recorded"
+        lines = [f"kernel: {e['rung']} fp8 ({call.spec.text()})" + (" [M at run time]" if e["dynamic_m"] else ""),
+                 f"chosen by: {by}, when the pack was built: {choice.get('why', 'not recorded')}",
+                 f"source: {found.describe()}"]
+        return Route(_LOADED[key], None if e["dynamic_m"] else e["shape"][0], "kernel pack", e["rung"],
+                     dict(e["knobs"]), lines), notes
+    return None, notes
+
+
 def _build(call: Call, arch: str) -> Route:
-    knobs = {"spec": call.spec.text(), "dtype": call.spec.d, "arch": arch, "dynamic_m": True}
+    knobs = build_knobs(call, arch)
     path, how = cached_module((MODULE_RUNG, (call.M, call.N, call.K), knobs))
     source = {"cache": "module cache", "built": "fresh build"}[how]
     return Route(load(path), None, source, MODULE_RUNG, knobs,
-                 [f"kernel: {MODULE_RUNG} fp8 ({call.spec.text()}) [M at run time]", f"source: {source} {path}"])
+                 [f"kernel: {MODULE_RUNG} fp8 ({call.spec.text()}) [M at run time]",
+                  "chosen by: rule 'fp8': v9 at its fp8 defaults at every M (plan.FP8_RULES)",
+                  f"source: {source} {path}"])
 
 
 def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
@@ -237,20 +300,37 @@ def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
             if _fits(mod, call):
                 return Route(mod, None if mod.dynamic_m else mod.M, "use_module", mod.rung, {},
                              [f"kernel: {mod.rung} fp8 ({call.spec.text()})", f"source: use_module {mod.path}"])
+        route, notes = _from_packs(call, arch)
+        if route is not None:
+            return route
         why = why_no_build()
         if why is None:
             return _build(call, arch)
-        why = f"no module given to use_module serves it and nothing can be built here ({why})"
+        where = ", ".join(str(p.folder) for p in packs()) or "none ($GEMM_LADDER_PACK is not set)"
+        passed = f"; passed over: {'; '.join(notes)}" if notes else ""
+        why = (f"no module given to use_module and no kernel pack (packs: {where}) serves it{passed}, and nothing "
+               f"can be built here ({why})")
     what = f"M={call.M} N={call.N} K={call.K} fp8 {call.recipe}"
+    how = "" if call.spec is None else f"; {pack_command(call)}"
     if strict:
-        raise NoKernelError(f"gemm_ladder.scaled_mm {what}: {why}; build a module on a box with TVM's compiler "
-                            "and pass it to gemm_ladder.serve.scaled.use_module")
+        raise NoKernelError(f"gemm_ladder.scaled_mm {what}: {why}{how}")
     if (call.M, call.N, call.K, call.recipe) not in _WARNED:
         _WARNED.add((call.M, call.N, call.K, call.recipe))
-        warnings.warn(f"gemm_ladder.scaled_mm {what}: torch._scaled_mm computes it: {why}", KernelFallbackWarning,
-                      stacklevel=3)
+        warnings.warn(f"gemm_ladder.scaled_mm {what}: torch._scaled_mm computes it: {why}{how}",
+                      KernelFallbackWarning, stacklevel=3)
     return Route(TorchScaledMM(call.recipe, out_dtype), None, "torch", "torch._scaled_mm", {},
-                 ["kernel: torch._scaled_mm", f"why: {why}"])
+                 ["kernel: torch._scaled_mm", f"why: {why}"] + ([f"how: {how[2:]}"] if how else []))
+
+
+def route_of(call: Call, index: int, strict: bool, out_dtype) -> Route:
+    """The route of ``call`` on GPU ``index`` (:func:`_resolve`), remembered per call and per the
+    packs looked in: a pack added since (``use_pack``) is looked in."""
+    key = (call, index, strict, out_dtype, tuple(packs()))  # the packs themselves (by identity)
+    route = _ROUTES.get(key)
+    if route is None:
+        with _LOCK:
+            route = _ROUTES.setdefault(key, _resolve(call, index, strict, out_dtype))
+    return route
 
 
 def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, explain: bool = False,
@@ -264,11 +344,7 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     if A.device.type != "cuda":
         raise ModuleInputError(f"gemm_ladder.scaled_mm: A is on {A.device}; move the tensors to the GPU (.cuda())")
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
-    key = (call, index, strict, out_dtype)
-    route = _ROUTES.get(key)
-    if route is None:
-        with _LOCK:
-            route = _ROUTES.setdefault(key, _resolve(call, index, strict, out_dtype))
+    route = route_of(call, index, strict, out_dtype)
     D = out if out is not None else torch.empty((call.M, call.N), dtype=out_dtype, device=A.device)
     if call.M == 0 or call.N == 0:  # nothing to compute (no kernel takes an empty launch)
         return (D, ["kernel: none (an empty D)"]) if explain else D

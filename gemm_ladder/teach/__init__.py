@@ -14,10 +14,11 @@ Modules: ``sources`` (rung files, diffs), ``built`` (a built module's source, SA
 ``gpu`` (the GPU cells), ``results`` (committed measurements), ``plots`` (pictures; ``roles``
 for the pictures of v7-v9), ``tuning`` (the tuner's pruned space), ``shapes`` (tutorial 11: waves,
 weight streaming, swap-AB and split-K pictures, the front door's policy; ``from gemm_ladder.teach
-import shapes``). The models the pictures draw live with the other models:
-``schedulers.pipeline`` (the K-loop pipeline), ``schedulers.roles`` (producer/consumer roles,
-epilogues, cluster multicast), ``schedulers.orders``/``traffic`` (tile orders),
-``gemm_ladder.core.budget`` (shared memory).
+import shapes``), ``fp8`` (tutorial 16: the wgmma a module issues, a model of fp8 accumulation
+and the promotion, the committed fp8 measurements; ``from gemm_ladder.teach import fp8``). The
+models the pictures draw live with the other models: ``schedulers.pipeline`` (the K-loop
+pipeline), ``schedulers.roles`` (producer/consumer roles, epilogues, cluster multicast),
+``schedulers.orders``/``traffic`` (tile orders), ``gemm_ladder.core.budget`` (shared memory).
 
 Pictures are drawn on matplotlib's Agg canvas (no display needed) and handed to the notebook as
 PNG data by :func:`show`, so they appear the same under Jupyter, nbclient and GitHub's viewer.

@@ -1,0 +1,268 @@
+"""fp8 from a kernel pack (issue 32) on an H100: ``scaled_mm`` served by ``pack build --dtypes
+float8_e4m3`` modules on a box with no TVM compiler, checked and timed against torch._scaled_mm.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/fp8_pack_check.py prepare build/fp8_pack       # build box
+    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+        python3 benchmarks/fp8_pack_check.py run build/fp8_pack --out out/fp8_pack_check.json  # GPU box
+
+``prepare`` builds the pack of :data:`WEIGHTS` (each recipe of :data:`RECIPES`, without and with a
+bf16 bias: one runtime-M module each, through the module cache, as ``pack build`` does) into
+``DIR/pack`` and writes the cases to ``DIR/fp8_pack.json``. ``run`` needs the TVM runtime and torch:
+
+- correctness first, each case in a child process with a deadline (``measure.isolate.run_batch``:
+  a hang or crash costs its case, a new child goes on): ``gemm_ladder.use_pack(DIR/pack)``, then
+  ``scaled_mm(..., strict=True, explain=True)`` at odd M (1, 77, 1000) and at M = 4096 on random
+  bf16 inputs quantized with ``quantize_fp8``, into a D poisoned with NaN; the error against a
+  float64 product of the dequantized inputs, with ``torch._scaled_mm``'s own error on the same
+  inputs as the yardstick (within 2x, no NaN), and ``explain`` must name the pack's module (strict
+  mode: a call no pack module serves raises instead of falling back to torch);
+- then, in this process, the timed cases whose checks all passed: ``scaled_mm`` through the pack
+  (the front door's whole path) and ``torch._scaled_mm``, in rounds whose order alternates, as
+  queued calls and as kernels in CUDA graphs cycling input sets that spill L2
+  (``harness.event_times``/``graph_times``); the GPU's clocks and power sampled throughout.
+
+Rows (the issue's results format): recipe, M, N, K, correct, tflops (ours, in graphs),
+ratio_to_scaled_mm and peer_ratios (torch's time over ours), the pack module and explain lines.
+About 1-2 minutes on an H100 (an estimate until its first run); DIR about 2 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import fp8_check  # noqa: E402  (a sibling script: inputs, references and the pass rule)
+from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+
+from gemm_ladder.core import cli_types, device, files  # noqa: E402
+from gemm_ladder.core.records import read_json  # noqa: E402
+
+FORMAT = "gemm_ladder.fp8_pack_check"
+PLAN_FILE = "fp8_pack.json"
+PACK = "pack"
+WEIGHTS = ((3008, 1024), (4096, 4096))  # N x K: an N off the 128-column tile, and a square
+RECIPES = ("tensor", "row")
+BIASES = (None, "bfloat16")  # a bias in D's dtype: what a pack's fp8 modules take (--epilogue bias)
+CHECK_MS = (1, 77, 1000, 4096)
+TIMED_MS = {(3008, 1024): 1000, (4096, 4096): 4096}
+CHECK_TIMEOUT = 60.0
+ROUNDS, PER_ROUND = 6, 8
+
+
+def case_name(N: int, K: int, recipe: str, bias) -> str:
+    return f"{recipe}_{N}x{K}" + ("_bias" if bias else "")
+
+
+def cases() -> list[dict]:
+    """Every correctness case (weight x recipe x bias x M), and the timed ones (no bias, one M each)."""
+    out = []
+    for (N, K) in WEIGHTS:
+        for recipe in RECIPES:
+            for bias in BIASES:
+                for M in CHECK_MS:
+                    out.append({"name": case_name(N, K, recipe, bias), "M": M, "N": N, "K": K, "recipe": recipe,
+                                "bias": bias, "timed": bias is None and M == TIMED_MS[(N, K)]})
+    return out
+
+
+def item(case: dict) -> str:
+    """A case as the isolate child's item (no path separators, no commas): NAME@M."""
+    return f"{case['name']}@{case['M']}"
+
+
+def passes_case(res: dict) -> bool:
+    """A check passes: within 2x torch's error, no NaN left, and served by the pack."""
+    return (res.get("status") == "ok" and not res.get("nan") and bool(res.get("from_pack"))
+            and fp8_check.passes(res["rel_err"], res["torch_rel_err"]))
+
+
+def make_row(case: dict, times: dict | None, checks: list[dict]) -> dict:
+    """The result row of a timed case: ``times`` maps ``ours`` / ``torch_scaled_mm`` to
+    ``{"kernel_ms", "call_ms"}`` (None: not timed, its checks failed)."""
+    mine = [c for c in checks if c.get("name") == case["name"]]
+    correct = bool(mine) and all(c.get("correct") for c in mine)
+    row = {"recipe": case["recipe"], "M": case["M"], "N": case["N"], "K": case["K"], "module": case["name"],
+           "correct": correct, "tflops": None, "ratio_to_scaled_mm": None, "peer_ratios": {}}
+    if times:
+        ours, peer = times["ours"], times["torch_scaled_mm"]
+        row.update(tflops=fp8_check.tflops(case["M"], case["N"], case["K"], ours["kernel_ms"]),
+                   ratio_to_scaled_mm=fp8_check.ratio(peer["kernel_ms"], ours["kernel_ms"]),
+                   peer_ratios={"torch_scaled_mm": fp8_check.ratio(peer["kernel_ms"], ours["kernel_ms"])},
+                   call_ratio_to_scaled_mm=fp8_check.ratio(peer["call_ms"], ours["call_ms"]), times=times)
+    return row
+
+
+# -- prepare (build box) -------------------------------------------------------------------------
+def prepare(out) -> int:
+    # the build layer: this box's TVM compiler
+    from gemm_ladder.serve import kernel_pack  # pylint: disable=import-outside-toplevel
+
+    out = Path(out)
+    files.open_folder(out)
+    man = kernel_pack.build_pack(out / PACK, [], [kernel_pack.FP8_INPUT], sms=132, weights=list(WEIGHTS),
+                                 epilogues=("none", "bias"), fp8_scales=RECIPES, fp8_out=("bfloat16",),
+                                 request={"weights": [f"{N}x{K}" for N, K in WEIGHTS], "dtypes": ["float8_e4m3"],
+                                          "by": "benchmarks/fp8_pack_check.py"})
+    failed = [r for r in man["results"] if r["status"] == "failed"]
+    for r in failed:
+        print(f"failed: {r['file']}: {r.get('detail')}", file=sys.stderr)
+    files.write_json(out / PLAN_FILE, {"format": FORMAT, "cases": cases()})
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"{len({e['file'] for e in man['modules']})} modules, {size / 2**20:.1f} MiB in {out}; "
+          f"{len(cases())} cases")
+    return 1 if failed else 0
+
+
+# -- run (GPU box) -------------------------------------------------------------------------------
+_PACKS: dict = {}
+
+
+def _plan(folder) -> dict:
+    fix = f"run benchmarks/fp8_pack_check.py prepare {folder} on the build box and carry the folder here"
+    return read_json(Path(folder) / PLAN_FILE, "fp8 pack check plan", fix)
+
+
+def _use_pack(folder) -> None:
+    import gemm_ladder  # pylint: disable=import-outside-toplevel
+
+    if folder not in _PACKS:
+        _PACKS[folder] = gemm_ladder.use_pack(Path(folder) / PACK)
+
+
+def check_case(name_at_m: str, args) -> dict:
+    """One correctness case in an isolate child (``measure.isolate``'s ``module:function`` job)."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import gemm_ladder  # pylint: disable=import-outside-toplevel
+
+    folder = args[0]
+    name, _, M = name_at_m.rpartition("@")
+    case = next(c for c in _plan(folder)["cases"] if c["name"] == name and c["M"] == int(M))
+    _use_pack(folder)
+    M, N, K, recipe, bias = case["M"], case["N"], case["K"], case["recipe"], case["bias"]
+    aq, wq, sa, sb, b = fp8_check.inputs(M, N, K, recipe, bias, seed=M + N + K)
+    d = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    try:
+        _, lines = gemm_ladder.scaled_mm(aq, wq.t(), sa, sb, bias=b, out=d, explain=True, strict=True)
+    except Exception as err:  # pylint: disable=broad-except  (NoKernelError: the pack did not serve it)
+        return {"name": name, "M": M, "status": "error", "correct": False, "error": f"{type(err).__name__}: {err}"}
+    ref_t = fp8_check.torch_scaled(aq, wq, sa, sb, b, recipe)
+    torch.cuda.synchronize()
+    col = (lambda s: s.double().reshape(-1, 1)) if recipe == "row" else (lambda s: s.double())
+    ref = (aq.double() * col(sa)) @ (wq.double() * col(sb)).t()
+    if b is not None:
+        ref = ref + b.double()
+    top = ref.abs().max().item() or 1.0
+    res = {"name": name, "M": M, "status": "ok", "rel_err": ((d.double() - ref).abs().max() / top).item(),
+           "torch_rel_err": ((ref_t.double() - ref).abs().max() / top).item(), "nan": bool(torch.isnan(d).any()),
+           "from_pack": any(line.startswith("source: kernel pack") for line in lines), "explain": lines}
+    res["correct"] = passes_case(res)
+    return res
+
+
+def check_all(folder) -> list[dict]:
+    # the GPU side (TVM runtime, torch): imported where it runs, as the other checks do
+    from gemm_ladder.measure import isolate  # pylint: disable=import-outside-toplevel
+
+    # the child imports this script by name: benchmarks/ on its path
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    todo = [item(c) for c in cases()]
+    results = isolate.run_batch("fp8_pack_check:check_case", todo, [str(folder)], timeout=CHECK_TIMEOUT,
+                                explain=False)
+    out = []
+    for it, res in zip(todo, results):
+        name, _, M = it.rpartition("@")
+        res = {"name": name, "M": int(M), "correct": False, **res}
+        out.append(res)
+        print(f"check {it}: {'ok' if res.get('correct') else 'FAIL'} err {res.get('rel_err')} "
+              f"(torch {res.get('torch_rel_err')}) {res.get('error', res.get('detail', ''))[:300]}", flush=True)
+    return out
+
+
+def time_case(case: dict) -> dict:
+    """scaled_mm through the pack against torch._scaled_mm on input sets that spill L2 three times,
+    in rounds whose order alternates, as kernels (CUDA graphs) and as queued calls."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import gemm_ladder  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
+
+    M, N, K, recipe = case["M"], case["N"], case["K"], case["recipe"]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sets = []
+    for i in range(max(2, math.ceil(3 * l2 / (M * K + N * K + 2 * M * N)))):
+        aq, wq, sa, sb, _ = fp8_check.inputs(M, N, K, recipe, None, seed=100 + i)
+        sets.append((aq, wq, sa, sb, torch.empty((M, N), dtype=torch.bfloat16, device="cuda")))
+    peer = fp8_check._scaled_mm_peer(recipe, False)  # pylint: disable=protected-access
+    kernels = {"ours": lambda a, w, sa, sb, d: gemm_ladder.scaled_mm(a, w.t(), sa, sb, out=d, strict=True),
+               "torch_scaled_mm": peer}
+    for fn in kernels.values():
+        fn(*sets[0])  # the first call resolves and loads (outside any capture)
+    torch.cuda.synchronize()
+    names = list(kernels)
+    graph, call = {n: [] for n in names}, {n: [] for n in names}
+    t0 = time.time()
+    for r in range(ROUNDS):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            graph[n] += harness.graph_times(kernels[n], sets, PER_ROUND, max(8, len(sets)))
+            call[n] += harness.event_times(kernels[n], sets, PER_ROUND)
+    return {"times": {n: {"kernel_ms": statistics.median(graph[n]), "call_ms": statistics.median(call[n])}
+                      for n in names}, "t0": t0, "t1": time.time(), "input_sets": len(sets)}
+
+
+def run(folder, out) -> int:
+    why = device.why_no_gpu(index=0)
+    if why is not None:
+        print(f"fp8_pack_check run: no GPU ({why}): run it on the GPU box", file=sys.stderr)
+        return 2
+    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
+
+    folder = Path(folder)
+    _plan(folder)  # a folder prepare made (a clear error otherwise)
+    start, sampler = time.time(), Sampler()
+    rows, checks = [], []
+    try:
+        checks = check_all(folder)
+        _use_pack(str(folder))
+        for case in (c for c in cases() if c["timed"]):
+            row = make_row(case, None, checks)
+            if row["correct"]:
+                timed = time_case(case)
+                row = make_row(case, timed["times"], checks)
+                row.update(clocks=sampler.between(timed["t0"], timed["t1"]), input_sets=timed["input_sets"],
+                           explain=next((c.get("explain") for c in checks if c["name"] == case["name"]), None))
+                print(f"{case['name']} M={case['M']}: {row['tflops']:.0f} TFLOPS, x torch._scaled_mm "
+                      f"{fp8_check.f3(row['ratio_to_scaled_mm'])} (calls {fp8_check.f3(row['call_ratio_to_scaled_mm'])})",
+                      flush=True)
+            rows.append(row)
+    finally:
+        sampler.stop()
+    result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
+              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+              "tolerance": fp8_check.TOLERANCE, "checks": checks, "rows": rows}
+    files.open_folder(Path(out).parent)
+    files.write_json(out, result)
+    print(f"{sum(1 for c in checks if c.get('correct'))} of {len(checks)} checks pass; {len(rows)} rows; "
+          f"{result['seconds']:.0f} s; wrote {out}")
+    return 0 if all(c.get("correct") for c in checks) else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("prepare", help="build box: the fp8 pack and the cases")
+    pr.add_argument("out")
+    r = sub.add_parser("run", help="GPU box: check scaled_mm from the pack, then time it against torch._scaled_mm")
+    r.add_argument("folder")
+    r.add_argument("--out", type=cli_types.out_file, default="fp8_pack_check.json")
+    a = p.parse_args(argv)
+    return prepare(a.out) if a.cmd == "prepare" else run(a.folder, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

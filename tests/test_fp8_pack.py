@@ -1,0 +1,260 @@
+"""fp8 in kernel packs (issue 32): what a pack request asks for, the policy's one fp8 kernel, a real
+fp8 pack build through the module cache, and where ``scaled_mm`` finds its kernel (a pack's fp8
+module, or torch with the fix when a pack has none). CPU only: the GPU side is stood in for."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemm_ladder.compile import module_cache
+from gemm_ladder.compile.batch import BuildJob
+from gemm_ladder.core import files
+from gemm_ladder.core.config import ConfigError
+from gemm_ladder.core.manifest import MANIFEST_VERSION, read_manifest
+from gemm_ladder.core.spec import GemmSpec
+from gemm_ladder.serve import front, kernel_pack, plan, scaled
+from gemm_ladder.serve.front import KernelFallbackWarning, NoKernelError
+from gemm_ladder.serve.kernel_pack import KernelPack
+
+REPO = Path(__file__).resolve().parents[1]
+E4M3 = kernel_pack.FP8_INPUT
+
+
+# -- what a request asks for -------------------------------------------------------------------
+def test_a_request_names_fp8_by_its_input_dtype_with_recipes_and_d():
+    specs = kernel_pack.pack_specs(["float16", E4M3], ("none", "bias"), fp8_scales=("tensor", "row"),
+                                   fp8_out=("bfloat16", "float16"))
+    fp8 = [s for s in specs if s.is_fp8]
+    assert [s for s in specs if not s.is_fp8] == [GemmSpec.default("float16"), GemmSpec.with_bias("float16")]
+    assert len(fp8) == 8 and {(s.scales, s.d, s.bias) for s in fp8} == {
+        (r, d, b) for r in ("tensor", "row") for d in ("bfloat16", "float16") for b in (None, d)}
+    assert all(s.a == s.b == "float8_e4m3" for s in fp8)
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"layouts": (("K", "N"),)}, "K-major"),
+    ({"epilogues": ("bias_relu",)}, "epilogue 'bias_relu' with float8_e4m3"),
+    ({"fp8_scales": ("block128",)}, "block-wise is not built yet"),
+    ({"fp8_out": ("float32",)}, "fp8 D dtype 'float32'"),
+    ({"fp8_scales": ()}, "needs a recipe"),
+])
+def test_what_fp8_does_not_build_is_refused_by_name(kw, words):
+    with pytest.raises(ConfigError, match=words):
+        kernel_pack.pack_specs([E4M3], **kw)
+
+
+def test_fp8_weights_must_be_multiples_of_16():
+    with pytest.raises(ConfigError, match="N=4096, K=7160: N and K must be multiples of 16"):
+        kernel_pack.plan_pack([], [E4M3], sms=132, weights=[(4096, 7160)])
+
+
+# -- the policy: one fp8 kernel at every M -------------------------------------------------------
+def _call(M=64, N=48, K=32, recipe="row", bias=None):
+    return scaled.Call(M, N, K, recipe, GemmSpec.fp8("bfloat16", recipe, bias))
+
+
+def test_the_policy_gives_fp8_one_kernel_at_every_m_and_asks_no_tuning_database():
+    spec = GemmSpec.fp8("bfloat16", "row")
+    choices = [plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, spec)) for M in (1, 64, 333, 8192)]
+    assert {c.rule for c in choices} == {"fp8"} and len({json.dumps(c.knobs, sort_keys=True) for c in choices}) == 1
+    assert all(plan.FP8_NO_DB in c.skipped for c in choices)
+    # 16-bit problems keep their rules (the small-M one here)
+    assert plan.choose(plan.Problem(64, 4096, 7168, "bfloat16", "sm_90a", 132), use_db=False).rule != "fp8"
+
+
+def test_a_weights_fp8_pack_is_one_module_and_the_one_scaled_mm_would_build():
+    """Every M bucket of a weight gets the same runtime-M module, with the knobs scaled_mm builds
+    with: a pack and a build here share one entry of the module cache."""
+    items = kernel_pack.plan_pack([], [E4M3], sms=132, weights=[(4096, 7168)], fp8_scales=("row",))
+    assert len(items) == 1 and items[0]["dynamic_m"]
+    assert [run["m_range"] for run in items[0]["served"]] == [[1, 16384]]
+    job = items[0]["job"]
+    ours = BuildJob(scaled.MODULE_RUNG, (64, 4096, 7168), scaled.build_knobs(_call(64, 4096, 7168), "sm_90a"))
+    ident = {"tvm_version": "0.27.0.post1", "compiler": "nvrtc 13.0", "sources": "s"}
+    assert module_cache.module_key(job, ident) == module_cache.module_key(ours, ident)
+
+
+# -- a real fp8 pack ----------------------------------------------------------------------------
+def test_an_fp8_pack_builds_through_the_cache_and_says_e4m3_and_the_recipe(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path / "cache"))
+    man = kernel_pack.build_pack(tmp_path / "pack", [(256, 256, 512)], [E4M3], sms=132, workers=1,
+                                 fp8_scales=("row",))
+    assert [r["status"] for r in man["results"]] == ["built"], man["results"]
+    pk = KernelPack(tmp_path / "pack")
+    (entry,) = pk.modules
+    spec = GemmSpec.fp8("bfloat16", "row")
+    for where in (entry["spec"], read_manifest(tmp_path / "pack" / entry["file"])["spec"]):
+        assert (where["a"], where["b"], where["d"], where["scales"]) == ("float8_e4m3", "float8_e4m3", "bfloat16", "row")
+    assert pk.check_entry(entry) == tmp_path / "pack" / entry["file"]
+    found = pk.find(1000, 256, 512, "bfloat16", "sm_90a", spec)  # a runtime-M module: any M
+    assert found.entry["file"] == entry["file"] and entry["choice"]["rule"] == "fp8"
+    assert pk.find(256, 256, 512, "bfloat16", "sm_90a", GemmSpec.fp8("bfloat16", "tensor")) is None
+    assert pk.find(256, 256, 512, "bfloat16", "sm_90a") is None  # a bf16 call is not served by fp8
+    again = kernel_pack.build_pack(tmp_path / "pack2", [(256, 256, 512)], [E4M3], sms=132, workers=1,
+                                   fp8_scales=("row",))
+    assert [r["status"] for r in again["results"]] == ["cache"]
+
+
+# -- where scaled_mm finds its kernel -----------------------------------------------------------
+def _module(folder: Path, name: str, spec: GemmSpec, shape=(1, 48, 32)) -> dict:
+    """A stand-in runtime-M module (bytes and a manifest with its spec) and its pack.json entry."""
+    blob = hashlib.sha256(name.encode()).digest() * 64
+    (folder / name).write_bytes(blob)
+    knobs = {"dtype": spec.d, "arch": "sm_90a", "dynamic_m": True}
+    if not spec.is_default():
+        knobs["spec"] = spec.text()
+    man = {"format": MANIFEST_VERSION, "rung": "v9", "shape": list(shape), "dtype": spec.d, "arch": "sm_90a",
+           "knobs": knobs, "tvm_version": "0.27.0.post1", "launch": {"dynamic_m": True}, "so_bytes": len(blob),
+           "so_sha256": hashlib.sha256(blob).hexdigest(), "spec": spec.to_dict()}
+    (folder / f"{name}.json").write_text(json.dumps(man))
+    return {"file": name, "rung": "v9", "shape": list(shape), "dtype": spec.d, "arch": "sm_90a", "knobs": knobs,
+            "dynamic_m": True, "m_range": [1, 64], "m_values": [64], "so_bytes": len(blob),
+            "so_sha256": man["so_sha256"], "spec": spec.to_dict(),
+            "choice": {"source": "rule", "rule": "fp8", "why": "v9 at its fp8 defaults"}}
+
+
+def _pack(folder: Path, entries) -> Path:
+    files.write_json(folder / kernel_pack.PACK_MANIFEST, {"format": kernel_pack.PACK_FORMAT,
+                                                          "version": kernel_pack.PACK_VERSION, "arch": "sm_90a",
+                                                          "modules": entries})
+    return folder
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """An H100 that cannot build (a runtime-only box), modules 'loaded' as their paths."""
+    monkeypatch.setattr(scaled.device, "arch_of", lambda index: "sm_90a")
+    monkeypatch.setattr(scaled, "why_no_build", lambda: "GEMM_LADDER_BUILD=0")
+    monkeypatch.setattr(scaled, "load", lambda path: f"loaded {Path(path).name}")
+    monkeypatch.delenv(kernel_pack.PACK_ENV, raising=False)
+    front.reset()
+    scaled.reset()
+    yield
+    front.reset()
+    scaled.reset()
+
+
+def test_scaled_mm_takes_a_packs_fp8_module_and_explains_it(tmp_path, no_gpu):
+    folder = tmp_path / "pack"
+    folder.mkdir()
+    row = _module(folder, "fp8_row.so", GemmSpec.fp8("bfloat16", "row"))
+    _pack(folder, [_module(folder, "bf16.so", GemmSpec.default("bfloat16")), row])
+    front.use_pack(folder)
+    route = scaled._resolve(_call(M=1000), 0, True, torch.bfloat16)  # any M: the module takes M at run time
+    assert route.module == "loaded fp8_row.so" and route.source == "kernel pack" and route.module_M is None
+    text = "\n".join(route.lines)
+    assert route.lines[0].startswith("kernel: v9 fp8 (d_bfloat16.a_float8_e4m3.b_float8_e4m3.scales_row)")
+    assert "chosen by: rule 'fp8'" in text and f"kernel pack {folder}: fp8_row.so" in text
+    # the tensor recipe is another spec: the pack has none, and the fallback says which build serves it
+    with pytest.warns(KernelFallbackWarning, match=r"--dtypes float8_e4m3 --fp8-scales tensor --fp8-out bfloat16"):
+        other = scaled._resolve(_call(recipe="tensor"), 0, False, torch.bfloat16)
+    assert isinstance(other.module, scaled.TorchScaledMM) and other.lines[-1].startswith("how: on a box with")
+
+
+def test_a_pack_without_fp8_makes_scaled_mm_fall_back_once_or_raise_in_strict_mode(tmp_path, no_gpu):
+    folder = tmp_path / "pack"
+    folder.mkdir()
+    _pack(folder, [_module(folder, "bf16.so", GemmSpec.default("bfloat16"))])  # the same N and K, 16-bit
+    front.use_pack(folder)
+    call = _call()
+    with pytest.warns(KernelFallbackWarning) as got:
+        route = scaled._resolve(call, 0, False, torch.bfloat16)
+    message = str(got[0].message)
+    for words in (f"no kernel pack (packs: {folder}) serves it", "GEMM_LADDER_BUILD=0",
+                  "pack build --weights 48x32 --dtypes float8_e4m3 --fp8-scales row --fp8-out bfloat16"):
+        assert words in message, message
+    assert isinstance(route.module, scaled.TorchScaledMM) and route.lines[0] == "kernel: torch._scaled_mm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per shape
+        scaled._resolve(call, 0, False, torch.bfloat16)
+    with pytest.raises(NoKernelError, match=r"no kernel pack .* serves it.*pack build --weights 48x32"):
+        scaled._resolve(call, 0, True, torch.bfloat16)
+
+
+def test_a_pack_added_later_is_looked_in(tmp_path, no_gpu):
+    """scaled_mm remembers a route per call and per packs: use_pack after a fallback is seen."""
+    folder = tmp_path / "pack"
+    folder.mkdir()
+    _pack(folder, [_module(folder, "fp8_row.so", GemmSpec.fp8("bfloat16", "row"))])
+    with pytest.warns(KernelFallbackWarning):
+        assert scaled.route_of(_call(), 0, False, torch.bfloat16).source == "torch"
+    assert scaled.route_of(_call(), 0, False, torch.bfloat16).source == "torch"  # remembered
+    front.use_pack(folder)
+    assert scaled.route_of(_call(), 0, False, torch.bfloat16).module == "loaded fp8_row.so"
+
+
+def test_a_float32_bias_call_is_told_what_a_pack_can_serve():
+    how = scaled.pack_command(scaled.Call(64, 48, 32, "row", GemmSpec.fp8("bfloat16", "row", "float32")))
+    assert "bias.to(torch.bfloat16)" in how and "pack build --weights" not in how
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "gemm_ladder", "pack", "build", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=120, env={**os.environ, "GEMM_LADDER_TUNING_DB": "off"})
+
+
+def test_the_cli_plans_fp8_modules_and_refuses_fp8_knobs_without_fp8():
+    out = _cli("--weights", "4096x7168", "--dtypes", f"bfloat16,{E4M3}", "--fp8-scales", "row", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    fp8_rows = [line for line in out.stdout.splitlines() if "float8_e4m3 row -> bfloat16" in line]
+    assert len(fp8_rows) == 1 and "1..16384" in fp8_rows[0], out.stdout
+    bad = _cli("--weights", "4096x7168", "--fp8-scales", "row", "--dry-run")
+    assert bad.returncode == 2 and "add --dtypes float8_e4m3" in bad.stderr
+    bad = _cli("--weights", "4096x7168", "--dtypes", E4M3, "--fp8-scales", "block128", "--dry-run")
+    assert bad.returncode == 2 and "fp8 scale recipe" in bad.stderr
+
+
+# -- the GPU check's pure parts (benchmarks/fp8_pack_check.py) --------------------------------------
+sys.path.insert(0, str(REPO / "benchmarks"))
+import fp8_pack_check  # noqa: E402  (the GPU check of scaled_mm from a pack)
+
+
+def test_the_pack_check_plans_odd_m_for_every_module_and_times_one_m_a_weight():
+    cases = fp8_pack_check.cases()
+    assert len({(c["name"], c["M"]) for c in cases}) == len(cases) == 32
+    assert {c["name"] for c in cases} == {fp8_pack_check.case_name(N, K, r, b) for N, K in fp8_pack_check.WEIGHTS
+                                          for r in fp8_pack_check.RECIPES for b in fp8_pack_check.BIASES}
+    timed = [c for c in cases if c["timed"]]
+    assert len(timed) == 4 and all(c["bias"] is None for c in timed)
+    for c in cases:  # every case's module is one the pack request plans (what pack_specs builds)
+        assert GemmSpec.fp8("bfloat16", c["recipe"], c["bias"]) in kernel_pack.pack_specs(
+            [E4M3], ("none", "bias"), fp8_scales=fp8_pack_check.RECIPES)
+    name, _, M = fp8_pack_check.item(cases[1]).rpartition("@")
+    assert (name, int(M)) == (cases[1]["name"], cases[1]["M"]) and "/" not in name and "," not in name
+
+
+def test_the_pack_check_passes_only_what_the_pack_served_within_twice_torchs_error():
+    good = {"status": "ok", "rel_err": 3e-3, "torch_rel_err": 3e-3, "nan": False, "from_pack": True}
+    assert fp8_pack_check.passes_case(good)
+    for change in ({"from_pack": False}, {"nan": True}, {"rel_err": 7e-3}, {"status": "timeout"}):
+        assert not fp8_pack_check.passes_case({**good, **change}), change
+    case = next(c for c in fp8_pack_check.cases() if c["timed"])
+    checks = [{"name": case["name"], "correct": True}, {"name": case["name"], "correct": False}]
+    assert fp8_pack_check.make_row(case, None, checks)["correct"] is False  # one of its checks failed
+    times = {"ours": {"kernel_ms": 0.2, "call_ms": 0.25}, "torch_scaled_mm": {"kernel_ms": 0.1, "call_ms": 0.1}}
+    row = fp8_pack_check.make_row(case, times, checks[:1])
+    assert row["correct"] and row["ratio_to_scaled_mm"] == 0.5 and row["peer_ratios"] == {"torch_scaled_mm": 0.5}
+    assert row["tflops"] == pytest.approx(2 * case["M"] * case["N"] * case["K"] / 0.2e-3 / 1e12)
+    assert {"recipe", "M", "N", "K", "correct", "tflops", "ratio_to_scaled_mm", "peer_ratios"} <= set(row)
+
+
+def test_the_pack_checks_children_run_the_script_and_record_a_broken_case(tmp_path, monkeypatch):
+    """The isolate child imports the script by name and runs a case; a folder without its pack
+    costs each case a recorded error (no hang, no crash of the parent)."""
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # check_all prepends benchmarks/
+    few = fp8_pack_check.cases()[:2]
+    monkeypatch.setattr(fp8_pack_check, "cases", lambda: few)
+    files.write_json(tmp_path / fp8_pack_check.PLAN_FILE, {"format": fp8_pack_check.FORMAT, "cases": few})
+    results = fp8_pack_check.check_all(tmp_path)
+    assert [(r["name"], r["M"], r["correct"]) for r in results] == [(c["name"], c["M"], False) for c in few]
+    assert all("PackError" in r["detail"] and "pack is not a folder" in r["detail"] for r in results), results

@@ -1,0 +1,182 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 16 · FP8: the same kernel with 1-byte operands, a promotion and scales
+#
+# Hopper's tensor cores multiply float8 at twice the 16-bit rate. v9 runs fp8 e4m3 with no new
+# template: the operand spec (`GemmSpec.fp8`) changes four parts of it (`gemm_ladder/sm90a/fp8.py`):
+# the wgmma, the ring's slice of K, a *promotion* of the sums into fp32, and the scales in the
+# epilogue. The front door is `gemm_ladder.scaled_mm`, with `torch._scaled_mm`'s semantics:
+#
+#     D[m, n] = round(sum_k A8[m, k] B8[n, k] * scale_a * scale_b + bias[n])
+#
+# From bf16 weights to an fp8 call is two lines of quantizing (`quantize_fp8` rounds as torch's
+# recipes do: the scale is `amax / 448`, the value `x / scale` clamped and rounded to nearest even):
+
+# %%
+import torch
+
+import gemm_ladder
+from gemm_ladder import teach
+from gemm_ladder.core.config import ConfigError
+from gemm_ladder.core.spec import GemmSpec, check_built
+from gemm_ladder.serve import kernel_pack, plan, scaled
+from gemm_ladder.sm90a import fp8, hgemm_v9, mainloop
+from gemm_ladder.teach import fp8 as teach_fp8
+
+x, W = torch.randn(64, 256), torch.randn(512, 256)
+xq, sx = gemm_ladder.quantize_fp8(x, "row")   # e4m3 [64, 256], scale [64, 1]
+wq, sw = gemm_ladder.quantize_fp8(W, "row")   # e4m3 [512, 256], scale [512, 1]
+print(xq.dtype, tuple(sx.shape), tuple(sw.t().shape))
+print("what scaled_mm checks (no GPU needed):", scaled.check_call(xq, wq.t(), sx, sw.t()))
+# on a GPU: y = gemm_ladder.scaled_mm(xq, wq.t(), sx, sw.t(), out_dtype=torch.bfloat16)
+
+# %% [markdown]
+# ## k32: the same 32 bytes of K a wgmma step
+#
+# A wgmma step reads 32 bytes of each K-major row: 16 fp16 values (k16) or 32 fp8 values (k32).
+# So the descriptor steps through shared memory exactly as for 16-bit data, and a 128-byte swizzle
+# row now holds 128 values of K: v9's fp8 slice is `blk_k = 128`, and a stage of a 128x128 tile
+# is 32 KiB as at 16 bits with `blk_k = 64`. The instruction each module issues (accumulator
+# registers elided), fp8 first, then v9 in bf16:
+
+# %%
+built8 = gemm_ladder.build("v9", 256, 256, 512, spec=GemmSpec.fp8("bfloat16", "row"))
+built16 = gemm_ladder.build("v9", 256, 256, 512, dtype="bfloat16")
+teach.describe(built8)
+print(teach_fp8.wgmma_instruction(built8))
+print(teach_fp8.wgmma_instruction(built16))
+
+# %% [markdown]
+# ptxas turns it into `QGMMA ... E4M3.E4M3` (the 16-bit one is `HGMMA`):
+
+# %%
+teach.source_excerpt(built8, r"QGMMA", source="sass", context=0, max_matches=2)
+
+# %% [markdown]
+# ## K-major only
+#
+# Look at the operands after the two descriptors: the 16-bit wgmma ends with `1, 1, 0, 0`
+# (scale-a, scale-b, then *transpose A* and *transpose B*), the fp8 one with `1, 1`. PTX has the
+# transpose immediates for `.f16`/`.bf16` only: for every other type both tiles must be K-major
+# in shared memory. So an fp8 B stored `[K, N]` row-major (MN-major) cannot be read as it lies,
+# as v9 reads a 16-bit one; the spec and the front door refuse it with the fix (transpose once,
+# where the weight is made), instead of copying it behind the caller's back on every call:
+
+# %%
+try:
+    check_built(GemmSpec(a="float8_e4m3", b="float8_e4m3", d="bfloat16", scales="row", b_major="N"), "v9",
+                hgemm_v9.EPILOGUES)
+except ConfigError as err:
+    print("ConfigError:", err)
+try:
+    scaled.check_call(xq, wq.t().contiguous(), sx, sw.t())  # a row-major [K, N] B
+except Exception as err:  # ModuleInputError
+    print(type(err).__name__ + ":", err)
+
+# %% [markdown]
+# ## The promotion, and why
+#
+# Inside a chain of fp8 wgmmas the tensor cores do not keep fp32's 24 bits in the running sum:
+# DeepSeek-V3's report measured about 14 on an H800. Every cut rounds toward zero, so over a long
+# K the errors add up in one direction instead of averaging out. The cure (DeepSeek's, CUTLASS's)
+# is to *promote*: every few K slices, retire the wgmmas, add the tensor cores' sums into a second
+# fp32 array with the CUDA cores' exact adds, and start the tensor cores over from zero. A numpy
+# model of just that (`teach.fp8.model_dot`: each k32 step's products exact, the running sum cut
+# to 14 bits; the output rounded to bf16), against the exact product of the same e4m3 inputs, and
+# the committed H100 check at K = 16384 (`benchmarks/results/2026-11-26_h100_fp8/`):
+
+# %%
+errors = teach_fp8.promotion_errors()
+measured = teach_fp8.measured_promotion()
+for K, none, promoted in zip(errors["K"], errors["none"], errors["promoted"]):
+    print(f"K={K:6}  model: one chain {none:.4f}, promoted {promoted:.4f}")
+print(f"H100 at K=16384: v9 promote=0 {measured['none']:.4f}, promote=1 {measured['promoted']:.4f}, "
+      f"torch._scaled_mm {measured['torch']:.4f}")
+teach.show(teach_fp8.plot_promotion(errors, measured))
+
+# %% [markdown]
+# With the promotion our error is torch's; without it, 3.3x torch's at K = 16384, which is what
+# the model predicts. In v9 (`mainloop._run_promoted`) a group of `promote` slices runs into
+# fresh accumulators, is retired (`wait_group(0)`), and is added to the total:
+
+# %%
+teach.show_source(mainloop._promote)
+
+# %% [markdown]
+# Its cost: a second array of fp32 sums in registers. A 128x256 tile over two consumers already
+# holds 128 accumulators a thread; twice that does not fit, so the fp8 default is 128x128 (and the
+# validator says so before anything compiles):
+
+# %%
+try:
+    gemm_ladder.make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(), blk_n=256)
+except ConfigError as err:
+    print("ConfigError:", err)
+print(gemm_ladder.make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8()).knobs())
+
+# %% [markdown]
+# ## The scales, and where each is applied
+#
+# | recipe | scale_a | scale_b | where the kernel applies it |
+# | --- | --- | --- | --- |
+# | tensor | one value | one value | the epilogue: the sums times one scalar, before the bias and the rounding |
+# | row | `[M, 1]` | `[1, N]` | the epilogue: each sum times its row's and its column's scale |
+# | block-wise (DeepSeek-V3: A 1x128, B 128x128) | `[M, K/128]` | `[N/128, K/128]` | at each promotion: a block's sums are scaled before they join the total. **Not built yet.** |
+#
+# Per-tensor and per-row scales are constant along K, so they can wait for the end of the K loop;
+# a block-wise scale changes every 128 of K and must be applied where the sums of one block are
+# still apart: at the promotion, which is why the promotion is built first. The epilogue step
+# (a step of its own, not an `EpilogueOp`, since an op sees a fragment's column only and the row
+# recipe needs the row too):
+
+# %%
+teach.show_source(fp8.scale_sums)
+try:
+    check_built(GemmSpec.fp8(scales="block128"), "v9", hgemm_v9.EPILOGUES)
+except ConfigError as err:
+    print("ConfigError:", err)
+
+# %% [markdown]
+# ## Packs and `explain`
+#
+# The policy gives every fp8 problem the one fp8 kernel measured (`plan.FP8_RULES`): v9 at its fp8
+# defaults, whatever M, with no tuning database (it holds 16-bit kernels' knobs). A kernel pack for
+# a weight is then one runtime-M module for its whole M range, the same module `scaled_mm` would
+# build itself (`pack build --dtypes float8_e4m3 --fp8-scales row --fp8-out bfloat16`); with
+# `explain=True`, `scaled_mm` says which module served a call and from where, and where none
+# does, `torch._scaled_mm` computes it with a warning naming the `pack build` that would.
+
+# %%
+items = kernel_pack.plan_pack([], ["float8_e4m3"], sms=132, weights=[(4096, 7168)], fp8_scales=("row",))
+for item in items:
+    print(item["file"][:60] + "...", "serves M", [run["m_range"] for run in item["served"]])
+print(plan.choose(plan.Problem(1, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "row"))).text())
+
+# %% [markdown]
+# ## Measured
+#
+# `benchmarks/fp8_check.py` on an H100 (700 W), kernels in CUDA graphs cycling input sets past L2,
+# the same process and alternating rounds. All 14 real checks within 2x of `torch._scaled_mm`'s own
+# error (the one `False` is the deliberate promote=0 at K = 16384 above). Speed, honestly:
+# **0.63-0.86x `torch._scaled_mm`** at M >= 2048 with the promotion, though 1.20-1.29x our own bf16
+# v9. As far as the runs tell: the promotion's `wait_group(0)` drains the tensor cores every 128 of
+# K while the adds run (promoting every 256 instead, `every2`: 0.86x), and the second array of sums
+# caps the tile at 128x128; a 128x256 tile without the promotion runs 1294 TFLOPS, 1.08x torch, at
+# 1.9x torch's error at K = 4096 (128x128 without it: 3.3x at K = 16384). Next: overlap the adds
+# with the next group's wgmmas, and a 128x256 tile over three consumer warpgroups. Small M (64, 128)
+# is 0.42-0.68x as kernels: the fp8 rule has no small-M tiles yet.
+
+# %%
+teach_fp8.show_measured()
