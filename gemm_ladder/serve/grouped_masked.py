@@ -32,13 +32,12 @@ max_tokens computes only max_tokens rows; ``check_counts_first=True`` checks the
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
 from ..core import device
 from ..core.config import DTYPES
-from .front import STRICT_ENV, KernelFallbackWarning, NoKernelError
+from .front import STRICT_ENV, KernelFallbackWarning, NoKernelError, _strict  # the front door's reading of strict
 from .grouped import BUILD_M, RUNG, Route, cached_route, check_devices, registered, spec_of_dtype
 from .runtime import ModuleInputError
 
@@ -117,10 +116,6 @@ def torch_masked_mm(A, W, counts, out) -> None:
     product = torch.bmm(A, W.transpose(1, 2))
     valid = torch.arange(A.shape[1], device=A.device)[None, :] < counts.clamp(0, A.shape[1])[:, None]
     out.copy_(torch.where(valid[..., None], product, out))
-
-
-def _strict(strict) -> bool:
-    return os.environ.get(STRICT_ENV, "") not in ("", "0") if strict is None else bool(strict)
 
 
 def _route(E: int, N: int, K: int, dtype: str, index: int, strict: bool) -> Route:
