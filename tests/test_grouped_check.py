@@ -152,6 +152,7 @@ def test_run_sends_each_layout_to_its_jobs_and_times_only_what_was_right(gc, tmp
              "dtype": dtype, "variant": "default"}
             for name, layout, dtype in (("c", "contiguous", "bfloat16"), ("m", "masked", "bfloat16"),
                                         ("m16", "masked", "float16"), ("bad", "masked", "bfloat16"))]
+    mods.append({**mods[1], "file": "odd.so", "shape": "odd"})  # checked, not timed: no decode batches
     (tmp_path / gc.PLAN_FILE).write_text(__import__("json").dumps({"format": gc.FORMAT, "modules": mods}))
     calls = []
     times = {p: {"graph_ms": 1.0, "queued_ms": 1.0} for p in ("ours", "grouped_mm", "bmm", "expert_loop",
@@ -177,12 +178,12 @@ def test_run_sends_each_layout_to_its_jobs_and_times_only_what_was_right(gc, tmp
     out = tmp_path / "grouped_run.json"
     assert gc.run(tmp_path, out) == 0
     assert calls == [("check_job", ["c.so"]), ("time_job", ["c.so"]),
-                     ("masked_check_job", ["m.so", "m16.so", "bad.so"]), ("masked_time_job", ["m.so"])]
+                     ("masked_check_job", ["m.so", "m16.so", "bad.so", "odd.so"]), ("masked_time_job", ["m.so"])]
     result = __import__("json").loads(out.read_text())
     kinds = [(r["layout"], r["dtype"], r["kind"]) for r in result["rows"]]
     assert kinds == [("contiguous", "bfloat16", "timed"), ("masked", "bfloat16", "timed"),
                      ("masked", "bfloat16", "failure")]
-    assert result["summary"]["correct_modules"] == 3 and result["summary"]["masked"]["decode_min_ratio_to_best_peer"]
+    assert result["summary"]["correct_modules"] == 4 and result["summary"]["masked"]["decode_min_ratio_to_best_peer"]
     calls.clear()
     assert gc.main(["run", str(tmp_path), "--out", str(out), "--layout", "masked"]) == 0
     assert [c[0] for c in calls] == ["masked_check_job", "masked_time_job"]
