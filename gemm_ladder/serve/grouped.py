@@ -18,7 +18,9 @@ How a call finds its kernel (once per (E, N, K, dtype, GPU)): a module registere
 N, K, experts=E, spec='d_bfloat16.grouped_true')``); else torch's own ``torch._grouped_mm`` (bf16;
 fp16 where this torch has it), else a loop of cuBLAS GEMMs over the experts (which reads ``offs``
 on the host: a sync, and not CUDA-graph capturable), with a ``KernelFallbackWarning`` once per
-shape. Kernel packs and the module cache do not hold grouped modules yet (the next step: a pack
+shape. Registered modules are keyed by their layout too: a masked module (``layout='masked'``) serves
+``gemm_ladder.grouped_mm_masked`` (``serve/grouped_masked.py``) only. Kernel packs and the module
+cache do not hold grouped modules yet (the next step: a pack
 entry keyed by E as well as N and K).
 
 What is checked before a launch: types, dtypes (A and W fp16 or bf16 alike, offs int32), devices
