@@ -339,7 +339,7 @@ def check(cfg: GemmConfig) -> None:
     E = dict(cfg.extra).get("experts")
     if not isinstance(E, int) or isinstance(E, bool) or not 1 <= E <= MAX_EXPERTS:
         raise ConfigError(f"experts={E!r}: the weight's expert count, an int in 1..{MAX_EXPERTS}; pass W.shape[0]")
-    layout = dict(cfg.extra).get("layout", "contiguous")
+    layout = layout_of(cfg)
     if layout not in LAYOUTS:
         raise ConfigError(f"layout={layout!r}: v12 serves the layouts {LAYOUTS}: 'contiguous' (A [M, K] sorted by "
                           "expert, offs) or 'masked' (A [E, max_tokens, K], counts)")
