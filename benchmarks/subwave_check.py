@@ -15,7 +15,8 @@ modules, through the module cache; every ``.so`` must hold its device binary) an
 each with the files of its choice and alternatives, to ``DIR/subwave.json``. ``run`` needs the TVM
 runtime and torch only:
 
-- correctness first: every (module, M) in a child process with a deadline
+- correctness first: every (module, M) in a child process with a deadline (the case's modules
+  and every other one the front door may time for that M: ``KernelPack.serving``)
   (``measure.isolate.run_batch``: a hang or crash costs its module, a new child goes on): random
   inputs, D poisoned with NaN, checked against a float64 reference with cuBLAS's error as the
   yardstick (``suite.check_case``); a wrong module is not timed;
@@ -245,13 +246,20 @@ def check_module(file_at_m: str, args) -> dict:
     return {"status": "ok", **suite.check_case(A, B, D, dtype)}
 
 
-def check_all(folder, cases) -> dict:
-    """(file, M) -> the check's result, every module of every case in isolate children."""
+def pool_of(case: dict, serving: list[str]) -> list[str]:
+    """The files a case checks: its choice, its alternatives, and every other module the front
+    door may time for its M (``serving``: ``KernelPack.serving``'s files), each once."""
+    return list(dict.fromkeys([case["main"], *case["alternatives"], *serving]))
+
+
+def check_all(folder, pools: list) -> dict:
+    """``"file@M"`` -> the check's result, for every module of every case's pool (``pools``: one
+    ``(M, files)`` a case), in isolate children."""
     # the GPU side (TVM runtime, torch): imported where it runs, as the other checks do
     from gemm_ladder.measure import isolate  # pylint: disable=import-outside-toplevel
 
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])  # the child imports us
-    todo = list(dict.fromkeys(f"{f}@{c['M']}" for c in cases for f in [c["main"], *c["alternatives"]]))
+    todo = list(dict.fromkeys(f"{f}@{M}" for M, pool in pools for f in pool))
     results = isolate.run_batch("subwave_check:check_module", todo, [str(folder)], timeout=CHECK_TIMEOUT,
                                 explain=False)
     out = {}
@@ -282,12 +290,11 @@ def first_use_pick(case: dict, folder) -> dict:
     candidates = sorted(route.candidates)
     A, B = harness.random_inputs(M, N, K, dtype, seed=11)
     D = torch.empty((M, N), dtype=A.dtype, device=A.device)
-    _, lines = gemm_ladder.matmul(A, B, out=D, explain=True)
+    gemm_ladder.matmul(A, B, out=D, explain=True)  # the first eager call: measures, adopts the winners
     torch.cuda.synchronize()
-    mod = route.module
-    eager, graphs = (mod.eager, mod.graphs) if hasattr(mod, "graphs") else (mod, mod)
-    return {"candidates": candidates, "eager": _label(eager), "graphs": _label(graphs),
-            "explain": lines.splitlines() if isinstance(lines, str) else list(lines)}
+    mod = route.module  # the route is the one the front door keeps (route_of: the same object)
+    eager, graphs = (mod.eager, mod.graphs) if isinstance(mod, front.ByCapture) else (mod, mod)
+    return {"candidates": candidates, "eager": _label(eager), "graphs": _label(graphs), "explain": list(route.lines)}
 
 
 def time_case(case: dict, loaded: dict) -> dict:
@@ -300,13 +307,17 @@ def time_case(case: dict, loaded: dict) -> dict:
 
     M, N, K, dtype = case["M"], case["N"], case["K"], case["dtype"]
     sets = harness.input_sets(M, N, K, dtype, l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size)
-    kernels = {f: (lambda a, b, d, m=m: m(a, b, out=d)) for f, m in loaded.items()}
+    # a module's kernel alone: its launcher (checked once, as m_range_check captures them); its
+    # call: the module's own host path; the front door and cuBLAS the same function both ways
+    launchers = {f: m.launcher(*sets[0]) for f, m in loaded.items()}
+    kernels = {f: (lambda a, b, d, fn=fn: fn(a, b, d)) for f, fn in launchers.items()}
     kernels[CUBLAS] = lambda a, b, d: torch.matmul(a, b.T, out=d)
     kernels[FRONT] = lambda a, b, d: gemm_ladder.matmul(a, b, out=d)
+    calls = {f: (lambda a, b, d, m=m: m(a, b, out=d)) for f, m in loaded.items()}
     calls_only = {"linear": lambda a, b, d: F.linear(a, b)}
     rough = {}
     for n, fn in {**kernels, **calls_only}.items():
-        fn(*sets[0])
+        (calls.get(n) or fn)(*sets[0])
         rough[n] = statistics.median(harness.event_times(fn, sets, 3))
     graph_calls = {n: max(len(sets), min(harness.GRAPH_CALLS, math.ceil(GRAPH_US / 1e3 / max(ms, 1e-6))))
                    for n, ms in rough.items()}
@@ -317,7 +328,7 @@ def time_case(case: dict, loaded: dict) -> dict:
         for n in (names if r % 2 == 0 else names[::-1]):
             if n in kernels:
                 graph[n] += harness.graph_times(kernels[n], sets, PER_ROUND, graph_calls[n])
-            fn = kernels.get(n) or calls_only[n]
+            fn = calls.get(n) or kernels.get(n) or calls_only[n]
             call[n] += harness.event_times(fn, sets, PER_ROUND * 4)
     t1 = time.time()
     del sets
@@ -342,14 +353,21 @@ def run(folder, out) -> int:
     start, sampler = time.time(), Sampler()
     rows = []
     try:
-        checks = check_all(folder, cases)
         pack = KernelPack(folder / PACK)
+        pools = [(c["M"], pool_of(c, [f.entry["file"] for f in pack.serving(c["M"], c["N"], c["K"], c["dtype"],
+                                                                             device.arch_of(0))]))
+                 for c in cases]
+        checks = check_all(folder, pools)
         front.reset()
         front.use_pack(folder / PACK)
-        for case in cases:
+        for case, (_, pool) in zip(cases, pools):
             mine = {f: checks.get(f"{f}@{case['M']}", {}) for f in [case["main"], *case["alternatives"]]}
-            if not all(c.get("ok") for c in mine.values()):
-                rows.append(make_row(case, mine, None, None))
+            others = [f for f in pool if f not in mine and not checks.get(f"{f}@{case['M']}", {}).get("ok")]
+            if not all(c.get("ok") for c in mine.values()) or others:
+                # a wrong module is timed nowhere, not even by the front door's first use
+                row = make_row(case, mine, None, None)
+                row["wrong_in_pool"] = others
+                rows.append(row)
                 continue
             loaded = {f: pack.load(next(e for e in pack.modules if e["file"] == f)) for f in mine}
             picked = first_use_pick(case, folder)
@@ -357,7 +375,7 @@ def run(folder, out) -> int:
             row = make_row(case, mine, timed["times"], picked)
             row["clocks"] = sampler.between(timed["t0"], timed["t1"])
             rows.append(row)
-            print(f"{case['M']}x{case['N']}x{case['K']} {case['dtype']}: main {row['main_ratio']:.3f}, best alt "
+            print(f"{case['M']}x{case['N']}x{case['K']} {case['dtype']}: main {row['main_ratio'] or 0:.3f}, best alt "
                   f"{row['best_alt_ratio'] or 0:.3f} x cuBLAS; first use picked {picked['eager']} / {picked['graphs']}: "
                   f"kernel {row['kernel_ratio'] or 0:.3f}, call {row['call_ratio'] or 0:.3f}", flush=True)
     finally:
