@@ -71,7 +71,8 @@ def _row(e: dict) -> dict:
     served = f"{lo}..{hi}" if e["dynamic_m"] else f"{hi} (less: padded)"
     return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}", "dtype": _dtype_text(e),
             "M served": served, "chosen at M": ",".join(map(str, e.get("m_values") or [])),
-            "rule": (e.get("choice") or {}).get("rule", "")}
+            "rule": (e.get("choice") or {}).get("rule", ""),
+            "role": "alternative" if kernel_pack.is_alternative(e) else "choice"}
 
 
 def _pack_build(a) -> int:
@@ -84,7 +85,7 @@ def _pack_build(a) -> int:
     try:
         if a.dry_run:
             items = kernel_pack.plan_pack(shapes, dtypes, a.arch, a.sms, not a.static, tuple(a.epilogue), weights,
-                                          layouts, **fp8)
+                                          layouts, **fp8, alternatives=not a.no_alternatives)
             rows = [_row(e) for e in _in_m_order(e for i in items for e in kernel_pack.entries_of(i))]
             print(report.table(rows, list(rows[0])))
             print(f"{len(items)} modules (dry run: nothing built)")
@@ -95,9 +96,11 @@ def _pack_build(a) -> int:
                                               "m_buckets": list(kernel_pack.M_BUCKETS) if weights else [],
                                               "model": a.model, "suite": a.suite, "m": list(a.m or []),
                                               "epilogues": list(a.epilogue), "layouts": list(a.layouts),
+                                              "alternatives": not a.no_alternatives,
                                               **({k: list(v) for k, v in fp8.items()}
                                                  if kernel_pack.FP8_INPUT in dtypes else {})},
-                                     epilogues=tuple(a.epilogue), weights=weights, layouts=layouts, **fp8)
+                                     epilogues=tuple(a.epilogue), weights=weights, layouts=layouts, **fp8,
+                                     alternatives=not a.no_alternatives)
     except (ConfigError, LookupError, FolderError) as err:  # a shape no kernel takes, an --out that is no folder
         raise UsageError(str(err)) from None
     for r in man["results"]:
@@ -202,6 +205,9 @@ def add_parsers(sub) -> None:
     b.add_argument("--sms", type=cli_types.count, default=None,
                    help="SM count the heuristic plans for (default: the GPU, or H100)")
     b.add_argument("--static", action="store_true", help="one module per M even where a rung takes M at run time")
+    b.add_argument("--no-alternatives", action="store_true",
+                   help="only the policy's choices: no split-K alternatives beside a choice that leaves most SMs "
+                        "idle (plan.alternatives; the front door times them at first use)")
     b.add_argument("--epilogue", type=cli_types.names(epilogue_names(), "epilogue"), default=["none"],
                    help="the epilogues to build each shape with (gemm_ladder.core.spec.spec_for): none, bias, an "
                         "activation (relu, gelu_tanh, gelu_erf, silu), or bias_ and one (bias_gelu_tanh); "
