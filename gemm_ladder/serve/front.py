@@ -644,7 +644,13 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
             whole = bool(fixes.names) or (bias is not None and bias.data_ptr() % 16 != 0)  # copies on the way
 
             def call_of(r):
-                if isinstance(r.module, TorchMatmul) or whole:  # the whole way a call takes
+                if isinstance(r.module, TorchMatmul) and r.module.act == "none":
+                    # torch's route as its repeated call runs it (the fast path's torch_linear, no
+                    # checks or copies): timed through launch_route, its host side made torch look
+                    # 2-3x slower as queued calls than it is, and first use kept a slower kernel of ours
+                    extras = () if bias is None else (bias,)
+                    call = lambda x, y, z: torch_linear(x, y, z, *extras)  # noqa: E731
+                elif isinstance(r.module, TorchMatmul) or whole:  # the whole way a call takes
                     fx = Fixes((), N, K) if isinstance(r.module, TorchMatmul) else fixes
                     call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fx, bias)  # noqa: E731
                 else:
