@@ -81,8 +81,12 @@ D's shape and dtype, contiguous, apart from A, B and the bias, or ``out`` itself
 safe: ``sm90a.epilogue.ResidualRead``). ``out_dtype=torch.float32`` makes D float32 (the spec's
 ``d``; a bias then goes to the kernel in float32; a residual with a float32 D is not built, torch
 computes it). Where no module serves, torch computes the same formula (``TorchMatmul``), with the
-warning. A call with any of these but the bias takes the checked path every time (the fast path
-of repeated calls below does not cover them yet).
+warning. Repeated calls with these take the fast path below too (``_fast_epilogue``): the key adds
+the activation, whether alpha is 1, the residual's layout and D's dtype (alpha's and beta's values
+pass through to the module); the address checks are made again on every call (C may be ``out``
+itself, or apart from it, never partly over it; neither touches A, B or the bias). Their first use
+times torch's unfused path for the same epilogue against our modules for its spec. ``swiglu``
+remembers its calls the same way.
 
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
 It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
