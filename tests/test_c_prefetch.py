@@ -124,3 +124,77 @@ def test_the_barrier_checker_passes_the_float32_residual_kernel():
     for prefetch in (True, False):
         cfg = make_config("v9", 512, 512, 512, spec=FP32_RESIDUAL, dtype="bfloat16", c_prefetch=prefetch)
         assert check_config(cfg).ok
+
+
+# -- the GPU check's pure parts (benchmarks/epilogue_check.py) -----------------------------------------
+def _epilogue_check():
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    from pathlib import Path  # pylint: disable=import-outside-toplevel
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "epilogue_check.py"
+    spec = importlib.util.spec_from_file_location("epilogue_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_gpu_check_times_each_residual_with_and_without_the_prefetch_in_one_group():
+    """Every residual timing shape (the Llama weights at M = 128, 2048, 8192) is one group holding the
+    at-chunk and the prefetching module (and at M = 128 the 64x64-tile one), so they take turns in
+    the same rounds; the rows' ops are what issue 31's results name."""
+    mod = _epilogue_check()
+    groups = [g for g in mod.time_groups(mod.cases()) if g[0]["epilogue"] in mod.TIME_EPILOGUES and not g[0].get("d")]
+    assert len(groups) == len(mod.TIME_EPILOGUES) * len(mod.LLAMA_WEIGHTS) * len(mod.TIME_MS)
+    for group in groups:
+        M = group[0]["shape"][0]
+        assert [c["variant"] for c in group] == ["at_chunk", "prefetch"] + (["prefetch_64x64"] if M == 128 else [])
+        assert [c["knobs"]["c_prefetch"] for c in group] == [False, True] + ([True] if M == 128 else [])
+    ops = {mod.op_of(mod.spec_of_case(c), c.get("variant")) for g in groups for c in g}
+    assert ops == {"residual", "residual_prefetch", "residual_prefetch_64x64", "alpha_bias_gelu_tanh+residual",
+                   "alpha_bias_gelu_tanh+residual_prefetch", "alpha_bias_gelu_tanh+residual_prefetch_64x64"}
+
+
+def test_the_gpu_check_covers_a_float32_residual_and_the_at_chunk_kernels():
+    mod = _epilogue_check()
+    cases = mod.cases()
+    fp32_res = [c for c in cases if c.get("d") == "float32" and "residual" in c["epilogue"]]
+    assert {c["purpose"] for c in fp32_res} == {"check", "time"}
+    spec = mod.spec_of_case(fp32_res[0])
+    assert (spec.d, spec.residual) == ("float32", "float32") and mod.op_of(spec) == "fp32_out+residual"
+    assert mod.op_of(mod.spec_of_case({"dtype": "bfloat16", "epilogue": "none", "d": "float32"})) == "fp32_out"
+    at_chunk = [c for c in cases if c["purpose"] == "check" and c.get("knobs", {}).get("c_prefetch") is False]
+    assert {c["epilogue"] for c in at_chunk} == {"residual", "alpha_bias_gelu_tanh+residual"}
+    # the 64x64-tile variant is a valid v9 config at the timed M = 128 shapes (make_config raises if not)
+    for N, K in mod.LLAMA_WEIGHTS:
+        make_config("v9", 128, N, K, spec=spec_for("bfloat16", "residual"), dtype="bfloat16", **mod.SMALL_TILES)
+
+
+def test_the_policy_serves_a_float32_residual_with_v9_and_the_prefetch():
+    """The front door's spec for ``matmul(..., residual=C, out_dtype=torch.float32)`` (C float32) is
+    built now: the policy picks v9 without epi_under, and make_config adds c_prefetch."""
+    from gemm_ladder.serve import plan  # pylint: disable=import-outside-toplevel
+
+    spec = GemmSpec(a="bfloat16", b="bfloat16", d="float32", residual="float32")
+    for M in (128, 8192):
+        choice = plan.choose(plan.Problem(M, 4096, 4096, "bfloat16", "sm_90a", 132, spec), use_db=True)
+        assert choice.rung == "v9" and not choice.knobs.get("epi_under")
+        cfg = make_config("v9", M, 4096, 4096, **choice.knobs)
+        assert epilogue.c_prefetch(cfg)
+
+
+def test_the_gpu_checks_modules_travel_gzipped_and_unpack_beside_their_manifests(tmp_path):
+    """``prepare`` gzips each module (71 exported .so files are 15 MiB, gzipped under 3) and ``run``
+    unpacks them into a folder of its own (the GPU box's copy of DIR may be read-only)."""
+    mod = _epilogue_check()
+    built = tmp_path / "cache" / "abc" / "module.so"
+    built.parent.mkdir(parents=True)
+    blob = b"\x7fELF" + bytes(range(256)) * 64
+    built.write_bytes(blob)
+    (tmp_path / "cache" / "abc" / "module.so.json").write_text('{"rung": "v9"}')
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    mod.pack_module(built, folder, "abc.so")
+    assert sorted(p.name for p in folder.iterdir()) == ["abc.so.gz", "abc.so.json"]
+    assert (folder / "abc.so.gz").stat().st_size < len(blob) // 4
+    out = mod.unpack_modules(folder, tmp_path / "run")
+    assert (out / "abc.so").read_bytes() == blob and (out / "abc.so.json").read_text() == '{"rung": "v9"}'
