@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_session.sh bench    # bench the ladder, run the C++ runner
 #   bash benchmarks/gpu_session.sh tune     # measure prepared tuning candidates
 #   bash benchmarks/gpu_session.sh sanitize # compute-sanitizer memcheck, racecheck, synccheck
-#   bash benchmarks/gpu_session.sh sanitize_grouped  # the same over v12's grouped check (build/grouped)
+#   bash benchmarks/gpu_session.sh sanitize_grouped  # the same over v12's grouped checks, both layouts (build/grouped)
 #   bash benchmarks/gpu_session.sh barriers # broken variants under the watchdog; its cost off/on
 #   bash benchmarks/gpu_session.sh front    # the front door's GPU tier (benchmarks/prepare_front_door.sh)
 #   bash benchmarks/gpu_session.sh suite    # the shape suite: gemm_ladder.matmul against cuBLAS
@@ -57,12 +57,15 @@ case "${1:-bench}" in
     ;;
   sanitize_grouped)
     # v12 (grouped GEMM) under compute-sanitizer: grouped_check's check job (every routing case, the
-    # front door, the op, a CUDA graph replayed after offs changed) on the odd and the Qwen-MoE modules
-    for so in build/grouped/grouped_odd_float16.so build/grouped/grouped_qwen_moe_bfloat16.so; do
+    # front door, the op, a CUDA graph replayed after offs changed) on the odd and the Qwen-MoE modules;
+    # the masked layout's check job (counts clamped, rows past them poisoned) on the odd masked module
+    for pair in grouped_odd_float16.so:check_job grouped_qwen_moe_bfloat16.so:check_job \
+                grouped_odd_float16_masked.so:masked_check_job; do
+      so="build/grouped/${pair%%:*}"; job="${pair##*:}"
       for tool in memcheck racecheck synccheck; do
         log="$OUT/sanitize_$(basename "$so" .so)_$tool.txt"
         timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          python3 -m gemm_ladder.measure.isolate benchmarks.grouped_check:check_job "$so" > "$log" 2>&1
+          python3 -m gemm_ladder.measure.isolate "benchmarks.grouped_check:$job" "$so" > "$log" 2>&1
         echo "$(basename "$so") $tool: exit $?; $(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|GEMM_LADDER_RESULT" "$log" | cut -c1-160 | tr '\n' ' ')"
       done
     done | tee "$OUT/sanitize_summary.txt"

@@ -1,6 +1,7 @@
-"""The grouped GEMM (v12, ``gemm_ladder.grouped_mm``) on a GPU: correct under the routing a model
-makes, CUDA-graph capturable with changing counts, and timed against torch's grouped GEMM and a
-loop of cuBLAS GEMMs at MoE shapes (issue 33's contiguous layout).
+"""The grouped GEMM (v12, ``gemm_ladder.grouped_mm`` and ``grouped_mm_masked``) on a GPU: correct
+under the routing a model makes, CUDA-graph capturable with changing counts, and timed against
+torch's grouped GEMM and a loop of cuBLAS GEMMs at MoE shapes (issue 33's contiguous layout), and
+for the masked layout (decode) also against a cuBLAS bmm over every slot.
 
 ``prepare DIR`` (build box) builds one v12 module per (experts, N, K, dtype) of :data:`SHAPES`, and
 per knob variant of :data:`VARIANTS`, through the module cache and copies them, with their
@@ -19,6 +20,16 @@ manifests and ``grouped_check.json`` (what to run), into DIR. ``run DIR --out FI
    handed to it on the host for free), taking turns in rotating rounds in one process, both as
    queued calls (CUDA events) and as kernels in CUDA graphs cycling input sets that spill L2
    (``harness.graph_times``), at :data:`TOKENS` rows of A and two routings;
+The masked layout (modules built with ``layout="masked"``, :data:`MASKED_VARIANTS` beside): the
+check (``masked_check_job``) runs :data:`MASKED_CHECK_ROUTINGS` (every expert empty, one expert
+full, Zipf top-k, odd counts, counts past max_tokens or below zero that the kernel clamps) with D
+poisoned (the rows past each count must stay NaN), the front door (``out`` poisoned too: kept) and
+the op (zeros there) giving the kernel's bits, and one graph replayed after the counts were
+overwritten; the timing (``masked_time_job``, bf16) runs the decode batches of
+:data:`MASKED_SHAPES` (batch tokens, top-k each, max_tokens = batch) against ``torch._grouped_mm``
+on the same rows gathered contiguous, a bmm over every slot (a decode graph without masking) and a
+loop over the experts with rows. ``run --layout masked`` runs only these.
+
 3. rows in the issue's results format (``layout``, ``experts``, ``tokens``, ``N``, ``K``,
    ``dtype``, ``routing``, ``correct``, ``ratio_to_grouped_mm`` = torch's time over ours (graphs),
    ``peer_ratios``), the GPU, its clocks (sampled through the run) and the commit.
@@ -27,8 +38,9 @@ manifests and ``grouped_check.json`` (what to run), into DIR. ``run DIR --out FI
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_check.py run build/grouped --out out/grouped_check.json   # GPU box
 
-About 2-3 minutes on an H100 (an estimate until the first run); DIR about 2.7 MiB (twelve modules:
-the shapes in both dtypes, and :data:`VARIANTS`).
+About 2-3 minutes on an H100 for the contiguous layout, about 2 more for the masked one (estimates
+until the first run); DIR about 6.5 MiB (30 modules: the shapes in both dtypes and both layouts, and
+the variants of each).
 """
 
 from __future__ import annotations
@@ -74,6 +86,22 @@ ROUNDS, PER_ROUND = 5, 3
 CHECK_TIMEOUT, TIME_TIMEOUT = 120.0, 150.0
 ERROR_FLOOR = {"float16": 1e-3, "bfloat16": 8e-3}
 
+# the masked layout (decode: A [E, max_tokens, K], counts [E]): the same shapes, each with the top-k
+# of its model and the decode batches timed (tokens = batch x top-k rows in all, max_tokens = batch:
+# a token picks an expert at most once); the larger batches show where masking stops paying
+MASKED_SHAPES = {"mixtral": (2, (8, 32, 128, 512)), "qwen_moe": (8, (8, 32, 256)), "deepseek_v3": (8, (8, 32, 128)),
+                 "odd": (2, ())}
+# knob variants for decode: 64-row tiles (one consumer) waste half the MMA work of 128 on a few rows;
+# 128-wide n-tiles make twice the work units (less idle in the last wave of a weight-streaming
+# launch: 8 x 56 units of 14336 / 256 fill 3.4 waves of 132 CTAs) and 8 stages keep more bytes in flight
+DECODE_SMALL = {"blk_m": 64, "num_warpgroups": 1}
+DECODE_NARROW = {"blk_m": 64, "num_warpgroups": 1, "blk_n": 128, "pipe_depth": 8}
+MASKED_VARIANTS = {"mixtral": [DECODE_SMALL, DECODE_NARROW], "qwen_moe": [DECODE_NARROW],
+                   "deepseek_v3": [DECODE_SMALL, DECODE_NARROW]}
+MASKED_CHECK_ROUTINGS = ("empty", "one_full", "zipf", "odd", "clamped")
+MASKED_TIMED_DTYPES = ("bfloat16",)  # torch._grouped_mm's dtype; both dtypes are checked
+LAYOUTS = ("contiguous", "masked")
+
 
 # -- routing (pure Python: the CPU tests check it) -------------------------------------------------
 def counts_of(routing: str, experts: int, tokens: int, seed: int = 0) -> list[int]:
@@ -105,6 +133,56 @@ def counts_of(routing: str, experts: int, tokens: int, seed: int = 0) -> list[in
     raise ValueError(f"routing {routing!r}: use one of {CHECK_ROUTINGS}")
 
 
+def topk_counts(routing: str, experts: int, batch: int, topk: int, seed: int = 0) -> list[int]:
+    """Rows per expert when ``batch`` tokens each pick ``topk`` distinct experts (decode): ``balanced``
+    (round robin) or ``zipf`` (popularity 1 / rank^1.2, ranks shuffled). No count passes ``batch``."""
+    rng = random.Random(seed)
+    k = min(topk, experts)
+    counts = [0] * experts
+    if routing == "balanced":
+        for b in range(batch):
+            for j in range(k):
+                counts[(b * k + j) % experts] += 1
+        return counts
+    if routing == "zipf":
+        weights = [1 / (r + 1) ** 1.2 for r in range(experts)]
+        rng.shuffle(weights)
+        for _ in range(batch):
+            picked: set = set()
+            while len(picked) < k:
+                picked.add(rng.choices(range(experts), weights)[0])
+            for e in picked:
+                counts[e] += 1
+        return counts
+    raise ValueError(f"routing {routing!r}: use balanced or zipf")
+
+
+def masked_counts_of(routing: str, experts: int, max_tokens: int, seed: int = 0) -> list[int]:
+    """Counts of a masked-layout check: ``empty`` (every expert), ``one_full`` (one expert with
+    max_tokens, the others none), ``zipf`` (top-k decode routing), ``odd`` (random counts, rarely
+    multiples of the tile), ``clamped`` (counts past max_tokens and below zero: the kernel clamps)."""
+    rng = random.Random(seed)
+    if routing == "empty":
+        return [0] * experts
+    if routing == "one_full":
+        counts = [0] * experts
+        counts[rng.randrange(experts)] = max_tokens
+        return counts
+    if routing == "zipf":  # top-k of a quarter of the experts, at most 8 (Mixtral 2 of 8, DeepSeek 8 of 256)
+        return topk_counts("zipf", experts, max_tokens, min(8, max(1, experts // 4)), seed)
+    if routing == "odd":
+        return [rng.randrange(max_tokens + 1) for _ in range(experts)]
+    if routing == "clamped":
+        return [rng.choice([-5, 0, max_tokens + 1, 2 * max_tokens + 7, rng.randrange(max_tokens + 1)])
+                for _ in range(experts)]
+    raise ValueError(f"routing {routing!r}: use one of {MASKED_CHECK_ROUTINGS}")
+
+
+def shape_name(experts: int, N: int, K: int) -> str:
+    """The name in SHAPES of (experts, N, K)."""
+    return next(name for name, e, n, k in SHAPES if (e, n, k) == (experts, N, K))
+
+
 def variant_text(knobs: dict) -> str:
     """A knob variant's name in files and rows (``default``: the v12 defaults)."""
     return "_".join(f"{k}{v}" for k, v in sorted(knobs.items())) or "default"
@@ -119,23 +197,38 @@ def offsets_of(counts: list[int]) -> list[int]:
     return out
 
 
-def row(case: dict, correct: bool, times: dict) -> dict:
+def row(case: dict, correct: bool, times: dict, layout: str = "contiguous",
+        peers: tuple = ("grouped_mm", "cublas_loop")) -> dict:
     """One result row (the issue's format): ``times`` maps each timed party to its median ms as
-    kernels in CUDA graphs and as queued calls (None where it did not run)."""
+    kernels in CUDA graphs and as queued calls (None where it did not run); ``peers``: the parties
+    whose time over ours goes into ``peer_ratios`` (the masked layout's: grouped_mm, bmm, expert_loop)."""
     ours = times.get("ours", {})
 
     def ratio(peer, how):
         theirs, mine = times.get(peer, {}).get(how), ours.get(how)
         return theirs / mine if theirs and mine else None
 
-    return {"layout": "contiguous", **case, "correct": correct,
+    beside = [r for r in (ratio(peer, "graph_ms") for peer in peers) if r]
+    return {"layout": layout, **case, "correct": correct,
             "ratio_to_grouped_mm": ratio("grouped_mm", "graph_ms"),
+            "ratio_to_best_peer": min(beside) if beside else None,
             "peer_ratios": {f"{peer}_{how.removesuffix('_ms')}": ratio(peer, how)
-                            for peer in ("grouped_mm", "cublas_loop") for how in ("graph_ms", "queued_ms")},
+                            for peer in peers for how in ("graph_ms", "queued_ms")},
             "times": times}
 
 
 # -- prepare (build box) ----------------------------------------------------------------------------
+def module_plan() -> list[tuple]:
+    """(layout, shape name, E, N, K, dtype, knob variant) of every module prepare builds."""
+    plan = []
+    for layout in LAYOUTS:
+        variants = VARIANTS if layout == "contiguous" else MASKED_VARIANTS
+        for name, E, N, K in SHAPES:
+            for dtype in DTYPES:
+                plan += [(layout, name, E, N, K, dtype, v) for v in [{}] + variants.get(name, [])]
+    return plan
+
+
 def prepare(out) -> int:
     # optional: the build layer (TVM's compiler), on the build box only
     # pylint: disable=import-outside-toplevel
@@ -144,18 +237,18 @@ def prepare(out) -> int:
 
     folder = files.open_folder(out)
     modules = []
-    for name, E, N, K in SHAPES:
-        for dtype in DTYPES:
-            for variant in [{}] + VARIANTS.get(name, []):
-                knobs = {"experts": E, "dtype": dtype, "spec": spec_of_dtype(dtype).text(), **variant}
-                path, _ = module_cache.get_or_build(BuildJob("v12", (BUILD_M, N, K), knobs))
-                text = variant_text(variant)
-                stem = f"grouped_{name}_{dtype}" + (f"_{text}" if variant else "")
-                for src in Path(path).parent.iterdir():
-                    if src.name.startswith(Path(path).name):  # the .so and its manifest (.so.json)
-                        shutil.copy(src, folder / src.name.replace(Path(path).stem, stem, 1))
-                modules.append({"file": f"{stem}.so", "shape": name, "experts": E, "N": N, "K": K, "dtype": dtype,
-                                "variant": text})
+    for layout, name, E, N, K, dtype, variant in module_plan():
+        knobs = {"experts": E, "dtype": dtype, "spec": spec_of_dtype(dtype).text(), **variant}
+        if layout == "masked":
+            knobs["layout"] = "masked"
+        path, _ = module_cache.get_or_build(BuildJob("v12", (BUILD_M, N, K), knobs))
+        text = variant_text(variant)
+        stem = f"grouped_{name}_{dtype}" + ("_masked" if layout == "masked" else "") + (f"_{text}" if variant else "")
+        for src in Path(path).parent.iterdir():
+            if src.name.startswith(Path(path).name):  # the .so and its manifest (.so.json)
+                shutil.copy(src, folder / src.name.replace(Path(path).stem, stem, 1))
+        modules.append({"file": f"{stem}.so", "layout": layout, "shape": name, "experts": E, "N": N, "K": K,
+                        "dtype": dtype, "variant": text})
     files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules})
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(f"{len(modules)} modules, {size / 2**20:.1f} MiB in {folder}")
@@ -311,8 +404,218 @@ def time_job(path, args) -> dict:
     return {"status": "ok", "rows": results}
 
 
+# -- the masked layout's GPU jobs ---------------------------------------------------------------------
+def check_max_tokens(experts: int) -> int:
+    """Rows an expert's slot holds in the masked checks: not a multiple of the tile (fewer for 256
+    experts of DeepSeek's size, whose A and D would be large)."""
+    return 300 if experts <= 64 else 130
+
+
+def _masked_errors(A, W, counts, D) -> tuple[float, float, int, int]:
+    """(our relative error, torch's, NaN outputs in the valid rows, rows past a count that were
+    written) against a per-expert fp32 reference; counts are clamped into [0, max_tokens]."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ours_sq = theirs_sq = ref_sq = 0.0
+    nan = written_past = 0
+    T = A.shape[1]
+    for e, c in enumerate(counts):
+        c = min(max(c, 0), T)
+        if c:
+            ref = A[e, :c].float() @ W[e].float().T
+            theirs = (A[e, :c] @ W[e].T).float()
+            mine = D[e, :c].float()
+            nan += int(torch.isnan(mine).sum())
+            ours_sq += float(torch.nan_to_num(mine - ref, nan=1e30).square().sum())
+            theirs_sq += float((theirs - ref).square().sum())
+            ref_sq += float(ref.square().sum())
+        written_past += int((~torch.isnan(D[e, c:])).any(dim=1).sum())
+    norm = math.sqrt(ref_sq) or 1.0
+    return math.sqrt(ours_sq) / norm, math.sqrt(theirs_sq) / norm, nan, written_past
+
+
+def masked_check_job(path, args) -> dict:
+    """Every routing of MASKED_CHECK_ROUTINGS on one masked module, directly, through the front door
+    (out poisoned: the rows past the counts must stay NaN) and the op (zeros there); then one CUDA
+    graph captured once and replayed after the counts were overwritten in place."""
+    mod = use_grouped_module(path)
+    E, N, K, dtype = mod.experts, mod.N, mod.K, mod.dtype
+    if mod.layout != "masked":
+        return {"status": "error", "detail": f"{path} is a {mod.layout} module"}
+    floor, T, dt = ERROR_FLOOR[dtype], check_max_tokens(E), getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    W = torch.randn(E, N, K, device="cuda", generator=g, dtype=dt).div_(math.sqrt(K))
+    A = torch.randn(E, T, K, device="cuda", generator=g, dtype=dt)
+
+    def launch(counts_t, D):
+        mod.launch(A.view(-1, K), W, counts_t, D.view(-1, N))
+
+    def poisoned():
+        return torch.full((E, T, N), float("nan"), dtype=dt, device="cuda")
+
+    cases, ok_all = [], True
+    for i, routing in enumerate(MASKED_CHECK_ROUTINGS):
+        counts = masked_counts_of(routing, E, T, seed=i)
+        counts_t = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        D = poisoned()
+        launch(counts_t, D)
+        torch.cuda.synchronize()
+        rel, trel, nan, past = _masked_errors(A, W, counts, D)
+        ok = nan == 0 and past == 0 and rel <= 2 * trel + floor
+        front = poisoned()
+        gemm_ladder.grouped_mm_masked(A, W, counts_t, out=front)
+        op = torch.ops.gemm_ladder.grouped_mm_masked(A, W, counts_t)
+        valid = (torch.arange(T, device="cuda")[None, :] < counts_t.clamp(0, T)[:, None])[..., None].expand(E, T, N)
+        same = bool(torch.equal(front[valid], D[valid]) and torch.equal(op[valid], D[valid]))
+        front_kept = bool(torch.isnan(front[~valid]).all())  # rows past the counts untouched in out
+        op_zero = bool((op[~valid] == 0).all())  # the op's rows past the counts: zeros
+        ok = ok and same and front_kept and op_zero
+        ok_all &= ok
+        cases.append({"routing": routing, "ok": ok, "rel_err": rel, "torch_rel_err": trel, "nan": nan,
+                      "tokens": sum(min(max(c, 0), T) for c in counts), "rows_past_counts_written": past,
+                      "front_door_and_op_same": same,
+                      "front_door_rows_past_kept": front_kept, "op_rows_past_zero": op_zero,
+                      "counts_head": counts[:8]})
+    # one graph captured on one routing, replayed with others written into the same counts tensor
+    routings = ("zipf", "one_full", "empty", "odd")
+    counts_t = torch.tensor(masked_counts_of(routings[0], E, T), dtype=torch.int32, device="cuda")
+    D = poisoned()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(counts_t, D)  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(counts_t, D)
+    graph_cases = []
+    for j, routing in enumerate(routings):
+        counts = masked_counts_of(routing, E, T, seed=100 + j)
+        counts_t.copy_(torch.tensor(counts, dtype=torch.int32))
+        D.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        rel, trel, nan, past = _masked_errors(A, W, counts, D)
+        ok = nan == 0 and past == 0 and rel <= 2 * trel + floor
+        ok_all &= ok
+        graph_cases.append({"routing": routing, "ok": ok, "rel_err": rel, "torch_rel_err": trel, "nan": nan,
+                            "rows_past_counts_written": past})
+    return {"status": "ok" if ok_all else "wrong", "cases": cases, "graph_replays": graph_cases}
+
+
+def _rounds(parties: dict, sets: list, flops: float) -> dict:
+    """Median ms of every party as kernels in CUDA graphs and as queued calls, in rotating rounds."""
+    calls = max(len(sets), 2)
+    samples = {p: {"graph": [], "queued": []} for p in parties}
+    names = list(parties)
+    for fn in parties.values():  # warm up, and capture each graph once
+        harness.graph_times(fn, sets, reps=1, calls=calls)
+    for r in range(ROUNDS):
+        order = names[r % len(names):] + names[:r % len(names)]
+        if r % 2:
+            order.reverse()
+        for p in order:
+            samples[p]["graph"] += harness.graph_times(parties[p], sets, reps=PER_ROUND, calls=calls)
+            samples[p]["queued"] += harness.event_times(parties[p], sets, reps=PER_ROUND * calls, start=r)
+    return {p: {"graph_ms": statistics.median(s["graph"]), "queued_ms": statistics.median(s["queued"]),
+                "tflops_graph": flops / statistics.median(s["graph"]) / 1e9} for p, s in samples.items()}
+
+
+def masked_time_job(path, args) -> dict:
+    """Ours against torch._grouped_mm on the same rows gathered contiguous (the gather not timed),
+    a cuBLAS bmm over every slot's max_tokens rows (a decode graph without masking) and a loop of
+    cuBLAS GEMMs over the experts with rows (counts handed to it on the host for free), per decode
+    batch of the shape and routing."""
+    mod = use_grouped_module(path)
+    E, N, K, dtype = mod.experts, mod.N, mod.K, mod.dtype
+    topk, batches = MASKED_SHAPES[shape_name(E, N, K)]
+    l2 = device.probe(0).l2_bytes or (50 << 20)
+    W = torch.randn(E, N, K, device="cuda", dtype=getattr(torch, dtype)).div_(math.sqrt(K))
+    Wt = W.transpose(1, 2)
+    results = []
+    for batch in batches:
+        for routing in TIMED_ROUTINGS:
+            counts = topk_counts(routing, E, batch, topk, seed=batch)
+            tokens, T = sum(counts), batch  # a token picks an expert at most once: a slot of batch rows
+            offs_list = offsets_of(counts)
+            per_set = 2 * (E * T * (K + N) + tokens * (K + N))
+            n_sets = max(2, math.ceil(2 * l2 / (per_set + W.numel() * W.element_size())))
+            sets = []
+            for _ in range(n_sets):
+                A = torch.randn(E, T, K, device="cuda").to(W.dtype)
+                sets.append((A, torch.tensor(counts, dtype=torch.int32, device="cuda"),
+                             torch.empty(E, T, N, dtype=W.dtype, device="cuda"),
+                             torch.randn(tokens, K, device="cuda").to(W.dtype),
+                             torch.tensor(offs_list, dtype=torch.int32, device="cuda")))
+            live = [(e, c) for e, c in enumerate(counts) if c]
+
+            def ours(A, counts_t, D, Ac, offs):  # pylint: disable=unused-argument
+                mod.launch(A.view(-1, K), W, counts_t, D.view(-1, N))
+
+            def grouped_mm(A, counts_t, D, Ac, offs):  # pylint: disable=unused-argument
+                torch._grouped_mm(Ac, Wt, offs=offs)  # pylint: disable=protected-access
+
+            def bmm(A, counts_t, D, Ac, offs):  # pylint: disable=unused-argument
+                torch.bmm(A, Wt, out=D)
+
+            def expert_loop(A, counts_t, D, Ac, offs):  # pylint: disable=unused-argument
+                for e, c in live:
+                    torch.matmul(A[e, :c], W[e].T, out=D[e, :c])
+
+            parties = {"ours": ours, "bmm": bmm, "expert_loop": expert_loop}
+            if tokens and _grouped_mm_works(sets[0][3], W, sets[0][4]):
+                parties["grouped_mm"] = grouped_mm
+            times = _rounds(parties, sets, 2.0 * tokens * N * K)
+            results.append({"tokens": tokens, "max_tokens": T, "batch": batch, "topk": topk, "routing": routing,
+                            "active_experts": len(live), "times": times})
+    return {"status": "ok", "rows": results}
+
+
 # -- run (GPU box) ------------------------------------------------------------------------------------
-def run(folder, out) -> int:
+MASKED_PEERS = ("grouped_mm", "bmm", "expert_loop")
+
+
+def module_rows(m: dict, check: dict, timing: dict | None, was_timed: bool) -> list[dict]:
+    """One module's rows: a row per checked routing, per timed case, and one for a failure."""
+    layout = m.get("layout", "contiguous")
+    masked = layout == "masked"
+    kw = {"layout": layout, "peers": MASKED_PEERS if masked else ("grouped_mm", "cublas_loop")}
+    base = {"experts": m["experts"], "N": m["N"], "K": m["K"], "dtype": m["dtype"], "shape": m["shape"],
+            "variant": m.get("variant", "default")}
+    correct = check.get("status") == "ok"
+    rows = []
+    for case in check.get("cases", []):
+        rows.append(row({**base, "tokens": case.get("tokens", CHECK_TOKENS), "routing": case["routing"],
+                         "kind": "check",
+                         "rel_err": case["rel_err"], "torch_rel_err": case["torch_rel_err"]}, case["ok"], {}, **kw))
+    t = timing or {}
+    for r in t.get("rows", []):
+        extra = {k: r[k] for k in ("max_tokens", "batch", "topk", "active_experts") if k in r}
+        rows.append(row({**base, "tokens": r["tokens"], "routing": r["routing"], "kind": "timed", **extra}, correct,
+                        r["times"], **kw))
+    if not correct or (was_timed and t.get("status") != "ok"):
+        rows.append(row({**base, "tokens": None, "routing": None, "kind": "failure",
+                         "detail": json.dumps({"check": check, "time": t})[:4000]}, False, {}, **kw))
+    return rows
+
+
+def summary_of(rows: list[dict]) -> dict:
+    """Per layout, of the default knobs' timed rows: the geomean and least ratio to torch._grouped_mm;
+    for the masked layout also to the best peer at total tokens <= 256 (the issue's decode target)."""
+    out = {}
+    for layout in LAYOUTS:
+        mine = [r for r in rows if r["layout"] == layout and r["kind"] == "timed" and r["variant"] == "default"]
+        ratios = [r["ratio_to_grouped_mm"] for r in mine if r["ratio_to_grouped_mm"]]
+        out[layout] = {"geomean_ratio_to_grouped_mm": math.exp(statistics.fmean(map(math.log, ratios)))
+                       if ratios else None, "min_ratio_to_grouped_mm": min(ratios) if ratios else None}
+        if layout == "masked":
+            best = [r["ratio_to_best_peer"] for r in mine if r["ratio_to_best_peer"] and r["tokens"] <= 256]
+            out[layout]["decode_geomean_ratio_to_best_peer"] = (math.exp(statistics.fmean(map(math.log, best)))
+                                                                if best else None)
+            out[layout]["decode_min_ratio_to_best_peer"] = min(best) if best else None
+    return out
+
+
+def run(folder, out, layouts=LAYOUTS) -> int:
 
     why = device.why_no_gpu(index=0)
     if why is not None:
@@ -324,41 +627,39 @@ def run(folder, out) -> int:
         print(f"grouped_check run: {folder / PLAN_FILE} is not a {FORMAT} plan: run prepare again", file=sys.stderr)
         return 2
     sampler, start = Sampler(), time.time()
-    paths = [str(folder / m["file"]) for m in plan["modules"]]
+    modules = [m for m in plan["modules"] if m.get("layout", "contiguous") in layouts]
+    paths = [str(folder / m["file"]) for m in modules]
     job = "benchmarks.grouped_check:"
+    checks: dict = {}
+    timed: dict = {}
     try:
-        checks = isolate.run_batch(job + "check_job", paths, timeout=CHECK_TIMEOUT, explain=False)
-        good = [p for p, c in zip(paths, checks) if c.get("status") == "ok"]
-        timed = dict(zip(good, isolate.run_batch(job + "time_job", good, timeout=TIME_TIMEOUT, explain=False)))
+        for layout, check_name, time_name in (("contiguous", "check_job", "time_job"),
+                                              ("masked", "masked_check_job", "masked_time_job")):
+            mine = [p for m, p in zip(modules, paths) if m.get("layout", "contiguous") == layout]
+            if not mine:
+                continue
+            checks.update(zip(mine, isolate.run_batch(job + check_name, mine, timeout=CHECK_TIMEOUT, explain=False)))
+            good = [p for m, p in zip(modules, paths) if p in mine and checks[p].get("status") == "ok"
+                    and (layout == "contiguous" or (m["dtype"] in MASKED_TIMED_DTYPES
+                                                    and MASKED_SHAPES[m["shape"]][1]))]  # odd: no decode batches
+            timed.update(zip(good, isolate.run_batch(job + time_name, good, timeout=TIME_TIMEOUT, explain=False)))
     finally:
         sampler.stop()
     rows = []
-    for m, path, c in zip(plan["modules"], paths, checks):
-        base = {"experts": m["experts"], "N": m["N"], "K": m["K"], "dtype": m["dtype"], "shape": m["shape"],
-                "variant": m.get("variant", "default")}
-        correct = c.get("status") == "ok"
-        for case in c.get("cases", []):
-            rows.append(row({**base, "tokens": CHECK_TOKENS, "routing": case["routing"], "kind": "check",
-                             "rel_err": case["rel_err"], "torch_rel_err": case["torch_rel_err"]}, case["ok"], {}))
-        t = timed.get(path, {})
-        for r in t.get("rows", []):
-            rows.append(row({**base, "tokens": r["tokens"], "routing": r["routing"], "kind": "timed"}, correct,
-                            r["times"]))
-        if not correct or (path in timed and t.get("status") != "ok"):
-            rows.append(row({**base, "tokens": None, "routing": None, "kind": "failure",
-                             "detail": json.dumps({"check": c, "time": t})[:4000]}, False, {}))
-    ratios = [r["ratio_to_grouped_mm"] for r in rows if r["ratio_to_grouped_mm"] and r["variant"] == "default"]
+    for m, path in zip(modules, paths):
+        rows += module_rows(m, checks[path], timed.get(path), path in timed)
     result = {"format": FORMAT, "gpu": harness.gpu_info(), **harness.run_info(),
               "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
-              "summary": {"modules": len(paths), "correct_modules": sum(c.get("status") == "ok" for c in checks),
-                          "geomean_ratio_to_grouped_mm (default knobs)": math.exp(statistics.fmean(map(math.log, ratios)))
-                          if ratios else None, "min_ratio_to_grouped_mm": min(ratios) if ratios else None},
-              "checks": checks, "rows": rows}
+              "summary": {"modules": len(paths),
+                          "correct_modules": sum(c.get("status") == "ok" for c in checks.values()), **summary_of(rows)},
+              "checks": [checks[p] for p in paths], "rows": rows}
     files.write_json(out, result)
     for r in rows:
         if r["kind"] == "timed":
-            print(f"{r['shape']:11s} {r['variant']:8s} {r['dtype']:8s} tokens={r['tokens']:5d} {r['routing']:8s} "
-                  f"x grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f}  x loop {r['peer_ratios']['cublas_loop_graph'] or 0:.3f}")
+            peers = "  ".join(f"x {k.removesuffix('_graph')} {v or 0:.3f}" for k, v in r["peer_ratios"].items()
+                              if k.endswith("_graph"))
+            print(f"{r['layout']:10s} {r['shape']:11s} {r['variant']:8s} {r['dtype']:8s} tokens={r['tokens']:5d} "
+                  f"{r['routing']:8s} {peers}")
     print(json.dumps(result["summary"]), f"{result['seconds']:.0f} s; wrote {out}")
     return 0
 
@@ -371,12 +672,14 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="GPU box: check, capture and time every module of DIR")
     r.add_argument("folder")
     r.add_argument("--out", default="grouped_check.json")
+    r.add_argument("--layout", choices=("both",) + LAYOUTS, default="both",
+                   help="the modules of one layout only (masked: about 2 minutes on an H100)")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
         return prepare(a.out)
     if "grouped" not in Path(a.out).name:
         p.error(f"--out {a.out}: the results file's name must contain 'grouped' (issue 33's results format)")
-    return run(a.folder, a.out)
+    return run(a.folder, a.out, LAYOUTS if a.layout == "both" else (a.layout,))
 
 
 if __name__ == "__main__":

@@ -5,13 +5,20 @@
     swapped = gemm_ladder.nn.patch(model)      # every nn.Linear of model, in place; prints and returns the names
 
 :class:`Linear` is ``nn.Linear`` (its parameters, initialisation and state dict are nn.Linear's:
-a checkpoint loads either way) whose forward is ``torch.ops.gemm_ladder.mm(x, weight, bias)``: the
-front door's kernels for the forward, and through the op's autograd for the backward (dX and dW
-read their operands as transposed views: MN-major operands, no copies). Where the op does not
-apply -- a tensor off the GPU, a dtype other than fp16/bf16, x and the weight in different dtypes
--- it is ``F.linear``, as nn.Linear computes it. Under ``torch.autocast`` it casts x, the weight
-and the bias to the autocast dtype first, as autocast does for ``F.linear`` (the op itself has no
-autocast rule).
+a checkpoint loads either way) whose forward is the front door's kernels, and whose backward is
+``torch.ops.gemm_ladder.mm``'s (dX and dW read their operands as transposed views: MN-major
+operands, no copies; ``serve.ops.linear_grads``). Traced (``torch.compile``, ``torch.export``,
+fake tensors, functorch) it calls the registered op, which the tracer sees; eager it skips the
+custom op's dispatch, ~150 us of torch's Python machinery per call that made a training step
+host-bound (0.52x torch), and calls the same implementation through an
+``autograd.Function`` (with grad) or directly (without): the same kernels, the same gradients.
+Where the op does not apply -- a tensor off the GPU, a dtype other than fp16/bf16, x and the
+weight in different dtypes -- it is ``F.linear``, as nn.Linear computes it. Under
+``torch.autocast`` it casts x, the weight and the bias to the autocast dtype first, as autocast
+does for ``F.linear`` (the op itself has no autocast rule): one cast of the weight per call,
+whose backward takes the bf16 dW to the fp32 master weight's dtype, as torch's does (torch also
+reuses a weight's cast within one autocast region; a layer called once per step, as here, casts
+once either way).
 
 :func:`patch` swaps every module whose type is exactly ``nn.Linear`` (subclasses keep their own
 forward) for a :class:`Linear` that shares its parameters (the same ``Parameter`` objects: an
@@ -28,9 +35,52 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .serve import ops  # noqa: F401  (registers torch.ops.gemm_ladder.mm)
+from .serve import ops  # registers torch.ops.gemm_ladder.mm
 
 _DTYPES = (torch.float16, torch.bfloat16)
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def traced(*tensors) -> bool:
+    """Whether a call must go through the registered op for a tracer to see it: under
+    ``torch.compile``/``torch.export``, a dispatch mode (fake tensors, make_fx), a functorch
+    transform, or with a tensor subclass."""
+    # pylint: disable=protected-access
+    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._are_functorch_transforms_active()
+            or any(t is not None and type(t) not in _PLAIN for t in tensors))
+
+
+class LinearFunction(torch.autograd.Function):
+    """``x . W^T (+ bias)`` eager: the op's forward and backward (``ops.direct_mm``,
+    ``ops.linear_grads``) without the custom op's dispatch. Saves x and W as the op does (the
+    tensors themselves, no copies); a backward that builds a graph (``create_graph=True``) calls
+    the op, which differentiates again."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):  # pylint: disable=arguments-differ
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return ops.direct_mm(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):  # pylint: disable=arguments-differ
+        x, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        gemm = torch.ops.gemm_ladder.mm if torch.is_grad_enabled() else ops.direct_mm
+        return ops.linear_grads(grad, x, weight, (needs[0], needs[1], ctx.has_bias and needs[2]), gemm)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` on the front door's kernels, for tensors :func:`uses_kernel`
+    takes (in one dtype: cast them first under autocast): the registered op where traced, else
+    its implementation directly, through :class:`LinearFunction` where a gradient is wanted."""
+    if traced(x, weight, bias):
+        return torch.ops.gemm_ladder.mm(x, weight, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return LinearFunction.apply(x, weight, bias)
+    return ops.direct_mm(x, weight, bias)
 
 
 def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -49,7 +99,7 @@ class Linear(nn.Linear):
             bias = bias.to(cast) if bias is not None else None
         if not uses_kernel(x, weight):
             return F.linear(x, weight, bias)
-        return torch.ops.gemm_ladder.mm(x, weight, bias)
+        return linear(x, weight, bias)
 
     @classmethod
     def from_linear(cls, lin: nn.Linear) -> "Linear":

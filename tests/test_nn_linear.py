@@ -47,7 +47,7 @@ def test_on_the_ops_path_forward_and_gradients_are_nn_linears(monkeypatch):
     ref = nn.Linear(64, 40)
     ref.load_state_dict({k: v.float() for k, v in lin.state_dict().items()})
     out = ours(x1)
-    assert out.grad_fn is not None and "gemm_ladder" in out.grad_fn.name()
+    assert type(out.grad_fn) is gnn.LinearFunction._backward_cls  # pylint: disable=protected-access
     out.float().sum().backward()
     ref(x2).sum().backward()
     for got, want in ((x1.grad, x2.grad), (ours.weight.grad, ref.weight.grad), (ours.bias.grad, ref.bias.grad)):
@@ -83,3 +83,141 @@ def test_patch_swaps_exactly_the_linear_layers_and_shares_their_parameters():
 def test_patch_says_what_it_swapped(capsys):
     gnn.patch(nn.Sequential(nn.Linear(8, 8)))
     assert "1 nn.Linear layer(s)" in capsys.readouterr().err
+
+
+# -- eager without the custom op's dispatch, traced through the op (issue 31's training step) ------
+def cpu_product(calls):
+    """The front door on the CPU: its shape checks, the operands' layouts and memory recorded
+    (``front.operand_majors``; a copy would show as a new data_ptr), then a CPU product."""
+    def matmul(A, B, bias=None, activation=None):
+        act = front.check_activation(activation)
+        front.check_shapes(A, B, None, bias)
+        a2 = A.reshape(-1, A.shape[-1]) if A.dim() > 2 else A
+        calls.append((front.operand_majors(a2, B), A.data_ptr(), B.data_ptr()))
+        out = A.float() @ B.float().T + (0 if bias is None else bias.float())
+        return (out if act == "none" else torch.relu(out)).to(A.dtype)
+    return matmul
+
+
+@pytest.fixture
+def on_kernel(monkeypatch):
+    """Linear on the op's path with a CPU product for the kernel; returns the recorded calls."""
+    calls = []
+    monkeypatch.setattr(ops, "matmul", cpu_product(calls))
+    monkeypatch.setattr(gnn, "uses_kernel", lambda x, w: True)
+    return calls
+
+
+def _layer(bias=True):
+    torch.manual_seed(3)
+    return gnn.Linear.from_linear(nn.Linear(64, 40, bias=bias).half())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_eager_gradients_are_the_ops_bit_for_bit_and_the_backward_copies_nothing(on_kernel, bias):
+    """The eager Function and the registered op on the same values: the same output and the same
+    gradients, exactly; the backward hands dX = dY . W the weight's own memory as an MN-major B,
+    and dW = dY^T . X the memory of dY and x as MN-major A and B (no copies)."""
+    lin = _layer(bias)
+    x = torch.randn(2, 3, 64).half()
+    dY = torch.randn(2, 3, 40).half()
+    got, ref = {}, {}
+    for name, fn in (("eager", lin), ("op", lambda t: torch.ops.gemm_ladder.mm(t, lin.weight, lin.bias))):
+        lin.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        out = fn(xi)
+        on_kernel.clear()
+        out.backward(dY)
+        (got if name == "eager" else ref).update(out=out.detach(), x=xi.grad, w=lin.weight.grad,
+                                                 b=None if lin.bias is None else lin.bias.grad)
+        if name == "eager":
+            dx_call, dw_call = on_kernel
+            assert dx_call == (("K", "N"), dY.data_ptr(), lin.weight.data_ptr())
+            assert dw_call == (("M", "N"), dY.data_ptr(), xi.data_ptr())
+    for k, v in got.items():
+        assert (v is None) == (ref[k] is None) and (v is None or torch.equal(v, ref[k])), k
+
+
+def test_eager_grad_fn_is_the_function_and_without_grad_there_is_none(on_kernel):
+    lin = _layer()
+    x = torch.randn(4, 64).half()
+    assert type(lin(x).grad_fn) is gnn.LinearFunction._backward_cls  # the weight wants grad
+    with torch.no_grad():
+        assert lin(x.requires_grad_()).grad_fn is None
+    lin.requires_grad_(False)
+    assert lin(torch.randn(4, 64).half()).grad_fn is None  # nothing wants grad: the plain call
+    assert len(on_kernel) == 3
+
+
+def test_traced_it_is_the_registered_op(on_kernel):
+    """Fake tensors (a dispatch mode) and torch.compile(fullgraph=True) see torch.ops.gemm_ladder.mm;
+    the compiled forward and backward give the eager numbers."""
+    lin = _layer()
+    with torch._subclasses.fake_tensor.FakeTensorMode():  # pylint: disable=protected-access
+        x, w = torch.empty(5, 64, dtype=torch.float16), torch.empty(40, 64, dtype=torch.float16)
+        assert gnn.traced(x, w)
+        assert gnn.linear(x, w).shape == (5, 40)  # the op's fake impl: no data touched
+    assert on_kernel == []
+    assert not gnn.traced(torch.empty(2), lin.weight)
+    x = torch.randn(4, 64).half()
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    eager = lin(x1)
+    eager.float().sum().backward()
+    wgrad = lin.weight.grad.clone()
+    lin.zero_grad(set_to_none=True)
+    torch._dynamo.reset()  # pylint: disable=protected-access
+    targets = []
+
+    def recording(gm, example_inputs):  # pylint: disable=unused-argument
+        targets.extend(str(node.target) for node in gm.graph.nodes)
+        return gm.forward
+
+    compiled = torch.compile(lin, backend=recording, fullgraph=True)(x2)
+    assert any("gemm_ladder.mm" in t for t in targets), targets
+    compiled.float().sum().backward()
+    assert torch.equal(compiled, eager) and torch.equal(x2.grad, x1.grad) and torch.equal(lin.weight.grad, wgrad)
+
+
+def _cast_nodes(out) -> int:
+    """ToCopyBackward0 nodes in ``out``'s graph: the autocast casts whose backward runs."""
+    seen, todo, casts = set(), [out.grad_fn], 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        casts += node.name() == "ToCopyBackward0"
+        todo += [n for n, _ in node.next_functions]
+    return casts
+
+
+def test_under_autocast_it_casts_as_f_linear_does_and_dw_reaches_the_fp32_weight(on_kernel):
+    """fp32 master weights under bf16 autocast: x and the weight cast once each, as torch's
+    F.linear casts them (no extra cast node); the weight's gradient arrives in fp32."""
+    torch.manual_seed(4)
+    ref = nn.Linear(64, 40, bias=False)
+    ours = gnn.Linear.from_linear(ref)
+    x = torch.randn(2, 3, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, out_ref = ours(x), ref(x)
+    assert out.dtype == out_ref.dtype == torch.bfloat16
+    assert _cast_nodes(out) == _cast_nodes(out_ref) == 1  # the weight's (x wants no grad)
+    out.float().sum().backward()
+    assert ours.weight.grad.dtype == torch.float32
+    ref_grad = ours.weight.grad.clone()
+    ref.weight.grad = None
+    out_ref.float().sum().backward()
+    torch.testing.assert_close(ref_grad, ref.weight.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_a_backward_that_builds_a_graph_goes_through_the_op_and_differentiates_again(on_kernel):
+    """``create_graph=True`` (grad mode on in the backward): the backward's GEMMs are the op's,
+    so the gradient has a graph of its own; its values are the plain backward's."""
+    lin = _layer(bias=False)
+    x = torch.randn(4, 64).half().requires_grad_()
+    (gx,) = torch.autograd.grad(lin(x).float().sum(), x, create_graph=True)
+    assert gx.grad_fn is not None
+    (plain,) = torch.autograd.grad(lin(x).float().sum(), x)
+    assert torch.equal(gx.detach(), plain)
+    gx.float().square().sum().backward()  # through the op's own backward
+    assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0

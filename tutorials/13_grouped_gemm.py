@@ -95,6 +95,45 @@ print(grouped.checker_params(cfg))
 print(check.check_config(cfg, policies=("forward",)).summary())
 
 # %% [markdown]
+# ## The masked layout: decode under CUDA graphs
+#
+# In decode a model captures one CUDA graph per batch size and replays it every step, while the
+# router's counts change every step. Sorting the tokens by expert (the contiguous layout) moves
+# them; the masked layout (DeepGEMM's) gives each expert a fixed slot of `max_tokens` rows instead:
+# A `[E, max_tokens, K]`, `counts[e]` (int32, on the GPU) the valid rows of slot e, and
+#
+#     D[e, :counts[e]] = A[e, :counts[e]] . W[e]^T        (the rows past counts[e] are not written)
+#
+# `gemm_ladder.grouped_mm_masked(A, W, counts, out=D)` keeps what `out` holds past each count (a
+# fresh D holds garbage there; the torch op returns zeros). The kernel is v12 with
+# `layout="masked"`: A viewed `[E * max_tokens, K]`, an expert's first row `e * max_tokens`, and
+# the prologue's end rows `e * max_tokens + clamp(counts[e], 0, max_tokens)`. The host cannot
+# refuse a count past `max_tokens` without reading it (a sync the graph forbids), so the device
+# cuts it: never a row of the next slot. Everything after the tables (the search, the order, the
+# guarded last m-tile) is the contiguous walk's.
+
+# %%
+slot_counts = [0, 130, 1, 999, 0, 64]  # 999: past max_tokens, clamped to 200
+max_tokens = 200
+M_masked = len(slot_counts) * max_tokens
+ends, tile_end = grouped.masked_tables(slot_counts, M_masked, blk_m, n_tiles)
+print(f"counts   {slot_counts}\nends     {ends}\ntile_end {tile_end}")
+for cta, units in enumerate(grouped.walk(slot_counts, M_masked, blk_m, n_tiles, 2, 4, layout="masked")):
+    print(f"CTA {cta}: " + " | ".join(f"e{u.expert} rows {u.row0}-{min(u.row0 + blk_m, u.row_end) - 1} n{u.n_tile}"
+                                      for u in units))
+
+# %% [markdown]
+# Empty slots own no tiles, so an expert no token chose costs nothing (a bmm over every slot, what
+# a decode graph without masking runs, reads every expert's weight and computes every row). The
+# barrier checker runs the masked preset with an empty slot, a boundary tile, a clamped count and
+# a full slot:
+
+# %%
+cfg_masked = gemm_ladder.make_config("v12", 8 * 300, 320, 384, experts=8, layout="masked")
+print(grouped.checker_params(cfg_masked))
+print(check.check_config(cfg_masked, policies=("forward",)).summary())
+
+# %% [markdown]
 # ## Measured
 #
 # `benchmarks/grouped_check.py` on an H100 (`benchmarks/results/2026-11-26_h100_grouped/`): every

@@ -40,12 +40,17 @@ be made on every replay) unless the first call timed ours faster with the copy i
 strict mode keeps ours.
 ``GEMM_LADDER_MEASURE=0`` keeps the pack's or the policy's choice; strict mode times ours only.
 
-Loaded modules stay loaded for the life of the process. A call whose shapes, dtypes and GPUs are
-those of an earlier call that took the plain path (no copies) skips the checks and the lookup: it
-checks only that its tensors are contiguous and 16-byte aligned, want no grad and that ``out``
-shares no memory with A or B, and launches as that call did (a ~20 us kernel would otherwise
-wait on the host; ``benchmarks/front_overhead.py`` measures it). ``explain=True`` prints the choice to
-stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO logs every new choice.
+Loaded modules stay loaded for the life of the process. A call whose shapes, strides, dtypes and
+GPUs are those of an earlier call that took the plain path (no copies; A and B contiguous or
+transposed views read as they lie, as a training step's dX and dW calls pass them; a bias at
+most) skips the checks and the lookup: the strides fix every layout, so it checks only that its
+tensors are 16-byte aligned, want no grad and that ``out`` shares no memory with A, B or the
+bias, and launches as that call did (a ~20 us kernel would otherwise wait on the host;
+``benchmarks/front_overhead.py`` and ``benchmarks/host_check.py`` measure it). Where torch's
+matmul computes the shape (measured faster at first use, or the fallback), such a call without
+``out`` is ``F.linear`` on the caller's own tensors: the key lookup over calling torch directly.
+``explain=True`` prints the choice to stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO
+logs every new choice.
 
 Inputs: fp16 or bf16, contiguous, row-major, on one CUDA GPU; what TMA cannot describe (N or K
 not a multiple of 8, a view that does not start on a 16-byte boundary) takes a correct, slower
@@ -75,8 +80,9 @@ D's shape and dtype, contiguous, apart from A, B and the bias, or ``out`` itself
 (v9 reads C's chunk by TMA into the staging buffer it then stores D from, which makes ``out=C``
 safe: ``sm90a.epilogue.ResidualRead``). ``out_dtype=torch.float32`` makes D float32 (the spec's
 ``d``; a bias and a residual then go to the kernel in float32). Where no module serves, torch
-computes the same formula (``TorchMatmul``), with the warning. A call with any of these takes the checked path every time (the fast path of repeated
-calls below does not cover it yet).
+computes the same formula (``TorchMatmul``), with the warning. A call with any of these but the
+bias takes the checked path every time (the fast path of repeated calls below does not cover them
+yet).
 
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
 It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
@@ -977,52 +983,69 @@ def explain_text(M, N, K, dtype, arch, route: Route, fixes: Fixes, known: bool, 
     return "\n".join(lines)
 
 
-def _fast_key(A, B, out):
-    """What a call shares with an earlier, fully checked one that took the plain path; None when
-    the arguments are not tensors (the checked path says what they should be)."""
+def _fast_key(A, B, out, bias=None):
+    """What a call shares with an earlier, fully checked one that took the plain path: the shapes
+    and strides (which fix each operand's layout: contiguous, or the transposed view of a
+    contiguous tensor, an MN-major A or B), dtypes and GPUs of A, B, ``out`` and the bias; None
+    when the arguments are not tensors (the checked path says what they should be)."""
     try:
-        if out is None:
-            return (A.shape, B.shape, A.dtype, B.dtype, A.get_device(), B.get_device())
-        return (A.shape, B.shape, A.dtype, B.dtype, A.get_device(), B.get_device(), out.shape, out.dtype,
-                out.get_device())
+        key = (A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, A.device, B.device)
+        if out is not None:
+            key += (out.shape, out.stride(), out.dtype, out.device)
+        if bias is not None:
+            key += ("bias", bias.shape, bias.stride(), bias.dtype, bias.device)
+        return key
     except (AttributeError, TypeError):
         return None
 
 
-def _fast(A, B, out):
-    """The launch of a call like one already checked (same shapes, dtypes, GPUs; contiguous,
-    16-byte aligned, no grad wanted and ``out`` apart from A and B, checked again here), or None:
-    then the checked path runs (and says what is wrong, if anything)."""
-    key = _fast_key(A, B, out)
+def _fast(A, B, out, bias=None):
+    """The launch of a call like one already checked (same shapes, strides, dtypes, GPUs: the
+    same layouts; 16-byte aligned, no grad wanted and ``out`` apart from A, B and the bias, checked
+    again here), or None: then the checked path runs (and says what is wrong, if anything)."""
+    key = _fast_key(A, B, out, bias)
     hit = _FAST.get(key) if key is not None else None
     if hit is None:
         return None
     route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes), padded = hit
     if padded and _capturing(A):  # in a graph a padded weight goes to torch (_weight_as_it_is)
         return None
-    if (A.requires_grad or B.requires_grad or (out is not None and out.requires_grad)) and _grad_enabled():
+    if (A.requires_grad or B.requires_grad or (out is not None and out.requires_grad)
+            or (bias is not None and bias.requires_grad)) and _grad_enabled():
         return None
+    # the strides matched: each operand is laid out as in the checked call, so each fills exactly
+    # [ptr, ptr + its bytes) (a transposed view of a contiguous tensor too)
     pa, pb = A.data_ptr(), B.data_ptr()
+    extras = ()
+    if bias is not None:
+        pc = bias.data_ptr()
+        if pc & 15:  # the checked path copies it onto a 16-byte boundary
+            return None
+        extras = (bias,)
     if out is None:
-        if not (A.is_contiguous() and B.is_contiguous()) or (pa | pb) & 15:
+        if (pa | pb) & 15:
             return None
     else:
         pd = out.data_ptr()
-        if (not (A.is_contiguous() and B.is_contiguous() and out.is_contiguous())
-                or (pa | pb | pd) & 15):
+        if (pa | pb | pd) & 15:
             return None
-        d_end = pd + d_bytes  # all three contiguous: each fills [ptr, ptr + its bytes)
+        d_end = pd + d_bytes
         if (pd < pa + a_bytes and pa < d_end) or (pd < pb + b_bytes and pb < d_end):
             return None
+        if bias is not None and pd < pc + bias.nbytes and pc < d_end:
+            return None
+    if out is None and launch is torch_linear:  # torch's route: F.linear makes D, batch dims and all
+        route.calls += 1
+        return _linear(A, B, bias)
     a = A if len(shape) == 2 else A.view(M, K)
     if out is None:
         import torch  # pylint: disable=import-outside-toplevel
 
         d = torch.empty((M, N), dtype=A.dtype, device=A.device)
-        launch(a, B, d)
+        launch(a, B, d, *extras)
         route.calls += 1
         return d if len(shape) == 2 else d.view(shape)
-    launch(a, B, out if len(shape) == 2 else out.view(M, N))
+    launch(a, B, out if len(shape) == 2 else out.view(M, N), *extras)
     route.calls += 1
     return out
 
@@ -1066,13 +1089,63 @@ def padded_launch(route: Route, M: int, N: int, K: int, fixes: Fixes):
     return lambda a, b, d: launch_route(route, a, b, d, M, N, K, fixes)
 
 
-def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape, fixes: Fixes) -> None:
+def torch_linear(a, b, d, *extras) -> None:
+    """The fast path's launch of torch's route (:class:`TorchMatmul` without an activation, the
+    front door's measured choice or its fallback): ``d = a . b^T (+ bias)`` by cuBLAS into ``d``;
+    a call without ``out`` skips this and calls ``F.linear`` itself, which allocates D (a
+    repeated call then costs the key lookup over calling F.linear directly)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if extras:
+        torch.addmm(extras[0], a, b.t(), out=d)
+    else:
+        torch.mm(a, b.t(), out=d)
+
+
+def _linear(A, B, bias):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    return torch.nn.functional.linear(A, B, bias)
+
+
+def stored_launch(route: Route, index: int):
+    """The fast path's launch of a plain call on GPU ``index``: :func:`torch_linear` for torch's
+    route, else the route's bound launcher, handed the memory under a transposed view where its
+    module reads an MN-major operand as it is stored (:func:`takes_stored`); None before the
+    route has launched on that GPU."""
+    if isinstance(route.module, TorchMatmul) and route.module.act == "none":
+        return torch_linear
+    launch = route.launchers.get(index)
+    ta, tb = takes_stored(route.module)
+    if launch is None or not (ta or tb):
+        return launch
+    if ta and tb:
+        return lambda a, b, d, *extras: launch(a.t(), b.t(), d, *extras)
+    if ta:
+        return lambda a, b, d, *extras: launch(a.t(), b, d, *extras)
+    return lambda a, b, d, *extras: launch(a, b.t(), d, *extras)
+
+
+def fast_spec(spec: GemmSpec | None) -> bool:
+    """Whether a call of operand spec ``spec`` (None: the default) may be remembered for the fast
+    path: D = A . B^T in A's dtype, A and B of either layout, a bias in A's dtype at most."""
+    if spec is None:
+        return True
+    plain = dataclasses.replace(spec, a_major="K", b_major="K", bias=None)
+    return plain.is_default() and spec.bias in (None, spec.a)
+
+
+def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape, fixes: Fixes, bias=None) -> None:
     """After a checked call that took the plain path (no copies, the module built for any M or
-    this one), or only padded N or K (copies that depend on the shapes alone, the weight's kept:
+    this one; A and B contiguous or read as they lie as MN-major operands; a bias where nothing
+    was padded), or only padded N or K (copies that depend on the shapes alone, the weight's kept:
     :func:`launch_route`): later calls like it go through :func:`_fast`."""
-    launch = padded_launch(route, M, N, K, fixes) if fixes.names else route.launchers.get(A.device.index)
-    key = _fast_key(A, B, out)
-    if launch is not None and key is not None and A.device.type == "cuda":
+    if bias is not None and fixes.names:  # the padded launch takes no bias: the checked path pads it
+        return
+    index = A.device.index
+    launch = padded_launch(route, M, N, K, fixes) if fixes.names else stored_launch(route, index)
+    key = _fast_key(A, B, out, bias)
+    if launch is not None and key is not None:
         with _LOCK:
             spans = (A.nbytes, B.nbytes, M * N * A.element_size())  # the bytes of A, B and D
             _FAST[key] = (route, launch, M, N, K, tuple(shape), spans, bool(fixes.names))
@@ -1091,8 +1164,8 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
     first resolved)."""
     plain_epilogue = alpha == 1.0 and residual is None and beta == 1.0 and out_dtype is None
-    if not explain and strict is None and bias is None and activation is None and plain_epilogue:
-        done = _fast(A, B, out)
+    if not explain and strict is None and activation is None and plain_epilogue:
+        done = _fast(A, B, out, bias)
         if done is not None:
             return done
     act = check_activation(activation)
@@ -1143,9 +1216,10 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
     D = launch_route(route, A2, B, out2, M, N, K, fixes, bias, alpha if alpha != 1.0 else None, C2, beta, d_dtype)
-    if spec is None and set(fixes.names) <= {"pad-n", "pad-k"} and (route.module_M is None or route.module_M == M) \
-            and not _capturing(A):
-        _remember(A, B, out, route, M, N, K, shape, fixes)
+    if fast_spec(spec) and not layout_notes and set(fixes.names) <= {"pad-n", "pad-k"} \
+            and (route.module_M is None or route.module_M == M) and not _capturing(A) \
+            and (bias is None or bias.data_ptr() % 16 == 0):
+        _remember(A, B, out, route, M, N, K, shape, fixes, bias)
     if explain:
         batch = tuple(A.shape) if A.dim() != 2 else None
         text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)

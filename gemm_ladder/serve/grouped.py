@@ -18,7 +18,9 @@ How a call finds its kernel (once per (E, N, K, dtype, GPU)): a module registere
 N, K, experts=E, spec='d_bfloat16.grouped_true')``); else torch's own ``torch._grouped_mm`` (bf16;
 fp16 where this torch has it), else a loop of cuBLAS GEMMs over the experts (which reads ``offs``
 on the host: a sync, and not CUDA-graph capturable), with a ``KernelFallbackWarning`` once per
-shape. Kernel packs and the module cache do not hold grouped modules yet (the next step: a pack
+shape. Registered modules are keyed by their layout too: a masked module (``layout='masked'``) serves
+``gemm_ladder.grouped_mm_masked`` (``serve/grouped_masked.py``) only. Kernel packs and the module
+cache do not hold grouped modules yet (the next step: a pack
 entry keyed by E as well as N and K).
 
 What is checked before a launch: types, dtypes (A and W fp16 or bf16 alike, offs int32), devices
@@ -50,8 +52,8 @@ from .runtime import ModuleInputError, load
 RUNG = "v12"
 BUILD_M = 4096  # the M to build a module at (its knobs are validated there; M is read at run time)
 _LOCK = threading.RLock()
-_REGISTERED: dict = {}  # (E, N, K, dtype, arch) -> GroupedModule
-_ROUTES: dict = {}  # (E, N, K, dtype, index) -> Route
+_REGISTERED: dict = {}  # (layout, E, N, K, dtype, arch) -> GroupedModule
+_ROUTES: dict = {}  # (layout, E, N, K, dtype, index, ...) -> Route
 
 
 def spec_of_dtype(dtype: str) -> GemmSpec:
@@ -71,10 +73,12 @@ class GroupedModule:
         self.module = module
         self.experts, self.N, self.K = int(launch["experts"]), module.N, module.K
         self.dtype, self.arch, self.path = module.dtype, module.arch, module.path
+        # "contiguous" (offs) or "masked" (counts, serve.grouped_masked); manifests before: contiguous
+        self.layout = str(launch.get("layout", "contiguous"))
 
     @property
     def key(self) -> tuple:
-        return (self.experts, self.N, self.K, self.dtype, self.arch)
+        return (self.layout, self.experts, self.N, self.K, self.dtype, self.arch)
 
     def launch(self, A, W, offs, D) -> None:
         """The kernel on checked tensors: ``(A, W as [E * N, K], D, num_ctas, offs)``."""
@@ -87,12 +91,27 @@ class GroupedModule:
 
 
 def use_grouped_module(path) -> GroupedModule:
-    """Serve grouped calls of this module's (E, N, K, dtype, arch) with it from now on."""
+    """Serve grouped calls of this module's (layout, E, N, K, dtype, arch) with it from now on: a
+    contiguous module serves ``grouped_mm``, a masked one ``grouped_mm_masked``."""
     mod = GroupedModule(load(path))
     with _LOCK:
         _REGISTERED[mod.key] = mod
         _ROUTES.clear()
     return mod
+
+
+def registered(layout: str, E: int, N: int, K: int, dtype: str, arch: str):
+    """The module registered for this (layout, E, N, K, dtype, arch), or None."""
+    with _LOCK:
+        return _REGISTERED.get((layout, E, N, K, dtype, arch))
+
+
+def cached_route(key: tuple, make) -> "Route":
+    """The route of ``key``, made once by ``make()`` (forgotten when a module is registered)."""
+    with _LOCK:
+        if key not in _ROUTES:
+            _ROUTES[key] = make()
+        return _ROUTES[key]
 
 
 def reset() -> None:
@@ -153,20 +172,21 @@ def check_grouped(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm") -> 
     return M, E, N, K
 
 
-def check_devices(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm") -> None:
-    """One GPU for all, and what TMA needs of the addresses."""
-    for name, t in (("A", A), ("W", W), ("offs", offs), ("out", out)):
+def check_devices(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm", table: str = "offs") -> None:
+    """One GPU for all, and what TMA needs of the addresses; ``table``: the int32 operand's name in
+    messages (``counts`` for the masked layout)."""
+    for name, t in (("A", A), ("W", W), (table, offs), ("out", out)):
         if t is None:
             continue
         if t.device.type != "cuda":
             raise ModuleInputError(f"{who}: {name} is on {t.device}; move it to the GPU ({name}.cuda())")
         if t.device != A.device:
             raise ModuleInputError(f"{who}: {name} is on {t.device} and A on {A.device}; put all on one GPU")
-        if name != "offs" and t.numel() and t.data_ptr() % 16:
+        if name != table and t.numel() and t.data_ptr() % 16:  # the int32 table takes plain loads
             raise ModuleInputError(f"{who}: {name} does not start on a 16-byte boundary, which TMA needs; pass "
                                    f"{name}.clone()")
     if out is not None and out.numel():
-        for name, t in (("A", A), ("W", W), ("offs", offs)):
+        for name, t in (("A", A), ("W", W), (table, offs)):
             if t.numel() and out.data_ptr() < t.data_ptr() + t.nbytes and t.data_ptr() < out.data_ptr() + out.nbytes:
                 raise ModuleInputError(f"{who}: out overlaps {name} in memory: the kernel would overwrite it while "
                                        "it reads it; pass an out that shares no memory with the inputs")
@@ -213,7 +233,7 @@ def torch_grouped_mm(A, W, offs, out) -> None:
 
 def _route(E: int, N: int, K: int, dtype: str, index: int) -> Route:
     arch = device.arch_of(index)
-    found = _REGISTERED.get((E, N, K, dtype, arch))
+    found = registered("contiguous", E, N, K, dtype, arch)
     if found is not None:
         return Route(found.launch, "registered", [f"kernel: {RUNG} {found.path.name}", "source: use_grouped_module"])
     why = ("N or K is not a multiple of 8 (TMA's 16-byte strides)" if N % 8 or K % 8
@@ -227,11 +247,7 @@ def _route(E: int, N: int, K: int, dtype: str, index: int) -> Route:
 
 
 def route_of(E: int, N: int, K: int, dtype: str, index: int) -> Route:
-    key = (E, N, K, dtype, index)
-    with _LOCK:
-        if key not in _ROUTES:
-            _ROUTES[key] = _route(E, N, K, dtype, index)
-        return _ROUTES[key]
+    return cached_route(("contiguous", E, N, K, dtype, index), lambda: _route(E, N, K, dtype, index))
 
 
 def grouped_mm(A, W, offs, *, out=None, explain: bool = False, check_offsets_first: bool = False):

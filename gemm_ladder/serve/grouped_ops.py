@@ -2,6 +2,7 @@
 
     import gemm_ladder.serve.grouped_ops                      # registers the op (imports torch)
     D = torch.ops.gemm_ladder.grouped_mm(A, W, offs)          # A [M, K], W [E, N, K], offs [E] int32
+    D = torch.ops.gemm_ladder.grouped_mm_masked(A, W, counts) # A [E, T, K], counts [E] -> D [E, T, N]
 
 Registered with ``torch.library.custom_op`` with a fake implementation (shapes and dtypes only:
 D is ``[M, N]`` for any M, so a traced model's token count may be dynamic), so
@@ -9,6 +10,10 @@ D is ``[M, N]`` for any M, so a traced model's token count may be dynamic), so
 implementation is :func:`gemm_ladder.serve.grouped.grouped_mm` on torch's current stream; inputs
 are made contiguous first (free when they are). No backward yet (the grouped GEMM's dA and dW are
 grouped GEMMs of other layouts): a call that needs one raises the front door's error.
+
+The masked op returns zeros in each expert's rows past its count (the front door's fresh output
+leaves them unspecified): a functional op's output must be a function of its inputs, or a compiled
+graph that reads those rows would differ from eager. The zeroing is one memset of D.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .grouped import check_grouped, grouped_mm as _grouped_mm
+from .grouped_masked import check_masked, grouped_mm_masked as _grouped_mm_masked
 
 
 @torch.library.custom_op("gemm_ladder::grouped_mm", mutates_args=())
@@ -29,3 +35,17 @@ def grouped_mm(A: torch.Tensor, W: torch.Tensor, offs: torch.Tensor) -> torch.Te
 def _grouped_mm_fake(A: torch.Tensor, W: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     check_grouped(A, W, offs, who="gemm_ladder.grouped_mm op")
     return A.new_empty((A.shape[0], W.shape[1]))
+
+
+@torch.library.custom_op("gemm_ladder::grouped_mm_masked", mutates_args=())
+def grouped_mm_masked(A: torch.Tensor, W: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """D [E, max_tokens, N]: ``D[e, :c] = A[e, :c] . W[e]^T`` (c = counts[e] clamped), zeros after."""
+    check_masked(A, W, counts, who="gemm_ladder.grouped_mm_masked op")
+    out = A.new_zeros((A.shape[0], A.shape[1], W.shape[1]))
+    return _grouped_mm_masked(A.contiguous(), W.contiguous(), counts.contiguous(), out=out)
+
+
+@grouped_mm_masked.register_fake
+def _grouped_mm_masked_fake(A: torch.Tensor, W: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    check_masked(A, W, counts, who="gemm_ladder.grouped_mm_masked op")
+    return A.new_empty((A.shape[0], A.shape[1], W.shape[1]))

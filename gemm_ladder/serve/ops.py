@@ -20,8 +20,9 @@ MN-major modules (no copies)::
 where a module of ours serves them (v9; the front door's route), torch's matmul otherwise. With
 an activation, ``dD`` is first taken through it at the pre-activation ``Z = mm(A, B, bias)``,
 recomputed in the backward (one more GEMM; the forward writes only D), by torch's own
-``*_backward`` ops. dB comes out in B's dtype (an fp32 D, for fp32 master weights, is where an
-fp32 weight gradient would come from: see ``_backward``). The real implementation is
+``*_backward`` ops. dB comes out in B's dtype, as torch's own linear gives it: under autocast
+over fp32 master weights autograd's cast node takes it to fp32 (see :func:`linear_grads`, which
+``gemm_ladder.nn`` shares for its eager path). The real implementation is
 :func:`gemm_ladder.matmul` on torch's current stream (under the op's autograd, with grad mode
 off); A and B pass as they are when contiguous or a transposed view of a contiguous tensor, and
 are made contiguous otherwise, as torch's own matmul takes any strides. B is always the [N, K]
@@ -44,6 +45,32 @@ def _as_operand(t: torch.Tensor) -> torch.Tensor:
     """``t`` as the front door takes it without a copy: contiguous, or the transposed view of a
     contiguous tensor (an MN-major operand); anything else made contiguous."""
     return t if t.is_contiguous() or is_transposed(t) else t.contiguous()
+
+
+def direct_mm(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the op's implementation computes (A . B^T (+ bias), no activation), called directly:
+    for eager callers that do their own autograd (``gemm_ladder.nn``'s), without the custom op's
+    dispatch (~150 us of host time a call in torch's Python machinery, measured on an H100)."""
+    return matmul(_as_operand(A), _as_operand(B), bias=None if bias is None else bias.contiguous())
+
+
+def linear_grads(grad: torch.Tensor, A: torch.Tensor, B: torch.Tensor, needs, gemm=None) -> tuple:
+    """(dA, dB, dbias) of ``D = A . B^T (+ bias)`` from ``grad`` = dL/dD, each None where ``needs``
+    (three bools, autograd's ``needs_input_grad``) says no; ``gemm(x, y)``: x . y^T (default the
+    op itself, which differentiates again). The GEMMs take transposed views, no copies: MN-major
+    operands of our kernels. dA and dB come out in A's and B's dtype: for fp32 master weights
+    under autocast, B is the weight's bf16 cast and autograd's cast node takes dB to fp32, as it
+    does for torch's own ``F.linear`` (no rounding of ours on the way)."""
+    gemm = gemm or mm
+    dA = dB = dbias = None
+    if needs[0]:
+        dA = gemm(grad, B.t())  # [..., N] . ([K, N])^T: B's memory [N, K] is an MN-major B
+    if needs[1]:
+        g2, a2 = grad.reshape(-1, B.shape[0]).contiguous(), A.reshape(-1, A.shape[-1]).contiguous()
+        dB = gemm(g2.t(), a2.t())  # [N, M] . ([K, M])^T: dD and A as they lie, an MN-major A and B
+    if needs[2]:  # D[m, n] = ... + bias[n]: every row's dD[m, n] adds to it
+        dbias = grad.reshape(-1, B.shape[0]).sum(0, dtype=torch.float32).to(grad.dtype)
+    return dA, dB, dbias
 
 
 def _check_meta(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None,
@@ -106,17 +133,8 @@ def _backward(ctx, grad):
     A, B, *rest = ctx.saved_tensors
     if ctx.activation != "none":  # through the activation at its input, recomputed: Z = A . B^T (+ bias)
         grad = activation_backward(grad, mm(A, B, rest[0] if ctx.has_bias else None), ctx.activation)
-    dA = dB = dbias = None
-    # the operands are transposed views, no copies: MN-major operands of our kernels
-    if ctx.needs_input_grad[0]:
-        dA = mm(grad, B.t())  # [..., N] . ([K, N])^T: B's memory [N, K] is an MN-major B
-    if ctx.needs_input_grad[1]:
-        g2, a2 = grad.reshape(-1, B.shape[0]).contiguous(), A.reshape(-1, A.shape[-1]).contiguous()
-        # in B's dtype, as autograd wants it back; the hook for fp32 master weights is here: an fp32 D
-        # (the spec's d) would give an fp32 dB for an optimizer that keeps one, without a rounding
-        dB = mm(g2.t(), a2.t())  # [N, M] . ([K, M])^T: dD and A as they lie, an MN-major A and B
-    if len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2]:  # D[m, n] = ... + bias[n]: every row's
-        dbias = grad.reshape(-1, B.shape[0]).sum(0, dtype=torch.float32).to(grad.dtype)  # dD[m, n] adds to it
+    needs = ctx.needs_input_grad
+    dA, dB, dbias = linear_grads(grad, A, B, (needs[0], needs[1], len(needs) > 2 and needs[2]))
     return (dA, dB, dbias, None)[:len(ctx.needs_input_grad)]
 
 

@@ -50,13 +50,24 @@ TMA stores of v9's chunked epilogue. Chosen over tensor maps rewritten on the de
 guarded stores need no new protocol and touch at most E * n_tiles tiles (one per expert and
 n-tile), the minority wherever experts hold more than a few m-tiles.
 
+Masked layout (``layout="masked"``, decode under CUDA graphs, DeepGEMM's "masked"): A is
+``[E, max_tokens, K]`` viewed ``[E * max_tokens, K]`` (so the runtime M is ``E * max_tokens``) and
+the int32 operand holds each expert's COUNT of valid rows. Only the prologue and the expert's first
+row change: ``ends[e] = e * max_tokens + clamp(counts[e], 0, max_tokens)`` (no running max: the
+experts' rows do not depend on one another; a count past max_tokens cannot be refused on the
+device, so it is cut there, never into the next expert's slot) and an expert's first row is
+``e * max_tokens``. The tile count, the search, the order inside an expert and the guarded last
+m-tile are the contiguous layout's, so the rows of a slot past its count are never written
+(:func:`masked_tables` and ``walk(layout="masked")`` are the model).
+
 Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
 consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
 for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),
 no epi_under, no narrow tail: not built in this slice.
 
 Constraints: those of v9's tile (blk_m = 64 x consumers x atoms, epi_n), clusters 1x1, N and K
-multiples of 8, a runtime M (any number of tokens), E = ``experts`` fixed at build (the weight's).
+multiples of 8, a runtime M (any number of tokens; masked: E x max_tokens), E = ``experts`` fixed at
+build (the weight's).
 """
 
 from __future__ import annotations
@@ -80,6 +91,10 @@ from .producer import Producer
 from .ring import Ring
 
 MAX_EXPERTS = 1024  # the shared tables: 8 bytes an expert
+# where each expert's rows are: "contiguous" (A [M, K] sorted by expert, the int32 operand holds
+# cumulative end rows) or "masked" (A [E * max_tokens, K], expert e's rows start at e * max_tokens,
+# the int32 operand holds each expert's count of valid rows)
+LAYOUTS = ("contiguous", "masked")
 
 
 # -- the walk, in plain Python (the model the tests check) and as the kernel computes it --------------
@@ -144,6 +159,21 @@ def tables(offs, M: int, blk_m: int, n_tiles: int) -> tuple[list[int], list[int]
     return ends, tile_end
 
 
+def masked_tables(counts, M: int, blk_m: int, n_tiles: int) -> tuple[list[int], list[int]]:
+    """The masked layout's (ends, tile_end): expert e's rows start at ``e * max_tokens``
+    (``max_tokens = M // E``) and end ``counts[e]`` later, the count clamped into [0, max_tokens]
+    on the device (a count past max_tokens cannot be refused there without a host sync: it is
+    cut, never read into the next expert's rows)."""
+    max_tokens = M // max(1, len(counts))
+    ends, tile_end, tiles = [], [], 0
+    for e, c in enumerate(counts):
+        rows = min(max(int(c), 0), max_tokens)
+        tiles += tiles_over(rows, blk_m) * n_tiles
+        ends.append(e * max_tokens + rows)
+        tile_end.append(tiles)
+    return ends, tile_end
+
+
 def locate(tile_end: list[int], t: int) -> int:
     """The expert of tile ``t``: how many experts end at or before it (the kernel's branchless
     binary search)."""
@@ -154,16 +184,20 @@ def locate(tile_end: list[int], t: int) -> int:
     return e
 
 
-def walk(offs, M: int, blk_m: int, n_tiles: int, group: int, num_ctas: int) -> list[list[WorkUnit]]:
-    """The work units of each CTA in order, as the kernel walks them."""
-    ends, tile_end = tables(offs, M, blk_m, n_tiles)
+def walk(offs, M: int, blk_m: int, n_tiles: int, group: int, num_ctas: int,
+         layout: str = "contiguous") -> list[list[WorkUnit]]:
+    """The work units of each CTA in order, as the kernel walks them; ``offs`` is the int32
+    operand of ``layout`` (cumulative end rows, or the masked layout's counts)."""
+    masked = layout == "masked"
+    ends, tile_end = (masked_tables if masked else tables)(offs, M, blk_m, n_tiles)
+    max_tokens = M // max(1, len(offs))
     total = tile_end[-1] if tile_end else 0
     out = []
     for cta in range(num_ctas):
         mine = []
         for t in range(cta, total, num_ctas):
             e = locate(tile_end, t)
-            start = ends[e - 1] if e > 0 else 0
+            start = e * max_tokens if masked else ends[e - 1] if e > 0 else 0
             local = t - (tile_end[e - 1] if e > 0 else 0)
             m, n = tile_in_expert(local, tiles_over(ends[e] - start, blk_m), n_tiles, group)
             mine.append(WorkUnit(e, start + m * blk_m, ends[e], n))
@@ -174,7 +208,8 @@ def walk(offs, M: int, blk_m: int, n_tiles: int, group: int, num_ctas: int) -> l
 # -- the kernel's pieces ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Walk:
-    """The kernel's walk: the shared tables (``ends``, ``tile_end``: int32[E]) and the shape."""
+    """The kernel's walk: the shared tables (``ends``, ``tile_end``: int32[E]), the shape and the
+    layout."""
 
     ends: object
     tile_end: object
@@ -184,6 +219,8 @@ class Walk:
     n: int  # columns of one expert's weight (D's N)
     n_tiles: int
     group: int
+    masked: bool = False  # the masked layout: ends from counts, expert e's first row e * max_tokens
+    max_tokens: object = None  # rows an expert owns in the masked layout (M // E, at run time)
 
     def total(self):
         return self.tile_end[self.experts - 1]
@@ -197,7 +234,18 @@ def fill_tables(w, offs, M, tid, threads):
         if i * threads + tid < w.experts:
             w.ends[i * threads + tid] = offs[i * threads + tid]
     T.cuda.cta_sync()
-    if tid == 0:
+    if w.masked:
+        if tid == 0:
+            # the masked layout: no expert's rows depend on another's; only the tile count runs on
+            # run[2]: the expert's count clamped into [0, max_tokens] (never into the next expert)
+            run = T.alloc_local((3,), "int32")
+            run[1] = 0
+            for e in T.serial(w.experts):
+                run[2] = T.min(T.max(w.ends[e], 0), w.max_tokens)
+                run[1] = run[1] + tiles_over(run[2], w.blk_m) * w.n_tiles
+                w.ends[e] = e * w.max_tokens + run[2]
+                w.tile_end[e] = run[1]
+    elif tid == 0:
         # in registers: the last end row, the tiles so far, this expert's end (the loop carries only
         # a max, a min and a multiply-add; the shared loads of later experts do not wait on them)
         run = T.alloc_local((3,), "int32")
@@ -223,7 +271,10 @@ def locate_tile(w, t, at):
                                        w.tile_end[T.min(at[0] + s - 1, w.experts - 1)] <= t), s, 0)
     e = T.meta_var(at[0])
     prev = T.meta_var(T.max(e - 1, 0))
-    at[1] = T.Select(e > 0, w.ends[prev], 0)  # the expert's first row
+    if w.masked:
+        at[1] = e * w.max_tokens  # the expert's first row: its slot of A
+    else:
+        at[1] = T.Select(e > 0, w.ends[prev], 0)  # the expert's first row
     at[2] = w.ends[e]
     at[3] = t - T.Select(e > 0, w.tile_end[prev], 0)  # its local unit, for a moment
     m, n = T.meta_var(tile_in_expert(at[3], tiles_over(at[2] - at[1], w.blk_m), w.n_tiles, w.group))
@@ -254,11 +305,27 @@ def experts_of(cfg: GemmConfig) -> int:
     return int(dict(cfg.extra)["experts"])
 
 
+def layout_of(cfg: GemmConfig) -> str:
+    """``"contiguous"`` or ``"masked"`` (v12's ``layout`` knob)."""
+    return str(dict(cfg.extra).get("layout", "contiguous"))
+
+
 def checker_params(cfg: GemmConfig) -> dict:
     """The runtime values the barrier check (``gemm_ladder.protocol``) runs the kernel with: M, and
     a routing with an empty expert first, one whole m-tile and one row on the next (a guarded
     boundary tile), the rest of the tokens on the last expert and none on the others."""
     E, M = experts_of(cfg), cfg.M
+    if layout_of(cfg) == "masked":
+        # max_tokens = M // E rows an expert: the first empty, the second one whole m-tile and a row
+        # (a guarded boundary tile), the third past max_tokens (clamped), the last full
+        max_tokens = M // E
+        counts = [0] * E
+        if E > 1:
+            counts[1] = min(max_tokens, cfg.blk_m + 1)
+        if E > 3:
+            counts[2] = max_tokens + 5
+        counts[-1] = max_tokens
+        return {"M": M, "offsets": counts}
     counts = [0] * E
     if E > 1:
         counts[1] = min(M, cfg.blk_m + 1)
@@ -272,6 +339,13 @@ def check(cfg: GemmConfig) -> None:
     E = dict(cfg.extra).get("experts")
     if not isinstance(E, int) or isinstance(E, bool) or not 1 <= E <= MAX_EXPERTS:
         raise ConfigError(f"experts={E!r}: the weight's expert count, an int in 1..{MAX_EXPERTS}; pass W.shape[0]")
+    layout = layout_of(cfg)
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout={layout!r}: v12 serves the layouts {LAYOUTS}: 'contiguous' (A [M, K] sorted by "
+                          "expert, offs) or 'masked' (A [E, max_tokens, K], counts)")
+    if layout == "masked" and cfg.M < E:
+        raise ConfigError(f"layout='masked' at M={cfg.M} with {E} experts: M is E * max_tokens (at least one row an "
+                          f"expert); build at M={E * max(1, -(-cfg.M // E))} or more")
     if E * cfg.N >= 2**31:
         raise ConfigError(f"experts={E} x N={cfg.N} rows of W pass a 32-bit index; split the experts into groups")
     smem, most = launch(cfg)["smem_bytes"], budget.limits_for(cfg.arch).smem_per_block
@@ -291,7 +365,7 @@ def launch(cfg: GemmConfig) -> dict:
     info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=1)
     tables_bytes = 2 * 4 * experts_of(cfg)
     return {**info, "threads": info["threads"] + common.THREADS_PER_WG, "dynamic_m": True,
-            "smem_bytes": info["smem_bytes"] + tables_bytes, "experts": experts_of(cfg)}
+            "smem_bytes": info["smem_bytes"] + tables_bytes, "experts": experts_of(cfg), "layout": layout_of(cfg)}
 
 
 def kernel(cfg: GemmConfig):
@@ -314,6 +388,7 @@ def kernel(cfg: GemmConfig):
     staging_shape = (consumers * buffers, rows_per_wg, chunk_cols)
     E_layout = epilogue.staging_layout(cfg, *staging_shape)
     n_tiles = -(-N // BLK_N)
+    masked = layout_of(cfg) == "masked"
 
     # fmt: off
     @T.inline
@@ -335,7 +410,7 @@ def kernel(cfg: GemmConfig):
         tile_end = pool.alloc((E,), "int32")  # work units through each expert
         pool.commit()
         w = T.meta_var(Walk(ends=ends, tile_end=tile_end, experts=E, blk_m=BLK_M, blk_n=BLK_N, n=N, n_tiles=n_tiles,
-                            group=cfg.l2_group_size))
+                            group=cfg.l2_group_size, masked=masked, max_tokens=T.truncdiv(M, E)))
         fill_tables(w, offsets, M, wg_id * common.THREADS_PER_WG + warp_id * 32 + lane_id, threads)
         ring.init(releases=releases)
         # the barrier inits (and thread 0's tables) visible to the async proxy and every thread

@@ -18,10 +18,15 @@ the next expert, so that tile leaves through stores guarded by the expert's end 
     preset      operands        schedule     epilogue                knobs
     ==========  ==============  ===========  ======================  ========================
     v12         A rows x W[e]   grouped      chunked; guarded rows   experts, blk_m, blk_n,
-                (offsets)       (experts)    for an expert's last    num_warpgroups,
-                                             m-tile                  pipe_depth, epi_n,
-                                                                     l2_group_size
+                (offsets, or    (experts)    for an expert's last    num_warpgroups,
+                masked counts)               m-tile                  pipe_depth, epi_n,
+                                                                     l2_group_size, layout
     ==========  ==============  ===========  ======================  ========================
+
+Masked layout (``layout="masked"``, decode): A ``[E, max_tokens, K]`` viewed ``[E * max_tokens, K]``
+and the int32 operand each expert's count of valid rows (clamped on the device into [0, max_tokens]);
+expert e's rows start at ``e * max_tokens``. The same kernel: only the prologue's table and an
+expert's first row differ (``gemm_ladder.grouped_mm_masked``).
 
 Barriers: v9's without clusters (``tma2mma[s]``: the producer's expect_tx and the TMA bytes;
 ``mma2tma[s]``: lane 0 of every consumer warp; named barrier 1+c per consumer's epilogue), plus
@@ -31,6 +36,7 @@ Constraints: a spec with ``grouped`` and nothing else (no bias, no activation ye
 M at run time (any tokens, one module); N and K multiples of 8; ``experts`` <= 1024.
 
 Run:  python -m gemm_ladder build v12 --shape 4096x14336x4096 --knob experts=8 --out build/
+      (masked: add --knob layout=masked)
 """
 
 from dataclasses import dataclass
@@ -57,6 +63,7 @@ class GroupedKnobs:
     l2_group_size: int = 8  # m-tiles of an expert in a band (the grouped order inside an expert)
     tile_order: str = "grouped"
     epi_n: int = 64
+    layout: str = "contiguous"  # "masked": A [E * max_tokens, K], the int32 operand each expert's count
 
 
 KNOBS = gemm.knob_defaults(GroupedKnobs)
