@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gemm_ladder.compile import builder
+from gemm_ladder.compile import builder, sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec, spec_for
 from gemm_ladder.protocol.check import check_config
@@ -118,6 +118,20 @@ def test_a_residual_with_a_float32_d_reads_c_as_float32_words():
     assert len([line for line in lines if C_LOAD.search(line)]) == 8
     assert "(beta * ((float*)pool_buf_ptr)[" in src and "ldmatrix" not in src
     assert "float* __restrict__ bias_ptr" in src
+
+
+def test_the_float32_residual_kernel_spills_nothing():
+    """C's float32 words are read from the staging buffer one at a time, each added and written
+    back: no local memory under the consumers' register budget, and no ldmatrix (16-bit only)."""
+    cfg = make_config("v9", 200, 264, 320, spec=FP32_RESIDUAL, cluster_m=1, dtype="bfloat16")
+    mod = builder.build(kernel_of(cfg))
+    try:
+        text, res = sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
+    except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
+        pytest.skip(f"no SASS here: {err}")
+    counts = sass.instruction_counts(text)
+    assert counts["LDL"] == 0 and counts["STL"] == 0 and res.local == 0, (counts, res)
+    assert counts["UTMALDG"] > 0 and counts["LDSM"] == 0
 
 
 def test_the_barrier_checker_passes_the_float32_residual_kernel():
