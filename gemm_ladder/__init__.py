@@ -152,10 +152,11 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     return _scaled_mm(A, B, scale_a, scale_b, bias=bias, out_dtype=out_dtype, out=out, explain=explain, strict=strict)
 
 
-def quantize_fp8(x, recipe: str = "tensor", dtype=None):
-    """``(x_fp8, scale)`` with torch's rounding (amax / 448, clamp, to float8_e4m3fn), ``recipe``
-    ``tensor`` or ``row``: see :func:`gemm_ladder.serve.scaled.quantize_fp8`."""
-    return _quantize_fp8(x, recipe, dtype)
+def quantize_fp8(x, recipe: str = "tensor", dtype=None, block=(1, 128)):
+    """``(x_fp8, scale)`` for :func:`scaled_mm`, with the rounding torch's recipes use; ``recipe``
+    ``tensor``, ``row`` or ``block`` (``block=(1, 128)`` an activation's groups, ``(128, 128)`` a
+    weight's): see :func:`gemm_ladder.serve.scaled.quantize_fp8`."""
+    return _quantize_fp8(x, recipe, dtype, block)
 
 
 def use_pack(folder):

@@ -71,7 +71,8 @@ def _row(e: dict) -> dict:
     served = f"{lo}..{hi}" if e["dynamic_m"] else f"{hi} (less: padded)"
     return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}", "dtype": _dtype_text(e),
             "M served": served, "chosen at M": ",".join(map(str, e.get("m_values") or [])),
-            "rule": (e.get("choice") or {}).get("rule", "")}
+            "rule": (e.get("choice") or {}).get("rule", ""),
+            "role": "alternative" if kernel_pack.is_alternative(e) else "choice"}
 
 
 def _pack_build(a) -> int:
@@ -80,11 +81,11 @@ def _pack_build(a) -> int:
     layouts = tuple(OPERAND_LAYOUTS[name] for name in a.layouts)
     if (a.fp8_scales or a.fp8_out) and kernel_pack.FP8_INPUT not in dtypes:
         raise UsageError(f"--fp8-scales and --fp8-out choose fp8 modules: add --dtypes {kernel_pack.FP8_INPUT}")
-    fp8 = {"fp8_scales": tuple(a.fp8_scales or FP8_SCALES), "fp8_out": tuple(a.fp8_out or ["bfloat16"])}
+    fp8 = {"fp8_scales": tuple(a.fp8_scales or kernel_pack.FP8_DEFAULT_SCALES), "fp8_out": tuple(a.fp8_out or ["bfloat16"])}
     try:
         if a.dry_run:
             items = kernel_pack.plan_pack(shapes, dtypes, a.arch, a.sms, not a.static, tuple(a.epilogue), weights,
-                                          layouts, **fp8)
+                                          layouts, **fp8, alternatives=not a.no_alternatives)
             rows = [_row(e) for e in _in_m_order(e for i in items for e in kernel_pack.entries_of(i))]
             print(report.table(rows, list(rows[0])))
             print(f"{len(items)} modules (dry run: nothing built)")
@@ -95,9 +96,11 @@ def _pack_build(a) -> int:
                                               "m_buckets": list(kernel_pack.M_BUCKETS) if weights else [],
                                               "model": a.model, "suite": a.suite, "m": list(a.m or []),
                                               "epilogues": list(a.epilogue), "layouts": list(a.layouts),
+                                              "alternatives": not a.no_alternatives,
                                               **({k: list(v) for k, v in fp8.items()}
                                                  if kernel_pack.FP8_INPUT in dtypes else {})},
-                                     epilogues=tuple(a.epilogue), weights=weights, layouts=layouts, **fp8)
+                                     epilogues=tuple(a.epilogue), weights=weights, layouts=layouts, **fp8,
+                                     alternatives=not a.no_alternatives)
     except (ConfigError, LookupError, FolderError) as err:  # a shape no kernel takes, an --out that is no folder
         raise UsageError(str(err)) from None
     for r in man["results"]:
@@ -193,14 +196,18 @@ def add_parsers(sub) -> None:
                    help=f"the input dtypes (default {','.join(DTYPES)}); {kernel_pack.FP8_INPUT}: scaled_mm's fp8 "
                         "modules, of each recipe of --fp8-scales and D of --fp8-out")
     b.add_argument("--fp8-scales", type=cli_types.names(FP8_SCALES, "fp8 scale recipe"), default=None,
-                   help=f"the fp8 modules' scale recipes (default {','.join(FP8_SCALES)}): tensor (one scale each), "
-                        "row (scale_a [M, 1], scale_b [1, N])")
+                   help=f"the fp8 modules' scale recipes (default {','.join(kernel_pack.FP8_DEFAULT_SCALES)}): tensor "
+                        "(one scale each), row (scale_a [M, 1], scale_b [1, N]), block (scale_a [M, K/128] M-major, "
+                        "scale_b [K/128, N/128]: DeepSeek-V3's 1x128 and 128x128 blocks)")
     b.add_argument("--fp8-out", type=cli_types.names(DTYPES, "fp8 D dtype"), default=None,
                    help="the fp8 modules' D dtypes (default bfloat16)")
     b.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
     b.add_argument("--sms", type=cli_types.count, default=None,
                    help="SM count the heuristic plans for (default: the GPU, or H100)")
     b.add_argument("--static", action="store_true", help="one module per M even where a rung takes M at run time")
+    b.add_argument("--no-alternatives", action="store_true",
+                   help="only the policy's choices: no split-K alternatives beside a choice that leaves most SMs "
+                        "idle (plan.alternatives; the front door times them at first use)")
     b.add_argument("--epilogue", type=cli_types.names(epilogue_names(), "epilogue"), default=["none"],
                    help="the epilogues to build each shape with (gemm_ladder.core.spec.spec_for): none, bias, an "
                         "activation (relu, gelu_tanh, gelu_erf, silu), or bias_ and one (bias_gelu_tanh); "

@@ -262,3 +262,54 @@ def test_the_padded_path_is_timed_the_whole_way_against_torch(three, monkeypatch
     assert front.route_of(128, 250, 512).rung == "torch"
     keys = list(json.loads((three.parent / "choices.json").read_text())["choices"])
     assert keys == [k for k in keys if "|128x250x512|" in k] and len(keys) == 1
+
+
+# -- alternatives (kernel_pack: "alternative": true beside a sub-wave choice) --------------------
+@pytest.fixture
+def with_alternatives(three, monkeypatch):
+    """A pack of one weight (256x512) whose choice for M 100..200 (main.so) has two alternatives
+    (split K) beside it, and two other runtime-M modules that also serve M = 128 outside their range."""
+    folder = three.parent / "alts"
+    folder.mkdir()
+    entries = []
+    for name, rng, alt in (("far.so", [1000, 2000], False), ("alt1.so", [100, 200], True), ("low.so", [1, 64], False),
+                           ("alt2.so", [100, 200], True), ("main.so", [100, 200], False)):
+        e = _module(folder, name, rung="v10" if alt else "v9", shape=(1, 256, 512), dynamic=True)
+        e.update(m_range=rng, m_values=[rng[1]])
+        entries.append({**e, "alternative": True} if alt else e)
+    front.reset()
+    front.use_pack(_pack(folder, entries))
+    yield folder
+    front.reset()
+
+
+def test_the_alternatives_are_timed_beside_the_choice(with_alternatives):
+    """The choice is always a candidate, its alternatives next, within MAX_CANDIDATES of ours;
+    a module farther from M is left out first."""
+    route = front.route_of(128, 256, 512)
+    ours = [label for label in route.candidates if label != first_use.TORCH]
+    assert route.module.path.name == "main.so" and ours[0] == "main.so"
+    assert len(ours) == first_use.MAX_CANDIDATES and {"alt1.so", "alt2.so"} <= set(ours) and "far.so" not in ours
+    assert first_use.TORCH in route.candidates
+
+
+def test_explain_names_an_alternative_that_won(with_alternatives, monkeypatch, capsys):
+    fake, calls = _times({"main.so": 40.0, "alt1.so": 30.0, "alt2.so": 20.0, "low.so": 50.0, "torch": 25.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    D = front.matmul(A, B, explain=True)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    route = front.route_of(128, 256, 512)
+    assert route.module.path.name == "alt2.so" and route.rung == "v10"
+    text = capsys.readouterr().err
+    assert "chose alt2.so" in text and "alt2.so (M at run time" in text
+    assert "an alternative to the policy's choice, offered for the timing at first use" in text
+
+
+def test_without_the_measurement_the_choice_serves_not_an_alternative(with_alternatives, monkeypatch):
+    monkeypatch.setenv(first_use.MEASURE_ENV, "0")
+    fake, calls = _times({})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    front.matmul(A, B)
+    assert calls == [] and front.route_of(128, 256, 512).module.path.name == "main.so"

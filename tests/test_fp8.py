@@ -35,10 +35,10 @@ V9 = hgemm_v9.EPILOGUES
 
 # -- the spec --------------------------------------------------------------------------------------
 def test_fp8_specs_are_built_for_v9_and_refused_by_name_elsewhere():
-    for spec in (GemmSpec.fp8(), GemmSpec.fp8("float16", "row", "float32"), GemmSpec.fp8(b="float8_e5m2")):
+    for spec in (GemmSpec.fp8(), GemmSpec.fp8("float16", "row", "float32"), GemmSpec.fp8(b="float8_e5m2"),
+                 GemmSpec.fp8(scales="block")):
         check_built(spec, "v9", V9)
-    cases = [(GemmSpec.fp8(scales="block128"), "block-wise scales .* are not built yet"),
-             (GemmSpec(a="float8_e4m3", b="float8_e4m3", d="bfloat16"), "takes fp32 scales"),
+    cases = [(GemmSpec(a="float8_e4m3", b="float8_e4m3", d="bfloat16"), "takes fp32 scales"),
              (GemmSpec(a="float8_e4m3", b="float8_e4m3", d="bfloat16", scales="tensor", b_major="N"),
               r"K-major: pass B as \[N, K\] row-major / call .t\(\).contiguous\(\)"),
              (GemmSpec(a="float8_e4m3", b="float8_e4m3", d="float32", scales="tensor"), "fp32 out is not built"),
@@ -137,7 +137,7 @@ def test_quantize_fp8_round_trips_within_e4m3s_precision():
         assert rel <= 2 ** -4, rel  # 3 mantissa bits: half an ulp at the row's top binade
     q, s = gemm_ladder.quantize_fp8(torch.zeros(4, 16), "row")
     assert torch.isfinite(s).all() and (q.float() == 0).all()
-    with pytest.raises(ModuleInputError, match="block-wise"):
+    with pytest.raises(ModuleInputError, match="recipe 'block128'"):
         gemm_ladder.quantize_fp8(x, "block128")
 
 

@@ -43,7 +43,7 @@ def test_a_request_names_fp8_by_its_input_dtype_with_recipes_and_d():
 @pytest.mark.parametrize("kw, words", [
     ({"layouts": (("K", "N"),)}, "K-major"),
     ({"epilogues": ("bias_relu",)}, "epilogue 'bias_relu' with float8_e4m3"),
-    ({"fp8_scales": ("block128",)}, "block-wise is not built yet"),
+    ({"fp8_scales": ("block128",)}, "fp8 scales 'block128': use tensor or row or block"),
     ({"fp8_out": ("float32",)}, "fp8 D dtype 'float32'"),
     ({"fp8_scales": ()}, "needs a recipe"),
 ])

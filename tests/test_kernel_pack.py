@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder.core import files, manifest
-from gemm_ladder.serve import front, kernel_pack, plan, runtime
+from gemm_ladder.serve import first_use, front, kernel_pack, plan, runtime
 from gemm_ladder.compile import module_cache
 from gemm_ladder.compile.batch import BuildJob
 from gemm_ladder.serve.kernel_pack import PACK_MANIFEST, KernelPack, PackError
@@ -109,7 +109,8 @@ def test_a_good_pack_checks(pack):
 
 # -- a weight's whole M range (pack build --weights NxK) ---------------------------------------
 def _cells_of(items) -> list[list[int]]:
-    return sorted(run["m_range"] for i in items for run in i["served"])
+    """The M ranges of the policy's choices (alternatives serve M some choice serves already)."""
+    return sorted(run["m_range"] for i in items for run in i["served"] if not run.get("alternative"))
 
 
 def _bucket_of(M: int) -> int:
@@ -151,7 +152,8 @@ def test_a_weight_without_m_is_planned_at_every_bucket(weight_plan):
     assert len({i["file"] for i in weight_plan}) == len(weight_plan)
     assert all(i["dynamic_m"] and "_anyMx4096x4096_" in i["file"] for i in weight_plan)
     for b in kernel_pack.M_BUCKETS:
-        item, run = next((i, r) for i in weight_plan for r in i["served"] if b in r["m_values"])
+        item, run = next((i, r) for i in weight_plan for r in i["served"]
+                         if b in r["m_values"] and not r.get("alternative"))
         choice = plan.choose(plan.Problem(b, 4096, 4096, "float16", "sm_90a", 132))
         job = BuildJob(choice.rung, (b, 4096, 4096), {**choice.knobs, "dynamic_m": True})
         assert item["file"] == kernel_pack._name(job, True) + ".so", b
@@ -204,8 +206,12 @@ def test_pack_show_says_which_m_each_module_serves(weight_plan, tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "M served" in lines[0] and "chosen at M" in lines[0]
-    served = [line.split()[4] for line in lines[2:]]
+    assert "role" in lines[0]
+    served = [line.split()[4] for line in lines[2:] if line.split()[-2] == "choice"]
     assert served == [f"{r[0]}..{r[1]}" for r in _cells_of(weight_plan)]  # in M order
+    alts = [line for line in lines[2:] if line.split()[-2] == "alternative"]
+    assert len(alts) == sum(bool(r.get("alternative")) for i in weight_plan for r in i["served"]) > 0
+    assert all("v10_anyM" in line for line in alts)
 
 
 # -- damaged packs: a clear error, naming the file and the fix -----------------------------------
@@ -362,8 +368,10 @@ def test_a_pack_built_for_a_weight_tiles_its_m_range(tmp_path, monkeypatch):
                                  cache_root=tmp_path / "cache", weights=[(4096, 4096)])
     assert {r["status"] for r in man["results"]} == {"built"}
     pk = KernelPack(tmp_path / "pack")
-    ranges = sorted(e["m_range"] for e in pk.modules)
+    ranges = sorted(e["m_range"] for e in pk.modules if not kernel_pack.is_alternative(e))
     assert ranges[0][0] == 1 and ranges[-1][1] == 16384 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))
+    alts = [e for e in pk.modules if kernel_pack.is_alternative(e)]  # built, marked, within the choices' M
+    assert alts and all(any(r[0] <= e["m_range"][0] and e["m_range"][1] <= r[1] for r in ranges) for e in alts)
     assert len({e["file"] for e in pk.modules}) == len(man["results"]) == len(list((tmp_path / "pack").glob("*.so")))
     assert all(pk.check_entry(e) for e in pk.modules)
 
@@ -435,3 +443,75 @@ def test_a_pack_built_with_a_retired_knob_set_is_refused(tmp_path):
     assert all(w in msg for w in ["pack.json", "modules[0]", "pingpong=True", "rebuild this pack", "pack build"]), msg
     with pytest.raises(manifest.ManifestError, match=r"pingpong=True.*rebuild this module"):
         manifest.read_manifest(pack / "old.so")
+
+
+# -- alternatives beside a sub-wave choice (issue 30) -------------------------------------------
+@pytest.fixture(scope="module")
+def sub_wave_plan():
+    """333x1280x5120: the policy's v9 choice runs 30 tiles on 132 SMs; plan.alternatives offers split K."""
+    return kernel_pack.plan_pack([(333, 1280, 5120)], ["float16"], sms=132)
+
+
+def test_plan_pack_lists_the_alternatives_of_a_sub_wave_choice(sub_wave_plan):
+    p = plan.Problem(333, 1280, 5120, "float16", "sm_90a", 132)
+    offered = plan.alternatives(p, plan.choose(p))
+    entries = [e for i in sub_wave_plan for e in kernel_pack.entries_of(i)]
+    main = [e for e in entries if not kernel_pack.is_alternative(e)]
+    alts = [e for e in entries if kernel_pack.is_alternative(e)]
+    assert len(main) == 1 and main[0]["rung"] == "v9" and main[0]["choice"]["rule"] == "tile-shape"
+    assert len(alts) == len(offered) >= 1
+    for e, c in zip(alts, offered):
+        assert e["rung"] == "v10" and e["dynamic_m"] and e["knobs"]["split_k"] == c.knobs["split_k"]
+        assert e["choice"]["rule"] == plan.ALT_RULE and "30 of 132 SMs" in e["choice"]["why"]
+        assert (e["m_range"], e["m_values"]) == (main[0]["m_range"], main[0]["m_values"])  # the same M served
+    assert kernel_pack.plan_pack([(333, 1280, 5120)], ["float16"], sms=132, alternatives=False) == \
+        [i for i in sub_wave_plan if not any(r.get("alternative") for r in i["served"])]
+    # a shape whose choice fills the SMs gets none
+    assert not any(r.get("alternative") for i in kernel_pack.plan_pack([(4096, 4096, 4096)], ["float16"], sms=132)
+                   for r in i["served"])
+
+
+def test_find_keeps_the_choice_and_serving_offers_the_alternatives(sub_wave_plan, tmp_path):
+    """Without the measurement the policy's choice serves; the first use times it and the
+    alternatives, the choice first (front._with_candidates keeps the first MAX_CANDIDATES)."""
+    pk = _planned_pack(tmp_path / "pack", sub_wave_plan)
+    for M in (333, 300, 257):
+        found = pk.find(M, 1280, 5120, "float16", "sm_90a")
+        assert not kernel_pack.is_alternative(found.entry) and found.entry["rung"] == "v9"
+        assert "alternative" not in found.describe()
+        serving = pk.serving(M, 1280, 5120, "float16", "sm_90a")
+        assert serving[0].entry is found.entry
+        alts = [f for f in serving[1:first_use.MAX_CANDIDATES] if kernel_pack.is_alternative(f.entry)]
+        assert len(alts) == sum(kernel_pack.is_alternative(e) for e in pk.modules) >= 1
+        assert all("an alternative to the policy's choice" in f.describe() for f in alts)
+
+
+def test_an_alternative_serves_where_nothing_else_does(tmp_path):
+    folder = tmp_path / "pack"
+    folder.mkdir()
+    alt = {**_module(folder, "alt.so", rung="v10", shape=(1, 256, 512), dynamic=True), "alternative": True}
+    pk = KernelPack(_pack(folder, [alt]))
+    assert pk.find(16, 256, 512, "float16", "sm_90a").entry["file"] == "alt.so"
+
+
+def test_an_old_pack_without_the_field_loads_and_a_bad_field_is_refused(pack):
+    pk = KernelPack(pack)
+    assert "alternative" not in json.loads((pack / PACK_MANIFEST).read_text())["modules"][0]
+    assert not any(kernel_pack.is_alternative(e) for e in pk.modules)
+    assert pk.find(16, 256, 512, "float16", "sm_90a").entry["file"] == "small_any.so"
+    man = json.loads((pack / PACK_MANIFEST).read_text())
+    man["modules"][0]["alternative"] = "yes"
+    (pack / PACK_MANIFEST).write_text(json.dumps(man))
+    with pytest.raises(PackError, match=r"modules\[0\]\.alternative"):
+        KernelPack(pack)
+
+
+def test_pack_build_dry_run_without_alternatives():
+    args = [sys.executable, "-m", "gemm_ladder", "pack", "build", "--shapes", "333x1280x5120", "--dtypes", "float16",
+            "--sms", "132", "--dry-run"]
+    with_alts, without = (subprocess.run(args + extra, capture_output=True, text=True, cwd=REPO, timeout=120)
+                          for extra in ([], ["--no-alternatives"]))
+    assert with_alts.returncode == 0 and without.returncode == 0, with_alts.stderr + without.stderr
+    roles = [[line.split()[-1] for line in out.stdout.splitlines()[2:-1]] for out in (with_alts, without)]
+    assert roles[0][0] == "choice" and roles[0].count("alternative") >= 1 and "v10_anyM" in with_alts.stdout
+    assert roles[1] == ["choice"] and "1 modules" in without.stdout

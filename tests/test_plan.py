@@ -388,3 +388,57 @@ def test_layout_stage_out():
 def test_layout_bf16_pads_to_eight_elements_too():
     assert layout_fixes(Layout(1, 12, 20, dtype="bfloat16")).names == ("pad-k", "pad-n")
     assert (layout_fixes(Layout(1, 12, 20, dtype="bfloat16")).N, layout_fixes(Layout(1, 12, 20)).K) == (16, 24)
+
+
+# -- alternatives for sub-wave grids (issue 30) -----------------------------------------------
+@needs_v10
+def test_a_sub_wave_grid_gets_split_k_alternatives():
+    """333x1280x5120: the choice's 30 tiles of 128x128 fill under a quarter of the SMs (34 us to
+    cuBLAS's 14, every-model run of 2026-11-26); the alternatives split K with slices the split-k
+    rule would refuse (5120 / 4 < 4096), ranked by the wave model, each faster there than the choice."""
+    p = P(333, 1280, 5120)
+    c = choose(p)
+    assert (c.rung, c.rule) == ("v9", "tile-shape") and plan.sub_wave(p, c)
+    alts = plan.alternatives(p, c)
+    assert 1 <= len(alts) <= plan.ALT_MAX
+    splits = [a.knobs["split_k"] for a in alts]
+    assert all(s > 1 and p.K // s >= plan.ALT_MIN_SLICE for s in splits) and max(splits) * plan.SPLIT_K_MIN_SLICE > p.K
+    modelled = [float(a.why.split("~")[1].split(" us")[0]) for a in alts]
+    assert modelled == sorted(modelled) and "against ~" in alts[0].why and "30 of 132 SMs" in alts[0].why
+    for a in alts:
+        assert (a.rung, a.rule, a.source) == ("v10", plan.ALT_RULE, "rule")
+        assert plan._validate(a.rung, p, a.knobs) is None
+        cfg = make_config(a.rung, p.M, p.N, p.K, **a.knobs)
+        assert cfg.pipe_depth <= max_pipe_depth(cfg)  # fits shared memory
+        assert (a.knobs["cluster_m"], a.knobs["cluster_n"]) != (2, 1)  # 3 row tiles: not paired along M
+    assert choose(p) == c  # the policy's own choice is unchanged
+
+
+@needs_v10
+@pytest.mark.parametrize("M, N, K, why", [
+    (4096, 4096, 4096, "enough tiles"),
+    (16, 1280, 5120, "M <= 64: swap AB splits already"),
+    (64, 4096, 8192, "M <= 64"),
+    (333, 1280, 1280, "K too short to split into slices of 1024"),
+    (333, 2048, 8192, "the split-k rule's grid already fills half the SMs"),
+    (1024, 1280, 5120, "80 tiles: more than half the SMs"),
+])
+def test_no_alternatives_where_the_grid_fills_or_k_is_short(M, N, K, why):
+    p = P(M, N, K)
+    assert plan.alternatives(p, choose(p)) == [], why
+
+
+@needs_v10
+def test_alternatives_keep_the_operand_spec_and_are_not_for_fp8():
+    """An alternative is built for the call's spec or not at all: bf16 keeps its dtype; v10 builds
+    no bias epilogue, so a bias call gets none (the validator refuses it: nothing is built that
+    would serve a bias call without its bias); fp8 has one kernel and no split."""
+    from gemm_ladder.core.spec import GemmSpec, spec_for
+    bf16 = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100)
+    alts = plan.alternatives(bf16, choose(bf16))
+    assert alts and all(a.knobs["dtype"] == "bfloat16" and plan._validate("v10", bf16, a.knobs) is None for a in alts)
+    bias = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100, spec_for("bfloat16", "bias"))
+    assert plan._validate("v10", bias, plan.with_spec(dict(alts[0].knobs), bias)) is not None
+    assert plan.alternatives(bias, choose(bias)) == []
+    fp8 = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100, GemmSpec.fp8("bfloat16", "tensor"))
+    assert plan.alternatives(fp8, choose(fp8)) == []

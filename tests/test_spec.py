@@ -51,7 +51,7 @@ def test_what_is_not_built_is_representable():
     assert GemmSpec(residual="float16").epilogue_operands()[0].extent(3, 5, 7) == (3, 5)
     grouped = GemmSpec(grouped=True)
     assert [o.extent(3, 5, 7, groups=4) for o in grouped.operands()] == [(3, 7), (4, 5, 7), (3, 5), (4,)]
-    cases = [(dataclasses.replace(fp8, scales="block128"), "block-wise scales"),
+    cases = [(dataclasses.replace(fp8, b_major="N"), "fp8 wgmma reads both operands K-major"),
              (GemmSpec(b_major="N"), "MN-major"), (GemmSpec(a_major="M"), "MN-major"),
              (GemmSpec(acc="float16"), "float32 accumulators"), (GemmSpec(residual="float16"), "residual"),
              (GemmSpec(grouped=True), "grouped GEMM"), (GemmSpec(scales="tensor"), "scaled"),
@@ -80,7 +80,7 @@ def test_the_bias_is_built_for_v9_only():
 
 # -- as text, as a knob, in manifests --------------------------------------------------------------
 @pytest.mark.parametrize("spec", [GemmSpec(), GemmSpec.default("bfloat16"), GemmSpec.with_bias(),
-                                  GemmSpec(a="float8_e4m3", b="float8_e5m2", d="bfloat16", scales="block128"),
+                                  GemmSpec(a="float8_e4m3", b="float8_e5m2", d="bfloat16", scales="block"),
                                   GemmSpec(b_major="N", residual="float16", grouped=True)])
 def test_text_and_dict_round_trip(spec):
     assert GemmSpec.parse(spec.text()) == spec and parse_knob_value(spec.text()) == spec.text()  # a knob value

@@ -133,7 +133,7 @@ print(gemm_ladder.make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8()).knobs
 # | --- | --- | --- | --- |
 # | tensor | one value | one value | the epilogue: the sums times one scalar, before the bias and the rounding |
 # | row | `[M, 1]` | `[1, N]` | the epilogue: each sum times its row's and its column's scale |
-# | block-wise (DeepSeek-V3: A 1x128, B 128x128) | `[M, K/128]` | `[N/128, K/128]` | at each promotion: a block's sums are scaled before they join the total. **Not built yet.** |
+# | block (DeepSeek-V3: A 1x128, B 128x128) | `[M, K/128]`, M-major | `[K/128, N/128]`, the `.t()` of W's `[N/128, K/128]` | at each promotion: a K block's sums are scaled as they join the total |
 #
 # Per-tensor and per-row scales are constant along K, so they can wait for the end of the K loop;
 # a block-wise scale changes every 128 of K and must be applied where the sums of one block are
@@ -143,10 +143,42 @@ print(gemm_ladder.make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8()).knobs
 
 # %%
 teach.show_source(fp8.scale_sums)
+
+# %% [markdown]
+# ## Block-wise scales, at the promotion
+#
+# With block scales a thread's sum of one K block is multiplied by the scale of its row's 1x128
+# group of A and of its column's 128x128 block of B before it joins the fp32 total, so the
+# promotion's add becomes a multiply-add (one FFMA a sum every 128 of K, the slice that was just
+# retired):
+#
+#     total[r] += acc[r] * (scale_a[kb, row(r)] * scale_b[col(r) / 128, kb])
+#
+# That ties the recipe to `blk_k = 128` and `promote = 1` (a promotion covers exactly one K block)
+# and to slices landing in K order (no `k_zigzag`); the validator refuses anything else with the
+# fix. Which scale register a sum takes follows the accumulator fragment: rows `lane/4` and
+# `lane/4 + 8` of each 64-row atom (two A scales a thread an atom), and one B block per 128 columns
+# (one for a 128-wide tile, two at 256). Those three floats are loaded from global memory (L2) one
+# K block ahead, into the other of two register sets (the K loop runs two slices a turn: block
+# g + 1's load before slice g's wgmmas are issued and are read a slice later, with no register move
+# to wait on them), so the load's latency hides under a slice's wgmmas; DeepGEMM stages them through shared memory with the producer's TMA instead, which
+# costs a TMA box and barrier bytes a stage for three floats a thread. The epilogue then scales
+# nothing (a bias still is added). The layouts are those torch's `_scaled_mm` names BlockWise1x128
+# and BlockWise128x128 (A's scales M-major, so a warp's rows are adjacent), though torch 2.11
+# refuses them on an H100: `scaled_mm` falls back to the dequantized product there.
+
+# %%
+teach.show_source(fp8.BlockScales)
+cfg = gemm_ladder.make_config("v9", 4096, 7168, 16384, spec=GemmSpec.fp8(scales="block"))
+print({k: cfg.knobs()[k] for k in ("blk_k", "blk_n", "promote")})
 try:
-    check_built(GemmSpec.fp8(scales="block128"), "v9", hgemm_v9.EPILOGUES)
+    gemm_ladder.make_config("v9", 4096, 7168, 16384, spec=GemmSpec.fp8(scales="block"), promote=2)
 except ConfigError as err:
     print("ConfigError:", err)
+x = torch.randn(4, 256)
+xq, sx = gemm_ladder.quantize_fp8(x, "block")  # an activation's 1x128 groups
+wq, sw = gemm_ladder.quantize_fp8(torch.randn(256, 256), "block", block=(128, 128))  # a weight's blocks
+print("scale_a", tuple(sx.shape), sx.stride(), "scale_b", tuple(sw.t().shape), sw.t().stride())
 
 # %% [markdown]
 # ## Packs and `explain`

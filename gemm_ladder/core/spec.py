@@ -55,7 +55,9 @@ and the scaled fp8 GEMM (issue 32), on rungs whose ``EPILOGUES`` lists ``"scaled
     d           bfloat16 or float16
     a_major     K, b_major K (fp8 wgmma reads both operands K-major only)
     scales      tensor (scale_a [1], scale_b [1]) or row (scale_a [M], scale_b [N]), fp32:
-                D = round(acc * scale_a * scale_b + bias); block128 is refused by name
+                D = round(acc * scale_a * scale_b + bias); or block (DeepSeek-V3's: A's 1x128
+                groups stored M-major, scale_a [K/128, M], B's 128x128 blocks, scale_b
+                [N/128, K/128]), applied to each 128 of K's sums as they are promoted
     bias        None, D's dtype or float32
     ==========  =========================================================================
 
@@ -80,7 +82,7 @@ ACC_DTYPE = "float32"
 # what a field may hold (representable); BUILT: what is built today
 DTYPE_CHOICES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2", "float32")
 MAJORS = {"a_major": ("K", "M"), "b_major": ("K", "N")}
-SCALES = ("tensor", "row", "block128")  # fp8: one per tensor, one per row of A / of B, 1x128 blocks
+SCALES = ("tensor", "row", "block")  # fp8: one per tensor, one per row of A / of B, 1x128 groups / 128x128 blocks
 # the activation after the bias: relu, GELU by tanh's formula (F.gelu(approximate="tanh")) or erf's
 # (F.gelu), SiLU (F.silu); "none": the identity
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
@@ -95,7 +97,7 @@ SCALARS = ("alpha", "beta")  # the fp32 scalar parameters of an epilogue (Operan
 OPERAND_LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MK": ("M", "K"), "MN": ("M", "N")}
 SCALED = "scaled"  # a rung's EPILOGUES lists it where it builds the scaled fp8 GEMM (v9)
 FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
-FP8_SCALES = ("tensor", "row")  # the recipes built (block128 is not yet)
+FP8_SCALES = ("tensor", "row", "block")  # the recipes built
 OPERAND_BYTES = {"float16": 2, "bfloat16": 2, "float8_e4m3": 1, "float8_e5m2": 1, "float32": 4}
 # the names torch and TVM give our dtypes where they differ (torch.float8_e4m3fn, "float8_e4m3fn")
 TORCH_NAMES = {"float8_e4m3": "float8_e4m3fn"}
@@ -117,12 +119,12 @@ class Operand:
 
     name: str  # "A", "B", "D", "bias", "C", "scale_a", "scale_b", "offsets"
     dtype: str
-    shape: tuple  # of "M", "N", "K", "N/2", "K/128", "G" (groups) or ints
+    shape: tuple  # of "M", "N", "K", "N/2", "K/128", "N/128" (rounded up), "G" (groups) or ints
     role: str  # "input", "output", "epilogue" (a tensor) or "scalar" (an fp32 value, shape ())
 
     def extent(self, M: int, N: int, K: int, groups: int = 1) -> tuple:
         """The shape for this problem."""
-        sizes = {"M": M, "N": N, "K": K, "N/2": N // 2, "K/128": -(-K // 128), "G": groups}
+        sizes = {"M": M, "N": N, "K": K, "N/2": N // 2, "K/128": -(-K // 128), "N/128": -(-N // 128), "G": groups}
         return tuple(sizes[s] if isinstance(s, str) else s for s in self.shape)
 
 
@@ -185,7 +187,7 @@ class GemmSpec:
     def fp8(cls, d: str = "bfloat16", scales: str = "tensor", bias: str | None = None,
             b: str = "float8_e4m3") -> "GemmSpec":
         """A scaled fp8 GEMM: A e4m3 (B e4m3 or e5m2), D ``d``, fp32 scales of recipe ``scales``
-        (``tensor`` or ``row``), a per-column bias in ``bias``'s dtype or none."""
+        (``tensor``, ``row`` or ``block``), a per-column bias in ``bias``'s dtype or none."""
         return cls(a="float8_e4m3", b=b, d=d, scales=scales, bias=bias)
 
     @property
@@ -230,7 +232,8 @@ class GemmSpec:
         if self.residual:
             ops += [Operand("C", self.residual, ("M", "N"), "epilogue"), Operand("beta", ACC_DTYPE, (), "scalar")]
         if self.scales:
-            shapes = {"tensor": ((1,), (1,)), "row": (("M",), ("N",)), "block128": (("M", "K/128"), ("N", "K/128"))}
+            # block: A's scales M-major (torch's and DeepGEMM's layout: a warp's rows are adjacent)
+            shapes = {"tensor": ((1,), (1,)), "row": (("M",), ("N",)), "block": (("K/128", "M"), ("N/128", "K/128"))}
             sa, sb = shapes[self.scales]
             ops += [Operand("scale_a", ACC_DTYPE, sa, "epilogue"), Operand("scale_b", ACC_DTYPE, sb, "epilogue")]
         if self.grouped:
@@ -373,8 +376,7 @@ def _fp8_not_built(spec: GemmSpec, rung: str, epilogues) -> str | None:
     if spec.scales is None:
         return f"scales=None: an fp8 GEMM takes fp32 scales; use scales in {FP8_SCALES}"
     if spec.scales not in FP8_SCALES:
-        return (f"scales={spec.scales}: block-wise scales (DeepSeek-V3's 1x128 / 128x128 blocks) are not built yet; "
-                f"use one of {FP8_SCALES}")
+        return f"scales={spec.scales} is not built; use one of {FP8_SCALES}"
     if spec.residual is not None or spec.grouped or spec.act != "none":
         return "an fp8 GEMM is built with a bias at most (no residual, grouped GEMM or activation yet)"
     if spec.bias is not None and spec.bias not in (spec.d, ACC_DTYPE):

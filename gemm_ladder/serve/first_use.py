@@ -8,7 +8,10 @@ each candidate on the caller's own A and B, and the winner is remembered:
 
 - the candidates: every module of the packs that serves this M as it is (a runtime-M module whose
   32-bit indices take M, a module built for this M: ``KernelPack.serving``), at most
-  :data:`MAX_CANDIDATES`, nearest first to the M their knobs were chosen at; and, unless strict,
+  :data:`MAX_CANDIDATES`, the pack's choice first (``KernelPack.find``), then the alternatives a
+  pack holds beside it (``plan.alternatives``: split-K modules where the choice leaves most SMs
+  idle, ``"alternative": true`` in ``pack.json``), then the rest nearest first to the M their
+  knobs were chosen at; ``explain`` says when an alternative won; and, unless strict,
   torch's own matmul (cuBLAS): where it measures faster than every kernel of ours, torch computes
   the shape (the front door is never slower than the library it replaces) and ``explain`` says so;
 - the timing, twice: as queued launches on the current stream as a caller makes them (host path
@@ -47,7 +50,7 @@ from ..core import files
 MEASURE_ENV = "GEMM_LADDER_MEASURE"  # "0": the pack's (policy's) choice, nothing timed
 CHOICES_ENV = "GEMM_LADDER_CHOICES"  # the file of remembered choices; "off": the process only
 CHOICES_FILE = "choices.json"
-MAX_CANDIDATES = 4  # kernels of ours timed (plus torch)
+MAX_CANDIDATES = 4  # kernels of ours timed (plus torch): the choice and up to plan.ALT_MAX alternatives fit
 ROUNDS = 5
 WARM_MS = 10.0  # calls before the timing, to bring an idle GPU's clocks up (they start at a few hundred MHz)
 SAMPLE_US = 200.0  # each timed sample: launches adding up to at least this (a one-launch sample is noise)

@@ -31,6 +31,15 @@ Their entries have D's dtype as ``dtype`` and say e4m3 and the recipe in ``spec`
 gives an fp8 problem one kernel at every M (``plan.FP8_RULES``), so a weight's whole M range is
 one runtime-M module.
 
+**Alternatives** (issue 30). Where the policy's choice leaves most SMs idle (``plan.sub_wave``: a
+333x1280x5120 in 30 tiles on 132 SMs), a pack also holds the split-K modules ``plan.alternatives``
+offers, serving the same M, their entries marked ``"alternative": true``: :meth:`KernelPack.find`
+(the no-measurement default, ``GEMM_LADDER_MEASURE=0``) never prefers one over a module of the
+policy's choice, while :meth:`KernelPack.serving` lists them right after it, so the measurement at
+first use (``serve.first_use``) times them and keeps whichever runs fastest on the GPU at hand.
+``pack build --no-alternatives`` leaves them out (a smaller pack; an entry without the field is
+the policy's choice, as every entry of an older pack).
+
 ``spec`` is the module's operand spec (``gemm_ladder.core.spec``): a module serves a call of its spec
 only (a bias call, a bias module: ``pack build --epilogue bias``); an entry written before the
 field existed is a module of the default spec (its dtype in and out, no epilogue).
@@ -127,7 +136,7 @@ ENTRY_SCHEMA = Obj(
      "so_bytes": Int(lo=0), "so_sha256": Str(pattern="[0-9a-f]{64}", example="64 hex digits")},
     {"m_values": Maybe(List(Int(lo=1))),
      "choice": Maybe(Obj(optional={"source": Maybe(Str()), "rule": Maybe(Str()), "why": Maybe(Str())})),
-     "spec": SPEC_SCHEMA})
+     "spec": SPEC_SCHEMA, "alternative": Maybe(Bool())})
 PACK_SCHEMA = Obj({"modules": List(ENTRY_SCHEMA)}, {"arch": Maybe(Str()), "sms": Maybe(Int(lo=1))})
 
 
@@ -155,7 +164,8 @@ class Found:
                 "tuned-range": f"M at run time, knobs chosen for M in {lo}..{hi}{at}",
                 "any-m": f"M at run time, knobs chosen for M in {lo}..{hi}{at}, outside it",
                 "pad-m": f"built for M={e['shape'][0]}: A is copied into {e['shape'][0]} zero-padded rows"}[self.fit]
-        return f"kernel pack {self.pack.folder}: {e['file']} ({what})"
+        alt = "; an alternative to the policy's choice, offered for the timing at first use" if is_alternative(e) else ""
+        return f"kernel pack {self.pack.folder}: {e['file']} ({what}{alt})"
 
 
 class KernelPack:
@@ -175,7 +185,8 @@ class KernelPack:
 
     def find(self, M: int, N: int, K: int, dtype: str, arch: str, spec: GemmSpec | None = None) -> Found | None:
         """The module of ``spec`` (default: ``dtype`` in and out, no epilogue) that serves this
-        shape best, or None (see :data:`FITS`)."""
+        shape best, or None (see :data:`FITS`); an alternative only where no module of the
+        policy's choice serves it at all (without the measurement the policy's choice serves)."""
         best, rank = None, None
         for e in self._by_nk.get((N, K, dtype, arch, spec or GemmSpec.default(dtype)), ()):
             lo, hi = e["m_range"]
@@ -190,24 +201,26 @@ class KernelPack:
                 fit, dist = "pad-m", float(e["shape"][0] - M)
             else:
                 continue
-            r = (FITS.index(fit), dist)
+            r = (is_alternative(e), FITS.index(fit), dist)
             if rank is None or r < rank:
                 best, rank = e, r
-        return Found(best, FITS[rank[0]], self) if best is not None else None
+        return Found(best, FITS[rank[1]], self) if best is not None else None
 
     def serving(self, M: int, N: int, K: int, dtype: str, arch: str, spec: GemmSpec | None = None) -> list[Found]:
         """Every module of ``spec`` that serves M rows of this weight as it is (no copies): a
         runtime-M one whose 32-bit indices take M (``config.max_m_of``), a module built for this M;
         nearest first to the M its knobs were chosen at (``exact``, then ``tuned-range``, then
-        ``any-m``). The measured choice at first use (``first_use``) times these."""
+        ``any-m``), an alternative right after the module of the policy's choice beside it. The
+        measured choice at first use (``first_use``) times these."""
         out = []
         for e in self._by_nk.get((N, K, dtype, arch, spec or GemmSpec.default(dtype)), ()):
             lo, hi = e["m_range"]
             if e["dynamic_m"] and M <= max_m_of(N, K, e["knobs"]):
                 dist = min(abs(math.log2(M / v)) for v in (e.get("m_values") or (lo, hi)))
-                out.append(((1 if lo <= M <= hi else 2, dist), Found(e, "tuned-range" if lo <= M <= hi else "any-m", self)))
+                out.append(((1 if lo <= M <= hi else 2, dist, is_alternative(e)),
+                            Found(e, "tuned-range" if lo <= M <= hi else "any-m", self)))
             elif not e["dynamic_m"] and e["shape"][0] == M:
-                out.append(((0, 0.0), Found(e, "exact", self)))
+                out.append(((0, 0.0, is_alternative(e)), Found(e, "exact", self)))
         out.sort(key=lambda rf: rf[0])
         return [f for _, f in out]
 
@@ -240,6 +253,12 @@ class KernelPack:
     def load(self, entry: dict):
         """Check the entry (:meth:`check_entry`) and load its module (``runtime.load``)."""
         return load(self.check_entry(entry))
+
+
+def is_alternative(entry: dict) -> bool:
+    """Whether a pack entry is an alternative (``plan.alternatives``) rather than the policy's
+    choice; an entry without the field (every entry of an older pack) is the choice."""
+    return bool(entry.get("alternative"))
 
 
 def read_pack_manifest(folder) -> dict:
@@ -322,10 +341,13 @@ def _runs(asks) -> list[dict]:
 
 FP8_INPUT = "float8_e4m3"  # the dtype a pack request names for scaled_mm's modules (A and B e4m3)
 FP8_EPILOGUES = ("none", "bias")  # what an fp8 module's epilogue builds (spec._fp8_not_built)
+# the recipes a pack request builds unless it names them (--fp8-scales): block scales quantize a
+# weight differently (128x128 blocks), so a pack builds them only where asked (--fp8-scales block)
+FP8_DEFAULT_SCALES = ("tensor", "row")
 PACK_DTYPES = DTYPES + (FP8_INPUT,)
 
 
-def pack_specs(dtypes, epilogues=("none",), layouts=(("K", "K"),), fp8_scales=FP8_SCALES,
+def pack_specs(dtypes, epilogues=("none",), layouts=(("K", "K"),), fp8_scales=FP8_DEFAULT_SCALES,
                fp8_out=("bfloat16",)) -> list[GemmSpec]:
     """The operand specs a pack request asks for: each 16-bit dtype with each epilogue and layout
     (``spec.spec_for``), and for :data:`FP8_INPUT` an fp8 spec for each recipe of ``fp8_scales``,
@@ -351,7 +373,7 @@ def pack_specs(dtypes, epilogues=("none",), layouts=(("K", "K"),), fp8_scales=FP
                                   f"{' or '.join(FP8_EPILOGUES)} (a bias in D's dtype)")
         for recipe in fp8_scales:
             if recipe not in FP8_SCALES:
-                raise ConfigError(f"fp8 scales {recipe!r}: use {' or '.join(FP8_SCALES)} (block-wise is not built yet)")
+                raise ConfigError(f"fp8 scales {recipe!r}: use {' or '.join(FP8_SCALES)}")
             for d in fp8_out:
                 if d not in DTYPES:
                     raise ConfigError(f"fp8 D dtype {d!r}: a pack's fp8 modules write {' or '.join(DTYPES)}")
@@ -368,8 +390,8 @@ def _check_fp8_extents(N: int, K: int) -> None:
 
 
 def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
-              epilogues=("none",), weights=(), layouts=(("K", "K"),), fp8_scales=FP8_SCALES,
-              fp8_out=("bfloat16",)) -> list[dict]:
+              epilogues=("none",), weights=(), layouts=(("K", "K"),), fp8_scales=FP8_DEFAULT_SCALES,
+              fp8_out=("bfloat16",), alternatives: bool = True) -> list[dict]:
     """The modules a pack needs for ``shapes`` (``(M, N, K)``: those M) and ``weights``
     (``(N, K)``: every bucket of :func:`weight_buckets`) in ``dtypes`` with each of ``epilogues``
     (``none``, ``bias``, ``bias_gelu_tanh``, ...: the operand spec, ``spec.spec_for``) and each of
@@ -378,8 +400,10 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
     M of a (rung, knobs, N, K)
     where the rung takes M at run time, else one per M. Each item: the build ``job``, its
     ``file``, ``dynamic_m``, the ``choice`` and ``served``, the ``m_range``/``m_values`` of each
-    pack.json entry it gets (:func:`_runs`). ``float8_e4m3`` among ``dtypes``: fp8 modules of
-    each recipe of ``fp8_scales`` and D of ``fp8_out`` (:func:`pack_specs`)."""
+    pack.json entry it gets (:func:`_runs`; each run says whether it is an ``alternative``).
+    ``float8_e4m3`` among ``dtypes``: fp8 modules of each recipe of ``fp8_scales`` and D of
+    ``fp8_out`` (:func:`pack_specs`). ``alternatives``: also the modules ``plan.alternatives``
+    offers beside a choice that leaves most SMs idle, serving the same M (see the module docstring)."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
     # pylint: disable=import-outside-toplevel
     from ..compile.batch import BuildJob
@@ -402,28 +426,37 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
             fixes = tma_layout.layout_fixes(tma_layout.Layout(M, N, K, dtype))
             problem = plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms, spec)
             choice = plan.choose(problem)
-            knobs = dict(choice.knobs)
-            dyn = dynamic and "dynamic_m" in rung_module(choice.rung, arch).KNOBS
-            if dyn:
-                knobs["dynamic_m"] = True
-                dyn = plan._validate(choice.rung, problem, knobs) is None
-                knobs = knobs if dyn else dict(choice.knobs)
-            # the file names the binary (config.tag: every knob, anyM for a runtime M), so one
-            # group per file: two choices that fill in to the same kernel share it
-            file = _name(BuildJob(choice.rung, (M if dyn else max(M, MIN_STATIC_M), fixes.N, fixes.K), knobs),
-                         dyn) + ".so"
-            g = groups.setdefault(file, {"rung": choice.rung, "knobs": knobs, "N": fixes.N, "K": fixes.K,
-                                         "dynamic_m": dyn, "asks": [], "choice": choice.as_dict()})
-            g["asks"].append((M, lo, hi, bucket))
+            offered = plan.alternatives(problem, choice) if alternatives else []
+            for c, alt in [(choice, False)] + [(a, True) for a in offered]:
+                knobs = dict(c.knobs)
+                dyn = dynamic and "dynamic_m" in rung_module(c.rung, arch).KNOBS
+                if dyn:
+                    knobs["dynamic_m"] = True
+                    dyn = plan._validate(c.rung, problem, knobs) is None
+                    knobs = knobs if dyn else dict(c.knobs)
+                # the file names the binary (config.tag: every knob, anyM for a runtime M), so one
+                # group per file: two choices that fill in to the same kernel share it (a module may
+                # be the choice at one M and an alternative at another: its runs say which)
+                file = _name(BuildJob(c.rung, (M if dyn else max(M, MIN_STATIC_M), fixes.N, fixes.K), knobs),
+                             dyn) + ".so"
+                g = groups.setdefault(file, {"rung": c.rung, "knobs": knobs, "N": fixes.N, "K": fixes.K,
+                                             "dynamic_m": dyn, "asks": {}, "choice": {}})
+                g["asks"].setdefault(alt, []).append((M, lo, hi, bucket))
+                g["choice"].setdefault(alt, c.as_dict())
     out = []
     for file, g in groups.items():
-        ms = [a[0] for a in g["asks"]]
+        ms = [a[0] for asks in g["asks"].values() for a in asks]
         lo, hi = min(ms), max(ms)
         M = lo if g["dynamic_m"] else max(hi, MIN_STATIC_M)
         extra = {"dynamic_m": {"min_m": 1, "tuned_for_m": [lo, hi]}} if g["dynamic_m"] else None
         job = BuildJob(g["rung"], (M, g["N"], g["K"]), g["knobs"], extra)
-        served = _runs(g["asks"]) if g["dynamic_m"] else [{"m_range": [M, M], "m_values": sorted(set(ms))}]
-        out.append({"job": job, "file": file, "dynamic_m": g["dynamic_m"], "choice": g["choice"], "served": served})
+        served = []
+        for alt in sorted(g["asks"]):  # the policy's choice first
+            asks = g["asks"][alt]
+            runs = _runs(asks) if g["dynamic_m"] else [{"m_range": [M, M], "m_values": sorted({a[0] for a in asks})}]
+            served += [{**run, "alternative": True} if alt else run for run in runs]
+        out.append({"job": job, "file": file, "dynamic_m": g["dynamic_m"], "choice": g["choice"].get(False,
+                    g["choice"].get(True)), "alt_choice": g["choice"].get(True), "served": served})
     return out
 
 
@@ -436,7 +469,10 @@ def entries_of(item: dict, man: dict | None = None) -> list[dict]:
     if man is not None:
         entry.update(dtype=man["dtype"], arch=man["arch"], knobs=man["knobs"], so_bytes=man["so_bytes"],
                      so_sha256=man["so_sha256"], spec=spec_of_manifest(man).to_dict())
-    return [{**entry, "m_range": run["m_range"], "m_values": run["m_values"]} for run in item["served"]]
+    # an alternative's run: marked, with the alternative's own choice (why it is offered)
+    return [{**entry, "m_range": run["m_range"], "m_values": run["m_values"]}
+            | ({"alternative": True, "choice": item.get("alt_choice") or item["choice"]} if run.get("alternative") else {})
+            for run in item["served"]]
 
 
 def _pack_worker(args) -> dict:
@@ -461,10 +497,11 @@ def _pack_worker(args) -> dict:
 
 def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
                workers: int | None = None, cache_root=None, request: dict | None = None, epilogues=("none",),
-               weights=(), layouts=(("K", "K"),), fp8_scales=FP8_SCALES, fp8_out=("bfloat16",)) -> dict:
+               weights=(), layouts=(("K", "K"),), fp8_scales=FP8_DEFAULT_SCALES, fp8_out=("bfloat16",),
+               alternatives: bool = True) -> dict:
     """Build the modules :func:`plan_pack` lists into ``out`` and write ``out/pack.json`` (merged
     with what the folder held: entries of other files stay). Returns the manifest, with
-    ``"results"`` (built / cache / failed per module)."""
+    ``"results"`` (built / cache / failed per module). ``alternatives``: as :func:`plan_pack`."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
     from . import plan  # pylint: disable=import-outside-toplevel
 
@@ -472,7 +509,8 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     sms = sms or plan.default_sms(arch)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues, weights, layouts, fp8_scales, fp8_out)
+    items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues, weights, layouts, fp8_scales, fp8_out,
+                      alternatives)
     results = map_in_processes(_pack_worker, [(i, str(out), cache_root) for i in items], workers)
     results = [r if isinstance(r, dict) else {"file": i["file"], "status": "failed", "detail": repr(r)}
                for i, r in zip(items, results)]

@@ -579,3 +579,67 @@ def default_sms(arch: str) -> int:
 
     gpu = device.probe(0, arch=arch)
     return gpu.sm_count if gpu is not None else MODEL_MACHINE[arch]["num_sms"]
+
+
+# -- alternatives for sub-wave grids (issue 30): split-K modules a pack carries beside the choice, for
+# the measurement at first use (serve.first_use) to choose among. The split-k rule keeps 4096 of K a
+# split because shorter slices lost where the tiles were many (1024^3; M = 128 and 512 at K = 4096,
+# SWEEP); where the chosen grid leaves most SMs idle that evidence does not reach: v9 at 333x1280x5120
+# (30 tiles of 128x128 on 132 SMs) took 34 us to cuBLAS's 14 (benchmarks/results/2026-11-26_h100_every_model/).
+# So a module the model ranks faster there, with slices down to ALT_MIN_SLICE, is offered, not chosen:
+# choose() stays as it is, and without the measurement (GEMM_LADDER_MEASURE=0) the pack serves as before.
+ALT_MIN_SLICE = 1024  # each split keeps at least this much of K (16 K slices of 64)
+ALT_MIN_K_SLICES = 8  # and at least this many 64-wide slices (a shorter unit is all fill)
+ALT_SPLITS = (2, 3, 4)
+ALT_TILES = [(128, 256), (128, 128)]
+ALT_MAX = 2  # alternatives a choice gets (each a module in the pack, each timed at first use)
+ALT_RULE = "sub-wave split-k (alternative)"
+
+
+def _units_of(choice: Choice, p: Problem) -> int:
+    """The work units of the choice's grid (tiles x split_k, at the knobs the validator fills in)."""
+    knobs = make_config(choice.rung, p.M, p.N, p.K, **choice.knobs).knobs()
+    return p.tiles(knobs["blk_m"], knobs["blk_n"]) * knobs.get("split_k", 1)
+
+
+def sub_wave(p: Problem, choice: Choice) -> bool:
+    """Whether ``choice`` leaves most of ``p``'s SMs idle (fewer work units than half of them)
+    on a problem whose K can be split at all (16-bit, M > 64, a v9/v10 grid, K of two slices of
+    :data:`ALT_MIN_SLICE`): where :func:`alternatives` looks for split-K modules."""
+    return (not is_fp8(p) and p.M > 64 and p.arch == "sm_90a" and choice.rung in ("v9", "v10")
+            and p.K >= 2 * ALT_MIN_SLICE and _units_of(choice, p) < p.sms / 2)
+
+
+def alternatives(p: Problem, choice: Choice) -> list[Choice]:
+    """Split-K variants (v10, 128x256 or 128x128 tiles, split_k 2-4 keeping >= :data:`ALT_MIN_SLICE`
+    of K each) of a :func:`sub_wave` choice, the ones the wave model ranks faster than the
+    choice itself, best first, at most :data:`ALT_MAX`; none for another choice (M <= 64: the swap
+    and row-tile rules split or stream already). Each validates for ``p`` with its spec; a pack
+    builds them beside the choice and the first use times them all (``serve.first_use``)."""
+    if not sub_wave(p, choice) or not _available("v10", p.arch):
+        return []
+    gpu = wave_model.with_sms(wave_model.H100, p.sms)
+    main = make_config(choice.rung, p.M, p.N, p.K, **choice.knobs).knobs()
+    main_s = wave_model.plan(p.M, p.N, p.K, main["blk_m"], main["blk_n"], main.get("split_k", 1),
+                             main.get("pipe_depth", 4), gpu).time_s
+    splits = tuple(s for s in ALT_SPLITS
+                   if p.K // s >= ALT_MIN_SLICE and math.ceil(p.K / 64) // s >= ALT_MIN_K_SLICES)
+    out: list[Choice] = []
+    for ranked in wave_model.rank(p.M, p.N, p.K, ALT_TILES, splits, 4, gpu):
+        if len(out) == ALT_MAX or ranked.time_s >= main_s:
+            break
+        knobs = {"blk_m": 128, "blk_n": ranked.blk_n, "split_k": ranked.split_k}
+        if p.M <= 128:
+            knobs["cluster_m"] = 1  # one row of tiles: no pair to share B
+        knobs = with_spec(knobs, p)
+        if _validate("v10", p, knobs) is not None:
+            continue
+        note = ""
+        if (paired := _pair_along_n("v10", p, knobs)) is not None:
+            knobs, note = paired[0], "; " + paired[1]
+        if choice.rung == "v10" and make_config("v10", p.M, p.N, p.K, **knobs).knobs() == main:
+            continue  # the choice itself
+        why = (f"an alternative to {choice.rung} ({choice.rule}), timed at first use: its grid fills "
+               f"{_units_of(choice, p)} of {p.sms} SMs; wave model: {ranked.why()} against ~{main_s * 1e6:.1f} us{note}")
+        out.append(Choice("v10", knobs, "rule", ALT_RULE, why))
+    return out

@@ -3,6 +3,9 @@
     xq, sx = gemm_ladder.quantize_fp8(x, "row")                 # bf16 [M, K] -> e4m3 + scale [M, 1]
     wq, sw = gemm_ladder.quantize_fp8(W, "row")                 # bf16 [N, K] (nn.Linear.weight)
     y = gemm_ladder.scaled_mm(xq, wq.t(), sx, sw.t(), out_dtype=torch.bfloat16)   # ~ x @ W.T
+    xq, sx = gemm_ladder.quantize_fp8(x, "block")               # 1x128 groups: [M, K/128] M-major
+    wq, sw = gemm_ladder.quantize_fp8(W, "block", block=(128, 128))   # [N/128, K/128]
+    y = gemm_ladder.scaled_mm(xq, wq.t(), sx, sw.t())           # the block recipe, by the scales' shapes
 
     D[m, n] = round(sum_k A[m, k] B[k, n] * scale_a * scale_b (+ bias[n]))
 
@@ -10,12 +13,23 @@ As ``torch._scaled_mm``: A ``[M, K]`` float8_e4m3fn row-major; B ``[K, N]`` colu
 ``.t()`` view of a row-major ``[N, K]`` weight (taken as it is, with no copy: our kernel reads B as
 ``[N, K]`` K-major, which is that view's memory); fp32 scales, one recipe for both:
 
-    ==========  ==========================  ==========================
-    recipe      scale_a                     scale_b
-    ==========  ==========================  ==========================
-    tensor      one value ([], [1], [1,1])  one value
-    row         [M, 1] (or [M])             [1, N] (or [N])
-    ==========  ==========================  ==========================
+    ==========  ==============================  ==================================
+    recipe      scale_a                         scale_b
+    ==========  ==============================  ==================================
+    tensor      one value ([], [1], [1,1])      one value
+    row         [M, 1] (or [M])                 [1, N] (or [N])
+    block       [M, ceil(K/128)], M-major       [ceil(K/128), ceil(N/128)], the .t()
+                (strides (1, M)): 1x128 groups  of a row-major [N/128, K/128]: 128x128
+    ==========  ==============================  ==================================
+
+The block recipe is DeepSeek-V3's (A's activations in groups of 128 of K a row, B's weights in
+128x128 blocks), with the layouts torch's ``_scaled_mm`` checks for its BlockWise1x128 and
+BlockWise128x128 scalings (``is_blockwise_1x128_scaling``: scale_a ``[M, K/128]`` with strides
+``(1, M)``; scale_b the ``.t()`` of a row-major ``[N/128, K/128]``) and DeepGEMM's (its A scales
+are M-major too: a warp's rows are adjacent). Torch 2.11 refuses them on an H100 (cuBLASLt on
+sm_90 has no block-wise scaling), so where no kernel of ours serves a block call the fallback is
+the product of the dequantized inputs in fp32 (:class:`TorchScaledMM`), not ``_scaled_mm``. The
+scales are applied as each 128 of K is promoted into the fp32 sums (``sm90a/fp8.py``).
 
 ``bias`` ``[N]`` in ``out_dtype`` or fp32; ``out_dtype`` bfloat16 (default) or float16 on our
 kernels (float32: torch's); K and N multiples of 16 (torch's rule, and TMA's 16-byte strides).
@@ -56,7 +70,9 @@ from .front import KernelFallbackWarning, NoKernelError, Route, cached_module, p
 from .kernel_pack import FP8_INPUT
 from .runtime import ModuleInputError, load
 
-RECIPES = FP8_SCALES  # "tensor", "row"
+RECIPES = FP8_SCALES  # "tensor", "row", "block"
+BLOCK = 128  # the block recipe's groups: 1 x 128 of K (A), 128 x 128 (B)
+BLOCK_SHAPES = ((1, BLOCK), (BLOCK, BLOCK))  # quantize_fp8's block shapes: an activation's, a weight's
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 AMAX_FLOOR = 1e-12  # an all-zero row or tensor gets this amax (its scale stays finite and positive)
 MODULE_RUNG = "v9"
@@ -69,11 +85,14 @@ _LOADED: dict = {}  # pack modules by path: loaded once for every M they serve
 
 
 # -- quantizing --------------------------------------------------------------------------------------
-def quantize_fp8(x, recipe: str = "tensor", dtype=None):
+def quantize_fp8(x, recipe: str = "tensor", dtype=None, block=(1, BLOCK)):
     """``(x_fp8, scale)`` with ``x ~ x_fp8 * scale``: ``scale = amax / fp8_max`` in fp32 over the whole
-    tensor (``tensor``: a 0-dim scale) or over each row (``row``: ``[rows, 1]``), ``x / scale``
-    clamped to +-fp8_max and rounded to ``dtype`` (default float8_e4m3fn). Pass a weight's row scale
-    to :func:`scaled_mm` as ``scale.t()`` (``[1, N]``)."""
+    tensor (``tensor``: a 0-dim scale), over each row (``row``: ``[rows, 1]``), or over each block
+    (``block``: ``block=(1, 128)``, an activation's groups of 128 columns a row, gives ``[rows,
+    ceil(cols/128)]`` M-major, strides ``(1, rows)``: scaled_mm's scale_a as it is;
+    ``block=(128, 128)``, a weight's, gives a row-major ``[ceil(rows/128), ceil(cols/128)]``); ``x /
+    scale`` clamped to +-fp8_max and rounded to ``dtype`` (default float8_e4m3fn). Pass a weight's
+    row or block scale to :func:`scaled_mm` as ``scale.t()``."""
     import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
 
     dtype = dtype or torch.float8_e4m3fn
@@ -81,16 +100,48 @@ def quantize_fp8(x, recipe: str = "tensor", dtype=None):
     if name not in FP8_MAX:
         raise ModuleInputError(f"quantize_fp8: dtype {dtype}; use torch.float8_e4m3fn or torch.float8_e5m2")
     if recipe not in RECIPES:
-        raise ModuleInputError(f"quantize_fp8: recipe {recipe!r}; use one of {RECIPES} (block-wise is not built yet)")
+        raise ModuleInputError(f"quantize_fp8: recipe {recipe!r}; use one of {RECIPES}")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise ModuleInputError("quantize_fp8: x must be a floating-point torch.Tensor")
-    if recipe == "row" and x.dim() != 2:
-        raise ModuleInputError(f"quantize_fp8: the row recipe takes a 2-D x, got shape {tuple(x.shape)}")
+    if recipe in ("row", "block") and x.dim() != 2:
+        raise ModuleInputError(f"quantize_fp8: the {recipe} recipe takes a 2-D x, got shape {tuple(x.shape)}")
+    if recipe == "block":
+        if tuple(block) not in BLOCK_SHAPES:
+            raise ModuleInputError(f"quantize_fp8: block={block!r}; use (1, {BLOCK}) for an activation (A) or "
+                                   f"({BLOCK}, {BLOCK}) for a weight (B)")
+        return _quantize_blocks(x, tuple(block), dtype, FP8_MAX[name])
     xf = x.float()
     amax = xf.abs().amax() if recipe == "tensor" else xf.abs().amax(dim=1, keepdim=True)
     scale = amax.clamp(min=AMAX_FLOOR) / FP8_MAX[name]
     q = (xf / scale).clamp(-FP8_MAX[name], FP8_MAX[name]).to(dtype)
     return q, scale.to(torch.float32)
+
+
+def _quantize_blocks(x, block, dtype, fp8_max):
+    """:func:`quantize_fp8`'s block recipe: each ``block`` of x (the last ones cut short) by its amax."""
+    import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
+
+    rows, cols = x.shape
+    br, bc = block
+    nr, nc = -(-rows // br), -(-cols // bc)
+    # zeros pad the cut blocks: they change no amax
+    xp = torch.zeros(nr * br, nc * bc, dtype=torch.float32, device=x.device)
+    xp[:rows, :cols] = x.float()
+    amax = xp.abs().reshape(nr, br, nc, bc).amax(dim=(1, 3))  # [nr, nc]
+    scale = amax.clamp(min=AMAX_FLOOR) / fp8_max
+    full = scale.repeat_interleave(br, 0).repeat_interleave(bc, 1)[:rows, :cols]
+    q = (x.float() / full).clamp(-fp8_max, fp8_max).to(dtype)
+    if br == 1:  # an activation's: M-major, as scaled_mm (and torch's BlockWise1x128) take scale_a
+        return q, scale.t().contiguous().t()
+    return q, scale.contiguous()
+
+
+def dequantize(q, scale, block=(1, BLOCK)):
+    """``q * scale`` in fp32 with each scale over its block of :func:`quantize_fp8`'s block recipe."""
+    br, bc = block
+    rows, cols = q.shape
+    full = scale.repeat_interleave(br, 0).repeat_interleave(bc, 1)[:rows, :cols]
+    return q.float() * full
 
 
 # -- checks -----------------------------------------------------------------------------------------
@@ -109,15 +160,38 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _recipe(scale_a, scale_b, M: int, N: int) -> str:
+def _recipe(scale_a, scale_b, M: int, N: int, K: int) -> str:
+    """The recipe the scales' shapes name (as torch tells them apart), tensor first, then row."""
     sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
+    kb, nb = -(-K // BLOCK), -(-N // BLOCK)
     if scale_a.numel() == 1 and scale_b.numel() == 1 and len(sa) <= 2 and len(sb) <= 2:
         return "tensor"
     if sa in ((M, 1), (M,)) and sb in ((1, N), (N,)):
         return "row"
+    if sa == (M, kb) and sb == (kb, nb):
+        return "block"
     raise ModuleInputError(
-        f"gemm_ladder.scaled_mm: scale_a {sa} and scale_b {sb} are no recipe for M={M}, N={N}: pass one value each "
-        f"(tensor) or scale_a [{M}, 1] and scale_b [1, {N}] (row); block-wise scales are not built yet")
+        f"gemm_ladder.scaled_mm: scale_a {sa} and scale_b {sb} are no recipe for M={M}, N={N}, K={K}: pass one value "
+        f"each (tensor), scale_a [{M}, 1] and scale_b [1, {N}] (row), or scale_a [{M}, {kb}] and scale_b [{kb}, {nb}] "
+        "(block: gemm_ladder.quantize_fp8(x, 'block') and quantize_fp8(W, 'block', block=(128, 128)) then .t())")
+
+
+def _check_scale_layouts(scale_a, scale_b, recipe: str, who: str) -> None:
+    """Contiguous scales (tensor, row); block: torch's layouts, scale_a M-major and scale_b the .t()
+    of a row-major [N/128, K/128] (the kernel reads both as they lie)."""
+    if recipe != "block":
+        for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+            if not t.is_contiguous():
+                raise ModuleInputError(f"{who}: {name} is not contiguous; pass {name}.contiguous()")
+        return
+    if not scale_a.t().is_contiguous():
+        raise ModuleInputError(f"{who}: block scale_a {tuple(scale_a.shape)} must be M-major (strides (1, M), got "
+                               f"{scale_a.stride()}), as torch's BlockWise1x128 and quantize_fp8(x, 'block') make it: "
+                               "pass scale_a.t().contiguous().t()")
+    if not scale_b.t().is_contiguous():
+        raise ModuleInputError(f"{who}: block scale_b {tuple(scale_b.shape)} must be the .t() of a row-major "
+                               f"[N/128, K/128] (strides (1, K/128), got {scale_b.stride()}): pass "
+                               "quantize_fp8(W, 'block', block=(128, 128))[1].t()")
 
 
 def check_call(A, B, scale_a, scale_b, bias=None, out_dtype=None, out=None) -> Call:
@@ -154,9 +228,8 @@ def check_call(A, B, scale_a, scale_b, bias=None, out_dtype=None, out=None) -> C
     for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
         if t.dtype != torch.float32:
             raise ModuleInputError(f"{who}: {name} is {t.dtype}; scales are torch.float32 ({name}.float())")
-        if not t.is_contiguous():
-            raise ModuleInputError(f"{who}: {name} is not contiguous; pass {name}.contiguous()")
-    recipe = _recipe(scale_a, scale_b, M, N)
+    recipe = _recipe(scale_a, scale_b, M, N, K)
+    _check_scale_layouts(scale_a, scale_b, recipe, who)
     out_dtype = out_dtype or torch.bfloat16
     if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ModuleInputError(f"{who}: out_dtype {out_dtype}; use torch.bfloat16, torch.float16 or torch.float32")
@@ -207,7 +280,9 @@ def reset() -> None:
 class TorchScaledMM:
     """``torch._scaled_mm`` in a module's place (A [M, K], B as [N, K] rows, the spec's operands):
     the fallback where no kernel of ours serves a call. An fp32 bias is added in fp32 before the
-    rounding, as our kernel does (torch takes a bias in out_dtype)."""
+    rounding, as our kernel does (torch takes a bias in out_dtype). Block scales (which torch 2.11
+    refuses on sm_90): the dequantized inputs' product in fp32, the scales as the kernel takes them
+    (scale_a [K/128, M], scale_b [N/128, K/128])."""
 
     def __init__(self, recipe: str, out_dtype):
         self.recipe, self.out_dtype = recipe, out_dtype
@@ -216,6 +291,10 @@ class TorchScaledMM:
         import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
 
         M, N = a.shape[0], b_nk.shape[0]
+        if self.recipe == "block":
+            d = dequantize(a, scale_a.t()) @ dequantize(b_nk, scale_b, (BLOCK, BLOCK)).t()
+            d = (d if bias is None else d + bias.float()).to(self.out_dtype)
+            return d if out is None else out.copy_(d)
         sa, sb = (scale_a.reshape(M, 1), scale_b.reshape(1, N)) if self.recipe == "row" else (scale_a, scale_b)
         if bias is not None and bias.dtype == torch.float32 and self.out_dtype != torch.float32:
             d = (torch._scaled_mm(a, b_nk.t(), sa, sb, out_dtype=torch.float32) + bias).to(self.out_dtype)
@@ -351,6 +430,9 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     operands = {}
     if bias is not None:
         operands["bias"] = bias
-    operands["scale_a"], operands["scale_b"] = scale_a.reshape(-1), scale_b.reshape(-1)  # the spec's order
+    if call.recipe == "block":  # as they lie: scale_a [K/128, M], scale_b [N/128, K/128] (spec.epilogue_operands)
+        operands["scale_a"], operands["scale_b"] = scale_a.t(), scale_b.t()
+    else:
+        operands["scale_a"], operands["scale_b"] = scale_a.reshape(-1), scale_b.reshape(-1)  # the spec's order
     route.run(A, B.t(), D, operands)
     return (D, list(route.lines)) if explain else D

@@ -4,7 +4,8 @@
     D = torch.ops.gemm_ladder.scaled_mm(A, B, scale_a, scale_b, bias, torch.bfloat16)
 
 Registered with ``torch.library.custom_op``, with a fake implementation that runs the same
-checks (``scaled.check_call``: dtypes, shapes, layouts, the scales' recipe) and makes an empty
+checks (``scaled.check_call``: dtypes, shapes, layouts, the scales' recipe: tensor, row or block,
+with block's M-major scale_a) and makes an empty
 ``[M, N]`` of ``out_dtype``, so ``torch.compile(fullgraph=True)`` traces a model that calls it and
 ``torch.export`` exports it. No autograd formula yet (fp8 training needs the e5m2 gradients'
 recipes: issue 32's next slice).

@@ -245,15 +245,13 @@ def kernel_operands(cfg: GemmConfig, M, N, K, buffers: dict | None = None) -> di
     after those its prim_func declares (so after ``num_ctas``: the runtime passes them last):
     name -> buffer. Call it beside the form's ``T.match_buffer`` lines, before
     ``T.device_entry``, through ``T.meta_var``."""
-    sizes = {"M": M, "N": N, "K": K}
     out = dict(buffers or {})
     for op in spec_of(cfg).epilogue_operands():
         if op.role == "scalar":  # alpha, beta: fp32 values
             out[op.name] = tirx_builder.arg(op.name, tvm.tirx.Var(op.name, op.dtype))
             continue
-        # an extent is M, N or K (or N/2), or a number (a per-tensor scale's 1)
-        buf = tvm.tirx.decl_buffer(tuple(sizes[s] if isinstance(s, str) else s for s in op.shape), op.dtype,
-                                   name=op.name)
+        # an extent of M, N and K (N/2, K/128, ...: the spec's), or a number (a per-tensor scale's 1)
+        buf = tvm.tirx.decl_buffer(op.extent(M, N, K), op.dtype, name=op.name)
         out[op.name] = tirx_builder.arg(op.name, buf)
     return out
 

@@ -20,14 +20,33 @@ parts of it:
 - the scales, fp32, applied to the sums before the epilogue op (the bias) and the rounding
   (:func:`scale_sums`): a scalar ``scale_a[0] * scale_b[0]`` (tensor), or each sum's row of
   ``scale_a`` and column of ``scale_b`` (row). The row is why it is a step of its own and not an
-  ``epilogue.EpilogueOp``: an op sees a fragment's column only.
+  ``epilogue.EpilogueOp``: an op sees a fragment's column only;
+- block-wise scales (DeepSeek-V3's recipe, ``block``): A's in 1x128 groups along K (one a row and
+  128 of K, stored M-major: ``scale_a[kb, m]``), B's in 128x128 blocks (``scale_b[nb, kb]``). A
+  scale changes every 128 of K, so it cannot wait for the epilogue: it is applied at the
+  promotion, which runs every slice (``promote=1``, ``blk_k=128``: a slice is one K block)::
+
+      total[r] += acc[r] * (scale_a[kb, row(r)] * scale_b[(n0 + col(r)) / 128, kb])
+
+  (:class:`BlockScales`; one FFMA a sum a slice where the other recipes add). A thread's scales of
+  a slice are its two rows of each 64-row atom and the tile's one B block (two at blk_n = 256): a
+  few floats, loaded from global memory (L2: the scales of a 4096x16384 A are 2 MiB, read by the
+  N tiles of a row) one slice ahead, into the other of two register sets (the K loop runs two
+  slices a turn): K block g + 1's load before slice g's wgmmas are issued and are read at slice
+  g + 1's promotion, so the load's latency hides under a slice's wgmmas with no register move to
+  wait on it; not staged through shared memory by the producer's TMA (DeepGEMM's way), which
+  would add a TMA box and bytes to every stage and its barrier for three floats a thread. No
+  scale in the epilogue (a bias still is).
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice, with promotion) within the
-consumer's registers.
+consumer's registers; block scales also need ``promote=1``, no ``k_zigzag`` (the slices must land
+in K order) and a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tvm.script import tirx as T
 
@@ -36,6 +55,7 @@ from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
 from .common import WG_M, HopperPlan, role_registers
 
+BLOCK = 128  # the block recipe's groups: A's 1 x 128 of K, B's 128 x 128
 PROMOTE_DEFAULT = 1  # slices of blk_k = 128 between promotions: every 128 of K, as DeepGEMM and CUTLASS
 LOOP_REGS = 40  # registers a consumer keeps for addresses and loop state (common.check_consumer_registers)
 
@@ -51,13 +71,26 @@ def promote(cfg: GemmConfig) -> int:
 
 
 def recipe(cfg: GemmConfig) -> str:
-    """The scale recipe, ``tensor`` or ``row`` (the spec's ``scales``)."""
+    """The scale recipe, ``tensor``, ``row`` or ``block`` (the spec's ``scales``)."""
     return spec_of(cfg).scales
 
 
+def at_promotion(cfg: GemmConfig) -> bool:
+    """Whether the scales are applied at the promotion (block) rather than in the epilogue."""
+    return enabled(cfg) and recipe(cfg) == "block"
+
+
+def b_blocks(plan: HopperPlan) -> int:
+    """B's 128-column scale blocks one tile spans (a tile of blk_n <= 128 lies in one)."""
+    return max(1, plan.cfg.blk_n // BLOCK)
+
+
 def scale_regs(plan: HopperPlan) -> int:
-    """Registers :func:`scale_sums` holds a thread's scales in: its two rows of every 64-row atom
-    (row recipe), or the one product (tensor)."""
+    """Registers a thread holds its scales in: its two rows of every 64-row atom (row recipe, or
+    the one product: tensor); block: those rows and the tile's B blocks, two sets (one read while
+    the next slice's load into the other)."""
+    if at_promotion(plan.cfg):
+        return 2 * BlockScales.per_slice(plan)
     return 2 * plan.m_atoms
 
 
@@ -78,6 +111,8 @@ def check(cfg: GemmConfig) -> None:
     if cfg.K % 16:
         raise ConfigError(f"K={cfg.K}: fp8 rows of A and B must be a multiple of 16 bytes for TMA; pad K to "
                           f"{-(-cfg.K // 16) * 16} with zeros")
+    if recipe(cfg) == "block":
+        _check_block(cfg, every)
     regs = role_registers(cfg.num_warpgroups)
     budget = regs.consumer or regs.entry
     acc = HopperPlan(cfg).acc_regs
@@ -91,19 +126,100 @@ def check(cfg: GemmConfig) -> None:
             "(blk_m=128, two consumers)" + (", or promote=0" if every else ""))
 
 
+def _check_block(cfg: GemmConfig, every: int) -> None:
+    """Block scales change every 128 of K: one slice a promotion, in K order, whole B blocks a tile."""
+    fix = "use blk_k=128, promote=1, k_zigzag=False, blk_n=128 (v9's fp8 defaults)"
+    if cfg.blk_k != BLOCK or every != 1:
+        raise ConfigError(f"block scales with blk_k={cfg.blk_k}, promote={every}: a K block's scales are applied "
+                          f"as its sums are promoted, so each promotion must cover one {BLOCK}-wide K block; {fix}")
+    if dict(cfg.extra).get("k_zigzag"):
+        raise ConfigError(f"block scales with k_zigzag=True: the consumers count K blocks in load order, so a "
+                          f"backwards tile would scale its slice j (K block nk-1-j) by block j's scales; {fix}")
+    if cfg.blk_n % BLOCK and BLOCK % cfg.blk_n:
+        raise ConfigError(f"block scales with blk_n={cfg.blk_n}: a tile must cover whole {BLOCK}-column B blocks or "
+                          f"lie in one (a multiple or a divisor of {BLOCK}); {fix}")
+
+
+@dataclass(frozen=True)
+class BlockScales:
+    """Block-wise scales at the promotion (the module docstring): the consumer's scale tensors, the
+    registers that hold a slice's scales (``sreg``: two sets of :meth:`per_slice`, one being read
+    while the other loads: ``mainloop._run_block_scaled``), and where this thread's sums lie
+    (``warp_id``, ``lane_id``)."""
+
+    plan: HopperPlan
+    scale_a: object  # float32 [K/128, M] global: A's 1x128 groups, M-major
+    scale_b: object  # float32 [N/128, K/128] global: B's 128x128 blocks
+    sreg: object  # float32[scale_regs] local
+    warp_id: object
+    lane_id: object
+
+    @staticmethod
+    def per_slice(plan: HopperPlan) -> int:
+        """A thread's scales of one K block: two rows of each 64-row atom, then the B blocks."""
+        return 2 * plan.m_atoms + b_blocks(plan)
+
+    def load(self, m0, n0, kb, scale_set) -> None:
+        """K block ``kb``'s scales of this thread's rows (from ``m0``, its first row of the tile)
+        and the tile's B blocks (from column ``n0``) into register set ``scale_set`` (0 or 1);
+        rows and blocks past A and B read the last (the stores clip them)."""
+        _load_block(self, m0, n0, kb, scale_set * self.per_slice(self.plan))
+
+    def promote(self, total, acc, first, scale_set) -> None:
+        """``total[r] (=|+=) acc[r] * scale_a * scale_b`` with register set ``scale_set``'s scales."""
+        _promote_block(self, total, acc, first, scale_set * self.per_slice(self.plan))
+
+
+@T.inline
+def _load_block(bs, m0, n0, kb, base):
+    MA = T.meta_var(2 * bs.plan.m_atoms)
+    for mi in T.unroll(bs.plan.m_atoms):
+        for h in T.unroll(2):
+            # this thread's rows of atom mi: 16 w + lane / 4, and 8 below
+            bs.sreg[base + 2 * mi + h] = bs.scale_a[kb, T.min(m0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
+                                                             + 8 * h, bs.scale_a.shape[1] - 1)]
+    for j in T.unroll(b_blocks(bs.plan)):
+        bs.sreg[base + MA + j] = bs.scale_b[T.min(n0 // BLOCK + j, bs.scale_b.shape[0] - 1), kb]
+
+
+def a_scale_slot(r, regs_per_atom):
+    """Which of a thread's A scales (:meth:`BlockScales.load`'s order: two rows an atom) accumulator
+    ``r`` takes: its atom ``r // regs_per_atom``, and its row half ``(r % 4) // 2`` (rows l/4 and
+    l/4 + 8 of the m64nN fragment)."""
+    return 2 * (r // regs_per_atom) + (r % 4) // 2
+
+
+def b_scale_slot(r, regs_per_atom):
+    """Which of the tile's B blocks accumulator ``r`` lies in: its column 8 ((r % regs_per_atom) // 4)
+    + 2 (lane % 4) + r % 2 of the tile, over 128 (64 registers a 128-column block)."""
+    return (r % regs_per_atom) // (BLOCK // 2)
+
+
+@T.inline
+def _promote_block(bs, total, acc, first, base):
+    NR = T.meta_var(bs.plan.acc_stride)
+    MA = T.meta_var(base + 2 * bs.plan.m_atoms)
+    if first:
+        for r in T.unroll(bs.plan.acc_regs):
+            total[r] = acc[r] * (bs.sreg[base + a_scale_slot(r, NR)] * bs.sreg[MA + b_scale_slot(r, NR)])
+    else:
+        for r in T.unroll(bs.plan.acc_regs):
+            total[r] = total[r] + acc[r] * (bs.sreg[base + a_scale_slot(r, NR)] * bs.sreg[MA + b_scale_slot(r, NR)])
+
+
 @T.inline
 def scale_sums(plan, sums, scale_a, scale_b, how, m0, n0, warp_id, lane_id, sreg):
     """Multiply a consumer's fp32 sums of the tile at rows ``m0`` (its first row) and columns
     ``n0`` by the scales, in place: ``scale_a[0] * scale_b[0]`` (``how == "tensor"``), or
-    ``scale_a[row] * scale_b[col]`` at each sum's place in the m64nN fragment (``row``); rows and
-    columns past M and N read the last scale (the stores clip them). ``sreg``: float32 locals
-    (:func:`scale_regs`)."""
+    ``scale_a[row] * scale_b[col]`` at each sum's place in the m64nN fragment (``row``); nothing for
+    ``block`` (:class:`BlockScales` applied them at the promotion). Rows and columns past M and N
+    read the last scale (the stores clip them). ``sreg``: float32 locals (:func:`scale_regs`)."""
     NR = T.meta_var(plan.acc_stride)
     if how == "tensor":
         sreg[0] = scale_a[0] * scale_b[0]
         for r in T.unroll(plan.acc_regs):
             sums[r] = sums[r] * sreg[0]
-    else:
+    elif how == "row":
         for mi in T.unroll(plan.m_atoms):
             for h in T.unroll(2):
                 # this thread's rows of atom mi: 16 w + lane / 4, and 8 below

@@ -40,7 +40,8 @@ tensors, then the workspace of a split-K preset), which picks the prim_func's fo
 accumulator before it is rounded to D's type is the preset's ``epilogue_op``
 (``epilogue.EpilogueOp``: nothing), or the one the operand spec asks for (``epilogue.op_of``: a
 per-column bias and an activation after it, v9 only; an fp8 spec's scales multiply the sums before it,
-``fp8.scale_sums``, and its ``promote`` knob gives the consumers an fp32 total, ``mainloop.Consumer``;
+``fp8.scale_sums``, and its ``promote`` knob gives the consumers an fp32 total, ``mainloop.Consumer``,
+into which block scales, ``fp8.BlockScales``, are applied as each K block is added;
 a runtime scale alpha before the bias), then a residual ``+ beta . C`` (``epilogue.ResidualRead``:
 C's chunk loaded by TMA into the staging buffer it is about to be stored from, which makes ``out=C``
 safe; with v9's ``c_prefetch`` the tile's first chunk before its K loop, the others a chunk ahead); the spec's epilogue operands (tensors and fp32 scalars) are parameters after ``num_ctas``
@@ -212,6 +213,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     zigzag = not preset.split_k and bool(dict(cfg.extra).get("k_zigzag", False))  # odd tiles load K backwards
     scaled = fp8.enabled(cfg)  # fp8: the sums scaled before the epilogue (sm90a/fp8.py)
     promote = fp8.promote(cfg)  # fp8: K slices between promotions into fp32 sums (0: none)
+    at_promotion = fp8.at_promotion(cfg)  # fp8 block scales: applied as each K block is promoted
     total_regs = acc_regs if promote else 1  # the promoted sums (one unused register without)
     scale_regs = fp8.scale_regs(plan) if scaled else 1
     residual = bool(spec_of(cfg).residual)  # + beta . C, C loaded into the staging buffers
@@ -342,9 +344,14 @@ def kernel(cfg: GemmConfig, preset: Preset):
             Freg = T.alloc_local((total_regs,), "float32")
             Sreg = T.alloc_local((scale_regs,), "float32")
             # swap AB: B's rows are wgmma's 64-row operand, A's rows its N
+            # fp8 block scales: applied at each promotion (fp8.BlockScales), not in the epilogue
+            block_scales = T.meta_var(fp8.BlockScales(plan=plan, scale_a=g["scale_a"], scale_b=g["scale_b"],
+                                                      sreg=Sreg, warp_id=warp_id, lane_id=lane_id)
+                                      if at_promotion else None)
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if preset.swap_ab else Asmem,
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
-                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg))
+                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg,
+                                      scales=block_scales))
             if preset.epilogue == "transposed":
                 epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                     warp_id=warp_id, lane_id=lane_id, packed=packed))
@@ -391,6 +398,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
                     m_prev = sched.m_start(ts.m_idx)
                     n_prev = sched.n_start(ts.n_idx)
                     tiles_done = tiles_done + 1
+                elif at_promotion:
+                    mma.run(it, nk, sched.m_start(ts.m_idx) + wg_row0, sched.n_start(n_col))
                 else:
                     if c_prefetch:
                         # the tile's first C chunk lands under its K loop (epilogue.ResidualRead)

@@ -10,7 +10,7 @@ A kernel builds one :class:`Consumer` per consumer warpgroup with named fields, 
 with ``run`` (or ``issue`` and ``retire`` apart, when something goes between:
 ``issue_under`` with the previous tile's epilogue chunks under the first slices). fp8's
 promotion (``promote``): groups of slices into fresh accumulators, each group retired and added
-into an fp32 ``total``.
+into an fp32 ``total`` (with block scales, ``fp8.BlockScales``, scaled as it is added).
 The descriptors of ring slot 0 are encoded once per tile; every slot, 64-row atom and K step is
 reached from them by adds (``common.mma_k_slot``).
 """
@@ -106,6 +106,26 @@ def _run_promoted(mma, it, nk):
 
 
 @T.inline
+def _run_block_scaled(mma, it, nk, m0, n0):
+    """:func:`_run_promoted` at ``promote=1`` with block scales (``fp8.BlockScales``): slice k is K
+    block k, promoted as ``total += acc * scales``. The loop runs two slices a turn with two sets of
+    scale registers, so block k + 1's scales load while slice k runs and are read a slice later,
+    with no move between the sets (a move would wait for the load)."""
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    mma.scales.load(m0, n0, 0, 0)
+    for p in T.serial(nk // 2):
+        mma.scales.load(m0, n0, 2 * p + 1, 1)
+        _promoted_group(mma, it, 2 * p, 1)
+        mma.scales.promote(mma.total, mma.acc, p == 0, 0)
+        mma.scales.load(m0, n0, T.min(2 * p + 2, nk - 1), 0)  # the last turn of an even nk reloads its own
+        _promoted_group(mma, it, 2 * p + 1, 1)
+        mma.scales.promote(mma.total, mma.acc, False, 1)
+    if nk % 2 == 1:
+        _promoted_group(mma, it, nk - 1, 1)
+        mma.scales.promote(mma.total, mma.acc, nk == 1, 0)
+
+
+@T.inline
 def _retire(mma, it, nk):
     T.ptx.wgmma.wait_group.sync.aligned(0)
     if mma.lane_id == 0:
@@ -149,6 +169,7 @@ class Consumer:
     lane_id: object
     promote: int = 0  # fp8: slices between promotions into ``total`` (0: none, acc holds the sums)
     total: object = None  # float32[acc_regs] local: the promoted sums (with promote)
+    scales: object = None  # fp8.BlockScales: block scales applied at each promotion (promote=1), or None
 
     @property
     def sums(self):
@@ -167,11 +188,19 @@ class Consumer:
         """Wait for the last of :meth:`issue`'s wgmmas and release its slot."""
         _retire(self, pos, num_slices)
 
-    def run(self, pos, num_slices) -> None:
+    def run(self, pos, num_slices, m0=None, n0=None) -> None:
         """A tile's K slices, issued and retired; with ``promote``, every ``promote`` slices run
         into fresh accumulators, retire, and are added into ``total`` in fp32 (what DeepGEMM and
-        CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain)."""
-        if self.promote:
+        CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain). With
+        block ``scales``, ``m0`` (this consumer's first row of the tile) and ``n0`` (the tile's first
+        column) say whose scales: the tile's whole K (slice g is K block g)."""
+        if self.scales is not None:
+            if m0 is None or n0 is None or self.promote != 1 or not isinstance(num_slices, int):
+                raise ValueError("Consumer.run with block scales needs promote=1, a fixed number of slices and the "
+                                 "tile's m0 and n0 (fp8.check refuses the knobs; a schedule that runs such a tile "
+                                 "must pass them)")
+            _run_block_scaled(self, pos, num_slices, m0, n0)
+        elif self.promote:
             _run_promoted(self, pos, num_slices)
         else:
             self.issue(pos, num_slices)

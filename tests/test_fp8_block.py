@@ -1,0 +1,215 @@
+"""fp8 block-wise scales (issue 32, DeepSeek-V3's recipe): the spec's operands, the knobs the
+recipe refuses, v9's kernel (the scale multiply-add at the promotion in the CUDA source and the
+SASS, no scale in the epilogue, barriers), the register -> scale maps against the fragment's
+layout, the front door's checks, quantize_fp8's blocks, the fallback and packs. CPU only."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import gemm_ladder
+import gemm_ladder.serve.scaled_ops  # noqa: F401  (registers torch.ops.gemm_ladder.scaled_mm)
+import layouts
+from gemm_ladder.compile import builder, sass
+from gemm_ladder.core.config import ConfigError
+from gemm_ladder.core.spec import GemmSpec
+from gemm_ladder.protocol.check import check_config
+from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.serve import kernel_pack
+from gemm_ladder.serve.runtime import ModuleInputError
+from gemm_ladder.serve.scaled import TorchScaledMM, check_call, dequantize
+from gemm_ladder.sm90a import fp8
+
+BLOCK = GemmSpec.fp8("bfloat16", "block")
+
+
+# -- the spec and the knobs ------------------------------------------------------------------------
+def test_block_scales_are_operands_a_m_major_and_b_in_blocks():
+    ops = {o.name: o for o in BLOCK.epilogue_operands()}
+    assert ops["scale_a"].extent(1000, 3008, 1008) == (8, 1000)  # [ceil(K/128), M]: M-major
+    assert ops["scale_b"].extent(1000, 3008, 1008) == (24, 8)  # [ceil(N/128), ceil(K/128)]
+    assert ops["scale_b"].extent(5, 128, 128) == (1, 1)
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"promote": 0}, "promote=0: .* one 128-wide K block"),
+    ({"promote": 2}, "promote=2"),
+    ({"k_zigzag": True}, "k_zigzag=True: .*load order"),
+    ({"blk_n": 192, "pipe_depth": 3}, "blk_n=192: .*whole 128-column B blocks"),
+])
+def test_block_scales_refuse_knobs_that_break_a_k_block_a_promotion(knobs, words):
+    with pytest.raises(ConfigError, match=words) as err:
+        make_config("v9", 512, 512, 1024, spec=BLOCK, **knobs)
+    assert "use blk_k=128, promote=1, k_zigzag=False, blk_n=128" in str(err.value)
+    make_config("v9", 512, 512, 1024, spec=BLOCK, blk_n=64)  # a divisor of 128: the tile lies in one block
+
+
+def test_the_scale_slots_follow_the_accumulator_fragment():
+    """Register r of a thread takes the A scale of its row and the B scale of its column's block,
+    as the m64nN fragment places it (layouts.acc_fragment_coord), for 128- and 256-wide tiles."""
+    for blk_n in (128, 256):
+        regs_per_atom = blk_n // 2
+        for lane in (0, 5, 31):
+            for r in range(2 * regs_per_atom):  # two 64-row atoms
+                row, col = layouts.acc_fragment_coord(r % regs_per_atom, 0, lane)
+                slot = fp8.a_scale_slot(r, regs_per_atom)
+                assert (slot // 2, slot % 2) == (r // regs_per_atom, (row - lane // 4) // 8)
+                assert fp8.b_scale_slot(r, regs_per_atom) == col // 128
+
+
+# -- the kernel ------------------------------------------------------------------------------------
+def _count(text: str, op: str) -> int:
+    return len(re.findall(rf"\b{op}\b", text))
+
+
+def test_v9_block_scales_multiply_add_at_the_promotion_and_not_in_the_epilogue():
+    """At M, N odd multiples of 16 and K = 1008 (not a multiple of 128: the last block is cut), the
+    promotion is an FFMA of each sum with its two scales' product; the scale loads are K block 0's
+    and each turn's next two (two rows and one B block a thread each), none in the epilogue."""
+    cfg = make_config("v9", 1000, 3008, 1008, spec=BLOCK, dynamic_m=True)
+    mod = builder.build(kernel_of(cfg))
+    src = mod.cuda_source()
+    assert "m64n128k32.f32.e4m3.e4m3" in src
+    for b_reg in (2, 5):  # total += acc * (scale_a[row] * scale_b[block]), from either register set
+        promoted = (r"Freg_ptr\[\d+\] = \(Freg_ptr\[\d+\] \+ \(Dreg_ptr\[\d+\] \* "
+                    rf"\(Sreg_ptr\[\d\] \* Sreg_ptr\[{b_reg}\]\)\)\)")
+        assert re.search(promoted, src)
+    # K block 0's before the loop, then one load of each set a turn of two slices
+    assert src.count("= scale_a_ptr[") == 6 and src.count("= scale_b_ptr[") == 3
+    try:
+        text, res = sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
+    except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
+        pytest.skip(f"no SASS here: {err}")
+    assert "QGMMA.64x128x32.F32.E4M3.E4M3" in text
+    # 64 sums a thread a promotion: FFMAs where the row recipe's promotion has FADDs (test_fp8.py)
+    ffma, fadd = _count(text, "FFMA"), _count(text, "FADD")
+    assert ffma + fadd >= 64 and ffma >= 56 and fadd < 8, (ffma, fadd)
+    assert res.local == 0 and _count(text, "STL") == 0
+
+
+@pytest.mark.parametrize("K", [1280, 1152])
+def test_the_barrier_checker_passes_the_block_kernel(K):
+    """Two slices a turn of the K loop: 10 slices, and 9 (the last alone after the loop)."""
+    assert check_config(make_config("v9", 512, 512, K, spec=BLOCK)).ok
+
+
+# -- the front door --------------------------------------------------------------------------------
+def _block_operands(M=200, N=144, K=304):
+    torch.manual_seed(0)
+    x, w = torch.randn(M, K), torch.randn(N, K)
+    aq, sa = gemm_ladder.quantize_fp8(x, "block")
+    wq, sw = gemm_ladder.quantize_fp8(w, "block", block=(128, 128))
+    return x, w, aq, wq, sa, sw
+
+
+def test_quantize_fp8_blocks_have_torchs_layouts_and_round_trip():
+    x, w, aq, wq, sa, sw = _block_operands()
+    assert sa.shape == (200, 3) and sa.stride() == (1, 200)  # M-major, as torch's BlockWise1x128
+    assert sw.shape == (2, 3) and sw.is_contiguous()  # [N/128, K/128] row-major
+    for q, s, full, block in ((aq, sa, x, (1, 128)), (wq, sw, w, (128, 128))):
+        back = dequantize(q, s, block)
+        # each block's amax lands on 448, and each value is within half an e4m3 ulp of its block's top binade
+        assert (back - full).abs().max() <= 2 ** -4 * full.abs().max()
+        assert q.float().abs().max() == 448
+    # a block of its own range: the cut last block of A (columns 256..303) gets its own scale
+    x[:, 256:] *= 1000
+    _, sa2 = gemm_ladder.quantize_fp8(x, "block")
+    assert torch.allclose(sa2[:, 2], sa[:, 2] * 1000, rtol=1e-6) and torch.equal(sa2[:, :2], sa[:, :2])
+    with pytest.raises(ModuleInputError, match=r"block=\(64, 64\); use \(1, 128\)"):
+        gemm_ladder.quantize_fp8(w, "block", block=(64, 64))
+
+
+def test_check_call_takes_block_scales_by_their_shapes():
+    _, _, aq, wq, sa, sw = _block_operands()
+    call = check_call(aq, wq.t(), sa, sw.t())
+    assert (call.M, call.N, call.K, call.recipe, call.spec) == (200, 144, 304, "block", BLOCK)
+    with FakeTensorMode():
+        a = torch.empty(1000, 1024, dtype=torch.float8_e4m3fn)
+        w = torch.empty(3008, 1024, dtype=torch.float8_e4m3fn)
+        sa_f = torch.empty(8, 1000).t()
+        sb_f = torch.empty(24, 8).t()
+        d = torch.ops.gemm_ladder.scaled_mm(a, w.t(), sa_f, sb_f, None, torch.float16)
+        assert d.shape == (1000, 3008) and d.dtype == torch.float16
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda o: {**o, "scale_a": o["scale_a"].contiguous()}, r"M-major .* scale_a.t\(\).contiguous\(\).t\(\)"),
+    (lambda o: {**o, "scale_b": o["scale_b"].contiguous()}, r"\.t\(\) of a row-major \[N/128, K/128\]"),
+    (lambda o: {**o, "scale_b": o["scale_b"][:, :1]}, r"no recipe .* scale_b \[3, 2\] \(block"),
+    (lambda o: {**o, "scale_a": o["scale_a"].double()}, "scales are torch.float32"),
+])
+def test_check_call_refuses_block_scales_with_the_fix(change, words):
+    _, _, aq, wq, sa, sw = _block_operands()
+    o = change({"A": aq, "B": wq.t(), "scale_a": sa, "scale_b": sw.t()})
+    with pytest.raises(ModuleInputError, match=words):
+        check_call(o["A"], o["B"], o["scale_a"], o["scale_b"])
+
+
+def test_the_block_fallback_is_the_dequantized_product():
+    """Where no kernel serves a block call (torch 2.11 refuses block scales on sm_90), the fallback
+    computes the dequantized inputs' product in fp32: within bf16's rounding of an fp64 reference."""
+    _, _, aq, wq, sa, sw = _block_operands()
+    bias = torch.randn(144)
+    ref = (dequantize(aq, sa).double() @ dequantize(wq, sw, (128, 128)).double().t()) + bias.double()
+    d = TorchScaledMM("block", torch.bfloat16)(aq, wq, scale_a=sa.t(), scale_b=sw, bias=bias)
+    # bf16's half ulp, and fp32's sums (K = 304) of a near tie
+    err = (d.double() - ref).abs()
+    assert d.dtype == torch.bfloat16 and (err <= ref.abs() * 2 ** -8 + 1e-5 * ref.abs().max()).all()
+    assert (err > ref.abs() * 2 ** -10).any()  # it was rounded to bf16 (not compared to itself)
+
+
+def test_packs_build_block_scales_where_asked():
+    specs = kernel_pack.pack_specs((kernel_pack.FP8_INPUT,), fp8_scales=("block",), fp8_out=("bfloat16",))
+    assert specs == [BLOCK]
+    default = kernel_pack.pack_specs((kernel_pack.FP8_INPUT,), fp8_out=("bfloat16",))
+    assert {s.scales for s in default} == {"tensor", "row"}  # block quantizes weights differently: only by name
+
+
+# -- the GPU check's pure parts (benchmarks/fp8_check.py) --------------------------------------------
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import fp8_check  # noqa: E402  (the GPU check's pure parts)
+
+
+def test_the_gpu_check_selects_block_cases_with_their_per_tensor_peers():
+    modules, checks, timed = fp8_check.selected(["block"])
+    names = {m[0] for m in modules}
+    recipe = {m[0]: m[3] for m in fp8_check.MODULES}
+    # every block module is timed (but the odd shape's, checked only) ...
+    assert {t[0] for t in timed} | {"b_3008x1008_bias"} == {n for n in names if recipe[n] == "block"}
+    assert {t[2] for t in timed} == {n for n in names if recipe[n] == "tensor"}  # ... beside its per-tensor peer
+    assert {c[0] for c in checks} == names  # and every module that runs is checked
+    block_shapes = {(m[1], m[2]) for m in modules if m[3] == "block"}
+    assert (3008, 1008) in block_shapes  # N and K past whole 128 blocks
+    assert {(M, n) for n, M, _ in timed} >= {(4096, "b_7168x16384"), (4096, "b_4096x7168"), (128, "b_4096x7168"),
+                                            (8192, "b_8192x8192")}  # DeepGEMM's shapes and 8192^3
+    assert fp8_check.selected(None) == (fp8_check.MODULES, fp8_check.CHECKS, fp8_check.TIMED)
+    for _, N, K, rec, promote, bias, more in modules:
+        make_config("v9", 256, N, K, spec=fp8_check.spec_of(rec, bias), dynamic_m=True, promote=promote, **more)
+
+
+def test_the_gpu_check_hands_block_scales_to_the_kernel_as_they_lie():
+    _, _, aq, wq, sa, sw = _block_operands()
+    ops = fp8_check.kernel_scales(sa, sw.t(), "block")
+    assert ops["scale_a"].shape == (3, 200) and ops["scale_a"].is_contiguous()  # [K/128, M]
+    assert ops["scale_b"].shape == (2, 3) and ops["scale_b"].is_contiguous()  # [N/128, K/128]
+    da, dw = fp8_check.dequantized(aq, wq, sa, sw.t(), "block")
+    assert torch.equal(da, dequantize(aq, sa).double()) and torch.equal(dw, dequantize(wq, sw, (128, 128)).double())
+
+
+def test_the_pack_cli_plans_block_modules_by_name():
+    out = subprocess.run([sys.executable, "-m", "gemm_ladder", "pack", "build", "--weights", "4096x7168", "--dtypes",
+                          "float8_e4m3", "--fp8-scales", "block", "--dry-run"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=120,
+                         env={**os.environ, "GEMM_LADDER_TUNING_DB": "off"})
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if "float8_e4m3" in line]
+    assert len(rows) == 1 and "block -> bfloat16" in rows[0] and "1..16384" in rows[0], out.stdout
