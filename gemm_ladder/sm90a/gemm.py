@@ -44,7 +44,8 @@ per-column bias and an activation after it, v9 only; an fp8 spec's scales multip
 into which block scales, ``fp8.BlockScales``, are applied as each K block is added;
 a runtime scale alpha before the bias), then a residual ``+ beta . C`` (``epilogue.ResidualRead``:
 C's chunk loaded by TMA into the staging buffer it is about to be stored from, which makes ``out=C``
-safe; with v9's ``c_prefetch`` the tile's first chunk before its K loop, the others a chunk ahead); the spec's epilogue operands (tensors and fp32 scalars) are parameters after ``num_ctas``
+safe; with v9's ``c_prefetch`` the tile's first chunk before its K loop, the others a chunk
+ahead); the spec's epilogue operands (tensors and fp32 scalars) are parameters after ``num_ctas``
 (``epilogue.kernel_operands``, in the form here), the runtime's argument order.
 
 The running counts that index the ring (``load_it``, ``it``) and the staging buffers
