@@ -408,3 +408,17 @@ def test_the_key_holds_the_spec_only_past_a_bias():
     gelu = first_use.key_of("H100", 128, 256, 512, ids, spec_for("float16", "bias_gelu_tanh").text())
     assert gelu != plain and "act_gelu_tanh" in gelu
     assert front.fast_spec(dataclasses.replace(GemmSpec.with_bias(), a_major="M"))  # a layout: no spec in the key
+
+
+def test_torchs_in_graphs_route_binds_each_specs_own_operands():
+    """Inside capture a weight that needs a padded copy goes to torch's matmul (_weight_as_it_is);
+    its launcher is bound once per GPU with the operand names of its first call, so a bias call
+    and a residual call of one activation must not share it (C would be read as the bias)."""
+    A, B, bias, C = r(16, 12), r(20, 12), r(20), r(16, 20)
+    first = front._weight_as_it_is("none", GemmSpec.with_bias())  # pylint: disable=protected-access
+    D = torch.empty(16, 20).half()
+    first.run(A, B, D, {"bias": bias})
+    close(D, reference(A, B, bias))
+    second = front._weight_as_it_is("none", GemmSpec.with_epilogue(residual=True))  # pylint: disable=protected-access
+    second.run(A, B, D, {"C": C, "beta": 0.5})
+    close(D, reference(A, B, C=C, beta=0.5))
