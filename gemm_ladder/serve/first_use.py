@@ -30,7 +30,8 @@ each candidate on the caller's own A and B, and the winner is remembered:
   of the shape measures), nor with ``GEMM_LADDER_MEASURE=0``;
 - remembered: in the process (the route), and in a small JSON file (``$GEMM_LADDER_CHOICES``,
   default ``<cache>/choices.json``; ``off``: the process only), keyed on the GPU's name, the
-  candidates' sha256, M and the spec of an epilogue past a bias, both winners, so a new process skips the timing and a rebuilt pack is timed again.
+  candidates' sha256, M and the spec of an epilogue past a bias, both winners, so a new process
+  skips the timing and a rebuilt pack is timed again.
   An unreadable file is warned about once and rewritten.
 
 Written here, not taken from a library: Triton's autotuner times Triton kernels it compiles and

@@ -687,7 +687,8 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
                     fn = r.launchers[a.device.index]
                     ta, tb = takes_stored(r.module)
                     if ta or tb:
-                        call = lambda x, y, z: fn(x.t() if ta else x, y.t() if tb else y, z, *extras_of(z))  # noqa: E731
+                        call = lambda x, y, z: fn(x.t() if ta else x, y.t() if tb else y,  # noqa: E731
+                                                  z, *extras_of(z))
                     else:
                         call = lambda x, y, z: fn(x, y, z, *extras_of(z))  # noqa: E731
                 call(*sets[0])
