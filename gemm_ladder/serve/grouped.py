@@ -13,15 +13,19 @@ expert's ``nn.Linear.weight`` stacked (torch's ``mat_b`` is its ``[E, K, N]`` tr
 Rows past ``offs[-1]`` are not written (torch leaves them unspecified too; pass a zeroed ``out``
 where they are read).
 
-How a call finds its kernel (once per (E, N, K, dtype, GPU)): a module registered with
-:func:`use_grouped_module` (an exported v12 module, built with ``gemm_ladder.build('v12', 4096,
-N, K, experts=E, spec='d_bfloat16.grouped_true')``); else torch's own ``torch._grouped_mm`` (bf16;
-fp16 where this torch has it), else a loop of cuBLAS GEMMs over the experts (which reads ``offs``
-on the host: a sync, and not CUDA-graph capturable), with a ``KernelFallbackWarning`` once per
-shape. Registered modules are keyed by their layout too: a masked module (``layout='masked'``) serves
-``gemm_ladder.grouped_mm_masked`` (``serve/grouped_masked.py``) only. Kernel packs and the module
-cache do not hold grouped modules yet (the next step: a pack
-entry keyed by E as well as N and K).
+How a call finds its kernel (once per (E, N, K, dtype, GPU) and pack module): a module registered
+with :func:`use_grouped_module` (an exported v12 module, built with ``gemm_ladder.build('v12', 4096,
+N, K, experts=E, spec='d_bfloat16.grouped_true')``); else the kernel packs the front door reads
+(``gemm_ladder.use_pack``, ``$GEMM_LADDER_PACK``; ``pack build --grouped E,N,K``), by E, N, K, dtype,
+layout and the token count known without a sync (here A's rows: a pack holds a decode and a prefill
+module of a weight, ``plan.grouped_choices``), the module whose token range holds it, else the
+nearest; else torch's own ``torch._grouped_mm`` (bf16; fp16 where this torch has it), else a loop of
+cuBLAS GEMMs over the experts (which reads ``offs`` on the host: a sync, and not CUDA-graph
+capturable), with a ``KernelFallbackWarning`` once per shape; ``strict=True`` (or
+``GEMM_LADDER_STRICT=1``) raises ``NoKernelError`` instead. ``explain=True`` prints which kernel,
+from where (the pack and its file) and why. Registered modules are keyed by their layout too: a
+masked module (``layout='masked'``) serves ``gemm_ladder.grouped_mm_masked``
+(``serve/grouped_masked.py``) only.
 
 What is checked before a launch: types, dtypes (A and W fp16 or bf16 alike, offs int32), devices
 (one GPU), shapes (A [M, K], W [E, N, K] with W's K = A's, offs [E], out [M, N]), layouts

@@ -13,9 +13,11 @@ its inputs.) This is what decode under CUDA graphs needs: the graph is captured 
 ``max_tokens`` rows an expert and replayed with the counts of each step; the counts never cross
 to the host, so nothing syncs and the captured launch stays valid.
 
-How a call finds its kernel (once per (E, N, K, dtype, GPU)): a masked v12 module registered with
-``gemm_ladder.use_grouped_module`` (built with ``gemm_ladder.build('v12', 4096, N, K, experts=E,
-layout='masked', spec='d_bfloat16.grouped_true')``); else torch computes it: a batched GEMM over
+How a call finds its kernel (once per (E, N, K, dtype, GPU) and pack module): a masked v12 module
+registered with ``gemm_ladder.use_grouped_module`` (built with ``gemm_ladder.build('v12', 4096, N, K,
+experts=E, layout='masked', spec='d_bfloat16.grouped_true')``); else a kernel pack's masked module
+of the weight (``pack build --grouped E,N,K,masked``) whose token range holds A's max_tokens (the
+slot: the counts stay on the GPU), else the nearest; else torch computes it: a batched GEMM over
 every slot's max_tokens rows, then the valid rows selected into D on the device (no sync, CUDA-graph
 capturable, the rows past the counts kept), with a ``KernelFallbackWarning`` once per shape;
 ``strict=True`` (or ``GEMM_LADDER_STRICT=1``) raises ``NoKernelError`` instead.

@@ -40,6 +40,16 @@ first use (``serve.first_use``) times them and keeps whichever runs fastest on t
 ``pack build --no-alternatives`` leaves them out (a smaller pack; an entry without the field is
 the policy's choice, as every entry of an older pack).
 
+**Grouped weights** (issue 33: ``grouped_mm``, ``grouped_mm_masked``). ``pack build --grouped
+E,N,K[,layout]`` (``build_pack(grouped=[(E, N, K, layout or None)])``, both layouts where none is
+named) plans v12 modules by ``plan.grouped_choices``: a decode module (64x128 tiles) and a prefill
+module (the 128x256 defaults), each serving a range of token counts. Their entries add ``experts``,
+``layout`` and ``tokens`` (``[least, largest]`` of the count the grouped front door knows without a
+sync: rows of A for the contiguous layout, max_tokens for the masked one; ``m_range`` is the rows of
+A, ``E x`` that for the masked layout). :meth:`KernelPack.find_grouped` serves them; :meth:`find`
+and :meth:`serving` never do. An entry without ``experts`` (every entry of an older pack) is not
+grouped; the format's version is unchanged.
+
 ``spec`` is the module's operand spec (``gemm_ladder.core.spec``): a module serves a call of its spec
 only (a bias call, a bias module: ``pack build --epilogue bias``); an entry written before the
 field existed is a module of the default spec (its dtype in and out, no epilogue).

@@ -59,6 +59,10 @@ and the larger tile wins a tie.
 A new rung plugs in as a :class:`Rule` where it should take precedence, with its test in
 ``tests/test_plan.py``; a rule whose rung is missing is passed over (the ladder falls back).
 
+A grouped weight (v12, mixture of experts) is not a :class:`Problem`: :func:`grouped_choices` gives
+it a decode and a prefill module and the token counts each serves (the rule and its evidence are
+beside it), for the kernel packs (``kernel_pack.plan_grouped``).
+
 **The tuning database** (``gemm_ladder.serve.tuning_db``) is asked first: its best entry in the shape's
 bucket (every dim rounded to a power of two) replaces the rule's choice, by ratio to cuBLAS. A
 measured entry beats a rule that rests on a model alone, whatever its rung; against a rule with
