@@ -94,8 +94,7 @@ def _pack_build(a) -> int:
     try:
         if a.dry_run:
             items = kernel_pack.plan_pack(shapes, dtypes, a.arch, a.sms, not a.static, tuple(a.epilogue), weights,
-                                          layouts, **fp8, alternatives=not a.no_alternatives) \
-                + kernel_pack.plan_grouped(grouped, dtypes, a.arch)
+                                          layouts, **fp8, alternatives=not a.no_alternatives, grouped=grouped)
             rows = [_row(e) for e in _in_m_order(e for i in items for e in kernel_pack.entries_of(i))]
             print(report.table(rows, list(rows[0])))
             print(f"{len(items)} modules (dry run: nothing built)")

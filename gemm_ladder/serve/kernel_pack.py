@@ -454,7 +454,7 @@ def _check_fp8_extents(N: int, K: int) -> None:
 
 def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
               epilogues=("none",), weights=(), layouts=(("K", "K"),), fp8_scales=FP8_DEFAULT_SCALES,
-              fp8_out=("bfloat16",), alternatives: bool = True) -> list[dict]:
+              fp8_out=("bfloat16",), alternatives: bool = True, grouped=(), grouped_dtypes=None) -> list[dict]:
     """The modules a pack needs for ``shapes`` (``(M, N, K)``: those M) and ``weights``
     (``(N, K)``: every bucket of :func:`weight_buckets`) in ``dtypes`` with each of ``epilogues``
     (``none``, ``bias``, ``bias_gelu_tanh``, ...: the operand spec, ``spec.spec_for``) and each of
@@ -466,13 +466,16 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
     pack.json entry it gets (:func:`_runs`; each run says whether it is an ``alternative``).
     ``float8_e4m3`` among ``dtypes``: fp8 modules of each recipe of ``fp8_scales`` and D of
     ``fp8_out`` (:func:`pack_specs`). ``alternatives``: also the modules ``plan.alternatives``
-    offers beside a choice that leaves most SMs idle, serving the same M (see the module docstring)."""
+    offers beside a choice that leaves most SMs idle, serving the same M (see the module docstring).
+    ``grouped``: grouped weights ``(E, N, K, layout or None)`` in ``grouped_dtypes`` (default
+    ``dtypes``), as :func:`plan_grouped`."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
     # pylint: disable=import-outside-toplevel
     from ..compile.batch import BuildJob
     from ..rungs import rung_module
     from . import plan
 
+    grouped_items = _grouped_items(grouped, dtypes if grouped_dtypes is None else grouped_dtypes, arch, plan, BuildJob)
     specs = pack_specs(dtypes, epilogues, layouts, fp8_scales, fp8_out)
     sms = sms or plan.default_sms(arch)
     groups: dict = {}
@@ -520,7 +523,7 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
             served += [{**run, "alternative": True} if alt else run for run in runs]
         out.append({"job": job, "file": file, "dynamic_m": g["dynamic_m"], "choice": g["choice"].get(False,
                     g["choice"].get(True)), "alt_choice": g["choice"].get(True), "served": served})
-    return out
+    return out + grouped_items
 
 
 GROUPED_BUILD_M = 4096  # the M a grouped module is built at (serve.grouped.BUILD_M: M is read at run time)
@@ -531,11 +534,12 @@ def plan_grouped(grouped, dtypes, arch: str = "sm_90a") -> list[dict]:
     (``layout`` None: both), each planned in each 16-bit dtype of ``dtypes`` by
     ``plan.grouped_choices`` (a decode and a prefill module, each with the token range it serves).
     Items as :func:`plan_pack`'s, with ``grouped`` (the entry's ``experts``, ``layout``)."""
-    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
-    # pylint: disable=import-outside-toplevel
-    from ..compile.batch import BuildJob
-    from . import plan
+    return plan_pack([], [], arch, grouped=grouped, grouped_dtypes=dtypes)
 
+
+def _grouped_items(grouped, dtypes, arch: str, plan, BuildJob) -> list[dict]:  # pylint: disable=invalid-name
+    """:func:`plan_grouped`'s items; ``plan`` and ``BuildJob`` are :func:`plan_pack`'s imports
+    of the build layer."""
     out: dict = {}
     for E, N, K, layout in grouped:
         for dtype in dtypes:
@@ -608,7 +612,7 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues, weights, layouts, fp8_scales, fp8_out,
-                      alternatives) + plan_grouped(grouped, dtypes, arch)
+                      alternatives, grouped)
     results = map_in_processes(_pack_worker, [(i, str(out), cache_root) for i in items], workers)
     results = [r if isinstance(r, dict) else {"file": i["file"], "status": "failed", "detail": repr(r)}
                for i, r in zip(items, results)]
