@@ -263,3 +263,34 @@ def test_build_a_small_grouped_pack(tmp_path, monkeypatch):
     few = pk.find_grouped("masked", 4, 256, 128, "float16", "sm_90a", 8)
     many = pk.find_grouped("masked", 4, 256, 128, "float16", "sm_90a", 1000)
     assert read_manifest(few.path)["knobs"]["blk_m"] == 64 and read_manifest(many.path)["knobs"]["blk_m"] == 128
+
+
+# -- benchmarks/grouped_check.py's pack mode (the pure parts; run is the GPU's) ------------------------
+@pytest.fixture(scope="module")
+def gc():
+    import importlib.util  # pylint: disable=import-outside-toplevel  (a script, not a package)
+
+    path = REPO / "benchmarks" / "grouped_check.py"
+    spec = importlib.util.spec_from_file_location("grouped_check_pack", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["grouped_check_pack"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_gpu_check_gives_every_pack_module_a_count_it_serves(gc):
+    """pack_cases picks a token count inside each module's range, so that the front door must take
+    each module of the pack once; the case survives the trip to the child job."""
+    items = kernel_pack.plan_grouped([(E, N, K, None) for _, E, N, K in gc.SHAPES], ["bfloat16"])
+    entries = [e for i in items for e in kernel_pack.entries_of(i)]
+    cases = gc.pack_cases(entries)
+    assert len(cases) == len(entries) == len(gc.SHAPES) * 2 * 2
+    for c in cases:
+        pk_entry = next(e for e in entries if e["file"] == c["file"])
+        assert pk_entry["tokens"][0] <= c["tokens"] <= pk_entry["tokens"][1]
+        folder, back = gc.parse_case_item(gc.case_item("/x/pack", c))
+        assert folder == "/x/pack" and back == {k: c[k] for k in back}
+    # the cases of one weight and layout land on different modules
+    mixtral = [c for c in cases if c["experts"] == 8 and c["layout"] == "contiguous"]
+    assert sorted(c["rule"] for c in mixtral) == ["grouped-decode", "grouped-prefill"]
+    assert len({c["file"] for c in mixtral}) == 2
