@@ -294,3 +294,32 @@ def test_the_gpu_check_gives_every_pack_module_a_count_it_serves(gc):
     mixtral = [c for c in cases if c["experts"] == 8 and c["layout"] == "contiguous"]
     assert sorted(c["rule"] for c in mixtral) == ["grouped-decode", "grouped-prefill"]
     assert len({c["file"] for c in mixtral}) == 2
+
+
+def test_the_gpu_checks_rows_say_which_module_served_and_refuse_another(gc, monkeypatch, tmp_path):
+    """run_pack on made-up child results: a case is correct only where the front door served the
+    module the plan expected; ratios are torch's time over ours; the file is written."""
+    cases = gc.pack_cases([e for i in kernel_pack.plan_grouped([(8, 14336, 4096, "contiguous")], ["bfloat16"])
+                           for e in kernel_pack.entries_of(i)])
+    times = {"ours": {"graph_ms": 1.0, "queued_ms": 1.2}, "grouped_mm": {"graph_ms": 1.1, "queued_ms": 1.3}}
+    fake = [{"status": "ok", "kernel": f"kernel: v12 layout=contiguous {cases[0]['file']}", "cases": [], "times": times},
+            {"status": "ok", "kernel": f"kernel: v12 layout=contiguous {cases[0]['file']}", "cases": []}]  # wrong one
+
+    class Sampler:
+        def stop(self):
+            pass
+
+        def between(self, *_):
+            return {}
+
+    monkeypatch.setattr(gc.isolate, "run_batch", lambda job, items, **kw: fake[:len(items)])
+    monkeypatch.setattr(gc.harness, "gpu_info", lambda: {"name": "stand-in"})
+    monkeypatch.setattr(gc, "Sampler", Sampler)
+    out = tmp_path / "grouped_pack.json"
+    assert gc.run_pack(tmp_path, out, {"pack": "pack", "cases": cases}) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["correct"] for r in rows] == [True, False]
+    assert rows[0]["ratio_to_grouped_mm"] == pytest.approx(1.1) and rows[0]["layout"] == "contiguous"
+    assert rows[1]["detail"] and rows[1]["expected"] == cases[1]["file"]
+    assert {"layout", "experts", "tokens", "N", "K", "dtype", "routing", "correct", "ratio_to_grouped_mm",
+            "peer_ratios"} <= set(rows[0])
