@@ -79,10 +79,10 @@ D's shape and dtype, contiguous, apart from A, B and the bias, or ``out`` itself
 ``beta`` after the activation, all in fp32 before rounding: ``D = act(alpha A.B^T + bias) + beta C``
 (v9 reads C's chunk by TMA into the staging buffer it then stores D from, which makes ``out=C``
 safe: ``sm90a.epilogue.ResidualRead``). ``out_dtype=torch.float32`` makes D float32 (the spec's
-``d``; a bias then goes to the kernel in float32; a residual with a float32 D is not built, torch
-computes it). Where no module serves, torch computes the same formula (``TorchMatmul``), with the
-warning. A call with any of these but the bias takes the checked path every time (the fast path
-of repeated calls below does not cover them yet).
+``d``; a bias and a residual then go to the kernel in float32). Where no module serves, torch
+computes the same formula (``TorchMatmul``), with the warning. A call with any of these but the
+bias takes the checked path every time (the fast path of repeated calls below does not cover them
+yet).
 
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
 It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
@@ -1164,7 +1164,7 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     ``silu`` or None, all in fp32 before rounding, on the GPU, for any shape (see the module
     docstring); returns D (or ``out``). ``alpha``, ``beta``: Python floats (runtime values of one
     module); ``residual``: C of D's shape and dtype, which may be ``out`` itself (in place);
-    ``out_dtype``: None (A's dtype) or torch.float32 (v9 builds it; with a residual torch computes it).
+    ``out_dtype``: None (A's dtype) or torch.float32 (v9 builds it; a residual then in float32 too).
 
     ``strict``: where no kernel of ours serves the shape, raise :class:`NoKernelError` instead of
     computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
