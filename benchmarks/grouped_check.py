@@ -30,6 +30,14 @@ overwritten; the timing (``masked_time_job``, bf16) runs the decode batches of
 on the same rows gathered contiguous, a bmm over every slot (a decode graph without masking) and a
 loop over the experts with rows. ``run --layout masked`` runs only these.
 
+``prepare DIR --pack`` builds instead a kernel pack of the SHAPES' weights (``pack build --grouped``:
+a decode and a prefill module each, both layouts, both dtypes) into DIR/pack, and ``run`` then
+serves every case through the front doors with ``use_pack`` and ``strict=True``
+(``pack_check_job``): at one token count inside each module's range, the front door must take that
+module (``explain``), be correct on two routings with D poisoned, replay a CUDA graph of the front
+door after the routing changed, and (bf16) be timed against ``torch._grouped_mm`` (masked: also the
+bmm over every slot). Rows add ``served_by`` and ``rule``.
+
 3. rows in the issue's results format (``layout``, ``experts``, ``tokens``, ``N``, ``K``,
    ``dtype``, ``routing``, ``correct``, ``ratio_to_grouped_mm`` = torch's time over ours (graphs),
    ``peer_ratios``), the GPU, its clocks (sampled through the run) and the commit.
@@ -37,6 +45,7 @@ loop over the experts with rows. ``run --layout masked`` runs only these.
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_check.py prepare build/grouped          # build box
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_check.py run build/grouped --out out/grouped_check.json   # GPU box
+    (kernel packs: prepare build/grouped_pack --pack, run build/grouped_pack --out out/grouped_pack_check.json)
 
 About 2-3 minutes on an H100 for the contiguous layout, about 2 more for the masked one (estimates
 until the first run); DIR about 6.5 MiB (30 modules: the shapes in both dtypes and both layouts, and
@@ -64,6 +73,7 @@ import gemm_ladder  # noqa: E402
 import gemm_ladder.serve.grouped_ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.grouped_mm)
 from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.measure import harness, isolate  # noqa: E402
+from gemm_ladder.serve import front, grouped as grouped_door, grouped_masked, kernel_pack  # noqa: E402
 from gemm_ladder.serve.grouped import spec_of_dtype, use_grouped_module  # noqa: E402
 
 FORMAT = "gemm_ladder.grouped_check"
@@ -252,6 +262,199 @@ def prepare(out) -> int:
     files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules})
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(f"{len(modules)} modules, {size / 2**20:.1f} MiB in {folder}")
+    return 0
+
+
+# -- kernel packs (prepare --pack; run serves through the front doors with use_pack) -------------------
+PACK_FOLDER = "pack"
+PACK_TIMED_DTYPES = ("bfloat16",)  # torch._grouped_mm's dtype; both dtypes are checked
+
+
+def pack_cases(entries) -> list[dict]:
+    """One case a pack entry: its weight and layout, and a token count inside its range (rows of
+    A; masked: max_tokens) near the checks' usual size, so that each module of the pack serves one."""
+    cases = []
+    for e in entries:
+        if not kernel_pack.is_grouped(e):
+            continue
+        lo, hi = e["tokens"]
+        usual = CHECK_TOKENS if e["layout"] == "contiguous" else check_max_tokens(e["experts"])
+        cases.append({"layout": e["layout"], "experts": e["experts"], "N": e["shape"][1], "K": e["shape"][2],
+                      "dtype": e["dtype"], "tokens": max(lo, min(hi, usual)), "file": e["file"],
+                      "rule": (e.get("choice") or {}).get("rule")})
+    return sorted(cases, key=lambda c: (c["layout"], c["experts"], c["dtype"], c["tokens"]))
+
+
+def case_item(folder, case: dict) -> str:
+    """A case as the one word isolate hands a child job: the pack folder and the case, ``#``-joined."""
+    return "#".join([str(folder)] + [str(case[k]) for k in ("layout", "experts", "N", "K", "dtype", "tokens")])
+
+
+def parse_case_item(item: str) -> tuple[str, dict]:
+    folder, layout, E, N, K, dtype, tokens = item.split("#")
+    return folder, {"layout": layout, "experts": int(E), "N": int(N), "K": int(K), "dtype": dtype, "tokens": int(tokens)}
+
+
+def prepare_pack(out) -> int:
+    """The SHAPES' weights as a kernel pack (both layouts and dtypes), and the plan of its cases."""
+    folder = files.open_folder(out)
+    man = kernel_pack.build_pack(folder / PACK_FOLDER, [], list(DTYPES),
+                                 grouped=[(E, N, K, None) for _, E, N, K in SHAPES],
+                                 request={"grouped": [f"{E},{N},{K}" for _, E, N, K in SHAPES]})
+    failed = [r for r in man["results"] if r["status"] == "failed"]
+    for r in failed:
+        print(f"failed: {r['file']}: {r['detail']}", file=sys.stderr)
+    cases = pack_cases(man["modules"])
+    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "pack": PACK_FOLDER, "cases": cases})
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"{len(man['results'])} modules in a pack, {len(cases)} cases, {size / 2**20:.1f} MiB in {folder}")
+    return 1 if failed else 0
+
+
+def _served(layout, E, N, K, dtype, tokens) -> tuple[str, str]:
+    """(source, kernel line) of the front door's route for this call (strict)."""
+    index = torch.cuda.current_device()
+    route = (grouped_door.route_of(E, N, K, dtype, index, tokens, True) if layout == "contiguous" else
+             grouped_masked.route_of(E, N, K, dtype, index, True, tokens))
+    return route.source, route.lines[0]
+
+
+def pack_check_job(item, args) -> dict:
+    """One case through the front door with the pack (strict: no fallback): which module served,
+    two routings checked with D poisoned, a CUDA graph of the front door replayed after the
+    routing changed, then (bf16) timed against torch's peers."""
+    folder, c = parse_case_item(item)
+    if not any(p.folder == Path(folder) for p in front.packs()):  # once a child (its jobs run one after another)
+        gemm_ladder.use_pack(folder)
+    E, N, K, dtype, tokens, layout = c["experts"], c["N"], c["K"], c["dtype"], c["tokens"], c["layout"]
+    masked = layout == "masked"
+    floor, dt = ERROR_FLOOR[dtype], getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    W = torch.randn(E, N, K, device="cuda", generator=g, dtype=dt).div_(math.sqrt(K))
+    if masked:
+        A = torch.randn(E, tokens, K, device="cuda", generator=g, dtype=dt)
+        D = torch.empty(E, tokens, N, device="cuda", dtype=dt)
+        routings = ("zipf", "odd", "one_full")
+
+        def table(routing, seed):
+            return masked_counts_of(routing, E, tokens, seed)
+
+        def call(t):
+            gemm_ladder.grouped_mm_masked(A, W, t, out=D, strict=True)
+
+        def errors(values):
+            return _masked_errors(A, W, values, D)
+    else:
+        A = torch.randn(tokens, K, device="cuda", generator=g, dtype=dt)
+        D = torch.empty(tokens, N, device="cuda", dtype=dt)
+        routings = ("zipf", "odd", "one")
+
+        def table(routing, seed):
+            return offsets_of(counts_of(routing, E, tokens, seed))
+
+        def call(t):
+            gemm_ladder.grouped_mm(A, W, t, out=D, strict=True)
+
+        def errors(values):
+            return _errors(A, W, values, D, tokens)
+
+    source, kernel = _served(layout, E, N, K, dtype, tokens)
+    cases, ok_all = [], source == "kernel pack"
+    t = torch.tensor(table(routings[0], 0), dtype=torch.int32, device="cuda")
+    for i, routing in enumerate(routings[:2]):
+        values = table(routing, i)
+        t.copy_(torch.tensor(values, dtype=torch.int32))
+        D.fill_(float("nan"))
+        call(t)
+        torch.cuda.synchronize()
+        rel, trel, nan, past = errors(values)
+        ok = nan == 0 and past == 0 and rel <= 2 * trel + floor
+        ok_all &= ok
+        cases.append({"routing": routing, "ok": ok, "rel_err": rel, "torch_rel_err": trel, "nan": nan,
+                      "rows_past_written": past})
+    # the front door captured once, replayed after the routing changed on the device
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(t)
+    values = table(routings[2], 5)
+    t.copy_(torch.tensor(values, dtype=torch.int32))
+    D.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    rel, trel, nan, past = errors(values)
+    graph_ok = nan == 0 and past == 0 and rel <= 2 * trel + floor
+    ok_all &= graph_ok
+    cases.append({"routing": routings[2] + " (graph replay)", "ok": graph_ok, "rel_err": rel, "torch_rel_err": trel,
+                  "nan": nan, "rows_past_written": past})
+    out = {"status": "ok" if ok_all else "wrong", "source": source, "kernel": kernel, "cases": cases}
+    if ok_all and dtype in PACK_TIMED_DTYPES:
+        out["times"] = _pack_times(c, W)
+    return out
+
+
+def _pack_times(c: dict, W) -> dict:
+    """The front door (with the pack) against torch._grouped_mm (masked: on the same rows gathered
+    contiguous, and a bmm over every slot) on balanced routing, in rotating rounds."""
+    E, N, K, tokens, masked = c["experts"], c["N"], c["K"], c["tokens"], c["layout"] == "masked"
+    Wt = W.transpose(1, 2)
+    l2 = device.probe(0).l2_bytes or (50 << 20)
+    counts = counts_of("balanced", E, E * tokens // 2 if masked else tokens)  # masked: each slot half full
+    rows = sum(counts)
+    per_set = 2 * ((E * tokens if masked else rows) + rows) * (K + N)
+    sets = []
+    for _ in range(max(2, math.ceil(2 * l2 / (per_set + W.numel() * W.element_size())))):
+        A = torch.randn(*((E, tokens) if masked else (rows,)), K, device="cuda").to(W.dtype)
+        D = torch.empty(*((E, tokens) if masked else (rows,)), N, device="cuda", dtype=W.dtype)
+        table = torch.tensor(counts if masked else offsets_of(counts), dtype=torch.int32, device="cuda")
+        sets.append((A, table, D, torch.randn(rows, K, device="cuda").to(W.dtype),
+                     torch.tensor(offsets_of(counts), dtype=torch.int32, device="cuda")))
+
+    def ours(A, table, D, Ac, offs):  # pylint: disable=unused-argument
+        (gemm_ladder.grouped_mm_masked if masked else gemm_ladder.grouped_mm)(A, W, table, out=D, strict=True)
+
+    def grouped_mm(A, table, D, Ac, offs):  # pylint: disable=unused-argument
+        torch._grouped_mm(Ac, Wt, offs=offs)  # pylint: disable=protected-access
+
+    def bmm(A, table, D, Ac, offs):  # pylint: disable=unused-argument
+        torch.bmm(A, Wt, out=D)
+
+    parties = {"ours": ours, **({"bmm": bmm} if masked else {})}
+    if _grouped_mm_works(sets[0][3], W, sets[0][4]):
+        parties["grouped_mm"] = grouped_mm
+    return _rounds(parties, sets, 2.0 * rows * N * K)
+
+
+def run_pack(folder, out, plan: dict) -> int:
+    """run for a DIR of prepare --pack: every case in children, rows in the issue's format."""
+    sampler, start = Sampler(), time.time()
+    cases = plan["cases"]
+    items = [case_item(folder / plan["pack"], c) for c in cases]
+    try:
+        results = isolate.run_batch("benchmarks.grouped_check:pack_check_job", items, timeout=TIME_TIMEOUT,
+                                    explain=False)
+    finally:
+        sampler.stop()
+    rows = []
+    for c, res in zip(cases, results):
+        correct = res.get("status") == "ok" and c["file"] in res.get("kernel", "")
+        peers = MASKED_PEERS[:2] if c["layout"] == "masked" else ("grouped_mm",)
+        base = {k: c[k] for k in ("experts", "N", "K", "dtype", "tokens")}
+        rows.append({**row({**base, "routing": "balanced" if res.get("times") else None, "kind": "pack",
+                            "served_by": res.get("kernel"), "expected": c["file"], "rule": c["rule"],
+                            "cases": res.get("cases"), "detail": None if correct else json.dumps(res)[:2000]},
+                           correct, res.get("times") or {}, c["layout"], peers)})
+    ratios = [r["ratio_to_grouped_mm"] for r in rows if r["ratio_to_grouped_mm"]]
+    result = {"format": FORMAT, "gpu": harness.gpu_info(), **harness.run_info(),
+              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+              "summary": {"cases": len(rows), "correct": sum(r["correct"] for r in rows),
+                          "geomean_ratio_to_grouped_mm": math.exp(statistics.fmean(map(math.log, ratios)))
+                          if ratios else None},
+              "rows": rows}
+    files.write_json(out, result)
+    for r in rows:
+        print(f"{r['layout']:10s} E={r['experts']:3d} {r['N']}x{r['K']} {r['dtype']:8s} tokens={r['tokens']:6d} "
+              f"{r['rule'] or '':16s} correct={r['correct']} x grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f}")
+    print(json.dumps(result["summary"]), f"{result['seconds']:.0f} s; wrote {out}")
     return 0
 
 
@@ -626,6 +829,8 @@ def run(folder, out, layouts=LAYOUTS) -> int:
     if plan.get("format") != FORMAT:
         print(f"grouped_check run: {folder / PLAN_FILE} is not a {FORMAT} plan: run prepare again", file=sys.stderr)
         return 2
+    if "pack" in plan:
+        return run_pack(folder, out, plan)
     sampler, start = Sampler(), time.time()
     modules = [m for m in plan["modules"] if m.get("layout", "contiguous") in layouts]
     paths = [str(folder / m["file"]) for m in modules]
@@ -669,6 +874,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     pr = sub.add_parser("prepare", help="build box: the v12 modules of SHAPES x DTYPES into DIR")
     pr.add_argument("out")
+    pr.add_argument("--pack", action="store_true", help="a kernel pack of the SHAPES' weights instead (pack build "
+                                                          "--grouped); run serves it through the front doors")
     r = sub.add_parser("run", help="GPU box: check, capture and time every module of DIR")
     r.add_argument("folder")
     r.add_argument("--out", default="grouped_check.json")
@@ -676,7 +883,7 @@ def main(argv=None) -> int:
                    help="the modules of one layout only (masked: about 2 minutes on an H100)")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        return prepare(a.out)
+        return prepare_pack(a.out) if a.pack else prepare(a.out)
     if "grouped" not in Path(a.out).name:
         p.error(f"--out {a.out}: the results file's name must contain 'grouped' (issue 33's results format)")
     return run(a.folder, a.out, LAYOUTS if a.layout == "both" else (a.layout,))

@@ -7,6 +7,7 @@ and the shape suite. Argument parsing only (the library: ``kernel_pack``, ``suit
     python -m gemm_ladder pack build --shapes 16x4096x4096,2048x6144x4096 --out build/pack
     python -m gemm_ladder pack build --suite --out build/suite_pack
     python -m gemm_ladder pack build --weights 4096x4096 --dtypes float8_e4m3 --fp8-scales row   # scaled_mm's
+    python -m gemm_ladder pack build --grouped 8,14336,4096 --grouped 64,1408,2048,masked --dtypes bfloat16  # MoE
     python -m gemm_ladder pack show build/pack           # what the pack holds, and which rule chose it
     python -m gemm_ladder pack check build/pack          # every module against pack.json
     python -m gemm_ladder suite run --pack build/suite_pack --out suite.json   # GPU box
@@ -48,14 +49,15 @@ def _pack_request(a) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]
         raise UsageError("--m narrows --model to these M; for a weight at given M use --shapes MxNxK")
     if a.suite:
         shapes += suite.shapes()
-    if not shapes and not weights:
-        raise UsageError("pack build needs --weights, --shapes, --model or --suite")
+    if not shapes and not weights and not a.grouped:
+        raise UsageError("pack build needs --weights, --shapes, --model, --suite or --grouped")
     return sorted(set(shapes)), sorted(set(weights))
 
 
 def _in_m_order(entries) -> list[dict]:
     """Pack entries by dtype and weight, each weight's in M order."""
-    return sorted(entries, key=lambda e: (e["dtype"], e["shape"][1], e["shape"][2], e["m_range"][0]))
+    return sorted(entries, key=lambda e: (kernel_pack.is_grouped(e), e.get("layout") or "", e["dtype"], e["shape"][1],
+                                          e["shape"][2], e.get("experts") or 0, e["m_range"][0]))
 
 
 def _dtype_text(e: dict) -> str:
@@ -69,6 +71,12 @@ def _row(e: dict) -> dict:
     """``pack show``'s row of an entry: the module, the M it serves and the M its knobs were chosen at."""
     lo, hi = e["m_range"]
     served = f"{lo}..{hi}" if e["dynamic_m"] else f"{hi} (less: padded)"
+    if kernel_pack.is_grouped(e):  # the token count the grouped front door looks up by
+        t_lo, t_hi = e["tokens"]
+        served = f"{t_lo}..{t_hi} " + ("rows" if e["layout"] == "contiguous" else "max_tokens")
+        return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['experts']}x{e['shape'][1]}x{e['shape'][2]} "
+                f"{e['layout']}", "dtype": e["dtype"], "M served": served, "chosen at M": "",
+                "rule": (e.get("choice") or {}).get("rule", ""), "role": "choice"}
     return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}", "dtype": _dtype_text(e),
             "M served": served, "chosen at M": ",".join(map(str, e.get("m_values") or [])),
             "rule": (e.get("choice") or {}).get("rule", ""),
@@ -77,6 +85,7 @@ def _row(e: dict) -> dict:
 
 def _pack_build(a) -> int:
     shapes, weights = _pack_request(a)
+    grouped = list(dict.fromkeys(a.grouped or ()))
     dtypes = a.dtypes or list(DTYPES)
     layouts = tuple(OPERAND_LAYOUTS[name] for name in a.layouts)
     if (a.fp8_scales or a.fp8_out) and kernel_pack.FP8_INPUT not in dtypes:
@@ -85,7 +94,7 @@ def _pack_build(a) -> int:
     try:
         if a.dry_run:
             items = kernel_pack.plan_pack(shapes, dtypes, a.arch, a.sms, not a.static, tuple(a.epilogue), weights,
-                                          layouts, **fp8, alternatives=not a.no_alternatives)
+                                          layouts, **fp8, alternatives=not a.no_alternatives, grouped=grouped)
             rows = [_row(e) for e in _in_m_order(e for i in items for e in kernel_pack.entries_of(i))]
             print(report.table(rows, list(rows[0])))
             print(f"{len(items)} modules (dry run: nothing built)")
@@ -97,10 +106,11 @@ def _pack_build(a) -> int:
                                               "model": a.model, "suite": a.suite, "m": list(a.m or []),
                                               "epilogues": list(a.epilogue), "layouts": list(a.layouts),
                                               "alternatives": not a.no_alternatives,
+                                              "grouped": [",".join(map(str, g if g[3] else g[:3])) for g in grouped],
                                               **({k: list(v) for k, v in fp8.items()}
                                                  if kernel_pack.FP8_INPUT in dtypes else {})},
                                      epilogues=tuple(a.epilogue), weights=weights, layouts=layouts, **fp8,
-                                     alternatives=not a.no_alternatives)
+                                     alternatives=not a.no_alternatives, grouped=grouped)
     except (ConfigError, LookupError, FolderError) as err:  # a shape no kernel takes, an --out that is no folder
         raise UsageError(str(err)) from None
     for r in man["results"]:
@@ -192,6 +202,10 @@ def add_parsers(sub) -> None:
     b.add_argument("--m", type=cli_types.whole_numbers(1, "16,128"), default=None,
                    help="build --model for these M only (as --shapes)")
     b.add_argument("--suite", action="store_true", help="every shape of the shape suite")
+    b.add_argument("--grouped", action="append", type=cli_types.grouped_weight, default=None, metavar="E,N,K[,LAYOUT]",
+                   help="an expert weight [E, N, K] for grouped_mm (contiguous) and grouped_mm_masked (masked), or "
+                        "the layout named: a decode and a prefill module each, by the token counts they serve "
+                        "(plan.grouped_choices); repeat the flag for more weights")
     b.add_argument("--dtypes", type=cli_types.names(kernel_pack.PACK_DTYPES, "dtype"), default=None,
                    help=f"the input dtypes (default {','.join(DTYPES)}); {kernel_pack.FP8_INPUT}: scaled_mm's fp8 "
                         "modules, of each recipe of --fp8-scales and D of --fp8-out")

@@ -176,7 +176,7 @@ def test_the_op_compiles_with_changing_counts(monkeypatch):
 
 
 def test_strict_mode_raises_where_no_module_serves(monkeypatch):
-    monkeypatch.setattr(grouped_masked.device, "arch_of", lambda index: "sm_90a")
+    monkeypatch.setattr(grouped.device, "arch_of", lambda index: "sm_90a")
     grouped.reset()
     refused(lambda: grouped_masked.route_of(8, 4096, 1024, "float16", 0, strict=True), "strict mode",
             "layout='masked'", "use_grouped_module", error=NoKernelError)
@@ -192,7 +192,7 @@ def test_strict_mode_raises_where_no_module_serves(monkeypatch):
 def test_a_masked_module_serves_only_the_masked_door(monkeypatch):
     """The registry is keyed by layout: a masked module never serves grouped_mm (whose int32
     operand is offs, not counts), and the other way round."""
-    monkeypatch.setattr(grouped_masked.device, "arch_of", lambda index: "sm_90a")
+    monkeypatch.setattr(grouped.device, "arch_of", lambda index: "sm_90a")
     grouped.reset()
 
     class Module:

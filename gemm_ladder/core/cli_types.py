@@ -126,6 +126,26 @@ def weights(text: str) -> list[tuple[int, int]]:
         raise _refuse(f"weights {text!r}: {err}") from None
 
 
+GROUPED_LAYOUTS = ("contiguous", "masked")  # v12's (a pack request without one builds both)
+
+
+def grouped_weight(text: str) -> tuple[int, int, int, str | None]:
+    """``E,N,K[,layout]`` (``8,14336,4096,masked``): an expert weight ``[E, N, K]`` (E experts,
+    each an ``nn.Linear`` of N outputs and K inputs) for the grouped GEMM, in one layout or (none
+    named) both; the flag repeats for more weights."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) not in (3, 4):
+        raise _refuse(f"grouped weight {text!r} is not E,N,K or E,N,K,layout (experts, output and input features "
+                      f"of each, and {' or '.join(GROUPED_LAYOUTS)}), e.g. 8,14336,4096 or 64,1408,2048,masked")
+    if len(parts) == 4 and parts[3] not in GROUPED_LAYOUTS:
+        raise _refuse(f"grouped weight {text!r}: layout {parts[3]!r} is not {' or '.join(GROUPED_LAYOUTS)}; leave "
+                      "it out for both")
+    E, N, K = (_int(x, "8,14336,4096") for x in parts[:3])
+    if min(E, N, K) < 1:
+        raise _refuse(f"grouped weight {text!r}: E, N and K must be positive, e.g. 8,14336,4096")
+    return E, N, K, parts[3] if len(parts) == 4 else None
+
+
 def one_of(known, what: str):
     """One name of ``known`` (a positional argument that may repeat: ``check v5 v6``)."""
     known = tuple(known)

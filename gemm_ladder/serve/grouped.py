@@ -13,15 +13,19 @@ expert's ``nn.Linear.weight`` stacked (torch's ``mat_b`` is its ``[E, K, N]`` tr
 Rows past ``offs[-1]`` are not written (torch leaves them unspecified too; pass a zeroed ``out``
 where they are read).
 
-How a call finds its kernel (once per (E, N, K, dtype, GPU)): a module registered with
-:func:`use_grouped_module` (an exported v12 module, built with ``gemm_ladder.build('v12', 4096,
-N, K, experts=E, spec='d_bfloat16.grouped_true')``); else torch's own ``torch._grouped_mm`` (bf16;
-fp16 where this torch has it), else a loop of cuBLAS GEMMs over the experts (which reads ``offs``
-on the host: a sync, and not CUDA-graph capturable), with a ``KernelFallbackWarning`` once per
-shape. Registered modules are keyed by their layout too: a masked module (``layout='masked'``) serves
-``gemm_ladder.grouped_mm_masked`` (``serve/grouped_masked.py``) only. Kernel packs and the module
-cache do not hold grouped modules yet (the next step: a pack
-entry keyed by E as well as N and K).
+How a call finds its kernel (once per (E, N, K, dtype, GPU) and pack module): a module registered
+with :func:`use_grouped_module` (an exported v12 module, built with ``gemm_ladder.build('v12', 4096,
+N, K, experts=E, spec='d_bfloat16.grouped_true')``); else the kernel packs the front door reads
+(``gemm_ladder.use_pack``, ``$GEMM_LADDER_PACK``; ``pack build --grouped E,N,K``), by E, N, K, dtype,
+layout and the token count known without a sync (here A's rows: a pack holds a decode and a prefill
+module of a weight, ``plan.grouped_choices``), the module whose token range holds it, else the
+nearest; else torch's own ``torch._grouped_mm`` (bf16; fp16 where this torch has it), else a loop of
+cuBLAS GEMMs over the experts (which reads ``offs`` on the host: a sync, and not CUDA-graph
+capturable), with a ``KernelFallbackWarning`` once per shape; ``strict=True`` (or
+``GEMM_LADDER_STRICT=1``) raises ``NoKernelError`` instead. ``explain=True`` prints which kernel,
+from where (the pack and its file) and why. Registered modules are keyed by their layout too: a
+masked module (``layout='masked'``) serves ``gemm_ladder.grouped_mm_masked``
+(``serve/grouped_masked.py``) only.
 
 What is checked before a launch: types, dtypes (A and W fp16 or bf16 alike, offs int32), devices
 (one GPU), shapes (A [M, K], W [E, N, K] with W's K = A's, offs [E], out [M, N]), layouts
@@ -46,7 +50,8 @@ from dataclasses import dataclass, field
 from ..core import device
 from ..core.config import DTYPES
 from ..core.spec import GemmSpec
-from .front import KernelFallbackWarning
+from .front import STRICT_ENV, KernelFallbackWarning, NoKernelError, _strict, packs  # the front door's packs, strict
+from .kernel_pack import FITS, Found, KernelPack
 from .runtime import ModuleInputError, load
 
 RUNG = "v12"
@@ -54,6 +59,9 @@ BUILD_M = 4096  # the M to build a module at (its knobs are validated there; M i
 _LOCK = threading.RLock()
 _REGISTERED: dict = {}  # (layout, E, N, K, dtype, arch) -> GroupedModule
 _ROUTES: dict = {}  # (layout, E, N, K, dtype, index, ...) -> Route
+_FROM_PACKS: dict = {}  # a pack module's path -> GroupedModule (loaded once)
+_PACKS_SEEN: list = [None]  # the front door's packs the routes were made with (use_pack forgets the routes)
+_ARCHS: dict = {}  # device index -> arch
 
 
 def spec_of_dtype(dtype: str) -> GemmSpec:
@@ -119,6 +127,70 @@ def reset() -> None:
     with _LOCK:
         _REGISTERED.clear()
         _ROUTES.clear()
+        _FROM_PACKS.clear()
+        _ARCHS.clear()
+        _PACKS_SEEN[0] = None
+
+
+# -- kernel packs (gemm_ladder.use_pack, $GEMM_LADDER_PACK: the front door's) ---------------------------
+def arch_at(index: int) -> str:
+    """The arch of CUDA device ``index``, asked once."""
+    if index not in _ARCHS:
+        _ARCHS[index] = device.arch_of(index)
+    return _ARCHS[index]
+
+
+def _packs_now() -> list[KernelPack]:
+    """The front door's packs; the routes made with others are forgotten (a ``use_pack`` since)."""
+    now = packs()
+    with _LOCK:
+        seen = _PACKS_SEEN[0]
+        if seen is None or len(seen) != len(now) or any(a is not b for a, b in zip(seen, now)):
+            _PACKS_SEEN[0] = tuple(now)
+            _ROUTES.clear()
+    return now
+
+
+def from_packs(layout: str, E: int, N: int, K: int, dtype: str, arch: str, tokens: int) -> Found | None:
+    """The packs' module for this weight and token count (contiguous: rows of A; masked:
+    max_tokens): one whose token range holds it before one outside its range, the first pack on
+    a tie (``use_pack``'s newest, then ``$GEMM_LADDER_PACK``'s in order); None where no pack has it."""
+    best = None
+    for pack in _packs_now():
+        found = pack.find_grouped(layout, E, N, K, dtype, arch, tokens)
+        if found is not None and (best is None or FITS.index(found.fit) < FITS.index(best.fit)):
+            best = found
+    return best
+
+
+def pack_module(found: Found) -> GroupedModule:
+    """The pack's module, checked against ``pack.json`` and loaded once (``KernelPack.load``)."""
+    with _LOCK:
+        if found.path not in _FROM_PACKS:
+            _FROM_PACKS[found.path] = GroupedModule(found.pack.load(found.entry))
+        return _FROM_PACKS[found.path]
+
+
+def pack_lines(found: Found) -> list[str]:
+    """What ``explain`` says of a pack's module: which, from where, and why it serves the count."""
+    e = found.entry
+    count = "rows of A" if e["layout"] == "contiguous" else "max_tokens"
+    lo, hi = e["tokens"]
+    why = (f"{count} in its range {lo}..{hi}" if found.fit == "tuned-range" else
+           f"{count} outside its range {lo}..{hi}, and no pack holds a module of this weight whose range has it")
+    return [f"kernel: {RUNG} layout={e['layout']} {e['file']}", f"source: {found.describe()}",
+            f"why: {why}; chosen by {(e.get('choice') or {}).get('why', 'the pack')}"]
+
+
+def route_for(layout: str, E: int, N: int, K: int, dtype: str, index: int, tokens: int, strict: bool,
+              make) -> "Route":
+    """The route of a call: ``make(found)`` once per (weight, GPU, strict, the pack module that
+    serves ``tokens`` or None), with ``found`` None where a module is registered or no pack has one."""
+    arch = arch_at(index)
+    found = None if registered(layout, E, N, K, dtype, arch) is not None else \
+        from_packs(layout, E, N, K, dtype, arch, tokens)
+    key = (layout, E, N, K, dtype, index, strict, (str(found.path), found.fit) if found is not None else None)
+    return cached_route(key, lambda: make(found))
 
 
 # -- checks ---------------------------------------------------------------------------------------
@@ -231,29 +303,41 @@ def torch_grouped_mm(A, W, offs, out) -> None:
         start = end
 
 
-def _route(E: int, N: int, K: int, dtype: str, index: int) -> Route:
-    arch = device.arch_of(index)
-    found = registered("contiguous", E, N, K, dtype, arch)
+def _route(E: int, N: int, K: int, dtype: str, index: int, strict: bool, found: Found | None) -> Route:
+    arch = arch_at(index)
+    reg = registered("contiguous", E, N, K, dtype, arch)
+    if reg is not None:
+        return Route(reg.launch, "registered", [f"kernel: {RUNG} {reg.path.name}", "source: use_grouped_module"])
     if found is not None:
-        return Route(found.launch, "registered", [f"kernel: {RUNG} {found.path.name}", "source: use_grouped_module"])
+        return Route(pack_module(found).launch, "kernel pack", pack_lines(found))
     why = ("N or K is not a multiple of 8 (TMA's 16-byte strides)" if N % 8 or K % 8
-           else f"no {RUNG} module was registered for it")
-    warnings.warn(f"gemm_ladder.grouped_mm E={E} N={N} K={K} {dtype}: torch computes it ({why}). For a kernel of ours, build one on a box with TVM's compiler "
-                  f"(gemm_ladder.build('{RUNG}', {BUILD_M}, {N}, {K}, experts={E}, "
-                  f"spec='{spec_of_dtype(dtype).text()}')) and pass it to gemm_ladder.use_grouped_module",
-                  KernelFallbackWarning, stacklevel=4)
+           else f"no {RUNG} module was registered for it, and no kernel pack holds one "
+                f"({len(_packs_now())} packs looked in)")
+    how = (f"build a pack on a box with TVM's compiler (python -m gemm_ladder pack build --grouped {E},{N},{K},"
+           f"contiguous --dtypes {dtype}) and pass it to gemm_ladder.use_pack (or $GEMM_LADDER_PACK), or build one "
+           f"module (gemm_ladder.build('{RUNG}', {BUILD_M}, {N}, {K}, experts={E}, spec='{spec_of_dtype(dtype).text()}'))"
+           " and pass it to gemm_ladder.use_grouped_module")
+    if strict:
+        raise NoKernelError(f"gemm_ladder.grouped_mm E={E} N={N} K={K} {dtype} on {arch}: {why} (strict mode); {how}")
+    warnings.warn(f"gemm_ladder.grouped_mm E={E} N={N} K={K} {dtype}: torch computes it ({why}). For a kernel of "
+                  f"ours, {how}. {STRICT_ENV}=1 (or strict=True) makes this an error",
+                  KernelFallbackWarning, stacklevel=7)
     return Route(torch_grouped_mm, "torch fallback", ["kernel: torch._grouped_mm (or a loop of torch.matmul), the "
                                                       f"fallback", f"why: {why}"])
 
 
-def route_of(E: int, N: int, K: int, dtype: str, index: int) -> Route:
-    return cached_route(("contiguous", E, N, K, dtype, index), lambda: _route(E, N, K, dtype, index))
+def route_of(E: int, N: int, K: int, dtype: str, index: int, tokens: int = 1, strict: bool = False) -> Route:
+    """The route of a contiguous call with ``tokens`` rows of A (the pack's module for that count)."""
+    return route_for("contiguous", E, N, K, dtype, index, tokens, strict,
+                     lambda found: _route(E, N, K, dtype, index, strict, found))
 
 
-def grouped_mm(A, W, offs, *, out=None, explain: bool = False, check_offsets_first: bool = False):
+def grouped_mm(A, W, offs, *, out=None, explain: bool = False, strict: bool | None = None,
+               check_offsets_first: bool = False):
     """``D[offs[e-1]:offs[e]] = A[offs[e-1]:offs[e]] . W[e]^T`` for every expert e (see the module
     docstring); ``out``: D [M, N] to write into (else a new tensor); ``explain``: print which
-    kernel; ``check_offsets_first``: check the values of offs on the host first (a sync)."""
+    kernel and why; ``strict``: no torch fallback, NoKernelError instead (default
+    ``$GEMM_LADDER_STRICT``); ``check_offsets_first``: check the values of offs on the host first (a sync)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     M, E, N, K = check_grouped(A, W, offs, out)
@@ -267,8 +351,8 @@ def grouped_mm(A, W, offs, *, out=None, explain: bool = False, check_offsets_fir
     if K == 0:  # every sum is empty
         return out.zero_()
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
-    route = route_of(E, N, K, str(A.dtype).removeprefix("torch."), index)
+    route = route_of(E, N, K, str(A.dtype).removeprefix("torch."), index, M, _strict(strict))
     if explain:
-        print("\n".join(route.lines), file=sys.stderr)
+        print("\n".join(route.lines + [f"tokens: {M} rows of A"]), file=sys.stderr)
     route.run(A, W, offs, out)
     return out

@@ -13,9 +13,11 @@ its inputs.) This is what decode under CUDA graphs needs: the graph is captured 
 ``max_tokens`` rows an expert and replayed with the counts of each step; the counts never cross
 to the host, so nothing syncs and the captured launch stays valid.
 
-How a call finds its kernel (once per (E, N, K, dtype, GPU)): a masked v12 module registered with
-``gemm_ladder.use_grouped_module`` (built with ``gemm_ladder.build('v12', 4096, N, K, experts=E,
-layout='masked', spec='d_bfloat16.grouped_true')``); else torch computes it: a batched GEMM over
+How a call finds its kernel (once per (E, N, K, dtype, GPU) and pack module): a masked v12 module
+registered with ``gemm_ladder.use_grouped_module`` (built with ``gemm_ladder.build('v12', 4096, N, K,
+experts=E, layout='masked', spec='d_bfloat16.grouped_true')``); else a kernel pack's masked module
+of the weight (``pack build --grouped E,N,K,masked``) whose token range holds A's max_tokens (the
+slot: the counts stay on the GPU), else the nearest; else torch computes it: a batched GEMM over
 every slot's max_tokens rows, then the valid rows selected into D on the device (no sync, CUDA-graph
 capturable, the rows past the counts kept), with a ``KernelFallbackWarning`` once per shape;
 ``strict=True`` (or ``GEMM_LADDER_STRICT=1``) raises ``NoKernelError`` instead.
@@ -35,10 +37,11 @@ from __future__ import annotations
 import sys
 import warnings
 
-from ..core import device
 from ..core.config import DTYPES
 from .front import STRICT_ENV, KernelFallbackWarning, NoKernelError, _strict  # the front door's reading of strict
-from .grouped import BUILD_M, RUNG, Route, cached_route, check_devices, registered, spec_of_dtype
+from .grouped import (BUILD_M, RUNG, Route, arch_at, check_devices, pack_lines, pack_module, registered, route_for,
+                      spec_of_dtype)
+from .kernel_pack import Found
 from .runtime import ModuleInputError
 
 LAYOUT = "masked"
@@ -118,29 +121,35 @@ def torch_masked_mm(A, W, counts, out) -> None:
     out.copy_(torch.where(valid[..., None], product, out))
 
 
-def _route(E: int, N: int, K: int, dtype: str, index: int, strict: bool) -> Route:
-    arch = device.arch_of(index)
-    found = registered(LAYOUT, E, N, K, dtype, arch)
-    if found is not None:
+def _route(E: int, N: int, K: int, dtype: str, index: int, strict: bool, found: Found | None = None) -> Route:
+    arch = arch_at(index)
+    module = registered(LAYOUT, E, N, K, dtype, arch) or (pack_module(found) if found is not None else None)
+    if module is not None:
         def run(A, W, counts, D):  # the kernel sees A and D as [E * max_tokens, ...] (M = E * max_tokens)
-            found.launch(A.view(-1, K), W, counts, D.view(-1, N))
-        return Route(run, "registered", [f"kernel: {RUNG} layout=masked {found.path.name}",
+            module.launch(A.view(-1, K), W, counts, D.view(-1, N))
+        if found is not None and registered(LAYOUT, E, N, K, dtype, arch) is None:
+            return Route(run, "kernel pack", pack_lines(found))
+        return Route(run, "registered", [f"kernel: {RUNG} layout=masked {module.path.name}",
                                          "source: use_grouped_module"])
     why = ("N or K is not a multiple of 8 (TMA's 16-byte strides)" if N % 8 or K % 8
-           else f"no masked {RUNG} module was registered for it")
-    how = (f"build one on a box with TVM's compiler (gemm_ladder.build('{RUNG}', {BUILD_M}, {N}, {K}, experts={E}, "
-           f"layout='masked', spec='{spec_of_dtype(dtype).text()}')) and pass it to gemm_ladder.use_grouped_module")
+           else f"no masked {RUNG} module was registered for it, and no kernel pack holds one")
+    how = (f"build a pack on a box with TVM's compiler (python -m gemm_ladder pack build --grouped {E},{N},{K},masked "
+           f"--dtypes {dtype}) and pass it to gemm_ladder.use_pack (or $GEMM_LADDER_PACK), or build one module "
+           f"(gemm_ladder.build('{RUNG}', {BUILD_M}, {N}, {K}, experts={E}, layout='masked', "
+           f"spec='{spec_of_dtype(dtype).text()}')) and pass it to gemm_ladder.use_grouped_module")
     if strict:
         raise NoKernelError(f"{WHO} E={E} N={N} K={K} {dtype} on {arch}: {why} (strict mode); {how}")
     warnings.warn(f"{WHO} E={E} N={N} K={K} {dtype}: torch computes it ({why}): a batched GEMM over every slot's "
                   f"rows, then the valid rows. For a kernel of ours, {how}. {STRICT_ENV}=1 (or strict=True) makes "
-                  "this an error", KernelFallbackWarning, stacklevel=4)
+                  "this an error", KernelFallbackWarning, stacklevel=7)
     return Route(torch_masked_mm, "torch fallback", ["kernel: torch.bmm over max_tokens rows an expert, then the "
                                                      "valid rows selected (the fallback)", f"why: {why}"])
 
 
-def route_of(E: int, N: int, K: int, dtype: str, index: int, strict: bool = False) -> Route:
-    return cached_route((LAYOUT, E, N, K, dtype, index, strict), lambda: _route(E, N, K, dtype, index, strict))
+def route_of(E: int, N: int, K: int, dtype: str, index: int, strict: bool = False, max_tokens: int = 1) -> Route:
+    """The route of a masked call whose slots hold ``max_tokens`` rows (the pack's module for it)."""
+    return route_for(LAYOUT, E, N, K, dtype, index, max_tokens, strict,
+                     lambda found: _route(E, N, K, dtype, index, strict, found))
 
 
 def grouped_mm_masked(A, W, counts, *, out=None, explain: bool = False, strict: bool | None = None,
@@ -164,8 +173,8 @@ def grouped_mm_masked(A, W, counts, *, out=None, explain: bool = False, strict: 
         torch_masked_mm(A, W, counts, out)
         return out
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
-    route = route_of(E, N, K, str(A.dtype).removeprefix("torch."), index, _strict(strict))
+    route = route_of(E, N, K, str(A.dtype).removeprefix("torch."), index, _strict(strict), T)
     if explain:
-        print("\n".join(route.lines), file=sys.stderr)
+        print("\n".join(route.lines + [f"tokens: max_tokens {T} an expert"]), file=sys.stderr)
     route.run(A, W, counts, out)
     return out

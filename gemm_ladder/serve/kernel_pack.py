@@ -40,6 +40,16 @@ first use (``serve.first_use``) times them and keeps whichever runs fastest on t
 ``pack build --no-alternatives`` leaves them out (a smaller pack; an entry without the field is
 the policy's choice, as every entry of an older pack).
 
+**Grouped weights** (issue 33: ``grouped_mm``, ``grouped_mm_masked``). ``pack build --grouped
+E,N,K[,layout]`` (``build_pack(grouped=[(E, N, K, layout or None)])``, both layouts where none is
+named) plans v12 modules by ``plan.grouped_choices``: a decode module (64x128 tiles) and a prefill
+module (the 128x256 defaults), each serving a range of token counts. Their entries add ``experts``,
+``layout`` and ``tokens`` (``[least, largest]`` of the count the grouped front door knows without a
+sync: rows of A for the contiguous layout, max_tokens for the masked one; ``m_range`` is the rows of
+A, ``E x`` that for the masked layout). :meth:`KernelPack.find_grouped` serves them; :meth:`find`
+and :meth:`serving` never do. An entry without ``experts`` (every entry of an older pack) is not
+grouped; the format's version is unchanged.
+
 ``spec`` is the module's operand spec (``gemm_ladder.core.spec``): a module serves a call of its spec
 only (a bias call, a bias module: ``pack build --epilogue bias``); an entry written before the
 field existed is a module of the default spec (its dtype in and out, no epilogue).
@@ -124,6 +134,9 @@ M_BUCKETS = (1, 8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3
              16384)
 
 
+GROUPED_LAYOUTS = ("contiguous", "masked")  # v12's (sm90a.grouped.LAYOUTS; no TVM import here)
+
+
 def _range_problem(m_range) -> str | None:
     return f"is {m_range}: the first M is above the last" if m_range[0] > m_range[1] else None
 
@@ -136,7 +149,10 @@ ENTRY_SCHEMA = Obj(
      "so_bytes": Int(lo=0), "so_sha256": Str(pattern="[0-9a-f]{64}", example="64 hex digits")},
     {"m_values": Maybe(List(Int(lo=1))),
      "choice": Maybe(Obj(optional={"source": Maybe(Str()), "rule": Maybe(Str()), "why": Maybe(Str())})),
-     "spec": SPEC_SCHEMA, "alternative": Maybe(Bool())})
+     "spec": SPEC_SCHEMA, "alternative": Maybe(Bool()),
+     # a grouped module (v12): the weight's experts, its layout and the token counts it serves
+     "experts": Maybe(Int(lo=1)), "layout": Maybe(Str(GROUPED_LAYOUTS)),
+     "tokens": Maybe(Check(List(Int(lo=1), length=2, what="[least tokens, most tokens]"), _range_problem))})
 PACK_SCHEMA = Obj({"modules": List(ENTRY_SCHEMA)}, {"arch": Maybe(Str()), "sms": Maybe(Int(lo=1))})
 
 
@@ -158,6 +174,12 @@ class Found:
 
     def describe(self) -> str:
         e = self.entry
+        if is_grouped(e):
+            lo, hi = e["tokens"]
+            count = "rows of A" if e["layout"] == "contiguous" else "max_tokens"
+            out = ", outside it" if self.fit == "any-m" else ""
+            return (f"kernel pack {self.pack.folder}: {e['file']} ({e['rung']} {e['layout']}, E={e['experts']}, knobs "
+                    f"chosen for {count} in {lo}..{hi}{out}; rule {(e.get('choice') or {}).get('rule', '?')})")
         lo, hi = e["m_range"]
         at = f" (at M={','.join(map(str, e['m_values']))})" if e.get("m_values") else ""
         what = {"exact": f"built for M={e['shape'][0]}",
@@ -176,7 +198,12 @@ class KernelPack:
         self.manifest = read_pack_manifest(self.folder)
         self.modules = self.manifest["modules"]
         self._by_nk: dict = {}
+        self._grouped: dict = {}  # (layout, E, N, K, dtype, arch) -> grouped entries (find_grouped)
         for e in self.modules:
+            if is_grouped(e):
+                key = (e["layout"], e["experts"], e["shape"][1], e["shape"][2], e["dtype"], e["arch"])
+                self._grouped.setdefault(key, []).append(e)
+                continue
             key = (e["shape"][1], e["shape"][2], e["dtype"], e["arch"], spec_of_manifest(e))
             self._by_nk.setdefault(key, []).append(e)
 
@@ -224,6 +251,24 @@ class KernelPack:
         out.sort(key=lambda rf: rf[0])
         return [f for _, f in out]
 
+    def find_grouped(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str, tokens: int) -> Found | None:
+        """The grouped module of this weight (``[E, N, K]``, ``layout``) whose token range holds
+        ``tokens`` (contiguous: rows of A; masked: max_tokens), ``tuned-range``; else the one whose
+        range is nearest (``any-m``: its knobs were chosen for other counts); None where the pack
+        holds none of this weight."""
+        best, rank = None, None
+        for e in self._grouped.get((layout, E, N, K, dtype, arch), ()):
+            lo, hi = e["tokens"]
+            inside = lo <= tokens <= hi
+            r = (0 if inside else 1, 0.0 if inside else min(abs(math.log2(max(tokens, 1) / v)) for v in (lo, hi)))
+            if rank is None or r < rank:
+                best, rank = e, r
+        return Found(best, "tuned-range" if rank[0] == 0 else "any-m", self) if best is not None else None
+
+    def grouped_entries(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str) -> list[dict]:
+        """Every grouped entry of this weight and layout, by token range."""
+        return sorted(self._grouped.get((layout, E, N, K, dtype, arch), ()), key=lambda e: e["tokens"][0])
+
     def check_entry(self, entry: dict) -> Path:
         """The entry's ``.so`` is there, whole, and is the module ``pack.json`` and its own
         manifest both describe; returns its path."""
@@ -248,6 +293,12 @@ class KernelPack:
                 or spec_of_manifest(man) != spec_of_manifest(entry):
             raise PackError(f"{path} holds {man['rung']} {man['shape']} {man['dtype']} {man['arch']} but "
                             f"{PACK_MANIFEST} lists {entry['rung']} {entry['shape']} {entry['dtype']} {entry['arch']}: {again}")
+        launch = man.get("launch", {})
+        if is_grouped(entry) and (launch.get("experts"), launch.get("layout", "contiguous")) != (entry["experts"],
+                                                                                               entry["layout"]):
+            raise PackError(f"{path} is a grouped module of {launch.get('experts')} experts, layout "
+                            f"{launch.get('layout', 'contiguous')}, but {PACK_MANIFEST} lists {entry['experts']} "
+                            f"experts, layout {entry['layout']}: {again}")
         return path
 
     def load(self, entry: dict):
@@ -259,6 +310,12 @@ def is_alternative(entry: dict) -> bool:
     """Whether a pack entry is an alternative (``plan.alternatives``) rather than the policy's
     choice; an entry without the field (every entry of an older pack) is the choice."""
     return bool(entry.get("alternative"))
+
+
+def is_grouped(entry: dict) -> bool:
+    """Whether a pack entry is a grouped module (v12: ``experts``, ``layout``, ``tokens``), which
+    only the grouped front door serves; an entry without the fields (an older pack) is not."""
+    return entry.get("experts") is not None
 
 
 def read_pack_manifest(folder) -> dict:
@@ -280,6 +337,12 @@ def read_pack_manifest(folder) -> dict:
     data = validate(data, PACK_SCHEMA, path, fix, PackError)
     modules = []
     for i, entry in enumerate(data["modules"]):
+        missing = [k for k in ("layout", "tokens") if is_grouped(entry) and entry.get(k) is None]
+        if missing:
+            again = f"rebuild this pack: python -m gemm_ladder pack build --grouped ... --out {folder}"
+            raise PackError(f"{path}: modules[{i}] ({entry['file']}) is a grouped module (experts) without "
+                            f"{' and '.join(missing)}: {again}", path=path, field=f"modules[{i}].{missing[0]}",
+                            fix=again)
         try:
             modules.append({**entry, "knobs": drop_retired_knobs(entry["rung"], entry["knobs"])})
         except RetiredKnobError as err:
@@ -391,7 +454,7 @@ def _check_fp8_extents(N: int, K: int) -> None:
 
 def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
               epilogues=("none",), weights=(), layouts=(("K", "K"),), fp8_scales=FP8_DEFAULT_SCALES,
-              fp8_out=("bfloat16",), alternatives: bool = True) -> list[dict]:
+              fp8_out=("bfloat16",), alternatives: bool = True, grouped=(), grouped_dtypes=None) -> list[dict]:
     """The modules a pack needs for ``shapes`` (``(M, N, K)``: those M) and ``weights``
     (``(N, K)``: every bucket of :func:`weight_buckets`) in ``dtypes`` with each of ``epilogues``
     (``none``, ``bias``, ``bias_gelu_tanh``, ...: the operand spec, ``spec.spec_for``) and each of
@@ -403,13 +466,16 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
     pack.json entry it gets (:func:`_runs`; each run says whether it is an ``alternative``).
     ``float8_e4m3`` among ``dtypes``: fp8 modules of each recipe of ``fp8_scales`` and D of
     ``fp8_out`` (:func:`pack_specs`). ``alternatives``: also the modules ``plan.alternatives``
-    offers beside a choice that leaves most SMs idle, serving the same M (see the module docstring)."""
+    offers beside a choice that leaves most SMs idle, serving the same M (see the module docstring).
+    ``grouped``: grouped weights ``(E, N, K, layout or None)`` in ``grouped_dtypes`` (default
+    ``dtypes``), as :func:`plan_grouped`."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
     # pylint: disable=import-outside-toplevel
     from ..compile.batch import BuildJob
     from ..rungs import rung_module
     from . import plan
 
+    grouped_items = _grouped_items(grouped, dtypes if grouped_dtypes is None else grouped_dtypes, arch, plan, BuildJob)
     specs = pack_specs(dtypes, epilogues, layouts, fp8_scales, fp8_out)
     sms = sms or plan.default_sms(arch)
     groups: dict = {}
@@ -457,7 +523,40 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
             served += [{**run, "alternative": True} if alt else run for run in runs]
         out.append({"job": job, "file": file, "dynamic_m": g["dynamic_m"], "choice": g["choice"].get(False,
                     g["choice"].get(True)), "alt_choice": g["choice"].get(True), "served": served})
-    return out
+    return out + grouped_items
+
+
+GROUPED_BUILD_M = 4096  # the M a grouped module is built at (serve.grouped.BUILD_M: M is read at run time)
+
+
+def plan_grouped(grouped, dtypes, arch: str = "sm_90a") -> list[dict]:
+    """The modules a pack needs for grouped weights: ``grouped`` lists ``(E, N, K, layout)``
+    (``layout`` None: both), each planned in each 16-bit dtype of ``dtypes`` by
+    ``plan.grouped_choices`` (a decode and a prefill module, each with the token range it serves).
+    Items as :func:`plan_pack`'s, with ``grouped`` (the entry's ``experts``, ``layout``)."""
+    return plan_pack([], [], arch, grouped=grouped, grouped_dtypes=dtypes)
+
+
+def _grouped_items(grouped, dtypes, arch: str, plan, BuildJob) -> list[dict]:  # pylint: disable=invalid-name
+    """:func:`plan_grouped`'s items; ``plan`` and ``BuildJob`` are :func:`plan_pack`'s imports
+    of the build layer."""
+    out: dict = {}
+    for E, N, K, layout in grouped:
+        for dtype in dtypes:
+            if dtype not in DTYPES:
+                raise ConfigError(f"grouped E={E} N={N} K={K} in {dtype}: the grouped GEMM builds {', '.join(DTYPES)} "
+                                  "(fp8 grouped modules are not built yet); leave it out of --dtypes or of --grouped")
+            for lay in (layout,) if layout else GROUPED_LAYOUTS:
+                for g in plan.grouped_choices(E, N, K, dtype, lay, arch):
+                    job = BuildJob(plan.GROUPED_RUNG, (max(GROUPED_BUILD_M, E), N, K), dict(g.choice.knobs))
+                    file = _name(job, True) + ".so"
+                    lo, hi = g.tokens
+                    rows = [lo, hi] if lay == "contiguous" else [E * lo, E * hi]  # A viewed [E * max_tokens, K]
+                    item = out.setdefault(file, {"job": job, "file": file, "dynamic_m": True,
+                                                 "choice": g.choice.as_dict(), "served": [],
+                                                 "grouped": {"experts": E, "layout": lay}})
+                    item["served"].append({"m_range": rows, "tokens": [lo, hi]})
+    return list(out.values())
 
 
 def entries_of(item: dict, man: dict | None = None) -> list[dict]:
@@ -469,6 +568,8 @@ def entries_of(item: dict, man: dict | None = None) -> list[dict]:
     if man is not None:
         entry.update(dtype=man["dtype"], arch=man["arch"], knobs=man["knobs"], so_bytes=man["so_bytes"],
                      so_sha256=man["so_sha256"], spec=spec_of_manifest(man).to_dict())
+    if "grouped" in item:  # a grouped module: one entry a token range
+        return [{**entry, **item["grouped"], **run} for run in item["served"]]
     # an alternative's run: marked, with the alternative's own choice (why it is offered)
     return [{**entry, "m_range": run["m_range"], "m_values": run["m_values"]}
             | ({"alternative": True, "choice": item.get("alt_choice") or item["choice"]} if run.get("alternative") else {})
@@ -498,10 +599,11 @@ def _pack_worker(args) -> dict:
 def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dynamic: bool = True,
                workers: int | None = None, cache_root=None, request: dict | None = None, epilogues=("none",),
                weights=(), layouts=(("K", "K"),), fp8_scales=FP8_DEFAULT_SCALES, fp8_out=("bfloat16",),
-               alternatives: bool = True) -> dict:
+               alternatives: bool = True, grouped=()) -> dict:
     """Build the modules :func:`plan_pack` lists into ``out`` and write ``out/pack.json`` (merged
     with what the folder held: entries of other files stay). Returns the manifest, with
-    ``"results"`` (built / cache / failed per module). ``alternatives``: as :func:`plan_pack`."""
+    ``"results"`` (built / cache / failed per module). ``alternatives``: as :func:`plan_pack`;
+    ``grouped``: grouped weights ``(E, N, K, layout or None)``, as :func:`plan_grouped`."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
     from . import plan  # pylint: disable=import-outside-toplevel
 
@@ -510,7 +612,7 @@ def build_pack(out, shapes, dtypes, arch: str = "sm_90a", sms: int | None = None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     items = plan_pack(shapes, dtypes, arch, sms, dynamic, epilogues, weights, layouts, fp8_scales, fp8_out,
-                      alternatives)
+                      alternatives, grouped)
     results = map_in_processes(_pack_worker, [(i, str(out), cache_root) for i in items], workers)
     results = [r if isinstance(r, dict) else {"file": i["file"], "status": "failed", "detail": repr(r)}
                for i, r in zip(items, results)]

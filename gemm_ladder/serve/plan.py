@@ -59,6 +59,10 @@ and the larger tile wins a tie.
 A new rung plugs in as a :class:`Rule` where it should take precedence, with its test in
 ``tests/test_plan.py``; a rule whose rung is missing is passed over (the ladder falls back).
 
+A grouped weight (v12, mixture of experts) is not a :class:`Problem`: :func:`grouped_choices` gives
+it a decode and a prefill module and the token counts each serves (the rule and its evidence are
+beside it), for the kernel packs (``kernel_pack.plan_grouped``).
+
 **The tuning database** (``gemm_ladder.serve.tuning_db``) is asked first: its best entry in the shape's
 bucket (every dim rounded to a power of two) replaces the rule's choice, by ratio to cuBLAS. A
 measured entry beats a rule that rests on a model alone, whatever its rung; against a rule with
@@ -643,3 +647,71 @@ def alternatives(p: Problem, choice: Choice) -> list[Choice]:
                f"{_units_of(choice, p)} of {p.sms} SMs; wave model: {ranked.why()} against ~{main_s * 1e6:.1f} us{note}")
         out.append(Choice("v10", knobs, "rule", ALT_RULE, why))
     return out
+
+
+# -- grouped GEMM (v12, issue 33): two modules for an expert weight, by the rows an expert holds. The
+# masked runs timed v12's 64x128 tiles (one consumer, an 8-deep ring) against its 128x256 defaults at
+# every decode batch on three MoE shapes, kernels under CUDA graphs: the 64-row tiles won wherever the
+# experts held 32 rows or fewer on average (Mixtral-like 1.03-1.15x vs 0.97-1.08x torch._grouped_mm,
+# Qwen-MoE-like 1.01-1.10x vs 0.86-1.02x, DeepSeek-V3-like 0.97-1.02x vs 0.86-0.99x) and split at 128
+# (Mixtral 1024 rows: +6% balanced, -2% Zipf) [GROUPED_MASKED]. A 128-row tile wastes the MMA work of
+# the rows an expert lacks, and decode is weight-bound: 128-wide n-tiles make twice the work units to
+# spread over the SMs. The contiguous layout's prefill ran the 128x256 defaults at 0.96-1.17x on the
+# three shapes from 64 to 8192 tokens [GROUPED]. The split: the decode module while an expert holds at
+# most one decode tile of rows on average (contiguous: M / E <= 64; the layouts' kernel is one, only
+# the prologue differs, so the contiguous side of the threshold is the masked measurement carried
+# over, to be confirmed by benchmarks/grouped_check.py --pack); the masked layout knows max_tokens
+# (the slot), not the counts, and won with 64-row tiles at every slot measured up to 256 tokens.
+GROUPED = "benchmarks/results/2026-11-26_h100_grouped/README.md"
+GROUPED_MASKED = "benchmarks/results/2026-11-26_h100_grouped_masked/README.md"
+GROUPED_RUNG = "v12"
+GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_depth": 8}
+GROUPED_DECODE_ROWS = 64  # contiguous: the decode module up to 64 rows an expert on average (M <= 64 E)
+GROUPED_DECODE_SLOT = 256  # masked: the decode module up to max_tokens = 256
+GROUPED_MAX_TOKENS = 1 << 20  # the top of the token range a pack plans (contiguous rows of A, masked slot)
+
+
+@dataclass(frozen=True)
+class GroupedChoice:
+    """One module of a grouped weight: the choice (rung v12, its knobs) and the token counts it
+    serves, ``tokens = (least, largest)``: rows of A for the contiguous layout, max_tokens (the
+    slot) for the masked one, the counts the front door knows without a sync."""
+
+    choice: Choice
+    tokens: tuple[int, int]
+
+
+def grouped_spec(dtype: str) -> GemmSpec:
+    """The operand spec of a grouped GEMM in ``dtype`` (``serve.grouped.spec_of_dtype``'s)."""
+    return GemmSpec(a=dtype, b=dtype, d=dtype, grouped=True)
+
+
+def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: str = "contiguous",
+                    arch: str = DEFAULT_ARCH) -> list[GroupedChoice]:
+    """The decode and prefill modules of an expert weight ``[E, N, K]`` in ``layout`` and the token
+    ranges they serve, decode first (see the comment above for the rule and its evidence); one
+    module for every token count where the validator refuses the decode tile (it names why).
+    ConfigError where v12 refuses the weight itself (the expert count, N, K, the layout)."""
+    if layout not in ("contiguous", "masked"):
+        raise ConfigError(f"layout={layout!r}: a grouped weight is served 'contiguous' (grouped_mm) or 'masked' "
+                          "(grouped_mm_masked)")
+    top = GROUPED_DECODE_ROWS * E if layout == "contiguous" else GROUPED_DECODE_SLOT
+    base = {"experts": E, "layout": layout, "dtype": dtype, "arch": arch, **spec_knobs(grouped_spec(dtype))}
+    build_m = max(4096, E)  # what serve.grouped builds at (M is read at run time; masked: one row an expert)
+    if (refused := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), base)) is not None:
+        raise ConfigError(f"grouped {layout} E={E} N={N} K={K} {dtype}: {refused}")
+    evidence = GROUPED_MASKED if layout == "masked" else f"{GROUPED_MASKED}; {GROUPED}"
+    bound = (f"M <= {GROUPED_DECODE_ROWS} x E = {top} rows of A ({GROUPED_DECODE_ROWS} an expert on average)"
+             if layout == "contiguous" else f"max_tokens <= {GROUPED_DECODE_SLOT}")
+    prefill = Choice(GROUPED_RUNG, base, "rule", "grouped-prefill", f"{GROUPED_RUNG} at its 128x256 defaults past "
+                     f"{bound} [{GROUPED}: 0.96-1.17x torch._grouped_mm, 64-8192 tokens]", measured=True)
+    decode_knobs = {**base, **GROUPED_DECODE_KNOBS}
+    if (refused := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), decode_knobs)) is not None:
+        skipped = (f"rule 'grouped-decode' ({GROUPED_RUNG} 64x128): {refused}",)
+        return [GroupedChoice(dataclasses.replace(prefill, why=f"{GROUPED_RUNG} at its 128x256 defaults for every "
+                                                  f"token count [{GROUPED}]", skipped=skipped),
+                              (1, GROUPED_MAX_TOKENS))]
+    decode = Choice(GROUPED_RUNG, decode_knobs, "rule", "grouped-decode",
+                    f"{GROUPED_RUNG} with 64x128 tiles, one consumer, an 8-deep ring while {bound}: few rows an "
+                    f"expert, weight-bound [{evidence}: won at every decode batch of 3 MoE shapes]", measured=True)
+    return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
