@@ -103,6 +103,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return ops.direct_mm(x, weight, bias, activation)
 
 
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast casts a linear layer's ``x`` to on its device, None where it is off (or
+    the device has no autocast: meta)."""
+    if x.device.type == "meta" or not torch.is_autocast_enabled(x.device.type):
+        return None
+    return torch.get_autocast_dtype(x.device.type)
+
+
 def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :class:`Linear` runs ``x`` through the op (else ``F.linear``)."""
     return x.is_cuda and weight.is_cuda and x.dtype == weight.dtype and x.dtype in _DTYPES
@@ -117,8 +125,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # pylint: disable=arguments-renamed
         weight, bias = self.weight, self.bias
-        if torch.is_autocast_enabled(x.device.type):
-            cast = torch.get_autocast_dtype(x.device.type)
+        cast = autocast_dtype(x)
+        if cast is not None:
             x, weight = x.to(cast), weight.to(cast)
             bias = bias.to(cast) if bias is not None else None
         if not uses_kernel(x, weight):
@@ -240,9 +248,9 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wg, wu = self.gate_proj.weight, self.up_proj.weight
-        autocast = x.device.type != "meta" and torch.is_autocast_enabled(x.device.type)
-        dtype = torch.get_autocast_dtype(x.device.type) if autocast else wg.dtype
-        if not swiglu_uses_kernel(x, wg, wu, dtype, autocast):
+        cast = autocast_dtype(x)
+        dtype = cast or wg.dtype
+        if not swiglu_uses_kernel(x, wg, wu, dtype, cast is not None):
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         x = x.to(dtype)
         if traced(x, wg, wu):
