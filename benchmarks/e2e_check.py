@@ -413,7 +413,8 @@ def unserved(pack: KernelPack, doc: dict, arch: str) -> list[str]:
                 else spec_for(DTYPE, epilogue))
         found = pack.find(g["M"], g["N"], g["K"], DTYPE, arch, spec)
         if found is None or found.fit not in ("exact", "tuned-range"):
-            out.append(f"{g['layout']}{'' if epilogue == 'none' else ' ' + epilogue} {g['M']}x{g['N']}x{g['K']} ({g['why']}): "
+            what = g["layout"] if epilogue == "none" else f"{g['layout']} {epilogue}"
+            out.append(f"{what} {g['M']}x{g['N']}x{g['K']} ({g['why']}): "
                        f"{'no module' if found is None else found.fit}")
     return out
 

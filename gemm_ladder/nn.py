@@ -344,7 +344,8 @@ def _activation_of(mlp: nn.Module, node) -> str:
         return f"{getattr(node, 'op', type(node).__name__)} (not one call on one tensor)"
     if node.op == "call_module":
         sub = mlp.get_submodule(node.target)
-        return "silu" if type(sub) is nn.SiLU and not node.kwargs else type(sub).__name__  # pylint: disable=unidiomatic-typecheck
+        silu = type(sub) is nn.SiLU and not node.kwargs  # pylint: disable=unidiomatic-typecheck
+        return "silu" if silu else type(sub).__name__
     if node.op == "call_function":
         if node.target is F.silu and set(node.kwargs) <= {"inplace"}:
             return "silu"

@@ -448,3 +448,18 @@ def test_run_fuse_refuses_a_plan_prepared_without_it(e2e, tmp_path, monkeypatch,
     monkeypatch.setattr(e2e.device, "why_no_gpu", lambda index=0: None)
     assert e2e.main(["run", str(tmp_path), "--out", str(tmp_path / "e2e_check.json"), "--fuse"]) == 2
     assert "--fuse" in capsys.readouterr().err and not (tmp_path / "e2e_check.json").exists()
+
+
+def test_unserved_asks_the_pack_for_the_gated_spec_of_a_swiglu_gemm(e2e):
+    doc = e2e.plan(fuse=True)
+    asked = {}
+
+    class Pack:
+        def find(self, M, N, K, dtype, arch, spec):  # pylint: disable=unused-argument
+            asked[(M, N, K, spec.gated)] = spec
+            return None
+
+    got = e2e.unserved(Pack(), doc, "sm_90a")
+    swiglus = [g for g in doc["gemms"] if g.get("epilogue") == "swiglu"]
+    assert swiglus and all(asked[(g["M"], g["N"], g["K"], True)].act == "silu" for g in swiglus)
+    assert sum(" swiglu " in m for m in got) == len(swiglus) and len(got) == len(doc["gemms"])
