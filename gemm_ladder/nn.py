@@ -3,6 +3,7 @@
     import gemm_ladder.nn
     lin = gemm_ladder.nn.Linear(4096, 14336, bias=False, device="cuda", dtype=torch.bfloat16)
     swapped = gemm_ladder.nn.patch(model)      # every nn.Linear of model, in place; prints and returns the names
+    report = gemm_ladder.nn.patch(model, fuse=True)  # and SwiGLU MLPs, Linear->act pairs: report.fused, .left
 
 :class:`Linear` is ``nn.Linear`` (its parameters, initialisation and state dict are nn.Linear's:
 a checkpoint loads either way) whose forward is the front door's kernels, and whose backward is
