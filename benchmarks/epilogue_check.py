@@ -20,6 +20,15 @@ odd shapes, then timed at the Llama-8B weight shapes against torch's best paths.
   CUDA graphs of calls cycling input sets that spill L2, ours and the peers taking turns in rounds
   (``harness.graph_times``); call level: queued calls with the host's checks (``GemmModule.__call__``
   against the torch calls), events around each burst.
+- the residual's C loaded ahead (v9's ``c_prefetch``, on by default): each residual timing case is
+  built twice, with C loaded at each chunk (``c_prefetch=False``: op ``residual``, the kernel measured
+  before) and ahead (op ``residual_prefetch``), and at M = 128 a third time ahead in 64x64 tiles
+  (``_prefetch_64x64``: 128 CTAs where the policy's tiles give 16-64 at these weights); all of them
+  and the torch peers take turns in the same rounds, and each row says its time against the
+  at-chunk module's (``vs_at_chunk``). Checked in place as well as into a new D, like every module.
+- a residual with a float32 D (``fp32_out+residual``: ``D = A . W^T + C``, C and D float32, the
+  accumulation of a wgrad into fp32 gradients) against ``torch.addmm(C, x, W^T, out_dtype=float32)``
+  where torch has it, and ``torch.mm(..., out_dtype=float32)`` then ``+ C``.
 
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
@@ -34,12 +43,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import queue
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -53,10 +64,16 @@ CHECK_EPILOGUES = ["residual", "alpha", "alpha_bias_gelu_tanh+residual", "bias_r
 LLAMA_WEIGHTS = [(4096, 4096), (14336, 4096), (4096, 14336)]  # (N, K): attention out, MLP up, MLP down
 TIME_MS = [128, 2048, 8192]
 TIME_EPILOGUES = ["residual", "alpha_bias_gelu_tanh+residual"]
-FP32_EPILOGUES = ["none", "alpha_bias_relu"]  # with a float32 D
+FP32_EPILOGUES = ["none", "alpha_bias_relu", "residual", "alpha_bias_relu+residual"]  # with a float32 D
 GLU_CHECK_SHAPES = [(200, 528, 320), (1000, 3008, 520)]  # (M, W_gu's rows, K): D 264 and 1504 wide
 ALPHA, BETA = 0.75, 0.5  # not 1: the scalars must reach the kernel
 ROUNDS, PER_ROUND = 6, 5
+# the residual's timing variants (v9's c_prefetch): name -> knobs over the policy's; the op of a row is
+# the epilogue and the name's suffix (at_chunk: none, the kernel measured before c_prefetch)
+C_VARIANTS = {"at_chunk": {"c_prefetch": False}, "prefetch": {"c_prefetch": True}}
+SMALL_TILES = {"c_prefetch": True, "blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 2, "cluster_n": 1,
+               "epi_n": 64, "pipe_depth": 8, "stream_b": True}  # M = 128: 2 x N / 64 CTAs
+FP32_RESIDUAL_MS = [2048, 8192]  # a wgrad's M is tokens
 CHECK_TIMEOUT = 120.0
 
 
@@ -71,10 +88,23 @@ def cases() -> list[dict]:
     out += [{"purpose": "check", "epilogue": e, "dtype": d, "d": "float32", "shape": list(s)}
             for e in FP32_EPILOGUES for d in ("float16", "bfloat16")
             for s in (CHECK_SHAPES if d == "bfloat16" else CHECK_SHAPES[:1])]
-    out += [{"purpose": "check", "epilogue": "bias_gelu_tanh", "dtype": "bfloat16", "d": "float32",
-             "shape": list(CHECK_SHAPES[0]), "knobs": {"epi_n": 128, "pipe_depth": 3, "cluster_m": 1}}]
-    out += [{"purpose": "time", "epilogue": e, "dtype": "bfloat16", "shape": [M, N, K]}
-            for e in TIME_EPILOGUES for N, K in LLAMA_WEIGHTS for M in TIME_MS]
+    out += [{"purpose": "check", "epilogue": e, "dtype": "bfloat16", "d": "float32",
+             "shape": list(CHECK_SHAPES[0]), "knobs": {"epi_n": 128, "pipe_depth": 3, "cluster_m": 1}}
+            for e in ("bias_gelu_tanh", "alpha_bias_relu+residual")]
+    # C at each chunk (the kernel before c_prefetch), and one chunk a tile (epi_n = blk_n, one buffer)
+    out += [{"purpose": "check", "epilogue": e, "dtype": "bfloat16", "shape": list(s), "knobs": {"c_prefetch": False}}
+            for e in ("residual", "alpha_bias_gelu_tanh+residual") for s in CHECK_SHAPES]
+    out += [{"purpose": "check", "epilogue": "residual", "dtype": "bfloat16", "d": "float32",
+             "shape": list(CHECK_SHAPES[1]), "knobs": {"c_prefetch": False}}]
+    out += [{"purpose": "check", "epilogue": "alpha_bias_gelu_tanh+residual", "dtype": "float16",
+             "shape": list(CHECK_SHAPES[1]), "knobs": {"blk_m": 128, "blk_n": 256, "num_warpgroups": 2, "epi_n": 256,
+                                                    "pipe_depth": 3}}]
+    out += [{"purpose": "time", "epilogue": e, "dtype": "bfloat16", "shape": [M, N, K], "variant": v,
+             "knobs": knobs}
+            for e in TIME_EPILOGUES for N, K in LLAMA_WEIGHTS for M in TIME_MS
+            for v, knobs in (*C_VARIANTS.items(), *((("prefetch_64x64", SMALL_TILES),) if M == 128 else ()))]
+    out += [{"purpose": "time", "epilogue": "residual", "dtype": "bfloat16", "d": "float32", "shape": [M, N, K]}
+            for N, K in LLAMA_WEIGHTS for M in FP32_RESIDUAL_MS]
     out += [{"purpose": "time", "epilogue": "none", "dtype": "bfloat16", "d": "float32", "shape": [M, N, K]}
             for N, K in LLAMA_WEIGHTS for M in TIME_MS[1:]]  # a wgrad's M is tokens: 2048 and up
     # SwiGLU: N is W_gu's rows (both halves), D has N / 2 columns
@@ -91,8 +121,49 @@ def spec_of_case(case: dict):
     """The operand spec of a case: its epilogue, with D (and the bias) in float32 where it says."""
     spec = spec_for(case["dtype"], case["epilogue"])
     if case.get("d") == "float32":
-        spec = dataclasses.replace(spec, d="float32", bias="float32" if spec.bias else None)
+        spec = dataclasses.replace(spec, d="float32", bias="float32" if spec.bias else None,
+                                   residual="float32" if spec.residual else None)
     return spec
+
+
+def op_of(spec, variant: str | None = None) -> str:
+    """A row's ``op``: the epilogue (``fp32_out`` for a float32 D, ``fp32_out+residual`` with a
+    residual), and a residual timing variant's suffix (none for ``at_chunk``, the kernel before
+    c_prefetch: ``residual``, ``residual_prefetch``, ``residual_prefetch_64x64``)."""
+    if spec.d == "float32":
+        return "fp32_out+residual" if spec.residual else "fp32_out"
+    return spec.epilogue + ("" if variant in (None, "at_chunk") else f"_{variant}")
+
+
+def time_groups(cases_: list[dict]) -> list[list[dict]]:
+    """The timing cases grouped by what they compute (epilogue, D's dtype, shape): a group's
+    modules (the residual's variants) and the torch peers take turns in the same rounds."""
+    groups: dict = {}
+    for case in cases_:
+        if case["purpose"] == "time":
+            groups.setdefault((case["epilogue"], case.get("d"), tuple(case["shape"])), []).append(case)
+    return list(groups.values())
+
+
+def pack_module(path: Path, folder: Path, name: str) -> None:
+    """A built module into ``folder`` as ``name.gz`` (gzip: the exported .so files repeat the same
+    runtime code, about 215 KiB each, 35 KiB gzipped; 71 of them would be 15 MiB) and its manifest
+    ``name.json``; :func:`unpack_modules` undoes it on the GPU box."""
+    with open(path, "rb") as src, gzip.open(folder / (name + ".gz"), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    shutil.copyfile(Path(str(path) + ".json"), folder / (name + ".json"))
+
+
+def unpack_modules(folder: Path, into: Path) -> Path:
+    """Every ``X.so.gz`` of ``folder`` as ``into/X.so`` beside its manifest (``folder`` may be
+    read-only, as the GPU box's copy is); ``into``."""
+    into.mkdir(parents=True, exist_ok=True)
+    for packed in sorted(folder.glob("*.so.gz")):
+        name = packed.name[:-len(".gz")]
+        with gzip.open(packed, "rb") as src, open(into / name, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        shutil.copyfile(folder / (name + ".json"), into / (name + ".json"))
+    return into
 
 
 def prepare(out: str, sms: int = 132) -> int:
@@ -120,10 +191,9 @@ def prepare(out: str, sms: int = 132) -> int:
             failed += 1
             continue
         name = f"{path.parent.name}.so"
-        if not (folder / name).exists():
-            shutil.copyfile(path, folder / name)
-            shutil.copyfile(Path(str(path) + ".json"), folder / (name + ".json"))
-        doc["cases"].append({**case, "file": name, "knobs": job.knobs, "module_shape": list(job.shape)})
+        if not (folder / (name + ".gz")).exists():
+            pack_module(path, folder, name)
+        doc["cases"].append({**case, "file": name, "module_knobs": job.knobs, "module_shape": list(job.shape)})
         print(f"{case['purpose']} {spec.text()} {M}x{N}x{K}: {name}")
     files.write_json(folder / PLAN_FILE, doc)
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
@@ -263,6 +333,21 @@ def peers(epilogue: str):
         except (TypeError, RuntimeError):
             pass
         return found
+    if epilogue == "fp32_out+residual":  # D = A . W^T + C, C and D float32
+        def mm_then_add(a, w, d, b, c):
+            torch.add(c, torch.mm(a, w.t(), out_dtype=torch.float32), out=d)
+
+        def addmm_out_dtype(a, w, d, b, c):  # torch's fused form, where it exists
+            torch.addmm(c, a, w.t(), out_dtype=torch.float32, out=d)
+        found = {"linear_then_add": lambda a, w, d, b, c: torch.add(c, F.linear(a, w), out=d)}
+        probe = torch.ones(16, 16, dtype=torch.bfloat16, device="cuda")
+        for name, fn in (("mm_out_dtype_then_add", mm_then_add), ("addmm_out_dtype", addmm_out_dtype)):
+            try:
+                fn(probe, probe, torch.empty(16, 16, device="cuda"), None, torch.zeros(16, 16, device="cuda"))
+                found[name] = fn
+            except (TypeError, RuntimeError, NotImplementedError):  # not in this torch
+                pass
+        return found
     if epilogue == "residual":
         return {"addmm": lambda a, w, d, b, c: torch.addmm(c, a, w.t(), out=d),
                 "unfused": lambda a, w, d, b, c: torch.add(F.linear(a, w), c, out=d)}
@@ -275,16 +360,17 @@ def peers(epilogue: str):
     return {"addmm_activation": lt, "unfused": unfused}
 
 
-def time_case(path: Path, case: dict, rounds: int, per_round: int) -> dict:
-    """Ours and the peers at one shape: kernel level (graphs) and call level (queued), in rounds."""
+def time_group(folder: Path, group: list[dict], rounds: int, per_round: int) -> list[dict]:
+    """Our modules of one group (:func:`time_groups`) and the torch peers at one shape, kernel level
+    (graphs) and call level (queued), in rounds: one row per module."""
     import torch  # pylint: disable=import-outside-toplevel
     from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
     from gemm_ladder.serve.runtime import load  # pylint: disable=import-outside-toplevel
 
-    mod = load(path)
+    mods = {case.get("variant") or "ours": load(folder / case["file"]) for case in group}
+    case = group[0]
     M, N, K = case["shape"]
-    dtype, spec = getattr(torch, case["dtype"]), mod.spec
-    op = "fp32_out" if spec.d == "float32" else spec.epilogue
+    dtype, spec = getattr(torch, case["dtype"]), next(iter(mods.values())).spec
     n_sets = harness.sets_to_spill_l2(M, N, K, torch.cuda.get_device_properties(0).L2_cache_size)
     sets = []
     for i in range(max(2, n_sets)):
@@ -297,21 +383,25 @@ def time_case(path: Path, case: dict, rounds: int, per_round: int) -> dict:
     names = [o.name for o in spec.epilogue_operands()]
     vals = {"alpha": ALPHA, "beta": BETA if spec.epilogue != "residual" else 1.0}
     a0, w0, d0, b0, c0 = sets[0]
-    launch = mod.launcher(a0, w0, d0, **{n: {"bias": b0, "C": c0}.get(n, vals.get(n)) for n in names})
 
-    def ours(a, w, d, b, c):
-        launch(a, w, d, *[{"bias": b, "C": c}.get(n, vals.get(n)) for n in names])
+    def ours_of(mod):
+        launch = mod.launcher(a0, w0, d0, **{n: {"bias": b0, "C": c0}.get(n, vals.get(n)) for n in names})
 
-    def ours_call(a, w, d, b, c):
-        mod(a, w, out=d, **{n: {"bias": b, "C": c}.get(n, vals.get(n)) for n in names})
+        def kernel(a, w, d, b, c):
+            launch(a, w, d, *[{"bias": b, "C": c}.get(n, vals.get(n)) for n in names])
 
-    kernels = {"ours": ours, **peers(op)}
+        def call(a, w, d, b, c):
+            mod(a, w, out=d, **{n: {"bias": b, "C": c}.get(n, vals.get(n)) for n in names})
+        return kernel, call
+
+    ours = {name: ours_of(mod) for name, mod in mods.items()}
+    kernels = {**{name: k for name, (k, _) in ours.items()}, **peers(op_of(spec))}
+    call_fns = {**kernels, **{name: c for name, (_, c) in ours.items()}}
     calls = max(len(sets), 20)
     for fn in kernels.values():
         harness.graph_times(fn, sets, 2, calls)  # capture, warm up
     kernel_ms: dict = {n: [] for n in kernels}
     call_ms: dict = {n: [] for n in kernels}
-    call_fns = {**kernels, "ours": ours_call}
     for r in range(rounds):
         order = list(kernels) if r % 2 == 0 else list(kernels)[::-1]
         for n in order:
@@ -320,24 +410,36 @@ def time_case(path: Path, case: dict, rounds: int, per_round: int) -> dict:
             call_ms[n] += harness.event_times(call_fns[n], sets, per_round * 4, start=r)
     kmed = {n: statistics.median(v) for n, v in kernel_ms.items()}
     cmed = {n: statistics.median(v) for n, v in call_ms.items()}
-    theirs = [n for n in kernels if n != "ours"]
-    row = {"op": op, "M": M, "N": N, "K": K, "dtype": case["dtype"], "file": path.name,
-           "kernel_ratio": min(kmed[n] for n in theirs) / kmed["ours"],
-           "call_ratio": min(cmed[n] for n in theirs) / cmed["ours"],
-           "kernel_ms": kmed, "call_ms": cmed}
-    for n in theirs:
-        row[f"kernel_ratio_{n}"], row[f"call_ratio_{n}"] = kmed[n] / kmed["ours"], cmed[n] / cmed["ours"]
-    return row
+    theirs = [n for n in kernels if n not in ours]
+    rows = []
+    for c in group:
+        name = c.get("variant") or "ours"
+        row = {"op": op_of(spec, c.get("variant")), "M": M, "N": N, "K": K, "dtype": case["dtype"], "file": c["file"],
+               "knobs": c.get("module_knobs"),
+               "kernel_ratio": min(kmed[n] for n in theirs) / kmed[name],
+               "call_ratio": min(cmed[n] for n in theirs) / cmed[name],
+               "kernel_ms": kmed, "call_ms": cmed}
+        for n in theirs:
+            row[f"kernel_ratio_{n}"], row[f"call_ratio_{n}"] = kmed[n] / kmed[name], cmed[n] / cmed[name]
+        if "at_chunk" in ours:  # the C-ahead variants against the kernel before them, same rounds
+            row["vs_at_chunk"] = {"kernel": kmed["at_chunk"] / kmed[name], "call": cmed["at_chunk"] / cmed[name]}
+        rows.append(row)
+    return rows
 
 
 def run(folder: str, out: str, rounds: int = ROUNDS, per_round: int = PER_ROUND) -> int:
-    """Checks first (isolated), then timing of the modules whose checks passed; writes ``out``."""
-    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
-
+    """Checks first (isolated), then timing of the modules whose checks passed; writes ``out``. The
+    modules are unpacked (:func:`unpack_modules`) into a temporary folder first."""
     if "epilogue" not in Path(out).name:
         raise SystemExit(f"--out {out}: the results file's name must contain 'epilogue' (issue 31's format)")
-    folder_p = Path(folder)
-    doc = json.loads((folder_p / PLAN_FILE).read_text())
+    doc = json.loads((Path(folder) / PLAN_FILE).read_text())
+    with tempfile.TemporaryDirectory(prefix="epilogue_check_") as tmp:
+        return _run(doc, unpack_modules(Path(folder), Path(tmp)), out, rounds, per_round)
+
+
+def _run(doc: dict, folder_p: Path, out: str, rounds: int, per_round: int) -> int:
+    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
+
     t0, gpu_start = time.time(), harness.gpu_info(0)  # clocks and power before, and after (below)
     checks, passed = [], set()
     results = check_isolated([(folder_p / case["file"], case["shape"][0]) for case in doc["cases"]])
@@ -351,17 +453,19 @@ def run(folder: str, out: str, rounds: int = ROUNDS, per_round: int = PER_ROUND)
               f"{'x'.join(map(str, case['shape']))}: {res['status']} "
               f"{ {k: v for k, v in res.items() if k.startswith('err')} }", flush=True)
     rows = []
-    for case in doc["cases"]:
-        if case["purpose"] != "time":
-            continue
-        if (case["file"], case["shape"][0]) not in passed:
-            rows.append({"op": "fp32_out" if case.get("d") == "float32" else case["epilogue"], "M": case["shape"][0], "N": case["shape"][1], "K": case["shape"][2],
-                         "dtype": case["dtype"], "kernel_ratio": None, "call_ratio": None, "skipped": "check failed"})
-            continue
-        row = time_case(folder_p / case["file"], case, rounds, per_round)
-        rows.append(row)
-        print(f"time {row['op']} {row['M']}x{row['N']}x{row['K']}: kernel {row['kernel_ratio']:.3f}x, "
-              f"call {row['call_ratio']:.3f}x the best torch path", flush=True)
+    for group in time_groups(doc["cases"]):
+        good = [c for c in group if (c["file"], c["shape"][0]) in passed]
+        for case in group:
+            if case not in good:
+                M, N, K = case["shape"]
+                rows.append({"op": op_of(spec_of_case(case), case.get("variant")), "M": M, "N": N, "K": K,
+                             "dtype": case["dtype"], "kernel_ratio": None, "call_ratio": None,
+                             "skipped": "check failed"})
+        for row in time_group(folder_p, good, rounds, per_round) if good else []:
+            rows.append(row)
+            ahead = f", {row['vs_at_chunk']['kernel']:.3f}x C at each chunk" if "vs_at_chunk" in row else ""
+            print(f"time {row['op']} {row['M']}x{row['N']}x{row['K']}: kernel {row['kernel_ratio']:.3f}x, "
+                  f"call {row['call_ratio']:.3f}x the best torch path{ahead}", flush=True)
     result = {"gpu_start": gpu_start, "gpu": harness.gpu_info(0), "run": harness.run_info(), "seconds": time.time() - t0,
               "checks": checks, "rows": rows}
     Path(out).parent.mkdir(parents=True, exist_ok=True)

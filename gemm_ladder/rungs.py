@@ -88,13 +88,18 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     # cache keys of 16-bit modules stay as they were), and its FP8_DEFAULTS (blk_k=128)
     fp8 = SPEC_KNOB in knobs and as_spec(knobs[SPEC_KNOB], knobs["dtype"]).is_fp8
     fp8_knobs = {**getattr(mod, "FP8_DEFAULTS", {}), **getattr(mod, "FP8_KNOBS", {})} if fp8 else {}
+    # likewise a residual spec's RESIDUAL_KNOBS (v9's c_prefetch)
+    residual = SPEC_KNOB in knobs and as_spec(knobs[SPEC_KNOB], knobs["dtype"]).residual is not None
+    fp8_knobs = {**fp8_knobs, **(getattr(mod, "RESIDUAL_KNOBS", {}) if residual else {})}
     allowed = set(mod.KNOBS) | set(COMMON_KNOBS) | set(BUILD_OPTIONS) | {SPEC_KNOB} | set(fp8_knobs)
     unknown = sorted(set(knobs) - allowed)
     if unknown:
         only_fp8 = sorted(set(unknown) & set(getattr(mod, "FP8_KNOBS", {})))
+        only_residual = sorted(set(unknown) & set(getattr(mod, "RESIDUAL_KNOBS", {})))
         raise ConfigError(
             f"rung {rung} ({arch}) takes no knob {', '.join(unknown)}; its knobs are {sorted(allowed)}"
             + (f" ({', '.join(only_fp8)}: fp8 specs only)" if only_fp8 else "")
+            + (f" ({', '.join(only_residual)}: specs with a residual only)" if only_residual else "")
         )
     check_knob_types(rung, knobs, {**COMMON_KNOBS, SPEC_KNOB: "", **mod.KNOBS, **fp8_knobs})
     values = {**mod.KNOBS, **fp8_knobs, **knobs}

@@ -237,7 +237,7 @@ FP32 = GemmSpec(a="bfloat16", b="bfloat16", d="float32", bias="float32", act="re
 def test_a_float32_d_is_built_for_v9_from_16_bit_inputs_only():
     make_config("v9", 256, 256, 512, spec=FP32, dtype="bfloat16")
     for spec, words in ((GemmSpec(a="float32", b="float32", d="float32"), "float32. is not supported"),
-                        (GemmSpec(d="float32", residual="float32"), "residual C with a float32 D"),
+                        (GemmSpec(d="float32", residual="float16"), "in D's dtype"),
                         (GemmSpec(d="float32", bias="float16"), "in D's dtype")):
         with pytest.raises(ConfigError, match=words):
             make_config("v9", 256, 256, 512, spec=spec)

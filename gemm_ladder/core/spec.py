@@ -18,7 +18,7 @@ compiles. Built today:
     field       accepted
     ==========  =========================================================================
     a, b, d     float16 or bfloat16, all three the same; or D in float32 (a wgrad into fp32 master
-                weights) on rungs whose ``EPILOGUES`` lists ``"fp32_out"`` (v9; not with a residual)
+                weights) on rungs whose ``EPILOGUES`` lists ``"fp32_out"`` (v9; a residual then in float32)
     acc         float32
     a_major     K (A is [M, K], row-major); M (A is [K, M], row-major) on rungs whose
                 ``MN_MAJOR`` is true (v9)
@@ -411,8 +411,6 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = F
                 "built yet")
     if spec.residual is not None and spec.residual != spec.d:
         return f"residual={spec.residual}: a residual C is built in D's dtype ({spec.d}) only"
-    if spec.residual is not None and fp32_out:
-        return "a residual C with a float32 D is not built yet (C is read back as 16-bit pairs)"
     if spec.bias is not None and spec.bias != spec.d:
         return f"bias={spec.bias}: a bias is built in D's dtype ({spec.d}) only"
     if spec.gated and (spec.act == "none" or spec.bias or spec.alpha or spec.residual or fp32_out

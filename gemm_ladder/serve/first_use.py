@@ -6,14 +6,17 @@ pack's best at five of 84 M tested (benchmarks/results/2026-11-26_h100_m_range/)
 and TileLang's autotuners do, the first call of a shape (M, weight, operand spec) on a GPU times
 each candidate on the caller's own A and B, and the winner is remembered:
 
-- the candidates: every module of the packs that serves this M as it is (a runtime-M module whose
+- the candidates: every module of the packs that serves this M and the call's operand spec (its
+  epilogue: bias, activation, alpha, residual, a float32 D) as it is (a runtime-M module whose
   32-bit indices take M, a module built for this M: ``KernelPack.serving``), at most
   :data:`MAX_CANDIDATES`, the pack's choice first (``KernelPack.find``), then the alternatives a
   pack holds beside it (``plan.alternatives``: split-K modules where the choice leaves most SMs
   idle, ``"alternative": true`` in ``pack.json``), then the rest nearest first to the M their
   knobs were chosen at; ``explain`` says when an alternative won; and, unless strict,
-  torch's own matmul (cuBLAS): where it measures faster than every kernel of ours, torch computes
-  the shape (the front door is never slower than the library it replaces) and ``explain`` says so;
+  torch's own matmul (cuBLAS; with an epilogue, torch's best unfused path: F.linear, then the
+  activation, then + beta C, as its repeated call runs it): where it measures faster than every
+  kernel of ours, torch computes the shape (the front door is never slower than the library it
+  replaces) and ``explain`` says so;
 - the timing, twice: as queued launches on the current stream as a caller makes them (host path
   included), and as kernels alone (a CUDA graph of the same launches, replayed: what a model served
   with CUDA graphs sees), into a scratch output, between CUDA events; :data:`ROUNDS` rounds whose
@@ -27,7 +30,8 @@ each candidate on the caller's own A and B, and the winner is remembered:
   of the shape measures), nor with ``GEMM_LADDER_MEASURE=0``;
 - remembered: in the process (the route), and in a small JSON file (``$GEMM_LADDER_CHOICES``,
   default ``<cache>/choices.json``; ``off``: the process only), keyed on the GPU's name, the
-  candidates' sha256 and M, both winners, so a new process skips the timing and a rebuilt pack is timed again.
+  candidates' sha256, M and the spec of an epilogue past a bias, both winners, so a new process
+  skips the timing and a rebuilt pack is timed again.
   An unreadable file is warned about once and rewritten.
 
 Written here, not taken from a library: Triton's autotuner times Triton kernels it compiles and
@@ -102,10 +106,12 @@ def _doc(path: Path) -> dict:
     return doc
 
 
-def key_of(gpu: str, M: int, N: int, K: int, candidates: dict) -> str:
+def key_of(gpu: str, M: int, N: int, K: int, candidates: dict, spec: str | None = None) -> str:
     """A choice's key: the GPU's name, the call's shape (N and K as given: a padded shape shares
-    its modules with others) and the candidates (name -> sha256 or ``torch``), sorted."""
-    return "|".join([gpu, f"{M}x{N}x{K}", *sorted(candidates.values())])
+    its modules with others), the operand spec's text where the call has an epilogue past a bias
+    (``spec``: a gelu call and a plain one of a shape time different work, and torch's candidate
+    is ``torch`` in both) and the candidates (name -> sha256 or ``torch``), sorted."""
+    return "|".join([gpu, f"{M}x{N}x{K}", *([spec] if spec else []), *sorted(candidates.values())])
 
 
 def remembered(key: str, candidates: dict) -> tuple[str, str] | None:

@@ -79,10 +79,13 @@ D's shape and dtype, contiguous, apart from A, B and the bias, or ``out`` itself
 ``beta`` after the activation, all in fp32 before rounding: ``D = act(alpha A.B^T + bias) + beta C``
 (v9 reads C's chunk by TMA into the staging buffer it then stores D from, which makes ``out=C``
 safe: ``sm90a.epilogue.ResidualRead``). ``out_dtype=torch.float32`` makes D float32 (the spec's
-``d``; a bias then goes to the kernel in float32; a residual with a float32 D is not built, torch
-computes it). Where no module serves, torch computes the same formula (``TorchMatmul``), with the
-warning. A call with any of these but the bias takes the checked path every time (the fast path
-of repeated calls below does not cover them yet).
+``d``; a bias and a residual then go to the kernel in float32). Where no module serves, torch
+computes the same formula (``TorchMatmul``), with the warning. Repeated calls with these take the
+fast path below too (``_fast_epilogue``): the key adds the activation, whether alpha is 1, the
+residual's layout and D's dtype (alpha's and beta's values pass through to the module); the
+address checks are made again on every call (C may be ``out`` itself, or apart from it, never
+partly over it; neither touches A, B or the bias). Their first use times torch's unfused path for
+the same epilogue against our modules for its spec. ``swiglu`` remembers its calls the same way.
 
 Runtime-only: with packs, this module needs the TVM runtime and torch, nothing of the compiler.
 It launches on torch's current stream, so CUDA-graph capture works once a shape has run once
@@ -100,6 +103,7 @@ import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
@@ -611,14 +615,21 @@ def _offer_torch(route: Route, M: int, N: int, K: int, strict: bool, act: str) -
     return route
 
 
-def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, index: int) -> None:
+def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, index: int,
+            epilogue: "Epilogue | None" = None, spec: GemmSpec | None = None) -> None:
     """Time the route's candidates on the call's A and B and copies of them (first_use.input_sets),
     into scratch outputs, as queued calls and as kernels replayed from CUDA graphs, each the whole
     way a call takes (the padded path's copies included: :func:`launch_route`), and make the
-    route the winners (``Route.adopt``), or take the winners remembered for this GPU, shape and
-    candidates (first_use)."""
+    route the winners (``Route.adopt``), or take the winners remembered for this GPU, shape,
+    operand spec and candidates (first_use). ``epilogue``: the call's operands past the bias
+    (alpha, C, beta, a float32 D): every candidate computes the whole epilogue, torch's as its
+    repeated call runs it (:class:`TorchMatmul`: F.linear, then the activation, then + beta C), and
+    each input set has its own copy of C (a residual that stayed in L2 would flatter the kernels)."""
     import torch  # pylint: disable=import-outside-toplevel
 
+    epilogue = epilogue or Epilogue()
+    alpha, C2, beta, d_dtype = epilogue
+    plain = alpha is None and C2 is None and d_dtype is None
     with _LOCK:
         cands = route.candidates
         if not cands or not first_use.can_measure(a):
@@ -628,7 +639,7 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
             return
         ids = {label: ident for label, (ident, _) in cands.items()}
         gpu = device.name_of(index)
-        key = first_use.key_of(gpu, M, N, K, ids)
+        key = first_use.key_of(gpu, M, N, K, ids, None if fast_spec(spec) else spec.text())
         known = first_use.remembered(key, ids)
         made = {label: cands[label][1]() for label in (set(known) if known else cands)}
         mine = next((label for label, r in made.items() if r is route), None)  # the route's own module
@@ -639,30 +650,47 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
             return
 
         def measure():  # on a helper thread: its scratch tensors and graphs stay out of any CUDA graph's pool
-            d = torch.empty((M, N), dtype=a.dtype, device=a.device)
+            d = torch.empty((M, N), dtype=d_dtype or a.dtype, device=a.device)
             sets = first_use.input_sets(a, b, d, _l2_bytes(index), same_b=bool(fixes.names))
-            whole = bool(fixes.names) or (bias is not None and bias.data_ptr() % 16 != 0)  # copies on the way
+            # a residual of each set's own (the caller's C is only read: D goes to the scratch d)
+            c_of = {} if C2 is None else {s[2].data_ptr(): (C2 if i == 0 else C2.clone()) for i, s in enumerate(sets)}
+            whole = bool(fixes.names) or (bias is not None and bias.data_ptr() % 16 != 0) or \
+                (C2 is not None and C2.data_ptr() % 16 != 0)  # copies on the way
+
+            def extras_of(z):  # the spec's operands past D, in its order: bias, alpha, C, beta
+                head = (() if bias is None else (bias,)) + (() if alpha is None else (alpha,))
+                return head if C2 is None else head + (c_of[z.data_ptr()], beta)
 
             def call_of(r):
-                if isinstance(r.module, TorchMatmul) and r.module.act == "none":
+                if isinstance(r.module, TorchMatmul) and r.module.act == "none" and plain:
                     # torch's route as its repeated call runs it (the fast path's torch_linear, no
                     # checks or copies): timed through launch_route, its host side made torch look
                     # 2-3x slower as queued calls than it is, and first use kept a slower kernel of ours
                     extras = () if bias is None else (bias,)
                     call = lambda x, y, z: torch_linear(x, y, z, *extras)  # noqa: E731
-                elif isinstance(r.module, TorchMatmul) or whole:  # the whole way a call takes
-                    fx = Fixes((), N, K) if isinstance(r.module, TorchMatmul) else fixes
-                    call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fx, bias)  # noqa: E731
+                elif isinstance(r.module, TorchMatmul):
+                    # torch's best unfused path for the epilogue, as the fast path's repeated call
+                    # runs it (TorchMatmul itself: F.linear / addmm, the activation, + beta C)
+                    tm = r.module
+                    call = lambda x, y, z: tm(x, y, z, bias, 1.0 if alpha is None else alpha,  # noqa: E731
+                                              c_of.get(z.data_ptr()), beta)
+                elif whole:  # the whole way a call takes
+                    call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fixes, bias, alpha,  # noqa: E731
+                                                        c_of.get(z.data_ptr()), beta, d_dtype)
                 else:
-                    extras = () if bias is None else (bias,)
                     # checked once per GPU; an MN-major module takes the memory under the views
-                    r.run(*stored_operands(r.module, a, b), sets[0][2], {} if bias is None else {"bias": bias})
+                    names = [n for n, v in (("bias", bias), ("alpha", alpha), ("C", C2)) if v is not None]
+                    operands = dict(zip(names, extras_of(sets[0][2])))
+                    if C2 is not None:
+                        operands["beta"] = beta
+                    r.run(*stored_operands(r.module, a, b), sets[0][2], operands)
                     fn = r.launchers[a.device.index]
                     ta, tb = takes_stored(r.module)
                     if ta or tb:
-                        call = lambda x, y, z: fn(x.t() if ta else x, y.t() if tb else y, z, *extras)  # noqa: E731
+                        call = lambda x, y, z: fn(x.t() if ta else x, y.t() if tb else y,  # noqa: E731
+                                                  z, *extras_of(z))
                     else:
-                        call = lambda x, y, z: fn(x, y, z, *extras)  # noqa: E731
+                        call = lambda x, y, z: fn(x, y, z, *extras_of(z))  # noqa: E731
                 call(*sets[0])
                 return call
 
@@ -741,7 +769,8 @@ class TorchMatmul:
         (nothing of ours between a repeated call and cuBLAS but the front door's fast path)."""
         import torch  # pylint: disable=import-outside-toplevel
 
-        if operands or self.act != "none":  # the extras by name: the spec's order skips those it lacks
+        # the extras by name (the spec's order skips those it lacks); a float32 D: its own product
+        if operands or self.act != "none" or out.dtype != a.dtype:
             names = list(operands)
             return lambda x, y, z, *extras: self(x, y, z, **dict(zip(names, extras)))
         mm = torch.mm
@@ -989,18 +1018,19 @@ def explain_text(M, N, K, dtype, arch, route: Route, fixes: Fixes, known: bool, 
     return "\n".join(lines)
 
 
-def _fast_key(A, B, out, bias=None):
+def _fast_key(A, B, out, bias=None, epilogue=None):
     """What a call shares with an earlier, fully checked one that took the plain path: the shapes
     and strides (which fix each operand's layout: contiguous, or the transposed view of a
-    contiguous tensor, an MN-major A or B), dtypes and GPUs of A, B, ``out`` and the bias; None
-    when the arguments are not tensors (the checked path says what they should be)."""
+    contiguous tensor, an MN-major A or B), dtypes and GPUs of A, B, ``out`` and the bias, and
+    ``epilogue`` (:func:`epilogue_key`) where the call has one past the bias; None when the
+    arguments are not tensors (the checked path says what they should be)."""
     try:
         key = (A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, A.device, B.device)
         if out is not None:
             key += (out.shape, out.stride(), out.dtype, out.device)
         if bias is not None:
             key += ("bias", bias.shape, bias.stride(), bias.dtype, bias.device)
-        return key
+        return key if epilogue is None else key + epilogue
     except (AttributeError, TypeError):
         return None
 
@@ -1056,6 +1086,116 @@ def _fast(A, B, out, bias=None):
     return out
 
 
+class Epilogue(NamedTuple):
+    """A call's epilogue operands past the bias, as :func:`launch_route` takes them: ``alpha``
+    (None: 1, not in the spec), the residual ``C`` [M, N] or None, ``beta``, D's dtype (None: A's)."""
+
+    alpha: float | None = None
+    C: object = None
+    beta: float = 1.0
+    d_dtype: object = None
+
+
+NOT_FAST = ("not fast",)  # an epilogue a repeated call cannot be looked up by (alpha or beta no finite number)
+
+
+def _finite(x) -> bool:
+    """A Python int or float, finite (inf - inf and nan - nan are nan): a scalar the fast path
+    passes through as it is; anything else (a tensor, a NumPy number) takes the checked path."""
+    return (type(x) is float or type(x) is int) and x - x == 0  # pylint: disable=unidiomatic-typecheck
+
+
+def epilogue_key(activation, alpha, residual, beta, out_dtype):
+    """What an epilogue call adds to its fast-path key (:func:`_fast_epilogue`): the activation,
+    whether alpha is in the spec (any value but 1: its value is the module's runtime scalar and
+    passes through, as beta's does), the residual's shape, strides, dtype and GPU, D's dtype;
+    :data:`NOT_FAST` where alpha or beta is no finite Python number (the checked path converts or
+    refuses it)."""
+    if not (_finite(alpha) and _finite(beta)):
+        return NOT_FAST
+    if residual is None:
+        return ("epilogue", activation, alpha != 1.0, out_dtype)
+    try:
+        return ("epilogue", activation, alpha != 1.0, out_dtype, residual.shape, residual.stride(),
+                residual.dtype, residual.device)
+    except (AttributeError, TypeError):
+        return NOT_FAST
+
+
+def _remember_epilogue(A, B, out, bias, epi, route: Route, M: int, N: int, K: int, shape, d_dtype) -> None:
+    """After a checked epilogue call that took the plain path (no copies: A, B, the bias and C
+    16-byte aligned, N and K multiples of 8, the module built for any M or this one): later calls
+    like it go through :func:`_fast_epilogue`. ``bias``: the caller's (a float32 D's copy of it
+    is made again on each call, as the checked path makes it)."""
+    launch = stored_launch(route, A.device.index, plain=False)
+    key = _fast_key(A, B, out, bias, epi)
+    if launch is not None and key is not None:
+        d_size = 4 if d_dtype is not None else A.element_size()
+        with _LOCK:
+            _FAST[key] = (route, launch, M, N, K, tuple(shape), (A.nbytes, B.nbytes, M * N * d_size), d_dtype)
+
+
+def _apart(p: int, size: int, spans) -> bool:
+    """Whether bytes [p, p + size) share none with any of ``spans`` ((start, size) pairs)."""
+    return all(p >= q + n or q >= p + size for q, n in spans)
+
+
+def _fast_epilogue(A, B, out, bias, epi, alpha, residual, beta):
+    """:func:`_fast` for a call with an epilogue past the bias (an activation, alpha, a residual, a
+    float32 D): the launch of a call like one already checked (its key: :func:`epilogue_key`), with
+    that call's checks that depend on the tensors' addresses made again: 16-byte alignment, no grad
+    wanted, ``out`` apart from A, B and the bias, and the residual apart from them and either
+    ``out`` itself (in place) or apart from it; else None (the checked path runs, and refuses what
+    it must)."""
+    key = _fast_key(A, B, out, bias, epi)
+    try:
+        hit = _FAST.get(key) if key is not None else None
+    except TypeError:  # an unhashable activation: the checked path says what to pass
+        return None
+    if hit is None:
+        return None
+    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes), d_dtype = hit
+    if (A.requires_grad or B.requires_grad or (out is not None and out.requires_grad)
+            or (bias is not None and bias.requires_grad)
+            or (residual is not None and residual.requires_grad)) and _grad_enabled():
+        return None
+    pa, pb = A.data_ptr(), B.data_ptr()
+    if (pa | pb) & 15:
+        return None
+    read = [(pa, a_bytes), (pb, b_bytes)]  # what D must not overwrite while the kernel reads it
+    extras = ()
+    if bias is not None:
+        pc = bias.data_ptr()
+        if d_dtype is None and pc & 15:  # the checked path copies it onto a 16-byte boundary
+            return None
+        read.append((pc, bias.nbytes))
+        extras = (bias if d_dtype is None else bias.float(),)  # a float32 D's bias in float32
+    if alpha != 1.0:
+        extras += (float(alpha),)
+    if out is not None:
+        pd = out.data_ptr()
+        if pd & 15 or not _apart(pd, d_bytes, read):
+            return None
+    if residual is not None:
+        pr = residual.data_ptr()
+        if pr & 15 or not _apart(pr, d_bytes, read):
+            return None
+        if out is not None and pr != pd and not _apart(pr, d_bytes, [(pd, d_bytes)]):  # in place is out=C itself
+            return None
+        extras += (residual if len(shape) == 2 else residual.view(M, N), float(beta))
+    a = A if len(shape) == 2 else A.view(M, K)
+    if out is None:
+        import torch  # pylint: disable=import-outside-toplevel
+
+        d = torch.empty((M, N), dtype=d_dtype or A.dtype, device=A.device)
+        launch(a, B, d, *extras)
+        route.calls += 1
+        return d if len(shape) == 2 else d.view(shape)
+    launch(a, B, out if len(shape) == 2 else out.view(M, N), *extras)
+    route.calls += 1
+    return out
+
+
 def _capturing(A) -> bool:
     import torch  # pylint: disable=import-outside-toplevel
 
@@ -1065,7 +1205,7 @@ def _capturing(A) -> bool:
 _IN_GRAPHS: dict = {}
 
 
-def _weight_as_it_is(act: str) -> Route:
+def _weight_as_it_is(act: str, spec: GemmSpec | None = None) -> Route:
     """Inside CUDA-graph capture, a weight TMA cannot read (N or K not a multiple of 8, off a
     16-byte boundary) would be copied into its padded form on every replay (so a replay sees an
     in-place update of it): a 77 MB LM head made GPT-2's 7-row decode 0.43x cuBLAS as a kernel
@@ -1073,12 +1213,13 @@ def _weight_as_it_is(act: str) -> Route:
     more ours, copy included, ran 1.7-3.6x cuBLAS's unaligned path. torch's matmul reads the weight
     as it is where the first call's timing (copies in the graph) found its kernel faster, or nothing
     was timed yet; strict mode keeps ours."""
-    route = _IN_GRAPHS.get(act)
+    # one route per spec: its launcher, bound once per GPU, takes that spec's epilogue operands
+    route = _IN_GRAPHS.get((act, spec))
     if route is None:
         lines = ["kernel: torch.matmul (cuBLAS), inside CUDA-graph capture",
                  "why: the weight needs a padded copy for TMA, which a graph would make on every replay",
                  f"source: torch ({STRICT_ENV}=1 or strict=True keeps ours)"]
-        route = _IN_GRAPHS[act] = Route(TorchMatmul(act), None, "torch, in graphs", "torch", {}, lines)
+        route = _IN_GRAPHS[(act, spec)] = Route(TorchMatmul(act), None, "torch, in graphs", "torch", {}, lines)
     return route
 
 
@@ -1114,12 +1255,13 @@ def _linear(A, B, bias):
     return torch.nn.functional.linear(A, B, bias)
 
 
-def stored_launch(route: Route, index: int):
-    """The fast path's launch of a plain call on GPU ``index``: :func:`torch_linear` for torch's
-    route, else the route's bound launcher, handed the memory under a transposed view where its
-    module reads an MN-major operand as it is stored (:func:`takes_stored`); None before the
-    route has launched on that GPU."""
-    if isinstance(route.module, TorchMatmul) and route.module.act == "none":
+def stored_launch(route: Route, index: int, plain: bool = True):
+    """The fast path's launch of a call on GPU ``index``: :func:`torch_linear` for torch's route of
+    a ``plain`` call (A . B^T in A's dtype, a bias at most), else the route's bound launcher (the
+    epilogue's operands after D, in the spec's order), handed the memory under a transposed view
+    where its module reads an MN-major operand as it is stored (:func:`takes_stored`); None before
+    the route has launched on that GPU."""
+    if plain and isinstance(route.module, TorchMatmul) and route.module.act == "none":
         return torch_linear
     launch = route.launchers.get(index)
     ta, tb = takes_stored(route.module)
@@ -1164,14 +1306,20 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     ``silu`` or None, all in fp32 before rounding, on the GPU, for any shape (see the module
     docstring); returns D (or ``out``). ``alpha``, ``beta``: Python floats (runtime values of one
     module); ``residual``: C of D's shape and dtype, which may be ``out`` itself (in place);
-    ``out_dtype``: None (A's dtype) or torch.float32 (v9 builds it; with a residual torch computes it).
+    ``out_dtype``: None (A's dtype) or torch.float32 (v9 builds it; a residual then in float32 too).
 
     ``strict``: where no kernel of ours serves the shape, raise :class:`NoKernelError` instead of
     computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
     first resolved)."""
     plain_epilogue = alpha == 1.0 and residual is None and beta == 1.0 and out_dtype is None
-    if not explain and strict is None and activation is None and plain_epilogue:
-        done = _fast(A, B, out, bias)
+    epi = None if activation is None and plain_epilogue else epilogue_key(activation, alpha, residual, beta, out_dtype)
+    if not explain and strict is None:
+        if epi is None:
+            done = _fast(A, B, out, bias)
+        elif epi is not NOT_FAST:
+            done = _fast_epilogue(A, B, out, bias, epi, alpha, residual, beta)
+        else:
+            done = None
         if done is not None:
             return done
     act = check_activation(activation)
@@ -1205,6 +1353,7 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     # alpha in the spec only where it is not 1 (one module serves every other value)
     spec = dataclasses.replace(GemmSpec.with_epilogue(dtype, bias is not None, act, alpha != 1.0, residual is not None),
                                a_major=a_major, b_major=b_major)
+    given_bias = bias  # the caller's (the fast path's key), before a float32 D's copy
     if d_dtype is not None:  # a float32 D: its bias and residual in float32 too
         spec = dataclasses.replace(spec, d="float32", bias="float32" if bias is not None else None,
                                    residual="float32" if residual is not None else None)
@@ -1212,20 +1361,23 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     spec = None if spec.is_default() else spec  # the default spec: the plain path, remembered for the fast one
     route, known = _route(M, fixes.N, fixes.K, dtype, index, _strict(strict), spec)
     route.calls += 1
-    # first use times the candidates with a bias at most (the new epilogues' operands: not yet)
-    if route.candidates and route.module_M in (None, M) and first_use.enabled() and plain_epilogue:
-        _settle(route, A2, B, M, N, K, fixes, bias, index)
+    # the epilogue's operands past the bias, in the spec's order (GemmSpec.epilogue_operands)
+    epilogue = Epilogue(alpha if alpha != 1.0 else None, C2, beta, d_dtype)
+    if route.candidates and route.module_M in (None, M) and first_use.enabled():
+        _settle(route, A2, B, M, N, K, fixes, bias, index, epilogue, spec)
     if (fixes.N != N or fixes.K != K or fixes.copies("copy-b")) and not _strict(strict) and _capturing(A):
         in_graphs = route.module.graphs if isinstance(route.module, ByCapture) else route.module
         if route.candidates or isinstance(in_graphs, TorchMatmul):  # not measured, or torch's kernel won
-            route = _weight_as_it_is(act)
+            route = _weight_as_it_is(act, spec)
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
-    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias, alpha if alpha != 1.0 else None, C2, beta, d_dtype)
-    if fast_spec(spec) and not layout_notes and set(fixes.names) <= {"pad-n", "pad-k"} \
-            and (route.module_M is None or route.module_M == M) and not _capturing(A) \
+    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias, *epilogue)
+    if not layout_notes and (route.module_M is None or route.module_M == M) and not _capturing(A) \
             and (bias is None or bias.data_ptr() % 16 == 0):
-        _remember(A, B, out, route, M, N, K, shape, fixes, bias)
+        if epi is None and fast_spec(spec) and set(fixes.names) <= {"pad-n", "pad-k"}:
+            _remember(A, B, out, route, M, N, K, shape, fixes, bias)
+        elif epi is not None and epi is not NOT_FAST and not fixes.names and (C2 is None or C2.data_ptr() % 16 == 0):
+            _remember_epilogue(A, B, out, given_bias, epi, route, M, N, K, shape, d_dtype)
     if explain:
         batch = tuple(A.shape) if A.dim() != 2 else None
         text = explain_text(M, N, K, dtype, _arch(index), route, fixes, known, batch)
@@ -1264,6 +1416,11 @@ def swiglu(x, W_gu, out=None, strict: bool | None = None):
     ``x . W_gu^T`` [..., 2N] goes through :func:`matmul` and :func:`glu_halves` in torch."""
     import torch  # pylint: disable=import-outside-toplevel
 
+    key = _swiglu_key(x, W_gu, out) if strict is None else None
+    if key is not None:
+        done = _fast_swiglu(key, x, W_gu, out)
+        if done is not None:
+            return done
     if not isinstance(W_gu, torch.Tensor) or W_gu.dim() != 2 or W_gu.shape[0] % 2:
         shape = tuple(W_gu.shape) if isinstance(W_gu, torch.Tensor) else type(W_gu).__name__
         raise ModuleInputError(f"gemm_ladder.swiglu: W_gu is {shape}; it is cat([W_gate, W_up]) of shape [2N, K] "
@@ -1281,6 +1438,7 @@ def swiglu(x, W_gu, out=None, strict: bool | None = None):
             if _overlaps(out, t):
                 raise ModuleInputError(f"gemm_ladder.swiglu: out overlaps {name} in memory; pass an out apart from it")
     # the gated kernel reads K-major x and W_gu: a transposed view is copied first
+    as_given = x.is_contiguous() and W_gu.is_contiguous()
     x, W_gu = (t if t.is_contiguous() else t.contiguous() for t in (x, W_gu))
     M, N2, K, x2, _, _ = _check(x, W_gu, None)
     aligned = x2.data_ptr() % 16 == 0 and W_gu.data_ptr() % 16 == 0 and (out is None or out.data_ptr() % 16 == 0)
@@ -1296,7 +1454,54 @@ def swiglu(x, W_gu, out=None, strict: bool | None = None):
             d = out.view(M, N) if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
             if module is route.module:
                 route.run(x2, W_gu, d)
+                launch = route.launchers.get(x2.device.index)
             else:  # a tiny problem's: ours under capture too (torch's fallback is no gated GEMM)
-                module(x2, W_gu, out=d)
+                launch = launcher_of(module, x2, W_gu, d)
+                launch(x2, W_gu, d)
+            if key is not None and as_given and launch is not None and not _capturing(x):
+                with _LOCK:
+                    _FAST[key] = (route, launch, M, N, shape, (x.nbytes, W_gu.nbytes, d.nbytes))
             return out if out is not None else d.view(shape)
     return glu_halves(matmul(x, W_gu, strict=strict), out)
+
+
+def _swiglu_key(x, W_gu, out):
+    """What a :func:`swiglu` call shares with an earlier, checked one that ran our gated kernel
+    on x and W_gu as given (contiguous, aligned): shapes, strides, dtypes and GPUs of x, W_gu and
+    ``out``; None when they are not tensors."""
+    try:
+        key = ("swiglu", x.shape, x.stride(), W_gu.shape, W_gu.stride(), x.dtype, W_gu.dtype, x.device, W_gu.device)
+        if out is not None:
+            key += (out.shape, out.stride(), out.dtype, out.device)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+def _fast_swiglu(key, x, W_gu, out):
+    """The gated kernel's launch for a call like one already checked (:func:`_swiglu_key`), with
+    that call's address checks made again (16-byte alignment, no grad wanted, ``out`` apart from
+    x and W_gu); else None: the checked path runs."""
+    hit = _FAST.get(key)
+    if hit is None:
+        return None
+    route, launch, M, N, shape, (x_bytes, w_bytes, d_bytes) = hit
+    if (x.requires_grad or W_gu.requires_grad or (out is not None and out.requires_grad)) and _grad_enabled():
+        return None
+    px, pw = x.data_ptr(), W_gu.data_ptr()
+    if (px | pw) & 15:
+        return None
+    x2 = x if len(shape) == 2 else x.view(M, x.shape[-1])
+    if out is None:
+        import torch  # pylint: disable=import-outside-toplevel
+
+        d = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        launch(x2, W_gu, d)
+        route.calls += 1
+        return d if len(shape) == 2 else d.view(shape)
+    pd = out.data_ptr()
+    if pd & 15 or not _apart(pd, d_bytes, [(px, x_bytes), (pw, w_bytes)]):
+        return None
+    launch(x2, W_gu, out if len(shape) == 2 else out.view(M, N))
+    route.calls += 1
+    return out

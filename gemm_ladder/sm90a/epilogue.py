@@ -179,32 +179,55 @@ class ResidualRead:
 
     How C is read: each output chunk's C box (the consumer's rows x ``chunk_cols``) is loaded by
     TMA into the very staging buffer the chunk is about to be written to, by the thread that stores
-    it, once the buffer's last store has left it; the consumer waits on its own mbarrier
-    (``c_ready[consumer]``, phase = the chunk count's parity: one load per chunk), reads C back with
-    ``ldmatrix`` at the addresses its ``stmatrix`` will write (``ldmatrix`` is ``stmatrix``'s
-    inverse, so each thread gets C's values of exactly its accumulators' (row, column) pairs, and
-    each warp reads its own 16-row blocks before it overwrites them: no barrier between), adds
-    ``beta . C`` and writes D over it. So C costs no shared memory of its own (the ring keeps its
-    stages), arrives in 128-byte-swizzled whole lines (rather than the fragment's 4-byte pieces
-    from global memory), and its latency is that of one TMA load per chunk, partly under the
-    previous chunk's store.
+    it, once the buffer's last store has left it; each staging buffer has its own mbarrier
+    (``c_ready[buffer]``, phase = the parity of the loads into that buffer so far: chunk count //
+    buffers), the consumer waits on it, reads C back with ``ldmatrix`` at the addresses its
+    ``stmatrix`` will write (``ldmatrix`` is ``stmatrix``'s inverse, so each thread gets C's values
+    of exactly its accumulators' (row, column) pairs, and each warp reads its own 16-row blocks
+    before it overwrites them: no barrier between; a float32 D: each thread reads the 32-bit word it
+    writes), adds ``beta . C`` and writes D over it. So C costs no shared memory of its own (the
+    ring keeps its stages) and arrives in 128-byte-swizzled whole lines.
+
+    When (``prefetch``, v9's ``c_prefetch`` knob, on by default): without it each chunk's load is
+    issued at the chunk and waited for at once, so its latency is exposed once a chunk (at M = 128,
+    one tile a CTA, it is pure added time: 0.65-0.91x torch, benchmarks/results/
+    2026-11-26_h100_epilogue/). With it the tile's first chunk is loaded before the tile's K loop
+    (:meth:`ChunkedEpilogue.prefetch_c`: its buffer is free once all but the newest store left,
+    ``wait_group.read(buffers - 1)``) and lands under the wgmmas, and chunk j + 1's load is issued
+    at chunk j, before chunk j is computed (its buffer freed by chunk j - 1's store:
+    ``wait_group.read(0)``), one chunk ahead.
 
     In place (C is D, ``out=C``): safe, because every element of C is read (the load has completed
     at the mbarrier) before the same CTA's consumer issues the store of the same chunk, and no other
     consumer or CTA reads or writes that chunk: v9's tiles are whole (no split-K), each consumer owns
-    its rows, and a chunk is stored once."""
+    its rows, and a chunk is stored once. A prefetched chunk is one of the same tile's, loaded
+    before any of its D is stored (the previous tile's stores are of other chunks)."""
 
     c: object  # C [M, N] in global memory
     beta: object  # the fp32 scalar parameter
-    ready: object  # TMABar(pool, consumers): one C load in flight per consumer
+    ready: object  # TMABar(pool, consumers x buffers): one C load in flight per staging buffer
     pairs: object  # uint32[4] local: one ldmatrix's four 16-bit pairs of C
+    prefetch: bool = False  # the first chunk under the K loop, each next one a chunk ahead
 
     @staticmethod
     def of(cfg: GemmConfig, buffers: dict, ready, pairs) -> "ResidualRead | None":
         """The residual of ``cfg``'s spec with the kernel's tensors (``buffers``), or None."""
         if not spec_of(cfg).residual:
             return None
-        return ResidualRead(c=buffers["C"], beta=buffers["beta"], ready=ready, pairs=pairs)
+        return ResidualRead(c=buffers["C"], beta=buffers["beta"], ready=ready, pairs=pairs, prefetch=c_prefetch(cfg))
+
+    @staticmethod
+    def phase(chunk, buffers: int):
+        """The parity ``c_ready`` of the buffer of a consumer's ``chunk``-th chunk (its running
+        count) completes when that chunk's C has landed: one load into each buffer every
+        ``buffers`` chunks."""
+        return (chunk // buffers) % 2
+
+
+def c_prefetch(cfg: GemmConfig) -> bool:
+    """Whether ``cfg`` loads a residual's C ahead (:class:`ResidualRead`; v9's knob ``c_prefetch``,
+    present on residual specs only)."""
+    return bool(spec_of(cfg).residual) and bool(dict(cfg.extra).get("c_prefetch", False))
 
 
 def _unpack(pair, high: bool, dtype: str):
@@ -262,17 +285,24 @@ def check_epilogue(cfg: GemmConfig) -> None:
 
 
 @T.inline
-def _acc_chunk_to_smem_f32(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, op, n0):
+def _acc_chunk_to_smem_f32(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, op, n0, residual=None):
     """A float32 D's chunk: every accumulator of columns ``col0 .. col0+ncols`` through ``op`` into
     ``Esmem[buf]`` at its (row, column) of the m64nNk16 fragment (``layouts.acc_fragment_coord``),
-    the 128B swizzle applied by the buffer's layout."""
+    the 128B swizzle applied by the buffer's layout. With a ``residual``, ``Esmem[buf]`` holds C's
+    chunk: each thread reads the word it is about to write and adds ``beta . C`` (no other thread
+    touches that word)."""
     NR = T.meta_var(plan.acc_stride)
     for mi in T.unroll(plan.m_atoms):
         for i in T.unroll(ncols // 8):
             for jj in T.unroll(4):
                 r = T.meta_var(mi * NR + (col0 // 8 + i) * 4 + jj)
                 row, col = T.meta_var(layouts.acc_fragment_coord((col0 // 8 + i) * 4 + jj, warp_id, lane_id))
-                Esmem[buf, mi * WG_M + row, col - col0] = op.apply(Dreg[r], r % NR, lane_id, n0)
+                if residual is not None:
+                    Esmem[buf, mi * WG_M + row, col - col0] = (
+                        op.apply(Dreg[r], r % NR, lane_id, n0)
+                        + residual.beta * Esmem[buf, mi * WG_M + row, col - col0])
+                else:
+                    Esmem[buf, mi * WG_M + row, col - col0] = op.apply(Dreg[r], r % NR, lane_id, n0)
 
 
 @T.inline
@@ -290,7 +320,7 @@ def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lan
     q = T.meta_var(lane_id // 8)
     row = T.meta_var(warp_id * 16 + lane_id % 8 + (q % 2) * 8)
     if Esmem.dtype == "float32":  # no stmatrix for 32-bit values: each accumulator stored as it is
-        _acc_chunk_to_smem_f32(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, op, n0)
+        _acc_chunk_to_smem_f32(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lane_id, op, n0, residual)
     for mi in T.unroll(plan.m_atoms if Esmem.dtype != "float32" else 0):
         for pp in T.unroll(ncols // 16):
             r0 = T.meta_var(mi * NR + 2 * (col0 // 16 + pp) * 4)  # the first of the 8 accumulators stored
@@ -324,6 +354,42 @@ def acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, col0, ncols, warp_id, lan
             )
 
 
+def _buffer(epi, chunk):
+    """The staging buffer of this consumer's ``chunk``-th chunk (its running count)."""
+    # one consumer: its buffers are the first, said as constants (TVM cannot prove that
+    # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
+    first = epi.consumer * epi.buffers if epi.plan.cfg.num_warpgroups > 1 else 0
+    return first + chunk % epi.buffers
+
+
+@T.inline
+def _load_c(epi, m_st, n_st, epi_it, j):
+    """The storing thread: C's box of chunk ``j`` of the tile at (``m_st``, ``n_st``) by TMA into
+    the chunk's staging buffer, completing on that buffer's ``c_ready`` (the buffer must be free)."""
+    res = T.meta_var(epi.residual)
+    Esmem = T.meta_var(epi.staging)
+    ROWS = T.meta_var(epi.plan.rows_per_wg)
+    row0 = T.meta_var(epi.consumer * ROWS)
+    epi_n = T.meta_var(epi.chunk_cols)
+    box = T.meta_var(epi.box_cols)
+    buf = T.meta_var(_buffer(epi, epi_it + j))
+    res.ready.arrive(buf, tx_count=ROWS * epi_n * (4 if Esmem.dtype == "float32" else 2))  # C is in D's dtype
+    for h in T.unroll(epi_n // box):
+        Tx.copy_async(
+            Esmem[buf, :, h * box:h * box + box],
+            res.c[m_st + row0:m_st + row0 + ROWS, n_st + j * epi_n + h * box:n_st + j * epi_n + h * box + box],
+            dispatch="tma_auto", mbar=res.ready.ptr_to([buf]),
+        )
+
+
+@T.inline
+def _prefetch_c(epi, m_st, n_st, epi_it):
+    if epi.thread == 0:
+        # the first chunk's buffer: free once all but the newest store (the other buffer's) left it
+        T.ptx.cp.async_.bulk.wait_group.read(epi.buffers - 1)
+        _load_c(epi, m_st, n_st, epi_it, 0)
+
+
 @T.inline
 def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
     """Chunk ``j`` of :meth:`ChunkedEpilogue.store_tile` (``packed=None``: from pairs, as
@@ -337,26 +403,23 @@ def _store_chunk(epi, Dreg, m_st, n_st, packed, epi_it, j):
     nbuf = T.meta_var(epi.buffers)
     ROWS = T.meta_var(plan.rows_per_wg)
     row0 = T.meta_var(c * ROWS)  # its band of the tile
-    # one consumer: its buffers are the first, said as constants (TVM cannot prove that
-    # warpgroup - 1 is 0, and a single buffer's layout has no stride to scale it by)
-    first = T.meta_var(c * nbuf if plan.cfg.num_warpgroups > 1 else 0)
-    buf = T.meta_var(first + (epi_it + j) % nbuf)
+    buf = T.meta_var(_buffer(epi, epi_it + j))
     res = T.meta_var(epi.residual)
+    ahead = T.meta_var(res is not None and res.prefetch)  # C one chunk ahead (ResidualRead)
     if wtid == 0:
-        T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
-        if res is not None:
-            # C's chunk into the buffer its store has just left (ResidualRead says why here)
-            res.ready.arrive(c, tx_count=ROWS * epi_n * 2)  # C is D's 16-bit dtype
-            for h in T.unroll(epi_n // EPI_CHUNK):
-                Tx.copy_async(
-                    Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK],
-                    res.c[m_st + row0:m_st + row0 + ROWS,
-                          n_st + j * epi_n + h * EPI_CHUNK:n_st + j * epi_n + h * EPI_CHUNK + EPI_CHUNK],
-                    dispatch="tma_auto", mbar=res.ready.ptr_to([c]),
-                )
+        if ahead:
+            if j + 1 < epi.chunks_per_tile:
+                # chunk j + 1's buffer: free once chunk j - 1's store (the newest) left it
+                T.ptx.cp.async_.bulk.wait_group.read(0)
+                _load_c(epi, m_st, n_st, epi_it, j + 1)
+        else:
+            T.ptx.cp.async_.bulk.wait_group.read(nbuf - 1)
+            if res is not None:
+                # C's chunk into the buffer its store has just left (ResidualRead says why here)
+                _load_c(epi, m_st, n_st, epi_it, j)
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
     if res is not None:
-        res.ready.wait(c, (epi_it + j) % 2)  # this consumer's C loads so far: one a chunk
+        res.ready.wait(buf, res.phase(epi_it + j, nbuf))
     acc_chunk_to_smem_stmatrix(plan, Dreg, Esmem, buf, j * epi_n, epi_n, epi.warp_id, epi.lane_id, packed, epi.op,
                                n_st, res, plan.acc_stride // 2 if epi.gated else 0)
     n_d = T.meta_var(n_st // 2 if epi.gated else n_st)  # D's columns: half the kernel's with a gated B
@@ -429,6 +492,12 @@ class ChunkedEpilogue:
         if self.residual is not None:
             raise ConfigError("a residual C is added to the fp32 accumulators, not to 16-bit pairs: use epi_under=False")
         _store_chunks(self, pairs, m_st, n_st, None, chunk_it)
+
+    def prefetch_c(self, m_st, n_st, chunk_it) -> None:
+        """A residual's C, ahead (``ResidualRead.prefetch``): the first chunk of the tile at
+        (``m_st``, ``n_st``) into its staging buffer, by the storing thread, before the tile's K
+        loop; :meth:`store_tile` waits for it (and loads the others a chunk ahead)."""
+        _prefetch_c(self, m_st, n_st, chunk_it)
 
     def store_chunk(self, pairs, m_st, n_st, chunk_it, j) -> None:
         """Chunk ``j`` of a tile from its 16-bit pairs (v9's ``epi_under``, under the next tile)."""

@@ -44,7 +44,8 @@ per-column bias and an activation after it, v9 only; an fp8 spec's scales multip
 into which block scales, ``fp8.BlockScales``, are applied as each K block is added;
 a runtime scale alpha before the bias), then a residual ``+ beta . C`` (``epilogue.ResidualRead``:
 C's chunk loaded by TMA into the staging buffer it is about to be stored from, which makes ``out=C``
-safe); the spec's epilogue operands (tensors and fp32 scalars) are parameters after ``num_ctas``
+safe; with v9's ``c_prefetch`` the tile's first chunk before its K loop, the others a chunk
+ahead); the spec's epilogue operands (tensors and fp32 scalars) are parameters after ``num_ctas``
 (``epilogue.kernel_operands``, in the form here), the runtime's argument order.
 
 The running counts that index the ring (``load_it``, ``it``) and the staging buffers
@@ -217,6 +218,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     total_regs = acc_regs if promote else 1  # the promoted sums (one unused register without)
     scale_regs = fp8.scale_regs(plan) if scaled else 1
     residual = bool(spec_of(cfg).residual)  # + beta . C, C loaded into the staging buffers
+    c_prefetch = epilogue.c_prefetch(cfg)  # C's first chunk loaded under the tile's K loop
     gated = spec_of(cfg).gated  # B = cat([W_gate, W_up]): D = act(gate) * up, N / 2 columns
 
     def backwards(load_it):
@@ -265,9 +267,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
         ring = Ring(tma2mma, mma2tma, cluster_size=cluster_size)  # the stages, their barriers and phases
         # per consumer: units of the tile counted before this one (split-K, stream-K)
         flag = T.meta_var(pool.alloc((consumers,), "int32") if has_workspace else None)
-        # a residual C: one TMA load of C's chunk in flight per consumer (epilogue.ResidualRead)
+        # a residual C: one TMA load of C's chunk in flight per staging buffer (epilogue.ResidualRead)
         if residual:
-            c_ready = TMABar(pool, consumers)
+            c_ready = TMABar(pool, consumers * buffers)
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc(plan.a_shape(stages), plan.a_dtype, layout=A_layout)  # [stages, BLK_M, BLK_K] or MN-major
         Bsmem = pool.alloc(plan.b_shape(stages), plan.b_dtype, layout=B_layout)
@@ -400,6 +402,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
                 elif at_promotion:
                     mma.run(it, nk, sched.m_start(ts.m_idx) + wg_row0, sched.n_start(n_col))
                 else:
+                    if c_prefetch:
+                        # the tile's first C chunk lands under its K loop (epilogue.ResidualRead)
+                        epi.prefetch_c(sched.m_start(ts.m_idx), sched.n_start(n_col), epi_it)
                     mma.run(it, nk)
                 it = it + nk
                 m_st = T.meta_var(sched.m_start(ts.m_idx))

@@ -122,6 +122,15 @@ and B the tile before ended with, still in L2 (the consumers add the slices in t
 land). At 4096^3 on an H100 it cut DRAM reads by 12-33%
 (``benchmarks/results/2026-11-23_h100_tile_boundary/``) and the time by 0-0.2%.
 
+A residual's C loaded ahead (``c_prefetch=True``, residual specs only, on by default; issue 31):
+the epilogue adds ``beta . C``, C's chunk loaded by TMA into the staging buffer the chunk is then
+stored from (``epilogue.ResidualRead``). At each chunk that load's latency sat in front of every
+chunk (0.65-0.91x torch at M = 128, ``benchmarks/results/2026-11-26_h100_epilogue/``); with the
+knob the tile's first chunk is loaded before its K loop (its buffer's store has left it) and lands
+under the wgmmas, and each next chunk's is issued one chunk ahead. Each staging buffer has its own
+``c_ready`` mbarrier (two loads may be in flight a consumer). ``c_prefetch=False`` keeps the load at
+the chunk, for the A/B of ``benchmarks/epilogue_check.py``.
+
 fp8 (``spec=GemmSpec.fp8(...)``, issue 32; ``sm90a/fp8.py`` says what changes): e4m3 operands
 through the same ring at blk_k = 128 (one 128-byte swizzle row), ``m64nNk32`` e4m3 wgmmas, fp32
 scales (one a tensor, or one a row of A and a column of B) on the sums before the bias, and the
@@ -156,6 +165,9 @@ MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] thro
 # and tags of 16-bit modules stay as they were), and their defaults for v9's own (sm90a/fp8.py)
 FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT}  # K slices between promotions into fp32 (0: none)
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
+# knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
+# FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop
+RESIDUAL_KNOBS = {"c_prefetch": True}
 
 
 @dataclass(frozen=True)
