@@ -30,7 +30,12 @@ cache that a CUDA graph captures.
   the pack serves is an error, never torch's matmul in disguise) and keeps the pack's choice
   (``GEMM_LADDER_MEASURE=0``): every patched GEMM is our kernel. ``--front measured`` runs it as a
   user gets it instead: the front door times the pack's modules against torch's matmul at each
-  shape's first call and keeps the faster (:data:`FRONT_MODES`).
+  shape's first call and keeps the faster (:data:`FRONT_MODES`);
+- ``--fuse`` (``prepare --fuse``, then ``run --fuse``): ours is patched with
+  ``gemm_ladder.nn.patch(model, fuse=True)``: each MLP's gate, up and silu run as one gated kernel
+  (``torch.ops.gemm_ladder.swiglu``); its backward recomputes ``x . W_gu^T`` and takes dX and dW
+  over the fused [.., 2I] gradient (:func:`fused_gemms`). The plan then holds those GEMMs too, so
+  one prepared folder runs both ways.
 
     PYTHONPATH=. .venv/bin/python benchmarks/e2e_check.py prepare build/e2e                  # build box
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 GEMM_LADDER_PACK=build/e2e \\
@@ -64,8 +69,8 @@ from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
 import gemm_ladder  # noqa: E402  (the front door: use_pack)
 import gemm_ladder.nn as gnn  # noqa: E402
 from gemm_ladder.core import cli_types, device, files  # noqa: E402
-from gemm_ladder.core.records import Int, List, Map, Obj, Str, read_json  # noqa: E402
-from gemm_ladder.core.spec import GemmSpec  # noqa: E402
+from gemm_ladder.core.records import Bool, Int, List, Map, Obj, Str, read_json  # noqa: E402
+from gemm_ladder.core.spec import GemmSpec, spec_for  # noqa: E402
 from gemm_ladder.measure import harness, isolate  # noqa: E402
 from gemm_ladder.measure.report import table as fmt  # noqa: E402
 from gemm_ladder.serve.kernel_pack import KernelPack, build_pack  # noqa: E402
@@ -313,7 +318,8 @@ PLAN_SCHEMA = Obj({"format": Str([FORMAT]),
                    "train": Obj({"model": Str(), "batch": Int(lo=1), "seq": Int(lo=2),
                                  "steps": Int(lo=LOSS_LAST + LOSS_WINDOW), "warmup": Int(lo=0)}),
                    "gemms": List(Obj({"layout": Str(["KK", "KN", "MN"]), "M": Int(lo=1), "N": Int(lo=1),
-                                      "K": Int(lo=1), "why": Str()}))})
+                                      "K": Int(lo=1), "why": Str()}, optional={"epilogue": Str(["swiglu"])}))},
+                  optional={"fuse": Bool()})
 LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MN": ("M", "N")}  # forward, dX = dY . W, dW = dY^T . X
 
 
@@ -334,40 +340,65 @@ def backward_gemms(cfg: Config, rows: int) -> dict[str, list[tuple[int, int, int
     return {"KN": [(rows, k, n) for n, k in ws], "MN": [(n, k, rows) for n, k in ws]}
 
 
-def plan() -> dict:
-    """What ``prepare`` writes to :data:`PLAN_FILE`: the models, the runs, and every GEMM they make."""
+def fused_gemms(cfg: Config, rows: int, backward: bool = False) -> dict[tuple[str, str], list[tuple[int, int, int]]]:
+    """(layout, epilogue) -> (M, N, K) of the fused MLP (``patch(model, fuse=True)``) over ``rows``
+    tokens: the gated forward over W_gu = cat([Wg, Wu]) [2I, H] (N = 2I: the kernel reads both
+    halves); with ``backward``, ``ops.swiglu_grads``' recompute of ``x . W_gu^T`` (plain, KK), dX =
+    dh . W_gu (KN, K = 2I) and dW_gu = dh^T . x (MN)."""
+    gu, h = 2 * cfg.intermediate, cfg.hidden
+    out = {("KK", "swiglu"): [(rows, gu, h)]}
+    if backward:
+        out.update({("KK", "none"): [(rows, gu, h)], ("KN", "none"): [(rows, h, gu)], ("MN", "none"): [(gu, h, rows)]})
+    return out
+
+
+def plan(fuse: bool = False) -> dict:
+    """What ``prepare`` writes to :data:`PLAN_FILE`: the models, the runs, and every GEMM they make
+    (``fuse``: those of the fused model too, :func:`fused_gemms`; entries with an ``epilogue``)."""
     tr = CONFIGS[TRAIN["model"]]
     gemms: dict = {}
 
-    def add(layout, shapes, why):
+    def add(layout, shapes, why, epilogue="none"):
         for s in shapes:
-            gemms.setdefault((layout, *s), why)
+            gemms.setdefault((layout, *s, epilogue), why)
+
+    def add_fused(cfg, rows, why, backward=False):
+        for (layout, epilogue), shapes in fused_gemms(cfg, rows, backward).items():
+            add(layout, shapes, f"{why} (fused MLP)", epilogue)
 
     for inf in (CONFIGS[n] for n in INFER_MODELS):
         for b, s in PREFILL:
             add("KK", forward_gemms(inf, b * s, head_rows=b), f"{inf.name} prefill {b}x{s}")
+            if fuse:
+                add_fused(inf, b * s, f"{inf.name} prefill {b}x{s}")
         for b in DECODE:
             add("KK", forward_gemms(inf, b), f"{inf.name} decode {b}")
+            if fuse:
+                add_fused(inf, b, f"{inf.name} decode {b}")
     rows = TRAIN["batch"] * TRAIN["seq"]
     add("KK", forward_gemms(tr, rows), "train forward")
     for layout, shapes in backward_gemms(tr, rows).items():
         add(layout, shapes, f"train backward {'dX' if layout == 'KN' else 'dW'}")
-    return {"format": FORMAT, "models": {n: dataclasses.asdict(c) for n, c in CONFIGS.items()},
+    if fuse:
+        add_fused(tr, rows, "train", backward=True)
+    return {"format": FORMAT, **({"fuse": True} if fuse else {}),
+            "models": {n: dataclasses.asdict(c) for n, c in CONFIGS.items()},
             "inference": {"models": list(INFER_MODELS), "prefill": [list(p) for p in PREFILL], "decode": list(DECODE),
                           "decode_context": DECODE_CONTEXT,
                           "check_prefill": list(CHECK_PREFILL), "check_decode": CHECK_DECODE},
             "train": dict(TRAIN),
-            "gemms": [{"layout": lay, "M": M, "N": N, "K": K, "why": why}
-                      for (lay, M, N, K), why in sorted(gemms.items())]}
+            "gemms": [{"layout": lay, "M": M, "N": N, "K": K, "why": why, **({"epilogue": ep} if ep != "none" else {})}
+                      for (lay, M, N, K, ep), why in sorted(gemms.items())]}
 
 
 def pack_requests(doc: dict) -> list[dict]:
-    """The ``build_pack`` calls that build every GEMM of the plan: one per layout, bf16, no epilogue."""
+    """The ``build_pack`` calls that build every GEMM of the plan: one per layout and epilogue
+    (``none``, or the fused MLP's ``swiglu``), bf16."""
     groups: dict = {}
     for g in doc["gemms"]:
-        groups.setdefault(g["layout"], set()).add((g["M"], g["N"], g["K"]))
-    return [{"layouts": [LAYOUTS[lay]], "dtypes": [DTYPE], "epilogues": ["none"], "shapes": sorted(shapes)}
-            for lay, shapes in sorted(groups.items())]
+        groups.setdefault((g["layout"], g.get("epilogue", "none")), set()).add((g["M"], g["N"], g["K"]))
+    return [{"layouts": [LAYOUTS[lay]], "dtypes": [DTYPE], "epilogues": [ep], "shapes": sorted(shapes)}
+            for (lay, ep), shapes in sorted(groups.items())]
 
 
 def unserved(pack: KernelPack, doc: dict, arch: str) -> list[str]:
@@ -377,10 +408,13 @@ def unserved(pack: KernelPack, doc: dict, arch: str) -> list[str]:
     out = []
     for g in doc["gemms"]:
         a_major, b_major = LAYOUTS[g["layout"]]
-        spec = GemmSpec(a=DTYPE, b=DTYPE, d=DTYPE, a_major=a_major, b_major=b_major)
+        epilogue = g.get("epilogue", "none")
+        spec = (GemmSpec(a=DTYPE, b=DTYPE, d=DTYPE, a_major=a_major, b_major=b_major) if epilogue == "none"
+                else spec_for(DTYPE, epilogue))
         found = pack.find(g["M"], g["N"], g["K"], DTYPE, arch, spec)
         if found is None or found.fit not in ("exact", "tuned-range"):
-            out.append(f"{g['layout']} {g['M']}x{g['N']}x{g['K']} ({g['why']}): "
+            what = g["layout"] if epilogue == "none" else f"{g['layout']} {epilogue}"
+            out.append(f"{what} {g['M']}x{g['N']}x{g['K']} ({g['why']}): "
                        f"{'no module' if found is None else found.fit}")
     return out
 
@@ -459,8 +493,8 @@ def geomean(xs) -> float | None:
 
 
 # -- prepare (build box) ------------------------------------------------------------------------
-def prepare(out, sms: int, workers: int | None = None) -> int:
-    doc = plan()
+def prepare(out, sms: int, workers: int | None = None, fuse: bool = False) -> int:
+    doc = plan(fuse)
     results = []
     for req in pack_requests(doc):
         man = build_pack(out, req["shapes"], req["dtypes"], arch=ARCH, sms=sms, workers=workers,
@@ -598,8 +632,10 @@ def decode_step(model, batch: int, length: int, seed: int) -> DecodeStep:
 
 def phase_job(item: str, args) -> dict:
     """An isolated job (``measure.isolate``, ``package.module:function``): ``item`` is the phase
-    (``inference:MODEL`` or ``train``); ``args``: the pack folder."""
+    (``inference:MODEL`` or ``train``); ``args``: the pack folder, the front-door mode, and
+    ``fuse`` where ours is patched with ``fuse=True``."""
     folder, mode = args[0], (args[1] if len(args) > 1 else "strict")
+    fuse = len(args) > 2 and args[2] == "fuse"
     doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", "run prepare again", PLAN_SCHEMA)
     if item not in phases_of(doc):
         raise ValueError(f"unknown phase {item!r}: " + ", ".join(phases_of(doc)))
@@ -608,8 +644,8 @@ def phase_job(item: str, args) -> dict:
     _use_front(folder, mode)
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference is fp32
     if item == "train":
-        return train(doc)
-    return inference(doc, item.partition(":")[2])
+        return train(doc, fuse=fuse)
+    return inference(doc, item.partition(":")[2], fuse=fuse)
 
 
 def phases_of(doc: dict, only=("inference", "train")) -> list[str]:
@@ -627,9 +663,10 @@ def _row(phase: str, cfg: Config, batch: int, tokens: int, ms: dict, t0: float, 
             "tokens_per_s": tokens / ms["ours"] * 1e3, "torch_tokens_per_s": tokens / ms["torch"] * 1e3}
 
 
-def inference(doc: dict, model: str, dev: str = "cuda") -> dict:
+def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> dict:
     """Correctness against the fp32 model, then prefill and decode timings (see the module
-    docstring); ``dev`` other than cuda: a dry run of the same steps (tests)."""
+    docstring); ``dev`` other than cuda: a dry run of the same steps (tests); ``fuse``: ours
+    patched with ``fuse=True``."""
     inf = doc["inference"]
     cfg = config_of(doc, model)
     dev = torch.device(dev)
@@ -639,9 +676,9 @@ def inference(doc: dict, model: str, dev: str = "cuda") -> dict:
         base.cos, base.sin = rotary_tables(cfg, positions, device=dev)  # the angles stay fp32, as Llama's
     base.eval()
     ours = copy.deepcopy(base)
-    swapped = gnn.patch(ours, verbose=False)
+    swapped = gnn.patch(ours, verbose=False, fuse=fuse)
     models = {"torch": base, "ours": ours}
-    out: dict = {"status": "ok", "swapped": len(swapped), "rows": []}
+    out: dict = {"status": "ok", "swapped": len(swapped), "fused": len(swapped.fused), "rows": []}
     g = torch.Generator(device=dev).manual_seed(5)
     with torch.inference_mode():
         # correctness: a prefill's hidden states and last logits, and a decode step, against fp32
@@ -678,7 +715,7 @@ def inference(doc: dict, model: str, dev: str = "cuda") -> dict:
                 fn()
             t0 = time.time()
             ms = _alternate(fns, ROUNDS, PREFILL_REPS, dev)
-            out["rows"].append(_row("prefill", cfg, b, b * s, ms, t0, seq=s))
+            out["rows"].append(_row("prefill", cfg, b, b * s, ms, t0, seq=s, fused=fuse))
             del tokens, fns
             _free(dev)
         for b in inf["decode"]:
@@ -686,22 +723,23 @@ def inference(doc: dict, model: str, dev: str = "cuda") -> dict:
             t0 = time.time()
             ms = _alternate({n: st.replay for n, st in steps.items()}, ROUNDS, DECODE_REPLAYS, dev)
             out["rows"].append(_row("decode", cfg, b, b, ms, t0, context=inf["decode_context"],
-                                    cuda_graph=dev.type == "cuda"))
+                                    cuda_graph=dev.type == "cuda", fused=fuse))
             del steps
             _free(dev)
     return out
 
 
-def train(doc: dict, dev: str = "cuda") -> dict:
+def train(doc: dict, dev: str = "cuda", fuse: bool = False) -> dict:
     """torch, ours and the yardstick run from the same weights on the same batches, a step of each
-    in turn (see the module docstring); ``dev`` other than cuda: a dry run (tests)."""
+    in turn (see the module docstring); ``dev`` other than cuda: a dry run (tests); ``fuse``: ours
+    patched with ``fuse=True``."""
     tr = doc["train"]
     cfg = config_of(doc, tr["model"])
     dev = torch.device(dev)
     with torch.device(dev):
         base = Llama(cfg, tr["seq"]).init_weights(seed=tr["seed"])  # fp32 master weights
     models = {"torch": base, "ours": copy.deepcopy(base), "yardstick": copy.deepcopy(base)}
-    swapped = gnn.patch(models["ours"], verbose=False)
+    swapped = gnn.patch(models["ours"], verbose=False, fuse=fuse)
     g = torch.Generator(device=dev).manual_seed(tr["seed"] + 1)
     with torch.no_grad():
         for p in models["yardstick"].parameters():
@@ -745,8 +783,9 @@ def train(doc: dict, dev: str = "cuda") -> dict:
            "ours_step_ms": ms["ours"], "yardstick_step_ms": ms["yardstick"], "ratio_to_torch": ms["torch"] / ms["ours"],
            "tokens_per_s": tr["batch"] * tr["seq"] / ms["ours"] * 1e3, "loss_ok": rule["ok"],
            "loss_rule": rule, "first_loss": losses["torch"][0], "final_loss_torch": smooth(losses["torch"])[-1],
-           "final_loss_ours": smooth(losses["ours"])[-1], "losses": losses}
-    return {"status": "ok" if rule["ok"] else "wrong", "swapped": len(swapped), "rows": [row]}
+           "final_loss_ours": smooth(losses["ours"])[-1], "losses": losses, "fused": fuse}
+    return {"status": "ok" if rule["ok"] else "wrong", "swapped": len(swapped), "fused": len(swapped.fused),
+            "rows": [row]}
 
 
 # -- run ----------------------------------------------------------------------------------------
@@ -782,8 +821,9 @@ def summarize(results: dict, rows: list[dict]) -> dict:
     return out
 
 
-def run(folder, out, only=("inference", "train"), mode: str = "strict") -> int:
-    """Each phase in a child with its deadline; writes ``out``. 0 once written, 2 where it cannot run."""
+def run(folder, out, only=("inference", "train"), mode: str = "strict", fuse: bool = False) -> int:
+    """Each phase in a child with its deadline (``fuse``: ours patched with ``fuse=True``); writes
+    ``out``. 0 once written, 2 where it cannot run."""
     why = device.why_no_gpu(index=0)
     if why is not None:
         print(f"e2e_check run: no GPU ({why}): run it on the GPU box", file=sys.stderr)
@@ -793,6 +833,9 @@ def run(folder, out, only=("inference", "train"), mode: str = "strict") -> int:
         doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", fix, PLAN_SCHEMA)
         for name in [*doc["inference"]["models"], doc["train"]["model"]]:
             config_of(doc, name)
+        if fuse and not doc.get("fuse"):
+            raise ValueError(f"the plan in {folder} has no fused-MLP GEMMs: run benchmarks/e2e_check.py prepare "
+                             f"{folder} --fuse on the build box")
         missing = unserved(KernelPack(folder), doc, device.arch_of(0))
     except ValueError as err:  # a bad plan or pack (RecordError, PackError), or a model the plan lacks
         print(f"e2e_check run: {err}", file=sys.stderr)
@@ -809,7 +852,8 @@ def run(folder, out, only=("inference", "train"), mode: str = "strict") -> int:
     for phase in phases_of(doc, only):
         t0 = time.time()
         deadline = PHASE_TIMEOUT[phase.partition(":")[0]]
-        results[phase] = isolate.run_batch(job, [phase], [str(folder), mode], timeout=deadline, explain=False)[0]
+        args = [str(folder), mode] + (["fuse"] if fuse else [])
+        results[phase] = isolate.run_batch(job, [phase], args, timeout=deadline, explain=False)[0]
         results[phase]["clocks"] = sampler.between(t0, time.time())
         print(f"{phase_line(phase, results[phase])} ({time.time() - start:.0f} s)", file=sys.stderr)
     rows = [r for res in results.values() for r in res.get("rows", [])]
@@ -819,7 +863,7 @@ def run(folder, out, only=("inference", "train"), mode: str = "strict") -> int:
     summary = summarize(results, rows)
     result = {"format": FORMAT, "version": 1, "gpu": gpu, "gpu_after": harness.gpu_info(), **harness.run_info(),
               "seconds": round(time.time() - start, 1), "method": __doc__.split("\n\n")[2].strip(),
-              "front_door": {"mode": mode, "env": FRONT_MODES[mode]},
+              "front_door": {"mode": mode, "env": FRONT_MODES[mode]}, "fuse": fuse,
               "summary": summary,
               "phases": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in results.items()},
               "rows": rows}
@@ -836,6 +880,7 @@ def main(argv=None) -> int:
     pr.add_argument("out", help="the folder to build (and carry to the GPU box)")
     pr.add_argument("--sms", type=cli_types.count, default=132, help="SM count the policy plans for (H100 SXM)")
     pr.add_argument("--workers", type=cli_types.count, default=None)
+    pr.add_argument("--fuse", action="store_true", help="also the GEMMs of the fused model (run --fuse)")
     r = sub.add_parser("run", help="GPU box: inference and training, torch against patched")
     r.add_argument("folder", help="the folder prepare built")
     r.add_argument("--out", type=cli_types.out_file, default="e2e_check.json")
@@ -843,12 +888,15 @@ def main(argv=None) -> int:
     r.add_argument("--front", choices=list(FRONT_MODES), default="strict",
                    help="strict: every patched GEMM ours (default); measured: the front door's timed choice, "
                         "torch's matmul where it is faster")
+    r.add_argument("--fuse", action="store_true",
+                   help="patch ours with gemm_ladder.nn.patch(model, fuse=True): SwiGLU MLPs on the gated kernel "
+                        "(the folder from prepare --fuse)")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        return prepare(a.out, a.sms, a.workers)
+        return prepare(a.out, a.sms, a.workers, a.fuse)
     if "e2e" not in Path(a.out).name:
         p.error(f"--out {a.out}: the results file's name must contain 'e2e' (issue 31's results format)")
-    return run(a.folder, a.out, tuple(a.phase or ("inference", "train")), a.front)
+    return run(a.folder, a.out, tuple(a.phase or ("inference", "train")), a.front, a.fuse)
 
 
 if __name__ == "__main__":

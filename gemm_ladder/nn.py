@@ -3,6 +3,7 @@
     import gemm_ladder.nn
     lin = gemm_ladder.nn.Linear(4096, 14336, bias=False, device="cuda", dtype=torch.bfloat16)
     swapped = gemm_ladder.nn.patch(model)      # every nn.Linear of model, in place; prints and returns the names
+    report = gemm_ladder.nn.patch(model, fuse=True)  # and SwiGLU MLPs, Linear->act pairs: report.fused, .left
 
 :class:`Linear` is ``nn.Linear`` (its parameters, initialisation and state dict are nn.Linear's:
 a checkpoint loads either way) whose forward is the front door's kernels, and whose backward is
@@ -22,20 +23,35 @@ once either way).
 
 :func:`patch` swaps every module whose type is exactly ``nn.Linear`` (subclasses keep their own
 forward) for a :class:`Linear` that shares its parameters (the same ``Parameter`` objects: an
-optimizer built before the patch, tied weights and hooks on them stay valid). It does not fuse a
-Linear with the activation after it yet (the op takes ``activation=``; recognising the pairs in
-a model's forward is the next step).
+optimizer built before the patch, tied weights and hooks on them stay valid). With ``fuse=True``
+it first fuses what it recognises (:func:`swiglu_mismatch`, :func:`sequential_pairs`):
+
+- a LLaMA-style MLP (HF's LlamaMLP, MistralMLP, Qwen2MLP, ...: ``gate_proj``, ``up_proj``,
+  ``down_proj`` linears, the gate and up without bias, and a forward that *is*
+  ``down_proj(silu(gate_proj(x)) * up_proj(x))``, read from its torch.fx graph, not guessed from
+  its attribute names) becomes a :class:`SwiGLUMLP` over the same three linears: one gated kernel
+  (``torch.ops.gemm_ladder.swiglu``) for gate, up and silu, writing half the bytes;
+- ``nn.Sequential(..., Linear, ReLU | GELU | SiLU, ...)``: the Linear takes the activation into
+  its epilogue (:attr:`Linear.activation`; its bias kept) and the activation's slot holds an
+  ``nn.Identity``.
+
+Module names and state-dict keys stay as they were. A look-alike (another activation, a bias on
+the gate or up, hooks that would see the unfused tensors, another forward) is left alone, and
+the report says why.
 """
 
 from __future__ import annotations
 
+import operator
 import sys
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from .serve import ops  # registers torch.ops.gemm_ladder.mm
+from .core.spec import torch_activation
+from .serve import ops  # registers torch.ops.gemm_ladder.mm and .swiglu
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _PLAIN = (torch.Tensor, nn.Parameter)
@@ -52,35 +68,48 @@ def traced(*tensors) -> bool:
 
 
 class LinearFunction(torch.autograd.Function):
-    """``x . W^T (+ bias)`` eager: the op's forward and backward (``ops.direct_mm``,
-    ``ops.linear_grads``) without the custom op's dispatch. Saves x and W as the op does (the
-    tensors themselves, no copies); a backward that builds a graph (``create_graph=True``) calls
-    the op, which differentiates again."""
+    """``act(x . W^T (+ bias))`` eager: the op's forward and backward (``ops.direct_mm``,
+    ``ops.linear_grads``; with an activation, dD is taken through it at its input, recomputed by
+    one more GEMM, as the op's backward does) without the custom op's dispatch. Saves x and W as
+    the op does (the tensors themselves, no copies); a backward that builds a graph
+    (``create_graph=True``) calls the op, which differentiates again."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias):  # pylint: disable=arguments-differ
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return ops.direct_mm(x, weight, bias)
+    def forward(ctx, x, weight, bias, activation=None):  # pylint: disable=arguments-differ
+        ctx.activation, ctx.has_bias = activation, bias is not None
+        ctx.save_for_backward(x, weight, *((bias,) if activation and bias is not None else ()))
+        return ops.direct_mm(x, weight, bias, activation)
 
     @staticmethod
     def backward(ctx, grad):  # pylint: disable=arguments-differ
-        x, weight = ctx.saved_tensors
+        x, weight, *rest = ctx.saved_tensors
         needs = ctx.needs_input_grad
         gemm = torch.ops.gemm_ladder.mm if torch.is_grad_enabled() else ops.direct_mm
-        return ops.linear_grads(grad, x, weight, (needs[0], needs[1], ctx.has_bias and needs[2]), gemm)
+        if ctx.activation:  # at the activation's input Z = x . W^T + bias, recomputed
+            grad = ops.activation_backward(grad, gemm(x, weight, rest[0] if rest else None), ctx.activation)
+        return (*ops.linear_grads(grad, x, weight, (needs[0], needs[1], ctx.has_bias and needs[2]), gemm), None)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` on the front door's kernels, for tensors :func:`uses_kernel`
-    takes (in one dtype: cast them first under autocast): the registered op where traced, else
-    its implementation directly, through :class:`LinearFunction` where a gradient is wanted."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str | None = None) -> torch.Tensor:
+    """``act(F.linear(x, weight, bias))`` on the front door's kernels (``activation``: relu,
+    gelu_tanh, gelu_erf, silu or None, in the epilogue), for tensors :func:`uses_kernel` takes
+    (in one dtype: cast them first under autocast): the registered op where traced, else its
+    implementation directly, through :class:`LinearFunction` where a gradient is wanted."""
     if traced(x, weight, bias):
-        return torch.ops.gemm_ladder.mm(x, weight, bias)
+        return torch.ops.gemm_ladder.mm(x, weight, bias, activation)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        return LinearFunction.apply(x, weight, bias)
-    return ops.direct_mm(x, weight, bias)
+        return LinearFunction.apply(x, weight, bias, activation)
+    return ops.direct_mm(x, weight, bias, activation)
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast casts a linear layer's ``x`` to on its device, None where it is off (or
+    the device has no autocast: meta)."""
+    if x.device.type == "meta" or not torch.is_autocast_enabled(x.device.type):
+        return None
+    return torch.get_autocast_dtype(x.device.type)
 
 
 def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -89,39 +118,303 @@ def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` whose forward is ``torch.ops.gemm_ladder.mm`` (see the module docstring)."""
+    """``nn.Linear`` whose forward is ``torch.ops.gemm_ladder.mm`` (see the module docstring);
+    ``activation`` (None, or one of relu, gelu_tanh, gelu_erf, silu): applied to the output in the
+    kernel's epilogue (set by :meth:`from_linear`, by :func:`patch` for a Linear -> activation pair)."""
+
+    activation: str | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # pylint: disable=arguments-renamed
         weight, bias = self.weight, self.bias
-        if torch.is_autocast_enabled(x.device.type):
-            cast = torch.get_autocast_dtype(x.device.type)
+        cast = autocast_dtype(x)
+        if cast is not None:
             x, weight = x.to(cast), weight.to(cast)
             bias = bias.to(cast) if bias is not None else None
         if not uses_kernel(x, weight):
-            return F.linear(x, weight, bias)
-        return linear(x, weight, bias)
+            out = F.linear(x, weight, bias)
+            return torch_activation(out, self.activation) if self.activation else out
+        return linear(x, weight, bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", activation={self.activation}" if self.activation else "")
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear) -> "Linear":
-        """A :class:`Linear` over ``lin``'s own parameters (shared, not copied)."""
+    def from_linear(cls, lin: nn.Linear, activation: str | None = None) -> "Linear":
+        """A :class:`Linear` over ``lin``'s own parameters (shared, not copied), with ``activation``
+        in its epilogue."""
         if not isinstance(lin, nn.Linear):
             raise TypeError(f"Linear.from_linear takes an nn.Linear, got {type(lin).__name__}")
+        if activation is not None and activation not in _ACTIVATIONS:
+            raise ValueError(f"Linear.from_linear: activation={activation!r}; use one of "
+                             f"{', '.join(_ACTIVATIONS)} or None")
         new = cls(lin.in_features, lin.out_features, bias=lin.bias is not None, device="meta",
                   dtype=lin.weight.dtype)
         new.weight = lin.weight
         new.bias = lin.bias
+        new.activation = activation
         new.train(lin.training)
         return new
 
 
-def patch(model: nn.Module, verbose: bool = True) -> list[str]:
+_ACTIVATIONS = ("relu", "gelu_tanh", "gelu_erf", "silu")  # the epilogue's, by name (core.spec.ACTIVATIONS less none)
+
+
+# -- SwiGLU: gate, up and silu in one kernel (issue 31) --------------------------------------------
+class SwiGLUFunction(torch.autograd.Function):
+    """``silu(x . Wg^T) * (x . Wu^T)`` eager from the fused weight ``W_gu`` (``cat([Wg, Wu])``,
+    built by :class:`SwiGLUMLP`, no grad of its own): the op's kernel without its dispatch; the
+    gradients of x, Wg and Wu by ``ops.swiglu_grads`` on our kernels (dWg and dWu: the halves of
+    dW_gu, in each weight's dtype, as autocast's cast node would give them). A backward that builds
+    a graph concatenates the weights again, differentiably, and calls the op."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, W_gu):  # pylint: disable=arguments-differ
+        ctx.save_for_backward(x, w_gate, w_up, W_gu)
+        return ops.direct_swiglu(x, W_gu)
+
+    @staticmethod
+    def backward(ctx, grad):  # pylint: disable=arguments-differ
+        x, w_gate, w_up, W_gu = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph: W_gu must be a function of the weights
+            W_gu, gemm = torch.cat([w_gate, w_up]).to(W_gu.dtype), torch.ops.gemm_ladder.mm
+        else:
+            gemm = ops.direct_mm
+        dx, dW = ops.swiglu_grads(grad, x, W_gu, (needs[0], needs[1] or needs[2]), gemm)
+        d_gate, d_up = dW.chunk(2) if dW is not None else (None, None)
+        return (dx, d_gate.to(w_gate.dtype) if needs[1] else None, d_up.to(w_up.dtype) if needs[2] else None, None)
+
+
+class SwiGLUMLP(nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with gate, up and silu in one gated kernel
+    (``torch.ops.gemm_ladder.swiglu``: half the output bytes of the two products, no [.., 2N]
+    intermediate). The three linears are the original modules (``from_mlp``), so the parameters,
+    their names and the state dict are the MLP's, and an optimizer holding them stays valid.
+
+    The kernel reads one fused weight ``W_gu = cat([Wg, Wu])``. It is not a parameter (that would
+    change the state dict, break ``load_state_dict`` and hide the optimizer's Parameters); it is
+    built from the two weights: for inference once, cached, and built again when either weight's
+    object, storage, version counter (``load_state_dict``, an optimizer step, any in-place write
+    under ``no_grad``), dtype or device changes -- a write through ``.data`` bumps no counter:
+    after one, call :meth:`refresh`. It costs gate and up's bytes again in memory. Where a
+    gradient is recorded for the weights (training) it is built at every forward instead (one
+    copy a step, as autocast's cast of each weight is; under autocast it is that cast) so an
+    optimizer that writes ``.data`` can never leave it stale. Traced (``torch.compile``, fake
+    tensors) it is ``torch.cat`` in the graph, and the op's autograd takes the gradients to Wg
+    and Wu. Off the GPU, or in a dtype the kernel does not take, it is the MLP's own formula on
+    its own modules."""
+
+    def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Module):
+        super().__init__()
+        if gate_proj.weight.shape != up_proj.weight.shape or gate_proj.bias is not None or up_proj.bias is not None:
+            raise ValueError(f"SwiGLUMLP: gate_proj {tuple(gate_proj.weight.shape)} and up_proj "
+                             f"{tuple(up_proj.weight.shape)} must be bias-free linears of one shape (the fused "
+                             "kernel takes cat([W_gate, W_up]) and no bias)")
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.act_fn = nn.SiLU()
+        self._fused: tuple | None = None  # (key, W_gu): see fused_weight
+
+    @classmethod
+    def from_mlp(cls, mlp: nn.Module) -> "SwiGLUMLP":
+        """A :class:`SwiGLUMLP` over ``mlp``'s own three linears, where :func:`swiglu_mismatch`
+        finds none; else ValueError saying what differs."""
+        why = swiglu_mismatch(mlp)
+        if why is not None:
+            raise ValueError(f"SwiGLUMLP.from_mlp: {type(mlp).__name__} is not fused: {why}")
+        new = cls(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        new.train(mlp.training)
+        return new
+
+    def refresh(self) -> None:
+        """Drop the cached fused weight (after writing a weight through ``.data``)."""
+        self._fused = None
+
+    def fused_weight(self, dtype: torch.dtype, cache: bool = True) -> torch.Tensor:
+        """``cat([Wg, Wu])`` in ``dtype``, no grad of its own: the cached one while the weights are
+        unchanged (see the class docstring), or a new one (``cache=False``: not kept)."""
+        wg, wu = self.gate_proj.weight, self.up_proj.weight
+        key = (id(wg), id(wu), wg.data_ptr(), wu.data_ptr(), wg._version, wu._version, dtype, wg.device)
+        if cache and self._fused is not None and self._fused[0] == key:
+            return self._fused[1]
+        self._fused = None  # the stale one's memory first
+        n = wg.shape[0]
+        # a normal tensor even inside inference_mode: a later forward with grad may save it
+        with torch.inference_mode(False), torch.no_grad():
+            W_gu = torch.empty((2 * n, wg.shape[1]), dtype=dtype, device=wg.device)
+            W_gu[:n].copy_(wg)
+            W_gu[n:].copy_(wu)
+        if cache:
+            self._fused = (key, W_gu)
+        return W_gu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wg, wu = self.gate_proj.weight, self.up_proj.weight
+        cast = autocast_dtype(x)
+        dtype = cast or wg.dtype
+        if not swiglu_uses_kernel(x, wg, wu, dtype, cast is not None):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        x = x.to(dtype)
+        if traced(x, wg, wu):
+            y = torch.ops.gemm_ladder.swiglu(x, torch.cat([wg.to(dtype), wu.to(dtype)]))
+        elif torch.is_grad_enabled() and (x.requires_grad or wg.requires_grad or wu.requires_grad):
+            y = SwiGLUFunction.apply(x, wg, wu, self.fused_weight(dtype, cache=False))
+        else:
+            y = ops.direct_swiglu(x, self.fused_weight(dtype))
+        return self.down_proj(y)
+
+
+def swiglu_uses_kernel(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, dtype: torch.dtype,
+                       autocast: bool) -> bool:
+    """Whether :class:`SwiGLUMLP` runs ``x`` through the gated kernel in ``dtype`` (the weights'
+    dtype, or autocast's), else the MLP's own formula: on the GPU, fp16/bf16, x in that dtype
+    (under autocast: any, it is cast as F.linear's input is)."""
+    return (x.is_cuda and w_gate.is_cuda and w_up.is_cuda and dtype in _DTYPES and w_up.dtype == w_gate.dtype
+            and (autocast or x.dtype == dtype))
+
+
+class _LinearLeaves(torch.fx.Tracer):
+    """torch.fx's tracer with every linear a leaf (ours too: its forward is not the question)."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, nn.Linear) or super().is_leaf_module(m, module_qualified_name)
+
+
+def _plain_linear(m) -> bool:
+    """An ``nn.Linear`` or our :class:`Linear` without an activation (the same function)."""
+    return type(m) is nn.Linear or (type(m) is Linear and m.activation is None)  # pylint: disable=unidiomatic-typecheck
+
+
+def _hooked(*modules) -> bool:
+    # pylint: disable=protected-access
+    return any(m is not None and (m._forward_hooks or m._forward_pre_hooks) for m in modules)
+
+
+def _call(node, op: str, target=None, nargs: int = 1) -> bool:
+    return (node.op == op and (target is None or node.target == target) and len(node.args) == nargs
+            and not node.kwargs)
+
+
+def swiglu_mismatch(mlp: nn.Module) -> str | None:
+    """None where ``mlp`` computes ``down_proj(silu(gate_proj(x)) * up_proj(x))`` with bias-free
+    gate and up linears of one shape (what :class:`SwiGLUMLP` computes), else what differs. The
+    forward is read from its torch.fx graph (the linears as leaves): exactly those five calls on
+    its one input, silu as ``F.silu`` or an ``nn.SiLU`` module (HF's ``ACT2FN["silu"]``), the
+    product in either order. Hooks on the MLP, the gate, the up or the activation refuse it (they
+    would see tensors the fused kernel never makes)."""
+    gate, up, down = (getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+    if not all(_plain_linear(m) for m in (gate, up, down)):
+        return "gate_proj, up_proj and down_proj are not all nn.Linear"
+    if gate.bias is not None or up.bias is not None:
+        return "gate_proj or up_proj has a bias (the gated kernel takes none)"
+    if gate.weight.shape != up.weight.shape or down.in_features != gate.out_features:
+        return (f"gate_proj {tuple(gate.weight.shape)}, up_proj {tuple(up.weight.shape)} and down_proj "
+                f"{tuple(down.weight.shape)} do not chain")
+    if gate.weight.dtype != up.weight.dtype or gate.weight.device != up.weight.device:
+        return "gate_proj and up_proj weights differ in dtype or device"
+    act = getattr(mlp, "act_fn", None)
+    if _hooked(mlp, gate, up, act if isinstance(act, nn.Module) else None):
+        return "it, its gate_proj, up_proj or act_fn has forward hooks"
+    try:
+        graph = _LinearLeaves().trace(mlp)
+    except Exception as err:  # pylint: disable=broad-except  # any forward fx cannot trace is not ours to fuse
+        return f"its forward does not trace with torch.fx ({type(err).__name__})"
+    nodes = list(graph.nodes)
+    x = [n for n in nodes if n.op == "placeholder"]
+    out = nodes[-1].args[0] if nodes and nodes[-1].op == "output" else None
+    if len(nodes) != 7 or len(x) != 1 or out is None or not _call(out, "call_module", "down_proj"):
+        return "its forward is not down_proj(silu(gate_proj(x)) * up_proj(x))"
+    prod = out.args[0]
+    if not (_call(prod, "call_function", operator.mul, 2) or _call(prod, "call_function", torch.mul, 2)):
+        return "its forward is not down_proj(silu(gate_proj(x)) * up_proj(x))"
+    for a, u in (prod.args, prod.args[::-1]):
+        if not (isinstance(u, torch.fx.Node) and _call(u, "call_module", "up_proj") and u.args[0] is x[0]):
+            continue
+        act_name = _activation_of(mlp, a)
+        if act_name != "silu":
+            return f"its activation is {act_name}, not silu"
+        g = a.args[0]
+        if isinstance(g, torch.fx.Node) and _call(g, "call_module", "gate_proj") and g.args[0] is x[0]:
+            return None
+    return "its forward is not down_proj(silu(gate_proj(x)) * up_proj(x))"
+
+
+def _activation_of(mlp: nn.Module, node) -> str:
+    """``silu`` where the fx ``node`` is silu of one tensor (``F.silu``, an ``nn.SiLU`` module), else
+    what it is (the activation's name, for the report)."""
+    if not isinstance(node, torch.fx.Node) or len(node.args) != 1:
+        return f"{getattr(node, 'op', type(node).__name__)} (not one call on one tensor)"
+    if node.op == "call_module":
+        sub = mlp.get_submodule(node.target)
+        silu = type(sub) is nn.SiLU and not node.kwargs  # pylint: disable=unidiomatic-typecheck
+        return "silu" if silu else type(sub).__name__
+    if node.op == "call_function":
+        if node.target is F.silu and set(node.kwargs) <= {"inplace"}:
+            return "silu"
+        return getattr(node.target, "__name__", str(node.target))
+    return node.op
+
+
+_PAIR_ACTS = {nn.ReLU: lambda m: "relu", nn.SiLU: lambda m: "silu",
+              nn.GELU: lambda m: "gelu_tanh" if m.approximate == "tanh" else "gelu_erf"}
+
+
+def sequential_pairs(seq: nn.Module) -> list[tuple[int, str]]:
+    """(index of the Linear, activation) of each ``Linear, ReLU | GELU | SiLU`` pair of children of
+    an ``nn.Sequential`` (its type exactly: a subclass may have its own forward), neither hooked:
+    in a Sequential the Linear's output goes to the activation and nowhere else."""
+    if type(seq) is not nn.Sequential:  # pylint: disable=unidiomatic-typecheck
+        return []
+    kids = list(seq)
+    return [(i, _PAIR_ACTS[type(b)](b)) for i, (a, b) in enumerate(zip(kids, kids[1:]))
+            if _plain_linear(a) and type(b) in _PAIR_ACTS and not _hooked(a, b)]
+
+
+class PatchReport(list):
+    """What :func:`patch` did: the list of the nn.Linear layers it swapped (names, as before), and
+    ``fused``: (name, what) of each fusion, ``left``: (name, why) of each look-alike it left alone."""
+
+    def __init__(self, swapped=(), fused=(), left=()):
+        super().__init__(swapped)
+        self.fused, self.left = list(fused), list(left)
+
+
+def _fuse(model: nn.Module) -> tuple[list, list, list]:
+    """Fuse what :func:`swiglu_mismatch` and :func:`sequential_pairs` recognise, in place:
+    (fused, left, the names of the Linears it made)."""
+    fused, left, made = [], [], []
+    for name, module in list(model.named_modules()):
+        if isinstance(module, SwiGLUMLP) or not all(hasattr(module, n) for n in ("gate_proj", "up_proj",
+                                                                                  "down_proj")):
+            continue
+        why = swiglu_mismatch(module)
+        if why is None and not name:
+            why = "it is the model itself: patch its parent, or use SwiGLUMLP.from_mlp"
+        if why is not None:
+            left.append((name, why))
+            continue
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, SwiGLUMLP.from_mlp(module))
+        fused.append((name, "swiglu: gate_proj, up_proj and silu in one kernel"))
+    for name, module in list(model.named_modules()):
+        for i, act in sequential_pairs(module):
+            module[i] = Linear.from_linear(module[i], activation=act)
+            module[i + 1] = nn.Identity()
+            prefix = f"{name}." if name else ""
+            fused.append((f"{prefix}{i}", f"linear+{act}: {prefix}{i + 1} in its epilogue (now nn.Identity)"))
+            made.append(f"{prefix}{i}")
+    return fused, left, made
+
+
+def patch(model: nn.Module, verbose: bool = True, fuse: bool = False) -> PatchReport:
     """Swap every ``nn.Linear`` of ``model`` (type exactly nn.Linear) for a :class:`Linear` over the
-    same parameters, in place; the swapped modules' names (``""`` for ``model`` itself, which
-    cannot be swapped in place: it is refused), printed to stderr when ``verbose``."""
+    same parameters, in place; with ``fuse``, first fuse the SwiGLU MLPs and Linear -> activation
+    pairs it recognises (see the module docstring). Returns the swapped modules' names (a
+    :class:`PatchReport`, with what it fused and what it left alone and why), printed to stderr
+    when ``verbose``. ``model`` itself cannot be swapped in place: an nn.Linear is refused."""
     if type(model) is nn.Linear:  # pylint: disable=unidiomatic-typecheck
         raise TypeError("patch(model) swaps the nn.Linear layers inside model; for one layer use "
                         "gemm_ladder.nn.Linear.from_linear(layer)")
-    swapped = []
+    fused, left, swapped = _fuse(model) if fuse else ([], [], [])
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:  # pylint: disable=unidiomatic-typecheck
@@ -129,5 +422,8 @@ def patch(model: nn.Module, verbose: bool = True) -> list[str]:
                 swapped.append(f"{name}.{child_name}" if name else child_name)
     if verbose:
         print(f"gemm_ladder.nn.patch: {len(swapped)} nn.Linear layer(s) now run on gemm_ladder's kernels"
-              + "".join(f"\n  {s}" for s in swapped), file=sys.stderr)
-    return swapped
+              + "".join(f"\n  {s}" for s in swapped)
+              + (f"\nfused {len(fused)}:" if fuse else "") + "".join(f"\n  {n}: {w}" for n, w in fused)
+              + (f"\nleft unfused {len(left)}:" if left else "") + "".join(f"\n  {n}: {w}" for n, w in left),
+              file=sys.stderr)
+    return PatchReport(swapped, fused, left)

@@ -369,3 +369,97 @@ def test_run_writes_the_results_format_from_its_phases(e2e, tmp_path, monkeypatc
     assert got["summary"]["status"] == {"inference:tiny": "ok", "train": "ok"}
     assert got["summary"]["train tiny"]["loss_ok"] is True and got["gpu"] == {"name": "stub"}
     assert "inference:tiny: ok hidden rel err" in capsys.readouterr().err
+
+
+# -- --fuse: the fused model's GEMMs (gemm_ladder.nn.patch(model, fuse=True)) ---------------------
+def test_the_default_plan_has_no_fused_gemms_and_the_fused_plan_adds_them(e2e):
+    plain, fused = e2e.plan(), e2e.plan(fuse=True)
+    assert "fuse" not in plain and all("epilogue" not in g for g in plain["gemms"])
+    assert fused["fuse"] is True and all(g in fused["gemms"] for g in plain["gemms"])  # one folder runs both ways
+    e2e.PLAN_SCHEMA.check(fused)
+    requests = e2e.pack_requests(fused)
+    built = {(tuple(r["layouts"][0]), r["epilogues"][0], s) for r in requests for s in r["shapes"]}
+    for g in fused["gemms"]:
+        assert (e2e.LAYOUTS[g["layout"]], g.get("epilogue", "none"), (g["M"], g["N"], g["K"])) in built
+    assert {r["epilogues"][0] for r in requests} == {"none", "swiglu"}
+
+
+def test_the_fused_plan_holds_every_swiglu_the_fused_models_run(e2e):
+    """On the meta device at the real widths: each fused MLP's call at each prefill and decode
+    (M tokens, N = 2I rows of W_gu, K = hidden) is a swiglu GEMM of the plan."""
+    doc = e2e.plan(fuse=True)
+    planned = {(g["M"], g["N"], g["K"]) for g in doc["gemms"] if g.get("epilogue") == "swiglu"}
+    for name in doc["inference"]["models"]:
+        cfg = e2e.CONFIGS[name]
+        with torch.device("meta"):
+            m = e2e.Llama(cfg, max_positions=16)
+        report = gnn.patch(m, verbose=False, fuse=True)
+        assert [n for n, _ in report.fused] == [f"layers.{i}.mlp" for i in range(cfg.layers)]
+        seen = set()
+        for mlp in (mod for mod in m.modules() if isinstance(mod, gnn.SwiGLUMLP)):
+            mlp.register_forward_pre_hook(
+                lambda mod, args: seen.add((args[0].numel() // args[0].shape[-1], 2 * mod.gate_proj.out_features,
+                                            mod.gate_proj.in_features)))
+        for b, s in e2e.PREFILL:
+            m.cos, m.sin = torch.zeros(s, cfg.head_dim, device="meta"), torch.zeros(s, cfg.head_dim, device="meta")
+            m(torch.zeros((b, s), dtype=torch.long, device="meta"), last_only=True)
+        for b in e2e.DECODE:
+            cache = m.new_cache(b, 8)
+            pos, mask = torch.zeros(1, dtype=torch.long, device="meta"), torch.ones(1, 1, 1, 8, dtype=torch.bool,
+                                                                                   device="meta")
+            m.decode(torch.zeros((b, 1), dtype=torch.long, device="meta"), pos, cache, mask)
+        assert seen and seen <= planned, seen - planned
+
+
+def test_fused_gemms_are_the_fused_backwards_gemms(e2e):
+    """``ops.swiglu_grads`` (the fused MLP's backward) on a recording CPU product: its GEMMs, with
+    the layouts they read, are the ones :func:`fused_gemms` plans."""
+    from gemm_ladder.serve import front, ops  # pylint: disable=import-outside-toplevel
+
+    cfg = _tiny(e2e)
+    rows, calls = 10, set()
+
+    def gemm(A, B):
+        a2 = A.reshape(-1, A.shape[-1])
+        calls.add((front.operand_majors(a2, B), a2.shape[0], B.shape[0], a2.shape[1]))
+        return A.float() @ B.float().T
+
+    x = torch.randn(2, 5, cfg.hidden)
+    W_gu = torch.randn(2 * cfg.intermediate, cfg.hidden)
+    ops.swiglu_grads(torch.randn(2, 5, cfg.intermediate), x, W_gu, (True, True), gemm)
+    want = {(e2e.LAYOUTS[lay], *s) for (lay, ep), shapes in e2e.fused_gemms(cfg, rows, backward=True).items()
+            if ep == "none" for s in shapes}
+    assert calls == want
+
+
+def test_fused_dry_runs_fuse_every_mlp_and_match_torch_off_the_gpu(e2e):
+    doc = _tiny_doc(e2e)
+    out = e2e.inference(doc, "tiny", dev="cpu", fuse=True)
+    assert out["status"] == "ok" and out["fused"] == 2 and all(r["fused"] for r in out["rows"])
+    assert out["check"]["hidden"]["rel_err"] == out["check"]["hidden"]["torch_rel_err"]  # the MLP's own formula
+    doc["train"].update(steps=e2e.LOSS_LAST + e2e.LOSS_WINDOW)
+    tr = e2e.train(doc, dev="cpu", fuse=True)
+    (row,) = tr["rows"]
+    assert tr["fused"] == 2 and row["fused"] is True and row["losses"]["ours"] == row["losses"]["torch"]
+
+
+def test_run_fuse_refuses_a_plan_prepared_without_it(e2e, tmp_path, monkeypatch, capsys):
+    e2e.files.write_json(tmp_path / e2e.PLAN_FILE, e2e.plan())
+    monkeypatch.setattr(e2e.device, "why_no_gpu", lambda index=0: None)
+    assert e2e.main(["run", str(tmp_path), "--out", str(tmp_path / "e2e_check.json"), "--fuse"]) == 2
+    assert "--fuse" in capsys.readouterr().err and not (tmp_path / "e2e_check.json").exists()
+
+
+def test_unserved_asks_the_pack_for_the_gated_spec_of_a_swiglu_gemm(e2e):
+    doc = e2e.plan(fuse=True)
+    asked = {}
+
+    class Pack:
+        def find(self, M, N, K, dtype, arch, spec):  # pylint: disable=unused-argument
+            asked[(M, N, K, spec.gated)] = spec
+            return None
+
+    got = e2e.unserved(Pack(), doc, "sm_90a")
+    swiglus = [g for g in doc["gemms"] if g.get("epilogue") == "swiglu"]
+    assert swiglus and all(asked[(g["M"], g["N"], g["K"], True)].act == "silu" for g in swiglus)
+    assert sum(" swiglu " in m for m in got) == len(swiglus) and len(got) == len(doc["gemms"])

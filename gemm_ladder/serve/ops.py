@@ -47,11 +47,33 @@ def _as_operand(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() or is_transposed(t) else t.contiguous()
 
 
-def direct_mm(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What the op's implementation computes (A . B^T (+ bias), no activation), called directly:
-    for eager callers that do their own autograd (``gemm_ladder.nn``'s), without the custom op's
-    dispatch (~150 us of host time a call in torch's Python machinery, measured on an H100)."""
-    return matmul(_as_operand(A), _as_operand(B), bias=None if bias is None else bias.contiguous())
+def direct_mm(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None,
+              activation: str | None = None) -> torch.Tensor:
+    """What the op's implementation computes (act(A . B^T (+ bias))), called directly: for eager
+    callers that do their own autograd (``gemm_ladder.nn``'s), without the custom op's dispatch
+    (~150 us of host time a call in torch's Python machinery, measured on an H100)."""
+    return matmul(_as_operand(A), _as_operand(B), bias=None if bias is None else bias.contiguous(),
+                  activation=activation)
+
+
+def direct_swiglu(x: torch.Tensor, W_gu: torch.Tensor) -> torch.Tensor:
+    """What ``torch.ops.gemm_ladder.swiglu`` computes, called directly (as :func:`direct_mm`)."""
+    return swiglu(x.contiguous(), W_gu.contiguous())
+
+
+def swiglu_grads(grad: torch.Tensor, x: torch.Tensor, W_gu: torch.Tensor, needs, gemm=None) -> tuple:
+    """(dx, dW_gu) of ``Y = silu(x . Wg^T) * (x . Wu^T)``, ``W_gu = cat([Wg, Wu])``, from ``grad`` =
+    dL/dY, each None where ``needs`` (two bools) says no; ``gemm`` as in :func:`linear_grads`.
+    The pre-activations are recomputed by one GEMM ``h = x . W_gu^T`` (the fused forward writes
+    only Y), the elementwise half runs in fp32 and is rounded once to x's dtype (torch's unfused
+    SwiGLU rounds the gate, silu(gate) and the product each), then :func:`linear_grads`' two GEMMs
+    over ``dh`` [..., 2N]: dx = dh . W_gu and dW_gu = dh^T . x, on our kernels where ``gemm`` is."""
+    gemm = gemm or mm
+    gate, up = gemm(x, W_gu).float().chunk(2, dim=-1)
+    g = grad.float()
+    dh = torch.cat([torch.ops.aten.silu_backward(g * up, gate), g * torch.nn.functional.silu(gate)], dim=-1)
+    dx, dW, _ = linear_grads(dh.to(x.dtype), x, W_gu, (needs[0], needs[1], False), gemm)
+    return dx, dW
 
 
 def linear_grads(grad: torch.Tensor, A: torch.Tensor, B: torch.Tensor, needs, gemm=None) -> tuple:
