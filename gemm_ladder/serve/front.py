@@ -1073,11 +1073,17 @@ def _fast(A, B, out, bias=None):
     if out is None and launch is torch_linear:  # torch's route: F.linear makes D, batch dims and all
         route.calls += 1
         return _linear(A, B, bias)
+    return _launch_fast(route, launch, A, B, out, shape, M, N, K, extras)
+
+
+def _launch_fast(route, launch, A, B, out, shape, M: int, N: int, K: int, extras: tuple, d_dtype=None):
+    """The fast path's launch: A (any batch dims) as [M, K] into ``out`` (its view as [M, N]), or
+    into a new D in ``d_dtype`` (default A's) shaped like the call; counts the route's calls."""
     a = A if len(shape) == 2 else A.view(M, K)
     if out is None:
         import torch  # pylint: disable=import-outside-toplevel
 
-        d = torch.empty((M, N), dtype=A.dtype, device=A.device)
+        d = torch.empty((M, N), dtype=d_dtype or A.dtype, device=A.device)
         launch(a, B, d, *extras)
         route.calls += 1
         return d if len(shape) == 2 else d.view(shape)
@@ -1183,17 +1189,7 @@ def _fast_epilogue(A, B, out, bias, epi, alpha, residual, beta):
         if out is not None and pr != pd and not _apart(pr, d_bytes, [(pd, d_bytes)]):  # in place is out=C itself
             return None
         extras += (residual if len(shape) == 2 else residual.view(M, N), float(beta))
-    a = A if len(shape) == 2 else A.view(M, K)
-    if out is None:
-        import torch  # pylint: disable=import-outside-toplevel
-
-        d = torch.empty((M, N), dtype=d_dtype or A.dtype, device=A.device)
-        launch(a, B, d, *extras)
-        route.calls += 1
-        return d if len(shape) == 2 else d.view(shape)
-    launch(a, B, out if len(shape) == 2 else out.view(M, N), *extras)
-    route.calls += 1
-    return out
+    return _launch_fast(route, launch, A, B, out, shape, M, N, K, extras, d_dtype)
 
 
 def _capturing(A) -> bool:
