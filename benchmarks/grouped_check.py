@@ -589,20 +589,7 @@ def time_job(path, args) -> dict:
             if _grouped_mm_works(sets[0][0], W, sets[0][1]):
                 parties["grouped_mm"] = grouped_mm
             flops = 2.0 * tokens * N * K
-            calls = max(len(sets), 2)
-            samples = {p: {"graph": [], "queued": []} for p in parties}
-            names = list(parties)
-            for fn in parties.values():  # warm up, and capture each graph once
-                harness.graph_times(fn, sets, reps=1, calls=calls)
-            for r in range(ROUNDS):
-                order = names[r % len(names):] + names[:r % len(names)]
-                if r % 2:
-                    order.reverse()
-                for p in order:
-                    samples[p]["graph"] += harness.graph_times(parties[p], sets, reps=PER_ROUND, calls=calls)
-                    samples[p]["queued"] += harness.event_times(parties[p], sets, reps=PER_ROUND * calls, start=r)
-            times = {p: {"graph_ms": statistics.median(s["graph"]), "queued_ms": statistics.median(s["queued"]),
-                         "tflops_graph": flops / statistics.median(s["graph"]) / 1e9} for p, s in samples.items()}
+            times = _rounds(parties, sets, flops)
             results.append({"tokens": tokens, "routing": routing, "times": times})
     return {"status": "ok", "rows": results}
 
