@@ -199,8 +199,22 @@ print(report.table(kernel, ["op", "rows", "geomean", "lowest", "call geomean", "
 # per-shape rows say where the residual loses: at M = 128 (0.65-0.91x) C's TMA load waits in front
 # of every chunk with nothing to hide it (the next step: load chunk j+1's C while chunk j is
 # computed, and chunk 0 during the main loop); from M = 2048 on it is 0.99-1.09x. Calls at M = 128
-# are slower still (0.51-0.78x): a call with a residual takes the front door's checked path every
+# are slower still (0.51-0.78x): a call with a residual took the front door's checked path every
 # time.
+#
+# Both have been worked on since this run. C is now loaded ahead: chunk 0 during the main loop, and
+# chunk j+1 while chunk j is computed (knob `c_prefetch`, on by default). Epilogue calls now repeat
+# on the front door's fast path. A later run with C loaded ahead
+# (`benchmarks/results/2026-11-26_h100_epilogue_c_prefetch/`, commit 06d1fe7):
+#
+# | op | before | after |
+# |---|---|---|
+# | residual | 0.975x | 0.993x |
+# | bias + GELU + residual | 0.984x | 1.010x |
+# | fp32 D + residual (new) | | 1.101x |
+#
+# M = 128 is still 0.63-0.74x at K = 14336. The tiles are too few for 132 SMs rather than C's load:
+# 64x64 tiles lift it to 0.90-1.00x.
 #
 # Against the *unfused* path, the model and the measurement agree for SwiGLU (within 3%). For the
 # residual the measurement is under the model at every shape (by 1-26%, most at M = 128): the model
