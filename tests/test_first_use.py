@@ -343,3 +343,24 @@ def test_torchs_candidate_is_timed_as_its_repeated_call_runs(three, monkeypatch)
     assert calls == [["low.so", "m128.so", "mid.so", "torch"]]  # every candidate ran right on every set
     assert "torch" not in routed
     assert front.route_of(128, 256, 512).rung == "torch"
+
+
+def test_the_helper_thread_times_with_gradients_off(monkeypatch):
+    """First use times on a helper thread (runtime.outside_graph_pools), whose grad mode starts on
+    whatever the caller's. A backward pass calls with grad mode off and saved inputs that require
+    grad: torch's candidate, ``torch.mm(..., out=)``, must run there as it does in the caller (with
+    grad mode on, autograd refused it and first use dropped torch from the timing)."""
+    import contextlib
+    import types
+
+    from gemm_ladder.serve import runtime
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # the CPU stands in
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(synchronize=lambda: None))
+    x = torch.randn(4, 8, requires_grad=True)
+    out = torch.empty(4, 4)
+    with torch.no_grad():  # as autograd's engine runs a backward
+        got = runtime.outside_graph_pools(lambda: torch.mm(x, x.t(), out=out), 0)
+    assert got is out
+    torch.testing.assert_close(out, (x @ x.t()).detach())

@@ -390,7 +390,10 @@ def outside_graph_pools(make, index: int):
     the pool that is not an output of the graph ("tensor(s) in the cudagraph pool not tracked as
     outputs"). A buffer kept across calls -- a split-K workspace, a weight's padded copy -- or made
     by the first call's timing must come from the default pool: another thread's allocations do.
-    The helper waits for its stream before it returns, so any stream may use what it made."""
+    The helper waits for its stream before it returns, so any stream may use what it made. It runs
+    with gradients off: a new thread's grad mode is on whatever the caller's, and a backward pass
+    (grad mode off, saved inputs that require grad) then had the first use's torch candidate
+    (``torch.mm(..., out=)``) refused by autograd and silently dropped from the timing."""
     import torch  # pylint: disable=import-outside-toplevel
 
     if torch.cuda.is_current_stream_capturing():
@@ -399,7 +402,7 @@ def outside_graph_pools(make, index: int):
 
     def run():
         try:
-            with torch.cuda.device(index):
+            with torch.cuda.device(index), torch.no_grad():
                 got["value"] = make()
                 torch.cuda.current_stream().synchronize()
         except BaseException as err:  # pylint: disable=broad-except  (re-raised in the caller's thread)
