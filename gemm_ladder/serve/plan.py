@@ -431,6 +431,16 @@ RULES: list[Rule] = [
 ]
 
 
+def rule_applies(name: str, p: Problem, rules=None) -> bool:
+    """Whether the rule called ``name`` (of ``rules``, default :data:`RULES`) is for ``p``'s arch and
+    its ``when`` holds for ``p`` (not whether it wins: an earlier rule may; a check that measures a
+    rule asks this). KeyError where no rule has that name."""
+    found = [r for r in (RULES if rules is None else rules) if r.name == name]
+    if not found:
+        raise KeyError(f"no rule named {name!r}; the rules: {', '.join(dict.fromkeys(r.name for r in RULES))}")
+    return any(r.arch == p.arch and r.when(p) for r in found)
+
+
 # -- fp8 (issue 32): one kernel, not the rules above. The rules choose among 16-bit kernels at knobs
 # measured for each kind of shape; the fp8 kernel has been checked and timed on a GPU at v9's fp8
 # defaults only (128x128 tiles over two consumers, the promotion every 128 of K: the promoted sums
