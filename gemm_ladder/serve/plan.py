@@ -11,6 +11,10 @@ rule passed over is kept with the reason for ``explain``. Today's table (Hopper;
 v9's defaults)::
 
     rule              when                            rung, knobs                               why
+    small-m-epilogue  an epilogue call (16-bit D, not  v9: 64x64 tiles, one consumer, a 2x1     v11 and v10 build no
+                      gated), 32 < M <= 128, 64x64     cluster for two row tiles (M > 64), the   epilogue: more CTAs
+                      tiles that fit in one wave       deepest ring (<= 8)                       stream B (the others
+                                                                                                 leave 16-64 of them)
     row-tiles         32 < M <= 128, 32 or more        v9: 64x128 tiles, one consumer, a 2x1     each CTA streams its own
                       64x128 tiles that fit in one     cluster for two row tiles (M > 64), the   rows of A against a slice
                       wave, and K <= 8192              deepest ring (<= 8)                       of B: no split, no swap
@@ -330,7 +334,50 @@ def _large_knobs(p: Problem) -> dict:
     return {"epi_under": True} if _epi_under_pays(p) else {}
 
 
+# -- epilogue calls at small M (issue 31). v11 and v10 build no epilogue, so a call with a bias, an
+# activation or a residual at M <= 128 fell to v9's row tiles (64x128: 32-64 CTAs) or the tile-shape
+# rule (128x128: 16-112 CTAs). At M = 128 the residual epilogue then ran 0.74x torch's unfused path
+# at N x K = 4096x14336 (32 CTAs) and 0.94x at 4096x4096 (row tiles, 64 CTAs); 64x64 tiles, 128 CTAs
+# in one wave, ran 1.07x and 1.00x (alpha+bias+gelu+residual: 0.64 -> 0.90x, 0.95 -> 1.00x). Where
+# 64x64 tiles need more than one wave they lost: at N x K = 14336x4096 (448 tiles, 3.4 waves) 1.045 ->
+# 0.96x (gelu+residual 1.06 -> 0.91x) against the tile-shape rule's one wave of 112 [SMALL_M_EPILOGUE,
+# rows residual_prefetch and residual_prefetch_64x64, alpha_bias_gelu_tanh+residual_prefetch(_64x64),
+# M = 128]. So: 64x64 tiles where they fit in one wave, for 32 < M <= 128 (the rows measured M = 128;
+# M <= 32 keeps weight-streaming until measured; benchmarks/epilogue_check.py prepare --set rule times
+# the rule against the choice without it at M = 64, 128, 256).
+SMALL_M_EPILOGUE = "benchmarks/results/2026-11-26_h100_epilogue_c_prefetch/epilogue_check.json"
+SMALL_EPILOGUE_TILE = (64, 64)
+SMALL_M_EPILOGUE_ROWS = (32, 128)  # 32 < M <= 128
+
+
+def _small_m_epilogue(p: Problem) -> bool:
+    """A 16-bit epilogue call (bias, activation, alpha or residual; not SwiGLU's gated B, whose
+    chunks take half a tile, nor a float32 D, not measured) at 32 < M <= 128 whose 64x64 tiles fit
+    in one wave."""
+    spec = p.spec
+    if spec is None or spec.epilogue == "none" or spec.gated or spec.is_fp8 or spec.d != p.dtype:
+        return False
+    lo, hi = SMALL_M_EPILOGUE_ROWS
+    return lo < p.M <= hi and p.tiles(*SMALL_EPILOGUE_TILE) <= p.sms
+
+
+def _small_m_epilogue_knobs(p: Problem) -> dict:
+    # two row tiles (M > 64) share B through a 2x1 cluster, as the row-tiles rule's (and as measured)
+    blk_m, blk_n = SMALL_EPILOGUE_TILE
+    knobs = {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": 1, "cluster_m": 2 if p.M > 64 else 1, "cluster_n": 1,
+             "epi_n": 64}
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH), **STREAM_B}
+
+
 RULES: list[Rule] = [
+    Rule("small-m-epilogue", "sm_90a", "v9", when=_small_m_epilogue, knobs=_small_m_epilogue_knobs,
+         why="an epilogue call (which v11 and v10 do not build) at 32 < M <= 128 whose 64x64 tiles fit in one "
+             "wave: twice to four times the CTAs of 64x128 or 128x128 tiles stream B, one consumer, the deepest "
+             "ring (two row tiles share B through a 2x1 cluster)",
+         evidence=SMALL_M_EPILOGUE + ": residual at M = 128, kernels: 0.74 -> 1.07x torch (N x K = 4096x14336), "
+                  "0.94 -> 1.00x (4096x4096); with bias+gelu 0.64 -> 0.90x, 0.95 -> 1.00x; in 3.4 waves "
+                  "(14336x4096) 64x64 lost, 1.05 -> 0.96x, so one wave at most",
+         detail=lambda p: f"{p.tiles(*SMALL_EPILOGUE_TILE)} tiles of 64x64 on {p.sms} SMs"),
     Rule("row-tiles", "sm_90a", "v9", when=_row_tiles, knobs=_row_tile_knobs,
          why="32 < M <= 128 with a B small enough that 64-row tiles fit in one wave: each CTA streams its "
              "own 64 rows of A against 128 rows of B through a deep ring, with no split and no swap (two row "
@@ -382,6 +429,16 @@ RULES: list[Rule] = [
     Rule("large", "sm_100a", "v9", when=lambda p: True, knobs=lambda p: {},
          why="Blackwell: v9 at its defaults (compiled only; no Blackwell GPU has measured it)"),
 ]
+
+
+def rule_applies(name: str, p: Problem, rules=None) -> bool:
+    """Whether the rule called ``name`` (of ``rules``, default :data:`RULES`) is for ``p``'s arch and
+    its ``when`` holds for ``p`` (not whether it wins: an earlier rule may; a check that measures a
+    rule asks this). KeyError where no rule has that name."""
+    found = [r for r in (RULES if rules is None else rules) if r.name == name]
+    if not found:
+        raise KeyError(f"no rule named {name!r}; the rules: {', '.join(dict.fromkeys(r.name for r in RULES))}")
+    return any(r.arch == p.arch and r.when(p) for r in found)
 
 
 # -- fp8 (issue 32): one kernel, not the rules above. The rules choose among 16-bit kernels at knobs
