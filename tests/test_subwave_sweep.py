@@ -87,3 +87,20 @@ def test_the_summary_takes_each_family_s_best_member_per_shape(sweep):
     assert set(fam) == {"policy", "v10 128x128", "v10 128x128 atomic"}
     assert fam["v10 128x128"]["geomean_ratio"] == pytest.approx(math.sqrt(1.0 * 0.5))  # s2 there, s4 here
     assert fam["v10 128x128 atomic"]["geomean_ratio"] == pytest.approx(math.sqrt(1.25 * 0.625))
+
+
+def test_unpack_takes_plain_module_files_only(sweep, tmp_path):
+    import io
+    import tarfile
+
+    archive = tmp_path / "modules.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        for name, data in (("m000.so", b"elf"), ("m000.so.json", b"{}"), ("../evil.so", b"x"), ("sub/m1.so", b"y")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "mods"
+    out.mkdir()
+    assert sorted(sweep.unpack(archive, out)) == ["m000.so", "m000.so.json"]
+    assert (out / "m000.so").read_bytes() == b"elf" and not (tmp_path / "evil.so").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["m000.so", "m000.so.json"]
