@@ -202,6 +202,27 @@ def table(rows: list[dict]) -> str:
     return fmt(out, list(out[0])) if out else "no rows"
 
 
+def winners(rows: list[dict], within: float = 0.03) -> list[dict]:
+    """Per shape, what a rule needs from the result: the tiles a 128x128 and a 128x256 grid has (per
+    SM), K, the best config, and every config within ``within`` of it (the rule may pick any of
+    them), each with its split, tile, reduction and units per SM."""
+    out = []
+    for r in rows:
+        good = sorted((c for c in r["configs"] if c["ratio"]), key=lambda c: -c["ratio"])
+        if not good:
+            continue
+        near = [c for c in good if c["ratio"] >= good[0]["ratio"] * (1 - within)]
+        out.append({"shape": f"{r['M']}x{r['N']}x{r['K']}", "dtype": r["dtype"], "K": r["K"],
+                    "tiles_128x128_per_sm": math.ceil(r["M"] / 128) * math.ceil(r["N"] / 128) / SMS,
+                    "tiles_128x256_per_sm": math.ceil(r["M"] / 128) * math.ceil(r["N"] / 256) / SMS,
+                    "best": good[0]["label"], "best_ratio": good[0]["ratio"], "policy_ratio": r["policy_ratio"],
+                    "near": [{"label": c["label"], "ratio": round(c["ratio"], 3), "split": c["knobs"].get("split_k", 1),
+                              "tile": f"{c['knobs'].get('blk_m')}x{c['knobs'].get('blk_n')}",
+                              "reduce": c["knobs"].get("reduce", "slots"), "units_per_sm": round(c["units"] / SMS, 2)}
+                             for c in near]})
+    return out
+
+
 # -- prepare (build box) -------------------------------------------------------------------------
 def jobs(case_rows: list[dict], variants=VARIANTS) -> list[tuple[dict, list]]:
     """Per case, its configs with their build jobs: the policy's choice (``front.plan_job``, at
@@ -423,7 +444,17 @@ def main(argv=None) -> int:
     r.add_argument("folder")
     r.add_argument("--out", type=cli_types.out_file, default="subwave_sweep.json")
     r.add_argument("--only", help="only the shapes whose MxNxK contains this")
+    t = sub.add_parser("table", help="a result's rows: per shape the best config and those near it")
+    t.add_argument("result")
     a = p.parse_args(argv)
+    if a.cmd == "table":
+        rows = read_json(a.result, "subwave sweep result", "pass the file run wrote", Obj({"rows": List()}))["rows"]
+        print(table(rows))
+        for w in winners(rows):
+            print(f"{w['shape']} {w['dtype']}: tiles/SM {w['tiles_128x128_per_sm']:.2f} (128x128) "
+                  f"{w['tiles_128x256_per_sm']:.2f} (128x256); policy {w['policy_ratio'] or 0:.3f}; near the best: "
+                  + ", ".join(f"{n['label']} {n['ratio']}" for n in w["near"]))
+        return 0
     return prepare(a.out, a.only) if a.cmd == "prepare" else run(a.folder, a.out, a.only)
 
 

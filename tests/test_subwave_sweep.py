@@ -104,3 +104,18 @@ def test_unpack_takes_plain_module_files_only(sweep, tmp_path):
     assert sorted(sweep.unpack(archive, out)) == ["m000.so", "m000.so.json"]
     assert (out / "m000.so").read_bytes() == b"elf" and not (tmp_path / "evil.so").exists()
     assert sorted(p.name for p in out.iterdir()) == ["m000.so", "m000.so.json"]
+
+
+def test_winners_lists_the_configs_near_the_best_with_what_a_rule_reads(sweep):
+    case = _case(sweep)
+    for c, kn in zip(case["configs"], ({}, {"split_k": 4, "blk_m": 128, "blk_n": 128},
+                                       {"split_k": 4, "blk_m": 128, "blk_n": 128, "reduce": "atomic"},
+                                       {"split_k": 2, "blk_m": 128, "blk_n": 128})):
+        c["knobs"] = kn
+    ok = {f"m00{i}.so": {"ok": True} for i in range(4)}
+    row = sweep.make_row(case, ok, {"cublas": 0.01, "policy": 0.02, "v10 s4 128x128": 0.0102,
+                                    "v10 s2 128x128": 0.0150, "v10 s4 128x128 atomic": 0.0100})
+    (w,) = sweep.winners([row])
+    assert w["best"] == "v10 s4 128x128 atomic" and w["tiles_128x128_per_sm"] == pytest.approx(30 / 132)
+    assert [n["label"] for n in w["near"]] == ["v10 s4 128x128 atomic", "v10 s4 128x128"]  # s2: 0.67, far
+    assert w["near"][0]["reduce"] == "atomic" and w["near"][1]["units_per_sm"] == pytest.approx(120 / 132, abs=0.01)
