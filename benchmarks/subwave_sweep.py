@@ -89,19 +89,24 @@ def cases() -> list[dict]:
     return out
 
 
-def units_of(M: int, N: int, blk_m: int, blk_n: int, split: int) -> int:
-    """Work units of a split-K grid: output tiles times the split."""
-    return math.ceil(M / blk_m) * math.ceil(N / blk_n) * split
+def units_of(M: int, N: int, blk_m: int, blk_n: int, split: int, cluster=(1, 1)) -> int:
+    """Work units of a split-K grid: output tiles (whole clusters of them) times the split."""
+    cm, cn = cluster
+    return math.ceil(M / (blk_m * cm)) * cm * math.ceil(N / (blk_n * cn)) * cn * split
 
 
-def _clusters(M: int) -> list[tuple[int, int]]:
-    # a pair of CTAs shares a B tile along M where there are two rows of tiles, else an A tile along N
-    return [(2, 1), (1, 2), (1, 1)] if M > 128 else [(1, 2), (1, 1)]
+def _clusters(rows: int, cols: int) -> list[tuple[int, int]]:
+    """Cluster shapes to try, best first: a pair of CTAs shares a B tile along M, else an A tile
+    along N, only where the tiles pair up whole (3 rows of tiles in pairs along M would run a fourth
+    row of nothing, a third more units), else none."""
+    out = [(2, 1)] if rows % 2 == 0 else []
+    return out + ([(1, 2)] if cols % 2 == 0 else []) + [(1, 1)]
 
 
 def _valid(rung: str, M: int, N: int, K: int, knobs: dict) -> dict | None:
     """``knobs`` with the first cluster shape the rung accepts for this problem, or None."""
-    for cm, cn in _clusters(M):
+    rows, cols = math.ceil(M / knobs["blk_m"]), math.ceil(N / knobs["blk_n"])  # D's tiles (v11's too)
+    for cm, cn in _clusters(rows, cols):
         k = {**knobs, "cluster_m": cm, "cluster_n": cn}
         try:
             make_config(rung, M, N, K, **k)
@@ -291,8 +296,8 @@ def prepare(out, only: str | None = None) -> int:
                     shutil.copyfile(so, Path(tmp) / name)
                     shutil.copyfile(str(so) + ".json", Path(tmp) / (name + ".json"))
                 kept.append({"label": label, "file": name, "rung": j.rung, "knobs": j.knobs,
-                             "units": units_of(case["M"], case["N"], cfg.blk_m, cfg.blk_n,
-                                                   j.knobs.get("split_k", 1))})
+                             "units": units_of(case["M"], case["N"], cfg.blk_m, cfg.blk_n, j.knobs.get("split_k", 1),
+                                               (cfg.knobs().get("cluster_m", 1), cfg.knobs().get("cluster_n", 1)))})
             doc_cases.append({**case, "configs": kept})
         with tarfile.open(out / ARCHIVE, "w:xz", preset=9) as tar:
             for p in sorted(Path(tmp).iterdir()):

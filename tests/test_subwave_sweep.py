@@ -43,6 +43,8 @@ def test_the_grid_is_valid_capped_and_pairs_every_atomic_config_with_its_slots(s
             split = dict(cfg.extra).get("split_k", 1)
             assert sweep.units_of(M, N, cfg.blk_m, cfg.blk_n, split) <= sweep.MAX_WAVES * sweep.SMS, label
             assert (dict(cfg.extra).get("reduce") == "atomic") == label.endswith("atomic"), label
+            cm, cn = knobs["cluster_m"], knobs["cluster_n"]  # clusters pair whole tiles: no unit of nothing
+            assert math.ceil(M / cfg.blk_m) % cm == 0 and math.ceil(N / cfg.blk_n) % cn == 0, (label, cm, cn)
             if label.endswith("atomic"):
                 assert label.removesuffix(" atomic") in labels  # measured beside the old path
         assert any(label.startswith("streamk") for label in labels)
