@@ -10,7 +10,9 @@ A kernel builds one :class:`Consumer` per consumer warpgroup with named fields, 
 with ``run`` (or ``issue`` and ``retire`` apart, when something goes between:
 ``issue_under`` with the previous tile's epilogue chunks under the first slices). fp8's
 promotion (``promote``): groups of slices into fresh accumulators, each group retired and added
-into an fp32 ``total`` (with block scales, ``fp8.BlockScales``, scaled as it is added).
+into an fp32 ``total`` (with block scales, ``fp8.BlockScales``, scaled as it is added); with
+``overlap`` (fp8's knob), two sets of accumulators taken in turn, so that a group's adds run while
+the next group's wgmmas do (:func:`_overlapped_groups`).
 The descriptors of ring slot 0 are encoded once per tile; every slot, 64-row atom and K step is
 reached from them by adds (``common.mma_k_slot``).
 """
@@ -79,15 +81,20 @@ def _promoted_group(mma, it, k0, count):
 
 
 @T.inline
-def _promote(mma, first):
-    """The promotion: the tensor cores' partial sums into the fp32 total (its start on the first
-    group), by the CUDA cores' exact fp32 adds."""
-    if first:
-        for r in T.unroll(mma.plan.acc_regs):
-            mma.total[r] = mma.acc[r]
-    else:
-        for r in T.unroll(mma.plan.acc_regs):
-            mma.total[r] = mma.total[r] + mma.acc[r]
+def _promote(mma, acc):
+    """The promotion: the tensor cores' partial sums ``acc`` into the fp32 total, by the CUDA
+    cores' exact fp32 adds."""
+    for r in T.unroll(mma.plan.acc_regs):
+        mma.total[r] = mma.total[r] + acc[r]
+
+
+@T.inline
+def _zero_total(mma):
+    """The total starts at 0 and every group adds (not ``total = acc`` at a tile's first group):
+    with that branch ptxas kept the sums in the accumulators' registers and copied them back
+    after every group, 64 MOVs a slice at 128x128."""
+    for r in T.unroll(mma.plan.acc_regs):
+        mma.total[r] = T.float32(0)
 
 
 @T.inline
@@ -97,12 +104,80 @@ def _run_promoted(mma, it, nk):
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
     # whole groups, each retired before its sums are read: no wgmma is pending over the loop's
     # back edge (where ptxas would serialise every wgmma of the loop)
+    _zero_total(mma)
     for g in T.serial(groups):
         _promoted_group(mma, it, g * mma.promote, mma.promote)
-        _promote(mma, g == 0)
+        _promote(mma, mma.acc)
     if rest > 0:
         _promoted_group(mma, it, groups * mma.promote, rest)
-        _promote(mma, groups == 0)
+        _promote(mma, mma.acc)
+
+
+@T.inline
+def _slice_into(mma, acc, pos, fresh):
+    """Ring position ``pos``'s slice into the accumulators ``acc`` (``fresh``: the first wgmma
+    overwrites them): wait for its slot, issue its wgmmas, one commit group."""
+    mma.ring.wait_full(pos)
+    T.ptx.wgmma.fence.sync.aligned()
+    mma_k_slot(mma.plan, acc, mma.ring.slot(pos), fresh, mma.desc_a, mma.desc_b, slot_step16(mma.a_smem),
+               slot_step16(mma.b_smem))
+    T.ptx.wgmma.commit_group.sync.aligned()
+
+
+@T.inline
+def _retire_all_but_last(mma, pos):
+    """Every commit group but the newest has retired: slice ``pos`` (the one before it) too, so
+    its slot goes back to the producers."""
+    T.ptx.wgmma.wait_group.sync.aligned(1)
+    if mma.lane_id == 0:
+        mma.ring.release(pos)
+
+
+def _overlapped_groups(mma, pos, sizes) -> None:
+    """Groups of ``sizes`` slices from ring position ``pos``, group i into accumulator set i % 2,
+    unrolled at trace time (plain Python around inline parts: which set a group takes is fixed):
+
+        group i's slices:  wait full; wgmmas into set i % 2; commit
+                           wait_group(1): everything but this slice retired; release the one before
+        at group i's first slice, once group i - 1's last retired:  total += set (i - 1) % 2
+        after the last:    wait_group(0); release it; total += its set
+
+    so each group's adds are issued while the next group's wgmmas run, and the tensor cores drain
+    once a run (``wait_group(0)``) instead of once a group. No wgmma is pending at the end of a run:
+    the loop over runs carries none over its back edge. The total starts at 0 (:func:`_zero_total`)."""
+    sets = (mma.acc, mma.acc2)
+    s = 0
+    for i, size in enumerate(sizes):
+        for j in range(size):
+            _slice_into(mma, sets[i % 2], pos + s, j == 0)
+            if s > 0:
+                _retire_all_but_last(mma, pos + s - 1)
+                if j == 0:
+                    _promote(mma, sets[(i - 1) % 2])
+            s += 1
+    _retire(mma, pos, s)
+    _promote(mma, sets[(len(sizes) - 1) % 2])
+
+
+def overlap_runs(nk: int, promote: int, overlap: int) -> tuple[int, list[int], list[int]]:
+    """How :func:`_run_overlapped` cuts a tile's ``nk`` slices: ``runs`` whole runs of ``overlap``
+    groups of ``promote`` slices each (a loop), then the rest's groups (the last one shorter)."""
+    per_run = promote * overlap
+    runs, rest = divmod(nk, per_run)
+    tail = [promote] * (rest // promote) + ([rest % promote] if rest % promote else [])
+    return runs, [promote] * overlap, tail
+
+
+@T.inline
+def _run_overlapped(mma, it, nk):
+    runs, whole, tail = T.meta_var(overlap_runs(nk, mma.promote, mma.overlap))
+    per_run = T.meta_var(mma.promote * mma.overlap)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
+    for r in T.serial(runs):
+        _overlapped_groups(mma, it + r * per_run, whole)
+    if len(tail) > 0:
+        _overlapped_groups(mma, it + runs * per_run, tail)
 
 
 @T.inline
@@ -170,6 +245,8 @@ class Consumer:
     promote: int = 0  # fp8: slices between promotions into ``total`` (0: none, acc holds the sums)
     total: object = None  # float32[acc_regs] local: the promoted sums (with promote)
     scales: object = None  # fp8.BlockScales: block scales applied at each promotion (promote=1), or None
+    overlap: int = 0  # fp8: promotion groups issued back to back, in two accumulator sets (0: one set)
+    acc2: object = None  # float32[acc_regs] local: the second set (with overlap)
 
     @property
     def sums(self):
@@ -193,13 +270,20 @@ class Consumer:
         into fresh accumulators, retire, and are added into ``total`` in fp32 (what DeepGEMM and
         CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain). With
         block ``scales``, ``m0`` (this consumer's first row of the tile) and ``n0`` (the tile's first
-        column) say whose scales: the tile's whole K (slice g is K block g)."""
+        column) say whose scales: the tile's whole K (slice g is K block g). With ``overlap``, the
+        groups alternate between ``acc`` and ``acc2`` and each one's adds run under the next one's
+        wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two drains."""
         if self.scales is not None:
             if m0 is None or n0 is None or self.promote != 1 or not isinstance(num_slices, int):
                 raise ValueError("Consumer.run with block scales needs promote=1, a fixed number of slices and the "
                                  "tile's m0 and n0 (fp8.check refuses the knobs; a schedule that runs such a tile "
                                  "must pass them)")
             _run_block_scaled(self, pos, num_slices, m0, n0)
+        elif self.promote and self.overlap:
+            if self.acc2 is None or not isinstance(num_slices, int):
+                raise ValueError("Consumer.run with overlap needs the second accumulator set (acc2) and a fixed number "
+                                 "of slices (fp8.check refuses the knobs elsewhere)")
+            _run_overlapped(self, pos, num_slices)
         elif self.promote:
             _run_promoted(self, pos, num_slices)
         else:
