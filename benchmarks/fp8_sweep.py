@@ -8,7 +8,9 @@ Why: with the promotion every 128 of K, v9's fp8 runs 0.64-0.86x ``torch._scaled
 (``benchmarks/results/2026-11-26_h100_fp8/``); without it a 128x256 tile ran 1.08x but is less
 accurate at long K. Which of the knobs that exist (cluster shape, ring depth, tile width, promotion
 interval, tile order) buys what, per shape, is what the fp8 policy (``serve.plan.FP8_RULES``) is
-chosen from; this measures it, with the accuracy of each promotion interval beside its speed.
+chosen from; this measures it, with the accuracy of each promotion interval beside its speed, and
+the overlapped promotion (``overlap``: two accumulator sets, a group's adds under the next group's
+wgmmas) beside the promotion after a drain.
 
 - the modules (:data:`SHAPES` x :data:`CONFIGS`): one runtime-M module per (N, K, config), the
   per-tensor recipe, e4m3 A and B, bf16 out, built through the module cache (the exported .so
@@ -72,14 +74,20 @@ CONFIGS = {
     "n64_c1x2": {"blk_n": 64, "cluster_m": 1, "cluster_n": 2},
     "n64_c1x2_sb": {"blk_n": 64, "cluster_m": 1, "cluster_n": 2, "stream_b": True},
     "m64_c1x1": {"blk_m": 64, "num_warpgroups": 1, "cluster_m": 1},
+    # the overlapped promotion (fp8.py's overlap): groups in two accumulator sets, a drain every run
+    "ov2": {"overlap": 2},
+    "ov4": {"overlap": 4},
+    "ov8": {"overlap": 8},
+    "ov2_every2": {"overlap": 2, "promote": 2},
+    "ov4_c1x2": {"overlap": 4, "cluster_m": 1, "cluster_n": 2},
 }
 # shape -> the configs timed there (every knob at 4096^3; the ones that can change the answer elsewhere)
 SWEEP = {
-    "4096^3": ("base", "c1x1", "c1x2", "every2", "every4", "p0", "n192", "n192_every2", "n256_p0", "n256_p0_c1x2",
-               "g16", "snake"),
-    "8192^3": ("base", "c1x2", "every2", "n192", "n256_p0"),
-    "4096x7168x16384": ("base", "c1x2", "every2", "every4", "n192", "n192_every2", "n256_p0"),
-    "128x4096x7168": ("base", "c1x1", "c1x2", "n64_c1x1", "n64_c1x2", "n64_c1x2_sb", "m64_c1x1"),
+    "4096^3": ("base", "c1x1", "c1x2", "every2", "every4", "p0", "n192", "n192_every2", "n256_p0", "g16", "ov2",
+               "ov4", "ov8", "ov2_every2", "ov4_c1x2"),
+    "8192^3": ("base", "c1x2", "every2", "n192", "n256_p0", "ov4", "ov2_every2"),
+    "4096x7168x16384": ("base", "c1x2", "every2", "every4", "n192", "n256_p0", "ov4", "ov2_every2"),
+    "128x4096x7168": ("base", "c1x1", "c1x2", "n64_c1x2", "n64_c1x2_sb", "m64_c1x1", "ov4_c1x2"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
