@@ -15,7 +15,7 @@ from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import kernel_of, make_config
 from gemm_ladder.sm90a import fp8
-from gemm_ladder.sm90a.mainloop import overlap_runs
+from gemm_ladder.sm90a.mainloop import promotion_cuts
 
 QGMMA = "QGMMA.64x128x32.F32.E4M3.E4M3"
 
@@ -82,10 +82,29 @@ def test_the_barrier_checker_passes_the_overlapped_promotion(K, knobs):
 
 
 def test_a_tiles_slices_are_cut_into_whole_runs_and_a_tail():
-    assert overlap_runs(32, 1, 4) == (8, [1, 1, 1, 1], [])
-    assert overlap_runs(10, 1, 4) == (2, [1, 1, 1, 1], [1, 1])
-    assert overlap_runs(9, 2, 2) == (2, [2, 2], [1])
-    assert overlap_runs(3, 1, 8) == (0, [1] * 8, [1, 1, 1])
+    assert promotion_cuts(32, 1, 4, False) == ([], 8, [1, 1, 1, 1], [])
+    assert promotion_cuts(10, 1, 4, False) == ([], 2, [1, 1, 1, 1], [1, 1])
+    assert promotion_cuts(9, 2, 2, False) == ([], 2, [2, 2], [1])
+    assert promotion_cuts(3, 1, 8, False) == ([], 0, [1] * 8, [1, 1, 1])
+    assert promotion_cuts(32, 4, 0, False) == ([], 8, [4], [])  # drained a group: a run is one group
+    # staggered: half a group, or half a run, first; a tile no longer than that is not staggered
+    assert promotion_cuts(32, 4, 0, True) == ([2], 7, [4], [2])
+    assert promotion_cuts(32, 1, 4, True) == ([1, 1], 7, [1, 1, 1, 1], [1, 1])
+    assert promotion_cuts(2, 4, 0, True) == ([], 0, [4], [2])
+
+
+@pytest.mark.parametrize("knobs", [{"promote": 4, "stagger": True}, {"overlap": 4, "stagger": True}])
+def test_staggered_consumers_cut_their_groups_half_a_group_apart(knobs):
+    """Both cuts are in the kernel (the consumer's parity picks one at run time): the odd consumer's
+    has its half group (or half run) first and a shorter last, and every slot is still released once."""
+    cfg = make_config("v9", 512, 512, 2048, spec=GemmSpec.fp8(), **knobs)
+    text, res = _sass(cfg)
+    plain, _ = _sass(make_config("v9", 512, 512, 2048, spec=GemmSpec.fp8(), **{**knobs, "stagger": False}))
+    # the odd cut beside the even one: a loop turn (a group of 4, or a run of 4 groups of 1), and
+    # half a group and the rest of the last (or two groups and two), 4 k32 wgmmas a slice
+    assert text.count(QGMMA) == plain.count(QGMMA) + 4 * (4 + 2 + 2)
+    assert res.stack == 0 and res.local == 0
+    assert check_config(cfg).ok
 
 
 @pytest.mark.parametrize("knobs, words", [
@@ -96,6 +115,15 @@ def test_a_tiles_slices_are_cut_into_whole_runs_and_a_tail():
 ])
 def test_overlaps_that_do_not_build_are_refused_with_the_fix(knobs, words):
     with pytest.raises(ConfigError, match=words):
+        make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(), **knobs)
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"stagger": True}, "promote=1, overlap=0: a drain every slice has no half"),
+    ({"stagger": True, "promote": 4, "blk_m": 64, "num_warpgroups": 1}, "num_warpgroups=1"),
+])
+def test_staggers_that_do_not_build_are_refused_with_the_fix(knobs, words):
+    with pytest.raises(ConfigError, match=words + ".*use stagger=False, or promote=4"):
         make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(), **knobs)
 
 

@@ -80,6 +80,12 @@ def overlap(cfg: GemmConfig) -> int:
     return int(dict(cfg.extra).get("overlap", 0)) if enabled(cfg) and promote(cfg) else 0
 
 
+def stagger(cfg: GemmConfig) -> bool:
+    """Whether odd consumers cut their promotion groups half a group (or run) after even ones
+    (``mainloop._run_staggered``), so that the consumers do not drain the tensor cores together."""
+    return bool(dict(cfg.extra).get("stagger", False)) if enabled(cfg) and promote(cfg) else False
+
+
 def recipe(cfg: GemmConfig) -> str:
     """The scale recipe, ``tensor``, ``row`` or ``block`` (the spec's ``scales``)."""
     return spec_of(cfg).scales
@@ -125,6 +131,7 @@ def check(cfg: GemmConfig) -> None:
         _check_block(cfg, every)
     runs = extra.get("overlap", 0)
     _check_overlap(cfg, every, runs)
+    _check_stagger(cfg, every, runs)
     regs = role_registers(cfg.num_warpgroups)
     budget = regs.consumer or regs.entry
     acc = HopperPlan(cfg).acc_regs
@@ -138,6 +145,22 @@ def check(cfg: GemmConfig) -> None:
             f"registers with addresses and loop state, over the {budget} a consumer may hold; use "
             + ("overlap=0, or blk_n=128 (blk_m=128, two consumers)" if runs else
                "blk_n=128 (blk_m=128, two consumers)" + (", or promote=0" if every else "")))
+
+
+def _check_stagger(cfg: GemmConfig, every: int, runs: int) -> None:
+    """``stagger`` offsets the odd consumers' groups by half a group (or half a run): there must be
+    two consumers and a half to offset by."""
+    if not dict(cfg.extra).get("stagger"):
+        return
+    fix = "use stagger=False, or promote=4 (or overlap=4) with two consumers"
+    if cfg.num_warpgroups < 2:
+        raise ConfigError(f"stagger=True with num_warpgroups={cfg.num_warpgroups}: it offsets one consumer's "
+                          f"promotions against another's; {fix}")
+    if (every if not runs else runs) < 2:
+        raise ConfigError(f"stagger=True with promote={every}, overlap={runs}: a drain every slice has no half "
+                          f"to offset by; {fix}")
+    if recipe(cfg) == "block":
+        raise ConfigError(f"stagger=True is not built for block scales (one slice a promotion); {fix}")
 
 
 def _check_overlap(cfg: GemmConfig, every: int, runs) -> None:

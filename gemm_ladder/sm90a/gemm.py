@@ -355,7 +355,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if preset.swap_ab else Asmem,
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg,
-                                      scales=block_scales, overlap=overlap, acc2=Dreg2 if overlap > 0 else None))
+                                      scales=block_scales, overlap=overlap, acc2=Dreg2 if overlap > 0 else None,
+                                      stagger=fp8.stagger(cfg), consumer=c))
             if preset.epilogue == "transposed":
                 epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                     warp_id=warp_id, lane_id=lane_id, packed=packed))

@@ -97,19 +97,40 @@ def _zero_total(mma):
         mma.total[r] = T.float32(0)
 
 
+def promotion_cuts(nk: int, promote: int, overlap: int, staggered: bool) -> tuple[list[int], int, list[int], list[int]]:
+    """How a tile's ``nk`` slices are cut into promotion groups (of ``promote`` slices): ``lead``, the
+    groups before the loop (a staggered consumer's: half a group, or half a run of ``overlap``
+    groups, so that its drains fall between the other consumer's); ``runs`` turns of the loop over
+    ``whole`` (one group, or a run of ``overlap`` groups); then ``tail``, the rest's groups (the last
+    one shorter). A tile no longer than the lead is not staggered."""
+    per_run = max(overlap, 1)
+    lead = ([promote // 2] if overlap == 0 else [promote] * (overlap // 2)) if staggered else []
+    lead = [g for g in lead if g > 0]
+    if sum(lead) >= nk:
+        lead = []
+    runs, rest = divmod(nk - sum(lead), promote * per_run)
+    tail = [promote] * (rest // promote) + ([rest % promote] if rest % promote else [])
+    return lead, runs, [promote] * per_run, tail
+
+
 @T.inline
-def _run_promoted(mma, it, nk):
-    groups = T.meta_var(nk // mma.promote)
-    rest = T.meta_var(nk % mma.promote)
+def _run_promoted(mma, it, nk, staggered):
+    lead, groups, whole, tail = T.meta_var(promotion_cuts(nk, mma.promote, 0, staggered))
+    first = T.meta_var(sum(lead))
+    lead_size = T.meta_var(sum(lead))  # one group at most (half a group)
+    tail_size = T.meta_var(sum(tail))  # one group at most (the rest of a group)
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
+    if lead_size > 0:
+        _promoted_group(mma, it, 0, lead_size)
+        _promote(mma, mma.acc)
     # whole groups, each retired before its sums are read: no wgmma is pending over the loop's
     # back edge (where ptxas would serialise every wgmma of the loop)
-    _zero_total(mma)
     for g in T.serial(groups):
-        _promoted_group(mma, it, g * mma.promote, mma.promote)
+        _promoted_group(mma, it, first + g * mma.promote, mma.promote)
         _promote(mma, mma.acc)
-    if rest > 0:
-        _promoted_group(mma, it, groups * mma.promote, rest)
+    if tail_size > 0:
+        _promoted_group(mma, it, first + groups * mma.promote, tail_size)
         _promote(mma, mma.acc)
 
 
@@ -144,7 +165,9 @@ def _overlapped_groups(mma, pos, sizes) -> None:
 
     so each group's adds are issued while the next group's wgmmas run, and the tensor cores drain
     once a run (``wait_group(0)``) instead of once a group. No wgmma is pending at the end of a run:
-    the loop over runs carries none over its back edge. The total starts at 0 (:func:`_zero_total`)."""
+    the loop over runs carries none over its back edge (a loop of two groups that carried one over
+    it, with no drain at all, made ptxas 13.0 wait after every wgmma: 16 waits for 16 wgmmas). The
+    total starts at 0 (:func:`_zero_total`)."""
     sets = (mma.acc, mma.acc2)
     s = 0
     for i, size in enumerate(sizes):
@@ -159,25 +182,37 @@ def _overlapped_groups(mma, pos, sizes) -> None:
     _promote(mma, sets[(len(sizes) - 1) % 2])
 
 
-def overlap_runs(nk: int, promote: int, overlap: int) -> tuple[int, list[int], list[int]]:
-    """How :func:`_run_overlapped` cuts a tile's ``nk`` slices: ``runs`` whole runs of ``overlap``
-    groups of ``promote`` slices each (a loop), then the rest's groups (the last one shorter)."""
-    per_run = promote * overlap
-    runs, rest = divmod(nk, per_run)
-    tail = [promote] * (rest // promote) + ([rest % promote] if rest % promote else [])
-    return runs, [promote] * overlap, tail
-
-
 @T.inline
-def _run_overlapped(mma, it, nk):
-    runs, whole, tail = T.meta_var(overlap_runs(nk, mma.promote, mma.overlap))
+def _run_overlapped(mma, it, nk, staggered):
+    lead, runs, whole, tail = T.meta_var(promotion_cuts(nk, mma.promote, mma.overlap, staggered))
+    first = T.meta_var(sum(lead))
     per_run = T.meta_var(mma.promote * mma.overlap)
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
     _zero_total(mma)
+    if len(lead) > 0:
+        _overlapped_groups(mma, it, lead)
     for r in T.serial(runs):
-        _overlapped_groups(mma, it + r * per_run, whole)
+        _overlapped_groups(mma, it + first + r * per_run, whole)
     if len(tail) > 0:
-        _overlapped_groups(mma, it + runs * per_run, tail)
+        _overlapped_groups(mma, it + first + runs * per_run, tail)
+
+
+def _run_promotion(mma, it, nk, staggered) -> None:
+    """A tile's promoted K loop, drained a group (``_run_promoted``) or a run (``_run_overlapped``)."""
+    if mma.overlap:
+        _run_overlapped(mma, it, nk, staggered)
+    else:
+        _run_promoted(mma, it, nk, staggered)
+
+
+@T.inline
+def _run_staggered(mma, it, nk):
+    """Even consumers cut their groups from slice 0, odd ones half a group (or run) later: their
+    drains take turns, and one consumer's wgmmas keep the tensor cores busy through the other's."""
+    if mma.consumer % 2 == 0:
+        _run_promotion(mma, it, nk, False)
+    else:
+        _run_promotion(mma, it, nk, True)
 
 
 @T.inline
@@ -247,6 +282,8 @@ class Consumer:
     scales: object = None  # fp8.BlockScales: block scales applied at each promotion (promote=1), or None
     overlap: int = 0  # fp8: promotion groups issued back to back, in two accumulator sets (0: one set)
     acc2: object = None  # float32[acc_regs] local: the second set (with overlap)
+    stagger: bool = False  # fp8: odd consumers' promotion groups start half a group (or run) later
+    consumer: object = 0  # this consumer's index (with stagger)
 
     @property
     def sums(self):
@@ -272,20 +309,22 @@ class Consumer:
         block ``scales``, ``m0`` (this consumer's first row of the tile) and ``n0`` (the tile's first
         column) say whose scales: the tile's whole K (slice g is K block g). With ``overlap``, the
         groups alternate between ``acc`` and ``acc2`` and each one's adds run under the next one's
-        wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two drains."""
+        wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two drains; with ``stagger``,
+        odd consumers cut their groups half a group (or run) later (:func:`_run_staggered`)."""
         if self.scales is not None:
             if m0 is None or n0 is None or self.promote != 1 or not isinstance(num_slices, int):
                 raise ValueError("Consumer.run with block scales needs promote=1, a fixed number of slices and the "
                                  "tile's m0 and n0 (fp8.check refuses the knobs; a schedule that runs such a tile "
                                  "must pass them)")
             _run_block_scaled(self, pos, num_slices, m0, n0)
-        elif self.promote and self.overlap:
-            if self.acc2 is None or not isinstance(num_slices, int):
-                raise ValueError("Consumer.run with overlap needs the second accumulator set (acc2) and a fixed number "
-                                 "of slices (fp8.check refuses the knobs elsewhere)")
-            _run_overlapped(self, pos, num_slices)
         elif self.promote:
-            _run_promoted(self, pos, num_slices)
+            if (self.overlap and self.acc2 is None) or not isinstance(num_slices, int):
+                raise ValueError("Consumer.run with promote needs a fixed number of slices, and with overlap the "
+                                 "second accumulator set (acc2) (fp8.check refuses the knobs elsewhere)")
+            if self.stagger:
+                _run_staggered(self, pos, num_slices)
+            else:
+                _run_promotion(self, pos, num_slices, False)
         else:
             self.issue(pos, num_slices)
             self.retire(pos, num_slices)
