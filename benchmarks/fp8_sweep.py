@@ -10,7 +10,8 @@ accurate at long K. Which of the knobs that exist (cluster shape, ring depth, ti
 interval, tile order) buys what, per shape, is what the fp8 policy (``serve.plan.FP8_RULES``) is
 chosen from; this measures it, with the accuracy of each promotion interval beside its speed, and
 the overlapped promotion (``overlap``: two accumulator sets, a group's adds under the next group's
-wgmmas) beside the promotion after a drain.
+wgmmas) and staggered consumers (``stagger``: their drains take turns) beside the promotion after a
+drain.
 
 - the modules (:data:`SHAPES` x :data:`CONFIGS`): one runtime-M module per (N, K, config), the
   per-tensor recipe, e4m3 A and B, bf16 out, built through the module cache (the exported .so
@@ -90,19 +91,25 @@ CONFIGS = {
     "ov8": {"overlap": 8},
     "ov2_every2": {"overlap": 2, "promote": 2},
     "ov4_c1x2": {"overlap": 4, "cluster_m": 1, "cluster_n": 2},
+    # staggered consumers (fp8.py's stagger): the odd consumer's groups half a group (or run) later
+    "every4_st": {"promote": 4, "stagger": True},
+    "every4_c1x2_st": {"promote": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
+    "n192_every4_c1x2_st": {"blk_n": 192, "promote": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
+    "ov4_st": {"overlap": 4, "stagger": True},
+    "ov4_c1x2_st": {"overlap": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
 }
 # shape -> the configs timed there. A first run (2026-11-26, H100; benchmarks/results/2026-11-26_h100_fp8_sweep/)
 # timed every knob at 4096^3: cluster shape and tile order moved nothing there, a 1x2 cluster paid 4-11% at
 # 8192^3 and 4096x7168x16384, promotion every 4 slices kept torch's error to K = 16384; this run times those
 # with the promotion's interval, tile width and overlap
 SWEEP = {
-    "4096^3": ("base", "every2", "every4", "every8", "p0", "n256_p0", "n192_every4", "ov2", "ov4", "ov8",
-               "ov2_every2", "ov4_c1x2"),
-    "8192^3": ("base", "c1x2", "every4", "every4_c1x2", "n192_every4_c1x2", "ov4", "ov4_c1x2", "n256_p0"),
-    "4096x7168x16384": ("base", "c1x2", "every4", "every8", "n192_every4", "n192_every4_c1x2", "ov4", "ov4_c1x2",
-                        "ov2_every2", "n256_p0"),
-    "128x4096x7168": ("n64_c1x2_sb", "n64_c1x2_sb_every4", "n64_c1x2_sb_ov4", "m64n64_c1x2_sb",
-                      "m64n64_c1x2_sb_d8"),
+    "4096^3": ("base", "every2", "every4", "every8", "p0", "n256_p0", "n192_every4", "ov4", "ov8", "ov4_c1x2",
+               "every4_st", "ov4_st"),
+    "8192^3": ("base", "c1x2", "every4_c1x2", "n192_every4_c1x2", "ov4", "ov4_c1x2", "n256_p0", "every4_c1x2_st",
+               "ov4_c1x2_st"),
+    "4096x7168x16384": ("base", "every4", "every8", "n192_every4", "n192_every4_c1x2", "ov4", "ov4_c1x2", "n256_p0",
+                        "every4_c1x2_st", "ov4_c1x2_st", "n192_every4_c1x2_st"),
+    "128x4096x7168": ("n64_c1x2_sb", "n64_c1x2_sb_every4", "n64_c1x2_sb_ov4", "m64n64_c1x2_sb_d8"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
