@@ -17,6 +17,17 @@ parts of it:
   exact adds and the tensor cores start over (``mainloop.Consumer`` with ``promote``: DeepGEMM
   and CUTLASS promote every 128 of K, ``promote=1`` here). It doubles the accumulator registers:
   a 128x128 tile over two consumers (64 + 64 a thread) fits, 128x256 does not;
+- where the promotion's time goes (``benchmarks/results/2026-11-26_h100_fp8_sweep/``: 128x128 ran
+  1249 TFLOPS without it, 913 with it every slice, 1113 every 4 slices): a group's sums can be read
+  only once its wgmmas retired (``wait_group(0)``), so the consumer's tensor-core queue drains before
+  its adds, and both consumers drain at the same slices. Two knobs attack that, the old path kept:
+  ``overlap`` (groups per drain, 0: off) issues the groups into two accumulator sets in turn, each
+  group's adds after ``wait_group(1)`` while the next group's wgmmas run, and drains once a run of
+  ``overlap`` groups (three sets of sums a thread: 128x128 over two consumers only; a run carried
+  over the loop's back edge made ptxas serialise every wgmma, and runs longer than
+  :data:`OVERLAP_MOST` spilled); ``stagger`` cuts the odd consumers' groups (or runs) half a group
+  later, so their drains fall between the even consumers' and one consumer's queue keeps the tensor
+  cores busy while the other drains and adds;
 - the scales, fp32, applied to the sums before the epilogue op (the bias) and the rounding
   (:func:`scale_sums`): a scalar ``scale_a[0] * scale_b[0]`` (tensor), or each sum's row of
   ``scale_a`` and column of ``scale_b`` (row). The row is why it is a step of its own and not an
@@ -39,8 +50,9 @@ parts of it:
   scale in the epilogue (a bias still is).
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
-``epi_under`` and no ``tail_n`` yet, the accumulators (twice, with promotion) within the
-consumer's registers; block scales also need ``promote=1``, no ``k_zigzag`` (the slices must land
+``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
+``overlap``) within the consumer's registers; ``overlap`` and ``stagger`` need a promotion (and
+``stagger`` two consumers and groups or runs of two or more), not with block scales; block scales also need ``promote=1``, no ``k_zigzag`` (the slices must land
 in K order) and a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks).
 """
 

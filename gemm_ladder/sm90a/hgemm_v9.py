@@ -135,8 +135,11 @@ fp8 (``spec=GemmSpec.fp8(...)``, issue 32; ``sm90a/fp8.py`` says what changes): 
 through the same ring at blk_k = 128 (one 128-byte swizzle row), ``m64nNk32`` e4m3 wgmmas, fp32
 scales (one a tensor, or one a row of A and a column of B) on the sums before the bias, and the
 promotion (knob ``promote``, fp8 specs only: the tensor cores' sums added into fp32 every
-``promote`` slices). Its defaults: 128x128 tiles over two consumers (the promoted sums double the
-accumulators), ``promote=1``; no ``epi_under`` or ``tail_n`` yet.
+``promote`` slices), with two knobs against the drain before each promotion's adds: ``overlap``
+(groups in two accumulator sets, a group's adds under the next group's wgmmas) and ``stagger`` (the
+consumers' drains take turns; ``sm90a/fp8.py``). Its defaults: 128x128 tiles over two consumers (the
+promoted sums double the accumulators), ``promote=1``, ``overlap=0``, ``stagger=False``; no
+``epi_under`` or ``tail_n`` yet.
 
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
