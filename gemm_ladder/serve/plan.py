@@ -759,6 +759,7 @@ def alternatives(p: Problem, choice: Choice) -> list[Choice]:
 GROUPED = "benchmarks/results/2026-11-26_h100_grouped/README.md"
 GROUPED_MASKED = "benchmarks/results/2026-11-26_h100_grouped_masked/README.md"
 GROUPED_DECODE = "benchmarks/results/2026-11-26_h100_grouped_decode/README.md"
+GROUPED_PACK = "benchmarks/results/2026-11-26_h100_grouped_pack/README.md"
 GROUPED_RUNG = "v12"
 GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_depth": 8}
 # The decode module since issue 33's decode follow-up: swap AB (W's 128 rows of a tile in wgmma's 64-row
@@ -773,7 +774,12 @@ GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_de
 GROUPED_SWAP_KNOBS = {"swap_ab": True, "blk_n": 128, "num_warpgroups": 2, "pipe_depth": 8, "warp_scan": True}
 GROUPED_SWAP_FEW_EXPERTS = 16  # blk_m 32 up to this many experts, 16 past it
 GROUPED_DECODE_ROWS = 64  # contiguous: the decode module up to 64 rows an expert on average (M <= 64 E)
-GROUPED_DECODE_SLOT = 256  # masked: the decode module up to max_tokens = 256
+# masked: the decode module up to max_tokens = 64. The slot bounds an expert's count, not the count:
+# with slots of 256 half full (128 tokens an expert; GROUPED_PACK, 2026-11-26) the swapped module
+# re-read each expert's weight once a 16-token tile and ran 0.61-0.83x torch._grouped_mm, where the
+# prefill module's 128-row tiles ran 1.03-1.38x at slots of 300. Up to 64 an expert holds at most
+# four 16-token tiles (the decode check's Mixtral rows of 64 tokens an expert: 1.01x the 64x128 module).
+GROUPED_DECODE_SLOT = 64
 GROUPED_MAX_TOKENS = 1 << 20  # the top of the token range a pack plans (contiguous rows of A, masked slot)
 
 
