@@ -30,11 +30,22 @@ odd shapes, then timed at the Llama-8B weight shapes against torch's best paths.
   accumulation of a wgrad into fp32 gradients) against ``torch.addmm(C, x, W^T, out_dtype=float32)``
   where torch has it, and ``torch.mm(..., out_dtype=float32)`` then ``+ C``.
 
+- the small-M epilogue rule (``plan``'s ``small-m-epilogue``: v9 64x64 tiles for an epilogue call at
+  32 < M <= 128 where they fit in one wave), ``prepare --set rule`` (alone) or ``--set all`` (with the
+  rest): at M = 64, 128, 256 and the Llama weights, for the residual, alpha+bias+gelu+residual and
+  bias+gelu (no residual: the rule takes it on the same reasoning, unmeasured), the policy's module
+  with the rule (``rule``) beside the module it chose before (``before``, the rules without it); where
+  the rule does not apply, the policy's module (``unchanged``) beside 64x64 tiles forced
+  (``probe_64x64``), to test the threshold. Each row has a ``rule`` field (that variant), the plan rule
+  that chose the module (``chosen_by``) and its time against the ``before`` (or ``unchanged``) module of
+  the same rounds (``vs_policy_before``).
+
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
 are faster), each peer's ratio and every time in ms; plus ``checks`` and the GPU's name and clocks.
 
     PYTHONPATH=$PWD nice .venv/bin/python benchmarks/epilogue_check.py prepare build/epi     # build box
+    (--set rule: only the small-M rule's cases, about 50 modules, a run of 1-2 minutes)
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/epilogue_check.py run build/epi --out out/epilogue_check.json    # GPU box
 """
@@ -57,6 +68,7 @@ from pathlib import Path
 
 from gemm_ladder.core import files
 from gemm_ladder.core.spec import spec_for, spec_of_manifest, torch_activation
+from gemm_ladder.serve import plan
 
 PLAN_FILE = "epilogue_plan.json"
 CHECK_SHAPES = [(200, 264, 320), (1000, 3000, 520)]  # odd-ish: partial tiles in M, N and K
@@ -74,6 +86,14 @@ C_VARIANTS = {"at_chunk": {"c_prefetch": False}, "prefetch": {"c_prefetch": True
 SMALL_TILES = {"c_prefetch": True, "blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 2, "cluster_n": 1,
                "epi_n": 64, "pipe_depth": 8, "stream_b": True}  # M = 128: 2 x N / 64 CTAs
 FP32_RESIDUAL_MS = [2048, 8192]  # a wgrad's M is tokens
+# the small-M epilogue rule (plan's small-m-epilogue): its choice beside the choice before it
+RULE_MS = [64, 128, 256]
+RULE_EPILOGUES = ["residual", "alpha_bias_gelu_tanh+residual", "bias_gelu_tanh"]
+RULE_NAME = "small-m-epilogue"
+# variant -> the rules plan_job takes: the policy's ("rule"), the policy without the rule ("before"),
+# the rule forced where it does not apply ("probe_64x64"); "unchanged": the policy's, the rule not applying
+RULE_VARIANTS = ("rule", "before", "unchanged", "probe_64x64")
+CASE_SETS = ("all", "epilogues", "rule")
 CHECK_TIMEOUT = 120.0
 
 
@@ -117,6 +137,38 @@ def cases() -> list[dict]:
     return out
 
 
+def rule_cases(sms: int = 132) -> list[dict]:
+    """The small-M epilogue rule's timing cases (see the module docstring): per epilogue, Llama
+    weight and M of :data:`RULE_MS`, ``rule`` and ``before`` where the rule applies, ``unchanged``
+    and ``probe_64x64`` where it does not. Pure Python (the policy's rules, no build)."""
+    out = []
+    for e in RULE_EPILOGUES:
+        for N, K in LLAMA_WEIGHTS:
+            for M in RULE_MS:
+                applies = plan.rule_applies(RULE_NAME, plan.Problem(M, N, K, "bfloat16", "sm_90a", sms,
+                                                                   spec_for("bfloat16", e)))
+                for v in (("rule", "before") if applies else ("unchanged", "probe_64x64")):
+                    out.append({"purpose": "time", "set": "rule", "epilogue": e, "dtype": "bfloat16",
+                                "shape": [M, N, K], "variant": v})
+    return out
+
+
+def rules_of(variant: str | None):
+    """The rules ``plan_job`` takes for a rule case's variant (None: the policy's own)."""
+    if variant == "before":
+        return [r for r in plan.RULES if r.name != RULE_NAME]
+    if variant == "probe_64x64":
+        return [dataclasses.replace(r, when=lambda p: True) for r in plan.RULES if r.name == RULE_NAME]
+    return None
+
+
+def cases_of(which: str, sms: int = 132) -> list[dict]:
+    """What ``prepare --set which`` builds (:data:`CASE_SETS`)."""
+    if which not in CASE_SETS:
+        raise SystemExit(f"--set {which}: one of {', '.join(CASE_SETS)}")
+    return (cases() if which != "rule" else []) + (rule_cases(sms) if which != "epilogues" else [])
+
+
 def spec_of_case(case: dict):
     """The operand spec of a case: its epilogue, with D (and the bias) in float32 where it says."""
     spec = spec_for(case["dtype"], case["epilogue"])
@@ -129,10 +181,11 @@ def spec_of_case(case: dict):
 def op_of(spec, variant: str | None = None) -> str:
     """A row's ``op``: the epilogue (``fp32_out`` for a float32 D, ``fp32_out+residual`` with a
     residual), and a residual timing variant's suffix (none for ``at_chunk``, the kernel before
-    c_prefetch: ``residual``, ``residual_prefetch``, ``residual_prefetch_64x64``)."""
+    c_prefetch: ``residual``, ``residual_prefetch``, ``residual_prefetch_64x64``; none for the rule's
+    variants, which a row's ``rule`` field names)."""
     if spec.d == "float32":
         return "fp32_out+residual" if spec.residual else "fp32_out"
-    return spec.epilogue + ("" if variant in (None, "at_chunk") else f"_{variant}")
+    return spec.epilogue + ("" if variant in (None, "at_chunk", *RULE_VARIANTS) else f"_{variant}")
 
 
 def time_groups(cases_: list[dict]) -> list[list[dict]]:
@@ -141,7 +194,7 @@ def time_groups(cases_: list[dict]) -> list[list[dict]]:
     groups: dict = {}
     for case in cases_:
         if case["purpose"] == "time":
-            groups.setdefault((case["epilogue"], case.get("d"), tuple(case["shape"])), []).append(case)
+            groups.setdefault((case.get("set"), case["epilogue"], case.get("d"), tuple(case["shape"])), []).append(case)
     return list(groups.values())
 
 
@@ -166,23 +219,26 @@ def unpack_modules(folder: Path, into: Path) -> Path:
     return into
 
 
-def prepare(out: str, sms: int = 132) -> int:
-    """Build every case's module (the front door's policy; through the module cache, so the .so
-    holds the compiled fatbin) and copy it into ``out`` with :data:`PLAN_FILE`."""
+def prepare(out: str, sms: int = 132, which: str = "all") -> int:
+    """Build every case's module of set ``which`` (the front door's policy, or for a rule case the
+    rules of its variant, :func:`rules_of`; through the module cache, so the .so holds the compiled
+    fatbin) and copy it into ``out`` with :data:`PLAN_FILE`."""
     # the build layer: this step runs where TVM's compiler is (the GPU box has the runtime only)
     # pylint: disable=import-outside-toplevel
     from gemm_ladder.compile import module_cache
-    from gemm_ladder.serve import plan
     from gemm_ladder.serve.front import plan_job
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     doc, failed = {"cases": []}, 0
-    for case in cases():
+    for case in cases_of(which, sms):
         M, N, K = case["shape"]
         spec = spec_of_case(case)
         try:
-            _, job = plan_job(plan.Problem(M, N, K, case["dtype"], "sm_90a", sms, spec))
+            rules = rules_of(case.get("variant")) if case.get("set") == "rule" else None
+            choice, job = plan_job(plan.Problem(M, N, K, case["dtype"], "sm_90a", sms, spec), rules=rules)
+            if case.get("set") == "rule":
+                case = {**case, "chosen_by": choice.rule}
             if case.get("knobs"):
                 job = dataclasses.replace(job, knobs={**job.knobs, **case["knobs"]})
             path, _ = module_cache.get_or_build(job)
@@ -348,6 +404,13 @@ def peers(epilogue: str):
             except (TypeError, RuntimeError, NotImplementedError):  # not in this torch
                 pass
         return found
+    if epilogue == "bias_gelu_tanh":  # no residual (the small-M rule's third epilogue)
+        def lt_out(a, w, d, b, c):  # cuBLASLt's fused bias + GELU (tanh) into D
+            torch._addmm_activation(b, a, w.t(), use_gelu=True, out=d)  # pylint: disable=protected-access
+
+        def addmm_then_gelu(a, w, d, b, c):
+            torch._C._nn.gelu(torch.addmm(b, a, w.t()), approximate="tanh", out=d)  # pylint: disable=protected-access
+        return {"addmm_activation": lt_out, "unfused": addmm_then_gelu}
     if epilogue == "residual":
         return {"addmm": lambda a, w, d, b, c: torch.addmm(c, a, w.t(), out=d),
                 "unfused": lambda a, w, d, b, c: torch.add(F.linear(a, w), c, out=d)}
@@ -423,6 +486,11 @@ def time_group(folder: Path, group: list[dict], rounds: int, per_round: int) -> 
             row[f"kernel_ratio_{n}"], row[f"call_ratio_{n}"] = kmed[n] / kmed[name], cmed[n] / cmed[name]
         if "at_chunk" in ours:  # the C-ahead variants against the kernel before them, same rounds
             row["vs_at_chunk"] = {"kernel": kmed["at_chunk"] / kmed[name], "call": cmed["at_chunk"] / cmed[name]}
+        if c.get("set") == "rule":  # the small-M rule: its variant, who chose it, against the policy before
+            base = "before" if "before" in ours else "unchanged"
+            row.update({"rule": name, "chosen_by": c.get("chosen_by")})
+            if base in ours:
+                row["vs_policy_before"] = {"kernel": kmed[base] / kmed[name], "call": cmed[base] / cmed[name]}
         rows.append(row)
     return rows
 
@@ -460,10 +528,15 @@ def _run(doc: dict, folder_p: Path, out: str, rounds: int, per_round: int) -> in
                 M, N, K = case["shape"]
                 rows.append({"op": op_of(spec_of_case(case), case.get("variant")), "M": M, "N": N, "K": K,
                              "dtype": case["dtype"], "kernel_ratio": None, "call_ratio": None,
-                             "skipped": "check failed"})
+                             "skipped": "check failed",
+                             **({"rule": case["variant"], "chosen_by": case.get("chosen_by")}
+                                if case.get("set") == "rule" else {})})
         for row in time_group(folder_p, good, rounds, per_round) if good else []:
             rows.append(row)
             ahead = f", {row['vs_at_chunk']['kernel']:.3f}x C at each chunk" if "vs_at_chunk" in row else ""
+            if "rule" in row:
+                ahead = f" [{row['rule']}, {row['chosen_by']}]" + (
+                    f", {row['vs_policy_before']['kernel']:.3f}x the policy before" if "vs_policy_before" in row else "")
             print(f"time {row['op']} {row['M']}x{row['N']}x{row['K']}: kernel {row['kernel_ratio']:.3f}x, "
                   f"call {row['call_ratio']:.3f}x the best torch path{ahead}", flush=True)
     result = {"gpu_start": gpu_start, "gpu": harness.gpu_info(0), "run": harness.run_info(), "seconds": time.time() - t0,
@@ -481,6 +554,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("prepare", help="build the modules into DIR (build box)")
     p.add_argument("dir")
     p.add_argument("--sms", type=int, default=132)
+    p.add_argument("--set", dest="which", choices=CASE_SETS, default="all",
+                   help="all (default), epilogues (every check and timing but the rule's), rule (the small-M "
+                        "epilogue rule's timings alone)")
     r = sub.add_parser("run", help="check and time them (GPU box)")
     r.add_argument("dir")
     r.add_argument("--out", required=True)
@@ -490,7 +566,7 @@ def main(argv=None) -> int:
     c.add_argument("jobs", nargs="+", help="PATH:M")
     args = ap.parse_args(argv)
     if args.cmd == "prepare":
-        return prepare(args.dir, args.sms)
+        return prepare(args.dir, args.sms, args.which)
     if args.cmd == "run":
         return run(args.dir, args.out, args.rounds, args.per_round)
     for job in args.jobs:

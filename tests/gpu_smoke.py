@@ -4,7 +4,8 @@ Every command and library entry that only runs on a GPU is run once here, as a u
 the smallest inputs that reach its whole host path: ``verify``, ``bench``, ``suite run``, the
 every-model suite's job, ``tune --measure``, the ``rounds`` job of ``gemm_ladder.measure.isolate``,
 ``gemm_ladder.matmul`` and the torch op, also with a bias and with a bias and an activation (the
-operand spec's epilogue). A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
+operand spec's epilogue), and a fused SwiGLU MLP's gradients (``nn.patch(fuse=True)``, eager and
+compiled). A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
 this tier is what catches that, so it runs on the device after any change to host code.
 
 The modules are built where TVM's compiler is (a build box) and carried::
@@ -42,6 +43,13 @@ BIAS_SHAPES = ("16x4096x4096", "37x4096x4096", "333x3000x520", "2001x4096x512")
 ACT_SHAPES = ("333x3000x520", "2001x4096x512")
 ACT_EPILOGUES = ("bias_relu", "bias_gelu_tanh", "bias_gelu_erf", "bias_silu")
 ACT_ALONE = ("silu", "float16", "333x3000x520")  # and one activation without a bias
+# a LLaMA-style MLP (hidden 512, intermediate 768) over 128 tokens, bf16, fused by patch(fuse=True):
+# its gradients against torch's, eager and compiled, every GEMM on a module of the pack (strict): the
+# gated forward and the down projection (KK), the backward's recompute of x . W_gu^T (KK), dX = dY . W
+# (KN: W read as it lies) and dW = dY^T . X (MN), for W_gu [1536, 512] and down_proj's [512, 768]
+SWIGLU_MLP = {"rows": 128, "hidden": 512, "intermediate": 768}
+SWIGLU_PACK = {"swiglu": ["128x1536x512"], "KK": ["128x1536x512", "128x512x768"],
+               "KN": ["128x512x1536", "128x768x512"], "MN": ["1536x512x128", "512x768x128"]}
 
 
 def _cli(*args: str) -> None:
@@ -64,9 +72,12 @@ def prepare(out) -> Path:
          ",".join(ACT_EPILOGUES), "--out", str(out / "pack"))
     act, dtype, shape = ACT_ALONE
     _cli("pack", "build", "--shapes", shape, "--dtypes", dtype, "--epilogue", act, "--out", str(out / "pack"))
+    for what, shapes in SWIGLU_PACK.items():
+        how = ("--epilogue", "swiglu") if what == "swiglu" else ("--layouts", what)
+        _cli("pack", "build", "--shapes", ",".join(shapes), "--dtypes", "bfloat16", *how, "--out", str(out / "pack"))
     index = {"ladder": "ladder", "tune": "tune", "pack": "pack", "suite_case": SUITE_CASE,
              "front_shapes": list(FRONT_SHAPES), "bias_shapes": list(BIAS_SHAPES), "act_shapes": list(ACT_SHAPES),
-             "act_epilogues": list(ACT_EPILOGUES), "act_alone": list(ACT_ALONE)}
+             "act_epilogues": list(ACT_EPILOGUES), "act_alone": list(ACT_ALONE), "swiglu_mlp": SWIGLU_MLP}
     (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     return out
 

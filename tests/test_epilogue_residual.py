@@ -347,7 +347,9 @@ def test_the_policy_serves_swiglu_with_v9_and_half_tile_chunks():
         assert choice.knobs.get("epi_n", 64) <= choice.knobs.get("blk_n", 256) // 2
 
 
-def test_the_swiglu_op_has_fake_shapes_and_a_backward_that_matches_autograd():
+def test_the_swiglu_op_has_fake_shapes():
+    """Fake tensors: D is half of W_gu's rows wide; an odd W_gu is refused. (Its backward, on our
+    kernels through the op gemm_ladder::mm: tests/test_swiglu_backward.py.)"""
     from torch._subclasses.fake_tensor import FakeTensorMode  # pylint: disable=import-outside-toplevel
 
     with FakeTensorMode():
@@ -356,24 +358,6 @@ def test_the_swiglu_op_has_fake_shapes_and_a_backward_that_matches_autograd():
         assert Y.shape == (2, 3, 5)
         with pytest.raises(RuntimeError, match="W_gu has 9 rows"):
             torch.ops.gemm_ladder.swiglu(x, torch.empty(9, 16, dtype=torch.bfloat16, device="cuda"))
-    ops = gemm_ladder.serve.ops
-    x = torch.randn(2, 3, 16, dtype=torch.float64, requires_grad=True)
-    W = torch.randn(10, 16, dtype=torch.float64, requires_grad=True)
-    h = x @ W.t()
-    y = torch.nn.functional.silu(h[..., :5]) * h[..., 5:]
-    g = torch.randn_like(y)
-    want = torch.autograd.grad(y, (x, W), g)
-
-    class Ctx:
-        needs_input_grad = (True, True)
-
-        def save_for_backward(self, *tensors):
-            self.saved_tensors = tensors
-    ctx = Ctx()
-    ops._swiglu_setup(ctx, (x.detach(), W.detach()), None)
-    got = ops._swiglu_backward(ctx, g)
-    for w, h_ in zip(want, got):
-        assert torch.allclose(w, h_, rtol=1e-5, atol=1e-5)  # fp32 inside
 
 
 def test_the_gpu_checks_children_make_a_hang_and_a_crash_rows_and_go_on(tmp_path, monkeypatch):

@@ -2,13 +2,16 @@
 database by shape bucket, the makespan model, and one test per layout rule (what TMA cannot
 describe gets copied)."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from gemm_ladder.serve import plan
 from gemm_ladder.core.budget import max_pipe_depth
 from gemm_ladder.core.provenance import tvm_version
+from gemm_ladder.core.spec import spec_for, spec_knobs
 from gemm_ladder.serve.plan import Problem, Rule, choose, rule_choice
 from gemm_ladder.serve.tma_layout import Layout, layout_fixes
 from gemm_ladder.rungs import available, make_config
@@ -460,3 +463,61 @@ def test_alternatives_keep_the_operand_spec_and_are_not_for_fp8():
     assert plan.alternatives(bias, choose(bias)) == []
     fp8 = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100, GemmSpec.fp8("bfloat16", "tensor"))
     assert plan.alternatives(fp8, choose(fp8)) == []
+
+
+# -- epilogue calls at small M (issue 31) -------------------------------------------------------
+def E(M, N, K, epilogue, dtype="bfloat16", **spec_changes):
+    """A problem with an epilogue (``spec_for``'s names), as the front door asks for it."""
+    spec = dataclasses.replace(spec_for(dtype, epilogue), **spec_changes)
+    return Problem(M, N, K, dtype, "sm_90a", H100, spec)
+
+
+@pytest.mark.parametrize("M, N, K, pair", [(128, 4096, 4096, 2), (128, 4096, 14336, 2), (64, 4096, 4096, 1),
+                                           (33, 4096, 14336, 1), (100, 4224, 4096, 2)])
+@pytest.mark.parametrize("epilogue", ["residual", "alpha_bias_gelu_tanh+residual", "bias_relu"])
+def test_rule_small_m_epilogue(M, N, K, pair, epilogue):
+    """32 < M <= 128 with an epilogue and 64x64 tiles that fit in one wave: v9 64x64, one consumer,
+    the deepest ring; two row tiles share B through a 2x1 cluster. Its knobs carry the spec, and
+    the module builds at a runtime M."""
+    p = E(M, N, K, epilogue)
+    c = rule_choice(p)
+    assert (c.rule, c.rung) == ("small-m-epilogue", "v9")
+    k = rung_knobs(c)
+    assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["cluster_m"], k["cluster_n"]) == (64, 64, 1, pair, 1)
+    assert k["stream_b"] is True and {**k, **spec_knobs(p.spec)} == k
+    assert p.tiles(64, 64) <= H100 and f"{p.tiles(64, 64)} tiles of 64x64" in c.why
+    make_config("v9", M, N, K, **{**c.knobs, "dynamic_m": True})
+
+
+@pytest.mark.parametrize("M, N, K, spec_changes, why", [
+    (128, 4096, 4096, {"bias": None, "act": "none", "residual": None}, "no epilogue: v11 and v10 serve it"),
+    (32, 4096, 4096, {}, "M <= 32: weight-streaming, not measured with 64x64"),
+    (129, 4096, 4096, {}, "M > 128"),
+    (128, 14336, 4096, {}, "448 tiles of 64x64: 3.4 waves (measured slower)"),
+    (64, 14336, 4096, {}, "224 tiles of 64x64: two waves"),
+    (128, 4096, 4096, {"d": "float32", "residual": "float32"}, "a float32 D: not measured"),
+])
+def test_rule_small_m_epilogue_stops(M, N, K, spec_changes, why):
+    c = rule_choice(E(M, N, K, "residual", **spec_changes))
+    assert c.rule != "small-m-epilogue", why
+
+
+def test_rule_small_m_epilogue_not_for_swiglu():
+    """SwiGLU's gated B takes its chunks from half a tile: it keeps the rules without an epilogue's."""
+    c = rule_choice(E(128, 8192, 4096, "swiglu"))
+    assert c.rule != "small-m-epilogue" and rung_knobs(c)["blk_n"] >= 128
+
+
+def test_small_m_epilogue_threshold_agrees_with_the_committed_rows():
+    """The rule's evidence: every M = 128 timing row of 64x64 tiles against the policy's tile in the
+    same rounds (``*_prefetch_64x64`` against ``*_prefetch``); the rule takes 64x64 exactly where
+    64x64 ran faster as a kernel."""
+    rows = json.loads((Path(__file__).parent.parent / plan.SMALL_M_EPILOGUE).read_text())["rows"]
+    by = {(r["op"], r["M"], r["N"], r["K"]): r for r in rows}
+    pairs = [(r, by[(r["op"][:-len("_64x64")], r["M"], r["N"], r["K"])]) for r in rows
+             if r["op"].endswith("_prefetch_64x64") and r.get("kernel_ratio")]
+    assert len(pairs) == 6
+    for small, policy in pairs:
+        epilogue = small["op"].split("_prefetch")[0]
+        p = E(small["M"], small["N"], small["K"], epilogue)
+        assert plan._small_m_epilogue(p) is (small["kernel_ratio"] > policy["kernel_ratio"]), small["op"]

@@ -70,8 +70,10 @@ def swiglu_grads(grad: torch.Tensor, x: torch.Tensor, W_gu: torch.Tensor, needs,
     over ``dh`` [..., 2N]: dx = dh . W_gu and dW_gu = dh^T . x, on our kernels where ``gemm`` is."""
     gemm = gemm or mm
     gate, up = gemm(x, W_gu).float().chunk(2, dim=-1)
-    g = grad.float()
-    dh = torch.cat([torch.ops.aten.silu_backward(g * up, gate), g * torch.nn.functional.silu(gate)], dim=-1)
+    g, sig = grad.float(), torch.sigmoid(gate)
+    # silu'(gate) = sig (1 + gate (1 - sig)) written out: aten's silu_backward has no derivative of
+    # its own, and a backward that builds a graph (create_graph=True) differentiates this one
+    dh = torch.cat([g * up * sig * (1 + gate * (1 - sig)), g * gate * sig], dim=-1)
     dx, dW, _ = linear_grads(dh.to(x.dtype), x, W_gu, (needs[0], needs[1], False), gemm)
     return dx, dW
 
@@ -252,19 +254,14 @@ def _swiglu_setup(ctx, inputs, output):  # pylint: disable=unused-argument
 
 
 def _swiglu_backward(ctx, grad):
-    """Recomputed in torch: h = x . W_gu^T, g and u its halves; dg = dY . u . silu'(g),
-    du = dY . silu(g); dx = [dg, du] . W_gu, dW_gu = [dg, du]^T . x (in fp32, then x's dtype)."""
+    """:func:`swiglu_grads` with the op :func:`mm` as its GEMM, as :func:`_backward`'s: h = x . W_gu^T
+    recomputed, dh = [dg, du] in fp32 by torch (dg = dY . u . silu'(g), du = dY . silu(g)) rounded
+    once to x's dtype, then dx = dh . W_gu (W_gu's memory read as an MN-major B) and dW_gu = dh^T . x
+    (both MN-major), fp32 accumulation: on our kernels where a module serves, torch's matmul where
+    none does (the front door's fallback, the eager ``SwiGLUFunction``'s rule). The op's GEMMs
+    differentiate again (a backward that builds a graph)."""
     x, W_gu = ctx.saved_tensors
-    h = torch.matmul(x, W_gu.t()).float()
-    gate, up = h.chunk(2, dim=-1)
-    dgate = torch.ops.aten.silu_backward(grad.float() * up, gate)
-    dh = torch.cat([dgate, grad.float() * torch.nn.functional.silu(gate)], dim=-1)
-    dx = dW = None
-    if ctx.needs_input_grad[0]:
-        dx = torch.matmul(dh, W_gu.float()).to(x.dtype)
-    if ctx.needs_input_grad[1]:
-        dW = torch.matmul(dh.reshape(-1, dh.shape[-1]).t(), x.reshape(-1, x.shape[-1]).float()).to(W_gu.dtype)
-    return dx, dW
+    return swiglu_grads(grad, x, W_gu, ctx.needs_input_grad, mm)
 
 
 swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)

@@ -11,6 +11,10 @@ rule passed over is kept with the reason for ``explain``. Today's table (Hopper;
 v9's defaults)::
 
     rule              when                            rung, knobs                               why
+    small-m-epilogue  an epilogue call (16-bit D, not  v9: 64x64 tiles, one consumer, a 2x1     v11 and v10 build no
+                      gated), 32 < M <= 128, 64x64     cluster for two row tiles (M > 64), the   epilogue: more CTAs
+                      tiles that fit in one wave       deepest ring (<= 8)                       stream B (the others
+                                                                                                 leave 16-64 of them)
     row-tiles         32 < M <= 128, 32 or more        v9: 64x128 tiles, one consumer, a 2x1     each CTA streams its own
                       64x128 tiles that fit in one     cluster for two row tiles (M > 64), the   rows of A against a slice
                       wave, and K <= 8192              deepest ring (<= 8)                       of B: no split, no swap
@@ -330,7 +334,50 @@ def _large_knobs(p: Problem) -> dict:
     return {"epi_under": True} if _epi_under_pays(p) else {}
 
 
+# -- epilogue calls at small M (issue 31). v11 and v10 build no epilogue, so a call with a bias, an
+# activation or a residual at M <= 128 fell to v9's row tiles (64x128: 32-64 CTAs) or the tile-shape
+# rule (128x128: 16-112 CTAs). At M = 128 the residual epilogue then ran 0.74x torch's unfused path
+# at N x K = 4096x14336 (32 CTAs) and 0.94x at 4096x4096 (row tiles, 64 CTAs); 64x64 tiles, 128 CTAs
+# in one wave, ran 1.07x and 1.00x (alpha+bias+gelu+residual: 0.64 -> 0.90x, 0.95 -> 1.00x). Where
+# 64x64 tiles need more than one wave they lost: at N x K = 14336x4096 (448 tiles, 3.4 waves) 1.045 ->
+# 0.96x (gelu+residual 1.06 -> 0.91x) against the tile-shape rule's one wave of 112 [SMALL_M_EPILOGUE,
+# rows residual_prefetch and residual_prefetch_64x64, alpha_bias_gelu_tanh+residual_prefetch(_64x64),
+# M = 128]. So: 64x64 tiles where they fit in one wave, for 32 < M <= 128 (the rows measured M = 128;
+# M <= 32 keeps weight-streaming until measured; benchmarks/epilogue_check.py prepare --set rule times
+# the rule against the choice without it at M = 64, 128, 256).
+SMALL_M_EPILOGUE = "benchmarks/results/2026-11-26_h100_epilogue_c_prefetch/epilogue_check.json"
+SMALL_EPILOGUE_TILE = (64, 64)
+SMALL_M_EPILOGUE_ROWS = (32, 128)  # 32 < M <= 128
+
+
+def _small_m_epilogue(p: Problem) -> bool:
+    """A 16-bit epilogue call (bias, activation, alpha or residual; not SwiGLU's gated B, whose
+    chunks take half a tile, nor a float32 D, not measured) at 32 < M <= 128 whose 64x64 tiles fit
+    in one wave."""
+    spec = p.spec
+    if spec is None or spec.epilogue == "none" or spec.gated or spec.is_fp8 or spec.d != p.dtype:
+        return False
+    lo, hi = SMALL_M_EPILOGUE_ROWS
+    return lo < p.M <= hi and p.tiles(*SMALL_EPILOGUE_TILE) <= p.sms
+
+
+def _small_m_epilogue_knobs(p: Problem) -> dict:
+    # two row tiles (M > 64) share B through a 2x1 cluster, as the row-tiles rule's (and as measured)
+    blk_m, blk_n = SMALL_EPILOGUE_TILE
+    knobs = {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": 1, "cluster_m": 2 if p.M > 64 else 1, "cluster_n": 1,
+             "epi_n": 64}
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH), **STREAM_B}
+
+
 RULES: list[Rule] = [
+    Rule("small-m-epilogue", "sm_90a", "v9", when=_small_m_epilogue, knobs=_small_m_epilogue_knobs,
+         why="an epilogue call (which v11 and v10 do not build) at 32 < M <= 128 whose 64x64 tiles fit in one "
+             "wave: twice to four times the CTAs of 64x128 or 128x128 tiles stream B, one consumer, the deepest "
+             "ring (two row tiles share B through a 2x1 cluster)",
+         evidence=SMALL_M_EPILOGUE + ": residual at M = 128, kernels: 0.74 -> 1.07x torch (N x K = 4096x14336), "
+                  "0.94 -> 1.00x (4096x4096); with bias+gelu 0.64 -> 0.90x, 0.95 -> 1.00x; in 3.4 waves "
+                  "(14336x4096) 64x64 lost, 1.05 -> 0.96x, so one wave at most",
+         detail=lambda p: f"{p.tiles(*SMALL_EPILOGUE_TILE)} tiles of 64x64 on {p.sms} SMs"),
     Rule("row-tiles", "sm_90a", "v9", when=_row_tiles, knobs=_row_tile_knobs,
          why="32 < M <= 128 with a B small enough that 64-row tiles fit in one wave: each CTA streams its "
              "own 64 rows of A against 128 rows of B through a deep ring, with no split and no swap (two row "
@@ -382,6 +429,16 @@ RULES: list[Rule] = [
     Rule("large", "sm_100a", "v9", when=lambda p: True, knobs=lambda p: {},
          why="Blackwell: v9 at its defaults (compiled only; no Blackwell GPU has measured it)"),
 ]
+
+
+def rule_applies(name: str, p: Problem, rules=None) -> bool:
+    """Whether the rule called ``name`` (of ``rules``, default :data:`RULES`) is for ``p``'s arch and
+    its ``when`` holds for ``p`` (not whether it wins: an earlier rule may; a check that measures a
+    rule asks this). KeyError where no rule has that name."""
+    found = [r for r in (RULES if rules is None else rules) if r.name == name]
+    if not found:
+        raise KeyError(f"no rule named {name!r}; the rules: {', '.join(dict.fromkeys(r.name for r in RULES))}")
+    return any(r.arch == p.arch and r.when(p) for r in found)
 
 
 # -- fp8 (issue 32): one kernel, not the rules above. The rules choose among 16-bit kernels at knobs
@@ -686,8 +743,20 @@ def alternatives(p: Problem, choice: Choice) -> list[Choice]:
 # (the slot), not the counts, and won with 64-row tiles at every slot measured up to 256 tokens.
 GROUPED = "benchmarks/results/2026-11-26_h100_grouped/README.md"
 GROUPED_MASKED = "benchmarks/results/2026-11-26_h100_grouped_masked/README.md"
+GROUPED_DECODE = "benchmarks/results/2026-11-26_h100_grouped_decode/README.md"
 GROUPED_RUNG = "v12"
 GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_depth": 8}
+# The decode module since issue 33's decode follow-up: swap AB (W's 128 rows of a tile in wgmma's 64-row
+# slot over two consumers, an expert's tokens its N) and the warp scan of the routing. The tile streams
+# W once at full width whatever the count, and no MMA work or A traffic is spent on 64-row tiles of 1-8
+# tokens; blk_m (tokens a tile): 32 where experts are few (Mixtral-like: top-2 of 8 gives an expert a
+# quarter of the batch), 16 where they are many (top-8 of 64-256: a few tokens each). Measured
+# (GROUPED_DECODE, H100, both layouts, 8-256 tokens, balanced and Zipf, the same rounds): swap with 16
+# tokens 1.022x the 64x128 module (geomean; masked decode 1.099x the best peer against its 1.075x),
+# 32 tokens 1.017x; at 8 experts 32 held up where 16 lost (256 Zipf tokens: 0.991x against 0.945x).
+# The 64x128 module stays the fallback where the validator refuses the swap.
+GROUPED_SWAP_KNOBS = {"swap_ab": True, "blk_n": 128, "num_warpgroups": 2, "pipe_depth": 8, "warp_scan": True}
+GROUPED_SWAP_FEW_EXPERTS = 16  # blk_m 32 up to this many experts, 16 past it
 GROUPED_DECODE_ROWS = 64  # contiguous: the decode module up to 64 rows an expert on average (M <= 64 E)
 GROUPED_DECODE_SLOT = 256  # masked: the decode module up to max_tokens = 256
 GROUPED_MAX_TOKENS = 1 << 20  # the top of the token range a pack plans (contiguous rows of A, masked slot)
@@ -727,13 +796,25 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
              if layout == "contiguous" else f"max_tokens <= {GROUPED_DECODE_SLOT}")
     prefill = Choice(GROUPED_RUNG, base, "rule", "grouped-prefill", f"{GROUPED_RUNG} at its 128x256 defaults past "
                      f"{bound} [{GROUPED}: 0.96-1.17x torch._grouped_mm, 64-8192 tokens]", measured=True)
+    swap_m = 32 if E <= GROUPED_SWAP_FEW_EXPERTS else 16
+    swap_knobs = {**base, **GROUPED_SWAP_KNOBS, "blk_m": swap_m}
+    if (swapped := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), swap_knobs)) is None:
+        decode = Choice(GROUPED_RUNG, swap_knobs, "rule", "grouped-decode-swap",
+                        f"{GROUPED_RUNG} with swap AB ({swap_m} tokens x 128 W rows a tile, two consumers, an 8-deep "
+                        f"ring, the warp scan) while {bound}: decode streams the weights, and a swapped tile reads "
+                        f"them once at full width with no MMA work on rows an expert lacks ({E} experts: "
+                        f"{swap_m}-token tiles) [{GROUPED_DECODE}: 1.02x the 64x128 module, masked decode 1.10x "
+                        f"the best peer]", measured=True)
+        return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
     decode_knobs = {**base, **GROUPED_DECODE_KNOBS}
+    passed = (f"rule 'grouped-decode-swap' ({GROUPED_RUNG} swap AB {swap_m}x128): {swapped}",)
     if (refused := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), decode_knobs)) is not None:
-        skipped = (f"rule 'grouped-decode' ({GROUPED_RUNG} 64x128): {refused}",)
+        skipped = passed + (f"rule 'grouped-decode' ({GROUPED_RUNG} 64x128): {refused}",)
         return [GroupedChoice(dataclasses.replace(prefill, why=f"{GROUPED_RUNG} at its 128x256 defaults for every "
                                                   f"token count [{GROUPED}]", skipped=skipped),
                               (1, GROUPED_MAX_TOKENS))]
     decode = Choice(GROUPED_RUNG, decode_knobs, "rule", "grouped-decode",
                     f"{GROUPED_RUNG} with 64x128 tiles, one consumer, an 8-deep ring while {bound}: few rows an "
-                    f"expert, weight-bound [{evidence}: won at every decode batch of 3 MoE shapes]", measured=True)
+                    f"expert, weight-bound [{evidence}: won at every decode batch of 3 MoE shapes]", skipped=passed,
+                    measured=True)
     return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]

@@ -19,14 +19,23 @@ the next expert, so that tile leaves through stores guarded by the expert's end 
     ==========  ==============  ===========  ======================  ========================
     v12         A rows x W[e]   grouped      chunked; guarded rows   experts, blk_m, blk_n,
                 (offsets, or    (experts)    for an expert's last    num_warpgroups,
-                masked counts)               m-tile                  pipe_depth, epi_n,
-                                                                     l2_group_size, layout
+                masked counts;               m-tile (swap AB:        pipe_depth, epi_n,
+                swap AB: W[e]                transposed; guarded     l2_group_size, layout,
+                rows x tokens)               2-byte stores)          swap_ab, warp_scan
     ==========  ==============  ===========  ======================  ========================
 
 Masked layout (``layout="masked"``, decode): A ``[E, max_tokens, K]`` viewed ``[E * max_tokens, K]``
 and the int32 operand each expert's count of valid rows (clamped on the device into [0, max_tokens]);
 expert e's rows start at ``e * max_tokens``. The same kernel: only the prologue's table and an
 expert's first row differ (``gemm_ladder.grouped_mm_masked``).
+
+Decode (knobs ``swap_ab``, ``warp_scan``; ``grouped.py`` says how): with ``swap_ab`` the tile is
+v11's transpose, W's ``blk_n`` rows in wgmma's 64-row slot and an expert's ``blk_m`` tokens (8..256,
+a multiple of 8) its N, so an expert with a few tokens streams its weight once at full width without
+64-row tiles of padding; its D^T leaves by the transposed epilogue (whole token tiles) or guarded
+2-byte stores (the expert's last). ``warp_scan`` makes the routing's tables with 32 lanes over chunks
+of experts instead of thread 0's pass (E dependent steps). Both off by default: the kernels without
+them are unchanged, source for source.
 
 Barriers: v9's without clusters (``tma2mma[s]``: the producer's expect_tx and the TMA bytes;
 ``mma2tma[s]``: lane 0 of every consumer warp; named barrier 1+c per consumer's epilogue), plus
@@ -36,7 +45,8 @@ Constraints: a spec with ``grouped`` and nothing else (no bias, no activation ye
 M at run time (any tokens, one module); N and K multiples of 8; ``experts`` <= 1024.
 
 Run:  python -m gemm_ladder build v12 --shape 4096x14336x4096 --knob experts=8 --out build/
-      (masked: add --knob layout=masked)
+      (masked: add --knob layout=masked; decode: --knob swap_ab=True --knob blk_m=16 --knob blk_n=128
+      --knob warp_scan=True)
 """
 
 from dataclasses import dataclass
@@ -64,10 +74,14 @@ class GroupedKnobs:
     tile_order: str = "grouped"
     epi_n: int = 64
     layout: str = "contiguous"  # "masked": A [E * max_tokens, K], the int32 operand each expert's count
+    swap_ab: bool = False  # decode: W's rows in wgmma's 64-row slot, blk_m tokens (8..256) its N
+    warp_scan: bool = False  # the routing's tables by 32 lanes in chunks, not thread 0's pass over E
 
 
 KNOBS = gemm.knob_defaults(GroupedKnobs)
 CONSUMERS = (1, 2, 3)
+SWAP_CONSUMERS = (1, 2)  # v11's: whole 64-row atoms of W per consumer
+BLK_M_CHOICES = common.SWAP_BLK_M  # swap AB takes blk_m tokens a multiple of 8; without it check_tile wants 64s
 
 
 def check(cfg: GemmConfig) -> None:
@@ -79,9 +93,16 @@ def check(cfg: GemmConfig) -> None:
                           "use tile_order='grouped'")
     if not isinstance(cfg.l2_group_size, int) or cfg.l2_group_size < 1:
         raise ConfigError(f"l2_group_size={cfg.l2_group_size!r} is not a positive int; use e.g. 8")
-    common.check_tile(cfg, CONSUMERS)
+    if grouped.swap_ab(cfg):
+        common.check_swap_tile(cfg, SWAP_CONSUMERS)
+    else:
+        if cfg.blk_m % common.WG_M:
+            raise ConfigError(f"blk_m={cfg.blk_m}: without swap_ab a tile is whole 64-row wgmma atoms of tokens per "
+                              f"consumer; for a few tokens an expert use swap_ab=True (blk_m tokens, a multiple of 8, "
+                              f"as wgmma's N), or blk_m={common.WG_M * cfg.num_warpgroups}")
+        common.check_tile(cfg, CONSUMERS)
     epilogue.check_epilogue(cfg)
-    common.check_consumer_registers(cfg)
+    common.check_consumer_registers(cfg, grouped.plan_of(cfg))
     common.check_pipe_depth(cfg)
     grouped.check(cfg)
 
