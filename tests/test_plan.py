@@ -398,8 +398,9 @@ def test_layout_bf16_pads_to_eight_elements_too():
 def test_a_sub_wave_grid_gets_split_k_alternatives():
     """333x1280x5120: the choice's 30 tiles of 128x128 fill under a quarter of the SMs (34 us to
     cuBLAS's 14, every-model run of 2026-11-26); the alternatives are the sub-wave sweep's fastest
-    split-K modules there: 128x128 split 4 (120 units) and 64x128 split 2 (120), clusters over
-    whole tiles (3 row tiles of 128: paired along N; 6 of 64: along M)."""
+    split-K modules there: 128x128 split 4 (120 units, 6 stages) and 64x128 split 2 (120, one
+    consumer, 8 stages), clusters over whole tiles (3 row tiles of 128: paired along N; 6 of 64:
+    along M)."""
     p = P(333, 1280, 5120)
     c = choose(p)
     assert (c.rung, c.rule) == ("v9", "tile-shape") and plan.sub_wave(p, c)
@@ -408,7 +409,7 @@ def test_a_sub_wave_grid_gets_split_k_alternatives():
     got = [(a.knobs["blk_m"], a.knobs["blk_n"], a.knobs["split_k"], a.knobs["cluster_m"], a.knobs["cluster_n"])
            for a in alts]
     assert got == [(128, 128, 4, 1, 2), (64, 128, 2, 2, 1)]
-    assert alts[1].knobs["num_warpgroups"] == 1 and alts[1].knobs["pipe_depth"] == 6
+    assert alts[0].knobs["pipe_depth"] == 6 and alts[1].knobs["num_warpgroups"] == 1 and alts[1].knobs["pipe_depth"] == 8
     assert "30 of 132 SMs" in alts[0].why and "fill 120" in alts[0].why
     for a in alts:
         assert (a.rung, a.rule, a.source) == ("v10", plan.ALT_RULE, "rule")

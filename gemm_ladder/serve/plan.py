@@ -662,7 +662,10 @@ ALT_MIN_K_SLICES = 8  # and at least this many 64-wide slices (a shorter unit is
 # (fitted on these shapes, not held out). cuBLAS stays ahead at all of them (its kernels 8-27 us): the
 # front door's measured choice takes torch there; the split-K module serves where torch does not.
 ALT_SPLITS = (2, 3, 4, 6, 8)
-ALT_TILES = ((128, 128, 2, 4), (64, 128, 1, 6))  # blk_m, blk_n, consumers, pipe_depth: best first
+# The depth sweep (same folder, subwave_depth.json): the same tiles at the same splits run faster with
+# deeper rings, 128x128 at 6 stages (0.74 vs 0.68 at 768x1280x5120) and 64x128 at 8 (0.83 vs 0.75 at
+# 128x3072x8192, where it beats the policy's 0.75)
+ALT_TILES = ((128, 128, 2, 6), (64, 128, 1, 8))  # blk_m, blk_n, consumers, pipe_depth: best first
 ALT_MAX = 2  # alternatives a choice gets (each a module in the pack, each timed at first use)
 ALT_RULE = "sub-wave split-k (alternative)"
 
