@@ -658,8 +658,8 @@ ALT_MIN_K_SLICES = 8  # and at least this many 64-wide slices (a shorter unit is
 # in 128x128 tiles (4 stages) or 64x128 (one consumer, 6 stages). Geomeans over the shapes of each
 # family's best split, x cuBLAS: 128x128 0.62, 64x128 0.60, 128x64 0.57, 128x256 0.52, stream-K 0.49,
 # v10's atomic reduction 0.55 (in 128x128; more than a wave lost too: s8 0.44 vs s4 0.63 at
-# 333x1280x5120). The policy's choice 0.57; with the two alternatives below, the best of the three 0.69
-# (fitted on these shapes, not held out). cuBLAS stays ahead at all of them (its kernels 8-27 us): the
+# 333x1280x5120). The policy's choice 0.57; with the two alternatives below (at the depths of the run
+# after it), the best of the three 0.72 (fitted on these shapes, not held out). cuBLAS stays ahead at all of them (its kernels 8-27 us): the
 # front door's measured choice takes torch there; the split-K module serves where torch does not.
 ALT_SPLITS = (2, 3, 4, 6, 8)
 # The depth sweep (same folder, subwave_depth.json): the same tiles at the same splits run faster with
