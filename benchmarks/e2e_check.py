@@ -23,8 +23,9 @@ cache that a CUDA graph captures.
   so the loss falls), AdamW with fp32 master weights under bf16 autocast (what mixed-precision
   training runs: the GEMMs in bf16, the optimizer state and updates in fp32), ``TRAIN["steps"]``
   (150) steps of torch, ours and a yardstick run (torch from weights perturbed by 1e-3 relative noise:
-  how far two runs that differ only by rounding-size changes drift apart), one step of each in
-  turn; ``loss_ok`` per :func:`loss_ok`; step time the median over the steps after warm-up;
+  how far two runs that differ only by rounding-size changes drift apart), taking turns by blocks
+  of :data:`TRAIN_BLOCK` steps; ``loss_ok`` per :func:`loss_ok`; step time the median over the
+  blocks after warm-up, each timed between GPU synchronisations (see :data:`TRAIN_BLOCK`);
 - each phase runs in a child process with a deadline (``measure.isolate``): a hang costs its
   phase, not the run. The front door runs strict (``GEMM_LADDER_STRICT=1``: a GEMM no module of
   the pack serves is an error, never torch's matmul in disguise) and keeps the pack's choice
@@ -307,6 +308,14 @@ LOSS_TOL = 0.02  # the least tolerance of loss_ok, as a fraction of torch's loss
 LOSS_YARDSTICK_X = 3.0  # ...or this many times the yardstick run's drift, where that is larger
 PERTURB = 1e-3  # the yardstick run's relative noise on the initial weights
 ROUNDS, PREFILL_REPS, DECODE_REPLAYS = 5, 3, 20
+# Training's step time: the models take turns by blocks of TRAIN_BLOCK steps, each block timed by
+# the wall clock from a synchronised GPU to a synchronised GPU. Events recorded around one step of
+# each model in turn, unsynchronised (the timing before 2026-11-26's third session), measure the
+# queue rather than the step where a step is host-bound, as this one is (~50 ms of host against
+# ~21 of GPU): a step's span then starts when the GPU reaches it, which depends on how much of the
+# previous model's step was still queued, and ours always ran between torch's and the yardstick's.
+TRAIN_BLOCK = 5
+TRAIN_TIMING = f"wall clock per step, blocks of {TRAIN_BLOCK} steps between GPU synchronisations, models alternating by block"
 
 _MODEL = Obj({"name": Str(), **{k: Int(lo=1) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate",
                                                           "vocab")}})
@@ -544,6 +553,12 @@ class Span:
         return (self.t1 - self.t0) * 1e3
 
 
+def _sync(dev: torch.device) -> None:
+    """Wait for ``dev``'s queue (a no-op off the GPU)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def _mean_ms(fn, reps: int, dev: torch.device) -> float:
     """Mean milliseconds of ``reps`` calls of ``fn`` queued back to back."""
     span = Span(dev)
@@ -767,20 +782,24 @@ def train(doc: dict, dev: str = "cuda", fuse: bool = False) -> dict:
 
     names = list(models)
     t0 = time.time()
-    for i in range(tr["steps"]):
-        x, y = train_batch(cfg, tr["batch"], tr["seq"], i, tr["seed"], device=dev)
-        for n in (names if i % 2 == 0 else names[::-1]):
-            span = Span(dev)
-            span.start()
-            losses[n].append(step(n, x, y))
-            span.stop()
-            spans[n].append(span)
+    for b, first in enumerate(range(0, tr["steps"], TRAIN_BLOCK)):
+        batches = [train_batch(cfg, tr["batch"], tr["seq"], i, tr["seed"], device=dev)
+                   for i in range(first, min(first + TRAIN_BLOCK, tr["steps"]))]
+        for n in (names if b % 2 == 0 else names[::-1]):
+            _sync(dev)
+            start = time.perf_counter()
+            for x, y in batches:
+                losses[n].append(step(n, x, y))
+            _sync(dev)
+            if first >= tr["warmup"]:
+                spans[n].append((time.perf_counter() - start) * 1e3 / len(batches))
     losses = {n: torch.stack(v).tolist() for n, v in losses.items()}
-    ms = {n: statistics.median(sp.ms() for sp in v[tr["warmup"]:]) for n, v in spans.items()}
+    ms = {n: statistics.median(v or [float("nan")]) for n, v in spans.items()}
     rule = loss_ok(losses["ours"], losses["torch"], losses["yardstick"])
     row = {"t0": t0, "t1": time.time(), "phase": "train", "model": cfg.name, "params": cfg.params(),
            "batch": tr["batch"], "seq": tr["seq"], "tokens": tr["batch"] * tr["seq"], "steps": tr["steps"],
-           "precision": "bf16 autocast, fp32 master weights", "optimizer": "AdamW", "torch_step_ms": ms["torch"],
+           "precision": "bf16 autocast, fp32 master weights", "optimizer": "AdamW", "timing": TRAIN_TIMING,
+           "torch_step_ms": ms["torch"],
            "ours_step_ms": ms["ours"], "yardstick_step_ms": ms["yardstick"], "ratio_to_torch": ms["torch"] / ms["ours"],
            "tokens_per_s": tr["batch"] * tr["seq"] / ms["ours"] * 1e3, "loss_ok": rule["ok"],
            "loss_rule": rule, "first_loss": losses["torch"][0], "final_loss_torch": smooth(losses["torch"])[-1],

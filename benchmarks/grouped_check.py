@@ -73,7 +73,7 @@ import gemm_ladder  # noqa: E402
 import gemm_ladder.serve.grouped_ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.grouped_mm)
 from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.measure import harness, isolate  # noqa: E402
-from gemm_ladder.serve import front, grouped as grouped_door, grouped_masked, kernel_pack  # noqa: E402
+from gemm_ladder.serve import front, grouped as grouped_door, grouped_masked, kernel_pack, runtime  # noqa: E402
 from gemm_ladder.serve.grouped import spec_of_dtype, use_grouped_module  # noqa: E402
 
 FORMAT = "gemm_ladder.grouped_check"
@@ -760,6 +760,243 @@ def masked_time_job(path, args) -> dict:
     return {"status": "ok", "rows": results}
 
 
+# -- decode: swap AB and the warp scan beside the 64x128 decode module (prepare --decode) ---------------
+# The decode modules side by side, per (layout, shape), timed in the same rounds in one process: the
+# pack's decode module until now (64x128 tiles, one consumer, 8 stages), the same with the warp scan
+# (its prologue alone), and swap AB with 16- and 32-token tiles (W's 128 rows over two consumers);
+# the odd shape is checked only (N and K off the tile: W rows past N, K past the slice).
+DECODE = "decode"  # the plan's key
+DECODE_SHAPES = ("mixtral", "qwen_moe", "deepseek_v3")
+DECODE_TOKENS = (8, 64, 256)  # rows of a decode step in all (batch x top-k)
+NARROW = {"blk_m": 64, "num_warpgroups": 1, "blk_n": 128, "pipe_depth": 8}  # the pack's decode module before
+SWAP = {"swap_ab": True, "blk_n": 128, "num_warpgroups": 2, "pipe_depth": 8, "warp_scan": True}
+DECODE_VARIANTS = {"narrow": NARROW, "narrow_scan": {**NARROW, "warp_scan": True},
+                   "swap16": {**SWAP, "blk_m": 16}, "swap32": {**SWAP, "blk_m": 32}}
+DECODE_BASELINE = "narrow"
+DECODE_ODD = (("float16", "swap16"), ("bfloat16", "swap16"), ("bfloat16", "swap32"))  # checked only
+DECODE_TOPK = {"mixtral": 2, "qwen_moe": 8, "deepseek_v3": 8}
+
+
+def decode_plan() -> list[tuple]:
+    """(layout, shape name, E, N, K, dtype, variant name) of every module ``prepare --decode`` builds."""
+    shapes = {name: (E, N, K) for name, E, N, K in SHAPES}
+    plan = []
+    for layout in LAYOUTS:
+        plan += [(layout, name, *shapes[name], "bfloat16", v) for name in DECODE_SHAPES for v in DECODE_VARIANTS]
+        plan += [(layout, "odd", *shapes["odd"], dtype, v) for dtype, v in DECODE_ODD]
+    return plan
+
+
+def prepare_decode(out) -> int:
+    """The decode variants' modules (:func:`decode_plan`) into DIR, and the plan ``run`` follows."""
+    # optional: the build layer (TVM's compiler), on the build box only
+    # pylint: disable=import-outside-toplevel
+    from gemm_ladder.compile import module_cache
+    from gemm_ladder.compile.batch import BuildJob
+
+    folder = files.open_folder(out)
+    modules = []
+    for layout, name, E, N, K, dtype, variant in decode_plan():
+        knobs = {"experts": E, "dtype": dtype, "spec": spec_of_dtype(dtype).text(), "layout": layout,
+                 **DECODE_VARIANTS[variant]}
+        path, _ = module_cache.get_or_build(BuildJob("v12", (BUILD_M, N, K), knobs))
+        stem = f"grouped_decode_{name}_{dtype}_{layout}_{variant}"
+        for src in Path(path).parent.iterdir():
+            if src.name.startswith(Path(path).name):  # the .so and its manifest (.so.json)
+                shutil.copy(src, folder / src.name.replace(Path(path).stem, stem, 1))
+        modules.append({"file": f"{stem}.so", "layout": layout, "shape": name, "experts": E, "N": N, "K": K,
+                        "dtype": dtype, "variant": variant})
+    files.write_json(folder / PLAN_FILE, {"format": FORMAT, DECODE: True, "modules": modules})
+    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    print(f"{len(modules)} decode modules, {size / 2**20:.1f} MiB in {folder}")
+    return 0
+
+
+def variant_of(stem: str) -> str:
+    """The decode variant a module's file stem ends with (``prepare_decode``'s names)."""
+    return max((v for v in DECODE_VARIANTS if stem.endswith("_" + v)), key=len)
+
+
+def decode_groups(modules: list[dict]) -> list[list[dict]]:
+    """The timed groups: per (layout, shape) of DECODE_SHAPES, its variants' modules, baseline first."""
+    order = list(DECODE_VARIANTS)
+    groups: dict = {}
+    for m in modules:
+        if m["shape"] in DECODE_SHAPES:
+            groups.setdefault((m["layout"], m["shape"]), []).append(m)
+    return [sorted(g, key=lambda m: order.index(m["variant"])) for _, g in sorted(groups.items())]
+
+
+def decode_sets(E: int, active: int, N: int, K: int, l2: int) -> int:
+    """Input sets a decode case cycles through: each its own weights (a layer's are cold in L2),
+    enough that the active experts' weights of all sets pass three times the L2 (at least 2)."""
+    return max(2, math.ceil(3 * l2 / max(1, 2 * active * N * K)))
+
+
+def decode_time_job(item, args) -> dict:
+    """One (layout, shape)'s decode modules (``item``: their paths, ``#``-joined) and torch's peers
+    in the same rotating rounds, per decode step of DECODE_TOKENS rows and routing; each variant
+    first checked at that step (D poisoned: the rows past the counts must stay NaN)."""
+    mods = [grouped_door.GroupedModule(runtime.load(p)) for p in item.split("#")]
+    names = [variant_of(Path(p).stem) for p in item.split("#")]
+    first = mods[0]
+    E, N, K, dtype, layout = first.experts, first.N, first.K, first.dtype, first.layout
+    masked = layout == "masked"
+    topk = DECODE_TOPK[shape_name(E, N, K)]
+    l2 = device.probe(0).l2_bytes or (50 << 20)
+    dt = getattr(torch, dtype)
+    results = []
+    for tokens in DECODE_TOKENS:
+        batch = max(1, tokens // topk)
+        for routing in TIMED_ROUTINGS:
+            counts = topk_counts(routing, E, batch, topk, seed=tokens)
+            rows, T = sum(counts), batch  # masked: a slot of batch rows (a token picks an expert once)
+            live = [(e, c) for e, c in enumerate(counts) if c]
+            offs_list = offsets_of(counts)
+            sets = []
+            for _ in range(decode_sets(E, len(live), N, K, l2)):
+                W = torch.randn(E, N, K, device="cuda", dtype=dt).div_(math.sqrt(K))
+                A = torch.randn(*((E, T) if masked else (rows,)), K, device="cuda", dtype=dt)
+                D = torch.empty(*((E, T) if masked else (rows,)), N, device="cuda", dtype=dt)
+                table = torch.tensor(counts if masked else offs_list, dtype=torch.int32, device="cuda")
+                gathered = torch.cat([A[e, :c] for e, c in live]) if masked else A
+                sets.append((A, table, D, gathered, torch.tensor(offs_list, dtype=torch.int32, device="cuda"), W))
+
+            def ours_of(mod):
+                def ours(A, table, D, Ac, offs, W):  # pylint: disable=unused-argument
+                    if masked:
+                        mod.launch(A.view(-1, K), W, table, D.view(-1, N))
+                    else:
+                        mod.launch(A, W, table, D)
+                return ours
+
+            def grouped_mm(A, table, D, Ac, offs, W):  # pylint: disable=unused-argument
+                torch._grouped_mm(Ac, W.transpose(1, 2), offs=offs)  # pylint: disable=protected-access
+
+            def bmm(A, table, D, Ac, offs, W):  # pylint: disable=unused-argument
+                torch.bmm(A, W.transpose(1, 2), out=D)
+
+            def expert_loop(A, table, D, Ac, offs, W):  # pylint: disable=unused-argument
+                start = 0
+                for e, c in live:
+                    if masked:
+                        torch.matmul(A[e, :c], W[e].T, out=D[e, :c])
+                    else:
+                        torch.matmul(A[start:start + c], W[e].T, out=D[start:start + c])
+                    start += c
+
+            # correctness at this step first: D poisoned, every variant alone
+            checks = {}
+            A, table, D, _, _, W = sets[0]
+            for name, mod in zip(names, mods):
+                D.fill_(float("nan"))
+                ours_of(mod)(*sets[0])
+                torch.cuda.synchronize()
+                rel, trel, nan, past = (_masked_errors(A, W, counts, D) if masked else
+                                        _errors(A, W, offs_list, D, rows))
+                checks[name] = {"ok": nan == 0 and past == 0 and rel <= 2 * trel + ERROR_FLOOR[dtype],
+                                "rel_err": rel, "torch_rel_err": trel, "nan": nan, "rows_past_written": past}
+            parties = {f"ours:{name}": ours_of(mod) for name, mod in zip(names, mods) if checks[name]["ok"]}
+            parties["expert_loop"] = expert_loop
+            if masked:
+                parties["bmm"] = bmm
+            if rows and _grouped_mm_works(sets[0][3], sets[0][5], sets[0][4]):
+                parties["grouped_mm"] = grouped_mm
+            times = _rounds(parties, sets, 2.0 * rows * N * K)
+            results.append({"tokens": rows, "max_tokens": T if masked else None, "batch": batch, "topk": topk,
+                            "routing": routing, "active_experts": len(live), "sets": len(sets),
+                            "checks": checks, "times": times})
+            del sets
+    return {"status": "ok", "rows": results}
+
+
+DECODE_PEERS = {"masked": ("grouped_mm", "bmm", "expert_loop"), "contiguous": ("grouped_mm", "expert_loop")}
+
+
+def decode_rows(group: list[dict], checks: dict, timing: dict | None) -> list[dict]:
+    """A group's rows in the issue's format: per timed case, one row per variant (``variant``),
+    its time as ``ours`` beside the peers of the same rounds, and ``ratio_to_baseline`` (the
+    narrow module's time over the variant's)."""
+    rows = []
+    for r in (timing or {}).get("rows", []):
+        base_ms = r["times"].get(f"ours:{DECODE_BASELINE}", {}).get("graph_ms")
+        for m in group:
+            v = m["variant"]
+            mine = r["times"].get(f"ours:{v}", {})
+            times = {"ours": mine, **{p: r["times"][p] for p in DECODE_PEERS[m["layout"]] if p in r["times"]}}
+            correct = checks.get(m["file"], {}).get("status") == "ok" and r["checks"].get(v, {}).get("ok", False)
+            case = {"experts": m["experts"], "N": m["N"], "K": m["K"], "dtype": m["dtype"], "shape": m["shape"],
+                    "variant": v, "tokens": r["tokens"], "routing": r["routing"], "kind": "decode",
+                    **{k: r[k] for k in ("max_tokens", "batch", "topk", "active_experts", "sets")},
+                    "step_check": r["checks"].get(v),
+                    "ratio_to_baseline": base_ms / mine["graph_ms"] if base_ms and mine.get("graph_ms") else None}
+            rows.append(row(case, correct, times, m["layout"], DECODE_PEERS[m["layout"]]))
+    return rows
+
+
+def decode_summary(rows: list[dict]) -> dict:
+    """Per layout and variant: geomeans (and least) of the ratio to torch._grouped_mm, to the best
+    peer (issue 33's decode target: >= 1.05 at <= 256 tokens) and to the narrow module."""
+    def stats(values):
+        values = [v for v in values if v]
+        return {"geomean": math.exp(statistics.fmean(map(math.log, values))) if values else None,
+                "min": min(values) if values else None}
+
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r["layout"], {}).setdefault(r["variant"], []).append(r)
+    return {layout: {v: {"cases": len(rs), "correct": sum(r["correct"] for r in rs),
+                         "to_grouped_mm": stats(r["ratio_to_grouped_mm"] for r in rs),
+                         "to_best_peer": stats(r["ratio_to_best_peer"] for r in rs),
+                         "to_baseline": stats(r["ratio_to_baseline"] for r in rs)} for v, rs in by.items()}
+            for layout, by in out.items()}
+
+
+def run_decode(folder, out, plan: dict) -> int:
+    """run for a DIR of prepare --decode: every module checked (the layouts' check jobs), then each
+    (layout, shape)'s variants timed together at decode steps; rows with ``variant``."""
+    sampler, start = Sampler(), time.time()
+    modules = plan["modules"]
+    job = "benchmarks.grouped_check:"
+    checks: dict = {}
+    timed: list = []
+    try:
+        for layout, name in (("contiguous", "check_job"), ("masked", "masked_check_job")):
+            mine = [m for m in modules if m["layout"] == layout]
+            results = isolate.run_batch(job + name, [str(folder / m["file"]) for m in mine], timeout=CHECK_TIMEOUT,
+                                        explain=False)
+            checks.update({m["file"]: r for m, r in zip(mine, results)})
+        groups = [[m for m in g if checks[m["file"]].get("status") == "ok"] for g in decode_groups(modules)]
+        groups = [g for g in groups if g]
+        items = ["#".join(str(folder / m["file"]) for m in g) for g in groups]
+        timed = isolate.run_batch(job + "decode_time_job", items, timeout=TIME_TIMEOUT, explain=False)
+    finally:
+        sampler.stop()
+    rows = []
+    for g, t in zip(groups, timed):
+        rows += decode_rows(g, checks, t)
+    failures = [{"file": f, "check": c} for f, c in checks.items() if c.get("status") != "ok"]
+    failures += [{"group": [m["file"] for m in g], "time": t} for g, t in zip(groups, timed) if t.get("status") != "ok"]
+    for f in failures:
+        m = next((m for m in modules if m["file"] == f.get("file")), {})
+        rows.append(row({"experts": m.get("experts"), "N": m.get("N"), "K": m.get("K"), "dtype": m.get("dtype"),
+                         "shape": m.get("shape"), "variant": m.get("variant"), "tokens": None, "routing": None,
+                         "kind": "failure", "detail": json.dumps(f)[:4000]}, False, {}, m.get("layout", "masked")))
+    result = {"format": FORMAT, "gpu": harness.gpu_info(), **harness.run_info(),
+              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+              "summary": {"modules": len(modules), "correct_modules": sum(c.get("status") == "ok" for c in checks.values()),
+                          "by_variant": decode_summary([r for r in rows if r["kind"] == "decode"])},
+              "checks": checks, "rows": rows}
+    files.write_json(out, result)
+    for r in rows:
+        if r["kind"] == "decode":
+            print(f"{r['layout']:10s} {r['shape']:11s} {r['variant']:11s} tokens={r['tokens']:4d} {r['routing']:8s} "
+                  f"correct={r['correct']} x grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f} x best "
+                  f"{r['ratio_to_best_peer'] or 0:.3f} x {DECODE_BASELINE} {r['ratio_to_baseline'] or 0:.3f}")
+    print(json.dumps(result["summary"]), f"{result['seconds']:.0f} s; wrote {out}")
+    return 0
+
+
 # -- run (GPU box) ------------------------------------------------------------------------------------
 MASKED_PEERS = ("grouped_mm", "bmm", "expert_loop")
 
@@ -818,6 +1055,8 @@ def run(folder, out, layouts=LAYOUTS) -> int:
         return 2
     if "pack" in plan:
         return run_pack(folder, out, plan)
+    if plan.get(DECODE):
+        return run_decode(folder, out, plan)
     sampler, start = Sampler(), time.time()
     modules = [m for m in plan["modules"] if m.get("layout", "contiguous") in layouts]
     paths = [str(folder / m["file"]) for m in modules]
@@ -863,6 +1102,8 @@ def main(argv=None) -> int:
     pr.add_argument("out")
     pr.add_argument("--pack", action="store_true", help="a kernel pack of the SHAPES' weights instead (pack build "
                                                           "--grouped); run serves it through the front doors")
+    pr.add_argument("--decode", action="store_true", help="the decode variants instead (swap AB, the warp scan, "
+                                                            "the 64x128 module); run times them side by side")
     r = sub.add_parser("run", help="GPU box: check, capture and time every module of DIR")
     r.add_argument("folder")
     r.add_argument("--out", default="grouped_check.json")
@@ -870,7 +1111,9 @@ def main(argv=None) -> int:
                    help="the modules of one layout only (masked: about 2 minutes on an H100)")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        return prepare_pack(a.out) if a.pack else prepare(a.out)
+        if a.pack and a.decode:
+            p.error("prepare: --pack or --decode, not both")
+        return prepare_pack(a.out) if a.pack else prepare_decode(a.out) if a.decode else prepare(a.out)
     if "grouped" not in Path(a.out).name:
         p.error(f"--out {a.out}: the results file's name must contain 'grouped' (issue 33's results format)")
     return run(a.folder, a.out, LAYOUTS if a.layout == "both" else (a.layout,))

@@ -272,6 +272,9 @@ def test_train_dry_run_gives_torchs_curve_where_the_layers_are_torchs(e2e):
     assert row["phase"] == "train" and row["tokens"] == 32 and row["loss_ok"] is True
     assert row["losses"]["ours"] == row["losses"]["torch"] and row["losses"]["yardstick"] != row["losses"]["torch"]
     assert row["loss_rule"]["drift"] == 0.0 and row["final_loss_torch"] < row["first_loss"]
+    # step times from the blocks after warm-up, each between synchronisations: finite for every model
+    assert row["timing"] == e2e.TRAIN_TIMING and doc["train"]["steps"] - doc["train"]["warmup"] >= e2e.TRAIN_BLOCK
+    assert all(0 < row[f"{n}_step_ms"] < float("inf") for n in ("torch", "ours", "yardstick"))
 
 
 class _StubPack:

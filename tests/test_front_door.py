@@ -598,3 +598,17 @@ def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypat
     with pytest.raises(ModuleInputError, match="A is on cpu"):  # the checked path
         front.matmul(A, B, out)
     assert len(kernel.seen) == 2
+
+
+def test_torch_linear_writes_a_times_b_transposed_plus_bias_into_out():
+    """The fast path's launch of torch's route (``aten::linear.out``): D = A . B^T (+ bias) written
+    into the caller's ``out``, for a contiguous B and for B given as a transposed view."""
+
+    g = torch.Generator().manual_seed(5)
+    a, b, bias = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((5, 7), (3, 7), (3,)))
+    for w in (b, b.t().contiguous().t()):
+        d = torch.full((5, 3), float("nan"), dtype=torch.float64)
+        front.torch_linear(a, w, d)
+        assert torch.allclose(d, a @ b.T)
+        front.torch_linear(a, w, d, bias)
+        assert torch.allclose(d, a @ b.T + bias)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gemm_ladder import make_config
+
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "grouped_check.py"
 
 
@@ -187,3 +189,56 @@ def test_run_sends_each_layout_to_its_jobs_and_times_only_what_was_right(gc, tmp
     calls.clear()
     assert gc.main(["run", str(tmp_path), "--out", str(out), "--layout", "masked"]) == 0
     assert [c[0] for c in calls] == ["masked_check_job", "masked_time_job"]
+
+
+def test_the_decode_plan_builds_every_variant_of_each_shape_in_both_layouts(gc):
+    plan = gc.decode_plan()
+    for layout in gc.LAYOUTS:
+        for shape in gc.DECODE_SHAPES:
+            assert {v for lay, name, *_, v in plan if (lay, name) == (layout, shape)} == set(gc.DECODE_VARIANTS)
+    assert len(plan) == len(set(plan))
+    # every module the plan names is one v12 builds (the validator refuses none)
+    for layout, _, E, N, K, dtype, variant in plan:
+        make_config("v12", gc.BUILD_M, N, K, experts=E, dtype=dtype, layout=layout,
+                    spec=gc.spec_of_dtype(dtype).text(), **gc.DECODE_VARIANTS[variant])
+
+
+def test_decode_groups_put_the_baseline_first_and_leave_the_odd_shape_out(gc):
+    modules = [{"layout": lay, "shape": name, "variant": v, "file": f"{lay}_{name}_{v}.so"}
+               for lay, name, *_, v in gc.decode_plan()]
+    groups = gc.decode_groups(modules)
+    assert len(groups) == len(gc.LAYOUTS) * len(gc.DECODE_SHAPES)
+    assert all(g[0]["variant"] == gc.DECODE_BASELINE and len(g) == len(gc.DECODE_VARIANTS) for g in groups)
+    assert all(m["shape"] != "odd" for g in groups for m in g)
+    assert gc.variant_of("grouped_decode_mixtral_bfloat16_masked_narrow_scan") == "narrow_scan"
+    assert gc.variant_of("grouped_decode_mixtral_bfloat16_masked_narrow") == "narrow"
+
+
+def test_decode_sets_spill_the_l2_with_the_active_weights(gc):
+    l2 = 50 << 20
+    # Qwen-MoE-like, 8 active experts of 1408x2048 (46 MB): one set would stay in L2
+    n = gc.decode_sets(64, 8, 1408, 2048, l2)
+    assert n * 8 * 1408 * 2048 * 2 >= 3 * l2 and n >= 2
+    assert gc.decode_sets(256, 200, 2048, 7168, l2) == 2
+
+
+def test_decode_rows_carry_the_variant_and_its_ratio_to_the_baseline(gc):
+    group = [{"layout": "masked", "shape": "mixtral", "experts": 8, "N": 14336, "K": 4096, "dtype": "bfloat16",
+              "variant": v, "file": f"{v}.so"} for v in ("narrow", "swap16")]
+    checks = {"narrow.so": {"status": "ok"}, "swap16.so": {"status": "ok"}}
+    timing = {"rows": [{"tokens": 64, "max_tokens": 32, "batch": 32, "topk": 2, "routing": "zipf",
+                        "active_experts": 8, "sets": 2,
+                        "checks": {"narrow": {"ok": True}, "swap16": {"ok": False}},
+                        "times": {"ours:narrow": {"graph_ms": 0.3}, "ours:swap16": {"graph_ms": 0.2},
+                                  "grouped_mm": {"graph_ms": 0.33}, "bmm": {"graph_ms": 0.4},
+                                  "expert_loop": {"graph_ms": 0.6}}}]}
+    rows = gc.decode_rows(group, checks, timing)
+    assert [r["variant"] for r in rows] == ["narrow", "swap16"]
+    narrow, swap = rows
+    assert narrow["correct"] and not swap["correct"]  # the step's own check failed
+    assert swap["ratio_to_baseline"] == pytest.approx(1.5) and narrow["ratio_to_baseline"] == pytest.approx(1.0)
+    assert swap["ratio_to_grouped_mm"] == pytest.approx(1.65)
+    assert swap["ratio_to_best_peer"] == pytest.approx(1.65)  # grouped_mm was the fastest peer
+    summary = gc.decode_summary(rows)
+    assert summary["masked"]["swap16"]["to_baseline"]["geomean"] == pytest.approx(1.5)
+    assert summary["masked"]["swap16"]["correct"] == 0

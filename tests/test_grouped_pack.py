@@ -31,10 +31,13 @@ MIXTRAL = (8, 14336, 4096)
 def test_a_grouped_weight_gets_a_decode_and_a_prefill_module(layout, top):
     decode, prefill = plan.grouped_choices(*MIXTRAL, "bfloat16", layout)
     assert decode.tokens == (1, top) and prefill.tokens == (top + 1, plan.GROUPED_MAX_TOKENS)
-    assert decode.choice.knobs["blk_m"] == 64 and "blk_m" not in prefill.choice.knobs  # v12's 128-row default
+    # decode: swap AB, 32-token tiles for 8 experts (a quarter of a top-2 batch each), and the warp scan
+    assert decode.choice.knobs["swap_ab"] and decode.choice.knobs["warp_scan"] and decode.choice.knobs["blk_m"] == 32
+    assert decode.choice.rule == "grouped-decode-swap" and not decode.choice.measured  # until the GPU check
+    assert "blk_m" not in prefill.choice.knobs and prefill.choice.measured  # v12's 128-row default
     for g in (decode, prefill):
         assert g.choice.rung == "v12" and g.choice.knobs["layout"] == layout and g.choice.knobs["experts"] == 8
-        assert g.choice.measured and "grouped_true" in g.choice.knobs["spec"]
+        assert "grouped_true" in g.choice.knobs["spec"]
         # the evidence the rule cites is committed
         cited = [w.strip("[];:,") for w in g.choice.why.split() if w.startswith("[benchmarks/")]
         assert cited and all((REPO / c).exists() for c in cited), g.choice.why
@@ -44,6 +47,15 @@ def test_the_contiguous_split_follows_the_rows_an_expert_holds():
     """64 rows an expert on average: 512 rows of A for 8 experts, 16384 for 256."""
     assert plan.grouped_choices(256, 2048, 7168, "bfloat16")[0].tokens == (1, 64 * 256)
     assert plan.grouped_choices(8, 14336, 4096, "bfloat16")[0].tokens == (1, 512)
+
+
+def test_many_experts_get_16_token_swap_tiles_and_a_refused_swap_falls_back_to_64x128(monkeypatch):
+    decode = plan.grouped_choices(256, 2048, 7168, "bfloat16", "masked")[0].choice
+    assert decode.knobs["swap_ab"] and decode.knobs["blk_m"] == 16 and "256 experts: 16-token tiles" in decode.why
+    monkeypatch.setattr(plan, "GROUPED_SWAP_KNOBS", {**plan.GROUPED_SWAP_KNOBS, "num_warpgroups": 3})
+    decode = plan.grouped_choices(*MIXTRAL, "bfloat16", "masked")[0].choice
+    assert decode.rule == "grouped-decode" and decode.knobs["blk_m"] == 64 and "swap_ab" not in decode.knobs
+    assert any("grouped-decode-swap" in s and "num_warpgroups=3" in s for s in decode.skipped), decode.skipped
 
 
 def test_a_weight_v12_refuses_is_refused_by_name():
@@ -103,9 +115,10 @@ def test_a_built_pack_checks_and_finds_by_token_count(moe_pack):
     small = pk.find_grouped("contiguous", *MIXTRAL, "bfloat16", "sm_90a", 64)
     large = pk.find_grouped("contiguous", *MIXTRAL, "bfloat16", "sm_90a", 8192)
     assert small.fit == large.fit == "tuned-range"
-    assert small.entry["choice"]["rule"] == "grouped-decode" and large.entry["choice"]["rule"] == "grouped-prefill"
+    assert small.entry["choice"]["rule"] == "grouped-decode-swap" and large.entry["choice"]["rule"] == "grouped-prefill"
     assert pk.find_grouped("masked", *MIXTRAL, "bfloat16", "sm_90a", 300).entry["choice"]["rule"] == "grouped-prefill"
-    assert pk.find_grouped("masked", *MIXTRAL, "bfloat16", "sm_90a", 256).entry["choice"]["rule"] == "grouped-decode"
+    assert pk.find_grouped("masked", *MIXTRAL, "bfloat16", "sm_90a", 256).entry["choice"]["rule"] == \
+        "grouped-decode-swap"
     assert pk.find_grouped("contiguous", *MIXTRAL, "float16", "sm_90a", 64) is None  # another dtype
     assert pk.find_grouped("contiguous", 16, 14336, 4096, "bfloat16", "sm_90a", 64) is None  # another E
     # a dense lookup of the same N and K never gets a grouped module
@@ -164,9 +177,10 @@ def test_the_front_doors_take_the_pack_module_for_the_token_count(moe_pack, gpu_
     decode = grouped.route_of(*MIXTRAL, "bfloat16", 0, 64)
     prefill = grouped.route_of(*MIXTRAL, "bfloat16", 0, 4096)
     assert decode.source == prefill.source == "kernel pack"
-    assert "m64n128" in decode.lines[0] and "m128n256" in prefill.lines[0] and "layout=contiguous" in decode.lines[0]
+    assert "m32n128" in decode.lines[0] and "swapabTrue" in decode.lines[0] and "m128n256" in prefill.lines[0]
+    assert "layout=contiguous" in decode.lines[0]
     assert str(moe_pack) in decode.lines[1] and "rows of A in its range 1..512" in decode.lines[2]
-    assert "64x128 tiles" in decode.lines[2] and "64x128" not in prefill.lines[2]
+    assert "swap AB" in decode.lines[2] and "swap AB" not in prefill.lines[2]
     masked = grouped_masked.route_of(*MIXTRAL, "bfloat16", 0, False, 32)
     assert masked.source == "kernel pack" and "layout=masked" in masked.lines[0] and "max_tokens in its" in masked.lines[2]
     # the masked route launches the pack's module with A and D viewed [E * max_tokens, ...]
@@ -262,7 +276,8 @@ def test_build_a_small_grouped_pack(tmp_path, monkeypatch):
         assert own["rung"] == "v12" and own["launch"]["layout"] == "masked" and own["launch"]["experts"] == 4
     few = pk.find_grouped("masked", 4, 256, 128, "float16", "sm_90a", 8)
     many = pk.find_grouped("masked", 4, 256, 128, "float16", "sm_90a", 1000)
-    assert read_manifest(few.path)["knobs"]["blk_m"] == 64 and read_manifest(many.path)["knobs"]["blk_m"] == 128
+    assert read_manifest(few.path)["knobs"]["blk_m"] == 32 and read_manifest(many.path)["knobs"]["blk_m"] == 128
+    assert read_manifest(few.path)["launch"]["swap_ab"] is True and "swap_ab" not in read_manifest(many.path)["launch"]
 
 
 # -- benchmarks/grouped_check.py's pack mode (the pure parts; run is the GPU's) ------------------------
@@ -292,7 +307,7 @@ def test_the_gpu_check_gives_every_pack_module_a_count_it_serves(gc):
         assert folder == "/x/pack" and back == {k: c[k] for k in back}
     # the cases of one weight and layout land on different modules
     mixtral = [c for c in cases if c["experts"] == 8 and c["layout"] == "contiguous"]
-    assert sorted(c["rule"] for c in mixtral) == ["grouped-decode", "grouped-prefill"]
+    assert sorted(c["rule"] for c in mixtral) == ["grouped-decode-swap", "grouped-prefill"]
     assert len({c["file"] for c in mixtral}) == 2
 
 

@@ -723,6 +723,15 @@ GROUPED = "benchmarks/results/2026-11-26_h100_grouped/README.md"
 GROUPED_MASKED = "benchmarks/results/2026-11-26_h100_grouped_masked/README.md"
 GROUPED_RUNG = "v12"
 GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_depth": 8}
+# The decode module since issue 33's decode follow-up: swap AB (W's 128 rows of a tile in wgmma's 64-row
+# slot over two consumers, an expert's tokens its N) and the warp scan of the routing. The tile streams
+# W once at full width whatever the count, and no MMA work or A traffic is spent on 64-row tiles of 1-8
+# tokens; blk_m (tokens a tile): 32 where experts are few (Mixtral-like: top-2 of 8 gives an expert a
+# quarter of the batch), 16 where they are many (top-8 of 64-256: a few tokens each). NOT YET MEASURED:
+# the 64x128 module above stays the fallback where the validator refuses the swap, and
+# benchmarks/grouped_check.py prepare --decode times both side by side (the rule follows its results).
+GROUPED_SWAP_KNOBS = {"swap_ab": True, "blk_n": 128, "num_warpgroups": 2, "pipe_depth": 8, "warp_scan": True}
+GROUPED_SWAP_FEW_EXPERTS = 16  # blk_m 32 up to this many experts, 16 past it
 GROUPED_DECODE_ROWS = 64  # contiguous: the decode module up to 64 rows an expert on average (M <= 64 E)
 GROUPED_DECODE_SLOT = 256  # masked: the decode module up to max_tokens = 256
 GROUPED_MAX_TOKENS = 1 << 20  # the top of the token range a pack plans (contiguous rows of A, masked slot)
@@ -762,13 +771,24 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
              if layout == "contiguous" else f"max_tokens <= {GROUPED_DECODE_SLOT}")
     prefill = Choice(GROUPED_RUNG, base, "rule", "grouped-prefill", f"{GROUPED_RUNG} at its 128x256 defaults past "
                      f"{bound} [{GROUPED}: 0.96-1.17x torch._grouped_mm, 64-8192 tokens]", measured=True)
+    swap_m = 32 if E <= GROUPED_SWAP_FEW_EXPERTS else 16
+    swap_knobs = {**base, **GROUPED_SWAP_KNOBS, "blk_m": swap_m}
+    if (swapped := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), swap_knobs)) is None:
+        decode = Choice(GROUPED_RUNG, swap_knobs, "rule", "grouped-decode-swap",
+                        f"{GROUPED_RUNG} with swap AB ({swap_m} tokens x 128 W rows a tile, two consumers, an 8-deep "
+                        f"ring, the warp scan) while {bound}: decode streams the weights, and a swapped tile reads "
+                        f"them once at full width with no MMA work on rows an expert lacks ({E} experts: "
+                        f"{swap_m}-token tiles); not measured yet, the 64x128 module's record: [{evidence}]")
+        return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
     decode_knobs = {**base, **GROUPED_DECODE_KNOBS}
+    passed = (f"rule 'grouped-decode-swap' ({GROUPED_RUNG} swap AB {swap_m}x128): {swapped}",)
     if (refused := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), decode_knobs)) is not None:
-        skipped = (f"rule 'grouped-decode' ({GROUPED_RUNG} 64x128): {refused}",)
+        skipped = passed + (f"rule 'grouped-decode' ({GROUPED_RUNG} 64x128): {refused}",)
         return [GroupedChoice(dataclasses.replace(prefill, why=f"{GROUPED_RUNG} at its 128x256 defaults for every "
                                                   f"token count [{GROUPED}]", skipped=skipped),
                               (1, GROUPED_MAX_TOKENS))]
     decode = Choice(GROUPED_RUNG, decode_knobs, "rule", "grouped-decode",
                     f"{GROUPED_RUNG} with 64x128 tiles, one consumer, an 8-deep ring while {bound}: few rows an "
-                    f"expert, weight-bound [{evidence}: won at every decode batch of 3 MoE shapes]", measured=True)
+                    f"expert, weight-bound [{evidence}: won at every decode batch of 3 MoE shapes]", skipped=passed,
+                    measured=True)
     return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]

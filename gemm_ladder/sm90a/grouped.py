@@ -84,8 +84,8 @@ from ..core import budget
 from ..core.config import ConfigError, GemmConfig
 from ..sync.classes import MBarrier, TMABar
 from . import common, epilogue
-from .common import WG_M, HopperPlan
-from .epilogue import ChunkedEpilogue
+from .common import WG_M, HopperPlan, SwapPlan
+from .epilogue import ChunkedEpilogue, TransposedEpilogue
 from .mainloop import Consumer
 from .producer import Producer
 from .ring import Ring
@@ -174,6 +174,56 @@ def masked_tables(counts, M: int, blk_m: int, n_tiles: int) -> tuple[list[int], 
     return ends, tile_end
 
 
+SCAN_LANES = 32  # warp_scan: the lanes that scan the routing, each over one chunk of experts
+
+
+def scan_chunk(experts: int) -> int:
+    """Experts a lane of the warp scan owns: ``ceil(E / 32)``, lane l the experts from ``l * chunk``."""
+    return -(-max(1, experts) // SCAN_LANES)
+
+
+def warp_scan_tables(offs, M: int, blk_m: int, n_tiles: int, masked: bool = False) -> tuple[list[int], list[int]]:
+    """(ends, tile_end) as the kernel's ``warp_scan`` prologue makes them, pass by pass: 32 lanes,
+    each over its chunk of ``scan_chunk(E)`` experts, with the lanes' partial results meeting in
+    shared memory between passes (a CTA barrier each). Equal to :func:`tables` (contiguous) and
+    :func:`masked_tables` for every routing; the tests hold them to it.
+
+    contiguous: pass 1, each lane's running max of its offsets (``part_max``); pass 2, the max of
+    the lanes before it (its carry) clamps its ends into [carry, M] and counts its tiles
+    (``part_tiles``); pass 3, the tile counts of the lanes before it added. masked: pass 1 clamps
+    the counts and counts the tiles (no expert depends on another), pass 2 adds the carry."""
+    E, chunk = len(offs), scan_chunk(len(offs))
+    lanes = [range(lane * chunk, min(E, lane * chunk + chunk)) for lane in range(SCAN_LANES)]
+    ends, tile_end = [int(o) for o in offs], [0] * E
+    part_max, part_tiles = [0] * SCAN_LANES, [0] * SCAN_LANES
+    max_tokens = M // max(1, E)
+    for lane, mine in enumerate(lanes):  # pass 1
+        run = 0
+        for e in mine:
+            if masked:
+                rows = min(max(ends[e], 0), max_tokens)
+                run += tiles_over(rows, blk_m) * n_tiles
+                ends[e], tile_end[e] = e * max_tokens + rows, run
+            else:
+                run = max(run, ends[e])
+                ends[e] = run
+        (part_tiles if masked else part_max)[lane] = run
+    if not masked:
+        for lane, mine in enumerate(lanes):  # pass 2
+            carry = max([0] + part_max[:lane])
+            prev, run = min(carry, M), 0
+            for e in mine:
+                end = min(max(ends[e], carry), M)
+                run += tiles_over(end - prev, blk_m) * n_tiles
+                ends[e], tile_end[e], prev = end, run, end
+            part_tiles[lane] = run
+    for lane, mine in enumerate(lanes):  # the last pass: the tiles of the lanes before
+        carry = sum(part_tiles[:lane])
+        for e in mine:
+            tile_end[e] += carry
+    return ends, tile_end
+
+
 def locate(tile_end: list[int], t: int) -> int:
     """The expert of tile ``t``: how many experts end at or before it (the kernel's branchless
     binary search)."""
@@ -221,6 +271,7 @@ class Walk:
     group: int
     masked: bool = False  # the masked layout: ends from counts, expert e's first row e * max_tokens
     max_tokens: object = None  # rows an expert owns in the masked layout (M // E, at run time)
+    part: object = None  # warp_scan: int32[2 * 32], each scanning lane's running max, then its tiles
 
     def total(self):
         return self.tile_end[self.experts - 1]
@@ -257,6 +308,69 @@ def fill_tables(w, offs, M, tid, threads):
             w.ends[e] = run[2]
             w.tile_end[e] = run[1]
             run[0] = run[2]
+
+
+@T.inline
+def fill_tables_warp(w, offs, M, tid, threads):
+    """Prologue with ``warp_scan``: :func:`warp_scan_tables` (its model) on the device. Every thread
+    loads its experts' offsets into ``ends``; then lanes 0..31 of the producer's first warp scan a
+    chunk of ``scan_chunk(E)`` experts each, unrolled, their partial results meeting in ``part``
+    at CTA barriers (every thread takes part: the others wait for the tables anyway). Depth: three
+    chunks and two 31-load carries where thread 0's pass is E dependent steps (at E = 256: about
+    60 against 256)."""
+    for i in T.serial((w.experts + threads - 1) // threads):
+        if i * threads + tid < w.experts:
+            w.ends[i * threads + tid] = offs[i * threads + tid]
+    T.cuda.cta_sync()
+    chunk = T.meta_var(scan_chunk(w.experts))
+    first = T.meta_var(tid * chunk)  # this lane's first expert
+    if tid < SCAN_LANES:
+        # pass 1: masked, clamp each count and count the lane's tiles; contiguous, its running max
+        s1 = T.alloc_local((2,), "int32")
+        s1[0] = 0
+        for j in T.unroll(chunk):
+            if first + j < w.experts:
+                if w.masked:
+                    s1[1] = T.min(T.max(w.ends[first + j], 0), w.max_tokens)
+                    s1[0] = s1[0] + tiles_over(s1[1], w.blk_m) * w.n_tiles
+                    w.ends[first + j] = (first + j) * w.max_tokens + s1[1]
+                    w.tile_end[first + j] = s1[0]
+                else:
+                    s1[0] = T.max(s1[0], w.ends[first + j])
+                    w.ends[first + j] = s1[0]
+        if w.masked:
+            w.part[SCAN_LANES + tid] = s1[0]
+        else:
+            w.part[tid] = s1[0]
+    T.cuda.cta_sync()
+    if not w.masked:
+        if tid < SCAN_LANES:
+            # pass 2: the lanes before this one give the carry of the max; clamp into [carry, M], count
+            # s2: carry, the end before, the tiles so far, this expert's end
+            s2 = T.alloc_local((4,), "int32")
+            s2[0] = 0
+            for lane in T.unroll(SCAN_LANES - 1):
+                s2[0] = T.max(s2[0], T.Select(lane < tid, w.part[lane], 0))
+            s2[1] = T.min(s2[0], M)
+            s2[2] = 0
+            for j in T.unroll(chunk):
+                if first + j < w.experts:
+                    s2[3] = T.min(T.max(w.ends[first + j], s2[0]), M)
+                    s2[2] = s2[2] + tiles_over(s2[3] - s2[1], w.blk_m) * w.n_tiles
+                    w.ends[first + j] = s2[3]
+                    w.tile_end[first + j] = s2[2]
+                    s2[1] = s2[3]
+            w.part[SCAN_LANES + tid] = s2[2]
+        T.cuda.cta_sync()
+    if tid < SCAN_LANES:
+        # the last pass: the tiles of the lanes before this one
+        s3 = T.alloc_local((1,), "int32")
+        s3[0] = 0
+        for lane in T.unroll(SCAN_LANES - 1):
+            s3[0] = s3[0] + T.Select(lane < tid, w.part[SCAN_LANES + lane], 0)
+        for j in T.unroll(chunk):
+            if first + j < w.experts:
+                w.tile_end[first + j] = w.tile_end[first + j] + s3[0]
 
 
 @T.inline
@@ -301,8 +415,40 @@ def rows_to_global(plan, Dreg, D, m0, n0, row0, row_end, warp_id, lane_id):
                     D[gr, gc + v] = T.cast(Dreg[mi * plan.acc_stride + 2 * p + v], plan.cfg.dtype)
 
 
+@T.inline
+def rows_to_global_swapped(plan, Dreg, D, m0, n0, col0, row_end, warp_id, lane_id):
+    """Swap AB: a tile straight from one consumer's D^T accumulators to D, guarded by the expert's
+    end row (``row_end``) and D's N. Register r of atom a holds D^T[n, m] at the fragment's (row,
+    col) = (n, m), so each is one 2-byte store to D[m0 + m, n0 + col0 + 64 a + n]: a warp's store
+    covers 4 tokens x 8 adjacent columns (16 bytes a row). Decode's D is a few rows an expert,
+    small beside the weight the tile streams."""
+    for a in T.unroll(plan.m_atoms):
+        for r in T.unroll(plan.n_regs):
+            n, m = T.meta_var(layouts.acc_fragment_coord(r, warp_id, lane_id))
+            gr = T.meta_var(m0 + m)
+            gc = T.meta_var(n0 + col0 + a * WG_M + n)
+            if T.And(gr < row_end, gc < D.shape[1]):
+                D[gr, gc] = T.cast(Dreg[a * plan.acc_stride + r], plan.cfg.dtype)
+
+
 def experts_of(cfg: GemmConfig) -> int:
     return int(dict(cfg.extra)["experts"])
+
+
+def swap_ab(cfg: GemmConfig) -> bool:
+    """v12's ``swap_ab`` knob: W's rows in wgmma's 64-row slot, an expert's tokens its N."""
+    return bool(dict(cfg.extra).get("swap_ab", False))
+
+
+def warp_scan(cfg: GemmConfig) -> bool:
+    """v12's ``warp_scan`` knob: the routing's tables made by 32 lanes (:func:`fill_tables_warp`)."""
+    return bool(dict(cfg.extra).get("warp_scan", False))
+
+
+def plan_of(cfg: GemmConfig) -> HopperPlan:
+    """The kernel's plan: a ``SwapPlan`` with ``swap_ab`` (blk_m tokens as wgmma's N, blk_n W rows
+    over the consumers), else v9's."""
+    return SwapPlan(cfg) if swap_ab(cfg) else HopperPlan(cfg)
 
 
 def layout_of(cfg: GemmConfig) -> str:
@@ -363,15 +509,21 @@ def launch(cfg: GemmConfig) -> dict:
     """Persistent CTAs (as many as the SMs), a producer warpgroup beside the consumers, M at run
     time; the tables' 8 bytes an expert on top of the ring and the staging."""
     info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=1)
-    tables_bytes = 2 * 4 * experts_of(cfg)
+    tables_bytes = 2 * 4 * experts_of(cfg) + (2 * 4 * SCAN_LANES if warp_scan(cfg) else 0)
+    # swap AB stages the whole blk_m x blk_n tile (TransposedEpilogue), where the budget counts epi_n chunks
+    staging_more = max(0, cfg.blk_m * cfg.blk_n * cfg.elem_bytes - budget.out_bytes(cfg)) if swap_ab(cfg) else 0
+    extra = {"swap_ab": True} if swap_ab(cfg) else {}
+    extra.update({"warp_scan": True} if warp_scan(cfg) else {})
     return {**info, "threads": info["threads"] + common.THREADS_PER_WG, "dynamic_m": True,
-            "smem_bytes": info["smem_bytes"] + tables_bytes, "experts": experts_of(cfg), "layout": layout_of(cfg)}
+            "smem_bytes": info["smem_bytes"] + tables_bytes + staging_more, "experts": experts_of(cfg),
+            "layout": layout_of(cfg), **extra}
 
 
 def kernel(cfg: GemmConfig):
     """The grouped kernel for ``cfg`` (validated by ``rungs.make_config``), a ``T.prim_func``:
     ``(a [M, K], b [E * N, K], d [M, N], num_ctas, offsets [E] int32)``."""
-    plan = HopperPlan(cfg)
+    plan = plan_of(cfg)
+    swapped, scan_by_warp = swap_ab(cfg), warp_scan(cfg)
     M = tirx.Var("M", "int32")
     N, K, dtype, E = cfg.N, cfg.K, cfg.dtype, experts_of(cfg)
     BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
@@ -381,11 +533,14 @@ def kernel(cfg: GemmConfig):
     threads = common.THREADS_PER_WG * (consumers + 1)
     releases = 4 * consumers  # every consumer warp frees a stage
     regs = common.role_registers(consumers)
-    rows_per_wg = plan.rows_per_wg
+    rows_per_wg = plan.rows_per_wg  # of the tile's A rows; swap AB: of its W rows
     A_layout, B_layout = plan.ab_layouts(stages)
     chunk_cols = dict(cfg.extra)["epi_n"]
     buffers = 2 if chunk_cols < BLK_N else 1
-    staging_shape = (consumers * buffers, rows_per_wg, chunk_cols)
+    if swapped:
+        staging_shape = (consumers, BLK_M, rows_per_wg)  # one D band per consumer (TransposedEpilogue)
+    else:
+        staging_shape = (consumers * buffers, rows_per_wg, chunk_cols)
     E_layout = epilogue.staging_layout(cfg, *staging_shape)
     n_tiles = -(-N // BLK_N)
     masked = layout_of(cfg) == "masked"
@@ -408,10 +563,16 @@ def kernel(cfg: GemmConfig):
         # after the tiles (before them they would pass the 1 KiB the barriers leave from 121 experts)
         ends = pool.alloc((E,), "int32")  # each expert's end row, clamped
         tile_end = pool.alloc((E,), "int32")  # work units through each expert
+        if scan_by_warp:
+            part = pool.alloc((2 * SCAN_LANES,), "int32")  # the scanning lanes' partial results
         pool.commit()
         w = T.meta_var(Walk(ends=ends, tile_end=tile_end, experts=E, blk_m=BLK_M, blk_n=BLK_N, n=N, n_tiles=n_tiles,
-                            group=cfg.l2_group_size, masked=masked, max_tokens=T.truncdiv(M, E)))
-        fill_tables(w, offsets, M, wg_id * common.THREADS_PER_WG + warp_id * 32 + lane_id, threads)
+                            group=cfg.l2_group_size, masked=masked, max_tokens=T.truncdiv(M, E),
+                            part=part if scan_by_warp else None))
+        if scan_by_warp:
+            fill_tables_warp(w, offsets, M, wg_id * common.THREADS_PER_WG + warp_id * 32 + lane_id, threads)
+        else:
+            fill_tables(w, offsets, M, wg_id * common.THREADS_PER_WG + warp_id * 32 + lane_id, threads)
         ring.init(releases=releases)
         # the barrier inits (and thread 0's tables) visible to the async proxy and every thread
         T.ptx.fence.mbarrier_init.release.cluster()
@@ -439,11 +600,17 @@ def kernel(cfg: GemmConfig):
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
             at = T.alloc_local((7,), "int32")
-            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Asmem, b_smem=Bsmem, acc=Dreg, desc_a=desc_a,
+            # swap AB: W's rows (Bsmem) are wgmma's 64-row operand, the tokens (Asmem) its N
+            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if swapped else Asmem,
+                                      b_smem=Asmem if swapped else Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
-            epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
-                                             warp_id=warp_id, lane_id=lane_id, packed=packed,
-                                             chunk_cols=chunk_cols, buffers=buffers))
+            if swapped:
+                epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
+                                                    warp_id=warp_id, lane_id=lane_id, packed=packed))
+            else:
+                epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
+                                                 warp_id=warp_id, lane_id=lane_id, packed=packed,
+                                                 chunk_cols=chunk_cols, buffers=buffers))
             it: T.int32 = 0  # K slices consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             t: T.int32 = cta
@@ -451,7 +618,14 @@ def kernel(cfg: GemmConfig):
                 locate_tile(w, t, at)
                 mma.run(it, slices_per_tile)
                 it = it + slices_per_tile
-                if at[1] + BLK_M <= at[2]:
+                if swapped:
+                    if at[1] + BLK_M <= at[2]:
+                        # a whole tile of the expert's tokens: D^T staged as D, 64-column TMA stores
+                        epi.store_tile(Dreg, at[1], at[3])
+                    else:
+                        # the expert's last token tile (in decode, most tiles): guarded stores
+                        rows_to_global_swapped(plan, Dreg, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
+                elif at[1] + BLK_M <= at[2]:
                     # a whole tile of the expert's rows: v9's chunked TMA stores
                     epi.store_tile(Dreg, at[1], at[3], epi_it)
                     epi_it = epi_it + epi.chunks_per_tile

@@ -64,10 +64,14 @@ class GroupedKnobs:
     tile_order: str = "grouped"
     epi_n: int = 64
     layout: str = "contiguous"  # "masked": A [E * max_tokens, K], the int32 operand each expert's count
+    swap_ab: bool = False  # decode: W's rows in wgmma's 64-row slot, blk_m tokens (8..256) its N
+    warp_scan: bool = False  # the routing's tables by 32 lanes in chunks, not thread 0's pass over E
 
 
 KNOBS = gemm.knob_defaults(GroupedKnobs)
 CONSUMERS = (1, 2, 3)
+SWAP_CONSUMERS = (1, 2)  # v11's: whole 64-row atoms of W per consumer
+BLK_M_CHOICES = common.SWAP_BLK_M  # swap AB takes blk_m tokens a multiple of 8; without it check_tile wants 64s
 
 
 def check(cfg: GemmConfig) -> None:
@@ -79,9 +83,16 @@ def check(cfg: GemmConfig) -> None:
                           "use tile_order='grouped'")
     if not isinstance(cfg.l2_group_size, int) or cfg.l2_group_size < 1:
         raise ConfigError(f"l2_group_size={cfg.l2_group_size!r} is not a positive int; use e.g. 8")
-    common.check_tile(cfg, CONSUMERS)
+    if grouped.swap_ab(cfg):
+        common.check_swap_tile(cfg, SWAP_CONSUMERS)
+    else:
+        if cfg.blk_m % common.WG_M:
+            raise ConfigError(f"blk_m={cfg.blk_m}: without swap_ab a tile is whole 64-row wgmma atoms of tokens per "
+                              f"consumer; for a few tokens an expert use swap_ab=True (blk_m tokens, a multiple of 8, "
+                              f"as wgmma's N), or blk_m={common.WG_M * cfg.num_warpgroups}")
+        common.check_tile(cfg, CONSUMERS)
     epilogue.check_epilogue(cfg)
-    common.check_consumer_registers(cfg)
+    common.check_consumer_registers(cfg, grouped.plan_of(cfg))
     common.check_pipe_depth(cfg)
     grouped.check(cfg)
 

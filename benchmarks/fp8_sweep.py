@@ -1,0 +1,291 @@
+"""fp8 speed (issue 32): v9's per-tensor e4m3 kernel over its knobs, against torch._scaled_mm, on an H100.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/fp8_sweep.py prepare build/fp8_sweep        # build box
+    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+        python3 benchmarks/fp8_sweep.py run build/fp8_sweep --out out/fp8_sweep.json     # GPU box
+
+Why: with the promotion every 128 of K, v9's fp8 runs 0.64-0.86x ``torch._scaled_mm``
+(``benchmarks/results/2026-11-26_h100_fp8/``); without it a 128x256 tile ran 1.08x but is less
+accurate at long K. Which of the knobs that exist (cluster shape, ring depth, tile width, promotion
+interval, tile order) buys what, per shape, is what the fp8 policy (``serve.plan.FP8_RULES``) is
+chosen from; this measures it, with the accuracy of each promotion interval beside its speed.
+
+- the modules (:data:`SHAPES` x :data:`CONFIGS`): one runtime-M module per (N, K, config), the
+  per-tensor recipe, e4m3 A and B, bf16 out, built through the module cache (the exported .so
+  holds the compiled fatbin); knobs a config does not name are v9's fp8 defaults (128x128 tiles
+  over two consumers, blk_k 128, four stages, a 2x1 cluster, promotion every slice);
+- correctness first, each module at its shape's M in children with a deadline a case
+  (``fp8_check.check_all``: random inputs quantized as ``quantize_fp8`` does, the output
+  poisoned with NaN, the error against a float64 product of the dequantized inputs with
+  ``torch._scaled_mm``'s own error on the same inputs as the yardstick, pass within 2x; the
+  front door on the same module must give the same bits);
+- then per shape every module whose checks came near the answer (``fp8_check.runs``: a module
+  without the promotion is less accurate, not broken: its row's ``correct`` says whether it met
+  the 2x) and ``torch._scaled_mm`` (with and without fast accumulation) in the same rounds, the
+  order rotating and reversing, as kernels (one replay of a CUDA graph of calls cycling input sets
+  that spill L2: ``harness.graph_times``) and as queued calls; clocks and power sampled.
+
+Rows (the issue's results format): recipe, M, N, K, config, knobs, correct, rel_err and
+torch_rel_err (largest error over largest |value|), mean errors, tflops (kernel timing),
+ratio_to_scaled_mm (torch's time over ours), peer_ratios; ``best`` names each shape's fastest
+correct config. Sized for about two minutes on an H100 (an estimate until its first run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fp8_check  # noqa: E402  (a sibling script: its inputs, checks and children)
+from power_probe import Sampler  # noqa: E402
+
+from gemm_ladder.core import cli_types, device, files  # noqa: E402
+
+FORMAT = "gemm_ladder.fp8_sweep"
+PLAN_FILE = fp8_check.PLAN_FILE  # the same plan form: fp8_check's children check these modules
+RECIPE = "tensor"
+# (label, M, N, K): the issue's squares and DeepGEMM's long-K and small-M cases
+SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
+          ("4096x7168x16384", 4096, 7168, 16384), ("128x4096x7168", 128, 4096, 7168))
+# config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
+CONFIGS = {
+    "base": {},
+    "c1x1": {"cluster_m": 1},
+    "c1x2": {"cluster_m": 1, "cluster_n": 2},
+    "every2": {"promote": 2},
+    "every4": {"promote": 4},
+    "p0": {"promote": 0},
+    "n192": {"blk_n": 192},  # 96 accumulators + 96 promoted sums + 40: the 232 a consumer holds
+    "n192_every2": {"blk_n": 192, "promote": 2},
+    "n256_p0": {"blk_n": 256, "promote": 0},  # 128x256 fits only without the promoted sums
+    "n256_p0_c1x2": {"blk_n": 256, "promote": 0, "cluster_m": 1, "cluster_n": 2},
+    "g16": {"l2_group_size": 16},
+    "snake": {"tile_order": "snake"},
+    # small M: one row of tiles, so a 2x1 cluster pairs it with an empty one; more, narrower tiles
+    "n64_c1x1": {"blk_n": 64, "cluster_m": 1},
+    "n64_c1x2": {"blk_n": 64, "cluster_m": 1, "cluster_n": 2},
+    "n64_c1x2_sb": {"blk_n": 64, "cluster_m": 1, "cluster_n": 2, "stream_b": True},
+    "m64_c1x1": {"blk_m": 64, "num_warpgroups": 1, "cluster_m": 1},
+}
+# shape -> the configs timed there (every knob at 4096^3; the ones that can change the answer elsewhere)
+SWEEP = {
+    "4096^3": ("base", "c1x1", "c1x2", "every2", "every4", "p0", "n192", "n192_every2", "n256_p0", "n256_p0_c1x2",
+               "g16", "snake"),
+    "8192^3": ("base", "c1x2", "every2", "n192", "n256_p0"),
+    "4096x7168x16384": ("base", "c1x2", "every2", "every4", "n192", "n192_every2", "n256_p0"),
+    "128x4096x7168": ("base", "c1x1", "c1x2", "n64_c1x1", "n64_c1x2", "n64_c1x2_sb", "m64_c1x1"),
+}
+ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
+MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
+
+
+def shape_of(label: str) -> tuple[int, int, int]:
+    for name, M, N, K in SHAPES:
+        if name == label:
+            return M, N, K
+    raise KeyError(f"no shape {label!r}; the sweep's shapes are {[s[0] for s in SHAPES]}")
+
+
+def module_name(label: str, config: str) -> str:
+    """A module's name in the folder: its weight (N x K) and config (one module serves every M)."""
+    _, N, K = shape_of(label)
+    return f"t_{N}x{K}_{config}"
+
+
+def plan_modules() -> dict[str, dict]:
+    """Every module the sweep builds, by name: its N, K, promotion and knobs (a config timed at two
+    shapes of one weight is one module)."""
+    out = {}
+    for label, configs in SWEEP.items():
+        _, N, K = shape_of(label)
+        for config in configs:
+            knobs = dict(CONFIGS[config])
+            promote = knobs.pop("promote", 1)
+            out[module_name(label, config)] = {"N": N, "K": K, "recipe": RECIPE, "promote": promote, "bias": None,
+                                              "knobs": knobs, "config": config}
+    return out
+
+
+def build_knobs(entry: dict) -> dict:
+    """The build knobs of a planned module (a runtime-M v9 fp8 module, as ``scaled_mm`` builds)."""
+    return {"spec": fp8_check.spec_of(entry["recipe"], entry["bias"]).text(), "dtype": "bfloat16",
+            "dynamic_m": True, "promote": entry["promote"], **entry["knobs"]}
+
+
+def best_of(rows: list[dict]) -> dict[str, dict]:
+    """Per shape, the fastest config whose checks passed (kernel timing), and its ratio to torch."""
+    best: dict[str, dict] = {}
+    for r in rows:
+        if not r.get("correct") or not r.get("tflops"):
+            continue
+        key = f"{r['M']}x{r['N']}x{r['K']}"
+        if key not in best or r["tflops"] > best[key]["tflops"]:
+            best[key] = {"config": r["config"], "tflops": r["tflops"], "ratio_to_scaled_mm": r["ratio_to_scaled_mm"]}
+    return best
+
+
+# -- prepare (build box) -----------------------------------------------------------------------------
+def prepare(out) -> int:
+    # the build layer: this box's TVM compiler
+    from gemm_ladder.compile import module_cache  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.compile.batch import BuildJob  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.compile.sass import has_device_binary  # pylint: disable=import-outside-toplevel
+
+    out = Path(out)
+    files.open_folder(out)
+    plan = {"format": FORMAT, "modules": {}, "bf16": {}, "recipes": [RECIPE], "sweep": SWEEP}
+    for name, entry in plan_modules().items():
+        path, how = module_cache.get_or_build(BuildJob("v9", (256, entry["N"], entry["K"]), build_knobs(entry)))
+        plan["modules"][name] = fp8_check._copy(path, out, name) | entry  # pylint: disable=protected-access
+        if not has_device_binary((out / f"{name}.so").read_bytes()):  # the GPU box has no compiler
+            print(f"fp8_sweep prepare: {name}.so holds no compiled kernel (built without the driver stub?): "
+                  "clear its module cache entry and build again", file=sys.stderr)
+            return 1
+        print(f"{name}: {how} {path}", flush=True)
+    files.write_json(out / PLAN_FILE, plan)
+    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file()) / 2**20
+    print(f"{len(plan['modules'])} modules, {size:.1f} MiB in {out}")
+    if size > MAX_DIR_MIB:
+        print(f"fp8_sweep prepare: {size:.1f} MiB is over the {MAX_DIR_MIB} MiB the GPU box takes: drop configs "
+              "from SWEEP", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- run (GPU box) ------------------------------------------------------------------------------------
+def time_shape(folder, plan, label: str, names: list[str], loaded: dict) -> dict:
+    """The modules ``names`` (one weight) and torch._scaled_mm at ``label``'s M, on the same input
+    sets (spilling L2 three times), in rounds whose order rotates and reverses: the median ms of
+    each as kernels (CUDA graphs) and as queued calls."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import gemm_ladder  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
+
+    M, N, K = shape_of(label)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sets = []
+    for i in range(max(2, math.ceil(3 * l2 / (M * K + N * K + 2 * M * N)))):
+        aq, wq, sa, sb, _ = fp8_check.inputs(M, N, K, RECIPE, None, seed=100 + i)
+        sets.append((aq, wq, sa.reshape(-1), sb.reshape(-1), torch.empty((M, N), dtype=torch.bfloat16, device="cuda")))
+    kernels = {}
+    for name in names:
+        if name not in loaded:
+            loaded[name] = gemm_ladder.load(Path(folder) / plan["modules"][name]["file"])
+        launch = loaded[name].launcher(sets[0][0], sets[0][1], sets[0][4], scale_a=sets[0][2], scale_b=sets[0][3])
+        kernels[name] = (lambda a, w, sa, sb, d, f=launch: f(a, w, d, sa, sb))
+    kernels["torch_scaled_mm"] = fp8_check._scaled_mm_peer(RECIPE, False)  # pylint: disable=protected-access
+    kernels["torch_scaled_mm_fast_accum"] = fp8_check._scaled_mm_peer(RECIPE, True)  # pylint: disable=protected-access
+    order0 = list(kernels)
+    calls = max(8, len(sets))
+    graph, call = {n: [] for n in order0}, {n: [] for n in order0}
+    t0 = time.time()
+    for r in range(ROUNDS):
+        order = order0[r % len(order0):] + order0[:r % len(order0)]
+        for n in (order if (r // len(order0)) % 2 == 0 else order[::-1]):
+            graph[n] += harness.graph_times(kernels[n], sets, PER_ROUND, calls)
+            call[n] += harness.event_times(kernels[n], sets, PER_ROUND)
+    return {"kernel_ms": {n: statistics.median(v) for n, v in graph.items()},
+            "call_ms": {n: statistics.median(v) for n, v in call.items()},
+            "kernel_spread": {n: [min(v), max(v)] for n, v in graph.items()}, "input_sets": len(sets),
+            "t0": t0, "t1": time.time()}
+
+
+def rows_of(plan, label: str, timing: dict, checks: dict, sampler_clocks) -> list[dict]:
+    """The issue's result rows of one shape's timing (``checks``: module name -> its check)."""
+    M, N, K = shape_of(label)
+    g, c = timing["kernel_ms"], timing["call_ms"]
+    torch_ms, torch_call = g["torch_scaled_mm"], c["torch_scaled_mm"]
+    rows = []
+    for name in SWEEP[label]:
+        mod = module_name(label, name)
+        chk = checks.get(mod, {})
+        row = {"recipe": RECIPE, "M": M, "N": N, "K": K, "shape": label, "config": name, "module": mod,
+               "promote": plan["modules"][mod]["promote"], "knobs": plan["modules"][mod]["knobs"],
+               "correct": bool(chk.get("correct")), "rel_err": chk.get("rel_err"),
+               "torch_rel_err": chk.get("torch_rel_err"), "mean_rel_err": chk.get("mean_rel_err"),
+               "torch_mean_rel_err": chk.get("torch_mean_rel_err"), "check_error": chk.get("error")}
+        ours = g.get(mod)
+        row |= {"tflops": fp8_check.tflops(M, N, K, ours), "kernel_ms": ours, "call_ms": c.get(mod),
+                "ratio_to_scaled_mm": fp8_check.ratio(torch_ms, ours),
+                "call_ratio_to_scaled_mm": fp8_check.ratio(torch_call, c.get(mod)),
+                "peer_ratios": {p: fp8_check.ratio(g[p], ours) for p in g if p.startswith("torch")},
+                "clocks": sampler_clocks}
+        rows.append(row)
+    return rows
+
+
+def run(folder, out) -> int:
+    why = device.why_no_gpu(index=0)
+    if why is not None:
+        print(f"fp8_sweep run: no GPU ({why}): run it on the GPU box", file=sys.stderr)
+        return 2
+    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
+
+    plan = json.loads((Path(folder) / PLAN_FILE).read_text())
+    if plan.get("format") != FORMAT:
+        print(f"fp8_sweep run: {folder}/{PLAN_FILE} is not a sweep's plan: run fp8_sweep.py prepare", file=sys.stderr)
+        return 2
+    wanted = plan_modules()
+    missing = sorted(set(wanted) - set(plan["modules"]))
+    if missing:
+        print(f"fp8_sweep run: {folder} lacks {missing}: prepare it again with this script", file=sys.stderr)
+        return 2
+    start, sampler = time.time(), Sampler()
+    cases = []
+    for label, configs in SWEEP.items():
+        M = shape_of(label)[0]
+        cases += [(module_name(label, c), M) for c in configs if (module_name(label, c), M) not in cases]
+    checks = fp8_check.check_all(folder, cases)
+    by_module = {c["name"]: c for c in checks}
+    _, timable = fp8_check.modules_that_pass(checks)
+    rows, loaded, timings = [], {}, {}
+    try:
+        for label, configs in SWEEP.items():
+            names = [module_name(label, c) for c in configs if module_name(label, c) in timable]
+            timing = time_shape(folder, plan, label, names, loaded)
+            timings[label] = {k: v for k, v in timing.items() if k not in ("t0", "t1")}
+            shape_rows = rows_of(plan, label, timing, by_module, sampler.between(timing["t0"], timing["t1"]))
+            rows += shape_rows
+            for r in shape_rows:
+                print(f"{label} {r['config']}: {fp8_check.f3(r['tflops'])} TFLOPS, x torch._scaled_mm "
+                      f"{fp8_check.f3(r['ratio_to_scaled_mm'])}, err {fp8_check.f3(r['rel_err'])} "
+                      f"(torch {fp8_check.f3(r['torch_rel_err'])}){'' if r['correct'] else ' NOT CORRECT'}",
+                      flush=True)
+    finally:
+        sampler.stop()
+    result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
+              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+              "tolerance": fp8_check.TOLERANCE, "rounds": ROUNDS, "per_round": PER_ROUND, "checks": checks,
+              "timings": timings, "best": best_of(rows), "rows": rows}
+    files.open_folder(Path(out).parent)
+    files.write_json(out, result)
+    for shape, b in result["best"].items():
+        print(f"best at {shape}: {b['config']} {b['tflops']:.0f} TFLOPS, x torch._scaled_mm "
+              f"{fp8_check.f3(b['ratio_to_scaled_mm'])}")
+    print(f"{sum(1 for c in checks if c.get('correct'))} of {len(checks)} checks pass; {len(rows)} rows; "
+          f"{result['seconds']:.0f} s; wrote {out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("prepare", help="build box: the sweep's modules and plan")
+    pr.add_argument("out")
+    r = sub.add_parser("run", help="GPU box: check every module, then time each shape's against torch._scaled_mm")
+    r.add_argument("folder")
+    r.add_argument("--out", type=cli_types.out_file, default="fp8_sweep.json")
+    a = p.parse_args(argv)
+    if a.cmd == "prepare":
+        return prepare(a.out)
+    return run(a.folder, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""``benchmarks/fp8_sweep.py`` on the CPU: every config it plans validates as a v9 fp8 module, the
+modules are named per weight and config, the rows carry the issue's fields, and the best config of
+a shape is the fastest correct one. (Running it is a GPU benchmark: ``fp8_sweep.py run``.)"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemm_ladder.rungs import make_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import fp8_sweep  # noqa: E402  (the GPU benchmark's pure parts)
+
+
+def test_every_planned_module_validates_and_each_shape_times_its_configs():
+    plan = fp8_sweep.plan_modules()
+    for name, entry in plan.items():
+        cfg = make_config("v9", 256, entry["N"], entry["K"], **fp8_sweep.build_knobs(entry))
+        assert cfg.blk_k == 128 and dict(cfg.extra)["promote"] == entry["promote"], name
+    for label, configs in fp8_sweep.SWEEP.items():
+        assert len(set(configs)) == len(configs) and set(configs) <= set(fp8_sweep.CONFIGS), label
+        assert {fp8_sweep.module_name(label, c) for c in configs} <= set(plan)
+    # the knobs reach the module: a config's promotion and tile, the defaults where it names none
+    assert plan["t_4096x4096_n256_p0"]["promote"] == 0 and plan["t_4096x4096_n256_p0"]["knobs"] == {"blk_n": 256}
+    assert plan["t_4096x4096_base"]["promote"] == 1 and plan["t_4096x4096_base"]["knobs"] == {}
+    with pytest.raises(KeyError, match="no shape"):
+        fp8_sweep.shape_of("1x1x1")
+
+
+def _row(config, tflops, correct, M=4096):
+    return {"M": M, "N": 4096, "K": 4096, "config": config, "tflops": tflops, "correct": correct,
+            "ratio_to_scaled_mm": None if tflops is None else tflops / 1300.0}
+
+
+def test_the_best_config_is_the_fastest_correct_one_per_shape():
+    rows = [_row("base", 976.0, True), _row("n256_p0", 1294.0, False), _row("every2", 1047.0, True),
+            _row("c1x1", None, True), _row("base", 216.0, True, M=128), _row("c1x2", 300.0, True, M=128)]
+    best = fp8_sweep.best_of(rows)
+    assert best["4096x4096x4096"]["config"] == "every2"  # n256_p0 is faster but not correct
+    assert best["128x4096x4096"]["config"] == "c1x2"
+
+
+def test_a_shapes_rows_carry_the_issues_fields_and_the_ratio_to_torch():
+    plan = {"modules": fp8_sweep.plan_modules()}
+    label = "8192^3"
+    names = [fp8_sweep.module_name(label, c) for c in fp8_sweep.SWEEP[label]]
+    timing = {"kernel_ms": {n: 1.0 for n in names} | {"torch_scaled_mm": 0.8, "torch_scaled_mm_fast_accum": 0.75},
+              "call_ms": {n: 1.1 for n in names} | {"torch_scaled_mm": 0.9, "torch_scaled_mm_fast_accum": 0.8}}
+    checks = {names[0]: {"correct": True, "rel_err": 2e-3, "torch_rel_err": 2e-3}}
+    rows = fp8_sweep.rows_of(plan, label, timing, checks, None)
+    assert [r["config"] for r in rows] == list(fp8_sweep.SWEEP[label])
+    first = rows[0]
+    for key in ("recipe", "M", "N", "K", "correct", "tflops", "ratio_to_scaled_mm", "peer_ratios"):
+        assert key in first
+    assert first["recipe"] == "tensor" and first["correct"] and not rows[1]["correct"]  # unchecked: not correct
+    assert first["ratio_to_scaled_mm"] == pytest.approx(0.8)
+    assert first["peer_ratios"]["torch_scaled_mm_fast_accum"] == pytest.approx(0.75)
+    assert first["tflops"] == pytest.approx(2 * 8192**3 / 1e-3 / 1e12)
