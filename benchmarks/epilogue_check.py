@@ -69,7 +69,7 @@ import time
 from pathlib import Path
 
 from gemm_ladder.core import files
-from gemm_ladder.core.spec import spec_for, spec_of_manifest, torch_activation
+from gemm_ladder.core.spec import spec_for, torch_activation
 from gemm_ladder.serve import plan
 
 PLAN_FILE = "epilogue_plan.json"
