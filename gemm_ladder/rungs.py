@@ -91,7 +91,13 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     # likewise a residual spec's RESIDUAL_KNOBS (v9's c_prefetch)
     residual = SPEC_KNOB in knobs and as_spec(knobs[SPEC_KNOB], knobs["dtype"]).residual is not None
     fp8_knobs = {**fp8_knobs, **(getattr(mod, "RESIDUAL_KNOBS", {}) if residual else {})}
-    allowed = set(mod.KNOBS) | set(COMMON_KNOBS) | set(BUILD_OPTIONS) | {SPEC_KNOB} | set(fp8_knobs)
+    # a rung's OPTIONAL_KNOBS (v10's reduce): taken anywhere, kept only away from their defaults
+    # (the knobs, tags and cache keys of modules at the default stay as they were)
+    optional = getattr(mod, "OPTIONAL_KNOBS", {})
+    knobs = {k: v for k, v in knobs.items() if not (k in optional and type(v) is type(optional[k])
+                                                     and v == optional[k])}
+    fp8_knobs = {**fp8_knobs, **{k: v for k, v in optional.items() if k in knobs}}
+    allowed = set(mod.KNOBS) | set(COMMON_KNOBS) | set(BUILD_OPTIONS) | {SPEC_KNOB} | set(fp8_knobs) | set(optional)
     unknown = sorted(set(knobs) - allowed)
     if unknown:
         only_fp8 = sorted(set(unknown) & set(getattr(mod, "FP8_KNOBS", {})))

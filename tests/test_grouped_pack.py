@@ -33,7 +33,9 @@ def test_a_grouped_weight_gets_a_decode_and_a_prefill_module(layout, top):
     assert decode.tokens == (1, top) and prefill.tokens == (top + 1, plan.GROUPED_MAX_TOKENS)
     # decode: swap AB, 32-token tiles for 8 experts (a quarter of a top-2 batch each), and the warp scan
     assert decode.choice.knobs["swap_ab"] and decode.choice.knobs["warp_scan"] and decode.choice.knobs["blk_m"] == 32
-    assert decode.choice.rule == "grouped-decode-swap" and not decode.choice.measured  # until the GPU check
+    # measured on an H100: its evidence is a committed results file
+    assert decode.choice.rule == "grouped-decode-swap" and decode.choice.measured
+    assert plan.GROUPED_DECODE in decode.choice.why and (REPO / plan.GROUPED_DECODE).is_file()
     assert "blk_m" not in prefill.choice.knobs and prefill.choice.measured  # v12's 128-row default
     for g in (decode, prefill):
         assert g.choice.rung == "v12" and g.choice.knobs["layout"] == layout and g.choice.knobs["experts"] == 8

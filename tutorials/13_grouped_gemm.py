@@ -134,6 +134,48 @@ print(grouped.checker_params(cfg_masked))
 print(check.check_config(cfg_masked, policies=("forward",)).summary())
 
 # %% [markdown]
+# ## Decode: swap A and B when an expert has a few tokens
+#
+# In decode an expert gets a handful of tokens (DeepSeek-like routing, top-8 of 256 experts: one to
+# eight a step), yet wgmma's A operand is 64 rows: a v12 tile of one token multiplies 63 rows of
+# padding and loads them, while the cost that counts is streaming the expert's weight from memory.
+# v11 met the same problem for a dense small M by computing D^T = W . A^T; v12's `swap_ab` knob does
+# it per expert: W's `blk_n` rows (64 per consumer) fill wgmma's 64-row slot and the expert's
+# `blk_m` tokens (a multiple of 8: 8, 16, 32, ...) its N, so a tile streams `blk_n x K` of W once at
+# full width and the tokens ride along. The walk is the same (`blk_m` tokens a tile); only the
+# roles and the epilogue change: a whole token tile leaves transposed through shared memory
+# (`stmatrix.trans`, TMA stores), the expert's last one by stores guarded by its end row:
+
+# %%
+teach.show_source(grouped.rows_to_global_swapped)
+cfg_swap = gemm_ladder.make_config("v12", 4096, 2048, 7168, experts=256, swap_ab=True, blk_m=16, blk_n=128,
+                                   pipe_depth=8, warp_scan=True)
+decode_counts = [1, 0, 3, 8] + [0] * 252  # a decode step (masked, 16-row slots): 12 tokens on 3 of 256 experts
+units = grouped.walk(decode_counts, 256 * 16, cfg_swap.blk_m, 2048 // cfg_swap.blk_n, 8, 132, layout="masked")
+print(f"{sum(map(len, units))} work units (3 experts x 16 n-tiles of 128 W rows), each 16 token rows for the "
+      f"experts' 1, 3 and 8 tokens; v12's 128x256 tiles would compute 128 token rows per W row")
+
+# %% [markdown]
+# The routing's tables were thread 0's job: E dependent steps (a shared load, a max, a
+# multiply-add), about 4 us at E = 256 before the first load. `warp_scan` gives them to the 32 lanes
+# of a warp, each over a chunk of `ceil(E / 32)` experts, their partial results meeting in shared
+# memory at CTA barriers (which the barrier checker follows, as it follows the tables).
+# `grouped.warp_scan_tables` is the model, pass by pass; it makes thread 0's tables:
+
+# %%
+print(grouped.warp_scan_tables(offs, M, blk_m, n_tiles) == grouped.tables(offs, M, blk_m, n_tiles))
+print(check.check_config(gemm_ladder.make_config("v12", 8 * 40, 1000, 520, experts=8, layout="masked", swap_ab=True,
+                                                 blk_m=16, blk_n=128, pipe_depth=4, warp_scan=True),
+                         policies=("forward",)).summary())
+
+# %% [markdown]
+# Not measured yet: `benchmarks/grouped_check.py prepare --decode` builds the old 64x128 decode
+# module beside the swap-AB ones (16 and 32 tokens a tile) for both layouts, and `run` times them
+# in the same rounds against `torch._grouped_mm`, a bmm over every slot and the expert loop at
+# 8-256 tokens. The kernel packs already plan the swap-AB module for decode (rule
+# `grouped-decode-swap`).
+
+# %% [markdown]
 # ## Measured
 #
 # `benchmarks/grouped_check.py` on an H100 (`benchmarks/results/2026-11-26_h100_grouped/`): every

@@ -724,15 +724,18 @@ def alternatives(p: Problem, choice: Choice) -> list[Choice]:
 # (the slot), not the counts, and won with 64-row tiles at every slot measured up to 256 tokens.
 GROUPED = "benchmarks/results/2026-11-26_h100_grouped/README.md"
 GROUPED_MASKED = "benchmarks/results/2026-11-26_h100_grouped_masked/README.md"
+GROUPED_DECODE = "benchmarks/results/2026-11-26_h100_grouped_decode/README.md"
 GROUPED_RUNG = "v12"
 GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_depth": 8}
 # The decode module since issue 33's decode follow-up: swap AB (W's 128 rows of a tile in wgmma's 64-row
 # slot over two consumers, an expert's tokens its N) and the warp scan of the routing. The tile streams
 # W once at full width whatever the count, and no MMA work or A traffic is spent on 64-row tiles of 1-8
 # tokens; blk_m (tokens a tile): 32 where experts are few (Mixtral-like: top-2 of 8 gives an expert a
-# quarter of the batch), 16 where they are many (top-8 of 64-256: a few tokens each). NOT YET MEASURED:
-# the 64x128 module above stays the fallback where the validator refuses the swap, and
-# benchmarks/grouped_check.py prepare --decode times both side by side (the rule follows its results).
+# quarter of the batch), 16 where they are many (top-8 of 64-256: a few tokens each). Measured
+# (GROUPED_DECODE, H100, both layouts, 8-256 tokens, balanced and Zipf, the same rounds): swap with 16
+# tokens 1.022x the 64x128 module (geomean; masked decode 1.099x the best peer against its 1.075x),
+# 32 tokens 1.017x; at 8 experts 32 held up where 16 lost (256 Zipf tokens: 0.991x against 0.945x).
+# The 64x128 module stays the fallback where the validator refuses the swap.
 GROUPED_SWAP_KNOBS = {"swap_ab": True, "blk_n": 128, "num_warpgroups": 2, "pipe_depth": 8, "warp_scan": True}
 GROUPED_SWAP_FEW_EXPERTS = 16  # blk_m 32 up to this many experts, 16 past it
 GROUPED_DECODE_ROWS = 64  # contiguous: the decode module up to 64 rows an expert on average (M <= 64 E)
@@ -781,7 +784,8 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
                         f"{GROUPED_RUNG} with swap AB ({swap_m} tokens x 128 W rows a tile, two consumers, an 8-deep "
                         f"ring, the warp scan) while {bound}: decode streams the weights, and a swapped tile reads "
                         f"them once at full width with no MMA work on rows an expert lacks ({E} experts: "
-                        f"{swap_m}-token tiles); not measured yet, the 64x128 module's record: [{evidence}]")
+                        f"{swap_m}-token tiles) [{GROUPED_DECODE}: 1.02x the 64x128 module, masked decode 1.10x "
+                        f"the best peer]", measured=True)
         return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
     decode_knobs = {**base, **GROUPED_DECODE_KNOBS}
     passed = (f"rule 'grouped-decode-swap' ({GROUPED_RUNG} swap AB {swap_m}x128): {swapped}",)

@@ -204,6 +204,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     d_dtype = spec_of(cfg).d  # the staging buffers hold D's values
     E_layout = epilogue.staging_layout(cfg, *staging_shape, dtype=d_dtype)
     has_workspace = preset.split_k
+    atomic_sum = preset.split_k and splitk.atomic(cfg)  # a tile's units add into one slot (reduce="atomic")
     stream_k = preset.split_k and not preset.swap_ab and streamk.enabled(cfg)  # the tail's K loops spread evenly
     tail_n = 0 if preset.split_k else narrowtail.tail_n(cfg)  # the partial wave's tiles cut tail_n wide (0: not)
     narrow_on = tail_n > 0
@@ -412,9 +413,15 @@ def kernel(cfg: GemmConfig, preset: Preset):
                 if units_per_tile > 1:
                     counter = T.meta_var(splitk.counter_index(sched.cta_m(ts.m_idx), sched.cta_n(n_col), c,
                                                               n_cta_tiles, consumers))
-                    parts.publish_unit(counter, split, units_per_tile)
+                    if atomic_sum:
+                        parts.add_unit(counter)
+                    else:
+                        parts.publish_unit(counter, split, units_per_tile)
                     if parts.counted_before() == units_per_tile - 1:  # the last unit of the tile: sum and store
-                        parts.sum_units(counter, units_per_tile)
+                        if atomic_sum:
+                            parts.take_units(counter)
+                        else:
+                            parts.sum_units(counter, units_per_tile)
                         epi.store_tile(Dreg, m_st, n_st, epi_it)
                         if preset.epilogue == "chunked":
                             epi_it = epi_it + epi.chunks_per_tile

@@ -32,7 +32,7 @@ agree on every tile without talking (the ring still carries the data). :func:`wa
 of this walk in plain Python; the tests hold it against a per-expert reference over random routing,
 and hold the kernel's TMA loads (every CTA of a launch run by the barrier checker, with the offsets
 of :func:`checker_params` or others) against it. Thread 0's scan is serial: about E times a few
-cycles before the first load (a warp-wide scan is the next step where E is in the hundreds).
+cycles before the first load (``warp_scan``, below, scans in chunks of 32 experts).
 
 Why a body beside ``gemm.kernel``'s rather than another form of it: the template's loops take a
 TVM tile scheduler (``valid``, ``next_tile``, ``m_idx``) and one epilogue path; here each unit is a
@@ -60,6 +60,26 @@ device, so it is cut there, never into the next expert's slot) and an expert's f
 m-tile are the contiguous layout's, so the rows of a slot past its count are never written
 (:func:`masked_tables` and ``walk(layout="masked")`` are the model).
 
+Decode (``swap_ab``): a tile of v9's roles spends wgmma's 64-row A slot on tokens, and decode gives an
+expert 1-8 of them (DeepSeek-like: top-8 of 256), so most of the MMA work and the A loads are of rows
+the expert lacks, while the cost that counts is streaming W. With ``swap_ab`` the tile is v11's
+transpose (``common.SwapPlan``): W's ``blk_n`` rows (64 per consumer) fill wgmma's A slot and the
+expert's ``blk_m`` tokens (a multiple of 8 from 8 to 256) its N, so a tile streams ``blk_n x K`` of W
+once at full width and the tokens ride along. The walk is unchanged (``blk_m`` tokens a tile: the
+same units, the same model); the accumulators hold D^T: a whole token tile leaves through
+``epilogue.TransposedEpilogue`` (stmatrix.trans, TMA stores), the expert's last one through
+:func:`rows_to_global_swapped` (2-byte stores guarded by the expert's end row and N).
+
+The routing's tables (``warp_scan``): thread 0's pass over E experts is E dependent steps (a shared
+load, a max, a multiply-add: about 4 us at E = 256 on an H100, all of it before the first load). With
+``warp_scan`` the 32 lanes of one warp scan a chunk of ``ceil(E / 32)`` experts each (unrolled: the
+loads overlap), and pass their partial results through shared memory at CTA barriers
+(:func:`fill_tables_warp`; :func:`warp_scan_tables` is its model, equal to :func:`tables` and
+:func:`masked_tables`): three chunk passes and two 31-load carries. Shared memory and CTA barriers
+rather than warp shuffles: the barrier checker follows the tables through shared memory from the
+stores to the loads (``protocol.exprs.is_table``), so it runs the kernel's own walk under the new
+prologue; the depth is the same order as a shuffle scan's (chunks of 32 experts).
+
 Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
 consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
 for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),
@@ -67,7 +87,9 @@ no epi_under, no narrow tail: not built in this slice.
 
 Constraints: those of v9's tile (blk_m = 64 x consumers x atoms, epi_n), clusters 1x1, N and K
 multiples of 8, a runtime M (any number of tokens; masked: E x max_tokens), E = ``experts`` fixed at
-build (the weight's).
+build (the weight's). With ``swap_ab``: v11's tile (blk_m a multiple of 8 up to 256, blk_n whole
+64-row atoms over 1 or 2 consumers), the whole ``blk_m x blk_n`` tile staged (counted in the
+shared-memory check).
 """
 
 from __future__ import annotations

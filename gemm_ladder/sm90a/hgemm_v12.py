@@ -19,14 +19,23 @@ the next expert, so that tile leaves through stores guarded by the expert's end 
     ==========  ==============  ===========  ======================  ========================
     v12         A rows x W[e]   grouped      chunked; guarded rows   experts, blk_m, blk_n,
                 (offsets, or    (experts)    for an expert's last    num_warpgroups,
-                masked counts)               m-tile                  pipe_depth, epi_n,
-                                                                     l2_group_size, layout
+                masked counts;               m-tile (swap AB:        pipe_depth, epi_n,
+                swap AB: W[e]                transposed; guarded     l2_group_size, layout,
+                rows x tokens)               2-byte stores)          swap_ab, warp_scan
     ==========  ==============  ===========  ======================  ========================
 
 Masked layout (``layout="masked"``, decode): A ``[E, max_tokens, K]`` viewed ``[E * max_tokens, K]``
 and the int32 operand each expert's count of valid rows (clamped on the device into [0, max_tokens]);
 expert e's rows start at ``e * max_tokens``. The same kernel: only the prologue's table and an
 expert's first row differ (``gemm_ladder.grouped_mm_masked``).
+
+Decode (knobs ``swap_ab``, ``warp_scan``; ``grouped.py`` says how): with ``swap_ab`` the tile is
+v11's transpose, W's ``blk_n`` rows in wgmma's 64-row slot and an expert's ``blk_m`` tokens (8..256,
+a multiple of 8) its N, so an expert with a few tokens streams its weight once at full width without
+64-row tiles of padding; its D^T leaves by the transposed epilogue (whole token tiles) or guarded
+2-byte stores (the expert's last). ``warp_scan`` makes the routing's tables with 32 lanes over chunks
+of experts instead of thread 0's pass (E dependent steps). Both off by default: the kernels without
+them are unchanged, source for source.
 
 Barriers: v9's without clusters (``tma2mma[s]``: the producer's expect_tx and the TMA bytes;
 ``mma2tma[s]``: lane 0 of every consumer warp; named barrier 1+c per consumer's epilogue), plus
@@ -36,7 +45,8 @@ Constraints: a spec with ``grouped`` and nothing else (no bias, no activation ye
 M at run time (any tokens, one module); N and K multiples of 8; ``experts`` <= 1024.
 
 Run:  python -m gemm_ladder build v12 --shape 4096x14336x4096 --knob experts=8 --out build/
-      (masked: add --knob layout=masked)
+      (masked: add --knob layout=masked; decode: --knob swap_ab=True --knob blk_m=16 --knob blk_n=128
+      --knob warp_scan=True)
 """
 
 from dataclasses import dataclass

@@ -27,6 +27,20 @@ workspace), so the result is the same bits on every run. A slot is written in th
 own order (register quad j of thread t at ``(j * 128 + t) * 4``): 512 contiguous bytes per quad
 per warpgroup, so every store and load is a whole 16-byte vector per thread, fully coalesced.
 
+The atomic reduction (v10's ``reduce="atomic"``, off by default): the slots above cost the last
+unit of a tile ``split_k`` slot reads on one SM after its own K loop (split 4 of a 128x128 tile:
+256 KiB through one SM's L2 port, several microseconds on a 10 us kernel). With it, every unit
+adds its partial into the part's one slot with ``red.global.add.v4.f32`` (the adds happen in L2,
+spread over the units' SMs), counts as above, and the last reads the one slot back, stores zeros
+over it for the next launch and runs the epilogue:
+
+    every unit:   red.global.add  its fp32 accumulators -> the part's slot (tile, consumer)
+                  bar.sync 1+c; thread 0: fence.acq_rel.gpu; old = atom.acq_rel.gpu.add; bar.sync
+    the last:     Dreg = slot (ld.global.cg); slot = 0; count = 0; the usual epilogue
+
+The sum's order is the order the adds reach L2, so the bits may differ from run to run (within
+fp32 rounding of the partials); ``"slots"`` keeps the same bits on every run.
+
 Workspace (the runtime allocates it, ``runtime.GemmModule``; the manifest's
 ``launch["workspace"]`` says how big): per ``m_step`` rows of M (a row of cluster tiles),
 ``float32_per_m_step`` partial elements (``split_k`` slots of every tile) and
@@ -46,6 +60,7 @@ from ..core.config import ConfigError, GemmConfig
 from . import common
 
 MAX_SPLIT_K = 32  # more slots than this cost more in partial traffic than they spread
+REDUCE_MODES = ("slots", "atomic")  # where a tile's units meet: a slot each, or one slot they add into
 
 
 def split_k(cfg: GemmConfig) -> int:
@@ -62,6 +77,26 @@ def check_split_k(cfg: GemmConfig) -> None:
             f"split_k={s!r}: K={cfg.K} has {cfg.k_tiles} slices of blk_k={cfg.blk_k}, and each of the "
             f"split_k units needs at least one (and at most {MAX_SPLIT_K} units); use split_k from 1 to {most}"
         )
+
+
+def reduce_mode(cfg: GemmConfig) -> str:
+    return dict(cfg.extra).get("reduce", REDUCE_MODES[0])
+
+
+def atomic(cfg: GemmConfig) -> bool:
+    """Whether the units of a tile add into one slot (``reduce="atomic"`` with ``split_k`` > 1)."""
+    return split_k(cfg) > 1 and reduce_mode(cfg) == "atomic"
+
+
+def check_reduce(cfg: GemmConfig) -> None:
+    """``reduce``: one of :data:`REDUCE_MODES`; ``"atomic"`` only where there is something to add
+    (``split_k`` > 1)."""
+    mode = reduce_mode(cfg)
+    if mode not in REDUCE_MODES:
+        raise ConfigError(f"reduce={mode!r}: use one of {', '.join(map(repr, REDUCE_MODES))}")
+    if mode == "atomic" and split_k(cfg) == 1:
+        raise ConfigError("reduce='atomic' adds split-K units' partials, and split_k=1 has none: use split_k >= 2, "
+                          "or leave reduce at 'slots'")
 
 
 def cluster_grid(cfg: GemmConfig, M=None) -> tuple:
@@ -104,9 +139,10 @@ def workspace(cfg: GemmConfig, m_step: int, tiles_per_m_step: int, consumers: in
     """The manifest's ``launch["workspace"]``: what the runtime allocates for ``M`` rows,
     ``ceil(M / m_step)`` times the per-step counts (at least one element of each)."""
     s = split_k(cfg)
+    slots = 1 if atomic(cfg) else s  # the atomic reduction: one slot a tile part, its units add into it
     return {
         "m_step": m_step,
-        "float32_per_m_step": tiles_per_m_step * s * cfg.blk_m * cfg.blk_n if s > 1 else 0,
+        "float32_per_m_step": tiles_per_m_step * slots * cfg.blk_m * cfg.blk_n if s > 1 else 0,
         "int32_per_m_step": tiles_per_m_step * consumers if s > 1 else 0,
         "zeroed": True,
     }
@@ -174,6 +210,43 @@ def publish(P, C, Dreg, acc_regs, base, counter, wtid, flag, c):
 
 
 @T.inline
+def add_and_count(P, C, Dreg, acc_regs, counter, wtid, flag, c):
+    """The atomic reduction, every unit: add this consumer's fp32 accumulators into the part's one
+    slot (``red.global.add.v4.f32``: performed in L2, nothing comes back) and count them as
+    :func:`publish` does; ``flag[c]`` then holds how many units counted before this one."""
+    base = slot_offset(counter, 0, 1, 0, wtid, acc_regs)
+    for j in T.unroll(acc_regs // 4):
+        T.ptx["red.global.add.v4.f32"](P.ptr_to([base + j * 512]),
+                                       Dreg[4 * j], Dreg[4 * j + 1], Dreg[4 * j + 2], Dreg[4 * j + 3])
+    # as publish: every thread's adds before thread 0's release; its fence and acq_rel atomic make
+    # them visible at GPU scope to the unit that counts last
+    T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
+    if wtid == 0:
+        old = T.alloc_local((1,), "uint32")
+        T.ptx["fence.acq_rel.gpu"]()
+        T.ptx["atom.acq_rel.gpu.global.add.u32"](old[0], C.ptr_to([counter]), T.uint32(1))
+        flag[c] = T.Cast("int32", old[0])
+    T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
+
+
+@T.inline
+def take_sum(P, C, Dreg, acc_regs, counter, wtid):
+    """The atomic reduction, the last unit: its accumulators become the part's slot, which every
+    unit (this one too) has added into; zeros go back over the slot and the counter for the next
+    launch (the last accesses to them in this launch: every unit of the tile has counted)."""
+    part = T.alloc_local((4,), "float32")
+    base = slot_offset(counter, 0, 1, 0, wtid, acc_regs)
+    for j in T.unroll(acc_regs // 4):
+        T.ptx["ld.global.cg.v4.f32"](part[0], part[1], part[2], part[3], P.ptr_to([base + j * 512]))
+        T.ptx["st.global.v4.f32"](P.ptr_to([base + j * 512]), T.float32(0), T.float32(0), T.float32(0),
+                                  T.float32(0))
+        for e in T.unroll(4):
+            Dreg[4 * j + e] = part[e]
+    if wtid == 0:
+        T.ptx["st.relaxed.gpu.global.u32"](C.ptr_to([counter]), T.uint32(0))
+
+
+@T.inline
 def publish_and_count(P, C, Dreg, acc_regs, counter, split, wtid, flag, c, S):
     """Every unit: store this consumer's partial into its slot of the workspace and count it
     on the tile's counter; ``flag[c]`` then holds how many units of the tile counted before this
@@ -224,6 +297,17 @@ class Partials:
         (:func:`publish_and_count`)."""
         publish_and_count(self.slots, self.counters, self.acc, self.acc_regs, counter, split, self.thread,
                           self.flag, self.consumer, splits)
+
+    def add_unit(self, counter) -> None:
+        """Split-K, the atomic reduction: this unit's partial added into ``counter``'s tile part's
+        one slot, counted (:func:`add_and_count`)."""
+        add_and_count(self.slots, self.counters, self.acc, self.acc_regs, counter, self.thread, self.flag,
+                      self.consumer)
+
+    def take_units(self, counter) -> None:
+        """Split-K, the atomic reduction, the last unit: the accumulators become the slot's sum,
+        the slot and the counter go back to zero (:func:`take_sum`)."""
+        take_sum(self.slots, self.counters, self.acc, self.acc_regs, counter, self.thread)
 
     def counted_before(self):
         """How many parts of the tile counted before this one (after a publish or a meet)."""
