@@ -8,7 +8,10 @@ Why: with the promotion every 128 of K, v9's fp8 runs 0.64-0.86x ``torch._scaled
 (``benchmarks/results/2026-11-26_h100_fp8/``); without it a 128x256 tile ran 1.08x but is less
 accurate at long K. Which of the knobs that exist (cluster shape, ring depth, tile width, promotion
 interval, tile order) buys what, per shape, is what the fp8 policy (``serve.plan.FP8_RULES``) is
-chosen from; this measures it, with the accuracy of each promotion interval beside its speed.
+chosen from; this measures it, with the accuracy of each promotion interval beside its speed, and
+the overlapped promotion (``overlap``: two accumulator sets, a group's adds under the next group's
+wgmmas) and staggered consumers (``stagger``: their drains take turns) beside the promotion after a
+drain.
 
 - the modules (:data:`SHAPES` x :data:`CONFIGS`): one runtime-M module per (N, K, config), the
   per-tensor recipe, e4m3 A and B, bf16 out, built through the module cache (the exported .so
@@ -60,9 +63,13 @@ CONFIGS = {
     "c1x2": {"cluster_m": 1, "cluster_n": 2},
     "every2": {"promote": 2},
     "every4": {"promote": 4},
+    "every8": {"promote": 8},
+    "every4_c1x2": {"promote": 4, "cluster_m": 1, "cluster_n": 2},
     "p0": {"promote": 0},
     "n192": {"blk_n": 192},  # 96 accumulators + 96 promoted sums + 40: the 232 a consumer holds
     "n192_every2": {"blk_n": 192, "promote": 2},
+    "n192_every4": {"blk_n": 192, "promote": 4},
+    "n192_every4_c1x2": {"blk_n": 192, "promote": 4, "cluster_m": 1, "cluster_n": 2},
     "n256_p0": {"blk_n": 256, "promote": 0},  # 128x256 fits only without the promoted sums
     "n256_p0_c1x2": {"blk_n": 256, "promote": 0, "cluster_m": 1, "cluster_n": 2},
     "g16": {"l2_group_size": 16},
@@ -71,15 +78,38 @@ CONFIGS = {
     "n64_c1x1": {"blk_n": 64, "cluster_m": 1},
     "n64_c1x2": {"blk_n": 64, "cluster_m": 1, "cluster_n": 2},
     "n64_c1x2_sb": {"blk_n": 64, "cluster_m": 1, "cluster_n": 2, "stream_b": True},
+    "n64_c1x2_sb_every4": {"blk_n": 64, "cluster_m": 1, "cluster_n": 2, "stream_b": True, "promote": 4},
+    "n64_c1x2_sb_ov4": {"blk_n": 64, "cluster_m": 1, "cluster_n": 2, "stream_b": True, "overlap": 4},
     "m64_c1x1": {"blk_m": 64, "num_warpgroups": 1, "cluster_m": 1},
+    "m64n64_c1x2_sb": {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2,
+                       "stream_b": True},
+    "m64n64_c1x2_sb_d8": {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2,
+                          "stream_b": True, "pipe_depth": 8},
+    # the overlapped promotion (fp8.py's overlap): groups in two accumulator sets, a drain every run
+    "ov2": {"overlap": 2},
+    "ov4": {"overlap": 4},
+    "ov8": {"overlap": 8},
+    "ov2_every2": {"overlap": 2, "promote": 2},
+    "ov4_c1x2": {"overlap": 4, "cluster_m": 1, "cluster_n": 2},
+    # staggered consumers (fp8.py's stagger): the odd consumer's groups half a group (or run) later
+    "every4_st": {"promote": 4, "stagger": True},
+    "every4_c1x2_st": {"promote": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
+    "n192_every4_c1x2_st": {"blk_n": 192, "promote": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
+    "ov4_st": {"overlap": 4, "stagger": True},
+    "ov4_c1x2_st": {"overlap": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
 }
-# shape -> the configs timed there (every knob at 4096^3; the ones that can change the answer elsewhere)
+# shape -> the configs timed there. A first run (2026-11-26, H100; benchmarks/results/2026-11-26_h100_fp8_sweep/)
+# timed every knob at 4096^3: cluster shape and tile order moved nothing there, a 1x2 cluster paid 4-11% at
+# 8192^3 and 4096x7168x16384, promotion every 4 slices kept torch's error to K = 16384; this run times those
+# with the promotion's interval, tile width and overlap
 SWEEP = {
-    "4096^3": ("base", "c1x1", "c1x2", "every2", "every4", "p0", "n192", "n192_every2", "n256_p0", "n256_p0_c1x2",
-               "g16", "snake"),
-    "8192^3": ("base", "c1x2", "every2", "n192", "n256_p0"),
-    "4096x7168x16384": ("base", "c1x2", "every2", "every4", "n192", "n192_every2", "n256_p0"),
-    "128x4096x7168": ("base", "c1x1", "c1x2", "n64_c1x1", "n64_c1x2", "n64_c1x2_sb", "m64_c1x1"),
+    "4096^3": ("base", "every2", "every4", "every8", "p0", "n256_p0", "n192_every4", "ov4", "ov8", "ov4_c1x2",
+               "every4_st", "ov4_st"),
+    "8192^3": ("base", "c1x2", "every4_c1x2", "n192_every4_c1x2", "ov4", "ov4_c1x2", "n256_p0", "every4_c1x2_st",
+               "ov4_c1x2_st"),
+    "4096x7168x16384": ("base", "every4", "every8", "n192_every4", "n192_every4_c1x2", "ov4", "ov4_c1x2", "n256_p0",
+                        "every4_c1x2_st", "ov4_c1x2_st", "n192_every4_c1x2_st"),
+    "128x4096x7168": ("n64_c1x2_sb", "n64_c1x2_sb_every4", "n64_c1x2_sb_ov4", "m64n64_c1x2_sb_d8"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

@@ -62,25 +62,38 @@ def _call(M=64, N=48, K=32, recipe="row", bias=None):
     return scaled.Call(M, N, K, recipe, GemmSpec.fp8("bfloat16", recipe, bias))
 
 
-def test_the_policy_gives_fp8_one_kernel_at_every_m_and_asks_no_tuning_database():
+def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_database():
+    """M up to FP8_SMALL_M (one row of tiles) takes the small-M knobs, every larger M the large ones;
+    block scales keep v9's fp8 defaults at every M."""
     spec = GemmSpec.fp8("bfloat16", "row")
-    choices = [plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, spec)) for M in (1, 64, 333, 8192)]
-    assert {c.rule for c in choices} == {"fp8"} and len({json.dumps(c.knobs, sort_keys=True) for c in choices}) == 1
-    assert all(plan.FP8_NO_DB in c.skipped for c in choices)
+    choices = {M: plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, spec)) for M in (1, 64, 128, 129,
+                                                                                                      333, 8192)}
+    assert {M: c.rule for M, c in choices.items()} == {1: "fp8-small-m", 64: "fp8-small-m", 128: "fp8-small-m",
+                                                       129: "fp8", 333: "fp8", 8192: "fp8"}
+    assert len({json.dumps(c.knobs, sort_keys=True) for c in choices.values()}) == 2
+    assert choices[8192].knobs["promote"] == plan.FP8_PROMOTE and choices[64].knobs["blk_n"] == 64
+    assert all(plan.FP8_NO_DB in c.skipped for c in choices.values())
+    block = GemmSpec.fp8("bfloat16", "block")
+    for M in (1, 8192):
+        c = plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, block))
+        assert c.rule == "fp8-block" and "promote" not in c.knobs
     # 16-bit problems keep their rules (the small-M one here)
-    assert plan.choose(plan.Problem(64, 4096, 7168, "bfloat16", "sm_90a", 132), use_db=False).rule != "fp8"
+    assert plan.choose(plan.Problem(64, 4096, 7168, "bfloat16", "sm_90a", 132), use_db=False).rule not in \
+        {r.name for r in plan.FP8_RULES}
 
 
-def test_a_weights_fp8_pack_is_one_module_and_the_one_scaled_mm_would_build():
-    """Every M bucket of a weight gets the same runtime-M module, with the knobs scaled_mm builds
-    with: a pack and a build here share one entry of the module cache."""
+def test_a_weights_fp8_pack_is_the_modules_scaled_mm_would_build():
+    """A weight's M buckets get one runtime-M module a rule (small M, the rest), each with the knobs
+    scaled_mm builds with at an M of its range: a pack and a build here share entries of the module cache."""
     items = kernel_pack.plan_pack([], [E4M3], sms=132, weights=[(4096, 7168)], fp8_scales=("row",))
-    assert len(items) == 1 and items[0]["dynamic_m"]
-    assert [run["m_range"] for run in items[0]["served"]] == [[1, 16384]]
-    job = items[0]["job"]
-    ours = BuildJob(scaled.MODULE_RUNG, (64, 4096, 7168), scaled.build_knobs(_call(64, 4096, 7168), "sm_90a"))
+    assert len(items) == 2 and all(i["dynamic_m"] for i in items)
+    ranges = sorted(run["m_range"] for i in items for run in i["served"])
+    assert ranges[0][0] == 1 and ranges[0][1] <= plan.FP8_SMALL_M < ranges[1][0] and ranges[-1][1] == 16384
     ident = {"tvm_version": "0.27.0.post1", "compiler": "nvrtc 13.0", "sources": "s"}
-    assert module_cache.module_key(job, ident) == module_cache.module_key(ours, ident)
+    for item in items:
+        M = item["served"][0]["m_range"][1]
+        ours = BuildJob(scaled.MODULE_RUNG, (64, 4096, 7168), scaled.build_knobs(_call(M, 4096, 7168), "sm_90a"))
+        assert module_cache.module_key(item["job"], ident) == module_cache.module_key(ours, ident)
 
 
 # -- a real fp8 pack ----------------------------------------------------------------------------
@@ -207,7 +220,9 @@ def test_the_cli_plans_fp8_modules_and_refuses_fp8_knobs_without_fp8():
     out = _cli("--weights", "4096x7168", "--dtypes", f"bfloat16,{E4M3}", "--fp8-scales", "row", "--dry-run")
     assert out.returncode == 0, out.stderr
     fp8_rows = [line for line in out.stdout.splitlines() if "float8_e4m3 row -> bfloat16" in line]
-    assert len(fp8_rows) == 1 and "1..16384" in fp8_rows[0], out.stdout
+    # two runtime-M modules: the small-M rule's and the other's (plan.FP8_RULES)
+    assert len(fp8_rows) == 2 and any(f"1..{plan.FP8_SMALL_M}" in r for r in fp8_rows), out.stdout
+    assert any("..16384" in r and "fp8 " in r for r in fp8_rows), out.stdout
     bad = _cli("--weights", "4096x7168", "--fp8-scales", "row", "--dry-run")
     assert bad.returncode == 2 and "add --dtypes float8_e4m3" in bad.stderr
     bad = _cli("--weights", "4096x7168", "--dtypes", E4M3, "--fp8-scales", "block128", "--dry-run")

@@ -183,10 +183,11 @@ print("scale_a", tuple(sx.shape), sx.stride(), "scale_b", tuple(sw.t().shape), s
 # %% [markdown]
 # ## Packs and `explain`
 #
-# The policy gives every fp8 problem the one fp8 kernel measured (`plan.FP8_RULES`): v9 at its fp8
-# defaults, whatever M, with no tuning database (it holds 16-bit kernels' knobs). A kernel pack for
-# a weight is then one runtime-M module for its whole M range, the same module `scaled_mm` would
-# build itself (`pack build --dtypes float8_e4m3 --fp8-scales row --fp8-out bfloat16`); with
+# The policy gives an fp8 problem v9's e4m3 kernel at the knobs the fp8 sweep measured
+# (`plan.FP8_RULES`, `plan.fp8_knobs`): one set for small M (one row of tiles), one for the rest, v9's
+# fp8 defaults with block scales; no tuning database (it holds 16-bit kernels' knobs). A kernel pack
+# for a weight is then a runtime-M module for each of the two ranges of M, the modules `scaled_mm`
+# would build itself (`pack build --dtypes float8_e4m3 --fp8-scales row --fp8-out bfloat16`); with
 # `explain=True`, `scaled_mm` says which module served a call and from where, and where none
 # does, `torch._scaled_mm` computes it with a warning naming the `pack build` that would.
 

@@ -28,8 +28,8 @@ the dtypes, each recipe of ``--fp8-scales`` (``tensor``, ``row``) and each D of 
     python -m gemm_ladder pack build --weights 4096x4096 --dtypes float8_e4m3 --fp8-scales row --out build/pack
 
 Their entries have D's dtype as ``dtype`` and say e4m3 and the recipe in ``spec``; the policy
-gives an fp8 problem one kernel at every M (``plan.FP8_RULES``), so a weight's whole M range is
-one runtime-M module.
+gives an fp8 problem one kernel for small M and one for the rest (``plan.FP8_RULES``), so a weight's
+whole M range is two runtime-M modules (one with block scales).
 
 **Alternatives** (issue 30). Where the policy's choice leaves most SMs idle (``plan.sub_wave``: a
 333x1280x5120 in 30 tiles on 132 SMs), a pack also holds the split-K modules ``plan.alternatives``

@@ -444,19 +444,56 @@ def rule_applies(name: str, p: Problem, rules=None) -> bool:
     return any(r.arch == p.arch and r.when(p) for r in found)
 
 
-# -- fp8 (issue 32): one kernel, not the rules above. The rules choose among 16-bit kernels at knobs
-# measured for each kind of shape; the fp8 kernel has been checked and timed on a GPU at v9's fp8
-# defaults only (128x128 tiles over two consumers, the promotion every 128 of K: the promoted sums
-# double the accumulators, so the large rule's 128x256 tile does not fit), and no other rung builds
-# fp8. So every fp8 problem gets those defaults, whatever its M: one runtime-M module serves a
-# weight's whole M range, and a pack built for it holds the module scaled_mm would build itself.
-FP8_RESULTS = "benchmarks/results/2026-11-26_h100_fp8/README.md"
+# -- fp8 (issue 32): its own rules, not the ones above. The rules above choose among 16-bit kernels at
+# knobs measured for each kind of shape; fp8 is v9's e4m3 kernel (no other rung builds it) at the knobs
+# the fp8 sweep measured (benchmarks/fp8_sweep.py, FP8_RESULTS): the promotion's interval (the tensor
+# cores' sums into fp32 every FP8_PROMOTE slices of 128 of K: within FP8_ERROR of torch._scaled_mm's error
+# up to K = 16384, where none is 4x; 1.22-1.37x the promotion every slice), a 1x2 cluster (+5-11% at 8192^3
+# and 4096x7168x16384); at small M (one row of tiles, FP8_SMALL_M) narrower tiles, more of them, B streamed. Block scales keep v9's defaults (one K
+# block a promotion, its scales applied as it is added). A weight's M range takes one runtime-M module a
+# rule: a pack built for it holds the modules scaled_mm would build itself (scaled.build_knobs).
+FP8_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_sweep/README.md"
+FP8_PROMOTE = 4  # slices of 128 of K between promotions
+FP8_ERROR = "1.04x"  # the largest error over torch's of FP8_PROMOTE at K = 4096 to 16384 (the sweep's checks)
+FP8_SMALL_M = 128  # up to this M the rows are one 128-row tile: the small-M knobs
+FP8_LARGE_KNOBS = {"promote": FP8_PROMOTE, "cluster_m": 1, "cluster_n": 2}
+FP8_SMALL_KNOBS = {"blk_n": 64, "cluster_m": 1, "cluster_n": 2, "stream_b": True}
+
+
+def fp8_knobs(M: int, N: int, K: int, recipe: str) -> dict:
+    """v9's knobs for a scaled e4m3 GEMM (``scaled_mm``'s): the policy above, by M and the recipe."""
+    if recipe == "block":
+        return {}
+    return dict(FP8_SMALL_KNOBS if M <= FP8_SMALL_M else FP8_LARGE_KNOBS)
+
+
+def _fp8(p: Problem, block: bool) -> bool:
+    """Whether ``p`` is a scaled fp8 GEMM with block scales (``block``) or with the others."""
+    return p.spec is not None and p.spec.is_fp8 and (p.spec.scales == "block") == block
+
+
 FP8_RULES: list[Rule] = [
-    Rule("fp8", "sm_90a", "v9", when=lambda p: p.spec is not None and p.spec.is_fp8, knobs=lambda p: {},
-         why="an fp8 GEMM: v9 at its fp8 defaults (128x128 tiles over two consumers, e4m3 wgmma k32, the "
-             "tensor cores' sums promoted into fp32 every 128 of K), the one fp8 kernel measured",
-         evidence=FP8_RESULTS + ": correct for the tensor and row recipes at 1000x3008x1024 to 4096x7168x16384; "
-                  "0.64-0.86x torch._scaled_mm, 1.20-1.29x our bf16 v9 (kernels in CUDA graphs)"),
+    Rule("fp8-block", "sm_90a", "v9", when=lambda p: _fp8(p, True), knobs=lambda p: {},
+         why="fp8 with block scales: v9 at its fp8 defaults (128x128 tiles over two consumers, each 128 of K "
+             "promoted into fp32 as its block's scales apply)",
+         evidence="benchmarks/results/2026-11-26_h100_fp8_block/README.md: correct at 9 of 9 checks, 0.76x "
+                  "torch._scaled_mm block-wise"),
+    Rule("fp8-small-m", "sm_90a", "v9", when=lambda p: _fp8(p, False) and p.M <= FP8_SMALL_M,
+         knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
+         why=f"fp8 with M <= {FP8_SMALL_M}: one row of tiles, so 128x64 tiles (twice as many CTAs), 1x2 clusters "
+             "sharing A, B streamed past L2",
+         evidence=FP8_RESULTS + ": 128x4096x7168, 1.33x v9's fp8 defaults (0.63x torch._scaled_mm)"),
+    Rule("fp8", "sm_90a", "v9", when=lambda p: _fp8(p, False), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
+         why=f"an fp8 GEMM: v9's e4m3 kernel (128x128 tiles over two consumers, wgmma k32), the tensor cores' "
+             f"sums promoted into fp32 every {FP8_PROMOTE} slices of 128 of K (within {FP8_ERROR} of "
+             "torch._scaled_mm's error to K = 16384), 1x2 clusters",
+         evidence=FP8_RESULTS + ": promotion every 4 slices 1113-1156 TFLOPS (0.88-0.89x torch._scaled_mm) at 4096^3 "
+                  "and 4096x7168x16384, a 1x2 cluster +5-11% at 8192^3 and 4096x7168x16384"),
+    Rule("fp8-defaults", "sm_90a", "v9", when=lambda p: p.spec is not None and p.spec.is_fp8, knobs=lambda p: {},
+         why="an fp8 GEMM the rules above do not build: v9 at its fp8 defaults (128x128 tiles over two consumers, "
+             "the promotion every 128 of K)",
+         evidence="benchmarks/results/2026-11-26_h100_fp8/README.md: correct for the tensor and row recipes, "
+                  "0.64-0.86x torch._scaled_mm"),
 ]
 FP8_NO_DB = "tuning database: not asked (it holds no fp8 entries; the tuner does not time fp8 yet)"
 

@@ -41,14 +41,14 @@ Where the kernel comes from (``explain=True`` returns the lines with D), first t
     1. a module registered with :func:`use_module` (its N, K and spec; any M for a runtime-M module)
     2. a kernel pack's fp8 module (``gemm_ladder.use_pack``, ``$GEMM_LADDER_PACK``; built with
        ``pack build --dtypes float8_e4m3 --fp8-scales ... --fp8-out ...``): the call's spec, N
-       and K, any M its runtime M takes (one kernel serves every M of an fp8 weight:
-       ``plan.FP8_RULES``), or the M it was built for
+       and K, any M its runtime M takes (a runtime-M module serves a range of M of an fp8 weight:
+       ``plan.FP8_RULES``, small M and the rest), or the M it was built for
     3. where TVM's compiler is here, the policy's fp8 kernel (``plan.FP8_RULES``: the same
        module a pack holds) from the module cache or built into it now (``sm90a/fp8.py``)
     4. else ``torch._scaled_mm``, with a :class:`front.KernelFallbackWarning` once per shape that
        says how to build a pack for it; ``strict=True``: :class:`front.NoKernelError` instead.
 
-The tuner does not time fp8 yet (the policy's one fp8 kernel is v9 at its fp8 defaults).
+The tuner does not time fp8 yet (the policy's fp8 knobs are ``plan.fp8_knobs``, from the fp8 sweep).
 
 :func:`quantize_fp8` makes the inputs with the rounding torch's recipes use: ``amax / fp8_max``
 as the scale (the dequantization multiplier), ``x / scale`` clamped to the fp8 range, then
@@ -67,6 +67,7 @@ from ..core import device
 from ..core.config import max_m_of
 from ..core.spec import FP8_SCALES, MN_MAJOR_FP8_FIX, GemmSpec
 from .front import KernelFallbackWarning, NoKernelError, Route, cached_module, packs, why_no_build
+from . import plan
 from .kernel_pack import FP8_INPUT
 from .runtime import ModuleInputError, load
 
@@ -313,9 +314,10 @@ def _fits(mod, call: Call) -> bool:
 
 def build_knobs(call: Call, arch: str) -> dict:
     """The knobs of the module :func:`scaled_mm` builds for ``call``: the policy's fp8 kernel
-    (``plan.FP8_RULES``: v9 at its fp8 defaults) with M at run time, as ``pack build`` plans it, so
+    (``plan.FP8_RULES``: ``plan.fp8_knobs``) with M at run time, as ``pack build`` plans it, so
     a pack's module and a build here are one entry of the module cache."""
-    return {"spec": call.spec.text(), "dtype": call.spec.d, "arch": arch, "dynamic_m": True}
+    return {**plan.fp8_knobs(call.M, call.N, call.K, call.recipe), "spec": call.spec.text(), "dtype": call.spec.d,
+            "arch": arch, "dynamic_m": True}
 
 
 def pack_command(call: Call) -> str:
@@ -367,7 +369,7 @@ def _build(call: Call, arch: str) -> Route:
     source = {"cache": "module cache", "built": "fresh build"}[how]
     return Route(load(path), None, source, MODULE_RUNG, knobs,
                  [f"kernel: {MODULE_RUNG} fp8 ({call.spec.text()}) [M at run time]",
-                  "chosen by: rule 'fp8': v9 at its fp8 defaults at every M (plan.FP8_RULES)",
+                  f"chosen by: plan.FP8_RULES: {plan.fp8_knobs(call.M, call.N, call.K, call.recipe) or 'v9 fp8 defaults'}",
                   f"source: {source} {path}"])
 
 

@@ -17,6 +17,17 @@ parts of it:
   exact adds and the tensor cores start over (``mainloop.Consumer`` with ``promote``: DeepGEMM
   and CUTLASS promote every 128 of K, ``promote=1`` here). It doubles the accumulator registers:
   a 128x128 tile over two consumers (64 + 64 a thread) fits, 128x256 does not;
+- where the promotion's time goes (``benchmarks/results/2026-11-26_h100_fp8_sweep/``: 128x128 ran
+  1249 TFLOPS without it, 913 with it every slice, 1113 every 4 slices): a group's sums can be read
+  only once its wgmmas retired (``wait_group(0)``), so the consumer's tensor-core queue drains before
+  its adds, and both consumers drain at the same slices. Two knobs attack that, the old path kept:
+  ``overlap`` (groups per drain, 0: off) issues the groups into two accumulator sets in turn, each
+  group's adds after ``wait_group(1)`` while the next group's wgmmas run, and drains once a run of
+  ``overlap`` groups (three sets of sums a thread: 128x128 over two consumers only; a run carried
+  over the loop's back edge made ptxas serialise every wgmma, and runs longer than
+  :data:`OVERLAP_MOST` spilled); ``stagger`` cuts the odd consumers' groups (or runs) half a group
+  later, so their drains fall between the even consumers' and one consumer's queue keeps the tensor
+  cores busy while the other drains and adds;
 - the scales, fp32, applied to the sums before the epilogue op (the bias) and the rounding
   (:func:`scale_sums`): a scalar ``scale_a[0] * scale_b[0]`` (tensor), or each sum's row of
   ``scale_a`` and column of ``scale_b`` (row). The row is why it is a step of its own and not an
@@ -39,8 +50,9 @@ parts of it:
   scale in the epilogue (a bias still is).
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
-``epi_under`` and no ``tail_n`` yet, the accumulators (twice, with promotion) within the
-consumer's registers; block scales also need ``promote=1``, no ``k_zigzag`` (the slices must land
+``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
+``overlap``) within the consumer's registers; ``overlap`` and ``stagger`` need a promotion (and
+``stagger`` two consumers and groups or runs of two or more), not with block scales; block scales also need ``promote=1``, no ``k_zigzag`` (the slices must land
 in K order) and a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks).
 """
 
@@ -57,6 +69,10 @@ from .common import WG_M, HopperPlan, role_registers
 
 BLOCK = 128  # the block recipe's groups: A's 1 x 128 of K, B's 128 x 128
 PROMOTE_DEFAULT = 1  # slices of blk_k = 128 between promotions: every 128 of K, as DeepGEMM and CUTLASS
+OVERLAP_DEFAULT = 0  # promotion groups issued back to back in two accumulator sets (0: one set, the adds after a drain)
+# promote -> the longest run (overlap) whose SASS has no spills and no serialised wgmmas at 128x128 (ptxas 13.0;
+# tests/test_fp8_overlap.py): 4 x 3 slices spilled 350 registers and waited after every wgmma, 4 x 2 spilled 40
+OVERLAP_MOST = {1: 8, 2: 2}
 LOOP_REGS = 40  # registers a consumer keeps for addresses and loop state (common.check_consumer_registers)
 
 
@@ -68,6 +84,18 @@ def enabled(cfg: GemmConfig) -> bool:
 def promote(cfg: GemmConfig) -> int:
     """Slices between promotions (0: none, or not fp8)."""
     return int(dict(cfg.extra).get("promote", 0)) if enabled(cfg) else 0
+
+
+def overlap(cfg: GemmConfig) -> int:
+    """Promotion groups a consumer issues between two drains of its wgmmas, in two accumulator
+    sets taken in turn (0: one set, each group drained before its adds; ``mainloop._overlapped_groups``)."""
+    return int(dict(cfg.extra).get("overlap", 0)) if enabled(cfg) and promote(cfg) else 0
+
+
+def stagger(cfg: GemmConfig) -> bool:
+    """Whether odd consumers cut their promotion groups half a group (or run) after even ones
+    (``mainloop._run_staggered``), so that the consumers do not drain the tensor cores together."""
+    return bool(dict(cfg.extra).get("stagger", False)) if enabled(cfg) and promote(cfg) else False
 
 
 def recipe(cfg: GemmConfig) -> str:
@@ -113,17 +141,60 @@ def check(cfg: GemmConfig) -> None:
                           f"{-(-cfg.K // 16) * 16} with zeros")
     if recipe(cfg) == "block":
         _check_block(cfg, every)
+    runs = extra.get("overlap", 0)
+    _check_overlap(cfg, every, runs)
+    _check_stagger(cfg, every, runs)
     regs = role_registers(cfg.num_warpgroups)
     budget = regs.consumer or regs.entry
     acc = HopperPlan(cfg).acc_regs
-    need = acc * (2 if every else 1) + LOOP_REGS
+    sets = 2 if runs else 1  # tensor-core accumulator sets
+    need = acc * (sets + (1 if every else 0)) + LOOP_REGS
     if need > budget:
         raise ConfigError(
-            f"fp8 with promote={every} holds {acc} tensor-core accumulators"
-            + (f" and {acc} promoted sums" if every else "")
+            f"fp8 with promote={every}" + (f", overlap={runs}" if runs else "") + f" holds {acc * sets} tensor-core "
+            "accumulators" + (" (two sets)" if runs else "") + (f" and {acc} promoted sums" if every else "")
             + f" a thread for a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer(s), {need} "
-            f"registers with addresses and loop state, over the {budget} a consumer may hold; use blk_n=128 "
-            "(blk_m=128, two consumers)" + (", or promote=0" if every else ""))
+            f"registers with addresses and loop state, over the {budget} a consumer may hold; use "
+            + ("overlap=0, or blk_n=128 (blk_m=128, two consumers)" if runs else
+               "blk_n=128 (blk_m=128, two consumers)" + (", or promote=0" if every else "")))
+
+
+def _check_stagger(cfg: GemmConfig, every: int, runs: int) -> None:
+    """``stagger`` offsets the odd consumers' groups by half a group (or half a run): there must be
+    two consumers and a half to offset by."""
+    if not dict(cfg.extra).get("stagger"):
+        return
+    fix = "use stagger=False, or promote=4 (or overlap=4) with two consumers"
+    if cfg.num_warpgroups < 2:
+        raise ConfigError(f"stagger=True with num_warpgroups={cfg.num_warpgroups}: it offsets one consumer's "
+                          f"promotions against another's; {fix}")
+    if (every if not runs else runs) < 2:
+        raise ConfigError(f"stagger=True with promote={every}, overlap={runs}: a drain every slice has no half "
+                          f"to offset by; {fix}")
+    if recipe(cfg) == "block":
+        raise ConfigError(f"stagger=True is not built for block scales (one slice a promotion); {fix}")
+
+
+def _check_overlap(cfg: GemmConfig, every: int, runs) -> None:
+    """``overlap`` alternates two accumulator sets between promotions: it needs a promotion, and
+    block scales (applied as each K block is added, from registers loaded a slice ahead) are not built
+    with it yet."""
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 0 or runs == 1:
+        raise ConfigError(f"overlap={runs!r}: the promotion groups issued between two drains are 0 (off) or 2 and "
+                          "more (two accumulator sets taken in turn); use overlap=4")
+    if runs and not every:
+        raise ConfigError(f"overlap={runs} with promote=0: there is no promotion to overlap; use promote=1, or "
+                          "overlap=0")
+    most = OVERLAP_MOST.get(every, 0)
+    if runs > most:
+        raise ConfigError(
+            f"overlap={runs} with promote={every}: ptxas keeps two accumulator sets and the total in registers "
+            f"for runs of up to {max(OVERLAP_MOST.values())} one-slice groups or {OVERLAP_MOST[2]} groups of two "
+            "slices (longer runs spilled, or serialised the wgmmas); use overlap=4 with promote=1, or overlap=2 "
+            "with promote=2")
+    if runs and recipe(cfg) == "block":
+        raise ConfigError(f"overlap={runs} is not built for block scales yet (their registers are loaded a slice "
+                          "ahead for one set); use overlap=0")
 
 
 def _check_block(cfg: GemmConfig, every: int) -> None:

@@ -217,6 +217,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     promote = fp8.promote(cfg)  # fp8: K slices between promotions into fp32 sums (0: none)
     at_promotion = fp8.at_promotion(cfg)  # fp8 block scales: applied as each K block is promoted
     total_regs = acc_regs if promote else 1  # the promoted sums (one unused register without)
+    overlap = fp8.overlap(cfg)  # fp8: promotion groups between drains, in two accumulator sets (0: one set)
     scale_regs = fp8.scale_regs(plan) if scaled else 1
     residual = bool(spec_of(cfg).residual)  # + beta . C, C loaded into the staging buffers
     c_prefetch = epilogue.c_prefetch(cfg)  # C's first chunk loaded under the tile's K loop
@@ -344,6 +345,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
                 Preg = T.alloc_local((acc_regs // 2,), "uint32")
             # fp8: the promoted fp32 sums, and a thread's scales (one register each when unused)
             Freg = T.alloc_local((total_regs,), "float32")
+            if overlap > 0:
+                Dreg2 = T.alloc_local((acc_regs,), "float32")  # fp8 overlap: the second accumulator set
             Sreg = T.alloc_local((scale_regs,), "float32")
             # swap AB: B's rows are wgmma's 64-row operand, A's rows its N
             # fp8 block scales: applied at each promotion (fp8.BlockScales), not in the epilogue
@@ -353,7 +356,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if preset.swap_ab else Asmem,
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg,
-                                      scales=block_scales))
+                                      scales=block_scales, overlap=overlap, acc2=Dreg2 if overlap > 0 else None,
+                                      stagger=fp8.stagger(cfg), consumer=c))
             if preset.epilogue == "transposed":
                 epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                     warp_id=warp_id, lane_id=lane_id, packed=packed))

@@ -135,8 +135,11 @@ fp8 (``spec=GemmSpec.fp8(...)``, issue 32; ``sm90a/fp8.py`` says what changes): 
 through the same ring at blk_k = 128 (one 128-byte swizzle row), ``m64nNk32`` e4m3 wgmmas, fp32
 scales (one a tensor, or one a row of A and a column of B) on the sums before the bias, and the
 promotion (knob ``promote``, fp8 specs only: the tensor cores' sums added into fp32 every
-``promote`` slices). Its defaults: 128x128 tiles over two consumers (the promoted sums double the
-accumulators), ``promote=1``; no ``epi_under`` or ``tail_n`` yet.
+``promote`` slices), with two knobs against the drain before each promotion's adds: ``overlap``
+(groups in two accumulator sets, a group's adds under the next group's wgmmas) and ``stagger`` (the
+consumers' drains take turns; ``sm90a/fp8.py``). Its defaults: 128x128 tiles over two consumers (the
+promoted sums double the accumulators), ``promote=1``, ``overlap=0``, ``stagger=False``; no
+``epi_under`` or ``tail_n`` yet.
 
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
@@ -163,7 +166,9 @@ EPILOGUES = ("none", "bias", "act", "scaled", "alpha", "residual", "fp32_out", "
 MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] through transposed wgmma operands
 # knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8: the knobs
 # and tags of 16-bit modules stay as they were), and their defaults for v9's own (sm90a/fp8.py)
-FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT}  # K slices between promotions into fp32 (0: none)
+# K slices between promotions into fp32 (0: none); promotion groups between drains, two accumulator sets (0: off);
+# odd consumers' groups offset by half a group or run (the consumers' drains take turns)
+FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "stagger": False}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 # knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
 # FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop

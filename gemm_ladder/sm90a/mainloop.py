@@ -10,7 +10,9 @@ A kernel builds one :class:`Consumer` per consumer warpgroup with named fields, 
 with ``run`` (or ``issue`` and ``retire`` apart, when something goes between:
 ``issue_under`` with the previous tile's epilogue chunks under the first slices). fp8's
 promotion (``promote``): groups of slices into fresh accumulators, each group retired and added
-into an fp32 ``total`` (with block scales, ``fp8.BlockScales``, scaled as it is added).
+into an fp32 ``total`` (with block scales, ``fp8.BlockScales``, scaled as it is added); with
+``overlap`` (fp8's knob), two sets of accumulators taken in turn, so that a group's adds run while
+the next group's wgmmas do (:func:`_overlapped_groups`).
 The descriptors of ring slot 0 are encoded once per tile; every slot, 64-row atom and K step is
 reached from them by adds (``common.mma_k_slot``).
 """
@@ -79,30 +81,138 @@ def _promoted_group(mma, it, k0, count):
 
 
 @T.inline
-def _promote(mma, first):
-    """The promotion: the tensor cores' partial sums into the fp32 total (its start on the first
-    group), by the CUDA cores' exact fp32 adds."""
-    if first:
-        for r in T.unroll(mma.plan.acc_regs):
-            mma.total[r] = mma.acc[r]
-    else:
-        for r in T.unroll(mma.plan.acc_regs):
-            mma.total[r] = mma.total[r] + mma.acc[r]
+def _promote(mma, acc):
+    """The promotion: the tensor cores' partial sums ``acc`` into the fp32 total, by the CUDA
+    cores' exact fp32 adds."""
+    for r in T.unroll(mma.plan.acc_regs):
+        mma.total[r] = mma.total[r] + acc[r]
 
 
 @T.inline
-def _run_promoted(mma, it, nk):
-    groups = T.meta_var(nk // mma.promote)
-    rest = T.meta_var(nk % mma.promote)
+def _zero_total(mma):
+    """The total starts at 0 and every group adds (not ``total = acc`` at a tile's first group):
+    with that branch ptxas kept the sums in the accumulators' registers and copied them back
+    after every group, 64 MOVs a slice at 128x128."""
+    for r in T.unroll(mma.plan.acc_regs):
+        mma.total[r] = T.float32(0)
+
+
+def promotion_cuts(nk: int, promote: int, overlap: int, staggered: bool) -> tuple[list[int], int, list[int], list[int]]:
+    """How a tile's ``nk`` slices are cut into promotion groups (of ``promote`` slices): ``lead``, the
+    groups before the loop (a staggered consumer's: half a group, or half a run of ``overlap``
+    groups, so that its drains fall between the other consumer's); ``runs`` turns of the loop over
+    ``whole`` (one group, or a run of ``overlap`` groups); then ``tail``, the rest's groups (the last
+    one shorter). A tile no longer than the lead is not staggered."""
+    per_run = max(overlap, 1)
+    lead = ([promote // 2] if overlap == 0 else [promote] * (overlap // 2)) if staggered else []
+    lead = [g for g in lead if g > 0]
+    if sum(lead) >= nk:
+        lead = []
+    runs, rest = divmod(nk - sum(lead), promote * per_run)
+    tail = [promote] * (rest // promote) + ([rest % promote] if rest % promote else [])
+    return lead, runs, [promote] * per_run, tail
+
+
+@T.inline
+def _run_promoted(mma, it, nk, staggered):
+    lead, groups, whole, tail = T.meta_var(promotion_cuts(nk, mma.promote, 0, staggered))
+    first = T.meta_var(sum(lead))
+    lead_size = T.meta_var(sum(lead))  # one group at most (half a group)
+    tail_size = T.meta_var(sum(tail))  # one group at most (the rest of a group)
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
+    if lead_size > 0:
+        _promoted_group(mma, it, 0, lead_size)
+        _promote(mma, mma.acc)
     # whole groups, each retired before its sums are read: no wgmma is pending over the loop's
     # back edge (where ptxas would serialise every wgmma of the loop)
     for g in T.serial(groups):
-        _promoted_group(mma, it, g * mma.promote, mma.promote)
-        _promote(mma, g == 0)
-    if rest > 0:
-        _promoted_group(mma, it, groups * mma.promote, rest)
-        _promote(mma, groups == 0)
+        _promoted_group(mma, it, first + g * mma.promote, mma.promote)
+        _promote(mma, mma.acc)
+    if tail_size > 0:
+        _promoted_group(mma, it, first + groups * mma.promote, tail_size)
+        _promote(mma, mma.acc)
+
+
+@T.inline
+def _slice_into(mma, acc, pos, fresh):
+    """Ring position ``pos``'s slice into the accumulators ``acc`` (``fresh``: the first wgmma
+    overwrites them): wait for its slot, issue its wgmmas, one commit group."""
+    mma.ring.wait_full(pos)
+    T.ptx.wgmma.fence.sync.aligned()
+    mma_k_slot(mma.plan, acc, mma.ring.slot(pos), fresh, mma.desc_a, mma.desc_b, slot_step16(mma.a_smem),
+               slot_step16(mma.b_smem))
+    T.ptx.wgmma.commit_group.sync.aligned()
+
+
+@T.inline
+def _retire_all_but_last(mma, pos):
+    """Every commit group but the newest has retired: slice ``pos`` (the one before it) too, so
+    its slot goes back to the producers."""
+    T.ptx.wgmma.wait_group.sync.aligned(1)
+    if mma.lane_id == 0:
+        mma.ring.release(pos)
+
+
+def _overlapped_groups(mma, pos, sizes) -> None:
+    """Groups of ``sizes`` slices from ring position ``pos``, group i into accumulator set i % 2,
+    unrolled at trace time (plain Python around inline parts: which set a group takes is fixed):
+
+        group i's slices:  wait full; wgmmas into set i % 2; commit
+                           wait_group(1): everything but this slice retired; release the one before
+        at group i's first slice, once group i - 1's last retired:  total += set (i - 1) % 2
+        after the last:    wait_group(0); release it; total += its set
+
+    so each group's adds are issued while the next group's wgmmas run, and the tensor cores drain
+    once a run (``wait_group(0)``) instead of once a group. No wgmma is pending at the end of a run:
+    the loop over runs carries none over its back edge (a loop of two groups that carried one over
+    it, with no drain at all, made ptxas 13.0 wait after every wgmma: 16 waits for 16 wgmmas). The
+    total starts at 0 (:func:`_zero_total`)."""
+    sets = (mma.acc, mma.acc2)
+    s = 0
+    for i, size in enumerate(sizes):
+        for j in range(size):
+            _slice_into(mma, sets[i % 2], pos + s, j == 0)
+            if s > 0:
+                _retire_all_but_last(mma, pos + s - 1)
+                if j == 0:
+                    _promote(mma, sets[(i - 1) % 2])
+            s += 1
+    _retire(mma, pos, s)
+    _promote(mma, sets[(len(sizes) - 1) % 2])
+
+
+@T.inline
+def _run_overlapped(mma, it, nk, staggered):
+    lead, runs, whole, tail = T.meta_var(promotion_cuts(nk, mma.promote, mma.overlap, staggered))
+    first = T.meta_var(sum(lead))
+    per_run = T.meta_var(mma.promote * mma.overlap)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
+    if len(lead) > 0:
+        _overlapped_groups(mma, it, lead)
+    for r in T.serial(runs):
+        _overlapped_groups(mma, it + first + r * per_run, whole)
+    if len(tail) > 0:
+        _overlapped_groups(mma, it + first + runs * per_run, tail)
+
+
+def _run_promotion(mma, it, nk, staggered) -> None:
+    """A tile's promoted K loop, drained a group (``_run_promoted``) or a run (``_run_overlapped``)."""
+    if mma.overlap:
+        _run_overlapped(mma, it, nk, staggered)
+    else:
+        _run_promoted(mma, it, nk, staggered)
+
+
+@T.inline
+def _run_staggered(mma, it, nk):
+    """Even consumers cut their groups from slice 0, odd ones half a group (or run) later: their
+    drains take turns, and one consumer's wgmmas keep the tensor cores busy through the other's."""
+    if mma.consumer % 2 == 0:
+        _run_promotion(mma, it, nk, False)
+    else:
+        _run_promotion(mma, it, nk, True)
 
 
 @T.inline
@@ -170,6 +280,10 @@ class Consumer:
     promote: int = 0  # fp8: slices between promotions into ``total`` (0: none, acc holds the sums)
     total: object = None  # float32[acc_regs] local: the promoted sums (with promote)
     scales: object = None  # fp8.BlockScales: block scales applied at each promotion (promote=1), or None
+    overlap: int = 0  # fp8: promotion groups issued back to back, in two accumulator sets (0: one set)
+    acc2: object = None  # float32[acc_regs] local: the second set (with overlap)
+    stagger: bool = False  # fp8: odd consumers' promotion groups start half a group (or run) later
+    consumer: object = 0  # this consumer's index (with stagger)
 
     @property
     def sums(self):
@@ -193,7 +307,10 @@ class Consumer:
         into fresh accumulators, retire, and are added into ``total`` in fp32 (what DeepGEMM and
         CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain). With
         block ``scales``, ``m0`` (this consumer's first row of the tile) and ``n0`` (the tile's first
-        column) say whose scales: the tile's whole K (slice g is K block g)."""
+        column) say whose scales: the tile's whole K (slice g is K block g). With ``overlap``, the
+        groups alternate between ``acc`` and ``acc2`` and each one's adds run under the next one's
+        wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two drains; with ``stagger``,
+        odd consumers cut their groups half a group (or run) later (:func:`_run_staggered`)."""
         if self.scales is not None:
             if m0 is None or n0 is None or self.promote != 1 or not isinstance(num_slices, int):
                 raise ValueError("Consumer.run with block scales needs promote=1, a fixed number of slices and the "
@@ -201,7 +318,13 @@ class Consumer:
                                  "must pass them)")
             _run_block_scaled(self, pos, num_slices, m0, n0)
         elif self.promote:
-            _run_promoted(self, pos, num_slices)
+            if (self.overlap and self.acc2 is None) or not isinstance(num_slices, int):
+                raise ValueError("Consumer.run with promote needs a fixed number of slices, and with overlap the "
+                                 "second accumulator set (acc2) (fp8.check refuses the knobs elsewhere)")
+            if self.stagger:
+                _run_staggered(self, pos, num_slices)
+            else:
+                _run_promotion(self, pos, num_slices, False)
         else:
             self.issue(pos, num_slices)
             self.retire(pos, num_slices)
