@@ -65,14 +65,15 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+import phase_runs  # noqa: E402  (sibling scripts, not a package: run's scaffolding, shared with host_check)
+from power_probe import Sampler  # noqa: E402
 
 import gemm_ladder  # noqa: E402  (the front door: use_pack)
 import gemm_ladder.nn as gnn  # noqa: E402
 from gemm_ladder.core import cli_types, device, files  # noqa: E402
 from gemm_ladder.core.records import Bool, Int, List, Map, Obj, Str, read_json  # noqa: E402
 from gemm_ladder.core.spec import GemmSpec, spec_for  # noqa: E402
-from gemm_ladder.measure import harness, isolate  # noqa: E402
+from gemm_ladder.measure import harness  # noqa: E402
 from gemm_ladder.measure.report import table as fmt  # noqa: E402
 from gemm_ladder.serve.kernel_pack import KernelPack, build_pack  # noqa: E402
 
@@ -842,53 +843,27 @@ def summarize(results: dict, rows: list[dict]) -> dict:
 
 def run(folder, out, only=("inference", "train"), mode: str = "strict", fuse: bool = False) -> int:
     """Each phase in a child with its deadline (``fuse``: ours patched with ``fuse=True``); writes
-    ``out``. 0 once written, 2 where it cannot run."""
-    why = device.why_no_gpu(index=0)
-    if why is not None:
-        print(f"e2e_check run: no GPU ({why}): run it on the GPU box", file=sys.stderr)
-        return 2
-    fix = f"run benchmarks/e2e_check.py prepare {folder} on the build box and carry the folder here"
-    try:
+    ``out``. 0 once written, 2 where it cannot run (``phase_runs.checked_plan`` says why)."""
+    def read(fix):
         doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", fix, PLAN_SCHEMA)
         for name in [*doc["inference"]["models"], doc["train"]["model"]]:
-            config_of(doc, name)
+            config_of(doc, name)  # a model the plan lacks: ValueError
         if fuse and not doc.get("fuse"):
             raise ValueError(f"the plan in {folder} has no fused-MLP GEMMs: run benchmarks/e2e_check.py prepare "
                              f"{folder} --fuse on the build box")
-        missing = unserved(KernelPack(folder), doc, device.arch_of(0))
-    except ValueError as err:  # a bad plan or pack (RecordError, PackError), or a model the plan lacks
-        print(f"e2e_check run: {err}", file=sys.stderr)
+        return doc
+
+    doc = phase_runs.checked_plan("e2e_check", folder, read,
+                                  lambda doc: unserved(KernelPack(folder), doc, device.arch_of(0)))
+    if doc is None:
         return 2
-    if missing:
-        print(f"e2e_check run: the pack in {folder} does not serve {len(missing)} GEMM(s) of the plan on this GPU "
-              f"({missing[0]}{', ...' if len(missing) > 1 else ''}): {fix}", file=sys.stderr)
-        return 2
-    start = time.time()
-    gpu = harness.gpu_info()
-    job = f"{__name__ if __name__ != '__main__' else 'benchmarks.e2e_check'}:phase_job"
-    results = {}
-    sampler = Sampler()
-    for phase in phases_of(doc, only):
-        t0 = time.time()
-        deadline = PHASE_TIMEOUT[phase.partition(":")[0]]
-        args = [str(folder), mode] + (["fuse"] if fuse else [])
-        results[phase] = isolate.run_batch(job, [phase], args, timeout=deadline, explain=False)[0]
-        results[phase]["clocks"] = sampler.between(t0, time.time())
-        print(f"{phase_line(phase, results[phase])} ({time.time() - start:.0f} s)", file=sys.stderr)
-    rows = [r for res in results.values() for r in res.get("rows", [])]
-    for r in rows:  # the SM clock and power while the row was timed
-        r["clocks"] = sampler.between(r.pop("t0"), r.pop("t1"))
-    sampler.stop()
-    summary = summarize(results, rows)
-    result = {"format": FORMAT, "version": 1, "gpu": gpu, "gpu_after": harness.gpu_info(), **harness.run_info(),
-              "seconds": round(time.time() - start, 1), "method": __doc__.split("\n\n")[2].strip(),
-              "front_door": {"mode": mode, "env": FRONT_MODES[mode]}, "fuse": fuse,
-              "summary": summary,
-              "phases": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in results.items()},
-              "rows": rows}
-    files.write_json(out, result)
-    print(table(rows))
-    print(f"{result['seconds']:.0f} s; wrote {out}")
+    start, gpu = time.time(), harness.gpu_info()
+    args = [str(folder), mode] + (["fuse"] if fuse else [])
+    results, rows = phase_runs.run_phases(phase_runs.job_of(__name__, "e2e_check"), phases_of(doc, only), args,
+                                          lambda phase: PHASE_TIMEOUT[phase.partition(":")[0]], phase_line, Sampler())
+    phase_runs.write_results(out, FORMAT, gpu, start, __doc__.split("\n\n")[2].strip(),
+                             {"mode": mode, "env": FRONT_MODES[mode]}, summarize(results, rows), results, rows, table,
+                             fuse=fuse)
     return 0
 
 
@@ -900,13 +875,12 @@ def main(argv=None) -> int:
     pr.add_argument("--sms", type=cli_types.count, default=132, help="SM count the policy plans for (H100 SXM)")
     pr.add_argument("--workers", type=cli_types.count, default=None)
     pr.add_argument("--fuse", action="store_true", help="also the GEMMs of the fused model (run --fuse)")
-    r = sub.add_parser("run", help="GPU box: inference and training, torch against patched")
-    r.add_argument("folder", help="the folder prepare built")
-    r.add_argument("--out", type=cli_types.out_file, default="e2e_check.json")
+    r = phase_runs.add_run_parser(sub, help="GPU box: inference and training, torch against patched",
+                                  folder_help="the folder prepare built", out="e2e_check.json",
+                                  front_modes=FRONT_MODES,
+                                  front_help="strict: every patched GEMM ours (default); measured: the front "
+                                             "door's timed choice, torch's matmul where it is faster")
     r.add_argument("--phase", choices=("inference", "train"), action="append", help="only these phases (default both)")
-    r.add_argument("--front", choices=list(FRONT_MODES), default="strict",
-                   help="strict: every patched GEMM ours (default); measured: the front door's timed choice, "
-                        "torch's matmul where it is faster")
     r.add_argument("--fuse", action="store_true",
                    help="patch ours with gemm_ladder.nn.patch(model, fuse=True): SwiGLU MLPs on the gated kernel "
                         "(the folder from prepare --fuse)")

@@ -36,7 +36,9 @@ odd shapes, then timed at the Llama-8B weight shapes against torch's best paths.
   bias+gelu (no residual: the rule takes it on the same reasoning, unmeasured), the policy's module
   with the rule (``rule``) beside the module it chose before (``before``, the rules without it); where
   the rule does not apply, the policy's module (``unchanged``) beside 64x64 tiles forced
-  (``probe_64x64``), to test the threshold. Each row has a ``rule`` field (that variant), the plan rule
+  (``probe_64x64``), to test the threshold, and past M = 128 where 64x128 tiles fit in one wave the
+  rule's knobs with 64x128 tiles (``probe_64x128``: the next step's question, the rule at M = 256 with
+  tiles twice as wide). Each row has a ``rule`` field (that variant), the plan rule
   that chose the module (``chosen_by``) and its time against the ``before`` (or ``unchanged``) module of
   the same rounds (``vs_policy_before``).
 
@@ -67,7 +69,7 @@ import time
 from pathlib import Path
 
 from gemm_ladder.core import files
-from gemm_ladder.core.spec import spec_for, spec_of_manifest, torch_activation
+from gemm_ladder.core.spec import spec_for, torch_activation
 from gemm_ladder.serve import plan
 
 PLAN_FILE = "epilogue_plan.json"
@@ -91,8 +93,10 @@ RULE_MS = [64, 128, 256]
 RULE_EPILOGUES = ["residual", "alpha_bias_gelu_tanh+residual", "bias_gelu_tanh"]
 RULE_NAME = "small-m-epilogue"
 # variant -> the rules plan_job takes: the policy's ("rule"), the policy without the rule ("before"),
-# the rule forced where it does not apply ("probe_64x64"); "unchanged": the policy's, the rule not applying
-RULE_VARIANTS = ("rule", "before", "unchanged", "probe_64x64")
+# the rule forced where it does not apply ("probe_64x64"), and with 64x128 tiles past its M ("probe_64x128");
+# "unchanged": the policy's, the rule not applying
+RULE_VARIANTS = ("rule", "before", "unchanged", "probe_64x64", "probe_64x128")
+WIDE_PROBE = (64, 128)  # probe_64x128's tile
 CASE_SETS = ("all", "epilogues", "rule")
 CHECK_TIMEOUT = 120.0
 
@@ -140,14 +144,17 @@ def cases() -> list[dict]:
 def rule_cases(sms: int = 132) -> list[dict]:
     """The small-M epilogue rule's timing cases (see the module docstring): per epilogue, Llama
     weight and M of :data:`RULE_MS`, ``rule`` and ``before`` where the rule applies, ``unchanged``
-    and ``probe_64x64`` where it does not. Pure Python (the policy's rules, no build)."""
+    and ``probe_64x64`` where it does not, and ``probe_64x128`` past the rule's M where 64x128 tiles
+    fit in one wave. Pure Python (the policy's rules, no build)."""
     out = []
     for e in RULE_EPILOGUES:
         for N, K in LLAMA_WEIGHTS:
             for M in RULE_MS:
-                applies = plan.rule_applies(RULE_NAME, plan.Problem(M, N, K, "bfloat16", "sm_90a", sms,
-                                                                   spec_for("bfloat16", e)))
-                for v in (("rule", "before") if applies else ("unchanged", "probe_64x64")):
+                p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", e))
+                variants = ("rule", "before") if plan.rule_applies(RULE_NAME, p) else ("unchanged", "probe_64x64")
+                if M > plan.SMALL_M_EPILOGUE_ROWS[1] and p.tiles(*WIDE_PROBE) <= sms:
+                    variants += ("probe_64x128",)
+                for v in variants:
                     out.append({"purpose": "time", "set": "rule", "epilogue": e, "dtype": "bfloat16",
                                 "shape": [M, N, K], "variant": v})
     return out
@@ -159,6 +166,11 @@ def rules_of(variant: str | None):
         return [r for r in plan.RULES if r.name != RULE_NAME]
     if variant == "probe_64x64":
         return [dataclasses.replace(r, when=lambda p: True) for r in plan.RULES if r.name == RULE_NAME]
+    if variant == "probe_64x128":
+        blk_m, blk_n = WIDE_PROBE
+        return [dataclasses.replace(r, when=lambda p: True,
+                                    knobs=lambda p, r=r: {**r.knobs(p), "blk_m": blk_m, "blk_n": blk_n})
+                for r in plan.RULES if r.name == RULE_NAME]
     return None
 
 

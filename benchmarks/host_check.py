@@ -49,13 +49,14 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_check  # noqa: E402  (a sibling script: the model, its plan, its timers)
+import phase_runs  # noqa: E402  (run's scaffolding, shared with e2e_check)
 from power_probe import Sampler  # noqa: E402
 
 import gemm_ladder  # noqa: E402
 import gemm_ladder.nn as gnn  # noqa: E402
-from gemm_ladder.core import cli_types, device, files  # noqa: E402
+from gemm_ladder.core import device  # noqa: E402
 from gemm_ladder.core.records import read_json  # noqa: E402
-from gemm_ladder.measure import harness, isolate  # noqa: E402
+from gemm_ladder.measure import harness  # noqa: E402
 from gemm_ladder.measure.report import table as fmt  # noqa: E402
 from gemm_ladder.serve import front  # noqa: E402
 from gemm_ladder.serve.front import operand_majors  # noqa: E402
@@ -314,56 +315,30 @@ def table(rows: list[dict]) -> str:
 
 
 def run(folder, out, mode: str = "strict") -> int:
-    """Each phase in a child with its deadline; writes ``out``. 0 once written, 2 where it cannot run."""
-    why = device.why_no_gpu(index=0)
-    if why is not None:
-        print(f"host_check run: no GPU ({why}): run it on the GPU box", file=sys.stderr)
+    """Each phase in a child with its deadline; writes ``out``. 0 once written, 2 where it cannot
+    run (``phase_runs.checked_plan`` says why)."""
+    doc = phase_runs.checked_plan(
+        "host_check", folder,
+        lambda fix: read_json(Path(folder) / e2e_check.PLAN_FILE, "e2e_check plan", fix, e2e_check.PLAN_SCHEMA),
+        lambda doc: e2e_check.unserved(KernelPack(folder), doc, device.arch_of(0)))
+    if doc is None:
         return 2
-    fix = f"run benchmarks/e2e_check.py prepare {folder} on the build box and carry the folder here"
-    try:
-        doc = read_json(Path(folder) / e2e_check.PLAN_FILE, "e2e_check plan", fix, e2e_check.PLAN_SCHEMA)
-        missing = e2e_check.unserved(KernelPack(folder), doc, device.arch_of(0))
-    except ValueError as err:
-        print(f"host_check run: {err}", file=sys.stderr)
-        return 2
-    if missing:
-        print(f"host_check run: the pack in {folder} does not serve {len(missing)} GEMM(s) of the plan on this GPU "
-              f"({missing[0]}): {fix}", file=sys.stderr)
-        return 2
-    start = time.time()
-    gpu = harness.gpu_info()
-    job = f"{__name__ if __name__ != '__main__' else 'benchmarks.host_check'}:phase_job"
-    results = {}
-    sampler = Sampler()
-    for phase in PHASES:
-        t0 = time.time()
-        results[phase] = isolate.run_batch(job, [phase], [str(folder), mode], timeout=PHASE_TIMEOUT[phase],
-                                           explain=False)[0]
-        results[phase]["clocks"] = sampler.between(t0, time.time())
-        print(f"{phase}: {results[phase].get('status')} {str(results[phase].get('detail', ''))[-300:]} "
-              f"({time.time() - start:.0f} s)", file=sys.stderr)
-    rows = [r for res in results.values() for r in res.get("rows", [])]
-    for r in rows:  # the SM clock and power while the row was timed
-        r["clocks"] = sampler.between(r.pop("t0"), r.pop("t1"))
-    sampler.stop()
-    result = {"format": FORMAT, "version": 1, "gpu": gpu, "gpu_after": harness.gpu_info(), **harness.run_info(),
-              "seconds": round(time.time() - start, 1), "method": __doc__.split("\n\n")[2].strip(),
-              "front_door": {"mode": mode, "env": e2e_check.FRONT_MODES[mode]}, "summary": summarize(rows),
-              "phases": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in results.items()}, "rows": rows}
-    files.write_json(out, result)
-    print(table(rows))
-    print(f"{result['seconds']:.0f} s; wrote {out}")
+    start, gpu = time.time(), harness.gpu_info()
+    results, rows = phase_runs.run_phases(
+        phase_runs.job_of(__name__, "host_check"), PHASES, [str(folder), mode], PHASE_TIMEOUT.get,
+        lambda phase, res: f"{phase}: {res.get('status')} {str(res.get('detail', ''))[-300:]}", Sampler())
+    phase_runs.write_results(out, FORMAT, gpu, start, __doc__.split("\n\n")[2].strip(),
+                             {"mode": mode, "env": e2e_check.FRONT_MODES[mode]}, summarize(rows), results, rows, table)
     return 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="GPU box: per call, per layer and per training step, ours against torch")
-    r.add_argument("folder", help="the folder benchmarks/e2e_check.py prepare built (its pack and e2e.json)")
-    r.add_argument("--out", type=cli_types.out_file, default="host_check.json")
-    r.add_argument("--front", choices=list(e2e_check.FRONT_MODES), default="strict",
-                   help="strict: every GEMM ours (default); measured: the front door's timed choice")
+    phase_runs.add_run_parser(sub, help="GPU box: per call, per layer and per training step, ours against torch",
+                              folder_help="the folder benchmarks/e2e_check.py prepare built (its pack and e2e.json)",
+                              out="host_check.json", front_modes=e2e_check.FRONT_MODES,
+                              front_help="strict: every GEMM ours (default); measured: the front door's timed choice")
     a = p.parse_args(argv)
     return run(a.folder, a.out, a.front)
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import gemm_ladder.nn as gnn
+from gemm_ladder.measure import isolate
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_check.py"
 
@@ -359,7 +360,7 @@ def test_run_writes_the_results_format_from_its_phases(e2e, tmp_path, monkeypatc
         (item,) = items
         return [e2e.train(doc, dev="cpu") if item == "train" else e2e.inference(doc, "tiny", dev="cpu")]
 
-    monkeypatch.setattr(e2e.isolate, "run_batch", run_batch)
+    monkeypatch.setattr(isolate, "run_batch", run_batch)  # phase_runs runs the phases
     out = tmp_path / "e2e_check.json"
     assert e2e.main(["run", str(tmp_path), "--out", str(out), "--front", "measured"]) == 0
     assert asked == [("phase_job", ["inference:tiny"], [str(tmp_path), "measured"]),

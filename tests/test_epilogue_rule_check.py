@@ -36,7 +36,9 @@ def test_rule_cases_pair_the_rules_choice_with_the_choice_before_it(check):
         M, N, K = group[0]["shape"]
         p = plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, check.spec_of_case(group[0]))
         variants = [c["variant"] for c in group]
-        assert variants in (["rule", "before"], ["unchanged", "probe_64x64"])
+        wide = M > 128 and p.tiles(64, 128) <= 132  # 64x128 tiles in one wave past the rule's M
+        assert variants == (["rule", "before"] if variants[0] == "rule" else ["unchanged", "probe_64x64"]) \
+            + (["probe_64x128"] if wide else [])
         choices = {v: plan.choose(p, rules=check.rules_of(v), use_db=False) for v in variants}
         if variants[0] == "rule":
             applied.add((M, N, K))
@@ -46,9 +48,14 @@ def test_rule_cases_pair_the_rules_choice_with_the_choice_before_it(check):
             assert choices["unchanged"].rule != check.RULE_NAME and choices["probe_64x64"].rule == check.RULE_NAME
         small = choices["rule" if variants[0] == "rule" else "probe_64x64"].knobs
         assert (small["blk_m"], small["blk_n"], small["cluster_m"]) == (64, 64, 2 if M > 64 else 1)
+        if wide:
+            probe = choices["probe_64x128"]
+            assert probe.rule == check.RULE_NAME and (probe.knobs["blk_m"], probe.knobs["blk_n"]) == (64, 128)
+            assert {**small, "blk_n": 128} == probe.knobs  # the rule's knobs but the tile's width
         assert {c.get("set") for c in group} == {"rule"}
-    # M = 64 and 128 where 64x64 tiles fit one wave (N = 4096); never M = 256
+    # M = 64 and 128 where 64x64 tiles fit one wave (N = 4096); never M = 256; 64x128 probes at M = 256, N = 4096
     assert applied == {(M, 4096, K) for M in (64, 128) for K in (4096, 14336)}
+    assert {tuple(c["shape"]) for c in cases if c["variant"] == "probe_64x128"} == {(256, 4096, 4096), (256, 4096, 14336)}
     assert not set(map(id, groups)) & set(map(id, check.time_groups(check.cases())))
 
 

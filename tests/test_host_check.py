@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from gemm_ladder.core import files
+from gemm_ladder.measure import isolate
 from gemm_ladder.serve import ops
 from gemm_ladder.serve.front import operand_majors
 
@@ -144,7 +146,7 @@ class _Clocks:
 
 def test_run_writes_every_phases_rows_with_clocks_and_a_summary(hc, tmp_path, monkeypatch, capsys):
     doc = _tiny_doc(hc)
-    hc.files.write_json(tmp_path / hc.e2e_check.PLAN_FILE, doc)
+    files.write_json(tmp_path / hc.e2e_check.PLAN_FILE, doc)
     monkeypatch.setattr(hc.device, "why_no_gpu", lambda index=0: None)
     monkeypatch.setattr(hc.device, "arch_of", lambda index: "sm_90a")
     monkeypatch.setattr(hc, "KernelPack", lambda folder: None)
@@ -163,7 +165,7 @@ def test_run_writes_every_phases_rows_with_clocks_and_a_summary(hc, tmp_path, mo
             return [hc.train_phase(doc, steps=12, warmup=2, dev="cpu")]
         return [{"status": "ok", "rows": [dict(call if item == "calls" else lin)]}]
 
-    monkeypatch.setattr(hc.isolate, "run_batch", run_batch)
+    monkeypatch.setattr(isolate, "run_batch", run_batch)  # phase_runs runs the phases
     out = tmp_path / "host_check.json"
     assert hc.main(["run", str(tmp_path), "--out", str(out)]) == 0
     assert [a[1] for a in asked] == [["calls"], ["linear"], ["train"]]

@@ -522,3 +522,20 @@ def test_small_m_epilogue_threshold_agrees_with_the_committed_rows():
         epilogue = small["op"].split("_prefetch")[0]
         p = E(small["M"], small["N"], small["K"], epilogue)
         assert plan._small_m_epilogue(p) is (small["kernel_ratio"] > policy["kernel_ratio"]), small["op"]
+
+
+def test_small_m_epilogue_rule_agrees_with_its_measurement():
+    """The rule timed against the policy before it (``epilogue_check.py --set rule``): it applies
+    exactly at the shapes of the ``rule`` rows, each of which ran faster than the module before it
+    in the same rounds; 64x64 forced where it does not apply (``probe_64x64``) never ran faster by
+    more than a run's spread (2%)."""
+    rows = json.loads((Path(__file__).parent.parent / plan.SMALL_M_EPILOGUE_RULE).read_text())["rows"]
+    assert {r["rule"] for r in rows} == {"rule", "before", "unchanged", "probe_64x64"}
+    for r in rows:
+        p = E(r["M"], r["N"], r["K"], r["op"])
+        applies = plan.rule_applies("small-m-epilogue", p)
+        assert applies is (r["rule"] in ("rule", "before")), r
+        if r["rule"] == "rule":
+            assert r["chosen_by"] == "small-m-epilogue" and r["vs_policy_before"]["kernel"] > 1.0, r
+        if r["rule"] == "probe_64x64":
+            assert r["vs_policy_before"]["kernel"] < 1.02, r

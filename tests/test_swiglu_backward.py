@@ -114,7 +114,7 @@ def test_opcheck_passes(gemms):
 
 
 def test_the_backward_differentiates_again(gemms):
-    """A backward that builds a graph (``create_graph=True``): the op's GEMMs and torch's
+    """A backward that builds a graph (``create_graph=True``): the op's GEMMs and the
     written-out silu' differentiate, so a gradient of a gradient exists and matches torch's."""
     x, W_gu = _inputs(torch.float16, N=8, K=16)
     gx, = torch.autograd.grad(swiglu(x, W_gu).float().sum(), x, create_graph=True)
