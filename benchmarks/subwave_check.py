@@ -38,7 +38,6 @@ until its first run); DIR about 6 MiB.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -49,8 +48,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+import check_cli  # noqa: E402  (a sibling script, not a package)
 
-from gemm_ladder.core import cli_types, device, files  # noqa: E402
+from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.core.records import Bool, Int, List, Obj, Str, read_json  # noqa: E402
 
 FORMAT = "gemm_ladder.subwave_check"
@@ -383,21 +383,16 @@ def run(folder, out) -> int:
     result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
               "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
               "rounds": ROUNDS, "per_round": PER_ROUND, "summary": summary(rows), "rows": rows}
-    files.open_folder(Path(out).parent)
-    files.write_json(out, result)
+    check_cli.write_result(out, result)
     print(table(rows))
     print(f"{sum(r['correct'] for r in rows)} of {len(rows)} shapes correct; {result['seconds']:.0f} s; wrote {out}")
     return 0 if all(r["correct"] for r in rows) else 1
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("prepare", help="build box: the pack of the sub-wave shapes with their alternatives")
-    pr.add_argument("out")
-    r = sub.add_parser("run", help="GPU box: check every module, then time main vs alternatives vs cuBLAS")
-    r.add_argument("folder")
-    r.add_argument("--out", type=cli_types.out_file, default="subwave_check.json")
+    p, _, _, _ = check_cli.subcommands(__doc__, "build box: the pack of the sub-wave shapes with their alternatives",
+                                       "GPU box: check every module, then time main vs alternatives vs cuBLAS",
+                                       "subwave_check.json")
     a = p.parse_args(argv)
     return prepare(a.out) if a.cmd == "prepare" else run(a.folder, a.out)
 

@@ -32,7 +32,6 @@ input sets that spill L2 (``harness.graph_times``). Rows: the shape, every confi
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
@@ -46,9 +45,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+import check_cli  # noqa: E402  (a sibling script, not a package)
 from subwave_check import case_list  # noqa: E402  (the 11 sub-wave shapes)
 
-from gemm_ladder.core import cli_types, device, files  # noqa: E402
+from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.core.config import ConfigError  # noqa: E402
 from gemm_ladder.core.records import Bool, Int, List, Obj, Str, ANY, read_json  # noqa: E402
 from gemm_ladder.rungs import make_config  # noqa: E402
@@ -456,24 +456,19 @@ def run(folder, out, only: str | None = None) -> int:
     result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
               "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
               "rounds": ROUNDS, "per_round": PER_ROUND, "summary": summary(rows), "rows": rows}
-    files.open_folder(Path(out).parent)
-    files.write_json(out, result)
+    check_cli.write_result(out, result)
     print(table(rows))
     print(f"{sum(r['correct'] for r in rows)} of {len(rows)} shapes all correct; {result['seconds']:.0f} s; wrote {out}")
     return 0 if all(r["correct"] for r in rows) else 1
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("prepare", help="build box: every config of every shape, packed into DIR")
-    pr.add_argument("out")
+    p, pr, r, sub = check_cli.subcommands(__doc__, "build box: every config of every shape, packed into DIR",
+                                          "GPU box: check every module, then time the grid against cuBLAS",
+                                          "subwave_sweep.json")
     pr.add_argument("--only", help="only the shapes whose MxNxK contains this")
     pr.add_argument("--grid", choices=sorted(GRIDS), default="full",
                     help="full: every config; depth: the winning tiles' one-wave splits at two ring depths")
-    r = sub.add_parser("run", help="GPU box: check every module, then time the grid against cuBLAS")
-    r.add_argument("folder")
-    r.add_argument("--out", type=cli_types.out_file, default="subwave_sweep.json")
     r.add_argument("--only", help="only the shapes whose MxNxK contains this")
     t = sub.add_parser("table", help="a result's rows: per shape the best config and those near it")
     t.add_argument("result")
