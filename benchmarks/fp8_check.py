@@ -39,7 +39,6 @@ and call times of each. Sized for two to three minutes on an H100 (an estimate u
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import queue
@@ -54,6 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+import check_cli  # noqa: E402  (a sibling script, not a package)
 
 from gemm_ladder.core import cli_types, device, files  # noqa: E402
 from gemm_ladder.core.spec import GemmSpec  # noqa: E402
@@ -474,24 +474,18 @@ def run(folder, out, recipes=None) -> int:
               "promotion_k16384": {str(k): {"rel_err": v["rel_err"], "torch_rel_err": v["torch_rel_err"]}
                                    for k, v in promo.items()},
               "rows": rows}
-    files.open_folder(Path(out).parent)
-    files.write_json(out, result)
+    check_cli.write_result(out, result)
     print(f"{sum(1 for c in checks if c.get('correct'))} of {len(checks)} checks pass; {len(rows)} rows; "
           f"{result['seconds']:.0f} s; wrote {out}")
     return 0
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("prepare", help="build box: the fp8 modules and the plan")
-    pr.add_argument("out")
+    p, pr, r, sub = check_cli.subcommands(__doc__, "build box: the fp8 modules and the plan",
+                                          "GPU box: check, then time against torch._scaled_mm", "fp8_check.json")
     recipes = cli_types.names(("tensor", "row", "block"), "scale recipe")
     pr.add_argument("--recipes", type=recipes, default=None, help="only these recipes' modules (default all)")
-    r = sub.add_parser("run", help="GPU box: check, then time against torch._scaled_mm")
-    r.add_argument("folder")
     r.add_argument("--recipes", type=recipes, default=None, help="only these recipes' cases (default: prepare's)")
-    r.add_argument("--out", type=cli_types.out_file, default="fp8_check.json")
     c = sub.add_parser("child", help="(internal) correctness cases NAME:M, a JSON line each")
     c.add_argument("folder")
     c.add_argument("cases", nargs="+")

@@ -28,7 +28,6 @@ About 1-2 minutes on an H100 (an estimate until its first run); DIR about 2 MiB.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -40,8 +39,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import fp8_check  # noqa: E402  (a sibling script: inputs, references and the pass rule)
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+import check_cli  # noqa: E402  (a sibling script, not a package)
 
-from gemm_ladder.core import cli_types, device, files  # noqa: E402
+from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.core.records import read_json  # noqa: E402
 
 FORMAT = "gemm_ladder.fp8_pack_check"
@@ -245,21 +245,16 @@ def run(folder, out) -> int:
     result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
               "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
               "tolerance": fp8_check.TOLERANCE, "checks": checks, "rows": rows}
-    files.open_folder(Path(out).parent)
-    files.write_json(out, result)
+    check_cli.write_result(out, result)
     print(f"{sum(1 for c in checks if c.get('correct'))} of {len(checks)} checks pass; {len(rows)} rows; "
           f"{result['seconds']:.0f} s; wrote {out}")
     return 0 if all(c.get("correct") for c in checks) else 1
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("prepare", help="build box: the fp8 pack and the cases")
-    pr.add_argument("out")
-    r = sub.add_parser("run", help="GPU box: check scaled_mm from the pack, then time it against torch._scaled_mm")
-    r.add_argument("folder")
-    r.add_argument("--out", type=cli_types.out_file, default="fp8_pack_check.json")
+    p, _, _, _ = check_cli.subcommands(__doc__, "build box: the fp8 pack and the cases",
+                                       "GPU box: check scaled_mm from the pack, then time it against torch._scaled_mm",
+                                       "fp8_pack_check.json")
     a = p.parse_args(argv)
     return prepare(a.out) if a.cmd == "prepare" else run(a.folder, a.out)
 

@@ -54,7 +54,6 @@ the variants of each).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -68,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+import check_cli  # noqa: E402  (a sibling script, not a package)
 
 import gemm_ladder  # noqa: E402
 import gemm_ladder.serve.grouped_ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.grouped_mm)
@@ -1096,17 +1096,12 @@ def run(folder, out, layouts=LAYOUTS) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("prepare", help="build box: the v12 modules of SHAPES x DTYPES into DIR")
-    pr.add_argument("out")
+    p, pr, r, _ = check_cli.subcommands(__doc__, "build box: the v12 modules of SHAPES x DTYPES into DIR",
+                                        "GPU box: check, capture and time every module of DIR", "grouped_check.json")
     pr.add_argument("--pack", action="store_true", help="a kernel pack of the SHAPES' weights instead (pack build "
                                                           "--grouped); run serves it through the front doors")
     pr.add_argument("--decode", action="store_true", help="the decode variants instead (swap AB, the warp scan, "
                                                             "the 64x128 module); run times them side by side")
-    r = sub.add_parser("run", help="GPU box: check, capture and time every module of DIR")
-    r.add_argument("folder")
-    r.add_argument("--out", default="grouped_check.json")
     r.add_argument("--layout", choices=("both",) + LAYOUTS, default="both",
                    help="the modules of one layout only (masked: about 2 minutes on an H100)")
     a = p.parse_args(argv)
@@ -1114,8 +1109,7 @@ def main(argv=None) -> int:
         if a.pack and a.decode:
             p.error("prepare: --pack or --decode, not both")
         return prepare_pack(a.out) if a.pack else prepare_decode(a.out) if a.decode else prepare(a.out)
-    if "grouped" not in Path(a.out).name:
-        p.error(f"--out {a.out}: the results file's name must contain 'grouped' (issue 33's results format)")
+    check_cli.require_in_name(p, a.out, "grouped", 33)
     return run(a.folder, a.out, LAYOUTS if a.layout == "both" else (a.layout,))
 
 

@@ -33,7 +33,6 @@ an MN-major operand is the transposed view of a contiguous tensor (``W.t()``, ``
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -45,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from m_range_check import time_together  # noqa: E402  (a sibling script, not a package)
 from power_probe import Sampler  # noqa: E402
+import check_cli  # noqa: E402  (a sibling script, not a package)
 
 import gemm_ladder  # noqa: E402  (the front door)
 import gemm_ladder.serve.ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.mm)
@@ -362,22 +362,16 @@ def run(folder, out, rounds: int = ROUNDS, per_round: int = PER_ROUND, timeout: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("prepare", help="build box: the kernel pack of every case and the plan")
-    pr.add_argument("out", help="the folder to build (and carry to the GPU box)")
+    p, pr, r, _ = check_cli.subcommands(__doc__, "build box: the kernel pack of every case and the plan",
+                                        "GPU box: check, gradients, time against cuBLAS", "layouts_check.json")
     pr.add_argument("--sms", type=cli_types.count, default=132, help="SM count the policy plans for (H100 SXM)")
     pr.add_argument("--workers", type=cli_types.count, default=None)
-    r = sub.add_parser("run", help="GPU box: check, gradients, time against cuBLAS")
-    r.add_argument("folder", help="the folder prepare built")
-    r.add_argument("--out", type=cli_types.out_file, default="layouts_check.json")
     r.add_argument("--rounds", type=cli_types.count, default=ROUNDS)
     r.add_argument("--per-round", type=cli_types.count, default=PER_ROUND)
     a = p.parse_args(argv)
     if a.cmd == "prepare":
         return prepare(a.out, a.sms, a.workers)
-    if "layouts" not in Path(a.out).name:
-        p.error(f"--out {a.out}: the results file's name must contain 'layouts' (issue 31's results format)")
+    check_cli.require_in_name(p, a.out, "layouts", 31)
     return run(a.folder, a.out, a.rounds, a.per_round)
 
 

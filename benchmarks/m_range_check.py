@@ -39,7 +39,6 @@ as it goes (``OUT.jsonl``), so a crash loses only what was left.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -50,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+import check_cli  # noqa: E402  (a sibling script, not a package)
 
 from gemm_ladder.core import cli_types, device, files  # noqa: E402
 from gemm_ladder.core.config import max_m_of  # noqa: E402
@@ -376,17 +376,13 @@ def run(folder, out, rounds: int = ROUNDS, per_round: int = PER_ROUND, progress:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("prepare", help="build box: the whole-range pack of the weights and the M to test")
-    pr.add_argument("out", help="the pack folder to build (and carry to the GPU box)")
+    p, pr, r, _ = check_cli.subcommands(__doc__, "build box: the whole-range pack of the weights and the M to test",
+                                        "GPU box: check and time every module serving each M, against cuBLAS",
+                                        "m_range_check.json")
     pr.add_argument("--weights", type=cli_types.weights, default=cli_types.weights(WEIGHTS))
     pr.add_argument("--dtypes", type=cli_types.names(every_model.DTYPES, "dtype"), default=["float16"])
     pr.add_argument("--sms", type=cli_types.count, default=132, help="SM count the policy plans for (H100 SXM)")
     pr.add_argument("--dry-run", action="store_true", help="print the modules and the M; build nothing")
-    r = sub.add_parser("run", help="GPU box: check and time every module serving each M, against cuBLAS")
-    r.add_argument("folder", help="the folder prepare built")
-    r.add_argument("--out", type=cli_types.out_file, default="m_range_check.json")
     r.add_argument("--rounds", type=cli_types.count, default=ROUNDS)
     r.add_argument("--per-round", type=cli_types.count, default=PER_ROUND)
     a = p.parse_args(argv)

@@ -147,6 +147,30 @@ def grid(case: dict, variants=VARIANTS) -> list[tuple[str, str, dict]]:
     return out
 
 
+# ``--grid depth``: the one-wave splits of the two winning tiles at two ring depths each (the full grid
+# ran 128x128 at v10's 4 stages only; v9 runs it at 6)
+DEPTH_TILES = ((128, 128, 2, 4), (128, 128, 2, 6), (64, 128, 1, 6), (64, 128, 1, 8))
+
+
+def grid_depth(case: dict) -> list[tuple[str, str, dict]]:
+    """``(label, rung, knobs)`` for ``--grid depth``: :data:`DEPTH_TILES` at every split of
+    :data:`SPLITS` whose units fit one wave (the sweep's winners all did), labels with the depth."""
+    M, N, K, dtype = case["M"], case["N"], case["K"], case["dtype"]
+    out = []
+    for bm, bn, w, depth in DEPTH_TILES:
+        for s in SPLITS:
+            if units_of(M, N, bm, bn, s) > SMS or math.ceil(K / 64) < 2 * s:
+                continue
+            knobs = _valid("v10", M, N, K, {"dtype": dtype, "arch": ARCH, "blk_m": bm, "blk_n": bn,
+                                            "num_warpgroups": w, "pipe_depth": depth, "split_k": s})
+            if knobs:
+                out.append((f"v10 s{s} {bm}x{bn} p{depth}", "v10", knobs))
+    return out
+
+
+GRIDS = {"full": grid, "depth": grid_depth}
+
+
 def geomean(xs) -> float | None:
     xs = [x for x in xs if x]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
@@ -229,7 +253,7 @@ def winners(rows: list[dict], within: float = 0.03) -> list[dict]:
 
 
 # -- prepare (build box) -------------------------------------------------------------------------
-def jobs(case_rows: list[dict], variants=VARIANTS) -> list[tuple[dict, list]]:
+def jobs(case_rows: list[dict], variants=VARIANTS, which: str = "full") -> list[tuple[dict, list]]:
     """Per case, its configs with their build jobs: the policy's choice (``front.plan_job``, at
     the case's M) and :func:`grid`'s."""
     # the build layer (TVM's compiler and the policy): this box only
@@ -243,7 +267,7 @@ def jobs(case_rows: list[dict], variants=VARIANTS) -> list[tuple[dict, list]]:
         M, N, K, dtype = case["M"], case["N"], case["K"], case["dtype"]
         choice, job = plan_job(plan.Problem(M, N, K, dtype, ARCH, SMS))
         knobs = {**job.knobs, "dynamic_m": False}
-        configs = [("policy", choice.rung, knobs)] + grid(case, variants)
+        configs = [("policy", choice.rung, knobs)] + (grid(case, variants) if which == "full" else GRIDS[which](case))
         out.append((case, [(label, BuildJob(rung, (M, N, K), k)) for label, rung, k in configs]))
     return out
 
@@ -262,7 +286,7 @@ def _build(job):
         return err
 
 
-def prepare(out, only: str | None = None) -> int:
+def prepare(out, only: str | None = None, which: str = "full") -> int:
     # the build layer: this box's TVM compiler
     # pylint: disable=import-outside-toplevel
     from gemm_ladder.compile.sass import has_device_binary
@@ -270,7 +294,7 @@ def prepare(out, only: str | None = None) -> int:
 
     out = Path(out)
     files.open_folder(out)
-    planned = jobs([c for c in cases() if not only or only in f"{c['M']}x{c['N']}x{c['K']}"])
+    planned = jobs([c for c in cases() if not only or only in f"{c['M']}x{c['N']}x{c['K']}"], which=which)
     todo = list({_key(j): j for _, cfgs in planned for _, j in cfgs}.values())
     print(f"{len(planned)} shapes, {len(todo)} modules to build or find in the cache", flush=True)
     paths = {_key(j): p for j, p in zip(todo, map_in_processes(_build, todo, None))}
@@ -445,6 +469,8 @@ def main(argv=None) -> int:
     pr = sub.add_parser("prepare", help="build box: every config of every shape, packed into DIR")
     pr.add_argument("out")
     pr.add_argument("--only", help="only the shapes whose MxNxK contains this")
+    pr.add_argument("--grid", choices=sorted(GRIDS), default="full",
+                    help="full: every config; depth: the winning tiles' one-wave splits at two ring depths")
     r = sub.add_parser("run", help="GPU box: check every module, then time the grid against cuBLAS")
     r.add_argument("folder")
     r.add_argument("--out", type=cli_types.out_file, default="subwave_sweep.json")
@@ -460,7 +486,7 @@ def main(argv=None) -> int:
                   f"{w['tiles_128x256_per_sm']:.2f} (128x256); policy {w['policy_ratio'] or 0:.3f}; near the best: "
                   + ", ".join(f"{n['label']} {n['ratio']}" for n in w["near"]))
         return 0
-    return prepare(a.out, a.only) if a.cmd == "prepare" else run(a.folder, a.out, a.only)
+    return prepare(a.out, a.only, a.grid) if a.cmd == "prepare" else run(a.folder, a.out, a.only)
 
 
 if __name__ == "__main__":

@@ -397,24 +397,43 @@ def test_layout_bf16_pads_to_eight_elements_too():
 @needs_v10
 def test_a_sub_wave_grid_gets_split_k_alternatives():
     """333x1280x5120: the choice's 30 tiles of 128x128 fill under a quarter of the SMs (34 us to
-    cuBLAS's 14, every-model run of 2026-11-26); the alternatives split K with slices the split-k
-    rule would refuse (5120 / 4 < 4096), ranked by the wave model, each faster there than the choice."""
+    cuBLAS's 14, every-model run of 2026-11-26); the alternatives are the sub-wave sweep's fastest
+    split-K modules there: 128x128 split 4 (120 units, 6 stages) and 64x128 split 2 (120, one
+    consumer, 8 stages), clusters over whole tiles (3 row tiles of 128: paired along N; 6 of 64:
+    along M)."""
     p = P(333, 1280, 5120)
     c = choose(p)
     assert (c.rung, c.rule) == ("v9", "tile-shape") and plan.sub_wave(p, c)
     alts = plan.alternatives(p, c)
-    assert 1 <= len(alts) <= plan.ALT_MAX
-    splits = [a.knobs["split_k"] for a in alts]
-    assert all(s > 1 and p.K // s >= plan.ALT_MIN_SLICE for s in splits) and max(splits) * plan.SPLIT_K_MIN_SLICE > p.K
-    modelled = [float(a.why.split("~")[1].split(" us")[0]) for a in alts]
-    assert modelled == sorted(modelled) and "against ~" in alts[0].why and "30 of 132 SMs" in alts[0].why
+    assert len(alts) == plan.ALT_MAX == 2
+    got = [(a.knobs["blk_m"], a.knobs["blk_n"], a.knobs["split_k"], a.knobs["cluster_m"], a.knobs["cluster_n"])
+           for a in alts]
+    assert got == [(128, 128, 4, 1, 2), (64, 128, 2, 2, 1)]
+    assert alts[0].knobs["pipe_depth"] == 6 and alts[1].knobs["num_warpgroups"] == 1 and alts[1].knobs["pipe_depth"] == 8
+    assert "30 of 132 SMs" in alts[0].why and "fill 120" in alts[0].why
     for a in alts:
         assert (a.rung, a.rule, a.source) == ("v10", plan.ALT_RULE, "rule")
         assert plan._validate(a.rung, p, a.knobs) is None
         cfg = make_config(a.rung, p.M, p.N, p.K, **a.knobs)
         assert cfg.pipe_depth <= max_pipe_depth(cfg)  # fits shared memory
-        assert (a.knobs["cluster_m"], a.knobs["cluster_n"]) != (2, 1)  # 3 row tiles: not paired along M
+        assert p.K // a.knobs["split_k"] >= plan.ALT_MIN_SLICE
     assert choose(p) == c  # the policy's own choice is unchanged
+
+
+@needs_v10
+@pytest.mark.parametrize("M, N, K, tile, split", [
+    (333, 1280, 5120, (128, 128), 4),  # 30 tiles: 4 x 30 = 120 of 132
+    (768, 1280, 5120, (128, 128), 2),  # 60 tiles: split 2 fills 120
+    (768, 1280, 5120, (64, 128), None),  # 120 tiles: even split 2 is two waves
+    (333, 896, 4864, (128, 128), 4),  # 21 tiles: split 6 would fill 126 but cut K to 810 < 1024
+    (333, 896, 4864, (64, 128), 3),  # 42 tiles: 126
+    (333, 768, 3072, (64, 128), 3),  # 36 tiles: 108, slices of exactly 1024
+    (768, 768, 4096, (128, 128), 3),  # 36 tiles: 108
+    (333, 2048, 1024, (128, 128), None),  # K too short for two slices of 1024
+])
+def test_the_sub_wave_split_fills_the_most_of_one_wave(M, N, K, tile, split):
+    """The sweep's winners, per shape: the split whose units come nearest 132 from below."""
+    assert plan.sub_wave_split(P(M, N, K), *tile) == split
 
 
 @needs_v10

@@ -121,3 +121,15 @@ def test_winners_lists_the_configs_near_the_best_with_what_a_rule_reads(sweep):
     assert w["best"] == "v10 s4 128x128 atomic" and w["tiles_128x128_per_sm"] == pytest.approx(30 / 132)
     assert [n["label"] for n in w["near"]] == ["v10 s4 128x128 atomic", "v10 s4 128x128"]  # s2: 0.67, far
     assert w["near"][0]["reduce"] == "atomic" and w["near"][1]["units_per_sm"] == pytest.approx(120 / 132, abs=0.01)
+
+
+def test_the_depth_grid_takes_one_wave_splits_of_the_winning_tiles_at_two_depths(sweep):
+    for case in sweep.cases():
+        M, N, K = case["M"], case["N"], case["K"]
+        for label, rung, knobs in sweep.grid_depth(case):
+            cfg = make_config(rung, M, N, K, **knobs)
+            assert label.endswith(f"p{cfg.pipe_depth}") and (cfg.blk_m, cfg.blk_n) in ((128, 128), (64, 128))
+            assert sweep.units_of(M, N, cfg.blk_m, cfg.blk_n, knobs["split_k"]) <= sweep.SMS, label
+    labels = {label for label, _, _ in sweep.grid_depth(sweep.cases()[0])}
+    assert {"v10 s4 128x128 p4", "v10 s4 128x128 p6", "v10 s2 64x128 p6", "v10 s2 64x128 p8"} <= labels
+    assert not sweep.grid_depth({**sweep.cases()[0], "M": 3072, "N": 768})  # 144 tiles: no split fits a wave

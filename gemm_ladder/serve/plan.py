@@ -688,12 +688,25 @@ def default_sms(arch: str) -> int:
 # split because shorter slices lost where the tiles were many (1024^3; M = 128 and 512 at K = 4096,
 # SWEEP); where the chosen grid leaves most SMs idle that evidence does not reach: v9 at 333x1280x5120
 # (30 tiles of 128x128 on 132 SMs) took 34 us to cuBLAS's 14 (benchmarks/results/2026-11-26_h100_every_model/).
-# So a module the model ranks faster there, with slices down to ALT_MIN_SLICE, is offered, not chosen:
-# choose() stays as it is, and without the measurement (GEMM_LADDER_MEASURE=0) the pack serves as before.
+# So split-K modules with slices down to ALT_MIN_SLICE are offered there, not chosen: choose() stays
+# as it is, and without the measurement (GEMM_LADDER_MEASURE=0) the pack serves as before.
 ALT_MIN_SLICE = 1024  # each split keeps at least this much of K (16 K slices of 64)
 ALT_MIN_K_SLICES = 8  # and at least this many 64-wide slices (a shorter unit is all fill)
-ALT_SPLITS = (2, 3, 4)
-ALT_TILES = [(128, 256), (128, 128)]
+# The sweep of 2026-11-26 (benchmarks/results/2026-11-26_h100_subwave_sweep/: 14 sub-wave shapes x
+# v10 split 2-8 in 128x128 / 128x256 / 128x64 / 64x128 tiles, stream-K, v11, the atomic reduction;
+# kernels under CUDA graphs) put the fastest split-K module, at every shape where one beat the policy's
+# choice (8 of 14), at the split whose units come nearest one wave from below (84-128 units on 132 SMs),
+# in 128x128 tiles (4 stages) or 64x128 (one consumer, 6 stages). Geomeans over the shapes of each
+# family's best split, x cuBLAS: 128x128 0.62, 64x128 0.60, 128x64 0.57, 128x256 0.52, stream-K 0.49,
+# v10's atomic reduction 0.55 (in 128x128; more than a wave lost too: s8 0.44 vs s4 0.63 at
+# 333x1280x5120). The policy's choice 0.57; with the two alternatives below (at the depths of the run
+# after it), the best of the three 0.72 (fitted on these shapes, not held out). cuBLAS stays ahead at all of them (its kernels 8-27 us): the
+# front door's measured choice takes torch there; the split-K module serves where torch does not.
+ALT_SPLITS = (2, 3, 4, 6, 8)
+# The depth sweep (same folder, subwave_depth.json): the same tiles at the same splits run faster with
+# deeper rings, 128x128 at 6 stages (0.74 vs 0.68 at 768x1280x5120) and 64x128 at 8 (0.83 vs 0.75 at
+# 128x3072x8192, where it beats the policy's 0.75)
+ALT_TILES = ((128, 128, 2, 6), (64, 128, 1, 8))  # blk_m, blk_n, consumers, pipe_depth: best first
 ALT_MAX = 2  # alternatives a choice gets (each a module in the pack, each timed at first use)
 ALT_RULE = "sub-wave split-k (alternative)"
 
@@ -712,37 +725,49 @@ def sub_wave(p: Problem, choice: Choice) -> bool:
             and p.K >= 2 * ALT_MIN_SLICE and _units_of(choice, p) < p.sms / 2)
 
 
+def _whole_pairs(p: Problem, blk_m: int, blk_n: int) -> dict:
+    """A cluster that pairs whole tiles: along M where the row tiles are even (a pair shares B's
+    tile), else along N where the column tiles are (a pair shares A's), else none; a pair over an
+    odd count would run a row or column of nothing."""
+    rows, cols = math.ceil(p.M / blk_m), math.ceil(p.N / blk_n)
+    cm, cn = (2, 1) if rows % 2 == 0 else (1, 2) if cols % 2 == 0 else (1, 1)
+    return {"cluster_m": cm, "cluster_n": cn}
+
+
+def sub_wave_split(p: Problem, blk_m: int, blk_n: int) -> int | None:
+    """The split of ``blk_m x blk_n`` tiles whose units come nearest one wave of ``p.sms`` from below,
+    among :data:`ALT_SPLITS` that keep :data:`ALT_MIN_SLICE` of K (and :data:`ALT_MIN_K_SLICES`
+    slices) a unit; None where even a split of 2 is more than a wave or cuts K too short."""
+    tiles = p.tiles(blk_m, blk_n)
+    fits = [s for s in ALT_SPLITS if tiles * s <= p.sms and p.K // s >= ALT_MIN_SLICE
+            and math.ceil(p.K / 64) // s >= ALT_MIN_K_SLICES]
+    return max(fits, default=None)
+
+
 def alternatives(p: Problem, choice: Choice) -> list[Choice]:
-    """Split-K variants (v10, 128x256 or 128x128 tiles, split_k 2-4 keeping >= :data:`ALT_MIN_SLICE`
-    of K each) of a :func:`sub_wave` choice, the ones the wave model ranks faster than the
-    choice itself, best first, at most :data:`ALT_MAX`; none for another choice (M <= 64: the swap
-    and row-tile rules split or stream already). Each validates for ``p`` with its spec; a pack
-    builds them beside the choice and the first use times them all (``serve.first_use``)."""
+    """Split-K modules (v10) of a :func:`sub_wave` choice, one per tile of :data:`ALT_TILES`, each at
+    :func:`sub_wave_split` (the most units that fit one wave) with clusters over whole tiles
+    (:func:`_whole_pairs`), at most :data:`ALT_MAX`; none for another choice (M <= 64: the swap and
+    row-tile rules split or stream already). Each validates for ``p`` with its spec; a pack builds
+    them beside the choice and the first use times them all (``serve.first_use``)."""
     if not sub_wave(p, choice) or not _available("v10", p.arch):
         return []
-    gpu = wave_model.with_sms(wave_model.H100, p.sms)
     main = make_config(choice.rung, p.M, p.N, p.K, **choice.knobs).knobs()
-    main_s = wave_model.plan(p.M, p.N, p.K, main["blk_m"], main["blk_n"], main.get("split_k", 1),
-                             main.get("pipe_depth", 4), gpu).time_s
-    splits = tuple(s for s in ALT_SPLITS
-                   if p.K // s >= ALT_MIN_SLICE and math.ceil(p.K / 64) // s >= ALT_MIN_K_SLICES)
     out: list[Choice] = []
-    for ranked in wave_model.rank(p.M, p.N, p.K, ALT_TILES, splits, 4, gpu):
-        if len(out) == ALT_MAX or ranked.time_s >= main_s:
-            break
-        knobs = {"blk_m": 128, "blk_n": ranked.blk_n, "split_k": ranked.split_k}
-        if p.M <= 128:
-            knobs["cluster_m"] = 1  # one row of tiles: no pair to share B
-        knobs = with_spec(knobs, p)
+    for blk_m, blk_n, consumers, depth in ALT_TILES:
+        split = sub_wave_split(p, blk_m, blk_n)
+        if split is None or len(out) == ALT_MAX:
+            continue
+        knobs = with_spec({"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": consumers, "pipe_depth": depth,
+                           "split_k": split, **_whole_pairs(p, blk_m, blk_n)}, p)
         if _validate("v10", p, knobs) is not None:
             continue
-        note = ""
-        if (paired := _pair_along_n("v10", p, knobs)) is not None:
-            knobs, note = paired[0], "; " + paired[1]
         if choice.rung == "v10" and make_config("v10", p.M, p.N, p.K, **knobs).knobs() == main:
             continue  # the choice itself
+        units = p.tiles(blk_m, blk_n) * split
         why = (f"an alternative to {choice.rung} ({choice.rule}), timed at first use: its grid fills "
-               f"{_units_of(choice, p)} of {p.sms} SMs; wave model: {ranked.why()} against ~{main_s * 1e6:.1f} us{note}")
+               f"{_units_of(choice, p)} of {p.sms} SMs; {blk_m}x{blk_n} tiles split {split} ways fill {units} "
+               f"(the most within one wave: the sub-wave sweep's fastest split-K modules)")
         out.append(Choice("v10", knobs, "rule", ALT_RULE, why))
     return out
 
@@ -763,6 +788,7 @@ def alternatives(p: Problem, choice: Choice) -> list[Choice]:
 GROUPED = "benchmarks/results/2026-11-26_h100_grouped/README.md"
 GROUPED_MASKED = "benchmarks/results/2026-11-26_h100_grouped_masked/README.md"
 GROUPED_DECODE = "benchmarks/results/2026-11-26_h100_grouped_decode/README.md"
+GROUPED_PACK = "benchmarks/results/2026-11-26_h100_grouped_pack/README.md"
 GROUPED_RUNG = "v12"
 GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_depth": 8}
 # The decode module since issue 33's decode follow-up: swap AB (W's 128 rows of a tile in wgmma's 64-row
@@ -777,7 +803,12 @@ GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_de
 GROUPED_SWAP_KNOBS = {"swap_ab": True, "blk_n": 128, "num_warpgroups": 2, "pipe_depth": 8, "warp_scan": True}
 GROUPED_SWAP_FEW_EXPERTS = 16  # blk_m 32 up to this many experts, 16 past it
 GROUPED_DECODE_ROWS = 64  # contiguous: the decode module up to 64 rows an expert on average (M <= 64 E)
-GROUPED_DECODE_SLOT = 256  # masked: the decode module up to max_tokens = 256
+# masked: the decode module up to max_tokens = 64. The slot bounds an expert's count, not the count:
+# with slots of 256 half full (128 tokens an expert; GROUPED_PACK, 2026-11-26) the swapped module
+# re-read each expert's weight once a 16-token tile and ran 0.61-0.83x torch._grouped_mm, where the
+# prefill module's 128-row tiles ran 1.03-1.38x at slots of 300. Up to 64 an expert holds at most
+# four 16-token tiles (the decode check's Mixtral rows of 64 tokens an expert: 1.01x the 64x128 module).
+GROUPED_DECODE_SLOT = 64
 GROUPED_MAX_TOKENS = 1 << 20  # the top of the token range a pack plans (contiguous rows of A, masked slot)
 
 

@@ -46,6 +46,13 @@ The partials: ``split_k`` fp32 slots per tile and consumer, in fragment order
 (``launch["workspace"]``; the runtime allocates them and zeroes the counters once, the last unit
 of each tile puts its counter back to zero).
 
+``reduce="atomic"`` (off by default; ``splitk`` draws it): the last unit above reads ``split_k``
+slots on one SM after its K loop (split 4 of a 128x128 tile: 256 KiB through one SM's L2 port, a
+few microseconds of a 10-20 us sub-wave kernel). With it every unit adds its partial into the
+part's one slot with ``red.global.add.v4.f32`` (the adds run in L2, spread over the units' SMs) and
+the last reads that one slot back and zeroes it: a workspace ``split_k`` times smaller, the sum in
+the order the adds arrive (not the same bits on every run, as cuBLAS's split-K reductions are not).
+
 When it pays: fewer tile units than about two waves (a few big tiles over many SMs: small or
 middling M and N with a long K). It costs the partials' traffic, ``split_k`` x blk_m x blk_n x
 4 bytes per tile written and read back through L2, and shorter K loops (the ring fills once per
@@ -90,6 +97,7 @@ Constraints:
     unit's sum (a store and a load once a tile, off the K loop).
 
 Run:  python -m gemm_ladder build v10 --shape 978x2640x3336 --knob split_k=2 --out build/
+      python -m gemm_ladder build v10 --shape 333x1280x5120 --knob split_k=4 --knob reduce=atomic --out build/
       python -m gemm_ladder build v10 --shape 1792x2560x8192 --knob split_k=1 --knob stream_k=true --out build/
 """
 

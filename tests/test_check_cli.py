@@ -1,0 +1,49 @@
+"""``benchmarks/check_cli.py``: the two-step command line the GPU checks share, the results
+file's name rule, and how a run writes its JSON."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "check_cli.py"
+
+
+@pytest.fixture(scope="module")
+def cli():
+    spec = importlib.util.spec_from_file_location("check_cli", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["check_cli"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_prepare_and_run_parse_with_a_scripts_own_options(cli):
+    p, pr, r, _ = cli.subcommands("A check.\n\nMore text.", "build box", "GPU box", "x_check.json")
+    pr.add_argument("--sms", type=int, default=132)
+    assert p.description == "A check."
+    a = p.parse_args(["prepare", "build/x", "--sms", "114"])
+    assert (a.cmd, a.out, a.sms) == ("prepare", "build/x", 114)
+    a = p.parse_args(["run", "build/x"])
+    assert (a.cmd, a.folder, a.out) == ("run", "build/x", "x_check.json")
+    with pytest.raises(SystemExit):
+        p.parse_args(["run"])  # the folder is required
+    with pytest.raises(SystemExit):
+        p.parse_args(["run", "build/x", "--sms", "1"])  # prepare's option, not run's
+
+
+def test_the_results_name_rule_names_the_word_and_the_issue(cli, capsys):
+    p, *_ = cli.subcommands("A check.", "b", "g", "grouped_check.json")
+    cli.require_in_name(p, "out/grouped_decode.json", "grouped", 33)  # passes: no exit
+    with pytest.raises(SystemExit):
+        cli.require_in_name(p, "out/decode.json", "grouped", 33)
+    err = capsys.readouterr().err
+    assert "'grouped'" in err and "issue 33" in err and "out/decode.json" in err
+
+
+def test_write_result_makes_the_folder_and_writes_json(cli, tmp_path):
+    out = tmp_path / "new" / "deeper" / "r.json"
+    cli.write_result(out, {"rows": [1, 2]})
+    assert json.loads(out.read_text()) == {"rows": [1, 2]}
