@@ -71,7 +71,7 @@ def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_databas
     assert {M: c.rule for M, c in choices.items()} == {1: "fp8-small-m", 64: "fp8-small-m", 128: "fp8-small-m",
                                                        129: "fp8", 333: "fp8", 8192: "fp8"}
     assert len({json.dumps(c.knobs, sort_keys=True) for c in choices.values()}) == 2
-    assert choices[8192].knobs["promote"] == plan.FP8_PROMOTE and choices[64].knobs["blk_n"] == 64
+    assert choices[8192].knobs["overlap"] == 4 and choices[64].knobs["blk_n"] == 64
     assert all(plan.FP8_NO_DB in c.skipped for c in choices.values())
     block = GemmSpec.fp8("bfloat16", "block")
     for M in (1, 8192):

@@ -25,4 +25,4 @@ def test_block_scales_keep_the_defaults_and_explain_names_the_sweep():
     block = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
     assert block.rule == "fp8-block" and plan.fp8_knobs(4096, 4096, 7168, "block") == {}
     text = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8())).text()
-    assert "fp8_sweep" in text and f"every {plan.FP8_PROMOTE} slices" in text
+    assert "fp8_sweep" in text and f"every {plan.FP8_PROMOTE} slice(s)" in text and "overlap=4" in text

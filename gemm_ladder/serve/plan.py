@@ -446,18 +446,21 @@ def rule_applies(name: str, p: Problem, rules=None) -> bool:
 
 # -- fp8 (issue 32): its own rules, not the ones above. The rules above choose among 16-bit kernels at
 # knobs measured for each kind of shape; fp8 is v9's e4m3 kernel (no other rung builds it) at the knobs
-# the fp8 sweep measured (benchmarks/fp8_sweep.py, FP8_RESULTS): the promotion's interval (the tensor
-# cores' sums into fp32 every FP8_PROMOTE slices of 128 of K: within FP8_ERROR of torch._scaled_mm's error
-# up to K = 16384, where none is 4x; 1.22-1.37x the promotion every slice), a 1x2 cluster (+5-11% at 8192^3
-# and 4096x7168x16384); at small M (one row of tiles, FP8_SMALL_M) narrower tiles, more of them, B streamed. Block scales keep v9's defaults (one K
-# block a promotion, its scales applied as it is added). A weight's M range takes one runtime-M module a
-# rule: a pack built for it holds the modules scaled_mm would build itself (scaled.build_knobs).
+# the fp8 sweep measured fastest among the correct ones (benchmarks/fp8_sweep.py, FP8_RESULTS): the
+# promotion every slice (torch._scaled_mm's error to K = 16384; every 8 slices is 1.06-1.13x it) with
+# overlap=4 (each group's adds under the next group's wgmmas: +2-10% over the drained promotion), 128x128
+# tiles in 2x1 clusters (1x2 and staggered consumers measured slower); at small M (FP8_SMALL_M) 64x64
+# tiles over one consumer, 1x2 clusters sharing A, B streamed, an 8-deep ring (1.31x 128x64 tiles). Block
+# scales keep v9's defaults (one K block a promotion, its scales applied as it is added). A weight's M
+# range takes one runtime-M module a rule: a pack built for it holds the modules scaled_mm would build
+# itself (scaled.build_knobs).
 FP8_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_sweep/README.md"
-FP8_PROMOTE = 4  # slices of 128 of K between promotions
-FP8_ERROR = "1.04x"  # the largest error over torch's of FP8_PROMOTE at K = 4096 to 16384 (the sweep's checks)
-FP8_SMALL_M = 128  # up to this M the rows are one 128-row tile: the small-M knobs
-FP8_LARGE_KNOBS = {"promote": FP8_PROMOTE, "cluster_m": 1, "cluster_n": 2}
-FP8_SMALL_KNOBS = {"blk_n": 64, "cluster_m": 1, "cluster_n": 2, "stream_b": True}
+FP8_PROMOTE = 1  # slices of 128 of K between promotions
+FP8_ERROR = "1.00x"  # the largest error over torch's of the promotion every slice at K = 4096 to 16384 (the sweep's checks)
+FP8_SMALL_M = 128  # up to this M: the small-M knobs
+FP8_LARGE_KNOBS = {"promote": FP8_PROMOTE, "overlap": 4}
+FP8_SMALL_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
+                   "pipe_depth": 8}
 
 
 def fp8_knobs(M: int, N: int, K: int, recipe: str) -> dict:
@@ -480,15 +483,16 @@ FP8_RULES: list[Rule] = [
                   "torch._scaled_mm block-wise"),
     Rule("fp8-small-m", "sm_90a", "v9", when=lambda p: _fp8(p, False) and p.M <= FP8_SMALL_M,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
-         why=f"fp8 with M <= {FP8_SMALL_M}: one row of tiles, so 128x64 tiles (twice as many CTAs), 1x2 clusters "
-             "sharing A, B streamed past L2",
-         evidence=FP8_RESULTS + ": 128x4096x7168, 1.33x v9's fp8 defaults (0.63x torch._scaled_mm)"),
+         why=f"fp8 with M <= {FP8_SMALL_M}: reading B is the cost, so 64x64 tiles over one consumer (four times "
+             "v9's fp8 CTAs), 1x2 clusters sharing A, B streamed past L2, an 8-deep ring",
+         evidence=FP8_RESULTS + ": 128x4096x7168, 424 TFLOPS (0.81x torch._scaled_mm; v9's fp8 defaults 0.47x)"),
     Rule("fp8", "sm_90a", "v9", when=lambda p: _fp8(p, False), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
          why=f"an fp8 GEMM: v9's e4m3 kernel (128x128 tiles over two consumers, wgmma k32), the tensor cores' "
-             f"sums promoted into fp32 every {FP8_PROMOTE} slices of 128 of K (within {FP8_ERROR} of "
-             "torch._scaled_mm's error to K = 16384), 1x2 clusters",
-         evidence=FP8_RESULTS + ": promotion every 4 slices 1113-1156 TFLOPS (0.88-0.89x torch._scaled_mm) at 4096^3 "
-                  "and 4096x7168x16384, a 1x2 cluster +5-11% at 8192^3 and 4096x7168x16384"),
+             f"sums promoted into fp32 every {FP8_PROMOTE} slice(s) of 128 of K (within {FP8_ERROR} of "
+             "torch._scaled_mm's error to K = 16384), the adds of four groups overlapped with the next group's "
+             "wgmmas (overlap=4), 2x1 clusters",
+         evidence=FP8_RESULTS + ": 1190-1229 TFLOPS, 0.94-0.98x torch._scaled_mm at 4096^3, 8192^3, "
+                  "4096x7168x16384 (the promotion after a drain: 0.87-0.93x)"),
     Rule("fp8-defaults", "sm_90a", "v9", when=lambda p: p.spec is not None and p.spec.is_fp8, knobs=lambda p: {},
          why="an fp8 GEMM the rules above do not build: v9 at its fp8 defaults (128x128 tiles over two consumers, "
              "the promotion every 128 of K)",

@@ -18,7 +18,8 @@ parts of it:
   and CUTLASS promote every 128 of K, ``promote=1`` here). It doubles the accumulator registers:
   a 128x128 tile over two consumers (64 + 64 a thread) fits, 128x256 does not;
 - where the promotion's time goes (``benchmarks/results/2026-11-26_h100_fp8_sweep/``: 128x128 ran
-  1249 TFLOPS without it, 913 with it every slice, 1113 every 4 slices): a group's sums can be read
+  1249 TFLOPS without it, 913 with it every slice; 1132 once the total was added in place,
+  ``mainloop._zero_total``, and 1190 with ``overlap=4``, at 4096^3): a group's sums can be read
   only once its wgmmas retired (``wait_group(0)``), so the consumer's tensor-core queue drains before
   its adds, and both consumers drain at the same slices. Two knobs attack that, the old path kept:
   ``overlap`` (groups per drain, 0: off) issues the groups into two accumulator sets in turn, each
