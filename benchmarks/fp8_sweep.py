@@ -36,7 +36,6 @@ correct config. Sized for about two minutes on an H100 (an estimate until its fi
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -47,8 +46,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fp8_check  # noqa: E402  (a sibling script: its inputs, checks and children)
 from power_probe import Sampler  # noqa: E402
+import check_cli  # noqa: E402  (a sibling script, not a package)
 
-from gemm_ladder.core import cli_types, device, files  # noqa: E402
+from gemm_ladder.core import device, files  # noqa: E402
 
 FORMAT = "gemm_ladder.fp8_sweep"
 PLAN_FILE = fp8_check.PLAN_FILE  # the same plan form: fp8_check's children check these modules
@@ -293,8 +293,7 @@ def run(folder, out) -> int:
               "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
               "tolerance": fp8_check.TOLERANCE, "rounds": ROUNDS, "per_round": PER_ROUND, "checks": checks,
               "timings": timings, "best": best_of(rows), "rows": rows}
-    files.open_folder(Path(out).parent)
-    files.write_json(out, result)
+    check_cli.write_result(out, result)
     for shape, b in result["best"].items():
         print(f"best at {shape}: {b['config']} {b['tflops']:.0f} TFLOPS, x torch._scaled_mm "
               f"{fp8_check.f3(b['ratio_to_scaled_mm'])}")
@@ -304,17 +303,11 @@ def run(folder, out) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("prepare", help="build box: the sweep's modules and plan")
-    pr.add_argument("out")
-    r = sub.add_parser("run", help="GPU box: check every module, then time each shape's against torch._scaled_mm")
-    r.add_argument("folder")
-    r.add_argument("--out", type=cli_types.out_file, default="fp8_sweep.json")
+    p, _, _, _ = check_cli.subcommands(__doc__, "build box: the sweep's modules and plan",
+                                       "GPU box: check every module, then time each shape's against torch._scaled_mm",
+                                       "fp8_sweep.json")
     a = p.parse_args(argv)
-    if a.cmd == "prepare":
-        return prepare(a.out)
-    return run(a.folder, a.out)
+    return prepare(a.out) if a.cmd == "prepare" else run(a.folder, a.out)
 
 
 if __name__ == "__main__":
