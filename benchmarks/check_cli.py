@@ -8,6 +8,7 @@ dispatch; this module holds only what was written out the same way in every one 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from gemm_ladder.core import cli_types, files
@@ -38,3 +39,11 @@ def write_result(out, result: dict) -> None:
     """``result`` as JSON at ``out``, its folder made first."""
     files.open_folder(Path(out).parent)
     files.write_json(out, result)
+
+
+def head(fmt: str, harness, sampler, start: float) -> dict:
+    """The first fields of a run's results: ``fmt`` and version 1, the GPU and the run
+    (``harness.gpu_info()``, ``harness.run_info()``: ``gemm_ladder.measure.harness``, imported by the
+    caller on the GPU box), the clocks ``sampler`` saw since ``start`` and the seconds taken."""
+    return {"format": fmt, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
+            "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1)}

@@ -468,8 +468,7 @@ def run(folder, out, recipes=None) -> int:
     finally:
         sampler.stop()
     promo = {c["promote"]: c for c in checks if c.get("name", "").startswith("t_1024x16384") and "rel_err" in c}
-    result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
-              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+    result = {**check_cli.head(FORMAT, harness, sampler, start),
               "tolerance": TOLERANCE, "checks": checks, "good_cases": sorted(map(list, good)),
               "promotion_k16384": {str(k): {"rel_err": v["rel_err"], "torch_rel_err": v["torch_rel_err"]}
                                    for k, v in promo.items()},

@@ -242,8 +242,7 @@ def run(folder, out) -> int:
             rows.append(row)
     finally:
         sampler.stop()
-    result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
-              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+    result = {**check_cli.head(FORMAT, harness, sampler, start),
               "tolerance": fp8_check.TOLERANCE, "checks": checks, "rows": rows}
     check_cli.write_result(out, result)
     print(f"{sum(1 for c in checks if c.get('correct'))} of {len(checks)} checks pass; {len(rows)} rows; "

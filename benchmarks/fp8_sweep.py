@@ -289,8 +289,7 @@ def run(folder, out) -> int:
                       flush=True)
     finally:
         sampler.stop()
-    result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
-              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+    result = {**check_cli.head(FORMAT, harness, sampler, start),
               "tolerance": fp8_check.TOLERANCE, "rounds": ROUNDS, "per_round": PER_ROUND, "checks": checks,
               "timings": timings, "best": best_of(rows), "rows": rows}
     check_cli.write_result(out, result)

@@ -348,8 +348,7 @@ def run(folder, out, rounds: int = ROUNDS, per_round: int = PER_ROUND, timeout: 
                    clocks=sampler.between(row.pop("t0"), row.pop("t1")))
         rows.append(row)
     sampler.stop()
-    result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
-              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+    result = {**check_cli.head(FORMAT, harness, sampler, start),
               "method": __doc__.split("\n\n")[1].strip(), "rounds": rounds, "per_round": per_round,
               "summary": summary(rows, checks, grad), "checks": checks, "grad": grad, "rows": rows}
     files.write_json(out, result)

@@ -361,8 +361,7 @@ def run(folder, out, rounds: int = ROUNDS, per_round: int = PER_ROUND, progress:
         sampler.stop()
         if bar is not None:
             bar.close()
-    result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
-              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+    result = {**check_cli.head(FORMAT, harness, sampler, start),
               "pack": {"folder": str(folder), "commit": pack.manifest.get("commit"), "modules": len(loaded)},
               "method": __doc__.split("This benchmark asks,")[1].split("Per row:")[0].strip(),
               "rounds": rounds, "per_round": per_round, "screen": SCREEN, "summary": summary(rows), "rows": rows}

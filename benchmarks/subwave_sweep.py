@@ -453,8 +453,7 @@ def run(folder, out, only: str | None = None) -> int:
                       f"({time.time() - t0:.0f} s)", flush=True)
         finally:
             sampler.stop()
-    result = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(),
-              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+    result = {**check_cli.head(FORMAT, harness, sampler, start),
               "rounds": ROUNDS, "per_round": PER_ROUND, "summary": summary(rows), "rows": rows}
     check_cli.write_result(out, result)
     print(table(rows))

@@ -47,3 +47,24 @@ def test_write_result_makes_the_folder_and_writes_json(cli, tmp_path):
     out = tmp_path / "new" / "deeper" / "r.json"
     cli.write_result(out, {"rows": [1, 2]})
     assert json.loads(out.read_text()) == {"rows": [1, 2]}
+
+
+def test_head_holds_the_gpu_the_run_and_the_clocks_since_start(cli):
+    class Harness:
+        @staticmethod
+        def gpu_info():
+            return {"name": "stub GPU"}
+
+        @staticmethod
+        def run_info():
+            return {"date": "d", "commit": "c"}
+
+    class Sampler:
+        def between(self, t0, t1):
+            assert t1 >= t0
+            return {"sm_mhz": 1980, "since": t0}
+
+    got = cli.head("fmt", Harness, Sampler(), 123.0)
+    assert got["format"] == "fmt" and got["version"] == 1 and got["gpu"] == {"name": "stub GPU"}
+    assert (got["date"], got["commit"]) == ("d", "c") and got["clocks"] == {"sm_mhz": 1980, "since": 123.0}
+    assert got["seconds"] > 0  # since 123 s after the epoch
