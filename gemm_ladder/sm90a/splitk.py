@@ -191,15 +191,11 @@ def slot_offset(counter, split, S, quad, thread, acc_regs):
 
 
 @T.inline
-def publish(P, C, Dreg, acc_regs, base, counter, wtid, flag, c):
-    """Store this consumer's fp32 accumulators at ``base`` of the workspace (this thread's first
-    quad; each quad 512 floats on) and count them on ``counter``: ``flag[c]`` then holds how many
-    counted before (split-K units here, stream-K pieces in ``streamk.meet``)."""
-    for j in T.unroll(acc_regs // 4):
-        T.ptx["st.global.v4.f32"](P.ptr_to([base + j * 512]),
-                                  Dreg[4 * j], Dreg[4 * j + 1], Dreg[4 * j + 2], Dreg[4 * j + 3])
-    # the barrier orders every thread's stores (and its read of flag) before thread 0's release;
-    # thread 0's fence and acq_rel atomic make them visible at GPU scope to the one that counts last
+def count_in(C, counter, wtid, flag, c):
+    """Count this consumer's stores (or adds) of its part on ``counter``: the barrier orders every
+    thread's writes (and its read of ``flag``) before thread 0's release, whose fence and acq_rel
+    atomic make them visible at GPU scope to the unit that counts last; ``flag[c]`` then holds how
+    many counted before this one."""
     T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
     if wtid == 0:
         old = T.alloc_local((1,), "uint32")
@@ -207,6 +203,17 @@ def publish(P, C, Dreg, acc_regs, base, counter, wtid, flag, c):
         T.ptx["atom.acq_rel.gpu.global.add.u32"](old[0], C.ptr_to([counter]), T.uint32(1))
         flag[c] = T.Cast("int32", old[0])
     T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
+
+
+@T.inline
+def publish(P, C, Dreg, acc_regs, base, counter, wtid, flag, c):
+    """Store this consumer's fp32 accumulators at ``base`` of the workspace (this thread's first
+    quad; each quad 512 floats on) and count them on ``counter``: ``flag[c]`` then holds how many
+    counted before (split-K units here, stream-K pieces in ``streamk.meet``)."""
+    for j in T.unroll(acc_regs // 4):
+        T.ptx["st.global.v4.f32"](P.ptr_to([base + j * 512]),
+                                  Dreg[4 * j], Dreg[4 * j + 1], Dreg[4 * j + 2], Dreg[4 * j + 3])
+    count_in(C, counter, wtid, flag, c)
 
 
 @T.inline
@@ -218,15 +225,7 @@ def add_and_count(P, C, Dreg, acc_regs, counter, wtid, flag, c):
     for j in T.unroll(acc_regs // 4):
         T.ptx["red.global.add.v4.f32"](P.ptr_to([base + j * 512]),
                                        Dreg[4 * j], Dreg[4 * j + 1], Dreg[4 * j + 2], Dreg[4 * j + 3])
-    # as publish: every thread's adds before thread 0's release; its fence and acq_rel atomic make
-    # them visible at GPU scope to the unit that counts last
-    T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
-    if wtid == 0:
-        old = T.alloc_local((1,), "uint32")
-        T.ptx["fence.acq_rel.gpu"]()
-        T.ptx["atom.acq_rel.gpu.global.add.u32"](old[0], C.ptr_to([counter]), T.uint32(1))
-        flag[c] = T.Cast("int32", old[0])
-    T.ptx.bar.sync(T.Cast("uint32", 1 + c), 128)
+    count_in(C, counter, wtid, flag, c)
 
 
 @T.inline
