@@ -67,7 +67,6 @@ from ..core import device
 from ..core.config import max_m_of
 from ..core.spec import FP8_SCALES, MN_MAJOR_FP8_FIX, GemmSpec
 from .front import KernelFallbackWarning, NoKernelError, Route, cached_module, packs, why_no_build
-from . import plan
 from .kernel_pack import FP8_INPUT
 from .runtime import ModuleInputError, load
 
@@ -316,7 +315,7 @@ def build_knobs(call: Call, arch: str) -> dict:
     """The knobs of the module :func:`scaled_mm` builds for ``call``: the policy's fp8 kernel
     (``plan.FP8_RULES``: ``plan.fp8_knobs``) with M at run time, as ``pack build`` plans it, so
     a pack's module and a build here are one entry of the module cache."""
-    return {**plan.fp8_knobs(call.M, call.N, call.K, call.recipe), "spec": call.spec.text(), "dtype": call.spec.d,
+    return {**_policy_knobs(call), "spec": call.spec.text(), "dtype": call.spec.d,
             "arch": arch, "dynamic_m": True}
 
 
@@ -363,13 +362,22 @@ def _from_packs(call: Call, arch: str) -> tuple[Route | None, list[str]]:
     return None, notes
 
 
+def _policy_knobs(call: Call) -> dict:
+    """The policy's fp8 knobs for ``call`` (``plan.fp8_knobs``): asked only where a module is built
+    (``plan`` imports the rungs, which a runtime-only box does not have)."""
+    # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
+    from . import plan  # pylint: disable=import-outside-toplevel
+
+    return plan.fp8_knobs(call.M, call.N, call.K, call.recipe)
+
+
 def _build(call: Call, arch: str) -> Route:
     knobs = build_knobs(call, arch)
     path, how = cached_module((MODULE_RUNG, (call.M, call.N, call.K), knobs))
     source = {"cache": "module cache", "built": "fresh build"}[how]
     return Route(load(path), None, source, MODULE_RUNG, knobs,
                  [f"kernel: {MODULE_RUNG} fp8 ({call.spec.text()}) [M at run time]",
-                  f"chosen by: plan.FP8_RULES: {plan.fp8_knobs(call.M, call.N, call.K, call.recipe) or 'v9 fp8 defaults'}",
+                  f"chosen by: plan.FP8_RULES: {_policy_knobs(call) or 'v9 fp8 defaults'}",
                   f"source: {source} {path}"])
 
 
