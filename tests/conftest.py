@@ -9,8 +9,10 @@ hanging the run. See ``tests/gpu_cases.py``.
 """
 
 import functools
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,13 @@ def gpu_result(request, _gpu_batch):
     if case.key not in _gpu_batch["results"]:
         pytest.fail(f"no module for {case} in {PREBUILT_DIR}: export it with GEMM_LADDER_GPU_EXPORT")
     return _gpu_batch["results"][case.key]
+
+
+def benchmark_script(name: str):
+    """``benchmarks/<name>.py`` as a module (the checks are scripts, not a package), registered under
+    ``name`` so its own sibling imports and isolate children find it."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -1,23 +1,16 @@
 """``benchmarks/check_cli.py``: the two-step command line the GPU checks share, the results
 file's name rule, and how a run writes its JSON."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "check_cli.py"
+from .conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def cli():
-    spec = importlib.util.spec_from_file_location("check_cli", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["check_cli"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("check_cli")
 
 
 def test_prepare_and_run_parse_with_a_scripts_own_options(cli):

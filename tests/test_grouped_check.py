@@ -1,24 +1,18 @@
 """``benchmarks/grouped_check.py`` on the CPU: the routings it checks and times, and the arithmetic
 of a result row on made-up timings. (Running it is a GPU benchmark: ``grouped_check.py run``.)"""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from gemm_ladder import make_config
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "grouped_check.py"
+from .conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def gc():
-    spec = importlib.util.spec_from_file_location("grouped_check", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["grouped_check"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("grouped_check")
 
 
 @pytest.mark.parametrize("experts", [1, 5, 8, 64, 256])

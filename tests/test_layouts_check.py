@@ -2,24 +2,17 @@
 its isolated checks, and the arithmetic of its summary on made-up rows. (Running it is a GPU
 benchmark: ``python3 benchmarks/layouts_check.py run``.)"""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 from gemm_ladder.core.spec import GemmSpec
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "layouts_check.py"
+from .conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def lc():
-    spec = importlib.util.spec_from_file_location("layouts_check", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["layouts_check"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("layouts_check")
 
 
 def test_the_checks_cover_every_layout_and_dtype_at_odd_shapes(lc):

@@ -2,10 +2,7 @@
 an M, and the arithmetic of a row and the summary on made-up timings. (Running it is a GPU
 benchmark: ``python3 benchmarks/m_range_check.py run``.)"""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,16 +10,12 @@ import pytest
 from gemm_ladder.core.spec import spec_for
 from gemm_ladder.serve.kernel_pack import M_BUCKETS, bucket_cells, weight_buckets
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "m_range_check.py"
+from .conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def mrc():
-    spec = importlib.util.spec_from_file_location("m_range_check", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["m_range_check"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("m_range_check")
 
 
 def test_every_cell_of_the_buckets_gets_an_m(mrc):

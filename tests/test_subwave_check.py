@@ -2,24 +2,17 @@
 plan, each case finds its choice and alternatives among a pack's entries (or says why not), and the
 arithmetic of a row and the summary on made-up timings. (Running it is a GPU benchmark.)"""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 from gemm_ladder.serve import kernel_pack, plan
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "subwave_check.py"
+from .conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def swc():
-    spec = importlib.util.spec_from_file_location("subwave_check", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["subwave_check"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("subwave_check")
 
 
 @pytest.fixture(scope="module")

@@ -2,25 +2,18 @@
 (each valid, within its wave cap, the atomic reduction beside the slots it is compared with), and
 the arithmetic of a row and the summary on made-up timings. (Running it is a GPU benchmark.)"""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 from gemm_ladder.rungs import make_config
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "subwave_sweep.py"
+from .conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("subwave_sweep", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["subwave_sweep"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("subwave_sweep")
 
 
 def test_the_cases_are_the_subwave_shapes_and_the_dw_gemms(sweep):
