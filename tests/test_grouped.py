@@ -15,9 +15,9 @@ from hypothesis import given, settings, strategies as st
 
 from gemm_ladder import ConfigError, make_config
 from gemm_ladder.core.spec import GemmSpec
-from gemm_ladder.protocol import check, interp, kernel_ir, sim
-from gemm_ladder.rungs import kernel_of
 from gemm_ladder.sm90a import grouped
+
+from .grouped_loads import loads_of
 
 GROUPED = GemmSpec(grouped=True).text()
 
@@ -149,21 +149,8 @@ def test_the_kernels_walk_is_the_models(monkeypatch, counts):
     E = len(counts)
     cfg = make_config("v12", 360, 320, 128, experts=E, spec=GROUPED, pipe_depth=2)
     offs = [sum(counts[: e + 1]) for e in range(E)]
-    kir = kernel_ir.load(kernel_of(cfg))
-    program = interp.Program(kir.device, kir.operand_buffers)
-    loads = []
-    real = sim.Sim.tma_load
-
-    def record(self, th, dst, tmap, coords, *args, **kw):
-        loads.append((th.cta.block[0], tmap.name, tuple(coords)))
-        return real(self, th, dst, tmap, coords, *args, **kw)
-
-    monkeypatch.setattr(sim.Sim, "tma_load", record)
     num_ctas = 3
-    params = {**check._param_values(kir, program, num_ctas), "offsets_ptr": offs}  # pylint: disable=protected-access
-    for cta in range(num_ctas):
-        ran = sim.Sim(kir, program, [(cta, 0, 0)], params, "forward", 1, None).run()
-        assert not ran.findings, ran.findings
+    loads = loads_of(monkeypatch, cfg, offs, 360, num_ctas)
     want = grouped.walk(offs, 360, cfg.blk_m, 2, cfg.l2_group_size, num_ctas)
     for cta in range(num_ctas):
         mine = [(name, c) for b, name, c in loads if b == cta]

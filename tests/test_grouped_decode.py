@@ -17,10 +17,10 @@ from hypothesis import given, settings, strategies as st
 
 from gemm_ladder import ConfigError, make_config
 from gemm_ladder.core.spec import GemmSpec
-from gemm_ladder.protocol import check, interp, kernel_ir, sim
 from gemm_ladder.protocol.check import check_config
-from gemm_ladder.rungs import kernel_of
 from gemm_ladder.sm90a import grouped
+
+from .grouped_loads import loads_of
 
 GROUPED = GemmSpec(grouped=True).text()
 SWAP = dict(swap_ab=True, blk_m=16, blk_n=128, num_warpgroups=2, pipe_depth=4)
@@ -92,27 +92,6 @@ def test_decode_walk_covers_each_expert_token_tile_once(counts, blk_m, n_tiles, 
     assert len(got) == len(set(got)) and set(got) == want
 
 
-def _loads_of(monkeypatch, cfg, table, M, num_ctas=3):
-    """The producer's TMA loads of every CTA, as the barrier checker runs the traced kernel, with
-    ``table`` as the int32 operand; asserts each run finds no protocol fault."""
-    kir = kernel_ir.load(kernel_of(cfg))
-    program = interp.Program(kir.device, kir.operand_buffers)
-    loads = []
-    real = sim.Sim.tma_load
-
-    def record(self, th, dst, tmap, coords, *args, **kw):
-        loads.append((th.cta.block[0], tmap.name, tuple(coords)))
-        return real(self, th, dst, tmap, coords, *args, **kw)
-
-    monkeypatch.setattr(sim.Sim, "tma_load", record)
-    params = {**check._param_values(kir, program, num_ctas), "M": M,  # pylint: disable=protected-access
-              "offsets_ptr": list(table)}
-    for cta in range(num_ctas):
-        ran = sim.Sim(kir, program, [(cta, 0, 0)], params, "forward", 1, None).run()
-        assert not ran.findings, ran.findings
-    return loads
-
-
 @pytest.mark.parametrize("layout, table, M", [
     ("contiguous", cumulative((0, 17, 0, 0, 3, 0, 0, 40)), 60),
     ("contiguous", cumulative((5, 0, 1) + (0,) * 40 + (9,)), 15),       # past 32 experts: two chunks a lane
@@ -125,7 +104,7 @@ def test_the_kernels_walk_is_the_models(monkeypatch, layout, table, M, knobs):
     from the expert's first token, W rows from e * N (the tables made by 32 lanes or by thread 0)."""
     E = len(table)
     cfg = make_config("v12", M, 320, 128, experts=E, spec=GROUPED, layout=layout, **knobs)
-    loads = _loads_of(monkeypatch, cfg, table, M)
+    loads = loads_of(monkeypatch, cfg, table, M)
     want = grouped.walk(list(table), M, cfg.blk_m, -(-320 // cfg.blk_n), cfg.l2_group_size, 3, layout=layout)
     assert sum(len(w) for w in want) > 0
     for cta in range(3):

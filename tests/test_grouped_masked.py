@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gemm_ladder import ConfigError, make_config
-from gemm_ladder.protocol import check, interp, kernel_ir, sim
 from gemm_ladder.protocol.check import check_config
-from gemm_ladder.rungs import kernel_of
 from gemm_ladder.sm90a import grouped
+
+from .grouped_loads import loads_of
 
 
 def reference_units(counts, max_tokens, blk_m, n_tiles):
@@ -105,22 +105,8 @@ def test_the_masked_kernels_walk_is_the_models(monkeypatch, counts, max_tokens):
     E = len(counts)
     M = E * max_tokens
     cfg = make_config("v12", M, 320, 128, experts=E, layout="masked", pipe_depth=2)
-    kir = kernel_ir.load(kernel_of(cfg))
-    program = interp.Program(kir.device, kir.operand_buffers)
-    loads = []
-    real = sim.Sim.tma_load
-
-    def record(self, th, dst, tmap, coords, *args, **kw):
-        loads.append((th.cta.block[0], tmap.name, tuple(coords)))
-        return real(self, th, dst, tmap, coords, *args, **kw)
-
-    monkeypatch.setattr(sim.Sim, "tma_load", record)
     num_ctas = 3
-    params = {**check._param_values(kir, program, num_ctas), "M": M,  # pylint: disable=protected-access
-              "offsets_ptr": list(counts)}
-    for cta in range(num_ctas):
-        ran = sim.Sim(kir, program, [(cta, 0, 0)], params, "forward", 1, None).run()
-        assert not ran.findings, ran.findings
+    loads = loads_of(monkeypatch, cfg, counts, M, num_ctas)
     want = grouped.walk(list(counts), M, cfg.blk_m, 2, cfg.l2_group_size, num_ctas, layout="masked")
     for cta in range(num_ctas):
         mine = [(name, c) for b, name, c in loads if b == cta]
