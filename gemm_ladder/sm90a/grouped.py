@@ -566,6 +566,9 @@ def kernel(cfg: GemmConfig):
     E_layout = epilogue.staging_layout(cfg, *staging_shape)
     n_tiles = -(-N // BLK_N)
     masked = layout_of(cfg) == "masked"
+    if scan_by_warp and 2 * 8 * stages + 2 * 4 * SCAN_LANES > budget.BARRIER_BYTES:
+        raise ConfigError(f"pipe_depth={stages} with warp_scan: the barriers and the scan's partial results pass the "
+                          f"{budget.BARRIER_BYTES} bytes below the tiles; use pipe_depth<={(budget.BARRIER_BYTES - 256) // 16}")
 
     # fmt: off
     @T.inline
@@ -579,9 +582,9 @@ def kernel(cfg: GemmConfig):
         mma2tma = MBarrier(pool, stages)
         ring = Ring(tma2mma, mma2tma)
         if scan_by_warp:
-            # the scanning lanes' partial results, in the padding the barriers leave below 1 KiB (at
-            # most 128 bytes of barriers and 256 of these): free, so the warp scan fits wherever the
-            # serial scan does (the 128x256 tile at 256 experts fills the block to its last byte)
+            # the scanning lanes' partial results, in the padding the barriers leave below 1 KiB (two
+            # 8-byte barriers a stage, then these 256 bytes: checked above): free, so the warp scan fits
+            # wherever the serial scan does (the 128x256 tile at 256 experts fills the block to the byte)
             part = pool.alloc((2 * SCAN_LANES,), "int32")
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
