@@ -805,7 +805,23 @@ GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_de
 # The 64x128 module stays the fallback where the validator refuses the swap.
 GROUPED_SWAP_KNOBS = {"swap_ab": True, "blk_n": 128, "num_warpgroups": 2, "pipe_depth": 8, "warp_scan": True}
 GROUPED_SWAP_FEW_EXPERTS = 16  # blk_m 32 up to this many experts, 16 past it
-GROUPED_DECODE_ROWS = 64  # contiguous: the decode module up to 64 rows an expert on average (M <= 64 E)
+GROUPED_DECODE_ROWS = 64  # contiguous, where swap AB is refused: the 64x128 module up to 64 rows an expert
+# Contiguous prefill (issue 33's prefill follow-up; GROUPED_PREFILL, H100, bf16, kernels in CUDA graphs,
+# 9 variants and torch._grouped_mm in the same rounds, 4 shapes x 512-16384 tokens x balanced and Zipf):
+# the swapped tiles win wherever an expert holds at most about one 128-row tile of tokens on average,
+# the 128x256 tile past it. A 128-row tile spends its MMA work and A loads on rows an expert lacks and
+# leaves few work units where experts are few (the odd 5 x 1000x520 at 512 tokens: 20 units for 132
+# SMs, 0.75x torch); a swapped tile streams W at full width with the tokens as wgmma's N. Tiers by the
+# rows an expert holds on average (M / E: the front door knows M and E, not the routing): swap16 (more
+# than 16 experts; decode's module) up to 4, swap32 up to 32 (an expert's rows fill one token tile on
+# average), swap64 up to 128, the 128x256 defaults past it. In-sample over the 24 cases: this rule
+# 1.097x torch._grouped_mm (geomean; least 0.992), the best variant of each case 1.110x (least 1.022),
+# the rule before (the decode module up to 64 rows an expert, the defaults past it) 1.028x (least
+# 0.748). Measured and left out: the warp scan at the prefill tiles (0.993x the defaults: the prologue
+# is not what limits prefill), 128x128 tiles (4 or 6 stages), 64x256, bands of 16 m-tiles.
+GROUPED_PREFILL = "benchmarks/results/2026-11-26_h100_grouped_prefill/README.md"
+GROUPED_SWAP16_ROWS = 4  # contiguous: decode's 16-token swap tiles (more than 16 experts) up to 4 rows an expert
+GROUPED_PREFILL_SWAPS = ((32, 32), (64, 128))  # (swap tokens a tile, up to rows an expert on average)
 # masked: the decode module up to max_tokens = 64. The slot bounds an expert's count, not the count:
 # with slots of 256 half full (128 tokens an expert; GROUPED_PACK, 2026-11-26) the swapped module
 # re-read each expert's weight once a 16-token tile and ran 0.61-0.83x torch._grouped_mm, where the
@@ -832,9 +848,12 @@ def grouped_spec(dtype: str) -> GemmSpec:
 
 def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: str = "contiguous",
                     arch: str = DEFAULT_ARCH) -> list[GroupedChoice]:
-    """The decode and prefill modules of an expert weight ``[E, N, K]`` in ``layout`` and the token
-    ranges they serve, decode first (see the comment above for the rule and its evidence); one
-    module for every token count where the validator refuses the decode tile (it names why).
+    """The modules of an expert weight ``[E, N, K]`` in ``layout`` and the token ranges they serve,
+    fewest tokens first (see the comments above for the rules and their evidence): masked, a decode
+    and a prefill module; contiguous, swapped tiles of 16 (more than 16 experts), 32 and 64 tokens
+    and the 128x256 defaults, by the rows an expert holds on average. Where the validator refuses
+    swap AB, the 64x128 decode module and the defaults; one module for every token count where it
+    refuses that too (it names why).
     ConfigError where v12 refuses the weight itself (the expert count, N, K, the layout)."""
     if layout not in ("contiguous", "masked"):
         raise ConfigError(f"layout={layout!r}: a grouped weight is served 'contiguous' (grouped_mm) or 'masked' "
@@ -852,6 +871,8 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
     swap_m = 32 if E <= GROUPED_SWAP_FEW_EXPERTS else 16
     swap_knobs = {**base, **GROUPED_SWAP_KNOBS, "blk_m": swap_m}
     if (swapped := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), swap_knobs)) is None:
+        if layout == "contiguous":  # prefill's tiers by the rows an expert holds (the comment above)
+            return _prefill_tiers(E, Problem(build_m, N, K, dtype, arch), base, swap_m)
         decode = Choice(GROUPED_RUNG, swap_knobs, "rule", "grouped-decode-swap",
                         f"{GROUPED_RUNG} with swap AB ({swap_m} tokens x 128 W rows a tile, two consumers, an 8-deep "
                         f"ring, the warp scan) while {bound}: decode streams the weights, and a swapped tile reads "
@@ -871,3 +892,37 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
                     f"expert, weight-bound [{evidence}: won at every decode batch of 3 MoE shapes]", skipped=passed,
                     measured=True)
     return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
+
+
+
+def _prefill_tiers(E: int, p: Problem, base: dict, swap_m: int) -> list[GroupedChoice]:
+    """The contiguous layout's modules by the rows an expert holds on average (``M / E``; the rule
+    and its evidence: the comment above GROUPED_PREFILL): swapped tiles of ``swap_m`` tokens (the
+    decode module), then the wider swapped tiles of :data:`GROUPED_PREFILL_SWAPS` (one the validator
+    refuses is passed over, the next tier reaching down), then v12's 128x256 defaults."""
+    wider = [(m, rows) for m, rows in GROUPED_PREFILL_SWAPS if m >= swap_m]
+    swaps = ([(swap_m, GROUPED_SWAP16_ROWS)] if swap_m < wider[0][0] else []) + wider
+    out: list[GroupedChoice] = []
+    skipped: tuple = ()
+    for blk_m, rows in swaps:
+        knobs = {**base, **GROUPED_SWAP_KNOBS, "blk_m": blk_m}
+        name = "grouped-decode-swap" if blk_m == swap_m else f"grouped-prefill-swap{blk_m}"
+        if (refused := _validate(GROUPED_RUNG, p, knobs)) is not None:  # the first (decode's) was validated
+            skipped += (f"rule {name!r} ({GROUPED_RUNG} swap AB {blk_m}x128): {refused}",)
+            continue
+        why = (f"{GROUPED_RUNG} with swap AB ({blk_m} tokens x 128 W rows a tile, two consumers, an 8-deep ring, the "
+               f"warp scan) while M <= {rows} x E = {rows * E} rows of A ({rows} an expert on average): a swapped "
+               f"tile streams W at full width with the tokens as wgmma's N, where a 128-row tile computes rows an "
+               f"expert lacks [{GROUPED_PREFILL}: this rule's tiers 1.097x torch._grouped_mm over 24 prefill cases")
+        why += (f"; {GROUPED_DECODE}: decode, 1.02x the 64x128 module, masked decode 1.10x the best peer]"
+                if blk_m == swap_m else "]")
+        first = out[-1].tokens[1] + 1 if out else 1
+        out.append(GroupedChoice(Choice(GROUPED_RUNG, knobs, "rule", name, why, skipped=skipped, measured=True),
+                                 (first, rows * E)))
+        skipped = ()
+    top = out[-1].tokens[1]
+    prefill = Choice(GROUPED_RUNG, base, "rule", "grouped-prefill",
+                     f"{GROUPED_RUNG} at its 128x256 defaults past M = {top} rows of A ({top // E} an expert on "
+                     f"average): large experts, the tile's MMA work all rows an expert holds [{GROUPED_PREFILL}: "
+                     f"1.03-1.24x torch._grouped_mm from 256 rows an expert]", skipped=skipped, measured=True)
+    return out + [GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
