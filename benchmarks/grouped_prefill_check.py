@@ -30,6 +30,12 @@ here), plus two fp16 modules of the odd shape, checked only.
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_prefill_check.py run build/gprefill --out out/grouped_prefill.json   # GPU box
 
+``prepare DIR --pack`` builds instead a kernel pack of the four weights (contiguous, bf16: the
+policy's tiers, ``plan.grouped_choices``), and ``run`` then serves the same cases through
+``gemm_ladder.grouped_mm`` with ``use_pack`` and ``strict=True``: the module that served must be the
+pack's for that M, correct with D poisoned, timed against ``torch._grouped_mm`` (rows add ``rule``,
+``expected`` and ``served_by``; about a minute, DIR about 3 MiB).
+
 Rows: the issue's results format plus ``variant``, ``knobs``, ``ratio_to_baseline`` (the default's
 time over the variant's) and ``best`` (the fastest correct variant of its case); ``summary`` holds per
 variant the geomean and least ratio to ``torch._grouped_mm``, per case the winner, and the geomean of
@@ -54,9 +60,10 @@ from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
 import check_cli  # noqa: E402  (a sibling script, not a package)
 import grouped_check as gc  # noqa: E402  (a sibling script: the routings, the checks, the rounds)
 
+import gemm_ladder  # noqa: E402
 from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.measure import harness, isolate  # noqa: E402
-from gemm_ladder.serve import grouped as grouped_door, runtime  # noqa: E402
+from gemm_ladder.serve import front, grouped as grouped_door, kernel_pack, runtime  # noqa: E402
 from gemm_ladder.serve.grouped import spec_of_dtype  # noqa: E402
 
 FORMAT = "gemm_ladder.grouped_prefill_check"
@@ -251,6 +258,128 @@ def summary_of(rows: list[dict]) -> dict:
             "baseline_to_grouped_mm": (variants.get(BASELINE) or {}).get("to_grouped_mm")}
 
 
+# -- the rule through the front door (prepare --pack) --------------------------------------------------
+# A kernel pack of the SHAPES' weights (contiguous, bf16: plan.grouped_choices' tiers), served through
+# gemm_ladder.grouped_mm with use_pack and strict=True at the same (shape, tokens, routing) cases as the
+# variants: which module served (it must be the one whose range holds M), correct with D poisoned, timed
+# against torch._grouped_mm in the same rounds. A holds the routed tokens only (no TAIL: the front door
+# picks by M, and a tail would move the cases at a tier's edge, 2048 tokens of Qwen-MoE's 64 experts, into
+# the next tier; grouped_check's checks cover the rows past offs[-1]).
+PACK_FOLDER = "pack"
+
+
+def prepare_pack(out) -> int:
+    """The SHAPES' weights as a kernel pack (contiguous, bf16) into DIR/pack, and the plan ``run`` follows."""
+    folder = files.open_folder(out)
+    weights = [(E, N, K, "contiguous") for _, E, N, K in gc.SHAPES]
+    man = kernel_pack.build_pack(folder / PACK_FOLDER, [], [DTYPE], grouped=weights,
+                                 request={"grouped": [f"{E},{N},{K},contiguous" for E, N, K, _ in weights]})
+    failed = [r for r in man["results"] if r["status"] == "failed"]
+    for r in failed:
+        print(f"failed: {r['file']}: {r['detail']}", file=sys.stderr)
+    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "pack": PACK_FOLDER, "tokens": TOKENS})
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"{len(man['results'])} modules in a pack, {size / 2**20:.1f} MiB in {folder}")
+    return 1 if failed else 0
+
+
+def pack_items(folder, tokens: dict) -> list[str]:
+    """One child job a (shape, tokens): ``pack folder#shape#tokens``."""
+    return [f"{Path(folder) / PACK_FOLDER}#{name}#{t}" for name, counts in tokens.items() for t in counts]
+
+
+def expected_module(entries: list[dict], E: int, N: int, K: int, rows: int) -> dict | None:
+    """The pack's contiguous bf16 entry of (E, N, K) whose token range holds ``rows`` rows of A."""
+    return next((e for e in entries if kernel_pack.is_grouped(e) and e["layout"] == "contiguous"
+                 and e["experts"] == E and e["shape"][1:] == [N, K] and e["tokens"][0] <= rows <= e["tokens"][1]), None)
+
+
+def pack_time_job(item, args) -> dict:
+    """One (shape, tokens) through the front door with the pack (strict), balanced and Zipf: the
+    module that served, a check with D poisoned, then rounds against torch._grouped_mm."""
+    folder, name, tokens = item.split("#")
+    tokens = int(tokens)
+    if not any(p.folder == Path(folder) for p in front.packs()):  # once a child (its jobs run one after another)
+        gemm_ladder.use_pack(folder)
+    E, N, K = next((E, N, K) for n, E, N, K in gc.SHAPES if n == name)
+    rows = tokens
+    source, kernel = gc._served("contiguous", E, N, K, DTYPE, rows)  # pylint: disable=protected-access
+    l2 = device.probe(0).l2_bytes or (50 << 20)
+    W = torch.randn(E, N, K, device="cuda", dtype=getattr(torch, DTYPE)).div_(math.sqrt(K))
+    Wt = W.transpose(1, 2)
+    results = []
+    for routing in gc.TIMED_ROUTINGS:
+        counts = gc.counts_of(routing, E, tokens, seed=tokens)
+        offs_list = gc.offsets_of(counts)
+        n_sets = max(2, math.ceil(2 * l2 / max(2 * rows * (K + N) + W.numel() * W.element_size(), 1)))
+        sets = [(torch.randn(rows, K, device="cuda").to(W.dtype), torch.tensor(offs_list, dtype=torch.int32,
+                 device="cuda"), torch.empty(rows, N, dtype=W.dtype, device="cuda")) for _ in range(n_sets)]
+
+        def ours(A, offs, D):
+            gemm_ladder.grouped_mm(A, W, offs, out=D, strict=True)
+
+        def grouped_mm(A, offs, D):  # pylint: disable=unused-argument  (torch allocates its D)
+            torch._grouped_mm(A, Wt, offs=offs)  # pylint: disable=protected-access
+
+        A, offs, D = sets[0]
+        D.fill_(float("nan"))
+        ours(A, offs, D)
+        torch.cuda.synchronize()
+        rel, trel, nan, past = gc._errors(A, W, offs_list, D, rows)  # pylint: disable=protected-access
+        check = {"ok": nan == 0 and past == 0 and rel <= 2 * trel + gc.ERROR_FLOOR[DTYPE], "rel_err": rel,
+                 "torch_rel_err": trel, "nan": nan, "rows_past_written": past}
+        parties = {"ours": ours} if check["ok"] else {}
+        if gc._grouped_mm_works(A, W, offs):  # pylint: disable=protected-access
+            parties["grouped_mm"] = grouped_mm
+        times = gc._rounds(parties, sets, 2.0 * tokens * N * K)  # pylint: disable=protected-access
+        results.append({"tokens": tokens, "routing": routing, "sets": n_sets, "check": check, "times": times})
+        del sets
+    return {"status": "ok", "source": source, "kernel": kernel, "rows": results}
+
+
+def pack_rows(entries: list[dict], item: str, res: dict) -> list[dict]:
+    """A (shape, tokens)'s rows through the front door: correct only where the pack's module for
+    that M served and its check passed; ``rule`` and ``served_by`` beside the issue's fields."""
+    _, name, tokens = item.split("#")
+    E, N, K = next((E, N, K) for n, E, N, K in gc.SHAPES if n == name)
+    want = expected_module(entries, E, N, K, int(tokens))
+    served = bool(want) and res.get("source") == "kernel pack" and want["file"] in (res.get("kernel") or "")
+    base = {"experts": E, "N": N, "K": K, "dtype": DTYPE, "shape": name, "kind": "pack",
+            "rule": (want or {}).get("choice", {}).get("rule"), "expected": (want or {}).get("file"),
+            "served_by": res.get("kernel")}
+    if res.get("status") != "ok":
+        return [gc.row({**base, "tokens": int(tokens), "routing": None, "detail": json.dumps(res)[:4000]}, False, {},
+                       "contiguous", ("grouped_mm",))]
+    return [gc.row({**base, "tokens": r["tokens"], "routing": r["routing"], "check": r["check"], "sets": r["sets"]},
+                   served and r["check"]["ok"], r["times"], "contiguous", ("grouped_mm",)) for r in res["rows"]]
+
+
+def run_pack(folder, out, plan: dict) -> int:
+    """run for a DIR of prepare --pack: every (shape, tokens) in a child, rows in the issue's format."""
+    entries = kernel_pack.KernelPack(folder / plan["pack"]).modules
+    items = pack_items(folder, plan["tokens"])
+    sampler, start = Sampler(), time.time()
+    try:
+        results = isolate.run_batch("benchmarks.grouped_prefill_check:pack_time_job", items, timeout=gc.TIME_TIMEOUT,
+                                    explain=False)
+    finally:
+        sampler.stop()
+    rows = [r for item, res in zip(items, results) for r in pack_rows(entries, item, res)]
+    ratios = [r["ratio_to_grouped_mm"] for r in rows]
+    result = {"format": FORMAT, "gpu": harness.gpu_info(), **harness.run_info(),
+              "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
+              "summary": {"cases": len(rows), "correct": sum(r["correct"] for r in rows),
+                          "geomean_ratio_to_grouped_mm": geomean(ratios),
+                          "min_ratio_to_grouped_mm": min((x for x in ratios if x), default=None)},
+              "rows": rows}
+    files.write_json(out, result)
+    for r in rows:
+        print(f"{r['shape']:11s} tokens={r['tokens']:6d} {r['routing'] or '-':8s} {r['rule'] or '-':22s} "
+              f"correct={r['correct']} x grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f}")
+    print(json.dumps(result["summary"]), f"{result['seconds']:.0f} s; wrote {out}")
+    return 0
+
+
 def run(folder, out) -> int:
     why = device.why_no_gpu(index=0)
     if why is not None:
@@ -262,6 +391,8 @@ def run(folder, out) -> int:
         print(f"grouped_prefill_check run: {folder / PLAN_FILE} is not a {FORMAT} plan: run prepare again",
               file=sys.stderr)
         return 2
+    if "pack" in plan:
+        return run_pack(folder, out, plan)
     modules, tokens = plan["modules"], plan["tokens"]
     sampler, start = Sampler(), time.time()
     timed: list = []
@@ -310,12 +441,14 @@ def run(folder, out) -> int:
 
 
 def main(argv=None) -> int:
-    p, _, _, _ = check_cli.subcommands(__doc__, "build box: the prefill variants' v12 modules into DIR",
-                                       "GPU box: check every module, then time the variants side by side",
-                                       "grouped_prefill.json")
+    p, pr, _, _ = check_cli.subcommands(__doc__, "build box: the prefill variants' v12 modules into DIR",
+                                        "GPU box: check every module, then time the variants side by side",
+                                        "grouped_prefill.json")
+    pr.add_argument("--pack", action="store_true", help="a kernel pack of the SHAPES' weights instead (the policy's "
+                                                          "modules); run serves it through the front door")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        return prepare(a.out)
+        return prepare_pack(a.out) if a.pack else prepare(a.out)
     check_cli.require_in_name(p, a.out, "grouped", 33)
     return run(a.folder, a.out)
 

@@ -5,6 +5,7 @@ GPU benchmark: ``grouped_prefill_check.py run``.)"""
 import pytest
 
 from gemm_ladder import make_config
+from gemm_ladder.serve import kernel_pack
 from gemm_ladder.sm90a import grouped
 
 from .conftest import benchmark_script
@@ -92,3 +93,44 @@ def test_run_wants_a_results_name_with_grouped(gp, tmp_path, capsys):
     with pytest.raises(SystemExit):
         gp.main(["run", str(tmp_path), "--out", str(tmp_path / "out.json")])
     assert "must contain 'grouped'" in capsys.readouterr().err
+
+
+# -- the rule through the front door (prepare --pack) ---------------------------------------------------
+def _pack_entries(gp):
+    items = kernel_pack.plan_grouped([(E, N, K, "contiguous") for _, E, N, K in gp.gc.SHAPES], [gp.DTYPE])
+    return [e for i in items for e in kernel_pack.entries_of(i)]
+
+
+def test_every_pack_case_has_the_module_whose_range_holds_its_rows(gp, tmp_path):
+    entries = _pack_entries(gp)
+    items = gp.pack_items(tmp_path, gp.TOKENS)
+    assert len(items) == sum(len(t) for t in gp.TOKENS.values())
+    for item in items:
+        folder, name, tokens = item.split("#")
+        assert folder == str(tmp_path / gp.PACK_FOLDER)
+        E, N, K = next((E, N, K) for n, E, N, K in gp.gc.SHAPES if n == name)
+        want = gp.expected_module(entries, E, N, K, int(tokens))
+        assert want["tokens"][0] <= int(tokens) <= want["tokens"][1]
+    # the odd shape at 512 tokens (102 rows an expert) takes the 64-token swap tile, at 2048 the defaults
+    odd = [gp.expected_module(entries, 5, 1000, 520, t)["choice"]["rule"] for t in (512, 2048)]
+    assert odd == ["grouped-prefill-swap64", "grouped-prefill"]
+    # a tier's edge is the variants' measured case: Qwen-MoE's 64 experts at 2048 tokens, 32 an expert
+    assert gp.expected_module(entries, 64, 1408, 2048, 2048)["choice"]["rule"] == "grouped-prefill-swap32"
+
+
+def test_a_pack_row_is_correct_only_where_the_expected_module_served(gp, tmp_path):
+    entries = _pack_entries(gp)
+    item = gp.pack_items(tmp_path, {"deepseek_v3": (2048,)})[0]
+    want = gp.expected_module(entries, 256, 2048, 7168, 2048)
+    times = {"ours": {"graph_ms": 1.0, "queued_ms": 1.1}, "grouped_mm": {"graph_ms": 1.05, "queued_ms": 1.2}}
+    ok = {"ok": True}
+    res = {"status": "ok", "source": "kernel pack", "kernel": f"kernel: v12 {want['file']}",
+           "rows": [{"tokens": 2048, "routing": "balanced", "sets": 2, "check": ok, "times": times},
+                    {"tokens": 2048, "routing": "zipf", "sets": 2, "check": {"ok": False}, "times": {}}]}
+    rows = gp.pack_rows(entries, item, res)
+    assert [r["correct"] for r in rows] == [True, False]
+    assert rows[0]["rule"] == "grouped-prefill-swap32" and rows[0]["ratio_to_grouped_mm"] == pytest.approx(1.05)
+    other = dict(res, kernel="kernel: v12 some_other_module.so")
+    assert not any(r["correct"] for r in gp.pack_rows(entries, item, other))
+    crashed = gp.pack_rows(entries, item, {"status": "crash", "detail": "boom"})
+    assert len(crashed) == 1 and not crashed[0]["correct"] and "boom" in crashed[0]["detail"]
