@@ -1,8 +1,9 @@
 """The grouped GEMM's prefill modules side by side (v12, contiguous layout, issue 33): which tile,
 ring and scan serve which token count at which expert count, against ``torch._grouped_mm``.
 
-Why: the kernel pack serves contiguous prefill with one module, v12 at its 128x256 defaults without
-the warp scan, for every token count past 64 rows an expert (``plan.grouped_choices``); it measured
+Why: the kernel pack served contiguous prefill with one module, v12 at its 128x256 defaults without
+the warp scan, for every token count past 64 rows an expert (``plan.grouped_choices`` before this
+check's run: ``benchmarks/results/2026-11-26_h100_grouped_prefill``); it measured
 0.94-1.22x ``torch._grouped_mm`` (``benchmarks/results/2026-11-26_h100_grouped``), 0.96-0.98x on
 the balanced DeepSeek-V3-like and Qwen-MoE-like layers and 0.74-0.80x on the odd shape at 512
 tokens. At 512-8192 tokens over 64-256 experts an expert holds 2-128 rows, so a 128-row tile spends

@@ -64,8 +64,8 @@ A new rung plugs in as a :class:`Rule` where it should take precedence, with its
 ``tests/test_plan.py``; a rule whose rung is missing is passed over (the ladder falls back).
 
 A grouped weight (v12, mixture of experts) is not a :class:`Problem`: :func:`grouped_choices` gives
-it a decode and a prefill module and the token counts each serves (the rule and its evidence are
-beside it), for the kernel packs (``kernel_pack.plan_grouped``).
+it a decode module and prefill modules and the token counts each serves (the rules and their
+evidence are beside it), for the kernel packs (``kernel_pack.plan_grouped``).
 
 **The tuning database** (``gemm_ladder.serve.tuning_db``) is asked first: its best entry in the shape's
 bucket (every dim rounded to a power of two) replaces the rule's choice, by ratio to cuBLAS. A
