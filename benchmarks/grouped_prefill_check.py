@@ -31,6 +31,10 @@ here), plus two fp16 modules of the odd shape, checked only.
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_prefill_check.py run build/gprefill --out out/grouped_prefill.json   # GPU box
 
+``prepare DIR --bands`` builds instead the policy's swapped tiles beside the same tiles in bands of 64
+token tiles (``l2_group_size``: a Zipf-hot expert's weight tile read by all its token tiles at once), at
+the token counts the swapped tiers serve (:data:`BAND_VARIANTS`; 17 modules, about 3.5 MiB).
+
 ``prepare DIR --pack`` builds instead a kernel pack of the four weights (contiguous, bf16: the
 policy's tiers, ``plan.grouped_choices``), and ``run`` then serves the same cases through
 ``gemm_ladder.grouped_mm`` with ``use_pack`` and ``strict=True``: the module that served must be the
@@ -80,6 +84,10 @@ VARIANTS = {
     "swap16": {**SWAP, "blk_m": 16},
     "swap32": {**SWAP, "blk_m": 32},
     "swap64": {**SWAP, "blk_m": 64},
+    # the swapped tiles in bands of 64 token tiles (one band for an expert of up to 2048-4096 rows): a
+    # Zipf-hot expert's W n-tile is read by all its token tiles side by side, not once a band of 8
+    "swap32_g64": {**SWAP, "blk_m": 32, "l2_group_size": 64},
+    "swap64_g64": {**SWAP, "blk_m": 64, "l2_group_size": 64},
 }
 BASELINE = "default"
 # the variants of each shape of grouped_check.SHAPES (bf16, timed), and the token counts timed: rows
@@ -92,16 +100,25 @@ SHAPE_VARIANTS = {
 }
 TOKENS = {"mixtral": (512, 2048, 8192, 16384), "qwen_moe": (512, 2048, 8192), "deepseek_v3": (512, 2048, 8192),
           "odd": (512, 2048)}
+# prepare --bands: the policy's swapped tiers beside the same tiles in bands of 64 token tiles, where the
+# policy's swapped tiles serve (up to 128 rows an expert); the defaults and 128x128 as the yardsticks
+BAND_VARIANTS = {
+    "mixtral": ("default", "swap32", "swap32_g64", "swap64", "swap64_g64"),
+    "qwen_moe": ("default", "n128", "swap32", "swap32_g64", "swap64", "swap64_g64"),
+    "deepseek_v3": ("default", "n128", "swap32", "swap32_g64", "swap64", "swap64_g64"),
+}
+BAND_TOKENS = {"mixtral": (512,), "qwen_moe": (512, 2048, 8192), "deepseek_v3": (512, 2048, 8192)}
 ODD_FP16 = ("scan", "swap32")  # checked only: the other dtype's MMA over the new prologue
 TAIL = 37  # rows of A past offs[-1] in a timed case's check: they must stay NaN in D
 DTYPE = "bfloat16"
 
 
-def module_plan() -> list[tuple]:
-    """(shape name, E, N, K, dtype, variant) of every module ``prepare`` builds."""
+def module_plan(bands: bool = False) -> list[tuple]:
+    """(shape name, E, N, K, dtype, variant) of every module ``prepare`` builds (``bands``: ``--bands``')."""
     shapes = {name: (E, N, K) for name, E, N, K in gc.SHAPES}
-    plan = [(name, *shapes[name], DTYPE, v) for name, variants in SHAPE_VARIANTS.items() for v in variants]
-    return plan + [("odd", *shapes["odd"], "float16", v) for v in ODD_FP16]
+    chosen = BAND_VARIANTS if bands else SHAPE_VARIANTS
+    plan = [(name, *shapes[name], DTYPE, v) for name, variants in chosen.items() for v in variants]
+    return plan if bands else plan + [("odd", *shapes["odd"], "float16", v) for v in ODD_FP16]
 
 
 def knobs_of(E: int, dtype: str, variant: str) -> dict:
@@ -109,7 +126,7 @@ def knobs_of(E: int, dtype: str, variant: str) -> dict:
     return {"experts": E, "dtype": dtype, "spec": spec_of_dtype(dtype).text(), **VARIANTS[variant]}
 
 
-def prepare(out) -> int:
+def prepare(out, bands: bool = False) -> int:
     """Every module of :func:`module_plan` through the module cache into DIR, and the plan ``run``
     follows."""
     # optional: the build layer (TVM's compiler), on the build box only
@@ -119,7 +136,7 @@ def prepare(out) -> int:
 
     folder = files.open_folder(out)
     modules = []
-    for name, E, N, K, dtype, variant in module_plan():
+    for name, E, N, K, dtype, variant in module_plan(bands):
         path, how = module_cache.get_or_build(BuildJob("v12", (gc.BUILD_M, N, K), knobs_of(E, dtype, variant)))
         stem = f"gprefill_{name}_{dtype}_{variant}"
         for src in Path(path).parent.iterdir():
@@ -128,7 +145,7 @@ def prepare(out) -> int:
         modules.append({"file": f"{stem}.so", "shape": name, "experts": E, "N": N, "K": K, "dtype": dtype,
                         "variant": variant, "knobs": VARIANTS[variant]})
         print(f"{stem}: {how}", flush=True)
-    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules, "tokens": TOKENS})
+    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules, "tokens": BAND_TOKENS if bands else TOKENS})
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(f"{len(modules)} modules, {size / 2**20:.1f} MiB in {folder}")
     return 0
@@ -447,9 +464,13 @@ def main(argv=None) -> int:
                                         "grouped_prefill.json")
     pr.add_argument("--pack", action="store_true", help="a kernel pack of the SHAPES' weights instead (the policy's "
                                                           "modules); run serves it through the front door")
+    pr.add_argument("--bands", action="store_true", help="the swapped tiers beside the same tiles in bands of 64 "
+                                                           "token tiles instead (BAND_VARIANTS)")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        return prepare_pack(a.out) if a.pack else prepare(a.out)
+        if a.pack and a.bands:
+            p.error("prepare: --pack or --bands, not both")
+        return prepare_pack(a.out) if a.pack else prepare(a.out, a.bands)
     check_cli.require_in_name(p, a.out, "grouped", 33)
     return run(a.folder, a.out)
 

@@ -45,7 +45,10 @@ def test_the_warp_scan_costs_no_shared_memory(experts, N, K, tile):
     (cumulative((0, 130, 0, 0, 3, 0, 0, 300)), 440),
     (cumulative((5, 0, 129) + (0,) * 40 + (70,)), 210),       # past 32 experts: two chunks a lane
 ])
-@pytest.mark.parametrize("tile", [dict(), dict(blk_n=128, pipe_depth=6)])
+@pytest.mark.parametrize("tile", [dict(), dict(blk_n=128, pipe_depth=6),
+                                  # swapped 16-token tiles in bands of 2 and of 64 (more than an expert holds)
+                                  dict(swap_ab=True, blk_m=16, blk_n=128, l2_group_size=2),
+                                  dict(swap_ab=True, blk_m=16, blk_n=128, l2_group_size=64)])
 def test_the_prefill_walk_under_the_warp_scan_is_the_models(monkeypatch, table, M, tile):
     E = len(table)
     cfg = make_config("v12", M, 520, 128, experts=E, spec=GROUPED, warp_scan=True, **tile)

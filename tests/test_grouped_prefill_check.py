@@ -16,12 +16,18 @@ def gp():
     return benchmark_script("grouped_prefill_check")
 
 
-def test_every_planned_module_is_one_v12_takes(gp):
-    plan = gp.module_plan()
+@pytest.mark.parametrize("bands", [False, True])
+def test_every_planned_module_is_one_v12_takes(gp, bands):
+    plan = gp.module_plan(bands)
     assert len({(p[0], p[4], p[5]) for p in plan}) == len(plan)  # no module twice
     for name, E, N, K, dtype, variant in plan:
         cfg = make_config("v12", 4096, N, K, **gp.knobs_of(E, dtype, variant))
         assert cfg.dtype == dtype
+    # --bands: every swapped tile beside its banded twin, at token counts of each shape
+    if bands:
+        for name, variants in gp.BAND_VARIANTS.items():
+            assert all(f"{v}_g64" in variants for v in variants if v.startswith("swap") and "_g" not in v)
+            assert name in gp.BAND_TOKENS
     # the pack's prefill module (the baseline) and its decode module (swap16 past 16 experts) are timed
     for name, variants in gp.SHAPE_VARIANTS.items():
         assert variants[0] == gp.BASELINE and name in gp.TOKENS
