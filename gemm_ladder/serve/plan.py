@@ -894,7 +894,6 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
     return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
 
 
-
 def _prefill_tiers(E: int, p: Problem, base: dict, swap_m: int) -> list[GroupedChoice]:
     """The contiguous layout's modules by the rows an expert holds on average (``M / E``; the rule
     and its evidence: the comment above GROUPED_PREFILL): swapped tiles of ``swap_m`` tokens (the
@@ -907,7 +906,7 @@ def _prefill_tiers(E: int, p: Problem, base: dict, swap_m: int) -> list[GroupedC
     for blk_m, rows in swaps:
         knobs = {**base, **GROUPED_SWAP_KNOBS, "blk_m": blk_m}
         name = "grouped-decode-swap" if blk_m == swap_m else f"grouped-prefill-swap{blk_m}"
-        if (refused := _validate(GROUPED_RUNG, p, knobs)) is not None:  # the first (decode's) was validated
+        if (refused := _validate(GROUPED_RUNG, p, knobs)) is not None:
             skipped += (f"rule {name!r} ({GROUPED_RUNG} swap AB {blk_m}x128): {refused}",)
             continue
         why = (f"{GROUPED_RUNG} with swap AB ({blk_m} tokens x 128 W rows a tile, two consumers, an 8-deep ring, the "
