@@ -51,13 +51,13 @@ def test_a_grouped_weight_gets_a_decode_and_a_prefill_module(layout, top):
 
 def test_the_contiguous_split_follows_the_rows_an_expert_holds():
     """Contiguous prefill's tiers (issue 33, GROUPED_PREFILL): swap AB with 16-token tiles (more than
-    16 experts) up to 4 rows an expert on average, 32 up to 32, 64 up to 128, the 128x256 defaults past."""
+    16 experts) up to 1 row an expert on average, 32 up to 32, 64 up to 128, the 128x256 defaults past."""
     def tiers(E, N, K):
         return [(g.tokens, g.choice.rule, g.choice.knobs.get("blk_m"), g.choice.knobs.get("swap_ab", False))
                 for g in plan.grouped_choices(E, N, K, "bfloat16")]
     top = plan.GROUPED_MAX_TOKENS
-    assert tiers(256, 2048, 7168) == [((1, 1024), "grouped-decode-swap", 16, True),
-                                      ((1025, 8192), "grouped-prefill-swap32", 32, True),
+    assert tiers(256, 2048, 7168) == [((1, 256), "grouped-decode-swap", 16, True),
+                                      ((257, 8192), "grouped-prefill-swap32", 32, True),
                                       ((8193, 32768), "grouped-prefill-swap64", 64, True),
                                       ((32769, top), "grouped-prefill", None, False)]
     # 8 experts: decode's tiles are 32 tokens already, one module up to 32 rows an expert
@@ -82,7 +82,7 @@ def test_a_refused_prefill_swap_tier_is_passed_over_by_name(monkeypatch):
     monkeypatch.setattr(plan, "_validate", refuse_32)
     choices = plan.grouped_choices(256, 2048, 7168, "bfloat16")
     assert [(g.tokens, g.choice.knobs.get("blk_m")) for g in choices] == [
-        ((1, 1024), 16), ((1025, 32768), 64), ((32769, plan.GROUPED_MAX_TOKENS), None)]
+        ((1, 256), 16), ((257, 32768), 64), ((32769, plan.GROUPED_MAX_TOKENS), None)]
     assert any("grouped-prefill-swap32" in s and "refused here" in s for s in choices[1].choice.skipped)
 
 

@@ -813,14 +813,18 @@ GROUPED_DECODE_ROWS = 64  # contiguous, where swap AB is refused: the 64x128 mod
 # leaves few work units where experts are few (the odd 5 x 1000x520 at 512 tokens: 20 units for 132
 # SMs, 0.75x torch); a swapped tile streams W at full width with the tokens as wgmma's N. Tiers by the
 # rows an expert holds on average (M / E: the front door knows M and E, not the routing): swap16 (more
-# than 16 experts; decode's module) up to 4, swap32 up to 32 (an expert's rows fill one token tile on
-# average), swap64 up to 128, the 128x256 defaults past it. In-sample over the 24 cases: this rule
-# 1.097x torch._grouped_mm (geomean; least 0.992), the best variant of each case 1.110x (least 1.022),
-# the rule before (the decode module up to 64 rows an expert, the defaults past it) 1.028x (least
-# 0.748). Measured and left out: the warp scan at the prefill tiles (0.993x the defaults: the prologue
-# is not what limits prefill), 128x128 tiles (4 or 6 stages), 64x256, bands of 16 m-tiles.
+# than 16 experts; decode's module, 0.7% ahead of swap32 at decode's 1 row an expert or fewer) up to 1,
+# swap32 up to 32 (an expert's rows fill one token tile on average), swap64 up to 128, the 128x256
+# defaults past it. Over the 24 cases (two runs averaged): this rule 1.096x torch._grouped_mm (geomean;
+# least 0.991), the best variant of each case 1.110x (least 1.022), the rule before (the decode module up
+# to 64 rows an expert, the defaults past it) 1.028x (least 0.748); served through a pack and the front
+# door (a third run) 1.086x (least 0.981). What the rule leaves is routing: under Zipf a hot expert wants
+# the large tile (DeepSeek-V3 8192 tokens: 128x128 1.05x, swap32 0.99x), balanced the swapped one (1.01x
+# against 0.98x). Measured and left out: the warp scan at the prefill tiles (0.993x the defaults: the
+# prologue is not what limits prefill), 128x128 tiles (4 or 6 stages), 64x256, bands of 16 m-tiles, and
+# swapped tiles in bands of 64 token tiles (within 0.5% of bands of 8).
 GROUPED_PREFILL = "benchmarks/results/2026-11-26_h100_grouped_prefill/README.md"
-GROUPED_SWAP16_ROWS = 4  # contiguous: decode's 16-token swap tiles (more than 16 experts) up to 4 rows an expert
+GROUPED_SWAP16_ROWS = 1  # contiguous: decode's 16-token swap tiles (more than 16 experts) up to 1 row an expert
 GROUPED_PREFILL_SWAPS = ((32, 32), (64, 128))  # (swap tokens a tile, up to rows an expert on average)
 # masked: the decode module up to max_tokens = 64. The slot bounds an expert's count, not the count:
 # with slots of 256 half full (128 tokens an expert; GROUPED_PACK, 2026-11-26) the swapped module
@@ -912,7 +916,7 @@ def _prefill_tiers(E: int, p: Problem, base: dict, swap_m: int) -> list[GroupedC
         why = (f"{GROUPED_RUNG} with swap AB ({blk_m} tokens x 128 W rows a tile, two consumers, an 8-deep ring, the "
                f"warp scan) while M <= {rows} x E = {rows * E} rows of A ({rows} an expert on average): a swapped "
                f"tile streams W at full width with the tokens as wgmma's N, where a 128-row tile computes rows an "
-               f"expert lacks [{GROUPED_PREFILL}: this rule's tiers 1.097x torch._grouped_mm over 24 prefill cases")
+               f"expert lacks [{GROUPED_PREFILL}: this rule's tiers 1.096x torch._grouped_mm over 24 prefill cases")
         why += (f"; {GROUPED_DECODE}: decode, 1.02x the 64x128 module, masked decode 1.10x the best peer]"
                 if blk_m == swap_m else "]")
         first = out[-1].tokens[1] + 1 if out else 1
