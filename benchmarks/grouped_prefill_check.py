@@ -33,19 +33,19 @@ here), plus two fp16 modules of the odd shape, checked only.
 
 ``prepare DIR --bands`` builds instead the policy's swapped tiles beside the same tiles in bands of 64
 token tiles (``l2_group_size``: a Zipf-hot expert's weight tile read by all its token tiles at once), at
-the token counts the swapped tiers serve (:data:`BAND_VARIANTS`; 17 modules, about 3.5 MiB).
+the token counts the swapped tiers serve (:data:`BAND_VARIANTS`; 17 modules, 3.6 MiB, 30 s on an H100).
 
 ``prepare DIR --pack`` builds instead a kernel pack of the four weights (contiguous, bf16: the
 policy's tiers, ``plan.grouped_choices``), and ``run`` then serves the same cases through
 ``gemm_ladder.grouped_mm`` with ``use_pack`` and ``strict=True``: the module that served must be the
 pack's for that M, correct with D poisoned, timed against ``torch._grouped_mm`` (rows add ``rule``,
-``expected`` and ``served_by``; about a minute, DIR about 3 MiB).
+``expected`` and ``served_by``; 10 s on an H100, DIR 3.0 MiB).
 
 Rows: the issue's results format plus ``variant``, ``knobs``, ``ratio_to_baseline`` (the default's
 time over the variant's) and ``best`` (the fastest correct variant of its case); ``summary`` holds per
 variant the geomean and least ratio to ``torch._grouped_mm``, per case the winner, and the geomean of
-the per-case winners (what a policy picking the best variant by (E, tokens) would reach). About 1-2
-minutes on an H100 (an estimate until the first run); DIR about 7 MiB (33 modules).
+the per-case winners (what a policy picking the best variant by (E, tokens) would reach). 42 s on an
+H100 (2026-11-26); DIR 7.0 MiB (33 modules). Results: ``benchmarks/results/2026-11-26_h100_grouped_prefill``.
 """
 
 from __future__ import annotations
