@@ -48,13 +48,18 @@ parts of it:
   g + 1's promotion, so the load's latency hides under a slice's wgmmas with no register move to
   wait on it; not staged through shared memory by the producer's TMA (DeepGEMM's way), which
   would add a TMA box and bytes to every stage and its barrier for three floats a thread. No
-  scale in the epilogue (a bias still is).
+  scale in the epilogue (a bias still is). With ``overlap`` (even), a run's slices alternate
+  between two accumulator sets and their scales between the two register sets with them (slice j's
+  sums and scales in set j % 2, ``mainloop._block_groups``): each slice's scaled adds run under the
+  next slice's wgmmas, the total is added in place from 0, and a K block's scales load two slices
+  before the promotion that reads them (after the promotion of the slice before, whose set they take).
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
 ``overlap``) within the consumer's registers; ``overlap`` and ``stagger`` need a promotion (and
 ``stagger`` two consumers and groups or runs of two or more), not with block scales; block scales also need ``promote=1``, no ``k_zigzag`` (the slices must land
-in K order) and a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks).
+in K order), a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks) and an even
+``overlap`` (a run ends on the scale set it began with).
 """
 
 from __future__ import annotations
@@ -193,9 +198,10 @@ def _check_overlap(cfg: GemmConfig, every: int, runs) -> None:
             f"for runs of up to {max(OVERLAP_MOST.values())} one-slice groups or {OVERLAP_MOST[2]} groups of two "
             "slices (longer runs spilled, or serialised the wgmmas); use overlap=4 with promote=1, or overlap=2 "
             "with promote=2")
-    if runs and recipe(cfg) == "block":
-        raise ConfigError(f"overlap={runs} is not built for block scales yet (their registers are loaded a slice "
-                          "ahead for one set); use overlap=0")
+    if runs % 2 and recipe(cfg) == "block":
+        raise ConfigError(f"overlap={runs} with block scales: a K block's scales take the register set of its "
+                          "sums' accumulator set, alternating by slice, so a run must end on the set it began with "
+                          "(an even number of groups); use overlap=4, or overlap=2")
 
 
 def _check_block(cfg: GemmConfig, every: int) -> None:
