@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder.rungs import make_config
+from gemm_ladder.serve import plan as serve_plan
+from gemm_ladder.sm90a import fp8
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fp8_sweep  # noqa: E402  (the GPU benchmark's pure parts)
@@ -59,3 +61,49 @@ def test_a_shapes_rows_carry_the_issues_fields_and_the_ratio_to_torch():
     assert first["ratio_to_scaled_mm"] == pytest.approx(0.8)
     assert first["peer_ratios"]["torch_scaled_mm_fast_accum"] == pytest.approx(0.75)
     assert first["tflops"] == pytest.approx(2 * 8192**3 / 1e-3 / 1e12)
+
+
+# -- the block-wise sweep (``prepare --recipe block``) ----------------------------------------------
+def test_the_block_sweep_plans_block_modules_and_one_per_tensor_peer_a_shape():
+    plan = fp8_sweep.plan_modules("block")
+    for name, entry in plan.items():
+        cfg = make_config("v9", 256, entry["N"], entry["K"], **fp8_sweep.build_knobs(entry))
+        assert fp8.recipe(cfg) == entry["recipe"] and cfg.blk_k == 128, name
+    assert plan["b_7168x16384_ov4"]["knobs"] == {"overlap": 4} and plan["b_7168x16384_base"]["knobs"] == {}
+    for label, M, N, K in fp8_sweep.BLOCK_SHAPES:
+        names = [fp8_sweep.module_name(label, c, "block") for c in fp8_sweep.timed_configs(label, "block")]
+        recipes = [plan[n]["recipe"] for n in names]
+        assert recipes == ["block"] * (len(names) - 1) + ["tensor"], label  # the sweep's, then its peer
+        assert all(n.startswith("b_" if r == "block" else "t_") and f"_{N}x{K}_" in n for n, r in zip(names, recipes))
+    assert fp8_sweep.shape_of("4096x4096x7168", "block") == (4096, 4096, 7168)
+    with pytest.raises(KeyError, match="no shape '4096x4096x7168'; the tensor sweep"):
+        fp8_sweep.shape_of("4096x4096x7168")
+
+
+def test_the_block_sweeps_per_tensor_peers_are_the_per_tensor_policys_knobs():
+    """Our per-tensor module beside each block shape is what scaled_mm builds for per-tensor scales
+    there (so the row's ratio to it is the cost of the block recipe, not of other knobs)."""
+    plan = fp8_sweep.plan_modules("block")
+    for label, M, N, K in fp8_sweep.BLOCK_SHAPES:
+        entry = plan[fp8_sweep.module_name(label, fp8_sweep.BLOCK_PEER[label], "block")]
+        assert {"promote": entry["promote"], **entry["knobs"]} == {"promote": 1, **serve_plan.fp8_knobs(M, N, K, "tensor")}
+
+
+def test_a_block_shapes_rows_carry_every_peer_but_not_the_peer_modules_own_row():
+    plan = {"modules": fp8_sweep.plan_modules("block")}
+    label = "4096x7168x16384"
+    names = [fp8_sweep.module_name(label, c, "block") for c in fp8_sweep.BLOCK_SWEEP[label]]
+    peer = fp8_sweep.module_name(label, fp8_sweep.BLOCK_PEER[label], "block")
+    others = {"torch_scaled_mm": 1.0, "ours_fp8_tensor": 0.8, "torch_scaled_mm_tensor": 0.75, "torch_bf16_mm": 1.6}
+    timing = {"kernel_ms": {n: 0.8 for n in names} | {peer: 0.7} | others,
+              "call_ms": {n: 0.9 for n in names} | {peer: 0.8} | others}
+    checks = {names[1]: {"correct": True, "rel_err": 2e-3, "torch_rel_err": 2e-3,
+                         "yardstick": "torch._scaled_mm block-wise"}}
+    rows = fp8_sweep.rows_of(plan, label, timing, checks, None, "block")
+    assert [r["config"] for r in rows] == list(fp8_sweep.BLOCK_SWEEP[label])  # no row for the per-tensor peer
+    row = rows[1]
+    assert row["recipe"] == "block" and row["correct"] and not rows[0]["correct"]
+    assert row["ratio_to_scaled_mm"] == pytest.approx(1.25)
+    assert set(row["peer_ratios"]) == set(others)  # not the sweep's other configs
+    assert row["peer_ratios"]["torch_bf16_mm"] == pytest.approx(2.0)
+    assert row["yardstick"] == "torch._scaled_mm block-wise"
