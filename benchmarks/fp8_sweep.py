@@ -374,7 +374,8 @@ def run(folder, out) -> int:
         cases += [(module_name(label, c, recipe), M) for c in timed_configs(label, recipe)
                   if (module_name(label, c, recipe), M) not in cases]
     checks = fp8_check.check_all(folder, cases)
-    by_module = {c["name"]: c for c in checks}
+    # (module, M) -> its check: a module timed at two shapes' M (a weight's) has a check at each
+    by_case = {(c["name"], c["M"]): c for c in checks}
     _, timable = fp8_check.modules_that_pass(checks)
     rows, loaded, timings = [], {}, {}
     try:
@@ -385,7 +386,9 @@ def run(folder, out) -> int:
             timing = time_shape(folder, plan, label, names, loaded, recipe,
                                 peer if peer in timable else None)  # a peer that failed its checks is not timed
             timings[label] = {k: v for k, v in timing.items() if k not in ("t0", "t1")}
-            shape_rows = rows_of(plan, label, timing, by_module, sampler.between(timing["t0"], timing["t1"]), recipe)
+            M = shape_of(label, recipe)[0]
+            at_m = {name: c for (name, m), c in by_case.items() if m == M}
+            shape_rows = rows_of(plan, label, timing, at_m, sampler.between(timing["t0"], timing["t1"]), recipe)
             rows += shape_rows
             for r in shape_rows:
                 print(f"{label} {r['config']}: {fp8_check.f3(r['tflops'])} TFLOPS, x torch._scaled_mm "

@@ -4,6 +4,7 @@ a shape is the fastest correct one. (Running it is a GPU benchmark: ``fp8_sweep.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -107,3 +108,51 @@ def test_a_block_shapes_rows_carry_every_peer_but_not_the_peer_modules_own_row()
     assert set(row["peer_ratios"]) == set(others)  # not the sweep's other configs
     assert row["peer_ratios"]["torch_bf16_mm"] == pytest.approx(2.0)
     assert row["yardstick"] == "torch._scaled_mm block-wise"
+
+
+class _NoSampler:
+    def between(self, t0, t1):
+        return {"t0": t0, "t1": t1}
+
+    def stop(self):
+        pass
+
+
+def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_their_peer(tmp_path, monkeypatch):
+    """``run`` on a block plan with the GPU parts stubbed: every module (the per-tensor peers too) is
+    checked at its shape's M, a module that failed is not timed and its row says so, a peer that
+    failed is not handed to the timing, and the JSON has a row a config of the sweep."""
+    from gemm_ladder.measure import harness
+
+    plan = {"format": fp8_sweep.FORMAT, "recipes": ["block"], "modules": fp8_sweep.plan_modules("block")}
+    (tmp_path / fp8_sweep.PLAN_FILE).write_text(json.dumps(plan))
+    broken = {fp8_sweep.module_name("4096^3", "ov8", "block"), fp8_sweep.module_name("8192^3", "tensor_policy", "block")}
+    checked, timed = [], []
+
+    def check_all(folder, cases):
+        checked.extend(cases)
+        return [{"name": n, "M": M, "correct": n not in broken, "rel_err": 1.0 if n in broken else 2e-3,
+                 "torch_rel_err": 2e-3, "nan": n in broken} for n, M in cases]
+
+    def time_shape(folder, plan, label, names, loaded, recipe, peer):
+        timed.append((label, tuple(names), peer))
+        return {"kernel_ms": {n: 1.0 for n in names} | {"torch_scaled_mm": 1.1}, "call_ms": {n: 1.0 for n in names},
+                "t0": 0.0, "t1": 1.0}
+
+    monkeypatch.setattr(fp8_sweep.device, "why_no_gpu", lambda index=0: None)
+    monkeypatch.setattr(fp8_sweep.fp8_check, "check_all", check_all)
+    monkeypatch.setattr(fp8_sweep, "time_shape", time_shape)
+    monkeypatch.setattr(fp8_sweep, "Sampler", _NoSampler)
+    monkeypatch.setattr(harness, "gpu_info", lambda index=0: {"name": "stub"})
+    monkeypatch.setattr(harness, "run_info", lambda commit=None: {})
+    out = tmp_path / "block_fp8.json"
+    assert fp8_sweep.run(tmp_path, out) == 0
+    assert len(checked) == len(set(checked)) == len(plan["modules"]) + 1  # b_4096x7168_base at M = 4096 and 128
+    by_label = {t[0]: t for t in timed}
+    assert fp8_sweep.module_name("4096^3", "ov8", "block") not in by_label["4096^3"][1]
+    assert by_label["8192^3"][2] is None and by_label["4096^3"][2] == "t_4096x4096_tensor_policy"
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == sum(len(c) for c in fp8_sweep.BLOCK_SWEEP.values())
+    bad = [r for r in rows if not r["correct"]]
+    assert [(r["shape"], r["config"], r["tflops"]) for r in bad] == [("4096^3", "ov8", None)]
+    assert all(r["recipe"] == "block" and r["ratio_to_scaled_mm"] == pytest.approx(1.1) for r in rows if r["correct"])
