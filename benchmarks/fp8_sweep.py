@@ -291,10 +291,11 @@ def time_shape(folder, plan, label: str, names: list[str], loaded: dict, recipe:
             loaded[name] = gemm_ladder.load(Path(folder) / plan["modules"][name]["file"])
         launch = loaded[name].launcher(sets[0][0], sets[0][1], sets[0][4],
                                        **fp8_check.kernel_scales(sets[0][2], sets[0][3], recipe))
-        kernels[name] = (lambda a, w, sa, sb, d, f=launch: f(a, w, d, *fp8_check.kernel_scales(sa, sb, recipe).values()),
-                         sets)
-    kernels["torch_scaled_mm"] = (fp8_check._scaled_mm_peer(recipe, False), sets)  # pylint: disable=protected-access
-    kernels["torch_scaled_mm_fast_accum"] = (fp8_check._scaled_mm_peer(recipe, True), sets)  # pylint: disable=protected-access
+        kernels[name] = (lambda a, w, sa, sb, d, f=launch:
+                         f(a, w, d, *fp8_check.kernel_scales(sa, sb, recipe).values()), sets)
+    peer_of = fp8_check._scaled_mm_peer  # pylint: disable=protected-access
+    kernels["torch_scaled_mm"] = (peer_of(recipe, False), sets)
+    kernels["torch_scaled_mm_fast_accum"] = (peer_of(recipe, True), sets)
     if recipe == "block" and peer is not None:
         kernels |= fp8_check._block_peers(folder, plan, peer, M, N, K, loaded, l2)  # pylint: disable=protected-access
     left_out = {}  # peer -> why
@@ -414,7 +415,8 @@ def main(argv=None) -> int:
                                         "GPU box: check every module, then time each shape's against "
                                         "torch._scaled_mm", "fp8_sweep.json")
     pr.add_argument("--recipe", choices=sorted(SWEEPS), default=RECIPE,
-                    help="the recipe to sweep (block: the block-wise sweep and its peers); run sweeps what prepare built")
+                    help="the recipe to sweep (block: the block-wise sweep and its peers); run sweeps what "
+                         "prepare built")
     a = p.parse_args(argv)
     return prepare(a.out, a.recipe) if a.cmd == "prepare" else run(a.folder, a.out)
 

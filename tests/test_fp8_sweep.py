@@ -87,7 +87,8 @@ def test_the_block_sweeps_per_tensor_peers_are_the_per_tensor_policys_knobs():
     plan = fp8_sweep.plan_modules("block")
     for label, M, N, K in fp8_sweep.BLOCK_SHAPES:
         entry = plan[fp8_sweep.module_name(label, fp8_sweep.BLOCK_PEER[label], "block")]
-        assert {"promote": entry["promote"], **entry["knobs"]} == {"promote": 1, **serve_plan.fp8_knobs(M, N, K, "tensor")}
+        policy = serve_plan.fp8_knobs(M, N, K, "tensor")
+        assert {"promote": entry["promote"], **entry["knobs"]} == {"promote": 1, **policy}, label
 
 
 def test_a_block_shapes_rows_carry_every_peer_but_not_the_peer_modules_own_row():
@@ -126,7 +127,8 @@ def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_thei
 
     plan = {"format": fp8_sweep.FORMAT, "recipes": ["block"], "modules": fp8_sweep.plan_modules("block")}
     (tmp_path / fp8_sweep.PLAN_FILE).write_text(json.dumps(plan))
-    broken = {fp8_sweep.module_name("4096^3", "ov8", "block"), fp8_sweep.module_name("8192^3", "tensor_policy", "block")}
+    broken = {fp8_sweep.module_name("4096^3", "ov8", "block"),
+              fp8_sweep.module_name("8192^3", "tensor_policy", "block")}
     checked, timed = [], []
 
     def check_all(folder, cases):

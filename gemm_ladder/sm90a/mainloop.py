@@ -352,8 +352,9 @@ class Consumer:
         into fresh accumulators, retire, and are added into ``total`` in fp32 (what DeepGEMM and
         CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain). With
         block ``scales``, ``m0`` (this consumer's first row of the tile) and ``n0`` (the tile's first
-        column) say whose scales: the tile's whole K (slice g is K block g). With ``overlap``, the
-        groups alternate between ``acc`` and ``acc2`` and each one's adds run under the next one's
+        column) say whose scales: the tile's whole K (slice g is K block g; with ``overlap``, each
+        slice's scales in the register set of its accumulator set: :func:`_run_block_overlapped`).
+        With ``overlap``, the groups alternate between ``acc`` and ``acc2`` and each one's adds run under the next one's
         wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two drains; with ``stagger``,
         odd consumers cut their groups half a group (or run) later (:func:`_run_staggered`)."""
         if self.scales is not None:
