@@ -122,3 +122,46 @@ def test_block_scales_with_overlap_refuse_what_is_not_built_with_the_fix():
         make_config("v9", 4096, 4096, 4096, spec=BLOCK, overlap=4, stagger=True)
     with pytest.raises(ConfigError, match="424 registers .* over the 255 a consumer may hold; use overlap=0"):
         make_config("v9", 4096, 4096, 4096, spec=BLOCK, overlap=4, blk_m=64, blk_n=256, num_warpgroups=1)
+
+
+# -- pin_scales: the scale loads kept where they are issued ----------------------------------------
+def _loads_between_waits(text: str) -> list[int]:
+    """LDGs before the first wgmma wait, then after each wait up to the next, in program order."""
+    counts = [0]
+    for line in text.splitlines():
+        if "WARPGROUP.DEPBAR" in line:
+            counts.append(0)
+        elif re.search(r"\bLDG\b", line):
+            counts[-1] += 1
+    return counts
+
+
+def test_pinned_scale_loads_stay_a_slice_ahead_of_their_use():
+    """With ``pin_scales`` each slice's three scale loads are plain ``ld.global`` (not the read-only
+    ``LDG.E.CONSTANT``) issued after that slice's wait, before the next slot's release: three after
+    each wait but the drain, the first two K blocks' before the first wait. The read-only loads were
+    bunched by ptxas (nine after one wait), next to the FFMAs that read them. No spills either way."""
+    pinned = make_config("v9", 4096, 7168, 16384, spec=BLOCK, overlap=4, pin_scales=True)
+    plain = make_config("v9", 4096, 7168, 16384, spec=BLOCK, overlap=4)
+    built = [builder.build(kernel_of(c)) for c in (pinned, plain)]
+    try:
+        (t_pin, t_plain), res = [sass.disassemble(m.binary) for m in built], [sass.resource_usage(m.binary)
+                                                                             for m in built]
+    except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
+        pytest.skip(f"no SASS here: {err}")
+    assert _loads_between_waits(t_pin) == [6, 3, 3, 3, 0]
+    assert "LDG.E.CONSTANT" not in t_pin and len(re.findall(r"\bLDG\.E\b", t_pin)) == 15
+    assert max(_loads_between_waits(t_plain)) > 3 and "LDG.E.CONSTANT" in t_plain
+    assert all(r.local == 0 and r.stack == 0 for r in res)
+    assert max(int(r) for r in re.findall(r"\bR(\d+)\b", t_pin)) < CONSUMER_REGS
+
+
+def test_pin_scales_is_a_block_overlap_knob_kept_only_when_on():
+    with pytest.raises(ConfigError, match="pin_scales=True with the tensor recipe, overlap=4: .*use pin_scales=False"):
+        make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(), overlap=4, pin_scales=True)
+    with pytest.raises(ConfigError, match="pin_scales=True with the block recipe, overlap=0: .*overlap=4"):
+        make_config("v9", 4096, 4096, 4096, spec=BLOCK, pin_scales=True)
+    assert "pin_scales" not in make_config("v9", 4096, 4096, 4096, spec=BLOCK, overlap=4).knobs()
+    cfg = make_config("v9", 4096, 4096, 4096, spec=BLOCK, overlap=4, pin_scales=True)
+    assert cfg.knobs()["pin_scales"] is True and fp8.pin_scales(cfg)
+    assert check_config(make_config("v9", 512, 512, 1152, spec=BLOCK, overlap=4, pin_scales=True)).ok
