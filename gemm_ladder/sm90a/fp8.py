@@ -53,6 +53,11 @@ parts of it:
   sums and scales in set j % 2, ``mainloop._block_groups``): each slice's scaled adds run under the
   next slice's wgmmas, the total is added in place from 0, and a K block's scales load two slices
   before the promotion that reads them (after the promotion of the slice before, whose set they take).
+  Measured (``benchmarks/results/2026-11-26_h100_fp8_block_overlap/``): +11-18% over the drained
+  promotion, 0.87-0.94x ``torch._scaled_mm`` block-wise and 0.86-0.89x our per-tensor kernel at
+  M >= 4096. ptxas sinks the read-only scale loads to just before their FFMAs (the promotion waits on
+  L2); plain ``ld.global`` loads kept a slice ahead measured 1-7% slower (the slot release after them
+  waits for them). Next: A's scales staged in shared memory by the producer's TMA with each stage.
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
@@ -104,17 +109,6 @@ def stagger(cfg: GemmConfig) -> bool:
     return bool(dict(cfg.extra).get("stagger", False)) if enabled(cfg) and promote(cfg) else False
 
 
-def pin_scales(cfg: GemmConfig) -> bool:
-    """Whether block scales are loaded with a plain ``ld.global`` (:func:`_load_block_pinned`) rather
-    than the read-only path (``ld.global.nc``, what nvcc makes of a ``const __restrict__`` load):
-    ptxas moves read-only loads freely and, at the overlapped promotion's register pressure, sank
-    each K block's loads from two slices before their use to just before it (the scale FFMAs then
-    wait on L2: block ran 0.84-0.90x per-tensor, ``benchmarks/results/2026-11-26_h100_fp8_block_overlap/``);
-    a plain load may not pass the next slot's release (``mbarrier.arrive``, a release), so it stays a
-    slice or more ahead of its use. Block scales with ``overlap`` only."""
-    return bool(dict(cfg.extra).get("pin_scales", False)) if at_promotion(cfg) else False
-
-
 def recipe(cfg: GemmConfig) -> str:
     """The scale recipe, ``tensor``, ``row`` or ``block`` (the spec's ``scales``)."""
     return spec_of(cfg).scales
@@ -159,10 +153,6 @@ def check(cfg: GemmConfig) -> None:
     if recipe(cfg) == "block":
         _check_block(cfg, every)
     runs = extra.get("overlap", 0)
-    if extra.get("pin_scales") and (recipe(cfg) != "block" or not runs):
-        raise ConfigError(f"pin_scales=True with the {recipe(cfg)} recipe, overlap={runs}: it pins the block "
-                          "scales' loads of the overlapped promotion; use pin_scales=False, or block scales with "
-                          "overlap=4")
     _check_overlap(cfg, every, runs)
     _check_stagger(cfg, every, runs)
     regs = role_registers(cfg.num_warpgroups)
@@ -255,12 +245,8 @@ class BlockScales:
     def load(self, m0, n0, kb, scale_set) -> None:
         """K block ``kb``'s scales of this thread's rows (from ``m0``, its first row of the tile)
         and the tile's B blocks (from column ``n0``) into register set ``scale_set`` (0 or 1);
-        rows and blocks past A and B read the last (the stores clip them). With :func:`pin_scales`,
-        plain ``ld.global`` loads that ptxas keeps ahead of the next slot's release."""
-        if pin_scales(self.plan.cfg):
-            _load_block_pinned(self, m0, n0, kb, scale_set * self.per_slice(self.plan))
-        else:
-            _load_block(self, m0, n0, kb, scale_set * self.per_slice(self.plan))
+        rows and blocks past A and B read the last (the stores clip them)."""
+        _load_block(self, m0, n0, kb, scale_set * self.per_slice(self.plan))
 
     def promote(self, total, acc, first, scale_set) -> None:
         """``total[r] (=|+=) acc[r] * scale_a * scale_b`` with register set ``scale_set``'s scales."""
@@ -277,18 +263,6 @@ def _load_block(bs, m0, n0, kb, base):
                                                              + 8 * h, bs.scale_a.shape[1] - 1)]
     for j in T.unroll(b_blocks(bs.plan)):
         bs.sreg[base + MA + j] = bs.scale_b[T.min(n0 // BLOCK + j, bs.scale_b.shape[0] - 1), kb]
-
-
-@T.inline
-def _load_block_pinned(bs, m0, n0, kb, base):
-    MA = T.meta_var(2 * bs.plan.m_atoms)
-    for mi in T.unroll(bs.plan.m_atoms):
-        for h in T.unroll(2):
-            T.ptx.ld.global_.f32(bs.sreg[base + 2 * mi + h], bs.scale_a.ptr_to(
-                [kb, T.min(m0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4 + 8 * h, bs.scale_a.shape[1] - 1)]))
-    for j in T.unroll(b_blocks(bs.plan)):
-        T.ptx.ld.global_.f32(bs.sreg[base + MA + j],
-                             bs.scale_b.ptr_to([T.min(n0 // BLOCK + j, bs.scale_b.shape[0] - 1), kb]))
 
 
 def a_scale_slot(r, regs_per_atom):

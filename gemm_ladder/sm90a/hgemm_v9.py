@@ -170,9 +170,6 @@ MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] thro
 # odd consumers' groups offset by half a group or run (the consumers' drains take turns)
 FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "stagger": False}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
-# block scales with overlap: their loads pinned where they are issued (fp8.pin_scales); kept in a module's
-# knobs only when on (the knobs and tags of every other module stay as they were)
-OPTIONAL_KNOBS = {"pin_scales": False}
 # knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
 # FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop
 RESIDUAL_KNOBS = {"c_prefetch": True}
