@@ -45,8 +45,9 @@ def test_each_slices_scales_ride_with_its_accumulator_set():
     """At K = 1280 (10 slices: a loop over runs of 4, then a tail of 2): the first set's adds read
     the first scale set (rows 0-1, block 2), the second's the second (3-4, 5), the sets take turns;
     each scale set is loaded, then read, then loaded again (a load never overwrites scales not yet
-    read), and between a load and its read at least two wgmma waits (the first block's: one), so the
-    load's latency hides under wgmmas."""
+    read), and between a load and its read at least two wgmma waits in the source (the first
+    block's: one). (ptxas then sinks these read-only loads towards their use: fp8.py says what that
+    costs.)"""
     cfg = make_config("v9", 512, 512, 1280, spec=BLOCK, overlap=4)
     per = fp8.BlockScales.per_slice(fp8.HopperPlan(cfg))
     assert per == 3

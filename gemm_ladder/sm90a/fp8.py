@@ -62,8 +62,8 @@ parts of it:
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
 ``overlap``) within the consumer's registers; ``overlap`` and ``stagger`` need a promotion (and
-``stagger`` two consumers and groups or runs of two or more), not with block scales; block scales also need ``promote=1``, no ``k_zigzag`` (the slices must land
-in K order), a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks) and an even
+``stagger`` two consumers, groups or runs of two or more, and no block scales); block scales also
+need ``promote=1``, no ``k_zigzag`` (the slices must land in K order), a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks) and an even
 ``overlap`` (a run ends on the scale set it began with).
 """
 

@@ -246,9 +246,9 @@ def _block_groups(mma, pos, kb0, size, nk, m0, n0) -> None:
                   load K block kb0 + j + 1's scales into scale set (j + 1) % 2 (slice j - 1's, just read)
         last:     wait_group(0); release it; total += its set * its scales
 
-    A K block's scales are loaded two slices before the promotion that reads them (while slice j's
-    and slice j + 1's wgmmas run), so no promotion waits on L2, and the set a slice's sums are
-    added with is the one loaded for its own K block. ``kb0`` even and ``size`` even but for a
+    A K block's scales are loaded two slices before the promotion that reads them in the source
+    (ptxas sinks these read-only loads towards their use: what that costs is in ``fp8.py``), and the
+    set a slice's sums are added with is the one loaded for its own K block. ``kb0`` even and ``size`` even but for a
     tile's tail keep the parity across the loop over runs: the run's last step loads the next run's
     first block into set 0. Before the first run, K block 0's scales go into set 0
     (:func:`_run_block_overlapped`); loads past the tile's last block read its last (``nk - 1``)."""
@@ -354,9 +354,10 @@ class Consumer:
         block ``scales``, ``m0`` (this consumer's first row of the tile) and ``n0`` (the tile's first
         column) say whose scales: the tile's whole K (slice g is K block g; with ``overlap``, each
         slice's scales in the register set of its accumulator set: :func:`_run_block_overlapped`).
-        With ``overlap``, the groups alternate between ``acc`` and ``acc2`` and each one's adds run under the next one's
-        wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two drains; with ``stagger``,
-        odd consumers cut their groups half a group (or run) later (:func:`_run_staggered`)."""
+        With ``overlap``, the groups alternate between ``acc`` and ``acc2`` and each one's adds run
+        under the next one's wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two
+        drains; with ``stagger``, odd consumers cut their groups half a group (or run) later
+        (:func:`_run_staggered`)."""
         if self.scales is not None:
             if m0 is None or n0 is None or self.promote != 1 or not isinstance(num_slices, int):
                 raise ValueError("Consumer.run with block scales needs promote=1, a fixed number of slices and the "
