@@ -72,6 +72,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm.script import tirx as T
+from tvm.script.tirx import tile as Tx
 
 import layouts
 from ..core.config import ConfigError, GemmConfig
@@ -109,6 +110,13 @@ def stagger(cfg: GemmConfig) -> bool:
     return bool(dict(cfg.extra).get("stagger", False)) if enabled(cfg) and promote(cfg) else False
 
 
+def staged(cfg: GemmConfig) -> bool:
+    """Whether the producer stages each K block's scales in shared memory with its A and B tiles
+    (knob ``stage_scales``, block scales only: :class:`StagedScales`) instead of every consumer
+    thread loading them from global memory."""
+    return bool(dict(cfg.extra).get("stage_scales", False)) if at_promotion(cfg) else False
+
+
 def recipe(cfg: GemmConfig) -> str:
     """The scale recipe, ``tensor``, ``row`` or ``block`` (the spec's ``scales``)."""
     return spec_of(cfg).scales
@@ -138,6 +146,7 @@ def check(cfg: GemmConfig) -> None:
     if not enabled(cfg):
         return
     extra = dict(cfg.extra)
+    _check_staged(cfg)
     every = extra.get("promote", 0)
     if every < 0:
         raise ConfigError(f"promote={every}: the slices between promotions are 0 (none) or more; use "
@@ -209,6 +218,23 @@ def _check_overlap(cfg: GemmConfig, every: int, runs) -> None:
                           "(an even number of groups); use overlap=4, or overlap=2")
 
 
+def _check_staged(cfg: GemmConfig) -> None:
+    """``stage_scales`` stages block scales (they change every K block) in the ring, read by the
+    overlapped promotion (:func:`mainloop._block_groups`): block scales with ``overlap`` only."""
+    want = dict(cfg.extra).get("stage_scales", False)
+    if not isinstance(want, bool):
+        raise ConfigError(f"stage_scales={want!r}: it is True (the producer's TMA stages A's and B's block scales "
+                          "with each ring stage) or False; use stage_scales=True")
+    if not want:
+        return
+    if recipe(cfg) != "block":
+        raise ConfigError(f"stage_scales=True with {recipe(cfg)} scales: only block scales change along K (the "
+                          "others are applied once, in the epilogue); use stage_scales=False")
+    if not dict(cfg.extra).get("overlap", 0):
+        raise ConfigError("stage_scales=True with overlap=0: the staged scales are read by the overlapped promotion "
+                          "only (the drained one loads them from global memory); use overlap=4 (or 2)")
+
+
 def _check_block(cfg: GemmConfig, every: int) -> None:
     """Block scales change every 128 of K: one slice a promotion, in K order, whole B blocks a tile."""
     fix = "use blk_k=128, promote=1, k_zigzag=False, blk_n=128 (v9's fp8 defaults)"
@@ -236,6 +262,17 @@ class BlockScales:
     sreg: object  # float32[scale_regs] local
     warp_id: object
     lane_id: object
+    smem: object = None  # stage_scales: the ring's staged scales ([stages, scale_row], StagedScales), else None
+
+    @property
+    def staged(self) -> bool:
+        return self.smem is not None
+
+    def load_staged(self, slot, row0, scale_set) -> None:
+        """``stage_scales``: ring slot ``slot``'s scales (its K block's; call after the slot's
+        full-barrier wait, before its release) of this thread's rows (``row0``: its consumer's
+        first row of the tile) and the tile's B blocks, from shared memory into ``scale_set``."""
+        _load_staged(self, slot, row0, scale_set * self.per_slice(self.plan))
 
     @staticmethod
     def per_slice(plan: HopperPlan) -> int:
@@ -311,3 +348,92 @@ def scale_sums(plan, sums, scale_a, scale_b, how, m0, n0, warp_id, lane_id, sreg
         for r in T.unroll(plan.acc_regs):
             col = T.meta_var(n0 + layouts.acc_fragment_coord(r % NR, 0, lane_id)[1])
             sums[r] = sums[r] * sreg[2 * (r // NR) + (r % 4) // 2] * scale_b[T.min(col, scale_b.shape[0] - 1)]
+
+
+# -- block scales staged in shared memory by the producer (knob ``stage_scales``) ----------------
+SCALE_B_BOX = 4  # floats of a B scale's TMA box: 16 bytes, TMA's least; its first is the block's scale
+SCALE_ALIGN = 32  # floats (128 bytes): where each B box lands after A's, TMA's shared-memory alignment
+
+
+def scale_row(cfg: GemmConfig) -> int:
+    """Floats of one ring stage's scales in shared memory: the tile's ``blk_m`` A scales of the
+    stage's K block, then a 128-byte aligned place for each B block's 16-byte box."""
+    return cfg.blk_m + SCALE_ALIGN * max(1, cfg.blk_n // BLOCK)
+
+
+def scale_stage_bytes(cfg: GemmConfig) -> int:
+    """Bytes the scale copies of one stage bring (counted in the stage's full barrier): A's box of
+    ``blk_m`` floats and one 16-byte box a B block. TMA counts a box whole, zero-filled past the end."""
+    return 4 * cfg.blk_m + 4 * SCALE_B_BOX * max(1, cfg.blk_n // BLOCK)
+
+
+def scale_smem_bytes(cfg: GemmConfig) -> int:
+    """Shared memory of the staged scales (0 without ``stage_scales``): a :func:`scale_row` a stage."""
+    return 4 * cfg.pipe_depth * scale_row(cfg) if staged(cfg) else 0
+
+
+@dataclass(frozen=True)
+class StagedScales:
+    """The producer's side of ``stage_scales``: K block ``kb``'s scales of a tile, copied by TMA
+    into ring stage ``stage``'s row of ``smem`` (``[stages, scale_row]`` float32) on the stage's
+    full barrier, with its A and B tiles.
+
+    Why: loaded from global memory by each consumer thread, the scales are read-only loads that
+    ptxas sinks to just before the FFMAs that use them, so the promotion waits on L2
+    (``benchmarks/results/2026-11-26_h100_fp8_block_overlap/``). Staged, they are in shared memory
+    once the consumer's full-barrier wait passes (DeepGEMM's way), a few cycles from the FFMAs.
+
+    The copies read the scale tensors as flat arrays (``a_flat``: scale_a ``[K/128, M]``, M-major,
+    as ``K/128 * M`` floats; ``b_flat``: scale_b ``[N/128, K/128]``): a one-dimensional tensor map
+    has no row stride, so any M works (a two-dimensional box would need M a multiple of 4 for
+    TMA's 16-byte strides), and a box may start at any element. A's box is the ``blk_m`` floats
+    from ``kb * M + m_st``: rows past M read the next K block's scales (or zeros past the end),
+    which only multiply sums whose rows the stores clip. B's box is the 4 floats from
+    ``nb * K/128 + kb``; the first is the block's."""
+
+    cfg: GemmConfig
+    a_flat: object
+    b_flat: object
+    smem: object
+    m_extent: object  # M: an int or the kernel's runtime M
+
+    @property
+    def nbytes(self) -> int:
+        return scale_stage_bytes(self.cfg)
+
+    def load(self, stage, m_st, n_st, kb, mbar) -> None:
+        """One thread (the producer): K block ``kb``'s scales of the tile at ``m_st``, ``n_st``
+        into ``stage``, completing on ``mbar`` (this CTA's full barrier; not multicast)."""
+        _stage_scales(self, stage, m_st, n_st, kb, mbar)
+
+
+def flat_shape(buf) -> tuple:
+    """A scale tensor's shape as one row of its floats (:class:`StagedScales`' copies read it so)."""
+    size = 1
+    for extent in buf.shape:
+        size = size * extent
+    return (size,)
+
+
+@T.inline
+def _stage_scales(ss, stage, m_st, n_st, kb, mbar):
+    BM = T.meta_var(ss.cfg.blk_m)
+    KB = T.meta_var(-(-ss.cfg.K // BLOCK))
+    a0 = T.meta_var(kb * ss.m_extent + m_st)
+    Tx.copy_async(ss.smem[stage, 0:BM], ss.a_flat[a0:a0 + BM], dispatch="tma_auto", mbar=mbar)
+    for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
+        b0 = T.meta_var((n_st // BLOCK + j) * KB + kb)
+        s0 = T.meta_var(BM + SCALE_ALIGN * j)
+        Tx.copy_async(ss.smem[stage, s0:s0 + SCALE_B_BOX], ss.b_flat[b0:b0 + SCALE_B_BOX], dispatch="tma_auto",
+                      mbar=mbar)
+
+
+@T.inline
+def _load_staged(bs, slot, row0, base):
+    MA = T.meta_var(2 * bs.plan.m_atoms)
+    for mi in T.unroll(bs.plan.m_atoms):
+        for h in T.unroll(2):
+            # this thread's rows of atom mi (of the tile: row0 is its consumer's first)
+            bs.sreg[base + 2 * mi + h] = bs.smem[slot, row0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4 + 8 * h]
+    for j in T.unroll(b_blocks(bs.plan)):
+        bs.sreg[base + MA + j] = bs.smem[slot, bs.plan.cfg.blk_m + SCALE_ALIGN * j]
