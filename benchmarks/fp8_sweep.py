@@ -232,6 +232,17 @@ def plan_modules(recipe: str = RECIPE) -> dict[str, dict]:
     return out
 
 
+ODD_M = (1, 333)  # extra rows a staged-scales module is checked at: its 1-D scale maps take any M (fp8.StagedScales)
+
+
+def odd_m_cases(plan: dict) -> list[tuple[str, int]]:
+    """(module, M) checks beyond the shapes' M for every module that stages its block scales
+    (``stage_scales``): one row, and an M that is no multiple of 4 (scale_a's K blocks then start
+    off a 16-byte boundary) or of a tile; a module that fails one is not timed."""
+    return [(name, m) for name, entry in sorted(plan["modules"].items())
+            if entry.get("knobs", {}).get("stage_scales") for m in ODD_M]
+
+
 def build_knobs(entry: dict) -> dict:
     """The build knobs of a planned module (a runtime-M v9 fp8 module, as ``scaled_mm`` builds)."""
     return {"spec": fp8_check.spec_of(entry["recipe"], entry["bias"]).text(), "dtype": "bfloat16",
@@ -386,6 +397,7 @@ def run(folder, out) -> int:
         M = shape_of(label, recipe)[0]
         cases += [(module_name(label, c, recipe), M) for c in timed_configs(label, recipe)
                   if (module_name(label, c, recipe), M) not in cases]
+    cases += odd_m_cases(plan)
     checks = fp8_check.check_all(folder, cases)
     # (module, M) -> its check: a module timed at two shapes' M (a weight's) has a check at each
     by_case = {(c["name"], c["M"]): c for c in checks}

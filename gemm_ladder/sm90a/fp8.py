@@ -57,14 +57,20 @@ parts of it:
   promotion, 0.87-0.94x ``torch._scaled_mm`` block-wise and 0.86-0.89x our per-tensor kernel at
   M >= 4096. ptxas sinks the read-only scale loads to just before their FFMAs (the promotion waits on
   L2); plain ``ld.global`` loads kept a slice ahead measured 1-7% slower (the slot release after them
-  waits for them). Next: A's scales staged in shared memory by the producer's TMA with each stage.
+  waits for them). The knob ``stage_scales`` (:class:`StagedScales`, off: the source above unchanged)
+  stages them instead, DeepGEMM's way: with each ring stage's A and B tiles the producer's TMA copies
+  that K block's ``blk_m`` A scales (one box of the flat ``scale_a``: any M) and each B block's scale
+  (a 16-byte box of the flat ``scale_b``), counted in the stage's full barrier; each consumer reads
+  its slice's scales from shared memory after the full-barrier wait it already does
+  (``mainloop._block_groups_staged``), so no global load is left on its path (overlap only).
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
 ``overlap``) within the consumer's registers; ``overlap`` and ``stagger`` need a promotion (and
 ``stagger`` two consumers, groups or runs of two or more, and no block scales); block scales also
 need ``promote=1``, no ``k_zigzag`` (the slices must land in K order), a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks) and an even
-``overlap`` (a run ends on the scale set it began with).
+``overlap`` (a run ends on the scale set it began with); ``stage_scales`` needs block scales and
+``overlap``.
 """
 
 from __future__ import annotations
