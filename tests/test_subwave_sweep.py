@@ -126,3 +126,73 @@ def test_the_depth_grid_takes_one_wave_splits_of_the_winning_tiles_at_two_depths
     labels = {label for label, _, _ in sweep.grid_depth(sweep.cases()[0])}
     assert {"v10 s4 128x128 p4", "v10 s4 128x128 p6", "v10 s2 64x128 p6", "v10 s2 64x128 p8"} <= labels
     assert not sweep.grid_depth({**sweep.cases()[0], "M": 3072, "N": 768})  # 144 tiles: no split fits a wave
+
+
+# -- ``--grid small``: v9 without split-K in small tiles, deep rings and clusters (issues 30/31) --------
+def test_the_small_campaign_adds_the_training_dw_gemms_in_their_mn_major_layout(sweep):
+    assert all(c["layout"] == "KK" for c in sweep.cases())
+    extra = [c for c in sweep.cases(train_dw=True) if c not in sweep.cases()]
+    assert {(c["M"], c["N"], c["K"], c["dtype"], c["layout"]) for c in extra} == {
+        (512, 2048, 16384, "bfloat16", "MN"), (2048, 2048, 16384, "bfloat16", "MN")}
+    assert sweep.spec_knobs_of(extra[0]) == {"spec": "d_bfloat16.a_major_M.b_major_N"}
+    assert sweep.spec_knobs_of(sweep.cases()[0]) == {}
+
+
+def test_the_small_grid_is_v9_without_split_valid_for_each_layout_and_as_deep_as_shared_memory_allows(sweep):
+    from gemm_ladder.core.budget import max_pipe_depth
+    from gemm_ladder.core.spec import spec_of
+
+    for case in sweep.cases(train_dw=True):
+        M, N, K = case["M"], case["N"], case["K"]
+        grid = sweep.grid_small(case)
+        labels = [label for label, _, _ in grid]
+        assert len(labels) == len(set(labels)) and labels, labels
+        for label, rung, knobs in grid:
+            cfg = make_config(rung, M, N, K, **knobs)  # raises where a config is invalid
+            assert rung == "v9" and dict(cfg.extra).get("split_k", 1) == 1, label
+            assert cfg.pipe_depth <= max_pipe_depth(cfg), label
+            assert (spec_of(cfg).a_major, spec_of(cfg).b_major) == sweep.OPERAND_LAYOUTS[case["layout"]], label
+            cm, cn = knobs["cluster_m"], knobs["cluster_n"]
+            assert math.ceil(M / cfg.blk_m) % cm == 0 and math.ceil(N / cfg.blk_n) % cn == 0, (label, cm, cn)
+            assert label == f"v9 {cfg.blk_m}x{cfg.blk_n} w{cfg.num_warpgroups} p{cfg.pipe_depth} {cm}x{cn}"
+        assert any(label.startswith("v9 256x128") for label in labels) == (case["layout"] == "MN")
+    # cuBLAS's nvjet 64x64 at 13 stages in 2x1 clusters at 256x2048x8192: ours at 12 in every cluster
+    labels = {label for label, _, _ in sweep.grid_small({**sweep.cases()[0], "M": 256, "N": 2048, "K": 8192})}
+    assert {f"v9 64x64 w1 p{d} 2x1" for d in (8, 10, 12)} | {f"v9 64x64 w1 p12 {c}" for c in ("1x1", "1x2", "2x2")} \
+        <= labels
+    # an MN-major 64-row operand cannot be multicast in halves: its 64x64 tiles run without clusters
+    mn = [c for c in sweep.cases(train_dw=True) if c["layout"] == "MN"][0]
+    assert {label for label, _, _ in sweep.grid_small(mn) if label.startswith("v9 64x64")} == {
+        "v9 64x64 w1 p8 1x1", "v9 64x64 w1 p10 1x1", "v9 64x64 w1 p12 1x1"}
+
+
+def test_the_small_campaign_times_the_policy_and_its_split_k_alternatives_beside_the_grid(sweep):
+    worst, mn = sweep.cases()[0], [c for c in sweep.cases(train_dw=True) if c["layout"] == "MN"][0]
+    (case, cfgs), (mcase, mcfgs) = sweep.jobs([worst, mn], which="small")
+    labels = [label for label, _ in cfgs]
+    assert labels[0] == "policy" and any(label.startswith("alt v10 s") for label in labels)
+    assert {label for label, _, _ in sweep.grid_small(worst)} <= set(labels)
+    assert all(job.knobs.get("split_k", 1) > 1 for label, job in cfgs if label.startswith("alt"))
+    # the MN-major case: every module, the policy's included, is built for its layout
+    assert mcase["layout"] == "MN" and all(job.knobs.get("spec") == "d_bfloat16.a_major_M.b_major_N"
+                                           for _, job in mcfgs)
+
+
+@pytest.mark.parametrize("layout", ["KK", "KN", "MK", "MN"])
+def test_the_operands_lie_as_the_layout_keeps_them_and_the_cublas_peer_reads_them_so(sweep, layout):
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    A, B = torch.randn(5, 7, generator=g), torch.randn(3, 7, generator=g)
+    a, b = sweep.stored(A, B, layout)
+    a_major, b_major = sweep.OPERAND_LAYOUTS[layout]
+    assert a.is_contiguous() and b.is_contiguous()
+    assert a.shape == ((7, 5) if a_major == "M" else (5, 7)) and b.shape == ((7, 3) if b_major == "N" else (3, 7))
+    d = torch.full((5, 3), float("nan"))
+    sweep.cublas_peer(layout)(a, b, d)
+    torch.testing.assert_close(d, A @ B.T)
+
+
+def test_a_check_item_carries_the_layout_and_old_items_read_as_the_forward(sweep):
+    assert sweep.parse_item(sweep.item_of("m007.so", 512, "MN")) == ("m007.so", 512, "MN")
+    assert sweep.parse_item("m001.so@333") == ("m001.so", 333, "KK")
