@@ -19,8 +19,8 @@ layout, which the dW kernels' schedule shares). Per shape, modules of one M (:fu
 - and any extra variant :data:`VARIANTS` names (a new knob, measured beside the old path).
 
 ``prepare --grid small`` (issues 30/31: what cuBLAS runs at these shapes is one wave of small tiles,
-deep rings and clusters, no split, ``/work/handoff/cublas_kernels.json``): the policy, the split-K
-alternatives a pack carries beside it (``plan.alternatives``, labelled ``alt``) and v9 without a
+deep rings and clusters, no split: ``benchmarks/results/2026-11-26_h100_cublas_kernels/``): the policy,
+the split-K alternatives a pack carries beside it (``plan.alternatives``, labelled ``alt``) and v9 without a
 split in 64x64 / 64x128 / 128x64 tiles at rings down to what shared memory holds, over the clusters
 v9 validates (:func:`grid_small`), at the 14 shapes and the 350M training step's two dW GEMMs in
 their own layout (both operands MN-major: :data:`TRAIN_DW_CASES`, where cuBLAS is timed on the
@@ -195,8 +195,8 @@ def grid_depth(case: dict) -> list[tuple[str, str, dict]]:
 
 
 # ``--grid small`` (issues 30/31): v9 without split-K in the small tiles and deep rings cuBLAS runs at
-# these shapes (torch's profiler, /work/handoff/cublas_kernels.json: nvjet 64x64 at 13 stages in 2x1
-# and 4x2 clusters, 64x56 at 14, 128x64 at 8 in 1x2, 256x128 at 4 in 1x2 for the 2048-wide dW), one
+# these shapes (torch's profiler, benchmarks/results/2026-11-26_h100_cublas_kernels/: nvjet 64x64 at 13
+# stages in 2x1 and 4x2 clusters, 64x56 at 14, 128x64 at 8 in 1x2, 256x128 at 4 in 1x2 for the 2048-wide dW), one
 # wave of small tiles instead of a split. (blk_m, blk_n, consumers, ring depths, clusters): ``all``
 # times every cluster of whole tiles at the deepest ring, ``pair`` the first of :func:`_clusters`
 # (a pair along M, else along N, else none) at each depth. Depths stop at what shared memory holds
@@ -341,7 +341,7 @@ def jobs(case_rows: list[dict], variants=VARIANTS, which: str = "full") -> list[
         knobs = {**job.knobs, "dynamic_m": False}
         configs = [("policy", choice.rung, knobs)]
         if which == "small":  # the baselines: the split-K alternatives a pack carries beside the choice
-            configs += [(f"alt {a.rung} s{a.knobs['split_k']} {a.knobs['blk_m']}x{a.knobs['blk_n']}", a.rung,
+            configs += [(f"alt {a.rung} s{a.knobs.get('split_k', 1)} {a.knobs['blk_m']}x{a.knobs['blk_n']}", a.rung,
                          {**a.knobs, "dynamic_m": False}) for a in plan.alternatives(p, choice)]
         configs += grid(case, variants) if which == "full" else GRIDS[which](case)
         out.append((case, [(label, BuildJob(rung, (M, N, K), k)) for label, rung, k in configs]))
