@@ -11,6 +11,7 @@ import pytest
 from gemm_ladder.serve import first_use, plan
 from gemm_ladder.core.budget import max_pipe_depth
 from gemm_ladder.core.provenance import tvm_version
+from gemm_ladder.protocol.check import check_config
 from gemm_ladder.core.spec import spec_for, spec_knobs
 from gemm_ladder.serve.plan import Problem, Rule, choose, rule_choice
 from gemm_ladder.serve.tma_layout import Layout, layout_fixes
@@ -451,6 +452,16 @@ def test_the_small_tile_alternative_serves_the_mn_major_dw_where_no_split_k_does
     (alt,) = plan.alternatives(p, choose(p))
     assert (alt.rung, alt.rule, alt.knobs["spec"]) == ("v9", plan.ALT_SMALL_RULE, spec.text())
     assert (alt.knobs["cluster_m"], alt.knobs["cluster_n"]) == (2, 1) and plan._validate("v9", p, alt.knobs) is None
+
+
+def test_the_small_tile_alternative_passes_the_barrier_protocol_check():
+    """Its ring (8 stages, one consumer) and its 2x1 cluster's multicast and remote releases, traced
+    and simulated at a fixed M (the checker cannot simulate a runtime M's loop bound: the policy's
+    runtime-M modules are checked the same way)."""
+    p = P(333, 1280, 5120)
+    small = plan.alternatives(p, choose(p))[0]
+    report = check_config(make_config("v9", p.M, p.N, p.K, **small.knobs), policies=("forward", "lockstep"))
+    assert report.ok and not report.findings, report.findings
 
 
 def test_the_small_tiles_are_offered_only_where_they_fit_one_wave(monkeypatch):
