@@ -235,7 +235,35 @@ def grid_small(case: dict) -> list[tuple[str, str, dict]]:
     return out
 
 
-GRIDS = {"full": grid, "depth": grid_depth, "small": grid_small}
+# ``--grid dynm``: the small-tile alternative plan.alternatives offers (v9 64x128, one consumer, 8
+# stages, a pair of whole tiles) with M fixed and at run time (what a pack builds), in both tile orders
+# a runtime M takes: its runtime-M module ran 10-20% slower than the fixed-M one at three shapes
+# (results/2026-11-26_h100_subwave_small/)
+DYNM_ORDERS = ("snake", "grouped")
+
+
+def grid_dynm(case: dict) -> list[tuple[str, str, dict]]:
+    """``(label, rung, knobs)`` for ``--grid dynm``: v9 64x128 p8 in the first cluster of whole
+    tiles v9 validates, fixed and runtime M (``dynamic_m``), in :data:`DYNM_ORDERS`; labelled
+    ``v9 64x128 p8 CMxCN ORDER fixed|anyM``."""
+    M, N, K, dtype = case["M"], case["N"], case["K"], case["dtype"]
+    base = {"dtype": dtype, "arch": ARCH, **spec_knobs_of(case), "blk_m": 64, "blk_n": 128, "num_warpgroups": 1,
+            "pipe_depth": 8}
+    out = []
+    for order in DYNM_ORDERS:
+        for dyn in (False, True):
+            for cm, cn in _clusters(math.ceil(M / 64), math.ceil(N / 128)):
+                knobs = {**base, "cluster_m": cm, "cluster_n": cn, "tile_order": order, "dynamic_m": dyn}
+                try:
+                    make_config("v9", M, N, K, **knobs)
+                except ConfigError:  # e.g. no runtime M with an MN-major A
+                    continue
+                out.append((f"v9 64x128 p8 {cm}x{cn} {order} {'anyM' if dyn else 'fixed'}", "v9", knobs))
+                break
+    return out
+
+
+GRIDS = {"full": grid, "depth": grid_depth, "small": grid_small, "dynm": grid_dynm}
 
 
 def geomean(xs) -> float | None:
@@ -579,7 +607,7 @@ def main(argv=None) -> int:
     pr.add_argument("--grid", choices=sorted(GRIDS), default="full",
                     help="full: every config; depth: the winning tiles' one-wave splits at two ring depths; "
                          "small: v9 without split-K in small tiles, deep rings and clusters (and the 350M dW, "
-                         "MN-major)")
+                         "MN-major); dynm: the small-tile alternative at a fixed and a runtime M")
     r.add_argument("--only", help="only the shapes whose MxNxK contains this")
     t = sub.add_parser("table", help="a result's rows: per shape the best config and those near it")
     t.add_argument("result")

@@ -199,3 +199,18 @@ def test_the_operands_lie_as_the_layout_keeps_them_and_the_cublas_peer_reads_the
 def test_a_check_item_carries_the_layout_and_old_items_read_as_the_forward(sweep):
     assert sweep.parse_item(sweep.item_of("m007.so", 512, "MN")) == ("m007.so", 512, "MN")
     assert sweep.parse_item("m001.so@333") == ("m001.so", 333, "KK")
+
+
+def test_the_dynm_grid_times_the_small_tile_alternative_at_a_fixed_and_a_runtime_m(sweep):
+    """The alternative plan.alternatives offers, fixed and runtime M in both runtime-M tile orders."""
+    case = sweep.cases()[0]
+    p = plan.Problem(case["M"], case["N"], case["K"], case["dtype"], sweep.ARCH, sweep.SMS)
+    small = next(a for a in plan.alternatives(p, plan.choose(p)) if a.rule == plan.ALT_SMALL_RULE)
+    grid = {label: knobs for label, _, knobs in sweep.grid_dynm(case)}
+    assert set(grid) == {f"v9 64x128 p8 2x1 {o} {m}" for o in sweep.DYNM_ORDERS for m in ("fixed", "anyM")}
+    pairs = {(k["tile_order"], k["dynamic_m"]) for k in grid.values()}
+    assert pairs == {(o, d) for o in sweep.DYNM_ORDERS for d in (False, True)}
+    offered = make_config("v9", p.M, p.N, p.K, **{**small.knobs, "dynamic_m": True}).knobs()
+    assert offered in [make_config("v9", p.M, p.N, p.K, **k).knobs() for k in grid.values()]  # what a pack builds
+    mn = [c for c in sweep.cases(train_dw=True) if c["layout"] == "MN"][0]
+    assert all(not k["dynamic_m"] for _, _, k in sweep.grid_dynm(mn))  # no runtime M with an MN-major A
