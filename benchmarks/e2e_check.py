@@ -430,11 +430,11 @@ def plan(fuse: bool = False, train_model: str = TRAIN["model"], phases=PHASES) -
                 add_fused(inf, b, f"{inf.name} decode {b}")
     if "train" in phases:
         rows = train_run["batch"] * train_run["seq"]
-        add("KK", forward_gemms(tr, rows), f"{tr.name} train forward")
+        add("KK", forward_gemms(tr, rows), f"train forward ({tr.name})")
         for layout, shapes in backward_gemms(tr, rows).items():
-            add(layout, shapes, f"{tr.name} train backward {'dX' if layout == 'KN' else 'dW'}")
+            add(layout, shapes, f"train backward {'dX' if layout == 'KN' else 'dW'} ({tr.name})")
         if fuse:
-            add_fused(tr, rows, f"{tr.name} train", backward=True)
+            add_fused(tr, rows, f"train ({tr.name})", backward=True)
     inference = {"inference": {"models": list(INFER_MODELS), "prefill": [list(p) for p in PREFILL],
                                "decode": list(DECODE), "decode_context": DECODE_CONTEXT,
                                "check_prefill": list(CHECK_PREFILL), "check_decode": CHECK_DECODE}}
