@@ -238,6 +238,13 @@ class SwiGLUMLP(nn.Module):
             return self._fused[1]
         self._fused = None  # the stale one's memory first
         n = wg.shape[0]
+        if not cache and not torch.is_inference_mode_enabled():
+            # a training forward's (every step): the same copies from detached weights, which record
+            # no graph, without the two context managers (~5 us of host a call on the build box)
+            W_gu = torch.empty((2 * n, wg.shape[1]), dtype=dtype, device=wg.device)
+            W_gu[:n].copy_(wg.detach())
+            W_gu[n:].copy_(wu.detach())
+            return W_gu
         # a normal tensor even inside inference_mode: a later forward with grad may save it
         with torch.inference_mode(False), torch.no_grad():
             W_gu = torch.empty((2 * n, wg.shape[1]), dtype=dtype, device=wg.device)
