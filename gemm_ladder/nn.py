@@ -176,11 +176,12 @@ class SwiGLUFunction(torch.autograd.Function):
     def backward(ctx, grad):  # pylint: disable=arguments-differ
         x, w_gate, w_up, W_gu = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        if torch.is_grad_enabled():  # create_graph: W_gu must be a function of the weights
+        graph = torch.is_grad_enabled()
+        if graph:  # create_graph: W_gu must be a function of the weights
             W_gu, gemm = torch.cat([w_gate, w_up]).to(W_gu.dtype), torch.ops.gemm_ladder.mm
         else:
             gemm = ops.direct_mm
-        dx, dW = ops.swiglu_grads(grad, x, W_gu, (needs[0], needs[1] or needs[2]), gemm)
+        dx, dW = ops.swiglu_grads(grad, x, W_gu, (needs[0], needs[1] or needs[2]), gemm, eager=not graph)
         d_gate, d_up = dW.chunk(2) if dW is not None else (None, None)
         return (dx, d_gate.to(w_gate.dtype) if needs[1] else None, d_up.to(w_up.dtype) if needs[2] else None, None)
 

@@ -118,3 +118,22 @@ def test_the_profile_prints_both_columns(hp, capsys):
     assert hp.main(["--calls", "10"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("host us per layer") and "torch " in line and "ours " in line and "CPU-only" in line
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])  # fp32: no rounding hides a change
+def test_the_eager_swiglu_backward_is_bitwise_the_differentiable_one(dtype):
+    """``swiglu_grads(eager=True)`` (the eager backward: halves written in place, no fp32
+    concatenation) gives the very dx and dW_gu of the formula a graph-building backward uses, at
+    shapes with batch dims and gates of both signs."""
+    torch.manual_seed(3)
+    x, W_gu = torch.randn(3, 5, 16).to(dtype), torch.randn(2 * 24, 16).to(dtype)
+    grad = torch.randn(3, 5, 24).to(dtype)
+
+    def gemm(A, B):  # A . B^T, rounded to A's dtype as the kernels round
+        return (A.float() @ B.float().T).to(A.dtype)
+
+    want = ops.swiglu_grads(grad, x, W_gu, (True, True), gemm)
+    got = ops.swiglu_grads(grad, x, W_gu, (True, True), gemm, eager=True)
+    for w, g in zip(want, got):
+        assert g.dtype == dtype and torch.equal(g, w)
+    assert ops.swiglu_grads(grad, x, W_gu, (False, True), gemm, eager=True)[0] is None

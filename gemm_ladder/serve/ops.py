@@ -66,20 +66,33 @@ def direct_swiglu(x: torch.Tensor, W_gu: torch.Tensor) -> torch.Tensor:
     return swiglu(x.contiguous(), W_gu.contiguous())
 
 
-def swiglu_grads(grad: torch.Tensor, x: torch.Tensor, W_gu: torch.Tensor, needs, gemm=None) -> tuple:
+def swiglu_grads(grad: torch.Tensor, x: torch.Tensor, W_gu: torch.Tensor, needs, gemm=None,
+                 eager: bool = False) -> tuple:
     """(dx, dW_gu) of ``Y = silu(x . Wg^T) * (x . Wu^T)``, ``W_gu = cat([Wg, Wu])``, from ``grad`` =
     dL/dY, each None where ``needs`` (two bools) says no; ``gemm`` as in :func:`linear_grads`.
     The pre-activations are recomputed by one GEMM ``h = x . W_gu^T`` (the fused forward writes
     only Y), the elementwise half runs in fp32 and is rounded once to x's dtype (torch's unfused
     SwiGLU rounds the gate, silu(gate) and the product each), then :func:`linear_grads`' two GEMMs
-    over ``dh`` [..., 2N]: dx = dh . W_gu and dW_gu = dh^T . x, on our kernels where ``gemm`` is."""
+    over ``dh`` [..., 2N]: dx = dh . W_gu and dW_gu = dh^T . x, on our kernels where ``gemm`` is.
+    ``eager`` (an eager backward that builds no graph: ``gemm_ladder.nn``'s): the same products in
+    the same order, each half rounded straight into its slice of dh and the temporaries reused in
+    place -- no fp32 [..., 2N] concatenation and its cast, two passes of the widest tensor fewer
+    (what a GPU-bound step pays for) and fewer launches; bitwise the same dh. Not differentiable
+    (``out=``, in place): a backward that builds a graph or is traced leaves it False."""
     gemm = gemm or mm
     gate, up = gemm(x, W_gu).float().chunk(2, dim=-1)
     g, sig = grad.float(), torch.sigmoid(gate)
-    # silu'(gate) = sig (1 + gate (1 - sig)) written out: aten's silu_backward has no derivative of
-    # its own, and a backward that builds a graph (create_graph=True) differentiates this one
-    dh = torch.cat([g * up * sig * (1 + gate * (1 - sig)), g * gate * sig], dim=-1)
-    dx, dW, _ = linear_grads(dh.to(x.dtype), x, W_gu, (needs[0], needs[1], False), gemm)
+    if eager:
+        n = up.shape[-1]
+        dh = torch.empty((*up.shape[:-1], 2 * n), dtype=x.dtype, device=up.device)
+        torch.mul(g * gate, sig, out=dh[..., n:])  # d_up = g silu(gate), as below
+        slope = (1 - sig).mul_(gate).add_(1)  # 1 + gate (1 - sig): the same products as below
+        torch.mul((g * up).mul_(sig), slope, out=dh[..., :n])
+    else:
+        # silu'(gate) = sig (1 + gate (1 - sig)) written out: aten's silu_backward has no derivative of
+        # its own, and a backward that builds a graph (create_graph=True) differentiates this one
+        dh = torch.cat([g * up * sig * (1 + gate * (1 - sig)), g * gate * sig], dim=-1).to(x.dtype)
+    dx, dW, _ = linear_grads(dh, x, W_gu, (needs[0], needs[1], False), gemm)
     return dx, dW
 
 
