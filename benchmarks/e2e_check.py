@@ -330,6 +330,10 @@ TRAIN = {"model": "llama-125m", "batch": 8, "seq": 512, "steps": 150, "warmup": 
 # 350M trained on 0.5M-token batches, i.e. 32 of these by gradient accumulation), ~30 GB of memory
 # for the three models (fp32 weights, gradients, AdamW state: 16 bytes a parameter) plus one
 # step's activations. lr 3e-4: GPT-3's for its 350M model. 200 steps x 3 runs x ~75 ms ~ 45 s.
+# The loss rule (loss_ok) holds as derived for any model: its tolerance is a fraction of the loss
+# (LOSS_TOL) or a multiple of the drift of the yardstick run of the same model on the same batches
+# (LOSS_YARDSTICK_X), not a number fitted to the 125M run; 200 steps leave the last LOSS_LAST
+# compared after 150 steps of falling.
 TRAINS = {
     "llama-125m": TRAIN,
     "llama-350m": {"model": "llama-350m", "batch": 16, "seq": 1024, "steps": 200, "warmup": 20, "lr": 3e-4,
