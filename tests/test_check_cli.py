@@ -61,3 +61,12 @@ def test_head_holds_the_gpu_the_run_and_the_clocks_since_start(cli):
     assert got["format"] == "fmt" and got["version"] == 1 and got["gpu"] == {"name": "stub GPU"}
     assert (got["date"], got["commit"]) == ("d", "c") and got["clocks"] == {"sm_mhz": 1980, "since": 123.0}
     assert got["seconds"] > 0  # since 123 s after the epoch
+
+
+def test_launch_cost_has_no_prepare_of_its_own_and_says_which_builds_its_pack(capsys):
+    """``launch_cost.py`` times the smoke tier's pack: its ``prepare`` stops with the command that builds it."""
+    script = benchmark_script("launch_cost")
+    with pytest.raises(SystemExit) as stop:
+        script.main(["prepare", "build/x"])
+    assert stop.value.code == 2
+    assert "python -m tests.gpu_smoke" in capsys.readouterr().err

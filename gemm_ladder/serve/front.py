@@ -46,7 +46,7 @@ transposed views read as they lie, as a training step's dX and dW calls pass the
 most) skips the checks and the lookup: the strides fix every layout, so it checks only that its
 tensors are 16-byte aligned, want no grad and that ``out`` shares no memory with A, B or the
 bias, and launches as that call did (a ~20 us kernel would otherwise wait on the host;
-``benchmarks/front_overhead.py`` and ``benchmarks/host_check.py`` measure it). Where torch's
+``benchmarks/launch_cost.py`` and ``benchmarks/host_check.py`` measure it). Where torch's
 matmul computes the shape (measured faster at first use, or the fallback), such a call without
 ``out`` is ``F.linear`` on the caller's own tensors: the key lookup over calling torch directly.
 ``explain=True`` prints the choice to stderr; ``logging.getLogger("gemm_ladder.matmul")`` at INFO
