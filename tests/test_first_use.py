@@ -364,38 +364,3 @@ def test_the_helper_thread_times_with_gradients_off(monkeypatch):
         got = runtime.outside_graph_pools(lambda: torch.mm(x, x.t(), out=out), 0)
     assert got is out
     torch.testing.assert_close(out, (x @ x.t()).detach())
-
-
-def test_each_timed_sample_starts_on_a_stream_already_busy(monkeypatch):
-    """``time_launches`` times a stream of calls in its steady state: every sample queues LEAD calls
-    before its start event, so the first timed call's host path is not counted (F.linear's ~16 us
-    against our ~6 us gave ours a head start in short samples); the per-call figure divides by the
-    calls between the events only."""
-    log = []
-
-    class Event:  # a CUDA event that logs where it was recorded; 10 us between any two
-        def __init__(self, enable_timing=False):
-            self.name = f"event{len(log)}"
-
-        def record(self):
-            log.append("record")
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return 0.01
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    sets = [("a", "b", "d")]
-    calls = {"ours": lambda a, b, d: log.append("ours"), "torch": lambda a, b, d: log.append("torch")}
-    us = first_use.time_launches(calls, sets, rounds=1)
-    reps = first_use._reps(10.0, len(sets))  # pylint: disable=protected-access  (10 us per _rough call)
-    assert reps > 16  # apart from the warm-up's groups of 16
-    assert us == {"ours": 10.0 / reps, "torch": 10.0 / reps}
-    between = [s.split() for s in " ".join(log).split("record")]  # the calls between events
-    assert first_use.LEAD >= 1
-    for name in calls:  # each sample: LEAD calls, its start event, reps calls, its end event
-        timed = [i for i, s in enumerate(between) if s == [name] * reps]
-        assert timed, (name, between)
-        assert all(between[i - 1] == [name] * first_use.LEAD for i in timed), (name, between)

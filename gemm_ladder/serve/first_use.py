@@ -59,13 +59,6 @@ ROUNDS = 5
 WARM_MS = 10.0  # calls before the timing, to bring an idle GPU's clocks up (they start at a few hundred MHz)
 SAMPLE_US = 200.0  # each timed sample: launches adding up to at least this (a one-launch sample is noise)
 MAX_REPS = 100
-# Calls queued before a sample's start event. Without them the sample began on an idle stream and
-# counted the first call's whole host path: ~16 us for F.linear against ~6 us for a module of ours
-# (benchmarks/results/2026-11-26_h100_launch_cost/), a 1 us a call head start for ours in a
-# 10-call sample, which kept kernels of ours up to 25% slower than cuBLAS's for eager calls of
-# 15-25 us (the every-model call floor, 0.88x: benchmarks/results/2026-11-26_h100_every_model/, seed 3).
-# A model's calls come in streams, where only the larger of the host's time and the kernel's counts.
-LEAD = 3
 MAX_SETS = 8  # input sets cycled through while timing (enough to spill L2 for all but tiny shapes)
 # torch must beat our best by this much to take a shape: our host path is the shorter, and a tie
 # within timing noise keeps ours (the faster call)
@@ -201,9 +194,7 @@ def _rounds(samplers: dict, rounds: int) -> dict:
 
 def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
     """Median microseconds per call of each of ``calls`` (name -> a function of (a, b, d) that
-    queues one call) as a caller queues them, cycling through ``sets``, on the current stream: in
-    the steady state of a stream of calls (:data:`LEAD`), the larger of a call's host time and its
-    kernel's."""
+    queues one call) as a caller queues them, cycling through ``sets``, on the current stream."""
     import torch  # pylint: disable=import-outside-toplevel  (the caller's)
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -219,11 +210,9 @@ def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
 
     def sampler(call, reps):
         def sample():
-            for i in range(LEAD):  # queued ahead of the start: the stream is busy when it is reached
-                call(*sets[i % len(sets)])
             start.record()
             for i in range(reps):
-                call(*sets[(LEAD + i) % len(sets)])
+                call(*sets[i % len(sets)])
             end.record()
             end.synchronize()
             return start.elapsed_time(end) * 1e3 / reps
