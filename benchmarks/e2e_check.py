@@ -20,7 +20,8 @@ cache that a CUDA graph captures.
   torch and ours take turns in alternating rounds, median per-round times;
 - training (:data:`TRAINS`, picked by ``prepare --train MODEL``: ``llama-125m``, full depth, 12
   layers at 8 x 512 tokens, host-bound, by default; ``llama-350m``, 5 layers of width 2048 at
-  16 x 1024 tokens, GPU-bound, the arithmetic beside :data:`TRAINS`): from the same initial weights and the same
+  16 x 1024 tokens, GPU-bound, the arithmetic beside :data:`TRAINS`): from the same initial
+  weights and the same
   batches (a fixed seed; sequences that walk a few fixed strides through part of the vocabulary,
   so the loss falls), AdamW with fp32 master weights under bf16 autocast (what mixed-precision
   training runs: the GEMMs in bf16, the optimizer state and updates in fp32), the run's ``steps``
