@@ -37,9 +37,10 @@ cache that a CUDA graph captures.
   shape's first call and keeps the faster (:data:`FRONT_MODES`);
 - ``--fuse`` (``prepare --fuse``, then ``run --fuse``): ours is patched with
   ``gemm_ladder.nn.patch(model, fuse=True)``: each MLP's gate, up and silu run as one gated kernel
-  (``torch.ops.gemm_ladder.swiglu``); its backward recomputes ``x . W_gu^T`` and takes dX and dW
-  over the fused [.., 2I] gradient (:func:`fused_gemms`). The plan then holds those GEMMs too, so
-  one prepared folder runs both ways.
+  (``torch.ops.gemm_ladder.swiglu``) where no gradient is recorded; in training gate and up are
+  one GEMM ``x . W_gu^T`` whose output the backward keeps (``SwiGLUMLP.recompute`` False), and
+  dX and dW are taken over the fused [.., 2I] gradient (:func:`fused_gemms`). The plan then holds
+  those GEMMs too, so one prepared folder runs both ways.
 
     PYTHONPATH=. .venv/bin/python benchmarks/e2e_check.py prepare build/e2e                  # build box
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 GEMM_LADDER_PACK=build/e2e \\
@@ -393,7 +394,8 @@ def backward_gemms(cfg: Config, rows: int) -> dict[str, list[tuple[int, int, int
 def fused_gemms(cfg: Config, rows: int, backward: bool = False) -> dict[tuple[str, str], list[tuple[int, int, int]]]:
     """(layout, epilogue) -> (M, N, K) of the fused MLP (``patch(model, fuse=True)``) over ``rows``
     tokens: the gated forward over W_gu = cat([Wg, Wu]) [2I, H] (N = 2I: the kernel reads both
-    halves); with ``backward``, ``ops.swiglu_grads``' recompute of ``x . W_gu^T`` (plain, KK), dX =
+    halves); with ``backward``, ``x . W_gu^T`` plain (KK: training's forward, whose output the
+    backward keeps, or ``ops.swiglu_grads``' recompute of it under ``SwiGLUMLP.recompute``), dX =
     dh . W_gu (KN, K = 2I) and dW_gu = dh^T . x (MN)."""
     gu, h = 2 * cfg.intermediate, cfg.hidden
     out = {("KK", "swiglu"): [(rows, gu, h)]}
