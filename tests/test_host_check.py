@@ -53,6 +53,11 @@ def test_the_calls_are_the_training_plans_gemms(hc, train_model):
     got = {(c["layout"], c["M"], c["N"], c["K"]) for c in cases}
     planned = {(g["layout"], g["M"], g["N"], g["K"]) for g in doc["gemms"] if g["why"].startswith("train")}
     assert got == planned and len(cases) == len(got)
+    fused = e2e.plan(fuse=True, train_model=train_model, phases=("train",))
+    with_gu = hc.call_cases(e2e.CONFIGS[tr["model"]], tr["batch"] * tr["seq"], fused=True)
+    planned = {(g["layout"], g["M"], g["N"], g["K"]) for g in fused["gemms"] if g.get("epilogue") is None}
+    assert {(c["layout"], c["M"], c["N"], c["K"]) for c in with_gu} == planned  # the fused MLP's GEMMs timed too
+    assert [c["layers"] for c in with_gu if c["op"] == "fwd"].count(["gate_up"]) == 1
     if train_model != "llama-125m":
         return
     assert {c["op"] for c in cases} == {"fwd", "dX", "dW"}
