@@ -318,6 +318,12 @@ def table(rows: list[dict]) -> str:
     return fmt(out, list(out[0])) if out else "no rows"
 
 
+def deadline(doc: dict, phase: str) -> float:
+    """Seconds ``phase``'s child may take: :data:`PHASE_TIMEOUT`, scaled as the plan's training run
+    scales its own (``e2e_check.deadline``: a larger model's GEMMs and steps take longer)."""
+    return PHASE_TIMEOUT[phase] * e2e_check.deadline(doc, "train") / e2e_check.PHASE_TIMEOUT["train"]
+
+
 def run(folder, out, mode: str = "strict") -> int:
     """Each phase in a child with its deadline; writes ``out``. 0 once written, 2 where it cannot
     run (``phase_runs.checked_plan`` says why)."""
@@ -329,7 +335,7 @@ def run(folder, out, mode: str = "strict") -> int:
         return 2
     start, gpu = time.time(), harness.gpu_info()
     results, rows = phase_runs.run_phases(
-        phase_runs.job_of(__name__, "host_check"), PHASES, [str(folder), mode], PHASE_TIMEOUT.get,
+        phase_runs.job_of(__name__, "host_check"), PHASES, [str(folder), mode], lambda phase: deadline(doc, phase),
         lambda phase, res: f"{phase}: {res.get('status')} {str(res.get('detail', ''))[-300:]}", Sampler())
     phase_runs.write_results(out, FORMAT, gpu, start, __doc__.split("\n\n")[2].strip(),
                              {"mode": mode, "env": e2e_check.FRONT_MODES[mode]}, summarize(rows), results, rows, table)
