@@ -100,7 +100,7 @@ def swiglu_dh(grad: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     gate), d_up = grad . silu(gate), each op in fp32 inside and rounded to h's dtype), each half
     written in place into its slice of dh. Not differentiable (``out=``)."""
     n = h.shape[-1] // 2
-    gate, up = h[..., :n], h[..., n:]
+    gate, up, grad = h[..., :n], h[..., n:], grad.to(h.dtype)  # silu_backward takes one dtype
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=dh[..., :n])
     torch.mul(grad, torch.nn.functional.silu(gate), out=dh[..., n:])
