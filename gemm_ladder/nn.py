@@ -167,7 +167,9 @@ class SwiGLUFunction(torch.autograd.Function):
     dtype, as autocast's cast node would give them).
 
     Its forward is one GEMM for gate and up together, ``h = x . W_gu^T`` [.., 2N], kept for the
-    backward, and ``silu(gate) * up`` by torch (as the unfused MLP rounds it). With ``recompute``
+    backward with ``silu(gate)`` (what torch's autograd of the unfused MLP keeps, less its two
+    linears' outputs as separate tensors), and ``silu(gate) * up`` by torch (as the unfused MLP
+    rounds it). With ``recompute``
     it is the op's gated kernel instead, which writes only Y, and the backward recomputes h: half
     the activation memory of the layer for one more GEMM of the forward's size (1.3-1.5 ms a layer
     at 16384 x 11264 x 2048 on an H100: what a GPU-bound step pays). A backward that builds a graph
@@ -180,8 +182,9 @@ class SwiGLUFunction(torch.autograd.Function):
             return ops.direct_swiglu(x, W_gu)
         h = ops.direct_mm(x, W_gu)
         n = h.shape[-1] // 2
-        ctx.save_for_backward(x, w_gate, w_up, W_gu, h)
-        return F.silu(h[..., :n]) * h[..., n:]
+        silu = F.silu(h[..., :n])
+        ctx.save_for_backward(x, w_gate, w_up, W_gu, h, silu)  # silu(gate) too, as torch's autograd keeps it
+        return silu * h[..., n:]
 
     @staticmethod
     def backward(ctx, grad):  # pylint: disable=arguments-differ
@@ -193,7 +196,7 @@ class SwiGLUFunction(torch.autograd.Function):
         else:
             gemm = ops.direct_mm
         dx, dW = ops.swiglu_grads(grad, x, W_gu, (needs[0], needs[1] or needs[2]), gemm, eager=not graph,
-                                  h=kept[0] if kept else None)
+                                  h=kept[0] if kept else None, silu=kept[1] if kept else None)
         d_gate, d_up = dW.chunk(2) if dW is not None else (None, None)
         return (dx, d_gate.to(w_gate.dtype) if needs[1] else None, d_up.to(w_up.dtype) if needs[2] else None, None,
                 None)

@@ -139,6 +139,7 @@ def test_the_eager_swiglu_backward_is_torchs_autograd_of_the_unfused_formula(dty
     (want_dh,) = torch.autograd.grad(torch.nn.functional.silu(leaf[..., :24]) * leaf[..., 24:], leaf, grad)
     dh = ops.swiglu_dh(grad, h)
     assert dh.dtype == dtype and torch.equal(dh, want_dh)
+    assert torch.equal(ops.swiglu_dh(grad, h, torch.nn.functional.silu(h[..., :24])), dh)  # the forward's silu kept
     calls.clear()
     dx, dW = ops.swiglu_grads(grad, x, W_gu, (True, True), gemm, eager=True, h=h)
     assert calls == [((3, 5, 48), (16, 48)), ((48, 15), (16, 15))] and dW.shape == W_gu.shape  # dh . W_gu, dh^T . x

@@ -67,11 +67,12 @@ def direct_swiglu(x: torch.Tensor, W_gu: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_grads(grad: torch.Tensor, x: torch.Tensor, W_gu: torch.Tensor, needs, gemm=None,
-                 eager: bool = False, h: torch.Tensor | None = None) -> tuple:
+                 eager: bool = False, h: torch.Tensor | None = None, silu: torch.Tensor | None = None) -> tuple:
     """(dx, dW_gu) of ``Y = silu(x . Wg^T) * (x . Wu^T)``, ``W_gu = cat([Wg, Wu])``, from ``grad`` =
     dL/dY, each None where ``needs`` (two bools) says no; ``gemm`` as in :func:`linear_grads`.
     The pre-activations ``h = x . W_gu^T`` [..., 2N] are recomputed by one GEMM (the fused forward
-    writes only Y), or taken from ``h`` where the forward kept them; then dh = [d_gate, d_up] and
+    writes only Y), or taken from ``h`` where the forward kept them (and ``silu(gate)`` from
+    ``silu``, eager only); then dh = [d_gate, d_up] and
     :func:`linear_grads`' two GEMMs over it: dx = dh . W_gu and dW_gu = dh^T . x, on our kernels
     where ``gemm`` is.
 
@@ -83,7 +84,7 @@ def swiglu_grads(grad: torch.Tensor, x: torch.Tensor, W_gu: torch.Tensor, needs,
     0.82x torch's (benchmarks/results/2026-11-26_h100_e2e_train_350/)."""
     gemm = gemm or mm
     if eager:
-        dh = swiglu_dh(grad, gemm(x, W_gu) if h is None else h)
+        dh = swiglu_dh(grad, gemm(x, W_gu) if h is None else h, silu)
     else:
         gate, up = gemm(x, W_gu).float().chunk(2, dim=-1)
         g, sig = grad.float(), torch.sigmoid(gate)
@@ -94,16 +95,17 @@ def swiglu_grads(grad: torch.Tensor, x: torch.Tensor, W_gu: torch.Tensor, needs,
     return dx, dW
 
 
-def swiglu_dh(grad: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+def swiglu_dh(grad: torch.Tensor, h: torch.Tensor, silu: torch.Tensor | None = None) -> torch.Tensor:
     """dL/dh [..., 2N] of ``Y = silu(gate) * up``, ``h = [gate, up]``, from ``grad`` = dL/dY: what
     torch's autograd of the unfused formula gives, bit for bit (d_gate = silu_backward(grad . up,
     gate), d_up = grad . silu(gate), each op in fp32 inside and rounded to h's dtype), each half
-    written in place into its slice of dh. Not differentiable (``out=``)."""
+    written in place into its slice of dh. ``silu``: the forward's ``silu(gate)``, kept as torch's
+    autograd keeps it (one pass of [..., N] fewer). Not differentiable (``out=``)."""
     n = h.shape[-1] // 2
     gate, up, grad = h[..., :n], h[..., n:], grad.to(h.dtype)  # silu_backward takes one dtype
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=dh[..., :n])
-    torch.mul(grad, torch.nn.functional.silu(gate), out=dh[..., n:])
+    torch.mul(grad, torch.nn.functional.silu(gate) if silu is None else silu, out=dh[..., n:])
     return dh
 
 
