@@ -24,9 +24,10 @@ module cache and copies them (and their manifests) into the folder with ``fp8_pl
   (``power_probe``).
 
 Block-wise scales (``recipe`` ``block``: A's 1x128 groups, B's 128x128 blocks, applied at each
-promotion): torch 2.11 refuses them on an H100 (cuBLASLt has no block-wise scaling on sm_90), so
-the correctness yardstick is torch computing the same product in bf16 (the inputs dequantized to
-bf16, ``torch.mm``) against the float64 product of the dequantized inputs, and the peers are
+promotion): the correctness yardstick is ``torch._scaled_mm`` block-wise where this torch runs it
+(2.11 does on an H100) and the case has no bias, else torch computing the same product in bf16 (the
+inputs dequantized to bf16, ``torch.mm``), each against the float64 product of the dequantized inputs
+(the check's ``yardstick`` says which), and the peers are
 ``torch._scaled_mm`` block-wise where this torch runs it (left out with its message where not), our
 per-tensor fp8 module and torch's per-tensor ``_scaled_mm`` at the shape, and cuBLAS bf16
 (``torch.mm``). DeepGEMM is not installed on the GPU box. ``--recipes block`` (both commands) runs
@@ -240,9 +241,27 @@ def dequantized(aq, wq, sa, sb, recipe: str):
     return aq.double() * col(sa), wq.double() * col(sb)
 
 
+BLOCK_YARDSTICKS = ("torch._scaled_mm block-wise", "torch bf16 mm of the dequantized inputs")
+
+
+def block_yardstick(aq, wq, sa, sb, b):
+    """``(torch's product, its name)`` for a block case: ``torch._scaled_mm`` block-wise where this
+    torch runs it (2.11 does on an H100: ``benchmarks/results/2026-11-26_h100_fp8_block/``) and there
+    is no bias, else torch in bf16 on the dequantized inputs (:func:`torch_scaled`)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if b is None:
+        try:
+            return torch._scaled_mm(aq, wq.t(), sa, sb, out_dtype=torch.bfloat16), BLOCK_YARDSTICKS[0]
+        except (RuntimeError, NotImplementedError, ValueError):  # a torch without the block-wise recipe here
+            pass
+    return torch_scaled(aq, wq, sa, sb, b, "block"), BLOCK_YARDSTICKS[1]
+
+
 def torch_scaled(aq, wq, sa, sb, b, recipe):
     """torch._scaled_mm on the same inputs (an fp32 bias added in fp32, as ours does); block: torch
-    in bf16 on the dequantized inputs (torch 2.11 has no block-wise _scaled_mm on sm_90)."""
+    in bf16 on the dequantized inputs (the yardstick where torch has no block-wise _scaled_mm, or a
+    bias: :func:`block_yardstick`)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     M, N = aq.shape[0], wq.shape[0]
@@ -272,7 +291,10 @@ def check_one(folder, name: str, M: int) -> dict:
     aq, wq, sa, sb, b = inputs(M, N, K, recipe, plan["bias"], seed=M + N + K)
     d = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     ours(mod, aq, wq, sa, sb, b, d, recipe)
-    ref_t = torch_scaled(aq, wq, sa, sb, b, recipe)
+    if recipe == "block":
+        ref_t, yardstick = block_yardstick(aq, wq, sa, sb, b)
+    else:
+        ref_t, yardstick = torch_scaled(aq, wq, sa, sb, b, recipe), "torch._scaled_mm"
     scaled.use_module(mod)
     d_front, lines = gemm_ladder.scaled_mm(aq, wq.t(), sa, sb, bias=b, out_dtype=torch.bfloat16, explain=True)
     torch.cuda.synchronize()
@@ -291,7 +313,7 @@ def check_one(folder, name: str, M: int) -> dict:
     return {"name": name, "M": M, "N": N, "K": K, "recipe": recipe, "promote": plan["promote"], "bias": plan["bias"],
             "rel_err": e, "torch_rel_err": et, "mean_rel_err": em, "torch_mean_rel_err": etm, "nan": nan,
             "front_door_same": bool(torch.equal(d_front, d)), "front_door": lines,
-            "yardstick": "torch bf16 mm of the dequantized inputs" if recipe == "block" else "torch._scaled_mm",
+            "yardstick": yardstick,
             "correct": (not nan) and passes(e, et)}
 
 

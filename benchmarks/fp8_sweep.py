@@ -1,8 +1,17 @@
-"""fp8 speed (issue 32): v9's per-tensor e4m3 kernel over its knobs, against torch._scaled_mm, on an H100.
+"""fp8 speed (issue 32): v9's e4m3 kernel over its knobs, against torch._scaled_mm, on an H100.
 
     PYTHONPATH=. .venv/bin/python benchmarks/fp8_sweep.py prepare build/fp8_sweep        # build box
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/fp8_sweep.py run build/fp8_sweep --out out/fp8_sweep.json     # GPU box
+
+``prepare --recipe block`` sweeps the block-wise recipe instead (:data:`BLOCK`: DeepSeek-V3's A 1x128
+and B 128x128 scales, applied at each promotion), where the in-place promotion and ``overlap`` came
+after the first block run (0.76x ``torch._scaled_mm`` block-wise,
+``benchmarks/results/2026-11-26_h100_fp8_block/``); ``run`` sweeps what ``prepare`` built. A block
+shape's peers, in the same rounds: ``torch._scaled_mm`` block-wise (``torch_scaled_mm``; its fast
+accumulation is left out where torch refuses it, with torch's message), our per-tensor fp8 at the
+per-tensor policy's knobs (``ours_fp8_tensor``) and ``torch._scaled_mm`` per-tensor on tensor-scaled
+inputs of the shape, and cuBLAS bf16 (``torch_bf16_mm``) on bf16 inputs (``fp8_check._block_peers``).
 
 Why: with the promotion every 128 of K, v9's fp8 runs 0.64-0.86x ``torch._scaled_mm``
 (``benchmarks/results/2026-11-26_h100_fp8/``); without it a 128x256 tile ran 1.08x but is less
@@ -41,6 +50,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -115,30 +125,103 @@ ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
 
 
-def shape_of(label: str) -> tuple[int, int, int]:
-    for name, M, N, K in SHAPES:
+@dataclass(frozen=True)
+class Sweep:
+    """One recipe's sweep: its shapes, its configs (knobs over v9's fp8 defaults; a config may name
+    another ``recipe``: a peer module timed beside the sweep's), which configs each shape times, and
+    (``peer``) the config of our own other-recipe module each shape compares with (block: per-tensor)."""
+
+    recipe: str
+    shapes: tuple
+    configs: dict
+    sweep: dict
+    peer: dict
+
+
+# block-wise (DeepSeek-V3): v9's block defaults (one K block a promotion, drained, its scales applied
+# as it is added) against the overlapped promotion (two accumulator sets, each slice's scaled adds
+# under the next slice's wgmmas, the total added in place: fp8.py), the cluster, the ring's depth;
+# 128x256 tiles do not fit with the promoted sums (296 registers a consumer), 192 cuts a B block
+BLOCK_SHAPES = (("4096x7168x16384", 4096, 7168, 16384), ("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
+                ("4096x4096x7168", 4096, 4096, 7168), ("128x4096x7168", 128, 4096, 7168))
+SMALL_M = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
+           "pipe_depth": 8}  # plan.FP8_SMALL_KNOBS (the per-tensor policy at M <= 128; a test keeps them equal)
+BLOCK_CONFIGS = {
+    "base": {},
+    "c1x2": {"cluster_m": 1, "cluster_n": 2},
+    "ov2": {"overlap": 2},
+    "ov4": {"overlap": 4},
+    "ov8": {"overlap": 8},
+    "ov4_c1x2": {"overlap": 4, "cluster_m": 1, "cluster_n": 2},
+    "ov4_c1x1": {"overlap": 4, "cluster_m": 1},
+    "ov4_d3": {"overlap": 4, "pipe_depth": 3},
+    "ov4_d5": {"overlap": 4, "pipe_depth": 5},
+    "ov4_d6": {"overlap": 4, "pipe_depth": 6},
+    "ov8_c1x2": {"overlap": 8, "cluster_m": 1, "cluster_n": 2},
+    # small M: the per-tensor policy's 64x64 tiles (B read once, streamed), and 64x128
+    "sm": dict(SMALL_M),
+    "sm_ov2": {**SMALL_M, "overlap": 2},
+    "sm_ov4": {**SMALL_M, "overlap": 4},
+    "sm_n128_ov4": {**SMALL_M, "blk_n": 128, "overlap": 4},
+    # our per-tensor fp8 at the per-tensor policy's knobs (plan.fp8_knobs), the peer of each shape
+    "tensor_policy": {"recipe": "tensor", "overlap": 4},
+    "tensor_policy_small": {"recipe": "tensor", **SMALL_M},
+}
+# shape -> the configs timed there. The first run (c7cf3e4, benchmarks/results/2026-11-26_h100_fp8_block_overlap/)
+# timed the overlap, clusters and ring depths: overlap=4 best past M = 128 (0.82-0.92x torch's block-wise), the
+# small-M knobs with overlap=2 at M = 128 (1.15x); a second (e6edcac) timed the scale loads pinned a slice ahead
+# as plain ld.global (3-7% slower: the knob is gone). This list is the policy's configs against the drained
+# promotion and overlap=8, the baseline for the next change (scales staged in shared memory).
+BLOCK_SWEEP = {
+    "4096x7168x16384": ("base", "ov4", "ov8", "ov4_d6"),
+    "4096^3": ("base", "ov4", "ov8"),
+    "8192^3": ("base", "ov4", "ov8"),
+    "4096x4096x7168": ("base", "ov4", "ov8"),
+    "128x4096x7168": ("sm", "sm_ov2", "sm_ov4"),
+}
+BLOCK_PEER = {label: "tensor_policy_small" if M <= 128 else "tensor_policy" for label, M, _, _ in BLOCK_SHAPES}
+SWEEPS = {"tensor": Sweep(RECIPE, SHAPES, CONFIGS, SWEEP, {}),
+          "block": Sweep("block", BLOCK_SHAPES, BLOCK_CONFIGS, BLOCK_SWEEP, BLOCK_PEER)}
+
+
+def shape_of(label: str, recipe: str = RECIPE) -> tuple[int, int, int]:
+    for name, M, N, K in SWEEPS[recipe].shapes:
         if name == label:
             return M, N, K
-    raise KeyError(f"no shape {label!r}; the sweep's shapes are {[s[0] for s in SHAPES]}")
+    raise KeyError(f"no shape {label!r}; the {recipe} sweep's shapes are {[s[0] for s in SWEEPS[recipe].shapes]}")
 
 
-def module_name(label: str, config: str) -> str:
-    """A module's name in the folder: its weight (N x K) and config (one module serves every M)."""
-    _, N, K = shape_of(label)
-    return f"t_{N}x{K}_{config}"
+def config_recipe(config: str, recipe: str = RECIPE) -> str:
+    """The recipe of a config's module: the sweep's, or the one the config names (a peer)."""
+    return SWEEPS[recipe].configs[config].get("recipe", recipe)
 
 
-def plan_modules() -> dict[str, dict]:
-    """Every module the sweep builds, by name: its N, K, promotion and knobs (a config timed at two
-    shapes of one weight is one module)."""
+def module_name(label: str, config: str, recipe: str = RECIPE) -> str:
+    """A module's name in the folder: its recipe, weight (N x K) and config (one module serves every M)."""
+    _, N, K = shape_of(label, recipe)
+    return f"{config_recipe(config, recipe)[0]}_{N}x{K}_{config}"
+
+
+def timed_configs(label: str, recipe: str = RECIPE) -> tuple:
+    """The configs timed at a shape: the sweep's, then its peer module's (if any)."""
+    sw = SWEEPS[recipe]
+    return tuple(sw.sweep[label]) + ((sw.peer[label],) if label in sw.peer else ())
+
+
+def plan_modules(recipe: str = RECIPE) -> dict[str, dict]:
+    """Every module the sweep builds, by name: its N, K, recipe, promotion and knobs (a config timed at
+    two shapes of one weight is one module)."""
     out = {}
-    for label, configs in SWEEP.items():
-        _, N, K = shape_of(label)
-        for config in configs:
-            knobs = dict(CONFIGS[config])
+    sw = SWEEPS[recipe]
+    for label in sw.sweep:
+        _, N, K = shape_of(label, recipe)
+        for config in timed_configs(label, recipe):
+            knobs = dict(sw.configs[config])
+            knobs.pop("recipe", None)
             promote = knobs.pop("promote", 1)
-            out[module_name(label, config)] = {"N": N, "K": K, "recipe": RECIPE, "promote": promote, "bias": None,
-                                              "knobs": knobs, "config": config}
+            out[module_name(label, config, recipe)] = {"N": N, "K": K, "recipe": config_recipe(config, recipe),
+                                                       "promote": promote, "bias": None, "knobs": knobs,
+                                                       "config": config}
     return out
 
 
@@ -161,7 +244,7 @@ def best_of(rows: list[dict]) -> dict[str, dict]:
 
 
 # -- prepare (build box) -----------------------------------------------------------------------------
-def prepare(out) -> int:
+def prepare(out, recipe: str = RECIPE) -> int:
     # the build layer: this box's TVM compiler
     from gemm_ladder.compile import module_cache  # pylint: disable=import-outside-toplevel
     from gemm_ladder.compile.batch import BuildJob  # pylint: disable=import-outside-toplevel
@@ -169,8 +252,9 @@ def prepare(out) -> int:
 
     out = Path(out)
     files.open_folder(out)
-    plan = {"format": FORMAT, "modules": {}, "bf16": {}, "recipes": [RECIPE], "sweep": SWEEP}
-    for name, entry in plan_modules().items():
+    plan = {"format": FORMAT, "modules": {}, "bf16": {}, "recipes": [recipe], "sweep": SWEEPS[recipe].sweep,
+            "peer": SWEEPS[recipe].peer}  # shape -> the config of its peer module (informational)
+    for name, entry in plan_modules(recipe).items():
         path, how = module_cache.get_or_build(BuildJob("v9", (256, entry["N"], entry["K"]), build_knobs(entry)))
         plan["modules"][name] = fp8_check._copy(path, out, name) | entry  # pylint: disable=protected-access
         if not has_device_binary((out / f"{name}.so").read_bytes()):  # the GPU box has no compiler
@@ -183,68 +267,90 @@ def prepare(out) -> int:
     print(f"{len(plan['modules'])} modules, {size:.1f} MiB in {out}")
     if size > MAX_DIR_MIB:
         print(f"fp8_sweep prepare: {size:.1f} MiB is over the {MAX_DIR_MIB} MiB the GPU box takes: drop configs "
-              "from SWEEP", file=sys.stderr)
+              "from its sweep (SWEEP, BLOCK_SWEEP)", file=sys.stderr)
         return 1
     return 0
 
 
 # -- run (GPU box) ------------------------------------------------------------------------------------
-def time_shape(folder, plan, label: str, names: list[str], loaded: dict) -> dict:
+def time_shape(folder, plan, label: str, names: list[str], loaded: dict, recipe: str = RECIPE,
+               peer: str | None = None) -> dict:
     """The modules ``names`` (one weight) and torch._scaled_mm at ``label``'s M, on the same input
     sets (spilling L2 three times), in rounds whose order rotates and reverses: the median ms of
-    each as kernels (CUDA graphs) and as queued calls."""
+    each as kernels (CUDA graphs) and as queued calls. Block: with the peers of
+    ``fp8_check._block_peers`` (``peer``: the name of our per-tensor module at the shape, None if it
+    failed its checks); a peer this torch refuses (block-wise fast accumulation) is left out with its message."""
     import torch  # pylint: disable=import-outside-toplevel
     import gemm_ladder  # pylint: disable=import-outside-toplevel
     from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel
 
-    M, N, K = shape_of(label)
+    M, N, K = shape_of(label, recipe)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sets = []
     for i in range(max(2, math.ceil(3 * l2 / (M * K + N * K + 2 * M * N)))):
-        aq, wq, sa, sb, _ = fp8_check.inputs(M, N, K, RECIPE, None, seed=100 + i)
-        sets.append((aq, wq, sa.reshape(-1), sb.reshape(-1), torch.empty((M, N), dtype=torch.bfloat16, device="cuda")))
+        aq, wq, sa, sb, _ = fp8_check.inputs(M, N, K, recipe, None, seed=100 + i)
+        sets.append((aq, wq, sa, sb, torch.empty((M, N), dtype=torch.bfloat16, device="cuda")))
     kernels = {}
     for name in names:
         if name not in loaded:
             loaded[name] = gemm_ladder.load(Path(folder) / plan["modules"][name]["file"])
-        launch = loaded[name].launcher(sets[0][0], sets[0][1], sets[0][4], scale_a=sets[0][2], scale_b=sets[0][3])
-        kernels[name] = (lambda a, w, sa, sb, d, f=launch: f(a, w, d, sa, sb))
-    kernels["torch_scaled_mm"] = fp8_check._scaled_mm_peer(RECIPE, False)  # pylint: disable=protected-access
-    kernels["torch_scaled_mm_fast_accum"] = fp8_check._scaled_mm_peer(RECIPE, True)  # pylint: disable=protected-access
+        launch = loaded[name].launcher(sets[0][0], sets[0][1], sets[0][4],
+                                       **fp8_check.kernel_scales(sets[0][2], sets[0][3], recipe))
+        kernels[name] = (lambda a, w, sa, sb, d, f=launch:
+                         f(a, w, d, *fp8_check.kernel_scales(sa, sb, recipe).values()), sets)
+    peer_of = fp8_check._scaled_mm_peer  # pylint: disable=protected-access
+    kernels["torch_scaled_mm"] = (peer_of(recipe, False), sets)
+    kernels["torch_scaled_mm_fast_accum"] = (peer_of(recipe, True), sets)
+    if recipe == "block" and peer is not None:
+        kernels |= fp8_check._block_peers(folder, plan, peer, M, N, K, loaded, l2)  # pylint: disable=protected-access
+    left_out = {}  # peer -> why
+    for n, (fn, ss) in list(kernels.items()):
+        try:
+            fn(*ss[0])
+            torch.cuda.synchronize()
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:  # a peer this torch lacks
+            left_out[n] = str(err)[:300]
+            print(f"  {n}: left out: {str(err)[:200]}", flush=True)
+            del kernels[n]
     order0 = list(kernels)
-    calls = max(8, len(sets))
+    calls = max(8, max(len(ss) for _, ss in kernels.values()))
     graph, call = {n: [] for n in order0}, {n: [] for n in order0}
     t0 = time.time()
     for r in range(ROUNDS):
         order = order0[r % len(order0):] + order0[:r % len(order0)]
         for n in (order if (r // len(order0)) % 2 == 0 else order[::-1]):
-            graph[n] += harness.graph_times(kernels[n], sets, PER_ROUND, calls)
-            call[n] += harness.event_times(kernels[n], sets, PER_ROUND)
+            fn, ss = kernels[n]
+            graph[n] += harness.graph_times(fn, ss, PER_ROUND, calls)
+            call[n] += harness.event_times(fn, ss, PER_ROUND)
     return {"kernel_ms": {n: statistics.median(v) for n, v in graph.items()},
             "call_ms": {n: statistics.median(v) for n, v in call.items()},
             "kernel_spread": {n: [min(v), max(v)] for n, v in graph.items()}, "input_sets": len(sets),
-            "t0": t0, "t1": time.time()}
+            "peers_left_out": left_out, "t0": t0, "t1": time.time()}
 
 
-def rows_of(plan, label: str, timing: dict, checks: dict, sampler_clocks) -> list[dict]:
-    """The issue's result rows of one shape's timing (``checks``: module name -> its check)."""
-    M, N, K = shape_of(label)
+def rows_of(plan, label: str, timing: dict, checks: dict, sampler_clocks, recipe: str = RECIPE) -> list[dict]:
+    """The issue's result rows of one shape's timing (``checks``: module name -> its check): a row a
+    config of the sweep (not its peer module), its peer ratios those of every peer timed beside it
+    (torch's, and with block scales our per-tensor module and cuBLAS bf16)."""
+    M, N, K = shape_of(label, recipe)
     g, c = timing["kernel_ms"], timing["call_ms"]
-    torch_ms, torch_call = g["torch_scaled_mm"], c["torch_scaled_mm"]
+    torch_ms, torch_call = g.get("torch_scaled_mm"), c.get("torch_scaled_mm")
+    peer_names = [p for p in g if p not in plan["modules"]]  # torch's, and block's peers (not our modules)
     rows = []
-    for name in SWEEP[label]:
-        mod = module_name(label, name)
+    for name in SWEEPS[recipe].sweep[label]:
+        mod = module_name(label, name, recipe)
         chk = checks.get(mod, {})
-        row = {"recipe": RECIPE, "M": M, "N": N, "K": K, "shape": label, "config": name, "module": mod,
+        row = {"recipe": recipe, "M": M, "N": N, "K": K, "shape": label, "config": name, "module": mod,
                "promote": plan["modules"][mod]["promote"], "knobs": plan["modules"][mod]["knobs"],
                "correct": bool(chk.get("correct")), "rel_err": chk.get("rel_err"),
                "torch_rel_err": chk.get("torch_rel_err"), "mean_rel_err": chk.get("mean_rel_err"),
-               "torch_mean_rel_err": chk.get("torch_mean_rel_err"), "check_error": chk.get("error")}
+               "torch_mean_rel_err": chk.get("torch_mean_rel_err"), "yardstick": chk.get("yardstick"),
+               "check_error": chk.get("error")}
         ours = g.get(mod)
         row |= {"tflops": fp8_check.tflops(M, N, K, ours), "kernel_ms": ours, "call_ms": c.get(mod),
                 "ratio_to_scaled_mm": fp8_check.ratio(torch_ms, ours),
                 "call_ratio_to_scaled_mm": fp8_check.ratio(torch_call, c.get(mod)),
-                "peer_ratios": {p: fp8_check.ratio(g[p], ours) for p in g if p.startswith("torch")},
+                "peer_ratios": {p: fp8_check.ratio(g[p], ours) for p in peer_names},
                 "clocks": sampler_clocks}
         rows.append(row)
     return rows
@@ -261,26 +367,34 @@ def run(folder, out) -> int:
     if plan.get("format") != FORMAT:
         print(f"fp8_sweep run: {folder}/{PLAN_FILE} is not a sweep's plan: run fp8_sweep.py prepare", file=sys.stderr)
         return 2
-    wanted = plan_modules()
-    missing = sorted(set(wanted) - set(plan["modules"]))
+    recipe = plan["recipes"][0]
+    sweep = SWEEPS[recipe].sweep
+    missing = sorted(set(plan_modules(recipe)) - set(plan["modules"]))
     if missing:
         print(f"fp8_sweep run: {folder} lacks {missing}: prepare it again with this script", file=sys.stderr)
         return 2
     start, sampler = time.time(), Sampler()
     cases = []
-    for label, configs in SWEEP.items():
-        M = shape_of(label)[0]
-        cases += [(module_name(label, c), M) for c in configs if (module_name(label, c), M) not in cases]
+    for label in sweep:
+        M = shape_of(label, recipe)[0]
+        cases += [(module_name(label, c, recipe), M) for c in timed_configs(label, recipe)
+                  if (module_name(label, c, recipe), M) not in cases]
     checks = fp8_check.check_all(folder, cases)
-    by_module = {c["name"]: c for c in checks}
+    # (module, M) -> its check: a module timed at two shapes' M (a weight's) has a check at each
+    by_case = {(c["name"], c["M"]): c for c in checks}
     _, timable = fp8_check.modules_that_pass(checks)
     rows, loaded, timings = [], {}, {}
     try:
-        for label, configs in SWEEP.items():
-            names = [module_name(label, c) for c in configs if module_name(label, c) in timable]
-            timing = time_shape(folder, plan, label, names, loaded)
+        for label in sweep:
+            names = [module_name(label, c, recipe) for c in sweep[label] if module_name(label, c, recipe) in timable]
+            peer = SWEEPS[recipe].peer.get(label)
+            peer = module_name(label, peer, recipe) if peer else None
+            timing = time_shape(folder, plan, label, names, loaded, recipe,
+                                peer if peer in timable else None)  # a peer that failed its checks is not timed
             timings[label] = {k: v for k, v in timing.items() if k not in ("t0", "t1")}
-            shape_rows = rows_of(plan, label, timing, by_module, sampler.between(timing["t0"], timing["t1"]))
+            M = shape_of(label, recipe)[0]
+            at_m = {name: c for (name, m), c in by_case.items() if m == M}
+            shape_rows = rows_of(plan, label, timing, at_m, sampler.between(timing["t0"], timing["t1"]), recipe)
             rows += shape_rows
             for r in shape_rows:
                 print(f"{label} {r['config']}: {fp8_check.f3(r['tflops'])} TFLOPS, x torch._scaled_mm "
@@ -289,7 +403,7 @@ def run(folder, out) -> int:
                       flush=True)
     finally:
         sampler.stop()
-    result = {**check_cli.head(FORMAT, harness, sampler, start),
+    result = {**check_cli.head(FORMAT, harness, sampler, start), "recipe": recipe,
               "tolerance": fp8_check.TOLERANCE, "rounds": ROUNDS, "per_round": PER_ROUND, "checks": checks,
               "timings": timings, "best": best_of(rows), "rows": rows}
     check_cli.write_result(out, result)
@@ -302,11 +416,14 @@ def run(folder, out) -> int:
 
 
 def main(argv=None) -> int:
-    p, _, _, _ = check_cli.subcommands(__doc__, "build box: the sweep's modules and plan",
-                                       "GPU box: check every module, then time each shape's against torch._scaled_mm",
-                                       "fp8_sweep.json")
+    p, pr, _, _ = check_cli.subcommands(__doc__, "build box: the sweep's modules and plan",
+                                        "GPU box: check every module, then time each shape's against "
+                                        "torch._scaled_mm", "fp8_sweep.json")
+    pr.add_argument("--recipe", choices=sorted(SWEEPS), default=RECIPE,
+                    help="the recipe to sweep (block: the block-wise sweep and its peers); run sweeps what "
+                         "prepare built")
     a = p.parse_args(argv)
-    return prepare(a.out) if a.cmd == "prepare" else run(a.folder, a.out)
+    return prepare(a.out, a.recipe) if a.cmd == "prepare" else run(a.folder, a.out)
 
 
 if __name__ == "__main__":

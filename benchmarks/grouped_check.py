@@ -31,7 +31,7 @@ on the same rows gathered contiguous, a bmm over every slot (a decode graph with
 loop over the experts with rows. ``run --layout masked`` runs only these.
 
 ``prepare DIR --pack`` builds instead a kernel pack of the SHAPES' weights (``pack build --grouped``:
-a decode and a prefill module each, both layouts, both dtypes) into DIR/pack, and ``run`` then
+a module per token range of ``plan.grouped_choices``, both layouts, both dtypes) into DIR/pack, and ``run`` then
 serves every case through the front doors with ``use_pack`` and ``strict=True``
 (``pack_check_job``): at one token count inside each module's range, the front door must take that
 module (``explain``), be correct on two routings with D poisoned, replay a CUDA graph of the front

@@ -204,7 +204,7 @@ def add_parsers(sub) -> None:
     b.add_argument("--suite", action="store_true", help="every shape of the shape suite")
     b.add_argument("--grouped", action="append", type=cli_types.grouped_weight, default=None, metavar="E,N,K[,LAYOUT]",
                    help="an expert weight [E, N, K] for grouped_mm (contiguous) and grouped_mm_masked (masked), or "
-                        "the layout named: a decode and a prefill module each, by the token counts they serve "
+                        "the layout named: a module per range of token counts (decode, prefill tiers) "
                         "(plan.grouped_choices); repeat the flag for more weights")
     b.add_argument("--dtypes", type=cli_types.names(kernel_pack.PACK_DTYPES, "dtype"), default=None,
                    help=f"the input dtypes (default {','.join(DTYPES)}); {kernel_pack.FP8_INPUT}: scaled_mm's fp8 "

@@ -212,4 +212,7 @@ def test_the_pack_cli_plans_block_modules_by_name():
                          env={**os.environ, "GEMM_LADDER_TUNING_DB": "off"})
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if "float8_e4m3" in line]
-    assert len(rows) == 1 and "block -> bfloat16" in rows[0] and "1..16384" in rows[0], out.stdout
+    # one module up to M = 128 (the small-M knobs) and one past it, as for the other recipes
+    assert len(rows) == 2 and all("block -> bfloat16" in r for r in rows), out.stdout
+    assert "1..128" in rows[0] and "fp8-block-small-m" in rows[0] and "overlap2" in rows[0], out.stdout
+    assert "129..16384" in rows[1] and "fp8-block " in rows[1] and "overlap4" in rows[1], out.stdout

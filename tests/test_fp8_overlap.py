@@ -127,9 +127,10 @@ def test_staggers_that_do_not_build_are_refused_with_the_fix(knobs, words):
         make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(), **knobs)
 
 
-def test_block_scales_refuse_the_overlap_and_16bit_kernels_do_not_take_it():
-    with pytest.raises(ConfigError, match="not built for block scales yet .*use overlap=0"):
-        make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(scales="block"), overlap=2)
+def test_block_scales_refuse_an_odd_overlap_and_16bit_kernels_do_not_take_it():
+    with pytest.raises(ConfigError, match="overlap=3 with block scales: .*an even number of groups.*use overlap=4"):
+        make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(scales="block"), overlap=3)
+    assert make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(scales="block"), overlap=4).knobs()["overlap"] == 4
     with pytest.raises(ConfigError, match="overlap: fp8 specs only"):
         make_config("v9", 4096, 4096, 4096, overlap=2)
     assert make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8()).knobs()["overlap"] == 0  # the old path

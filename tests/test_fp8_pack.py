@@ -74,9 +74,10 @@ def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_databas
     assert choices[8192].knobs["overlap"] == 4 and choices[64].knobs["blk_n"] == 64
     assert all(plan.FP8_NO_DB in c.skipped for c in choices.values())
     block = GemmSpec.fp8("bfloat16", "block")
-    for M in (1, 8192):
+    # block scales: the same two ranges, their own knobs (overlap=2 at small M, 4 past it)
+    for M, rule, overlap in ((1, "fp8-block-small-m", 2), (8192, "fp8-block", 4)):
         c = plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, block))
-        assert c.rule == "fp8-block" and "promote" not in c.knobs
+        assert c.rule == rule and c.knobs["overlap"] == overlap and plan.FP8_NO_DB in c.skipped
     # 16-bit problems keep their rules (the small-M one here)
     assert plan.choose(plan.Problem(64, 4096, 7168, "bfloat16", "sm_90a", 132), use_db=False).rule not in \
         {r.name for r in plan.FP8_RULES}

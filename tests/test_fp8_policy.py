@@ -4,6 +4,8 @@ unasked, and explain names the rule and the sweep it rests on. CPU only."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gemm_ladder.core.spec import GemmSpec
@@ -21,8 +23,28 @@ def test_the_policys_knobs_validate_at_every_shape_scaled_mm_takes(recipe, N, K)
             plan.fp8_knobs(M, N, K, recipe)
 
 
-def test_block_scales_keep_the_defaults_and_explain_names_the_sweep():
+@pytest.mark.parametrize("N, K", [(4096, 7168), (3008, 1008), (48, 32), (7168, 16384), (1024, 16), (200, 144)])
+def test_the_block_policys_knobs_validate_at_every_shape_scaled_mm_takes(N, K):
+    """Block scales: overlap=4 past M = 128 and the small-M knobs with overlap=2 up to it, valid at any
+    M, N and K a block call may have (K of one slice: a run's tail alone; N not a multiple of 128)."""
+    spec = GemmSpec.fp8("bfloat16", "block")
+    for M in (1, 77, plan.FP8_SMALL_M, plan.FP8_SMALL_M + 1, 1000, 8192):
+        choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
+        small = M <= plan.FP8_SMALL_M
+        assert choice.rule == ("fp8-block-small-m" if small else "fp8-block"), (M, choice.skipped)
+        assert choice.knobs["overlap"] == (2 if small else 4) and choice.knobs.get("promote", 1) == 1
+        assert (choice.knobs.get("blk_m"), choice.knobs.get("blk_n")) == ((64, 64) if small else (None, None))  # large: v9 fp8 128x128
+
+
+def test_the_block_policy_rests_on_its_sweep_and_explain_names_it():
+    """The block rules cite the block sweep's results (committed), the numbers it measured, and the
+    per-tensor rules are not changed by them."""
     block = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
-    assert block.rule == "fp8-block" and plan.fp8_knobs(4096, 4096, 7168, "block") == {}
+    assert block.rule == "fp8-block" and plan.fp8_knobs(4096, 4096, 7168, "block") == {"promote": 1, "overlap": 4}
+    assert "2026-11-26_h100_fp8_block_overlap" in block.text() and "overlap=4" in block.text()
+    assert (Path(__file__).resolve().parents[1] / plan.FP8_BLOCK_RESULTS).is_file()
+    small = plan.rule_choice(plan.Problem(128, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
+    assert small.rule == "fp8-block-small-m" and "1.15x torch._scaled_mm block-wise" in small.text()
+    assert plan.fp8_knobs(128, 4096, 7168, "tensor") == plan.FP8_SMALL_KNOBS  # no overlap at small M per-tensor
     text = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8())).text()
     assert "fp8_sweep" in text and f"every {plan.FP8_PROMOTE} slice(s)" in text and "overlap=4" in text

@@ -27,10 +27,14 @@ MIXTRAL = (8, 14336, 4096)
 
 
 # -- the rule ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("layout, top", [("contiguous", plan.GROUPED_DECODE_ROWS * 8), ("masked", plan.GROUPED_DECODE_SLOT)])
+@pytest.mark.parametrize("layout, top", [("contiguous", plan.GROUPED_PREFILL_SWAPS[0][1] * 8),
+                                         ("masked", plan.GROUPED_DECODE_SLOT)])
 def test_a_grouped_weight_gets_a_decode_and_a_prefill_module(layout, top):
-    decode, prefill = plan.grouped_choices(*MIXTRAL, "bfloat16", layout)
-    assert decode.tokens == (1, top) and prefill.tokens == (top + 1, plan.GROUPED_MAX_TOKENS)
+    choices = plan.grouped_choices(*MIXTRAL, "bfloat16", layout)
+    decode, prefill = choices[0], choices[-1]
+    assert decode.tokens == (1, top) and prefill.tokens[1] == plan.GROUPED_MAX_TOKENS
+    # the ranges tile every token count, fewest first
+    assert [g.tokens[0] for g in choices[1:]] == [g.tokens[1] + 1 for g in choices[:-1]]
     # decode: swap AB, 32-token tiles for 8 experts (a quarter of a top-2 batch each), and the warp scan
     assert decode.choice.knobs["swap_ab"] and decode.choice.knobs["warp_scan"] and decode.choice.knobs["blk_m"] == 32
     # measured on an H100: its evidence is a committed results file
@@ -46,9 +50,40 @@ def test_a_grouped_weight_gets_a_decode_and_a_prefill_module(layout, top):
 
 
 def test_the_contiguous_split_follows_the_rows_an_expert_holds():
-    """64 rows an expert on average: 512 rows of A for 8 experts, 16384 for 256."""
-    assert plan.grouped_choices(256, 2048, 7168, "bfloat16")[0].tokens == (1, 64 * 256)
-    assert plan.grouped_choices(8, 14336, 4096, "bfloat16")[0].tokens == (1, 512)
+    """Contiguous prefill's tiers (issue 33, GROUPED_PREFILL): swap AB with 16-token tiles (more than
+    16 experts) up to 1 row an expert on average, 32 up to 32, 64 up to 128, the 128x256 defaults past."""
+    def tiers(E, N, K):
+        return [(g.tokens, g.choice.rule, g.choice.knobs.get("blk_m"), g.choice.knobs.get("swap_ab", False))
+                for g in plan.grouped_choices(E, N, K, "bfloat16")]
+    top = plan.GROUPED_MAX_TOKENS
+    assert tiers(256, 2048, 7168) == [((1, 256), "grouped-decode-swap", 16, True),
+                                      ((257, 8192), "grouped-prefill-swap32", 32, True),
+                                      ((8193, 32768), "grouped-prefill-swap64", 64, True),
+                                      ((32769, top), "grouped-prefill", None, False)]
+    # 8 experts: decode's tiles are 32 tokens already, one module up to 32 rows an expert
+    assert tiers(8, 14336, 4096) == [((1, 256), "grouped-decode-swap", 32, True),
+                                     ((257, 1024), "grouped-prefill-swap64", 64, True),
+                                     ((1025, top), "grouped-prefill", None, False)]
+    for g in plan.grouped_choices(64, 1408, 2048, "bfloat16"):
+        cited = [w.strip("[];:,") for w in g.choice.why.split() if w.startswith("[benchmarks/")]
+        assert g.choice.measured and plan.GROUPED_PREFILL in cited and (REPO / plan.GROUPED_PREFILL).is_file()
+
+
+def test_a_refused_prefill_swap_tier_is_passed_over_by_name(monkeypatch):
+    """Where the validator refuses the 32-token swap tile, the 64-token tier reaches down to the decode
+    module's range, and the refusal is named on the tier that took its place."""
+    real = plan._validate  # pylint: disable=protected-access
+
+    def refuse_32(rung, p, knobs):
+        if knobs.get("swap_ab") and knobs.get("blk_m") == 32:
+            return "blk_m=32: refused here"
+        return real(rung, p, knobs)
+
+    monkeypatch.setattr(plan, "_validate", refuse_32)
+    choices = plan.grouped_choices(256, 2048, 7168, "bfloat16")
+    assert [(g.tokens, g.choice.knobs.get("blk_m")) for g in choices] == [
+        ((1, 256), 16), ((257, 32768), 64), ((32769, plan.GROUPED_MAX_TOKENS), None)]
+    assert any("grouped-prefill-swap32" in s and "refused here" in s for s in choices[1].choice.skipped)
 
 
 def test_many_experts_get_16_token_swap_tiles_and_a_refused_swap_falls_back_to_64x128(monkeypatch):
@@ -75,8 +110,9 @@ def test_a_weight_v12_refuses_is_refused_by_name():
 def test_a_grouped_request_plans_each_layout_and_dtype():
     items = kernel_pack.plan_grouped([(*MIXTRAL, None), (64, 1408, 2048, "masked")], ["float16", "bfloat16"])
     entries = [e for i in items for e in kernel_pack.entries_of(i)]
-    # Mixtral in both layouts, Qwen-MoE masked only; each a decode and a prefill module, in both dtypes
-    assert len(items) == len(entries) == (2 + 1) * 2 * 2
+    # Mixtral in both layouts, Qwen-MoE masked only: masked, a decode and a prefill module; contiguous
+    # (8 experts), swap AB 32 and 64 and the defaults; in both dtypes
+    assert len(items) == len(entries) == (3 + 2 + 2) * 2
     assert {(e["experts"], e["layout"]) for e in entries} == {(8, "contiguous"), (8, "masked"), (64, "masked")}
     assert all(e["rung"] == "v12" and e["dynamic_m"] and kernel_pack.is_grouped(e) for e in entries)
     for e in entries:  # m_range: the rows of A (masked: A viewed [E * max_tokens, K])
@@ -107,7 +143,7 @@ def moe_pack(tmp_path, monkeypatch):
                         lambda job, root=None: real(job, root, build=stand_in_build, ident=IDENT))
     man = kernel_pack.build_pack(tmp_path / "pack", [], ["bfloat16"], workers=1, cache_root=tmp_path / "cache",
                                  grouped=[(*MIXTRAL, None)])
-    assert [r["status"] for r in man["results"]] == ["built"] * 4
+    assert [r["status"] for r in man["results"]] == ["built"] * 5
     return tmp_path / "pack"
 
 
@@ -129,7 +165,7 @@ def test_a_built_pack_checks_and_finds_by_token_count(moe_pack):
     shown = subprocess.run([sys.executable, "-m", "gemm_ladder", "pack", "show", str(moe_pack)], capture_output=True,
                            text=True, cwd=REPO, timeout=120)
     assert shown.returncode == 0, shown.stderr
-    assert "1..512 rows" in shown.stdout and "65..1048576 max_tokens" in shown.stdout
+    assert "1..256 rows" in shown.stdout and "65..1048576 max_tokens" in shown.stdout
     assert shown.stdout.count("grouped-decode") == 2
 
 
@@ -182,7 +218,7 @@ def test_the_front_doors_take_the_pack_module_for_the_token_count(moe_pack, gpu_
     assert decode.source == prefill.source == "kernel pack"
     assert "m32n128" in decode.lines[0] and "swapabTrue" in decode.lines[0] and "m128n256" in prefill.lines[0]
     assert "layout=contiguous" in decode.lines[0]
-    assert str(moe_pack) in decode.lines[1] and "rows of A in its range 1..512" in decode.lines[2]
+    assert str(moe_pack) in decode.lines[1] and "rows of A in its range 1..256" in decode.lines[2]
     assert "swap AB" in decode.lines[2] and "swap AB" not in prefill.lines[2]
     masked = grouped_masked.route_of(*MIXTRAL, "bfloat16", 0, False, 32)
     assert masked.source == "kernel pack" and "layout=masked" in masked.lines[0] and "max_tokens in its" in masked.lines[2]
@@ -302,7 +338,8 @@ def test_the_gpu_check_gives_every_pack_module_a_count_it_serves(gc):
     items = kernel_pack.plan_grouped([(E, N, K, None) for _, E, N, K in gc.SHAPES], ["bfloat16"])
     entries = [e for i in items for e in kernel_pack.entries_of(i)]
     cases = gc.pack_cases(entries)
-    assert len(cases) == len(entries) == len(gc.SHAPES) * 2 * 2
+    contiguous = sum(len(plan.grouped_choices(E, N, K, "bfloat16")) for _, E, N, K in gc.SHAPES)
+    assert len(cases) == len(entries) == contiguous + len(gc.SHAPES) * 2
     for c in cases:
         pk_entry = next(e for e in entries if e["file"] == c["file"])
         assert pk_entry["tokens"][0] <= c["tokens"] <= pk_entry["tokens"][1]
@@ -310,8 +347,8 @@ def test_the_gpu_check_gives_every_pack_module_a_count_it_serves(gc):
         assert folder == "/x/pack" and back == {k: c[k] for k in back}
     # the cases of one weight and layout land on different modules
     mixtral = [c for c in cases if c["experts"] == 8 and c["layout"] == "contiguous"]
-    assert sorted(c["rule"] for c in mixtral) == ["grouped-decode-swap", "grouped-prefill"]
-    assert len({c["file"] for c in mixtral}) == 2
+    assert sorted(c["rule"] for c in mixtral) == ["grouped-decode-swap", "grouped-prefill", "grouped-prefill-swap64"]
+    assert len({c["file"] for c in mixtral}) == 3
 
 
 def test_the_gpu_checks_rows_say_which_module_served_and_refuse_another(gc, monkeypatch, tmp_path):

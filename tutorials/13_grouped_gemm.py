@@ -33,6 +33,7 @@ import json
 import gemm_ladder
 from gemm_ladder import teach
 from gemm_ladder.protocol import check
+from gemm_ladder.serve import plan
 from gemm_ladder.sm90a import grouped
 
 # %% [markdown]
@@ -193,3 +194,24 @@ for r in run["rows"]:
     if r.get("ratio_to_grouped_mm") and r.get("variant") == "default":
         print(f"{r['shape']:12} E={r['experts']:3} N={r['N']:5} K={r['K']:5} {r['tokens']:5} tokens {r['routing']:8} "
               f"x torch._grouped_mm {r['ratio_to_grouped_mm']:.3f}  x cuBLAS loop {r['peer_ratios']['cublas_loop_graph']:.3f}")
+
+# %% [markdown]
+# ## Prefill: a module per range of token counts
+#
+# How many rows an expert holds decides the tile, and the front door knows M and E (not the
+# routing) without a sync. With a few rows an expert a 128-row tile computes rows the expert lacks
+# and few experts leave most SMs without a work unit; the swap-AB tile streams W at full width with
+# the tokens as wgmma's N. `benchmarks/grouped_prefill_check.py` timed nine variants of v12's knobs
+# side by side (`benchmarks/results/2026-11-26_h100_grouped_prefill/`); the kernel packs plan the
+# tiers it chose: swapped tiles of 16 (more than 16 experts), 32 and 64 tokens up to 1, 32 and 128
+# rows an expert on average, the 128x256 defaults past. Through a pack and the front door they ran
+# at 1.086x `torch._grouped_mm` where the defaults alone ran at 1.022x; what is left is routing (a
+# Zipf-hot expert wants the large tile) and the HBM ceiling (the weight-streaming cases move 2.8-3.0 TB/s).
+
+# %%
+for E, N, K in ((8, 14336, 4096), (64, 1408, 2048), (256, 2048, 7168)):
+    for g in plan.grouped_choices(E, N, K, "bfloat16"):
+        lo, hi = g.tokens
+        print(f"E={E:3} {N}x{K}: {lo:6}..{hi:<7} rows of A  {g.choice.rule:24} blk_m={g.choice.knobs.get('blk_m', 128)}")
+pack = json.loads((teach.RESULTS_DIR / "2026-11-26_h100_grouped_prefill" / "grouped_prefill_pack.json").read_text())
+print(pack["gpu"]["name"], "commit", pack["commit"], pack["summary"])

@@ -17,8 +17,8 @@ How a call finds its kernel (once per (E, N, K, dtype, GPU) and pack module): a 
 with :func:`use_grouped_module` (an exported v12 module, built with ``gemm_ladder.build('v12', 4096,
 N, K, experts=E, spec='d_bfloat16.grouped_true')``); else the kernel packs the front door reads
 (``gemm_ladder.use_pack``, ``$GEMM_LADDER_PACK``; ``pack build --grouped E,N,K``), by E, N, K, dtype,
-layout and the token count known without a sync (here A's rows: a pack holds a decode and a prefill
-module of a weight, ``plan.grouped_choices``), the module whose token range holds it, else the
+layout and the token count known without a sync (here A's rows: a pack holds a decode module and prefill
+modules of a weight, ``plan.grouped_choices``), the module whose token range holds it, else the
 nearest; else torch's own ``torch._grouped_mm`` (bf16; fp16 where this torch has it), else a loop of
 cuBLAS GEMMs over the experts (which reads ``offs`` on the host: a sync, and not CUDA-graph
 capturable), with a ``KernelFallbackWarning`` once per shape; ``strict=True`` (or

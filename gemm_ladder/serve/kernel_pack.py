@@ -42,8 +42,8 @@ the policy's choice, as every entry of an older pack).
 
 **Grouped weights** (issue 33: ``grouped_mm``, ``grouped_mm_masked``). ``pack build --grouped
 E,N,K[,layout]`` (``build_pack(grouped=[(E, N, K, layout or None)])``, both layouts where none is
-named) plans v12 modules by ``plan.grouped_choices``: a decode module (64x128 tiles) and a prefill
-module (the 128x256 defaults), each serving a range of token counts. Their entries add ``experts``,
+named) plans v12 modules by ``plan.grouped_choices``: a decode module and prefill modules (swapped
+tiles, then the 128x256 defaults), each serving a range of token counts. Their entries add ``experts``,
 ``layout`` and ``tokens`` (``[least, largest]`` of the count the grouped front door knows without a
 sync: rows of A for the contiguous layout, max_tokens for the masked one; ``m_range`` is the rows of
 A, ``E x`` that for the masked layout). :meth:`KernelPack.find_grouped` serves them; :meth:`find`
@@ -532,7 +532,7 @@ GROUPED_BUILD_M = 4096  # the M a grouped module is built at (serve.grouped.BUIL
 def plan_grouped(grouped, dtypes, arch: str = "sm_90a") -> list[dict]:
     """The modules a pack needs for grouped weights: ``grouped`` lists ``(E, N, K, layout)``
     (``layout`` None: both), each planned in each 16-bit dtype of ``dtypes`` by
-    ``plan.grouped_choices`` (a decode and a prefill module, each with the token range it serves).
+    ``plan.grouped_choices`` (decode and prefill modules, each with the token range it serves).
     Items as :func:`plan_pack`'s, with ``grouped`` (the entry's ``experts``, ``layout``)."""
     return plan_pack([], [], arch, grouped=grouped, grouped_dtypes=dtypes)
 

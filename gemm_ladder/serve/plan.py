@@ -64,8 +64,8 @@ A new rung plugs in as a :class:`Rule` where it should take precedence, with its
 ``tests/test_plan.py``; a rule whose rung is missing is passed over (the ladder falls back).
 
 A grouped weight (v12, mixture of experts) is not a :class:`Problem`: :func:`grouped_choices` gives
-it a decode and a prefill module and the token counts each serves (the rule and its evidence are
-beside it), for the kernel packs (``kernel_pack.plan_grouped``).
+it a decode module and prefill modules and the token counts each serves (the rules and their
+evidence are beside it), for the kernel packs (``kernel_pack.plan_grouped``).
 
 **The tuning database** (``gemm_ladder.serve.tuning_db``) is asked first: its best entry in the shape's
 bucket (every dim rounded to a power of two) replaces the rule's choice, by ratio to cuBLAS. A
@@ -451,9 +451,12 @@ def rule_applies(name: str, p: Problem, rules=None) -> bool:
 # overlap=4 (each group's adds under the next group's wgmmas: +2-10% over the drained promotion), 128x128
 # tiles in 2x1 clusters (1x2 and staggered consumers measured slower); at small M (FP8_SMALL_M) 64x64
 # tiles over one consumer, 1x2 clusters sharing A, B streamed, an 8-deep ring (1.31x 128x64 tiles). Block
-# scales keep v9's defaults (one K block a promotion, its scales applied as it is added). A weight's M
-# range takes one runtime-M module a rule: a pack built for it holds the modules scaled_mm would build
-# itself (scaled.build_knobs).
+# scales (one K block a promotion, its scales applied as it is added) take the same shape of policy from
+# their own sweep (FP8_BLOCK_RESULTS: fp8_sweep.py --recipe block): overlap=4 past M = 128 (+11-18% over
+# the drained promotion; 8 groups a run was 2% faster at 4096^3 only, 4-7% slower elsewhere; 1x2 and 1x1
+# clusters and 3-6 stages slower), and at small M the per-tensor small-M knobs with overlap=2 (1.11x them).
+# A weight's M range takes one runtime-M module a rule: a pack built for it holds the modules scaled_mm
+# would build itself (scaled.build_knobs).
 FP8_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_sweep/README.md"
 FP8_PROMOTE = 1  # slices of 128 of K between promotions
 FP8_ERROR = "1.00x"  # the largest error over torch's of the promotion every slice at K = 4096 to 16384 (the sweep's checks)
@@ -463,10 +466,15 @@ FP8_SMALL_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1
                    "pipe_depth": 8}
 
 
+FP8_BLOCK_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_block_overlap/README.md"
+FP8_BLOCK_LARGE_KNOBS = {"promote": FP8_PROMOTE, "overlap": 4}
+FP8_BLOCK_SMALL_KNOBS = {**FP8_SMALL_KNOBS, "overlap": 2}
+
+
 def fp8_knobs(M: int, N: int, K: int, recipe: str) -> dict:
     """v9's knobs for a scaled e4m3 GEMM (``scaled_mm``'s): the policy above, by M and the recipe."""
     if recipe == "block":
-        return {}
+        return dict(FP8_BLOCK_SMALL_KNOBS if M <= FP8_SMALL_M else FP8_BLOCK_LARGE_KNOBS)
     return dict(FP8_SMALL_KNOBS if M <= FP8_SMALL_M else FP8_LARGE_KNOBS)
 
 
@@ -476,11 +484,19 @@ def _fp8(p: Problem, block: bool) -> bool:
 
 
 FP8_RULES: list[Rule] = [
-    Rule("fp8-block", "sm_90a", "v9", when=lambda p: _fp8(p, True), knobs=lambda p: {},
-         why="fp8 with block scales: v9 at its fp8 defaults (128x128 tiles over two consumers, each 128 of K "
-             "promoted into fp32 as its block's scales apply)",
-         evidence="benchmarks/results/2026-11-26_h100_fp8_block/README.md: correct at 9 of 9 checks, 0.76x "
-                  "torch._scaled_mm block-wise"),
+    Rule("fp8-block-small-m", "sm_90a", "v9", when=lambda p: _fp8(p, True) and p.M <= FP8_SMALL_M,
+         knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
+         why=f"fp8 with block scales and M <= {FP8_SMALL_M}: the per-tensor small-M knobs (64x64 tiles over one "
+             "consumer, 1x2 clusters sharing A, B streamed, an 8-deep ring) with each K block's scaled adds under "
+             "the next block's wgmmas (overlap=2)",
+         evidence=FP8_BLOCK_RESULTS + ": 128x4096x7168, 376 TFLOPS, 1.15x torch._scaled_mm block-wise (v9's fp8 "
+                  "defaults 0.75x, the small-M knobs without overlap 1.04x)"),
+    Rule("fp8-block", "sm_90a", "v9", when=lambda p: _fp8(p, True), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
+         why="fp8 with block scales: v9's e4m3 kernel (128x128 tiles over two consumers, 2x1 clusters), each 128 "
+             "of K promoted into fp32 as its block's scales apply, the scaled adds of four K blocks overlapped "
+             "with the next block's wgmmas (overlap=4)",
+         evidence=FP8_BLOCK_RESULTS + ": 1023-1075 TFLOPS, 0.82-0.92x torch._scaled_mm block-wise at 4096^3, "
+                  "8192^3, 4096x4096x7168, 4096x7168x16384 (the drained promotion: 913-963, 0.70-0.87x)"),
     Rule("fp8-small-m", "sm_90a", "v9", when=lambda p: _fp8(p, False) and p.M <= FP8_SMALL_M,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
          why=f"fp8 with M <= {FP8_SMALL_M}: reading B is the cost, so 64x64 tiles over one consumer (four times "
@@ -805,7 +821,27 @@ GROUPED_DECODE_KNOBS = {"blk_m": 64, "blk_n": 128, "num_warpgroups": 1, "pipe_de
 # The 64x128 module stays the fallback where the validator refuses the swap.
 GROUPED_SWAP_KNOBS = {"swap_ab": True, "blk_n": 128, "num_warpgroups": 2, "pipe_depth": 8, "warp_scan": True}
 GROUPED_SWAP_FEW_EXPERTS = 16  # blk_m 32 up to this many experts, 16 past it
-GROUPED_DECODE_ROWS = 64  # contiguous: the decode module up to 64 rows an expert on average (M <= 64 E)
+GROUPED_DECODE_ROWS = 64  # contiguous, where swap AB is refused: the 64x128 module up to 64 rows an expert
+# Contiguous prefill (issue 33's prefill follow-up; GROUPED_PREFILL, H100, bf16, kernels in CUDA graphs,
+# 9 variants and torch._grouped_mm in the same rounds, 4 shapes x 512-16384 tokens x balanced and Zipf):
+# the swapped tiles win wherever an expert holds at most about one 128-row tile of tokens on average,
+# the 128x256 tile past it. A 128-row tile spends its MMA work and A loads on rows an expert lacks and
+# leaves few work units where experts are few (the odd 5 x 1000x520 at 512 tokens: 20 units for 132
+# SMs, 0.75x torch); a swapped tile streams W at full width with the tokens as wgmma's N. Tiers by the
+# rows an expert holds on average (M / E: the front door knows M and E, not the routing): swap16 (more
+# than 16 experts; decode's module, 0.7% ahead of swap32 at decode's 1 row an expert or fewer) up to 1,
+# swap32 up to 32 (an expert's rows fill one token tile on average), swap64 up to 128, the 128x256
+# defaults past it. Over the 24 cases (two runs averaged): this rule 1.096x torch._grouped_mm (geomean;
+# least 0.991), the best variant of each case 1.110x (least 1.022), the rule before (the decode module up
+# to 64 rows an expert, the defaults past it) 1.028x (least 0.748); served through a pack and the front
+# door (a third run) 1.086x (least 0.981). What the rule leaves is routing: under Zipf a hot expert wants
+# the large tile (DeepSeek-V3 8192 tokens: 128x128 1.05x, swap32 0.99x), balanced the swapped one (1.01x
+# against 0.98x). Measured and left out: the warp scan at the prefill tiles (0.993x the defaults: the
+# prologue is not what limits prefill), 128x128 tiles (4 or 6 stages), 64x256, bands of 16 m-tiles, and
+# swapped tiles in bands of 64 token tiles (within 0.5% of bands of 8).
+GROUPED_PREFILL = "benchmarks/results/2026-11-26_h100_grouped_prefill/README.md"
+GROUPED_SWAP16_ROWS = 1  # contiguous: decode's 16-token swap tiles (more than 16 experts) up to 1 row an expert
+GROUPED_PREFILL_SWAPS = ((32, 32), (64, 128))  # (swap tokens a tile, up to rows an expert on average)
 # masked: the decode module up to max_tokens = 64. The slot bounds an expert's count, not the count:
 # with slots of 256 half full (128 tokens an expert; GROUPED_PACK, 2026-11-26) the swapped module
 # re-read each expert's weight once a 16-token tile and ran 0.61-0.83x torch._grouped_mm, where the
@@ -832,9 +868,12 @@ def grouped_spec(dtype: str) -> GemmSpec:
 
 def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: str = "contiguous",
                     arch: str = DEFAULT_ARCH) -> list[GroupedChoice]:
-    """The decode and prefill modules of an expert weight ``[E, N, K]`` in ``layout`` and the token
-    ranges they serve, decode first (see the comment above for the rule and its evidence); one
-    module for every token count where the validator refuses the decode tile (it names why).
+    """The modules of an expert weight ``[E, N, K]`` in ``layout`` and the token ranges they serve,
+    fewest tokens first (see the comments above for the rules and their evidence): masked, a decode
+    and a prefill module; contiguous, swapped tiles of 16 (more than 16 experts), 32 and 64 tokens
+    and the 128x256 defaults, by the rows an expert holds on average. Where the validator refuses
+    swap AB, the 64x128 decode module and the defaults; one module for every token count where it
+    refuses that too (it names why).
     ConfigError where v12 refuses the weight itself (the expert count, N, K, the layout)."""
     if layout not in ("contiguous", "masked"):
         raise ConfigError(f"layout={layout!r}: a grouped weight is served 'contiguous' (grouped_mm) or 'masked' "
@@ -852,6 +891,8 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
     swap_m = 32 if E <= GROUPED_SWAP_FEW_EXPERTS else 16
     swap_knobs = {**base, **GROUPED_SWAP_KNOBS, "blk_m": swap_m}
     if (swapped := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), swap_knobs)) is None:
+        if layout == "contiguous":  # prefill's tiers by the rows an expert holds (the comment above)
+            return _prefill_tiers(E, Problem(build_m, N, K, dtype, arch), base, swap_m)
         decode = Choice(GROUPED_RUNG, swap_knobs, "rule", "grouped-decode-swap",
                         f"{GROUPED_RUNG} with swap AB ({swap_m} tokens x 128 W rows a tile, two consumers, an 8-deep "
                         f"ring, the warp scan) while {bound}: decode streams the weights, and a swapped tile reads "
@@ -871,3 +912,36 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
                     f"expert, weight-bound [{evidence}: won at every decode batch of 3 MoE shapes]", skipped=passed,
                     measured=True)
     return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
+
+
+def _prefill_tiers(E: int, p: Problem, base: dict, swap_m: int) -> list[GroupedChoice]:
+    """The contiguous layout's modules by the rows an expert holds on average (``M / E``; the rule
+    and its evidence: the comment above GROUPED_PREFILL): swapped tiles of ``swap_m`` tokens (the
+    decode module), then the wider swapped tiles of :data:`GROUPED_PREFILL_SWAPS` (one the validator
+    refuses is passed over, the next tier reaching down), then v12's 128x256 defaults."""
+    wider = [(m, rows) for m, rows in GROUPED_PREFILL_SWAPS if m >= swap_m]
+    swaps = ([(swap_m, GROUPED_SWAP16_ROWS)] if swap_m < wider[0][0] else []) + wider
+    out: list[GroupedChoice] = []
+    skipped: tuple = ()
+    for blk_m, rows in swaps:
+        knobs = {**base, **GROUPED_SWAP_KNOBS, "blk_m": blk_m}
+        name = "grouped-decode-swap" if blk_m == swap_m else f"grouped-prefill-swap{blk_m}"
+        if (refused := _validate(GROUPED_RUNG, p, knobs)) is not None:
+            skipped += (f"rule {name!r} ({GROUPED_RUNG} swap AB {blk_m}x128): {refused}",)
+            continue
+        why = (f"{GROUPED_RUNG} with swap AB ({blk_m} tokens x 128 W rows a tile, two consumers, an 8-deep ring, the "
+               f"warp scan) while M <= {rows} x E = {rows * E} rows of A ({rows} an expert on average): a swapped "
+               f"tile streams W at full width with the tokens as wgmma's N, where a 128-row tile computes rows an "
+               f"expert lacks [{GROUPED_PREFILL}: this rule's tiers 1.096x torch._grouped_mm over 24 prefill cases")
+        why += (f"; {GROUPED_DECODE}: decode, 1.02x the 64x128 module, masked decode 1.10x the best peer]"
+                if blk_m == swap_m else "]")
+        first = out[-1].tokens[1] + 1 if out else 1
+        out.append(GroupedChoice(Choice(GROUPED_RUNG, knobs, "rule", name, why, skipped=skipped, measured=True),
+                                 (first, rows * E)))
+        skipped = ()
+    top = out[-1].tokens[1]
+    prefill = Choice(GROUPED_RUNG, base, "rule", "grouped-prefill",
+                     f"{GROUPED_RUNG} at its 128x256 defaults past M = {top} rows of A ({top // E} an expert on "
+                     f"average): large experts, the tile's MMA work all rows an expert holds [{GROUPED_PREFILL}: "
+                     f"1.03-1.24x torch._grouped_mm from 256 rows an expert]", skipped=skipped, measured=True)
+    return out + [GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]

@@ -531,7 +531,7 @@ def launch(cfg: GemmConfig) -> dict:
     """Persistent CTAs (as many as the SMs), a producer warpgroup beside the consumers, M at run
     time; the tables' 8 bytes an expert on top of the ring and the staging."""
     info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=1)
-    tables_bytes = 2 * 4 * experts_of(cfg) + (2 * 4 * SCAN_LANES if warp_scan(cfg) else 0)
+    tables_bytes = 2 * 4 * experts_of(cfg)  # the warp scan's partial results sit in the barriers' 1 KiB
     # swap AB stages the whole blk_m x blk_n tile (TransposedEpilogue), where the budget counts epi_n chunks
     staging_more = max(0, cfg.blk_m * cfg.blk_n * cfg.elem_bytes - budget.out_bytes(cfg)) if swap_ab(cfg) else 0
     extra = {"swap_ab": True} if swap_ab(cfg) else {}
@@ -566,6 +566,9 @@ def kernel(cfg: GemmConfig):
     E_layout = epilogue.staging_layout(cfg, *staging_shape)
     n_tiles = -(-N // BLK_N)
     masked = layout_of(cfg) == "masked"
+    if scan_by_warp and 2 * 8 * stages + 2 * 4 * SCAN_LANES > budget.BARRIER_BYTES:
+        raise ConfigError(f"pipe_depth={stages} with warp_scan: the barriers and the scan's partial results pass the "
+                          f"{budget.BARRIER_BYTES} bytes below the tiles; use pipe_depth<={(budget.BARRIER_BYTES - 256) // 16}")
 
     # fmt: off
     @T.inline
@@ -578,6 +581,11 @@ def kernel(cfg: GemmConfig):
         tma2mma = TMABar(pool, stages)
         mma2tma = MBarrier(pool, stages)
         ring = Ring(tma2mma, mma2tma)
+        if scan_by_warp:
+            # the scanning lanes' partial results, in the padding the barriers leave below 1 KiB (two
+            # 8-byte barriers a stage, then these 256 bytes: checked above): free, so the warp scan fits
+            # wherever the serial scan does (the 128x256 tile at 256 experts fills the block to the byte)
+            part = pool.alloc((2 * SCAN_LANES,), "int32")
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
         Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
         Bsmem = pool.alloc((stages, BLK_N, BLK_K), dtype, layout=B_layout)
@@ -585,8 +593,6 @@ def kernel(cfg: GemmConfig):
         # after the tiles (before them they would pass the 1 KiB the barriers leave from 121 experts)
         ends = pool.alloc((E,), "int32")  # each expert's end row, clamped
         tile_end = pool.alloc((E,), "int32")  # work units through each expert
-        if scan_by_warp:
-            part = pool.alloc((2 * SCAN_LANES,), "int32")  # the scanning lanes' partial results
         pool.commit()
         w = T.meta_var(Walk(ends=ends, tile_end=tile_end, experts=E, blk_m=BLK_M, blk_n=BLK_N, n=N, n_tiles=n_tiles,
                             group=cfg.l2_group_size, masked=masked, max_tokens=T.truncdiv(M, E),

@@ -12,7 +12,8 @@ with ``run`` (or ``issue`` and ``retire`` apart, when something goes between:
 promotion (``promote``): groups of slices into fresh accumulators, each group retired and added
 into an fp32 ``total`` (with block scales, ``fp8.BlockScales``, scaled as it is added); with
 ``overlap`` (fp8's knob), two sets of accumulators taken in turn, so that a group's adds run while
-the next group's wgmmas do (:func:`_overlapped_groups`).
+the next group's wgmmas do (:func:`_overlapped_groups`; with block scales, each slice's scales in
+the register set of its accumulator set: :func:`_block_groups`).
 The descriptors of ring slot 0 are encoded once per tile; every slot, 64-row atom and K step is
 reached from them by adds (``common.mma_k_slot``).
 """
@@ -235,6 +236,50 @@ def _run_block_scaled(mma, it, nk, m0, n0):
         mma.scales.promote(mma.total, mma.acc, nk == 1, 0)
 
 
+def _block_groups(mma, pos, kb0, size, nk, m0, n0) -> None:
+    """:func:`_overlapped_groups` with block scales (``fp8.BlockScales``): ``size`` one-slice groups
+    from ring position ``pos`` (K blocks ``kb0 ..``), slice j into accumulator set j % 2 and its
+    scales into scale register set j % 2, unrolled at trace time:
+
+        slice j:  wgmmas into set j % 2; commit
+                  wait_group(1); release slice j - 1;  total += set (j - 1) % 2 * its scales
+                  load K block kb0 + j + 1's scales into scale set (j + 1) % 2 (slice j - 1's, just read)
+        last:     wait_group(0); release it; total += its set * its scales
+
+    A K block's scales are loaded two slices before the promotion that reads them in the source
+    (ptxas sinks these read-only loads towards their use: what that costs is in ``fp8.py``), and the
+    set a slice's sums are added with is the one loaded for its own K block. ``kb0`` even and ``size`` even but for a
+    tile's tail keep the parity across the loop over runs: the run's last step loads the next run's
+    first block into set 0. Before the first run, K block 0's scales go into set 0
+    (:func:`_run_block_overlapped`); loads past the tile's last block read its last (``nk - 1``)."""
+    sets = (mma.acc, mma.acc2)
+    for j in range(size):
+        _slice_into(mma, sets[j % 2], pos + j, True)
+        if j > 0:
+            _retire_all_but_last(mma, pos + j - 1)
+            mma.scales.promote(mma.total, sets[(j - 1) % 2], False, (j - 1) % 2)
+        mma.scales.load(m0, n0, T.min(kb0 + j + 1, nk - 1), (j + 1) % 2)
+    _retire(mma, pos, size)
+    mma.scales.promote(mma.total, sets[(size - 1) % 2], False, (size - 1) % 2)
+
+
+@T.inline
+def _run_block_overlapped(mma, it, nk, m0, n0):
+    """Block scales with ``overlap``: runs of ``overlap`` one-slice groups in two accumulator sets
+    (each group's scaled adds under the next group's wgmmas, a drain a run), the total added in
+    place from 0 (:func:`_zero_total`), each K block's scales in the register set of its sums'
+    accumulator set (:func:`_block_groups`)."""
+    runs = T.meta_var(nk // mma.overlap)
+    tail = T.meta_var(nk % mma.overlap)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
+    mma.scales.load(m0, n0, 0, 0)
+    for r in T.serial(runs):
+        _block_groups(mma, it + r * mma.overlap, r * mma.overlap, mma.overlap, nk, m0, n0)
+    if tail > 0:
+        _block_groups(mma, it + runs * mma.overlap, runs * mma.overlap, tail, nk, m0, n0)
+
+
 @T.inline
 def _retire(mma, it, nk):
     T.ptx.wgmma.wait_group.sync.aligned(0)
@@ -307,16 +352,24 @@ class Consumer:
         into fresh accumulators, retire, and are added into ``total`` in fp32 (what DeepGEMM and
         CUTLASS do for fp8: Hopper's fp8 wgmma keeps fewer mantissa bits in a long K chain). With
         block ``scales``, ``m0`` (this consumer's first row of the tile) and ``n0`` (the tile's first
-        column) say whose scales: the tile's whole K (slice g is K block g). With ``overlap``, the
-        groups alternate between ``acc`` and ``acc2`` and each one's adds run under the next one's
-        wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two drains; with ``stagger``,
-        odd consumers cut their groups half a group (or run) later (:func:`_run_staggered`)."""
+        column) say whose scales: the tile's whole K (slice g is K block g; with ``overlap``, each
+        slice's scales in the register set of its accumulator set: :func:`_run_block_overlapped`).
+        With ``overlap``, the groups alternate between ``acc`` and ``acc2`` and each one's adds run
+        under the next one's wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two
+        drains; with ``stagger``, odd consumers cut their groups half a group (or run) later
+        (:func:`_run_staggered`)."""
         if self.scales is not None:
             if m0 is None or n0 is None or self.promote != 1 or not isinstance(num_slices, int):
                 raise ValueError("Consumer.run with block scales needs promote=1, a fixed number of slices and the "
                                  "tile's m0 and n0 (fp8.check refuses the knobs; a schedule that runs such a tile "
                                  "must pass them)")
-            _run_block_scaled(self, pos, num_slices, m0, n0)
+            if self.overlap:
+                if self.acc2 is None or self.overlap % 2:
+                    raise ValueError("Consumer.run with block scales and overlap needs the second accumulator set "
+                                     "(acc2) and an even overlap (fp8.check refuses the knobs)")
+                _run_block_overlapped(self, pos, num_slices, m0, n0)
+            else:
+                _run_block_scaled(self, pos, num_slices, m0, n0)
         elif self.promote:
             if (self.overlap and self.acc2 is None) or not isinstance(num_slices, int):
                 raise ValueError("Consumer.run with promote needs a fixed number of slices, and with overlap the "

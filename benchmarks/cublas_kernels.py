@@ -1,0 +1,97 @@
+"""Which cuBLAS kernels ``torch.matmul`` runs at the shapes where ours lose (issue 30's sub-wave
+shapes, issue 31's training dW), with their grids and times: what our split-K alternatives are
+measured against, read off torch's profiler (kernel name, grid, block, microseconds).
+
+    python3 benchmarks/cublas_kernels.py --out out/cublas_kernels.json    # GPU box, torch only
+
+Each shape ``M x N x K`` (:data:`SHAPES`: D = A . B^T, A [M, K] and B [N, K] as our front door
+takes them, or, for a training dW, ``dY^T . X`` on the transposed views the backward passes) runs
+a few times under ``torch.profiler``; every CUDA kernel of the last call is listed. Seconds on an H100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+# (label, M, N, K, layout): "KK" A and B K-major (a forward), "MN" both MN-major (a dW: dY^T . X)
+SHAPES = (
+    ("vit-h fc2 M=333", 333, 1280, 5120, "KK"),
+    ("llama-3.2-1b M=256", 256, 2048, 8192, "KK"),
+    ("phi-3-mini M=128", 128, 3072, 8192, "KK"),
+    ("falcon-7b M=16", 16, 4544, 4544, "KK"),
+    ("llama-8b M=128", 128, 4096, 4096, "KK"),
+    ("350M k/v dW", 512, 2048, 16384, "MN"),
+    ("350M q dW", 2048, 2048, 16384, "MN"),
+)
+CALLS = 5
+
+
+def operands(M: int, N: int, K: int, layout: str):
+    g = torch.Generator(device="cuda").manual_seed(30)
+    if layout == "KK":
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+        b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    else:  # dW = dY^T . X with dY [K, M] and X [K, N] (K = tokens): A = dY^T, B^T = X
+        a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=g).t()
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g).t()
+    return a, b
+
+
+def kernels_of(M: int, N: int, K: int, layout: str) -> list[dict]:
+    a, b = operands(M, N, K, layout)
+    d = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    for _ in range(CALLS):
+        torch.matmul(a, b.t(), out=d)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            torch.matmul(a, b.t(), out=d)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    names: dict = {}
+    for e in events:  # per kernel: calls, mean microseconds, grid and block
+        if e.get("cat") != "kernel":
+            continue
+        args = e.get("args", {})
+        r = names.setdefault(e["name"], {"name": e["name"], "calls": 0, "us": 0.0, "grid": args.get("grid"),
+                                         "block": args.get("block"),
+                                         "registers": args.get("registers per thread"),
+                                         "shared_bytes": args.get("shared memory")})
+        r["calls"] += 1
+        r["us"] += float(e.get("dur", 0.0))
+    for r in names.values():
+        r["us"] = round(r["us"] / r["calls"], 2)
+    return list(names.values())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("cublas_kernels.json"))
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("no CUDA GPU here: run it on the GPU box")
+    rows = []
+    for label, M, N, K, layout in SHAPES:
+        ks = kernels_of(M, N, K, layout)
+        rows.append({"label": label, "M": M, "N": N, "K": K, "layout": layout, "dtype": "bfloat16", "kernels": ks})
+        print(f"{label:20s} {M}x{N}x{K} {layout}: " + "; ".join(
+            f"{k['name'][:100]} grid {k['grid']} block {k['block']} x{k['calls']} {k['us']} us" for k in ks))
+    doc = {"format": "gemm_ladder.cublas_kernels", "version": 1, "gpu": torch.cuda.get_device_name(0),
+           "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
