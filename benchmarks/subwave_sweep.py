@@ -511,7 +511,8 @@ def unpack(archive, into) -> list[str]:
 
 
 def check_all(folder, case_rows: list[dict]) -> dict:
-    """file -> the check's result, every module of every case once, in isolate children."""
+    """file -> the check's result, every module at every M of the cases it serves (a runtime-M module
+    may serve several), in isolate children; a module wrong at any M keeps that M's result."""
     from gemm_ladder.measure import isolate  # pylint: disable=import-outside-toplevel
 
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])  # the child imports us
@@ -519,14 +520,17 @@ def check_all(folder, case_rows: list[dict]) -> dict:
                               for case in case_rows for c in case["configs"]))
     results = isolate.run_batch("subwave_sweep:check_module", todo, [str(folder)], timeout=CHECK_TIMEOUT,
                                 explain=False)
-    out = {}
+    out, right = {}, 0
     for it, res in zip(todo, results):
         res = {**res, "ok": res.get("status") == "ok" and bool(res.get("ok"))}
-        out[parse_item(it)[0]] = res
+        file = parse_item(it)[0]
+        right += res["ok"]
+        if out.get(file, {"ok": True})["ok"]:  # the first wrong M stays
+            out[file] = res
         if not res["ok"]:
             print(f"check {it}: FAIL {res.get('status')} err {res.get('rel_err')} (cuBLAS "
                   f"{res.get('cublas_rel_err')}) {str(res.get('detail', ''))[:300]}", flush=True)
-    print(f"checked {len(todo)} modules: {sum(r['ok'] for r in out.values())} right", flush=True)
+    print(f"checked {len(todo)} (module, M) pairs of {len(out)} modules: {right} right", flush=True)
     return out
 
 

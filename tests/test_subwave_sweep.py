@@ -214,3 +214,25 @@ def test_the_dynm_grid_times_the_small_tile_alternative_at_a_fixed_and_a_runtime
     assert offered in [make_config("v9", p.M, p.N, p.K, **k).knobs() for k in grid.values()]  # what a pack builds
     mn = [c for c in sweep.cases(train_dw=True) if c["layout"] == "MN"][0]
     assert all(not k["dynamic_m"] for _, _, k in sweep.grid_dynm(mn))  # no runtime M with an MN-major A
+
+
+def test_a_runtime_m_module_wrong_at_one_of_its_ms_is_wrong(sweep, monkeypatch, tmp_path):
+    """A module serving two cases (a runtime M) is checked at both M; one wrong M makes it wrong, in
+    whichever order the checks come back."""
+    import os
+
+    from gemm_ladder.measure import isolate
+
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # check_all prepends to it: restored after
+    cases = [{"M": M, "layout": "KK", "configs": [{"file": "m000.so"}, {"file": "m001.so"}]} for M in (333, 768)]
+    for bad in ("m000.so@333@KK", "m000.so@768@KK"):
+        seen = []
+
+        def fake(job, items, args, timeout, explain, bad=bad):
+            seen.extend(items)
+            return [{"status": "ok", "ok": it != bad, "rel_err": 1.0 if it == bad else 1e-3} for it in items]
+        monkeypatch.setattr(isolate, "run_batch", fake)
+        out = sweep.check_all(tmp_path, cases)
+        assert sorted(seen) == ["m000.so@333@KK", "m000.so@768@KK", "m001.so@333@KK", "m001.so@768@KK"]
+        assert not out["m000.so"]["ok"] and out["m000.so"]["rel_err"] == 1.0, bad
+        assert out["m001.so"]["ok"]
