@@ -28,6 +28,10 @@ same memory, ``dY.t() @ X``)::
 
     PYTHONPATH=. .venv/bin/python benchmarks/subwave_sweep.py prepare build/subwave3 --grid small
 
+``--grid dynm``: the alternative that campaign led to (``plan.ALT_SMALL_TILES``) with M fixed and at
+run time, in both runtime-M tile orders (:func:`grid_dynm`). Results of both:
+``results/2026-11-26_h100_subwave_small/``.
+
 ``prepare`` builds them through the module cache and packs the ``.so`` files with their manifests
 into one ``modules.tar.xz`` (a module is ~200 KiB, ~30 KiB compressed: the grid fits the 8 MiB a
 GPU run carries), with ``sweep.json`` listing shapes and configs. ``run`` (TVM runtime and torch

@@ -739,7 +739,10 @@ ALT_RULE = "sub-wave split-k (alternative)"
 # at 12 of the 13 shapes whose 64x128 tiles fit one wave (the 288-tile shapes lose: 0.53-0.56 vs 0.79).
 # Offered beside the choice and the splits, the best of them goes from 0.751 to 0.793 (16 shapes,
 # in-sample); at the 350M step's dW 512x2048x16384 (MN-major: v10 builds no such layout, so the only
-# alternative) 0.947 against the choice's 0.783. cuBLAS stays ahead at every one of them.
+# alternative) 0.947 against the choice's 0.783. cuBLAS stays ahead at every one of them. Two more runs
+# (same folder): a pack with it (runtime M), held out, best alternative 0.735 (0.715 without it), picked
+# at first use at 3 of 11; its runtime-M and fixed-M modules level (0.651 both), ahead of the choice at
+# 11 of 12 again; against the splits the runs disagree by up to ~15% at these 10-20 us kernels.
 SUBWAVE_SMALL = "benchmarks/results/2026-11-26_h100_subwave_small/subwave_small.json"
 ALT_SMALL_TILES: tuple = ((64, 128, 1, 8),)  # blk_m, blk_n, consumers, pipe_depth: best first
 ALT_SMALL_MAX_WAVES = 1  # offered where its tiles fill at most this many waves
