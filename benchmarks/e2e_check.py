@@ -18,11 +18,14 @@ cache that a CUDA graph captures.
   :data:`PREFILL`, and decode at each batch of :data:`DECODE` as one step captured in a CUDA graph
   and replayed (static KV cache of :data:`DECODE_CONTEXT` positions, the new token attending to all);
   torch and ours take turns in alternating rounds, median per-round times;
-- training (``llama-125m``: full depth, 12 layers): from the same initial weights and the same
+- training (:data:`TRAINS`, picked by ``prepare --train MODEL``: ``llama-125m``, full depth, 12
+  layers at 8 x 512 tokens, host-bound, by default; ``llama-350m``, 5 layers of width 2048 at
+  16 x 1024 tokens, GPU-bound, the arithmetic beside :data:`TRAINS`): from the same initial
+  weights and the same
   batches (a fixed seed; sequences that walk a few fixed strides through part of the vocabulary,
   so the loss falls), AdamW with fp32 master weights under bf16 autocast (what mixed-precision
-  training runs: the GEMMs in bf16, the optimizer state and updates in fp32), ``TRAIN["steps"]``
-  (150) steps of torch, ours and a yardstick run (torch from weights perturbed by 1e-3 relative noise:
+  training runs: the GEMMs in bf16, the optimizer state and updates in fp32), the run's ``steps``
+  (150; 200) of torch, ours and a yardstick run (torch from weights perturbed by 1e-3 relative noise:
   how far two runs that differ only by rounding-size changes drift apart), taking turns by blocks
   of :data:`TRAIN_BLOCK` steps; ``loss_ok`` per :func:`loss_ok`; step time the median over the
   blocks after warm-up, each timed between GPU synchronisations (see :data:`TRAIN_BLOCK`);
@@ -34,9 +37,10 @@ cache that a CUDA graph captures.
   shape's first call and keeps the faster (:data:`FRONT_MODES`);
 - ``--fuse`` (``prepare --fuse``, then ``run --fuse``): ours is patched with
   ``gemm_ladder.nn.patch(model, fuse=True)``: each MLP's gate, up and silu run as one gated kernel
-  (``torch.ops.gemm_ladder.swiglu``); its backward recomputes ``x . W_gu^T`` and takes dX and dW
-  over the fused [.., 2I] gradient (:func:`fused_gemms`). The plan then holds those GEMMs too, so
-  one prepared folder runs both ways.
+  (``torch.ops.gemm_ladder.swiglu``) where no gradient is recorded; in training gate and up are
+  one GEMM ``x . W_gu^T`` whose output the backward keeps (``SwiGLUMLP.recompute`` False), and
+  dX and dW are taken over the fused [.., 2I] gradient (:func:`fused_gemms`). The plan then holds
+  those GEMMs too, so one prepared folder runs both ways.
 
     PYTHONPATH=. .venv/bin/python benchmarks/e2e_check.py prepare build/e2e                  # build box
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 GEMM_LADDER_PACK=build/e2e \\
@@ -44,7 +48,11 @@ cache that a CUDA graph captures.
 
 ``prepare`` builds one kernel pack (through the module cache) holding every GEMM the runs make --
 :func:`pack_requests` of :func:`plan` -- and writes the plan to ``e2e.json`` beside ``pack.json``;
-``run`` needs the TVM runtime and torch only.
+``run`` needs the TVM runtime and torch only. The GPU-bound training run alone, fused and not
+(one folder runs both)::
+
+    PYTHONPATH=. .venv/bin/python benchmarks/e2e_check.py prepare build/e2e_350 --train llama-350m --phase train --fuse
+    ... python3 benchmarks/e2e_check.py run build/e2e_350 --phase train [--fuse] --out out/e2e_train_350.json
 """
 
 from __future__ import annotations
@@ -128,6 +136,9 @@ CONFIGS = {
                           vocab=128256),
     # a full-depth ~125M model to train (untied: the LM head's dX and dW are GEMMs of their own)
     "llama-125m": Config("llama-125m", hidden=768, layers=12, heads=12, kv_heads=4, intermediate=2048, vocab=32000,
+                         rope_theta=10000.0),
+    # a wide, shallow ~357M model to train where the GPU, not the host, bounds the step (see TRAINS)
+    "llama-350m": Config("llama-350m", hidden=2048, layers=5, heads=16, kv_heads=4, intermediate=5632, vocab=32000,
                          rope_theta=10000.0),
 }
 
@@ -303,6 +314,34 @@ DECODE_CONTEXT = 1024  # cache positions; the timed step is the last, attending 
 CHECK_PREFILL = (1, 512)  # the prefill the correctness check runs (one of PREFILL: its modules are built)
 CHECK_DECODE = 8  # likewise one of DECODE
 TRAIN = {"model": "llama-125m", "batch": 8, "seq": 512, "steps": 150, "warmup": 20, "lr": 6e-4, "seed": 31}
+# The training runs ``--train MODEL`` picks (``TRAIN``, the 125M run, by default; both are reported).
+#
+# llama-125m at 8 x 512 is host-bound: ~50 ms of host a step (12 layers, 85 linears) against ~21 ms
+# of GPU, so its ratio measures the host path. llama-350m (357M parameters, Config.params) is sized
+# so the GPU bounds the step, as in a real run on one H100:
+#   GEMMs: 6 x 291.5M (the parameters a GEMM touches: all but the 65.5M embedding) x 16384 tokens
+#          = 2.87e13 flop -> ~57 ms at ~500 TFLOPS (bf16 dense, forward + dX + dW);
+#   attention (causal, flash): fwd 2 x B x S^2 x hidden a layer = 2 x 16 x 1024^2 x 2048 = 6.9e10,
+#          x 3.5 with the backward, x 5 layers = 1.2e12 -> ~3 ms at ~400 TFLOPS;
+#   the rest (RMSNorm and rotary in fp32, cross entropy over 16384 x 32000 fp32 logits, fused AdamW
+#          over 357M fp32 parameters: ~28 bytes a parameter = 10 GB) -> ~10 ms at ~3 TB/s;
+#   GPU ~70 ms a step against host ~4 ms a layer-block (the 125M run's 50 ms / 12 layers) x 5
+#          + the head, loss and optimizer ~5 ms = ~25 ms: the GPU time is ~3x the host time.
+# Wide and shallow: 5 layers of width 2048 put 36 linears a step on the host (the 125M model: 85)
+# for 4x its GEMM flops a token. 16 x 1024 tokens: a batch a 350M run uses on one GPU (GPT-3's
+# 350M trained on 0.5M-token batches, i.e. 32 of these by gradient accumulation), ~30 GB of memory
+# for the three models (fp32 weights, gradients, AdamW state: 16 bytes a parameter) plus one
+# step's activations. lr 3e-4: GPT-3's for its 350M model. 200 steps x 3 runs x ~75 ms ~ 45 s.
+# The loss rule (loss_ok) holds as derived for any model: its tolerance is a fraction of the loss
+# (LOSS_TOL) or a multiple of the drift of the yardstick run of the same model on the same batches
+# (LOSS_YARDSTICK_X), not a number fitted to the 125M run; 200 steps leave the last LOSS_LAST
+# compared after 150 steps of falling.
+TRAINS = {
+    "llama-125m": TRAIN,
+    "llama-350m": {"model": "llama-350m", "batch": 16, "seq": 1024, "steps": 200, "warmup": 20, "lr": 3e-4,
+                   "seed": 31, "deadline_s": 300},
+}
+PHASES = ("inference", "train")
 LOSS_WINDOW, LOSS_LAST = 10, 50  # moving-average window, and the last steps compared
 LOSS_TOL = 0.02  # the least tolerance of loss_ok, as a fraction of torch's loss (see loss_ok)
 LOSS_YARDSTICK_X = 3.0  # ...or this many times the yardstick run's drift, where that is larger
@@ -319,17 +358,19 @@ TRAIN_TIMING = f"wall clock per step, blocks of {TRAIN_BLOCK} steps between GPU 
 
 _MODEL = Obj({"name": Str(), **{k: Int(lo=1) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate",
                                                           "vocab")}})
+_INFERENCE = Obj({"models": List(Str(), min_len=1),
+                  "prefill": List(List(Int(lo=1), length=2)),
+                  "decode": List(Int(lo=1)), "decode_context": Int(lo=2),
+                  "check_prefill": List(Int(lo=1), length=2), "check_decode": Int(lo=1)})
+# a plan holds "inference" unless its "phases" leave it out (a training-only pack: prepare --phase train)
 PLAN_SCHEMA = Obj({"format": Str([FORMAT]),
                    "models": Map(_MODEL),
-                   "inference": Obj({"models": List(Str(), min_len=1),
-                                     "prefill": List(List(Int(lo=1), length=2)),
-                                     "decode": List(Int(lo=1)), "decode_context": Int(lo=2),
-                                     "check_prefill": List(Int(lo=1), length=2), "check_decode": Int(lo=1)}),
                    "train": Obj({"model": Str(), "batch": Int(lo=1), "seq": Int(lo=2),
-                                 "steps": Int(lo=LOSS_LAST + LOSS_WINDOW), "warmup": Int(lo=0)}),
+                                 "steps": Int(lo=LOSS_LAST + LOSS_WINDOW), "warmup": Int(lo=0)},
+                                optional={"deadline_s": Int(lo=1)}),
                    "gemms": List(Obj({"layout": Str(["KK", "KN", "MN"]), "M": Int(lo=1), "N": Int(lo=1),
                                       "K": Int(lo=1), "why": Str()}, optional={"epilogue": Str(["swiglu"])}))},
-                  optional={"fuse": Bool()})
+                  optional={"fuse": Bool(), "inference": _INFERENCE, "phases": List(Str(list(PHASES)), min_len=1)})
 LAYOUTS = {"KK": ("K", "K"), "KN": ("K", "N"), "MN": ("M", "N")}  # forward, dX = dY . W, dW = dY^T . X
 
 
@@ -353,7 +394,8 @@ def backward_gemms(cfg: Config, rows: int) -> dict[str, list[tuple[int, int, int
 def fused_gemms(cfg: Config, rows: int, backward: bool = False) -> dict[tuple[str, str], list[tuple[int, int, int]]]:
     """(layout, epilogue) -> (M, N, K) of the fused MLP (``patch(model, fuse=True)``) over ``rows``
     tokens: the gated forward over W_gu = cat([Wg, Wu]) [2I, H] (N = 2I: the kernel reads both
-    halves); with ``backward``, ``ops.swiglu_grads``' recompute of ``x . W_gu^T`` (plain, KK), dX =
+    halves); with ``backward``, ``x . W_gu^T`` plain (KK: training's forward, whose output the
+    backward keeps, or ``ops.swiglu_grads``' recompute of it under ``SwiGLUMLP.recompute``), dX =
     dh . W_gu (KN, K = 2I) and dW_gu = dh^T . x (MN)."""
     gu, h = 2 * cfg.intermediate, cfg.hidden
     out = {("KK", "swiglu"): [(rows, gu, h)]}
@@ -362,10 +404,18 @@ def fused_gemms(cfg: Config, rows: int, backward: bool = False) -> dict[tuple[st
     return out
 
 
-def plan(fuse: bool = False) -> dict:
+def plan(fuse: bool = False, train_model: str = TRAIN["model"], phases=PHASES) -> dict:
     """What ``prepare`` writes to :data:`PLAN_FILE`: the models, the runs, and every GEMM they make
-    (``fuse``: those of the fused model too, :func:`fused_gemms`; entries with an ``epilogue``)."""
-    tr = CONFIGS[TRAIN["model"]]
+    (``fuse``: those of the fused model too, :func:`fused_gemms`; entries with an ``epilogue``).
+    ``train_model``: the training run of :data:`TRAINS`; ``phases``: those the plan holds (a pack
+    of only the training GEMMs is a fraction of the size: ``prepare --phase train``)."""
+    if train_model not in TRAINS:
+        raise ValueError(f"no training run for model {train_model!r}: pick one of {', '.join(TRAINS)}")
+    bad = [p for p in phases if p not in PHASES]
+    if bad or not phases:
+        raise ValueError(f"phases {list(phases)}: pick one or more of {', '.join(PHASES)}")
+    train_run = TRAINS[train_model]
+    tr = CONFIGS[train_model]
     gemms: dict = {}
 
     def add(layout, shapes, why, epilogue="none"):
@@ -376,7 +426,7 @@ def plan(fuse: bool = False) -> dict:
         for (layout, epilogue), shapes in fused_gemms(cfg, rows, backward).items():
             add(layout, shapes, f"{why} (fused MLP)", epilogue)
 
-    for inf in (CONFIGS[n] for n in INFER_MODELS):
+    for inf in (CONFIGS[n] for n in (INFER_MODELS if "inference" in phases else ())):
         for b, s in PREFILL:
             add("KK", forward_gemms(inf, b * s, head_rows=b), f"{inf.name} prefill {b}x{s}")
             if fuse:
@@ -385,18 +435,20 @@ def plan(fuse: bool = False) -> dict:
             add("KK", forward_gemms(inf, b), f"{inf.name} decode {b}")
             if fuse:
                 add_fused(inf, b, f"{inf.name} decode {b}")
-    rows = TRAIN["batch"] * TRAIN["seq"]
-    add("KK", forward_gemms(tr, rows), "train forward")
-    for layout, shapes in backward_gemms(tr, rows).items():
-        add(layout, shapes, f"train backward {'dX' if layout == 'KN' else 'dW'}")
-    if fuse:
-        add_fused(tr, rows, "train", backward=True)
-    return {"format": FORMAT, **({"fuse": True} if fuse else {}),
+    if "train" in phases:
+        rows = train_run["batch"] * train_run["seq"]
+        add("KK", forward_gemms(tr, rows), f"train forward ({tr.name})")
+        for layout, shapes in backward_gemms(tr, rows).items():
+            add(layout, shapes, f"train backward {'dX' if layout == 'KN' else 'dW'} ({tr.name})")
+        if fuse:
+            add_fused(tr, rows, f"train ({tr.name})", backward=True)
+    inference = {"inference": {"models": list(INFER_MODELS), "prefill": [list(p) for p in PREFILL],
+                               "decode": list(DECODE), "decode_context": DECODE_CONTEXT,
+                               "check_prefill": list(CHECK_PREFILL), "check_decode": CHECK_DECODE}}
+    return {"format": FORMAT, **({"fuse": True} if fuse else {}), "phases": list(phases),
             "models": {n: dataclasses.asdict(c) for n, c in CONFIGS.items()},
-            "inference": {"models": list(INFER_MODELS), "prefill": [list(p) for p in PREFILL], "decode": list(DECODE),
-                          "decode_context": DECODE_CONTEXT,
-                          "check_prefill": list(CHECK_PREFILL), "check_decode": CHECK_DECODE},
-            "train": dict(TRAIN),
+            **(inference if "inference" in phases else {}),
+            "train": dict(train_run),
             "gemms": [{"layout": lay, "M": M, "N": N, "K": K, "why": why, **({"epilogue": ep} if ep != "none" else {})}
                       for (lay, M, N, K, ep), why in sorted(gemms.items())]}
 
@@ -503,8 +555,9 @@ def geomean(xs) -> float | None:
 
 
 # -- prepare (build box) ------------------------------------------------------------------------
-def prepare(out, sms: int, workers: int | None = None, fuse: bool = False) -> int:
-    doc = plan(fuse)
+def prepare(out, sms: int, workers: int | None = None, fuse: bool = False, train_model: str = TRAIN["model"],
+            phases=PHASES) -> int:
+    doc = plan(fuse, train_model, phases)
     results = []
     for req in pack_requests(doc):
         man = build_pack(out, req["shapes"], req["dtypes"], arch=ARCH, sms=sms, workers=workers,
@@ -664,11 +717,21 @@ def phase_job(item: str, args) -> dict:
     return inference(doc, item.partition(":")[2], fuse=fuse)
 
 
-def phases_of(doc: dict, only=("inference", "train")) -> list[str]:
+def phases_of(doc: dict, only=PHASES) -> list[str]:
     """The isolated phases of the plan (each a child process): inference of each model, training;
-    ``only``: those kinds."""
-    items = [f"inference:{m}" for m in doc["inference"]["models"]] + ["train"]
+    ``only``: those kinds (of those the plan holds: its ``phases``, both where it does not say)."""
+    held = doc.get("phases", PHASES)
+    items = ([f"inference:{m}" for m in doc["inference"]["models"]] if "inference" in held else []) + \
+        (["train"] if "train" in held else [])
     return [i for i in items if i.partition(":")[0] in only]
+
+
+def deadline(doc: dict, phase: str) -> float:
+    """Seconds ``phase``'s child may run: :data:`PHASE_TIMEOUT`, or the training run's own
+    ``deadline_s`` where it sets one (a larger model's steps take longer)."""
+    if phase == "train":
+        return float(doc["train"].get("deadline_s", PHASE_TIMEOUT["train"]))
+    return PHASE_TIMEOUT[phase.partition(":")[0]]
 
 
 def _row(phase: str, cfg: Config, batch: int, tokens: int, ms: dict, t0: float, **extra) -> dict:
@@ -809,7 +872,8 @@ def train(doc: dict, dev: str = "cuda", fuse: bool = False) -> dict:
 
 
 # -- run ----------------------------------------------------------------------------------------
-PHASE_TIMEOUT = {"inference": 150.0, "train": 90.0}  # seconds a phase's child may go without a result
+# seconds a phase's child may run (a training run of TRAINS may set its own: deadline)
+PHASE_TIMEOUT = {"inference": 150.0, "train": 90.0}
 
 
 def table(rows: list[dict]) -> str:
@@ -841,13 +905,25 @@ def summarize(results: dict, rows: list[dict]) -> dict:
     return out
 
 
-def run(folder, out, only=("inference", "train"), mode: str = "strict", fuse: bool = False) -> int:
+def run(folder, out, only=PHASES, mode: str = "strict", fuse: bool = False, train_model: str | None = None) -> int:
     """Each phase in a child with its deadline (``fuse``: ours patched with ``fuse=True``); writes
-    ``out``. 0 once written, 2 where it cannot run (``phase_runs.checked_plan`` says why)."""
+    ``out``. 0 once written, 2 where it cannot run (``phase_runs.checked_plan`` says why).
+    ``train_model``: the training run the caller expects the plan to hold (prepare's ``--train``
+    chose it; a plan of another model is refused rather than reported under the wrong name)."""
     def read(fix):
         doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", fix, PLAN_SCHEMA)
-        for name in [*doc["inference"]["models"], doc["train"]["model"]]:
+        for name in [*doc.get("inference", {}).get("models", []), doc["train"]["model"]]:
             config_of(doc, name)  # a model the plan lacks: ValueError
+        if "inference" in doc.get("phases", PHASES) and "inference" not in doc:
+            raise ValueError(f"the plan in {folder} runs inference but has no inference section: {fix}")
+        held = doc.get("phases", PHASES)
+        if not phases_of(doc, only):
+            raise ValueError(f"the plan in {folder} holds only the phase(s) {', '.join(held)}, not "
+                             f"{', '.join(only)}: run with --phase {held[0]}, or prepare {folder} again with "
+                             f"--phase {only[0]} on the build box")
+        if train_model is not None and "train" in only and doc["train"]["model"] != train_model:
+            raise ValueError(f"--train {train_model}: the plan in {folder} trains {doc['train']['model']}: run "
+                             f"benchmarks/e2e_check.py prepare {folder} --train {train_model} on the build box")
         if fuse and not doc.get("fuse"):
             raise ValueError(f"the plan in {folder} has no fused-MLP GEMMs: run benchmarks/e2e_check.py prepare "
                              f"{folder} --fuse on the build box")
@@ -860,7 +936,7 @@ def run(folder, out, only=("inference", "train"), mode: str = "strict", fuse: bo
     start, gpu = time.time(), harness.gpu_info()
     args = [str(folder), mode] + (["fuse"] if fuse else [])
     results, rows = phase_runs.run_phases(phase_runs.job_of(__name__, "e2e_check"), phases_of(doc, only), args,
-                                          lambda phase: PHASE_TIMEOUT[phase.partition(":")[0]], phase_line, Sampler())
+                                          lambda phase: deadline(doc, phase), phase_line, Sampler())
     phase_runs.write_results(out, FORMAT, gpu, start, __doc__.split("\n\n")[2].strip(),
                              {"mode": mode, "env": FRONT_MODES[mode]}, summarize(results, rows), results, rows, table,
                              fuse=fuse)
@@ -875,21 +951,27 @@ def main(argv=None) -> int:
     pr.add_argument("--sms", type=cli_types.count, default=132, help="SM count the policy plans for (H100 SXM)")
     pr.add_argument("--workers", type=cli_types.count, default=None)
     pr.add_argument("--fuse", action="store_true", help="also the GEMMs of the fused model (run --fuse)")
+    pr.add_argument("--train", choices=list(TRAINS), default=TRAIN["model"],
+                    help=f"the training run's model (default {TRAIN['model']}: host-bound; llama-350m: GPU-bound)")
+    pr.add_argument("--phase", choices=PHASES, action="append",
+                    help="only the GEMMs of these phases (default both; --phase train: a training-only pack)")
     r = phase_runs.add_run_parser(sub, help="GPU box: inference and training, torch against patched",
                                   folder_help="the folder prepare built", out="e2e_check.json",
                                   front_modes=FRONT_MODES,
                                   front_help="strict: every patched GEMM ours (default); measured: the front "
                                              "door's timed choice, torch's matmul where it is faster")
-    r.add_argument("--phase", choices=("inference", "train"), action="append", help="only these phases (default both)")
+    r.add_argument("--phase", choices=PHASES, action="append", help="only these phases (default: the plan's)")
+    r.add_argument("--train", choices=list(TRAINS), default=None,
+                   help="the training run's model the plan must hold (prepare --train chose it; default: the plan's)")
     r.add_argument("--fuse", action="store_true",
                    help="patch ours with gemm_ladder.nn.patch(model, fuse=True): SwiGLU MLPs on the gated kernel "
                         "(the folder from prepare --fuse)")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        return prepare(a.out, a.sms, a.workers, a.fuse)
+        return prepare(a.out, a.sms, a.workers, a.fuse, a.train, tuple(a.phase or PHASES))
     if "e2e" not in Path(a.out).name:
         p.error(f"--out {a.out}: the results file's name must contain 'e2e' (issue 31's results format)")
-    return run(a.folder, a.out, tuple(a.phase or ("inference", "train")), a.front, a.fuse)
+    return run(a.folder, a.out, tuple(a.phase or PHASES), a.front, a.fuse, a.train)
 
 
 if __name__ == "__main__":

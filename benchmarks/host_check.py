@@ -74,13 +74,17 @@ DTYPE = torch.bfloat16
 
 
 # -- what is measured (no GPU) --------------------------------------------------------------------
-def call_cases(cfg: e2e_check.Config, rows: int) -> list[dict]:
+def call_cases(cfg: e2e_check.Config, rows: int, fused: bool = False) -> list[dict]:
     """The GEMMs of a training step's layers, one per distinct weight [N, K] and op: ``fwd``
     (rows x N x K, A and B K-major), ``dX`` (rows x K x N: dY . W, W read as it lies, an MN-major
-    B) and ``dW`` (N x K x rows: dY^T . X, both MN-major); ``layers`` names the weights of that shape."""
+    B) and ``dW`` (N x K x rows: dY^T . X, both MN-major); ``layers`` names the weights of that shape.
+    ``fused`` (a plan prepared with ``--fuse``): also the fused MLP's W_gu [2I, H] (``gate_up``),
+    whose three GEMMs the fused model's training step makes in place of gate's and up's."""
     names: dict = {}
     for name, w in cfg.linears().items():
         names.setdefault(w, []).append(name)
+    if fused:
+        names.setdefault((2 * cfg.intermediate, cfg.hidden), []).append("gate_up")
     cases = []
     for (n_out, k_in), layers in sorted(names.items()):
         for op, layout, shape in (("fwd", "KK", (rows, n_out, k_in)), ("dX", "KN", (rows, k_in, n_out)),
@@ -160,7 +164,7 @@ def calls_phase(doc: dict, dev: str = "cuda", rounds: int = ROUNDS) -> dict:
     g = torch.Generator(device=dev).manual_seed(31)
     tensors: dict = {}
     rows = []
-    for case in call_cases(cfg, rows_n):
+    for case in call_cases(cfg, rows_n, fused=doc.get("fuse", False)):
         n_out, k_in = case["weight"]
         if (n_out, k_in) not in tensors:
             tensors.clear()  # one weight's tensors at a time
@@ -314,6 +318,12 @@ def table(rows: list[dict]) -> str:
     return fmt(out, list(out[0])) if out else "no rows"
 
 
+def deadline(doc: dict, phase: str) -> float:
+    """Seconds ``phase``'s child may take: :data:`PHASE_TIMEOUT`, scaled as the plan's training run
+    scales its own (``e2e_check.deadline``: a larger model's GEMMs and steps take longer)."""
+    return PHASE_TIMEOUT[phase] * e2e_check.deadline(doc, "train") / e2e_check.PHASE_TIMEOUT["train"]
+
+
 def run(folder, out, mode: str = "strict") -> int:
     """Each phase in a child with its deadline; writes ``out``. 0 once written, 2 where it cannot
     run (``phase_runs.checked_plan`` says why)."""
@@ -325,7 +335,7 @@ def run(folder, out, mode: str = "strict") -> int:
         return 2
     start, gpu = time.time(), harness.gpu_info()
     results, rows = phase_runs.run_phases(
-        phase_runs.job_of(__name__, "host_check"), PHASES, [str(folder), mode], PHASE_TIMEOUT.get,
+        phase_runs.job_of(__name__, "host_check"), PHASES, [str(folder), mode], lambda phase: deadline(doc, phase),
         lambda phase, res: f"{phase}: {res.get('status')} {str(res.get('detail', ''))[-300:]}", Sampler())
     phase_runs.write_results(out, FORMAT, gpu, start, __doc__.split("\n\n")[2].strip(),
                              {"mode": mode, "env": e2e_check.FRONT_MODES[mode]}, summarize(rows), results, rows, table)

@@ -18,6 +18,20 @@ layout, which the dW kernels' schedule shares). Per shape, modules of one M (:fu
 - ``v11 sS``: swap-AB split-K where M <= 256;
 - and any extra variant :data:`VARIANTS` names (a new knob, measured beside the old path).
 
+``prepare --grid small`` (issues 30/31: what cuBLAS runs at these shapes is one wave of small tiles,
+deep rings and clusters, no split: ``benchmarks/results/2026-11-26_h100_cublas_kernels/``): the policy,
+the split-K alternatives a pack carries beside it (``plan.alternatives``, labelled ``alt``) and v9 without a
+split in 64x64 / 64x128 / 128x64 tiles at rings down to what shared memory holds, over the clusters
+v9 validates (:func:`grid_small`), at the 14 shapes and the 350M training step's two dW GEMMs in
+their own layout (both operands MN-major: :data:`TRAIN_DW_CASES`, where cuBLAS is timed on the
+same memory, ``dY.t() @ X``)::
+
+    PYTHONPATH=. .venv/bin/python benchmarks/subwave_sweep.py prepare build/subwave3 --grid small
+
+``--grid dynm``: the alternative that campaign led to (``plan.ALT_SMALL_TILES``) with M fixed and at
+run time, in both runtime-M tile orders (:func:`grid_dynm`). Results of both:
+``results/2026-11-26_h100_subwave_small/``.
+
 ``prepare`` builds them through the module cache and packs the ``.so`` files with their manifests
 into one ``modules.tar.xz`` (a module is ~200 KiB, ~30 KiB compressed: the grid fits the 8 MiB a
 GPU run carries), with ``sweep.json`` listing shapes and configs. ``run`` (TVM runtime and torch
@@ -51,6 +65,7 @@ from subwave_check import case_list  # noqa: E402  (the 11 sub-wave shapes)
 from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.core.config import ConfigError  # noqa: E402
 from gemm_ladder.core.records import Bool, Int, List, Obj, Str, ANY, read_json  # noqa: E402
+from gemm_ladder.core.spec import OPERAND_LAYOUTS, GemmSpec, spec_knobs  # noqa: E402
 from gemm_ladder.rungs import make_config  # noqa: E402
 
 FORMAT = "gemm_ladder.subwave_sweep"
@@ -60,6 +75,9 @@ SMS = 132  # the H100 SXM the grid is planned for
 ARCH = "sm_90a"
 # the backward's dW GEMMs of a 768-wide model with a 3072-wide MLP over 4096 tokens (issue 31)
 DW_CASES = ((768, 768, 4096), (768, 3072, 4096), (3072, 768, 4096))
+# the dW GEMMs of the 350M training step that run under cuBLAS (0.717x and 0.943x as calls,
+# /work/handoff/train3.txt): dY^T . X, both operands MN-major (layout ``MN``: A [K, M], B [K, N])
+TRAIN_DW_CASES = ((512, 2048, 16384), (2048, 2048, 16384))
 SPLITS = (2, 3, 4, 6, 8)
 # (blk_m, blk_n, consumers, pipe_depth): the ring deepens where a stage is smaller
 TILES = ((128, 128, 2, 4), (128, 256, 2, 4), (128, 64, 2, 6), (64, 128, 1, 6))
@@ -76,17 +94,29 @@ CUBLAS = "cublas"
 
 CONFIG_SCHEMA = Obj({"label": Str(), "file": Str(), "rung": Str(), "knobs": ANY, "units": Int(lo=0)})
 CASE_SCHEMA = Obj({"family": Str(), "layer": Str(), "held_out": Bool(), "M": Int(lo=1), "N": Int(lo=1),
-                   "K": Int(lo=1), "dtype": Str(), "configs": List(CONFIG_SCHEMA, min_len=1)})
+                   "K": Int(lo=1), "dtype": Str(), "configs": List(CONFIG_SCHEMA, min_len=1)},
+                  {"layout": Str(list(OPERAND_LAYOUTS))})  # absent in plans written before: KK
 PLAN_SCHEMA = Obj({"format": Str([FORMAT]), "cases": List(CASE_SCHEMA, min_len=1)})
 
 
 # -- the grid (no GPU, no compiler: the arithmetic) ----------------------------------------------------
-def cases() -> list[dict]:
-    """The 11 sub-wave shapes and the dW shapes (family ``dW``, held out: no rule was fitted on them)."""
-    out = case_list()
-    out += [{"family": "dW", "layer": f"{M}x{N}", "held_out": True, "M": M, "N": N, "K": K, "dtype": "bfloat16"}
-            for M, N, K in DW_CASES]
+def cases(train_dw: bool = False) -> list[dict]:
+    """The 11 sub-wave shapes and the dW shapes (family ``dW``, held out: no rule was fitted on them),
+    all in the forward's layout (``KK``); with ``train_dw`` also :data:`TRAIN_DW_CASES` in theirs."""
+    out = [{**c, "layout": "KK"} for c in case_list()]
+    out += [{"family": "dW", "layer": f"{M}x{N}", "held_out": True, "M": M, "N": N, "K": K, "dtype": "bfloat16",
+             "layout": "KK"} for M, N, K in DW_CASES]
+    if train_dw:
+        out += [{"family": "dW-350M", "layer": f"{M}x{N}", "held_out": True, "M": M, "N": N, "K": K,
+                 "dtype": "bfloat16", "layout": "MN"} for M, N, K in TRAIN_DW_CASES]
     return out
+
+
+def spec_knobs_of(case: dict) -> dict:
+    """The ``spec`` knob of a case's operand layout (none for the forward's ``KK``)."""
+    a_major, b_major = OPERAND_LAYOUTS[case.get("layout", "KK")]
+    dtype = case["dtype"]
+    return spec_knobs(GemmSpec(a=dtype, b=dtype, d=dtype, a_major=a_major, b_major=b_major))
 
 
 def units_of(M: int, N: int, blk_m: int, blk_n: int, split: int, cluster=(1, 1)) -> int:
@@ -168,7 +198,76 @@ def grid_depth(case: dict) -> list[tuple[str, str, dict]]:
     return out
 
 
-GRIDS = {"full": grid, "depth": grid_depth}
+# ``--grid small`` (issues 30/31): v9 without split-K in the small tiles and deep rings cuBLAS runs at
+# these shapes (torch's profiler, benchmarks/results/2026-11-26_h100_cublas_kernels/: nvjet 64x64 at 13
+# stages in 2x1 and 4x2 clusters, 64x56 at 14, 128x64 at 8 in 1x2, 256x128 at 4 in 1x2 for the 2048-wide dW), one
+# wave of small tiles instead of a split. (blk_m, blk_n, consumers, ring depths, clusters): ``all``
+# times every cluster of whole tiles at the deepest ring, ``pair`` the first of :func:`_clusters`
+# (a pair along M, else along N, else none) at each depth. Depths stop at what shared memory holds
+# beside v9's staging buffers (``budget.max_pipe_depth``: 13 stages of 64x64, 8 of 64x128 or 128x64,
+# 6 of 128x128, 4 of 128x256, 3 of 256x128 on an H100).
+SMALL_TILES = ((64, 64, 1, (8, 10, 12), "all"), (64, 128, 1, (8,), "all"), (128, 64, 1, (8,), "pair"),
+               (128, 64, 2, (8,), "pair"))
+# and at the training dW shapes (MN-major, K = 16384, two to eight waves of 128x128): the larger
+# tiles at their deepest rings, with the cluster cuBLAS takes (1x2)
+DW_TILES = ((128, 128, 2, (6,), "all"), (128, 256, 2, (4,), "pair"), (256, 128, 2, (3,), "all"))
+CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
+
+
+def grid_small(case: dict) -> list[tuple[str, str, dict]]:
+    """``(label, rung, knobs)`` for ``--grid small``: v9 (no split) in :data:`SMALL_TILES` (and
+    :data:`DW_TILES` where the operands are MN-major), each valid for the case's problem and layout,
+    labelled ``v9 BMxBN wW pD CMxCN``."""
+    M, N, K, dtype = case["M"], case["N"], case["K"], case["dtype"]
+    base = {"dtype": dtype, "arch": ARCH, **spec_knobs_of(case)}
+    out = []
+    for bm, bn, w, depths, which in SMALL_TILES + (DW_TILES if case.get("layout", "KK") == "MN" else ()):
+        rows, cols = math.ceil(M / bm), math.ceil(N / bn)
+        whole = [c for c in CLUSTERS if rows % c[0] == 0 and cols % c[1] == 0]  # no cluster runs a tile of nothing
+        for d in depths:
+            every = which == "all" and d == depths[-1]
+            for cm, cn in (whole if every else _clusters(rows, cols)):
+                knobs = {**base, "blk_m": bm, "blk_n": bn, "num_warpgroups": w, "pipe_depth": d,
+                         "cluster_m": cm, "cluster_n": cn}
+                try:  # the depth too: check_pipe_depth counts the ring beside v9's staging buffers
+                    make_config("v9", M, N, K, **knobs)
+                except ConfigError:  # e.g. an MN-major operand's 64-row tile cannot be multicast in halves
+                    continue
+                out.append((f"v9 {bm}x{bn} w{w} p{d} {cm}x{cn}", "v9", knobs))
+                if not every:
+                    break
+    return out
+
+
+# ``--grid dynm``: the small-tile alternative plan.alternatives offers (v9 64x128, one consumer, 8
+# stages, a pair of whole tiles) with M fixed and at run time (what a pack builds), in both tile orders
+# a runtime M takes: its runtime-M module ran 10-20% slower than the fixed-M one at three shapes
+# (results/2026-11-26_h100_subwave_small/)
+DYNM_ORDERS = ("snake", "grouped")
+
+
+def grid_dynm(case: dict) -> list[tuple[str, str, dict]]:
+    """``(label, rung, knobs)`` for ``--grid dynm``: v9 64x128 p8 in the first cluster of whole
+    tiles v9 validates, fixed and runtime M (``dynamic_m``), in :data:`DYNM_ORDERS`; labelled
+    ``v9 64x128 p8 CMxCN ORDER fixed|anyM``."""
+    M, N, K, dtype = case["M"], case["N"], case["K"], case["dtype"]
+    base = {"dtype": dtype, "arch": ARCH, **spec_knobs_of(case), "blk_m": 64, "blk_n": 128, "num_warpgroups": 1,
+            "pipe_depth": 8}
+    out = []
+    for order in DYNM_ORDERS:
+        for dyn in (False, True):
+            for cm, cn in _clusters(math.ceil(M / 64), math.ceil(N / 128)):
+                knobs = {**base, "cluster_m": cm, "cluster_n": cn, "tile_order": order, "dynamic_m": dyn}
+                try:
+                    make_config("v9", M, N, K, **knobs)
+                except ConfigError:  # e.g. no runtime M with an MN-major A
+                    continue
+                out.append((f"v9 64x128 p8 {cm}x{cn} {order} {'anyM' if dyn else 'fixed'}", "v9", knobs))
+                break
+    return out
+
+
+GRIDS = {"full": grid, "depth": grid_depth, "small": grid_small, "dynm": grid_dynm}
 
 
 def geomean(xs) -> float | None:
@@ -193,6 +292,7 @@ def make_row(case: dict, checks: dict, times: dict | None) -> dict:
     best = max(timed, key=lambda c: c["ratio"]) if timed else None
     policy = next((c for c in configs if c["label"] == "policy"), None)
     row = {k: case[k] for k in ("family", "layer", "held_out", "M", "N", "K", "dtype")}
+    row["layout"] = case.get("layout", "KK")
     row.update(correct=all(c["correct"] for c in configs), cublas_us=cub * 1e3 if cub else None,
                best=best["label"] if best else None, best_ratio=best["ratio"] if best else None,
                policy_ratio=policy["ratio"] if policy else None,
@@ -225,7 +325,8 @@ def table(rows: list[dict]) -> str:
     def f3(x):
         return f"{x:.3f}" if x is not None else "-"
 
-    out = [{"shape": f"{r['M']}x{r['N']}x{r['K']} {r['dtype'][:4]}", "ok": "yes" if r["correct"] else "NO",
+    out = [{"shape": f"{r['M']}x{r['N']}x{r['K']} {r['dtype'][:4]} {r.get('layout', 'KK')}",
+            "ok": "yes" if r["correct"] else "NO",
             "cuBLAS us": f"{r['cublas_us']:.1f}" if r["cublas_us"] else "-", "policy": f3(r["policy_ratio"]),
             "best": f3(r["best_ratio"]), "best config": r["best"] or "-"} for r in rows]
     return fmt(out, list(out[0])) if out else "no rows"
@@ -265,9 +366,16 @@ def jobs(case_rows: list[dict], variants=VARIANTS, which: str = "full") -> list[
     out = []
     for case in case_rows:
         M, N, K, dtype = case["M"], case["N"], case["K"], case["dtype"]
-        choice, job = plan_job(plan.Problem(M, N, K, dtype, ARCH, SMS))
+        a_major, b_major = OPERAND_LAYOUTS[case.get("layout", "KK")]
+        spec = GemmSpec(a=dtype, b=dtype, d=dtype, a_major=a_major, b_major=b_major)
+        p = plan.Problem(M, N, K, dtype, ARCH, SMS, None if spec.is_default() else spec)
+        choice, job = plan_job(p)
         knobs = {**job.knobs, "dynamic_m": False}
-        configs = [("policy", choice.rung, knobs)] + (grid(case, variants) if which == "full" else GRIDS[which](case))
+        configs = [("policy", choice.rung, knobs)]
+        if which == "small":  # the baselines: the split-K alternatives a pack carries beside the choice
+            configs += [(f"alt {a.rung} s{a.knobs.get('split_k', 1)} {a.knobs['blk_m']}x{a.knobs['blk_n']}", a.rung,
+                         {**a.knobs, "dynamic_m": False}) for a in plan.alternatives(p, choice)]
+        configs += grid(case, variants) if which == "full" else GRIDS[which](case)
         out.append((case, [(label, BuildJob(rung, (M, N, K), k)) for label, rung, k in configs]))
     return out
 
@@ -294,7 +402,8 @@ def prepare(out, only: str | None = None, which: str = "full") -> int:
 
     out = Path(out)
     files.open_folder(out)
-    planned = jobs([c for c in cases() if not only or only in f"{c['M']}x{c['N']}x{c['K']}"], which=which)
+    planned = jobs([c for c in cases(train_dw=which == "small") if not only or only in f"{c['M']}x{c['N']}x{c['K']}"],
+                   which=which)
     todo = list({_key(j): j for _, cfgs in planned for _, j in cfgs}.values())
     print(f"{len(planned)} shapes, {len(todo)} modules to build or find in the cache", flush=True)
     paths = {_key(j): p for j, p in zip(todo, map_in_processes(_build, todo, None))}
@@ -334,23 +443,54 @@ def prepare(out, only: str | None = None, which: str = "full") -> int:
 
 
 # -- run (GPU box) -------------------------------------------------------------------------------
-def check_module(file_at_m: str, args) -> dict:
-    """One module at its M in an isolate child (``measure.isolate``'s ``module:function`` job)."""
+def stored(A, B, layout: str = "KK"):
+    """Logical A [M, K] and B [N, K] as the layout keeps them in memory, the tensors a module of that
+    layout takes: an MN-major operand transposed into a contiguous [K, M] / [K, N] tensor."""
+    a_major, b_major = OPERAND_LAYOUTS[layout]
+    return (A.t().contiguous() if a_major == "M" else A), (B.t().contiguous() if b_major == "N" else B)
+
+
+def cublas_peer(layout: str = "KK"):
+    """``torch.matmul`` on the same memory a module of ``layout`` reads: ``fn(a, b, d)`` with ``a``,
+    ``b`` the stored tensors (:func:`stored`) and D = A . B^T into ``d`` (cuBLAS picks its kernel
+    for the transposes as a training step's ``dY.t() @ X`` does)."""
+    import torch  # pylint: disable=import-outside-toplevel  (the GPU side)
+
+    a_major, b_major = OPERAND_LAYOUTS[layout]
+
+    def peer(a, b, d):
+        return torch.matmul(a.t() if a_major == "M" else a, b if b_major == "N" else b.T, out=d)
+    return peer
+
+
+def item_of(file: str, M: int, layout: str = "KK") -> str:
+    """A module check as an isolate item (``check_module`` parses it back)."""
+    return f"{file}@{M}@{layout}"
+
+
+def parse_item(item: str) -> tuple[str, int, str]:
+    file, M, *layout = item.split("@")
+    return file, int(M), (layout[0] if layout else "KK")
+
+
+def check_module(item: str, args) -> dict:
+    """One module at its M in an isolate child (``measure.isolate``'s ``module:function`` job), its
+    operands in the case's layout (``item_of``)."""
     # the GPU side (TVM runtime, torch): imported where it runs
     # pylint: disable=import-outside-toplevel
     import torch
     from gemm_ladder.measure import harness, suite
     from gemm_ladder.serve.runtime import load
 
-    file, _, M = file_at_m.rpartition("@")
+    file, M, layout = parse_item(item)
     mod = load(Path(args[0]) / file)
-    M = int(M)
     A, B = harness.random_inputs(M, mod.N, mod.K, mod.dtype, seed=M + mod.N + mod.K)
+    a, b = stored(A, B, layout)
     D = torch.full((M, mod.N), float("nan"), dtype=A.dtype, device=A.device)
-    mod(A, B, out=D)
+    mod(a, b, out=D)
     torch.cuda.synchronize()
     D2 = torch.full_like(D, float("nan"))  # a second call: the workspace counters must be back at zero
-    mod(A, B, out=D2)
+    mod(a, b, out=D2)
     torch.cuda.synchronize()
     res = suite.check_case(A, B, D, mod.dtype)
     again = bool(torch.equal(D, D2))
@@ -375,21 +515,26 @@ def unpack(archive, into) -> list[str]:
 
 
 def check_all(folder, case_rows: list[dict]) -> dict:
-    """file -> the check's result, every module of every case once, in isolate children."""
+    """file -> the check's result, every module at every M of the cases it serves (a runtime-M module
+    may serve several), in isolate children; a module wrong at any M keeps that M's result."""
     from gemm_ladder.measure import isolate  # pylint: disable=import-outside-toplevel
 
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])  # the child imports us
-    todo = list(dict.fromkeys(f"{c['file']}@{case['M']}" for case in case_rows for c in case["configs"]))
+    todo = list(dict.fromkeys(item_of(c["file"], case["M"], case.get("layout", "KK"))
+                              for case in case_rows for c in case["configs"]))
     results = isolate.run_batch("subwave_sweep:check_module", todo, [str(folder)], timeout=CHECK_TIMEOUT,
                                 explain=False)
-    out = {}
+    out, right = {}, 0
     for it, res in zip(todo, results):
         res = {**res, "ok": res.get("status") == "ok" and bool(res.get("ok"))}
-        out[it.rpartition("@")[0]] = res
+        file = parse_item(it)[0]
+        right += res["ok"]
+        if out.get(file, {"ok": True})["ok"]:  # the first wrong M stays
+            out[file] = res
         if not res["ok"]:
             print(f"check {it}: FAIL {res.get('status')} err {res.get('rel_err')} (cuBLAS "
                   f"{res.get('cublas_rel_err')}) {str(res.get('detail', ''))[:300]}", flush=True)
-    print(f"checked {len(todo)} modules: {sum(r['ok'] for r in out.values())} right", flush=True)
+    print(f"checked {len(todo)} (module, M) pairs of {len(out)} modules: {right} right", flush=True)
     return out
 
 
@@ -401,14 +546,15 @@ def time_case(case: dict, folder, checks: dict) -> dict:
     from gemm_ladder.measure import harness
     from gemm_ladder.serve.runtime import load
 
-    M, N, K, dtype = case["M"], case["N"], case["K"], case["dtype"]
-    sets = harness.input_sets(M, N, K, dtype, l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size)
+    M, N, K, dtype, layout = case["M"], case["N"], case["K"], case["dtype"], case.get("layout", "KK")
+    sets = [(*stored(A, B, layout), D) for A, B, D in
+            harness.input_sets(M, N, K, dtype, l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size)]
     kernels = {}
     for c in case["configs"]:
         if checks.get(c["file"], {}).get("ok"):
             fn = load(Path(folder) / c["file"]).launcher(*sets[0])
             kernels[c["label"]] = lambda a, b, d, fn=fn: fn(a, b, d)
-    kernels[CUBLAS] = lambda a, b, d: torch.matmul(a, b.T, out=d)
+    kernels[CUBLAS] = cublas_peer(layout)
     calls = {}
     for n, fn in kernels.items():
         fn(*sets[0])
@@ -467,7 +613,9 @@ def main(argv=None) -> int:
                                           "subwave_sweep.json")
     pr.add_argument("--only", help="only the shapes whose MxNxK contains this")
     pr.add_argument("--grid", choices=sorted(GRIDS), default="full",
-                    help="full: every config; depth: the winning tiles' one-wave splits at two ring depths")
+                    help="full: every config; depth: the winning tiles' one-wave splits at two ring depths; "
+                         "small: v9 without split-K in small tiles, deep rings and clusters (and the 350M dW, "
+                         "MN-major); dynm: the small-tile alternative at a fixed and a runtime M")
     r.add_argument("--only", help="only the shapes whose MxNxK contains this")
     t = sub.add_parser("table", help="a result's rows: per shape the best config and those near it")
     t.add_argument("result")

@@ -220,8 +220,8 @@ def add_parsers(sub) -> None:
                    help="SM count the heuristic plans for (default: the GPU, or H100)")
     b.add_argument("--static", action="store_true", help="one module per M even where a rung takes M at run time")
     b.add_argument("--no-alternatives", action="store_true",
-                   help="only the policy's choices: no split-K alternatives beside a choice that leaves most SMs "
-                        "idle (plan.alternatives; the front door times them at first use)")
+                   help="only the policy's choices: no small-tile or split-K alternatives beside a choice that "
+                        "leaves most SMs idle (plan.alternatives; the front door times them at first use)")
     b.add_argument("--epilogue", type=cli_types.names(epilogue_names(), "epilogue"), default=["none"],
                    help="the epilogues to build each shape with (gemm_ladder.core.spec.spec_for): none, bias, an "
                         "activation (relu, gelu_tanh, gelu_erf, silu), or bias_ and one (bias_gelu_tanh); "

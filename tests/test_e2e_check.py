@@ -467,3 +467,97 @@ def test_unserved_asks_the_pack_for_the_gated_spec_of_a_swiglu_gemm(e2e):
     swiglus = [g for g in doc["gemms"] if g.get("epilogue") == "swiglu"]
     assert swiglus and all(asked[(g["M"], g["N"], g["K"], True)].act == "silu" for g in swiglus)
     assert sum(" swiglu " in m for m in got) == len(swiglus) and len(got) == len(doc["gemms"])
+
+
+# -- --train MODEL: the GPU-bound training run beside the host-bound one ---------------------------
+def test_the_gpu_bound_training_run_is_a_350m_model_with_fewer_layers_and_more_work_a_layer(e2e):
+    """llama-350m is in the issue's 100-400M range, and against llama-125m it has fewer linears
+    (the host's cost a step) for more GEMM flops a step (the GPU's): what makes it GPU-bound."""
+    small, big = e2e.CONFIGS["llama-125m"], e2e.CONFIGS["llama-350m"]
+    assert 300e6 <= big.params() <= 400e6 and e2e.TRAINS["llama-125m"] is e2e.TRAIN  # the default run unchanged
+
+    def linears_and_flops(cfg):
+        run = e2e.TRAINS[cfg.name]
+        per_token = sum(o * i for n, (o, i) in cfg.linears().items() if n != "lm_head") * cfg.layers + \
+            cfg.vocab * cfg.hidden
+        return 7 * cfg.layers + 1, 6 * per_token * run["batch"] * run["seq"]
+
+    (n_small, f_small), (n_big, f_big) = linears_and_flops(small), linears_and_flops(big)
+    assert n_big < n_small / 2 and f_big > 10 * f_small
+    run = e2e.TRAINS["llama-350m"]
+    assert run["steps"] >= 100 and run["deadline_s"] > e2e.PHASE_TIMEOUT["train"]
+
+
+def test_a_training_only_plan_holds_exactly_the_gemms_of_that_models_step(e2e):
+    """``plan(train_model=..., phases=("train",))``: no inference section or GEMM; the forward
+    GEMMs the model runs at its batch x sequence (meta device), every backward GEMM, and with
+    ``fuse`` the fused MLP's; the plan reads back and runs one phase, training."""
+    doc = e2e.plan(fuse=True, train_model="llama-350m", phases=("train",))
+    e2e.PLAN_SCHEMA.check(doc)
+    assert "inference" not in doc and doc["phases"] == ["train"] and e2e.phases_of(doc) == ["train"]
+    run, cfg = doc["train"], e2e.config_of(doc, "llama-350m")
+    assert run == e2e.TRAINS["llama-350m"] and run["model"] == cfg.name
+    rows = run["batch"] * run["seq"]
+    with torch.device("meta"):
+        m = e2e.Llama(cfg, max_positions=run["seq"])
+        forward = _gemms_run(m, lambda: m(torch.zeros((run["batch"], run["seq"]), dtype=torch.long)))
+    want = {("KK", *s, "none") for s in forward}
+    want |= {(lay, *s, "none") for lay, shapes in e2e.backward_gemms(cfg, rows).items() for s in shapes}
+    want |= {(lay, *s, ep) for (lay, ep), shapes in e2e.fused_gemms(cfg, rows, backward=True).items() for s in shapes}
+    got = {(g["layout"], g["M"], g["N"], g["K"], g.get("epilogue", "none")) for g in doc["gemms"]}
+    assert got == want and all(g["why"].startswith("train") and "(llama-350m)" in g["why"] for g in doc["gemms"])
+    # the default plan is what it was: both phases, the 125M run
+    default = e2e.plan()
+    assert e2e.phases_of(default) == ["inference:llama-8b-2l", "inference:llama-125m", "train"]
+    assert default["train"] == e2e.TRAIN and e2e.deadline(default, "train") == e2e.PHASE_TIMEOUT["train"]
+    assert e2e.deadline(doc, "train") == run["deadline_s"]
+    assert e2e.deadline(default, "inference:llama-125m") == e2e.PHASE_TIMEOUT["inference"]
+
+
+def test_plan_refuses_an_unknown_training_model_or_phase(e2e):
+    with pytest.raises(ValueError, match="no training run for model 'gpt2': pick one of llama-125m, llama-350m"):
+        e2e.plan(train_model="gpt2")
+    with pytest.raises(ValueError, match="pick one or more of inference, train"):
+        e2e.plan(phases=("decode",))
+    with pytest.raises(ValueError, match="pick one or more"):
+        e2e.plan(phases=())
+
+
+def test_run_refuses_a_phase_or_a_training_model_the_plan_does_not_hold(e2e, tmp_path, monkeypatch, capsys):
+    e2e.files.write_json(tmp_path / e2e.PLAN_FILE, e2e.plan(train_model="llama-350m", phases=("train",)))
+    monkeypatch.setattr(e2e.device, "why_no_gpu", lambda index=0: None)
+    out = tmp_path / "e2e_check.json"
+    assert e2e.main(["run", str(tmp_path), "--out", str(out), "--phase", "inference"]) == 2
+    assert "holds only the phase(s) train, not inference: run with --phase train" in capsys.readouterr().err
+    assert e2e.main(["run", str(tmp_path), "--out", str(out), "--train", "llama-125m"]) == 2
+    err = capsys.readouterr().err
+    assert "--train llama-125m: the plan" in err and "trains llama-350m" in err and "prepare" in err
+    assert not out.exists()
+
+
+def test_a_training_only_run_runs_the_training_phase_alone_and_names_its_model(e2e, tmp_path, monkeypatch):
+    """``run`` on a training-only plan (the phase done as a CPU dry run in this process): one
+    child, training, within the run's own deadline; its row carries the model's name."""
+    doc = _tiny_doc(e2e)
+    del doc["inference"]
+    doc.update(phases=["train"])
+    doc["train"]["deadline_s"] = 123
+    e2e.files.write_json(tmp_path / e2e.PLAN_FILE, doc)
+    monkeypatch.setattr(e2e.device, "why_no_gpu", lambda index=0: None)
+    monkeypatch.setattr(e2e.device, "arch_of", lambda index: "sm_90a")
+    monkeypatch.setattr(e2e, "KernelPack", lambda folder: None)
+    monkeypatch.setattr(e2e, "unserved", lambda pack, doc, arch: [])
+    monkeypatch.setattr(e2e.harness, "gpu_info", lambda index=0: {"name": "stub"})
+    monkeypatch.setattr(e2e, "Sampler", _Clocks)
+    asked = []
+
+    def run_batch(job, items, args, timeout, explain):
+        asked.append((items, timeout))
+        return [e2e.train(doc, dev="cpu")]
+
+    monkeypatch.setattr(isolate, "run_batch", run_batch)
+    out = tmp_path / "e2e_train.json"
+    assert e2e.main(["run", str(tmp_path), "--out", str(out)]) == 0
+    assert asked == [(["train"], 123.0)]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["phase"] == "train" and row["model"] == "tiny" and row["params"] == _tiny(e2e).params()

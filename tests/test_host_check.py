@@ -41,16 +41,27 @@ def _tiny_doc(hc, steps=12):
     return doc
 
 
-def test_the_calls_are_the_training_plans_gemms(hc):
+@pytest.mark.parametrize("train_model", ["llama-125m", "llama-350m"])
+def test_the_calls_are_the_training_plans_gemms(hc, train_model):
     """Every case is a GEMM the e2e plan builds for training (forward KK, dX KN, dW MN), and every
-    such GEMM is a case: the pack ``e2e_check prepare`` builds serves them all."""
+    such GEMM is a case: the pack ``e2e_check prepare`` builds serves them all -- the GPU-bound
+    run's too (``prepare --train llama-350m --phase train``: host_check runs on its folder)."""
     e2e = hc.e2e_check
-    doc = e2e.plan()
+    doc = e2e.plan(train_model=train_model, phases=("train",) if train_model != "llama-125m" else e2e.PHASES)
     tr = doc["train"]
     cases = hc.call_cases(e2e.CONFIGS[tr["model"]], tr["batch"] * tr["seq"])
     got = {(c["layout"], c["M"], c["N"], c["K"]) for c in cases}
     planned = {(g["layout"], g["M"], g["N"], g["K"]) for g in doc["gemms"] if g["why"].startswith("train")}
     assert got == planned and len(cases) == len(got)
+    fused = e2e.plan(fuse=True, train_model=train_model, phases=("train",))
+    with_gu = hc.call_cases(e2e.CONFIGS[tr["model"]], tr["batch"] * tr["seq"], fused=True)
+    planned = {(g["layout"], g["M"], g["N"], g["K"]) for g in fused["gemms"] if g.get("epilogue") is None}
+    assert {(c["layout"], c["M"], c["N"], c["K"]) for c in with_gu} == planned  # the fused MLP's GEMMs timed too
+    assert [c["layers"] for c in with_gu if c["op"] == "fwd"].count(["gate_up"]) == 1
+    scale = 1.0 if train_model == "llama-125m" else e2e.TRAINS[train_model]["deadline_s"] / e2e.PHASE_TIMEOUT["train"]
+    assert hc.deadline(doc, "calls") == pytest.approx(hc.PHASE_TIMEOUT["calls"] * scale)  # more time for more work
+    if train_model != "llama-125m":
+        return
     assert {c["op"] for c in cases} == {"fwd", "dX", "dW"}
     q = [c for c in cases if "q_proj" in c["layers"]]
     assert [(c["op"], c["M"], c["N"], c["K"]) for c in q] == [("fwd", 4096, 768, 768), ("dX", 4096, 768, 768),

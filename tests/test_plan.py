@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gemm_ladder.serve import plan
+from gemm_ladder.serve import first_use, plan
 from gemm_ladder.core.budget import max_pipe_depth
 from gemm_ladder.core.provenance import tvm_version
+from gemm_ladder.protocol.check import check_config
 from gemm_ladder.core.spec import spec_for, spec_knobs
 from gemm_ladder.serve.plan import Problem, Rule, choose, rule_choice
 from gemm_ladder.serve.tma_layout import Layout, layout_fixes
@@ -395,29 +396,85 @@ def test_layout_bf16_pads_to_eight_elements_too():
 
 # -- alternatives for sub-wave grids (issue 30) -----------------------------------------------
 @needs_v10
-def test_a_sub_wave_grid_gets_split_k_alternatives():
+def test_a_sub_wave_grid_gets_small_tile_and_split_k_alternatives():
     """333x1280x5120: the choice's 30 tiles of 128x128 fill under a quarter of the SMs (34 us to
-    cuBLAS's 14, every-model run of 2026-11-26); the alternatives are the sub-wave sweep's fastest
-    split-K modules there: 128x128 split 4 (120 units, 6 stages) and 64x128 split 2 (120, one
+    cuBLAS's 14, every-model run of 2026-11-26); the alternatives are the sub-wave sweeps' fastest
+    modules there: v9 64x128 without a split (60 tiles, one consumer, 8 stages, 2x1: the small-tile
+    sweep's best family), then 128x128 split 4 (120 units, 6 stages) and 64x128 split 2 (120, one
     consumer, 8 stages), clusters over whole tiles (3 row tiles of 128: paired along N; 6 of 64:
     along M)."""
     p = P(333, 1280, 5120)
     c = choose(p)
     assert (c.rung, c.rule) == ("v9", "tile-shape") and plan.sub_wave(p, c)
     alts = plan.alternatives(p, c)
-    assert len(alts) == plan.ALT_MAX == 2
-    got = [(a.knobs["blk_m"], a.knobs["blk_n"], a.knobs["split_k"], a.knobs["cluster_m"], a.knobs["cluster_n"])
-           for a in alts]
-    assert got == [(128, 128, 4, 1, 2), (64, 128, 2, 2, 1)]
-    assert alts[0].knobs["pipe_depth"] == 6 and alts[1].knobs["num_warpgroups"] == 1 and alts[1].knobs["pipe_depth"] == 8
-    assert "30 of 132 SMs" in alts[0].why and "fill 120" in alts[0].why
+    assert len(alts) == plan.ALT_MAX == 3
+    got = [(a.rung, a.knobs["blk_m"], a.knobs["blk_n"], a.knobs.get("split_k", 1), a.knobs["cluster_m"],
+            a.knobs["cluster_n"], a.knobs["pipe_depth"]) for a in alts]
+    assert got == [("v9", 64, 128, 1, 2, 1, 8), ("v10", 128, 128, 4, 1, 2, 6), ("v10", 64, 128, 2, 2, 1, 8)]
+    assert alts[0].knobs["num_warpgroups"] == 1 and alts[2].knobs["num_warpgroups"] == 1
+    assert "30 of 132 SMs" in alts[1].why and "fill 120" in alts[1].why and "fill 60" in alts[0].why
+    assert [a.rule for a in alts] == [plan.ALT_SMALL_RULE, plan.ALT_RULE, plan.ALT_RULE]
     for a in alts:
-        assert (a.rung, a.rule, a.source) == ("v10", plan.ALT_RULE, "rule")
-        assert plan._validate(a.rung, p, a.knobs) is None
+        assert a.source == "rule" and plan._validate(a.rung, p, a.knobs) is None
         cfg = make_config(a.rung, p.M, p.N, p.K, **a.knobs)
         assert cfg.pipe_depth <= max_pipe_depth(cfg)  # fits shared memory
-        assert p.K // a.knobs["split_k"] >= plan.ALT_MIN_SLICE
+        assert p.K // a.knobs.get("split_k", 1) >= plan.ALT_MIN_SLICE
+    assert len(alts) + 1 <= first_use.MAX_CANDIDATES  # the first use times the choice and all of them
     assert choose(p) == c  # the policy's own choice is unchanged
+
+
+@pytest.mark.parametrize("M, N, K, cluster", [
+    (192, 3584, 4096, (1, 2)),  # 3 row tiles of 64: paired along N
+    (256, 4096, 4096, (2, 1)),  # 128 tiles: one wave
+    (128, 3072, 8192, (2, 1)),  # the row-tile rule's choice (stream_b) gets it too
+])
+def test_the_small_tile_alternative_is_v9_64x128_without_a_split_over_a_pair_of_whole_tiles(M, N, K, cluster):
+    """The small-tile sweep's winner family (64x128, 8 stages, best 2x1; benchmarks/results/
+    2026-11-26_h100_subwave_small/): offered first, in a cluster of whole tiles."""
+    p = P(M, N, K)
+    c = choose(p)
+    (small,) = [a for a in plan.alternatives(p, c) if a.rule == plan.ALT_SMALL_RULE]
+    assert small.rung == "v9" and "split_k" not in small.knobs
+    assert (small.knobs["blk_m"], small.knobs["blk_n"], small.knobs["num_warpgroups"], small.knobs["pipe_depth"]) \
+        == (64, 128, 1, 8)
+    assert (small.knobs["cluster_m"], small.knobs["cluster_n"]) == cluster
+    assert plan.alternatives(p, c)[0] == small
+
+
+def test_the_small_tile_alternative_serves_the_mn_major_dw_where_no_split_k_does():
+    """The 350M training step's dW 512x2048x16384 (both operands MN-major): the choice fills 64 of
+    132 SMs; v10 builds no MN-major layout, so v9 64x128 (0.947x cuBLAS there against the choice's
+    0.783) is the one alternative, built for the call's layout; the 64-row A tile is not split
+    over a 1x2 cluster, the 2x1 pair shares B's."""
+    from gemm_ladder.core.spec import GemmSpec
+    spec = GemmSpec(a="bfloat16", b="bfloat16", d="bfloat16", a_major="M", b_major="N")
+    p = Problem(512, 2048, 16384, "bfloat16", "sm_90a", H100, spec)
+    (alt,) = plan.alternatives(p, choose(p))
+    assert (alt.rung, alt.rule, alt.knobs["spec"]) == ("v9", plan.ALT_SMALL_RULE, spec.text())
+    assert (alt.knobs["cluster_m"], alt.knobs["cluster_n"]) == (2, 1) and plan._validate("v9", p, alt.knobs) is None
+
+
+def test_the_small_tile_alternative_passes_the_barrier_protocol_check():
+    """Its ring (8 stages, one consumer) and its 2x1 cluster's multicast and remote releases, traced
+    and simulated at a fixed M (the checker cannot simulate a runtime M's loop bound: the policy's
+    runtime-M modules are checked the same way)."""
+    p = P(333, 1280, 5120)
+    small = plan.alternatives(p, choose(p))[0]
+    report = check_config(make_config("v9", p.M, p.N, p.K, **small.knobs), policies=("forward", "lockstep"))
+    assert report.ok and not report.findings, report.findings
+
+
+def test_the_small_tiles_are_offered_only_where_they_fit_one_wave(monkeypatch):
+    """768x1280x5120 in 64x128 is 120 tiles (offered); 768x3072x4096 would be 288 (0.53x cuBLAS in
+    the sweep against the choice's 0.79), more than a wave: not offered, whatever the choice."""
+    p = P(768, 1280, 5120)
+    assert [a.knobs["blk_n"] for a in plan.alternatives(p, choose(p)) if a.rule == plan.ALT_SMALL_RULE] == [128]
+    wide = Problem(768, 3072, 4096, "bfloat16", "sm_90a", H100)
+    c = choose(wide)
+    main = make_config(c.rung, wide.M, wide.N, wide.K, **c.knobs).knobs()
+    assert wide.tiles(64, 128) == 288 and plan._small_tiles(wide, c, main) == []
+    monkeypatch.setattr(plan, "ALT_SMALL_MAX_WAVES", 3)  # the cap, not the validator, left it out
+    assert [a.knobs["blk_m"] for a in plan._small_tiles(wide, c, main)] == [64]
 
 
 @needs_v10
@@ -453,15 +510,18 @@ def test_no_alternatives_where_the_grid_fills_or_k_is_short(M, N, K, why):
 @needs_v10
 def test_alternatives_keep_the_operand_spec_and_are_not_for_fp8():
     """An alternative is built for the call's spec or not at all: bf16 keeps its dtype; v10 builds
-    no bias epilogue, so a bias call gets none (the validator refuses it: nothing is built that
-    would serve a bias call without its bias); fp8 has one kernel and no split."""
+    no bias epilogue, so a bias call gets no split (the validator refuses it: nothing is built that
+    would serve a bias call without its bias), only v9's small tiles; fp8 has one kernel and no split."""
     from gemm_ladder.core.spec import GemmSpec, spec_for
     bf16 = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100)
     alts = plan.alternatives(bf16, choose(bf16))
-    assert alts and all(a.knobs["dtype"] == "bfloat16" and plan._validate("v10", bf16, a.knobs) is None for a in alts)
+    assert alts and all(a.knobs["dtype"] == "bfloat16" and plan._validate(a.rung, bf16, a.knobs) is None for a in alts)
+    split = next(a for a in alts if a.rung == "v10")
     bias = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100, spec_for("bfloat16", "bias"))
-    assert plan._validate("v10", bias, plan.with_spec(dict(alts[0].knobs), bias)) is not None
-    assert plan.alternatives(bias, choose(bias)) == []
+    assert plan._validate("v10", bias, plan.with_spec(dict(split.knobs), bias)) is not None
+    # v9 builds the bias: its small-tile alternative serves the call, epilogue and all
+    (small,) = plan.alternatives(bias, choose(bias))
+    assert small.rung == "v9" and small.knobs["spec"] == spec_knobs(bias.spec)["spec"]
     fp8 = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100, GemmSpec.fp8("bfloat16", "tensor"))
     assert plan.alternatives(fp8, choose(fp8)) == []
 

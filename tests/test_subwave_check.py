@@ -39,7 +39,9 @@ def test_every_shape_is_sub_wave_and_mostly_held_out(swc):
 def test_each_case_finds_its_choice_and_alternatives(swc, entries):
     for c in swc.case_list():
         got = swc.with_modules(c, entries)
-        assert got["main"] != got["alternatives"][0] and all("v10_anyM" in f for f in got["alternatives"])
+        # runtime-M modules: v10's splits and v9's small tiles (plan.alternatives)
+        assert got["main"] not in got["alternatives"] and all(f.startswith(("v10_anyM", "v9_anyM"))
+                                                               for f in got["alternatives"])
         assert got["main"] in {e["file"] for e in entries if not e.get("alternative")}
     first = swc.case_list()[0]
     with pytest.raises(ValueError, match="0 alternatives"):

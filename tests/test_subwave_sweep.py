@@ -7,6 +7,7 @@ import math
 import pytest
 
 from gemm_ladder.rungs import make_config
+from gemm_ladder.serve import plan
 
 from .conftest import benchmark_script
 
@@ -126,3 +127,112 @@ def test_the_depth_grid_takes_one_wave_splits_of_the_winning_tiles_at_two_depths
     labels = {label for label, _, _ in sweep.grid_depth(sweep.cases()[0])}
     assert {"v10 s4 128x128 p4", "v10 s4 128x128 p6", "v10 s2 64x128 p6", "v10 s2 64x128 p8"} <= labels
     assert not sweep.grid_depth({**sweep.cases()[0], "M": 3072, "N": 768})  # 144 tiles: no split fits a wave
+
+
+# -- ``--grid small``: v9 without split-K in small tiles, deep rings and clusters (issues 30/31) --------
+def test_the_small_campaign_adds_the_training_dw_gemms_in_their_mn_major_layout(sweep):
+    assert all(c["layout"] == "KK" for c in sweep.cases())
+    extra = [c for c in sweep.cases(train_dw=True) if c not in sweep.cases()]
+    assert {(c["M"], c["N"], c["K"], c["dtype"], c["layout"]) for c in extra} == {
+        (512, 2048, 16384, "bfloat16", "MN"), (2048, 2048, 16384, "bfloat16", "MN")}
+    assert sweep.spec_knobs_of(extra[0]) == {"spec": "d_bfloat16.a_major_M.b_major_N"}
+    assert sweep.spec_knobs_of(sweep.cases()[0]) == {}
+
+
+def test_the_small_grid_is_v9_without_split_valid_for_each_layout_and_as_deep_as_shared_memory_allows(sweep):
+    from gemm_ladder.core.budget import max_pipe_depth
+    from gemm_ladder.core.spec import spec_of
+
+    for case in sweep.cases(train_dw=True):
+        M, N, K = case["M"], case["N"], case["K"]
+        grid = sweep.grid_small(case)
+        labels = [label for label, _, _ in grid]
+        assert len(labels) == len(set(labels)) and labels, labels
+        for label, rung, knobs in grid:
+            cfg = make_config(rung, M, N, K, **knobs)  # raises where a config is invalid
+            assert rung == "v9" and dict(cfg.extra).get("split_k", 1) == 1, label
+            assert cfg.pipe_depth <= max_pipe_depth(cfg), label
+            assert (spec_of(cfg).a_major, spec_of(cfg).b_major) == sweep.OPERAND_LAYOUTS[case["layout"]], label
+            cm, cn = knobs["cluster_m"], knobs["cluster_n"]
+            assert math.ceil(M / cfg.blk_m) % cm == 0 and math.ceil(N / cfg.blk_n) % cn == 0, (label, cm, cn)
+            assert label == f"v9 {cfg.blk_m}x{cfg.blk_n} w{cfg.num_warpgroups} p{cfg.pipe_depth} {cm}x{cn}"
+        assert any(label.startswith("v9 256x128") for label in labels) == (case["layout"] == "MN")
+    # cuBLAS's nvjet 64x64 at 13 stages in 2x1 clusters at 256x2048x8192: ours at 12 in every cluster
+    labels = {label for label, _, _ in sweep.grid_small({**sweep.cases()[0], "M": 256, "N": 2048, "K": 8192})}
+    assert {f"v9 64x64 w1 p{d} 2x1" for d in (8, 10, 12)} | {f"v9 64x64 w1 p12 {c}" for c in ("1x1", "1x2", "2x2")} \
+        <= labels
+    # an MN-major 64-row operand cannot be multicast in halves: its 64x64 tiles run without clusters
+    mn = [c for c in sweep.cases(train_dw=True) if c["layout"] == "MN"][0]
+    assert {label for label, _, _ in sweep.grid_small(mn) if label.startswith("v9 64x64")} == {
+        "v9 64x64 w1 p8 1x1", "v9 64x64 w1 p10 1x1", "v9 64x64 w1 p12 1x1"}
+
+
+def test_the_small_campaign_times_the_policy_and_its_split_k_alternatives_beside_the_grid(sweep):
+    worst, mn = sweep.cases()[0], [c for c in sweep.cases(train_dw=True) if c["layout"] == "MN"][0]
+    (case, cfgs), (mcase, mcfgs) = sweep.jobs([worst, mn], which="small")
+    labels = [label for label, _ in cfgs]
+    assert labels[0] == "policy" and any(label.startswith("alt v10 s") for label in labels)
+    assert {label for label, _, _ in sweep.grid_small(worst)} <= set(labels)
+    p = plan.Problem(worst["M"], worst["N"], worst["K"], worst["dtype"], sweep.ARCH, sweep.SMS)
+    alts = [(job.rung, job.knobs.get("split_k", 1)) for label, job in cfgs if label.startswith("alt")]
+    assert alts == [(a.rung, a.knobs.get("split_k", 1)) for a in plan.alternatives(p, plan.choose(p))]
+    # the MN-major case: every module, the policy's included, is built for its layout
+    assert mcase["layout"] == "MN" and all(job.knobs.get("spec") == "d_bfloat16.a_major_M.b_major_N"
+                                           for _, job in mcfgs)
+
+
+@pytest.mark.parametrize("layout", ["KK", "KN", "MK", "MN"])
+def test_the_operands_lie_as_the_layout_keeps_them_and_the_cublas_peer_reads_them_so(sweep, layout):
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    A, B = torch.randn(5, 7, generator=g), torch.randn(3, 7, generator=g)
+    a, b = sweep.stored(A, B, layout)
+    a_major, b_major = sweep.OPERAND_LAYOUTS[layout]
+    assert a.is_contiguous() and b.is_contiguous()
+    assert a.shape == ((7, 5) if a_major == "M" else (5, 7)) and b.shape == ((7, 3) if b_major == "N" else (3, 7))
+    d = torch.full((5, 3), float("nan"))
+    sweep.cublas_peer(layout)(a, b, d)
+    torch.testing.assert_close(d, A @ B.T)
+
+
+def test_a_check_item_carries_the_layout_and_old_items_read_as_the_forward(sweep):
+    assert sweep.parse_item(sweep.item_of("m007.so", 512, "MN")) == ("m007.so", 512, "MN")
+    assert sweep.parse_item("m001.so@333") == ("m001.so", 333, "KK")
+
+
+def test_the_dynm_grid_times_the_small_tile_alternative_at_a_fixed_and_a_runtime_m(sweep):
+    """The alternative plan.alternatives offers, fixed and runtime M in both runtime-M tile orders."""
+    case = sweep.cases()[0]
+    p = plan.Problem(case["M"], case["N"], case["K"], case["dtype"], sweep.ARCH, sweep.SMS)
+    small = next(a for a in plan.alternatives(p, plan.choose(p)) if a.rule == plan.ALT_SMALL_RULE)
+    grid = {label: knobs for label, _, knobs in sweep.grid_dynm(case)}
+    assert set(grid) == {f"v9 64x128 p8 2x1 {o} {m}" for o in sweep.DYNM_ORDERS for m in ("fixed", "anyM")}
+    pairs = {(k["tile_order"], k["dynamic_m"]) for k in grid.values()}
+    assert pairs == {(o, d) for o in sweep.DYNM_ORDERS for d in (False, True)}
+    offered = make_config("v9", p.M, p.N, p.K, **{**small.knobs, "dynamic_m": True}).knobs()
+    assert offered in [make_config("v9", p.M, p.N, p.K, **k).knobs() for k in grid.values()]  # what a pack builds
+    mn = [c for c in sweep.cases(train_dw=True) if c["layout"] == "MN"][0]
+    assert all(not k["dynamic_m"] for _, _, k in sweep.grid_dynm(mn))  # no runtime M with an MN-major A
+
+
+def test_a_runtime_m_module_wrong_at_one_of_its_ms_is_wrong(sweep, monkeypatch, tmp_path):
+    """A module serving two cases (a runtime M) is checked at both M; one wrong M makes it wrong, in
+    whichever order the checks come back."""
+    import os
+
+    from gemm_ladder.measure import isolate
+
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # check_all prepends to it: restored after
+    cases = [{"M": M, "layout": "KK", "configs": [{"file": "m000.so"}, {"file": "m001.so"}]} for M in (333, 768)]
+    for bad in ("m000.so@333@KK", "m000.so@768@KK"):
+        seen = []
+
+        def fake(job, items, args, timeout, explain, bad=bad):
+            seen.extend(items)
+            return [{"status": "ok", "ok": it != bad, "rel_err": 1.0 if it == bad else 1e-3} for it in items]
+        monkeypatch.setattr(isolate, "run_batch", fake)
+        out = sweep.check_all(tmp_path, cases)
+        assert sorted(seen) == ["m000.so@333@KK", "m000.so@768@KK", "m001.so@333@KK", "m001.so@768@KK"]
+        assert not out["m000.so"]["ok"] and out["m000.so"]["rel_err"] == 1.0, bad
+        assert out["m001.so"]["ok"]

@@ -10,8 +10,8 @@ each candidate on the caller's own A and B, and the winner is remembered:
   epilogue: bias, activation, alpha, residual, a float32 D) as it is (a runtime-M module whose
   32-bit indices take M, a module built for this M: ``KernelPack.serving``), at most
   :data:`MAX_CANDIDATES`, the pack's choice first (``KernelPack.find``), then the alternatives a
-  pack holds beside it (``plan.alternatives``: split-K modules where the choice leaves most SMs
-  idle, ``"alternative": true`` in ``pack.json``), then the rest nearest first to the M their
+  pack holds beside it (``plan.alternatives``: small-tile and split-K modules where the choice
+  leaves most SMs idle, ``"alternative": true`` in ``pack.json``), then the rest nearest first to the M their
   knobs were chosen at; ``explain`` says when an alternative won; and, unless strict,
   torch's own matmul (cuBLAS; with an epilogue, torch's best unfused path: F.linear, then the
   activation, then + beta C, as its repeated call runs it): where it measures faster than every

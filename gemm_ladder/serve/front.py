@@ -1076,14 +1076,23 @@ def _fast(A, B, out, bias=None):
     return _launch_fast(route, launch, A, B, out, shape, M, N, K, extras)
 
 
+def fast_mm(A, B):
+    """``matmul(A, B)`` (D = A . B^T, no bias, epilogue or ``out``) when the fast path serves it
+    (:func:`_fast`: a call with these shapes, strides, dtypes and GPUs was checked before, and the
+    rest is checked again here), else None: then the caller calls :func:`matmul`, which checks and
+    says what is wrong. For a caller that repeats the same plain calls (``ops.direct_mm``: the
+    forward, dX and dW of every linear layer of an eager training step) and would otherwise prepare
+    each operand (``ops._as_operand``) and pass through matmul's argument handling on every call;
+    the strides in the key already say each operand is laid out as in the checked call."""
+    return _fast(A, B, None)
+
+
 def _launch_fast(route, launch, A, B, out, shape, M: int, N: int, K: int, extras: tuple, d_dtype=None):
     """The fast path's launch: A (any batch dims) as [M, K] into ``out`` (its view as [M, N]), or
     into a new D in ``d_dtype`` (default A's) shaped like the call; counts the route's calls."""
     a = A if len(shape) == 2 else A.view(M, K)
     if out is None:
-        import torch  # pylint: disable=import-outside-toplevel
-
-        d = torch.empty((M, N), dtype=d_dtype or A.dtype, device=A.device)
+        d = A.new_empty((M, N), dtype=d_dtype or A.dtype)  # torch.empty on A's device, no import a call
         launch(a, B, d, *extras)
         route.calls += 1
         return d if len(shape) == 2 else d.view(shape)
@@ -1489,9 +1498,7 @@ def _fast_swiglu(key, x, W_gu, out):
         return None
     x2 = x if len(shape) == 2 else x.view(M, x.shape[-1])
     if out is None:
-        import torch  # pylint: disable=import-outside-toplevel
-
-        d = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        d = x.new_empty((M, N))  # torch.empty in x's dtype on its device, no import a call
         launch(x2, W_gu, d)
         route.calls += 1
         return d if len(shape) == 2 else d.view(shape)

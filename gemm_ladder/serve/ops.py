@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from .front import B_LAYOUT, check_activation, check_bias, is_transposed, matmul, swiglu
+from .front import B_LAYOUT, check_activation, check_bias, fast_mm, is_transposed, matmul, swiglu
 from .runtime import ModuleInputError
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -51,7 +51,12 @@ def direct_mm(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None
               activation: str | None = None) -> torch.Tensor:
     """What the op's implementation computes (act(A . B^T (+ bias))), called directly: for eager
     callers that do their own autograd (``gemm_ladder.nn``'s), without the custom op's dispatch
-    (~150 us of host time a call in torch's Python machinery, measured on an H100)."""
+    (~150 us of host time a call in torch's Python machinery, measured on an H100). A plain call
+    like one already checked goes straight to the front door's fast path (``front.fast_mm``)."""
+    if bias is None and activation is None:
+        done = fast_mm(A, B)
+        if done is not None:
+            return done
     return matmul(_as_operand(A), _as_operand(B), bias=None if bias is None else bias.contiguous(),
                   activation=activation)
 
@@ -61,21 +66,47 @@ def direct_swiglu(x: torch.Tensor, W_gu: torch.Tensor) -> torch.Tensor:
     return swiglu(x.contiguous(), W_gu.contiguous())
 
 
-def swiglu_grads(grad: torch.Tensor, x: torch.Tensor, W_gu: torch.Tensor, needs, gemm=None) -> tuple:
+def swiglu_grads(grad: torch.Tensor, x: torch.Tensor, W_gu: torch.Tensor, needs, gemm=None,
+                 eager: bool = False, h: torch.Tensor | None = None, silu: torch.Tensor | None = None) -> tuple:
     """(dx, dW_gu) of ``Y = silu(x . Wg^T) * (x . Wu^T)``, ``W_gu = cat([Wg, Wu])``, from ``grad`` =
     dL/dY, each None where ``needs`` (two bools) says no; ``gemm`` as in :func:`linear_grads`.
-    The pre-activations are recomputed by one GEMM ``h = x . W_gu^T`` (the fused forward writes
-    only Y), the elementwise half runs in fp32 and is rounded once to x's dtype (torch's unfused
-    SwiGLU rounds the gate, silu(gate) and the product each), then :func:`linear_grads`' two GEMMs
-    over ``dh`` [..., 2N]: dx = dh . W_gu and dW_gu = dh^T . x, on our kernels where ``gemm`` is."""
+    The pre-activations ``h = x . W_gu^T`` [..., 2N] are recomputed by one GEMM (the fused forward
+    writes only Y), or taken from ``h`` where the forward kept them (and ``silu(gate)`` from
+    ``silu``, eager only); then dh = [d_gate, d_up] and
+    :func:`linear_grads`' two GEMMs over it: dx = dh . W_gu and dW_gu = dh^T . x, on our kernels
+    where ``gemm`` is.
+
+    dh, differentiable (the op's backward, one that builds a graph): in fp32, rounded once to x's
+    dtype. ``eager`` (an eager backward that builds no graph: ``gemm_ladder.nn``'s):
+    :func:`swiglu_dh`, torch's own autograd of the unfused ``silu(gate) * up`` in h's dtype, four
+    passes over [..., N] tensors of that dtype where the fp32 formula makes some fifteen of fp32
+    ones -- 3-4 ms a layer at 16384 x 2 x 5632 on an H100, which made the fused MLP's training step
+    0.82x torch's (benchmarks/results/2026-11-26_h100_e2e_train_350/)."""
     gemm = gemm or mm
-    gate, up = gemm(x, W_gu).float().chunk(2, dim=-1)
-    g, sig = grad.float(), torch.sigmoid(gate)
-    # silu'(gate) = sig (1 + gate (1 - sig)) written out: aten's silu_backward has no derivative of
-    # its own, and a backward that builds a graph (create_graph=True) differentiates this one
-    dh = torch.cat([g * up * sig * (1 + gate * (1 - sig)), g * gate * sig], dim=-1)
-    dx, dW, _ = linear_grads(dh.to(x.dtype), x, W_gu, (needs[0], needs[1], False), gemm)
+    if eager:
+        dh = swiglu_dh(grad, gemm(x, W_gu) if h is None else h, silu)
+    else:
+        gate, up = gemm(x, W_gu).float().chunk(2, dim=-1)
+        g, sig = grad.float(), torch.sigmoid(gate)
+        # silu'(gate) = sig (1 + gate (1 - sig)) written out: aten's silu_backward has no derivative of
+        # its own, and a backward that builds a graph (create_graph=True) differentiates this one
+        dh = torch.cat([g * up * sig * (1 + gate * (1 - sig)), g * gate * sig], dim=-1).to(x.dtype)
+    dx, dW, _ = linear_grads(dh, x, W_gu, (needs[0], needs[1], False), gemm)
     return dx, dW
+
+
+def swiglu_dh(grad: torch.Tensor, h: torch.Tensor, silu: torch.Tensor | None = None) -> torch.Tensor:
+    """dL/dh [..., 2N] of ``Y = silu(gate) * up``, ``h = [gate, up]``, from ``grad`` = dL/dY: what
+    torch's autograd of the unfused formula gives, bit for bit (d_gate = silu_backward(grad . up,
+    gate), d_up = grad . silu(gate), each op in fp32 inside and rounded to h's dtype), each half
+    written in place into its slice of dh. ``silu``: the forward's ``silu(gate)``, kept as torch's
+    autograd keeps it (one pass of [..., N] fewer). Not differentiable (``out=``)."""
+    n = h.shape[-1] // 2
+    gate, up, grad = h[..., :n], h[..., n:], grad.to(h.dtype)  # silu_backward takes one dtype
+    dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=dh[..., :n])
+    torch.mul(grad, torch.nn.functional.silu(gate) if silu is None else silu, out=dh[..., n:])
+    return dh
 
 
 def linear_grads(grad: torch.Tensor, A: torch.Tensor, B: torch.Tensor, needs, gemm=None) -> tuple:

@@ -726,8 +726,27 @@ ALT_SPLITS = (2, 3, 4, 6, 8)
 # deeper rings, 128x128 at 6 stages (0.74 vs 0.68 at 768x1280x5120) and 64x128 at 8 (0.83 vs 0.75 at
 # 128x3072x8192, where it beats the policy's 0.75)
 ALT_TILES = ((128, 128, 2, 6), (64, 128, 1, 8))  # blk_m, blk_n, consumers, pipe_depth: best first
-ALT_MAX = 2  # alternatives a choice gets (each a module in the pack, each timed at first use)
+ALT_MAX = 3  # alternatives a choice gets (each a module in the pack, each timed at first use)
 ALT_RULE = "sub-wave split-k (alternative)"
+# v9 without a split, in 64x128 tiles (one consumer, the 8-stage ring shared memory holds beside the
+# staging buffers) over a pair cluster: cuBLAS's way at these shapes, one wave of small tiles instead
+# of a split of large ones (nvjet 64x64 at 13 stages in 2x1 / 4x2 clusters, 64x56 at 14, 128x64 at 8:
+# benchmarks/results/2026-11-26_h100_cublas_kernels/). The small-tile sweep (SUBWAVE_SMALL: the 14
+# shapes above and the 350M training step's MN-major dW GEMMs; v9 64x64 at 8/10/12 stages, 64x128 and
+# 128x64 at 8, every cluster; kernels under CUDA graphs): 64x128 p8 in a 2x1 cluster is the best
+# family (0.713x cuBLAS geomean over 15 shapes; 1x1 0.651, 64x64 p8 2x1 0.628, deeper 64x64 rings
+# worse: p12 0.523; the v10 alternatives 0.761 / 0.697 where they apply) and beats the policy's choice
+# at 12 of the 13 shapes whose 64x128 tiles fit one wave (the 288-tile shapes lose: 0.53-0.56 vs 0.79).
+# Offered beside the choice and the splits, the best of them goes from 0.751 to 0.793 (16 shapes,
+# in-sample); at the 350M step's dW 512x2048x16384 (MN-major: v10 builds no such layout, so the only
+# alternative) 0.947 against the choice's 0.783. cuBLAS stays ahead at every one of them. Two more runs
+# (same folder): a pack with it (runtime M), held out, best alternative 0.735 (0.715 without it), picked
+# at first use at 3 of 11; its runtime-M and fixed-M modules level (0.651 both), ahead of the choice at
+# 11 of 12 again; against the splits the runs disagree by up to ~15% at these 10-20 us kernels.
+SUBWAVE_SMALL = "benchmarks/results/2026-11-26_h100_subwave_small/subwave_small.json"
+ALT_SMALL_TILES: tuple = ((64, 128, 1, 8),)  # blk_m, blk_n, consumers, pipe_depth: best first
+ALT_SMALL_MAX_WAVES = 1  # offered where its tiles fill at most this many waves
+ALT_SMALL_RULE = "sub-wave small tiles (alternative)"
 
 
 def _units_of(choice: Choice, p: Problem) -> int:
@@ -764,16 +783,18 @@ def sub_wave_split(p: Problem, blk_m: int, blk_n: int) -> int | None:
 
 
 def alternatives(p: Problem, choice: Choice) -> list[Choice]:
-    """Split-K modules (v10) of a :func:`sub_wave` choice, one per tile of :data:`ALT_TILES`, each at
-    :func:`sub_wave_split` (the most units that fit one wave) with clusters over whole tiles
-    (:func:`_whole_pairs`), at most :data:`ALT_MAX`; none for another choice (M <= 64: the swap and
-    row-tile rules split or stream already). Each validates for ``p`` with its spec; a pack builds
-    them beside the choice and the first use times them all (``serve.first_use``)."""
-    if not sub_wave(p, choice) or not _available("v10", p.arch):
+    """Modules beside a :func:`sub_wave` choice, at most :data:`ALT_MAX`, best first: v9 without a
+    split in the small tiles of :data:`ALT_SMALL_TILES` where they fit one wave (:func:`_small_tiles`),
+    then split-K modules (v10), one per tile of :data:`ALT_TILES`, each at :func:`sub_wave_split`
+    (the most units that fit one wave) with clusters over whole tiles (:func:`_whole_pairs`); none
+    for another choice (M <= 64: the swap and row-tile rules split or stream already). Each
+    validates for ``p`` with its spec (an MN-major layout: v9's only, v10 builds none); a pack
+    builds them beside the choice and the first use times them all (``serve.first_use``)."""
+    if not sub_wave(p, choice):
         return []
     main = make_config(choice.rung, p.M, p.N, p.K, **choice.knobs).knobs()
-    out: list[Choice] = []
-    for blk_m, blk_n, consumers, depth in ALT_TILES:
+    out: list[Choice] = _small_tiles(p, choice, main)
+    for blk_m, blk_n, consumers, depth in ALT_TILES if _available("v10", p.arch) else ():
         split = sub_wave_split(p, blk_m, blk_n)
         if split is None or len(out) == ALT_MAX:
             continue
@@ -788,6 +809,32 @@ def alternatives(p: Problem, choice: Choice) -> list[Choice]:
                f"{_units_of(choice, p)} of {p.sms} SMs; {blk_m}x{blk_n} tiles split {split} ways fill {units} "
                f"(the most within one wave: the sub-wave sweep's fastest split-K modules)")
         out.append(Choice("v10", knobs, "rule", ALT_RULE, why))
+    return out
+
+
+def _small_tiles(p: Problem, choice: Choice, main: dict) -> list[Choice]:
+    """v9 modules without a split in :data:`ALT_SMALL_TILES`, where their tiles fill at most
+    :data:`ALT_SMALL_MAX_WAVES` waves, each in the first cluster of whole tiles v9 validates for
+    ``p`` (a pair along M, along N, or none: an MN-major operand's 64-row tile is not multicast
+    in halves), at most :data:`ALT_MAX`."""
+    out: list[Choice] = []
+    for blk_m, blk_n, consumers, depth in ALT_SMALL_TILES:
+        tiles = p.tiles(blk_m, blk_n)
+        if tiles > ALT_SMALL_MAX_WAVES * p.sms or len(out) == ALT_MAX:
+            continue
+        base = {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": consumers, "pipe_depth": depth}
+        for cluster in (_whole_pairs(p, blk_m, blk_n), {"cluster_m": 1, "cluster_n": 1}):
+            knobs = with_spec({**base, **cluster}, p)
+            if _validate("v9", p, knobs) is None:
+                break
+        else:
+            continue
+        if choice.rung == "v9" and make_config("v9", p.M, p.N, p.K, **knobs).knobs() == main:
+            continue  # the choice itself
+        why = (f"an alternative to {choice.rung} ({choice.rule}), timed at first use: its grid fills "
+               f"{_units_of(choice, p)} of {p.sms} SMs; {blk_m}x{blk_n} tiles in a {depth}-stage ring fill {tiles} "
+               f"without a split (what cuBLAS runs at sub-wave shapes)")
+        out.append(Choice("v9", knobs, "rule", ALT_SMALL_RULE, why))
     return out
 
 
