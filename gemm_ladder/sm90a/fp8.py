@@ -63,6 +63,11 @@ parts of it:
   (a 16-byte box of the flat ``scale_b``), counted in the stage's full barrier; each consumer reads
   its slice's scales from shared memory after the full-barrier wait it already does
   (``mainloop._block_groups_staged``), so no global load is left on its path (overlap only).
+  IT FAILS ON THE GPU (H100, 2026-11-26, ``benchmarks/results/2026-11-26_h100_fp8_block_staged/``):
+  every staged module died with "an illegal instruction" in its checks, though the CPU checks (SASS,
+  barrier checker) pass; off by default and in no policy. Suspects, unverified: the 1-D tensor maps
+  ``tma_auto`` encodes for the flat scales (a swizzle or box it picks that the hardware refuses:
+  A's box is 512 bytes, B's 16, B's tensor may be smaller than its box), or the scale rows' offset.
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
@@ -81,6 +86,7 @@ from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
 import layouts
+from ..core.budget import limits_for, smem_bytes
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
 from .common import WG_M, HopperPlan, role_registers
@@ -236,6 +242,11 @@ def _check_staged(cfg: GemmConfig) -> None:
     if recipe(cfg) != "block":
         raise ConfigError(f"stage_scales=True with {recipe(cfg)} scales: only block scales change along K (the "
                           "others are applied once, in the epilogue); use stage_scales=False")
+    need = smem_bytes(cfg, cfg.pipe_depth) + scale_smem_bytes(cfg)
+    most = limits_for(cfg.arch).smem_per_block
+    if need > most:
+        raise ConfigError(f"stage_scales=True with pipe_depth={cfg.pipe_depth}: the ring, staging and scales take "
+                          f"{need} bytes of shared memory, over the {most} a block may use; use a smaller pipe_depth")
     if not dict(cfg.extra).get("overlap", 0):
         raise ConfigError("stage_scales=True with overlap=0: the staged scales are read by the overlapped promotion "
                           "only (the drained one loads them from global memory); use overlap=4 (or 2)")
