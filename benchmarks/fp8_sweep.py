@@ -167,7 +167,6 @@ BLOCK_CONFIGS = {
     "ov2_ss": {"overlap": 2, "stage_scales": True},
     "ov4_ss": {"overlap": 4, "stage_scales": True},
     "ov8_ss": {"overlap": 8, "stage_scales": True},
-    "ov4_d6_ss": {"overlap": 4, "pipe_depth": 6, "stage_scales": True},
     "sm_ov2_ss": {**SMALL_M, "overlap": 2, "stage_scales": True},
     "sm_ov4_ss": {**SMALL_M, "overlap": 4, "stage_scales": True},
     # our per-tensor fp8 at the per-tensor policy's knobs (plan.fp8_knobs), the peer of each shape
@@ -180,7 +179,7 @@ BLOCK_CONFIGS = {
 # as plain ld.global (3-7% slower: the knob is gone). This list is the policy's configs (ov4; sm_ov2 at small M)
 # beside the scales staged in shared memory by the producer's TMA (``stage_scales``, the ``_ss`` configs).
 BLOCK_SWEEP = {
-    "4096x7168x16384": ("ov4", "ov2_ss", "ov4_ss", "ov8_ss", "ov4_d6_ss"),
+    "4096x7168x16384": ("ov4", "ov2_ss", "ov4_ss", "ov8_ss"),
     "4096^3": ("ov4", "ov8", "ov4_ss", "ov8_ss"),
     "8192^3": ("ov4", "ov4_ss", "ov8_ss"),
     "4096x4096x7168": ("ov4", "ov4_ss", "ov8_ss"),
