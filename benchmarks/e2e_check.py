@@ -538,6 +538,21 @@ def error_ok(rel: float, torch_rel: float) -> bool:
     return math.isfinite(rel) and rel <= 2 * torch_rel + harness.ERROR_FLOOR[DTYPE]
 
 
+def training_pair(doc: dict, dev, fuse: bool = False) -> tuple:
+    """torch's model and ours (``gnn.patch``, ``fuse``) from the same fp32 weights of the plan's
+    training model, each with its AdamW as :func:`train` sets it up: ``(cfg, models, swapped, opts)``
+    for the scripts that time a training step (host_check, train_profile)."""
+    tr = doc["train"]
+    cfg = config_of(doc, tr["model"])
+    with torch.device(dev):
+        base = Llama(cfg, tr["seq"]).init_weights(seed=tr["seed"])
+    models = {"torch": base, "ours": copy.deepcopy(base)}
+    swapped = gnn.patch(models["ours"], verbose=False, fuse=fuse)
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=tr["lr"], betas=(0.9, 0.95), weight_decay=0.1,
+                                 fused=dev.type == "cuda") for n, m in models.items()}
+    return cfg, models, swapped, opts
+
+
 def train_batch(cfg: Config, batch: int, seq: int, step: int, seed: int, device=None):
     """Step ``step``'s tokens: each row walks one of 8 strides through the first ``span`` ids from a
     random start (mod span), so a model can learn it; the same for every run of a seed."""

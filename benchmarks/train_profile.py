@@ -18,7 +18,6 @@ category. The phase runs in a child with a deadline (``measure.isolate``).
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,6 @@ import e2e_check  # noqa: E402  (a sibling script: the model, its plan, its batc
 import phase_runs  # noqa: E402
 from power_probe import Sampler  # noqa: E402
 
-import gemm_ladder.nn as gnn  # noqa: E402
 from gemm_ladder.core import device  # noqa: E402
 from gemm_ladder.core.records import read_json  # noqa: E402
 from gemm_ladder.measure import harness  # noqa: E402
@@ -90,14 +88,8 @@ def profile_job(doc: dict, dev: str = "cuda", fuse: bool = False, warmup: int = 
     """torch and ours from the same weights: ``warmup`` steps each, then ``steps`` under the
     profiler each; ``dev`` other than cuda: a dry run (tests: the CPU's kernels)."""
     tr = doc["train"]
-    cfg = e2e_check.config_of(doc, tr["model"])
     dev = torch.device(dev)
-    with torch.device(dev):
-        base = e2e_check.Llama(cfg, tr["seq"]).init_weights(seed=tr["seed"])
-    models = {"torch": base, "ours": copy.deepcopy(base)}
-    swapped = gnn.patch(models["ours"], verbose=False, fuse=fuse)
-    opts = {n: torch.optim.AdamW(m.parameters(), lr=tr["lr"], betas=(0.9, 0.95), weight_decay=0.1,
-                                 fused=dev.type == "cuda") for n, m in models.items()}
+    cfg, models, swapped, opts = e2e_check.training_pair(doc, dev, fuse)
 
     def step(name, i):
         m, opt = models[name], opts[name]
