@@ -538,6 +538,22 @@ def error_ok(rel: float, torch_rel: float) -> bool:
     return math.isfinite(rel) and rel <= 2 * torch_rel + harness.ERROR_FLOOR[DTYPE]
 
 
+def train_step(m, opt, x, y, vocab: int, dev, sched=None):
+    """One training step of ``m`` as every run here takes it: the forward under bf16 autocast, the
+    cross-entropy in fp32, the backward, gradients clipped to norm 1, ``opt`` (and ``sched``) stepped,
+    gradients cleared; the loss, detached."""
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        logits = m(x)
+    loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=dev.type == "cuda")
+    opt.step()
+    if sched is not None:
+        sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def training_pair(doc: dict, dev, fuse: bool = False) -> tuple:
     """torch's model and ours (``gnn.patch``, ``fuse``) from the same fp32 weights of the plan's
     training model, each with its AdamW as :func:`train` sets it up: ``(cfg, models, swapped, opts)``
@@ -847,16 +863,7 @@ def train(doc: dict, dev: str = "cuda", fuse: bool = False) -> dict:
     spans: dict = {n: [] for n in models}
 
     def step(name, x, y):
-        m, opt = models[name], opts[name]
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            logits = m(x)
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=dev.type == "cuda")
-        opt.step()
-        scheds[name].step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return train_step(models[name], opts[name], x, y, cfg.vocab, dev, scheds[name])
 
     names = list(models)
     t0 = time.time()

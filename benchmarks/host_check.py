@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -257,15 +256,7 @@ def train_phase(doc: dict, steps: int = TRAIN_STEPS, warmup: int = TRAIN_WARMUP,
     spans: dict = {n: [] for n in models}
 
     def step(name, x, y):
-        m, opt = models[name], opts[name]
-        with torch.autocast(dev.type, dtype=DTYPE):
-            logits = m(x)
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=dev.type == "cuda")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return e2e_check.train_step(models[name], opts[name], x, y, cfg.vocab, dev)
 
     t0 = time.time()
     names = list(models)

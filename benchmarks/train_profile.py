@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_check  # noqa: E402  (a sibling script: the model, its plan, its batches)
@@ -92,15 +91,8 @@ def profile_job(doc: dict, dev: str = "cuda", fuse: bool = False, warmup: int = 
     cfg, models, swapped, opts = e2e_check.training_pair(doc, dev, fuse)
 
     def step(name, i):
-        m, opt = models[name], opts[name]
         x, y = e2e_check.train_batch(cfg, tr["batch"], tr["seq"], i, tr["seed"], device=dev)
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            logits = m(x)
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=dev.type == "cuda")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        e2e_check.train_step(models[name], opts[name], x, y, cfg.vocab, dev)
 
     activity = torch.profiler.ProfilerActivity.CUDA if dev.type == "cuda" else torch.profiler.ProfilerActivity.CPU
     out: dict = {"status": "ok", "swapped": len(swapped), "fused": len(swapped.fused), "rows": []}
