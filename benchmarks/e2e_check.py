@@ -538,6 +538,37 @@ def error_ok(rel: float, torch_rel: float) -> bool:
     return math.isfinite(rel) and rel <= 2 * torch_rel + harness.ERROR_FLOOR[DTYPE]
 
 
+def train_step(m, opt, x, y, vocab: int, dev, sched=None):
+    """One training step of ``m`` as every run here takes it: the forward under bf16 autocast, the
+    cross-entropy in fp32, the backward, gradients clipped to norm 1, ``opt`` (and ``sched``) stepped,
+    gradients cleared; the loss, detached."""
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        logits = m(x)
+    loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=dev.type == "cuda")
+    opt.step()
+    if sched is not None:
+        sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def training_pair(doc: dict, dev, fuse: bool = False) -> tuple:
+    """torch's model and ours (``gnn.patch``, ``fuse``) from the same fp32 weights of the plan's
+    training model, each with its AdamW as :func:`train` sets it up: ``(cfg, models, swapped, opts)``
+    for the scripts that time a training step (host_check, train_profile)."""
+    tr = doc["train"]
+    cfg = config_of(doc, tr["model"])
+    with torch.device(dev):
+        base = Llama(cfg, tr["seq"]).init_weights(seed=tr["seed"])
+    models = {"torch": base, "ours": copy.deepcopy(base)}
+    swapped = gnn.patch(models["ours"], verbose=False, fuse=fuse)
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=tr["lr"], betas=(0.9, 0.95), weight_decay=0.1,
+                                 fused=dev.type == "cuda") for n, m in models.items()}
+    return cfg, models, swapped, opts
+
+
 def train_batch(cfg: Config, batch: int, seq: int, step: int, seed: int, device=None):
     """Step ``step``'s tokens: each row walks one of 8 strides through the first ``span`` ids from a
     random start (mod span), so a model can learn it; the same for every run of a seed."""
@@ -832,16 +863,7 @@ def train(doc: dict, dev: str = "cuda", fuse: bool = False) -> dict:
     spans: dict = {n: [] for n in models}
 
     def step(name, x, y):
-        m, opt = models[name], opts[name]
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            logits = m(x)
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=dev.type == "cuda")
-        opt.step()
-        scheds[name].step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return train_step(models[name], opts[name], x, y, cfg.vocab, dev, scheds[name])
 
     names = list(models)
     t0 = time.time()

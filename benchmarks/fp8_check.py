@@ -368,6 +368,23 @@ def _scaled_mm_peer(recipe: str, fast: bool):
     return call
 
 
+def drop_failing(kernels: dict) -> dict:
+    """Run each of ``kernels`` (name -> (fn, input sets)) once on its first set and drop those that
+    raise (a peer this torch lacks, or refuses at this recipe): ``{name: why}`` of those dropped."""
+    import torch  # pylint: disable=import-outside-toplevel  (GPU side)
+
+    left_out = {}
+    for n, (fn, ss) in list(kernels.items()):
+        try:
+            fn(*ss[0])
+            torch.cuda.synchronize()
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:  # a peer this torch lacks
+            left_out[n] = str(err)[:300]
+            print(f"  {n}: left out: {str(err)[:200]}", flush=True)
+            del kernels[n]
+    return left_out
+
+
 def _block_peers(folder, plan, peer: str, M: int, N: int, K: int, loaded: dict, l2: int) -> dict:
     """A block case's peers: our per-tensor fp8 module ``peer`` and torch's per-tensor _scaled_mm
     on tensor-scaled inputs of the shape, and cuBLAS bf16 (``torch.mm``) on bf16 inputs."""
@@ -423,15 +440,7 @@ def time_case(folder, plan, name: str, M: int, peer: str | None, loaded: dict) -
                   for _ in range(max(2, math.ceil(3 * l2 / (2 * (M * K + N * K + M * N)))))]
         b_launch = loaded[peer].launcher(*b_sets[0])
         kernels["ours_bf16_v9"] = (lambda a, w, d: b_launch(a, w, d), b_sets)
-    left_out = {}  # peer -> why (torch's block-wise _scaled_mm on sm_90, fast accumulation with rows, ...)
-    for n, (fn, ss) in list(kernels.items()):
-        try:
-            fn(*ss[0])
-            torch.cuda.synchronize()
-        except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:  # a peer this torch lacks
-            left_out[n] = str(err)[:300]
-            print(f"  {n}: left out: {str(err)[:200]}", flush=True)
-            del kernels[n]
+    left_out = drop_failing(kernels)  # (torch's block-wise _scaled_mm on sm_90, fast accumulation with rows, ...)
     names = list(kernels)
     calls = max(8, max(len(ss) for _, ss in kernels.values()))
     graph, call = {n: [] for n in names}, {n: [] for n in names}

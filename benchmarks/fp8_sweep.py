@@ -320,15 +320,7 @@ def time_shape(folder, plan, label: str, names: list[str], loaded: dict, recipe:
     kernels["torch_scaled_mm_fast_accum"] = (peer_of(recipe, True), sets)
     if recipe == "block" and peer is not None:
         kernels |= fp8_check._block_peers(folder, plan, peer, M, N, K, loaded, l2)  # pylint: disable=protected-access
-    left_out = {}  # peer -> why
-    for n, (fn, ss) in list(kernels.items()):
-        try:
-            fn(*ss[0])
-            torch.cuda.synchronize()
-        except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:  # a peer this torch lacks
-            left_out[n] = str(err)[:300]
-            print(f"  {n}: left out: {str(err)[:200]}", flush=True)
-            del kernels[n]
+    left_out = fp8_check.drop_failing(kernels)  # peer -> why
     order0 = list(kernels)
     calls = max(8, max(len(ss) for _, ss in kernels.values()))
     graph, call = {n: [] for n in order0}, {n: [] for n in order0}

@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -251,27 +250,13 @@ def train_phase(doc: dict, steps: int = TRAIN_STEPS, warmup: int = TRAIN_WARMUP,
     """torch and ours from the same weights on the same batches, a step of each in turn (as
     ``e2e_check.train``, without its yardstick run); ``dev`` other than cuda: a dry run (tests)."""
     tr = doc["train"]
-    cfg = e2e_check.config_of(doc, tr["model"])
     dev = torch.device(dev)
-    with torch.device(dev):
-        base = e2e_check.Llama(cfg, tr["seq"]).init_weights(seed=tr["seed"])
-    models = {"torch": base, "ours": copy.deepcopy(base)}
-    swapped = gnn.patch(models["ours"], verbose=False)
-    opts = {n: torch.optim.AdamW(m.parameters(), lr=tr["lr"], betas=(0.9, 0.95), weight_decay=0.1,
-                                 fused=dev.type == "cuda") for n, m in models.items()}
+    cfg, models, swapped, opts = e2e_check.training_pair(doc, dev)
     losses: dict = {n: [] for n in models}
     spans: dict = {n: [] for n in models}
 
     def step(name, x, y):
-        m, opt = models[name], opts[name]
-        with torch.autocast(dev.type, dtype=DTYPE):
-            logits = m(x)
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=dev.type == "cuda")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return e2e_check.train_step(models[name], opts[name], x, y, cfg.vocab, dev)
 
     t0 = time.time()
     names = list(models)

@@ -18,20 +18,17 @@ category. The phase runs in a child with a deadline (``measure.isolate``).
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_check  # noqa: E402  (a sibling script: the model, its plan, its batches)
 import phase_runs  # noqa: E402
 from power_probe import Sampler  # noqa: E402
 
-import gemm_ladder.nn as gnn  # noqa: E402
 from gemm_ladder.core import device  # noqa: E402
 from gemm_ladder.core.records import read_json  # noqa: E402
 from gemm_ladder.measure import harness  # noqa: E402
@@ -90,25 +87,12 @@ def profile_job(doc: dict, dev: str = "cuda", fuse: bool = False, warmup: int = 
     """torch and ours from the same weights: ``warmup`` steps each, then ``steps`` under the
     profiler each; ``dev`` other than cuda: a dry run (tests: the CPU's kernels)."""
     tr = doc["train"]
-    cfg = e2e_check.config_of(doc, tr["model"])
     dev = torch.device(dev)
-    with torch.device(dev):
-        base = e2e_check.Llama(cfg, tr["seq"]).init_weights(seed=tr["seed"])
-    models = {"torch": base, "ours": copy.deepcopy(base)}
-    swapped = gnn.patch(models["ours"], verbose=False, fuse=fuse)
-    opts = {n: torch.optim.AdamW(m.parameters(), lr=tr["lr"], betas=(0.9, 0.95), weight_decay=0.1,
-                                 fused=dev.type == "cuda") for n, m in models.items()}
+    cfg, models, swapped, opts = e2e_check.training_pair(doc, dev, fuse)
 
     def step(name, i):
-        m, opt = models[name], opts[name]
         x, y = e2e_check.train_batch(cfg, tr["batch"], tr["seq"], i, tr["seed"], device=dev)
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            logits = m(x)
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=dev.type == "cuda")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        e2e_check.train_step(models[name], opts[name], x, y, cfg.vocab, dev)
 
     activity = torch.profiler.ProfilerActivity.CUDA if dev.type == "cuda" else torch.profiler.ProfilerActivity.CPU
     out: dict = {"status": "ok", "swapped": len(swapped), "fused": len(swapped.fused), "rows": []}
