@@ -129,6 +129,29 @@ def staged(cfg: GemmConfig) -> bool:
     return bool(dict(cfg.extra).get("stage_scales", False)) if at_promotion(cfg) else False
 
 
+# With ``stage_scales``, the knob ``stage_probe`` picks which scales the producer copies into the
+# ring and which of them the consumers read from there (the rest they load from global memory at
+# the slice's own K block): "" is the knob itself; the others are probes for
+# ``benchmarks/fp8_block_bisect.py`` (issue 32: every staged module died with "an illegal
+# instruction" on the H100), each one part of the mechanism: A's copy and reads alone, B's alone,
+# both copies with no shared-memory read, and (``bulk``) the knob with plain bulk copies instead of
+# 1-D tensor maps (no CUtensorMap: A's source must start 16-byte aligned, M a multiple of 4; B's
+# copy is the aligned 16 bytes that hold its scale).
+STAGE_PARTS = {"": ("ab", "ab"), "a": ("a", "a"), "b": ("b", "b"), "copies": ("ab", ""), "bulk": ("ab", "ab")}
+BULK_PROBE = "bulk"
+
+
+def stage_parts(cfg: GemmConfig) -> tuple[str, str]:
+    """(copied, read from shared memory) of ``stage_scales`` with its ``stage_probe``
+    (:data:`STAGE_PARTS`): each of ``"a"``, ``"b"``, both or none; ``("", "")`` without the knob."""
+    return STAGE_PARTS[dict(cfg.extra).get("stage_probe", "")] if staged(cfg) else ("", "")
+
+
+def stage_bulk(cfg: GemmConfig) -> bool:
+    """Whether the staged scales come by plain bulk copies (the probe :data:`BULK_PROBE`)."""
+    return staged(cfg) and dict(cfg.extra).get("stage_probe", "") == BULK_PROBE
+
+
 def recipe(cfg: GemmConfig) -> str:
     """The scale recipe, ``tensor``, ``row`` or ``block`` (the spec's ``scales``)."""
     return spec_of(cfg).scales
@@ -237,6 +260,13 @@ def _check_staged(cfg: GemmConfig) -> None:
     if not isinstance(want, bool):
         raise ConfigError(f"stage_scales={want!r}: it is True (the producer's TMA stages A's and B's block scales "
                           "with each ring stage) or False; use stage_scales=True")
+    probe = dict(cfg.extra).get("stage_probe", "")
+    if probe not in STAGE_PARTS:
+        raise ConfigError(f"stage_probe={probe!r}: it is '' (stage_scales as it is) or a bisect probe, one of "
+                          f"{sorted(p for p in STAGE_PARTS if p)}; use stage_probe=''")
+    if probe and not want:
+        raise ConfigError(f"stage_probe={probe!r} with stage_scales=False: a probe takes part of the staged "
+                          "scales; use stage_scales=True (or stage_probe='')")
     if not want:
         return
     if recipe(cfg) != "block":
@@ -280,16 +310,20 @@ class BlockScales:
     warp_id: object
     lane_id: object
     smem: object = None  # stage_scales: the ring's staged scales ([stages, scale_row], StagedScales), else None
+    read: str = "ab"  # staged: the scales read from smem (the rest from global memory: STAGE_PARTS' probes)
+    bulk: bool = False  # staged by plain bulk copies (BULK_PROBE): B's scale at its offset in its 16 bytes
 
     @property
     def staged(self) -> bool:
         return self.smem is not None
 
-    def load_staged(self, slot, row0, scale_set) -> None:
-        """``stage_scales``: ring slot ``slot``'s scales (its K block's; call after the slot's
-        full-barrier wait, before its release) of this thread's rows (``row0``: its consumer's
-        first row of the tile) and the tile's B blocks, from shared memory into ``scale_set``."""
-        _load_staged(self, slot, row0, scale_set * self.per_slice(self.plan))
+    def load_staged(self, slot, row0, scale_set, m0, n0, kb) -> None:
+        """``stage_scales``: ring slot ``slot``'s scales (its K block ``kb``'s; call after the
+        slot's full-barrier wait, before its release) of this thread's rows (``row0``: its
+        consumer's first row of the tile; ``m0``: the same row in A) and the tile's B blocks (from
+        column ``n0``), from shared memory into ``scale_set``; those not in :attr:`read` (a probe)
+        from global memory as :meth:`load` does."""
+        _load_staged(self, slot, row0, m0, n0, kb, scale_set * self.per_slice(self.plan))
 
     @staticmethod
     def per_slice(plan: HopperPlan) -> int:
@@ -380,8 +414,11 @@ def scale_row(cfg: GemmConfig) -> int:
 
 def scale_stage_bytes(cfg: GemmConfig) -> int:
     """Bytes the scale copies of one stage bring (counted in the stage's full barrier): A's box of
-    ``blk_m`` floats and one 16-byte box a B block. TMA counts a box whole, zero-filled past the end."""
-    return 4 * cfg.blk_m + 4 * SCALE_B_BOX * max(1, cfg.blk_n // BLOCK)
+    ``blk_m`` floats and one 16-byte box a B block (a probe copies one of them: :data:`STAGE_PARTS`).
+    TMA counts a box whole, zero-filled past the end."""
+    copies = stage_parts(cfg)[0] or "ab"
+    return (4 * cfg.blk_m if "a" in copies else 0) + (4 * SCALE_B_BOX * max(1, cfg.blk_n // BLOCK)
+                                                       if "b" in copies else 0)
 
 
 def scale_smem_bytes(cfg: GemmConfig) -> int:
@@ -418,6 +455,11 @@ class StagedScales:
     def nbytes(self) -> int:
         return scale_stage_bytes(self.cfg)
 
+    @property
+    def copies(self) -> str:
+        """The scales copied: ``"ab"`` (the knob), ``"a"`` or ``"b"`` (probes: :data:`STAGE_PARTS`)."""
+        return stage_parts(self.cfg)[0]
+
     def load(self, stage, m_st, n_st, kb, mbar) -> None:
         """One thread (the producer): K block ``kb``'s scales of the tile at ``m_st``, ``n_st``
         into ``stage``, completing on ``mbar`` (this CTA's full barrier; not multicast)."""
@@ -433,24 +475,59 @@ def flat_shape(buf) -> tuple:
 
 
 @T.inline
+def _stage_scales_bulk(ss, stage, m_st, n_st, kb, mbar):
+    """:func:`_stage_scales` by plain bulk copies (``stage_probe="bulk"``): no tensor map. A's
+    ``blk_m`` floats from ``kb * M + m_st`` (16-byte aligned only where M is a multiple of 4; rows
+    past the tile's read on, as the tensor copy's do), and for each B block the aligned 16 bytes
+    that hold its scale (the consumer picks its float: :func:`_load_staged`)."""
+    BM = T.meta_var(ss.cfg.blk_m)
+    KB = T.meta_var(-(-ss.cfg.K // BLOCK))
+    a0 = T.meta_var(kb * ss.m_extent + m_st)
+    T.ptx["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"](
+        ss.smem.ptr_to([stage, 0]), ss.a_flat.ptr_to([a0]), T.uint32(4 * BM), mbar)
+    for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
+        b0 = T.meta_var((n_st // BLOCK + j) * KB + kb)
+        T.ptx["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"](
+            ss.smem.ptr_to([stage, BM + SCALE_ALIGN * j]), ss.b_flat.ptr_to([b0 - b0 % SCALE_B_BOX]),
+            T.uint32(4 * SCALE_B_BOX), mbar)
+
+
+@T.inline
 def _stage_scales(ss, stage, m_st, n_st, kb, mbar):
     BM = T.meta_var(ss.cfg.blk_m)
     KB = T.meta_var(-(-ss.cfg.K // BLOCK))
     a0 = T.meta_var(kb * ss.m_extent + m_st)
-    Tx.copy_async(ss.smem[stage, 0:BM], ss.a_flat[a0:a0 + BM], dispatch="tma_auto", mbar=mbar)
-    for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
-        b0 = T.meta_var((n_st // BLOCK + j) * KB + kb)
-        s0 = T.meta_var(BM + SCALE_ALIGN * j)
-        Tx.copy_async(ss.smem[stage, s0:s0 + SCALE_B_BOX], ss.b_flat[b0:b0 + SCALE_B_BOX], dispatch="tma_auto",
-                      mbar=mbar)
+    if stage_bulk(ss.cfg):
+        _stage_scales_bulk(ss, stage, m_st, n_st, kb, mbar)
+    elif "a" in ss.copies:
+        Tx.copy_async(ss.smem[stage, 0:BM], ss.a_flat[a0:a0 + BM], dispatch="tma_auto", mbar=mbar)
+    if "b" in ss.copies and not stage_bulk(ss.cfg):
+        for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
+            b0 = T.meta_var((n_st // BLOCK + j) * KB + kb)
+            s0 = T.meta_var(BM + SCALE_ALIGN * j)
+            Tx.copy_async(ss.smem[stage, s0:s0 + SCALE_B_BOX], ss.b_flat[b0:b0 + SCALE_B_BOX], dispatch="tma_auto",
+                          mbar=mbar)
 
 
 @T.inline
-def _load_staged(bs, slot, row0, base):
+def _load_staged(bs, slot, row0, m0, n0, kb, base):
     MA = T.meta_var(2 * bs.plan.m_atoms)
     for mi in T.unroll(bs.plan.m_atoms):
         for h in T.unroll(2):
             # this thread's rows of atom mi (of the tile: row0 is its consumer's first)
-            bs.sreg[base + 2 * mi + h] = bs.smem[slot, row0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4 + 8 * h]
+            if "a" in bs.read:
+                bs.sreg[base + 2 * mi + h] = bs.smem[slot, row0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
+                                                     + 8 * h]
+            else:
+                bs.sreg[base + 2 * mi + h] = bs.scale_a[kb, T.min(m0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
+                                                                 + 8 * h, bs.scale_a.shape[1] - 1)]
     for j in T.unroll(b_blocks(bs.plan)):
-        bs.sreg[base + MA + j] = bs.smem[slot, bs.plan.cfg.blk_m + SCALE_ALIGN * j]
+        if "b" in bs.read and bs.bulk:
+            # the aligned 16 bytes holding the block's scale (_stage_scales): its float at its offset there
+            bs.sreg[base + MA + j] = bs.smem[slot, bs.plan.cfg.blk_m + SCALE_ALIGN * j
+                                             + ((n0 // BLOCK + j) * (-(-bs.plan.cfg.K // BLOCK)) + kb) % SCALE_B_BOX]
+        elif "b" in bs.read:
+            bs.sreg[base + MA + j] = bs.smem[slot, bs.plan.cfg.blk_m + SCALE_ALIGN * j]
+        else:
+            bs.sreg[base + MA + j] = bs.scale_b[T.min(n0 // BLOCK + j, bs.scale_b.shape[0] - 1), kb]
+

@@ -253,7 +253,7 @@ def _block_groups(mma, pos, kb0, size, nk, m0, n0) -> None:
     first block into set 0. Before the first run, K block 0's scales go into set 0
     (:func:`_run_block_overlapped`); loads past the tile's last block read its last (``nk - 1``)."""
     if mma.scales.staged:
-        _block_groups_staged(mma, pos, size)
+        _block_groups_staged(mma, pos, kb0, size, m0, n0)
         return
     sets = (mma.acc, mma.acc2)
     for j in range(size):
@@ -266,15 +266,16 @@ def _block_groups(mma, pos, kb0, size, nk, m0, n0) -> None:
     mma.scales.promote(mma.total, sets[(size - 1) % 2], False, (size - 1) % 2)
 
 
-def _block_groups_staged(mma, pos, size) -> None:
+def _block_groups_staged(mma, pos, kb0, size, m0, n0) -> None:
     """:func:`_block_groups` with the scales staged in the ring (``fp8.StagedScales``, knob
     ``stage_scales``): slice j's scales are read from its slot's shared memory into scale set
     j % 2 once its full-barrier wait passed (in :func:`_slice_into`), after its wgmmas are issued
-    and before the slot is released a slice later; no global load, nothing loaded ahead."""
+    and before the slot is released a slice later; no global load, nothing loaded ahead (a bisect
+    probe, ``fp8.STAGE_PARTS``, loads the scales it does not stage from global memory there)."""
     sets = (mma.acc, mma.acc2)
     for j in range(size):
         _slice_into(mma, sets[j % 2], pos + j, True)
-        mma.scales.load_staged(mma.ring.slot(pos + j), mma.row0, j % 2)
+        mma.scales.load_staged(mma.ring.slot(pos + j), mma.row0, j % 2, m0, n0, kb0 + j)
         if j > 0:
             _retire_all_but_last(mma, pos + j - 1)
             mma.scales.promote(mma.total, sets[(j - 1) % 2], False, (j - 1) % 2)
