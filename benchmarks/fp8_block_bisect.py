@@ -1,0 +1,209 @@
+"""Why fp8 block scales staged by TMA die with "an illegal instruction" (issue 32), in one GPU run.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/fp8_block_bisect.py prepare build/fp8_bisect        # build box
+    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+        python3 benchmarks/fp8_block_bisect.py run build/fp8_bisect --out out/fp8_block_bisect.json  # GPU box
+    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+        compute-sanitizer --tool memcheck --show-backtrace device \\
+        python3 benchmarks/fp8_block_bisect.py sanitize build/fp8_bisect --module b_7168x16384_full --m 333
+
+Every module with ``stage_scales`` failed its check on the H100 (``benchmarks/results/
+2026-11-26_h100_fp8_block_staged/``) while the CPU checks (SASS, barrier checker) passed. The
+knob has three parts: the producer's 1-D TMA copy of A's ``blk_m`` scales of a K block, its 1-D
+copy of B's block scale (a 16-byte box starting at any float), and the consumers' shared-memory
+reads after the full-barrier wait. The probes of ``fp8.STAGE_PARTS`` (knob ``stage_probe``) each
+keep one part and load the other scales from global memory as the unstaged kernel does:
+
+- ``control``: the block policy's module (overlap=4, no staging), which passes;
+- ``full``: ``stage_scales=True`` as it failed;
+- ``a``: A's copy and reads only (B's scale from global memory);
+- ``b``: B's copy and reads only (A's scales from global memory);
+- ``copies``: both copies issued and waited for, no shared-memory read (every scale from global);
+- ``bulk``: ``full`` with plain bulk copies (``cp.async.bulk``, no tensor map) in place of the 1-D
+  TMA copies: the fix if the tensor maps are what breaks (A's source must start 16-byte aligned,
+  so it is checked at M = 4096 only);
+- ``sm_control`` / ``sm_full``: the small-M policy (64x64 tiles, one consumer, a 1x2 cluster).
+
+Each is checked (``fp8_check.check_all``: a child a case with a deadline; random inputs quantized
+as ``quantize_fp8`` does, output poisoned with NaN, error against a float64 product within 2x of
+``torch._scaled_mm`` block-wise's own) at its shape's M and the staged ones also at M = 333 (A's
+boxes then start off a 16-byte boundary, as B's always may). Which fail says which part breaks.
+Then every module that passed is timed with the control and ``torch._scaled_mm`` block-wise in
+the same rounds (``fp8_sweep.time_shape``: kernels in CUDA graphs cycling input sets that spill
+L2, and queued calls, the order rotating and reversing), clocks sampled. ``sanitize`` runs one
+module once, for ``compute-sanitizer``: its report names the faulting instruction's offset in
+the kernel and the thread (thread 0 of a CTA is the producer; 128 and up the consumers), which
+the module's SASS (``gemm_ladder.compile.sass``) places. About a minute on an H100; the folder is
+about 2 MiB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fp8_check  # noqa: E402  (sibling scripts: the checks, the children, the timing)
+import fp8_sweep  # noqa: E402
+from power_probe import Sampler  # noqa: E402
+import check_cli  # noqa: E402
+
+from gemm_ladder.core import device  # noqa: E402
+
+FORMAT = "gemm_ladder.fp8_block_bisect"
+BIG = "4096x7168x16384"  # issue 32's block target shape
+SMALL = "128x7168x16384"  # the small-M policy's side, the same weight
+SHAPES = ((BIG, 4096, 7168, 16384), (SMALL, 128, 7168, 16384))
+SMALL_M = fp8_sweep.SMALL_M  # the block policy's small-M knobs (plan.FP8_BLOCK_SMALL_KNOBS)
+CONFIGS = {
+    "control": {"overlap": 4},
+    "full": {"overlap": 4, "stage_scales": True},
+    "a": {"overlap": 4, "stage_scales": True, "stage_probe": "a"},
+    "b": {"overlap": 4, "stage_scales": True, "stage_probe": "b"},
+    "copies": {"overlap": 4, "stage_scales": True, "stage_probe": "copies"},
+    "bulk": {"overlap": 4, "stage_scales": True, "stage_probe": "bulk"},
+    "sm_control": {**SMALL_M, "overlap": 2},
+    "sm_full": {**SMALL_M, "overlap": 2, "stage_scales": True},
+}
+TIMED = {BIG: ("control", "full", "a", "b", "copies", "bulk"), SMALL: ("sm_control", "sm_full")}
+BISECT = fp8_sweep.Sweep("block", SHAPES, CONFIGS, TIMED, {})
+ODD_M = 333  # A's scale boxes start 4 * (kb * 333 + m) bytes in: off 16 bytes for most K blocks
+
+
+@contextlib.contextmanager
+def bisect_sweep():
+    """fp8_sweep's helpers (module names, prepare, timing, rows) read the block sweep from
+    ``fp8_sweep.SWEEPS``: inside this, it is the bisect's (restored after: a test process goes on)."""
+    saved = fp8_sweep.SWEEPS
+    fp8_sweep.SWEEPS = {**saved, "block": BISECT}
+    try:
+        yield
+    finally:
+        fp8_sweep.SWEEPS = saved
+
+
+def cases(plan: dict) -> list[tuple[str, int]]:
+    """(module, M) checks (inside :func:`bisect_sweep`): every module at its shape's M, the staged ones but ``bulk`` (whose A
+    copy needs M a multiple of 4) also at :data:`ODD_M`; the unstaged first (a failing case costs
+    a new child)."""
+    first, staged = [], []
+    for label, M, _, _ in SHAPES:
+        for config in TIMED[label]:
+            name = fp8_sweep.module_name(label, config, "block")
+            knobs = plan["modules"][name]["knobs"]
+            (staged if knobs.get("stage_scales") else first).append((name, M))
+            if knobs.get("stage_scales") and knobs.get("stage_probe") != "bulk":
+                staged.append((name, ODD_M))
+    return first + staged
+
+
+def verdict(checks: list[dict]) -> dict:
+    """Which parts fail, in words: a probe name -> ``pass`` / ``FAIL`` at each M it was checked at."""
+    out: dict = {}
+    for c in checks:
+        config = c["name"].split("_", 2)[-1]
+        out.setdefault(config, {})[str(c["M"])] = "pass" if c.get("correct") else ("FAIL: " + str(c.get("error"))[-200:]
+                                                                                   if c.get("error") else "FAIL (wrong)")
+    return out
+
+
+# -- prepare (build box) -----------------------------------------------------------------------------
+def prepare(out) -> int:
+    return fp8_sweep.prepare(out, "block")
+
+
+# -- run (GPU box) ------------------------------------------------------------------------------------
+def run(folder, out) -> int:
+    why = device.why_no_gpu(index=0)
+    if why is not None:
+        print(f"fp8_block_bisect run: no GPU ({why}): run it on the GPU box", file=sys.stderr)
+        return 2
+    from gemm_ladder.measure import harness  # pylint: disable=import-outside-toplevel  (the GPU box's)
+
+    plan = json.loads((Path(folder) / fp8_sweep.PLAN_FILE).read_text())
+    missing = sorted(set(fp8_sweep.plan_modules("block")) - set(plan.get("modules", {})))
+    if plan.get("format") != fp8_sweep.FORMAT or missing:
+        print(f"fp8_block_bisect run: {folder} is not this bisect's folder (missing {missing}): run "
+              "fp8_block_bisect.py prepare", file=sys.stderr)
+        return 2
+    start, sampler = time.time(), Sampler()
+    checks = fp8_check.check_all(folder, cases(plan))
+    passed_at = {}
+    for c in checks:
+        passed_at.setdefault(c["name"], []).append(bool(c.get("correct")))
+    good = {n for n, oks in passed_at.items() if all(oks)}
+    rows, loaded, timings = [], {}, {}
+    try:
+        for label, M, _, _ in SHAPES:
+            names = [fp8_sweep.module_name(label, c, "block") for c in TIMED[label]]
+            names = [n for n in names if n in good]
+            if not names:
+                continue
+            timing = fp8_sweep.time_shape(folder, plan, label, names, loaded, "block", None)
+            timings[label] = {k: v for k, v in timing.items() if k not in ("t0", "t1")}
+            at_m = {c["name"]: c for c in checks if c["M"] == M}
+            shape_rows = fp8_sweep.rows_of(plan, label, timing, at_m, sampler.between(timing["t0"], timing["t1"]),
+                                           "block")
+            control = timing["kernel_ms"].get(fp8_sweep.module_name(label, TIMED[label][0], "block"))
+            for r in shape_rows:
+                r["ratio_to_control"] = fp8_check.ratio(control, r["kernel_ms"])
+                print(f"{label} {r['config']}: {fp8_check.f3(r['tflops'])} TFLOPS, x control "
+                      f"{fp8_check.f3(r['ratio_to_control'])}, x torch._scaled_mm block "
+                      f"{fp8_check.f3(r['ratio_to_scaled_mm'])}{'' if r['correct'] else ' NOT CORRECT'}", flush=True)
+            rows += shape_rows
+    finally:
+        sampler.stop()
+    result = {**check_cli.head(FORMAT, harness, sampler, start), "recipe": "block", "checks": checks,
+              "verdict": verdict(checks), "timings": timings, "rows": rows}
+    check_cli.write_result(out, result)
+    for config, at in result["verdict"].items():
+        print(f"verdict {config}: " + ", ".join(f"M={m} {v}" for m, v in at.items()))
+    print(f"{sum(1 for c in checks if c.get('correct'))} of {len(checks)} checks pass; {len(rows)} rows; "
+          f"{result['seconds']:.0f} s; wrote {out}")
+    return 0
+
+
+def sanitize(folder, name: str, M: int) -> int:
+    """One call of module ``name`` at M rows, synchronized, for ``compute-sanitizer`` (which reports
+    the faulting instruction and thread of a hardware exception) or ``cuda-gdb``."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import gemm_ladder  # pylint: disable=import-outside-toplevel
+
+    plan = json.loads((Path(folder) / fp8_sweep.PLAN_FILE).read_text())["modules"]
+    if name not in plan:
+        print(f"fp8_block_bisect sanitize: no module {name!r} in {folder}; one of {sorted(plan)}", file=sys.stderr)
+        return 2
+    entry = plan[name]
+    mod = gemm_ladder.load(Path(folder) / entry["file"])
+    aq, wq, sa, sb, b = fp8_check.inputs(M, entry["N"], entry["K"], "block", None, seed=M)
+    d = torch.full((M, entry["N"]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    print(f"sanitize {name} M={M}: knobs {entry['knobs']}", flush=True)
+    fp8_check.ours(mod, aq, wq, sa, sb, b, d, "block")
+    torch.cuda.synchronize()
+    print(f"sanitize {name} M={M}: finished, NaN left {bool(torch.isnan(d).any())}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p, _, _, sub = check_cli.subcommands(__doc__, "build box: the probes' modules and plan",
+                                         "GPU box: check every probe, then time those that pass",
+                                         "fp8_block_bisect.json")
+    s = sub.add_parser("sanitize", help="GPU box: one call of one module (run it under compute-sanitizer)")
+    s.add_argument("folder")
+    s.add_argument("--module", default=f"b_{SHAPES[0][2]}x{SHAPES[0][3]}_full",
+                   help="a module of the folder (fp8_sweep.module_name: b_<N>x<K>_<config>)")
+    s.add_argument("--m", type=int, default=ODD_M)
+    a = p.parse_args(argv)
+    with bisect_sweep():
+        if a.cmd == "prepare":
+            return prepare(a.out)
+        if a.cmd == "sanitize":
+            return sanitize(a.folder, a.module, a.m)
+        return run(a.folder, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
