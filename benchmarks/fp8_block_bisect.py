@@ -22,7 +22,12 @@ keep one part and load the other scales from global memory as the unstaged kerne
 - ``bulk``: ``full`` with plain bulk copies (``cp.async.bulk``, no tensor map) in place of the 1-D
   TMA copies: the fix if the tensor maps are what breaks (A's source must start 16-byte aligned,
   so it is checked at M = 4096 only);
-- ``sm_control`` / ``sm_full``: the small-M policy (64x64 tiles, one consumer, a 1x2 cluster).
+- ``aligned``: ``full`` with every 1-D box starting 16-byte aligned (A's rounded down and 4 floats
+  longer, B's the aligned 16 bytes holding its scale; the consumers read at the offsets): the fix
+  if a box starting off 16 bytes is what breaks (then ``a`` passes at M = 4096, where A's boxes
+  start aligned, and fails at M = 333, and ``b`` fails: B's start at any float);
+- ``sm_control`` / ``sm_full`` / ``sm_aligned``: the small-M policy (64x64 tiles, one consumer, a 1x2
+  cluster).
 
 Each is checked (``fp8_check.check_all``: a child a case with a deadline; random inputs quantized
 as ``quantize_fp8`` does, output poisoned with NaN, error against a float64 product within 2x of
@@ -65,10 +70,12 @@ CONFIGS = {
     "b": {"overlap": 4, "stage_scales": True, "stage_probe": "b"},
     "copies": {"overlap": 4, "stage_scales": True, "stage_probe": "copies"},
     "bulk": {"overlap": 4, "stage_scales": True, "stage_probe": "bulk"},
+    "aligned": {"overlap": 4, "stage_scales": True, "stage_probe": "aligned"},
     "sm_control": {**SMALL_M, "overlap": 2},
     "sm_full": {**SMALL_M, "overlap": 2, "stage_scales": True},
+    "sm_aligned": {**SMALL_M, "overlap": 2, "stage_scales": True, "stage_probe": "aligned"},
 }
-TIMED = {BIG: ("control", "full", "a", "b", "copies", "bulk"), SMALL: ("sm_control", "sm_full")}
+TIMED = {BIG: ("control", "full", "a", "b", "copies", "bulk", "aligned"), SMALL: ("sm_control", "sm_full", "sm_aligned")}
 BISECT = fp8_sweep.Sweep("block", SHAPES, CONFIGS, TIMED, {})
 ODD_M = 333  # A's scale boxes start 4 * (kb * 333 + m) bytes in: off 16 bytes for most K blocks
 

@@ -40,6 +40,7 @@ def _cfg(probe, K=1280):
     ("b", 1, 0, {SMEM, SCALE_A}),        # B staged and read; A's from global memory
     ("copies", 2, 0, {SCALE_A, SCALE_B}),  # both copied, neither read from shared memory
     ("bulk", 0, 2, {SMEM}),              # both staged by plain bulk copies, no tensor map
+    ("aligned", 2, 0, {SMEM}),           # both staged in 16-byte aligned 1-D boxes
 ])
 def test_each_probe_builds_only_its_part(probe, tma_1d, bulk, reads):
     src = builder.build(kernel_of(_cfg(probe))).cuda_source()
@@ -59,11 +60,29 @@ def test_the_bulk_probe_reads_b_s_scale_at_its_place_in_the_aligned_16_bytes():
     assert b_reads and all("10) + " in line and "& 3)" in line or "& 1) * 2)" in line for line in b_reads), b_reads
 
 
-@pytest.mark.parametrize("probe", ["a", "b", "copies"])
+@pytest.mark.parametrize("probe", ["a", "b", "copies", "aligned"])
 def test_the_barrier_checker_passes_each_tensor_map_probe(probe):
-    """The stage's bytes are what its copies bring: A's box alone, B's alone, both."""
+    """The stage's bytes are what its copies bring: A's box alone, B's alone, both, both with A's
+    box 4 floats longer."""
     assert check_config(_cfg(probe)).ok
-    assert fp8.scale_stage_bytes(_cfg(probe)) == {"a": 4 * 128, "b": 16, "copies": 4 * 128 + 16}[probe]
+    assert fp8.scale_stage_bytes(_cfg(probe)) == {"a": 4 * 128, "b": 16, "copies": 4 * 128 + 16,
+                                                  "aligned": 4 * 132 + 16}[probe]
+
+
+def test_the_aligned_probe_starts_every_box_on_16_bytes_and_reads_at_the_offsets():
+    """A's box from kb * M + m_st rounded down to 4 floats (the tile's m_st is a multiple of 128:
+    ``(k * M) & 3`` is what is left), B's from nb * K/128 + kb rounded down; the consumers read
+    A's rows and B's scale that many floats on, and B's boxes land past A's longer one."""
+    cfg = make_config("v9", 512, 512, 1280, spec=BLOCK, overlap=4, stage_scales=True, stage_probe="aligned",
+                      dynamic_m=True)
+    src = builder.build(kernel_of(cfg)).cuda_source()
+    copies = [line for line in src.splitlines() if _TMA_1D.search(line)]
+    assert len(copies) == 2 and "- ((k * M) & 3))" in copies[0], copies
+    rounded = re.search(r"scale_b_flat_tensormap\)\)\)\), \((.+) - \((.+) & 3\)\)", copies[1])
+    assert rounded and rounded.group(1) == rounded.group(2), copies[1]  # x - (x & 3)
+    a_reads = [line for line in src.splitlines() if re.search(r"Sreg_ptr\[[0134]\] = \(\(float\*\)pool_buf_ptr\)", line)]
+    assert any("* M) & 3)" in line for line in a_reads), a_reads
+    assert fp8.b_scale_at(cfg) == 128 + fp8.SCALE_ALIGN and fp8.scale_row(cfg) == 128 + 2 * fp8.SCALE_ALIGN
 
 
 def test_a_probe_is_refused_unless_it_names_one_and_stages():
@@ -83,10 +102,11 @@ def test_the_bisect_checks_every_probe_at_the_m_that_tells_the_parts_apart():
     names = {n.split("_", 2)[-1]: n for n in plan["modules"]}
     assert set(names) == set(bisect.CONFIGS)
     assert got[:2] == [(names["control"], 4096), (names["sm_control"], 128)]
-    for probe in ("full", "a", "b", "copies"):
-        assert (names[probe], 4096) in got and (names[probe], bisect.ODD_M) in got
+    for probe in ("full", "a", "b", "copies", "aligned", "sm_full", "sm_aligned"):
+        M = 128 if probe.startswith("sm_") else 4096
+        assert (names[probe], M) in got and (names[probe], bisect.ODD_M) in got
     assert (names["bulk"], 4096) in got and (names["bulk"], bisect.ODD_M) not in got
-    assert (names["sm_full"], 128) in got and len(got) == len(set(got)) == len(bisect.CONFIGS) + 5
+    assert len(got) == len(set(got)) == len(bisect.CONFIGS) + 7
     assert bisect.ODD_M % 4
     assert fp8_sweep.SWEEPS["block"] is not bisect.BISECT  # restored: the block sweep's own again
 

@@ -136,9 +136,12 @@ def staged(cfg: GemmConfig) -> bool:
 # instruction" on the H100), each one part of the mechanism: A's copy and reads alone, B's alone,
 # both copies with no shared-memory read, and (``bulk``) the knob with plain bulk copies instead of
 # 1-D tensor maps (no CUtensorMap: A's source must start 16-byte aligned, M a multiple of 4; B's
-# copy is the aligned 16 bytes that hold its scale).
-STAGE_PARTS = {"": ("ab", "ab"), "a": ("a", "a"), "b": ("b", "b"), "copies": ("ab", ""), "bulk": ("ab", "ab")}
-BULK_PROBE = "bulk"
+# copy is the aligned 16 bytes that hold its scale), and (``aligned``) the knob with every 1-D box
+# starting on a 16-byte boundary (A's rounded down, 4 floats longer; B's the aligned 16 bytes that
+# hold its scale), each consumer reading its floats at their offset there.
+STAGE_PARTS = {"": ("ab", "ab"), "a": ("a", "a"), "b": ("b", "b"), "copies": ("ab", ""), "bulk": ("ab", "ab"),
+               "aligned": ("ab", "ab")}
+BULK_PROBE, ALIGNED_PROBE = "bulk", "aligned"
 
 
 def stage_parts(cfg: GemmConfig) -> tuple[str, str]:
@@ -150,6 +153,17 @@ def stage_parts(cfg: GemmConfig) -> tuple[str, str]:
 def stage_bulk(cfg: GemmConfig) -> bool:
     """Whether the staged scales come by plain bulk copies (the probe :data:`BULK_PROBE`)."""
     return staged(cfg) and dict(cfg.extra).get("stage_probe", "") == BULK_PROBE
+
+
+def stage_aligned(cfg: GemmConfig) -> bool:
+    """Whether every staged scale box starts 16-byte aligned (the probe :data:`ALIGNED_PROBE`)."""
+    return staged(cfg) and dict(cfg.extra).get("stage_probe", "") == ALIGNED_PROBE
+
+
+def b_scale_at(cfg: GemmConfig) -> int:
+    """Where a stage's first B box lands in its scale row: after A's ``blk_m`` floats (a further
+    128 bytes on with :data:`ALIGNED_PROBE`, whose A box is 4 floats longer)."""
+    return cfg.blk_m + (SCALE_ALIGN if stage_aligned(cfg) else 0)
 
 
 def recipe(cfg: GemmConfig) -> str:
@@ -312,6 +326,7 @@ class BlockScales:
     smem: object = None  # stage_scales: the ring's staged scales ([stages, scale_row], StagedScales), else None
     read: str = "ab"  # staged: the scales read from smem (the rest from global memory: STAGE_PARTS' probes)
     bulk: bool = False  # staged by plain bulk copies (BULK_PROBE): B's scale at its offset in its 16 bytes
+    aligned: bool = False  # staged in 16-byte aligned boxes (ALIGNED_PROBE): A's and B's at their offsets
 
     @property
     def staged(self) -> bool:
@@ -409,7 +424,7 @@ SCALE_ALIGN = 32  # floats (128 bytes): where each B box lands after A's, TMA's 
 def scale_row(cfg: GemmConfig) -> int:
     """Floats of one ring stage's scales in shared memory: the tile's ``blk_m`` A scales of the
     stage's K block, then a 128-byte aligned place for each B block's 16-byte box."""
-    return cfg.blk_m + SCALE_ALIGN * max(1, cfg.blk_n // BLOCK)
+    return b_scale_at(cfg) + SCALE_ALIGN * max(1, cfg.blk_n // BLOCK)
 
 
 def scale_stage_bytes(cfg: GemmConfig) -> int:
@@ -417,8 +432,9 @@ def scale_stage_bytes(cfg: GemmConfig) -> int:
     ``blk_m`` floats and one 16-byte box a B block (a probe copies one of them: :data:`STAGE_PARTS`).
     TMA counts a box whole, zero-filled past the end."""
     copies = stage_parts(cfg)[0] or "ab"
-    return (4 * cfg.blk_m if "a" in copies else 0) + (4 * SCALE_B_BOX * max(1, cfg.blk_n // BLOCK)
-                                                       if "b" in copies else 0)
+    a_box = cfg.blk_m + (SCALE_B_BOX if stage_aligned(cfg) else 0)
+    return (4 * a_box if "a" in copies else 0) + (4 * SCALE_B_BOX * max(1, cfg.blk_n // BLOCK)
+                                                   if "b" in copies else 0)
 
 
 def scale_smem_bytes(cfg: GemmConfig) -> int:
@@ -493,15 +509,37 @@ def _stage_scales_bulk(ss, stage, m_st, n_st, kb, mbar):
 
 
 @T.inline
+def _stage_scales_aligned(ss, stage, m_st, n_st, kb, mbar):
+    """:func:`_stage_scales` with every box starting 16-byte aligned (``stage_probe="aligned"``):
+    A's from the tile's first scale ``kb * M + m_st`` rounded down to 4 floats, ``blk_m + 4``
+    long (past the end TMA fills zeros); each B block's the aligned 16 bytes holding its scale.
+    The consumer reads each float at its offset there (:func:`_load_staged`)."""
+    BM = T.meta_var(ss.cfg.blk_m)
+    KB = T.meta_var(-(-ss.cfg.K // BLOCK))
+    a0 = T.meta_var(kb * ss.m_extent + m_st)
+    a_al = T.meta_var(a0 - a0 % SCALE_B_BOX)
+    Tx.copy_async(ss.smem[stage, 0:BM + SCALE_B_BOX], ss.a_flat[a_al:a_al + BM + SCALE_B_BOX], dispatch="tma_auto",
+                  mbar=mbar)
+    for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
+        b0 = T.meta_var((n_st // BLOCK + j) * KB + kb)
+        b_al = T.meta_var(b0 - b0 % SCALE_B_BOX)
+        s0 = T.meta_var(b_scale_at(ss.cfg) + SCALE_ALIGN * j)
+        Tx.copy_async(ss.smem[stage, s0:s0 + SCALE_B_BOX], ss.b_flat[b_al:b_al + SCALE_B_BOX], dispatch="tma_auto",
+                      mbar=mbar)
+
+
+@T.inline
 def _stage_scales(ss, stage, m_st, n_st, kb, mbar):
     BM = T.meta_var(ss.cfg.blk_m)
     KB = T.meta_var(-(-ss.cfg.K // BLOCK))
     a0 = T.meta_var(kb * ss.m_extent + m_st)
     if stage_bulk(ss.cfg):
         _stage_scales_bulk(ss, stage, m_st, n_st, kb, mbar)
+    elif stage_aligned(ss.cfg):
+        _stage_scales_aligned(ss, stage, m_st, n_st, kb, mbar)
     elif "a" in ss.copies:
         Tx.copy_async(ss.smem[stage, 0:BM], ss.a_flat[a0:a0 + BM], dispatch="tma_auto", mbar=mbar)
-    if "b" in ss.copies and not stage_bulk(ss.cfg):
+    if "b" in ss.copies and not stage_bulk(ss.cfg) and not stage_aligned(ss.cfg):
         for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
             b0 = T.meta_var((n_st // BLOCK + j) * KB + kb)
             s0 = T.meta_var(BM + SCALE_ALIGN * j)
@@ -515,16 +553,20 @@ def _load_staged(bs, slot, row0, m0, n0, kb, base):
     for mi in T.unroll(bs.plan.m_atoms):
         for h in T.unroll(2):
             # this thread's rows of atom mi (of the tile: row0 is its consumer's first)
-            if "a" in bs.read:
+            if "a" in bs.read and bs.aligned:
+                # the box starts at the tile's first scale rounded down to 4 floats (_stage_scales)
+                bs.sreg[base + 2 * mi + h] = bs.smem[slot, row0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
+                                                     + 8 * h + (kb * bs.scale_a.shape[1] + m0 - row0) % SCALE_B_BOX]
+            elif "a" in bs.read:
                 bs.sreg[base + 2 * mi + h] = bs.smem[slot, row0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
                                                      + 8 * h]
             else:
                 bs.sreg[base + 2 * mi + h] = bs.scale_a[kb, T.min(m0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
                                                                  + 8 * h, bs.scale_a.shape[1] - 1)]
     for j in T.unroll(b_blocks(bs.plan)):
-        if "b" in bs.read and bs.bulk:
+        if "b" in bs.read and (bs.bulk or bs.aligned):
             # the aligned 16 bytes holding the block's scale (_stage_scales): its float at its offset there
-            bs.sreg[base + MA + j] = bs.smem[slot, bs.plan.cfg.blk_m + SCALE_ALIGN * j
+            bs.sreg[base + MA + j] = bs.smem[slot, b_scale_at(bs.plan.cfg) + SCALE_ALIGN * j
                                              + ((n0 // BLOCK + j) * (-(-bs.plan.cfg.K // BLOCK)) + kb) % SCALE_B_BOX]
         elif "b" in bs.read:
             bs.sreg[base + MA + j] = bs.smem[slot, bs.plan.cfg.blk_m + SCALE_ALIGN * j]
