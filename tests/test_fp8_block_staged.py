@@ -100,16 +100,17 @@ def test_the_barrier_checker_sees_the_scale_copies_in_the_stage_bytes(monkeypatc
 def test_the_scales_take_a_row_a_stage_beside_the_ring():
     cfg = make_config("v9", 4096, 4096, 4096, spec=BLOCK, overlap=4, stage_scales=True)
     plain = make_config("v9", 4096, 4096, 4096, spec=BLOCK, overlap=4)
-    assert fp8.scale_row(cfg) == 128 + 32  # A's 128 rows, then B's box 128 bytes on
-    assert fp8.scale_stage_bytes(cfg) == 4 * 128 + 16
-    assert launch(cfg, PRESET)["smem_bytes"] - launch(plain, PRESET)["smem_bytes"] == 4 * 4 * 160
+    # A's box: 128 rows from the first rounded down to 16 bytes, 4 floats more; B's box on the next 128 bytes
+    assert fp8.scale_row(cfg) == 128 + 32 + 32
+    assert fp8.scale_stage_bytes(cfg) == 4 * (128 + 4) + 16
+    assert launch(cfg, PRESET)["smem_bytes"] - launch(plain, PRESET)["smem_bytes"] == 4 * 4 * 192
     assert fp8.scale_smem_bytes(plain) == 0
 
 
 @pytest.mark.parametrize("spec, knobs, words", [
     (GemmSpec.fp8("bfloat16", "tensor"), {"overlap": 4}, "stage_scales=True with tensor scales: .*use stage_scales=False"),
     (BLOCK, {"overlap": 0}, "stage_scales=True with overlap=0: .*use overlap=4"),
-    (BLOCK, {"overlap": 4, "pipe_depth": 6}, "pipe_depth=6: .* 234240 bytes .* over the 232448 .* smaller pipe_depth"),
+    (BLOCK, {"overlap": 4, "pipe_depth": 6}, "pipe_depth=6: .* 235008 bytes .* over the 232448 .* smaller pipe_depth"),
 ])
 def test_staging_what_is_not_built_is_refused_with_the_fix(spec, knobs, words):
     with pytest.raises(ConfigError, match=words):

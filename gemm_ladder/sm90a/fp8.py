@@ -63,11 +63,13 @@ parts of it:
   (a 16-byte box of the flat ``scale_b``), counted in the stage's full barrier; each consumer reads
   its slice's scales from shared memory after the full-barrier wait it already does
   (``mainloop._block_groups_staged``), so no global load is left on its path (overlap only).
-  IT FAILS ON THE GPU (H100, 2026-11-26, ``benchmarks/results/2026-11-26_h100_fp8_block_staged/``):
-  every staged module died with "an illegal instruction" in its checks, though the CPU checks (SASS,
-  barrier checker) pass; off by default and in no policy. Suspects, unverified: the 1-D tensor maps
-  ``tma_auto`` encodes for the flat scales (a swizzle or box it picks that the hardware refuses:
-  A's box is 512 bytes, B's 16, B's tensor may be smaller than its box), or the scale rows' offset.
+  The first version died on the GPU (H100, 2026-11-26, ``benchmarks/results/2026-11-26_h100_fp8_block_staged/``):
+  every staged module hit "an illegal instruction", though the CPU checks (SASS, barrier checker)
+  passed. The cause: its 1-D boxes started at any float (A's at ``kb * M + m_st``, B's at
+  ``nb * K/128 + kb``), and Hopper refuses a TMA copy whose innermost start is not 16-byte aligned,
+  at run time only. Every box now starts 16-byte aligned (:class:`StagedScales`), which
+  ``tests/test_tma_box_starts.py`` proves for every copy on the CPU; the knob stays off by default
+  and out of the policy until ``benchmarks/fp8_block_bisect.py`` has checked and timed it on a GPU.
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
@@ -127,43 +129,6 @@ def staged(cfg: GemmConfig) -> bool:
     (knob ``stage_scales``, block scales only: :class:`StagedScales`) instead of every consumer
     thread loading them from global memory."""
     return bool(dict(cfg.extra).get("stage_scales", False)) if at_promotion(cfg) else False
-
-
-# With ``stage_scales``, the knob ``stage_probe`` picks which scales the producer copies into the
-# ring and which of them the consumers read from there (the rest they load from global memory at
-# the slice's own K block): "" is the knob itself; the others are probes for
-# ``benchmarks/fp8_block_bisect.py`` (issue 32: every staged module died with "an illegal
-# instruction" on the H100), each one part of the mechanism: A's copy and reads alone, B's alone,
-# both copies with no shared-memory read, and (``bulk``) the knob with plain bulk copies instead of
-# 1-D tensor maps (no CUtensorMap: A's source must start 16-byte aligned, M a multiple of 4; B's
-# copy is the aligned 16 bytes that hold its scale), and (``aligned``) the knob with every 1-D box
-# starting on a 16-byte boundary (A's rounded down, 4 floats longer; B's the aligned 16 bytes that
-# hold its scale), each consumer reading its floats at their offset there.
-STAGE_PARTS = {"": ("ab", "ab"), "a": ("a", "a"), "b": ("b", "b"), "copies": ("ab", ""), "bulk": ("ab", "ab"),
-               "aligned": ("ab", "ab")}
-BULK_PROBE, ALIGNED_PROBE = "bulk", "aligned"
-
-
-def stage_parts(cfg: GemmConfig) -> tuple[str, str]:
-    """(copied, read from shared memory) of ``stage_scales`` with its ``stage_probe``
-    (:data:`STAGE_PARTS`): each of ``"a"``, ``"b"``, both or none; ``("", "")`` without the knob."""
-    return STAGE_PARTS[dict(cfg.extra).get("stage_probe", "")] if staged(cfg) else ("", "")
-
-
-def stage_bulk(cfg: GemmConfig) -> bool:
-    """Whether the staged scales come by plain bulk copies (the probe :data:`BULK_PROBE`)."""
-    return staged(cfg) and dict(cfg.extra).get("stage_probe", "") == BULK_PROBE
-
-
-def stage_aligned(cfg: GemmConfig) -> bool:
-    """Whether every staged scale box starts 16-byte aligned (the probe :data:`ALIGNED_PROBE`)."""
-    return staged(cfg) and dict(cfg.extra).get("stage_probe", "") == ALIGNED_PROBE
-
-
-def b_scale_at(cfg: GemmConfig) -> int:
-    """Where a stage's first B box lands in its scale row: after A's ``blk_m`` floats (a further
-    128 bytes on with :data:`ALIGNED_PROBE`, whose A box is 4 floats longer)."""
-    return cfg.blk_m + (SCALE_ALIGN if stage_aligned(cfg) else 0)
 
 
 def recipe(cfg: GemmConfig) -> str:
@@ -274,13 +239,6 @@ def _check_staged(cfg: GemmConfig) -> None:
     if not isinstance(want, bool):
         raise ConfigError(f"stage_scales={want!r}: it is True (the producer's TMA stages A's and B's block scales "
                           "with each ring stage) or False; use stage_scales=True")
-    probe = dict(cfg.extra).get("stage_probe", "")
-    if probe not in STAGE_PARTS:
-        raise ConfigError(f"stage_probe={probe!r}: it is '' (stage_scales as it is) or a bisect probe, one of "
-                          f"{sorted(p for p in STAGE_PARTS if p)}; use stage_probe=''")
-    if probe and not want:
-        raise ConfigError(f"stage_probe={probe!r} with stage_scales=False: a probe takes part of the staged "
-                          "scales; use stage_scales=True (or stage_probe='')")
     if not want:
         return
     if recipe(cfg) != "block":
@@ -324,9 +282,6 @@ class BlockScales:
     warp_id: object
     lane_id: object
     smem: object = None  # stage_scales: the ring's staged scales ([stages, scale_row], StagedScales), else None
-    read: str = "ab"  # staged: the scales read from smem (the rest from global memory: STAGE_PARTS' probes)
-    bulk: bool = False  # staged by plain bulk copies (BULK_PROBE): B's scale at its offset in its 16 bytes
-    aligned: bool = False  # staged in 16-byte aligned boxes (ALIGNED_PROBE): A's and B's at their offsets
 
     @property
     def staged(self) -> bool:
@@ -336,8 +291,8 @@ class BlockScales:
         """``stage_scales``: ring slot ``slot``'s scales (its K block ``kb``'s; call after the
         slot's full-barrier wait, before its release) of this thread's rows (``row0``: its
         consumer's first row of the tile; ``m0``: the same row in A) and the tile's B blocks (from
-        column ``n0``), from shared memory into ``scale_set``; those not in :attr:`read` (a probe)
-        from global memory as :meth:`load` does."""
+        column ``n0``), from shared memory into ``scale_set``, each float at its offset in the
+        16-byte aligned boxes :class:`StagedScales` copies."""
         _load_staged(self, slot, row0, m0, n0, kb, scale_set * self.per_slice(self.plan))
 
     @staticmethod
@@ -417,24 +372,32 @@ def scale_sums(plan, sums, scale_a, scale_b, how, m0, n0, warp_id, lane_id, sreg
 
 
 # -- block scales staged in shared memory by the producer (knob ``stage_scales``) ----------------
-SCALE_B_BOX = 4  # floats of a B scale's TMA box: 16 bytes, TMA's least; its first is the block's scale
-SCALE_ALIGN = 32  # floats (128 bytes): where each B box lands after A's, TMA's shared-memory alignment
+TMA_ALIGN = 4  # floats (16 bytes): TMA's alignment of a box's innermost start (and size) in global memory
+SCALE_B_BOX = TMA_ALIGN  # floats of a B scale's box: the aligned 16 bytes that hold it
+SCALE_ALIGN = 32  # floats (128 bytes): TMA's shared-memory alignment of each box's place in a stage's row
+
+
+def a_box(cfg: GemmConfig) -> int:
+    """Floats of A's scale box a stage: the tile's ``blk_m``, from the first rounded down to 16
+    bytes, so 4 more (:class:`StagedScales`)."""
+    return cfg.blk_m + TMA_ALIGN
+
+
+def b_scale_at(cfg: GemmConfig) -> int:
+    """Where a stage's first B box lands in its scale row: the first 128-byte boundary past A's box."""
+    return -(-a_box(cfg) // SCALE_ALIGN) * SCALE_ALIGN
 
 
 def scale_row(cfg: GemmConfig) -> int:
-    """Floats of one ring stage's scales in shared memory: the tile's ``blk_m`` A scales of the
-    stage's K block, then a 128-byte aligned place for each B block's 16-byte box."""
+    """Floats of one ring stage's scales in shared memory: A's box of the stage's K block, then a
+    128-byte aligned place for each B block's 16-byte box."""
     return b_scale_at(cfg) + SCALE_ALIGN * max(1, cfg.blk_n // BLOCK)
 
 
 def scale_stage_bytes(cfg: GemmConfig) -> int:
-    """Bytes the scale copies of one stage bring (counted in the stage's full barrier): A's box of
-    ``blk_m`` floats and one 16-byte box a B block (a probe copies one of them: :data:`STAGE_PARTS`).
-    TMA counts a box whole, zero-filled past the end."""
-    copies = stage_parts(cfg)[0] or "ab"
-    a_box = cfg.blk_m + (SCALE_B_BOX if stage_aligned(cfg) else 0)
-    return (4 * a_box if "a" in copies else 0) + (4 * SCALE_B_BOX * max(1, cfg.blk_n // BLOCK)
-                                                   if "b" in copies else 0)
+    """Bytes the scale copies of one stage bring (counted in the stage's full barrier): A's box and
+    one 16-byte box a B block. TMA counts a box whole, zero-filled past the end."""
+    return 4 * a_box(cfg) + 4 * SCALE_B_BOX * max(1, cfg.blk_n // BLOCK)
 
 
 def scale_smem_bytes(cfg: GemmConfig) -> int:
@@ -456,10 +419,15 @@ class StagedScales:
     The copies read the scale tensors as flat arrays (``a_flat``: scale_a ``[K/128, M]``, M-major,
     as ``K/128 * M`` floats; ``b_flat``: scale_b ``[N/128, K/128]``): a one-dimensional tensor map
     has no row stride, so any M works (a two-dimensional box would need M a multiple of 4 for
-    TMA's 16-byte strides), and a box may start at any element. A's box is the ``blk_m`` floats
-    from ``kb * M + m_st``: rows past M read the next K block's scales (or zeros past the end),
-    which only multiply sums whose rows the stores clip. B's box is the 4 floats from
-    ``nb * K/128 + kb``; the first is the block's."""
+    TMA's 16-byte strides). Every box starts on a 16-byte boundary: TMA refuses a box whose
+    innermost start is not 16-byte aligned with "an illegal instruction" at run time (the encode
+    and the compile take it): the first version started A's box at ``kb * M + m_st`` and B's at
+    ``nb * K/128 + kb``, any float, and died so on the H100
+    (``benchmarks/results/2026-11-26_h100_fp8_block_staged/``, found by
+    ``benchmarks/fp8_block_bisect.py``). So A's box is the :func:`a_box` floats from
+    ``kb * M + m_st`` rounded down to 4 (rows past M read the next K block's scales, or zeros past
+    the end, which only multiply sums whose rows the stores clip), B's the 4 floats from
+    ``nb * K/128 + kb`` rounded down; each consumer reads its floats at their offsets there."""
 
     cfg: GemmConfig
     a_flat: object
@@ -470,11 +438,6 @@ class StagedScales:
     @property
     def nbytes(self) -> int:
         return scale_stage_bytes(self.cfg)
-
-    @property
-    def copies(self) -> str:
-        """The scales copied: ``"ab"`` (the knob), ``"a"`` or ``"b"`` (probes: :data:`STAGE_PARTS`)."""
-        return stage_parts(self.cfg)[0]
 
     def load(self, stage, m_st, n_st, kb, mbar) -> None:
         """One thread (the producer): K block ``kb``'s scales of the tile at ``m_st``, ``n_st``
@@ -490,86 +453,34 @@ def flat_shape(buf) -> tuple:
     return (size,)
 
 
-@T.inline
-def _stage_scales_bulk(ss, stage, m_st, n_st, kb, mbar):
-    """:func:`_stage_scales` by plain bulk copies (``stage_probe="bulk"``): no tensor map. A's
-    ``blk_m`` floats from ``kb * M + m_st`` (16-byte aligned only where M is a multiple of 4; rows
-    past the tile's read on, as the tensor copy's do), and for each B block the aligned 16 bytes
-    that hold its scale (the consumer picks its float: :func:`_load_staged`)."""
-    BM = T.meta_var(ss.cfg.blk_m)
-    KB = T.meta_var(-(-ss.cfg.K // BLOCK))
-    a0 = T.meta_var(kb * ss.m_extent + m_st)
-    T.ptx["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"](
-        ss.smem.ptr_to([stage, 0]), ss.a_flat.ptr_to([a0]), T.uint32(4 * BM), mbar)
-    for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
-        b0 = T.meta_var((n_st // BLOCK + j) * KB + kb)
-        T.ptx["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"](
-            ss.smem.ptr_to([stage, BM + SCALE_ALIGN * j]), ss.b_flat.ptr_to([b0 - b0 % SCALE_B_BOX]),
-            T.uint32(4 * SCALE_B_BOX), mbar)
-
-
-@T.inline
-def _stage_scales_aligned(ss, stage, m_st, n_st, kb, mbar):
-    """:func:`_stage_scales` with every box starting 16-byte aligned (``stage_probe="aligned"``):
-    A's from the tile's first scale ``kb * M + m_st`` rounded down to 4 floats, ``blk_m + 4``
-    long (past the end TMA fills zeros); each B block's the aligned 16 bytes holding its scale.
-    The consumer reads each float at its offset there (:func:`_load_staged`)."""
-    BM = T.meta_var(ss.cfg.blk_m)
-    KB = T.meta_var(-(-ss.cfg.K // BLOCK))
-    a0 = T.meta_var(kb * ss.m_extent + m_st)
-    a_al = T.meta_var(a0 - a0 % SCALE_B_BOX)
-    Tx.copy_async(ss.smem[stage, 0:BM + SCALE_B_BOX], ss.a_flat[a_al:a_al + BM + SCALE_B_BOX], dispatch="tma_auto",
-                  mbar=mbar)
-    for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
-        b0 = T.meta_var((n_st // BLOCK + j) * KB + kb)
-        b_al = T.meta_var(b0 - b0 % SCALE_B_BOX)
-        s0 = T.meta_var(b_scale_at(ss.cfg) + SCALE_ALIGN * j)
-        Tx.copy_async(ss.smem[stage, s0:s0 + SCALE_B_BOX], ss.b_flat[b_al:b_al + SCALE_B_BOX], dispatch="tma_auto",
-                      mbar=mbar)
+def aligned_start(first):
+    """A box's start: float ``first`` rounded down to 16 bytes (TMA's innermost alignment)."""
+    return first // TMA_ALIGN * TMA_ALIGN
 
 
 @T.inline
 def _stage_scales(ss, stage, m_st, n_st, kb, mbar):
-    BM = T.meta_var(ss.cfg.blk_m)
     KB = T.meta_var(-(-ss.cfg.K // BLOCK))
-    a0 = T.meta_var(kb * ss.m_extent + m_st)
-    if stage_bulk(ss.cfg):
-        _stage_scales_bulk(ss, stage, m_st, n_st, kb, mbar)
-    elif stage_aligned(ss.cfg):
-        _stage_scales_aligned(ss, stage, m_st, n_st, kb, mbar)
-    elif "a" in ss.copies:
-        Tx.copy_async(ss.smem[stage, 0:BM], ss.a_flat[a0:a0 + BM], dispatch="tma_auto", mbar=mbar)
-    if "b" in ss.copies and not stage_bulk(ss.cfg) and not stage_aligned(ss.cfg):
-        for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
-            b0 = T.meta_var((n_st // BLOCK + j) * KB + kb)
-            s0 = T.meta_var(BM + SCALE_ALIGN * j)
-            Tx.copy_async(ss.smem[stage, s0:s0 + SCALE_B_BOX], ss.b_flat[b0:b0 + SCALE_B_BOX], dispatch="tma_auto",
-                          mbar=mbar)
+    a0 = T.meta_var(aligned_start(kb * ss.m_extent + m_st))
+    Tx.copy_async(ss.smem[stage, 0:a_box(ss.cfg)], ss.a_flat[a0:a0 + a_box(ss.cfg)], dispatch="tma_auto", mbar=mbar)
+    for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
+        b0 = T.meta_var(aligned_start((n_st // BLOCK + j) * KB + kb))
+        s0 = T.meta_var(b_scale_at(ss.cfg) + SCALE_ALIGN * j)
+        Tx.copy_async(ss.smem[stage, s0:s0 + SCALE_B_BOX], ss.b_flat[b0:b0 + SCALE_B_BOX], dispatch="tma_auto",
+                      mbar=mbar)
 
 
 @T.inline
 def _load_staged(bs, slot, row0, m0, n0, kb, base):
     MA = T.meta_var(2 * bs.plan.m_atoms)
+    KB = T.meta_var(-(-bs.plan.cfg.K // BLOCK))
+    # where the tile's first A scale and each B block's scale lie in their aligned boxes (_stage_scales)
+    a_off = T.meta_var((kb * bs.scale_a.shape[1] + m0 - row0) % TMA_ALIGN)
     for mi in T.unroll(bs.plan.m_atoms):
         for h in T.unroll(2):
             # this thread's rows of atom mi (of the tile: row0 is its consumer's first)
-            if "a" in bs.read and bs.aligned:
-                # the box starts at the tile's first scale rounded down to 4 floats (_stage_scales)
-                bs.sreg[base + 2 * mi + h] = bs.smem[slot, row0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
-                                                     + 8 * h + (kb * bs.scale_a.shape[1] + m0 - row0) % SCALE_B_BOX]
-            elif "a" in bs.read:
-                bs.sreg[base + 2 * mi + h] = bs.smem[slot, row0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
-                                                     + 8 * h]
-            else:
-                bs.sreg[base + 2 * mi + h] = bs.scale_a[kb, T.min(m0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
-                                                                 + 8 * h, bs.scale_a.shape[1] - 1)]
+            bs.sreg[base + 2 * mi + h] = bs.smem[slot, a_off + row0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
+                                                 + 8 * h]
     for j in T.unroll(b_blocks(bs.plan)):
-        if "b" in bs.read and (bs.bulk or bs.aligned):
-            # the aligned 16 bytes holding the block's scale (_stage_scales): its float at its offset there
-            bs.sreg[base + MA + j] = bs.smem[slot, b_scale_at(bs.plan.cfg) + SCALE_ALIGN * j
-                                             + ((n0 // BLOCK + j) * (-(-bs.plan.cfg.K // BLOCK)) + kb) % SCALE_B_BOX]
-        elif "b" in bs.read:
-            bs.sreg[base + MA + j] = bs.smem[slot, bs.plan.cfg.blk_m + SCALE_ALIGN * j]
-        else:
-            bs.sreg[base + MA + j] = bs.scale_b[T.min(n0 // BLOCK + j, bs.scale_b.shape[0] - 1), kb]
-
+        bs.sreg[base + MA + j] = bs.smem[slot, b_scale_at(bs.plan.cfg) + SCALE_ALIGN * j
+                                         + ((n0 // BLOCK + j) * KB + kb) % TMA_ALIGN]

@@ -365,9 +365,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
             # fp8 block scales: applied at each promotion (fp8.BlockScales), not in the epilogue
             block_scales = T.meta_var(fp8.BlockScales(plan=plan, scale_a=g["scale_a"], scale_b=g["scale_b"],
                                                       sreg=Sreg, warp_id=warp_id, lane_id=lane_id,
-                                                      smem=Ssmem if stage_scales else None,
-                                                      read=fp8.stage_parts(cfg)[1], bulk=fp8.stage_bulk(cfg),
-                                                      aligned=fp8.stage_aligned(cfg))
+                                                      smem=Ssmem if stage_scales else None)
                                       if at_promotion else None)
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if preset.swap_ab else Asmem,
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,

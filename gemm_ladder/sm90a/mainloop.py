@@ -270,8 +270,7 @@ def _block_groups_staged(mma, pos, kb0, size, m0, n0) -> None:
     """:func:`_block_groups` with the scales staged in the ring (``fp8.StagedScales``, knob
     ``stage_scales``): slice j's scales are read from its slot's shared memory into scale set
     j % 2 once its full-barrier wait passed (in :func:`_slice_into`), after its wgmmas are issued
-    and before the slot is released a slice later; no global load, nothing loaded ahead (a bisect
-    probe, ``fp8.STAGE_PARTS``, loads the scales it does not stage from global memory there)."""
+    and before the slot is released a slice later; no global load, nothing loaded ahead."""
     sets = (mma.acc, mma.acc2)
     for j in range(size):
         _slice_into(mma, sets[j % 2], pos + j, True)
