@@ -1,4 +1,4 @@
-"""Why fp8 block scales staged by TMA die with "an illegal instruction" (issue 32), in one GPU run.
+"""fp8 block scales staged by TMA (``stage_scales``, issue 32): why they died, and the fix beside the control.
 
     PYTHONPATH=. .venv/bin/python benchmarks/fp8_block_bisect.py prepare build/fp8_bisect        # build box
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
@@ -7,39 +7,30 @@
         compute-sanitizer --tool memcheck --show-backtrace device \\
         python3 benchmarks/fp8_block_bisect.py sanitize build/fp8_bisect --module b_7168x16384_full --m 333
 
-Every module with ``stage_scales`` failed its check on the H100 (``benchmarks/results/
-2026-11-26_h100_fp8_block_staged/``) while the CPU checks (SASS, barrier checker) passed. The
-knob has three parts: the producer's 1-D TMA copy of A's ``blk_m`` scales of a K block, its 1-D
-copy of B's block scale (a 16-byte box starting at any float), and the consumers' shared-memory
-reads after the full-barrier wait. The probes of ``fp8.STAGE_PARTS`` (knob ``stage_probe``) each
-keep one part and load the other scales from global memory as the unstaged kernel does:
+Every module with ``stage_scales`` failed its check on the H100 with "an illegal instruction"
+(``benchmarks/results/2026-11-26_h100_fp8_block_staged/``) while the CPU checks (SASS, barrier
+checker) passed. The cause: the producer's 1-D TMA boxes of the scales started at any float (A's
+at ``kb * M + m_st``, B's at ``nb * K/128 + kb``), and Hopper refuses a tensor copy whose
+innermost start is not 16-byte aligned, at run time (the encode and the compile take it; public
+reports: triton-lang/triton#7385, tile-ai/tilelang#2681). The first version of this script (commit
+e9d4fe8) built probes that keep one part each (knob ``stage_probe``: A's copy and reads alone,
+B's alone, the copies without the reads, plain bulk copies, every box start rounded down to 16
+bytes) to show it on the GPU in one run. The fix (``fp8.StagedScales``): every box starts 16-byte
+aligned (A's rounded down and 4 floats longer, B's the aligned 16 bytes holding its scale), each
+consumer reads its floats at their offsets; ``tests/test_tma_box_starts.py`` proves every copy's
+start aligned on the CPU.
 
-- ``control``: the block policy's module (overlap=4, no staging), which passes;
-- ``full``: ``stage_scales=True`` as it failed;
-- ``a``: A's copy and reads only (B's scale from global memory);
-- ``b``: B's copy and reads only (A's scales from global memory);
-- ``copies``: both copies issued and waited for, no shared-memory read (every scale from global);
-- ``bulk``: ``full`` with plain bulk copies (``cp.async.bulk``, no tensor map) in place of the 1-D
-  TMA copies: the fix if the tensor maps are what breaks (A's source must start 16-byte aligned,
-  so it is checked at M = 4096 only);
-- ``aligned``: ``full`` with every 1-D box starting 16-byte aligned (A's rounded down and 4 floats
-  longer, B's the aligned 16 bytes holding its scale; the consumers read at the offsets): the fix
-  if a box starting off 16 bytes is what breaks (then ``a`` passes at M = 4096, where A's boxes
-  start aligned, and fails at M = 333, and ``b`` fails: B's start at any float);
-- ``sm_control`` / ``sm_full`` / ``sm_aligned``: the small-M policy (64x64 tiles, one consumer, a 1x2
-  cluster).
-
-Each is checked (``fp8_check.check_all``: a child a case with a deadline; random inputs quantized
+This run: the fixed ``stage_scales`` modules beside the block policy's (``control``: overlap=4
+past M = 128, the small-M knobs with overlap=2 up to it) at the block sweep's shapes. Each is
+checked first (``fp8_check.check_all``: a child a case with a deadline; random inputs quantized
 as ``quantize_fp8`` does, output poisoned with NaN, error against a float64 product within 2x of
-``torch._scaled_mm`` block-wise's own) at its shape's M and the staged ones also at M = 333 (A's
-boxes then start off a 16-byte boundary, as B's always may). Which fail says which part breaks.
-Then every module that passed is timed with the control and ``torch._scaled_mm`` block-wise in
-the same rounds (``fp8_sweep.time_shape``: kernels in CUDA graphs cycling input sets that spill
-L2, and queued calls, the order rotating and reversing), clocks sampled. ``sanitize`` runs one
-module once, for ``compute-sanitizer``: its report names the faulting instruction's offset in
-the kernel and the thread (thread 0 of a CTA is the producer; 128 and up the consumers), which
-the module's SASS (``gemm_ladder.compile.sass``) places. About a minute on an H100; the folder is
-about 2 MiB.
+``torch._scaled_mm`` block-wise's own) at its shape's M, the staged ones also at M = 1 and 333
+(A's first scales then lie off 16 bytes); every module that passed is timed with the control and
+``torch._scaled_mm`` block-wise in the same rounds (``fp8_sweep.time_shape``: kernels in CUDA
+graphs cycling input sets that spill L2, and queued calls, the order rotating and reversing),
+clocks sampled. ``sanitize`` runs one module once, for ``compute-sanitizer`` (its report names a
+faulting instruction's offset and thread: thread 0 of a CTA is the producer, 128 and up the
+consumers). About two minutes on an H100; the folder is about 3 MiB.
 """
 
 from __future__ import annotations
@@ -60,24 +51,24 @@ from gemm_ladder.core import device  # noqa: E402
 
 FORMAT = "gemm_ladder.fp8_block_bisect"
 BIG = "4096x7168x16384"  # issue 32's block target shape
-SMALL = "128x7168x16384"  # the small-M policy's side, the same weight
-SHAPES = ((BIG, 4096, 7168, 16384), (SMALL, 128, 7168, 16384))
+SMALL = "128x4096x7168"  # the small-M policy's shape
+SHAPES = ((BIG, 4096, 7168, 16384), ("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
+          ("4096x4096x7168", 4096, 4096, 7168), (SMALL, 128, 4096, 7168))
 SMALL_M = fp8_sweep.SMALL_M  # the block policy's small-M knobs (plan.FP8_BLOCK_SMALL_KNOBS)
 CONFIGS = {
-    "control": {"overlap": 4},
+    "control": {"overlap": 4},  # the block policy past M = 128 (plan.fp8_knobs)
     "full": {"overlap": 4, "stage_scales": True},
-    "a": {"overlap": 4, "stage_scales": True, "stage_probe": "a"},
-    "b": {"overlap": 4, "stage_scales": True, "stage_probe": "b"},
-    "copies": {"overlap": 4, "stage_scales": True, "stage_probe": "copies"},
-    "bulk": {"overlap": 4, "stage_scales": True, "stage_probe": "bulk"},
-    "aligned": {"overlap": 4, "stage_scales": True, "stage_probe": "aligned"},
-    "sm_control": {**SMALL_M, "overlap": 2},
+    "ov2_ss": {"overlap": 2, "stage_scales": True},
+    "ov8_ss": {"overlap": 8, "stage_scales": True},
+    "sm_control": {**SMALL_M, "overlap": 2},  # the block policy up to M = 128
     "sm_full": {**SMALL_M, "overlap": 2, "stage_scales": True},
-    "sm_aligned": {**SMALL_M, "overlap": 2, "stage_scales": True, "stage_probe": "aligned"},
+    "sm_ov4_ss": {**SMALL_M, "overlap": 4, "stage_scales": True},
 }
-TIMED = {BIG: ("control", "full", "a", "b", "copies", "bulk", "aligned"), SMALL: ("sm_control", "sm_full", "sm_aligned")}
+TIMED = {BIG: ("control", "full", "ov2_ss", "ov8_ss"), "4096^3": ("control", "full", "ov8_ss"),
+         "8192^3": ("control", "full"), "4096x4096x7168": ("control", "full"),
+         SMALL: ("sm_control", "sm_full", "sm_ov4_ss")}  # each shape's first is its control
 BISECT = fp8_sweep.Sweep("block", SHAPES, CONFIGS, TIMED, {})
-ODD_M = 333  # A's scale boxes start 4 * (kb * 333 + m) bytes in: off 16 bytes for most K blocks
+ODD_MS = (1, 333)  # extra rows a staged module is checked at: A's first scales of most K blocks lie off 16 bytes
 
 
 @contextlib.contextmanager
@@ -93,27 +84,27 @@ def bisect_sweep():
 
 
 def cases(plan: dict) -> list[tuple[str, int]]:
-    """(module, M) checks (inside :func:`bisect_sweep`): every module at its shape's M, the staged ones but ``bulk`` (whose A
-    copy needs M a multiple of 4) also at :data:`ODD_M`; the unstaged first (a failing case costs
-    a new child)."""
+    """(module, M) checks (inside :func:`bisect_sweep`): every module at its shape's M, the staged
+    ones also at :data:`ODD_MS`; the unstaged first (a failing case costs a new child)."""
     first, staged = [], []
     for label, M, _, _ in SHAPES:
         for config in TIMED[label]:
             name = fp8_sweep.module_name(label, config, "block")
+            if (name, M) in first + staged:
+                continue
             knobs = plan["modules"][name]["knobs"]
             (staged if knobs.get("stage_scales") else first).append((name, M))
-            if knobs.get("stage_scales") and knobs.get("stage_probe") != "bulk":
-                staged.append((name, ODD_M))
+            if knobs.get("stage_scales"):
+                staged += [(name, m) for m in ODD_MS if (name, m) not in staged]
     return first + staged
 
 
 def verdict(checks: list[dict]) -> dict:
-    """Which parts fail, in words: a probe name -> ``pass`` / ``FAIL`` at each M it was checked at."""
+    """Each module's outcome in words: module name -> ``pass`` / ``FAIL...`` at each M it was checked at."""
     out: dict = {}
     for c in checks:
-        config = c["name"].split("_", 2)[-1]
-        out.setdefault(config, {})[str(c["M"])] = "pass" if c.get("correct") else ("FAIL: " + str(c.get("error"))[-200:]
-                                                                                   if c.get("error") else "FAIL (wrong)")
+        why = "FAIL: " + str(c.get("error"))[-200:] if c.get("error") else "FAIL (wrong)"
+        out.setdefault(c["name"], {})[str(c["M"])] = "pass" if c.get("correct") else why
     return out
 
 
@@ -208,7 +199,7 @@ def main(argv=None) -> int:
     s.add_argument("folder")
     s.add_argument("--module", default=f"b_{SHAPES[0][2]}x{SHAPES[0][3]}_full",
                    help="a module of the folder (fp8_sweep.module_name: b_<N>x<K>_<config>)")
-    s.add_argument("--m", type=int, default=ODD_M)
+    s.add_argument("--m", type=int, default=ODD_MS[-1])
     a = p.parse_args(argv)
     with bisect_sweep():
         if a.cmd == "prepare":
