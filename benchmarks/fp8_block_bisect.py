@@ -20,8 +20,9 @@ aligned (A's rounded down and 4 floats longer, B's the aligned 16 bytes holding 
 consumer reads its floats at their offsets; ``tests/test_tma_box_starts.py`` proves every copy's
 start aligned on the CPU.
 
-This run: the fixed ``stage_scales`` modules beside the block policy's (``control``: overlap=4
-past M = 128, the small-M knobs with overlap=2 up to it) at the block sweep's shapes. Each is
+This run: the fixed ``stage_scales`` modules beside the block policy's without them (``control``:
+overlap=4 past M = 128, the small-M knobs with overlap=2 up to it) at the block sweep's shapes and
+two odd ones (K/128 = 10 and 9: B's rows start off 16 bytes; N = 3008 cuts the last B block). Each is
 checked first (``fp8_check.check_all``: a child a case with a deadline; random inputs quantized
 as ``quantize_fp8`` does, output poisoned with NaN, error against a float64 product within 2x of
 ``torch._scaled_mm`` block-wise's own) at its shape's M, the staged ones also at M = 1 and 333
@@ -52,8 +53,11 @@ from gemm_ladder.core import device  # noqa: E402
 FORMAT = "gemm_ladder.fp8_block_bisect"
 BIG = "4096x7168x16384"  # issue 32's block target shape
 SMALL = "128x4096x7168"  # the small-M policy's shape
+# odd shapes: K/128 = 10 and 9 (B's rows start off 16 bytes), N = 3008 (the last B block cut), M odd
+ODD, ODD_SMALL = "1000x3008x1280", "77x3008x1152"
 SHAPES = ((BIG, 4096, 7168, 16384), ("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
-          ("4096x4096x7168", 4096, 4096, 7168), (SMALL, 128, 4096, 7168))
+          ("4096x4096x7168", 4096, 4096, 7168), (SMALL, 128, 4096, 7168), (ODD, 1000, 3008, 1280),
+          (ODD_SMALL, 77, 3008, 1152))
 SMALL_M = fp8_sweep.SMALL_M  # the block policy's small-M knobs (plan.FP8_BLOCK_SMALL_KNOBS)
 CONFIGS = {
     "control": {"overlap": 4},  # the block policy past M = 128 (plan.fp8_knobs)
@@ -66,7 +70,8 @@ CONFIGS = {
 }
 TIMED = {BIG: ("control", "full", "ov2_ss", "ov8_ss"), "4096^3": ("control", "full", "ov8_ss"),
          "8192^3": ("control", "full"), "4096x4096x7168": ("control", "full"),
-         SMALL: ("sm_control", "sm_full", "sm_ov4_ss")}  # each shape's first is its control
+         SMALL: ("sm_control", "sm_full", "sm_ov4_ss"), ODD: ("control", "full"),
+         ODD_SMALL: ("sm_control", "sm_full")}  # each shape's first is its control
 BISECT = fp8_sweep.Sweep("block", SHAPES, CONFIGS, TIMED, {})
 ODD_MS = (1, 333)  # extra rows a staged module is checked at: A's first scales of most K blocks lie off 16 bytes
 
