@@ -30,6 +30,8 @@ the last at most the rows of A: rows past it are not written), CUDA only.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import triton
 import triton.language as tl
@@ -59,12 +61,23 @@ def _quick_bench(fn, quantiles=None, **_):
     return triton.testing.do_bench(fn, warmup=5, rep=15, quantiles=quantiles)
 
 
+def chosen_config() -> str | None:
+    """The autotuner's pick at the last call (for the results), or None before any."""
+    best = getattr(_grouped_kernel, "best_config", None)
+    return str(best) if best is not None else None
+
+
 def token_bucket(rows: int) -> int:
     """The autotune key's token bucket: the power of two at or above ``rows`` (at least 16)."""
     return max(16, triton.next_power_of_2(max(int(rows), 1)))
 
 
-@triton.autotune(configs=CONFIGS, key=["N", "K", "E", "M_BUCKET"], do_bench=_quick_bench)
+# the autotuner takes a timer from Triton 3.3 on; before, its warm-up and repetitions in ms
+_QUICK = ({"do_bench": _quick_bench} if "do_bench" in inspect.signature(triton.autotune).parameters
+          else {"warmup": 5, "rep": 15})
+
+
+@triton.autotune(configs=CONFIGS, key=["N", "K", "E", "M_BUCKET"], **_QUICK)
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_kernel(g_a, g_w, g_d, g_offs, N, K, E, M_BUCKET, stride_am, stride_we, stride_wn, stride_dm,

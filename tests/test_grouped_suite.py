@@ -94,7 +94,7 @@ def _case_result(routing, times, ok=True, dense=None):
     if dense is not None:
         checks["dense"] = {"ok": dense}
     return {"routing": routing, "sets": 2, "live_experts": 8, "checks": checks, "times": times,
-            "dense_served_by": "kernel: v9 x.so" if dense is not None else None}
+            "dense_served_by": "kernel pack: kernel: v9 x.so" if dense is not None else None}
 
 
 def test_rows_carry_the_issues_format_and_the_peers(gs, entries):
