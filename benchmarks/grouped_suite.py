@@ -44,6 +44,9 @@ format, so the targets can be read off one file.
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_suite.py run build/gsuite --out out/grouped_suite.json   # GPU box
 
+``tables FILE.json`` (any box) prints a run's summary and cases as the markdown tables of its results
+folder's README (:func:`markdown_of`).
+
 Rows: the issue's results format (``layout``, ``experts``, ``tokens``, ``N``, ``K``, ``dtype``,
 ``routing``, ``correct``, ``ratio_to_grouped_mm``, ``peer_ratios``) plus ``family``, ``served_by``,
 ``expected``, ``rule``, ``kernel_us`` (ours, graphs), ``tflops``, ``tb_per_s`` (A, D and the W of
@@ -483,13 +486,63 @@ def _triton_version() -> str | None:
         return None
 
 
+def _f(x, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown_of(result: dict) -> str:
+    """The tables of a results folder's README from a run's JSON: the summary against the issue's
+    targets, then every case (graphs; ours in us, TFLOPS, TB/s; each peer's time over ours)."""
+    s, t = result["summary"], result["summary"]["targets"]
+    lines = ["| measure | geomean | least | cases | target |", "|---|---|---|---|---|"]
+    for label, key, target in (("x torch._grouped_mm, all", "to_grouped_mm", f">= {t['to_grouped_mm_geomean']} "
+                                f"(none below {t['to_grouped_mm_min']})"),
+                               ("x torch._grouped_mm, <= 256 tokens", "to_grouped_mm_decode", ""),
+                               ("x best peer, all", "to_best_peer", ""),
+                               ("x best peer, <= 256 tokens", "to_best_peer_decode",
+                                f">= {t['decode_to_best_peer']} (the issue's: masked layout)"),
+                               ("x cuBLAS loop, many small experts", "to_cublas_loop_many_small",
+                                f">= {t['to_cublas_loop_many_small']}")):
+        v = s[key]
+        lines.append(f"| {label} | {_f(v['geomean'])} | {_f(v['min'])} | {v['cases']} | {target} |")
+    for peer, v in s["per_peer"].items():
+        lines.append(f"| x {peer} | {_f(v['geomean'])} | {_f(v['min'])} | {v['cases']} | |")
+    for d in s["dense_compare"]:
+        lines.append(f"| grouped / dense TFLOPS, Mixtral-like balanced {d['tokens']} | "
+                     f"{_f(d['ratio_grouped_to_dense'])} | | 1 | >= {t['grouped_to_dense']} |")
+    lines += ["", f"{s['correct']} of {s['cases']} cases correct.", "",
+              "| family | tokens | routing | module (rule) | ours us | TFLOPS | TB/s | x grouped_mm | x cublas_loop "
+              "| x triton | x grouped_mm, queued |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r.get("op") == "dense_compare":
+            continue
+        p, q = r["peer_ratios"], r.get("peer_ratios_queued") or {}
+        mark = "" if r["correct"] else " (WRONG)"
+        lines.append(f"| {r['family']} | {r['tokens']} | {r['routing'] or '-'}{mark} | {r.get('rule') or '-'} | "
+                     f"{_f(r.get('kernel_us'), 1)} | {_f(r.get('tflops'), 0)} | {_f(r.get('tb_per_s'), 2)} | "
+                     f"{_f(p['grouped_mm'])} | {_f(p['cublas_loop'])} | {_f(p['triton_grouped'])} | "
+                     f"{_f(q.get('grouped_mm'))} |")
+    dense = [r for r in result["rows"] if r.get("op") == "dense_compare"]
+    if dense:
+        lines += ["", "| dense compare (Mixtral-like, balanced) | grouped TFLOPS | dense TFLOPS | grouped / dense |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['tokens']} tokens, dense {'x'.join(map(str, r['dense_shape']))} | {_f(r['grouped_tflops'], 0)} "
+                  f"| {_f(r['dense_tflops'], 0)} | {_f(r['ratio_grouped_to_dense'])} |" for r in dense]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
-    p, _, _, _ = check_cli.subcommands(__doc__, "build box: a kernel pack of the five MoE weights and the dense shapes",
+    p, _, _, sub = check_cli.subcommands(__doc__, "build box: a kernel pack of the five MoE weights and the dense shapes",
                                        "GPU box: every case through the front door against every peer",
                                        "grouped_suite.json")
+    tables = sub.add_parser("tables", help="any box: a run's JSON as the README's markdown tables")
+    tables.add_argument("json", help="the results file run wrote")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
         return prepare(a.out)
+    if a.cmd == "tables":
+        print(markdown_of(json.loads(Path(a.json).read_text())), end="")
+        return 0
     check_cli.require_in_name(p, a.out, "grouped", 33)
     return run(a.folder, a.out)
 

@@ -122,6 +122,10 @@ def test_rows_carry_the_issues_format_and_the_peers(gs, entries):
     # another module served (or not from the pack): not correct, whatever the timings
     assert not any(r["correct"] for r in gs.rows_of(entries, item, {**res, "kernel": "kernel: v12 other.so"})
                    if r["op"] == "grouped_mm")
+    # the README's tables: the summary against the targets, a line a case, the dense comparison
+    md = gs.markdown_of({"summary": gs.summary_of(rows), "rows": rows})
+    assert "| mixtral | 8192 | balanced | grouped-prefill | 2000.0 |" in md and "| 1.100 | 1.200 | 1.500 |" in md
+    assert "| 8192 tokens, dense 8192x14336x4096 |" in md and md.count("| 0.950 |") == 2
     # a child that crashed: one failure row for the case
     fail = gs.rows_of(entries, item, {"status": "crash", "detail": "boom"})
     assert len(fail) == 1 and not fail[0]["correct"] and "boom" in fail[0]["detail"]
