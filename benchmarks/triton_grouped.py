@@ -13,18 +13,21 @@ changing routing, as ours and ``torch._grouped_mm`` do.
 How it works: one persistent launch of ``PROGS_PER_SM`` x SMs programs. The work is the list of
 (expert, tile) pairs, expert by expert, each expert's tiles ``m_tiles x n_tiles`` with the m-tile
 fastest (neighbouring programs share a W n-tile: the weight read once from HBM, the rest from L2).
-Every program walks the experts in order, reading ``offs`` once per expert, keeps the index of the
-expert's first tile, and takes the tiles ``t`` of that expert with ``t = pid (mod programs)``: no
-atomics, no tables, an empty expert costs one load. Rows are clamped into the expert (duplicate
-loads, not masks, on the last m-tile; the store is masked), N and K past the weight's edge are
-masked. Accumulation in fp32 (``tl.dot``: wgmma on sm_90), D in A's dtype.
+Each program reads ``offs`` once, as a vector of all experts, and scans it (``tl.cumsum``) into
+the index of every expert's first tile and the total; it then takes the tiles ``t = pid, pid +
+programs, ...`` and finds a tile's expert by counting the experts whose tiles all come before it
+(a vector compare and sum, no serial walk of the experts: 256 dependent loads of ``offs`` would
+cost a decode-size launch tens of microseconds). No atomics, no host tables, an empty expert owns
+no tile. Rows are clamped into the expert (duplicate loads, not masks, on the last m-tile; the
+store is masked), N and K past the weight's edge are masked or clamped. Accumulation in fp32
+(``tl.dot``: wgmma on sm_90 for 64- and 128-row tiles), D in A's dtype.
 
 Autotuned (a few tiles and ring depths) per (N, K, E, token bucket): the bucket is the power of two
 of the rows of A, read from the tensor's shape on the host, so routing changes never retune and the
 tuning never syncs on ``offs``. The tuning benchmarks briefly (``_quick_bench``) to keep a suite
 of many shapes inside its time budget.
 
-Constraints: fp16 or bf16, A and W with a unit stride in K, offs int32 of E values (non-decreasing,
+Constraints: fp16 or bf16, E up to a few thousand (the scan holds every expert in registers), A and W with a unit stride in K, offs int32 of E values (non-decreasing,
 the last at most the rows of A: rows past it are not written), CUDA only.
 """
 
@@ -81,52 +84,58 @@ _QUICK = ({"do_bench": _quick_bench} if "do_bench" in inspect.signature(triton.a
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_kernel(g_a, g_w, g_d, g_offs, N, K, E, M_BUCKET, stride_am, stride_we, stride_wn, stride_dm,
-                    SMS: tl.constexpr, PROGS_PER_SM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                    SMS: tl.constexpr, PROGS_PER_SM: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     pid = tl.program_id(0)
     progs = SMS * PROGS_PER_SM
     n_tiles = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
+    # the routing, read once: every expert's rows and the index of its first tile, by a scan
+    r_e = tl.arange(0, E_POW2)
+    e_ok = r_e < E
+    row_end = tl.load(g_offs + r_e, mask=e_ok, other=0)
+    row_begin = tl.load(g_offs + r_e - 1, mask=e_ok & (r_e > 0), other=0)
+    rows_e = tl.where(e_ok, row_end - row_begin, 0)
+    tiles_e = tl.cdiv(rows_e, BLOCK_M) * n_tiles
+    tile_end = tl.cumsum(tiles_e, 0)
+    tile_begin = tile_end - tiles_e
+    total = tl.sum(tiles_e, 0)
     r_m = tl.arange(0, BLOCK_M)
     r_n = tl.arange(0, BLOCK_N)
     r_k = tl.arange(0, BLOCK_K)
-    first_tile = 0  # the global index of this expert's first tile
-    row_start = 0  # the expert's first row of A and D
-    for e in range(E):
-        row_end = tl.load(g_offs + e)
-        rows = row_end - row_start
+    for t in range(pid, total, progs):
+        # the tile's expert: how many experts' tiles all come before t (empty experts included)
+        e = tl.sum((tile_end <= t).to(tl.int32), 0)
+        mine = r_e == e
+        first_tile = tl.sum(tl.where(mine, tile_begin, 0), 0)
+        row_start = tl.sum(tl.where(mine, row_begin, 0), 0)
+        rows = tl.sum(tl.where(mine, rows_e, 0), 0)
         m_tiles = tl.cdiv(rows, BLOCK_M)
-        tiles = m_tiles * n_tiles
-        # this program's first tile of the expert: the least t >= first_tile with t = pid (mod progs)
-        t_first = first_tile + (pid - first_tile % progs + progs) % progs
-        g_w_e = g_w + tl.cast(e, tl.int64) * stride_we  # 256 experts of 2048x7168 pass 2^31 elements
-        for t in range(t_first, first_tile + tiles, progs):
-            local = t - first_tile
-            tile_m = local % m_tiles  # m fastest: neighbouring programs share the W tile
-            tile_n = local // m_tiles
-            rows_in = tile_m * BLOCK_M + r_m
-            a_rows = row_start + tl.minimum(rows_in, rows - 1)  # clamped: the last m-tile loads, then drops, copies
-            cols = tile_n * BLOCK_N + r_n
-            w_rows = tl.minimum(cols, N - 1)
-            p_a = g_a + a_rows.to(tl.int64)[:, None] * stride_am + r_k[None, :]
-            p_w = g_w_e + w_rows.to(tl.int64)[None, :] * stride_wn + r_k[:, None]  # [BLOCK_K, BLOCK_N]: W^T
-            r_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ks in range(0, k_steps):
-                if EVEN_K:
-                    r_a = tl.load(p_a)
-                    r_w = tl.load(p_w)
-                else:
-                    k_ok = ks * BLOCK_K + r_k < K
-                    r_a = tl.load(p_a, mask=k_ok[None, :], other=0.0)
-                    r_w = tl.load(p_w, mask=k_ok[:, None], other=0.0)
-                r_acc = tl.dot(r_a, r_w, r_acc)
-                p_a += BLOCK_K
-                p_w += BLOCK_K
-            d_rows = (row_start + rows_in).to(tl.int64)
-            p_d = g_d + d_rows[:, None] * stride_dm + cols[None, :]
-            tl.store(p_d, r_acc.to(g_d.dtype.element_ty), mask=(rows_in < rows)[:, None] & (cols < N)[None, :])
-        first_tile += tiles
-        row_start = row_end
+        local = t - first_tile
+        tile_m = local % m_tiles  # m fastest: neighbouring programs share the W tile
+        tile_n = local // m_tiles
+        rows_in = tile_m * BLOCK_M + r_m
+        a_rows = row_start + tl.minimum(rows_in, rows - 1)  # clamped: the last m-tile loads, then drops, copies
+        cols = tile_n * BLOCK_N + r_n
+        w_rows = tl.minimum(cols, N - 1)
+        g_w_e = g_w + e.to(tl.int64) * stride_we  # 256 experts of 2048x7168 pass 2^31 elements
+        p_a = g_a + a_rows.to(tl.int64)[:, None] * stride_am + r_k[None, :]
+        p_w = g_w_e + w_rows.to(tl.int64)[None, :] * stride_wn + r_k[:, None]  # [BLOCK_K, BLOCK_N]: W^T
+        r_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ks in range(0, k_steps):
+            if EVEN_K:
+                r_a = tl.load(p_a)
+                r_w = tl.load(p_w)
+            else:
+                k_ok = ks * BLOCK_K + r_k < K
+                r_a = tl.load(p_a, mask=k_ok[None, :], other=0.0)
+                r_w = tl.load(p_w, mask=k_ok[:, None], other=0.0)
+            r_acc = tl.dot(r_a, r_w, r_acc)
+            p_a += BLOCK_K
+            p_w += BLOCK_K
+        d_rows = (row_start + rows_in).to(tl.int64)
+        p_d = g_d + d_rows[:, None] * stride_dm + cols[None, :]
+        tl.store(p_d, r_acc.to(g_d.dtype.element_ty), mask=(rows_in < rows)[:, None] & (cols < N)[None, :])
 
 
 def check_operands(A, W, offs, out=None) -> None:
@@ -163,5 +172,5 @@ def grouped_mm(A, W, offs, out=None):
         return (sms * meta["PROGS_PER_SM"],)
 
     _grouped_kernel[grid](A, W, D, offs, N, K, E, token_bucket(A.shape[0]), A.stride(0), W.stride(0), W.stride(1),
-                          D.stride(0), SMS=sms)
+                          D.stride(0), SMS=sms, E_POW2=max(2, triton.next_power_of_2(E)))
     return D

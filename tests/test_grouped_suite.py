@@ -199,7 +199,7 @@ def test_the_triton_kernel_compiles_for_sm90_with_wgmma(tg):
     sig.update(g_a="*bf16", g_w="*bf16", g_d="*bf16", g_offs="*i32")
     aligned = [i for i, name in enumerate(jit.arg_names) if name.startswith(("g_", "stride_", "N", "K"))]
     for config, even_k in ((tg.CONFIGS[0], True), (tg.CONFIGS[-1], False)):
-        consts = {"SMS": 132, "EVEN_K": even_k, **config.kwargs}
+        consts = {"SMS": 132, "E_POW2": 256, "EVEN_K": even_k, **config.kwargs}
         src = ASTSource(fn=jit, signature=sig, constexprs={(jit.arg_names.index(k),): v for k, v in consts.items()},
                         attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 128),
@@ -222,12 +222,14 @@ A = torch.randn(M, K, dtype=torch.float16, generator=g)
 W = torch.randn(E, N, K, dtype=torch.float16, generator=g)
 offs = torch.tensor([7, 7, 27, 43], dtype=torch.int32)  # an empty expert, two m-tiles, 7 rows past offs[-1]
 D = torch.empty(M, N, dtype=torch.float16)
-for even_k, block_k in ((False, 16), (True, 8)):
+# both K paths; then 3 experts in a scan of 4 lanes (E not a power of two: the last lane masked)
+for experts, even_k, block_k in ((4, False, 16), (4, True, 8), (3, False, 16)):
     D.fill_(float("nan"))
-    tg._grouped_kernel.fn.fn[(3,)](A, W, D, offs, N, K, E, 64, A.stride(0), W.stride(0), W.stride(1), D.stride(0),
-                                   SMS=3, PROGS_PER_SM=1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=block_k, EVEN_K=even_k)
+    tg._grouped_kernel.fn.fn[(3,)](A, W, D, offs, N, K, experts, 64, A.stride(0), W.stride(0), W.stride(1),
+                                   D.stride(0), SMS=3, PROGS_PER_SM=1, E_POW2=4, BLOCK_M=16, BLOCK_N=16,
+                                   BLOCK_K=block_k, EVEN_K=even_k)
     start = 0
-    for e, end in enumerate(offs.tolist()):
+    for e, end in enumerate(offs.tolist()[:experts]):
         ref = A[start:end].float() @ W[e].float().T
         err = (D[start:end].float() - ref).abs().max().item() if end > start else 0.0
         assert err < 2e-2, (even_k, e, err)
