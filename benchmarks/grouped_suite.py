@@ -380,7 +380,7 @@ def case_job(item, args) -> dict:
         if is_dense_case(name, tokens, routing):
             try:
                 route = front.route_of(tokens, N, K, DTYPE, torch.cuda.current_device(), True)
-                dense_served = f"{route.source}: {route.lines[0]}"
+                dense_served = " | ".join([route.source, *route.lines])  # the kernel, why, and which pack file
                 D.fill_(float("nan"))
                 dense(A, offs, D)
                 torch.cuda.synchronize()
