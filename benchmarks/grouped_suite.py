@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -94,7 +95,8 @@ PROBE_TOKENS = 1000  # rows of A in the Triton probe (not a multiple of any tile
 PROBE_ROUTINGS = ("odd", "one", "half_empty", "tail", "zipf")
 PROBE_TIMEOUT, CASE_TIMEOUT = 150.0, 150.0
 SLOW_MS = 1.0  # a call slower than this gets SLOW_ROUNDS rounds, not ROUNDS
-ROUNDS, SLOW_ROUNDS, PER_ROUND = 5, 3, 3
+# the first H100 run (5 and 3 rounds) took 59 s of the 4 minutes: more rounds tighten the medians
+ROUNDS, SLOW_ROUNDS, PER_ROUND = 8, 5, 3
 
 
 # -- cases, items, rows and summary (pure Python: the CPU tests check them) ---------------------------
@@ -143,6 +145,16 @@ def _ratio(times: dict, peer: str, how: str) -> float | None:
     return theirs / mine if theirs and mine else None
 
 
+def round_quartiles(times: dict, peer: str) -> list[float] | None:
+    """Quartiles of the peer's time over ours round by round (each round's median of its graph
+    samples; the rounds rotate the order): how far one run's ratio can be trusted."""
+    theirs, mine = times.get(peer, {}).get("graph_round_ms"), times.get("ours", {}).get("graph_round_ms")
+    if not theirs or not mine:
+        return None
+    ratios = [t / m for t, m in zip(theirs, mine)]
+    return [round(q, 4) for q in statistics.quantiles(ratios, n=4)] if len(ratios) > 1 else [round(ratios[0], 4)] * 3
+
+
 def case_row(case: dict, correct: bool, times: dict, bytes_moved: int | None) -> dict:
     """One row in the issue's results format (contiguous layout): ``times`` maps a party (``ours``
     and :data:`PEERS`) to ``graph_ms``/``queued_ms``; a missing party's ratio is None."""
@@ -153,6 +165,7 @@ def case_row(case: dict, correct: bool, times: dict, bytes_moved: int | None) ->
     return {"layout": "contiguous", "op": "grouped_mm", **case, "dtype": DTYPE, "correct": correct,
             "ratio_to_grouped_mm": peer_ratios["grouped_mm"], "peer_ratios": peer_ratios,
             "peer_ratios_queued": {p: _ratio(times, p, "queued_ms") for p in PEERS},
+            "peer_ratio_round_quartiles": {p: round_quartiles(times, p) for p in PEERS},
             "ratio_to_best_peer": min(timed) if timed else None,
             "kernel_us": ours_ms * 1e3 if ours_ms else None,
             "tflops": flops / ours_ms / 1e9 if ours_ms else None,
@@ -293,8 +306,9 @@ def _rounds(parties: dict, sets: list, rounds: int) -> dict:
         for p in order:
             samples[p]["graph"] += harness.graph_times(parties[p], sets, reps=PER_ROUND, calls=calls)
             samples[p]["queued"] += harness.event_times(parties[p], sets, reps=PER_ROUND * calls, start=r)
-    return {p: {"graph_ms": sorted(s["graph"])[len(s["graph"]) // 2],
-                "queued_ms": sorted(s["queued"])[len(s["queued"]) // 2]} for p, s in samples.items()}
+    return {p: {"graph_ms": statistics.median(s["graph"]), "queued_ms": statistics.median(s["queued"]),
+                "graph_round_ms": [statistics.median(s["graph"][i:i + PER_ROUND])
+                                   for i in range(0, len(s["graph"]), PER_ROUND)]} for p, s in samples.items()}
 
 
 def _triton():
@@ -490,6 +504,10 @@ def _f(x, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _iqr(quartiles) -> str:
+    return "-" if not quartiles else f"{quartiles[0]:.3f}-{quartiles[2]:.3f}"
+
+
 def markdown_of(result: dict) -> str:
     """The tables of a results folder's README from a run's JSON: the summary against the issue's
     targets, then every case (graphs; ours in us, TFLOPS, TB/s; each peer's time over ours)."""
@@ -512,7 +530,7 @@ def markdown_of(result: dict) -> str:
                      f"{_f(d['ratio_grouped_to_dense'])} | | 1 | >= {t['grouped_to_dense']} |")
     lines += ["", f"{s['correct']} of {s['cases']} cases correct.", "",
               "| family | tokens | routing | module (rule) | ours us | TFLOPS | TB/s | x grouped_mm | x cublas_loop "
-              "| x triton | x grouped_mm, queued |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| x triton | x grouped_mm, queued | x grouped_mm, rounds' IQR |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r.get("op") == "dense_compare":
             continue
@@ -521,7 +539,7 @@ def markdown_of(result: dict) -> str:
         lines.append(f"| {r['family']} | {r['tokens']} | {r['routing'] or '-'}{mark} | {r.get('rule') or '-'} | "
                      f"{_f(r.get('kernel_us'), 1)} | {_f(r.get('tflops'), 0)} | {_f(r.get('tb_per_s'), 2)} | "
                      f"{_f(p['grouped_mm'])} | {_f(p['cublas_loop'])} | {_f(p['triton_grouped'])} | "
-                     f"{_f(q.get('grouped_mm'))} |")
+                     f"{_f(q.get('grouped_mm'))} | {_iqr((r.get('peer_ratio_round_quartiles') or {}).get('grouped_mm'))} |")
     dense = [r for r in result["rows"] if r.get("op") == "dense_compare"]
     if dense:
         lines += ["", "| dense compare (Mixtral-like, balanced) | grouped TFLOPS | dense TFLOPS | grouped / dense |",

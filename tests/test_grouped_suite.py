@@ -80,8 +80,8 @@ def test_items_round_trip_and_crashed_cases_retry_without_triton(gs):
 
 
 def _times(ours, **peers):
-    t = {"ours": {"graph_ms": ours, "queued_ms": ours * 1.1}}
-    t.update({p: {"graph_ms": ms, "queued_ms": ms} for p, ms in peers.items()})
+    t = {"ours": {"graph_ms": ours, "queued_ms": ours * 1.1, "graph_round_ms": [ours] * 3}}
+    t.update({p: {"graph_ms": ms, "queued_ms": ms, "graph_round_ms": [ms * 0.9, ms, ms * 1.1]} for p, ms in peers.items()})
     return t
 
 
@@ -113,6 +113,8 @@ def test_rows_carry_the_issues_format_and_the_peers(gs, entries):
         assert key in b
     assert b["peer_ratios"] == pytest.approx({"grouped_mm": 1.1, "cublas_loop": 1.2, "triton_grouped": 1.5})
     assert b["ratio_to_best_peer"] == pytest.approx(1.1) and b["kernel_us"] == pytest.approx(2000)
+    # round by round: torch at 0.9, 1.0 and 1.1 of its median against ours steady
+    assert b["peer_ratio_round_quartiles"]["grouped_mm"] == pytest.approx([0.99, 1.1, 1.21], abs=1e-3)
     assert b["tflops"] == pytest.approx(2 * 8192 * 14336 * 4096 / 2.0e-3 / 1e12)
     assert b["tb_per_s"] == pytest.approx((8192 * (4096 + 14336) * 2 + 8 * 14336 * 4096 * 2) / 2.0e-3 / 1e12)
     assert grouped[1]["peer_ratios"]["triton_grouped"] is None  # Triton failed its check there: not timed
@@ -125,6 +127,7 @@ def test_rows_carry_the_issues_format_and_the_peers(gs, entries):
     # the README's tables: the summary against the targets, a line a case, the dense comparison
     md = gs.markdown_of({"summary": gs.summary_of(rows), "rows": rows})
     assert "| mixtral | 8192 | balanced | grouped-prefill | 2000.0 |" in md and "| 1.100 | 1.200 | 1.500 |" in md
+    assert "| 0.990-1.210 |" in md  # the rounds' spread of the ratio to torch
     assert "| 8192 tokens, dense 8192x14336x4096 |" in md and md.count("| 0.950 |") == 2
     # a child that crashed: one failure row for the case
     fail = gs.rows_of(entries, item, {"status": "crash", "detail": "boom"})
