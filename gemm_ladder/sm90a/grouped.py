@@ -83,7 +83,18 @@ prologue; the depth is the same order as a shuffle scan's (chunks of 32 experts)
 Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
 consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
 for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),
-no epi_under, no narrow tail: not built in this slice.
+no narrow tail: not built in this slice.
+
+The epilogue under the next tile (``epi_under``, v9's knob, not with ``swap_ab``): at K = 520 (the
+suite's odd 5 x 1000x520 weight) a tile's K loop is 9 slices, and the 128x256 tile's chunked stores
+are a large part of each tile (0.91-0.94x ``torch._grouped_mm`` at 32768 tokens,
+``benchmarks/results/2026-11-26_h100_grouped_suite``). With it, a WHOLE tile's accumulators are rounded
+into 16-bit pairs as soon as its K loop retires, and its chunks go out one under each of the next
+tile's first K slices (``Consumer.issue_under``), or after the CTA's last tile. The pairs carry the
+place of the tile they belong to (``m_prev``, ``n_prev``, saved in the whole-tile branch), never the
+walk entry of the tile in flight, which may be another expert's; a whole tile needs no bound but D's.
+The expert's last m-tile is never deferred: it leaves at once by stores guarded by its own expert's
+end row, and the tile after it has no pairs to store (``pairs_wait``). The walk is unchanged.
 
 Constraints: those of v9's tile (blk_m = 64 x consumers x atoms, epi_n), clusters 1x1, N and K
 multiples of 8, a runtime M (any number of tokens; masked: E x max_tokens), E = ``experts`` fixed at
@@ -546,6 +557,7 @@ def kernel(cfg: GemmConfig):
     ``(a [M, K], b [E * N, K], d [M, N], num_ctas, offsets [E] int32)``."""
     plan = plan_of(cfg)
     swapped, scan_by_warp = swap_ab(cfg), warp_scan(cfg)
+    under = common.epi_under(cfg)  # a whole tile's chunks stored under the next tile's first K slices
     M = tirx.Var("M", "int32")
     N, K, dtype, E = cfg.N, cfg.K, cfg.dtype, experts_of(cfg)
     BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
@@ -639,14 +651,41 @@ def kernel(cfg: GemmConfig):
                 epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                  warp_id=warp_id, lane_id=lane_id, packed=packed,
                                                  chunk_cols=chunk_cols, buffers=buffers))
+            if under:
+                # the last whole tile's output as 16-bit pairs, stored under the next tile's K loop,
+                # and where it goes: its own first row and column (never the next tile's)
+                Preg = T.alloc_local((plan.acc_regs // 2,), "uint32")
+                m_prev: T.int32 = 0
+                n_prev: T.int32 = 0
+                pairs_wait: T.int32 = 0  # 1 while Preg holds a whole tile not yet stored
             it: T.int32 = 0  # K slices consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             t: T.int32 = cta
             while t < w.total():
                 locate_tile(w, t, at)
-                mma.run(it, slices_per_tile)
+                if under:
+                    # the previous whole tile's chunks, one under each of this tile's first slices
+                    mma.issue_under(it, slices_per_tile, epi, Preg, m_prev, n_prev, pairs_wait > 0, epi_it)
+                    if pairs_wait > 0:
+                        epi_it = epi_it + epi.chunks_per_tile
+                    mma.retire(it, slices_per_tile)
+                else:
+                    mma.run(it, slices_per_tile)
                 it = it + slices_per_tile
-                if swapped:
+                if under:
+                    if at[1] + BLK_M <= at[2]:
+                        # a whole tile of the expert's rows: its pairs wait for the next tile (or the end);
+                        # a whole tile needs no bound but D's, so its place is all the pairs carry
+                        epilogue.acc_to_pairs(plan, Dreg, Preg, epilogue.NO_OP, lane_id, at[3])
+                        m_prev = at[1]
+                        n_prev = at[3]
+                        pairs_wait = 1
+                    else:
+                        # the expert's last m-tile leaves now, guarded by ITS expert's end row (at[2]),
+                        # not deferred: a later tile may be another expert's
+                        rows_to_global(plan, Dreg, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
+                        pairs_wait = 0
+                elif swapped:
                     if at[1] + BLK_M <= at[2]:
                         # a whole tile of the expert's tokens: D^T staged as D, 64-column TMA stores
                         epi.store_tile(Dreg, at[1], at[3])
@@ -661,6 +700,9 @@ def kernel(cfg: GemmConfig):
                     # the expert's last m-tile: the rows after its end are the next expert's
                     rows_to_global(plan, Dreg, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
                 t = t + num_ctas
+            if under:
+                if pairs_wait > 0:
+                    epi.store_pairs(Preg, m_prev, n_prev, epi_it)
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
                 T.ptx.cp.async_.bulk.wait_group.read(0)

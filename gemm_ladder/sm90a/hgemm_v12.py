@@ -21,7 +21,9 @@ the next expert, so that tile leaves through stores guarded by the expert's end 
                 (offsets, or    (experts)    for an expert's last    num_warpgroups,
                 masked counts;               m-tile (swap AB:        pipe_depth, epi_n,
                 swap AB: W[e]                transposed; guarded     l2_group_size, layout,
-                rows x tokens)               2-byte stores)          swap_ab, warp_scan
+                rows x tokens)               2-byte stores;          swap_ab, warp_scan,
+                                             epi_under: whole tiles  epi_under
+                                             under the next tile)
     ==========  ==============  ===========  ======================  ========================
 
 Masked layout (``layout="masked"``, decode): A ``[E, max_tokens, K]`` viewed ``[E * max_tokens, K]``
@@ -35,7 +37,9 @@ a multiple of 8) its N, so an expert with a few tokens streams its weight once a
 64-row tiles of padding; its D^T leaves by the transposed epilogue (whole token tiles) or guarded
 2-byte stores (the expert's last). ``warp_scan`` makes the routing's tables with 32 lanes over chunks
 of experts instead of thread 0's pass (E dependent steps). Both off by default: the kernels without
-them are unchanged, source for source.
+them are unchanged, source for source. ``epi_under`` (off by default; not with ``swap_ab``) stores a
+whole tile's chunks under the next tile's first K slices, as v9 does; an expert's last m-tile still
+leaves at once by its guarded stores (``grouped.py`` says why).
 
 Barriers: v9's without clusters (``tma2mma[s]``: the producer's expect_tx and the TMA bytes;
 ``mma2tma[s]``: lane 0 of every consumer warp; named barrier 1+c per consumer's epilogue), plus
@@ -76,6 +80,7 @@ class GroupedKnobs:
     layout: str = "contiguous"  # "masked": A [E * max_tokens, K], the int32 operand each expert's count
     swap_ab: bool = False  # decode: W's rows in wgmma's 64-row slot, blk_m tokens (8..256) its N
     warp_scan: bool = False  # the routing's tables by 32 lanes in chunks, not thread 0's pass over E
+    epi_under: bool = False  # a whole tile's chunks stored under the next tile's first K slices (v9's knob)
 
 
 KNOBS = gemm.knob_defaults(GroupedKnobs)
@@ -94,6 +99,10 @@ def check(cfg: GemmConfig) -> None:
     if not isinstance(cfg.l2_group_size, int) or cfg.l2_group_size < 1:
         raise ConfigError(f"l2_group_size={cfg.l2_group_size!r} is not a positive int; use e.g. 8")
     if grouped.swap_ab(cfg):
+        if common.epi_under(cfg):
+            raise ConfigError("swap_ab=True with epi_under=True: the swapped tile leaves through the transposed "
+                              "epilogue (D^T staged whole), which has no deferred form; use epi_under=False with "
+                              "swap_ab, or swap_ab=False with epi_under")
         common.check_swap_tile(cfg, SWAP_CONSUMERS)
     else:
         if cfg.blk_m % common.WG_M:
