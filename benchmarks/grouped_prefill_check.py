@@ -35,9 +35,13 @@ here), plus two fp16 modules of the odd shape, checked only.
 token tiles (``l2_group_size``: a Zipf-hot expert's weight tile read by all its token tiles at once), at
 the token counts the swapped tiers serve (:data:`BAND_VARIANTS`; 17 modules, 3.6 MiB, 30 s on an H100).
 
-``prepare DIR --large`` builds instead the tiles for the grouped suite's cases below 0.95x torch (the odd
-shape at 8192-32768 tokens, DeepSeek-V3-like at 32768: :data:`LARGE_VARIANTS`), three consumers of 64 rows
-(``m192n128``) and 128-column epilogue chunks (``epi128``, 3 stages) among them.
+``prepare DIR --large`` builds instead the tiles for the grouped suite's case below 0.95x torch (the odd
+shape at 8192-32768 tokens: :data:`LARGE_VARIANTS`): the defaults, 128-column epilogue chunks (``epi128``,
+3 stages, the best of an earlier --large run), and the epilogue under the next tile (``epi_under``, alone
+and with ``epi128``), with the defaults and ``epi_under`` also on the Mixtral-like weight at 8192 tokens and
+the DeepSeek-V3-like one at 32768 (beside ``swap64``, which serves it), so that a rule for it loses nowhere;
+plus one masked-layout ``epi_under`` module of the odd shape, checked only (``grouped_check.masked_check_job``).
+11 modules, about 2.4 MiB; well under a minute on an H100.
 
 ``prepare DIR --pack`` builds instead a kernel pack of the four weights (contiguous, bf16: the
 policy's tiers, ``plan.grouped_choices``), and ``run`` then serves the same cases through
@@ -95,6 +99,11 @@ VARIANTS = {
     # --large: three consumers of 64 rows over 128 columns, and the epilogue in chunks of 128 columns
     "m192n128": {"blk_m": 192, "num_warpgroups": 3, "blk_n": 128, "warp_scan": True},
     "epi128": {"epi_n": 128, "pipe_depth": 3, "warp_scan": True},  # the wider output tile takes a stage
+    # --large: a whole tile's chunks stored under the next tile's first K slices (v12's epi_under), alone and
+    # with the 128-column chunks; and in the masked layout (checked only: not timed beside the contiguous ones)
+    "epi_under": {"epi_under": True, "warp_scan": True},
+    "epi_under_epi128": {"epi_under": True, "epi_n": 128, "pipe_depth": 3, "warp_scan": True},
+    "epi_under_masked": {"epi_under": True, "warp_scan": True, "layout": "masked"},
 }
 BASELINE = "default"
 # the variants of each shape of grouped_check.SHAPES (bf16, timed), and the token counts timed: rows
@@ -115,14 +124,17 @@ BAND_VARIANTS = {
     "deepseek_v3": ("default", "n128", "swap32", "swap32_g64", "swap64", "swap64_g64"),
 }
 BAND_TOKENS = {"mixtral": (512,), "qwen_moe": (512, 2048, 8192), "deepseek_v3": (512, 2048, 8192)}
-# prepare --large: the cases under 0.95x torch._grouped_mm in the grouped suite
+# prepare --large: the case under 0.95x torch._grouped_mm in the grouped suite
 # (benchmarks/results/2026-11-26_h100_grouped_suite: the odd 5 x 1000x520 at 32768 tokens 0.906-0.937 with the
-# 128x256 defaults, K = 520 a short K loop; DeepSeek-V3-like at 32768 balanced 0.966 with swap64): which tile wins
+# 128x256 defaults, K = 520 a short K loop of 9 slices; of v12's other tiles epi128 was the best, 0.927-0.942, and
+# n128, m64, m192n128 and swap64 worse): the epilogue under the next tile beside them, and on the Mixtral-like and
+# DeepSeek-V3-like weights (long K loops: the stores were already a small part) so that it loses nowhere
 LARGE_VARIANTS = {
-    "odd": ("default", "scan", "n128", "n128_d6", "m64", "m192n128", "epi128", "swap64"),
-    "deepseek_v3": ("default", "n128", "n128_d6", "m64", "m192n128", "swap32", "swap64"),
+    "odd": ("default", "epi128", "epi_under", "epi_under_epi128", "epi_under_masked"),
+    "mixtral": ("default", "epi128", "epi_under"),
+    "deepseek_v3": ("default", "swap64", "epi_under"),
 }
-LARGE_TOKENS = {"odd": (8192, 32768), "deepseek_v3": (32768,)}
+LARGE_TOKENS = {"odd": (8192, 32768), "mixtral": (8192,), "deepseek_v3": (32768,)}
 ODD_FP16 = ("scan", "swap32")  # checked only: the other dtype's MMA over the new prologue
 TAIL = 37  # rows of A past offs[-1] in a timed case's check: they must stay NaN in D
 DTYPE = "bfloat16"
@@ -174,12 +186,25 @@ def time_items(folder, modules: list[dict], checks: dict, tokens: dict) -> list[
     that passed their check, baseline first."""
     items = []
     for name, counts in tokens.items():
-        mine = [m for m in modules if m["shape"] == name and m["dtype"] == DTYPE
+        mine = [m for m in modules if m["shape"] == name and m["dtype"] == DTYPE and not is_masked(m)
                 and checks.get(m["file"], {}).get("status") == "ok"]
         mine.sort(key=lambda m: m["variant"] != BASELINE)
         if mine:
             items += ["#".join([str(t)] + [str(Path(folder) / m["file"]) for m in mine]) for t in counts]
     return items
+
+
+def is_masked(module: dict) -> bool:
+    """A module of the masked layout (``--large``'s epi_under_masked): checked by the masked check, not timed."""
+    return module.get("knobs", {}).get("layout") == "masked"
+
+
+def check_items(folder, modules: list[dict]) -> dict[str, list[str]]:
+    """The check jobs (``grouped_check``'s, by the module's layout) and the modules each checks."""
+    out: dict[str, list[str]] = {}
+    for m in modules:
+        out.setdefault("masked_check_job" if is_masked(m) else "check_job", []).append(str(Path(folder) / m["file"]))
+    return out
 
 
 def parse_item(item: str) -> tuple[int, list[str]]:
@@ -433,9 +458,11 @@ def run(folder, out) -> int:
     timed: list = []
     items: list = []
     try:
-        results = isolate.run_batch("benchmarks.grouped_check:check_job", [str(folder / m["file"]) for m in modules],
-                                    timeout=gc.CHECK_TIMEOUT, explain=False)
-        checks = {m["file"]: r for m, r in zip(modules, results)}
+        checks = {}
+        for job, paths in check_items(folder, modules).items():
+            results = isolate.run_batch(f"benchmarks.grouped_check:{job}", paths, timeout=gc.CHECK_TIMEOUT,
+                                        explain=False)
+            checks.update({Path(p).name: r for p, r in zip(paths, results)})
         items = time_items(folder, modules, checks, tokens)
         timed = isolate.run_batch("benchmarks.grouped_prefill_check:prefill_time_job", items,
                                   timeout=gc.TIME_TIMEOUT, explain=False)
@@ -455,8 +482,8 @@ def run(folder, out) -> int:
         if checks[m["file"]].get("status") != "ok":
             rows.append(gc.row({k: m[k] for k in ("experts", "N", "K", "dtype", "shape", "variant", "knobs")}
                                | {"tokens": gc.CHECK_TOKENS, "routing": None, "kind": "failure",
-                                  "detail": json.dumps(checks[m["file"]])[:4000]}, False, {}, "contiguous",
-                               ("grouped_mm",)))
+                                  "detail": json.dumps(checks[m["file"]])[:4000]}, False, {},
+                               "masked" if is_masked(m) else "contiguous", ("grouped_mm",)))
     result = {"format": FORMAT, "gpu": harness.gpu_info(), **harness.run_info(),
               "clocks": sampler.between(start, time.time()), "seconds": round(time.time() - start, 1),
               "summary": {"modules": len(modules),
@@ -465,7 +492,7 @@ def run(folder, out) -> int:
     files.write_json(out, result)
     for r in rows:
         if r["kind"] == "prefill":
-            print(f"{r['shape']:11s} {r['variant']:8s} tokens={r['tokens']:6d} {r['routing']:8s} correct={r['correct']} "
+            print(f"{r['shape']:11s} {r['variant']:16s} tokens={r['tokens']:6d} {r['routing']:8s} correct={r['correct']} "
                   f"x grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f} x default {r['ratio_to_baseline'] or 0:.3f}"
                   f"{'  best' if r['best'] else ''}")
     s = result["summary"]

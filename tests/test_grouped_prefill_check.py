@@ -45,6 +45,27 @@ def test_the_large_plan_times_the_suites_losing_cases_beside_todays_module(gp):
     assert {"default", "swap64"} <= set(gp.LARGE_VARIANTS["deepseek_v3"]) and gp.LARGE_VARIANTS["odd"][0] == gp.BASELINE
 
 
+def test_the_large_plan_times_epi_under_beside_the_default_and_epi128(gp, tmp_path):
+    """--large (issue 33's floor case): the odd shape's epi_under and epi_under + epi128 beside the
+    default and epi128 at 8192 and 32768 tokens, epi_under on the Mixtral-like and DeepSeek-V3-like
+    weights too; the masked epi_under module goes to the masked check and is never timed."""
+    plan = gp.module_plan(large=True)
+    variants = {(p[0], p[5]) for p in plan}
+    assert {("odd", v) for v in ("default", "epi128", "epi_under", "epi_under_epi128")} <= variants
+    assert {("mixtral", "epi_under"), ("deepseek_v3", "epi_under")} <= variants
+    assert gp.LARGE_TOKENS["odd"] == (8192, 32768) and gp.LARGE_TOKENS["mixtral"] == (8192,)
+    modules = [{"file": f"gprefill_{name}_bfloat16_{v}.so", "shape": name, "dtype": "bfloat16", "variant": v,
+                "knobs": gp.VARIANTS[v]} for name, _, _, _, _, v in plan]
+    jobs = gp.check_items(tmp_path, modules)
+    assert [p.rsplit("/", 1)[1] for p in jobs["masked_check_job"]] == ["gprefill_odd_bfloat16_epi_under_masked.so"]
+    assert len(jobs["check_job"]) == len(modules) - 1
+    items = gp.time_items(tmp_path, modules, {m["file"]: {"status": "ok"} for m in modules}, gp.LARGE_TOKENS)
+    assert len(items) == 4 and not any("masked" in i for i in items)
+    assert all(gp.variant_of(gp.parse_item(i)[1][0]) == gp.BASELINE for i in items)
+    assert {gp.variant_of(p) for i in items for p in gp.parse_item(i)[1]} >= {"epi_under", "epi_under_epi128",
+                                                                             "epi128"}
+
+
 def test_the_warp_scan_fits_the_default_tile_at_256_experts(gp):
     """The scan's partial results sit in the barriers' padding: at 256 experts the 128x256 tile
     fills the block to its last byte, and the warp scan must not need more."""
