@@ -37,11 +37,12 @@ the token counts the swapped tiers serve (:data:`BAND_VARIANTS`; 17 modules, 3.6
 
 ``prepare DIR --large`` builds instead the tiles for the grouped suite's case below 0.95x torch (the odd
 shape at 8192-32768 tokens: :data:`LARGE_VARIANTS`): the defaults, 128-column epilogue chunks (``epi128``,
-3 stages, the best of an earlier --large run), and the epilogue under the next tile (``epi_under``, alone
-and with ``epi128``), with the defaults and ``epi_under`` also on the Mixtral-like weight at 8192 tokens and
-the DeepSeek-V3-like one at 32768 (beside ``swap64``, which serves it), so that a rule for it loses nowhere;
-plus one masked-layout ``epi_under`` module of the odd shape, checked only (``grouped_check.masked_check_job``).
-11 modules, about 2.4 MiB; well under a minute on an H100.
+3 stages, the best of an earlier --large run), the epilogue under the next tile (``epi_under``, alone and
+with ``epi128``) and the whole tile as one chunk (``epi256``, alone and under); the defaults and
+``epi_under`` also on the Mixtral-like weight at 8192 tokens and the DeepSeek-V3-like one at 32768 (beside
+``swap64``, which serves it), so that a rule for it loses nowhere; plus one masked-layout ``epi_under``
+module of the odd shape, checked only (``grouped_check.masked_check_job``). 13 modules, 2.9 MiB; 30 s on
+an H100 with 11 of them (2026-11-26).
 
 ``prepare DIR --pack`` builds instead a kernel pack of the four weights (contiguous, bf16: the
 policy's tiers, ``plan.grouped_choices``), and ``run`` then serves the same cases through
@@ -104,6 +105,10 @@ VARIANTS = {
     "epi_under": {"epi_under": True, "warp_scan": True},
     "epi_under_epi128": {"epi_under": True, "epi_n": 128, "pipe_depth": 3, "warp_scan": True},
     "epi_under_masked": {"epi_under": True, "warp_scan": True, "layout": "masked"},
+    # the whole 128x256 tile as one chunk (one staging buffer, the same bytes as epi128's two): one pair of
+    # named barriers and one store a tile; with epi_under, stored under the next tile's first slice
+    "epi256": {"epi_n": 256, "pipe_depth": 3, "warp_scan": True},
+    "epi_under_epi256": {"epi_under": True, "epi_n": 256, "pipe_depth": 3, "warp_scan": True},
 }
 BASELINE = "default"
 # the variants of each shape of grouped_check.SHAPES (bf16, timed), and the token counts timed: rows
@@ -130,7 +135,7 @@ BAND_TOKENS = {"mixtral": (512,), "qwen_moe": (512, 2048, 8192), "deepseek_v3": 
 # n128, m64, m192n128 and swap64 worse): the epilogue under the next tile beside them, and on the Mixtral-like and
 # DeepSeek-V3-like weights (long K loops: the stores were already a small part) so that it loses nowhere
 LARGE_VARIANTS = {
-    "odd": ("default", "epi128", "epi_under", "epi_under_epi128", "epi_under_masked"),
+    "odd": ("default", "epi128", "epi_under", "epi_under_epi128", "epi256", "epi_under_epi256", "epi_under_masked"),
     "mixtral": ("default", "epi128", "epi_under"),
     "deepseek_v3": ("default", "swap64", "epi_under"),
 }

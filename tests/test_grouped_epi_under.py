@@ -54,7 +54,7 @@ def _lines_of(text, pattern):
     return [i for i, line in enumerate(text.splitlines()) if re.search(pattern, line)]
 
 
-@pytest.mark.parametrize("tile", [dict(), *UNDER_TILES])
+@pytest.mark.parametrize("tile", [dict(), *UNDER_TILES, dict(epi_under=True, epi_n=256, pipe_depth=3)])
 def test_builds_with_the_stores_under_the_next_tiles_wgmmas(built, tile):
     """The odd weight of the suite (5 x 1000x520, bf16): without spills; with ``epi_under`` some of a
     tile's stmatrix sit between the next tile's wgmma issues (without it every stmatrix follows the
