@@ -497,7 +497,8 @@ def run(folder, out) -> int:
     files.write_json(out, result)
     for r in rows:
         if r["kind"] == "prefill":
-            print(f"{r['shape']:11s} {r['variant']:16s} tokens={r['tokens']:6d} {r['routing']:8s} correct={r['correct']} "
+            print(f"{r['shape']:11s} {r['variant']:16s} tokens={r['tokens']:6d} {r['routing']:8s} "
+                  f"correct={r['correct']} "
                   f"x grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f} x default {r['ratio_to_baseline'] or 0:.3f}"
                   f"{'  best' if r['best'] else ''}")
     s = result["summary"]

@@ -94,7 +94,10 @@ tile's first K slices (``Consumer.issue_under``), or after the CTA's last tile. 
 place of the tile they belong to (``m_prev``, ``n_prev``, saved in the whole-tile branch), never the
 walk entry of the tile in flight, which may be another expert's; a whole tile needs no bound but D's.
 The expert's last m-tile is never deferred: it leaves at once by stores guarded by its own expert's
-end row, and the tile after it has no pairs to store (``pairs_wait``). The walk is unchanged.
+end row, and the tile after it has no pairs to store (``pairs_wait``). The walk is unchanged. Measured
+(H100, ``benchmarks/results/2026-11-26_h100_grouped_epi_under``): 0.98-0.99x the defaults on the odd
+shape (its stores are not what limits it: the floor case stays at 0.92-0.93x torch with ``epi128``), 1.01-1.03x
+on Mixtral-like at 8192 tokens, even on DeepSeek-V3-like at 32768; off by default, not in the policy.
 
 Constraints: those of v9's tile (blk_m = 64 x consumers x atoms, epi_n), clusters 1x1, N and K
 multiples of 8, a runtime M (any number of tokens; masked: E x max_tokens), E = ``experts`` fixed at
