@@ -85,7 +85,24 @@ def test_a_tile_loads_its_experts_gate_rows_and_the_matching_up_rows(monkeypatch
             assert rows[i:i + 2] == [gate, gate + I], (u, rows[i:i + 2])
 
 
-@pytest.mark.parametrize("knobs", [{}, DECODE_TILE])
+def test_the_masked_layout_takes_the_gated_loads_unchanged(monkeypatch):
+    """The kernel's masked layout (no front door serves it yet): each expert's slot of A, its gate
+    and up rows, a count past max_tokens clamped, a negative one empty."""
+    counts, I, slot = (0, 17, 70, -2), 160, 40
+    cfg = make_config("v12", 4 * slot, 2 * I, 128, experts=4, spec=SWIGLU.text(), layout="masked", pipe_depth=2,
+                      **{k: v for k, v in DECODE_TILE.items() if k != "pipe_depth"})
+    loads = loads_of(monkeypatch, cfg, counts, 4 * slot)
+    want = kernel_grouped.walk(list(counts), 4 * slot, cfg.blk_m, -(-2 * I // cfg.blk_n), cfg.l2_group_size, 3,
+                               layout="masked")
+    assert sum(len(w) for w in want) == 2 * -(-2 * I // cfg.blk_n)  # experts 1 and 2 (clamped to 40), one m-tile
+    for cta in range(3):
+        a_rows = [c[1] for b, name, c in loads if b == cta and name.startswith("A")][::cfg.k_tiles]
+        b_rows = [c[1] for b, name, c in loads if b == cta and name.startswith("B")][::2 * cfg.k_tiles]
+        assert a_rows == [u.row0 for u in want[cta]]
+        assert b_rows == [u.expert * 2 * I + u.n_tile * cfg.blk_n // 2 for u in want[cta]]
+
+
+@pytest.mark.parametrize("knobs", [{}, DECODE_TILE, dict(DECODE_TILE, layout="masked")])
 def test_the_gated_presets_pass_the_protocol_check(knobs):
     cfg = make_config("v12", 1000, 1008, 520, experts=5, spec=SWIGLU.text(), **knobs)
     report = check_config(cfg, policies=("forward", "lockstep"))

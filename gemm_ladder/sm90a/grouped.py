@@ -80,6 +80,17 @@ rather than warp shuffles: the barrier checker follows the tables through shared
 stores to the loads (``protocol.exprs.is_table``), so it runs the kernel's own walk under the new
 prologue; the depth is the same order as a shuffle scan's (chunks of 32 experts).
 
+SwiGLU (the spec's ``gated``, ``gemm_ladder.grouped_swiglu``): W ``[E, 2I, K]`` holds each expert's
+``cat([W_gate, W_up])`` and D is ``[M, I]``. The walk is unchanged (n-tiles over the 2I columns); the
+producer loads a tile's B as v9's gated loads do (``producer.gated_row``): its first ``blk_n / 2``
+rows the expert's gate rows ``e * 2I + n * blk_n / 2 ...``, the others the up rows of the same outputs
+``I`` later, so one thread holds each output's gate and up accumulators. A whole tile leaves through
+v9's chunked epilogue with ``gated`` (``silu(gate) * up`` at D's column ``n * blk_n / 2``), the
+expert's last m-tile through :func:`rows_to_global_gated`. Gate rows past I (I not a multiple of
+``blk_n / 2``) read the expert's up rows and up rows past 2I the next expert's: both feed only D
+columns >= I, which the stores clip. Not with ``swap_ab`` (refused: the transposed epilogue has no
+gated form). The masked layout takes it unchanged in the kernel; no front door serves it yet.
+
 Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
 consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
 for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),
