@@ -222,6 +222,52 @@ def test_the_ops_fake_passes_opcheck(monkeypatch):
     assert set(result.values()) == {"SUCCESS"}, result
 
 
+SLOTS, WS = h(3, 5, 64), h(3, 32, 64)
+COUNTS = torch.tensor([2, 0, 5], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("args, kw, words", [
+    ((SLOTS, h(3, 31, 64), COUNTS), {}, ["an even number", "(3, 31, 64)"]),
+    ((h(15, 64), WS, COUNTS), {}, ["A must be [E, max_tokens, K]", "grouped_mm with offs"]),
+    ((SLOTS, WS, COUNTS.long()), {}, ["counts has dtype torch.int64"]),
+    ((SLOTS, WS, COUNTS), {"out": h(3, 5, 32)}, ["out is (3, 5, 32)", "H is (3, 5, 16)"]),
+    ((SLOTS, WS, COUNTS), {}, ["A is on cpu", "move it to the GPU"]),
+])
+def test_bad_masked_inputs_are_refused_with_the_fix(args, kw, words):
+    refused(lambda: gemm_ladder.grouped_swiglu_masked(*args, **kw), *words)
+
+
+def test_the_masked_fallback_computes_the_valid_rows_and_keeps_the_rest():
+    gen = torch.Generator().manual_seed(4)
+    Ar, Wr = torch.randn(3, 6, 32, generator=gen).half(), torch.randn(3, 24, 32, generator=gen).half()
+    counts = torch.tensor([2, -1, 9], dtype=torch.int32)  # a negative count is empty, one past the slot clamped
+    out = torch.full((3, 6, 12), float("nan"), dtype=torch.float16)
+    grouped_swiglu.torch_swiglu_masked(Ar, Wr, counts, out)
+    for e, c in enumerate((2, 0, 6)):
+        want = reference(Ar[e], Wr[e:e + 1], torch.tensor([c]))[:c]
+        torch.testing.assert_close(out[e, :c].double(), want, rtol=2e-2, atol=2e-2)
+        assert torch.isnan(out[e, c:]).all()
+
+
+def test_the_masked_op_gives_zeros_past_the_counts_and_its_fake_any_slot(monkeypatch):
+    def fallback_masked(a, w, c, out):
+        grouped_swiglu.torch_swiglu_masked(a, w, c, out)
+        return out
+
+    monkeypatch.setattr(grouped_ops, "_grouped_swiglu_masked", fallback_masked)
+    gen = torch.Generator().manual_seed(5)
+    Ar, Wr = torch.randn(3, 6, 32, generator=gen).half(), torch.randn(3, 24, 32, generator=gen).half()
+    got = torch.ops.gemm_ladder.grouped_swiglu_masked(Ar, Wr, torch.tensor([2, 0, 6], dtype=torch.int32))
+    assert got.shape == (3, 6, 12) and (got[0, 2:] == 0).all() and (got[1] == 0).all()
+    meta = dict(device="meta", dtype=torch.float16)
+    fake = grouped_ops.grouped_swiglu_masked(torch.zeros(3, 77, 32, **meta), torch.zeros(3, 24, 32, **meta),
+                                             torch.zeros(3, dtype=torch.int32, device="meta"))
+    assert fake.shape == (3, 77, 12)
+    result = torch.library.opcheck(torch.ops.gemm_ladder.grouped_swiglu_masked.default,
+                                   (Ar, Wr, torch.tensor([2, 0, 6], dtype=torch.int32)))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
 # -- routes and packs ---------------------------------------------------------------------------------
 QWEN_GU = (64, 2816, 2048)  # W_gu of Qwen-MoE-like experts: I = 1408
 
@@ -271,13 +317,13 @@ def test_gated_choices_are_the_64x128_module_then_the_defaults():
         plan.grouped_choices(*QWEN_GU, "bfloat16", "contiguous", epilogue="geglu")
 
 
-def test_the_swiglu_argument_parses_and_refuses_masked():
-    assert cli_types.grouped_weight("64,2816,2048,swiglu") == (64, 2816, 2048, "contiguous", "swiglu")
-    assert cli_types.grouped_weight("64,2816,2048,contiguous,swiglu") == (64, 2816, 2048, "contiguous", "swiglu")
-    with pytest.raises(argparse.ArgumentTypeError, match="contiguous layout only"):
-        cli_types.grouped_weight("64,2816,2048,masked,swiglu")
+def test_the_swiglu_argument_parses():
+    assert cli_types.grouped_weight("64,2816,2048,swiglu") == (64, 2816, 2048, None, "swiglu")  # both layouts
+    assert cli_types.grouped_weight("64,2816,2048,masked,swiglu") == (64, 2816, 2048, "masked", "swiglu")
     with pytest.raises(argparse.ArgumentTypeError, match="N=2815 is odd"):
         cli_types.grouped_weight("64,2815,2048,swiglu")
+    with pytest.raises(argparse.ArgumentTypeError, match="layout 'swiglu2'"):
+        cli_types.grouped_weight("64,2816,2048,swiglu2")
 
 
 def test_the_pack_serves_gated_modules_to_grouped_swiglu_only(swiglu_pack, gpu_mocked):
@@ -293,6 +339,15 @@ def test_the_pack_serves_gated_modules_to_grouped_swiglu_only(swiglu_pack, gpu_m
     assert "m64n128" in small.lines[0] and "m128n256" in large.lines[0] and "gated_true" in small.lines[0]
     mm = grouped.route_of(*QWEN_GU, "bfloat16", 0, 512)
     assert mm.source == "kernel pack" and "gated_true" not in mm.lines[0] and "swapabTrue" in mm.lines[0]
+    # the masked gated modules serve grouped_swiglu_masked by the slot, and launch on [E * max_tokens, ...] views
+    masked = grouped_swiglu.route_of_masked(*QWEN_GU, "bfloat16", 0, 32)
+    assert masked.source == "kernel pack" and "layout=masked" in masked.lines[0] and "gated_true" in masked.lines[0]
+    masked.run(torch.zeros(64, 32, 2048), torch.zeros(*QWEN_GU), torch.zeros(64, dtype=torch.int32),
+               torch.zeros(64, 32, 1408))
+    (module,) = [m for m in gpu_mocked.values() if m.calls]
+    assert module.calls[0][0].shape == (64 * 32, 2048) and module.calls[0][3].shape == (64 * 32, 1408)
+    with pytest.raises(NoKernelError, match="grouped_swiglu_masked .*pack build --grouped 64,2816,2048,masked,swiglu"):
+        grouped_swiglu.route_of_masked(*QWEN_GU, "float16", 0, 32, strict=True)
 
 
 def test_no_module_falls_back_unfused_and_strict_raises(gpu_mocked):

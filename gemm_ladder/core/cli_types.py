@@ -133,8 +133,8 @@ def grouped_weight(text: str) -> tuple:
     """``E,N,K[,layout][,swiglu]`` (``8,14336,4096,masked``): an expert weight ``[E, N, K]`` (E experts,
     each an ``nn.Linear`` of N outputs and K inputs) for the grouped GEMM, in one layout or (none
     named) both; the flag repeats for more weights. ``swiglu`` (``8,28672,4096,swiglu``): N = 2I rows an
-    expert are its cat([W_gate, W_up]) for ``grouped_swiglu`` (contiguous only): a 5-tuple ending in
-    ``"swiglu"``, where the others are ``(E, N, K, layout or None)``."""
+    expert are its cat([W_gate, W_up]) for ``grouped_swiglu`` (contiguous) and ``grouped_swiglu_masked``
+    (masked): a 5-tuple ending in ``"swiglu"``, where the others are ``(E, N, K, layout or None)``."""
     parts = [p.strip() for p in text.split(",")]
     swiglu = len(parts) > 3 and parts[-1] == "swiglu"
     if swiglu:
@@ -146,9 +146,6 @@ def grouped_weight(text: str) -> tuple:
     if len(parts) == 4 and parts[3] not in GROUPED_LAYOUTS:
         raise _refuse(f"grouped weight {text!r}: layout {parts[3]!r} is not {' or '.join(GROUPED_LAYOUTS)}; leave "
                       "it out for both (or end with swiglu for a gated W_gu)")
-    if swiglu and len(parts) == 4 and parts[3] != "contiguous":
-        raise _refuse(f"grouped weight {text!r}: grouped_swiglu serves the contiguous layout only (no masked "
-                      "front door yet); use E,N,K,swiglu")
     E, N, K = (_int(x, "8,14336,4096") for x in parts[:3])
     if min(E, N, K) < 1:
         raise _refuse(f"grouped weight {text!r}: E, N and K must be positive, e.g. 8,14336,4096")
@@ -156,7 +153,7 @@ def grouped_weight(text: str) -> tuple:
         if N % 2:
             raise _refuse(f"grouped weight {text!r}: a swiglu W_gu has N = 2I rows an expert (gate, then up): "
                           f"N={N} is odd")
-        return E, N, K, "contiguous", "swiglu"
+        return E, N, K, parts[3] if len(parts) == 4 else None, "swiglu"
     return E, N, K, parts[3] if len(parts) == 4 else None
 
 
