@@ -29,7 +29,11 @@ into DIR. ``run DIR --out FILE.json`` (GPU box: TVM runtime and torch only):
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_swiglu_check.py run build/gswiglu --out out/grouped_swiglu.json  # GPU box
 
-About 2 minutes on an H100 (an estimate until the first run); DIR about 5 MiB (21 modules).
+The masked layout (``grouped_swiglu_masked``): the decode module of each weight (bf16; fp16 too at the
+odd shape) is checked by ``masked_check_job`` (grouped_check's masked routings, rows past each count
+poisoned and kept, the front door and the op, a graph replayed with new counts); not timed.
+
+About 2-3 minutes on an H100 (an estimate until the first run); DIR about 6 MiB (26 modules).
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ TIMED_ROUTINGS = ("balanced", "zipf")
 CHECK_TIMEOUT, TIME_TIMEOUT = 120.0, 150.0
 ERROR_FLOOR = gc.ERROR_FLOOR
 PEERS = ("torch_unfused", "grouped_mm_then_torch")
+# the masked layout (grouped_swiglu_masked, decode): its decode module checked in these dtypes (correctness only)
+MASKED_DTYPES = {"mixtral": ("bfloat16",), "qwen_moe": ("bfloat16",), "deepseek_v3": ("bfloat16",),
+                 "odd": ("float16", "bfloat16")}
 
 
 # -- pure Python (the CPU tests check it) -------------------------------------------------------------
@@ -95,6 +102,10 @@ def module_plan(shapes=SHAPES, dtypes=DTYPES, tokens=TOKENS) -> list[dict]:
         for dtype in dtypes:
             for g in policy.grouped_choices(E, 2 * I, K, dtype, "contiguous", epilogue="swiglu"):
                 out.append({"kind": "swiglu", "shape": name, "experts": E, "I": I, "K": K, "dtype": dtype,
+                            "tier": tier_name(g.choice), "tokens": list(g.tokens), "knobs": dict(g.choice.knobs)})
+            if dtype in MASKED_DTYPES.get(name, ()):  # the masked layout's decode module (a slot of a few tokens)
+                g = policy.grouped_choices(E, 2 * I, K, dtype, "masked", epilogue="swiglu")[0]
+                out.append({"kind": "swiglu_masked", "shape": name, "experts": E, "I": I, "K": K, "dtype": dtype,
                             "tier": tier_name(g.choice), "tokens": list(g.tokens), "knobs": dict(g.choice.knobs)})
         if name == "odd":
             continue
@@ -235,6 +246,94 @@ def check_job(path, args) -> dict:
     return {"status": "ok" if ok_all else "wrong", "cases": cases, "graph_replays": graph_cases}
 
 
+def masked_errors(A, W_gu, counts, H) -> tuple[float, float, int, int]:
+    """:func:`errors` for the masked layout: each slot's first ``clamp(counts[e], 0, max_tokens)`` rows
+    against the reference, the rows after them must stay NaN."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ours_sq = theirs_sq = ref_sq = 0.0
+    nan = written_past = 0
+    T, I = A.shape[1], H.shape[2]
+    for e, c in enumerate(counts):
+        c = min(max(c, 0), T)
+        if c:
+            (_, _, ref), = swiglu_reference(A[e, :c], W_gu[e:e + 1], [c])
+            (_, _, theirs), = swiglu_reference(A[e, :c], W_gu[e:e + 1], [c], dtype_path=True)
+            mine = H[e, :c].float()
+            nan += int(torch.isnan(mine).sum())
+            ours_sq += float(torch.nan_to_num(mine - ref, nan=1e30).square().sum())
+            theirs_sq += float((theirs - ref).square().sum())
+            ref_sq += float(ref.square().sum())
+        written_past += int((~torch.isnan(H[e, c:, :I])).any(dim=1).sum())
+    norm = math.sqrt(ref_sq) or 1.0
+    return math.sqrt(ours_sq) / norm, math.sqrt(theirs_sq) / norm, nan, written_past
+
+
+def masked_check_job(path, args) -> dict:
+    """grouped_check's masked routings (every expert empty, one slot full, Zipf top-k, odd counts,
+    counts past the slot or below zero that the kernel clamps) on one masked gated module, directly,
+    through the front door (out poisoned: kept past the counts) and the op (zeros there); then one
+    CUDA graph replayed after the counts were overwritten."""
+    mod = use_grouped_module(path)
+    if mod.epilogue != "swiglu" or mod.layout != "masked":
+        return {"status": "error", "detail": f"{path} is a {mod.layout} {mod.epilogue} module"}
+    E, I, K, dtype = mod.experts, mod.N // 2, mod.K, mod.dtype
+    floor, T, dt = ERROR_FLOOR[dtype], gc.check_max_tokens(E), getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    W = torch.randn(E, 2 * I, K, device="cuda", generator=g, dtype=dt).div_(math.sqrt(K))
+    A = torch.randn(E, T, K, device="cuda", generator=g, dtype=dt)
+
+    def poisoned():
+        return torch.full((E, T, I), float("nan"), dtype=dt, device="cuda")
+
+    def launch(counts_t, H):
+        mod.launch(A.view(-1, K), W, counts_t, H.view(-1, I))
+
+    cases, ok_all = [], True
+    for i, routing in enumerate(gc.MASKED_CHECK_ROUTINGS):
+        counts = gc.masked_counts_of(routing, E, T, seed=i)
+        counts_t = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        H = poisoned()
+        launch(counts_t, H)
+        torch.cuda.synchronize()
+        rel, trel, nan, past = masked_errors(A, W, counts, H)
+        ok = nan == 0 and past == 0 and rel <= 2 * trel + floor
+        front = poisoned()
+        gemm_ladder.grouped_swiglu_masked(A, W, counts_t, out=front, strict=True)
+        op = torch.ops.gemm_ladder.grouped_swiglu_masked(A, W, counts_t)
+        valid = (torch.arange(T, device="cuda")[None, :] < counts_t.clamp(0, T)[:, None])[..., None].expand(E, T, I)
+        same = bool(torch.equal(front[valid], H[valid]) and torch.equal(op[valid], H[valid]))
+        kept = bool(torch.isnan(front[~valid]).all()) and bool((op[~valid] == 0).all())
+        ok = ok and same and kept
+        ok_all &= ok
+        cases.append({"routing": routing, "ok": ok, "rel_err": rel, "torch_rel_err": trel, "nan": nan,
+                      "rows_past_counts_written": past, "front_door_and_op_same": same,
+                      "past_counts_kept_and_zero": kept, "counts_head": counts[:8]})
+    routings = ("zipf", "one_full", "empty", "odd")
+    counts_t = torch.tensor(gc.masked_counts_of(routings[0], E, T), dtype=torch.int32, device="cuda")
+    H = poisoned()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(counts_t, H)  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(counts_t, H)
+    graph_cases = []
+    for j, routing in enumerate(routings):
+        counts = gc.masked_counts_of(routing, E, T, seed=100 + j)
+        counts_t.copy_(torch.tensor(counts, dtype=torch.int32))
+        H.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        rel, trel, nan, past = masked_errors(A, W, counts, H)
+        ok = nan == 0 and past == 0 and rel <= 2 * trel + floor
+        ok_all &= ok
+        graph_cases.append({"routing": routing, "ok": ok, "rel_err": rel, "torch_rel_err": trel, "nan": nan,
+                            "rows_past_counts_written": past})
+    return {"status": "ok" if ok_all else "wrong", "cases": cases, "graph_replays": graph_cases}
+
+
 def time_item(folder, shape: str) -> str:
     return f"{folder}#{shape}"
 
@@ -247,7 +346,8 @@ def time_job(item, args) -> dict:
     folder = Path(folder)
     plan = json.loads((folder / PLAN_FILE).read_text())
     bad = set(a for a in args if a)
-    mine = [m for m in plan["modules"] if m["shape"] == shape and m["dtype"] == TIMED_DTYPE]
+    mine = [m for m in plan["modules"] if m["shape"] == shape and m["dtype"] == TIMED_DTYPE
+            and m["kind"] in ("swiglu", "mm")]
     loaded = {m["file"]: GroupedModule(runtime.load(folder / m["file"])) for m in mine if m["file"] not in bad}
     E, I, K = mine[0]["experts"], mine[0]["I"], mine[0]["K"]
     l2 = device.probe(0).l2_bytes or (50 << 20)
@@ -305,7 +405,7 @@ def result_row(base: dict, tokens, routing, correct: bool, times: dict, tier: st
         theirs, me = times.get(peer, {}).get(how), ours.get(how)
         return theirs / me if theirs and me else None
 
-    return {"op": "swiglu", "layout": "contiguous", **base, "tokens": tokens, "routing": routing, "correct": correct,
+    return {"op": "swiglu", "layout": extra.pop("layout", "contiguous"), **base, "tokens": tokens, "routing": routing, "correct": correct,
             "variant": tier, "policy": tier is not None and tier == policy_tier,
             "ratio_to_grouped_mm": ratio("torch_unfused", "graph_ms"),
             "peer_ratios": {f"{p}_{how.removesuffix('_ms')}": ratio(p, how) for p in PEERS
@@ -318,17 +418,20 @@ def rows_of(modules: list[dict], checks: dict, timings: dict) -> list[dict]:
     per gated module, tokens and routing)."""
     rows = []
     for m in modules:
-        if m["kind"] != "swiglu":
+        if m["kind"] not in ("swiglu", "swiglu_masked"):
             continue
         base = {"experts": m["experts"], "N": m["I"], "K": m["K"], "dtype": m["dtype"], "shape": m["shape"]}
+        masked = m["kind"] == "swiglu_masked"
+        layout = {"layout": "masked"} if masked else {}
         c = checks.get(m["file"]) or {}
         for case in c.get("cases", []) + [dict(r, routing=r["routing"] + " (graph replay)")
                                           for r in c.get("graph_replays", [])]:
-            rows.append(result_row(base, CHECK_TOKENS, case["routing"], case["ok"], {}, m["tier"], kind="check",
-                                   rel_err=case["rel_err"], torch_rel_err=case["torch_rel_err"]))
+            tokens = gc.check_max_tokens(m["experts"]) if masked else CHECK_TOKENS
+            rows.append(result_row(base, tokens, case["routing"], case["ok"], {}, m["tier"], kind="check",
+                                   rel_err=case["rel_err"], torch_rel_err=case["torch_rel_err"], **layout))
         if c.get("status") != "ok":
             rows.append(result_row(base, None, None, False, {}, m["tier"], kind="failure",
-                                   detail=json.dumps(c)[:4000]))
+                                   detail=json.dumps(c)[:4000], **layout))
     for shape, t in timings.items():
         for r in t.get("rows", []):
             for m in modules:
@@ -376,6 +479,10 @@ def run(folder, out) -> int:
         results = isolate.run_batch(job + "check_job", [str(folder / m["file"]) for m in gated],
                                     timeout=CHECK_TIMEOUT, explain=False)
         checks = {m["file"]: r for m, r in zip(gated, results)}
+        masked = [m for m in modules if m["kind"] == "swiglu_masked"]
+        results = isolate.run_batch(job + "masked_check_job", [str(folder / m["file"]) for m in masked],
+                                    timeout=CHECK_TIMEOUT, explain=False)
+        checks.update({m["file"]: r for m, r in zip(masked, results)})
         bad = [f for f, r in checks.items() if r.get("status") != "ok"]
         shapes = sorted({m["shape"] for m in modules if m["kind"] == "mm"})
         timed = isolate.run_batch(job + "time_job", [time_item(folder, s) for s in shapes], args=bad,

@@ -393,6 +393,9 @@ def test_the_check_builds_the_gated_tiers_and_the_grouped_mm_peers_it_times(chec
             assert check.for_tokens(mine, "swiglu", tokens) is not None
             peer = check.for_tokens(mine, "mm", tokens)
             assert peer is not None and "spec" in peer["knobs"] and not GemmSpec.parse(peer["knobs"]["spec"]).gated
+    masked = [m for m in modules if m["kind"] == "swiglu_masked"]
+    assert {(m["shape"], m["dtype"]) for m in masked} == {(s, d) for s, ds in check.MASKED_DTYPES.items() for d in ds}
+    assert all(m["knobs"]["layout"] == "masked" and m["tokens"][0] == 1 for m in masked)
     assert len({m["file"] for m in modules}) == len(modules)
 
 
@@ -418,5 +421,8 @@ def test_the_checks_rows_carry_the_results_format_and_the_policys_ratio(check):
     assert timed[0]["ratio_to_grouped_mm"] == pytest.approx(1.5)
     assert timed[0]["peer_ratios"]["grouped_mm_then_torch_graph"] == pytest.approx(1.2)
     assert [r["kind"] for r in rows if not r["correct"]] == ["failure", "timed"]  # b.so's check failed
+    masked = dict(m, kind="swiglu_masked", file="c.so", experts=5)
+    (masked_row,) = check.rows_of([masked], {"c.so": checks["a.so"]}, {})
+    assert masked_row["layout"] == "masked" and masked_row["tokens"] == 300 and masked_row["correct"]
     summary = check.summary_of(rows)
     assert summary["timed_cases"] == 1 and summary["geomean_vs_torch_unfused"] == pytest.approx(1.5)
