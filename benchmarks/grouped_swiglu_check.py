@@ -33,7 +33,10 @@ The masked layout (``grouped_swiglu_masked``): the decode module of each weight 
 odd shape) is checked by ``masked_check_job`` (grouped_check's masked routings, rows past each count
 poisoned and kept, the front door and the op, a graph replayed with new counts); not timed.
 
-About 2-3 minutes on an H100 (an estimate until the first run); DIR about 6 MiB (26 modules).
+Beside the policy's gated tiers, :data:`EXTRA_VARIANTS` (bf16) are checked and timed (rows with
+``policy`` false), to measure the tiers' rule.
+
+About 2-3 minutes on an H100 (an estimate until the first run); DIR about 6.5 MiB (29 modules).
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ TIMED_ROUTINGS = ("balanced", "zipf")
 CHECK_TIMEOUT, TIME_TIMEOUT = 120.0, 150.0
 ERROR_FLOOR = gc.ERROR_FLOOR
 PEERS = ("torch_unfused", "grouped_mm_then_torch")
+# gated tiles beside the policy's (bf16, checked and timed, never the policy's: tokens None): 128x128 over two
+# consumers, twice the work units of 128x256 where an expert holds a few hundred rows
+EXTRA_VARIANTS = {"mixtral": [{"blk_n": 128}], "qwen_moe": [{"blk_n": 128}], "deepseek_v3": [{"blk_n": 128}]}
 # the masked layout (grouped_swiglu_masked, decode): its decode module checked in these dtypes (correctness only)
 MASKED_DTYPES = {"mixtral": ("bfloat16",), "qwen_moe": ("bfloat16",), "deepseek_v3": ("bfloat16",),
                  "odd": ("float16", "bfloat16")}
@@ -103,6 +109,11 @@ def module_plan(shapes=SHAPES, dtypes=DTYPES, tokens=TOKENS) -> list[dict]:
             for g in policy.grouped_choices(E, 2 * I, K, dtype, "contiguous", epilogue="swiglu"):
                 out.append({"kind": "swiglu", "shape": name, "experts": E, "I": I, "K": K, "dtype": dtype,
                             "tier": tier_name(g.choice), "tokens": list(g.tokens), "knobs": dict(g.choice.knobs)})
+            for knobs in EXTRA_VARIANTS.get(name, []) if dtype == TIMED_DTYPE else []:
+                base = policy.grouped_choices(E, 2 * I, K, dtype, "contiguous", epilogue="swiglu")[-1].choice
+                out.append({"kind": "swiglu", "shape": name, "experts": E, "I": I, "K": K, "dtype": dtype,
+                            "tier": "_".join(f"{k}{v}" for k, v in sorted(knobs.items())), "tokens": None,
+                            "knobs": {**base.knobs, **knobs}})
             if dtype in MASKED_DTYPES.get(name, ()):  # the masked layout's decode module (a slot of a few tokens)
                 g = policy.grouped_choices(E, 2 * I, K, dtype, "masked", epilogue="swiglu")[0]
                 out.append({"kind": "swiglu_masked", "shape": name, "experts": E, "I": I, "K": K, "dtype": dtype,
@@ -121,7 +132,8 @@ def module_plan(shapes=SHAPES, dtypes=DTYPES, tokens=TOKENS) -> list[dict]:
 
 def for_tokens(modules: list[dict], kind: str, tokens: int) -> dict | None:
     """The module of ``kind`` among one weight's ``modules`` whose token range holds ``tokens``."""
-    return next((m for m in modules if m["kind"] == kind and m["tokens"][0] <= tokens <= m["tokens"][1]), None)
+    return next((m for m in modules if m["kind"] == kind and m["tokens"] and m["tokens"][0] <= tokens <= m["tokens"][1]),
+                None)
 
 
 def swiglu_reference(A, W_gu, offs_list, dtype_path: bool = False):

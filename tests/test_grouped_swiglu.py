@@ -385,7 +385,10 @@ def check():
 def test_the_check_builds_the_gated_tiers_and_the_grouped_mm_peers_it_times(check):
     modules = check.module_plan()
     gated = [m for m in modules if m["kind"] == "swiglu"]
-    assert len(gated) == len(check.SHAPES) * len(check.DTYPES) * 2  # the decode and the prefill module
+    extra = [m for m in gated if m["tokens"] is None]
+    assert len(gated) - len(extra) == len(check.SHAPES) * len(check.DTYPES) * 2  # the decode and the prefill module
+    assert len(extra) == sum(map(len, check.EXTRA_VARIANTS.values())) and all(m["dtype"] == "bfloat16" for m in extra)
+    assert all(m["knobs"]["blk_n"] == 128 and "num_warpgroups" not in m["knobs"] for m in extra)  # two consumers
     assert all(GemmSpec.parse(m["knobs"]["spec"]).gated for m in gated)
     for name, E, I, K in check.SHAPES[:3]:  # every timed count has a gated module and a grouped_mm peer
         mine = [m for m in modules if m["shape"] == name]
