@@ -306,12 +306,16 @@ def swiglu_pack(tmp_path, monkeypatch):
 
 def test_gated_choices_are_the_64x128_module_then_the_defaults():
     """Swap AB is refused with the gated epilogue, so the tiers are the 64x128 one-consumer module up to
-    64 rows an expert and the 128x256 defaults past it, unmeasured (the rules were measured on grouped_mm)."""
+    64 rows an expert and the 128x256 defaults past it; measured contiguous (the committed run), not masked."""
     got = plan.grouped_choices(*QWEN_GU, "bfloat16", "contiguous", epilogue="swiglu")
     assert [g.tokens for g in got] == [(1, 64 * 64), (64 * 64 + 1, plan.GROUPED_MAX_TOKENS)]
     assert {k: got[0].choice.knobs[k] for k in DECODE_TILE} == DECODE_TILE
     assert all(g.choice.knobs["spec"] == grouped_swiglu.spec_of_dtype("bfloat16").text() for g in got)
-    assert not any(g.choice.measured for g in got) and "not measured" in got[0].choice.why
+    assert all(g.choice.measured and plan.GROUPED_SWIGLU in g.choice.why for g in got)
+    assert (REPO / plan.GROUPED_SWIGLU).is_file()
+    masked = plan.grouped_choices(*QWEN_GU, "bfloat16", "masked", epilogue="swiglu")
+    assert [g.tokens[0] for g in masked][0] == 1 and not any(g.choice.measured for g in masked)
+    assert "not measured" in masked[0].choice.why
     assert any("swap AB" in s and "gated" in s for s in got[0].choice.skipped)
     with pytest.raises(ConfigError, match="grouped epilogue 'geglu'"):
         plan.grouped_choices(*QWEN_GU, "bfloat16", "contiguous", epilogue="geglu")
