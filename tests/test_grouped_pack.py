@@ -251,7 +251,7 @@ def test_a_registered_module_comes_before_the_pack(moe_pack, gpu_mocked, monkeyp
         def launch(self, *args):
             pass
 
-    monkeypatch.setitem(grouped._REGISTERED, ("contiguous", *MIXTRAL, "bfloat16", "sm_90a"), Module())  # pylint: disable=protected-access
+    monkeypatch.setitem(grouped._REGISTERED, ("contiguous", *MIXTRAL, "bfloat16", "sm_90a", "none"), Module())  # pylint: disable=protected-access
     assert grouped.route_of(*MIXTRAL, "bfloat16", 0, 64).source == "registered"
 
 

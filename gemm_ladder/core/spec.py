@@ -39,7 +39,8 @@ compiles. Built today:
                 itself: an in-place residual add), on rungs whose ``EPILOGUES`` lists ``"residual"`` (v9)
     scales      None
     grouped     False, or True on rungs whose ``EPILOGUES`` lists ``"grouped"`` (v12) with no
-                bias or activation: B is the experts' weights W [G, N, K] (the kernel views it
+                bias or activation but a gated B (``gated`` with its gate's act, where ``EPILOGUES``
+                lists ``"gated"`` too: W [G, N, K] holds each expert's cat([W_gate, W_up]), D [M, N/2]): B is the experts' weights W [G, N, K] (the kernel views it
                 as [G * N, K]) and ``offsets`` [G] int32 the cumulative END row of each group
                 in A and D (``torch._grouped_mm``'s ``offs``: group g is rows
                 [offsets[g-1], offsets[g]), offsets[-1] = 0)
@@ -405,10 +406,12 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = F
     if spec.grouped != ("grouped" in epilogues):
         return ("grouped GEMM is built on v12 only (gemm_ladder.grouped_mm)" if spec.grouped
                 else f"{rung} is the grouped GEMM: its spec must be grouped (grouped_true); use v9 for one GEMM")
-    if spec.grouped and (spec.bias is not None or spec.act != "none" or spec.alpha or spec.residual or spec.gated
-                         or fp32_out):
-        return ("a grouped GEMM with a bias or an activation (or alpha, a residual, a gated B, a float32 D) is not "
-                "built yet")
+    if spec.grouped and (spec.bias is not None or (spec.act != "none" and not spec.gated) or spec.alpha
+                         or spec.residual or fp32_out):
+        return ("a grouped GEMM with a bias or an activation (or alpha, a residual, a float32 D) is not built yet; "
+                "its one fused epilogue is a gated W_gu (SwiGLU: gemm_ladder.grouped_swiglu)")
+    if spec.grouped and spec.gated and "gated" not in epilogues:
+        return f"a grouped GEMM with a gated B (SwiGLU) is not built for {rung}; it is built for v12"
     if spec.residual is not None and spec.residual != spec.d:
         return f"residual={spec.residual}: a residual C is built in D's dtype ({spec.d}) only"
     if spec.bias is not None and spec.bias != spec.d:
@@ -417,7 +420,9 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = F
                        or (spec.a_major, spec.b_major) != ("K", "K")):
         return ("a gated B (SwiGLU) is built with an activation of the gate and nothing else: no bias, alpha, "
                 "residual, float32 D or MN-major operand yet (and act='none' is no gate)")
-    missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none"), ("alpha", spec.alpha),
+    # a gated B's activation is the gate's, part of "gated" (v12 builds it without the plain activations)
+    missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none" and not spec.gated),
+                                     ("alpha", spec.alpha),
                                      ("residual", spec.residual), ("fp32_out", fp32_out), ("gated", spec.gated))
                if on and part not in epilogues]
     if missing:

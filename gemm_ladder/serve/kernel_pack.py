@@ -198,10 +198,13 @@ class KernelPack:
         self.manifest = read_pack_manifest(self.folder)
         self.modules = self.manifest["modules"]
         self._by_nk: dict = {}
-        self._grouped: dict = {}  # (layout, E, N, K, dtype, arch) -> grouped entries (find_grouped)
+        # (layout, E, N, K, dtype, arch, epilogue) -> grouped entries (find_grouped; epilogue "swiglu": a
+        # gated W_gu, which only grouped_swiglu serves)
+        self._grouped: dict = {}
         for e in self.modules:
             if is_grouped(e):
-                key = (e["layout"], e["experts"], e["shape"][1], e["shape"][2], e["dtype"], e["arch"])
+                key = (e["layout"], e["experts"], e["shape"][1], e["shape"][2], e["dtype"], e["arch"],
+                       spec_of_manifest(e).epilogue)
                 self._grouped.setdefault(key, []).append(e)
                 continue
             key = (e["shape"][1], e["shape"][2], e["dtype"], e["arch"], spec_of_manifest(e))
@@ -251,13 +254,14 @@ class KernelPack:
         out.sort(key=lambda rf: rf[0])
         return [f for _, f in out]
 
-    def find_grouped(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str, tokens: int) -> Found | None:
-        """The grouped module of this weight (``[E, N, K]``, ``layout``) whose token range holds
+    def find_grouped(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str, tokens: int,
+                     epilogue: str = "none") -> Found | None:
+        """The grouped module of this weight (``[E, N, K]``, ``layout``, ``epilogue``) whose token range holds
         ``tokens`` (contiguous: rows of A; masked: max_tokens), ``tuned-range``; else the one whose
         range is nearest (``any-m``: its knobs were chosen for other counts); None where the pack
         holds none of this weight."""
         best, rank = None, None
-        for e in self._grouped.get((layout, E, N, K, dtype, arch), ()):
+        for e in self._grouped.get((layout, E, N, K, dtype, arch, epilogue), ()):
             lo, hi = e["tokens"]
             inside = lo <= tokens <= hi
             r = (0 if inside else 1, 0.0 if inside else min(abs(math.log2(max(tokens, 1) / v)) for v in (lo, hi)))
@@ -265,9 +269,10 @@ class KernelPack:
                 best, rank = e, r
         return Found(best, "tuned-range" if rank[0] == 0 else "any-m", self) if best is not None else None
 
-    def grouped_entries(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str) -> list[dict]:
-        """Every grouped entry of this weight and layout, by token range."""
-        return sorted(self._grouped.get((layout, E, N, K, dtype, arch), ()), key=lambda e: e["tokens"][0])
+    def grouped_entries(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str,
+                        epilogue: str = "none") -> list[dict]:
+        """Every grouped entry of this weight, layout and epilogue, by token range."""
+        return sorted(self._grouped.get((layout, E, N, K, dtype, arch, epilogue), ()), key=lambda e: e["tokens"][0])
 
     def check_entry(self, entry: dict) -> Path:
         """The entry's ``.so`` is there, whole, and is the module ``pack.json`` and its own
@@ -541,13 +546,14 @@ def _grouped_items(grouped, dtypes, arch: str, plan, BuildJob) -> list[dict]:  #
     """:func:`plan_grouped`'s items; ``plan`` and ``BuildJob`` are :func:`plan_pack`'s imports
     of the build layer."""
     out: dict = {}
-    for E, N, K, layout in grouped:
+    for E, N, K, layout, *gated in grouped:  # (E, N, K, layout or None[, "swiglu"]: cli_types.grouped_weight)
+        epilogue = gated[0] if gated else "none"
         for dtype in dtypes:
             if dtype not in DTYPES:
                 raise ConfigError(f"grouped E={E} N={N} K={K} in {dtype}: the grouped GEMM builds {', '.join(DTYPES)} "
                                   "(fp8 grouped modules are not built yet); leave it out of --dtypes or of --grouped")
             for lay in (layout,) if layout else GROUPED_LAYOUTS:
-                for g in plan.grouped_choices(E, N, K, dtype, lay, arch):
+                for g in plan.grouped_choices(E, N, K, dtype, lay, arch, epilogue):
                     job = BuildJob(plan.GROUPED_RUNG, (max(GROUPED_BUILD_M, E), N, K), dict(g.choice.knobs))
                     file = _name(job, True) + ".so"
                     lo, hi = g.tokens

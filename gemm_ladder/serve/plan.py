@@ -913,25 +913,51 @@ class GroupedChoice:
     tokens: tuple[int, int]
 
 
-def grouped_spec(dtype: str) -> GemmSpec:
-    """The operand spec of a grouped GEMM in ``dtype`` (``serve.grouped.spec_of_dtype``'s)."""
+GROUPED_EPILOGUES = ("none", "swiglu")  # grouped_mm's, and grouped_swiglu's gated W_gu [E, 2I, K]
+# The gated tiers (swap AB refused: the 64x128 module up to 64 rows an expert, the 128x256 defaults past),
+# measured contiguous (H100, bf16, 3 MoE weights x 512-8192 tokens x balanced/Zipf, kernels in CUDA graphs):
+# 1.137x torch's unfused path (torch._grouped_mm, then silu(gate) * up), least 1.012x; the better tier
+# in 16 of 18 cases. The masked layout's gated modules are checked there, not timed.
+GROUPED_SWIGLU = "benchmarks/results/2026-11-26_h100_grouped_swiglu/README.md"
+
+
+def grouped_spec(dtype: str, epilogue: str = "none") -> GemmSpec:
+    """The operand spec of a grouped GEMM in ``dtype`` (``serve.grouped.spec_of_dtype``'s), or with
+    ``epilogue="swiglu"`` of a grouped SwiGLU (``serve.grouped_swiglu.spec_of_dtype``'s)."""
+    if epilogue not in GROUPED_EPILOGUES:
+        raise ConfigError(f"grouped epilogue {epilogue!r}: a grouped weight is built with one of {GROUPED_EPILOGUES}")
+    if epilogue == "swiglu":
+        return GemmSpec(a=dtype, b=dtype, d=dtype, act="silu", gated=True, grouped=True)
     return GemmSpec(a=dtype, b=dtype, d=dtype, grouped=True)
 
 
 def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: str = "contiguous",
-                    arch: str = DEFAULT_ARCH) -> list[GroupedChoice]:
+                    arch: str = DEFAULT_ARCH, epilogue: str = "none") -> list[GroupedChoice]:
     """The modules of an expert weight ``[E, N, K]`` in ``layout`` and the token ranges they serve,
     fewest tokens first (see the comments above for the rules and their evidence): masked, a decode
     and a prefill module; contiguous, swapped tiles of 16 (more than 16 experts), 32 and 64 tokens
     and the 128x256 defaults, by the rows an expert holds on average. Where the validator refuses
     swap AB, the 64x128 decode module and the defaults; one module for every token count where it
-    refuses that too (it names why).
+    refuses that too (it names why). ``epilogue="swiglu"`` (a gated W_gu, N = 2I): the same rules,
+    where v12 refuses swap AB with the gated epilogue: the 64x128 module, then the defaults, measured
+    contiguous (:data:`GROUPED_SWIGLU`); the masked layout's are not (``measured`` False).
     ConfigError where v12 refuses the weight itself (the expert count, N, K, the layout)."""
+    if epilogue != "none":
+        timed = layout == "contiguous"
+        evidence = (f" [{GROUPED_SWIGLU}: the {epilogue} tiers 1.137x torch's unfused path, least 1.012x]" if timed
+                    else f" (the masked {epilogue} modules are checked, not measured yet)")
+        return [dataclasses.replace(g, choice=dataclasses.replace(g.choice, measured=timed, why=g.choice.why + evidence))
+                for g in _grouped_choices(E, N, K, dtype, layout, arch, epilogue)]
+    return _grouped_choices(E, N, K, dtype, layout, arch, epilogue)
+
+
+def _grouped_choices(E: int, N: int, K: int, dtype: str, layout: str, arch: str, epilogue: str) -> list[GroupedChoice]:
+    """:func:`grouped_choices`' rules."""
     if layout not in ("contiguous", "masked"):
         raise ConfigError(f"layout={layout!r}: a grouped weight is served 'contiguous' (grouped_mm) or 'masked' "
                           "(grouped_mm_masked)")
     top = GROUPED_DECODE_ROWS * E if layout == "contiguous" else GROUPED_DECODE_SLOT
-    base = {"experts": E, "layout": layout, "dtype": dtype, "arch": arch, **spec_knobs(grouped_spec(dtype))}
+    base = {"experts": E, "layout": layout, "dtype": dtype, "arch": arch, **spec_knobs(grouped_spec(dtype, epilogue))}
     build_m = max(4096, E)  # what serve.grouped builds at (M is read at run time; masked: one row an expert)
     if (refused := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), base)) is not None:
         raise ConfigError(f"grouped {layout} E={E} N={N} K={K} {dtype}: {refused}")

@@ -80,6 +80,17 @@ rather than warp shuffles: the barrier checker follows the tables through shared
 stores to the loads (``protocol.exprs.is_table``), so it runs the kernel's own walk under the new
 prologue; the depth is the same order as a shuffle scan's (chunks of 32 experts).
 
+SwiGLU (the spec's ``gated``, ``gemm_ladder.grouped_swiglu``): W ``[E, 2I, K]`` holds each expert's
+``cat([W_gate, W_up])`` and D is ``[M, I]``. The walk is unchanged (n-tiles over the 2I columns); the
+producer loads a tile's B as v9's gated loads do (``producer.gated_row``): its first ``blk_n / 2``
+rows the expert's gate rows ``e * 2I + n * blk_n / 2 ...``, the others the up rows of the same outputs
+``I`` later, so one thread holds each output's gate and up accumulators. A whole tile leaves through
+v9's chunked epilogue with ``gated`` (``silu(gate) * up`` at D's column ``n * blk_n / 2``), the
+expert's last m-tile through :func:`rows_to_global_gated`. Gate rows past I (I not a multiple of
+``blk_n / 2``) read the expert's up rows and up rows past 2I the next expert's: both feed only D
+columns >= I, which the stores clip. Not with ``swap_ab`` (refused: the transposed epilogue has no
+gated form). The masked layout takes it unchanged in the kernel; no front door serves it yet.
+
 Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
 consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
 for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),
@@ -104,6 +115,7 @@ from tvm.tirx.script.builder import ir as tirx_builder
 import layouts
 from ..core import budget
 from ..core.config import ConfigError, GemmConfig
+from ..core.spec import spec_of
 from ..sync.classes import MBarrier, TMABar
 from . import common, epilogue
 from .common import WG_M, HopperPlan, SwapPlan
@@ -438,6 +450,25 @@ def rows_to_global(plan, Dreg, D, m0, n0, row0, row_end, warp_id, lane_id):
 
 
 @T.inline
+def rows_to_global_gated(plan, Dreg, D, m0, n0, row0, row_end, warp_id, lane_id, op):
+    """:func:`rows_to_global` for a gated W_gu (SwiGLU): the tile's first ``n_cols / 2`` accumulator
+    columns are gates, the same thread's registers ``acc_stride / 2`` later their up projections
+    (``epilogue.ChunkedEpilogue.gated``), so each thread stores ``op(gate) * up`` of its gate pairs
+    at D's column ``n0 / 2 + col`` (``n0``: the tile's column in the kernel's 2I), guarded alike."""
+    NR = T.meta_var(plan.acc_stride)
+    for mi in T.unroll(plan.m_atoms):
+        for p in T.unroll(plan.n_cols // 8):
+            row, col = T.meta_var(layouts.acc_fragment_coord(2 * p, warp_id, lane_id))
+            gr = T.meta_var(m0 + row0 + mi * WG_M + row)
+            gc = T.meta_var(n0 // 2 + col)
+            if T.And(gr < row_end, gc < D.shape[1]):
+                for v in T.unroll(2):
+                    r = T.meta_var(mi * NR + 2 * p + v)
+                    D[gr, gc + v] = T.cast(op.apply(Dreg[r], (2 * p + v) % NR, lane_id, n0) * Dreg[r + NR // 2],
+                                           plan.cfg.dtype)
+
+
+@T.inline
 def rows_to_global_swapped(plan, Dreg, D, m0, n0, col0, row_end, warp_id, lane_id):
     """Swap AB: a tile straight from one consumer's D^T accumulators to D, guarded by the expert's
     end row (``row_end``) and D's N. Register r of atom a holds D^T[n, m] at the fragment's (row,
@@ -566,6 +597,9 @@ def kernel(cfg: GemmConfig):
     E_layout = epilogue.staging_layout(cfg, *staging_shape)
     n_tiles = -(-N // BLK_N)
     masked = layout_of(cfg) == "masked"
+    # SwiGLU: W_gu [E, N, K] holds each expert's cat([W_gate, W_up]) (N = 2I); D [M, N / 2]
+    gated = spec_of(cfg).gated
+    d_cols = N // 2 if gated else N
     if scan_by_warp and 2 * 8 * stages + 2 * 4 * SCAN_LANES > budget.BARRIER_BYTES:
         raise ConfigError(f"pipe_depth={stages} with warp_scan: the barriers and the scan's partial results pass the "
                           f"{budget.BARRIER_BYTES} bytes below the tiles; use pipe_depth<={(budget.BARRIER_BYTES - 256) // 16}")
@@ -605,7 +639,8 @@ def kernel(cfg: GemmConfig):
         # the barrier inits (and thread 0's tables) visible to the async proxy and every thread
         T.ptx.fence.mbarrier_init.release.cluster()
         common.cluster_sync()
-        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring))
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring,
+                                    gated_n=N // 2 if gated else 0))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
             if T.And(warp_id == 0, lane_id == 0):
@@ -615,7 +650,12 @@ def kernel(cfg: GemmConfig):
                 while t_load < w.total():
                     locate_tile(w, t_load, at_load)
                     # each stage refilled once its previous slice (one lap back) was released
-                    loads.load_tile(load_it, at_load[1], at_load[4])
+                    if gated:
+                        # the gated loads take the tile's column in [E * 2N] space (gate rows from
+                        # n_st / 2, up rows gated_n later): 2 (e N) + n blk_n puts both in expert e
+                        loads.load_tile(load_it, at_load[1], at_load[4] * 2 - at_load[3])
+                    else:
+                        loads.load_tile(load_it, at_load[1], at_load[4])
                     load_it = load_it + slices_per_tile
                     t_load = t_load + num_ctas
 
@@ -638,7 +678,8 @@ def kernel(cfg: GemmConfig):
             else:
                 epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                  warp_id=warp_id, lane_id=lane_id, packed=packed,
-                                                 chunk_cols=chunk_cols, buffers=buffers))
+                                                 chunk_cols=chunk_cols, buffers=buffers,
+                                                 op=epilogue.op_of(cfg), gated=gated))
             it: T.int32 = 0  # K slices consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             t: T.int32 = cta
@@ -659,7 +700,11 @@ def kernel(cfg: GemmConfig):
                     epi_it = epi_it + epi.chunks_per_tile
                 else:
                     # the expert's last m-tile: the rows after its end are the next expert's
-                    rows_to_global(plan, Dreg, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
+                    if gated:
+                        rows_to_global_gated(plan, Dreg, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id,
+                                             epilogue.op_of(cfg))
+                    else:
+                        rows_to_global(plan, Dreg, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
                 t = t + num_ctas
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
@@ -670,7 +715,7 @@ def kernel(cfg: GemmConfig):
     def grouped_gemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
         A = T.match_buffer(a, (M, K), dtype)
         B = T.match_buffer(b, (E * N, K), dtype)
-        D = T.match_buffer(d, (M, N), dtype)
+        D = T.match_buffer(d, (M, d_cols), dtype)
         # the spec's offsets, a parameter after num_ctas (the runtime's order for epilogue operands)
         offsets = T.meta_var(tirx_builder.arg("offsets", tirx.decl_buffer((E,), "int32", name="offsets")))
         T.device_entry()

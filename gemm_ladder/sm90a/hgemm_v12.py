@@ -41,7 +41,13 @@ Barriers: v9's without clusters (``tma2mma[s]``: the producer's expect_tx and th
 ``mma2tma[s]``: lane 0 of every consumer warp; named barrier 1+c per consumer's epilogue), plus
 one CTA barrier in the prologue, after the offsets land in shared memory.
 
-Constraints: a spec with ``grouped`` and nothing else (no bias, no activation yet); 1x1 clusters;
+SwiGLU (spec ``grouped`` + ``gated``, ``gemm_ladder.grouped_swiglu``): W ``[E, 2I, K]`` holds each
+expert's ``cat([W_gate, W_up])``; a tile loads the gate rows and the up rows of the same outputs
+(v9's gated loads, at the expert's first row), so one thread holds gate and up of each output and
+v9's gated epilogue writes ``silu(gate) * up`` into D ``[M, I]``; the expert's last m-tile does the
+same in its guarded stores. Not with ``swap_ab`` (refused: the transposed epilogue has no gated form).
+
+Constraints: a spec with ``grouped`` and nothing else but a gated W_gu (no bias, no plain activation yet); 1x1 clusters;
 M at run time (any tokens, one module); N and K multiples of 8; ``experts`` <= 1024.
 
 Run:  python -m gemm_ladder build v12 --shape 4096x14336x4096 --knob experts=8 --out build/
@@ -57,7 +63,9 @@ from . import common, epilogue, gemm, grouped
 
 PRESET = gemm.Preset("v12")  # the parts of gemm.py; its body is grouped.kernel's
 TECHNIQUE = "grouped GEMM over experts: work units from the routing, read on the device"
-EPILOGUES = ("grouped",)  # the operand spec's parts this rung builds (gemm_ladder.core.spec)
+# the operand spec's parts this rung builds (gemm_ladder.core.spec): grouped, and grouped with a gated
+# W_gu (SwiGLU: each expert's cat([W_gate, W_up]), D = act(gate) * up, v9's gated epilogue)
+EPILOGUES = ("grouped", "gated")
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,10 @@ def check(cfg: GemmConfig) -> None:
                           "use tile_order='grouped'")
     if not isinstance(cfg.l2_group_size, int) or cfg.l2_group_size < 1:
         raise ConfigError(f"l2_group_size={cfg.l2_group_size!r} is not a positive int; use e.g. 8")
+    if grouped.swap_ab(cfg) and spec_of(cfg).gated:
+        raise ConfigError("swap_ab=True with a gated W_gu (SwiGLU) is not built: the swapped tile holds D^T, whose "
+                          "gate and up halves are different threads' accumulator rows, and the transposed epilogue "
+                          "has no gated form; use swap_ab=False (blk_m=64 or 128)")
     if grouped.swap_ab(cfg):
         common.check_swap_tile(cfg, SWAP_CONSUMERS)
     else:
