@@ -53,11 +53,16 @@ from dataclasses import dataclass
 
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
-from . import common, epilogue, gemm, grouped
+from . import common, epilogue, fp8, gemm, grouped
 
 PRESET = gemm.Preset("v12")  # the parts of gemm.py; its body is grouped.kernel's
 TECHNIQUE = "grouped GEMM over experts: work units from the routing, read on the device"
-EPILOGUES = ("grouped",)  # the operand spec's parts this rung builds (gemm_ladder.core.spec)
+# the operand spec's parts this rung builds (gemm_ladder.core.spec; scaled: fp8 with rowwise scales)
+EPILOGUES = ("grouped", "scaled")
+# knobs of its fp8 kernels only, and their defaults (v9's: sm90a/fp8.py): one 128-byte swizzle row of
+# fp8 a slice, 128x128 tiles (room for the promoted sums)
+FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "stagger": False}
+FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ def check(cfg: GemmConfig) -> None:
     epilogue.check_epilogue(cfg)
     common.check_consumer_registers(cfg, grouped.plan_of(cfg))
     common.check_pipe_depth(cfg)
+    fp8.check(cfg)
     grouped.check(cfg)
 
 
