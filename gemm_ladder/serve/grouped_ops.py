@@ -3,6 +3,7 @@
     import gemm_ladder.serve.grouped_ops                      # registers the op (imports torch)
     D = torch.ops.gemm_ladder.grouped_mm(A, W, offs)          # A [M, K], W [E, N, K], offs [E] int32
     D = torch.ops.gemm_ladder.grouped_mm_masked(A, W, counts) # A [E, T, K], counts [E] -> D [E, T, N]
+    D = torch.ops.gemm_ladder.scaled_grouped_mm(A, W, scale_a, scale_b, offs)  # fp8 e4m3, rowwise scales
 
 Registered with ``torch.library.custom_op`` with a fake implementation (shapes and dtypes only:
 D is ``[M, N]`` for any M, so a traced model's token count may be dynamic), so
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from .grouped import check_grouped, grouped_mm as _grouped_mm
+from .grouped_fp8 import check_call as check_scaled_grouped, scaled_grouped_mm as _scaled_grouped_mm
 from .grouped_masked import check_masked, grouped_mm_masked as _grouped_mm_masked
 
 
@@ -49,3 +51,17 @@ def grouped_mm_masked(A: torch.Tensor, W: torch.Tensor, counts: torch.Tensor) ->
 def _grouped_mm_masked_fake(A: torch.Tensor, W: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     check_masked(A, W, counts, who="gemm_ladder.grouped_mm_masked op")
     return A.new_empty((A.shape[0], A.shape[1], W.shape[1]))
+
+
+@torch.library.custom_op("gemm_ladder::scaled_grouped_mm", mutates_args=())
+def scaled_grouped_mm(A: torch.Tensor, W: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                      offs: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """D [M, N]: expert e's rows of A times ``W[e]^T``, scaled by each token's and each expert column's
+    scale (``gemm_ladder.scaled_grouped_mm``: e4m3 A [M, K], W [E, N, K] or torch's [E, K, N] view)."""
+    return _scaled_grouped_mm(A, W, scale_a, scale_b, offs, out_dtype=out_dtype)
+
+
+@scaled_grouped_mm.register_fake
+def _scaled_grouped_mm_fake(A, W, scale_a, scale_b, offs, out_dtype=None):
+    call = check_scaled_grouped(A, W, scale_a, scale_b, offs, out_dtype)
+    return A.new_empty((call.M, call.N), dtype=getattr(torch, call.out_dtype))

@@ -1,0 +1,427 @@
+"""The grouped fp8 GEMM (v12 with e4m3 operands and rowwise scales, ``gemm_ladder.scaled_grouped_mm``)
+on a GPU: correct under the routing a model makes, CUDA-graph capturable with changing counts, and
+timed against ``torch._scaled_grouped_mm`` at MoE shapes (issue 33's fp8, issue 32's row recipe).
+
+``prepare DIR`` (build box) builds, through the module cache, one fp8 v12 module per shape of
+:data:`SHAPES` and knob variant of :data:`VARIANTS`, and the bf16 v12 module of each timed shape
+(our bf16 grouped GEMM, a peer), and writes ``grouped_fp8_check.json`` (what to run) beside them.
+``run DIR --out FILE.json`` (GPU box: TVM runtime and torch only):
+
+1. correctness, each fp8 module in a child process with a deadline (``gemm_ladder.measure.isolate``):
+   A and W random, quantized rowwise (``quantize_fp8(A, 'row')``, ``quantize_experts(W)``), D poisoned
+   with NaN, every routing of :data:`CHECK_ROUTINGS` (balanced, Zipf, one expert with all tokens,
+   half the experts empty, counts that are not multiples of the tile, rows past ``offs[-1]`` that must
+   stay NaN), error against the fp64 product of the dequantized inputs (``grouped_fp8.reference``)
+   within 2x ``torch._scaled_grouped_mm``'s own error on the same inputs (or, where torch refuses,
+   2x the error of rounding the reference to bf16: the row says which); the front door (W as
+   ``[E, N, K]`` and as torch's ``[E, K, N]`` view) and the torch op give the module's bits; then one
+   CUDA graph captured on one routing and replayed after ``offs`` was overwritten with two others;
+2. timing of the correct modules: ours, ``torch._scaled_grouped_mm`` (rowwise), our bf16 grouped GEMM
+   and ``torch._grouped_mm`` (bf16) at the same shapes, taking turns in rotating rounds in one
+   process, as kernels in CUDA graphs cycling input sets that spill L2 and as queued calls, at
+   :data:`TOKENS` rows of A, balanced and Zipf;
+3. rows in issue 33's results format (``layout``, ``experts``, ``tokens``, ``N``, ``K``, ``dtype``
+   ``float8_e4m3fn``, ``routing``, ``correct``, ``ratio_to_grouped_mm`` = torch._scaled_grouped_mm's
+   time over ours, ``peer_ratios``) with issue 32's fields (``recipe`` ``row``, ``tflops``,
+   ``ratio_to_scaled_mm``, the same ratio), the GPU, its clocks and the commit. Where
+   ``torch._scaled_grouped_mm`` does not run, ``torch_refused`` says why and the ratios are None.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/grouped_fp8_check.py prepare build/grouped_fp8     # build box
+    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+        python3 benchmarks/grouped_fp8_check.py run build/grouped_fp8 --out out/grouped_fp8_check.json
+
+About 2-3 minutes on an H100 (an estimate until the first run); DIR about 2 MiB (10 modules).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
+import check_cli  # noqa: E402  (a sibling script, not a package)
+from grouped_check import counts_of, offsets_of  # noqa: E402  (the routings of the bf16 grouped check)
+
+import gemm_ladder  # noqa: E402
+import gemm_ladder.serve.grouped_ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.scaled_grouped_mm)
+from gemm_ladder.core import device, files  # noqa: E402
+from gemm_ladder.measure import harness, isolate  # noqa: E402
+from gemm_ladder.serve import grouped_fp8  # noqa: E402
+from gemm_ladder.serve.grouped import spec_of_dtype, use_grouped_module  # noqa: E402
+from gemm_ladder.serve.grouped_fp8 import quantize_experts, reference, spec_of, use_scaled_grouped_module  # noqa: E402
+
+FORMAT = "gemm_ladder.grouped_fp8_check"
+PLAN_FILE = "grouped_fp8_check.json"
+DTYPE = "float8_e4m3fn"  # the rows' dtype (torch's name)
+# (name, experts, N, K): Mixtral-like, Qwen-MoE-like, DeepSeek-V3-like, and an odd one for the edges
+# (N not a multiple of the tile; K a multiple of 16, not of the 128-wide slice)
+SHAPES = [("mixtral", 8, 14336, 4096), ("qwen_moe", 64, 1408, 2048), ("deepseek_v3", 256, 2048, 7168),
+          ("odd", 5, 1000, 528)]
+TIMED = ("mixtral", "qwen_moe", "deepseek_v3")
+# knob variants beside the fp8 defaults (128x128x128 tiles, promote=1): the promotion overlapped with
+# the next group's wgmmas (dense fp8: +5% at 4096^3, sm90a/fp8.py)
+VARIANTS = {"mixtral": [{"overlap": 4}], "qwen_moe": [{"overlap": 4}], "deepseek_v3": [{"overlap": 4}]}
+BUILD_M = 4096
+CHECK_TOKENS = 1000  # rows of A in the correctness cases (not a multiple of the tile)
+CHECK_ROUTINGS = ("balanced", "zipf", "one", "odd", "half_empty", "tail")
+TOKENS = (512, 2048, 8192)
+TIMED_ROUTINGS = ("balanced", "zipf")
+ROUNDS, PER_ROUND = 5, 3
+CHECK_TIMEOUT, TIME_TIMEOUT = 150.0, 240.0
+ERROR_FLOOR = 1e-3  # relative: a few bf16 roundings of D, where both errors are tiny
+PEERS = ("scaled_grouped_mm", "bf16_grouped_mm_ours", "bf16_grouped_mm_torch")
+
+
+def variant_text(knobs: dict) -> str:
+    return "_".join(f"{k}{v}" for k, v in sorted(knobs.items())) or "default"
+
+
+def judge(rel: float, torch_rel: float | None, round_rel: float) -> bool:
+    """Ours within 2x torch's own error (or, without torch's, 2x the error of rounding the exact
+    product to D's dtype) plus a small floor."""
+    yardstick = torch_rel if torch_rel is not None else round_rel
+    return math.isfinite(rel) and rel <= 2 * max(yardstick, round_rel) + ERROR_FLOOR
+
+
+def row(case: dict, correct: bool, times: dict, torch_refused: str | None = None) -> dict:
+    """One result row in issue 33's format with issue 32's fields; ``times``: party -> its medians."""
+    ours = times.get("ours", {})
+
+    def ratio(peer, how):
+        theirs, mine = times.get(peer, {}).get(how), ours.get(how)
+        return theirs / mine if theirs and mine else None
+
+    main = ratio("scaled_grouped_mm", "graph_ms")
+    return {"layout": "contiguous", "dtype": DTYPE, "recipe": "row", **case, "correct": correct,
+            "ratio_to_grouped_mm": main, "ratio_to_scaled_mm": main,
+            "tflops": ours.get("tflops_graph"),
+            "peer_ratios": {f"{p}_{how.removesuffix('_ms')}": ratio(p, how)
+                            for p in PEERS for how in ("graph_ms", "queued_ms")},
+            "torch_refused": torch_refused, "times": times}
+
+
+# -- prepare (build box) ----------------------------------------------------------------------------
+def module_plan() -> list[dict]:
+    """Every module prepare builds: the fp8 modules (shape x variant), then the bf16 peers."""
+    plan = []
+    for name, E, N, K in SHAPES:
+        for v in [{}] + VARIANTS.get(name, []):
+            plan.append({"kind": "fp8", "shape": name, "experts": E, "N": N, "K": K, "knobs": v,
+                         "file": f"grouped_fp8_{name}_{variant_text(v)}.so"})
+    for name, E, N, K in SHAPES:
+        if name in TIMED:
+            plan.append({"kind": "bf16", "shape": name, "experts": E, "N": N, "K": K, "knobs": {},
+                         "file": f"grouped_bf16_{name}.so"})
+    return plan
+
+
+def build_knobs(m: dict) -> dict:
+    spec = spec_of("bfloat16") if m["kind"] == "fp8" else spec_of_dtype("bfloat16")
+    return {"experts": m["experts"], "dtype": "bfloat16", "spec": spec.text(), **m["knobs"]}
+
+
+def prepare(out) -> int:
+    # optional: the build layer (TVM's compiler), on the build box only
+    # pylint: disable=import-outside-toplevel
+    from gemm_ladder.compile import module_cache
+    from gemm_ladder.compile.batch import BuildJob
+
+    folder = files.open_folder(out)
+    modules = module_plan()
+    for m in modules:
+        path, _ = module_cache.get_or_build(BuildJob("v12", (BUILD_M, m["N"], m["K"]), build_knobs(m)))
+        stem = Path(m["file"]).stem
+        for src in Path(path).parent.iterdir():
+            if src.name.startswith(Path(path).name):  # the .so and its manifest (.so.json)
+                shutil.copy(src, folder / src.name.replace(Path(path).stem, stem, 1))
+    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules})
+    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    print(f"{len(modules)} modules, {size / 2**20:.1f} MiB in {folder}")
+    return 0
+
+
+# -- the GPU jobs (each in a child process) ----------------------------------------------------------
+def quantized_inputs(E, N, K, M, seed):
+    """A [M, K] e4m3 and its row scales [M], W [E, N, K] e4m3 and its scales [E, N] (quantized from
+    randn, W scaled to keep D near one, expert by expert: DeepSeek's W is 3.7 GB in fp8)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    Aq, sa = gemm_ladder.quantize_fp8(torch.randn(M, K, device="cuda", generator=g), "row")
+    Wq = torch.empty(E, N, K, device="cuda", dtype=torch.float8_e4m3fn)
+    sw = torch.empty(E, N, device="cuda", dtype=torch.float32)
+    for e0 in range(0, E, 8):
+        w = torch.randn(min(8, E - e0), N, K, device="cuda", generator=g).div_(math.sqrt(K))
+        Wq[e0:e0 + 8], sw[e0:e0 + 8] = quantize_experts(w)
+    return Aq, sa.reshape(-1).contiguous(), Wq, sw
+
+
+def torch_scaled(Aq, Wq, sa, sw, offs):
+    """torch._scaled_grouped_mm's D (bf16), or the reason it refused."""
+    try:
+        out = torch._scaled_grouped_mm(Aq, Wq.transpose(1, 2), sa, sw, offs=offs,  # pylint: disable=protected-access
+                                       out_dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        return out, None
+    except (RuntimeError, AttributeError, NotImplementedError) as err:
+        return None, f"{type(err).__name__}: {str(err)[:300]}"
+
+
+def errors(Aq, Wq, sa, sw, offs_list, D, M, theirs=None) -> dict:
+    """Relative errors against the fp64 product of the dequantized inputs (rows up to offs[-1]):
+    ours, torch's (``theirs``), and rounding the exact product to bf16; NaNs in ours; rows past
+    offs[-1] written."""
+    end = offs_list[-1] if offs_list else 0
+    ref = reference(Aq, Wq, sa, sw, torch.tensor(offs_list))[:end]
+    norm = float(ref.norm()) or 1.0
+    mine = D[:end].double()
+    out = {"rel_err": float(torch.nan_to_num(mine - ref, nan=1e30).norm()) / norm,
+           "torch_rel_err": float((theirs[:end].double() - ref).norm()) / norm if theirs is not None else None,
+           "round_rel_err": float((ref.to(torch.bfloat16).double() - ref).norm()) / norm,
+           "nan": int(torch.isnan(mine).sum()),
+           "rows_past_offs_written": int((~torch.isnan(D[end:M].float())).any(dim=1).sum()) if end < M else 0}
+    out["ok"] = out["nan"] == 0 and out["rows_past_offs_written"] == 0 and judge(
+        out["rel_err"], out["torch_rel_err"], out["round_rel_err"])
+    return out
+
+
+def check_job(path, args) -> dict:  # pylint: disable=unused-argument
+    """Every routing of CHECK_ROUTINGS on one module, the front door and the op, then the graph replay."""
+    mod = use_scaled_grouped_module(path)
+    E, N, K, M = mod.experts, mod.N, mod.K, CHECK_TOKENS
+    cases, ok_all, refused = [], True, None
+    for i, routing in enumerate(CHECK_ROUTINGS):
+        counts = counts_of(routing, E, M, seed=i)
+        offs_list = offsets_of(counts)
+        Aq, sa, Wq, sw = quantized_inputs(E, N, K, M, seed=i)
+        offs = torch.tensor(offs_list, dtype=torch.int32, device="cuda")
+        D = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        mod.launch(Aq, Wq, sa, sw, offs, D)
+        torch.cuda.synchronize()
+        theirs, why = torch_scaled(Aq, Wq, sa, sw, offs)
+        refused = refused or why
+        res = errors(Aq, Wq, sa, sw, offs_list, D, M, theirs)
+        # the front door (both W layouts) and the op serve this module (registered) with its bits
+        end = offs_list[-1]
+        front = gemm_ladder.scaled_grouped_mm(Aq, Wq, sa, sw, offs, strict=True)
+        view = gemm_ladder.scaled_grouped_mm(Aq, Wq.transpose(1, 2), sa, sw, offs, strict=True)
+        op = torch.ops.gemm_ladder.scaled_grouped_mm(Aq, Wq, sa, sw, offs)
+        res["front_door_and_op_same"] = all(bool(torch.equal(x[:end], D[:end])) for x in (front, view, op))
+        res["ok"] = res["ok"] and res["front_door_and_op_same"]
+        ok_all &= res["ok"]
+        cases.append({"routing": routing, "counts_head": counts[:8], **res})
+        del Aq, Wq, D
+    # one graph, three routings: offs overwritten in place between replays
+    routings = ("balanced", "one", "zipf")
+    Aq, sa, Wq, sw = quantized_inputs(E, N, K, M, seed=99)
+    offs = torch.tensor(offsets_of(counts_of(routings[0], E, M)), dtype=torch.int32, device="cuda")
+    D = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mod.launch(Aq, Wq, sa, sw, offs, D)  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mod.launch(Aq, Wq, sa, sw, offs, D)
+    graph_cases = []
+    for j, routing in enumerate(routings):
+        offs_list = offsets_of(counts_of(routing, E, M, seed=100 + j))
+        offs.copy_(torch.tensor(offs_list, dtype=torch.int32))
+        D.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        theirs, _ = torch_scaled(Aq, Wq, sa, sw, offs)
+        res = errors(Aq, Wq, sa, sw, offs_list, D, M, theirs)
+        ok_all &= res["ok"]
+        graph_cases.append({"routing": routing, **res})
+    return {"status": "ok" if ok_all else "wrong", "cases": cases, "graph_replays": graph_cases,
+            "torch_refused": refused}
+
+
+def _rounds(parties: dict, sets: list, flops: float) -> dict:
+    """Median ms of every party as kernels in CUDA graphs and as queued calls, in rotating rounds."""
+    calls = max(len(sets), 2)
+    samples = {p: {"graph": [], "queued": []} for p in parties}
+    names = list(parties)
+    for fn in parties.values():  # warm up, and capture each graph once
+        harness.graph_times(fn, sets, reps=1, calls=calls)
+    for r in range(ROUNDS):
+        order = names[r % len(names):] + names[:r % len(names)]
+        if r % 2:
+            order.reverse()
+        for p in order:
+            samples[p]["graph"] += harness.graph_times(parties[p], sets, reps=PER_ROUND, calls=calls)
+            samples[p]["queued"] += harness.event_times(parties[p], sets, reps=PER_ROUND * calls, start=r)
+    return {p: {"graph_ms": statistics.median(s["graph"]), "queued_ms": statistics.median(s["queued"]),
+                "tflops_graph": flops / statistics.median(s["graph"]) / 1e9} for p, s in samples.items()}
+
+
+def time_item(fp8_path: str, bf16_path: str | None) -> str:
+    """The one word isolate hands a timing child: the fp8 module and its bf16 peer, ``#``-joined."""
+    return f"{fp8_path}#{bf16_path or ''}"
+
+
+def time_job(item, args) -> dict:  # pylint: disable=unused-argument
+    """Ours, torch._scaled_grouped_mm, our bf16 grouped GEMM and torch._grouped_mm in rotating rounds,
+    per (tokens, routing)."""
+    fp8_path, bf16_path = item.split("#")
+    mod = use_scaled_grouped_module(fp8_path)
+    bf16 = use_grouped_module(bf16_path) if bf16_path else None
+    E, N, K = mod.experts, mod.N, mod.K
+    l2 = device.probe(0).l2_bytes or (50 << 20)
+    _, _, Wq, sw = quantized_inputs(E, N, K, 16, seed=7)
+    Wb = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16).div_(math.sqrt(K)) if bf16 else None
+    results, refused = [], None
+    for tokens in TOKENS:
+        for routing in TIMED_ROUTINGS:
+            offs_list = offsets_of(counts_of(routing, E, tokens, seed=tokens))
+            per_set = tokens * (3 * K + 4 * N)  # A in fp8 and bf16, D in bf16 twice: W is shared
+            n_sets = max(2, math.ceil(2 * l2 / per_set))
+            sets = []
+            for _ in range(n_sets):
+                x = torch.randn(tokens, K, device="cuda")
+                Aq, sa = gemm_ladder.quantize_fp8(x, "row")
+                sets.append((Aq, sa.reshape(-1).contiguous(), torch.tensor(offs_list, dtype=torch.int32, device="cuda"),
+                             torch.empty(tokens, N, dtype=torch.bfloat16, device="cuda"), x.to(torch.bfloat16),
+                             torch.empty(tokens, N, dtype=torch.bfloat16, device="cuda")))
+
+            def ours(Aq, sa, offs, D, Ab, Db):  # pylint: disable=unused-argument
+                mod.launch(Aq, Wq, sa, sw, offs, D)
+
+            def scaled_grouped_mm(Aq, sa, offs, D, Ab, Db):  # pylint: disable=unused-argument
+                torch._scaled_grouped_mm(Aq, Wq.transpose(1, 2), sa, sw, offs=offs,  # pylint: disable=protected-access
+                                         out_dtype=torch.bfloat16)
+
+            def bf16_grouped_mm_ours(Aq, sa, offs, D, Ab, Db):  # pylint: disable=unused-argument
+                bf16.launch(Ab, Wb, offs, Db)
+
+            def bf16_grouped_mm_torch(Aq, sa, offs, D, Ab, Db):  # pylint: disable=unused-argument
+                torch._grouped_mm(Ab, Wb.transpose(1, 2), offs=offs)  # pylint: disable=protected-access
+
+            parties = {"ours": ours}
+            first = sets[0]
+            _, why = torch_scaled(first[0], Wq, first[1], sw, first[2])
+            refused = refused or why
+            if why is None:
+                parties["scaled_grouped_mm"] = scaled_grouped_mm
+            if bf16 is not None:
+                parties["bf16_grouped_mm_ours"] = bf16_grouped_mm_ours
+                try:
+                    torch._grouped_mm(first[4], Wb.transpose(1, 2), offs=first[2])  # pylint: disable=protected-access
+                    parties["bf16_grouped_mm_torch"] = bf16_grouped_mm_torch
+                except (RuntimeError, AttributeError):
+                    pass
+            times = _rounds(parties, sets, 2.0 * tokens * N * K)
+            results.append({"tokens": tokens, "routing": routing, "times": times})
+            del sets
+    return {"status": "ok", "rows": results, "torch_refused": refused}
+
+
+# -- run (GPU box) ------------------------------------------------------------------------------------
+def module_rows(m: dict, check: dict, timing: dict | None, was_timed: bool) -> list[dict]:
+    """One fp8 module's rows: one per checked routing, per graph replay, per timed case, and one for a failure."""
+    base = {"experts": m["experts"], "N": m["N"], "K": m["K"], "shape": m["shape"],
+            "variant": variant_text(m["knobs"])}
+    correct = check.get("status") == "ok"
+    refused = (timing or {}).get("torch_refused") or check.get("torch_refused")
+    rows = []
+    for kind, cases in (("check", check.get("cases", [])), ("graph_replay", check.get("graph_replays", []))):
+        for case in cases:
+            rows.append(row({**base, "tokens": CHECK_TOKENS, "routing": case["routing"], "kind": kind,
+                             **{k: case.get(k) for k in ("rel_err", "torch_rel_err", "round_rel_err", "nan",
+                                                         "rows_past_offs_written")}}, case["ok"], {}, refused))
+    t = timing or {}
+    for r in t.get("rows", []):
+        rows.append(row({**base, "tokens": r["tokens"], "routing": r["routing"], "kind": "timed"}, correct,
+                        r["times"], refused))
+    if not correct or (was_timed and t.get("status") != "ok"):
+        rows.append(row({**base, "tokens": None, "routing": None, "kind": "failure",
+                         "detail": json.dumps({"check": check, "time": t})[:4000]}, False, {}, refused))
+    return rows
+
+
+def summary_of(rows: list[dict]) -> dict:
+    """Of the timed rows, per variant: the geomean and least ratio to torch._scaled_grouped_mm and the
+    geomean to our bf16 grouped GEMM."""
+    out = {}
+    for variant in sorted({r["variant"] for r in rows if r["kind"] == "timed"}):
+        mine = [r for r in rows if r["kind"] == "timed" and r["variant"] == variant]
+        ratios = [r["ratio_to_grouped_mm"] for r in mine if r["ratio_to_grouped_mm"]]
+        bf16 = [r["peer_ratios"]["bf16_grouped_mm_ours_graph"] for r in mine
+                if r["peer_ratios"]["bf16_grouped_mm_ours_graph"]]
+        out[variant] = {"geomean_ratio_to_scaled_grouped_mm": geomean(ratios),
+                        "min_ratio_to_scaled_grouped_mm": min(ratios) if ratios else None,
+                        "geomean_ratio_to_bf16_grouped_mm_ours": geomean(bf16)}
+    return out
+
+
+def geomean(xs) -> float | None:
+    return math.exp(statistics.fmean(map(math.log, xs))) if xs else None
+
+
+def run(folder, out) -> int:
+    why = device.why_no_gpu(index=0)
+    if why is not None:
+        print(f"grouped_fp8_check run: no GPU here ({why}): run it on the GPU box", file=sys.stderr)
+        return 2
+    folder = Path(folder)
+    plan = json.loads((folder / PLAN_FILE).read_text())
+    if plan.get("format") != FORMAT:
+        print(f"grouped_fp8_check run: {folder / PLAN_FILE} is not a {FORMAT} plan: run prepare again", file=sys.stderr)
+        return 2
+    sampler, start = Sampler(), time.time()
+    fp8 = [m for m in plan["modules"] if m["kind"] == "fp8"]
+    bf16 = {m["shape"]: str(folder / m["file"]) for m in plan["modules"] if m["kind"] == "bf16"}
+    paths = [str(folder / m["file"]) for m in fp8]
+    job = "benchmarks.grouped_fp8_check:"
+    try:
+        checks = dict(zip(paths, isolate.run_batch(job + "check_job", paths, timeout=CHECK_TIMEOUT, explain=False)))
+        good = [(m, p) for m, p in zip(fp8, paths) if checks[p].get("status") == "ok" and m["shape"] in TIMED]
+        items = [time_item(p, bf16.get(m["shape"])) for m, p in good]
+        timed = dict(zip([p for _, p in good], isolate.run_batch(job + "time_job", items, timeout=TIME_TIMEOUT,
+                                                                explain=False)))
+    finally:
+        sampler.stop()
+    rows = []
+    for m, path in zip(fp8, paths):
+        rows += module_rows(m, checks[path], timed.get(path), path in timed)
+    result = {**check_cli.head(FORMAT, harness, sampler, start),
+              "summary": {"modules": len(paths), "correct_modules": sum(c.get("status") == "ok" for c in checks.values()),
+                          **summary_of(rows)},
+              "rows": rows}
+    check_cli.write_result(out, result)
+    for r in rows:
+        if r["kind"] == "timed":
+            peers = "  ".join(f"x {k.removesuffix('_graph')} {v or 0:.3f}" for k, v in r["peer_ratios"].items()
+                              if k.endswith("_graph"))
+            print(f"{r['shape']:11s} {r['variant']:9s} tokens={r['tokens']:5d} {r['routing']:8s} "
+                  f"{r['tflops'] or 0:6.0f} TFLOPS  {peers}")
+        elif not r["correct"]:
+            print(f"WRONG {r['shape']} {r['variant']} {r['kind']} {r['routing']}: rel {r.get('rel_err')} torch "
+                  f"{r.get('torch_rel_err')} nan {r.get('nan')} past {r.get('rows_past_offs_written')} "
+                  f"{(r.get('detail') or '')[:300]}")
+    print(json.dumps(result["summary"]), f"{result['seconds']:.0f} s; wrote {out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p, _, r, _ = check_cli.subcommands(__doc__, "build box: the fp8 (and bf16 peer) v12 modules of SHAPES into DIR",
+                                       "GPU box: check, capture and time every fp8 module of DIR",
+                                       "grouped_fp8_check.json")
+    del r
+    a = p.parse_args(argv)
+    if a.cmd == "prepare":
+        return prepare(a.out)
+    check_cli.require_in_name(p, a.out, "grouped", 33)
+    return run(a.folder, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
