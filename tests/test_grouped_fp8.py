@@ -6,6 +6,7 @@ the fake op, the Python reference of the rowwise scale placement, and the GPU ch
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -16,18 +17,20 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gemm_ladder
 import gemm_ladder.serve.grouped_ops  # noqa: F401  (registers torch.ops.gemm_ladder.scaled_grouped_mm)
-from gemm_ladder.compile import builder, sass
+from gemm_ladder.compile import builder, module_cache, sass
 from gemm_ladder.core.config import ConfigError
-from gemm_ladder.core.spec import GemmSpec, check_built
+from gemm_ladder.core.spec import GemmSpec, check_built, spec_of as spec_of_config, spec_of_manifest
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import kernel_of, make_config
-from gemm_ladder.serve import grouped_fp8
+from gemm_ladder.serve import front, grouped_fp8, kernel_pack, plan
 from gemm_ladder.serve.front import KernelFallbackWarning, NoKernelError
+from gemm_ladder.serve.kernel_pack import KernelPack
 from gemm_ladder.serve.grouped_fp8 import check_call, quantize_experts, reference, spec_of
 from gemm_ladder.serve.runtime import ModuleInputError
 from gemm_ladder.sm90a import grouped, hgemm_v9, hgemm_v12
 
 from .grouped_loads import loads_of
+from .test_grouped_pack import IDENT, stand_in_build  # the pack tests' stand-in module (no compile)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import grouped_fp8_check  # noqa: E402  (the GPU check's pure parts)
@@ -266,3 +269,51 @@ def test_the_gpu_check_judges_by_torchs_error_and_writes_the_issues_fields():
         is None
     summary = grouped_fp8_check.summary_of([r, {**r, "ratio_to_grouped_mm": 0.9}])
     assert summary["default"]["min_ratio_to_scaled_grouped_mm"] == 0.9
+
+
+# -- kernel packs ------------------------------------------------------------------------------------
+def test_the_fp8_rule_plans_a_decode_and_a_prefill_module_that_validate_at_blk_k_128():
+    choices = plan.grouped_choices(8, 14336, 4096, "float8_e4m3")
+    assert [(g.tokens, g.choice.rule) for g in choices] == [
+        ((1, 512), "grouped-fp8-decode"), ((513, plan.GROUPED_MAX_TOKENS), "grouped-fp8-prefill")]
+    for g in choices:
+        cfg = make_config("v12", 4096, 14336, 4096, **g.choice.knobs)
+        assert cfg.blk_k == 128 and cfg.dtype == "bfloat16" and spec_of_config(cfg) == SPEC
+        assert not g.choice.measured and "not measured yet" in g.choice.why
+    assert make_config("v12", 4096, 14336, 4096, **choices[0].choice.knobs).blk_m == 64
+    with pytest.raises(ConfigError, match="layout='masked' with an fp8 spec"):
+        plan.grouped_choices(8, 14336, 4096, "float8_e4m3", "masked")
+
+
+def test_a_pack_files_grouped_fp8_modules_apart_and_the_front_door_finds_them(tmp_path, monkeypatch):
+    """``pack build --grouped E,N,K --dtypes float8_e4m3 bfloat16``: the fp8 modules (contiguous only)
+    are found under float8_e4m3, never by a bf16 lookup of the same weight, and the grouped fp8 front
+    door's pack lookup takes the one for its token count. Modules are stand-ins (no compile)."""
+    real = module_cache.get_or_build
+    monkeypatch.setattr(module_cache, "get_or_build",
+                        lambda job, root=None: real(job, root, build=stand_in_build, ident=IDENT))
+    man = kernel_pack.build_pack(tmp_path / "pack", [], ["float8_e4m3", "bfloat16"], workers=1,
+                                 cache_root=tmp_path / "cache", grouped=[(8, 14336, 4096, "contiguous")])
+    assert all(r["status"] == "built" for r in man["results"]), man["results"]
+    pk = KernelPack(tmp_path / "pack")
+    few = pk.find_grouped("contiguous", 8, 14336, 4096, "float8_e4m3", "sm_90a", 64)
+    many = pk.find_grouped("contiguous", 8, 14336, 4096, "float8_e4m3", "sm_90a", 8192)
+    assert (few.entry["choice"]["rule"], many.entry["choice"]["rule"]) == ("grouped-fp8-decode", "grouped-fp8-prefill")
+    assert spec_of_manifest(few.entry) == SPEC and few.fit == many.fit == "tuned-range"
+    bf16 = pk.find_grouped("contiguous", 8, 14336, 4096, "bfloat16", "sm_90a", 64)
+    assert bf16 is not None and not spec_of_manifest(bf16.entry).is_fp8
+    assert pk.find_grouped("masked", 8, 14336, 4096, "float8_e4m3", "sm_90a", 64) is None
+    front.reset()
+    gemm_ladder.use_pack(tmp_path / "pack")
+    try:
+        found = grouped_fp8.from_packs("contiguous", 8, 14336, 4096, grouped_fp8.pack_dtype("bfloat16"), "sm_90a", 100)
+        assert found.entry["file"] == few.entry["file"]
+    finally:
+        front.reset()
+
+
+def test_pack_build_refuses_a_masked_fp8_weight_by_name():
+    bad = subprocess.run([sys.executable, "-m", "gemm_ladder", "pack", "build", "--dry-run", "--dtypes", "float8_e4m3",
+                          "--grouped", "8,14336,4096,masked"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert bad.returncode == 2 and "contiguous layout only" in bad.stderr, bad.stderr

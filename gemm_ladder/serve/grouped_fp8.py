@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from ..core.spec import GemmSpec
 from .front import STRICT_ENV, KernelFallbackWarning, NoKernelError, _strict
 from .grouped import arch_at, check_offsets, from_packs, pack_lines
-from .kernel_pack import FP8_INPUT, Found
+from .kernel_pack import FP8_INPUT, Found, fp8_grouped_dtype
 from .runtime import ModuleInputError, load
 from .scaled import FP8_MAX, AMAX_FLOOR
 
@@ -67,9 +67,10 @@ def spec_of(out_dtype: str = "bfloat16") -> GemmSpec:
 
 
 def pack_dtype(out_dtype: str) -> str:
-    """The ``dtype`` a kernel pack files a grouped fp8 module under: the operands', then D's
-    (``float8_e4m3`` for bf16 D, the dense fp8 packs' word; ``float8_e4m3:float16`` for fp16 D)."""
-    return FP8_INPUT if out_dtype == "bfloat16" else f"{FP8_INPUT}:{out_dtype}"
+    """The ``dtype`` a kernel pack files a grouped fp8 module under: ``float8_e4m3`` for bf16 D (the
+    dense fp8 packs' word; ``pack build --grouped E,N,K --dtypes float8_e4m3``), ``float8_e4m3:float16``
+    for fp16 D (``kernel_pack.grouped_dtype``)."""
+    return fp8_grouped_dtype(out_dtype)
 
 
 def quantize_experts(W, dtype=None):

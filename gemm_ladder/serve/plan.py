@@ -95,7 +95,7 @@ from ..core import device
 from ..core.budget import max_pipe_depth
 from ..core.config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, LARGEST_TILE, ConfigError, GemmConfig, check_extents
 from ..core.device import MODEL_MACHINE
-from ..core.spec import GemmSpec, spec_knobs
+from ..core.spec import FP8_DTYPES, GemmSpec, spec_knobs
 from ..rungs import available, make_config
 from . import tuning_db as tdb
 
@@ -909,8 +909,33 @@ class GroupedChoice:
 
 
 def grouped_spec(dtype: str) -> GemmSpec:
-    """The operand spec of a grouped GEMM in ``dtype`` (``serve.grouped.spec_of_dtype``'s)."""
+    """The operand spec of a grouped GEMM in ``dtype`` (``serve.grouped.spec_of_dtype``'s); for
+    ``float8_e4m3`` the grouped fp8 GEMM's (``serve.grouped_fp8.spec_of``: rowwise scales, D bf16)."""
+    if dtype in FP8_DTYPES:
+        return GemmSpec(a=dtype, b=dtype, d="bfloat16", scales="row", grouped=True)
     return GemmSpec(a=dtype, b=dtype, d=dtype, grouped=True)
+
+
+# The grouped fp8 GEMM (issue 33's fp8 slice; gemm_ladder.scaled_grouped_mm): fp8 wgmma reads both
+# operands K-major and the transposed epilogue has no scales yet, so no swapped tiles; the tiers that
+# validate at blk_k = 128 (k32: one 128-byte swizzle row of fp8 a slice) are the 64x128 decode module
+# (one consumer, an 8-deep ring: 24 KiB a stage) up to GROUPED_DECODE_ROWS rows an expert on average,
+# then v12's fp8 defaults (128x128 over two consumers: the promoted sums double the accumulators).
+# Not measured yet: benchmarks/grouped_fp8_check.py times the defaults against torch._scaled_grouped_mm.
+def _grouped_fp8_tiers(E: int, p: Problem, base: dict) -> list[GroupedChoice]:
+    """The contiguous fp8 modules by the rows an expert holds on average (the comment above)."""
+    top = GROUPED_DECODE_ROWS * E
+    prefill = Choice(GROUPED_RUNG, base, "rule", "grouped-fp8-prefill",
+                     f"{GROUPED_RUNG} at its fp8 defaults (128x128x128, promote=1) past M = {top} rows of A "
+                     f"({GROUPED_DECODE_ROWS} an expert on average) [not measured yet]")
+    decode_knobs = {**base, **GROUPED_DECODE_KNOBS}
+    if (refused := _validate(GROUPED_RUNG, p, decode_knobs)) is not None:
+        return [GroupedChoice(dataclasses.replace(prefill, skipped=(f"rule 'grouped-fp8-decode': {refused}",)),
+                              (1, GROUPED_MAX_TOKENS))]
+    decode = Choice(GROUPED_RUNG, decode_knobs, "rule", "grouped-fp8-decode",
+                    f"{GROUPED_RUNG} fp8 with 64x128 tiles, one consumer, an 8-deep ring while M <= {top} rows of A: "
+                    f"few rows an expert, weight-bound (the 16-bit rule's decode tier) [not measured yet]")
+    return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
 
 
 def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: str = "contiguous",
@@ -926,10 +951,13 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
         raise ConfigError(f"layout={layout!r}: a grouped weight is served 'contiguous' (grouped_mm) or 'masked' "
                           "(grouped_mm_masked)")
     top = GROUPED_DECODE_ROWS * E if layout == "contiguous" else GROUPED_DECODE_SLOT
-    base = {"experts": E, "layout": layout, "dtype": dtype, "arch": arch, **spec_knobs(grouped_spec(dtype))}
+    spec = grouped_spec(dtype)  # the config's dtype is D's (an fp8 spec's: bfloat16)
+    base = {"experts": E, "layout": layout, "dtype": spec.d, "arch": arch, **spec_knobs(spec)}
     build_m = max(4096, E)  # what serve.grouped builds at (M is read at run time; masked: one row an expert)
     if (refused := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), base)) is not None:
         raise ConfigError(f"grouped {layout} E={E} N={N} K={K} {dtype}: {refused}")
+    if spec.is_fp8:
+        return _grouped_fp8_tiers(E, Problem(build_m, N, K, dtype, arch), base)
     evidence = GROUPED_MASKED if layout == "masked" else f"{GROUPED_MASKED}; {GROUPED}"
     bound = (f"M <= {GROUPED_DECODE_ROWS} x E = {top} rows of A ({GROUPED_DECODE_ROWS} an expert on average)"
              if layout == "contiguous" else f"max_tokens <= {GROUPED_DECODE_SLOT}")

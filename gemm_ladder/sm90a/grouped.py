@@ -80,6 +80,13 @@ rather than warp shuffles: the barrier checker follows the tables through shared
 stores to the loads (``protocol.exprs.is_table``), so it runs the kernel's own walk under the new
 prologue; the depth is the same order as a shuffle scan's (chunks of 32 experts).
 
+fp8 (``fp8.enabled``: e4m3 A and W, rowwise scales; ``gemm_ladder.scaled_grouped_mm``): the ring holds
+1-byte tiles (blk_k = 128), the consumers promote into fp32 sums as v9's fp8 kernels do, and before
+either epilogue path each sum is multiplied by ``scale_a[row]`` and ``scale_b[e, col]``: the dense row
+recipe's ``fp8.scale_sums`` with ``scale_b`` viewed as ``[E * N]`` (W's rows), so the tile's first W
+row (``e * N + n0``) is its first column's scale; columns past N read the next expert's (their D
+columns are clipped) and rows past the expert's end the next tokens' (their rows are not written).
+
 Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
 consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
 for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),

@@ -41,12 +41,20 @@ Barriers: v9's without clusters (``tma2mma[s]``: the producer's expect_tx and th
 ``mma2tma[s]``: lane 0 of every consumer warp; named barrier 1+c per consumer's epilogue), plus
 one CTA barrier in the prologue, after the offsets land in shared memory.
 
+fp8 (issue 33's fp8 slice; ``gemm_ladder.scaled_grouped_mm``): a spec with e4m3 A and W, rowwise scales
+(``scale_a [M]`` a token, ``scale_b [E, N]`` an expert's column: parameters after num_ctas, before
+``offsets``) and D in 16 bits runs the dense fp8 path's parts on the same walk (``sm90a/fp8.py``):
+1-byte tiles at blk_k = 128, ``m64nNk32`` e4m3 wgmmas, the promotion (``promote``, ``overlap``,
+``stagger``: v9's fp8 knobs), and each sum times its token's and its column's scale before the
+epilogue (``fp8.scale_sums`` with scale_b viewed as W's rows, ``[E * N]``). Defaults 128x128 (the
+promoted sums double the accumulators); contiguous layout, no swap AB (refused by name).
+
 Constraints: a spec with ``grouped`` and nothing else (no bias, no activation yet); 1x1 clusters;
 M at run time (any tokens, one module); N and K multiples of 8; ``experts`` <= 1024.
 
 Run:  python -m gemm_ladder build v12 --shape 4096x14336x4096 --knob experts=8 --out build/
       (masked: add --knob layout=masked; decode: --knob swap_ab=True --knob blk_m=16 --knob blk_n=128
-      --knob warp_scan=True)
+      --knob warp_scan=True; fp8: --knob spec=d_bfloat16.a_float8_e4m3.b_float8_e4m3.scales_row.grouped_true)
 """
 
 from dataclasses import dataclass
