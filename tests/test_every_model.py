@@ -47,6 +47,19 @@ def test_summary_keeps_tuned_and_held_out_apart():
     assert math.isclose(s["all"]["call_min"], 1.0)
 
 
+def test_memory_bound_cases_are_held_to_the_copy_bandwidth():
+    from gemm_ladder.measure import suite
+
+    rows = [{"memory_bound": True, "status": "ok", "gbps": 2700.0, "cublas_gbps": 2500.0},
+            {"memory_bound": True, "status": "ok", "gbps": 2000.0, "cublas_gbps": 2800.0},
+            {"memory_bound": False, "status": "ok", "gbps": 100.0, "cublas_gbps": 100.0},  # compute-bound: not counted
+            {"memory_bound": True, "status": "wrong"}]
+    s = suite.memory_bound_summary(rows, 3000.0)
+    assert s["cases"] == 2 and s["at_85pct_of_copy"] == 1 and s["cublas_at_85pct_of_copy"] == 1
+    assert math.isclose(s["min_of_copy"], 2000.0 / 3000.0)
+    assert suite.memory_bound_summary(rows, None) == {"cases": 2, "copy_gbps": None}  # no copy measured: no fractions
+
+
 def test_the_command_refuses_a_negative_sample_and_a_folder_for_out(capsys, tmp_path):
     with pytest.raises(SystemExit) as err:
         every_model.main(["list", "--sample", "-3"])

@@ -25,7 +25,8 @@ timings, each in alternating rounds with cuBLAS in the same process:
   ``torch.matmul(A, W.T, out=D)``.
 
 ``kernel_ratio`` and ``call_ratio`` are cuBLAS's time over ours (above 1: we are faster).
-Memory-bound cases (arithmetic intensity below the GPU's balance) also get GB/s against HBM.
+Memory-bound cases (arithmetic intensity below the GPU's balance of peak FLOPS to the bandwidth its
+own copy reaches, measured in the run: ``copy_gbps``) also get GB/s against that copy and the HBM peak.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import sys
 from pathlib import Path
 
 from ..core import cli_types
+from ..core.device import PEAK_TFLOPS
 from ..core.procs import progress as progress_bar
 from ..core.records import ANY, Bool, Int, List, Obj, RecordError, Str, read_json
 from ..serve.front import matmul
@@ -238,17 +240,24 @@ def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.
     finally:
         if bar is not None:
             bar.close()
-    peak = suite.hbm_peak_gbps()
+    peak, copy = suite.hbm_peak_gbps(), suite.copy_gbps()
+    balance = PEAK_TFLOPS.get(suite.gpu_arch(), 0) * 1e12 / (copy * 1e9) if copy else None
     rows = []
     for c, res in zip(todo, got):
         res.pop("module", None)
         row = {**c, **res, "correct": res.get("status") == "ok" or (res.get("check") or {}).get("ok", False)}
+        intensity = 2.0 * c["M"] * c["N"] * c["K"] / harness.bytes_once(c["M"], c["N"], c["K"])
+        row["intensity_flop_per_byte"] = round(intensity, 1)
+        row["memory_bound"] = bool(balance and intensity < balance)
         if res.get("status") == "ok" and peak:
             row["gbps_of_hbm_peak"] = res["gbps"] / peak
+        if res.get("status") == "ok" and copy:
+            row["gbps_of_copy"], row["cublas_gbps_of_copy"] = res["gbps"] / copy, res["cublas_gbps"] / copy
         rows.append(row)
     doc = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(), "hbm_peak_gbps": peak,
+           "copy_gbps": copy, "machine_balance_flop_per_byte": balance,
            "method": __doc__.split("Method, per case,")[1].strip(), "sample": {"cases": sample, "seed": seed},
-           "summary": summary(rows), "rows": rows}
+           "summary": {**summary(rows), "memory_bound": suite.memory_bound_summary(rows, copy)}, "rows": rows}
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")

@@ -207,6 +207,47 @@ def hbm_peak_gbps(index: int = 0) -> float | None:
     return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
 
 
+def copy_gbps(index: int = 0, nbytes: int = 1 << 30, reps: int = 20) -> float | None:
+    """The bandwidth the device's own copy reaches (``dst.copy_(src)`` of ``nbytes``: it reads and
+    writes each byte once, so ``2 * nbytes`` over the median time), GB/s: the ceiling a memory-bound
+    GEMM is held to (issue 30: at least 85% of it), where the datasheet's peak is never reached. None
+    when the buffers do not fit."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    try:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{index}").random_(0, 255)
+        dst = torch.empty_like(src)
+    except torch.OutOfMemoryError:
+        return None
+    times = []
+    for i in range(reps + 3):
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        dst.copy_(src)
+        t1.record()
+        t1.synchronize()
+        if i >= 3:  # warm-up: clocks, the allocator's first touch
+            times.append(t0.elapsed_time(t1))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (statistics.median(times) * 1e-3) / 1e9
+
+
+def memory_bound_summary(rows: list[dict], copy: float | None) -> dict:
+    """Memory-bound rows (``memory_bound``) against the copy's bandwidth: how many reach 85% of it,
+    ours and cuBLAS's, and the least fraction (issue 30's target for those cases)."""
+    mem = [r for r in rows if r.get("memory_bound") and r.get("status") == "ok" and "gbps" in r]
+    if not copy or not mem:
+        return {"cases": len(mem), "copy_gbps": copy}
+    ours = [r["gbps"] / copy for r in mem]
+    theirs = [r["cublas_gbps"] / copy for r in mem if "cublas_gbps" in r]
+    return {"cases": len(mem), "copy_gbps": copy, "target_of_copy": 0.85,
+            "at_85pct_of_copy": sum(x >= 0.85 for x in ours), "min_of_copy": min(ours),
+            "median_of_copy": statistics.median(ours),
+            "cublas_at_85pct_of_copy": sum(x >= 0.85 for x in theirs),
+            "cublas_median_of_copy": statistics.median(theirs) if theirs else None}
+
+
 def summary(results: list[dict]) -> dict:
     """Geometric mean and minima of the ratios to cuBLAS, against :data:`TARGETS`."""
     ok = [r for r in results if r.get("status") == "ok"]
