@@ -104,8 +104,8 @@ def reference(A, W, scale_a, scale_b, offs, out_dtype=None):
     for e, end in enumerate(offs.tolist()):
         end = min(max(int(end), start), M)
         if end > start:
-            a = A[start:end].double() * sa[start:end, None]
-            w = W[e].double() * scale_b[e].double()[:, None]
+            a = A[start:end].float().double() * sa[start:end, None]  # fp8 -> fp32 is exact
+            w = W[e].float().double() * scale_b[e].double()[:, None]
             D[start:end] = a @ w.T
         start = end
     return D if out_dtype is None else D.to(out_dtype)
