@@ -30,7 +30,16 @@ timed against ``torch._scaled_grouped_mm`` at MoE shapes (issue 33's fp8, issue 
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_fp8_check.py run build/grouped_fp8 --out out/grouped_fp8_check.json
 
-About 2-3 minutes on an H100 (an estimate until the first run); DIR about 2 MiB (10 modules).
+``prepare DIR --pack`` builds instead a kernel pack of the SHAPES' weights (``pack build --grouped
+E,N,K --dtypes float8_e4m3``: ``plan.grouped_choices``' fp8 tiers, a 64x128 decode module and the
+128x128 defaults) into DIR/pack, and ``run`` then serves each (shape, tokens) case through the front
+door with ``use_pack`` and ``strict=True`` (``pack_job``): the module the pack's rule picks for the
+token count must serve it (``explain``), be correct on two routings with D poisoned, replay a CUDA
+graph of the front door after the routing changed, and be timed (the front door's call) against
+``torch._scaled_grouped_mm``. Rows add ``kind`` ``pack``, ``served_by`` and ``rule``.
+
+About 2-3 minutes on an H100 (an estimate until the first run); DIR about 2 MiB (10 modules);
+``--pack``: about 1-2 minutes, DIR about 2 MiB (8 modules).
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ import gemm_ladder  # noqa: E402
 import gemm_ladder.serve.grouped_ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.scaled_grouped_mm)
 from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.measure import harness, isolate  # noqa: E402
-from gemm_ladder.serve import grouped_fp8  # noqa: E402
+from gemm_ladder.serve import front, grouped_fp8, kernel_pack  # noqa: E402
 from gemm_ladder.serve.grouped import spec_of_dtype, use_grouped_module  # noqa: E402
 from gemm_ladder.serve.grouped_fp8 import quantize_experts, reference, spec_of, use_scaled_grouped_module  # noqa: E402
 
@@ -324,6 +333,153 @@ def time_job(item, args) -> dict:  # pylint: disable=unused-argument
     return {"status": "ok", "rows": results, "torch_refused": refused}
 
 
+# -- kernel packs (prepare --pack; run serves through the front door with use_pack) --------------------
+PACK_FOLDER = "pack"
+PACK_DTYPE = "float8_e4m3"  # pack build --dtypes float8_e4m3: the grouped fp8 modules, D in bfloat16
+
+
+def pack_cases(entries) -> list[dict]:
+    """One case a (shape, tokens) of the timed shapes at :data:`TOKENS` (and the odd shape at the
+    check's count), with the file the pack's rule serves it from (the entry whose range holds it)."""
+    cases = []
+    for name, E, N, K in SHAPES:
+        for tokens in (TOKENS if name in TIMED else (CHECK_TOKENS,)):
+            mine = [e for e in entries if kernel_pack.is_grouped(e) and (e["experts"], e["shape"][1], e["shape"][2])
+                    == (E, N, K) and e["tokens"][0] <= tokens <= e["tokens"][1]]
+            if mine:
+                cases.append({"shape": name, "experts": E, "N": N, "K": K, "tokens": tokens, "file": mine[0]["file"],
+                              "rule": (mine[0].get("choice") or {}).get("rule")})
+    return cases
+
+
+def case_item(folder, case: dict) -> str:
+    """A case as the one word isolate hands a child job: the pack folder and the case, ``#``-joined."""
+    return "#".join([str(folder)] + [str(case[k]) for k in ("experts", "N", "K", "tokens")])
+
+
+def parse_case_item(item: str) -> tuple[str, dict]:
+    folder, E, N, K, tokens = item.split("#")
+    return folder, {"experts": int(E), "N": int(N), "K": int(K), "tokens": int(tokens)}
+
+
+def prepare_pack(out) -> int:
+    """The SHAPES' weights as a kernel pack of grouped fp8 modules, and the plan of its cases."""
+    folder = files.open_folder(out)
+    man = kernel_pack.build_pack(folder / PACK_FOLDER, [], [PACK_DTYPE],
+                                 grouped=[(E, N, K, "contiguous") for _, E, N, K in SHAPES],
+                                 request={"grouped": [f"{E},{N},{K},contiguous" for _, E, N, K in SHAPES],
+                                          "dtypes": [PACK_DTYPE]})
+    failed = [r for r in man["results"] if r["status"] == "failed"]
+    for r in failed:
+        print(f"failed: {r['file']}: {r['detail']}", file=sys.stderr)
+    cases = pack_cases(man["modules"])
+    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "pack": PACK_FOLDER, "cases": cases})
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"{len(man['results'])} modules in a pack, {len(cases)} cases, {size / 2**20:.1f} MiB in {folder}")
+    return 1 if failed else 0
+
+
+def pack_job(item, args) -> dict:  # pylint: disable=unused-argument
+    """One case through the front door with the pack (strict: no fallback): which module served, two
+    routings checked with D poisoned, a CUDA graph of the front door replayed after the routing
+    changed, then timed against torch._scaled_grouped_mm (where it runs) in rotating rounds."""
+    folder, c = parse_case_item(item)
+    if not any(p.folder == Path(folder) for p in front.packs()):  # once a child (its jobs run one after another)
+        gemm_ladder.use_pack(folder)
+    E, N, K, M = c["experts"], c["N"], c["K"], c["tokens"]
+    Aq, sa, Wq, sw = quantized_inputs(E, N, K, M, seed=5)
+    D = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    offs = torch.zeros(E, dtype=torch.int32, device="cuda")
+    route = grouped_fp8.route_of(grouped_fp8.check_call(Aq, Wq, sa, sw, offs), torch.cuda.current_device(), True)
+
+    def run_front(t):
+        gemm_ladder.scaled_grouped_mm(Aq, Wq, sa, sw, t, out=D, strict=True)
+
+    cases, ok_all, refused = [], route.source == "kernel pack", None
+    for i, routing in enumerate(("zipf", "odd")):
+        offs_list = offsets_of(counts_of(routing, E, M, seed=i))
+        offs.copy_(torch.tensor(offs_list, dtype=torch.int32))
+        D.fill_(float("nan"))
+        run_front(offs)
+        torch.cuda.synchronize()
+        theirs, why = torch_scaled(Aq, Wq, sa, sw, offs)
+        refused = refused or why
+        res = errors(Aq, Wq, sa, sw, offs_list, D, M, theirs)
+        ok_all &= res["ok"]
+        cases.append({"routing": routing, **res})
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_front(offs)
+    offs_list = offsets_of(counts_of("one", E, M, seed=5))
+    offs.copy_(torch.tensor(offs_list, dtype=torch.int32))
+    D.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    theirs, _ = torch_scaled(Aq, Wq, sa, sw, offs)
+    res = errors(Aq, Wq, sa, sw, offs_list, D, M, theirs)
+    ok_all &= res["ok"]
+    cases.append({"routing": "one (graph replay)", **res})
+    out = {"status": "ok" if ok_all else "wrong", "source": route.source, "kernel": route.lines[0], "cases": cases,
+           "torch_refused": refused}
+    if ok_all and c["experts"] * c["N"] * c["K"] >= (1 << 30):  # the timed shapes (not the odd one)
+        out["times"] = _pack_times(c, Wq, sw, refused is None)
+    return out
+
+
+def _pack_times(c: dict, Wq, sw, torch_runs: bool) -> dict:
+    """The front door (with the pack) against torch._scaled_grouped_mm on balanced routing."""
+    E, N, K, tokens = c["experts"], c["N"], c["K"], c["tokens"]
+    l2 = device.probe(0).l2_bytes or (50 << 20)
+    offs_list = offsets_of(counts_of("balanced", E, tokens))
+    sets = []
+    for _ in range(max(2, math.ceil(2 * l2 / (tokens * (K + 2 * N))))):
+        Aq, sa = gemm_ladder.quantize_fp8(torch.randn(tokens, K, device="cuda"), "row")
+        sets.append((Aq, sa.reshape(-1).contiguous(), torch.tensor(offs_list, dtype=torch.int32, device="cuda"),
+                     torch.empty(tokens, N, dtype=torch.bfloat16, device="cuda")))
+
+    def ours(Aq, sa, offs, D):
+        gemm_ladder.scaled_grouped_mm(Aq, Wq, sa, sw, offs, out=D, strict=True)
+
+    def scaled_grouped_mm(Aq, sa, offs, D):  # pylint: disable=unused-argument
+        torch._scaled_grouped_mm(Aq, Wq.transpose(1, 2), sa, sw, offs=offs,  # pylint: disable=protected-access
+                                 out_dtype=torch.bfloat16)
+
+    parties = {"ours": ours, **({"scaled_grouped_mm": scaled_grouped_mm} if torch_runs else {})}
+    return _rounds(parties, sets, 2.0 * tokens * N * K)
+
+
+def run_pack(folder, out, plan: dict) -> int:
+    """run for a DIR of prepare --pack: every case in children, rows in the issue's format."""
+    sampler, start = Sampler(), time.time()
+    cases = plan["cases"]
+    items = [case_item(folder / plan["pack"], c) for c in cases]
+    try:
+        results = isolate.run_batch("benchmarks.grouped_fp8_check:pack_job", items, timeout=TIME_TIMEOUT,
+                                    explain=False)
+    finally:
+        sampler.stop()
+    rows = []
+    for c, res in zip(cases, results):
+        correct = res.get("status") == "ok" and c["file"] in res.get("kernel", "")
+        base = {k: c[k] for k in ("experts", "N", "K", "tokens", "shape")}
+        rows.append(row({**base, "routing": "balanced" if res.get("times") else None, "kind": "pack",
+                         "variant": "pack", "served_by": res.get("kernel"), "expected": c["file"], "rule": c["rule"],
+                         "cases": res.get("cases"), "detail": None if correct else json.dumps(res)[:2000]},
+                        correct, res.get("times") or {}, res.get("torch_refused")))
+    ratios = [r["ratio_to_grouped_mm"] for r in rows if r["ratio_to_grouped_mm"]]
+    result = {**check_cli.head(FORMAT, harness, sampler, start),
+              "summary": {"cases": len(rows), "correct": sum(r["correct"] for r in rows),
+                          "geomean_ratio_to_scaled_grouped_mm": geomean(ratios),
+                          "min_ratio_to_scaled_grouped_mm": min(ratios) if ratios else None},
+              "rows": rows}
+    check_cli.write_result(out, result)
+    for r in rows:
+        print(f"{r['shape']:11s} tokens={r['tokens']:5d} {r['rule'] or '':20s} correct={r['correct']} "
+              f"x scaled_grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f} {r['tflops'] or 0:6.0f} TFLOPS")
+    print(json.dumps(result["summary"]), f"{result['seconds']:.0f} s; wrote {out}")
+    return 0
+
+
 # -- run (GPU box) ------------------------------------------------------------------------------------
 def module_rows(m: dict, check: dict, timing: dict | None, was_timed: bool) -> list[dict]:
     """One fp8 module's rows: one per checked routing, per graph replay, per timed case, and one for a failure."""
@@ -376,6 +532,8 @@ def run(folder, out) -> int:
     if plan.get("format") != FORMAT:
         print(f"grouped_fp8_check run: {folder / PLAN_FILE} is not a {FORMAT} plan: run prepare again", file=sys.stderr)
         return 2
+    if "pack" in plan:
+        return run_pack(folder, out, plan)
     sampler, start = Sampler(), time.time()
     fp8 = [m for m in plan["modules"] if m["kind"] == "fp8"]
     bf16 = {m["shape"]: str(folder / m["file"]) for m in plan["modules"] if m["kind"] == "bf16"}
@@ -412,13 +570,15 @@ def run(folder, out) -> int:
 
 
 def main(argv=None) -> int:
-    p, _, r, _ = check_cli.subcommands(__doc__, "build box: the fp8 (and bf16 peer) v12 modules of SHAPES into DIR",
-                                       "GPU box: check, capture and time every fp8 module of DIR",
-                                       "grouped_fp8_check.json")
-    del r
+    p, pr, _, _ = check_cli.subcommands(__doc__, "build box: the fp8 (and bf16 peer) v12 modules of SHAPES into DIR",
+                                        "GPU box: check, capture and time every fp8 module of DIR",
+                                        "grouped_fp8_check.json")
+    pr.add_argument("--pack", action="store_true", help="a kernel pack of the SHAPES' weights instead (pack build "
+                                                          "--grouped E,N,K --dtypes float8_e4m3); run serves it "
+                                                          "through the front door")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        return prepare(a.out)
+        return prepare_pack(a.out) if a.pack else prepare(a.out)
     check_cli.require_in_name(p, a.out, "grouped", 33)
     return run(a.folder, a.out)
 

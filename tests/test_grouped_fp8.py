@@ -317,3 +317,18 @@ def test_pack_build_refuses_a_masked_fp8_weight_by_name():
                           "--grouped", "8,14336,4096,masked"], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert bad.returncode == 2 and "contiguous layout only" in bad.stderr, bad.stderr
+
+
+def test_the_gpu_checks_pack_mode_gives_each_case_the_module_whose_range_holds_it():
+    items = kernel_pack.plan_grouped([(E, N, K, "contiguous") for _, E, N, K in grouped_fp8_check.SHAPES],
+                                     [grouped_fp8_check.PACK_DTYPE])
+    entries = [e for i in items for e in kernel_pack.entries_of(i)]
+    cases = grouped_fp8_check.pack_cases(entries)
+    assert len(cases) == len(grouped_fp8_check.TIMED) * len(grouped_fp8_check.TOKENS) + 1  # and the odd shape once
+    rules = {(c["shape"], c["tokens"]): c["rule"] for c in cases}
+    assert rules[("mixtral", 512)] == "grouped-fp8-decode" and rules[("mixtral", 8192)] == "grouped-fp8-prefill"
+    for c in cases:
+        entry = next(e for e in entries if e["file"] == c["file"] and e["tokens"][0] <= c["tokens"] <= e["tokens"][1])
+        assert spec_of_manifest(entry) == SPEC
+        folder, back = grouped_fp8_check.parse_case_item(grouped_fp8_check.case_item("/x/pack", c))
+        assert folder == "/x/pack" and back == {k: c[k] for k in ("experts", "N", "K", "tokens")}
