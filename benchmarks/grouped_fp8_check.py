@@ -87,6 +87,10 @@ ROUNDS, PER_ROUND = 5, 3
 CHECK_TIMEOUT, TIME_TIMEOUT = 150.0, 240.0
 ERROR_FLOOR = 1e-3  # relative: a few bf16 roundings of D, where both errors are tiny
 PEERS = ("scaled_grouped_mm", "bf16_grouped_mm_ours", "bf16_grouped_mm_torch")
+# prepare --variants: knob sets timed side by side with the defaults and torch in the same rounds (a
+# deeper ring, the overlapped promotion, the consumers' drains staggered, the 64x128 decode tile)
+KNOB_SWEEP = [{"overlap": 4}, {"pipe_depth": 6}, {"overlap": 4, "pipe_depth": 6}, {"overlap": 4, "stagger": True},
+              {"blk_m": 64, "num_warpgroups": 1, "blk_n": 128, "pipe_depth": 8}]
 
 
 def variant_text(knobs: dict) -> str:
@@ -118,9 +122,16 @@ def row(case: dict, correct: bool, times: dict, torch_refused: str | None = None
 
 
 # -- prepare (build box) ----------------------------------------------------------------------------
-def module_plan() -> list[dict]:
-    """Every module prepare builds: the fp8 modules (shape x variant), then the bf16 peers."""
+def module_plan(variants: bool = False) -> list[dict]:
+    """Every module prepare builds: the fp8 modules (shape x variant), then the bf16 peers;
+    ``variants``: the timed shapes at the defaults and each knob set of :data:`KNOB_SWEEP` instead."""
     plan = []
+    if variants:
+        for name, E, N, K in SHAPES:
+            if name in TIMED:
+                plan += [{"kind": "fp8", "shape": name, "experts": E, "N": N, "K": K, "knobs": v,
+                          "file": f"grouped_fp8_{name}_{variant_text(v)}.so"} for v in [{}] + KNOB_SWEEP]
+        return plan
     for name, E, N, K in SHAPES:
         for v in [{}] + VARIANTS.get(name, []):
             plan.append({"kind": "fp8", "shape": name, "experts": E, "N": N, "K": K, "knobs": v,
@@ -137,21 +148,21 @@ def build_knobs(m: dict) -> dict:
     return {"experts": m["experts"], "dtype": "bfloat16", "spec": spec.text(), **m["knobs"]}
 
 
-def prepare(out) -> int:
+def prepare(out, variants: bool = False) -> int:
     # optional: the build layer (TVM's compiler), on the build box only
     # pylint: disable=import-outside-toplevel
     from gemm_ladder.compile import module_cache
     from gemm_ladder.compile.batch import BuildJob
 
     folder = files.open_folder(out)
-    modules = module_plan()
+    modules = module_plan(variants)
     for m in modules:
         path, _ = module_cache.get_or_build(BuildJob("v12", (BUILD_M, m["N"], m["K"]), build_knobs(m)))
         stem = Path(m["file"]).stem
         for src in Path(path).parent.iterdir():
             if src.name.startswith(Path(path).name):  # the .so and its manifest (.so.json)
                 shutil.copy(src, folder / src.name.replace(Path(path).stem, stem, 1))
-    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules})
+    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules, "variants": variants})
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(f"{len(modules)} modules, {size / 2**20:.1f} MiB in {folder}")
     return 0
@@ -331,6 +342,115 @@ def time_job(item, args) -> dict:  # pylint: disable=unused-argument
             results.append({"tokens": tokens, "routing": routing, "times": times})
             del sets
     return {"status": "ok", "rows": results, "torch_refused": refused}
+
+
+# -- knob variants side by side (prepare --variants) ---------------------------------------------------
+def group_time_job(item, args) -> dict:  # pylint: disable=unused-argument
+    """One shape's modules (``#``-joined paths) and torch._scaled_grouped_mm in the same rotating
+    rounds, per (tokens, routing): each module's party is its variant's name."""
+    mods = {}
+    for path in item.split("#"):
+        mod = grouped_fp8.ScaledGroupedModule(gemm_ladder.load(path))
+        mods[variant_of(path)] = mod
+    first = next(iter(mods.values()))
+    E, N, K = first.experts, first.N, first.K
+    l2 = device.probe(0).l2_bytes or (50 << 20)
+    _, _, Wq, sw = quantized_inputs(E, N, K, 16, seed=7)
+    results, refused = [], None
+    for tokens in TOKENS:
+        for routing in TIMED_ROUTINGS:
+            offs_list = offsets_of(counts_of(routing, E, tokens, seed=tokens))
+            sets = []
+            for _ in range(max(2, math.ceil(2 * l2 / (tokens * (K + 2 * N))))):
+                Aq, sa = gemm_ladder.quantize_fp8(torch.randn(tokens, K, device="cuda"), "row")
+                sets.append((Aq, sa.reshape(-1).contiguous(), torch.tensor(offs_list, dtype=torch.int32, device="cuda"),
+                             torch.empty(tokens, N, dtype=torch.bfloat16, device="cuda")))
+
+            def party(mod):
+                def ours(Aq, sa, offs, D):
+                    mod.launch(Aq, Wq, sa, sw, offs, D)
+                return ours
+
+            def scaled_grouped_mm(Aq, sa, offs, D):  # pylint: disable=unused-argument
+                torch._scaled_grouped_mm(Aq, Wq.transpose(1, 2), sa, sw, offs=offs,  # pylint: disable=protected-access
+                                         out_dtype=torch.bfloat16)
+
+            parties = {name: party(mod) for name, mod in mods.items()}
+            _, why = torch_scaled(sets[0][0], Wq, sets[0][1], sw, sets[0][2])
+            refused = refused or why
+            if why is None:
+                parties["scaled_grouped_mm"] = scaled_grouped_mm
+            results.append({"tokens": tokens, "routing": routing,
+                            "times": _rounds(parties, sets, 2.0 * tokens * N * K)})
+            del sets
+    return {"status": "ok", "rows": results, "torch_refused": refused}
+
+
+def variant_of(path) -> str:
+    """A variant module's variant text, from its file name (``grouped_fp8_<shape>_<variant>.so``)."""
+    stem = Path(path).name.removesuffix(".so")
+    shape = next(name for name, *_ in SHAPES if stem.startswith(f"grouped_fp8_{name}_"))
+    return stem[len(f"grouped_fp8_{shape}_"):]
+
+
+def run_variants(folder, out, plan: dict) -> int:
+    """run for a DIR of prepare --variants: every module checked, then each shape's correct modules
+    timed side by side with torch; a row per (module, tokens, routing), the summary per variant and
+    the best variant of each case."""
+    sampler, start = Sampler(), time.time()
+    mods = plan["modules"]
+    paths = [str(folder / m["file"]) for m in mods]
+    job = "benchmarks.grouped_fp8_check:"
+    try:
+        checks = dict(zip(paths, isolate.run_batch(job + "check_job", paths, timeout=CHECK_TIMEOUT, explain=False)))
+        groups = {}
+        for m, p in zip(mods, paths):
+            if checks[p].get("status") == "ok":
+                groups.setdefault(m["shape"], []).append(p)
+        names = list(groups)
+        timed = dict(zip(names, isolate.run_batch(job + "group_time_job", ["#".join(groups[n]) for n in names],
+                                                  timeout=TIME_TIMEOUT, explain=False)))
+    finally:
+        sampler.stop()
+    rows = []
+    for m, path in zip(mods, paths):
+        rows += module_rows(m, checks[path], None, False)
+    for name, res in timed.items():
+        m0 = next(m for m in mods if m["shape"] == name)
+        base = {"experts": m0["experts"], "N": m0["N"], "K": m0["K"], "shape": name}
+        for r in res.get("rows", []):
+            for variant, t in r["times"].items():
+                if variant == "scaled_grouped_mm":
+                    continue
+                times = {"ours": t, **({"scaled_grouped_mm": r["times"]["scaled_grouped_mm"]}
+                                       if "scaled_grouped_mm" in r["times"] else {})}
+                rows.append(row({**base, "tokens": r["tokens"], "routing": r["routing"], "kind": "timed",
+                                 "variant": variant}, True, times, res.get("torch_refused")))
+        if res.get("status") != "ok":
+            rows.append(row({**base, "tokens": None, "routing": None, "kind": "failure", "variant": None,
+                             "detail": json.dumps(res)[:4000]}, False, {}))
+    timed_rows = [r for r in rows if r["kind"] == "timed" and r["ratio_to_grouped_mm"]]
+    cases = {}
+    for r in timed_rows:
+        cases.setdefault((r["shape"], r["tokens"], r["routing"]), []).append(r)
+    best = [max(rs, key=lambda r: r["ratio_to_grouped_mm"]) for rs in cases.values()]
+    result = {**check_cli.head(FORMAT, harness, sampler, start),
+              "summary": {"modules": len(paths), "correct_modules": sum(c.get("status") == "ok" for c in checks.values()),
+                          **summary_of(rows),
+                          "best_of_each_case": {"geomean": geomean([r["ratio_to_grouped_mm"] for r in best]),
+                                                "min": min((r["ratio_to_grouped_mm"] for r in best), default=None),
+                                                "winners": {f"{r['shape']} {r['tokens']} {r['routing']}": r["variant"]
+                                                            for r in best}}},
+              "rows": rows}
+    check_cli.write_result(out, result)
+    for r in sorted(timed_rows, key=lambda r: (r["shape"], r["tokens"], r["routing"], r["variant"])):
+        print(f"{r['shape']:11s} tokens={r['tokens']:5d} {r['routing']:8s} {r['variant']:40s} "
+              f"{r['tflops'] or 0:6.0f} TFLOPS  x scaled_grouped_mm {r['ratio_to_grouped_mm']:.3f}")
+    for r in rows:
+        if not r["correct"]:
+            print(f"WRONG {r['shape']} {r['variant']} {r['kind']} {r['routing']}: {(r.get('detail') or '')[:300]}")
+    print(json.dumps(result["summary"]), f"{result['seconds']:.0f} s; wrote {out}")
+    return 0
 
 
 # -- kernel packs (prepare --pack; run serves through the front door with use_pack) --------------------
@@ -534,6 +654,8 @@ def run(folder, out) -> int:
         return 2
     if "pack" in plan:
         return run_pack(folder, out, plan)
+    if plan.get("variants"):
+        return run_variants(folder, out, plan)
     sampler, start = Sampler(), time.time()
     fp8 = [m for m in plan["modules"] if m["kind"] == "fp8"]
     bf16 = {m["shape"]: str(folder / m["file"]) for m in plan["modules"] if m["kind"] == "bf16"}
@@ -576,9 +698,13 @@ def main(argv=None) -> int:
     pr.add_argument("--pack", action="store_true", help="a kernel pack of the SHAPES' weights instead (pack build "
                                                           "--grouped E,N,K --dtypes float8_e4m3); run serves it "
                                                           "through the front door")
+    pr.add_argument("--variants", action="store_true", help="the timed shapes' fp8 modules at the defaults and each "
+                                                              "knob set of KNOB_SWEEP, timed side by side with torch")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        return prepare_pack(a.out) if a.pack else prepare(a.out)
+        if a.pack and a.variants:
+            p.error("prepare: --pack or --variants, not both")
+        return prepare_pack(a.out) if a.pack else prepare(a.out, a.variants)
     check_cli.require_in_name(p, a.out, "grouped", 33)
     return run(a.folder, a.out)
 

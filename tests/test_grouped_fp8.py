@@ -249,6 +249,11 @@ def test_the_gpu_check_plans_modules_that_validate_and_fit_its_budget():
         cfg = make_config("v12", grouped_fp8_check.BUILD_M, m["N"], m["K"], **grouped_fp8_check.build_knobs(m))
         assert (cfg.blk_k == 128) == (m["kind"] == "fp8")
     assert len({m["file"] for m in plan}) == len(plan) <= 12  # about 200 KiB each: DIR well under 8 MiB
+    sweep = grouped_fp8_check.module_plan(variants=True)
+    assert len({m["file"] for m in sweep}) == len(sweep) <= 24
+    for m in sweep:
+        make_config("v12", grouped_fp8_check.BUILD_M, m["N"], m["K"], **grouped_fp8_check.build_knobs(m))
+        assert grouped_fp8_check.variant_of(f"/d/{m['file']}") == grouped_fp8_check.variant_text(m["knobs"])
 
 
 def test_the_gpu_check_judges_by_torchs_error_and_writes_the_issues_fields():
