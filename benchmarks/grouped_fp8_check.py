@@ -189,7 +189,7 @@ def torch_scaled(Aq, Wq, sa, sw, offs):
                                        out_dtype=torch.bfloat16)
         torch.cuda.synchronize()
         return out, None
-    except (RuntimeError, AttributeError, NotImplementedError) as err:
+    except (RuntimeError, ValueError, TypeError, AttributeError, NotImplementedError) as err:  # N % 16: ValueError
         return None, f"{type(err).__name__}: {str(err)[:300]}"
 
 
@@ -336,7 +336,7 @@ def time_job(item, args) -> dict:  # pylint: disable=unused-argument
                 try:
                     torch._grouped_mm(first[4], Wb.transpose(1, 2), offs=first[2])  # pylint: disable=protected-access
                     parties["bf16_grouped_mm_torch"] = bf16_grouped_mm_torch
-                except (RuntimeError, AttributeError):
+                except (RuntimeError, ValueError, TypeError, AttributeError):
                     pass
             times = _rounds(parties, sets, 2.0 * tokens * N * K)
             results.append({"tokens": tokens, "routing": routing, "times": times})

@@ -284,8 +284,12 @@ def test_the_fp8_rule_plans_a_decode_and_a_prefill_module_that_validate_at_blk_k
     for g in choices:
         cfg = make_config("v12", 4096, 14336, 4096, **g.choice.knobs)
         assert cfg.blk_k == 128 and cfg.dtype == "bfloat16" and spec_of_config(cfg) == SPEC
-        assert not g.choice.measured and "not measured yet" in g.choice.why
-    assert make_config("v12", 4096, 14336, 4096, **choices[0].choice.knobs).blk_m == 64
+    decode, prefill = choices
+    assert not decode.choice.measured and "not measured yet" in decode.choice.why
+    assert make_config("v12", 4096, 14336, 4096, **decode.choice.knobs).blk_m == 64
+    # the prefill tier's evidence is committed
+    assert prefill.choice.measured and prefill.choice.knobs["overlap"] == 4
+    assert plan.GROUPED_FP8 in prefill.choice.why and (Path(__file__).resolve().parents[1] / plan.GROUPED_FP8).is_file()
     with pytest.raises(ConfigError, match="layout='masked' with an fp8 spec"):
         plan.grouped_choices(8, 14336, 4096, "float8_e4m3", "masked")
 

@@ -292,7 +292,7 @@ def torch_scaled_grouped_mm(A, W, scale_a, scale_b, offs, out) -> None:
             out.copy_(torch._scaled_grouped_mm(A, W.transpose(1, 2), scale_a.reshape(-1), scale_b, offs=offs,  # pylint: disable=protected-access
                                                out_dtype=torch.bfloat16))
             return
-        except (RuntimeError, AttributeError, NotImplementedError):
+        except (RuntimeError, ValueError, TypeError, AttributeError, NotImplementedError):  # torch wants N % 16
             pass
     sa = scale_a.reshape(-1)
     start = 0
