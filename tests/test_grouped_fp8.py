@@ -341,3 +341,9 @@ def test_the_gpu_checks_pack_mode_gives_each_case_the_module_whose_range_holds_i
         assert spec_of_manifest(entry) == SPEC
         folder, back = grouped_fp8_check.parse_case_item(grouped_fp8_check.case_item("/x/pack", c))
         assert folder == "/x/pack" and back == {k: c[k] for k in ("experts", "N", "K", "tokens")}
+
+
+def test_the_16bit_grouped_front_door_points_fp8_callers_here():
+    Aq, Wq, _, _, offs = _call()
+    with pytest.raises(ModuleInputError, match="scaled_grouped_mm"):
+        gemm_ladder.grouped_mm(Aq, Wq, offs)
