@@ -280,16 +280,19 @@ def test_the_gpu_check_judges_by_torchs_error_and_writes_the_issues_fields():
 def test_the_fp8_rule_plans_a_decode_and_a_prefill_module_that_validate_at_blk_k_128():
     choices = plan.grouped_choices(8, 14336, 4096, "float8_e4m3")
     assert [(g.tokens, g.choice.rule) for g in choices] == [
-        ((1, 512), "grouped-fp8-decode"), ((513, plan.GROUPED_MAX_TOKENS), "grouped-fp8-prefill")]
+        ((1, 128), "grouped-fp8-decode"), ((129, plan.GROUPED_MAX_TOKENS), "grouped-fp8-prefill")]  # 16 an expert
     for g in choices:
         cfg = make_config("v12", 4096, 14336, 4096, **g.choice.knobs)
         assert cfg.blk_k == 128 and cfg.dtype == "bfloat16" and spec_of_config(cfg) == SPEC
+        # both tiers' evidence is committed
+        assert g.choice.measured and plan.GROUPED_FP8 in g.choice.why
+    assert (Path(__file__).resolve().parents[1] / plan.GROUPED_FP8).is_file()
     decode, prefill = choices
-    assert not decode.choice.measured and "not measured yet" in decode.choice.why
     assert make_config("v12", 4096, 14336, 4096, **decode.choice.knobs).blk_m == 64
-    # the prefill tier's evidence is committed
-    assert prefill.choice.measured and prefill.choice.knobs["overlap"] == 4
-    assert plan.GROUPED_FP8 in prefill.choice.why and (Path(__file__).resolve().parents[1] / plan.GROUPED_FP8).is_file()
+    assert (prefill.choice.knobs["overlap"], prefill.choice.knobs["pipe_depth"]) == (4, 6)
+    # where a 6-deep ring does not fit beside the experts' tables, the 4-deep one, and the refusal named
+    many = plan.grouped_choices(1024, 2048, 7168, "float8_e4m3")[-1].choice
+    assert many.knobs["overlap"] == 4 and many.knobs.get("pipe_depth", 4) == 4 and "pipe_depth': 6" in many.skipped[0]
     with pytest.raises(ConfigError, match="layout='masked' with an fp8 spec"):
         plan.grouped_choices(8, 14336, 4096, "float8_e4m3", "masked")
 
@@ -335,7 +338,7 @@ def test_the_gpu_checks_pack_mode_gives_each_case_the_module_whose_range_holds_i
     cases = grouped_fp8_check.pack_cases(entries)
     assert len(cases) == len(grouped_fp8_check.TIMED) * len(grouped_fp8_check.TOKENS) + 1  # and the odd shape once
     rules = {(c["shape"], c["tokens"]): c["rule"] for c in cases}
-    assert rules[("mixtral", 512)] == "grouped-fp8-decode" and rules[("mixtral", 8192)] == "grouped-fp8-prefill"
+    assert rules[("deepseek_v3", 2048)] == "grouped-fp8-decode" and rules[("mixtral", 512)] == "grouped-fp8-prefill"
     for c in cases:
         entry = next(e for e in entries if e["file"] == c["file"] and e["tokens"][0] <= c["tokens"] <= e["tokens"][1])
         assert spec_of_manifest(entry) == SPEC
