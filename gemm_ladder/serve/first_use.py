@@ -20,7 +20,12 @@ each candidate on the caller's own A and B, and the winner is remembered:
 - the timing, twice: as queued launches on the current stream as a caller makes them (host path
   included), and as kernels alone (a CUDA graph of the same launches, replayed: what a model served
   with CUDA graphs sees), into a scratch output, between CUDA events; :data:`ROUNDS` rounds whose
-  order rotates, each sample a batch of launches of at least :data:`SAMPLE_US`; the median. A
+  order rotates, each sample a batch of launches of at least :data:`SAMPLE_US`; the least of the
+  rounds (interference -- a clock that dropped while the host was the bottleneck, another thread --
+  only adds time, and it came in bursts that the median did not reject: torch's queued calls timed
+  1.5-4x their undisturbed time for a whole helper-thread measurement, ours 1.0x, and first use kept
+  a kernel of ours 1.3x slower than torch's call: ``benchmarks/torch_route_probe.py``,
+  ``benchmarks/results/2026-11-26_h100_every_model/6_three_seeds_copy_bw/``). A
   first launch of each is its warm-up, after :data:`WARM_MS` of calls that bring an idle GPU's
   clocks up. Eager calls take the queued winner, calls inside CUDA-graph
   capture the kernel winner (``front.ByCapture`` where they differ: ours has the shorter host path,
@@ -44,7 +49,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import threading
 import warnings
 from pathlib import Path
@@ -181,19 +185,20 @@ def _reps(us: float, n_sets: int) -> int:
 
 
 def _rounds(samplers: dict, rounds: int) -> dict:
-    """Median microseconds per call of each of ``samplers`` (name -> a function that runs one
-    sample and returns its microseconds per call), in rounds whose order rotates."""
+    """Microseconds per call of each of ``samplers`` (name -> a function that runs one sample and
+    returns its microseconds per call), the least of ``rounds`` rounds whose order rotates: each
+    candidate's least disturbed sample (see the module docstring)."""
     names = list(samplers)
     samples: dict = {n: [] for n in names}
     for r in range(rounds):
         for i in range(len(names)):
             n = names[(r + i) % len(names)]
             samples[n].append(samplers[n]())
-    return {n: statistics.median(s) for n, s in samples.items()}
+    return {n: min(s) for n, s in samples.items()}
 
 
 def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
-    """Median microseconds per call of each of ``calls`` (name -> a function of (a, b, d) that
+    """Microseconds per call (:func:`_rounds`) of each of ``calls`` (name -> a function of (a, b, d) that
     queues one call) as a caller queues them, cycling through ``sets``, on the current stream."""
     import torch  # pylint: disable=import-outside-toplevel  (the caller's)
 
@@ -221,7 +226,7 @@ def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
 
 
 def time_graphs(calls: dict, sets: list, queued_us: dict, rounds: int = ROUNDS) -> dict:
-    """Median microseconds per call of each of ``calls`` as kernels alone: a CUDA graph of as many
+    """Microseconds per call (:func:`_rounds`) of each of ``calls`` as kernels alone: a CUDA graph of as many
     calls as make a sample (``queued_us``: their queued times), cycling through ``sets``, replayed
     in rounds whose order rotates. A candidate that cannot be captured is left out."""
     import torch  # pylint: disable=import-outside-toplevel  (the caller's)

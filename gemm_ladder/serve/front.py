@@ -711,7 +711,7 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
         def said(ts):
             return "; ".join(f"{label} {us:.1f} us" for label, us in sorted(ts.items(), key=lambda lt: lt[1]))
         route.adopt(routes[eager], routes[graphs],
-                    f"measured at first use on {gpu} (median of {first_use.ROUNDS} rounds, input sets spilling L2): "
+                    f"measured at first use on {gpu} (least of {first_use.ROUNDS} rounds, input sets spilling L2): "
                     f"as queued calls {said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; "
                     f"chose {eager}" + (f", and {graphs} under capture" if graphs != eager else ""))
 
