@@ -163,6 +163,12 @@ BLOCK_CONFIGS = {
     "sm_ov2": {**SMALL_M, "overlap": 2},
     "sm_ov4": {**SMALL_M, "overlap": 4},
     "sm_n128_ov4": {**SMALL_M, "blk_n": 128, "overlap": 4},
+    # the scales staged in shared memory by the producer's TMA with each ring stage (fp8.StagedScales)
+    "ov2_ss": {"overlap": 2, "stage_scales": True},
+    "ov4_ss": {"overlap": 4, "stage_scales": True},
+    "ov8_ss": {"overlap": 8, "stage_scales": True},
+    "sm_ov2_ss": {**SMALL_M, "overlap": 2, "stage_scales": True},
+    "sm_ov4_ss": {**SMALL_M, "overlap": 4, "stage_scales": True},
     # our per-tensor fp8 at the per-tensor policy's knobs (plan.fp8_knobs), the peer of each shape
     "tensor_policy": {"recipe": "tensor", "overlap": 4},
     "tensor_policy_small": {"recipe": "tensor", **SMALL_M},
@@ -170,14 +176,14 @@ BLOCK_CONFIGS = {
 # shape -> the configs timed there. The first run (c7cf3e4, benchmarks/results/2026-11-26_h100_fp8_block_overlap/)
 # timed the overlap, clusters and ring depths: overlap=4 best past M = 128 (0.82-0.92x torch's block-wise), the
 # small-M knobs with overlap=2 at M = 128 (1.15x); a second (e6edcac) timed the scale loads pinned a slice ahead
-# as plain ld.global (3-7% slower: the knob is gone). This list is the policy's configs against the drained
-# promotion and overlap=8, the baseline for the next change (scales staged in shared memory).
+# as plain ld.global (3-7% slower: the knob is gone). This list is the policy's configs (ov4; sm_ov2 at small M)
+# beside the scales staged in shared memory by the producer's TMA (``stage_scales``, the ``_ss`` configs).
 BLOCK_SWEEP = {
-    "4096x7168x16384": ("base", "ov4", "ov8", "ov4_d6"),
-    "4096^3": ("base", "ov4", "ov8"),
-    "8192^3": ("base", "ov4", "ov8"),
-    "4096x4096x7168": ("base", "ov4", "ov8"),
-    "128x4096x7168": ("sm", "sm_ov2", "sm_ov4"),
+    "4096x7168x16384": ("ov4", "ov2_ss", "ov4_ss", "ov8_ss"),
+    "4096^3": ("ov4", "ov8", "ov4_ss", "ov8_ss"),
+    "8192^3": ("ov4", "ov4_ss", "ov8_ss"),
+    "4096x4096x7168": ("ov4", "ov4_ss", "ov8_ss"),
+    "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
 }
 BLOCK_PEER = {label: "tensor_policy_small" if M <= 128 else "tensor_policy" for label, M, _, _ in BLOCK_SHAPES}
 SWEEPS = {"tensor": Sweep(RECIPE, SHAPES, CONFIGS, SWEEP, {}),
@@ -223,6 +229,17 @@ def plan_modules(recipe: str = RECIPE) -> dict[str, dict]:
                                                        "promote": promote, "bias": None, "knobs": knobs,
                                                        "config": config}
     return out
+
+
+ODD_M = (1, 333)  # extra rows a staged-scales module is checked at: its 1-D scale maps take any M (fp8.StagedScales)
+
+
+def odd_m_cases(plan: dict) -> list[tuple[str, int]]:
+    """(module, M) checks beyond the shapes' M for every module that stages its block scales
+    (``stage_scales``): one row, and an M that is no multiple of 4 (scale_a's K blocks then start
+    off a 16-byte boundary) or of a tile; a module that fails one is not timed."""
+    return [(name, m) for name, entry in sorted(plan["modules"].items())
+            if entry.get("knobs", {}).get("stage_scales") for m in ODD_M]
 
 
 def build_knobs(entry: dict) -> dict:
@@ -371,6 +388,7 @@ def run(folder, out) -> int:
         M = shape_of(label, recipe)[0]
         cases += [(module_name(label, c, recipe), M) for c in timed_configs(label, recipe)
                   if (module_name(label, c, recipe), M) not in cases]
+    cases += odd_m_cases(plan)
     checks = fp8_check.check_all(folder, cases)
     # (module, M) -> its check: a module timed at two shapes' M (a weight's) has a check at each
     by_case = {(c["name"], c["M"]): c for c in checks}

@@ -40,11 +40,15 @@ def test_the_block_policy_rests_on_its_sweep_and_explain_names_it():
     """The block rules cite the block sweep's results (committed), the numbers it measured, and the
     per-tensor rules are not changed by them."""
     block = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
-    assert block.rule == "fp8-block" and plan.fp8_knobs(4096, 4096, 7168, "block") == {"promote": 1, "overlap": 4}
-    assert "2026-11-26_h100_fp8_block_overlap" in block.text() and "overlap=4" in block.text()
-    assert (Path(__file__).resolve().parents[1] / plan.FP8_BLOCK_RESULTS).is_file()
+    assert block.rule == "fp8-block" and plan.fp8_knobs(4096, 4096, 7168, "block") == {"promote": 1, "overlap": 4,
+                                                                                         "stage_scales": True}
+    assert "2026-11-26_h100_fp8_block_staged_fix" in block.text() and "overlap=4" in block.text()
+    assert "stage_scales" in block.text()
+    for results in (plan.FP8_BLOCK_RESULTS, plan.FP8_BLOCK_STAGED_RESULTS):
+        assert (Path(__file__).resolve().parents[1] / results).is_file()
     small = plan.rule_choice(plan.Problem(128, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
-    assert small.rule == "fp8-block-small-m" and "1.15x torch._scaled_mm block-wise" in small.text()
+    assert small.rule == "fp8-block-small-m" and "1.31x torch._scaled_mm block-wise" in small.text()
+    assert plan.fp8_knobs(128, 4096, 7168, "block")["stage_scales"] is True
     assert plan.fp8_knobs(128, 4096, 7168, "tensor") == plan.FP8_SMALL_KNOBS  # no overlap at small M per-tensor
     text = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8())).text()
     assert "fp8_sweep" in text and f"every {plan.FP8_PROMOTE} slice(s)" in text and "overlap=4" in text

@@ -70,7 +70,8 @@ def test_the_block_sweep_plans_block_modules_and_one_per_tensor_peer_a_shape():
     for name, entry in plan.items():
         cfg = make_config("v9", 256, entry["N"], entry["K"], **fp8_sweep.build_knobs(entry))
         assert fp8.recipe(cfg) == entry["recipe"] and cfg.blk_k == 128, name
-    assert plan["b_7168x16384_ov4"]["knobs"] == {"overlap": 4} and plan["b_7168x16384_base"]["knobs"] == {}
+    assert plan["b_7168x16384_ov4"]["knobs"] == {"overlap": 4}
+    assert plan["b_7168x16384_ov4_ss"]["knobs"] == {"overlap": 4, "stage_scales": True}
     for label, M, N, K in fp8_sweep.BLOCK_SHAPES:
         names = [fp8_sweep.module_name(label, c, "block") for c in fp8_sweep.timed_configs(label, "block")]
         recipes = [plan[n]["recipe"] for n in names]
@@ -158,3 +159,16 @@ def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_thei
     bad = [r for r in rows if not r["correct"]]
     assert [(r["shape"], r["config"], r["tflops"]) for r in bad] == [("4096^3", "ov8", None)]
     assert all(r["recipe"] == "block" and r["ratio_to_scaled_mm"] == pytest.approx(1.1) for r in rows if r["correct"])
+
+
+def test_staged_scale_modules_are_checked_at_one_row_and_an_m_off_16_bytes():
+    """The block sweep's ``stage_scales`` modules (and only they) get checks at M = 1 and an M that is
+    no multiple of 4 beyond their shapes' M (their 1-D scale tensor maps take any M)."""
+    planned = fp8_sweep.plan_modules("block")
+    cases = fp8_sweep.odd_m_cases({"modules": planned})
+    staged = {n for n, e in planned.items() if e["knobs"].get("stage_scales")}
+    assert staged and {n for n, _ in cases} == staged
+    assert sorted({m for _, m in cases}) == [1, 333] and all(m % 4 for _, m in cases if m > 1)
+    for name in staged:
+        cfg = make_config("v9", 256, planned[name]["N"], planned[name]["K"], **fp8_sweep.build_knobs(planned[name]))
+        assert fp8.staged(cfg), name

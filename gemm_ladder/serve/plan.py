@@ -454,7 +454,9 @@ def rule_applies(name: str, p: Problem, rules=None) -> bool:
 # scales (one K block a promotion, its scales applied as it is added) take the same shape of policy from
 # their own sweep (FP8_BLOCK_RESULTS: fp8_sweep.py --recipe block): overlap=4 past M = 128 (+11-18% over
 # the drained promotion; 8 groups a run was 2% faster at 4096^3 only, 4-7% slower elsewhere; 1x2 and 1x1
-# clusters and 3-6 stages slower), and at small M the per-tensor small-M knobs with overlap=2 (1.11x them).
+# clusters and 3-6 stages slower), and at small M the per-tensor small-M knobs with overlap=2 (1.11x them);
+# both with the scales staged in shared memory by the producer's TMA (stage_scales: no global scale load on
+# the consumers' path), +6.5-10.6% past M = 128 and +12.4% at M = 128 (FP8_BLOCK_STAGED_RESULTS).
 # A weight's M range takes one runtime-M module a rule: a pack built for it holds the modules scaled_mm
 # would build itself (scaled.build_knobs).
 FP8_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_sweep/README.md"
@@ -467,8 +469,9 @@ FP8_SMALL_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1
 
 
 FP8_BLOCK_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_block_overlap/README.md"
-FP8_BLOCK_LARGE_KNOBS = {"promote": FP8_PROMOTE, "overlap": 4}
-FP8_BLOCK_SMALL_KNOBS = {**FP8_SMALL_KNOBS, "overlap": 2}
+FP8_BLOCK_STAGED_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_block_staged_fix/README.md"
+FP8_BLOCK_LARGE_KNOBS = {"promote": FP8_PROMOTE, "overlap": 4, "stage_scales": True}
+FP8_BLOCK_SMALL_KNOBS = {**FP8_SMALL_KNOBS, "overlap": 2, "stage_scales": True}
 
 
 def fp8_knobs(M: int, N: int, K: int, recipe: str) -> dict:
@@ -488,15 +491,17 @@ FP8_RULES: list[Rule] = [
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
          why=f"fp8 with block scales and M <= {FP8_SMALL_M}: the per-tensor small-M knobs (64x64 tiles over one "
              "consumer, 1x2 clusters sharing A, B streamed, an 8-deep ring) with each K block's scaled adds under "
-             "the next block's wgmmas (overlap=2)",
-         evidence=FP8_BLOCK_RESULTS + ": 128x4096x7168, 376 TFLOPS, 1.15x torch._scaled_mm block-wise (v9's fp8 "
-                  "defaults 0.75x, the small-M knobs without overlap 1.04x)"),
+             "the next block's wgmmas (overlap=2), the scales staged in shared memory by the producer's TMA "
+             "(stage_scales)",
+         evidence=FP8_BLOCK_STAGED_RESULTS + ": 128x4096x7168, 420 TFLOPS, 1.31x torch._scaled_mm block-wise "
+                  "(without stage_scales 374, 1.17x; " + FP8_BLOCK_RESULTS + ": v9's fp8 defaults 0.75x)"),
     Rule("fp8-block", "sm_90a", "v9", when=lambda p: _fp8(p, True), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
          why="fp8 with block scales: v9's e4m3 kernel (128x128 tiles over two consumers, 2x1 clusters), each 128 "
              "of K promoted into fp32 as its block's scales apply, the scaled adds of four K blocks overlapped "
-             "with the next block's wgmmas (overlap=4)",
-         evidence=FP8_BLOCK_RESULTS + ": 1023-1075 TFLOPS, 0.82-0.92x torch._scaled_mm block-wise at 4096^3, "
-                  "8192^3, 4096x4096x7168, 4096x7168x16384 (the drained promotion: 913-963, 0.70-0.87x)"),
+             "with the next block's wgmmas (overlap=4), the scales staged in shared memory by the producer's TMA "
+             "(stage_scales)",
+         evidence=FP8_BLOCK_STAGED_RESULTS + ": 1060-1111 TFLOPS, 0.95-0.98x torch._scaled_mm block-wise at "
+                  "4096^3, 8192^3, 4096x4096x7168, 4096x7168x16384 (without stage_scales 974-1013, 0.86-0.92x)"),
     Rule("fp8-small-m", "sm_90a", "v9", when=lambda p: _fp8(p, False) and p.M <= FP8_SMALL_M,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales),
          why=f"fp8 with M <= {FP8_SMALL_M}: reading B is the cost, so 64x64 tiles over one consumer (four times "

@@ -440,9 +440,30 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     operands = {}
     if bias is not None:
         operands["bias"] = bias
+    moved = []
     if call.recipe == "block":  # as they lie: scale_a [K/128, M], scale_b [N/128, K/128] (spec.epilogue_operands)
-        operands["scale_a"], operands["scale_b"] = scale_a.t(), scale_b.t()
+        (operands["scale_a"], operands["scale_b"]), moved = aligned_scales(scale_a.t(), scale_b.t())
     else:
         operands["scale_a"], operands["scale_b"] = scale_a.reshape(-1), scale_b.reshape(-1)  # the spec's order
     route.run(A, B.t(), D, operands)
-    return (D, list(route.lines)) if explain else D
+    return (D, list(route.lines) + moved) if explain else D
+
+
+SCALE_ALIGN_BYTES = 16  # TMA's global address alignment (a block module's staged scales: fp8.StagedScales)
+
+
+def aligned_scales(*scales) -> tuple[list, list[str]]:
+    """Block scales as the kernel takes them, each copied where its first float is not 16-byte
+    aligned (a view into a larger tensor): a module with ``stage_scales`` reads them with TMA, whose
+    tensor maps need a 16-byte aligned start (any M works: the maps are one-dimensional, no row
+    stride to pad). Scales are a few floats a row, the copy small. Returns the tensors and the
+    explain lines of the copies."""
+    out, lines = [], []
+    for name, t in zip(("scale_a", "scale_b"), scales):
+        if t.data_ptr() % SCALE_ALIGN_BYTES:
+            lines.append(f"copied: {name} starts {t.data_ptr() % SCALE_ALIGN_BYTES} bytes past a "
+                         f"{SCALE_ALIGN_BYTES}-byte boundary (a view into a larger tensor); TMA reads scales from an "
+                         "aligned start")
+            t = t.clone()
+        out.append(t)
+    return out, lines

@@ -57,14 +57,30 @@ parts of it:
   promotion, 0.87-0.94x ``torch._scaled_mm`` block-wise and 0.86-0.89x our per-tensor kernel at
   M >= 4096. ptxas sinks the read-only scale loads to just before their FFMAs (the promotion waits on
   L2); plain ``ld.global`` loads kept a slice ahead measured 1-7% slower (the slot release after them
-  waits for them). Next: A's scales staged in shared memory by the producer's TMA with each stage.
+  waits for them). The knob ``stage_scales`` (:class:`StagedScales`, off: the source above unchanged)
+  stages them instead, DeepGEMM's way: with each ring stage's A and B tiles the producer's TMA copies
+  that K block's ``blk_m`` A scales (one box of the flat ``scale_a``: any M) and each B block's scale
+  (a 16-byte box of the flat ``scale_b``), counted in the stage's full barrier; each consumer reads
+  its slice's scales from shared memory after the full-barrier wait it already does
+  (``mainloop._block_groups_staged``), so no global load is left on its path (overlap only).
+  The first version died on the GPU (H100, 2026-11-26, ``benchmarks/results/2026-11-26_h100_fp8_block_staged/``):
+  every staged module hit "an illegal instruction", though the CPU checks (SASS, barrier checker)
+  passed. The cause: its 1-D boxes started at any float (A's at ``kb * M + m_st``, B's at
+  ``nb * K/128 + kb``), and Hopper refuses a TMA copy whose innermost start is not 16-byte aligned,
+  at run time only (shown by ``benchmarks/fp8_block_bisect.py``'s probes). Every box now starts
+  16-byte aligned (:class:`StagedScales`), which ``tests/test_tma_box_starts.py`` proves for every
+  copy on the CPU. Measured (``benchmarks/results/2026-11-26_h100_fp8_block_staged_fix/``): 32 of 32
+  checks right (M = 1, 333 and the shapes'), +6.5-10.6% over the overlapped promotion alone past
+  M = 128 (1060-1111 TFLOPS, 0.95-0.98x ``torch._scaled_mm`` block-wise) and +12.4% at M = 128
+  (1.31x it); the block policy (``plan.FP8_RULES``) stages them. Off by default in v9's own knobs.
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
 ``overlap``) within the consumer's registers; ``overlap`` and ``stagger`` need a promotion (and
 ``stagger`` two consumers, groups or runs of two or more, and no block scales); block scales also
 need ``promote=1``, no ``k_zigzag`` (the slices must land in K order), a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks) and an even
-``overlap`` (a run ends on the scale set it began with).
+``overlap`` (a run ends on the scale set it began with); ``stage_scales`` needs block scales and
+``overlap``.
 """
 
 from __future__ import annotations
@@ -72,8 +88,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm.script import tirx as T
+from tvm.script.tirx import tile as Tx
 
 import layouts
+from ..core.budget import limits_for, smem_bytes
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
 from .common import WG_M, HopperPlan, role_registers
@@ -109,6 +127,13 @@ def stagger(cfg: GemmConfig) -> bool:
     return bool(dict(cfg.extra).get("stagger", False)) if enabled(cfg) and promote(cfg) else False
 
 
+def staged(cfg: GemmConfig) -> bool:
+    """Whether the producer stages each K block's scales in shared memory with its A and B tiles
+    (knob ``stage_scales``, block scales only: :class:`StagedScales`) instead of every consumer
+    thread loading them from global memory."""
+    return bool(dict(cfg.extra).get("stage_scales", False)) if at_promotion(cfg) else False
+
+
 def recipe(cfg: GemmConfig) -> str:
     """The scale recipe, ``tensor``, ``row`` or ``block`` (the spec's ``scales``)."""
     return spec_of(cfg).scales
@@ -138,6 +163,7 @@ def check(cfg: GemmConfig) -> None:
     if not enabled(cfg):
         return
     extra = dict(cfg.extra)
+    _check_staged(cfg)
     every = extra.get("promote", 0)
     if every < 0:
         raise ConfigError(f"promote={every}: the slices between promotions are 0 (none) or more; use "
@@ -209,6 +235,28 @@ def _check_overlap(cfg: GemmConfig, every: int, runs) -> None:
                           "(an even number of groups); use overlap=4, or overlap=2")
 
 
+def _check_staged(cfg: GemmConfig) -> None:
+    """``stage_scales`` stages block scales (they change every K block) in the ring, read by the
+    overlapped promotion (:func:`mainloop._block_groups`): block scales with ``overlap`` only."""
+    want = dict(cfg.extra).get("stage_scales", False)
+    if not isinstance(want, bool):
+        raise ConfigError(f"stage_scales={want!r}: it is True (the producer's TMA stages A's and B's block scales "
+                          "with each ring stage) or False; use stage_scales=True")
+    if not want:
+        return
+    if recipe(cfg) != "block":
+        raise ConfigError(f"stage_scales=True with {recipe(cfg)} scales: only block scales change along K (the "
+                          "others are applied once, in the epilogue); use stage_scales=False")
+    need = smem_bytes(cfg, cfg.pipe_depth) + scale_smem_bytes(cfg)
+    most = limits_for(cfg.arch).smem_per_block
+    if need > most:
+        raise ConfigError(f"stage_scales=True with pipe_depth={cfg.pipe_depth}: the ring, staging and scales take "
+                          f"{need} bytes of shared memory, over the {most} a block may use; use a smaller pipe_depth")
+    if not dict(cfg.extra).get("overlap", 0):
+        raise ConfigError("stage_scales=True with overlap=0: the staged scales are read by the overlapped promotion "
+                          "only (the drained one loads them from global memory); use overlap=4 (or 2)")
+
+
 def _check_block(cfg: GemmConfig, every: int) -> None:
     """Block scales change every 128 of K: one slice a promotion, in K order, whole B blocks a tile."""
     fix = "use blk_k=128, promote=1, k_zigzag=False, blk_n=128 (v9's fp8 defaults)"
@@ -236,6 +284,19 @@ class BlockScales:
     sreg: object  # float32[scale_regs] local
     warp_id: object
     lane_id: object
+    smem: object = None  # stage_scales: the ring's staged scales ([stages, scale_row], StagedScales), else None
+
+    @property
+    def staged(self) -> bool:
+        return self.smem is not None
+
+    def load_staged(self, slot, row0, scale_set, m0, n0, kb) -> None:
+        """``stage_scales``: ring slot ``slot``'s scales (its K block ``kb``'s; call after the
+        slot's full-barrier wait, before its release) of this thread's rows (``row0``: its
+        consumer's first row of the tile; ``m0``: the same row in A) and the tile's B blocks (from
+        column ``n0``), from shared memory into ``scale_set``, each float at its offset in the
+        16-byte aligned boxes :class:`StagedScales` copies."""
+        _load_staged(self, slot, row0, m0, n0, kb, scale_set * self.per_slice(self.plan))
 
     @staticmethod
     def per_slice(plan: HopperPlan) -> int:
@@ -311,3 +372,118 @@ def scale_sums(plan, sums, scale_a, scale_b, how, m0, n0, warp_id, lane_id, sreg
         for r in T.unroll(plan.acc_regs):
             col = T.meta_var(n0 + layouts.acc_fragment_coord(r % NR, 0, lane_id)[1])
             sums[r] = sums[r] * sreg[2 * (r // NR) + (r % 4) // 2] * scale_b[T.min(col, scale_b.shape[0] - 1)]
+
+
+# -- block scales staged in shared memory by the producer (knob ``stage_scales``) ----------------
+TMA_ALIGN = 4  # floats (16 bytes): TMA's alignment of a box's innermost start (and size) in global memory
+SCALE_B_BOX = TMA_ALIGN  # floats of a B scale's box: the aligned 16 bytes that hold it
+SCALE_ALIGN = 32  # floats (128 bytes): TMA's shared-memory alignment of each box's place in a stage's row
+
+
+def a_box(cfg: GemmConfig) -> int:
+    """Floats of A's scale box a stage: the tile's ``blk_m``, from the first rounded down to 16
+    bytes, so 4 more (:class:`StagedScales`)."""
+    return cfg.blk_m + TMA_ALIGN
+
+
+def b_scale_at(cfg: GemmConfig) -> int:
+    """Where a stage's first B box lands in its scale row: the first 128-byte boundary past A's box."""
+    return -(-a_box(cfg) // SCALE_ALIGN) * SCALE_ALIGN
+
+
+def scale_row(cfg: GemmConfig) -> int:
+    """Floats of one ring stage's scales in shared memory: A's box of the stage's K block, then a
+    128-byte aligned place for each B block's 16-byte box."""
+    return b_scale_at(cfg) + SCALE_ALIGN * max(1, cfg.blk_n // BLOCK)
+
+
+def scale_stage_bytes(cfg: GemmConfig) -> int:
+    """Bytes the scale copies of one stage bring (counted in the stage's full barrier): A's box and
+    one 16-byte box a B block. TMA counts a box whole, zero-filled past the end."""
+    return 4 * a_box(cfg) + 4 * SCALE_B_BOX * max(1, cfg.blk_n // BLOCK)
+
+
+def scale_smem_bytes(cfg: GemmConfig) -> int:
+    """Shared memory of the staged scales (0 without ``stage_scales``): a :func:`scale_row` a stage."""
+    return 4 * cfg.pipe_depth * scale_row(cfg) if staged(cfg) else 0
+
+
+@dataclass(frozen=True)
+class StagedScales:
+    """The producer's side of ``stage_scales``: K block ``kb``'s scales of a tile, copied by TMA
+    into ring stage ``stage``'s row of ``smem`` (``[stages, scale_row]`` float32) on the stage's
+    full barrier, with its A and B tiles.
+
+    Why: loaded from global memory by each consumer thread, the scales are read-only loads that
+    ptxas sinks to just before the FFMAs that use them, so the promotion waits on L2
+    (``benchmarks/results/2026-11-26_h100_fp8_block_overlap/``). Staged, they are in shared memory
+    once the consumer's full-barrier wait passes (DeepGEMM's way), a few cycles from the FFMAs.
+
+    The copies read the scale tensors as flat arrays (``a_flat``: scale_a ``[K/128, M]``, M-major,
+    as ``K/128 * M`` floats; ``b_flat``: scale_b ``[N/128, K/128]``): a one-dimensional tensor map
+    has no row stride, so any M works (a two-dimensional box would need M a multiple of 4 for
+    TMA's 16-byte strides). Every box starts on a 16-byte boundary: TMA refuses a box whose
+    innermost start is not 16-byte aligned with "an illegal instruction" at run time (the encode
+    and the compile take it): the first version started A's box at ``kb * M + m_st`` and B's at
+    ``nb * K/128 + kb``, any float, and died so on the H100
+    (``benchmarks/results/2026-11-26_h100_fp8_block_staged/``, found by
+    ``benchmarks/fp8_block_bisect.py``). So A's box is the :func:`a_box` floats from
+    ``kb * M + m_st`` rounded down to 4 (rows past M read the next K block's scales, or zeros past
+    the end, which only multiply sums whose rows the stores clip), B's the 4 floats from
+    ``nb * K/128 + kb`` rounded down; each consumer reads its floats at their offsets there."""
+
+    cfg: GemmConfig
+    a_flat: object
+    b_flat: object
+    smem: object
+    m_extent: object  # M: an int or the kernel's runtime M
+
+    @property
+    def nbytes(self) -> int:
+        return scale_stage_bytes(self.cfg)
+
+    def load(self, stage, m_st, n_st, kb, mbar) -> None:
+        """One thread (the producer): K block ``kb``'s scales of the tile at ``m_st``, ``n_st``
+        into ``stage``, completing on ``mbar`` (this CTA's full barrier; not multicast)."""
+        _stage_scales(self, stage, m_st, n_st, kb, mbar)
+
+
+def flat_shape(buf) -> tuple:
+    """A scale tensor's shape as one row of its floats (:class:`StagedScales`' copies read it so)."""
+    size = 1
+    for extent in buf.shape:
+        size = size * extent
+    return (size,)
+
+
+def aligned_start(first):
+    """A box's start: float ``first`` rounded down to 16 bytes (TMA's innermost alignment)."""
+    return first // TMA_ALIGN * TMA_ALIGN
+
+
+@T.inline
+def _stage_scales(ss, stage, m_st, n_st, kb, mbar):
+    KB = T.meta_var(-(-ss.cfg.K // BLOCK))
+    a0 = T.meta_var(aligned_start(kb * ss.m_extent + m_st))
+    Tx.copy_async(ss.smem[stage, 0:a_box(ss.cfg)], ss.a_flat[a0:a0 + a_box(ss.cfg)], dispatch="tma_auto", mbar=mbar)
+    for j in T.unroll(max(1, ss.cfg.blk_n // BLOCK)):
+        b0 = T.meta_var(aligned_start((n_st // BLOCK + j) * KB + kb))
+        s0 = T.meta_var(b_scale_at(ss.cfg) + SCALE_ALIGN * j)
+        Tx.copy_async(ss.smem[stage, s0:s0 + SCALE_B_BOX], ss.b_flat[b0:b0 + SCALE_B_BOX], dispatch="tma_auto",
+                      mbar=mbar)
+
+
+@T.inline
+def _load_staged(bs, slot, row0, m0, n0, kb, base):
+    MA = T.meta_var(2 * bs.plan.m_atoms)
+    KB = T.meta_var(-(-bs.plan.cfg.K // BLOCK))
+    # where the tile's first A scale and each B block's scale lie in their aligned boxes (_stage_scales)
+    a_off = T.meta_var((kb * bs.scale_a.shape[1] + m0 - row0) % TMA_ALIGN)
+    for mi in T.unroll(bs.plan.m_atoms):
+        for h in T.unroll(2):
+            # this thread's rows of atom mi (of the tile: row0 is its consumer's first)
+            bs.sreg[base + 2 * mi + h] = bs.smem[slot, a_off + row0 + mi * WG_M + bs.warp_id * 16 + bs.lane_id // 4
+                                                 + 8 * h]
+    for j in T.unroll(b_blocks(bs.plan)):
+        bs.sreg[base + MA + j] = bs.smem[slot, b_scale_at(bs.plan.cfg) + SCALE_ALIGN * j
+                                         + ((n0 // BLOCK + j) * KB + kb) % TMA_ALIGN]

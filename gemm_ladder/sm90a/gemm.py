@@ -171,6 +171,8 @@ def launch(cfg: GemmConfig, preset: Preset) -> dict:
         return {**info, "workspace": workspace(cfg, preset)}
     cm, cn = common.cluster_shape(cfg)
     info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=cm * cn)
+    if fp8.staged(cfg):  # the block scales' rows beside the ring (fp8.scale_smem_bytes)
+        info = {**info, "smem_bytes": info["smem_bytes"] + fp8.scale_smem_bytes(cfg)}
     info = {**info, "threads": info["threads"] + common.THREADS_PER_WG, "cluster_shape": [cm, cn]}
     return common.dynamic_launch(cfg, info)
 
@@ -219,6 +221,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     total_regs = acc_regs if promote else 1  # the promoted sums (one unused register without)
     overlap = fp8.overlap(cfg)  # fp8: promotion groups between drains, in two accumulator sets (0: one set)
     scale_regs = fp8.scale_regs(plan) if scaled else 1
+    stage_scales = fp8.staged(cfg)  # fp8 block scales: staged in the ring by the producer's TMA, read from there
     residual = bool(spec_of(cfg).residual)  # + beta . C, C loaded into the staging buffers
     c_prefetch = epilogue.c_prefetch(cfg)  # C's first chunk loaded under the tile's K loop
     gated = spec_of(cfg).gated  # B = cat([W_gate, W_up]): D = act(gate) * up, N / 2 columns
@@ -276,6 +279,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
         Asmem = pool.alloc(plan.a_shape(stages), plan.a_dtype, layout=A_layout)  # [stages, BLK_M, BLK_K] or MN-major
         Bsmem = pool.alloc(plan.b_shape(stages), plan.b_dtype, layout=B_layout)
         Esmem = pool.alloc(staging_shape, d_dtype, layout=E_layout)
+        if stage_scales:
+            # fp8 block scales staged with each ring stage by the producer (fp8.StagedScales)
+            Ssmem = pool.alloc((stages, fp8.scale_row(cfg)), "float32", align=128)
         pool.commit()
         ring.init(releases=releases)
         if residual:
@@ -288,9 +294,16 @@ def kernel(cfg: GemmConfig, preset: Preset):
         rank_n = T.meta_var(rank // cluster_m)
         sched = T.meta_var(Schedule(cfg=cfg, m_tiles=m_tiles, n_tiles=n_tiles, cluster_m=cluster_m, cluster_n=cluster_n,
                                     rank_m=rank_m, rank_n=rank_n, units_per_tile=units_per_tile))
+        if stage_scales:
+            # the scale tensors as rows of floats, the same memory (fp8.StagedScales: 1-D tensor maps)
+            scale_a_flat = T.decl_buffer(fp8.flat_shape(g["scale_a"]), "float32", data=g["scale_a"].data)
+            scale_b_flat = T.decl_buffer(fp8.flat_shape(g["scale_b"]), "float32", data=g["scale_b"].data)
         loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring, cluster_m=cluster_m,
                                     cluster_n=cluster_n, rank_m=rank_m, rank_n=rank_n,
-                                    gated_n=N // 2 if gated else 0))
+                                    gated_n=N // 2 if gated else 0,
+                                    scales=fp8.StagedScales(cfg=cfg, a_flat=scale_a_flat,
+                                                            b_flat=scale_b_flat,
+                                                            smem=Ssmem, m_extent=M) if stage_scales else None))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
             if T.And(warp_id == 0, lane_id == 0):
@@ -351,7 +364,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
             # swap AB: B's rows are wgmma's 64-row operand, A's rows its N
             # fp8 block scales: applied at each promotion (fp8.BlockScales), not in the epilogue
             block_scales = T.meta_var(fp8.BlockScales(plan=plan, scale_a=g["scale_a"], scale_b=g["scale_b"],
-                                                      sreg=Sreg, warp_id=warp_id, lane_id=lane_id)
+                                                      sreg=Sreg, warp_id=warp_id, lane_id=lane_id,
+                                                      smem=Ssmem if stage_scales else None)
                                       if at_promotion else None)
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if preset.swap_ab else Asmem,
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,

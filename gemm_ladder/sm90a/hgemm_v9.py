@@ -168,7 +168,7 @@ MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] thro
 # and tags of 16-bit modules stay as they were), and their defaults for v9's own (sm90a/fp8.py)
 # K slices between promotions into fp32 (0: none); promotion groups between drains, two accumulator sets (0: off);
 # odd consumers' groups offset by half a group or run (the consumers' drains take turns)
-FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "stagger": False}
+FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "stagger": False, "stage_scales": False}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 # knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
 # FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop

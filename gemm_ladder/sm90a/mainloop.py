@@ -252,6 +252,9 @@ def _block_groups(mma, pos, kb0, size, nk, m0, n0) -> None:
     tile's tail keep the parity across the loop over runs: the run's last step loads the next run's
     first block into set 0. Before the first run, K block 0's scales go into set 0
     (:func:`_run_block_overlapped`); loads past the tile's last block read its last (``nk - 1``)."""
+    if mma.scales.staged:
+        _block_groups_staged(mma, pos, kb0, size, m0, n0)
+        return
     sets = (mma.acc, mma.acc2)
     for j in range(size):
         _slice_into(mma, sets[j % 2], pos + j, True)
@@ -259,6 +262,22 @@ def _block_groups(mma, pos, kb0, size, nk, m0, n0) -> None:
             _retire_all_but_last(mma, pos + j - 1)
             mma.scales.promote(mma.total, sets[(j - 1) % 2], False, (j - 1) % 2)
         mma.scales.load(m0, n0, T.min(kb0 + j + 1, nk - 1), (j + 1) % 2)
+    _retire(mma, pos, size)
+    mma.scales.promote(mma.total, sets[(size - 1) % 2], False, (size - 1) % 2)
+
+
+def _block_groups_staged(mma, pos, kb0, size, m0, n0) -> None:
+    """:func:`_block_groups` with the scales staged in the ring (``fp8.StagedScales``, knob
+    ``stage_scales``): slice j's scales are read from its slot's shared memory into scale set
+    j % 2 once its full-barrier wait passed (in :func:`_slice_into`), after its wgmmas are issued
+    and before the slot is released a slice later; no global load, nothing loaded ahead."""
+    sets = (mma.acc, mma.acc2)
+    for j in range(size):
+        _slice_into(mma, sets[j % 2], pos + j, True)
+        mma.scales.load_staged(mma.ring.slot(pos + j), mma.row0, j % 2, m0, n0, kb0 + j)
+        if j > 0:
+            _retire_all_but_last(mma, pos + j - 1)
+            mma.scales.promote(mma.total, sets[(j - 1) % 2], False, (j - 1) % 2)
     _retire(mma, pos, size)
     mma.scales.promote(mma.total, sets[(size - 1) % 2], False, (size - 1) % 2)
 
@@ -273,7 +292,8 @@ def _run_block_overlapped(mma, it, nk, m0, n0):
     tail = T.meta_var(nk % mma.overlap)
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
     _zero_total(mma)
-    mma.scales.load(m0, n0, 0, 0)
+    if not mma.scales.staged:
+        mma.scales.load(m0, n0, 0, 0)
     for r in T.serial(runs):
         _block_groups(mma, it + r * mma.overlap, r * mma.overlap, mma.overlap, nk, m0, n0)
     if tail > 0:

@@ -176,7 +176,10 @@ columns, into its ``[blk_k, rows]`` tile. Every CTA's full barrier
                hint_b)
     else:
         whole_b(loads.b_smem, loads.b, stage, n_st, c.blk_n, k, mbar, hint_b)
-    loads.ring.expect(pos, loads.plan.stage_bytes)
+    if loads.scales is not None:
+        # fp8 block scales staged with the stage (fp8.StagedScales): K slice k is K block k (blk_k = 128)
+        loads.scales.load(stage, m_st, n_st, k, mbar)
+    loads.ring.expect(pos, loads.plan.stage_bytes + (loads.scales.nbytes if loads.scales is not None else 0))
 
 
 @T.inline
@@ -205,6 +208,7 @@ class Producer:
     rank_m: object = 0
     rank_n: object = 0
     gated_n: int = 0  # a gated B (SwiGLU's W_gu): its gate rows (0: not gated; gated_row)
+    scales: object = None  # fp8 block scales staged with each stage (fp8.StagedScales: stage_scales), or None
 
     def load_tile(self, pos, m_st, n_st, first_slice=0, num_slices=None, backwards=False) -> None:
         """Slices ``[first_slice, first_slice + num_slices)`` (default: the whole K) of the tile
