@@ -75,7 +75,7 @@ def _row(e: dict) -> dict:
         t_lo, t_hi = e["tokens"]
         served = f"{t_lo}..{t_hi} " + ("rows" if e["layout"] == "contiguous" else "max_tokens")
         return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['experts']}x{e['shape'][1]}x{e['shape'][2]} "
-                f"{e['layout']}", "dtype": e["dtype"], "M served": served, "chosen at M": "",
+                f"{e['layout']}", "dtype": _dtype_text(e), "M served": served, "chosen at M": "",
                 "rule": (e.get("choice") or {}).get("rule", ""), "role": "choice"}
     return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}", "dtype": _dtype_text(e),
             "M served": served, "chosen at M": ",".join(map(str, e.get("m_values") or [])),

@@ -215,7 +215,9 @@ def check_grouped(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm") -> 
     if A.dtype != W.dtype:
         raise ModuleInputError(f"{who}: A is {A.dtype} and W is {W.dtype}; pass one dtype (W.to({A.dtype}))")
     if str(A.dtype).removeprefix("torch.") not in DTYPES:
-        raise ModuleInputError(f"{who}: A has dtype {A.dtype}; use torch.float16 or torch.bfloat16")
+        raise ModuleInputError(f"{who}: A has dtype {A.dtype}; use torch.float16 or torch.bfloat16"
+                               + ("; for fp8 with rowwise scales: gemm_ladder.scaled_grouped_mm" if A.element_size() == 1
+                                  else ""))
     M, K = A.shape
     E, N, Kw = W.shape
     if Kw != K:
