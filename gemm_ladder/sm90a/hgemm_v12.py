@@ -75,7 +75,7 @@ PRESET = gemm.Preset("v12")  # the parts of gemm.py; its body is grouped.kernel'
 TECHNIQUE = "grouped GEMM over experts: work units from the routing, read on the device"
 # the operand spec's parts this rung builds (gemm_ladder.core.spec): grouped, grouped with a gated W_gu
 # (SwiGLU: each expert's cat([W_gate, W_up]), D = act(gate) * up, v9's gated epilogue), and scaled (fp8
-# with rowwise scales); not gated and scaled together
+# with rowwise scales); not gated and scaled together (core.spec.check_built refuses it)
 EPILOGUES = ("grouped", "gated", "scaled")
 # knobs of its fp8 kernels only, and their defaults (v9's: sm90a/fp8.py): one 128-byte swizzle row of
 # fp8 a slice, 128x128 tiles (room for the promoted sums)
@@ -116,10 +116,6 @@ def check(cfg: GemmConfig) -> None:
                           "use tile_order='grouped'")
     if not isinstance(cfg.l2_group_size, int) or cfg.l2_group_size < 1:
         raise ConfigError(f"l2_group_size={cfg.l2_group_size!r} is not a positive int; use e.g. 8")
-    if spec_of(cfg).gated and spec_of(cfg).scales:
-        raise ConfigError("a gated W_gu (SwiGLU) with fp8 scales is not built in v12: the grouped fp8 GEMM has no "
-                          "gated epilogue yet; run grouped_swiglu in bfloat16/float16, or scaled_grouped_mm without "
-                          "the gate")
     if grouped.swap_ab(cfg) and spec_of(cfg).gated:
         raise ConfigError("swap_ab=True with a gated W_gu (SwiGLU) is not built: the swapped tile holds D^T, whose "
                           "gate and up halves are different threads' accumulator rows, and the transposed epilogue "
