@@ -35,10 +35,16 @@ def cumulative(counts):
 @pytest.mark.parametrize("knobs, words", [
     (dict(swap_ab=True, blk_m=16, blk_n=128, epi_under=True), ["swap_ab=True with epi_under=True", "epi_under=False"]),
     (dict(swap_ab=True, blk_m=64, blk_n=128, epi_under=True, layout="masked"), ["swap_ab=True with epi_under"]),
+    # the gated epilogue needs fp32 gate and up halves; fp8's scales run before the epilogue
+    (dict(epi_under=True, spec=GemmSpec(act="silu", gated=True, grouped=True).text()),
+     ["epi_under=True with a gated W_gu", "epi_under=False"]),
+    (dict(epi_under=True, dtype="bfloat16", spec=GemmSpec(a="float8_e4m3", b="float8_e4m3", d="bfloat16", scales="row",
+                                                          grouped=True).text()),
+     ["epi_under=True is not built for fp8"]),
 ])
 def test_refuses_epi_under_where_not_built(knobs, words):
     with pytest.raises(ConfigError) as err:
-        make_config("v12", 4096, 4096, 4096, experts=8, spec=GROUPED, **knobs)
+        make_config("v12", 4096, 4096, 4096, **{"experts": 8, "spec": GROUPED, **knobs})
     for w in words:
         assert w in str(err.value)
 
