@@ -35,6 +35,10 @@ here), plus two fp16 modules of the odd shape, checked only.
 token tiles (``l2_group_size``: a Zipf-hot expert's weight tile read by all its token tiles at once), at
 the token counts the swapped tiers serve (:data:`BAND_VARIANTS`; 17 modules, 3.6 MiB, 30 s on an H100).
 
+``prepare DIR --large`` builds instead the tiles for the grouped suite's cases below 0.95x torch (the odd
+shape at 8192-32768 tokens, DeepSeek-V3-like at 32768: :data:`LARGE_VARIANTS`), three consumers of 64 rows
+(``m192n128``) and 128-column epilogue chunks (``epi128``, 3 stages) among them.
+
 ``prepare DIR --pack`` builds instead a kernel pack of the four weights (contiguous, bf16: the
 policy's tiers, ``plan.grouped_choices``), and ``run`` then serves the same cases through
 ``gemm_ladder.grouped_mm`` with ``use_pack`` and ``strict=True``: the module that served must be the
@@ -88,6 +92,9 @@ VARIANTS = {
     # Zipf-hot expert's W n-tile is read by all its token tiles side by side, not once a band of 8
     "swap32_g64": {**SWAP, "blk_m": 32, "l2_group_size": 64},
     "swap64_g64": {**SWAP, "blk_m": 64, "l2_group_size": 64},
+    # --large: three consumers of 64 rows over 128 columns, and the epilogue in chunks of 128 columns
+    "m192n128": {"blk_m": 192, "num_warpgroups": 3, "blk_n": 128, "warp_scan": True},
+    "epi128": {"epi_n": 128, "pipe_depth": 3, "warp_scan": True},  # the wider output tile takes a stage
 }
 BASELINE = "default"
 # the variants of each shape of grouped_check.SHAPES (bf16, timed), and the token counts timed: rows
@@ -108,17 +115,26 @@ BAND_VARIANTS = {
     "deepseek_v3": ("default", "n128", "swap32", "swap32_g64", "swap64", "swap64_g64"),
 }
 BAND_TOKENS = {"mixtral": (512,), "qwen_moe": (512, 2048, 8192), "deepseek_v3": (512, 2048, 8192)}
+# prepare --large: the cases under 0.95x torch._grouped_mm in the grouped suite
+# (benchmarks/results/2026-11-26_h100_grouped_suite: the odd 5 x 1000x520 at 32768 tokens 0.906-0.937 with the
+# 128x256 defaults, K = 520 a short K loop; DeepSeek-V3-like at 32768 balanced 0.966 with swap64): which tile wins
+LARGE_VARIANTS = {
+    "odd": ("default", "scan", "n128", "n128_d6", "m64", "m192n128", "epi128", "swap64"),
+    "deepseek_v3": ("default", "n128", "n128_d6", "m64", "m192n128", "swap32", "swap64"),
+}
+LARGE_TOKENS = {"odd": (8192, 32768), "deepseek_v3": (32768,)}
 ODD_FP16 = ("scan", "swap32")  # checked only: the other dtype's MMA over the new prologue
 TAIL = 37  # rows of A past offs[-1] in a timed case's check: they must stay NaN in D
 DTYPE = "bfloat16"
 
 
-def module_plan(bands: bool = False) -> list[tuple]:
-    """(shape name, E, N, K, dtype, variant) of every module ``prepare`` builds (``bands``: ``--bands``')."""
+def module_plan(bands: bool = False, large: bool = False) -> list[tuple]:
+    """(shape name, E, N, K, dtype, variant) of every module ``prepare`` builds (``bands``: ``--bands``',
+    ``large``: ``--large``')."""
     shapes = {name: (E, N, K) for name, E, N, K in gc.SHAPES}
-    chosen = BAND_VARIANTS if bands else SHAPE_VARIANTS
+    chosen = LARGE_VARIANTS if large else BAND_VARIANTS if bands else SHAPE_VARIANTS
     plan = [(name, *shapes[name], DTYPE, v) for name, variants in chosen.items() for v in variants]
-    return plan if bands else plan + [("odd", *shapes["odd"], "float16", v) for v in ODD_FP16]
+    return plan if bands or large else plan + [("odd", *shapes["odd"], "float16", v) for v in ODD_FP16]
 
 
 def knobs_of(E: int, dtype: str, variant: str) -> dict:
@@ -126,7 +142,7 @@ def knobs_of(E: int, dtype: str, variant: str) -> dict:
     return {"experts": E, "dtype": dtype, "spec": spec_of_dtype(dtype).text(), **VARIANTS[variant]}
 
 
-def prepare(out, bands: bool = False) -> int:
+def prepare(out, bands: bool = False, large: bool = False) -> int:
     """Every module of :func:`module_plan` through the module cache into DIR, and the plan ``run``
     follows."""
     # optional: the build layer (TVM's compiler), on the build box only
@@ -136,7 +152,7 @@ def prepare(out, bands: bool = False) -> int:
 
     folder = files.open_folder(out)
     modules = []
-    for name, E, N, K, dtype, variant in module_plan(bands):
+    for name, E, N, K, dtype, variant in module_plan(bands, large):
         path, how = module_cache.get_or_build(BuildJob("v12", (gc.BUILD_M, N, K), knobs_of(E, dtype, variant)))
         stem = f"gprefill_{name}_{dtype}_{variant}"
         for src in Path(path).parent.iterdir():
@@ -145,7 +161,8 @@ def prepare(out, bands: bool = False) -> int:
         modules.append({"file": f"{stem}.so", "shape": name, "experts": E, "N": N, "K": K, "dtype": dtype,
                         "variant": variant, "knobs": VARIANTS[variant]})
         print(f"{stem}: {how}", flush=True)
-    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules, "tokens": BAND_TOKENS if bands else TOKENS})
+    tokens = LARGE_TOKENS if large else BAND_TOKENS if bands else TOKENS
+    files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules, "tokens": tokens})
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(f"{len(modules)} modules, {size / 2**20:.1f} MiB in {folder}")
     return 0
@@ -466,11 +483,14 @@ def main(argv=None) -> int:
                                                           "modules); run serves it through the front door")
     pr.add_argument("--bands", action="store_true", help="the swapped tiers beside the same tiles in bands of 64 "
                                                            "token tiles instead (BAND_VARIANTS)")
+    pr.add_argument("--large", action="store_true", help="the tiles for the suite's cases under 0.95x torch instead "
+                                                           "(LARGE_VARIANTS: the odd shape at 8192-32768 tokens, "
+                                                           "DeepSeek-V3-like at 32768)")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        if a.pack and a.bands:
-            p.error("prepare: --pack or --bands, not both")
-        return prepare_pack(a.out) if a.pack else prepare(a.out, a.bands)
+        if a.pack + a.bands + a.large > 1:
+            p.error("prepare: one of --pack, --bands and --large")
+        return prepare_pack(a.out) if a.pack else prepare(a.out, a.bands, a.large)
     check_cli.require_in_name(p, a.out, "grouped", 33)
     return run(a.folder, a.out)
 

@@ -34,6 +34,17 @@ def test_every_planned_module_is_one_v12_takes(gp, bands):
         assert ("swap16" if dict((s[0], s[1]) for s in gp.gc.SHAPES)[name] > 16 else "swap32") in variants
 
 
+def test_the_large_plan_times_the_suites_losing_cases_beside_todays_module(gp):
+    """--large: the odd shape at 32768 tokens (the 128x256 defaults serve it) and DeepSeek-V3-like at
+    32768 (swap64 serves it), each beside the other tiles, every one a module v12 takes."""
+    plan = gp.module_plan(large=True)
+    assert len({(p[0], p[5]) for p in plan}) == len(plan) and {p[4] for p in plan} == {gp.DTYPE}
+    for name, E, N, K, dtype, variant in plan:
+        make_config("v12", 4096, N, K, **gp.knobs_of(E, dtype, variant))
+    assert 32768 in gp.LARGE_TOKENS["odd"] and 32768 in gp.LARGE_TOKENS["deepseek_v3"]
+    assert {"default", "swap64"} <= set(gp.LARGE_VARIANTS["deepseek_v3"]) and gp.LARGE_VARIANTS["odd"][0] == gp.BASELINE
+
+
 def test_the_warp_scan_fits_the_default_tile_at_256_experts(gp):
     """The scan's partial results sit in the barriers' padding: at 256 experts the 128x256 tile
     fills the block to its last byte, and the warp scan must not need more."""
