@@ -163,10 +163,22 @@ def test_the_barrier_checker_counts_the_bulk_copies_bytes(monkeypatch):
     assert any("bytes do not add up" in f for f in report.findings)
 
 
+def test_the_split_probe_copies_a_s_box_as_512_and_16_bytes_and_its_bytes_add_up():
+    """``stage_bulk_split`` (a probe: were run 3's 528-byte bulk copies slow for their size?): A's
+    box in two guarded bulk copies, its first ``blk_m`` floats and the 4 after, into the same place;
+    the stage's bytes unchanged (the checker passes where the last boxes fall back, too)."""
+    cfg = _bulk(333, 384, 1152, overlap=4, stage_bulk_split=True)
+    sizes = sorted(call.args[2].value for call, _ in bulk_copies(cfg))
+    assert sizes == [16, 16, 4 * cfg.blk_m] and fp8.scale_stage_bytes(cfg) == 4 * fp8.a_box(cfg) + 16
+    assert check_config(cfg).ok
+
+
 @pytest.mark.parametrize("spec, knobs, words", [
     (BLOCK, {"overlap": 4, "stage_bulk": True}, "stage_bulk=True without stage_scales=True: .*add stage_scales=True"),
     (None, {"stage_bulk": True}, "stage_bulk=True with a 16-bit spec: .*drop stage_bulk"),
     (BLOCK, {"overlap": 4, "stage_scales": True, "stage_bulk": 1}, "stage_bulk=1 is an int, not a bool"),
+    (BLOCK, {"overlap": 4, "stage_scales": True, "stage_bulk_split": True},
+     "stage_bulk_split=True without stage_bulk=True: .*add stage_bulk=True"),
 ])
 def test_bulk_staging_what_is_not_built_is_refused_with_the_fix(spec, knobs, words):
     with pytest.raises(ConfigError, match=words):
