@@ -4,10 +4,12 @@
     D = gemm_ladder.matmul(A, B)                         # the front door: any shape, D = A . B^T
     D = gemm_ladder.grouped_mm(A, W, offs)               # one GEMM per expert (MoE), one launch
     D = gemm_ladder.grouped_mm_masked(A, W, counts)      # the same over [E, max_tokens, K] slots (decode)
+    H = gemm_ladder.grouped_swiglu(A, W_gu, offs)        # silu(gate) * up of every expert, one launch
     gemm_ladder.matmul(A, B, explain=True)               # ... and which kernel, from where, why
     import gemm_ladder.serve.ops                         # torch.ops.gemm_ladder.mm (torch.compile)
     xq, sx = gemm_ladder.quantize_fp8(x, "row")          # fp8 (issue 32), torch._scaled_mm's rules:
     D = gemm_ladder.scaled_mm(xq, wq.t(), sx, sw.t())    # ... with wq, sw = quantize_fp8(W, "row")
+    D = gemm_ladder.scaled_grouped_mm(xq, Wq, sx.view(-1), sw, offs)  # grouped fp8 (serve/grouped_fp8.py)
 
 The rungs underneath, one at a time::
 
@@ -50,7 +52,9 @@ import os
 from .core.config import ConfigError, GemmConfig
 from .serve.front import matmul as _matmul, swiglu as _swiglu, use_pack as _use
 from .serve.grouped import grouped_mm, use_grouped_module
+from .serve.grouped_fp8 import scaled_grouped_mm, use_scaled_grouped_module
 from .serve.grouped_masked import grouped_mm_masked
+from .serve.grouped_swiglu import grouped_swiglu, grouped_swiglu_masked
 from .serve.scaled import quantize_fp8 as _quantize_fp8, scaled_mm as _scaled_mm
 from .serve.runtime import load as _load
 
@@ -59,7 +63,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError", "GemmConfig", "build", "grouped_mm", "load", "make_config", "matmul", "quantize_fp8", "scaled_mm",
     "swiglu",
-    "grouped_mm_masked", "use_grouped_module", "use_pack",
+    "grouped_mm_masked", "grouped_swiglu", "grouped_swiglu_masked", "use_grouped_module", "use_pack",
+    "scaled_grouped_mm", "use_scaled_grouped_module",
     "hgemm_v1", "hgemm_v2", "hgemm_v3", "hgemm_v4", "hgemm_v5", "hgemm_v6",
     "hgemm_v7", "hgemm_v8", "hgemm_v9", "hgemm_v10", "hgemm_v11", "hgemm_v12",
 ]

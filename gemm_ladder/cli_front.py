@@ -75,7 +75,7 @@ def _row(e: dict) -> dict:
         t_lo, t_hi = e["tokens"]
         served = f"{t_lo}..{t_hi} " + ("rows" if e["layout"] == "contiguous" else "max_tokens")
         return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['experts']}x{e['shape'][1]}x{e['shape'][2]} "
-                f"{e['layout']}", "dtype": e["dtype"], "M served": served, "chosen at M": "",
+                f"{e['layout']}", "dtype": _dtype_text(e), "M served": served, "chosen at M": "",
                 "rule": (e.get("choice") or {}).get("rule", ""), "role": "choice"}
     return {"file": e["file"], "rung": e["rung"], "N x K": f"{e['shape'][1]}x{e['shape'][2]}", "dtype": _dtype_text(e),
             "M served": served, "chosen at M": ",".join(map(str, e.get("m_values") or [])),
@@ -202,10 +202,11 @@ def add_parsers(sub) -> None:
     b.add_argument("--m", type=cli_types.whole_numbers(1, "16,128"), default=None,
                    help="build --model for these M only (as --shapes)")
     b.add_argument("--suite", action="store_true", help="every shape of the shape suite")
-    b.add_argument("--grouped", action="append", type=cli_types.grouped_weight, default=None, metavar="E,N,K[,LAYOUT]",
+    b.add_argument("--grouped", action="append", type=cli_types.grouped_weight, default=None, metavar="E,N,K[,LAYOUT][,swiglu]",
                    help="an expert weight [E, N, K] for grouped_mm (contiguous) and grouped_mm_masked (masked), or "
                         "the layout named: a module per range of token counts (decode, prefill tiers) "
-                        "(plan.grouped_choices); repeat the flag for more weights")
+                        "(plan.grouped_choices); ending in swiglu, a gated W_gu [E, 2I, K] (each expert's "
+                        "cat([W_gate, W_up])) for grouped_swiglu and grouped_swiglu_masked; repeat the flag for more weights")
     b.add_argument("--dtypes", type=cli_types.names(kernel_pack.PACK_DTYPES, "dtype"), default=None,
                    help=f"the input dtypes (default {','.join(DTYPES)}); {kernel_pack.FP8_INPUT}: scaled_mm's fp8 "
                         "modules, of each recipe of --fp8-scales and D of --fp8-out")

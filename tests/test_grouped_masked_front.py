@@ -198,7 +198,7 @@ def test_a_masked_module_serves_only_the_masked_door(monkeypatch):
     class Module:
         experts, N, K, dtype, arch, layout = 8, 4096, 1024, "float16", "sm_90a", "masked"
         path = type("P", (), {"name": "masked.so"})()
-        key = ("masked", 8, 4096, 1024, "float16", "sm_90a")
+        key = ("masked", 8, 4096, 1024, "float16", "sm_90a", "none")
 
     monkeypatch.setitem(grouped._REGISTERED, Module.key, Module())  # pylint: disable=protected-access
     assert grouped_masked.route_of(8, 4096, 1024, "float16", 0).source == "registered"

@@ -129,20 +129,31 @@ def weights(text: str) -> list[tuple[int, int]]:
 GROUPED_LAYOUTS = ("contiguous", "masked")  # v12's (a pack request without one builds both)
 
 
-def grouped_weight(text: str) -> tuple[int, int, int, str | None]:
-    """``E,N,K[,layout]`` (``8,14336,4096,masked``): an expert weight ``[E, N, K]`` (E experts,
+def grouped_weight(text: str) -> tuple:
+    """``E,N,K[,layout][,swiglu]`` (``8,14336,4096,masked``): an expert weight ``[E, N, K]`` (E experts,
     each an ``nn.Linear`` of N outputs and K inputs) for the grouped GEMM, in one layout or (none
-    named) both; the flag repeats for more weights."""
+    named) both; the flag repeats for more weights. ``swiglu`` (``8,28672,4096,swiglu``): N = 2I rows an
+    expert are its cat([W_gate, W_up]) for ``grouped_swiglu`` (contiguous) and ``grouped_swiglu_masked``
+    (masked): a 5-tuple ending in ``"swiglu"``, where the others are ``(E, N, K, layout or None)``."""
     parts = [p.strip() for p in text.split(",")]
+    swiglu = len(parts) > 3 and parts[-1] == "swiglu"
+    if swiglu:
+        parts = parts[:-1]
     if len(parts) not in (3, 4):
         raise _refuse(f"grouped weight {text!r} is not E,N,K or E,N,K,layout (experts, output and input features "
-                      f"of each, and {' or '.join(GROUPED_LAYOUTS)}), e.g. 8,14336,4096 or 64,1408,2048,masked")
+                      f"of each, and {' or '.join(GROUPED_LAYOUTS)}), e.g. 8,14336,4096 or 64,1408,2048,masked "
+                      "(a gated W_gu for grouped_swiglu: 8,28672,4096,swiglu)")
     if len(parts) == 4 and parts[3] not in GROUPED_LAYOUTS:
         raise _refuse(f"grouped weight {text!r}: layout {parts[3]!r} is not {' or '.join(GROUPED_LAYOUTS)}; leave "
-                      "it out for both")
+                      "it out for both (or end with swiglu for a gated W_gu)")
     E, N, K = (_int(x, "8,14336,4096") for x in parts[:3])
     if min(E, N, K) < 1:
         raise _refuse(f"grouped weight {text!r}: E, N and K must be positive, e.g. 8,14336,4096")
+    if swiglu:
+        if N % 2:
+            raise _refuse(f"grouped weight {text!r}: a swiglu W_gu has N = 2I rows an expert (gate, then up): "
+                          f"N={N} is odd")
+        return E, N, K, parts[3] if len(parts) == 4 else None, "swiglu"
     return E, N, K, parts[3] if len(parts) == 4 else None
 
 

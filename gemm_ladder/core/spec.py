@@ -39,7 +39,8 @@ compiles. Built today:
                 itself: an in-place residual add), on rungs whose ``EPILOGUES`` lists ``"residual"`` (v9)
     scales      None
     grouped     False, or True on rungs whose ``EPILOGUES`` lists ``"grouped"`` (v12) with no
-                bias or activation: B is the experts' weights W [G, N, K] (the kernel views it
+                bias or activation but a gated B (``gated`` with its gate's act, where ``EPILOGUES``
+                lists ``"gated"`` too: W [G, N, K] holds each expert's cat([W_gate, W_up]), D [M, N/2]): B is the experts' weights W [G, N, K] (the kernel views it
                 as [G * N, K]) and ``offsets`` [G] int32 the cumulative END row of each group
                 in A and D (``torch._grouped_mm``'s ``offs``: group g is rows
                 [offsets[g-1], offsets[g]), offsets[-1] = 0)
@@ -59,6 +60,9 @@ and the scaled fp8 GEMM (issue 32), on rungs whose ``EPILOGUES`` lists ``"scaled
                 groups stored M-major, scale_a [K/128, M], B's 128x128 blocks, scale_b
                 [N/128, K/128]), applied to each 128 of K's sums as they are promoted
     bias        None, D's dtype or float32
+    grouped     True on rungs whose ``EPILOGUES`` list ``grouped`` too (v12; issue 33's fp8): A and
+                B e4m3, D 16-bit, scales row only (scale_a [M] a token, scale_b [G, N] an expert's
+                output column: ``torch._scaled_grouped_mm``'s), no bias
     ==========  =========================================================================
 
 The spec travels as a knob, ``spec``, whose value is :meth:`GemmSpec.text` (a name the knob
@@ -235,6 +239,8 @@ class GemmSpec:
             # block: A's scales M-major (torch's and DeepGEMM's layout: a warp's rows are adjacent)
             shapes = {"tensor": ((1,), (1,)), "row": (("M",), ("N",)), "block": (("K/128", "M"), ("N/128", "K/128"))}
             sa, sb = shapes[self.scales]
+            if self.grouped and self.scales == "row":  # one scale an expert's output column
+                sb = ("G", "N")
             ops += [Operand("scale_a", ACC_DTYPE, sa, "epilogue"), Operand("scale_b", ACC_DTYPE, sb, "epilogue")]
         if self.grouped:
             ops.append(Operand("offsets", "int32", ("G",), "epilogue"))
@@ -377,12 +383,33 @@ def _fp8_not_built(spec: GemmSpec, rung: str, epilogues) -> str | None:
         return f"scales=None: an fp8 GEMM takes fp32 scales; use scales in {FP8_SCALES}"
     if spec.scales not in FP8_SCALES:
         return f"scales={spec.scales} is not built; use one of {FP8_SCALES}"
-    if spec.residual is not None or spec.grouped or spec.act != "none":
-        return "an fp8 GEMM is built with a bias at most (no residual, grouped GEMM or activation yet)"
+    if spec.grouped:
+        return _grouped_fp8_not_built(spec, rung, epilogues)
+    if spec.residual is not None or spec.act != "none":
+        return "an fp8 GEMM is built with a bias at most (no residual or activation yet)"
     if spec.bias is not None and spec.bias not in (spec.d, ACC_DTYPE):
         return f"bias={spec.bias}: an fp8 GEMM's bias is built in D's dtype ({spec.d}) or float32"
     if SCALED not in epilogues:
         return f"the scaled fp8 GEMM is not built for {rung}; it is built for v9"
+    return None
+
+
+def _grouped_fp8_not_built(spec: GemmSpec, rung: str, epilogues) -> str | None:
+    """What of a grouped fp8 spec ``rung`` does not build (issue 33's fp8 slice): e4m3 A and W,
+    rowwise scales (``scale_a [M]`` a token, ``scale_b [G, N]`` an expert's column), D in 16 bits,
+    nothing else in the epilogue, on rungs whose ``EPILOGUES`` list ``grouped`` and ``scaled`` (v12)."""
+    if "grouped" not in epilogues or SCALED not in epilogues:
+        return "the grouped fp8 GEMM is built on v12 only (gemm_ladder.scaled_grouped_mm)"
+    if spec.b != "float8_e4m3":
+        return (f"B={spec.b}: the grouped fp8 GEMM is built with e4m3 weights (torch._scaled_grouped_mm's); "
+                "quantize W to torch.float8_e4m3fn")
+    if spec.scales != "row":
+        return (f"scales={spec.scales}: the grouped fp8 GEMM is built with rowwise scales only (scale_a [M] a token, "
+                "scale_b [G, N] an expert's output column, torch._scaled_grouped_mm's); quantize rowwise "
+                "(gemm_ladder.serve.grouped_fp8.quantize_experts), or use gemm_ladder.scaled_mm per expert for "
+                f"{spec.scales} scales")
+    if spec.bias is not None or spec.residual is not None or spec.act != "none" or spec.alpha or spec.gated:
+        return "a grouped fp8 GEMM with a bias, a residual, an activation, alpha or a gated B is not built yet"
     return None
 
 
@@ -405,10 +432,12 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = F
     if spec.grouped != ("grouped" in epilogues):
         return ("grouped GEMM is built on v12 only (gemm_ladder.grouped_mm)" if spec.grouped
                 else f"{rung} is the grouped GEMM: its spec must be grouped (grouped_true); use v9 for one GEMM")
-    if spec.grouped and (spec.bias is not None or spec.act != "none" or spec.alpha or spec.residual or spec.gated
-                         or fp32_out):
-        return ("a grouped GEMM with a bias or an activation (or alpha, a residual, a gated B, a float32 D) is not "
-                "built yet")
+    if spec.grouped and (spec.bias is not None or (spec.act != "none" and not spec.gated) or spec.alpha
+                         or spec.residual or fp32_out):
+        return ("a grouped GEMM with a bias or an activation (or alpha, a residual, a float32 D) is not built yet; "
+                "its one fused epilogue is a gated W_gu (SwiGLU: gemm_ladder.grouped_swiglu)")
+    if spec.grouped and spec.gated and "gated" not in epilogues:
+        return f"a grouped GEMM with a gated B (SwiGLU) is not built for {rung}; it is built for v12"
     if spec.residual is not None and spec.residual != spec.d:
         return f"residual={spec.residual}: a residual C is built in D's dtype ({spec.d}) only"
     if spec.bias is not None and spec.bias != spec.d:
@@ -417,7 +446,9 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = F
                        or (spec.a_major, spec.b_major) != ("K", "K")):
         return ("a gated B (SwiGLU) is built with an activation of the gate and nothing else: no bias, alpha, "
                 "residual, float32 D or MN-major operand yet (and act='none' is no gate)")
-    missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none"), ("alpha", spec.alpha),
+    # a gated B's activation is the gate's, part of "gated" (v12 builds it without the plain activations)
+    missing = [part for part, on in (("bias", spec.bias), ("act", spec.act != "none" and not spec.gated),
+                                     ("alpha", spec.alpha),
                                      ("residual", spec.residual), ("fp32_out", fp32_out), ("gated", spec.gated))
                if on and part not in epilogues]
     if missing:

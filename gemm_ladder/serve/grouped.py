@@ -57,7 +57,7 @@ from .runtime import ModuleInputError, load
 RUNG = "v12"
 BUILD_M = 4096  # the M to build a module at (its knobs are validated there; M is read at run time)
 _LOCK = threading.RLock()
-_REGISTERED: dict = {}  # (layout, E, N, K, dtype, arch) -> GroupedModule
+_REGISTERED: dict = {}  # (layout, E, N, K, dtype, arch, epilogue) -> GroupedModule
 _ROUTES: dict = {}  # (layout, E, N, K, dtype, index, ...) -> Route
 _FROM_PACKS: dict = {}  # a pack module's path -> GroupedModule (loaded once)
 _PACKS_SEEN: list = [None]  # the front door's packs the routes were made with (use_pack forgets the routes)
@@ -83,10 +83,12 @@ class GroupedModule:
         self.dtype, self.arch, self.path = module.dtype, module.arch, module.path
         # "contiguous" (offs) or "masked" (counts, serve.grouped_masked); manifests before: contiguous
         self.layout = str(launch.get("layout", "contiguous"))
+        # "none", or "swiglu" (a gated W_gu [E, 2I, K], D [M, I]: serve.grouped_swiglu serves it, never grouped_mm)
+        self.epilogue = module.spec.epilogue
 
     @property
     def key(self) -> tuple:
-        return (self.layout, self.experts, self.N, self.K, self.dtype, self.arch)
+        return (self.layout, self.experts, self.N, self.K, self.dtype, self.arch, self.epilogue)
 
     def launch(self, A, W, offs, D) -> None:
         """The kernel on checked tensors: ``(A, W as [E * N, K], D, num_ctas, offs)``."""
@@ -108,10 +110,11 @@ def use_grouped_module(path) -> GroupedModule:
     return mod
 
 
-def registered(layout: str, E: int, N: int, K: int, dtype: str, arch: str):
-    """The module registered for this (layout, E, N, K, dtype, arch), or None."""
+def registered(layout: str, E: int, N: int, K: int, dtype: str, arch: str, epilogue: str = "none"):
+    """The module registered for this (layout, E, N, K, dtype, arch) and epilogue (``swiglu``: a gated
+    W_gu of N = 2I rows an expert), or None."""
     with _LOCK:
-        return _REGISTERED.get((layout, E, N, K, dtype, arch))
+        return _REGISTERED.get((layout, E, N, K, dtype, arch, epilogue))
 
 
 def cached_route(key: tuple, make) -> "Route":
@@ -151,13 +154,14 @@ def _packs_now() -> list[KernelPack]:
     return now
 
 
-def from_packs(layout: str, E: int, N: int, K: int, dtype: str, arch: str, tokens: int) -> Found | None:
+def from_packs(layout: str, E: int, N: int, K: int, dtype: str, arch: str, tokens: int,
+               epilogue: str = "none") -> Found | None:
     """The packs' module for this weight and token count (contiguous: rows of A; masked:
     max_tokens): one whose token range holds it before one outside its range, the first pack on
     a tie (``use_pack``'s newest, then ``$GEMM_LADDER_PACK``'s in order); None where no pack has it."""
     best = None
     for pack in _packs_now():
-        found = pack.find_grouped(layout, E, N, K, dtype, arch, tokens)
+        found = pack.find_grouped(layout, E, N, K, dtype, arch, tokens, epilogue)
         if found is not None and (best is None or FITS.index(found.fit) < FITS.index(best.fit)):
             best = found
     return best
@@ -183,13 +187,14 @@ def pack_lines(found: Found) -> list[str]:
 
 
 def route_for(layout: str, E: int, N: int, K: int, dtype: str, index: int, tokens: int, strict: bool,
-              make) -> "Route":
-    """The route of a call: ``make(found)`` once per (weight, GPU, strict, the pack module that
-    serves ``tokens`` or None), with ``found`` None where a module is registered or no pack has one."""
+              make, epilogue: str = "none") -> "Route":
+    """The route of a call: ``make(found)`` once per (weight, GPU, strict, epilogue, the pack module
+    that serves ``tokens`` or None), with ``found`` None where a module is registered or no pack has one."""
     arch = arch_at(index)
-    found = None if registered(layout, E, N, K, dtype, arch) is not None else \
-        from_packs(layout, E, N, K, dtype, arch, tokens)
-    key = (layout, E, N, K, dtype, index, strict, (str(found.path), found.fit) if found is not None else None)
+    found = None if registered(layout, E, N, K, dtype, arch, epilogue) is not None else \
+        from_packs(layout, E, N, K, dtype, arch, tokens, epilogue)
+    key = (layout, E, N, K, dtype, index, strict, (str(found.path), found.fit) if found is not None else None,
+           epilogue)
     return cached_route(key, lambda: make(found))
 
 
@@ -210,7 +215,9 @@ def check_grouped(A, W, offs, out=None, who: str = "gemm_ladder.grouped_mm") -> 
     if A.dtype != W.dtype:
         raise ModuleInputError(f"{who}: A is {A.dtype} and W is {W.dtype}; pass one dtype (W.to({A.dtype}))")
     if str(A.dtype).removeprefix("torch.") not in DTYPES:
-        raise ModuleInputError(f"{who}: A has dtype {A.dtype}; use torch.float16 or torch.bfloat16")
+        raise ModuleInputError(f"{who}: A has dtype {A.dtype}; use torch.float16 or torch.bfloat16"
+                               + ("; for fp8 with rowwise scales: gemm_ladder.scaled_grouped_mm" if A.element_size() == 1
+                                  else ""))
     M, K = A.shape
     E, N, Kw = W.shape
     if Kw != K:

@@ -3,6 +3,9 @@
     import gemm_ladder.serve.grouped_ops                      # registers the op (imports torch)
     D = torch.ops.gemm_ladder.grouped_mm(A, W, offs)          # A [M, K], W [E, N, K], offs [E] int32
     D = torch.ops.gemm_ladder.grouped_mm_masked(A, W, counts) # A [E, T, K], counts [E] -> D [E, T, N]
+    H = torch.ops.gemm_ladder.grouped_swiglu(A, W_gu, offs)   # W_gu [E, 2I, K] -> H [M, I] = silu(gate) * up
+    H = torch.ops.gemm_ladder.grouped_swiglu_masked(A, W_gu, counts)  # A [E, T, K] -> H [E, T, I], zeros after
+    D = torch.ops.gemm_ladder.scaled_grouped_mm(A, W, scale_a, scale_b, offs)  # fp8 e4m3, rowwise scales
 
 Registered with ``torch.library.custom_op`` with a fake implementation (shapes and dtypes only:
 D is ``[M, N]`` for any M, so a traced model's token count may be dynamic), so
@@ -21,7 +24,10 @@ from __future__ import annotations
 import torch
 
 from .grouped import check_grouped, grouped_mm as _grouped_mm
+from .grouped_fp8 import check_call as check_scaled_grouped, scaled_grouped_mm as _scaled_grouped_mm
 from .grouped_masked import check_masked, grouped_mm_masked as _grouped_mm_masked
+from .grouped_swiglu import check_swiglu, check_swiglu_masked, grouped_swiglu as _grouped_swiglu
+from .grouped_swiglu import grouped_swiglu_masked as _grouped_swiglu_masked
 
 
 @torch.library.custom_op("gemm_ladder::grouped_mm", mutates_args=())
@@ -49,3 +55,44 @@ def grouped_mm_masked(A: torch.Tensor, W: torch.Tensor, counts: torch.Tensor) ->
 def _grouped_mm_masked_fake(A: torch.Tensor, W: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     check_masked(A, W, counts, who="gemm_ladder.grouped_mm_masked op")
     return A.new_empty((A.shape[0], A.shape[1], W.shape[1]))
+
+
+@torch.library.custom_op("gemm_ladder::grouped_swiglu", mutates_args=())
+def grouped_swiglu(A: torch.Tensor, W_gu: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """H [M, I]: expert e's rows of ``silu(A . W_gu[e, :I]^T) * (A . W_gu[e, I:]^T)``."""
+    check_swiglu(A, W_gu, offs, who="gemm_ladder.grouped_swiglu op")
+    return _grouped_swiglu(A.contiguous(), W_gu.contiguous(), offs.contiguous())
+
+
+@grouped_swiglu.register_fake
+def _grouped_swiglu_fake(A: torch.Tensor, W_gu: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    # [M, I] for any M: a traced MoE layer's token count stays dynamic
+    check_swiglu(A, W_gu, offs, who="gemm_ladder.grouped_swiglu op")
+    return A.new_empty((A.shape[0], W_gu.shape[1] // 2))
+
+
+@torch.library.custom_op("gemm_ladder::grouped_swiglu_masked", mutates_args=())
+def grouped_swiglu_masked(A: torch.Tensor, W_gu: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """H [E, max_tokens, I]: each slot's first counts[e] rows of silu(gate) * up, zeros after (as
+    grouped_mm_masked's op: a functional op's output is a function of its inputs)."""
+    check_swiglu_masked(A, W_gu, counts, who="gemm_ladder.grouped_swiglu_masked op")
+    out = A.new_zeros((A.shape[0], A.shape[1], W_gu.shape[1] // 2))
+    return _grouped_swiglu_masked(A.contiguous(), W_gu.contiguous(), counts.contiguous(), out=out)
+
+
+@grouped_swiglu_masked.register_fake
+def _grouped_swiglu_masked_fake(A: torch.Tensor, W_gu: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    check_swiglu_masked(A, W_gu, counts, who="gemm_ladder.grouped_swiglu_masked op")
+    return A.new_empty((A.shape[0], A.shape[1], W_gu.shape[1] // 2))
+@torch.library.custom_op("gemm_ladder::scaled_grouped_mm", mutates_args=())
+def scaled_grouped_mm(A: torch.Tensor, W: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                      offs: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """D [M, N]: expert e's rows of A times ``W[e]^T``, scaled by each token's and each expert column's
+    scale (``gemm_ladder.scaled_grouped_mm``: e4m3 A [M, K], W [E, N, K] or torch's [E, K, N] view)."""
+    return _scaled_grouped_mm(A, W, scale_a, scale_b, offs, out_dtype=out_dtype)
+
+
+@scaled_grouped_mm.register_fake
+def _scaled_grouped_mm_fake(A, W, scale_a, scale_b, offs, out_dtype=None):
+    call = check_scaled_grouped(A, W, scale_a, scale_b, offs, out_dtype)
+    return A.new_empty((call.M, call.N), dtype=getattr(torch, call.out_dtype))

@@ -198,10 +198,13 @@ class KernelPack:
         self.manifest = read_pack_manifest(self.folder)
         self.modules = self.manifest["modules"]
         self._by_nk: dict = {}
-        self._grouped: dict = {}  # (layout, E, N, K, dtype, arch) -> grouped entries (find_grouped)
+        # (layout, E, N, K, dtype, arch, epilogue) -> grouped entries (find_grouped; epilogue "swiglu": a
+        # gated W_gu, which only grouped_swiglu serves)
+        self._grouped: dict = {}
         for e in self.modules:
             if is_grouped(e):
-                key = (e["layout"], e["experts"], e["shape"][1], e["shape"][2], e["dtype"], e["arch"])
+                key = (e["layout"], e["experts"], e["shape"][1], e["shape"][2], grouped_dtype(e), e["arch"],
+                       spec_of_manifest(e).epilogue)
                 self._grouped.setdefault(key, []).append(e)
                 continue
             key = (e["shape"][1], e["shape"][2], e["dtype"], e["arch"], spec_of_manifest(e))
@@ -251,13 +254,14 @@ class KernelPack:
         out.sort(key=lambda rf: rf[0])
         return [f for _, f in out]
 
-    def find_grouped(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str, tokens: int) -> Found | None:
-        """The grouped module of this weight (``[E, N, K]``, ``layout``) whose token range holds
+    def find_grouped(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str, tokens: int,
+                     epilogue: str = "none") -> Found | None:
+        """The grouped module of this weight (``[E, N, K]``, ``layout``, ``epilogue``) whose token range holds
         ``tokens`` (contiguous: rows of A; masked: max_tokens), ``tuned-range``; else the one whose
         range is nearest (``any-m``: its knobs were chosen for other counts); None where the pack
         holds none of this weight."""
         best, rank = None, None
-        for e in self._grouped.get((layout, E, N, K, dtype, arch), ()):
+        for e in self._grouped.get((layout, E, N, K, dtype, arch, epilogue), ()):
             lo, hi = e["tokens"]
             inside = lo <= tokens <= hi
             r = (0 if inside else 1, 0.0 if inside else min(abs(math.log2(max(tokens, 1) / v)) for v in (lo, hi)))
@@ -265,9 +269,10 @@ class KernelPack:
                 best, rank = e, r
         return Found(best, "tuned-range" if rank[0] == 0 else "any-m", self) if best is not None else None
 
-    def grouped_entries(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str) -> list[dict]:
-        """Every grouped entry of this weight and layout, by token range."""
-        return sorted(self._grouped.get((layout, E, N, K, dtype, arch), ()), key=lambda e: e["tokens"][0])
+    def grouped_entries(self, layout: str, E: int, N: int, K: int, dtype: str, arch: str,
+                        epilogue: str = "none") -> list[dict]:
+        """Every grouped entry of this weight, layout and epilogue, by token range."""
+        return sorted(self._grouped.get((layout, E, N, K, dtype, arch, epilogue), ()), key=lambda e: e["tokens"][0])
 
     def check_entry(self, entry: dict) -> Path:
         """The entry's ``.so`` is there, whole, and is the module ``pack.json`` and its own
@@ -310,6 +315,19 @@ def is_alternative(entry: dict) -> bool:
     """Whether a pack entry is an alternative (``plan.alternatives``) rather than the policy's
     choice; an entry without the field (every entry of an older pack) is the choice."""
     return bool(entry.get("alternative"))
+
+
+def grouped_dtype(entry: dict) -> str:
+    """The dtype a grouped entry is found under (``find_grouped``): its 16-bit dtype, or
+    :data:`FP8_INPUT` for a grouped fp8 module with D in bfloat16 (``FP8_INPUT:float16`` with D in
+    float16: ``serve.grouped_fp8.pack_dtype``), which the 16-bit front doors never ask for."""
+    spec = spec_of_manifest(entry)
+    return fp8_grouped_dtype(spec.d) if spec.is_fp8 else entry["dtype"]
+
+
+def fp8_grouped_dtype(d: str) -> str:
+    """The dtype word of a grouped fp8 module with D in ``d`` (:func:`grouped_dtype`)."""
+    return FP8_INPUT if d == "bfloat16" else f"{FP8_INPUT}:{d}"
 
 
 def is_grouped(entry: dict) -> bool:
@@ -541,13 +559,22 @@ def _grouped_items(grouped, dtypes, arch: str, plan, BuildJob) -> list[dict]:  #
     """:func:`plan_grouped`'s items; ``plan`` and ``BuildJob`` are :func:`plan_pack`'s imports
     of the build layer."""
     out: dict = {}
-    for E, N, K, layout in grouped:
+    for E, N, K, layout, *gated in grouped:  # (E, N, K, layout or None[, "swiglu"]: cli_types.grouped_weight)
+        epilogue = gated[0] if gated else "none"
         for dtype in dtypes:
-            if dtype not in DTYPES:
-                raise ConfigError(f"grouped E={E} N={N} K={K} in {dtype}: the grouped GEMM builds {', '.join(DTYPES)} "
-                                  "(fp8 grouped modules are not built yet); leave it out of --dtypes or of --grouped")
-            for lay in (layout,) if layout else GROUPED_LAYOUTS:
-                for g in plan.grouped_choices(E, N, K, dtype, lay, arch):
+            if dtype not in PACK_DTYPES:
+                raise ConfigError(f"grouped E={E} N={N} K={K} in {dtype}: the grouped GEMM builds "
+                                  f"{', '.join(PACK_DTYPES)}; leave it out of --dtypes or of --grouped")
+            if dtype == FP8_INPUT and layout not in (None, "contiguous"):
+                raise ConfigError(f"grouped E={E} N={N} K={K} in {FP8_INPUT}, layout {layout}: the grouped fp8 GEMM "
+                                  "(scaled_grouped_mm) is built for the contiguous layout only; name it contiguous")
+            if dtype == FP8_INPUT and epilogue != "none":
+                raise ConfigError(f"grouped E={E} N={N} K={K},{epilogue} in {FP8_INPUT}: the grouped fp8 GEMM has no "
+                                  f"{epilogue} epilogue yet; build the gated weight in bfloat16 or float16")
+            # fp8 (scaled_grouped_mm, rowwise scales, D bf16): the contiguous layout only
+            layouts = (layout,) if layout else ("contiguous",) if dtype == FP8_INPUT else GROUPED_LAYOUTS
+            for lay in layouts:
+                for g in plan.grouped_choices(E, N, K, dtype, lay, arch, epilogue):
                     job = BuildJob(plan.GROUPED_RUNG, (max(GROUPED_BUILD_M, E), N, K), dict(g.choice.knobs))
                     file = _name(job, True) + ".so"
                     lo, hi = g.tokens

@@ -95,7 +95,7 @@ from ..core import device
 from ..core.budget import max_pipe_depth
 from ..core.config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, LARGEST_TILE, ConfigError, GemmConfig, check_extents
 from ..core.device import MODEL_MACHINE
-from ..core.spec import GemmSpec, spec_knobs
+from ..core.spec import FP8_DTYPES, GemmSpec, spec_knobs
 from ..rungs import available, make_config
 from . import tuning_db as tdb
 
@@ -913,28 +913,106 @@ class GroupedChoice:
     tokens: tuple[int, int]
 
 
-def grouped_spec(dtype: str) -> GemmSpec:
-    """The operand spec of a grouped GEMM in ``dtype`` (``serve.grouped.spec_of_dtype``'s)."""
+GROUPED_EPILOGUES = ("none", "swiglu")  # grouped_mm's, and grouped_swiglu's gated W_gu [E, 2I, K]
+# The gated tiers (swap AB refused: the 64x128 module up to 64 rows an expert, the 128x256 defaults past),
+# measured contiguous (H100, bf16, 3 MoE weights x 512-8192 tokens x balanced/Zipf, kernels in CUDA graphs):
+# 1.137x torch's unfused path (torch._grouped_mm, then silu(gate) * up), least 1.012x; the better tier
+# in 16 of 18 cases. The masked layout's gated modules are checked there, not timed.
+GROUPED_SWIGLU = "benchmarks/results/2026-11-26_h100_grouped_swiglu/README.md"
+
+
+def grouped_spec(dtype: str, epilogue: str = "none") -> GemmSpec:
+    """The operand spec of a grouped GEMM in ``dtype`` (``serve.grouped.spec_of_dtype``'s); with
+    ``epilogue="swiglu"`` a grouped SwiGLU's (``serve.grouped_swiglu.spec_of_dtype``'s); for
+    ``float8_e4m3`` the grouped fp8 GEMM's (``serve.grouped_fp8.spec_of``: rowwise scales, D bf16)."""
+    if epilogue not in GROUPED_EPILOGUES:
+        raise ConfigError(f"grouped epilogue {epilogue!r}: a grouped weight is built with one of {GROUPED_EPILOGUES}")
+    if dtype in FP8_DTYPES:
+        if epilogue != "none":
+            raise ConfigError(f"grouped epilogue {epilogue!r} in {dtype}: the grouped fp8 GEMM (scaled_grouped_mm) "
+                              "has no gated epilogue yet; build the SwiGLU weight in bfloat16 or float16")
+        return GemmSpec(a=dtype, b=dtype, d="bfloat16", scales="row", grouped=True)
+    if epilogue == "swiglu":
+        return GemmSpec(a=dtype, b=dtype, d=dtype, act="silu", gated=True, grouped=True)
     return GemmSpec(a=dtype, b=dtype, d=dtype, grouped=True)
 
 
+# The grouped fp8 GEMM (issue 33's fp8 slice; gemm_ladder.scaled_grouped_mm): fp8 wgmma reads both
+# operands K-major and the transposed epilogue has no scales yet, so no swapped tiles; the tiers that
+# validate at blk_k = 128 (k32: one 128-byte swizzle row of fp8 a slice) are the 64x128 decode module
+# (one consumer, an 8-deep ring: 24 KiB a stage) and v12's fp8 tile (128x128 over two consumers: the
+# promoted sums double the accumulators). Measured (GROUPED_FP8, H100, 3 MoE shapes x 512-8192 tokens x
+# balanced and Zipf, kernels in CUDA graphs, 6 variants and torch._scaled_grouped_mm in the same rounds):
+# the 64x128 tile wins where an expert holds few rows (DeepSeek-V3 at 2-8 rows an expert, Qwen-MoE at 8)
+# and loses badly on large ones (Mixtral 8192 tokens: 0.69x torch); past it the 128x128 tile with the
+# promotion overlapped (overlap=4) and a 6-deep ring. Split by the rows an expert holds on average (M / E,
+# what the front door knows): the 64x128 module up to 16 (thresholds of 8 to 32 pick the same modules at
+# these cases), the 128x128 one past it: 1.249x torch._scaled_grouped_mm (geomean, least 1.113) against
+# 1.262x (least 1.113) for the best variant of each case and 1.212x (least 1.038) for the 128x128 defaults.
+GROUPED_FP8 = "benchmarks/results/2026-11-26_h100_grouped_fp8/README.md"
+GROUPED_FP8_DECODE_ROWS = 16  # the 64x128 decode module up to this many rows an expert on average
+GROUPED_FP8_PREFILL_KNOBS = ({"overlap": 4, "pipe_depth": 6}, {"overlap": 4})  # the first that validates
+
+
+def _grouped_fp8_tiers(E: int, p: Problem, base: dict) -> list[GroupedChoice]:
+    """The contiguous fp8 modules by the rows an expert holds on average (the comment above)."""
+    top = GROUPED_FP8_DECODE_ROWS * E
+    skipped: tuple = ()
+    knobs = base
+    for extra in GROUPED_FP8_PREFILL_KNOBS:  # a 6-deep ring may not fit beside many experts' tables
+        if (refused := _validate(GROUPED_RUNG, p, {**base, **extra})) is None:
+            knobs = {**base, **extra}
+            break
+        skipped += (f"{extra}: {refused}",)
+    tile = ", ".join(f"{k}={v}" for k, v in knobs.items() if k in ("overlap", "pipe_depth")) or "its fp8 defaults"
+    prefill = Choice(GROUPED_RUNG, knobs, "rule", "grouped-fp8-prefill",
+                     f"{GROUPED_RUNG} fp8 at 128x128x128 ({tile}) past M = {top} rows of A ({GROUPED_FP8_DECODE_ROWS} "
+                     f"an expert on average) [{GROUPED_FP8}: this rule's tiers 1.249x torch._scaled_grouped_mm over "
+                     "18 cases, 512-8192 tokens]", skipped=skipped, measured=True)
+    decode_knobs = {**base, **GROUPED_DECODE_KNOBS}
+    if (refused := _validate(GROUPED_RUNG, p, decode_knobs)) is not None:
+        return [GroupedChoice(dataclasses.replace(prefill, skipped=skipped + (f"rule 'grouped-fp8-decode': {refused}",)),
+                              (1, GROUPED_MAX_TOKENS))]
+    decode = Choice(GROUPED_RUNG, decode_knobs, "rule", "grouped-fp8-decode",
+                    f"{GROUPED_RUNG} fp8 with 64x128 tiles, one consumer, an 8-deep ring while M <= {top} rows of A "
+                    f"({GROUPED_FP8_DECODE_ROWS} an expert on average): few rows an expert, weight-bound "
+                    f"[{GROUPED_FP8}: 1.11-1.35x torch._scaled_grouped_mm there]", measured=True)
+    return [GroupedChoice(decode, (1, top)), GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
+
+
 def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: str = "contiguous",
-                    arch: str = DEFAULT_ARCH) -> list[GroupedChoice]:
+                    arch: str = DEFAULT_ARCH, epilogue: str = "none") -> list[GroupedChoice]:
     """The modules of an expert weight ``[E, N, K]`` in ``layout`` and the token ranges they serve,
     fewest tokens first (see the comments above for the rules and their evidence): masked, a decode
     and a prefill module; contiguous, swapped tiles of 16 (more than 16 experts), 32 and 64 tokens
     and the 128x256 defaults, by the rows an expert holds on average. Where the validator refuses
     swap AB, the 64x128 decode module and the defaults; one module for every token count where it
-    refuses that too (it names why).
+    refuses that too (it names why). ``epilogue="swiglu"`` (a gated W_gu, N = 2I): the same rules,
+    where v12 refuses swap AB with the gated epilogue: the 64x128 module, then the defaults, measured
+    contiguous (:data:`GROUPED_SWIGLU`); the masked layout's are not (``measured`` False).
     ConfigError where v12 refuses the weight itself (the expert count, N, K, the layout)."""
+    if epilogue != "none":
+        timed = layout == "contiguous"
+        evidence = (f" [{GROUPED_SWIGLU}: the {epilogue} tiers 1.137x torch's unfused path, least 1.012x]" if timed
+                    else f" (the masked {epilogue} modules are checked, not measured yet)")
+        return [dataclasses.replace(g, choice=dataclasses.replace(g.choice, measured=timed, why=g.choice.why + evidence))
+                for g in _grouped_choices(E, N, K, dtype, layout, arch, epilogue)]
+    return _grouped_choices(E, N, K, dtype, layout, arch, epilogue)
+
+
+def _grouped_choices(E: int, N: int, K: int, dtype: str, layout: str, arch: str, epilogue: str) -> list[GroupedChoice]:
+    """:func:`grouped_choices`' rules."""
     if layout not in ("contiguous", "masked"):
         raise ConfigError(f"layout={layout!r}: a grouped weight is served 'contiguous' (grouped_mm) or 'masked' "
                           "(grouped_mm_masked)")
     top = GROUPED_DECODE_ROWS * E if layout == "contiguous" else GROUPED_DECODE_SLOT
-    base = {"experts": E, "layout": layout, "dtype": dtype, "arch": arch, **spec_knobs(grouped_spec(dtype))}
+    spec = grouped_spec(dtype, epilogue)  # the config's dtype is D's (an fp8 spec's: bfloat16)
+    base = {"experts": E, "layout": layout, "dtype": spec.d, "arch": arch, **spec_knobs(spec)}
     build_m = max(4096, E)  # what serve.grouped builds at (M is read at run time; masked: one row an expert)
     if (refused := _validate(GROUPED_RUNG, Problem(build_m, N, K, dtype, arch), base)) is not None:
         raise ConfigError(f"grouped {layout} E={E} N={N} K={K} {dtype}: {refused}")
+    if spec.is_fp8:
+        return _grouped_fp8_tiers(E, Problem(build_m, N, K, dtype, arch), base)
     evidence = GROUPED_MASKED if layout == "masked" else f"{GROUPED_MASKED}; {GROUPED}"
     bound = (f"M <= {GROUPED_DECODE_ROWS} x E = {top} rows of A ({GROUPED_DECODE_ROWS} an expert on average)"
              if layout == "contiguous" else f"max_tokens <= {GROUPED_DECODE_SLOT}")

@@ -80,6 +80,24 @@ rather than warp shuffles: the barrier checker follows the tables through shared
 stores to the loads (``protocol.exprs.is_table``), so it runs the kernel's own walk under the new
 prologue; the depth is the same order as a shuffle scan's (chunks of 32 experts).
 
+SwiGLU (the spec's ``gated``, ``gemm_ladder.grouped_swiglu``): W ``[E, 2I, K]`` holds each expert's
+``cat([W_gate, W_up])`` and D is ``[M, I]``. The walk is unchanged (n-tiles over the 2I columns); the
+producer loads a tile's B as v9's gated loads do (``producer.gated_row``): its first ``blk_n / 2``
+rows the expert's gate rows ``e * 2I + n * blk_n / 2 ...``, the others the up rows of the same outputs
+``I`` later, so one thread holds each output's gate and up accumulators. A whole tile leaves through
+v9's chunked epilogue with ``gated`` (``silu(gate) * up`` at D's column ``n * blk_n / 2``), the
+expert's last m-tile through :func:`rows_to_global_gated`. Gate rows past I (I not a multiple of
+``blk_n / 2``) read the expert's up rows and up rows past 2I the next expert's: both feed only D
+columns >= I, which the stores clip. Not with ``swap_ab`` (refused: the transposed epilogue has no
+gated form). The masked layout takes it unchanged in the kernel; no front door serves it yet.
+
+fp8 (``fp8.enabled``: e4m3 A and W, rowwise scales; ``gemm_ladder.scaled_grouped_mm``): the ring holds
+1-byte tiles (blk_k = 128), the consumers promote into fp32 sums as v9's fp8 kernels do, and before
+either epilogue path each sum is multiplied by ``scale_a[row]`` and ``scale_b[e, col]``: the dense row
+recipe's ``fp8.scale_sums`` with ``scale_b`` viewed as ``[E * N]`` (W's rows), so the tile's first W
+row (``e * N + n0``) is its first column's scale; columns past N read the next expert's (their D
+columns are clipped) and rows past the expert's end the next tokens' (their rows are not written).
+
 Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
 consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
 for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),
@@ -104,8 +122,9 @@ from tvm.tirx.script.builder import ir as tirx_builder
 import layouts
 from ..core import budget
 from ..core.config import ConfigError, GemmConfig
+from ..core.spec import spec_of
 from ..sync.classes import MBarrier, TMABar
-from . import common, epilogue
+from . import common, epilogue, fp8
 from .common import WG_M, HopperPlan, SwapPlan
 from .epilogue import ChunkedEpilogue, TransposedEpilogue
 from .mainloop import Consumer
@@ -438,6 +457,25 @@ def rows_to_global(plan, Dreg, D, m0, n0, row0, row_end, warp_id, lane_id):
 
 
 @T.inline
+def rows_to_global_gated(plan, Dreg, D, m0, n0, row0, row_end, warp_id, lane_id, op):
+    """:func:`rows_to_global` for a gated W_gu (SwiGLU): the tile's first ``n_cols / 2`` accumulator
+    columns are gates, the same thread's registers ``acc_stride / 2`` later their up projections
+    (``epilogue.ChunkedEpilogue.gated``), so each thread stores ``op(gate) * up`` of its gate pairs
+    at D's column ``n0 / 2 + col`` (``n0``: the tile's column in the kernel's 2I), guarded alike."""
+    NR = T.meta_var(plan.acc_stride)
+    for mi in T.unroll(plan.m_atoms):
+        for p in T.unroll(plan.n_cols // 8):
+            row, col = T.meta_var(layouts.acc_fragment_coord(2 * p, warp_id, lane_id))
+            gr = T.meta_var(m0 + row0 + mi * WG_M + row)
+            gc = T.meta_var(n0 // 2 + col)
+            if T.And(gr < row_end, gc < D.shape[1]):
+                for v in T.unroll(2):
+                    r = T.meta_var(mi * NR + 2 * p + v)
+                    D[gr, gc + v] = T.cast(op.apply(Dreg[r], (2 * p + v) % NR, lane_id, n0) * Dreg[r + NR // 2],
+                                           plan.cfg.dtype)
+
+
+@T.inline
 def rows_to_global_swapped(plan, Dreg, D, m0, n0, col0, row_end, warp_id, lane_id):
     """Swap AB: a tile straight from one consumer's D^T accumulators to D, guarded by the expert's
     end row (``row_end``) and D's N. Register r of atom a holds D^T[n, m] at the fragment's (row,
@@ -525,6 +563,19 @@ def check(cfg: GemmConfig) -> None:
     if (cm, cn) != (1, 1):
         raise ConfigError(f"cluster_m={cm}, cluster_n={cn}: the grouped kernel runs 1x1 clusters (a cluster's tiles "
                           "could belong to two experts); use cluster_m=1, cluster_n=1")
+    if fp8.enabled(cfg):
+        check_fp8(cfg)
+
+
+def check_fp8(cfg: GemmConfig) -> None:
+    """What of an fp8 spec the grouped kernel builds (issue 33's fp8 slice): the contiguous layout
+    without swap AB (the dense fp8 rules, ``fp8.check``, run beside)."""
+    if swap_ab(cfg):
+        raise ConfigError("swap_ab=True with an fp8 spec is not built (the transposed epilogue has no scales yet); "
+                          "use swap_ab=False (64-row token tiles)")
+    if layout_of(cfg) != "contiguous":
+        raise ConfigError(f"layout={layout_of(cfg)!r} with an fp8 spec is not built (gemm_ladder.scaled_grouped_mm "
+                          "serves the contiguous layout); use layout='contiguous' (A [M, K] sorted by expert, offs)")
 
 
 def launch(cfg: GemmConfig) -> dict:
@@ -547,7 +598,14 @@ def kernel(cfg: GemmConfig):
     plan = plan_of(cfg)
     swapped, scan_by_warp = swap_ab(cfg), warp_scan(cfg)
     M = tirx.Var("M", "int32")
-    N, K, dtype, E = cfg.N, cfg.K, cfg.dtype, experts_of(cfg)
+    N, K, dtype, E = cfg.N, cfg.K, cfg.dtype, experts_of(cfg)  # dtype: D's (and A's and B's but with fp8)
+    # fp8 (rowwise scales): e4m3 tiles in the ring, the promotion into fp32 sums, the sums scaled
+    # by the token's and the expert column's scales before the epilogue (sm90a/fp8.py)
+    scaled = fp8.enabled(cfg)
+    promote = fp8.promote(cfg)
+    overlap = fp8.overlap(cfg)
+    total_regs = plan.acc_regs if promote else 1  # the promoted sums (one unused register without)
+    scale_regs = fp8.scale_regs(plan) if scaled else 1
     BLK_M, BLK_N, BLK_K = cfg.blk_m, cfg.blk_n, cfg.blk_k
     stages = cfg.pipe_depth
     slices_per_tile = cfg.k_tiles
@@ -566,13 +624,16 @@ def kernel(cfg: GemmConfig):
     E_layout = epilogue.staging_layout(cfg, *staging_shape)
     n_tiles = -(-N // BLK_N)
     masked = layout_of(cfg) == "masked"
+    # SwiGLU: W_gu [E, N, K] holds each expert's cat([W_gate, W_up]) (N = 2I); D [M, N / 2]
+    gated = spec_of(cfg).gated
+    d_cols = N // 2 if gated else N
     if scan_by_warp and 2 * 8 * stages + 2 * 4 * SCAN_LANES > budget.BARRIER_BYTES:
         raise ConfigError(f"pipe_depth={stages} with warp_scan: the barriers and the scan's partial results pass the "
                           f"{budget.BARRIER_BYTES} bytes below the tiles; use pipe_depth<={(budget.BARRIER_BYTES - 256) // 16}")
 
     # fmt: off
     @T.inline
-    def body(A, B, D, offsets, num_ctas):
+    def body(A, B, D, offsets, num_ctas, scale_a=None, scale_b=None):
         cta = T.cta_id([num_ctas])
         wg_id = T.warpgroup_id([consumers + 1])
         warp_id = T.warp_id_in_wg([4])
@@ -587,8 +648,8 @@ def kernel(cfg: GemmConfig):
             # wherever the serial scan does (the 128x256 tile at 256 experts fills the block to the byte)
             part = pool.alloc((2 * SCAN_LANES,), "int32")
         pool.move_base_to(1024)  # 128B-swizzled tiles must start 1 KiB aligned
-        Asmem = pool.alloc((stages, BLK_M, BLK_K), dtype, layout=A_layout)
-        Bsmem = pool.alloc((stages, BLK_N, BLK_K), dtype, layout=B_layout)
+        Asmem = pool.alloc((stages, BLK_M, BLK_K), plan.a_dtype, layout=A_layout)
+        Bsmem = pool.alloc((stages, BLK_N, BLK_K), plan.b_dtype, layout=B_layout)
         Esmem = pool.alloc(staging_shape, dtype, layout=E_layout)
         # after the tiles (before them they would pass the 1 KiB the barriers leave from 121 experts)
         ends = pool.alloc((E,), "int32")  # each expert's end row, clamped
@@ -605,7 +666,8 @@ def kernel(cfg: GemmConfig):
         # the barrier inits (and thread 0's tables) visible to the async proxy and every thread
         T.ptx.fence.mbarrier_init.release.cluster()
         common.cluster_sync()
-        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring))
+        loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring,
+                                    gated_n=N // 2 if gated else 0))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
             if T.And(warp_id == 0, lane_id == 0):
@@ -615,7 +677,12 @@ def kernel(cfg: GemmConfig):
                 while t_load < w.total():
                     locate_tile(w, t_load, at_load)
                     # each stage refilled once its previous slice (one lap back) was released
-                    loads.load_tile(load_it, at_load[1], at_load[4])
+                    if gated:
+                        # the gated loads take the tile's column in [E * 2N] space (gate rows from
+                        # n_st / 2, up rows gated_n later): 2 (e N) + n blk_n puts both in expert e
+                        loads.load_tile(load_it, at_load[1], at_load[4] * 2 - at_load[3])
+                    else:
+                        loads.load_tile(load_it, at_load[1], at_load[4])
                     load_it = load_it + slices_per_tile
                     t_load = t_load + num_ctas
 
@@ -628,17 +695,26 @@ def kernel(cfg: GemmConfig):
             desc_b = T.alloc_local((1,), "uint64")
             packed = T.alloc_local((4,), "uint32")
             at = T.alloc_local((7,), "int32")
+            if scaled:
+                # fp8: the promoted fp32 sums and a thread's scales (16-bit kernels: none, source unchanged)
+                Freg = T.alloc_local((total_regs,), "float32")
+                Sreg = T.alloc_local((scale_regs,), "float32")
+            if overlap > 0:
+                Dreg2 = T.alloc_local((plan.acc_regs,), "float32")  # fp8 overlap: the second accumulator set
             # swap AB: W's rows (Bsmem) are wgmma's 64-row operand, the tokens (Asmem) its N
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if swapped else Asmem,
                                       b_smem=Asmem if swapped else Bsmem, acc=Dreg, desc_a=desc_a,
-                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id))
+                                      desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg if scaled else None,
+                                      overlap=overlap, acc2=Dreg2 if overlap > 0 else None,
+                                      stagger=fp8.stagger(cfg), consumer=c))
             if swapped:
                 epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                     warp_id=warp_id, lane_id=lane_id, packed=packed))
             else:
                 epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                  warp_id=warp_id, lane_id=lane_id, packed=packed,
-                                                 chunk_cols=chunk_cols, buffers=buffers))
+                                                 chunk_cols=chunk_cols, buffers=buffers,
+                                                 op=epilogue.op_of(cfg), gated=gated))
             it: T.int32 = 0  # K slices consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
             t: T.int32 = cta
@@ -646,6 +722,11 @@ def kernel(cfg: GemmConfig):
                 locate_tile(w, t, at)
                 mma.run(it, slices_per_tile)
                 it = it + slices_per_tile
+                if scaled:
+                    # fp8: the token's scale (its row of A) times the expert's column's: scale_b is
+                    # [E, N] viewed [E * N], so W's first row of the tile (at[4] = e * N + n0) is its column
+                    fp8.scale_sums(plan, mma.sums, scale_a, scale_b, "row", at[1] + wg_row0, at[4], warp_id, lane_id,
+                                   Sreg)
                 if swapped:
                     if at[1] + BLK_M <= at[2]:
                         # a whole tile of the expert's tokens: D^T staged as D, 64-column TMA stores
@@ -655,26 +736,45 @@ def kernel(cfg: GemmConfig):
                         rows_to_global_swapped(plan, Dreg, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
                 elif at[1] + BLK_M <= at[2]:
                     # a whole tile of the expert's rows: v9's chunked TMA stores
-                    epi.store_tile(Dreg, at[1], at[3], epi_it)
+                    epi.store_tile(mma.sums, at[1], at[3], epi_it)
                     epi_it = epi_it + epi.chunks_per_tile
                 else:
                     # the expert's last m-tile: the rows after its end are the next expert's
-                    rows_to_global(plan, Dreg, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
+                    if gated:
+                        rows_to_global_gated(plan, mma.sums, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id,
+                                             epilogue.op_of(cfg))
+                    else:
+                        rows_to_global(plan, mma.sums, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
                 t = t + num_ctas
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
                 T.ptx.cp.async_.bulk.wait_group.read(0)
         common.cluster_sync()
 
-    @T.prim_func
-    def grouped_gemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
-        A = T.match_buffer(a, (M, K), dtype)
-        B = T.match_buffer(b, (E * N, K), dtype)
-        D = T.match_buffer(d, (M, N), dtype)
-        # the spec's offsets, a parameter after num_ctas (the runtime's order for epilogue operands)
-        offsets = T.meta_var(tirx_builder.arg("offsets", tirx.decl_buffer((E,), "int32", name="offsets")))
-        T.device_entry()
-        body(A, B, D, offsets, num_ctas)
+    if scaled:
+        @T.prim_func
+        def grouped_gemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
+            A = T.match_buffer(a, (M, K), plan.a_dtype)
+            B = T.match_buffer(b, (E * N, K), plan.b_dtype)
+            D = T.match_buffer(d, (M, N), dtype)
+            # the spec's epilogue operands after num_ctas, in its order: scale_a [M], scale_b [E, N], offsets [E]
+            scale_a = T.meta_var(tirx_builder.arg("scale_a", tirx.decl_buffer((M,), "float32", name="scale_a")))
+            scale_b = T.meta_var(tirx_builder.arg("scale_b", tirx.decl_buffer((E, N), "float32", name="scale_b")))
+            offsets = T.meta_var(tirx_builder.arg("offsets", tirx.decl_buffer((E,), "int32", name="offsets")))
+            T.device_entry()
+            # scale_b as W's rows: [E * N], expert e's column n at e * N + n
+            scale_w = T.decl_buffer((E * N,), "float32", data=scale_b.data)
+            body(A, B, D, offsets, num_ctas, scale_a, scale_w)
+    else:
+        @T.prim_func
+        def grouped_gemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):
+            A = T.match_buffer(a, (M, K), dtype)
+            B = T.match_buffer(b, (E * N, K), dtype)
+            D = T.match_buffer(d, (M, d_cols), dtype)
+            # the spec's offsets, a parameter after num_ctas (the runtime's order for epilogue operands)
+            offsets = T.meta_var(tirx_builder.arg("offsets", tirx.decl_buffer((E,), "int32", name="offsets")))
+            T.device_entry()
+            body(A, B, D, offsets, num_ctas)
     # fmt: on
 
     return grouped_gemm

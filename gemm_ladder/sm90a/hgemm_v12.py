@@ -41,23 +41,46 @@ Barriers: v9's without clusters (``tma2mma[s]``: the producer's expect_tx and th
 ``mma2tma[s]``: lane 0 of every consumer warp; named barrier 1+c per consumer's epilogue), plus
 one CTA barrier in the prologue, after the offsets land in shared memory.
 
-Constraints: a spec with ``grouped`` and nothing else (no bias, no activation yet); 1x1 clusters;
+SwiGLU (spec ``grouped`` + ``gated``, ``gemm_ladder.grouped_swiglu``): W ``[E, 2I, K]`` holds each
+expert's ``cat([W_gate, W_up])``; a tile loads the gate rows and the up rows of the same outputs
+(v9's gated loads, at the expert's first row), so one thread holds gate and up of each output and
+v9's gated epilogue writes ``silu(gate) * up`` into D ``[M, I]``; the expert's last m-tile does the
+same in its guarded stores. Not with ``swap_ab`` (refused: the transposed epilogue has no gated form).
+
+fp8 (issue 33's fp8 slice; ``gemm_ladder.scaled_grouped_mm``): a spec with e4m3 A and W, rowwise scales
+(``scale_a [M]`` a token, ``scale_b [E, N]`` an expert's column: parameters after num_ctas, before
+``offsets``) and D in 16 bits runs the dense fp8 path's parts on the same walk (``sm90a/fp8.py``):
+1-byte tiles at blk_k = 128, ``m64nNk32`` e4m3 wgmmas, the promotion (``promote``, ``overlap``,
+``stagger``: v9's fp8 knobs), and each sum times its token's and its column's scale before the
+epilogue (``fp8.scale_sums`` with scale_b viewed as W's rows, ``[E * N]``). Defaults 128x128 (the
+promoted sums double the accumulators); contiguous layout, no swap AB (refused by name). Not with a
+gated W_gu yet (refused by name).
+
+Constraints: a spec with ``grouped`` and nothing else but a gated W_gu in 16 bits or fp8 rowwise scales
+(no bias, no plain activation yet); 1x1 clusters;
 M at run time (any tokens, one module); N and K multiples of 8; ``experts`` <= 1024.
 
 Run:  python -m gemm_ladder build v12 --shape 4096x14336x4096 --knob experts=8 --out build/
       (masked: add --knob layout=masked; decode: --knob swap_ab=True --knob blk_m=16 --knob blk_n=128
-      --knob warp_scan=True)
+      --knob warp_scan=True; fp8: --knob spec=d_bfloat16.a_float8_e4m3.b_float8_e4m3.scales_row.grouped_true)
 """
 
 from dataclasses import dataclass
 
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
-from . import common, epilogue, gemm, grouped
+from . import common, epilogue, fp8, gemm, grouped
 
 PRESET = gemm.Preset("v12")  # the parts of gemm.py; its body is grouped.kernel's
 TECHNIQUE = "grouped GEMM over experts: work units from the routing, read on the device"
-EPILOGUES = ("grouped",)  # the operand spec's parts this rung builds (gemm_ladder.core.spec)
+# the operand spec's parts this rung builds (gemm_ladder.core.spec): grouped, grouped with a gated W_gu
+# (SwiGLU: each expert's cat([W_gate, W_up]), D = act(gate) * up, v9's gated epilogue), and scaled (fp8
+# with rowwise scales); not gated and scaled together (core.spec.check_built refuses it)
+EPILOGUES = ("grouped", "gated", "scaled")
+# knobs of its fp8 kernels only, and their defaults (v9's: sm90a/fp8.py): one 128-byte swizzle row of
+# fp8 a slice, 128x128 tiles (room for the promoted sums)
+FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "stagger": False}
+FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}
 
 
 @dataclass(frozen=True)
@@ -93,6 +116,10 @@ def check(cfg: GemmConfig) -> None:
                           "use tile_order='grouped'")
     if not isinstance(cfg.l2_group_size, int) or cfg.l2_group_size < 1:
         raise ConfigError(f"l2_group_size={cfg.l2_group_size!r} is not a positive int; use e.g. 8")
+    if grouped.swap_ab(cfg) and spec_of(cfg).gated:
+        raise ConfigError("swap_ab=True with a gated W_gu (SwiGLU) is not built: the swapped tile holds D^T, whose "
+                          "gate and up halves are different threads' accumulator rows, and the transposed epilogue "
+                          "has no gated form; use swap_ab=False (blk_m=64 or 128)")
     if grouped.swap_ab(cfg):
         common.check_swap_tile(cfg, SWAP_CONSUMERS)
     else:
@@ -104,6 +131,7 @@ def check(cfg: GemmConfig) -> None:
     epilogue.check_epilogue(cfg)
     common.check_consumer_registers(cfg, grouped.plan_of(cfg))
     common.check_pipe_depth(cfg)
+    fp8.check(cfg)
     grouped.check(cfg)
 
 
