@@ -1,5 +1,5 @@
 """``benchmarks/fp8_block_bisect.py``'s pure parts on the CPU: which modules it checks at which M
-(the fixed ``stage_scales`` beside the block policy's control, at M off 16 bytes too), the verdict
+(the staged scales by plain bulk copies beside the block policy's tensor copies, at M off 16 bytes too), the verdict
 it prints, and that its sweep stays its own. (Running it is a GPU benchmark.)"""
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ def test_every_module_validates_and_each_shape_times_its_control_first():
     for name, entry in plan.items():
         make_config("v9", 256, entry["N"], entry["K"], **fp8_sweep.build_knobs(entry))
     for label, configs in bisect.TIMED.items():
-        assert configs[0] in ("control", "sm_control") and not bisect.CONFIGS[configs[0]].get("stage_scales")
-        assert any(bisect.CONFIGS[c].get("stage_scales") for c in configs), label
+        # the policy (tensor-copied staged scales) first, the bulk copies beside it
+        first = bisect.CONFIGS[configs[0]]
+        assert first.get("stage_scales") and not first.get("stage_bulk"), label
+        assert any(bisect.CONFIGS[c].get("stage_bulk") for c in configs), label
 
 
 def test_every_staged_module_is_checked_at_its_m_and_off_16_bytes_the_unstaged_first():

@@ -57,6 +57,7 @@ def unaligned(starts) -> list[str]:
     (1280, {"overlap": 4, "stage_scales": True}),                       # K/128 = 10: B rows off 16 bytes
     (16384, dict(SMALL_M, overlap=2, stage_scales=True, dynamic_m=True)),
     (16384, {"overlap": 4, "dynamic_m": True}),                         # the unstaged policy
+    (1152, {"overlap": 4, "stage_scales": True, "stage_bulk": True, "dynamic_m": True}),  # bulk: the fallbacks
 ])
 def test_every_fp8_block_copy_starts_16_byte_aligned(K, knobs):
     starts = tma_box_starts(make_config("v9", 4096, 7168, K, spec=BLOCK, **knobs))
@@ -64,6 +65,7 @@ def test_every_fp8_block_copy_starts_16_byte_aligned(K, knobs):
     assert {"A", "B", "D"} <= names
     assert ({"scale_a_flat", "scale_b_flat"} <= names) == knobs.get("stage_scales", False)
     assert unaligned(starts) == []
+    # stage_bulk's plain bulk copies have no tensor map: test_fp8_stage_bulk proves their starts aligned
 
 
 def test_the_check_catches_the_starts_that_died_on_the_h100():

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .exprs import simplified
-from .values import (TCGEN05_MMA_PREFIX, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER, Smem, at_once, call_operands,
-    call_strings, func_call_name, is_predicated, op_name, until_done, wgmma_descs)
+from .values import (BULK_G2S, TCGEN05_MMA_PREFIX, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER, SimError, Smem, at_once,
+    call_operands, call_strings, func_call_name, is_predicated, op_name, until_done, wgmma_descs)
 
 
 @dataclass
@@ -38,6 +38,8 @@ class CallCompiler:
         if handler is None:
             if op.startswith("tirx.ptx.cp_async_bulk_tensor_g2s"):
                 handler = CallCompiler._c_tma_load
+            elif op.startswith(BULK_G2S):
+                handler = CallCompiler._c_bulk_load
             elif op.startswith(TCGEN05_MMA_PREFIX):
                 handler = CallCompiler._c_tcgen05_mma
             elif op.startswith(WGMMA_MMA_PREFIX) and op not in WGMMA_OTHER:
@@ -129,6 +131,18 @@ class CallCompiler:
 
         return at_once(lambda th: th.sim.tma_load(th, dst(th), tmap(th), [c(th) for c in coords], mbar(th),
                                                   mask(th) if mask is not None else None, site, pair))
+
+    def _c_bulk_load(self, call):
+        """A plain bulk copy (``cp.async.bulk.shared::cluster.global``, no tensor map): dst, src,
+        size, mbar[, cta_mask][, cache hint]; it completes ``size`` bytes on the mbarrier as a
+        tensor copy completes its box."""
+        ops = call_operands(call)
+        strings = call_strings(call)
+        if any("multicast" in x for x in strings):
+            raise SimError(f"a multicast plain bulk copy the checker does not model: {_short(str(call))}")
+        dst, size, mbar = self._expr(ops[0]), self._expr(ops[2]), self._expr(ops[3])
+        site = self._site("tma", call, extra={"multicast": False, "pair": False, "bulk": True})
+        return at_once(lambda th: th.sim.bulk_load(th, dst(th), size(th), mbar(th), site))
 
     def _c_tcgen05_mma(self, call):
         ops = call_operands(call)

@@ -85,6 +85,42 @@ class EngineMixin:
         if self.policy != "lockstep":
             self.land_all()
 
+    def bulk_load(self, th, dst, size, mbar, site):
+        """A plain bulk copy (no tensor map) of ``size`` bytes into this CTA's shared memory at
+        ``dst``, completing on ``mbar``: counted as a tensor copy's box is, all in bounds (a bulk
+        copy has no bounds to clamp to: the kernel keeps it inside its tensor). PTX requires the
+        destination and the size 16-byte aligned (a finding if not)."""
+        self.site_threads.setdefault(site.id, set()).add((th.rank, th.tid))
+        if not isinstance(dst, Smem) or not isinstance(mbar, Smem):
+            raise SimError(f"bulk copy with an address the checker cannot follow at {site.text}")
+        if not isinstance(size, int):
+            raise SimError(f"bulk copy of {size!r} bytes, not known, at {site.text}")
+        self._role_after_wait(th, "producer")
+        th.last_action = "tma"
+        th.tick()
+        home = th.rank if dst.rank is None else dst.rank
+        b = th.rank if mbar.rank is None else mbar.rank
+        if dst.off % 16 or size % 16:
+            self.find("tma", self.kir.slot_label(mbar.off), None, [(th.rank, th.tid)], site,
+                      f"a bulk copy of {size} bytes into shared offset {dst.off}: PTX needs both multiples of 16",
+                      th.rank)
+        if b != home:
+            self.find("tma", self.kir.slot_label(mbar.off), None, [(th.rank, th.tid)], site,
+                      f"a bulk copy into cluster rank {home} completes on an mbarrier of rank {b}", th.rank)
+        bar = self._bar(th, Smem(mbar.off, b), site, "bulk copy complete_tx")
+        if bar.count is None:
+            self.find("init", bar.label, None, [(th.rank, th.tid)], site,
+                      f"a bulk copy completes on {bar.label} of CTA rank {b} before it is initialised", b)
+            return
+        self.site_bar[site.id] = bar.label.split("[")[0]
+        copy = Copy(len(self.copies), (th.rank, th.tid), site.id, "bulk copy", size, size, home, dst.off, mbar.off,
+                    th.vc.copy(), bar.n, b)
+        self.copies.append(copy)
+        self._write(th, home, dst.off, ("tma", copy), site)
+        self.in_flight.append(copy)
+        if self.policy != "lockstep":
+            self.land_all()
+
     def land_all(self):
         while self.in_flight:
             self.land(self.in_flight.popleft())

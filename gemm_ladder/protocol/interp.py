@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .calls import WATCHDOG_FN, CallCompiler, Site
 from .exprs import ExprCompiler, is_table, lvalue_defs, uses_of
-from .values import (ENCODE_OPS, MBAR_OPS, NAMED_SYNC_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER,
+from .values import (BULK_G2S, ENCODE_OPS, MBAR_OPS, NAMED_SYNC_OPS, SYNC_OPS, TCGEN05_MMA_PREFIX, TICK, UNKNOWN, WGMMA_MMA_PREFIX, WGMMA_OTHER,
     WGMMA_SYNC, SimError, any_unknown, at_once, buffer_size, call_operands, call_strings, func_call_name, handle_of,
     op_name, wgmma_descs)
 
@@ -133,7 +133,8 @@ class Program(CallCompiler, ExprCompiler):
             op = op_name(call)
             if op in MBAR_OPS or op in SYNC_OPS or op in WGMMA_SYNC or (self.named_barriers and op in NAMED_SYNC_OPS):
                 return set(), uses_of(call), True
-            if op.startswith("tirx.ptx.cp_async_bulk_tensor_g2s") or op == "tirx.ptx.tcgen05_commit":
+            if (op.startswith("tirx.ptx.cp_async_bulk_tensor_g2s") or op.startswith(BULK_G2S)
+                    or op == "tirx.ptx.tcgen05_commit"):
                 return set(), uses_of(call), True
             if op.startswith(TCGEN05_MMA_PREFIX):
                 ops = call_operands(call)

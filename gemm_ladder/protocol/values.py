@@ -120,9 +120,12 @@ def op_name(call) -> str:
     return name
 
 
+BULK_G2S = "tirx.ptx.cp_async_bulk_g2s"  # plain (non-tensor) bulk copies global -> shared: no tensor map
+
 # longest first: mbarrier_arrive_expect_tx before mbarrier_arrive
 _FAMILIES = ("tirx.ptx.mbarrier_arrive_expect_tx", "tirx.ptx.mbarrier_arrive", "tirx.ptx.mbarrier_init",
              "tirx.ptx.mbarrier_expect_tx", "tirx.ptx.mapa", "tirx.ptx.cp_async_bulk_tensor_g2s",
+             BULK_G2S,
              "tirx.ptx.tcgen05_commit", "tirx.ptx.tcgen05_mma", "tirx.ptx.st_vec")
 
 

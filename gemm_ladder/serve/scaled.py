@@ -449,14 +449,14 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     return (D, list(route.lines) + moved) if explain else D
 
 
-SCALE_ALIGN_BYTES = 16  # TMA's global address alignment (a block module's staged scales: fp8.StagedScales)
+SCALE_ALIGN_BYTES = 16  # TMA's and cp.async.bulk's global address alignment (a block module's staged scales)
 
 
 def aligned_scales(*scales) -> tuple[list, list[str]]:
     """Block scales as the kernel takes them, each copied where its first float is not 16-byte
     aligned (a view into a larger tensor): a module with ``stage_scales`` reads them with TMA, whose
     tensor maps need a 16-byte aligned start (any M works: the maps are one-dimensional, no row
-    stride to pad). Scales are a few floats a row, the copy small. Returns the tensors and the
+    stride to pad), or with ``stage_bulk`` by plain bulk copies, whose source must be 16-byte aligned. Scales are a few floats a row, the copy small. Returns the tensors and the
     explain lines of the copies."""
     out, lines = [], []
     for name, t in zip(("scale_a", "scale_b"), scales):

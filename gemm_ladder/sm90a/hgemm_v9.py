@@ -169,6 +169,9 @@ MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] thro
 # K slices between promotions into fp32 (0: none); promotion groups between drains, two accumulator sets (0: off);
 # odd consumers' groups offset by half a group or run (the consumers' drains take turns)
 FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "stagger": False, "stage_scales": False}
+# knobs taken anywhere, kept only away from their defaults (``rungs.make_config``: the tags and cache
+# keys of other modules stay as they were): fp8 block scales staged by plain bulk copies (fp8.stage_bulk)
+OPTIONAL_KNOBS = {"stage_bulk": False, "stage_bulk_split": False}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 # knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
 # FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop
