@@ -693,21 +693,37 @@ def masked_check_job(path, args) -> dict:
 
 
 def _rounds(parties: dict, sets: list, flops: float) -> dict:
-    """Median ms of every party as kernels in CUDA graphs and as queued calls, in rotating rounds."""
+    """:func:`time_rounds` at this check's :data:`ROUNDS`."""
+    return time_rounds(parties, sets, flops)
+
+
+def time_rounds(parties: dict, sets: list, flops: float | None = None, rounds: int = ROUNDS) -> dict:
+    """Median ms of every party as kernels in CUDA graphs and as queued calls, in ``rounds`` rounds
+    whose order rotates (and reverses every other round), :data:`PER_ROUND` samples a party a round;
+    also each round's median graph time (``graph_round_ms``: the spread between rounds) and, with
+    ``flops``, TFLOPS as kernels. The grouped checks share it (grouped_fp8_check, grouped_suite,
+    grouped_swiglu_check, grouped_prefill_check)."""
     calls = max(len(sets), 2)
     samples = {p: {"graph": [], "queued": []} for p in parties}
     names = list(parties)
     for fn in parties.values():  # warm up, and capture each graph once
         harness.graph_times(fn, sets, reps=1, calls=calls)
-    for r in range(ROUNDS):
+    for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         if r % 2:
             order.reverse()
         for p in order:
             samples[p]["graph"] += harness.graph_times(parties[p], sets, reps=PER_ROUND, calls=calls)
             samples[p]["queued"] += harness.event_times(parties[p], sets, reps=PER_ROUND * calls, start=r)
-    return {p: {"graph_ms": statistics.median(s["graph"]), "queued_ms": statistics.median(s["queued"]),
-                "tflops_graph": flops / statistics.median(s["graph"]) / 1e9} for p, s in samples.items()}
+    out = {}
+    for p, s in samples.items():
+        graph = statistics.median(s["graph"])
+        out[p] = {"graph_ms": graph, "queued_ms": statistics.median(s["queued"]),
+                  "graph_round_ms": [statistics.median(s["graph"][i:i + PER_ROUND])
+                                     for i in range(0, len(s["graph"]), PER_ROUND)]}
+        if flops is not None:
+            out[p]["tflops_graph"] = flops / graph / 1e9
+    return out
 
 
 def masked_time_job(path, args) -> dict:

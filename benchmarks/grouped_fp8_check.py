@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
 import check_cli  # noqa: E402  (a sibling script, not a package)
-from grouped_check import counts_of, offsets_of  # noqa: E402  (the routings of the bf16 grouped check)
+from grouped_check import counts_of, offsets_of, time_rounds  # noqa: E402  (the routings and rounds of the bf16 grouped check)
 
 import gemm_ladder  # noqa: E402
 import gemm_ladder.serve.grouped_ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.scaled_grouped_mm)
@@ -83,7 +83,7 @@ CHECK_TOKENS = 1000  # rows of A in the correctness cases (not a multiple of the
 CHECK_ROUTINGS = ("balanced", "zipf", "one", "odd", "half_empty", "tail")
 TOKENS = (512, 2048, 8192)
 TIMED_ROUTINGS = ("balanced", "zipf")
-ROUNDS, PER_ROUND = 5, 3
+ROUNDS = 5
 CHECK_TIMEOUT, TIME_TIMEOUT = 150.0, 240.0
 ERROR_FLOOR = 1e-3  # relative: a few bf16 roundings of D, where both errors are tiny
 PEERS = ("scaled_grouped_mm", "bf16_grouped_mm_ours", "bf16_grouped_mm_torch")
@@ -266,21 +266,8 @@ def check_job(path, args) -> dict:  # pylint: disable=unused-argument
 
 
 def _rounds(parties: dict, sets: list, flops: float) -> dict:
-    """Median ms of every party as kernels in CUDA graphs and as queued calls, in rotating rounds."""
-    calls = max(len(sets), 2)
-    samples = {p: {"graph": [], "queued": []} for p in parties}
-    names = list(parties)
-    for fn in parties.values():  # warm up, and capture each graph once
-        harness.graph_times(fn, sets, reps=1, calls=calls)
-    for r in range(ROUNDS):
-        order = names[r % len(names):] + names[:r % len(names)]
-        if r % 2:
-            order.reverse()
-        for p in order:
-            samples[p]["graph"] += harness.graph_times(parties[p], sets, reps=PER_ROUND, calls=calls)
-            samples[p]["queued"] += harness.event_times(parties[p], sets, reps=PER_ROUND * calls, start=r)
-    return {p: {"graph_ms": statistics.median(s["graph"]), "queued_ms": statistics.median(s["queued"]),
-                "tflops_graph": flops / statistics.median(s["graph"]) / 1e9} for p, s in samples.items()}
+    """grouped_check's rotating rounds (``time_rounds``) at this check's :data:`ROUNDS`."""
+    return time_rounds(parties, sets, flops, ROUNDS)
 
 
 def time_item(fp8_path: str, bf16_path: str | None) -> str:

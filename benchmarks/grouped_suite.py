@@ -97,7 +97,7 @@ PROBE_ROUTINGS = ("odd", "one", "half_empty", "tail", "zipf")
 PROBE_TIMEOUT, CASE_TIMEOUT = 150.0, 150.0
 SLOW_MS = 1.0  # a call slower than this gets SLOW_ROUNDS rounds, not ROUNDS
 # the first H100 run (5 and 3 rounds) took 59 s of the 4 minutes: more rounds tighten the medians
-ROUNDS, SLOW_ROUNDS, PER_ROUND = 8, 5, 3
+ROUNDS, SLOW_ROUNDS = 8, 5
 
 
 # -- cases, items, rows and summary (pure Python: the CPU tests check them) ---------------------------
@@ -293,23 +293,8 @@ def triton_probe_job(name, args) -> dict:
 
 
 def _rounds(parties: dict, sets: list, rounds: int) -> dict:
-    """Median ms of every party as kernels in CUDA graphs and as queued calls, in rotating rounds
-    (``grouped_check._rounds`` with the rounds as an argument)."""
-    calls = max(len(sets), 2)
-    samples: dict = {p: {"graph": [], "queued": []} for p in parties}
-    names = list(parties)
-    for fn in parties.values():  # warm up, and capture each graph once
-        harness.graph_times(fn, sets, reps=1, calls=calls)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        if r % 2:
-            order.reverse()
-        for p in order:
-            samples[p]["graph"] += harness.graph_times(parties[p], sets, reps=PER_ROUND, calls=calls)
-            samples[p]["queued"] += harness.event_times(parties[p], sets, reps=PER_ROUND * calls, start=r)
-    return {p: {"graph_ms": statistics.median(s["graph"]), "queued_ms": statistics.median(s["queued"]),
-                "graph_round_ms": [statistics.median(s["graph"][i:i + PER_ROUND])
-                                   for i in range(0, len(s["graph"]), PER_ROUND)]} for p, s in samples.items()}
+    """grouped_check's rotating rounds (``time_rounds``), ``rounds`` of them."""
+    return gc.time_rounds(parties, sets, rounds=rounds)
 
 
 def _triton():
