@@ -58,25 +58,32 @@ def spec_of_dtype(dtype: str) -> GemmSpec:
 def check_swiglu(A, W_gu, offs, out=None, who: str = WHO) -> tuple[int, int, int, int]:
     """(M, E, I, K) of a call whose arguments fit, all but their devices and the values of offs;
     else ModuleInputError with the fix. No GPU needed."""
-    import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's)
-
     M, E, N2, K = grouped.check_grouped(A, W_gu, offs, None, who)
     if N2 % 2:
         raise ModuleInputError(f"{who}: W_gu is {tuple(W_gu.shape)}: its rows are each expert's cat([W_gate, W_up]) "
                                f"[2I, K], an even number ({N2} is odd); stack torch.cat([W_gate[e], W_up[e]]) per expert")
     I = N2 // 2
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise ModuleInputError(f"{who}: out must be a torch.Tensor [M, I] or None, got {type(out).__name__}")
-        if out.dtype != A.dtype or tuple(out.shape) != (M, I):
-            raise ModuleInputError(f"{who}: out is {tuple(out.shape)} {out.dtype}; H is ({M}, {I}) {A.dtype} (half of "
-                                   "W_gu's rows)")
-        if not out.is_contiguous():
-            raise ModuleInputError(f"{who}: out is not contiguous; pass a contiguous ({M}, {I}) tensor")
-        if out.requires_grad and torch.is_grad_enabled():
-            raise ModuleInputError(f"{who}: out requires grad, and the grouped SwiGLU has no backward yet; call it "
-                                   "under torch.no_grad(), or pass .detach()ed tensors")
+    _check_out(who, out, A, (M, I), "[M, I]")
     return M, E, I, K
+
+
+def _check_out(who: str, out, A, shape: tuple, named: str) -> None:
+    """``out`` (None, or H's tensor: ``shape`` in A's dtype, contiguous, no grad wanted), for both
+    front doors (``named``: H's shape in words)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if out is None:
+        return
+    if not isinstance(out, torch.Tensor):
+        raise ModuleInputError(f"{who}: out must be a torch.Tensor {named} or None, got {type(out).__name__}")
+    if out.dtype != A.dtype or tuple(out.shape) != shape:
+        raise ModuleInputError(f"{who}: out is {tuple(out.shape)} {out.dtype}; H is {shape} {A.dtype} (half of "
+                               "W_gu's rows)")
+    if not out.is_contiguous():
+        raise ModuleInputError(f"{who}: out is not contiguous; pass a contiguous {shape} tensor")
+    if out.requires_grad and torch.is_grad_enabled():
+        raise ModuleInputError(f"{who}: out requires grad, and the grouped SwiGLU has no backward yet; call it "
+                               "under torch.no_grad(), or pass .detach()ed tensors")
 
 
 def torch_swiglu(A, W_gu, offs, out) -> None:
@@ -152,25 +159,12 @@ WHO_MASKED = "gemm_ladder.grouped_swiglu_masked"
 def check_swiglu_masked(A, W_gu, counts, out=None, who: str = WHO_MASKED) -> tuple[int, int, int, int]:
     """(E, max_tokens, I, K) of a masked call whose arguments fit, all but their devices and the
     values of counts; else ModuleInputError with the fix. No GPU needed."""
-    import torch  # pylint: disable=import-outside-toplevel  (torch: the caller's)
-
     E, T, N2, K = grouped_masked.check_masked(A, W_gu, counts, None, who)
     if N2 % 2:
         raise ModuleInputError(f"{who}: W_gu is {tuple(W_gu.shape)}: its rows are each expert's cat([W_gate, W_up]) "
                                f"[2I, K], an even number ({N2} is odd); stack torch.cat([W_gate[e], W_up[e]]) per expert")
     I = N2 // 2
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise ModuleInputError(f"{who}: out must be a torch.Tensor [E, max_tokens, I] or None, got "
-                                   f"{type(out).__name__}")
-        if out.dtype != A.dtype or tuple(out.shape) != (E, T, I):
-            raise ModuleInputError(f"{who}: out is {tuple(out.shape)} {out.dtype}; H is ({E}, {T}, {I}) {A.dtype} "
-                                   "(half of W_gu's rows)")
-        if not out.is_contiguous():
-            raise ModuleInputError(f"{who}: out is not contiguous; pass a contiguous ({E}, {T}, {I}) tensor")
-        if out.requires_grad and torch.is_grad_enabled():
-            raise ModuleInputError(f"{who}: out requires grad, and the grouped SwiGLU has no backward yet; call it "
-                                   "under torch.no_grad(), or pass .detach()ed tensors")
+    _check_out(who, out, A, (E, T, I), "[E, max_tokens, I]")
     return E, T, I, K
 
 
