@@ -100,7 +100,7 @@ def test_locate_is_a_search_over_the_tile_ends(E):
     (dict(spec="d_float16"), ["v12 is the grouped GEMM", "grouped_true"]),
     (dict(spec=GROUPED, experts=0), ["experts=0", "1..1024", "W.shape[0]"]),
     (dict(spec=GROUPED, experts=True), ["experts=True"]),
-    (dict(spec=GROUPED, cluster_m=2), ["no knob cluster_m"]),
+    (dict(spec=GROUPED, cluster_m=2, cluster_n=2), ["cluster_m=2, cluster_n=2", "1x1"]),
     (dict(spec=GROUPED, tile_order="snake"), ["tile_order='snake'", "grouped"]),
     (dict(spec=GROUPED, experts=1024), ["1024 experts", "use pipe_depth=3"]),
     (dict(spec=GemmSpec(grouped=True, bias="float16").text()), ["bias or an activation"]),

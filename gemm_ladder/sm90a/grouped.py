@@ -289,23 +289,47 @@ def locate(tile_end: list[int], t: int) -> int:
     return e
 
 
+def cluster_units(blk_m: int, n_tiles: int, group: int, cluster_m: int = 1, cluster_n: int = 1) -> tuple[int, int, int]:
+    """(rows, n-units, band) of a CLUSTER's work unit: ``cluster_m`` m-tiles side by side (an m-pair
+    at 2x1: the CTA of rank_m r takes m-tile ``cluster_m * pair + r``), ``ceil(n_tiles / cluster_n)``
+    units across N (an n-pair at 1x2), and bands of ``group`` m-tiles as ``group / cluster_m`` units.
+    At 1x1: the tile itself. The tables count these units; an expert's m-tiles past its rows (its
+    last pair's second when it holds an odd count) and n-tiles past N are the cluster's phantoms."""
+    return blk_m * cluster_m, -(-n_tiles // cluster_n), max(1, group // cluster_m)
+
+
 def walk(offs, M: int, blk_m: int, n_tiles: int, group: int, num_ctas: int,
-         layout: str = "contiguous") -> list[list[WorkUnit]]:
+         layout: str = "contiguous", cluster_m: int = 1, cluster_n: int = 1) -> list[list[WorkUnit]]:
     """The work units of each CTA in order, as the kernel walks them; ``offs`` is the int32
-    operand of ``layout`` (cumulative end rows, or the masked layout's counts)."""
+    operand of ``layout`` (cumulative end rows, or the masked layout's counts).
+
+    In ``cluster_m`` x ``cluster_n`` clusters (CTA ``cta`` is rank ``cta % size`` of cluster
+    ``cta // size``, rank = rank_m + cluster_m * rank_n) a cluster walks the units of
+    :func:`cluster_units` (``t = cluster, cluster + num_clusters, ...``) and each of its CTAs takes its
+    own m-tile and n-tile of the unit: both CTAs of a pair see the same units in the same order (they
+    share the ring's stages by multicast). A phantom (``row0 >= row_end``: an m-tile past the expert's
+    rows; or ``n_tile >= n_tiles``) still loads and multiplies, and writes nothing."""
+    size = cluster_m * cluster_n
+    if num_ctas % size:
+        raise ValueError(f"num_ctas={num_ctas} is not whole clusters of {size} CTAs; the runtime launches "
+                         f"{num_ctas // size * size}")
     masked = layout == "masked"
-    ends, tile_end = (masked_tables if masked else tables)(offs, M, blk_m, n_tiles)
+    unit_rows, unit_n, band = cluster_units(blk_m, n_tiles, group, cluster_m, cluster_n)
+    ends, tile_end = (masked_tables if masked else tables)(offs, M, unit_rows, unit_n)
     max_tokens = M // max(1, len(offs))
     total = tile_end[-1] if tile_end else 0
+    num_clusters = num_ctas // size
     out = []
     for cta in range(num_ctas):
+        clu, rank = divmod(cta, size)
+        rank_m, rank_n = rank % cluster_m, rank // cluster_m
         mine = []
-        for t in range(cta, total, num_ctas):
+        for t in range(clu, total, num_clusters):
             e = locate(tile_end, t)
             start = e * max_tokens if masked else ends[e - 1] if e > 0 else 0
             local = t - (tile_end[e - 1] if e > 0 else 0)
-            m, n = tile_in_expert(local, tiles_over(ends[e] - start, blk_m), n_tiles, group)
-            mine.append(WorkUnit(e, start + m * blk_m, ends[e], n))
+            m, n = tile_in_expert(local, tiles_over(ends[e] - start, unit_rows), unit_n, band)
+            mine.append(WorkUnit(e, start + m * unit_rows + rank_m * blk_m, ends[e], n * cluster_n + rank_n))
         out.append(mine)
     return out
 
@@ -327,9 +351,29 @@ class Walk:
     masked: bool = False  # the masked layout: ends from counts, expert e's first row e * max_tokens
     max_tokens: object = None  # rows an expert owns in the masked layout (M // E, at run time)
     part: object = None  # warp_scan: int32[2 * 32], each scanning lane's running max, then its tiles
+    # clusters (cluster_units): a unit is cluster_m m-tiles by cluster_n n-tiles, this CTA's its rank's
+    cluster_m: int = 1
+    cluster_n: int = 1
+    rank_m: object = 0
+    rank_n: object = 0
 
     def total(self):
         return self.tile_end[self.experts - 1]
+
+    @property
+    def unit_rows(self) -> int:
+        """Rows of A a work unit spans (the tables count units of these): ``blk_m`` a CTA's m-tile."""
+        return cluster_units(self.blk_m, self.n_tiles, self.group, self.cluster_m, self.cluster_n)[0]
+
+    @property
+    def unit_n(self) -> int:
+        """Work units across one expert's N."""
+        return cluster_units(self.blk_m, self.n_tiles, self.group, self.cluster_m, self.cluster_n)[1]
+
+    @property
+    def band(self) -> int:
+        """Work units of a band (``l2_group_size`` m-tiles)."""
+        return cluster_units(self.blk_m, self.n_tiles, self.group, self.cluster_m, self.cluster_n)[2]
 
 
 @T.inline
@@ -348,7 +392,7 @@ def fill_tables(w, offs, M, tid, threads):
             run[1] = 0
             for e in T.serial(w.experts):
                 run[2] = T.min(T.max(w.ends[e], 0), w.max_tokens)
-                run[1] = run[1] + tiles_over(run[2], w.blk_m) * w.n_tiles
+                run[1] = run[1] + tiles_over(run[2], w.unit_rows) * w.unit_n
                 w.ends[e] = e * w.max_tokens + run[2]
                 w.tile_end[e] = run[1]
     elif tid == 0:
@@ -359,7 +403,7 @@ def fill_tables(w, offs, M, tid, threads):
         run[1] = 0
         for e in T.serial(w.experts):
             run[2] = T.min(T.max(w.ends[e], run[0]), M)
-            run[1] = run[1] + tiles_over(run[2] - run[0], w.blk_m) * w.n_tiles
+            run[1] = run[1] + tiles_over(run[2] - run[0], w.unit_rows) * w.unit_n
             w.ends[e] = run[2]
             w.tile_end[e] = run[1]
             run[0] = run[2]
@@ -387,7 +431,7 @@ def fill_tables_warp(w, offs, M, tid, threads):
             if first + j < w.experts:
                 if w.masked:
                     s1[1] = T.min(T.max(w.ends[first + j], 0), w.max_tokens)
-                    s1[0] = s1[0] + tiles_over(s1[1], w.blk_m) * w.n_tiles
+                    s1[0] = s1[0] + tiles_over(s1[1], w.unit_rows) * w.unit_n
                     w.ends[first + j] = (first + j) * w.max_tokens + s1[1]
                     w.tile_end[first + j] = s1[0]
                 else:
@@ -411,7 +455,7 @@ def fill_tables_warp(w, offs, M, tid, threads):
             for j in T.unroll(chunk):
                 if first + j < w.experts:
                     s2[3] = T.min(T.max(w.ends[first + j], s2[0]), M)
-                    s2[2] = s2[2] + tiles_over(s2[3] - s2[1], w.blk_m) * w.n_tiles
+                    s2[2] = s2[2] + tiles_over(s2[3] - s2[1], w.unit_rows) * w.unit_n
                     w.ends[first + j] = s2[3]
                     w.tile_end[first + j] = s2[2]
                     s2[1] = s2[3]
@@ -446,12 +490,20 @@ def locate_tile(w, t, at):
         at[1] = T.Select(e > 0, w.ends[prev], 0)  # the expert's first row
     at[2] = w.ends[e]
     at[3] = t - T.Select(e > 0, w.tile_end[prev], 0)  # its local unit, for a moment
-    m, n = T.meta_var(tile_in_expert(at[3], tiles_over(at[2] - at[1], w.blk_m), w.n_tiles, w.group))
+    m, n = T.meta_var(tile_in_expert(at[3], tiles_over(at[2] - at[1], w.unit_rows), w.unit_n, w.band))
     # m and n are expressions of at[1] and at[3]: both computed before either is overwritten
     at[5] = m
     at[6] = n
-    at[1] = at[1] + at[5] * w.blk_m
-    at[3] = at[6] * w.blk_n
+    if w.cluster_m > 1:
+        # this CTA's m-tile of the unit's cluster_m (past the expert's end: a phantom, guarded stores)
+        at[1] = at[1] + at[5] * w.unit_rows + w.rank_m * w.blk_m
+    else:
+        at[1] = at[1] + at[5] * w.blk_m
+    if w.cluster_n > 1:
+        # this CTA's n-tile of the unit's cluster_n (past N: a phantom, its D columns clipped)
+        at[3] = (at[6] * w.cluster_n + w.rank_n) * w.blk_n
+    else:
+        at[3] = at[6] * w.blk_n
     at[4] = e * w.n + at[3]
 
 
@@ -549,6 +601,9 @@ def checker_params(cfg: GemmConfig) -> dict:
     counts = [0] * E
     if E > 1:
         counts[1] = min(M, cfg.blk_m + 1)
+    if E > 3 and common.cluster_shape(cfg) != (1, 1):
+        # clusters: an expert of one row, so the first clusters' walk holds a pair with a phantom partner
+        counts[2] = 1
     counts[-1] += M - sum(counts)
     offsets = [sum(counts[: e + 1]) for e in range(E)]
     return {"M": M, "offsets": offsets}
@@ -573,12 +628,32 @@ def check(cfg: GemmConfig) -> None:
         raise ConfigError(f"pipe_depth={cfg.pipe_depth} with {E} experts needs {smem} bytes of shared memory (the ring, "
                           f"the staging and 8 bytes an expert), over the {most} a block may use on {cfg.arch}; use "
                           f"pipe_depth={cfg.pipe_depth - 1}")
-    cm, cn = common.cluster_shape(cfg)
-    if (cm, cn) != (1, 1):
-        raise ConfigError(f"cluster_m={cm}, cluster_n={cn}: the grouped kernel runs 1x1 clusters (a cluster's tiles "
-                          "could belong to two experts); use cluster_m=1, cluster_n=1")
+    check_cluster(cfg)
     if fp8.enabled(cfg):
         check_fp8(cfg)
+
+
+CLUSTERS = ((1, 1), (2, 1), (1, 2))  # (cluster_m, cluster_n) the grouped kernel builds
+
+
+def check_cluster(cfg: GemmConfig) -> None:
+    """What of clusters the grouped kernel builds: 2x1 (an m-pair shares W's tile) and 1x2 (an n-pair
+    shares A's), the contiguous and masked layouts, 16-bit, not gated, not swapped."""
+    cm, cn = common.cluster_shape(cfg)
+    if (cm, cn) == (1, 1):
+        return
+    if (cm, cn) not in CLUSTERS:
+        raise ConfigError(f"cluster_m={cm}, cluster_n={cn}: the grouped kernel builds clusters of 2x1 (cluster_m=2: two "
+                          "m-tiles of an expert share W's tile) or 1x2 (cluster_n=2: two n-tiles share A's); use one "
+                          "of those, or 1x1")
+    common.check_cluster(cfg)
+    refused = [(swap_ab(cfg), "swap_ab=True", "swap_ab=False"),
+               (fp8.enabled(cfg), "an fp8 spec", "a 16-bit spec (d_bfloat16.grouped_true)"),
+               (spec_of(cfg).gated, "a gated W_gu (SwiGLU)", "an ungated grouped spec")]
+    for on, what, fix in refused:
+        if on:
+            raise ConfigError(f"cluster_m={cm}, cluster_n={cn} with {what} is not built (clusters serve the 16-bit, "
+                              f"non-swapped, ungated tile); use cluster_m=1, cluster_n=1, or {fix}")
 
 
 def check_fp8(cfg: GemmConfig) -> None:
@@ -595,12 +670,14 @@ def check_fp8(cfg: GemmConfig) -> None:
 def launch(cfg: GemmConfig) -> dict:
     """Persistent CTAs (as many as the SMs), a producer warpgroup beside the consumers, M at run
     time; the tables' 8 bytes an expert on top of the ring and the staging."""
-    info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=1)
+    cm, cn = common.cluster_shape(cfg)
+    info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=cm * cn)
     tables_bytes = 2 * 4 * experts_of(cfg)  # the warp scan's partial results sit in the barriers' 1 KiB
     # swap AB stages the whole blk_m x blk_n tile (TransposedEpilogue), where the budget counts epi_n chunks
     staging_more = max(0, cfg.blk_m * cfg.blk_n * cfg.elem_bytes - budget.out_bytes(cfg)) if swap_ab(cfg) else 0
     extra = {"swap_ab": True} if swap_ab(cfg) else {}
     extra.update({"warp_scan": True} if warp_scan(cfg) else {})
+    extra.update({"cluster_shape": [cm, cn]} if cm * cn > 1 else {})
     return {**info, "threads": info["threads"] + common.THREADS_PER_WG, "dynamic_m": True,
             "smem_bytes": info["smem_bytes"] + tables_bytes + staging_more, "experts": experts_of(cfg),
             "layout": layout_of(cfg), **extra}
@@ -626,7 +703,12 @@ def kernel(cfg: GemmConfig):
     slices_per_tile = cfg.k_tiles
     consumers = cfg.num_warpgroups
     threads = common.THREADS_PER_WG * (consumers + 1)
-    releases = 4 * consumers  # every consumer warp frees a stage
+    # clusters: cluster_m CTAs of adjacent m-tiles share each W tile (cluster_n: n-tiles, A), half each
+    # by multicast; a cluster walks the units (cluster_units), its CTAs their own tile of each
+    cluster_m, cluster_n = common.cluster_shape(cfg)
+    cluster_size = cluster_m * cluster_n
+    clustered = cluster_size > 1
+    releases = 4 * consumers * cluster_size  # every consumer warp of every CTA of the cluster frees a stage
     regs = common.role_registers(consumers)
     rows_per_wg = plan.rows_per_wg  # of the tile's A rows; swap AB: of its W rows
     A_layout, B_layout = plan.ab_layouts(stages)
@@ -646,17 +728,29 @@ def kernel(cfg: GemmConfig):
         raise ConfigError(f"pipe_depth={stages} with warp_scan: the barriers and the scan's partial results pass the "
                           f"{budget.BARRIER_BYTES} bytes below the tiles; use pipe_depth<={(budget.BARRIER_BYTES - 256) // 16}")
 
+    def cluster_of(cta):
+        # the first unit this CTA's cluster walks (1x1: the CTA's own index)
+        return cta // cluster_size if clustered else cta
+
+    def clusters_in(num_ctas):
+        # the walk's stride: the launch's clusters (the runtime launches whole ones)
+        return num_ctas // cluster_size if clustered else num_ctas
+
     # fmt: off
     @T.inline
     def body(A, B, D, offsets, num_ctas, scale_a=None, scale_b=None):
         cta = T.cta_id([num_ctas])
+        if clustered:
+            rank = T.cta_id_in_cluster([cluster_size])  # rank_m + cluster_m * rank_n
+        else:
+            rank = T.meta_var(0)
         wg_id = T.warpgroup_id([consumers + 1])
         warp_id = T.warp_id_in_wg([4])
         lane_id = T.lane_id([32])
         pool = T.SMEMPool()
         tma2mma = TMABar(pool, stages)
         mma2tma = MBarrier(pool, stages)
-        ring = Ring(tma2mma, mma2tma)
+        ring = Ring(tma2mma, mma2tma, cluster_size=cluster_size)  # a release goes to every CTA of the cluster
         if scan_by_warp:
             # the scanning lanes' partial results, in the padding the barriers leave below 1 KiB (two
             # 8-byte barriers a stage, then these 256 bytes: checked above): free, so the warp scan fits
@@ -672,7 +766,8 @@ def kernel(cfg: GemmConfig):
         pool.commit()
         w = T.meta_var(Walk(ends=ends, tile_end=tile_end, experts=E, blk_m=BLK_M, blk_n=BLK_N, n=N, n_tiles=n_tiles,
                             group=cfg.l2_group_size, masked=masked, max_tokens=T.truncdiv(M, E),
-                            part=part if scan_by_warp else None))
+                            part=part if scan_by_warp else None, cluster_m=cluster_m, cluster_n=cluster_n,
+                            rank_m=rank % cluster_m, rank_n=rank // cluster_m))
         if scan_by_warp:
             fill_tables_warp(w, offsets, M, wg_id * common.THREADS_PER_WG + warp_id * 32 + lane_id, threads)
         else:
@@ -681,13 +776,16 @@ def kernel(cfg: GemmConfig):
         # the barrier inits (and thread 0's tables) visible to the async proxy and every thread
         T.ptx.fence.mbarrier_init.release.cluster()
         common.cluster_sync()
+        # clustered: this CTA loads its half of the shared tile (W's rows by rank_m, A's by rank_n) into
+        # both CTAs' stages; a phantom's loads still go out (its partner waits on their bytes)
         loads = T.meta_var(Producer(plan=plan, a=A, b=B, a_smem=Asmem, b_smem=Bsmem, ring=ring,
-                                    gated_n=N // 2 if gated else 0))
+                                    cluster_m=cluster_m, cluster_n=cluster_n, rank_m=rank % cluster_m,
+                                    rank_n=rank // cluster_m, gated_n=N // 2 if gated else 0))
 
         with WarpgroupRole(wg_id, common.PRODUCER_WG, regs=regs.producer):
             if T.And(warp_id == 0, lane_id == 0):
                 at_load = T.alloc_local((7,), "int32")
-                t_load: T.int32 = cta
+                t_load: T.int32 = cluster_of(cta)
                 load_it: T.int32 = 0
                 while t_load < w.total():
                     locate_tile(w, t_load, at_load)
@@ -699,7 +797,7 @@ def kernel(cfg: GemmConfig):
                     else:
                         loads.load_tile(load_it, at_load[1], at_load[4])
                     load_it = load_it + slices_per_tile
-                    t_load = t_load + num_ctas
+                    t_load = t_load + clusters_in(num_ctas)
 
         with common.ConsumerRole(wg_id, consumers, regs.consumer):
             c = T.meta_var(wg_id - 1)  # this consumer
@@ -739,7 +837,7 @@ def kernel(cfg: GemmConfig):
                 pairs_wait: T.int32 = 0  # 1 while Preg holds a whole tile not yet stored
             it: T.int32 = 0  # K slices consumed by this CTA: never reset
             epi_it: T.int32 = 0  # output chunks this consumer stored: never reset
-            t: T.int32 = cta
+            t: T.int32 = cluster_of(cta)
             while t < w.total():
                 locate_tile(w, t, at)
                 if under:
@@ -787,7 +885,7 @@ def kernel(cfg: GemmConfig):
                                              epilogue.op_of(cfg))
                     else:
                         rows_to_global(plan, mma.sums, D, at[1], at[3], wg_row0, at[2], warp_id, lane_id)
-                t = t + num_ctas
+                t = t + clusters_in(num_ctas)
             if under:
                 if pairs_wait > 0:
                     epi.store_pairs(Preg, m_prev, n_prev, epi_it)

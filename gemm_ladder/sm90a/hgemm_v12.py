@@ -107,6 +107,10 @@ class GroupedKnobs:
 
 
 KNOBS = gemm.knob_defaults(GroupedKnobs)
+# clusters (issue 33's floor case): taken, kept only away from 1x1 (the tags and cache keys of 1x1 modules
+# stay as they were): cluster_m=2, two m-tiles of an expert share W's tile by multicast; cluster_n=2, two
+# n-tiles share A's (grouped.check_cluster says which combinations are built)
+OPTIONAL_KNOBS = {"cluster_m": 1, "cluster_n": 1}
 CONSUMERS = (1, 2, 3)
 SWAP_CONSUMERS = (1, 2)  # v11's: whole 64-row atoms of W per consumer
 BLK_M_CHOICES = common.SWAP_BLK_M  # swap AB takes blk_m tokens a multiple of 8; without it check_tile wants 64s
