@@ -36,13 +36,14 @@ token tiles (``l2_group_size``: a Zipf-hot expert's weight tile read by all its 
 the token counts the swapped tiers serve (:data:`BAND_VARIANTS`; 17 modules, 3.6 MiB, 30 s on an H100).
 
 ``prepare DIR --large`` builds instead the tiles for the grouped suite's case below 0.95x torch (the odd
-shape at 8192-32768 tokens: :data:`LARGE_VARIANTS`): the defaults, 128-column epilogue chunks (``epi128``,
-3 stages, the best of an earlier --large run), the epilogue under the next tile (``epi_under``, alone and
-with ``epi128``) and the whole tile as one chunk (``epi256``, alone and under); the defaults and
-``epi_under`` also on the Mixtral-like weight at 8192 tokens and the DeepSeek-V3-like one at 32768 (beside
-``swap64``, which serves it), so that a rule for it loses nowhere; plus one masked-layout ``epi_under``
-module of the odd shape, checked only (``grouped_check.masked_check_job``). 13 modules, 2.9 MiB; 30 s on
-an H100 with 11 of them (2026-11-26).
+shape at 8192-32768 tokens: :data:`LARGE_VARIANTS`): the defaults and 128-column epilogue chunks (``epi128``,
+the best 1x1 tile there) beside v12 in clusters, ``c2x1`` (two m-tiles of an expert share W's tile by TMA
+multicast, as ``torch._grouped_mm``'s ClusterShape 2x1x1 does), ``c2x1_epi128`` and ``c1x2`` (two n-tiles
+share A's); ``c2x1`` also on the Mixtral-like and DeepSeek-V3-like weights at 8192 and 32768 tokens and the
+Qwen-like at 8192, beside the module that serves each, so that a rule for it loses nowhere; plus one
+masked-layout ``c2x1`` module of the odd shape, checked only (``grouped_check.masked_check_job``). A clustered
+contiguous module's check (:func:`cluster_check_job`) adds a routing where every expert holds an odd number of
+m-tiles (a phantom partner in each expert's last pair). 13 modules, about 3 MiB.
 
 ``prepare DIR --pack`` builds instead a kernel pack of the four weights (contiguous, bf16: the
 policy's tiers, ``plan.grouped_choices``), and ``run`` then serves the same cases through
@@ -109,6 +110,14 @@ VARIANTS = {
     # named barriers and one store a tile; with epi_under, stored under the next tile's first slice
     "epi256": {"epi_n": 256, "pipe_depth": 3, "warp_scan": True},
     "epi_under_epi256": {"epi_under": True, "epi_n": 256, "pipe_depth": 3, "warp_scan": True},
+    # --large: 2x1 clusters (two m-tiles of an expert share W's tile by multicast, half each: a third less
+    # L2 -> SM traffic at 128x256, torch._grouped_mm's ClusterShape 2x1x1), alone (the defaults' serial
+    # scan, beside them) and with 128-column chunks; 1x2 (two n-tiles share A's tile); and the 2x1 masked
+    # module, checked only
+    "c2x1": {"cluster_m": 2},
+    "c2x1_epi128": {"cluster_m": 2, "epi_n": 128, "pipe_depth": 3, "warp_scan": True},
+    "c1x2": {"cluster_n": 2},
+    "c2x1_masked": {"cluster_m": 2, "layout": "masked"},
 }
 BASELINE = "default"
 # the variants of each shape of grouped_check.SHAPES (bf16, timed), and the token counts timed: rows
@@ -130,16 +139,18 @@ BAND_VARIANTS = {
 }
 BAND_TOKENS = {"mixtral": (512,), "qwen_moe": (512, 2048, 8192), "deepseek_v3": (512, 2048, 8192)}
 # prepare --large: the case under 0.95x torch._grouped_mm in the grouped suite
-# (benchmarks/results/2026-11-26_h100_grouped_suite: the odd 5 x 1000x520 at 32768 tokens 0.906-0.937 with the
-# 128x256 defaults, K = 520 a short K loop of 9 slices; of v12's other tiles epi128 was the best, 0.927-0.942, and
-# n128, m64, m192n128 and swap64 worse): the epilogue under the next tile beside them, and on the Mixtral-like and
-# DeepSeek-V3-like weights (long K loops: the stores were already a small part) so that it loses nowhere
+# (benchmarks/results/2026-11-26_h100_grouped_merged_19edac2: the odd 5 x 1000x520 at 32768 tokens 0.905-0.937 with
+# the 128x256 defaults; epi128 0.916-0.929, epi_under no better: benchmarks/results/2026-11-26_h100_grouped_epi_under):
+# v12 in 2x1 and 1x2 clusters (TMA multicast of the shared tile) beside the defaults and epi128, and 2x1 on the
+# Mixtral-like, DeepSeek-V3-like and Qwen-like weights (beside the module that serves each) so that a rule for it
+# loses nowhere; plus the 2x1 masked module of the odd shape, checked only (grouped_check.masked_check_job)
 LARGE_VARIANTS = {
-    "odd": ("default", "epi128", "epi_under", "epi_under_epi128", "epi256", "epi_under_epi256", "epi_under_masked"),
-    "mixtral": ("default", "epi128", "epi_under"),
-    "deepseek_v3": ("default", "swap64", "epi_under"),
+    "odd": ("default", "epi128", "c2x1", "c2x1_epi128", "c1x2", "c2x1_masked"),
+    "mixtral": ("default", "c2x1"),
+    "deepseek_v3": ("default", "swap64", "c2x1"),
+    "qwen_moe": ("default", "c2x1"),
 }
-LARGE_TOKENS = {"odd": (8192, 32768), "mixtral": (8192,), "deepseek_v3": (32768,)}
+LARGE_TOKENS = {"odd": (8192, 32768), "mixtral": (8192, 32768), "deepseek_v3": (8192, 32768), "qwen_moe": (8192,)}
 ODD_FP16 = ("scan", "swap32")  # checked only: the other dtype's MMA over the new prologue
 TAIL = 37  # rows of A past offs[-1] in a timed case's check: they must stay NaN in D
 DTYPE = "bfloat16"
@@ -204,12 +215,57 @@ def is_masked(module: dict) -> bool:
     return module.get("knobs", {}).get("layout") == "masked"
 
 
+def is_clustered(module: dict) -> bool:
+    """A module of 2x1 or 1x2 clusters (``--large``'s c2x1, c1x2)."""
+    knobs = module.get("knobs", {})
+    return knobs.get("cluster_m", 1) * knobs.get("cluster_n", 1) > 1
+
+
+CHECK_JOBS = {"masked": "benchmarks.grouped_check:masked_check_job", "plain": "benchmarks.grouped_check:check_job",
+              "cluster": "benchmarks.grouped_prefill_check:cluster_check_job"}
+
+
 def check_items(folder, modules: list[dict]) -> dict[str, list[str]]:
-    """The check jobs (``grouped_check``'s, by the module's layout) and the modules each checks."""
+    """The check jobs (``module:function``: ``grouped_check``'s by the module's layout; a contiguous
+    clustered module's :func:`cluster_check_job`) and the modules each checks."""
     out: dict[str, list[str]] = {}
     for m in modules:
-        out.setdefault("masked_check_job" if is_masked(m) else "check_job", []).append(str(Path(folder) / m["file"]))
+        kind = "masked" if is_masked(m) else "cluster" if is_clustered(m) else "plain"
+        out.setdefault(CHECK_JOBS[kind], []).append(str(Path(folder) / m["file"]))
     return out
+
+
+def odd_tile_counts(experts: int, blk_m: int = 128, live: int = 16) -> list[int]:
+    """Rows per expert with an ODD number of ``blk_m``-row tiles each (1, 3, 5, ...: a 2x1 cluster's
+    last pair of every expert has a phantom partner), every fourth expert empty, experts past ``live``
+    empty (E = 256 stays a few thousand rows), rows not multiples of the tile."""
+    counts = [0] * experts
+    for e in range(min(experts, live)):
+        if e % 4 != 3:
+            counts[e] = (2 * (e % 3) + 1) * blk_m - (e * 7) % 50
+    return counts
+
+
+def cluster_check_job(path, args) -> dict:
+    """``grouped_check.check_job`` (six routings, the front door and the op, the graph replayed with new
+    offs), then :func:`odd_tile_counts` with D poisoned and TAIL rows past ``offs[-1]`` that must stay
+    NaN: every expert's last 2x1 pair holds a phantom m-tile, which loads, multiplies and writes nothing."""
+    res = gc.check_job(path, args)
+    mod = grouped_door.GroupedModule(runtime.load(path))
+    E, N, K, dtype = mod.experts, mod.N, mod.K, mod.dtype
+    counts = odd_tile_counts(E)
+    rows = sum(counts) + TAIL
+    A, W, offs = gc._inputs(E, N, K, dtype, counts, rows, seed=7)  # pylint: disable=protected-access
+    D = torch.full((rows, N), float("nan"), dtype=A.dtype, device="cuda")
+    mod.launch(A, W, offs, D)
+    torch.cuda.synchronize()
+    rel, trel, nan, past = gc._errors(A, W, gc.offsets_of(counts), D, rows)  # pylint: disable=protected-access
+    ok = nan == 0 and past == 0 and rel <= 2 * trel + gc.ERROR_FLOOR[dtype]
+    res["odd_tiles"] = {"ok": ok, "rel_err": rel, "torch_rel_err": trel, "nan": nan, "rows_past_offs_written": past,
+                        "counts_head": counts[:8]}
+    if not ok:
+        res["status"] = "wrong"
+    return res
 
 
 def parse_item(item: str) -> tuple[int, list[str]]:
@@ -465,7 +521,7 @@ def run(folder, out) -> int:
     try:
         checks = {}
         for job, paths in check_items(folder, modules).items():
-            results = isolate.run_batch(f"benchmarks.grouped_check:{job}", paths, timeout=gc.CHECK_TIMEOUT,
+            results = isolate.run_batch(job, paths, timeout=gc.CHECK_TIMEOUT,
                                         explain=False)
             checks.update({Path(p).name: r for p, r in zip(paths, results)})
         items = time_items(folder, modules, checks, tokens)

@@ -45,25 +45,41 @@ def test_the_large_plan_times_the_suites_losing_cases_beside_todays_module(gp):
     assert {"default", "swap64"} <= set(gp.LARGE_VARIANTS["deepseek_v3"]) and gp.LARGE_VARIANTS["odd"][0] == gp.BASELINE
 
 
-def test_the_large_plan_times_epi_under_beside_the_default_and_epi128(gp, tmp_path):
-    """--large (issue 33's floor case): the odd shape's epi_under and epi_under + epi128 beside the
-    default and epi128 at 8192 and 32768 tokens, epi_under on the Mixtral-like and DeepSeek-V3-like
-    weights too; the masked epi_under module goes to the masked check and is never timed."""
+def test_the_large_plan_times_clusters_beside_the_default_and_epi128(gp, tmp_path):
+    """--large (issue 33's floor case): the odd shape's 2x1 and 1x2 clusters beside the default and
+    epi128 at 8192 and 32768 tokens, 2x1 on the Mixtral-like, DeepSeek-V3-like and Qwen-like weights too;
+    a contiguous clustered module goes to the cluster check (an odd m-tile count in every expert), the
+    masked one to the masked check and is never timed."""
     plan = gp.module_plan(large=True)
     variants = {(p[0], p[5]) for p in plan}
-    assert {("odd", v) for v in ("default", "epi128", "epi_under", "epi_under_epi128")} <= variants
-    assert {("mixtral", "epi_under"), ("deepseek_v3", "epi_under")} <= variants
-    assert gp.LARGE_TOKENS["odd"] == (8192, 32768) and gp.LARGE_TOKENS["mixtral"] == (8192,)
+    assert {("odd", v) for v in ("default", "epi128", "c2x1", "c2x1_epi128", "c1x2")} <= variants
+    assert {(s, "c2x1") for s in ("mixtral", "deepseek_v3", "qwen_moe")} <= variants
+    assert gp.LARGE_TOKENS["odd"] == (8192, 32768) and gp.LARGE_TOKENS["mixtral"] == (8192, 32768)
     modules = [{"file": f"gprefill_{name}_bfloat16_{v}.so", "shape": name, "dtype": "bfloat16", "variant": v,
                 "knobs": gp.VARIANTS[v]} for name, _, _, _, _, v in plan]
     jobs = gp.check_items(tmp_path, modules)
-    assert [p.rsplit("/", 1)[1] for p in jobs["masked_check_job"]] == ["gprefill_odd_bfloat16_epi_under_masked.so"]
-    assert len(jobs["check_job"]) == len(modules) - 1
+    names = {job: [p.rsplit("/", 1)[1] for p in paths] for job, paths in jobs.items()}
+    assert names[gp.CHECK_JOBS["masked"]] == ["gprefill_odd_bfloat16_c2x1_masked.so"]
+    assert sorted(names[gp.CHECK_JOBS["cluster"]]) == sorted(
+        f"gprefill_{s}_bfloat16_{v}.so" for s, v in variants if v in ("c2x1", "c2x1_epi128", "c1x2"))
+    assert sum(map(len, jobs.values())) == len(modules)
     items = gp.time_items(tmp_path, modules, {m["file"]: {"status": "ok"} for m in modules}, gp.LARGE_TOKENS)
-    assert len(items) == 4 and not any("masked" in i for i in items)
+    assert len(items) == 7 and not any("masked" in i for i in items)
     assert all(gp.variant_of(gp.parse_item(i)[1][0]) == gp.BASELINE for i in items)
-    assert {gp.variant_of(p) for i in items for p in gp.parse_item(i)[1]} >= {"epi_under", "epi_under_epi128",
-                                                                             "epi128"}
+    assert {gp.variant_of(p) for i in items for p in gp.parse_item(i)[1]} >= {"c2x1", "c2x1_epi128", "c1x2", "epi128"}
+
+
+@pytest.mark.parametrize("experts", [5, 8, 64, 256])
+def test_the_cluster_checks_routing_gives_every_live_expert_an_odd_tile_count(gp, experts):
+    counts = gp.odd_tile_counts(experts)
+    live = [c for c in counts if c]
+    assert len(counts) == experts and live and sum(counts) < 8192
+    assert all(-(-c // 128) % 2 == 1 for c in live) and any(c % 128 for c in live)
+    assert 0 in counts[:4] or experts < 4  # an empty expert among them
+    # in 2x1 clusters each live expert's last pair holds a phantom partner
+    units = grouped.walk(gp.gc.offsets_of(counts), sum(counts), 128, 4, 8, 8, cluster_m=2)
+    phantoms = {u.expert for w in units for u in w if u.row0 >= u.row_end}
+    assert phantoms == {e for e, c in enumerate(counts) if c}
 
 
 def test_the_warp_scan_fits_the_default_tile_at_256_experts(gp):
