@@ -100,8 +100,25 @@ columns are clipped) and rows past the expert's end the next tokens' (their rows
 
 Roles, ring and barriers are v9's (``gemm.py``): a producer warpgroup, ``num_warpgroups``
 consumers each owning its rows, ``tma2mma`` / ``mma2tma`` per stage, a named barrier per consumer
-for its chunked TMA stores. No clusters (a 2x1 cluster's two m-tiles could belong to two experts),
-no narrow tail: not built in this slice.
+for its chunked TMA stores. No narrow tail: not built in this slice.
+
+Clusters (knobs ``cluster_m`` / ``cluster_n``, 1x1 by default; issue 33's floor case). At K = 520 (the odd
+5 x 1000x520 weight at 32768 tokens) a 128x256 tile streams 128x520 of A and 256x520 of W from L2 for
+only 9 K slices: the kernel is bound by L2 -> SM traffic, not by the MMAs. In a 2x1 cluster two CTAs
+take two adjacent m-tiles of ONE expert and the same n-tile, and each loads half of W's tile and
+multicasts it into both (``producer.Producer`` with ``cluster_m=2``, v9's loads), a third less traffic a
+tile; 1x2 shares A's tile between two n-tiles. So that both CTAs of a cluster hold the same expert, the
+work unit is the cluster's (:func:`cluster_units`: an m-PAIR by an n-tile; the tables count
+``ceil(m_tiles(e) / 2) * n_tiles`` units an expert), a cluster walks units ``cluster, cluster +
+num_clusters, ...`` and the CTA of rank_m r takes m-tile ``2 * pair + r``; bands of ``l2_group_size``
+m-tiles are bands of half as many pairs. Where an expert holds an odd number of m-tiles, its last pair's
+second m-tile lies past the expert's rows: this PHANTOM still loads its half of W (its partner waits on
+those bytes) and runs its K loop (the ring's releases go to both CTAs), and writes nothing: no row of
+it is before the expert's end row, which guards the last m-tile's stores (its A rows are the next
+expert's tokens, or TMA's zero fill past M). A 1x2 phantom is an n-tile past N: its loads read the
+next expert's W rows (or zero fill), its D columns are clipped. The phantoms waste up to half the MMA
+work where experts hold one m-tile (decode): clusters are for large experts. Not with swap AB, fp8 or
+a gated W_gu (refused by name); :func:`walk` with ``cluster_m`` / ``cluster_n`` is the model.
 
 The epilogue under the next tile (``epi_under``, v9's knob, not with ``swap_ab``): at K = 520 (the
 suite's odd 5 x 1000x520 weight) a tile's K loop is 9 slices, and the 128x256 tile's chunked stores
@@ -117,7 +134,7 @@ end row, and the tile after it has no pairs to store (``pairs_wait``). The walk 
 shape (its stores are not what limits it: the floor case stays at 0.92-0.93x torch with ``epi128``), 1.01-1.03x
 on Mixtral-like at 8192 tokens, even on DeepSeek-V3-like at 32768; off by default, not in the policy.
 
-Constraints: those of v9's tile (blk_m = 64 x consumers x atoms, epi_n), clusters 1x1, N and K
+Constraints: those of v9's tile (blk_m = 64 x consumers x atoms, epi_n), clusters 1x1, 2x1 or 1x2, N and K
 multiples of 8, a runtime M (any number of tokens; masked: E x max_tokens), E = ``experts`` fixed at
 build (the weight's). With ``swap_ab``: v11's tile (blk_m a multiple of 8 up to 256, blk_n whole
 64-row atoms over 1 or 2 consumers), the whole ``blk_m x blk_n`` tile staged (counted in the

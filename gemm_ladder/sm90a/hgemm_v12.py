@@ -22,8 +22,8 @@ the next expert, so that tile leaves through stores guarded by the expert's end 
                 masked counts;               m-tile (swap AB:        pipe_depth, epi_n,
                 swap AB: W[e]                transposed; guarded     l2_group_size, layout,
                 rows x tokens)               2-byte stores;          swap_ab, warp_scan,
-                                             epi_under: whole tiles  epi_under
-                                             under the next tile)
+                                             epi_under: whole tiles  epi_under,
+                                             under the next tile)    cluster_m, cluster_n
     ==========  ==============  ===========  ======================  ========================
 
 Masked layout (``layout="masked"``, decode): A ``[E, max_tokens, K]`` viewed ``[E * max_tokens, K]``
@@ -41,9 +41,15 @@ them are unchanged, source for source. ``epi_under`` (off by default; not with `
 whole tile's chunks under the next tile's first K slices, as v9 does; an expert's last m-tile still
 leaves at once by its guarded stores (``grouped.py`` says why).
 
-Barriers: v9's without clusters (``tma2mma[s]``: the producer's expect_tx and the TMA bytes;
-``mma2tma[s]``: lane 0 of every consumer warp; named barrier 1+c per consumer's epilogue), plus
-one CTA barrier in the prologue, after the offsets land in shared memory.
+Barriers: v9's (``tma2mma[s]``: the producer's expect_tx and the TMA bytes, its own and its cluster
+peer's multicast half; ``mma2tma[s]``: lane 0 of every consumer warp of every CTA of the cluster; named
+barrier 1+c per consumer's epilogue), plus one CTA barrier in the prologue, after the offsets land in
+shared memory.
+
+Clusters (``cluster_m=2`` or ``cluster_n=2``; 1x1 by default): two CTAs take two m-tiles of one expert
+(two n-tiles) and share W's (A's) tile by TMA multicast, half each; a cluster walks units of an m-pair
+(n-pair), and an expert's odd last m-tile pairs with a phantom that loads and multiplies and writes
+nothing (``grouped.py`` says how). Contiguous and masked; not with swap AB, fp8 or a gated W_gu.
 
 SwiGLU (spec ``grouped`` + ``gated``, ``gemm_ladder.grouped_swiglu``): W ``[E, 2I, K]`` holds each
 expert's ``cat([W_gate, W_up])``; a tile loads the gate rows and the up rows of the same outputs
@@ -61,7 +67,7 @@ promoted sums double the accumulators); contiguous layout, no swap AB (refused b
 gated W_gu yet (refused by name).
 
 Constraints: a spec with ``grouped`` and nothing else but a gated W_gu in 16 bits or fp8 rowwise scales
-(no bias, no plain activation yet); 1x1 clusters;
+(no bias, no plain activation yet); clusters 1x1, 2x1 or 1x2 (16-bit, not swapped, not gated);
 M at run time (any tokens, one module); N and K multiples of 8; ``experts`` <= 1024.
 
 Run:  python -m gemm_ladder build v12 --shape 4096x14336x4096 --knob experts=8 --out build/
@@ -89,7 +95,8 @@ FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}
 
 @dataclass(frozen=True)
 class GroupedKnobs:
-    """v12's knobs and their defaults (``KNOBS``): v9's tile, no clusters, and the expert count."""
+    """v12's knobs and their defaults (``KNOBS``): v9's tile, the expert count (clusters:
+    ``OPTIONAL_KNOBS``)."""
 
     experts: int = 8  # E: the weight's experts (W.shape[0])
     blk_m: int = 128
