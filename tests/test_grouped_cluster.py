@@ -201,6 +201,16 @@ def test_cluster_presets_pass_the_protocol_check(shape, tile):
     assert all(len(s.ctas) == 2 for s in report.sims)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_cluster_with_epi_under_passes_the_protocol_check(layout):
+    """2x1 with the epilogue under the next tile (a phantom's guarded stores write nothing and leave no
+    pairs waiting) and in the masked layout, at the odd weight."""
+    cfg = make_config("v12", 600, 1000, 520, experts=5, spec=GROUPED, cluster_m=2, epi_under=True, layout=layout)
+    report = check_config(cfg, policies=("forward",))
+    assert report.ok, report.table()
+    assert all(s.finished for s in report.sims), report.summary()
+
+
 def test_checker_routing_holds_a_phantom():
     cfg = make_config("v12", 600, 1000, 520, experts=5, spec=GROUPED, cluster_m=2)
     offs = grouped.checker_params(cfg)["offsets"]
