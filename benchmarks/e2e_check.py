@@ -773,13 +773,12 @@ def _row(phase: str, cfg: Config, batch: int, tokens: int, ms: dict, t0: float, 
             "tokens_per_s": tokens / ms["ours"] * 1e3, "torch_tokens_per_s": tokens / ms["torch"] * 1e3}
 
 
-def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> dict:
-    """Correctness against the fp32 model, then prefill and decode timings (see the module
-    docstring); ``dev`` other than cuda: a dry run of the same steps (tests); ``fuse``: ours
-    patched with ``fuse=True``."""
+def inference_pair(doc: dict, model: str, dev: torch.device, fuse: bool = False) -> tuple:
+    """(cfg, {"torch": model, "ours": its copy patched}, what ``patch`` swapped): the inference
+    phase's ``model`` in bf16 from seeded random weights, in eval mode, with positions for every
+    prefill and the decode context of the plan."""
     inf = doc["inference"]
     cfg = config_of(doc, model)
-    dev = torch.device(dev)
     positions = max([s for _, s in inf["prefill"]] + [inf["decode_context"]])
     with torch.device(dev):
         base = Llama(cfg, positions).to(torch.bfloat16).init_weights(seed=8)
@@ -787,7 +786,17 @@ def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> d
     base.eval()
     ours = copy.deepcopy(base)
     swapped = gnn.patch(ours, verbose=False, fuse=fuse)
-    models = {"torch": base, "ours": ours}
+    return cfg, {"torch": base, "ours": ours}, swapped
+
+
+def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> dict:
+    """Correctness against the fp32 model, then prefill and decode timings (see the module
+    docstring); ``dev`` other than cuda: a dry run of the same steps (tests); ``fuse``: ours
+    patched with ``fuse=True``."""
+    inf = doc["inference"]
+    dev = torch.device(dev)
+    cfg, models, swapped = inference_pair(doc, model, dev, fuse)
+    base = models["torch"]
     out: dict = {"status": "ok", "swapped": len(swapped), "fused": len(swapped.fused), "rows": []}
     g = torch.Generator(device=dev).manual_seed(5)
     with torch.inference_mode():

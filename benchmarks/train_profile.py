@@ -1,5 +1,8 @@
 """Where a training step's GPU time goes, kernel by kernel (issue 31): torch's model against ours
-(``gemm_ladder.nn.patch``, ``--fuse`` for the fused MLP), on the plan and pack of ``e2e_check``.
+(``gemm_ladder.nn.patch``, ``--fuse`` for the fused MLP), on the plan and pack of ``e2e_check``;
+with ``--prefill MODEL BxS`` an inference prefill's instead (the front door measured, as a user
+gets it), with each forward's wall time beside its GPU time (a host-bound prefill shows a wall
+time well over its kernels').
 
 The GPU-bound 350M step runs at 1.00x torch unfused and 0.98x fused although every fused GEMM is
 faster than torch's (``benchmarks/results/2026-11-26_h100_e2e_train_350/``): the difference is in
@@ -13,6 +16,7 @@ category. The phase runs in a child with a deadline (``measure.isolate``).
     PYTHONPATH=. .venv/bin/python benchmarks/e2e_check.py prepare build/e2e_350 --train llama-350m --phase train --fuse
     PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/train_profile.py run build/e2e_350 [--fuse] --out out/train_profile.json   # GPU box
+        python3 benchmarks/train_profile.py run build/e2e_fuse2 --fuse --prefill llama-8b-2l 1x512 --out ...
 """
 
 from __future__ import annotations
@@ -112,26 +116,72 @@ def profile_job(doc: dict, dev: str = "cuda", fuse: bool = False, warmup: int = 
     return out
 
 
+def prefill_job(doc: dict, model: str, batch: int, seq: int, dev: str = "cuda", fuse: bool = False,
+                warmup: int = 3, steps: int = STEPS, timed: int = 10) -> dict:
+    """An inference prefill (``model(tokens, last_only=True)``, as ``e2e_check`` times it) of torch's
+    model and ours: ``warmup`` forwards each (the front door's first use among them), ``steps``
+    under the profiler each, then ``timed`` forwards each, alternating, for the wall time."""
+    dev = torch.device(dev)
+    cfg, models, swapped = e2e_check.inference_pair(doc, model, dev, fuse)
+    tokens = torch.randint(cfg.vocab, (batch, seq), generator=torch.Generator(device=dev).manual_seed(5), device=dev)
+    activity = torch.profiler.ProfilerActivity.CUDA if dev.type == "cuda" else torch.profiler.ProfilerActivity.CPU
+    out: dict = {"status": "ok", "swapped": len(swapped), "fused": len(swapped.fused), "rows": []}
+    with torch.inference_mode():
+        for name, m in models.items():
+            for _ in range(warmup):
+                m(tokens, last_only=True)
+            e2e_check._sync(dev)  # pylint: disable=protected-access
+            t0 = time.time()
+            with torch.profiler.profile(activities=[activity]) as prof:
+                for _ in range(steps):
+                    m(tokens, last_only=True)
+                e2e_check._sync(dev)  # pylint: disable=protected-access
+            got = summarize_kernels(prof.key_averages(), steps,
+                                    "device_time_total" if dev.type == "cuda" else "self_cpu_time_total")
+            out["rows"].append({"t0": t0, "t1": time.time(), "phase": "prefill profile", "model": cfg.name,
+                                "who": name, "batch": batch, "tokens": batch * seq, "fused": fuse, **got})
+        fns = {n: (lambda m=m: m(tokens, last_only=True)) for n, m in models.items()}
+        wall = e2e_check._alternate(fns, e2e_check.ROUNDS, timed, dev)  # pylint: disable=protected-access
+    for row in out["rows"]:
+        row["wall_ms"] = wall[row["who"]]
+    return out
+
+
 def phase_job(item: str, args) -> dict:
-    """The isolated job: ``item`` is ``profile``; ``args``: the folder and ``fuse`` where ours is
-    patched with ``fuse=True``."""
-    if item != "profile":
-        raise ValueError(f"unknown phase {item!r}: profile")
+    """The isolated job: ``item`` is ``profile`` (a training step) or ``prefill:MODEL:BxS``;
+    ``args``: the folder and ``fuse`` where ours is patched with ``fuse=True``."""
+    kind, *what = item.split(":")
+    if kind not in ("profile", "prefill") or (kind == "prefill" and len(what) != 2):
+        raise ValueError(f"unknown phase {item!r}: profile or prefill:MODEL:BxS")
     folder = args[0]
+    fuse = len(args) > 1 and args[1] == "fuse"
     doc = read_json(Path(folder) / e2e_check.PLAN_FILE, "e2e_check plan", "run e2e_check.py prepare again",
                     e2e_check.PLAN_SCHEMA)
+    if kind == "prefill":
+        e2e_check._use_front(folder, "measured")  # pylint: disable=protected-access
+        batch, seq = parse_shape(what[1])
+        return prefill_job(doc, what[0], batch, seq, fuse=fuse)
     e2e_check._use_front(folder, "strict")  # pylint: disable=protected-access
-    return profile_job(doc, fuse=len(args) > 1 and args[1] == "fuse")
+    return profile_job(doc, fuse=fuse)
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"BxS"`` (batch x sequence, e.g. ``1x512``) -> (B, S), both positive."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"prefill shape {text!r}: batch x sequence as BxS, e.g. 1x512")
+    return int(parts[0]), int(parts[1])
 
 
 def table(rows: list[dict]) -> str:
     cats = sorted({c for r in rows for c in r["by_category"]})
     out = [{"who": r["who"], "fused": "yes" if r["fused"] else "", "total ms": f"{r['total_ms']:.2f}",
+            **({"wall ms": f"{r['wall_ms']:.2f}"} if "wall_ms" in r else {}),
             **{c: f"{r['by_category'].get(c, 0.0):.2f}" for c in cats}} for r in rows]
     return fmt(out, list(out[0])) if out else "no rows"
 
 
-def run(folder, out, fuse: bool = False) -> int:
+def run(folder, out, fuse: bool = False, prefill: tuple | None = None) -> int:
     doc = phase_runs.checked_plan(
         "train_profile", folder,
         lambda fix: read_json(Path(folder) / e2e_check.PLAN_FILE, "e2e_check plan", fix, e2e_check.PLAN_SCHEMA),
@@ -142,9 +192,27 @@ def run(folder, out, fuse: bool = False) -> int:
         print(f"train_profile run: the plan in {folder} has no fused-MLP GEMMs: prepare it with --fuse",
               file=sys.stderr)
         return 2
+    if prefill is not None:
+        model, shape = prefill
+        inf = doc.get("inference", {})
+        if model not in inf.get("models", []):
+            print(f"train_profile run: no inference model {model!r} in {folder}'s plan (it has "
+                  f"{inf.get('models', [])}); prepare it with the inference phase", file=sys.stderr)
+            return 2
+        try:
+            _, seq = parse_shape(shape)
+        except ValueError as err:
+            print(f"train_profile run: {err}", file=sys.stderr)
+            return 2
+        longest = max([s for _, s in inf["prefill"]] + [inf["decode_context"]])
+        if seq > longest:
+            print(f"train_profile run: sequence {seq} is past the plan's longest ({longest}): the model's rotary "
+                  f"tables stop there; use a sequence up to {longest}", file=sys.stderr)
+            return 2
+    phase = "profile" if prefill is None else f"prefill:{prefill[0]}:{prefill[1]}"
     start, gpu = time.time(), harness.gpu_info()
     results, rows = phase_runs.run_phases(
-        phase_runs.job_of(__name__, "train_profile"), ["profile"], [str(folder)] + (["fuse"] if fuse else []),
+        phase_runs.job_of(__name__, "train_profile"), [phase], [str(folder)] + (["fuse"] if fuse else []),
         lambda phase: DEADLINE, lambda phase, res: f"{phase}: {res.get('status')} {str(res.get('detail', ''))[-300:]}",
         Sampler())
     phase_runs.write_results(out, FORMAT, gpu, start, __doc__.split("\n\n")[1].strip(), {"mode": "strict"},
@@ -159,8 +227,10 @@ def main(argv=None) -> int:
     r.add_argument("folder", help="the folder benchmarks/e2e_check.py prepare built")
     r.add_argument("--out", default="train_profile.json")
     r.add_argument("--fuse", action="store_true", help="ours patched with fuse=True (a folder from prepare --fuse)")
+    r.add_argument("--prefill", nargs=2, metavar=("MODEL", "BxS"),
+                   help="an inference prefill of the plan's MODEL at batch x sequence instead of a training step")
     a = p.parse_args(argv)
-    return run(a.folder, a.out, a.fuse)
+    return run(a.folder, a.out, a.fuse, tuple(a.prefill) if a.prefill else None)
 
 
 if __name__ == "__main__":

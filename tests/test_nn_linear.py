@@ -221,3 +221,74 @@ def test_a_backward_that_builds_a_graph_goes_through_the_op_and_differentiates_a
     assert torch.equal(gx.detach(), plain)
     gx.float().square().sum().backward()  # through the op's own backward
     assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+
+
+# -- the fast lane of a repeated inference call ------------------------------------------------
+def test_plain_inference_means_no_grad_no_tracer():
+    assert not gnn.plain_inference()  # grad recorded (the test's default)
+    with torch.no_grad():
+        assert gnn.plain_inference()
+        with torch._subclasses.fake_tensor.FakeTensorMode():  # pylint: disable=protected-access
+            assert not gnn.plain_inference()  # a dispatch mode: the op, which the tracer sees
+    with torch.inference_mode():
+        assert gnn.plain_inference()
+
+
+@pytest.fixture
+def fast_lane(monkeypatch):
+    """gnn.fast_mm recording its calls and answering with a marker tensor (or None: a call no
+    checked call was like)."""
+    calls, answer = [], {"out": torch.full((3, 40), 7.0)}
+
+    def fake(x, w, bias=None):
+        calls.append((x, w, bias))
+        return answer["out"]
+
+    monkeypatch.setattr(gnn, "fast_mm", fake)
+    return calls, answer
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_plain_inference_call_tries_the_fast_path_first(fast_lane, bias):
+    calls, answer = fast_lane
+    lin = nn.Linear(64, 40, bias=bias)
+    ours = gnn.Linear.from_linear(lin)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        assert ours(x) is answer["out"]
+        assert len(calls) == 1 and calls[0][0] is x and calls[0][1] is ours.weight and calls[0][2] is ours.bias
+        answer["out"] = None  # no checked call like it: the layer's own path (F.linear off the GPU)
+        torch.testing.assert_close(ours(x), lin(x), rtol=0, atol=0)
+
+
+def test_the_fast_path_is_not_tried_with_grad_an_activation_or_a_subclass(fast_lane):
+    calls, _ = fast_lane
+    lin = nn.Linear(64, 40)
+    x = torch.randn(3, 64)
+    assert gnn.Linear.from_linear(lin)(x).requires_grad  # grad recorded: the autograd path
+    with torch.no_grad():
+        gnn.Linear.from_linear(lin, activation="relu")(x)  # an epilogue: the checked path
+
+        class Marked(torch.Tensor):
+            pass
+
+        gnn.Linear.from_linear(lin)(x.as_subclass(Marked))  # a subclass: its own dispatch
+    assert calls == []
+
+
+def test_the_swiglu_fast_path_reads_the_current_fused_weight(monkeypatch):
+    from .test_nn_fuse import LlamaMLP  # pylint: disable=import-outside-toplevel
+
+    seen = []
+    monkeypatch.setattr(gnn, "fast_swiglu", lambda x, w: seen.append(w) or torch.zeros(x.shape[0], 24))
+    mlp = gnn.SwiGLUMLP.from_mlp(LlamaMLP())
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        mlp(x)  # no fused weight yet: the layer's own path, which builds none off the GPU
+        assert seen == []
+        mlp.fused_weight(torch.float32)  # as a first call on the GPU leaves it
+        assert torch.equal(mlp(x), mlp.down_proj(torch.zeros(5, 24)))
+        mlp.gate_proj.weight.mul_(2)  # the version counter moves: a new fused weight
+        mlp(x)
+    assert len(seen) == 2 and torch.equal(seen[1][:24], mlp.gate_proj.weight)
+    assert not torch.equal(seen[0][:24], seen[1][:24])

@@ -65,6 +65,37 @@ def test_a_dry_run_profiles_torch_and_ours(tp, fuse):
 def test_phase_job_refuses_an_unknown_phase(tp, tmp_path):
     with pytest.raises(ValueError, match="unknown phase 'train': profile"):
         tp.phase_job("train", [str(tmp_path)])
+    with pytest.raises(ValueError, match="prefill:MODEL:BxS"):
+        tp.phase_job("prefill:llama-125m", [str(tmp_path)])
+
+
+@pytest.mark.parametrize("text, want", [("1x512", (1, 512)), ("8X4096", (8, 4096))])
+def test_a_prefill_shape_reads_as_batch_by_sequence(tp, text, want):
+    assert tp.parse_shape(text) == want
+
+
+@pytest.mark.parametrize("text", ["512", "0x512", "1x", "axb", "1x2x3", "-1x4"])
+def test_a_bad_prefill_shape_is_refused_with_the_form(tp, text):
+    with pytest.raises(ValueError, match="BxS, e.g. 1x512"):
+        tp.parse_shape(text)
+
+
+def test_a_dry_run_profiles_a_prefill_with_its_wall_time(tp):
+    e2e = tp.e2e_check
+    doc = e2e.plan(phases=("inference",))
+    doc["models"]["tiny"] = dataclasses.asdict(e2e.Config("tiny", hidden=64, layers=2, heads=4, kv_heads=2,
+                                                          intermediate=96, vocab=101, rope_theta=10000.0))
+    doc["inference"]["models"] = ["tiny"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tp.prefill_job(doc, "tiny", 2, 8, dev="cpu", warmup=1, steps=1, timed=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert out["status"] == "ok" and [r["who"] for r in out["rows"]] == ["torch", "ours"]
+    for r in out["rows"]:
+        assert r["phase"] == "prefill profile" and r["tokens"] == 16 and r["total_ms"] > 0 and r["wall_ms"] > 0
+    assert "wall ms" in tp.table(out["rows"])
 
 
 def test_run_without_a_gpu_says_so_in_one_line(tp, tmp_path, capsys):

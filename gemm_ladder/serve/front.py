@@ -1076,15 +1076,24 @@ def _fast(A, B, out, bias=None):
     return _launch_fast(route, launch, A, B, out, shape, M, N, K, extras)
 
 
-def fast_mm(A, B):
+def fast_mm(A, B, bias=None):
     """``matmul(A, B)`` (D = A . B^T, no bias, epilogue or ``out``) when the fast path serves it
     (:func:`_fast`: a call with these shapes, strides, dtypes and GPUs was checked before, and the
     rest is checked again here), else None: then the caller calls :func:`matmul`, which checks and
     says what is wrong. For a caller that repeats the same plain calls (``ops.direct_mm``: the
     forward, dX and dW of every linear layer of an eager training step) and would otherwise prepare
     each operand (``ops._as_operand``) and pass through matmul's argument handling on every call;
-    the strides in the key already say each operand is laid out as in the checked call."""
-    return _fast(A, B, None)
+    the strides in the key already say each operand is laid out as in the checked call. With
+    ``bias``: ``matmul(A, B, bias=bias)``'s."""
+    return _fast(A, B, None, bias)
+
+
+def fast_swiglu(x, W_gu):
+    """``swiglu(x, W_gu)`` when the gated kernel's fast path serves it (a call with these shapes,
+    strides, dtypes and GPUs ran the kernel before: :func:`_fast_swiglu`), else None: then the
+    caller calls :func:`swiglu`, which checks."""
+    key = _swiglu_key(x, W_gu, None)
+    return _fast_swiglu(key, x, W_gu, None) if key is not None else None
 
 
 def _launch_fast(route, launch, A, B, out, shape, M: int, N: int, K: int, extras: tuple, d_dtype=None):
