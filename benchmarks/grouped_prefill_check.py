@@ -39,11 +39,12 @@ the token counts the swapped tiers serve (:data:`BAND_VARIANTS`; 17 modules, 3.6
 shape at 8192-32768 tokens: :data:`LARGE_VARIANTS`): the defaults and 128-column epilogue chunks (``epi128``,
 the best 1x1 tile there) beside v12 in clusters, ``c2x1`` (two m-tiles of an expert share W's tile by TMA
 multicast, as ``torch._grouped_mm``'s ClusterShape 2x1x1 does), ``c2x1_epi128`` and ``c1x2`` (two n-tiles
-share A's); ``c2x1`` also on the Mixtral-like and DeepSeek-V3-like weights at 8192 and 32768 tokens and the
-Qwen-like at 8192, beside the module that serves each, so that a rule for it loses nowhere; plus one
-masked-layout ``c2x1`` module of the odd shape, checked only (``grouped_check.masked_check_job``). A clustered
-contiguous module's check (:func:`cluster_check_job`) adds a routing where every expert holds an odd number of
-m-tiles (a phantom partner in each expert's last pair). 13 modules, about 3 MiB.
+share A's); ``c2x1`` also on the Mixtral-like, DeepSeek-V3-like and Qwen-like weights at 8192 and 32768 tokens, and
+``c1x2`` on the Mixtral-like and DeepSeek-V3-like, beside the module that serves each, so that a rule for them
+loses nowhere; plus one masked-layout ``c2x1`` module of the odd shape, checked only
+(``grouped_check.masked_check_job``). A clustered contiguous module's check (:func:`cluster_check_job`) adds a
+routing where every expert holds an odd number of m-tiles (a phantom partner in each expert's last pair).
+15 modules, about 3.3 MiB; 50 s on an H100 with 13 of them (2026-11-26).
 
 ``prepare DIR --pack`` builds instead a kernel pack of the four weights (contiguous, bf16: the
 policy's tiers, ``plan.grouped_choices``), and ``run`` then serves the same cases through
@@ -144,13 +145,17 @@ BAND_TOKENS = {"mixtral": (512,), "qwen_moe": (512, 2048, 8192), "deepseek_v3": 
 # v12 in 2x1 and 1x2 clusters (TMA multicast of the shared tile) beside the defaults and epi128, and 2x1 on the
 # Mixtral-like, DeepSeek-V3-like and Qwen-like weights (beside the module that serves each) so that a rule for it
 # loses nowhere; plus the 2x1 masked module of the odd shape, checked only (grouped_check.masked_check_job)
+# (the first run, benchmarks/results/2026-11-26_h100_grouped_clusters/grouped_clusters.*: c2x1 1.21-1.26x torch at the
+# odd shape's 32768 tokens, 0.90-0.99x the defaults elsewhere; then 1x2 on the DeepSeek-V3-like weight, one m-tile an
+# expert at 32768 tokens, where two n-tiles sharing A's 128x7168 tile is the sharing left, and on the Mixtral-like)
 LARGE_VARIANTS = {
     "odd": ("default", "epi128", "c2x1", "c2x1_epi128", "c1x2", "c2x1_masked"),
-    "mixtral": ("default", "c2x1"),
-    "deepseek_v3": ("default", "swap64", "c2x1"),
+    "mixtral": ("default", "c2x1", "c1x2"),
+    "deepseek_v3": ("default", "swap64", "c2x1", "c1x2"),
     "qwen_moe": ("default", "c2x1"),
 }
-LARGE_TOKENS = {"odd": (8192, 32768), "mixtral": (8192, 32768), "deepseek_v3": (8192, 32768), "qwen_moe": (8192,)}
+LARGE_TOKENS = {"odd": (8192, 32768), "mixtral": (8192, 32768), "deepseek_v3": (8192, 32768),
+                "qwen_moe": (8192, 32768)}
 ODD_FP16 = ("scan", "swap32")  # checked only: the other dtype's MMA over the new prologue
 TAIL = 37  # rows of A past offs[-1] in a timed case's check: they must stay NaN in D
 DTYPE = "bfloat16"

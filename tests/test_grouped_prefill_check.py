@@ -64,7 +64,8 @@ def test_the_large_plan_times_clusters_beside_the_default_and_epi128(gp, tmp_pat
         f"gprefill_{s}_bfloat16_{v}.so" for s, v in variants if v in ("c2x1", "c2x1_epi128", "c1x2"))
     assert sum(map(len, jobs.values())) == len(modules)
     items = gp.time_items(tmp_path, modules, {m["file"]: {"status": "ok"} for m in modules}, gp.LARGE_TOKENS)
-    assert len(items) == 7 and not any("masked" in i for i in items)
+    assert len(items) == 8 and not any("masked" in i for i in items)
+    assert {("deepseek_v3", "c1x2"), ("mixtral", "c1x2")} <= variants and 32768 in gp.LARGE_TOKENS["qwen_moe"]
     assert all(gp.variant_of(gp.parse_item(i)[1][0]) == gp.BASELINE for i in items)
     assert {gp.variant_of(p) for i in items for p in gp.parse_item(i)[1]} >= {"c2x1", "c2x1_epi128", "c1x2", "epi128"}
 
