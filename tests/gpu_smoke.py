@@ -4,8 +4,10 @@ Every command and library entry that only runs on a GPU is run once here, as a u
 the smallest inputs that reach its whole host path: ``verify``, ``bench``, ``suite run``, the
 every-model suite's job, ``tune --measure``, the ``rounds`` job of ``gemm_ladder.measure.isolate``,
 ``gemm_ladder.matmul`` and the torch op, also with a bias and with a bias and an activation (the
-operand spec's epilogue), and a fused SwiGLU MLP's gradients (``nn.patch(fuse=True)``, eager and
-compiled). A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
+operand spec's epilogue), a fused SwiGLU MLP's gradients (``nn.patch(fuse=True)``, eager and
+compiled) and its inference forward (the layers' fast lane), and the grouped front doors
+(``grouped_mm``, ``grouped_mm_masked``, ``grouped_swiglu``, ``grouped_swiglu_masked``) under every
+routing of issue 33, in CUDA graphs too. A refactor of host code once broke ``suite run`` for every case while every CPU test passed;
 this tier is what catches that, so it runs on the device after any change to host code.
 
 The modules are built where TVM's compiler is (a build box) and carried::
@@ -52,6 +54,14 @@ SWIGLU_PACK = {"swiglu": ["128x1536x512"], "KK": ["128x1536x512", "128x512x768"]
                "KN": ["128x512x1536", "128x768x512"], "MN": ["1536x512x128", "512x768x128"]}
 
 
+# grouped GEMM (v12) through the grouped front doors, strict, every routing issue 33 names: an
+# 8-expert weight of partial tiles (N = 264, K = 520) in both dtypes and both layouts, 256 small
+# experts (contiguous, bf16), and a gated 8-expert W_gu (2I = 528) for grouped_swiglu, both layouts
+GROUPED = ("8,264,520", "256,128,256,contiguous", "8,528,520,swiglu")
+GROUPED_DTYPES = {"8,264,520": "float16,bfloat16", "256,128,256,contiguous": "bfloat16",
+                  "8,528,520,swiglu": "bfloat16"}
+
+
 def _cli(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "gemm_ladder", *args], check=True, cwd=REPO)
 
@@ -75,9 +85,12 @@ def prepare(out) -> Path:
     for what, shapes in SWIGLU_PACK.items():
         how = ("--epilogue", "swiglu") if what == "swiglu" else ("--layouts", what)
         _cli("pack", "build", "--shapes", ",".join(shapes), "--dtypes", "bfloat16", *how, "--out", str(out / "pack"))
+    for weight in GROUPED:
+        _cli("pack", "build", "--grouped", weight, "--dtypes", GROUPED_DTYPES[weight], "--out", str(out / "pack"))
     index = {"ladder": "ladder", "tune": "tune", "pack": "pack", "suite_case": SUITE_CASE,
              "front_shapes": list(FRONT_SHAPES), "bias_shapes": list(BIAS_SHAPES), "act_shapes": list(ACT_SHAPES),
-             "act_epilogues": list(ACT_EPILOGUES), "act_alone": list(ACT_ALONE), "swiglu_mlp": SWIGLU_MLP}
+             "act_epilogues": list(ACT_EPILOGUES), "act_alone": list(ACT_ALONE), "swiglu_mlp": SWIGLU_MLP,
+             "grouped": [[w, GROUPED_DTYPES[w]] for w in GROUPED]}
     (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     return out
 
