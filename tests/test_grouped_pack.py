@@ -69,6 +69,47 @@ def test_the_contiguous_split_follows_the_rows_an_expert_holds():
         assert g.choice.measured and plan.GROUPED_PREFILL in cited and (REPO / plan.GROUPED_PREFILL).is_file()
 
 
+ODD = (5, 1000, 520)  # the grouped suite's short-K weight (issue 33's floor case)
+
+
+def test_a_short_k_weight_takes_2x1_clusters_past_many_m_tiles_an_expert():
+    """At K <= GROUPED_CLUSTER_K the defaults' tier ends at GROUPED_CLUSTER_ROWS rows an expert on average
+    (4096 for 5 experts: 20480 rows), and the 2x1 cluster module serves past it: the measured win (32768
+    tokens, 51 m-tiles an expert) is inside, the measured loss (8192 tokens, 13 m-tiles) outside; no other
+    tier moves. The long-K weights of the suite keep the defaults to the top (they lost in clusters)."""
+    choices = plan.grouped_choices(*ODD, "bfloat16")
+    *rest, defaults, clustered = choices
+    cluster_from = plan.GROUPED_CLUSTER_ROWS * ODD[0]
+    assert defaults.choice.rule == "grouped-prefill" and defaults.tokens[1] == cluster_from
+    assert clustered.choice.rule == "grouped-prefill-c2x1" and clustered.tokens == (cluster_from + 1,
+                                                                                     plan.GROUPED_MAX_TOKENS)
+    assert clustered.tokens[0] <= 32768 and not clustered.tokens[0] <= 8192
+    assert clustered.choice.knobs == {**defaults.choice.knobs, "cluster_m": 2} and clustered.choice.measured
+    assert plan.GROUPED_CLUSTER in clustered.choice.why and "K = 520" in clustered.choice.why
+    assert [g.choice.rule for g in rest] == ["grouped-decode-swap", "grouped-prefill-swap64"]
+    # the cluster knob builds: the validator takes the tier's knobs at the pack's build M
+    gemm_ladder.make_config("v12", 4096, 1000, 520, **clustered.choice.knobs)
+    for weight in (MIXTRAL, (256, 2048, 7168), (64, 1408, 2048)):
+        assert all("cluster_m" not in g.choice.knobs for g in plan.grouped_choices(*weight, "bfloat16")), weight
+    # the rule's edges: K just past the bound keeps the defaults; more experts move the tier up with them
+    assert "grouped-prefill-c2x1" not in [g.choice.rule for g in plan.grouped_choices(5, 1000, 1032, "bfloat16")]
+    assert plan.grouped_choices(64, 1000, 520, "bfloat16")[-1].tokens[0] == 64 * plan.GROUPED_CLUSTER_ROWS + 1
+    # the masked layout knows the slot, not the counts: no cluster tier there
+    assert all("cluster_m" not in g.choice.knobs for g in plan.grouped_choices(*ODD, "bfloat16", "masked"))
+
+
+def test_a_refused_cluster_tier_leaves_the_defaults_to_the_top_by_name(monkeypatch):
+    real = plan._validate  # pylint: disable=protected-access
+
+    def refuse_clusters(rung, p, knobs):
+        return "cluster_m=2: refused here" if knobs.get("cluster_m") == 2 else real(rung, p, knobs)
+
+    monkeypatch.setattr(plan, "_validate", refuse_clusters)
+    last = plan.grouped_choices(*ODD, "bfloat16")[-1]
+    assert last.choice.rule == "grouped-prefill" and last.tokens[1] == plan.GROUPED_MAX_TOKENS
+    assert any("grouped-prefill-c2x1" in s and "refused here" in s for s in last.choice.skipped)
+
+
 def test_a_refused_prefill_swap_tier_is_passed_over_by_name(monkeypatch):
     """Where the validator refuses the 32-token swap tile, the 64-token tier reaches down to the decode
     module's range, and the refusal is named on the tier that took its place."""

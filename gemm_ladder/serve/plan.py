@@ -894,6 +894,18 @@ GROUPED_DECODE_ROWS = 64  # contiguous, where swap AB is refused: the 64x128 mod
 GROUPED_PREFILL = "benchmarks/results/2026-11-26_h100_grouped_prefill/README.md"
 GROUPED_SWAP16_ROWS = 1  # contiguous: decode's 16-token swap tiles (more than 16 experts) up to 1 row an expert
 GROUPED_PREFILL_SWAPS = ((32, 32), (64, 128))  # (swap tokens a tile, up to rows an expert on average)
+# Contiguous prefill of many m-tiles an expert at a short K (issue 33's floor case; GROUPED_CLUSTER, H100, bf16,
+# kernels in CUDA graphs beside torch._grouped_mm in the same rounds): v12 in 2x1 clusters, two m-tiles of an expert
+# sharing W's tile by TMA multicast (each loads half: a third less L2 -> SM traffic a 128x256 tile). At K = 520 (the
+# odd 5 x 1000x520 weight) a tile's 9 K slices are bound by that traffic, not by the MMAs: at 32768 tokens (51
+# m-tiles an expert) 1.21-1.26x torch (1.33-1.40x the defaults, which ran 0.90-0.91x). Where K is long (2048-7168:
+# the Mixtral-, DeepSeek-V3- and Qwen-like weights) it ran 0.90-1.0x the defaults, and at 8192 tokens of the odd
+# weight (13 m-tiles an expert: an odd last pair's phantom, coarser units over the clusters) 0.94-0.98x. So: K up
+# to GROUPED_CLUSTER_K and at least GROUPED_CLUSTER_ROWS rows an expert on average (32 m-tiles of 128).
+GROUPED_CLUSTER = "benchmarks/results/2026-11-26_h100_grouped_clusters/README.md"
+GROUPED_CLUSTER_K = 1024
+GROUPED_CLUSTER_ROWS = 4096
+GROUPED_CLUSTER_KNOBS = {"cluster_m": 2}
 # masked: the decode module up to max_tokens = 64. The slot bounds an expert's count, not the count:
 # with slots of 256 half full (128 tokens an expert; GROUPED_PACK, 2026-11-26) the swapped module
 # re-read each expert's weight once a 16-token tile and ran 0.61-0.83x torch._grouped_mm, where the
@@ -985,7 +997,9 @@ def grouped_choices(E: int, N: int, K: int, dtype: str = DEFAULT_DTYPE, layout: 
     """The modules of an expert weight ``[E, N, K]`` in ``layout`` and the token ranges they serve,
     fewest tokens first (see the comments above for the rules and their evidence): masked, a decode
     and a prefill module; contiguous, swapped tiles of 16 (more than 16 experts), 32 and 64 tokens
-    and the 128x256 defaults, by the rows an expert holds on average. Where the validator refuses
+    and the 128x256 defaults, by the rows an expert holds on average (at a short K, up to
+    :data:`GROUPED_CLUSTER_K`, the defaults in 2x1 clusters past :data:`GROUPED_CLUSTER_ROWS` rows an expert).
+    Where the validator refuses
     swap AB, the 64x128 decode module and the defaults; one module for every token count where it
     refuses that too (it names why). ``epilogue="swiglu"`` (a gated W_gu, N = 2I): the same rules,
     where v12 refuses swap AB with the gated epilogue: the 64x128 module, then the defaults, measured
@@ -1048,7 +1062,9 @@ def _prefill_tiers(E: int, p: Problem, base: dict, swap_m: int) -> list[GroupedC
     """The contiguous layout's modules by the rows an expert holds on average (``M / E``; the rule
     and its evidence: the comment above GROUPED_PREFILL): swapped tiles of ``swap_m`` tokens (the
     decode module), then the wider swapped tiles of :data:`GROUPED_PREFILL_SWAPS` (one the validator
-    refuses is passed over, the next tier reaching down), then v12's 128x256 defaults."""
+    refuses is passed over, the next tier reaching down), then v12's 128x256 defaults, and at K up to
+    :data:`GROUPED_CLUSTER_K` the defaults in 2x1 clusters past :data:`GROUPED_CLUSTER_ROWS` rows an expert
+    on average (one the validator refuses is named on the defaults' tier)."""
     wider = [(m, rows) for m, rows in GROUPED_PREFILL_SWAPS if m >= swap_m]
     swaps = ([(swap_m, GROUPED_SWAP16_ROWS)] if swap_m < wider[0][0] else []) + wider
     out: list[GroupedChoice] = []
@@ -1074,4 +1090,20 @@ def _prefill_tiers(E: int, p: Problem, base: dict, swap_m: int) -> list[GroupedC
                      f"{GROUPED_RUNG} at its 128x256 defaults past M = {top} rows of A ({top // E} an expert on "
                      f"average): large experts, the tile's MMA work all rows an expert holds [{GROUPED_PREFILL}: "
                      f"1.03-1.24x torch._grouped_mm from 256 rows an expert]", skipped=skipped, measured=True)
-    return out + [GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
+    cluster_from = max(top, GROUPED_CLUSTER_ROWS * E)
+    if p.K > GROUPED_CLUSTER_K or cluster_from >= GROUPED_MAX_TOKENS:
+        return out + [GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
+    knobs = {**base, **GROUPED_CLUSTER_KNOBS}
+    if (refused := _validate(GROUPED_RUNG, p, knobs)) is not None:
+        prefill = dataclasses.replace(prefill, skipped=skipped + (f"rule 'grouped-prefill-c2x1' ({GROUPED_RUNG} "
+                                                                  f"2x1 clusters): {refused}",))
+        return out + [GroupedChoice(prefill, (top + 1, GROUPED_MAX_TOKENS))]
+    clustered = Choice(GROUPED_RUNG, knobs, "rule", "grouped-prefill-c2x1",
+                       f"{GROUPED_RUNG} at its 128x256 defaults in 2x1 clusters past M = {cluster_from} rows of A "
+                       f"({GROUPED_CLUSTER_ROWS} an expert on average) at K = {p.K} <= {GROUPED_CLUSTER_K}: two m-tiles "
+                       f"of an expert share W's tile by TMA multicast, a third less L2 traffic a tile, which bounds "
+                       f"a short K loop [{GROUPED_CLUSTER}: 1.21-1.26x torch._grouped_mm at 5 x 1000x520, 32768 "
+                       f"tokens, 1.33-1.40x the defaults; 0.90-1.0x them at K >= 2048 or 13 m-tiles an expert]",
+                       measured=True)
+    return out + [GroupedChoice(prefill, (top + 1, cluster_from)),
+                  GroupedChoice(clustered, (cluster_from + 1, GROUPED_MAX_TOKENS))]
