@@ -900,8 +900,11 @@ GROUPED_PREFILL_SWAPS = ((32, 32), (64, 128))  # (swap tokens a tile, up to rows
 # odd 5 x 1000x520 weight) a tile's 9 K slices are bound by that traffic, not by the MMAs: at 32768 tokens (51
 # m-tiles an expert) 1.21-1.26x torch (1.33-1.40x the defaults, which ran 0.90-0.91x). Where K is long (2048-7168:
 # the Mixtral-, DeepSeek-V3- and Qwen-like weights) it ran 0.90-1.0x the defaults, and at 8192 tokens of the odd
-# weight (13 m-tiles an expert: an odd last pair's phantom, coarser units over the clusters) 0.94-0.98x. So: K up
-# to GROUPED_CLUSTER_K and at least GROUPED_CLUSTER_ROWS rows an expert on average (32 m-tiles of 128).
+# weight (13 m-tiles an expert: an odd last pair's phantom, coarser units over the clusters) 0.94-1.03x. So: K up
+# to GROUPED_CLUSTER_K and at least GROUPED_CLUSTER_ROWS rows an expert on average (32 m-tiles of 128). Two runs
+# (grouped_clusters.*, grouped_clusters2.*) agree within 1%. Measured and left out: 1x2 clusters (two n-tiles
+# sharing A's tile): 1.03-1.07x the defaults at the odd weight's 8192 tokens, 0.93-0.99x on the long-K weights
+# (DeepSeek-V3-like at 32768 tokens, one m-tile an expert: 0.985x; swap64 serves it).
 GROUPED_CLUSTER = "benchmarks/results/2026-11-26_h100_grouped_clusters/README.md"
 GROUPED_CLUSTER_K = 1024
 GROUPED_CLUSTER_ROWS = 4096
