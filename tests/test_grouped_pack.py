@@ -86,6 +86,7 @@ def test_a_short_k_weight_takes_2x1_clusters_past_many_m_tiles_an_expert():
     assert clustered.tokens[0] <= 32768 and not clustered.tokens[0] <= 8192
     assert clustered.choice.knobs == {**defaults.choice.knobs, "cluster_m": 2} and clustered.choice.measured
     assert plan.GROUPED_CLUSTER in clustered.choice.why and "K = 520" in clustered.choice.why
+    assert (REPO / plan.GROUPED_CLUSTER).is_file()
     assert [g.choice.rule for g in rest] == ["grouped-decode-swap", "grouped-prefill-swap64"]
     # the cluster knob builds: the validator takes the tier's knobs at the pack's build M
     gemm_ladder.make_config("v12", 4096, 1000, 520, **clustered.choice.knobs)
