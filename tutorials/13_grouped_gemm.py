@@ -170,11 +170,10 @@ print(check.check_config(gemm_ladder.make_config("v12", 8 * 40, 1000, 520, exper
                          policies=("forward",)).summary())
 
 # %% [markdown]
-# Not measured yet: `benchmarks/grouped_check.py prepare --decode` builds the old 64x128 decode
-# module beside the swap-AB ones (16 and 32 tokens a tile) for both layouts, and `run` times them
-# in the same rounds against `torch._grouped_mm`, a bmm over every slot and the expert loop at
-# 8-256 tokens. The kernel packs already plan the swap-AB module for decode (rule
-# `grouped-decode-swap`).
+# Measured (`benchmarks/results/2026-11-26_h100_grouped_decode/`): at 8-256 tokens under CUDA graphs
+# the swap-AB module with 16 tokens a tile and the warp scan ran 1.14-1.15x `torch._grouped_mm` and
+# 1.10-1.11x the best peer (a bmm over every slot, the expert loop) in both layouts; the kernel
+# packs plan it for decode (rule `grouped-decode-swap`).
 
 # %% [markdown]
 # ## Measured
@@ -215,3 +214,39 @@ for E, N, K in ((8, 14336, 4096), (64, 1408, 2048), (256, 2048, 7168)):
         print(f"E={E:3} {N}x{K}: {lo:6}..{hi:<7} rows of A  {g.choice.rule:24} blk_m={g.choice.knobs.get('blk_m', 128)}")
 pack = json.loads((teach.RESULTS_DIR / "2026-11-26_h100_grouped_prefill" / "grouped_prefill_pack.json").read_text())
 print(pack["gpu"]["name"], "commit", pack["commit"], pack["summary"])
+
+# %% [markdown]
+# ## Clusters: two m-tiles of an expert sharing W's tile
+#
+# One weight missed the suite's floor: 5 experts of 1000x520 at 32768 tokens ran 0.90-0.94x
+# `torch._grouped_mm`. At K = 520 a 128x256 tile's K loop is 9 slices, and each tile streams
+# 128x520 of A and 256x520 of W from L2 for them: ~4.4 TB/s of L2-to-SM traffic at 42% of the MMA
+# peak. Neither the tile nor the epilogue moved it; torch's kernel (CUTLASS's) runs 2x1 clusters.
+# With `cluster_m=2` a cluster walks units of an m-PAIR and one n-tile: the CTA of rank r takes
+# m-tile `2 * pair + r`, each CTA loads half of W's tile and multicasts it to both (v9's producer
+# and ring, unchanged), a third less traffic a tile. An expert with an odd count of m-tiles leaves a
+# phantom: the second CTA of its last pair still loads its half and runs its K loop (its partner
+# needs them), and its stores, guarded by the expert's end row, write nothing. The walk's model:
+
+# %%
+units = grouped.walk([300, 0, 130], 430, 128, 4, 8, 4, cluster_m=2)  # 4 CTAs: 2 clusters of 2
+for cta, us in enumerate(units):
+    print(f"CTA {cta}: " + ", ".join((f"e{u.expert} phantom (row {u.row0} past its {u.row_end})" if u.row0 >= u.row_end
+                                       else f"e{u.expert} rows {u.row0}..{min(u.row0 + 128, u.row_end)}") + f" n{u.n_tile}"
+                                      for u in us[:4]) + (" ..." if len(us) > 4 else ""))
+
+# %% [markdown]
+# Measured (`benchmarks/results/2026-11-26_h100_grouped_clusters/`, two runs): at 32768 tokens the odd
+# weight runs 1.21-1.26x `torch._grouped_mm` in 2x1 clusters (1.32-1.40x the defaults). Where K is long
+# (2048-7168) or experts hold 13 m-tiles, the phantoms and the coarser units cost more than the
+# traffic saved (0.90-1.0x the defaults), so the policy takes 2x1 clusters only at K <= 1024 past 4096
+# rows an expert (rule `grouped-prefill-c2x1`):
+
+# %%
+for g in plan.grouped_choices(5, 1000, 520, "bfloat16"):
+    lo, hi = g.tokens
+    print(f"E=5 1000x520: {lo:6}..{hi:<7} rows of A  {g.choice.rule:24} cluster_m={g.choice.knobs.get('cluster_m', 1)}")
+runs = json.loads((teach.RESULTS_DIR / "2026-11-26_h100_grouped_clusters" / "grouped_clusters.json").read_text())
+for r in runs["rows"]:
+    if r.get("shape") == "odd" and r.get("tokens") == 32768 and r.get("variant") in ("default", "c2x1"):
+        print(f"odd {r['tokens']} tokens {r['routing']:8} {r['variant']:8} x torch._grouped_mm {r['ratio_to_grouped_mm']:.3f}")
