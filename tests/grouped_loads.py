@@ -8,10 +8,20 @@ from gemm_ladder.protocol import check, interp, kernel_ir, sim
 from gemm_ladder.rungs import kernel_of
 
 
-def loads_of(monkeypatch, cfg, table, M, num_ctas=3):
-    """``(cta, tensor map, coordinates)`` of every TMA load of every CTA (each run alone), with
-    ``table`` as the int32 routing operand (offs or counts) and ``M`` rows at run time; asserts
-    each run finds no protocol fault."""
+def cumulative(counts):
+    """The running sums of ``counts``: an ``offs`` (each expert's end row)."""
+    out, run = [], 0
+    for c in counts:
+        run += c
+        out.append(run)
+    return out
+
+
+def loads_of(monkeypatch, cfg, table, M, num_ctas=3, cluster=1):
+    """``(cta, tensor map, coordinates)`` of every TMA load of every CTA, with ``table`` as the
+    int32 routing operand (offs or counts) and ``M`` rows at run time: each run of ``cluster`` CTAs
+    (a whole cluster: its multicast and remote releases) by the barrier checker; asserts each run
+    finds no protocol fault and finishes."""
     kir = kernel_ir.load(kernel_of(cfg))
     program = interp.Program(kir.device, kir.operand_buffers)
     loads = []
@@ -24,7 +34,9 @@ def loads_of(monkeypatch, cfg, table, M, num_ctas=3):
     monkeypatch.setattr(sim.Sim, "tma_load", record)
     params = {**check._param_values(kir, program, num_ctas), "M": M,  # pylint: disable=protected-access
               "offsets_ptr": list(table)}
-    for cta in range(num_ctas):
-        ran = sim.Sim(kir, program, [(cta, 0, 0)], params, "forward", 1, None).run()
+    for first in range(0, num_ctas, cluster):
+        ctas = [(first + c, 0, 0) for c in range(cluster)]
+        ran = sim.Sim(kir, program, ctas, params, "forward", cluster, None).run()
         assert not ran.findings, ran.findings
+        assert ran.finished
     return loads

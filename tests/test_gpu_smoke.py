@@ -49,6 +49,18 @@ def _gemm_ladder(*args, cwd, env=None):
     return _run([sys.executable, "-m", "gemm_ladder", *map(str, args)], cwd, env)
 
 
+def _script(tmp_path, name: str, text: str, pack, strict: bool):
+    """Run ``text`` (a Python script, dedented) as a user's program on ``pack`` (strict: no torch
+    fallback), with this repo importable."""
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(text))
+    env = {"GEMM_LADDER_PACK": str(pack), "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                                                                    str(REPO)]))}
+    if strict:
+        env["GEMM_LADDER_STRICT"] = "1"
+    return _run([sys.executable, str(script)], cwd=tmp_path, env=env)
+
+
 def _modules(folder: Path) -> list[Path]:
     mods = sorted(folder.glob("*.so"))
     assert mods, f"no modules in {folder}"
@@ -175,12 +187,7 @@ print("SMOKE done")
 
 
 def test_matmul_and_op(smoke, tmp_path):
-    script = tmp_path / "front.py"
-    script.write_text(textwrap.dedent(FRONT.format(shapes=smoke["front_shapes"])))
-    out = _run([sys.executable, str(script)], cwd=tmp_path, env={"GEMM_LADDER_PACK": str(smoke["pack"]),
-                                                                 "PYTHONPATH": os.pathsep.join(
-                                                                     filter(None, [os.environ.get("PYTHONPATH"),
-                                                                                   str(REPO)]))})
+    out = _script(tmp_path, "front.py", FRONT.format(shapes=smoke["front_shapes"]), smoke["pack"], strict=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SMOKE refused:") == 2 and "SMOKE done" in out.stdout
 
@@ -234,13 +241,7 @@ def test_matmul_with_a_bias(smoke, tmp_path):
     """``matmul(A, W, bias=b)`` and ``mm(A, W, b)`` on the pack's v9 bias modules (strict: no
     torch fallback), against torch's fp64 reference with the output poisoned first; the op's bias
     gradient."""
-    script = tmp_path / "bias.py"
-    script.write_text(textwrap.dedent(BIAS.format(shapes=smoke["bias_shapes"])))
-    out = _run([sys.executable, str(script)], cwd=tmp_path, env={"GEMM_LADDER_PACK": str(smoke["pack"]),
-                                                                 "GEMM_LADDER_STRICT": "1",
-                                                                 "PYTHONPATH": os.pathsep.join(
-                                                                     filter(None, [os.environ.get("PYTHONPATH"),
-                                                                                   str(REPO)]))})
+    out = _script(tmp_path, "bias.py", BIAS.format(shapes=smoke["bias_shapes"]), smoke["pack"], strict=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SMOKE bias route") == len(smoke["bias_shapes"]) and "SMOKE bias done" in out.stdout
 
@@ -342,14 +343,8 @@ def test_matmul_with_a_bias_and_an_activation(smoke, tmp_path):
     torch's fp64 reference of act(A . W^T + b) with the output poisoned first, within 2x of
     torch's own unfused path's error; one activation without a bias; the op's bias gradient
     through the activation."""
-    script = tmp_path / "act.py"
-    script.write_text(textwrap.dedent(ACT.format(shapes=smoke["act_shapes"], epilogues=smoke["act_epilogues"],
-                                                 alone=smoke["act_alone"])))
-    out = _run([sys.executable, str(script)], cwd=tmp_path, env={"GEMM_LADDER_PACK": str(smoke["pack"]),
-                                                                 "GEMM_LADDER_STRICT": "1",
-                                                                 "PYTHONPATH": os.pathsep.join(
-                                                                     filter(None, [os.environ.get("PYTHONPATH"),
-                                                                                   str(REPO)]))})
+    out = _script(tmp_path, "act.py", ACT.format(shapes=smoke["act_shapes"], epilogues=smoke["act_epilogues"],
+                                                 alone=smoke["act_alone"]), smoke["pack"], strict=True)
     assert out.returncode == 0, out.stderr
     cases = len(smoke["act_shapes"]) * 2 * len(smoke["act_epilogues"]) + 1
     assert out.stdout.count("SMOKE act route") == cases and "SMOKE act done" in out.stdout
@@ -478,13 +473,7 @@ def test_fused_swiglu_gradients(smoke, tmp_path):
     (``torch.compile(fullgraph=True)``: the op ``gemm_ladder::swiglu``'s registered backward),
     within 2x of torch's own bf16 error against a float64 model. Strict: every GEMM of the forward
     and the backward (dX in the KN layout, dW in MN) runs on a module of the pack, none on torch."""
-    script = tmp_path / "swiglu_grad.py"
-    script.write_text(textwrap.dedent(SWIGLU_GRAD.format(**smoke["swiglu_mlp"])))
-    out = _run([sys.executable, str(script)], cwd=tmp_path, env={"GEMM_LADDER_PACK": str(smoke["pack"]),
-                                                                 "GEMM_LADDER_STRICT": "1",
-                                                                 "PYTHONPATH": os.pathsep.join(
-                                                                     filter(None, [os.environ.get("PYTHONPATH"),
-                                                                                   str(REPO)]))})
+    out = _script(tmp_path, "swiglu_grad.py", SWIGLU_GRAD.format(**smoke["swiglu_mlp"]), smoke["pack"], strict=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SMOKE swiglu grad") == 8 and "SMOKE swiglu inference" in out.stdout
     assert "SMOKE swiglu done" in out.stdout
@@ -595,16 +584,11 @@ print("SMOKE grouped done", checks, "checks")
 def test_grouped_front_doors(smoke, tmp_path):
     """The grouped front doors (v12 modules of the pack, strict: no torch fallback) under every
     routing issue 33 names -- balanced, all tokens in one expert, half the experts empty, Zipf,
-    counts no multiple of a tile; 1 to 4100 tokens, E = 8 and 256, both dtypes -- with D poisoned
+    counts no multiple of a tile; 1 to 33000 tokens (past 4096 an expert, at K <= 1024: the 2x1-cluster
+    tier), E = 8 and 256, both dtypes -- with D poisoned
     and rows past ``offs[-1]`` left untouched; a CUDA graph captured once and replayed as ``offs``
     changes; the masked layout (rows past each count untouched); the gated SwiGLU form of each.
     Against a float64 reference, within 2x of the error of rounding it to the dtype (plus 1e-3)."""
-    script = tmp_path / "grouped.py"
-    script.write_text(textwrap.dedent(GROUPED.format(grouped=smoke["grouped"])))
-    out = _run([sys.executable, str(script)], cwd=tmp_path, env={"GEMM_LADDER_PACK": str(smoke["pack"]),
-                                                                 "GEMM_LADDER_STRICT": "1",
-                                                                 "PYTHONPATH": os.pathsep.join(
-                                                                     filter(None, [os.environ.get("PYTHONPATH"),
-                                                                                   str(REPO)]))})
+    out = _script(tmp_path, "grouped.py", GROUPED.format(grouped=smoke["grouped"]), smoke["pack"], strict=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SMOKE grouped ") == len(smoke["grouped"]) + 1 and "SMOKE grouped done" in out.stdout

@@ -16,24 +16,16 @@ from hypothesis import given, settings, strategies as st
 from gemm_ladder import make_config
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
-from gemm_ladder.protocol import check, interp, kernel_ir, sim
 from gemm_ladder.protocol.check import check_config
-from gemm_ladder.rungs import kernel_of, rung_module
+from gemm_ladder.rungs import rung_module
 from gemm_ladder.sm90a import grouped
 
+from .grouped_loads import cumulative, loads_of
 from .test_grouped import reference_units, routing
 
 GROUPED = GemmSpec(grouped=True).text()
 BF16 = GemmSpec(a="bfloat16", b="bfloat16", d="bfloat16", grouped=True).text()
 CLUSTERS = [(2, 1), (1, 2)]
-
-
-def cumulative(counts):
-    out, run = [], 0
-    for c in counts:
-        run += c
-        out.append(run)
-    return out
 
 
 def _real(unit, n_tiles) -> bool:
@@ -133,29 +125,6 @@ def test_launch_carries_the_cluster(shape):
     assert "cluster" not in plain.tag()  # 1x1 modules keep their tags and cache keys
 
 
-def cluster_loads(monkeypatch, cfg, table, M, num_ctas):
-    """``(cta, tensor map, coordinates)`` of every TMA load of every CTA, each cluster run whole by
-    the barrier checker (multicast, remote releases), ``table`` the routing operand; asserts each
-    run finds no protocol fault."""
-    kir = kernel_ir.load(kernel_of(cfg))
-    program = interp.Program(kir.device, kir.operand_buffers)
-    loads = []
-    real = sim.Sim.tma_load
-
-    def record(self, th, dst, tmap, coords, *args, **kw):
-        loads.append((th.cta.block[0], tmap.name, tuple(coords)))
-        return real(self, th, dst, tmap, coords, *args, **kw)
-
-    monkeypatch.setattr(sim.Sim, "tma_load", record)
-    params = {**check._param_values(kir, program, num_ctas), "M": M,  # pylint: disable=protected-access
-              "offsets_ptr": list(table)}
-    for clu in range(num_ctas // 2):
-        ran = sim.Sim(kir, program, [(2 * clu, 0, 0), (2 * clu + 1, 0, 0)], params, "forward", 2, None).run()
-        assert not ran.findings, ran.findings
-        assert ran.finished
-    return loads
-
-
 @pytest.mark.parametrize("shape", CLUSTERS)
 @pytest.mark.parametrize("layout, table, M", [
     # expert 1: 3 m-tiles (the second pair's partner a phantom), expert 4: 1 m-tile (a phantom partner),
@@ -171,7 +140,7 @@ def test_the_cluster_walk_is_the_models(monkeypatch, shape, layout, table, M):
     cfg = make_config("v12", M, N, 128, experts=E, spec=GROUPED, layout=layout, cluster_m=cm, cluster_n=cn,
                       pipe_depth=2, **({"blk_n": 128} if cn == 2 else {}))
     num_ctas = 4
-    loads = cluster_loads(monkeypatch, cfg, table, M, num_ctas)
+    loads = loads_of(monkeypatch, cfg, table, M, num_ctas, cluster=2)
     n_tiles = -(-N // cfg.blk_n)
     want = grouped.walk(list(table), M, cfg.blk_m, n_tiles, cfg.l2_group_size, num_ctas, layout=layout,
                         cluster_m=cm, cluster_n=cn)

@@ -20,7 +20,7 @@ from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.sm90a import grouped
 
-from .grouped_loads import loads_of
+from .grouped_loads import cumulative, loads_of
 
 GROUPED = GemmSpec(grouped=True).text()
 SWAP = dict(swap_ab=True, blk_m=16, blk_n=128, num_warpgroups=2, pipe_depth=4)
@@ -43,14 +43,6 @@ def counts_of(draw, most: int = 256):
         weights = [1 / (r + 1) ** 1.2 for r in range(E)]
         return [int(total * w / sum(weights)) for w in weights]
     return draw(st.lists(st.integers(-3, 300), min_size=E, max_size=E))
-
-
-def cumulative(counts):
-    out, run = [], 0
-    for c in counts:
-        run += c
-        out.append(run)
-    return out
 
 
 @settings(max_examples=200, deadline=None)

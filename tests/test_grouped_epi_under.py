@@ -17,19 +17,11 @@ from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.sm90a import grouped
 
-from .grouped_loads import loads_of
+from .grouped_loads import cumulative, loads_of
 
 GROUPED = GemmSpec(grouped=True).text()
 BF16 = GemmSpec(a="bfloat16", b="bfloat16", d="bfloat16", grouped=True).text()
 UNDER_TILES = [dict(epi_under=True), dict(epi_under=True, epi_n=128, pipe_depth=3)]
-
-
-def cumulative(counts):
-    out, run = [], 0
-    for c in counts:
-        run += c
-        out.append(run)
-    return out
 
 
 @pytest.mark.parametrize("knobs, words", [

@@ -14,18 +14,10 @@ from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.sm90a import grouped
 
-from .grouped_loads import loads_of
+from .grouped_loads import cumulative, loads_of
 
 GROUPED = GemmSpec(grouped=True).text()
 PREFILL_TILES = [dict(), dict(blk_n=128, pipe_depth=6), dict(blk_m=64, num_warpgroups=1, pipe_depth=5)]
-
-
-def cumulative(counts):
-    out, run = [], 0
-    for c in counts:
-        run += c
-        out.append(run)
-    return out
 
 
 def dyn_smem(cfg) -> int:
