@@ -75,17 +75,6 @@ def test_the_winner_and_torchs_margin(times, winner):
     assert first_use.pick(times) == winner
 
 
-@pytest.mark.parametrize("times, kernels, winner", [
-    ({"ours": 100.8, "torch": 101.5}, {"ours": 91.4, "torch": 90.3}, "torch"),  # a queued tie: the kernels decide
-    ({"ours": 100.0, "torch": 110.0}, {"ours": 95.0, "torch": 80.0}, "ours"),   # no tie: the queued winner
-    ({"a": 20.0, "b": 20.4, "torch": 30.0}, {"a": 18.0, "b": 17.0, "torch": 10.0}, "b"),  # torch is not in the tie
-    ({"a": 10.0, "torch": 9.9}, None, "a"),    # no kernel times: pick's answer
-    ({"a": 10.0, "torch": 9.9}, {"a": 8.0}, "a"),  # torch's kernel not timed: not in the tie
-])
-def test_a_queued_tie_is_broken_by_the_kernels(times, kernels, winner):
-    assert first_use.pick_eager(times, kernels) == winner
-
-
 def test_each_candidate_keeps_its_least_disturbed_round_in_rotating_order():
     order = []
     # torch's samples are disturbed for three rounds of five (a dropped clock, another thread): the

@@ -27,8 +27,7 @@ each candidate on the caller's own A and B, and the winner is remembered:
   a kernel of ours 1.3x slower than torch's call: ``benchmarks/torch_route_probe.py``,
   ``benchmarks/results/2026-11-26_h100_every_model/6_three_seeds_copy_bw/``). A
   first launch of each is its warm-up, after :data:`WARM_MS` of calls that bring an idle GPU's
-  clocks up. Eager calls take the queued winner (queued times within :data:`TIE` of each other a
-  tie, broken by the kernels' times: :func:`pick_eager`), calls inside CUDA-graph
+  clocks up. Eager calls take the queued winner, calls inside CUDA-graph
   capture the kernel winner (``front.ByCapture`` where they differ: ours has the shorter host path,
   cuBLAS's kernel may be the faster). It costs each new shape a few milliseconds (an lm_head at
   M = 8192: ~0.3 s);
@@ -69,11 +68,6 @@ MAX_SETS = 8  # input sets cycled through while timing (enough to spill L2 for a
 # within timing noise keeps ours (the faster call)
 TORCH_MARGIN = 1.02
 TORCH = "torch"
-# queued times within this of the fastest are a tie to first use's noise, broken by the kernels'
-# times: at gemma-2-9b's 2048x3584x4096 first use timed ours 100.8 us and torch 101.5 as queued
-# calls, 91.4 and 90.3 as kernels, and kept ours, whose call then ran 3.6% slower than torch's
-# (benchmarks/results/2026-11-26_h100_every_model/7_least_of_rounds/, seed 1)
-TIE = 1.03
 _LOCK = threading.Lock()
 _STATE: dict = {"file": None, "doc": None, "warned": False}
 
@@ -267,18 +261,3 @@ def pick(times: dict) -> str:
     if TORCH in times and (not ours or times[TORCH] * TORCH_MARGIN < ours[best]):
         return TORCH
     return best
-
-
-def pick_eager(times: dict, kernel_times: dict | None = None) -> str:
-    """The eager calls' winner: :func:`pick` of the queued ``times``, unless other candidates'
-    queued times are within :data:`TIE` of the fastest: then, of those, the one whose kernel ran
-    fastest (``kernel_times``, no margin: the tie already stood for the shorter host path). A call
-    whose queued time is mostly its kernel's is decided by the steadier of the two timings."""
-    winner = pick(times)
-    if not kernel_times:
-        return winner
-    fastest = min(times.values())
-    tied = [n for n, t in times.items() if t <= fastest * TIE and n in kernel_times]
-    if winner not in tied or len(tied) < 2:
-        return winner
-    return min(tied, key=kernel_times.get)

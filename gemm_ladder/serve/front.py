@@ -705,7 +705,7 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
             return times, first_use.time_graphs(calls, sets, times)
 
         times, kernel_times = outside_graph_pools(measure, index) if a.is_cuda else measure()
-        eager, graphs = first_use.pick_eager(times, kernel_times), first_use.pick(kernel_times or times)
+        eager, graphs = first_use.pick(times), first_use.pick(kernel_times or times)
         first_use.remember(key, ids[eager], ids[graphs])
 
         def said(ts):
