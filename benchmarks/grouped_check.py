@@ -424,16 +424,22 @@ def _pack_times(c: dict, W) -> dict:
     return _rounds(parties, sets, 2.0 * rows * N * K)
 
 
+def pack_results(folder, plan: dict, job: str, sampler, timeout: float, item_of) -> list[dict]:
+    """Every case of a ``prepare --pack`` DIR's plan through ``job`` in children (a deadline each,
+    ``measure.isolate``), ``item_of(pack folder, case)`` its argument; the clock ``sampler`` stopped
+    after, whatever happened. The results in the cases' order."""
+    items = [item_of(Path(folder) / plan["pack"], c) for c in plan["cases"]]
+    try:
+        return isolate.run_batch(job, items, timeout=timeout, explain=False)
+    finally:
+        sampler.stop()
+
+
 def run_pack(folder, out, plan: dict) -> int:
     """run for a DIR of prepare --pack: every case in children, rows in the issue's format."""
     sampler, start = Sampler(), time.time()
     cases = plan["cases"]
-    items = [case_item(folder / plan["pack"], c) for c in cases]
-    try:
-        results = isolate.run_batch("benchmarks.grouped_check:pack_check_job", items, timeout=TIME_TIMEOUT,
-                                    explain=False)
-    finally:
-        sampler.stop()
+    results = pack_results(folder, plan, "benchmarks.grouped_check:pack_check_job", sampler, TIME_TIMEOUT, case_item)
     rows = []
     for c, res in zip(cases, results):
         correct = res.get("status") == "ok" and c["file"] in res.get("kernel", "")
@@ -1058,16 +1064,25 @@ def summary_of(rows: list[dict]) -> dict:
     return out
 
 
-def run(folder, out, layouts=LAYOUTS) -> int:
-
+def gpu_plan(folder, plan_file: str, fmt: str, who: str) -> dict | None:
+    """The plan ``prepare`` wrote into ``folder``, on a box with a GPU; None (after saying why on
+    stderr, naming ``who``) where there is no GPU or the file is another script's plan."""
     why = device.why_no_gpu(index=0)
     if why is not None:
-        print(f"grouped_check run: no GPU here ({why}): run it on the GPU box", file=sys.stderr)
-        return 2
+        print(f"{who} run: no GPU here ({why}): run it on the GPU box", file=sys.stderr)
+        return None
+    path = Path(folder) / plan_file
+    plan = json.loads(path.read_text())
+    if plan.get("format") != fmt:
+        print(f"{who} run: {path} is not a {fmt} plan: run prepare again", file=sys.stderr)
+        return None
+    return plan
+
+
+def run(folder, out, layouts=LAYOUTS) -> int:
     folder = Path(folder)
-    plan = json.loads((folder / PLAN_FILE).read_text())
-    if plan.get("format") != FORMAT:
-        print(f"grouped_check run: {folder / PLAN_FILE} is not a {FORMAT} plan: run prepare again", file=sys.stderr)
+    plan = gpu_plan(folder, PLAN_FILE, FORMAT, "grouped_check")
+    if plan is None:
         return 2
     if "pack" in plan:
         return run_pack(folder, out, plan)

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
 import check_cli  # noqa: E402  (a sibling script, not a package)
-from grouped_check import counts_of, offsets_of, time_rounds  # noqa: E402  (the routings and rounds of the bf16 grouped check)
+from grouped_check import counts_of, gpu_plan, offsets_of, pack_results, time_rounds  # noqa: E402  (the routings and rounds of the bf16 grouped check)
 
 import gemm_ladder  # noqa: E402
 import gemm_ladder.serve.grouped_ops  # noqa: E402,F401  (registers torch.ops.gemm_ladder.scaled_grouped_mm)
@@ -211,6 +211,18 @@ def errors(Aq, Wq, sa, sw, offs_list, D, M, theirs=None) -> dict:
     return out
 
 
+def checked_run(run, Aq, Wq, sa, sw, offs, offs_list, D, M) -> tuple[dict, str | None]:
+    """``offs`` set to ``offs_list`` in place, D poisoned with NaN, ``run()`` (a launch, a front-door
+    call or a graph's replay), then :func:`errors` against torch's product of the same inputs;
+    returns the errors and why torch refused, if it did."""
+    offs.copy_(torch.tensor(offs_list, dtype=torch.int32))
+    D.fill_(float("nan"))
+    run()
+    torch.cuda.synchronize()
+    theirs, why = torch_scaled(Aq, Wq, sa, sw, offs)
+    return errors(Aq, Wq, sa, sw, offs_list, D, M, theirs), why
+
+
 def check_job(path, args) -> dict:  # pylint: disable=unused-argument
     """Every routing of CHECK_ROUTINGS on one module, the front door and the op, then the graph replay."""
     mod = use_scaled_grouped_module(path)
@@ -253,12 +265,7 @@ def check_job(path, args) -> dict:  # pylint: disable=unused-argument
     graph_cases = []
     for j, routing in enumerate(routings):
         offs_list = offsets_of(counts_of(routing, E, M, seed=100 + j))
-        offs.copy_(torch.tensor(offs_list, dtype=torch.int32))
-        D.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        theirs, _ = torch_scaled(Aq, Wq, sa, sw, offs)
-        res = errors(Aq, Wq, sa, sw, offs_list, D, M, theirs)
+        res, _ = checked_run(graph.replay, Aq, Wq, sa, sw, offs, offs_list, D, M)
         ok_all &= res["ok"]
         graph_cases.append({"routing": routing, **res})
     return {"status": "ok" if ok_all else "wrong", "cases": cases, "graph_replays": graph_cases,
@@ -509,26 +516,15 @@ def pack_job(item, args) -> dict:  # pylint: disable=unused-argument
 
     cases, ok_all, refused = [], route.source == "kernel pack", None
     for i, routing in enumerate(("zipf", "odd")):
-        offs_list = offsets_of(counts_of(routing, E, M, seed=i))
-        offs.copy_(torch.tensor(offs_list, dtype=torch.int32))
-        D.fill_(float("nan"))
-        run_front(offs)
-        torch.cuda.synchronize()
-        theirs, why = torch_scaled(Aq, Wq, sa, sw, offs)
+        res, why = checked_run(lambda: run_front(offs), Aq, Wq, sa, sw, offs,
+                               offsets_of(counts_of(routing, E, M, seed=i)), D, M)
         refused = refused or why
-        res = errors(Aq, Wq, sa, sw, offs_list, D, M, theirs)
         ok_all &= res["ok"]
         cases.append({"routing": routing, **res})
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run_front(offs)
-    offs_list = offsets_of(counts_of("one", E, M, seed=5))
-    offs.copy_(torch.tensor(offs_list, dtype=torch.int32))
-    D.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    theirs, _ = torch_scaled(Aq, Wq, sa, sw, offs)
-    res = errors(Aq, Wq, sa, sw, offs_list, D, M, theirs)
+    res, _ = checked_run(graph.replay, Aq, Wq, sa, sw, offs, offsets_of(counts_of("one", E, M, seed=5)), D, M)
     ok_all &= res["ok"]
     cases.append({"routing": "one (graph replay)", **res})
     out = {"status": "ok" if ok_all else "wrong", "source": route.source, "kernel": route.lines[0], "cases": cases,
@@ -564,12 +560,7 @@ def run_pack(folder, out, plan: dict) -> int:
     """run for a DIR of prepare --pack: every case in children, rows in the issue's format."""
     sampler, start = Sampler(), time.time()
     cases = plan["cases"]
-    items = [case_item(folder / plan["pack"], c) for c in cases]
-    try:
-        results = isolate.run_batch("benchmarks.grouped_fp8_check:pack_job", items, timeout=TIME_TIMEOUT,
-                                    explain=False)
-    finally:
-        sampler.stop()
+    results = pack_results(folder, plan, "benchmarks.grouped_fp8_check:pack_job", sampler, TIME_TIMEOUT, case_item)
     rows = []
     for c, res in zip(cases, results):
         correct = res.get("status") == "ok" and c["file"] in res.get("kernel", "")
@@ -635,14 +626,9 @@ def geomean(xs) -> float | None:
 
 
 def run(folder, out) -> int:
-    why = device.why_no_gpu(index=0)
-    if why is not None:
-        print(f"grouped_fp8_check run: no GPU here ({why}): run it on the GPU box", file=sys.stderr)
-        return 2
     folder = Path(folder)
-    plan = json.loads((folder / PLAN_FILE).read_text())
-    if plan.get("format") != FORMAT:
-        print(f"grouped_fp8_check run: {folder / PLAN_FILE} is not a {FORMAT} plan: run prepare again", file=sys.stderr)
+    plan = gpu_plan(folder, PLAN_FILE, FORMAT, "grouped_fp8_check")
+    if plan is None:
         return 2
     if "pack" in plan:
         return run_pack(folder, out, plan)
