@@ -83,6 +83,11 @@ PLAN_FILE = "grouped_check.json"
 # the slice)
 SHAPES = [("mixtral", 8, 14336, 4096), ("qwen_moe", 64, 1408, 2048), ("deepseek_v3", 256, 2048, 7168),
           ("odd", 5, 1000, 520)]
+# the grouped suite's weights (family, experts, N, K) and token counts (rows of A in all: tokens x top-k,
+# the 64 to 32768), here so that grouped_prefill_check's --promo plan and grouped_suite share them
+SUITE_FAMILIES = [("mixtral", 8, 14336, 4096), ("qwen_moe", 64, 1408, 2048), ("qwen3_moe", 128, 768, 2048),
+                  ("deepseek_v3", 256, 2048, 7168), ("odd", 5, 1000, 520)]
+SUITE_TOKENS = (64, 128, 256, 512, 2048, 8192, 32768)
 # knob variants beside the defaults (128x256 tiles), by shape: 128-wide tiles fit N = 1408 (11 of
 # them; 5.5 of 256) and give a few tokens per expert more, smaller work units to spread over the SMs
 VARIANTS = {"qwen_moe": [{"blk_n": 128}], "deepseek_v3": [{"blk_n": 128}]}

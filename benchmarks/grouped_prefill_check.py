@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import statistics
 import sys
@@ -79,7 +80,7 @@ import grouped_check as gc  # noqa: E402  (a sibling script: the routings, the c
 import gemm_ladder  # noqa: E402
 from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.measure import harness, isolate  # noqa: E402
-from gemm_ladder.serve import front, grouped as grouped_door, kernel_pack, runtime  # noqa: E402
+from gemm_ladder.serve import front, grouped as grouped_door, kernel_pack, plan as serve_plan, runtime  # noqa: E402
 from gemm_ladder.serve.grouped import spec_of_dtype  # noqa: E402
 
 FORMAT = "gemm_ladder.grouped_prefill_check"
@@ -178,27 +179,74 @@ def knobs_of(E: int, dtype: str, variant: str) -> dict:
 def prepare(out, bands: bool = False, large: bool = False) -> int:
     """Every module of :func:`module_plan` through the module cache into DIR, and the plan ``run``
     follows."""
-    # optional: the build layer (TVM's compiler), on the build box only
-    # pylint: disable=import-outside-toplevel
-    from gemm_ladder.compile import module_cache
-    from gemm_ladder.compile.batch import BuildJob
+    from gemm_ladder.compile.batch import BuildJob  # pylint: disable=import-outside-toplevel  (the build box's)
 
     folder = files.open_folder(out)
     modules = []
     for name, E, N, K, dtype, variant in module_plan(bands, large):
-        path, how = module_cache.get_or_build(BuildJob("v12", (gc.BUILD_M, N, K), knobs_of(E, dtype, variant)))
-        stem = f"gprefill_{name}_{dtype}_{variant}"
-        for src in Path(path).parent.iterdir():
-            if src.name.startswith(Path(path).name):  # the .so and its manifest (.so.json)
-                shutil.copy(src, folder / src.name.replace(Path(path).stem, stem, 1))
+        stem = _built_into(folder, BuildJob("v12", (gc.BUILD_M, N, K), knobs_of(E, dtype, variant)),
+                           f"gprefill_{name}_{dtype}_{variant}")
         modules.append({"file": f"{stem}.so", "shape": name, "experts": E, "N": N, "K": K, "dtype": dtype,
                         "variant": variant, "knobs": VARIANTS[variant]})
-        print(f"{stem}: {how}", flush=True)
-    tokens = LARGE_TOKENS if large else BAND_TOKENS if bands else TOKENS
+    return _write_plan(folder, modules, LARGE_TOKENS if large else BAND_TOKENS if bands else TOKENS)
+
+
+def _built_into(folder: Path, job, stem: str) -> str:
+    """``job`` through the module cache, its .so and manifest copied into ``folder`` as ``stem``."""
+    # optional: the build layer (TVM's compiler), on the build box only
+    from gemm_ladder.compile import module_cache  # pylint: disable=import-outside-toplevel
+
+    path, how = module_cache.get_or_build(job)
+    for src in Path(path).parent.iterdir():
+        if src.name.startswith(Path(path).name):  # the .so and its manifest (.so.json)
+            shutil.copy(src, folder / src.name.replace(Path(path).stem, stem, 1))
+    print(f"{stem}: {how}", flush=True)
+    return stem
+
+
+def _write_plan(folder: Path, modules: list[dict], tokens: dict) -> int:
     files.write_json(folder / PLAN_FILE, {"format": FORMAT, "modules": modules, "tokens": tokens})
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(f"{len(modules)} modules, {size / 2**20:.1f} MiB in {folder}")
     return 0
+
+
+# prepare --promo: each tier of the policy (plan.grouped_choices of every grouped-suite weight, contiguous,
+# bf16) as the policy builds it, beside its twin with v12's l2_promo on or off (both tensor maps fetching
+# 256 bytes an L2 miss: producer.load_hints), each pair timed at the suite's token counts the tier serves
+PROMO = "+promo"
+
+
+def promo_plan() -> list[dict]:
+    """The modules of ``prepare --promo``: per suite weight and policy tier serving some of the suite's
+    token counts, the tier without ``l2_promo`` (named as the rule) and with it (``+promo``), each with
+    the token counts it serves (``tokens_served``) and the twin it is compared with (``baseline``)."""
+    out = []
+    for name, E, N, K in gc.SUITE_FAMILIES:
+        for g in serve_plan.grouped_choices(E, N, K, DTYPE, "contiguous"):
+            served = [t for t in gc.SUITE_TOKENS if g.tokens[0] <= t <= g.tokens[1]]
+            knobs = {k: v for k, v in g.choice.knobs.items() if k != "l2_promo"}
+            for variant, extra in ((g.choice.rule, {}), (g.choice.rule + PROMO, {"l2_promo": True})):
+                if served:
+                    out.append({"shape": name, "experts": E, "N": N, "K": K, "dtype": DTYPE, "variant": variant,
+                                "knobs": {**knobs, **extra}, "tokens_served": served, "baseline": g.choice.rule})
+    return out
+
+
+def prepare_promo(out) -> int:
+    """:func:`promo_plan`'s modules through the module cache into DIR, and the plan ``run`` follows."""
+    from gemm_ladder.compile.batch import BuildJob  # pylint: disable=import-outside-toplevel  (the build box's)
+
+    folder = files.open_folder(out)
+    modules = []
+    for m in promo_plan():
+        stem = _built_into(folder, BuildJob("v12", (gc.BUILD_M, m["N"], m["K"]), m["knobs"]),
+                           f"gprefill_{m['shape']}_{m['dtype']}_{m['variant']}")
+        modules.append({"file": f"{stem}.so", **m})
+    tokens: dict = {}
+    for m in modules:
+        tokens[m["shape"]] = sorted(set(tokens.get(m["shape"], [])) | set(m["tokens_served"]))
+    return _write_plan(folder, modules, tokens)
 
 
 # -- the timed groups (pure Python: the CPU tests check them) -----------------------------------------
@@ -210,8 +258,11 @@ def time_items(folder, modules: list[dict], checks: dict, tokens: dict) -> list[
         mine = [m for m in modules if m["shape"] == name and m["dtype"] == DTYPE and not is_masked(m)
                 and checks.get(m["file"], {}).get("status") == "ok"]
         mine.sort(key=lambda m: m["variant"] != BASELINE)
-        if mine:
-            items += ["#".join([str(t)] + [str(Path(folder) / m["file"]) for m in mine]) for t in counts]
+        for t in counts:
+            # --promo's modules serve some token counts of their shape (tokens_served), the others all
+            here = [m for m in mine if t in m.get("tokens_served", [t])]
+            if here:
+                items.append("#".join([str(t)] + [str(Path(folder) / m["file"]) for m in here]))
     return items
 
 
@@ -247,7 +298,7 @@ def odd_tile_counts(experts: int, blk_m: int = 128, live: int = 16) -> list[int]
     counts = [0] * experts
     for e in range(min(experts, live)):
         if e % 4 != 3:
-            counts[e] = (2 * (e % 3) + 1) * blk_m - (e * 7) % 50
+            counts[e] = (2 * (e % 3) + 1) * blk_m - (e * 7) % min(50, blk_m // 2)
     return counts
 
 
@@ -258,7 +309,7 @@ def cluster_check_job(path, args) -> dict:
     res = gc.check_job(path, args)
     mod = grouped_door.GroupedModule(runtime.load(path))
     E, N, K, dtype = mod.experts, mod.N, mod.K, mod.dtype
-    counts = odd_tile_counts(E)
+    counts = odd_tile_counts(E, blk_m=int(mod.module.knobs.get("blk_m", 128)))
     rows = sum(counts) + TAIL
     A, W, offs = gc._inputs(E, N, K, dtype, counts, rows, seed=7)  # pylint: disable=protected-access
     D = torch.full((rows, N), float("nan"), dtype=A.dtype, device="cuda")
@@ -279,9 +330,11 @@ def parse_item(item: str) -> tuple[int, list[str]]:
 
 
 def variant_of(path: str) -> str:
-    """The variant a module's file name ends with (``prepare``'s names)."""
-    stem = Path(path).stem
-    return max((v for v in VARIANTS if stem.endswith("_" + v)), key=len)
+    """The variant a module's file name ends with (``prepare``'s names: ``gprefill_{shape}_{dtype}_{variant}``)."""
+    found = re.fullmatch(r"gprefill_.+?_(?:bfloat16|float16)_(.+)", Path(path).stem)
+    if found is None:
+        raise ValueError(f"{Path(path).name} is not named gprefill_<shape>_<dtype>_<variant>.so (prepare's names)")
+    return found.group(1)
 
 
 def prefill_time_job(item, args) -> dict:
@@ -340,12 +393,12 @@ def case_rows(group: list[dict], checks: dict, timing: dict | None) -> list[dict
     time as ``ours`` beside torch's of the same rounds, ``ratio_to_baseline`` and ``best``."""
     rows = []
     for r in (timing or {}).get("rows", []):
-        base_ms = r["times"].get(f"ours:{BASELINE}", {}).get("graph_ms")
         timed = {m["variant"]: r["times"].get(f"ours:{m['variant']}", {}).get("graph_ms") for m in group}
         fastest = min((v for v, ms in timed.items() if ms), key=lambda v: timed[v], default=None)
         for m in group:
             v = m["variant"]
             mine = r["times"].get(f"ours:{v}", {})
+            base_ms = r["times"].get(f"ours:{m.get('baseline', BASELINE)}", {}).get("graph_ms")
             times = {"ours": mine, **({"grouped_mm": r["times"]["grouped_mm"]} if "grouped_mm" in r["times"] else {})}
             correct = checks.get(m["file"], {}).get("status") == "ok" and r["checks"].get(v, {}).get("ok", False)
             case = {"experts": m["experts"], "N": m["N"], "K": m["K"], "dtype": m["dtype"], "shape": m["shape"],
@@ -580,10 +633,15 @@ def main(argv=None) -> int:
     pr.add_argument("--large", action="store_true", help="the tiles for the suite's cases under 0.95x torch instead "
                                                            "(LARGE_VARIANTS: the odd shape at 8192-32768 tokens, "
                                                            "DeepSeek-V3-like at 32768)")
+    pr.add_argument("--promo", action="store_true", help="each tier of the policy beside its twin with the 256-byte "
+                                                           "L2 promotion (l2_promo) toggled, at the suite's token "
+                                                           "counts it serves (promo_plan)")
     a = p.parse_args(argv)
     if a.cmd == "prepare":
-        if a.pack + a.bands + a.large > 1:
-            p.error("prepare: one of --pack, --bands and --large")
+        if a.pack + a.bands + a.large + a.promo > 1:
+            p.error("prepare: one of --pack, --bands, --large and --promo")
+        if a.promo:
+            return prepare_promo(a.out)
         return prepare_pack(a.out) if a.pack else prepare(a.out, a.bands, a.large)
     check_cli.require_in_name(p, a.out, "grouped", 33)
     return run(a.folder, a.out)

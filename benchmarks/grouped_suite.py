@@ -81,10 +81,8 @@ FORMAT = "gemm_ladder.grouped_suite"
 PLAN_FILE = "grouped_suite.json"
 PACK_FOLDER = "pack"
 DTYPE = "bfloat16"
-# (family, experts, N, K)
-FAMILIES = [("mixtral", 8, 14336, 4096), ("qwen_moe", 64, 1408, 2048), ("qwen3_moe", 128, 768, 2048),
-            ("deepseek_v3", 256, 2048, 7168), ("odd", 5, 1000, 520)]
-TOKENS = (64, 128, 256, 512, 2048, 8192, 32768)  # rows of A in all (tokens x top-k), the 64 to 32768
+FAMILIES = gc.SUITE_FAMILIES  # (family, experts, N, K)
+TOKENS = gc.SUITE_TOKENS  # rows of A in all (tokens x top-k), the 64 to 32768
 ROUTINGS = ("balanced", "zipf")
 SKIPPED: dict = {}  # (family, tokens) -> why it is not run (none so far: every call is under 10 ms)
 DENSE_FAMILY, DENSE_TOKENS = "mixtral", (8192, 32768)  # balanced: 1024 and 4096 rows an expert

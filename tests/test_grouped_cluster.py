@@ -101,7 +101,6 @@ def test_cluster_walk_refuses_part_clusters():
 @pytest.mark.parametrize("knobs, words", [
     (dict(cluster_m=2, cluster_n=2), ["cluster_m=2, cluster_n=2", "2x1", "1x2"]),
     (dict(cluster_m=3), ["cluster_m=3"]),
-    (dict(cluster_m=2, swap_ab=True, blk_m=16, blk_n=128), ["swap_ab=True is not built", "cluster_m=1"]),
     (dict(cluster_m=2, spec=GemmSpec(act="silu", gated=True, grouped=True).text()),
      ["a gated W_gu (SwiGLU) is not built"]),
     (dict(cluster_m=2, dtype="bfloat16", spec=GemmSpec(a="float8_e4m3", b="float8_e4m3", d="bfloat16", scales="row",
@@ -155,9 +154,12 @@ def test_the_cluster_walk_is_the_models(monkeypatch, shape, layout, table, M):
         assert b_rows == [u.expert * N + u.n_tile * cfg.blk_n + rank_m * b_part for u in want[cta]]
 
 
+SWAP64 = dict(swap_ab=True, blk_m=64, blk_n=128, num_warpgroups=2, pipe_depth=8)
+
+
 @pytest.mark.parametrize("shape", [(600, 1000, 520, 5), (600, 2048, 7168, 256), (600, 14336, 4096, 8)])
 @pytest.mark.parametrize("tile", [dict(cluster_m=2), dict(cluster_m=2, epi_n=128, pipe_depth=3),
-                                  dict(cluster_n=2)])
+                                  dict(cluster_n=2), dict(SWAP64, cluster_m=2), dict(SWAP64, cluster_n=2)])
 def test_cluster_presets_pass_the_protocol_check(shape, tile):
     """The barrier checker over the suite's weights with whole clusters (multicast halves, releases to
     both CTAs) and its routing for clusters (``grouped.checker_params``: an expert of one m-tile, whose

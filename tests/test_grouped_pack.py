@@ -72,6 +72,20 @@ def test_the_contiguous_split_follows_the_rows_an_expert_holds():
 ODD = (5, 1000, 520)  # the grouped suite's short-K weight (issue 33's floor case)
 
 
+def test_the_contiguous_swapped_tiers_take_the_l2_fills_and_no_other():
+    """GROUPED_L2_PROMO: the contiguous layout's swapped tiers ask for 256-byte L2 fills (l2_promo); the
+    128x256 defaults, the 2x1 clusters and the masked layout's modules (not measured with it) do not."""
+    for weight in (MIXTRAL, (256, 2048, 7168), (64, 1408, 2048), ODD):
+        for g in plan.grouped_choices(*weight, "bfloat16"):
+            swapped = g.choice.knobs.get("swap_ab", False)
+            assert g.choice.knobs.get("l2_promo", False) is swapped, (weight, g.choice.rule)
+            if swapped:
+                assert plan.GROUPED_L2_PROMO in g.choice.why
+                gemm_ladder.make_config("v12", 4096, *weight[1:], **g.choice.knobs)  # the validator takes it
+        assert all("l2_promo" not in g.choice.knobs for g in plan.grouped_choices(*weight, "bfloat16", "masked"))
+    assert (REPO / plan.GROUPED_L2_PROMO).is_file()
+
+
 def test_a_short_k_weight_takes_2x1_clusters_past_many_m_tiles_an_expert():
     """At K <= GROUPED_CLUSTER_K the defaults' tier ends at GROUPED_CLUSTER_ROWS rows an expert on average
     (4096 for 5 experts: 20480 rows), and the 2x1 cluster module serves past it: the measured win (32768

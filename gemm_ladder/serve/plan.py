@@ -906,6 +906,17 @@ GROUPED_PREFILL_SWAPS = ((32, 32), (64, 128))  # (swap tokens a tile, up to rows
 # sharing A's tile): 1.03-1.07x the defaults at the odd weight's 8192 tokens, 0.93-0.99x on the long-K weights
 # (DeepSeek-V3-like at 32768 tokens, one m-tile an expert: 0.985x; swap64 serves it).
 GROUPED_CLUSTER = "benchmarks/results/2026-11-26_h100_grouped_clusters/README.md"
+# The 256-byte L2 promotion on the contiguous layout's swapped tiers (v12's l2_promo, producer.load_hints;
+# GROUPED_L2_PROMO, H100, bf16, kernels in CUDA graphs, each tier of this policy beside its twin with the
+# promotion in the same rounds, at the grouped suite's token counts it serves, balanced and Zipf): a swapped
+# tile streams W 128 bytes a row a K slice, and with the promotion an L2 miss brings the row's next slice
+# too. Over the 54 cases of the swapped tiers the twin ran 0.994-1.061x the tier (geomean 1.022 decode,
+# 1.034 swap32, 1.021 swap64), level at K = 520; DeepSeek-V3-like at 32768 tokens balanced, the suite's
+# least case, went from 0.969x torch._grouped_mm to 1.028x. Measured and left out: the 128x256 defaults
+# (1.00-1.07x up to 512 rows an expert, 0.92-1.00x at 1024-4096, 0.89-0.99x at K = 520) and the 2x1 clusters
+# (0.88x at K = 520). The masked layout's decode module was not timed with it and stays without.
+GROUPED_L2_PROMO = "benchmarks/results/2026-11-26_h100_grouped_l2_promo/README.md"
+GROUPED_PROMO_KNOBS = {"l2_promo": True}
 GROUPED_CLUSTER_K = 1024
 GROUPED_CLUSTER_ROWS = 4096
 GROUPED_CLUSTER_KNOBS = {"cluster_m": 2}
@@ -1065,23 +1076,25 @@ def _prefill_tiers(E: int, p: Problem, base: dict, swap_m: int) -> list[GroupedC
     """The contiguous layout's modules by the rows an expert holds on average (``M / E``; the rule
     and its evidence: the comment above GROUPED_PREFILL): swapped tiles of ``swap_m`` tokens (the
     decode module), then the wider swapped tiles of :data:`GROUPED_PREFILL_SWAPS` (one the validator
-    refuses is passed over, the next tier reaching down), then v12's 128x256 defaults, and at K up to
-    :data:`GROUPED_CLUSTER_K` the defaults in 2x1 clusters past :data:`GROUPED_CLUSTER_ROWS` rows an expert
-    on average (one the validator refuses is named on the defaults' tier)."""
+    refuses is passed over, the next tier reaching down), all with the 256-byte L2 fills
+    (:data:`GROUPED_PROMO_KNOBS`, measured in :data:`GROUPED_L2_PROMO`), then v12's 128x256 defaults, and at
+    K up to :data:`GROUPED_CLUSTER_K` the defaults in 2x1 clusters past :data:`GROUPED_CLUSTER_ROWS` rows an
+    expert on average (one the validator refuses is named on the defaults' tier)."""
     wider = [(m, rows) for m, rows in GROUPED_PREFILL_SWAPS if m >= swap_m]
     swaps = ([(swap_m, GROUPED_SWAP16_ROWS)] if swap_m < wider[0][0] else []) + wider
     out: list[GroupedChoice] = []
     skipped: tuple = ()
     for blk_m, rows in swaps:
-        knobs = {**base, **GROUPED_SWAP_KNOBS, "blk_m": blk_m}
+        knobs = {**base, **GROUPED_SWAP_KNOBS, "blk_m": blk_m, **GROUPED_PROMO_KNOBS}
         name = "grouped-decode-swap" if blk_m == swap_m else f"grouped-prefill-swap{blk_m}"
         if (refused := _validate(GROUPED_RUNG, p, knobs)) is not None:
             skipped += (f"rule {name!r} ({GROUPED_RUNG} swap AB {blk_m}x128): {refused}",)
             continue
         why = (f"{GROUPED_RUNG} with swap AB ({blk_m} tokens x 128 W rows a tile, two consumers, an 8-deep ring, the "
-               f"warp scan) while M <= {rows} x E = {rows * E} rows of A ({rows} an expert on average): a swapped "
-               f"tile streams W at full width with the tokens as wgmma's N, where a 128-row tile computes rows an "
-               f"expert lacks [{GROUPED_PREFILL}: this rule's tiers 1.096x torch._grouped_mm over 24 prefill cases")
+               f"warp scan, 256-byte L2 fills) while M <= {rows} x E = {rows * E} rows of A ({rows} an expert on "
+               f"average): a swapped tile streams W at full width with the tokens as wgmma's N, where a 128-row tile "
+               f"computes rows an expert lacks [{GROUPED_PREFILL}: this rule's tiers 1.096x torch._grouped_mm over 24 "
+               f"prefill cases; {GROUPED_L2_PROMO}: the L2 fills 1.02-1.03x the tier without them")
         why += (f"; {GROUPED_DECODE}: decode, 1.02x the 64x128 module, masked decode 1.10x the best peer]"
                 if blk_m == swap_m else "]")
         first = out[-1].tokens[1] + 1 if out else 1

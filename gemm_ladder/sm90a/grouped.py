@@ -117,8 +117,10 @@ those bytes) and runs its K loop (the ring's releases go to both CTAs), and writ
 it is before the expert's end row, which guards the last m-tile's stores (its A rows are the next
 expert's tokens, or TMA's zero fill past M). A 1x2 phantom is an n-tile past N: its loads read the
 next expert's W rows (or zero fill), its D columns are clipped. The phantoms waste up to half the MMA
-work where experts hold one m-tile (decode): clusters are for large experts. Not with swap AB, fp8 or
-a gated W_gu (refused by name); :func:`walk` with ``cluster_m`` / ``cluster_n`` is the model.
+work where experts hold one m-tile (decode): clusters are for large experts. With swap AB the producer is
+the same (A's tile holds the tokens, B's W's rows), so a 2x1 cluster is two token tiles of an expert sharing
+W's tile, and its phantom's transposed stores are guarded by the expert's end row like any last token tile.
+Not with fp8 or a gated W_gu (refused by name); :func:`walk` with ``cluster_m`` / ``cluster_n`` is the model.
 
 The epilogue under the next tile (``epi_under``, v9's knob, not with ``swap_ab``): at K = 520 (the
 suite's odd 5 x 1000x520 weight) a tile's K loop is 9 slices, and the 128x256 tile's chunked stores
@@ -655,7 +657,7 @@ CLUSTERS = ((1, 1), (2, 1), (1, 2))  # (cluster_m, cluster_n) the grouped kernel
 
 def check_cluster(cfg: GemmConfig) -> None:
     """What of clusters the grouped kernel builds: 2x1 (an m-pair shares W's tile) and 1x2 (an n-pair
-    shares A's), the contiguous and masked layouts, 16-bit, not gated, not swapped."""
+    shares A's), the contiguous and masked layouts, 16-bit, not gated, swapped or not."""
     cm, cn = common.cluster_shape(cfg)
     if (cm, cn) == (1, 1):
         return
@@ -664,13 +666,12 @@ def check_cluster(cfg: GemmConfig) -> None:
                           "m-tiles of an expert share W's tile) or 1x2 (cluster_n=2: two n-tiles share A's); use one "
                           "of those, or 1x1")
     common.check_cluster(cfg)
-    refused = [(swap_ab(cfg), "swap_ab=True", "swap_ab=False"),
-               (fp8.enabled(cfg), "an fp8 spec", "a 16-bit spec (d_bfloat16.grouped_true)"),
+    refused = [(fp8.enabled(cfg), "an fp8 spec", "a 16-bit spec (d_bfloat16.grouped_true)"),
                (spec_of(cfg).gated, "a gated W_gu (SwiGLU)", "an ungated grouped spec")]
     for on, what, fix in refused:
         if on:
             raise ConfigError(f"cluster_m={cm}, cluster_n={cn} with {what} is not built (clusters serve the 16-bit, "
-                              f"non-swapped, ungated tile); use cluster_m=1, cluster_n=1, or {fix}")
+                              f"ungated tile); use cluster_m=1, cluster_n=1, or {fix}")
 
 
 def check_fp8(cfg: GemmConfig) -> None:

@@ -23,7 +23,8 @@ the next expert, so that tile leaves through stores guarded by the expert's end 
                 swap AB: W[e]                transposed; guarded     l2_group_size, layout,
                 rows x tokens)               2-byte stores;          swap_ab, warp_scan,
                                              epi_under: whole tiles  epi_under,
-                                             under the next tile)    cluster_m, cluster_n
+                                             under the next tile)    cluster_m, cluster_n,
+                                                                     l2_promo, stream_b
     ==========  ==============  ===========  ======================  ========================
 
 Masked layout (``layout="masked"``, decode): A ``[E, max_tokens, K]`` viewed ``[E * max_tokens, K]``
@@ -49,7 +50,13 @@ shared memory.
 Clusters (``cluster_m=2`` or ``cluster_n=2``; 1x1 by default): two CTAs take two m-tiles of one expert
 (two n-tiles) and share W's (A's) tile by TMA multicast, half each; a cluster walks units of an m-pair
 (n-pair), and an expert's odd last m-tile pairs with a phantom that loads and multiplies and writes
-nothing (``grouped.py`` says how). Contiguous and masked; not with swap AB, fp8 or a gated W_gu.
+nothing (``grouped.py`` says how). Contiguous and masked, swapped or not (with ``swap_ab`` an m-pair is two
+token tiles sharing W's rows: ``torch._grouped_mm``'s 64-token tiles in 2x1 clusters); not with fp8 or a
+gated W_gu.
+
+L2 hints (``l2_promo``, ``stream_b``; off by default): ``l2_promo`` asks both tensor maps for 256 bytes an
+L2 miss, so a row of W read 128 bytes a K slice reaches DRAM in 256-byte runs; ``stream_b`` is v9's (that,
+W evict-first, A evict-last). ``producer.load_hints`` says why and what it measured.
 
 SwiGLU (spec ``grouped`` + ``gated``, ``gemm_ladder.grouped_swiglu``): W ``[E, 2I, K]`` holds each
 expert's ``cat([W_gate, W_up])``; a tile loads the gate rows and the up rows of the same outputs
@@ -67,7 +74,7 @@ promoted sums double the accumulators); contiguous layout, no swap AB (refused b
 gated W_gu yet (refused by name).
 
 Constraints: a spec with ``grouped`` and nothing else but a gated W_gu in 16 bits or fp8 rowwise scales
-(no bias, no plain activation yet); clusters 1x1, 2x1 or 1x2 (16-bit, not swapped, not gated);
+(no bias, no plain activation yet); clusters 1x1, 2x1 or 1x2 (16-bit, not gated);
 M at run time (any tokens, one module); N and K multiples of 8; ``experts`` <= 1024.
 
 Run:  python -m gemm_ladder build v12 --shape 4096x14336x4096 --knob experts=8 --out build/
@@ -116,8 +123,10 @@ class GroupedKnobs:
 KNOBS = gemm.knob_defaults(GroupedKnobs)
 # clusters (issue 33's floor case): taken, kept only away from 1x1 (the tags and cache keys of 1x1 modules
 # stay as they were): cluster_m=2, two m-tiles of an expert share W's tile by multicast; cluster_n=2, two
-# n-tiles share A's (grouped.check_cluster says which combinations are built)
-OPTIONAL_KNOBS = {"cluster_m": 1, "cluster_n": 1}
+# n-tiles share A's (grouped.check_cluster says which combinations are built). The L2 hints of the loads
+# (producer.load_hints), off by default the same way: l2_promo, 256 bytes an L2 miss in both tensor maps;
+# stream_b, v9's (that promotion, W evict-first and A evict-last)
+OPTIONAL_KNOBS = {"cluster_m": 1, "cluster_n": 1, "l2_promo": False, "stream_b": False}
 CONSUMERS = (1, 2, 3)
 SWAP_CONSUMERS = (1, 2)  # v11's: whole 64-row atoms of W per consumer
 BLK_M_CHOICES = common.SWAP_BLK_M  # swap AB takes blk_m tokens a multiple of 8; without it check_tile wants 64s

@@ -50,11 +50,23 @@ def multicast_masks(cm: int, cn: int, rank_m, rank_n):
 # chooses them.
 STREAM_A = {"cache_hint": "evict_last", "tensormap_l2_promotion": "L2::256B"}
 STREAM_B = {"cache_hint": "evict_first", "tensormap_l2_promotion": "L2::256B"}
+# ``l2_promo`` (v12): the 256-byte L2 promotion of ``stream_b`` alone, without its eviction hints. A
+# grouped kernel streams each expert's weight 128 bytes a row a K slice; with the promotion one L2 miss
+# brings the row's next slice too, so the DRAM reads come in 256-byte runs (what a 128-wide K tile of
+# 16-bit data reads). Evict-first would hurt where two CTAs read one W tile without multicast (swap AB's
+# token tiles of an expert side by side), so only the promotion is asked for. On an H100 (DeepSeek-V3-like
+# 256 x 2048x7168 at 32768 tokens, swap AB 64x128): 2.79 ms against 2.96 without it, torch._grouped_mm
+# 2.87 (benchmarks/results/2026-11-26_h100_grouped_l2_promo/).
+PROMOTE = {"tensormap_l2_promotion": "L2::256B"}
 
 
 def load_hints(cfg: GemmConfig) -> tuple[dict, dict]:
-    """The TMA load options of A and B for ``cfg`` (none unless its ``stream_b`` knob is set)."""
-    return (STREAM_A, STREAM_B) if dict(cfg.extra).get("stream_b") else ({}, {})
+    """The TMA load options of A and B for ``cfg``: ``stream_b``'s hints, ``l2_promo``'s promotion
+    (v12), or none."""
+    extra = dict(cfg.extra)
+    if extra.get("stream_b"):
+        return STREAM_A, STREAM_B
+    return (PROMOTE, PROMOTE) if extra.get("l2_promo") else ({}, {})
 
 
 @T.inline
