@@ -2,6 +2,8 @@
 timed groups it hands the children, and the rows and summary on made-up timings. (Running it is a
 GPU benchmark: ``grouped_prefill_check.py run``.)"""
 
+from pathlib import Path
+
 import pytest
 
 from gemm_ladder import make_config
@@ -189,3 +191,38 @@ def test_a_pack_row_is_correct_only_where_the_expected_module_served(gp, tmp_pat
     assert not any(r["correct"] for r in gp.pack_rows(entries, item, other))
     crashed = gp.pack_rows(entries, item, {"status": "crash", "detail": "boom"})
     assert len(crashed) == 1 and not crashed[0]["correct"] and "boom" in crashed[0]["detail"]
+
+
+def test_the_promo_plan_pairs_every_tier_with_its_l2_twin(gp, tmp_path):
+    """--promo: each tier of the policy for the suite's weights beside the same knobs with l2_promo
+    toggled, each pair only at the suite's token counts the tier serves (every count of a weight served
+    once), the twin's baseline the tier; the timed groups hold a pair and nothing else."""
+    plan = gp.promo_plan()
+    assert {m["shape"] for m in plan} == {f[0] for f in gp.gc.SUITE_FAMILIES}
+    tiers = [m for m in plan if not m["variant"].endswith(gp.PROMO)]
+    for tier in tiers:
+        twin = next(m for m in plan if m["variant"] == tier["variant"] + gp.PROMO and m["shape"] == tier["shape"])
+        assert twin["knobs"] == {**tier["knobs"], "l2_promo": True} and "l2_promo" not in tier["knobs"]
+        assert twin["baseline"] == tier["baseline"] == tier["variant"] and twin["tokens_served"] == tier["tokens_served"]
+        make_config("v12", 4096, tier["N"], tier["K"], **twin["knobs"])
+    for name, *_ in gp.gc.SUITE_FAMILIES:
+        served = sorted(t for m in tiers if m["shape"] == name for t in m["tokens_served"])
+        assert served == sorted(gp.gc.SUITE_TOKENS), name
+    modules = [{**m, "file": f"gprefill_{m['shape']}_bfloat16_{m['variant']}.so"} for m in plan]
+    tokens = {name: list(gp.gc.SUITE_TOKENS) for name, *_ in gp.gc.SUITE_FAMILIES}
+    items = gp.time_items(tmp_path, modules, {m["file"]: {"status": "ok"} for m in modules}, tokens)
+    assert len(items) == len(gp.gc.SUITE_FAMILIES) * len(gp.gc.SUITE_TOKENS)
+    for item in items:
+        t, paths = gp.parse_item(item)
+        names = [gp.variant_of(p) for p in paths]
+        assert len(names) == 2 and names[1] == names[0] + gp.PROMO, names
+        files = {Path(p).name for p in paths}
+        assert all(t in m["tokens_served"] for m in modules if m["file"] in files)
+
+
+def test_variant_of_reads_any_prepared_name(gp):
+    assert gp.variant_of("/x/gprefill_deepseek_v3_bfloat16_swap64.so") == "swap64"
+    assert gp.variant_of("gprefill_odd_float16_scan.so") == "scan"
+    assert gp.variant_of("gprefill_qwen3_moe_bfloat16_grouped-prefill-swap32+promo.so") == "grouped-prefill-swap32+promo"
+    with pytest.raises(ValueError, match="gprefill_<shape>_<dtype>_<variant>"):
+        gp.variant_of("other.so")
