@@ -129,3 +129,98 @@ def test_the_fallback_is_the_per_expert_product_and_clamps_bad_offsets():
     # offsets past M are clamped (the kernel's rule): the rows that exist are computed, nothing beyond
     got = _fallback(Ar, Wr, torch.tensor([7, 50, 50], dtype=torch.int32))
     torch.testing.assert_close(got.double(), reference(Ar, Wr, torch.tensor([7, 20, 20])), rtol=2e-2, atol=2e-2)
+
+
+# -- the fast path: a call like one already checked skips the checks and the pack lookup -------------
+class Recorder:
+    """A route's run that records its launches (no GPU)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, A, W, table, out):
+        self.calls.append((A.data_ptr(), out.data_ptr()))
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """grouped_mm on CPU tensors: the device check passed, routes from a Recorder, the checked path's
+    calls counted."""
+    grouped.reset()
+    run, checked = Recorder(), []
+    real_check = grouped.check_grouped
+    monkeypatch.setattr(grouped, "check_devices", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # CPU tensors have no device index
+    monkeypatch.setattr(grouped, "check_grouped", lambda *a, **k: checked.append(1) or real_check(*a, **k))
+    monkeypatch.setattr(grouped, "route_of", lambda *a, **k: grouped.Route(run, "test"))
+    yield run, checked
+    grouped.reset()
+
+
+def test_a_repeated_call_takes_the_fast_path(served):
+    run, checked = served
+    out = h(10, 32)
+    for _ in range(3):
+        assert gemm_ladder.grouped_mm(A, W, OFFS, out=out) is out
+    assert len(checked) == 1 and len(run.calls) == 3
+    # a new D of the call's shape where out is None (one more checked call: out's absence is in the key)
+    D = gemm_ladder.grouped_mm(A, W, OFFS)
+    D2 = gemm_ladder.grouped_mm(A, W, OFFS)
+    assert D.shape == D2.shape == (10, 32) and D.dtype == A.dtype and D.data_ptr() != D2.data_ptr()
+    assert len(checked) == 2 and len(run.calls) == 5
+
+
+@pytest.mark.parametrize("other", [
+    lambda: (h(11, 64), W, OFFS, h(11, 32)),  # another M
+    lambda: (h(10, 64, dtype=torch.bfloat16), h(3, 32, 64, dtype=torch.bfloat16), OFFS, h(10, 32, dtype=torch.bfloat16)),
+    lambda: (h(64, 10).t(), W, OFFS, h(10, 32)),  # other strides: refused by the checked path
+    lambda: (A, W, OFFS, h(10, 31)),  # a bad out: refused by the checked path
+])
+def test_the_fast_path_misses_what_it_has_not_seen_checked(served, other):
+    run, checked = served
+    gemm_ladder.grouped_mm(A, W, OFFS, out=h(10, 32))
+    args = other()
+    try:
+        gemm_ladder.grouped_mm(*args[:3], out=args[3])
+    except ModuleInputError:
+        pass
+    assert len(checked) == 2
+
+
+def test_the_fast_path_leaves_overlap_alignment_grad_and_new_packs_to_the_checked_path(served, monkeypatch):
+    run, checked = served
+    out = h(10, 32)
+    gemm_ladder.grouped_mm(A, W, OFFS, out=out)
+    buf = h(10 * 32 + 8)
+    # out inside A's memory (the shape and strides of a good out): not the fast path
+    before = len(checked)
+    big = h(10, 64)
+    gemm_ladder.grouped_mm(big, W, OFFS, out=big.view(-1)[:320].view(10, 32))
+    assert len(checked) == before + 1
+    # an out 2 bytes off a 16-byte boundary: not the fast path (the checked one here, its device check
+    # passed over in this test, launches it)
+    before = len(checked)
+    gemm_ladder.grouped_mm(A, W, OFFS, out=buf[1:321].view(10, 32))
+    assert len(checked) == before + 1
+    # grad wanted: the checked path refuses it; under no_grad the fast path takes it
+    Wg = h(3, 32, 64).requires_grad_()
+    refused(lambda: gemm_ladder.grouped_mm(A, Wg, OFFS, out=out), "require grad")
+    with torch.no_grad():
+        n = len(checked)
+        gemm_ladder.grouped_mm(A, Wg, OFFS, out=out)
+        assert len(checked) == n  # requires_grad is no part of the key: checked again on the fast path
+    # a use_pack since (the front door's packs changed) forgets every remembered call
+    n = len(checked)
+    monkeypatch.setattr(grouped, "packs", lambda: [object()])
+    gemm_ladder.grouped_mm(A, W, OFFS, out=out)
+    assert len(checked) == n + 1
+
+
+def test_explain_and_offsets_first_never_take_the_fast_path(served, capsys, monkeypatch):
+    run, checked = served
+    monkeypatch.setattr(grouped, "check_offsets", lambda *a, **k: None)
+    out = h(10, 32)
+    gemm_ladder.grouped_mm(A, W, OFFS, out=out)
+    gemm_ladder.grouped_mm(A, W, OFFS, out=out, check_offsets_first=True)
+    gemm_ladder.grouped_mm(A, W, OFFS, out=out, explain=True)
+    assert len(checked) == 3 and len(run.calls) == 3

@@ -39,8 +39,8 @@ import warnings
 
 from ..core.config import DTYPES
 from .front import STRICT_ENV, KernelFallbackWarning, NoKernelError, _strict  # the front door's reading of strict
-from .grouped import (BUILD_M, RUNG, Route, arch_at, check_devices, pack_lines, pack_module, registered, route_for,
-                      spec_of_dtype)
+from .grouped import (BUILD_M, RUNG, Route, arch_at, check_devices, fast_key, fast_run, pack_lines, pack_module,
+                      registered, remember_fast, route_for, spec_of_dtype)
 from .kernel_pack import Found
 from .runtime import ModuleInputError
 
@@ -161,6 +161,10 @@ def grouped_mm_masked(A, W, counts, *, out=None, explain: bool = False, strict: 
     the counts on the host first (a sync)."""
     import torch  # pylint: disable=import-outside-toplevel
 
+    strict = _strict(strict)
+    key = None if explain or check_counts_first else fast_key("grouped_mm_masked", strict, A, W, counts, out)
+    if (done := fast_run(key, A, W, counts, out)) is not None:
+        return done
     E, T, N, K = check_masked(A, W, counts, out)
     check_devices(A, W, counts, out, who=WHO, table="counts")
     if check_counts_first:
@@ -173,8 +177,9 @@ def grouped_mm_masked(A, W, counts, *, out=None, explain: bool = False, strict: 
         torch_masked_mm(A, W, counts, out)
         return out
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
-    route = route_of(E, N, K, str(A.dtype).removeprefix("torch."), index, _strict(strict), T)
+    route = route_of(E, N, K, str(A.dtype).removeprefix("torch."), index, strict, T)
     if explain:
         print("\n".join(route.lines + [f"tokens: max_tokens {T} an expert"]), file=sys.stderr)
     route.run(A, W, counts, out)
+    remember_fast(key, route, (E, T, N))
     return out
