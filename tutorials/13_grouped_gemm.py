@@ -33,6 +33,7 @@ import json
 import gemm_ladder
 from gemm_ladder import teach
 from gemm_ladder.protocol import check
+from gemm_ladder.protocol.kernel_ir import load as kernel_ir
 from gemm_ladder.serve import plan
 from gemm_ladder.sm90a import grouped
 
@@ -250,3 +251,52 @@ runs = json.loads((teach.RESULTS_DIR / "2026-11-26_h100_grouped_clusters" / "gro
 for r in runs["rows"]:
     if r.get("shape") == "odd" and r.get("tokens") == 32768 and r.get("variant") in ("default", "c2x1"):
         print(f"odd {r['tokens']} tokens {r['routing']:8} {r['variant']:8} x torch._grouped_mm {r['ratio_to_grouped_mm']:.3f}")
+
+# %% [markdown]
+# ## 256-byte L2 fills: the weight's rows in longer runs
+#
+# After the clusters the suite's least case was DeepSeek-V3-like (256 experts of 2048x7168) at 32768
+# tokens balanced: 0.95-0.97x `torch._grouped_mm`, streaming 7.5 GB of weights. Under ncu (clocks
+# locked, one launch) ours and torch's kernel read the same 8.2-8.4 GB from DRAM at the same 86% of its
+# peak; at the clocks users run, torch took 2.86 ms and ours 2.96-3.0. One difference was left: torch's
+# tile is 128 wide in K, so it reads 256 bytes of each W row a stage, where v12's 16-bit tile reads 128.
+# A tensor map can ask L2 to fetch more than the request on a miss (`CU_TENSOR_MAP_L2_PROMOTION_L2_256B`):
+# then each miss brings the row's next slice too, and DRAM sees 256-byte runs. v12's `l2_promo` knob asks
+# both loads' maps for it (TVM's TMA copy takes the option; `producer.load_hints` chooses it):
+
+# %%
+for promo in (False, True):
+    cfg = gemm_ladder.make_config("v12", 4096, 2048, 7168, experts=256, spec="d_bfloat16.a_bfloat16.b_bfloat16.grouped_true",
+                                  dtype="bfloat16", swap_ab=True, blk_m=64, blk_n=128, pipe_depth=8, l2_promo=promo)
+    fills = {n: (0, 64, 128, 256)[t.l2_promotion] for n, t in kernel_ir(cfg).tensormaps.items()}  # CUtensorMapL2promotion
+    print(f"l2_promo={promo!s:5}: bytes an L2 miss fetches {fills}")
+
+# %% [markdown]
+# Each tier of the policy beside its twin with the fills, at the suite's token counts it serves
+# (`benchmarks/grouped_prefill_check.py prepare --promo`, `benchmarks/results/2026-11-26_h100_grouped_l2_promo/`):
+# the swapped tiers (which stream W) gain 2-3% everywhere but at K = 520 (level), DeepSeek-V3-like at 32768
+# balanced going from 0.97x to 1.03x torch; the 128x256 tile loses past 1024 rows an expert (its W tile is
+# read again by many m-tiles: extra fills only crowd L2) and the 2x1 clusters lose 11% at K = 520. So the
+# kernel packs take the fills on the contiguous swapped tiers only:
+
+# %%
+promo_run = json.loads((teach.RESULTS_DIR / "2026-11-26_h100_grouped_l2_promo" / "grouped_l2_promo.json").read_text())
+for tier, v in promo_run["summary"]["variants"].items():
+    if tier.endswith("+promo"):
+        print(f"{tier:32} {v['cases']:2} cases: x the tier without {v['to_baseline']:.3f}, x torch._grouped_mm {v['to_grouped_mm']:.3f}")
+
+# %% [markdown]
+# ## The suite
+#
+# `benchmarks/grouped_suite.py` serves 70 cases (five MoE weights x 64-32768 tokens x balanced and Zipf)
+# through a kernel pack and `gemm_ladder.grouped_mm`, each checked with D poisoned, beside
+# `torch._grouped_mm`, a loop of cuBLAS GEMMs and a Triton grouped GEMM in the same rounds
+# (`benchmarks/results/2026-11-26_h100_grouped_suite_l2_promo/`, three runs):
+
+# %%
+suite = json.loads((teach.RESULTS_DIR / "2026-11-26_h100_grouped_suite_l2_promo" / "grouped_suite_fast.json").read_text())
+s = suite["summary"]
+print(suite["gpu"]["name"], "commit", suite["commit"], f"{s['correct']}/{s['cases']} correct")
+print(f"x torch._grouped_mm (kernels in CUDA graphs): geomean {s['to_grouped_mm']['geomean']:.3f}, least {s['to_grouped_mm']['min']:.3f}")
+print(f"decode (<= 256 tokens) x the best peer: {s['to_best_peer_decode']['geomean']:.3f};"
+      f" many small experts x the cuBLAS loop: {s['to_cublas_loop_many_small']['geomean']:.2f}")
