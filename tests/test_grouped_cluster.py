@@ -2,8 +2,9 @@
 on the CPU: the walk of cluster units against the per-expert reference over random routing (odd
 m-tile counts: the phantom partner; empty experts; one expert with all rows; E up to 256), the
 kernel's loads (a whole cluster run by the barrier checker, multicast halves) against the model,
-the protocol check at the suite's weights with a phantom in the routing, the refusals by name, and
-the build for sm_90a (multicast TMA, cluster launch). (The timing: ``benchmarks/grouped_prefill_check.py
+the protocol check at the suite's weights with a phantom in the routing (swap AB's 64-token tiles
+too: two token tiles of an expert sharing W's tile), the refusals by name, and the build for sm_90a
+(multicast TMA, cluster launch). (The timing: ``benchmarks/grouped_prefill_check.py
 prepare --large``.)"""
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ def test_checker_routing_holds_a_phantom():
     assert any(u.row0 >= u.row_end for u in units[1]), "the first cluster runs no phantom"
 
 
-@pytest.mark.parametrize("tile", [dict(cluster_m=2), dict(cluster_m=2, epi_n=128, pipe_depth=3), dict(cluster_n=2)])
+@pytest.mark.parametrize("tile", [dict(cluster_m=2), dict(cluster_m=2, epi_n=128, pipe_depth=3), dict(cluster_n=2),
+                                  dict(SWAP64, cluster_m=2)])
 def test_builds_with_multicast_loads(built, tile):
     """The odd weight (5 x 1000x520, bf16) in clusters: multicast TMA loads of the shared tile's half,
     remote releases, no spills, the guarded stores of an expert's last m-tile (and its phantom)."""
