@@ -709,13 +709,15 @@ def _rounds(parties: dict, sets: list, flops: float) -> dict:
 
 
 def time_rounds(parties: dict, sets: list, flops: float | None = None, rounds: int = ROUNDS) -> dict:
-    """Median ms of every party as kernels in CUDA graphs and as queued calls, in ``rounds`` rounds
-    whose order rotates (and reverses every other round), :data:`PER_ROUND` samples a party a round;
+    """Median ms of every party as kernels in CUDA graphs, as queued calls between event pairs and as a
+    stream of calls (``harness.stream_ms``: the wall clock, host included; one sample a round of
+    ``PER_ROUND x calls`` calls), in ``rounds`` rounds whose order rotates (and reverses every other
+    round), :data:`PER_ROUND` samples a party a round;
     also each round's median graph time (``graph_round_ms``: the spread between rounds) and, with
     ``flops``, TFLOPS as kernels. The grouped checks share it (grouped_fp8_check, grouped_suite,
     grouped_swiglu_check, grouped_prefill_check)."""
     calls = max(len(sets), 2)
-    samples = {p: {"graph": [], "queued": []} for p in parties}
+    samples = {p: {"graph": [], "queued": [], "stream": []} for p in parties}
     names = list(parties)
     for fn in parties.values():  # warm up, and capture each graph once
         harness.graph_times(fn, sets, reps=1, calls=calls)
@@ -726,10 +728,12 @@ def time_rounds(parties: dict, sets: list, flops: float | None = None, rounds: i
         for p in order:
             samples[p]["graph"] += harness.graph_times(parties[p], sets, reps=PER_ROUND, calls=calls)
             samples[p]["queued"] += harness.event_times(parties[p], sets, reps=PER_ROUND * calls, start=r)
+            samples[p]["stream"].append(harness.stream_ms(parties[p], sets, reps=PER_ROUND * calls, start=r))
     out = {}
     for p, s in samples.items():
         graph = statistics.median(s["graph"])
         out[p] = {"graph_ms": graph, "queued_ms": statistics.median(s["queued"]),
+                  "stream_ms": statistics.median(s["stream"]),
                   "graph_round_ms": [statistics.median(s["graph"][i:i + PER_ROUND])
                                      for i in range(0, len(s["graph"]), PER_ROUND)]}
         if flops is not None:

@@ -80,8 +80,9 @@ def test_items_round_trip_and_crashed_cases_retry_without_triton(gs):
 
 
 def _times(ours, **peers):
-    t = {"ours": {"graph_ms": ours, "queued_ms": ours * 1.1, "graph_round_ms": [ours] * 3}}
-    t.update({p: {"graph_ms": ms, "queued_ms": ms, "graph_round_ms": [ms * 0.9, ms, ms * 1.1]} for p, ms in peers.items()})
+    t = {"ours": {"graph_ms": ours, "queued_ms": ours * 1.1, "stream_ms": ours * 1.3, "graph_round_ms": [ours] * 3}}
+    t.update({p: {"graph_ms": ms, "queued_ms": ms, "stream_ms": ms * 1.2, "graph_round_ms": [ms * 0.9, ms, ms * 1.1]}
+              for p, ms in peers.items()})
     return t
 
 
@@ -113,6 +114,8 @@ def test_rows_carry_the_issues_format_and_the_peers(gs, entries):
         assert key in b
     assert b["peer_ratios"] == pytest.approx({"grouped_mm": 1.1, "cublas_loop": 1.2, "triton_grouped": 1.5})
     assert b["ratio_to_best_peer"] == pytest.approx(1.1) and b["kernel_us"] == pytest.approx(2000)
+    # a stream of calls (host included): torch's 2.2 x 1.2 over ours' 2.0 x 1.3
+    assert b["peer_ratios_stream"]["grouped_mm"] == pytest.approx(2.2 * 1.2 / 2.6)
     # round by round: torch at 0.9, 1.0 and 1.1 of its median against ours steady
     assert b["peer_ratio_round_quartiles"]["grouped_mm"] == pytest.approx([0.99, 1.1, 1.21], abs=1e-3)
     assert b["tflops"] == pytest.approx(2 * 8192 * 14336 * 4096 / 2.0e-3 / 1e12)
@@ -150,6 +153,7 @@ def test_the_summary_reads_the_targets(gs):
     assert (s["cases"], s["correct"]) == (4, 3)
     assert s["to_grouped_mm"]["geomean"] == pytest.approx((1.2 * 0.9 * 1.0) ** (1 / 3))
     assert s["to_grouped_mm"]["min"] == pytest.approx(0.9)
+    assert s["to_grouped_mm_stream"]["geomean"] == pytest.approx((1.2 * 0.9 * 1.0) ** (1 / 3) * 1.2 / 1.3)
     assert s["to_grouped_mm_decode"]["geomean"] == pytest.approx(math.sqrt(1.2 * 1.0))  # 64 and 256 tokens
     assert s["to_best_peer"]["min"] == pytest.approx(0.9)
     assert s["per_peer"]["triton_grouped"]["cases"] == 2

@@ -172,6 +172,22 @@ def event_times(fn, sets, reps: int, start: int = 0) -> list[float]:
     return [s.elapsed_time(e) for s, e in events]
 
 
+def stream_ms(fn, sets, reps: int, start: int = 0) -> float:
+    """Wall-clock milliseconds a call of ``fn`` over ``reps`` calls issued back to back, rotating
+    through the input sets, with one synchronisation at the end: what a caller's stream of calls
+    costs, the host's launch path and the GPU's work together (per call the larger of the two, in
+    steady state). Where :func:`event_times`' pairs bracket the GPU's work once the host runs ahead,
+    this is the number a host-bound caller sees."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(reps):
+        fn(*sets[(start + i) % len(sets)])
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
 def host_us(fn, sets, reps: int = 20) -> float:
     """Microseconds the host spends in one call of ``fn`` (its launch path: checks, argument
     packing, the driver call), with the GPU kept busy so the host never waits for it."""
