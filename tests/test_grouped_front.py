@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import gemm_ladder
-from gemm_ladder.serve import grouped, grouped_ops
+from gemm_ladder.serve import grouped, grouped_masked, grouped_ops, grouped_swiglu
 from gemm_ladder.serve.runtime import ModuleInputError
 
 ON_CPU = "move it to the GPU"
@@ -224,3 +224,34 @@ def test_explain_and_offsets_first_never_take_the_fast_path(served, capsys, monk
     gemm_ladder.grouped_mm(A, W, OFFS, out=out, check_offsets_first=True)
     gemm_ladder.grouped_mm(A, W, OFFS, out=out, explain=True)
     assert len(checked) == 3 and len(run.calls) == 3
+
+
+A3, COUNTS = h(3, 4, 64), torch.tensor([4, 0, 2], dtype=torch.int32)
+DOORS = [  # front door, its module, the route maker and the check it calls, the arguments, D's shape
+    ("grouped_mm", grouped, "route_of", "check_grouped", (A, W, OFFS), (10, 32)),
+    ("grouped_mm_masked", grouped_masked, "route_of", "check_masked", (A3, W, COUNTS), (3, 4, 32)),
+    ("grouped_swiglu", grouped_swiglu, "route_of", "check_swiglu", (A, W, OFFS), (10, 16)),
+    ("grouped_swiglu_masked", grouped_swiglu, "route_of_masked", "check_swiglu_masked", (A3, W, COUNTS), (3, 4, 16)),
+]
+
+
+@pytest.mark.parametrize("door, module, route_of, check, args, d_shape", DOORS, ids=[d[0] for d in DOORS])
+def test_every_grouped_door_takes_the_fast_path_once_checked(monkeypatch, door, module, route_of, check, args,
+                                                              d_shape):
+    """Each front door: a second call like a checked one skips its checks and launches the same route;
+    a call with another out's shape goes to the checked path and is refused there."""
+    grouped.reset()
+    run, checked = Recorder(), []
+    real_check = getattr(module, check)
+    for m in (grouped, grouped_masked):  # the device check, as each door imports it
+        monkeypatch.setattr(m, "check_devices", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(module, check, lambda *a, **k: checked.append(1) or real_check(*a, **k))
+    monkeypatch.setattr(module, route_of, lambda *a, **k: grouped.Route(run, "test"))
+    call = getattr(gemm_ladder, door)
+    out = h(*d_shape)
+    assert call(*args, out=out) is out and call(*args, out=out) is out
+    assert len(checked) == 1 and len(run.calls) == 2
+    refused(lambda: call(*args, out=h(*d_shape[:-1], d_shape[-1] + 1)), "out")
+    assert len(checked) == 2 and len(run.calls) == 2
+    grouped.reset()

@@ -134,6 +134,10 @@ def grouped_swiglu(A, W_gu, offs, *, out=None, explain: bool = False, strict: bo
     ``$GEMM_LADDER_STRICT``); ``check_offsets_first``: check the values of offs on the host (a sync)."""
     import torch  # pylint: disable=import-outside-toplevel
 
+    strict = _strict(strict)
+    key = None if explain or check_offsets_first else grouped.fast_key("grouped_swiglu", strict, A, W_gu, offs, out)
+    if (done := grouped.fast_run(key, A, W_gu, offs, out)) is not None:
+        return done
     M, E, I, K = check_swiglu(A, W_gu, offs, out)
     grouped.check_devices(A, W_gu, offs, out, WHO)
     if check_offsets_first:
@@ -145,10 +149,11 @@ def grouped_swiglu(A, W_gu, offs, *, out=None, explain: bool = False, strict: bo
     if K == 0:  # every product is empty: silu(0) * 0
         return out.zero_()
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
-    route = route_of(E, 2 * I, K, str(A.dtype).removeprefix("torch."), index, M, _strict(strict))
+    route = route_of(E, 2 * I, K, str(A.dtype).removeprefix("torch."), index, M, strict)
     if explain:
         print("\n".join(route.lines + [f"tokens: {M} rows of A"]), file=sys.stderr)
     route.run(A, W_gu, offs, out)
+    grouped.remember_fast(key, route, (M, I))
     return out
 
 
@@ -223,6 +228,11 @@ def grouped_swiglu_masked(A, W_gu, counts, *, out=None, explain: bool = False, s
     ``check_counts_first`` as in ``grouped_mm_masked``."""
     import torch  # pylint: disable=import-outside-toplevel
 
+    strict = _strict(strict)
+    key = None if explain or check_counts_first else grouped.fast_key("grouped_swiglu_masked", strict, A, W_gu, counts,
+                                                                        out)
+    if (done := grouped.fast_run(key, A, W_gu, counts, out)) is not None:
+        return done
     E, T, I, K = check_swiglu_masked(A, W_gu, counts, out)
     grouped.check_devices(A, W_gu, counts, out, who=WHO_MASKED, table="counts")
     if check_counts_first:
@@ -235,8 +245,9 @@ def grouped_swiglu_masked(A, W_gu, counts, *, out=None, explain: bool = False, s
         torch_swiglu_masked(A, W_gu, counts, out)
         return out
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
-    route = route_of_masked(E, 2 * I, K, str(A.dtype).removeprefix("torch."), index, T, _strict(strict))
+    route = route_of_masked(E, 2 * I, K, str(A.dtype).removeprefix("torch."), index, T, strict)
     if explain:
         print("\n".join(route.lines + [f"tokens: max_tokens {T} an expert"]), file=sys.stderr)
     route.run(A, W_gu, counts, out)
+    grouped.remember_fast(key, route, (E, T, I))
     return out
