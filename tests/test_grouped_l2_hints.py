@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from gemm_ladder import make_config
+from gemm_ladder import ConfigError, make_config
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.kernel_ir import load
 
@@ -48,3 +48,8 @@ def test_the_promotion_alone_sets_no_eviction_policy(built):
         loads = [line for line in b.sass.splitlines() if re.search(r"\bUTMALDG\b", line)]
         with_policy = [line for line in loads if "desc[" in line]
         assert loads and (len(with_policy) == len(loads) if hinted else not with_policy), (knobs, with_policy[:2])
+
+
+def test_both_hints_at_once_are_refused_by_name():
+    with pytest.raises(ConfigError, match="stream_b's loads already ask for the 256-byte L2 fills"):
+        _config(**SWAP64, l2_promo=True, stream_b=True)

@@ -149,6 +149,10 @@ def check(cfg: GemmConfig) -> None:
         raise ConfigError("epi_under=True with a gated W_gu (SwiGLU) is not built: the deferred tile waits as 16-bit "
                           "pairs of its accumulators, and act(gate) * up needs both halves in fp32; use "
                           "epi_under=False with a gated spec")
+    extra = dict(cfg.extra)
+    if extra.get("l2_promo") and extra.get("stream_b"):
+        raise ConfigError("l2_promo=True with stream_b=True: stream_b's loads already ask for the 256-byte L2 fills "
+                          "(and add its eviction hints); use one of them")
     if grouped.swap_ab(cfg):
         if common.epi_under(cfg):
             raise ConfigError("swap_ab=True with epi_under=True: the swapped tile leaves through the transposed "
