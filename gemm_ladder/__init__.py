@@ -50,7 +50,9 @@ from __future__ import annotations
 import os
 
 from .core.config import ConfigError, GemmConfig
-from .serve.front import matmul as _matmul, swiglu as _swiglu, use_pack as _use
+# the front doors themselves, not wrappers: a wrapper's frame and keyword copy cost a repeated
+# call ~1 us of host time on the GPU box, a few percent of a 20 us call
+from .serve.front import matmul, swiglu, use_pack as _use
 from .serve.grouped import grouped_mm, use_grouped_module
 from .serve.grouped_fp8 import scaled_grouped_mm, use_scaled_grouped_module
 from .serve.grouped_masked import grouped_mm_masked
@@ -134,20 +136,6 @@ def load(path):
         raise TypeError(f"gemm_ladder.load takes the path of an exported module (a str or pathlib.Path to its .so); "
                         f"got {type(path).__name__} {path!r:.60}")
     return _load(path)
-
-
-def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None,
-           alpha: float = 1.0, residual=None, beta: float = 1.0, out_dtype=None):
-    """D = act(alpha . A . B^T (+ bias [N])) (+ beta . residual) for any shape (A [..., K], B [N, K];
-    ``activation``: relu, gelu_tanh, gelu_erf, silu or None; ``residual`` may be ``out``: in place;
-    ``out_dtype``: None or torch.float32): see :mod:`gemm_ladder.serve.front`."""
-    return _matmul(A, B, out=out, explain=explain, strict=strict, bias=bias, activation=activation, alpha=alpha,
-                   residual=residual, beta=beta, out_dtype=out_dtype)
-
-
-def swiglu(x, W_gu, out=None, strict: bool | None = None):
-    """silu(x . Wg^T) * (x . Wu^T) from W_gu = cat([Wg, Wu]) [2N, K]: see :func:`gemm_ladder.serve.front.swiglu`."""
-    return _swiglu(x, W_gu, out=out, strict=strict)
 
 
 def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, explain: bool = False,

@@ -60,13 +60,15 @@ _PLAIN = (torch.Tensor, nn.Parameter)
 
 def plain_inference() -> bool:
     """Whether a layer's call can ask nothing of torch but the product: no gradient recorded, no
-    tracer (``torch.compile``, a dispatch mode, a functorch transform), CUDA autocast off. Then
+    tracer (``torch.compile``, a dispatch mode, a functorch transform), no autocast on. Then
     :class:`Linear` and :class:`SwiGLUMLP` try the front door's fast path (a call like one already
     checked) before their own checks: on an H100's host a bf16 Linear at 512x768x768 cost 34 us a
     call against nn.Linear's 26 us, most of the difference those checks
     (``benchmarks/results/2026-11-26_h100_prefill_profile/``)."""
     # pylint: disable=protected-access
-    return not (torch.is_grad_enabled() or torch.is_autocast_enabled("cuda") or torch._C._len_torch_dispatch_stack()
+    # any autocast on (CUDA's or another device's) takes the checked path, which casts for x's device;
+    # the query without a device string costs half of is_autocast_enabled("cuda")
+    return not (torch.is_grad_enabled() or torch._C._is_any_autocast_enabled() or torch._C._len_torch_dispatch_stack()
                 or torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling())
 
 

@@ -1070,9 +1070,9 @@ def _fast(A, B, out, bias=None):
             return None
         if bias is not None and pd < pc + bias.nbytes and pc < d_end:
             return None
-    if out is None and launch is torch_linear:  # torch's route: F.linear makes D, batch dims and all
+    if launch is torch_linear and (out is None or len(shape) == 2):  # torch's route: F.linear, batch dims and all
         route.calls += 1
-        return _linear(A, B, bias)
+        return _linear(A, B, bias, out)
     return _launch_fast(route, launch, A, B, out, shape, M, N, K, extras)
 
 
@@ -1101,7 +1101,9 @@ def _launch_fast(route, launch, A, B, out, shape, M: int, N: int, K: int, extras
     into a new D in ``d_dtype`` (default A's) shaped like the call; counts the route's calls."""
     a = A if len(shape) == 2 else A.view(M, K)
     if out is None:
-        d = A.new_empty((M, N), dtype=d_dtype or A.dtype)  # torch.empty on A's device, no import a call
+        # torch.empty on A's device, no import a call; the sizes as separate ints parse faster than
+        # a tuple (about 1 us less a call on the GPU box's host)
+        d = A.new_empty(M, N) if d_dtype is None else A.new_empty(M, N, dtype=d_dtype)
         launch(a, B, d, *extras)
         route.calls += 1
         return d if len(shape) == 2 else d.view(shape)
@@ -1263,10 +1265,14 @@ def torch_linear(a, b, d, *extras) -> None:
     torch.nn.functional.linear(a, b, extras[0] if extras else None, out=d)
 
 
-def _linear(A, B, bias):
+def _linear(A, B, bias, out=None):
+    """torch's route of a repeated call (:func:`_fast`): ``F.linear`` into ``out`` (A and ``out``
+    2-D there) or into the D it allocates (any batch dims), straight from the fast path."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    return torch.nn.functional.linear(A, B, bias)
+    if out is None:
+        return torch.nn.functional.linear(A, B, bias)
+    return torch.nn.functional.linear(A, B, bias, out=out)
 
 
 def stored_launch(route: Route, index: int, plain: bool = True):
@@ -1507,7 +1513,7 @@ def _fast_swiglu(key, x, W_gu, out):
         return None
     x2 = x if len(shape) == 2 else x.view(M, x.shape[-1])
     if out is None:
-        d = x.new_empty((M, N))  # torch.empty in x's dtype on its device, no import a call
+        d = x.new_empty(M, N)  # torch.empty in x's dtype on its device (sizes as ints: see _launch_fast)
         launch(x2, W_gu, d)
         route.calls += 1
         return d if len(shape) == 2 else d.view(shape)
