@@ -75,6 +75,16 @@ def test_the_winner_and_torchs_margin(times, winner):
     assert first_use.pick(times) == winner
 
 
+@pytest.mark.parametrize("times, winner", [
+    ({"a": 36.7, "torch": 36.0}, "torch"),     # level (GPT-2's LM head at M = 1): the copies' host side decides
+    ({"a": 10.0, "torch": 10.5}, "torch"),     # ours 5% faster: not enough to pay for the copies
+    ({"a": 3700.0, "torch": 13100.0}, "a"),    # ours far ahead (the same head at M = 16384)
+])
+def test_a_call_with_copies_keeps_ours_only_well_ahead(times, winner):
+    assert first_use.pick(times, copies=True) == winner
+    assert first_use.pick(times) == ("a" if times["a"] < times["torch"] * first_use.TORCH_MARGIN else "torch")
+
+
 def test_each_candidate_keeps_its_least_disturbed_round_in_rotating_order():
     order = []
     # torch's samples are disturbed for three rounds of five (a dropped clock, another thread): the
@@ -381,3 +391,18 @@ def test_the_helper_thread_times_with_gradients_off(monkeypatch):
         got = runtime.outside_graph_pools(lambda: torch.mm(x, x.t(), out=out), 0)
     assert got is out
     torch.testing.assert_close(out, (x @ x.t()).detach())
+
+
+def test_a_padded_call_level_with_torch_goes_to_torch(three, monkeypatch):
+    """A weight of 250 rows is padded to the modules' 256 (the padded path: copies on the way). Ours
+    timed 5% ahead of torch keeps ours for the unpadded weight, but not for the padded one, whose
+    call pays the copies' host side (first_use.COPIES_EDGE)."""
+    fake, _ = _times({"m128.so": 30.0, "mid.so": 19.5, "low.so": 50.0, "torch": 20.5})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # the CPU stands in
+    for M, rows in ((128, 250), (150, 256)):  # two Ms: two routes of the one 256x512 weight
+        A, B = torch.randn(M, 512).half(), torch.randn(rows, 512).half()
+        D = front.matmul(A, B)
+        torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert front.route_of(128, 256, 512).rung == "torch"
+    assert front.route_of(150, 256, 512).module.path.name == "mid.so"

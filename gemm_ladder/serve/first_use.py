@@ -67,6 +67,12 @@ MAX_SETS = 8  # input sets cycled through while timing (enough to spill L2 for a
 # torch must beat our best by this much to take a shape: our host path is the shorter, and a tie
 # within timing noise keeps ours (the faster call)
 TORCH_MARGIN = 1.02
+# a call that takes copies on the way (a padded N or K, a misaligned operand: front.launch_route)
+# keeps ours only where it is this much faster than torch's: that path's host side (staging D, the
+# weight's padded copy looked up, D copied out) cost 52-60 us a call against F.linear's 36 at GPT-2's
+# LM head at M = 1, where first use had timed it level with torch (36.7 against 36.0 us) and kept it
+# [benchmarks/results/2026-11-26_h100_every_model/9_short_calls/]
+COPIES_EDGE = 1.10
 TORCH = "torch"
 _LOCK = threading.Lock()
 _STATE: dict = {"file": None, "doc": None, "warned": False}
@@ -254,10 +260,12 @@ def time_graphs(calls: dict, sets: list, queued_us: dict, rounds: int = ROUNDS) 
     return _rounds(samplers, rounds)
 
 
-def pick(times: dict) -> str:
-    """The fastest of ``times`` (name -> us); torch only where it beats our best by TORCH_MARGIN."""
+def pick(times: dict, copies: bool = False) -> str:
+    """The fastest of ``times`` (name -> us); torch where it beats our best by TORCH_MARGIN, or,
+    for a call with ``copies`` on the way, where our best is not COPIES_EDGE times faster."""
     ours = {n: t for n, t in times.items() if n != TORCH}
     best = min(ours, key=ours.get) if ours else TORCH
-    if TORCH in times and (not ours or times[TORCH] * TORCH_MARGIN < ours[best]):
+    margin = 1.0 / COPIES_EDGE if copies else TORCH_MARGIN
+    if TORCH in times and (not ours or times[TORCH] * margin < ours[best]):
         return TORCH
     return best
