@@ -406,3 +406,62 @@ def test_a_padded_call_level_with_torch_goes_to_torch(three, monkeypatch):
         torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
     assert front.route_of(128, 256, 512).rung == "torch"
     assert front.route_of(150, 256, 512).module.path.name == "mid.so"
+
+
+def test_kernels_in_graphs_pick_the_fastest_outright():
+    """In a graph no host path favours ours: torch 1% faster as a kernel is torch's, while the same
+    times as queued calls keep ours (TORCH_MARGIN)."""
+    times = {"a": 10.0, "torch": 9.9}
+    assert first_use.pick(times, graphs=True) == "torch"
+    assert first_use.pick(times) == "a"
+    assert first_use.pick({"a": 9.9, "torch": 10.0}, graphs=True) == "a"
+
+
+_TIME_GRAPHS = first_use.time_graphs  # the real one (graphs_like_calls stands in for it in each test)
+
+
+def test_every_candidate_is_timed_in_graphs_of_the_same_length(monkeypatch):
+    """Each graph holds as many calls as the fastest candidate's sample, whatever its own queued
+    time: a replay's launch cost spread over fewer calls made a slower-queued candidate (torch's)
+    look slower as a kernel than it is."""
+    import contextlib
+    import types
+
+    captured, counting = {}, []
+
+    class Graph:
+        def replay(self):
+            pass
+
+    @contextlib.contextmanager
+    def graph(g):
+        counting.append(0)
+        yield
+        captured[g] = counting.pop()
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+    def call(a, b, d):  # pylint: disable=unused-argument
+        counting[-1] += 1
+
+    calls = {"ours": call, "torch": call, "slow": call}
+    sets = [(types.SimpleNamespace(),) * 3] * 2
+    got = _TIME_GRAPHS(calls, sets, {"ours": 10.0, "torch": 27.0, "slow": 600.0}, rounds=2)
+    assert set(got) == set(calls)
+    assert sorted(captured.values()) == [first_use._reps(10.0, 2)] * 3  # pylint: disable=protected-access
+    assert first_use._reps(10.0, 2) > first_use._reps(27.0, 2)  # the counts would have differed
