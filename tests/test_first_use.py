@@ -465,3 +465,39 @@ def test_every_candidate_is_timed_in_graphs_of_the_same_length(monkeypatch):
     assert set(got) == set(calls)
     assert sorted(captured.values()) == [first_use._reps(10.0, 2)] * 3  # pylint: disable=protected-access
     assert first_use._reps(10.0, 2) > first_use._reps(27.0, 2)  # the counts would have differed
+
+
+def test_every_candidate_is_timed_in_bursts_of_the_same_length(monkeypatch):
+    """Queued calls too: each candidate's burst as long as the fastest's, so the first call's
+    latency is spread over as many calls for every candidate."""
+    import types
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 100.0  # ms: the warm-up ends at its first look
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    counts = {"ours": 0, "torch": 0}
+
+    def counter(name):
+        def call(a, b, d):  # pylint: disable=unused-argument
+            counts[name] += 1
+        return call
+
+    calls = {n: counter(n) for n in counts}
+    rough = {calls["ours"]: 10.0, calls["torch"]: 27.0}
+    monkeypatch.setattr(first_use, "_rough", lambda call, sets: rough[call])
+    sets = [(types.SimpleNamespace(),) * 3] * 2
+    first_use.time_launches(calls, sets, rounds=1)
+    reps = first_use._reps(10.0, 2)  # pylint: disable=protected-access
+    assert reps > first_use._reps(27.0, 2)  # pylint: disable=protected-access
+    assert counts == {"ours": 16 + reps, "torch": reps}  # the warm-up's 16 calls are the first candidate's

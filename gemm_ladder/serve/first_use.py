@@ -205,7 +205,8 @@ def _rounds(samplers: dict, rounds: int) -> dict:
 
 def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
     """Microseconds per call (:func:`_rounds`) of each of ``calls`` (name -> a function of (a, b, d) that
-    queues one call) as a caller queues them, cycling through ``sets``, on the current stream."""
+    queues one call) as a caller queues them, cycling through ``sets``, on the current stream, in
+    bursts of one length for every candidate."""
     import torch  # pylint: disable=import-outside-toplevel  (the caller's)
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -228,7 +229,10 @@ def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
             end.synchronize()
             return start.elapsed_time(end) * 1e3 / reps
         return sample
-    return _rounds({n: sampler(c, _reps(_rough(c, sets), len(sets))) for n, c in calls.items()}, rounds)
+    # one burst length for all, the fastest's (see time_graphs: the first call's latency, spread over
+    # fewer calls, made the slower candidate look slower still)
+    reps = max(_reps(_rough(c, sets), len(sets)) for c in calls.values())
+    return _rounds({n: sampler(c, reps) for n, c in calls.items()}, rounds)
 
 
 def time_graphs(calls: dict, sets: list, queued_us: dict, rounds: int = ROUNDS) -> dict:
