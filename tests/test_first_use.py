@@ -420,6 +420,22 @@ def test_kernels_in_graphs_pick_the_fastest_outright():
 _TIME_GRAPHS = first_use.time_graphs  # the real one (graphs_like_calls stands in for it in each test)
 
 
+class _Event:
+    """torch.cuda.Event on the CPU: every span lasts 100 ms."""
+
+    def __init__(self, enable_timing=False):
+        pass
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):  # pylint: disable=unused-argument
+        return 100.0
+
+
 def test_every_candidate_is_timed_in_graphs_of_the_same_length(monkeypatch):
     """Each graph holds as many calls as the fastest candidate's sample, whatever its own queued
     time: a replay's launch cost spread over fewer calls made a slower-queued candidate (torch's)
@@ -439,22 +455,9 @@ def test_every_candidate_is_timed_in_graphs_of_the_same_length(monkeypatch):
         yield
         captured[g] = counting.pop()
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            pass
-
-        def record(self):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return 1.0
-
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", graph)
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
 
     def call(a, b, d):  # pylint: disable=unused-argument
         counting[-1] += 1
@@ -472,20 +475,7 @@ def test_every_candidate_is_timed_in_bursts_of_the_same_length(monkeypatch):
     latency is spread over as many calls for every candidate."""
     import types
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            pass
-
-        def record(self):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return 100.0  # ms: the warm-up ends at its first look
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)  # 100 ms a span: the warm-up ends at its first look
     counts = {"ours": 0, "torch": 0}
 
     def counter(name):
