@@ -11,7 +11,7 @@ bf16 bias: one runtime-M module each, through the module cache, as ``pack build`
 
 - correctness first, each case in a child process with a deadline (``measure.isolate.run_batch``:
   a hang or crash costs its case, a new child goes on): ``gemm_ladder.use_pack(DIR/pack)``, then
-  ``scaled_mm(..., strict=True, explain=True)`` at odd M (1, 77, 1000) and at M = 4096 on random
+  ``scaled_mm(..., strict=True, explain=True)`` at odd M (1, 77, 1000) and at M = 4096, 8192 on random
   bf16 inputs quantized with ``quantize_fp8``, into a D poisoned with NaN; the error against a
   float64 product of the dequantized inputs, with ``torch._scaled_mm``'s own error on the same
   inputs as the yardstick (within 2x, no NaN), and ``explain`` must name the pack's module (strict
@@ -47,11 +47,11 @@ from gemm_ladder.core.records import read_json  # noqa: E402
 FORMAT = "gemm_ladder.fp8_pack_check"
 PLAN_FILE = "fp8_pack.json"
 PACK = "pack"
-WEIGHTS = ((3008, 1024), (4096, 4096))  # N x K: an N off the 128-column tile, and a square
+WEIGHTS = ((3008, 1024), (4096, 4096), (8192, 8192))  # N x K: an N off the 128-column tile, squares (8192: fp8-wide)
 RECIPES = ("tensor", "row")
 BIASES = (None, "bfloat16")  # a bias in D's dtype: what a pack's fp8 modules take (--epilogue bias)
-CHECK_MS = (1, 77, 1000, 4096)
-TIMED_MS = {(3008, 1024): 1000, (4096, 4096): 4096}
+CHECK_MS = (1, 77, 1000, 4096, 8192)
+TIMED_MS = {(3008, 1024): 1000, (4096, 4096): 4096, (8192, 8192): 8192}
 CHECK_TIMEOUT = 60.0
 ROUNDS, PER_ROUND = 6, 8
 

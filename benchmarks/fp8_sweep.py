@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fp8_check  # noqa: E402  (a sibling script: its inputs, checks and children)
 from power_probe import Sampler  # noqa: E402
 import check_cli  # noqa: E402  (a sibling script, not a package)
+from gemm_ladder.serve import plan as serve_plan  # noqa: E402  (the policy the block shapes' per-tensor peers follow)
 
 from gemm_ladder.core import device, files  # noqa: E402
 
@@ -106,20 +107,29 @@ CONFIGS = {
     "every4_c1x2_st": {"promote": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
     "n192_every4_c1x2_st": {"blk_n": 192, "promote": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
     "ov4_st": {"overlap": 4, "stagger": True},
+    # 192x128 tiles over three consumers (64 rows each, the promotion every slice, drained): a fifth less
+    # operand traffic a product than 128x128, and three consumers' promotions interleave
+    "m192": {"blk_m": 192, "num_warpgroups": 3},
+    "m192_c1x2": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2},
+    "m192_c1x1": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1},
+    "m192_c1x2_p2": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2, "promote": 2},
+    "m192_c1x2_p2_st": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2, "promote": 2,
+                        "stagger": True},
+    "m192_p2": {"blk_m": 192, "num_warpgroups": 3, "promote": 2},
     "ov4_c1x2_st": {"overlap": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
 }
 # shape -> the configs timed there. A first run (2026-11-26, H100; benchmarks/results/2026-11-26_h100_fp8_sweep/)
 # timed every knob at 4096^3: cluster shape and tile order moved nothing there, a 1x2 cluster paid 4-11% at
 # 8192^3 and 4096x7168x16384, promotion every 4 slices kept torch's error to K = 16384; this run times those
 # with the promotion's interval, tile width and overlap
+# The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
+# tile, clusters, ``overlap`` and ``stagger``: ov4 best past M = 128 (0.94-0.98x torch), 128x256 without
+# the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
+# tiles over three consumers.
 SWEEP = {
-    "4096^3": ("base", "every2", "every4", "every8", "p0", "n256_p0", "n192_every4", "ov4", "ov8", "ov4_c1x2",
-               "every4_st", "ov4_st"),
-    "8192^3": ("base", "c1x2", "every4_c1x2", "n192_every4_c1x2", "ov4", "ov4_c1x2", "n256_p0", "every4_c1x2_st",
-               "ov4_c1x2_st"),
-    "4096x7168x16384": ("base", "every4", "every8", "n192_every4", "n192_every4_c1x2", "ov4", "ov4_c1x2", "n256_p0",
-                        "every4_c1x2_st", "ov4_c1x2_st", "n192_every4_c1x2_st"),
-    "128x4096x7168": ("n64_c1x2_sb", "n64_c1x2_sb_every4", "n64_c1x2_sb_ov4", "m64n64_c1x2_sb_d8"),
+    "4096^3": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
+    "8192^3": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
+    "4096x7168x16384": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
@@ -171,6 +181,7 @@ BLOCK_CONFIGS = {
     "sm_ov4_ss": {**SMALL_M, "overlap": 4, "stage_scales": True},
     # our per-tensor fp8 at the per-tensor policy's knobs (plan.fp8_knobs), the peer of each shape
     "tensor_policy": {"recipe": "tensor", "overlap": 4},
+    "tensor_policy_wide": {"recipe": "tensor", **{k: v for k, v in serve_plan.FP8_WIDE_KNOBS.items() if k != "promote"}},
     "tensor_policy_small": {"recipe": "tensor", **SMALL_M},
 }
 # shape -> the configs timed there. The first run (c7cf3e4, benchmarks/results/2026-11-26_h100_fp8_block_overlap/)
@@ -185,7 +196,8 @@ BLOCK_SWEEP = {
     "4096x4096x7168": ("ov4", "ov4_ss", "ov8_ss"),
     "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
 }
-BLOCK_PEER = {label: "tensor_policy_small" if M <= 128 else "tensor_policy" for label, M, _, _ in BLOCK_SHAPES}
+BLOCK_PEER = {label: "tensor_policy_small" if M <= 128 else "tensor_policy_wide" if serve_plan.fp8_wide(M, N)
+              else "tensor_policy" for label, M, N, _ in BLOCK_SHAPES}
 SWEEPS = {"tensor": Sweep(RECIPE, SHAPES, CONFIGS, SWEEP, {}),
           "block": Sweep("block", BLOCK_SHAPES, BLOCK_CONFIGS, BLOCK_SWEEP, BLOCK_PEER)}
 

@@ -190,3 +190,15 @@ def test_the_commands_report_a_bad_folder_in_one_line(bad, tmp_path):
     for run, words in runs:
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 2 and len(lines) == 1 and words in lines[0], run.stderr[-2000:]
+
+
+def test_a_file_whose_name_is_near_the_limit_is_written_atomically(tmp_path, monkeypatch):
+    """A module's name spells out its knobs (up to ~245 bytes): its sidecar's temporary name beside it
+    (dot, name, ``.tmp`` and the pid) would pass the file system's 255 bytes, so it is a hash of the name."""
+    monkeypatch.setattr(os, "getpid", lambda: 4194304)  # Linux's largest pid: seven digits
+    path = tmp_path / ("v9_" + "x" * 236 + ".so.json")
+    assert len(path.name) == 247
+    files.write_json(path, {"ok": 1})
+    assert path.read_text().strip().startswith("{") and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    short = tmp_path / "m.json"
+    assert files._temp_beside(short).name == ".m.tmp4194304.json"  # pylint: disable=protected-access

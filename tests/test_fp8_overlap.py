@@ -111,7 +111,7 @@ def test_staggered_consumers_cut_their_groups_half_a_group_apart(knobs):
     ({"overlap": 1}, "overlap=1: .* use overlap=4"),
     ({"overlap": 4, "promote": 0}, "no promotion to overlap; use promote=1"),
     ({"overlap": 4, "promote": 2}, "use overlap=4 with promote=1, or overlap=2 with promote=2"),
-    ({"overlap": 4, "blk_n": 192}, r"328 registers .* over the 232 a consumer may hold; use overlap=0"),
+    ({"overlap": 4, "blk_n": 192}, r"312 registers .* over the 232 a consumer may hold; use overlap=0"),
 ])
 def test_overlaps_that_do_not_build_are_refused_with_the_fix(knobs, words):
     with pytest.raises(ConfigError, match=words):
@@ -134,3 +134,17 @@ def test_block_scales_refuse_an_odd_overlap_and_16bit_kernels_do_not_take_it():
     with pytest.raises(ConfigError, match="overlap: fp8 specs only"):
         make_config("v9", 4096, 4096, 4096, overlap=2)
     assert make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8()).knobs()["overlap"] == 0  # the old path
+
+
+@pytest.mark.parametrize("cluster", [{}, {"cluster_m": 1, "cluster_n": 2}])
+def test_a_192_row_tile_over_three_consumers_holds_the_promotion_without_spills(cluster):
+    """Three consumers of 64 rows each (192x128 tiles: the per-tensor policy's ``fp8-wide`` in 1x2
+    clusters) keep their 64 accumulators and 64 promoted sums a thread in the 152 registers each may
+    hold: no spills, four k32 wgmmas and one wait a slice, and the adds after it; the barrier checker
+    passes the three consumers' protocol."""
+    cfg = make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(), blk_m=192, num_warpgroups=3, promote=1, **cluster)
+    text, res = _sass(cfg)
+    assert text.count(QGMMA) == 4 and len(re.findall(r"WARPGROUP\.DEPBAR", text)) == 1
+    assert _adds_after_waits(text) == {"0x1": 0, "0x0": fp8.HopperPlan(cfg).acc_regs}
+    assert res.stack == 0 and res.local == 0
+    assert check_config(cfg).ok

@@ -18,7 +18,8 @@ def test_the_policys_knobs_validate_at_every_shape_scaled_mm_takes(recipe, N, K)
     spec = GemmSpec.fp8("bfloat16", recipe)
     for M in (1, 77, plan.FP8_SMALL_M, plan.FP8_SMALL_M + 1, 1000, 8192):
         choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
-        assert choice.rule == ("fp8-small-m" if M <= plan.FP8_SMALL_M else "fp8"), (M, choice.skipped)
+        large = "fp8-wide" if recipe == "tensor" and plan.fp8_wide(M, N) else "fp8"
+        assert choice.rule == ("fp8-small-m" if M <= plan.FP8_SMALL_M else large), (M, choice.skipped)
         assert {k: v for k, v in choice.knobs.items() if k in plan.fp8_knobs(M, N, K, recipe)} == \
             plan.fp8_knobs(M, N, K, recipe)
 
@@ -52,3 +53,22 @@ def test_the_block_policy_rests_on_its_sweep_and_explain_names_it():
     assert plan.fp8_knobs(128, 4096, 7168, "tensor") == plan.FP8_SMALL_KNOBS  # no overlap at small M per-tensor
     text = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8())).text()
     assert "fp8_sweep" in text and f"every {plan.FP8_PROMOTE} slice(s)" in text and "overlap=4" in text
+
+
+def test_many_waves_of_per_tensor_fp8_take_192_row_tiles_over_three_consumers():
+    """The wide tiles where their waves, weighed by their measured rate, use the SMs better: 8192^3 and
+    larger, not 4096^3 (its sixth wave nearly empty), nor small M, nor row or block scales; the rule
+    cites its sweep."""
+    spec = GemmSpec.fp8("bfloat16", "tensor")
+    wide = plan.rule_choice(plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, spec))
+    assert wide.rule == "fp8-wide" and wide.knobs["blk_m"] == 192 and wide.knobs["num_warpgroups"] == 3
+    assert "2026-11-26_h100_fp8_wide" in wide.text() and (Path(__file__).resolve().parents[1] / plan.FP8_WIDE_RESULTS).is_file()
+    assert plan.rule_choice(plan.Problem(4096, 4096, 4096, "bfloat16", "sm_90a", 132, spec)).rule == "fp8"
+    assert plan.rule_choice(plan.Problem(16384, 16384, 4096, "bfloat16", "sm_90a", 132, spec)).rule == "fp8-wide"
+    assert not plan.fp8_wide(128, 65536) and not plan.fp8_wide(4096, 4096)
+    for scales in ("row", "block"):
+        p = plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", scales))
+        assert plan.rule_choice(p).knobs.get("blk_m") is None, scales
+    # the waves decide: 4096^3's 704 wide tiles use 6 waves of 128 SMs at 89% (128x128: 8 waves at 100%),
+    # 7 waves of 112 SMs at 87% (128x128: 10 waves at 91%), and 0.87 x 1.11 > 0.91
+    assert not plan.fp8_wide(4096, 4096, sms=128) and plan.fp8_wide(4096, 4096, sms=112)

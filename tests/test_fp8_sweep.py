@@ -27,8 +27,10 @@ def test_every_planned_module_validates_and_each_shape_times_its_configs():
         assert len(set(configs)) == len(configs) and set(configs) <= set(fp8_sweep.CONFIGS), label
         assert {fp8_sweep.module_name(label, c) for c in configs} <= set(plan)
     # the knobs reach the module: a config's promotion and tile, the defaults where it names none
-    assert plan["t_4096x4096_n256_p0"]["promote"] == 0 and plan["t_4096x4096_n256_p0"]["knobs"] == {"blk_n": 256}
-    assert plan["t_4096x4096_base"]["promote"] == 1 and plan["t_4096x4096_base"]["knobs"] == {}
+    assert plan["t_8192x8192_m192_c1x2_p2"]["promote"] == 2
+    assert plan["t_8192x8192_m192_c1x2_p2"]["knobs"] == {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1,
+                                                         "cluster_n": 2}
+    assert plan["t_4096x4096_ov4"]["promote"] == 1 and plan["t_4096x4096_ov4"]["knobs"] == {"overlap": 4}
     with pytest.raises(KeyError, match="no shape"):
         fp8_sweep.shape_of("1x1x1")
 
@@ -129,7 +131,7 @@ def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_thei
     plan = {"format": fp8_sweep.FORMAT, "recipes": ["block"], "modules": fp8_sweep.plan_modules("block")}
     (tmp_path / fp8_sweep.PLAN_FILE).write_text(json.dumps(plan))
     broken = {fp8_sweep.module_name("4096^3", "ov8", "block"),
-              fp8_sweep.module_name("8192^3", "tensor_policy", "block")}
+              fp8_sweep.module_name("8192^3", fp8_sweep.BLOCK_PEER["8192^3"], "block")}
     checked, timed = [], []
 
     def check_all(folder, cases):

@@ -151,9 +151,16 @@ def missing(path) -> str:
 
 
 # -- writing files ----------------------------------------------------------------------------
+NAME_MAX = 255  # bytes of one file name on Linux's file systems
+
+
 def _temp_beside(path: Path) -> Path:
-    # hidden (tools skip dotfiles), unique per process, same suffix (TVM picks the format by it)
-    return path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
+    # hidden (tools skip dotfiles), unique per process, same suffix (TVM picks the format by it); a
+    # name that would pass NAME_MAX (a module's, its knobs spelt out, is up to ~245 bytes) by a hash of it
+    name = f".{path.stem}.tmp{os.getpid()}{path.suffix}"
+    if len(name.encode()) > NAME_MAX:
+        name = f".{hashlib.sha256(path.name.encode()).hexdigest()[:20]}.tmp{os.getpid()}{path.suffix}"
+    return path.with_name(name)
 
 
 @contextlib.contextmanager
