@@ -6,7 +6,7 @@ Build box (TVM's compiler, no GPU) -- builds and exports every module into DIR:
 
 GPU box (runtime-only TVM, the repo and DIR; see benchmarks/README.md):
 
-    PYTHONPATH=build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 \\
+    PYTHONPATH=$PWD:build/runtime/site TVM_USE_RUNTIME_LIB=1 \\
         python3 benchmarks/barrier_watchdog.py run build/barriers --out out/barriers
 
 ``run`` writes ``OUT/watchdog_log.txt`` and ``OUT/watchdog.json``:

@@ -43,7 +43,7 @@ cache that a CUDA graph captures.
   those GEMMs too, so one prepared folder runs both ways.
 
     PYTHONPATH=. .venv/bin/python benchmarks/e2e_check.py prepare build/e2e                  # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 GEMM_LADDER_PACK=build/e2e \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 GEMM_LADDER_PACK=build/e2e \\
         python3 benchmarks/e2e_check.py run build/e2e --out out/e2e_check.json            # GPU box
 
 ``prepare`` builds one kernel pack (through the module cache) holding every GEMM the runs make --

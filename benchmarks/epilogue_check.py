@@ -48,7 +48,7 @@ are faster), each peer's ratio and every time in ms; plus ``checks`` and the GPU
 
     PYTHONPATH=$PWD nice .venv/bin/python benchmarks/epilogue_check.py prepare build/epi     # build box
     (--set rule: only the small-M rule's cases, about 50 modules, a run of 1-2 minutes)
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/epilogue_check.py run build/epi --out out/epilogue_check.json    # GPU box
 """
 

@@ -1,9 +1,9 @@
 """fp8 block scales staged by TMA (``stage_scales``, issue 32): why they died, and the fix beside the control.
 
     PYTHONPATH=. .venv/bin/python benchmarks/fp8_block_bisect.py prepare build/fp8_bisect        # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/fp8_block_bisect.py run build/fp8_bisect --out out/fp8_block_bisect.json  # GPU box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         compute-sanitizer --tool memcheck --show-backtrace device \\
         python3 benchmarks/fp8_block_bisect.py sanitize build/fp8_bisect --module b_7168x16384_full --m 333
 

@@ -1,7 +1,7 @@
 """fp8 (issue 32) on an H100: v9's scaled e4m3 kernels checked and timed against torch._scaled_mm.
 
     PYTHONPATH=. .venv/bin/python benchmarks/fp8_check.py prepare build/fp8            # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/fp8_check.py run build/fp8 --out out/fp8_check.json         # GPU box
 
 ``prepare`` builds one runtime-M module per (N, K, recipe, promote) of :data:`MODULES` through the

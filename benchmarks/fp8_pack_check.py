@@ -2,7 +2,7 @@
 float8_e4m3`` modules on a box with no TVM compiler, checked and timed against torch._scaled_mm.
 
     PYTHONPATH=. .venv/bin/python benchmarks/fp8_pack_check.py prepare build/fp8_pack       # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/fp8_pack_check.py run build/fp8_pack --out out/fp8_pack_check.json  # GPU box
 
 ``prepare`` builds the pack of :data:`WEIGHTS` (each recipe of :data:`RECIPES`, without and with a

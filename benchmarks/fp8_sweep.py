@@ -1,7 +1,7 @@
 """fp8 speed (issue 32): v9's e4m3 kernel over its knobs, against torch._scaled_mm, on an H100.
 
     PYTHONPATH=. .venv/bin/python benchmarks/fp8_sweep.py prepare build/fp8_sweep        # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/fp8_sweep.py run build/fp8_sweep --out out/fp8_sweep.json     # GPU box
 
 ``prepare --recipe block`` sweeps the block-wise recipe instead (:data:`BLOCK`: DeepSeek-V3's A 1x128

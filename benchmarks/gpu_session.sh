@@ -25,7 +25,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+# the checkout first: the runtime pack's site also holds the gemm_ladder of the day it was packed, and
+# ahead of the checkout it would run that instead of the code under test (TVM and tvm_ffi come from it)
+export PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,driver_version --format=csv | tee "$OUT/gpu.txt"
 case "${1:-bench}" in
   tests)

@@ -43,7 +43,7 @@ bmm over every slot). Rows add ``served_by`` and ``rule``.
    ``peer_ratios``), the GPU, its clocks (sampled through the run) and the commit.
 
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_check.py prepare build/grouped          # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_check.py run build/grouped --out out/grouped_check.json   # GPU box
     (kernel packs: prepare build/grouped_pack --pack, run build/grouped_pack --out out/grouped_pack_check.json)
 

@@ -27,7 +27,7 @@ timed against ``torch._scaled_grouped_mm`` at MoE shapes (issue 33's fp8, issue 
    ``torch._scaled_grouped_mm`` does not run, ``torch_refused`` says why and the ratios are None.
 
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_fp8_check.py prepare build/grouped_fp8     # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_fp8_check.py run build/grouped_fp8 --out out/grouped_fp8_check.json
 
 ``prepare DIR --pack`` builds instead a kernel pack of the SHAPES' weights (``pack build --grouped

@@ -28,7 +28,7 @@ spill L2, and queued calls (``grouped_check._rounds``). bf16 only (``torch._grou
 here), plus two fp16 modules of the odd shape, checked only.
 
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_prefill_check.py prepare build/gprefill     # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_prefill_check.py run build/gprefill --out out/grouped_prefill.json   # GPU box
 
 ``prepare DIR --bands`` builds instead the policy's swapped tiles beside the same tiles in bands of 64

@@ -42,7 +42,7 @@ format, so the targets can be read off one file.
   and as a stream of calls (``harness.stream_ms``); fewer rounds for cases whose calls take milliseconds.
 
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_suite.py prepare build/gsuite            # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_suite.py run build/gsuite --out out/grouped_suite.json   # GPU box
 
 ``tables FILE.json`` (any box) prints a run's summary and cases as the markdown tables of its results

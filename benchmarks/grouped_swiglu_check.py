@@ -26,7 +26,7 @@ into DIR. ``run DIR --out FILE.json`` (GPU box: TVM runtime and torch only):
    count, the GPU, its clocks and the commit.
 
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_swiglu_check.py prepare build/gswiglu          # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/grouped_swiglu_check.py run build/gswiglu --out out/grouped_swiglu.json  # GPU box
 
 The masked layout (``grouped_swiglu_masked``): the decode module of each weight (bf16; fp16 too at the

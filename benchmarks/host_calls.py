@@ -8,7 +8,7 @@ the layer adds (``traced``, ``autocast_dtype``, the fast path's key, ``new_empty
 back to back under ``torch.inference_mode``, the host's time a call (the GPU keeps up: the queue
 never fills at these shapes) and the wall time with the queue drained.
 
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/host_calls.py build/e2e_fuse2 --shape 512x768x768 --out host_calls.json   # GPU box
 """
 

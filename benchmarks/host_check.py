@@ -25,7 +25,7 @@ with a deadline (``measure.isolate``: a hang costs its phase, not the run):
   after :data:`TRAIN_WARMUP`, and whether the losses agree (:func:`loss_close`).
 
     PYTHONPATH=. .venv/bin/python benchmarks/e2e_check.py prepare build/e2e             # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/host_check.py run build/e2e --out out/host_check.json          # GPU box
 
 ``--front strict`` (default) makes every patched GEMM ours; ``--front measured`` is what a user

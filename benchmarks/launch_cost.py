@@ -16,7 +16,7 @@ for the GPU), in :data:`ROUNDS` rounds whose order rotates, median; a cProfile o
 its ten costliest functions. The product of each call is checked against torch's first.
 
     PYTHONPATH=. .venv/bin/python -m tests.gpu_smoke build/smoke                      # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/launch_cost.py run build/smoke --out out/launch_cost.json   # GPU box
 
 Under a minute on an H100.

@@ -24,7 +24,7 @@ an MN-major operand is the transposed view of a contiguous tensor (``W.t()``, ``
   time over ours.
 
     PYTHONPATH=. .venv/bin/python benchmarks/layouts_check.py prepare build/layouts            # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/layouts_check.py run build/layouts --out out/layouts_check.json     # GPU box
 
 ``prepare`` builds one kernel pack (through the module cache) and writes the cases to

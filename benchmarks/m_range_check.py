@@ -26,7 +26,7 @@ Per row: the module ``find`` chose and how it fits, the best module, ``chosen_ra
 the policy was tuned on: ``every_model.FAMILIES``), every candidate's time.
 
     PYTHONPATH=. .venv/bin/python benchmarks/m_range_check.py prepare build/m_range     # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/m_range_check.py run build/m_range --out out/m_range_check.json   # GPU box
 
 ``prepare`` builds the pack into the folder (through the module cache) and writes the M to test in

@@ -21,7 +21,7 @@ BATCH=${BATCH:-4}
 TIMEOUT=${TIMEOUT:-30}  # seconds per candidate in the servers' watched child: a kernel takes milliseconds
 KILL=${KILL:-1}
 mkdir -p "$OUT" build/rpc_logs
-export PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,driver_version --format=csv \
   | tee "$OUT/gpu.txt"
 ALL=$(nvidia-smi -L | grep -c "^GPU ")

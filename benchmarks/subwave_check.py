@@ -3,7 +3,7 @@ beside it (``plan.alternatives``), against cuBLAS, and what the front door's mea
 first use picks among them, on an H100.
 
     PYTHONPATH=. .venv/bin/python benchmarks/subwave_check.py prepare build/subwave        # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/subwave_check.py run build/subwave --out out/subwave_check.json  # GPU box
 
 The shapes (:data:`CASES`) are weights of the every-model suite (``measure.every_model.FAMILIES``) at

@@ -4,7 +4,7 @@ long K (the measured gap: the policy's v9 0.52x cuBLAS, the best split-K alterna
 ``results/2026-11-26_h100_subwave``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/subwave_sweep.py prepare build/subwave_sweep     # build box
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/subwave_sweep.py run build/subwave_sweep --out out/subwave_sweep.json  # GPU box
 
 The shapes: the 11 of ``subwave_check.CASES`` and the backward's dW GEMMs of a 768-wide model

@@ -14,7 +14,7 @@ cuBLAS, attention, elementwise, reductions, the optimizer, copies -- so two runs
 category. The phase runs in a child with a deadline (``measure.isolate``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/e2e_check.py prepare build/e2e_350 --train llama-350m --phase train --fuse
-    PYTHONPATH=$PWD/build/runtime/site:$PWD TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
+    PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/train_profile.py run build/e2e_350 [--fuse] --out out/train_profile.json   # GPU box
         python3 benchmarks/train_profile.py run build/e2e_fuse2 --fuse --prefill llama-8b-2l 1x512 --out ...
 """
