@@ -71,7 +71,7 @@ TORCH_MARGIN = 1.02
 # keeps ours only where it is this much faster than torch's: that path's host side (staging D, the
 # weight's padded copy looked up, D copied out) cost 52-60 us a call against F.linear's 36 at GPT-2's
 # LM head at M = 1, where first use had timed it level with torch (36.7 against 36.0 us) and kept it
-# [benchmarks/results/2026-11-26_h100_every_model/9_short_calls/]
+# [benchmarks/results/2026-11-26_h100_every_model/9_checkout_code/: padded_probe_*.txt, and the run it cites]
 COPIES_EDGE = 1.10
 TORCH = "torch"
 _LOCK = threading.Lock()
@@ -245,7 +245,9 @@ def time_graphs(calls: dict, sets: list, queued_us: dict, rounds: int = ROUNDS) 
     each candidate's own count (fewer calls for the slower queued call, often torch's) it was spread
     thinner for the faster one. At 11-13 us kernels that favoured ours by 3-4%: first use timed v11
     12.9 us against torch's 13.3 at phi-3-mini's 2x3072x3072, where the suite's graphs of 256 calls
-    then timed 11.8 against 11.2 [benchmarks/results/2026-11-26_h100_every_model/9_short_calls/]."""
+    then timed 11.8 against 11.2 [every_model_seed3.json of commit e134d31's
+    benchmarks/results/2026-11-26_h100_every_model/9_short_calls/, a run since removed: its front door
+    was the runtime pack's older copy, whose first use timed candidates the same way]."""
     import torch  # pylint: disable=import-outside-toplevel  (the caller's)
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
