@@ -213,3 +213,27 @@ print(plan.choose(plan.Problem(1, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpe
 
 # %%
 teach_fp8.show_measured()
+
+# %% [markdown]
+# ## 192-row tiles over three consumers
+#
+# The promotion keeps two arrays of sums a thread: the tensor cores' and the promoted fp32 total. That
+# is what capped the tile at 128x128 over two consumers: a 128x256 tile would need 256 registers a
+# thread for sums alone.
+#
+# Three consumers of 64 rows each (192x128) need only 64 + 64, within the 152 registers each may hold.
+# ptxas fits them without spills (`tests/test_fp8_overlap.py`). Each slice then reads 40 KB of
+# operands for 24576 products, against 32 KB for 16384 at 128x128: a fifth less operand traffic a
+# product, and the three consumers' drains interleave.
+#
+# On an H100 (`benchmarks/results/2026-11-26_h100_fp8_wide/`), in 1x2 clusters:
+# - 8192^3: 1243-1326 TFLOPS against 128x128's 1144-1180; through a kernel pack, 1.073x
+#   `torch._scaled_mm`.
+# - 4096^3: 4% slower. Its 704 tiles fill 5.3 waves of 132 SMs, and the sixth wave runs a third full.
+#
+# So the per-tensor policy weighs each tile's waves by the measured rate (`plan.fp8_wide`):
+
+# %%
+for M, N in ((4096, 4096), (8192, 8192), (4096, 7168)):
+    problem = plan.Problem(M, N, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "tensor"))
+    print(f"{M}x{N}:", plan.fp8_wide(M, N), plan.rule_choice(problem).rule, plan.fp8_knobs(M, N, 8192, "tensor"))
