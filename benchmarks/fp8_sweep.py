@@ -118,11 +118,7 @@ CONFIGS = {
     "m192_p2": {"blk_m": 192, "num_warpgroups": 3, "promote": 2},
     "ov4_c1x2_st": {"overlap": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
 }
-# shape -> the configs timed there. A first run (2026-11-26, H100; benchmarks/results/2026-11-26_h100_fp8_sweep/)
-# timed every knob at 4096^3: cluster shape and tile order moved nothing there, a 1x2 cluster paid 4-11% at
-# 8192^3 and 4096x7168x16384, promotion every 4 slices kept torch's error to K = 16384; this run times those
-# with the promotion's interval, tile width and overlap
-# The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
+# shape -> the configs timed there. The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
 # tile, clusters, ``overlap`` and ``stagger``: ov4 best past M = 128 (0.94-0.98x torch), 128x256 without
 # the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
 # tiles over three consumers.
@@ -196,7 +192,7 @@ BLOCK_SWEEP = {
     "4096x4096x7168": ("ov4", "ov4_ss", "ov8_ss"),
     "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
 }
-BLOCK_PEER = {label: "tensor_policy_small" if M <= 128 else "tensor_policy_wide" if serve_plan.fp8_wide(M, N)
+BLOCK_PEER = {label: "tensor_policy_small" if M <= 128 else "tensor_policy_wide" if serve_plan.fp8_wide(M, N, 132, "tensor")
               else "tensor_policy" for label, M, N, _ in BLOCK_SHAPES}
 SWEEPS = {"tensor": Sweep(RECIPE, SHAPES, CONFIGS, SWEEP, {}),
           "block": Sweep("block", BLOCK_SHAPES, BLOCK_CONFIGS, BLOCK_SWEEP, BLOCK_PEER)}

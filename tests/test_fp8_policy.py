@@ -65,7 +65,7 @@ def test_many_waves_of_per_tensor_fp8_take_192_row_tiles_over_three_consumers():
     assert "2026-11-26_h100_fp8_wide" in wide.text() and (Path(__file__).resolve().parents[1] / plan.FP8_WIDE_RESULTS).is_file()
     assert plan.rule_choice(plan.Problem(4096, 4096, 4096, "bfloat16", "sm_90a", 132, spec)).rule == "fp8"
     assert plan.rule_choice(plan.Problem(16384, 16384, 4096, "bfloat16", "sm_90a", 132, spec)).rule == "fp8-wide"
-    assert not plan.fp8_wide(128, 65536) and not plan.fp8_wide(4096, 4096)
+    assert not plan.fp8_wide(128, 65536) and not plan.fp8_wide(4096, 4096) and not plan.fp8_wide(8192, 8192, recipe="block")
     row = plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "row"))
     assert plan.rule_choice(row).rule == "fp8-wide" and plan.rule_choice(row).knobs["blk_m"] == 192
     block = plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "block"))

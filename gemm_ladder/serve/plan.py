@@ -468,12 +468,12 @@ FP8_SMALL_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1
                    "pipe_depth": 8}
 
 
-# Per-tensor scales, many waves: 192x128 tiles over three consumers (64 rows each, the promotion every slice
-# after a drain, 64 sums and 64 promoted sums a thread in their 152 registers) in 1x2 clusters: a fifth
-# less operand traffic a product than 128x128, and three consumers' drains interleave. Measured
-# (FP8_WIDE_RESULTS, two runs): 1243-1315 TFLOPS at 8192^3 against ov4's 1149-1180 (0.98-1.03x
-# torch._scaled_mm); level at 4096x7168x16384; 4% slower at 4096^3, whose 704 tiles leave the sixth wave
-# nearly empty. fp8_wide weighs each tile's waves by that rate. Row scales too (applied in the epilogue as
+# Per-tensor and row scales, many waves: 192x128 tiles over three consumers (64 rows each, the promotion
+# every slice after a drain, 64 sums and 64 promoted sums a thread in their 152 registers) in 1x2 clusters:
+# a fifth less operand traffic a product than 128x128, and three consumers' drains interleave. Measured
+# (FP8_WIDE_RESULTS, three sweep runs): 1243-1326 TFLOPS at 8192^3 against ov4's 1144-1180 (0.98-1.03x
+# torch._scaled_mm; 1.007-1.073x through a pack); level at 4096x7168x16384; 4% slower at 4096^3, whose 704
+# tiles leave the sixth wave a third full. fp8_wide weighs each tile's waves by that rate. Row scales too (applied in the epilogue as
 # per-tensor's are): 1245-1259 TFLOPS at 8192^3 through a pack, 1.02-1.03x torch._scaled_mm rowwise against
 # 128x128's 0.94x. Block scales keep 128x128: they need overlap's registers.
 FP8_WIDE_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_wide/README.md"
@@ -481,14 +481,17 @@ FP8_WIDE_KNOBS = {"promote": FP8_PROMOTE, "blk_m": 192, "num_warpgroups": 3, "cl
 FP8_WIDE_RATE = 1.11  # 192x128's rate over ov4's 128x128 with whole waves: 1315 / 1180 TFLOPS at 8192^3
 
 
-def fp8_wide(M: int, N: int, sms: int = 132) -> bool:
-    """Whether per-tensor or rowwise fp8 at M x N takes FP8_WIDE_KNOBS: 192x128 tiles' share of their waves' SM
-    time, times FP8_WIDE_RATE, above 128x128 tiles' share of theirs."""
+def fp8_wide(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> bool:
+    """Whether fp8 at M x N with ``recipe``'s scales takes FP8_WIDE_KNOBS: per-tensor or rowwise scales
+    past FP8_SMALL_M, where 192x128 tiles' share of their waves' SM time, times FP8_WIDE_RATE, is above
+    128x128 tiles' share of theirs."""
+    if recipe not in ("tensor", "row") or M <= FP8_SMALL_M:
+        return False
     p = Problem(M, N, 1, sms=sms)
 
     def used(bm: int, bn: int) -> float:
         return M * N / (p.waves(bm, bn) * sms * bm * bn)
-    return M > FP8_SMALL_M and used(192, 128) * FP8_WIDE_RATE > used(128, 128)
+    return used(192, 128) * FP8_WIDE_RATE > used(128, 128)
 
 
 FP8_BLOCK_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_block_overlap/README.md"
@@ -501,7 +504,7 @@ def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
     """v9's knobs for a scaled e4m3 GEMM (``scaled_mm``'s): the policy above, by M, N and the recipe."""
     if recipe == "block":
         return dict(FP8_BLOCK_SMALL_KNOBS if M <= FP8_SMALL_M else FP8_BLOCK_LARGE_KNOBS)
-    if recipe in ("tensor", "row") and fp8_wide(M, N, sms):
+    if fp8_wide(M, N, sms, recipe):
         return dict(FP8_WIDE_KNOBS)
     return dict(FP8_SMALL_KNOBS if M <= FP8_SMALL_M else FP8_LARGE_KNOBS)
 
@@ -532,7 +535,7 @@ FP8_RULES: list[Rule] = [
          why=f"fp8 with M <= {FP8_SMALL_M}: reading B is the cost, so 64x64 tiles over one consumer (four times "
              "v9's fp8 CTAs), 1x2 clusters sharing A, B streamed past L2, an 8-deep ring",
          evidence=FP8_RESULTS + ": 128x4096x7168, 424 TFLOPS (0.81x torch._scaled_mm; v9's fp8 defaults 0.47x)"),
-    Rule("fp8-wide", "sm_90a", "v9", when=lambda p: _fp8(p, False) and p.spec.scales in ("tensor", "row") and fp8_wide(p.M, p.N, p.sms),
+    Rule("fp8-wide", "sm_90a", "v9", when=lambda p: _fp8(p, False) and fp8_wide(p.M, p.N, p.sms, p.spec.scales),
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="per-tensor or rowwise fp8 over many waves: 192x128 tiles over three consumers (the promotion every slice after a "
              "drain, in their registers), 1x2 clusters: a fifth less operand traffic a product than 128x128, where "
