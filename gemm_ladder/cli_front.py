@@ -12,6 +12,7 @@ and the shape suite. Argument parsing only (the library: ``kernel_pack``, ``suit
     python -m gemm_ladder pack check build/pack          # every module against pack.json
     python -m gemm_ladder suite run --pack build/suite_pack --out suite.json   # GPU box
     python -m gemm_ladder suite plot suite.json --out suite.png
+    python -m gemm_ladder native                          # the front door's C++ call lookup, built ahead
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .core.config import ARCHS, DEFAULT_ARCH, DTYPES, ConfigError
 from .core.files import FolderError
 from .core.spec import FP8_SCALES, OPERAND_LAYOUTS, epilogue_names, spec_of_manifest
 from .measure import report, suite
-from .serve import kernel_pack, tuning_db as tune_db
+from .serve import kernel_pack, native, tuning_db as tune_db
 
 
 class UsageError(Exception):
@@ -187,6 +188,18 @@ def cmd_suite(a) -> int:
     return 0 if doc["summary"]["ok"] == doc["summary"]["cases"] else 1
 
 
+def cmd_native(a) -> int:
+    """Build (or find) the C++ call lookup and load it once; prints where it is."""
+    try:
+        path = native.build(force=a.force)
+        native.load(path)
+    except native.NativeBuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"the C++ call lookup: {path}")
+    return 0
+
+
 def add_parsers(sub) -> None:
     pk = sub.add_parser("pack", help="kernel packs for the front door (gemm_ladder.matmul): build, show, check")
     pks = pk.add_subparsers(dest="pack_cmd", required=True)
@@ -256,3 +269,7 @@ def add_parsers(sub) -> None:
     ls = sus.add_parser("list", help="print the cases")
     ls.add_argument("--dtypes", type=cli_types.names(suite.SUITE_DTYPES, "dtype"), default=None)
     su.set_defaults(fn=cmd_suite)
+    nat = sub.add_parser("native", help="build the front door's C++ call lookup for this torch and Python "
+                                        "(gemm_ladder.serve.native); it is built on first use otherwise")
+    nat.add_argument("--force", action="store_true", help="build again even where it is built")
+    nat.set_defaults(fn=cmd_native)

@@ -30,6 +30,9 @@ def _gpu_arch():
 
 
 GPU_ARCH = _gpu_arch()
+# the C++ call lookup (gemm_ladder.serve.native) only where a test asks for it: in "auto" every
+# remembered call would start a compiler on a helper thread (tests/test_native_lookup.py builds it)
+os.environ.setdefault("GEMM_LADDER_NATIVE", "0")
 EXPORT_DIR = os.environ.get("GEMM_LADDER_GPU_EXPORT")
 PREBUILT_DIR = os.environ.get("GEMM_LADDER_PREBUILT")
 # seconds a module may run before its case counts as hung (a deadlocked barrier protocol)

@@ -95,6 +95,7 @@ It launches on torch's current stream, so CUDA-graph capture works once a shape 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -108,7 +109,7 @@ from typing import NamedTuple
 from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
 from ..core.spec import ACTIVATIONS, GemmSpec, spec_for, torch_activation
-from . import first_use
+from . import first_use, native
 from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
 from .runtime import ModuleInputError, load, outside_graph_pools, scalar_arg
 from .tma_layout import Fixes, Layout, layout_fixes
@@ -192,6 +193,7 @@ def use_pack(folder) -> KernelPack:
         _STATE["extra"].insert(0, pack)
         _ROUTES.clear()
         _FAST.clear()
+        _forget_native()
     return pack
 
 
@@ -200,6 +202,7 @@ def reset() -> None:
     with _LOCK:
         _ROUTES.clear()
         _FAST.clear()
+        _forget_native(detach=True)
         _LOADED.clear()
         _B_COPIES.clear()
         _STATE.update(packs=None, extra=[], why_no_build=...)
@@ -1039,42 +1042,114 @@ def _fast_key(A, B, out, bias=None, epilogue=None):
 def _fast(A, B, out, bias=None):
     """The launch of a call like one already checked (same shapes, strides, dtypes, GPUs: the
     same layouts; 16-byte aligned, no grad wanted and ``out`` apart from A, B and the bias, checked
-    again here), or None: then the checked path runs (and says what is wrong, if anything)."""
+    again here), or None: then the checked path runs (and says what is wrong, if anything). The
+    C++ table (:mod:`.native`), where it is loaded, answers first; what it passes over (tensor
+    subclasses, a torch function or dispatch mode, a call remembered before it loaded) comes here."""
+    lookup = _NATIVE["lookup"]
+    if lookup is not None:
+        done = lookup(A, B, out, bias)
+        if done is not None:
+            return done
     key = _fast_key(A, B, out, bias)
     hit = _FAST.get(key) if key is not None else None
     if hit is None:
         return None
-    route, launch, M, N, K, shape, (a_bytes, b_bytes, d_bytes), padded = hit
-    if padded and _capturing(A):  # in a graph a padded weight goes to torch (_weight_as_it_is)
+    if lookup is not None and key not in _NATIVE_KEYS:
+        _to_native(key, hit, A, B, out, bias)
+    if not _passes(hit, A, B, out, bias):
         return None
+    return _run_hit(hit, A, B, out, bias)
+
+
+def _passes(hit, A, B, out, bias) -> bool:
+    """:func:`_fast`'s checks of what the key does not fix: no grad wanted, 16-byte aligned
+    pointers, ``out`` apart from A, B and the bias (``fastpath.cpp`` makes the same checks)."""
+    a_bytes, b_bytes, d_bytes = hit[6]
     if (A.requires_grad or B.requires_grad or (out is not None and out.requires_grad)
             or (bias is not None and bias.requires_grad)) and _grad_enabled():
-        return None
+        return False
     # the strides matched: each operand is laid out as in the checked call, so each fills exactly
     # [ptr, ptr + its bytes) (a transposed view of a contiguous tensor too)
     pa, pb = A.data_ptr(), B.data_ptr()
-    extras = ()
+    pc = 0
     if bias is not None:
         pc = bias.data_ptr()
         if pc & 15:  # the checked path copies it onto a 16-byte boundary
-            return None
-        extras = (bias,)
+            return False
     if out is None:
-        if (pa | pb) & 15:
-            return None
-    else:
-        pd = out.data_ptr()
-        if (pa | pb | pd) & 15:
-            return None
-        d_end = pd + d_bytes
-        if (pd < pa + a_bytes and pa < d_end) or (pd < pb + b_bytes and pb < d_end):
-            return None
-        if bias is not None and pd < pc + bias.nbytes and pc < d_end:
-            return None
+        return not (pa | pb) & 15
+    pd = out.data_ptr()
+    if (pa | pb | pd) & 15:
+        return False
+    d_end = pd + d_bytes
+    if (pd < pa + a_bytes and pa < d_end) or (pd < pb + b_bytes and pb < d_end):
+        return False
+    return bias is None or not (pd < pc + bias.nbytes and pc < d_end)
+
+
+def _run_hit(hit, A, B, out, bias):
+    """A remembered call's launch, its checks passed (:func:`_passes`); None where a padded
+    weight is met inside CUDA-graph capture (the checked path sends it to torch)."""
+    route, launch, M, N, K, shape, _, padded = hit
+    if padded and _capturing(A):  # in a graph a padded weight goes to torch (_weight_as_it_is)
+        return None
     if launch is torch_linear and (out is None or len(shape) == 2):  # torch's route: F.linear, batch dims and all
         route.calls += 1
         return _linear(A, B, bias, out)
-    return _launch_fast(route, launch, A, B, out, shape, M, N, K, extras)
+    return _launch_fast(route, launch, A, B, out, shape, M, N, K, () if bias is None else (bias,))
+
+
+# the C++ table (native.table()), once loaded: its lookup, and the keys of _FAST it holds
+_NATIVE: dict = {"lookup": None, "module": None, "waiting": False}
+_NATIVE_KEYS: set = set()
+
+
+def _native_loaded(module) -> None:
+    """``native.on_load``'s callback: the C++ table answers :func:`_fast` from now on."""
+    _NATIVE.update(module=module, lookup=module.lookup)
+
+
+def _attach_native() -> None:
+    """At a remembered call: the C++ table if it is loaded, or built now (``$GEMM_LADDER_NATIVE=build``),
+    else once a helper thread has built it (``native.table``); off, or failed to build: never."""
+    if _NATIVE["module"] is not None or _NATIVE["waiting"]:
+        return
+    _NATIVE["waiting"] = True
+    native.table()
+    native.on_load(_native_loaded)
+
+
+def _to_native(key, hit, A, B, out, bias) -> None:
+    """Put a remembered call (``_FAST[key]``, made with these tensors) in the C++ table: torch's
+    route as ``aten::linear`` there (kind 0), a kernel's launch as :func:`_run_hit` (kind 1)."""
+    module = _NATIVE["module"]
+    if module is None:
+        return
+    kind = 0 if hit[1] is torch_linear else 1
+    with _LOCK:
+        if module.remember(A, B, out, bias, kind, hit[0], functools.partial(_run_hit, hit), *hit[6]):
+            _NATIVE_KEYS.add(key)
+
+
+def use_native(on: bool) -> None:
+    """Whether repeated calls may take the C++ table from now on (``$GEMM_LADDER_NATIVE`` says
+    whether it is built and loaded; off here, the Python lookup alone serves, as with
+    ``GEMM_LADDER_NATIVE=0``): for measuring one against the other in one process."""
+    with _LOCK:
+        _forget_native(detach=True)
+        _NATIVE["waiting"] = not on  # off: no attach at the next remembered call
+        if on:
+            _attach_native()
+
+
+def _forget_native(detach: bool = False) -> None:
+    """Empty the C++ table with ``_FAST`` (its entries are ``_FAST``'s); ``detach``: and stop
+    using it until a call is remembered again (:func:`reset`)."""
+    _NATIVE_KEYS.clear()
+    if _NATIVE["module"] is not None:
+        _NATIVE["module"].clear()
+    if detach:
+        _NATIVE.update(lookup=None, module=None, waiting=False)
 
 
 def fast_mm(A, B, bias=None):
@@ -1318,6 +1393,9 @@ def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape, fixes: Fix
         with _LOCK:
             spans = (A.nbytes, B.nbytes, M * N * A.element_size())  # the bytes of A, B and D
             _FAST[key] = (route, launch, M, N, K, tuple(shape), spans, bool(fixes.names))
+            hit = _FAST[key]
+        _attach_native()
+        _to_native(key, hit, A, B, out, bias)
 
 
 def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bias=None, activation=None,
