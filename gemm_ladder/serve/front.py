@@ -1411,6 +1411,11 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     computing it with torch's own matmul (default: ``$GEMM_LADDER_STRICT``, read when a shape is
     first resolved)."""
     plain_epilogue = alpha == 1.0 and residual is None and beta == 1.0 and out_dtype is None
+    lookup = _NATIVE["lookup"]
+    if lookup is not None and plain_epilogue and activation is None and not explain and strict is None:
+        done = lookup(A, B, out, bias)  # the C++ table first, without _fast's call (a repeated call's whole cost)
+        if done is not None:
+            return done
     epi = None if activation is None and plain_epilogue else epilogue_key(activation, alpha, residual, beta, out_dtype)
     if not explain and strict is None:
         if epi is None:
