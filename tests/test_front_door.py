@@ -600,6 +600,53 @@ def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypat
     assert len(kernel.seen) == 2
 
 
+@pytest.mark.parametrize("M, N, K", [(6, 250, 64), (5, 64, 100), (7, 250, 100)])
+def test_a_padded_launch_keeps_its_scratch_and_the_weights_copy_between_calls(M, N, K):
+    """The padded fast launch (pad-n, pad-k, both): D = A . B^T into the caller's D every call, the
+    kernel handed the same padded A, D and weight copy each time (made once), a weight written in
+    place copied again (its version counter), and another weight object copied for itself."""
+    kernel = TmaKernel()
+    route = front.Route(kernel, None, "test", "v9", {})
+    fixes = layout_fixes(Layout(M, N, K, "float16"))
+    launch = front.padded_launch(route, M, N, K, fixes)
+    B = torch.randn(N, K).half()
+    seen = []
+    kernel_call = kernel.__call__
+
+    def spy(a, b, out):
+        seen.append((a.data_ptr(), b.data_ptr(), out.data_ptr()))
+        kernel_call(a, b, out)
+
+    route.module = spy
+    for step in range(4):
+        if step == 2:
+            B.mul_(-1)  # written in place: a new padded copy
+        A, D = torch.randn(M, K).half(), torch.full((M, N), float("nan")).half()
+        assert launch(A, B, D) is D
+        torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    if fixes.K != K:  # the kept, padded A
+        assert len({s[0] for s in seen}) == 1
+    if fixes.N != N:  # the kept, padded D
+        assert len({s[2] for s in seen}) == 1 and all(s[2] != D.data_ptr() for s in seen)
+    assert seen[0][1] == seen[1][1] and seen[2][1] == seen[3][1]  # one weight copy until B changed
+    other = torch.randn(N, K).half()
+    A, D = torch.randn(M, K).half(), torch.empty(M, N).half()
+    launch(A, other, D)
+    torch.testing.assert_close(D.float(), A.float() @ other.float().T, rtol=2e-3, atol=2e-3)
+
+
+def test_a_padded_launch_for_a_module_of_another_m_goes_the_checked_way():
+    """A module built for a larger M (its rows past M zero): the kept scratch does not apply, the
+    launch copies A into the module's rows as the checked path does."""
+    kernel = TmaKernel(M=8)
+    route = front.Route(kernel, 8, "test", "v9", {})
+    fixes = layout_fixes(Layout(6, 250, 64, "float16"))
+    A, B, D = torch.randn(6, 64).half(), torch.randn(250, 64).half(), torch.empty(6, 250).half()
+    front.padded_launch(route, 6, 250, 64, fixes)(A, B, D)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert kernel.seen == [((8, 64), (256, 64), (8, 256))]
+
+
 def test_torch_linear_writes_a_times_b_transposed_plus_bias_into_out():
     """The fast path's launch of torch's route (``aten::linear.out``): D = A . B^T (+ bias) written
     into the caller's ``out``, for a contiguous B and for B given as a transposed view."""

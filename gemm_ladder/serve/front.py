@@ -1325,7 +1325,62 @@ def _grad_enabled() -> bool:
 def padded_launch(route: Route, M: int, N: int, K: int, fixes: Fixes):
     """The fast path's launch of a call whose only copies are a padded N or K (the same for every
     call of these shapes; the weight's padded copy is kept while the weight is unchanged)."""
-    return lambda a, b, d: launch_route(route, a, b, d, M, N, K, fixes)
+    return PaddedLaunch(route, M, N, K, fixes)
+
+
+class PaddedLaunch:
+    """:func:`launch_route` for a repeated call whose only copies are a padded N or K, with the host
+    side cut to what must run each call: the weight's padded copy found by identity (the tensor
+    object and its version counter; else :func:`_weight_copy`), and the kernel's padded A and D
+    kept per GPU and stream with the views the copies use, made once (a zeroed A and an empty D, a
+    slice of each: four torch calls a call, 3-13 us of host each on the H100 box, where GPT-2's LM
+    head at M = 7 ran 30 us of kernels under ~95 us of host:
+    ``benchmarks/results/2026-11-27_h100_every_model_native/``). Their padding stays zero: each call
+    writes A's [M, K] corner only. A lock keeps one thread's copy, kernel and copy back together on
+    a stream. Outside CUDA-graph capture only (the fast path leaves a padded call under capture to
+    the checked path); what it does not cover (a module built for another M, an MN-major module,
+    torch's kernel, a scratch over :attr:`KEEP_BYTES`) goes through :func:`launch_route`."""
+
+    KEEP_BYTES = 64 << 20  # the most scratch (padded A and D) kept per GPU and stream
+
+    def __init__(self, route: Route, M: int, N: int, K: int, fixes: Fixes):
+        self.route, self.M, self.N, self.K, self.fixes = route, M, N, K, fixes
+        self.weight = (None, -1, None)  # a weak reference to B, its version, its padded copy
+        self.scratch: dict = {}  # (GPU index, stream) -> (dtype, padded A, its [M, K] view, padded D, its [M, N] view)
+        self.lock = threading.Lock()
+
+    def __call__(self, a, b, d):
+        route, M, N, K = self.route, self.M, self.N, self.K
+        Nk, Kk = self.fixes.N, self.fixes.K
+        too_big = (M * Kk + M * Nk) * a.element_size() > self.KEEP_BYTES
+        if (route.module_M not in (None, M) or isinstance(route.module, TorchMatmul) or any(takes_stored(route.module))
+                or too_big):
+            return launch_route(route, a, b, d, M, N, K, self.fixes)
+        import torch  # pylint: disable=import-outside-toplevel
+
+        idx = a.device.index
+        where = (idx, torch._C._cuda_getCurrentRawStream(idx) if a.is_cuda else 0)  # pylint: disable=protected-access
+        with self.lock:
+            kept = self.scratch.get(where)
+            if kept is None or kept[0] != a.dtype:
+                a_pad = a.new_zeros((M, Kk)) if Kk != K else None
+                d_pad = a.new_empty((M, Nk)) if Nk != N else None
+                kept = self.scratch[where] = (a.dtype, a_pad, a_pad[:, :K] if a_pad is not None else None,
+                                              d_pad, d_pad[:, :N] if d_pad is not None else None)
+            _, a_pad, a_view, d_pad, d_view = kept
+            ref, version, padded = self.weight
+            if ref is None or ref() is not b or version != b._version:  # pylint: disable=protected-access
+                padded = _weight_copy(b, Nk, Kk)
+                self.weight = (weakref.ref(b), b._version, padded)  # pylint: disable=protected-access
+            if a_pad is not None:
+                a_view.copy_(a)
+                a = a_pad
+            if d_pad is None:
+                route.run(a, padded, d)
+                return d
+            route.run(a, padded, d_pad)
+            d.copy_(d_view)
+            return d
 
 
 def torch_linear(a, b, d, *extras) -> None:
