@@ -417,6 +417,21 @@ def test_kernels_in_graphs_pick_the_fastest_outright():
     assert first_use.pick({"a": 9.9, "torch": 10.0}, graphs=True) == "a"
 
 
+@pytest.mark.parametrize("queued, kernels, winner", [
+    ({"a": 28.1, "torch": 28.0}, {"a": 25.1, "torch": 22.9}, "torch"),  # a tie as calls, torch the faster kernel
+    ({"a": 78.8, "torch": 83.7}, {"a": 81.6, "torch": 77.7}, "torch"),  # ours 6% ahead as calls only
+    ({"a": 8.8, "torch": 15.5}, {"a": 6.2, "torch": 3.5}, "a"),  # host-bound: ours 43% ahead as calls
+    ({"a": 30.4, "torch": 32.9}, {"a": 26.0, "torch": 26.4}, "a"),  # ahead both ways
+    ({"a": 30.4, "torch": 32.9}, None, "a"),  # no graphs timed: the calls alone
+])
+def test_a_near_tie_as_calls_goes_to_the_faster_kernel(queued, kernels, winner):
+    """Eager picks: ours QUEUED_CLEAR ahead as queued calls wins; closer than that, our kernel must
+    be no slower than cuBLAS's in graphs too, else torch (whose repeated call is aten::linear from
+    the C++ table). Calls with copies keep their own edge."""
+    assert first_use.pick(queued, kernels=kernels) == winner
+    assert first_use.pick(queued, copies=True, kernels=kernels) == first_use.pick(queued, copies=True)
+
+
 _TIME_GRAPHS = first_use.time_graphs  # the real one (graphs_like_calls stands in for it in each test)
 
 

@@ -64,8 +64,8 @@ WARM_MS = 10.0  # calls before the timing, to bring an idle GPU's clocks up (the
 SAMPLE_US = 200.0  # each timed sample: launches adding up to at least this (a one-launch sample is noise)
 MAX_REPS = 100
 MAX_SETS = 8  # input sets cycled through while timing (enough to spill L2 for all but tiny shapes)
-# torch must beat our best by this much to take a shape: our host path is the shorter, and a tie
-# within timing noise keeps ours (the faster call)
+# torch must beat our best by this much as queued calls to take a shape outright (within it, the
+# kernels decide: QUEUED_CLEAR)
 TORCH_MARGIN = 1.02
 # a call that takes copies on the way (a padded N or K, a misaligned operand: front.launch_route)
 # keeps ours only where it is this much faster than torch's: that path's host side (staging D, the
@@ -73,6 +73,14 @@ TORCH_MARGIN = 1.02
 # LM head at M = 1, where first use had timed it level with torch (36.7 against 36.0 us) and kept it
 # [benchmarks/results/2026-11-26_h100_every_model/9_checkout_code/: padded_probe_*.txt, and the run it cites]
 COPIES_EDGE = 1.10
+# ours this much faster as queued calls takes a plain call whatever the kernels measured (a host-bound
+# shape: our launch is the shorter there); within it, a near tie, the kernels alone decide, since torch's
+# repeated call now costs the host what F.linear(out=) does (front's C++ table), not more than ours.
+# At 9a5a836-651be48 first use kept v9/v11 at 1-8% ahead as queued calls where cuBLAS's kernel was 2-9%
+# faster in graphs, and those calls ran at 0.906-0.966x F.linear
+# [benchmarks/results/2026-11-27_h100_every_model_native/2_padded_launch/: vit-h-14 1024x5120x1280,
+# falcon-7b 1x18176x4544, llama-3.1-8b 512x4096x4096]
+QUEUED_CLEAR = 1.10
 TORCH = "torch"
 _LOCK = threading.Lock()
 _STATE: dict = {"file": None, "doc": None, "warned": False}
@@ -273,13 +281,19 @@ def time_graphs(calls: dict, sets: list, queued_us: dict, rounds: int = ROUNDS) 
     return _rounds(samplers, rounds)
 
 
-def pick(times: dict, copies: bool = False, graphs: bool = False) -> str:
+def pick(times: dict, copies: bool = False, graphs: bool = False, kernels: dict | None = None) -> str:
     """The fastest of ``times`` (name -> us); torch where it beats our best by TORCH_MARGIN, or,
     for a call with ``copies`` on the way, where our best is not COPIES_EDGE times faster. Of
-    kernels timed in ``graphs`` (replayed, no host path to favour ours), the fastest outright."""
+    kernels timed in ``graphs`` (replayed, no host path to favour ours), the fastest outright.
+    ``kernels`` (the same candidates timed in graphs, for a plain eager pick): where our best is
+    not QUEUED_CLEAR times faster than torch as queued calls, torch unless our best is no slower
+    as a kernel too."""
     ours = {n: t for n, t in times.items() if n != TORCH}
     best = min(ours, key=ours.get) if ours else TORCH
     margin = 1.0 if graphs else 1.0 / COPIES_EDGE if copies else TORCH_MARGIN
     if TORCH in times and (not ours or times[TORCH] * margin < ours[best]):
+        return TORCH
+    if (kernels and not graphs and not copies and TORCH in times and ours[best] * QUEUED_CLEAR > times[TORCH]
+            and TORCH in kernels and best in kernels and kernels[best] > kernels[TORCH]):
         return TORCH
     return best

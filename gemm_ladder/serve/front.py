@@ -709,7 +709,8 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
 
         times, kernel_times, copies = outside_graph_pools(measure, index) if a.is_cuda else measure()
         # the eager call pays the copies' host side, which the timing undercounted (first_use.COPIES_EDGE)
-        eager, graphs = first_use.pick(times, copies), first_use.pick(kernel_times or times, graphs=bool(kernel_times))
+        eager = first_use.pick(times, copies, kernels=kernel_times)  # a near tie as calls: the kernels decide
+        graphs = first_use.pick(kernel_times or times, graphs=bool(kernel_times))
         first_use.remember(key, ids[eager], ids[graphs])
 
         def said(ts):
