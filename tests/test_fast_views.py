@@ -223,10 +223,9 @@ def test_torchs_route_with_an_out_writes_it(cpu_gpu, torch_route):
     assert cpu_gpu["checked"] == 2 and sum(rt.calls for rt in torch_route.values()) == 3
 
 
-def test_torchs_route_repeated_with_out_calls_f_linear_into_out(cpu_gpu, monkeypatch):
-    """Where torch's matmul is the route, a repeated call with ``out`` goes from the key lookup
-    straight to ``F.linear(..., out=out)`` (2-D) and a batched one through the view into ``out``;
-    both write A . B^T (+ bias) into the caller's tensor, checked once per layout."""
+def repeat_torchs_route_with_out(monkeypatch):
+    """Three calls each of a 2-D and a batched A with ``out`` and a bias on torch's route, each
+    checked against A . B^T + bias; returns the route and the ``out`` each F.linear call was given."""
     route = front.Route(front.TorchMatmul(), None, "test", "torch", {})
     monkeypatch.setattr(front, "_route", lambda *a, **k: (route, True))
     outs = []
@@ -239,11 +238,18 @@ def test_torchs_route_repeated_with_out_calls_f_linear_into_out(cpu_gpu, monkeyp
     monkeypatch.setattr(torch.nn.functional, "linear", linear)
     W, bias = r(24, 16), r(24)
     for A, D in ((r(32, 16), r(32, 24)), (r(2, 16, 16), r(2, 16, 24))):
-        for i in range(3):
+        for _ in range(3):
             A.normal_()
             D.fill_(float("nan"))
-            got = front.matmul(A, W, out=D, bias=bias)
-            assert got is D
+            assert front.matmul(A, W, out=D, bias=bias) is D
             torch.testing.assert_close(D.float(), want(A, W, bias), atol=2e-2, rtol=2e-2)
+    return route, outs, D
+
+
+def test_torchs_route_repeated_with_out_calls_f_linear_into_out(cpu_gpu, monkeypatch):
+    """Where torch's matmul is the route, a repeated call with ``out`` goes from the key lookup
+    straight to ``F.linear(..., out=out)`` (2-D) and a batched one through the view into ``out``;
+    both write A . B^T (+ bias) into the caller's tensor, checked once per layout."""
+    _, outs, D = repeat_torchs_route_with_out(monkeypatch)
     assert cpu_gpu["checked"] == 2  # the first call of each layout
     assert outs and outs[-1].data_ptr() == D.data_ptr() and outs[2] is not None  # F.linear wrote into out

@@ -10,6 +10,7 @@ from gemm_ladder.serve import front, native
 
 from .test_fast_views import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
 from .test_fast_views import fresh  # noqa: F401  (the autouse reset, before the table is attached)
+from .test_fast_views import r, repeat_torchs_route_with_out, want
 
 
 @pytest.fixture(scope="module")
@@ -51,23 +52,7 @@ def test_torchs_route_repeated_with_out_calls_f_linear_into_out(cpu_gpu, monkeyp
     """With the C++ table, a repeated 2-D call with ``out`` on torch's route is ``aten::linear.out``
     into the caller's tensor from C++; a batched one goes from C++ to the Python launch, which
     writes through the view into ``out`` with ``F.linear``."""
-    route = front.Route(front.TorchMatmul(), None, "test", "torch", {})
-    monkeypatch.setattr(front, "_route", lambda *a, **k: (route, True))
-    outs = []
-    real = torch.nn.functional.linear
-
-    def linear(*args, **kwargs):
-        outs.append(kwargs.get("out"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "linear", linear)
-    W, bias = r(24, 16), r(24)
-    for A, D in ((r(32, 16), r(32, 24)), (r(2, 16, 16), r(2, 16, 24))):
-        for _ in range(3):
-            A.normal_()
-            D.fill_(float("nan"))
-            assert front.matmul(A, W, out=D, bias=bias) is D
-            torch.testing.assert_close(D.float(), want(A, W, bias), atol=2e-2, rtol=2e-2)
+    route, outs, D = repeat_torchs_route_with_out(monkeypatch)
     assert cpu_gpu["checked"] == 2 and route.calls == 6 and cpp_lookup.size() == 2
     # the 2-D calls never reached F.linear's binding; the batched repeats did, into out's memory
     assert len(outs) == 2 and all(o is not None and o.data_ptr() == D.data_ptr() for o in outs)
