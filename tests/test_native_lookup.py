@@ -224,6 +224,18 @@ def test_a_failed_build_names_the_compiler_and_leaves_the_python_lookup(monkeypa
     native.reset()
 
 
+def test_an_unusable_cache_folder_warns_and_leaves_the_python_lookup(monkeypatch, tmp_path):
+    """The cache folder a file: no exception reaches the call that asked for the table."""
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("GEMM_LADDER_CACHE", str(blocker))
+    native.reset()
+    monkeypatch.setenv(native.ENV, "build")
+    with pytest.warns(native.NativeWarning, match="GEMM_LADDER_CACHE"):
+        assert native.table() is None
+    native.reset()
+
+
 def test_a_corrupt_library_is_named_with_the_fix(tmp_path):
     bad = tmp_path / "fastpath-0.so"
     bad.write_bytes(b"not an ELF file")
@@ -237,3 +249,21 @@ def test_off_never_builds(monkeypatch):
     monkeypatch.setattr(native, "build", lambda *a, **k: pytest.fail("built with GEMM_LADDER_NATIVE=0"))
     assert native.table() is None
     native.reset()
+
+
+def test_the_native_command_builds_or_names_the_failure(monkeypatch, tmp_path, capsys):
+    """``python -m gemm_ladder native``: where it is built, 0 and the path; a failing compiler, 1 and
+    the compiler's name; an unusable cache folder, the CLI's usage error (2)."""
+    from gemm_ladder import cli  # pylint: disable=import-outside-toplevel
+
+    assert cli.main(["native"]) == 0
+    assert "fastpath-" in capsys.readouterr().out
+    monkeypatch.setenv("GEMM_LADDER_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    assert cli.main(["native"]) == 1
+    assert "false failed" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("GEMM_LADDER_CACHE", str(blocker))
+    assert cli.main(["native"]) == 2
+    assert "GEMM_LADDER_CACHE" in capsys.readouterr().err

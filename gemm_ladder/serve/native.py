@@ -175,7 +175,7 @@ def _loaded(module) -> None:
 def _build_and_load() -> None:
     try:
         _loaded(load(build()))
-    except NativeBuildError as err:
+    except (NativeBuildError, files.FolderError, OSError) as err:  # an unusable cache folder too
         _STATE["error"] = str(err)
         warnings.warn(f"gemm_ladder: the C++ call lookup is not in use, repeated calls take the Python one: {err}",
                       NativeWarning, stacklevel=2)
@@ -193,8 +193,11 @@ def table():
     how = mode()
     if how in ("0", "off"):
         return None
-    path = library_path()
-    if path.is_file() or how == "build":
+    try:
+        built = library_path().is_file()
+    except (files.FolderError, OSError):  # the cache folder: _build_and_load says what is wrong with it
+        built = False
+    if built or how == "build":
         _build_and_load()
         return _STATE["module"]
     thread = threading.Thread(target=_build_and_load, name="gemm_ladder-native-build", daemon=True)
