@@ -18,9 +18,9 @@ its build folder is per-process by default; this is one source file and one comp
 When (``$GEMM_LADDER_NATIVE``):
 
 - ``auto`` (default): :func:`table` loads a built library at once; where none is built, it starts
-  one build on a helper thread (about 20 s of one core) and the Python lookup serves until it is
-  loaded, so no call waits for the compiler. A failed build warns once, with the compiler's last
-  lines, and the Python lookup stays.
+  one build on a helper thread (19 s on the H100 box, 30 s on a 2-core build box) and the Python
+  lookup serves until it is loaded, so no call waits for the compiler. A failed build warns once,
+  with the compiler's last lines, and the Python lookup stays.
 - ``build``: :func:`table` builds on the calling thread where nothing is built (a deployment's
   first call, a benchmark that must time the C++ path from its first call).
 - ``0`` / ``off``: never (the Python lookup only).
