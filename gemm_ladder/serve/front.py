@@ -1346,7 +1346,7 @@ class PaddedLaunch:
 
     def __init__(self, route: Route, M: int, N: int, K: int, fixes: Fixes):
         self.route, self.M, self.N, self.K, self.fixes = route, M, N, K, fixes
-        self.weight = (None, -1, None)  # a weak reference to B, its version, its padded copy
+        self.weight = (None, -1, None)  # weak references to B and its padded copy, and B's version
         self.scratch: dict = {}  # (GPU index, stream) -> (dtype, padded A, its [M, K] view, padded D, its [M, N] view)
         self.lock = threading.Lock()
 
@@ -1369,10 +1369,12 @@ class PaddedLaunch:
                 kept = self.scratch[where] = (a.dtype, a_pad, a_pad[:, :K] if a_pad is not None else None,
                                               d_pad, d_pad[:, :N] if d_pad is not None else None)
             _, a_pad, a_view, d_pad, d_view = kept
-            ref, version, padded = self.weight
-            if ref is None or ref() is not b or version != b._version:  # pylint: disable=protected-access
+            ref, version, kept_copy = self.weight
+            same = ref is not None and ref() is b and version == b._version  # pylint: disable=protected-access
+            padded = kept_copy() if same else None
+            if padded is None:  # (the copy itself is _weight_copy's to keep or drop: a weak reference here)
                 padded = _weight_copy(b, Nk, Kk)
-                self.weight = (weakref.ref(b), b._version, padded)  # pylint: disable=protected-access
+                self.weight = (weakref.ref(b), b._version, weakref.ref(padded))  # pylint: disable=protected-access
             if a_pad is not None:
                 a_view.copy_(a)
                 a = a_pad
