@@ -58,6 +58,24 @@ def test_memory_bound_cases_are_held_to_the_copy_bandwidth():
     assert s["cases"] == 2 and s["at_85pct_of_copy"] == 1 and s["cublas_at_85pct_of_copy"] == 1
     assert math.isclose(s["min_of_copy"], 2000.0 / 3000.0)
     assert suite.memory_bound_summary(rows, None) == {"cases": 2, "copy_gbps": None}  # no copy measured: no fractions
+    assert "same_bytes_cases" not in s  # no own-size copy measured: no such counts
+
+
+def test_memory_bound_cases_are_also_held_to_a_copy_of_their_own_bytes():
+    """A small case is weighed against a copy of its size too: 2000 GB/s where the copy of those bytes
+    reaches 2200 is 91% of it, though 67% of the 1 GiB copy's 3000."""
+    from gemm_ladder.measure import suite
+
+    rows = [{"memory_bound": True, "status": "ok", "gbps": 2000.0, "cublas_gbps": 1800.0,
+             "gbps_of_same_bytes_copy": 2000.0 / 2200.0, "cublas_gbps_of_same_bytes_copy": 1800.0 / 2200.0},
+            {"memory_bound": True, "status": "ok", "gbps": 600.0, "cublas_gbps": 700.0,
+             "gbps_of_same_bytes_copy": 600.0 / 900.0, "cublas_gbps_of_same_bytes_copy": 700.0 / 900.0},
+            {"memory_bound": True, "status": "ok", "gbps": 2900.0, "cublas_gbps": 2900.0}]  # copy ran out of memory
+    s = suite.memory_bound_summary(rows, 3000.0)
+    assert s["cases"] == 3 and s["at_85pct_of_copy"] == 1
+    assert s["same_bytes_cases"] == 2 and s["at_85pct_of_same_bytes_copy"] == 1
+    assert s["cublas_at_85pct_of_same_bytes_copy"] == 0
+    assert math.isclose(s["min_of_same_bytes_copy"], 600.0 / 900.0)
 
 
 def test_the_command_refuses_a_negative_sample_and_a_folder_for_out(capsys, tmp_path):

@@ -26,7 +26,12 @@ timings, each in alternating rounds with cuBLAS in the same process:
 
 ``kernel_ratio`` and ``call_ratio`` are cuBLAS's time over ours (above 1: we are faster).
 Memory-bound cases (arithmetic intensity below the GPU's balance of peak FLOPS to the bandwidth its
-own copy reaches, measured in the run: ``copy_gbps``) also get GB/s against that copy and the HBM peak.
+own copy reaches, measured in the run: ``copy_gbps``, a 1 GiB ``copy_``) also get GB/s against that
+copy and the HBM peak, and against a copy of their own size (``copy_same_bytes_gbps``): a graph of
+``copy_`` calls, each reading and writing half the bytes the GEMM moves, cycling through as many
+buffer pairs as the case has input sets, timed the way its kernel is. A small GEMM cannot stream at
+the 1 GiB copy's rate any more than a copy of its size can (a launch, a ramp and a tail): the second
+figure says how far a case is from what the GPU's own copy does with those bytes.
 """
 
 from __future__ import annotations
@@ -194,6 +199,9 @@ def time_case(case_id: str, args) -> dict:
     kern_ms, cub_ms, kern_rounds = _alternate(ours, cublas, lambda fn, r: _replays(graphs[fn], per_round, calls))
     moved = harness.bytes_once(M, N, K)
     flops = 2.0 * M * N * K
+    balance = float(args[1]) if len(args) > 1 and args[1] else None
+    graphs.clear()  # their memory pools, before the copy's buffers
+    same = _same_bytes_copy(moved, n_sets, calls, per_round) if balance and flops / moved < balance else {}
     return {"status": "ok", **base,
             "call_ms": call_ms, "linear_ms": lin_ms, "call_ratio": lin_ms / call_ms,
             "call_round_ratios": [round(x, 4) for x in call_rounds],
@@ -201,7 +209,27 @@ def time_case(case_id: str, args) -> dict:
             "kernel_round_ratios": [round(x, 4) for x in kern_rounds],
             "tflops": flops / kern_ms / 1e9, "cublas_tflops": flops / cub_ms / 1e9,
             "gbps": moved / kern_ms / 1e6, "cublas_gbps": moved / cub_ms / 1e6,
-            "input_sets": n_sets, "graph_calls": calls, "burst": burst}
+            "input_sets": n_sets, "graph_calls": calls, "burst": burst, **same}
+
+
+def _same_bytes_copy(moved: int, n_sets: int, calls: int, per_round: int) -> dict:
+    """A memory-bound case's own-size copy (module docstring): ms per ``copy_`` of ``moved // 2``
+    bytes in a CUDA graph of ``calls`` copies over ``n_sets`` buffer pairs, median of
+    ``suite.ROUNDS * per_round`` replays, and the GB/s it moves (``moved`` bytes a copy)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    half = max(16, moved // 2)
+    try:
+        pairs = [(torch.empty(half, dtype=torch.uint8, device="cuda").random_(0, 255),
+                  torch.empty(half, dtype=torch.uint8, device="cuda")) for _ in range(n_sets)]
+    except torch.OutOfMemoryError:
+        return {}
+    g = _graph(lambda src, dst: dst.copy_(src), pairs, calls)
+    _replays(g, 2, calls)
+    ms = statistics.median(_replays(g, suite.ROUNDS * per_round, calls))
+    del g, pairs
+    torch.cuda.empty_cache()
+    return {"copy_same_bytes_ms": ms, "copy_same_bytes_gbps": 2 * half / ms / 1e6}
 
 
 # -- the parent ---------------------------------------------------------------------------------
@@ -233,15 +261,17 @@ def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.
     """Run the sample (kernels from ``$GEMM_LADDER_PACK``, else the module cache); write ``out``."""
 
     todo = cases(sample, seed)
+    # the copy first: its balance tells each child whether its case is memory-bound (own-size copy)
+    peak, copy = suite.hbm_peak_gbps(), suite.copy_gbps()
+    balance = PEAK_TFLOPS.get(suite.gpu_arch(), 0) * 1e12 / (copy * 1e9) if copy else None
     bar = progress_bar(len(todo), "every model") if progress else None
     try:
-        got = isolate.run_batch("gemm_ladder.measure.every_model:time_case", [c["id"] for c in todo], [reps], timeout=timeout,
+        got = isolate.run_batch("gemm_ladder.measure.every_model:time_case", [c["id"] for c in todo],
+                                [reps, balance or 0.0], timeout=timeout,
                                 on_result=(lambda res: bar.update(1)) if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
-    peak, copy = suite.hbm_peak_gbps(), suite.copy_gbps()
-    balance = PEAK_TFLOPS.get(suite.gpu_arch(), 0) * 1e12 / (copy * 1e9) if copy else None
     rows = []
     for c, res in zip(todo, got):
         res.pop("module", None)
@@ -253,6 +283,9 @@ def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.
             row["gbps_of_hbm_peak"] = res["gbps"] / peak
         if res.get("status") == "ok" and copy:
             row["gbps_of_copy"], row["cublas_gbps_of_copy"] = res["gbps"] / copy, res["cublas_gbps"] / copy
+        if res.get("copy_same_bytes_gbps"):
+            own = res["copy_same_bytes_gbps"]
+            row["gbps_of_same_bytes_copy"], row["cublas_gbps_of_same_bytes_copy"] = res["gbps"] / own, res["cublas_gbps"] / own
         rows.append(row)
     doc = {"format": FORMAT, "version": 1, "gpu": harness.gpu_info(), **harness.run_info(), "hbm_peak_gbps": peak,
            "copy_gbps": copy, "machine_balance_flop_per_byte": balance,
