@@ -7,6 +7,13 @@ from __future__ import annotations
 from gemm_ladder.protocol import check, interp, kernel_ir, sim
 from gemm_ladder.rungs import kernel_of
 
+# (M, N, K, experts) the barrier checker runs v12's presets over: the suite's odd weight, and N and
+# the expert count of a DeepSeek-V3-like and a Mixtral-like layer. K is 1024 for those two, not their
+# 7168 and 4096: each tile's K loop repeats one protocol step per slice, and 16 slices already wrap
+# every ring (pipe_depth <= 8) twice, while the checker's time grows with the slices (a K of 7168
+# took two minutes a case on a CI core, against 20 s at 1024).
+CHECKED_WEIGHTS = [(600, 1000, 520, 5), (600, 2048, 1024, 256), (600, 14336, 1024, 8)]
+
 
 def cumulative(counts):
     """The running sums of ``counts``: an ``offs`` (each expert's end row)."""

@@ -108,7 +108,7 @@ def test_every_command_is_drawn():
     assert ("pack", "build") in LEAVES and ("suite", "run") in LEAVES
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(argv=command_lines())
 def test_any_command_line_is_taken_or_refused_in_one_line(argv, workdir):
     with contextlib.chdir(workdir):

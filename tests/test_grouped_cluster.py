@@ -21,7 +21,7 @@ from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import rung_module
 from gemm_ladder.sm90a import grouped
 
-from .grouped_loads import cumulative, loads_of
+from .grouped_loads import CHECKED_WEIGHTS, cumulative, loads_of
 from .test_grouped import reference_units, routing
 
 GROUPED = GemmSpec(grouped=True).text()
@@ -158,7 +158,7 @@ def test_the_cluster_walk_is_the_models(monkeypatch, shape, layout, table, M):
 SWAP64 = dict(swap_ab=True, blk_m=64, blk_n=128, num_warpgroups=2, pipe_depth=8)
 
 
-@pytest.mark.parametrize("shape", [(600, 1000, 520, 5), (600, 2048, 7168, 256), (600, 14336, 4096, 8)])
+@pytest.mark.parametrize("shape", CHECKED_WEIGHTS)
 @pytest.mark.parametrize("tile", [dict(cluster_m=2), dict(cluster_m=2, epi_n=128, pipe_depth=3),
                                   dict(cluster_n=2), dict(SWAP64, cluster_m=2), dict(SWAP64, cluster_n=2)])
 def test_cluster_presets_pass_the_protocol_check(shape, tile):

@@ -17,7 +17,7 @@ from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.sm90a import grouped
 
-from .grouped_loads import cumulative, loads_of
+from .grouped_loads import CHECKED_WEIGHTS, cumulative, loads_of
 
 GROUPED = GemmSpec(grouped=True).text()
 BF16 = GemmSpec(a="bfloat16", b="bfloat16", d="bfloat16", grouped=True).text()
@@ -107,7 +107,7 @@ def test_the_walk_under_epi_under_is_the_models(monkeypatch, layout, table, M, t
         assert [c[1] for name, c in mine if name.startswith("A")][::cfg.k_tiles] == [u.row0 for u in want[cta]]
 
 
-@pytest.mark.parametrize("shape", [(600, 1000, 520, 5), (600, 2048, 7168, 256), (600, 14336, 4096, 8)])
+@pytest.mark.parametrize("shape", CHECKED_WEIGHTS)
 @pytest.mark.parametrize("tile", UNDER_TILES)
 def test_epi_under_passes_the_protocol_check(shape, tile):
     """The barrier checker over the suite's weights (the odd 5 x 1000x520, DeepSeek-V3-like,
