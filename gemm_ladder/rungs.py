@@ -50,15 +50,22 @@ def _discover() -> tuple[str, ...]:
 RUNGS = _discover()
 
 
+_MODULES: dict = {}  # (rung, arch) -> its module, once imported
+
+
 def rung_module(rung: str, arch: str = DEFAULT_ARCH) -> ModuleType:
     """The module that holds ``rung``'s form for ``arch``; a clear error when there is none."""
     if rung not in RUNGS:
         raise ConfigError(f"unknown rung {rung!r}; the ladder has {', '.join(RUNGS)}")
     if arch not in ARCHS:
         raise ConfigError(f"arch={arch!r} has no form in gemm-ladder; use one of {sorted(ARCHS)}")
+    hit = _MODULES.get((rung, arch))
+    if hit is not None:
+        return hit
     name = f"gemm_ladder.{_arch_package(arch)}.hgemm_{rung}"
     try:
-        return importlib.import_module(name)
+        hit = _MODULES[(rung, arch)] = importlib.import_module(name)
+        return hit
     except ModuleNotFoundError as err:
         if err.name not in (name, name.rsplit(".", 1)[0]):  # the rung, or the whole arch, is missing
             raise

@@ -132,6 +132,9 @@ class Operand:
         return tuple(sizes[s] if isinstance(s, str) else s for s in self.shape)
 
 
+_DEFAULTS: dict = {}  # (class, dtype) -> GemmSpec.default's instance
+
+
 @dataclass(frozen=True)
 class GemmSpec:
     """A GEMM's operands (see the module docstring). The default is today's GEMM in fp16."""
@@ -171,8 +174,12 @@ class GemmSpec:
 
     @classmethod
     def default(cls, dtype: str = "float16") -> "GemmSpec":
-        """Today's GEMM: ``dtype`` in and out, fp32 accumulate, no epilogue."""
-        return cls(a=dtype, b=dtype, d=dtype)
+        """Today's GEMM: ``dtype`` in and out, fp32 accumulate, no epilogue (one frozen instance per
+        dtype: the tuner's validator asks for it millions of times)."""
+        hit = _DEFAULTS.get((cls, dtype))
+        if hit is None:
+            hit = _DEFAULTS[(cls, dtype)] = cls(a=dtype, b=dtype, d=dtype)
+        return hit
 
     @classmethod
     def with_bias(cls, dtype: str = "float16") -> "GemmSpec":
