@@ -37,7 +37,11 @@ FRONT_SHAPES = ("16x4096x4096", "37x4096x4096")
 # matmul(A, W, bias=b) through the pack's v9 bias modules (pack build --epilogue bias): weight
 # streaming and row tiles at small (odd) M, 128x128 tiles in a 1x2 cluster with a partial last
 # column tile (N = 3000), and 128x256 tiles at two or more a CTA with epi_under (odd M = 2001)
-BIAS_SHAPES = ("16x4096x4096", "37x4096x4096", "333x3000x520", "2001x4096x512")
+BIAS_SHAPES = ("16x4096x4096", "37x4096x4096", "333x3000x520", "2001x4096x512", "37x1001x520")
+# a wide N that is not a multiple of 8 (K is): split, the pack's module on the weight's first 1000
+# rows as they lie, torch's matmul on the last (tma_layout's split-n), eager, again and in a CUDA
+# graph; the bias shape 37x1001x520 above splits its bias the same way
+SPLIT_SHAPES = ("16x1001x512", "333x1001x512")
 # matmul(A, W, bias=b, activation=a) through the pack's v9 modules of every activation in both
 # dtypes (pack build --epilogue bias_relu,...): 128x128 tiles in a 1x2 cluster with a partial
 # column tile, and 128x256 tiles with epi_under (its pairs take the activation too); two of the
@@ -74,7 +78,7 @@ def prepare(out) -> Path:
         _cli("export", "--rungs", rung, "--shapes", f"{M}x{N}x{K}", "--dtypes", "float16", "--out", str(out / "ladder"))
     rung, (M, N, K), space = TUNE
     _cli("tune", "--rung", rung, "--shape", f"{M}x{N}x{K}", "--space", space, "--build-only", "--out", str(out / "tune"))
-    shapes = sorted({SUITE_CASE.partition("-")[2], *FRONT_SHAPES})
+    shapes = sorted({SUITE_CASE.partition("-")[2], *FRONT_SHAPES, *SPLIT_SHAPES})
     _cli("pack", "build", "--shapes", ",".join(shapes), "--dtypes", "float16", "--out", str(out / "pack"))
     _cli("pack", "build", "--shapes", ",".join(BIAS_SHAPES), "--dtypes", "float16", "--epilogue", "bias",
          "--out", str(out / "pack"))  # added to the same pack
@@ -88,7 +92,7 @@ def prepare(out) -> Path:
     for weight in GROUPED:
         _cli("pack", "build", "--grouped", weight, "--dtypes", GROUPED_DTYPES[weight], "--out", str(out / "pack"))
     index = {"ladder": "ladder", "tune": "tune", "pack": "pack", "suite_case": SUITE_CASE,
-             "front_shapes": list(FRONT_SHAPES), "bias_shapes": list(BIAS_SHAPES), "act_shapes": list(ACT_SHAPES),
+             "front_shapes": list(FRONT_SHAPES), "split_shapes": list(SPLIT_SHAPES), "bias_shapes": list(BIAS_SHAPES), "act_shapes": list(ACT_SHAPES),
              "act_epilogues": list(ACT_EPILOGUES), "act_alone": list(ACT_ALONE), "swiglu_mlp": SWIGLU_MLP,
              "grouped": [[w, GROUPED_DTYPES[w]] for w in GROUPED]}
     (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")

@@ -277,18 +277,20 @@ def test_input_sets_spill_l2_twice_over_and_keep_one_weight_on_the_padded_path()
     assert all(s[1] is b for s in same) and len(same) == min(first_use.MAX_SETS, -(-2 * (1 << 20) // (a.nbytes + d.nbytes)))
 
 
-def test_the_padded_path_is_timed_the_whole_way_against_torch(three, monkeypatch):
-    """N = 250 (padded to 256 for TMA): ours is timed with its copies, torch on the tensors as they
-    are; the key holds the call's own N, so N = 256 is timed apart."""
+@pytest.mark.parametrize("N, K", [(256, 508), (257, 512)])
+def test_the_padded_path_is_timed_the_whole_way_against_torch(three, monkeypatch, N, K):
+    """K = 508 (padded to 512 for TMA), or N = 257 (split: the 256-row modules on the weight's first
+    rows, torch's matmul on the last): ours is timed with its copies and its torch part, torch on
+    the tensors as they are; the key holds the call's own shape, so 256x512 is timed apart."""
     fake, calls = _times({"m128.so": 30.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0})
     monkeypatch.setattr(first_use, "time_launches", fake)
-    A, B = torch.randn(128, 512).half(), torch.randn(250, 512).half()
+    A, B = torch.randn(128, K).half(), torch.randn(N, K).half()
     D = front.matmul(A, B)
     torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
     assert calls == [["low.so", "m128.so", "mid.so", "torch"]]
-    assert front.route_of(128, 250, 512).rung == "torch"
+    assert front.route_of(128, N, K).rung == "torch"
     keys = list(json.loads((three.parent / "choices.json").read_text())["choices"])
-    assert keys == [k for k in keys if "|128x250x512|" in k] and len(keys) == 1
+    assert keys == [k for k in keys if f"|128x{N}x{K}|" in k] and len(keys) == 1
 
 
 # -- alternatives (kernel_pack: "alternative": true beside a sub-wave choice) --------------------
@@ -394,14 +396,14 @@ def test_the_helper_thread_times_with_gradients_off(monkeypatch):
 
 
 def test_a_padded_call_level_with_torch_goes_to_torch(three, monkeypatch):
-    """A weight of 250 rows is padded to the modules' 256 (the padded path: copies on the way). Ours
+    """A weight of K = 508 is padded to the modules' 512 (the padded path: copies on the way). Ours
     timed 5% ahead of torch keeps ours for the unpadded weight, but not for the padded one, whose
     call pays the copies' host side (first_use.COPIES_EDGE)."""
     fake, _ = _times({"m128.so": 30.0, "mid.so": 19.5, "low.so": 50.0, "torch": 20.5})
     monkeypatch.setattr(first_use, "time_launches", fake)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # the CPU stands in
-    for M, rows in ((128, 250), (150, 256)):  # two Ms: two routes of the one 256x512 weight
-        A, B = torch.randn(M, 512).half(), torch.randn(rows, 512).half()
+    for M, K in ((128, 508), (150, 512)):  # two Ms: two routes of the one 256x512 weight
+        A, B = torch.randn(M, K).half(), torch.randn(256, K).half()
         D = front.matmul(A, B)
         torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
     assert front.route_of(128, 256, 512).rung == "torch"

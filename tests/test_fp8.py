@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gemm_ladder
 import gemm_ladder.serve.scaled_ops  # noqa: F401  (registers torch.ops.gemm_ladder.scaled_mm)
-from gemm_ladder.compile import builder, sass
+from gemm_ladder.compile import sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec, check_built, not_built
 from gemm_ladder.protocol.check import check_config
@@ -26,6 +26,8 @@ from gemm_ladder.serve.front import KernelFallbackWarning, NoKernelError
 from gemm_ladder.serve.runtime import ModuleInputError
 from gemm_ladder.serve.scaled import check_call
 from gemm_ladder.sm90a import hgemm_v9
+
+from .built import built
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fp8_check  # noqa: E402  (the GPU check's pure parts)
@@ -78,7 +80,7 @@ def test_fp8_k_must_be_a_multiple_of_16():
 
 # -- the kernel ------------------------------------------------------------------------------------
 def _sass(cfg):
-    mod = builder.build(kernel_of(cfg))
+    mod = built(cfg)
     try:
         return mod, sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
     except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
@@ -95,7 +97,7 @@ def test_v9_fp8_runs_e4m3_wgmma_and_the_promotion_adds():
     spec = GemmSpec.fp8("bfloat16", "row")
     on = make_config("v9", 1000, 3008, 1024, spec=spec, promote=1)
     off = make_config("v9", 1000, 3008, 1024, spec=spec, promote=0)
-    src = builder.build(kernel_of(on)).cuda_source()
+    src = built(on).cuda_source()
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in src and "scale_a_ptr" in src
     _, t_on, r_on = _sass(on)
     _, t_off, r_off = _sass(off)
@@ -107,7 +109,7 @@ def test_v9_fp8_runs_e4m3_wgmma_and_the_promotion_adds():
 def test_v9_fp8_with_e5m2_b_and_a_bias_builds():
     cfg = make_config("v9", 256, 512, 512, spec=GemmSpec.fp8("float16", "tensor", "float32", b="float8_e5m2"))
     assert [str(p.name) for p in kernel_of(cfg).params][-4:] == ["num_ctas", "bias", "scale_a", "scale_b"]
-    assert ".e4m3.e5m2" in builder.build(kernel_of(cfg)).cuda_source()
+    assert ".e4m3.e5m2" in built(cfg).cuda_source()
 
 
 @pytest.mark.parametrize("promote", [0, 1, 3])

@@ -19,15 +19,17 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import gemm_ladder
 import gemm_ladder.serve.scaled_ops  # noqa: F401  (registers torch.ops.gemm_ladder.scaled_mm)
 import layouts
-from gemm_ladder.compile import builder, sass
+from gemm_ladder.compile import sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
-from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.rungs import make_config
 from gemm_ladder.serve import kernel_pack
 from gemm_ladder.serve.runtime import ModuleInputError
 from gemm_ladder.serve.scaled import TorchScaledMM, check_call, dequantize
 from gemm_ladder.sm90a import fp8
+
+from .built import built
 
 BLOCK = GemmSpec.fp8("bfloat16", "block")
 
@@ -76,7 +78,7 @@ def test_v9_block_scales_multiply_add_at_the_promotion_and_not_in_the_epilogue()
     promotion is an FFMA of each sum with its two scales' product; the scale loads are K block 0's
     and each turn's next two (two rows and one B block a thread each), none in the epilogue."""
     cfg = make_config("v9", 1000, 3008, 1008, spec=BLOCK, dynamic_m=True)
-    mod = builder.build(kernel_of(cfg))
+    mod = built(cfg)
     src = mod.cuda_source()
     assert "m64n128k32.f32.e4m3.e4m3" in src
     for b_reg in (2, 5):  # total += acc * (scale_a[row] * scale_b[block]), from either register set

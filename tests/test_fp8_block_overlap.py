@@ -10,12 +10,14 @@ import re
 
 import pytest
 
-from gemm_ladder.compile import builder, sass
+from gemm_ladder.compile import sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
-from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.rungs import make_config
 from gemm_ladder.sm90a import fp8
+
+from .built import built
 
 BLOCK = GemmSpec.fp8("bfloat16", "block")
 QGMMA = "QGMMA.64x128x32.F32.E4M3.E4M3"
@@ -51,7 +53,7 @@ def test_each_slices_scales_ride_with_its_accumulator_set():
     cfg = make_config("v9", 512, 512, 1280, spec=BLOCK, overlap=4)
     per = fp8.BlockScales.per_slice(fp8.HopperPlan(cfg))
     assert per == 3
-    events = _events(builder.build(kernel_of(cfg)).cuda_source(), per)
+    events = _events(built(cfg).cuda_source(), per)
     promotions = [e for e in events if e[0] == "promote"]
     assert [p[1] for p in promotions] == ["Dreg", "Dreg2"] * 3  # a run (the loop body) and the tail
     assert all(p[2:] == ((0, 2) if p[1] == "Dreg" else (3, 5)) for p in promotions)
@@ -93,7 +95,7 @@ def test_the_scaled_adds_run_under_the_next_slices_wgmmas_without_spills(runs):
     (ptxas did not serialise the wgmmas), one load of each scale a slice (three a thread) and the
     first block's before the loop, no local memory, and the registers within a consumer's budget."""
     cfg = make_config("v9", 4096, 4096, 4096, spec=BLOCK, overlap=runs)
-    mod = builder.build(kernel_of(cfg))
+    mod = built(cfg)
     try:
         text, res = sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
     except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)

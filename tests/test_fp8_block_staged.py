@@ -12,15 +12,17 @@ import re
 import pytest
 import torch
 
-from gemm_ladder.compile import builder, sass
+from gemm_ladder.compile import sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
-from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.rungs import make_config
 from gemm_ladder.serve.scaled import aligned_scales
 from gemm_ladder.sm90a import fp8
 from gemm_ladder.sm90a.gemm import launch
 from gemm_ladder.sm90a.hgemm_v9 import PRESET
+
+from .built import built
 
 BLOCK = GemmSpec.fp8("bfloat16", "block")
 SMALL_M = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -32,7 +34,7 @@ _TMA_1D = "cp_async_bulk_tensor_g2s_cluster_async_bulk_tensor_1d"
 
 
 def _source(cfg) -> str:
-    return builder.build(kernel_of(cfg)).cuda_source()
+    return built(cfg).cuda_source()
 
 
 def test_the_producer_copies_the_scales_and_the_consumers_read_them_from_shared_memory():
@@ -68,7 +70,7 @@ def test_no_global_scale_load_is_left_in_the_sass(knobs):
     """The SASS of the policy's two configs, staged: the only global loads are TMA copies (1-D ones
     for the scales, two a slice), the scales come by LDS, and nothing spills."""
     cfg = make_config("v9", 4096, 4096, 4096, spec=BLOCK, dynamic_m=True, stage_scales=True, **knobs)
-    mod = builder.build(kernel_of(cfg))
+    mod = built(cfg)
     try:
         text, res = sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
     except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)

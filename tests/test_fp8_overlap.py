@@ -9,19 +9,21 @@ import re
 
 import pytest
 
-from gemm_ladder.compile import builder, sass
+from gemm_ladder.compile import sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
-from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.rungs import make_config
 from gemm_ladder.sm90a import fp8
 from gemm_ladder.sm90a.mainloop import promotion_cuts
+
+from .built import built
 
 QGMMA = "QGMMA.64x128x32.F32.E4M3.E4M3"
 
 
 def _sass(cfg):
-    mod = builder.build(kernel_of(cfg))
+    mod = built(cfg)
     try:
         return sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
     except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)

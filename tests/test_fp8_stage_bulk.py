@@ -16,12 +16,14 @@ import pytest
 import tvm
 from tvm.sym import Analyzer
 
-from gemm_ladder.compile import builder, sass
+from gemm_ladder.compile import sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import kernel_of, make_config
 from gemm_ladder.sm90a import fp8
+
+from .built import built
 
 BLOCK = GemmSpec.fp8("bfloat16", "block")
 SMALL_M = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -64,9 +66,8 @@ def test_the_scales_come_by_bulk_copies_each_with_the_tensor_copy_as_its_fallbac
     """Two bulk copies a slice (A's rows, B's block), each in the then-branch of its guard with the
     1-D tensor copy of the same box in the else; the consumers read every scale from shared memory,
     at the same places as the tensor-staged kernel (same boxes, same offsets)."""
-    src = builder.build(kernel_of(_bulk(512, 512, 1280, overlap=4))).cuda_source()
-    tensor = builder.build(kernel_of(make_config("v9", 512, 512, 1280, spec=BLOCK, overlap=4,
-                                                 stage_scales=True))).cuda_source()
+    src = built(_bulk(512, 512, 1280, overlap=4)).cuda_source()
+    tensor = built(make_config("v9", 512, 512, 1280, spec=BLOCK, overlap=4, stage_scales=True)).cuda_source()
     lines = [line.strip() for line in src.splitlines()]
     bulk_at = [i for i, line in enumerate(lines) if line.startswith("tvm_builtin_ptx_" + _BULK)]
     assert len(bulk_at) == 2 and "scale_a_ptr[" in lines[bulk_at[0]] and "scale_b_ptr[" in lines[bulk_at[1]]
@@ -123,8 +124,8 @@ def test_the_sass_has_plain_bulk_copies_for_the_scales():
     tensor copies (UTMALDG.1D, the fallback) beside them; none in the tensor-staged kernel; no
     global scale load and no spill."""
     def text(**knobs):
-        mod = builder.build(kernel_of(make_config("v9", 4096, 4096, 4096, spec=BLOCK, dynamic_m=True, overlap=4,
-                                                  stage_scales=True, **knobs)))
+        mod = built(make_config("v9", 4096, 4096, 4096, spec=BLOCK, dynamic_m=True, overlap=4,
+                                stage_scales=True, **knobs))
         try:
             return sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
         except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)

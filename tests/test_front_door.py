@@ -97,6 +97,8 @@ def _misaligned(M, K, dtype=torch.float16):
     (5, 64, 64, False, False, True, True, None, ("stage-out",)),
     (1, 64, 64, False, False, False, False, 2, ()),           # a module of M=2: A copied into 2 rows
     (7, 36, 20, True, True, True, True, 16, ("pad-k", "pad-n")),
+    (5, 250, 64, False, False, True, False, None, ("split-n",)),
+    (3, 131, 64, True, True, True, True, 16, ("split-n", "copy-a", "copy-b")),
 ])
 def test_the_padded_path_is_correct_and_tma_ready(M, N, K, a_off, b_off, with_out, out_off, module_M, names):
     A = _misaligned(M, K) if a_off else torch.randn(M, K).half()
@@ -559,7 +561,7 @@ def test_in_a_graph_a_weight_needing_a_padded_copy_goes_to_torch(small_pack, mon
     front.use_pack(small_pack)
     monkeypatch.setattr(front, "_check", lambda A, B, out, bias=None: (A.shape[0], B.shape[0], B.shape[1], A, out, (A.shape[0], B.shape[0])))
     monkeypatch.setattr(front.first_use, "can_measure", lambda a: False)
-    A, B = torch.randn(16, 512).half(), torch.randn(250, 512).half()  # N = 250: padded to 256 for TMA
+    A, B = torch.randn(16, 508).half(), torch.randn(256, 508).half()  # K = 508: padded to 512 for TMA
     want = A.float() @ B.float().T
     for capturing, strict, copied in ((True, False, False), (False, False, True), (True, True, True)):
         front._B_COPIES.clear()
@@ -575,15 +577,30 @@ def test_in_a_graph_a_weight_needing_a_padded_copy_goes_to_torch(small_pack, mon
     assert front._B_COPIES  # ours, with its copy
 
 
+def test_in_a_graph_a_split_n_weight_stays_ours_and_is_read_where_it_lies(small_pack, monkeypatch, no_gpu_needed):
+    """N = 257 with K a multiple of 8: nothing to copy on a replay (the kernel reads the weight's
+    first 256 rows as they lie, torch's matmul the last), so capture keeps ours, untimed too."""
+    kernel = EpilogueKernel()
+    monkeypatch.setattr(front, "load", lambda path: kernel)
+    front.use_pack(small_pack)
+    monkeypatch.setattr(front, "_check", lambda A, B, out, bias=None: (A.shape[0], B.shape[0], B.shape[1], A, out, (A.shape[0], B.shape[0])))
+    monkeypatch.setattr(front.first_use, "can_measure", lambda a: False)
+    monkeypatch.setattr(front, "_capturing", lambda a: True)
+    A, B = torch.randn(16, 512).half(), torch.randn(257, 512).half()
+    D = front.matmul(A, B)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert kernel.weights == [(B.data_ptr(), (256, 512))] and not front._B_COPIES
+
+
 def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypatch):
-    """N = 250 (padded to 256 for TMA): a repeated call skips the checks and keeps the weight's
+    """N = 100 (padded to 104 for TMA): a repeated call skips the checks and keeps the weight's
     padded copy; inside CUDA-graph capture it leaves the call to the checked path (where torch
     reads the weight as it is)."""
-    M, N, K = 6, 250, 64
+    M, N, K = 6, 100, 64
     kernel = TmaKernel()
     route = front.Route(kernel, None, "test", "v9", {})
     fixes = layout_fixes(Layout(M, N, K, "float16"))
-    assert fixes.names == ("pad-n",) and fixes.N == 256
+    assert fixes.names == ("pad-n",) and fixes.N == 104
     A, B, out = torch.randn(M, K).half(), torch.randn(N, K).half(), torch.empty(M, N).half()
     spans = (A.nbytes, B.nbytes, M * N * A.element_size())
     front._FAST[front._fast_key(A, B, out)] = (route, front.padded_launch(route, M, N, K, fixes), M, N, K, (M, N),
@@ -593,14 +610,14 @@ def test_the_fast_path_takes_a_padded_shape_too_but_not_inside_capture(monkeypat
         A2 = torch.randn_like(A)
         assert front.matmul(A2, B, out) is out
         torch.testing.assert_close(out.float(), A2.float() @ B.float().T, rtol=2e-3, atol=2e-3)
-    assert [s[1] for s in kernel.seen] == [(256, 64), (256, 64)] and len(front._B_COPIES) == 1
+    assert [s[1] for s in kernel.seen] == [(104, 64), (104, 64)] and len(front._B_COPIES) == 1
     monkeypatch.setattr(front, "_capturing", lambda a: True)
     with pytest.raises(ModuleInputError, match="A is on cpu"):  # the checked path
         front.matmul(A, B, out)
     assert len(kernel.seen) == 2
 
 
-@pytest.mark.parametrize("M, N, K", [(6, 250, 64), (5, 64, 100), (7, 250, 100)])
+@pytest.mark.parametrize("M, N, K", [(6, 100, 64), (5, 64, 100), (7, 250, 100)])
 def test_a_padded_launch_keeps_its_scratch_and_the_weights_copy_between_calls(M, N, K):
     """The padded fast launch (pad-n, pad-k, both): D = A . B^T into the caller's D every call, the
     kernel handed the same padded A, D and weight copy each time (made once), a weight written in
@@ -635,16 +652,95 @@ def test_a_padded_launch_keeps_its_scratch_and_the_weights_copy_between_calls(M,
     torch.testing.assert_close(D.float(), A.float() @ other.float().T, rtol=2e-3, atol=2e-3)
 
 
+class EpilogueKernel(TmaKernel):
+    """A stand-in for a module with the whole epilogue: D = act(alpha A.B^T + bias) + beta C, each
+    operand refused unless TMA could read it; keeps the B tensors it was handed."""
+
+    ACTS = {"none": lambda z: z, "relu": torch.relu, "silu": torch.nn.functional.silu,
+            "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}
+
+    def __init__(self, act="none"):
+        super().__init__()
+        self.act, self.weights = act, []
+
+    def __call__(self, a, b, out, bias=None, alpha=None, C=None, beta=None):
+        for name, t in (("bias", bias), ("C", C)):
+            assert t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0), f"{name} is not TMA-ready"
+        assert bias is None or bias.shape == (b.shape[0],), "the bias is cut like N"
+        assert C is None or C.shape == out.shape
+        self.weights.append((b.data_ptr(), tuple(b.shape)))
+        z = a.float() @ b.float().T * (1.0 if alpha is None else alpha)
+        z = self.ACTS[self.act](z + (0 if bias is None else bias.float()))
+        super().__call__(a, b, out)  # the TMA checks of A, B and D
+        out.copy_(z + (0 if C is None else beta * C.float()))
+
+
+@pytest.mark.parametrize("with_bias, act, alpha, residual, fp32_out", [
+    (False, "none", None, None, False),
+    (True, "relu", 0.5, "apart", False),
+    (True, "gelu_tanh", None, "in place", False),
+    (False, "silu", 2.0, "in place", True),
+])
+def test_a_split_n_reads_the_weight_where_it_lies_and_computes_the_whole_epilogue(with_bias, act, alpha, residual,
+                                                                                  fp32_out):
+    """N = 250 with K a multiple of 8: the kernel computes D's first 248 columns from B's first rows
+    as they lie (no padded copy of the weight kept), torch's matmul the last two with the same
+    epilogue (bias, activation, alpha, a residual that may be D itself, a float32 D)."""
+    M, N, K = 5, 250, 64
+    fixes = layout_fixes(Layout(M, N, K, "float16"))
+    assert fixes.names == ("split-n",) and fixes.N == 248 and not fixes.copies_weight
+    kernel = EpilogueKernel(act)
+    route = front.Route(kernel, None, "test", "v9", {})
+    g = torch.Generator().manual_seed(3)
+    A, B = torch.randn(M, K, generator=g).half(), torch.randn(N, K, generator=g).half()
+    bias = torch.randn(N, generator=g).half() if with_bias else None
+    d_dtype = torch.float32 if fp32_out else None
+    out = torch.randn(M, N, generator=g).to(d_dtype or torch.float16)
+    C = {None: None, "apart": torch.randn(M, N, generator=g).to(out.dtype), "in place": out}[residual]
+    beta = 0.5 if C is not None else 1.0
+    z = A.float() @ B.float().T * (1.0 if alpha is None else alpha) + (0 if bias is None else bias.float())
+    ref = EpilogueKernel.ACTS[act](z) + (0 if C is None else beta * C.float())
+    D = front.launch_route(route, A, B, out, M, N, K, fixes, bias, alpha, C, beta, d_dtype, act=act)
+    assert D is out
+    torch.testing.assert_close(D.float(), ref, rtol=2e-3, atol=2e-3)
+    assert kernel.weights == [(B.data_ptr(), (248, K))] and not front._B_COPIES
+
+
+def test_a_split_n_fast_launch_reads_the_weight_as_it_is_now():
+    """The fast path's launch of a split N: the kernel handed B's own first rows and a kept D, each
+    call; a weight written in place is read as written (there is no copy to go stale)."""
+    M, N, K = 6, 250, 64
+    kernel = EpilogueKernel()
+    route = front.Route(kernel, None, "test", "v9", {})
+    launch = front.padded_launch(route, M, N, K, layout_fixes(Layout(M, N, K, "float16")))
+    B = torch.randn(N, K).half()
+    kept = []
+    kernel_call = kernel.__call__
+
+    def spy(a, b, out):
+        kept.append(out.data_ptr())
+        kernel_call(a, b, out)
+
+    route.module = spy
+    for step in range(3):
+        if step == 2:
+            B.mul_(-1)
+        A, D = torch.randn(M, K).half(), torch.full((M, N), float("nan")).half()
+        assert launch(A, B, D) is D
+        torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert kernel.weights == [(B.data_ptr(), (248, K))] * 3 and len(set(kept)) == 1 and not front._B_COPIES
+
+
 def test_a_padded_launch_for_a_module_of_another_m_goes_the_checked_way():
     """A module built for a larger M (its rows past M zero): the kept scratch does not apply, the
     launch copies A into the module's rows as the checked path does."""
     kernel = TmaKernel(M=8)
     route = front.Route(kernel, 8, "test", "v9", {})
-    fixes = layout_fixes(Layout(6, 250, 64, "float16"))
-    A, B, D = torch.randn(6, 64).half(), torch.randn(250, 64).half(), torch.empty(6, 250).half()
-    front.padded_launch(route, 6, 250, 64, fixes)(A, B, D)
+    fixes = layout_fixes(Layout(6, 100, 64, "float16"))
+    A, B, D = torch.randn(6, 64).half(), torch.randn(100, 64).half(), torch.empty(6, 100).half()
+    front.padded_launch(route, 6, 100, 64, fixes)(A, B, D)
     torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
-    assert kernel.seen == [((8, 64), (256, 64), (8, 256))]
+    assert kernel.seen == [((8, 64), (104, 64), (8, 104))]
 
 
 def test_torch_linear_writes_a_times_b_transposed_plus_bias_into_out():

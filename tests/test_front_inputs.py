@@ -262,10 +262,11 @@ class _BiasKernel:
         out.copy_((a.float() @ b.float().T + bias.float()).to(out.dtype))
 
 
-@pytest.mark.parametrize("N, K", [(64, 64), (100, 64), (36, 20)])
+@pytest.mark.parametrize("N, K", [(64, 64), (100, 64), (36, 20), (250, 64)])
 def test_a_pack_bias_module_serves_a_bias_call_with_ns_padding(tmp_path, monkeypatch, N, K):
     """The pack's bias module (its entry's spec) serves the bias call; where N is padded for TMA,
-    the bias is padded with zeros like B's rows, and D is cut back to N."""
+    the bias is padded with zeros like B's rows, and D is cut back to N; where N is split (250), the
+    module takes the first 248 values and torch the rest."""
     fixes = layout_fixes(Layout(5, N, K, "float16"))
     blob = b"\1" * 64
     (tmp_path / "b.so").write_bytes(blob)

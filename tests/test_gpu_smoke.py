@@ -192,6 +192,66 @@ def test_matmul_and_op(smoke, tmp_path):
     assert out.stdout.count("SMOKE refused:") == 2 and "SMOKE done" in out.stdout
 
 
+SPLIT = """
+import contextlib, io, torch, gemm_ladder
+from gemm_ladder.serve import front
+torch.manual_seed(0)
+for shape in {shapes!r}:
+    M, N, K = map(int, shape.split("x"))
+    A = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    W = torch.randn(N, K, device="cuda", dtype=torch.float16) / K ** 0.5
+    ref = lambda: A.double() @ W.double().T
+    theirs = (((A @ W.T).double() - ref()).norm() / ref().norm()).item()
+
+    def check(D, name):
+        torch.cuda.synchronize()
+        err = ((D.double() - ref()).norm() / ref().norm()).item()
+        assert not D.isnan().any() and err <= 2 * theirs + 1e-3, (shape, name, err, theirs)
+        print("SMOKE split", shape, name, "rel_err", err, "cublas", theirs)
+
+    poisoned = lambda: torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
+    check(gemm_ladder.matmul(A, W, strict=True), "matmul")
+    for _ in range(2):  # the fast path's launch, into a fresh and into the caller's D
+        check(gemm_ladder.matmul(A, W, strict=True), "again")
+        check(gemm_ladder.matmul(A, W, out=poisoned(), strict=True), "again out=")
+    route = front.route_of(M, N, K, strict=True)
+    assert route.rung == "v9" and route.source == "kernel pack", route.lines
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        gemm_ladder.matmul(A, W, explain=True, strict=True)
+    assert "columns from B as it lies" in said.getvalue() and "kernel: v9" in said.getvalue(), said.getvalue()
+    # in a CUDA graph (ours: no weight copy is made on a replay), replayed after A and W were
+    # written in place: the graph reads the weight as it is now
+    out = poisoned()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gemm_ladder.matmul(A, W, out=out, strict=True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gemm_ladder.matmul(A, W, out=out, strict=True)
+    for step in range(2):
+        A.copy_(torch.randn_like(A))
+        W.mul_(-1)
+        out.fill_(float("nan"))
+        g.replay()
+        check(out, f"graph replay {{step}}")
+    print("SMOKE split route", shape, route.lines[0])
+print("SMOKE split done")
+"""
+
+
+def test_matmul_with_a_split_n(smoke, tmp_path):
+    """N = 1001 with K a multiple of 8: the pack's v9 module on the weight's first 1000 rows as they
+    lie and torch's matmul on the last (strict: ours must serve), eager, through the fast path, and
+    in a CUDA graph replayed after the weight was written in place, against an fp64 reference with
+    the output poisoned first."""
+    out = _script(tmp_path, "split.py", SPLIT.format(shapes=smoke["split_shapes"]), smoke["pack"], strict=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("SMOKE split route") == len(smoke["split_shapes"]) and "SMOKE split done" in out.stdout
+
+
 BIAS = """
 import torch, gemm_ladder, gemm_ladder.serve.ops
 from gemm_ladder.serve import front

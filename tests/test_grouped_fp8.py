@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gemm_ladder
 import gemm_ladder.serve.grouped_ops  # noqa: F401  (registers torch.ops.gemm_ladder.scaled_grouped_mm)
-from gemm_ladder.compile import builder, module_cache, sass
+from gemm_ladder.compile import module_cache, sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec, check_built, spec_of as spec_of_config, spec_of_manifest
 from gemm_ladder.protocol.check import check_config
@@ -29,6 +29,7 @@ from gemm_ladder.serve.grouped_fp8 import check_call, quantize_experts, referenc
 from gemm_ladder.serve.runtime import ModuleInputError
 from gemm_ladder.sm90a import grouped, hgemm_v9, hgemm_v12
 
+from .built import built
 from .grouped_loads import loads_of
 from .test_grouped_pack import IDENT, stand_in_build  # the pack tests' stand-in module (no compile)
 
@@ -86,11 +87,11 @@ def test_v12_fp8_runs_e4m3_wgmma_the_promotion_and_the_scales_without_spills():
     on = make_config("v12", 1000, 1000, 512, experts=5, spec=SPEC)
     off = make_config("v12", 1000, 1000, 512, experts=5, spec=SPEC, promote=0)
     assert [str(p.name) for p in kernel_of(on).params] == ["A", "B", "D", "num_ctas", "scale_a", "scale_b", "offsets"]
-    mod_on = builder.build(kernel_of(on))
+    mod_on = built(on)
     src = mod_on.cuda_source()
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in src and "scale_b_ptr" in src
     try:
-        t_on, t_off = sass.disassemble(mod_on.binary), sass.disassemble(builder.build(kernel_of(off)).binary)
+        t_on, t_off = sass.disassemble(mod_on.binary), sass.disassemble(built(off).binary)
         res = sass.resource_usage(mod_on.binary)
     except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
         pytest.skip(f"no SASS here: {err}")

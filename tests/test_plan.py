@@ -14,7 +14,7 @@ from gemm_ladder.core.provenance import tvm_version
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.core.spec import spec_for, spec_knobs
 from gemm_ladder.serve.plan import Problem, Rule, choose, rule_choice
-from gemm_ladder.serve.tma_layout import Layout, layout_fixes
+from gemm_ladder.serve.tma_layout import SPLIT_N_MIN, Layout, layout_fixes
 from gemm_ladder.rungs import available, make_config
 from gemm_ladder.tune import cache
 from gemm_ladder.serve import tuning_db as db
@@ -375,8 +375,27 @@ def test_layout_pad_k():
 
 
 def test_layout_pad_n():
-    f = layout_fixes(Layout(100, 1001, 4096, out_given=True, out_aligned=False))
-    assert f.names == ("pad-n",) and f.N == 1008
+    f = layout_fixes(Layout(100, 100, 4096, out_given=True, out_aligned=False))
+    assert f.names == ("pad-n",) and f.N == 104 and f.copies_weight
+    f = layout_fixes(Layout(100, 1001, 4100))  # K unaligned too: B's rows need a copy anyway
+    assert f.names == ("pad-k", "pad-n") and (f.N, f.K) == (1008, 4104)
+
+
+@pytest.mark.parametrize("N, dtype, kernel_n", [(1001, "float16", 1000), (50257, "float16", 50256),
+                                                (SPLIT_N_MIN + 1, "bfloat16", SPLIT_N_MIN), (32003, "bfloat16", 32000)])
+def test_layout_split_n_for_a_wide_odd_n_with_k_aligned(N, dtype, kernel_n):
+    """A wide N that is not a multiple of 8, K that is: the kernel computes N rounded down, from the
+    weight as it lies (no copy of it), and explain says torch's matmul takes the rest."""
+    f = layout_fixes(Layout(100, N, 4096, dtype, out_given=True, out_aligned=False))
+    assert f.names == ("split-n",) and f.N == kernel_n and f.K == 4096 and f.split_n and not f.copies_weight
+    assert "torch's matmul" in f.lines()[0] and "slower" in f.lines()[0]
+    narrow = layout_fixes(Layout(100, SPLIT_N_MIN - 1, 4096, dtype))
+    assert narrow.names == ("pad-n",) and narrow.N == SPLIT_N_MIN
+
+
+def test_layout_split_n_with_a_misaligned_weight_clones_it():
+    f = layout_fixes(Layout(7, 50257, 768, b_aligned=False))
+    assert f.names == ("split-n", "copy-b") and f.N == 50256 and f.copies_weight
 
 
 def test_layout_copy_a_and_b():

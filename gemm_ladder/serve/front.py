@@ -37,7 +37,9 @@ beats every kernel of ours by 2%: never slower than cuBLAS), remembered per GPU,
 in ``$GEMM_LADDER_CHOICES`` (default ``<cache>/choices.json``); ``explain`` prints the times.
 Inside capture a weight that needs a padded copy for TMA goes to torch's matmul (the copy would
 be made on every replay) unless the first call timed ours faster with the copy in the graph;
-strict mode keeps ours.
+strict mode keeps ours. A wide N that is not a multiple of 8 with K that is (an LM head of 50257
+rows) needs no copy of the weight: the kernel reads its first rows where they lie, torch's matmul
+the last few (``tma_layout``'s split-n), in graphs too.
 ``GEMM_LADDER_MEASURE=0`` keeps the pack's or the policy's choice; strict mode times ours only.
 
 Loaded modules stay loaded for the life of the process. A call whose shapes, strides, dtypes and
@@ -633,6 +635,7 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
     epilogue = epilogue or Epilogue()
     alpha, C2, beta, d_dtype = epilogue
     plain = alpha is None and C2 is None and d_dtype is None
+    act = spec.act if spec is not None else "none"
     with _LOCK:
         cands = route.candidates
         if not cands or not first_use.can_measure(a):
@@ -654,7 +657,7 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
 
         def measure():  # on a helper thread: its scratch tensors and graphs stay out of any CUDA graph's pool
             d = torch.empty((M, N), dtype=d_dtype or a.dtype, device=a.device)
-            sets = first_use.input_sets(a, b, d, _l2_bytes(index), same_b=bool(fixes.names))
+            sets = first_use.input_sets(a, b, d, _l2_bytes(index), same_b=fixes.copies_weight)
             # a residual of each set's own (the caller's C is only read: D goes to the scratch d)
             c_of = {} if C2 is None else {s[2].data_ptr(): (C2 if i == 0 else C2.clone()) for i, s in enumerate(sets)}
             whole = bool(fixes.names) or (bias is not None and bias.data_ptr() % 16 != 0) or \
@@ -679,7 +682,7 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
                                               c_of.get(z.data_ptr()), beta)
                 elif whole:  # the whole way a call takes
                     call = lambda x, y, z: launch_route(r, x, y, z, M, N, K, fixes, bias, alpha,  # noqa: E731
-                                                        c_of.get(z.data_ptr()), beta, d_dtype)
+                                                        c_of.get(z.data_ptr()), beta, d_dtype, act)
                 else:
                     # checked once per GPU; an MN-major module takes the memory under the views
                     names = [n for n, v in (("bias", bias), ("alpha", alpha), ("C", C2)) if v is not None]
@@ -935,40 +938,47 @@ def _weight_copy(B, Nk: int, Kk: int):
 
 
 def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes, bias=None, alpha=None, C2=None,
-                 beta: float = 1.0, d_dtype=None):
+                 beta: float = 1.0, d_dtype=None, act: str = "none"):
     """Run the route's module on ``A2`` [M, K], ``B`` [N, K] (and ``out2`` [M, N] or None; + ``bias``
     [N], zero-padded like N; ``alpha`` where the spec has it; a residual ``C2`` [M, N] and ``beta``),
     with the copies ``fixes`` asks for and A copied into the rows of a module built for a larger M:
     what :func:`matmul` does once it has checked its tensors and found the route; returns D [M, N]
-    (in ``d_dtype``, default A's)."""
+    (in ``d_dtype``, default A's). A split N's last columns are torch's (:class:`TorchMatmul`, with
+    the epilogue: ``act``, the spec's activation, and the rest)."""
     import torch  # pylint: disable=import-outside-toplevel
 
     Mk = route.module_M if route.module_M is not None else M
     Nk, Kk = fixes.N, fixes.K
+    Nc = min(N, Nk)  # D's columns the kernel computes (all but a split N's last few)
     a, b = A2, B
     # ours takes an MN-major operand (the spec's; A2 or B a transposed view) as the memory under the
     # view; torch's fallback, which has no spec, takes any view
     mn_a, mn_b = takes_stored(route.module)
     operands = {}  # in the spec's order (GemmSpec.epilogue_operands): bias, alpha, C, beta
-    if bias is not None:  # N values, zero-padded to the kernel's N; copied onto a 16-byte boundary
-        operands["bias"] = bias if Nk == N and bias.data_ptr() % 16 == 0 else \
-            torch.nn.functional.pad(bias, (0, Nk - N))
+    if bias is not None:  # the kernel's N values (zero-padded, or the first of a split N); on a 16-byte boundary
+        if Nk < N and bias.data_ptr() % 16 == 0:
+            operands["bias"] = bias[:Nk]
+        else:
+            operands["bias"] = bias if Nk == N and bias.data_ptr() % 16 == 0 else \
+                torch.nn.functional.pad(bias[:Nc], (0, Nk - Nc))
     if alpha is not None:
         operands["alpha"] = alpha
-    if C2 is not None:  # C in the kernel's rows and columns (a copy where padded or misaligned)
+    if C2 is not None:  # C in the kernel's rows and columns (a copy where padded, split or misaligned)
         if Mk == M and Nk == N and C2.data_ptr() % 16 == 0:
             operands["C"] = C2
         else:
             operands["C"] = C2.new_zeros((Mk, Nk))
-            operands["C"][:M, :N] = C2
+            operands["C"][:M, :Nc] = C2[:, :Nc]
         operands["beta"] = beta
     if Mk != M or Kk != K:
         a = A2.new_zeros((Kk, Mk)).t() if mn_a else A2.new_zeros((Mk, Kk))  # in A's own layout
         a[:M, :K] = A2
     elif fixes.copies("copy-a"):
         a = A2.clone()
-    if Nk != N or Kk != K or fixes.copies("copy-b"):
-        b = _weight_copy(B, Nk, Kk)
+    if fixes.copies_weight:
+        b = _weight_copy(B, max(Nk, N), Kk)
+    if Nk < N:  # split: the kernel reads B's first Nk rows where they lie
+        b = b[:Nk]
     a, b = (a.t() if mn_a else a), (b.t() if mn_b else b)
     if Mk == M and Nk == N and not fixes.copies("stage-out"):
         d = out2 if out2 is not None else torch.empty((M, N), dtype=d_dtype or A2.dtype, device=A2.device)
@@ -977,7 +987,14 @@ def launch_route(route: Route, A2, B, out2, M: int, N: int, K: int, fixes: Fixes
     d = torch.empty((Mk, Nk), dtype=d_dtype or A2.dtype, device=A2.device)
     route.run(a, b, d, operands)
     result = out2 if out2 is not None else torch.empty((M, N), dtype=d_dtype or A2.dtype, device=A2.device)
-    result.copy_(d[:M, :N])
+    if Nk >= N:
+        result.copy_(d[:M, :N])
+        return result
+    # split: D's last N - Nk columns by torch (the same epilogue), then both parts into D at once
+    tail = torch.empty((M, N - Nk), dtype=result.dtype, device=A2.device)
+    TorchMatmul(act)(A2, B[Nk:], tail, None if bias is None else bias[Nk:], 1.0 if alpha is None else alpha,
+                     None if C2 is None else C2[:, Nk:], beta)
+    torch.cat((d[:M], tail), dim=1, out=result)
     return result
 
 
@@ -1361,6 +1378,8 @@ class PaddedLaunch:
 
         idx = a.device.index
         where = (idx, torch._C._cuda_getCurrentRawStream(idx) if a.is_cuda else 0)  # pylint: disable=protected-access
+        if self.fixes.split_n:
+            return self._split(a, b, d, where)
         with self.lock:
             kept = self.scratch.get(where)
             if kept is None or kept[0] != a.dtype:
@@ -1383,6 +1402,21 @@ class PaddedLaunch:
                 return d
             route.run(a, padded, d_pad)
             d.copy_(d_view)
+            return d
+
+    def _split(self, a, b, d, where):
+        """A split N (K aligned, the weight read as it lies): the kernel's first ``Nk`` columns into
+        a kept [M, Nk] D, torch's last few, and both into ``d`` by one ``torch.cat``."""
+        import torch  # pylint: disable=import-outside-toplevel
+
+        Nk = self.fixes.N
+        with self.lock:
+            kept = self.scratch.get(where)
+            if kept is None or kept[0] != a.dtype:
+                kept = self.scratch[where] = (a.dtype, a.new_empty((self.M, Nk)))
+            d_main = kept[1]
+            self.route.run(a, b[:Nk], d_main)
+            torch.cat((d_main, torch.mm(a, b[Nk:].t())), dim=1, out=d)
             return d
 
 
@@ -1527,16 +1561,21 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
     epilogue = Epilogue(alpha if alpha != 1.0 else None, C2, beta, d_dtype)
     if route.candidates and route.module_M in (None, M) and first_use.enabled():
         _settle(route, A2, B, M, N, K, fixes, bias, index, epilogue, spec)
-    if (fixes.N != N or fixes.K != K or fixes.copies("copy-b")) and not _strict(strict) and _capturing(A):
+    if fixes.copies_weight and not _strict(strict) and _capturing(A):
         in_graphs = route.module.graphs if isinstance(route.module, ByCapture) else route.module
         if route.candidates or isinstance(in_graphs, TorchMatmul):  # not measured, or torch's kernel won
             route = _weight_as_it_is(act, spec)
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
-    D = launch_route(route, A2, B, out2, M, N, K, fixes, bias, *epilogue)
+    in_use = route.module  # the module this call runs (ByCapture's by capture)
+    if isinstance(in_use, ByCapture):
+        in_use = in_use.graphs if _capturing(A) else in_use.eager
+    # torch's kernel this time (a repeated call keeps the route's fixes: _remember): no copies, no split
+    D = launch_route(route, A2, B, out2, M, N, K, Fixes((), N, K) if isinstance(in_use, TorchMatmul) else fixes,
+                     bias, *epilogue, act=act)
     if not layout_notes and (route.module_M is None or route.module_M == M) and not _capturing(A) \
             and (bias is None or bias.data_ptr() % 16 == 0):
-        if epi is None and fast_spec(spec) and set(fixes.names) <= {"pad-n", "pad-k"}:
+        if epi is None and fast_spec(spec) and set(fixes.names) <= {"pad-n", "pad-k", "split-n"}:
             _remember(A, B, out, route, M, N, K, shape, fixes, bias)
         elif epi is not None and epi is not NOT_FAST and not fixes.names and (C2 is None or C2.data_ptr() % 16 == 0):
             _remember_epilogue(A, B, out, given_bias, epi, route, M, N, K, shape, d_dtype)
