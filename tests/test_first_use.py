@@ -251,6 +251,55 @@ def test_graphs_may_take_another_kernel_than_eager_calls(three, monkeypatch):
     assert isinstance(again.module, front.ByCapture) and again.module.eager.path.name == "mid.so"
 
 
+def test_the_routes_own_module_winning_only_in_graphs_is_kept_for_capture(three, monkeypatch):
+    """torch's call the faster eagerly, the route's own module (m128.so, the pack's exact fit) the
+    faster kernel: capture runs m128.so, eager calls torch (the route adopts torch's eager route and
+    itself for graphs, and must read its own module before it takes torch's)."""
+    fake, _ = _times({"m128.so": 30.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=3:
+                        {"m128.so": 10.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    front.matmul(torch.randn(128, 512).half(), torch.randn(256, 512).half())
+    route = front.route_of(128, 256, 512)
+    assert isinstance(route.module, front.ByCapture) and isinstance(route.module.eager, front.TorchMatmul)
+    assert route.module.graphs.path.name == "m128.so"
+    assert any(line.startswith("under CUDA-graph capture: v") for line in route.lines), route.lines
+
+
+def test_a_split_calls_queued_time_is_its_fast_launchs_and_torch_eagerly_reads_the_weight_whole(three, monkeypatch):
+    """N = 257 (split): first use times ours as queued calls through the fast path's launch (its host
+    side, as a repeated call pays it) and in graphs the whole checked way; where torch's call wins
+    eagerly, a repeated call is F.linear on the tensors as they are (no split)."""
+    seen = {}
+
+    def fake(launches, sets, rounds=first_use.ROUNDS):
+        seen.update({label: type(fn).__name__ for label, fn in launches.items()})
+        return {"m128.so": 30.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0}
+
+    graphed = {}
+
+    def graphs(launches, sets, queued_us, rounds=3):
+        graphed.update({label: type(fn).__name__ for label, fn in launches.items()})
+        return {"m128.so": 10.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0}
+
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(first_use, "time_graphs", graphs)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    A, B = torch.randn(128, 512).half(), torch.randn(257, 512).half()
+    D = front.matmul(A, B)
+    torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert {seen[k] for k in ("m128.so", "mid.so", "low.so")} == {"PaddedLaunch"} and seen["torch"] == "function"
+    assert set(graphed.values()) == {"function"}
+    route = front.route_of(128, 257, 512)
+    assert isinstance(route.module, front.ByCapture) and isinstance(route.module.eager, front.TorchMatmul)
+    launches = route.module.graphs.launches
+    for _ in range(2):  # checked, then the fast path: torch's F.linear on the whole weight
+        A = torch.randn(128, 512).half()
+        torch.testing.assert_close(front.matmul(A, B).float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+    assert route.module.graphs.launches == launches
+
+
 def test_a_tiny_problem_timed_keeps_what_measured_faster_in_graphs(three, monkeypatch):
     """The tiny rule (torch's kernel in graphs) stands where nothing is timed; once timed, the
     measurement decides, and explain no longer says the rule."""
