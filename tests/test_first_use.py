@@ -12,6 +12,7 @@ import torch
 
 from gemm_ladder.serve import first_use, front, kernel_pack
 from gemm_ladder.serve.kernel_pack import KernelPack
+from gemm_ladder.serve.runtime import ModuleInputError
 
 from .test_kernel_pack import _module, _pack
 
@@ -25,6 +26,12 @@ class Named:
     def __call__(self, a, b, out):
         self.launches += 1
         out.copy_((a.float() @ b.float().T).to(out.dtype))
+
+    def launcher(self, a, b, out):
+        """As a module's (``GemmModule.launcher``): B must be the weight it was built for."""
+        if tuple(b.shape) != (256, 512):
+            raise ModuleInputError(f"B has shape {tuple(b.shape)}; this module wants (256, 512)")
+        return self
 
 
 @pytest.fixture
@@ -298,6 +305,29 @@ def test_a_split_calls_queued_time_is_its_fast_launchs_and_torch_eagerly_reads_t
         A = torch.randn(128, 512).half()
         torch.testing.assert_close(front.matmul(A, B).float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
     assert route.module.graphs.launches == launches
+
+
+def test_a_split_call_in_graphs_where_torchs_kernel_won_runs_torch_on_the_whole_weight(three, monkeypatch):
+    """N = 257 (split), ours the faster call and torch's the faster kernel: inside capture the
+    checked path hands torch the tensors as they are (ours, bound to the split weight, never sees
+    the whole one), and ours runs eagerly."""
+    fake, _ = _times({"m128.so": 10.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=3:
+                        {"m128.so": 18.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    A, B = torch.randn(128, 512).half(), torch.randn(257, 512).half()
+    front.matmul(A, B)
+    route = front.route_of(128, 257, 512)
+    assert isinstance(route.module, front.ByCapture) and isinstance(route.module.graphs, front.TorchMatmul)
+    mine = route.module.eager
+    for capturing, ours in ((True, 0), (False, 1)):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        monkeypatch.setattr(front, "_capturing", lambda a, c=capturing: c)
+        before = mine.launches
+        A = torch.randn(128, 512).half()
+        torch.testing.assert_close(front.matmul(A, B).float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+        assert mine.launches - before == ours
 
 
 def test_a_tiny_problem_timed_keeps_what_measured_faster_in_graphs(three, monkeypatch):

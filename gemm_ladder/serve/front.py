@@ -1586,11 +1586,12 @@ def matmul(A, B, out=None, explain: bool = False, strict: bool | None = None, bi
             route = _weight_as_it_is(act, spec)
     if isinstance(route.module, TorchMatmul):  # torch takes any layout: no copies for TMA
         fixes = Fixes((), N, K)
-    in_use = route.module  # the module this call runs (ByCapture's by capture)
-    if isinstance(in_use, ByCapture):
-        in_use = in_use.graphs if _capturing(A) else in_use.eager
-    # torch's kernel this time (a repeated call keeps the route's fixes: _remember): no copies, no split
-    D = launch_route(route, A2, B, out2, M, N, K, Fixes((), N, K) if isinstance(in_use, TorchMatmul) else fixes,
+    run = route
+    if isinstance(route.module, ByCapture):  # the module this call runs, by capture
+        in_use = route.module.graphs if _capturing(A) else route.module.eager
+        if isinstance(in_use, TorchMatmul):  # torch's kernel this time: on the tensors as they are, no split
+            run = Route(in_use, None, route.source, "torch", {})
+    D = launch_route(run, A2, B, out2, M, N, K, Fixes((), N, K) if run is not route else fixes,
                      bias, *epilogue, act=act)
     if not layout_notes and (route.module_M is None or route.module_M == M) and not _capturing(A) \
             and (bias is None or bias.data_ptr() % 16 == 0):
