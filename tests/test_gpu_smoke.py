@@ -214,12 +214,12 @@ for shape in {shapes!r}:
     for _ in range(2):  # the fast path's launch, into a fresh and into the caller's D
         check(gemm_ladder.matmul(A, W, strict=True), "again")
         check(gemm_ladder.matmul(A, W, out=poisoned(), strict=True), "again out=")
-    route = front.route_of(M, N, K, strict=True)
-    assert route.rung == "v9" and route.source == "kernel pack", route.lines
+    route = front.route_of(M, N, K, strict=True)  # a module of the pack (first use picks among them)
+    assert route.rung in ("v9", "v11") and route.source == "kernel pack", route.lines
     said = io.StringIO()
     with contextlib.redirect_stderr(said):
         gemm_ladder.matmul(A, W, explain=True, strict=True)
-    assert "columns from B as it lies" in said.getvalue() and "kernel: v9" in said.getvalue(), said.getvalue()
+    assert "columns from B as it lies" in said.getvalue() and "source: kernel pack" in said.getvalue(), said.getvalue()
     # in a CUDA graph (ours: no weight copy is made on a replay), replayed after A and W were
     # written in place: the graph reads the weight as it is now
     out = poisoned()
@@ -243,7 +243,7 @@ print("SMOKE split done")
 
 
 def test_matmul_with_a_split_n(smoke, tmp_path):
-    """N = 1001 with K a multiple of 8: the pack's v9 module on the weight's first 1000 rows as they
+    """N = 1001 with K a multiple of 8: the pack's modules on the weight's first 1000 rows as they
     lie and torch's matmul on the last (strict: ours must serve), eager, through the fast path, and
     in a CUDA graph replayed after the weight was written in place, against an fp64 reference with
     the output poisoned first."""
