@@ -227,6 +227,17 @@ def test_a_module_serving_outside_its_range_is_timed_against_torch_too(three, mo
     assert route.rung == "torch" and "faster than every kernel of ours" in "\n".join(route.lines)
 
 
+def _first_call(monkeypatch, queued, kernels, A, B):
+    """Time the first call of A . B^T with ``queued`` (us as queued calls) and ``kernels`` (us in
+    graphs) standing in for the measurements, outside capture; the route it leaves."""
+    fake, _ = _times(queued)
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=3: dict(kernels))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    front.matmul(A, B)
+    return front.route_of(A.shape[0], B.shape[0], B.shape[1])
+
+
 def test_graphs_may_take_another_kernel_than_eager_calls(three, monkeypatch):
     """Ours has the shorter host path, cuBLAS's kernel may be the faster: eager calls run the
     queued winner, calls inside CUDA-graph capture the kernel winner; remembered both."""
@@ -262,13 +273,9 @@ def test_the_routes_own_module_winning_only_in_graphs_is_kept_for_capture(three,
     """torch's call the faster eagerly, the route's own module (m128.so, the pack's exact fit) the
     faster kernel: capture runs m128.so, eager calls torch (the route adopts torch's eager route and
     itself for graphs, and must read its own module before it takes torch's)."""
-    fake, _ = _times({"m128.so": 30.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0})
-    monkeypatch.setattr(first_use, "time_launches", fake)
-    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=3:
-                        {"m128.so": 10.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0})
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    front.matmul(torch.randn(128, 512).half(), torch.randn(256, 512).half())
-    route = front.route_of(128, 256, 512)
+    route = _first_call(monkeypatch, {"m128.so": 30.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0},
+                        {"m128.so": 10.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0},
+                        torch.randn(128, 512).half(), torch.randn(256, 512).half())
     assert isinstance(route.module, front.ByCapture) and isinstance(route.module.eager, front.TorchMatmul)
     assert route.module.graphs.path.name == "m128.so"
     assert any(line.startswith("under CUDA-graph capture: v") for line in route.lines), route.lines
@@ -311,14 +318,9 @@ def test_a_split_call_in_graphs_where_torchs_kernel_won_runs_torch_on_the_whole_
     """N = 257 (split), ours the faster call and torch's the faster kernel: inside capture the
     checked path hands torch the tensors as they are (ours, bound to the split weight, never sees
     the whole one), and ours runs eagerly."""
-    fake, _ = _times({"m128.so": 10.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0})
-    monkeypatch.setattr(first_use, "time_launches", fake)
-    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=3:
-                        {"m128.so": 18.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0})
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    A, B = torch.randn(128, 512).half(), torch.randn(257, 512).half()
-    front.matmul(A, B)
-    route = front.route_of(128, 257, 512)
+    B = torch.randn(257, 512).half()
+    route = _first_call(monkeypatch, {"m128.so": 10.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0},
+                        {"m128.so": 18.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0}, torch.randn(128, 512).half(), B)
     assert isinstance(route.module, front.ByCapture) and isinstance(route.module.graphs, front.TorchMatmul)
     mine = route.module.eager
     for capturing, ours in ((True, 0), (False, 1)):
