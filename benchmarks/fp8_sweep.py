@@ -117,15 +117,24 @@ CONFIGS = {
                         "stagger": True},
     "m192_p2": {"blk_m": 192, "num_warpgroups": 3, "promote": 2},
     "ov4_c1x2_st": {"overlap": 4, "cluster_m": 1, "cluster_n": 2, "stagger": True},
+    # 128x256 tiles with the promotion in halves (fp8.py's halves): each group's wgmmas as two 128-wide
+    # groups into one 64-register set, each half added into its half of the total before the other is issued
+    "n256_h": {"blk_n": 256, "halves": True},
+    "n256_h_c1x2": {"blk_n": 256, "halves": True, "cluster_m": 1, "cluster_n": 2},
+    "n256_h_c1x1": {"blk_n": 256, "halves": True, "cluster_m": 1},
+    "n256_h_p2": {"blk_n": 256, "halves": True, "promote": 2},
+    "n256_h_p2_c1x2": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1, "cluster_n": 2},
 }
-# shape -> the configs timed there. The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
+# shape -> the configs timed there. The third run (benchmarks/results/2026-11-26_h100_fp8_wide/) timed the
+# 192x128 tiles; this list times the 128x256 tiles promoted in halves beside each shape's policy config.
+# The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
 # tile, clusters, ``overlap`` and ``stagger``: ov4 best past M = 128 (0.94-0.98x torch), 128x256 without
 # the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
 # tiles over three consumers.
 SWEEP = {
-    "4096^3": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
-    "8192^3": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
-    "4096x7168x16384": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
+    "4096^3": ("ov4", "n256_p0", "n256_h", "n256_h_c1x2", "n256_h_c1x1", "n256_h_p2"),
+    "8192^3": ("m192_c1x2", "n256_h", "n256_h_c1x2", "n256_h_p2", "n256_h_p2_c1x2"),
+    "4096x7168x16384": ("m192_c1x2", "n256_h", "n256_h_c1x2", "n256_h_p2_c1x2"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
@@ -179,18 +188,20 @@ BLOCK_CONFIGS = {
     "tensor_policy": {"recipe": "tensor", "overlap": 4},
     "tensor_policy_wide": {"recipe": "tensor", **{k: v for k, v in serve_plan.FP8_WIDE_KNOBS.items() if k != "promote"}},
     "tensor_policy_small": {"recipe": "tensor", **SMALL_M},
+    # 128x256 tiles promoted in halves (fp8.py's halves), each half scaled by its own B block
+    "n256_h": {"blk_n": 256, "halves": True},
+    "n256_h_c1x2": {"blk_n": 256, "halves": True, "cluster_m": 1, "cluster_n": 2},
 }
 # shape -> the configs timed there. The first run (c7cf3e4, benchmarks/results/2026-11-26_h100_fp8_block_overlap/)
 # timed the overlap, clusters and ring depths: overlap=4 best past M = 128 (0.82-0.92x torch's block-wise), the
 # small-M knobs with overlap=2 at M = 128 (1.15x); a second (e6edcac) timed the scale loads pinned a slice ahead
-# as plain ld.global (3-7% slower: the knob is gone). This list is the policy's configs (ov4; sm_ov2 at small M)
-# beside the scales staged in shared memory by the producer's TMA (``stage_scales``, the ``_ss`` configs).
+# as plain ld.global (3-7% slower: the knob is gone); a third (benchmarks/results/2026-11-26_h100_fp8_block_staged_fix/)
+# the scales staged in shared memory by the producer's TMA (``stage_scales``, the ``_ss`` configs, now the
+# policy's). This list is the policy's ov4_ss beside the 128x256 tiles promoted in halves.
 BLOCK_SWEEP = {
-    "4096x7168x16384": ("ov4", "ov2_ss", "ov4_ss", "ov8_ss"),
-    "4096^3": ("ov4", "ov8", "ov4_ss", "ov8_ss"),
-    "8192^3": ("ov4", "ov4_ss", "ov8_ss"),
-    "4096x4096x7168": ("ov4", "ov4_ss", "ov8_ss"),
-    "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
+    "4096x7168x16384": ("ov4_ss", "n256_h", "n256_h_c1x2"),
+    "4096^3": ("ov4_ss", "n256_h", "n256_h_c1x2"),
+    "8192^3": ("ov4_ss", "n256_h", "n256_h_c1x2"),
 }
 BLOCK_PEER = {label: "tensor_policy_small" if M <= 128 else "tensor_policy_wide" if serve_plan.fp8_wide(M, N, 132, "tensor")
               else "tensor_policy" for label, M, N, _ in BLOCK_SHAPES}
@@ -244,10 +255,11 @@ ODD_M = (1, 333)  # extra rows a staged-scales module is checked at: its 1-D sca
 
 def odd_m_cases(plan: dict) -> list[tuple[str, int]]:
     """(module, M) checks beyond the shapes' M for every module that stages its block scales
-    (``stage_scales``): one row, and an M that is no multiple of 4 (scale_a's K blocks then start
-    off a 16-byte boundary) or of a tile; a module that fails one is not timed."""
+    (``stage_scales``) or promotes in halves (``halves``): one row, and an M that is no multiple of 4
+    (scale_a's K blocks then start off a 16-byte boundary) or of a tile; a module that fails one is
+    not timed."""
     return [(name, m) for name, entry in sorted(plan["modules"].items())
-            if entry.get("knobs", {}).get("stage_scales") for m in ODD_M]
+            if entry.get("knobs", {}).get("stage_scales") or entry.get("knobs", {}).get("halves") for m in ODD_M]
 
 
 def build_knobs(entry: dict) -> dict:

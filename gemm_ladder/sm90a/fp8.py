@@ -133,6 +133,36 @@ def stagger(cfg: GemmConfig) -> bool:
     return bool(dict(cfg.extra).get("stagger", False)) if enabled(cfg) and promote(cfg) else False
 
 
+def halves(cfg: GemmConfig) -> bool:
+    """Whether the consumers issue each promotion group as two half-width wgmma groups into one
+    half-size accumulator set (knob ``halves``, :class:`HalfPlan`), each half promoted into its
+    half of the total before the other is issued: a 128x256 tile's promotion in 128 + 64
+    registers a thread where two full sets would take 256."""
+    return bool(dict(cfg.extra).get("halves", False)) if enabled(cfg) and promote(cfg) else False
+
+
+@dataclass(frozen=True)
+class HalfPlan(HopperPlan):
+    """The wgmma of one half of a tile's columns (knob ``halves``): ``m64n{blk_n/2}k32`` into
+    ``blk_n / 4`` accumulators a thread an atom. Half ``h``'s sums are the fragment of columns
+    ``h * blk_n/2 ..`` of the whole tile's, so they add into the total's registers
+    ``h * blk_n/4 ..`` of each atom (a fragment's register ``r`` holds column ``8 (r // 4) + ..``);
+    its B rows start ``b_offset16`` 16-byte units into the ring slot."""
+
+    @property
+    def n_regs(self) -> int:
+        return self.cfg.blk_n // 4
+
+    @property
+    def n_cols(self) -> int:
+        return self.cfg.blk_n // 2
+
+    @property
+    def b_offset16(self) -> int:
+        """16-byte units from a slot's B tile to its row ``blk_n / 2`` (the second half's)."""
+        return self.desc_b.offset16(rows=self.cfg.blk_n // 2)
+
+
 def staged(cfg: GemmConfig) -> bool:
     """Whether the producer stages each K block's scales in shared memory with its A and B tiles
     (knob ``stage_scales``, block scales only: :class:`StagedScales`) instead of every consumer
@@ -182,6 +212,9 @@ def check(cfg: GemmConfig) -> None:
     if dict(cfg.extra).get("stage_bulk", False) and not enabled(cfg):
         raise ConfigError("stage_bulk=True with a 16-bit spec: it copies fp8 block scales (with stage_scales=True); "
                           "drop stage_bulk")
+    if dict(cfg.extra).get("halves", False) and not enabled(cfg):
+        raise ConfigError("halves=True with a 16-bit spec: it splits fp8's promotion groups (a 16-bit tile has no "
+                          "promotion); drop halves")
     if not enabled(cfg):
         return
     extra = dict(cfg.extra)
@@ -203,9 +236,18 @@ def check(cfg: GemmConfig) -> None:
     runs = extra.get("overlap", 0)
     _check_overlap(cfg, every, runs)
     _check_stagger(cfg, every, runs)
+    _check_halves(cfg, every, runs)
     regs = role_registers(cfg.num_warpgroups)
     budget = regs.consumer or regs.entry
     acc = HopperPlan(cfg).acc_regs
+    if halves(cfg):
+        need = acc + acc // 2 + LOOP_REGS
+        if need > budget:
+            raise ConfigError(f"halves=True holds {acc} promoted sums and {acc // 2} tensor-core accumulators a "
+                              f"thread for a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer(s), "
+                              f"{need} registers with addresses and loop state, over the {budget} a consumer may "
+                              "hold; use blk_n=256 with blk_m=128 and two consumers")
+        return
     sets = 2 if runs else 1  # tensor-core accumulator sets
     need = acc * (sets + (1 if every else 0)) + LOOP_REGS
     if need > budget:
@@ -216,6 +258,26 @@ def check(cfg: GemmConfig) -> None:
             f"registers with addresses and loop state, over the {budget} a consumer may hold; use "
             + ("overlap=0, or blk_n=128 (blk_m=128, two consumers)" if runs else
                "blk_n=128 (blk_m=128, two consumers)" + (", or promote=0" if every else "")))
+
+
+def _check_halves(cfg: GemmConfig, every: int, runs: int) -> None:
+    """``halves`` splits each promotion group's wgmmas into two half-width groups with one
+    accumulator set between them: it needs a promotion, no second set (``overlap``) and no stagger,
+    and with block scales each half one B block (blk_n = 256). Every blk_n v9 takes (64-256) halves
+    into whole 8-column wgmmas with a multiple of 4 accumulators a thread."""
+    if not dict(cfg.extra).get("halves", False):
+        return
+    fix = "use halves=True with promote=1, overlap=0, stagger=False and blk_n=256, or halves=False"
+    if not every:
+        raise ConfigError(f"halves=True with promote=0: the halves are promoted one after the other, and without "
+                          f"a promotion there is nothing to add them into; {fix}")
+    if runs or dict(cfg.extra).get("stagger"):
+        raise ConfigError(f"halves=True with overlap={runs}, stagger={bool(dict(cfg.extra).get('stagger'))}: the "
+                          f"halves take turns in one accumulator set, built without a second set or an offset; "
+                          f"{fix}")
+    if recipe(cfg) == "block" and cfg.blk_n != 2 * BLOCK:
+        raise ConfigError(f"halves=True with block scales and blk_n={cfg.blk_n}: each half takes one B block's "
+                          f"scale at its promotion, so a half must be one {BLOCK}-column block; {fix}")
 
 
 def _check_stagger(cfg: GemmConfig, every: int, runs: int) -> None:
@@ -341,6 +403,12 @@ class BlockScales:
         """``total[r] (=|+=) acc[r] * scale_a * scale_b`` with register set ``scale_set``'s scales."""
         _promote_block(self, total, acc, first, scale_set * self.per_slice(self.plan))
 
+    def promote_half(self, total, acc, half: "HalfPlan", h: int, scale_set: int) -> None:
+        """Knob ``halves``: half ``h``'s sums ``acc`` into its registers of ``total``
+        (:class:`HalfPlan`), each times its row's A scale and B block ``h``'s scale from register
+        set ``scale_set``."""
+        _promote_half_block(self, total, acc, half, h, scale_set * self.per_slice(self.plan))
+
 
 @T.inline
 def _load_block(bs, m0, n0, kb, base):
@@ -377,6 +445,17 @@ def _promote_block(bs, total, acc, first, base):
     else:
         for r in T.unroll(bs.plan.acc_regs):
             total[r] = total[r] + acc[r] * (bs.sreg[base + a_scale_slot(r, NR)] * bs.sreg[MA + b_scale_slot(r, NR)])
+
+
+@T.inline
+def _promote_half_block(bs, total, acc, half, h, base):
+    NR = T.meta_var(bs.plan.acc_stride)
+    NH = T.meta_var(half.n_regs)
+    B = T.meta_var(base + 2 * bs.plan.m_atoms + h)
+    for mi in T.unroll(bs.plan.m_atoms):
+        for r in T.unroll(NH):
+            total[mi * NR + h * NH + r] = total[mi * NR + h * NH + r] + acc[mi * NH + r] * (
+                bs.sreg[base + 2 * mi + (r % 4) // 2] * bs.sreg[B])
 
 
 @T.inline

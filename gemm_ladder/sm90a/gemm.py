@@ -61,7 +61,7 @@ from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
 from ..sync.classes import NAMED_BARRIERS_ATTR, MBarrier, TMABar
-from ..core.config import GemmConfig
+from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
 from . import common, epilogue, fp8, narrowtail, splitk, streamk
 from .common import HopperPlan, SwapPlan
@@ -220,6 +220,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
     at_promotion = fp8.at_promotion(cfg)  # fp8 block scales: applied as each K block is promoted
     total_regs = acc_regs if promote else 1  # the promoted sums (one unused register without)
     overlap = fp8.overlap(cfg)  # fp8: promotion groups between drains, in two accumulator sets (0: one set)
+    halves = fp8.halves(cfg)  # fp8: each group's wgmmas as two half-width groups into one half-size set
+    if halves and (preset.swap_ab or preset.split_k or type(plan) is not HopperPlan):
+        raise ConfigError(f"halves=True on {preset.name}: the halves are built for the whole-tile K loop of "
+                          "v9's own plan (no swap AB, no split K); use halves=False")
     scale_regs = fp8.scale_regs(plan) if scaled else 1
     stage_scales = fp8.staged(cfg)  # fp8 block scales: staged in the ring by the producer's TMA, read from there
     residual = bool(spec_of(cfg).residual)  # + beta . C, C loaded into the staging buffers
@@ -347,9 +351,12 @@ def kernel(cfg: GemmConfig, preset: Preset):
             c = T.meta_var(wg_id - 1)  # this consumer
             wtid = T.meta_var(warp_id * 32 + lane_id)
             wg_row0 = T.meta_var(c * rows_per_wg)  # its rows of a_smem (of N under swap AB)
-            Dreg = T.alloc_local((acc_regs,), "float32")
+            # with halves the tensor cores' accumulators hold one half of the tile (fp8.HalfPlan)
+            Dreg = T.alloc_local((acc_regs // 2 if halves else acc_regs,), "float32")
             desc_a = T.alloc_local((1,), "uint64")
             desc_b = T.alloc_local((1,), "uint64")
+            if halves:
+                desc_b_half = T.alloc_local((1,), "uint64")  # at B's second half of rows
             packed = T.alloc_local((4,), "uint32")
             if residual:
                 c_pairs = T.alloc_local((4,), "uint32")  # one ldmatrix of C
@@ -371,7 +378,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg,
                                       scales=block_scales, overlap=overlap, acc2=Dreg2 if overlap > 0 else None,
-                                      stagger=fp8.stagger(cfg), consumer=c))
+                                      stagger=fp8.stagger(cfg), consumer=c,
+                                      halves=fp8.HalfPlan(cfg) if halves else None,
+                                      desc_b_half=desc_b_half if halves else None))
             if preset.epilogue == "transposed":
                 epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                     warp_id=warp_id, lane_id=lane_id, packed=packed))

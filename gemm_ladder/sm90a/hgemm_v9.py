@@ -170,8 +170,9 @@ MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] thro
 # odd consumers' groups offset by half a group or run (the consumers' drains take turns)
 FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "stagger": False, "stage_scales": False}
 # knobs taken anywhere, kept only away from their defaults (``rungs.make_config``: the tags and cache
-# keys of other modules stay as they were): fp8 block scales staged by plain bulk copies (fp8.stage_bulk)
-OPTIONAL_KNOBS = {"stage_bulk": False, "stage_bulk_split": False}
+# keys of other modules stay as they were): fp8 block scales staged by plain bulk copies (fp8.stage_bulk),
+# fp8's promotion groups in two half-width wgmma groups (fp8.halves: a 128x256 tile with its promotion)
+OPTIONAL_KNOBS = {"stage_bulk": False, "stage_bulk_split": False, "halves": False}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 # knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
 # FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop

@@ -301,6 +301,90 @@ def _run_block_overlapped(mma, it, nk, m0, n0):
 
 
 @T.inline
+def _half_slices(mma, it, k0, count, h, desc_b):
+    """Half ``h`` of slices ``k0 .. k0 + count`` (their slots full: half 0 waits for each) into
+    fresh accumulators, one commit group, drained before the sums are read."""
+    for j in T.unroll(count):
+        if h == 0:
+            mma.ring.wait_full(it + k0 + j)
+        T.ptx.wgmma.fence.sync.aligned()
+        mma_k_slot(mma.halves, mma.acc, mma.ring.slot(it + k0 + j), j == 0, mma.desc_a, desc_b,
+                   slot_step16(mma.a_smem), slot_step16(mma.b_smem))
+    T.ptx.wgmma.commit_group.sync.aligned()
+    T.ptx.wgmma.wait_group.sync.aligned(0)
+
+
+@T.inline
+def _promote_half(mma, h):
+    """Half ``h``'s sums into its registers of the total (``fp8.HalfPlan``)."""
+    NR = T.meta_var(mma.plan.acc_stride)
+    NH = T.meta_var(mma.halves.n_regs)
+    for mi in T.unroll(mma.plan.m_atoms):
+        for r in T.unroll(NH):
+            mma.total[mi * NR + h * NH + r] = mma.total[mi * NR + h * NH + r] + mma.acc[mi * NH + r]
+
+
+def _halves_group(mma, it, k0, count, scale_set=0) -> None:
+    """One promotion group in halves (knob ``halves``): half 0's wgmmas, drained and added into
+    its half of the total, then half 1's from the same slots (B ``blk_n / 2`` rows on), whose slots
+    go back once they retired, then its adds. With block scales (one slice a group) each half is
+    scaled by its own B block and the rows' A scales of register set ``scale_set``. While one
+    consumer drains and adds, the other's wgmmas keep the tensor cores busy."""
+    _half_slices(mma, it, k0, count, 0, mma.desc_b)
+    if mma.scales is not None:
+        mma.scales.promote_half(mma.total, mma.acc, mma.halves, 0, scale_set)
+    else:
+        _promote_half(mma, 0)
+    _half_slices(mma, it, k0, count, 1, mma.desc_b_half)
+    _release_slots(mma, it + k0, count)
+    if mma.scales is not None:
+        mma.scales.promote_half(mma.total, mma.acc, mma.halves, 1, scale_set)
+    else:
+        _promote_half(mma, 1)
+
+
+@T.inline
+def _release_slots(mma, pos, count):
+    if mma.lane_id == 0:
+        for j in T.unroll(count):
+            mma.ring.release(pos + j)
+
+
+@T.inline
+def _encode_halves(mma):
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    mma.desc_b_half[0] = mma.desc_b[0] + T.Cast("uint64", mma.halves.b_offset16)
+    _zero_total(mma)
+
+
+@T.inline
+def _run_halves(mma, it, nk):
+    """A tile's K loop in halves: whole groups of ``promote`` slices, then the rest."""
+    groups = T.meta_var(nk // mma.promote)
+    rest = T.meta_var(nk % mma.promote)
+    _encode_halves(mma)
+    for g in T.serial(groups):
+        _halves_group(mma, it, g * mma.promote, mma.promote)
+    if rest > 0:
+        _halves_group(mma, it, groups * mma.promote, rest)
+
+
+@T.inline
+def _run_block_halves(mma, it, nk, m0, n0):
+    """Block scales in halves: one slice a group, K block k + 1's scales loaded into the other
+    register set while slice k runs (as :func:`_run_block_scaled`)."""
+    _encode_halves(mma)
+    mma.scales.load(m0, n0, 0, 0)
+    for p in T.serial(nk // 2):
+        mma.scales.load(m0, n0, 2 * p + 1, 1)
+        _halves_group(mma, it, 2 * p, 1, 0)
+        mma.scales.load(m0, n0, T.min(2 * p + 2, nk - 1), 0)  # the last turn of an even nk reloads its own
+        _halves_group(mma, it, 2 * p + 1, 1, 1)
+    if nk % 2 == 1:
+        _halves_group(mma, it, nk - 1, 1, 0)
+
+
+@T.inline
 def _retire(mma, it, nk):
     T.ptx.wgmma.wait_group.sync.aligned(0)
     if mma.lane_id == 0:
@@ -349,6 +433,8 @@ class Consumer:
     acc2: object = None  # float32[acc_regs] local: the second set (with overlap)
     stagger: bool = False  # fp8: odd consumers' promotion groups start half a group (or run) later
     consumer: object = 0  # this consumer's index (with stagger)
+    halves: object = None  # fp8.HalfPlan: each group's wgmmas in two half-width groups (acc holds a half), or None
+    desc_b_half: object = None  # uint64[1] local: slot 0's descriptor of b_smem at the second half's rows
 
     @property
     def sums(self):
@@ -378,7 +464,18 @@ class Consumer:
         under the next one's wgmmas (:func:`_overlapped_groups`), ``overlap`` groups between two
         drains; with ``stagger``, odd consumers cut their groups half a group (or run) later
         (:func:`_run_staggered`)."""
-        if self.scales is not None:
+        if self.halves is not None:
+            if not self.promote or not isinstance(num_slices, int) or self.desc_b_half is None:
+                raise ValueError("Consumer.run with halves needs a promotion, a fixed number of slices and the "
+                                 "second half's descriptor register (desc_b_half); fp8.check refuses the knobs")
+            if self.scales is not None:
+                if m0 is None or n0 is None or self.promote != 1:
+                    raise ValueError("Consumer.run with halves and block scales needs promote=1 and the tile's m0 "
+                                     "and n0")
+                _run_block_halves(self, pos, num_slices, m0, n0)
+            else:
+                _run_halves(self, pos, num_slices)
+        elif self.scales is not None:
             if m0 is None or n0 is None or self.promote != 1 or not isinstance(num_slices, int):
                 raise ValueError("Consumer.run with block scales needs promote=1, a fixed number of slices and the "
                                  "tile's m0 and n0 (fp8.check refuses the knobs; a schedule that runs such a tile "
