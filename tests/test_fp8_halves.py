@@ -91,7 +91,6 @@ def test_the_barrier_checker_passes_the_promotion_in_halves(K, recipe, knobs):
 @pytest.mark.parametrize("knobs, words", [
     ({"promote": 0}, "halves=True with promote=0: .* use halves=True with promote=1"),
     ({"overlap": 4}, "halves=True with overlap=4"),
-    ({"promote": 4, "stagger": True}, "halves=True with overlap=0, stagger=True"),
     ({"halves": 1}, "halves=1 is an int, not a bool"),
 ])
 def test_halves_that_do_not_build_are_refused_with_the_fix(knobs, words):

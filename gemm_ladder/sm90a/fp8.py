@@ -262,19 +262,17 @@ def check(cfg: GemmConfig) -> None:
 
 def _check_halves(cfg: GemmConfig, every: int, runs: int) -> None:
     """``halves`` splits each promotion group's wgmmas into two half-width groups with one
-    accumulator set between them: it needs a promotion, no second set (``overlap``) and no stagger,
-    and with block scales each half one B block (blk_n = 256). Every blk_n v9 takes (64-256) halves
+    accumulator set between them: it needs a promotion and no second set (``overlap``), and with block scales each half one B block (blk_n = 256). Every blk_n v9 takes (64-256) halves
     into whole 8-column wgmmas with a multiple of 4 accumulators a thread."""
     if not dict(cfg.extra).get("halves", False):
         return
-    fix = "use halves=True with promote=1, overlap=0, stagger=False and blk_n=256, or halves=False"
+    fix = "use halves=True with promote=1, overlap=0 and blk_n=256, or halves=False"
     if not every:
         raise ConfigError(f"halves=True with promote=0: the halves are promoted one after the other, and without "
                           f"a promotion there is nothing to add them into; {fix}")
-    if runs or dict(cfg.extra).get("stagger"):
-        raise ConfigError(f"halves=True with overlap={runs}, stagger={bool(dict(cfg.extra).get('stagger'))}: the "
-                          f"halves take turns in one accumulator set, built without a second set or an offset; "
-                          f"{fix}")
+    if runs:
+        raise ConfigError(f"halves=True with overlap={runs}: the halves take turns in one accumulator set, built "
+                          f"without a second set; {fix}")
     if recipe(cfg) == "block" and cfg.blk_n != 2 * BLOCK:
         raise ConfigError(f"halves=True with block scales and blk_n={cfg.blk_n}: each half takes one B block's "
                           f"scale at its promotion, so a half must be one {BLOCK}-column block; {fix}")

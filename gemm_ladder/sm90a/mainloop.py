@@ -358,15 +358,29 @@ def _encode_halves(mma):
 
 
 @T.inline
-def _run_halves(mma, it, nk):
-    """A tile's K loop in halves: whole groups of ``promote`` slices, then the rest."""
-    groups = T.meta_var(nk // mma.promote)
-    rest = T.meta_var(nk % mma.promote)
+def _run_halves(mma, it, nk, staggered):
+    """A tile's K loop in halves: a staggered consumer's half group first (``promotion_cuts``),
+    whole groups of ``promote`` slices, then the rest."""
+    lead, groups, whole, tail = T.meta_var(promotion_cuts(nk, mma.promote, 0, staggered))
+    first = T.meta_var(sum(lead))
+    rest = T.meta_var(sum(tail))
     _encode_halves(mma)
+    if first > 0:
+        _halves_group(mma, it, 0, first)
     for g in T.serial(groups):
-        _halves_group(mma, it, g * mma.promote, mma.promote)
+        _halves_group(mma, it, first + g * mma.promote, mma.promote)
     if rest > 0:
-        _halves_group(mma, it, groups * mma.promote, rest)
+        _halves_group(mma, it, first + groups * mma.promote, rest)
+
+
+@T.inline
+def _run_halves_staggered(mma, it, nk):
+    """``stagger`` in halves: odd consumers cut their groups half a group later (as
+    :func:`_run_staggered`), so their drains fall between the even consumers'."""
+    if mma.consumer % 2 == 0:
+        _run_halves(mma, it, nk, False)
+    else:
+        _run_halves(mma, it, nk, True)
 
 
 @T.inline
@@ -473,8 +487,10 @@ class Consumer:
                     raise ValueError("Consumer.run with halves and block scales needs promote=1 and the tile's m0 "
                                      "and n0")
                 _run_block_halves(self, pos, num_slices, m0, n0)
+            elif self.stagger:
+                _run_halves_staggered(self, pos, num_slices)
             else:
-                _run_halves(self, pos, num_slices)
+                _run_halves(self, pos, num_slices, False)
         elif self.scales is not None:
             if m0 is None or n0 is None or self.promote != 1 or not isinstance(num_slices, int):
                 raise ValueError("Consumer.run with block scales needs promote=1, a fixed number of slices and the "
