@@ -129,6 +129,8 @@ CONFIGS = {
     "n256_h_p4_st": {"blk_n": 256, "halves": True, "promote": 4, "stagger": True},
     "n256_h_p2_c1x2_st": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1, "cluster_n": 2,
                           "stagger": True},
+    "n256_h_p2_c1x1": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1},
+    "n256_h_p2_c1x1_st": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1, "stagger": True},
 }
 # shape -> the configs timed there. The third run (benchmarks/results/2026-11-26_h100_fp8_wide/) timed the
 # 192x128 tiles; this list times the 128x256 tiles promoted in halves beside each shape's policy config.
@@ -137,10 +139,10 @@ CONFIGS = {
 # the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
 # tiles over three consumers.
 SWEEP = {
-    "4096^3": ("ov4", "n256_p0", "n256_h", "n256_h_p2", "n256_h_p2_st", "n256_h_p4", "n256_h_p4_st"),
-    "8192^3": ("m192_c1x2", "n256_p0", "n256_h_p2", "n256_h_p2_st", "n256_h_p4", "n256_h_p4_st",
-               "n256_h_p2_c1x2_st"),
-    "4096x7168x16384": ("m192_c1x2", "n256_h_p2", "n256_h_p2_st", "n256_h_p4_st", "n256_h_p2_c1x2_st"),
+    "4096^3": ("ov4", "n256_p0", "n256_h", "n256_h_p2", "n256_h_p2_c1x2", "n256_h_p2_c1x2_st", "n256_h_p2_c1x1",
+               "n256_h_p2_c1x1_st"),
+    "8192^3": ("m192_c1x2", "n256_h_p2", "n256_h_p2_c1x2", "n256_h_p2_c1x2_st", "n256_h_p2_c1x1_st"),
+    "4096x7168x16384": ("m192_c1x2", "n256_h_p2", "n256_h_p2_c1x2", "n256_h_p2_c1x2_st"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

@@ -303,15 +303,24 @@ def _run_block_overlapped(mma, it, nk, m0, n0):
 @T.inline
 def _half_slices(mma, it, k0, count, h, desc_b):
     """Half ``h`` of slices ``k0 .. k0 + count`` (their slots full: half 0 waits for each) into
-    fresh accumulators, one commit group, drained before the sums are read."""
+    fresh accumulators, a commit group a slice, drained before the sums are read. Half 1 is each
+    slot's last reader: a slot goes back once its half-1 wgmmas retired (``wait_group(1)`` after the
+    next slice's are issued), the last after the drain."""
     for j in T.unroll(count):
         if h == 0:
             mma.ring.wait_full(it + k0 + j)
         T.ptx.wgmma.fence.sync.aligned()
         mma_k_slot(mma.halves, mma.acc, mma.ring.slot(it + k0 + j), j == 0, mma.desc_a, desc_b,
                    slot_step16(mma.a_smem), slot_step16(mma.b_smem))
-    T.ptx.wgmma.commit_group.sync.aligned()
+        T.ptx.wgmma.commit_group.sync.aligned()
+        if h == 1 and j > 0:
+            T.ptx.wgmma.wait_group.sync.aligned(1)
+            if mma.lane_id == 0:
+                mma.ring.release(it + k0 + j - 1)
     T.ptx.wgmma.wait_group.sync.aligned(0)
+    if h == 1:
+        if mma.lane_id == 0:
+            mma.ring.release(it + k0 + count - 1)
 
 
 @T.inline
@@ -326,8 +335,8 @@ def _promote_half(mma, h):
 
 def _halves_group(mma, it, k0, count, scale_set=0) -> None:
     """One promotion group in halves (knob ``halves``): half 0's wgmmas, drained and added into
-    its half of the total, then half 1's from the same slots (B ``blk_n / 2`` rows on), whose slots
-    go back once they retired, then its adds. With block scales (one slice a group) each half is
+    its half of the total, then half 1's from the same slots (B ``blk_n / 2`` rows on), each slot
+    back once its half-1 wgmmas retired, then its adds. With block scales (one slice a group) each half is
     scaled by its own B block and the rows' A scales of register set ``scale_set``. While one
     consumer drains and adds, the other's wgmmas keep the tensor cores busy."""
     _half_slices(mma, it, k0, count, 0, mma.desc_b)
@@ -336,18 +345,10 @@ def _halves_group(mma, it, k0, count, scale_set=0) -> None:
     else:
         _promote_half(mma, 0)
     _half_slices(mma, it, k0, count, 1, mma.desc_b_half)
-    _release_slots(mma, it + k0, count)
     if mma.scales is not None:
         mma.scales.promote_half(mma.total, mma.acc, mma.halves, 1, scale_set)
     else:
         _promote_half(mma, 1)
-
-
-@T.inline
-def _release_slots(mma, pos, count):
-    if mma.lane_id == 0:
-        for j in T.unroll(count):
-            mma.ring.release(pos + j)
 
 
 @T.inline
