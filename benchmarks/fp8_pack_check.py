@@ -28,6 +28,7 @@ About 1-2 minutes on an H100 (an estimate until its first run); DIR about 2 MiB.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import statistics
@@ -60,10 +61,25 @@ def case_name(N: int, K: int, recipe: str, bias) -> str:
     return f"{recipe}_{N}x{K}" + ("_bias" if bias else "")
 
 
-def cases() -> list[dict]:
+def weight_arg(text: str) -> tuple:
+    """``--weights``: a comma-separated subset of :data:`WEIGHTS` as NxK (a smaller pack, built sooner)."""
+    chosen = []
+    for part in text.split(","):
+        try:
+            N, K = (int(x) for x in part.strip().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not NxK; use for example 3008x1024") from None
+        if (N, K) not in WEIGHTS:
+            raise argparse.ArgumentTypeError(f"{part!r} is not one of this check's weights "
+                                             f"({', '.join(f'{n}x{k}' for n, k in WEIGHTS)})")
+        chosen.append((N, K))
+    return tuple(chosen)
+
+
+def cases(weights=WEIGHTS) -> list[dict]:
     """Every correctness case (weight x recipe x bias x M), and the timed ones (no bias, one M each)."""
     out = []
-    for (N, K) in WEIGHTS:
+    for (N, K) in weights:
         for recipe in RECIPES:
             for bias in BIASES:
                 for M in CHECK_MS:
@@ -100,23 +116,23 @@ def make_row(case: dict, times: dict | None, checks: list[dict]) -> dict:
 
 
 # -- prepare (build box) -------------------------------------------------------------------------
-def prepare(out) -> int:
+def prepare(out, weights=WEIGHTS) -> int:
     # the build layer: this box's TVM compiler
     from gemm_ladder.serve import kernel_pack  # pylint: disable=import-outside-toplevel
 
     out = Path(out)
     files.open_folder(out)
-    man = kernel_pack.build_pack(out / PACK, [], [kernel_pack.FP8_INPUT], sms=132, weights=list(WEIGHTS),
+    man = kernel_pack.build_pack(out / PACK, [], [kernel_pack.FP8_INPUT], sms=132, weights=list(weights),
                                  epilogues=("none", "bias"), fp8_scales=RECIPES, fp8_out=("bfloat16",),
-                                 request={"weights": [f"{N}x{K}" for N, K in WEIGHTS], "dtypes": ["float8_e4m3"],
+                                 request={"weights": [f"{N}x{K}" for N, K in weights], "dtypes": ["float8_e4m3"],
                                           "by": "benchmarks/fp8_pack_check.py"})
     failed = [r for r in man["results"] if r["status"] == "failed"]
     for r in failed:
         print(f"failed: {r['file']}: {r.get('detail')}", file=sys.stderr)
-    files.write_json(out / PLAN_FILE, {"format": FORMAT, "cases": cases()})
+    files.write_json(out / PLAN_FILE, {"format": FORMAT, "cases": cases(weights)})
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len({e['file'] for e in man['modules']})} modules, {size / 2**20:.1f} MiB in {out}; "
-          f"{len(cases())} cases")
+          f"{len(cases(weights))} cases")
     return 1 if failed else 0
 
 
@@ -172,7 +188,7 @@ def check_all(folder) -> list[dict]:
 
     # the child imports this script by name: benchmarks/ on its path
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
-    todo = [item(c) for c in cases()]
+    todo = [item(c) for c in _plan(folder)["cases"]]  # the cases prepare wrote (its --weights)
     results = isolate.run_batch("fp8_pack_check:check_case", todo, [str(folder)], timeout=CHECK_TIMEOUT,
                                 explain=False)
     out = []
@@ -229,7 +245,7 @@ def run(folder, out) -> int:
     try:
         checks = check_all(folder)
         _use_pack(str(folder))
-        for case in (c for c in cases() if c["timed"]):
+        for case in (c for c in _plan(folder)["cases"] if c["timed"]):
             row = make_row(case, None, checks)
             if row["correct"]:
                 timed = time_case(case)
@@ -251,11 +267,12 @@ def run(folder, out) -> int:
 
 
 def main(argv=None) -> int:
-    p, _, _, _ = check_cli.subcommands(__doc__, "build box: the fp8 pack and the cases",
-                                       "GPU box: check scaled_mm from the pack, then time it against torch._scaled_mm",
-                                       "fp8_pack_check.json")
+    p, pr, _, _ = check_cli.subcommands(__doc__, "build box: the fp8 pack and the cases",
+                                        "GPU box: check scaled_mm from the pack, then time it against torch._scaled_mm",
+                                        "fp8_pack_check.json")
+    pr.add_argument("--weights", type=weight_arg, default=WEIGHTS, help="NxK,...: a subset of the weights")
     a = p.parse_args(argv)
-    return prepare(a.out) if a.cmd == "prepare" else run(a.folder, a.out)
+    return prepare(a.out, a.weights) if a.cmd == "prepare" else run(a.folder, a.out)
 
 
 if __name__ == "__main__":

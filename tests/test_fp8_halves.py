@@ -116,3 +116,24 @@ def test_halves_off_leaves_the_module_as_it_was():
 def test_halves_on_a_16_bit_tile_is_refused():
     with pytest.raises(ConfigError, match="halves=True with a 16-bit spec"):
         make_config("v9", 4096, 4096, 4096, dtype="bfloat16", halves=True)
+
+
+def test_a_packs_halves_module_with_a_bias_has_a_file_name_the_file_system_takes():
+    """Its knobs spelt out make a ~270-character tag, past the 255 bytes of a file name (the first pack
+    build of one failed with "File name too long"): the stem keeps the tag's start and a digest of the
+    whole, within what the module and its manifest (".so.json") may take; distinct configs keep distinct
+    names, short tags stay as they are."""
+    from gemm_ladder.compile.batch import BuildJob
+    from gemm_ladder.core import files
+    from gemm_ladder.serve.kernel_pack import _name
+
+    knobs = {"blk_n": 256, "halves": True, "promote": 2, "dynamic_m": True,
+             "spec": GemmSpec.fp8("bfloat16", "tensor", "bfloat16")}
+    tag = make_config("v9", 256, 3008, 1024, **knobs).tag()
+    assert len(tag) > files.NAME_MAX - len(".so.json")
+    stem = _name(BuildJob("v9", (256, 3008, 1024), knobs), True)
+    assert len((stem + ".so.json").encode()) <= files.NAME_MAX and stem.startswith("v9_anyMx3008x1024")
+    other = _name(BuildJob("v9", (256, 3008, 1024), {**knobs, "promote": 1}), True)
+    assert other != stem
+    plain = make_config("v9", 256, 3008, 1024).tag()
+    assert files.module_stem(plain) == plain

@@ -63,16 +63,17 @@ def _call(M=64, N=48, K=32, recipe="row", bias=None):
 
 
 def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_database():
-    """M up to FP8_SMALL_M (one row of tiles) takes the small-M knobs, larger M the large ones, and many
-    waves the wide tiles (fp8-wide); block scales their own two ranges."""
+    """M up to FP8_SMALL_M (one row of tiles) takes the small-M knobs, larger M the large ones or the wide
+    tiles (fp8-wide), many waves 128x256 in halves (fp8-halves); block scales their own two ranges."""
     spec = GemmSpec.fp8("bfloat16", "row")
     choices = {M: plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, spec)) for M in (1, 64, 128, 129,
-                                                                                                      333, 8192)}
+                                                                                                      333, 1536, 8192)}
     assert {M: c.rule for M, c in choices.items()} == {1: "fp8-small-m", 64: "fp8-small-m", 128: "fp8-small-m",
-                                                       129: "fp8", 333: "fp8", 8192: "fp8-wide"}
-    assert len({json.dumps(c.knobs, sort_keys=True) for c in choices.values()}) == 3
+                                                       129: "fp8", 333: "fp8", 1536: "fp8-wide", 8192: "fp8-halves"}
+    assert len({json.dumps(c.knobs, sort_keys=True) for c in choices.values()}) == 4
     assert choices[333].knobs["overlap"] == 4 and choices[64].knobs["blk_n"] == 64
-    assert choices[8192].knobs["blk_m"] == 192 and choices[8192].knobs["num_warpgroups"] == 3
+    assert choices[1536].knobs["blk_m"] == 192 and choices[1536].knobs["num_warpgroups"] == 3
+    assert choices[8192].knobs["blk_n"] == 256 and choices[8192].knobs["halves"] is True
     assert all(plan.FP8_NO_DB in c.skipped for c in choices.values())
     block = GemmSpec.fp8("bfloat16", "block")
     # block scales: the same two ranges, their own knobs (overlap=2 at small M, 4 past it)
@@ -85,10 +86,11 @@ def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_databas
 
 
 def test_a_weights_fp8_pack_is_the_modules_scaled_mm_would_build():
-    """A weight's M buckets get one runtime-M module a rule (small M, the rest, many waves), each with the knobs
-    scaled_mm builds with at an M of its range: a pack and a build here share entries of the module cache."""
+    """A weight's M buckets get one runtime-M module a rule (small M, the rest, the wide tiles, 128x256 in
+    halves), each with the knobs scaled_mm builds with at an M of its range: a pack and a build here share
+    entries of the module cache."""
     items = kernel_pack.plan_pack([], [E4M3], sms=132, weights=[(4096, 7168)], fp8_scales=("row",))
-    assert len(items) == 3 and all(i["dynamic_m"] for i in items)
+    assert len(items) == 4 and all(i["dynamic_m"] for i in items)
     ranges = sorted(run["m_range"] for i in items for run in i["served"])
     assert ranges[0][0] == 1 and ranges[0][1] <= plan.FP8_SMALL_M < ranges[1][0] and ranges[-1][1] == 16384
     ident = {"tvm_version": "0.27.0.post1", "compiler": "nvrtc 13.0", "sources": "s"}
@@ -222,10 +224,11 @@ def test_the_cli_plans_fp8_modules_and_refuses_fp8_knobs_without_fp8():
     out = _cli("--weights", "4096x7168", "--dtypes", f"bfloat16,{E4M3}", "--fp8-scales", "row", "--dry-run")
     assert out.returncode == 0, out.stderr
     fp8_rows = [line for line in out.stdout.splitlines() if "float8_e4m3 row -> bfloat16" in line]
-    # the M ranges of three runtime-M modules: the small-M rule's, the 128x128 one's and the wide tiles'
-    # (plan.FP8_RULES; the last two take turns as the waves fill)
+    # the M ranges of four runtime-M modules: the small-M rule's, the 128x128 one's, the wide tiles' and the
+    # 128x256 tiles in halves (plan.FP8_RULES; the last three take turns as the waves fill)
     rules = {r.split()[-2] for r in fp8_rows}
-    assert rules == {"fp8-small-m", "fp8", "fp8-wide"} and any(f" 1..{plan.FP8_SMALL_M} " in r for r in fp8_rows), out.stdout
+    assert rules == {"fp8-small-m", "fp8", "fp8-wide", "fp8-halves"}, out.stdout
+    assert any(f" 1..{plan.FP8_SMALL_M} " in r for r in fp8_rows), out.stdout
     assert any("..16384" in r and "fp8-wide" in r for r in fp8_rows), out.stdout
     bad = _cli("--weights", "4096x7168", "--fp8-scales", "row", "--dry-run")
     assert bad.returncode == 2 and "add --dtypes float8_e4m3" in bad.stderr

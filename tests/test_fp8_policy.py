@@ -18,7 +18,7 @@ def test_the_policys_knobs_validate_at_every_shape_scaled_mm_takes(recipe, N, K)
     spec = GemmSpec.fp8("bfloat16", recipe)
     for M in (1, 77, plan.FP8_SMALL_M, plan.FP8_SMALL_M + 1, 1000, 8192):
         choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
-        large = "fp8-wide" if plan.fp8_wide(M, N) else "fp8"
+        large = {"wide": "fp8-wide", "halves": "fp8-halves", "square": "fp8"}.get(plan.fp8_tile(M, N))
         assert choice.rule == ("fp8-small-m" if M <= plan.FP8_SMALL_M else large), (M, choice.skipped)
         assert {k: v for k, v in choice.knobs.items() if k in plan.fp8_knobs(M, N, K, recipe)} == \
             plan.fp8_knobs(M, N, K, recipe)
@@ -51,25 +51,34 @@ def test_the_block_policy_rests_on_its_sweep_and_explain_names_it():
     assert small.rule == "fp8-block-small-m" and "1.31x torch._scaled_mm block-wise" in small.text()
     assert plan.fp8_knobs(128, 4096, 7168, "block")["stage_scales"] is True
     assert plan.fp8_knobs(128, 4096, 7168, "tensor") == plan.FP8_SMALL_KNOBS  # no overlap at small M per-tensor
-    text = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8())).text()
+    text = plan.rule_choice(plan.Problem(129, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8())).text()
     assert "fp8_sweep" in text and f"every {plan.FP8_PROMOTE} slice(s)" in text and "overlap=4" in text
 
 
-def test_many_waves_of_per_tensor_fp8_take_192_row_tiles_over_three_consumers():
-    """The wide tiles where their waves, weighed by their measured rate, use the SMs better: 8192^3 and
-    larger, not 4096^3 (its sixth wave nearly empty), nor small M; per-tensor and rowwise scales, not
-    block scales (they need overlap's registers); the rule cites its sweep."""
+def test_many_waves_of_per_tensor_fp8_take_the_tile_that_fills_them_best():
+    """Past small M, per-tensor and rowwise scales take the tile whose waves, weighed by its measured
+    rate, use the SMs best: 128x256 in halves at 4096^3 (512 tiles, 3.9 waves), 192x128 over three
+    consumers at 8192^3 (2752 tiles, 20.8 waves); not block scales (they keep 128x128); each rule cites its
+    sweep."""
     spec = GemmSpec.fp8("bfloat16", "tensor")
     wide = plan.rule_choice(plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, spec))
     assert wide.rule == "fp8-wide" and wide.knobs["blk_m"] == 192 and wide.knobs["num_warpgroups"] == 3
     assert "2026-11-26_h100_fp8_wide" in wide.text() and (Path(__file__).resolve().parents[1] / plan.FP8_WIDE_RESULTS).is_file()
-    assert plan.rule_choice(plan.Problem(4096, 4096, 4096, "bfloat16", "sm_90a", 132, spec)).rule == "fp8"
+    halves = plan.rule_choice(plan.Problem(4096, 4096, 4096, "bfloat16", "sm_90a", 132, spec))
+    assert halves.rule == "fp8-halves" and halves.knobs["blk_n"] == 256 and halves.knobs["halves"] is True
+    assert halves.knobs["promote"] == plan.FP8_HALVES_PROMOTE == 2
+    assert "2026-11-27_h100_fp8_halves" in halves.text()
+    assert (Path(__file__).resolve().parents[1] / plan.FP8_HALVES_RESULTS).is_file()
     assert plan.rule_choice(plan.Problem(16384, 16384, 4096, "bfloat16", "sm_90a", 132, spec)).rule == "fp8-wide"
-    assert not plan.fp8_wide(128, 65536) and not plan.fp8_wide(4096, 4096) and not plan.fp8_wide(8192, 8192, recipe="block")
+    assert plan.fp8_tile(129, 7168) == "square" and plan.fp8_tile(128, 65536) == "small"
+    assert plan.fp8_tile(8192, 8192, recipe="block") == "square"
     row = plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "row"))
     assert plan.rule_choice(row).rule == "fp8-wide" and plan.rule_choice(row).knobs["blk_m"] == 192
     block = plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "block"))
-    assert plan.rule_choice(block).knobs.get("blk_m") is None
-    # the waves decide: 4096^3's 704 wide tiles use 6 waves of 128 SMs at 89% (128x128: 8 waves at 100%),
-    # 7 waves of 112 SMs at 87% (128x128: 10 waves at 91%), and 0.87 x 1.11 > 0.91
-    assert not plan.fp8_wide(4096, 4096, sms=128) and plan.fp8_wide(4096, 4096, sms=112)
+    assert plan.rule_choice(block).knobs.get("blk_m") is None and "halves" not in plan.rule_choice(block).knobs
+    # the waves decide: 8192^3's 2048 halves tiles take 16 waves of 132 SMs at 97%, its 2752 wide tiles 21 at
+    # 98.5%; on 128 SMs the halves fill 16 waves whole and the wide ones 22 at 97.7%
+    assert plan.fp8_wide(8192, 8192, sms=132) and plan.fp8_halves(8192, 8192, sms=128)
+    # 4096 x 1000 rows: 8 x 16 halves tiles are one wave of 132 SMs (97%) but two of 112 (57%), where the
+    # 6 x 32 wide tiles fill two waves of 112 at 86%
+    assert plan.fp8_halves(1000, 4096, sms=132) and plan.fp8_wide(1000, 4096, sms=112)

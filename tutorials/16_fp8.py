@@ -232,10 +232,27 @@ teach_fp8.show_measured()
 # - 4096^3: 4% slower. Its 704 tiles fill 5.3 waves of 132 SMs, and the sixth wave runs a third full.
 #
 # Row scales, applied in the epilogue as the tensor's are, gain the same: 1.02-1.03x torch's rowwise
-# `_scaled_mm` against 0.94x. So the policy for both weighs each tile's waves by the measured rate
-# (`plan.fp8_wide`):
+# `_scaled_mm` against 0.94x.
+#
+# ## 128x256 tiles, promoted in halves
+#
+# The registers allow a 128x256 tile after all, if the promotion does not keep a whole second array.
+# Issue each promotion group's wgmmas as two 128-column groups (`m64n128k32`, the second half's B
+# descriptor 128 rows further) into one 64-register set, and add each half into its half of the total
+# before issuing the other (knob `halves`): 128 sums and 64 accumulators a thread. A fragment's
+# register `r` holds column `8 (r // 4) + ...`, so half `h`'s accumulator `r` is the total's register
+# `h * 64 + r`, nothing to shuffle. Each half drains the consumer's tensor-core queue before its adds;
+# the other consumer's wgmmas fill that gap.
+#
+# On two H100s (`benchmarks/results/2026-11-27_h100_fp8_halves/`), promoted every 2 slices (256 of K,
+# at torch's error to K = 16384): **1.03-1.05x `torch._scaled_mm` at 4096^3**, where 128x128 with
+# `overlap=4` ran 0.93-0.995x; 1.02x at 4096x7168x16384; level with the wide tiles at 8192^3. Every
+# slice drains twice as often (3-4% slower); every 4 slices holds all four ring stages through both
+# halves, and the producer waits (0.70x).
+#
+# So the policy weighs the three tiles' waves by their measured rates (`plan.fp8_tile`):
 
 # %%
 for M, N in ((4096, 4096), (8192, 8192), (4096, 7168)):
     problem = plan.Problem(M, N, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "tensor"))
-    print(f"{M}x{N}:", plan.fp8_wide(M, N), plan.rule_choice(problem).rule, plan.fp8_knobs(M, N, 8192, "tensor"))
+    print(f"{M}x{N}:", plan.fp8_tile(M, N), plan.rule_choice(problem).rule, plan.fp8_knobs(M, N, 8192, "tensor"))

@@ -23,6 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..core import files
 from ..core.records import Map, Obj, RecordError, read_json
 
 TWIN_SECONDS = 2  # the bound each wait of a twin gets
@@ -78,7 +79,7 @@ def build_twin(path, out_dir=None, seconds: float = TWIN_SECONDS) -> Path:
     seconds = int(seconds) if float(seconds).is_integer() else seconds  # watchdog2, not watchdog2.0
     mod = build(rung, M, N, K, **knobs, watchdog=seconds)  # explicit knobs: no tuning lookup
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="gemm_ladder_watchdog_"))
-    return mod.export(out_dir / f"{mod.cfg.tag()}.so")
+    return mod.export(out_dir / f"{files.module_stem(mod.cfg.tag())}.so")
 
 
 def twins(folder, seconds: float = TWIN_SECONDS) -> list[Path]:

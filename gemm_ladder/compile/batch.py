@@ -61,7 +61,7 @@ def build_one(job_and_dir) -> dict:
         return {"rung": job.rung, "shape": list(job.shape), "knobs": job.knobs, "status": "refused",
                 "detail": str(err)}
     mod.extra.update(job.extra or {})
-    path = Path(out_dir) / f"{job.name or mod.cfg.tag()}.so"
+    path = Path(out_dir) / f"{job.name or files.module_stem(mod.cfg.tag())}.so"
     mod.export(path)
     return {"file": path.name, "status": "built", **read_manifest(path)}
 

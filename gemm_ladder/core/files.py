@@ -154,6 +154,20 @@ def missing(path) -> str:
 NAME_MAX = 255  # bytes of one file name on Linux's file systems
 
 
+STEM_MOST = 200  # characters of a module's file stem: "<stem>.so.json" (its manifest) stays within NAME_MAX
+
+
+def module_stem(tag: str) -> str:
+    """A module's file stem from its config tag (every knob spelt out): the tag itself, or, past
+    :data:`STEM_MOST` characters (an fp8 128x256 module with a bias and the promotion in halves spells
+    out to ~270, over the 255 bytes of a file name), its first characters and a digest of the whole, so
+    distinct configs keep distinct names."""
+    if len(tag.encode()) <= STEM_MOST:
+        return tag
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:16]
+    return f"{tag.encode()[:STEM_MOST - 17].decode(errors='ignore')}_{digest}"
+
+
 def _temp_beside(path: Path) -> Path:
     # hidden (tools skip dotfiles), unique per process, same suffix (TVM picks the format by it); a
     # name that would pass NAME_MAX (a module's, its knobs spelt out, is up to ~245 bytes) by a hash of it

@@ -381,7 +381,7 @@ def _name(job, dynamic: bool) -> str:
     from ..rungs import make_config  # pylint: disable=import-outside-toplevel
 
     tag = make_config(job.rung, *job.shape, **job.knobs).tag()
-    return tag.replace(f"_{job.shape[0]}x", "_anyMx", 1) if dynamic else tag
+    return files.module_stem(tag.replace(f"_{job.shape[0]}x", "_anyMx", 1) if dynamic else tag)
 
 
 def weight_buckets(N: int, K: int) -> tuple[int, ...]:

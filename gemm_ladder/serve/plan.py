@@ -481,17 +481,48 @@ FP8_WIDE_KNOBS = {"promote": FP8_PROMOTE, "blk_m": 192, "num_warpgroups": 3, "cl
 FP8_WIDE_RATE = 1.11  # 192x128's rate over ov4's 128x128 with whole waves: 1315 / 1180 TFLOPS at 8192^3
 
 
-def fp8_wide(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> bool:
-    """Whether fp8 at M x N with ``recipe``'s scales takes FP8_WIDE_KNOBS: per-tensor or rowwise scales
-    past FP8_SMALL_M, where 192x128 tiles' share of their waves' SM time, times FP8_WIDE_RATE, is above
-    128x128 tiles' share of theirs."""
-    if recipe not in ("tensor", "row") or M <= FP8_SMALL_M:
-        return False
+# Per-tensor and row scales: 128x256 tiles over two consumers with the promotion in halves (fp8.py's
+# ``halves``: each group's wgmmas as two 128-wide groups into one 64-register set, each half added into its
+# half of the total before the other is issued: 128 sums + 64 accumulators a thread where two whole sets
+# would take 256), every 2 slices (256 of K: within 1.01x torch._scaled_mm's error to K = 16384; every
+# slice drains twice as often, 4-5% slower; every 4 slices holds the whole 4-stage ring, 0.70x), 2x1
+# clusters (1x2, 1x1 and staggered consumers: slower or not steadily faster over two machines). Measured
+# (FP8_HALVES_RESULTS, five runs on two H100s): 1235-1328 TFLOPS at 4096^3, 1.03-1.05x torch._scaled_mm
+# (ov4: 0.93-0.995x); 1300-1317 at 4096x7168x16384, 0.94-1.02x (the wide tiles 0.88-0.95x); level with the
+# wide tiles at 8192^3 (1266-1300 against 1280-1317). Its rate with whole waves is the wide tiles' (both
+# FP8_WIDE_RATE over ov4's): fp8_tile weighs the three tiles' waves by their rates.
+FP8_HALVES_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_halves/README.md"
+FP8_HALVES_PROMOTE = 2  # slices of 128 of K between promotions in halves
+FP8_HALVES_KNOBS = {"promote": FP8_HALVES_PROMOTE, "blk_n": 256, "halves": True}
+FP8_HALVES_RATE = FP8_WIDE_RATE  # 128x256 in halves over ov4's 128x128 with whole waves (level with 192x128)
+
+
+def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
+    """The tile fp8 at M x N with ``recipe``'s scales takes: ``small`` up to FP8_SMALL_M, ``square``
+    (128x128, ov4) for block scales, and for per-tensor or rowwise scales the one of ``square``, ``wide``
+    (192x128 over three consumers) and ``halves`` (128x256 promoted in halves) whose share of its waves'
+    SM time, times its measured rate, is highest (ties: in that order)."""
+    if M <= FP8_SMALL_M:
+        return "small"
+    if recipe not in ("tensor", "row"):
+        return "square"
     p = Problem(M, N, 1, sms=sms)
 
     def used(bm: int, bn: int) -> float:
         return M * N / (p.waves(bm, bn) * sms * bm * bn)
-    return used(192, 128) * FP8_WIDE_RATE > used(128, 128)
+    score = {"square": used(128, 128), "wide": used(192, 128) * FP8_WIDE_RATE,
+             "halves": used(128, 256) * FP8_HALVES_RATE}
+    return max(score, key=score.get)
+
+
+def fp8_wide(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> bool:
+    """Whether fp8 at M x N with ``recipe``'s scales takes FP8_WIDE_KNOBS (:func:`fp8_tile`)."""
+    return fp8_tile(M, N, sms, recipe) == "wide"
+
+
+def fp8_halves(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> bool:
+    """Whether fp8 at M x N with ``recipe``'s scales takes FP8_HALVES_KNOBS (:func:`fp8_tile`)."""
+    return fp8_tile(M, N, sms, recipe) == "halves"
 
 
 FP8_BLOCK_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_block_overlap/README.md"
@@ -504,9 +535,8 @@ def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
     """v9's knobs for a scaled e4m3 GEMM (``scaled_mm``'s): the policy above, by M, N and the recipe."""
     if recipe == "block":
         return dict(FP8_BLOCK_SMALL_KNOBS if M <= FP8_SMALL_M else FP8_BLOCK_LARGE_KNOBS)
-    if fp8_wide(M, N, sms, recipe):
-        return dict(FP8_WIDE_KNOBS)
-    return dict(FP8_SMALL_KNOBS if M <= FP8_SMALL_M else FP8_LARGE_KNOBS)
+    return dict({"small": FP8_SMALL_KNOBS, "square": FP8_LARGE_KNOBS, "wide": FP8_WIDE_KNOBS,
+                 "halves": FP8_HALVES_KNOBS}[fp8_tile(M, N, sms, recipe)])
 
 
 def _fp8(p: Problem, block: bool) -> bool:
@@ -542,6 +572,15 @@ FP8_RULES: list[Rule] = [
              f"their waves, weighed by their measured rate ({FP8_WIDE_RATE}x), use the SMs better",
          evidence=FP8_WIDE_RESULTS + ": 1243-1348 TFLOPS at 8192^3, 0.98-1.07x torch._scaled_mm (128x128 with "
                   "overlap=4: 1144-1180); rowwise 1245-1259, 1.02-1.03x (128x128: 0.94x)"),
+    Rule("fp8-halves", "sm_90a", "v9", when=lambda p: _fp8(p, False) and fp8_halves(p.M, p.N, p.sms, p.spec.scales),
+         knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
+         why="per-tensor or rowwise fp8 where 128x256 tiles fill their waves best: two consumers of 64x256, each "
+             f"promotion group (every {FP8_HALVES_PROMOTE} slices of 128 of K) issued as two 128-wide wgmma groups "
+             "into one 64-register set, each half added into its half of the fp32 total before the other is issued "
+             "(halves=True), 2x1 clusters: half the operand traffic a product of 128x128",
+         evidence=FP8_HALVES_RESULTS + ": 1235-1328 TFLOPS, 1.03-1.05x torch._scaled_mm at 4096^3 (128x128 with "
+                  "overlap=4: 0.93-0.995x), 1300-1317, 0.94-1.02x at 4096x7168x16384 (192x128: 0.88-0.95x); "
+                  "the error within 1.01x torch's to K = 16384"),
     Rule("fp8", "sm_90a", "v9", when=lambda p: _fp8(p, False), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why=f"an fp8 GEMM: v9's e4m3 kernel (128x128 tiles over two consumers, wgmma k32), the tensor cores' "
              f"sums promoted into fp32 every {FP8_PROMOTE} slice(s) of 128 of K (within {FP8_ERROR} of "

@@ -77,13 +77,31 @@ parts of it:
   by plain ``cp.async.bulk`` (no tensor map: 4.4% faster than the tensor copies in the probe run),
   each guarded by its exact bound, the tensor copy where a box would run past the scale tensor.
 
+- the promotion in halves (knob ``halves``, :class:`HalfPlan`): with the promotion a 128x256 tile
+  over two consumers needs 128 tensor-core sums and 128 promoted sums a thread, over the 232 a
+  consumer may hold. In halves each promotion group's wgmmas are issued as two ``m64n128k32``
+  groups (the tile's first and last 128 columns, the second from a descriptor 128 B rows further)
+  into one 64-register set; each half is drained and added into its half of the total (a
+  fragment's register ``r`` holds column ``8 (r // 4) + ..``, so half h's are the total's
+  ``h * 64 ..``) before the other is issued, and a slot goes back once its second half's
+  wgmmas retired (``mainloop._halves_group``): 128 + 64 registers, half the operand traffic a
+  product of 128x128. While one consumer drains and adds, the other's wgmmas keep the tensor cores
+  busy. Block scales take each half's own B block at its adds (:meth:`BlockScales.promote_half`).
+  Measured (``benchmarks/results/2026-11-27_h100_fp8_halves/``): promoted every 2 slices,
+  1.03-1.05x ``torch._scaled_mm`` at 4096^3 (128x128 with ``overlap=4``: 0.93-0.995x), 2-4% below
+  the same tile unpromoted; every slice 3-4% slower, every 4 slices 0.70x (a group then holds all
+  four ring stages through both halves, and the producer waits).
+
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
-``overlap``) within the consumer's registers; ``overlap`` and ``stagger`` need a promotion (and
-``stagger`` two consumers, groups or runs of two or more, and no block scales); block scales also
-need ``promote=1``, no ``k_zigzag`` (the slices must land in K order), a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks) and an even
+``overlap``, one and a half with ``halves``) within the consumer's registers; ``overlap``,
+``stagger`` and ``halves`` need a promotion (and ``stagger`` two consumers, groups or runs of two
+or more, and no block scales; ``halves`` no ``overlap``, and with block scales blk_n = 256, a B
+block a half); block scales also need ``promote=1``, no ``k_zigzag`` (the slices must land in K
+order), a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks) and an even
 ``overlap`` (a run ends on the scale set it began with); ``stage_scales`` needs block scales and
-``overlap``; ``stage_bulk`` needs ``stage_scales``.
+``overlap``; ``stage_bulk`` needs ``stage_scales``. ``halves`` is built on v9's own K loop only (no
+swap AB, no split K: ``gemm.kernel`` refuses it there).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..core import device
+from ..core import device, files
 from ..measure import isolate
 
 
@@ -26,7 +26,7 @@ def check_and_time(built, reps: int = 50, seeds=(0, 1), timeout: float = 300.0, 
     process (``isolate.run_isolated``); print one line per job and return both results.
     ``strict``: a wrong, crashing or hanging kernel raises AssertionError (the notebook stops)."""
     folder = Path(folder or tempfile.mkdtemp(prefix="gemm_ladder_teach_"))
-    path = built.export(folder / f"{built.cfg.tag()}.so")
+    path = built.export(folder / f"{files.module_stem(built.cfg.tag())}.so")
     check = isolate.run_isolated("check", path, *seeds, timeout=timeout)
     print(f"check {built.cfg.tag()}: {check['status']}"
           + (f"  rel_err {check['rel_err']:.2e} (cuBLAS {check['torch_rel_err']:.2e})" if "rel_err" in check else "")
