@@ -251,7 +251,8 @@ def run(folder, out) -> int:
                 timed = time_case(case)
                 row = make_row(case, timed["times"], checks)
                 row.update(clocks=sampler.between(timed["t0"], timed["t1"]), input_sets=timed["input_sets"],
-                           explain=next((c.get("explain") for c in checks if c["name"] == case["name"]), None))
+                           explain=next((c.get("explain") for c in checks  # this M's check: its rule
+                                         if c["name"] == case["name"] and c["M"] == case["M"]), None))
                 print(f"{case['name']} M={case['M']}: {row['tflops']:.0f} TFLOPS, x torch._scaled_mm "
                       f"{fp8_check.f3(row['ratio_to_scaled_mm'])} (calls {fp8_check.f3(row['call_ratio_to_scaled_mm'])})",
                       flush=True)
