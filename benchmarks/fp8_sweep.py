@@ -134,6 +134,9 @@ CONFIGS = {
     "ov4_d5": {"overlap": 4, "pipe_depth": 5},
     "ov4_d6": {"overlap": 4, "pipe_depth": 6},
     "ov4_d6_c1x2": {"overlap": 4, "pipe_depth": 6, "cluster_m": 1, "cluster_n": 2},
+    "n256_h_p2_kz": {"blk_n": 256, "halves": True, "promote": 2, "k_zigzag": True},
+    "n256_h_p2_g4": {"blk_n": 256, "halves": True, "promote": 2, "l2_group_size": 4},
+    "n256_h_p2_g16": {"blk_n": 256, "halves": True, "promote": 2, "l2_group_size": 16},
     "n256_h_p2_c1x1": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1},
     "n256_h_p2_c1x1_st": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1, "stagger": True},
 }
@@ -144,9 +147,8 @@ CONFIGS = {
 # the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
 # tiles over three consumers.
 SWEEP = {
-    "4096^3": ("ov4", "n256_h_p2", "ov4_d5", "ov4_d6", "ov4_d6_c1x2"),
-    "8192^3": ("m192_c1x2", "n256_h_p2", "ov4_d6", "ov4_d6_c1x2"),
-    "4096x7168x16384": ("m192_c1x2", "n256_h_p2", "ov4_d6", "ov4_d6_c1x2"),
+    "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_kz", "n256_h_p2_g4", "n256_h_p2_g16"),
+    "8192^3": ("m192_c1x2", "n256_h_p2", "n256_h_p2_kz", "n256_h_p2_g16"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
