@@ -141,7 +141,9 @@ CONFIGS = {
     "n256_h_p2_c1x1_st": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1, "stagger": True},
 }
 # shape -> the configs timed there. The third run (benchmarks/results/2026-11-26_h100_fp8_wide/) timed the
-# 192x128 tiles; this list times the 128x256 tiles promoted in halves beside each shape's policy config.
+# 192x128 tiles; the six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ the 128x256 tiles promoted in
+# halves (promotion interval, clusters, stagger, then ov4 at cuBLAS's ring depth); this last list the halves
+# with k_zigzag and L2 groups (all within 0.5%).
 # The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
 # tile, clusters, ``overlap`` and ``stagger``: ov4 best past M = 128 (0.94-0.98x torch), 128x256 without
 # the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
