@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 
-from gemm_ladder.compile import builder
+import pytest
+
+from gemm_ladder.compile import builder, sass
 from gemm_ladder.rungs import kernel_of
 
 
@@ -16,3 +18,13 @@ from gemm_ladder.rungs import kernel_of
 def built(cfg):
     """``builder.build(kernel_of(cfg))``, once per config."""
     return builder.build(kernel_of(cfg))
+
+
+def built_sass(cfg):
+    """``(SASS text, resources)`` of :func:`built`'s kernel for ``cfg``; the test skips where this box
+    has no SASS tool (cuobjdump is optional: TIRX_NOTES.md)."""
+    mod = built(cfg)
+    try:
+        return sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
+    except sass.SassToolError as err:
+        pytest.skip(f"no SASS here: {err}")

@@ -10,14 +10,13 @@ import re
 import pytest
 
 import layouts
-from gemm_ladder.compile import sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import make_config
 from gemm_ladder.sm90a import fp8
 
-from .built import built
+from .built import built_sass
 
 HALF_QGMMA = "QGMMA.64x128x32.F32.E4M3.E4M3"
 
@@ -46,21 +45,13 @@ def test_a_halfs_sums_are_the_columns_of_its_registers_in_the_total(blk_n):
     assert half.b_offset16 == blk_n // 2 * 128 // 16
 
 
-def _sass(cfg):
-    mod = built(cfg)
-    try:
-        return sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
-    except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
-        pytest.skip(f"no SASS here: {err}")
-
-
 @pytest.mark.parametrize("recipe, slices", [("tensor", 1), ("block", 2)])
 def test_each_half_is_drained_and_added_before_the_other_is_issued(recipe, slices):
     """A slice is two groups of four 64x128x32 e4m3 wgmmas, each followed by a drain and its 64 adds
     (block: fused multiply-adds by the scales) of a thread, with no spills (the 128 sums, 64
     accumulators and loop state within a consumer's registers). The block loop runs two slices a
     turn (their scales in two register sets)."""
-    text, res = _sass(_cfg(recipe=recipe))
+    text, res = built_sass(_cfg(recipe=recipe))
     assert text.count(HALF_QGMMA) == 8 * slices
     assert "QGMMA.64x256" not in text
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[01])", text)
@@ -80,10 +71,12 @@ def test_each_half_is_drained_and_added_before_the_other_is_issued(recipe, slice
 @pytest.mark.parametrize("K, recipe, knobs", [(1280, "tensor", {}), (1280, "tensor", {"promote": 4}),
                                               (384, "tensor", {"promote": 4}),
                                               (512, "tensor", {"cluster_m": 1, "cluster_n": 2}),
+                                              (1280, "tensor", {"promote": 2, "stagger": True}),
                                               (1280, "block", {})])
 def test_the_barrier_checker_passes_the_promotion_in_halves(K, recipe, knobs):
     """Every slot is released once, after both halves' wgmmas retired: groups that divide K, a tail
-    group (10 slices in groups of 4), a tile shorter than a group, a 1x2 cluster, block scales."""
+    group (10 slices in groups of 4), a tile shorter than a group, a 1x2 cluster, staggered consumers
+    (the odd one's half group first), block scales."""
     cfg = make_config("v9", 512, 512, K, spec=GemmSpec.fp8("bfloat16", recipe), blk_n=256, halves=True, **knobs)
     assert check_config(cfg).ok
 

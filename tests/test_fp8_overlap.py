@@ -9,7 +9,6 @@ import re
 
 import pytest
 
-from gemm_ladder.compile import sass
 from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
@@ -17,17 +16,9 @@ from gemm_ladder.rungs import make_config
 from gemm_ladder.sm90a import fp8
 from gemm_ladder.sm90a.mainloop import promotion_cuts
 
-from .built import built
+from .built import built_sass
 
 QGMMA = "QGMMA.64x128x32.F32.E4M3.E4M3"
-
-
-def _sass(cfg):
-    mod = built(cfg)
-    try:
-        return sass.disassemble(mod.binary), sass.resource_usage(mod.binary)
-    except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
-        pytest.skip(f"no SASS here: {err}")
 
 
 def _adds_after_waits(text: str) -> dict[str, int]:
@@ -51,8 +42,8 @@ def test_the_adds_run_between_the_next_groups_wgmma_issue_and_its_wait(knobs):
     spec = GemmSpec.fp8("bfloat16", "tensor")
     over = make_config("v9", 4096, 4096, 4096, spec=spec, **knobs)
     base = make_config("v9", 4096, 4096, 4096, spec=spec)
-    t_over, r_over = _sass(over)
-    t_base, r_base = _sass(base)
+    t_over, r_over = built_sass(over)
+    t_base, r_base = built_sass(base)
     runs = knobs["overlap"]
     slices = runs * knobs.get("promote", 1)
     assert t_over.count(QGMMA) == 4 * slices and t_base.count(QGMMA) == 4  # k32 x 4 = 128 of K a slice
@@ -68,8 +59,8 @@ def test_the_promotion_adds_in_place_without_copies():
     ``total = acc`` on a tile's first group it summed into the accumulators and copied back: 64 MOVs a
     slice), so the promoted K loop has no more moves than the unpromoted one beside its adds."""
     spec = GemmSpec.fp8("bfloat16", "tensor")
-    on, _ = _sass(make_config("v9", 4096, 4096, 4096, spec=spec, promote=1))
-    off, _ = _sass(make_config("v9", 4096, 4096, 4096, spec=spec, promote=0))
+    on, _ = built_sass(make_config("v9", 4096, 4096, 4096, spec=spec, promote=1))
+    off, _ = built_sass(make_config("v9", 4096, 4096, 4096, spec=spec, promote=0))
     moves = [len(re.findall(r"\b(?:IMAD\.)?MOV(?:\.U32)?\b", t)) for t in (on, off)]
     assert moves[0] < moves[1] + 32, moves
 
@@ -100,8 +91,8 @@ def test_staggered_consumers_cut_their_groups_half_a_group_apart(knobs):
     """Both cuts are in the kernel (the consumer's parity picks one at run time): the odd consumer's
     has its half group (or half run) first and a shorter last, and every slot is still released once."""
     cfg = make_config("v9", 512, 512, 2048, spec=GemmSpec.fp8(), **knobs)
-    text, res = _sass(cfg)
-    plain, _ = _sass(make_config("v9", 512, 512, 2048, spec=GemmSpec.fp8(), **{**knobs, "stagger": False}))
+    text, res = built_sass(cfg)
+    plain, _ = built_sass(make_config("v9", 512, 512, 2048, spec=GemmSpec.fp8(), **{**knobs, "stagger": False}))
     # the odd cut beside the even one: a loop turn (a group of 4, or a run of 4 groups of 1), and
     # half a group and the rest of the last (or two groups and two), 4 k32 wgmmas a slice
     assert text.count(QGMMA) == plain.count(QGMMA) + 4 * (4 + 2 + 2)
@@ -145,7 +136,7 @@ def test_a_192_row_tile_over_three_consumers_holds_the_promotion_without_spills(
     hold: no spills, four k32 wgmmas and one wait a slice, and the adds after it; the barrier checker
     passes the three consumers' protocol."""
     cfg = make_config("v9", 4096, 4096, 4096, spec=GemmSpec.fp8(), blk_m=192, num_warpgroups=3, promote=1, **cluster)
-    text, res = _sass(cfg)
+    text, res = built_sass(cfg)
     assert text.count(QGMMA) == 4 and len(re.findall(r"WARPGROUP\.DEPBAR", text)) == 1
     assert _adds_after_waits(text) == {"0x1": 0, "0x0": fp8.HopperPlan(cfg).acc_regs}
     assert res.stack == 0 and res.local == 0

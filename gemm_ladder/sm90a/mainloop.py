@@ -207,13 +207,14 @@ def _run_promotion(mma, it, nk, staggered) -> None:
 
 
 @T.inline
-def _run_staggered(mma, it, nk):
+def _run_staggered(mma, it, nk, run):
     """Even consumers cut their groups from slice 0, odd ones half a group (or run) later: their
-    drains take turns, and one consumer's wgmmas keep the tensor cores busy through the other's."""
+    drains take turns, and one consumer's wgmmas keep the tensor cores busy through the other's.
+    ``run``: the K loop taking the cut (:func:`_run_promotion`, or :func:`_run_halves`)."""
     if mma.consumer % 2 == 0:
-        _run_promotion(mma, it, nk, False)
+        run(mma, it, nk, False)
     else:
-        _run_promotion(mma, it, nk, True)
+        run(mma, it, nk, True)
 
 
 @T.inline
@@ -375,16 +376,6 @@ def _run_halves(mma, it, nk, staggered):
 
 
 @T.inline
-def _run_halves_staggered(mma, it, nk):
-    """``stagger`` in halves: odd consumers cut their groups half a group later (as
-    :func:`_run_staggered`), so their drains fall between the even consumers'."""
-    if mma.consumer % 2 == 0:
-        _run_halves(mma, it, nk, False)
-    else:
-        _run_halves(mma, it, nk, True)
-
-
-@T.inline
 def _run_block_halves(mma, it, nk, m0, n0):
     """Block scales in halves: one slice a group, K block k + 1's scales loaded into the other
     register set while slice k runs (as :func:`_run_block_scaled`)."""
@@ -489,7 +480,7 @@ class Consumer:
                                      "and n0")
                 _run_block_halves(self, pos, num_slices, m0, n0)
             elif self.stagger:
-                _run_halves_staggered(self, pos, num_slices)
+                _run_staggered(self, pos, num_slices, _run_halves)
             else:
                 _run_halves(self, pos, num_slices, False)
         elif self.scales is not None:
@@ -509,7 +500,7 @@ class Consumer:
                 raise ValueError("Consumer.run with promote needs a fixed number of slices, and with overlap the "
                                  "second accumulator set (acc2) (fp8.check refuses the knobs elsewhere)")
             if self.stagger:
-                _run_staggered(self, pos, num_slices)
+                _run_staggered(self, pos, num_slices, _run_promotion)
             else:
                 _run_promotion(self, pos, num_slices, False)
         else:
