@@ -140,17 +140,17 @@ CONFIGS = {
     "n256_h_p2_c1x1": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1},
     "n256_h_p2_c1x1_st": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1, "stagger": True},
 }
-# shape -> the configs timed there. The third run (benchmarks/results/2026-11-26_h100_fp8_wide/) timed the
-# 192x128 tiles; the six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ the 128x256 tiles promoted in
-# halves (promotion interval, clusters, stagger, then ov4 at cuBLAS's ring depth); this last list the halves
-# with k_zigzag and L2 groups (all within 0.5%).
+# shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
+# 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
+# groups) and ov4 at cuBLAS's ring depth, each run's list in its JSON's rows.
 # The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
 # tile, clusters, ``overlap`` and ``stagger``: ov4 best past M = 128 (0.94-0.98x torch), 128x256 without
 # the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
 # tiles over three consumers.
 SWEEP = {
-    "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_kz", "n256_h_p2_g4", "n256_h_p2_g16"),
-    "8192^3": ("m192_c1x2", "n256_h_p2", "n256_h_p2_kz", "n256_h_p2_g16"),
+    "4096^3": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
+    "8192^3": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
+    "4096x7168x16384": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
@@ -204,6 +204,7 @@ BLOCK_CONFIGS = {
     "tensor_policy": {"recipe": "tensor", "overlap": 4},
     "tensor_policy_wide": {"recipe": "tensor", **{k: v for k, v in serve_plan.FP8_WIDE_KNOBS.items() if k != "promote"}},
     "tensor_policy_small": {"recipe": "tensor", **SMALL_M},
+    "tensor_policy_halves": {"recipe": "tensor", **serve_plan.FP8_HALVES_KNOBS},
     # 128x256 tiles promoted in halves (fp8.py's halves), each half scaled by its own B block
     "n256_h": {"blk_n": 256, "halves": True},
     "n256_h_c1x2": {"blk_n": 256, "halves": True, "cluster_m": 1, "cluster_n": 2},
@@ -211,16 +212,19 @@ BLOCK_CONFIGS = {
 # shape -> the configs timed there. The first run (c7cf3e4, benchmarks/results/2026-11-26_h100_fp8_block_overlap/)
 # timed the overlap, clusters and ring depths: overlap=4 best past M = 128 (0.82-0.92x torch's block-wise), the
 # small-M knobs with overlap=2 at M = 128 (1.15x); a second (e6edcac) timed the scale loads pinned a slice ahead
-# as plain ld.global (3-7% slower: the knob is gone); a third (benchmarks/results/2026-11-26_h100_fp8_block_staged_fix/)
-# the scales staged in shared memory by the producer's TMA (``stage_scales``, the ``_ss`` configs, now the
-# policy's). This list is the policy's ov4_ss beside the 128x256 tiles promoted in halves.
+# as plain ld.global (3-7% slower: the knob is gone). This list is the policy's configs (ov4; sm_ov2 at small M)
+# beside the scales staged in shared memory by the producer's TMA (``stage_scales``, the ``_ss`` configs).
+# benchmarks/results/2026-11-27_h100_fp8_halves/ timed ov4_ss beside n256_h and n256_h_c1x2 (its JSONs' rows).
 BLOCK_SWEEP = {
-    "4096x7168x16384": ("ov4_ss", "n256_h", "n256_h_c1x2"),
-    "4096^3": ("ov4_ss", "n256_h", "n256_h_c1x2"),
-    "8192^3": ("ov4_ss", "n256_h", "n256_h_c1x2"),
+    "4096x7168x16384": ("ov4", "ov2_ss", "ov4_ss", "ov8_ss"),
+    "4096^3": ("ov4", "ov8", "ov4_ss", "ov8_ss"),
+    "8192^3": ("ov4", "ov4_ss", "ov8_ss"),
+    "4096x4096x7168": ("ov4", "ov4_ss", "ov8_ss"),
+    "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
 }
-BLOCK_PEER = {label: "tensor_policy_small" if M <= 128 else "tensor_policy_wide" if serve_plan.fp8_wide(M, N, 132, "tensor")
-              else "tensor_policy" for label, M, N, _ in BLOCK_SHAPES}
+BLOCK_PEER = {label: {"small": "tensor_policy_small", "wide": "tensor_policy_wide", "halves": "tensor_policy_halves",
+                      "square": "tensor_policy"}[serve_plan.fp8_tile(M, N, 132, "tensor")]
+              for label, M, N, _ in BLOCK_SHAPES}
 SWEEPS = {"tensor": Sweep(RECIPE, SHAPES, CONFIGS, SWEEP, {}),
           "block": Sweep("block", BLOCK_SHAPES, BLOCK_CONFIGS, BLOCK_SWEEP, BLOCK_PEER)}
 

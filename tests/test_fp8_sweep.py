@@ -155,7 +155,7 @@ def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_thei
     assert len(checked) == len(set(checked)) and {n for n, _ in checked} == set(plan["modules"])
     by_label = {t[0]: t for t in timed}
     assert fp8_sweep.module_name("4096^3", "ov8", "block") not in by_label["4096^3"][1]
-    assert by_label["8192^3"][2] is None and by_label["4096^3"][2] == "t_4096x4096_tensor_policy"
+    assert by_label["8192^3"][2] is None and by_label["4096^3"][2] == "t_4096x4096_tensor_policy_halves"
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == sum(len(c) for c in fp8_sweep.BLOCK_SWEEP.values())
     bad = [r for r in rows if not r["correct"]]
@@ -164,13 +164,14 @@ def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_thei
 
 
 def test_staged_scale_modules_are_checked_at_one_row_and_an_m_off_16_bytes():
-    """The block sweep's ``stage_scales`` modules (and only they) get checks at M = 1 and an M that is
-    no multiple of 4 beyond their shapes' M (their 1-D scale tensor maps take any M)."""
+    """The block sweep's ``stage_scales`` modules and its per-tensor peers promoted in halves (and only
+    they) get checks at M = 1 and an M that is no multiple of 4 beyond their shapes' M (their 1-D scale
+    tensor maps take any M; a halves tile's rows past M)."""
     planned = fp8_sweep.plan_modules("block")
     cases = fp8_sweep.odd_m_cases({"modules": planned})
-    staged = {n for n, e in planned.items() if e["knobs"].get("stage_scales")}
-    assert staged and {n for n, _ in cases} == staged
+    odd = {n for n, e in planned.items() if e["knobs"].get("stage_scales") or e["knobs"].get("halves")}
+    assert any(planned[n]["knobs"].get("stage_scales") for n in odd) and {n for n, _ in cases} == odd
     assert sorted({m for _, m in cases}) == [1, 333] and all(m % 4 for _, m in cases if m > 1)
-    for name in staged:
+    for name in odd:
         cfg = make_config("v9", 256, planned[name]["N"], planned[name]["K"], **fp8_sweep.build_knobs(planned[name]))
-        assert fp8.staged(cfg), name
+        assert fp8.staged(cfg) or fp8.halves(cfg), name
