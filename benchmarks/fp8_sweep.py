@@ -139,6 +139,14 @@ CONFIGS = {
     "n256_h_p2_g16": {"blk_n": 256, "halves": True, "promote": 2, "l2_group_size": 16},
     "n256_h_p2_c1x1": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1},
     "n256_h_p2_c1x1_st": {"blk_n": 256, "halves": True, "promote": 2, "cluster_m": 1, "stagger": True},
+    # the previous tile's epilogue under the next tile's first promotion group (epi_under with fp8: each
+    # half's columns stored from 16-bit pairs while that half's wgmmas run; mainloop.Consumer.run_under)
+    "n256_h_p2_u": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True},
+    "n256_h_p2_u_row": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "recipe": "row"},
+    "n256_h_p2_row": {"blk_n": 256, "halves": True, "promote": 2, "recipe": "row"},
+    "n256_h_p2_u_c1x2": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "cluster_m": 1,
+                         "cluster_n": 2},
+    "m192_c1x2_u": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2, "epi_under": True},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -148,9 +156,9 @@ CONFIGS = {
 # the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
 # tiles over three consumers.
 SWEEP = {
-    "4096^3": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
-    "8192^3": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
-    "4096x7168x16384": ("ov4", "m192", "m192_c1x2", "m192_p2", "m192_c1x2_p2", "m192_c1x2_p2_st"),
+    "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2", "n256_h_p2_row", "n256_h_p2_u_row"),
+    "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
+    "4096x7168x16384": ("m192_c1x2", "m192_c1x2_u", "n256_h_p2", "n256_h_p2_u"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

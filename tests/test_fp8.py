@@ -65,7 +65,7 @@ def test_16bit_knobs_and_tags_are_unchanged_and_fp8_has_its_own():
         make_config("v9", 256, 256, 512, promote=1)
 
 
-@pytest.mark.parametrize("knobs, words", [({"blk_k": 64}, "blk_k=128"), ({"epi_under": True}, "epi_under"),
+@pytest.mark.parametrize("knobs, words", [({"blk_k": 64}, "blk_k=128"), ({"epi_under": True, "promote": 0}, "epi_under=True with fp8 and promote=0"),
                                           ({"blk_n": 256}, "use blk_n=128"), ({"promote": -1}, "promote=-1")])
 def test_fp8_knobs_that_do_not_build_are_refused_before_compiling(knobs, words):
     with pytest.raises(ConfigError, match=words):

@@ -241,9 +241,7 @@ def check(cfg: GemmConfig) -> None:
     if every < 0:
         raise ConfigError(f"promote={every}: the slices between promotions are 0 (none) or more; use "
                           f"promote={PROMOTE_DEFAULT} (every {cfg.blk_k} of K)")
-    if extra.get("epi_under"):
-        raise ConfigError("epi_under=True is not built for fp8 yet (the scales and the promotion run before the "
-                          "epilogue); use epi_under=False")
+    _check_under(cfg)
     if extra.get("tail_n"):
         raise ConfigError("tail_n is not built for fp8 yet (the narrow tiles' epilogue has no scales); use tail_n=0")
     if cfg.K % 16:
@@ -276,6 +274,30 @@ def check(cfg: GemmConfig) -> None:
             f"registers with addresses and loop state, over the {budget} a consumer may hold; use "
             + ("overlap=0, or blk_n=128 (blk_m=128, two consumers)" if runs else
                "blk_n=128 (blk_m=128, two consumers)" + (", or promote=0" if every else "")))
+
+
+def _check_under(cfg: GemmConfig) -> None:
+    """``epi_under`` with fp8 stores the previous tile under the next tile's first promotion group
+    (``mainloop.Consumer.run_under``): it needs the total (a promotion) in one accumulator set, the
+    consumers' groups in step, scales applied before the epilogue, and with ``halves`` a tile's
+    chunks in two equal halves."""
+    extra = dict(cfg.extra)
+    if not extra.get("epi_under"):
+        return
+    fix = "use epi_under=True with promote >= 1, overlap=0, stagger=False and per-tensor or row scales, or epi_under=False"
+    if not extra.get("promote", 0):
+        raise ConfigError(f"epi_under=True with fp8 and promote=0: the previous tile is stored while the next tile's "
+                          f"first promotion group runs; {fix}")
+    if extra.get("overlap", 0) or extra.get("stagger", False):
+        raise ConfigError(f"epi_under=True with overlap={extra.get('overlap', 0)}, stagger="
+                          f"{extra.get('stagger', False)}: built for one accumulator set with the consumers' groups "
+                          f"in step; {fix}")
+    if recipe(cfg) == "block":
+        raise ConfigError(f"epi_under=True with block scales is not built (the first group's scaled sums would "
+                          f"have to become the total); {fix}")
+    if extra.get("halves", False) and (cfg.blk_n // 2) % extra.get("epi_n", cfg.blk_n):
+        raise ConfigError(f"epi_under=True with halves and epi_n={extra.get('epi_n')}: each half of the tile "
+                          f"({cfg.blk_n // 2} columns) leaves under its own wgmmas in whole chunks; use epi_n=64")
 
 
 def _check_halves(cfg: GemmConfig, every: int, runs: int) -> None:

@@ -58,11 +58,11 @@ def _issue(mma, it, nk):
 
 
 @T.inline
-def _promoted_group(mma, it, k0, count):
+def _issue_group(mma, it, k0, count):
     """Slices ``k0 .. k0 + count`` of a tile into fresh tensor-core accumulators (the first
-    slice's first wgmma writes them), then all retired and their slots released: a slice's slot
-    goes back once the slice after it was issued and it retired (``wait_group(1)``), the last
-    two after ``wait_group(0)``, before the accumulators are read."""
+    slice's first wgmma writes them), a commit group a slice: a slice's slot goes back once the
+    slice after it was issued and it retired (``wait_group(1)``); the last two may still run
+    (:func:`_drain_group`)."""
     for j in T.unroll(count):
         mma.ring.wait_full(it + k0 + j)
         T.ptx.wgmma.fence.sync.aligned()
@@ -74,11 +74,25 @@ def _promoted_group(mma, it, k0, count):
             if j > 0:
                 if mma.lane_id == 0:
                     mma.ring.release(it + k0 + j - 1)
+
+
+@T.inline
+def _drain_group(mma, it, k0, count):
+    """Every wgmma of :func:`_issue_group` retired, before the accumulators are read; the last
+    two slices' slots go back."""
     T.ptx.wgmma.wait_group.sync.aligned(0)
     if mma.lane_id == 0:
         if count > 1:
             mma.ring.release(it + k0 + count - 2)
         mma.ring.release(it + k0 + count - 1)
+
+
+@T.inline
+def _promoted_group(mma, it, k0, count):
+    """Slices ``k0 .. k0 + count`` of a tile into fresh tensor-core accumulators, then all retired
+    and their slots released (:func:`_issue_group`, :func:`_drain_group`)."""
+    _issue_group(mma, it, k0, count)
+    _drain_group(mma, it, k0, count)
 
 
 @T.inline
@@ -302,11 +316,11 @@ def _run_block_overlapped(mma, it, nk, m0, n0):
 
 
 @T.inline
-def _half_slices(mma, it, k0, count, h, desc_b):
-    """Half ``h`` of slices ``k0 .. k0 + count`` (their slots full: half 0 waits for each) into
-    fresh accumulators, a commit group a slice, drained before the sums are read. Half 1 is each
-    slot's last reader: a slot goes back once its half-1 wgmmas retired (``wait_group(1)`` after the
-    next slice's are issued), the last after the drain."""
+def _issue_half(mma, it, k0, count, h, desc_b):
+    """Half ``h``'s wgmmas of slices ``k0 .. k0 + count`` (their slots full: half 0 waits for each)
+    into fresh accumulators, a commit group a slice. Half 1 is each slot's last reader: a slot goes
+    back once its half-1 wgmmas retired (``wait_group(1)`` after the next slice's are issued); the
+    last slice's may still run (:func:`_drain_half`)."""
     for j in T.unroll(count):
         if h == 0:
             mma.ring.wait_full(it + k0 + j)
@@ -318,10 +332,23 @@ def _half_slices(mma, it, k0, count, h, desc_b):
             T.ptx.wgmma.wait_group.sync.aligned(1)
             if mma.lane_id == 0:
                 mma.ring.release(it + k0 + j - 1)
+
+
+@T.inline
+def _drain_half(mma, it, k0, count, h):
+    """Every wgmma of :func:`_issue_half` retired, before the sums are read; after half 1, the
+    last slice's slot goes back."""
     T.ptx.wgmma.wait_group.sync.aligned(0)
     if h == 1:
         if mma.lane_id == 0:
             mma.ring.release(it + k0 + count - 1)
+
+
+@T.inline
+def _half_slices(mma, it, k0, count, h, desc_b):
+    """Half ``h`` of slices ``k0 .. k0 + count``, issued and drained."""
+    _issue_half(mma, it, k0, count, h, desc_b)
+    _drain_half(mma, it, k0, count, h)
 
 
 @T.inline
@@ -388,6 +415,58 @@ def _run_block_halves(mma, it, nk, m0, n0):
         _halves_group(mma, it, 2 * p + 1, 1, 1)
     if nk % 2 == 1:
         _halves_group(mma, it, nk - 1, 1, 0)
+
+
+@T.inline
+def _store_under(under, part):
+    """Part ``part`` of the previous tile (``under``: ``epilogue.PairsUnder``), if there is one."""
+    if under.has_prev:
+        under.store(part)
+
+
+@T.inline
+def _run_halves_under(mma, it, nk, under):
+    """:func:`_run_halves` with the previous tile's epilogue under the first group (``epi_under``):
+    half h's wgmmas are issued, the previous tile's half h of the columns is stored from its pairs
+    while they run, then they retire and are added as in any group; then the other groups."""
+    first = T.meta_var(min(mma.promote, nk))
+    lead, groups, whole, tail = T.meta_var(promotion_cuts(nk - first, mma.promote, 0, False))
+    rest = T.meta_var(sum(tail))
+    _encode_halves(mma)
+    _issue_half(mma, it, 0, first, 0, mma.desc_b)
+    _store_under(under, 0)
+    _drain_half(mma, it, 0, first, 0)
+    _promote_half(mma, 0)
+    _issue_half(mma, it, 0, first, 1, mma.desc_b_half)
+    _store_under(under, 1)
+    _drain_half(mma, it, 0, first, 1)
+    _promote_half(mma, 1)
+    for g in T.serial(groups):
+        _halves_group(mma, it, first + g * mma.promote, mma.promote)
+    if rest > 0:
+        _halves_group(mma, it, first + groups * mma.promote, rest)
+
+
+@T.inline
+def _run_promoted_under(mma, it, nk, under):
+    """:func:`_run_promoted` with the previous tile's epilogue under the first group (``epi_under``):
+    the group's wgmmas are issued, the previous tile is stored from its pairs while they run, then
+    they retire and are added as in any group; then the other groups."""
+    first = T.meta_var(min(mma.promote, nk))
+    lead, groups, whole, tail = T.meta_var(promotion_cuts(nk - first, mma.promote, 0, False))
+    rest = T.meta_var(sum(tail))
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
+    _issue_group(mma, it, 0, first)
+    _store_under(under, 0)
+    _drain_group(mma, it, 0, first)
+    _promote(mma, mma.acc)
+    for g in T.serial(groups):
+        _promoted_group(mma, it, first + g * mma.promote, mma.promote)
+        _promote(mma, mma.acc)
+    if rest > 0:
+        _promoted_group(mma, it, first + groups * mma.promote, rest)
+        _promote(mma, mma.acc)
 
 
 @T.inline
@@ -514,6 +593,23 @@ class Consumer:
         16-bit ``pairs`` (``epilogue.acc_to_pairs``) through ``epi`` (a ``ChunkedEpilogue``) to D.
         Chunks past the tile's last slice (a K of fewer slices than chunks) follow it."""
         _issue_under(self, pos, num_slices, epi, pairs, m_prev, n_prev, has_prev, chunk_it)
+
+    def run_under(self, pos, num_slices, under) -> None:
+        """:meth:`run` for a promoted tile (no ``overlap``, ``stagger`` or block scales) with the
+        previous tile's epilogue under its first promotion group (v9's ``epi_under`` with fp8):
+        ``under`` (``epilogue.PairsUnder``) stores the previous tile from its 16-bit pairs, in two
+        parts with ``halves`` (each half's columns under that half's wgmmas), while the group's
+        wgmmas run; they then retire and are added into the zeroed total as in any group (sums
+        that became the total by a copy made ptxas 13.0 serialise every wgmma: too few registers
+        for the wgmma pipeline)."""
+        if not self.promote or self.overlap or self.stagger or self.scales is not None \
+                or not isinstance(num_slices, int):
+            raise ValueError("Consumer.run_under needs a promotion with one accumulator set, no stagger, no block "
+                             "scales and a fixed number of slices (fp8.check refuses epi_under elsewhere)")
+        if self.halves is not None:
+            _run_halves_under(self, pos, num_slices, under)
+        else:
+            _run_promoted_under(self, pos, num_slices, under)
 
     def with_plan(self, plan: HopperPlan) -> "Consumer":
         """The same K loop for tiles of another width (v9's narrow ``tail_n`` tiles)."""
