@@ -156,8 +156,8 @@ CONFIGS = {
 # the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
 # tiles over three consumers.
 SWEEP = {
-    "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u"),
-    "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2_u"),
+    "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2", "n256_h_p2_row", "n256_h_p2_u_row"),
+    "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
     "4096x7168x16384": ("m192_c1x2", "m192_c1x2_u", "n256_h_p2", "n256_h_p2_u"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round

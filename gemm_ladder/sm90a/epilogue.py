@@ -503,13 +503,32 @@ class ChunkedEpilogue:
         """Chunk ``j`` of a tile from its 16-bit pairs (v9's ``epi_under``, under the next tile)."""
         _store_chunk(self, pairs, m_st, n_st, None, chunk_it, j)
 
-    def store_sums_chunk(self, acc, m_st, n_st, chunk_it, j) -> None:
-        """Chunk ``j`` of a tile from its fp32 sums (fp8's ``epi_under``: ``fp8.SumsUnder``)."""
-        _store_chunk(self, acc, m_st, n_st, self.packed, chunk_it, j)
-
     def with_plan(self, plan: HopperPlan) -> "ChunkedEpilogue":
         """The same epilogue for tiles of another width (v9's narrow ``tail_n`` tiles)."""
         return dataclasses.replace(self, plan=plan)
+
+
+@dataclass(frozen=True)
+class PairsUnder:
+    """A tile's 16-bit pairs (:func:`acc_to_pairs`), stored in ``parts`` under the next tile's first
+    fp8 promotion group (v9's ``epi_under`` with fp8: ``mainloop.Consumer.run_under``): part p's
+    chunks (the tile's p-th share of columns) while the group's (or with ``halves``, half p's)
+    wgmmas run. ``has_prev`` (a run-time condition): whether there is such a tile; ``m0``, ``n0``:
+    where it goes in D; ``chunk_it``: the epilogue's chunk count."""
+
+    epi: ChunkedEpilogue
+    pairs: object  # uint32[acc_regs / 2] local
+    has_prev: object
+    m0: object
+    n0: object
+    chunk_it: object
+    parts: int = 1
+
+    def store(self, part: int) -> None:
+        """Part ``part``'s chunks."""
+        chunks = self.epi.chunks_per_tile // self.parts
+        for j in range(part * chunks, (part + 1) * chunks):
+            self.epi.store_chunk(self.pairs, self.m0, self.n0, self.chunk_it, j)
 
 
 @T.inline

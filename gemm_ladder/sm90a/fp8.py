@@ -497,73 +497,26 @@ def _promote_half_block(bs, total, acc, half, h, base):
 
 
 @T.inline
-def scale_sums(plan, sums, scale_a, scale_b, how, m0, n0, warp_id, lane_id, sreg, first=0, count=None):
+def scale_sums(plan, sums, scale_a, scale_b, how, m0, n0, warp_id, lane_id, sreg):
     """Multiply a consumer's fp32 sums of the tile at rows ``m0`` (its first row) and columns
     ``n0`` by the scales, in place: ``scale_a[0] * scale_b[0]`` (``how == "tensor"``), or
     ``scale_a[row] * scale_b[col]`` at each sum's place in the m64nN fragment (``row``); nothing for
     ``block`` (:class:`BlockScales` applied them at the promotion). Rows and columns past M and N
-    read the last scale (the stores clip them). ``sreg``: float32 locals (:func:`scale_regs`).
-    ``first``, ``count``: only registers ``first .. first + count`` of each 64-row atom (default:
-    all; :class:`SumsUnder` scales a tile half by half)."""
+    read the last scale (the stores clip them). ``sreg``: float32 locals (:func:`scale_regs`)."""
     NR = T.meta_var(plan.acc_stride)
-    NC = T.meta_var(NR if count is None else count)
     if how == "tensor":
         sreg[0] = scale_a[0] * scale_b[0]
-        for mi in T.unroll(plan.m_atoms):
-            for r in T.unroll(NC):
-                sums[mi * NR + first + r] = sums[mi * NR + first + r] * sreg[0]
+        for r in T.unroll(plan.acc_regs):
+            sums[r] = sums[r] * sreg[0]
     elif how == "row":
         for mi in T.unroll(plan.m_atoms):
             for h in T.unroll(2):
                 # this thread's rows of atom mi: 16 w + lane / 4, and 8 below
                 sreg[2 * mi + h] = scale_a[T.min(m0 + mi * WG_M + warp_id * 16 + lane_id // 4 + 8 * h,
                                                  scale_a.shape[0] - 1)]
-        for mi in T.unroll(plan.m_atoms):
-            for r in T.unroll(NC):
-                col = T.meta_var(n0 + layouts.acc_fragment_coord(first + r, 0, lane_id)[1])
-                sums[mi * NR + first + r] = (sums[mi * NR + first + r] * sreg[2 * mi + ((first + r) % 4) // 2]
-                                             * scale_b[T.min(col, scale_b.shape[0] - 1)])
-
-
-@dataclass(frozen=True)
-class SumsUnder:
-    """The previous tile's promoted sums, scaled and stored under the next tile's first promotion
-    group (v9's ``epi_under`` with fp8: ``mainloop.Consumer.run_under``), in ``parts`` (2 with
-    ``halves``: each half of the total, its columns' chunks, under that half's wgmmas). 16-bit tiles
-    keep their output as 16-bit pairs beside the next tile's accumulators (``epilogue.acc_to_pairs``);
-    a promoted tile's sums are in ``total``, apart from the tensor cores' accumulators, so they are
-    scaled, rounded and stored from there while the first group's wgmmas write the accumulators, and
-    that part of the total starts over at 0 once they retired: nothing is rounded or scaled between
-    two tiles' wgmmas.
-
-    ``has_prev`` (a run-time condition): whether there is a previous tile; ``m0``, ``n0``: where it
-    goes in D; ``row0``: this consumer's first row of a tile (the row scales'); ``chunk_it``: the
-    epilogue's chunk count (``epilogue.ChunkedEpilogue``)."""
-
-    epi: object  # epilogue.ChunkedEpilogue of the whole tile
-    sums: object  # float32[acc_regs] local: the total
-    has_prev: object
-    m0: object
-    n0: object
-    row0: object
-    chunk_it: object
-    scale_a: object
-    scale_b: object
-    how: str  # the recipe: tensor or row (block scales are applied at the promotion: fp8.check refuses them)
-    warp_id: object
-    lane_id: object
-    sreg: object  # float32 locals for the scales (scale_regs)
-    parts: int = 1
-
-    def store(self, part: int) -> None:
-        """Part ``part``'s registers of each atom scaled, and its chunks stored."""
-        plan = self.epi.plan
-        per = plan.acc_stride // self.parts
-        scale_sums(plan, self.sums, self.scale_a, self.scale_b, self.how, self.m0 + self.row0, self.n0,
-                   self.warp_id, self.lane_id, self.sreg, part * per, per)
-        chunks = self.epi.chunks_per_tile // self.parts
-        for j in range(part * chunks, (part + 1) * chunks):
-            self.epi.store_sums_chunk(self.sums, self.m0, self.n0, self.chunk_it, j)
+        for r in T.unroll(plan.acc_regs):
+            col = T.meta_var(n0 + layouts.acc_fragment_coord(r % NR, 0, lane_id)[1])
+            sums[r] = sums[r] * sreg[2 * (r // NR) + (r % 4) // 2] * scale_b[T.min(col, scale_b.shape[0] - 1)]
 
 
 # -- block scales staged in shared memory by the producer (knob ``stage_scales``) ----------------

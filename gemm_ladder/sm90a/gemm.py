@@ -219,7 +219,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     promote = fp8.promote(cfg)  # fp8: K slices between promotions into fp32 sums (0: none)
     at_promotion = fp8.at_promotion(cfg)  # fp8 block scales: applied as each K block is promoted
     total_regs = acc_regs if promote else 1  # the promoted sums (one unused register without)
-    sums_under = under and promote > 0  # fp8: the previous tile's sums stored under the next one's first group
+    sums_under = under and promote > 0  # fp8: the previous tile's pairs stored under the next one's first group
     overlap = fp8.overlap(cfg)  # fp8: promotion groups between drains, in two accumulator sets (0: one set)
     halves = fp8.halves(cfg)  # fp8: each group's wgmmas as two half-width groups into one half-size set
     if halves and (preset.swap_ab or preset.split_k or type(plan) is not HopperPlan):
@@ -361,7 +361,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
             packed = T.alloc_local((4,), "uint32")
             if residual:
                 c_pairs = T.alloc_local((4,), "uint32")  # one ldmatrix of C
-            if under and not promote:
+            if under:
                 # the last tile's output as 16-bit pairs, stored under the next tile
                 Preg = T.alloc_local((acc_regs // 2,), "uint32")
             # fp8: the promoted fp32 sums, and a thread's scales (one register each when unused)
@@ -418,13 +418,16 @@ def kernel(cfg: GemmConfig, preset: Preset):
             while whole_tiles_left(ts, dp_mine if stream_k else 0):
                 n_col, split, _, nk = T.meta_var(unit(ts.n_idx))
                 if sums_under:
-                    # fp8: the previous tile's sums scaled and stored under this tile's first promotion group
-                    mma.run_under(it, slices_per_tile, fp8.SumsUnder(
-                        epi=epi, sums=Freg, has_prev=tiles_done > 0, m0=m_prev, n0=n_prev, row0=wg_row0,
-                        chunk_it=epi_it, scale_a=g["scale_a"], scale_b=g["scale_b"], how=fp8.recipe(cfg),
-                        warp_id=warp_id, lane_id=lane_id, sreg=Sreg, parts=2 if halves else 1))
+                    # fp8: the previous tile's pairs stored under this tile's first promotion group
+                    mma.run_under(it, slices_per_tile, epilogue.PairsUnder(
+                        epi=epi, pairs=Preg, has_prev=tiles_done > 0, m0=m_prev, n0=n_prev, chunk_it=epi_it,
+                        parts=2 if halves else 1))
                     if tiles_done > 0:
                         epi_it = epi_it + epi.chunks_per_tile
+                    # the sums scaled and rounded: the total is free for the next tile
+                    fp8.scale_sums(plan, Freg, g["scale_a"], g["scale_b"], fp8.recipe(cfg),
+                                   sched.m_start(ts.m_idx) + wg_row0, sched.n_start(ts.n_idx), warp_id, lane_id, Sreg)
+                    epilogue.acc_to_pairs(plan, Freg, Preg, epi_op, lane_id, sched.n_start(ts.n_idx))
                     m_prev = sched.m_start(ts.m_idx)
                     n_prev = sched.n_start(ts.n_idx)
                     tiles_done = tiles_done + 1
@@ -530,12 +533,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                             epi_it = epi_it + epi.chunks_per_tile
             if under:
                 if tiles_done > 0:
-                    if sums_under:
-                        fp8.scale_sums(plan, Freg, g["scale_a"], g["scale_b"], fp8.recipe(cfg), m_prev + wg_row0,
-                                       n_prev, warp_id, lane_id, Sreg)
-                        epi.store_tile(Freg, m_prev, n_prev, epi_it)
-                    else:
-                        epi.store_pairs(Preg, m_prev, n_prev, epi_it)
+                    epi.store_pairs(Preg, m_prev, n_prev, epi_it)
             if wtid == 0:
                 # Esmem must outlive the last copy: the CTA's shared memory goes when it exits
                 T.ptx.cp.async_.bulk.wait_group.read(0)

@@ -419,40 +419,27 @@ def _run_block_halves(mma, it, nk, m0, n0):
 
 @T.inline
 def _store_under(under, part):
-    """Part ``part`` of the previous tile (``under``: ``fp8.SumsUnder``), if there is one."""
+    """Part ``part`` of the previous tile (``under``: ``epilogue.PairsUnder``), if there is one."""
     if under.has_prev:
         under.store(part)
 
 
 @T.inline
-def _zero_half(mma, h):
-    NR = T.meta_var(mma.plan.acc_stride)
-    NH = T.meta_var(mma.halves.n_regs)
-    for mi in T.unroll(mma.plan.m_atoms):
-        for r in T.unroll(NH):
-            mma.total[mi * NR + h * NH + r] = T.float32(0)
-
-
-@T.inline
 def _run_halves_under(mma, it, nk, under):
     """:func:`_run_halves` with the previous tile's epilogue under the first group (``epi_under``):
-    half h's wgmmas are issued; while they run, the previous tile's half h of the total is scaled
-    and stored; once they retired, that half of the total starts over at 0 and takes their sums;
-    then the other groups as :func:`_run_halves`."""
+    half h's wgmmas are issued, the previous tile's half h of the columns is stored from its pairs
+    while they run, then they retire and are added as in any group; then the other groups."""
     first = T.meta_var(min(mma.promote, nk))
     lead, groups, whole, tail = T.meta_var(promotion_cuts(nk - first, mma.promote, 0, False))
     rest = T.meta_var(sum(tail))
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    mma.desc_b_half[0] = mma.desc_b[0] + T.Cast("uint64", mma.halves.b_offset16)
+    _encode_halves(mma)
     _issue_half(mma, it, 0, first, 0, mma.desc_b)
     _store_under(under, 0)
     _drain_half(mma, it, 0, first, 0)
-    _zero_half(mma, 0)
     _promote_half(mma, 0)
     _issue_half(mma, it, 0, first, 1, mma.desc_b_half)
     _store_under(under, 1)
     _drain_half(mma, it, 0, first, 1)
-    _zero_half(mma, 1)
     _promote_half(mma, 1)
     for g in T.serial(groups):
         _halves_group(mma, it, first + g * mma.promote, mma.promote)
@@ -463,16 +450,16 @@ def _run_halves_under(mma, it, nk, under):
 @T.inline
 def _run_promoted_under(mma, it, nk, under):
     """:func:`_run_promoted` with the previous tile's epilogue under the first group (``epi_under``):
-    the group's wgmmas are issued; while they run, the previous tile's total is scaled and stored;
-    once they retired, the total starts over at 0 and takes their sums; then the other groups."""
+    the group's wgmmas are issued, the previous tile is stored from its pairs while they run, then
+    they retire and are added as in any group; then the other groups."""
     first = T.meta_var(min(mma.promote, nk))
     lead, groups, whole, tail = T.meta_var(promotion_cuts(nk - first, mma.promote, 0, False))
     rest = T.meta_var(sum(tail))
     encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
     _issue_group(mma, it, 0, first)
     _store_under(under, 0)
     _drain_group(mma, it, 0, first)
-    _zero_total(mma)
     _promote(mma, mma.acc)
     for g in T.serial(groups):
         _promoted_group(mma, it, first + g * mma.promote, mma.promote)
@@ -610,7 +597,7 @@ class Consumer:
     def run_under(self, pos, num_slices, under) -> None:
         """:meth:`run` for a promoted tile (no ``overlap``, ``stagger`` or block scales) with the
         previous tile's epilogue under its first promotion group (v9's ``epi_under`` with fp8):
-        ``under`` (``fp8.SumsUnder``) stores the previous tile from its 16-bit pairs, in two
+        ``under`` (``epilogue.PairsUnder``) stores the previous tile from its 16-bit pairs, in two
         parts with ``halves`` (each half's columns under that half's wgmmas), while the group's
         wgmmas run; they then retire and are added into the zeroed total as in any group (sums
         that became the total by a copy made ptxas 13.0 serialise every wgmma: too few registers
