@@ -142,8 +142,6 @@ CONFIGS = {
     # the previous tile's epilogue under the next tile's first promotion group (epi_under with fp8: each
     # half's columns stored from 16-bit pairs while that half's wgmmas run; mainloop.Consumer.run_under)
     "n256_h_p2_u": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True},
-    "n256_h_p2_u_row": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "recipe": "row"},
-    "n256_h_p2_row": {"blk_n": 256, "halves": True, "promote": 2, "recipe": "row"},
     "n256_h_p2_u_c1x2": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "cluster_m": 1,
                          "cluster_n": 2},
     "m192_c1x2_u": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2, "epi_under": True},
@@ -153,10 +151,10 @@ CONFIGS = {
 # groups) and ov4 at cuBLAS's ring depth, each run's list in its JSON's rows.
 # The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
 # tile, clusters, ``overlap`` and ``stagger``: ov4 best past M = 128 (0.94-0.98x torch), 128x256 without
-# the promotion 1.06x but 4x torch's error at K = 8192. This list is the policy's ov4 beside the 192x128
-# tiles over three consumers.
+# the promotion 1.06x but 4x torch's error at K = 8192. This list (benchmarks/results/2026-11-27_h100_fp8_under/)
+# times the policy's tiles with and without the epilogue under the next tile (the _u configs).
 SWEEP = {
-    "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2", "n256_h_p2_row", "n256_h_p2_u_row"),
+    "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2"),
     "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
     "4096x7168x16384": ("m192_c1x2", "m192_c1x2_u", "n256_h_p2", "n256_h_p2_u"),
 }

@@ -256,3 +256,32 @@ teach_fp8.show_measured()
 for M, N in ((4096, 4096), (8192, 8192), (4096, 7168)):
     problem = plan.Problem(M, N, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "tensor"))
     print(f"{M}x{N}:", plan.fp8_tile(M, N), plan.rule_choice(problem).rule, plan.fp8_knobs(M, N, 8192, "tensor"))
+
+# %% [markdown]
+# ## The epilogue under the next tile
+#
+# With the promotion, the last thing a tile does before its epilogue is drain the tensor cores and add;
+# then both consumers scale, round and store 128x256 values while the tensor cores idle. At 4096^3 an fp8
+# tile's K loop is half a 16-bit one's, so that gap weighs twice as much.
+#
+# The 16-bit kernels hide it with `epi_under`: the tile's sums become 16-bit pairs, and its chunks leave
+# under the next tile's first slices. fp8 keeps that shape and moves the stores to the first
+# *promotion group* (`mainloop.Consumer.run_under`):
+#
+# - once the last group is added, the total is scaled and rounded into pairs (64 registers a thread), and
+#   starts over at 0;
+# - the next tile's first group issues half 0's wgmmas; while they run, half 0's columns of the old tile
+#   leave (stmatrix, TMA store); then the drain and the adds, as in any group; the same for half 1.
+#
+# Two ways that did not work, both visible in ptxas's report before anything runs on a GPU:
+#
+# - making the first group's sums *be* the total (a copy instead of adding into zeros): ptxas ran out of
+#   registers for the wgmma pipeline and serialised every wgmma;
+# - storing straight from the total, with no pairs: the whole total, the accumulators in flight and the
+#   stores' addresses do not fit 232 registers, and the spills cost 40% (0.6x).
+#
+# Measured (`benchmarks/results/2026-11-27_h100_fp8_under/`, same rounds): halves at 4096^3 +1.1-1.6%,
+# 1.047-1.056x `torch._scaled_mm`; the wide tiles +0.8-2.3% at 8192^3. The policy turns it on for both:
+
+# %%
+print(plan.fp8_knobs(4096, 4096, 4096, "tensor"))

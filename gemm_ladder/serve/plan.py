@@ -477,7 +477,8 @@ FP8_SMALL_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1
 # per-tensor's are): 1245-1259 TFLOPS at 8192^3 through a pack, 1.02-1.03x torch._scaled_mm rowwise against
 # 128x128's 0.94x. Block scales keep 128x128: they need overlap's registers.
 FP8_WIDE_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_wide/README.md"
-FP8_WIDE_KNOBS = {"promote": FP8_PROMOTE, "blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2}
+FP8_WIDE_KNOBS = {"promote": FP8_PROMOTE, "blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2,
+                  "epi_under": True}
 FP8_WIDE_RATE = 1.11  # 192x128's rate over ov4's 128x128 with whole waves: 1315 / 1180 TFLOPS at 8192^3
 
 
@@ -493,8 +494,14 @@ FP8_WIDE_RATE = 1.11  # 192x128's rate over ov4's 128x128 with whole waves: 1315
 # FP8_WIDE_RATE over ov4's): fp8_tile weighs the three tiles' waves by their rates.
 FP8_HALVES_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_halves/README.md"
 FP8_HALVES_PROMOTE = 2  # slices of 128 of K between promotions in halves
-FP8_HALVES_KNOBS = {"promote": FP8_HALVES_PROMOTE, "blk_n": 256, "halves": True}
+FP8_HALVES_KNOBS = {"promote": FP8_HALVES_PROMOTE, "blk_n": 256, "halves": True, "epi_under": True}
 FP8_HALVES_RATE = FP8_WIDE_RATE  # 128x256 in halves over ov4's 128x128 with whole waves (level with 192x128)
+# Both take the epilogue under the next tile (``epi_under``: a tile's scaled sums rounded into 16-bit pairs
+# once its K loop ends, its chunks stored while the next tile's first promotion group runs, a half's columns
+# under that half's wgmmas; mainloop.Consumer.run_under). Measured (FP8_UNDER_RESULTS, same rounds): halves
+# +1.1-1.6% at 4096^3 (1.047-1.056x torch._scaled_mm), the wide tiles +0.8-2.3% at 8192^3 and +1.2-2.0% at
+# 4096x7168x16384. Storing straight from the promoted sums instead (no pairs) spilled in halves (0.6x).
+FP8_UNDER_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_under/README.md"
 
 
 def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
@@ -569,18 +576,22 @@ FP8_RULES: list[Rule] = [
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="per-tensor or rowwise fp8 over many waves: 192x128 tiles over three consumers (the promotion every slice after a "
              "drain, in their registers), 1x2 clusters: a fifth less operand traffic a product than 128x128, where "
-             f"their waves, weighed by their measured rate ({FP8_WIDE_RATE}x), use the SMs better",
+             f"their waves, weighed by their measured rate ({FP8_WIDE_RATE}x), use the SMs better; each tile's "
+             "epilogue under the next tile's first group (epi_under)",
          evidence=FP8_WIDE_RESULTS + ": 1243-1348 TFLOPS at 8192^3, 0.98-1.07x torch._scaled_mm (128x128 with "
-                  "overlap=4: 1144-1180); rowwise 1245-1259, 1.02-1.03x (128x128: 0.94x)"),
+                  "overlap=4: 1144-1180); rowwise 1245-1259, 1.02-1.03x (128x128: 0.94x); " + FP8_UNDER_RESULTS
+                  + ": epi_under +0.8-2.3% at 8192^3, +1.2-2.0% at 4096x7168x16384"),
     Rule("fp8-halves", "sm_90a", "v9", when=lambda p: _fp8(p, False) and fp8_halves(p.M, p.N, p.sms, p.spec.scales),
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="per-tensor or rowwise fp8 where 128x256 tiles fill their waves best: two consumers of 64x256, each "
              f"promotion group (every {FP8_HALVES_PROMOTE} slices of 128 of K) issued as two 128-wide wgmma groups "
              "into one 64-register set, each half added into its half of the fp32 total before the other is issued "
-             "(halves=True), 2x1 clusters: half the operand traffic a product of 128x128",
+             "(halves=True), 2x1 clusters: half the operand traffic a product of 128x128; each tile's epilogue "
+             "under the next tile's first group, a half's columns under that half's wgmmas (epi_under)",
          evidence=FP8_HALVES_RESULTS + ": 1235-1328 TFLOPS, 1.03-1.05x torch._scaled_mm at 4096^3 (128x128 with "
                   "overlap=4: 0.93-0.995x), 1300-1317, 0.94-1.02x at 4096x7168x16384 (192x128: 0.88-0.95x); "
-                  "the error within 1.01x torch's to K = 16384"),
+                  "the error within 1.01x torch's to K = 16384; " + FP8_UNDER_RESULTS + ": epi_under +1.1-1.6% at "
+                  "4096^3 (1.047-1.056x torch._scaled_mm)"),
     Rule("fp8", "sm_90a", "v9", when=lambda p: _fp8(p, False), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why=f"an fp8 GEMM: v9's e4m3 kernel (128x128 tiles over two consumers, wgmma k32), the tensor cores' "
              f"sums promoted into fp32 every {FP8_PROMOTE} slice(s) of 128 of K (within {FP8_ERROR} of "

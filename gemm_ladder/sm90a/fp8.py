@@ -92,8 +92,20 @@ parts of it:
   the same tile unpromoted; every slice 3-4% slower, every 4 slices 0.70x (a group then holds all
   four ring stages through both halves, and the producer waits).
 
+- the epilogue under the next tile (v9's ``epi_under``; ``mainloop.Consumer.run_under``): once a
+  tile's K loop ends its promoted sums are scaled and rounded into 16-bit pairs
+  (``epilogue.acc_to_pairs``, 64 registers a thread at 128x256), the total starts over at 0, and the
+  tile's chunks leave while the next tile's first promotion group runs: with ``halves``, each half's
+  columns after that half's wgmmas are issued and before they are drained. The first group's sums are
+  added into the zeroed total as any group's (a copy into the total made ptxas 13.0 serialise every
+  wgmma, too few registers for its pipeline), and storing straight from the total, with no pairs,
+  spilled at 128x256 (the whole total live beside the accumulators and the stores: 0.6x).
+  Measured (``benchmarks/results/2026-11-27_h100_fp8_under/``): +1.1-1.6% at 4096^3 in halves
+  (1.047-1.056x ``torch._scaled_mm``), +0.8-2.3% for the 192x128 tiles at 8192^3.
+
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
-``epi_under`` and no ``tail_n`` yet, the accumulators (twice with promotion, three times with
+``tail_n`` yet; ``epi_under`` needs a promotion in one accumulator set (no ``overlap``, no
+``stagger``), per-tensor or row scales, and with ``halves`` chunks within a half; the accumulators (twice with promotion, three times with
 ``overlap``, one and a half with ``halves``) within the consumer's registers; ``overlap``,
 ``stagger`` and ``halves`` need a promotion (and ``stagger`` two consumers, groups or runs of two
 or more, and no block scales; ``halves`` no ``overlap``, and with block scales blk_n = 256, a B

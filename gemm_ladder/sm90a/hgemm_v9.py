@@ -138,8 +138,9 @@ promotion (knob ``promote``, fp8 specs only: the tensor cores' sums added into f
 ``promote`` slices), with two knobs against the drain before each promotion's adds: ``overlap``
 (groups in two accumulator sets, a group's adds under the next group's wgmmas) and ``stagger`` (the
 consumers' drains take turns; ``sm90a/fp8.py``). Its defaults: 128x128 tiles over two consumers (the
-promoted sums double the accumulators), ``promote=1``, ``overlap=0``, ``stagger=False``; no
-``epi_under`` or ``tail_n`` yet.
+promoted sums double the accumulators), ``promote=1``, ``overlap=0``, ``stagger=False``; with a
+promotion in one accumulator set, ``epi_under`` stores the previous tile's pairs under the next tile's
+first promotion group (``mainloop.Consumer.run_under``); no ``tail_n`` yet.
 
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);

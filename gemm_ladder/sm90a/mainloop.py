@@ -8,7 +8,8 @@
 
 A kernel builds one :class:`Consumer` per consumer warpgroup with named fields, and runs a tile
 with ``run`` (or ``issue`` and ``retire`` apart, when something goes between:
-``issue_under`` with the previous tile's epilogue chunks under the first slices). fp8's
+``issue_under`` with the previous tile's epilogue chunks under the first slices; for fp8's
+promoted tiles, ``run_under``, the chunks under the first promotion group). fp8's
 promotion (``promote``): groups of slices into fresh accumulators, each group retired and added
 into an fp32 ``total`` (with block scales, ``fp8.BlockScales``, scaled as it is added); with
 ``overlap`` (fp8's knob), two sets of accumulators taken in turn, so that a group's adds run while
