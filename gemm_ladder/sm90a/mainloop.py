@@ -130,6 +130,19 @@ def promotion_cuts(nk: int, promote: int, overlap: int, staggered: bool) -> tupl
 
 
 @T.inline
+def _promoted_groups(mma, it, first, groups, rest):
+    """From slice ``first``: ``groups`` whole groups, then a group of the ``rest`` slices, each retired
+    and added. No wgmma is pending over the loop's back edge (where ptxas would serialise every wgmma
+    of the loop)."""
+    for g in T.serial(groups):
+        _promoted_group(mma, it, first + g * mma.promote, mma.promote)
+        _promote(mma, mma.acc)
+    if rest > 0:
+        _promoted_group(mma, it, first + groups * mma.promote, rest)
+        _promote(mma, mma.acc)
+
+
+@T.inline
 def _run_promoted(mma, it, nk, staggered):
     lead, groups, whole, tail = T.meta_var(promotion_cuts(nk, mma.promote, 0, staggered))
     first = T.meta_var(sum(lead))
@@ -140,14 +153,7 @@ def _run_promoted(mma, it, nk, staggered):
     if lead_size > 0:
         _promoted_group(mma, it, 0, lead_size)
         _promote(mma, mma.acc)
-    # whole groups, each retired before its sums are read: no wgmma is pending over the loop's
-    # back edge (where ptxas would serialise every wgmma of the loop)
-    for g in T.serial(groups):
-        _promoted_group(mma, it, first + g * mma.promote, mma.promote)
-        _promote(mma, mma.acc)
-    if tail_size > 0:
-        _promoted_group(mma, it, first + groups * mma.promote, tail_size)
-        _promote(mma, mma.acc)
+    _promoted_groups(mma, it, first, groups, tail_size)
 
 
 @T.inline
@@ -388,6 +394,15 @@ def _encode_halves(mma):
 
 
 @T.inline
+def _halves_groups(mma, it, first, groups, rest):
+    """From slice ``first``: ``groups`` whole groups in halves, then a group of the ``rest`` slices."""
+    for g in T.serial(groups):
+        _halves_group(mma, it, first + g * mma.promote, mma.promote)
+    if rest > 0:
+        _halves_group(mma, it, first + groups * mma.promote, rest)
+
+
+@T.inline
 def _run_halves(mma, it, nk, staggered):
     """A tile's K loop in halves: a staggered consumer's half group first (``promotion_cuts``),
     whole groups of ``promote`` slices, then the rest."""
@@ -397,10 +412,7 @@ def _run_halves(mma, it, nk, staggered):
     _encode_halves(mma)
     if first > 0:
         _halves_group(mma, it, 0, first)
-    for g in T.serial(groups):
-        _halves_group(mma, it, first + g * mma.promote, mma.promote)
-    if rest > 0:
-        _halves_group(mma, it, first + groups * mma.promote, rest)
+    _halves_groups(mma, it, first, groups, rest)
 
 
 @T.inline
@@ -442,10 +454,7 @@ def _run_halves_under(mma, it, nk, under):
     _store_under(under, 1)
     _drain_half(mma, it, 0, first, 1)
     _promote_half(mma, 1)
-    for g in T.serial(groups):
-        _halves_group(mma, it, first + g * mma.promote, mma.promote)
-    if rest > 0:
-        _halves_group(mma, it, first + groups * mma.promote, rest)
+    _halves_groups(mma, it, first, groups, rest)
 
 
 @T.inline
@@ -462,12 +471,7 @@ def _run_promoted_under(mma, it, nk, under):
     _store_under(under, 0)
     _drain_group(mma, it, 0, first)
     _promote(mma, mma.acc)
-    for g in T.serial(groups):
-        _promoted_group(mma, it, first + g * mma.promote, mma.promote)
-        _promote(mma, mma.acc)
-    if rest > 0:
-        _promoted_group(mma, it, first + groups * mma.promote, rest)
-        _promote(mma, mma.acc)
+    _promoted_groups(mma, it, first, groups, rest)
 
 
 @T.inline
