@@ -145,14 +145,25 @@ CONFIGS = {
     "n256_h_p2_u_c1x2": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "cluster_m": 1,
                          "cluster_n": 2},
     "m192_c1x2_u": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2, "epi_under": True},
+    # with the epilogue under: L2 groups, K read backwards every second tile, wider chunks, the other cluster
+    "m192_c1x2_u_g16": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2, "epi_under": True,
+                        "l2_group_size": 16},
+    "m192_c1x2_u_kz": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2, "epi_under": True,
+                       "k_zigzag": True},
+    "m192_c1x2_u_e128": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2, "epi_under": True,
+                         "epi_n": 128},
+    "m192_u": {"blk_m": 192, "num_warpgroups": 3, "epi_under": True},
+    "n256_h_p2_u_g16": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "l2_group_size": 16},
+    "n256_h_p2_u_kz": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "k_zigzag": True},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
 # groups) and ov4 at cuBLAS's ring depth, each run's list in its JSON's rows.
 # The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
 # tile, clusters, ``overlap`` and ``stagger``: ov4 best past M = 128 (0.94-0.98x torch), 128x256 without
-# the promotion 1.06x but 4x torch's error at K = 8192. This list (benchmarks/results/2026-11-27_h100_fp8_under/)
-# times the policy's tiles with and without the epilogue under the next tile (the _u configs).
+# the promotion 1.06x but 4x torch's error at K = 8192. This list (benchmarks/results/2026-11-27_h100_fp8_under/,
+# runs 1 and 3) times the policy's tiles with and without the epilogue under the next tile (the _u configs); its
+# run 5 timed the _u configs' variants (L2 groups, k_zigzag, epi_n, clusters), its list in that run's rows.
 SWEEP = {
     "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2"),
     "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
