@@ -281,7 +281,7 @@ for M, N in ((4096, 4096), (8192, 8192), (4096, 7168)):
 #   stores' addresses do not fit 232 registers, and the spills cost 40% (0.6x).
 #
 # Measured (`benchmarks/results/2026-11-27_h100_fp8_under/`, four runs, same rounds): halves at 4096^3
-# +1.0-1.6%, 1.047-1.089x `torch._scaled_mm`; the wide tiles -0.3 to +2.3% at 8192^3 (1.008-1.035x), where
+# +1.0-1.6%, 1.047-1.089x `torch._scaled_mm` (1.027-1.038x on a third H100); the wide tiles -0.3 to +2.3% at 8192^3 (1.008-1.035x), where
 # the tile boundary is a smaller share of 21 waves. The policy turns it on for both:
 
 # %%

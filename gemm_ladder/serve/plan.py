@@ -499,7 +499,7 @@ FP8_HALVES_RATE = FP8_WIDE_RATE  # 128x256 in halves over ov4's 128x128 with who
 # Both take the epilogue under the next tile (``epi_under``: a tile's scaled sums rounded into 16-bit pairs
 # once its K loop ends, its chunks stored while the next tile's first promotion group runs, a half's columns
 # under that half's wgmmas; mainloop.Consumer.run_under). Measured (FP8_UNDER_RESULTS, four runs, same rounds):
-# halves +1.0-1.6% at 4096^3 (1.047-1.089x torch._scaled_mm) and -0.4 to +2.5% at 4096x7168x16384, the wide
+# halves +1.0-1.6% at 4096^3 (1.027-1.089x torch._scaled_mm over three H100s) and -0.4 to +2.5% at 4096x7168x16384, the wide
 # tiles -0.3 to +2.3% at 8192^3. Storing straight from the promoted sums instead (no pairs) spilled in halves (0.6x).
 FP8_UNDER_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_under/README.md"
 
@@ -591,7 +591,7 @@ FP8_RULES: list[Rule] = [
          evidence=FP8_HALVES_RESULTS + ": 1235-1328 TFLOPS, 1.03-1.05x torch._scaled_mm at 4096^3 (128x128 with "
                   "overlap=4: 0.93-0.995x), 1300-1317, 0.94-1.02x at 4096x7168x16384 (192x128: 0.88-0.95x); "
                   "the error within 1.01x torch's to K = 16384; " + FP8_UNDER_RESULTS + ": epi_under +1.0-1.6% at "
-                  "4096^3 (1.047-1.089x torch._scaled_mm)"),
+                  "4096^3 (1.027-1.089x torch._scaled_mm over three H100s)"),
     Rule("fp8", "sm_90a", "v9", when=lambda p: _fp8(p, False), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why=f"an fp8 GEMM: v9's e4m3 kernel (128x128 tiles over two consumers, wgmma k32), the tensor cores' "
              f"sums promoted into fp32 every {FP8_PROMOTE} slice(s) of 128 of K (within {FP8_ERROR} of "

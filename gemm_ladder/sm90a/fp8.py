@@ -101,7 +101,7 @@ parts of it:
   wgmma, too few registers for its pipeline), and storing straight from the total, with no pairs,
   spilled at 128x256 (the whole total live beside the accumulators and the stores: 0.6x).
   Measured (``benchmarks/results/2026-11-27_h100_fp8_under/``, four runs): +1.0-1.6% at 4096^3 in
-  halves (1.047-1.089x ``torch._scaled_mm``), -0.3 to +2.3% for the 192x128 tiles at 8192^3.
+  halves (1.027-1.089x ``torch._scaled_mm`` on three H100s), -0.3 to +2.3% for the 192x128 tiles at 8192^3.
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``tail_n`` yet; ``epi_under`` needs a promotion in one accumulator set (no ``overlap``, no
