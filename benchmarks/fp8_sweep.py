@@ -225,6 +225,8 @@ BLOCK_CONFIGS = {
     # 128x256 tiles promoted in halves (fp8.py's halves), each half scaled by its own B block
     "n256_h": {"blk_n": 256, "halves": True},
     "n256_h_c1x2": {"blk_n": 256, "halves": True, "cluster_m": 1, "cluster_n": 2},
+    # and with the epilogue under the next tile's first pair of slices (epi_under, mainloop._run_block_halves)
+    "n256_h_u": {"blk_n": 256, "halves": True, "epi_under": True},
 }
 # shape -> the configs timed there. The first run (c7cf3e4, benchmarks/results/2026-11-26_h100_fp8_block_overlap/)
 # timed the overlap, clusters and ring depths: overlap=4 best past M = 128 (0.82-0.92x torch's block-wise), the
@@ -233,11 +235,9 @@ BLOCK_CONFIGS = {
 # beside the scales staged in shared memory by the producer's TMA (``stage_scales``, the ``_ss`` configs).
 # benchmarks/results/2026-11-27_h100_fp8_halves/ timed ov4_ss beside n256_h and n256_h_c1x2 (its JSONs' rows).
 BLOCK_SWEEP = {
-    "4096x7168x16384": ("ov4", "ov2_ss", "ov4_ss", "ov8_ss"),
-    "4096^3": ("ov4", "ov8", "ov4_ss", "ov8_ss"),
-    "8192^3": ("ov4", "ov4_ss", "ov8_ss"),
-    "4096x4096x7168": ("ov4", "ov4_ss", "ov8_ss"),
-    "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
+    "4096x7168x16384": ("ov4_ss", "n256_h", "n256_h_u"),
+    "4096^3": ("ov4_ss", "n256_h", "n256_h_u"),
+    "8192^3": ("ov4_ss", "n256_h", "n256_h_u"),
 }
 BLOCK_PEER = {label: {"small": "tensor_policy_small", "wide": "tensor_policy_wide", "halves": "tensor_policy_halves",
                       "square": "tensor_policy"}[serve_plan.fp8_tile(M, N, 132, "tensor")]

@@ -19,6 +19,7 @@ from .built import built_sass
 
 HALVES = {"blk_n": 256, "halves": True, "promote": 2}
 WIDE = {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2, "promote": 1}
+BLOCK = {"blk_n": 256, "halves": True, "promote": 1}  # block scales: each half one B block, promoted every slice
 
 
 def _cfg(recipe="tensor", M=4096, N=4096, K=4096, **knobs):
@@ -42,11 +43,11 @@ def _events(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("recipe, knobs, wgmmas, parts", [("tensor", HALVES, 8, 2), ("row", HALVES, 8, 2),
-                                                          ("tensor", WIDE, 4, 1)])
+                                                          ("tensor", WIDE, 4, 1), ("block", BLOCK, 4, 2)])
 def test_the_previous_tile_leaves_while_the_first_groups_wgmmas_run(recipe, knobs, wgmmas, parts):
     """Each part's stores (two 64-column chunks of a half, or a 192x128 tile's two chunks) follow that
-    part's wgmma issues and come before the wait that drains them; the last tile's four (two) chunks
-    follow the loop. ptxas keeps the wgmmas in flight (as many waits as without ``epi_under``, not one a
+    part's wgmma issues and come before the wait that drains them (block scales: under the halves of
+    the first of the two slices the loop peels); the last tile's four (two) chunks follow the loop. ptxas keeps the wgmmas in flight (as many waits as without ``epi_under``, not one a
     wgmma: a first group whose sums were copied into the total ran out of registers and serialised
     them), with no spills."""
     text, res = built_sass(_cfg(recipe, **knobs, epi_under=True))
@@ -64,11 +65,12 @@ def test_the_previous_tile_leaves_while_the_first_groups_wgmmas_run(recipe, knob
 
 @pytest.mark.parametrize("K, recipe, knobs", [(1280, "tensor", HALVES), (384, "tensor", {**HALVES, "promote": 4}),
                                               (512, "row", {**HALVES, "cluster_m": 1, "cluster_n": 2}),
-                                              (1280, "tensor", WIDE), (640, "tensor", {"promote": 1})])
+                                              (1280, "tensor", WIDE), (640, "tensor", {"promote": 1}),
+                                              (1280, "block", BLOCK), (384, "block", BLOCK), (128, "block", BLOCK)])
 def test_the_barrier_checker_passes_fp8_with_the_epilogue_under(K, recipe, knobs):
     """Tiles of several groups and a tail group, a tile shorter than a group (K = 384 in groups of 4), a 1x2
-    cluster with row scales, three consumers, 128x128: every slot released once, every staging buffer
-    rewritten only after its store left it."""
+    cluster with row scales, three consumers, 128x128, block scales in halves (an even, an odd and a
+    one-slice K): every slot released once, every staging buffer rewritten only after its store left it."""
     assert check_config(_cfg(recipe, 512, 512, K, **knobs, epi_under=True)).ok
 
 
@@ -83,6 +85,6 @@ def test_fp8_with_the_epilogue_under_refuses_what_is_not_built(knobs, words):
         _cfg(**knobs, epi_under=True)
 
 
-def test_block_scales_with_the_epilogue_under_are_refused_with_the_fix():
-    with pytest.raises(ConfigError, match="epi_under=True with block scales is not built.*or epi_under=False"):
-        _cfg("block", **HALVES | {"promote": 1}, epi_under=True)
+def test_block_scales_with_the_epilogue_under_need_the_halves():
+    with pytest.raises(ConfigError, match="epi_under=True with block scales is built in halves only.*or epi_under=False"):
+        _cfg("block", promote=1, overlap=0, epi_under=True)

@@ -291,12 +291,13 @@ def check(cfg: GemmConfig) -> None:
 def _check_under(cfg: GemmConfig) -> None:
     """``epi_under`` with fp8 stores the previous tile under the next tile's first promotion group
     (``mainloop.Consumer.run_under``): it needs the total (a promotion) in one accumulator set, the
-    consumers' groups in step, scales applied before the epilogue, and with ``halves`` a tile's
-    chunks in two equal halves."""
+    consumers' groups in step, block scales only in halves (their K loop peels its first pair of
+    slices), and with ``halves`` a tile's chunks in two equal halves."""
     extra = dict(cfg.extra)
     if not extra.get("epi_under"):
         return
-    fix = "use epi_under=True with promote >= 1, overlap=0, stagger=False and per-tensor or row scales, or epi_under=False"
+    fix = ("use epi_under=True with promote >= 1, overlap=0, stagger=False (block scales: halves=True), or "
+           "epi_under=False")
     if not extra.get("promote", 0):
         raise ConfigError(f"epi_under=True with fp8 and promote=0: the previous tile is stored while the next tile's "
                           f"first promotion group runs; {fix}")
@@ -304,9 +305,9 @@ def _check_under(cfg: GemmConfig) -> None:
         raise ConfigError(f"epi_under=True with overlap={extra.get('overlap', 0)}, stagger="
                           f"{extra.get('stagger', False)}: built for one accumulator set with the consumers' groups "
                           f"in step; {fix}")
-    if recipe(cfg) == "block":
-        raise ConfigError(f"epi_under=True with block scales is not built (the first group's scaled sums would "
-                          f"have to become the total); {fix}")
+    if recipe(cfg) == "block" and not extra.get("halves", False):
+        raise ConfigError(f"epi_under=True with block scales is built in halves only (halves=True, blk_n=256: "
+                          f"the promotion every slice in one accumulator set); {fix}")
     if extra.get("halves", False) and (cfg.blk_n // 2) % extra.get("epi_n", cfg.blk_n):
         raise ConfigError(f"epi_under=True with halves and epi_n={extra.get('epi_n')}: each half of the tile "
                           f"({cfg.blk_n // 2} columns) leaves under its own wgmmas in whole chunks; use epi_n=64")

@@ -421,7 +421,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                     # fp8: the previous tile's pairs stored under this tile's first promotion group
                     mma.run_under(it, slices_per_tile, epilogue.PairsUnder(
                         epi=epi, pairs=Preg, has_prev=tiles_done > 0, m0=m_prev, n0=n_prev, chunk_it=epi_it,
-                        parts=2 if halves else 1))
+                        parts=2 if halves else 1), sched.m_start(ts.m_idx) + wg_row0, sched.n_start(ts.n_idx))
                     if tiles_done > 0:
                         epi_it = epi_it + epi.chunks_per_tile
                     # the sums scaled and rounded: the total is free for the next tile

@@ -368,22 +368,26 @@ def _promote_half(mma, h):
             mma.total[mi * NR + h * NH + r] = mma.total[mi * NR + h * NH + r] + mma.acc[mi * NH + r]
 
 
-def _halves_group(mma, it, k0, count, scale_set=0) -> None:
+def _halves_group(mma, it, k0, count, scale_set=0, under=None) -> None:
     """One promotion group in halves (knob ``halves``): half 0's wgmmas, drained and added into
     its half of the total, then half 1's from the same slots (B ``blk_n / 2`` rows on), each slot
     back once its half-1 wgmmas retired, then its adds. With block scales (one slice a group) each half is
     scaled by its own B block and the rows' A scales of register set ``scale_set``. While one
-    consumer drains and adds, the other's wgmmas keep the tensor cores busy."""
-    _half_slices(mma, it, k0, count, 0, mma.desc_b)
-    if mma.scales is not None:
-        mma.scales.promote_half(mma.total, mma.acc, mma.halves, 0, scale_set)
-    else:
-        _promote_half(mma, 0)
-    _half_slices(mma, it, k0, count, 1, mma.desc_b_half)
-    if mma.scales is not None:
-        mma.scales.promote_half(mma.total, mma.acc, mma.halves, 1, scale_set)
-    else:
-        _promote_half(mma, 1)
+    consumer drains and adds, the other's wgmmas keep the tensor cores busy. With ``under``
+    (``epilogue.PairsUnder``: a tile's first group with ``epi_under``), the previous tile's half h of
+    the columns is stored while half h's wgmmas run, between their issue and their drain."""
+    for h in range(2):
+        desc_b = mma.desc_b if h == 0 else mma.desc_b_half
+        if under is None:
+            _half_slices(mma, it, k0, count, h, desc_b)
+        else:
+            _issue_half(mma, it, k0, count, h, desc_b)
+            _store_under(under, h)
+            _drain_half(mma, it, k0, count, h)
+        if mma.scales is not None:
+            mma.scales.promote_half(mma.total, mma.acc, mma.halves, h, scale_set)
+        else:
+            _promote_half(mma, h)
 
 
 @T.inline
@@ -416,17 +420,27 @@ def _run_halves(mma, it, nk, staggered):
 
 
 @T.inline
-def _run_block_halves(mma, it, nk, m0, n0):
+def _run_block_halves(mma, it, nk, m0, n0, under=None):
     """Block scales in halves: one slice a group, K block k + 1's scales loaded into the other
-    register set while slice k runs (as :func:`_run_block_scaled`)."""
+    register set while slice k runs (as :func:`_run_block_scaled`). With ``under`` (``epi_under``),
+    the first pair of slices is peeled, the previous tile's halves stored under slice 0's
+    (:func:`_halves_group`)."""
+    peeled = T.meta_var(0 if under is None else min(nk, 2))  # slices before the loop
     _encode_halves(mma)
     mma.scales.load(m0, n0, 0, 0)
-    for p in T.serial(nk // 2):
+    if peeled == 2:
+        mma.scales.load(m0, n0, 1, 1)
+        _halves_group(mma, it, 0, 1, 0, under)
+        mma.scales.load(m0, n0, T.min(2, nk - 1), 0)
+        _halves_group(mma, it, 1, 1, 1)
+    if peeled == 1:
+        _halves_group(mma, it, 0, 1, 0, under)
+    for p in T.serial(peeled // 2, nk // 2):
         mma.scales.load(m0, n0, 2 * p + 1, 1)
         _halves_group(mma, it, 2 * p, 1, 0)
         mma.scales.load(m0, n0, T.min(2 * p + 2, nk - 1), 0)  # the last turn of an even nk reloads its own
         _halves_group(mma, it, 2 * p + 1, 1, 1)
-    if nk % 2 == 1:
+    if nk % 2 == 1 and peeled != 1:
         _halves_group(mma, it, nk - 1, 1, 0)
 
 
@@ -446,14 +460,7 @@ def _run_halves_under(mma, it, nk, under):
     lead, groups, whole, tail = T.meta_var(promotion_cuts(nk - first, mma.promote, 0, False))
     rest = T.meta_var(sum(tail))
     _encode_halves(mma)
-    _issue_half(mma, it, 0, first, 0, mma.desc_b)
-    _store_under(under, 0)
-    _drain_half(mma, it, 0, first, 0)
-    _promote_half(mma, 0)
-    _issue_half(mma, it, 0, first, 1, mma.desc_b_half)
-    _store_under(under, 1)
-    _drain_half(mma, it, 0, first, 1)
-    _promote_half(mma, 1)
+    _halves_group(mma, it, 0, first, 0, under)
     _halves_groups(mma, it, first, groups, rest)
 
 
@@ -599,19 +606,23 @@ class Consumer:
         Chunks past the tile's last slice (a K of fewer slices than chunks) follow it."""
         _issue_under(self, pos, num_slices, epi, pairs, m_prev, n_prev, has_prev, chunk_it)
 
-    def run_under(self, pos, num_slices, under) -> None:
+    def run_under(self, pos, num_slices, under, m0=None, n0=None) -> None:
         """:meth:`run` for a promoted tile (no ``overlap``, ``stagger`` or block scales) with the
-        previous tile's epilogue under its first promotion group (v9's ``epi_under`` with fp8):
+        previous tile's epilogue under its first promotion group (v9's ``epi_under`` with fp8; block
+        scales in halves, with ``m0`` and ``n0`` as :meth:`run` takes them):
         ``under`` (``epilogue.PairsUnder``) stores the previous tile from its 16-bit pairs, in two
         parts with ``halves`` (each half's columns under that half's wgmmas), while the group's
         wgmmas run; they then retire and are added into the zeroed total as in any group (sums
         that became the total by a copy made ptxas 13.0 serialise every wgmma: too few registers
         for the wgmma pipeline)."""
-        if not self.promote or self.overlap or self.stagger or self.scales is not None \
-                or not isinstance(num_slices, int):
-            raise ValueError("Consumer.run_under needs a promotion with one accumulator set, no stagger, no block "
-                             "scales and a fixed number of slices (fp8.check refuses epi_under elsewhere)")
-        if self.halves is not None:
+        if not self.promote or self.overlap or self.stagger or not isinstance(num_slices, int) \
+                or (self.scales is not None and (self.halves is None or m0 is None or n0 is None)):
+            raise ValueError("Consumer.run_under needs a promotion with one accumulator set, no stagger, a fixed "
+                             "number of slices, and block scales only in halves with the tile's m0 and n0 "
+                             "(fp8.check refuses epi_under elsewhere)")
+        if self.scales is not None:
+            _run_block_halves(self, pos, num_slices, m0, n0, under)
+        elif self.halves is not None:
             _run_halves_under(self, pos, num_slices, under)
         else:
             _run_promoted_under(self, pos, num_slices, under)
