@@ -233,11 +233,15 @@ BLOCK_CONFIGS = {
 # small-M knobs with overlap=2 at M = 128 (1.15x); a second (e6edcac) timed the scale loads pinned a slice ahead
 # as plain ld.global (3-7% slower: the knob is gone). This list is the policy's configs (ov4; sm_ov2 at small M)
 # beside the scales staged in shared memory by the producer's TMA (``stage_scales``, the ``_ss`` configs).
-# benchmarks/results/2026-11-27_h100_fp8_halves/ timed ov4_ss beside n256_h and n256_h_c1x2 (its JSONs' rows).
+# benchmarks/results/2026-11-27_h100_fp8_halves/ timed ov4_ss beside n256_h and n256_h_c1x2 (its JSONs' rows);
+# benchmarks/results/2026-11-27_h100_fp8_under/ the halves with the epilogue under (n256_h_u) at the first three
+# shapes. This list is the policy's tiles (ov4_ss, n256_h_u: plan.fp8_tile) beside the halves without it.
 BLOCK_SWEEP = {
-    "4096x7168x16384": ("ov4_ss", "n256_h", "n256_h_u"),
+    "4096x7168x16384": ("ov4", "ov4_ss", "n256_h", "n256_h_u"),
     "4096^3": ("ov4_ss", "n256_h", "n256_h_u"),
     "8192^3": ("ov4_ss", "n256_h", "n256_h_u"),
+    "4096x4096x7168": ("ov4_ss", "n256_h_u"),
+    "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
 }
 BLOCK_PEER = {label: {"small": "tensor_policy_small", "wide": "tensor_policy_wide", "halves": "tensor_policy_halves",
                       "square": "tensor_policy"}[serve_plan.fp8_tile(M, N, 132, "tensor")]

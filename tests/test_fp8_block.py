@@ -214,7 +214,14 @@ def test_the_pack_cli_plans_block_modules_by_name():
                          env={**os.environ, "GEMM_LADDER_TUNING_DB": "off"})
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if "float8_e4m3" in line]
-    # one module up to M = 128 (the small-M knobs) and one past it, as for the other recipes
-    assert len(rows) == 2 and all("block -> bfloat16" in r for r in rows), out.stdout
+    # one module up to M = 128 (the small-M knobs); past it the ranges of M where 128x128 or 128x256 in halves
+    # fills its waves best (plan.fp8_tile), each served by one of the two modules, as for the other recipes
+    assert all("block -> bfloat16" in r for r in rows), out.stdout
     assert "1..128" in rows[0] and "fp8-block-small-m" in rows[0] and "overlap2" in rows[0], out.stdout
-    assert "129..16384" in rows[1] and "fp8-block " in rows[1] and "overlap4" in rows[1], out.stdout
+    assert rows[1].split()[7].startswith("129..") and rows[-1].split()[7].endswith("..16384"), out.stdout
+    square = [r for r in rows[1:] if "fp8-block " in r]
+    halves = [r for r in rows[1:] if "fp8-block-halves " in r]
+    assert square and halves and len(square) + len(halves) == len(rows) - 1, out.stdout
+    assert all("overlap4" in r and "stagescalesTrue" in r for r in square), out.stdout
+    assert all("halvesTrue" in r and "epiunderTrue" in r and "n256" in r for r in halves), out.stdout
+    assert len({r.split()[0] for r in rows}) == 3  # one module a kind of tile

@@ -26,26 +26,33 @@ def test_the_policys_knobs_validate_at_every_shape_scaled_mm_takes(recipe, N, K)
 
 @pytest.mark.parametrize("N, K", [(4096, 7168), (3008, 1008), (48, 32), (7168, 16384), (1024, 16), (200, 144)])
 def test_the_block_policys_knobs_validate_at_every_shape_scaled_mm_takes(N, K):
-    """Block scales: overlap=4 past M = 128 and the small-M knobs with overlap=2 up to it, valid at any
-    M, N and K a block call may have (K of one slice: a run's tail alone; N not a multiple of 128)."""
+    """Block scales: the small-M knobs with overlap=2 up to M = 128, past it overlap=4 on 128x128 or
+    128x256 in halves with the epilogue under (whichever fills its waves best), valid at any M, N and K a
+    block call may have (K of one slice: a run's tail alone; N not a multiple of 128)."""
     spec = GemmSpec.fp8("bfloat16", "block")
     for M in (1, 77, plan.FP8_SMALL_M, plan.FP8_SMALL_M + 1, 1000, 8192):
         choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
-        small = M <= plan.FP8_SMALL_M
-        assert choice.rule == ("fp8-block-small-m" if small else "fp8-block"), (M, choice.skipped)
-        assert choice.knobs["overlap"] == (2 if small else 4) and choice.knobs.get("promote", 1) == 1
-        assert (choice.knobs.get("blk_m"), choice.knobs.get("blk_n")) == ((64, 64) if small else (None, None))  # large: v9 fp8 128x128
+        tile = plan.fp8_tile(M, N, recipe="block")
+        rule = {"small": "fp8-block-small-m", "square": "fp8-block", "halves": "fp8-block-halves"}[tile]
+        assert choice.rule == rule, (M, choice.skipped)
+        assert choice.knobs.get("overlap") == {"small": 2, "square": 4, "halves": None}[tile]
+        assert choice.knobs.get("promote", 1) == 1
+        assert (choice.knobs.get("blk_m"), choice.knobs.get("blk_n")) == {"small": (64, 64), "square": (None, None),
+                                                                          "halves": (None, 256)}[tile]
 
 
 def test_the_block_policy_rests_on_its_sweep_and_explain_names_it():
     """The block rules cite the block sweep's results (committed), the numbers it measured, and the
     per-tensor rules are not changed by them."""
-    block = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
-    assert block.rule == "fp8-block" and plan.fp8_knobs(4096, 4096, 7168, "block") == {"promote": 1, "overlap": 4,
-                                                                                         "stage_scales": True}
+    block = plan.rule_choice(plan.Problem(129, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
+    assert block.rule == "fp8-block" and plan.fp8_knobs(129, 4096, 7168, "block") == {"promote": 1, "overlap": 4,
+                                                                                        "stage_scales": True}
     assert "2026-11-26_h100_fp8_block_staged_fix" in block.text() and "overlap=4" in block.text()
     assert "stage_scales" in block.text()
-    for results in (plan.FP8_BLOCK_RESULTS, plan.FP8_BLOCK_STAGED_RESULTS):
+    halves = plan.rule_choice(plan.Problem(4096, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
+    assert halves.rule == "fp8-block-halves" and halves.knobs["halves"] is True and halves.knobs["epi_under"] is True
+    assert "2026-11-27_h100_fp8_under" in halves.text()
+    for results in (plan.FP8_BLOCK_RESULTS, plan.FP8_BLOCK_STAGED_RESULTS, plan.FP8_UNDER_RESULTS):
         assert (Path(__file__).resolve().parents[1] / results).is_file()
     small = plan.rule_choice(plan.Problem(128, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
     assert small.rule == "fp8-block-small-m" and "1.31x torch._scaled_mm block-wise" in small.text()
@@ -58,8 +65,8 @@ def test_the_block_policy_rests_on_its_sweep_and_explain_names_it():
 def test_many_waves_of_per_tensor_fp8_take_the_tile_that_fills_them_best():
     """Past small M, per-tensor and rowwise scales take the tile whose waves, weighed by its measured
     rate, use the SMs best: 128x256 in halves at 4096^3 (512 tiles, 3.9 waves), 192x128 over three
-    consumers at 8192^3 (2752 tiles, 20.8 waves); not block scales (they keep 128x128); each rule cites its
-    sweep."""
+    consumers at 8192^3 (2752 tiles, 20.8 waves); each rule cites its
+    sweep. Block scales weigh 128x128 against 128x256 in halves the same way."""
     spec = GemmSpec.fp8("bfloat16", "tensor")
     wide = plan.rule_choice(plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, spec))
     assert wide.rule == "fp8-wide" and wide.knobs["blk_m"] == 192 and wide.knobs["num_warpgroups"] == 3
@@ -71,11 +78,11 @@ def test_many_waves_of_per_tensor_fp8_take_the_tile_that_fills_them_best():
     assert (Path(__file__).resolve().parents[1] / plan.FP8_HALVES_RESULTS).is_file()
     assert plan.rule_choice(plan.Problem(16384, 16384, 4096, "bfloat16", "sm_90a", 132, spec)).rule == "fp8-wide"
     assert plan.fp8_tile(129, 7168) == "square" and plan.fp8_tile(128, 65536) == "small"
-    assert plan.fp8_tile(8192, 8192, recipe="block") == "square"
+    assert plan.fp8_tile(8192, 8192, recipe="block") == "halves" and plan.fp8_tile(1000, 200, recipe="block") == "square"
     row = plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "row"))
     assert plan.rule_choice(row).rule == "fp8-wide" and plan.rule_choice(row).knobs["blk_m"] == 192
     block = plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "block"))
-    assert plan.rule_choice(block).knobs.get("blk_m") is None and "halves" not in plan.rule_choice(block).knobs
+    assert plan.rule_choice(block).rule == "fp8-block-halves" and plan.rule_choice(block).knobs.get("blk_m") is None
     # the waves decide: 8192^3's 2048 halves tiles take 16 waves of 132 SMs at 97%, its 2752 wide tiles 21 at
     # 98.5%; on 128 SMs the halves fill 16 waves whole and the wide ones 22 at 97.7%
     assert plan.fp8_wide(8192, 8192, sms=132) and plan.fp8_halves(8192, 8192, sms=128)

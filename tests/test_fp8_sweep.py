@@ -130,7 +130,7 @@ def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_thei
 
     plan = {"format": fp8_sweep.FORMAT, "recipes": ["block"], "modules": fp8_sweep.plan_modules("block")}
     (tmp_path / fp8_sweep.PLAN_FILE).write_text(json.dumps(plan))
-    broken = {fp8_sweep.module_name("4096^3", "ov8", "block"),
+    broken = {fp8_sweep.module_name("4096^3", "n256_h", "block"),
               fp8_sweep.module_name("8192^3", fp8_sweep.BLOCK_PEER["8192^3"], "block")}
     checked, timed = [], []
 
@@ -154,12 +154,12 @@ def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_thei
     assert fp8_sweep.run(tmp_path, out) == 0
     assert len(checked) == len(set(checked)) and {n for n, _ in checked} == set(plan["modules"])
     by_label = {t[0]: t for t in timed}
-    assert fp8_sweep.module_name("4096^3", "ov8", "block") not in by_label["4096^3"][1]
+    assert fp8_sweep.module_name("4096^3", "n256_h", "block") not in by_label["4096^3"][1]
     assert by_label["8192^3"][2] is None and by_label["4096^3"][2] == "t_4096x4096_tensor_policy_halves"
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == sum(len(c) for c in fp8_sweep.BLOCK_SWEEP.values())
     bad = [r for r in rows if not r["correct"]]
-    assert [(r["shape"], r["config"], r["tflops"]) for r in bad] == [("4096^3", "ov8", None)]
+    assert [(r["shape"], r["config"], r["tflops"]) for r in bad] == [("4096^3", "n256_h", None)]
     assert all(r["recipe"] == "block" and r["ratio_to_scaled_mm"] == pytest.approx(1.1) for r in rows if r["correct"])
 
 

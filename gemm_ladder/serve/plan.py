@@ -475,7 +475,7 @@ FP8_SMALL_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1
 # torch._scaled_mm; 1.007-1.073x through a pack); level at 4096x7168x16384; 4% slower at 4096^3, whose 704
 # tiles leave the sixth wave a third full. fp8_wide weighs each tile's waves by that rate. Row scales too (applied in the epilogue as
 # per-tensor's are): 1245-1259 TFLOPS at 8192^3 through a pack, 1.02-1.03x torch._scaled_mm rowwise against
-# 128x128's 0.94x. Block scales keep 128x128: they need overlap's registers.
+# 128x128's 0.94x. (Block scales: 128x128 or 128x256 in halves, FP8_BLOCK_HALVES_KNOBS.)
 FP8_WIDE_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_wide/README.md"
 FP8_WIDE_KNOBS = {"promote": FP8_PROMOTE, "blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2,
                   "epi_under": True}
@@ -505,20 +505,22 @@ FP8_UNDER_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_under/README.md"
 
 
 def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
-    """The tile fp8 at M x N with ``recipe``'s scales takes: ``small`` up to FP8_SMALL_M, ``square``
-    (128x128, ov4) for block scales, and for per-tensor or rowwise scales the one of ``square``, ``wide``
-    (192x128 over three consumers) and ``halves`` (128x256 promoted in halves) whose share of its waves'
-    SM time, times its measured rate, is highest (ties: in that order)."""
+    """The tile fp8 at M x N with ``recipe``'s scales takes: ``small`` up to FP8_SMALL_M, then the one
+    whose share of its waves' SM time, times its measured rate, is highest (ties: in this order): for
+    per-tensor or rowwise scales, ``square`` (128x128, ov4), ``wide`` (192x128 over three consumers) and
+    ``halves`` (128x256 promoted in halves); for block scales, ``square`` (128x128, ov4 with staged
+    scales) and ``halves``."""
     if M <= FP8_SMALL_M:
         return "small"
-    if recipe not in ("tensor", "row"):
-        return "square"
     p = Problem(M, N, 1, sms=sms)
 
     def used(bm: int, bn: int) -> float:
         return M * N / (p.waves(bm, bn) * sms * bm * bn)
-    score = {"square": used(128, 128), "wide": used(192, 128) * FP8_WIDE_RATE,
-             "halves": used(128, 256) * FP8_HALVES_RATE}
+    if recipe not in ("tensor", "row"):  # block scales: 128x128 (ov4, staged scales) or 128x256 in halves
+        score = {"square": used(128, 128), "halves": used(128, 256) * FP8_BLOCK_HALVES_RATE}
+    else:
+        score = {"square": used(128, 128), "wide": used(192, 128) * FP8_WIDE_RATE,
+                 "halves": used(128, 256) * FP8_HALVES_RATE}
     return max(score, key=score.get)
 
 
@@ -536,12 +538,19 @@ FP8_BLOCK_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_block_overlap/README
 FP8_BLOCK_STAGED_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_block_staged_fix/README.md"
 FP8_BLOCK_LARGE_KNOBS = {"promote": FP8_PROMOTE, "overlap": 4, "stage_scales": True}
 FP8_BLOCK_SMALL_KNOBS = {**FP8_SMALL_KNOBS, "overlap": 2, "stage_scales": True}
+# Block scales in halves (each half one B block's scale at its adds), the epilogue under the next tile's
+# first pair of slices: FP8_UNDER_RESULTS's block runs, 1143-1179 TFLOPS at 4096^3, 8192^3 and
+# 4096x7168x16384, +3.7-7.9% over 128x128 with overlap=4 and staged scales in the same rounds (1076-1103).
+# Its rate with whole waves over that tile's: 1.04 (8192^3's lower gain), weighed by fp8_tile.
+FP8_BLOCK_HALVES_KNOBS = {"promote": FP8_PROMOTE, "blk_n": 256, "halves": True, "epi_under": True}
+FP8_BLOCK_HALVES_RATE = 1.04
 
 
 def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
     """v9's knobs for a scaled e4m3 GEMM (``scaled_mm``'s): the policy above, by M, N and the recipe."""
     if recipe == "block":
-        return dict(FP8_BLOCK_SMALL_KNOBS if M <= FP8_SMALL_M else FP8_BLOCK_LARGE_KNOBS)
+        return dict({"small": FP8_BLOCK_SMALL_KNOBS, "square": FP8_BLOCK_LARGE_KNOBS,
+                     "halves": FP8_BLOCK_HALVES_KNOBS}[fp8_tile(M, N, sms, recipe)])
     return dict({"small": FP8_SMALL_KNOBS, "square": FP8_LARGE_KNOBS, "wide": FP8_WIDE_KNOBS,
                  "halves": FP8_HALVES_KNOBS}[fp8_tile(M, N, sms, recipe)])
 
@@ -560,6 +569,15 @@ FP8_RULES: list[Rule] = [
              "(stage_scales)",
          evidence=FP8_BLOCK_STAGED_RESULTS + ": 128x4096x7168, 420 TFLOPS, 1.31x torch._scaled_mm block-wise "
                   "(without stage_scales 374, 1.17x; " + FP8_BLOCK_RESULTS + ": v9's fp8 defaults 0.75x)"),
+    Rule("fp8-block-halves", "sm_90a", "v9",
+         when=lambda p: _fp8(p, True) and fp8_tile(p.M, p.N, p.sms, "block") == "halves",
+         knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
+         why="fp8 with block scales where 128x256 tiles fill their waves best: two consumers of 64x256, each 128 "
+             "of K issued as two 128-wide wgmma groups into one 64-register set (halves=True), each half promoted "
+             "with its own B block's scale, the scales loaded a slice ahead; each tile's epilogue under the next "
+             "tile's first slice (epi_under)",
+         evidence=FP8_UNDER_RESULTS + ": 1143-1179 TFLOPS at 4096^3, 8192^3 and 4096x7168x16384, 0.96-1.03x "
+                  "torch._scaled_mm block-wise, +3.7-7.9% over 128x128 with overlap=4 and staged scales"),
     Rule("fp8-block", "sm_90a", "v9", when=lambda p: _fp8(p, True), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="fp8 with block scales: v9's e4m3 kernel (128x128 tiles over two consumers, 2x1 clusters), each 128 "
              "of K promoted into fp32 as its block's scales apply, the scaled adds of four K blocks overlapped "

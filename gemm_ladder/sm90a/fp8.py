@@ -102,10 +102,12 @@ parts of it:
   spilled at 128x256 (the whole total live beside the accumulators and the stores: 0.6x).
   Measured (``benchmarks/results/2026-11-27_h100_fp8_under/``, four runs): +1.0-1.6% at 4096^3 in
   halves (1.027-1.089x ``torch._scaled_mm`` on three H100s), -0.3 to +2.3% for the 192x128 tiles at 8192^3.
+  Block scales in halves peel their K loop's first pair of slices (``mainloop._run_block_halves``):
+  1124-1179 TFLOPS, +3.7-7.9% over 128x128 with ``overlap=4`` and staged scales.
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``tail_n`` yet; ``epi_under`` needs a promotion in one accumulator set (no ``overlap``, no
-``stagger``), per-tensor or row scales, and with ``halves`` chunks within a half; the accumulators (twice with promotion, three times with
+``stagger``), block scales only in halves, and with ``halves`` chunks within a half; the accumulators (twice with promotion, three times with
 ``overlap``, one and a half with ``halves``) within the consumer's registers; ``overlap``,
 ``stagger`` and ``halves`` need a promotion (and ``stagger`` two consumers, groups or runs of two
 or more, and no block scales; ``halves`` no ``overlap``, and with block scales blk_n = 256, a B
