@@ -88,3 +88,10 @@ def test_fp8_with_the_epilogue_under_refuses_what_is_not_built(knobs, words):
 def test_block_scales_with_the_epilogue_under_need_the_halves():
     with pytest.raises(ConfigError, match="epi_under=True with block scales is built in halves only.*or epi_under=False"):
         _cfg("block", promote=1, overlap=0, epi_under=True)
+
+
+def test_the_epilogue_under_with_fp8_is_v9s_only():
+    """v12's grouped fp8 K loop has no run_under: with the knob it would round sums it never promoted."""
+    spec = GemmSpec(a="float8_e4m3", b="float8_e4m3", d="bfloat16", scales="row", grouped=True).text()
+    with pytest.raises(ConfigError, match="epi_under=True is not built for fp8 on v12.*use epi_under=False"):
+        make_config("v12", 4096, 4096, 4096, experts=8, spec=spec, epi_under=True, dtype="bfloat16")

@@ -300,6 +300,10 @@ def _check_under(cfg: GemmConfig) -> None:
         return
     fix = ("use epi_under=True with promote >= 1, overlap=0, stagger=False (block scales: halves=True), or "
            "epi_under=False")
+    if cfg.rung != "v9":
+        raise ConfigError(f"epi_under=True is not built for fp8 on {cfg.rung} (v9's promoted K loop stores the "
+                          "previous tile under its first group; this rung's loop would store 16-bit pairs of "
+                          "sums it has not promoted); use epi_under=False")
     if not extra.get("promote", 0):
         raise ConfigError(f"epi_under=True with fp8 and promote=0: the previous tile is stored while the next tile's "
                           f"first promotion group runs; {fix}")
