@@ -227,6 +227,12 @@ BLOCK_CONFIGS = {
     "n256_h_c1x2": {"blk_n": 256, "halves": True, "cluster_m": 1, "cluster_n": 2},
     # and with the epilogue under the next tile's first pair of slices (epi_under, mainloop._run_block_halves)
     "n256_h_u": {"blk_n": 256, "halves": True, "epi_under": True},
+    # and with the scales staged in the ring (stage_scales, mainloop._run_block_halves_staged): a 128x256
+    # ring of four stages, its staging and the scales' rows pass the 227 KiB a block may use, so three stages
+    "n256_h_u_d3": {"blk_n": 256, "halves": True, "epi_under": True, "pipe_depth": 3},
+    "n256_h_u_ss_d3": {"blk_n": 256, "halves": True, "epi_under": True, "pipe_depth": 3, "stage_scales": True},
+    "n256_h_u_ssb_d3": {"blk_n": 256, "halves": True, "epi_under": True, "pipe_depth": 3, "stage_scales": True,
+                        "stage_bulk": True},
 }
 # shape -> the configs timed there. The first run (c7cf3e4, benchmarks/results/2026-11-26_h100_fp8_block_overlap/)
 # timed the overlap, clusters and ring depths: overlap=4 best past M = 128 (0.82-0.92x torch's block-wise), the
@@ -237,9 +243,9 @@ BLOCK_CONFIGS = {
 # benchmarks/results/2026-11-27_h100_fp8_under/ the halves with the epilogue under (n256_h_u) at the first three
 # shapes. This list is the policy's tiles (ov4_ss, n256_h_u: plan.fp8_tile) beside the halves without it.
 BLOCK_SWEEP = {
-    "4096x7168x16384": ("ov4", "ov4_ss", "n256_h", "n256_h_u"),
-    "4096^3": ("ov4_ss", "n256_h", "n256_h_u"),
-    "8192^3": ("ov4_ss", "n256_h", "n256_h_u"),
+    "4096x7168x16384": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3"),
+    "4096^3": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3"),
+    "8192^3": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3"),
     "4096x4096x7168": ("ov4_ss", "n256_h_u"),
     "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
 }

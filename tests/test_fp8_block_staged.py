@@ -111,7 +111,7 @@ def test_the_scales_take_a_row_a_stage_beside_the_ring():
 
 @pytest.mark.parametrize("spec, knobs, words", [
     (GemmSpec.fp8("bfloat16", "tensor"), {"overlap": 4}, "stage_scales=True with tensor scales: .*use stage_scales=False"),
-    (BLOCK, {"overlap": 0}, "stage_scales=True with overlap=0: .*use overlap=4"),
+    (BLOCK, {"overlap": 0}, "stage_scales=True with overlap=0 and halves=False: .*use overlap=4"),
     (BLOCK, {"overlap": 4, "pipe_depth": 6}, "pipe_depth=6: .* 235008 bytes .* over the 232448 .* smaller pipe_depth"),
 ])
 def test_staging_what_is_not_built_is_refused_with_the_fix(spec, knobs, words):

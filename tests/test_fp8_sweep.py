@@ -72,8 +72,9 @@ def test_the_block_sweep_plans_block_modules_and_one_per_tensor_peer_a_shape():
     for name, entry in plan.items():
         cfg = make_config("v9", 256, entry["N"], entry["K"], **fp8_sweep.build_knobs(entry))
         assert fp8.recipe(cfg) == entry["recipe"] and cfg.blk_k == 128, name
-    assert plan["b_7168x16384_ov4"]["knobs"] == {"overlap": 4}
     assert plan["b_7168x16384_ov4_ss"]["knobs"] == {"overlap": 4, "stage_scales": True}
+    assert plan["b_7168x16384_n256_h_u_ss_d3"]["knobs"] == {"blk_n": 256, "halves": True, "epi_under": True,
+                                                           "pipe_depth": 3, "stage_scales": True}
     for label, M, N, K in fp8_sweep.BLOCK_SHAPES:
         names = [fp8_sweep.module_name(label, c, "block") for c in fp8_sweep.timed_configs(label, "block")]
         recipes = [plan[n]["recipe"] for n in names]
@@ -130,7 +131,7 @@ def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_thei
 
     plan = {"format": fp8_sweep.FORMAT, "recipes": ["block"], "modules": fp8_sweep.plan_modules("block")}
     (tmp_path / fp8_sweep.PLAN_FILE).write_text(json.dumps(plan))
-    broken = {fp8_sweep.module_name("4096^3", "n256_h", "block"),
+    broken = {fp8_sweep.module_name("4096^3", "n256_h_u_d3", "block"),
               fp8_sweep.module_name("8192^3", fp8_sweep.BLOCK_PEER["8192^3"], "block")}
     checked, timed = [], []
 
@@ -154,12 +155,12 @@ def test_a_block_run_checks_every_module_then_times_the_ones_that_pass_with_thei
     assert fp8_sweep.run(tmp_path, out) == 0
     assert len(checked) == len(set(checked)) and {n for n, _ in checked} == set(plan["modules"])
     by_label = {t[0]: t for t in timed}
-    assert fp8_sweep.module_name("4096^3", "n256_h", "block") not in by_label["4096^3"][1]
+    assert fp8_sweep.module_name("4096^3", "n256_h_u_d3", "block") not in by_label["4096^3"][1]
     assert by_label["8192^3"][2] is None and by_label["4096^3"][2] == "t_4096x4096_tensor_policy_halves"
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == sum(len(c) for c in fp8_sweep.BLOCK_SWEEP.values())
     bad = [r for r in rows if not r["correct"]]
-    assert [(r["shape"], r["config"], r["tflops"]) for r in bad] == [("4096^3", "n256_h", None)]
+    assert [(r["shape"], r["config"], r["tflops"]) for r in bad] == [("4096^3", "n256_h_u_d3", None)]
     assert all(r["recipe"] == "block" and r["ratio_to_scaled_mm"] == pytest.approx(1.1) for r in rows if r["correct"])
 
 

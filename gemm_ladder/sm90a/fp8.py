@@ -114,7 +114,7 @@ or more, and no block scales; ``halves`` no ``overlap``, and with block scales b
 block a half); block scales also need ``promote=1``, no ``k_zigzag`` (the slices must land in K
 order), a blk_n that is a multiple or a divisor of 128 (a tile in whole B blocks) and an even
 ``overlap`` (a run ends on the scale set it began with); ``stage_scales`` needs block scales and
-``overlap``; ``stage_bulk`` needs ``stage_scales``. ``halves`` is built on v9's own K loop only (no
+``overlap`` or ``halves``; ``stage_bulk`` needs ``stage_scales``. ``halves`` is built on v9's own K loop only (no
 swap AB, no split K: ``gemm.kernel`` refuses it there).
 """
 
@@ -378,7 +378,8 @@ def _check_overlap(cfg: GemmConfig, every: int, runs) -> None:
 
 def _check_staged(cfg: GemmConfig) -> None:
     """``stage_scales`` stages block scales (they change every K block) in the ring, read by the
-    overlapped promotion (:func:`mainloop._block_groups`): block scales with ``overlap`` only."""
+    overlapped promotion (:func:`mainloop._block_groups_staged`) or the promotion in halves
+    (:func:`mainloop._run_block_halves_staged`): block scales with ``overlap`` or ``halves`` only."""
     want = dict(cfg.extra).get("stage_scales", False)
     if not isinstance(want, bool):
         raise ConfigError(f"stage_scales={want!r}: it is True (the producer's TMA stages A's and B's block scales "
@@ -399,9 +400,10 @@ def _check_staged(cfg: GemmConfig) -> None:
     if need > most:
         raise ConfigError(f"stage_scales=True with pipe_depth={cfg.pipe_depth}: the ring, staging and scales take "
                           f"{need} bytes of shared memory, over the {most} a block may use; use a smaller pipe_depth")
-    if not dict(cfg.extra).get("overlap", 0):
-        raise ConfigError("stage_scales=True with overlap=0: the staged scales are read by the overlapped promotion "
-                          "only (the drained one loads them from global memory); use overlap=4 (or 2)")
+    if not dict(cfg.extra).get("overlap", 0) and not dict(cfg.extra).get("halves", False):
+        raise ConfigError("stage_scales=True with overlap=0 and halves=False: the staged scales are read by the "
+                          "overlapped promotion and the promotion in halves only (the drained one loads them from "
+                          "global memory); use overlap=4 (or 2), or halves=True with blk_n=256")
 
 
 def _check_block(cfg: GemmConfig, every: int) -> None:

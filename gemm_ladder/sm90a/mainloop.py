@@ -352,13 +352,6 @@ def _drain_half(mma, it, k0, count, h):
 
 
 @T.inline
-def _half_slices(mma, it, k0, count, h, desc_b):
-    """Half ``h`` of slices ``k0 .. k0 + count``, issued and drained."""
-    _issue_half(mma, it, k0, count, h, desc_b)
-    _drain_half(mma, it, k0, count, h)
-
-
-@T.inline
 def _promote_half(mma, h):
     """Half ``h``'s sums into its registers of the total (``fp8.HalfPlan``)."""
     NR = T.meta_var(mma.plan.acc_stride)
@@ -368,22 +361,24 @@ def _promote_half(mma, h):
             mma.total[mi * NR + h * NH + r] = mma.total[mi * NR + h * NH + r] + mma.acc[mi * NH + r]
 
 
-def _halves_group(mma, it, k0, count, scale_set=0, under=None) -> None:
+def _halves_group(mma, it, k0, count, scale_set=0, under=None, staged_at=None) -> None:
     """One promotion group in halves (knob ``halves``): half 0's wgmmas, drained and added into
     its half of the total, then half 1's from the same slots (B ``blk_n / 2`` rows on), each slot
     back once its half-1 wgmmas retired, then its adds. With block scales (one slice a group) each half is
     scaled by its own B block and the rows' A scales of register set ``scale_set``. While one
     consumer drains and adds, the other's wgmmas keep the tensor cores busy. With ``under``
     (``epilogue.PairsUnder``: a tile's first group with ``epi_under``), the previous tile's half h of
-    the columns is stored while half h's wgmmas run, between their issue and their drain."""
+    the columns is stored while half h's wgmmas run, between their issue and their drain. With
+    ``staged_at`` (the tile's ``(m0, n0)``: block scales staged in the ring, ``fp8.StagedScales``),
+    slice ``k0``'s scales are read from its slot into ``scale_set`` under half 0's wgmmas."""
     for h in range(2):
         desc_b = mma.desc_b if h == 0 else mma.desc_b_half
-        if under is None:
-            _half_slices(mma, it, k0, count, h, desc_b)
-        else:
-            _issue_half(mma, it, k0, count, h, desc_b)
+        _issue_half(mma, it, k0, count, h, desc_b)
+        if h == 0 and staged_at is not None:
+            mma.scales.load_staged(mma.ring.slot(it + k0), mma.row0, scale_set, staged_at[0], staged_at[1], k0)
+        if under is not None:
             _store_under(under, h)
-            _drain_half(mma, it, k0, count, h)
+        _drain_half(mma, it, k0, count, h)
         if mma.scales is not None:
             mma.scales.promote_half(mma.total, mma.acc, mma.halves, h, scale_set)
         else:
@@ -442,6 +437,20 @@ def _run_block_halves(mma, it, nk, m0, n0, under=None):
         _halves_group(mma, it, 2 * p + 1, 1, 1)
     if nk % 2 == 1 and peeled != 1:
         _halves_group(mma, it, nk - 1, 1, 0)
+
+
+@T.inline
+def _run_block_halves_staged(mma, it, nk, m0, n0, under=None):
+    """:func:`_run_block_halves` with the scales staged in the ring (``fp8.StagedScales``, knob
+    ``stage_scales``): slice k's scales are read from its slot's shared memory once its full-barrier
+    wait passed, under half 0's wgmmas (:func:`_halves_group`), into one register set; no global
+    load, nothing loaded ahead. With ``under``, slice 0 is peeled for the previous tile's halves."""
+    peeled = T.meta_var(0 if under is None else 1)  # slices before the loop
+    _encode_halves(mma)
+    if peeled == 1:
+        _halves_group(mma, it, 0, 1, 0, under, (m0, n0))
+    for k in T.serial(peeled, nk):
+        _halves_group(mma, it, k, 1, 0, None, (m0, n0))
 
 
 @T.inline
@@ -569,7 +578,7 @@ class Consumer:
                 if m0 is None or n0 is None or self.promote != 1:
                     raise ValueError("Consumer.run with halves and block scales needs promote=1 and the tile's m0 "
                                      "and n0")
-                _run_block_halves(self, pos, num_slices, m0, n0)
+                (_run_block_halves_staged if self.scales.staged else _run_block_halves)(self, pos, num_slices, m0, n0)
             elif self.stagger:
                 _run_staggered(self, pos, num_slices, _run_halves)
             else:
@@ -621,7 +630,8 @@ class Consumer:
                              "number of slices, and block scales only in halves with the tile's m0 and n0 "
                              "(fp8.check refuses epi_under elsewhere)")
         if self.scales is not None:
-            _run_block_halves(self, pos, num_slices, m0, n0, under)
+            (_run_block_halves_staged if self.scales.staged else _run_block_halves)(self, pos, num_slices, m0, n0,
+                                                                                    under)
         elif self.halves is not None:
             _run_halves_under(self, pos, num_slices, under)
         else:
