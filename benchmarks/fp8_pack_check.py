@@ -5,7 +5,8 @@ float8_e4m3`` modules on a box with no TVM compiler, checked and timed against t
     PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/fp8_pack_check.py run build/fp8_pack --out out/fp8_pack_check.json  # GPU box
 
-``prepare`` builds the pack of :data:`WEIGHTS` (each recipe of :data:`RECIPES`, without and with a
+``prepare`` builds the pack of :data:`WEIGHTS` (each recipe of :data:`RECIPES`, or of ``--recipes``
+such as ``block``, without and with a
 bf16 bias: one runtime-M module each, through the module cache, as ``pack build`` does) into
 ``DIR/pack`` and writes the cases to ``DIR/fp8_pack.json``. ``run`` needs the TVM runtime and torch:
 
@@ -49,7 +50,8 @@ FORMAT = "gemm_ladder.fp8_pack_check"
 PLAN_FILE = "fp8_pack.json"
 PACK = "pack"
 WEIGHTS = ((3008, 1024), (4096, 4096), (8192, 8192))  # N x K: an N off the 128-column tile, squares (8192: fp8-wide)
-RECIPES = ("tensor", "row")
+RECIPES = ("tensor", "row")  # the default; ``prepare --recipes`` may name block too (a pack builds it where asked)
+ALL_RECIPES = ("tensor", "row", "block")
 BIASES = (None, "bfloat16")  # a bias in D's dtype: what a pack's fp8 modules take (--epilogue bias)
 CHECK_MS = (1, 77, 1000, 4096, 8192)
 TIMED_MS = {(3008, 1024): 1000, (4096, 4096): 4096, (8192, 8192): 8192}
@@ -76,11 +78,20 @@ def weight_arg(text: str) -> tuple:
     return tuple(chosen)
 
 
-def cases(weights=WEIGHTS) -> list[dict]:
+def recipe_arg(text: str) -> tuple:
+    """``--recipes``: a comma-separated subset of :data:`ALL_RECIPES`."""
+    chosen = tuple(part.strip() for part in text.split(","))
+    bad = [r for r in chosen if r not in ALL_RECIPES]
+    if bad or not chosen:
+        raise argparse.ArgumentTypeError(f"{text!r}: the recipes are {', '.join(ALL_RECIPES)} (comma-separated)")
+    return chosen
+
+
+def cases(weights=WEIGHTS, recipes=RECIPES) -> list[dict]:
     """Every correctness case (weight x recipe x bias x M), and the timed ones (no bias, one M each)."""
     out = []
     for (N, K) in weights:
-        for recipe in RECIPES:
+        for recipe in recipes:
             for bias in BIASES:
                 for M in CHECK_MS:
                     out.append({"name": case_name(N, K, recipe, bias), "M": M, "N": N, "K": K, "recipe": recipe,
@@ -116,23 +127,23 @@ def make_row(case: dict, times: dict | None, checks: list[dict]) -> dict:
 
 
 # -- prepare (build box) -------------------------------------------------------------------------
-def prepare(out, weights=WEIGHTS) -> int:
+def prepare(out, weights=WEIGHTS, recipes=RECIPES) -> int:
     # the build layer: this box's TVM compiler
     from gemm_ladder.serve import kernel_pack  # pylint: disable=import-outside-toplevel
 
     out = Path(out)
     files.open_folder(out)
     man = kernel_pack.build_pack(out / PACK, [], [kernel_pack.FP8_INPUT], sms=132, weights=list(weights),
-                                 epilogues=("none", "bias"), fp8_scales=RECIPES, fp8_out=("bfloat16",),
+                                 epilogues=("none", "bias"), fp8_scales=recipes, fp8_out=("bfloat16",),
                                  request={"weights": [f"{N}x{K}" for N, K in weights], "dtypes": ["float8_e4m3"],
-                                          "by": "benchmarks/fp8_pack_check.py"})
+                                          "fp8_scales": list(recipes), "by": "benchmarks/fp8_pack_check.py"})
     failed = [r for r in man["results"] if r["status"] == "failed"]
     for r in failed:
         print(f"failed: {r['file']}: {r.get('detail')}", file=sys.stderr)
-    files.write_json(out / PLAN_FILE, {"format": FORMAT, "cases": cases(weights)})
+    files.write_json(out / PLAN_FILE, {"format": FORMAT, "cases": cases(weights, recipes)})
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len({e['file'] for e in man['modules']})} modules, {size / 2**20:.1f} MiB in {out}; "
-          f"{len(cases(weights))} cases")
+          f"{len(cases(weights, recipes))} cases")
     return 1 if failed else 0
 
 
@@ -272,8 +283,10 @@ def main(argv=None) -> int:
                                         "GPU box: check scaled_mm from the pack, then time it against torch._scaled_mm",
                                         "fp8_pack_check.json")
     pr.add_argument("--weights", type=weight_arg, default=WEIGHTS, help="NxK,...: a subset of the weights")
+    pr.add_argument("--recipes", type=recipe_arg, default=RECIPES,
+                    help=f"recipe,...: of {', '.join(ALL_RECIPES)} (default {','.join(RECIPES)})")
     a = p.parse_args(argv)
-    return prepare(a.out, a.weights) if a.cmd == "prepare" else run(a.folder, a.out)
+    return prepare(a.out, a.weights, a.recipes) if a.cmd == "prepare" else run(a.folder, a.out)
 
 
 if __name__ == "__main__":

@@ -246,7 +246,7 @@ BLOCK_SWEEP = {
     "4096x7168x16384": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3"),
     "4096^3": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3"),
     "8192^3": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3"),
-    "4096x4096x7168": ("ov4_ss", "n256_h_u"),
+    "4096x4096x7168": ("ov4_ss", "n256_h_u", "n256_h_u_ss_d3"),
     "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
 }
 BLOCK_PEER = {label: {"small": "tensor_policy_small", "wide": "tensor_policy_wide", "halves": "tensor_policy_halves",

@@ -17,6 +17,7 @@ from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import make_config
+from gemm_ladder.serve import plan as serve_plan
 from gemm_ladder.serve.scaled import aligned_scales
 from gemm_ladder.sm90a import fp8
 from gemm_ladder.sm90a.gemm import launch
@@ -27,6 +28,7 @@ from .built import built
 BLOCK = GemmSpec.fp8("bfloat16", "block")
 SMALL_M = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
            "pipe_depth": 8}  # the block policy's small-M knobs (plan.FP8_BLOCK_SMALL_KNOBS, with overlap=2)
+HALVES = {"blk_n": 256, "halves": True, "epi_under": True, "pipe_depth": 3}  # plan.FP8_BLOCK_HALVES_KNOBS's tile
 CONSUMER_REGS = 232  # setmaxnreg's budget of a consumer warpgroup at two consumers (common.role_registers)
 
 _SREG_FROM = re.compile(r"Sreg_ptr\[\d+\] = (.*?)\[")
@@ -65,10 +67,11 @@ def test_a_slot_s_scales_are_read_after_its_full_barrier_wait():
     assert reads == 3 * (4 + 2)  # three scales a slice: a run of four (the loop body), the tail of two
 
 
-@pytest.mark.parametrize("knobs", [{"overlap": 4}, dict(SMALL_M, overlap=2)])
+@pytest.mark.parametrize("knobs", [{"overlap": 4}, dict(SMALL_M, overlap=2), HALVES])
 def test_no_global_scale_load_is_left_in_the_sass(knobs):
-    """The SASS of the policy's two configs, staged: the only global loads are TMA copies (1-D ones
-    for the scales, two a slice), the scales come by LDS, and nothing spills."""
+    """The SASS of the policy's three configs, staged: the only global loads are TMA copies (1-D ones
+    for the scales: A's box and one a B block, beside the two tiles of a slice), the scales come by
+    LDS (each slice's, or with overlap each run's, unrolled), and nothing spills."""
     cfg = make_config("v9", 4096, 4096, 4096, spec=BLOCK, dynamic_m=True, stage_scales=True, **knobs)
     mod = built(cfg)
     try:
@@ -76,17 +79,21 @@ def test_no_global_scale_load_is_left_in_the_sass(knobs):
     except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
         pytest.skip(f"no SASS here: {err}")
     assert not re.search(r"\bLDG\b", text)
-    assert text.count("UTMALDG.1D") == text.count("UTMALDG.2D") > 0  # a slice: A and B tiles, A and B scales
-    assert len(re.findall(r"\bLDS\b", text)) >= 3 * knobs["overlap"]
+    boxes = 1 + max(1, cfg.blk_n // fp8.BLOCK)  # a slice's scale copies: A's box, one a B block
+    assert 2 * text.count("UTMALDG.1D") == boxes * text.count("UTMALDG.2D") > 0
+    assert len(re.findall(r"\bLDS\b", text)) >= (1 + boxes) * knobs.get("overlap", 1)  # two rows, the B blocks
     assert res.local == 0 and res.stack == 0 and not re.search(r"\b(?:STL|LDL)\b", text)
     assert max(int(r) for r in re.findall(r"\bR(\d+)\b", text)) < CONSUMER_REGS
 
 
 @pytest.mark.parametrize("K, knobs", [(1280, {"overlap": 4}), (1152, {"overlap": 2}), (384, {"overlap": 8}),
-                                      (1008, {"overlap": 4}), (1280, dict(SMALL_M, overlap=2))])
+                                      (1008, {"overlap": 4}), (1280, dict(SMALL_M, overlap=2)),
+                                      (1280, HALVES), (1008, HALVES), (128, HALVES),
+                                      (1280, {**HALVES, "epi_under": False})])
 def test_the_barrier_checker_passes_staged_scales(K, knobs):
     """Runs with a tail, an odd tail, a tile shorter than a run, a cut last K block, the small-M
-    knobs (one consumer, a 1x2 cluster): the scale copies' bytes are what each stage expects."""
+    knobs (one consumer, a 1x2 cluster), the halves (two B blocks a stage; with the epilogue under
+    the next tile, a one-slice tile too): the scale copies' bytes are what each stage expects."""
     assert check_config(make_config("v9", 512, 512, K, spec=BLOCK, stage_scales=True, **knobs)).ok
 
 
@@ -113,10 +120,17 @@ def test_the_scales_take_a_row_a_stage_beside_the_ring():
     (GemmSpec.fp8("bfloat16", "tensor"), {"overlap": 4}, "stage_scales=True with tensor scales: .*use stage_scales=False"),
     (BLOCK, {"overlap": 0}, "stage_scales=True with overlap=0 and halves=False: .*use overlap=4"),
     (BLOCK, {"overlap": 4, "pipe_depth": 6}, "pipe_depth=6: .* 235008 bytes .* over the 232448 .* smaller pipe_depth"),
+    (BLOCK, {**HALVES, "pipe_depth": 4}, "pipe_depth=4: .* 233984 bytes .* over the 232448 .* smaller pipe_depth"),
 ])
 def test_staging_what_is_not_built_is_refused_with_the_fix(spec, knobs, words):
     with pytest.raises(ConfigError, match=words):
         make_config("v9", 4096, 4096, 4096, spec=spec, stage_scales=True, **knobs)
+
+
+def test_the_block_policy_stages_the_halves_scales_in_a_three_stage_ring():
+    """The policy's 128x256 block tile is the one these tests build, staged (four stages do not fit)."""
+    assert serve_plan.FP8_BLOCK_HALVES_KNOBS == {"promote": 1, **HALVES, "stage_scales": True}
+    assert make_config("v9", 4096, 4096, 4096, spec=BLOCK, stage_scales=True, **HALVES).pipe_depth == 3
 
 
 def test_the_knob_is_fp8_only_and_off_by_default():

@@ -4,6 +4,8 @@ module, or torch with the fix when a pack has none). CPU only: the GPU side is s
 
 from __future__ import annotations
 
+import argparse
+
 import hashlib
 import json
 import os
@@ -254,6 +256,21 @@ def test_the_pack_check_plans_odd_m_for_every_module_and_times_one_m_a_weight():
             [E4M3], ("none", "bias"), fp8_scales=fp8_pack_check.RECIPES)
     name, _, M = fp8_pack_check.item(cases[1]).rpartition("@")
     assert (name, int(M)) == (cases[1]["name"], cases[1]["M"]) and "/" not in name and "," not in name
+
+
+def test_the_pack_check_takes_block_scales_where_asked_and_refuses_an_unknown_recipe():
+    """``prepare --recipes block``: the block modules' cases (their odd M and timed M) with the pack
+    request that builds them; a recipe the check does not know is refused with the list."""
+    recipes = fp8_pack_check.recipe_arg("block")
+    cases = fp8_pack_check.cases(((3008, 1024),), recipes)
+    assert {(c["recipe"], c["M"]) for c in cases} == {("block", M) for M in fp8_pack_check.CHECK_MS}
+    assert [c["M"] for c in cases if c["timed"]] == [fp8_pack_check.TIMED_MS[(3008, 1024)]]
+    for c in cases:
+        assert GemmSpec.fp8("bfloat16", "block", c["bias"]) in kernel_pack.pack_specs([E4M3], ("none", "bias"),
+                                                                                      fp8_scales=recipes)
+    for bad in ("blocks", "tensor,", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="the recipes are tensor, row, block"):
+            fp8_pack_check.recipe_arg(bad)
 
 
 def test_the_pack_check_passes_only_what_the_pack_served_within_twice_torchs_error():

@@ -283,8 +283,12 @@ for M, N in ((4096, 4096), (8192, 8192), (4096, 7168)):
 # Measured (`benchmarks/results/2026-11-27_h100_fp8_under/`, four runs, same rounds): halves at 4096^3
 # +1.0-1.6%, 1.047-1.089x `torch._scaled_mm` (1.027-1.038x on a third H100); the wide tiles -0.3 to +2.3% at 8192^3 (1.008-1.035x), where
 # the tile boundary is a smaller share of 21 waves. Block scales in halves (each half promoted with its own
-# B block's scale) peel their first pair of slices the same way: 1124-1179 TFLOPS, +3.7-7.9% over 128x128
-# with staged scales, so block scales take them where their waves fill best (`fp8-block-halves`).
+# B block's scale) peel their first slice the same way. With their scales staged in the ring by the
+# producer's TMA (`stage_scales`: each slice's scales read from its slot under half 0's wgmmas, nothing
+# loaded from global memory on the consumers' path; three stages, as four do not fit beside the staging):
+# 1118-1219 TFLOPS, 1.006-1.050x `torch._scaled_mm` block-wise, +5.4-10.6% over 128x128 with staged scales
+# (`benchmarks/results/2026-11-27_h100_fp8_block_staged_halves/`), so block scales take them where their
+# waves fill best (`fp8-block-halves`).
 # The policy turns it on for all three:
 
 # %%

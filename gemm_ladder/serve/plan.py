@@ -539,11 +539,17 @@ FP8_BLOCK_STAGED_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_block_staged_
 FP8_BLOCK_LARGE_KNOBS = {"promote": FP8_PROMOTE, "overlap": 4, "stage_scales": True}
 FP8_BLOCK_SMALL_KNOBS = {**FP8_SMALL_KNOBS, "overlap": 2, "stage_scales": True}
 # Block scales in halves (each half one B block's scale at its adds), the epilogue under the next tile's
-# first pair of slices: FP8_UNDER_RESULTS's block runs, 1143-1179 TFLOPS at 4096^3, 8192^3 and
-# 4096x7168x16384, +3.7-7.9% over 128x128 with overlap=4 and staged scales in the same rounds (1076-1103).
-# Its rate with whole waves over that tile's: 1.04 (8192^3's lower gain), weighed by fp8_tile.
-FP8_BLOCK_HALVES_KNOBS = {"promote": FP8_PROMOTE, "blk_n": 256, "halves": True, "epi_under": True}
-FP8_BLOCK_HALVES_RATE = 1.04
+# first slice, the scales staged in the ring by the producer's TMA and read under half 0's wgmmas
+# (stage_scales; a four-stage 128x256 ring, its staging and the scales' rows pass the 227 KiB a block may
+# use, so three stages). FP8_UNDER_RESULTS's block runs: unstaged, 1143-1179 TFLOPS, +3.7-7.9% over 128x128
+# with overlap=4 and staged scales. FP8_BLOCK_STAGED_HALVES_RESULTS (two runs, same rounds): staged,
+# 1118-1219 TFLOPS at 4096^3, 8192^3 and 4096x7168x16384, 1.006-1.050x torch._scaled_mm block-wise, +0.8-4.9%
+# over the unstaged four-stage ring and +5.4-10.6% over 128x128 (both tiles' waves equally full there).
+# Its rate with whole waves over 128x128's: 1.05 (4096^3's lower gain), weighed by fp8_tile.
+FP8_BLOCK_STAGED_HALVES_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_block_staged_halves/README.md"
+FP8_BLOCK_HALVES_KNOBS = {"promote": FP8_PROMOTE, "blk_n": 256, "halves": True, "epi_under": True,
+                          "stage_scales": True, "pipe_depth": 3}
+FP8_BLOCK_HALVES_RATE = 1.05
 
 
 def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
@@ -574,10 +580,11 @@ FP8_RULES: list[Rule] = [
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="fp8 with block scales where 128x256 tiles fill their waves best: two consumers of 64x256, each 128 "
              "of K issued as two 128-wide wgmma groups into one 64-register set (halves=True), each half promoted "
-             "with its own B block's scale, the scales loaded a slice ahead; each tile's epilogue under the next "
-             "tile's first slice (epi_under)",
-         evidence=FP8_UNDER_RESULTS + ": 1143-1179 TFLOPS at 4096^3, 8192^3 and 4096x7168x16384, 0.96-1.03x "
-                  "torch._scaled_mm block-wise, +3.7-7.9% over 128x128 with overlap=4 and staged scales"),
+             "with its own B block's scale, the scales staged in a three-stage ring by the producer's TMA and read "
+             "under half 0's wgmmas (stage_scales); each tile's epilogue under the next tile's first slice (epi_under)",
+         evidence=FP8_BLOCK_STAGED_HALVES_RESULTS + ": 1118-1219 TFLOPS at 4096^3, 8192^3 and 4096x7168x16384, "
+                  "1.006-1.050x torch._scaled_mm block-wise, +5.4-10.6% over 128x128 with overlap=4 and staged "
+                  "scales; " + FP8_UNDER_RESULTS + ": unstaged, 1143-1179 TFLOPS, 0.96-1.03x"),
     Rule("fp8-block", "sm_90a", "v9", when=lambda p: _fp8(p, True), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="fp8 with block scales: v9's e4m3 kernel (128x128 tiles over two consumers, 2x1 clusters), each 128 "
              "of K promoted into fp32 as its block's scales apply, the scaled adds of four K blocks overlapped "

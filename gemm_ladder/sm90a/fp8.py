@@ -62,7 +62,8 @@ parts of it:
   that K block's ``blk_m`` A scales (one box of the flat ``scale_a``: any M) and each B block's scale
   (a 16-byte box of the flat ``scale_b``), counted in the stage's full barrier; each consumer reads
   its slice's scales from shared memory after the full-barrier wait it already does
-  (``mainloop._block_groups_staged``), so no global load is left on its path (overlap only).
+  (``mainloop._block_groups_staged``), so no global load is left on its path (with ``overlap``;
+  in halves, ``mainloop._run_block_halves_staged``).
   The first version died on the GPU (H100, 2026-11-26, ``benchmarks/results/2026-11-26_h100_fp8_block_staged/``):
   every staged module hit "an illegal instruction", though the CPU checks (SASS, barrier checker)
   passed. The cause: its 1-D boxes started at any float (A's at ``kb * M + m_st``, B's at
@@ -103,7 +104,12 @@ parts of it:
   Measured (``benchmarks/results/2026-11-27_h100_fp8_under/``, four runs): +1.0-1.6% at 4096^3 in
   halves (1.027-1.089x ``torch._scaled_mm`` on three H100s), -0.3 to +2.3% for the 192x128 tiles at 8192^3.
   Block scales in halves peel their K loop's first pair of slices (``mainloop._run_block_halves``):
-  1124-1179 TFLOPS, +3.7-7.9% over 128x128 with ``overlap=4`` and staged scales.
+  1124-1179 TFLOPS, +3.7-7.9% over 128x128 with ``overlap=4`` and staged scales. With ``stage_scales``
+  (``mainloop._run_block_halves_staged``: each slice's scales read from its ring slot under half 0's
+  wgmmas into one register set, the first slice peeled for the epilogue; a three-stage ring, as four
+  stages, the staging and the scales' rows pass a block's shared memory), 1118-1219 TFLOPS, 1.006-1.050x
+  ``torch._scaled_mm`` block-wise, +0.8-4.9% over the unstaged four-stage ring
+  (``benchmarks/results/2026-11-27_h100_fp8_block_staged_halves/``).
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``tail_n`` yet; ``epi_under`` needs a promotion in one accumulator set (no ``overlap``, no
