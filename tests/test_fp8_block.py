@@ -26,6 +26,7 @@ from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import make_config
 from gemm_ladder.serve import kernel_pack
 from gemm_ladder.serve.runtime import ModuleInputError
+from gemm_ladder.serve import scaled
 from gemm_ladder.serve.scaled import TorchScaledMM, check_call, dequantize
 from gemm_ladder.sm90a import fp8
 
@@ -141,6 +142,28 @@ def test_check_call_takes_block_scales_by_their_shapes():
         sb_f = torch.empty(24, 8).t()
         d = torch.ops.gemm_ladder.scaled_mm(a, w.t(), sa_f, sb_f, None, torch.float16)
         assert d.shape == (1000, 3008) and d.dtype == torch.float16
+
+
+def test_a_checked_layout_is_remembered_and_a_changed_one_is_checked_again(monkeypatch):
+    """``scaled.checked_call``: the second call of a layout takes the remembered Call (no checks run);
+    the same tensors with scale_b made row-major, an out of another dtype or a non-tensor are
+    checked and refused, every time; a refused layout is not remembered."""
+    _, _, aq, wq, sa, sw = _block_operands()
+    scaled._CHECKED.clear()
+    runs = []
+    monkeypatch.setattr(scaled, "check_call", lambda *a: runs.append(a) or check_call(*a))
+    first = scaled.checked_call(aq, wq.t(), sa, sw.t(), None, torch.bfloat16)
+    again = scaled.checked_call(aq.clone(), wq.t().clone().t().t(), sa.t().clone().t(), sw.t(), None, torch.bfloat16)
+    assert again is first and first == check_call(aq, wq.t(), sa, sw.t()) and len(runs) == 1
+    bad_out = torch.empty(200, 144, dtype=torch.float16)
+    for _ in range(2):
+        with pytest.raises(ModuleInputError, match=r"\.t\(\) of a row-major \[N/128, K/128\]"):
+            scaled.checked_call(aq, wq.t(), sa, sw.t().contiguous(), None, torch.bfloat16)
+        with pytest.raises(ModuleInputError, match="out must be a \\[200, 144\\] torch.bfloat16 tensor"):
+            scaled.checked_call(aq, wq.t(), sa, sw.t(), None, torch.bfloat16, bad_out)
+        with pytest.raises(ModuleInputError, match="scale_b must be a torch.Tensor, got list"):
+            scaled.checked_call(aq, wq.t(), sa, [1.0], None, torch.bfloat16)
+    assert len(runs) == 7 and len(scaled._CHECKED) == 1
 
 
 @pytest.mark.parametrize("change, words", [

@@ -255,6 +255,34 @@ def check_call(A, B, scale_a, scale_b, bias=None, out_dtype=None, out=None) -> C
     return Call(M, N, K, recipe, spec)
 
 
+_CHECKED: dict = {}  # a call's layout (checked_call's signature) -> its Call, for layouts that passed check_call
+CHECKED_MAX = 4096  # layouts remembered before the table starts over (a server sees a few per weight)
+
+
+def _layout(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def checked_call(A, B, scale_a, scale_b, bias=None, out_dtype=None, out=None) -> Call:
+    """:func:`check_call`, remembered by what it reads: each tensor's shape, strides, dtype and
+    device, and ``out_dtype`` (it reads no data and no address). A layout that passed once takes a
+    dictionary lookup instead of the checks (half of a small call's host time, profiled on an H100:
+    ``benchmarks/results/2026-11-27_h100_fp8_block_staged_halves/``); a layout that fails is never
+    remembered, and anything without a tensor's attributes goes through the checks (and their error).
+    Hand-written rather than ``functools.lru_cache``: tensors are not hashable by their layout."""
+    try:
+        key = (_layout(A), _layout(B), _layout(scale_a), _layout(scale_b), _layout(bias), _layout(out), out_dtype)
+    except (AttributeError, TypeError):  # not a tensor: check_call says which
+        return check_call(A, B, scale_a, scale_b, bias, out_dtype, out)
+    call = _CHECKED.get(key)
+    if call is None:
+        call = check_call(A, B, scale_a, scale_b, bias, out_dtype, out)
+        if len(_CHECKED) >= CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = call
+    return call
+
+
 # -- where the kernel comes from ----------------------------------------------------------------------
 def use_module(path_or_module):
     """Serve the fp8 calls ``path_or_module`` (an exported module or a loaded one) fits, before
@@ -429,7 +457,7 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
 
     out_dtype = out_dtype or torch.bfloat16
-    call = check_call(A, B, scale_a, scale_b, bias, out_dtype, out)
+    call = checked_call(A, B, scale_a, scale_b, bias, out_dtype, out)
     if A.device.type != "cuda":
         raise ModuleInputError(f"gemm_ladder.scaled_mm: A is on {A.device}; move the tensors to the GPU (.cuda())")
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
