@@ -8,7 +8,9 @@ float8_e4m3`` modules on a box with no TVM compiler, checked and timed against t
 ``prepare`` builds the pack of :data:`WEIGHTS` (each recipe of :data:`RECIPES`, or of ``--recipes``
 such as ``block``, without and with a
 bf16 bias: one runtime-M module each, through the module cache, as ``pack build`` does) into
-``DIR/pack`` and writes the cases to ``DIR/fp8_pack.json``. ``run`` needs the TVM runtime and torch:
+``DIR/pack`` and writes the cases to ``DIR/fp8_pack.json``. ``prepare --suite`` builds the fp8 column of
+the suite instead: :data:`SUITE_WEIGHTS` (DeepSeek-V3's and Llama-3-8B's), no bias, every M of
+:data:`SUITE_MS` timed, and ``run`` ends with each recipe's geomean and lowest ratio (``summary``). ``run`` needs the TVM runtime and torch:
 
 - correctness first, each case in a child process with a deadline (``measure.isolate.run_batch``:
   a hang or crash costs its case, a new child goes on): ``gemm_ladder.use_pack(DIR/pack)``, then
@@ -54,6 +56,12 @@ RECIPES = ("tensor", "row")  # the default; ``prepare --recipes`` may name block
 ALL_RECIPES = ("tensor", "row", "block")
 BIASES = (None, "bfloat16")  # a bias in D's dtype: what a pack's fp8 modules take (--epilogue bias)
 CHECK_MS = (1, 77, 1000, 4096, 8192)
+# ``prepare --suite``: the fp8 column of the suite (issue 32's "fp8 suite"), weights of DeepSeek-V3 (DeepGEMM's
+# published N x K: 2112x7168, 24576x1536, 7168x16384) and Llama-3-8B (qkv 6144x4096, down 4096x14336), no bias,
+# every M of SUITE_MS timed (M = 1 and 333 checked only)
+SUITE_WEIGHTS = ((2112, 7168), (24576, 1536), (7168, 16384), (6144, 4096), (4096, 14336))
+SUITE_MS = (64, 256, 1024, 4096)
+SUITE_CHECK_MS = (1, 333) + SUITE_MS
 TIMED_MS = {(3008, 1024): 1000, (4096, 4096): 4096, (8192, 8192): 8192}
 CHECK_TIMEOUT = 60.0
 ROUNDS, PER_ROUND = 6, 8
@@ -87,9 +95,18 @@ def recipe_arg(text: str) -> tuple:
     return chosen
 
 
-def cases(weights=WEIGHTS, recipes=RECIPES) -> list[dict]:
-    """Every correctness case (weight x recipe x bias x M), and the timed ones (no bias, one M each)."""
+def cases(weights=WEIGHTS, recipes=RECIPES, suite: bool = False) -> list[dict]:
+    """Every correctness case (weight x recipe x bias x M), and the timed ones (no bias, one M each);
+    ``suite``: :data:`SUITE_WEIGHTS` with no bias, checked at :data:`SUITE_CHECK_MS`, timed at every M of
+    :data:`SUITE_MS`."""
     out = []
+    if suite:
+        for (N, K) in SUITE_WEIGHTS:
+            for recipe in recipes:
+                for M in SUITE_CHECK_MS:
+                    out.append({"name": case_name(N, K, recipe, None), "M": M, "N": N, "K": K, "recipe": recipe,
+                                "bias": None, "timed": M in SUITE_MS})
+        return out
     for (N, K) in weights:
         for recipe in recipes:
             for bias in BIASES:
@@ -129,23 +146,24 @@ def make_row(case: dict, times: dict | None, checks: list[dict]) -> dict:
 
 
 # -- prepare (build box) -------------------------------------------------------------------------
-def prepare(out, weights=WEIGHTS, recipes=RECIPES) -> int:
+def prepare(out, weights=WEIGHTS, recipes=RECIPES, suite: bool = False) -> int:
     # the build layer: this box's TVM compiler
     from gemm_ladder.serve import kernel_pack  # pylint: disable=import-outside-toplevel
 
     out = Path(out)
     files.open_folder(out)
+    weights = SUITE_WEIGHTS if suite else weights
     man = kernel_pack.build_pack(out / PACK, [], [kernel_pack.FP8_INPUT], sms=132, weights=list(weights),
-                                 epilogues=("none", "bias"), fp8_scales=recipes, fp8_out=("bfloat16",),
+                                 epilogues=("none",) if suite else ("none", "bias"), fp8_scales=recipes, fp8_out=("bfloat16",),
                                  request={"weights": [f"{N}x{K}" for N, K in weights], "dtypes": ["float8_e4m3"],
                                           "fp8_scales": list(recipes), "by": "benchmarks/fp8_pack_check.py"})
     failed = [r for r in man["results"] if r["status"] == "failed"]
     for r in failed:
         print(f"failed: {r['file']}: {r.get('detail')}", file=sys.stderr)
-    files.write_json(out / PLAN_FILE, {"format": FORMAT, "cases": cases(weights, recipes)})
+    files.write_json(out / PLAN_FILE, {"format": FORMAT, "suite": suite, "cases": cases(weights, recipes, suite)})
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len({e['file'] for e in man['modules']})} modules, {size / 2**20:.1f} MiB in {out}; "
-          f"{len(cases(weights, recipes))} cases")
+          f"{len(cases(weights, recipes, suite))} cases")
     return 1 if failed else 0
 
 
@@ -250,6 +268,21 @@ def time_case(case: dict) -> dict:
                       for n in names}, "t0": t0, "t1": time.time(), "input_sets": len(sets), "left_out": left_out}
 
 
+def summary(rows: list[dict]) -> dict:
+    """Per recipe: how many timed rows, how many correct, and the geometric mean and lowest of their
+    kernel and call ratios to torch._scaled_mm (rows with no ratio, torch refusing the case, left out)."""
+    out = {}
+    for recipe in sorted({r["recipe"] for r in rows}):
+        mine = [r for r in rows if r["recipe"] == recipe]
+        entry = {"rows": len(mine), "correct": sum(1 for r in mine if r["correct"])}
+        for key, name in (("ratio_to_scaled_mm", "kernel"), ("call_ratio_to_scaled_mm", "call")):
+            vals = [r[key] for r in mine if r.get(key)]
+            entry[f"{name}_geomean"] = math.exp(statistics.fmean(math.log(v) for v in vals)) if vals else None
+            entry[f"{name}_min"] = min(vals) if vals else None
+        out[recipe] = entry
+    return out
+
+
 def run(folder, out) -> int:
     why = device.why_no_gpu(index=0)
     if why is not None:
@@ -280,7 +313,11 @@ def run(folder, out) -> int:
     finally:
         sampler.stop()
     result = {**check_cli.head(FORMAT, harness, sampler, start),
-              "tolerance": fp8_check.TOLERANCE, "checks": checks, "rows": rows}
+              "tolerance": fp8_check.TOLERANCE, "checks": checks, "rows": rows, "summary": summary(rows)}
+    for recipe, e in result["summary"].items():
+        print(f"{recipe}: {e['correct']} of {e['rows']} rows correct; x torch._scaled_mm as kernels geomean "
+              f"{fp8_check.f3(e['kernel_geomean'])} (lowest {fp8_check.f3(e['kernel_min'])}), as calls "
+              f"{fp8_check.f3(e['call_geomean'])} (lowest {fp8_check.f3(e['call_min'])})")
     check_cli.write_result(out, result)
     print(f"{sum(1 for c in checks if c.get('correct'))} of {len(checks)} checks pass; {len(rows)} rows; "
           f"{result['seconds']:.0f} s; wrote {out}")
@@ -294,8 +331,10 @@ def main(argv=None) -> int:
     pr.add_argument("--weights", type=weight_arg, default=WEIGHTS, help="NxK,...: a subset of the weights")
     pr.add_argument("--recipes", type=recipe_arg, default=RECIPES,
                     help=f"recipe,...: of {', '.join(ALL_RECIPES)} (default {','.join(RECIPES)})")
+    pr.add_argument("--suite", action="store_true",
+                    help="the fp8 suite: SUITE_WEIGHTS (DeepSeek-V3, Llama-3-8B), no bias, every M of SUITE_MS timed")
     a = p.parse_args(argv)
-    return prepare(a.out, a.weights, a.recipes) if a.cmd == "prepare" else run(a.folder, a.out)
+    return prepare(a.out, a.weights, a.recipes, a.suite) if a.cmd == "prepare" else run(a.folder, a.out)
 
 
 if __name__ == "__main__":

@@ -273,6 +273,29 @@ def test_the_pack_check_takes_block_scales_where_asked_and_refuses_an_unknown_re
             fp8_pack_check.recipe_arg(bad)
 
 
+def test_the_fp8_suite_times_every_m_of_each_weight_and_recipe_without_a_bias():
+    cases = fp8_pack_check.cases(recipes=("tensor", "block"), suite=True)
+    assert {(c["N"], c["K"]) for c in cases} == set(fp8_pack_check.SUITE_WEIGHTS)
+    assert all(c["bias"] is None for c in cases)
+    timed = {(c["N"], c["K"], c["recipe"], c["M"]) for c in cases if c["timed"]}
+    assert timed == {(N, K, r, M) for N, K in fp8_pack_check.SUITE_WEIGHTS for r in ("tensor", "block")
+                     for M in fp8_pack_check.SUITE_MS}
+    assert {c["M"] for c in cases if not c["timed"]} == {1, 333}
+
+
+def test_the_suite_summary_takes_geomeans_and_minima_per_recipe_leaving_out_rows_without_a_ratio():
+    rows = [{"recipe": "tensor", "correct": True, "ratio_to_scaled_mm": 2.0, "call_ratio_to_scaled_mm": 1.0},
+            {"recipe": "tensor", "correct": True, "ratio_to_scaled_mm": 0.5, "call_ratio_to_scaled_mm": 4.0},
+            {"recipe": "block", "correct": False, "ratio_to_scaled_mm": None},
+            {"recipe": "block", "correct": True, "ratio_to_scaled_mm": 0.9, "call_ratio_to_scaled_mm": 1.1}]
+    got = fp8_pack_check.summary(rows)
+    assert got["tensor"]["rows"] == 2 and got["tensor"]["correct"] == 2
+    assert got["tensor"]["kernel_geomean"] == pytest.approx(1.0) and got["tensor"]["kernel_min"] == 0.5
+    assert got["tensor"]["call_geomean"] == pytest.approx(2.0) and got["tensor"]["call_min"] == 1.0
+    assert got["block"] == {"rows": 2, "correct": 1, "kernel_geomean": pytest.approx(0.9), "kernel_min": 0.9,
+                            "call_geomean": pytest.approx(1.1), "call_min": 1.1}
+
+
 def test_the_pack_check_passes_only_what_the_pack_served_within_twice_torchs_error():
     good = {"status": "ok", "rel_err": 3e-3, "torch_rel_err": 3e-3, "nan": False, "from_pack": True}
     assert fp8_pack_check.passes_case(good)
