@@ -66,7 +66,10 @@ PLAN_FILE = fp8_check.PLAN_FILE  # the same plan form: fp8_check's children chec
 RECIPE = "tensor"
 # (label, M, N, K): the issue's squares and DeepGEMM's long-K and small-M cases
 SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
-          ("4096x7168x16384", 4096, 7168, 16384), ("128x4096x7168", 128, 4096, 7168))
+          ("4096x7168x16384", 4096, 7168, 16384), ("128x4096x7168", 128, 4096, 7168),
+          # the fp8 suite's sub-wave row (benchmarks/results/2026-11-27_h100_fp8_suite/): M = 256
+          ("256x6144x4096", 256, 6144, 4096), ("256x4096x14336", 256, 4096, 14336),
+          ("256x2112x7168", 256, 2112, 7168), ("256x7168x16384", 256, 7168, 16384))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 CONFIGS = {
     "base": {},
@@ -155,6 +158,11 @@ CONFIGS = {
     "m192_u": {"blk_m": 192, "num_warpgroups": 3, "epi_under": True},
     "n256_h_p2_u_g16": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "l2_group_size": 16},
     "n256_h_p2_u_kz": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "k_zigzag": True},
+    # v10's split K (a config's "rung"): a tile's K over split_k CTAs, each unit's promoted sums the partials,
+    # scaled once by the last (fp8.check_split)
+    "sk2": {"rung": "v10", "split_k": 2},
+    "sk4": {"rung": "v10", "split_k": 4},
+    "sk8": {"rung": "v10", "split_k": 8},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -168,6 +176,10 @@ SWEEP = {
     "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2"),
     "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
     "4096x7168x16384": ("m192_c1x2", "m192_c1x2_u", "n256_h_p2", "n256_h_p2_u"),
+    "256x6144x4096": ("ov4", "sk2", "sk4"),
+    "256x4096x14336": ("ov4", "sk2", "sk4"),
+    "256x2112x7168": ("ov4", "sk2", "sk4", "sk8"),
+    "256x7168x16384": ("ov4", "sk2", "sk4"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
@@ -280,20 +292,23 @@ def timed_configs(label: str, recipe: str = RECIPE) -> tuple:
     return tuple(sw.sweep[label]) + ((sw.peer[label],) if label in sw.peer else ())
 
 
-def plan_modules(recipe: str = RECIPE) -> dict[str, dict]:
+def plan_modules(recipe: str = RECIPE, shapes=None) -> dict[str, dict]:
     """Every module the sweep builds, by name: its N, K, recipe, promotion and knobs (a config timed at
-    two shapes of one weight is one module)."""
+    two shapes of one weight is one module); ``shapes``: only those labels' (None: all)."""
     out = {}
     sw = SWEEPS[recipe]
     for label in sw.sweep:
+        if shapes is not None and label not in shapes:
+            continue
         _, N, K = shape_of(label, recipe)
         for config in timed_configs(label, recipe):
             knobs = dict(sw.configs[config])
             knobs.pop("recipe", None)
+            rung = knobs.pop("rung", "v9")
             promote = knobs.pop("promote", 1)
             out[module_name(label, config, recipe)] = {"N": N, "K": K, "recipe": config_recipe(config, recipe),
                                                        "promote": promote, "bias": None, "knobs": knobs,
-                                                       "config": config}
+                                                       "config": config, "rung": rung}
     return out
 
 
@@ -328,7 +343,7 @@ def best_of(rows: list[dict]) -> dict[str, dict]:
 
 
 # -- prepare (build box) -----------------------------------------------------------------------------
-def prepare(out, recipe: str = RECIPE) -> int:
+def prepare(out, recipe: str = RECIPE, shapes=None) -> int:
     # the build layer: this box's TVM compiler
     from gemm_ladder.compile import module_cache  # pylint: disable=import-outside-toplevel
     from gemm_ladder.compile.batch import BuildJob  # pylint: disable=import-outside-toplevel
@@ -336,10 +351,13 @@ def prepare(out, recipe: str = RECIPE) -> int:
 
     out = Path(out)
     files.open_folder(out)
-    plan = {"format": FORMAT, "modules": {}, "bf16": {}, "recipes": [recipe], "sweep": SWEEPS[recipe].sweep,
+    shapes = list(shapes) if shapes else list(SWEEPS[recipe].sweep)
+    plan = {"format": FORMAT, "modules": {}, "bf16": {}, "recipes": [recipe], "shapes": shapes,
+            "sweep": {label: c for label, c in SWEEPS[recipe].sweep.items() if label in shapes},
             "peer": SWEEPS[recipe].peer}  # shape -> the config of its peer module (informational)
-    for name, entry in plan_modules(recipe).items():
-        path, how = module_cache.get_or_build(BuildJob("v9", (256, entry["N"], entry["K"]), build_knobs(entry)))
+    for name, entry in plan_modules(recipe, shapes).items():
+        path, how = module_cache.get_or_build(BuildJob(entry.get("rung", "v9"), (256, entry["N"], entry["K"]),
+                                                               build_knobs(entry)))
         plan["modules"][name] = fp8_check._copy(path, out, name) | entry  # pylint: disable=protected-access
         if not has_device_binary((out / f"{name}.so").read_bytes()):  # the GPU box has no compiler
             print(f"fp8_sweep prepare: {name}.so holds no compiled kernel (built without the driver stub?): "
@@ -444,8 +462,9 @@ def run(folder, out) -> int:
         print(f"fp8_sweep run: {folder}/{PLAN_FILE} is not a sweep's plan: run fp8_sweep.py prepare", file=sys.stderr)
         return 2
     recipe = plan["recipes"][0]
-    sweep = SWEEPS[recipe].sweep
-    missing = sorted(set(plan_modules(recipe)) - set(plan["modules"]))
+    shapes = plan.get("shapes", list(SWEEPS[recipe].sweep))  # prepare --shapes: a subset
+    sweep = {label: c for label, c in SWEEPS[recipe].sweep.items() if label in shapes}
+    missing = sorted(set(plan_modules(recipe, shapes)) - set(plan["modules"]))
     if missing:
         print(f"fp8_sweep run: {folder} lacks {missing}: prepare it again with this script", file=sys.stderr)
         return 2
@@ -499,8 +518,14 @@ def main(argv=None) -> int:
     pr.add_argument("--recipe", choices=sorted(SWEEPS), default=RECIPE,
                     help="the recipe to sweep (block: the block-wise sweep and its peers); run sweeps what "
                          "prepare built")
+    pr.add_argument("--shapes", type=lambda t: [x.strip() for x in t.split(",")], default=None,
+                    help="label,...: only these shapes of the sweep (its SWEEP or BLOCK_SWEEP keys)")
     a = p.parse_args(argv)
-    return prepare(a.out, a.recipe) if a.cmd == "prepare" else run(a.folder, a.out)
+    if a.cmd == "prepare" and a.shapes:
+        unknown = [x for x in a.shapes if x not in SWEEPS[a.recipe].sweep]
+        if unknown:
+            p.error(f"--shapes {','.join(unknown)}: not in the {a.recipe} sweep ({', '.join(SWEEPS[a.recipe].sweep)})")
+    return prepare(a.out, a.recipe, a.shapes) if a.cmd == "prepare" else run(a.folder, a.out)
 
 
 if __name__ == "__main__":

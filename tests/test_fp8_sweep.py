@@ -21,7 +21,7 @@ import fp8_sweep  # noqa: E402  (the GPU benchmark's pure parts)
 def test_every_planned_module_validates_and_each_shape_times_its_configs():
     plan = fp8_sweep.plan_modules()
     for name, entry in plan.items():
-        cfg = make_config("v9", 256, entry["N"], entry["K"], **fp8_sweep.build_knobs(entry))
+        cfg = make_config(entry.get("rung", "v9"), 256, entry["N"], entry["K"], **fp8_sweep.build_knobs(entry))
         assert cfg.blk_k == 128 and dict(cfg.extra)["promote"] == entry["promote"], name
     for label, configs in fp8_sweep.SWEEP.items():
         assert len(set(configs)) == len(configs) and set(configs) <= set(fp8_sweep.CONFIGS), label
@@ -70,7 +70,7 @@ def test_a_shapes_rows_carry_the_issues_fields_and_the_ratio_to_torch():
 def test_the_block_sweep_plans_block_modules_and_one_per_tensor_peer_a_shape():
     plan = fp8_sweep.plan_modules("block")
     for name, entry in plan.items():
-        cfg = make_config("v9", 256, entry["N"], entry["K"], **fp8_sweep.build_knobs(entry))
+        cfg = make_config(entry.get("rung", "v9"), 256, entry["N"], entry["K"], **fp8_sweep.build_knobs(entry))
         assert fp8.recipe(cfg) == entry["recipe"] and cfg.blk_k == 128, name
     assert plan["b_7168x16384_ov4_ss"]["knobs"] == {"overlap": 4, "stage_scales": True}
     assert plan["b_7168x16384_n256_h_u_ss_d3"]["knobs"] == {"blk_n": 256, "halves": True, "epi_under": True,
@@ -174,5 +174,6 @@ def test_staged_scale_modules_are_checked_at_one_row_and_an_m_off_16_bytes():
     assert any(planned[n]["knobs"].get("stage_scales") for n in odd) and {n for n, _ in cases} == odd
     assert sorted({m for _, m in cases}) == [1, 333] and all(m % 4 for _, m in cases if m > 1)
     for name in odd:
-        cfg = make_config("v9", 256, planned[name]["N"], planned[name]["K"], **fp8_sweep.build_knobs(planned[name]))
+        cfg = make_config(planned[name].get("rung", "v9"), 256, planned[name]["N"], planned[name]["K"],
+                          **fp8_sweep.build_knobs(planned[name]))
         assert fp8.staged(cfg) or fp8.halves(cfg), name

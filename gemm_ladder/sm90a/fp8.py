@@ -296,6 +296,29 @@ def check(cfg: GemmConfig) -> None:
                "blk_n=128 (blk_m=128, two consumers)" + (", or promote=0" if every else "")))
 
 
+def check_split(cfg: GemmConfig) -> None:
+    """v10's fp8 (split-K): :func:`check`, then what its split K does not build. Each unit's promoted
+    fp32 sums are the partials the last unit adds up before the scales and the epilogue, so the
+    scales must be applied once, after the sum: per-tensor and rowwise only (block scales apply at
+    each promotion, by K block from the tile's first), with no stream-K pieces (their partials are
+    v9's accumulators)."""
+    if not spec_of(cfg).is_fp8:
+        return
+    check(cfg)
+    fix = "use per-tensor or rowwise scales with stream_k=False (block scales: v9)"
+    if recipe(cfg) == "block":
+        raise ConfigError(f"{cfg.rung} with block scales: a split K's units start past the tile's first K block, "
+                          f"and block scales are applied by K block at each promotion; {fix}")
+    if dict(cfg.extra).get("stream_k", False):
+        raise ConfigError(f"{cfg.rung} fp8 with stream_k=True: stream-K's pieces sum the tensor cores' "
+                          f"accumulators, not the promoted sums; {fix}")
+    slices, split = -(-cfg.K // cfg.blk_k), dict(cfg.extra).get("split_k", 1)
+    if slices % split:
+        fits = [s for s in range(1, min(slices, 8) + 1) if slices % s == 0]
+        raise ConfigError(f"{cfg.rung} fp8 with split_k={split} and K={cfg.K}: the promoted K loop runs a fixed number "
+                          f"of slices, so split_k must divide the {slices} slices of {cfg.blk_k}; use split_k in {fits}")
+
+
 def _check_under(cfg: GemmConfig) -> None:
     """``epi_under`` with fp8 stores the previous tile under the next tile's first promotion group
     (``mainloop.Consumer.run_under``): it needs the total (a promotion) in one accumulator set, the

@@ -393,8 +393,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                                      cfg, g, c_ready if residual else None,
                                                      c_pairs if residual else None), gated=gated))
             if has_workspace:
-                parts = T.meta_var(splitk.Partials(slots=g["p"], counters=g["cnt"], acc=Dreg, acc_regs=acc_regs,
-                                                   thread=wtid, flag=flag, consumer=c))
+                # fp8 (v10): each unit's promoted fp32 sums are its partials (fp8.check_split)
+                parts = T.meta_var(splitk.Partials(slots=g["p"], counters=g["cnt"], acc=Freg if promote > 0 else Dreg,
+                                                   acc_regs=acc_regs, thread=wtid, flag=flag, consumer=c))
             if under:
                 m_prev: T.int32 = 0  # where the tile whose pairs wait goes in D
                 n_prev: T.int32 = 0
@@ -464,7 +465,11 @@ def kernel(cfg: GemmConfig, preset: Preset):
                             parts.take_units(counter)
                         else:
                             parts.sum_units(counter, units_per_tile)
-                        epi.store_tile(Dreg, m_st, n_st, epi_it)
+                        if scaled:
+                            # fp8: the summed sums times the scales, once, before the epilogue op
+                            fp8.scale_sums(plan, mma.sums, g["scale_a"], g["scale_b"], fp8.recipe(cfg),
+                                           m_st + wg_row0, n_st, warp_id, lane_id, Sreg)
+                        epi.store_tile(mma.sums, m_st, n_st, epi_it)
                         if preset.epilogue == "chunked":
                             epi_it = epi_it + epi.chunks_per_tile
                 elif not under:
@@ -555,8 +560,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
             D = T.match_buffer(d, ops["d"].shape, ops["d"].dtype)
             P = T.match_buffer(p, ops["p"].shape, ops["p"].dtype)
             C = T.match_buffer(cnt, ops["cnt"].shape, ops["cnt"].dtype)
+            # and the spec's epilogue operands (fp8's scales), parameters after num_ctas
+            g = T.meta_var(epilogue.kernel_operands(cfg, M, N, K, {"a": A, "b": B, "d": D, "p": P, "cnt": C}))
             T.device_entry()
-            body({"a": A, "b": B, "d": D, "p": P, "cnt": C}, num_ctas)
+            body(g, num_ctas)
     elif names == ("a", "b", "d"):
         @T.prim_func
         def hgemm(a: T.handle, b: T.handle, d: T.handle, num_ctas: T.int32):

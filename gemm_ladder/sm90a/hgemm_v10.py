@@ -104,10 +104,17 @@ Run:  python -m gemm_ladder build v10 --shape 978x2640x3336 --knob split_k=2 --o
 from dataclasses import dataclass
 
 from ..core.config import GemmConfig
-from . import common, epilogue, gemm, splitk, streamk
+from . import common, epilogue, fp8, gemm, splitk, streamk
 
 PRESET = gemm.V10
 TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the fp32 partials"
+# the operand spec's epilogues this preset builds (gemm_ladder.core.spec): scaled, fp8 per-tensor and rowwise
+# scales (issue 32: the sub-wave fp8 shapes, a tile's K over several CTAs, each unit's promoted fp32 sums the
+# partials, scaled once by the last unit; ``fp8.check_split``)
+EPILOGUES = ("none", "scaled")
+# knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8), as v9's
+FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT}
+FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,7 @@ def check(cfg: GemmConfig) -> None:
     splitk.check_grid(cfg)
     splitk.check_reduce(cfg)
     streamk.check(cfg)
+    fp8.check_split(cfg)
 
 
 cluster_grid = splitk.cluster_grid

@@ -173,7 +173,11 @@ def unit(col, S):
 
 
 def k_slices(split, S, k_tiles):
-    """(first K slice, slice count) of split ``split`` of ``S``: the counts differ by at most one."""
+    """(first K slice, slice count) of split ``split`` of ``S``: the counts differ by at most one;
+    where ``S`` divides ``k_tiles`` the count is the int ``k_tiles // S`` (a fixed count: fp8's
+    promoted K loop takes no other, ``fp8.check_split``)."""
+    if isinstance(k_tiles, int) and isinstance(S, int) and k_tiles % S == 0:
+        return split * (k_tiles // S), k_tiles // S
     k0 = split * k_tiles // S
     return k0, (split + 1) * k_tiles // S - k0
 
