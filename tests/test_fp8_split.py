@@ -16,6 +16,7 @@ from gemm_ladder.core.config import ConfigError
 from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import make_config
+from gemm_ladder.serve import plan
 from gemm_ladder.sm90a import splitk
 
 from .built import built
@@ -68,7 +69,22 @@ def test_a_split_that_divides_the_slices_gives_each_unit_a_fixed_count():
     (TENSOR, {"split_k": 1, "stream_k": True}, "stream_k=True: stream-K's pieces sum .* stream_k=False"),
     (TENSOR, {"split_k": 3}, r"split_k=3 and K=4096: .* divide the 32 slices of 128; use split_k in \[1, 2, 4, 8\]"),
     (TENSOR, {"split_k": 2, "overlap": 4}, "rung v10 .* takes no knob overlap"),
+    (GemmSpec.fp8("bfloat16", "tensor", "bfloat16"), {"split_k": 2}, "v10 fp8 with a bias: .* use v9"),
 ])
 def test_what_split_fp8_does_not_build_is_refused_with_the_fix(spec, knobs, words):
     with pytest.raises(ConfigError, match=words):
         make_config("v10", 256, 6144, 4096, spec=spec, **knobs)
+
+
+def test_the_policy_splits_only_where_128x128_fills_at_most_half_the_sms_over_a_long_k():
+    """``plan.fp8_split``: the two measured wins (64 and 34 tiles), not the two losses (96 and 112 tiles),
+    not a short K, a bias, block scales or the small-M tiles; the rule builds v10 with split_k=2."""
+    assert plan.fp8_split(256, 4096, 14336) and plan.fp8_split(256, 2112, 7168, recipe="row")
+    assert not plan.fp8_split(256, 6144, 4096) and not plan.fp8_split(256, 7168, 16384)
+    assert not plan.fp8_split(256, 4096, 4096)  # K under FP8_SPLIT_MIN_K
+    assert not plan.fp8_split(256, 4096, 14336, bias="bfloat16") and not plan.fp8_split(256, 4096, 14336, recipe="block")
+    assert not plan.fp8_split(plan.FP8_SMALL_M, 4096, 14336)
+    choice = plan.rule_choice(plan.Problem(256, 4096, 14336, dtype="bfloat16", spec=TENSOR, sms=132))
+    assert choice.rule == "fp8-split-k" and choice.knobs["split_k"] == 2
+    cfg = make_config(choice.rung, 256, 4096, 14336, **choice.knobs)
+    assert cfg.rung == "v10" and dict(cfg.extra)["promote"] == 1

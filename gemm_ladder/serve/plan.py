@@ -561,6 +561,37 @@ def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
                  "halves": FP8_HALVES_KNOBS}[fp8_tile(M, N, sms, recipe)])
 
 
+# Per-tensor and rowwise fp8 where 128x128 tiles would fill at most half the SMs (the fp8 suite's M = 256 row:
+# benchmarks/results/2026-11-27_h100_fp8_suite/): v10's split K in two (each unit's promoted sums the partials,
+# the scales once after the sum). FP8_SPLIT_RESULTS (two runs, M = 256): 773-778 TFLOPS at 4096x14336 (0.83x
+# torch._scaled_mm, v9's 128x128 0.66x) and 381-384 at 2112x7168 (0.59x, from 0.48x), its 64 and 34 tiles; at
+# 96 and 112 tiles (6144x4096, 7168x16384) slower than v9's (0.48-0.65x against 0.70-0.80x); four ways and
+# eight slower everywhere. No bias (v10's fp8 is built without one).
+FP8_SPLIT_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_split/README.md"
+FP8_SPLIT_K = 2
+FP8_SPLIT_MIN_K = 7168  # the K measured (7168 and 14336): each unit keeps a long K loop
+
+
+def fp8_split(M: int, N: int, K: int, sms: int = 132, recipe: str = "tensor", bias=None) -> bool:
+    """Whether per-tensor or rowwise fp8 at M x N x K (no bias) takes v10's split K: past the small-M tiles,
+    where v9 would take 128x128 tiles that fill at most half the SMs, with a K of at least FP8_SPLIT_MIN_K
+    whose slices FP8_SPLIT_K divides."""
+    if recipe not in ("tensor", "row") or bias is not None or M <= FP8_SMALL_M:
+        return False
+    if fp8_tile(M, N, sms, recipe) != "square":
+        return False
+    tiles = -(-M // 128) * -(-N // 128)
+    return tiles <= sms // 2 and K >= FP8_SPLIT_MIN_K and -(-K // 128) % FP8_SPLIT_K == 0
+
+
+def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -> tuple[str, dict]:
+    """The rung and knobs of scaled_mm's module at M x N x K (what the FP8_RULES choose): v10's split K
+    where :func:`fp8_split` says so, else v9 with :func:`fp8_knobs`."""
+    if fp8_split(M, N, K, sms, recipe, bias):
+        return "v10", {"promote": FP8_PROMOTE, "split_k": FP8_SPLIT_K}
+    return "v9", fp8_knobs(M, N, K, recipe, sms)
+
+
 def _fp8(p: Problem, block: bool) -> bool:
     """Whether ``p`` is a scaled fp8 GEMM with block scales (``block``) or with the others."""
     return p.spec is not None and p.spec.is_fp8 and (p.spec.scales == "block") == block
@@ -617,6 +648,14 @@ FP8_RULES: list[Rule] = [
                   "overlap=4: 0.93-0.995x), 1300-1317, 0.94-1.02x at 4096x7168x16384 (192x128: 0.88-0.95x); "
                   "the error within 1.01x torch's to K = 16384; " + FP8_UNDER_RESULTS + ": epi_under +1.0-1.6% at "
                   "4096^3 (1.027-1.089x torch._scaled_mm over three H100s)"),
+    Rule("fp8-split-k", "sm_90a", "v10",
+         when=lambda p: _fp8(p, False) and fp8_split(p.M, p.N, p.K, p.sms, p.spec.scales, p.spec.bias),
+         knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
+         why=f"per-tensor or rowwise fp8 where 128x128 tiles would fill at most half the SMs: v10's split K, each "
+             f"tile's K over {FP8_SPLIT_K} CTAs, each unit's sums promoted into fp32 every 128 of K and summed by "
+             "the last unit, the scales applied once after the sum",
+         evidence=FP8_SPLIT_RESULTS + ": M = 256, 773-778 TFLOPS at 4096x14336 (0.83x torch._scaled_mm; v9's "
+                  "128x128 0.66x), 381-384 at 2112x7168 (0.59x; 0.48x)"),
     Rule("fp8", "sm_90a", "v9", when=lambda p: _fp8(p, False), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why=f"an fp8 GEMM: v9's e4m3 kernel (128x128 tiles over two consumers, wgmma k32), the tensor cores' "
              f"sums promoted into fp32 every {FP8_PROMOTE} slice(s) of 128 of K (within {FP8_ERROR} of "

@@ -75,7 +75,6 @@ BLOCK = 128  # the block recipe's groups: 1 x 128 of K (A), 128 x 128 (B)
 BLOCK_SHAPES = ((1, BLOCK), (BLOCK, BLOCK))  # quantize_fp8's block shapes: an activation's, a weight's
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 AMAX_FLOOR = 1e-12  # an all-zero row or tensor gets this amax (its scale stays finite and positive)
-MODULE_RUNG = "v9"
 
 _LOCK = threading.RLock()
 _ROUTES: dict = {}
@@ -341,10 +340,15 @@ def _fits(mod, call: Call) -> bool:
 
 def build_knobs(call: Call, arch: str) -> dict:
     """The knobs of the module :func:`scaled_mm` builds for ``call``: the policy's fp8 kernel
-    (``plan.FP8_RULES``: ``plan.fp8_knobs``) with M at run time, as ``pack build`` plans it, so
+    (``plan.FP8_RULES``: ``plan.fp8_module``) with M at run time, as ``pack build`` plans it, so
     a pack's module and a build here are one entry of the module cache."""
-    return {**_policy_knobs(call), "spec": call.spec.text(), "dtype": call.spec.d,
+    return {**_policy(call)[1], "spec": call.spec.text(), "dtype": call.spec.d,
             "arch": arch, "dynamic_m": True}
+
+
+def module_rung(call: Call) -> str:
+    """The rung of that module: v9, or v10 where the policy splits K (``plan.fp8_split``)."""
+    return _policy(call)[0]
 
 
 def pack_command(call: Call) -> str:
@@ -390,22 +394,22 @@ def _from_packs(call: Call, arch: str) -> tuple[Route | None, list[str]]:
     return None, notes
 
 
-def _policy_knobs(call: Call) -> dict:
-    """The policy's fp8 knobs for ``call`` (``plan.fp8_knobs``): asked only where a module is built
-    (``plan`` imports the rungs, which a runtime-only box does not have)."""
+def _policy(call: Call) -> tuple[str, dict]:
+    """The policy's fp8 rung and knobs for ``call`` (``plan.fp8_module``): asked only where a module is
+    built (``plan`` imports the rungs, which a runtime-only box does not have)."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
     from . import plan  # pylint: disable=import-outside-toplevel
 
-    return plan.fp8_knobs(call.M, call.N, call.K, call.recipe)
+    return plan.fp8_module(call.M, call.N, call.K, call.recipe, call.spec.bias)
 
 
 def _build(call: Call, arch: str) -> Route:
-    knobs = build_knobs(call, arch)
-    path, how = cached_module((MODULE_RUNG, (call.M, call.N, call.K), knobs))
+    knobs, rung = build_knobs(call, arch), module_rung(call)
+    path, how = cached_module((rung, (call.M, call.N, call.K), knobs))
     source = {"cache": "module cache", "built": "fresh build"}[how]
-    return Route(load(path), None, source, MODULE_RUNG, knobs,
-                 [f"kernel: {MODULE_RUNG} fp8 ({call.spec.text()}) [M at run time]",
-                  f"chosen by: plan.FP8_RULES: {_policy_knobs(call) or 'v9 fp8 defaults'}",
+    return Route(load(path), None, source, rung, knobs,
+                 [f"kernel: {rung} fp8 ({call.spec.text()}) [M at run time]",
+                  f"chosen by: plan.FP8_RULES: {_policy(call)[1] or 'v9 fp8 defaults'}",
                   f"source: {source} {path}"])
 
 
