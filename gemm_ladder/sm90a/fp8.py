@@ -111,6 +111,13 @@ parts of it:
   ``torch._scaled_mm`` block-wise, +0.8-4.9% over the unstaged four-stage ring
   (``benchmarks/results/2026-11-27_h100_fp8_block_staged_halves/``).
 
+- on v10, a split K (:func:`check_split`): each unit runs v9's promoted K loop over its share of the
+  slices, its fp32 total is its partials (``splitk.Partials``), and the last unit adds them up and applies
+  the scales once before the epilogue; per-tensor and rowwise scales only (block scales apply by K block
+  at each promotion), no stream-K, no bias yet, and a split that divides the slices (the promoted loop
+  runs a fixed count). At M = 256 (``benchmarks/results/2026-11-27_h100_fp8_split/``): two ways +23-25%
+  where 128x128 fills at most half the SMs, slower past it; the policy's ``fp8-split-k``.
+
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``tail_n`` yet; ``epi_under`` needs a promotion in one accumulator set (no ``overlap``, no
 ``stagger``), block scales only in halves, and with ``halves`` chunks within a half; the accumulators (twice with promotion, three times with

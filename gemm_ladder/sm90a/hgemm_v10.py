@@ -27,6 +27,10 @@ same wave, their partials are still in L2 when the last one reads them, and no u
 for another (no deadlock whatever runs when). The sum is taken in split order whoever comes
 last: the same bits on every run.
 
+fp8 (per-tensor and rowwise scales, ``sm90a/fp8.py``'s ``check_split``): each unit promotes its sums into
+an fp32 total as v9 does; the totals are the partials, and the last unit applies the scales once to
+their sum before the epilogue.
+
 Roles and registers: v9's (warpgroup 0 produces, consumers 1..W own their rows and epilogues).
 Barriers: v9's, and a counter in global memory per tile and consumer:
 
