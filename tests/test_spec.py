@@ -17,7 +17,7 @@ from gemm_ladder.serve import kernel_pack, plan, runtime
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.core.config import ConfigError, parse_knob_value
 from gemm_ladder.rungs import kernel_of, make_config
-from gemm_ladder.sm90a import hgemm_v10
+from gemm_ladder.sm90a import hgemm_v8
 from gemm_ladder.core.spec import (ACTIVATIONS, EPILOGUES, SPEC_KNOB, SPEC_SCHEMA, GemmSpec, Operand, as_spec,
     check_built, epilogue_names, not_built, spec_for, spec_of, spec_of_manifest)
 
@@ -256,8 +256,8 @@ def test_v9_with_a_bias_builds_and_adds_it_before_rounding(tmp_path):
 def test_a_kernel_that_does_not_take_its_specs_operands_is_refused(monkeypatch):
     """A rung that declares the bias but whose kernel leaves it out would be called with one
     argument too many: refused when traced, with where to declare it."""
-    monkeypatch.setattr(hgemm_v10, "EPILOGUES", ("none", "bias"), raising=False)
-    cfg = make_config("v10", 256, 256, 512, spec=GemmSpec.with_bias(), split_k=2)
+    monkeypatch.setattr(hgemm_v8, "EPILOGUES", ("none", "bias"), raising=False)
+    cfg = make_config("v8", 256, 256, 512, spec=GemmSpec.with_bias())
     with pytest.raises((ConfigError, DiagnosticError), match="epilogue.kernel_operands"):  # raised while traced
         kernel_of(cfg)
 
