@@ -69,8 +69,16 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("4096x7168x16384", 4096, 7168, 16384), ("128x4096x7168", 128, 4096, 7168),
           # the fp8 suite's sub-wave row (benchmarks/results/2026-11-27_h100_fp8_suite/): M = 256
           ("256x6144x4096", 256, 6144, 4096), ("256x4096x14336", 256, 4096, 14336),
-          ("256x2112x7168", 256, 2112, 7168), ("256x7168x16384", 256, 7168, 16384))
+          ("256x2112x7168", 256, 2112, 7168), ("256x7168x16384", 256, 7168, 16384),
+          # and its other sub-wave cases: M = 64, 24576x1536 at M = 256, 2112x7168 at M = 1024 (68 cluster tiles)
+          ("64x2112x7168", 64, 2112, 7168), ("64x4096x14336", 64, 4096, 14336), ("64x6144x4096", 64, 6144, 4096),
+          ("64x7168x16384", 64, 7168, 16384), ("256x24576x1536", 256, 24576, 1536),
+          ("1024x2112x7168", 1024, 2112, 7168), ("64x24576x1536", 64, 24576, 1536),
+          ("128x2112x7168", 128, 2112, 7168))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
+# the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
+SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
+                 "pipe_depth": 8}
 CONFIGS = {
     "base": {},
     "c1x1": {"cluster_m": 1},
@@ -163,6 +171,26 @@ CONFIGS = {
     "sk2": {"rung": "v10", "split_k": 2},
     "sk4": {"rung": "v10", "split_k": 4},
     "sk8": {"rung": "v10", "split_k": 8},
+    # a split that does not divide the slices, and stream-K (every cluster the same share of the tiles' K
+    # slices; under one wave too): a unit's count at run time, the promotion every slice (mainloop._run_promoted_each)
+    "sk3": {"rung": "v10", "split_k": 3},
+    "stream": {"rung": "v10", "split_k": 1, "stream_k": True},
+    # the small-M tiles (plan.FP8_SMALL_KNOBS) split, and over stream-K
+    "m64_sk2": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 2},
+    "m64_sk3": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 3},
+    "m64_sk4_c1x1": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 4, "cluster_n": 1},
+    "m64_stream": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 1, "stream_k": True},
+    # and with the overlapped promotion (overlap: a run's groups in two accumulator sets; a count known at run
+    # time takes whole runs, then its rest drained a slice at a time: mainloop._run_overlapped_each)
+    "ov4_sk2": {"rung": "v10", "split_k": 2, "overlap": 4},
+    "ov4_sk3": {"rung": "v10", "split_k": 3, "overlap": 4},
+    "ov4_stream": {"rung": "v10", "split_k": 1, "stream_k": True, "overlap": 4},
+    "m64_ov2_sk2": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 2, "overlap": 2},
+    "m64_ov4_sk2": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 2, "overlap": 4},
+    "m64_ov2_sk3": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 3, "overlap": 2},
+    "m64_ov4_sk3": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 3, "overlap": 4},
+    "m64_ov2": {**SMALL_M_KNOBS, "overlap": 2},
+    "m64_ov4": {**SMALL_M_KNOBS, "overlap": 4},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -172,14 +200,24 @@ CONFIGS = {
 # the promotion 1.06x but 4x torch's error at K = 8192. This list (benchmarks/results/2026-11-27_h100_fp8_under/,
 # runs 1 and 3) times the policy's tiles with and without the epilogue under the next tile (the _u configs); its
 # run 5 timed the _u configs' variants (L2 groups, k_zigzag, epi_n, clusters), its list in that run's rows.
+# benchmarks/results/2026-11-27_h100_fp8_split/ timed the split K (sk2, sk4, sk8) at M = 256. This list times
+# the fp8 suite's sub-wave cases: the policy's module beside stream-K and the uneven or small-M splits.
 SWEEP = {
     "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2"),
     "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
     "4096x7168x16384": ("m192_c1x2", "m192_c1x2_u", "n256_h_p2", "n256_h_p2_u"),
-    "256x6144x4096": ("ov4", "sk2", "sk4"),
-    "256x4096x14336": ("ov4", "sk2", "sk4"),
-    "256x2112x7168": ("ov4", "sk2", "sk4", "sk8"),
-    "256x7168x16384": ("ov4", "sk2", "sk4"),
+    "64x2112x7168": ("m64n64_c1x2_sb_d8", "m64_sk3", "m64_ov2_sk3", "m64_ov4_sk3"),
+    "64x4096x14336": ("m64n64_c1x2_sb_d8", "m64_sk2", "m64_ov2_sk2", "m64_ov4_sk2"),
+    "256x6144x4096": ("ov4", "ov4_sk2", "ov4_stream"),
+    "256x4096x14336": ("sk2", "ov4_sk2"),
+    "256x2112x7168": ("sk3", "ov4_sk2", "ov4_sk3"),
+    "256x7168x16384": ("ov4", "ov4_sk2", "ov4_stream"),
+    "1024x2112x7168": ("m192_c1x2_u", "ov4_stream"),
+    "64x6144x4096": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4"),
+    "64x7168x16384": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4"),
+    "64x24576x1536": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4"),
+    "128x4096x7168": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4", "m64_ov4_sk2"),
+    "128x2112x7168": ("m64n64_c1x2_sb_d8", "m64_ov4", "m64_ov4_sk2", "m64_ov4_sk3"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
@@ -204,8 +242,7 @@ class Sweep:
 # 128x256 tiles do not fit with the promoted sums (296 registers a consumer), 192 cuts a B block
 BLOCK_SHAPES = (("4096x7168x16384", 4096, 7168, 16384), ("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
                 ("4096x4096x7168", 4096, 4096, 7168), ("128x4096x7168", 128, 4096, 7168))
-SMALL_M = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
-           "pipe_depth": 8}  # plan.FP8_SMALL_KNOBS (the per-tensor policy at M <= 128; a test keeps them equal)
+SMALL_M = SMALL_M_KNOBS
 BLOCK_CONFIGS = {
     "base": {},
     "c1x2": {"cluster_m": 1, "cluster_n": 2},
@@ -232,7 +269,7 @@ BLOCK_CONFIGS = {
     # our per-tensor fp8 at the per-tensor policy's knobs (plan.fp8_knobs), the peer of each shape
     "tensor_policy": {"recipe": "tensor", "overlap": 4},
     "tensor_policy_wide": {"recipe": "tensor", **{k: v for k, v in serve_plan.FP8_WIDE_KNOBS.items() if k != "promote"}},
-    "tensor_policy_small": {"recipe": "tensor", **SMALL_M},
+    "tensor_policy_small": {"recipe": "tensor", **serve_plan.FP8_SMALL_KNOBS},
     "tensor_policy_halves": {"recipe": "tensor", **serve_plan.FP8_HALVES_KNOBS},
     # 128x256 tiles promoted in halves (fp8.py's halves), each half scaled by its own B block
     "n256_h": {"blk_n": 256, "halves": True},

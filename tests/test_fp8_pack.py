@@ -65,19 +65,22 @@ def _call(M=64, N=48, K=32, recipe="row", bias=None):
 
 
 def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_database():
-    """M up to FP8_SMALL_M (one row of tiles) takes the small-M knobs; past it, where 128x128 fills at most
-    half the SMs over a long K, v10's split K (fp8-split-k: 64 tiles at M = 129-256 here), then the large
-    knobs or the wide tiles (fp8-wide), many waves 128x256 in halves (fp8-halves); block scales their own
-    ranges."""
+    """M up to FP8_SMALL_M (one row of tiles) takes the small-M knobs, split on v10 where they fill at most half
+    the SMs over a long K (32 cluster tiles up to M = 64 here); past it, where 128x128 fills at most half the
+    SMs, v10's split K (fp8-split-k: 64 tiles at M = 129-256 here), then the large knobs or the wide tiles
+    (fp8-wide), many waves 128x256 in halves (fp8-halves); block scales their own ranges."""
     spec = GemmSpec.fp8("bfloat16", "row")
     choices = {M: plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, spec)) for M in (1, 64, 128, 129,
                                                                                                       333, 1536, 8192)}
-    assert {M: c.rule for M, c in choices.items()} == {1: "fp8-small-m", 64: "fp8-small-m", 128: "fp8-small-m",
+    assert {M: c.rule for M, c in choices.items()} == {1: "fp8-split-k", 64: "fp8-split-k", 128: "fp8-small-m",
                                                        129: "fp8-split-k", 333: "fp8", 1536: "fp8-wide",
                                                        8192: "fp8-halves"}
-    assert choices[129].rung == "v10" and choices[129].knobs["split_k"] == plan.FP8_SPLIT_K
-    assert len({json.dumps(c.knobs, sort_keys=True) for c in choices.values()}) == 5
-    assert choices[333].knobs["overlap"] == 4 and choices[64].knobs["blk_n"] == 64
+    assert choices[129].rung == "v10" and choices[129].knobs["split_k"] == 2 and "overlap" not in choices[129].knobs
+    # the small-M tiles split with the overlapped promotion
+    assert choices[64].rung == "v10" and choices[64].knobs["split_k"] == 2 and choices[64].knobs["blk_n"] == 64
+    assert choices[64].knobs["overlap"] == 4 and choices[64].knobs == choices[1].knobs and choices[128].knobs["overlap"] == 4
+    assert len({json.dumps(c.knobs, sort_keys=True) for c in choices.values()}) == 6
+    assert choices[333].knobs["overlap"] == 4 and choices[128].knobs["blk_n"] == 64
     assert choices[1536].knobs["blk_m"] == 192 and choices[1536].knobs["num_warpgroups"] == 3
     assert choices[8192].knobs["blk_n"] == 256 and choices[8192].knobs["halves"] is True
     assert all(plan.FP8_NO_DB in c.skipped for c in choices.values())
@@ -93,18 +96,20 @@ def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_databas
 
 
 def test_a_weights_fp8_pack_is_the_modules_scaled_mm_would_build():
-    """A weight's M buckets get one runtime-M module a rule (small M, the split K, the rest, the wide tiles,
+    """A weight's M buckets get one runtime-M module a knob set (small M split and whole, the split K, the rest, the wide tiles,
     128x256 in halves), each with the knobs scaled_mm builds with at an M of its range: a pack and a build here share
     entries of the module cache."""
     items = kernel_pack.plan_pack([], [E4M3], sms=132, weights=[(4096, 7168)], fp8_scales=("row",))
-    assert len(items) == 5 and all(i["dynamic_m"] for i in items)
+    assert len(items) == 6 and all(i["dynamic_m"] for i in items)
     ranges = sorted(run["m_range"] for i in items for run in i["served"])
-    assert ranges[0][0] == 1 and ranges[0][1] <= plan.FP8_SMALL_M < ranges[1][0] and ranges[-1][1] == 16384
+    # the small-M tiles split up to M = 64 (32 cluster tiles), whole to FP8_SMALL_M, then the others
+    assert ranges[0] == [1, 64] and ranges[1][1] <= plan.FP8_SMALL_M < ranges[2][0] and ranges[-1][1] == 16384
     ident = {"tvm_version": "0.27.0.post1", "compiler": "nvrtc 13.0", "sources": "s"}
     for item in items:
         M = item["served"][0]["m_range"][1]
         call = _call(M, 4096, 7168)
-        ours = BuildJob(scaled.module_rung(call), (64, 4096, 7168), scaled.build_knobs(call, "sm_90a"))
+        rung, _, knobs = scaled.build_job(call, "sm_90a")
+        ours = BuildJob(rung, (64, 4096, 7168), knobs)
         assert module_cache.module_key(item["job"], ident) == module_cache.module_key(ours, ident)
 
 
@@ -232,11 +237,13 @@ def test_the_cli_plans_fp8_modules_and_refuses_fp8_knobs_without_fp8():
     out = _cli("--weights", "4096x7168", "--dtypes", f"bfloat16,{E4M3}", "--fp8-scales", "row", "--dry-run")
     assert out.returncode == 0, out.stderr
     fp8_rows = [line for line in out.stdout.splitlines() if "float8_e4m3 row -> bfloat16" in line]
-    # the M ranges of four runtime-M modules: the small-M rule's, the 128x128 one's, the wide tiles' and the
-    # 128x256 tiles in halves (plan.FP8_RULES; the last three take turns as the waves fill)
+    # the M ranges of the runtime-M modules: the small-M tiles split and whole, the split K's, the 128x128 one's,
+    # the wide tiles' and the 128x256 tiles in halves (plan.FP8_RULES; the last three take turns as the waves fill)
     rules = {r.split()[-2] for r in fp8_rows}
     assert rules == {"fp8-small-m", "fp8-split-k", "fp8", "fp8-wide", "fp8-halves"}, out.stdout
-    assert any(f" 1..{plan.FP8_SMALL_M} " in r for r in fp8_rows), out.stdout
+    # the small-M tiles split to M = 64 (32 cluster tiles of 4096), whole up to FP8_SMALL_M
+    assert any(" 1..64 " in r and "fp8-split-k" in r for r in fp8_rows), out.stdout
+    assert any(f" 65..{plan.FP8_SMALL_M} " in r and "fp8-small-m" in r for r in fp8_rows), out.stdout
     assert any("..16384" in r and "fp8-wide" in r for r in fp8_rows), out.stdout
     bad = _cli("--weights", "4096x7168", "--fp8-scales", "row", "--dry-run")
     assert bad.returncode == 2 and "add --dtypes float8_e4m3" in bad.stderr

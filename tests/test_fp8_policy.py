@@ -19,8 +19,9 @@ def test_the_policys_knobs_validate_at_every_shape_scaled_mm_takes(recipe, N, K)
     for M in (1, 77, plan.FP8_SMALL_M, plan.FP8_SMALL_M + 1, 1000, 8192):
         choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
         large = {"wide": "fp8-wide", "halves": "fp8-halves", "square": "fp8"}.get(plan.fp8_tile(M, N))
-        if plan.fp8_split(M, N, K, 132, recipe):  # 128x128 would fill at most half the SMs: v10's split K
-            assert choice.rule == "fp8-split-k" and choice.rung == "v10", (M, choice.skipped)
+        ways = plan.fp8_split_ways(M, N, K, 132, recipe)
+        if ways > 1:  # the tiles would fill at most half the SMs: v10's split K
+            assert choice.rule == "fp8-split-k" and choice.rung == "v10" and choice.knobs["split_k"] == ways, M
             continue
         assert choice.rule == ("fp8-small-m" if M <= plan.FP8_SMALL_M else large), (M, choice.skipped)
         assert {k: v for k, v in choice.knobs.items() if k in plan.fp8_knobs(M, N, K, recipe)} == \

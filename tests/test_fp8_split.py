@@ -41,7 +41,21 @@ def test_the_partials_are_the_promoted_sums_and_the_scales_follow_the_sum():
     assert set(_PARTIAL_STORE.findall(plain)) == {"Dreg"} and "scale_a" not in plain
 
 
-@pytest.mark.parametrize("spec, knobs", [(TENSOR, {"split_k": 4}), (ROW, {"split_k": 2, "reduce": "atomic"})])
+def test_stream_k_pieces_and_an_uneven_split_promote_every_slice_over_a_count_known_at_run_time():
+    """Stream-K's pieces (and a split that does not divide the slices) run the promotion every slice in a
+    loop over a run-time count; their partials are the promoted sums too, and the scales follow the sum.
+    A fixed split of the same shape unrolls its fixed count instead (no such loop)."""
+    runtime_loop = re.compile(r"for \(int \w+ = 0; \w+ < pc_ptr\[2\]; ")  # the piece's slice count
+    stream = _source(make_config("v10", 256, 6144, 4096, spec=TENSOR, dynamic_m=True, split_k=1, stream_k=True))
+    assert set(_PARTIAL_STORE.findall(stream)) == {"Freg"}
+    assert runtime_loop.search(stream), "the stream-K piece's promoted loop over its run-time count"
+    assert "scale_a" in stream[stream.index("P_ptr["):]
+    uneven = _source(make_config("v10", 256, 6144, 4096, spec=ROW, dynamic_m=True, split_k=3))
+    assert set(_PARTIAL_STORE.findall(uneven)) == {"Freg"} and "scale_b" in uneven[uneven.index("P_ptr["):]
+
+
+@pytest.mark.parametrize("spec, knobs", [(TENSOR, {"split_k": 4}), (ROW, {"split_k": 2, "reduce": "atomic"}),
+                                         (TENSOR, {"split_k": 1, "stream_k": True}), (ROW, {"split_k": 3})])
 def test_the_split_fp8_kernel_does_not_spill(spec, knobs):
     mod = built(make_config("v10", 256, 6144, 4096, spec=spec, dynamic_m=True, **knobs))
     try:
@@ -53,9 +67,11 @@ def test_the_split_fp8_kernel_does_not_spill(spec, knobs):
 
 @pytest.mark.parametrize("spec, K, knobs", [(TENSOR, 1536, {"split_k": 2}), (TENSOR, 1536, {"split_k": 4}),
                                             (ROW, 1536, {"split_k": 3}), (TENSOR, 1024, {"split_k": 8}),
-                                            (TENSOR, 1536, {"split_k": 2, "reduce": "atomic"})])
+                                            (TENSOR, 1536, {"split_k": 2, "reduce": "atomic"}),
+                                            (TENSOR, 1536, {"split_k": 5}), (ROW, 1536, {"split_k": 5, "reduce": "atomic"})])
 def test_the_barrier_checker_passes_split_fp8(spec, K, knobs):
-    """Two to eight units a tile (one slice each at eight), rowwise, and the atomic sum."""
+    """Two to eight units a tile (one slice each at eight), rowwise, the atomic sum, and a split that does
+    not divide the 12 slices (units of 2 and 3, counted at run time)."""
     assert check_config(make_config("v10", 512, 512, K, spec=spec, **knobs)).ok
 
 
@@ -66,9 +82,11 @@ def test_a_split_that_divides_the_slices_gives_each_unit_a_fixed_count():
 
 @pytest.mark.parametrize("spec, knobs, words", [
     (GemmSpec.fp8("bfloat16", "block"), {"split_k": 2}, "v10 with block scales: .* use per-tensor or rowwise"),
-    (TENSOR, {"split_k": 1, "stream_k": True}, "stream_k=True: stream-K's pieces sum .* stream_k=False"),
-    (TENSOR, {"split_k": 3}, r"split_k=3 and K=4096: .* divide the 32 slices of 128; use split_k in \[1, 2, 4, 8\]"),
-    (TENSOR, {"split_k": 2, "overlap": 4}, "rung v10 .* takes no knob overlap"),
+    (GemmSpec.fp8("bfloat16", "block"), {"split_k": 1, "stream_k": True}, "v10 with block scales: .* stream-K's"),
+    (TENSOR, {"split_k": 1, "stream_k": True, "promote": 2}, "stream_k=True and promote=2: .* use promote=1"),
+    (TENSOR, {"split_k": 3, "promote": 2},
+     r"split_k=3, K=4096 and promote=2: .* use promote=1, or split_k in \[1, 2, 4, 8\]"),
+    (TENSOR, {"split_k": 2, "stagger": True}, "rung v10 .* takes no knob stagger"),
     (GemmSpec.fp8("bfloat16", "tensor", "bfloat16"), {"split_k": 2}, "v10 fp8 with a bias: .* use v9"),
 ])
 def test_what_split_fp8_does_not_build_is_refused_with_the_fix(spec, knobs, words):
@@ -76,15 +94,23 @@ def test_what_split_fp8_does_not_build_is_refused_with_the_fix(spec, knobs, word
         make_config("v10", 256, 6144, 4096, spec=spec, **knobs)
 
 
-def test_the_policy_splits_only_where_128x128_fills_at_most_half_the_sms_over_a_long_k():
-    """``plan.fp8_split``: the two measured wins (64 and 34 tiles), not the two losses (96 and 112 tiles),
-    not a short K, a bias, block scales or the small-M tiles; the rule builds v10 with split_k=2."""
-    assert plan.fp8_split(256, 4096, 14336) and plan.fp8_split(256, 2112, 7168, recipe="row")
-    assert not plan.fp8_split(256, 6144, 4096) and not plan.fp8_split(256, 7168, 16384)
-    assert not plan.fp8_split(256, 4096, 4096)  # K under FP8_SPLIT_MIN_K
-    assert not plan.fp8_split(256, 4096, 14336, bias="bfloat16") and not plan.fp8_split(256, 4096, 14336, recipe="block")
-    assert not plan.fp8_split(plan.FP8_SMALL_M, 4096, 14336)
+def test_the_policy_splits_only_where_the_tiles_fill_at_most_half_the_sms_over_a_long_k():
+    """``plan.fp8_split_ways``: the measured wins (64 and 34 tiles of 128x128, the small-M tiles' 33 and 64),
+    in the fewest units' waves (three ways at 34 tiles), not the losses (96 and 112 tiles), not a short K, a
+    bias or block scales; the rule builds v10 with that split, and the small-M tiles' with overlap."""
+    ways = plan.fp8_split_ways
+    assert ways(256, 4096, 14336) == 2 and ways(256, 2112, 7168, recipe="row") == 3  # 32 and 17 cluster tiles
+    assert ways(256, 6144, 4096) == 1 and ways(256, 7168, 16384) == 1  # 48 and 56: two ways would take two waves
+    assert ways(256, 4096, 4096) == 1  # K under FP8_SPLIT_MIN_K
+    assert ways(256, 4096, 14336, bias="bfloat16") == 1 and ways(256, 4096, 14336, recipe="block") == 1
+    # the small-M tiles (1x2 clusters of 64x64): 17 and 32 cluster tiles at M = 64, 64 at M = 128
+    assert ways(64, 2112, 7168) == 3 and ways(64, 4096, 14336) == 2 and ways(plan.FP8_SMALL_M, 4096, 14336) == 1
+    assert ways(64, 6144, 4096) == 1 and ways(64, 24576, 1536) == 1
     choice = plan.rule_choice(plan.Problem(256, 4096, 14336, dtype="bfloat16", spec=TENSOR, sms=132))
     assert choice.rule == "fp8-split-k" and choice.knobs["split_k"] == 2
     cfg = make_config(choice.rung, 256, 4096, 14336, **choice.knobs)
     assert cfg.rung == "v10" and dict(cfg.extra)["promote"] == 1
+    small = plan.rule_choice(plan.Problem(64, 2112, 7168, dtype="bfloat16", spec=ROW, sms=132))
+    cfg = make_config(small.rung, 64, 2112, 7168, dynamic_m=True, **small.knobs)
+    assert small.rule == "fp8-split-k" and cfg.rung == "v10" and (cfg.blk_m, cfg.blk_n) == (64, 64)
+    assert dict(cfg.extra)["split_k"] == 3 and dict(cfg.extra)["overlap"] == plan.FP8_SMALL_KNOBS["overlap"] == 4

@@ -60,9 +60,10 @@ def test_the_split_covers_every_slice_once_in_at_most_two_pieces(clusters):
         dp, sk, pieces = _cover(tiles, clusters, k_tiles)
         full, rem = divmod(tiles, clusters)
         # whole waves of whole tiles; the partial wave's tiles by slices when they are at least
-        # half a wave, else with the whole wave before them; all whole without a partial wave
+        # half a wave, else with the whole wave before them (none under one wave); all whole
+        # without a partial wave
         assert dp + sk == tiles and (dp % clusters == 0 or sk == 0)
-        assert sk == (0 if not (full and rem) else rem if 2 * rem >= clusters else rem + clusters)
+        assert sk == (0 if not rem else rem if 2 * rem >= clusters else rem + clusters if full else 0)
         most = 3 if sk == rem else 2  # pieces a tile: half a tile or more a cluster, or a tile or more
         owner = {}
         for g, ps in pieces.items():
@@ -170,6 +171,8 @@ def _emulate(M, N, K, knobs, clusters, seed):
         # 3 x 9 tiles on 4 clusters: 20 whole, 7 by slices of 4
         ((130, 520, 200), dict(blk_m=64, blk_n=64, num_warpgroups=1, cluster_m=1, tile_order="grouped",
                                l2_group_size=2), 4),
+        # 1 x 5 tiles on 8 clusters: under one wave, all 5 by slices (ranges of 5 of a tile's 9 slices)
+        ((64, 320, 520), dict(blk_m=64, blk_n=64, num_warpgroups=1, cluster_m=1), 8),
     ],
     ids=str,
 )

@@ -294,8 +294,9 @@ STREAM_K = "benchmarks/results/2026-11-23_h100_stream_k/README.md"
 
 
 def stream_k_makespan(p: Problem) -> float | None:
-    """v10 ``stream_k``'s time in :func:`makespan`'s units, or None where it makes no cut (fewer
-    cluster tiles than clusters, or whole waves of them: v10 then runs v9's schedule)."""
+    """v10 ``stream_k``'s time in :func:`makespan`'s units, or None where it makes no cut (whole
+    waves of cluster tiles: v10 then runs v9's schedule) or this policy does not weigh it (fewer
+    cluster tiles than clusters: 16-bit sub-wave shapes take the split K, ``split-k``)."""
     clusters = p.sms // 2
     cluster_tiles = math.ceil(math.ceil(p.M / 128) / 2) * math.ceil(p.N / 256)
     if cluster_tiles < clusters or cluster_tiles % clusters == 0:
@@ -458,14 +459,16 @@ def rule_applies(name: str, p: Problem, rules=None) -> bool:
 # both with the scales staged in shared memory by the producer's TMA (stage_scales: no global scale load on
 # the consumers' path), +6.5-10.6% past M = 128 and +12.4% at M = 128 (FP8_BLOCK_STAGED_RESULTS).
 # A weight's M range takes one runtime-M module a rule: a pack built for it holds the modules scaled_mm
-# would build itself (scaled.build_knobs).
+# would build itself (scaled.build_job).
 FP8_RESULTS = "benchmarks/results/2026-11-26_h100_fp8_sweep/README.md"
 FP8_PROMOTE = 1  # slices of 128 of K between promotions
 FP8_ERROR = "1.00x"  # the largest error over torch's of the promotion every slice at K = 4096 to 16384 (the sweep's checks)
 FP8_SMALL_M = 128  # up to this M: the small-M knobs
 FP8_LARGE_KNOBS = {"promote": FP8_PROMOTE, "overlap": 4}
+# The small-M tiles take the overlapped promotion too (overlap=4: FP8_SUBWAVE_RESULTS, run 3, +1-2.5% at M = 64 over
+# four weights, +2.3% at 128x4096x7168, +15% at 128x2112x7168).
 FP8_SMALL_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
-                   "pipe_depth": 8}
+                   "pipe_depth": 8, "overlap": 4}
 
 
 # Per-tensor and row scales, many waves: 192x128 tiles over three consumers (64 rows each, the promotion
@@ -561,34 +564,48 @@ def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
                  "halves": FP8_HALVES_KNOBS}[fp8_tile(M, N, sms, recipe)])
 
 
-# Per-tensor and rowwise fp8 where 128x128 tiles would fill at most half the SMs (the fp8 suite's M = 256 row:
-# benchmarks/results/2026-11-27_h100_fp8_suite/): v10's split K in two (each unit's promoted sums the partials,
-# the scales once after the sum). FP8_SPLIT_RESULTS (two runs, M = 256): 773-778 TFLOPS at 4096x14336 (0.83x
-# torch._scaled_mm, v9's 128x128 0.66x) and 381-384 at 2112x7168 (0.59x, from 0.48x), its 64 and 34 tiles; at
-# 96 and 112 tiles (6144x4096, 7168x16384) slower than v9's (0.48-0.65x against 0.70-0.80x); four ways and
-# eight slower everywhere. No bias (v10's fp8 is built without one).
+# Per-tensor and rowwise fp8 whose tiles would fill at most half the SMs (the fp8 suite's sub-wave cases:
+# benchmarks/results/2026-11-27_h100_fp8_suite/): v10's split K (each unit's promoted sums the partials, the
+# scales once after the sum). FP8_SPLIT_RESULTS (two runs, M = 256, 128x128 tiles): 773-778 TFLOPS at 4096x14336
+# (0.83x torch._scaled_mm, v9's 128x128 0.66x) and 381-384 at 2112x7168 (0.59x, from 0.48x), its 64 and 34
+# tiles; at 96 and 112 tiles (6144x4096, 7168x16384) slower than v9's (0.48-0.65x against 0.70-0.80x); four ways
+# and eight, whose units took two waves, slower everywhere. FP8_SUBWAVE_RESULTS (three runs): three ways at
+# 2112x7168 (a split that does not divide its 56 slices: units counted at run time) 0.64x against two ways'
+# 0.58-0.60x; the small-M tiles (64x64 in 1x2 clusters) split too, with the overlapped promotion: 64x2112x7168
+# three ways 0.83x (v9's small-M tiles 0.60x; drained 0.80-0.81x), 64x4096x14336 two ways 0.95x (0.86-0.87x;
+# drained 0.92x). The 128x128 split with overlap=4 was 1.5-3% slower, and stream-K slower than v9 at every
+# sub-wave shape measured (0.56-0.74x against 0.70-0.80x). No bias (v10's fp8 is built without one).
 FP8_SPLIT_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_split/README.md"
-FP8_SPLIT_K = 2
+FP8_SUBWAVE_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_subwave/README.md"
+FP8_SPLIT_MAX = 3  # the most ways measured with every unit in one wave
 FP8_SPLIT_MIN_K = 7168  # the K measured (7168 and 14336): each unit keeps a long K loop
 
 
-def fp8_split(M: int, N: int, K: int, sms: int = 132, recipe: str = "tensor", bias=None) -> bool:
-    """Whether per-tensor or rowwise fp8 at M x N x K (no bias) takes v10's split K: past the small-M tiles,
-    where v9 would take 128x128 tiles that fill at most half the SMs, with a K of at least FP8_SPLIT_MIN_K
-    whose slices FP8_SPLIT_K divides."""
-    if recipe not in ("tensor", "row") or bias is not None or M <= FP8_SMALL_M:
-        return False
-    if fp8_tile(M, N, sms, recipe) != "square":
-        return False
-    tiles = -(-M // 128) * -(-N // 128)
-    return tiles <= sms // 2 and K >= FP8_SPLIT_MIN_K and -(-K // 128) % FP8_SPLIT_K == 0
+def fp8_split_ways(M: int, N: int, K: int, sms: int = 132, recipe: str = "tensor", bias=None) -> int:
+    """How many ways per-tensor or rowwise fp8 at M x N x K (no bias, K >= FP8_SPLIT_MIN_K) splits its K on
+    v10 (1: not split): where v9 takes the small-M tiles or 128x128, the split up to FP8_SPLIT_MAX whose
+    units' waves take the least time, ``ceil(cluster tiles * ways / clusters) / ways`` of a whole K loop,
+    when that is at most half the unsplit tiles' time (fewest ways on a tie)."""
+    if recipe not in ("tensor", "row") or bias is not None or K < FP8_SPLIT_MIN_K:
+        return 1
+    tile = fp8_tile(M, N, sms, recipe)
+    if tile not in ("small", "square"):
+        return 1
+    # a cluster's tile: 1x2 of the small-M 64x64 tiles, or 2x1 of 128x128
+    cluster_tiles = Problem(M, N, K, sms=sms).tiles(*((64, 128) if tile == "small" else (256, 128)))
+    time = {ways: math.ceil(cluster_tiles * ways / (sms // 2)) / ways for ways in range(1, FP8_SPLIT_MAX + 1)}
+    best = min(time, key=lambda ways: (time[ways], ways))
+    return best if time[best] <= time[1] / 2 else 1
 
 
 def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -> tuple[str, dict]:
     """The rung and knobs of scaled_mm's module at M x N x K (what the FP8_RULES choose): v10's split K
-    where :func:`fp8_split` says so, else v9 with :func:`fp8_knobs`."""
-    if fp8_split(M, N, K, sms, recipe, bias):
-        return "v10", {"promote": FP8_PROMOTE, "split_k": FP8_SPLIT_K}
+    where :func:`fp8_split_ways` says so (the small-M tiles with the overlapped promotion), else v9 with
+    :func:`fp8_knobs`."""
+    ways = fp8_split_ways(M, N, K, sms, recipe, bias)
+    if ways > 1:
+        small = fp8_tile(M, N, sms, recipe) == "small"
+        return "v10", {**(FP8_SMALL_KNOBS if small else {}), "promote": FP8_PROMOTE, "split_k": ways}
     return "v9", fp8_knobs(M, N, K, recipe, sms)
 
 
@@ -623,11 +640,23 @@ FP8_RULES: list[Rule] = [
              "(stage_scales)",
          evidence=FP8_BLOCK_STAGED_RESULTS + ": 1060-1111 TFLOPS, 0.95-0.98x torch._scaled_mm block-wise at "
                   "4096^3, 8192^3, 4096x4096x7168, 4096x7168x16384 (without stage_scales 974-1013, 0.86-0.92x)"),
+    Rule("fp8-split-k", "sm_90a", "v10",
+         when=lambda p: _fp8(p, False) and fp8_split_ways(p.M, p.N, p.K, p.sms, p.spec.scales, p.spec.bias) > 1,
+         knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
+         why=f"per-tensor or rowwise fp8 whose tiles (the small-M tiles or 128x128) would fill at most half the SMs: "
+             f"v10's split K, each tile's K over two or three CTAs (up to {FP8_SPLIT_MAX}: the fewest units' waves), "
+             "each unit's sums promoted into fp32 every 128 of K (the small-M tiles' overlapped, as on v9) and "
+             "summed by the last unit, the scales applied once after the sum",
+         evidence=FP8_SPLIT_RESULTS + ": M = 256, 773-778 TFLOPS at 4096x14336 (0.83x torch._scaled_mm; v9's "
+                  "128x128 0.66x), 381-384 at 2112x7168 (0.59x; 0.48x); " + FP8_SUBWAVE_RESULTS + ": three ways "
+                  "at 256x2112x7168 0.64x; 64x2112x7168 0.83x (v9's small-M tiles 0.60x), 64x4096x14336 0.95x (0.87x)"),
     Rule("fp8-small-m", "sm_90a", "v9", when=lambda p: _fp8(p, False) and p.M <= FP8_SMALL_M,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why=f"fp8 with M <= {FP8_SMALL_M}: reading B is the cost, so 64x64 tiles over one consumer (four times "
-             "v9's fp8 CTAs), 1x2 clusters sharing A, B streamed past L2, an 8-deep ring",
-         evidence=FP8_RESULTS + ": 128x4096x7168, 424 TFLOPS (0.81x torch._scaled_mm; v9's fp8 defaults 0.47x)"),
+             "v9's fp8 CTAs), 1x2 clusters sharing A, B streamed past L2, an 8-deep ring, each group's adds under "
+             "the next group's wgmmas (overlap=4)",
+         evidence=FP8_RESULTS + ": 128x4096x7168, 424 TFLOPS (0.81x torch._scaled_mm; v9's fp8 defaults 0.47x); "
+                  + FP8_SUBWAVE_RESULTS + ": overlap=4 447 TFLOPS there (0.84x), +1-2.5% at M = 64"),
     Rule("fp8-wide", "sm_90a", "v9", when=lambda p: _fp8(p, False) and fp8_wide(p.M, p.N, p.sms, p.spec.scales),
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="per-tensor or rowwise fp8 over many waves: 192x128 tiles over three consumers (the promotion every slice after a "
@@ -648,14 +677,6 @@ FP8_RULES: list[Rule] = [
                   "overlap=4: 0.93-0.995x), 1300-1317, 0.94-1.02x at 4096x7168x16384 (192x128: 0.88-0.95x); "
                   "the error within 1.01x torch's to K = 16384; " + FP8_UNDER_RESULTS + ": epi_under +1.0-1.6% at "
                   "4096^3 (1.027-1.089x torch._scaled_mm over three H100s)"),
-    Rule("fp8-split-k", "sm_90a", "v10",
-         when=lambda p: _fp8(p, False) and fp8_split(p.M, p.N, p.K, p.sms, p.spec.scales, p.spec.bias),
-         knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
-         why=f"per-tensor or rowwise fp8 where 128x128 tiles would fill at most half the SMs: v10's split K, each "
-             f"tile's K over {FP8_SPLIT_K} CTAs, each unit's sums promoted into fp32 every 128 of K and summed by "
-             "the last unit, the scales applied once after the sum",
-         evidence=FP8_SPLIT_RESULTS + ": M = 256, 773-778 TFLOPS at 4096x14336 (0.83x torch._scaled_mm; v9's "
-                  "128x128 0.66x), 381-384 at 2112x7168 (0.59x; 0.48x)"),
     Rule("fp8", "sm_90a", "v9", when=lambda p: _fp8(p, False), knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why=f"an fp8 GEMM: v9's e4m3 kernel (128x128 tiles over two consumers, wgmma k32), the tensor cores' "
              f"sums promoted into fp32 every {FP8_PROMOTE} slice(s) of 128 of K (within {FP8_ERROR} of "

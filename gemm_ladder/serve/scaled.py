@@ -338,17 +338,13 @@ def _fits(mod, call: Call) -> bool:
             and (mod.dynamic_m or mod.M == call.M))
 
 
-def build_knobs(call: Call, arch: str) -> dict:
-    """The knobs of the module :func:`scaled_mm` builds for ``call``: the policy's fp8 kernel
-    (``plan.FP8_RULES``: ``plan.fp8_module``) with M at run time, as ``pack build`` plans it, so
-    a pack's module and a build here are one entry of the module cache."""
-    return {**_policy(call)[1], "spec": call.spec.text(), "dtype": call.spec.d,
-            "arch": arch, "dynamic_m": True}
-
-
-def module_rung(call: Call) -> str:
-    """The rung of that module: v9, or v10 where the policy splits K (``plan.fp8_split``)."""
-    return _policy(call)[0]
+def build_job(call: Call, arch: str) -> tuple[str, dict, dict]:
+    """The module :func:`scaled_mm` builds for ``call``: the policy's fp8 kernel (``plan.FP8_RULES``:
+    ``plan.fp8_module``; v9, or v10 where it splits K) with M at run time, as ``pack build`` plans it,
+    so a pack's module and a build here are one entry of the module cache. (rung, the policy's knobs,
+    the build's knobs.)"""
+    rung, chosen = _policy(call)
+    return rung, chosen, {**chosen, "spec": call.spec.text(), "dtype": call.spec.d, "arch": arch, "dynamic_m": True}
 
 
 def pack_command(call: Call) -> str:
@@ -404,12 +400,12 @@ def _policy(call: Call) -> tuple[str, dict]:
 
 
 def _build(call: Call, arch: str) -> Route:
-    knobs, rung = build_knobs(call, arch), module_rung(call)
+    rung, chosen, knobs = build_job(call, arch)
     path, how = cached_module((rung, (call.M, call.N, call.K), knobs))
     source = {"cache": "module cache", "built": "fresh build"}[how]
     return Route(load(path), None, source, rung, knobs,
                  [f"kernel: {rung} fp8 ({call.spec.text()}) [M at run time]",
-                  f"chosen by: plan.FP8_RULES: {_policy(call)[1] or 'v9 fp8 defaults'}",
+                  f"chosen by: plan.FP8_RULES: {chosen or 'v9 fp8 defaults'}",
                   f"source: {source} {path}"])
 
 

@@ -111,12 +111,14 @@ parts of it:
   ``torch._scaled_mm`` block-wise, +0.8-4.9% over the unstaged four-stage ring
   (``benchmarks/results/2026-11-27_h100_fp8_block_staged_halves/``).
 
-- on v10, a split K (:func:`check_split`): each unit runs v9's promoted K loop over its share of the
-  slices, its fp32 total is its partials (``splitk.Partials``), and the last unit adds them up and applies
-  the scales once before the epilogue; per-tensor and rowwise scales only (block scales apply by K block
-  at each promotion), no stream-K, no bias yet, and a split that divides the slices (the promoted loop
-  runs a fixed count). At M = 256 (``benchmarks/results/2026-11-27_h100_fp8_split/``): two ways +23-25%
-  where 128x128 fills at most half the SMs, slower past it; the policy's ``fp8-split-k``.
+- on v10, a split K or stream-K (:func:`check_split`): each unit (or stream-K piece) runs v9's promoted
+  K loop over its share of the slices, its fp32 total is its partials (``splitk.Partials``), and the last
+  unit (or piece) adds them up and applies the scales once before the epilogue; per-tensor and rowwise
+  scales only (block scales apply by K block at each promotion), no bias yet. A split that does not divide
+  the slices, and stream-K's pieces, give a unit a count known only at run time: the promotion every
+  slice takes it (``mainloop._run_promoted_each``), a longer interval needs a fixed count. At M = 256
+  (``benchmarks/results/2026-11-27_h100_fp8_split/``): two ways +23-25% where 128x128 fills at most half
+  the SMs, slower past it; the policy's ``fp8-split-k``.
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``tail_n`` yet; ``epi_under`` needs a promotion in one accumulator set (no ``overlap``, no
@@ -304,28 +306,31 @@ def check(cfg: GemmConfig) -> None:
 
 
 def check_split(cfg: GemmConfig) -> None:
-    """v10's fp8 (split-K): :func:`check`, then what its split K does not build. Each unit's promoted
-    fp32 sums are the partials the last unit adds up before the scales and the epilogue, so the
-    scales must be applied once, after the sum: per-tensor and rowwise only (block scales apply at
-    each promotion, by K block from the tile's first), with no stream-K pieces (their partials are
-    v9's accumulators)."""
+    """v10's fp8 (split-K and stream-K): :func:`check`, then what they do not build. Each unit's (or
+    piece's) promoted fp32 sums are the partials the last one adds up before the scales and the
+    epilogue, so the scales must be applied once, after the sum: per-tensor and rowwise only (block
+    scales apply at each promotion, by K block from the tile's first). A unit whose count of slices is
+    known only at run time (stream-K's pieces, a split that does not divide the slices) needs the
+    promotion every slice (``mainloop._run_promoted_each``)."""
     if not spec_of(cfg).is_fp8:
         return
     check(cfg)
-    fix = "use per-tensor or rowwise scales with stream_k=False (block scales: v9)"
     if recipe(cfg) == "block":
-        raise ConfigError(f"{cfg.rung} with block scales: a split K's units start past the tile's first K block, "
-                          f"and block scales are applied by K block at each promotion; {fix}")
-    if dict(cfg.extra).get("stream_k", False):
-        raise ConfigError(f"{cfg.rung} fp8 with stream_k=True: stream-K's pieces sum the tensor cores' "
-                          f"accumulators, not the promoted sums; {fix}")
+        raise ConfigError(f"{cfg.rung} with block scales: a split K's units and stream-K's pieces start past the "
+                          "tile's first K block, and block scales are applied by K block at each promotion; use "
+                          "per-tensor or rowwise scales (block scales: v9)")
     if spec_of(cfg).bias is not None:
         raise ConfigError(f"{cfg.rung} fp8 with a bias: not built on the split K yet; use v9 for a biased fp8 GEMM")
     slices, split = -(-cfg.K // cfg.blk_k), dict(cfg.extra).get("split_k", 1)
-    if slices % split:
+    every = promote(cfg)
+    if every > 1 and dict(cfg.extra).get("stream_k", False):
+        raise ConfigError(f"{cfg.rung} fp8 with stream_k=True and promote={every}: a stream-K piece's slices are "
+                          "counted at run time, and only the promotion every slice takes such a count; use promote=1")
+    if every > 1 and slices % split:
         fits = [s for s in range(1, min(slices, 8) + 1) if slices % s == 0]
-        raise ConfigError(f"{cfg.rung} fp8 with split_k={split} and K={cfg.K}: the promoted K loop runs a fixed number "
-                          f"of slices, so split_k must divide the {slices} slices of {cfg.blk_k}; use split_k in {fits}")
+        raise ConfigError(f"{cfg.rung} fp8 with split_k={split}, K={cfg.K} and promote={every}: an uneven split "
+                          f"counts a unit's slices at run time, and only the promotion every slice takes such a "
+                          f"count; use promote=1, or split_k in {fits} (dividing the {slices} slices of {cfg.blk_k})")
 
 
 def _check_under(cfg: GemmConfig) -> None:
@@ -576,6 +581,27 @@ def scale_sums(plan, sums, scale_a, scale_b, how, m0, n0, warp_id, lane_id, sreg
         for r in T.unroll(plan.acc_regs):
             col = T.meta_var(n0 + layouts.acc_fragment_coord(r % NR, 0, lane_id)[1])
             sums[r] = sums[r] * sreg[2 * (r // NR) + (r % 4) // 2] * scale_b[T.min(col, scale_b.shape[0] - 1)]
+
+
+@dataclass(frozen=True)
+class SumScales:
+    """One consumer's side of :func:`scale_sums` (per-tensor and rowwise scales, applied to a tile's
+    fp32 sums once its K loop, or its split's sum, is done): the scale operands, the recipe, the
+    consumer's first row in a tile, its warp and lane, its scale registers."""
+
+    plan: object
+    scale_a: object
+    scale_b: object
+    how: str
+    row0: object
+    warp_id: object
+    lane_id: object
+    sreg: object
+
+    def apply(self, sums, m0, n0) -> None:
+        """``sums`` of the tile at rows from ``m0`` and columns from ``n0`` times their scales, in place."""
+        scale_sums(self.plan, sums, self.scale_a, self.scale_b, self.how, m0 + self.row0, n0, self.warp_id,
+                   self.lane_id, self.sreg)
 
 
 # -- block scales staged in shared memory by the producer (knob ``stage_scales``) ----------------

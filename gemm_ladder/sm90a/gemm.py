@@ -178,6 +178,14 @@ def launch(cfg: GemmConfig, preset: Preset) -> dict:
 
 
 # -- the template ----------------------------------------------------------------------------------
+def _store_sums(epi, sums, scales, m0, n0, chunk_it) -> None:
+    """A tile's sums through the epilogue at (``m0``, ``n0``); fp8's times their scales first
+    (``scales``: an ``fp8.SumScales``, or None)."""
+    if scales is not None:
+        scales.apply(sums, m0, n0)
+    epi.store_tile(sums, m0, n0, chunk_it)
+
+
 def kernel(cfg: GemmConfig, preset: Preset):
     """The preset's kernel for ``cfg`` (validated by ``rungs.make_config``), a ``T.prim_func``."""
     plan = preset.plan(cfg)
@@ -375,6 +383,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                                       sreg=Sreg, warp_id=warp_id, lane_id=lane_id,
                                                       smem=Ssmem if stage_scales else None)
                                       if at_promotion else None)
+            # fp8 per-tensor and rowwise: the sums times the scales once a tile's K loop (or its split's sum) is done
+            sum_scales = T.meta_var(fp8.SumScales(plan=plan, scale_a=g["scale_a"], scale_b=g["scale_b"],
+                                                  how=fp8.recipe(cfg), row0=wg_row0, warp_id=warp_id, lane_id=lane_id,
+                                                  sreg=Sreg) if scaled else None)
             mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if preset.swap_ab else Asmem,
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg,
@@ -426,8 +438,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                     if tiles_done > 0:
                         epi_it = epi_it + epi.chunks_per_tile
                     # the sums scaled and rounded: the total is free for the next tile
-                    fp8.scale_sums(plan, Freg, g["scale_a"], g["scale_b"], fp8.recipe(cfg),
-                                   sched.m_start(ts.m_idx) + wg_row0, sched.n_start(ts.n_idx), warp_id, lane_id, Sreg)
+                    sum_scales.apply(Freg, sched.m_start(ts.m_idx), sched.n_start(ts.n_idx))
                     epilogue.acc_to_pairs(plan, Freg, Preg, epi_op, lane_id, sched.n_start(ts.n_idx))
                     m_prev = sched.m_start(ts.m_idx)
                     n_prev = sched.n_start(ts.n_idx)
@@ -465,19 +476,11 @@ def kernel(cfg: GemmConfig, preset: Preset):
                             parts.take_units(counter)
                         else:
                             parts.sum_units(counter, units_per_tile)
-                        if scaled:
-                            # fp8: the summed sums times the scales, once, before the epilogue op
-                            fp8.scale_sums(plan, mma.sums, g["scale_a"], g["scale_b"], fp8.recipe(cfg),
-                                           m_st + wg_row0, n_st, warp_id, lane_id, Sreg)
-                        epi.store_tile(mma.sums, m_st, n_st, epi_it)
+                        _store_sums(epi, mma.sums, sum_scales, m_st, n_st, epi_it)
                         if preset.epilogue == "chunked":
                             epi_it = epi_it + epi.chunks_per_tile
                 elif not under:
-                    if scaled:
-                        # fp8: the sums times the scales, before the epilogue op (the bias)
-                        fp8.scale_sums(plan, mma.sums, g["scale_a"], g["scale_b"], fp8.recipe(cfg), m_st + wg_row0,
-                                       n_st, warp_id, lane_id, Sreg)
-                    epi.store_tile(mma.sums, m_st, n_st, epi_it)
+                    _store_sums(epi, mma.sums, sum_scales, m_st, n_st, epi_it)
                     if preset.epilogue == "chunked":
                         epi_it = epi_it + epi.chunks_per_tile
                 ts.next_tile()
@@ -509,7 +512,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                     m_sk = T.meta_var(sched.m_start(ts.m_idx))
                     n_sk = T.meta_var(sched.n_start(ts.n_idx))
                     if pc[2] == slices_per_tile:  # a whole tile in this cluster's range
-                        epi.store_tile(Dreg, m_sk, n_sk, epi_it)
+                        _store_sums(epi, mma.sums, sum_scales, m_sk, n_sk, epi_it)
                         epi_it = epi_it + epi.chunks_per_tile
                     else:
                         # the tile's 2 or 3 pieces are clusters g_h, g_h + 1, ... in K order; the
@@ -534,7 +537,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                             sb[2] = streamk.slot_offset(streamk.slot(g_h + 2, rank, c, 0, cluster_size, consumers), 0,
                                                         wtid, acc_regs)
                             streamk.sum_tile_pieces(parts, cnt_i, mt[1], clu - g_h, sb)
-                            epi.store_tile(Dreg, m_sk, n_sk, epi_it)
+                            _store_sums(epi, mma.sums, sum_scales, m_sk, n_sk, epi_it)
                             epi_it = epi_it + epi.chunks_per_tile
             if under:
                 if tiles_done > 0:

@@ -27,9 +27,11 @@ same wave, their partials are still in L2 when the last one reads them, and no u
 for another (no deadlock whatever runs when). The sum is taken in split order whoever comes
 last: the same bits on every run.
 
-fp8 (per-tensor and rowwise scales, ``sm90a/fp8.py``'s ``check_split``): each unit promotes its sums into
-an fp32 total as v9 does; the totals are the partials, and the last unit applies the scales once to
-their sum before the epilogue.
+fp8 (per-tensor and rowwise scales, ``sm90a/fp8.py``'s ``check_split``): each unit (or stream-K piece)
+promotes its sums into an fp32 total as v9 does (``overlap`` too); the totals are the partials, and the
+last unit applies the scales once to their sum before the epilogue. A unit whose count of slices is known
+only at run time (a split that does not divide the slices, a stream-K piece) takes the promotion every
+slice (``mainloop._run_promoted_each``, ``_run_overlapped_each``).
 
 Roles and registers: v9's (warpgroup 0 produces, consumers 1..W own their rows and epilogues).
 Barriers: v9's, and a counter in global memory per tile and consumer:
@@ -116,8 +118,8 @@ TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the f
 # scales (issue 32: the sub-wave fp8 shapes, a tile's K over several CTAs, each unit's promoted fp32 sums the
 # partials, scaled once by the last unit; ``fp8.check_split``)
 EPILOGUES = ("none", "scaled")
-# knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8), as v9's
-FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT}
+# knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8), v9's promotion
+FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 
 

@@ -157,6 +157,16 @@ def _run_promoted(mma, it, nk, staggered):
 
 
 @T.inline
+def _run_promoted_each(mma, it, nk):
+    """The promotion after every slice over a count known only at run time (v10's stream-K pieces and
+    the units of a split that does not divide the slices): ``nk`` groups of one slice, each drained
+    and added (``promote=1``: no group to cut, so no count to know at trace time)."""
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
+    _promoted_groups(mma, it, 0, nk, 0)
+
+
+@T.inline
 def _slice_into(mma, acc, pos, fresh):
     """Ring position ``pos``'s slice into the accumulators ``acc`` (``fresh``: the first wgmma
     overwrites them): wait for its slot, issue its wgmmas, one commit group."""
@@ -217,6 +227,20 @@ def _run_overlapped(mma, it, nk, staggered):
         _overlapped_groups(mma, it + first + r * per_run, whole)
     if len(tail) > 0:
         _overlapped_groups(mma, it + first + runs * per_run, tail)
+
+
+@T.inline
+def _run_overlapped_each(mma, it, nk):
+    """:func:`_run_promoted_each` with ``overlap``: runs of ``overlap`` one-slice groups in the two
+    accumulator sets (:func:`_overlapped_groups`) while a whole run is left, then the rest (fewer than
+    ``overlap`` slices, a count known at run time) drained a slice at a time."""
+    per_run = T.meta_var(mma.overlap)
+    whole = T.meta_var([1] * mma.overlap)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
+    for r in T.serial(nk // per_run):
+        _overlapped_groups(mma, it + r * per_run, whole)
+    _promoted_groups(mma, it, nk // per_run * per_run, nk % per_run, 0)
 
 
 def _run_promotion(mma, it, nk, staggered) -> None:
@@ -596,10 +620,16 @@ class Consumer:
             else:
                 _run_block_scaled(self, pos, num_slices, m0, n0)
         elif self.promote:
-            if (self.overlap and self.acc2 is None) or not isinstance(num_slices, int):
-                raise ValueError("Consumer.run with promote needs a fixed number of slices, and with overlap the "
-                                 "second accumulator set (acc2) (fp8.check refuses the knobs elsewhere)")
-            if self.stagger:
+            if not isinstance(num_slices, int):
+                if self.promote != 1 or self.stagger or (self.overlap and self.acc2 is None):
+                    raise ValueError("Consumer.run with promote over a run-time number of slices needs promote=1 and "
+                                     "stagger=False, and with overlap the second accumulator set (acc2) "
+                                     "(fp8.check_split refuses the knobs elsewhere)")
+                (_run_overlapped_each if self.overlap else _run_promoted_each)(self, pos, num_slices)
+            elif self.overlap and self.acc2 is None:
+                raise ValueError("Consumer.run with promote and overlap needs the second accumulator set (acc2) "
+                                 "(fp8.check refuses the knobs elsewhere)")
+            elif self.stagger:
                 _run_staggered(self, pos, num_slices, _run_promotion)
             else:
                 _run_promotion(self, pos, num_slices, False)

@@ -9,9 +9,10 @@ exactly 4 waves, took the same time: ``benchmarks/results/2026-11-23_h100_stream
 The split (computed in the kernel, from the cluster count of the launch):
 
     full, rem = divmod(T, G)
-    sk_tiles  = rem       if 2 * rem >= G      (half a wave or more: ranges of half a tile or more)
+    sk_tiles  = rem       if 2 * rem >= G      (half a wave or more: ranges of half a tile or more;
+                                                with full == 0, every tile: a grid under one wave)
                 rem + G   otherwise            (with the wave before: ranges of a tile or more)
-                0         if full == 0 or rem == 0
+                0         if rem == 0, or full == 0 and 2 * rem < G (ranges under half a tile)
     dp_tiles  = T - sk_tiles                   (whole tiles, the scheduler's order)
     I         = sk_tiles * K_TILES             (the stream-K tiles' K slices, tile after tile)
     cluster g: dp tiles g, g + G, ... below dp_tiles, then slices [g * I // G, (g+1) * I // G):
@@ -92,10 +93,13 @@ def split(tiles, clusters):
     """(dp_tiles, sk_tiles) of ``tiles`` cluster tiles on ``clusters`` clusters: the partial
     wave's tiles go by slices when they are at least half a wave (every cluster then runs at
     least half a tile: three pieces a tile at most), else with the wave before them (a tile and
-    more each: two pieces at most); none without a whole wave or a partial one."""
+    more each: two pieces at most); none without a partial wave. A grid under one wave goes by
+    slices whole when it is at least half a wave (fp8's sub-wave shapes: 96 tiles of 128x128 on
+    132 SMs run 0.73 of a tile each instead of one), and whole tiles below that (a range under
+    half a tile would cut a tile into more pieces than a slot pair holds)."""
     rem = tiles % clusters
-    sk = _select(2 * rem >= clusters, rem, rem + clusters)
-    sk = _select(_both(tiles >= clusters, rem > 0), sk, 0)
+    sk = _select(2 * rem >= clusters, rem, _select(tiles >= clusters, rem + clusters, 0))
+    sk = _select(rem > 0, sk, 0)
     return tiles - sk, sk
 
 
