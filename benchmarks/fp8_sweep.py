@@ -74,7 +74,7 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("64x2112x7168", 64, 2112, 7168), ("64x4096x14336", 64, 4096, 14336), ("64x6144x4096", 64, 6144, 4096),
           ("64x7168x16384", 64, 7168, 16384), ("256x24576x1536", 256, 24576, 1536),
           ("1024x2112x7168", 1024, 2112, 7168), ("64x24576x1536", 64, 24576, 1536),
-          ("128x2112x7168", 128, 2112, 7168))
+          ("128x2112x7168", 128, 2112, 7168), ("64x1024x7168", 64, 1024, 7168))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -191,6 +191,12 @@ CONFIGS = {
     "m64_ov4_sk3": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 3, "overlap": 4},
     "m64_ov2": {**SMALL_M_KNOBS, "overlap": 2},
     "m64_ov4": {**SMALL_M_KNOBS, "overlap": 4},
+    # deeper rings (cuBLASLt's kernels at these shapes run 7- to 16-stage rings)
+    "m64_ov4_d12": {**SMALL_M_KNOBS, "overlap": 4, "pipe_depth": 12},
+    "m64_ov4_sk3_d12": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 3, "overlap": 4, "pipe_depth": 12},
+    "m64_ov4_sk2_d12": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 2, "overlap": 4, "pipe_depth": 12},
+    "sk2_d6": {"rung": "v10", "split_k": 2, "pipe_depth": 6},
+    "sk3_d6": {"rung": "v10", "split_k": 3, "pipe_depth": 6},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -206,18 +212,19 @@ SWEEP = {
     "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2"),
     "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
     "4096x7168x16384": ("m192_c1x2", "m192_c1x2_u", "n256_h_p2", "n256_h_p2_u"),
-    "64x2112x7168": ("m64n64_c1x2_sb_d8", "m64_sk3", "m64_ov2_sk3", "m64_ov4_sk3"),
-    "64x4096x14336": ("m64n64_c1x2_sb_d8", "m64_sk2", "m64_ov2_sk2", "m64_ov4_sk2"),
-    "256x6144x4096": ("ov4", "ov4_sk2", "ov4_stream"),
-    "256x4096x14336": ("sk2", "ov4_sk2"),
-    "256x2112x7168": ("sk3", "ov4_sk2", "ov4_sk3"),
-    "256x7168x16384": ("ov4", "ov4_sk2", "ov4_stream"),
+    "64x2112x7168": ("m64n64_c1x2_sb_d8", "m64_sk3", "m64_ov2_sk3", "m64_ov4_sk3", "m64_ov4_sk3_d12"),
+    "64x4096x14336": ("m64n64_c1x2_sb_d8", "m64_sk2", "m64_ov2_sk2", "m64_ov4_sk2", "m64_ov4_sk2_d12"),
+    "256x6144x4096": ("ov4", "ov4_sk2", "ov4_stream", "ov4_d6"),
+    "256x4096x14336": ("sk2", "ov4_sk2", "sk2_d6"),
+    "256x2112x7168": ("sk3", "ov4_sk2", "ov4_sk3", "sk3_d6"),
+    "256x7168x16384": ("ov4", "ov4_sk2", "ov4_stream", "ov4_d6"),
     "1024x2112x7168": ("m192_c1x2_u", "ov4_stream"),
     "64x6144x4096": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4"),
     "64x7168x16384": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4"),
     "64x24576x1536": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4"),
     "128x4096x7168": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4", "m64_ov4_sk2"),
-    "128x2112x7168": ("m64n64_c1x2_sb_d8", "m64_ov4", "m64_ov4_sk2", "m64_ov4_sk3"),
+    "128x2112x7168": ("m64n64_c1x2_sb_d8", "m64_ov4", "m64_ov4_sk2", "m64_ov4_sk3", "m64_ov4_d12"),
+    "64x1024x7168": ("m64_ov4", "m64_ov4_d12", "m64_ov4_sk2", "m64_ov4_sk3", "m64_ov4_sk3_d12"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

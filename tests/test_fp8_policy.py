@@ -93,3 +93,14 @@ def test_many_waves_of_per_tensor_fp8_take_the_tile_that_fills_them_best():
     # 4096 x 1000 rows: 8 x 16 halves tiles are one wave of 132 SMs (97%) but two of 112 (57%), where the
     # 6 x 32 wide tiles fill two waves of 112 at 86%
     assert plan.fp8_halves(1000, 4096, sms=132) and plan.fp8_wide(1000, 4096, sms=112)
+
+
+def test_128x128_tiles_under_one_wave_take_the_deeper_ring():
+    """``plan.FP8_SUBWAVE_DEPTH``: per-tensor and rowwise 128x128 tiles that fit one wave (96 and 112 tiles at
+    M = 256) wait on their loads and take 6 stages; over many waves (4096^3 on 128x128) the four stages stay,
+    and block scales keep theirs."""
+    for N in (6144, 7168):
+        assert plan.fp8_tile(256, N) == "square" and plan.fp8_knobs(256, N, 4096, "row")["pipe_depth"] == 6
+    assert plan.fp8_tile(961, 6144) == "square"  # 384 tiles of 128x128 on 132 SMs: three waves
+    assert plan.fp8_knobs(961, 6144, 4096, "tensor") == plan.FP8_LARGE_KNOBS and "pipe_depth" not in plan.FP8_LARGE_KNOBS
+    assert "pipe_depth" not in plan.fp8_knobs(256, 6144, 4096, "block")

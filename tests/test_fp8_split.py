@@ -108,6 +108,7 @@ def test_the_policy_splits_only_where_the_tiles_fill_at_most_half_the_sms_over_a
     assert ways(64, 6144, 4096) == 1 and ways(64, 24576, 1536) == 1
     choice = plan.rule_choice(plan.Problem(256, 4096, 14336, dtype="bfloat16", spec=TENSOR, sms=132))
     assert choice.rule == "fp8-split-k" and choice.knobs["split_k"] == 2
+    assert choice.knobs["pipe_depth"] == plan.FP8_SUBWAVE_DEPTH  # one wave of units: the deeper ring
     cfg = make_config(choice.rung, 256, 4096, 14336, **choice.knobs)
     assert cfg.rung == "v10" and dict(cfg.extra)["promote"] == 1
     small = plan.rule_choice(plan.Problem(64, 2112, 7168, dtype="bfloat16", spec=ROW, sms=132))

@@ -555,13 +555,24 @@ FP8_BLOCK_HALVES_KNOBS = {"promote": FP8_PROMOTE, "blk_n": 256, "halves": True, 
 FP8_BLOCK_HALVES_RATE = 1.05
 
 
+# Per-tensor and rowwise 128x128 tiles under one wave (each SM one tile, or one split-K unit) wait on their
+# loads more than on the tensor cores: a 6-stage ring, as cuBLASLt's kernels there run 7 (FP8_SUBWAVE_RESULTS,
+# run 4: 256x6144x4096 0.70x -> 0.79x torch._scaled_mm, 256x7168x16384 0.78x -> 0.88x, the split at
+# 256x4096x14336 0.83x -> 0.91x and at 256x2112x7168 0.65x -> 0.67x). Over many waves 6 stages were 1.5-2%
+# slower than 4 at 4096^3 (FP8_HALVES_RESULTS), so whole waves keep FP8_LARGE_KNOBS' four.
+FP8_SUBWAVE_DEPTH = 6
+
+
 def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
     """v9's knobs for a scaled e4m3 GEMM (``scaled_mm``'s): the policy above, by M, N and the recipe."""
+    tile = fp8_tile(M, N, sms, recipe)
     if recipe == "block":
         return dict({"small": FP8_BLOCK_SMALL_KNOBS, "square": FP8_BLOCK_LARGE_KNOBS,
-                     "halves": FP8_BLOCK_HALVES_KNOBS}[fp8_tile(M, N, sms, recipe)])
+                     "halves": FP8_BLOCK_HALVES_KNOBS}[tile])
+    if tile == "square" and Problem(M, N, K, sms=sms).tiles(128, 128) <= sms:
+        return {**FP8_LARGE_KNOBS, "pipe_depth": FP8_SUBWAVE_DEPTH}
     return dict({"small": FP8_SMALL_KNOBS, "square": FP8_LARGE_KNOBS, "wide": FP8_WIDE_KNOBS,
-                 "halves": FP8_HALVES_KNOBS}[fp8_tile(M, N, sms, recipe)])
+                 "halves": FP8_HALVES_KNOBS}[tile])
 
 
 # Per-tensor and rowwise fp8 whose tiles would fill at most half the SMs (the fp8 suite's sub-wave cases:
@@ -605,7 +616,8 @@ def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -
     ways = fp8_split_ways(M, N, K, sms, recipe, bias)
     if ways > 1:
         small = fp8_tile(M, N, sms, recipe) == "small"
-        return "v10", {**(FP8_SMALL_KNOBS if small else {}), "promote": FP8_PROMOTE, "split_k": ways}
+        return "v10", {**(FP8_SMALL_KNOBS if small else {"pipe_depth": FP8_SUBWAVE_DEPTH}), "promote": FP8_PROMOTE,
+                       "split_k": ways}
     return "v9", fp8_knobs(M, N, K, recipe, sms)
 
 
@@ -643,8 +655,9 @@ FP8_RULES: list[Rule] = [
     Rule("fp8-split-k", "sm_90a", "v10",
          when=lambda p: _fp8(p, False) and fp8_split_ways(p.M, p.N, p.K, p.sms, p.spec.scales, p.spec.bias) > 1,
          knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
-         why=f"per-tensor or rowwise fp8 whose tiles (the small-M tiles or 128x128) would fill at most half the SMs: "
-             f"v10's split K, each tile's K over two or three CTAs (up to {FP8_SPLIT_MAX}: the fewest units' waves), "
+         why=f"per-tensor or rowwise fp8 whose tiles (the small-M tiles or 128x128, its ring {FP8_SUBWAVE_DEPTH} deep) "
+             f"would fill at most half the SMs: v10's split K, each tile's K over two or three CTAs (up to "
+             f"{FP8_SPLIT_MAX}: the fewest units' waves), "
              "each unit's sums promoted into fp32 every 128 of K (the small-M tiles' overlapped, as on v9) and "
              "summed by the last unit, the scales applied once after the sum",
          evidence=FP8_SPLIT_RESULTS + ": M = 256, 773-778 TFLOPS at 4096x14336 (0.83x torch._scaled_mm; v9's "
@@ -681,9 +694,10 @@ FP8_RULES: list[Rule] = [
          why=f"an fp8 GEMM: v9's e4m3 kernel (128x128 tiles over two consumers, wgmma k32), the tensor cores' "
              f"sums promoted into fp32 every {FP8_PROMOTE} slice(s) of 128 of K (within {FP8_ERROR} of "
              "torch._scaled_mm's error to K = 16384), the adds of four groups overlapped with the next group's "
-             "wgmmas (overlap=4), 2x1 clusters",
+             f"wgmmas (overlap=4), 2x1 clusters; a {FP8_SUBWAVE_DEPTH}-stage ring where the tiles fit one wave",
          evidence=FP8_RESULTS + ": 1190-1229 TFLOPS, 0.94-0.98x torch._scaled_mm at 4096^3, 8192^3, "
-                  "4096x7168x16384 (the promotion after a drain: 0.87-0.93x)"),
+                  "4096x7168x16384 (the promotion after a drain: 0.87-0.93x); " + FP8_SUBWAVE_RESULTS + ": under "
+                  "one wave 6 stages 0.79x / 0.88x at 256x6144x4096 / 256x7168x16384 (4 stages 0.70x / 0.78x)"),
     Rule("fp8-defaults", "sm_90a", "v9", when=lambda p: p.spec is not None and p.spec.is_fp8, knobs=lambda p: {},
          why="an fp8 GEMM the rules above do not build: v9 at its fp8 defaults (128x128 tiles over two consumers, "
              "the promotion every 128 of K)",
