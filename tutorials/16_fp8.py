@@ -294,3 +294,34 @@ for M, N in ((4096, 4096), (8192, 8192), (4096, 7168)):
 # %%
 print(plan.fp8_knobs(4096, 4096, 4096, "tensor"))
 print(plan.fp8_knobs(4096, 7168, 16384, "block"))
+
+# %% [markdown]
+# ## Too few tiles: a split K
+#
+# At M = 64 or 256 a DeepSeek-V3 or Llama weight gives few tiles: 2112x7168 at M = 64 is 33 tiles of 64x64 (17
+# clusters of two) on 132 SMs, each running the whole K. The 16-bit ladder's answer is v10's split K: a tile's K
+# over several CTAs, the last one adding up their fp32 partials. fp8 takes it with one change: each unit's
+# partials are its *promoted* sums (the fp32 total), and the scales are applied once, by the last unit, after
+# the sum (per-tensor and rowwise; block scales apply at each promotion, by K block, so they stay on v9).
+#
+# A split that does not divide the slices gives a unit a count known only at run time (56 slices in three:
+# units of 18 and 19). The promotion every slice needs no count at trace time: a loop of one-slice groups
+# (`mainloop._run_promoted_each`), or with `overlap`, whole runs of groups and then the rest drained a slice at a
+# time (`_run_overlapped_each`). Stream-K's pieces take the same loop.
+#
+# How many ways: the units' waves, `ceil(cluster tiles * ways / clusters) / ways` of a whole K loop, least for up
+# to three ways, and only where that is at most half the unsplit time (`plan.fp8_split_ways`). Measured
+# (`benchmarks/results/2026-11-27_h100_fp8_subwave/`): 64x2112x7168 0.60x -> 0.83x `torch._scaled_mm` (three ways,
+# the small-M tiles with `overlap=4`), 64x4096x14336 0.87x -> 0.95x, 256x2112x7168 0.60x -> 0.64x (three ways
+# instead of two), and 128x128 tiles under one wave (split or not) wait on their loads more than on the
+# tensor cores, so they take a 6-stage ring (`plan.FP8_SUBWAVE_DEPTH`: 256x7168x16384 0.78x -> 0.88x,
+# 256x4096x14336 split 0.83x -> 0.91x). Stream-K was slower than the tiles it would replace at every sub-wave shape tried (0.56-0.77x
+# against 0.69-0.86x): at these K a piece's meeting (a fence, 64 KiB published or read back, a drained loop)
+# costs more than the idle SMs it fills. cuBLASLt's kernels there are other tile shapes (96x128 and 112x128 at
+# M = 256, 64x32 with a 16-stage ring at M = 64), which this ladder does not build yet.
+
+# %%
+for M, N, K in ((64, 2112, 7168), (64, 4096, 14336), (64, 6144, 4096), (256, 2112, 7168), (256, 6144, 4096)):
+    rung, knobs = plan.fp8_module(M, N, K, "tensor")
+    print(f"{M}x{N}x{K}: {plan.fp8_split_ways(M, N, K)} way(s) -> {rung}",
+          {k: knobs[k] for k in ("blk_m", "blk_n", "split_k", "overlap", "pipe_depth") if k in knobs})
