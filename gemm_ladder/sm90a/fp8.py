@@ -118,7 +118,9 @@ parts of it:
   the slices, and stream-K's pieces, give a unit a count known only at run time: the promotion every
   slice takes it (``mainloop._run_promoted_each``), a longer interval needs a fixed count. At M = 256
   (``benchmarks/results/2026-11-27_h100_fp8_split/``): two ways +23-25% where 128x128 fills at most half
-  the SMs, slower past it; the policy's ``fp8-split-k``.
+  the SMs, slower past it; three ways where that takes fewer waves, and the small-M tiles split the same
+  way (``benchmarks/results/2026-11-27_h100_fp8_subwave/``: 64x2112x7168 0.60x -> 0.83x
+  ``torch._scaled_mm``); the policy's ``fp8-split-k``. Stream-K measured slower than whole tiles there.
 
 Constraints (:func:`check`): blk_k = 128, K a multiple of 16 (TMA's 16-byte strides), no
 ``tail_n`` yet; ``epi_under`` needs a promotion in one accumulator set (no ``overlap``, no

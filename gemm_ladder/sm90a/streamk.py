@@ -94,9 +94,11 @@ def split(tiles, clusters):
     wave's tiles go by slices when they are at least half a wave (every cluster then runs at
     least half a tile: three pieces a tile at most), else with the wave before them (a tile and
     more each: two pieces at most); none without a partial wave. A grid under one wave goes by
-    slices whole when it is at least half a wave (fp8's sub-wave shapes: 96 tiles of 128x128 on
-    132 SMs run 0.73 of a tile each instead of one), and whole tiles below that (a range under
-    half a tile would cut a tile into more pieces than a slot pair holds)."""
+    slices whole when it is at least half a wave (48 cluster tiles on 66 clusters: 0.73 of a tile's
+    slices each instead of one tile; for fp8 at M = 256 that measured slower than whole tiles, the
+    meetings cost more than it saves: benchmarks/results/2026-11-27_h100_fp8_subwave/), and whole
+    tiles below that (a range under half a tile would cut a tile into more pieces than a slot pair
+    holds)."""
     rem = tiles % clusters
     sk = _select(2 * rem >= clusters, rem, _select(tiles >= clusters, rem + clusters, 0))
     sk = _select(rem > 0, sk, 0)
