@@ -249,7 +249,6 @@ class Sweep:
 # 128x256 tiles do not fit with the promoted sums (296 registers a consumer), 192 cuts a B block
 BLOCK_SHAPES = (("4096x7168x16384", 4096, 7168, 16384), ("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
                 ("4096x4096x7168", 4096, 4096, 7168), ("128x4096x7168", 128, 4096, 7168))
-SMALL_M = SMALL_M_KNOBS
 BLOCK_CONFIGS = {
     "base": {},
     "c1x2": {"cluster_m": 1, "cluster_n": 2},
@@ -263,16 +262,16 @@ BLOCK_CONFIGS = {
     "ov4_d6": {"overlap": 4, "pipe_depth": 6},
     "ov8_c1x2": {"overlap": 8, "cluster_m": 1, "cluster_n": 2},
     # small M: the per-tensor policy's 64x64 tiles (B read once, streamed), and 64x128
-    "sm": dict(SMALL_M),
-    "sm_ov2": {**SMALL_M, "overlap": 2},
-    "sm_ov4": {**SMALL_M, "overlap": 4},
-    "sm_n128_ov4": {**SMALL_M, "blk_n": 128, "overlap": 4},
+    "sm": dict(SMALL_M_KNOBS),
+    "sm_ov2": {**SMALL_M_KNOBS, "overlap": 2},
+    "sm_ov4": {**SMALL_M_KNOBS, "overlap": 4},
+    "sm_n128_ov4": {**SMALL_M_KNOBS, "blk_n": 128, "overlap": 4},
     # the scales staged in shared memory by the producer's TMA with each ring stage (fp8.StagedScales)
     "ov2_ss": {"overlap": 2, "stage_scales": True},
     "ov4_ss": {"overlap": 4, "stage_scales": True},
     "ov8_ss": {"overlap": 8, "stage_scales": True},
-    "sm_ov2_ss": {**SMALL_M, "overlap": 2, "stage_scales": True},
-    "sm_ov4_ss": {**SMALL_M, "overlap": 4, "stage_scales": True},
+    "sm_ov2_ss": {**SMALL_M_KNOBS, "overlap": 2, "stage_scales": True},
+    "sm_ov4_ss": {**SMALL_M_KNOBS, "overlap": 4, "stage_scales": True},
     # our per-tensor fp8 at the per-tensor policy's knobs (plan.fp8_knobs), the peer of each shape
     "tensor_policy": {"recipe": "tensor", "overlap": 4},
     "tensor_policy_wide": {"recipe": "tensor", **{k: v for k, v in serve_plan.FP8_WIDE_KNOBS.items() if k != "promote"}},

@@ -592,6 +592,18 @@ FP8_SPLIT_MAX = 3  # the most ways measured with every unit in one wave
 FP8_SPLIT_MIN_K = 7168  # the K measured (7168 and 14336): each unit keeps a long K loop
 
 
+def fp8_cluster_tile(rung: str, knobs: dict) -> tuple[int, int]:
+    """The rows and columns a cluster of ``rung``'s e4m3 module with ``knobs`` covers (the rung's fp8
+    defaults for the knobs not given): 1x2 of the small-M 64x64 tiles, 2x1 of 128x128."""
+    knobs = make_config(rung, 512, 512, 4096, spec=GemmSpec.fp8(), **knobs).knobs()
+    return knobs["blk_m"] * knobs["cluster_m"], knobs["blk_n"] * knobs["cluster_n"]
+
+
+def _fp8_split_base(tile: str) -> dict:
+    """The knobs v10's fp8 split takes (before ``promote`` and ``split_k``) where v9 takes ``tile``."""
+    return FP8_SMALL_KNOBS if tile == "small" else {"pipe_depth": FP8_SUBWAVE_DEPTH}
+
+
 def fp8_split_ways(M: int, N: int, K: int, sms: int = 132, recipe: str = "tensor", bias=None) -> int:
     """How many ways per-tensor or rowwise fp8 at M x N x K (no bias, K >= FP8_SPLIT_MIN_K) splits its K on
     v10 (1: not split): where v9 takes the small-M tiles or 128x128, the split up to FP8_SPLIT_MAX whose
@@ -602,8 +614,7 @@ def fp8_split_ways(M: int, N: int, K: int, sms: int = 132, recipe: str = "tensor
     tile = fp8_tile(M, N, sms, recipe)
     if tile not in ("small", "square"):
         return 1
-    # a cluster's tile: 1x2 of the small-M 64x64 tiles, or 2x1 of 128x128
-    cluster_tiles = Problem(M, N, K, sms=sms).tiles(*((64, 128) if tile == "small" else (256, 128)))
+    cluster_tiles = Problem(M, N, K, sms=sms).tiles(*fp8_cluster_tile("v10", _fp8_split_base(tile)))
     time = {ways: math.ceil(cluster_tiles * ways / (sms // 2)) / ways for ways in range(1, FP8_SPLIT_MAX + 1)}
     best = min(time, key=lambda ways: (time[ways], ways))
     return best if time[best] <= time[1] / 2 else 1
@@ -615,9 +626,7 @@ def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -
     :func:`fp8_knobs`."""
     ways = fp8_split_ways(M, N, K, sms, recipe, bias)
     if ways > 1:
-        small = fp8_tile(M, N, sms, recipe) == "small"
-        return "v10", {**(FP8_SMALL_KNOBS if small else {"pipe_depth": FP8_SUBWAVE_DEPTH}), "promote": FP8_PROMOTE,
-                       "split_k": ways}
+        return "v10", {**_fp8_split_base(fp8_tile(M, N, sms, recipe)), "promote": FP8_PROMOTE, "split_k": ways}
     return "v9", fp8_knobs(M, N, K, recipe, sms)
 
 

@@ -113,6 +113,13 @@ def _zero_total(mma):
         mma.total[r] = T.float32(0)
 
 
+@T.inline
+def _start_promoted(mma):
+    """A promoted K loop's start: the slot-0 descriptors, and the total at 0 (:func:`_zero_total`)."""
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    _zero_total(mma)
+
+
 def promotion_cuts(nk: int, promote: int, overlap: int, staggered: bool) -> tuple[list[int], int, list[int], list[int]]:
     """How a tile's ``nk`` slices are cut into promotion groups (of ``promote`` slices): ``lead``, the
     groups before the loop (a staggered consumer's: half a group, or half a run of ``overlap``
@@ -148,8 +155,7 @@ def _run_promoted(mma, it, nk, staggered):
     first = T.meta_var(sum(lead))
     lead_size = T.meta_var(sum(lead))  # one group at most (half a group)
     tail_size = T.meta_var(sum(tail))  # one group at most (the rest of a group)
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    _zero_total(mma)
+    _start_promoted(mma)
     if lead_size > 0:
         _promoted_group(mma, it, 0, lead_size)
         _promote(mma, mma.acc)
@@ -161,8 +167,7 @@ def _run_promoted_each(mma, it, nk):
     """The promotion after every slice over a count known only at run time (v10's stream-K pieces and
     the units of a split that does not divide the slices): ``nk`` groups of one slice, each drained
     and added (``promote=1``: no group to cut, so no count to know at trace time)."""
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    _zero_total(mma)
+    _start_promoted(mma)
     _promoted_groups(mma, it, 0, nk, 0)
 
 
@@ -219,8 +224,7 @@ def _run_overlapped(mma, it, nk, staggered):
     lead, runs, whole, tail = T.meta_var(promotion_cuts(nk, mma.promote, mma.overlap, staggered))
     first = T.meta_var(sum(lead))
     per_run = T.meta_var(mma.promote * mma.overlap)
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    _zero_total(mma)
+    _start_promoted(mma)
     if len(lead) > 0:
         _overlapped_groups(mma, it, lead)
     for r in T.serial(runs):
@@ -236,8 +240,7 @@ def _run_overlapped_each(mma, it, nk):
     ``overlap`` slices, a count known at run time) drained a slice at a time."""
     per_run = T.meta_var(mma.overlap)
     whole = T.meta_var([1] * mma.overlap)
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    _zero_total(mma)
+    _start_promoted(mma)
     for r in T.serial(nk // per_run):
         _overlapped_groups(mma, it + r * per_run, whole)
     _promoted_groups(mma, it, nk // per_run * per_run, nk % per_run, 0)
@@ -336,8 +339,7 @@ def _run_block_overlapped(mma, it, nk, m0, n0):
     accumulator set (:func:`_block_groups`)."""
     runs = T.meta_var(nk // mma.overlap)
     tail = T.meta_var(nk % mma.overlap)
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    _zero_total(mma)
+    _start_promoted(mma)
     if not mma.scales.staged:
         mma.scales.load(m0, n0, 0, 0)
     for r in T.serial(runs):
@@ -505,8 +507,7 @@ def _run_promoted_under(mma, it, nk, under):
     first = T.meta_var(min(mma.promote, nk))
     lead, groups, whole, tail = T.meta_var(promotion_cuts(nk - first, mma.promote, 0, False))
     rest = T.meta_var(sum(tail))
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
-    _zero_total(mma)
+    _start_promoted(mma)
     _issue_group(mma, it, 0, first)
     _store_under(under, 0)
     _drain_group(mma, it, 0, first)
