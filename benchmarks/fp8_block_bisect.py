@@ -61,7 +61,7 @@ ODD, ODD_SMALL = "1000x3008x1280", "77x3008x1152"
 SHAPES = ((BIG, 4096, 7168, 16384), ("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("4096x4096x7168", 4096, 4096, 7168), (SMALL, 128, 4096, 7168), (ODD, 1000, 3008, 1280),
           (ODD_SMALL, 77, 3008, 1152))
-SMALL_M = fp8_sweep.SMALL_M  # the block policy's small-M knobs (plan.FP8_BLOCK_SMALL_KNOBS)
+SMALL_M = fp8_sweep.SMALL_M_KNOBS  # the block policy's small-M knobs (plan.FP8_BLOCK_SMALL_KNOBS)
 CONFIGS = {
     "policy": {"overlap": 4, "stage_scales": True},  # the block policy past M = 128 (plan.FP8_BLOCK_LARGE_KNOBS)
     "bulk": {"overlap": 4, "stage_scales": True, "stage_bulk": True},  # its scales by plain bulk copies

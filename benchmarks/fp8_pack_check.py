@@ -20,12 +20,15 @@ the suite instead: :data:`SUITE_WEIGHTS` (DeepSeek-V3's and Llama-3-8B's), no bi
   inputs as the yardstick (within 2x, no NaN), and ``explain`` must name the pack's module (strict
   mode: a call no pack module serves raises instead of falling back to torch);
 - then, in this process, the timed cases whose checks all passed: ``scaled_mm`` through the pack
-  (the front door's whole path) and ``torch._scaled_mm``, in rounds whose order alternates, as
-  queued calls and as kernels in CUDA graphs cycling input sets that spill L2
+  in strict mode (our kernel, the front door's whole path), ``torch._scaled_mm``, and ``scaled_mm``
+  as users call it (``front_door``: not strict, so its first call times our kernel against torch's
+  and keeps the faster, ``serve.scaled._settle``; remembered in this process only), in rounds whose
+  order rotates, as queued calls and as kernels in CUDA graphs cycling input sets that spill L2
   (``harness.event_times``/``graph_times``); the GPU's clocks and power sampled throughout.
 
 Rows (the issue's results format): recipe, M, N, K, correct, tflops (ours, in graphs),
-ratio_to_scaled_mm and peer_ratios (torch's time over ours), the pack module and explain lines.
+ratio_to_scaled_mm and peer_ratios (torch's time over our kernel's), the pack module and explain lines;
+``front_door``: torch's time over the front door's, as kernels and as calls, and what its first use chose.
 About 1-2 minutes on an H100 (an estimate until its first run); DIR about 2 MiB.
 """
 
@@ -47,6 +50,7 @@ import check_cli  # noqa: E402  (a sibling script, not a package)
 
 from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.core.records import read_json  # noqa: E402
+from gemm_ladder.serve import first_use  # noqa: E402
 
 FORMAT = "gemm_ladder.fp8_pack_check"
 PLAN_FILE = "fp8_pack.json"
@@ -134,6 +138,10 @@ def make_row(case: dict, times: dict | None, checks: list[dict]) -> dict:
     correct = bool(mine) and all(c.get("correct") for c in mine)
     row = {"recipe": case["recipe"], "M": case["M"], "N": case["N"], "K": case["K"], "module": case["name"],
            "correct": correct, "tflops": None, "ratio_to_scaled_mm": None, "peer_ratios": {}}
+    if times and "front_door" in times and "torch_scaled_mm" in times:
+        door, peer = times["front_door"], times["torch_scaled_mm"]
+        row["front_door"] = {"kernel_ratio": fp8_check.ratio(peer["kernel_ms"], door["kernel_ms"]),
+                             "call_ratio": fp8_check.ratio(peer["call_ms"], door["call_ms"])}
     if times:
         ours = times["ours"]
         row.update(tflops=fp8_check.tflops(case["M"], case["N"], case["K"], ours["kernel_ms"]), times=times)
@@ -250,10 +258,18 @@ def time_case(case: dict) -> dict:
         sets.append((aq, wq, sa, sb, torch.empty((M, N), dtype=torch.bfloat16, device="cuda")))
     peer = fp8_check._scaled_mm_peer(recipe, False)  # pylint: disable=protected-access
     kernels = {"ours": lambda a, w, sa, sb, d: gemm_ladder.scaled_mm(a, w.t(), sa, sb, out=d, strict=True),
-               "torch_scaled_mm": peer}
+               "torch_scaled_mm": peer,
+               "front_door": lambda a, w, sa, sb, d: gemm_ladder.scaled_mm(a, w.t(), sa, sb, out=d, strict=False)}
     # the first call resolves and loads (outside any capture); a peer this torch refuses here (block-wise
-    # at an N off its 128-column blocks) is left out with its message, ours timed alone
+    # at an N off its 128-column blocks) is left out with its message, ours timed alone; the front door's
+    # first call times its candidates (first use) and says what it chose
     kernels["ours"](*sets[0])
+    aq, wq, sa, sb, d = sets[0]
+    door = torch.full_like(d, float("nan"))
+    chose = gemm_ladder.scaled_mm(aq, wq.t(), sa, sb, out=door, strict=False, explain=True)[1]
+    # the front door's D is our kernel's bits or torch's, whichever its first use chose
+    kernels["ours"](*sets[0])
+    matches = [name for name, want in (("ours", d), ("torch_scaled_mm", peer(*sets[0]))) if torch.equal(door, want)]
     left_out = fp8_check.drop_failing({"torch_scaled_mm": (peer, sets)})
     kernels = {n: fn for n, fn in kernels.items() if n not in left_out}
     torch.cuda.synchronize()
@@ -261,11 +277,12 @@ def time_case(case: dict) -> dict:
     graph, call = {n: [] for n in names}, {n: [] for n in names}
     t0 = time.time()
     for r in range(ROUNDS):
-        for n in (names if r % 2 == 0 else names[::-1]):
+        for n in names[r % len(names):] + names[:r % len(names)]:
             graph[n] += harness.graph_times(kernels[n], sets, PER_ROUND, max(8, len(sets)))
             call[n] += harness.event_times(kernels[n], sets, PER_ROUND)
     return {"times": {n: {"kernel_ms": statistics.median(graph[n]), "call_ms": statistics.median(call[n])}
-                      for n in names}, "t0": t0, "t1": time.time(), "input_sets": len(sets), "left_out": left_out}
+                      for n in names}, "t0": t0, "t1": time.time(), "input_sets": len(sets), "left_out": left_out,
+            "front_door_explain": chose, "front_door_matches": matches}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -275,8 +292,11 @@ def summary(rows: list[dict]) -> dict:
     for recipe in sorted({r["recipe"] for r in rows}):
         mine = [r for r in rows if r["recipe"] == recipe]
         entry = {"rows": len(mine), "correct": sum(1 for r in mine if r["correct"])}
-        for key, name in (("ratio_to_scaled_mm", "kernel"), ("call_ratio_to_scaled_mm", "call")):
-            vals = [r[key] for r in mine if r.get(key)]
+        for name, get in (("kernel", lambda r: r.get("ratio_to_scaled_mm")),
+                          ("call", lambda r: r.get("call_ratio_to_scaled_mm")),
+                          ("front_door_kernel", lambda r: r.get("front_door", {}).get("kernel_ratio")),
+                          ("front_door_call", lambda r: r.get("front_door", {}).get("call_ratio"))):
+            vals = [get(r) for r in mine if get(r)]
             entry[f"{name}_geomean"] = math.exp(statistics.fmean(math.log(v) for v in vals)) if vals else None
             entry[f"{name}_min"] = min(vals) if vals else None
         out[recipe] = entry
@@ -292,6 +312,7 @@ def run(folder, out) -> int:
 
     folder = Path(folder)
     _plan(folder)  # a folder prepare made (a clear error otherwise)
+    os.environ[first_use.CHOICES_ENV] = "off"  # the front door's first use measures in this run, remembers nothing
     start, sampler = time.time(), Sampler()
     rows, checks = [], []
     try:
@@ -303,11 +324,15 @@ def run(folder, out) -> int:
                 timed = time_case(case)
                 row = make_row(case, timed["times"], checks)
                 row.update(clocks=sampler.between(timed["t0"], timed["t1"]), input_sets=timed["input_sets"],
-                           peers_left_out=timed["left_out"],
+                           peers_left_out=timed["left_out"], front_door_explain=timed["front_door_explain"],
+                           front_door_matches=timed["front_door_matches"],
                            explain=next((c.get("explain") for c in checks  # this M's check: its rule
                                          if c["name"] == case["name"] and c["M"] == case["M"]), None))
+                door = row.get("front_door", {})
                 print(f"{case['name']} M={case['M']}: {row['tflops']:.0f} TFLOPS, x torch._scaled_mm "
-                      f"{fp8_check.f3(row.get('ratio_to_scaled_mm'))} (calls {fp8_check.f3(row.get('call_ratio_to_scaled_mm'))})",
+                      f"{fp8_check.f3(row.get('ratio_to_scaled_mm'))} (calls {fp8_check.f3(row.get('call_ratio_to_scaled_mm'))}); "
+                      f"front door {fp8_check.f3(door.get('kernel_ratio'))} (calls {fp8_check.f3(door.get('call_ratio'))}, "
+                      f"{timed['front_door_explain'][0]}, the same bits as {timed['front_door_matches'] or 'neither'})",
                       flush=True)
             rows.append(row)
     finally:
@@ -317,7 +342,9 @@ def run(folder, out) -> int:
     for recipe, e in result["summary"].items():
         print(f"{recipe}: {e['correct']} of {e['rows']} rows correct; x torch._scaled_mm as kernels geomean "
               f"{fp8_check.f3(e['kernel_geomean'])} (lowest {fp8_check.f3(e['kernel_min'])}), as calls "
-              f"{fp8_check.f3(e['call_geomean'])} (lowest {fp8_check.f3(e['call_min'])})")
+              f"{fp8_check.f3(e['call_geomean'])} (lowest {fp8_check.f3(e['call_min'])}); the front door (first use) "
+              f"{fp8_check.f3(e['front_door_kernel_geomean'])} (lowest {fp8_check.f3(e['front_door_kernel_min'])}) as "
+              f"kernels, {fp8_check.f3(e['front_door_call_geomean'])} (lowest {fp8_check.f3(e['front_door_call_min'])}) as calls")
     check_cli.write_result(out, result)
     print(f"{sum(1 for c in checks if c.get('correct'))} of {len(checks)} checks pass; {len(rows)} rows; "
           f"{result['seconds']:.0f} s; wrote {out}")

@@ -197,6 +197,22 @@ CONFIGS = {
     "m64_ov4_sk2_d12": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 2, "overlap": 4, "pipe_depth": 12},
     "sk2_d6": {"rung": "v10", "split_k": 2, "pipe_depth": 6},
     "sk3_d6": {"rung": "v10", "split_k": 3, "pipe_depth": 6},
+    # tiles whose count fills the SMs' waves (run 5): 64x64 in 2x1 clusters sharing B (256x2112: 4 x 33 = 132
+    # tiles; a 1x2 cluster would leave 33 columns one short), 128x64 (1024x2112: 8 x 33 = 264, two whole
+    # waves; 256x2112 split two ways: 132 units), 64x128 (256x4096: 128 tiles), 64x192 (256x6144: 128 tiles;
+    # no second accumulator set fits beside 96 promoted sums, so drained), the small-M split four ways in
+    # 1x1 clusters (64x2112: 33 x 4 = 132 units)
+    "m64n64_c2x1_ov4": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4},
+    "m64n64_c1x1_ov4": {**SMALL_M_KNOBS, "cluster_n": 1, "overlap": 4},
+    "n64_ov4_sk2": {"rung": "v10", "blk_n": 64, "overlap": 4, "split_k": 2, "pipe_depth": 8},
+    "n64_ov4": {"blk_n": 64, "overlap": 4},
+    "n64_ov4_d8": {"blk_n": 64, "overlap": 4, "pipe_depth": 8},
+    "n64_d8_u": {"blk_n": 64, "pipe_depth": 8, "epi_under": True},  # epi_under takes one accumulator set
+    "m64n128_c2x1_ov4": {**SMALL_M_KNOBS, "blk_n": 128, "cluster_m": 2, "cluster_n": 1, "overlap": 4},
+    "m64n128_c1x2_ov4": {**SMALL_M_KNOBS, "blk_n": 128, "overlap": 4},
+    "m64n192_c2x1": {**SMALL_M_KNOBS, "blk_n": 192, "cluster_m": 2, "cluster_n": 1, "pipe_depth": 6},
+    "m64n192_c1x2": {**SMALL_M_KNOBS, "blk_n": 192, "pipe_depth": 6},
+    "m64_ov4_sk4_c1x1": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 4, "cluster_n": 1, "overlap": 4},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -212,19 +228,13 @@ SWEEP = {
     "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2"),
     "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
     "4096x7168x16384": ("m192_c1x2", "m192_c1x2_u", "n256_h_p2", "n256_h_p2_u"),
-    "64x2112x7168": ("m64n64_c1x2_sb_d8", "m64_sk3", "m64_ov2_sk3", "m64_ov4_sk3", "m64_ov4_sk3_d12"),
-    "64x4096x14336": ("m64n64_c1x2_sb_d8", "m64_sk2", "m64_ov2_sk2", "m64_ov4_sk2", "m64_ov4_sk2_d12"),
-    "256x6144x4096": ("ov4", "ov4_sk2", "ov4_stream", "ov4_d6"),
-    "256x4096x14336": ("sk2", "ov4_sk2", "sk2_d6"),
-    "256x2112x7168": ("sk3", "ov4_sk2", "ov4_sk3", "sk3_d6"),
-    "256x7168x16384": ("ov4", "ov4_sk2", "ov4_stream", "ov4_d6"),
-    "1024x2112x7168": ("m192_c1x2_u", "ov4_stream"),
-    "64x6144x4096": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4"),
-    "64x7168x16384": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4"),
-    "64x24576x1536": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4"),
-    "128x4096x7168": ("m64n64_c1x2_sb_d8", "m64_ov2", "m64_ov4", "m64_ov4_sk2"),
-    "128x2112x7168": ("m64n64_c1x2_sb_d8", "m64_ov4", "m64_ov4_sk2", "m64_ov4_sk3", "m64_ov4_d12"),
-    "64x1024x7168": ("m64_ov4", "m64_ov4_d12", "m64_ov4_sk2", "m64_ov4_sk3", "m64_ov4_sk3_d12"),
+    # run 5 (the tiles that fill whole waves, each beside the policy's module at d25b481)
+    "64x2112x7168": ("m64_ov4_sk3", "m64_ov4_sk4_c1x1"),
+    "256x6144x4096": ("ov4_d6", "m64n192_c2x1", "m64n192_c1x2"),
+    "256x4096x14336": ("sk2_d6", "m64n128_c2x1_ov4", "m64n128_c1x2_ov4"),
+    "256x2112x7168": ("sk3_d6", "m64n64_c2x1_ov4", "m64n64_c1x1_ov4", "n64_ov4_sk2"),
+    "1024x2112x7168": ("m192_c1x2_u", "n64_ov4", "n64_ov4_d8", "n64_d8_u"),
+    "256x24576x1536": ("ov4", "n192", "m64n192_c2x1"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

@@ -300,12 +300,17 @@ def test_the_suite_summary_takes_geomeans_and_minima_per_recipe_leaving_out_rows
             {"recipe": "tensor", "correct": True, "ratio_to_scaled_mm": 0.5, "call_ratio_to_scaled_mm": 4.0},
             {"recipe": "block", "correct": False, "ratio_to_scaled_mm": None},
             {"recipe": "block", "correct": True, "ratio_to_scaled_mm": 0.9, "call_ratio_to_scaled_mm": 1.1}]
+    rows[0]["front_door"] = {"kernel_ratio": 1.0, "call_ratio": 1.2}  # first use kept torch's kernel here
+    rows[1]["front_door"] = {"kernel_ratio": 4.0, "call_ratio": 0.8}
     got = fp8_pack_check.summary(rows)
     assert got["tensor"]["rows"] == 2 and got["tensor"]["correct"] == 2
     assert got["tensor"]["kernel_geomean"] == pytest.approx(1.0) and got["tensor"]["kernel_min"] == 0.5
     assert got["tensor"]["call_geomean"] == pytest.approx(2.0) and got["tensor"]["call_min"] == 1.0
+    assert got["tensor"]["front_door_kernel_geomean"] == pytest.approx(2.0) and got["tensor"]["front_door_kernel_min"] == 1.0
+    assert got["tensor"]["front_door_call_geomean"] == pytest.approx(0.96 ** 0.5) and got["tensor"]["front_door_call_min"] == 0.8
     assert got["block"] == {"rows": 2, "correct": 1, "kernel_geomean": pytest.approx(0.9), "kernel_min": 0.9,
-                            "call_geomean": pytest.approx(1.1), "call_min": 1.1}
+                            "call_geomean": pytest.approx(1.1), "call_min": 1.1, "front_door_kernel_geomean": None,
+                            "front_door_kernel_min": None, "front_door_call_geomean": None, "front_door_call_min": None}
 
 
 def test_the_pack_check_passes_only_what_the_pack_served_within_twice_torchs_error():
@@ -321,6 +326,9 @@ def test_the_pack_check_passes_only_what_the_pack_served_within_twice_torchs_err
     assert row["correct"] and row["ratio_to_scaled_mm"] == 0.5 and row["peer_ratios"] == {"torch_scaled_mm": 0.5}
     assert row["tflops"] == pytest.approx(2 * case["M"] * case["N"] * case["K"] / 0.2e-3 / 1e12)
     assert {"recipe", "M", "N", "K", "correct", "tflops", "ratio_to_scaled_mm", "peer_ratios"} <= set(row)
+    assert "front_door" not in row
+    door = fp8_pack_check.make_row(case, {**times, "front_door": {"kernel_ms": 0.1, "call_ms": 0.125}}, checks[:1])
+    assert door["front_door"] == {"kernel_ratio": 1.0, "call_ratio": 0.8} and door["ratio_to_scaled_mm"] == 0.5
 
 
 def test_the_pack_checks_children_run_the_script_and_record_a_broken_case(tmp_path, monkeypatch):

@@ -48,6 +48,15 @@ Where the kernel comes from (``explain=True`` returns the lines with D), first t
     4. else ``torch._scaled_mm``, with a :class:`front.KernelFallbackWarning` once per shape that
        says how to build a pack for it; ``strict=True``: :class:`front.NoKernelError` instead.
 
+The kernel of 2 or 3 is timed at the first call of a shape (M, weight, spec) on a GPU against
+``torch._scaled_mm`` for per-tensor and rowwise scales (torch has its own kernels for those), as
+``front.matmul`` times its candidates (``first_use``: queued launches and kernels in CUDA graphs on
+input sets that spill L2, the winners remembered per GPU in ``choices.json``): where torch's measured
+faster, torch computes the shape (eagerly, under capture, or both) and ``explain`` says so, so
+``scaled_mm`` is never slower than the library it replaces. Not with ``strict=True`` (or
+``GEMM_LADDER_STRICT=1``), nor with ``GEMM_LADDER_MEASURE=0``, nor for block scales (torch 2.11 has no
+block-wise kernel on sm_90: its stand-in is a float32 product).
+
 The tuner does not time fp8 yet (the policy's fp8 knobs are ``plan.fp8_knobs``, from the fp8 sweep).
 
 :func:`quantize_fp8` makes the inputs with the rounding torch's recipes use: ``amax / fp8_max``
@@ -66,9 +75,12 @@ from dataclasses import dataclass
 from ..core import device
 from ..core.config import max_m_of
 from ..core.spec import FP8_SCALES, MN_MAJOR_FP8_FIX, GemmSpec
-from .front import KernelFallbackWarning, NoKernelError, Route, cached_module, packs, why_no_build
+from ..core.files import sha256_of
+from . import first_use
+from .front import (KernelFallbackWarning, NoKernelError, Route, _l2_bytes, _strict, cached_module, launcher_of,
+                    packs, why_no_build)  # the front door's L2 size and reading of strict
 from .kernel_pack import FP8_INPUT
-from .runtime import ModuleInputError, load
+from .runtime import ModuleInputError, load, outside_graph_pools
 
 RECIPES = FP8_SCALES  # "tensor", "row", "block"
 BLOCK = 128  # the block recipe's groups: 1 x 128 of K (A), 128 x 128 (B)
@@ -325,12 +337,11 @@ class TorchScaledMM:
         sa, sb = (scale_a.reshape(M, 1), scale_b.reshape(1, N)) if self.recipe == "row" else (scale_a, scale_b)
         if bias is not None and bias.dtype == torch.float32 and self.out_dtype != torch.float32:
             d = (torch._scaled_mm(a, b_nk.t(), sa, sb, out_dtype=torch.float32) + bias).to(self.out_dtype)
-        else:
-            d = torch._scaled_mm(a, b_nk.t(), sa, sb, bias=bias, out_dtype=self.out_dtype)
+            return d if out is None else out.copy_(d)
         if out is None:
-            return d
-        out.copy_(d)
-        return out
+            return torch._scaled_mm(a, b_nk.t(), sa, sb, bias=bias, out_dtype=self.out_dtype)
+        # straight into out (_scaled_mm.out): a copy after it would cost torch's candidate a second kernel at first use
+        return torch._scaled_mm(a, b_nk.t(), sa, sb, bias=bias, out_dtype=self.out_dtype, out=out)
 
 
 def _fits(mod, call: Call) -> bool:
@@ -360,10 +371,11 @@ def pack_command(call: Call) -> str:
             "and set GEMM_LADDER_PACK=PACK")
 
 
-def _from_packs(call: Call, arch: str) -> tuple[Route | None, list[str]]:
+def _from_packs(call: Call, arch: str, strict: bool, out_dtype) -> tuple[Route | None, list[str]]:
     """The first kernel pack module of the call's spec, N and K that computes its M as it is (a
     runtime-M module whose 32-bit indices take M, or one built for this M: A is not padded here),
-    and notes on the modules passed over."""
+    with torch beside it for the first call's timing (:func:`_offer_torch`), and notes on the modules
+    passed over."""
     notes = []
     for pack in packs():
         found = pack.find(call.M, call.N, call.K, call.spec.d, arch, call.spec)
@@ -385,8 +397,9 @@ def _from_packs(call: Call, arch: str) -> tuple[Route | None, list[str]]:
         lines = [f"kernel: {e['rung']} fp8 ({call.spec.text()})" + (" [M at run time]" if e["dynamic_m"] else ""),
                  f"chosen by: {by}, when the pack was built: {choice.get('why', 'not recorded')}",
                  f"source: {found.describe()}"]
-        return Route(_LOADED[key], None if e["dynamic_m"] else e["shape"][0], "kernel pack", e["rung"],
-                     dict(e["knobs"]), lines), notes
+        route = Route(_LOADED[key], None if e["dynamic_m"] else e["shape"][0], "kernel pack", e["rung"],
+                      dict(e["knobs"]), lines)
+        return _offer_torch(route, e["so_sha256"], call, strict, out_dtype), notes
     return None, notes
 
 
@@ -399,14 +412,17 @@ def _policy(call: Call) -> tuple[str, dict]:
     return plan.fp8_module(call.M, call.N, call.K, call.recipe, call.spec.bias)
 
 
-def _build(call: Call, arch: str) -> Route:
+def _build(call: Call, arch: str, strict: bool, out_dtype) -> Route:
+    """The policy's module for ``call`` from the module cache, or built into it now, with torch beside it
+    for the first call's timing (:func:`_offer_torch`)."""
     rung, chosen, knobs = build_job(call, arch)
     path, how = cached_module((rung, (call.M, call.N, call.K), knobs))
     source = {"cache": "module cache", "built": "fresh build"}[how]
-    return Route(load(path), None, source, rung, knobs,
-                 [f"kernel: {rung} fp8 ({call.spec.text()}) [M at run time]",
-                  f"chosen by: plan.FP8_RULES: {chosen or 'v9 fp8 defaults'}",
-                  f"source: {source} {path}"])
+    route = Route(load(path), None, source, rung, knobs,
+                  [f"kernel: {rung} fp8 ({call.spec.text()}) [M at run time]",
+                   f"chosen by: plan.FP8_RULES: {chosen or 'v9 fp8 defaults'}",
+                   f"source: {source} {path}"])
+    return _offer_torch(route, sha256_of(path), call, strict, out_dtype)
 
 
 def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
@@ -417,12 +433,12 @@ def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
             if _fits(mod, call):
                 return Route(mod, None if mod.dynamic_m else mod.M, "use_module", mod.rung, {},
                              [f"kernel: {mod.rung} fp8 ({call.spec.text()})", f"source: use_module {mod.path}"])
-        route, notes = _from_packs(call, arch)
+        route, notes = _from_packs(call, arch, strict, out_dtype)
         if route is not None:
             return route
         why = why_no_build()
         if why is None:
-            return _build(call, arch)
+            return _build(call, arch, strict, out_dtype)
         where = ", ".join(str(p.folder) for p in packs()) or "none ($GEMM_LADDER_PACK is not set)"
         passed = f"; passed over: {'; '.join(notes)}" if notes else ""
         why = (f"no module given to use_module and no kernel pack (packs: {where}) serves it{passed}, and nothing "
@@ -439,6 +455,76 @@ def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
                  ["kernel: torch._scaled_mm", f"why: {why}"] + ([f"how: {how[2:]}"] if how else []))
 
 
+# -- the measured choice at first use -----------------------------------------------------------------
+TORCH_RECIPES = ("tensor", "row")  # torch._scaled_mm's own kernels (cuBLASLt; rowwise CUTLASS) on sm_90
+
+
+def _offer_torch(route: Route, sha256: str, call: Call, strict: bool, out_dtype) -> Route:
+    """``route`` (a pack's module or one built here, whose file has ``sha256``) with torch._scaled_mm
+    beside it as the candidates of the first call's timing (``first_use``), where torch has a kernel of
+    its own for the recipe (not block scales, whose stand-in is a float32 product) and the call is not
+    strict."""
+    if strict or call.recipe not in TORCH_RECIPES:
+        return route
+    lines = ["kernel: torch._scaled_mm", f"why: at first use on this GPU it ran {call.M}x{call.N}x{call.K} "
+             f"({call.recipe} scales) faster than our kernel (gemm_ladder is never slower than the library it replaces)",
+             "source: torch (strict=True or GEMM_LADDER_STRICT=1 keeps ours)"]
+    route.candidates = {
+        route.rung: (sha256, lambda: route),
+        first_use.TORCH: (first_use.TORCH, lambda: Route(TorchScaledMM(call.recipe, out_dtype), None,
+                                                         "torch, measured faster", "torch._scaled_mm", {}, lines))}
+    return route
+
+
+def _settle(route: Route, call: Call, A, B_nk, operands: dict, index: int, out_dtype) -> None:
+    """Time our kernel against torch._scaled_mm (:func:`_offer_torch`) on the call's A and B and copies of
+    them that spill L2 (``first_use.input_sets``; the scales and bias as given), into scratch outputs, as
+    queued launches and as kernels replayed from CUDA graphs, and make the route the winners
+    (``Route.adopt``: torch where it measured faster, by ``first_use.pick``'s margins), or take the
+    winners remembered for this GPU, shape, spec and module (``first_use.remembered``). The launches
+    timed are the module's own, after the front door's checks, which both candidates share. Nothing is
+    timed inside CUDA-graph capture or with GEMM_LADDER_MEASURE=0 (the kernel serves, the candidates
+    kept for a later eager call)."""
+    import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
+
+    with _LOCK:
+        cands = route.candidates
+        if not cands or not first_use.enabled() or not first_use.can_measure(A):
+            return
+        ids = {label: ident for label, (ident, _) in cands.items()}
+        gpu = device.name_of(index)
+        key = first_use.key_of(gpu, call.M, call.N, call.K, ids, call.spec.text())
+        known = first_use.remembered(key, ids)
+        routes = {label: make() for label, (_, make) in cands.items()}
+        if known is not None:
+            route.adopt(routes[known[0]], routes[known[1]], f"chosen at an earlier first use on {gpu} (remembered in "
+                                                            f"{first_use.choices_path()})")
+            return
+
+        def measure():  # on a helper thread: its scratch tensors and graphs stay out of any CUDA graph's pool
+            d = torch.empty((call.M, call.N), dtype=out_dtype, device=A.device)
+            sets = first_use.input_sets(A, B_nk, d, _l2_bytes(index))
+            calls = {}
+            for label, r in routes.items():
+                fn = launcher_of(r.module, *sets[0], **operands)
+                calls[label] = lambda x, y, z, fn=fn: fn(x, y, z, *operands.values())
+                calls[label](*sets[0])
+            times = first_use.time_launches(calls, sets)
+            return times, first_use.time_graphs(calls, sets, times)
+
+        times, kernel_times = outside_graph_pools(measure, index)
+        eager = first_use.pick(times, kernels=kernel_times)
+        graphs = first_use.pick(kernel_times or times, graphs=bool(kernel_times))
+        first_use.remember(key, ids[eager], ids[graphs])
+
+        def said(ts):
+            return "; ".join(f"{label} {us:.1f} us" for label, us in sorted(ts.items(), key=lambda lt: lt[1]))
+        route.adopt(routes[eager], routes[graphs],
+                    f"measured at first use on {gpu} (least of {first_use.ROUNDS} rounds, input sets spilling L2): "
+                    f"as queued calls {said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; "
+                    f"chose {eager}" + (f", and {graphs} under capture" if graphs != eager else ""))
+
+
 def route_of(call: Call, index: int, strict: bool, out_dtype) -> Route:
     """The route of ``call`` on GPU ``index`` (:func:`_resolve`), remembered per call and per the
     packs looked in: a pack added since (``use_pack``) is looked in."""
@@ -451,7 +537,7 @@ def route_of(call: Call, index: int, strict: bool, out_dtype) -> Route:
 
 
 def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, explain: bool = False,
-              strict: bool = False):
+              strict: bool | None = None):
     """``D = A @ B * scale_a * scale_b (+ bias)`` as ``torch._scaled_mm`` (see the module docstring);
     ``explain=True`` returns ``(D, lines)`` saying which kernel ran, from where and why."""
     import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
@@ -461,6 +547,7 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     if A.device.type != "cuda":
         raise ModuleInputError(f"gemm_ladder.scaled_mm: A is on {A.device}; move the tensors to the GPU (.cuda())")
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
+    strict = _strict(strict)
     route = route_of(call, index, strict, out_dtype)
     D = out if out is not None else torch.empty((call.M, call.N), dtype=out_dtype, device=A.device)
     if call.M == 0 or call.N == 0:  # nothing to compute (no kernel takes an empty launch)
@@ -473,6 +560,8 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
         (operands["scale_a"], operands["scale_b"]), moved = aligned_scales(scale_a.t(), scale_b.t())
     else:
         operands["scale_a"], operands["scale_b"] = scale_a.reshape(-1), scale_b.reshape(-1)  # the spec's order
+    if route.candidates:
+        _settle(route, call, A, B.t(), operands, index, out_dtype)
     route.run(A, B.t(), D, operands)
     return (D, list(route.lines) + moved) if explain else D
 
