@@ -74,7 +74,9 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("64x2112x7168", 64, 2112, 7168), ("64x4096x14336", 64, 4096, 14336), ("64x6144x4096", 64, 6144, 4096),
           ("64x7168x16384", 64, 7168, 16384), ("256x24576x1536", 256, 24576, 1536),
           ("1024x2112x7168", 1024, 2112, 7168), ("64x24576x1536", 64, 24576, 1536),
-          ("128x2112x7168", 128, 2112, 7168), ("64x1024x7168", 64, 1024, 7168))
+          ("128x2112x7168", 128, 2112, 7168), ("64x1024x7168", 64, 1024, 7168),
+          # weights and M the fill rule (plan.fp8_fill_n) was not chosen on: Llama-3-8B's o_proj at M = 256, an odd M
+          ("256x4096x4096", 256, 4096, 4096), ("200x2048x8192", 200, 2048, 8192))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -213,6 +215,7 @@ CONFIGS = {
     "m64n192_c2x1": {**SMALL_M_KNOBS, "blk_n": 192, "cluster_m": 2, "cluster_n": 1, "pipe_depth": 6},
     "m64n192_c1x2": {**SMALL_M_KNOBS, "blk_n": 192, "pipe_depth": 6},
     "m64_ov4_sk4_c1x1": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 4, "cluster_n": 1, "overlap": 4},
+    "m64n64_c2x1_ov4_d12": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -228,13 +231,14 @@ SWEEP = {
     "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2"),
     "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
     "4096x7168x16384": ("m192_c1x2", "m192_c1x2_u", "n256_h_p2", "n256_h_p2_u"),
-    # run 5 (the tiles that fill whole waves, each beside the policy's module at d25b481)
-    "64x2112x7168": ("m64_ov4_sk3", "m64_ov4_sk4_c1x1"),
-    "256x6144x4096": ("ov4_d6", "m64n192_c2x1", "m64n192_c1x2"),
-    "256x4096x14336": ("sk2_d6", "m64n128_c2x1_ov4", "m64n128_c1x2_ov4"),
-    "256x2112x7168": ("sk3_d6", "m64n64_c2x1_ov4", "m64n64_c1x1_ov4", "n64_ov4_sk2"),
-    "1024x2112x7168": ("m192_c1x2_u", "n64_ov4", "n64_ov4_d8", "n64_d8_u"),
-    "256x24576x1536": ("ov4", "n192", "m64n192_c2x1"),
+    # benchmarks/results/2026-11-28_h100_fp8_fill/ run 5 timed the tiles that fill whole waves beside the policy's
+    # module at d25b481 (its list in that run's rows); run 6: the fill rule's tiles (plan.fp8_fill_n) against the
+    # policy before it, at two weights it was chosen on and two it was not, 128x192 again at a short K
+    "256x2112x7168": ("sk3_d6", "m64n64_c2x1_ov4", "m64n64_c2x1_ov4_d12"),
+    "256x4096x14336": ("sk2_d6", "m64n128_c2x1_ov4"),
+    "256x4096x4096": ("ov4_d6", "m64n128_c2x1_ov4"),
+    "200x2048x8192": ("sk3_d6", "m64n64_c2x1_ov4"),
+    "256x24576x1536": ("ov4", "n192"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

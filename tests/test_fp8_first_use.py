@@ -105,15 +105,19 @@ def _fake_times(queued, kernels):
     return time_launches, time_graphs, timed
 
 
-SCALES = (torch.tensor([0.5]), torch.tensor([2.0]))
+SCALES = (torch.tensor(0.5), torch.tensor(2.0))  # per-tensor scales, as quantize_fp8 makes them
+
+
+def _inputs(seed=0):
+    """e4m3 A [M, K] and B as scaled_mm takes it ([K, N], column-major: a weight's transpose), on the CPU."""
+    torch.manual_seed(seed)
+    return (torch.randn(M, K).to(torch.float8_e4m3fn), torch.randn(N, K).to(torch.float8_e4m3fn).t())
 
 
 def _settle(route, recipe="tensor"):
-    """The first call's timing on CPU stand-ins of A and B (and the scales as scaled_mm passes them)."""
-    torch.manual_seed(0)
-    A, B = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
-    scaled._settle(route, _call(M, N, K, recipe), A, B, {"scale_a": SCALES[0], "scale_b": SCALES[1]}, 0,
-                   torch.bfloat16)
+    """The first call's timing on the caller's tensors (the whole call's checks run for each candidate)."""
+    A, B = _inputs()
+    scaled._settle(route, _call(M, N, K, recipe), A, B, *SCALES, None, 0, torch.bfloat16)
     return A, B
 
 
@@ -145,20 +149,24 @@ def test_the_faster_computes_the_shape_and_explain_says_so(timed, monkeypatch, q
     launches, graphs, calls = _fake_times(dict(zip(("v9", "torch"), queued)), dict(zip(("v9", "torch"), kernels)))
     monkeypatch.setattr(first_use, "time_launches", launches)
     monkeypatch.setattr(first_use, "time_graphs", graphs)
+    checked = []
+    real_checked_call = scaled.checked_call
+    monkeypatch.setattr(scaled, "checked_call", lambda *a, **k: checked.append(1) or real_checked_call(*a, **k))
     route = _ours_route()
     _settle(route)
     assert calls == [["torch", "v9"], ["torch", "v9"]] and not route.candidates
+    assert len(checked) >= 2 * 2 * 2  # each candidate timed the whole way a call takes: checks, then the launch
     assert isinstance(route.module, TorchStandIn if winner == "torch" else Ours)
     assert route.lines[0] == ("kernel: torch._scaled_mm" if winner == "torch" else "kernel: v9 fp8 (stand-in)")
     assert f"chose {winner}" in route.lines[-1] and "measured at first use on NVIDIA H100 80GB HBM3" in route.lines[-1]
     if winner == "torch":
         assert "never slower than the library it replaces" in "\n".join(route.lines)
     # the route now runs the winner, into D
-    A, B = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
+    A, B = _inputs(seed=1)
     D = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     before = TorchStandIn.launches
-    route.run(A, B, D, {"scale_a": SCALES[0], "scale_b": SCALES[1]})
-    torch.testing.assert_close(D.float(), _product(A, B, *SCALES).float())
+    scaled._launch(route, _call(M, N, K, "tensor"), A, B, *SCALES, None, D)
+    torch.testing.assert_close(D.float(), _product(A, B.t(), *SCALES).float())
     assert (TorchStandIn.launches > before) == (winner == "torch")
     doc = json.loads(timed.read_text())["choices"]
     want = "torch" if winner == "torch" else "f" * 64

@@ -67,15 +67,19 @@ def _call(M=64, N=48, K=32, recipe="row", bias=None):
 def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_database():
     """M up to FP8_SMALL_M (one row of tiles) takes the small-M knobs, split on v10 where they fill at most half
     the SMs over a long K (32 cluster tiles up to M = 64 here); past it, where 128x128 fills at most half the
-    SMs, v10's split K (fp8-split-k: 64 tiles at M = 129-256 here), then the large knobs or the wide tiles
-    (fp8-wide), many waves 128x256 in halves (fp8-halves); block scales their own ranges."""
+    SMs, 64x128 tiles that come to one wave (fp8-fill: 4 x 32 at M = 129-256 here), then the large knobs or the
+    wide tiles (fp8-wide), many waves 128x256 in halves (fp8-halves); block scales their own ranges."""
     spec = GemmSpec.fp8("bfloat16", "row")
     choices = {M: plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, spec)) for M in (1, 64, 128, 129,
                                                                                                       333, 1536, 8192)}
     assert {M: c.rule for M, c in choices.items()} == {1: "fp8-split-k", 64: "fp8-split-k", 128: "fp8-small-m",
-                                                       129: "fp8-split-k", 333: "fp8", 1536: "fp8-wide",
+                                                       129: "fp8-fill", 333: "fp8", 1536: "fp8-wide",
                                                        8192: "fp8-halves"}
-    assert choices[129].rung == "v10" and choices[129].knobs["split_k"] == 2 and "overlap" not in choices[129].knobs
+    assert choices[129].rung == "v9" and (choices[129].knobs["blk_m"], choices[129].knobs["blk_n"]) == (64, 128)
+    assert choices[129].knobs["overlap"] == 4 and "split_k" not in choices[129].knobs
+    # where no 64-row tiles come to one wave (N = 3072: 96 of 64x128, 192 of 64x64), v10's split K
+    wider = plan.choose(plan.Problem(129, 3072, 7168, "bfloat16", "sm_90a", 132, spec))
+    assert wider.rule == "fp8-split-k" and wider.rung == "v10" and "overlap" not in wider.knobs
     # the small-M tiles split with the overlapped promotion
     assert choices[64].rung == "v10" and choices[64].knobs["split_k"] == 2 and choices[64].knobs["blk_n"] == 64
     assert choices[64].knobs["overlap"] == 4 and choices[64].knobs == choices[1].knobs and choices[128].knobs["overlap"] == 4

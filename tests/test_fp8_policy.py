@@ -19,6 +19,11 @@ def test_the_policys_knobs_validate_at_every_shape_scaled_mm_takes(recipe, N, K)
     for M in (1, 77, plan.FP8_SMALL_M, plan.FP8_SMALL_M + 1, 1000, 8192):
         choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
         large = {"wide": "fp8-wide", "halves": "fp8-halves", "square": "fp8"}.get(plan.fp8_tile(M, N))
+        fill = plan.fp8_fill_n(M, N, 132, recipe)
+        if fill is not None:  # 64-row tiles come to one whole wave: v9's, no split
+            assert choice.rule == "fp8-fill" and choice.rung == "v9" and choice.knobs["blk_n"] == fill, M
+            assert (choice.knobs["blk_m"], choice.knobs["cluster_m"], choice.knobs["cluster_n"]) == (64, 2, 1)
+            continue
         ways = plan.fp8_split_ways(M, N, K, 132, recipe)
         if ways > 1:  # the tiles would fill at most half the SMs: v10's split K
             assert choice.rule == "fp8-split-k" and choice.rung == "v10" and choice.knobs["split_k"] == ways, M
@@ -104,3 +109,32 @@ def test_128x128_tiles_under_one_wave_take_the_deeper_ring():
     assert plan.fp8_tile(961, 6144) == "square"  # 384 tiles of 128x128 on 132 SMs: three waves
     assert plan.fp8_knobs(961, 6144, 4096, "tensor") == plan.FP8_LARGE_KNOBS and "pipe_depth" not in plan.FP8_LARGE_KNOBS
     assert "pipe_depth" not in plan.fp8_knobs(256, 6144, 4096, "block")
+
+
+@pytest.mark.parametrize("M, N, fill", [
+    (256, 2112, 64),  # 4 rows x 33 columns of 64x64: 132 tiles (FP8_FILL_RESULTS)
+    (256, 4096, 128),  # 4 x 32 of 64x128: 128 (FP8_FILL_RESULTS)
+    (129, 2112, 64),  # 3 rows, paired into 2x1 clusters: 4 x 33
+    (200, 4096, 128),
+    (256, 6144, None),  # 64x128: 192 tiles, past one wave; 64x64: 384
+    (256, 7168, None),
+    (512, 2048, 128),  # 8 x 16
+    (1024, 2112, None),  # 128x128 fills more than half the SMs
+    (128, 2112, None),  # the small-M rule's
+])
+def test_the_fill_rule_takes_64_row_tiles_where_they_come_to_one_whole_wave(M, N, fill):
+    """``plan.fp8_fill_n``: 64-row tiles in 2x1 clusters where 128x128 would fill at most half the SMs and
+    these (their rows paired) come to 95-100% of one wave; the widest such blk_n; the rule's module on v9."""
+    assert plan.fp8_fill_n(M, N, 132, "tensor") == fill
+    assert plan.fp8_fill_n(M, N, 132, "row") == fill
+    assert plan.fp8_fill_n(M, N, 132, "block") is None  # block scales keep their own tiles
+    rung, knobs = plan.fp8_module(M, N, 7168, "tensor")
+    if fill is not None:
+        assert rung == "v9" and knobs == {**plan.FP8_FILL_KNOBS, "blk_n": fill}
+        rows = 2 * -(-(-(-M // 64)) // 2)
+        assert 0.95 * 132 <= rows * -(-N // fill) <= 132
+    choice = plan.rule_choice(plan.Problem(M, N, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "tensor")))
+    assert (choice.rule == "fp8-fill") == (fill is not None)
+    if fill is not None:
+        assert plan.FP8_FILL_RESULTS in choice.text() and "0.995x" in choice.text()
+        assert (Path(__file__).resolve().parents[1] / plan.FP8_FILL_RESULTS).is_file()

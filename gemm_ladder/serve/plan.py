@@ -592,6 +592,30 @@ FP8_SPLIT_MAX = 3  # the most ways measured with every unit in one wave
 FP8_SPLIT_MIN_K = 7168  # the K measured (7168 and 14336): each unit keeps a long K loop
 
 
+# Per-tensor and rowwise fp8 whose 128x128 tiles fill at most half the SMs, where 64-row tiles over one consumer
+# in 2x1 clusters (two row tiles sharing B's tile; the small-M tiles' ring and overlapped promotion) come to
+# one whole wave: each SM one tile of the whole K, no split's partial sums, no idle SMs. FP8_FILL_RESULTS (run
+# 5, M = 256): 64x64 at 2112x7168 (4 x 33 = 132 tiles) 510 TFLOPS, 0.79x torch._scaled_mm, against the
+# three-way 128x128 split's 424 (0.65x) and the same tiles in 1x1 clusters 0.73x; 64x128 at 4096x14336 (128
+# tiles) 927, 0.995x, against the two-way split's 845 (0.91x) and 1x2 clusters' 0.77x. 64x192 (128 tiles at
+# 6144x4096, drained: no second accumulator set fits) ran 0.76x against 128x128's 0.78x (96 tiles), so it is
+# not offered. cuBLASLt's kernel at 256x2112x7168 is the same tiling (ncu: nvjet 64x64, 13 stages, 132 CTAs).
+FP8_FILL_RESULTS = "benchmarks/results/2026-11-28_h100_fp8_fill/README.md"
+FP8_FILL_KNOBS = {**FP8_SMALL_KNOBS, "cluster_m": 2, "cluster_n": 1}
+FP8_FILL_WIDTHS = (128, 64)  # blk_n tried, widest first
+FP8_FILL_MIN = 0.95  # the share of one wave the tiles must fill
+
+
+def fp8_fill_n(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> int | None:
+    """The blk_n of FP8_FILL_KNOBS' 64-row tiles where per-tensor or rowwise fp8 at M x N (M past
+    FP8_SMALL_M) takes them: its 128x128 tiles fill at most half the SMs, and these tiles' CTAs (their 2x1
+    clusters' rows rounded up to pairs) come to FP8_FILL_MIN to one of a wave (widest first); else None."""
+    if recipe not in ("tensor", "row") or M <= FP8_SMALL_M or Problem(M, N, 1, sms=sms).tiles(128, 128) > sms // 2:
+        return None
+    rows = 2 * math.ceil(math.ceil(M / 64) / 2)
+    return next((bn for bn in FP8_FILL_WIDTHS if FP8_FILL_MIN * sms <= rows * math.ceil(N / bn) <= sms), None)
+
+
 def fp8_cluster_tile(rung: str, knobs: dict) -> tuple[int, int]:
     """The rows and columns a cluster of ``rung``'s e4m3 module with ``knobs`` covers (the rung's fp8
     defaults for the knobs not given): 1x2 of the small-M 64x64 tiles, 2x1 of 128x128."""
@@ -624,6 +648,9 @@ def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -
     """The rung and knobs of scaled_mm's module at M x N x K (what the FP8_RULES choose): v10's split K
     where :func:`fp8_split_ways` says so (the small-M tiles with the overlapped promotion), else v9 with
     :func:`fp8_knobs`."""
+    fill = fp8_fill_n(M, N, sms, recipe)
+    if fill is not None:
+        return "v9", {**FP8_FILL_KNOBS, "blk_n": fill}
     ways = fp8_split_ways(M, N, K, sms, recipe, bias)
     if ways > 1:
         return "v10", {**_fp8_split_base(fp8_tile(M, N, sms, recipe)), "promote": FP8_PROMOTE, "split_k": ways}
@@ -661,6 +688,15 @@ FP8_RULES: list[Rule] = [
              "(stage_scales)",
          evidence=FP8_BLOCK_STAGED_RESULTS + ": 1060-1111 TFLOPS, 0.95-0.98x torch._scaled_mm block-wise at "
                   "4096^3, 8192^3, 4096x4096x7168, 4096x7168x16384 (without stage_scales 974-1013, 0.86-0.92x)"),
+    Rule("fp8-fill", "sm_90a", "v9",
+         when=lambda p: _fp8(p, False) and fp8_fill_n(p.M, p.N, p.sms, p.spec.scales) is not None,
+         knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
+         why=f"per-tensor or rowwise fp8 whose 128x128 tiles would fill at most half the SMs, where 64-row tiles "
+             f"(64 or 128 wide) over one consumer in 2x1 clusters sharing B come to {FP8_FILL_MIN:.0%} of one wave or "
+             "more: each SM one tile of the whole K (no split), an 8-deep ring, each group's adds under the next "
+             "group's wgmmas (overlap=4)",
+         evidence=FP8_FILL_RESULTS + ": M = 256, 64x64 at 2112x7168 0.79x torch._scaled_mm (the three-way split "
+                  "0.65x), 64x128 at 4096x14336 0.995x (the two-way split 0.91x)"),
     Rule("fp8-split-k", "sm_90a", "v10",
          when=lambda p: _fp8(p, False) and fp8_split_ways(p.M, p.N, p.K, p.sms, p.spec.scales, p.spec.bias) > 1,
          knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],

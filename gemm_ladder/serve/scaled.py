@@ -77,8 +77,8 @@ from ..core.config import max_m_of
 from ..core.spec import FP8_SCALES, MN_MAJOR_FP8_FIX, GemmSpec
 from ..core.files import sha256_of
 from . import first_use
-from .front import (KernelFallbackWarning, NoKernelError, Route, _l2_bytes, _strict, cached_module, launcher_of,
-                    packs, why_no_build)  # the front door's L2 size and reading of strict
+from .front import (KernelFallbackWarning, NoKernelError, Route, _l2_bytes, _strict, cached_module, packs,
+                    why_no_build)  # the front door's L2 size and reading of strict
 from .kernel_pack import FP8_INPUT
 from .runtime import ModuleInputError, load, outside_graph_pools
 
@@ -476,15 +476,17 @@ def _offer_torch(route: Route, sha256: str, call: Call, strict: bool, out_dtype)
     return route
 
 
-def _settle(route: Route, call: Call, A, B_nk, operands: dict, index: int, out_dtype) -> None:
-    """Time our kernel against torch._scaled_mm (:func:`_offer_torch`) on the call's A and B and copies of
-    them that spill L2 (``first_use.input_sets``; the scales and bias as given), into scratch outputs, as
-    queued launches and as kernels replayed from CUDA graphs, and make the route the winners
-    (``Route.adopt``: torch where it measured faster, by ``first_use.pick``'s margins), or take the
-    winners remembered for this GPU, shape, spec and module (``first_use.remembered``). The launches
-    timed are the module's own, after the front door's checks, which both candidates share. Nothing is
-    timed inside CUDA-graph capture or with GEMM_LADDER_MEASURE=0 (the kernel serves, the candidates
-    kept for a later eager call)."""
+def _settle(route: Route, call: Call, A, B, scale_a, scale_b, bias, index: int, out_dtype) -> None:
+    """Time our kernel against torch._scaled_mm (:func:`_offer_torch`) on the call's A and B (``B`` as the
+    caller passes it, [K, N] column-major) and copies of them that spill L2 (``first_use.input_sets``; the
+    scales and bias as given), into scratch outputs, as queued calls and as kernels replayed from CUDA
+    graphs, and make the route the winners (``Route.adopt``: torch where it measured faster, by
+    ``first_use.pick``'s margins), or take the winners remembered for this GPU, shape, spec and module
+    (``first_use.remembered``). Each candidate is timed the whole way a call takes it (``checked_call``,
+    then :func:`_launch`): torch's _scaled_mm costs the host more than our module's launch, and timed as
+    launches alone it won first use at shapes where, through the front door, its calls then ran 1.2-1.5x
+    slower than ours (``benchmarks/results/2026-11-28_h100_fp8_fill/``). Nothing is timed inside CUDA-graph
+    capture or with GEMM_LADDER_MEASURE=0 (the kernel serves, the candidates kept for a later eager call)."""
     import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
 
     with _LOCK:
@@ -501,14 +503,18 @@ def _settle(route: Route, call: Call, A, B_nk, operands: dict, index: int, out_d
                                                             f"{first_use.choices_path()})")
             return
 
+        def whole_call(r):
+            def run(x, y_nk, z):  # the input sets hold B as [N, K] rows: the caller's B is its transpose
+                checked_call(x, y_nk.t(), scale_a, scale_b, bias, out_dtype, z)
+                _launch(r, call, x, y_nk.t(), scale_a, scale_b, bias, z)
+            return run
+
         def measure():  # on a helper thread: its scratch tensors and graphs stay out of any CUDA graph's pool
             d = torch.empty((call.M, call.N), dtype=out_dtype, device=A.device)
-            sets = first_use.input_sets(A, B_nk, d, _l2_bytes(index))
-            calls = {}
-            for label, r in routes.items():
-                fn = launcher_of(r.module, *sets[0], **operands)
-                calls[label] = lambda x, y, z, fn=fn: fn(x, y, z, *operands.values())
-                calls[label](*sets[0])
+            sets = first_use.input_sets(A, B.t(), d, _l2_bytes(index))
+            calls = {label: whole_call(r) for label, r in routes.items()}
+            for fn in calls.values():
+                fn(*sets[0])
             times = first_use.time_launches(calls, sets)
             return times, first_use.time_graphs(calls, sets, times)
 
@@ -552,6 +558,15 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     D = out if out is not None else torch.empty((call.M, call.N), dtype=out_dtype, device=A.device)
     if call.M == 0 or call.N == 0:  # nothing to compute (no kernel takes an empty launch)
         return (D, ["kernel: none (an empty D)"]) if explain else D
+    if route.candidates:
+        _settle(route, call, A, B, scale_a, scale_b, bias, index, out_dtype)
+    moved = _launch(route, call, A, B, scale_a, scale_b, bias, D)
+    return (D, list(route.lines) + moved) if explain else D
+
+
+def _launch(route: Route, call: Call, A, B, scale_a, scale_b, bias, D) -> list[str]:
+    """``route``'s module on the checked call's tensors into D, its operands in the spec's order (bias,
+    scale_a, scale_b); the explain lines of the scales copied on the way."""
     operands = {}
     if bias is not None:
         operands["bias"] = bias
@@ -559,11 +574,9 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     if call.recipe == "block":  # as they lie: scale_a [K/128, M], scale_b [N/128, K/128] (spec.epilogue_operands)
         (operands["scale_a"], operands["scale_b"]), moved = aligned_scales(scale_a.t(), scale_b.t())
     else:
-        operands["scale_a"], operands["scale_b"] = scale_a.reshape(-1), scale_b.reshape(-1)  # the spec's order
-    if route.candidates:
-        _settle(route, call, A, B.t(), operands, index, out_dtype)
+        operands["scale_a"], operands["scale_b"] = scale_a.reshape(-1), scale_b.reshape(-1)
     route.run(A, B.t(), D, operands)
-    return (D, list(route.lines) + moved) if explain else D
+    return moved
 
 
 SCALE_ALIGN_BYTES = 16  # TMA's and cp.async.bulk's global address alignment (a block module's staged scales)
