@@ -603,6 +603,9 @@ FP8_SPLIT_MIN_K = 7168  # the K measured (7168 and 14336): each unit keeps a lon
 FP8_FILL_RESULTS = "benchmarks/results/2026-11-28_h100_fp8_fill/README.md"
 FP8_FILL_KNOBS = {**FP8_SMALL_KNOBS, "cluster_m": 2, "cluster_n": 1}
 FP8_FILL_WIDTHS = (128, 64)  # blk_n tried, widest first
+# each width's ring: as deep as 192 KiB of stages holds (64x64: 12 stages of 16 KiB, cuBLASLt's 64x64 runs 13;
+# run 6: 0.819x against 8 stages' 0.797x at 256x2112x7168); 64x128's 24 KiB stages: 8
+FP8_FILL_DEPTH = {64: 12, 128: 8}
 FP8_FILL_MIN = 0.95  # the share of one wave the tiles must fill
 
 
@@ -650,7 +653,7 @@ def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -
     :func:`fp8_knobs`."""
     fill = fp8_fill_n(M, N, sms, recipe)
     if fill is not None:
-        return "v9", {**FP8_FILL_KNOBS, "blk_n": fill}
+        return "v9", {**FP8_FILL_KNOBS, "blk_n": fill, "pipe_depth": FP8_FILL_DEPTH[fill]}
     ways = fp8_split_ways(M, N, K, sms, recipe, bias)
     if ways > 1:
         return "v10", {**_fp8_split_base(fp8_tile(M, N, sms, recipe)), "promote": FP8_PROMOTE, "split_k": ways}
@@ -693,10 +696,11 @@ FP8_RULES: list[Rule] = [
          knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
          why=f"per-tensor or rowwise fp8 whose 128x128 tiles would fill at most half the SMs, where 64-row tiles "
              f"(64 or 128 wide) over one consumer in 2x1 clusters sharing B come to {FP8_FILL_MIN:.0%} of one wave or "
-             "more: each SM one tile of the whole K (no split), an 8-deep ring, each group's adds under the next "
-             "group's wgmmas (overlap=4)",
-         evidence=FP8_FILL_RESULTS + ": M = 256, 64x64 at 2112x7168 0.79x torch._scaled_mm (the three-way split "
-                  "0.65x), 64x128 at 4096x14336 0.995x (the two-way split 0.91x)"),
+             "more: each SM one tile of the whole K (no split), a 12- or 8-stage ring (192 KiB), each group's adds "
+             "under the next group's wgmmas (overlap=4)",
+         evidence=FP8_FILL_RESULTS + ": M = 256, 64x64 at 2112x7168 0.79-0.80x torch._scaled_mm (the three-way "
+                  "split 0.65-0.67x; 12 stages 0.82x), 64x128 at 4096x14336 0.99-0.995x (the two-way split 0.91x); "
+                  "held out: 64x128 at 4096x4096 0.895x (128x128 0.72x), 64x64 at 200x2048x8192 0.66x (the split 0.67x)"),
     Rule("fp8-split-k", "sm_90a", "v10",
          when=lambda p: _fp8(p, False) and fp8_split_ways(p.M, p.N, p.K, p.sms, p.spec.scales, p.spec.bias) > 1,
          knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],

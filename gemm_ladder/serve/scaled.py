@@ -476,16 +476,33 @@ def _offer_torch(route: Route, sha256: str, call: Call, strict: bool, out_dtype)
     return route
 
 
+# Eager calls take torch._scaled_mm only where its whole calls timed this much faster than ours: its host path
+# is 35-48 us a call on an H100 (cuBLASLt's heuristics asked every call; benchmarks/results/2026-11-28_h100_fp8_fill/
+# torch_host.txt), which the front door's own path adds to. At 4954eac, first use took torch on a near tie as calls
+# (42.8 against 40.6 us at 1024x2112x7168, 114.5 against 113.3 at 4096x2112x7168) decided by its faster kernel, and
+# the suite's calls then ran 0.68x and 0.76x torch's own against ours at 0.86x and 0.96x (the suite's README).
+TORCH_EAGER_EDGE = 1.10
+
+
+def _eager_pick(times: dict) -> str:
+    """The eager calls' winner of the whole calls' ``times`` (label -> us): torch where it was
+    TORCH_EAGER_EDGE times faster than our kernel, else ours (under capture the kernels decide alone)."""
+    ours = min((label for label in times if label != first_use.TORCH), key=times.get)
+    torch_us = times.get(first_use.TORCH)
+    return first_use.TORCH if torch_us is not None and torch_us * TORCH_EAGER_EDGE < times[ours] else ours
+
+
 def _settle(route: Route, call: Call, A, B, scale_a, scale_b, bias, index: int, out_dtype) -> None:
     """Time our kernel against torch._scaled_mm (:func:`_offer_torch`) on the call's A and B (``B`` as the
     caller passes it, [K, N] column-major) and copies of them that spill L2 (``first_use.input_sets``; the
     scales and bias as given), into scratch outputs, as queued calls and as kernels replayed from CUDA
-    graphs, and make the route the winners (``Route.adopt``: torch where it measured faster, by
-    ``first_use.pick``'s margins), or take the winners remembered for this GPU, shape, spec and module
-    (``first_use.remembered``). Each candidate is timed the whole way a call takes it (``checked_call``,
-    then :func:`_launch`): torch's _scaled_mm costs the host more than our module's launch, and timed as
-    launches alone it won first use at shapes where, through the front door, its calls then ran 1.2-1.5x
-    slower than ours (``benchmarks/results/2026-11-28_h100_fp8_fill/``). Nothing is timed inside CUDA-graph
+    graphs, and make the route the winners (``Route.adopt``: eagerly torch where its calls were
+    TORCH_EAGER_EDGE times faster, :func:`_eager_pick`; under capture the faster kernel), or take the
+    winners remembered for this GPU, shape, spec and module (``first_use.remembered``). Each candidate is
+    timed the whole way a call takes it (``checked_call``, then :func:`_launch`): torch's _scaled_mm costs
+    the host more than our module's launch, and timed as launches alone it won first use at shapes where,
+    through the front door, its calls then ran 1.2-1.5x slower than ours (the fp8 suite at f821a15,
+    ``benchmarks/results/2026-11-28_h100_fp8_suite/``). Nothing is timed inside CUDA-graph
     capture or with GEMM_LADDER_MEASURE=0 (the kernel serves, the candidates kept for a later eager call)."""
     import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
 
@@ -519,7 +536,7 @@ def _settle(route: Route, call: Call, A, B, scale_a, scale_b, bias, index: int, 
             return times, first_use.time_graphs(calls, sets, times)
 
         times, kernel_times = outside_graph_pools(measure, index)
-        eager = first_use.pick(times, kernels=kernel_times)
+        eager = _eager_pick(times)
         graphs = first_use.pick(kernel_times or times, graphs=bool(kernel_times))
         first_use.remember(key, ids[eager], ids[graphs])
 
