@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gemm_ladder.compile import builder, sass
+from gemm_ladder.serve import front, kernel_pack, scaled
 
 from .lowered import lowered_script
 
@@ -162,3 +163,18 @@ def benchmark_script(name: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """For ``scaled_mm``'s routes: an H100 that cannot build (a runtime-only box), modules 'loaded' as
+    their paths, no pack from the environment."""
+    monkeypatch.setattr(scaled.device, "arch_of", lambda index: "sm_90a")
+    monkeypatch.setattr(scaled, "why_no_build", lambda: "GEMM_LADDER_BUILD=0")
+    monkeypatch.setattr(scaled, "load", lambda path: f"loaded {Path(path).name}")
+    monkeypatch.delenv(kernel_pack.PACK_ENV, raising=False)
+    front.reset()
+    scaled.reset()
+    yield
+    front.reset()
+    scaled.reset()

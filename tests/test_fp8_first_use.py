@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gemm_ladder.core.spec import GemmSpec
-from gemm_ladder.serve import first_use, front, kernel_pack, scaled
+from gemm_ladder.serve import first_use, front, scaled
 from gemm_ladder.serve.front import ByCapture, Route
 
 from .test_fp8_pack import _call, _module, _pack
@@ -51,20 +51,6 @@ class TorchStandIn(scaled.TorchScaledMM):
         TorchStandIn.launches += 1
         sa = scale_a.reshape(-1) if self.recipe == "row" else scale_a
         return out.copy_(_product(a, b_nk, sa, scale_b))
-
-
-@pytest.fixture
-def runtime_only(monkeypatch):
-    """An H100 that cannot build (a runtime-only box), modules 'loaded' as their paths."""
-    monkeypatch.setattr(scaled.device, "arch_of", lambda index: "sm_90a")
-    monkeypatch.setattr(scaled, "why_no_build", lambda: "GEMM_LADDER_BUILD=0")
-    monkeypatch.setattr(scaled, "load", lambda path: f"loaded {path}")
-    monkeypatch.delenv(kernel_pack.PACK_ENV, raising=False)
-    front.reset()
-    scaled.reset()
-    yield
-    front.reset()
-    scaled.reset()
 
 
 @pytest.fixture
@@ -127,7 +113,7 @@ def _ours_route(recipe="tensor", strict=False):
     return scaled._offer_torch(route, "f" * 64, _call(M, N, K, recipe), strict, torch.bfloat16)
 
 
-def test_a_packs_fp8_module_is_offered_beside_torch_for_tensor_and_row_scales_only(tmp_path, runtime_only):
+def test_a_packs_fp8_module_is_offered_beside_torch_for_tensor_and_row_scales_only(tmp_path, no_gpu):
     folder = tmp_path / "pack"
     folder.mkdir()
     entries = [_module(folder, f"fp8_{r}.so", GemmSpec.fp8("bfloat16", r)) for r in ("row", "tensor", "block")]

@@ -163,20 +163,6 @@ def _pack(folder: Path, entries) -> Path:
     return folder
 
 
-@pytest.fixture
-def no_gpu(monkeypatch):
-    """An H100 that cannot build (a runtime-only box), modules 'loaded' as their paths."""
-    monkeypatch.setattr(scaled.device, "arch_of", lambda index: "sm_90a")
-    monkeypatch.setattr(scaled, "why_no_build", lambda: "GEMM_LADDER_BUILD=0")
-    monkeypatch.setattr(scaled, "load", lambda path: f"loaded {Path(path).name}")
-    monkeypatch.delenv(kernel_pack.PACK_ENV, raising=False)
-    front.reset()
-    scaled.reset()
-    yield
-    front.reset()
-    scaled.reset()
-
-
 def test_scaled_mm_takes_a_packs_fp8_module_and_explains_it(tmp_path, no_gpu):
     folder = tmp_path / "pack"
     folder.mkdir()
@@ -244,7 +230,7 @@ def test_the_cli_plans_fp8_modules_and_refuses_fp8_knobs_without_fp8():
     # the M ranges of the runtime-M modules: the small-M tiles split and whole, the split K's, the 128x128 one's,
     # the wide tiles' and the 128x256 tiles in halves (plan.FP8_RULES; the last three take turns as the waves fill)
     rules = {r.split()[-2] for r in fp8_rows}
-    assert rules == {"fp8-small-m", "fp8-split-k", "fp8", "fp8-wide", "fp8-halves"}, out.stdout
+    assert rules == {"fp8-small-m", "fp8-split-k", "fp8-fill", "fp8", "fp8-wide", "fp8-halves"}, out.stdout
     # the small-M tiles split to M = 64 (32 cluster tiles of 4096), whole up to FP8_SMALL_M
     assert any(" 1..64 " in r and "fp8-split-k" in r for r in fp8_rows), out.stdout
     assert any(f" 65..{plan.FP8_SMALL_M} " in r and "fp8-small-m" in r for r in fp8_rows), out.stdout

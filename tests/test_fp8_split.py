@@ -106,10 +106,12 @@ def test_the_policy_splits_only_where_the_tiles_fill_at_most_half_the_sms_over_a
     # the small-M tiles (1x2 clusters of 64x64): 17 and 32 cluster tiles at M = 64, 64 at M = 128
     assert ways(64, 2112, 7168) == 3 and ways(64, 4096, 14336) == 2 and ways(plan.FP8_SMALL_M, 4096, 14336) == 1
     assert ways(64, 6144, 4096) == 1 and ways(64, 24576, 1536) == 1
-    choice = plan.rule_choice(plan.Problem(256, 4096, 14336, dtype="bfloat16", spec=TENSOR, sms=132))
-    assert choice.rule == "fp8-split-k" and choice.knobs["split_k"] == 2
+    # where 64-row tiles come to one wave the fill rule comes first (64x128 at 256x4096: 128 tiles)
+    assert plan.rule_choice(plan.Problem(256, 4096, 14336, dtype="bfloat16", spec=TENSOR, sms=132)).rule == "fp8-fill"
+    choice = plan.rule_choice(plan.Problem(256, 3072, 14336, dtype="bfloat16", spec=TENSOR, sms=132))  # 96 of 64x128
+    assert choice.rule == "fp8-split-k" and choice.knobs["split_k"] == plan.fp8_split_ways(256, 3072, 14336) == 2
     assert choice.knobs["pipe_depth"] == plan.FP8_SUBWAVE_DEPTH  # one wave of units: the deeper ring
-    cfg = make_config(choice.rung, 256, 4096, 14336, **choice.knobs)
+    cfg = make_config(choice.rung, 256, 3072, 14336, **choice.knobs)
     assert cfg.rung == "v10" and dict(cfg.extra)["promote"] == 1
     small = plan.rule_choice(plan.Problem(64, 2112, 7168, dtype="bfloat16", spec=ROW, sms=132))
     cfg = make_config(small.rung, 64, 2112, 7168, dynamic_m=True, **small.knobs)

@@ -317,11 +317,26 @@ print(plan.fp8_knobs(4096, 7168, 16384, "block"))
 # tensor cores, so they take a 6-stage ring (`plan.FP8_SUBWAVE_DEPTH`: 256x7168x16384 0.78x -> 0.88x,
 # 256x4096x14336 split 0.83x -> 0.91x). Stream-K was slower than the tiles it would replace at every sub-wave shape tried (0.56-0.77x
 # against 0.69-0.86x): at these K a piece's meeting (a fence, 64 KiB published or read back, a drained loop)
-# costs more than the idle SMs it fills. cuBLASLt's kernels there are other tile shapes (96x128 and 112x128 at
-# M = 256, 64x32 with a 16-stage ring at M = 64), which this ladder does not build yet.
+# costs more than the idle SMs it fills.
+#
+# ## Or tiles that fill one wave
+#
+# A split is not the only way to use idle SMs: a smaller tile whose count comes to one whole wave does it
+# without partial sums. cuBLASLt does this (ncu: 64x64 tiles, 132 CTAs, at 256x2112x7168; 128x96 at
+# 256x6144x4096). Of our tile widths, 64-row tiles over one consumer fit: at M = 256, 4 rows of 64x64 over
+# 2112 columns are 4 x 33 = 132 tiles, and of 64x128 over 4096 columns 128. Paired in 2x1 clusters, the two
+# row tiles of a cluster share B's tile (the larger operand; 1x2 clusters, sharing A, ran 0.77x against
+# 0.995x). `plan.fp8_fill_n` takes them where 128x128 would fill at most half the SMs and these come to 95-100%
+# of a wave (`fp8-fill`, before the split): measured (`benchmarks/results/2026-11-28_h100_fp8_fill/`),
+# 256x2112x7168 0.67x -> 0.82x `torch._scaled_mm` (64x64, a 12-stage ring), 256x4096x14336 0.91x -> 0.99x,
+# and on a weight it was not chosen on, 256x4096x4096, 0.72x -> 0.90x. cuBLASLt's 64x64 kernel is still
+# faster: it runs two consumers on one tile (384 threads a CTA against our 256), which this ladder does not
+# build yet.
 
 # %%
-for M, N, K in ((64, 2112, 7168), (64, 4096, 14336), (64, 6144, 4096), (256, 2112, 7168), (256, 6144, 4096)):
+for M, N, K in ((64, 2112, 7168), (64, 4096, 14336), (64, 6144, 4096), (256, 2112, 7168), (256, 4096, 4096),
+                (256, 6144, 4096)):
     rung, knobs = plan.fp8_module(M, N, K, "tensor")
-    print(f"{M}x{N}x{K}: {plan.fp8_split_ways(M, N, K)} way(s) -> {rung}",
-          {k: knobs[k] for k in ("blk_m", "blk_n", "split_k", "overlap", "pipe_depth") if k in knobs})
+    how = f"fill {plan.fp8_fill_n(M, N)} wide" if plan.fp8_fill_n(M, N) else f"{plan.fp8_split_ways(M, N, K)} way(s)"
+    print(f"{M}x{N}x{K}: {how} -> {rung}",
+          {k: knobs[k] for k in ("blk_m", "blk_n", "cluster_m", "split_k", "overlap", "pipe_depth") if k in knobs})

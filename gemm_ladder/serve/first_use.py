@@ -281,6 +281,16 @@ def time_graphs(calls: dict, sets: list, queued_us: dict, rounds: int = ROUNDS) 
     return _rounds(samplers, rounds)
 
 
+def measured_note(gpu: str, times: dict, kernel_times: dict, eager: str, graphs: str) -> str:
+    """The explain line of a first use's timing: each candidate's microseconds as queued calls and as
+    kernels in a CUDA graph (fastest first), and the winners."""
+    def said(ts):
+        return "; ".join(f"{label} {us:.1f} us" for label, us in sorted(ts.items(), key=lambda lt: lt[1]))
+    return (f"measured at first use on {gpu} (least of {ROUNDS} rounds, input sets spilling L2): as queued calls "
+            f"{said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; chose {eager}"
+            + (f", and {graphs} under capture" if graphs != eager else ""))
+
+
 def pick(times: dict, copies: bool = False, graphs: bool = False, kernels: dict | None = None) -> str:
     """The fastest of ``times`` (name -> us); torch where it beats our best by TORCH_MARGIN, or,
     for a call with ``copies`` on the way, where our best is not COPIES_EDGE times faster. Of

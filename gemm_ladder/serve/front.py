@@ -112,7 +112,7 @@ from ..core import device
 from ..core.config import DTYPES, IndexRangeError, max_m_of
 from ..core.spec import ACTIVATIONS, GemmSpec, spec_for, torch_activation
 from . import first_use, native
-from .kernel_pack import MIN_STATIC_M, KernelPack, PackError, packs_from_env
+from .kernel_pack import MIN_STATIC_M, KernelPack, packs_from_env
 from .runtime import ModuleInputError, load, outside_graph_pools, scalar_arg
 from .tma_layout import Fixes, Layout, layout_fixes
 
@@ -726,13 +726,7 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
         eager = first_use.pick(times, copies, kernels=kernel_times)  # a near tie as calls: the kernels decide
         graphs = first_use.pick(kernel_times or times, graphs=bool(kernel_times))
         first_use.remember(key, ids[eager], ids[graphs])
-
-        def said(ts):
-            return "; ".join(f"{label} {us:.1f} us" for label, us in sorted(ts.items(), key=lambda lt: lt[1]))
-        route.adopt(routes[eager], routes[graphs],
-                    f"measured at first use on {gpu} (least of {first_use.ROUNDS} rounds, input sets spilling L2): "
-                    f"as queued calls {said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; "
-                    f"chose {eager}" + (f", and {graphs} under capture" if graphs != eager else ""))
+        route.adopt(routes[eager], routes[graphs], first_use.measured_note(gpu, times, kernel_times, eager, graphs))
 
 
 def _l2_bytes(index: int) -> int:

@@ -539,13 +539,7 @@ def _settle(route: Route, call: Call, A, B, scale_a, scale_b, bias, index: int, 
         eager = _eager_pick(times)
         graphs = first_use.pick(kernel_times or times, graphs=bool(kernel_times))
         first_use.remember(key, ids[eager], ids[graphs])
-
-        def said(ts):
-            return "; ".join(f"{label} {us:.1f} us" for label, us in sorted(ts.items(), key=lambda lt: lt[1]))
-        route.adopt(routes[eager], routes[graphs],
-                    f"measured at first use on {gpu} (least of {first_use.ROUNDS} rounds, input sets spilling L2): "
-                    f"as queued calls {said(times)}; as kernels in a CUDA graph {said(kernel_times) or 'not timed'}; "
-                    f"chose {eager}" + (f", and {graphs} under capture" if graphs != eager else ""))
+        route.adopt(routes[eager], routes[graphs], first_use.measured_note(gpu, times, kernel_times, eager, graphs))
 
 
 def route_of(call: Call, index: int, strict: bool, out_dtype) -> Route:
