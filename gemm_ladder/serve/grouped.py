@@ -397,7 +397,7 @@ def _route(E: int, N: int, K: int, dtype: str, index: int, strict: bool, found: 
                   f"ours, {how}. {STRICT_ENV}=1 (or strict=True) makes this an error",
                   KernelFallbackWarning, stacklevel=7)
     return Route(torch_grouped_mm, "torch fallback", ["kernel: torch._grouped_mm (or a loop of torch.matmul), the "
-                                                      f"fallback", f"why: {why}"])
+                                                      "fallback", f"why: {why}"])
 
 
 def route_of(E: int, N: int, K: int, dtype: str, index: int, tokens: int = 1, strict: bool = False) -> Route:
