@@ -76,7 +76,11 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("1024x2112x7168", 1024, 2112, 7168), ("64x24576x1536", 64, 24576, 1536),
           ("128x2112x7168", 128, 2112, 7168), ("64x1024x7168", 64, 1024, 7168),
           # weights and M the fill rule (plan.fp8_fill_n) was not chosen on: Llama-3-8B's o_proj at M = 256, an odd M
-          ("256x4096x4096", 256, 4096, 4096), ("200x2048x8192", 200, 2048, 8192))
+          ("256x4096x4096", 256, 4096, 4096), ("200x2048x8192", 200, 2048, 8192),
+          # the widths' run 7: the suite's 1024x6144x4096; held out: Mistral-7B's and Qwen2.5-7B's up projections at
+          # M = 256, 2112x7168 at M = 2048
+          ("1024x6144x4096", 1024, 6144, 4096), ("256x14336x4096", 256, 14336, 4096),
+          ("256x18944x3584", 256, 18944, 3584), ("2048x2112x7168", 2048, 2112, 7168))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -216,17 +220,28 @@ CONFIGS = {
     "m64n192_c1x2": {**SMALL_M_KNOBS, "blk_n": 192, "pipe_depth": 6},
     "m64_ov4_sk4_c1x1": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 4, "cluster_n": 1, "overlap": 4},
     "m64n64_c2x1_ov4_d12": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12},
+    # cuBLASLt's widths (run 7; ncu and torch's profiler at the weak sub-wave shapes: 128x96 at 256x6144x4096,
+    # 128x112 at 256x7168x16384, 128x144 at 1024x2112x7168): blk_n in whole 16s, each chunk leaving in 64-, 32-
+    # or 16-column boxes (epilogue.chunk_swizzle), rings as deep as fit; 144 and 160 drained (a second
+    # accumulator set passes the registers)
+    "n96_ov4_d7": {"blk_n": 96, "epi_n": 96, "overlap": 4, "pipe_depth": 7},
+    "n96_e32_ov4_d7": {"blk_n": 96, "epi_n": 32, "overlap": 4, "pipe_depth": 7},
+    "n112_ov4_d6": {"blk_n": 112, "epi_n": 112, "overlap": 4, "pipe_depth": 6},
+    "n112_e16_ov4_d7": {"blk_n": 112, "epi_n": 16, "overlap": 4, "pipe_depth": 7},
+    "n144_e16_d6": {"blk_n": 144, "epi_n": 16, "pipe_depth": 6},
+    "n144_e48_d5": {"blk_n": 144, "epi_n": 48, "pipe_depth": 5},
+    "n160_e32_d5": {"blk_n": 160, "epi_n": 32, "pipe_depth": 5},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
 # groups) and ov4 at cuBLAS's ring depth, each run's list in its JSON's rows.
 # The first two runs (benchmarks/results/2026-11-26_h100_fp8_sweep/) timed the promotion's interval, the
 # tile, clusters, ``overlap`` and ``stagger``: ov4 best past M = 128 (0.94-0.98x torch), 128x256 without
-# the promotion 1.06x but 4x torch's error at K = 8192. This list (benchmarks/results/2026-11-27_h100_fp8_under/,
-# runs 1 and 3) times the policy's tiles with and without the epilogue under the next tile (the _u configs); its
+# the promotion 1.06x but 4x torch's error at K = 8192. The list of benchmarks/results/2026-11-27_h100_fp8_under/
+# (runs 1 and 3) timed the policy's tiles with and without the epilogue under the next tile (the _u configs); its
 # run 5 timed the _u configs' variants (L2 groups, k_zigzag, epi_n, clusters), its list in that run's rows.
-# benchmarks/results/2026-11-27_h100_fp8_split/ timed the split K (sk2, sk4, sk8) at M = 256. This list times
-# the fp8 suite's sub-wave cases: the policy's module beside stream-K and the uneven or small-M splits.
+# benchmarks/results/2026-11-27_h100_fp8_split/ timed the split K (sk2, sk4, sk8) at M = 256, and later runs the
+# fp8 suite's sub-wave cases: the policy's module beside stream-K and the uneven or small-M splits.
 SWEEP = {
     "4096^3": ("ov4", "n256_h_p2", "n256_h_p2_u", "n256_h_p2_u_c1x2"),
     "8192^3": ("m192_c1x2", "m192_c1x2_u", "m192_c1x2_p2", "n256_h_p2", "n256_h_p2_u"),
@@ -239,6 +254,17 @@ SWEEP = {
     "256x4096x4096": ("ov4_d6", "m64n128_c2x1_ov4"),
     "200x2048x8192": ("sk3_d6", "m64n64_c2x1_ov4"),
     "256x24576x1536": ("ov4", "n192"),
+    # run 7 (benchmarks/results/2026-11-28_h100_fp8_widths/, ``prepare --shapes`` these): cuBLASLt's widths
+    # against the policy's module at 562c659, at the three weak shapes where cuBLASLt runs them and three it was
+    # not chosen on (Mistral-7B's and Qwen2.5-7B's up projections at M = 256, 2112x7168 at M = 2048), and
+    # 1024x6144x4096 at 128x192 (one wave of 256 tiles; the policy's 128x128 take three)
+    "1024x2112x7168": ("m192_c1x2_u", "n144_e16_d6", "n144_e48_d5", "n160_e32_d5"),
+    "256x6144x4096": ("ov4_d6", "n96_ov4_d7", "n96_e32_ov4_d7"),
+    "256x7168x16384": ("ov4_d6", "n112_ov4_d6", "n112_e16_ov4_d7"),
+    "1024x6144x4096": ("ov4", "n192"),
+    "256x14336x4096": ("n256_h_p2_u", "n112_e16_ov4_d7"),
+    "256x18944x3584": ("ov4", "n144_e16_d6", "n96_ov4_d7"),
+    "2048x2112x7168": ("m192_c1x2_u", "n144_e16_d6"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

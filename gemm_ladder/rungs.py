@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from .core.config import (ARCHS, BLK_M_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
+from .core.config import (ARCHS, BLK_M_CHOICES, BLK_N_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
     check_common, check_knob_types, drop_retired_knobs)
 from .core.launch import check_grid
 from .core.spec import SPEC_KNOB, GemmSpec, as_spec, check_built, operand_bytes, spec_of
@@ -120,7 +120,8 @@ def make_config(rung: str, M: int, N: int, K: int, **knobs) -> GemmConfig:
     extra = tuple(sorted((k, v) for k, v in values.items() if k not in fields))
     cfg = GemmConfig(rung=rung, M=M, N=N, K=K, extra=extra, knob_names=tuple(sorted(mod.KNOBS)),
                      **{k: v for k, v in values.items() if k in fields})
-    check_common(cfg, getattr(mod, "BLK_M_CHOICES", BLK_M_CHOICES), operand_bytes(spec_of(cfg)))
+    check_common(cfg, getattr(mod, "BLK_M_CHOICES", BLK_M_CHOICES), operand_bytes(spec_of(cfg)),
+                 getattr(mod, "BLK_N_CHOICES", BLK_N_CHOICES))
     # what the rung does not build yet
     check_built(spec_of(cfg), rung, getattr(mod, "EPILOGUES", ("none",)), getattr(mod, "MN_MAJOR", False))
     mod.check(cfg)

@@ -227,12 +227,18 @@ def check_knob_types(rung: str, knobs: dict, defaults: dict) -> None:
 
 
 BLK_M_CHOICES = (64, 128, 192, 256)  # whole 64-row wgmma atoms (192: three, for three MMA warpgroups)
+# the output tile widths most rungs take: whole 64-column (128-byte) swizzled store boxes of 16-bit D
+BLK_N_CHOICES = (64, 128, 192, 256)
+# v9's widths (its chunked epilogue stores 16-, 32- or 64-column boxes: ``epilogue.box_cols``): any whole
+# 16 columns from 64 to 256, as cuBLASLt's 96-, 112- and 144-wide tiles
+BLK_N_16 = tuple(range(64, 257, 16))
 
 
-def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES, operand_bytes: int | None = None) -> None:
+def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES, operand_bytes: int | None = None,
+                 blk_n_choices: tuple = BLK_N_CHOICES) -> None:
     """Rules every rung shares: shape, dtype, arch, and what TMA can describe. ``blk_m_choices``:
     the output tile heights the rung takes (a swap-AB rung puts M in wgmma's N: multiples of 8);
-    ``operand_bytes``: bytes of an element of A and B (default D's; 1 for fp8, whose 128-byte
+    ``blk_n_choices``: its widths (the store boxes its epilogue can make); ``operand_bytes``: bytes of an element of A and B (default D's; 1 for fp8, whose 128-byte
     swizzle rows hold blk_k = 128)."""
     in_bytes = operand_bytes or cfg.elem_bytes
     for name, v in (("M", cfg.M), ("N", cfg.N), ("K", cfg.K)):
@@ -265,9 +271,11 @@ def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES, operand_
     if cfg.blk_m not in blk_m_choices:
         choices = blk_m_choices if len(blk_m_choices) <= 8 else f"multiples of 8 from {blk_m_choices[0]} to {blk_m_choices[-1]}"
         raise _fix(f"blk_m={cfg.blk_m} is not supported by {cfg.rung}", f"use blk_m in {choices}")
-    if cfg.blk_n % 64 or not 64 <= cfg.blk_n <= 256:
-        # the output tile leaves through 128-byte-wide (64-column) swizzled TMA boxes
-        raise _fix(f"blk_n={cfg.blk_n} is not supported", "use 64, 128, 192 or 256")
+    if cfg.blk_n not in blk_n_choices:
+        # the output tile leaves through swizzled TMA boxes of whole 64 (most rungs) or 16 columns (v9)
+        choices = ", ".join(map(str, blk_n_choices)) if len(blk_n_choices) <= 4 else (
+            f"a multiple of {blk_n_choices[1] - blk_n_choices[0]} from {blk_n_choices[0]} to {blk_n_choices[-1]}")
+        raise _fix(f"blk_n={cfg.blk_n} is not supported by {cfg.rung}", f"use {choices}")
     check_index_range(cfg)
 
 

@@ -50,6 +50,22 @@ from ..core.spec import spec_of
 from .common import CONSUMER_BARRIER, THREADS_PER_WG, WG_M, HopperPlan, pack_op
 
 EPI_CHUNK = 64  # columns of one TMA store box: one 128-byte swizzle row of 16-bit data
+EPI_STEP = 16  # the narrowest chunk: a 32-byte swizzle row of 16-bit data (blk_n in whole 16s: v9's BLK_N_CHOICES)
+SWIZZLE_BYTES = (("128B", 128), ("64B", 64), ("32B", 32))  # a staging row's swizzles, widest first
+
+
+def chunk_swizzle(cols: int, elem_bytes: int) -> tuple[str, int]:
+    """The swizzle of a staging chunk ``cols`` wide and the columns of one TMA box through it: the
+    widest swizzle row (128, 64 or 32 bytes) that divides the chunk's row, one box a swizzle row
+    (TMA's box of a swizzled tensor is at most one swizzle row wide). A 96-column 16-bit chunk (192
+    bytes) leaves in three 32-column boxes through a 64-byte swizzle, a 112-column one in seven of 16
+    through a 32-byte swizzle; whole 64-column rows keep the 128-byte swizzle and 64-column boxes."""
+    row = cols * elem_bytes
+    for mode, width in SWIZZLE_BYTES:
+        if row % width == 0:
+            return mode, width // elem_bytes
+    raise ConfigError(f"a staging chunk of {cols} columns ({row} bytes a row) is no whole 32-byte swizzle row; "
+                      f"use epi_n (and blk_n) a multiple of {EPI_STEP}")
 
 
 @dataclass(frozen=True)
@@ -257,11 +273,12 @@ def kernel_operands(cfg: GemmConfig, M, N, K, buffers: dict | None = None) -> di
 
 
 def check_epilogue(cfg: GemmConfig) -> None:
-    """``epi_n``: the columns one epilogue store moves, a multiple of 64 that divides blk_n."""
+    """``epi_n``: the columns one epilogue chunk moves, a multiple of 16 that divides blk_n (its boxes:
+    :func:`chunk_swizzle`)."""
     epi_n = dict(cfg.extra).get("epi_n", cfg.blk_n)
-    if not isinstance(epi_n, int) or isinstance(epi_n, bool) or epi_n % EPI_CHUNK or cfg.blk_n % epi_n:
-        ok = [n for n in range(EPI_CHUNK, cfg.blk_n + 1, EPI_CHUNK) if cfg.blk_n % n == 0]
-        raise ConfigError(f"epi_n={epi_n!r} must be a multiple of {EPI_CHUNK} that divides blk_n={cfg.blk_n}; "
+    if not isinstance(epi_n, int) or isinstance(epi_n, bool) or epi_n <= 0 or epi_n % EPI_STEP or cfg.blk_n % epi_n:
+        ok = [n for n in range(EPI_STEP, cfg.blk_n + 1, EPI_STEP) if cfg.blk_n % n == 0]
+        raise ConfigError(f"epi_n={epi_n!r} must be a multiple of {EPI_STEP} that divides blk_n={cfg.blk_n}; "
                           f"use one of {ok}")
     tail_n, epilogue = dict(cfg.extra).get("tail_n"), spec_of(cfg).epilogue
     if epilogue != "none" and tail_n:
@@ -479,8 +496,9 @@ class ChunkedEpilogue:
 
     @property
     def box_cols(self) -> int:
-        """Columns of one TMA store box: one 128-byte swizzle row (64 of 16-bit D, 32 of float32)."""
-        return EPI_CHUNK * 2 // (4 if self.staging.dtype == "float32" else 2)
+        """Columns of one TMA store box: one swizzle row of the staging chunk (:func:`chunk_swizzle`:
+        64 of 16-bit D and 32 of float32 through a 128-byte swizzle, fewer in narrower chunks)."""
+        return chunk_swizzle(self.chunk_cols, 4 if self.staging.dtype == "float32" else 2)[1]
 
     def store_tile(self, acc, m_st, n_st, chunk_it) -> None:
         """The tile at (``m_st``, ``n_st``) of D from the fp32 accumulators ``acc``."""
@@ -544,10 +562,13 @@ def acc_to_pairs(plan, Dreg, Preg, op, lane_id, n0):
 
 
 def staging_layout(cfg: GemmConfig, buffers: int, rows: int, cols: int, dtype: str | None = None):
-    """128B-swizzled staging buffers for output chunks (of ``dtype``, default the config's):
+    """Swizzled staging buffers for output chunks (of ``dtype``, default the config's), 128-byte
+    swizzled where a chunk's row is whole 128 bytes, else 64 or 32 (:func:`chunk_swizzle`):
     ``stmatrix`` writes 16-byte rows that the swizzle spreads over the banks, and the TMA store
     reads them back unswizzled."""
-    return layouts.shared_layout(dtype or cfg.dtype, (buffers, rows, cols), "128B")
+    dtype = dtype or cfg.dtype
+    mode, _ = chunk_swizzle(cols, 4 if dtype == "float32" else 2)
+    return layouts.shared_layout(dtype, (buffers, rows, cols), mode)
 
 
 def d_bytes(cfg: GemmConfig) -> int:

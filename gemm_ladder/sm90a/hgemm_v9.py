@@ -144,8 +144,9 @@ first promotion group (``mainloop.Consumer.run_under``); no ``tail_n`` yet.
 
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
-  - epi_n a multiple of 64 that divides blk_n (epi_n = blk_n: one buffer per consumer, the
-    whole row band at once);
+  - blk_n a multiple of 16 from 64 to 256 (cuBLASLt's 96-, 112- and 144-wide tiles among them);
+    epi_n a multiple of 16 that divides blk_n (epi_n = blk_n: one buffer per consumer, the whole
+    row band at once); a chunk leaves in 64-, 32- or 16-column boxes, the widest that divide it;
   - pipe_depth up to what shared memory allows beside the staging buffers;
   - tail_n a multiple of 8 below blk_n, with a fixed M, the cooperative consumers and a grouped
     or snake tile order;
@@ -157,7 +158,7 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 
 from dataclasses import dataclass
 
-from ..core.config import GemmConfig
+from ..core.config import BLK_N_16, GemmConfig
 from . import common, epilogue, fp8, gemm, narrowtail
 
 PRESET = gemm.V9
@@ -192,6 +193,7 @@ class V9Knobs(gemm.ProductionKnobs):
 
 KNOBS = gemm.knob_defaults(V9Knobs)
 CONSUMERS = (1, 2, 3)
+BLK_N_CHOICES = BLK_N_16  # whole 16 columns: the chunked epilogue's boxes narrow to its chunks (epilogue.box_cols)
 TUNE_CHOICES = {"cluster_m": (1, 2), "cluster_n": (1, 2), "epi_n": (64, 128, 256), "epi_under": (False, True),
                 "k_zigzag": (False, True),
                 "num_warpgroups": CONSUMERS, "blk_m": (64, 128, 192, 256)}
