@@ -507,12 +507,36 @@ FP8_HALVES_RATE = FP8_WIDE_RATE  # 128x256 in halves over ov4's 128x128 with who
 FP8_UNDER_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_under/README.md"
 
 
+# Per-tensor and rowwise 128-row tiles of the widths cuBLASLt runs where ours were weakest (v9's blk_n in whole
+# 16s: each epilogue chunk through the widest swizzle that divides it, epilogue.chunk_swizzle). ncu and torch's
+# profiler: 128x96 at 256x6144x4096, 128x112 at 256x7168x16384, 128x144 at 1024x2112x7168. Measured
+# (FP8_WIDTHS_RESULTS, run 7, kernels against torch._scaled_mm): 1024x2112x7168 0.72x (192x128) -> 0.84x (128x144);
+# 256x6144x4096 0.77x (128x128) -> 0.81x (128x96); 256x7168x16384 0.85x -> 0.93x (128x112, 16-column chunks and 7
+# stages: 2.7% over one 112-column chunk and 6); 1024x6144x4096 0.93x -> 1.03x (128x192: one wave of 256 tiles
+# where 128x128 take three); held out, 256x14336x4096 0.89x (128x256 in halves) -> 0.93x (128x112), 256x18944x3584
+# 0.73x (128x128) -> 0.94x (128x144; 128x96 0.88x), 2048x2112x7168 0.76x (192x128) -> 0.84x (128x144). Each
+# width's rate (its TFLOPS over the share of its waves it fills, over 128x128's at the same shape; 144 and 192
+# against 128x128 elsewhere) weighs its waves in fp8_tile as the other tiles' rates do: the narrow tiles move more
+# operand bytes a product and 144 and 192 take the promotion after a drain (a second accumulator set passes the
+# registers), 96's rate is from K = 4096 alone. 128x160 (0.81x at 1024x2112x7168) is not offered.
+FP8_WIDTHS_RESULTS = "benchmarks/results/2026-11-28_h100_fp8_widths/README.md"
+FP8_WIDTH_KNOBS = {
+    96: {"promote": FP8_PROMOTE, "overlap": 4, "blk_n": 96, "epi_n": 32, "pipe_depth": 7},
+    112: {"promote": FP8_PROMOTE, "overlap": 4, "blk_n": 112, "epi_n": 16, "pipe_depth": 7},
+    144: {"promote": FP8_PROMOTE, "blk_n": 144, "epi_n": 16, "pipe_depth": 6},
+    192: {"promote": FP8_PROMOTE, "blk_n": 192},
+}
+FP8_WIDTH_RATE = {96: 0.79, 112: 0.96, 144: 0.97, 192: 1.08}
+
+
 def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
     """The tile fp8 at M x N with ``recipe``'s scales takes: ``small`` up to FP8_SMALL_M, then the one
     whose share of its waves' SM time, times its measured rate, is highest (ties: in this order): for
-    per-tensor or rowwise scales, ``square`` (128x128, ov4), ``wide`` (192x128 over three consumers) and
-    ``halves`` (128x256 promoted in halves); for block scales, ``square`` (128x128, ov4 with staged
-    scales) and ``halves``."""
+    per-tensor or rowwise scales, ``square`` (128x128, ov4), ``wide`` (192x128 over three consumers),
+    ``halves`` (128x256 promoted in halves) and, where 128x128 tiles fill more than half the SMs, ``n96`` ..
+    ``n192`` (128 rows, FP8_WIDTH_KNOBS); for block
+    scales (whose tiles cover whole 128-column B blocks), ``square`` (128x128, ov4 with staged scales) and
+    ``halves``."""
     if M <= FP8_SMALL_M:
         return "small"
     p = Problem(M, N, 1, sms=sms)
@@ -524,6 +548,8 @@ def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
     else:
         score = {"square": used(128, 128), "wide": used(192, 128) * FP8_WIDE_RATE,
                  "halves": used(128, 256) * FP8_HALVES_RATE}
+        if p.tiles(128, 128) > sms // 2:  # fewer: the fill rule's 64-row tiles or the split (fp8_module)
+            score |= {f"n{bn}": used(128, bn) * rate for bn, rate in FP8_WIDTH_RATE.items()}
     return max(score, key=score.get)
 
 
@@ -571,8 +597,16 @@ def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
                      "halves": FP8_BLOCK_HALVES_KNOBS}[tile])
     if tile == "square" and Problem(M, N, K, sms=sms).tiles(128, 128) <= sms:
         return {**FP8_LARGE_KNOBS, "pipe_depth": FP8_SUBWAVE_DEPTH}
+    if tile.startswith("n"):
+        return dict(FP8_WIDTH_KNOBS[int(tile[1:])])
     return dict({"small": FP8_SMALL_KNOBS, "square": FP8_LARGE_KNOBS, "wide": FP8_WIDE_KNOBS,
                  "halves": FP8_HALVES_KNOBS}[tile])
+
+
+def fp8_width(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> int | None:
+    """The blk_n of FP8_WIDTH_KNOBS fp8 at M x N with ``recipe``'s scales takes (:func:`fp8_tile`), else None."""
+    tile = fp8_tile(M, N, sms, recipe)
+    return int(tile[1:]) if tile.startswith("n") else None
 
 
 # Per-tensor and rowwise fp8 whose tiles would fill at most half the SMs (the fp8 suite's sub-wave cases:
@@ -719,6 +753,16 @@ FP8_RULES: list[Rule] = [
              "the next group's wgmmas (overlap=4)",
          evidence=FP8_RESULTS + ": 128x4096x7168, 424 TFLOPS (0.81x torch._scaled_mm; v9's fp8 defaults 0.47x); "
                   + FP8_SUBWAVE_RESULTS + ": overlap=4 447 TFLOPS there (0.84x), +1-2.5% at M = 64"),
+    Rule("fp8-width", "sm_90a", "v9",
+         when=lambda p: _fp8(p, False) and fp8_width(p.M, p.N, p.sms, p.spec.scales) is not None,
+         knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
+         why="per-tensor or rowwise fp8 where 128-row tiles of cuBLASLt's widths (96, 112 or 144 columns) or 192 "
+             "fill their waves best, weighed by their measured rates: two consumers, the promotion every slice "
+             "(overlap=4 at 96 and 112, after a drain at 144 and 192), a ring as deep as fits, each chunk of the "
+             "epilogue through the widest swizzle that divides it",
+         evidence=FP8_WIDTHS_RESULTS + ": 1024x2112x7168 0.84x torch._scaled_mm (192x128 0.72x), 256x6144x4096 "
+                  "0.81x (128x128 0.77x), 256x7168x16384 0.93x (0.85x), 1024x6144x4096 1.03x (0.93x); held out "
+                  "256x18944x3584 0.94x (0.73x), 256x14336x4096 0.93x (0.89x), 2048x2112x7168 0.84x (0.76x)"),
     Rule("fp8-wide", "sm_90a", "v9", when=lambda p: _fp8(p, False) and fp8_wide(p.M, p.N, p.sms, p.spec.scales),
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="per-tensor or rowwise fp8 over many waves: 192x128 tiles over three consumers (the promotion every slice after a "
