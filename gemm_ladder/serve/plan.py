@@ -514,7 +514,12 @@ FP8_UNDER_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_under/README.md"
 # 256x6144x4096 0.77x (128x128) -> 0.81x (128x96); 256x7168x16384 0.85x -> 0.93x (128x112, 16-column chunks and 7
 # stages: 2.7% over one 112-column chunk and 6); 1024x6144x4096 0.93x -> 1.03x (128x192: one wave of 256 tiles
 # where 128x128 take three); held out, 256x14336x4096 0.89x (128x256 in halves) -> 0.93x (128x112), 256x18944x3584
-# 0.73x (128x128) -> 0.94x (128x144; 128x96 0.88x), 2048x2112x7168 0.76x (192x128) -> 0.84x (128x144). Each
+# 0.73x (128x128) -> 0.94x (128x144; 128x96 0.88x), 2048x2112x7168 0.76x (192x128) -> 0.84x (128x144). Run 8, the
+# rule's modules where run 7 did not time them (held out but for 256x6144x4096 and 256x24576x1536): 128x192 at
+# 512x6144x4096 0.95x (128x256 in halves 0.80x), 1536x2112x7168 1.01x (0.87x), 512x28672x8192 0.93x (128x128 0.91x),
+# 256x24576x1536 1.01x (0.94x), 1024x14336x4096 0.94x (0.955x: the one loss, 1.6%); 128x144 at 256x18432x7168
+# 0.94x (0.70x), 768x6144x4096 0.88x (192x128 0.80x); 128x112 at 256x6144x4096 0.84x (128x96 0.84x, 128x128
+# 0.80x), 512x2112x7168 0.71x (0.66x), 256x7168x2048 0.82x (0.80x), 1536x1024x8192 0.79x (0.91x: FP8_NARROW_MAX_M). Each
 # width's rate (its TFLOPS over the share of its waves it fills, over 128x128's at the same shape; 144 and 192
 # against 128x128 elsewhere) weighs its waves in fp8_tile as the other tiles' rates do: the narrow tiles move more
 # operand bytes a product and 144 and 192 take the promotion after a drain (a second accumulator set passes the
@@ -527,6 +532,10 @@ FP8_WIDTH_KNOBS = {
     192: {"promote": FP8_PROMOTE, "blk_n": 192},
 }
 FP8_WIDTH_RATE = {96: 0.79, 112: 0.96, 144: 0.97, 192: 1.08}
+# Tiles narrower than 128 only up to this M (four rows of tiles): measured at M = 256 and 512 (run 8: 256x7168x2048
+# 0.82x against 128x128's 0.80x, 512x2112x7168 0.71x against 0.66x), and at 1536x1024x8192 128x112 ran 0.79x where
+# 128x128 ran 0.91x (each A row block read by ten tile columns where eight would do, a last column of 16)
+FP8_NARROW_MAX_M = 512
 
 
 def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
@@ -534,7 +543,7 @@ def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
     whose share of its waves' SM time, times its measured rate, is highest (ties: in this order): for
     per-tensor or rowwise scales, ``square`` (128x128, ov4), ``wide`` (192x128 over three consumers),
     ``halves`` (128x256 promoted in halves) and, where 128x128 tiles fill more than half the SMs, ``n96`` ..
-    ``n192`` (128 rows, FP8_WIDTH_KNOBS); for block
+    ``n192`` (128 rows, FP8_WIDTH_KNOBS; those under 128 up to FP8_NARROW_MAX_M); for block
     scales (whose tiles cover whole 128-column B blocks), ``square`` (128x128, ov4 with staged scales) and
     ``halves``."""
     if M <= FP8_SMALL_M:
@@ -549,7 +558,8 @@ def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
         score = {"square": used(128, 128), "wide": used(192, 128) * FP8_WIDE_RATE,
                  "halves": used(128, 256) * FP8_HALVES_RATE}
         if p.tiles(128, 128) > sms // 2:  # fewer: the fill rule's 64-row tiles or the split (fp8_module)
-            score |= {f"n{bn}": used(128, bn) * rate for bn, rate in FP8_WIDTH_RATE.items()}
+            score |= {f"n{bn}": used(128, bn) * rate for bn, rate in FP8_WIDTH_RATE.items()
+                      if bn >= 128 or M <= FP8_NARROW_MAX_M}
     return max(score, key=score.get)
 
 
