@@ -18,7 +18,8 @@ def test_the_policys_knobs_validate_at_every_shape_scaled_mm_takes(recipe, N, K)
     spec = GemmSpec.fp8("bfloat16", recipe)
     for M in (1, 77, plan.FP8_SMALL_M, plan.FP8_SMALL_M + 1, 1000, 8192):
         choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
-        large = {"wide": "fp8-wide", "halves": "fp8-halves", "square": "fp8"}.get(plan.fp8_tile(M, N))
+        tile = plan.fp8_tile(M, N, recipe=recipe)
+        large = "fp8-width" if tile.startswith("n") else {"wide": "fp8-wide", "halves": "fp8-halves", "square": "fp8"}.get(tile)
         fill = plan.fp8_fill_n(M, N, 132, recipe)
         if fill is not None:  # 64-row tiles come to one whole wave: v9's, no split
             assert choice.rule == "fp8-fill" and choice.rung == "v9" and choice.knobs["blk_n"] == fill, M
@@ -86,7 +87,7 @@ def test_many_waves_of_per_tensor_fp8_take_the_tile_that_fills_them_best():
     assert "2026-11-27_h100_fp8_halves" in halves.text()
     assert (Path(__file__).resolve().parents[1] / plan.FP8_HALVES_RESULTS).is_file()
     assert plan.rule_choice(plan.Problem(16384, 16384, 4096, "bfloat16", "sm_90a", 132, spec)).rule == "fp8-wide"
-    assert plan.fp8_tile(129, 7168) == "square" and plan.fp8_tile(128, 65536) == "small"
+    assert plan.fp8_tile(129, 8192) == "square" and plan.fp8_tile(128, 65536) == "small"
     assert plan.fp8_tile(8192, 8192, recipe="block") == "halves" and plan.fp8_tile(1000, 200, recipe="block") == "square"
     row = plan.Problem(8192, 8192, 8192, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "row"))
     assert plan.rule_choice(row).rule == "fp8-wide" and plan.rule_choice(row).knobs["blk_m"] == 192
@@ -100,14 +101,38 @@ def test_many_waves_of_per_tensor_fp8_take_the_tile_that_fills_them_best():
     assert plan.fp8_halves(1000, 4096, sms=132) and plan.fp8_wide(1000, 4096, sms=112)
 
 
+def test_the_width_rule_takes_cuBLASLts_widths_where_they_fill_the_waves_and_not_past_their_measured_range():
+    """``plan.fp8_width`` (rule ``fp8-width``): 128-row tiles 96, 112, 144 or 192 wide where their waves, weighed
+    by their measured rates, beat the other tiles: cuBLASLt's 128x144 at 1024x2112 (120 tiles, 91% of a wave, where
+    128x128 take two waves at 52%), 128x112 at 256x7168 (128 tiles), 128x192 at 1024x6144 (256 tiles, two waves);
+    not where 128x128 fill at most half the SMs (the fill rule's or the split's), not under 128 columns past
+    FP8_NARROW_MAX_M, never with block scales (whose tiles cover whole 128-column B blocks)."""
+    spec = GemmSpec.fp8("bfloat16", "tensor")
+    for (M, N, K), width in {(1024, 2112, 7168): 144, (256, 7168, 16384): 112, (1024, 6144, 4096): 192,
+                             (256, 18944, 3584): 144}.items():
+        choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
+        assert plan.fp8_width(M, N) == width and choice.rule == "fp8-width", (M, N)
+        assert {k: choice.knobs[k] for k in plan.FP8_WIDTH_KNOBS[width]} == plan.FP8_WIDTH_KNOBS[width]
+        assert plan.FP8_WIDTHS_RESULTS in choice.text()
+    assert (Path(__file__).resolve().parents[1] / plan.FP8_WIDTHS_RESULTS).is_file()
+    # 8 x 8 tiles of 128x128 at 1024 x 1024: under half the SMs, so no width is weighed (the split's shapes)
+    assert plan.fp8_width(1024, 1024) is None and plan.fp8_module(256, 1024, 8192, "tensor")[0] == "v10"
+    # 128x112 would fill 1536 x 1024 better (120 tiles) but ran 0.79x against 128x128's 0.91x: M past the range
+    assert plan.fp8_width(plan.FP8_NARROW_MAX_M, 2112) == 112 and plan.fp8_width(1536, 1024) is None
+    assert plan.fp8_tile(1536, 1024) == "square"
+    for M, N in ((1024, 2112), (256, 7168), (1024, 6144)):
+        assert not plan.fp8_tile(M, N, recipe="block").startswith("n")
+        assert plan.fp8_width(M, N, recipe="row") == plan.fp8_width(M, N)  # rowwise scales take the same tiles
+
+
 def test_128x128_tiles_under_one_wave_take_the_deeper_ring():
-    """``plan.FP8_SUBWAVE_DEPTH``: per-tensor and rowwise 128x128 tiles that fit one wave (96 and 112 tiles at
-    M = 256) wait on their loads and take 6 stages; over many waves (4096^3 on 128x128) the four stages stay,
+    """``plan.FP8_SUBWAVE_DEPTH``: per-tensor and rowwise 128x128 tiles that fit one wave (128 and 126 tiles at
+    M = 256) wait on their loads and take 6 stages; over many waves (1537x6144 on 128x128) the four stages stay,
     and block scales keep theirs."""
-    for N in (6144, 7168):
+    for N in (8192, 8064):
         assert plan.fp8_tile(256, N) == "square" and plan.fp8_knobs(256, N, 4096, "row")["pipe_depth"] == 6
-    assert plan.fp8_tile(961, 6144) == "square"  # 384 tiles of 128x128 on 132 SMs: three waves
-    assert plan.fp8_knobs(961, 6144, 4096, "tensor") == plan.FP8_LARGE_KNOBS and "pipe_depth" not in plan.FP8_LARGE_KNOBS
+    assert plan.fp8_tile(1537, 6144) == "square"  # 13 x 48 = 624 tiles of 128x128 on 132 SMs: 4.7 waves
+    assert plan.fp8_knobs(1537, 6144, 4096, "tensor") == plan.FP8_LARGE_KNOBS and "pipe_depth" not in plan.FP8_LARGE_KNOBS
     assert "pipe_depth" not in plan.fp8_knobs(256, 6144, 4096, "block")
 
 
