@@ -86,7 +86,11 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("512x28672x8192", 512, 28672, 8192), ("256x18432x7168", 256, 18432, 7168),
           ("512x6144x4096", 512, 6144, 4096), ("768x6144x4096", 768, 6144, 4096), ("1024x14336x4096", 1024, 14336, 4096),
           ("512x2112x7168", 512, 2112, 7168), ("1536x1024x8192", 1536, 1024, 8192),
-          ("1536x2112x7168", 1536, 2112, 7168), ("256x7168x2048", 256, 7168, 2048))
+          ("1536x2112x7168", 1536, 2112, 7168), ("256x7168x2048", 256, 7168, 2048),
+          # run 9: M = 1024 of DeepSeek-V3's o_proj-sized weight, Mistral-7B's up projection at M = 512; two shapes again
+          # under a second label (the clusters' configs)
+          ("1024x7168x16384", 1024, 7168, 16384), ("512x14336x4096", 512, 14336, 4096),
+          ("256x6144x4096_c", 256, 6144, 4096), ("1024x2112x7168_c", 1024, 2112, 7168))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -237,6 +241,14 @@ CONFIGS = {
     "n144_e16_d6": {"blk_n": 144, "epi_n": 16, "pipe_depth": 6},
     "n144_e48_d5": {"blk_n": 144, "epi_n": 48, "pipe_depth": 5},
     "n160_e32_d5": {"blk_n": 160, "epi_n": 32, "pipe_depth": 5},
+    # run 9: 128x224 in halves (two 112-wide wgmma groups a promotion, every 2 slices; 224 tiles of 128x256 take two
+    # waves at 85% where 256 of 128x224 take them at 97%), its chunks of 16 or a half's 112 columns; the widths'
+    # modules in other clusters (cuBLASLt's 128x144 kernel at 1024x2112x7168 runs 1x4)
+    "n224_h_p2_u_e16": {"blk_n": 224, "halves": True, "promote": 2, "epi_under": True, "epi_n": 16},
+    "n224_h_p2_u": {"blk_n": 224, "halves": True, "promote": 2, "epi_under": True, "epi_n": 112, "pipe_depth": 3},
+    "n112_e16_ov4_d7_c1x1": {"blk_n": 112, "epi_n": 16, "overlap": 4, "pipe_depth": 7, "cluster_m": 1},
+    "n144_e16_d6_c1x2": {"blk_n": 144, "epi_n": 16, "pipe_depth": 6, "cluster_m": 1, "cluster_n": 2},
+    "n144_e16_d6_c1x1": {"blk_n": 144, "epi_n": 16, "pipe_depth": 6, "cluster_m": 1},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -282,6 +294,12 @@ SWEEP = {
     "1536x1024x8192": ("ov4_d6", "n112_e16_ov4_d7"),
     "1536x2112x7168": ("n256_h_p2_u", "n192"),
     "256x7168x2048": ("ov4_d6", "n112_e16_ov4_d7"),
+    # run 9: 128x224 in halves against 128x256 where 224 fills two waves better (and held out, Mistral-7B's up
+    # projection at M = 512); the widths' modules in other clusters
+    "1024x7168x16384": ("n256_h_p2_u", "n224_h_p2_u_e16", "n224_h_p2_u"),
+    "512x14336x4096": ("n192", "n256_h_p2_u", "n224_h_p2_u_e16"),
+    "256x6144x4096_c": ("n112_e16_ov4_d7", "n112_e16_ov4_d7_c1x1"),
+    "1024x2112x7168_c": ("n144_e16_d6", "n144_e16_d6_c1x2", "n144_e16_d6_c1x1"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
