@@ -90,7 +90,12 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           # run 9: M = 1024 of DeepSeek-V3's o_proj-sized weight, Mistral-7B's up projection at M = 512; two shapes again
           # under a second label (the clusters' configs)
           ("1024x7168x16384", 1024, 7168, 16384), ("512x14336x4096", 512, 14336, 4096),
-          ("256x6144x4096_c", 256, 6144, 4096), ("1024x2112x7168_c", 1024, 2112, 7168))
+          ("256x6144x4096_c", 256, 6144, 4096), ("1024x2112x7168_c", 1024, 2112, 7168),
+          # run 10, held out: Llama-3-70B's up projection at M = 256, DeepSeek-V3's dense up projection at M = 768,
+          # Mistral-7B's down projection at M = 4096, and M = 512 and 2048 of a 7168x2048 weight
+          ("256x28672x8192", 256, 28672, 8192), ("768x18432x7168", 768, 18432, 7168),
+          ("2048x7168x2048", 2048, 7168, 2048), ("4096x3584x18944", 4096, 3584, 18944),
+          ("512x7168x2048", 512, 7168, 2048))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -280,7 +285,6 @@ SWEEP = {
     "256x6144x4096": ("ov4_d6", "n96_ov4_d7", "n96_e32_ov4_d7", "n112_e16_ov4_d7"),
     "256x7168x16384": ("ov4_d6", "n112_ov4_d6", "n112_e16_ov4_d7"),
     "1024x6144x4096": ("ov4", "n192"),
-    "256x14336x4096": ("n256_h_p2_u", "n112_e16_ov4_d7"),
     "256x18944x3584": ("ov4", "n144_e16_d6", "n96_ov4_d7"),
     "2048x2112x7168": ("m192_c1x2_u", "n144_e16_d6"),
     # run 8: the width rule's module (plan.fp8_width) against the policy's before it, where run 7 did
@@ -300,6 +304,16 @@ SWEEP = {
     "512x14336x4096": ("n192", "n256_h_p2_u", "n224_h_p2_u_e16"),
     "256x6144x4096_c": ("n112_e16_ov4_d7", "n112_e16_ov4_d7_c1x1"),
     "1024x2112x7168_c": ("n144_e16_d6", "n144_e16_d6_c1x2", "n144_e16_d6_c1x1"),
+    # run 10: 128x224 in halves (plan.FP8_WIDTH_KNOBS[224]) against the policy's module before it, held out:
+    # Llama-3-70B's up projection and DeepSeek-V3's dense one, Mistral-7B's up and down projections and M of
+    # DeepSeek-V3's o_proj-sized weights; 1024x14336x4096 against its run-8 module (128x192) and 128x128
+    "256x28672x8192": ("n256_h_p2_u", "n224_h_p2_u_e16"),
+    "768x18432x7168": ("m192_c1x2_u", "n224_h_p2_u_e16"),
+    "1024x14336x4096": ("n192", "ov4", "n224_h_p2_u_e16"),
+    "2048x7168x2048": ("m192_c1x2_u", "n224_h_p2_u_e16"),
+    "4096x3584x18944": ("m192_c1x2_u", "n224_h_p2_u_e16"),
+    "512x7168x2048": ("n256_h_p2_u", "n224_h_p2_u_e16"),
+    "256x14336x4096": ("n256_h_p2_u", "n112_e16_ov4_d7", "n224_h_p2_u_e16"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

@@ -523,15 +523,20 @@ FP8_UNDER_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_under/README.md"
 # width's rate (its TFLOPS over the share of its waves it fills, over 128x128's at the same shape; 144 and 192
 # against 128x128 elsewhere) weighs its waves in fp8_tile as the other tiles' rates do: the narrow tiles move more
 # operand bytes a product and 144 and 192 take the promotion after a drain (a second accumulator set passes the
-# registers), 96's rate is from K = 4096 alone. 128x160 (0.81x at 1024x2112x7168) is not offered.
+# registers), 96's rate is from K = 4096 alone. 128x160 (0.81x at 1024x2112x7168) is not offered. Run 9: 128x224 in
+# halves (two 112-wide wgmma groups a promotion every 2 slices, 16-column chunks under the next tile), 256 tiles in two
+# waves at 97% where 128x256's 224 fill them at 85%: 1024x7168x16384 0.89x -> 0.98x (1373 TFLOPS), held out
+# 512x14336x4096 0.97x -> 1.02x; its rate between those two shapes' (1.07, 1.02). Other clusters for the widths
+# (1x1, 1x2 at 128x112 and 128x144) were 5-22% slower.
 FP8_WIDTHS_RESULTS = "benchmarks/results/2026-11-28_h100_fp8_widths/README.md"
 FP8_WIDTH_KNOBS = {
     96: {"promote": FP8_PROMOTE, "overlap": 4, "blk_n": 96, "epi_n": 32, "pipe_depth": 7},
     112: {"promote": FP8_PROMOTE, "overlap": 4, "blk_n": 112, "epi_n": 16, "pipe_depth": 7},
     144: {"promote": FP8_PROMOTE, "blk_n": 144, "epi_n": 16, "pipe_depth": 6},
     192: {"promote": FP8_PROMOTE, "blk_n": 192},
+    224: {**FP8_HALVES_KNOBS, "blk_n": 224, "epi_n": 16},
 }
-FP8_WIDTH_RATE = {96: 0.79, 112: 0.96, 144: 0.97, 192: 1.08}
+FP8_WIDTH_RATE = {96: 0.79, 112: 0.96, 144: 0.97, 192: 1.08, 224: 1.05}
 # Tiles narrower than 128 only up to this M (four rows of tiles): measured at M = 256 and 512 (run 8: 256x7168x2048
 # 0.82x against 128x128's 0.80x, 512x2112x7168 0.71x against 0.66x), and at 1536x1024x8192 128x112 ran 0.79x where
 # 128x128 ran 0.91x (each A row block read by ten tile columns where eight would do, a last column of 16)
@@ -766,13 +771,15 @@ FP8_RULES: list[Rule] = [
     Rule("fp8-width", "sm_90a", "v9",
          when=lambda p: _fp8(p, False) and fp8_width(p.M, p.N, p.sms, p.spec.scales) is not None,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
-         why="per-tensor or rowwise fp8 where 128-row tiles of cuBLASLt's widths (96, 112 or 144 columns) or 192 "
-             "fill their waves best, weighed by their measured rates: two consumers, the promotion every slice "
-             "(overlap=4 at 96 and 112, after a drain at 144 and 192), a ring as deep as fits, each chunk of the "
-             "epilogue through the widest swizzle that divides it",
+         why="per-tensor or rowwise fp8 where 128-row tiles of cuBLASLt's widths (96, 112 or 144 columns), 192 or "
+             "224 fill their waves best, weighed by their measured rates: two consumers, the promotion every slice "
+             "(overlap=4 at 96 and 112, after a drain at 144 and 192; 224 in halves every 2 slices, its epilogue "
+             "under the next tile), a ring as deep as fits, each chunk of the epilogue through the widest swizzle "
+             "that divides it",
          evidence=FP8_WIDTHS_RESULTS + ": 1024x2112x7168 0.84x torch._scaled_mm (192x128 0.72x), 256x6144x4096 "
                   "0.81x (128x128 0.77x), 256x7168x16384 0.93x (0.85x), 1024x6144x4096 1.03x (0.93x); held out "
-                  "256x18944x3584 0.94x (0.73x), 256x14336x4096 0.93x (0.89x), 2048x2112x7168 0.84x (0.76x)"),
+                  "256x18944x3584 0.94x (0.73x), 256x14336x4096 0.93x (0.89x), 2048x2112x7168 0.84x (0.76x); 128x224 "
+                  "in halves 0.98x at 1024x7168x16384 (128x256 0.89x), held out 1.02x at 512x14336x4096 (0.97x)"),
     Rule("fp8-wide", "sm_90a", "v9", when=lambda p: _fp8(p, False) and fp8_wide(p.M, p.N, p.sms, p.spec.scales),
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="per-tensor or rowwise fp8 over many waves: 192x128 tiles over three consumers (the promotion every slice after a "
