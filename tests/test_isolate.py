@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from gemm_ladder.measure import isolate
 
 
@@ -29,3 +31,23 @@ def test_the_rounds_job_answers_for_every_module_of_its_group(tmp_path):
     assert [r["status"] for r in res] == ["error", "error"]
     assert [r["module"] for r in res] == ["a.so", "b.so"]
     assert "a.so" in res[0]["detail"]
+
+
+def test_verify_refuses_a_spec_it_cannot_check_and_says_where_its_check_is():
+    """``harness.check`` (``verify``'s job) computes act(A . B^T + bias) into a 16-bit or float32 D; a
+    module that also needs scales, a residual, alpha, a gated B, groups or MN-major operands is refused by
+    name, not called with operands it does not take (which read as a wrong module)."""
+    import dataclasses
+
+    from gemm_ladder.core.spec import GemmSpec, as_spec
+    from gemm_ladder.measure import harness
+
+    for ok in (None, GemmSpec.default("bfloat16"), as_spec("d_float32.a_bfloat16.b_bfloat16", "bfloat16")):
+        harness._checkable(ok)  # pylint: disable=protected-access
+    base = GemmSpec.default("bfloat16")
+    for field, value, name in (("residual", "bfloat16", "a residual C"), ("alpha", True, "alpha"),
+                               ("a_major", "M", "MN-major operands")):
+        with pytest.raises(ValueError, match=f"adds {name}: check it through the front door"):
+            harness._checkable(dataclasses.replace(base, **{field: value}))  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match="adds fp8 scales"):
+        harness._checkable(GemmSpec.fp8())  # pylint: disable=protected-access

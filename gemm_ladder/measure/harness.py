@@ -86,14 +86,32 @@ def check_ms(mod) -> tuple[int, ...]:
     return tuple(sorted({mod.M, *DYNAMIC_M_CHECKS}))
 
 
+def _checkable(spec) -> None:
+    """:func:`check` computes ``act(A . B^T + bias)`` from K-major 16-bit A and B into a 16-bit or float32 D;
+    a module whose operand spec needs more (scales, a residual, alpha, a gated B, MN-major operands, groups)
+    is refused with where its own check is, rather than called with operands it does not take."""
+    if spec is None:
+        return
+    extra = [name for name, on in (("fp8 scales", spec.scales), ("a residual C", spec.residual),
+                                   ("alpha", spec.alpha), ("a gated B", spec.gated), ("groups", spec.grouped),
+                                   ("MN-major operands", (spec.a_major, spec.b_major) != ("K", "K"))) if on]
+    if extra:
+        raise ValueError(f"verify checks D = act(A . B^T + bias) (16-bit A and B, 16-bit or float32 D); this "
+                         f"module's spec ({spec}) adds {', '.join(extra)}: check it through the front door "
+                         "(gemm_ladder.matmul, scaled_mm, grouped_mm) or its GPU tests")
+
+
 def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
     """Run ``mod`` once on fresh random inputs and compare with a float64 reference (at ``M``
     rows, for a module with a runtime M; default the module's M)."""
     import torch  # pylint: disable=import-outside-toplevel
 
+    spec = getattr(mod, "spec", None)
+    _checkable(spec)
     M = mod.M if M is None else M
     A, B = random_inputs(M, mod.N, mod.K, mod.dtype, seed=seed)
-    out = torch.full((M, mod.N), float("nan"), dtype=A.dtype, device=A.device)
+    d_dtype = torch.float32 if getattr(spec, "d", None) == "float32" else A.dtype  # the spec's D
+    out = torch.full((M, mod.N), float("nan"), dtype=d_dtype, device=A.device)
     # a module whose operand spec adds a bias (gemm_ladder.core.spec): a random one, in the reference too
     bias = random_inputs(1, mod.N, 1, mod.dtype, seed=seed + 1)[1][:, 0].contiguous() \
         if getattr(getattr(mod, "spec", None), "bias", None) else None
