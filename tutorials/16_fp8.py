@@ -340,3 +340,37 @@ for M, N, K in ((64, 2112, 7168), (64, 4096, 14336), (64, 6144, 4096), (256, 211
     how = f"fill {plan.fp8_fill_n(M, N)} wide" if plan.fp8_fill_n(M, N) else f"{plan.fp8_split_ways(M, N, K)} way(s)"
     print(f"{M}x{N}x{K}: {how} -> {rung}",
           {k: knobs[k] for k in ("blk_m", "blk_n", "cluster_m", "split_k", "overlap", "pipe_depth") if k in knobs})
+
+# %% [markdown]
+# ## Or cuBLASLt's widths
+#
+# Past M = 256 the tile counts that fill a wave are rarely 64 or 128 columns wide. cuBLASLt's kernels at our
+# weakest shapes (torch's profiler, ncu) were 128x144 at 1024x2112x7168 (8 x 15 = 120 tiles), 128x96 at
+# 256x6144x4096 and 128x112 at 256x7168x16384 (128 each). The wgmma takes any N in whole 8s; what held our
+# widths to whole 64s was the epilogue: a chunk left in 64-column TMA boxes, one 128-byte swizzle row of 16-bit
+# D. A TMA box of a swizzled tensor is at most one swizzle row wide, and the swizzle can be narrower: 64 or 32
+# bytes. So a staging chunk takes the widest swizzle that divides its row, and its boxes one swizzle row each
+# (`epilogue.chunk_swizzle`):
+
+# %%
+from gemm_ladder.sm90a import epilogue  # noqa: E402
+
+for cols in (64, 96, 112, 144, 48, 16):
+    mode, box = epilogue.chunk_swizzle(cols, 2)
+    print(f"a {cols}-column bf16 chunk: {mode} swizzle, {cols // box} box(es) of {box} columns")
+
+# %% [markdown]
+# With that, v9 takes any blk_n in whole 16s from 64 to 256, and the policy weighs those widths' waves by
+# their measured rates, as it weighs 192x128 and 128x256 (`plan.fp8_width`, rule `fp8-width`; narrower than
+# 128 only up to M = 512, where it was measured). The narrow tiles move more operand bytes a product, so
+# their rates are lower; 128x224 is promoted in halves, two 112-wide groups. Measured
+# (`benchmarks/results/2026-11-28_h100_fp8_widths/`): 1024x2112x7168 0.72x -> 0.84x `torch._scaled_mm`
+# (128x144), 256x7168x16384 0.85x -> 0.93x (128x112), 1024x7168x16384 0.89x -> 0.98x (128x224), and at 18
+# shapes it was not chosen on, faster at each (+9% geomean). At cuBLASLt's own tiling ours still trail it
+# (0.84x at 1024x2112x7168): the tiles are the same now, the gap is inside them.
+
+# %%
+for M, N, K in ((1024, 2112, 7168), (256, 6144, 4096), (256, 7168, 16384), (1024, 6144, 4096), (1024, 7168, 16384)):
+    rung, knobs = plan.fp8_module(M, N, K, "tensor")
+    print(f"{M}x{N}x{K}: {plan.fp8_tile(M, N)} -> {rung}",
+          {k: knobs[k] for k in ("blk_n", "epi_n", "overlap", "halves", "pipe_depth") if k in knobs})
