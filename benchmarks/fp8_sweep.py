@@ -95,7 +95,11 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           # Mistral-7B's down projection at M = 4096, and M = 512 and 2048 of a 7168x2048 weight
           ("256x28672x8192", 256, 28672, 8192), ("768x18432x7168", 768, 18432, 7168),
           ("2048x7168x2048", 2048, 7168, 2048), ("4096x3584x18944", 4096, 3584, 18944),
-          ("512x7168x2048", 512, 7168, 2048))
+          ("512x7168x2048", 512, 7168, 2048),
+          # run 11: the same shapes as run 7's under labels of their own (promote=2 configs)
+          ("256x6144x4096_p2", 256, 6144, 4096), ("1024x2112x7168_p2", 1024, 2112, 7168),
+          ("256x2112x7168_p2", 256, 2112, 7168), ("64x2112x7168_p2", 64, 2112, 7168),
+          ("256x7168x16384_p2", 256, 7168, 16384))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -254,6 +258,15 @@ CONFIGS = {
     "n112_e16_ov4_d7_c1x1": {"blk_n": 112, "epi_n": 16, "overlap": 4, "pipe_depth": 7, "cluster_m": 1},
     "n144_e16_d6_c1x2": {"blk_n": 144, "epi_n": 16, "pipe_depth": 6, "cluster_m": 1, "cluster_n": 2},
     "n144_e16_d6_c1x1": {"blk_n": 144, "epi_n": 16, "pipe_depth": 6, "cluster_m": 1},
+    # run 11: the sub-wave and width tiles promoted every 2 slices (half the promotion's drains and adds; 128x256 in
+    # halves, promoted so, kept torch's error to K = 16384), two groups a run where the promotion overlaps
+    "n112_e16_ov2_d7_p2": {"blk_n": 112, "epi_n": 16, "overlap": 2, "pipe_depth": 7, "promote": 2},
+    "n96_e32_ov2_d7_p2": {"blk_n": 96, "epi_n": 32, "overlap": 2, "pipe_depth": 7, "promote": 2},
+    "n144_e16_d6_p2": {"blk_n": 144, "epi_n": 16, "pipe_depth": 6, "promote": 2},
+    "m64n64_c2x1_ov2_d12_p2": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 2, "pipe_depth": 12,
+                               "promote": 2},
+    "m64_ov2_sk4_c1x1_p2": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 4, "cluster_n": 1, "overlap": 2, "promote": 2},
+    "m64_ov2_sk2_p2": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 2, "overlap": 2, "promote": 2},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -314,6 +327,13 @@ SWEEP = {
     "4096x3584x18944": ("m192_c1x2_u", "n224_h_p2_u_e16"),
     "512x7168x2048": ("n256_h_p2_u", "n224_h_p2_u_e16"),
     "256x14336x4096": ("n256_h_p2_u", "n112_e16_ov4_d7", "n224_h_p2_u_e16"),
+    # run 11: the per-tensor suite's four cases under 0.9x at c5b8cc1's policy (and 256x7168x16384, the longest K),
+    # the policy's module against the same tiles promoted every 2 slices
+    "256x6144x4096_p2": ("n112_e16_ov4_d7", "n112_e16_ov2_d7_p2", "n96_e32_ov2_d7_p2"),
+    "1024x2112x7168_p2": ("n144_e16_d6", "n144_e16_d6_p2"),
+    "256x2112x7168_p2": ("m64n64_c2x1_ov4_d12", "m64n64_c2x1_ov2_d12_p2"),
+    "64x2112x7168_p2": ("m64_ov4_sk3", "m64_ov2_sk4_c1x1_p2", "m64_ov2_sk2_p2"),
+    "256x7168x16384_p2": ("n112_e16_ov4_d7", "n112_e16_ov2_d7_p2"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

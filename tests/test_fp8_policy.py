@@ -127,12 +127,12 @@ def test_the_width_rule_takes_cuBLASLts_widths_where_they_fill_the_waves_and_not
 
 def test_128x128_tiles_under_one_wave_take_the_deeper_ring():
     """``plan.FP8_SUBWAVE_DEPTH``: per-tensor and rowwise 128x128 tiles that fit one wave (128 and 126 tiles at
-    M = 256) wait on their loads and take 6 stages; over many waves (1537x6144 on 128x128) the four stages stay,
+    M = 256) wait on their loads and take 6 stages; over many waves (1601x6144 on 128x128) the four stages stay,
     and block scales keep theirs."""
     for N in (8192, 8064):
         assert plan.fp8_tile(256, N) == "square" and plan.fp8_knobs(256, N, 4096, "row")["pipe_depth"] == 6
-    assert plan.fp8_tile(1537, 6144) == "square"  # 13 x 48 = 624 tiles of 128x128 on 132 SMs: 4.7 waves
-    assert plan.fp8_knobs(1537, 6144, 4096, "tensor") == plan.FP8_LARGE_KNOBS and "pipe_depth" not in plan.FP8_LARGE_KNOBS
+    assert plan.fp8_tile(1601, 6144) == "square"  # 13 x 48 = 624 tiles of 128x128 on 132 SMs: 4.7 waves
+    assert plan.fp8_knobs(1601, 6144, 4096, "tensor") == plan.FP8_LARGE_KNOBS and "pipe_depth" not in plan.FP8_LARGE_KNOBS
     assert "pipe_depth" not in plan.fp8_knobs(256, 6144, 4096, "block")
 
 
