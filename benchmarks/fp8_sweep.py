@@ -99,7 +99,11 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           # run 11: the same shapes as run 7's under labels of their own (promote=2 configs)
           ("256x6144x4096_p2", 256, 6144, 4096), ("1024x2112x7168_p2", 1024, 2112, 7168),
           ("256x2112x7168_p2", 256, 2112, 7168), ("64x2112x7168_p2", 64, 2112, 7168),
-          ("256x7168x16384_p2", 256, 7168, 16384))
+          ("256x7168x16384_p2", 256, 7168, 16384),
+          # run 12
+          ("256x18944x3584_p2", 256, 18944, 3584), ("2048x2112x7168_p2", 2048, 2112, 7168),
+          ("1024x6144x4096_p2", 1024, 6144, 4096), ("512x6144x4096_p2", 512, 6144, 4096),
+          ("1536x2112x7168_p2", 1536, 2112, 7168), ("256x24576x1536_p2", 256, 24576, 1536))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -267,6 +271,8 @@ CONFIGS = {
                                "promote": 2},
     "m64_ov2_sk4_c1x1_p2": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 4, "cluster_n": 1, "overlap": 2, "promote": 2},
     "m64_ov2_sk2_p2": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 2, "overlap": 2, "promote": 2},
+    # run 12: 128x192, drained as 128x144 is, promoted every 2 slices (run 11: 128x144 +9% so)
+    "n192_p2": {"blk_n": 192, "promote": 2},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -334,6 +340,14 @@ SWEEP = {
     "256x2112x7168_p2": ("m64n64_c2x1_ov4_d12", "m64n64_c2x1_ov2_d12_p2"),
     "64x2112x7168_p2": ("m64_ov4_sk3", "m64_ov2_sk4_c1x1_p2", "m64_ov2_sk2_p2"),
     "256x7168x16384_p2": ("n112_e16_ov4_d7", "n112_e16_ov2_d7_p2"),
+    # run 12: the drained width tiles every 2 slices where run 11 did not time them (128x144 at held-out shapes,
+    # 128x192 at the shapes the rule gives it)
+    "256x18944x3584_p2": ("n144_e16_d6", "n144_e16_d6_p2"),
+    "2048x2112x7168_p2": ("n144_e16_d6", "n144_e16_d6_p2"),
+    "1024x6144x4096_p2": ("n192", "n192_p2"),
+    "512x6144x4096_p2": ("n192", "n192_p2"),
+    "1536x2112x7168_p2": ("n192", "n192_p2"),
+    "256x24576x1536_p2": ("n192", "n192_p2"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
