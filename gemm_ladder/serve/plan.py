@@ -527,12 +527,16 @@ FP8_UNDER_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_under/README.md"
 # halves (two 112-wide wgmma groups a promotion every 2 slices, 16-column chunks under the next tile), 256 tiles in two
 # waves at 97% where 128x256's 224 fill them at 85%: 1024x7168x16384 0.89x -> 0.98x (1373 TFLOPS), held out
 # 512x14336x4096 0.97x -> 1.02x; its rate between those two shapes' (1.07, 1.02). Other clusters for the widths
-# (1x1, 1x2 at 128x112 and 128x144) were 5-22% slower.
+# (1x1, 1x2 at 128x112 and 128x144) were 5-22% slower. Runs 11 and 12: 128x144, drained, promoted every 2 slices
+# (as 128x256 in halves is; the error 1.00x torch's max, 1.01x its mean): 1024x2112x7168 0.84x -> 0.92x,
+# 2048x2112x7168 0.84x -> 0.95x, 256x18944x3584 0.95x -> 0.93x (K = 3584); 128x192 so was 4-8% slower at four
+# shapes, and the overlapped tiles (128x96, 128x112, the fill and split small-M tiles) level (their adds already
+# run under the next group's wgmmas), so only 128x144 takes it.
 FP8_WIDTHS_RESULTS = "benchmarks/results/2026-11-28_h100_fp8_widths/README.md"
 FP8_WIDTH_KNOBS = {
     96: {"promote": FP8_PROMOTE, "overlap": 4, "blk_n": 96, "epi_n": 32, "pipe_depth": 7},
     112: {"promote": FP8_PROMOTE, "overlap": 4, "blk_n": 112, "epi_n": 16, "pipe_depth": 7},
-    144: {"promote": FP8_PROMOTE, "blk_n": 144, "epi_n": 16, "pipe_depth": 6},
+    144: {"promote": FP8_HALVES_PROMOTE, "blk_n": 144, "epi_n": 16, "pipe_depth": 6},
     192: {"promote": FP8_PROMOTE, "blk_n": 192},
     224: {**FP8_HALVES_KNOBS, "blk_n": 224, "epi_n": 16},
 }
@@ -773,10 +777,10 @@ FP8_RULES: list[Rule] = [
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="per-tensor or rowwise fp8 where 128-row tiles of cuBLASLt's widths (96, 112 or 144 columns), 192 or "
              "224 fill their waves best, weighed by their measured rates: two consumers, the promotion every slice "
-             "(overlap=4 at 96 and 112, after a drain at 144 and 192; 224 in halves every 2 slices, its epilogue "
-             "under the next tile), a ring as deep as fits, each chunk of the epilogue through the widest swizzle "
-             "that divides it",
-         evidence=FP8_WIDTHS_RESULTS + ": 1024x2112x7168 0.84x torch._scaled_mm (192x128 0.72x), 256x6144x4096 "
+             "at 96 and 112 (overlap=4) and 192 (after a drain), every 2 slices at 144 (after a drain) and 224 (in "
+             "halves, its epilogue under the next tile), a ring as deep as fits, each chunk of the epilogue through "
+             "the widest swizzle that divides it",
+         evidence=FP8_WIDTHS_RESULTS + ": 1024x2112x7168 0.92x torch._scaled_mm (192x128 0.72x), 256x6144x4096 "
                   "0.81x (128x128 0.77x), 256x7168x16384 0.93x (0.85x), 1024x6144x4096 1.03x (0.93x); held out "
                   "256x18944x3584 0.94x (0.73x), 256x14336x4096 0.93x (0.89x), 2048x2112x7168 0.84x (0.76x); 128x224 "
                   "in halves 0.98x at 1024x7168x16384 (128x256 0.89x), held out 1.02x at 512x14336x4096 (0.97x)"),
