@@ -366,8 +366,10 @@ for cols in (64, 96, 112, 144, 48, 16):
 # their rates are lower; 128x224 is promoted in halves, two 112-wide groups. Measured
 # (`benchmarks/results/2026-11-28_h100_fp8_widths/`): 1024x2112x7168 0.72x -> 0.84x `torch._scaled_mm`
 # (128x144), 256x7168x16384 0.85x -> 0.93x (128x112), 1024x7168x16384 0.89x -> 0.98x (128x224), and at 18
-# shapes it was not chosen on, faster at each (+9% geomean). At cuBLASLt's own tiling ours still trail it
-# (0.84x at 1024x2112x7168): the tiles are the same now, the gap is inside them.
+# shapes it was not chosen on, faster at each (+9% geomean). 128x144 holds no second accumulator set, so its
+# promotion drains the tensor cores; every 2 slices instead of every one it gained 9-13% at K = 7168 (0.92x at
+# 1024x2112x7168), while the overlapped tiles were level. At cuBLASLt's own tiling ours still trail it (0.84x
+# at 256x6144x4096): the tiles are the same now, the gap is inside them.
 
 # %%
 for M, N, K in ((1024, 2112, 7168), (256, 6144, 4096), (256, 7168, 16384), (1024, 6144, 4096), (1024, 7168, 16384)):
