@@ -227,12 +227,12 @@ def test_a_plan_of_several_jobs_says_why_each_refusal(tmp_path):
     once, with a point it refused and what the validator said."""
     fixed = V9_ONE_POINT.replace("blk_n=256;", "").replace(";", " ")
     path = tmp_path / "p.plan"
-    path.write_text(f"v9 4096x4096x4096 {fixed} blk_n=96,100,128\nv9 2048x2048x2048 {fixed} blk_n=128\n")
+    path.write_text(f"v9 4096x4096x4096 {fixed} blk_n=104,100,128\nv9 2048x2048x2048 {fixed} blk_n=128\n")
     rc, out, err = cli("tune", "--plan", path, "--dry-run", "--l2-keep", "0")
     assert rc == 0, err
-    assert "'refused': 2" in out, out
+    assert "'divisibility': 2" in out, out  # 104 and 100 are no whole 16 columns (v9's widths)
     pruned = [line for line in out.splitlines() if line.startswith("pruned (")]
-    assert len(pruned) == 1 and "blk_n=" in pruned[0] and "is not supported; use" in pruned[0], out
+    assert len(pruned) == 1 and "blk_n=" in pruned[0] and "is not supported by v9; use a multiple of 16" in pruned[0], out
 
 
 # -- random files at every command that reads one ---------------------------------------------------------

@@ -33,7 +33,7 @@ V7_V9 = ("v7", "v8", "v9")
         ("v8", dict(cluster_m=4), ["cluster_m=4", "1 or 2"]),
         ("v8", dict(cluster_n=True), ["cluster_n=True", "bool", "cluster_n=1"]),
         ("v8", dict(cluster_m=2, blk_n=64, blk_m=64, num_warpgroups=1, cluster_n=2), []),
-        ("v9", dict(epi_n=96), ["epi_n=96", "multiple of 64", "[64, 128, 256]"]),
+        ("v9", dict(epi_n=96), ["epi_n=96", "multiple of 16 that divides blk_n=256", "[16, 32, 64, 128, 256]"]),
         ("v9", dict(epi_n=192), ["epi_n=192", "divides blk_n=256"]),
         ("v9", dict(num_warpgroups=4), ["num_warpgroups=4", "1 or 2 or 3"]),
         ("v9", dict(num_warpgroups=3, blk_m=192, blk_n=256, pipe_depth=3), ["128 fp32 accumulator", "152"]),

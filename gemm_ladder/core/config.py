@@ -273,7 +273,7 @@ def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES, operand_
         raise _fix(f"blk_m={cfg.blk_m} is not supported by {cfg.rung}", f"use blk_m in {choices}")
     if cfg.blk_n not in blk_n_choices:
         # the output tile leaves through swizzled TMA boxes of whole 64 (most rungs) or 16 columns (v9)
-        choices = ", ".join(map(str, blk_n_choices)) if len(blk_n_choices) <= 4 else (
+        choices = f"{', '.join(map(str, blk_n_choices[:-1]))} or {blk_n_choices[-1]}" if len(blk_n_choices) <= 4 else (
             f"a multiple of {blk_n_choices[1] - blk_n_choices[0]} from {blk_n_choices[0]} to {blk_n_choices[-1]}")
         raise _fix(f"blk_n={cfg.blk_n} is not supported by {cfg.rung}", f"use {choices}")
     check_index_range(cfg)
