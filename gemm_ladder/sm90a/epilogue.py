@@ -13,6 +13,11 @@ consumer and calls per tile:
 - :class:`TransposedEpilogue` (v11, swap AB): the consumer's D^T accumulators go into its staging
   buffer as D (``stmatrix ... .trans``) and leave in 64-column stores.
 
+A chunk's staging buffer takes the widest swizzle that divides its row (128, 64 or 32 bytes) and leaves in
+TMA boxes one swizzle row wide (:func:`chunk_swizzle`): 64 columns of 16-bit D through the 128-byte swizzle,
+32 or 16 through the narrower ones, so a chunk (and v9's blk_n) may be any whole 16 columns, as cuBLASLt's
+96-, 112- and 144-wide tiles are.
+
 Only the consumer's 128 threads meet, at its named barrier (``1 + consumer``); one thread (its
 ``thread`` 0) issues the stores, committed and not waited for: before it rewrites a buffer it
 lets the store that read it finish (``cp.async.bulk.wait_group.read``).
