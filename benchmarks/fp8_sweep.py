@@ -81,14 +81,15 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           # M = 256, 2112x7168 at M = 2048
           ("1024x6144x4096", 1024, 6144, 4096), ("256x14336x4096", 256, 14336, 4096),
           ("256x18944x3584", 256, 18944, 3584), ("2048x2112x7168", 2048, 2112, 7168),
-          # run 8, where the width rule (plan.fp8_width) changed the policy's module and run 7 did not time it: Llama-3-70B's
-          # up projection at M = 512, DeepSeek-V3's dense up projection at M = 256, and other M of the suite's weights
+          # run 8, where the width rule (plan.fp8_width) changed the policy's module and run 7 did not time it:
+          # Llama-3-70B's up projection at M = 512, DeepSeek-V3's dense up projection at M = 256, and other M of the suite's weights
           ("512x28672x8192", 512, 28672, 8192), ("256x18432x7168", 256, 18432, 7168),
-          ("512x6144x4096", 512, 6144, 4096), ("768x6144x4096", 768, 6144, 4096), ("1024x14336x4096", 1024, 14336, 4096),
+          ("512x6144x4096", 512, 6144, 4096), ("768x6144x4096", 768, 6144, 4096),
+          ("1024x14336x4096", 1024, 14336, 4096),
           ("512x2112x7168", 512, 2112, 7168), ("1536x1024x8192", 1536, 1024, 8192),
           ("1536x2112x7168", 1536, 2112, 7168), ("256x7168x2048", 256, 7168, 2048),
-          # run 9: M = 1024 of DeepSeek-V3's o_proj-sized weight, Mistral-7B's up projection at M = 512; two shapes again
-          # under a second label (the clusters' configs)
+          # run 9: M = 1024 of DeepSeek-V3's o_proj-sized weight, Mistral-7B's up projection at M = 512; two
+          # shapes again under a second label (the clusters' configs)
           ("1024x7168x16384", 1024, 7168, 16384), ("512x14336x4096", 512, 14336, 4096),
           ("256x6144x4096_c", 256, 6144, 4096), ("1024x2112x7168_c", 1024, 2112, 7168),
           # run 10, held out: Llama-3-70B's up projection at M = 256, DeepSeek-V3's dense up projection at M = 768,
@@ -307,12 +308,12 @@ SWEEP = {
     "256x18944x3584": ("ov4", "n144_e16_d6", "n96_ov4_d7"),
     "2048x2112x7168": ("m192_c1x2_u", "n144_e16_d6"),
     # run 8: the width rule's module (plan.fp8_width) against the policy's before it, where run 7 did
-    # not time it (with 256x6144x4096's 128x112 above, and 256x24576x1536's 128x192 of run 6)
+    # not time it (with 256x6144x4096's 128x112 above, 256x24576x1536's 128x192 of run 6, and 1024x14336x4096's
+    # ov4 and n192 under run 10's list below)
     "512x28672x8192": ("ov4", "n192"),
     "256x18432x7168": ("ov4", "n144_e16_d6"),
     "512x6144x4096": ("n256_h_p2_u", "n192"),
     "768x6144x4096": ("m192_c1x2_u", "n144_e16_d6"),
-    "1024x14336x4096": ("ov4", "n192"),
     "512x2112x7168": ("ov4_d6", "n112_e16_ov4_d7"),
     "1536x1024x8192": ("ov4_d6", "n112_e16_ov4_d7"),
     "1536x2112x7168": ("n256_h_p2_u", "n192"),

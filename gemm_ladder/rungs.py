@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from .core.config import (ARCHS, BLK_M_CHOICES, BLK_N_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError, GemmConfig,
-    check_common, check_knob_types, drop_retired_knobs)
+from .core.config import (ARCHS, BLK_M_CHOICES, BLK_N_CHOICES, BUILD_OPTIONS, COMMON_KNOBS, DEFAULT_ARCH, ConfigError,
+    GemmConfig, check_common, check_knob_types, drop_retired_knobs)
 from .core.launch import check_grid
 from .core.spec import SPEC_KNOB, GemmSpec, as_spec, check_built, operand_bytes, spec_of
 

@@ -19,7 +19,8 @@ def test_the_policys_knobs_validate_at_every_shape_scaled_mm_takes(recipe, N, K)
     for M in (1, 77, plan.FP8_SMALL_M, plan.FP8_SMALL_M + 1, 1000, 8192):
         choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
         tile = plan.fp8_tile(M, N, recipe=recipe)
-        large = "fp8-width" if tile.startswith("n") else {"wide": "fp8-wide", "halves": "fp8-halves", "square": "fp8"}.get(tile)
+        large = "fp8-width" if tile.startswith("n") else \
+            {"wide": "fp8-wide", "halves": "fp8-halves", "square": "fp8"}.get(tile)
         fill = plan.fp8_fill_n(M, N, 132, recipe)
         if fill is not None:  # 64-row tiles come to one whole wave: v9's, no split
             assert choice.rule == "fp8-fill" and choice.rung == "v9" and choice.knobs["blk_n"] == fill, M
@@ -132,7 +133,8 @@ def test_128x128_tiles_under_one_wave_take_the_deeper_ring():
     for N in (8192, 8064):
         assert plan.fp8_tile(256, N) == "square" and plan.fp8_knobs(256, N, 4096, "row")["pipe_depth"] == 6
     assert plan.fp8_tile(1601, 6144) == "square"  # 13 x 48 = 624 tiles of 128x128 on 132 SMs: 4.7 waves
-    assert plan.fp8_knobs(1601, 6144, 4096, "tensor") == plan.FP8_LARGE_KNOBS and "pipe_depth" not in plan.FP8_LARGE_KNOBS
+    assert plan.fp8_knobs(1601, 6144, 4096, "tensor") == plan.FP8_LARGE_KNOBS
+    assert "pipe_depth" not in plan.FP8_LARGE_KNOBS
     assert "pipe_depth" not in plan.fp8_knobs(256, 6144, 4096, "block")
 
 

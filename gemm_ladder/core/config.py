@@ -238,8 +238,8 @@ def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES, operand_
                  blk_n_choices: tuple = BLK_N_CHOICES) -> None:
     """Rules every rung shares: shape, dtype, arch, and what TMA can describe. ``blk_m_choices``:
     the output tile heights the rung takes (a swap-AB rung puts M in wgmma's N: multiples of 8);
-    ``blk_n_choices``: its widths (the store boxes its epilogue can make); ``operand_bytes``: bytes of an element of A and B (default D's; 1 for fp8, whose 128-byte
-    swizzle rows hold blk_k = 128)."""
+    ``blk_n_choices``: its widths (the store boxes its epilogue can make); ``operand_bytes``: bytes of an
+    element of A and B (default D's; 1 for fp8, whose 128-byte swizzle rows hold blk_k = 128)."""
     in_bytes = operand_bytes or cfg.elem_bytes
     for name, v in (("M", cfg.M), ("N", cfg.N), ("K", cfg.K)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:

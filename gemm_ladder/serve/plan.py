@@ -519,7 +519,8 @@ FP8_UNDER_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_under/README.md"
 # 512x6144x4096 0.95x (128x256 in halves 0.80x), 1536x2112x7168 1.01x (0.87x), 512x28672x8192 0.93x (128x128 0.91x),
 # 256x24576x1536 1.01x (0.94x), 1024x14336x4096 0.94x (0.955x: the one loss, 1.6%); 128x144 at 256x18432x7168
 # 0.94x (0.70x), 768x6144x4096 0.88x (192x128 0.80x); 128x112 at 256x6144x4096 0.84x (128x96 0.84x, 128x128
-# 0.80x), 512x2112x7168 0.71x (0.66x), 256x7168x2048 0.82x (0.80x), 1536x1024x8192 0.79x (0.91x: FP8_NARROW_MAX_M). Each
+# 0.80x), 512x2112x7168 0.71x (0.66x), 256x7168x2048 0.82x (0.80x), 1536x1024x8192 0.79x (0.91x:
+# FP8_NARROW_MAX_M). Each
 # width's rate (its TFLOPS over the share of its waves it fills, over 128x128's at the same shape; 144 and 192
 # against 128x128 elsewhere) weighs its waves in fp8_tile as the other tiles' rates do: the narrow tiles move more
 # operand bytes a product and 144 and 192 take the promotion after a drain (a second accumulator set passes the
@@ -552,7 +553,7 @@ def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
     whose share of its waves' SM time, times its measured rate, is highest (ties: in this order): for
     per-tensor or rowwise scales, ``square`` (128x128, ov4), ``wide`` (192x128 over three consumers),
     ``halves`` (128x256 promoted in halves) and, where 128x128 tiles fill more than half the SMs, ``n96`` ..
-    ``n192`` (128 rows, FP8_WIDTH_KNOBS; those under 128 up to FP8_NARROW_MAX_M); for block
+    ``n224`` (128 rows, FP8_WIDTH_KNOBS; those under 128 up to FP8_NARROW_MAX_M); for block
     scales (whose tiles cover whole 128-column B blocks), ``square`` (128x128, ov4 with staged scales) and
     ``halves``."""
     if M <= FP8_SMALL_M:
@@ -782,7 +783,7 @@ FP8_RULES: list[Rule] = [
              "the widest swizzle that divides it",
          evidence=FP8_WIDTHS_RESULTS + ": 1024x2112x7168 0.92x torch._scaled_mm (192x128 0.72x), 256x6144x4096 "
                   "0.81x (128x128 0.77x), 256x7168x16384 0.93x (0.85x), 1024x6144x4096 1.03x (0.93x); held out "
-                  "256x18944x3584 0.94x (0.73x), 256x14336x4096 0.93x (0.89x), 2048x2112x7168 0.84x (0.76x); 128x224 "
+                  "256x18944x3584 0.94x (0.73x), 256x14336x4096 0.93x (0.89x), 2048x2112x7168 0.95x (0.76x); 128x224 "
                   "in halves 0.98x at 1024x7168x16384 (128x256 0.89x), held out 1.02x at 512x14336x4096 (0.97x)"),
     Rule("fp8-wide", "sm_90a", "v9", when=lambda p: _fp8(p, False) and fp8_wide(p.M, p.N, p.sms, p.spec.scales),
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
