@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import re
 
+from tvm.backend.cuda.tile_primitive.copy_async import tma
+
+from gemm_ladder.compile import builder
+from gemm_ladder.rungs import kernel_of
+
 
 def lowered_script(mod) -> str:
     """The module after TVM's tirx pipeline, host side included (as ``tvm.compile`` runs it).
@@ -36,3 +41,21 @@ def launch_of(script: str) -> dict[str, str]:
     args = [a.strip() for a in m.group(1).split(", ")]
     params = [p.strip().strip('"') for p in m.group(2).split(", ")]
     return dict(zip(params, args[-len(params):]))
+
+
+def tma_specs(cfg):
+    """``(specs, module)``: TVM's TensorMap spec of every TMA copy ``tma_auto`` lowers while ``cfg``'s kernel
+    builds (descriptor name, coordinates, box, swizzle, element bytes), recorded at TVM's descriptor encode,
+    and the built module."""
+    seen, original = [], tma._get_or_encode_descriptor  # pylint: disable=protected-access
+
+    def recording(spec, sctx):
+        seen.append(spec)
+        return original(spec, sctx)
+
+    tma._get_or_encode_descriptor = recording  # pylint: disable=protected-access
+    try:
+        mod = builder.build(kernel_of(cfg))
+    finally:
+        tma._get_or_encode_descriptor = original  # pylint: disable=protected-access
+    return seen, mod

@@ -7,13 +7,12 @@ widths issue the wgmma and the D stores that says. CPU only; the GPU checks are
 from __future__ import annotations
 
 import pytest
-from tvm.backend.cuda.tile_primitive.copy_async import tma
 
-from gemm_ladder.compile import builder
 from gemm_ladder.core.config import BLK_N_16, ConfigError
 from gemm_ladder.core.spec import GemmSpec
-from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.rungs import make_config
 from gemm_ladder.sm90a import epilogue
+from tests.lowered import tma_specs
 
 SWIZZLE_CODE = {"32B": 1, "64B": 2, "128B": 3}  # CUtensorMapSwizzle, as TVM's TensorMap spec records it
 
@@ -55,18 +54,8 @@ def test_a_chunk_of_no_whole_32_bytes_is_refused():
 
 def _d_stores(cfg):
     """TVM's TensorMap specs of the D stores of ``cfg``'s kernel (recorded while it builds), and its source."""
-    seen, original = [], tma._get_or_encode_descriptor  # pylint: disable=protected-access
-
-    def recording(spec, sctx):
-        seen.append(spec)
-        return original(spec, sctx)
-
-    tma._get_or_encode_descriptor = recording  # pylint: disable=protected-access
-    try:
-        mod = builder.build(kernel_of(cfg))
-    finally:
-        tma._get_or_encode_descriptor = original  # pylint: disable=protected-access
-    return [s for s in seen if s.descriptor_name == "D" and s.direction == "s2g"], mod.cuda_source()
+    specs, mod = tma_specs(cfg)
+    return [s for s in specs if s.descriptor_name == "D" and s.direction == "s2g"], mod.cuda_source()
 
 
 @pytest.mark.parametrize("spec, knobs, wgmma, mode, box", [

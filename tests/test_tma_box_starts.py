@@ -14,12 +14,11 @@ from __future__ import annotations
 import pytest
 import tvm
 from tvm.sym import Analyzer
-from tvm.backend.cuda.tile_primitive.copy_async import tma
 
-from gemm_ladder.compile import builder
 from gemm_ladder.core.spec import GemmSpec
-from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.rungs import make_config
 from gemm_ladder.sm90a import fp8
+from tests.lowered import tma_specs
 
 BLOCK = GemmSpec.fp8("bfloat16", "block")
 SMALL_M = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -28,18 +27,8 @@ SMALL_M = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "clust
 
 def tma_box_starts(cfg) -> list[tuple[str, object, int]]:
     """(tensor, innermost start coordinate, element bytes) of every TMA copy of ``cfg``'s kernel."""
-    seen, original = [], tma._get_or_encode_descriptor  # pylint: disable=protected-access
-
-    def recording(spec, sctx):
-        seen.append((spec.descriptor_name, spec.coordinates[0], spec.effective_bytes))
-        return original(spec, sctx)
-
-    tma._get_or_encode_descriptor = recording  # pylint: disable=protected-access
-    try:
-        builder.build(kernel_of(cfg))
-    finally:
-        tma._get_or_encode_descriptor = original  # pylint: disable=protected-access
-    return seen
+    specs, _ = tma_specs(cfg)
+    return [(spec.descriptor_name, spec.coordinates[0], spec.effective_bytes) for spec in specs]
 
 
 def unaligned(starts) -> list[str]:
