@@ -104,7 +104,32 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           # run 12
           ("256x18944x3584_p2", 256, 18944, 3584), ("2048x2112x7168_p2", 2048, 2112, 7168),
           ("1024x6144x4096_p2", 1024, 6144, 4096), ("512x6144x4096_p2", 512, 6144, 4096),
-          ("1536x2112x7168_p2", 1536, 2112, 7168), ("256x24576x1536_p2", 256, 24576, 1536))
+          ("1536x2112x7168_p2", 1536, 2112, 7168), ("256x24576x1536_p2", 256, 24576, 1536),
+          # run 13
+          ("256x2112x7168_kc", 256, 2112, 7168), ("256x4096x14336_kc", 256, 4096, 14336),
+          ("256x4096x4096_kc", 256, 4096, 4096), ("64x6144x4096_kc", 64, 6144, 4096),
+          ("64x7168x16384_kc", 64, 7168, 16384), ("64x24576x1536_kc", 64, 24576, 1536),
+          ("128x2112x7168_kc", 128, 2112, 7168),
+          # run 14
+          ("256x2112x7168_sb", 256, 2112, 7168), ("256x4096x14336_sb", 256, 4096, 14336),
+          ("64x2112x7168_sb", 64, 2112, 7168), ("64x6144x4096_sb", 64, 6144, 4096),
+          ("128x2112x7168_sb", 128, 2112, 7168),
+          # run 15
+          ("256x2112x7168_kh", 256, 2112, 7168), ("64x6144x4096_kh", 64, 6144, 4096),
+          ("128x2112x7168_kh", 128, 2112, 7168), ("256x6144x4096_kh", 256, 6144, 4096),
+          # run 16
+          ("256x6144x4096_sk", 256, 6144, 4096), ("256x2112x7168_sk", 256, 2112, 7168),
+          ("64x2112x7168_sk", 64, 2112, 7168), ("4096x2112x7168_w", 4096, 2112, 7168),
+          # run 17
+          ("4096x2112x7168_r", 4096, 2112, 7168), ("8192x2112x7168_r", 8192, 2112, 7168),
+          ("768x7168x16384_r", 768, 7168, 16384), ("2048x7168x16384_r", 2048, 7168, 16384),
+          ("1024x14336x4096_r", 1024, 14336, 4096), ("512x28672x8192_r", 512, 28672, 8192),
+          ("4096x14336x4096_r", 4096, 14336, 4096), ("1024x11008x4096_r", 1024, 11008, 4096),
+          ("512x5120x5120_r", 512, 5120, 5120), ("1536x8960x1536_r", 1536, 8960, 1536),
+          # run 18
+          ("768x7168x2048_r", 768, 7168, 2048), ("1536x3584x18944_r", 1536, 3584, 18944),
+          ("256x11008x4096_r", 256, 11008, 4096), ("2048x11008x4096_r", 2048, 11008, 4096),
+          ("1024x5120x5120_r", 1024, 5120, 5120))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -274,6 +299,45 @@ CONFIGS = {
     "m64_ov2_sk2_p2": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 2, "overlap": 2, "promote": 2},
     # run 12: 128x192, drained as 128x144 is, promoted every 2 slices (run 11: 128x144 +9% so)
     "n192_p2": {"blk_n": 192, "promote": 2},
+    # run 13: two consumers on a 64-row tile taking alternate K slices (v9's k_consumers, sm90a/kconsumers.py: as
+    # cuBLASLt's 64x64 kernel runs a producer and two consumers), the second's sums handed over in shared memory
+    "m64n64_c2x1_ov4_d10_kc2": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 10,
+                                "k_consumers": 2},
+    "m64n64_c2x1_ov4_d12_kc2": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12,
+                                "k_consumers": 2},
+    "m64n64_c2x1_d12_kc2": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "pipe_depth": 12, "k_consumers": 2},
+    "m64n128_c2x1_ov4_d6_kc2": {**SMALL_M_KNOBS, "blk_n": 128, "cluster_m": 2, "cluster_n": 1, "overlap": 4,
+                                "pipe_depth": 6, "k_consumers": 2},
+    "m64n128_c2x1_ov4_d8": {**SMALL_M_KNOBS, "blk_n": 128, "cluster_m": 2, "cluster_n": 1, "overlap": 4},
+    "m64_ov4_kc2": {**SMALL_M_KNOBS, "overlap": 4, "k_consumers": 2},
+    "m64_ov4_d12_kc2": {**SMALL_M_KNOBS, "overlap": 4, "pipe_depth": 12, "k_consumers": 2},
+    # run 14: the small-M and fill tiles without stream_b's L2 hints (B evict-first, A evict-last, 256-byte
+    # promotion), and with the promotion alone (l2_promo: v12's)
+    "m64n64_c2x1_ov4_d12_nosb": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12,
+                                 "stream_b": False},
+    "m64n64_c2x1_d12_kc2_nosb": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "pipe_depth": 12,
+                                 "k_consumers": 2, "stream_b": False},
+    "m64n128_c2x1_ov4_d8_nosb": {**SMALL_M_KNOBS, "blk_n": 128, "cluster_m": 2, "cluster_n": 1, "overlap": 4,
+                                 "stream_b": False},
+    "m64_ov4_nosb": {**SMALL_M_KNOBS, "overlap": 4, "stream_b": False},
+    "m64_ov4_sk3_nosb": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 3, "overlap": 4, "stream_b": False},
+    # run 15: the two consumers each a contiguous half of K (k_halves: the halves loaded in turn), and a 13-stage ring
+    # beside 32-column chunks (cuBLASLt's 64x64 kernel runs 13 stages)
+    "m64n64_c2x1_ov4_d12_kc2h": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12,
+                                 "k_consumers": 2, "k_halves": True},
+    "m64n64_c2x1_d12_kc2h_nosb": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "pipe_depth": 12,
+                                  "k_consumers": 2, "k_halves": True, "stream_b": False},
+    "m64n64_c2x1_ov4_d13_e32": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 13,
+                                "epi_n": 32},
+    "m64_ov4_kc2h": {**SMALL_M_KNOBS, "overlap": 4, "k_consumers": 2, "k_halves": True},
+    # run 16: v10's split K over wide tiles, the units one wave (256x6144: 64 tiles of 128x192 two ways, 128 units;
+    # 256x2112: 22 tiles six ways, 132 units, or four, 88; 64x2112: 17 tiles of 64x128 seven ways, 119 units)
+    "sk2_n192": {"rung": "v10", "split_k": 2, "blk_n": 192},
+    "sk6_n192": {"rung": "v10", "split_k": 6, "blk_n": 192},
+    "sk4_n192": {"rung": "v10", "split_k": 4, "blk_n": 192},
+    "m64n128_ov4_sk7_c1x1": {**SMALL_M_KNOBS, "rung": "v10", "blk_n": 128, "split_k": 7, "cluster_n": 1, "overlap": 4},
+    # and tiles whose width divides N = 2112 (11 x 192, 12 x 176) at M = 4096, where 192x128 leaves a ragged column
+    "n176_e16_d5_p2": {"blk_n": 176, "epi_n": 16, "pipe_depth": 5, "promote": 2},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -349,6 +413,54 @@ SWEEP = {
     "512x6144x4096_p2": ("n192", "n192_p2"),
     "1536x2112x7168_p2": ("n192", "n192_p2"),
     "256x24576x1536_p2": ("n192", "n192_p2"),
+    # run 13: two consumers on one 64-row tile (k_consumers=2) against the policy's module at 7684e89 (the fill
+    # tiles at M = 256, the small-M tiles at M = 64 and 128), at the suite's weights and, held out, Llama-3-8B's
+    # o_proj at M = 256 and 2112x7168 at M = 128
+    "256x2112x7168_kc": ("m64n64_c2x1_ov4_d12", "m64n64_c2x1_ov4_d10_kc2", "m64n64_c2x1_ov4_d12_kc2",
+                         "m64n64_c2x1_d12_kc2"),
+    "256x4096x14336_kc": ("m64n128_c2x1_ov4_d8", "m64n128_c2x1_ov4_d6_kc2"),
+    "256x4096x4096_kc": ("m64n128_c2x1_ov4_d8", "m64n128_c2x1_ov4_d6_kc2"),
+    "64x6144x4096_kc": ("m64_ov4", "m64_ov4_kc2", "m64_ov4_d12_kc2"),
+    "64x7168x16384_kc": ("m64_ov4", "m64_ov4_kc2", "m64_ov4_d12_kc2"),
+    "64x24576x1536_kc": ("m64_ov4", "m64_ov4_kc2"),
+    "128x2112x7168_kc": ("m64_ov4", "m64_ov4_kc2", "m64_ov4_d12_kc2"),
+    # run 14: stream_b's L2 hints on and off, at the fill tiles (M = 256), the split (M = 64) and the small-M tiles
+    "256x2112x7168_sb": ("m64n64_c2x1_ov4_d12", "m64n64_c2x1_ov4_d12_nosb", "m64n64_c2x1_d12_kc2_nosb"),
+    "256x4096x14336_sb": ("m64n128_c2x1_ov4_d8", "m64n128_c2x1_ov4_d8_nosb"),
+    "64x2112x7168_sb": ("m64_ov4_sk3", "m64_ov4_sk3_nosb"),
+    "64x6144x4096_sb": ("m64_ov4", "m64_ov4_nosb"),
+    "128x2112x7168_sb": ("m64_ov4", "m64_ov4_nosb"),
+    # run 15: the two consumers on contiguous halves of K, and 13 stages
+    "256x2112x7168_kh": ("m64n64_c2x1_ov4_d12", "m64n64_c2x1_ov4_d12_kc2h", "m64n64_c2x1_d12_kc2h_nosb",
+                         "m64n64_c2x1_ov4_d13_e32"),
+    "64x6144x4096_kh": ("m64_ov4", "m64_ov4_kc2h"),
+    "128x2112x7168_kh": ("m64_ov4", "m64_ov4_kc2h"),
+    "256x6144x4096_kh": ("n112_e16_ov4_d7",),  # profiled beside cuBLASLt's 128x96 (ncu)
+    # run 16: the split over wide tiles against the policy's module at 7684e89
+    "256x6144x4096_sk": ("n112_e16_ov4_d7", "sk2_n192"),
+    "256x2112x7168_sk": ("m64n64_c2x1_ov4_d12", "sk6_n192", "sk4_n192"),
+    "64x2112x7168_sk": ("m64_ov4_sk3", "m64n128_ov4_sk7_c1x1"),
+    "4096x2112x7168_w": ("m192_c1x2_u", "n192", "n176_e16_d5_p2"),
+    # run 17: 128x176 (promoted every 2 slices, drained) against the policy's module at 7684e89 where a width rate of
+    # 1.05 would give it, and 128x128 at 4096x2112x7168 (the rate's yardstick); held out: Llama-2-7B's up projection,
+    # a 5120^2 weight, Qwen2.5-1.5B's up projection
+    "4096x2112x7168_r": ("ov4", "n176_e16_d5_p2"),
+    "8192x2112x7168_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
+    "768x7168x16384_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
+    "2048x7168x16384_r": ("n224_h_p2_u_e16", "n176_e16_d5_p2"),
+    "1024x14336x4096_r": ("n224_h_p2_u_e16", "n176_e16_d5_p2"),
+    "512x28672x8192_r": ("n224_h_p2_u_e16", "n176_e16_d5_p2"),
+    "4096x14336x4096_r": ("n256_h_p2_u", "n176_e16_d5_p2"),
+    "1024x11008x4096_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
+    "512x5120x5120_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
+    "1536x8960x1536_r": ("n224_h_p2_u_e16", "n176_e16_d5_p2"),
+    # run 18, held out: where the width rule with 128x176 at its rate (plan.FP8_WIDTH_RATE[176]) changes the module and
+    # run 17 did not time it (Qwen2.5-7B's down projection, a 7168x2048 weight, Llama-2-7B's up projection, 5120^2)
+    "768x7168x2048_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
+    "1536x3584x18944_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
+    "256x11008x4096_r": ("n192", "n176_e16_d5_p2"),
+    "2048x11008x4096_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
+    "1024x5120x5120_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

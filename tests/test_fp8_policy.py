@@ -98,19 +98,20 @@ def test_many_waves_of_per_tensor_fp8_take_the_tile_that_fills_them_best():
     # 98.5%; on 128 SMs the halves fill 16 waves whole and the wide ones 22 at 97.7%
     assert plan.fp8_wide(8192, 8192, sms=132) and plan.fp8_halves(8192, 8192, sms=128)
     # 4096 x 1000 rows: 8 x 16 halves tiles are one wave of 132 SMs (97%) but two of 112 (57%), where the
-    # 6 x 32 wide tiles fill two waves of 112 at 86%
-    assert plan.fp8_halves(1000, 4096, sms=132) and plan.fp8_wide(1000, 4096, sms=112)
+    # 6 x 32 wide tiles and 8 x 24 of 128x176 fill two waves of 112 better (74%, 81%)
+    assert plan.fp8_halves(1000, 4096, sms=132) and plan.fp8_tile(1000, 4096, sms=112) == "n176"
 
 
 def test_the_width_rule_takes_cuBLASLts_widths_where_they_fill_the_waves_and_not_past_their_measured_range():
-    """``plan.fp8_width`` (rule ``fp8-width``): 128-row tiles 96, 112, 144 or 192 wide where their waves, weighed
+    """``plan.fp8_width`` (rule ``fp8-width``): 128-row tiles 96 to 224 wide where their waves, weighed
     by their measured rates, beat the other tiles: cuBLASLt's 128x144 at 1024x2112 (120 tiles, 91% of a wave, where
-    128x128 take two waves at 52%), 128x112 at 256x7168 (128 tiles), 128x192 at 1024x6144 (256 tiles, two waves);
+    128x128 take two waves at 52%), 128x112 at 256x7168 (128 tiles), 128x192 at 1024x6144 (256 tiles, two waves),
+    128x176 at 4096x2112 (12 x 176 = N: 2.9 waves, where 192x128 leave a 17th column half empty);
     not where 128x128 fill at most half the SMs (the fill rule's or the split's), not under 128 columns past
     FP8_NARROW_MAX_M, never with block scales (whose tiles cover whole 128-column B blocks)."""
     spec = GemmSpec.fp8("bfloat16", "tensor")
     for (M, N, K), width in {(1024, 2112, 7168): 144, (256, 7168, 16384): 112, (1024, 6144, 4096): 192,
-                             (256, 18944, 3584): 144}.items():
+                             (256, 18944, 3584): 144, (4096, 2112, 7168): 176, (1024, 11008, 4096): 176}.items():
         choice = plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
         assert plan.fp8_width(M, N) == width and choice.rule == "fp8-width", (M, N)
         assert {k: choice.knobs[k] for k in plan.FP8_WIDTH_KNOBS[width]} == plan.FP8_WIDTH_KNOBS[width]
@@ -121,6 +122,9 @@ def test_the_width_rule_takes_cuBLASLts_widths_where_they_fill_the_waves_and_not
     # 128x112 would fill 1536 x 1024 better (120 tiles) but ran 0.79x against 128x128's 0.91x: M past the range
     assert plan.fp8_width(plan.FP8_NARROW_MAX_M, 2112) == 112 and plan.fp8_width(1536, 1024) is None
     assert plan.fp8_tile(1536, 1024) == "square"
+    # 128x176's fill only 2% better than 128x224's and 128x256's in halves: it lost there at K = 4096 (run 17)
+    assert plan.fp8_tile(1024, 14336) == "n224" and plan.fp8_tile(4096, 14336) == "halves"
+    assert plan.fp8_tile(1536, 8960) == "n224"
     for M, N in ((1024, 2112), (256, 7168), (1024, 6144)):
         assert not plan.fp8_tile(M, N, recipe="block").startswith("n")
         assert plan.fp8_width(M, N, recipe="row") == plan.fp8_width(M, N)  # rowwise scales take the same tiles

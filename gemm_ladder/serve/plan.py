@@ -532,16 +532,26 @@ FP8_UNDER_RESULTS = "benchmarks/results/2026-11-27_h100_fp8_under/README.md"
 # (as 128x256 in halves is; the error 1.00x torch's max, 1.01x its mean): 1024x2112x7168 0.84x -> 0.92x,
 # 2048x2112x7168 0.84x -> 0.95x, 256x18944x3584 0.95x -> 0.93x (K = 3584); 128x192 so was 4-8% slower at four
 # shapes, and the overlapped tiles (128x96, 128x112, the fill and split small-M tiles) level (their adds already
-# run under the next group's wgmmas), so only 128x144 takes it.
+# run under the next group's wgmmas), so only 128x144 takes it. Runs 16 and 17: 128x176 (drained, promoted every 2
+# slices, as 128x144), where its waves are fuller than the others': 4096x2112x7168 (12 x 176 = N: 384 tiles, 2.9
+# waves) 1.061-1.076x against 192x128's 0.991x (374 tiles, 17 columns of 128 for 16.5) and 128x192's 1.027x,
+# 8192x2112x7168 1.042x (0.995x), 768x7168x16384 0.953x (0.895x); where its fill is only 2% better it lost to
+# 128x224 and 128x256 in halves at K = 4096 (1024x14336x4096 0.996x against 1.007x, 4096x14336x4096 0.968x against
+# 1.037x) and won at K = 8192 and 16384 (512x28672x8192 0.977x against 0.953x, 2048x7168x16384 1.008x against
+# 0.971x). Its rate, 1.025, is between what those shapes allow (above 1.017: 4096x2112x7168; below 1.032:
+# 1024x14336x4096), so it takes the shapes where its fill is 9% and more better than 192x128's; held out:
+# Llama-2-7B's up projection at M = 1024 0.977x against 0.910x, 512x5120x5120 0.892x against 0.865x (it takes
+# both), Qwen2.5-1.5B's at M = 1536 0.926x against 128x224's 0.954x (it does not).
 FP8_WIDTHS_RESULTS = "benchmarks/results/2026-11-28_h100_fp8_widths/README.md"
 FP8_WIDTH_KNOBS = {
     96: {"promote": FP8_PROMOTE, "overlap": 4, "blk_n": 96, "epi_n": 32, "pipe_depth": 7},
     112: {"promote": FP8_PROMOTE, "overlap": 4, "blk_n": 112, "epi_n": 16, "pipe_depth": 7},
     144: {"promote": FP8_HALVES_PROMOTE, "blk_n": 144, "epi_n": 16, "pipe_depth": 6},
+    176: {"promote": FP8_HALVES_PROMOTE, "blk_n": 176, "epi_n": 16, "pipe_depth": 5},
     192: {"promote": FP8_PROMOTE, "blk_n": 192},
     224: {**FP8_HALVES_KNOBS, "blk_n": 224, "epi_n": 16},
 }
-FP8_WIDTH_RATE = {96: 0.79, 112: 0.96, 144: 0.97, 192: 1.08, 224: 1.05}
+FP8_WIDTH_RATE = {96: 0.79, 112: 0.96, 144: 0.97, 176: 1.025, 192: 1.08, 224: 1.05}
 # Tiles narrower than 128 only up to this M (four rows of tiles): measured at M = 256 and 512 (run 8: 256x7168x2048
 # 0.82x against 128x128's 0.80x, 512x2112x7168 0.71x against 0.66x), and at 1536x1024x8192 128x112 ran 0.79x where
 # 128x128 ran 0.91x (each A row block read by ten tile columns where eight would do, a last column of 16)

@@ -492,9 +492,15 @@ def role_registers(consumers: int) -> RoleRegisters:
     return RoleRegisters(entry, PRODUCER_REGS, min(share, 240))
 
 
+def consumer_warpgroups(cfg: GemmConfig) -> int:
+    """Consumer warpgroups of the CTA: ``num_warpgroups`` owners of rows, each with its lanes of K
+    slices (v9's ``k_consumers``, ``kconsumers.py``; 1 elsewhere)."""
+    return cfg.num_warpgroups * dict(cfg.extra).get("k_consumers", 1)
+
+
 def check_consumer_registers(cfg: GemmConfig, plan: HopperPlan | None = None) -> None:
     """The accumulators must fit a consumer's budget with room for addresses and loop state."""
-    regs = role_registers(cfg.num_warpgroups)
+    regs = role_registers(consumer_warpgroups(cfg))
     budget = regs.consumer or regs.entry
     plan = plan or HopperPlan(cfg)
     acc = plan.acc_regs

@@ -146,7 +146,7 @@ import layouts
 from ..core.budget import limits_for, smem_bytes
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
-from .common import WG_M, HopperPlan, role_registers
+from .common import WG_M, HopperPlan, consumer_warpgroups, role_registers
 
 BLOCK = 128  # the block recipe's groups: A's 1 x 128 of K, B's 128 x 128
 PROMOTE_DEFAULT = 1  # slices of blk_k = 128 between promotions: every 128 of K, as DeepGEMM and CUTLASS
@@ -284,7 +284,7 @@ def check(cfg: GemmConfig) -> None:
     _check_overlap(cfg, every, runs)
     _check_stagger(cfg, every, runs)
     _check_halves(cfg, every, runs)
-    regs = role_registers(cfg.num_warpgroups)
+    regs = role_registers(consumer_warpgroups(cfg))
     budget = regs.consumer or regs.entry
     acc = HopperPlan(cfg).acc_regs
     if halves(cfg):

@@ -63,7 +63,7 @@ from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 from ..sync.classes import NAMED_BARRIERS_ATTR, MBarrier, TMABar
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
-from . import common, epilogue, fp8, narrowtail, splitk, streamk
+from . import common, epilogue, fp8, kconsumers, narrowtail, splitk, streamk
 from .common import HopperPlan, SwapPlan
 from .epilogue import NO_OP, ChunkedEpilogue, EpilogueOp, TransposedEpilogue
 from .mainloop import Consumer
@@ -173,7 +173,10 @@ def launch(cfg: GemmConfig, preset: Preset) -> dict:
     info = common.launch_info(cfg, cfg.pipe_depth, persistent=True, cluster=cm * cn)
     if fp8.staged(cfg):  # the block scales' rows beside the ring (fp8.scale_smem_bytes)
         info = {**info, "smem_bytes": info["smem_bytes"] + fp8.scale_smem_bytes(cfg)}
-    info = {**info, "threads": info["threads"] + common.THREADS_PER_WG, "cluster_shape": [cm, cn]}
+    # k_consumers: a second consumer on each consumer's rows, and its sums' hand-over (kconsumers.py)
+    lanes = kconsumers.lanes(cfg)
+    info = {**info, "smem_bytes": info["smem_bytes"] + kconsumers.smem_bytes_more(cfg),
+            "threads": info["threads"] * lanes + common.THREADS_PER_WG, "cluster_shape": [cm, cn]}
     return common.dynamic_launch(cfg, info)
 
 
@@ -198,9 +201,12 @@ def kernel(cfg: GemmConfig, preset: Preset):
     units_per_tile = splitk.split_k(cfg) if preset.split_k else 1  # split-K units of a tile
     stages = cfg.pipe_depth
     slices_per_tile = cfg.k_tiles
-    consumers = cfg.num_warpgroups  # consumer warpgroups
-    releases = 4 * consumers * cluster_size  # every consumer warp of every CTA of the cluster frees a stage
-    regs = common.role_registers(consumers)
+    consumers = cfg.num_warpgroups  # consumer warpgroups that own rows of the tile
+    lanes = kconsumers.lanes(cfg)  # consumers on each owner's rows, taking alternate K slices (k_consumers)
+    warpgroups = consumers * lanes  # consumer warpgroups of the CTA
+    # every consumer warp of every CTA of the cluster that reads a stage (one lane's) frees it
+    releases = 4 * consumers * cluster_size
+    regs = common.role_registers(warpgroups)
     acc_regs = plan.acc_regs
     rows_per_wg = plan.rows_per_wg  # of a_smem (A, or B under swap AB)
     A_layout, B_layout = plan.ab_layouts(stages)
@@ -276,7 +282,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
         # half a wave; none if the waves are whole) go by K slices, [sk_first, sk_end) to this cluster
         dp_tiles, sk_tiles = T.meta_var(streamk.split(m_tiles * n_tiles, num_clusters))
         sk_first, sk_end = T.meta_var(streamk.cluster_range(clu, sk_tiles, num_clusters, slices_per_tile))
-        wg_id = T.warpgroup_id([consumers + 1])
+        wg_id = T.warpgroup_id([warpgroups + 1])
         warp_id = T.warp_id_in_wg([4])
         lane_id = T.lane_id([32])
         pool = T.SMEMPool()
@@ -295,6 +301,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
         if stage_scales:
             # fp8 block scales staged with each ring stage by the producer (fp8.StagedScales)
             Ssmem = pool.alloc((stages, fp8.scale_row(cfg)), "float32", align=128)
+        if lanes > 1:
+            # k_consumers: lane 1's sums, handed to lane 0 at a tile's end (kconsumers.HandOver)
+            Rsmem = pool.alloc(kconsumers.buffer_shape(cfg), "float32", align=128)
         pool.commit()
         ring.init(releases=releases)
         if residual:
@@ -336,7 +345,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
                     # each stage refilled once its previous slice (one lap back) was released
                     n_col, _, k0, nk = T.meta_var(unit(ts_load.n_idx))
                     loads.load_tile(load_it, sched.m_start(ts_load.m_idx), sched.n_start(n_col),
-                                    first_slice=k0, num_slices=nk, backwards=backwards(load_it))
+                                    first_slice=k0, num_slices=nk, backwards=backwards(load_it),
+                                    parts=lanes if kconsumers.halves(cfg) else 1)
                     load_it = load_it + nk
                     ts_load.next_tile()
                 if narrow_on:
@@ -356,8 +366,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                         first_slice=k0, num_slices=nk)
                         load_it = load_it + nk
 
-        with common.ConsumerRole(wg_id, consumers, regs.consumer):
-            c = T.meta_var(wg_id - 1)  # this consumer
+        with common.ConsumerRole(wg_id, warpgroups, regs.consumer):
+            # this consumer's rows (their owner) and, with k_consumers, its lane of K slices
+            c = T.meta_var((wg_id - 1) % consumers if lanes > 1 else wg_id - 1)
+            lane = T.meta_var((wg_id - 1) // consumers)
             wtid = T.meta_var(warp_id * 32 + lane_id)
             wg_row0 = T.meta_var(c * rows_per_wg)  # its rows of a_smem (of N under swap AB)
             # with halves the tensor cores' accumulators hold one half of the tile (fp8.HalfPlan)
@@ -387,7 +399,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
             sum_scales = T.meta_var(fp8.SumScales(plan=plan, scale_a=g["scale_a"], scale_b=g["scale_b"],
                                                   how=fp8.recipe(cfg), row0=wg_row0, warp_id=warp_id, lane_id=lane_id,
                                                   sreg=Sreg) if scaled else None)
-            mma = T.meta_var(Consumer(plan=plan, ring=ring, a_smem=Bsmem if preset.swap_ab else Asmem,
+            mma = T.meta_var(Consumer(plan=plan, ring=ring.lane(lanes, lane) if lanes > 1 else ring, a_smem=Bsmem if preset.swap_ab else Asmem,
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg,
                                       scales=block_scales, overlap=overlap, acc2=Dreg2 if overlap > 0 else None,
@@ -404,6 +416,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                                  residual=epilogue.ResidualRead.of(
                                                      cfg, g, c_ready if residual else None,
                                                      c_pairs if residual else None), gated=gated))
+            if lanes > 1:
+                hand_over = T.meta_var(kconsumers.HandOver(buf=Rsmem, regs=acc_regs, thread=wtid, owner=c,
+                                                           owners=consumers))
             if has_workspace:
                 # fp8 (v10): each unit's promoted fp32 sums are its partials (fp8.check_split)
                 parts = T.meta_var(splitk.Partials(slots=g["p"], counters=g["cnt"], acc=Freg if promote > 0 else Dreg,
@@ -456,6 +471,13 @@ def kernel(cfg: GemmConfig, preset: Preset):
                     tiles_done = tiles_done + 1
                 elif at_promotion:
                     mma.run(it, nk, sched.m_start(ts.m_idx) + wg_row0, sched.n_start(n_col))
+                elif lanes > 1:
+                    # k_consumers: this lane's slices, then lane 1's sums into lane 0's (kconsumers.py)
+                    if c_prefetch:
+                        if lane == 0:
+                            epi.prefetch_c(sched.m_start(ts.m_idx), sched.n_start(n_col), epi_it)
+                    mma.run(it // lanes, nk // lanes)
+                    hand_over.meet(mma.sums, lane)
                 else:
                     if c_prefetch:
                         # the tile's first C chunk lands under its K loop (epilogue.ResidualRead)
@@ -479,6 +501,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
                         _store_sums(epi, mma.sums, sum_scales, m_st, n_st, epi_it)
                         if preset.epilogue == "chunked":
                             epi_it = epi_it + epi.chunks_per_tile
+                elif lanes > 1:
+                    if lane == 0:  # k_consumers: lane 0 stores the tile
+                        _store_sums(epi, mma.sums, sum_scales, m_st, n_st, epi_it)
+                        epi_it = epi_it + epi.chunks_per_tile
                 elif not under:
                     _store_sums(epi, mma.sums, sum_scales, m_st, n_st, epi_it)
                     if preset.epilogue == "chunked":
@@ -583,6 +609,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                   "beside the others in gemm.kernel")
     # fmt: on
 
-    if residual:  # the C loads' mbarrier is ordered by the consumers' named barrier: the checker models it
+    # the C loads' mbarrier is ordered by the consumers' named barrier, and k_consumers' lanes meet at one:
+    # the checker models them
+    if residual or lanes > 1:
         hgemm = hgemm.with_attr(NAMED_BARRIERS_ATTR, True)
     return hgemm

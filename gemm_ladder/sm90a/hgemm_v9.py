@@ -142,6 +142,12 @@ promoted sums double the accumulators), ``promote=1``, ``overlap=0``, ``stagger=
 promotion in one accumulator set, ``epi_under`` stores the previous tile's pairs under the next tile's
 first promotion group (``mainloop.Consumer.run_under``); no ``tail_n`` yet.
 
+Two consumers on one tile's rows (``k_consumers=2``, off by default; ``sm90a/kconsumers.py``): each
+consumer's rows get a second consumer warpgroup, the two taking alternate K slices of the tile into
+sums of their own, the second's handed to the first through shared memory at the tile's end (the
+first stores the tile). Where a 64-row tile leaves one consumer to issue every wgmma alone (fp8 at
+small M, cuBLASLt runs two consumers on its 64x64 tiles there).
+
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
   - blk_n a multiple of 16 from 64 to 256 (cuBLASLt's 96-, 112- and 144-wide tiles among them);
@@ -159,7 +165,7 @@ Run:  python -m gemm_ladder build v9 --shape 8192x8192x8192 --knob pipe_depth=4 
 from dataclasses import dataclass
 
 from ..core.config import BLK_N_16, GemmConfig
-from . import common, epilogue, fp8, gemm, narrowtail
+from . import common, epilogue, fp8, gemm, kconsumers, narrowtail
 
 PRESET = gemm.V9
 TECHNIQUE = "consumers with their own rows and epilogues, stores draining under the next tile"
@@ -173,8 +179,10 @@ MN_MAJOR = True  # the spec's a_major="M" / b_major="N": A [K, M], B [K, N] thro
 FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "stagger": False, "stage_scales": False}
 # knobs taken anywhere, kept only away from their defaults (``rungs.make_config``: the tags and cache
 # keys of other modules stay as they were): fp8 block scales staged by plain bulk copies (fp8.stage_bulk),
-# fp8's promotion groups in two half-width wgmma groups (fp8.halves: a 128x256 tile with its promotion)
-OPTIONAL_KNOBS = {"stage_bulk": False, "stage_bulk_split": False, "halves": False}
+# fp8's promotion groups in two half-width wgmma groups (fp8.halves: a 128x256 tile with its promotion),
+# a second consumer on each consumer's rows taking alternate K slices (kconsumers.py)
+OPTIONAL_KNOBS = {"stage_bulk": False, "stage_bulk_split": False, "halves": False, "k_consumers": 1,
+                  "k_halves": False}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 # knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
 # FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop
@@ -211,6 +219,7 @@ def check(cfg: GemmConfig) -> None:
     common.check_majors(cfg)
     narrowtail.check(cfg)
     fp8.check(cfg)
+    kconsumers.check(cfg)
 
 
 def cluster_grid(cfg: GemmConfig, M=None) -> tuple:

@@ -194,12 +194,20 @@ columns, into its ``[blk_k, rows]`` tile. Every CTA's full barrier
     loads.ring.expect(pos, loads.plan.stage_bytes + (loads.scales.nbytes if loads.scales is not None else 0))
 
 
+def interleaved(k: int, count: int, parts: int) -> int:
+    """The slice the ``k``-th of ``count`` ring positions takes when ``parts`` consumers each add
+    a contiguous part of the K slices, the parts loaded in turn (v9's ``k_consumers`` with
+    ``k_halves``): position k holds slice ``(k % parts) * (count / parts) + k / parts``."""
+    return (k % parts) * (count // parts) + k // parts
+
+
 @T.inline
-def _load_slices(loads, pos, first, count, m_st, n_st, backwards):
+def _load_slices(loads, pos, first, count, m_st, n_st, backwards, parts):
     for k in range(count):
         loads.ring.wait_empty(pos + k)
         _load_slice(loads, pos + k, m_st, n_st,
-                    first + k if backwards is False else T.Select(backwards, first + count - 1 - k, first + k))
+                    first + interleaved(k, count, parts) if backwards is False
+                    else T.Select(backwards, first + count - 1 - k, first + k))
 
 
 @dataclass(frozen=True)
@@ -222,10 +230,11 @@ class Producer:
     gated_n: int = 0  # a gated B (SwiGLU's W_gu): its gate rows (0: not gated; gated_row)
     scales: object = None  # fp8 block scales staged with each stage (fp8.StagedScales: stage_scales), or None
 
-    def load_tile(self, pos, m_st, n_st, first_slice=0, num_slices=None, backwards=False) -> None:
+    def load_tile(self, pos, m_st, n_st, first_slice=0, num_slices=None, backwards=False, parts=1) -> None:
         """Slices ``[first_slice, first_slice + num_slices)`` (default: the whole K) of the tile
         at rows ``m_st`` of A and ``n_st`` of B, into ring positions ``pos, pos + 1, ...``; with
         ``backwards`` (a run-time condition) from the last slice to the first (v9's ``k_zigzag``:
-        the consumers add the slices in whatever order they land)."""
+        the consumers add the slices in whatever order they land); with ``parts`` > 1, the K
+        slices in that many contiguous parts, loaded in turn (:func:`interleaved`)."""
         count = self.plan.cfg.k_tiles if num_slices is None else num_slices
-        _load_slices(self, pos, first_slice, count, m_st, n_st, backwards)
+        _load_slices(self, pos, first_slice, count, m_st, n_st, backwards, parts)

@@ -103,3 +103,39 @@ class Ring:
         """One consumer warp (its lane 0): slot ``pos`` is read, to every producer of the
         cluster."""
         release_to_cluster(self.empty, self.slot(pos), self.cluster_size)
+
+    def lane(self, lanes: int, lane) -> "Lane":
+        """The ring as consumer ``lane`` of ``lanes`` that take alternate slices sees it
+        (v9's ``k_consumers``, ``sm90a/kconsumers.py``): its position p is the ring's
+        ``lanes * p + lane``."""
+        return Lane(self, lanes, lane)
+
+
+@T.meta_class
+class Lane:
+    """Every ``lanes``-th position of a :class:`Ring`, from ``lane``: a consumer that takes a
+    tile's slices ``lane, lane + lanes, ...`` runs its K loop over positions ``it / lanes + j``
+    (the tile's first position ``it`` a multiple of ``lanes``) and names them as any consumer
+    does; the slots, phases and barriers are the ring's."""
+
+    def __init__(self, ring: Ring, lanes: int, lane):
+        self.ring = ring
+        self.lanes = lanes
+        self.lane = lane
+        self.stages = ring.stages
+        self.cluster_size = ring.cluster_size
+
+    def position(self, pos):
+        return self.lanes * pos + self.lane
+
+    def slot(self, pos):
+        return self.ring.slot(self.position(pos))
+
+    def phase(self, pos):
+        return self.ring.phase(self.position(pos))
+
+    def wait_full(self, pos) -> None:
+        self.ring.wait_full(self.position(pos))
+
+    def release(self, pos) -> None:
+        self.ring.release(self.position(pos))
