@@ -129,7 +129,12 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           # run 18
           ("768x7168x2048_r", 768, 7168, 2048), ("1536x3584x18944_r", 1536, 3584, 18944),
           ("256x11008x4096_r", 256, 11008, 4096), ("2048x11008x4096_r", 2048, 11008, 4096),
-          ("1024x5120x5120_r", 1024, 5120, 5120))
+          ("1024x5120x5120_r", 1024, 5120, 5120),
+          # run 19
+          ("1024x4096x14336_c4", 1024, 4096, 14336), ("1024x2112x7168_c4", 1024, 2112, 7168),
+          ("1024x6144x4096_c4", 1024, 6144, 4096), ("1024x7168x16384_c4", 1024, 7168, 16384),
+          ("1024x24576x1536_c4", 1024, 24576, 1536), ("4096^3_c4", 4096, 4096, 4096), ("8192^3_c4", 8192, 8192, 8192),
+          ("256x6144x4096_c4", 256, 6144, 4096), ("4096x2112x7168_c4", 4096, 2112, 7168))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -338,6 +343,16 @@ CONFIGS = {
     "m64n128_ov4_sk7_c1x1": {**SMALL_M_KNOBS, "rung": "v10", "blk_n": 128, "split_k": 7, "cluster_n": 1, "overlap": 4},
     # and tiles whose width divides N = 2112 (11 x 192, 12 x 176) at M = 4096, where 192x128 leaves a ragged column
     "n176_e16_d5_p2": {"blk_n": 176, "epi_n": 16, "pipe_depth": 5, "promote": 2},
+    # run 19: four row tiles a cluster sharing B's tile (cluster_m=4: cuBLASLt's 1x4 at 1024x2112x7168), and
+    # cuBLASLt's 128x96 with two column tiles sharing A at 256x6144x4096
+    "n256_h_p2_u_c4x1": {"blk_n": 256, "halves": True, "promote": 2, "epi_under": True, "cluster_m": 4},
+    "n160_e32_d5_p2_c4x1": {"blk_n": 160, "epi_n": 32, "pipe_depth": 5, "promote": 2, "cluster_m": 4},
+    "n192_c4x1": {"blk_n": 192, "cluster_m": 4},
+    "n224_h_p2_u_e16_c4x1": {"blk_n": 224, "halves": True, "promote": 2, "epi_under": True, "epi_n": 16,
+                             "cluster_m": 4},
+    "m192_c4x1_u": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 4, "cluster_n": 1, "epi_under": True},
+    "n96_e32_ov4_d7_c1x2": {"blk_n": 96, "epi_n": 32, "overlap": 4, "pipe_depth": 7, "cluster_m": 1, "cluster_n": 2},
+    "n176_e16_d5_p2_c1x2": {"blk_n": 176, "epi_n": 16, "pipe_depth": 5, "promote": 2, "cluster_m": 1, "cluster_n": 2},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -461,6 +476,16 @@ SWEEP = {
     "256x11008x4096_r": ("n192", "n176_e16_d5_p2"),
     "2048x11008x4096_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
     "1024x5120x5120_r": ("m192_c1x2_u", "n176_e16_d5_p2"),
+    # run 19: clusters of four row tiles (and cuBLASLt's 1x2 at 256x6144x4096) against the policy's module at 6913a98
+    "1024x4096x14336_c4": ("n256_h_p2_u", "n256_h_p2_u_c4x1"),
+    "1024x2112x7168_c4": ("n144_e16_d6_p2", "n160_e32_d5_p2_c4x1", "n192_c4x1"),
+    "1024x6144x4096_c4": ("n192", "n192_c4x1"),
+    "1024x7168x16384_c4": ("n224_h_p2_u_e16", "n224_h_p2_u_e16_c4x1"),
+    "1024x24576x1536_c4": ("n256_h_p2_u", "n256_h_p2_u_c4x1"),
+    "4096^3_c4": ("n256_h_p2_u", "n256_h_p2_u_c4x1"),
+    "8192^3_c4": ("m192_c1x2_u", "m192_c4x1_u", "n256_h_p2_u_c4x1"),
+    "256x6144x4096_c4": ("n112_e16_ov4_d7", "n96_e32_ov4_d7_c1x2"),
+    "4096x2112x7168_c4": ("n176_e16_d5_p2", "n176_e16_d5_p2_c1x2"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

@@ -14,6 +14,11 @@ from gemm_ladder.core import device
 from gemm_ladder.core.manifest import ManifestError
 from gemm_ladder.serve import runtime
 from gemm_ladder.serve.runtime import GemmModule, ModuleInputError, persistent_grid
+from gemm_ladder.core.config import ConfigError
+from gemm_ladder.core.spec import GemmSpec
+from gemm_ladder.protocol.check import check_config
+from gemm_ladder.rungs import make_config
+from gemm_ladder.sm90a import hgemm_v9
 
 V9_2X2 = {"persistent": True, "cluster": 4, "threads": 384, "smem_bytes": 230400}
 
@@ -135,3 +140,16 @@ def test_grid_of_a_2x2_module_on_this_gpu():
         warnings.simplefilter("error")  # the driver must answer here: no fallback
         ctas = runtime.persistent_grid(0, V9_2X2)
     assert ctas % 4 == 0 and ctas == 4 * device.max_active_clusters(0, 4, 384, 230400)
+
+
+def test_v9_takes_four_row_tiles_a_cluster_and_the_other_rungs_do_not():
+    # v9's cluster_m=4 (common.CLUSTER_M_WIDE: four row tiles share B's tile, as cuBLASLt's 1x4 fp8 kernels;
+    # measured slower, benchmarks/results/2026-11-28_h100_fp8_clusters4/): B's tile in four parts of whole atoms
+    cfg = make_config("v9", 1024, 1024, 1024, spec=GemmSpec.fp8(), blk_n=128, overlap=4, promote=1, cluster_m=4,
+                      pipe_depth=4)
+    assert hgemm_v9.launch(cfg)["cluster"] == 4
+    assert check_config(cfg).ok
+    with pytest.raises(ConfigError, match="cluster_m=4 is not supported on v10; use cluster_m=1 or 2"):
+        make_config("v10", 1024, 1024, 1024, cluster_m=4)
+    with pytest.raises(ConfigError, match="multiple of 32"):
+        make_config("v9", 1024, 1024, 1024, spec=GemmSpec.fp8(), blk_n=112, cluster_m=4, epi_n=16)

@@ -138,3 +138,4 @@ def test_a_stage_is_released_by_the_warps_of_the_lane_that_read_it():
     src = build("v9", 256, 640, 1024, **FP8_64, k_consumers=2).source
     counts = set(re.findall(r"mbarrier_init_init_shared_b64\(.*\), \(uint\)(\d+)\);", src))
     assert counts == {"1", "8"}
+

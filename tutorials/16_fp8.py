@@ -368,11 +368,15 @@ for cols in (64, 96, 112, 144, 48, 16):
 # (128x144), 256x7168x16384 0.85x -> 0.93x (128x112), 1024x7168x16384 0.89x -> 0.98x (128x224), and at 18
 # shapes it was not chosen on, faster at each (+9% geomean). 128x144 holds no second accumulator set, so its
 # promotion drains the tensor cores; every 2 slices instead of every one it gained 9-13% at K = 7168 (0.92x at
-# 1024x2112x7168), while the overlapped tiles were level. At cuBLASLt's own tiling ours still trail it (0.84x
-# at 256x6144x4096): the tiles are the same now, the gap is inside them.
+# 1024x2112x7168), while the overlapped tiles were level. A width that divides N also fills waves: at
+# 4096x2112x7168 192x128 tiles leave a 17th column of tiles half empty, 128x176 (12 x 176 = 2112) do not,
+# 1.076x against 0.991x. At cuBLASLt's own tiling ours still trail it (0.84x at 256x6144x4096): the tiles are
+# the same now, the gap is inside them (a second consumer on a 64-row tile, as cuBLASLt's 64x64 kernel runs,
+# measured slower: `benchmarks/results/2026-11-28_h100_fp8_kconsumers/`).
 
 # %%
-for M, N, K in ((1024, 2112, 7168), (256, 6144, 4096), (256, 7168, 16384), (1024, 6144, 4096), (1024, 7168, 16384)):
+for M, N, K in ((1024, 2112, 7168), (256, 6144, 4096), (256, 7168, 16384), (1024, 6144, 4096), (1024, 7168, 16384),
+                (4096, 2112, 7168)):
     rung, knobs = plan.fp8_module(M, N, K, "tensor")
     print(f"{M}x{N}x{K}: {plan.fp8_tile(M, N)} -> {rung}",
           {k: knobs[k] for k in ("blk_n", "epi_n", "overlap", "halves", "pipe_depth") if k in knobs})

@@ -582,6 +582,9 @@ def consumer_store_tile(D, Dsmem, Dreg, m_st, n_st, plan, ctid, wg_row0, warp_id
 
 # -- thread-block clusters (v8+): operand tiles multicast to the CTAs that share them -----------
 CLUSTER_DIMS = (1, 2)  # CTAs of a cluster along M and along N
+# v9 also takes four CTAs along M (four row tiles sharing B's tile: the 4x1 clusters cuBLASLt's fp8 kernels run at
+# M = 1024); an H100 runs 32 such clusters at once (serve.runtime.persistent_grid), not 33
+CLUSTER_M_WIDE = (1, 2, 4)
 
 
 def cluster_shape(cfg: GemmConfig) -> tuple[int, int]:
@@ -590,12 +593,14 @@ def cluster_shape(cfg: GemmConfig) -> tuple[int, int]:
     return extra.get("cluster_m", 1), extra.get("cluster_n", 1)
 
 
-def check_cluster(cfg: GemmConfig) -> None:
-    """A cluster of cluster_m x cluster_n CTAs splits each shared tile into whole swizzle atoms."""
+def check_cluster(cfg: GemmConfig, dims_m: tuple = CLUSTER_DIMS) -> None:
+    """A cluster of cluster_m x cluster_n CTAs (cluster_m one of ``dims_m``) splits each shared tile
+    into whole swizzle atoms."""
     cm, cn = cluster_shape(cfg)
-    for name, v in (("cluster_m", cm), ("cluster_n", cn)):
-        if not isinstance(v, int) or isinstance(v, bool) or v not in CLUSTER_DIMS:
-            raise ConfigError(f"{name}={v!r} is not supported; use {name}=1 or 2 (clusters of 1x2, 2x1 or 2x2 CTAs)")
+    for name, v, dims in (("cluster_m", cm, dims_m), ("cluster_n", cn, CLUSTER_DIMS)):
+        if not isinstance(v, int) or isinstance(v, bool) or v not in dims:
+            raise ConfigError(f"{name}={v!r} is not supported on {cfg.rung}; use {name}="
+                              + " or ".join(map(str, dims)))
     # the A tile is shared by the cluster_n CTAs of one cluster row: each loads a 1/cluster_n part
     # of its rows; B likewise over cluster_m. A part must be whole 8-row (1 KiB) swizzle atoms.
     for tile, parts, knob in ((cfg.blk_m, cn, "blk_m"), (cfg.blk_n, cm, "blk_n")):

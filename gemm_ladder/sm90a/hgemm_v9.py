@@ -146,7 +146,8 @@ Two consumers on one tile's rows (``k_consumers=2``, off by default; ``sm90a/kco
 consumer's rows get a second consumer warpgroup, the two taking alternate K slices of the tile into
 sums of their own, the second's handed to the first through shared memory at the tile's end (the
 first stores the tile). Where a 64-row tile leaves one consumer to issue every wgmma alone (fp8 at
-small M, cuBLASLt runs two consumers on its 64x64 tiles there).
+small M, cuBLASLt runs two consumers on its 64x64 tiles there); measured 1-16% slower than one consumer
+at the fp8 shapes timed (``benchmarks/results/2026-11-28_h100_fp8_kconsumers/``), so no rule sets it.
 
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
@@ -213,7 +214,7 @@ def check(cfg: GemmConfig) -> None:
     common.check_epi_under(cfg)
     common.check_consumer_registers(cfg)
     common.check_pipe_depth(cfg)
-    common.check_cluster(cfg)
+    common.check_cluster(cfg, common.CLUSTER_M_WIDE)
     common.check_schedule(cfg, grid=cluster_grid(cfg))
     common.check_dynamic_m(cfg)
     common.check_majors(cfg)

@@ -34,7 +34,15 @@ tile's pairs would be lane 0's alone), an even number of K slices (each lane hal
 per-tensor or rowwise scales for fp8 (block scales are applied by K block at each promotion, and a
 lane's j-th slice is K block 2j + l). A stage is read by one lane, so it is released by that lane's
 warps alone (``releases``). The sums are added in another order than one consumer's: the same
-fp32 total, rounded differently in its last bits.
+fp32 total, rounded differently in its last bits. ``k_halves=True``: lane l adds the l-th contiguous half of
+the tile's slices instead (the producer loads the halves in turn, ``producer.interleaved``).
+
+Measured on an H100 (``benchmarks/results/2026-11-28_h100_fp8_kconsumers/``, fp8 per-tensor, each module
+against ``torch._scaled_mm`` in the same rounds): slower than one consumer at every shape timed, 1-16%
+(256x2112x7168's 64x64 fill tiles 0.80x against 0.83x; the 64x128 fill tiles, which lose two stages to the
+hand-over's 32 KiB, 0.83x against 0.99x; the small-M tiles 1-5% slower), in alternate slices and in halves
+alike. ncu found both kernels waiting on their loads' latency, not on the consumer; so the policy does not
+take it, and it stays a knob to try (16-bit tiles too).
 """
 
 from __future__ import annotations
