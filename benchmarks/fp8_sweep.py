@@ -134,7 +134,13 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("1024x4096x14336_c4", 1024, 4096, 14336), ("1024x2112x7168_c4", 1024, 2112, 7168),
           ("1024x6144x4096_c4", 1024, 6144, 4096), ("1024x7168x16384_c4", 1024, 7168, 16384),
           ("1024x24576x1536_c4", 1024, 24576, 1536), ("4096^3_c4", 4096, 4096, 4096), ("8192^3_c4", 8192, 8192, 8192),
-          ("256x6144x4096_c4", 256, 6144, 4096), ("4096x2112x7168_c4", 4096, 2112, 7168))
+          ("256x6144x4096_c4", 256, 6144, 4096), ("4096x2112x7168_c4", 4096, 2112, 7168),
+          # run 20
+          ("128x2112x7168_s2", 128, 2112, 7168), ("96x2112x7168_s2", 96, 2112, 7168),
+          ("128x1024x7168_s2", 128, 1024, 7168), ("128x2048x8192_s2", 128, 2048, 8192),
+          # run 21
+          ("128x1536x8960_p", 128, 1536, 8960), ("128x1024x8192_p", 128, 1024, 8192),
+          ("112x2112x7168_p", 112, 2112, 7168), ("128x1024x7168_p", 128, 1024, 7168))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -353,6 +359,11 @@ CONFIGS = {
     "m192_c4x1_u": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 4, "cluster_n": 1, "epi_under": True},
     "n96_e32_ov4_d7_c1x2": {"blk_n": 96, "epi_n": 32, "overlap": 4, "pipe_depth": 7, "cluster_m": 1, "cluster_n": 2},
     "n176_e16_d5_p2_c1x2": {"blk_n": 176, "epi_n": 16, "pipe_depth": 5, "promote": 2, "cluster_m": 1, "cluster_n": 2},
+    # run 20: at 64 < M <= 128 the small-M tiles' two rows in 2x1 clusters (sharing B, as the fill rule's) split K
+    # (and unsplit: m64n64_c2x1_ov4, run 5's)
+    "m64n64_c2x1_ov4_sk2": {**SMALL_M_KNOBS, "rung": "v10", "cluster_m": 2, "cluster_n": 1, "overlap": 4, "split_k": 2},
+    "m64n64_c2x1_ov4_sk4": {**SMALL_M_KNOBS, "rung": "v10", "cluster_m": 2, "cluster_n": 1, "overlap": 4, "split_k": 4},
+    "m64n64_c2x1_ov4_sk3": {**SMALL_M_KNOBS, "rung": "v10", "cluster_m": 2, "cluster_n": 1, "overlap": 4, "split_k": 3},
 }
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
@@ -486,6 +497,18 @@ SWEEP = {
     "8192^3_c4": ("m192_c1x2_u", "m192_c4x1_u", "n256_h_p2_u_c4x1"),
     "256x6144x4096_c4": ("n112_e16_ov4_d7", "n96_e32_ov4_d7_c1x2"),
     "4096x2112x7168_c4": ("n176_e16_d5_p2", "n176_e16_d5_p2_c1x2"),
+    # run 20: M = 65-128 where the small-M tiles fill half the SMs or less (the policy's module at 05574a6: 64x64 in
+    # 1x2 clusters, unsplit or split), the two rows in 2x1 clusters split two or four ways
+    "128x2112x7168_s2": ("m64_ov4", "m64n64_c2x1_ov4", "m64n64_c2x1_ov4_sk2"),
+    "96x2112x7168_s2": ("m64_ov4", "m64n64_c2x1_ov4_sk2"),
+    "128x1024x7168_s2": ("m64_ov4_sk3", "m64n64_c2x1_ov4_sk2", "m64n64_c2x1_ov4_sk4"),
+    "128x2048x8192_s2": ("m64_ov4_sk2", "m64n64_c2x1_ov4_sk2"),
+    # run 21, held out: the pair rule (plan.FP8_SMALL_PAIR_KNOBS) against the policy's module before it, at
+    # Qwen2.5-1.5B's down projection, a 1024x8192 weight, M = 112, and 128x1024x7168's three ways in 2x1
+    "128x1536x8960_p": ("m64_ov4_sk2", "m64n64_c2x1_ov4_sk2"),
+    "128x1024x8192_p": ("m64_ov4_sk3", "m64n64_c2x1_ov4_sk3"),
+    "112x2112x7168_p": ("m64_ov4", "m64n64_c2x1_ov4_sk2"),
+    "128x1024x7168_p": ("m64_ov4_sk3", "m64n64_c2x1_ov4_sk3", "m64n64_c2x1_ov4_sk4"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

@@ -35,6 +35,24 @@ def test_the_policys_knobs_validate_at_every_shape_scaled_mm_takes(recipe, N, K)
             plan.fp8_knobs(M, N, K, recipe)
 
 
+def test_the_small_m_split_pairs_two_rows_of_tiles_in_2x1_clusters():
+    """``plan.FP8_SMALL_PAIR_KNOBS``: at 64 < M <= 128 the small-M tiles' two rows split in 2x1 clusters (sharing
+    B), their ways counted over those clusters' tiles (128x2112x7168: 33 of them, two ways fill the SMs, where
+    the 1x2 clusters' 34 left it unsplit at half the SMs); one row of tiles keeps 1x2 (a 2x1 pair would be
+    half empty), unsplit tiles keep 1x2 (level, run 20), and the rule cites its run."""
+    rung, knobs = plan.fp8_module(128, 2112, 7168, "tensor")
+    assert rung == "v10" and knobs["split_k"] == 2 and (knobs["cluster_m"], knobs["cluster_n"]) == (2, 1)
+    assert plan.fp8_module(96, 2112, 7168, "row")[1]["cluster_m"] == 2  # an odd second row of tiles too
+    rung, knobs = plan.fp8_module(64, 2112, 7168, "tensor")
+    assert rung == "v10" and (knobs["cluster_m"], knobs["cluster_n"], knobs["split_k"]) == (1, 2, 3)
+    rung, knobs = plan.fp8_module(128, 4096, 14336, "tensor")  # 128 tiles: one wave, not split
+    assert rung == "v9" and knobs == plan.FP8_SMALL_KNOBS
+    spec = GemmSpec.fp8("bfloat16", "tensor")
+    choice = plan.rule_choice(plan.Problem(128, 2112, 7168, "bfloat16", "sm_90a", 132, spec))
+    assert choice.rule == "fp8-split-k" and plan.FP8_PAIR_RESULTS in choice.text()
+    assert (Path(__file__).resolve().parents[1] / plan.FP8_PAIR_RESULTS).is_file()
+
+
 @pytest.mark.parametrize("N, K", [(4096, 7168), (3008, 1008), (48, 32), (7168, 16384), (1024, 16), (200, 144)])
 def test_the_block_policys_knobs_validate_at_every_shape_scaled_mm_takes(N, K):
     """Block scales: the small-M knobs with overlap=2 up to M = 128, past it overlap=4 on 128x128 or

@@ -12,7 +12,7 @@ import pytest
 
 from gemm_ladder.compile.builder import build
 from gemm_ladder.core.config import ConfigError
-from gemm_ladder.core.spec import GemmSpec
+from gemm_ladder.core.spec import GemmSpec, spec_for
 from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import make_config
 from gemm_ladder.sm90a import hgemm_v9, kconsumers
@@ -118,7 +118,9 @@ def test_the_cuda_has_the_hand_over_barrier_of_both_lanes():
     dict(k_consumers=2, spec=None, overlap=None, promote=None, blk_n=128, epi_n=64),
     dict(k_consumers=2, spec=None, overlap=None, promote=None, blk_m=128, blk_n=128, num_warpgroups=2,
          pipe_depth=4),
-], ids=["fp8", "fp8-halves", "fp8-drained", "rowwise-odd-m", "16bit", "16bit-two-owners"])
+    dict(k_consumers=2, spec=spec_for("float16", "alpha_bias_relu+residual"), dtype="float16", overlap=None,
+         promote=None, blk_n=128, epi_n=64),
+], ids=["fp8", "fp8-halves", "fp8-drained", "rowwise-odd-m", "16bit", "16bit-two-owners", "16bit-residual"])
 def test_the_barrier_checker_passes_the_kernels(knobs):
     M = knobs.pop("M", 256)
     base = {k: v for k, v in {**FP8_64, **knobs}.items() if v is not None}

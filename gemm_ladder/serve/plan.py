@@ -690,9 +690,22 @@ def fp8_cluster_tile(rung: str, knobs: dict) -> tuple[int, int]:
     return knobs["blk_m"] * knobs["cluster_m"], knobs["blk_n"] * knobs["cluster_n"]
 
 
-def _fp8_split_base(tile: str) -> dict:
-    """The knobs v10's fp8 split takes (before ``promote`` and ``split_k``) where v9 takes ``tile``."""
-    return FP8_SMALL_KNOBS if tile == "small" else {"pipe_depth": FP8_SUBWAVE_DEPTH}
+# At 64 < M <= 128 the small-M tiles' two rows split in 2x1 clusters (sharing B's tile, the large operand, as the
+# fill rule's tiles do) rather than the small-M 1x2 (sharing A's). FP8_PAIR_RESULTS (run 20, kernels against
+# torch._scaled_mm): 128x2112x7168 0.72x (unsplit 1x2: 34 clusters of 1x2 fill half the SMs, not split) -> 0.81x
+# (two ways), 96x2112x7168 0.88x -> 0.94x, 128x1024x7168 0.78x (three ways in 1x2) -> 0.87x (four ways in 2x1;
+# two ways 0.78x), 128x2048x8192 0.74x (two ways in 1x2) -> 0.84x (two ways in 2x1). Unsplit, 2x1 and 1x2 were
+# level (0.718x, 0.721x at 128x2112x7168), so only the split takes the pair.
+FP8_PAIR_RESULTS = "benchmarks/results/2026-11-28_h100_fp8_pairs/README.md"
+FP8_SMALL_PAIR_KNOBS = {**FP8_SMALL_KNOBS, "cluster_m": 2, "cluster_n": 1}
+
+
+def _fp8_split_base(tile: str, M: int) -> dict:
+    """The knobs v10's fp8 split takes (before ``promote`` and ``split_k``) where v9 takes ``tile``: the
+    small-M tiles in 1x2 clusters at one row of tiles, 2x1 at two (FP8_SMALL_PAIR_KNOBS)."""
+    if tile == "small":
+        return FP8_SMALL_PAIR_KNOBS if M > 64 else FP8_SMALL_KNOBS
+    return {"pipe_depth": FP8_SUBWAVE_DEPTH}
 
 
 def fp8_split_ways(M: int, N: int, K: int, sms: int = 132, recipe: str = "tensor", bias=None) -> int:
@@ -705,7 +718,7 @@ def fp8_split_ways(M: int, N: int, K: int, sms: int = 132, recipe: str = "tensor
     tile = fp8_tile(M, N, sms, recipe)
     if tile not in ("small", "square"):
         return 1
-    cluster_tiles = Problem(M, N, K, sms=sms).tiles(*fp8_cluster_tile("v10", _fp8_split_base(tile)))
+    cluster_tiles = Problem(M, N, K, sms=sms).tiles(*fp8_cluster_tile("v10", _fp8_split_base(tile, M)))
     time = {ways: math.ceil(cluster_tiles * ways / (sms // 2)) / ways for ways in range(1, FP8_SPLIT_MAX + 1)}
     best = min(time, key=lambda ways: (time[ways], ways))
     return best if time[best] <= time[1] / 2 else 1
@@ -720,7 +733,7 @@ def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -
         return "v9", {**FP8_FILL_KNOBS, "blk_n": fill, "pipe_depth": FP8_FILL_DEPTH[fill]}
     ways = fp8_split_ways(M, N, K, sms, recipe, bias)
     if ways > 1:
-        return "v10", {**_fp8_split_base(fp8_tile(M, N, sms, recipe)), "promote": FP8_PROMOTE, "split_k": ways}
+        return "v10", {**_fp8_split_base(fp8_tile(M, N, sms, recipe), M), "promote": FP8_PROMOTE, "split_k": ways}
     return "v9", fp8_knobs(M, N, K, recipe, sms)
 
 
@@ -772,10 +785,12 @@ FP8_RULES: list[Rule] = [
              f"would fill at most half the SMs: v10's split K, each tile's K over two or three CTAs (up to "
              f"{FP8_SPLIT_MAX}: the fewest units' waves), "
              "each unit's sums promoted into fp32 every 128 of K (the small-M tiles' overlapped, as on v9) and "
-             "summed by the last unit, the scales applied once after the sum",
+             "summed by the last unit, the scales applied once after the sum; the small-M tiles' two rows at "
+             "64 < M <= 128 in 2x1 clusters sharing B",
          evidence=FP8_SPLIT_RESULTS + ": M = 256, 773-778 TFLOPS at 4096x14336 (0.83x torch._scaled_mm; v9's "
                   "128x128 0.66x), 381-384 at 2112x7168 (0.59x; 0.48x); " + FP8_SUBWAVE_RESULTS + ": three ways "
-                  "at 256x2112x7168 0.64x; 64x2112x7168 0.83x (v9's small-M tiles 0.60x), 64x4096x14336 0.95x (0.87x)"),
+                  "at 256x2112x7168 0.64x; 64x2112x7168 0.83x (v9's small-M tiles 0.60x), 64x4096x14336 0.95x "
+                  "(0.87x); " + FP8_PAIR_RESULTS + ": 2x1 at M = 96-128, 0.72-0.88x -> 0.81-0.94x at four weights"),
     Rule("fp8-small-m", "sm_90a", "v9", when=lambda p: _fp8(p, False) and p.M <= FP8_SMALL_M,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why=f"fp8 with M <= {FP8_SMALL_M}: reading B is the cost, so 64x64 tiles over one consumer (four times "

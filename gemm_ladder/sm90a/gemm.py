@@ -399,7 +399,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
             sum_scales = T.meta_var(fp8.SumScales(plan=plan, scale_a=g["scale_a"], scale_b=g["scale_b"],
                                                   how=fp8.recipe(cfg), row0=wg_row0, warp_id=warp_id, lane_id=lane_id,
                                                   sreg=Sreg) if scaled else None)
-            mma = T.meta_var(Consumer(plan=plan, ring=ring.lane(lanes, lane) if lanes > 1 else ring, a_smem=Bsmem if preset.swap_ab else Asmem,
+            # k_consumers: this lane's view of the ring (ring.Lane: every second position from its own)
+            lane_ring = T.meta_var(ring.lane(lanes, lane) if lanes > 1 else ring)
+            mma = T.meta_var(Consumer(plan=plan, ring=lane_ring, a_smem=Bsmem if preset.swap_ab else Asmem,
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg,
                                       scales=block_scales, overlap=overlap, acc2=Dreg2 if overlap > 0 else None,
