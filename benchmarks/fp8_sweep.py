@@ -140,7 +140,13 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("128x1024x7168_s2", 128, 1024, 7168), ("128x2048x8192_s2", 128, 2048, 8192),
           # run 21
           ("128x1536x8960_p", 128, 1536, 8960), ("128x1024x8192_p", 128, 1024, 8192),
-          ("112x2112x7168_p", 112, 2112, 7168), ("128x1024x7168_p", 128, 1024, 7168))
+          ("112x2112x7168_p", 112, 2112, 7168), ("128x1024x7168_p", 128, 1024, 7168),
+          # run 22
+          ("256x2112x7168_u", 256, 2112, 7168), ("64x6144x4096_u", 64, 6144, 4096),
+          ("256x6144x4096_u", 256, 6144, 4096), ("64x24576x1536_u", 64, 24576, 1536),
+          ("200x2048x8192_u", 200, 2048, 8192), ("96x4096x4096_u", 96, 4096, 4096),
+          ("64x11008x4096_u", 64, 11008, 4096), ("256x5120x5120_u", 256, 5120, 5120),
+          ("256x2112x14336_u", 256, 2112, 14336))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -280,6 +286,10 @@ CONFIGS = {
     "m64n192_c1x2": {**SMALL_M_KNOBS, "blk_n": 192, "pipe_depth": 6},
     "m64_ov4_sk4_c1x1": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 4, "cluster_n": 1, "overlap": 4},
     "m64n64_c2x1_ov4_d12": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12},
+    # run 22: the overlapped promotion's loop unrolled over the whole tile (v9's unroll_k)
+    "m64n64_c2x1_ov4_d12_u": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12,
+                              "unroll_k": True},
+    "m64_ov4_u": {**SMALL_M_KNOBS, "overlap": 4, "unroll_k": True},
     # cuBLASLt's widths (run 7; ncu and torch's profiler at the weak sub-wave shapes: 128x96 at 256x6144x4096,
     # 128x112 at 256x7168x16384, 128x144 at 1024x2112x7168): blk_n in whole 16s, each chunk leaving in 64-, 32-
     # or 16-column boxes (epilogue.chunk_swizzle), rings as deep as fit; 144 and 160 drained (a second
@@ -288,6 +298,7 @@ CONFIGS = {
     "n96_e32_ov4_d7": {"blk_n": 96, "epi_n": 32, "overlap": 4, "pipe_depth": 7},
     "n112_ov4_d6": {"blk_n": 112, "epi_n": 112, "overlap": 4, "pipe_depth": 6},
     "n112_e16_ov4_d7": {"blk_n": 112, "epi_n": 16, "overlap": 4, "pipe_depth": 7},
+    "n112_e16_ov4_d7_u": {"blk_n": 112, "epi_n": 16, "overlap": 4, "pipe_depth": 7, "unroll_k": True},
     "n144_e16_d6": {"blk_n": 144, "epi_n": 16, "pipe_depth": 6},
     "n144_e48_d5": {"blk_n": 144, "epi_n": 48, "pipe_depth": 5},
     "n160_e32_d5": {"blk_n": 160, "epi_n": 32, "pipe_depth": 5},
@@ -509,6 +520,19 @@ SWEEP = {
     "128x1024x8192_p": ("m64_ov4_sk3", "m64n64_c2x1_ov4_sk3"),
     "112x2112x7168_p": ("m64_ov4", "m64n64_c2x1_ov4_sk2"),
     "128x1024x7168_p": ("m64_ov4_sk3", "m64n64_c2x1_ov4_sk3", "m64n64_c2x1_ov4_sk4"),
+    # run 22: the overlapped tiles with their loop over runs unrolled (unroll_k) against the same tiles rolled (the
+    # policy's module at b05697f), where plan.fp8_unrolled sets it: the suite's fill, small-M and 128x112 cases, and
+    # held out, 200x2048x8192 (fill), M = 96 and 64 of 4096x4096 and 11008x4096 (small-M), 256x5120x5120 (128x112);
+    # 256x2112x14336, the fill tile past the estimate's K (budget.fp8_unroll_fits refuses it), rolled only
+    "256x2112x7168_u": ("m64n64_c2x1_ov4_d12", "m64n64_c2x1_ov4_d12_u"),
+    "64x6144x4096_u": ("m64_ov4", "m64_ov4_u"),
+    "256x6144x4096_u": ("n112_e16_ov4_d7", "n112_e16_ov4_d7_u"),
+    "64x24576x1536_u": ("m64_ov4", "m64_ov4_u"),
+    "200x2048x8192_u": ("m64n64_c2x1_ov4_d12", "m64n64_c2x1_ov4_d12_u"),
+    "96x4096x4096_u": ("m64_ov4", "m64_ov4_u"),
+    "64x11008x4096_u": ("m64_ov4", "m64_ov4_u"),
+    "256x5120x5120_u": ("n112_e16_ov4_d7", "n112_e16_ov4_d7_u"),
+    "256x2112x14336_u": ("m64n64_c2x1_ov4_d12",),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box
@@ -559,7 +583,8 @@ BLOCK_CONFIGS = {
     # our per-tensor fp8 at the per-tensor policy's knobs (plan.fp8_knobs), the peer of each shape
     "tensor_policy": {"recipe": "tensor", "overlap": 4},
     "tensor_policy_wide": {"recipe": "tensor", **{k: v for k, v in serve_plan.FP8_WIDE_KNOBS.items() if k != "promote"}},
-    "tensor_policy_small": {"recipe": "tensor", **serve_plan.FP8_SMALL_KNOBS},
+    # (its one block shape, 128x4096x7168: K = 7168, where the policy unrolls the small-M tiles' loop)
+    "tensor_policy_small": {"recipe": "tensor", **serve_plan.fp8_unrolled(serve_plan.FP8_SMALL_KNOBS, 7168, "tensor")},
     "tensor_policy_halves": {"recipe": "tensor", **serve_plan.FP8_HALVES_KNOBS},
     # 128x256 tiles promoted in halves (fp8.py's halves), each half scaled by its own B block
     "n256_h": {"blk_n": 256, "halves": True},

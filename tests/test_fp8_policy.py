@@ -86,7 +86,8 @@ def test_the_block_policy_rests_on_its_sweep_and_explain_names_it():
     small = plan.rule_choice(plan.Problem(128, 4096, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8(scales="block")))
     assert small.rule == "fp8-block-small-m" and "1.31x torch._scaled_mm block-wise" in small.text()
     assert plan.fp8_knobs(128, 4096, 7168, "block")["stage_scales"] is True
-    assert plan.fp8_knobs(128, 4096, 7168, "tensor") == plan.FP8_SMALL_KNOBS  # no overlap at small M per-tensor
+    # the small-M tiles at small M per-tensor, their overlapped loop unrolled (56 slices of 64x64 fit)
+    assert plan.fp8_knobs(128, 4096, 7168, "tensor") == {**plan.FP8_SMALL_KNOBS, "unroll_k": True}
     text = plan.rule_choice(plan.Problem(129, 8192, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8())).text()
     assert "fp8_sweep" in text and f"every {plan.FP8_PROMOTE} slice(s)" in text and "overlap=4" in text
 
@@ -179,7 +180,9 @@ def test_the_fill_rule_takes_64_row_tiles_where_they_come_to_one_whole_wave(M, N
     assert plan.fp8_fill_n(M, N, 132, "block") is None  # block scales keep their own tiles
     rung, knobs = plan.fp8_module(M, N, 7168, "tensor")
     if fill is not None:
-        assert rung == "v9" and knobs == {**plan.FP8_FILL_KNOBS, "blk_n": fill, "pipe_depth": plan.FP8_FILL_DEPTH[fill]}
+        tile = {**plan.FP8_FILL_KNOBS, "blk_n": fill, "pipe_depth": plan.FP8_FILL_DEPTH[fill]}
+        # the loop unrolled where the tile fits (64x64: 56 slices; 64x128 over one consumer: not)
+        assert rung == "v9" and knobs == ({**tile, "unroll_k": True} if fill == 64 else tile)
         rows = 2 * -(-(-(-M // 64)) // 2)
         assert 0.95 * 132 <= rows * -(-N // fill) <= 132
     choice = plan.rule_choice(plan.Problem(M, N, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "tensor")))

@@ -29,6 +29,29 @@ BARRIER_BYTES = 1024  # barriers (and the TMEM address) padded to the 1 KiB swiz
 MIN_PIPE_DEPTH = 2  # a ring: one stage loading while another is read by the tensor cores
 THREADS_PER_WARPGROUP = 128
 ACC_REGS_MAX = 192  # accumulator registers per thread that leave room in the 255-register file
+# unroll_k (the overlapped promotion's loop over runs unrolled whole, sm90a/mainloop._run_overlapped), where ptxas and
+# the instruction cache keep up (benchmarks/results/2026-11-28_h200_fp8_unroll/): two accumulator sets and the total
+# at most this many registers a thread (64x112 over one consumer, 168, ran 3% faster; 64x128, 192, spilled and ran
+# 4-25% slower), and at most this much of the estimated K loop (slices x (accumulators + UNROLL_SLICE_EXTRA)
+# instructions a warp: 80 slices of 64x64, 6400, ran 5% faster; 112 of them, 8960, 26% slower; 128 of 64x112, 79%)
+UNROLL_MAX_REGS = 168
+UNROLL_SLICE_EXTRA = 48
+UNROLL_MAX_LOOP = 6400
+
+
+def fp8_unroll_cost(blk_m: int, blk_n: int, consumers: int, K: int, blk_k: int = 128) -> tuple[int, int]:
+    """(registers of two accumulator sets and the promoted total a thread, the estimated instructions
+    a warp of the unrolled K loop) of an overlapped fp8 tile on Hopper: what v9's ``unroll_k`` is held
+    to (:data:`UNROLL_MAX_REGS`, :data:`UNROLL_MAX_LOOP`). A consumer's m64nN wgmma keeps N / 2
+    accumulators a thread a 64-row atom."""
+    acc = blk_m // consumers // 64 * blk_n // 2
+    return 3 * acc, -(-K // blk_k) * (acc + UNROLL_SLICE_EXTRA)
+
+
+def fp8_unroll_fits(blk_m: int, blk_n: int, consumers: int, K: int, blk_k: int = 128) -> bool:
+    """Whether an overlapped fp8 tile of these sizes may take v9's ``unroll_k`` (:func:`fp8_unroll_cost`)."""
+    regs, loop = fp8_unroll_cost(blk_m, blk_n, consumers, K, blk_k)
+    return regs <= UNROLL_MAX_REGS and loop <= UNROLL_MAX_LOOP
 
 
 def limits_for(arch: str, index: int | None = None) -> ArchLimits:

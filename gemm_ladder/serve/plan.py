@@ -92,7 +92,7 @@ from typing import Callable
 from schedulers import wave_model
 
 from ..core import device
-from ..core.budget import max_pipe_depth
+from ..core.budget import fp8_unroll_fits, max_pipe_depth
 from ..core.config import DEFAULT_ARCH, DEFAULT_DTYPE, DTYPE_BYTES, LARGEST_TILE, ConfigError, GemmConfig, check_extents
 from ..core.device import MODEL_MACHINE
 from ..core.spec import FP8_DTYPES, GemmSpec, spec_knobs
@@ -619,18 +619,43 @@ FP8_BLOCK_HALVES_RATE = 1.05
 FP8_SUBWAVE_DEPTH = 6
 
 
+# The overlapped tiles' K loop unrolled over the whole tile (v9's unroll_k) where its registers and code fit
+# (budget.fp8_unroll_fits): the 64-row tiles' loop kept the ring's slot and descriptor arithmetic in vector
+# registers, moved over to uniform ones for every wgmma; unrolled, nvcc keeps it uniform. FP8_UNROLL_RESULTS
+# (H200): 256x2112x7168's fill tile 13.6 -> 12.8 us (-6%), 64x6144x4096's small-M tile -4%, 256x6144x4096's
+# 128x112 -3%, 256x6144x7168's -4%, 256x2112x10240's fill tile -5%; where the estimate says no (K = 14336 at
+# 64x64, 64x128 over one consumer) the unrolled loop ran 4-79% slower.
+FP8_UNROLL_RESULTS = "benchmarks/results/2026-11-28_h200_fp8_unroll/README.md"
+FP8_UNROLL_EVIDENCE = (FP8_UNROLL_RESULTS + ": the overlapped tiles unrolled (unroll_k, where they fit) on an H200, "
+                       "256x2112x7168 0.823x -> 0.859x torch._scaled_mm, 64x6144x4096 0.951x -> 0.983x, 256x6144x4096 "
+                       "0.844x -> 0.867x; held out faster or level at 4 of 4")
+
+
+def fp8_unrolled(knobs: dict, K: int, recipe: str) -> dict:
+    """``knobs`` of a v9 fp8 tile with ``unroll_k`` added where the overlapped promotion's loop fits
+    unrolled (:func:`budget.fp8_unroll_fits`: per-tensor and rowwise, ``overlap`` on, no halves or stagger)."""
+    if (recipe == "block" or not knobs.get("overlap") or knobs.get("halves") or knobs.get("stagger")
+            or knobs.get("k_consumers", 1) > 1):
+        return knobs
+    blk_m, blk_n = knobs.get("blk_m", 128), knobs.get("blk_n", 128)
+    if not fp8_unroll_fits(blk_m, blk_n, knobs.get("num_warpgroups", 2), K):
+        return knobs
+    return {**knobs, "unroll_k": True}
+
+
 def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
-    """v9's knobs for a scaled e4m3 GEMM (``scaled_mm``'s): the policy above, by M, N and the recipe."""
+    """v9's knobs for a scaled e4m3 GEMM (``scaled_mm``'s): the policy above, by M, N and the recipe,
+    the overlapped tiles unrolled where they fit (:func:`fp8_unrolled`)."""
     tile = fp8_tile(M, N, sms, recipe)
     if recipe == "block":
         return dict({"small": FP8_BLOCK_SMALL_KNOBS, "square": FP8_BLOCK_LARGE_KNOBS,
                      "halves": FP8_BLOCK_HALVES_KNOBS}[tile])
     if tile == "square" and Problem(M, N, K, sms=sms).tiles(128, 128) <= sms:
-        return {**FP8_LARGE_KNOBS, "pipe_depth": FP8_SUBWAVE_DEPTH}
+        return fp8_unrolled({**FP8_LARGE_KNOBS, "pipe_depth": FP8_SUBWAVE_DEPTH}, K, recipe)
     if tile.startswith("n"):
-        return dict(FP8_WIDTH_KNOBS[int(tile[1:])])
-    return dict({"small": FP8_SMALL_KNOBS, "square": FP8_LARGE_KNOBS, "wide": FP8_WIDE_KNOBS,
-                 "halves": FP8_HALVES_KNOBS}[tile])
+        return fp8_unrolled(dict(FP8_WIDTH_KNOBS[int(tile[1:])]), K, recipe)
+    return fp8_unrolled(dict({"small": FP8_SMALL_KNOBS, "square": FP8_LARGE_KNOBS, "wide": FP8_WIDE_KNOBS,
+                              "halves": FP8_HALVES_KNOBS}[tile]), K, recipe)
 
 
 def fp8_width(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> int | None:
@@ -730,7 +755,7 @@ def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -
     :func:`fp8_knobs`."""
     fill = fp8_fill_n(M, N, sms, recipe)
     if fill is not None:
-        return "v9", {**FP8_FILL_KNOBS, "blk_n": fill, "pipe_depth": FP8_FILL_DEPTH[fill]}
+        return "v9", fp8_unrolled({**FP8_FILL_KNOBS, "blk_n": fill, "pipe_depth": FP8_FILL_DEPTH[fill]}, K, recipe)
     ways = fp8_split_ways(M, N, K, sms, recipe, bias)
     if ways > 1:
         return "v10", {**_fp8_split_base(fp8_tile(M, N, sms, recipe), M), "promote": FP8_PROMOTE, "split_k": ways}
@@ -774,10 +799,11 @@ FP8_RULES: list[Rule] = [
          why=f"per-tensor or rowwise fp8 whose 128x128 tiles would fill at most half the SMs, where 64-row tiles "
              f"(64 or 128 wide) over one consumer in 2x1 clusters sharing B come to {FP8_FILL_MIN:.0%} of one wave or "
              "more: each SM one tile of the whole K (no split), a 12- or 8-stage ring (192 KiB), each group's adds "
-             "under the next group's wgmmas (overlap=4)",
+             "under the next group's wgmmas (overlap=4), the loop unrolled over the tile where it fits (unroll_k)",
          evidence=FP8_FILL_RESULTS + ": M = 256, 64x64 at 2112x7168 0.79-0.80x torch._scaled_mm (the three-way "
                   "split 0.65-0.67x; 12 stages 0.82x), 64x128 at 4096x14336 0.99-0.995x (the two-way split 0.91x); "
-                  "held out: 64x128 at 4096x4096 0.895x (128x128 0.72x), 64x64 at 200x2048x8192 0.66x (the split 0.67x)"),
+                  "held out: 64x128 at 4096x4096 0.895x (128x128 0.72x), 64x64 at 200x2048x8192 0.66x (the split 0.67x); "
+                  + FP8_UNROLL_EVIDENCE),
     Rule("fp8-split-k", "sm_90a", "v10",
          when=lambda p: _fp8(p, False) and fp8_split_ways(p.M, p.N, p.K, p.sms, p.spec.scales, p.spec.bias) > 1,
          knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
@@ -795,21 +821,23 @@ FP8_RULES: list[Rule] = [
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why=f"fp8 with M <= {FP8_SMALL_M}: reading B is the cost, so 64x64 tiles over one consumer (four times "
              "v9's fp8 CTAs), 1x2 clusters sharing A, B streamed past L2, an 8-deep ring, each group's adds under "
-             "the next group's wgmmas (overlap=4)",
+             "the next group's wgmmas (overlap=4), the loop unrolled over the tile where it fits (unroll_k)",
          evidence=FP8_RESULTS + ": 128x4096x7168, 424 TFLOPS (0.81x torch._scaled_mm; v9's fp8 defaults 0.47x); "
-                  + FP8_SUBWAVE_RESULTS + ": overlap=4 447 TFLOPS there (0.84x), +1-2.5% at M = 64"),
+                  + FP8_SUBWAVE_RESULTS + ": overlap=4 447 TFLOPS there (0.84x), +1-2.5% at M = 64; "
+                  + FP8_UNROLL_EVIDENCE),
     Rule("fp8-width", "sm_90a", "v9",
          when=lambda p: _fp8(p, False) and fp8_width(p.M, p.N, p.sms, p.spec.scales) is not None,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="per-tensor or rowwise fp8 where 128-row tiles of cuBLASLt's widths (96, 112 or 144 columns), 192 or "
              "224 fill their waves best, weighed by their measured rates: two consumers, the promotion every slice "
-             "at 96 and 112 (overlap=4) and 192 (after a drain), every 2 slices at 144 (after a drain) and 224 (in "
+             "at 96 and 112 (overlap=4, unrolled where it fits: unroll_k) and 192 (after a drain), every 2 slices at 144 (after a drain) and 224 (in "
              "halves, its epilogue under the next tile), a ring as deep as fits, each chunk of the epilogue through "
              "the widest swizzle that divides it",
          evidence=FP8_WIDTHS_RESULTS + ": 1024x2112x7168 0.92x torch._scaled_mm (192x128 0.72x), 256x6144x4096 "
                   "0.81x (128x128 0.77x), 256x7168x16384 0.93x (0.85x), 1024x6144x4096 1.03x (0.93x); held out "
                   "256x18944x3584 0.94x (0.73x), 256x14336x4096 0.93x (0.89x), 2048x2112x7168 0.95x (0.76x); 128x224 "
-                  "in halves 0.98x at 1024x7168x16384 (128x256 0.89x), held out 1.02x at 512x14336x4096 (0.97x)"),
+                  "in halves 0.98x at 1024x7168x16384 (128x256 0.89x), held out 1.02x at 512x14336x4096 (0.97x); "
+                  + FP8_UNROLL_EVIDENCE),
     Rule("fp8-wide", "sm_90a", "v9", when=lambda p: _fp8(p, False) and fp8_wide(p.M, p.N, p.sms, p.spec.scales),
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
          why="per-tensor or rowwise fp8 over many waves: 192x128 tiles over three consumers (the promotion every slice after a "

@@ -83,6 +83,16 @@ class HopperPlan:
         return budget.stage_bytes(self.cfg)
 
     @property
+    def narrow_desc(self) -> bool:
+        """Whether the K loop moves its wgmma descriptors by 32-bit adds on their low words
+        (:func:`desc_plus`) rather than 64-bit sums: fp8's. Where nvcc keeps the descriptors in
+        vector registers (the 64-row fp8 tiles) a 64-bit sum carries into and copies the high word for
+        every wgmma; 1-3% faster there (``benchmarks/results/2026-11-28_h200_fp8_unroll/``). A 16-bit
+        K loop keeps the 64-bit sums: its descriptors sit in uniform registers, where one 64-bit add
+        does it, and the 32-bit form measured 1.5% slower at 512x4096x4096 bf16."""
+        return spec_of(self.cfg).is_fp8
+
+    @property
     def a_dtype(self) -> str:
         """A's element type as TVM names it: D's for a 16-bit GEMM, ``float8_e4m3fn`` for fp8."""
         return torch_name(spec_of(self.cfg).a) if spec_of(self.cfg).is_fp8 else self.cfg.dtype
@@ -179,6 +189,17 @@ def check_tile(cfg: GemmConfig, warpgroups=(1, 2)) -> None:
         )
 
 
+def desc_plus(desc, off16):
+    """``desc`` moved ``off16`` 16-byte units by a 32-bit add on its low word alone: the address
+    field (bits 0-13) cannot carry into the high word, shared memory ending below 256 KiB, so the
+    sum is the descriptor an encode at that address would give. fp8's K loop takes it
+    (:attr:`HopperPlan.narrow_desc`)."""
+    if isinstance(off16, int) and off16 == 0:
+        return desc
+    high = T.shift_left(T.shift_right(desc, T.uint64(32)), T.uint64(32))
+    return T.bitwise_or(high, T.Cast("uint64", T.Cast("uint32", desc) + T.Cast("uint32", off16)))
+
+
 @T.inline
 def wgmma_k_steps(plan, Dreg, mi, first, da, db):
     """The k16 wgmmas of one BLK_K slice into 64-row atom ``mi``'s accumulators, from the
@@ -190,6 +211,20 @@ def wgmma_k_steps(plan, Dreg, mi, first, da, db):
         T.ptx[plan.mma_op](
             *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
             da + T.Cast("uint64", kk * fa.k_step), db + T.Cast("uint64", kk * fb.k_step),
+            T.Not(T.And(first, kk == 0)), *plan.mma_imms,
+        )
+
+
+@T.inline
+def wgmma_k_steps_narrow(plan, Dreg, mi, first, da, db, off_a, off_b):
+    """:func:`wgmma_k_steps` from ``da`` and ``db`` moved by ``off_a`` and ``off_b`` (16-byte units),
+    each wgmma's descriptors one 32-bit add from them (:func:`desc_plus`)."""
+    fa = T.meta_var(plan.desc_a)
+    fb = T.meta_var(plan.desc_b)
+    for kk in T.unroll(plan.cfg.blk_k // plan.mma_k):
+        T.ptx[plan.mma_op](
+            *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
+            desc_plus(da, off_a + kk * fa.k_step), desc_plus(db, off_b + kk * fb.k_step),
             T.Not(T.And(first, kk == 0)), *plan.mma_imms,
         )
 
@@ -258,12 +293,17 @@ def mma_k_slot(plan, Dreg, stage, first, desc_a, desc_b, step_a, step_b):
     and the K step. A ring slot starts 1 KiB aligned, as does every atom, so the sum is the
     descriptor an encode at that address would give (the 14-bit address field cannot carry:
     shared memory ends below 256 KiB). It costs the warp two adds a slice where an encode costs
-    some twenty uniform instructions."""
+    some twenty uniform instructions; fp8's, one 32-bit add a wgmma operand (:attr:`HopperPlan.narrow_desc`)."""
     fa = T.meta_var(plan.desc_a)
-    a0 = T.meta_var(desc_a[0] + T.Cast("uint64", stage * step_a))
-    b0 = T.meta_var(desc_b[0] + T.Cast("uint64", stage * step_b))
-    for mi in T.unroll(plan.m_atoms):
-        wgmma_k_steps(plan, Dreg, mi, first, a0 + T.Cast("uint64", mi * fa.row_block_step), b0)
+    if plan.narrow_desc:
+        for mi in T.unroll(plan.m_atoms):
+            wgmma_k_steps_narrow(plan, Dreg, mi, first, desc_a[0], desc_b[0],
+                                 stage * step_a + mi * fa.row_block_step, stage * step_b)
+    else:
+        a0 = T.meta_var(desc_a[0] + T.Cast("uint64", stage * step_a))
+        b0 = T.meta_var(desc_b[0] + T.Cast("uint64", stage * step_b))
+        for mi in T.unroll(plan.m_atoms):
+            wgmma_k_steps(plan, Dreg, mi, first, a0 + T.Cast("uint64", mi * fa.row_block_step), b0)
 
 
 @T.inline

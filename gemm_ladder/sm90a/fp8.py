@@ -28,7 +28,10 @@ parts of it:
   over the loop's back edge made ptxas serialise every wgmma, and runs longer than
   :data:`OVERLAP_MOST` spilled); ``stagger`` cuts the odd consumers' groups (or runs) half a group
   later, so their drains fall between the even consumers' and one consumer's queue keeps the tensor
-  cores busy while the other drains and adds;
+  cores busy while the other drains and adds; ``unroll_k`` unrolls the loop over runs over the whole
+  tile where it fits (:func:`unroll_k`), and the K loop moves each wgmma's descriptors by a 32-bit add
+  (``common.desc_plus``): the 64-row tiles' issue cost a slice, not their data, held them back
+  (``benchmarks/results/2026-11-28_h200_fp8_unroll/``);
 - the scales, fp32, applied to the sums before the epilogue op (the bias) and the rounding
   (:func:`scale_sums`): a scalar ``scale_a[0] * scale_b[0]`` (tensor), or each sum's row of
   ``scale_a`` and column of ``scale_b`` (row). The row is why it is a step of its own and not an
@@ -143,7 +146,7 @@ from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
 import layouts
-from ..core.budget import limits_for, smem_bytes
+from ..core.budget import UNROLL_MAX_LOOP, UNROLL_MAX_REGS, fp8_unroll_cost, limits_for, smem_bytes
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
 from .common import WG_M, HopperPlan, consumer_warpgroups, role_registers
@@ -174,6 +177,38 @@ def overlap(cfg: GemmConfig) -> int:
     """Promotion groups a consumer issues between two drains of its wgmmas, in two accumulator
     sets taken in turn (0: one set, each group drained before its adds; ``mainloop._overlapped_groups``)."""
     return int(dict(cfg.extra).get("overlap", 0)) if enabled(cfg) and promote(cfg) else 0
+
+
+def unroll_k(cfg: GemmConfig) -> bool:
+    """Whether the overlapped promotion's loop over runs is unrolled over the whole tile (knob
+    ``unroll_k``, ``budget.fp8_unroll_fits``)."""
+    return bool(dict(cfg.extra).get("unroll_k", False)) and overlap(cfg) > 0
+
+
+def _check_unroll(cfg: GemmConfig) -> None:
+    """``unroll_k`` unrolls the overlapped promotion's loop over runs (per-tensor and row scales,
+    ``overlap`` > 0) where its registers and code stay within what was measured to pay
+    (``budget.fp8_unroll_fits``): with the loop gone nvcc keeps the ring's slot and descriptor arithmetic in
+    uniform registers, where the 64-row tiles' loop kept it in vector ones and moved it over for
+    every wgmma."""
+    if not dict(cfg.extra).get("unroll_k", False):
+        return
+    if not enabled(cfg) or not overlap(cfg):
+        raise ConfigError("unroll_k=True unrolls fp8's overlapped promotion (promote >= 1 and overlap >= 2); use "
+                          "overlap=4 with an fp8 spec, or drop unroll_k")
+    if recipe(cfg) == "block" or halves(cfg) or stagger(cfg):
+        raise ConfigError("unroll_k=True is built for the per-tensor and rowwise overlapped promotion only (not "
+                          "block scales, halves or stagger); drop unroll_k")
+    regs, loop = fp8_unroll_cost(cfg.blk_m, cfg.blk_n, cfg.num_warpgroups, cfg.K, cfg.blk_k)
+    if regs > UNROLL_MAX_REGS:
+        raise ConfigError(f"unroll_k=True with a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer(s): "
+                          f"two accumulator sets and the total take {regs} registers a thread, over the "
+                          f"{UNROLL_MAX_REGS} where the unrolled loop stays unspilled; use blk_n <= 112 per 64 rows "
+                          "a consumer, or drop unroll_k")
+    if loop > UNROLL_MAX_LOOP:
+        raise ConfigError(f"unroll_k=True at K={cfg.K}: the unrolled K loop comes to about {loop} instructions a "
+                          f"warp, over the {UNROLL_MAX_LOOP} the instruction cache kept up with; drop unroll_k "
+                          "(the loop over runs is kept)")
 
 
 def stagger(cfg: GemmConfig) -> bool:
@@ -264,6 +299,7 @@ def check(cfg: GemmConfig) -> None:
     if dict(cfg.extra).get("halves", False) and not enabled(cfg):
         raise ConfigError("halves=True with a 16-bit spec: it splits fp8's promotion groups (a 16-bit tile has no "
                           "promotion); drop halves")
+    _check_unroll(cfg)
     if not enabled(cfg):
         return
     extra = dict(cfg.extra)

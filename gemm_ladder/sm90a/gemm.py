@@ -405,7 +405,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                       b_smem=Asmem if preset.swap_ab else Bsmem, acc=Dreg, desc_a=desc_a,
                                       desc_b=desc_b, row0=wg_row0, lane_id=lane_id, promote=promote, total=Freg,
                                       scales=block_scales, overlap=overlap, acc2=Dreg2 if overlap > 0 else None,
-                                      stagger=fp8.stagger(cfg), consumer=c,
+                                      unroll=fp8.unroll_k(cfg), stagger=fp8.stagger(cfg), consumer=c,
                                       halves=fp8.HalfPlan(cfg) if halves else None,
                                       desc_b_half=desc_b_half if halves else None))
             if preset.epilogue == "transposed":

@@ -149,6 +149,13 @@ first stores the tile). Where a 64-row tile leaves one consumer to issue every w
 small M, cuBLASLt runs two consumers on its 64x64 tiles there); measured 1-16% slower than one consumer
 at the fp8 shapes timed (``benchmarks/results/2026-11-28_h100_fp8_kconsumers/``), so no rule sets it.
 
+fp8's overlapped promotion unrolled over the whole tile (``unroll_k``, off by default; ``fp8.unroll_k``):
+the loop over runs of ``overlap`` groups carries ``#pragma unroll``, so nvcc keeps the ring's slot and the
+wgmma descriptors in uniform registers where the 64-row tiles' rolled loop moved them over for every wgmma;
+where two accumulator sets and the total fit 168 registers and the unrolled loop stays short enough for the
+instruction cache (``budget.fp8_unroll_fits``): +1-4.4% at the policy's overlapped tiles, level or faster at the
+shapes held out (``benchmarks/results/2026-11-28_h200_fp8_unroll/``).
+
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
   - blk_n a multiple of 16 from 64 to 256 (cuBLASLt's 96-, 112- and 144-wide tiles among them);
@@ -181,9 +188,10 @@ FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "st
 # knobs taken anywhere, kept only away from their defaults (``rungs.make_config``: the tags and cache
 # keys of other modules stay as they were): fp8 block scales staged by plain bulk copies (fp8.stage_bulk),
 # fp8's promotion groups in two half-width wgmma groups (fp8.halves: a 128x256 tile with its promotion),
-# a second consumer on each consumer's rows taking alternate K slices (kconsumers.py)
+# a second consumer on each consumer's rows taking alternate K slices (kconsumers.py), fp8's overlapped
+# promotion unrolled over the whole tile (fp8.unroll_k)
 OPTIONAL_KNOBS = {"stage_bulk": False, "stage_bulk_split": False, "halves": False, "k_consumers": 1,
-                  "k_halves": False}
+                  "k_halves": False, "unroll_k": False}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 # knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
 # FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop

@@ -219,6 +219,11 @@ def _overlapped_groups(mma, pos, sizes) -> None:
     _promote(mma, sets[(len(sizes) - 1) % 2])
 
 
+def _runs_unroll(mma):
+    """The loop over runs: unrolled whole with ``unroll_k`` (fp8.unroll_k), else as nvcc likes."""
+    return True if mma.unroll else None
+
+
 @T.inline
 def _run_overlapped(mma, it, nk, staggered):
     lead, runs, whole, tail = T.meta_var(promotion_cuts(nk, mma.promote, mma.overlap, staggered))
@@ -227,7 +232,7 @@ def _run_overlapped(mma, it, nk, staggered):
     _start_promoted(mma)
     if len(lead) > 0:
         _overlapped_groups(mma, it, lead)
-    for r in T.serial(runs):
+    for r in T.serial(runs, unroll=_runs_unroll(mma)):
         _overlapped_groups(mma, it + first + r * per_run, whole)
     if len(tail) > 0:
         _overlapped_groups(mma, it + first + runs * per_run, tail)
@@ -562,6 +567,7 @@ class Consumer:
     scales: object = None  # fp8.BlockScales: block scales applied at each promotion (promote=1), or None
     overlap: int = 0  # fp8: promotion groups issued back to back, in two accumulator sets (0: one set)
     acc2: object = None  # float32[acc_regs] local: the second set (with overlap)
+    unroll: bool = False  # fp8 with overlap: the loop over runs unrolled over the whole tile (knob unroll_k)
     stagger: bool = False  # fp8: odd consumers' promotion groups start half a group (or run) later
     consumer: object = 0  # this consumer's index (with stagger)
     halves: object = None  # fp8.HalfPlan: each group's wgmmas in two half-width groups (acc holds a half), or None
