@@ -146,7 +146,11 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("256x6144x4096_u", 256, 6144, 4096), ("64x24576x1536_u", 64, 24576, 1536),
           ("200x2048x8192_u", 200, 2048, 8192), ("96x4096x4096_u", 96, 4096, 4096),
           ("64x11008x4096_u", 64, 11008, 4096), ("256x5120x5120_u", 256, 5120, 5120),
-          ("256x2112x14336_u", 256, 2112, 14336))
+          ("256x2112x14336_u", 256, 2112, 14336),
+          # run 23
+          ("64x4096x14336_u", 64, 4096, 14336), ("128x2112x7168_u", 128, 2112, 7168),
+          ("64x2112x7168_u", 64, 2112, 7168), ("128x1536x8960_u", 128, 1536, 8960),
+          ("96x2048x8192_u", 96, 2048, 8192), ("256x2112x7168_u2", 256, 2112, 7168))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -290,6 +294,15 @@ CONFIGS = {
     "m64n64_c2x1_ov4_d12_u": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12,
                               "unroll_k": True},
     "m64_ov4_u": {**SMALL_M_KNOBS, "overlap": 4, "unroll_k": True},
+    # run 23: and v10's split units where the split divides the slices (a unit's count fixed), the fill tile over
+    # two consumers taking alternate slices (k_consumers=2), unrolled
+    "m64_ov4_sk2_u": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 2, "overlap": 4, "unroll_k": True},
+    "m64_ov4_sk4_c1x1_u": {**SMALL_M_KNOBS, "rung": "v10", "split_k": 4, "cluster_n": 1, "overlap": 4,
+                           "unroll_k": True},
+    "m64n64_c2x1_ov4_sk2_u": {**SMALL_M_KNOBS, "rung": "v10", "cluster_m": 2, "cluster_n": 1, "overlap": 4,
+                              "split_k": 2, "unroll_k": True},
+    "m64n64_c2x1_ov4_d12_kc2_u": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12,
+                                  "k_consumers": 2, "unroll_k": True},
     # cuBLASLt's widths (run 7; ncu and torch's profiler at the weak sub-wave shapes: 128x96 at 256x6144x4096,
     # 128x112 at 256x7168x16384, 128x144 at 1024x2112x7168): blk_n in whole 16s, each chunk leaving in 64-, 32-
     # or 16-column boxes (epilogue.chunk_swizzle), rings as deep as fit; 144 and 160 drained (a second
@@ -533,6 +546,16 @@ SWEEP = {
     "64x11008x4096_u": ("m64_ov4", "m64_ov4_u"),
     "256x5120x5120_u": ("n112_e16_ov4_d7", "n112_e16_ov4_d7_u"),
     "256x2112x14336_u": ("m64n64_c2x1_ov4_d12",),
+    # run 23: v10's split units unrolled where the split divides the slices, against the policy's module (at 6c92c36,
+    # rolled): 64x4096x14336 (two ways, 56 slices a unit), 128x2112x7168 (2x1 pairs, two ways); 64x2112x7168 four
+    # ways (14 slices a unit; the policy's three ways cannot unroll) and two; held out 128x1536x8960, 96x2048x8192;
+    # and the fill tile over two consumers (k_consumers=2) unrolled, against the policy's (unrolled) fill tile
+    "64x4096x14336_u": ("m64_ov4_sk2", "m64_ov4_sk2_u"),
+    "128x2112x7168_u": ("m64n64_c2x1_ov4_sk2", "m64n64_c2x1_ov4_sk2_u"),
+    "64x2112x7168_u": ("m64_ov4_sk3", "m64_ov4_sk4_c1x1", "m64_ov4_sk4_c1x1_u", "m64_ov4_sk2_u"),
+    "128x1536x8960_u": ("m64n64_c2x1_ov4_sk2", "m64n64_c2x1_ov4_sk2_u"),
+    "96x2048x8192_u": ("m64n64_c2x1_ov4_sk2", "m64n64_c2x1_ov4_sk2_u"),
+    "256x2112x7168_u2": ("m64n64_c2x1_ov4_d12_u", "m64n64_c2x1_ov4_d12_kc2_u"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

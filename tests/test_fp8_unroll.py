@@ -36,9 +36,29 @@ def test_knobs_it_does_not_build_are_refused_with_the_fix(knobs, shape, words):
         make_config("v9", *shape, **{**knobs, "unroll_k": True})
 
 
-def test_only_v9_takes_the_knob():
+SPLIT = dict(FILL, cluster_m=1, cluster_n=2, pipe_depth=8)
+
+
+def test_v10_unrolls_a_split_only_where_it_divides_the_slices():
+    cfg = make_config("v10", 64, 4096, 14336, split_k=2, unroll_k=True, **SPLIT)  # 56 slices a unit
+    assert dict(cfg.extra)["unroll_k"] is True
+    with pytest.raises(ConfigError, match=r"split_k=3: a unit's count of slices is known only at run time.*"
+                                          r"use split_k in \[1, 2, 4, 7, 8\]"):
+        make_config("v10", 64, 2112, 7168, split_k=3, unroll_k=True, **SPLIT)
+    with pytest.raises(ConfigError, match="stream_k"):
+        make_config("v10", 64, 2112, 7168, stream_k=True, unroll_k=True, **SPLIT)
+    # the estimate counts a unit's slices: 112 slices of 64x64 do not fit whole, two units of 56 do
+    with pytest.raises(ConfigError, match="8960 instructions"):
+        make_config("v10", 64, 4096, 14336, split_k=1, unroll_k=True, **SPLIT)
     with pytest.raises(ConfigError, match="takes no knob unroll_k"):
-        make_config("v10", 64, 2112, 7168, split_k=3, unroll_k=True, **FILL)
+        make_config("v11", 512, 1024, 1024, unroll_k=True)
+
+
+def test_the_split_units_unrolled_run_the_units_fixed_count():
+    src = build("v10", 64, 1024, 2048, split_k=2, unroll_k=True, **SPLIT).source  # 8 slices a unit: 2 runs of 4
+    assert re.search(r"#pragma unroll\n\s*for \(int r = 0; r < 2; \+\+r\)", src)
+    report = check_config(make_config("v10", 64, 640, 2048, split_k=2, unroll_k=True, **SPLIT))
+    assert report.ok, report.findings[:3]
 
 
 def test_the_cost_model_matches_what_was_measured():
@@ -96,6 +116,7 @@ def test_fp8_moves_its_descriptors_by_32_bit_adds_and_16_bit_kernels_by_64_bit_s
     (256, 4096, 14336, "tensor", False),  # 64x128 over one consumer: too many registers
     (4096, 4096, 4096, "tensor", False),  # 128x256 in halves: not overlapped
     (1024, 4096, 4096, "block", False),  # block scales
+    (64, 4096, 14336, "tensor", False),  # v10's split, two ways: level unrolled (run 23), not set
 ])
 def test_the_policy_unrolls_where_the_tile_fits(M, N, K, recipe, unrolled):
     rung, knobs = plan.fp8_module(M, N, K, recipe)

@@ -380,3 +380,37 @@ for M, N, K in ((1024, 2112, 7168), (256, 6144, 4096), (256, 7168, 16384), (1024
     rung, knobs = plan.fp8_module(M, N, K, "tensor")
     print(f"{M}x{N}x{K}: {plan.fp8_tile(M, N)} -> {rung}",
           {k: knobs[k] for k in ("blk_n", "epi_n", "overlap", "halves", "pipe_depth") if k in knobs})
+
+# %% [markdown]
+# ## Inside the tile: the loop unrolled
+#
+# What was left at those shapes was inside the tile, and ncu's warp-stall sampling over the SASS said where
+# (256x2112x7168, our 64x64 fill tile beside cuBLASLt's 64x64, `benchmarks/results/2026-11-28_h200_fp8_unroll/`):
+# not waiting for data but issuing. A consumer warp ran some 95 instructions a slice of K, of which 32 FADDs
+# (the promotion, the same as cuBLASLt's) and 4 wgmmas; most of the rest moved the ring's slot and the wgmma
+# descriptors. nvcc had kept that arithmetic in vector registers and copied it to uniform ones (`R2UR`) for every
+# wgmma, which takes its descriptors from uniform registers only; cuBLASLt's loop does it in uniform registers
+# (`UIADD3`). With the loop over runs unrolled over the whole tile, nvcc keeps it uniform too: v9's `unroll_k`.
+# Unrolled code is long, and two accumulator sets plus the total take registers, so the knob is held to where
+# it was measured to pay: at most 168 registers of sums a thread (64x128 over one consumer spilled) and about
+# 6400 instructions of unrolled loop (112 slices of 64x64 ran 26% slower: the instruction cache).
+# fp8's descriptors also move by a 32-bit add on their low word now (`common.desc_plus`: the address field
+# cannot carry), where a 64-bit sum made nvcc carry into the high word for every wgmma.
+
+# %%
+from gemm_ladder.core import budget  # noqa: E402
+
+for tile, K in (((64, 64, 1), 7168), ((64, 64, 1), 14336), ((128, 112, 2), 4096), ((64, 128, 1), 14336)):
+    regs, loop = budget.fp8_unroll_cost(*tile, K)
+    print(f"{tile[0]}x{tile[1]} over {tile[2]} consumer(s), K = {K}: {regs} registers of sums, ~{loop} "
+          f"instructions unrolled -> {'unroll_k' if budget.fp8_unroll_fits(*tile, K) else 'rolled'}")
+for M, N, K in ((256, 2112, 7168), (64, 6144, 4096), (256, 6144, 4096), (256, 4096, 14336)):
+    rung, knobs = plan.fp8_module(M, N, K, "tensor")
+    print(f"{M}x{N}x{K}: {rung}, unroll_k={knobs.get('unroll_k', False)}")
+
+# %% [markdown]
+# Measured against the same tiles rolled (run 22): 256x2112x7168 0.823x -> 0.859x `torch._scaled_mm`,
+# 64x6144x4096 0.951x -> 0.983x, 256x6144x4096 0.844x -> 0.867x, and at the four shapes it was not chosen on
+# faster or level. The suite on one H200, before and after: 0.993x -> 1.005x per-tensor, the lowest case 0.82x
+# -> 0.86-0.87x (`benchmarks/results/2026-11-28_h200_fp8_suite/`). cuBLASLt's 64x64 tile still leads by 13% at
+# 256x2112x7168: its loop is shorter again, and it holds 13 stages.

@@ -632,13 +632,17 @@ FP8_UNROLL_EVIDENCE = (FP8_UNROLL_RESULTS + ": the overlapped tiles unrolled (un
 
 
 def fp8_unrolled(knobs: dict, K: int, recipe: str) -> dict:
-    """``knobs`` of a v9 fp8 tile with ``unroll_k`` added where the overlapped promotion's loop fits
-    unrolled (:func:`budget.fp8_unroll_fits`: per-tensor and rowwise, ``overlap`` on, no halves or stagger)."""
+    """``knobs`` of a v9 (or v10) fp8 tile with ``unroll_k`` added where the overlapped promotion's loop
+    fits unrolled (:func:`budget.fp8_unroll_fits`: per-tensor and rowwise, ``overlap`` on, no halves or
+    stagger; v10's split only where it divides the slices, a unit's count then fixed)."""
     if (recipe == "block" or not knobs.get("overlap") or knobs.get("halves") or knobs.get("stagger")
-            or knobs.get("k_consumers", 1) > 1):
+            or knobs.get("k_consumers", 1) > 1 or knobs.get("stream_k")):
+        return knobs
+    slices, split = -(-K // 128), knobs.get("split_k", 1)
+    if slices % split:
         return knobs
     blk_m, blk_n = knobs.get("blk_m", 128), knobs.get("blk_n", 128)
-    if not fp8_unroll_fits(blk_m, blk_n, knobs.get("num_warpgroups", 2), K):
+    if not fp8_unroll_fits(blk_m, blk_n, knobs.get("num_warpgroups", 2), slices // split * 128):
         return knobs
     return {**knobs, "unroll_k": True}
 

@@ -199,14 +199,22 @@ def _check_unroll(cfg: GemmConfig) -> None:
     if recipe(cfg) == "block" or halves(cfg) or stagger(cfg):
         raise ConfigError("unroll_k=True is built for the per-tensor and rowwise overlapped promotion only (not "
                           "block scales, halves or stagger); drop unroll_k")
-    regs, loop = fp8_unroll_cost(cfg.blk_m, cfg.blk_n, cfg.num_warpgroups, cfg.K, cfg.blk_k)
+    extra = dict(cfg.extra)
+    slices, split = -(-cfg.K // cfg.blk_k), extra.get("split_k", 1)
+    if extra.get("stream_k", False) or slices % split:
+        fits = [s for s in range(1, min(slices, 8) + 1) if slices % s == 0]
+        raise ConfigError(f"unroll_k=True with split_k={split}" + (" and stream_k=True" if extra.get("stream_k") else "")
+                          + f": a unit's count of slices is known only at run time (K={cfg.K} is {slices} slices), "
+                          f"and only a fixed count unrolls; use split_k in {fits}, or drop unroll_k")
+    regs, loop = fp8_unroll_cost(cfg.blk_m, cfg.blk_n, cfg.num_warpgroups, slices // split * cfg.blk_k, cfg.blk_k)
     if regs > UNROLL_MAX_REGS:
         raise ConfigError(f"unroll_k=True with a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer(s): "
                           f"two accumulator sets and the total take {regs} registers a thread, over the "
                           f"{UNROLL_MAX_REGS} where the unrolled loop stays unspilled; use blk_n <= 112 per 64 rows "
                           "a consumer, or drop unroll_k")
     if loop > UNROLL_MAX_LOOP:
-        raise ConfigError(f"unroll_k=True at K={cfg.K}: the unrolled K loop comes to about {loop} instructions a "
+        raise ConfigError(f"unroll_k=True at K={cfg.K}" + (f" split {split} ways" if split > 1 else "")
+                          + f": the unrolled K loop comes to about {loop} instructions a "
                           f"warp, over the {UNROLL_MAX_LOOP} the instruction cache kept up with; drop unroll_k "
                           "(the loop over runs is kept)")
 
