@@ -150,7 +150,14 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           # run 23
           ("64x4096x14336_u", 64, 4096, 14336), ("128x2112x7168_u", 128, 2112, 7168),
           ("64x2112x7168_u", 64, 2112, 7168), ("128x1536x8960_u", 128, 1536, 8960),
-          ("96x2048x8192_u", 96, 2048, 8192), ("256x2112x7168_u2", 256, 2112, 7168))
+          ("96x2048x8192_u", 96, 2048, 8192), ("256x2112x7168_u2", 256, 2112, 7168),
+          # run 24
+          ("256x2112x7168_u3", 256, 2112, 7168), ("256x6144x4096_u3", 256, 6144, 4096),
+          ("200x2048x8192_u3", 200, 2048, 8192), ("256x5120x5120_u3", 256, 5120, 5120),
+          # run 25
+          ("256x2112x7168_u4", 256, 2112, 7168), ("256x2048x4096_u4", 256, 2048, 4096),
+          ("192x2112x7168_u4", 192, 2112, 7168), ("256x2112x3584_u4", 256, 2112, 3584),
+          ("256x2048x8192_u4", 256, 2048, 8192))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -301,6 +308,11 @@ CONFIGS = {
                            "unroll_k": True},
     "m64n64_c2x1_ov4_sk2_u": {**SMALL_M_KNOBS, "rung": "v10", "cluster_m": 2, "cluster_n": 1, "overlap": 4,
                               "split_k": 2, "unroll_k": True},
+    # run 24: the unrolled tiles promoting every 2 slices (half the adds), and the fill tile's ring one stage deeper
+    "m64n64_c2x1_ov2_d12_p2_u": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 2, "pipe_depth": 12,
+                                 "promote": 2, "unroll_k": True},
+    "m64n64_c2x1_ov4_d13_e32_u": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 13,
+                                  "epi_n": 32, "unroll_k": True},
     "m64n64_c2x1_ov4_d12_kc2_u": {**SMALL_M_KNOBS, "cluster_m": 2, "cluster_n": 1, "overlap": 4, "pipe_depth": 12,
                                   "k_consumers": 2, "unroll_k": True},
     # cuBLASLt's widths (run 7; ncu and torch's profiler at the weak sub-wave shapes: 128x96 at 256x6144x4096,
@@ -556,6 +568,20 @@ SWEEP = {
     "128x1536x8960_u": ("m64n64_c2x1_ov4_sk2", "m64n64_c2x1_ov4_sk2_u"),
     "96x2048x8192_u": ("m64n64_c2x1_ov4_sk2", "m64n64_c2x1_ov4_sk2_u"),
     "256x2112x7168_u2": ("m64n64_c2x1_ov4_d12_u", "m64n64_c2x1_ov4_d12_kc2_u"),
+    # run 24: the policy's unrolled tiles (at 54c885d) against the same promoted every 2 slices, and (fill) 13 stages;
+    # 128x112 promoted every 2 slices and unrolled (n112_e16_ov2_d7_p2_u: spilled 448 bytes a thread, 0.51-0.53x
+    # torch, its rows in the run's JSON) is refused since (budget.UNROLL_MAX_REGS_PAIRS), so its config is gone
+    "256x2112x7168_u3": ("m64n64_c2x1_ov4_d12_u", "m64n64_c2x1_ov2_d12_p2_u", "m64n64_c2x1_ov4_d13_e32_u"),
+    "256x6144x4096_u3": ("n112_e16_ov4_d7_u",),
+    "200x2048x8192_u3": ("m64n64_c2x1_ov4_d12_u", "m64n64_c2x1_ov2_d12_p2_u", "m64n64_c2x1_ov4_d13_e32_u"),
+    "256x5120x5120_u3": ("n112_e16_ov4_d7_u",),
+    # run 25: the 64x64 fill tile promoted every 2 slices (unrolled) against the policy's every slice, at the suite's
+    # shape again and at four (weights, M) the fill rule takes it that no run chose on
+    "256x2112x7168_u4": ("m64n64_c2x1_ov4_d12_u", "m64n64_c2x1_ov2_d12_p2_u"),
+    "256x2048x4096_u4": ("m64n64_c2x1_ov4_d12_u", "m64n64_c2x1_ov2_d12_p2_u"),
+    "192x2112x7168_u4": ("m64n64_c2x1_ov4_d12_u", "m64n64_c2x1_ov2_d12_p2_u"),
+    "256x2112x3584_u4": ("m64n64_c2x1_ov4_d12_u", "m64n64_c2x1_ov2_d12_p2_u"),
+    "256x2048x8192_u4": ("m64n64_c2x1_ov4_d12_u", "m64n64_c2x1_ov2_d12_p2_u"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

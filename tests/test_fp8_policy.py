@@ -181,8 +181,9 @@ def test_the_fill_rule_takes_64_row_tiles_where_they_come_to_one_whole_wave(M, N
     rung, knobs = plan.fp8_module(M, N, 7168, "tensor")
     if fill is not None:
         tile = {**plan.FP8_FILL_KNOBS, "blk_n": fill, "pipe_depth": plan.FP8_FILL_DEPTH[fill]}
-        # the loop unrolled where the tile fits (64x64: 56 slices; 64x128 over one consumer: not)
-        assert rung == "v9" and knobs == ({**tile, "unroll_k": True} if fill == 64 else tile)
+        # the loop unrolled where the tile fits (64x64: 56 slices, then promoted every 2 slices; 64x128 over one
+        # consumer: not)
+        assert rung == "v9" and knobs == ({**tile, "unroll_k": True, **plan.FP8_FILL_PAIRS} if fill == 64 else tile)
         rows = 2 * -(-(-(-M // 64)) // 2)
         assert 0.95 * 132 <= rows * -(-N // fill) <= 132
     choice = plan.rule_choice(plan.Problem(M, N, 7168, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "tensor")))

@@ -30,6 +30,8 @@ W112 = dict(spec=GemmSpec.fp8(scales="row"), promote=1, overlap=4, blk_n=112, ep
     (dict(FILL, stagger=True, blk_m=128, num_warpgroups=2), (256, 2112, 7168), "stagger"),
     (dict(FILL, blk_n=128, pipe_depth=4), (256, 4096, 4096), "192 registers"),
     (FILL, (256, 2112, 14336), "8960 instructions"),
+    (dict(W112, spec=GemmSpec.fp8(), promote=2, overlap=2, pipe_depth=7), (256, 6144, 4096),
+     "and promote=2: .* 168 registers .* over the 96"),  # spilled 448 bytes a thread (run 24)
 ])
 def test_knobs_it_does_not_build_are_refused_with_the_fix(knobs, shape, words):
     with pytest.raises(ConfigError, match=words):
@@ -68,6 +70,9 @@ def test_the_cost_model_matches_what_was_measured():
         assert budget.fp8_unroll_fits(*tile, K)
     for tile, K in [((64, 64, 1), 14336), ((128, 112, 2), 16384), ((64, 128, 1), 4096)]:
         assert not budget.fp8_unroll_fits(*tile, K)
+    # promoting every 2 slices: 64x64 over one consumer ran unspilled, 128x112 over two spilled (run 24)
+    assert budget.fp8_unroll_fits(64, 64, 1, 7168, promote=2)
+    assert not budget.fp8_unroll_fits(128, 112, 2, 4096, promote=2)
 
 
 def test_the_loop_over_runs_is_unrolled_and_nothing_else_changes():
@@ -94,7 +99,8 @@ def test_the_unrolled_fill_tile_keeps_its_descriptors_in_uniform_registers_and_d
     assert sass.resource_usage(unrolled.binary).stack == 0
 
 
-@pytest.mark.parametrize("knobs, M", [(FILL, 256), (FILL, 200), (W112, 256)], ids=["fill", "fill-odd-m", "row-112"])
+@pytest.mark.parametrize("knobs, M", [(FILL, 256), (FILL, 200), (W112, 256), (dict(FILL, promote=2, overlap=2), 256)],
+                         ids=["fill", "fill-odd-m", "row-112", "fill-pairs"])
 def test_the_barrier_checker_passes_the_unrolled_kernels(knobs, M):
     report = check_config(make_config("v9", M, 448 if knobs is W112 else 640, 1024, **knobs, unroll_k=True))
     assert report.ok, report.findings[:3]
@@ -110,6 +116,7 @@ def test_fp8_moves_its_descriptors_by_32_bit_adds_and_16_bit_kernels_by_64_bit_s
 
 @pytest.mark.parametrize("M, N, K, recipe, unrolled", [
     (256, 2112, 7168, "tensor", True),  # the fill tile, 56 slices
+    (256, 2112, 14336, "row", False),  # the fill tile past the estimate: rolled, every slice
     (256, 6144, 4096, "row", True),  # 128x112
     (64, 6144, 4096, "tensor", True),  # the small-M tiles
     (256, 7168, 16384, "tensor", False),  # 128x112 over 128 slices: too long
@@ -121,4 +128,7 @@ def test_fp8_moves_its_descriptors_by_32_bit_adds_and_16_bit_kernels_by_64_bit_s
 def test_the_policy_unrolls_where_the_tile_fits(M, N, K, recipe, unrolled):
     rung, knobs = plan.fp8_module(M, N, K, recipe)
     assert knobs.get("unroll_k", False) is unrolled
+    # the 64x64 fill tile promotes every 2 slices where it is unrolled (runs 24-25), every slice where not
+    if plan.fp8_fill_n(M, N, 132, recipe) == 64:
+        assert knobs.get("promote", 1) == (2 if unrolled else 1)
     make_config(rung, M, N, K, spec=GemmSpec.fp8(scales=recipe), **knobs)  # what the policy picks validates

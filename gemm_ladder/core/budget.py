@@ -35,6 +35,9 @@ ACC_REGS_MAX = 192  # accumulator registers per thread that leave room in the 25
 # 4-25% slower), and at most this much of the estimated K loop (slices x (accumulators + UNROLL_SLICE_EXTRA)
 # instructions a warp: 80 slices of 64x64, 6400, ran 5% faster; 112 of them, 8960, 26% slower; 128 of 64x112, 79%)
 UNROLL_MAX_REGS = 168
+# promoting every 2 slices or more (a group's two slices held across the unrolled loop): 64x64 over one consumer (96)
+# ran unspilled and 3% faster; 128x112 over two (168) spilled 448 bytes a thread and ran at half speed (run 24)
+UNROLL_MAX_REGS_PAIRS = 96
 UNROLL_SLICE_EXTRA = 48
 UNROLL_MAX_LOOP = 6400
 
@@ -48,10 +51,11 @@ def fp8_unroll_cost(blk_m: int, blk_n: int, consumers: int, K: int, blk_k: int =
     return 3 * acc, -(-K // blk_k) * (acc + UNROLL_SLICE_EXTRA)
 
 
-def fp8_unroll_fits(blk_m: int, blk_n: int, consumers: int, K: int, blk_k: int = 128) -> bool:
-    """Whether an overlapped fp8 tile of these sizes may take v9's ``unroll_k`` (:func:`fp8_unroll_cost`)."""
+def fp8_unroll_fits(blk_m: int, blk_n: int, consumers: int, K: int, blk_k: int = 128, promote: int = 1) -> bool:
+    """Whether an overlapped fp8 tile of these sizes may take v9's ``unroll_k`` (:func:`fp8_unroll_cost`;
+    promoting every ``promote`` slices)."""
     regs, loop = fp8_unroll_cost(blk_m, blk_n, consumers, K, blk_k)
-    return regs <= UNROLL_MAX_REGS and loop <= UNROLL_MAX_LOOP
+    return regs <= (UNROLL_MAX_REGS if promote <= 1 else UNROLL_MAX_REGS_PAIRS) and loop <= UNROLL_MAX_LOOP
 
 
 def limits_for(arch: str, index: int | None = None) -> ArchLimits:

@@ -146,7 +146,8 @@ from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
 import layouts
-from ..core.budget import UNROLL_MAX_LOOP, UNROLL_MAX_REGS, fp8_unroll_cost, limits_for, smem_bytes
+from ..core.budget import (UNROLL_MAX_LOOP, UNROLL_MAX_REGS, UNROLL_MAX_REGS_PAIRS, fp8_unroll_cost, limits_for,
+                           smem_bytes)
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
 from .common import WG_M, HopperPlan, consumer_warpgroups, role_registers
@@ -207,11 +208,13 @@ def _check_unroll(cfg: GemmConfig) -> None:
                           + f": a unit's count of slices is known only at run time (K={cfg.K} is {slices} slices), "
                           f"and only a fixed count unrolls; use split_k in {fits}, or drop unroll_k")
     regs, loop = fp8_unroll_cost(cfg.blk_m, cfg.blk_n, cfg.num_warpgroups, slices // split * cfg.blk_k, cfg.blk_k)
-    if regs > UNROLL_MAX_REGS:
-        raise ConfigError(f"unroll_k=True with a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer(s): "
-                          f"two accumulator sets and the total take {regs} registers a thread, over the "
-                          f"{UNROLL_MAX_REGS} where the unrolled loop stays unspilled; use blk_n <= 112 per 64 rows "
-                          "a consumer, or drop unroll_k")
+    most = UNROLL_MAX_REGS if promote(cfg) <= 1 else UNROLL_MAX_REGS_PAIRS
+    if regs > most:
+        raise ConfigError(f"unroll_k=True with a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer(s)"
+                          + (f" and promote={promote(cfg)}" if promote(cfg) > 1 else "") + ": two accumulator sets "
+                          f"and the total take {regs} registers a thread, over the {most} where the unrolled loop "
+                          "stays unspilled; use " + ("promote=1, or a 64x64 tile over one consumer" if promote(cfg) > 1
+                                                     else "blk_n <= 112 per 64 rows a consumer") + ", or drop unroll_k")
     if loop > UNROLL_MAX_LOOP:
         raise ConfigError(f"unroll_k=True at K={cfg.K}" + (f" split {split} ways" if split > 1 else "")
                           + f": the unrolled K loop comes to about {loop} instructions a "
