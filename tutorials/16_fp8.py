@@ -406,11 +406,13 @@ for tile, K in (((64, 64, 1), 7168), ((64, 64, 1), 14336), ((128, 112, 2), 4096)
           f"instructions unrolled -> {'unroll_k' if budget.fp8_unroll_fits(*tile, K) else 'rolled'}")
 for M, N, K in ((256, 2112, 7168), (64, 6144, 4096), (256, 6144, 4096), (256, 4096, 14336)):
     rung, knobs = plan.fp8_module(M, N, K, "tensor")
-    print(f"{M}x{N}x{K}: {rung}, unroll_k={knobs.get('unroll_k', False)}")
+    print(f"{M}x{N}x{K}: {rung}, unroll_k={knobs.get('unroll_k', False)}, promote={knobs.get('promote', 1)}")
 
 # %% [markdown]
 # Measured against the same tiles rolled (run 22): 256x2112x7168 0.823x -> 0.859x `torch._scaled_mm`,
 # 64x6144x4096 0.951x -> 0.983x, 256x6144x4096 0.844x -> 0.867x, and at the four shapes it was not chosen on
-# faster or level. The suite on one H200, before and after: 0.993x -> 1.005x per-tensor, the lowest case 0.82x
-# -> 0.86-0.87x (`benchmarks/results/2026-11-28_h200_fp8_suite/`). cuBLASLt's 64x64 tile still leads by 13% at
-# 256x2112x7168: its loop is shorter again, and it holds 13 stages.
+# faster or level. Unrolled, the 64x64 fill tile has registers to spare, and promoting every 2 slices halves its
+# adds: 256x2112x7168 0.87x -> 0.90x, faster or level at five shapes held out (`plan.FP8_FILL_PAIRS`; 128x112 so
+# promoted spilled, and `unroll_k` refuses it). The suite on one H200, before and after: 0.993x -> 1.010x
+# per-tensor, the lowest case 0.82x -> 0.87x (`benchmarks/results/2026-11-28_h200_fp8_suite/`). cuBLASLt still
+# leads at 256x6144x4096 (128x112 against its 128x96, 0.87x) and by 10% at 256x2112x7168.
