@@ -28,7 +28,8 @@ W112 = dict(spec=GemmSpec.fp8(scales="row"), promote=1, overlap=4, blk_n=112, ep
     (dict(unroll_k=True), (256, 2112, 7168), "overlapped promotion"),  # a 16-bit spec
     (dict(FILL, spec=GemmSpec.fp8(scales="block"), stage_scales=True), (256, 2112, 7168), "block scales"),
     (dict(FILL, stagger=True, blk_m=128, num_warpgroups=2), (256, 2112, 7168), "stagger"),
-    (dict(FILL, blk_n=128, pipe_depth=4), (256, 4096, 4096), "192 registers"),
+    (dict(FILL, blk_n=128, pipe_depth=4), (256, 4096, 4096), "blk_n in \\[64, 112\\]"),
+    (dict(W112, blk_n=96, epi_n=32, pipe_depth=7), (256, 6144, 4096), "128x96 spilled"),  # run 26
     (FILL, (256, 2112, 14336), "8960 instructions"),
     (dict(W112, spec=GemmSpec.fp8(), promote=2, overlap=2, pipe_depth=7), (256, 6144, 4096),
      "and promote=2: .* 168 registers .* over the 96"),  # spilled 448 bytes a thread (run 24)
@@ -68,7 +69,7 @@ def test_the_cost_model_matches_what_was_measured():
     # of 64x64, 128 of 128x112, 64x128 over one consumer (spilled)
     for tile, K in [((64, 64, 1), 7168), ((64, 64, 1), 10240), ((128, 112, 2), 4096), ((128, 112, 2), 7168)]:
         assert budget.fp8_unroll_fits(*tile, K)
-    for tile, K in [((64, 64, 1), 14336), ((128, 112, 2), 16384), ((64, 128, 1), 4096)]:
+    for tile, K in [((64, 64, 1), 14336), ((128, 112, 2), 16384), ((64, 128, 1), 4096), ((128, 96, 2), 4096)]:
         assert not budget.fp8_unroll_fits(*tile, K)
     # promoting every 2 slices: 64x64 over one consumer ran unspilled, 128x112 over two spilled (run 24)
     assert budget.fp8_unroll_fits(64, 64, 1, 7168, promote=2)

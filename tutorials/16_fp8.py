@@ -392,8 +392,9 @@ for M, N, K in ((1024, 2112, 7168), (256, 6144, 4096), (256, 7168, 16384), (1024
 # wgmma, which takes its descriptors from uniform registers only; cuBLASLt's loop does it in uniform registers
 # (`UIADD3`). With the loop over runs unrolled over the whole tile, nvcc keeps it uniform too: v9's `unroll_k`.
 # Unrolled code is long, and two accumulator sets plus the total take registers, so the knob is held to where
-# it was measured to pay: at most 168 registers of sums a thread (64x128 over one consumer spilled) and about
-# 6400 instructions of unrolled loop (112 slices of 64x64 ran 26% slower: the instruction cache).
+# it was measured to pay: 64 rows a consumer, 64 or 112 wide (64x128 over one consumer and 128x96 spilled), at
+# most 168 registers of sums a thread and about 6400 instructions of unrolled loop (112 slices of 64x64 ran 26%
+# slower: the instruction cache).
 # fp8's descriptors also move by a 32-bit add on their low word now (`common.desc_plus`: the address field
 # cannot carry), where a 64-bit sum made nvcc carry into the high word for every wgmma.
 

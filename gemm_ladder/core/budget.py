@@ -38,6 +38,9 @@ UNROLL_MAX_REGS = 168
 # promoting every 2 slices or more (a group's two slices held across the unrolled loop): 64x64 over one consumer (96)
 # ran unspilled and 3% faster; 128x112 over two (168) spilled 448 bytes a thread and ran at half speed (run 24)
 UNROLL_MAX_REGS_PAIRS = 96
+# the widths (a consumer's 64 rows) whose unrolled loop ptxas kept unspilled and ran faster: 64 and 112. 96 fits the
+# registers above yet spilled 192 bytes a thread and ran 16-18% slower unrolled (run 26); 128 spilled (192 registers)
+UNROLL_WIDTHS = (64, 112)
 UNROLL_SLICE_EXTRA = 48
 UNROLL_MAX_LOOP = 6400
 
@@ -53,9 +56,10 @@ def fp8_unroll_cost(blk_m: int, blk_n: int, consumers: int, K: int, blk_k: int =
 
 def fp8_unroll_fits(blk_m: int, blk_n: int, consumers: int, K: int, blk_k: int = 128, promote: int = 1) -> bool:
     """Whether an overlapped fp8 tile of these sizes may take v9's ``unroll_k`` (:func:`fp8_unroll_cost`;
-    promoting every ``promote`` slices)."""
+    promoting every ``promote`` slices; a consumer's tile of 64 rows and one of :data:`UNROLL_WIDTHS`)."""
     regs, loop = fp8_unroll_cost(blk_m, blk_n, consumers, K, blk_k)
-    return regs <= (UNROLL_MAX_REGS if promote <= 1 else UNROLL_MAX_REGS_PAIRS) and loop <= UNROLL_MAX_LOOP
+    return (blk_m == 64 * consumers and blk_n in UNROLL_WIDTHS
+            and regs <= (UNROLL_MAX_REGS if promote <= 1 else UNROLL_MAX_REGS_PAIRS) and loop <= UNROLL_MAX_LOOP)
 
 
 def limits_for(arch: str, index: int | None = None) -> ArchLimits:

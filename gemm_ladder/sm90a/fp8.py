@@ -146,8 +146,8 @@ from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
 import layouts
-from ..core.budget import (UNROLL_MAX_LOOP, UNROLL_MAX_REGS, UNROLL_MAX_REGS_PAIRS, fp8_unroll_cost, limits_for,
-                           smem_bytes)
+from ..core.budget import (UNROLL_MAX_LOOP, UNROLL_MAX_REGS, UNROLL_MAX_REGS_PAIRS, UNROLL_WIDTHS, fp8_unroll_cost,
+                           limits_for, smem_bytes)
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
 from .common import WG_M, HopperPlan, consumer_warpgroups, role_registers
@@ -207,6 +207,11 @@ def _check_unroll(cfg: GemmConfig) -> None:
         raise ConfigError(f"unroll_k=True with split_k={split}" + (" and stream_k=True" if extra.get("stream_k") else "")
                           + f": a unit's count of slices is known only at run time (K={cfg.K} is {slices} slices), "
                           f"and only a fixed count unrolls; use split_k in {fits}, or drop unroll_k")
+    if cfg.blk_m != WG_M * cfg.num_warpgroups or cfg.blk_n not in UNROLL_WIDTHS:
+        raise ConfigError(f"unroll_k=True with a {cfg.blk_m}x{cfg.blk_n} tile over {cfg.num_warpgroups} consumer(s): "
+                          f"built for 64 rows a consumer and blk_n in {list(UNROLL_WIDTHS)}, the widths whose unrolled "
+                          "loop ptxas kept unspilled (128x96 spilled and ran 16-18% slower); use one of them, or drop "
+                          "unroll_k")
     regs, loop = fp8_unroll_cost(cfg.blk_m, cfg.blk_n, cfg.num_warpgroups, slices // split * cfg.blk_k, cfg.blk_k)
     most = UNROLL_MAX_REGS if promote(cfg) <= 1 else UNROLL_MAX_REGS_PAIRS
     if regs > most:
