@@ -200,31 +200,27 @@ def desc_plus(desc, off16):
     return T.bitwise_or(high, T.Cast("uint64", T.Cast("uint32", desc) + T.Cast("uint32", off16)))
 
 
+def _step_desc(desc, off16, k16):
+    """A wgmma's descriptor ``k16`` 16-byte units (its K step) past ``desc``: a 64-bit sum where
+    ``off16`` is None (the slice's offset already in ``desc``), else one 32-bit add of ``off16 + k16``
+    (:func:`desc_plus`)."""
+    if off16 is None:
+        return desc + T.Cast("uint64", k16)
+    return desc_plus(desc, off16 + k16)
+
+
 @T.inline
-def wgmma_k_steps(plan, Dreg, mi, first, da, db):
+def wgmma_k_steps(plan, Dreg, mi, first, da, db, off_a=None, off_b=None):
     """The k16 wgmmas of one BLK_K slice into 64-row atom ``mi``'s accumulators, from the
-    descriptors ``da`` and ``db`` of the slice's K step 0, each K step 32 bytes further."""
+    descriptors ``da`` and ``db`` of the slice's K step 0 (moved by ``off_a`` and ``off_b``, 16-byte
+    units, where given: :func:`desc_plus`), each K step 32 bytes further."""
     fa = T.meta_var(plan.desc_a)
     fb = T.meta_var(plan.desc_b)
     for kk in T.unroll(plan.cfg.blk_k // plan.mma_k):
         # an MN-major operand steps 16 rows of K (2 KiB) and sets wgmma's transpose bit (16-bit only)
         T.ptx[plan.mma_op](
             *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
-            da + T.Cast("uint64", kk * fa.k_step), db + T.Cast("uint64", kk * fb.k_step),
-            T.Not(T.And(first, kk == 0)), *plan.mma_imms,
-        )
-
-
-@T.inline
-def wgmma_k_steps_narrow(plan, Dreg, mi, first, da, db, off_a, off_b):
-    """:func:`wgmma_k_steps` from ``da`` and ``db`` moved by ``off_a`` and ``off_b`` (16-byte units),
-    each wgmma's descriptors one 32-bit add from them (:func:`desc_plus`)."""
-    fa = T.meta_var(plan.desc_a)
-    fb = T.meta_var(plan.desc_b)
-    for kk in T.unroll(plan.cfg.blk_k // plan.mma_k):
-        T.ptx[plan.mma_op](
-            *[Dreg[mi * plan.acc_stride + r] for r in range(plan.n_regs)],
-            desc_plus(da, off_a + kk * fa.k_step), desc_plus(db, off_b + kk * fb.k_step),
+            _step_desc(da, off_a, kk * fa.k_step), _step_desc(db, off_b, kk * fb.k_step),
             T.Not(T.And(first, kk == 0)), *plan.mma_imms,
         )
 
@@ -297,8 +293,8 @@ def mma_k_slot(plan, Dreg, stage, first, desc_a, desc_b, step_a, step_b):
     fa = T.meta_var(plan.desc_a)
     if plan.narrow_desc:
         for mi in T.unroll(plan.m_atoms):
-            wgmma_k_steps_narrow(plan, Dreg, mi, first, desc_a[0], desc_b[0],
-                                 stage * step_a + mi * fa.row_block_step, stage * step_b)
+            wgmma_k_steps(plan, Dreg, mi, first, desc_a[0], desc_b[0], stage * step_a + mi * fa.row_block_step,
+                          stage * step_b)
     else:
         a0 = T.meta_var(desc_a[0] + T.Cast("uint64", stage * step_a))
         b0 = T.meta_var(desc_b[0] + T.Cast("uint64", stage * step_b))
