@@ -399,6 +399,8 @@ def fused_gemms(cfg: Config, rows: int, backward: bool = False) -> dict[tuple[st
     dh . W_gu (KN, K = 2I) and dW_gu = dh^T . x (MN)."""
     gu, h = 2 * cfg.intermediate, cfg.hidden
     out = {("KK", "swiglu"): [(rows, gu, h)]}
+    if not backward:  # q, k and v as one GEMM over cat([Wq, Wk, Wv]) (inference only: gnn.SharedInput)
+        out[("KK", "none")] = [(rows, h + 2 * cfg.kv_heads * cfg.head_dim, h)]
     if backward:
         out.update({("KK", "none"): [(rows, gu, h)], ("KN", "none"): [(rows, h, gu)], ("MN", "none"): [(gu, h, rows)]})
     return out
@@ -765,12 +767,16 @@ def deadline(doc: dict, phase: str) -> float:
     return PHASE_TIMEOUT[phase.partition(":")[0]]
 
 
+NO_QKV = "ours_no_qkv"  # inference --fuse: ours fused as before the q/k/v groups (patch fuse=("swiglu", "act"))
+
+
 def _row(phase: str, cfg: Config, batch: int, tokens: int, ms: dict, t0: float, **extra) -> dict:
     """A timed row of the results format (``tokens``: processed per call; ``t0``, ``t1``: when it
     was timed, for the clocks ``run`` sampled)."""
+    ab = {"no_qkv_ms": ms[NO_QKV], "no_qkv_ratio_to_torch": ms["torch"] / ms[NO_QKV]} if NO_QKV in ms else {}
     return {"t0": t0, "t1": time.time(), "phase": phase, "model": cfg.name, "batch": batch, "tokens": tokens,
             **extra, "torch_ms": ms["torch"], "ours_ms": ms["ours"], "ratio_to_torch": ms["torch"] / ms["ours"],
-            "tokens_per_s": tokens / ms["ours"] * 1e3, "torch_tokens_per_s": tokens / ms["torch"] * 1e3}
+            "tokens_per_s": tokens / ms["ours"] * 1e3, "torch_tokens_per_s": tokens / ms["torch"] * 1e3, **ab}
 
 
 def inference_pair(doc: dict, model: str, dev: torch.device, fuse: bool = False) -> tuple:
@@ -827,9 +833,13 @@ def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> d
             out["status"] = "wrong"
             return out  # nothing timed on wrong answers
 
+        timed = dict(models)
+        if fuse:  # the same fused model without its q/k/v groups, in the same rounds: what they buy
+            timed[NO_QKV] = copy.deepcopy(base)
+            gnn.patch(timed[NO_QKV], verbose=False, fuse=tuple(k for k in gnn.FUSIONS if k != "qkv"))
         for b, s in inf["prefill"]:
             tokens = torch.randint(cfg.vocab, (b, s), generator=g, device=dev)
-            fns = {n: (lambda m=m, t=tokens: m(t, last_only=True)) for n, m in models.items()}
+            fns = {n: (lambda m=m, t=tokens: m(t, last_only=True)) for n, m in timed.items()}
             for fn in fns.values():
                 fn()
             t0 = time.time()
@@ -838,7 +848,7 @@ def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> d
             del tokens, fns
             _free(dev)
         for b in inf["decode"]:
-            steps = {n: decode_step(m, b, inf["decode_context"], seed=10 + b) for n, m in models.items()}
+            steps = {n: decode_step(m, b, inf["decode_context"], seed=10 + b) for n, m in timed.items()}
             t0 = time.time()
             ms = _alternate({n: st.replay for n, st in steps.items()}, ROUNDS, DECODE_REPLAYS, dev)
             out["rows"].append(_row("decode", cfg, b, b, ms, t0, context=inf["decode_context"],
@@ -911,7 +921,9 @@ def table(rows: list[dict]) -> str:
     out = [{"phase": r["phase"], "model": r["model"], "batch": r["batch"], "tokens": r["tokens"],
             "torch ms": f"{r.get('torch_ms', r.get('torch_step_ms', 0)):.3f}",
             "ours ms": f"{r.get('ours_ms', r.get('ours_step_ms', 0)):.3f}",
-            "x torch": f"{r['ratio_to_torch']:.3f}", "loss ok": {True: "yes", False: "NO"}.get(r.get("loss_ok"), "")}
+            "x torch": f"{r['ratio_to_torch']:.3f}",
+            "no q/k/v groups x torch": f"{r['no_qkv_ratio_to_torch']:.3f}" if "no_qkv_ratio_to_torch" in r else "",
+            "loss ok": {True: "yes", False: "NO"}.get(r.get("loss_ok"), "")}
            for r in rows]
     return fmt(out, list(out[0])) if out else "no rows"
 

@@ -3,7 +3,7 @@
     import gemm_ladder.nn
     lin = gemm_ladder.nn.Linear(4096, 14336, bias=False, device="cuda", dtype=torch.bfloat16)
     swapped = gemm_ladder.nn.patch(model)      # every nn.Linear of model, in place; prints and returns the names
-    report = gemm_ladder.nn.patch(model, fuse=True)  # and SwiGLU MLPs, Linear->act pairs: report.fused, .left
+    report = gemm_ladder.nn.patch(model, fuse=True)  # and SwiGLU MLPs, q/k/v, Linear->act: report.fused, .left
 
 :class:`Linear` is ``nn.Linear`` (its parameters, initialisation and state dict are nn.Linear's:
 a checkpoint loads either way) whose forward is the front door's kernels, and whose backward is
@@ -31,9 +31,18 @@ it first fuses what it recognises (:func:`swiglu_mismatch`, :func:`sequential_pa
   ``down_proj(silu(gate_proj(x)) * up_proj(x))``, read from its torch.fx graph, not guessed from
   its attribute names) becomes a :class:`SwiGLUMLP` over the same three linears: one gated kernel
   (``torch.ops.gemm_ladder.swiglu``) for gate, up and silu, writing half the bytes;
+- an attention's ``q_proj``, ``k_proj`` and ``v_proj`` (plain linears of one input width, dtype
+  and device, a bias on all or none) become one :class:`SharedInput`: in plain inference the
+  first of them called computes the three products as one GEMM over ``cat([Wq, Wk, Wv])`` and
+  its siblings return theirs from it (column slices of one tensor) while their input is the
+  same, unwritten tensor; anything else runs each alone, so the attention's forward need not be
+  read;
 - ``nn.Sequential(..., Linear, ReLU | GELU | SiLU, ...)``: the Linear takes the activation into
   its epilogue (:attr:`Linear.activation`; its bias kept) and the activation's slot holds an
   ``nn.Identity``.
+
+``fuse=True`` makes them all; ``fuse=("swiglu", "act")`` (any of :data:`FUSIONS`) only those
+named: the fused weights of SwiGLU and q/k/v cost their linears' bytes again in memory.
 
 Module names and state-dict keys stay as they were. A look-alike (another activation, a bias on
 the gate or up, hooks that would see the unfused tensors, another forward) is left alone, and
@@ -44,6 +53,7 @@ from __future__ import annotations
 
 import operator
 import sys
+import warnings
 
 import torch
 import torch.fx
@@ -138,9 +148,14 @@ class Linear(nn.Linear):
     kernel's epilogue (set by :meth:`from_linear`, by :func:`patch` for a Linear -> activation pair)."""
 
     activation: str | None = None
+    shared: "SharedInput | None" = None  # set by patch(fuse=True) for an attention's q, k and v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # pylint: disable=arguments-renamed
         weight, bias = self.weight, self.bias
+        if self.shared is not None and type(x) is torch.Tensor and plain_inference():
+            done = self.shared.output(self, x)  # None where the group does not serve this call
+            if done is not None:
+                return done
         if (self.activation is None and type(x) is torch.Tensor and type(weight) in _PLAIN
                 and (bias is None or type(bias) in _PLAIN) and plain_inference()):
             done = fast_mm(x, weight, bias)  # None unless a call like this one was checked
@@ -177,6 +192,146 @@ class Linear(nn.Linear):
 
 
 _ACTIVATIONS = ("relu", "gelu_tanh", "gelu_erf", "silu")  # the epilogue's, by name (core.spec.ACTIVATIONS less none)
+
+
+# -- q, k and v: sibling linears of one input as one GEMM (issue 31) ---------------------------------
+def _version(t: torch.Tensor):
+    """``t``'s version counter (bumped by every in-place write); None for an inference tensor,
+    which has none (and which no code outside inference mode can write)."""
+    return None if t.is_inference() else t._version  # pylint: disable=protected-access
+
+
+def _weight_key(lin: nn.Linear) -> tuple:
+    """What says a linear's parameters are the ones a fused weight was built from: each one's
+    object, storage and version counter (``load_state_dict``, an optimizer step, any in-place write
+    under ``no_grad``), dtype and device."""
+    return tuple((id(t), t.data_ptr(), _version(t), t.dtype, t.device) if t is not None else None
+                 for t in (lin.weight, lin.bias))
+
+
+class SharedInput:
+    """Sibling linears that read one input -- an attention's ``q_proj``, ``k_proj`` and ``v_proj``
+    -- run as one GEMM over ``cat([Wq, Wk, Wv])`` (and the biases, where they have them) in plain
+    inference: the first of them called with ``x`` computes all the products, returns its own and
+    keeps the others for its siblings, which then return theirs without a GEMM of their own while
+    ``x`` is the same tensor, unwritten (its version counter), and their parameters unchanged.
+    Against three calls: one launch and one host call instead of three, and one GEMM of
+    Nq + Nk + Nv columns, whose tiles fill the GPU where k and v alone (a quarter of q each at
+    Llama-3-8B's 8 KV heads) leave most SMs idle at a prefill's rows.
+
+    Each output is the member's column slice of the one product: a strided view ([.., n] with the
+    row stride of all the columns), as a fused QKV projection's split is. A forward that reshapes
+    it by its last dimension (``.view(B, S, heads, head_dim)``, as HF's attention and
+    ``benchmarks/e2e_check.py``'s do) sees no difference; one that needs it contiguous calls
+    ``.contiguous()``.
+
+    Anything else is the member's own :class:`Linear` call, the same product: a gradient recorded
+    (training: the members stay three GEMMs), a tracer, autocast, an input off the GPU or in
+    another dtype, a member called with another input than the one its siblings' products were
+    made from. A forward that does not read all the members from one input (only q of a
+    cross-attention, say) would compute products nobody reads: after :data:`MISSES` such calls
+    in a row the group turns itself off (``off`` says why; a warning says so once) and the members run
+    alone.
+
+    The fused weight is not a parameter (the state dict is unchanged); it is built once for
+    inference, cached, and built again when a member's parameters change (object, storage,
+    version counter, dtype, device; after a write through ``.data``, which bumps no counter, call
+    :meth:`refresh`). It costs the members' bytes again in memory, as :class:`SwiGLUMLP`'s does.
+    Pickled or deep-copied, the group drops its cache and any kept products."""
+
+    MISSES = 2
+
+    def __init__(self, members: list):
+        ws = [m.weight for m in members]
+        if len(members) < 2 or any(type(m) is not Linear or m.activation is not None for m in members):  # pylint: disable=unidiomatic-typecheck
+            raise ValueError("SharedInput: two or more gemm_ladder.nn.Linear layers without an activation")
+        if len({(w.shape[1], w.dtype, w.device) for w in ws}) != 1 or len({m.bias is None for m in members}) != 1:
+            raise ValueError("SharedInput: the members must read one input width in one dtype on one device, "
+                             "all with a bias or none: " + ", ".join(f"{tuple(w.shape)} {w.dtype} {w.device}"
+                                                                     for w in ws))
+        self.members = list(members)
+        self.widths = [w.shape[0] for w in ws]
+        self.off: str | None = None
+        self.misses = 0
+        self._fused: tuple | None = None  # (keys, W, bias)
+        self._kept: tuple | None = None  # (x, its version, [products or None], [member keys])
+        for m in members:
+            m.shared = self
+
+    def __getstate__(self):
+        return {**self.__dict__, "_fused": None, "_kept": None}
+
+    def refresh(self) -> None:
+        """Drop the cached fused weight and any kept products (after writing a member's weight
+        through ``.data``)."""
+        self._fused = self._kept = None
+
+    def fused(self, keys: list) -> tuple:
+        """``(cat([W...]), cat([bias...]) or None)`` for the members' parameters as ``keys`` say
+        (:func:`_weight_key`): the cached pair while they are unchanged, else a new one."""
+        if self._fused is not None and self._fused[0] == keys:
+            return self._fused[1:]
+        self._fused = None  # the stale one's memory first
+        with torch.inference_mode(False), torch.no_grad():
+            W = torch.cat([m.weight for m in self.members])
+            b = torch.cat([m.bias for m in self.members]) if self.members[0].bias is not None else None
+        self._fused = (keys, W, b)
+        return W, b
+
+    def output(self, member: Linear, x: torch.Tensor) -> torch.Tensor | None:
+        """``member``'s product of ``x`` from the group's one GEMM, or None where the group does
+        not serve the call (see the class docstring; the caller then runs the member alone)."""
+        if self.off is not None:
+            return None
+        i = self.members.index(member)
+        kept = self._kept
+        if kept is not None:
+            if kept[0] is x and kept[1] == _version(x) and kept[2][i] is not None \
+                    and kept[3][i] == _weight_key(member):
+                y, kept[2][i] = kept[2][i], None
+                if all(p is None for p in kept[2]):
+                    self._kept, self.misses = None, 0
+                return y
+            self._kept = None
+            if any(p is not None for p in kept[2]):
+                self.misses += 1
+                if self.misses >= self.MISSES:
+                    self.off = (f"{self.misses} calls did not read every member's product from one input "
+                                "(the forward does not call them all on the same tensor)")
+                    self._fused = None
+                    warnings.warn(f"gemm_ladder.nn.SharedInput: turned off, {self.off}; the members run alone",
+                                  stacklevel=3)
+                    return None
+        if not uses_kernel(x, member.weight):
+            return None
+        keys = [_weight_key(m) for m in self.members]
+        W, b = self.fused(keys)
+        y = fast_mm(x, W, b)
+        if y is None:
+            y = ops.direct_mm(x, W, b, None)
+        parts = list(y.split(self.widths, dim=-1))
+        mine, parts[i] = parts[i], None
+        self._kept = (x, _version(x), parts, keys)
+        return mine
+
+
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def shared_input_mismatch(module: nn.Module) -> str | None:
+    """None where ``module``'s ``q_proj``, ``k_proj`` and ``v_proj`` can be one :class:`SharedInput`
+    (plain linears, one input width, dtype and device, a bias on all or none), else what differs.
+    Their forward need not be read: a call that does not fit the group is its member's own."""
+    ms = [getattr(module, n, None) for n in _QKV]
+    if not all(_plain_linear(m) for m in ms):
+        return "q_proj, k_proj and v_proj are not all nn.Linear"
+    if any(getattr(m, "shared", None) is not None for m in ms):
+        return "already fused"
+    if len({(m.in_features, m.weight.dtype, m.weight.device) for m in ms}) != 1:
+        return "q_proj, k_proj and v_proj differ in input width, dtype or device"
+    if len({m.bias is None for m in ms}) != 1 or len({m.bias.dtype for m in ms if m.bias is not None}) > 1:
+        return "q_proj, k_proj and v_proj do not all have a bias (of one dtype), or all none"
+    return None
 
 
 # -- SwiGLU: gate, up and silu in one kernel (issue 31) --------------------------------------------
@@ -435,11 +590,27 @@ class PatchReport(list):
         self.fused, self.left = list(fused), list(left)
 
 
-def _fuse(model: nn.Module) -> tuple[list, list, list]:
-    """Fuse what :func:`swiglu_mismatch` and :func:`sequential_pairs` recognise, in place:
-    (fused, left, the names of the Linears it made)."""
+FUSIONS = ("swiglu", "qkv", "act")  # what patch(fuse=...) names: SwiGLU MLPs, q/k/v groups, Linear -> act pairs
+
+
+def fusions(fuse) -> frozenset:
+    """The fusions ``patch(model, fuse=fuse)`` makes: all of :data:`FUSIONS` for True, none for
+    False, else the names given (one, or a collection); anything else is refused with the names."""
+    if fuse is True or fuse is False:
+        return frozenset(FUSIONS if fuse else ())
+    kinds = {fuse} if isinstance(fuse, str) else set(fuse) if isinstance(fuse, (list, tuple, set, frozenset)) else None
+    if kinds is None or not kinds <= set(FUSIONS):
+        raise ValueError(f"patch(fuse={fuse!r}): use True (every fusion), False (none) or some of "
+                         f"{', '.join(FUSIONS)}, e.g. fuse=('swiglu', 'act')")
+    return frozenset(kinds)
+
+
+def _fuse(model: nn.Module, kinds=frozenset(FUSIONS)) -> tuple[list, list, list]:
+    """Fuse what :func:`swiglu_mismatch`, :func:`shared_input_mismatch` and
+    :func:`sequential_pairs` recognise (those of ``kinds``), in place: (fused, left, the names of
+    the Linears it made)."""
     fused, left, made = [], [], []
-    for name, module in list(model.named_modules()):
+    for name, module in list(model.named_modules()) if "swiglu" in kinds else ():
         if isinstance(module, SwiGLUMLP) or not all(hasattr(module, n) for n in ("gate_proj", "up_proj",
                                                                                   "down_proj")):
             continue
@@ -452,7 +623,24 @@ def _fuse(model: nn.Module) -> tuple[list, list, list]:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, SwiGLUMLP.from_mlp(module))
         fused.append((name, "swiglu: gate_proj, up_proj and silu in one kernel"))
-    for name, module in list(model.named_modules()):
+    for name, module in list(model.named_modules()) if "qkv" in kinds else ():
+        if not all(hasattr(module, n) for n in _QKV):
+            continue
+        why = shared_input_mismatch(module)
+        if why is not None:
+            left.append((name, why))
+            continue
+        members = []
+        for n in _QKV:
+            lin = getattr(module, n)
+            if type(lin) is nn.Linear:  # pylint: disable=unidiomatic-typecheck
+                lin = Linear.from_linear(lin)
+                setattr(module, n, lin)
+                made.append(f"{name}.{n}" if name else n)
+            members.append(lin)
+        SharedInput(members)
+        fused.append((name, "qkv: q_proj, k_proj and v_proj in one GEMM (inference)"))
+    for name, module in list(model.named_modules()) if "act" in kinds else ():
         for i, act in sequential_pairs(module):
             module[i] = Linear.from_linear(module[i], activation=act)
             module[i + 1] = nn.Identity()
@@ -462,16 +650,18 @@ def _fuse(model: nn.Module) -> tuple[list, list, list]:
     return fused, left, made
 
 
-def patch(model: nn.Module, verbose: bool = True, fuse: bool = False) -> PatchReport:
+def patch(model: nn.Module, verbose: bool = True, fuse=False) -> PatchReport:
     """Swap every ``nn.Linear`` of ``model`` (type exactly nn.Linear) for a :class:`Linear` over the
-    same parameters, in place; with ``fuse``, first fuse the SwiGLU MLPs and Linear -> activation
-    pairs it recognises (see the module docstring). Returns the swapped modules' names (a
+    same parameters, in place; with ``fuse``, first fuse the SwiGLU MLPs, attentions' q/k/v and
+    Linear -> activation pairs it recognises (see the module docstring; ``fuse`` True for all of
+    them, or some of :data:`FUSIONS` by name). Returns the swapped modules' names (a
     :class:`PatchReport`, with what it fused and what it left alone and why), printed to stderr
     when ``verbose``. ``model`` itself cannot be swapped in place: an nn.Linear is refused."""
     if type(model) is nn.Linear:  # pylint: disable=unidiomatic-typecheck
         raise TypeError("patch(model) swaps the nn.Linear layers inside model; for one layer use "
                         "gemm_ladder.nn.Linear.from_linear(layer)")
-    fused, left, swapped = _fuse(model) if fuse else ([], [], [])
+    kinds = fusions(fuse)
+    fused, left, swapped = _fuse(model, kinds) if kinds else ([], [], [])
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:  # pylint: disable=unidiomatic-typecheck
@@ -480,7 +670,7 @@ def patch(model: nn.Module, verbose: bool = True, fuse: bool = False) -> PatchRe
     if verbose:
         print(f"gemm_ladder.nn.patch: {len(swapped)} nn.Linear layer(s) now run on gemm_ladder's kernels"
               + "".join(f"\n  {s}" for s in swapped)
-              + (f"\nfused {len(fused)}:" if fuse else "") + "".join(f"\n  {n}: {w}" for n, w in fused)
+              + (f"\nfused {len(fused)}:" if kinds else "") + "".join(f"\n  {n}: {w}" for n, w in fused)
               + (f"\nleft unfused {len(left)}:" if left else "") + "".join(f"\n  {n}: {w}" for n, w in left),
               file=sys.stderr)
     return PatchReport(swapped, fused, left)

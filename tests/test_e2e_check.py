@@ -390,20 +390,28 @@ def test_the_default_plan_has_no_fused_gemms_and_the_fused_plan_adds_them(e2e):
 
 def test_the_fused_plan_holds_every_swiglu_the_fused_models_run(e2e):
     """On the meta device at the real widths: each fused MLP's call at each prefill and decode
-    (M tokens, N = 2I rows of W_gu, K = hidden) is a swiglu GEMM of the plan."""
+    (M tokens, N = 2I rows of W_gu, K = hidden) is a swiglu GEMM of the plan, and each attention's
+    q/k/v group's (N = the three widths) a plain one."""
     doc = e2e.plan(fuse=True)
-    planned = {(g["M"], g["N"], g["K"]) for g in doc["gemms"] if g.get("epilogue") == "swiglu"}
+    planned = {(g["M"], g["N"], g["K"], g.get("epilogue", "none")) for g in doc["gemms"] if g["layout"] == "KK"}
     for name in doc["inference"]["models"]:
         cfg = e2e.CONFIGS[name]
         with torch.device("meta"):
             m = e2e.Llama(cfg, max_positions=16)
         report = gnn.patch(m, verbose=False, fuse=True)
-        assert [n for n, _ in report.fused] == [f"layers.{i}.mlp" for i in range(cfg.layers)]
+        assert sorted(n for n, _ in report.fused) == sorted(f"layers.{i}.{p}" for i in range(cfg.layers)
+                                                            for p in ("mlp", "attn"))
         seen = set()
+
+        def rows(x):
+            return x.numel() // x.shape[-1]
         for mlp in (mod for mod in m.modules() if isinstance(mod, gnn.SwiGLUMLP)):
             mlp.register_forward_pre_hook(
-                lambda mod, args: seen.add((args[0].numel() // args[0].shape[-1], 2 * mod.gate_proj.out_features,
-                                            mod.gate_proj.in_features)))
+                lambda mod, args: seen.add((rows(args[0]), 2 * mod.gate_proj.out_features,
+                                            mod.gate_proj.in_features, "swiglu")))
+        for attn in (mod for mod in m.modules() if isinstance(mod, e2e.Attention)):
+            attn.q_proj.register_forward_pre_hook(
+                lambda mod, args: seen.add((rows(args[0]), sum(mod.shared.widths), mod.in_features, "none")))
         for b, s in e2e.PREFILL:
             m.cos, m.sin = torch.zeros(s, cfg.head_dim, device="meta"), torch.zeros(s, cfg.head_dim, device="meta")
             m(torch.zeros((b, s), dtype=torch.long, device="meta"), last_only=True)
@@ -439,12 +447,12 @@ def test_fused_gemms_are_the_fused_backwards_gemms(e2e):
 def test_fused_dry_runs_fuse_every_mlp_and_match_torch_off_the_gpu(e2e):
     doc = _tiny_doc(e2e)
     out = e2e.inference(doc, "tiny", dev="cpu", fuse=True)
-    assert out["status"] == "ok" and out["fused"] == 2 and all(r["fused"] for r in out["rows"])
+    assert out["status"] == "ok" and out["fused"] == 4 and all(r["fused"] and "no_qkv_ms" in r for r in out["rows"])
     assert out["check"]["hidden"]["rel_err"] == out["check"]["hidden"]["torch_rel_err"]  # the MLP's own formula
     doc["train"].update(steps=e2e.LOSS_LAST + e2e.LOSS_WINDOW)
     tr = e2e.train(doc, dev="cpu", fuse=True)
     (row,) = tr["rows"]
-    assert tr["fused"] == 2 and row["fused"] is True and row["losses"]["ours"] == row["losses"]["torch"]
+    assert tr["fused"] == 4 and row["fused"] is True and row["losses"]["ours"] == row["losses"]["torch"]
 
 
 def test_run_fuse_refuses_a_plan_prepared_without_it(e2e, tmp_path, monkeypatch, capsys):
