@@ -804,6 +804,10 @@ def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> d
     cfg, models, swapped = inference_pair(doc, model, dev, fuse)
     base = models["torch"]
     out: dict = {"status": "ok", "swapped": len(swapped), "fused": len(swapped.fused), "rows": []}
+    timed = dict(models)
+    if fuse:  # the same fused model without its q/k/v groups, in the same rounds: what they buy
+        timed[NO_QKV] = copy.deepcopy(base)
+        gnn.patch(timed[NO_QKV], verbose=False, fuse=tuple(k for k in gnn.FUSIONS if k != "qkv"))
     g = torch.Generator(device=dev).manual_seed(5)
     with torch.inference_mode():
         # correctness: a prefill's hidden states and last logits, and a decode step, against fp32
@@ -833,10 +837,6 @@ def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> d
             out["status"] = "wrong"
             return out  # nothing timed on wrong answers
 
-        timed = dict(models)
-        if fuse:  # the same fused model without its q/k/v groups, in the same rounds: what they buy
-            timed[NO_QKV] = copy.deepcopy(base)
-            gnn.patch(timed[NO_QKV], verbose=False, fuse=tuple(k for k in gnn.FUSIONS if k != "qkv"))
         for b, s in inf["prefill"]:
             tokens = torch.randint(cfg.vocab, (b, s), generator=g, device=dev)
             fns = {n: (lambda m=m, t=tokens: m(t, last_only=True)) for n, m in timed.items()}

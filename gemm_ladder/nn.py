@@ -62,7 +62,7 @@ from torch import nn
 
 from .core.spec import torch_activation
 from .serve import ops  # registers torch.ops.gemm_ladder.mm and .swiglu
-from .serve.front import fast_mm, fast_swiglu
+from .serve.front import fast_mm, fast_swiglu, tensor_version
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _PLAIN = (torch.Tensor, nn.Parameter)
@@ -195,17 +195,11 @@ _ACTIVATIONS = ("relu", "gelu_tanh", "gelu_erf", "silu")  # the epilogue's, by n
 
 
 # -- q, k and v: sibling linears of one input as one GEMM (issue 31) ---------------------------------
-def _version(t: torch.Tensor):
-    """``t``'s version counter (bumped by every in-place write); None for an inference tensor,
-    which has none (and which no code outside inference mode can write)."""
-    return None if t.is_inference() else t._version  # pylint: disable=protected-access
-
-
 def _weight_key(lin: nn.Linear) -> tuple:
     """What says a linear's parameters are the ones a fused weight was built from: each one's
     object, storage and version counter (``load_state_dict``, an optimizer step, any in-place write
     under ``no_grad``), dtype and device."""
-    return tuple((id(t), t.data_ptr(), _version(t), t.dtype, t.device) if t is not None else None
+    return tuple((id(t), t.data_ptr(), tensor_version(t), t.dtype, t.device) if t is not None else None
                  for t in (lin.weight, lin.bias))
 
 
@@ -286,7 +280,7 @@ class SharedInput:
         i = self.members.index(member)
         kept = self._kept
         if kept is not None:
-            if kept[0] is x and kept[1] == _version(x) and kept[2][i] is not None \
+            if kept[0] is x and kept[1] == tensor_version(x) and kept[2][i] is not None \
                     and kept[3][i] == _weight_key(member):
                 y, kept[2][i] = kept[2][i], None
                 if all(p is None for p in kept[2]):
@@ -311,7 +305,7 @@ class SharedInput:
             y = ops.direct_mm(x, W, b, None)
         parts = list(y.split(self.widths, dim=-1))
         mine, parts[i] = parts[i], None
-        self._kept = (x, _version(x), parts, keys)
+        self._kept = (x, tensor_version(x), parts, keys)
         return mine
 
 
@@ -433,7 +427,8 @@ class SwiGLUMLP(nn.Module):
         """``cat([Wg, Wu])`` in ``dtype``, no grad of its own: the cached one while the weights are
         unchanged (see the class docstring), or a new one (``cache=False``: not kept)."""
         wg, wu = self.gate_proj.weight, self.up_proj.weight
-        key = (id(wg), id(wu), wg.data_ptr(), wu.data_ptr(), wg._version, wu._version, dtype, wg.device)
+        key = (id(wg), id(wu), wg.data_ptr(), wu.data_ptr(), tensor_version(wg), tensor_version(wu), dtype,
+               wg.device)
         if cache and self._fused is not None and self._fused[0] == key:
             return self._fused[1]
         self._fused = None  # the stale one's memory first

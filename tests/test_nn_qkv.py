@@ -230,3 +230,43 @@ def test_fuse_names_the_fusions_and_refuses_others():
     for bad in ("qvk", ("swiglu", "mlp"), 3):
         with pytest.raises(ValueError, match="some of swiglu, qkv, act"):
             gnn.patch(Attention(), verbose=False, fuse=bad)
+
+
+def test_a_model_made_under_inference_mode_fuses_and_runs(gemms, monkeypatch):
+    """Inference tensors have no version counter: the caches key them without one."""
+    monkeypatch.setattr(ops, "swiglu", lambda x, W, **_: F.silu((x.float() @ W.float().T)[..., :W.shape[0] // 2]
+                                                                ).mul((x.float() @ W.float().T)[..., W.shape[0] // 2:]
+                                                                      ).to(x.dtype))
+    monkeypatch.setattr(gnn, "swiglu_uses_kernel", lambda *a: True)
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = nn.Linear(32, 24, bias=False), nn.Linear(32, 24, bias=False)
+            self.down_proj = nn.Linear(24, 32, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.mlp = Attention(), MLP()
+
+        def forward(self, x):
+            return self.mlp(self.attn(x))
+
+    torch.manual_seed(1)
+    ref = Layer()
+    with torch.inference_mode():
+        ours = copy.deepcopy(ref).half()
+        assert ours.attn.q_proj.weight.is_inference()
+        report = gnn.patch(ours, verbose=False, fuse=True)
+        assert sorted(n for n, _ in report.fused) == ["attn", "mlp"]
+        x = torch.randn(2, 3, 32)
+        got = ours(x.half())
+        got_again = ours(x.half())
+    assert gemms == [(48, 32), (32, 32), (32, 24)] * 2  # q/k/v, o, down; gate and up on the swiglu op
+    with torch.no_grad():
+        torch.testing.assert_close(got.float(), ref(x), rtol=3e-2, atol=3e-3)
+    assert torch.equal(got, got_again)

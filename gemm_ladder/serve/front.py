@@ -920,6 +920,14 @@ _B_COPIES: dict = {}
 B_COPIES_KEPT = 64
 
 
+def tensor_version(t):
+    """``t``'s version counter (every in-place write bumps it), what a cache of a copy of ``t``
+    compares; None for an inference tensor (made under ``torch.inference_mode``), which has none:
+    it is written in place only inside inference mode, where nothing can tell (after such a write
+    into a weight, drop the caches that hold its copies)."""
+    return None if t.is_inference() else t._version  # pylint: disable=protected-access
+
+
 def _weight_copy(B, Nk: int, Kk: int):
     """``B`` [N, K] in a zero-padded, 16-byte aligned [Nk, Kk] tensor, from the cache while B is unchanged."""
     import torch  # pylint: disable=import-outside-toplevel
@@ -928,7 +936,7 @@ def _weight_copy(B, Nk: int, Kk: int):
     key = (B.data_ptr(), tuple(B.shape), B.dtype, B.device, Nk, Kk)
     hit = None if capturing else _B_COPIES.get(key)
     # the same tensor object (a weak reference: a new tensor at B's old address never matches), unwritten
-    if hit is not None and hit[0]() is B and hit[1] == B._version:
+    if hit is not None and hit[0]() is B and hit[1] == tensor_version(B):
         return hit[2]
     if capturing:
         b = B.new_zeros((Nk, Kk))
@@ -938,7 +946,7 @@ def _weight_copy(B, Nk: int, Kk: int):
     if not capturing:
         if key not in _B_COPIES and len(_B_COPIES) >= B_COPIES_KEPT:
             _B_COPIES.pop(next(iter(_B_COPIES)))  # the oldest
-        _B_COPIES[key] = (weakref.ref(B), B._version, b)
+        _B_COPIES[key] = (weakref.ref(B), tensor_version(B), b)
     return b
 
 
@@ -1402,11 +1410,11 @@ class PaddedLaunch:
                                               d_pad, d_pad[:, :N] if d_pad is not None else None)
             _, a_pad, a_view, d_pad, d_view = kept
             ref, version, kept_copy = self.weight
-            same = ref is not None and ref() is b and version == b._version  # pylint: disable=protected-access
+            same = ref is not None and ref() is b and version == tensor_version(b)
             padded = kept_copy() if same else None
             if padded is None:  # (the copy itself is _weight_copy's to keep or drop: a weak reference here)
                 padded = _weight_copy(b, Nk, Kk)
-                self.weight = (weakref.ref(b), b._version, weakref.ref(padded))  # pylint: disable=protected-access
+                self.weight = (weakref.ref(b), tensor_version(b), weakref.ref(padded))
             if a_pad is not None:
                 a_view.copy_(a)
                 a = a_pad
