@@ -151,11 +151,11 @@ class Linear(nn.Linear):
     shared: "SharedInput | None" = None  # set by patch(fuse=True) for an attention's q, k and v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # pylint: disable=arguments-renamed
-        weight, bias = self.weight, self.bias
         if self.shared is not None and type(x) is torch.Tensor and plain_inference():
             done = self.shared.output(self, x)  # None where the group does not serve this call
             if done is not None:
                 return done
+        weight, bias = self.weight, self.bias
         if (self.activation is None and type(x) is torch.Tensor and type(weight) in _PLAIN
                 and (bias is None or type(bias) in _PLAIN) and plain_inference()):
             done = fast_mm(x, weight, bias)  # None unless a call like this one was checked
@@ -196,11 +196,15 @@ _ACTIVATIONS = ("relu", "gelu_tanh", "gelu_erf", "silu")  # the epilogue's, by n
 
 # -- q, k and v: sibling linears of one input as one GEMM (issue 31) ---------------------------------
 def _weight_key(lin: nn.Linear) -> tuple:
-    """What says a linear's parameters are the ones a fused weight was built from: each one's
-    object, storage and version counter (``load_state_dict``, an optimizer step, any in-place write
-    under ``no_grad``), dtype and device."""
-    return tuple((id(t), t.data_ptr(), tensor_version(t), t.dtype, t.device) if t is not None else None
-                 for t in (lin.weight, lin.bias))
+    """What says a linear's parameters are the ones a fused weight or a kept product was made
+    from: each one's object, storage (``.to()`` and ``.half()`` replace it) and version counter
+    (``load_state_dict``, an optimizer step, any in-place write under ``no_grad``). Read from
+    ``_parameters``: ``lin.weight`` passes through Module.__getattr__, ~0.6 us a read on the
+    build box, and a group reads these on every call."""
+    p = lin._parameters  # pylint: disable=protected-access
+    w, b = p["weight"], p.get("bias")
+    key = (id(w), w.data_ptr(), tensor_version(w))
+    return key if b is None else (*key, id(b), b.data_ptr(), tensor_version(b))
 
 
 class SharedInput:
@@ -296,7 +300,7 @@ class SharedInput:
                     warnings.warn(f"gemm_ladder.nn.SharedInput: turned off, {self.off}; the members run alone",
                                   stacklevel=3)
                     return None
-        if not uses_kernel(x, member.weight):
+        if not uses_kernel(x, member._parameters["weight"]):  # pylint: disable=protected-access
             return None
         keys = [_weight_key(m) for m in self.members]
         W, b = self.fused(keys)
