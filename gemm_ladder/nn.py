@@ -151,8 +151,13 @@ class Linear(nn.Linear):
     shared: "SharedInput | None" = None  # set by patch(fuse=True) for an attention's q, k and v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # pylint: disable=arguments-renamed
-        if self.shared is not None and type(x) is torch.Tensor and plain_inference():
-            done = self.shared.output(self, x)  # None where the group does not serve this call
+        shared = self.shared
+        if shared is not None and type(x) is torch.Tensor:
+            # a product of this x kept by a sibling's call moments before (SharedInput.kept_for);
+            # else the group's GEMM where it serves the call (None where it does not)
+            done = shared.kept_for(self, x) if shared.holds(x) and not torch.is_grad_enabled() else None
+            if done is None and plain_inference():
+                done = shared.output(self, x)
             if done is not None:
                 return done
         weight, bias = self.weight, self.bias
@@ -276,30 +281,46 @@ class SharedInput:
         self._fused = (keys, W, b)
         return W, b
 
+    def holds(self, x: torch.Tensor) -> bool:
+        """Whether products of ``x`` are kept for members yet to read them."""
+        return self._kept is not None and self._kept[0] is x
+
+    def kept_for(self, member: Linear, x: torch.Tensor) -> torch.Tensor | None:
+        """``member``'s product of ``x`` kept by a sibling's call, unread, while ``x`` is unwritten
+        and ``member``'s parameters unchanged since; else None. It checks no more of the call:
+        a sibling's call made the product in plain inference moments before, in the same forward
+        (the layer checks that no gradient is recorded now)."""
+        kept = self._kept
+        if kept is None or kept[0] is not x:
+            return None
+        i = self.members.index(member)
+        parts = kept[2]
+        if parts[i] is None or kept[1] != tensor_version(x) or kept[3][i] != _weight_key(member):
+            return None
+        y, parts[i] = parts[i], None
+        if all(p is None for p in parts):
+            self._kept, self.misses = None, 0
+        return y
+
     def output(self, member: Linear, x: torch.Tensor) -> torch.Tensor | None:
         """``member``'s product of ``x`` from the group's one GEMM, or None where the group does
         not serve the call (see the class docstring; the caller then runs the member alone)."""
         if self.off is not None:
             return None
-        i = self.members.index(member)
-        kept = self._kept
-        if kept is not None:
-            if kept[0] is x and kept[1] == tensor_version(x) and kept[2][i] is not None \
-                    and kept[3][i] == _weight_key(member):
-                y, kept[2][i] = kept[2][i], None
-                if all(p is None for p in kept[2]):
-                    self._kept, self.misses = None, 0
-                return y
+        y = self.kept_for(member, x)
+        if y is not None:
+            return y
+        if self._kept is not None:  # products no member read: the forward did not read them all from one input
             self._kept = None
-            if any(p is not None for p in kept[2]):
-                self.misses += 1
-                if self.misses >= self.MISSES:
-                    self.off = (f"{self.misses} calls did not read every member's product from one input "
-                                "(the forward does not call them all on the same tensor)")
-                    self._fused = None
-                    warnings.warn(f"gemm_ladder.nn.SharedInput: turned off, {self.off}; the members run alone",
-                                  stacklevel=3)
-                    return None
+            self.misses += 1
+            if self.misses >= self.MISSES:
+                self.off = (f"{self.misses} calls did not read every member's product from one input "
+                            "(the forward does not call them all on the same tensor)")
+                self._fused = None
+                warnings.warn(f"gemm_ladder.nn.SharedInput: turned off, {self.off}; the members run alone",
+                              stacklevel=3)
+                return None
+        i = self.members.index(member)
         if not uses_kernel(x, member._parameters["weight"]):  # pylint: disable=protected-access
             return None
         keys = [_weight_key(m) for m in self.members]

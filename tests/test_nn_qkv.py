@@ -270,3 +270,14 @@ def test_a_model_made_under_inference_mode_fuses_and_runs(gemms, monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(got.float(), ref(x), rtol=3e-2, atol=3e-3)
     assert torch.equal(got, got_again)
+
+
+def test_a_sibling_called_with_grad_after_a_no_grad_call_gets_its_own_graph(gemms):
+    _, ours, _ = _patched(dtype=torch.float32)
+    x = torch.randn(1, 3, 32)
+    with torch.no_grad():
+        ours.q_proj(x)  # k and v of x kept
+    k = ours.k_proj(x)  # grad on: not the kept product, which has no graph
+    assert k.requires_grad and gemms == [(48, 32), (8, 32)]
+    k.sum().backward()
+    torch.testing.assert_close(ours.k_proj.weight.grad, x.sum((0, 1)).expand(8, 32))
