@@ -399,10 +399,19 @@ def fused_gemms(cfg: Config, rows: int, backward: bool = False) -> dict[tuple[st
     dh . W_gu (KN, K = 2I) and dW_gu = dh^T . x (MN)."""
     gu, h = 2 * cfg.intermediate, cfg.hidden
     out = {("KK", "swiglu"): [(rows, gu, h)]}
-    if not backward:  # q, k and v as one GEMM over cat([Wq, Wk, Wv]) (inference only: gnn.SharedInput)
-        out[("KK", "none")] = [(rows, h + 2 * cfg.kv_heads * cfg.head_dim, h)]
     if backward:
         out.update({("KK", "none"): [(rows, gu, h)], ("KN", "none"): [(rows, h, gu)], ("MN", "none"): [(gu, h, rows)]})
+    return out
+
+
+def qkv_gemms(cfg: Config, rows: int, backward: bool = False) -> dict[str, list[tuple[int, int, int]]]:
+    """layout -> (M, N, K) of each attention's q, k and v as one GEMM (``gnn.SharedInput``) over
+    ``rows`` tokens: x . W_qkv^T (N = Nq + Nk + Nv); with ``backward``, dX = dY . W_qkv (KN, K = the
+    three widths) and dW_qkv = dY^T . x (MN)."""
+    n, h = cfg.hidden + 2 * cfg.kv_heads * cfg.head_dim, cfg.hidden
+    out = {"KK": [(rows, n, h)]}
+    if backward:
+        out.update({"KN": [(rows, h, n)], "MN": [(n, h, rows)]})
     return out
 
 
@@ -427,6 +436,8 @@ def plan(fuse: bool = False, train_model: str = TRAIN["model"], phases=PHASES) -
     def add_fused(cfg, rows, why, backward=False):
         for (layout, epilogue), shapes in fused_gemms(cfg, rows, backward).items():
             add(layout, shapes, f"{why} (fused MLP)", epilogue)
+        for layout, shapes in qkv_gemms(cfg, rows, backward).items():
+            add(layout, shapes, f"{why} (q/k/v as one GEMM)")
 
     for inf in (CONFIGS[n] for n in (INFER_MODELS if "inference" in phases else ())):
         for b, s in PREFILL:

@@ -155,8 +155,8 @@ class Linear(nn.Linear):
         if shared is not None and type(x) is torch.Tensor:
             # a product of this x kept by a sibling's call moments before (SharedInput.kept_for);
             # else the group's GEMM where it serves the call (None where it does not)
-            done = shared.kept_for(self, x) if shared.holds(x) and not torch.is_grad_enabled() else None
-            if done is None and plain_inference():
+            done = shared.kept_for(self, x) if shared.holds(x) else None
+            if done is None:
                 done = shared.output(self, x)
             if done is not None:
                 return done
@@ -228,10 +228,17 @@ class SharedInput:
     ``benchmarks/e2e_check.py``'s do) sees no difference; one that needs it contiguous calls
     ``.contiguous()``.
 
-    Anything else is the member's own :class:`Linear` call, the same product: a gradient recorded
-    (training: the members stay three GEMMs), a tracer, autocast, an input off the GPU or in
-    another dtype, a member called with another input than the one its siblings' products were
-    made from. A forward that does not read all the members from one input (only q of a
+    Where a gradient is recorded (training), the one GEMM is over ``cat([Wq, Wk, Wv])`` built at
+    each forward from the parameters (in autocast's dtype under autocast: one cast of x instead of
+    three), through :class:`LinearFunction`: its backward is one dX GEMM over the gradient of all
+    the columns (K = Nq + Nk + Nv, where three GEMMs and two sums of [.., K] would be) and one dW
+    GEMM (M = Nq + Nk + Nv rows, where k's and v's alone fill few tiles), and the concatenation's
+    backward hands each parameter its rows.
+
+    Anything else is the member's own :class:`Linear` call, the same product: a tracer
+    (``torch.compile`` sees the three linears), an input off the GPU or in another dtype, a member
+    called with another input than the one its siblings' products were made from, or in another
+    grad mode. A forward that does not read all the members from one input (only q of a
     cross-attention, say) would compute products nobody reads: after :data:`MISSES` such calls
     in a row the group turns itself off (``off`` says why; a warning says so once) and the members run
     alone.
@@ -257,7 +264,7 @@ class SharedInput:
         self.off: str | None = None
         self.misses = 0
         self._fused: tuple | None = None  # (keys, W, bias)
-        self._kept: tuple | None = None  # (x, its version, [products or None], [member keys])
+        self._kept: tuple | None = None  # (x, its version, [products or None], [member keys], grad mode)
         for m in members:
             m.shared = self
 
@@ -288,14 +295,15 @@ class SharedInput:
     def kept_for(self, member: Linear, x: torch.Tensor) -> torch.Tensor | None:
         """``member``'s product of ``x`` kept by a sibling's call, unread, while ``x`` is unwritten
         and ``member``'s parameters unchanged since; else None. It checks no more of the call:
-        a sibling's call made the product in plain inference moments before, in the same forward
-        (the layer checks that no gradient is recorded now)."""
+        a sibling's call made the product moments before, in the same forward, in the same grad
+        mode (a product made with its graph is not handed to a call without, nor the reverse)."""
         kept = self._kept
         if kept is None or kept[0] is not x:
             return None
         i = self.members.index(member)
         parts = kept[2]
-        if parts[i] is None or kept[1] != tensor_version(x) or kept[3][i] != _weight_key(member):
+        if parts[i] is None or kept[1] != tensor_version(x) or kept[3][i] != _weight_key(member) \
+                or kept[4] != torch.is_grad_enabled():
             return None
         y, parts[i] = parts[i], None
         if all(p is None for p in parts):
@@ -321,17 +329,44 @@ class SharedInput:
                               stacklevel=3)
                 return None
         i = self.members.index(member)
-        if not uses_kernel(x, member._parameters["weight"]):  # pylint: disable=protected-access
-            return None
         keys = [_weight_key(m) for m in self.members]
-        W, b = self.fused(keys)
-        y = fast_mm(x, W, b)
-        if y is None:
-            y = ops.direct_mm(x, W, b, None)
+        if plain_inference():
+            if not uses_kernel(x, member._parameters["weight"]):  # pylint: disable=protected-access
+                return None
+            W, b = self.fused(keys)
+            y = fast_mm(x, W, b)
+            if y is None:
+                y = ops.direct_mm(x, W, b, None)
+        else:
+            y = self._recorded(x)
+            if y is None:
+                return None
         parts = list(y.split(self.widths, dim=-1))
         mine, parts[i] = parts[i], None
-        self._kept = (x, tensor_version(x), parts, keys)
+        self._kept = (x, tensor_version(x), parts, keys, torch.is_grad_enabled())
         return mine
+
+    def _recorded(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The one GEMM where autograd may record it (training; autocast; grad off but autocast
+        on): the concatenated parameters built now, with their graph; None where the members run
+        alone (traced, or off the kernels' path)."""
+        ps = [(m._parameters["weight"], m._parameters.get("bias")) for m in self.members]  # pylint: disable=protected-access
+        if traced(x, *(t for p in ps for t in p)):
+            return None
+        cast = autocast_dtype(x)
+        dtype = cast or ps[0][0].dtype
+        if not group_uses_kernel(x, ps[0][0], dtype, cast is not None):
+            return None
+        W = torch.cat([w.to(dtype) for w, _ in ps])
+        b = torch.cat([b.to(dtype) for _, b in ps]) if ps[0][1] is not None else None
+        return linear(x.to(dtype), W, b)
+
+
+def group_uses_kernel(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, autocast: bool) -> bool:
+    """Whether a :class:`SharedInput` whose weights are like ``weight`` runs ``x`` through one GEMM
+    in ``dtype`` where a gradient may be recorded: on the GPU, fp16/bf16, x in that dtype (under
+    autocast: any, it is cast as F.linear's input is)."""
+    return x.is_cuda and weight.is_cuda and dtype in _DTYPES and (autocast or x.dtype == dtype)
 
 
 _QKV = ("q_proj", "k_proj", "v_proj")

@@ -512,6 +512,7 @@ def test_a_training_only_plan_holds_exactly_the_gemms_of_that_models_step(e2e):
     want = {("KK", *s, "none") for s in forward}
     want |= {(lay, *s, "none") for lay, shapes in e2e.backward_gemms(cfg, rows).items() for s in shapes}
     want |= {(lay, *s, ep) for (lay, ep), shapes in e2e.fused_gemms(cfg, rows, backward=True).items() for s in shapes}
+    want |= {(lay, *s, "none") for lay, shapes in e2e.qkv_gemms(cfg, rows, backward=True).items() for s in shapes}
     got = {(g["layout"], g["M"], g["N"], g["K"], g.get("epilogue", "none")) for g in doc["gemms"]}
     assert got == want and all(g["why"].startswith("train") and "(llama-350m)" in g["why"] for g in doc["gemms"])
     # the default plan is what it was: both phases, the 125M run
