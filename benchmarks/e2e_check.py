@@ -743,12 +743,30 @@ def decode_step(model, batch: int, length: int, seed: int) -> DecodeStep:
     return DecodeStep(graph.replay, logits, state)
 
 
+FUSE_ARG = "fuse="  # a phase's argument: the fusions ours is patched with (gnn.FUSIONS), by name
+
+
+def fuse_arg(text: str) -> tuple:
+    """The fusions a phase's ``fuse=a,b`` argument names (``fuse`` alone: all of them)."""
+    if text == "fuse":
+        return tuple(gnn.FUSIONS)
+    if not text.startswith(FUSE_ARG):
+        raise ValueError(f"phase argument {text!r}: expected {FUSE_ARG}NAMES (some of {', '.join(gnn.FUSIONS)})")
+    return tuple(sorted(gnn.fusions(tuple(text[len(FUSE_ARG):].split(",")))))
+
+
+def _fused(fuse) -> dict:
+    """A row's record of how ours was patched: ``fused`` (any fusion) and ``fusions`` (which)."""
+    kinds = sorted(gnn.fusions(fuse))
+    return {"fused": bool(kinds), "fusions": kinds}
+
+
 def phase_job(item: str, args) -> dict:
     """An isolated job (``measure.isolate``, ``package.module:function``): ``item`` is the phase
     (``inference:MODEL`` or ``train``); ``args``: the pack folder, the front-door mode, and
     ``fuse`` where ours is patched with ``fuse=True``."""
     folder, mode = args[0], (args[1] if len(args) > 1 else "strict")
-    fuse = len(args) > 2 and args[2] == "fuse"
+    fuse = fuse_arg(args[2]) if len(args) > 2 else False
     doc = read_json(Path(folder) / PLAN_FILE, "e2e_check plan", "run prepare again", PLAN_SCHEMA)
     if item not in phases_of(doc):
         raise ValueError(f"unknown phase {item!r}: " + ", ".join(phases_of(doc)))
@@ -816,9 +834,9 @@ def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> d
     base = models["torch"]
     out: dict = {"status": "ok", "swapped": len(swapped), "fused": len(swapped.fused), "rows": []}
     timed = dict(models)
-    if fuse:  # the same fused model without its q/k/v groups, in the same rounds: what they buy
+    if "qkv" in gnn.fusions(fuse):  # the same fused model without its q/k/v groups, in the same rounds: what they buy
         timed[NO_QKV] = copy.deepcopy(base)
-        gnn.patch(timed[NO_QKV], verbose=False, fuse=tuple(k for k in gnn.FUSIONS if k != "qkv"))
+        gnn.patch(timed[NO_QKV], verbose=False, fuse=tuple(k for k in gnn.fusions(fuse) if k != "qkv"))
     g = torch.Generator(device=dev).manual_seed(5)
     with torch.inference_mode():
         # correctness: a prefill's hidden states and last logits, and a decode step, against fp32
@@ -855,7 +873,7 @@ def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> d
                 fn()
             t0 = time.time()
             ms = _alternate(fns, ROUNDS, PREFILL_REPS, dev)
-            out["rows"].append(_row("prefill", cfg, b, b * s, ms, t0, seq=s, fused=fuse))
+            out["rows"].append(_row("prefill", cfg, b, b * s, ms, t0, seq=s, **_fused(fuse)))
             del tokens, fns
             _free(dev)
         for b in inf["decode"]:
@@ -863,7 +881,7 @@ def inference(doc: dict, model: str, dev: str = "cuda", fuse: bool = False) -> d
             t0 = time.time()
             ms = _alternate({n: st.replay for n, st in steps.items()}, ROUNDS, DECODE_REPLAYS, dev)
             out["rows"].append(_row("decode", cfg, b, b, ms, t0, context=inf["decode_context"],
-                                    cuda_graph=dev.type == "cuda", fused=fuse))
+                                    cuda_graph=dev.type == "cuda", **_fused(fuse)))
             del steps
             _free(dev)
     return out
@@ -918,7 +936,7 @@ def train(doc: dict, dev: str = "cuda", fuse: bool = False) -> dict:
            "ours_step_ms": ms["ours"], "yardstick_step_ms": ms["yardstick"], "ratio_to_torch": ms["torch"] / ms["ours"],
            "tokens_per_s": tr["batch"] * tr["seq"] / ms["ours"] * 1e3, "loss_ok": rule["ok"],
            "loss_rule": rule, "first_loss": losses["torch"][0], "final_loss_torch": smooth(losses["torch"])[-1],
-           "final_loss_ours": smooth(losses["ours"])[-1], "losses": losses, "fused": fuse}
+           "final_loss_ours": smooth(losses["ours"])[-1], "losses": losses, **_fused(fuse)}
     return {"status": "ok" if rule["ok"] else "wrong", "swapped": len(swapped), "fused": len(swapped.fused),
             "rows": [row]}
 
@@ -959,8 +977,9 @@ def summarize(results: dict, rows: list[dict]) -> dict:
     return out
 
 
-def run(folder, out, only=PHASES, mode: str = "strict", fuse: bool = False, train_model: str | None = None) -> int:
-    """Each phase in a child with its deadline (``fuse``: ours patched with ``fuse=True``); writes
+def run(folder, out, only=PHASES, mode: str = "strict", fuse=False, train_model: str | None = None) -> int:
+    """Each phase in a child with its deadline (``fuse``: ours patched with ``fuse=fuse``: True,
+    or some of ``gnn.FUSIONS``); writes
     ``out``. 0 once written, 2 where it cannot run (``phase_runs.checked_plan`` says why).
     ``train_model``: the training run the caller expects the plan to hold (prepare's ``--train``
     chose it; a plan of another model is refused rather than reported under the wrong name)."""
@@ -988,13 +1007,21 @@ def run(folder, out, only=PHASES, mode: str = "strict", fuse: bool = False, trai
     if doc is None:
         return 2
     start, gpu = time.time(), harness.gpu_info()
-    args = [str(folder), mode] + (["fuse"] if fuse else [])
+    args = [str(folder), mode] + ([FUSE_ARG + ",".join(sorted(gnn.fusions(fuse)))] if gnn.fusions(fuse) else [])
     results, rows = phase_runs.run_phases(phase_runs.job_of(__name__, "e2e_check"), phases_of(doc, only), args,
                                           lambda phase: deadline(doc, phase), phase_line, Sampler())
     phase_runs.write_results(out, FORMAT, gpu, start, __doc__.split("\n\n")[2].strip(),
                              {"mode": mode, "env": FRONT_MODES[mode]}, summarize(results, rows), results, rows, table,
-                             fuse=fuse)
+                             fuse=bool(gnn.fusions(fuse)), fusions=sorted(gnn.fusions(fuse)))
     return 0
+
+
+def fusion_names(text: str) -> tuple:
+    """``--fusions``: comma-separated names of ``gnn.FUSIONS``."""
+    try:
+        return tuple(sorted(gnn.fusions(tuple(n.strip() for n in text.split(",") if n.strip()))))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--fusions {text!r}: {err}") from None
 
 
 def main(argv=None) -> int:
@@ -1017,6 +1044,9 @@ def main(argv=None) -> int:
     r.add_argument("--phase", choices=PHASES, action="append", help="only these phases (default: the plan's)")
     r.add_argument("--train", choices=list(TRAINS), default=None,
                    help="the training run's model the plan must hold (prepare --train chose it; default: the plan's)")
+    r.add_argument("--fusions", type=fusion_names, default=None,
+                   help=f"patch ours with only these fusions (comma-separated, some of {', '.join(gnn.FUSIONS)}; "
+                        "the folder from prepare --fuse); --fuse is all of them")
     r.add_argument("--fuse", action="store_true",
                    help="patch ours with gemm_ladder.nn.patch(model, fuse=True): SwiGLU MLPs on the gated kernel "
                         "(the folder from prepare --fuse)")
@@ -1025,7 +1055,9 @@ def main(argv=None) -> int:
         return prepare(a.out, a.sms, a.workers, a.fuse, a.train, tuple(a.phase or PHASES))
     if "e2e" not in Path(a.out).name:
         p.error(f"--out {a.out}: the results file's name must contain 'e2e' (issue 31's results format)")
-    return run(a.folder, a.out, tuple(a.phase or PHASES), a.front, a.fuse, a.train)
+    if a.fusions is not None and a.fuse:
+        p.error("--fuse is every fusion: give it or --fusions, not both")
+    return run(a.folder, a.out, tuple(a.phase or PHASES), a.front, a.fusions or a.fuse, a.train)
 
 
 if __name__ == "__main__":

@@ -570,3 +570,24 @@ def test_a_training_only_run_runs_the_training_phase_alone_and_names_its_model(e
     assert asked == [(["train"], 123.0)]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["phase"] == "train" and row["model"] == "tiny" and row["params"] == _tiny(e2e).params()
+
+
+def test_fusions_pick_what_ours_is_patched_with(e2e):
+    assert e2e.fuse_arg("fuse") == tuple(gnn.FUSIONS) and e2e.fuse_arg("fuse=qkv,act") == ("act", "qkv")
+    with pytest.raises(ValueError, match="some of swiglu, qkv, act"):
+        e2e.fuse_arg("fuse=mlp")
+    doc = _tiny_doc(e2e)
+    out = e2e.inference(doc, "tiny", dev="cpu", fuse=("qkv",))
+    assert out["fused"] == 2 and all(r["fusions"] == ["qkv"] and "no_qkv_ms" in r for r in out["rows"])
+    out = e2e.inference(doc, "tiny", dev="cpu", fuse=("swiglu",))
+    assert out["fused"] == 2 and all(r["fusions"] == ["swiglu"] and "no_qkv_ms" not in r for r in out["rows"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--fusions", "qkv,mlp"], "some of swiglu, qkv, act"),
+    (["--fusions", "qkv", "--fuse"], "not both"),
+])
+def test_bad_fusions_on_the_command_line_are_refused(e2e, capsys, argv, words):
+    with pytest.raises(SystemExit):
+        e2e.main(["run", "build/none", "--out", "e2e.json", *argv])
+    assert words in capsys.readouterr().err
