@@ -78,12 +78,14 @@ def call_cases(cfg: e2e_check.Config, rows: int, fused: bool = False) -> list[di
     (rows x N x K, A and B K-major), ``dX`` (rows x K x N: dY . W, W read as it lies, an MN-major
     B) and ``dW`` (N x K x rows: dY^T . X, both MN-major); ``layers`` names the weights of that shape.
     ``fused`` (a plan prepared with ``--fuse``): also the fused MLP's W_gu [2I, H] (``gate_up``),
-    whose three GEMMs the fused model's training step makes in place of gate's and up's."""
+    whose three GEMMs the fused MLP's training path makes in place of gate's and up's, and the
+    attention's W_qkv [Nq + Nk + Nv, H] (``qkv``: ``gnn.SharedInput``'s, in place of q's, k's and v's)."""
     names: dict = {}
     for name, w in cfg.linears().items():
         names.setdefault(w, []).append(name)
     if fused:
         names.setdefault((2 * cfg.intermediate, cfg.hidden), []).append("gate_up")
+        names.setdefault((cfg.hidden + 2 * cfg.kv_heads * cfg.head_dim, cfg.hidden), []).append("qkv")
     cases = []
     for (n_out, k_in), layers in sorted(names.items()):
         for op, layout, shape in (("fwd", "KK", (rows, n_out, k_in)), ("dX", "KN", (rows, k_in, n_out)),

@@ -129,7 +129,8 @@ class MLP(nn.Module):
 def layers(shape=SHAPE, fused: bool = False, seed: int = 0) -> tuple[nn.Module, nn.Module, torch.Tensor, torch.Tensor]:
     """torch's module and ours over the same fp32 weights, an fp32 input that wants grad, and
     dL/dY in bf16: one ``nn.Linear`` (in -> out features), or with ``fused`` a Llama MLP (hidden =
-    in, intermediate = out) against ``patch(mlp, fuse=True)``'s gated one."""
+    in, intermediate = out) against ``patch(mlp, fuse=True)``'s gated one, on its fused training path
+    (``fused_training``)."""
     batch, seq, k, n = shape
     torch.manual_seed(seed)
     ref = MLP(k, n) if fused else nn.Linear(k, n, bias=False)
@@ -138,6 +139,7 @@ def layers(shape=SHAPE, fused: bool = False, seed: int = 0) -> tuple[nn.Module, 
         if [n for n, _ in gnn.patch(holder, verbose=False, fuse=True).fused] != ["mlp"]:
             raise RuntimeError("host_path_profile: patch(fuse=True) did not fuse the Llama MLP")
         ours = holder["mlp"]
+        ours.fused_training = True  # the gated MLP's training path (its default trains the MLP's own formula)
     else:
         ours = gnn.Linear.from_linear(copy.deepcopy(ref))
     d_out = k if fused else n

@@ -450,13 +450,20 @@ class SwiGLUMLP(nn.Module):
     and Wu. Off the GPU, or in a dtype the kernel does not take, it is the MLP's own formula on
     its own modules.
 
-    Training (a gradient recorded) runs gate and up as one GEMM over ``W_gu`` and keeps its output
-    h [.., 2N] for the backward (:class:`SwiGLUFunction`): the gated kernel writes only Y, so its
-    backward would recompute h, a GEMM the size of the forward's. ``recompute = True`` (an
-    attribute; default False) takes the gated kernel and the recompute instead: the memory of h
-    saved for that GEMM."""
+    Training (a gradient recorded) runs the MLP's own formula on its linears by default
+    (``fused_training = False``), x cast once for both: gate and up as separate GEMMs whose
+    outputs are contiguous. The fused training path (``fused_training = True``) runs gate and up
+    as one GEMM over ``W_gu`` and keeps its output h [.., 2N] for the backward
+    (:class:`SwiGLUFunction`), but silu(gate) * up and its backward then read h's halves as
+    strided views, which torch's elementwise kernels run unvectorised: it measured slower over a
+    whole step than the separate GEMMs (llama-350m, 16 x 1024 tokens: 0.982x against 1.002x torch
+    on an H100, ``benchmarks/results/2026-11-26_h100_e2e_train_350/``; 1.003x against 1.028x with
+    the q/k/v groups on an H200, ``benchmarks/results/2026-11-28_h200_e2e_qkv/``). On that path
+    the gated kernel writes only Y, so keeping h spares a recompute; ``recompute = True`` (default
+    False) takes the gated kernel and the recompute instead: the memory of h saved for that GEMM."""
 
     recompute: bool = False
+    fused_training: bool = False
 
     def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Module):
         super().__init__()
@@ -524,6 +531,8 @@ class SwiGLUMLP(nn.Module):
         if traced(x, wg, wu):
             y = torch.ops.gemm_ladder.swiglu(x, torch.cat([wg.to(dtype), wu.to(dtype)]))
         elif torch.is_grad_enabled() and (x.requires_grad or wg.requires_grad or wu.requires_grad):
+            if not self.fused_training:  # the MLP's own formula on its linears (see the class docstring)
+                return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
             y = SwiGLUFunction.apply(x, wg, wu, self.fused_weight(dtype, cache=False), self.recompute)
         else:
             y = ops.direct_swiglu(x, self.fused_weight(dtype))

@@ -203,7 +203,7 @@ def test_eager_fused_forward_and_gradients_are_the_unfused_models(on_kernel, rec
     (one GEMM for gate and up, then torch's silu(gate) * up: bit for bit that on h) or runs the
     gated kernel and recomputes h in the backward (bit for bit the inference forward)."""
     ref, ours = _pair()
-    ours.recompute = recompute
+    ours.recompute, ours.fused_training = recompute, True
     x = torch.randn(2, 3, 32)
     out = ours(x.half().requires_grad_())
     # pylint: disable=protected-access
@@ -220,6 +220,24 @@ def test_eager_fused_forward_and_gradients_are_the_unfused_models(on_kernel, rec
         kept = ours.down_proj(F.silu(h[..., :48]) * h[..., 48:]).float()
     torch.testing.assert_close(got[0], inference if recompute else kept, rtol=0, atol=0)
     torch.testing.assert_close(inference, kept, rtol=2e-2, atol=2e-3)
+
+
+def test_by_default_training_runs_the_mlps_own_formula_on_its_linears(on_kernel):  # pylint: disable=unused-argument
+    """Gate and up as two GEMMs with contiguous outputs (measured faster over a step than the
+    fused path's strided halves): the unfused model's graph and gradients; inference stays fused."""
+    ref, ours = _pair()
+    x = torch.randn(2, 3, 32)
+    out = ours(x.half().requires_grad_())
+    mul = out.grad_fn.next_functions[0][0]  # down_proj's input: silu(gate) * up, torch's product
+    assert type(out.grad_fn) is gnn.LinearFunction._backward_cls and type(mul).__name__ == "MulBackward0"
+    assert not any(type(f) is gnn.SwiGLUFunction._backward_cls for f, _ in mul.next_functions if f is not None)
+    want, got = _grads(ref, x), _grads(ours, x.half())
+    for name, g in want[2].items():
+        torch.testing.assert_close(got[2][name], g, rtol=2e-2, atol=2e-3, msg=name)
+    assert ours._fused is None  # pylint: disable=protected-access  # no fused weight built
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x.half()), got[0].half(), rtol=2e-2, atol=2e-3)
+    assert ours._fused is not None  # pylint: disable=protected-access  # inference: the gated kernel's W_gu
 
 
 def test_under_autocast_the_fp32_weights_get_fp32_gradients(on_kernel):  # pylint: disable=unused-argument
@@ -239,7 +257,7 @@ def test_under_autocast_the_fp32_weights_get_fp32_gradients(on_kernel):  # pylin
 
 def test_compiled_it_is_the_swiglu_op_and_gives_the_eager_numbers(on_kernel):  # pylint: disable=unused-argument
     _, ours = _pair()
-    ours.recompute = True  # eager on the gated kernel too: the op's forward numbers, bit for bit
+    ours.recompute = ours.fused_training = True  # eager on the gated kernel too: the op's forward numbers, bit for bit
     x = torch.randn(4, 32).half()
     eager = _grads(ours, x)
     torch._dynamo.reset()  # pylint: disable=protected-access
