@@ -743,16 +743,24 @@ def decode_step(model, batch: int, length: int, seed: int) -> DecodeStep:
     return DecodeStep(graph.replay, logits, state)
 
 
-FUSE_ARG = "fuse="  # a phase's argument: the fusions ours is patched with (gnn.FUSIONS), by name
+FUSE_ARG = "fuse="  # a phase's argument: the fusions ours is patched with (gnn.FUSIONS), by name, "+"-joined
+# (measure.isolate passes a job's arguments comma-joined)
 
 
 def fuse_arg(text: str) -> tuple:
-    """The fusions a phase's ``fuse=a,b`` argument names (``fuse`` alone: all of them)."""
+    """The fusions a phase's ``fuse=a+b`` argument names (``fuse`` alone: all of them)."""
     if text == "fuse":
         return tuple(gnn.FUSIONS)
     if not text.startswith(FUSE_ARG):
         raise ValueError(f"phase argument {text!r}: expected {FUSE_ARG}NAMES (some of {', '.join(gnn.FUSIONS)})")
-    return tuple(sorted(gnn.fusions(tuple(text[len(FUSE_ARG):].split(",")))))
+    return tuple(sorted(gnn.fusions(tuple(text[len(FUSE_ARG):].split("+")))))
+
+
+def fuse_job_args(fuse) -> list[str]:
+    """The phase's arguments that carry ``fuse`` (True, or some of ``gnn.FUSIONS``): none where
+    ours is not fused; :func:`fuse_arg` reads it back."""
+    kinds = sorted(gnn.fusions(fuse))
+    return [FUSE_ARG + "+".join(kinds)] if kinds else []
 
 
 def _fused(fuse) -> dict:
@@ -1007,7 +1015,7 @@ def run(folder, out, only=PHASES, mode: str = "strict", fuse=False, train_model:
     if doc is None:
         return 2
     start, gpu = time.time(), harness.gpu_info()
-    args = [str(folder), mode] + ([FUSE_ARG + ",".join(sorted(gnn.fusions(fuse)))] if gnn.fusions(fuse) else [])
+    args = [str(folder), mode] + fuse_job_args(fuse)
     results, rows = phase_runs.run_phases(phase_runs.job_of(__name__, "e2e_check"), phases_of(doc, only), args,
                                           lambda phase: deadline(doc, phase), phase_line, Sampler())
     phase_runs.write_results(out, FORMAT, gpu, start, __doc__.split("\n\n")[2].strip(),

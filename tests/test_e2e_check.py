@@ -572,10 +572,25 @@ def test_a_training_only_run_runs_the_training_phase_alone_and_names_its_model(e
     assert row["phase"] == "train" and row["model"] == "tiny" and row["params"] == _tiny(e2e).params()
 
 
+@pytest.mark.parametrize("fuse", [True, ("qkv",), ("swiglu", "act"), False])
+def test_the_fusions_reach_the_phase_through_the_isolated_jobs_arguments(e2e, fuse):
+    """``measure.isolate`` hands a job its arguments comma-joined and splits them again: the
+    fusions come back whole (a comma-joined list once came back as its first name alone)."""
+    from gemm_ladder.measure import isolate  # pylint: disable=import-outside-toplevel
+
+    args = ["build/e2e", "strict", *e2e.fuse_job_args(fuse)]
+    back = isolate.split_args(isolate.join_args(args))
+    assert back == args
+    got = e2e.fuse_arg(back[2]) if len(back) > 2 else False
+    assert (set(got) if got else set()) == set(gnn.fusions(fuse))
+
+
 def test_fusions_pick_what_ours_is_patched_with(e2e):
-    assert e2e.fuse_arg("fuse") == tuple(gnn.FUSIONS) and e2e.fuse_arg("fuse=qkv,act") == ("act", "qkv")
+    assert e2e.fuse_arg("fuse") == tuple(gnn.FUSIONS) and e2e.fuse_arg("fuse=qkv+act") == ("act", "qkv")
     with pytest.raises(ValueError, match="some of swiglu, qkv, act"):
         e2e.fuse_arg("fuse=mlp")
+    with pytest.raises(ValueError, match="some of swiglu, qkv, act"):
+        e2e.fuse_arg("fuse=qkv,act")  # the job's arguments are comma-joined: a comma would split it
     doc = _tiny_doc(e2e)
     out = e2e.inference(doc, "tiny", dev="cpu", fuse=("qkv",))
     assert out["fused"] == 2 and all(r["fusions"] == ["qkv"] and "no_qkv_ms" in r for r in out["rows"])

@@ -51,3 +51,11 @@ def test_verify_refuses_a_spec_it_cannot_check_and_says_where_its_check_is():
             harness._checkable(dataclasses.replace(base, **{field: value}))  # pylint: disable=protected-access
     with pytest.raises(ValueError, match="adds fp8 scales"):
         harness._checkable(GemmSpec.fp8())  # pylint: disable=protected-access
+
+
+def test_job_arguments_come_back_whole_or_are_refused():
+    args = ["build/x", "strict", "fuse=act+qkv", 3]
+    assert isolate.split_args(isolate.join_args(args)) == ["build/x", "strict", "fuse=act+qkv", "3"]
+    for bad in (["fuse=act,qkv"], ["a", ""]):
+        with pytest.raises(ValueError, match="would not reach the job whole"):
+            isolate.join_args(bad)

@@ -66,8 +66,27 @@ def run_batch(job: str, paths, args=(), timeout: float = 120.0, on_result=None, 
     return results  # type: ignore[return-value]
 
 
+ARG_SEP = ","  # a job's arguments on the child's command line, joined
+
+
+def join_args(args) -> str:
+    """A job's arguments as the child's ``--args`` value (:func:`split_args` reads it back); an
+    argument holding the separator or empty would come back split or dropped: ValueError."""
+    args = [str(a) for a in args]
+    bad = [a for a in args if ARG_SEP in a or not a]
+    if bad:
+        raise ValueError(f"isolate: job arguments {bad} hold {ARG_SEP!r} or are empty; they would not reach "
+                         f"the job whole: join their parts with another character")
+    return ARG_SEP.join(args)
+
+
+def split_args(text: str) -> list[str]:
+    """The job's arguments from the child's ``--args`` value (:func:`join_args`'s)."""
+    return [a for a in text.split(ARG_SEP) if a]
+
+
 def _run_child(job, paths, args, timeout, results, offset, on_result) -> int:
-    cmd = [sys.executable, "-m", "gemm_ladder.measure.isolate", job, *paths, "--args", ",".join(map(str, args))]
+    cmd = [sys.executable, "-m", "gemm_ladder.measure.isolate", job, *paths, "--args", join_args(args)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines: queue.Queue = queue.Queue()
@@ -151,7 +170,7 @@ def main(argv=None) -> None:
     args: list[str] = []
     if "--args" in argv:
         i = argv.index("--args")
-        args = [a for a in argv[i + 1].split(",") if a] if i + 1 < len(argv) else []
+        args = split_args(argv[i + 1]) if i + 1 < len(argv) else []
         argv = argv[:i]
     job, paths = argv[0], argv[1:]
     if job == "rounds":  # one group, timed together: one result line per module, in order
