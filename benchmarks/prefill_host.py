@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_check as e2e  # noqa: E402  (sibling script: the model, its plan and pack)
 
 import gemm_ladder.nn as gnn  # noqa: E402
+from gemm_ladder.core import device  # noqa: E402
 from gemm_ladder.core.records import read_json  # noqa: E402
 from gemm_ladder.measure import harness  # noqa: E402
 
@@ -92,14 +93,26 @@ def host_profile(fn) -> list[dict]:
              "cumtime_ms": ct / PROFILED * 1e3} for (f, line, name), (_, c, tt, ct, _) in top]
 
 
+def batch_seq(text: str) -> tuple[int, int]:
+    """``--shape``: ``BxS`` -> (batch, sequence), both positive."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: batch x sequence as BxS, e.g. 1x512")
+    return int(parts[0]), int(parts[1])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folder", help="a folder benchmarks/e2e_check.py prepare --fuse built")
     p.add_argument("--model", default="llama-8b-2l", choices=list(e2e.INFER_MODELS))
-    p.add_argument("--shape", default="1x512", help="batch x sequence, e.g. 1x512")
+    p.add_argument("--shape", type=batch_seq, default=(1, 512), help="batch x sequence, e.g. 1x512")
     p.add_argument("--out", default="prefill_host.json")
     a = p.parse_args(argv)
-    b, s = (int(v) for v in a.shape.lower().split("x"))
+    b, s = a.shape
+    why = device.why_no_gpu()
+    if why:
+        print(f"prefill_host: {why}", file=sys.stderr)
+        return 2
     doc = read_json(Path(a.folder) / e2e.PLAN_FILE, "e2e_check plan", "run e2e_check.py prepare --fuse", e2e.PLAN_SCHEMA)
     e2e._use_front(a.folder, "measured")  # pylint: disable=protected-access
     dev = torch.device("cuda")
@@ -124,8 +137,8 @@ def main(argv=None) -> int:
         profiles = {n: host_profile(fn) for n, fn in fns.items()}
     rows = [{"who": n, "model": a.model, "batch": b, "seq": s, "rounds": ROUNDS, "waited_rounds": v["waited"],
              **{k: statistics.median(v[k]) for k in ("issue_ms", "gpu_ms", "wall_ms")}} for n, v in got.items()]
-    doc_out = {"format": "gemm_ladder.prefill_host", "gpu": harness.gpu_info(), "busy_ms": BUSY_MS,
-               "date": time.strftime("%Y-%m-%d"), "method": __doc__.split("\n\n")[2].strip(), "rows": rows,
+    doc_out = {"format": "gemm_ladder.prefill_host", "gpu": harness.gpu_info(), **harness.run_info(),
+               "busy_ms": BUSY_MS, "method": __doc__.split("\n\n")[2].strip(), "rows": rows,
                "profile": profiles}
     Path(a.out).write_text(json.dumps(doc_out, indent=1))
     for r in rows:
