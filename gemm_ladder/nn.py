@@ -315,11 +315,11 @@ class SharedInput:
         not serve the call (see the class docstring; the caller then runs the member alone)."""
         if self.off is not None:
             return None
-        if self._kept is not None:
-            y = self.kept_for(member, x)
-            if y is not None:
-                return y
-            self._kept = None  # products no member read: the forward did not read them all from one input
+        y = self.kept_for(member, x)
+        if y is not None:
+            return y
+        if self._kept is not None:  # products no member read: the forward did not read them all from one input
+            self._kept = None
             self.misses += 1
             if self.misses >= self.MISSES:
                 self.off = (f"{self.misses} calls did not read every member's product from one input "
@@ -341,7 +341,7 @@ class SharedInput:
             y = self._recorded(x)
             if y is None:
                 return None
-        parts = list(y.split_with_sizes(self.widths, dim=-1))  # the C method: no Tensor.split wrapper
+        parts = list(y.split(self.widths, dim=-1))
         mine, parts[i] = parts[i], None
         self._kept = (x, tensor_version(x), parts, keys, torch.is_grad_enabled())
         return mine
