@@ -1,5 +1,6 @@
 """Where a training step's GPU time goes, kernel by kernel (issue 31): torch's model against ours
-(``gemm_ladder.nn.patch``, ``--fuse`` for the fused MLP), on the plan and pack of ``e2e_check``;
+(``gemm_ladder.nn.patch``, ``--fuse`` for ``fuse=True``: the SwiGLU MLPs and the q/k/v groups), on the
+plan and pack of ``e2e_check``;
 with ``--prefill MODEL BxS`` an inference prefill's instead (the front door measured, as a user
 gets it), with each forward's wall time beside its GPU time (a host-bound prefill shows a wall
 time well over its kernels').

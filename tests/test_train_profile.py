@@ -55,7 +55,7 @@ def test_a_dry_run_profiles_torch_and_ours(tp, fuse):
         out = tp.profile_job(doc, dev="cpu", fuse=fuse, warmup=1, steps=1)
     finally:
         torch.set_num_threads(threads)
-    assert out["status"] == "ok" and out["fused"] == (2 if fuse else 0)
+    assert out["status"] == "ok" and out["fused"] == (4 if fuse else 0)  # the MLPs and the q/k/v groups
     assert [r["who"] for r in out["rows"]] == ["torch", "ours"]
     for r in out["rows"]:
         assert r["phase"] == "profile" and r["model"] == "tiny" and r["fused"] is fuse and r["total_ms"] > 0
