@@ -32,11 +32,11 @@ it first fuses what it recognises (:func:`swiglu_mismatch`, :func:`sequential_pa
   its attribute names) becomes a :class:`SwiGLUMLP` over the same three linears: one gated kernel
   (``torch.ops.gemm_ladder.swiglu``) for gate, up and silu, writing half the bytes;
 - an attention's ``q_proj``, ``k_proj`` and ``v_proj`` (plain linears of one input width, dtype
-  and device, a bias on all or none) become one :class:`SharedInput`: in plain inference the
-  first of them called computes the three products as one GEMM over ``cat([Wq, Wk, Wv])`` and
-  its siblings return theirs from it (column slices of one tensor) while their input is the
-  same, unwritten tensor; anything else runs each alone, so the attention's forward need not be
-  read;
+  and device, a bias on all or none) become one :class:`SharedInput`: the first of them called
+  computes the three products as one GEMM over ``cat([Wq, Wk, Wv])`` (in training too: one dX
+  and one dW GEMM in the backward) and its siblings return theirs from it (column slices of one
+  tensor) while their input is the same, unwritten tensor; anything else runs each alone, so the
+  attention's forward need not be read;
 - ``nn.Sequential(..., Linear, ReLU | GELU | SiLU, ...)``: the Linear takes the activation into
   its epilogue (:attr:`Linear.activation`; its bias kept) and the activation's slot holds an
   ``nn.Identity``.
@@ -214,8 +214,8 @@ def _weight_key(lin: nn.Linear) -> tuple:
 
 class SharedInput:
     """Sibling linears that read one input -- an attention's ``q_proj``, ``k_proj`` and ``v_proj``
-    -- run as one GEMM over ``cat([Wq, Wk, Wv])`` (and the biases, where they have them) in plain
-    inference: the first of them called with ``x`` computes all the products, returns its own and
+    -- run as one GEMM over ``cat([Wq, Wk, Wv])`` (and the biases, where they have them): the
+    first of them called with ``x`` computes all the products, returns its own and
     keeps the others for its siblings, which then return theirs without a GEMM of their own while
     ``x`` is the same tensor, unwritten (its version counter), and their parameters unchanged.
     Against three calls: one launch and one host call instead of three, and one GEMM of
@@ -457,8 +457,9 @@ class SwiGLUMLP(nn.Module):
     (:class:`SwiGLUFunction`), but silu(gate) * up and its backward then read h's halves as
     strided views, which torch's elementwise kernels run unvectorised: it measured slower over a
     whole step than the separate GEMMs (llama-350m, 16 x 1024 tokens: 0.982x against 1.002x torch
-    on an H100, ``benchmarks/results/2026-11-26_h100_e2e_train_350/``; 1.003x against 1.028x with
-    the q/k/v groups on an H200, ``benchmarks/results/2026-11-28_h200_e2e_qkv/``). On that path
+    on an H100, ``benchmarks/results/2026-11-26_h100_e2e_train_350/``); with this default and the
+    q/k/v groups, ``fuse=True`` ran that step at 1.036x on an H200
+    (``benchmarks/results/2026-11-28_h200_e2e_train_350/``). On that path
     the gated kernel writes only Y, so keeping h spares a recompute; ``recompute = True`` (default
     False) takes the gated kernel and the recompute instead: the memory of h saved for that GEMM."""
 
@@ -703,7 +704,7 @@ def _fuse(model: nn.Module, kinds=frozenset(FUSIONS)) -> tuple[list, list, list]
                 made.append(f"{name}.{n}" if name else n)
             members.append(lin)
         SharedInput(members)
-        fused.append((name, "qkv: q_proj, k_proj and v_proj in one GEMM (inference)"))
+        fused.append((name, "qkv: q_proj, k_proj and v_proj in one GEMM"))
     for name, module in list(model.named_modules()) if "act" in kinds else ():
         for i, act in sequential_pairs(module):
             module[i] = Linear.from_linear(module[i], activation=act)

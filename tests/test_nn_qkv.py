@@ -68,7 +68,7 @@ def test_patch_groups_q_k_v_and_keeps_names_parameters_and_state_dict():
     params = dict(ref.named_parameters())
     state = {k: v.clone() for k, v in ref.state_dict().items()}
     report = gnn.patch(ref, verbose=False, fuse=True)
-    assert report.fused == [("", "qkv: q_proj, k_proj and v_proj in one GEMM (inference)")]
+    assert report.fused == [("", "qkv: q_proj, k_proj and v_proj in one GEMM")]
     group = ref.q_proj.shared
     assert isinstance(group, gnn.SharedInput) and group.widths == [32, 8, 8]
     assert group.members == [ref.q_proj, ref.k_proj, ref.v_proj] and ref.k_proj.shared is group
