@@ -55,6 +55,7 @@ are faster), each peer's ratio and every time in ms; plus ``checks`` and the GPU
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -97,7 +98,18 @@ RULE_NAME = "small-m-epilogue"
 # "unchanged": the policy's, the rule not applying
 RULE_VARIANTS = ("rule", "before", "unchanged", "probe_64x64", "probe_64x128")
 WIDE_PROBE = (64, 128)  # probe_64x128's tile
-CASE_SETS = ("all", "epilogues", "rule")
+# the fused epilogue on split-K (v10) and swap AB (v11), ``prepare --set split``: bias+GELU (cuBLASLt fuses
+# it: torch._addmm_activation) and the residual (v10 only) at the small and middling M where the policy's
+# 16-bit choice is one of them, on
+# the Llama weights and on held-out weights that carry a bias and a GELU in their own models (GPT-2 small's
+# MLP, 768 <-> 3072; ViT-L's first MLP layer, 1024 -> 4096); the policy's module now (``now``) beside the one
+# it chose while v10 and v11 built no epilogue (``before``), and at 32 < M <= 128 beside the policy without
+# the small-M epilogue rule (``no_small_rule``: split-K or swap AB there instead of v9's 64x64 tiles)
+SPLIT_EPILOGUES = ["bias_gelu_tanh", "residual"]
+HELD_OUT_BIAS_WEIGHTS = [(3072, 768), (768, 3072), (4096, 1024)]
+SPLIT_MS = [1, 16, 64, 128, 256, 512]
+SPLIT_VARIANTS = ("now", "before", "no_small_rule")
+CASE_SETS = ("all", "epilogues", "rule", "split")
 CHECK_TIMEOUT = 120.0
 
 
@@ -160,6 +172,87 @@ def rule_cases(sms: int = 132) -> list[dict]:
     return out
 
 
+@contextlib.contextmanager
+def epilogues_as_before():
+    """v10 and v11 as they were before they built the fused epilogue (v10: none and fp8's scales; v11:
+    none): the policy then passes over them for an epilogue call, as it did."""
+    # the rungs (TVM's script layer): only where modules are planned and built
+    # pylint: disable=import-outside-toplevel
+    from gemm_ladder.sm90a import hgemm_v10, hgemm_v11
+
+    saved = hgemm_v10.EPILOGUES, hgemm_v11.EPILOGUES
+    hgemm_v10.EPILOGUES, hgemm_v11.EPILOGUES = ("none", "scaled"), ("none",)
+    try:
+        yield
+    finally:
+        hgemm_v10.EPILOGUES, hgemm_v11.EPILOGUES = saved
+
+
+def split_choice(p, variant: str):
+    """The policy's choice for a split-set case's variant (:data:`SPLIT_VARIANTS`)."""
+    if variant == "before":
+        with epilogues_as_before():
+            return plan.choose(p)
+    if variant == "no_small_rule":
+        return plan.choose(p, rules=[r for r in plan.RULES if r.name != RULE_NAME])
+    return plan.choose(p)
+
+
+def split_cases(sms: int = 132) -> list[dict]:
+    """The split set's timing cases (:data:`SPLIT_EPILOGUES` x weights x :data:`SPLIT_MS`): ``now``,
+    and each other variant whose choice differs from it (a case whose variants all choose alike is
+    ``now`` alone). Plans with the rungs' validator (the build box)."""
+    out = []
+    for e in SPLIT_EPILOGUES:
+        for N, K in LLAMA_WEIGHTS + HELD_OUT_BIAS_WEIGHTS:
+            for M in SPLIT_MS:
+                p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", e))
+                now = split_choice(p, "now")
+                seen = {(now.rung, tuple(sorted(now.knobs.items())))}
+                variants = ["now"]
+                for v in SPLIT_VARIANTS[1:]:
+                    if v == "no_small_rule" and not plan.rule_applies(RULE_NAME, p):
+                        continue
+                    c = split_choice(p, v)
+                    key = (c.rung, tuple(sorted(c.knobs.items())))
+                    if key not in seen:
+                        seen.add(key)
+                        variants.append(v)
+                out += [{"purpose": "time", "set": "split", "epilogue": e, "dtype": "bfloat16", "shape": [M, N, K],
+                         "variant": v, "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS} for v in variants]
+    return out
+
+
+# v10's and v11's fused epilogues checked at odd shapes, each module's rung and knobs given (a split of 2 and
+# 3, the atomic reduction, stream-K pieces, a float32 D; swap AB at 8 to 64 rows of M, one and two consumers)
+SPLIT_CHECKS = [
+    ("v10", "bias_gelu_tanh", "bfloat16", None, (200, 264, 1320), {"split_k": 2, "cluster_m": 1}),
+    ("v10", "alpha_bias_relu", "float16", None, (1000, 3000, 520), {"split_k": 3}),
+    ("v10", "alpha_bias_gelu_erf", "bfloat16", None, (333, 1288, 2056), {"split_k": 4, "reduce": "atomic",
+                                                                          "blk_m": 128, "blk_n": 128,
+                                                                          "cluster_m": 1}),
+    ("v10", "bias_silu", "bfloat16", None, (1000, 2600, 2056), {"split_k": 1, "stream_k": True}),
+    ("v10", "bias_gelu_tanh", "bfloat16", "float32", (200, 264, 1320), {"split_k": 2, "cluster_m": 1}),
+    ("v10", "alpha_bias_gelu_tanh+residual", "bfloat16", None, (1000, 3000, 2056), {"split_k": 3}),
+    ("v10", "residual", "float16", None, (200, 264, 1320), {"split_k": 2, "reduce": "atomic", "cluster_m": 1}),
+    ("v10", "residual", "bfloat16", "float32", (333, 1288, 2056), {"split_k": 2}),
+    ("v10", "bias_relu+residual", "bfloat16", None, (1000, 2600, 2056), {"split_k": 1, "stream_k": True}),
+    ("v11", "bias_gelu_tanh", "bfloat16", None, (5, 4104, 1320), {"blk_m": 8, "split_k": 3}),
+    ("v11", "alpha_bias_gelu_erf", "float16", None, (40, 776, 3000), {"blk_m": 64, "split_k": 2}),
+    ("v11", "bias_relu", "bfloat16", None, (100, 1032, 520), {"blk_m": 128, "blk_n": 128, "num_warpgroups": 2,
+                                                              "split_k": 1}),
+    ("v11", "bias", "float16", None, (16, 3000, 2048), {"blk_m": 16, "blk_n": 256, "num_warpgroups": 2,
+                                                        "split_k": 4}),
+]
+
+
+def split_check_cases() -> list[dict]:
+    """:data:`SPLIT_CHECKS` as cases (their rung and knobs given, not the policy's)."""
+    return [{"purpose": "check", "set": "split", "rung": rung, "epilogue": e, "dtype": d, "shape": list(s),
+             "knobs": {**knobs, "dynamic_m": True}, **({"d": out} if out else {})}
+            for rung, e, d, out, s, knobs in SPLIT_CHECKS]
+
+
 def rules_of(variant: str | None):
     """The rules ``plan_job`` takes for a rule case's variant (None: the policy's own)."""
     if variant == "before":
@@ -178,6 +271,8 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
     """What ``prepare --set which`` builds (:data:`CASE_SETS`)."""
     if which not in CASE_SETS:
         raise SystemExit(f"--set {which}: one of {', '.join(CASE_SETS)}")
+    if which == "split":
+        return split_check_cases() + split_cases(sms)
     return (cases() if which != "rule" else []) + (rule_cases(sms) if which != "epilogues" else [])
 
 
@@ -197,7 +292,7 @@ def op_of(spec, variant: str | None = None) -> str:
     variants, which a row's ``rule`` field names)."""
     if spec.d == "float32":
         return "fp32_out+residual" if spec.residual else "fp32_out"
-    return spec.epilogue + ("" if variant in (None, "at_chunk", *RULE_VARIANTS) else f"_{variant}")
+    return spec.epilogue + ("" if variant in (None, "at_chunk", *RULE_VARIANTS, *SPLIT_VARIANTS) else f"_{variant}")
 
 
 def time_groups(cases_: list[dict]) -> list[list[dict]]:
@@ -238,6 +333,7 @@ def prepare(out: str, sms: int = 132, which: str = "all") -> int:
     # the build layer: this step runs where TVM's compiler is (the GPU box has the runtime only)
     # pylint: disable=import-outside-toplevel
     from gemm_ladder.compile import module_cache
+    from gemm_ladder.compile.batch import BuildJob
     from gemm_ladder.serve.front import plan_job
 
     folder = Path(out)
@@ -247,11 +343,20 @@ def prepare(out: str, sms: int = 132, which: str = "all") -> int:
         M, N, K = case["shape"]
         spec = spec_of_case(case)
         try:
-            rules = rules_of(case.get("variant")) if case.get("set") == "rule" else None
-            choice, job = plan_job(plan.Problem(M, N, K, case["dtype"], "sm_90a", sms, spec), rules=rules)
-            if case.get("set") == "rule":
-                case = {**case, "chosen_by": choice.rule}
-            if case.get("knobs"):
+            p = plan.Problem(M, N, K, case["dtype"], "sm_90a", sms, spec)
+            if case.get("rung"):  # a module of its own rung and knobs (the split set's checks)
+                job = BuildJob(case["rung"], (M, N, K), {**case["knobs"], **plan.with_spec({}, p)})
+            elif case.get("set") == "split" and case["variant"] == "before":
+                with epilogues_as_before():
+                    choice, job = plan_job(p)
+            elif case.get("set") == "split":
+                choice, job = plan_job(p, rules=None if case["variant"] == "now" else
+                                       [r for r in plan.RULES if r.name != RULE_NAME])
+            else:
+                choice, job = plan_job(p, rules=rules_of(case.get("variant")) if case.get("set") == "rule" else None)
+            if case.get("set") in ("rule", "split") and not case.get("rung"):
+                case = {**case, "chosen_by": choice.rule, "rung": job.rung}
+            if case.get("knobs") and not case.get("rung"):
                 job = dataclasses.replace(job, knobs={**job.knobs, **case["knobs"]})
             path, _ = module_cache.get_or_build(job)
         except Exception as err:  # pylint: disable=broad-except  (a row that says why)
@@ -498,9 +603,10 @@ def time_group(folder: Path, group: list[dict], rounds: int, per_round: int) -> 
             row[f"kernel_ratio_{n}"], row[f"call_ratio_{n}"] = kmed[n] / kmed[name], cmed[n] / cmed[name]
         if "at_chunk" in ours:  # the C-ahead variants against the kernel before them, same rounds
             row["vs_at_chunk"] = {"kernel": kmed["at_chunk"] / kmed[name], "call": cmed["at_chunk"] / cmed[name]}
-        if c.get("set") == "rule":  # the small-M rule: its variant, who chose it, against the policy before
+        if c.get("set") in ("rule", "split"):  # a policy's variant, who chose it, against the policy before
             base = "before" if "before" in ours else "unchanged"
-            row.update({"rule": name, "chosen_by": c.get("chosen_by")})
+            row.update({"rule": name, "chosen_by": c.get("chosen_by"), "rung": c.get("rung"),
+                        **({"held_out": c["held_out"]} if "held_out" in c else {})})
             if base in ours:
                 row["vs_policy_before"] = {"kernel": kmed[base] / kmed[name], "call": cmed[base] / cmed[name]}
         rows.append(row)
@@ -542,7 +648,7 @@ def _run(doc: dict, folder_p: Path, out: str, rounds: int, per_round: int) -> in
                              "dtype": case["dtype"], "kernel_ratio": None, "call_ratio": None,
                              "skipped": "check failed",
                              **({"rule": case["variant"], "chosen_by": case.get("chosen_by")}
-                                if case.get("set") == "rule" else {})})
+                                if case.get("set") in ("rule", "split") else {})})
         for row in time_group(folder_p, good, rounds, per_round) if good else []:
             rows.append(row)
             ahead = f", {row['vs_at_chunk']['kernel']:.3f}x C at each chunk" if "vs_at_chunk" in row else ""

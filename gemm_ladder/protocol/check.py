@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from ..core.spec import spec_of
 from ..sm90a import grouped
-from ..sync.classes import NAMED_BARRIERS_ATTR, WATCHDOG_ATTR
+from ..sync.classes import COUNTED_BRANCHES_ATTR, NAMED_BARRIERS_ATTR, WATCHDOG_ATTR
 from .interp import Program
 from .kernel_ir import KernelIR, load
 from .sim import Finding, Sim
@@ -138,7 +138,8 @@ def run(kir: KernelIR, *, policies=POLICIES, num_ctas: int | None = None, which:
     program = None
     try:
         attrs = kir.func.attrs if kir.func.attrs is not None else {}
-        program = Program(kir.device, kir.operand_buffers, named_barriers=NAMED_BARRIERS_ATTR in attrs)
+        program = Program(kir.device, kir.operand_buffers, named_barriers=NAMED_BARRIERS_ATTR in attrs,
+                          counted_branches=COUNTED_BRANCHES_ATTR in attrs)
         params = _param_values(kir, program, num_ctas)
         for blocks, cluster in block_sets(program, params, which):
             for policy in policies:

@@ -33,9 +33,13 @@ __all__ = ["Program", "Site"]
 class Program(CallCompiler, ExprCompiler):
     """The compiled kernel: ``run(th)`` is a generator; ``sites`` name its barrier operations."""
 
-    def __init__(self, func, operand_buffers: set[str], named_barriers: bool = False):
+    def __init__(self, func, operand_buffers: set[str], named_barriers: bool = False,
+                 counted_branches: bool = False):
         self.func = func
         self.named_barriers = named_barriers  # model bar.sync id, count (NAMED_SYNC_OPS)
+        # a branch whose condition is not known (a count other CTAs' atomics decide) goes both ways,
+        # every other visit of a thread (COUNTED_BRANCHES_ATTR): not taken first, then taken, ...
+        self.counted_branches = counted_branches
         self.operand_buffers = operand_buffers
         self.slots: dict[int, int] = {}
         self.slot_names: list[str] = []
@@ -229,9 +233,15 @@ class Program(CallCompiler, ExprCompiler):
         other = (self._stmt(s.else_case) if s.else_case is not None else None) or _nothing
         cond = self._expr(s.condition)
         text = str(s.condition)
+        key = handle_of(s)
 
         def run(th):
             c = cond(th)
+            if c is UNKNOWN and self.counted_branches:
+                # every thread of a warpgroup comes here as often as the others: they decide alike
+                visits = th.branch_visits.get(key, 0)
+                th.branch_visits[key] = visits + 1
+                c = visits % 2 == 1
             if c is UNKNOWN:
                 raise SimError(f"branch condition {text} is not known")
             if c:

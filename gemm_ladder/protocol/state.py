@@ -129,6 +129,7 @@ class Thread:
         self.collective_gen = -1
         self.passed_gen = -1
         self.cluster_pending = None  # the cluster barrier phase this thread arrived in, not yet waited
+        self.branch_visits: dict = {}  # counted branch -> times this thread came to it (Program.counted_branches)
 
     def tick(self) -> int:
         self.vc[self.g] += 1

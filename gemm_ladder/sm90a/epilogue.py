@@ -92,6 +92,12 @@ class EpilogueOp:
         return self
 
     def apply(self, value, reg, lane_id, n0):
+        return self.at_column(value, n0 + layouts.acc_fragment_coord(reg, 0, lane_id)[1])
+
+    def at_column(self, value, col):
+        """``value``, an accumulator of D's column ``col``, as this op makes it (``apply`` finds
+        the column from the m64nNk16 fragment; swap AB's transposed epilogue, whose fragment rows
+        are D's columns, gives it)."""
         return value
 
 
@@ -112,10 +118,8 @@ class BiasOp(EpilogueOp):
                               "must declare the spec's operands (epilogue.kernel_operands)")
         return dataclasses.replace(self, bias=buffers["bias"])
 
-    def apply(self, value, reg, lane_id, n0):
-        # the column of register reg (within its 64-row atom) of the m64nNk16 fragment; a tile past
-        # N reads N's last value (the store clips those columns)
-        col = n0 + layouts.acc_fragment_coord(reg, 0, lane_id)[1]
+    def at_column(self, value, col):
+        # a tile past N reads N's last value (the store clips those columns)
         return value + T.Cast("float32", self.bias[T.min(col, self.bias.shape[0] - 1)])
 
 
@@ -156,9 +160,9 @@ class ActivationOp(EpilogueOp):
     def bind(self, buffers: dict) -> "ActivationOp":
         return dataclasses.replace(self, inner=self.inner.bind(buffers))
 
-    def apply(self, value, reg, lane_id, n0):
+    def at_column(self, value, col):
         x = tvm.tirx.Var("pre_act", "float32")
-        return tvm.tirx.Let(x, self.inner.apply(value, reg, lane_id, n0), ACTIVATION_EXPRS[self.act](x))
+        return tvm.tirx.Let(x, self.inner.at_column(value, col), ACTIVATION_EXPRS[self.act](x))
 
 
 @dataclass(frozen=True)
@@ -179,8 +183,8 @@ class ScaledOp(EpilogueOp):
                               "must declare the spec's operands (epilogue.kernel_operands)")
         return dataclasses.replace(self, op=self.op.bind(buffers), alpha=buffers["alpha"])
 
-    def apply(self, value, reg, lane_id, n0):
-        return self.op.apply(value * self.alpha, reg, lane_id, n0)
+    def at_column(self, value, col):
+        return self.op.at_column(value * self.alpha, col)
 
 
 def op_of(cfg: GemmConfig, default: EpilogueOp = NO_OP) -> EpilogueOp:
@@ -583,9 +587,12 @@ def d_bytes(cfg: GemmConfig) -> int:
 
 
 @T.inline
-def acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed):
+def acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed, op=NO_OP, n_first=0):
     """Swap AB: one consumer's D^T accumulators -> ``Esmem[buf]`` as D, rows M by the
-    consumer's ``rows_per_wg`` columns of N, with ``stmatrix ... .trans``.
+    consumer's ``rows_per_wg`` columns of N, with ``stmatrix ... .trans``; each value through
+    ``op`` first (the spec's bias, activation, alpha: :meth:`EpilogueOp.at_column`), at its column
+    of D: ``n_first`` (the consumer's first) plus its fragment row, as both registers of a pair
+    share one row.
 
     Per atom ``a`` and 8-column block ``i`` of the fragment (8 rows of M), warp ``w`` holds two
     8x8 matrices (its N rows ``64a + 16w + 8h .. +8``, h = 0, 1) in the layout ``stmatrix``
@@ -603,7 +610,8 @@ def acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed)
             for h4 in T.unroll(4):
                 # matrix h4 of the x4 store: block 2ip + h4//2, N half h4%2
                 r = T.meta_var(a * NR + (2 * ip + h4 // 2) * 4 + (h4 % 2) * 2)
-                T.ptx[pack_op(plan.cfg)](packed[h4], Dreg[r + 1], Dreg[r])
+                n = T.meta_var(n_first + a * WG_M + layouts.acc_fragment_coord(r % NR, warp_id, lane_id)[0])
+                T.ptx[pack_op(plan.cfg)](packed[h4], op.at_column(Dreg[r + 1], n), op.at_column(Dreg[r], n))
             # lane 8*mat + q: row q of matrix mat (block 2ip + mat//2, half mat%2)
             row, col = T.meta_var(layouts.stmatrix_trans_row(2 * ip + mat // 2, mat % 2, warp_id, q))
             T.ptx.stmatrix.sync.aligned.m8n8.x4.trans.shared.b16(
@@ -612,7 +620,8 @@ def acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed)
         if MB % 2 == 1:
             for h in T.unroll(2):
                 r = T.meta_var(a * NR + (MB - 1) * 4 + h * 2)
-                T.ptx[pack_op(plan.cfg)](packed[h], Dreg[r + 1], Dreg[r])
+                n = T.meta_var(n_first + a * WG_M + layouts.acc_fragment_coord(r % NR, warp_id, lane_id)[0])
+                T.ptx[pack_op(plan.cfg)](packed[h], op.at_column(Dreg[r + 1], n), op.at_column(Dreg[r], n))
             # x2: lanes 0-15 give the rows of the two matrices (the others' addresses unused)
             row1, col1 = T.meta_var(layouts.stmatrix_trans_row(MB - 1, mat % 2, warp_id, q))
             T.ptx.stmatrix.sync.aligned.m8n8.x2.trans.shared.b16(
@@ -634,7 +643,8 @@ def _store_transposed(epi, Dreg, m_st, n_st):
     if wtid == 0:
         T.ptx.cp.async_.bulk.wait_group.read(0)
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
-    acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, epi.warp_id, epi.lane_id, epi.packed)
+    acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, epi.warp_id, epi.lane_id, epi.packed, epi.op,
+                               n_st + c * COLS)
     T.ptx.fence.proxy.async_.shared__cta()
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
     if wtid == 0:
@@ -654,7 +664,9 @@ class TransposedEpilogue:
     which leaves in 64-column TMA stores, committed and not waited for. Before rewriting the
     buffer its storing thread lets the previous tile's stores finish reading it; the consumer's
     named barrier (``1 + consumer``) holds the others until then, and again until every thread's
-    stmatrix stores are fenced for the async proxy."""
+    stmatrix stores are fenced for the async proxy. The spec's op (a bias per column of D, an
+    activation, alpha) runs on each value on its way to the staging buffer, at its column of D: a
+    row of the D^T fragment (:func:`acc_to_smem_stmatrix_trans`)."""
 
     plan: HopperPlan  # a SwapPlan
     d: object
@@ -664,6 +676,7 @@ class TransposedEpilogue:
     warp_id: object
     lane_id: object
     packed: object
+    op: EpilogueOp = NO_OP  # the spec's (op_of), bound to its tensors
 
     def store_tile(self, acc, m_st, n_st, chunk_it=None) -> None:
         """The tile at (``m_st``, ``n_st``) of D from the D^T accumulators ``acc`` (one buffer a

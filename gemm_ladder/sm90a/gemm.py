@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from tvm.script import tirx as T
 from tvm.backend.cuda.lang.warp_role import WarpgroupRole
 
-from ..sync.classes import NAMED_BARRIERS_ATTR, MBarrier, TMABar
+from ..sync.classes import COUNTED_BRANCHES_ATTR, NAMED_BARRIERS_ATTR, MBarrier, TMABar
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
 from . import common, epilogue, fp8, kconsumers, narrowtail, splitk, streamk
@@ -410,7 +410,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                       desc_b_half=desc_b_half if halves else None))
             if preset.epilogue == "transposed":
                 epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
-                                                    warp_id=warp_id, lane_id=lane_id, packed=packed))
+                                                    warp_id=warp_id, lane_id=lane_id, packed=packed, op=epi_op))
             else:
                 epi = T.meta_var(ChunkedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                  warp_id=warp_id, lane_id=lane_id, packed=packed,
@@ -615,4 +615,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
     # the checker models them
     if residual or lanes > 1:
         hgemm = hgemm.with_attr(NAMED_BARRIERS_ATTR, True)
+    # a residual's C loads sit in the branch of a split tile's last unit (or piece), which the counters
+    # of other CTAs decide: the checker takes it both ways
+    if residual and preset.split_k:
+        hgemm = hgemm.with_attr(COUNTED_BRANCHES_ATTR, True)
     return hgemm

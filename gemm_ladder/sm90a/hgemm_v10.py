@@ -117,7 +117,7 @@ TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the f
 # the operand spec's epilogues this preset builds (gemm_ladder.core.spec): scaled, fp8 per-tensor and rowwise
 # scales (issue 32: the sub-wave fp8 shapes, a tile's K over several CTAs, each unit's promoted fp32 sums the
 # partials, scaled once by the last unit; ``fp8.check_split``)
-EPILOGUES = ("none", "scaled")
+EPILOGUES = ("none", "bias", "act", "scaled", "alpha", "residual", "fp32_out")
 # knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8), v9's promotion
 FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums

@@ -81,6 +81,11 @@ class V11Knobs:
 
 KNOBS = gemm.knob_defaults(V11Knobs)
 BLK_M_CHOICES = common.SWAP_BLK_M  # M is wgmma's N
+# the operand spec's epilogues this preset builds (gemm_ladder.core.spec): a bias per column of D, an
+# activation and alpha, on each value as the transposed epilogue stages it (its column of D is a row of the
+# D^T fragment: ``epilogue.acc_to_smem_stmatrix_trans``); not the residual (C would be read transposed into
+# the staging buffer) nor a float32 D (stmatrix stores 16-bit values)
+EPILOGUES = ("none", "bias", "act", "alpha")
 CONSUMERS = (1, 2)
 # what the tuner tries beyond the defaults (gemm_ladder.tune.space)
 TUNE_CHOICES = {"blk_m": (8, 16, 32, 64), "blk_n": (64, 128, 256), "pipe_depth": (4, 6, 8),

@@ -42,6 +42,10 @@ RECORD_PARAM = "barrier_watchdog"  # the kernel's trailing int64: address of the
 # prim_func attr: the kernel's mbarrier protocol relies on its named barriers (bar.sync id, count),
 # which the protocol checker then models (v9's residual epilogue)
 NAMED_BARRIERS_ATTR = "gemm_ladder.named_barriers"
+# prim_func attr: a branch of the kernel turns on a count that other CTAs' atomics decide (split-K's last
+# unit of a tile, v10 with a residual C whose loads sit in that branch); the protocol checker, which runs
+# one cluster, takes each such branch both ways, every other time a thread comes to it
+COUNTED_BRANCHES_ATTR = "gemm_ladder.counted_branches"
 
 
 @dataclass

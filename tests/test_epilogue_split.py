@@ -1,0 +1,173 @@
+"""The fused epilogue on split-K (v10) and swap AB (v11), issue 31, on the CPU: what each builds and
+refuses, where each value's column of D comes from in the transposed epilogue, the protocol checker
+on v10 with a residual (whose C loads sit in the branch of a tile's last unit), and the policy that
+now serves an epilogue call with them."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemm_ladder.compile import builder
+from gemm_ladder.core.config import ConfigError
+from gemm_ladder.core.spec import GemmSpec, spec_for
+from gemm_ladder.protocol import check as check_mod
+from gemm_ladder.protocol.check import check_config
+from gemm_ladder.rungs import kernel_of, make_config
+from gemm_ladder.serve import plan
+from gemm_ladder.sm90a import hgemm_v10, hgemm_v11
+from layouts.fragments import acc_fragment_coord, stmatrix_trans_row
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import epilogue_check  # noqa: E402  (benchmarks/ is not a package)
+
+FP32_RESIDUAL = GemmSpec(a="bfloat16", b="bfloat16", d="float32", bias="float32", act="relu", alpha=True,
+                         residual="float32")
+
+
+# -- what each rung builds ------------------------------------------------------------------------------
+@pytest.mark.parametrize("epilogue", ["bias", "bias_gelu_erf", "alpha_bias_silu", "residual",
+                                      "alpha_bias_gelu_tanh+residual"])
+def test_v10_takes_every_epilogue_and_its_operands_follow_the_workspace(epilogue):
+    spec = spec_for("bfloat16", epilogue)
+    cfg = make_config("v10", 333, 1288, 2056, spec=spec, dtype="bfloat16", split_k=3)
+    names = [str(p.name) for p in kernel_of(cfg).params]
+    assert names[:6] == ["A", "B", "D", "P", "C", "num_ctas"]  # the workspace's slots and counters, then the count
+    assert names[6:] == [o.name for o in spec.epilogue_operands()]
+
+
+def test_v10_takes_a_float32_d_with_a_float32_residual():
+    cfg = make_config("v10", 256, 512, 2048, spec=FP32_RESIDUAL, dtype="bfloat16", split_k=2)
+    src = builder.build(kernel_of(cfg)).cuda_source()
+    assert "float* __restrict__ bias_ptr" in src and "C_tensormap" in src
+    assert "cvt_bf16x2" not in src.split("__global__")[-1]  # a float32 D is not rounded
+
+
+@pytest.mark.parametrize("spec, words", [
+    (spec_for("bfloat16", "residual"), "no residual"),
+    (GemmSpec(a="bfloat16", b="bfloat16", d="float32"), "no fp32_out"),
+    (spec_for("bfloat16", "swiglu"), "no gated"),
+])
+def test_v11_refuses_what_its_transposed_epilogue_does_not_build(spec, words):
+    with pytest.raises(ConfigError, match=words):
+        make_config("v11", 16, 4096, 4096, spec=spec, dtype="bfloat16", blk_m=16)
+
+
+def test_v10_refuses_swiglu_with_the_rungs_that_build_it():
+    with pytest.raises(ConfigError, match="no gated.*built for v9"):
+        make_config("v10", 512, 1024, 1024, spec=spec_for("bfloat16", "swiglu"), dtype="bfloat16", split_k=2)
+
+
+# -- v11: each value's column of D -----------------------------------------------------------------------
+@pytest.mark.parametrize("warp", range(4))
+def test_the_transposed_epilogues_column_is_where_stmatrix_trans_puts_the_value(warp):
+    """A thread's register pair (4*block + 2*half, +1) holds two elements of one fragment row; stmatrix
+    .trans stores the 8x8 matrix (block, half) transposed, its fragment rows becoming the staging
+    columns 16*warp + 8*half .. +8 with lane L's elements in column L // 4. The op's column (the
+    fragment row of the pair's first register) must be that column for both registers."""
+    for lane in range(32):
+        for block in range(8):
+            for half in range(2):
+                r = 4 * block + 2 * half
+                col_base = stmatrix_trans_row(block, half, warp, 0)[1]
+                stored = col_base + lane // 4  # the staging column lane's elements land in
+                assert acc_fragment_coord(r, warp, lane)[0] == stored
+                assert acc_fragment_coord(r + 1, warp, lane)[0] == stored
+
+
+def test_v11_reads_the_bias_at_a_row_of_its_d_transposed_fragment():
+    cfg = make_config("v11", 16, 4096, 4096, spec=spec_for("bfloat16", "alpha_bias"), dtype="bfloat16",
+                      blk_m=16, split_k=4)
+    assert [str(p.name) for p in kernel_of(cfg).params][-3:] == ["num_ctas", "bias", "alpha"]
+    body = builder.build(kernel_of(cfg)).cuda_source().split("__global__")[-1]
+    packs = [line for line in body.splitlines() if "cvt_bf16x2_f32" in line and "bias_ptr" in line]
+    # every value packed for stmatrix .trans went through the op (two bias reads a pack), none without it
+    assert packs and all(line.count("bias_ptr[") == 2 and "alpha" in line for line in packs)
+    assert not [line for line in body.splitlines() if "cvt_bf16x2_f32" in line and "bias_ptr" not in line]
+
+
+def test_the_plain_kernels_are_as_they_were():
+    """The epilogue op's column moved into at_column: v9, v10 and v11 without an epilogue read no bias."""
+    for rung, knobs in (("v9", {}), ("v10", {"split_k": 2}), ("v11", {"blk_m": 16})):
+        src = builder.build(kernel_of(make_config(rung, 256, 1024, 1024, dtype="bfloat16", **knobs))).cuda_source()
+        assert "bias" not in src.split("__global__")[-1]
+
+
+# -- the protocol checker on v10 with a residual ------------------------------------------------------------
+@pytest.mark.parametrize("epilogue, knobs", [
+    ("residual", {"split_k": 2}),
+    ("alpha_bias_gelu_tanh+residual", {"split_k": 3, "reduce": "atomic"}),
+    ("residual", {"split_k": 1, "stream_k": True}),
+])
+def test_the_checker_takes_the_last_units_branch_both_ways_and_passes(epilogue, knobs):
+    report = check_config(make_config("v10", 512, 512, 2048, spec=spec_for("float16", epilogue), **knobs))
+    assert report.ok, report.findings
+    line = next(t for t in report.table().splitlines() if t.strip().startswith("c_ready"))
+    completed = [int(x) for x in line.split("per slot")[1].split(":")[0].split()]
+    if not knobs.get("stream_k"):  # split-K: some units were the last of their tile and loaded C
+        assert sum(completed) > 0, line
+
+
+def test_the_checker_passes_v10_with_a_float32_residual():
+    assert check_config(make_config("v10", 512, 512, 2048, spec=FP32_RESIDUAL, dtype="bfloat16", split_k=2)).ok
+
+
+def test_without_the_attribute_the_checker_cannot_decide_the_last_unit(monkeypatch):
+    """The split tile's last unit turns on other CTAs' atomics: the kernel says so
+    (COUNTED_BRANCHES_ATTR), else the checker stops there rather than guess."""
+    monkeypatch.setattr(check_mod, "COUNTED_BRANCHES_ATTR", "gemm_ladder.not_an_attr")
+    report = check_config(make_config("v10", 512, 512, 2048, spec=spec_for("float16", "residual"), split_k=2))
+    assert not report.ok and "branch condition" in " ".join(report.findings)
+
+
+def test_only_split_kernels_with_a_residual_carry_the_attribute():
+    from gemm_ladder.sync.classes import COUNTED_BRANCHES_ATTR  # pylint: disable=import-outside-toplevel
+
+    def attrs(rung, spec, **knobs):
+        func = kernel_of(make_config(rung, 512, 512, 2048, spec=spec, **knobs))
+        return dict(func.attrs) if func.attrs is not None else {}
+    assert COUNTED_BRANCHES_ATTR in attrs("v10", spec_for("float16", "residual"), split_k=2)
+    assert COUNTED_BRANCHES_ATTR not in attrs("v10", spec_for("float16", "bias"), split_k=2)
+    assert COUNTED_BRANCHES_ATTR not in attrs("v9", spec_for("float16", "residual"))
+
+
+# -- the policy --------------------------------------------------------------------------------------------
+def _choice(M, N, K, epilogue, **kw):
+    return plan.choose(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec_for("bfloat16", epilogue)), **kw)
+
+
+def test_an_epilogue_call_now_takes_split_k_and_swap_ab_where_the_plain_call_does():
+    for M, N, K in ((1, 4096, 4096), (16, 14336, 4096), (256, 4096, 14336)):
+        plain = _choice(M, N, K, "none", use_db=False)
+        fused = _choice(M, N, K, "bias_gelu_tanh", use_db=False)
+        assert plain.rung in ("v10", "v11") and (fused.rule, fused.rung) == (plain.rule, plain.rung)
+        assert fused.knobs["spec"] == spec_for("bfloat16", "bias_gelu_tanh").text()
+
+
+def test_a_residual_at_small_m_still_leaves_swap_ab_which_builds_none():
+    c = _choice(16, 4096, 4096, "residual", use_db=False)
+    assert c.rung == "v9" and any("swap-ab" in s and "no residual" in s for s in c.skipped)
+
+
+def test_before_puts_the_rungs_back_as_they_were_and_restores_them():
+    saved = hgemm_v10.EPILOGUES, hgemm_v11.EPILOGUES
+    p = plan.Problem(16, 4096, 4096, "bfloat16", "sm_90a", 132, spec_for("bfloat16", "bias_gelu_tanh"))
+    before = epilogue_check.split_choice(p, "before")
+    assert before.rung == "v9" and epilogue_check.split_choice(p, "now").rung == "v11"
+    assert (hgemm_v10.EPILOGUES, hgemm_v11.EPILOGUES) == saved
+
+
+def test_the_split_set_times_each_distinct_choice_once_and_holds_out_three_weights():
+    cases = epilogue_check.cases_of("split")
+    times = [c for c in cases if c["purpose"] == "time"]
+    keys = [(c["epilogue"], tuple(c["shape"]), c["variant"]) for c in times]
+    assert len(keys) == len(set(keys)) and {c["variant"] for c in times} == set(epilogue_check.SPLIT_VARIANTS)
+    assert {tuple(c["shape"][1:]) for c in times if c["held_out"]} == set(epilogue_check.HELD_OUT_BIAS_WEIGHTS)
+    # every shape has the policy's module; the others only where they differ from it
+    assert {(c["epilogue"], tuple(c["shape"])) for c in times} == {
+        (c["epilogue"], tuple(c["shape"])) for c in times if c["variant"] == "now"}
+    checks = [c for c in cases if c["purpose"] == "check"]
+    assert {c["rung"] for c in checks} == {"v10", "v11"} and all(c["knobs"]["dynamic_m"] for c in checks)
+    for c in checks:  # each check's module is one the validator takes
+        spec = epilogue_check.spec_of_case(c)
+        make_config(c["rung"], *c["shape"], spec=spec, dtype=c["dtype"], **c["knobs"])
