@@ -42,6 +42,16 @@ odd shapes, then timed at the Llama-8B weight shapes against torch's best paths.
   that chose the module (``chosen_by``) and its time against the ``before`` (or ``unchanged``) module of
   the same rounds (``vs_policy_before``).
 
+- v10 and v11 with the fused epilogue (``--set split``): their modules checked at odd shapes (splits of 2 to
+  4, the atomic reduction, stream-K pieces, a float32 D, the residual in place; swap AB at 8 to 128 rows),
+  and bias+GELU and the residual timed at M = 1 to 512 on the Llama weights and three held-out weights
+  (GPT-2 small's MLP, ViT-L's first MLP layer): the policy's module (``now``) beside the one it chose
+  before v10 and v11 built the epilogue (``before``, :func:`epilogues_as_before`) and without the small-M
+  rule (``no_small_rule``). ``--set split_probe``: the same past M = 256 against the policy without its
+  split-k and stream-k rules (``no_split``). ``--set suite``: issue 31's target, bias+GELU and bias+ReLU at
+  the shape suite's weights and M (and the held-out weights) against cuBLASLt's fused epilogue and the
+  unfused path.
+
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
 are faster), each peer's ratio and every time in ms; plus ``checks`` and the GPU's name and clocks.
@@ -77,6 +87,8 @@ PLAN_FILE = "epilogue_plan.json"
 CHECK_SHAPES = [(200, 264, 320), (1000, 3000, 520)]  # odd-ish: partial tiles in M, N and K
 CHECK_EPILOGUES = ["residual", "alpha", "alpha_bias_gelu_tanh+residual", "bias_relu+residual"]
 LLAMA_WEIGHTS = [(4096, 4096), (14336, 4096), (4096, 14336)]  # (N, K): attention out, MLP up, MLP down
+# the shape suite's weights (measure.suite: Llama-8B's q/k/v, o, gate/up, down, lm_head)
+SUITE_WEIGHTS = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
 TIME_MS = [128, 2048, 8192]
 TIME_EPILOGUES = ["residual", "alpha_bias_gelu_tanh+residual"]
 FP32_EPILOGUES = ["none", "alpha_bias_relu", "residual", "alpha_bias_relu+residual"]  # with a float32 D
@@ -108,8 +120,20 @@ WIDE_PROBE = (64, 128)  # probe_64x128's tile
 SPLIT_EPILOGUES = ["bias_gelu_tanh", "residual"]
 HELD_OUT_BIAS_WEIGHTS = [(3072, 768), (768, 3072), (4096, 1024)]
 SPLIT_MS = [1, 16, 64, 128, 256, 512]
-SPLIT_VARIANTS = ("now", "before", "no_small_rule")
-CASE_SETS = ("all", "epilogues", "rule", "split")
+SPLIT_VARIANTS = ("now", "before", "no_small_rule", "no_split")
+# where split-K and stream-K pay for an epilogue call past the small M (``prepare --set split_probe``): the
+# policy's module beside the policy without its split-k and stream-k rules (``no_split``), for bias+GELU, the
+# residual and no epilogue (the plain GEMM the rules were measured on), at the suite's weights
+PROBE_EPILOGUES = ["bias_gelu_tanh", "residual", "none"]
+PROBE_MS = [256, 384, 512, 768, 1024, 2048, 4096]
+SPLIT_RULES = ("split-k", "stream-k")
+# issue 31's epilogue target on the shape suite (``prepare --set suite``): bias+GELU and bias+ReLU, the two
+# activations cuBLASLt fuses after a bias, at the suite's weights and M (measure.suite), and at the held-out
+# weights with a bias and a GELU in their own models; the policy's module each, against cuBLASLt's fused
+# epilogue (torch._addmm_activation) and torch's unfused path, kernel and call level
+SUITE_EPILOGUES = ["bias_gelu_tanh", "bias_relu"]
+SUITE_MS = [1, 16, 64, 128, 512, 2048, 8192]
+CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite")
 CHECK_TIMEOUT = 120.0
 
 
@@ -188,14 +212,47 @@ def epilogues_as_before():
         hgemm_v10.EPILOGUES, hgemm_v11.EPILOGUES = saved
 
 
+def variant_rules(variant: str):
+    """The rules a split-set variant plans with (None: the policy's own)."""
+    if variant == "no_small_rule":
+        return [r for r in plan.RULES if r.name != RULE_NAME]
+    if variant == "no_split":
+        return [r for r in plan.RULES if r.name not in SPLIT_RULES]
+    return None
+
+
 def split_choice(p, variant: str):
     """The policy's choice for a split-set case's variant (:data:`SPLIT_VARIANTS`)."""
     if variant == "before":
         with epilogues_as_before():
             return plan.choose(p)
-    if variant == "no_small_rule":
-        return plan.choose(p, rules=[r for r in plan.RULES if r.name != RULE_NAME])
-    return plan.choose(p)
+    return plan.choose(p, rules=variant_rules(variant))
+
+
+def _distinct_variants(p, variants) -> list[str]:
+    """``now`` and each of ``variants`` whose choice differs from every one before it."""
+    now = split_choice(p, "now")
+    seen, out = {(now.rung, tuple(sorted(now.knobs.items())))}, ["now"]
+    for v in variants:
+        c = split_choice(p, v)
+        key = (c.rung, tuple(sorted(c.knobs.items())))
+        if key not in seen:
+            seen.add(key)
+            out.append(v)
+    return out
+
+
+def split_probe_cases(sms: int = 132) -> list[dict]:
+    """The split probe's timing cases (:data:`PROBE_EPILOGUES` x the suite's weights x :data:`PROBE_MS`):
+    ``now`` and, where it differs, ``no_split``."""
+    out = []
+    for e in PROBE_EPILOGUES:
+        for N, K in SUITE_WEIGHTS:
+            for M in PROBE_MS:
+                p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", e))
+                out += [{"purpose": "time", "set": "split", "epilogue": e, "dtype": "bfloat16", "shape": [M, N, K],
+                         "variant": v} for v in _distinct_variants(p, ["no_split"])]
+    return out
 
 
 def split_cases(sms: int = 132) -> list[dict]:
@@ -207,17 +264,8 @@ def split_cases(sms: int = 132) -> list[dict]:
         for N, K in LLAMA_WEIGHTS + HELD_OUT_BIAS_WEIGHTS:
             for M in SPLIT_MS:
                 p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", e))
-                now = split_choice(p, "now")
-                seen = {(now.rung, tuple(sorted(now.knobs.items())))}
-                variants = ["now"]
-                for v in SPLIT_VARIANTS[1:]:
-                    if v == "no_small_rule" and not plan.rule_applies(RULE_NAME, p):
-                        continue
-                    c = split_choice(p, v)
-                    key = (c.rung, tuple(sorted(c.knobs.items())))
-                    if key not in seen:
-                        seen.add(key)
-                        variants.append(v)
+                variants = _distinct_variants(p, ["before"] + (["no_small_rule"] if plan.rule_applies(RULE_NAME, p)
+                                                                else []))
                 out += [{"purpose": "time", "set": "split", "epilogue": e, "dtype": "bfloat16", "shape": [M, N, K],
                          "variant": v, "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS} for v in variants]
     return out
@@ -244,6 +292,14 @@ SPLIT_CHECKS = [
     ("v11", "bias", "float16", None, (16, 3000, 2048), {"blk_m": 16, "blk_n": 256, "num_warpgroups": 2,
                                                         "split_k": 4}),
 ]
+
+
+def suite_cases() -> list[dict]:
+    """The suite set's timing cases: :data:`SUITE_EPILOGUES` x (the suite's weights and the held-out ones)
+    x :data:`SUITE_MS`, the policy's module each (``now``)."""
+    return [{"purpose": "time", "set": "split", "epilogue": e, "dtype": "bfloat16", "shape": [M, N, K],
+             "variant": "now", "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS}
+            for e in SUITE_EPILOGUES for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SUITE_MS]
 
 
 def split_check_cases() -> list[dict]:
@@ -273,6 +329,10 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
         raise SystemExit(f"--set {which}: one of {', '.join(CASE_SETS)}")
     if which == "split":
         return split_check_cases() + split_cases(sms)
+    if which == "split_probe":
+        return split_probe_cases(sms)
+    if which == "suite":
+        return suite_cases()
     return (cases() if which != "rule" else []) + (rule_cases(sms) if which != "epilogues" else [])
 
 
@@ -350,8 +410,7 @@ def prepare(out: str, sms: int = 132, which: str = "all") -> int:
                 with epilogues_as_before():
                     choice, job = plan_job(p)
             elif case.get("set") == "split":
-                choice, job = plan_job(p, rules=None if case["variant"] == "now" else
-                                       [r for r in plan.RULES if r.name != RULE_NAME])
+                choice, job = plan_job(p, rules=variant_rules(case["variant"]))
             else:
                 choice, job = plan_job(p, rules=rules_of(case.get("variant")) if case.get("set") == "rule" else None)
             if case.get("set") in ("rule", "split") and not case.get("rung"):
@@ -528,6 +587,14 @@ def peers(epilogue: str):
         def addmm_then_gelu(a, w, d, b, c):
             torch._C._nn.gelu(torch.addmm(b, a, w.t()), approximate="tanh", out=d)  # pylint: disable=protected-access
         return {"addmm_activation": lt_out, "unfused": addmm_then_gelu}
+    if epilogue == "none":
+        return {"mm": lambda a, w, d, b, c: torch.mm(a, w.t(), out=d)}
+    if epilogue == "bias_relu":  # cuBLASLt fuses the ReLU too
+        def lt_relu(a, w, d, b, c):
+            torch._addmm_activation(b, a, w.t(), use_gelu=False, out=d)  # pylint: disable=protected-access
+        return {"addmm_activation": lt_relu, "unfused": lambda a, w, d, b, c: torch.relu_(torch.addmm(b, a, w.t(), out=d))}
+    if epilogue == "bias":
+        return {"addmm": lambda a, w, d, b, c: torch.addmm(b, a, w.t(), out=d)}
     if epilogue == "residual":
         return {"addmm": lambda a, w, d, b, c: torch.addmm(c, a, w.t(), out=d),
                 "unfused": lambda a, w, d, b, c: torch.add(F.linear(a, w), c, out=d)}
@@ -674,7 +741,9 @@ def main(argv=None) -> int:
     p.add_argument("--sms", type=int, default=132)
     p.add_argument("--set", dest="which", choices=CASE_SETS, default="all",
                    help="all (default), epilogues (every check and timing but the rule's), rule (the small-M "
-                        "epilogue rule's timings alone)")
+                        "epilogue rule's timings alone), split (v10's and v11's epilogues checked, and timed against "
+                        "the policy before them), split_probe (split-K and stream-K for an epilogue past the small "
+                        "M), suite (bias+GELU and bias+ReLU at the shape suite's weights and M, and held out)")
     r = sub.add_parser("run", help="check and time them (GPU box)")
     r.add_argument("dir")
     r.add_argument("--out", required=True)

@@ -48,7 +48,7 @@ def test_v9_refuses_a_residual_with_epi_under_and_other_rungs_refuse_it():
     with pytest.raises(ConfigError, match="residual C with epi_under=True is not built.*epi_under=False"):
         make_config("v9", 512, 512, 512, spec=spec_for("float16", "residual"), epi_under=True)
     with pytest.raises(ConfigError, match="no residual"):
-        make_config("v10", 512, 512, 512, spec=spec_for("float16", "residual"), split_k=2)
+        make_config("v11", 64, 512, 512, spec=spec_for("float16", "residual"), split_k=2)
     with pytest.raises(ConfigError, match="residual=float32"):
         make_config("v9", 512, 512, 512, spec=GemmSpec(residual="float32"))
 
@@ -242,7 +242,7 @@ def test_a_float32_d_is_built_for_v9_from_16_bit_inputs_only():
         with pytest.raises(ConfigError, match=words):
             make_config("v9", 256, 256, 512, spec=spec)
     with pytest.raises(ConfigError, match="no fp32_out"):
-        make_config("v10", 256, 256, 512, spec=GemmSpec(d="float32"), split_k=2)
+        make_config("v11", 64, 256, 512, spec=GemmSpec(d="float32"), split_k=2)
     with pytest.raises(ConfigError, match="float32 D with tail_n=0, epi_under=True"):
         make_config("v9", 256, 256, 512, spec=GemmSpec(d="float32"), epi_under=True)
 

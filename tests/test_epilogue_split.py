@@ -158,10 +158,14 @@ def test_before_puts_the_rungs_back_as_they_were_and_restores_them():
 
 
 def test_the_split_set_times_each_distinct_choice_once_and_holds_out_three_weights():
+    """The split set: every shape's policy module, and the policy before v10 and v11 built the epilogue and
+    without the small-M rule only where they choose another module; its checks name rungs the validator
+    takes; the probe set: ``no_split`` beside the policy past M = 256; the suite set: the policy's module at
+    the suite's weights and M and the held-out ones."""
     cases = epilogue_check.cases_of("split")
     times = [c for c in cases if c["purpose"] == "time"]
     keys = [(c["epilogue"], tuple(c["shape"]), c["variant"]) for c in times]
-    assert len(keys) == len(set(keys)) and {c["variant"] for c in times} == set(epilogue_check.SPLIT_VARIANTS)
+    assert len(keys) == len(set(keys)) and {c["variant"] for c in times} == {"now", "before", "no_small_rule"}
     assert {tuple(c["shape"][1:]) for c in times if c["held_out"]} == set(epilogue_check.HELD_OUT_BIAS_WEIGHTS)
     # every shape has the policy's module; the others only where they differ from it
     assert {(c["epilogue"], tuple(c["shape"])) for c in times} == {
@@ -171,3 +175,32 @@ def test_the_split_set_times_each_distinct_choice_once_and_holds_out_three_weigh
     for c in checks:  # each check's module is one the validator takes
         spec = epilogue_check.spec_of_case(c)
         make_config(c["rung"], *c["shape"], spec=spec, dtype=c["dtype"], **c["knobs"])
+
+
+def test_the_swap_k_threshold_agrees_with_the_split_run():
+    """plan.SPLIT_EPILOGUE (bias+GELU, M = 64 and 128): where the small-M rule now leaves a call to swap AB
+    (no residual, K past the threshold) swap AB ran faster than the rule's tiles in the same rounds;
+    where it keeps the call, the rule's tiles ran faster or within a run's spread (2%)."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    rows = json.loads((Path(__file__).resolve().parents[1] / plan.SPLIT_EPILOGUE).read_text())["rows"]
+    pairs = {}
+    for r in rows:
+        if r["op"] == "bias_gelu_tanh" and r["rule"] in ("now", "no_small_rule") and r["M"] in (64, 128):
+            pairs.setdefault((r["M"], r["N"], r["K"]), {})[r["rule"]] = r["kernel_ratio"]
+    pairs = {k: v for k, v in pairs.items() if len(v) == 2}
+    assert len(pairs) == 10
+    for (M, N, K), v in pairs.items():
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec_for("bfloat16", "bias_gelu_tanh"))
+        if plan.rule_applies(epilogue_check.RULE_NAME, p):
+            assert v["now"] > 0.98 * v["no_small_rule"], (M, N, K, v)
+        else:
+            assert K > plan.SMALL_M_EPILOGUE_SWAP_K and v["no_small_rule"] > v["now"], (M, N, K, v)
+    probe = [c for c in epilogue_check.cases_of("split_probe") if c["variant"] == "no_split"]
+    assert probe and all(c["shape"][0] >= 256 for c in probe)
+    for c in probe:  # no_split differs from the policy's choice: the policy split there
+        p = plan.Problem(*c["shape"], "bfloat16", "sm_90a", 132, spec_for("bfloat16", c["epilogue"]))
+        assert epilogue_check.split_choice(p, "now").rule in epilogue_check.SPLIT_RULES
+    suite = epilogue_check.cases_of("suite")
+    assert len(suite) == 2 * 8 * 7 and {c["variant"] for c in suite} == {"now"}
+    assert sum(c["held_out"] for c in suite) == 2 * 3 * 7

@@ -161,7 +161,7 @@ def test_rule_weight_streaming_stops_above_m_64():
 
 
 @needs_v10
-@pytest.mark.parametrize("M, N, K", [(512, 4096, 14336), (200, 4096, 14336), (300, 2048, 16384)])
+@pytest.mark.parametrize("M, N, K", [(256, 4096, 14336), (200, 4096, 14336), (300, 2048, 16384)])
 def test_rule_split_k(M, N, K):
     """M > 64, a K long enough that every split keeps 4096 of it, and the wave model finishes
     sooner split: v10 with the model's tile and split_k."""
@@ -174,6 +174,34 @@ def test_rule_split_k(M, N, K):
     assert knobs == {"blk_m": 128, "blk_n": best.blk_n, "split_k": best.split_k}
     assert bool(turned) == (-(-M // 128) % 2 == 1)  # an odd count of row tiles: no 2x1 pairs (below)
     assert "K loop split" in c.why and f"split_k={best.split_k}" in c.why
+
+
+@needs_v10
+@pytest.mark.parametrize("M", [384, 512, 768, 1536])
+def test_rule_split_k_not_where_128x128_tiles_fill_more_than_half_the_sms(M):
+    """plan.SPLIT_PROBE: at 4096x14336 the split lost to v9's 128x128 tiles from M = 384 (96 tiles on 132
+    SMs) on, and won at M = 256 (64 tiles): split-k leaves those shapes to the tile rules."""
+    p = P(M, 4096, 14336)
+    assert p.tiles(128, 128) > plan.SPLIT_K_MAX_FILL * H100 and plan.split_plan(p).split_k > 1
+    assert rule_choice(p).rule != "split-k"
+    assert rule_choice(P(256, 4096, 14336)).rule == "split-k"
+
+
+def test_the_split_k_fill_threshold_agrees_with_the_probe():
+    """Every probe row where the policy split K (``now``) beside v9's tiles (``no_split``): the split ran
+    faster exactly where 128x128 tiles fill at most half the SMs (the rows were timed before the
+    threshold, so ``now`` is the split at every one of them)."""
+    rows = json.loads((Path(__file__).parent.parent / plan.SPLIT_PROBE).read_text())["rows"]
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["op"], r["M"], r["N"], r["K"]), {})[r["rule"]] = r
+    pairs = [v for v in by.values() if "no_split" in v and v["now"]["chosen_by"] == "split-k"]
+    assert len(pairs) == 12
+    for v in pairs:
+        now, alone = v["now"], v["no_split"]
+        split_faster = alone["kernel_ms"]["no_split"] > now["kernel_ms"]["now"]
+        p = P(now["M"], now["N"], now["K"])
+        assert split_faster is (p.tiles(128, 128) <= plan.SPLIT_K_MAX_FILL * H100), now
 
 
 @pytest.mark.parametrize("M, N, K, cluster", [(333, 16384, 2048, (1, 2)), (333, 4096, 14336, (1, 2)),
@@ -350,9 +378,9 @@ def test_database_by_bucket_at_or_above_a_measured_rules_rung(private_db):
 def test_a_measured_entry_beats_a_models_rule(private_db):
     """Where the rule is the wave model's (split-k: v10), a measured entry of any rung wins."""
     v9 = {"blk_m": 128, "blk_n": 128}
-    _write_db(private_db, [_entry("v9", (512, 4096, 14336), v9, 0.8)])
-    assert rule_choice(P(512, 4096, 14336)).rule == "split-k"
-    c = choose(P(512, 4096, 14336))
+    _write_db(private_db, [_entry("v9", (256, 4096, 14336), v9, 0.8)])
+    assert rule_choice(P(256, 4096, 14336)).rule == "split-k"
+    c = choose(P(256, 4096, 14336))
     assert (c.source, c.rung, rung_knobs(c)) == ("db", "v9", v9)
 
 
@@ -529,18 +557,20 @@ def test_no_alternatives_where_the_grid_fills_or_k_is_short(M, N, K, why):
 @needs_v10
 def test_alternatives_keep_the_operand_spec_and_are_not_for_fp8():
     """An alternative is built for the call's spec or not at all: bf16 keeps its dtype; v10 builds
-    no bias epilogue, so a bias call gets no split (the validator refuses it: nothing is built that
-    would serve a bias call without its bias), only v9's small tiles; fp8 has one kernel and no split."""
+    the bias epilogue in its last unit, so a bias call gets the splits with the bias beside v9's small
+    tiles, every one with the call's spec (none would serve a bias call without its bias); a SwiGLU
+    call (which v10 does not build) gets no split; fp8 has one kernel and no split."""
     from gemm_ladder.core.spec import GemmSpec, spec_for
     bf16 = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100)
     alts = plan.alternatives(bf16, choose(bf16))
     assert alts and all(a.knobs["dtype"] == "bfloat16" and plan._validate(a.rung, bf16, a.knobs) is None for a in alts)
-    split = next(a for a in alts if a.rung == "v10")
     bias = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100, spec_for("bfloat16", "bias"))
-    assert plan._validate("v10", bias, plan.with_spec(dict(split.knobs), bias)) is not None
-    # v9 builds the bias: its small-tile alternative serves the call, epilogue and all
-    (small,) = plan.alternatives(bias, choose(bias))
-    assert small.rung == "v9" and small.knobs["spec"] == spec_knobs(bias.spec)["spec"]
+    with_bias = plan.alternatives(bias, choose(bias))
+    assert {a.rung for a in with_bias} == {a.rung for a in alts} == {"v9", "v10"}
+    assert all(a.knobs["spec"] == spec_knobs(bias.spec)["spec"] and plan._validate(a.rung, bias, a.knobs) is None
+               for a in with_bias)
+    glu = Problem(333, 2560, 5120, "bfloat16", "sm_90a", H100, spec_for("bfloat16", "swiglu"))
+    assert all(a.rung != "v10" for a in plan.alternatives(glu, choose(glu)))
     fp8 = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100, GemmSpec.fp8("bfloat16", "tensor"))
     assert plan.alternatives(fp8, choose(fp8)) == []
 
@@ -552,9 +582,12 @@ def E(M, N, K, epilogue, dtype="bfloat16", **spec_changes):
     return Problem(M, N, K, dtype, "sm_90a", H100, spec)
 
 
-@pytest.mark.parametrize("M, N, K, pair", [(128, 4096, 4096, 2), (128, 4096, 14336, 2), (64, 4096, 4096, 1),
-                                           (33, 4096, 14336, 1), (100, 4224, 4096, 2)])
-@pytest.mark.parametrize("epilogue", ["residual", "alpha_bias_gelu_tanh+residual", "bias_relu"])
+@pytest.mark.parametrize("M, N, K, pair, epilogue", [
+    *[(M, N, K, pair, e) for M, N, K, pair in ((128, 4096, 4096, 2), (128, 4096, 14336, 2), (64, 4096, 4096, 1),
+                                              (33, 4096, 14336, 1), (100, 4224, 4096, 2))
+      for e in ("residual", "alpha_bias_gelu_tanh+residual")],
+    *[(M, N, K, pair, "bias_relu") for M, N, K, pair in ((128, 4096, 4096, 2), (64, 4096, 4096, 1),
+                                                         (100, 4224, 4096, 2), (128, 768, 3072, 2))]])
 def test_rule_small_m_epilogue(M, N, K, pair, epilogue):
     """32 < M <= 128 with an epilogue and 64x64 tiles that fit in one wave: v9 64x64, one consumer,
     the deepest ring; two row tiles share B through a 2x1 cluster. Its knobs carry the spec, and
@@ -580,6 +613,14 @@ def test_rule_small_m_epilogue(M, N, K, pair, epilogue):
 def test_rule_small_m_epilogue_stops(M, N, K, spec_changes, why):
     c = rule_choice(E(M, N, K, "residual", **spec_changes))
     assert c.rule != "small-m-epilogue", why
+
+
+@pytest.mark.parametrize("M, rule", [(33, "swap-ab"), (64, "swap-ab"), (128, "swap-ab-128")])
+def test_rule_small_m_epilogue_leaves_a_long_k_without_a_residual_to_swap_ab(M, rule):
+    """Past K = 8192 an epilogue v11 builds (a bias, an activation, alpha) streams B better through swap AB
+    and its split K; the residual, which v11 does not build, keeps the 64x64 tiles."""
+    assert rule_choice(E(M, 4096, 14336, "bias_gelu_tanh")).rule == rule
+    assert rule_choice(E(M, 4096, 14336, "alpha_bias_gelu_tanh+residual")).rule == "small-m-epilogue"
 
 
 def test_rule_small_m_epilogue_not_for_swiglu():
@@ -612,6 +653,8 @@ def test_small_m_epilogue_rule_agrees_with_its_measurement():
     assert {r["rule"] for r in rows} == {"rule", "before", "unchanged", "probe_64x64"}
     for r in rows:
         p = E(r["M"], r["N"], r["K"], r["op"])
+        if p.spec.residual is None and p.K > plan.SMALL_M_EPILOGUE_SWAP_K:
+            continue  # swap AB's since v11 builds the bias (plan.SPLIT_EPILOGUE, test_epilogue_split.py)
         applies = plan.rule_applies("small-m-epilogue", p)
         assert applies is (r["rule"] in ("rule", "before")), r
         if r["rule"] == "rule":

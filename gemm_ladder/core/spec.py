@@ -18,25 +18,25 @@ compiles. Built today:
     field       accepted
     ==========  =========================================================================
     a, b, d     float16 or bfloat16, all three the same; or D in float32 (a wgrad into fp32 master
-                weights) on rungs whose ``EPILOGUES`` lists ``"fp32_out"`` (v9; a residual then in float32)
+                weights) on rungs whose ``EPILOGUES`` lists ``"fp32_out"`` (v9, v10; a residual then in float32)
     acc         float32
     a_major     K (A is [M, K], row-major); M (A is [K, M], row-major) on rungs whose
                 ``MN_MAJOR`` is true (v9)
     b_major     K (B is [N, K], row-major, like nn.Linear.weight); N (B is [K, N],
                 row-major) on rungs whose ``MN_MAJOR`` is true (v9)
     bias        None, or D's dtype: D[m, n] = round(acc[m, n] + bias[n]), on rungs whose
-                ``EPILOGUES`` lists ``"bias"`` (v9)
+                ``EPILOGUES`` lists ``"bias"`` (v9, v10, v11)
     act         one of ACTIVATIONS, after the bias, in fp32 before rounding:
-                D = round(act(acc + bias)), on rungs whose ``EPILOGUES`` lists ``"act"`` (v9)
+                D = round(act(acc + bias)), on rungs whose ``EPILOGUES`` lists ``"act"`` (v9, v10, v11)
     alpha       False, or True: the kernel takes a runtime fp32 scalar ``alpha`` (a parameter, so one
                 module serves every value) and computes act(alpha . acc + bias), on rungs whose
-                ``EPILOGUES`` lists ``"alpha"`` (v9)
+                ``EPILOGUES`` lists ``"alpha"`` (v9, v10, v11)
     gated       False, or True: B is ``cat([W_gate, W_up])`` (N rows: both halves) and
                 D [M, N/2] = act(x . W_gate^T) * (x . W_up^T) (SwiGLU: act silu), on rungs whose
                 ``EPILOGUES`` lists ``"gated"`` (v9; nothing else in the epilogue yet)
     residual    None, or D's dtype: a residual C [M, N] and a runtime fp32 scalar ``beta``:
                 D = round(act(alpha . acc + bias) + beta . C), C read in the epilogue (it may be D
-                itself: an in-place residual add), on rungs whose ``EPILOGUES`` lists ``"residual"`` (v9)
+                itself: an in-place residual add), on rungs whose ``EPILOGUES`` lists ``"residual"`` (v9, v10)
     scales      None
     grouped     False, or True on rungs whose ``EPILOGUES`` lists ``"grouped"`` (v12) with no
                 bias or activation but a gated B (``gated`` with its gate's act, where ``EPILOGUES``
@@ -460,8 +460,8 @@ def not_built(spec: GemmSpec, rung: str, epilogues=("none",), mn_major: bool = F
                if on and part not in epilogues]
     if missing:
         return (f"epilogue {spec.epilogue!r} is not built for {rung} (its epilogue has no {' and no '.join(missing)}; "
-                f"it builds {', '.join(epilogues)}); the bias, the activations, alpha and the residual are built "
-                "for v9")
+                f"it builds {', '.join(epilogues)}); the bias, the activations, alpha, the residual and a float32 D "
+                "are built for v9 and v10, the bias, the activations and alpha for v11 too")
     return None
 
 

@@ -630,7 +630,8 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
     route the winners (``Route.adopt``), or take the winners remembered for this GPU, shape,
     operand spec and candidates (first_use). ``epilogue``: the call's operands past the bias
     (alpha, C, beta, a float32 D): every candidate computes the whole epilogue, torch's as its
-    repeated call runs it (:class:`TorchMatmul`: F.linear, then the activation, then + beta C), and
+    repeated call runs it (:class:`TorchMatmul`: cuBLASLt's fused bias+ReLU/GELU where it applies, else
+    F.linear, then the activation, then + beta C), and
     each input set has its own copy of C (a residual that stayed in L2 would flatter the kernels)."""
     import torch  # pylint: disable=import-outside-toplevel
 
@@ -677,8 +678,8 @@ def _settle(route: Route, a, b, M: int, N: int, K: int, fixes: Fixes, bias, inde
                     extras = () if bias is None else (bias,)
                     call = lambda x, y, z: torch_linear(x, y, z, *extras)  # noqa: E731
                 elif isinstance(r.module, TorchMatmul):
-                    # torch's best unfused path for the epilogue, as the fast path's repeated call
-                    # runs it (TorchMatmul itself: F.linear / addmm, the activation, + beta C)
+                    # torch's path for the epilogue, as the fast path's repeated call runs it (TorchMatmul
+                    # itself: cuBLASLt's fused bias+activation, or F.linear / addmm, the activation, + beta C)
                     tm = r.module
                     call = lambda x, y, z: tm(x, y, z, bias, 1.0 if alpha is None else alpha,  # noqa: E731
                                               c_of.get(z.data_ptr()), beta)
@@ -744,11 +745,17 @@ class KernelFallbackWarning(UserWarning):
     """The front door computes a shape with torch's own matmul, or with a kernel made for another M."""
 
 
+# the activations cuBLASLt fuses after a bias (torch._addmm_activation on a GPU: ReLU, and GELU by tanh's formula)
+LT_ACTIVATIONS = ("relu", "gelu_tanh")
+
+
 class TorchMatmul:
     """torch's own ``D = A . B^T`` (+ ``bias``: ``addmm``; cuBLAS), then the activation ``act``
-    (``spec.torch_activation``: torch's best unfused path, F.linear and then the activation) in a
-    module's place: the front door's fallback where no kernel of ours serves a shape (or its
-    epilogue), so a model with one such layer still runs, as fast as torch."""
+    (``spec.torch_activation``: torch's best unfused path, F.linear and then the activation; on a GPU
+    a bias with ReLU or tanh-GELU and no residual goes through cuBLASLt's fused epilogue,
+    ``torch._addmm_activation``) in a module's place: the front door's fallback where no kernel of
+    ours serves a shape (or its epilogue), so a model with one such layer still runs, as fast as
+    torch, and the candidate first use times ours against."""
 
     path = "torch.matmul (cuBLAS)"
 
@@ -761,6 +768,13 @@ class TorchMatmul:
         if out.dtype != a.dtype:  # a float32 D: the product and the epilogue in float32
             a, b = a.float(), b.float()
             bias = bias.float() if bias is not None else None
+        if C is None and bias is not None and self.act in LT_ACTIVATIONS and a.is_cuda and out.dtype == a.dtype:
+            # cuBLASLt's own fused epilogue (bias, then ReLU or GELU by tanh's formula): one kernel, the
+            # library a fused call of ours replaces (torch falls back to addmm and the activation where
+            # cuBLASLt cannot take the operands)
+            torch._addmm_activation(bias, a, b.t(), alpha=alpha, use_gelu=self.act == "gelu_tanh",  # pylint: disable=protected-access
+                                    out=out)
+            return
         if C is None and alpha == 1.0:  # the plain path writes out directly
             if bias is None:  # mm, not matmul: the shortest way to cuBLAS for 2-d operands (a is [M, K] here)
                 torch.mm(a, b.t(), out=out)

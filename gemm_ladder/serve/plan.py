@@ -11,10 +11,10 @@ rule passed over is kept with the reason for ``explain``. Today's table (Hopper;
 v9's defaults)::
 
     rule              when                            rung, knobs                               why
-    small-m-epilogue  an epilogue call (16-bit D, not  v9: 64x64 tiles, one consumer, a 2x1     v11 and v10 build no
-                      gated), 32 < M <= 128, 64x64     cluster for two row tiles (M > 64), the   epilogue: more CTAs
-                      tiles that fit in one wave       deepest ring (<= 8)                       stream B (the others
-                                                                                                 leave 16-64 of them)
+    small-m-epilogue  an epilogue call (16-bit D, not  v9: 64x64 tiles, one consumer, a 2x1     more CTAs stream B
+                      gated), 32 < M <= 128, 64x64     cluster for two row tiles (M > 64), the   (the others leave
+                      tiles that fit in one wave; no   deepest ring (<= 8)                       16-64 of them); v11
+                      residual: K <= 8192                                                        builds no residual
     row-tiles         32 < M <= 128, 32 or more        v9: 64x128 tiles, one consumer, a 2x1     each CTA streams its own
                       64x128 tiles that fit in one     cluster for two row tiles (M > 64), the   rows of A against a slice
                       wave, and K <= 8192              deepest ring (<= 8)                       of B: no split, no swap
@@ -30,8 +30,9 @@ v9's defaults)::
                       finishes >= 1% sooner than the   cluster                                   partial sums a CTA
                       best v9 tile (makespan)
     split-k           M > 64, the wave model finishes  v10: 128x256 or 128x128 tiles and the     too few tiles for whole
-                      sooner split, and each split     split_k the model ranks first             waves: split the K loops
-                      keeps >= 4096 of K
+                      sooner split, each split keeps   split_k the model ranks first             waves: split the K loops
+                      >= 4096 of K, and 128x128 tiles
+                      fill at most half the SMs
     tile-shape        M > 64 and 128x192 or 128x128    v9 with that tile and the deepest ring    fewer tiles than SMs, or
                       tiles finish first (makespan     it fits (6 for 128x128)                   a ragged last wave
                       over the tile's measured rate)
@@ -272,8 +273,16 @@ def split_plan(p: Problem):
     return _waves(p, [(128, 256), (128, 128)], tuple(splits))
 
 
+# Split K only where v9's 128x128 tiles leave most SMs idle. On an H200 (SPLIT_PROBE: the policy with and
+# without its split-k and stream-k rules, same rounds, kernels in graphs) at N x K = 4096x14336 the split
+# ran 1.38-1.47x v9's 128x128 tiles at M = 256 (64 tiles on 132 SMs), and 0.92x, 0.90-0.93x, 0.81-0.83x at
+# M = 384, 512, 768 (96, 128, 192 tiles), with no epilogue, bias+GELU and a residual alike.
+SPLIT_PROBE = "benchmarks/results/2026-11-28_h200_epilogue_split/epilogue_split_probe.json"
+SPLIT_K_MAX_FILL = 0.5  # v9's 128x128 tiles over the SMs, at most
+
+
 def _split_k_wins(p: Problem) -> bool:
-    return p.M > 64 and split_plan(p).split_k > 1
+    return p.M > 64 and p.tiles(128, 128) <= SPLIT_K_MAX_FILL * p.sms and split_plan(p).split_k > 1
 
 
 def _split_k_knobs(p: Problem) -> dict:
@@ -335,7 +344,7 @@ def _large_knobs(p: Problem) -> dict:
     return {"epi_under": True} if _epi_under_pays(p) else {}
 
 
-# -- epilogue calls at small M (issue 31). v11 and v10 build no epilogue, so a call with a bias, an
+# -- epilogue calls at small M (issue 31). v11 and v10 built no epilogue then, so a call with a bias, an
 # activation or a residual at M <= 128 fell to v9's row tiles (64x128: 32-64 CTAs) or the tile-shape
 # rule (128x128: 16-112 CTAs). At M = 128 the residual epilogue then ran 0.74x torch's unfused path
 # at N x K = 4096x14336 (32 CTAs) and 0.94x at 4096x4096 (row tiles, 64 CTAs); 64x64 tiles, 128 CTAs
@@ -352,16 +361,26 @@ SMALL_M_EPILOGUE = "benchmarks/results/2026-11-26_h100_epilogue_c_prefetch/epilo
 SMALL_M_EPILOGUE_RULE = "benchmarks/results/2026-11-26_h100_epilogue_small_m_rule/epilogue_rule.json"
 SMALL_EPILOGUE_TILE = (64, 64)
 SMALL_M_EPILOGUE_ROWS = (32, 128)  # 32 < M <= 128
+# Since v11 builds a bias, an activation and alpha (issue 31, 2026-11-28), an epilogue call without a
+# residual may take swap AB at M <= 128; timed against this rule [SPLIT_EPILOGUE, rows rule now /
+# no_small_rule]: bias+GELU at N x K = 4096x14336 ran 0.77 (M = 64) and 0.85x (128) cuBLASLt's fused
+# epilogue in the rule's 64x64 tiles, 0.89 and 0.98x swap AB with its split K; at K <= 4096 the rule won
+# or tied (0.70-0.91x against 0.60-0.83x). So past K = 8192 (where row-tiles stops too) the rule keeps
+# the residual (which v11 does not build) only.
+SPLIT_EPILOGUE = "benchmarks/results/2026-11-28_h200_epilogue_split/epilogue_split.json"
+SMALL_M_EPILOGUE_SWAP_K = 8192
 
 
 def _small_m_epilogue(p: Problem) -> bool:
     """A 16-bit epilogue call (bias, activation, alpha or residual; not SwiGLU's gated B, whose
     chunks take half a tile, nor a float32 D, not measured) at 32 < M <= 128 whose 64x64 tiles fit
-    in one wave."""
+    in one wave; without a residual, only at K <= :data:`SMALL_M_EPILOGUE_SWAP_K` (past it swap AB)."""
     spec = p.spec
     if spec is None or spec.epilogue == "none" or spec.gated or spec.is_fp8 or spec.d != p.dtype:
         return False
     lo, hi = SMALL_M_EPILOGUE_ROWS
+    if spec.residual is None and p.K > SMALL_M_EPILOGUE_SWAP_K:  # swap AB builds it and streams long K better
+        return False
     return lo < p.M <= hi and p.tiles(*SMALL_EPILOGUE_TILE) <= p.sms
 
 
@@ -375,9 +394,9 @@ def _small_m_epilogue_knobs(p: Problem) -> dict:
 
 RULES: list[Rule] = [
     Rule("small-m-epilogue", "sm_90a", "v9", when=_small_m_epilogue, knobs=_small_m_epilogue_knobs,
-         why="an epilogue call (which v11 and v10 do not build) at 32 < M <= 128 whose 64x64 tiles fit in one "
-             "wave: twice to four times the CTAs of 64x128 or 128x128 tiles stream B, one consumer, the deepest "
-             "ring (two row tiles share B through a 2x1 cluster)",
+         why="an epilogue call at 32 < M <= 128 whose 64x64 tiles fit in one wave (without a residual, which "
+             "swap AB does not build, only at K <= 8192): twice to four times the CTAs of 64x128 or 128x128 tiles "
+             "stream B, one consumer, the deepest ring (two row tiles share B through a 2x1 cluster)",
          evidence=SMALL_M_EPILOGUE_RULE + ": 1.054-1.456x the policy before it as kernels in all 12 rows where it "
                   "applies (M = 64, 128; residual 0.86 -> 1.01x torch, geomean), 64x64 forced past one wave "
                   "0.57-1.01x in all 15 others; " + SMALL_M_EPILOGUE + ": residual at M = 128 0.74 -> 1.07x torch",
@@ -414,7 +433,8 @@ RULES: list[Rule] = [
     Rule("split-k", "sm_90a", "v10", when=_split_k_wins, knobs=_split_k_knobs,
          why="too few tiles for whole waves and a long K: the wave model finishes sooner with each tile's K "
              f"loop split over several CTAs (each keeping >= {SPLIT_K_MIN_SLICE} of K; the last one sums the "
-             "fp32 partials)",
+             "fp32 partials), where v9's 128x128 tiles would fill at most half the SMs (a threshold measured, "
+             f"{SPLIT_PROBE}; the split itself is the model's)",
          detail=lambda p: "wave model: " + split_plan(p).why()),
     Rule("tile-shape", "sm_90a", "v9", when=_tile_shape, knobs=_tile_shape_knobs,
          why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): a narrower "

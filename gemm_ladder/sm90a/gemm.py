@@ -39,13 +39,15 @@ tensors, then the workspace of a split-K preset), which picks the prim_func's fo
 :func:`kernel`) and shapes its buffers; the body is one. What the epilogue does to each fp32
 accumulator before it is rounded to D's type is the preset's ``epilogue_op``
 (``epilogue.EpilogueOp``: nothing), or the one the operand spec asks for (``epilogue.op_of``: a
-per-column bias and an activation after it, v9 only; an fp8 spec's scales multiply the sums before it,
+per-column bias and an activation after it; v9's and v10's chunked epilogue, where v10's last unit of a
+tile runs it on the sum of the partials, and v11's transposed one, at each value's column of D, a row of
+its D^T fragment; an fp8 spec's scales multiply the sums before it,
 ``fp8.scale_sums``, and its ``promote`` knob gives the consumers an fp32 total, ``mainloop.Consumer``,
 into which block scales, ``fp8.BlockScales``, are applied as each K block is added;
 a runtime scale alpha before the bias), then a residual ``+ beta . C`` (``epilogue.ResidualRead``:
 C's chunk loaded by TMA into the staging buffer it is about to be stored from, which makes ``out=C``
 safe; with v9's ``c_prefetch`` the tile's first chunk before its K loop, the others a chunk
-ahead); the spec's epilogue operands (tensors and fp32 scalars) are parameters after ``num_ctas``
+ahead; v10 loads it at each chunk, as only the last unit of a tile stores it, and v11 builds none); the spec's epilogue operands (tensors and fp32 scalars) are parameters after ``num_ctas``
 (``epilogue.kernel_operands``, in the form here), the runtime's argument order.
 
 The running counts that index the ring (``load_it``, ``it``) and the staging buffers

@@ -27,6 +27,15 @@ same wave, their partials are still in L2 when the last one reads them, and no u
 for another (no deadlock whatever runs when). The sum is taken in split order whoever comes
 last: the same bits on every run.
 
+The fused epilogue (issue 31: a bias, an activation, alpha, a residual C, a float32 D) runs where the
+tile is stored, in the last unit (or piece) on the sum: the same ``ChunkedEpilogue`` as v9's, so an
+epilogue call at a sub-wave shape splits its K loop as a plain one does (bias+GELU at 256x4096x14336,
+0.59x cuBLASLt's fused epilogue in v9's 128x128 tiles, ran 0.86x split in two,
+benchmarks/results/2026-11-28_h200_epilogue_split/). A residual's C is loaded at each chunk (v9's
+``c_prefetch`` would load it before a K loop whose unit may not be the last); the protocol checker, which
+sees one cluster and not the other CTAs' counts, takes the last-unit branch both ways
+(``sync.classes.COUNTED_BRANCHES_ATTR``).
+
 fp8 (per-tensor and rowwise scales, ``sm90a/fp8.py``'s ``check_split``): each unit (or stream-K piece)
 promotes its sums into an fp32 total as v9 does (``overlap`` too); the totals are the partials, and the
 last unit applies the scales once to their sum before the epilogue. A unit whose count of slices is known
@@ -114,9 +123,10 @@ from . import common, epilogue, fp8, gemm, splitk, streamk
 
 PRESET = gemm.V10
 TECHNIQUE = "split-K: a tile's K loop over several CTAs, the last one sums the fp32 partials"
-# the operand spec's epilogues this preset builds (gemm_ladder.core.spec): scaled, fp8 per-tensor and rowwise
-# scales (issue 32: the sub-wave fp8 shapes, a tile's K over several CTAs, each unit's promoted fp32 sums the
-# partials, scaled once by the last unit; ``fp8.check_split``)
+# the operand spec's epilogues this preset builds (gemm_ladder.core.spec): v9's chunked epilogue in the last
+# unit (the bias, the activations, alpha, the residual, a float32 D; not the gated B), and scaled, fp8
+# per-tensor and rowwise scales (issue 32: the sub-wave fp8 shapes, a tile's K over several CTAs, each unit's
+# promoted fp32 sums the partials, scaled once by the last unit; ``fp8.check_split``)
 EPILOGUES = ("none", "bias", "act", "scaled", "alpha", "residual", "fp32_out")
 # knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8), v9's promotion
 FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT}
