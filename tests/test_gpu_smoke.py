@@ -374,6 +374,17 @@ for shape, dtype, epilogue in cases:
     route = front.route_of(M, N, K, dtype, spec=spec)
     assert route.rung == "v9" and route.source == "kernel pack", (route.rung, route.source, route.lines)
     print("SMOKE act route", shape, dtype, epilogue, route.lines[0], "|", route.lines[2])
+    # torch's fallback (and first use's torch candidate) for the same call: cuBLASLt's fused bias+ReLU or
+    # bias+GELU(tanh) where it fuses them, alpha too, within 2x of torch's own unfused error
+    if b is not None and spec.act in front.LT_ACTIVATIONS:
+        for alpha in (1.0, 0.5):
+            D = poisoned()
+            front.TorchMatmul(spec.act)(A, W, D, bias=b, alpha=alpha)
+            torch.cuda.synchronize()
+            ref_a = torch_activation(alpha * (A.double() @ W.double().T) + b.double(), spec.act)
+            err = ((D.double() - ref_a).norm() / ref_a.norm()).item()
+            assert not D.isnan().any() and err <= 2 * theirs + 1e-3, (shape, dtype, epilogue, alpha, err, theirs)
+            print("SMOKE act torch fallback", shape, dtype, epilogue, alpha, "rel_err", err)
 # the op's backward through the activation: dbias = the rows' sum of act'(Z) * dD, Z recomputed on
 # the pack's bias module (A and W want no grad: strict mode has no module for their products)
 M, N, K = map(int, {shapes!r}[0].split("x"))
@@ -404,12 +415,15 @@ def test_matmul_with_a_bias_and_an_activation(smoke, tmp_path):
     dtypes at two odd shapes, on the pack's v9 modules (strict: no torch fallback), against
     torch's fp64 reference of act(A . W^T + b) with the output poisoned first, within 2x of
     torch's own unfused path's error; one activation without a bias; the op's bias gradient
-    through the activation."""
+    through the activation; torch's fallback for the same calls (cuBLASLt's fused epilogue where it
+    applies) against the same reference."""
     out = _script(tmp_path, "act.py", ACT.format(shapes=smoke["act_shapes"], epilogues=smoke["act_epilogues"],
                                                  alone=smoke["act_alone"]), smoke["pack"], strict=True)
     assert out.returncode == 0, out.stderr
     cases = len(smoke["act_shapes"]) * 2 * len(smoke["act_epilogues"]) + 1
     assert out.stdout.count("SMOKE act route") == cases and "SMOKE act done" in out.stdout
+    lt = sum(e in ("bias_relu", "bias_gelu_tanh") for e in smoke["act_epilogues"])  # cuBLASLt fuses these
+    assert out.stdout.count("SMOKE act torch fallback") == len(smoke["act_shapes"]) * 2 * lt * 2
 
 
 def _act_modules(smoke) -> list[Path]:
