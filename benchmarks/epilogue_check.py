@@ -50,7 +50,8 @@ odd shapes, then timed at the Llama-8B weight shapes against torch's best paths.
   rule (``no_small_rule``). ``--set split_probe``: the same past M = 256 against the policy without its
   split-k and stream-k rules (``no_split``). ``--set suite``: issue 31's target, bias+GELU and bias+ReLU at
   the shape suite's weights and M (and the held-out weights) against cuBLASLt's fused epilogue and the
-  unfused path.
+  unfused path. ``--set split_fill``: the plain bf16 shapes of the suite and the every-model samples whose choice
+  the split-k rule's fill threshold moved, against the rule without it (``fill_before``).
 
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
@@ -120,7 +121,7 @@ WIDE_PROBE = (64, 128)  # probe_64x128's tile
 SPLIT_EPILOGUES = ["bias_gelu_tanh", "residual"]
 HELD_OUT_BIAS_WEIGHTS = [(3072, 768), (768, 3072), (4096, 1024)]
 SPLIT_MS = [1, 16, 64, 128, 256, 512]
-SPLIT_VARIANTS = ("now", "before", "no_small_rule", "no_split")
+SPLIT_VARIANTS = ("now", "before", "no_small_rule", "no_split", "fill_before")
 # where split-K and stream-K pay for an epilogue call past the small M (``prepare --set split_probe``): the
 # policy's module beside the policy without its split-k and stream-k rules (``no_split``), for bias+GELU, the
 # residual and no epilogue (the plain GEMM the rules were measured on), at the suite's weights
@@ -133,7 +134,12 @@ SPLIT_RULES = ("split-k", "stream-k")
 # epilogue (torch._addmm_activation) and torch's unfused path, kernel and call level
 SUITE_EPILOGUES = ["bias_gelu_tanh", "bias_relu"]
 SUITE_MS = [1, 16, 64, 128, 512, 2048, 8192]
-CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite")
+# the split-k rule's fill threshold (plan.SPLIT_K_MAX_FILL) on the plain GEMMs it moved, ``prepare --set
+# split_fill``: every shape of the shape suite and of the every-model samples (seeds 1-3) whose choice it
+# changed, bf16 with no epilogue, the policy's module (``now``) beside the rule without the threshold
+# (``fill_before``)
+FILL_SEEDS = (1, 2, 3)
+CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill")
 CHECK_TIMEOUT = 120.0
 
 
@@ -221,12 +227,53 @@ def variant_rules(variant: str):
     return None
 
 
+@contextlib.contextmanager
+def split_fill_as_before():
+    """The split-k rule without its fill threshold (``plan.SPLIT_K_MAX_FILL``), as it was before it."""
+    saved = plan.SPLIT_K_MAX_FILL
+    plan.SPLIT_K_MAX_FILL = float("inf")
+    try:
+        yield
+    finally:
+        plan.SPLIT_K_MAX_FILL = saved
+
+
+def _variant_context(variant: str):
+    """The context a variant plans in (the rungs or the rule as they were before), or a null one."""
+    if variant == "before":
+        return epilogues_as_before()
+    if variant == "fill_before":
+        return split_fill_as_before()
+    return contextlib.nullcontext()
+
+
 def split_choice(p, variant: str):
     """The policy's choice for a split-set case's variant (:data:`SPLIT_VARIANTS`)."""
-    if variant == "before":
-        with epilogues_as_before():
-            return plan.choose(p)
-    return plan.choose(p, rules=variant_rules(variant))
+    with _variant_context(variant):
+        return plan.choose(p, rules=variant_rules(variant))
+
+
+def split_fill_cases(sms: int = 132) -> list[dict]:
+    """The split-fill set's cases (see :data:`FILL_SEEDS`): the shapes whose plain bf16 choice the
+    threshold moved, ``now`` and ``fill_before`` each."""
+    # the suite's and the samples' shapes (pure Python)
+    # pylint: disable=import-outside-toplevel
+    from gemm_ladder.measure import every_model, suite
+
+    shapes = {(c["M"], c["N"], c["K"]) for c in suite.cases(("bfloat16",))}
+    for seed in FILL_SEEDS:
+        shapes |= {(c["M"], c["N"], c["K"]) for c in every_model.cases(seed=seed)}
+    out = []
+    for M, N, K in sorted(shapes):
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", "none"))
+        try:
+            moved = _distinct_variants(p, ["fill_before"])
+        except (LookupError, ValueError):  # a shape no rule takes unpadded (odd N), or past 32-bit indices
+            continue
+        if len(moved) > 1:
+            out += [{"purpose": "time", "set": "split", "epilogue": "none", "dtype": "bfloat16", "shape": [M, N, K],
+                     "variant": v} for v in moved]
+    return out
 
 
 def _distinct_variants(p, variants) -> list[str]:
@@ -333,6 +380,8 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
         return split_probe_cases(sms)
     if which == "suite":
         return suite_cases()
+    if which == "split_fill":
+        return split_fill_cases(sms)
     return (cases() if which != "rule" else []) + (rule_cases(sms) if which != "epilogues" else [])
 
 
@@ -406,11 +455,9 @@ def prepare(out: str, sms: int = 132, which: str = "all") -> int:
             p = plan.Problem(M, N, K, case["dtype"], "sm_90a", sms, spec)
             if case.get("rung"):  # a module of its own rung and knobs (the split set's checks)
                 job = BuildJob(case["rung"], (M, N, K), {**case["knobs"], **plan.with_spec({}, p)})
-            elif case.get("set") == "split" and case["variant"] == "before":
-                with epilogues_as_before():
-                    choice, job = plan_job(p)
             elif case.get("set") == "split":
-                choice, job = plan_job(p, rules=variant_rules(case["variant"]))
+                with _variant_context(case["variant"]):
+                    choice, job = plan_job(p, rules=variant_rules(case["variant"]))
             else:
                 choice, job = plan_job(p, rules=rules_of(case.get("variant")) if case.get("set") == "rule" else None)
             if case.get("set") in ("rule", "split") and not case.get("rung"):
@@ -743,7 +790,8 @@ def main(argv=None) -> int:
                    help="all (default), epilogues (every check and timing but the rule's), rule (the small-M "
                         "epilogue rule's timings alone), split (v10's and v11's epilogues checked, and timed against "
                         "the policy before them), split_probe (split-K and stream-K for an epilogue past the small "
-                        "M), suite (bias+GELU and bias+ReLU at the shape suite's weights and M, and held out)")
+                        "M), suite (bias+GELU and bias+ReLU at the shape suite's weights and M, and held out), split_fill (the plain "
+                        "shapes the split-k fill threshold moved, against the rule without it)")
     r = sub.add_parser("run", help="check and time them (GPU box)")
     r.add_argument("dir")
     r.add_argument("--out", required=True)

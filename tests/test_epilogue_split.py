@@ -204,3 +204,34 @@ def test_the_swap_k_threshold_agrees_with_the_split_run():
     suite = epilogue_check.cases_of("suite")
     assert len(suite) == 2 * 8 * 7 and {c["variant"] for c in suite} == {"now"}
     assert sum(c["held_out"] for c in suite) == 2 * 3 * 7
+
+
+def test_the_split_fill_set_pairs_each_moved_shape_with_the_rule_before_the_threshold():
+    """``--set split_fill``: every plain shape whose choice the threshold moved, the policy's module and the
+    split-k rule's without the threshold; the rule is put back as it is."""
+    saved = plan.SPLIT_K_MAX_FILL
+    cases = epilogue_check.cases_of("split_fill")
+    assert plan.SPLIT_K_MAX_FILL == saved and cases and len(cases) % 2 == 0
+    shapes = {tuple(c["shape"]) for c in cases}
+    assert len(shapes) * 2 == len(cases) and (512, 4096, 14336) in shapes
+    for M, N, K in shapes:
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec_for("bfloat16", "none"))
+        assert epilogue_check.split_choice(p, "fill_before").rule == "split-k"
+        assert epilogue_check.split_choice(p, "now").rule != "split-k"
+        assert p.tiles(128, 128) > plan.SPLIT_K_MAX_FILL * p.sms
+
+
+def test_the_fill_threshold_run_backs_the_threshold_on_the_shapes_it_moved():
+    """``epilogue_split_fill.json``: on the shapes the threshold moved, the policy's module ran faster than
+    the split it replaced in geomean and at most of them (one loss, 333x3584x14336, recorded)."""
+    import json  # pylint: disable=import-outside-toplevel
+    import math  # pylint: disable=import-outside-toplevel
+
+    path = Path(plan.SPLIT_PROBE).with_name("epilogue_split_fill.json")
+    rows = json.loads((Path(__file__).resolve().parents[1] / path).read_text())["rows"]
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["M"], r["N"], r["K"]), {})[r["rule"]] = r
+    gains = [v["now"]["kernel_ms"]["fill_before"] / v["now"]["kernel_ms"]["now"] for v in by.values()]
+    assert len(gains) == 17 and all(v["fill_before"]["chosen_by"] == "split-k" for v in by.values())
+    assert math.exp(sum(map(math.log, gains)) / len(gains)) > 1.05 and sum(g < 0.99 for g in gains) <= 1

@@ -276,7 +276,9 @@ def split_plan(p: Problem):
 # Split K only where v9's 128x128 tiles leave most SMs idle. On an H200 (SPLIT_PROBE: the policy with and
 # without its split-k and stream-k rules, same rounds, kernels in graphs) at N x K = 4096x14336 the split
 # ran 1.38-1.47x v9's 128x128 tiles at M = 256 (64 tiles on 132 SMs), and 0.92x, 0.90-0.93x, 0.81-0.83x at
-# M = 384, 512, 768 (96, 128, 192 tiles), with no epilogue, bias+GELU and a residual alike.
+# M = 384, 512, 768 (96, 128, 192 tiles), with no epilogue, bias+GELU and a residual alike. On the 17 plain
+# shapes of the suite and the every-model samples that the threshold moves (epilogue_split_fill.json beside
+# it), v9's tiles ran 1.106x the split in geomean, faster at 14, slower at one (333x3584x14336, 0.83x).
 SPLIT_PROBE = "benchmarks/results/2026-11-28_h200_epilogue_split/epilogue_split_probe.json"
 SPLIT_K_MAX_FILL = 0.5  # v9's 128x128 tiles over the SMs, at most
 
