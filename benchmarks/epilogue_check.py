@@ -79,6 +79,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 from gemm_ladder.core import files
 from gemm_ladder.core.spec import spec_for, torch_activation
@@ -202,20 +203,17 @@ def rule_cases(sms: int = 132) -> list[dict]:
     return out
 
 
-@contextlib.contextmanager
 def epilogues_as_before():
     """v10 and v11 as they were before they built the fused epilogue (v10: none and fp8's scales; v11:
-    none): the policy then passes over them for an epilogue call, as it did."""
+    none): the policy then passes over them for an epilogue call, as it did (a context)."""
     # the rungs (TVM's script layer): only where modules are planned and built
     # pylint: disable=import-outside-toplevel
     from gemm_ladder.sm90a import hgemm_v10, hgemm_v11
 
-    saved = hgemm_v10.EPILOGUES, hgemm_v11.EPILOGUES
-    hgemm_v10.EPILOGUES, hgemm_v11.EPILOGUES = ("none", "scaled"), ("none",)
-    try:
-        yield
-    finally:
-        hgemm_v10.EPILOGUES, hgemm_v11.EPILOGUES = saved
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(hgemm_v10, "EPILOGUES", ("none", "scaled")))
+    stack.enter_context(mock.patch.object(hgemm_v11, "EPILOGUES", ("none",)))
+    return stack
 
 
 def variant_rules(variant: str):
@@ -227,23 +225,12 @@ def variant_rules(variant: str):
     return None
 
 
-@contextlib.contextmanager
-def split_fill_as_before():
-    """The split-k rule without its fill threshold (``plan.SPLIT_K_MAX_FILL``), as it was before it."""
-    saved = plan.SPLIT_K_MAX_FILL
-    plan.SPLIT_K_MAX_FILL = float("inf")
-    try:
-        yield
-    finally:
-        plan.SPLIT_K_MAX_FILL = saved
-
-
 def _variant_context(variant: str):
     """The context a variant plans in (the rungs or the rule as they were before), or a null one."""
     if variant == "before":
         return epilogues_as_before()
-    if variant == "fill_before":
-        return split_fill_as_before()
+    if variant == "fill_before":  # the split-k rule without its fill threshold, as it was before it
+        return mock.patch.object(plan, "SPLIT_K_MAX_FILL", float("inf"))
     return contextlib.nullcontext()
 
 
@@ -256,7 +243,7 @@ def split_choice(p, variant: str):
 def split_fill_cases(sms: int = 132) -> list[dict]:
     """The split-fill set's cases (see :data:`FILL_SEEDS`): the shapes whose plain bf16 choice the
     threshold moved, ``now`` and ``fill_before`` each."""
-    # the suite's and the samples' shapes (pure Python)
+    # the measuring layer, as the rest of this script takes it: only where it is used
     # pylint: disable=import-outside-toplevel
     from gemm_ladder.measure import every_model, suite
 

@@ -3,6 +3,8 @@ refuses, where each value's column of D comes from in the transposed epilogue, t
 on v10 with a residual (whose C loads sit in the branch of a tile's last unit), and the policy that
 now serves an epilogue call with them."""
 
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from gemm_ladder.protocol.check import check_config
 from gemm_ladder.rungs import kernel_of, make_config
 from gemm_ladder.serve import plan
 from gemm_ladder.sm90a import hgemm_v10, hgemm_v11
+from gemm_ladder.sync.classes import COUNTED_BRANCHES_ATTR
 from layouts.fragments import acc_fragment_coord, stmatrix_trans_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -121,8 +124,6 @@ def test_without_the_attribute_the_checker_cannot_decide_the_last_unit(monkeypat
 
 
 def test_only_split_kernels_with_a_residual_carry_the_attribute():
-    from gemm_ladder.sync.classes import COUNTED_BRANCHES_ATTR  # pylint: disable=import-outside-toplevel
-
     def attrs(rung, spec, **knobs):
         func = kernel_of(make_config(rung, 512, 512, 2048, spec=spec, **knobs))
         return dict(func.attrs) if func.attrs is not None else {}
@@ -181,8 +182,6 @@ def test_the_swap_k_threshold_agrees_with_the_split_run():
     """plan.SPLIT_EPILOGUE (bias+GELU, M = 64 and 128): where the small-M rule now leaves a call to swap AB
     (no residual, K past the threshold) swap AB ran faster than the rule's tiles in the same rounds;
     where it keeps the call, the rule's tiles ran faster or within a run's spread (2%)."""
-    import json  # pylint: disable=import-outside-toplevel
-
     rows = json.loads((Path(__file__).resolve().parents[1] / plan.SPLIT_EPILOGUE).read_text())["rows"]
     pairs = {}
     for r in rows:
@@ -224,9 +223,6 @@ def test_the_split_fill_set_pairs_each_moved_shape_with_the_rule_before_the_thre
 def test_the_fill_threshold_run_backs_the_threshold_on_the_shapes_it_moved():
     """``epilogue_split_fill.json``: on the shapes the threshold moved, the policy's module ran faster than
     the split it replaced in geomean and at most of them (one loss, 333x3584x14336, recorded)."""
-    import json  # pylint: disable=import-outside-toplevel
-    import math  # pylint: disable=import-outside-toplevel
-
     path = Path(plan.SPLIT_PROBE).with_name("epilogue_split_fill.json")
     rows = json.loads((Path(__file__).resolve().parents[1] / path).read_text())["rows"]
     by: dict = {}
