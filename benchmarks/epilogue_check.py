@@ -51,7 +51,13 @@ odd shapes, then timed at the Llama-8B weight shapes against torch's best paths.
   split-k and stream-k rules (``no_split``). ``--set suite``: issue 31's target, bias+GELU and bias+ReLU at
   the shape suite's weights and M (and the held-out weights) against cuBLASLt's fused epilogue and the
   unfused path. ``--set split_fill``: the plain bf16 shapes of the suite and the every-model samples whose choice
-  the split-k rule's fill threshold moved, against the rule without it (``fill_before``).
+  the split-k rule's fill threshold moved, against the rule without it (``fill_before``). ``--set few_tiles``: the
+suite's weakest bias+GELU shapes, the policy's module beside candidate tiles and splits (v9 64x64, 64x128, 128x128,
+v10 splitting 128x128, 64x64, 64x128; at M <= 16, v11 at 64 and 128 rows of N split 1, 2, 4); ``--set
+swap_widths``: those v11 candidates at M = 1, 16, 32 on the suite's and the held-out weights, bias+GELU and no
+epilogue. ``--set narrow_moved`` and ``--set small_split_moved``: the shapes of the suite and the every-model
+samples whose choice plan's ``swap-ab-narrow`` (no epilogue, M = 1 and 7) or ``small-m-split`` (bias+GELU)
+changed, against the policy without that rule (``no_narrow``, ``no_small_split``).
 
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
@@ -82,7 +88,7 @@ from pathlib import Path
 from unittest import mock
 
 from gemm_ladder.core import files
-from gemm_ladder.core.spec import spec_for, torch_activation
+from gemm_ladder.core.spec import spec_for, spec_knobs, torch_activation
 from gemm_ladder.serve import plan
 
 PLAN_FILE = "epilogue_plan.json"
@@ -140,7 +146,47 @@ SUITE_MS = [1, 16, 64, 128, 512, 2048, 8192]
 # changed, bf16 with no epilogue, the policy's module (``now``) beside the rule without the threshold
 # (``fill_before``)
 FILL_SEEDS = (1, 2, 3)
-CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill")
+# the suite's weakest cases against cuBLASLt's fused epilogue (``prepare --set few_tiles``): shapes whose
+# tiles leave SMs idle or whose K loops are short (M = 64-128 on the 4096-wide weights, the held-out small
+# weights at M = 64-2048), bias+GELU, the policy's module (``now``) beside candidates of other tiles and
+# splits (:data:`FEW_TILE_CANDIDATES`), each built where the rung's validator takes it
+FEW_TILE_CASES = [(64, 4096, 4096), (64, 6144, 4096), (128, 4096, 4096), (64, 3072, 768), (64, 768, 3072),
+                  (64, 4096, 1024), (128, 768, 3072), (128, 3072, 768), (512, 768, 3072), (512, 3072, 768),
+                  (512, 4096, 4096), (512, 4096, 1024), (2048, 768, 3072), (2048, 4096, 1024)]
+SMALL_ONE_CONSUMER = {"num_warpgroups": 1, "cluster_n": 1, "epi_n": 64, "stream_b": True}
+FEW_TILE_CANDIDATES = {  # name -> (rung, knobs; cluster_m 2 where two row tiles can share B)
+    "v9_64x64": ("v9", {"blk_m": 64, "blk_n": 64, **SMALL_ONE_CONSUMER}),
+    "v9_64x128": ("v9", {"blk_m": 64, "blk_n": 128, **SMALL_ONE_CONSUMER}),
+    "v9_64x64_1x2": ("v9", {"blk_m": 64, "blk_n": 64, **SMALL_ONE_CONSUMER, "cluster_n": 2}),
+    "v9_128x128": ("v9", {"blk_m": 128, "blk_n": 128}),
+    "v10_128x128_s2": ("v10", {"blk_m": 128, "blk_n": 128, "split_k": 2}),
+    "v10_128x128_s4": ("v10", {"blk_m": 128, "blk_n": 128, "split_k": 4}),
+    "v10_64x64_s2": ("v10", {"blk_m": 64, "blk_n": 64, **SMALL_ONE_CONSUMER, "split_k": 2}),
+    "v10_64x128_s2": ("v10", {"blk_m": 64, "blk_n": 128, **SMALL_ONE_CONSUMER, "split_k": 2}),
+}
+# and at M <= 16 (swap AB's M), swap AB's splits and widths: short K loops on small weights pay a split's
+# reduction for few slices
+FEW_TILE_SWAP_CASES = [(1, 3072, 768), (16, 3072, 768), (1, 4096, 1024), (16, 4096, 1024), (1, 6144, 4096),
+                       (16, 6144, 4096)]
+FEW_TILE_SWAP_CANDIDATES = {f"v11_{bn}_s{sk}": ("v11", {"blk_n": bn, "num_warpgroups": bn // 64, "split_k": sk,
+                                                         "stream_b": True})
+                            for bn in (64, 128) for sk in (1, 2, 4)}
+# swap AB's widths and splits at the suite's weights and the held-out ones (``prepare --set swap_widths``),
+# bias+GELU and no epilogue, M = 1, 16, 32: the policy's module beside :data:`FEW_TILE_SWAP_CANDIDATES`
+SWAP_WIDTH_MS = [1, 16, 32]
+SWAP_WIDTH_EPILOGUES = ["bias_gelu_tanh", "none"]
+# the narrow swap (plan's swap-ab-narrow) on the shapes it moved (``prepare --set narrow_moved``): every shape
+# of the shape suite and of the every-model samples (seeds 1-3) whose choice it changed, no epilogue,
+# bf16, the policy's module (``now``) beside the policy without the rule (``no_narrow``)
+NARROW_RULE = "swap-ab-narrow"
+NARROW_EPILOGUES = ["none"]
+NARROW_MS = (1, 7)  # the every-model samples' M <= 8 (one module of 8 rows a weight)
+# the small-M epilogue rule's tiles split in two (plan's small-m-split) on the shapes it moved (``prepare --set
+# small_split_moved``): bias+GELU at every shape of the suite and the every-model samples whose choice it changed,
+# the policy's module (``now``) beside the policy without the rule (``no_small_split``)
+SMALL_SPLIT_RULE = "small-m-split"
+CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
+             "narrow_moved", "small_split_moved")
 CHECK_TIMEOUT = 120.0
 
 
@@ -222,6 +268,10 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name != RULE_NAME]
     if variant == "no_split":
         return [r for r in plan.RULES if r.name not in SPLIT_RULES]
+    if variant == "no_narrow":
+        return [r for r in plan.RULES if r.name != NARROW_RULE]
+    if variant == "no_small_split":
+        return [r for r in plan.RULES if r.name != SMALL_SPLIT_RULE]
     return None
 
 
@@ -240,9 +290,8 @@ def split_choice(p, variant: str):
         return plan.choose(p, rules=variant_rules(variant))
 
 
-def split_fill_cases(sms: int = 132) -> list[dict]:
-    """The split-fill set's cases (see :data:`FILL_SEEDS`): the shapes whose plain bf16 choice the
-    threshold moved, ``now`` and ``fill_before`` each."""
+def suite_and_sample_shapes() -> list[tuple[int, int, int]]:
+    """Every (M, N, K) of the shape suite (bf16) and of the every-model samples of :data:`FILL_SEEDS`."""
     # the measuring layer, as the rest of this script takes it: only where it is used
     # pylint: disable=import-outside-toplevel
     from gemm_ladder.measure import every_model, suite
@@ -250,17 +299,32 @@ def split_fill_cases(sms: int = 132) -> list[dict]:
     shapes = {(c["M"], c["N"], c["K"]) for c in suite.cases(("bfloat16",))}
     for seed in FILL_SEEDS:
         shapes |= {(c["M"], c["N"], c["K"]) for c in every_model.cases(seed=seed)}
+    return sorted(shapes)
+
+
+def moved_cases(variant: str, epilogues=("none",), sms: int = 132, ms=None) -> list[dict]:
+    """Timing cases at every shape of :func:`suite_and_sample_shapes` (with an M of ``ms``, when given)
+    whose bf16 choice (for each of ``epilogues``) ``variant`` changes: ``now`` and ``variant`` each."""
     out = []
-    for M, N, K in sorted(shapes):
-        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", "none"))
-        try:
-            moved = _distinct_variants(p, ["fill_before"])
-        except (LookupError, ValueError):  # a shape no rule takes unpadded (odd N), or past 32-bit indices
-            continue
-        if len(moved) > 1:
-            out += [{"purpose": "time", "set": "split", "epilogue": "none", "dtype": "bfloat16", "shape": [M, N, K],
-                     "variant": v} for v in moved]
+    for e in epilogues:
+        for M, N, K in suite_and_sample_shapes():
+            if ms is not None and M not in ms:
+                continue
+            p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", e))
+            try:
+                moved = _distinct_variants(p, [variant])
+            except (LookupError, ValueError):  # a shape no rule takes unpadded (odd N), or past 32-bit indices
+                continue
+            if len(moved) > 1:
+                out += [{"purpose": "time", "set": "split", "epilogue": e, "dtype": "bfloat16", "shape": [M, N, K],
+                         "variant": v} for v in moved]
     return out
+
+
+def split_fill_cases(sms: int = 132) -> list[dict]:
+    """The split-fill set's cases (see :data:`FILL_SEEDS`): the shapes whose plain bf16 choice the
+    threshold moved, ``now`` and ``fill_before`` each."""
+    return moved_cases("fill_before", sms=sms)
 
 
 def _distinct_variants(p, variants) -> list[str]:
@@ -336,6 +400,49 @@ def suite_cases() -> list[dict]:
             for e in SUITE_EPILOGUES for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SUITE_MS]
 
 
+def few_tile_cases(sms: int = 132) -> list[dict]:
+    """The few-tiles set's timing cases: at each of :data:`FEW_TILE_CASES`, ``now`` and each candidate of
+    :data:`FEW_TILE_CANDIDATES` that the rung's validator takes and that differs from ``now`` (the deepest
+    ring each fits, up to 8; a 2x1 cluster where there are two row tiles or more, 1x1 where one); at
+    :data:`FEW_TILE_SWAP_CASES`, :data:`FEW_TILE_SWAP_CANDIDATES` instead."""
+    return _candidate_cases([("bias_gelu_tanh", s) for s in FEW_TILE_CASES + FEW_TILE_SWAP_CASES],
+                            set(FEW_TILE_SWAP_CASES), sms)
+
+
+def swap_width_cases(sms: int = 132) -> list[dict]:
+    """The swap-widths set's timing cases (:data:`SWAP_WIDTH_EPILOGUES` x the suite's and the held-out
+    weights x :data:`SWAP_WIDTH_MS`): the policy's module and :data:`FEW_TILE_SWAP_CANDIDATES`."""
+    shapes = [(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SWAP_WIDTH_MS]
+    return _candidate_cases([(e, s) for e in SWAP_WIDTH_EPILOGUES for s in shapes], set(shapes), sms)
+
+
+def _candidate_cases(cases_: list[tuple[str, tuple]], swap_shapes: set, sms: int) -> list[dict]:
+    out = []
+    for epilogue, (M, N, K) in cases_:
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", epilogue))
+        swap = (M, N, K) in swap_shapes
+        now = plan.choose(p)
+        seen = {(now.rung, tuple(sorted((k, v) for k, v in now.knobs.items() if k not in ("pipe_depth",))))}
+        out.append({"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16",
+                    "shape": [M, N, K], "variant": "now", "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS})
+        for name, (rung, base) in (FEW_TILE_SWAP_CANDIDATES if swap else FEW_TILE_CANDIDATES).items():
+            knobs = ({**base, "blk_m": plan.swap_blk_m(M)} if swap else
+                     {**base, "cluster_m": 2 if M > base["blk_m"] and base.get("cluster_n", 1) == 1 else 1})
+            if knobs.get("split_k", 1) > 1 and K // knobs["split_k"] < 256:
+                continue
+            knobs["pipe_depth"] = plan._deepest(rung, p, {**knobs, **spec_knobs(p.spec)},  # pylint: disable=protected-access
+                                                plan.MAX_SMALL_M_DEPTH)
+            knobs = plan.with_spec({**knobs, "dynamic_m": True}, p)
+            key = (rung, tuple(sorted((k, v) for k, v in knobs.items() if k != "pipe_depth")))
+            if key in seen or plan._validate(rung, p, knobs) is not None:  # pylint: disable=protected-access
+                continue
+            seen.add(key)
+            out.append({"purpose": "time", "set": "split", "rung": rung, "epilogue": epilogue,
+                        "dtype": "bfloat16", "shape": [M, N, K], "variant": name, "knobs": knobs,
+                        "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS})
+    return out
+
+
 def split_check_cases() -> list[dict]:
     """:data:`SPLIT_CHECKS` as cases (their rung and knobs given, not the policy's)."""
     return [{"purpose": "check", "set": "split", "rung": rung, "epilogue": e, "dtype": d, "shape": list(s),
@@ -369,6 +476,14 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
         return suite_cases()
     if which == "split_fill":
         return split_fill_cases(sms)
+    if which == "few_tiles":
+        return few_tile_cases(sms)
+    if which == "swap_widths":
+        return swap_width_cases(sms)
+    if which == "narrow_moved":
+        return moved_cases("no_narrow", NARROW_EPILOGUES, sms, NARROW_MS)
+    if which == "small_split_moved":
+        return moved_cases("no_small_split", ["bias_gelu_tanh"], sms)
     return (cases() if which != "rule" else []) + (rule_cases(sms) if which != "epilogues" else [])
 
 
@@ -778,7 +893,10 @@ def main(argv=None) -> int:
                         "epilogue rule's timings alone), split (v10's and v11's epilogues checked, and timed against "
                         "the policy before them), split_probe (split-K and stream-K for an epilogue past the small "
                         "M), suite (bias+GELU and bias+ReLU at the shape suite's weights and M, and held out), split_fill (the plain "
-                        "shapes the split-k fill threshold moved, against the rule without it)")
+                        "shapes the split-k fill threshold moved, against the rule without it), few_tiles (the weakest "
+                        "bias+GELU shapes against candidate tiles and splits), swap_widths (swap AB's widths and splits "
+                        "at M <= 32), narrow_moved and small_split_moved (the shapes those two rules moved, against "
+                        "the policy without each)")
     r = sub.add_parser("run", help="check and time them (GPU box)")
     r.add_argument("dir")
     r.add_argument("--out", required=True)

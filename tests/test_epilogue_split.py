@@ -231,3 +231,38 @@ def test_the_fill_threshold_run_backs_the_threshold_on_the_shapes_it_moved():
     gains = [v["now"]["kernel_ms"]["fill_before"] / v["now"]["kernel_ms"]["now"] for v in by.values()]
     assert len(gains) == 17 and all(v["fill_before"]["chosen_by"] == "split-k" for v in by.values())
     assert math.exp(sum(map(math.log, gains)) / len(gains)) > 1.05 and sum(g < 0.99 for g in gains) <= 1
+
+
+def test_the_few_tiles_set_times_valid_candidates_beside_the_policys_module():
+    """``--set few_tiles``: at each shape the policy's module first, then each candidate the rung's validator
+    takes and that differs from it; swap AB's widths only at M <= 16, the tiles and splits elsewhere."""
+    cases = epilogue_check.cases_of("few_tiles")
+    by: dict = {}
+    for c in cases:
+        by.setdefault(tuple(c["shape"]), []).append(c)
+    assert set(by) == set(epilogue_check.FEW_TILE_CASES) | set(epilogue_check.FEW_TILE_SWAP_CASES)
+    for (M, N, K), group in by.items():
+        assert group[0]["variant"] == "now" and "rung" not in group[0]
+        names = [c["variant"] for c in group[1:]]
+        assert len(set(names)) == len(names) and names
+        pool = epilogue_check.FEW_TILE_SWAP_CANDIDATES if M <= 16 else epilogue_check.FEW_TILE_CANDIDATES
+        assert set(names) <= set(pool)
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec_for("bfloat16", "bias_gelu_tanh"))
+        for c in group[1:]:
+            assert c["rung"] == pool[c["variant"]][0] and plan._validate(c["rung"], p, c["knobs"]) is None
+            assert c["knobs"].get("split_k", 1) == 1 or K // c["knobs"]["split_k"] >= 256
+
+
+@pytest.mark.parametrize("which, rule, without", [("narrow_moved", "swap-ab-narrow", "no_narrow"),
+                                                  ("small_split_moved", "small-m-split", "no_small_split")])
+def test_the_moved_sets_pair_each_shape_with_the_policy_without_its_rule(which, rule, without):
+    """``--set narrow_moved`` / ``small_split_moved``: every shape whose choice the rule changes, its module
+    (``now``) and the policy's without the rule."""
+    cases = epilogue_check.cases_of(which)
+    shapes = {(c["epilogue"], tuple(c["shape"])) for c in cases}
+    assert cases and len(shapes) * 2 == len(cases)
+    assert {c["variant"] for c in cases} == {"now", without}
+    for epilogue, (M, N, K) in shapes:
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec_for("bfloat16", epilogue))
+        assert epilogue_check.split_choice(p, "now").rule == rule
+        assert epilogue_check.split_choice(p, without).rule != rule

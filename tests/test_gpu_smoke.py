@@ -275,9 +275,9 @@ for shape in {shapes!r}:
         assert not D.isnan().any() and err <= 2 * theirs + 1e-3, (shape, name, err, theirs)
         print("SMOKE bias", shape, name, "rel_err", err, "max_abs", worst, "F.linear", theirs)
     # the bias reached the kernel, not a silent torch fallback: the route is a bias module of the pack (v9's,
-    # or swap AB's at M = 16)
+    # swap AB's at M = 16, or the small-M split's v10 at M = 37)
     route = front.route_of(M, N, K, spec=GemmSpec.with_bias())  # the one the calls took (remembered)
-    assert route.rung in ("v9", "v11") and route.source == "kernel pack", (route.rung, route.source, route.lines)
+    assert route.rung in ("v9", "v10", "v11") and route.source == "kernel pack", (route.rung, route.source, route.lines)
     print("SMOKE bias route", shape, route.lines[0], "|", route.lines[2])
 # the op's backward: dbias is the sum of dD over the rows (A and W want none: their products' K = 38
 # is a shape the pack does not hold, and strict mode would refuse it)
@@ -299,7 +299,7 @@ print("SMOKE bias done")
 
 
 def test_matmul_with_a_bias(smoke, tmp_path):
-    """``matmul(A, W, bias=b)`` and ``mm(A, W, b)`` on the pack's bias modules (v9, v11 at M = 16; strict: no
+    """``matmul(A, W, bias=b)`` and ``mm(A, W, b)`` on the pack's bias modules (v9, v11 at M = 16, v10 at 37; strict: no
     torch fallback), against torch's fp64 reference with the output poisoned first; the op's bias
     gradient."""
     out = _script(tmp_path, "bias.py", BIAS.format(shapes=smoke["bias_shapes"]), smoke["pack"], strict=True)
@@ -309,9 +309,10 @@ def test_matmul_with_a_bias(smoke, tmp_path):
 
 def test_verify_checks_the_bias_modules(smoke, tmp_path):
     """``verify`` on the pack's bias modules: the harness adds a random bias (their spec says so) and
-    checks each at its M and, M being a runtime value, at M = 1, 7, 64, 1000, 8191 (v9's and swap AB's)."""
+    checks each at its M and, M being a runtime value, at M = 1, 7, 64, 1000, 8191 (v9's, swap AB's and the
+    small-M split's)."""
     mods = sorted(smoke["pack"].glob("v*_bias_float16.so"))
-    assert {m.name.split("_")[0] for m in mods} == {"v9", "v11"}, mods
+    assert {m.name.split("_")[0] for m in mods} == {"v9", "v10", "v11"}, mods
     assert mods, f"no bias module in {smoke['pack']}"
     out = _gemm_ladder("verify", *mods, "--seeds", "0", cwd=tmp_path)
     assert out.returncode == 0, (out.stdout, out.stderr)

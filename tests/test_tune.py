@@ -191,7 +191,8 @@ def test_sources_hash_covers_kernels_not_host_code():
                         "gemm_ladder/core/config.py", "gemm_ladder/compile/builder.py", "layouts/swizzle.py",
                         "schedulers/tirx_orders.py"):
         assert kernel_side in names, kernel_side
-    for host_side in ("gemm_ladder/cli.py", "gemm_ladder/serve/tuning_db.py", "gemm_ladder/teach/plots.py",
+    for host_side in ("gemm_ladder/cli.py", "gemm_ladder/serve/tuning_db.py", "gemm_ladder/serve/plan.py",
+                      "gemm_ladder/teach/plots.py",
                       "gemm_ladder/compile/batch.py", "gemm_ladder/sm100a/hgemm_v6.py", "schedulers/plots.py"):
         assert host_side not in names, host_side
     ident = identity.toolchain_identity("sm_90a")

@@ -4,7 +4,8 @@ binary; the key of the module cache and of the tuner's build cache.
 A module built from the same rung, knobs, shape, dtype and arch by the same toolchain from the
 same sources is the same binary: :func:`cache_key` hashes exactly that (:func:`cache_key_fields`),
 and :func:`toolchain_identity` is the build box's part of it. Host-only sources (:data:`HOST_ONLY`:
-the CLI, measuring, the tuner...) are left out of the hash, so editing them keeps every cache.
+the CLI, measuring, the tuner, the policy that picks a shape's rung and knobs, which are key fields
+themselves...) are left out of the hash, so editing them keeps every cache.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ SOURCE_PACKAGES = ("gemm_ladder", "layouts", "schedulers")
 HOST_ONLY = {
     "gemm_ladder": ("__main__.py", "cli.py", "cli_front.py", "compile/batch.py", "compile/identity.py",
                     "compile/sass.py", "core/device.py", "core/files.py", "core/manifest.py", "core/procs.py",
-                    "core/provenance.py", "measure/", "serve/pack.py", "serve/runtime.py", "serve/tuning_db.py",
-                    "teach/", "tune/"),
+                    "core/provenance.py", "measure/", "serve/pack.py", "serve/plan.py", "serve/runtime.py",
+                    "serve/tuning_db.py", "teach/", "tune/"),
     "layouts": ("plots.py",),
     "schedulers": ("plots.py", "pipeline.py"),
 }

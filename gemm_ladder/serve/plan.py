@@ -11,6 +11,9 @@ rule passed over is kept with the reason for ``explain``. Today's table (Hopper;
 v9's defaults)::
 
     rule              when                            rung, knobs                               why
+    small-m-split     as small-m-epilogue, no          v10: its tiles and knobs, split_k 2       twice the CTAs
+                      residual, tiles fill <= half                                               stream B; a short K
+                      the SMs, K >= 3072                                                         or a second wave lose
     small-m-epilogue  an epilogue call (16-bit D, not  v9: 64x64 tiles, one consumer, a 2x1     more CTAs stream B
                       gated), 32 < M <= 128, 64x64     cluster for two row tiles (M > 64), the   (the others leave
                       tiles that fit in one wave; no   deepest ring (<= 8)                       16-64 of them); v11
@@ -18,6 +21,8 @@ v9's defaults)::
     row-tiles         32 < M <= 128, 32 or more        v9: 64x128 tiles, one consumer, a 2x1     each CTA streams its own
                       64x128 tiles that fit in one     cluster for two row tiles (M > 64), the   rows of A against a slice
                       wave, and K <= 8192              deepest ring (<= 8)                       of B: no split, no swap
+    swap-ab-narrow    M <= 32, N / 64 tiles times the  v11: 64 rows of N, one consumer, split    twice the CTAs of
+                      split fit in one wave            until 96 CTAs, slices >= 768 of K         128 rows stream B
     swap-ab           M <= 64                          v11: blk_m a power of two >= M (8..64),   reading B is the whole
                                                        blk_n 128, the deepest ring (<= 8),       cost: N fills the MMA's
                                                        split_k until 48 CTAs stream B            64 rows
@@ -44,7 +49,7 @@ An fp8 problem (its spec's operands are e4m3: ``scaled_mm``'s) takes :data:`FP8_
 at its fp8 defaults at every M, the one fp8 kernel measured on a GPU; the tuning database, which
 holds 16-bit kernels' knobs only, is not asked.
 
-The four small-M rules (row-tiles to swap-ab-128) also set ``stream_b``: B's loads evict first
+The small-M rules (small-m-split to swap-ab-128) also set ``stream_b``: B's loads evict first
 from L2, A's last, with 256-byte L2 fills (+1.6-6.3% as kernels at 18 of the suite's 20 cases
 with M <= 128, ``benchmarks/results/2026-11-22_h100_stream_b/``).
 
@@ -262,6 +267,53 @@ def _swap_detail(p: Problem) -> str:
     return f"{tiles} tiles of {SWAP_BLK_N} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
 
 
+# -- swap AB in 64-row slices of N (one consumer) at M <= 32. On an H200 (SWAP_WIDTHS: v11 at 64 and 128 rows
+# of N, split 1, 2, 4, kernels in graphs, bias+GELU and no epilogue, M = 1, 16, 32, the suite's weights and three
+# held-out ones) the swap-ab rule's 128-row tiles with 48 CTAs were behind at every weight whose 64-row tiles fit
+# in one wave: 6144x4096 0.95-0.98x cuBLAS -> 1.00-1.04x (96 CTAs, no split), 4096x4096 1.03 -> 1.08-1.13x and
+# 4096x14336 0.93-1.05 -> 0.99-1.12x (64 tiles split in two), held out 3072x768 0.67-0.74 -> 0.81-0.88x and
+# 4096x1024 0.75-0.85 -> 0.96-1.01x (no split: a split of a K this short costs more than its CTAs gain),
+# 768x3072 level (1.0-1.19x, split in four where the rule split in eight). Where 64-row tiles take more than a
+# wave (28672 and 128256 rows) 128 rows stayed ahead (0.96-1.06x against 0.92-1.03x): the swap-ab rule keeps
+# those. The split is the fewest that keeps as many rows of N in flight as the swap-ab rule's 48 CTAs of 128
+# (96 of 64: a stage of 64 rows carries half the bytes), and no fewer than SWAP_MIN_SLICE of K a slice; the
+# rule applies only where those CTAs fit in one wave. Timed on the every-model samples' shapes it moves, which
+# it was not fitted on (NARROW_MOVED), it lost 7-27% where its split took a second wave (N = 4544-5120, 10
+# shapes, since excluded); at the 58 it still moves, 1.02-1.26x swap-ab's module at 54, 0.93-0.99x at 4
+# (1280x1280, 768x3072), 1.07x in geomean.
+SWAP_WIDTHS = "benchmarks/results/2026-11-28_h200_swap_widths/README.md"
+NARROW_MOVED = "benchmarks/results/2026-11-28_h200_narrow_moved/README.md"
+SWAP_NARROW = (32, 64)  # (the largest M, blk_n): one consumer of 64 rows of N
+SWAP_STREAM_ROWS = SWAP_STREAMS[64] * SWAP_BLK_N  # rows of N that should stream at once (M <= 64)
+SWAP_MIN_SLICE = 768  # of K a split keeps, at least (3072x768 and 4096x1024 lost splitting to 384 and 512)
+
+
+def _swap_narrow(p: Problem) -> bool:
+    """M <= 32 and the narrow swap's CTAs (its tiles times its split) in one wave: where 64-row tiles would
+    need a split to stream enough rows and the split a second wave (N = 4544-5120, 71-80 tiles split in two:
+    0.71-0.84x against swap-ab's 0.89-1.07x, NARROW_MOVED), swap-ab's 128 rows serve."""
+    max_m, blk_n = SWAP_NARROW
+    return p.M <= max_m and math.ceil(p.N / blk_n) * swap_narrow_split_k(p) <= p.sms
+
+
+def swap_narrow_split_k(p: Problem) -> int:
+    """The narrow swap's split_k: the fewest K slices that keep :data:`SWAP_STREAM_ROWS` rows of N
+    streaming, each slice at least :data:`SWAP_MIN_SLICE` of K, at most :data:`MAX_SPLIT_K`."""
+    tiles = math.ceil(p.N / SWAP_NARROW[1])
+    want = math.ceil(SWAP_STREAM_ROWS / (tiles * SWAP_NARROW[1]))
+    return max(1, min(MAX_SPLIT_K, want, p.K // SWAP_MIN_SLICE))
+
+
+def _swap_narrow_knobs(p: Problem) -> dict:
+    knobs = {"blk_m": swap_blk_m(p.M), "blk_n": SWAP_NARROW[1], "num_warpgroups": 1, "split_k": swap_narrow_split_k(p)}
+    return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SWAP_DEPTH), **STREAM_B}
+
+
+def _swap_narrow_detail(p: Problem) -> str:
+    sk, tiles = swap_narrow_split_k(p), math.ceil(p.N / SWAP_NARROW[1])
+    return f"{tiles} tiles of {SWAP_NARROW[1]} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
+
+
 SPLIT_K_MIN_SLICE = 4096  # each split keeps at least this much of K (measured: shorter slices lose)
 
 
@@ -394,7 +446,41 @@ def _small_m_epilogue_knobs(p: Problem) -> dict:
     return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH), **STREAM_B}
 
 
+# -- the small-M epilogue rule's tiles split in two along K (v10), where the tiles fill at most half the SMs and K
+# is long. On an H200 (FEW_TILES: bias+GELU, kernels in graphs against cuBLASLt's fused epilogue, the policy's
+# module beside candidate tiles and splits in the same rounds) the rule's 64x64 tiles ran 0.86x at 64x4096x4096
+# (64 tiles), 0.73x at 64x768x3072 (12) and 0.74x at 128x768x3072 (24); split in two 0.93x, 0.86x and 0.84x. Where
+# two slices a tile would take more than the SMs (64x6144x4096: 0.97 -> 0.74x; 128x4096x4096: 0.90 -> 0.69x) or K
+# is short (64x4096x1024: 0.92 -> 0.71x; 64x3072x768: 0.81 -> 0.69x) the split lost. A residual keeps the rule's
+# v9 tiles (C loaded ahead of the K loop, c_prefetch, which v10 cannot do: not measured split).
+# On the 15 shapes of the suite and the every-model samples it moves (SMALL_SPLIT_MOVED, 13 not fitted on): 1.05-1.37x
+# the v9 tiles, geomean 1.22x.
+FEW_TILES = "benchmarks/results/2026-11-28_h200_few_tiles/README.md"
+SMALL_SPLIT_MOVED = "benchmarks/results/2026-11-28_h200_small_split_moved/README.md"
+SMALL_M_SPLIT_MIN_K = 3072  # each of the two slices keeps >= 1536 of K
+
+
+def _small_m_split(p: Problem) -> bool:
+    return (_small_m_epilogue(p) and p.spec.residual is None and p.K >= SMALL_M_SPLIT_MIN_K
+            and 2 * p.tiles(*SMALL_EPILOGUE_TILE) <= p.sms)
+
+
+def _small_m_split_knobs(p: Problem) -> dict:
+    knobs = {**_small_m_epilogue_knobs(p), "split_k": 2}
+    knobs.pop("pipe_depth")
+    return {**knobs, "pipe_depth": _deepest("v10", p, knobs, MAX_SMALL_M_DEPTH)}
+
+
 RULES: list[Rule] = [
+    Rule("small-m-split", "sm_90a", "v10", when=_small_m_split, knobs=_small_m_split_knobs,
+         why="an epilogue call without a residual at 32 < M <= 128 whose 64x64 tiles fill at most half the SMs, "
+             f"K >= {SMALL_M_SPLIT_MIN_K}: the small-M epilogue rule's tiles with each K loop split in two (v10), "
+             "twice the CTAs streaming B",
+         evidence=FEW_TILES + ": bias+GELU 0.86 -> 0.93x cuBLASLt's fused epilogue at 64x4096x4096, 0.73 -> 0.86x at "
+                  "64x768x3072, 0.74 -> 0.84x at 128x768x3072; past half the SMs or at K <= 1024 the split lost "
+                  "(0.52-0.74x against 0.81-0.97x); " + SMALL_SPLIT_MOVED + ": 1.05-1.37x the v9 tiles at all 15 "
+                  "shapes of the suite and the every-model samples it moved",
+         detail=lambda p: f"{p.tiles(*SMALL_EPILOGUE_TILE)} tiles of 64x64 x split_k=2 on {p.sms} SMs"),
     Rule("small-m-epilogue", "sm_90a", "v9", when=_small_m_epilogue, knobs=_small_m_epilogue_knobs,
          why="an epilogue call at 32 < M <= 128 whose 64x64 tiles fit in one wave (without a residual, which "
              "swap AB does not build, only at K <= 8192): twice to four times the CTAs of 64x128 or 128x128 tiles "
@@ -410,6 +496,15 @@ RULES: list[Rule] = [
          evidence=SWEEP + ": 0.77-0.91x cuBLAS as kernels at M = 64, 128 with N x K = 4096x4096, 6144x4096, "
                   "ahead of v11 and v10 there; with the pair and stream_b 0.81-0.95x (2026-11-22_h100_stream_b)",
          detail=lambda p: f"{p.tiles(64, 128)} tiles of 64x128 on {p.sms} SMs"),
+    Rule("swap-ab-narrow", "sm_90a", "v11", when=_swap_narrow, knobs=_swap_narrow_knobs,
+         why="M <= 32 with N's 64-row tiles, times their split, in one wave: swap AB with 64 rows of N per CTA "
+             "(one consumer), twice the CTAs of 128-row tiles streaming B, K split only until as many rows of N "
+             f"stream as 48 CTAs of 128 would and each slice keeps {SWAP_MIN_SLICE} of K",
+         evidence=SWAP_WIDTHS + ": 1.00-1.13x cuBLAS as kernels at M = 1-32 on 6144x4096, 4096x4096, 4096x14336 "
+                  "(swap-ab's 128 rows: 0.93-1.05x), held out 3072x768 0.81-0.88x (0.67-0.74x), 4096x1024 "
+                  "0.96-1.01x (0.75-0.85x), 768x3072 level; " + NARROW_MOVED + ": 1.02-1.26x swap-ab's module at "
+                  "54 of the 58 every-model shapes it moves (0.93-0.99x at 4), 1.07x in geomean",
+         detail=_swap_narrow_detail),
     Rule("swap-ab", "sm_90a", "v11", when=lambda p: p.M <= 64, knobs=_swap_knobs,
          why="M <= 64: reading B (N x K) is the whole cost; swap AB puts N in wgmma's 64-row slot (M as its N, "
              "a power of two from 8), 128 rows of N per CTA beside an 8-deep ring, and K split until enough "
