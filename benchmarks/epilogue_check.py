@@ -185,8 +185,17 @@ NARROW_MS = (1, 7)  # the every-model samples' M <= 8 (one module of 8 rows a we
 # small_split_moved``): bias+GELU at every shape of the suite and the every-model samples whose choice it changed,
 # the policy's module (``now``) beside the policy without the rule (``no_small_split``)
 SMALL_SPLIT_RULE = "small-m-split"
+# past M = 128 on narrow weights (``prepare --set mid_tiles``): where 128x128 tiles leave most SMs idle and K is too
+# short for the split-k rule, the policy's module beside :data:`FEW_TILE_CANDIDATES`; no epilogue at M = 256 and
+# 512, bias+GELU at 512
+MID_TILE_WEIGHTS = [(768, 3072), (1024, 4096), (1280, 1280), (896, 4864), (2048, 2048)]
+MID_TILE_MS = (256, 512)
+# the mid-tiles rules (plan's MID_TILE_RULES, not in its RULES yet) on the shapes they move (``prepare --set
+# mid_moved``): every shape of the suite and the every-model samples whose plain bf16 choice they change, the policy
+# with them (``mid``) beside the policy (``now``). The committed run (2026-11-28_h200_mid_moved) was taken while
+# they were in RULES: its ``now`` rows are the rules' modules and its ``no_mid`` rows the policy's.
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
-             "narrow_moved", "small_split_moved")
+             "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved")
 CHECK_TIMEOUT = 120.0
 
 
@@ -270,6 +279,8 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name not in SPLIT_RULES]
     if variant == "no_narrow":
         return [r for r in plan.RULES if r.name != NARROW_RULE]
+    if variant == "mid":  # the policy with the mid-tiles rules (plan.MID_TILE_RULES, not in RULES yet)
+        return plan.with_mid_tiles()
     if variant == "no_small_split":
         return [r for r in plan.RULES if r.name != SMALL_SPLIT_RULE]
     return None
@@ -416,6 +427,14 @@ def swap_width_cases(sms: int = 132) -> list[dict]:
     return _candidate_cases([(e, s) for e in SWAP_WIDTH_EPILOGUES for s in shapes], set(shapes), sms)
 
 
+def mid_tile_cases(sms: int = 132) -> list[dict]:
+    """The mid-tiles set's timing cases (:data:`MID_TILE_WEIGHTS` x :data:`MID_TILE_MS`, no epilogue; bias+GELU at
+    the largest M): the policy's module and :data:`FEW_TILE_CANDIDATES`."""
+    plain = [("none", (M, N, K)) for N, K in MID_TILE_WEIGHTS for M in MID_TILE_MS]
+    bias = [("bias_gelu_tanh", (MID_TILE_MS[-1], N, K)) for N, K in MID_TILE_WEIGHTS]
+    return _candidate_cases(plain + bias, set(), sms)
+
+
 def _candidate_cases(cases_: list[tuple[str, tuple]], swap_shapes: set, sms: int) -> list[dict]:
     out = []
     for epilogue, (M, N, K) in cases_:
@@ -452,8 +471,8 @@ def split_check_cases() -> list[dict]:
 
 def rules_of(variant: str | None):
     """The rules ``plan_job`` takes for a rule case's variant (None: the policy's own)."""
-    if variant == "before":
-        return [r for r in plan.RULES if r.name != RULE_NAME]
+    if variant == "before":  # without the rule, nor its split form (small-m-split, which takes its tiles)
+        return [r for r in plan.RULES if r.name not in (RULE_NAME, SMALL_SPLIT_RULE)]
     if variant == "probe_64x64":
         return [dataclasses.replace(r, when=lambda p: True) for r in plan.RULES if r.name == RULE_NAME]
     if variant == "probe_64x128":
@@ -482,6 +501,10 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
         return swap_width_cases(sms)
     if which == "narrow_moved":
         return moved_cases("no_narrow", NARROW_EPILOGUES, sms, NARROW_MS)
+    if which == "mid_tiles":
+        return mid_tile_cases(sms)
+    if which == "mid_moved":
+        return moved_cases("mid", sms=sms)
     if which == "small_split_moved":
         return moved_cases("no_small_split", ["bias_gelu_tanh"], sms)
     return (cases() if which != "rule" else []) + (rule_cases(sms) if which != "epilogues" else [])

@@ -38,6 +38,12 @@ v9's defaults)::
                       sooner split, each split keeps   split_k the model ranks first             waves: split the K loops
                       >= 4096 of K, and 128x128 tiles
                       fill at most half the SMs
+    (mid-tiles(-split), measured, not in RULES yet: MID_TILE_RULES)
+    mid-tiles(-split) M > 128, 128x128 tiles fill <=   64x128 or 64x64, one consumer, B          12-64 CTAs of 128x128
+                      half the SMs, no split-k: the    streamed, 2x1 clusters; v10 split in two  ran 0.40-0.68x cuBLAS;
+                      64-row tile and split (1, 2;     where a slice keeps >= 1536 of K (v9      the 64-row tiles that
+                      2 without a residual) with the   whole otherwise)                          fill the SMs 0.76-0.94x
+                      most CTAs in one wave
     tile-shape        M > 64 and 128x192 or 128x128    v9 with that tile and the deepest ring    fewer tiles than SMs, or
                       tiles finish first (makespan     it fits (6 for 128x128)                   a ragged last wave
                       over the tile's measured rate)
@@ -49,7 +55,7 @@ An fp8 problem (its spec's operands are e4m3: ``scaled_mm``'s) takes :data:`FP8_
 at its fp8 defaults at every M, the one fp8 kernel measured on a GPU; the tuning database, which
 holds 16-bit kernels' knobs only, is not asked.
 
-The small-M rules (small-m-split to swap-ab-128) also set ``stream_b``: B's loads evict first
+The small-M rules (small-m-split to swap-ab-128) and the mid-tiles rules also set ``stream_b``: B's loads evict first
 from L2, A's last, with 256-byte L2 fills (+1.6-6.3% as kernels at 18 of the suite's 20 cases
 with M <= 128, ``benchmarks/results/2026-11-22_h100_stream_b/``).
 
@@ -471,6 +477,58 @@ def _small_m_split_knobs(p: Problem) -> dict:
     return {**knobs, "pipe_depth": _deepest("v10", p, knobs, MAX_SMALL_M_DEPTH)}
 
 
+# -- past M = 128 where v9's 128x128 tiles leave most SMs idle and K is too short for the split-k rule. On an H200
+# (MID_TILES: no epilogue at M = 256 and 512, bias+GELU at 512, on five narrow weights: 768x3072, 1024x4096,
+# 1280x1280, 896x4864, 2048x2048; the policy's module beside 64-row tiles, whole and split in two) the tile-shape
+# rule's 128x128 tiles (12-64 of them) ran 0.40-0.68x cuBLAS; the 64-row tiles that put the most CTAs on the SMs in
+# one wave ran 0.76-0.94x: 64x64 split in two at 256x768x3072 (0.43 -> 0.88x), 256x1024x4096 (0.42 -> 0.94x),
+# 256x896x4864 (0.40 -> 0.90x); 64x128 split in two where 64x64 alone would fill the same CTAs (512x1024x4096 0.79
+# against 0.75x, 512x896x4864 0.78 against 0.66x); whole tiles where K is too short to split (1280x1280, 2048x2048:
+# slices of 640 and 1024 lost to the whole tiles, 0.67 against 0.77x, 0.71 against 0.80x).
+# On the 27 shapes of the suite and the every-model samples they move (MID_MOVED, 23 not fitted on): 1.31-1.98x the
+# 128x128 tiles, geomean 1.50x (0.53 -> 0.80x cuBLAS).
+MID_TILES = "benchmarks/results/2026-11-28_h200_mid_tiles/README.md"
+MID_MOVED = "benchmarks/results/2026-11-28_h200_mid_moved/README.md"
+MID_TILE_SHAPES = ((64, 128), (64, 64))  # larger first: it wins a tie of CTAs (fewer re-reads of A and B)
+MID_SPLIT_MIN_SLICE = 1536  # of K a split keeps (1024 and 640 lost)
+
+
+def mid_tile_plan(p: Problem) -> tuple[int, int, int] | None:
+    """(blk_m, blk_n, split_k) of the 64-row tile and split (1 or 2) with the most CTAs in one wave, the
+    larger tile on a tie; None when none fits one wave. A split only where each slice keeps
+    :data:`MID_SPLIT_MIN_SLICE` of K and the spec has no residual (not measured split)."""
+    splits = (1, 2) if p.K // 2 >= MID_SPLIT_MIN_SLICE and (p.spec is None or p.spec.residual is None) else (1,)
+    fits = [(p.tiles(bm, bn) * sk, -i, (bm, bn, sk)) for i, (bm, bn) in enumerate(MID_TILE_SHAPES) for sk in splits
+            if p.tiles(bm, bn) * sk <= p.sms]
+    return max(fits)[2] if fits else None
+
+
+def _mid_tiles(p: Problem) -> bool:
+    spec = p.spec
+    if spec is not None and (spec.gated or spec.is_fp8 or spec.d != p.dtype):  # not measured
+        return False
+    if not (p.M > 128 and p.tiles(128, 128) <= SPLIT_K_MAX_FILL * p.sms):
+        return False
+    found = mid_tile_plan(p)
+    return found is not None and p.tiles(*found[:2]) * found[2] > p.tiles(128, 128)
+
+
+def _mid_tiles_split(p: Problem) -> bool:
+    return _mid_tiles(p) and mid_tile_plan(p)[2] > 1
+
+
+def _mid_tiles_whole(p: Problem) -> bool:
+    return _mid_tiles(p) and mid_tile_plan(p)[2] == 1
+
+
+def _mid_tile_knobs(p: Problem) -> dict:
+    blk_m, blk_n, split_k = mid_tile_plan(p)
+    knobs = {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": 1, "cluster_m": 2, "cluster_n": 1, "epi_n": 64,
+             **STREAM_B, **({"split_k": split_k} if split_k > 1 else {})}
+    rung = "v10" if split_k > 1 else "v9"
+    return {**knobs, "pipe_depth": _deepest(rung, p, knobs, MAX_SMALL_M_DEPTH)}
+
+
 RULES: list[Rule] = [
     Rule("small-m-split", "sm_90a", "v10", when=_small_m_split, knobs=_small_m_split_knobs,
          why="an epilogue call without a residual at 32 < M <= 128 whose 64x64 tiles fill at most half the SMs, "
@@ -550,6 +608,38 @@ RULES: list[Rule] = [
     Rule("large", "sm_100a", "v9", when=lambda p: True, knobs=lambda p: {},
          why="Blackwell: v9 at its defaults (compiled only; no Blackwell GPU has measured it)"),
 ]
+
+
+# The mid-tiles rules: measured (MID_TILES, MID_MOVED) but not in RULES yet. A pack's sub-wave alternatives, timed at
+# first use (``alternatives``, ``serve.first_use``, ``benchmarks/subwave_check.py``), are built around the 128x128
+# choice these rules replace; they go in with those reworked. ``with_mid_tiles`` gives the policy with them, for the
+# measurement (``epilogue_check.py --set mid_moved``) and their tests.
+MID_TILE_RULES: list[Rule] = [
+    Rule("mid-tiles-split", "sm_90a", "v10", when=_mid_tiles_split, knobs=_mid_tile_knobs,
+         why="M > 128 where v9's 128x128 tiles fill at most half the SMs and K is too short for the split-k rule: "
+             "64-row tiles (one consumer, B streamed, 2x1 clusters) split in two along K, the tile and split that "
+             f"put the most CTAs in one wave (each slice >= {MID_SPLIT_MIN_SLICE} of K)",
+         evidence=MID_TILES + ": 0.76-0.94x cuBLAS as kernels where 128x128 tiles ran 0.40-0.68x (256x768x3072 "
+                  "0.43 -> 0.88x, 256x1024x4096 0.42 -> 0.94x, 512x896x4864 0.42 -> 0.78x); " + MID_MOVED + ": 1.31-1.98x "
+                  "the 128x128 tiles at all 27 suite and every-model shapes the two rules move",
+         detail=lambda p: "{} tiles of {}x{} x split_k={} on {} SMs (128x128: {})".format(
+             p.tiles(*mid_tile_plan(p)[:2]), *mid_tile_plan(p), p.sms, p.tiles(128, 128))),
+    Rule("mid-tiles", "sm_90a", "v9", when=_mid_tiles_whole, knobs=_mid_tile_knobs,
+         why="M > 128 where v9's 128x128 tiles fill at most half the SMs and K is too short for the split-k rule: "
+             "the 64-row tiles (one consumer, B streamed, 2x1 clusters) that put the most CTAs in one wave",
+         evidence=MID_TILES + ": 0.77-0.92x cuBLAS as kernels where 128x128 tiles ran 0.50-0.65x (256x1280x1280, "
+                  "512x1280x1280, 256x2048x2048, 512x2048x2048); " + MID_MOVED + ": 1.31-1.98x the 128x128 tiles at "
+                  "all 27 suite and every-model shapes the two rules move",
+         detail=lambda p: "{} tiles of {}x{} on {} SMs (128x128: {})".format(
+             p.tiles(*mid_tile_plan(p)[:2]), *mid_tile_plan(p)[:2], p.sms, p.tiles(128, 128))),
+]
+
+
+def with_mid_tiles(rules=None) -> list[Rule]:
+    """``rules`` (default :data:`RULES`) with :data:`MID_TILE_RULES` before the tile-shape rule."""
+    base = list(RULES if rules is None else rules)
+    at = next(i for i, r in enumerate(base) if r.name == "tile-shape")
+    return base[:at] + MID_TILE_RULES + base[at:]
 
 
 def rule_applies(name: str, p: Problem, rules=None) -> bool:
