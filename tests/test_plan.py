@@ -731,16 +731,22 @@ def test_small_m_split_on_the_shapes_it_moved():
         assert v["now"]["kernel_ratio"] > 1.05 * v["no_small_split"]["kernel_ratio"], (M, N, K)
 
 
+def candidate_ratios(readme: str, name: str) -> dict:
+    """A committed candidate run's kernel ratios: (op, M, N, K) -> {variant: ratio} (op ``none`` or
+    ``bias_gelu_tanh``; a candidate's op carries its variant's name)."""
+    rows = json.loads((Path(__file__).parent.parent / readme).with_name(name).read_text())["rows"]
+    out: dict = {}
+    for r in rows:
+        op = "none" if r["op"].startswith("none") else "bias_gelu_tanh"
+        out.setdefault((op, r["M"], r["N"], r["K"]), {})[r["rule"]] = r["kernel_ratio"]
+    return out
+
+
 def test_swap_ab_narrow_agrees_with_its_measurement():
     """The swap-widths run (``epilogue_check.py --set swap_widths``): at every case the narrow rule's module
     (or swap-ab's, where it does not apply) ran within 4% of the fastest candidate, and over the run it beats
     the 128-row rule's choice then in geomean."""
-    rows = json.loads((Path(__file__).parent.parent / plan.SWAP_WIDTHS).with_name("epilogue_swap_widths.json")
-                      .read_text())["rows"]
-    cases: dict = {}
-    for r in rows:
-        op = "none" if r["op"].startswith("none") else "bias_gelu_tanh"
-        cases.setdefault((op, r["M"], r["N"], r["K"]), {})[r["rule"]] = r["kernel_ratio"]
+    cases = candidate_ratios(plan.SWAP_WIDTHS, "epilogue_swap_widths.json")
     assert len(cases) == 48
     logs = []
     for (op, M, N, K), got in cases.items():
@@ -814,12 +820,7 @@ def test_mid_tiles_keep_a_residual_whole():
 def test_mid_tiles_agree_with_their_measurement():
     """The mid-tiles run (``--set mid_tiles``): at each of its 15 cases the rules' module ran within 3% of the
     fastest candidate, and faster than the policy's 128x128 tiles by 1.3x or more."""
-    rows = json.loads((Path(__file__).parent.parent / plan.MID_TILES).with_name("epilogue_mid_tiles.json")
-                      .read_text())["rows"]
-    got: dict = {}
-    for r in rows:
-        op = "none" if r["op"].startswith("none") else "bias_gelu_tanh"
-        got.setdefault((op, r["M"], r["N"], r["K"]), {})[r["rule"]] = r["kernel_ratio"]
+    got = candidate_ratios(plan.MID_TILES, "epilogue_mid_tiles.json")
     assert len(got) == 15
     for (op, M, N, K), v in got.items():
         bm, bn, sk = plan.mid_tile_plan(E(M, N, K, op))

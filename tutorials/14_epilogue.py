@@ -284,16 +284,21 @@ print(report.table(by_variant, ["op_variant", "rows", "geomean", "lowest"]))
 # (`--set suite`, 053c7fc; the H200 power-capped at 700 W, its SM clock's median under load below):
 
 # %%
-suite_run = teach.committed_run("2026-11-28_h200_epilogue_suite", "epilogue_suite.json")
-print(suite_run.describe())
-print(teach.sampled_clocks("2026-11-28_h200_epilogue_suite"))
-rows = [{**r, "set": f"{r['op']} {'held out' if r.get('held_out') else 'suite'}"} for r in suite_run.rows]
-lt = teach.ratio_summary(rows, by="set", value="kernel_ratio_addmm_activation")
-unfused = teach.ratio_summary(rows, by="set", value="kernel_ratio_unfused")
-for a, b in zip(lt, unfused):
-    a["x cuBLASLt"], a["x unfused"] = a.pop("geomean"), b["geomean"]
-    a["lowest x cuBLASLt"] = a.pop("lowest")
-print(report.table(lt, ["set", "rows", "x cuBLASLt", "lowest x cuBLASLt", "x unfused"]))
+def suite_table(folder: str) -> None:
+    """A suite run's kernel geomeans against cuBLASLt's fused epilogue and the unfused path, per op and set."""
+    run = teach.committed_run(folder, "epilogue_suite.json")
+    print(run.describe())
+    print(teach.sampled_clocks(folder))
+    rows = [{**r, "set": f"{r['op']} {'held out' if r.get('held_out') else 'suite'}"} for r in run.rows]
+    lt = teach.ratio_summary(rows, by="set", value="kernel_ratio_addmm_activation")
+    unfused = teach.ratio_summary(rows, by="set", value="kernel_ratio_unfused")
+    for a, b in zip(lt, unfused):
+        a["x cuBLASLt"], a["x unfused"] = a.pop("geomean"), b["geomean"]
+        a["lowest x cuBLASLt"] = a.pop("lowest")
+    print(report.table(lt, ["set", "rows", "x cuBLASLt", "lowest x cuBLASLt", "x unfused"]))
+
+
+suite_table("2026-11-28_h200_epilogue_suite")
 
 # %% [markdown]
 # **Not met** (>= 1.03x cuBLASLt's fused epilogue and >= 1.10x the unfused path): on the suite's
@@ -310,16 +315,7 @@ print(report.table(lt, ["set", "rows", "x cuBLASLt", "lowest x cuBLASLt", "x unf
 # SMs. The same suite again with both:
 
 # %%
-narrow_run = teach.committed_run("2026-11-28_h200_epilogue_suite_narrow", "epilogue_suite.json")
-print(narrow_run.describe())
-print(teach.sampled_clocks("2026-11-28_h200_epilogue_suite_narrow"))
-rows = [{**r, "set": f"{r['op']} {'held out' if r.get('held_out') else 'suite'}"} for r in narrow_run.rows]
-lt = teach.ratio_summary(rows, by="set", value="kernel_ratio_addmm_activation")
-unfused = teach.ratio_summary(rows, by="set", value="kernel_ratio_unfused")
-for a, b in zip(lt, unfused):
-    a["x cuBLASLt"], a["x unfused"] = a.pop("geomean"), b["geomean"]
-    a["lowest x cuBLASLt"] = a.pop("lowest")
-print(report.table(lt, ["set", "rows", "x cuBLASLt", "lowest x cuBLASLt", "x unfused"]))
+suite_table("2026-11-28_h200_epilogue_suite_narrow")
 
 # %% [markdown]
 # Still **not met**: 1.00x and 1.07x for bias+GELU on the suite's weights (held out 0.90x and 1.12x).
