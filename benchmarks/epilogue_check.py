@@ -190,10 +190,10 @@ SMALL_SPLIT_RULE = "small-m-split"
 # 512, bias+GELU at 512
 MID_TILE_WEIGHTS = [(768, 3072), (1024, 4096), (1280, 1280), (896, 4864), (2048, 2048)]
 MID_TILE_MS = (256, 512)
-# the mid-tiles rules (plan's MID_TILE_RULES, not in its RULES yet) on the shapes they move (``prepare --set
-# mid_moved``): every shape of the suite and the every-model samples whose plain bf16 choice they change, the policy
-# with them (``mid``) beside the policy (``now``). The committed run (2026-11-28_h200_mid_moved) was taken while
-# they were in RULES: its ``now`` rows are the rules' modules and its ``no_mid`` rows the policy's.
+# the mid-tiles rules (plan's mid-tiles and mid-tiles-split) on the shapes they move (``prepare --set mid_moved``):
+# every shape of the suite and the every-model samples whose plain bf16 choice they change, the policy's module
+# (``now``) beside the policy without them (``no_mid``)
+MID_RULES = ("mid-tiles", "mid-tiles-split")
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved")
 CHECK_TIMEOUT = 120.0
@@ -279,8 +279,8 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name not in SPLIT_RULES]
     if variant == "no_narrow":
         return [r for r in plan.RULES if r.name != NARROW_RULE]
-    if variant == "mid":  # the policy with the mid-tiles rules (plan.MID_TILE_RULES, not in RULES yet)
-        return plan.with_mid_tiles()
+    if variant == "no_mid":
+        return [r for r in plan.RULES if r.name not in MID_RULES]
     if variant == "no_small_split":
         return [r for r in plan.RULES if r.name != SMALL_SPLIT_RULE]
     return None
@@ -504,7 +504,7 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
     if which == "mid_tiles":
         return mid_tile_cases(sms)
     if which == "mid_moved":
-        return moved_cases("mid", sms=sms)
+        return moved_cases("no_mid", sms=sms)
     if which == "small_split_moved":
         return moved_cases("no_small_split", ["bias_gelu_tanh"], sms)
     return (cases() if which != "rule" else []) + (rule_cases(sms) if which != "epilogues" else [])

@@ -57,8 +57,24 @@ FORMAT = "gemm_ladder.subwave_check"
 PLAN_FILE = "subwave.json"
 PACK = "pack"
 SMS = 132  # the H100 SXM the policy plans for
-# (family, layer, M, dtype): each grid of the policy's choice fills < 66 SMs, K >= 2048
+# (family, layer, M, dtype): each grid of the policy's choice fills < 66 SMs, K >= 2048. Since the mid-tiles rules
+# (M > 128: 64-row tiles and splits that fill the wave) these are the row-tile rule's grids at M = 96-128 on narrow
+# weights and the split-k rule's 128x128 split in two; the run of 2026-11-26 timed :data:`CASES_2026_11_26`, the
+# policy's 128x128 grids of then (the sub-wave sweep still times those).
 CASES = (
+    ("llama-3.2-1b", "down", 256, "float16"),  # the split-k rule's v10 (split 2, 64 units) against 3 alternatives
+    ("llama-3.2-1b", "down", 192, "float16"),
+    ("llama-3.2-1b", "down", 128, "float16"),  # row-tiles (64x128, no split) against split K
+    ("llama-3.2-1b", "qkv", 128, "float16"),
+    ("llama-3.2-1b", "o", 96, "float16"),
+    ("phi-3-mini", "down", 128, "float16"),
+    ("phi-3-mini", "o", 96, "float16"),
+    ("phi-3-mini", "down", 96, "bfloat16"),
+    ("gemma-2-9b", "o", 128, "float16"),
+    ("gemma-2-9b", "o", 96, "float16"),
+    ("llama-3.1-8b", "o", 128, "bfloat16"),    # the family the policy was tuned on
+)
+CASES_2026_11_26 = (
     ("vit-h-14", "fc2", 333, "float16"),     # the every-model run's worst kernel: 0.41x cuBLAS
     ("vit-h-14", "fc2", 768, "float16"),
     ("qwen2.5-0.5b", "down", 333, "float16"),
@@ -83,13 +99,13 @@ PLAN_SCHEMA = Obj({"format": Str([FORMAT]), "cases": List(CASE_SCHEMA, min_len=1
 
 
 # -- the cases and the rows (no GPU: the arithmetic) -------------------------------------------------
-def case_list() -> list[dict]:
-    """:data:`CASES` with their weights' N and K and whether the family is held out."""
+def case_list(cases=CASES) -> list[dict]:
+    """``cases`` (default :data:`CASES`) with their weights' N and K and whether the family is held out."""
     # the suite's families (pure data)
     from gemm_ladder.measure.every_model import FAMILIES  # pylint: disable=import-outside-toplevel
 
     out = []
-    for fam, layer, M, dtype in CASES:
+    for fam, layer, M, dtype in cases:
         N, K = FAMILIES[fam]["weights"][layer]
         out.append({"family": fam, "layer": layer, "held_out": FAMILIES[fam]["held_out"], "M": M, "N": N, "K": K,
                     "dtype": dtype})

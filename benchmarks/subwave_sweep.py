@@ -7,7 +7,8 @@ long K (the measured gap: the policy's v9 0.52x cuBLAS, the best split-K alterna
     PYTHONPATH=$PWD:$PWD/build/runtime/site TVM_USE_RUNTIME_LIB=1 GEMM_LADDER_BUILD=0 \\
         python3 benchmarks/subwave_sweep.py run build/subwave_sweep --out out/subwave_sweep.json  # GPU box
 
-The shapes: the 11 of ``subwave_check.CASES`` and the backward's dW GEMMs of a 768-wide model
+The shapes: the 11 of ``subwave_check.CASES_2026_11_26`` (the policy's sub-wave grids of then, most of which the
+mid-tiles rules now fill; ``policy`` is today's choice) and the backward's dW GEMMs of a 768-wide model
 (issue 31: 768x768x4096, 768x3072x4096, 3072x768x4096, bf16; timed here in the forward's operand
 layout, which the dW kernels' schedule shares). Per shape, modules of one M (:func:`grid`):
 
@@ -60,7 +61,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
 import check_cli  # noqa: E402  (a sibling script, not a package)
-from subwave_check import case_list  # noqa: E402  (the 11 sub-wave shapes)
+from subwave_check import CASES_2026_11_26, case_list  # noqa: E402  (the 11 sub-wave shapes)
 
 from gemm_ladder.core import device, files  # noqa: E402
 from gemm_ladder.core.config import ConfigError  # noqa: E402
@@ -101,9 +102,9 @@ PLAN_SCHEMA = Obj({"format": Str([FORMAT]), "cases": List(CASE_SCHEMA, min_len=1
 
 # -- the grid (no GPU, no compiler: the arithmetic) ----------------------------------------------------
 def cases(train_dw: bool = False) -> list[dict]:
-    """The 11 sub-wave shapes and the dW shapes (family ``dW``, held out: no rule was fitted on them),
+    """The 11 sub-wave shapes of 2026-11-26 and the dW shapes (family ``dW``, held out: no rule was fitted on them),
     all in the forward's layout (``KK``); with ``train_dw`` also :data:`TRAIN_DW_CASES` in theirs."""
-    out = [{**c, "layout": "KK"} for c in case_list()]
+    out = [{**c, "layout": "KK"} for c in case_list(CASES_2026_11_26)]
     out += [{"family": "dW", "layer": f"{M}x{N}", "held_out": True, "M": M, "N": N, "K": K, "dtype": "bfloat16",
              "layout": "KK"} for M, N, K in DW_CASES]
     if train_dw:

@@ -446,26 +446,29 @@ def test_a_pack_built_with_a_retired_knob_set_is_refused(tmp_path):
 
 
 # -- alternatives beside a sub-wave choice (issue 30) -------------------------------------------
+SUB_WAVE = (128, 4096, 4096)  # and M = 96 of the same weight: one module of each kind serves both
+
+
 @pytest.fixture(scope="module")
 def sub_wave_plan():
-    """333x1280x5120: the policy's v9 choice runs 30 tiles on 132 SMs; plan.alternatives offers split K."""
-    return kernel_pack.plan_pack([(333, 1280, 5120)], ["float16"], sms=132)
+    """128x4096x4096: the policy's v9 choice (row-tiles) runs 64 tiles on 132 SMs; plan.alternatives offers split K."""
+    return kernel_pack.plan_pack([(96, *SUB_WAVE[1:]), SUB_WAVE], ["float16"], sms=132)
 
 
 def test_plan_pack_lists_the_alternatives_of_a_sub_wave_choice(sub_wave_plan):
-    p = plan.Problem(333, 1280, 5120, "float16", "sm_90a", 132)
+    p = plan.Problem(*SUB_WAVE, "float16", "sm_90a", 132)
     offered = plan.alternatives(p, plan.choose(p))
     entries = [e for i in sub_wave_plan for e in kernel_pack.entries_of(i)]
     main = [e for e in entries if not kernel_pack.is_alternative(e)]
     alts = [e for e in entries if kernel_pack.is_alternative(e)]
-    assert len(main) == 1 and main[0]["rung"] == "v9" and main[0]["choice"]["rule"] == "tile-shape"
+    assert len(main) == 1 and main[0]["rung"] == "v9" and main[0]["choice"]["rule"] == "row-tiles"
     assert len(alts) == len(offered) >= 1
     for e, c in zip(alts, offered):
         assert e["rung"] == c.rung and e["dynamic_m"] and e["knobs"].get("split_k", 1) == c.knobs.get("split_k", 1)
         assert e["choice"]["rule"] == c.rule in (plan.ALT_RULE, plan.ALT_SMALL_RULE)
-        assert "30 of 132 SMs" in e["choice"]["why"]
+        assert "64 of 132 SMs" in e["choice"]["why"]
         assert (e["m_range"], e["m_values"]) == (main[0]["m_range"], main[0]["m_values"])  # the same M served
-    assert kernel_pack.plan_pack([(333, 1280, 5120)], ["float16"], sms=132, alternatives=False) == \
+    assert kernel_pack.plan_pack([(96, *SUB_WAVE[1:]), SUB_WAVE], ["float16"], sms=132, alternatives=False) == \
         [i for i in sub_wave_plan if not any(r.get("alternative") for r in i["served"])]
     # a shape whose choice fills the SMs gets none
     assert not any(r.get("alternative") for i in kernel_pack.plan_pack([(4096, 4096, 4096)], ["float16"], sms=132)
@@ -476,11 +479,12 @@ def test_find_keeps_the_choice_and_serving_offers_the_alternatives(sub_wave_plan
     """Without the measurement the policy's choice serves; the first use times it and the
     alternatives, the choice first (front._with_candidates keeps the first MAX_CANDIDATES)."""
     pk = _planned_pack(tmp_path / "pack", sub_wave_plan)
-    for M in (333, 300, 257):
-        found = pk.find(M, 1280, 5120, "float16", "sm_90a")
+    _, N, K = SUB_WAVE
+    for M in (128, 111, 96):
+        found = pk.find(M, N, K, "float16", "sm_90a")
         assert not kernel_pack.is_alternative(found.entry) and found.entry["rung"] == "v9"
         assert "alternative" not in found.describe()
-        serving = pk.serving(M, 1280, 5120, "float16", "sm_90a")
+        serving = pk.serving(M, N, K, "float16", "sm_90a")
         assert serving[0].entry is found.entry
         alts = [f for f in serving[1:first_use.MAX_CANDIDATES] if kernel_pack.is_alternative(f.entry)]
         assert len(alts) == sum(kernel_pack.is_alternative(e) for e in pk.modules) >= 1
@@ -508,8 +512,8 @@ def test_an_old_pack_without_the_field_loads_and_a_bad_field_is_refused(pack):
 
 
 def test_pack_build_dry_run_without_alternatives():
-    args = [sys.executable, "-m", "gemm_ladder", "pack", "build", "--shapes", "333x1280x5120", "--dtypes", "float16",
-            "--sms", "132", "--dry-run"]
+    args = [sys.executable, "-m", "gemm_ladder", "pack", "build", "--shapes", "x".join(map(str, SUB_WAVE)),
+            "--dtypes", "float16", "--sms", "132", "--dry-run"]
     with_alts, without = (subprocess.run(args + extra, capture_output=True, text=True, cwd=REPO, timeout=120)
                           for extra in ([], ["--no-alternatives"]))
     assert with_alts.returncode == 0 and without.returncode == 0, with_alts.stderr + without.stderr

@@ -58,7 +58,6 @@ def test_makespan_counts_waves_of_tile_area_over_its_rate():
 
 
 # -- one test per rule ------------------------------------------------------------------------
-MID = plan.with_mid_tiles()  # the policy with the mid-tiles rules (measured, not in RULES yet)
 
 
 def without(*names):
@@ -477,16 +476,23 @@ def test_layout_bf16_pads_to_eight_elements_too():
 
 
 # -- alternatives for sub-wave grids (issue 30) -----------------------------------------------
+# The policy before the mid-tiles rules: its 128x128 grids left most SMs idle at the sub-wave sweeps' shapes, where
+# the alternatives were measured; the policy now fills the wave at most of them (the mid-tiles rules), and offers
+# alternatives where its grid still does not (row-tiles at M = 96-128 on narrow weights, the split-k rule's v10,
+# an MN-major operand the mid-tiles rules' v10 does not build).
+NO_MID = [r for r in plan.RULES if not r.name.startswith("mid-tiles")]
+
+
 @needs_v10
 def test_a_sub_wave_grid_gets_small_tile_and_split_k_alternatives():
-    """333x1280x5120: the choice's 30 tiles of 128x128 fill under a quarter of the SMs (34 us to
+    """333x1280x5120 before the mid-tiles rules: the choice's 30 tiles of 128x128 fill under a quarter of the SMs (34 us to
     cuBLAS's 14, every-model run of 2026-11-26); the alternatives are the sub-wave sweeps' fastest
     modules there: v9 64x128 without a split (60 tiles, one consumer, 8 stages, 2x1: the small-tile
     sweep's best family), then 128x128 split 4 (120 units, 6 stages) and 64x128 split 2 (120, one
     consumer, 8 stages), clusters over whole tiles (3 row tiles of 128: paired along N; 6 of 64:
     along M)."""
     p = P(333, 1280, 5120)
-    c = choose(p)
+    c = choose(p, rules=NO_MID)
     assert (c.rung, c.rule) == ("v9", "tile-shape") and plan.sub_wave(p, c)
     alts = plan.alternatives(p, c)
     assert len(alts) == plan.ALT_MAX == 3
@@ -502,22 +508,51 @@ def test_a_sub_wave_grid_gets_small_tile_and_split_k_alternatives():
         assert cfg.pipe_depth <= max_pipe_depth(cfg)  # fits shared memory
         assert p.K // a.knobs.get("split_k", 1) >= plan.ALT_MIN_SLICE
     assert len(alts) + 1 <= first_use.MAX_CANDIDATES  # the first use times the choice and all of them
-    assert choose(p) == c  # the policy's own choice is unchanged
-    mid = choose(p, rules=MID)  # with the mid-tiles rules: 64x128 split in two, 120 units, none offered
+    mid = choose(p)  # the policy's: the mid-tiles rules' 64x128 split in two, 120 units, none offered
     assert (mid.rung, mid.rule, mid.knobs["blk_m"], mid.knobs["split_k"]) == ("v10", "mid-tiles-split", 64, 2)
     assert plan.alternatives(p, mid) == []
+
+
+@needs_v10
+@pytest.mark.parametrize("M, N, K, rule", [(128, 4096, 4096, "row-tiles"), (96, 3072, 2048, "row-tiles"),
+                                           (256, 2048, 8192, "split-k")])
+def test_the_policy_offers_alternatives_where_its_grid_still_leaves_sms_idle(M, N, K, rule):
+    """With the mid-tiles rules in the policy, the grids that still fill under half the SMs are the row-tile rule's
+    at M = 96-128 on narrow weights and the split-k rule's 128x128 split in two: those keep their alternatives, the
+    v10 128x128 and 64x128 splits, and v9 64x128 without a split where the choice is not those tiles already
+    (the row-tile rule's are, with B streamed), each valid for the problem."""
+    p = P(M, N, K)
+    c = choose(p)
+    assert c.rule == rule and plan.sub_wave(p, c)
+    alts = plan.alternatives(p, c)
+    small = [("v9", 64, 128)] if rule == "split-k" else []
+    assert [(a.rung, a.knobs["blk_m"], a.knobs["blk_n"]) for a in alts] == small + [("v10", 128, 128), ("v10", 64, 128)]
+    assert all(plan._validate(a.rung, p, a.knobs) is None for a in alts)
+    assert all(p.tiles(a.knobs["blk_m"], a.knobs["blk_n"]) * a.knobs.get("split_k", 1) <= H100 for a in alts)
+
+
+def test_the_mn_major_dw_takes_the_64_row_tiles_the_alternative_measured():
+    """The 350M training step's dW 512x2048x16384 (both operands MN-major), where v9 64x128 was the one
+    alternative (0.947x cuBLAS against the old choice's 0.783, SUBWAVE_SMALL): the mid-tiles rules choose it
+    (mid-tiles-split's v10 builds no MN-major layout and is passed over), and its grid fills the SMs."""
+    from gemm_ladder.core.spec import GemmSpec
+    spec = GemmSpec(a="bfloat16", b="bfloat16", d="bfloat16", a_major="M", b_major="N")
+    p = Problem(512, 2048, 16384, "bfloat16", "sm_90a", H100, spec)
+    c = choose(p)
+    assert (c.rung, c.rule, c.knobs["blk_m"], c.knobs["blk_n"], c.knobs["spec"]) == ("v9", "mid-tiles", 64, 128,
+                                                                                      spec.text())
+    assert not plan.sub_wave(p, c) and plan.alternatives(p, c) == []
 
 
 @pytest.mark.parametrize("M, N, K, cluster", [
     (192, 3584, 4096, (1, 2)),  # 3 row tiles of 64: paired along N
     (256, 4096, 4096, (2, 1)),  # 128 tiles: one wave
-    (128, 3072, 8192, (2, 1)),  # the row-tile rule's choice (stream_b) gets it too
 ])
 def test_the_small_tile_alternative_is_v9_64x128_without_a_split_over_a_pair_of_whole_tiles(M, N, K, cluster):
     """The small-tile sweep's winner family (64x128, 8 stages, best 2x1; benchmarks/results/
     2026-11-26_h100_subwave_small/): offered first, in a cluster of whole tiles."""
     p = P(M, N, K)
-    c = choose(p)
+    c = choose(p, rules=NO_MID)
     (small,) = [a for a in plan.alternatives(p, c) if a.rule == plan.ALT_SMALL_RULE]
     assert small.rung == "v9" and "split_k" not in small.knobs
     assert (small.knobs["blk_m"], small.knobs["blk_n"], small.knobs["num_warpgroups"], small.knobs["pipe_depth"]) \
@@ -534,7 +569,7 @@ def test_the_small_tile_alternative_serves_the_mn_major_dw_where_no_split_k_does
     from gemm_ladder.core.spec import GemmSpec
     spec = GemmSpec(a="bfloat16", b="bfloat16", d="bfloat16", a_major="M", b_major="N")
     p = Problem(512, 2048, 16384, "bfloat16", "sm_90a", H100, spec)
-    (alt,) = plan.alternatives(p, choose(p))
+    (alt,) = plan.alternatives(p, choose(p, rules=NO_MID))
     assert (alt.rung, alt.rule, alt.knobs["spec"]) == ("v9", plan.ALT_SMALL_RULE, spec.text())
     assert (alt.knobs["cluster_m"], alt.knobs["cluster_n"]) == (2, 1) and plan._validate("v9", p, alt.knobs) is None
 
@@ -544,7 +579,7 @@ def test_the_small_tile_alternative_passes_the_barrier_protocol_check():
     and simulated at a fixed M (the checker cannot simulate a runtime M's loop bound: the policy's
     runtime-M modules are checked the same way)."""
     p = P(333, 1280, 5120)
-    small = plan.alternatives(p, choose(p))[0]
+    small = plan.alternatives(p, choose(p, rules=NO_MID))[0]
     report = check_config(make_config("v9", p.M, p.N, p.K, **small.knobs), policies=("forward", "lockstep"))
     assert report.ok and not report.findings, report.findings
 
@@ -565,9 +600,9 @@ def test_the_small_tiles_are_offered_only_where_they_fit_one_wave(monkeypatch):
     """768x1280x5120 in 64x128 is 120 tiles (offered); 768x3072x4096 would be 288 (0.53x cuBLAS in
     the sweep against the choice's 0.79), more than a wave: not offered, whatever the choice."""
     p = P(768, 1280, 5120)
-    assert [a.knobs["blk_n"] for a in plan.alternatives(p, choose(p)) if a.rule == plan.ALT_SMALL_RULE] == [128]
+    assert [a.knobs["blk_n"] for a in plan.alternatives(p, choose(p, rules=NO_MID)) if a.rule == plan.ALT_SMALL_RULE] == [128]
     wide = Problem(768, 3072, 4096, "bfloat16", "sm_90a", H100)
-    c = choose(wide)
+    c = choose(wide, rules=NO_MID)
     main = make_config(c.rung, wide.M, wide.N, wide.K, **c.knobs).knobs()
     assert wide.tiles(64, 128) == 288 and plan._small_tiles(wide, c, main) == []
     monkeypatch.setattr(plan, "ALT_SMALL_MAX_WAVES", 3)  # the cap, not the validator, left it out
@@ -601,7 +636,7 @@ def test_the_sub_wave_split_fills_the_most_of_one_wave(M, N, K, tile, split):
 ])
 def test_no_alternatives_where_the_grid_fills_or_k_is_short(M, N, K, why):
     p = P(M, N, K)
-    assert plan.alternatives(p, choose(p)) == [], why
+    assert plan.alternatives(p, choose(p, rules=NO_MID)) == [], why
 
 
 @needs_v10
@@ -612,15 +647,15 @@ def test_alternatives_keep_the_operand_spec_and_are_not_for_fp8():
     call (which v10 does not build) gets no split; fp8 has one kernel and no split."""
     from gemm_ladder.core.spec import GemmSpec, spec_for
     bf16 = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100)
-    alts = plan.alternatives(bf16, choose(bf16))
+    alts = plan.alternatives(bf16, choose(bf16, rules=NO_MID))
     assert alts and all(a.knobs["dtype"] == "bfloat16" and plan._validate(a.rung, bf16, a.knobs) is None for a in alts)
     bias = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100, spec_for("bfloat16", "bias"))
-    with_bias = plan.alternatives(bias, choose(bias))
+    with_bias = plan.alternatives(bias, choose(bias, rules=NO_MID))
     assert {a.rung for a in with_bias} == {a.rung for a in alts} == {"v9", "v10"}
     assert all(a.knobs["spec"] == spec_knobs(bias.spec)["spec"] and plan._validate(a.rung, bias, a.knobs) is None
                for a in with_bias)
     glu = Problem(333, 2560, 5120, "bfloat16", "sm_90a", H100, spec_for("bfloat16", "swiglu"))
-    assert all(a.rung != "v10" for a in plan.alternatives(glu, choose(glu)))
+    assert all(a.rung != "v10" for a in plan.alternatives(glu, choose(glu, rules=NO_MID)))
     fp8 = Problem(333, 1280, 5120, "bfloat16", "sm_90a", H100, GemmSpec.fp8("bfloat16", "tensor"))
     assert plan.alternatives(fp8, choose(fp8)) == []
 
@@ -782,11 +817,11 @@ def test_swap_ab_narrow_on_the_shapes_it_moved():
                                                     (256, 2048, 2048, (64, 64), 1), (512, 1280, 1280, (64, 128), 1),
                                                     (1024, 768, 3072, (64, 128), 1)])
 def test_rule_mid_tiles(M, N, K, tile, split_k):
-    """(plan.MID_TILE_RULES: measured, not in the policy yet.) Past M = 128 where 128x128 tiles fill at most half the SMs and the split-k rule does not take the shape:
+    """Past M = 128 where 128x128 tiles fill at most half the SMs and the split-k rule does not take the shape:
     the 64-row tile and split with the most CTAs in one wave (64x128 on a tie), split only where a slice keeps
     >= 1536 of K; one consumer, B streamed, 2x1 clusters, the deepest ring <= 8."""
     p = P(M, N, K)
-    c = rule_choice(p, MID)
+    c = rule_choice(p)
     assert (c.rule, c.rung) == (("mid-tiles-split", "v10") if split_k > 1 else ("mid-tiles", "v9"))
     k = rung_knobs(c)
     assert (k["blk_m"], k["blk_n"], k.get("split_k", 1)) == (*tile, split_k) and plan.mid_tile_plan(p) == (*tile, split_k)
@@ -808,12 +843,12 @@ def test_rule_mid_tiles(M, N, K, tile, split_k):
     (512, 768, 3072, "swiglu", "a gated B: not measured"),
 ])
 def test_rule_mid_tiles_stops(M, N, K, epilogue, why):
-    assert not rule_choice(E(M, N, K, epilogue), MID).rule.startswith("mid-tiles"), why
+    assert not rule_choice(E(M, N, K, epilogue)).rule.startswith("mid-tiles"), why
 
 
 def test_mid_tiles_keep_a_residual_whole():
     """A residual is not split (v10 loads C at each chunk, not measured here): the whole 64-row tiles."""
-    c = rule_choice(E(256, 768, 3072, "residual"), MID)
+    c = rule_choice(E(256, 768, 3072, "residual"))
     assert (c.rule, c.rung, c.knobs["blk_m"]) == ("mid-tiles", "v9", 64) and "split_k" not in c.knobs
 
 
@@ -824,7 +859,7 @@ def test_mid_tiles_agree_with_their_measurement():
     assert len(got) == 15
     for (op, M, N, K), v in got.items():
         bm, bn, sk = plan.mid_tile_plan(E(M, N, K, op))
-        assert rule_choice(E(M, N, K, op), MID).rule.startswith("mid-tiles")
+        assert rule_choice(E(M, N, K, op)).rule.startswith("mid-tiles")
         ours = v[f"v10_{bm}x{bn}_s2" if sk > 1 else f"v9_{bm}x{bn}"]
         assert ours >= 0.97 * max(v.values()) and ours > 1.3 * v["now"], (op, M, N, K, v)
 
@@ -839,7 +874,7 @@ def test_mid_tiles_on_the_shapes_they_moved():
         got.setdefault((r["M"], r["N"], r["K"]), {})[r["rule"]] = r
     assert len(got) == 27
     for (M, N, K), v in got.items():
-        assert rule_choice(P(M, N, K), MID).rule == v["now"]["chosen_by"] and v["now"]["chosen_by"].startswith("mid-tiles")
+        assert rule_choice(P(M, N, K)).rule == v["now"]["chosen_by"] and v["now"]["chosen_by"].startswith("mid-tiles")
         assert v["now"]["kernel_ratio"] > 1.3 * v["no_mid"]["kernel_ratio"], (M, N, K)
 
 

@@ -31,8 +31,8 @@ Their entries have D's dtype as ``dtype`` and say e4m3 and the recipe in ``spec`
 gives an fp8 problem one kernel for small M and one for the rest (``plan.FP8_RULES``), so a weight's
 whole M range is two runtime-M modules (one with block scales).
 
-**Alternatives** (issue 30). Where the policy's choice leaves most SMs idle (``plan.sub_wave``: a
-333x1280x5120 in 30 tiles on 132 SMs), a pack also holds the modules ``plan.alternatives`` offers
+**Alternatives** (issue 30). Where the policy's choice leaves most SMs idle (``plan.sub_wave``: the
+row-tile rule's 64 tiles of 64x128 at 128x4096x4096 on 132 SMs), a pack also holds the modules ``plan.alternatives`` offers
 (v9 in small tiles without a split, v10's split-K), serving the same M, their entries marked
 ``"alternative": true``: :meth:`KernelPack.find` (the no-measurement default,
 ``GEMM_LADDER_MEASURE=0``) never prefers one over a module of the policy's choice, while :meth:`KernelPack.serving` lists them right after it, so the measurement at

@@ -38,7 +38,6 @@ v9's defaults)::
                       sooner split, each split keeps   split_k the model ranks first             waves: split the K loops
                       >= 4096 of K, and 128x128 tiles
                       fill at most half the SMs
-    (mid-tiles(-split), measured, not in RULES yet: MID_TILE_RULES)
     mid-tiles(-split) M > 128, 128x128 tiles fill <=   64x128 or 64x64, one consumer, B          12-64 CTAs of 128x128
                       half the SMs, no split-k: the    streamed, 2x1 clusters; v10 split in two  ran 0.40-0.68x cuBLAS;
                       64-row tile and split (1, 2;     where a slice keeps >= 1536 of K (v9      the 64-row tiles that
@@ -591,30 +590,6 @@ RULES: list[Rule] = [
              "fp32 partials), where v9's 128x128 tiles would fill at most half the SMs (a threshold measured, "
              f"{SPLIT_PROBE}; the split itself is the model's)",
          detail=lambda p: "wave model: " + split_plan(p).why()),
-    Rule("tile-shape", "sm_90a", "v9", when=_tile_shape, knobs=_tile_shape_knobs,
-         why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): a narrower "
-             "tile finishes first, its waves weighed by its measured rate",
-         evidence=SWEEP + ": 128x192 0.89-1.04x and 128x128 0.79x cuBLAS at M = 512, where 128x256 gave 0.56-1.03x",
-         detail=lambda p: "makespan (tile units): " + ", ".join(
-             f"{bm}x{bn} {p.tiles(bm, bn)} tiles {makespan(p, bm, bn):.0f}" for bm, bn in SQUARE_TILES)),
-    Rule("large", "sm_90a", "v9", when=lambda p: True, knobs=_large_knobs,
-         why="enough tiles for every SM: v9 at its defaults (128x256 tiles, two consumers, depth 4, 2x1 cluster), "
-             "with each tile's epilogue under the next tile (epi_under) where the busiest CTAs run two tiles or more",
-         evidence="benchmarks/results/2026-11-22_h100_v6_v9_sweep.json: 0.95-1.05x cuBLAS at 3072x8192x1536, "
-                  "4096^3, 6144^3, 8192^3 (fp16, bf16); " + EPI_UNDER_AB + ": epi_under +0.4% to +2.8% at six "
-                  "shapes of 1.9 to 7.8 waves, -2.6% at 2048^3 (one tile a CTA)",
-         detail=lambda p: f"{p.tiles(128, 256)} tiles of 128x256 on {p.sms} SMs: epi_under "
-                          + ("on" if _epi_under_pays(p) else "off (no CTA runs a second tile)")),
-    Rule("large", "sm_100a", "v9", when=lambda p: True, knobs=lambda p: {},
-         why="Blackwell: v9 at its defaults (compiled only; no Blackwell GPU has measured it)"),
-]
-
-
-# The mid-tiles rules: measured (MID_TILES, MID_MOVED) but not in RULES yet. A pack's sub-wave alternatives, timed at
-# first use (``alternatives``, ``serve.first_use``, ``benchmarks/subwave_check.py``), are built around the 128x128
-# choice these rules replace; they go in with those reworked. ``with_mid_tiles`` gives the policy with them, for the
-# measurement (``epilogue_check.py --set mid_moved``) and their tests.
-MID_TILE_RULES: list[Rule] = [
     Rule("mid-tiles-split", "sm_90a", "v10", when=_mid_tiles_split, knobs=_mid_tile_knobs,
          why="M > 128 where v9's 128x128 tiles fill at most half the SMs and K is too short for the split-k rule: "
              "64-row tiles (one consumer, B streamed, 2x1 clusters) split in two along K, the tile and split that "
@@ -632,14 +607,23 @@ MID_TILE_RULES: list[Rule] = [
                   "all 27 suite and every-model shapes the two rules move",
          detail=lambda p: "{} tiles of {}x{} on {} SMs (128x128: {})".format(
              p.tiles(*mid_tile_plan(p)[:2]), *mid_tile_plan(p)[:2], p.sms, p.tiles(128, 128))),
+    Rule("tile-shape", "sm_90a", "v9", when=_tile_shape, knobs=_tile_shape_knobs,
+         why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): a narrower "
+             "tile finishes first, its waves weighed by its measured rate",
+         evidence=SWEEP + ": 128x192 0.89-1.04x and 128x128 0.79x cuBLAS at M = 512, where 128x256 gave 0.56-1.03x",
+         detail=lambda p: "makespan (tile units): " + ", ".join(
+             f"{bm}x{bn} {p.tiles(bm, bn)} tiles {makespan(p, bm, bn):.0f}" for bm, bn in SQUARE_TILES)),
+    Rule("large", "sm_90a", "v9", when=lambda p: True, knobs=_large_knobs,
+         why="enough tiles for every SM: v9 at its defaults (128x256 tiles, two consumers, depth 4, 2x1 cluster), "
+             "with each tile's epilogue under the next tile (epi_under) where the busiest CTAs run two tiles or more",
+         evidence="benchmarks/results/2026-11-22_h100_v6_v9_sweep.json: 0.95-1.05x cuBLAS at 3072x8192x1536, "
+                  "4096^3, 6144^3, 8192^3 (fp16, bf16); " + EPI_UNDER_AB + ": epi_under +0.4% to +2.8% at six "
+                  "shapes of 1.9 to 7.8 waves, -2.6% at 2048^3 (one tile a CTA)",
+         detail=lambda p: f"{p.tiles(128, 256)} tiles of 128x256 on {p.sms} SMs: epi_under "
+                          + ("on" if _epi_under_pays(p) else "off (no CTA runs a second tile)")),
+    Rule("large", "sm_100a", "v9", when=lambda p: True, knobs=lambda p: {},
+         why="Blackwell: v9 at its defaults (compiled only; no Blackwell GPU has measured it)"),
 ]
-
-
-def with_mid_tiles(rules=None) -> list[Rule]:
-    """``rules`` (default :data:`RULES`) with :data:`MID_TILE_RULES` before the tile-shape rule."""
-    base = list(RULES if rules is None else rules)
-    at = next(i for i, r in enumerate(base) if r.name == "tile-shape")
-    return base[:at] + MID_TILE_RULES + base[at:]
 
 
 def rule_applies(name: str, p: Problem, rules=None) -> bool:
@@ -1285,8 +1269,10 @@ def default_sms(arch: str) -> int:
 # split because shorter slices lost where the tiles were many (1024^3; M = 128 and 512 at K = 4096,
 # SWEEP); where the chosen grid leaves most SMs idle that evidence does not reach: v9 at 333x1280x5120
 # (30 tiles of 128x128 on 132 SMs) took 34 us to cuBLAS's 14 (benchmarks/results/2026-11-26_h100_every_model/).
-# So split-K modules with slices down to ALT_MIN_SLICE are offered there, not chosen: choose() stays
-# as it is, and without the measurement (GEMM_LADDER_MEASURE=0) the pack serves as before.
+# So split-K modules with slices down to ALT_MIN_SLICE are offered there, not chosen: without the
+# measurement (GEMM_LADDER_MEASURE=0) the pack serves the choice. Since the mid-tiles rules (M > 128) choose the
+# 64-row tiles and splits that fill the wave at most of those shapes, the grids still offered alternatives are the
+# row-tile rule's at M = 96-128 on narrow weights and the split-k rule's 128x128 split in two.
 ALT_MIN_SLICE = 1024  # each split keeps at least this much of K (16 K slices of 64)
 ALT_MIN_K_SLICES = 8  # and at least this many 64-wide slices (a shorter unit is all fill)
 # The sweep of 2026-11-26 (benchmarks/results/2026-11-26_h100_subwave_sweep/: 14 sub-wave shapes x
@@ -1407,8 +1393,8 @@ def _small_tiles(p: Problem, choice: Choice, main: dict) -> list[Choice]:
                 break
         else:
             continue
-        if choice.rung == "v9" and make_config("v9", p.M, p.N, p.K, **knobs).knobs() == main:
-            continue  # the choice itself
+        if choice.rung == "v9" and (main["blk_m"], main["blk_n"]) == (blk_m, blk_n) and "split_k" not in main:
+            continue  # the choice runs these tiles already (the row-tile and mid-tiles rules: B streamed too)
         why = (f"an alternative to {choice.rung} ({choice.rule}), timed at first use: its grid fills "
                f"{_units_of(choice, p)} of {p.sms} SMs; {blk_m}x{blk_n} tiles in a {depth}-stage ring fill {tiles} "
                f"without a split (what cuBLAS runs at sub-wave shapes)")
