@@ -281,6 +281,35 @@ def test_the_routes_own_module_winning_only_in_graphs_is_kept_for_capture(three,
     assert any(line.startswith("under CUDA-graph capture: v") for line in route.lines), route.lines
 
 
+def test_torch_eagerly_and_ours_in_graphs_is_remembered_for_the_fast_path(three, monkeypatch):
+    """Where torch's call won eagerly and ours in graphs, a repeated call takes the fast path (the checked
+    path ran torch on a route of its own, which left nothing to remember: every eager call was checked
+    again, 0.78x F.linear at 16x128256x2048 on an H200): torch's kernel eagerly, m128.so under capture."""
+    A, B = torch.randn(128, 512).half(), torch.randn(256, 512).half()
+    fake, _ = _times({"m128.so": 30.0, "mid.so": 40.0, "low.so": 50.0, "torch": 20.0})
+    monkeypatch.setattr(first_use, "time_launches", fake)
+    monkeypatch.setattr(first_use, "time_graphs", lambda launches, sets, queued_us, rounds=3:
+                        {"m128.so": 10.0, "mid.so": 17.0, "low.so": 40.0, "torch": 15.0})
+    state = {"capturing": False}  # the question a remembered launch asks at each call
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
+    front.matmul(A, B, out=torch.empty(128, 256).half())  # measured, checked and remembered
+    route = front.route_of(128, 256, 512)
+    assert isinstance(route.module, front.ByCapture) and isinstance(route.module.eager, front.TorchMatmul)
+
+    def checked(*args, **kwargs):
+        raise AssertionError("the checked path ran for a repeated call")
+
+    monkeypatch.setattr(front, "launch_route", checked)
+    mine = route.module.graphs
+    for capturing, ours in ((False, 0), (True, 1)):
+        state["capturing"] = capturing
+        before = mine.launches
+        A2, D = torch.randn(128, 512).half(), torch.full((128, 256), float("nan")).half()
+        assert front.matmul(A2, B, out=D) is D
+        torch.testing.assert_close(D.float(), A2.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+        assert mine.launches - before == ours, capturing
+
+
 def test_a_split_calls_queued_time_is_its_fast_launchs_and_torch_eagerly_reads_the_weight_whole(three, monkeypatch):
     """N = 257 (split): first use times ours as queued calls through the fast path's launch (its host
     side, as a repeated call pays it) and in graphs the whole checked way; where torch's call wins

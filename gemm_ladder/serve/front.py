@@ -1497,6 +1497,22 @@ def stored_launch(route: Route, index: int, plain: bool = True):
     return lambda a, b, d, *extras: launch(a, b.t(), d, *extras)
 
 
+def _by_capture_launch(route: Route, A, B, out, M: int, N: int, K: int, index, bias=None):
+    """The launch a repeated call of a :class:`ByCapture` route takes (torch's kernel eagerly, ours
+    under capture, or the other way round), made once from this checked call's tensors. Where torch
+    won eagerly the checked path runs torch on a route of its own (:func:`launch_route` on the tensors
+    as they are), so the route itself held no launch and nothing was remembered: every eager call ran
+    the checked path, ~100 us of host a call on the GPU box (0.78x F.linear at 16x128256x2048 in the
+    every-model run of 2026-11-28)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    a = A if A.dim() == 2 else A.reshape(M, K)
+    d = out.view(M, N) if out is not None else torch.empty((M, N), dtype=A.dtype, device=A.device)
+    operands = {"bias": bias} if bias is not None else {}
+    launch = route.launchers[index] = launcher_of(route.module, a, B, d, **operands)
+    return launch
+
+
 def fast_spec(spec: GemmSpec | None) -> bool:
     """Whether a call of operand spec ``spec`` (None: the default) may be remembered for the fast
     path: D = A . B^T in A's dtype, A and B of either layout, a bias in A's dtype at most."""
@@ -1515,6 +1531,8 @@ def _remember(A, B, out, route: Route, M: int, N: int, K: int, shape, fixes: Fix
         return
     index = A.device.index
     launch = padded_launch(route, M, N, K, fixes) if fixes.names else stored_launch(route, index)
+    if launch is None and not fixes.names and isinstance(route.module, ByCapture):
+        launch = _by_capture_launch(route, A, B, out, M, N, K, index, bias)
     key = _fast_key(A, B, out, bias)
     if launch is not None and key is not None:
         with _LOCK:
