@@ -32,8 +32,8 @@ gives an fp8 problem one kernel for small M and one for the rest (``plan.FP8_RUL
 whole M range is two runtime-M modules (one with block scales).
 
 **Alternatives** (issue 30). Where the policy's choice leaves most SMs idle (``plan.sub_wave``: the
-row-tile rule's 64 tiles of 64x128 at 128x4096x4096 on 132 SMs), a pack also holds the modules ``plan.alternatives`` offers
-(v9 in small tiles without a split, v10's split-K), serving the same M, their entries marked
+row-tile rule's 64 tiles of 64x128 at 128x4096x4096 on 132 SMs), a pack also holds the modules
+``plan.alternatives`` offers (v9 in small tiles without a split, v10's split-K), serving the same M, their entries marked
 ``"alternative": true``: :meth:`KernelPack.find` (the no-measurement default,
 ``GEMM_LADDER_MEASURE=0``) never prefers one over a module of the policy's choice, while :meth:`KernelPack.serving` lists them right after it, so the measurement at
 first use (``serve.first_use``) times them and keeps whichever runs fastest on the GPU at hand.
