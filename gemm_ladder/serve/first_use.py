@@ -25,12 +25,11 @@ each candidate on the caller's own A and B, and the winner is remembered:
   only adds time, and it came in bursts that the median did not reject: torch's queued calls timed
   1.5-4x their undisturbed time for a whole helper-thread measurement, ours 1.0x, and first use kept
   a kernel of ours 1.3x slower than torch's call: ``benchmarks/torch_route_probe.py``,
-  ``benchmarks/results/2026-11-26_h100_every_model/6_three_seeds_copy_bw/``). A
-  first launch of each is its warm-up, after :data:`WARM_MS` of calls that bring an idle GPU's
-  clocks up. Eager calls take the queued winner, calls inside CUDA-graph
-  capture the kernel winner (``front.ByCapture`` where they differ: ours has the shorter host path,
-  cuBLAS's kernel may be the faster). It costs each new shape a few milliseconds (an lm_head at
-  M = 8192: ~0.3 s);
+  ``benchmarks/results/2026-11-26_h100_every_model/6_three_seeds_copy_bw/``). Each candidate is
+  warmed by :data:`WARM_MS` of its own calls first (an idle GPU's clocks, and its host path).
+  Eager calls take the queued winner, calls inside CUDA-graph capture the kernel winner
+  (``front.ByCapture`` where they differ: ours has the shorter host path, cuBLAS's kernel may be
+  the faster). It costs each new shape some tens of milliseconds (an lm_head at M = 8192: ~0.3 s);
 - nothing is measured inside CUDA-graph capture (the pack's own choice serves; a later eager call
   of the shape measures), nor with ``GEMM_LADDER_MEASURE=0``;
 - remembered: in the process (the route), and in a small JSON file (``$GEMM_LADDER_CHOICES``,
@@ -60,7 +59,12 @@ CHOICES_ENV = "GEMM_LADDER_CHOICES"  # the file of remembered choices; "off": th
 CHOICES_FILE = "choices.json"
 MAX_CANDIDATES = 4  # kernels of ours timed (plus torch): the choice and up to plan.ALT_MAX alternatives fit
 ROUNDS = 5
-WARM_MS = 10.0  # calls before the timing, to bring an idle GPU's clocks up (they start at a few hundred MHz)
+# calls of each candidate before the timing: an idle GPU's clocks come up (they start at a few hundred MHz), and so does
+# each candidate's host path. Warmed by the first candidate's calls alone, torch's call (cuBLAS's, F.linear(out=)) was
+# timed at 19.0-27.5 us queued against the 15.9-16.3 it took in the same process afterwards (H200, 128x4096x4096 bf16,
+# three fresh processes), and first use kept a module of ours whose call ran 0.91x F.linear
+# (benchmarks/results/2026-11-28_h200_every_model_mid/: seed 4's 128x4096x4096)
+WARM_MS = 10.0
 SAMPLE_US = 200.0  # each timed sample: launches adding up to at least this (a one-launch sample is noise)
 MAX_REPS = 100
 MAX_SETS = 8  # input sets cycled through while timing (enough to spill L2 for all but tiny shapes)
@@ -218,15 +222,15 @@ def time_launches(calls: dict, sets: list, rounds: int = ROUNDS) -> dict:
     import torch  # pylint: disable=import-outside-toplevel  (the caller's)
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    first = next(iter(calls.values()))
-    start.record()
-    for n in range(4096):  # the warm-up: WARM_MS of calls, looked at every 16
-        first(*sets[n % len(sets)])
-        if n % 16 == 15:
-            end.record()
-            end.synchronize()
-            if start.elapsed_time(end) >= WARM_MS:
-                break
+    for call in calls.values():  # the warm-up: WARM_MS of each candidate's calls, looked at every 16
+        start.record()
+        for n in range(4096):
+            call(*sets[n % len(sets)])
+            if n % 16 == 15:
+                end.record()
+                end.synchronize()
+                if start.elapsed_time(end) >= WARM_MS:
+                    break
 
     def sampler(call, reps):
         def sample():
