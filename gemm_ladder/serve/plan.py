@@ -528,6 +528,12 @@ def _mid_tile_knobs(p: Problem) -> dict:
     return {**knobs, "pipe_depth": _deepest(rung, p, knobs, MAX_SMALL_M_DEPTH)}
 
 
+def _mid_tile_detail(p: Problem) -> str:
+    blk_m, blk_n, split_k = mid_tile_plan(p)
+    split = f" x split_k={split_k}" if split_k > 1 else ""
+    return f"{p.tiles(blk_m, blk_n)} tiles of {blk_m}x{blk_n}{split} on {p.sms} SMs (128x128: {p.tiles(128, 128)})"
+
+
 RULES: list[Rule] = [
     Rule("small-m-split", "sm_90a", "v10", when=_small_m_split, knobs=_small_m_split_knobs,
          why="an epilogue call without a residual at 32 < M <= 128 whose 64x64 tiles fill at most half the SMs, "
@@ -597,16 +603,14 @@ RULES: list[Rule] = [
          evidence=MID_TILES + ": 0.76-0.94x cuBLAS as kernels where 128x128 tiles ran 0.40-0.68x (256x768x3072 "
                   "0.43 -> 0.88x, 256x1024x4096 0.42 -> 0.94x, 512x896x4864 0.42 -> 0.78x); " + MID_MOVED + ": 1.31-1.98x "
                   "the 128x128 tiles at all 27 suite and every-model shapes the two rules move",
-         detail=lambda p: "{} tiles of {}x{} x split_k={} on {} SMs (128x128: {})".format(
-             p.tiles(*mid_tile_plan(p)[:2]), *mid_tile_plan(p), p.sms, p.tiles(128, 128))),
+         detail=_mid_tile_detail),
     Rule("mid-tiles", "sm_90a", "v9", when=_mid_tiles_whole, knobs=_mid_tile_knobs,
          why="M > 128 where v9's 128x128 tiles fill at most half the SMs and K is too short for the split-k rule: "
              "the 64-row tiles (one consumer, B streamed, 2x1 clusters) that put the most CTAs in one wave",
          evidence=MID_TILES + ": 0.77-0.92x cuBLAS as kernels where 128x128 tiles ran 0.50-0.65x (256x1280x1280, "
                   "512x1280x1280, 256x2048x2048, 512x2048x2048); " + MID_MOVED + ": 1.31-1.98x the 128x128 tiles at "
                   "all 27 suite and every-model shapes the two rules move",
-         detail=lambda p: "{} tiles of {}x{} on {} SMs (128x128: {})".format(
-             p.tiles(*mid_tile_plan(p)[:2]), *mid_tile_plan(p)[:2], p.sms, p.tiles(128, 128))),
+         detail=_mid_tile_detail),
     Rule("tile-shape", "sm_90a", "v9", when=_tile_shape, knobs=_tile_shape_knobs,
          why="128x256 tiles would leave SMs idle (fewer tiles than SMs, or a ragged last wave): a narrower "
              "tile finishes first, its waves weighed by its measured rate",
@@ -1393,7 +1397,7 @@ def _small_tiles(p: Problem, choice: Choice, main: dict) -> list[Choice]:
                 break
         else:
             continue
-        if choice.rung == "v9" and (main["blk_m"], main["blk_n"]) == (blk_m, blk_n) and "split_k" not in main:
+        if choice.rung == "v9" and (main["blk_m"], main["blk_n"]) == (blk_m, blk_n):
             continue  # the choice runs these tiles already (the row-tile and mid-tiles rules: B streamed too)
         why = (f"an alternative to {choice.rung} ({choice.rule}), timed at first use: its grid fills "
                f"{_units_of(choice, p)} of {p.sms} SMs; {blk_m}x{blk_n} tiles in a {depth}-stage ring fill {tiles} "
