@@ -3,6 +3,7 @@ shapes, issue 31's training dW), with their grids and times: what our split-K al
 measured against, read off torch's profiler (kernel name, grid, block, microseconds).
 
     python3 benchmarks/cublas_kernels.py --out out/cublas_kernels.json    # GPU box, torch only
+    python3 benchmarks/cublas_kernels.py --set small --out out/cublas_small.json   # M = 64, 128; bias+GELU too
 
 Each shape ``M x N x K`` (:data:`SHAPES`: D = A . B^T, A [M, K] and B [N, K] as our front door
 takes them, or, for a training dW, ``dY^T . X`` on the transposed views the backward passes) runs
@@ -30,12 +31,17 @@ SHAPES = (
     ("350M k/v dW", 512, 2048, 16384, "MN"),
     ("350M q dW", 2048, 2048, 16384, "MN"),
 )
+# ``--set small``: issue 31's weakest epilogue shapes (M = 64 and 128 on Llama-8B's 4096-wide weights), plain and
+# with "KK+gelu": cuBLASLt's fused bias+GELU (torch._addmm_activation), the peer of our fused epilogue
+SMALL_SHAPES = tuple((f"llama-8b {N}x{K} M={M}{' +gelu' if gelu else ''}", M, N, K, "KK+gelu" if gelu else "KK")
+                     for N, K in ((4096, 4096), (4096, 14336)) for M in (64, 128) for gelu in (False, True))
+SETS = {"sub_wave": SHAPES, "small": SMALL_SHAPES}
 CALLS = 5
 
 
 def operands(M: int, N: int, K: int, layout: str):
     g = torch.Generator(device="cuda").manual_seed(30)
-    if layout == "KK":
+    if layout.startswith("KK"):
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
         b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g)
     else:  # dW = dY^T . X with dY [K, M] and X [K, N] (K = tokens): A = dY^T, B^T = X
@@ -47,12 +53,20 @@ def operands(M: int, N: int, K: int, layout: str):
 def kernels_of(M: int, N: int, K: int, layout: str) -> list[dict]:
     a, b = operands(M, N, K, layout)
     d = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+
+    def call():
+        if layout.endswith("+gelu"):
+            torch._addmm_activation(bias, a, b.t(), use_gelu=True)  # pylint: disable=protected-access
+        else:
+            torch.matmul(a, b.t(), out=d)
+
     for _ in range(CALLS):
-        torch.matmul(a, b.t(), out=d)
+        call()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(CALLS):
-            torch.matmul(a, b.t(), out=d)
+            call()
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
@@ -77,11 +91,14 @@ def kernels_of(M: int, N: int, K: int, layout: str) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("cublas_kernels.json"))
+    ap.add_argument("--set", choices=sorted(SETS), default="sub_wave", dest="which",
+                    help="sub_wave: issue 30's sub-wave shapes and the 350M dW (default); small: M = 64 and 128 on "
+                         "Llama-8B's 4096-wide weights, plain and with cuBLASLt's fused bias+GELU")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("no CUDA GPU here: run it on the GPU box")
     rows = []
-    for label, M, N, K, layout in SHAPES:
+    for label, M, N, K, layout in SETS[a.which]:
         ks = kernels_of(M, N, K, layout)
         rows.append({"label": label, "M": M, "N": N, "K": K, "layout": layout, "dtype": "bfloat16", "kernels": ks})
         print(f"{label:20s} {M}x{N}x{K} {layout}: " + "; ".join(

@@ -194,8 +194,30 @@ MID_TILE_MS = (256, 512)
 # every shape of the suite and the every-model samples whose plain bf16 choice they change, the policy's module
 # (``now``) beside the policy without them (``no_mid``)
 MID_RULES = ("mid-tiles", "mid-tiles-split")
+# rings past plan's 8 stages (MAX_SMALL_M_DEPTH) at M = 64-128 on the 4096-wide weights (``prepare --set
+# deep_rings``): cuBLAS runs 64x64 tiles in 2x1 clusters with 13 stages of 64 there (128x4096x4096,
+# ../2026-11-26_h100_cublas_kernels/), where a 64x64 tile of ours fits 13 too; no epilogue and bias+GELU, the
+# policy's module (``now``, and ``now_deep``: its knobs with the deepest ring they fit) beside
+# :data:`DEEP_RING_CANDIDATES`, each at 8 stages and at the deepest ring it fits (``_deep``; up to
+# :data:`DEEP_RING_CAP`)
+DEEP_RING_CASES = [(64, 4096, 4096), (128, 4096, 4096), (64, 4096, 14336), (128, 4096, 14336)]
+DEEP_RING_EPILOGUES = ["none", "bias_gelu_tanh"]
+DEEP_RING_CAP = 16
+DEEP_RING_CANDIDATES = {name: FEW_TILE_CANDIDATES[name] for name in ("v9_64x64", "v9_64x128", "v10_64x64_s2",
+                                                                     "v10_64x128_s2")}
+DEEP_RING_CANDIDATES.update({f"v11_64_s{sk}": ("v11", {"blk_n": 64, "num_warpgroups": 1, "split_k": sk,
+                                                       "stream_b": True}) for sk in (1, 2)})
+# and swap AB's rings at M <= 16 (plan caps them at 8 too, MAX_SWAP_DEPTH): decode's weight streaming, no epilogue
+DEEP_RING_SWAP_CASES = [(1, 4096, 4096), (16, 4096, 14336), (1, 6144, 4096), (16, 28672, 4096)]
+DEEP_RING_SWAP_CANDIDATES = {name: DEEP_RING_CANDIDATES[name] for name in ("v11_64_s1", "v11_64_s2")}
+DEEP_RING_SWAP_CANDIDATES["v11_128_s1"] = ("v11", {"blk_n": 128, "num_warpgroups": 2, "split_k": 1, "stream_b": True})
+# the rules the deep-rings run led to (plan's swap-ab-64 and long-k-split) on the shapes they move (``prepare --set
+# swap64_moved``): every shape of the suite, the every-model samples and issue 31's epilogue suite (its weights at
+# its M) whose bf16 choice they change, no epilogue and bias+GELU, the policy's module (``now``) beside the policy
+# without them (``no_swap64``)
+SWAP64_RULES = ("swap-ab-64", "long-k-split")
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
-             "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved")
+             "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved")
 CHECK_TIMEOUT = 120.0
 
 
@@ -283,6 +305,8 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name not in MID_RULES]
     if variant == "no_small_split":
         return [r for r in plan.RULES if r.name != SMALL_SPLIT_RULE]
+    if variant == "no_swap64":
+        return [r for r in plan.RULES if r.name not in SWAP64_RULES]
     return None
 
 
@@ -313,12 +337,12 @@ def suite_and_sample_shapes() -> list[tuple[int, int, int]]:
     return sorted(shapes)
 
 
-def moved_cases(variant: str, epilogues=("none",), sms: int = 132, ms=None) -> list[dict]:
-    """Timing cases at every shape of :func:`suite_and_sample_shapes` (with an M of ``ms``, when given)
-    whose bf16 choice (for each of ``epilogues``) ``variant`` changes: ``now`` and ``variant`` each."""
+def moved_cases(variant: str, epilogues=("none",), sms: int = 132, ms=None, extra=()) -> list[dict]:
+    """Timing cases at every shape of :func:`suite_and_sample_shapes` and ``extra`` (with an M of ``ms``, when
+    given) whose bf16 choice (for each of ``epilogues``) ``variant`` changes: ``now`` and ``variant`` each."""
     out = []
     for e in epilogues:
-        for M, N, K in suite_and_sample_shapes():
+        for M, N, K in sorted(set(suite_and_sample_shapes()) | set(extra)):
             if ms is not None and M not in ms:
                 continue
             p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", e))
@@ -435,30 +459,62 @@ def mid_tile_cases(sms: int = 132) -> list[dict]:
     return _candidate_cases(plain + bias, set(), sms)
 
 
-def _candidate_cases(cases_: list[tuple[str, tuple]], swap_shapes: set, sms: int) -> list[dict]:
+def deep_ring_cases(sms: int = 132) -> list[dict]:
+    """The deep-rings set's timing cases (:data:`DEEP_RING_EPILOGUES` x :data:`DEEP_RING_CASES`, and
+    :data:`DEEP_RING_SWAP_CASES` with no epilogue): the policy's module and its knobs with the deepest ring
+    (``now_deep``), and :data:`DEEP_RING_CANDIDATES` (:data:`DEEP_RING_SWAP_CANDIDATES`) at 8 stages and at the
+    deepest (``_deep``) where that is deeper."""
+    cases_ = [(e, s) for e in DEEP_RING_EPILOGUES for s in DEEP_RING_CASES]
+    depths = (plan.MAX_SMALL_M_DEPTH, DEEP_RING_CAP)
+    swap = [("none", s) for s in DEEP_RING_SWAP_CASES]
+    out = (_candidate_cases(cases_, set(), sms, DEEP_RING_CANDIDATES, depths)
+           + _candidate_cases(swap, set(DEEP_RING_SWAP_CASES), sms, DEEP_RING_SWAP_CANDIDATES, depths))
+    for epilogue, (M, N, K) in cases_ + swap:
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", epilogue))
+        now = plan.choose(p)
+        knobs = {k: v for k, v in now.knobs.items() if k not in ("dtype", "arch")}
+        deepest = plan._deepest(now.rung, p, knobs, DEEP_RING_CAP)  # pylint: disable=protected-access
+        if deepest > now.knobs.get("pipe_depth", 0):
+            out.append({"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16",
+                        "shape": [M, N, K], "variant": "now_deep", "knobs": {"pipe_depth": deepest},
+                        "held_out": False})
+    return out
+
+
+def _candidate_cases(cases_: list[tuple[str, tuple]], swap_shapes: set, sms: int, candidates: dict | None = None,
+                     depths: tuple[int, ...] = (plan.MAX_SMALL_M_DEPTH,)) -> list[dict]:
+    """At each case, the policy's module (``now``) and each candidate (``candidates``, default the few-tiles or,
+    at ``swap_shapes``, the swap ones) the rung's validator takes and that differs from ``now``, at the
+    deepest ring it fits up to each of ``depths`` (a name past the first depth ends ``_deep``; one as deep as
+    the one before is left out)."""
     out = []
     for epilogue, (M, N, K) in cases_:
         p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", epilogue))
         swap = (M, N, K) in swap_shapes
         now = plan.choose(p)
-        seen = {(now.rung, tuple(sorted((k, v) for k, v in now.knobs.items() if k not in ("pipe_depth",))))}
+        seen = {(now.rung, tuple(sorted(now.knobs.items())))}
         out.append({"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16",
                     "shape": [M, N, K], "variant": "now", "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS})
-        for name, (rung, base) in (FEW_TILE_SWAP_CANDIDATES if swap else FEW_TILE_CANDIDATES).items():
-            knobs = ({**base, "blk_m": plan.swap_blk_m(M)} if swap else
+        pool = candidates if candidates is not None else FEW_TILE_SWAP_CANDIDATES if swap else FEW_TILE_CANDIDATES
+        for name, (rung, base) in pool.items():
+            knobs = ({**base, "blk_m": plan.swap_blk_m(M)} if swap or rung == "v11" else
                      {**base, "cluster_m": 2 if M > base["blk_m"] and base.get("cluster_n", 1) == 1 else 1})
             if knobs.get("split_k", 1) > 1 and K // knobs["split_k"] < 256:
                 continue
-            knobs["pipe_depth"] = plan._deepest(rung, p, {**knobs, **spec_knobs(p.spec)},  # pylint: disable=protected-access
-                                                plan.MAX_SMALL_M_DEPTH)
-            knobs = plan.with_spec({**knobs, "dynamic_m": True}, p)
-            key = (rung, tuple(sorted((k, v) for k, v in knobs.items() if k != "pipe_depth")))
-            if key in seen or plan._validate(rung, p, knobs) is not None:  # pylint: disable=protected-access
-                continue
-            seen.add(key)
-            out.append({"purpose": "time", "set": "split", "rung": rung, "epilogue": epilogue,
-                        "dtype": "bfloat16", "shape": [M, N, K], "variant": name, "knobs": knobs,
-                        "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS})
+            depth_before = 0
+            for i, cap in enumerate(depths):
+                depth = plan._deepest(rung, p, {**knobs, **spec_knobs(p.spec)}, cap)  # pylint: disable=protected-access
+                if depth <= depth_before:
+                    continue
+                depth_before = depth
+                built = plan.with_spec({**knobs, "pipe_depth": depth, "dynamic_m": True}, p)
+                key = (rung, tuple(sorted(built.items())))
+                if key in seen or plan._validate(rung, p, built) is not None:  # pylint: disable=protected-access
+                    continue
+                seen.add(key)
+                out.append({"purpose": "time", "set": "split", "rung": rung, "epilogue": epilogue,
+                            "dtype": "bfloat16", "shape": [M, N, K], "variant": name + ("_deep" if i else ""),
+                            "knobs": built, "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS})
     return out
 
 
@@ -503,6 +559,11 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
         return moved_cases("no_narrow", NARROW_EPILOGUES, sms, NARROW_MS)
     if which == "mid_tiles":
         return mid_tile_cases(sms)
+    if which == "deep_rings":
+        return deep_ring_cases(sms)
+    if which == "swap64_moved":
+        suite = [(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SUITE_MS]
+        return moved_cases("no_swap64", ("none", "bias_gelu_tanh"), sms, extra=suite)
     if which == "mid_moved":
         return moved_cases("no_mid", sms=sms)
     if which == "small_split_moved":

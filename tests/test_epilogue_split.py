@@ -253,6 +253,40 @@ def test_the_few_tiles_set_times_valid_candidates_beside_the_policys_module():
             assert c["knobs"].get("split_k", 1) == 1 or K // c["knobs"]["split_k"] >= 256
 
 
+def test_the_deep_rings_set_times_each_candidate_at_eight_stages_and_at_the_deepest_it_fits():
+    """``--set deep_rings``: at each shape and epilogue the policy's module first; each candidate at plan's cap of
+    8 stages and, named ``_deep``, at a deeper ring that still validates; ``now_deep`` is the policy's own knobs
+    with a deeper ring."""
+    cases = epilogue_check.cases_of("deep_rings")
+    by: dict = {}
+    for c in cases:
+        by.setdefault((c["epilogue"], tuple(c["shape"])), []).append(c)
+    assert set(by) == ({(e, s) for e in epilogue_check.DEEP_RING_EPILOGUES for s in epilogue_check.DEEP_RING_CASES}
+                       | {("none", s) for s in epilogue_check.DEEP_RING_SWAP_CASES})
+    for (epilogue, (M, N, K)), group in by.items():
+        assert group[0]["variant"] == "now" and "knobs" not in group[0]
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec_for("bfloat16", epilogue))
+        named = {c["variant"]: c for c in group[1:]}
+        assert len(named) == len(group) - 1
+        for name, c in named.items():
+            if name == "now_deep":
+                assert c["knobs"]["pipe_depth"] > plan.choose(p).knobs["pipe_depth"]
+                continue
+            base = name.removesuffix("_deep")
+            pool = (epilogue_check.DEEP_RING_SWAP_CANDIDATES if (M, N, K) in epilogue_check.DEEP_RING_SWAP_CASES
+                    else epilogue_check.DEEP_RING_CANDIDATES)
+            rung, _ = pool[base]
+            assert c["rung"] == rung and plan._validate(rung, p, c["knobs"]) is None
+            if name != base:  # deeper than the same candidate at the cap, and past the cap
+                assert c["knobs"]["pipe_depth"] > max(plan.MAX_SMALL_M_DEPTH,
+                                                      named.get(base, {"knobs": {"pipe_depth": 0}})["knobs"]["pipe_depth"])
+            else:
+                assert c["knobs"]["pipe_depth"] <= plan.MAX_SMALL_M_DEPTH
+        # the 64x64 tiles take cuBLAS's 13 stages of 64 (16 KiB each) at these shapes; swap AB's 64 rows more
+        deepest = named["v11_64_s1_deep" if M <= 16 else "v9_64x64_deep"]["knobs"]["pipe_depth"]
+        assert deepest == 13 if M > 16 else deepest > 13
+
+
 @pytest.mark.parametrize("which, rule, without", [("narrow_moved", "swap-ab-narrow", "no_narrow"),
                                                   ("small_split_moved", "small-m-split", "no_small_split")])
 def test_the_moved_sets_pair_each_shape_with_the_policy_without_its_rule(which, rule, without):
