@@ -65,12 +65,16 @@ def without(*names):
     return [r for r in plan.RULES if r.name not in names]
 
 
+SWAP_64 = ("swap-ab-64", "long-k-split")  # 2026-11-29's rules, first for 32 < M <= 128 where they apply
+BEFORE_64 = without(*SWAP_64)
+
+
 @pytest.mark.parametrize("M, N, K", [(64, 4096, 4096), (128, 6144, 4096), (33, 6144, 4096), (100, 4096, 8192)])
 def test_rule_row_tiles(M, N, K):
     """32 < M <= 128, enough 64x128 tiles for one wave and no more, K <= 8192: v9 64x128, one
     consumer, the deepest ring (at most 8); two row tiles (M > 64) pair up in a 2x1 cluster that
-    multicasts B, one row tile has no pair."""
-    c = rule_choice(P(M, N, K))
+    multicasts B, one row tile has no pair. (At M <= 64 swap-ab-64 comes first where it applies.)"""
+    c = rule_choice(P(M, N, K), BEFORE_64)
     assert (c.rule, c.rung) == ("row-tiles", "v9")
     k = rung_knobs(c)
     pair = 2 if M > 64 else 1
@@ -79,7 +83,8 @@ def test_rule_row_tiles(M, N, K):
     assert f"{P(M, N, K).tiles(64, 128)} tiles of 64x128" in c.why
 
 
-@pytest.mark.parametrize("M, N, K, rule", [(64, 4096, 4096, "row-tiles"), (1, 4096, 4096, "swap-ab-narrow"),
+@pytest.mark.parametrize("M, N, K, rule", [(64, 4096, 4096, "swap-ab-64"), (128, 4096, 4096, "row-tiles"),
+                                           (128, 4096, 14336, "long-k-split"), (1, 4096, 4096, "swap-ab-narrow"),
                                            (1, 28672, 4096, "swap-ab"),
                                            (128, 28672, 4096, "swap-ab-128"), (512, 4096, 4096, "tile-shape"),
                                            (4096, 4096, 4096, "large"), (200, 4096, 14336, "split-k")])
@@ -170,8 +175,9 @@ def test_rule_swap_ab_stops_above_m_64():
 @pytest.mark.parametrize("M, N, K, split_k", [(128, 28672, 4096, 1), (65, 128256, 4096, 1), (128, 4096, 14336, 3),
                                               (100, 2048, 16384, 6)])
 def test_rule_swap_ab_128(M, N, K, split_k):
-    """64 < M <= 128 where row tiles do not fit: v11 with 128 rows of M, split until 96 CTAs stream B."""
-    c = rule_choice(P(M, N, K))
+    """64 < M <= 128 where row tiles do not fit: v11 with 128 rows of M, split until 96 CTAs stream B (before
+    long-k-split, which takes the two long-K shapes now)."""
+    c = rule_choice(P(M, N, K), BEFORE_64)
     assert (c.rule, c.rung) == ("swap-ab-128", "v11")
     assert (c.knobs["blk_m"], c.knobs["blk_n"], c.knobs["split_k"]) == (128, 128, split_k)
 
@@ -189,7 +195,7 @@ def test_rule_weight_streaming(M, N, blk_n):
 
 
 def test_rule_weight_streaming_stops_above_m_64():
-    rules = without("swap-ab", "row-tiles")
+    rules = without("swap-ab", "row-tiles", *SWAP_64)
     assert rule_choice(P(64, 4096, 4096), rules).rule == "weight-streaming"
     assert rule_choice(P(65, 4096, 4096), rules).rule != "weight-streaming"
 
@@ -676,9 +682,9 @@ def E(M, N, K, epilogue, dtype="bfloat16", **spec_changes):
 def test_rule_small_m_epilogue(M, N, K, pair, epilogue):
     """32 < M <= 128 with an epilogue and 64x64 tiles that fit in one wave: v9 64x64, one consumer,
     the deepest ring; two row tiles share B through a 2x1 cluster. Its knobs carry the spec, and
-    the module builds at a runtime M."""
+    the module builds at a runtime M. (swap-ab-64 takes M <= 64 without a residual first.)"""
     p = E(M, N, K, epilogue)
-    c = rule_choice(p)
+    c = rule_choice(p, BEFORE_64)
     assert (c.rule, c.rung) == ("small-m-epilogue", "v9")
     k = rung_knobs(c)
     assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["cluster_m"], k["cluster_n"]) == (64, 64, 1, pair, 1)
@@ -700,11 +706,14 @@ def test_rule_small_m_epilogue_stops(M, N, K, spec_changes, why):
     assert c.rule != "small-m-epilogue", why
 
 
-@pytest.mark.parametrize("M, rule", [(33, "swap-ab"), (64, "swap-ab"), (128, "swap-ab-128")])
-def test_rule_small_m_epilogue_leaves_a_long_k_without_a_residual_to_swap_ab(M, rule):
+@pytest.mark.parametrize("M, rule, before", [(33, "swap-ab-64", "swap-ab"), (64, "swap-ab-64", "swap-ab"),
+                                             (128, "long-k-split", "swap-ab-128")])
+def test_rule_small_m_epilogue_leaves_a_long_k_without_a_residual_to_swap_ab(M, rule, before):
     """Past K = 8192 an epilogue v11 builds (a bias, an activation, alpha) streams B better through swap AB
-    and its split K; the residual, which v11 does not build, keeps the 64x64 tiles."""
+    and its split K (since 2026-11-29 swap-ab-64's 64 rows, and at M > 64 long-k-split's 64x128 tiles split in
+    two); the residual, which v11 does not build, keeps the 64x64 tiles."""
     assert rule_choice(E(M, 4096, 14336, "bias_gelu_tanh")).rule == rule
+    assert rule_choice(E(M, 4096, 14336, "bias_gelu_tanh"), BEFORE_64).rule == before
     assert rule_choice(E(M, 4096, 14336, "alpha_bias_gelu_tanh+residual")).rule == "small-m-epilogue"
 
 
@@ -712,12 +721,13 @@ def test_rule_small_m_epilogue_leaves_a_long_k_without_a_residual_to_swap_ab(M, 
                                                      (128, 768, 3072, 2, "bias_gelu_tanh"), (100, 2048, 4096, 2, "bias")])
 def test_rule_small_m_split(M, N, K, pair, epilogue):
     """The small-M epilogue rule's tiles, knobs and spec with each K loop split in two (v10) where two
-    slices a tile fit in the SMs and K >= 3072; the module builds at a runtime M."""
+    slices a tile fit in the SMs and K >= 3072; the module builds at a runtime M. (swap-ab-64 takes M <= 64
+    first.)"""
     p = E(M, N, K, epilogue)
-    c = rule_choice(p)
+    c = rule_choice(p, BEFORE_64)
     assert (c.rule, c.rung) == ("small-m-split", "v10")
     k = rung_knobs(c)
-    small = rung_knobs(rule_choice(p, without("small-m-split")))
+    small = rung_knobs(rule_choice(p, without("small-m-split", *SWAP_64)))
     assert small["blk_m"] == 64 and k == {**small, "split_k": 2, "pipe_depth": k["pipe_depth"]}
     assert k["cluster_m"] == pair and 2 * p.tiles(64, 64) <= H100 and k["pipe_depth"] <= plan.MAX_SMALL_M_DEPTH
     assert f"{p.tiles(64, 64)} tiles of 64x64 x split_k=2" in c.why
@@ -731,7 +741,7 @@ def test_rule_small_m_split(M, N, K, pair, epilogue):
     (128, 4096, 4096, "bias_gelu_tanh", "256 slices (0.69x against 0.90x)"),
 ])
 def test_rule_small_m_split_stops(M, N, K, epilogue, why):
-    assert rule_choice(E(M, N, K, epilogue)).rule == "small-m-epilogue", why
+    assert rule_choice(E(M, N, K, epilogue), BEFORE_64).rule == "small-m-epilogue", why
 
 
 def test_small_m_split_agrees_with_its_measurement():
@@ -762,8 +772,83 @@ def test_small_m_split_on_the_shapes_it_moved():
         got.setdefault((r["M"], r["N"], r["K"]), {})[r["rule"]] = r
     assert len(got) == 15
     for (M, N, K), v in got.items():
-        assert rule_choice(E(M, N, K, "bias_gelu_tanh")).rule == "small-m-split" == v["now"]["chosen_by"]
+        assert rule_choice(E(M, N, K, "bias_gelu_tanh"), BEFORE_64).rule == "small-m-split" == v["now"]["chosen_by"]
         assert v["now"]["kernel_ratio"] > 1.05 * v["no_small_split"]["kernel_ratio"], (M, N, K)
+
+
+@needs_v11
+@pytest.mark.parametrize("M, N, K, epilogue, split_k", [(64, 4096, 4096, "none", 2), (64, 4096, 14336, "bias_gelu_tanh", 2),
+                                                       (33, 6144, 4096, "bias_relu", 1), (48, 768, 3072, "none", 4),
+                                                       (64, 3072, 768, "bias_gelu_tanh", 1)])
+def test_rule_swap_ab_64(M, N, K, epilogue, split_k):
+    """32 < M <= 64 where the narrow swap's 64-row tiles times its split fit in one wave: v11, all M rows as
+    wgmma's N (64), 64 rows of N over one consumer, the narrow swap's split and ring; plain or with an
+    epilogue v11 builds; the module builds at a runtime M."""
+    p = E(M, N, K, epilogue)
+    c = rule_choice(p)
+    assert (c.rule, c.rung) == ("swap-ab-64", "v11")
+    k = rung_knobs(c)
+    assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["split_k"]) == (64, 64, 1, split_k)
+    assert split_k == plan.swap_narrow_split_k(p) and -(-N // 64) * split_k <= H100
+    assert k["stream_b"] is True and k["pipe_depth"] <= plan.MAX_SWAP_DEPTH and {**k, **spec_knobs(p.spec)} == k
+    assert f"{-(-N // 64)} tiles of 64 rows of N x split_k={split_k}" in c.why
+    make_config("v11", M, N, K, **{**c.knobs, "dynamic_m": True})
+
+
+@pytest.mark.parametrize("M, N, K, epilogue, why", [
+    (32, 4096, 4096, "none", "M <= 32: the narrow swap's own rule"),
+    (65, 4096, 4096, "none", "M > 64: wgmma's N would pass 64"),
+    (64, 28672, 4096, "none", "448 tiles of 64 rows: past one wave"),
+    (64, 4096, 4096, "residual", "a residual: v11 does not build it"),
+])
+def test_rule_swap_ab_64_stops(M, N, K, epilogue, why):
+    assert rule_choice(E(M, N, K, epilogue)).rule != "swap-ab-64", why
+    fp32 = E(64, 4096, 4096, "bias_gelu_tanh", d="float32", bias="float32")
+    assert rule_choice(fp32).rule != "swap-ab-64", "a float32 D: not measured"
+
+
+@needs_v10
+@pytest.mark.parametrize("M, N, K, epilogue", [(128, 4096, 14336, "none"), (128, 4096, 14336, "bias_gelu_tanh"),
+                                               (100, 3584, 14336, "bias_relu"), (65, 2048, 16384, "none")])
+def test_rule_long_k_split(M, N, K, epilogue):
+    """64 < M <= 128, K > 8192, 64x128 tiles split in two in one wave: v10 64x128, one consumer, 2x1 clusters,
+    split_k 2, B streamed, the deepest ring up to 8; the module builds at a runtime M."""
+    p = E(M, N, K, epilogue)
+    c = rule_choice(p)
+    assert (c.rule, c.rung) == ("long-k-split", "v10")
+    k = rung_knobs(c)
+    assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["cluster_m"], k["split_k"]) == (64, 128, 1, 2, 2)
+    assert k["stream_b"] is True and k["pipe_depth"] <= plan.MAX_SMALL_M_DEPTH and 2 * p.tiles(64, 128) <= H100
+    assert f"{p.tiles(64, 128)} tiles of 64x128 x split_k=2" in c.why
+    make_config("v10", M, N, K, **{**c.knobs, "dynamic_m": True})
+
+
+@pytest.mark.parametrize("M, N, K, epilogue, why", [
+    (128, 4096, 8192, "none", "K <= 8192: row-tiles"),
+    (64, 4096, 14336, "none", "M <= 64: swap-ab-64"),
+    (129, 4096, 14336, "none", "M > 128"),
+    (128, 6144, 14336, "none", "192 slices for 132 SMs"),
+    (128, 4096, 14336, "alpha_bias_gelu_tanh+residual", "a residual: not measured split"),
+])
+def test_rule_long_k_split_stops(M, N, K, epilogue, why):
+    assert rule_choice(E(M, N, K, epilogue)).rule != "long-k-split", why
+
+
+def test_swap_ab_64_and_long_k_split_on_the_shapes_they_moved():
+    """``--set swap64_moved``: the 37 shapes (suite, every-model samples, the epilogue suite) whose choice the two
+    rules change, plain and with bias+GELU; the policy still makes that choice, and its module ran faster than the
+    policy's without the rules at every one (1.014x the least)."""
+    rows = json.loads((Path(__file__).parent.parent / plan.SWAP_64_MOVED).with_name(
+        "epilogue_swap64_moved.json").read_text())["rows"]
+    got: dict = {}
+    for r in rows:
+        op = "none" if r["op"].startswith("none") else "bias_gelu_tanh"
+        got.setdefault((op, r["M"], r["N"], r["K"]), {})[r["rule"]] = r
+    assert len(got) == 74
+    for (op, M, N, K), v in got.items():
+        assert rule_choice(E(M, N, K, op)).rule == v["now"]["chosen_by"] in SWAP_64
+        assert rule_choice(E(M, N, K, op), BEFORE_64).rule == v["no_swap64"]["chosen_by"]
+        assert v["now"]["kernel_ratio"] > v["no_swap64"]["kernel_ratio"], (op, M, N, K)
 
 
 def candidate_ratios(readme: str, name: str) -> dict:

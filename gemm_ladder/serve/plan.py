@@ -476,6 +476,55 @@ def _small_m_split_knobs(p: Problem) -> dict:
     return {**knobs, "pipe_depth": _deepest("v10", p, knobs, MAX_SMALL_M_DEPTH)}
 
 
+# -- rows of N as the CTAs' tiles at 32 < M <= 128 (DEEP_RINGS: no epilogue and bias+GELU at M = 64 and 128 on
+# Llama-8B's 4096x4096 and 4096x14336, the policy's module beside v9, v10 and v11 tiles and splits at 8 stages and
+# at the deepest ring they fit, kernels in graphs against cuBLAS and cuBLASLt's fused epilogue on an H200).
+# - At M = 64, swap AB with 64 rows of N per CTA (the narrow swap's tile, M as wgmma's N = 64) split in two: no
+#   epilogue 0.776 -> 0.917x cuBLAS at 4096x4096 (row-tiles' 64x128, 32 CTAs), 0.997 -> 1.091x at 4096x14336
+#   (swap-ab's 128 rows); bias+GELU 0.914 -> 0.954x (small-m-split) and 0.884 -> 0.978x (swap-ab).
+# - At M = 128 with K past SMALL_M_EPILOGUE_SWAP_K, 64x128 tiles in 2x1 clusters split in two (v10, 128 CTAs):
+#   no epilogue 1.011 -> 1.088x, bias+GELU 1.058 -> 1.129x at 4096x14336 (swap-ab-128).
+# - The rings past 8 stages lost at every one of these shapes (64x64 tiles at 13 stages, cuBLAS's depth there:
+#   0.63-0.89x against 0.71-0.97x at 8): the caps stay.
+# On the 37 shapes of the suite, the every-model samples and the epilogue suite they move (SWAP_64_MOVED, 34 not
+# fitted on), with no epilogue and with bias+GELU: faster at every one, 1.23x (none) and 1.07x (bias+GELU) the
+# modules before them in geomean, 1.014x the least.
+DEEP_RINGS = "benchmarks/results/2026-11-29_h200_deep_rings/README.md"
+SWAP_64_MOVED = "benchmarks/results/2026-11-29_h200_swap64_moved/README.md"
+SWAP_64_ROWS = (32, 64)  # 32 < M <= 64
+LONG_K_SPLIT_ROWS = (64, 128)  # 64 < M <= 128
+LONG_K_SPLIT_TILE = (64, 128)
+
+
+def _v11_builds(p: Problem) -> bool:
+    """v11 builds the spec (none, bias, an activation, alpha; D in the inputs' dtype): not a residual, SwiGLU's
+    gated B, fp8 or a float32 D."""
+    spec = p.spec
+    return spec is None or not (spec.residual is not None or spec.gated or spec.is_fp8 or spec.d != p.dtype)
+
+
+def _swap_64(p: Problem) -> bool:
+    """32 < M <= 64 where the narrow swap's 64-row tiles, times its split, fit in one wave and v11 builds the
+    spec."""
+    lo, hi = SWAP_64_ROWS
+    return lo < p.M <= hi and _v11_builds(p) and math.ceil(p.N / SWAP_NARROW[1]) * swap_narrow_split_k(p) <= p.sms
+
+
+def _long_k_split(p: Problem) -> bool:
+    """64 < M <= 128, K past :data:`SMALL_M_EPILOGUE_SWAP_K` and the 64x128 tiles split in two in one wave; the
+    spec one v11 builds too (not measured with a residual or a float32 D)."""
+    lo, hi = LONG_K_SPLIT_ROWS
+    return (lo < p.M <= hi and p.K > SMALL_M_EPILOGUE_SWAP_K and _v11_builds(p)
+            and 2 * p.tiles(*LONG_K_SPLIT_TILE) <= p.sms)
+
+
+def _long_k_split_knobs(p: Problem) -> dict:
+    blk_m, blk_n = LONG_K_SPLIT_TILE
+    knobs = {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": 1, "cluster_m": 2, "cluster_n": 1, "epi_n": 64,
+             **STREAM_B, "split_k": 2}
+    return {**knobs, "pipe_depth": _deepest("v10", p, knobs, MAX_SMALL_M_DEPTH)}
+
+
 # -- past M = 128 where v9's 128x128 tiles leave most SMs idle and K is too short for the split-k rule. On an H200
 # (MID_TILES: no epilogue at M = 256 and 512, bias+GELU at 512, on five narrow weights: 768x3072, 1024x4096,
 # 1280x1280, 896x4864, 2048x2048; the policy's module beside 64-row tiles, whole and split in two) the tile-shape
@@ -535,6 +584,23 @@ def _mid_tile_detail(p: Problem) -> str:
 
 
 RULES: list[Rule] = [
+    Rule("swap-ab-64", "sm_90a", "v11", when=_swap_64, knobs=_swap_narrow_knobs,
+         why="32 < M <= 64 with N's 64-row tiles, times their split, in one wave (no residual, D in the inputs' "
+             "dtype): the narrow swap's tiles, 64 rows of N per CTA against all M rows as wgmma's N, K split as "
+             "the narrow swap splits it",
+         evidence=DEEP_RINGS + ": 0.776 -> 0.917x cuBLAS at 64x4096x4096, 0.997 -> 1.091x at 64x4096x14336; "
+                  "bias+GELU 0.914 -> 0.954x and 0.884 -> 0.978x cuBLASLt's fused epilogue; " + SWAP_64_MOVED + ": "
+                  "1.24x (none) and 1.07x (bias+GELU) the modules before it at the 35 suite and every-model shapes "
+                  "it moves, 1.014x the least",
+         detail=_swap_narrow_detail),
+    Rule("long-k-split", "sm_90a", "v10", when=_long_k_split, knobs=_long_k_split_knobs,
+         why=f"64 < M <= 128 with K > {SMALL_M_EPILOGUE_SWAP_K} whose 64x128 tiles split in two fit in one wave "
+             "(no residual, D in the inputs' dtype): 64x128 tiles (one consumer, B streamed, 2x1 clusters) with "
+             "each K loop split in two (v10)",
+         evidence=DEEP_RINGS + ": 1.011 -> 1.088x cuBLAS at 128x4096x14336 (swap-ab-128 before); bias+GELU "
+                  "1.058 -> 1.129x cuBLASLt's fused epilogue; " + SWAP_64_MOVED + ": 1.05-1.07x swap-ab-128's module "
+                  "at 128x3584x14336 and 128x4096x14336, both epilogues",
+         detail=lambda p: f"{p.tiles(*LONG_K_SPLIT_TILE)} tiles of 64x128 x split_k=2 on {p.sms} SMs"),
     Rule("small-m-split", "sm_90a", "v10", when=_small_m_split, knobs=_small_m_split_knobs,
          why="an epilogue call without a residual at 32 < M <= 128 whose 64x64 tiles fill at most half the SMs, "
              f"K >= {SMALL_M_SPLIT_MIN_K}: the small-M epilogue rule's tiles with each K loop split in two (v10), "
