@@ -57,7 +57,10 @@ v10 splitting 128x128, 64x64, 64x128; at M <= 16, v11 at 64 and 128 rows of N sp
 swap_widths``: those v11 candidates at M = 1, 16, 32 on the suite's and the held-out weights, bias+GELU and no
 epilogue. ``--set narrow_moved`` and ``--set small_split_moved``: the shapes of the suite and the every-model
 samples whose choice plan's ``swap-ab-narrow`` (no epilogue, M = 1 and 7) or ``small-m-split`` (bias+GELU)
-changed, against the policy without that rule (``no_narrow``, ``no_small_split``).
+changed, against the policy without that rule (``no_narrow``, ``no_small_split``). ``--set deep_rings``: rings past
+plan's 8 stages (the deepest each candidate fits) beside the same candidates at 8, at M = 64 and 128 on the 4096-wide
+weights (no epilogue and bias+GELU) and swap AB's at M <= 16; ``--set swap64_moved``: the shapes plan's
+``swap-ab-64`` and ``long-k-split`` move, against the policy without them (``no_swap64``).
 
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
