@@ -34,10 +34,11 @@ TUNE = ("v5", (256, 256, 512), "blk_m=128;blk_n=128;num_warpgroups=2;pipe_depth=
 # weight the front door's tests call through its pack
 SUITE_CASE = "float16-16x4096x4096"
 FRONT_SHAPES = ("16x4096x4096", "37x4096x4096")
-# matmul(A, W, bias=b) through the pack's v9 bias modules (pack build --epilogue bias): weight
-# streaming and row tiles at small (odd) M, 128x128 tiles in a 1x2 cluster with a partial last
-# column tile (N = 3000), and 128x256 tiles at two or more a CTA with epi_under (odd M = 2001)
-BIAS_SHAPES = ("16x4096x4096", "37x4096x4096", "333x3000x520", "2001x4096x512", "37x1001x520")
+# matmul(A, W, bias=b) through the pack's bias modules (pack build --epilogue bias): swap AB at small
+# (odd) M (v11: 16 and 37 rows), the small-M split at M = 100 (v10: 64x64 tiles, K in two), 128x128
+# tiles in a 1x2 cluster with a partial last column tile (N = 3000), and 128x256 tiles at two or more
+# a CTA with epi_under (odd M = 2001)
+BIAS_SHAPES = ("16x4096x4096", "37x4096x4096", "100x2048x4096", "333x3000x520", "2001x4096x512", "37x1001x520")
 # a wide N that is not a multiple of 8 (K is): split, the pack's module on the weight's first 1000
 # rows as they lie, torch's matmul on the last (tma_layout's split-n), eager, again and in a CUDA
 # graph; the bias shape 37x1001x520 above splits its bias the same way

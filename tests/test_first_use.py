@@ -544,6 +544,18 @@ def test_a_near_tie_as_calls_goes_to_the_faster_kernel(queued, kernels, winner):
     assert first_use.pick(queued, copies=True, kernels=kernels) == first_use.pick(queued, copies=True)
 
 
+@pytest.mark.parametrize("queued, kernels, copies, winner", [
+    ({"v9": 44.6, "v11": 46.3, "torch": 59.4}, {"v9": 35.2, "v11": 25.8, "torch": 54.9}, True, "v11"),  # GPT-2's head
+    ({"v9": 44.6, "v11": 52.0, "torch": 90.0}, {"v9": 35.2, "v11": 25.8, "torch": 54.9}, True, "v9"),  # 17% apart
+    ({"v9": 20.0, "v11": 21.0}, {"v9": 12.0, "v11": 12.5}, False, "v9"),  # the faster both ways
+    ({"v9": 20.0, "v11": 21.0}, None, False, "v9"),  # no graphs timed: the calls alone
+])
+def test_a_near_tie_between_kernels_of_ours_goes_to_the_faster_kernel(queued, kernels, copies, winner):
+    """Of our candidates within QUEUED_CLEAR of our fastest as queued calls (host-bound launches), the one
+    faster in graphs; further apart, the calls decide."""
+    assert first_use.pick(queued, copies=copies, kernels=kernels) == winner
+
+
 _TIME_GRAPHS = first_use.time_graphs  # the real one (graphs_like_calls stands in for it in each test)
 
 

@@ -275,7 +275,7 @@ for shape in {shapes!r}:
         assert not D.isnan().any() and err <= 2 * theirs + 1e-3, (shape, name, err, theirs)
         print("SMOKE bias", shape, name, "rel_err", err, "max_abs", worst, "F.linear", theirs)
     # the bias reached the kernel, not a silent torch fallback: the route is a bias module of the pack (v9's,
-    # swap AB's at M = 16, or the small-M split's v10 at M = 37)
+    # swap AB's at M = 16 and 37, or the small-M split's v10 at M = 100)
     route = front.route_of(M, N, K, spec=GemmSpec.with_bias())  # the one the calls took (remembered)
     assert route.rung in ("v9", "v10", "v11") and route.source == "kernel pack", (route.rung, route.source, route.lines)
     print("SMOKE bias route", shape, route.lines[0], "|", route.lines[2])
@@ -299,7 +299,7 @@ print("SMOKE bias done")
 
 
 def test_matmul_with_a_bias(smoke, tmp_path):
-    """``matmul(A, W, bias=b)`` and ``mm(A, W, b)`` on the pack's bias modules (v9, v11 at M = 16, v10 at 37; strict: no
+    """``matmul(A, W, bias=b)`` and ``mm(A, W, b)`` on the pack's bias modules (v9, v11 at M = 16 and 37, v10 at 100; strict: no
     torch fallback), against torch's fp64 reference with the output poisoned first; the op's bias
     gradient."""
     out = _script(tmp_path, "bias.py", BIAS.format(shapes=smoke["bias_shapes"]), smoke["pack"], strict=True)
