@@ -776,6 +776,15 @@ def test_small_m_split_on_the_shapes_it_moved():
         assert v["now"]["kernel_ratio"] > 1.05 * v["no_small_split"]["kernel_ratio"], (M, N, K)
 
 
+def built_choice(p: Problem, rule: str, rung: str):
+    """The policy's choice for ``p``, asserted to be ``rule`` on ``rung``, and its rung knobs; the module
+    builds at a runtime M (the rung's validator takes the knobs)."""
+    c = rule_choice(p)
+    assert (c.rule, c.rung) == (rule, rung)
+    make_config(rung, p.M, p.N, p.K, **{**c.knobs, "dynamic_m": True})
+    return c, rung_knobs(c)
+
+
 @needs_v11
 @pytest.mark.parametrize("M, N, K, epilogue, split_k", [(64, 4096, 4096, "none", 2), (64, 4096, 14336, "bias_gelu_tanh", 2),
                                                        (33, 6144, 4096, "bias_relu", 1), (48, 768, 3072, "none", 4),
@@ -785,26 +794,11 @@ def test_rule_swap_ab_64(M, N, K, epilogue, split_k):
     wgmma's N (64), 64 rows of N over one consumer, the narrow swap's split and ring; plain or with an
     epilogue v11 builds; the module builds at a runtime M."""
     p = E(M, N, K, epilogue)
-    c = rule_choice(p)
-    assert (c.rule, c.rung) == ("swap-ab-64", "v11")
-    k = rung_knobs(c)
+    c, k = built_choice(p, "swap-ab-64", "v11")
     assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["split_k"]) == (64, 64, 1, split_k)
     assert split_k == plan.swap_narrow_split_k(p) and -(-N // 64) * split_k <= H100
     assert k["stream_b"] is True and k["pipe_depth"] <= plan.MAX_SWAP_DEPTH and {**k, **spec_knobs(p.spec)} == k
     assert f"{-(-N // 64)} tiles of 64 rows of N x split_k={split_k}" in c.why
-    make_config("v11", M, N, K, **{**c.knobs, "dynamic_m": True})
-
-
-@pytest.mark.parametrize("M, N, K, epilogue, why", [
-    (32, 4096, 4096, "none", "M <= 32: the narrow swap's own rule"),
-    (65, 4096, 4096, "none", "M > 64: wgmma's N would pass 64"),
-    (64, 28672, 4096, "none", "448 tiles of 64 rows: past one wave"),
-    (64, 4096, 4096, "residual", "a residual: v11 does not build it"),
-])
-def test_rule_swap_ab_64_stops(M, N, K, epilogue, why):
-    assert rule_choice(E(M, N, K, epilogue)).rule != "swap-ab-64", why
-    fp32 = E(64, 4096, 4096, "bias_gelu_tanh", d="float32", bias="float32")
-    assert rule_choice(fp32).rule != "swap-ab-64", "a float32 D: not measured"
 
 
 @needs_v10
@@ -814,24 +808,30 @@ def test_rule_long_k_split(M, N, K, epilogue):
     """64 < M <= 128, K > 8192, 64x128 tiles split in two in one wave: v10 64x128, one consumer, 2x1 clusters,
     split_k 2, B streamed, the deepest ring up to 8; the module builds at a runtime M."""
     p = E(M, N, K, epilogue)
-    c = rule_choice(p)
-    assert (c.rule, c.rung) == ("long-k-split", "v10")
-    k = rung_knobs(c)
+    c, k = built_choice(p, "long-k-split", "v10")
     assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["cluster_m"], k["split_k"]) == (64, 128, 1, 2, 2)
     assert k["stream_b"] is True and k["pipe_depth"] <= plan.MAX_SMALL_M_DEPTH and 2 * p.tiles(64, 128) <= H100
     assert f"{p.tiles(64, 128)} tiles of 64x128 x split_k=2" in c.why
-    make_config("v10", M, N, K, **{**c.knobs, "dynamic_m": True})
 
 
-@pytest.mark.parametrize("M, N, K, epilogue, why", [
-    (128, 4096, 8192, "none", "K <= 8192: row-tiles"),
-    (64, 4096, 14336, "none", "M <= 64: swap-ab-64"),
-    (129, 4096, 14336, "none", "M > 128"),
-    (128, 6144, 14336, "none", "192 slices for 132 SMs"),
-    (128, 4096, 14336, "alpha_bias_gelu_tanh+residual", "a residual: not measured split"),
+FP32_D = {"d": "float32", "bias": "float32"}
+
+
+@pytest.mark.parametrize("rule, M, N, K, epilogue, spec_changes, why", [
+    ("swap-ab-64", 32, 4096, 4096, "none", {}, "M <= 32: the narrow swap's own rule"),
+    ("swap-ab-64", 65, 4096, 4096, "none", {}, "M > 64: wgmma's N would pass 64"),
+    ("swap-ab-64", 64, 28672, 4096, "none", {}, "448 tiles of 64 rows: past one wave"),
+    ("swap-ab-64", 64, 4096, 4096, "residual", {}, "a residual: v11 does not build it"),
+    ("swap-ab-64", 64, 4096, 4096, "bias_gelu_tanh", FP32_D, "a float32 D: not measured"),
+    ("long-k-split", 128, 4096, 8192, "none", {}, "K <= 8192: row-tiles"),
+    ("long-k-split", 64, 4096, 14336, "none", {}, "M <= 64: swap-ab-64"),
+    ("long-k-split", 129, 4096, 14336, "none", {}, "M > 128"),
+    ("long-k-split", 128, 6144, 14336, "none", {}, "192 slices for 132 SMs"),
+    ("long-k-split", 128, 4096, 14336, "alpha_bias_gelu_tanh+residual", {}, "a residual: not measured split"),
+    ("long-k-split", 128, 4096, 14336, "bias_gelu_tanh", FP32_D, "a float32 D: not measured"),
 ])
-def test_rule_long_k_split_stops(M, N, K, epilogue, why):
-    assert rule_choice(E(M, N, K, epilogue)).rule != "long-k-split", why
+def test_swap_ab_64_and_long_k_split_stop(rule, M, N, K, epilogue, spec_changes, why):
+    assert rule_choice(E(M, N, K, epilogue, **spec_changes)).rule != rule, why
 
 
 def test_swap_ab_64_and_long_k_split_on_the_shapes_they_moved():

@@ -11,6 +11,12 @@ rule passed over is kept with the reason for ``explain``. Today's table (Hopper;
 v9's defaults)::
 
     rule              when                            rung, knobs                               why
+    swap-ab-64        32 < M <= 64, N / 64 tiles       v11: swap-ab-narrow's knobs, all M rows   the most CTAs streaming
+                      times the split in one wave; no  as wgmma's N (64)                         B; faster at all 35
+                      epilogue or bias/act/alpha                                                 shapes it moved
+    long-k-split      64 < M <= 128, K > 8192, 64x128  v10: 64x128 tiles, one consumer, 2x1      1.05-1.07x swap AB's
+                      tiles split in two in one wave;  clusters, split_k 2, ring <= 8            128 rows split in 3
+                      no epilogue or bias/act/alpha
     small-m-split     as small-m-epilogue, no          v10: its tiles and knobs, split_k 2       twice the CTAs
                       residual, tiles fill <= half                                               stream B; a short K
                       the SMs, K >= 3072                                                         or a second wave lose
@@ -54,7 +60,7 @@ An fp8 problem (its spec's operands are e4m3: ``scaled_mm``'s) takes :data:`FP8_
 at its fp8 defaults at every M, the one fp8 kernel measured on a GPU; the tuning database, which
 holds 16-bit kernels' knobs only, is not asked.
 
-The small-M rules (small-m-split to swap-ab-128) and the mid-tiles rules also set ``stream_b``: B's loads evict first
+The small-M rules (swap-ab-64 to swap-ab-128) and the mid-tiles rules also set ``stream_b``: B's loads evict first
 from L2, A's last, with 256-byte L2 fills (+1.6-6.3% as kernels at 18 of the suite's 20 cases
 with M <= 128, ``benchmarks/results/2026-11-22_h100_stream_b/``).
 
@@ -485,7 +491,7 @@ def _small_m_split_knobs(p: Problem) -> dict:
 # - At M = 128 with K past SMALL_M_EPILOGUE_SWAP_K, 64x128 tiles in 2x1 clusters split in two (v10, 128 CTAs):
 #   no epilogue 1.011 -> 1.088x, bias+GELU 1.058 -> 1.129x at 4096x14336 (swap-ab-128).
 # - The rings past 8 stages lost at every one of these shapes (64x64 tiles at 13 stages, cuBLAS's depth there:
-#   0.63-0.89x against 0.71-0.97x at 8): the caps stay.
+#   0.69-0.85x against 0.76-0.98x at 8; every candidate was slower deeper): the caps stay.
 # On the 37 shapes of the suite, the every-model samples and the epilogue suite they move (SWAP_64_MOVED, 34 not
 # fitted on), with no epilogue and with bias+GELU: faster at every one, 1.23x (none) and 1.07x (bias+GELU) the
 # modules before them in geomean, 1.014x the least.
@@ -496,25 +502,24 @@ LONG_K_SPLIT_ROWS = (64, 128)  # 64 < M <= 128
 LONG_K_SPLIT_TILE = (64, 128)
 
 
-def _v11_builds(p: Problem) -> bool:
-    """v11 builds the spec (none, bias, an activation, alpha; D in the inputs' dtype): not a residual, SwiGLU's
-    gated B, fp8 or a float32 D."""
+def _bias_act_only(p: Problem) -> bool:
+    """No epilogue, or a bias, an activation and alpha with D in the inputs' dtype: what v11 builds and what
+    swap-ab-64 and long-k-split were measured with (not a residual, SwiGLU's gated B, fp8 or a float32 D)."""
     spec = p.spec
     return spec is None or not (spec.residual is not None or spec.gated or spec.is_fp8 or spec.d != p.dtype)
 
 
 def _swap_64(p: Problem) -> bool:
-    """32 < M <= 64 where the narrow swap's 64-row tiles, times its split, fit in one wave and v11 builds the
-    spec."""
+    """32 < M <= 64 where the narrow swap's 64-row tiles, times its split, fit in one wave (:func:`_bias_act_only`)."""
     lo, hi = SWAP_64_ROWS
-    return lo < p.M <= hi and _v11_builds(p) and math.ceil(p.N / SWAP_NARROW[1]) * swap_narrow_split_k(p) <= p.sms
+    return lo < p.M <= hi and _bias_act_only(p) and math.ceil(p.N / SWAP_NARROW[1]) * swap_narrow_split_k(p) <= p.sms
 
 
 def _long_k_split(p: Problem) -> bool:
-    """64 < M <= 128, K past :data:`SMALL_M_EPILOGUE_SWAP_K` and the 64x128 tiles split in two in one wave; the
-    spec one v11 builds too (not measured with a residual or a float32 D)."""
+    """64 < M <= 128, K past :data:`SMALL_M_EPILOGUE_SWAP_K` and the 64x128 tiles split in two in one wave
+    (:func:`_bias_act_only`)."""
     lo, hi = LONG_K_SPLIT_ROWS
-    return (lo < p.M <= hi and p.K > SMALL_M_EPILOGUE_SWAP_K and _v11_builds(p)
+    return (lo < p.M <= hi and p.K > SMALL_M_EPILOGUE_SWAP_K and _bias_act_only(p)
             and 2 * p.tiles(*LONG_K_SPLIT_TILE) <= p.sms)
 
 
