@@ -60,7 +60,8 @@ samples whose choice plan's ``swap-ab-narrow`` (no epilogue, M = 1 and 7) or ``s
 changed, against the policy without that rule (``no_narrow``, ``no_small_split``). ``--set deep_rings``: rings past
 plan's 8 stages (the deepest each candidate fits) beside the same candidates at 8, at M = 64 and 128 on the 4096-wide
 weights (no epilogue and bias+GELU) and swap AB's at M <= 16; ``--set swap64_moved``: the shapes plan's
-``swap-ab-64`` and ``long-k-split`` move, against the policy without them (``no_swap64``).
+``swap-ab-64`` and ``long-k-split`` move, against the policy without them (``no_swap64``); ``--set row64_moved``:
+the shapes plan's candidate ``ROW_TILES_64`` would move, the policy with it (``with_row64``) against the policy.
 
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
@@ -219,8 +220,12 @@ DEEP_RING_SWAP_CANDIDATES["v11_128_s1"] = ("v11", {"blk_n": 128, "num_warpgroups
 # its M) whose bf16 choice they change, no epilogue and bias+GELU, the policy's module (``now``) beside the policy
 # without them (``no_swap64``)
 SWAP64_RULES = ("swap-ab-64", "long-k-split")
+# plan's ROW_TILES_64, measured and not yet in its rules (``prepare --set row64_moved``): the shapes it would move,
+# no epilogue, the policy with it (``with_row64``) against the policy (``now``)
+ROW64_VARIANT = "with_row64"
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
-             "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved")
+             "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
+             "row64_moved")
 CHECK_TIMEOUT = 120.0
 
 
@@ -310,6 +315,8 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name != SMALL_SPLIT_RULE]
     if variant == "no_swap64":
         return [r for r in plan.RULES if r.name not in SWAP64_RULES]
+    if variant == ROW64_VARIANT:
+        return plan.with_row_tiles_64()
     return None
 
 
@@ -570,6 +577,9 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
     if which == "swap64_moved":
         suite = [(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SUITE_MS]
         return moved_cases("no_swap64", ("none", "bias_gelu_tanh"), sms, extra=suite)
+    if which == "row64_moved":
+        return moved_cases(ROW64_VARIANT, sms=sms, extra=[(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS
+                                                       for M in SUITE_MS])
     if which == "mid_moved":
         return moved_cases("no_mid", sms=sms)
     if which == "small_split_moved":

@@ -287,6 +287,18 @@ def test_the_deep_rings_set_times_each_candidate_at_eight_stages_and_at_the_deep
         assert deepest == 13 if M > 16 else deepest > 13
 
 
+def test_the_row64_set_pairs_the_policy_with_the_candidate_rule():
+    """``--set row64_moved``: every shape whose plain choice plan's ROW_TILES_64 (not in RULES) would change, the
+    policy's module (``now``: row-tiles) and the policy's with the candidate (``with_row64``: 64x64 tiles)."""
+    cases = epilogue_check.cases_of("row64_moved")
+    shapes = {tuple(c["shape"]) for c in cases}
+    assert len(shapes) == 12 and len(cases) == 24 and {c["variant"] for c in cases} == {"now", "with_row64"}
+    for M, N, K in shapes:
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec_for("bfloat16", "none"))
+        assert epilogue_check.split_choice(p, "now").rule == "row-tiles"
+        assert epilogue_check.split_choice(p, "with_row64").rule == "row-tiles-64"
+
+
 @pytest.mark.parametrize("which, rule, without", [("narrow_moved", "swap-ab-narrow", "no_narrow"),
                                                   ("small_split_moved", "small-m-split", "no_small_split")])
 def test_the_moved_sets_pair_each_shape_with_the_policy_without_its_rule(which, rule, without):

@@ -776,6 +776,44 @@ def test_small_m_split_on_the_shapes_it_moved():
         assert v["now"]["kernel_ratio"] > 1.05 * v["no_small_split"]["kernel_ratio"], (M, N, K)
 
 
+@pytest.mark.parametrize("M, N, K, pair", [(128, 4096, 4096, 2), (128, 3072, 768, 2), (100, 2048, 8192, 2),
+                                           (65, 4096, 1024, 2)])
+def test_the_row_tiles_64_candidate(M, N, K, pair):
+    """plan.ROW_TILES_64, measured and not yet in RULES: with it just before row-tiles, row-tiles' shapes at
+    64 < M <= 128 whose 64x64 tiles fit in one wave take the small-M epilogue rule's tiles and knobs (64x64, one
+    consumer, 2x1 clusters, B streamed, ring <= 8), twice the CTAs (sub-wave, with alternatives, only under half);
+    128x6144x4096 (192 such tiles) and M <= 64 keep the policy's choice. The policy itself is unchanged."""
+    p = P(M, N, K)
+    rules = plan.with_row_tiles_64()
+    assert [r.name for r in rules if r.name not in [q.name for q in plan.RULES]] == ["row-tiles-64"]
+    c = rule_choice(p, rules)
+    assert (c.rule, c.rung) == ("row-tiles-64", "v9") and rule_choice(p).rule == "row-tiles"
+    make_config("v9", M, N, K, **{**c.knobs, "dynamic_m": True})
+    k = rung_knobs(c)
+    assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["cluster_m"], k["cluster_n"]) == (64, 64, 1, pair, 1)
+    assert k["stream_b"] is True and k["pipe_depth"] <= plan.MAX_SMALL_M_DEPTH and p.tiles(64, 64) <= H100
+    assert f"{p.tiles(64, 64)} tiles of 64x64" in c.why
+    assert plan.sub_wave(p, choose(p, rules=rules)) is (p.tiles(64, 64) < H100 / 2)  # 100x2048x8192: 64 tiles
+    assert rule_choice(P(128, 6144, 4096), rules).rule == "row-tiles"
+    assert rule_choice(P(64, 4096, 1024), rules).rule == rule_choice(P(64, 4096, 1024)).rule
+
+
+def test_the_row_tiles_64_candidate_on_the_shapes_it_would_move():
+    """``--set row64_moved`` (run with the rule in RULES: there ``now`` is the policy with it, ``no_row64`` without):
+    the 12 shapes (suite, every-model samples, epilogue suite) whose plain choice it changes; the candidate still
+    takes them, and its module ran faster than row-tiles' at every one."""
+    rows = json.loads((Path(__file__).parent.parent / plan.ROW64_MOVED).with_name(
+        "epilogue_row64_moved.json").read_text())["rows"]
+    got: dict = {}
+    for r in rows:
+        got.setdefault((r["M"], r["N"], r["K"]), {})[r["rule"]] = r
+    assert len(got) == 12
+    for (M, N, K), v in got.items():
+        assert rule_choice(P(M, N, K, "bfloat16"), plan.with_row_tiles_64()).rule == v["now"]["chosen_by"] == "row-tiles-64"
+        assert rule_choice(P(M, N, K, "bfloat16")).rule == v["no_row64"]["chosen_by"] == "row-tiles"
+        assert v["now"]["kernel_ratio"] > v["no_row64"]["kernel_ratio"], (M, N, K)
+
+
 def built_choice(p: Problem, rule: str, rung: str):
     """The policy's choice for ``p``, asserted to be ``rule`` on ``rung``, and its rung knobs; the module
     builds at a runtime M (the rung's validator takes the knobs)."""

@@ -497,6 +497,7 @@ def _small_m_split_knobs(p: Problem) -> dict:
 # modules before them in geomean, 1.014x the least.
 DEEP_RINGS = "benchmarks/results/2026-11-29_h200_deep_rings/README.md"
 SWAP_64_MOVED = "benchmarks/results/2026-11-29_h200_swap64_moved/README.md"
+ROW64_MOVED = "benchmarks/results/2026-11-29_h200_row64_moved/README.md"
 SWAP_64_ROWS = (32, 64)  # 32 < M <= 64
 LONG_K_SPLIT_ROWS = (64, 128)  # 64 < M <= 128
 LONG_K_SPLIT_TILE = (64, 128)
@@ -521,6 +522,8 @@ def _long_k_split(p: Problem) -> bool:
     lo, hi = LONG_K_SPLIT_ROWS
     return (lo < p.M <= hi and p.K > SMALL_M_EPILOGUE_SWAP_K and _bias_act_only(p)
             and 2 * p.tiles(*LONG_K_SPLIT_TILE) <= p.sms)
+
+
 
 
 def _long_k_split_knobs(p: Problem) -> dict:
@@ -699,6 +702,35 @@ RULES: list[Rule] = [
     Rule("large", "sm_100a", "v9", when=lambda p: True, knobs=lambda p: {},
          why="Blackwell: v9 at its defaults (compiled only; no Blackwell GPU has measured it)"),
 ]
+
+
+def _row_tiles_64(p: Problem) -> bool:
+    """The row-tiles rule's shapes at 64 < M <= 128 whose 64x64 tiles (twice as many) still fit in one wave: 128
+    CTAs at 128x4096x4096, 0.897 -> 0.965x cuBLAS (DEEP_RINGS), the tiles cuBLAS runs there; faster at all 12
+    suite and every-model shapes it moves, 1.07x in geomean, 1.027x the least (ROW64_MOVED)."""
+    return 64 < p.M <= 128 and _row_tiles(p) and p.tiles(*SMALL_EPILOGUE_TILE) <= p.sms
+
+
+# Measured and not yet in RULES: it takes every row-tiles grid that fills under half the SMs at M > 64, the ones the
+# pack's sub-wave alternatives (:func:`alternatives`) and their first-use measurement serve today, and
+# benchmarks/subwave_check.py's cases; putting it in means taking those alternatives and their cases down to the
+# grids still left sub-wave (the split-k rule's), as the mid-tiles rules did. ``epilogue_check.py --set
+# row64_moved`` times the policy with it against the policy as it is.
+ROW_TILES_64 = Rule("row-tiles-64", "sm_90a", "v9", when=_row_tiles_64, knobs=_small_m_epilogue_knobs,
+                    why="64 < M <= 128 where row-tiles applies and its tiles halved to 64x64 still fit in one wave: "
+                        "the small-M epilogue rule's 64x64 tiles (one consumer, 2x1 clusters, B streamed), twice the "
+                        "CTAs",
+                    evidence=DEEP_RINGS + ": 0.897 -> 0.965x cuBLAS at 128x4096x4096 (cuBLAS's own 64x64 tiles "
+                             "there); " + ROW64_MOVED + ": 1.03-1.14x row-tiles' 64x128 at all 12 suite and "
+                             "every-model shapes it moves",
+                    detail=lambda p: f"{p.tiles(*SMALL_EPILOGUE_TILE)} tiles of 64x64 on {p.sms} SMs")
+
+
+def with_row_tiles_64(rules=None) -> list:
+    """``rules`` (default :data:`RULES`) with :data:`ROW_TILES_64` just before row-tiles."""
+    rules = list(RULES if rules is None else rules)
+    at = next(i for i, r in enumerate(rules) if r.name == "row-tiles")
+    return rules[:at] + [ROW_TILES_64] + rules[at:]
 
 
 def rule_applies(name: str, p: Problem, rules=None) -> bool:
