@@ -208,7 +208,7 @@ def test_a_pack_serves_each_spec_its_own_module(tmp_path):
 
 
 # -- the policy ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("M, rung", [(1, "v11"), (37, "v10"), (100, "v9"), (200, "v9"), (4096, "v9")])
+@pytest.mark.parametrize("M, rung", [(1, "v11"), (37, "v11"), (100, "v9"), (200, "v9"), (4096, "v9")])
 def test_the_policy_picks_a_rung_that_builds_the_bias_and_keeps_the_spec(M, rung):
     p = plan.Problem(M, 4096, 4096, "float16", "sm_90a", 132, GemmSpec.with_bias())
     choice = plan.choose(p, use_db=False)
