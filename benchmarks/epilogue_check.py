@@ -223,9 +223,13 @@ SWAP64_RULES = ("swap-ab-64", "long-k-split")
 # plan's ROW_TILES_64, measured and not yet in its rules (``prepare --set row64_moved``): the shapes it would move,
 # no epilogue, the policy with it (``with_row64``) against the policy (``now``)
 ROW64_VARIANT = "with_row64"
+# programmatic dependent launch (the production kernel's ``pdl`` knob, ``prepare --set pdl``): at every weight of the
+# suite and the held-out weights at SUITE_MS, no epilogue and bias+GELU, the policy's module (``now``) beside the same
+# module launched as a programmatic dependent of the kernel before it (``pdl``)
+PDL_EPILOGUES = ("none", "bias_gelu_tanh")
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
-             "row64_moved")
+             "row64_moved", "pdl")
 CHECK_TIMEOUT = 120.0
 
 
@@ -491,6 +495,19 @@ def deep_ring_cases(sms: int = 132) -> list[dict]:
     return out
 
 
+def pdl_cases() -> list[dict]:
+    """The pdl set's timing cases (:data:`PDL_EPILOGUES` x the suite's and the held-out weights x
+    :data:`SUITE_MS`): ``now`` and ``pdl`` (its knobs with ``pdl=True``) at each."""
+    out = []
+    for epilogue in PDL_EPILOGUES:
+        for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS:
+            for M in SUITE_MS:
+                case = {"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16",
+                        "shape": [M, N, K], "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS}
+                out += [{**case, "variant": "now"}, {**case, "variant": "pdl", "knobs": {"pdl": True}}]
+    return out
+
+
 def _candidate_cases(cases_: list[tuple[str, tuple]], swap_shapes: set, sms: int, candidates: dict | None = None,
                      depths: tuple[int, ...] = (plan.MAX_SMALL_M_DEPTH,)) -> list[dict]:
     """At each case, the policy's module (``now``) and each candidate (``candidates``, default the few-tiles or,
@@ -580,6 +597,8 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
     if which == "row64_moved":
         return moved_cases(ROW64_VARIANT, sms=sms, extra=[(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS
                                                        for M in SUITE_MS])
+    if which == "pdl":
+        return pdl_cases()
     if which == "mid_moved":
         return moved_cases("no_mid", sms=sms)
     if which == "small_split_moved":
@@ -662,10 +681,12 @@ def prepare(out: str, sms: int = 132, which: str = "all") -> int:
                     choice, job = plan_job(p, rules=variant_rules(case["variant"]))
             else:
                 choice, job = plan_job(p, rules=rules_of(case.get("variant")) if case.get("set") == "rule" else None)
-            if case.get("set") in ("rule", "split") and not case.get("rung"):
-                case = {**case, "chosen_by": choice.rule, "rung": job.rung}
+            # a policy case's knobs beyond the policy's (before its rung is recorded: until 2026-11-29 the
+            # split set's ``now_deep`` knobs were dropped here, and its modules were the policy's own)
             if case.get("knobs") and not case.get("rung"):
                 job = dataclasses.replace(job, knobs={**job.knobs, **case["knobs"]})
+            if case.get("set") in ("rule", "split") and not case.get("rung"):
+                case = {**case, "chosen_by": choice.rule, "rung": job.rung}
             path, _ = module_cache.get_or_build(job)
         except Exception as err:  # pylint: disable=broad-except  (a row that says why)
             print(f"failed: {case}: {err}", file=sys.stderr)
@@ -751,8 +772,55 @@ def check_one(path: str, M: int, seed: int = 0) -> dict:
         err = (out.double() - ref).abs().max().item()
         res[f"err_{name}"], res[f"nan_{name}"] = err, nan
         ok = ok and not nan and within(err, err_torch)
+    if N == K and C is None and not spec.gated and spec.d == mod.dtype:
+        ok = check_chained(mod, A, B, kwargs, res, (bias, alpha)) and ok
     res["status"] = "ok" if ok else "wrong"
     return res
+
+
+def check_chained(mod, A, B, kwargs: dict, res: dict, bias_alpha) -> bool:
+    """Two calls back to back where the second reads the first's D and writes over the first's A (square
+    weights, no residual), eagerly and replayed from a CUDA graph: with programmatic dependent launch (the
+    ``pdl`` knob) the second kernel starts under the first, so a read of its input before the first has
+    finished, or a write over what the first still reads, shows here. Each product against float64 of the
+    input it was given; adds ``err_chain_*`` to ``res``."""
+    import torch  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.serve.front import TorchMatmul  # pylint: disable=import-outside-toplevel
+
+    bias, alpha = bias_alpha
+    act = mod.spec.act
+    x0 = A.clone()
+
+    extras = [kwargs[o.name] for o in mod.spec.epilogue_operands()]
+    launch = mod.launcher(x0, B, torch.empty_like(x0), **kwargs)  # the kernel alone, as the timing runs it
+
+    def two(bufs):
+        launch(bufs[0], B, bufs[1], *extras)  # x1 = f(x0)
+        launch(bufs[1], B, bufs[0], *extras)  # x2 = f(x1), over x0
+
+    ok = True
+    for how in ("eager", "graph"):
+        bufs = [x0.clone(), torch.full_like(x0, float("nan"))]
+        if how == "graph":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                two(bufs)
+            bufs[0].copy_(x0)
+            bufs[1].fill_(float("nan"))
+            graph.replay()
+        else:
+            two(bufs)
+        torch.cuda.synchronize()
+        x1, x2 = bufs[1].clone(), bufs[0].clone()
+        for step, (given, got) in enumerate(((x0, x1), (x1, x2)), 1):
+            ref = reference(given, B, bias, act, alpha, None, 1.0)
+            theirs = torch.empty_like(got)
+            TorchMatmul(act)(given, B, theirs, bias=bias, alpha=alpha)
+            err_torch = (theirs.double() - ref).abs().max().item()
+            err = (got.double() - ref).abs().max().item()
+            res[f"err_chain_{how}_{step}"] = err
+            ok = ok and not bool(torch.isnan(got).any().item()) and within(err, err_torch)
+    return ok
 
 
 def check_isolated(jobs: list[tuple[Path, int]]) -> list[dict]:

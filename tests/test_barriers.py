@@ -26,6 +26,8 @@ KNOB_SAMPLE = [
     ("v9", "sm_90a", {"num_warpgroups": 3, "blk_m": 192, "blk_n": 128, "epi_n": 128}),
     # L2 cache policies on every load, one of them multicast, and split K
     ("v11", "sm_90a", {"stream_b": True, "cluster_m": 2, "blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "split_k": 2}),
+    # launched as a programmatic dependent: the grid wait after the barriers' set-up, before any load
+    ("v9", "sm_90a", {"pdl": True, "stream_b": True, "blk_m": 64, "blk_n": 64, "num_warpgroups": 1}),
     # stream-K: whole tiles, then the tail's pieces (a counter in global memory, no mbarrier)
     ("v10", "sm_90a", {"stream_k": True, "split_k": 1}),
     # CTA pairs: one pair (no A multicast), with one and two epilogue consumers

@@ -38,7 +38,9 @@ def P(M, N, K, dtype="float16", arch="sm_90a"):
 
 
 def rung_knobs(choice):
-    return {k: v for k, v in choice.knobs.items() if k not in ("dtype", "arch")}
+    """A choice's knobs as its rule gives them: not the dtype and arch, nor how it is launched (``pdl``: its
+    own tests, below)."""
+    return {k: v for k, v in choice.knobs.items() if k not in ("dtype", "arch", "pdl")}
 
 
 # -- the makespan model -----------------------------------------------------------------------
@@ -1039,3 +1041,53 @@ def test_small_m_epilogue_rule_agrees_with_its_measurement():
             assert r["chosen_by"] == "small-m-epilogue" and r["vs_policy_before"]["kernel"] > 1.0, r
         if r["rule"] == "probe_64x64":
             assert r["vs_policy_before"]["kernel"] < 1.02, r
+
+
+# -- programmatic dependent launch: where the policy asks for it ----------------------------------
+@pytest.mark.parametrize("M, N, K, on", [
+    (1, 3072, 768, True),  # 48 units of swap-ab-narrow: one wave
+    (64, 4096, 4096, True),  # swap-ab-64, 64 units
+    (128, 4096, 4096, True),  # a one-wave grid at the small-M rules' last M
+    (1, 28672, 4096, False),  # swap AB over 224 units: more than a wave (0.92-0.93x with it)
+    (128, 128256, 4096, False),  # swap-ab-128 over 1002
+    (512, 28672, 4096, True),  # past M = 128: every grid
+    (8192, 8192, 8192, True),
+])
+def test_pdl_where_the_measurement_put_it(M, N, K, on):
+    c = choose(P(M, N, K, "bfloat16"), use_db=False)
+    assert c.knobs.get("pdl", False) is on, (c.rule, c.knobs)
+    assert ("programmatic dependent" in c.why) is on
+    full = make_config(c.rung, M, N, K, **c.knobs).knobs()
+    units = P(M, N, K).tiles(full["blk_m"], full["blk_n"]) * full.get("split_k", 1)
+    assert on is (M > plan.PDL_SMALL_M or units <= 132)
+
+
+def test_pdl_only_for_the_16_bit_hopper_presets():
+    p = P(64, 4096, 4096, "bfloat16")
+    assert plan.pdl_pays(p, "v11", {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "split_k": 1})
+    assert not plan.pdl_pays(p, "v6", {})  # a ladder rung: no such knob
+    assert not plan.pdl_pays(P(64, 4096, 4096, "bfloat16", "sm_100a"), "v9", {})
+    assert "pdl" not in choose(P(8192, 8192, 8192, "bfloat16", "sm_100a"), use_db=False).knobs
+    from gemm_ladder.core.spec import GemmSpec
+
+    for M in (64, 4096):  # the fp8 kernels keep the knobs their own sweep measured
+        assert "pdl" not in choose(Problem(M, 4096, 4096, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "row")),
+                                   use_db=False).knobs
+
+
+def test_pdl_agrees_with_its_measurement():
+    """Over the run the policy rests on (every pair correct), the cases it launches so ran 1.05x faster in
+    geomean and none below 0.95x; those it leaves ran slower with it."""
+    doc = json.loads((Path(__file__).parent.parent / plan.PDL).with_name("epilogue_pdl.json").read_text())
+    assert all(c["status"] == "ok" for c in doc["checks"]) and len(doc["checks"]) == 224
+    pairs: dict = {}
+    for r in doc["rows"]:
+        pairs.setdefault((r["M"], r["N"], r["K"], r["op"].removesuffix("_pdl")), {})[r["rule"]] = r["kernel_ms"][r["rule"]]
+    on, off = [], []
+    for (M, N, K, op), ms in pairs.items():
+        c = choose(Problem(M, N, K, "bfloat16", "sm_90a", 132, spec_for("bfloat16", op)), use_db=False)
+        (on if c.knobs.get("pdl") else off).append(ms["now"] / ms["pdl"])
+    geomean = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+    assert len(on) + len(off) == 112 and off
+    assert geomean(on) >= 1.05 and min(on) >= 0.95
+    assert geomean(off) < 1.0

@@ -1263,6 +1263,34 @@ def _pair_along_n(rung: str, p: Problem, knobs: dict) -> tuple[dict, str] | None
                     f"{row_tiles + 1}")
 
 
+# Programmatic dependent launch (the production presets' ``pdl`` knob, sm90a/common.py): each kernel's set-up
+# under the tail of the kernel before it. Measured (PDL: the policy's module with and without it, kernels in CUDA
+# graphs, the suite's and the held-out weights at M = 1-8192, no epilogue and bias+GELU; 224 of 224 correct,
+# with two calls back to back reading each other's output): 1.10-1.11x at the held-out weights (every one of 42
+# faster, up to 1.22x at 1x3072x768), 1.00x over the suite's, where it lost 1-8% at M <= 128 on grids of more
+# units than SMs (28672x4096 and 128256x4096 under swap AB: 0.92-0.99x). So it goes where it did not lose: past
+# M = 128, and at M <= 128 where one wave holds the grid.
+PDL = "benchmarks/results/2026-11-29_h200_pdl/README.md"
+PDL_SMALL_M = 128
+PDL_RUNGS = ("v9", "v10", "v11")
+
+
+def pdl_pays(p: Problem, rung: str, knobs: dict) -> bool:
+    """Whether ``rung`` at ``knobs`` goes as a programmatic dependent launch for ``p`` (:data:`PDL`): a 16-bit
+    production preset on Hopper, past :data:`PDL_SMALL_M` rows, or with no more work units than SMs."""
+    if is_fp8(p) or p.arch != "sm_90a" or rung not in PDL_RUNGS:
+        return False
+    full = make_config(rung, p.M, p.N, p.K, **knobs).knobs()
+    return p.M > PDL_SMALL_M or p.tiles(full["blk_m"], full["blk_n"]) * full.get("split_k", 1) <= p.sms
+
+
+def _with_pdl(p: Problem, rung: str, knobs: dict) -> tuple[dict, str]:
+    """``knobs`` with ``pdl`` where it pays (:func:`pdl_pays`), and what to say of it."""
+    if not pdl_pays(p, rung, knobs):
+        return knobs, ""
+    return {**knobs, "pdl": True}, f"; launched as a programmatic dependent of the kernel before it [{PDL}]"
+
+
 def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
     """The first rule of ``rules`` (default :data:`RULES`) that applies to ``p`` and validates."""
     check_extents("gemm_ladder", p.M, p.N, p.K, *LARGEST_TILE)  # IndexRangeError past 32-bit indices, at once
@@ -1289,6 +1317,9 @@ def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
         if validate and not is_fp8(p) and (paired := _pair_along_n(rule.rung, p, knobs)) is not None:
             knobs, note = paired
             why += f"; {note}"
+        if validate:
+            knobs, note = _with_pdl(p, rule.rung, knobs)
+            why += note
         return Choice(rule.rung, knobs, "rule", rule.name, why,
                       tuple(s for s in skipped if "does not apply" not in s), measured=rule.measured)
     raise LookupError(f"no rule of the heuristic covers {p}; passed over: {'; '.join(skipped) or 'none for this arch'}")

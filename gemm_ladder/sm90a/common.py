@@ -654,6 +654,45 @@ def cluster_sync():
     T.ptx.barrier.cluster.wait.acquire()
 
 
+# -- programmatic dependent launch (the ``pdl`` knob of the production presets) ----------------------
+# With it the driver may start a kernel's CTAs while the kernel before it on the stream is still running
+# (its CTAs leaving, its writes not yet flushed): each SM a CTA of the previous grid leaves takes one of ours,
+# which sets up its barriers and shared memory and then waits (``griddepcontrol.wait``) until the previous
+# grid has finished and its memory is visible. Nothing before that wait touches global memory (the operands
+# may be the previous kernel's output, and D or the split-K workspace its input), so it is safe whatever ran
+# before. Each CTA then lets the next kernel's CTAs launch (``griddepcontrol.launch_dependents``): they take
+# SMs as ours leave. A kernel launched without the attribute (or after a kernel that never triggers) runs as
+# before: the wait returns at once. TVM 0.27 has both halves: the launch tag below (its CUDA runtime adds the
+# launch attribute beside the cluster's) and the two PTX instructions. Where the trigger sits was measured
+# (benchmarks/results/2026-11-29_h200_pdl/): right after the wait, or at the CTA's end, ran the same; after the
+# producer's last load ran up to 19% slower at 1x4096x14336 and 1x6144x4096. Where it pays is plan's call
+# (``plan.pdl_pays``).
+PDL_LAUNCH_TAG = "tirx.use_programtic_dependent_launch"  # TVM's spelling
+
+
+def pdl(cfg: GemmConfig) -> bool:
+    return bool(dict(cfg.extra).get("pdl", False))
+
+
+def with_pdl(cfg: GemmConfig, func):
+    """``func`` launched with programmatic dependent launch where ``cfg`` asks for it (:func:`pdl`): TVM
+    computes the thread tags itself and adds this one (``tirx.kernel_launch_params``)."""
+    return func.with_attr("tirx.kernel_launch_params", [PDL_LAUNCH_TAG]) if pdl(cfg) else func
+
+
+@T.inline
+def wait_for_previous_grid():
+    """Every thread: wait until the grid before this one on the stream has finished and flushed its writes
+    (at once without programmatic dependent launch)."""
+    T.ptx.griddepcontrol.wait()
+
+
+@T.inline
+def launch_next_grid():
+    """Let the next grid's CTAs launch (once every CTA of this grid has said so or left)."""
+    T.ptx.griddepcontrol.launch_dependents()
+
+
 # -- a runtime M (the dynamic_m knob of the persistent rungs): one module for every M -----------
 def dynamic_m(cfg: GemmConfig) -> bool:
     return bool(dict(cfg.extra).get("dynamic_m", False))

@@ -28,6 +28,10 @@ which parts a rung combines.
     v11     swap AB         split-K      transposed  split_k, stream_b, dynamic_m
     ======  ==============  ===========  ==========  ==========================================
 
+Every preset also takes ``pdl``: launched as a programmatic dependent of the kernel before it, the set-up
+(barriers, the cluster's meeting) runs under that kernel's tail and ``griddepcontrol.wait`` comes before any
+load or store (``common.wait_for_previous_grid``).
+
 Roles: warpgroup 0 is the producer (one thread issues the CTA's TMA parts), warpgroups 1..W the
 consumers, each owning its rows of every tile and running its own epilogue. The barriers are
 the ring's (``tma2mma``, ``mma2tma``), one named barrier per consumer (the epilogue's), and,
@@ -120,6 +124,7 @@ class ProductionKnobs:
     epi_n: int = 64  # columns of one epilogue chunk
     dynamic_m: bool = False  # M a runtime value: one module for every M
     stream_b: bool = False  # L2 hints: B read once, A kept
+    pdl: bool = False  # programmatic dependent launch: the set-up under the previous kernel's tail (common.pdl)
 
 
 def knob_defaults(knobs_class) -> dict:
@@ -246,6 +251,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     residual = bool(spec_of(cfg).residual)  # + beta . C, C loaded into the staging buffers
     c_prefetch = epilogue.c_prefetch(cfg)  # C's first chunk loaded under the tile's K loop
     gated = spec_of(cfg).gated  # B = cat([W_gate, W_up]): D = act(gate) * up, N / 2 columns
+    pdl = common.pdl(cfg)  # launched as a programmatic dependent of the kernel before it (common.with_pdl)
 
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
@@ -314,6 +320,10 @@ def kernel(cfg: GemmConfig, preset: Preset):
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
         common.cluster_sync()
+        if pdl:
+            # the set-up above overlaps the previous kernel's last CTAs; global memory only after this
+            common.wait_for_previous_grid()
+            common.launch_next_grid()
         rank_m = T.meta_var(rank % cluster_m)
         rank_n = T.meta_var(rank // cluster_m)
         sched = T.meta_var(Schedule(cfg=cfg, m_tiles=m_tiles, n_tiles=n_tiles, cluster_m=cluster_m, cluster_n=cluster_n,
@@ -621,4 +631,4 @@ def kernel(cfg: GemmConfig, preset: Preset):
     # of other CTAs decide: the checker takes it both ways
     if residual and preset.split_k:
         hgemm = hgemm.with_attr(COUNTED_BRANCHES_ATTR, True)
-    return hgemm
+    return common.with_pdl(cfg, hgemm)

@@ -77,6 +77,7 @@ class V11Knobs:
     dynamic_m: bool = False  # M a runtime value: one module for every M
     split_k: int = 4  # work units a tile's K loop is cut into
     stream_b: bool = False  # L2 hints: B read once, A kept
+    pdl: bool = False  # programmatic dependent launch (gemm.ProductionKnobs)
 
 
 KNOBS = gemm.knob_defaults(V11Knobs)
