@@ -537,6 +537,8 @@ def test_the_policy_offers_alternatives_where_its_grid_still_leaves_sms_idle(M, 
     assert [(a.rung, a.knobs["blk_m"], a.knobs["blk_n"]) for a in alts] == small + [("v10", 128, 128), ("v10", 64, 128)]
     assert all(plan._validate(a.rung, p, a.knobs) is None for a in alts)
     assert all(p.tiles(a.knobs["blk_m"], a.knobs["blk_n"]) * a.knobs.get("split_k", 1) <= H100 for a in alts)
+    # launched as the choice is (one wave each: programmatic dependent launch pays), so first use weighs the tiles
+    assert c.knobs["pdl"] is True and all(a.knobs["pdl"] is True for a in alts)
 
 
 def test_the_mn_major_dw_takes_the_64_row_tiles_the_alternative_measured():

@@ -1504,6 +1504,7 @@ def alternatives(p: Problem, choice: Choice) -> list[Choice]:
                            "split_k": split, **_whole_pairs(p, blk_m, blk_n)}, p)
         if _validate("v10", p, knobs) is not None:
             continue
+        knobs = _with_pdl(p, "v10", knobs)[0]  # launched as the choice is, where it pays
         if choice.rung == "v10" and make_config("v10", p.M, p.N, p.K, **knobs).knobs() == main:
             continue  # the choice itself
         units = p.tiles(blk_m, blk_n) * split
@@ -1531,6 +1532,7 @@ def _small_tiles(p: Problem, choice: Choice, main: dict) -> list[Choice]:
                 break
         else:
             continue
+        knobs = _with_pdl(p, "v9", knobs)[0]  # launched as the choice is, where it pays
         if choice.rung == "v9" and (main["blk_m"], main["blk_n"]) == (blk_m, blk_n):
             continue  # the choice runs these tiles already (the row-tile and mid-tiles rules: B streamed too)
         why = (f"an alternative to {choice.rung} ({choice.rule}), timed at first use: its grid fills "
