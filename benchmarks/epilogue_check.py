@@ -224,8 +224,9 @@ SWAP64_RULES = ("swap-ab-64", "long-k-split")
 # no epilogue, the policy with it (``with_row64``) against the policy (``now``)
 ROW64_VARIANT = "with_row64"
 # programmatic dependent launch (the production kernel's ``pdl`` knob, ``prepare --set pdl``): at every weight of the
-# suite and the held-out weights at SUITE_MS, no epilogue and bias+GELU, the policy's module (``now``) beside the same
-# module launched as a programmatic dependent of the kernel before it (``pdl``)
+# suite and the held-out weights at SUITE_MS, no epilogue and bias+GELU, the policy's module without it (``now``: the
+# policy as it was when this set was run, before plan.pdl_pays) beside the same module launched as a programmatic
+# dependent of the kernel before it (``pdl``)
 PDL_EPILOGUES = ("none", "bias_gelu_tanh")
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
@@ -497,14 +498,15 @@ def deep_ring_cases(sms: int = 132) -> list[dict]:
 
 def pdl_cases() -> list[dict]:
     """The pdl set's timing cases (:data:`PDL_EPILOGUES` x the suite's and the held-out weights x
-    :data:`SUITE_MS`): ``now`` and ``pdl`` (its knobs with ``pdl=True``) at each."""
+    :data:`SUITE_MS`): ``now`` (the policy's knobs with ``pdl=False``) and ``pdl`` (with ``pdl=True``) at each."""
     out = []
     for epilogue in PDL_EPILOGUES:
         for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS:
             for M in SUITE_MS:
                 case = {"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16",
                         "shape": [M, N, K], "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS}
-                out += [{**case, "variant": "now"}, {**case, "variant": "pdl", "knobs": {"pdl": True}}]
+                out += [{**case, "variant": "now", "knobs": {"pdl": False}},
+                        {**case, "variant": "pdl", "knobs": {"pdl": True}}]
     return out
 
 

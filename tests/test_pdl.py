@@ -15,6 +15,7 @@ from gemm_ladder.rungs import make_config
 from gemm_ladder.sm90a import common
 
 from .built import built
+from .conftest import benchmark_script
 
 # one of each preset, at the small-M knobs the policy gives them (clusters, one consumer, B streamed, a split)
 CONFIGS = {
@@ -64,14 +65,7 @@ def test_the_knob_is_off_by_default_and_a_bool():
 
 @pytest.fixture(scope="module")
 def check():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "epilogue_check.py"
-    spec = importlib.util.spec_from_file_location("epilogue_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("epilogue_check")
 
 
 def test_the_pdl_set_times_each_policy_module_with_and_without(check):
@@ -81,7 +75,7 @@ def test_the_pdl_set_times_each_policy_module_with_and_without(check):
     assert len(groups) == len(check.PDL_EPILOGUES) * len(weights) * len(check.SUITE_MS)
     for group in groups:
         assert [c["variant"] for c in group] == ["now", "pdl"]
-        assert "knobs" not in group[0] and group[1]["knobs"] == {"pdl": True}
+        assert group[0]["knobs"] == {"pdl": False} and group[1]["knobs"] == {"pdl": True}
         assert group[0]["held_out"] == (tuple(group[0]["shape"][1:]) in check.HELD_OUT_BIAS_WEIGHTS)
 
 
@@ -104,8 +98,8 @@ def test_prepare_builds_a_policy_case_with_its_own_knobs(check, tmp_path, monkey
     monkeypatch.setattr(check, "cases_of", lambda which, sms=132: check.pdl_cases()[:2])
     assert check.prepare(str(tmp_path / "out"), which="pdl") == 0
     now, pdl = jobs
-    assert pdl.knobs == {**now.knobs, "pdl": True} and "pdl" not in now.knobs
+    assert pdl.knobs == {**now.knobs, "pdl": True} and now.knobs["pdl"] is False
     import json
     doc = json.loads((tmp_path / "out" / check.PLAN_FILE).read_text())
-    assert [c["module_knobs"].get("pdl") for c in doc["cases"]] == [None, True]
+    assert [c["module_knobs"]["pdl"] for c in doc["cases"]] == [False, True]
     assert all(c["rung"] == now.rung and c["chosen_by"] for c in doc["cases"])

@@ -202,6 +202,43 @@ if stream_run.exists():
 # gain 1.6-6.3%.
 
 # %% [markdown]
+# ## Launch under the previous kernel's tail
+#
+# A kernel of a few microseconds spends a real share of them before its first load: the launch,
+# shared memory and barriers set up, the cluster's meeting. With *programmatic dependent launch*
+# (the `pdl` knob of v9-v11) the driver may start our CTAs while the kernel before them on the
+# stream is still finishing: each does its set-up, then every thread waits
+# (`griddepcontrol.wait`) until that kernel has finished and its writes are visible, and only then
+# loads or stores anything, so it is safe whatever ran before. Each CTA then lets the next
+# kernel launch the same way (`griddepcontrol.launch_dependents`). TVM 0.27 has both halves: the
+# two PTX instructions and a launch tag its CUDA runtime turns into the launch attribute.
+#
+# Measured as kernels in CUDA graphs (one GEMM after another), the policy's module with and
+# without it at the epilogue suite's weights (`benchmarks/epilogue_check.py --set pdl`):
+
+# %%
+pdl_run = teach.RESULTS_DIR / "2026-11-29_h200_pdl" / "epilogue_pdl.json"
+if pdl_run.exists():
+    pdl_pairs: dict = {}
+    for r in json.loads(pdl_run.read_text())["rows"]:
+        key = (r["M"], r["N"], r["K"], r["op"].removesuffix("_pdl"))
+        pdl_pairs.setdefault(key, {"held_out": r["held_out"]})[r["rule"]] = r["kernel_ms"][r["rule"]]
+    pdl_rows = []
+    for (M, N, K, op), got in sorted(pdl_pairs.items()):
+        if op == "none" and M <= 512:
+            on = plan.choose(plan.Problem(M, N, K, "bfloat16"), use_db=False).knobs.get("pdl", False)
+            pdl_rows.append({"M x N x K": f"{M}x{N}x{K}", "held out": "yes" if got["held_out"] else "",
+                             "without (us)": f"{got['now'] * 1e3:.1f}", "pdl": f"{got['now'] / got['pdl']:.3f}x",
+                             "policy": "pdl" if on else "off"})
+    print(report.table(pdl_rows, ["M x N x K", "held out", "without (us)", "pdl", "policy"]))
+
+# %% [markdown]
+# The short kernels gain 10-20%. At M <= 128 on grids of more units than SMs (swap AB over a
+# 28672-row weight) it lost up to 8%, with the trigger early or late, so `plan.pdl_pays` leaves it
+# off there. In a model the kernel before a GEMM is often torch's, which never triggers; the
+# end-to-end decode runs (`benchmarks/results/2026-11-29_h200_e2e_pdl/`) still gained 3-9%.
+
+# %% [markdown]
 # ## The front door's policy
 #
 # `gemm_ladder.matmul(A, B)` picks a kernel per shape: the tuning database's best entry in the

@@ -1266,10 +1266,10 @@ def _pair_along_n(rung: str, p: Problem, knobs: dict) -> tuple[dict, str] | None
 # Programmatic dependent launch (the production presets' ``pdl`` knob, sm90a/common.py): each kernel's set-up
 # under the tail of the kernel before it. Measured (PDL: the policy's module with and without it, kernels in CUDA
 # graphs, the suite's and the held-out weights at M = 1-8192, no epilogue and bias+GELU; 224 of 224 correct,
-# with two calls back to back reading each other's output): 1.10-1.11x at the held-out weights (every one of 42
+# with two calls back to back reading each other's output): 1.10-1.11x at the held-out weights (41 of 42
 # faster, up to 1.22x at 1x3072x768), 1.00x over the suite's, where it lost 1-8% at M <= 128 on grids of more
-# units than SMs (28672x4096 and 128256x4096 under swap AB: 0.92-0.99x). So it goes where it did not lose: past
-# M = 128, and at M <= 128 where one wave holds the grid.
+# units than SMs (28672x4096 and 128256x4096 under swap AB: 0.92-0.99x). So it goes past M = 128, and at M <= 128
+# where one wave holds the grid (of those it lost only on 6144x4096's 96-unit grids at M = 64 and 128: 0.95-0.99x).
 PDL = "benchmarks/results/2026-11-29_h200_pdl/README.md"
 PDL_SMALL_M = 128
 PDL_RUNGS = ("v9", "v10", "v11")
