@@ -159,7 +159,12 @@ SHAPES = (("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192),
           ("192x2112x7168_u4", 192, 2112, 7168), ("256x2112x3584_u4", 256, 2112, 3584),
           ("256x2048x8192_u4", 256, 2048, 8192),
           # run 26
-          ("256x6144x4096_u5", 256, 6144, 4096), ("256x5120x5120_u5", 256, 5120, 5120))
+          ("256x6144x4096_u5", 256, 6144, 4096), ("256x5120x5120_u5", 256, 5120, 5120),
+          # run 27
+          ("256x6144x4096_pdl", 256, 6144, 4096), ("64x6144x4096_pdl", 64, 6144, 4096),
+          ("4096^3_pdl", 4096, 4096, 4096), ("8192^3_pdl", 8192, 8192, 8192),
+          ("256x2112x7168_pdl", 256, 2112, 7168), ("128x4096x7168_pdl", 128, 4096, 7168),
+          ("1024x2112x7168_pdl", 1024, 2112, 7168))
 # config -> knobs over v9's fp8 defaults (promote: K slices of 128 between promotions, 0: none)
 # the per-tensor small-M tiles as first measured (plan.FP8_SMALL_KNOBS has overlap=4 since the sub-wave runs)
 SMALL_M_KNOBS = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 1, "cluster_n": 2, "stream_b": True,
@@ -403,6 +408,10 @@ CONFIGS = {
     "m64n64_c2x1_ov4_sk4": {**SMALL_M_KNOBS, "rung": "v10", "cluster_m": 2, "cluster_n": 1, "overlap": 4, "split_k": 4},
     "m64n64_c2x1_ov4_sk3": {**SMALL_M_KNOBS, "rung": "v10", "cluster_m": 2, "cluster_n": 1, "overlap": 4, "split_k": 3},
 }
+# run 27: the policy's module at each of its fp8 rules (at 1abad3d) launched as a programmatic dependent of the kernel
+# before it (the pdl knob, sm90a/common.py; the 16-bit policy's since plan.pdl_pays)
+PDL_OF = ("n112_e16_ov4_d7_u", "m64_ov4_u", "n256_h_p2_u", "m192_c1x2_u", "m64n64_c2x1_ov2_d12_p2_u", "n144_e16_d6_p2")
+CONFIGS.update({f"{name}_pdl": {**CONFIGS[name], "pdl": True} for name in PDL_OF})
 # shape -> the configs timed there. The six runs of benchmarks/results/2026-11-27_h100_fp8_halves/ timed the
 # 128x256 tiles promoted in halves (the n256_h configs: promotion interval, clusters, stagger, k_zigzag, L2
 # groups) and ov4 at cuBLAS's ring depth, each run's list in its JSON's rows.
@@ -589,6 +598,14 @@ SWEEP = {
     # the run's JSON; unroll_k refuses it since, budget.UNROLL_WIDTHS) beside the policy's 128x112 unrolled
     "256x6144x4096_u5": ("n112_e16_ov4_d7_u", "n96_e32_ov4_d7"),
     "256x5120x5120_u5": ("n112_e16_ov4_d7_u",),
+    # run 27: the policy's module with and without programmatic dependent launch (PDL_OF)
+    "256x6144x4096_pdl": ("n112_e16_ov4_d7_u", "n112_e16_ov4_d7_u_pdl"),
+    "64x6144x4096_pdl": ("m64_ov4_u", "m64_ov4_u_pdl"),
+    "4096^3_pdl": ("n256_h_p2_u", "n256_h_p2_u_pdl"),
+    "8192^3_pdl": ("m192_c1x2_u", "m192_c1x2_u_pdl"),
+    "256x2112x7168_pdl": ("m64n64_c2x1_ov2_d12_p2_u", "m64n64_c2x1_ov2_d12_p2_u_pdl"),
+    "128x4096x7168_pdl": ("m64_ov4_u", "m64_ov4_u_pdl"),
+    "1024x2112x7168_pdl": ("n144_e16_d6_p2", "n144_e16_d6_p2_pdl"),
 }
 ROUNDS, PER_ROUND = 10, 4  # rounds (the order rotates, then reverses) x replays per kernel per round
 MAX_DIR_MIB = 8.0  # what the lead carries to the GPU box

@@ -46,7 +46,7 @@ def test_the_small_m_split_pairs_two_rows_of_tiles_in_2x1_clusters():
     rung, knobs = plan.fp8_module(64, 2112, 7168, "tensor")
     assert rung == "v10" and (knobs["cluster_m"], knobs["cluster_n"], knobs["split_k"]) == (1, 2, 3)
     rung, knobs = plan.fp8_module(128, 4096, 14336, "tensor")  # 128 tiles: one wave, not split
-    assert rung == "v9" and knobs == plan.FP8_SMALL_KNOBS
+    assert rung == "v9" and knobs == {**plan.FP8_SMALL_KNOBS, "pdl": True}  # (one wave: plan.pdl_pays)
     spec = GemmSpec.fp8("bfloat16", "tensor")
     choice = plan.rule_choice(plan.Problem(128, 2112, 7168, "bfloat16", "sm_90a", 132, spec))
     assert choice.rule == "fp8-split-k" and plan.FP8_PAIR_RESULTS in choice.text()
@@ -183,6 +183,8 @@ def test_the_fill_rule_takes_64_row_tiles_where_they_come_to_one_whole_wave(M, N
         tile = {**plan.FP8_FILL_KNOBS, "blk_n": fill, "pipe_depth": plan.FP8_FILL_DEPTH[fill]}
         # the loop unrolled where the tile fits (64x64: 56 slices, then promoted every 2 slices; 64x128 over one
         # consumer: not)
+        # (and launched as a programmatic dependent: past M = 128, or one wave, plan.pdl_pays)
+        tile = {**tile, "pdl": True}
         assert rung == "v9" and knobs == ({**tile, "unroll_k": True, **plan.FP8_FILL_PAIRS} if fill == 64 else tile)
         rows = 2 * -(-(-(-M // 64)) // 2)
         assert 0.95 * 132 <= rows * -(-N // fill) <= 132

@@ -1064,7 +1064,7 @@ def test_pdl_where_the_measurement_put_it(M, N, K, on):
     assert on is (M > plan.PDL_SMALL_M or units <= 132)
 
 
-def test_pdl_only_for_the_16_bit_hopper_presets():
+def test_pdl_only_for_the_hopper_production_presets():
     p = P(64, 4096, 4096, "bfloat16")
     assert plan.pdl_pays(p, "v11", {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "split_k": 1})
     assert not plan.pdl_pays(p, "v6", {})  # a ladder rung: no such knob
@@ -1072,9 +1072,10 @@ def test_pdl_only_for_the_16_bit_hopper_presets():
     assert "pdl" not in choose(P(8192, 8192, 8192, "bfloat16", "sm_100a"), use_db=False).knobs
     from gemm_ladder.core.spec import GemmSpec
 
-    for M in (64, 4096):  # the fp8 kernels keep the knobs their own sweep measured
-        assert "pdl" not in choose(Problem(M, 4096, 4096, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "row")),
-                                   use_db=False).knobs
+    # the fp8 kernels too (their own run): one-wave small-M tiles and every grid past M = 128
+    for M in (64, 256, 4096):
+        c = choose(Problem(M, 4096, 4096, "bfloat16", "sm_90a", 132, GemmSpec.fp8("bfloat16", "row")), use_db=False)
+        assert c.knobs["pdl"] is True and plan.PDL_FP8 in c.why
 
 
 def test_pdl_agrees_with_its_measurement():

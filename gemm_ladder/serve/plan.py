@@ -1060,7 +1060,13 @@ def fp8_split_ways(M: int, N: int, K: int, sms: int = 132, recipe: str = "tensor
 def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -> tuple[str, dict]:
     """The rung and knobs of scaled_mm's module at M x N x K (what the FP8_RULES choose): v10's split K
     where :func:`fp8_split_ways` says so (the small-M tiles with the overlapped promotion), else v9 with
-    :func:`fp8_knobs`."""
+    :func:`fp8_knobs`; launched as a programmatic dependent where :func:`pdl_pays` says, as a pack's module is."""
+    rung, knobs = _fp8_module(M, N, K, recipe, bias, sms)
+    p = Problem(M, N, K, "bfloat16", "sm_90a", sms, GemmSpec.fp8("bfloat16", recipe, "bfloat16" if bias else None))
+    return rung, ({**knobs, "pdl": True} if pdl_pays(p, rung, with_spec(knobs, p)) else knobs)
+
+
+def _fp8_module(M: int, N: int, K: int, recipe: str, bias, sms: int) -> tuple[str, dict]:
     fill = fp8_fill_n(M, N, sms, recipe)
     if fill is not None:
         knobs = fp8_unrolled({**FP8_FILL_KNOBS, "blk_n": fill, "pipe_depth": FP8_FILL_DEPTH[fill]}, K, recipe)
@@ -1270,15 +1276,19 @@ def _pair_along_n(rung: str, p: Problem, knobs: dict) -> tuple[dict, str] | None
 # faster, up to 1.22x at 1x3072x768), 1.00x over the suite's, where it lost 1-8% at M <= 128 on grids of more
 # units than SMs (28672x4096 and 128256x4096 under swap AB: 0.92-0.99x). So it goes past M = 128, and at M <= 128
 # where one wave holds the grid (of those it lost only on 6144x4096's 96-unit grids at M = 64 and 128: 0.95-0.99x).
+# The fp8 kernels take the same (PDL_FP8: the fp8 policy's module at each of its rules, three runs: 1.01-1.06x at
+# M = 64-1024, 256x6144x4096 0.86 -> 0.91x torch._scaled_mm; 4096^3 and 8192^3 within their run-to-run spread).
 PDL = "benchmarks/results/2026-11-29_h200_pdl/README.md"
+PDL_FP8 = "benchmarks/results/2026-11-29_h200_fp8_pdl/README.md"
 PDL_SMALL_M = 128
 PDL_RUNGS = ("v9", "v10", "v11")
 
 
 def pdl_pays(p: Problem, rung: str, knobs: dict) -> bool:
-    """Whether ``rung`` at ``knobs`` goes as a programmatic dependent launch for ``p`` (:data:`PDL`): a 16-bit
-    production preset on Hopper, past :data:`PDL_SMALL_M` rows, or with no more work units than SMs."""
-    if is_fp8(p) or p.arch != "sm_90a" or rung not in PDL_RUNGS:
+    """Whether ``rung`` at ``knobs`` goes as a programmatic dependent launch for ``p`` (:data:`PDL`,
+    :data:`PDL_FP8`): a production preset on Hopper, past :data:`PDL_SMALL_M` rows, or with no more work units
+    than SMs."""
+    if p.arch != "sm_90a" or rung not in PDL_RUNGS:
         return False
     full = make_config(rung, p.M, p.N, p.K, **knobs).knobs()
     return p.M > PDL_SMALL_M or p.tiles(full["blk_m"], full["blk_n"]) * full.get("split_k", 1) <= p.sms
@@ -1288,7 +1298,8 @@ def _with_pdl(p: Problem, rung: str, knobs: dict) -> tuple[dict, str]:
     """``knobs`` with ``pdl`` where it pays (:func:`pdl_pays`), and what to say of it."""
     if not pdl_pays(p, rung, knobs):
         return knobs, ""
-    return {**knobs, "pdl": True}, f"; launched as a programmatic dependent of the kernel before it [{PDL}]"
+    return {**knobs, "pdl": True}, (f"; launched as a programmatic dependent of the kernel before it "
+                                     f"[{PDL_FP8 if is_fp8(p) else PDL}]")
 
 
 def rule_choice(p: Problem, rules=None, validate: bool = True) -> Choice:
