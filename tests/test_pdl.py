@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from gemm_ladder.core.spec import GemmSpec
 from gemm_ladder.rungs import make_config
 from gemm_ladder.sm90a import common
 
@@ -25,6 +26,10 @@ CONFIGS = {
                                     "stream_b": True, "pipe_depth": 8}),
     "v11": ("v11", 16, 3072, 768, {"blk_m": 16, "blk_n": 64, "num_warpgroups": 1, "split_k": 1, "stream_b": True,
                                    "pipe_depth": 8}),
+    # fp8 with per-tensor scales, the small-M tiles and the overlapped promotion (its scales read from global memory)
+    "v9_fp8": ("v9", 64, 512, 1024, {"spec": GemmSpec.fp8("bfloat16", "tensor").text(), "dtype": "bfloat16",
+                                     "blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_n": 2, "cluster_m": 1,
+                                     "stream_b": True, "pipe_depth": 8, "overlap": 4}),
 }
 
 
