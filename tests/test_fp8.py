@@ -56,8 +56,9 @@ def test_fp8_specs_are_built_for_v9_and_refused_by_name_elsewhere():
 def test_16bit_knobs_and_tags_are_unchanged_and_fp8_has_its_own():
     plain = make_config("v9", 256, 256, 512)
     assert "promote" not in plain.knobs() and plain.blk_k == 64 and plain.blk_n == 256
+    # (pdl: the production presets' launch knob, 2026-11-29, off by default)
     assert plain.tag() == "v9_256x256x512_float16_sm_90a_m128n256k64w2p4g8clusterm2clustern1dynamicmFalseepin64" \
-                          "epiunderFalsekzigzagFalsestreambFalsetailn0tileordersnake"
+                          "epiunderFalsekzigzagFalsepdlFalsestreambFalsetailn0tileordersnake"
     cfg = make_config("v9", 256, 256, 512, spec=GemmSpec.fp8())
     assert (cfg.dtype, cfg.blk_k, cfg.blk_n, cfg.knobs()["promote"]) == ("bfloat16", 128, 128, 1)
     assert cfg.tag().endswith("_a_float8_e4m3-b_float8_e4m3-scales_tensor")

@@ -218,8 +218,10 @@ def test_the_dynm_grid_times_the_small_tile_alternative_at_a_fixed_and_a_runtime
     assert set(grid) == {f"v9 64x128 p8 2x1 {o} {m}" for o in sweep.DYNM_ORDERS for m in ("fixed", "anyM")}
     pairs = {(k["tile_order"], k["dynamic_m"]) for k in grid.values()}
     assert pairs == {(o, d) for o in sweep.DYNM_ORDERS for d in (False, True)}
-    offered = make_config("v9", p.M, p.N, p.K, **{**small.knobs, "dynamic_m": True}).knobs()
-    assert offered in [make_config("v9", p.M, p.N, p.K, **k).knobs() for k in grid.values()]  # what a pack builds
+    # what a pack builds, but for how it is launched (the sweep times tiles; pdl: plan.pdl_pays)
+    offered = make_config("v9", p.M, p.N, p.K, **{**small.knobs, "dynamic_m": True, "pdl": False}).knobs()
+    assert small.knobs["pdl"] is True
+    assert offered in [make_config("v9", p.M, p.N, p.K, **k).knobs() for k in grid.values()]
     mn = [c for c in sweep.cases(train_dw=True) if c["layout"] == "MN"][0]
     assert all(not k["dynamic_m"] for _, _, k in sweep.grid_dynm(mn))  # no runtime M with an MN-major A
 
