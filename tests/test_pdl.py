@@ -108,3 +108,60 @@ def test_prepare_builds_a_policy_case_with_its_own_knobs(check, tmp_path, monkey
     doc = json.loads((tmp_path / "out" / check.PLAN_FILE).read_text())
     assert [c["module_knobs"]["pdl"] for c in doc["cases"]] == [False, True]
     assert all(c["rung"] == now.rung and c["chosen_by"] for c in doc["cases"])
+
+
+# -- prefetch_b: the weight's first K slices asked of L2 under the grid wait --------------------------------------
+def _prefetches(body: str) -> list[str]:
+    return re.findall(r"cp_async_bulk_prefetch\w*\(\(&\(B_ptr\[(.*?)\]\)\), \(uint\)(\d+)\)", body)
+
+
+@pytest.mark.parametrize("name", ["v9", "v10", "v11"])
+def test_prefetch_asks_l2_for_the_first_slices_of_b_between_the_set_up_and_the_wait(name):
+    rung, M, N, K, knobs = CONFIGS[name]
+    cfg = make_config(rung, M, N, K, **knobs, pdl=True, prefetch_b=3)
+    body = _body(cfg)
+    wait = body.index("griddepcontrol_wait()")
+    asks = [m for m in re.finditer(r"cp_async_bulk_prefetch", body)]
+    assert asks and all(body.rindex("barrier_cluster_wait", 0, wait) < m.start() < wait for m in asks)
+    # one request a row of this CTA's part (its cluster column shares the tile's rows), each lane its every 32nd
+    part = cfg.blk_n // knobs.get("cluster_m", 1)
+    found = _prefetches(body)
+    assert len(found) == -(-part // 32)
+    # each asks for the 3 slices of 16-bit values (every unit here has more than 3)
+    assert {int(size) for _, size in found} == {3 * cfg.blk_k * 2}
+    # without the knob the body has no request at all, and the wait is still the first global access's guard
+    assert "cp_async_bulk_prefetch" not in _body(make_config(rung, M, N, K, **knobs, pdl=True))
+
+
+def test_a_prefetch_past_k_asks_for_the_rest_of_the_row_only():
+    """A unit of fewer slices than asked for (K = 768: 12 slices of 64) asks for its own slices, not past K."""
+    rung, M, N, K, knobs = CONFIGS["v11"]
+    body = _body(make_config(rung, M, N, K, **knobs, pdl=True, prefetch_b=1 << 12))
+    found = _prefetches(body)
+    assert found
+    for _, size in found:
+        # min(4096, 12) slices from the unit's first (0 with split_k=1): the row's K values, no more
+        assert int(size) == K * 2
+
+
+def test_prefetch_needs_pdl_and_a_count_of_slices_and_a_k_major_b():
+    from gemm_ladder.core.config import ConfigError
+
+    for rung in ("v9", "v10", "v11"):
+        assert make_config(rung, 256, 256, 256).knobs()["prefetch_b"] == 0
+        with pytest.raises(ConfigError, match="only a kernel launched with pdl=True"):
+            make_config(rung, 256, 256, 256, prefetch_b=4)
+    with pytest.raises(ConfigError, match="prefetch_b=-1: a count of K slices"):
+        make_config("v9", 256, 256, 256, pdl=True, prefetch_b=-1)
+    with pytest.raises(ConfigError, match="stores B MN-major"):
+        make_config("v9", 256, 256, 256, pdl=True, prefetch_b=4, spec=GemmSpec(b_major="N").text())
+
+
+def test_the_prefetch_set_times_the_policy_beside_each_amount(check):
+    groups = check.time_groups(check.cases_of("prefetch"))
+    assert len(groups) == len(check.SUITE_WEIGHTS + check.HELD_OUT_BIAS_WEIGHTS) * len(check.PREFETCH_MS)
+    for group in groups:
+        assert [c["variant"] for c in group] == ["now", *check.PREFETCH_VARIANTS]
+        assert group[0]["knobs"] == {}
+        for case in group[1:]:
+            assert case["knobs"] == {"pdl": True, "prefetch_b": check.PREFETCH_VARIANTS[case["variant"]]}
