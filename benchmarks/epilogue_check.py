@@ -228,15 +228,9 @@ ROW64_VARIANT = "with_row64"
 # policy as it was when this set was run, before plan.pdl_pays) beside the same module launched as a programmatic
 # dependent of the kernel before it (``pdl``)
 PDL_EPILOGUES = ("none", "bias_gelu_tanh")
-# the weight's first K slices asked of L2 under the grid wait (the production kernel's ``prefetch_b`` knob, ``prepare
-# --set prefetch``): at every weight of the suite and the held-out weights at PREFETCH_MS, no epilogue, the policy's
-# module (``now``) beside it launched as a programmatic dependent (``pdl``) and, so launched, asking L2 for
-# PREFETCH_VARIANTS' slices of its first tile's B (``prefetch_b``; more than a unit has: all of them)
-PREFETCH_MS = [1, 16, 64, 128, 512]
-PREFETCH_VARIANTS = {"pdl": 0, "pf8": 8, "pf_all": 1 << 12}
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
-             "row64_moved", "pdl", "prefetch")
+             "row64_moved", "pdl")
 CHECK_TIMEOUT = 120.0
 
 
@@ -516,19 +510,6 @@ def pdl_cases() -> list[dict]:
     return out
 
 
-def prefetch_cases() -> list[dict]:
-    """The prefetch set's timing cases (the suite's and the held-out weights x :data:`PREFETCH_MS`, no epilogue):
-    ``now`` (the policy's module) and each of :data:`PREFETCH_VARIANTS` (``pdl=True`` and that ``prefetch_b``)."""
-    out = []
-    for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS:
-        for M in PREFETCH_MS:
-            case = {"purpose": "time", "set": "split", "epilogue": "none", "dtype": "bfloat16", "shape": [M, N, K],
-                    "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS}
-            out += [{**case, "variant": "now", "knobs": {}}]
-            out += [{**case, "variant": v, "knobs": {"pdl": True, "prefetch_b": n}} for v, n in PREFETCH_VARIANTS.items()]
-    return out
-
-
 def _candidate_cases(cases_: list[tuple[str, tuple]], swap_shapes: set, sms: int, candidates: dict | None = None,
                      depths: tuple[int, ...] = (plan.MAX_SMALL_M_DEPTH,)) -> list[dict]:
     """At each case, the policy's module (``now``) and each candidate (``candidates``, default the few-tiles or,
@@ -620,8 +601,6 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
                                                        for M in SUITE_MS])
     if which == "pdl":
         return pdl_cases()
-    if which == "prefetch":
-        return prefetch_cases()
     if which == "mid_moved":
         return moved_cases("no_mid", sms=sms)
     if which == "small_split_moved":
@@ -1087,8 +1066,7 @@ def main(argv=None) -> int:
                         "shapes the split-k fill threshold moved, against the rule without it), few_tiles (the weakest "
                         "bias+GELU shapes against candidate tiles and splits), swap_widths (swap AB's widths and splits "
                         "at M <= 32), narrow_moved and small_split_moved (the shapes those two rules moved, against "
-                        "the policy without each), pdl (each module with and without programmatic dependent launch), prefetch "
-                        "(the weight's first K slices asked of L2 under the grid wait, three amounts)")
+                        "the policy without each)")
     r = sub.add_parser("run", help="check and time them (GPU box)")
     r.add_argument("dir")
     r.add_argument("--out", required=True)

@@ -687,31 +687,6 @@ def wait_for_previous_grid():
     T.ptx.griddepcontrol.wait()
 
 
-def prefetch_b(cfg: GemmConfig) -> int:
-    """K slices of B (the weight) each CTA asks L2 for before the grid wait (:func:`check_prefetch`; 0: none)."""
-    return int(dict(cfg.extra).get("prefetch_b", 0))
-
-
-# ``prefetch_b`` (with ``pdl``): the weight is not what the kernel before wrote, so each CTA may start reading
-# it while it waits. Its producer warp asks L2 for the first ``prefetch_b`` K slices of its part of the first
-# tile's B rows (``cp.async.bulk.prefetch.L2``, one request a row; ``producer.prefetch_first_b``) before
-# ``griddepcontrol.wait``; the ring's TMA loads of those slices then find them in L2. A prefetch is only a hint
-# and L2 holds the one copy of a line the whole GPU sees, so it reads nothing stale even if the kernel before
-# did write B. Where it pays is plan's call (``plan.prefetch_slices``). TVM 0.27 has the instruction (its PTX
-# table's ``cp_async_bulk_prefetch``) but no tile-level form of it, so the rows are asked for one by one here.
-def check_prefetch(cfg: GemmConfig) -> None:
-    """``prefetch_b`` is a count of K slices, and only a programmatic dependent has a wait to put it under."""
-    n = dict(cfg.extra).get("prefetch_b", 0)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ConfigError(f"prefetch_b={n!r}: a count of K slices (0: off); use an int >= 0")
-    if n and not pdl(cfg):
-        raise ConfigError(f"prefetch_b={n} asks L2 for B before griddepcontrol.wait, which only a kernel launched "
-                          "with pdl=True has; set pdl=True or prefetch_b=0")
-    if n and spec_of(cfg).b_major != "K":
-        raise ConfigError(f"prefetch_b={n} prefetches B's rows, and this spec stores B MN-major ([K, N]); use a "
-                          "K-major B (nn.Linear's weight as it is) or prefetch_b=0")
-
-
 @T.inline
 def launch_next_grid():
     """Let the next grid's CTAs launch (once every CTA of this grid has said so or left)."""

@@ -30,9 +30,7 @@ which parts a rung combines.
 
 Every preset also takes ``pdl``: launched as a programmatic dependent of the kernel before it, the set-up
 (barriers, the cluster's meeting) runs under that kernel's tail and ``griddepcontrol.wait`` comes before any
-load or store (``common.wait_for_previous_grid``); and ``prefetch_b``: under that wait the producer warp asks
-L2 for the first K slices of its first tile's B (the weight, which the kernel before did not write;
-``producer.prefetch_first_b``).
+load or store (``common.wait_for_previous_grid``).
 
 Roles: warpgroup 0 is the producer (one thread issues the CTA's TMA parts), warpgroups 1..W the
 consumers, each owning its rows of every tile and running its own epilogue. The barriers are
@@ -75,7 +73,7 @@ from . import common, epilogue, fp8, kconsumers, narrowtail, splitk, streamk
 from .common import HopperPlan, SwapPlan
 from .epilogue import NO_OP, ChunkedEpilogue, EpilogueOp, TransposedEpilogue
 from .mainloop import Consumer
-from .producer import Producer, prefetch_first_b
+from .producer import Producer
 from .ring import Ring
 from .schedule import Schedule
 
@@ -127,7 +125,6 @@ class ProductionKnobs:
     dynamic_m: bool = False  # M a runtime value: one module for every M
     stream_b: bool = False  # L2 hints: B read once, A kept
     pdl: bool = False  # programmatic dependent launch: the set-up under the previous kernel's tail (common.pdl)
-    prefetch_b: int = 0  # with pdl: K slices of the first tile's B asked of L2 before the grid wait (common.prefetch_b)
 
 
 def knob_defaults(knobs_class) -> dict:
@@ -255,7 +252,6 @@ def kernel(cfg: GemmConfig, preset: Preset):
     c_prefetch = epilogue.c_prefetch(cfg)  # C's first chunk loaded under the tile's K loop
     gated = spec_of(cfg).gated  # B = cat([W_gate, W_up]): D = act(gate) * up, N / 2 columns
     pdl = common.pdl(cfg)  # launched as a programmatic dependent of the kernel before it (common.with_pdl)
-    prefetch_b = common.prefetch_b(cfg)  # with pdl: B's first K slices asked of L2 before the wait
 
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
@@ -324,23 +320,14 @@ def kernel(cfg: GemmConfig, preset: Preset):
         # completes or any peer arrives on them
         T.ptx.fence.mbarrier_init.release.cluster()
         common.cluster_sync()
+        if pdl:
+            # the set-up above overlaps the previous kernel's last CTAs; global memory only after this
+            common.wait_for_previous_grid()
+            common.launch_next_grid()
         rank_m = T.meta_var(rank % cluster_m)
         rank_n = T.meta_var(rank // cluster_m)
         sched = T.meta_var(Schedule(cfg=cfg, m_tiles=m_tiles, n_tiles=n_tiles, cluster_m=cluster_m, cluster_n=cluster_n,
                                     rank_m=rank_m, rank_n=rank_n, units_per_tile=units_per_tile))
-        if pdl:
-            if prefetch_b > 0:
-                # the weight is not the previous kernel's output: its first slices are asked of L2 under the wait
-                if T.And(wg_id == common.PRODUCER_WG, warp_id == 0):
-                    ts_pre = sched.tiles("ts_pre", num_clusters)
-                    ts_pre.init(clu)
-                    if ts_pre.valid():
-                        n_pre, _, k_pre, nk_pre = T.meta_var(unit(ts_pre.n_idx))
-                        prefetch_first_b(B, cfg, sched.n_start(n_pre), k_pre, T.min(nk_pre, prefetch_b), rank_m,
-                                         cluster_m, N // 2 if gated else 0, lane_id)
-            # the set-up above overlaps the previous kernel's last CTAs; global memory only after this
-            common.wait_for_previous_grid()
-            common.launch_next_grid()
         if stage_scales:
             # the scale tensors as rows of floats, the same memory (fp8.StagedScales: 1-D tensor maps)
             scale_a_flat = T.decl_buffer(fp8.flat_shape(g["scale_a"]), "float32", data=g["scale_a"].data)

@@ -162,7 +162,6 @@ def check(cfg: GemmConfig) -> None:
     splitk.check_reduce(cfg)
     streamk.check(cfg)
     fp8.check_split(cfg)
-    common.check_prefetch(cfg)
 
 
 cluster_grid = splitk.cluster_grid

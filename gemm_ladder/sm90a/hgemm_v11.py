@@ -78,7 +78,6 @@ class V11Knobs:
     split_k: int = 4  # work units a tile's K loop is cut into
     stream_b: bool = False  # L2 hints: B read once, A kept
     pdl: bool = False  # programmatic dependent launch (gemm.ProductionKnobs)
-    prefetch_b: int = 0  # with pdl: B's first K slices asked of L2 before the grid wait (gemm.ProductionKnobs)
 
 
 KNOBS = gemm.knob_defaults(V11Knobs)
@@ -99,7 +98,6 @@ def check(cfg: GemmConfig) -> None:
     common.check_pipe_depth(cfg)
     common.check_consumer_registers(cfg, SwapPlan(cfg))
     splitk.check_grid(cfg)
-    common.check_prefetch(cfg)
 
 
 cluster_grid = splitk.cluster_grid

@@ -229,7 +229,6 @@ def check(cfg: GemmConfig) -> None:
     narrowtail.check(cfg)
     fp8.check(cfg)
     kconsumers.check(cfg)
-    common.check_prefetch(cfg)
 
 
 def cluster_grid(cfg: GemmConfig, M=None) -> tuple:

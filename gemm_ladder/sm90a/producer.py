@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm
 from tvm.script import tirx as T
 from tvm.script.tirx import tile as Tx
 
@@ -209,27 +208,6 @@ def _load_slices(loads, pos, first, count, m_st, n_st, backwards, parts):
         _load_slice(loads, pos + k, m_st, n_st,
                     first + interleaved(k, count, parts) if backwards is False
                     else T.Select(backwards, first + count - 1 - k, first + k))
-
-
-@T.inline
-def prefetch_first_b(B, cfg, n_st, first_slice, num_slices, rank_m, cluster_m, gated_n, lane_id):
-    """One warp: K slices ``[first_slice, first_slice + num_slices)`` of this CTA's part of the B rows of the
-    tile at column ``n_st`` asked of L2 (``cp.async.bulk.prefetch.L2``), one request a row, each lane its
-    every 32nd row (``common.prefetch_b``: before the grid wait). A row's slices are contiguous in a K-major B;
-    rows past N and slices past K are not asked for (the requests stay inside the tensor)."""
-    N = T.meta_var(B.shape[0])
-    K = T.meta_var(B.shape[1])
-    part = T.meta_var(cfg.blk_n // cluster_m)  # the rows this CTA loads of a tile shared over its cluster column
-    half = T.meta_var(cfg.blk_n // 2)
-    elem = T.meta_var(tvm.DataType(B.dtype).bits // 8)
-    k_first = T.meta_var(first_slice * cfg.blk_k)
-    k_end = T.meta_var(T.min((first_slice + num_slices) * cfg.blk_k, K))
-    for j in T.unroll(-(-part // 32)):
-        r = T.meta_var(rank_m * part + lane_id + 32 * j)  # the row of the tile
-        row = T.meta_var(gated_row(r, half, n_st, gated_n) if gated_n > 0 else n_st + r)
-        if T.And(T.And(lane_id + 32 * j < part, row < N), k_first < k_end):
-            T.ptx["cp.async.bulk.prefetch.L2.global"](B.ptr_to([row, k_first]),
-                                                      T.uint32((k_end - k_first) * elem))
 
 
 @dataclass(frozen=True)
