@@ -228,9 +228,27 @@ ROW64_VARIANT = "with_row64"
 # policy as it was when this set was run, before plan.pdl_pays) beside the same module launched as a programmatic
 # dependent of the kernel before it (``pdl``)
 PDL_EPILOGUES = ("none", "bias_gelu_tanh")
+# stream-K under one wave (``prepare --set stream_small``): a small-M grid of fewer tiles than SMs leaves SMs idle
+# while the weight streams (issue 30's memory-bound cases: 72-112 units on 132 SMs); v10's ``stream_k`` deals every
+# tile's K slices out evenly over all the clusters instead. At the suite's and the held-out weights at M = 1-128 and
+# the every-model samples' memory-bound cases below 85% of their own-size copy
+# (../results/2026-11-29_h200_every_model_pdl/), no epilogue, and bias+GELU at the suite's weights at M = 64 and 128
+# (issue 31's weakest): the policy's module beside v10 stream-K in 64-row tiles, launched as a programmatic dependent
+STREAM_SMALL_CANDIDATES = {f"v10_sk_64x{bn}": ("v10", {"blk_m": 64, "blk_n": bn, **SMALL_ONE_CONSUMER, "split_k": 1,
+                                                       "stream_k": True, "pdl": True}) for bn in (64, 128)}
+STREAM_SMALL_MS = [1, 16, 64, 128]
+# swap AB's A shared over a 1x2 cluster (``prepare --set swap_pairs``): at M = 32-64 a 64-row tile of N reads as many
+# bytes of A as of B each K slice, and every CTA reads the same A; two CTAs of neighbouring N tiles in a cluster
+# each load half of it for both (TMA multicast). The policy's module (``now``) beside the same knobs with
+# ``cluster_n=2`` (``c1x2``) at the suite's and the held-out weights at M = 16, 32 and 64 and the every-model samples
+# of M >= 16 above, no epilogue, and bias+GELU at the suite's weights at M = 64
+SWAP_PAIR_MS = [16, 32, 64]
+STREAM_SMALL_SAMPLES = [(7, 9216, 3072), (48, 3072, 8192), (16, 3072, 2048), (16, 3584, 4096), (48, 5120, 1280),
+                        (2, 896, 4864), (2, 3072, 3072), (7, 1024, 4096), (16, 1280, 5120), (48, 2048, 2048),
+                        (16, 5120, 13824), (48, 8192, 8192), (16, 10240, 8192), (7, 5120, 5120)]
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
-             "row64_moved", "pdl")
+             "row64_moved", "pdl", "stream_small", "swap_pairs")
 CHECK_TIMEOUT = 120.0
 
 
@@ -510,6 +528,30 @@ def pdl_cases() -> list[dict]:
     return out
 
 
+def stream_small_cases(sms: int = 132) -> list[dict]:
+    """The stream_small set's timing cases: the policy's module and :data:`STREAM_SMALL_CANDIDATES` (no epilogue at
+    the suite's and the held-out weights x :data:`STREAM_SMALL_MS` and at :data:`STREAM_SMALL_SAMPLES`; bias+GELU at
+    the suite's weights at M = 64 and 128)."""
+    weights = [(N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS if N < 100_000]
+    plain = [("none", (M, N, K)) for N, K in weights for M in STREAM_SMALL_MS]
+    plain += [("none", s) for s in STREAM_SMALL_SAMPLES]
+    fused = [("bias_gelu_tanh", (M, N, K)) for N, K in SUITE_WEIGHTS if N < 100_000 for M in (64, 128)]
+    return _candidate_cases(plain + fused, set(), sms, STREAM_SMALL_CANDIDATES)
+
+
+def swap_pair_cases() -> list[dict]:
+    """The swap_pairs set's timing cases (:data:`SWAP_PAIR_MS`): ``now`` and ``c1x2`` (its knobs, ``cluster_n=2``)."""
+    plain = [("none", (M, N, K)) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SWAP_PAIR_MS]
+    plain += [("none", s) for s in STREAM_SMALL_SAMPLES if 16 <= s[0] <= 64]
+    fused = [("bias_gelu_tanh", (64, N, K)) for N, K in SUITE_WEIGHTS]
+    out = []
+    for epilogue, (M, N, K) in plain + fused:
+        case = {"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16", "shape": [M, N, K],
+                "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS}
+        out += [{**case, "variant": "now", "knobs": {}}, {**case, "variant": "c1x2", "knobs": {"cluster_n": 2}}]
+    return out
+
+
 def _candidate_cases(cases_: list[tuple[str, tuple]], swap_shapes: set, sms: int, candidates: dict | None = None,
                      depths: tuple[int, ...] = (plan.MAX_SMALL_M_DEPTH,)) -> list[dict]:
     """At each case, the policy's module (``now``) and each candidate (``candidates``, default the few-tiles or,
@@ -601,6 +643,10 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
                                                        for M in SUITE_MS])
     if which == "pdl":
         return pdl_cases()
+    if which == "stream_small":
+        return stream_small_cases(sms)
+    if which == "swap_pairs":
+        return swap_pair_cases()
     if which == "mid_moved":
         return moved_cases("no_mid", sms=sms)
     if which == "small_split_moved":
@@ -1066,7 +1112,9 @@ def main(argv=None) -> int:
                         "shapes the split-k fill threshold moved, against the rule without it), few_tiles (the weakest "
                         "bias+GELU shapes against candidate tiles and splits), swap_widths (swap AB's widths and splits "
                         "at M <= 32), narrow_moved and small_split_moved (the shapes those two rules moved, against "
-                        "the policy without each)")
+                        "the policy without each), pdl (each module with and without programmatic dependent launch), "
+                        "stream_small (v10 stream-K under one wave at small M), swap_pairs (swap AB's A shared by a 1x2 "
+                        "cluster)")
     r = sub.add_parser("run", help="check and time them (GPU box)")
     r.add_argument("dir")
     r.add_argument("--out", required=True)
