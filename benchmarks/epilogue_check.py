@@ -243,12 +243,26 @@ STREAM_SMALL_MS = [1, 16, 64, 128]
 # ``cluster_n=2`` (``c1x2``) at the suite's and the held-out weights at M = 16, 32 and 64 and the every-model samples
 # of M >= 16 above, no epilogue, and bias+GELU at the suite's weights at M = 64
 SWAP_PAIR_MS = [16, 32, 64]
+# swap AB's wider tiles of N (``prepare --set swap_wide``): where 64 rows of N take more than a wave and the swap-ab
+# rule's 128 rows leave 72-80 CTAs (N = 9216-10240), 192 and 256 rows split in one or two (more rows of B in
+# flight per CTA, or more CTAs); at the every-model samples under 85% of their own-size copy at M <= 16 and the
+# suite's wide weights at M = 1 and 16, no epilogue: the policy's module beside each
+SWAP_WIDE_CANDIDATES = {f"v11_{bn}_s{sk}": ("v11", {"blk_n": bn, "num_warpgroups": 1 if bn == 192 else 2,
+                                                    "split_k": sk, "stream_b": True, "pdl": True})
+                        for bn in (192, 256) for sk in (1, 2)}
+# the rule that run led to (plan's swap-ab-192) on the shapes it moves (``prepare --set swap_wide_moved``): every
+# shape of the suite and the every-model samples of all five seeds whose bf16 choice it changes, no epilogue and
+# bias+GELU, the policy's module (``now``) beside the policy without it (``no_swap192``)
+SWAP_WIDE_RULE = "swap-ab-192"
+SWAP_WIDE_CASES = [(7, 9216, 3072), (16, 10240, 8192), (7, 5120, 5120), (16, 5120, 13824), (16, 3584, 4096),
+                   (1, 6144, 4096), (16, 6144, 4096), (1, 28672, 4096), (16, 28672, 4096), (1, 4096, 14336),
+                   (7, 18176, 4544), (16, 7168, 5120)]
 STREAM_SMALL_SAMPLES = [(7, 9216, 3072), (48, 3072, 8192), (16, 3072, 2048), (16, 3584, 4096), (48, 5120, 1280),
                         (2, 896, 4864), (2, 3072, 3072), (7, 1024, 4096), (16, 1280, 5120), (48, 2048, 2048),
                         (16, 5120, 13824), (48, 8192, 8192), (16, 10240, 8192), (7, 5120, 5120)]
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
-             "row64_moved", "pdl", "stream_small", "swap_pairs")
+             "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved")
 CHECK_TIMEOUT = 120.0
 
 
@@ -338,6 +352,8 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name != SMALL_SPLIT_RULE]
     if variant == "no_swap64":
         return [r for r in plan.RULES if r.name not in SWAP64_RULES]
+    if variant == "no_swap192":
+        return [r for r in plan.RULES if r.name != SWAP_WIDE_RULE]
     if variant == ROW64_VARIANT:
         return plan.with_row_tiles_64()
     return None
@@ -647,6 +663,14 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
         return stream_small_cases(sms)
     if which == "swap_pairs":
         return swap_pair_cases()
+    if which == "swap_wide_moved":
+        from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as suite_and_sample_shapes)
+
+        later = {(c["M"], c["N"], c["K"]) for seed in (4, 5) for c in every_model.cases(seed=seed)}
+        return moved_cases("no_swap192", ("none", "bias_gelu_tanh"), sms, extra=sorted(later | set(SWAP_WIDE_CASES)))
+    if which == "swap_wide":
+        return _candidate_cases([("none", s) for s in SWAP_WIDE_CASES], set(SWAP_WIDE_CASES), sms,
+                                SWAP_WIDE_CANDIDATES)
     if which == "mid_moved":
         return moved_cases("no_mid", sms=sms)
     if which == "small_split_moved":
@@ -1114,7 +1138,8 @@ def main(argv=None) -> int:
                         "at M <= 32), narrow_moved and small_split_moved (the shapes those two rules moved, against "
                         "the policy without each), pdl (each module with and without programmatic dependent launch), "
                         "stream_small (v10 stream-K under one wave at small M), swap_pairs (swap AB's A shared by a 1x2 "
-                        "cluster)")
+                        "cluster), swap_wide (swap AB in 192 and 256 rows of N), swap_wide_moved (the shapes plan's "
+                        "swap-ab-192 moves, against the policy without it)")
     r = sub.add_parser("run", help="check and time them (GPU box)")
     r.add_argument("dir")
     r.add_argument("--out", required=True)

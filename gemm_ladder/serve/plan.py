@@ -29,6 +29,10 @@ v9's defaults)::
                       wave, and K <= 8192              deepest ring (<= 8)                       of B: no split, no swap
     swap-ab-narrow    M <= 32, N / 64 tiles times the  v11: 64 rows of N, one consumer, split    twice the CTAs of
                       split fit in one wave            until 96 CTAs, slices >= 768 of K         128 rows stream B
+    swap-ab-192       M <= 16, N / 192 tiles times the v11: 192 rows of N, one consumer, split   1.13-1.40x swap-ab's
+                      split in one wave, swap-ab's     until 48 CTAs, the deepest ring (<= 8)    128 rows at every
+                      grid <= 3/4 of the SMs (and not                                            shape it moves
+                      the narrow swap's)
     swap-ab           M <= 64                          v11: blk_m a power of two >= M (8..64),   reading B is the whole
                                                        blk_n 128, the deepest ring (<= 8),       cost: N fills the MMA's
                                                        split_k until 48 CTAs stream B            64 rows
@@ -292,6 +296,13 @@ def _swap_detail(p: Problem) -> str:
 # it was not fitted on (NARROW_MOVED), it lost 7-27% where its split took a second wave (N = 4544-5120, 10
 # shapes, since excluded); at the 58 it still moves, 1.02-1.26x swap-ab's module at 54, 0.93-0.99x at 4
 # (1280x1280, 768x3072), 1.07x in geomean.
+# Two ways to get more out of the SMs a small-M grid leaves idle were timed against the policy's modules on its
+# memory-bound cases (kernels in graphs, H200) and lost: v10's stream-K in 64-row tiles over every SM (0.74-0.78x
+# geomean at M = 1-128, STREAM_SMALL), and swap AB's A shared by a 1x2 cluster at M = 16-64 (0.98x, SWAP_PAIRS);
+# so did asking L2 for the weight before the grid wait of a programmatic dependent (0.82-1.00x, PREFETCH_UNDER_WAIT).
+STREAM_SMALL = "benchmarks/results/2026-11-29_h200_stream_small/README.md"
+SWAP_PAIRS = "benchmarks/results/2026-11-29_h200_swap_pairs/README.md"
+PREFETCH_UNDER_WAIT = "benchmarks/results/2026-11-29_h200_prefetch/README.md"
 SWAP_WIDTHS = "benchmarks/results/2026-11-28_h200_swap_widths/README.md"
 NARROW_MOVED = "benchmarks/results/2026-11-28_h200_narrow_moved/README.md"
 SWAP_NARROW = (32, 64)  # (the largest M, blk_n): one consumer of 64 rows of N
@@ -323,6 +334,48 @@ def _swap_narrow_knobs(p: Problem) -> dict:
 def _swap_narrow_detail(p: Problem) -> str:
     sk, tiles = swap_narrow_split_k(p), math.ceil(p.N / SWAP_NARROW[1])
     return f"{tiles} tiles of {SWAP_NARROW[1]} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
+
+
+# -- swap AB in 192 rows of N (one consumer over three 64-row atoms) at M <= 16, where the narrow swap's 64-row tiles
+# take more than a wave. On an H200 (SWAP_WIDE: v11 at 192 and 256 rows of N, split 1 and 2, no epilogue, kernels in
+# graphs, the every-model samples under 85% of their own-size copy at M <= 16 and the suite's wide weights) the
+# swap-ab rule's 128 rows split until 48 CTAs stream B were 1.07-1.34x slower wherever 192 rows split the same way
+# fit in one wave: 7x9216x3072 0.86 -> 1.15x cuBLAS (48 CTAs), 16x10240x8192 0.81 -> 1.09x (54), 7x5120x5120
+# 0.75 -> 0.91x and 16x5120x13824 0.80 -> 1.02x (27 tiles split in two); level at 7x18176x4544 (95 tiles, 0.99x).
+# Past a wave (28672 rows: 150 tiles) 128 rows stayed ahead (0.89-0.94x), and where the narrow swap's 64 rows fit
+# (6144, 4096, 3584, 7168 rows) they stayed ahead of both (0.52-0.94x). 256 rows (two consumers) were behind 192
+# at three of the four; the split is swap-ab's (the fewest giving 48 CTAs: the better split at all four).
+# Timed then at every shape of the suite and the every-model samples (five seeds) it moved, no epilogue and
+# bias+GELU (SWAP_WIDE_MOVED, 88 pairs, 78 not fitted on): 1.13-1.40x the policy without it wherever swap-ab's
+# grid of 128-row tiles left the SMs under two thirds full (72-80 CTAs: 4544-10240 rows), but 0.76x where it
+# filled 128 of 132 (16384 rows: 86 CTAs of 192 against 128 of 128) and level past a wave (18176 rows, 142). So
+# it takes only grids swap-ab would fill to at most SWAP_WIDE_MAX_FILL of the SMs.
+SWAP_WIDE = "benchmarks/results/2026-11-29_h200_swap_wide/README.md"
+SWAP_WIDE_MOVED = "benchmarks/results/2026-11-29_h200_swap_wide_moved/README.md"
+SWAP_WIDE_TILE = (16, 192)  # (the largest M measured, blk_n)
+SWAP_WIDE_MAX_FILL = 0.75  # of the SMs swap-ab's 128-row grid fills, at most (won at 0.55-0.61, lost at 0.97)
+
+
+def _swap_wide(p: Problem) -> bool:
+    """M <= 16, 192-row tiles times swap-ab's split for them in one wave, and swap-ab's own grid of 128-row tiles
+    filling at most :data:`SWAP_WIDE_MAX_FILL` of the SMs (the rule comes after the narrow swap's, which keeps the
+    weights its 64-row tiles fit in a wave)."""
+    max_m, blk_n = SWAP_WIDE_TILE
+    swap_units = math.ceil(p.N / SWAP_BLK_N) * swap_split_k(p)
+    return (p.M <= max_m and math.ceil(p.N / blk_n) * swap_split_k(p, blk_n) <= p.sms
+            and swap_units <= SWAP_WIDE_MAX_FILL * p.sms)
+
+
+def _swap_wide_knobs(p: Problem) -> dict:
+    blk_n = SWAP_WIDE_TILE[1]
+    knobs = {"blk_m": swap_blk_m(p.M), "blk_n": blk_n, "num_warpgroups": 1, "split_k": swap_split_k(p, blk_n)}
+    return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SWAP_DEPTH), **STREAM_B}
+
+
+def _swap_wide_detail(p: Problem) -> str:
+    blk_n = SWAP_WIDE_TILE[1]
+    sk, tiles = swap_split_k(p, blk_n), math.ceil(p.N / blk_n)
+    return f"{tiles} tiles of {blk_n} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
 
 
 SPLIT_K_MIN_SLICE = 4096  # each split keeps at least this much of K (measured: shorter slices lose)
@@ -642,6 +695,14 @@ RULES: list[Rule] = [
                   "0.96-1.01x (0.75-0.85x), 768x3072 level; " + NARROW_MOVED + ": 1.02-1.26x swap-ab's module at "
                   "54 of the 58 every-model shapes it moves (0.93-0.99x at 4), 1.07x in geomean",
          detail=_swap_narrow_detail),
+    Rule("swap-ab-192", "sm_90a", "v11", when=_swap_wide, knobs=_swap_wide_knobs,
+         why="M <= 16 with N's 192-row tiles, times swap-ab's split, in one wave, where 64-row tiles do not fit one "
+             "and swap-ab's 128-row tiles would leave a quarter of the SMs or more idle: swap AB with 192 rows of N "
+             "per CTA (one consumer over three 64-row atoms), K split until 48 CTAs stream B",
+         evidence=SWAP_WIDE + ": 1.22-1.34x swap-ab's 128 rows as kernels at 7x9216x3072, 16x10240x8192, "
+                  "7x5120x5120, 16x5120x13824 (0.75-0.86x cuBLAS -> 0.91-1.15x); " + SWAP_WIDE_MOVED + ": 1.13-1.40x "
+                  "at all 64 pairs it takes (4544-10240 rows, M = 1-16, no epilogue and bias+GELU; 56 not fitted on)",
+         detail=_swap_wide_detail),
     Rule("swap-ab", "sm_90a", "v11", when=lambda p: p.M <= 64, knobs=_swap_knobs,
          why="M <= 64: reading B (N x K) is the whole cost; swap AB puts N in wgmma's 64-row slot (M as its N, "
              "a power of two from 8), 128 rows of N per CTA beside an 8-deep ring, and K split until enough "
