@@ -254,6 +254,11 @@ SWAP_WIDE_CANDIDATES = {f"v11_{bn}_s{sk}": ("v11", {"blk_n": bn, "num_warpgroups
 # shape of the suite and the every-model samples of all five seeds whose bf16 choice it changes, no epilogue and
 # bias+GELU, the policy's module (``now``) beside the policy without it (``no_swap192``)
 SWAP_WIDE_RULE = "swap-ab-192"
+# the same rule past M = 16 (``prepare --set swap_wide_m64``): the policy with swap-ab-192 taking M <= 64
+# (``wide_to_64``) beside the policy, at the shapes that moves among the suite, the every-model samples of five
+# seeds and the rule's weights at M = 32, 48, 64, no epilogue and bias+GELU
+SWAP_WIDE_M64_WEIGHTS = [(9216, 3072), (10240, 8192), (5120, 5120), (5120, 13824), (4544, 4544), (4544, 18176),
+                         (9728, 896)]
 SWAP_WIDE_CASES = [(7, 9216, 3072), (16, 10240, 8192), (7, 5120, 5120), (16, 5120, 13824), (16, 3584, 4096),
                    (1, 6144, 4096), (16, 6144, 4096), (1, 28672, 4096), (16, 28672, 4096), (1, 4096, 14336),
                    (7, 18176, 4544), (16, 7168, 5120)]
@@ -262,7 +267,7 @@ STREAM_SMALL_SAMPLES = [(7, 9216, 3072), (48, 3072, 8192), (16, 3072, 2048), (16
                         (16, 5120, 13824), (48, 8192, 8192), (16, 10240, 8192), (7, 5120, 5120)]
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
-             "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved")
+             "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64")
 CHECK_TIMEOUT = 120.0
 
 
@@ -363,6 +368,8 @@ def _variant_context(variant: str):
     """The context a variant plans in (the rungs or the rule as they were before), or a null one."""
     if variant == "before":
         return epilogues_as_before()
+    if variant == "wide_to_64":  # swap-ab-192 past the M it was measured at
+        return mock.patch.object(plan, "SWAP_WIDE_TILE", (64, plan.SWAP_WIDE_TILE[1]))
     if variant == "fill_before":  # the split-k rule without its fill threshold, as it was before it
         return mock.patch.object(plan, "SPLIT_K_MAX_FILL", float("inf"))
     return contextlib.nullcontext()
@@ -668,6 +675,12 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
 
         later = {(c["M"], c["N"], c["K"]) for seed in (4, 5) for c in every_model.cases(seed=seed)}
         return moved_cases("no_swap192", ("none", "bias_gelu_tanh"), sms, extra=sorted(later | set(SWAP_WIDE_CASES)))
+    if which == "swap_wide_m64":
+        from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as suite_and_sample_shapes)
+
+        later = {(c["M"], c["N"], c["K"]) for seed in (4, 5) for c in every_model.cases(seed=seed)}
+        extra = {(M, N, K) for N, K in SWAP_WIDE_M64_WEIGHTS for M in (32, 48, 64)}
+        return moved_cases("wide_to_64", ("none", "bias_gelu_tanh"), sms, extra=sorted(later | extra))
     if which == "swap_wide":
         return _candidate_cases([("none", s) for s in SWAP_WIDE_CASES], set(SWAP_WIDE_CASES), sms,
                                 SWAP_WIDE_CANDIDATES)
@@ -1139,7 +1152,7 @@ def main(argv=None) -> int:
                         "the policy without each), pdl (each module with and without programmatic dependent launch), "
                         "stream_small (v10 stream-K under one wave at small M), swap_pairs (swap AB's A shared by a 1x2 "
                         "cluster), swap_wide (swap AB in 192 and 256 rows of N), swap_wide_moved (the shapes plan's "
-                        "swap-ab-192 moves, against the policy without it)")
+                        "swap-ab-192 moves, against the policy without it), swap_wide_m64 (that rule up to M = 64)")
     r = sub.add_parser("run", help="check and time them (GPU box)")
     r.add_argument("dir")
     r.add_argument("--out", required=True)

@@ -68,7 +68,7 @@ def without(*names):
 
 
 SWAP_64 = ("swap-ab-64", "long-k-split")  # 2026-11-29's rules, first for 32 < M <= 128 where they apply
-BEFORE_64 = without(*SWAP_64)
+BEFORE_64 = without(*SWAP_64, "swap-ab-192")  # the policy those rules were timed against (swap-ab-192 came later)
 
 
 @pytest.mark.parametrize("M, N, K", [(64, 4096, 4096), (128, 6144, 4096), (33, 6144, 4096), (100, 4096, 8192)])
@@ -170,9 +170,10 @@ def test_rule_swap_ab_narrow_stops(M, N):
 @needs_v11
 @pytest.mark.parametrize("M, N, K, blk_m, split_k", [(7, 9216, 3072, 8, 1), (16, 10240, 8192, 16, 1),
                                                      (7, 5120, 5120, 8, 2), (16, 5120, 13824, 16, 2),
-                                                     (1, 4544, 4544, 8, 2), (2, 9728, 896, 8, 1)])
+                                                     (1, 4544, 4544, 8, 2), (2, 9728, 896, 8, 1),
+                                                     (32, 10240, 8192, 32, 1), (48, 5120, 13824, 64, 2)])
 def test_rule_swap_ab_192(M, N, K, blk_m, split_k):
-    """M <= 16 where the narrow swap's 64-row tiles need a second wave, swap-ab's 128-row grid leaves a quarter of
+    """M <= 64 where the narrow swap's 64-row tiles need a second wave, swap-ab's 128-row grid leaves a quarter of
     the SMs idle, and 192-row tiles, split as swap-ab splits (the fewest slices giving 48 CTAs), fit in one wave:
     v11 with 192 rows of N over one consumer."""
     c = rule_choice(P(M, N, K))
@@ -188,14 +189,15 @@ def test_rule_swap_ab_192(M, N, K, blk_m, split_k):
 
 
 @needs_v11
-@pytest.mark.parametrize("M, N, K, rule", [(17, 9216, 3072, "swap-ab"), (1, 28672, 4096, "swap-ab"),
+@pytest.mark.parametrize("M, N, K, rule", [(65, 9216, 3072, "swap-ab-128"), (1, 28672, 4096, "swap-ab"),
                                            (1, 16384, 2048, "swap-ab"), (7, 18176, 4544, "swap-ab"),
                                            (16, 128256, 4096, "swap-ab"), (1, 6144, 4096, "swap-ab-narrow"),
-                                           (16, 3584, 4096, "swap-ab-narrow"), (32, 10240, 8192, "swap-ab")])
+                                           (16, 3584, 4096, "swap-ab-narrow"), (48, 8192, 8192, "swap-ab-64")])
 def test_rule_swap_ab_192_stops(M, N, K, rule):
-    """Past M = 16 (not measured there), past one wave of 192-row tiles (150 tiles at 28672 rows: 128 rows stayed
+    """Past M = 64 (swap-ab-128's), past one wave of 192-row tiles (150 tiles at 28672 rows: 128 rows stayed
     ahead), where swap-ab's 128-row grid fills most of the SMs (16384 rows: 128 CTAs, where 192 rows lost 24%) or
-    passes a wave (18176: level), and where the narrow swap's 64 rows fit in a wave (they stayed ahead of 192)."""
+    passes a wave (18176: level), and where the narrow swap's 64 rows fit in a wave (they stayed ahead of 192; at
+    32 < M <= 64 swap-ab-64 takes those)."""
     assert rule_choice(P(M, N, K)).rule == rule
 
 
@@ -272,7 +274,7 @@ def test_rule_weight_streaming(M, N, blk_n):
 
 
 def test_rule_weight_streaming_stops_above_m_64():
-    rules = without("swap-ab", "row-tiles", *SWAP_64)
+    rules = without("swap-ab", "swap-ab-192", "row-tiles", *SWAP_64)
     assert rule_choice(P(64, 4096, 4096), rules).rule == "weight-streaming"
     assert rule_choice(P(65, 4096, 4096), rules).rule != "weight-streaming"
 
@@ -967,6 +969,22 @@ def test_swap_ab_64_and_long_k_split_on_the_shapes_they_moved():
         assert rule_choice(E(M, N, K, op), BEFORE_64).rule == v["no_swap64"]["chosen_by"]
         assert v["now"]["kernel_ratio"] > v["no_swap64"]["kernel_ratio"], (op, M, N, K)
 
+
+
+def test_swap_ab_192_past_m_16_agrees_with_its_measurement():
+    """``--set swap_wide_m64``: the rule at M = 32-64 (every shape of the suite, the every-model samples and the
+    rule's weights at M = 32, 48, 64 it moves there) ran at least level with swap-ab's module at all 22 pairs, and
+    the policy now takes every one of them."""
+    rows = json.loads((Path(__file__).parent.parent / plan.SWAP_WIDE_M64).with_name(
+        "epilogue_swap_wide_m64.json").read_text())["rows"]
+    got: dict = {}
+    for r in rows:
+        op = "none" if r["op"].startswith("none") else "bias_gelu_tanh"
+        got.setdefault((op, (r["M"], r["N"], r["K"])), {})[r["rule"]] = r["kernel_ratio"]
+    assert len(got) == 22
+    for (op, (M, N, K)), v in got.items():
+        assert 16 < M <= 64 and rule_choice(E(M, N, K, op)).rule == "swap-ab-192"
+        assert v["wide_to_64"] >= 0.99 * v["now"], (op, M, N, K)
 
 def candidate_ratios(readme: str, name: str) -> dict:
     """A committed candidate run's kernel ratios: (op, M, N, K) -> {variant: ratio} (op ``none`` or

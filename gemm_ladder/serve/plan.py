@@ -29,7 +29,7 @@ v9's defaults)::
                       wave, and K <= 8192              deepest ring (<= 8)                       of B: no split, no swap
     swap-ab-narrow    M <= 32, N / 64 tiles times the  v11: 64 rows of N, one consumer, split    twice the CTAs of
                       split fit in one wave            until 96 CTAs, slices >= 768 of K         128 rows stream B
-    swap-ab-192       M <= 16, N / 192 tiles times the v11: 192 rows of N, one consumer, split   1.13-1.40x swap-ab's
+    swap-ab-192       M <= 64, N / 192 tiles times the v11: 192 rows of N, one consumer, split   1.05-1.40x swap-ab's
                       split in one wave, swap-ab's     until 48 CTAs, the deepest ring (<= 8)    128 rows at every
                       grid <= 3/4 of the SMs (and not                                            shape it moves
                       the narrow swap's)
@@ -349,15 +349,19 @@ def _swap_narrow_detail(p: Problem) -> str:
 # bias+GELU (SWAP_WIDE_MOVED, 88 pairs, 78 not fitted on): 1.13-1.40x the policy without it wherever swap-ab's
 # grid of 128-row tiles left the SMs under two thirds full (72-80 CTAs: 4544-10240 rows), but 0.76x where it
 # filled 128 of 132 (16384 rows: 86 CTAs of 192 against 128 of 128) and level past a wave (18176 rows, 142). So
-# it takes only grids swap-ab would fill to at most SWAP_WIDE_MAX_FILL of the SMs.
+# it takes only grids swap-ab would fill to at most SWAP_WIDE_MAX_FILL of the SMs. Past M = 16 (SWAP_WIDE_M64: the
+# same rule up to M = 64, at every shape that moves among the suite, the every-model samples and the rule's weights
+# at M = 32, 48, 64, no epilogue and bias+GELU) it ran 1.05-1.26x swap-ab's module at 20 of 22 pairs and level
+# (1.00x) at 9728x896: so it takes M <= 64.
 SWAP_WIDE = "benchmarks/results/2026-11-29_h200_swap_wide/README.md"
 SWAP_WIDE_MOVED = "benchmarks/results/2026-11-29_h200_swap_wide_moved/README.md"
-SWAP_WIDE_TILE = (16, 192)  # (the largest M measured, blk_n)
+SWAP_WIDE_M64 = "benchmarks/results/2026-11-29_h200_swap_wide_m64/README.md"
+SWAP_WIDE_TILE = (64, 192)  # (the largest M measured, blk_n)
 SWAP_WIDE_MAX_FILL = 0.75  # of the SMs swap-ab's 128-row grid fills, at most (won at 0.55-0.61, lost at 0.97)
 
 
 def _swap_wide(p: Problem) -> bool:
-    """M <= 16, 192-row tiles times swap-ab's split for them in one wave, and swap-ab's own grid of 128-row tiles
+    """M <= 64, 192-row tiles times swap-ab's split for them in one wave, and swap-ab's own grid of 128-row tiles
     filling at most :data:`SWAP_WIDE_MAX_FILL` of the SMs (the rule comes after the narrow swap's, which keeps the
     weights its 64-row tiles fit in a wave)."""
     max_m, blk_n = SWAP_WIDE_TILE
@@ -696,12 +700,13 @@ RULES: list[Rule] = [
                   "54 of the 58 every-model shapes it moves (0.93-0.99x at 4), 1.07x in geomean",
          detail=_swap_narrow_detail),
     Rule("swap-ab-192", "sm_90a", "v11", when=_swap_wide, knobs=_swap_wide_knobs,
-         why="M <= 16 with N's 192-row tiles, times swap-ab's split, in one wave, where 64-row tiles do not fit one "
+         why="M <= 64 with N's 192-row tiles, times swap-ab's split, in one wave, where 64-row tiles do not fit one "
              "and swap-ab's 128-row tiles would leave a quarter of the SMs or more idle: swap AB with 192 rows of N "
              "per CTA (one consumer over three 64-row atoms), K split until 48 CTAs stream B",
          evidence=SWAP_WIDE + ": 1.22-1.34x swap-ab's 128 rows as kernels at 7x9216x3072, 16x10240x8192, "
                   "7x5120x5120, 16x5120x13824 (0.75-0.86x cuBLAS -> 0.91-1.15x); " + SWAP_WIDE_MOVED + ": 1.13-1.40x "
-                  "at all 64 pairs it takes (4544-10240 rows, M = 1-16, no epilogue and bias+GELU; 56 not fitted on)",
+                  "at all 64 pairs it takes (4544-10240 rows, M = 1-16, no epilogue and bias+GELU; 56 not fitted on); "
+                  + SWAP_WIDE_M64 + ": 1.05-1.26x at 20 of 22 pairs at M = 32-64, level at 9728x896",
          detail=_swap_wide_detail),
     Rule("swap-ab", "sm_90a", "v11", when=lambda p: p.M <= 64, knobs=_swap_knobs,
          why="M <= 64: reading B (N x K) is the whole cost; swap AB puts N in wgmma's 64-row slot (M as its N, "
