@@ -237,6 +237,9 @@ PDL_EPILOGUES = ("none", "bias_gelu_tanh")
 STREAM_SMALL_CANDIDATES = {f"v10_sk_64x{bn}": ("v10", {"blk_m": 64, "blk_n": bn, **SMALL_ONE_CONSUMER, "split_k": 1,
                                                        "stream_k": True, "pdl": True}) for bn in (64, 128)}
 STREAM_SMALL_MS = [1, 16, 64, 128]
+STREAM_SMALL_SAMPLES = [(7, 9216, 3072), (48, 3072, 8192), (16, 3072, 2048), (16, 3584, 4096), (48, 5120, 1280),
+                        (2, 896, 4864), (2, 3072, 3072), (7, 1024, 4096), (16, 1280, 5120), (48, 2048, 2048),
+                        (16, 5120, 13824), (48, 8192, 8192), (16, 10240, 8192), (7, 5120, 5120)]
 # swap AB's A shared over a 1x2 cluster (``prepare --set swap_pairs``): at M = 32-64 a 64-row tile of N reads as many
 # bytes of A as of B each K slice, and every CTA reads the same A; two CTAs of neighbouring N tiles in a cluster
 # each load half of it for both (TMA multicast). The policy's module (``now``) beside the same knobs with
@@ -256,15 +259,14 @@ SWAP_WIDE_CANDIDATES = {f"v11_{bn}_s{sk}": ("v11", {"blk_n": bn, "num_warpgroups
 SWAP_WIDE_RULE = "swap-ab-192"
 # the same rule past M = 16 (``prepare --set swap_wide_m64``): the policy with swap-ab-192 taking M <= 64
 # (``wide_to_64``) beside the policy, at the shapes that moves among the suite, the every-model samples of five
-# seeds and the rule's weights at M = 32, 48, 64, no epilogue and bias+GELU
+# seeds and the rule's weights at M = 32, 48, 64, no epilogue and bias+GELU. Since 2b4a568 the policy takes M <= 64
+# itself, so the set moves nothing now: it stays as the record of ../results/2026-11-29_h200_swap_wide_m64/ (built
+# from eeae73f's policy with this set)
 SWAP_WIDE_M64_WEIGHTS = [(9216, 3072), (10240, 8192), (5120, 5120), (5120, 13824), (4544, 4544), (4544, 18176),
                          (9728, 896)]
 SWAP_WIDE_CASES = [(7, 9216, 3072), (16, 10240, 8192), (7, 5120, 5120), (16, 5120, 13824), (16, 3584, 4096),
                    (1, 6144, 4096), (16, 6144, 4096), (1, 28672, 4096), (16, 28672, 4096), (1, 4096, 14336),
                    (7, 18176, 4544), (16, 7168, 5120)]
-STREAM_SMALL_SAMPLES = [(7, 9216, 3072), (48, 3072, 8192), (16, 3072, 2048), (16, 3584, 4096), (48, 5120, 1280),
-                        (2, 896, 4864), (2, 3072, 3072), (7, 1024, 4096), (16, 1280, 5120), (48, 2048, 2048),
-                        (16, 5120, 13824), (48, 8192, 8192), (16, 10240, 8192), (7, 5120, 5120)]
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
              "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64")
@@ -391,6 +393,13 @@ def suite_and_sample_shapes() -> list[tuple[int, int, int]]:
     for seed in FILL_SEEDS:
         shapes |= {(c["M"], c["N"], c["K"]) for c in every_model.cases(seed=seed)}
     return sorted(shapes)
+
+
+def later_sample_shapes() -> set[tuple[int, int, int]]:
+    """Every (M, N, K) of the every-model samples drawn after :data:`FILL_SEEDS` (seeds 4 and 5)."""
+    from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as suite_and_sample_shapes)
+
+    return {(c["M"], c["N"], c["K"]) for seed in (4, 5) for c in every_model.cases(seed=seed)}
 
 
 def moved_cases(variant: str, epilogues=("none",), sms: int = 132, ms=None, extra=()) -> list[dict]:
@@ -671,16 +680,11 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
     if which == "swap_pairs":
         return swap_pair_cases()
     if which == "swap_wide_moved":
-        from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as suite_and_sample_shapes)
-
-        later = {(c["M"], c["N"], c["K"]) for seed in (4, 5) for c in every_model.cases(seed=seed)}
-        return moved_cases("no_swap192", ("none", "bias_gelu_tanh"), sms, extra=sorted(later | set(SWAP_WIDE_CASES)))
+        return moved_cases("no_swap192", ("none", "bias_gelu_tanh"), sms,
+                           extra=sorted(later_sample_shapes() | set(SWAP_WIDE_CASES)))
     if which == "swap_wide_m64":
-        from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as suite_and_sample_shapes)
-
-        later = {(c["M"], c["N"], c["K"]) for seed in (4, 5) for c in every_model.cases(seed=seed)}
         extra = {(M, N, K) for N, K in SWAP_WIDE_M64_WEIGHTS for M in (32, 48, 64)}
-        return moved_cases("wide_to_64", ("none", "bias_gelu_tanh"), sms, extra=sorted(later | extra))
+        return moved_cases("wide_to_64", ("none", "bias_gelu_tanh"), sms, extra=sorted(later_sample_shapes() | extra))
     if which == "swap_wide":
         return _candidate_cases([("none", s) for s in SWAP_WIDE_CASES], set(SWAP_WIDE_CASES), sms,
                                 SWAP_WIDE_CANDIDATES)

@@ -29,10 +29,10 @@ v9's defaults)::
                       wave, and K <= 8192              deepest ring (<= 8)                       of B: no split, no swap
     swap-ab-narrow    M <= 32, N / 64 tiles times the  v11: 64 rows of N, one consumer, split    twice the CTAs of
                       split fit in one wave            until 96 CTAs, slices >= 768 of K         128 rows stream B
-    swap-ab-192       M <= 64, N / 192 tiles times the v11: 192 rows of N, one consumer, split   1.05-1.40x swap-ab's
+    swap-ab-192       M <= 64, N / 192 tiles times the v11: 192 rows of N, one consumer, split   1.00-1.40x swap-ab's
                       split in one wave, swap-ab's     until 48 CTAs, the deepest ring (<= 8)    128 rows at every
-                      grid <= 3/4 of the SMs (and not                                            shape it moves
-                      the narrow swap's)
+                      grid <= 3/4 of the SMs (and not                                            shape it moves (>= 1.05
+                      the narrow swap's)                                                         at 84 of 86 pairs)
     swap-ab           M <= 64                          v11: blk_m a power of two >= M (8..64),   reading B is the whole
                                                        blk_n 128, the deepest ring (<= 8),       cost: N fills the MMA's
                                                        split_k until 48 CTAs stream B            64 rows
@@ -336,10 +336,10 @@ def _swap_narrow_detail(p: Problem) -> str:
     return f"{tiles} tiles of {SWAP_NARROW[1]} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
 
 
-# -- swap AB in 192 rows of N (one consumer over three 64-row atoms) at M <= 16, where the narrow swap's 64-row tiles
-# take more than a wave. On an H200 (SWAP_WIDE: v11 at 192 and 256 rows of N, split 1 and 2, no epilogue, kernels in
+# -- swap AB in 192 rows of N (one consumer over three 64-row atoms) at M <= 64 (fitted at M <= 16), where the narrow
+# swap's 64-row tiles take more than a wave. On an H200 (SWAP_WIDE: v11 at 192 and 256 rows of N, split 1 and 2, no epilogue, kernels in
 # graphs, the every-model samples under 85% of their own-size copy at M <= 16 and the suite's wide weights) the
-# swap-ab rule's 128 rows split until 48 CTAs stream B were 1.07-1.34x slower wherever 192 rows split the same way
+# swap-ab rule's 128 rows split until 48 CTAs stream B were 1.22-1.34x slower wherever 192 rows split the same way
 # fit in one wave: 7x9216x3072 0.86 -> 1.15x cuBLAS (48 CTAs), 16x10240x8192 0.81 -> 1.09x (54), 7x5120x5120
 # 0.75 -> 0.91x and 16x5120x13824 0.80 -> 1.02x (27 tiles split in two); level at 7x18176x4544 (95 tiles, 0.99x).
 # Past a wave (28672 rows: 150 tiles) 128 rows stayed ahead (0.89-0.94x), and where the narrow swap's 64 rows fit
