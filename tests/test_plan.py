@@ -226,15 +226,10 @@ def test_swap_ab_192_on_the_shapes_it_moved():
     rule as first fitted changed, plain and with bias+GELU. Where the rule takes them now its module ran faster
     than the policy's without it at every one (1.126x the least); the ones it leaves are those where it lost or ran
     level (16384 and 18176 rows)."""
-    rows = json.loads((Path(__file__).parent.parent / plan.SWAP_WIDE_MOVED).with_name(
-        "epilogue_swap_wide_moved.json").read_text())["rows"]
-    got: dict = {}
-    for r in rows:
-        op = "none" if r["op"].startswith("none") else "bias_gelu_tanh"
-        got.setdefault((op, (r["M"], r["N"], r["K"])), {})[r["rule"]] = r["kernel_ratio"]
+    got = candidate_ratios(plan.SWAP_WIDE_MOVED, "epilogue_swap_wide_moved.json")
     assert len(got) == 88
     taken = 0
-    for (op, (M, N, K)), v in got.items():
+    for (op, M, N, K), v in got.items():
         gain = v["now"] / v["no_swap192"]
         if rule_choice(E(M, N, K, op)).rule == "swap-ab-192":
             taken += 1
@@ -975,16 +970,12 @@ def test_swap_ab_192_past_m_16_agrees_with_its_measurement():
     """``--set swap_wide_m64``: the rule at M = 32-64 (every shape of the suite, the every-model samples and the
     rule's weights at M = 32, 48, 64 it moves there) ran at least level with swap-ab's module at all 22 pairs, and
     the policy now takes every one of them."""
-    rows = json.loads((Path(__file__).parent.parent / plan.SWAP_WIDE_M64).with_name(
-        "epilogue_swap_wide_m64.json").read_text())["rows"]
-    got: dict = {}
-    for r in rows:
-        op = "none" if r["op"].startswith("none") else "bias_gelu_tanh"
-        got.setdefault((op, (r["M"], r["N"], r["K"])), {})[r["rule"]] = r["kernel_ratio"]
+    got = candidate_ratios(plan.SWAP_WIDE_M64, "epilogue_swap_wide_m64.json")
     assert len(got) == 22
-    for (op, (M, N, K)), v in got.items():
+    for (op, M, N, K), v in got.items():
         assert 16 < M <= 64 and rule_choice(E(M, N, K, op)).rule == "swap-ab-192"
         assert v["wide_to_64"] >= 0.99 * v["now"], (op, M, N, K)
+
 
 def candidate_ratios(readme: str, name: str) -> dict:
     """A committed candidate run's kernel ratios: (op, M, N, K) -> {variant: ratio} (op ``none`` or
