@@ -276,10 +276,13 @@ def _swap_knobs(p: Problem, blk_m: int | None = None) -> dict:
     return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SWAP_DEPTH), **STREAM_B}
 
 
-def _swap_detail(p: Problem) -> str:
-    sk = swap_split_k(p)
-    tiles = math.ceil(p.N / SWAP_BLK_N)
-    return f"{tiles} tiles of {SWAP_BLK_N} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
+def _swap_detail(blk_n: int, split_k: Callable[[Problem], int]) -> Callable[[Problem], str]:
+    """``explain``'s line for a swap rule of ``blk_n`` rows of N split by ``split_k``: its tiles, its split and
+    the CTAs that stream B."""
+    def detail(p: Problem) -> str:
+        sk, tiles = split_k(p), math.ceil(p.N / blk_n)
+        return f"{tiles} tiles of {blk_n} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
+    return detail
 
 
 # -- swap AB in 64-row slices of N (one consumer) at M <= 32. On an H200 (SWAP_WIDTHS: v11 at 64 and 128 rows
@@ -331,11 +334,6 @@ def _swap_narrow_knobs(p: Problem) -> dict:
     return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SWAP_DEPTH), **STREAM_B}
 
 
-def _swap_narrow_detail(p: Problem) -> str:
-    sk, tiles = swap_narrow_split_k(p), math.ceil(p.N / SWAP_NARROW[1])
-    return f"{tiles} tiles of {SWAP_NARROW[1]} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
-
-
 # -- swap AB in 192 rows of N (one consumer over three 64-row atoms) at M <= 64 (fitted at M <= 16), where the narrow
 # swap's 64-row tiles take more than a wave. On an H200 (SWAP_WIDE: v11 at 192 and 256 rows of N, split 1 and 2, no epilogue, kernels in
 # graphs, the every-model samples under 85% of their own-size copy at M <= 16 and the suite's wide weights) the
@@ -374,12 +372,6 @@ def _swap_wide_knobs(p: Problem) -> dict:
     blk_n = SWAP_WIDE_TILE[1]
     knobs = {"blk_m": swap_blk_m(p.M), "blk_n": blk_n, "num_warpgroups": 1, "split_k": swap_split_k(p, blk_n)}
     return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SWAP_DEPTH), **STREAM_B}
-
-
-def _swap_wide_detail(p: Problem) -> str:
-    blk_n = SWAP_WIDE_TILE[1]
-    sk, tiles = swap_split_k(p, blk_n), math.ceil(p.N / blk_n)
-    return f"{tiles} tiles of {blk_n} rows of N x split_k={sk}: {tiles * sk} CTAs stream B"
 
 
 SPLIT_K_MIN_SLICE = 4096  # each split keeps at least this much of K (measured: shorter slices lose)
@@ -657,7 +649,7 @@ RULES: list[Rule] = [
                   "bias+GELU 0.914 -> 0.954x and 0.884 -> 0.978x cuBLASLt's fused epilogue; " + SWAP_64_MOVED + ": "
                   "1.24x (none) and 1.07x (bias+GELU) the modules before it at the 35 suite and every-model shapes "
                   "it moves, 1.014x the least",
-         detail=_swap_narrow_detail),
+         detail=_swap_detail(SWAP_NARROW[1], swap_narrow_split_k)),
     Rule("long-k-split", "sm_90a", "v10", when=_long_k_split, knobs=_long_k_split_knobs,
          why=f"64 < M <= 128 with K > {SMALL_M_EPILOGUE_SWAP_K} whose 64x128 tiles split in two fit in one wave "
              "(no residual, D in the inputs' dtype): 64x128 tiles (one consumer, B streamed, 2x1 clusters) with "
@@ -698,7 +690,7 @@ RULES: list[Rule] = [
                   "(swap-ab's 128 rows: 0.93-1.05x), held out 3072x768 0.81-0.88x (0.67-0.74x), 4096x1024 "
                   "0.96-1.01x (0.75-0.85x), 768x3072 level; " + NARROW_MOVED + ": 1.02-1.26x swap-ab's module at "
                   "54 of the 58 every-model shapes it moves (0.93-0.99x at 4), 1.07x in geomean",
-         detail=_swap_narrow_detail),
+         detail=_swap_detail(SWAP_NARROW[1], swap_narrow_split_k)),
     Rule("swap-ab-192", "sm_90a", "v11", when=_swap_wide, knobs=_swap_wide_knobs,
          why="M <= 64 with N's 192-row tiles, times swap-ab's split, in one wave, where 64-row tiles do not fit one "
              "and swap-ab's 128-row tiles would leave a quarter of the SMs or more idle: swap AB with 192 rows of N "
@@ -707,13 +699,13 @@ RULES: list[Rule] = [
                   "7x5120x5120, 16x5120x13824 (0.75-0.86x cuBLAS -> 0.91-1.15x); " + SWAP_WIDE_MOVED + ": 1.13-1.40x "
                   "at all 64 pairs it takes (4544-10240 rows, M = 1-16, no epilogue and bias+GELU; 56 not fitted on); "
                   + SWAP_WIDE_M64 + ": 1.05-1.26x at 20 of 22 pairs at M = 32-64, level at 9728x896",
-         detail=_swap_wide_detail),
+         detail=_swap_detail(SWAP_WIDE_TILE[1], lambda p: swap_split_k(p, SWAP_WIDE_TILE[1]))),
     Rule("swap-ab", "sm_90a", "v11", when=lambda p: p.M <= 64, knobs=_swap_knobs,
          why="M <= 64: reading B (N x K) is the whole cost; swap AB puts N in wgmma's 64-row slot (M as its N, "
              "a power of two from 8), 128 rows of N per CTA beside an 8-deep ring, and K split until enough "
              "CTAs stream B",
          evidence=SWEEP + ": 0.94-0.97x cuBLAS as kernels at M = 1, 64",
-         detail=_swap_detail),
+         detail=_swap_detail(SWAP_BLK_N, swap_split_k)),
     Rule("weight-streaming", "sm_90a", "v9", when=lambda p: p.M <= 64, knobs=_small_m_knobs,
          why="M <= 64: reading B (N x K) dominates, so the output is cut into as many 64-row tiles as fill "
              "the SMs (blk_n by makespan), each streaming its slice of B through a deep ring"),
@@ -722,7 +714,7 @@ RULES: list[Rule] = [
              "128 rows of M as wgmma's N, K split until enough CTAs stream B",
          evidence=SWEEP + ": 0.98-1.01x cuBLAS as kernels at M = 128 with N x K = 28672x4096, 4096x14336, "
                   "128256x4096",
-         detail=_swap_detail),
+         detail=_swap_detail(SWAP_BLK_N, swap_split_k)),
     Rule("stream-k", "sm_90a", "v10", when=_stream_k_wins, knobs=lambda p: {"split_k": 1, "stream_k": True},
          why="M > 128 and a partial last wave: v9's tiles for the whole waves, the last wave's K slices dealt "
              "out evenly over the clusters (v10 stream_k), when that finishes at least 1% sooner than the best "
@@ -1356,8 +1348,7 @@ def pdl_pays(p: Problem, rung: str, knobs: dict) -> bool:
     than SMs."""
     if p.arch != "sm_90a" or rung not in PDL_RUNGS:
         return False
-    full = make_config(rung, p.M, p.N, p.K, **knobs).knobs()
-    return p.M > PDL_SMALL_M or p.tiles(full["blk_m"], full["blk_n"]) * full.get("split_k", 1) <= p.sms
+    return p.M > PDL_SMALL_M or grid_units(p, rung, knobs) <= p.sms
 
 
 def _with_pdl(p: Problem, rung: str, knobs: dict) -> tuple[dict, str]:
@@ -1528,10 +1519,15 @@ ALT_SMALL_MAX_WAVES = 1  # offered where its tiles fill at most this many waves
 ALT_SMALL_RULE = "sub-wave small tiles (alternative)"
 
 
+def grid_units(p: Problem, rung: str, knobs: dict) -> int:
+    """The work units of ``rung``'s grid at ``knobs`` (tiles x split_k, at the knobs the validator fills in)."""
+    full = make_config(rung, p.M, p.N, p.K, **knobs).knobs()
+    return p.tiles(full["blk_m"], full["blk_n"]) * full.get("split_k", 1)
+
+
 def _units_of(choice: Choice, p: Problem) -> int:
-    """The work units of the choice's grid (tiles x split_k, at the knobs the validator fills in)."""
-    knobs = make_config(choice.rung, p.M, p.N, p.K, **choice.knobs).knobs()
-    return p.tiles(knobs["blk_m"], knobs["blk_n"]) * knobs.get("split_k", 1)
+    """The work units of the choice's grid (:func:`grid_units`)."""
+    return grid_units(p, choice.rung, choice.knobs)
 
 
 def sub_wave(p: Problem, choice: Choice) -> bool:
