@@ -14,7 +14,6 @@ the tuner's second pass uses. This script adds:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from power_probe import Sampler  # noqa: E402  (a sibling script, not a package)
 
 from gemm_ladder.measure import harness, rounds  # noqa: E402
 from gemm_ladder.serve.runtime import load  # noqa: E402
+from gemm_ladder.core import files  # noqa: E402
 
 
 def run_group(paths: list[Path], n_rounds: int, per_round: int, warm: float, sampler: Sampler) -> dict:
@@ -70,7 +70,7 @@ def main() -> None:
         sampler.stop()
     report = {**harness.run_info(), "gpu": harness.gpu_info(), "method": rounds.__doc__.strip(), **group}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    files.write_record(args.out, report)
     for row in group["modules"]:
         extra = (f"  x first {row['ratio_to_first']:.3f} (rounds {row['round_ratio_to_first_quartiles']})"
                  if "ratio_to_first" in row else "")

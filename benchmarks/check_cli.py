@@ -38,7 +38,7 @@ def require_in_name(parser: argparse.ArgumentParser, out, word: str, issue: int)
 def write_result(out, result: dict) -> None:
     """``result`` as JSON at ``out``, its folder made first."""
     files.open_folder(Path(out).parent)
-    files.write_json(out, result)
+    files.write_record(out, result)
 
 
 def head(fmt: str, harness, sampler, start: float) -> dict:

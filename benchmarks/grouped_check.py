@@ -461,7 +461,7 @@ def run_pack(folder, out, plan: dict) -> int:
                           "geomean_ratio_to_grouped_mm": math.exp(statistics.fmean(map(math.log, ratios)))
                           if ratios else None},
               "rows": rows}
-    files.write_json(out, result)
+    files.write_record(out, result)
     for r in rows:
         print(f"{r['layout']:10s} E={r['experts']:3d} {r['N']}x{r['K']} {r['dtype']:8s} tokens={r['tokens']:6d} "
               f"{r['rule'] or '':16s} correct={r['correct']} x grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f}")
@@ -1018,7 +1018,7 @@ def run_decode(folder, out, plan: dict) -> int:
               "summary": {"modules": len(modules), "correct_modules": sum(c.get("status") == "ok" for c in checks.values()),
                           "by_variant": decode_summary([r for r in rows if r["kind"] == "decode"])},
               "checks": checks, "rows": rows}
-    files.write_json(out, result)
+    files.write_record(out, result)
     for r in rows:
         if r["kind"] == "decode":
             print(f"{r['layout']:10s} {r['shape']:11s} {r['variant']:11s} tokens={r['tokens']:4d} {r['routing']:8s} "
@@ -1124,7 +1124,7 @@ def run(folder, out, layouts=LAYOUTS) -> int:
               "summary": {"modules": len(paths),
                           "correct_modules": sum(c.get("status") == "ok" for c in checks.values()), **summary_of(rows)},
               "checks": [checks[p] for p in paths], "rows": rows}
-    files.write_json(out, result)
+    files.write_record(out, result)
     for r in rows:
         if r["kind"] == "timed":
             peers = "  ".join(f"x {k.removesuffix('_graph')} {v or 0:.3f}" for k, v in r["peer_ratios"].items()

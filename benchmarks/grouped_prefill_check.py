@@ -551,7 +551,7 @@ def run_pack(folder, out, plan: dict) -> int:
                           "geomean_ratio_to_grouped_mm": geomean(ratios),
                           "min_ratio_to_grouped_mm": min((x for x in ratios if x), default=None)},
               "rows": rows}
-    files.write_json(out, result)
+    files.write_record(out, result)
     for r in rows:
         print(f"{r['shape']:11s} tokens={r['tokens']:6d} {r['routing'] or '-':8s} {r['rule'] or '-':22s} "
               f"correct={r['correct']} x grouped_mm {r['ratio_to_grouped_mm'] or 0:.3f}")
@@ -608,7 +608,7 @@ def run(folder, out) -> int:
               "summary": {"modules": len(modules),
                           "correct_modules": sum(c.get("status") == "ok" for c in checks.values()), **summary_of(rows)},
               "checks": checks, "rows": rows}
-    files.write_json(out, result)
+    files.write_record(out, result)
     for r in rows:
         if r["kind"] == "prefill":
             print(f"{r['shape']:11s} {r['variant']:16s} tokens={r['tokens']:6d} {r['routing']:8s} "

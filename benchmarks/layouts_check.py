@@ -351,7 +351,7 @@ def run(folder, out, rounds: int = ROUNDS, per_round: int = PER_ROUND, timeout: 
     result = {**check_cli.head(FORMAT, harness, sampler, start),
               "method": __doc__.split("\n\n")[1].strip(), "rounds": rounds, "per_round": per_round,
               "summary": summary(rows, checks, grad), "checks": checks, "grad": grad, "rows": rows}
-    files.write_json(out, result)
+    files.write_record(out, result)
     print(table(rows))
     s = result["summary"]
     print(f"checks {s['checks_ok']}/{s['checks']} ok; gradients {'ok' if s['grad_ok'] else 'WRONG'}; " + "; ".join(

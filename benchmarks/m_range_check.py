@@ -365,7 +365,7 @@ def run(folder, out, rounds: int = ROUNDS, per_round: int = PER_ROUND, progress:
               "pack": {"folder": str(folder), "commit": pack.manifest.get("commit"), "modules": len(loaded)},
               "method": __doc__.split("This benchmark asks,")[1].split("Per row:")[0].strip(),
               "rounds": rounds, "per_round": per_round, "screen": SCREEN, "summary": summary(rows), "rows": rows}
-    files.write_json(out, result)
+    files.write_record(out, result)
     print(table(rows))
     s = result["summary"]
     print(f"{s['all']['below_target']} of {len(rows)} (weight, M) below {TARGET}x of the best module "

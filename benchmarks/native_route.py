@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemm_ladder.measure import harness, suite  # noqa: E402
 from gemm_ladder.serve import first_use, front, native  # noqa: E402
+from gemm_ladder.core import files  # noqa: E402
 
 # the held-out calls below 0.97 in 2026-11-26_h100_every_model/9_checkout_code/ (torch's route, host-bound),
 # a tuned one, and two not in that sample
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
                                  "call_ratio_cpp_no_out")} | {
                "least_cpp": min(r["call_ratio_cpp"] for r in rows),
                "least_python": min(r["call_ratio_python"] for r in rows)}}
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    files.write_record(Path(args.out), doc)
     print(json.dumps(doc["summary"]))
     return 0
 

@@ -92,7 +92,7 @@ def write_results(out, fmt: str, gpu: dict, start: float, method: str, front_doo
               "summary": summary,
               "phases": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in results.items()},
               "rows": rows}
-    files.write_json(out, result)
+    files.write_record(out, result)
     print(table(rows))
     print(f"{result['seconds']:.0f} s; wrote {out}")
     return result

@@ -21,7 +21,6 @@ comparing shapes whose tile counts fill the GPU exactly with ones that leave SMs
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ import torch
 
 from gemm_ladder.measure import harness
 from gemm_ladder.serve.runtime import load
+from gemm_ladder.core import files
 
 
 class Sampler:
@@ -153,7 +153,7 @@ def main() -> None:
         sampler.stop()
     out = {"gpu": harness.gpu_info(), **harness.run_info(), "method": __doc__, "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    files.write_record(Path(args.out), out)
     print(f"wrote {args.out}")
 
 

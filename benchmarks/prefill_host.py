@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -38,6 +37,7 @@ import gemm_ladder.nn as gnn  # noqa: E402
 from gemm_ladder.core import device  # noqa: E402
 from gemm_ladder.core.records import read_json  # noqa: E402
 from gemm_ladder.measure import harness  # noqa: E402
+from gemm_ladder.core import files  # noqa: E402
 
 BUSY_MS, ROUNDS, WARM = 30.0, 15, 3
 
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     doc_out = {"format": "gemm_ladder.prefill_host", "gpu": harness.gpu_info(), **harness.run_info(),
                "busy_ms": BUSY_MS, "method": __doc__.split("\n\n")[2].strip(), "rows": rows,
                "profile": profiles}
-    Path(a.out).write_text(json.dumps(doc_out, indent=1))
+    files.write_record(Path(a.out), doc_out)
     for r in rows:
         print(f"{r['who']:12s} issue {r['issue_ms']:.3f} ms (waited {r['waited_rounds']}/{ROUNDS})  "
               f"gpu {r['gpu_ms']:.3f} ms  wall {r['wall_ms']:.3f} ms")

@@ -18,7 +18,6 @@ It needs no TVM and no kernel of ours.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 from pathlib import Path
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemm_ladder.measure import harness  # noqa: E402
 from gemm_ladder.serve import first_use  # noqa: E402
+from gemm_ladder.core import files  # noqa: E402
 
 SHAPES = ((333, 1280, 5120), (1536, 3072, 3072), (128, 4096, 4096), (2048, 1280, 1280), (16, 4544, 4544))
 
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         for n, ks in r["kernels"].items():
             print(f"    {n}: {ks}")
     doc = {"gpu": harness.gpu_info(), **harness.run_info(), "rows": rows}
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    files.write_record(Path(args.out), doc)
     return 0
 
 

@@ -44,7 +44,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..core import cli_types
+from ..core import cli_types, files
 from ..core.device import PEAK_TFLOPS
 from ..core.procs import progress as progress_bar
 from ..core.records import ANY, Bool, Int, List, Obj, RecordError, Str, read_json
@@ -293,7 +293,7 @@ def run(out=None, sample: int | None = 40, reps: int = 30, timeout: float = 240.
            "summary": {**summary(rows), "memory_bound": suite.memory_bound_summary(rows, copy)}, "rows": rows}
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        files.write_record(Path(out), doc)
     return doc
 
 

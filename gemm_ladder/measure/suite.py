@@ -26,13 +26,12 @@ also get GB/s: A, B and D moved once, over the time, against the HBM peak read o
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
 from pathlib import Path
 
-from ..core import device
+from ..core import device, files
 from ..core.device import PEAK_TFLOPS
 from ..core.procs import progress as progress_bar
 from ..serve.front import matmul, route_of
@@ -306,7 +305,7 @@ def run(out=None, dtypes=SUITE_DTYPES, only=None, reps: int = 60, timeout: float
            "summary": summary(results), "results": results}
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        files.write_record(Path(out), doc)
         if plot is not False:
             try:
                 doc["plot"] = str(plot_result(doc, plot or Path(out).with_suffix(".png")))
