@@ -4,6 +4,7 @@ measured against, read off torch's profiler (kernel name, grid, block, microseco
 
     python3 benchmarks/cublas_kernels.py --out out/cublas_kernels.json    # GPU box, torch only
     python3 benchmarks/cublas_kernels.py --set small --out out/cublas_small.json   # M = 64, 128; bias+GELU too
+    python3 benchmarks/cublas_kernels.py --set mid --out out/cublas_mid.json       # M = 333 and 512
 
 Each shape ``M x N x K`` (:data:`SHAPES`: D = A . B^T, A [M, K] and B [N, K] as our front door
 takes them, or, for a training dW, ``dY^T . X`` on the transposed views the backward passes) runs
@@ -35,7 +36,13 @@ SHAPES = (
 # with "KK+gelu": cuBLASLt's fused bias+GELU (torch._addmm_activation), the peer of our fused epilogue
 SMALL_SHAPES = tuple((f"llama-8b {N}x{K} M={M}{' +gelu' if gelu else ''}", M, N, K, "KK+gelu" if gelu else "KK")
                      for N, K in ((4096, 4096), (4096, 14336)) for M in (64, 128) for gelu in (False, True))
-SETS = {"sub_wave": SHAPES, "small": SMALL_SHAPES}
+# ``--set mid``: M = 333, where torch ran faster than every module of ours at first use on these every-model weights
+# (results/2026-11-29_h200_every_model_swap192_m64/), and issue 31's M = 512 with cuBLASLt's fused bias+GELU
+MID_SHAPES = (tuple((f"M=333 {N}x{K}", 333, N, K, "KK") for N, K in ((4096, 14336), (4096, 4096), (6144, 4096),
+                                                                     (7168, 5120), (16384, 2048)))
+              + tuple((f"llama-8b {N}x{K} M=512 +gelu", 512, N, K, "KK+gelu")
+                      for N, K in ((4096, 4096), (4096, 14336), (28672, 4096), (6144, 4096))))
+SETS = {"sub_wave": SHAPES, "small": SMALL_SHAPES, "mid": MID_SHAPES}
 CALLS = 5
 
 

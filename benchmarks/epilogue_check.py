@@ -267,9 +267,85 @@ SWAP_WIDE_M64_WEIGHTS = [(9216, 3072), (10240, 8192), (5120, 5120), (5120, 13824
 SWAP_WIDE_CASES = [(7, 9216, 3072), (16, 10240, 8192), (7, 5120, 5120), (16, 5120, 13824), (16, 3584, 4096),
                    (1, 6144, 4096), (16, 6144, 4096), (1, 28672, 4096), (16, 28672, 4096), (1, 4096, 14336),
                    (7, 18176, 4544), (16, 7168, 5120)]
+# tiles the policy has not tried at mid M (``prepare --set fill_tiles``): issue 31's suite runs 0.89-0.99x cuBLASLt's
+# fused epilogue at M = 64-512 on most of its weights, and at M = 333 torch beat every module of ours on ten
+# every-model weights at first use (../results/2026-11-29_h200_every_model_swap192_m64/), where 128-row tiles fill
+# half to all of the SMs in one wave and 64-row tiles need two. cuBLAS runs 64-row tiles with two consumers of 384
+# threads there (../results/2026-11-26_h100_cublas_kernels/). Candidates: v9's ``k_consumers=2`` on 64-row tiles (two
+# consumers take alternate K slices of one tile), 64-row tiles 192 and 256 wide (one consumer, one wave where 128-wide
+# tiles take two), the same split in two (v10), and 128x192 and 128x256 tiles split in two; all launched as
+# programmatic dependents. At the suite's weights at M = 64, 128, 512 with bias+GELU, and with no epilogue at
+# FILL_TILE_PLAIN: the policy's module beside each candidate the validator takes
+FILL_TILE_CANDIDATES = {
+    "v9_64x64_kc2": ("v9", {"blk_m": 64, "blk_n": 64, **SMALL_ONE_CONSUMER, "k_consumers": 2, "pdl": True}),
+    "v9_64x128_kc2": ("v9", {"blk_m": 64, "blk_n": 128, **SMALL_ONE_CONSUMER, "k_consumers": 2, "pdl": True}),
+    **{f"v9_64x{bn}": ("v9", {"blk_m": 64, "blk_n": bn, **SMALL_ONE_CONSUMER, "pdl": True}) for bn in (192, 256)},
+    **{f"v10_64x{bn}_s2": ("v10", {"blk_m": 64, "blk_n": bn, **SMALL_ONE_CONSUMER, "split_k": 2, "pdl": True})
+       for bn in (192, 256)},
+    **{f"v10_128x{bn}_s2": ("v10", {"blk_m": 128, "blk_n": bn, "split_k": 2, "pdl": True}) for bn in (192, 256)},
+}
+FILL_TILE_MS = (64, 128, 512)
+FILL_TILE_PLAIN = [(333, 4096, 14336), (333, 4096, 4096), (333, 6144, 4096), (333, 7168, 5120), (333, 16384, 2048),
+                   (128, 6144, 4096), (128, 3072, 8192), (256, 2048, 8192)]
+# swap AB at mid M (``prepare --set swap_mid``): at M = 333 cuBLAS runs our N in its 64-row slot and our M as wgmma's
+# N, 168 wide (two tiles: 336 rows for 333), 128 CTAs in one wave (../results/2026-11-29_h200_fill_tiles/
+# cublas_mid.json), where our 128-row tiles compute 384 rows in 96 CTAs. v11 takes any multiple of 8 up to 256 as
+# its blk_m: at each case, blk_m the fewest multiple of 8 that covers M in 1-4 tiles, beside 64 (one consumer), 128
+# (two) and 192 (one) rows of N, split in one or two, wherever the grid fills 60-100% of the SMs (or, unsplit, 2-4
+# waves whose last is at least 85% full); with the M tiles
+# paired in a cluster (cluster_m=2: one load of each weight tile for both) where their count is even
+SWAP_MID_RULE = "swap-ab-mid"  # the rule that set led to; ``prepare --set swap_mid_moved`` times it against the
+# policy without it (``no_swap_mid``) at every shape it moves among the suite, the every-model samples of five seeds
+# and the suite's and held-out weights at SWAP_MID_MS, no epilogue and bias+GELU. Its run (70 pairs) timed the rule as
+# first written; the six pairs at M = 256 it has since left to the mid-tiles rules the set no longer lists
+SWAP_MID_MS = (160, 192, 256, 333, 384)
+SWAP_MID_PLAIN = [(333, 4096, 14336), (333, 4096, 4096), (333, 6144, 4096), (333, 7168, 5120), (333, 16384, 2048),
+                  (256, 2048, 8192), (256, 4096, 4096), (384, 4096, 4096), (200, 4096, 14336), (768, 4096, 4096)]
+SWAP_MID_FUSED = [(512, N, K) for N, K in SUITE_WEIGHTS if N < 100_000]
+SWAP_MID_WIDTHS = ((64, 1), (128, 2), (192, 1))  # (blk_n: rows of N, consumers)
+
+
+def swap_mid_candidates(M: int, N: int, sms: int = 132) -> dict:
+    """name -> (rung, knobs) of :data:`SWAP_MID_WIDTHS`'s v11 tiles at ``M``, ``N`` (see the set's note)."""
+    out = {}
+    for t in range(1, 5):
+        blk_m = -(-M // (8 * t)) * 8
+        if not 8 <= blk_m <= 256:
+            continue
+        for blk_n, warpgroups in SWAP_MID_WIDTHS:
+            for sk in (1, 2):
+                units = t * -(-N // blk_n) * sk
+                waves = units / sms
+                if not (0.6 <= waves <= 1 or (sk == 1 and 1 < waves <= 4 and waves % 1 >= 0.85)):
+                    continue
+                for cm in (1, 2) if t % 2 == 0 else (1,):
+                    out[f"v11_{blk_m}x{blk_n}_s{sk}" + ("_c2x1" if cm == 2 else "")] = (
+                        "v11", {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": warpgroups, "split_k": sk,
+                                "cluster_m": cm, "cluster_n": 1, "pdl": True})
+    return out
+
+
+def swap_mid_cases(sms: int = 132) -> list[dict]:
+    """The swap_mid set's timing cases: the policy's module (``now``) and :func:`swap_mid_candidates` (the deepest
+    ring each fits, up to 8) at :data:`SWAP_MID_PLAIN` with no epilogue and :data:`SWAP_MID_FUSED` with bias+GELU."""
+    out = []
+    for epilogue, (M, N, K) in [("none", s) for s in SWAP_MID_PLAIN] + [("bias_gelu_tanh", s) for s in SWAP_MID_FUSED]:
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", epilogue))
+        case = {"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16", "shape": [M, N, K],
+                "held_out": False}
+        out.append({**case, "variant": "now"})
+        for name, (rung, knobs) in swap_mid_candidates(M, N, sms).items():
+            depth = plan._deepest(rung, p, {**knobs, **spec_knobs(p.spec)}, plan.MAX_SMALL_M_DEPTH)  # pylint: disable=protected-access
+            built = plan.with_spec({**knobs, "pipe_depth": depth, "dynamic_m": True}, p)
+            if plan._validate(rung, p, built) is None:  # pylint: disable=protected-access
+                out.append({**case, "rung": rung, "variant": name, "knobs": built})
+    return out
+
+
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
-             "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64")
+             "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64",
+             "fill_tiles", "swap_mid", "swap_mid_moved")
 CHECK_TIMEOUT = 120.0
 
 
@@ -361,6 +437,8 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name not in SWAP64_RULES]
     if variant == "no_swap192":
         return [r for r in plan.RULES if r.name != SWAP_WIDE_RULE]
+    if variant == "no_swap_mid":
+        return [r for r in plan.RULES if r.name != SWAP_MID_RULE]
     if variant == ROW64_VARIANT:
         return plan.with_row_tiles_64()
     return None
@@ -611,6 +689,9 @@ def _candidate_cases(cases_: list[tuple[str, tuple]], swap_shapes: set, sms: int
                     continue
                 depth_before = depth
                 built = plan.with_spec({**knobs, "pipe_depth": depth, "dynamic_m": True}, p)
+                while knobs.get("k_consumers", 1) > 1 and depth > 2 and plan._validate(rung, p, built) is not None:
+                    depth -= 1  # the deepest ring leaves no room for the second consumer's hand-over
+                    built = {**built, "pipe_depth": depth}
                 key = (rung, tuple(sorted(built.items())))
                 if key in seen or plan._validate(rung, p, built) is not None:  # pylint: disable=protected-access
                     continue
@@ -688,6 +769,15 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
     if which == "swap_wide":
         return _candidate_cases([("none", s) for s in SWAP_WIDE_CASES], set(SWAP_WIDE_CASES), sms,
                                 SWAP_WIDE_CANDIDATES)
+    if which == "fill_tiles":
+        fused = [("bias_gelu_tanh", (M, N, K)) for N, K in SUITE_WEIGHTS for M in FILL_TILE_MS]
+        return _candidate_cases(fused + [("none", s) for s in FILL_TILE_PLAIN], set(), sms, FILL_TILE_CANDIDATES,
+                                (plan.MAX_SMALL_M_DEPTH, DEEP_RING_CAP))
+    if which == "swap_mid":
+        return swap_mid_cases(sms)
+    if which == "swap_mid_moved":
+        extra = {(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SWAP_MID_MS}
+        return moved_cases("no_swap_mid", ("none", "bias_gelu_tanh"), sms, extra=sorted(later_sample_shapes() | extra))
     if which == "mid_moved":
         return moved_cases("no_mid", sms=sms)
     if which == "small_split_moved":
@@ -1133,7 +1223,7 @@ def _run(doc: dict, folder_p: Path, out: str, rounds: int, per_round: int) -> in
     result = {"gpu_start": gpu_start, "gpu": harness.gpu_info(0), "run": harness.run_info(), "seconds": time.time() - t0,
               "checks": checks, "rows": rows}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=1, default=str))
+    files.write_record(Path(out), result)
     bad = [c for c in checks if c["status"] != "ok"]
     print(f"{len(checks) - len(bad)} of {len(checks)} checks ok; {len(rows)} rows in {out} ({time.time() - t0:.0f} s)")
     return 1 if bad else 0
