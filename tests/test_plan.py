@@ -69,6 +69,7 @@ def without(*names):
 
 SWAP_64 = ("swap-ab-64", "long-k-split")  # 2026-11-29's rules, first for 32 < M <= 128 where they apply
 BEFORE_64 = without(*SWAP_64, "swap-ab-192")  # the policy those rules were timed against (swap-ab-192 came later)
+BEFORE_MID = without("swap-ab-mid")  # the later rules, on the shapes swap-ab-mid (2026-11-29) takes first now
 
 
 @pytest.mark.parametrize("M, N, K", [(64, 4096, 4096), (128, 6144, 4096), (33, 6144, 4096), (100, 4096, 8192)])
@@ -89,7 +90,8 @@ def test_rule_row_tiles(M, N, K):
                                            (128, 4096, 14336, "long-k-split"), (1, 4096, 4096, "swap-ab-narrow"),
                                            (1, 28672, 4096, "swap-ab"),
                                            (128, 28672, 4096, "swap-ab-128"), (512, 4096, 4096, "tile-shape"),
-                                           (4096, 4096, 4096, "large"), (200, 4096, 14336, "split-k")])
+                                           (4096, 4096, 4096, "large"), (512, 2048, 16384, "split-k"),
+                                           (333, 4096, 4096, "swap-ab-mid")])
 def test_small_m_rules_stream_b_and_the_others_do_not(M, N, K, rule):
     """stream_b (evict-first B, evict-last A, 256-byte L2 fills) where B streams past at most 128
     rows of A; where several row tiles reuse B from L2 it would cost a second read."""
@@ -275,11 +277,12 @@ def test_rule_weight_streaming_stops_above_m_64():
 
 
 @needs_v10
-@pytest.mark.parametrize("M, N, K", [(256, 4096, 14336), (200, 4096, 14336), (300, 2048, 16384)])
-def test_rule_split_k(M, N, K):
+@pytest.mark.parametrize("M, N, K, rules", [(512, 2048, 16384, None), (640, 1024, 16384, None),
+                                            (256, 4096, 14336, BEFORE_MID), (300, 2048, 16384, BEFORE_MID)])
+def test_rule_split_k(M, N, K, rules):
     """M > 64, a K long enough that every split keeps 4096 of it, and the wave model finishes
-    sooner split: v10 with the model's tile and split_k."""
-    c = rule_choice(P(M, N, K))
+    sooner split: v10 with the model's tile and split_k (at M <= 384 swap-ab-mid takes most such shapes first)."""
+    c = rule_choice(P(M, N, K), rules)
     best = plan.split_plan(P(M, N, K))
     assert (c.rule, c.rung) == ("split-k", "v10") and best.split_k > 1
     assert K // best.split_k >= plan.SPLIT_K_MIN_SLICE
@@ -298,7 +301,7 @@ def test_rule_split_k_not_where_128x128_tiles_fill_more_than_half_the_sms(M):
     p = P(M, 4096, 14336)
     assert p.tiles(128, 128) > plan.SPLIT_K_MAX_FILL * H100 and plan.split_plan(p).split_k > 1
     assert rule_choice(p).rule != "split-k"
-    assert rule_choice(P(256, 4096, 14336)).rule == "split-k"
+    assert rule_choice(P(256, 4096, 14336), BEFORE_MID).rule == "split-k"
 
 
 def test_the_split_k_fill_threshold_agrees_with_the_probe():
@@ -323,7 +326,7 @@ def test_the_split_k_fill_threshold_agrees_with_the_probe():
 def test_an_odd_count_of_row_tiles_is_not_paired_along_m(M, N, K, cluster):
     """A 2x1 cluster over 3 row tiles computes 4 (0.56-0.74x cuBLAS at M = 333): the rule's choice
     pairs column tiles instead where their count is even, else none."""
-    c = rule_choice(P(M, N, K))
+    c = rule_choice(P(M, N, K), BEFORE_MID)  # swap-ab-mid takes 16384x2048 and 4096x14336 at M = 333 first now
     assert (c.knobs["cluster_m"], c.knobs["cluster_n"]) == cluster
     assert "3 row tiles of 128 (odd)" in c.why
     even = rule_choice(P(512, N, K))  # 4 row tiles: the rule's own cluster stays
@@ -492,9 +495,9 @@ def test_database_by_bucket_at_or_above_a_measured_rules_rung(private_db):
 def test_a_measured_entry_beats_a_models_rule(private_db):
     """Where the rule is the wave model's (split-k: v10), a measured entry of any rung wins."""
     v9 = {"blk_m": 128, "blk_n": 128}
-    _write_db(private_db, [_entry("v9", (256, 4096, 14336), v9, 0.8)])
-    assert rule_choice(P(256, 4096, 14336)).rule == "split-k"
-    c = choose(P(256, 4096, 14336))
+    _write_db(private_db, [_entry("v9", (512, 2048, 16384), v9, 0.8)])
+    assert rule_choice(P(512, 2048, 16384)).rule == "split-k"
+    c = choose(P(512, 2048, 16384))
     assert (c.source, c.rung, rung_knobs(c)) == ("db", "v9", v9)
 
 
@@ -602,7 +605,7 @@ def test_the_policy_offers_alternatives_where_its_grid_still_leaves_sms_idle(M, 
     v10 128x128 and 64x128 splits, and v9 64x128 without a split where the choice is not those tiles already
     (the row-tile rule's are, with B streamed), each valid for the problem."""
     p = P(M, N, K)
-    c = choose(p)
+    c = choose(p, rules=BEFORE_MID)  # swap-ab-mid takes 256x2048x8192 first now (v11: not a sub-wave grid)
     assert c.rule == rule and plan.sub_wave(p, c)
     alts = plan.alternatives(p, c)
     small = [("v9", 64, 128)] if rule == "split-k" else []
@@ -634,7 +637,7 @@ def test_the_small_tile_alternative_is_v9_64x128_without_a_split_over_a_pair_of_
     """The small-tile sweep's winner family (64x128, 8 stages, best 2x1; benchmarks/results/
     2026-11-26_h100_subwave_small/): offered first, in a cluster of whole tiles."""
     p = P(M, N, K)
-    c = choose(p, rules=NO_MID)
+    c = choose(p, rules=[r for r in NO_MID if r.name != "swap-ab-mid"])
     (small,) = [a for a in plan.alternatives(p, c) if a.rule == plan.ALT_SMALL_RULE]
     assert small.rung == "v9" and "split_k" not in small.knobs
     assert (small.knobs["blk_m"], small.knobs["blk_n"], small.knobs["num_warpgroups"], small.knobs["pipe_depth"]) \
@@ -1178,3 +1181,80 @@ def test_pdl_agrees_with_its_measurement():
     assert len(on) + len(off) == 112 and off
     assert geomean(on) >= 1.05 and min(on) >= 0.95
     assert geomean(off) < 1.0
+
+
+@needs_v11
+@pytest.mark.parametrize("M, N, K, blk_m, blk_n, split_k, cluster_m", [
+    (333, 4096, 14336, 168, 128, 2, 2), (333, 4096, 4096, 168, 64, 1, 2), (333, 6144, 4096, 168, 128, 1, 2),
+    (333, 7168, 5120, 168, 128, 1, 2), (333, 16384, 2048, 168, 128, 1, 2), (256, 2048, 8192, 128, 64, 2, 2),
+    (384, 4096, 4096, 192, 64, 1, 2), (200, 4096, 14336, 200, 64, 2, 1)])
+def test_rule_swap_ab_mid(M, N, K, blk_m, blk_n, split_k, cluster_m):
+    """128 < M <= 384: v11 with M as wgmma's N in the fewest tiles of at most 200 rows (168 covers 333 in two), the
+    rows of N and split of least waves x rows x K slice (two consumers over 128 rows on a tie, unless that splits K
+    under 4096), the two M tiles paired in a cluster."""
+    c = rule_choice(P(M, N, K, "bfloat16"))
+    assert (c.rule, c.rung) == ("swap-ab-mid", "v11")
+    k = rung_knobs(c)
+    assert (k["blk_m"], k["blk_n"], k["split_k"], k["cluster_m"]) == (blk_m, blk_n, split_k, cluster_m)
+    assert k["num_warpgroups"] == blk_n // 64
+    m_tiles = -(-M // blk_m)
+    assert blk_m % 8 == 0 and blk_m <= 200 and (m_tiles - 1) * blk_m < M <= m_tiles * blk_m
+    units = m_tiles * -(-N // blk_n) * split_k
+    waves = -(-units // H100)
+    assert waves <= 2 and units >= 0.7 * waves * H100 and f"{units} CTAs on" in c.why
+    cfg = make_config("v11", M, N, K, **{**k, "pipe_depth": 2})
+    assert k["pipe_depth"] == min(8, max_pipe_depth(cfg))
+
+
+@needs_v11
+@pytest.mark.parametrize("M, N, K, op, rule", [
+    (128, 4096, 4096, "none", "row-tiles"), (385, 4096, 4096, "none", "tile-shape"),
+    (256, 4096, 4096, "none", "mid-tiles"), (256, 3072, 768, "bias_gelu_tanh", "mid-tiles"),
+    (333, 768, 3072, "none", "mid-tiles-split"), (333, 128256, 4096, "none", "stream-k"),
+    (333, 4096, 4096, "residual", "tile-shape")])
+def test_rule_swap_ab_mid_stops(M, N, K, op, rule):
+    """At M <= 128 (the small-M rules'), past 384 (three M tiles or more lost at 512 and 768), where the mid-tiles
+    rules' 64-row tiles cover M exactly in as many CTAs (M = 256: 0.95-1.02x there), where its grid fills under 70%
+    of one wave (768 rows of N: 24 CTAs) or takes more than two (128256 rows), and with a residual, which v11 does
+    not build."""
+    assert rule_choice(E(M, N, K, op)).rule == rule
+
+
+def test_swap_ab_mid_agrees_with_its_measurement():
+    """The swap-mid run (``epilogue_check.py --set swap_mid``): wherever the rule applies, the candidate it picks
+    ran 1.09x the policy's module before it or more, within 6% of the fastest candidate; where it does not (M = 512
+    and 768, and 256x4096x4096, where the mid-tiles rule's 64-row tiles fill the same wave), no candidate gained
+    more than 4%."""
+    got = candidate_ratios(plan.SWAP_MID, "epilogue_swap_mid.json")
+    assert len(got) == 14
+    took = 0
+    for (op, M, N, K), ratios in got.items():
+        c = rule_choice(E(M, N, K, op))
+        if c.rule != "swap-ab-mid":  # M >= 512, or 256x4096x4096: the mid-tiles rule's (the rule's tiles 0.99x)
+            assert (M >= 512 or c.rule == "mid-tiles") and max(ratios.values()) <= 1.04 * ratios["now"], (M, N, K)
+            continue
+        took += 1
+        k = c.knobs
+        mine = ratios[f"v11_{k['blk_m']}x{k['blk_n']}_s{k['split_k']}" + ("_c2x1" if k["cluster_m"] == 2 else "")]
+        assert mine >= 0.94 * max(ratios.values()), (M, N, K)
+        assert mine >= 1.09 * ratios["now"], (M, N, K)
+    assert took == 8
+
+
+def test_swap_ab_mid_on_the_shapes_it_moved():
+    """``--set swap_mid_moved``: the 35 shapes (the suite, the every-model samples of five seeds, the suite's and the
+    held-out weights at M = 160-384) whose choice the rule as first written changed, plain and with bias+GELU. Where
+    it takes them now its module ran at least level with the policy's without it (0.995x the least) and 1.23x in
+    geomean; the six it leaves are M = 256 where the mid-tiles rules' 64-row tiles cover M in as many CTAs, and ran
+    0.95-1.02x there."""
+    got = candidate_ratios(plan.SWAP_MID_MOVED, "epilogue_swap_mid_moved.json")
+    assert len(got) == 70
+    gains = []
+    for (op, M, N, K), v in got.items():
+        gain = v["now"] / v["no_swap_mid"]
+        if rule_choice(E(M, N, K, op)).rule == "swap-ab-mid":
+            gains.append(gain)
+            assert gain > 0.99, (op, M, N, K)
+        else:
+            assert M == 256 and rule_choice(E(M, N, K, op)).rule == "mid-tiles" and gain < 1.03, (op, M, N, K)
+    assert len(gains) == 64 and math.exp(sum(map(math.log, gains)) / len(gains)) > 1.2

@@ -439,6 +439,92 @@ def _stream_k_detail(p: Problem) -> str:
     return f"makespan (tile units): stream-K {sk:.0f} against {tiles}" if sk is not None else "no partial wave to cut"
 
 
+# -- swap AB at mid M (128 < M <= SWAP_MID_MAX_M). At M = 333 cuBLAS puts our N in wgmma's 64-row slot and our M as
+# its N, 168 wide: two tiles cover 336 rows in 128 CTAs (benchmarks/results/2026-11-29_h200_fill_tiles/
+# cublas_mid.json), where v9's 128-row tiles compute 384 rows in 96 CTAs and ran 0.68-0.92x cuBLAS. v11 takes any
+# multiple of 8 up to 256 as its blk_m. Timed on an H200 (SWAP_MID: v11 at blk_m covering M in 1-4 tiles, 64, 128 and
+# 192 rows of N, split 1 and 2, no epilogue, kernels in graphs) the tiles this rule picks ran 1.10-1.55x the policy's
+# module at 333x4096x14336, 333x4096x4096, 333x6144x4096, 333x7168x5120, 333x16384x2048, 256x2048x8192,
+# 384x4096x4096 and 200x4096x14336 (0.68-0.92x cuBLAS -> 0.83-1.12x); 256-row blk_m lost everywhere (0.64-0.88x), as
+# did three or four M tiles at M = 512 and 768 (0.74-1.01x). So: the fewest M tiles of at most SWAP_MID_MAX_BLK_M rows,
+# and the rows of N and split of least makespan, counted in waves x rows of N x K slice; on a tie, two consumers over
+# 128 rows of N unless that needs a split leaving less than SWAP_MID_TWO_MIN_SLICE of K (4096x14336 at M = 333: 1.41
+# against 64 rows' 1.14; 4096x4096: 1.27 against 1.39). Two M tiles share each weight tile through a 2x1 cluster
+# (1.31 -> 1.55x at 256x2048x8192, level elsewhere). Timed then at every shape it moved among the suite, the
+# every-model samples of five seeds and the suite's and held-out weights at M = 160-384, no epilogue and bias+GELU
+# (SWAP_MID_MOVED: 70 pairs, 62 not fitted on): 1.23x the policy without it in geomean at the 64 it still takes
+# (52 not fitted on: 1.24x; 0.76 -> 0.93x cuBLAS), level at the least (0.995x: 384x3072x768); but 0.95-1.02x where
+# the mid-tiles rules' 64-row tiles cover M exactly in as many CTAs (M = 256 at 4096x4096, 3072x768, 4096x1024): it
+# leaves those to them (and takes 256x4096x14336 and 256x2048x8192 from split-k: 1.10-1.55x).
+SWAP_MID = "benchmarks/results/2026-11-29_h200_swap_mid/README.md"
+SWAP_MID_MOVED = "benchmarks/results/2026-11-29_h200_swap_mid_moved/README.md"
+SWAP_MID_MAX_M = 384  # the largest M measured ahead
+SWAP_MID_MAX_BLK_M = 200  # rows of M a tile (wgmma's N) at most: 168-200 won, 256 lost
+SWAP_MID_TILES = ((64, 1, 1), (64, 1, 2), (128, 2, 2), (128, 2, 1))  # (rows of N, consumers, split_k)
+SWAP_MID_MIN_SLICE = 2048  # of K a split keeps
+SWAP_MID_TWO_MIN_SLICE = 4096  # of K two consumers' split keeps to win a tie
+SWAP_MID_MIN_FILL = 0.7  # of its waves' slots the grid fills, at least (0.73-0.97 measured)
+SWAP_MID_MAX_WAVES = 2
+
+
+def swap_mid_plan(p: Problem) -> tuple[int, int, int, int, int] | None:
+    """(blk_m, blk_n, num_warpgroups, split_k, M tiles) of the swap-ab-mid rule for ``p``, or None where its grid
+    fills under :data:`SWAP_MID_MIN_FILL` of its waves or takes more than :data:`SWAP_MID_MAX_WAVES`."""
+    m_tiles = math.ceil(p.M / SWAP_MID_MAX_BLK_M)
+    blk_m = math.ceil(p.M / m_tiles / 8) * 8
+
+    def waves(tile):
+        blk_n, _, split_k = tile
+        return math.ceil(m_tiles * math.ceil(p.N / blk_n) * split_k / p.sms)
+
+    def fills(tile):
+        blk_n, _, split_k = tile
+        units = m_tiles * math.ceil(p.N / blk_n) * split_k
+        return waves(tile) <= SWAP_MID_MAX_WAVES and units >= SWAP_MID_MIN_FILL * waves(tile) * p.sms
+
+    def key(tile):
+        blk_n, consumers, split_k = tile
+        two = consumers == 2 and (split_k == 1 or p.K // split_k >= SWAP_MID_TWO_MIN_SLICE)
+        return waves(tile) * blk_n * math.ceil(p.K / split_k), not two, split_k
+
+    tiles = [t for t in SWAP_MID_TILES if (t[2] == 1 or p.K // t[2] >= SWAP_MID_MIN_SLICE) and fills(t)]
+    if not tiles:
+        return None
+    blk_n, consumers, split_k = min(tiles, key=key)
+    return blk_m, blk_n, consumers, split_k, m_tiles
+
+
+def _swap_mid(p: Problem) -> bool:
+    if not (128 < p.M <= SWAP_MID_MAX_M and _bias_act_only(p)) or (found := swap_mid_plan(p)) is None:
+        return False
+    _, blk_n, _, split_k, m_tiles = found
+    return not _mid_tiles_keep(p, m_tiles * math.ceil(p.N / blk_n) * split_k)
+
+
+def _mid_tiles_keep(p: Problem, units: int) -> bool:
+    """Whether the mid-tiles rules take ``p`` (the split-k rule before them does not) with at least ``units`` CTAs
+    and 64-row tiles that cover M exactly: swap AB ran level or behind those (SWAP_MID_MOVED)."""
+    if p.M % 64 or not _mid_tiles(p) or _split_k_wins(p):
+        return False
+    blk_m, blk_n, split_k = mid_tile_plan(p)
+    return p.tiles(blk_m, blk_n) * split_k >= units
+
+
+def _swap_mid_knobs(p: Problem) -> dict:
+    blk_m, blk_n, consumers, split_k, m_tiles = swap_mid_plan(p)
+    knobs = {"blk_m": blk_m, "blk_n": blk_n, "num_warpgroups": consumers, "split_k": split_k,
+             "cluster_m": 2 if m_tiles % 2 == 0 else 1, "cluster_n": 1}
+    return {**knobs, "pipe_depth": _deepest("v11", p, knobs, MAX_SMALL_M_DEPTH)}
+
+
+def _swap_mid_detail(p: Problem) -> str:
+    blk_m, blk_n, _, split_k, m_tiles = swap_mid_plan(p)
+    units = m_tiles * math.ceil(p.N / blk_n) * split_k
+    return (f"{m_tiles} tile(s) of {blk_m} rows of M x {math.ceil(p.N / blk_n)} of {blk_n} rows of N x split_k="
+            f"{split_k}: {units} CTAs on {p.sms} SMs (128-row tiles: {p.tiles(128, 128)} of {math.ceil(p.M / 128) * 128} "
+            f"rows)")
+
+
 SWEEP = "benchmarks/results/2026-11-22_h100_shape_sweep/sweep.json"
 
 
@@ -722,6 +808,16 @@ RULES: list[Rule] = [
          evidence=STREAM_K + ": 0.94-0.96x cuBLAS at 1792x2560x8192, 2560x2560x8192, 3072x3072x8192 "
                   "(split-K 0.64-0.74x, v9 0.82x), 1.03-1.07x at 8192^3 (v9 1.01-1.03x)",
          detail=_stream_k_detail),
+    Rule("swap-ab-mid", "sm_90a", "v11", when=_swap_mid, knobs=_swap_mid_knobs,
+         why=f"128 < M <= {SWAP_MID_MAX_M} (no residual, D in the inputs' dtype): swap AB with M as wgmma's N in the "
+             f"fewest tiles of at most {SWAP_MID_MAX_BLK_M} rows (a multiple of 8: 168 for 333, where 128-row tiles "
+             "compute 384), and the rows of N and split of least makespan, where that grid fills its waves and the "
+             "mid-tiles rules' 64-row tiles would not cover M exactly in as many CTAs",
+         evidence=SWAP_MID + ": 1.10-1.55x the policy's module as kernels at eight shapes of M = 200-384 (0.68-0.92x "
+                  "cuBLAS -> 0.83-1.12x); " + SWAP_MID_MOVED + ": 1.23x in geomean at the 64 suite and every-model "
+                  "pairs it takes (52 not fitted on: 1.24x), 0.995x the least; 0.95-1.02x where it leaves the "
+                  "mid-tiles rules' 64-row tiles",
+         detail=_swap_mid_detail),
     Rule("split-k", "sm_90a", "v10", when=_split_k_wins, knobs=_split_k_knobs,
          why="too few tiles for whole waves and a long K: the wave model finishes sooner with each tile's K "
              f"loop split over several CTAs (each keeping >= {SPLIT_K_MIN_SLICE} of K; the last one sums the "
