@@ -38,18 +38,20 @@ FRONT_SHAPES = ("16x4096x4096", "37x4096x4096")
 # (odd) M (v11: 16 and 37 rows), the small-M split at M = 100 (v10: 64x64 tiles, K in two), 128x128
 # tiles in a 1x2 cluster with a partial last column tile (N = 3000), and 128x256 tiles at two or more
 # a CTA with epi_under (odd M = 2001)
-BIAS_SHAPES = ("16x4096x4096", "37x4096x4096", "100x2048x4096", "333x3000x520", "2001x4096x512", "37x1001x520")
+BIAS_SHAPES = ("16x4096x4096", "37x4096x4096", "100x2048x4096", "333x3000x520", "517x3000x520", "2001x4096x512",
+               "37x1001x520")
 # a wide N that is not a multiple of 8 (K is): split, the pack's module on the weight's first 1000
 # rows as they lie, torch's matmul on the last (tma_layout's split-n), eager, again and in a CUDA
 # graph; the bias shape 37x1001x520 above splits its bias the same way
 SPLIT_SHAPES = ("16x1001x512", "333x1001x512")
 # matmul(A, W, bias=b, activation=a) through the pack's v9 modules of every activation in both
 # dtypes (pack build --epilogue bias_relu,...): 128x128 tiles in a 1x2 cluster with a partial
-# column tile, and 128x256 tiles with epi_under (its pairs take the activation too); two of the
-# bias shapes, so the op's backward recomputes the activation's input on their bias modules
-ACT_SHAPES = ("333x3000x520", "2001x4096x512")
+# column tile (5 row tiles: at M = 333 swap-ab-mid's v11 serves, which the bias shape 333x3000x520 takes), and
+# 128x256 tiles with epi_under (its pairs take the activation too); two of the bias shapes, so the op's backward
+# recomputes the activation's input on their bias modules
+ACT_SHAPES = ("517x3000x520", "2001x4096x512")
 ACT_EPILOGUES = ("bias_relu", "bias_gelu_tanh", "bias_gelu_erf", "bias_silu")
-ACT_ALONE = ("silu", "float16", "333x3000x520")  # and one activation without a bias
+ACT_ALONE = ("silu", "float16", "517x3000x520")  # and one activation without a bias
 # a LLaMA-style MLP (hidden 512, intermediate 768) over 128 tokens, bf16, fused by patch(fuse=True):
 # its gradients against torch's, eager and compiled, every GEMM on a module of the pack (strict): the
 # gated forward and the down projection (KK), the backward's recompute of x . W_gu^T (KK), dX = dY . W

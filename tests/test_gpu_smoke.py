@@ -299,7 +299,7 @@ print("SMOKE bias done")
 
 
 def test_matmul_with_a_bias(smoke, tmp_path):
-    """``matmul(A, W, bias=b)`` and ``mm(A, W, b)`` on the pack's bias modules (v9, v11 at M = 16 and 37, v10 at 100; strict: no
+    """``matmul(A, W, bias=b)`` and ``mm(A, W, b)`` on the pack's bias modules (v9, v11 at M = 16, 37 and 333, v10 at 100; strict: no
     torch fallback), against torch's fp64 reference with the output poisoned first; the op's bias
     gradient."""
     out = _script(tmp_path, "bias.py", BIAS.format(shapes=smoke["bias_shapes"]), smoke["pack"], strict=True)
