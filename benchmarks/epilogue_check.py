@@ -299,21 +299,30 @@ SWAP_MID_RULE = "swap-ab-mid"  # the rule that set led to; ``prepare --set swap_
 # and the suite's and held-out weights at SWAP_MID_MS, no epilogue and bias+GELU. Its run (70 pairs) timed the rule as
 # first written; the six pairs at M = 256 it has since left to the mid-tiles rules the set no longer lists
 SWAP_MID_MS = (160, 192, 256, 333, 384)
+# the rule widened by the narrow run (``prepare --set swap_mid_more``): M up to 448, 1-4 tiles of M, splits up to
+# four; every shape it moves among the suite, the every-model samples of five seeds and the suite's, the held-out and
+# SWAP_MID_NARROW's weights at SWAP_MID_MORE_MS, no epilogue and bias+GELU (the first run's shapes again too)
+SWAP_MID_MORE_MS = (160, 192, 256, 333, 384, 448)
 SWAP_MID_PLAIN = [(333, 4096, 14336), (333, 4096, 4096), (333, 6144, 4096), (333, 7168, 5120), (333, 16384, 2048),
                   (256, 2048, 8192), (256, 4096, 4096), (384, 4096, 4096), (200, 4096, 14336), (768, 4096, 4096)]
 SWAP_MID_FUSED = [(512, N, K) for N, K in SUITE_WEIGHTS if N < 100_000]
 SWAP_MID_WIDTHS = ((64, 1), (128, 2), (192, 1))  # (blk_n: rows of N, consumers)
+# where the rule's grids (split in one or two) do not fill 70% of a wave: narrow weights at M = 160-448, and M = 448
+# (``prepare --set swap_mid_narrow``: the same candidates split up to four, each slice >= 1024 of K)
+SWAP_MID_NARROW = [(160, 2560, 10240), (320, 2560, 10240), (448, 2560, 10240), (333, 1280, 5120), (333, 1024, 4096),
+                   (333, 768, 3072), (448, 4096, 4096), (448, 4096, 14336), (200, 2048, 2048), (448, 6144, 4096)]
 
 
-def swap_mid_candidates(M: int, N: int, sms: int = 132) -> dict:
-    """name -> (rung, knobs) of :data:`SWAP_MID_WIDTHS`'s v11 tiles at ``M``, ``N`` (see the set's note)."""
+def swap_mid_candidates(M: int, N: int, sms: int = 132, splits=(1, 2)) -> dict:
+    """name -> (rung, knobs) of :data:`SWAP_MID_WIDTHS`'s v11 tiles at ``M``, ``N``, split by each of ``splits`` (see
+    the set's note)."""
     out = {}
     for t in range(1, 5):
         blk_m = -(-M // (8 * t)) * 8
         if not 8 <= blk_m <= 256:
             continue
         for blk_n, warpgroups in SWAP_MID_WIDTHS:
-            for sk in (1, 2):
+            for sk in splits:
                 units = t * -(-N // blk_n) * sk
                 waves = units / sms
                 if not (0.6 <= waves <= 1 or (sk == 1 and 1 < waves <= 4 and waves % 1 >= 0.85)):
@@ -325,16 +334,21 @@ def swap_mid_candidates(M: int, N: int, sms: int = 132) -> dict:
     return out
 
 
-def swap_mid_cases(sms: int = 132) -> list[dict]:
+def swap_mid_cases(sms: int = 132, narrow: bool = False) -> list[dict]:
     """The swap_mid set's timing cases: the policy's module (``now``) and :func:`swap_mid_candidates` (the deepest
-    ring each fits, up to 8) at :data:`SWAP_MID_PLAIN` with no epilogue and :data:`SWAP_MID_FUSED` with bias+GELU."""
+    ring each fits, up to 8) at :data:`SWAP_MID_PLAIN` with no epilogue and :data:`SWAP_MID_FUSED` with bias+GELU;
+    ``narrow`` (``--set swap_mid_narrow``): at :data:`SWAP_MID_NARROW`, no epilogue, split up to four."""
     out = []
-    for epilogue, (M, N, K) in [("none", s) for s in SWAP_MID_PLAIN] + [("bias_gelu_tanh", s) for s in SWAP_MID_FUSED]:
+    shapes = ([("none", s) for s in SWAP_MID_NARROW] if narrow else
+              [("none", s) for s in SWAP_MID_PLAIN] + [("bias_gelu_tanh", s) for s in SWAP_MID_FUSED])
+    for epilogue, (M, N, K) in shapes:
         p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", epilogue))
         case = {"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16", "shape": [M, N, K],
                 "held_out": False}
         out.append({**case, "variant": "now"})
-        for name, (rung, knobs) in swap_mid_candidates(M, N, sms).items():
+        for name, (rung, knobs) in swap_mid_candidates(M, N, sms, (1, 2, 3, 4) if narrow else (1, 2)).items():
+            if K // knobs["split_k"] < 1024:
+                continue
             depth = plan._deepest(rung, p, {**knobs, **spec_knobs(p.spec)}, plan.MAX_SMALL_M_DEPTH)  # pylint: disable=protected-access
             built = plan.with_spec({**knobs, "pipe_depth": depth, "dynamic_m": True}, p)
             if plan._validate(rung, p, built) is None:  # pylint: disable=protected-access
@@ -345,7 +359,7 @@ def swap_mid_cases(sms: int = 132) -> list[dict]:
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
              "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64",
-             "fill_tiles", "swap_mid", "swap_mid_moved")
+             "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more")
 CHECK_TIMEOUT = 120.0
 
 
@@ -775,6 +789,12 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
                                 (plan.MAX_SMALL_M_DEPTH, DEEP_RING_CAP))
     if which == "swap_mid":
         return swap_mid_cases(sms)
+    if which == "swap_mid_more":
+        weights = SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS + sorted({(N, K) for _, N, K in SWAP_MID_NARROW})
+        extra = {(M, N, K) for N, K in weights for M in SWAP_MID_MORE_MS}
+        return moved_cases("no_swap_mid", ("none", "bias_gelu_tanh"), sms, extra=sorted(later_sample_shapes() | extra))
+    if which == "swap_mid_narrow":
+        return swap_mid_cases(sms, narrow=True)
     if which == "swap_mid_moved":
         extra = {(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SWAP_MID_MS}
         return moved_cases("no_swap_mid", ("none", "bias_gelu_tanh"), sms, extra=sorted(later_sample_shapes() | extra))

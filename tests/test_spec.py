@@ -208,7 +208,7 @@ def test_a_pack_serves_each_spec_its_own_module(tmp_path):
 
 
 # -- the policy ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("M, rung", [(1, "v11"), (37, "v11"), (100, "v9"), (200, "v9"), (4096, "v9")])
+@pytest.mark.parametrize("M, rung", [(1, "v11"), (37, "v11"), (100, "v9"), (200, "v11"), (512, "v9"), (4096, "v9")])
 def test_the_policy_picks_a_rung_that_builds_the_bias_and_keeps_the_spec(M, rung):
     p = plan.Problem(M, 4096, 4096, "float16", "sm_90a", 132, GemmSpec.with_bias())
     choice = plan.choose(p, use_db=False)
@@ -224,7 +224,7 @@ def test_the_policy_says_why_a_rung_was_passed_over_for_an_epilogue():
 
 
 def test_a_pack_plan_has_a_bias_module_beside_the_plain_one():
-    items = kernel_pack.plan_pack([(16, 4096, 4096), (333, 4096, 4096)], ["float16"], sms=132,
+    items = kernel_pack.plan_pack([(16, 4096, 4096), (512, 4096, 4096)], ["float16"], sms=132,
                                   epilogues=("none", "bias"))
     biased = [i for i in items if SPEC_KNOB in i["job"].knobs]
     plain = [i for i in items if i not in biased]
@@ -352,7 +352,7 @@ def test_v9_refuses_an_activation_with_narrow_tiles():
 
 def test_the_policy_and_the_pack_plan_keep_an_activation():
     spec = spec_for("float16", "bias_gelu_tanh")
-    for M, rung in ((1, "v11"), (333, "v9"), (4096, "v9")):
+    for M, rung in ((1, "v11"), (333, "v11"), (512, "v9"), (4096, "v9")):
         choice = plan.choose(plan.Problem(M, 4096, 4096, "float16", "sm_90a", 132, spec), use_db=False)
         assert choice.rung == rung and choice.knobs[SPEC_KNOB] == spec.text()
     items = kernel_pack.plan_pack([(333, 3000, 520)], ["bfloat16"], sms=132, epilogues=("bias", "bias_relu", "silu"))

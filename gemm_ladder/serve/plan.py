@@ -456,48 +456,63 @@ def _stream_k_detail(p: Problem) -> str:
 # (52 not fitted on: 1.24x; 0.76 -> 0.93x cuBLAS), level at the least (0.995x: 384x3072x768); but 0.95-1.02x where
 # the mid-tiles rules' 64-row tiles cover M exactly in as many CTAs (M = 256 at 4096x4096, 3072x768, 4096x1024): it
 # leaves those to them (and takes 256x4096x14336 and 256x2048x8192 from split-k: 1.10-1.55x).
+# Widened after SWAP_MID_NARROW (narrow weights at M = 160-448 and M = 448, splits up to four: 1.04-2.13x the policy's
+# module at all ten shapes, 160x2560x10240 0.46 -> 0.98x cuBLAS split in three): M up to 448, one to four tiles of M,
+# split one to four, the fewest M tiles on a tie of cost. Timed at every shape that moves among the suite, the
+# every-model samples and the suite's, held-out and narrow weights at M = 160-448 (SWAP_MID_MORE: 156 pairs), it lost
+# in two places, which it now leaves: tiles of more than 128 rows of M over K slices under 2048 (384x2048x2048 0.73-0.77x,
+# 384x1024x4096 0.90x, 448x768x3072 0.94-0.99x, 333x2048x2048 0.95-0.96x; 1.10-1.12x at 333x1024x4096), and two waves
+# of three or four M tiles (448x6144x4096 0.86x; 333x9216x3072 and 333x10240x8192 level). At the 138 pairs it takes:
+# 1.21x in geomean, 0.990x the least.
 SWAP_MID = "benchmarks/results/2026-11-29_h200_swap_mid/README.md"
 SWAP_MID_MOVED = "benchmarks/results/2026-11-29_h200_swap_mid_moved/README.md"
-SWAP_MID_MAX_M = 384  # the largest M measured ahead
-SWAP_MID_MAX_BLK_M = 200  # rows of M a tile (wgmma's N) at most: 168-200 won, 256 lost
-SWAP_MID_TILES = ((64, 1, 1), (64, 1, 2), (128, 2, 2), (128, 2, 1))  # (rows of N, consumers, split_k)
-SWAP_MID_MIN_SLICE = 2048  # of K a split keeps
+SWAP_MID_NARROW = "benchmarks/results/2026-11-29_h200_swap_mid_narrow/README.md"
+SWAP_MID_MORE = "benchmarks/results/2026-11-29_h200_swap_mid_more/README.md"
+SWAP_MID_MAX_M = 448  # the largest M measured ahead
+SWAP_MID_MAX_BLK_M = 200  # rows of M a tile (wgmma's N) at most: 104-200 won, 256 lost
+SWAP_MID_WIDTHS = ((64, 1), (128, 2))  # (rows of N, consumers)
+SWAP_MID_SPLITS = (1, 2, 3, 4)
+SWAP_MID_MIN_SLICE = 1024  # of K a split keeps
 SWAP_MID_TWO_MIN_SLICE = 4096  # of K two consumers' split keeps to win a tie
 SWAP_MID_MIN_FILL = 0.7  # of its waves' slots the grid fills, at least (0.73-0.97 measured)
-SWAP_MID_MAX_WAVES = 2
+SWAP_MID_MAX_WAVES = 2  # and past one wave only unsplit, over one or two tiles of M
+SWAP_MID_TALL = (128, 2048)  # a tile of more rows of M than this splits K no shorter than this
 
 
 def swap_mid_plan(p: Problem) -> tuple[int, int, int, int, int] | None:
-    """(blk_m, blk_n, num_warpgroups, split_k, M tiles) of the swap-ab-mid rule for ``p``, or None where its grid
-    fills under :data:`SWAP_MID_MIN_FILL` of its waves or takes more than :data:`SWAP_MID_MAX_WAVES`."""
-    m_tiles = math.ceil(p.M / SWAP_MID_MAX_BLK_M)
-    blk_m = math.ceil(p.M / m_tiles / 8) * 8
-
-    def waves(tile):
-        blk_n, _, split_k = tile
-        return math.ceil(m_tiles * math.ceil(p.N / blk_n) * split_k / p.sms)
-
-    def fills(tile):
-        blk_n, _, split_k = tile
-        units = m_tiles * math.ceil(p.N / blk_n) * split_k
-        return waves(tile) <= SWAP_MID_MAX_WAVES and units >= SWAP_MID_MIN_FILL * waves(tile) * p.sms
-
-    def key(tile):
-        blk_n, consumers, split_k = tile
-        two = consumers == 2 and (split_k == 1 or p.K // split_k >= SWAP_MID_TWO_MIN_SLICE)
-        return waves(tile) * blk_n * math.ceil(p.K / split_k), not two, split_k
-
-    tiles = [t for t in SWAP_MID_TILES if (t[2] == 1 or p.K // t[2] >= SWAP_MID_MIN_SLICE) and fills(t)]
-    if not tiles:
-        return None
-    blk_n, consumers, split_k = min(tiles, key=key)
-    return blk_m, blk_n, consumers, split_k, m_tiles
+    """(blk_m, blk_n, num_warpgroups, split_k, M tiles) of the swap-ab-mid rule for ``p``: over 1-4 tiles of M (each
+    the fewest multiple of 8 rows, at most :data:`SWAP_MID_MAX_BLK_M`), :data:`SWAP_MID_WIDTHS` and
+    :data:`SWAP_MID_SPLITS`, the grid of least waves x tile area x K slice that fills at least
+    :data:`SWAP_MID_MIN_FILL` of its waves; on a tie the fewest M tiles, then two consumers unless their split leaves
+    less than :data:`SWAP_MID_TWO_MIN_SLICE` of K, then the fewest slices. None where no grid fills."""
+    best = None
+    for m_tiles in range(1, 5):
+        blk_m = math.ceil(p.M / m_tiles / 8) * 8
+        if blk_m > SWAP_MID_MAX_BLK_M or math.ceil(p.M / blk_m) != m_tiles:
+            continue
+        for blk_n, consumers in SWAP_MID_WIDTHS:
+            for split_k in SWAP_MID_SPLITS:
+                if split_k > 1 and p.K // split_k < SWAP_MID_MIN_SLICE:
+                    continue
+                units = m_tiles * math.ceil(p.N / blk_n) * split_k
+                waves = math.ceil(units / p.sms)
+                if (waves > SWAP_MID_MAX_WAVES or (waves > 1 and (split_k > 1 or m_tiles > 2))
+                        or units < SWAP_MID_MIN_FILL * waves * p.sms):
+                    continue
+                two = consumers == 2 and (split_k == 1 or p.K // split_k >= SWAP_MID_TWO_MIN_SLICE)
+                key = (waves * blk_m * blk_n * math.ceil(p.K / split_k), m_tiles, not two, split_k)
+                if best is None or key < best[0]:
+                    best = (key, (blk_m, blk_n, consumers, split_k, m_tiles))
+    return best[1] if best else None
 
 
 def _swap_mid(p: Problem) -> bool:
     if not (128 < p.M <= SWAP_MID_MAX_M and _bias_act_only(p)) or (found := swap_mid_plan(p)) is None:
         return False
-    _, blk_n, _, split_k, m_tiles = found
+    blk_m, blk_n, _, split_k, m_tiles = found
+    tall, short = SWAP_MID_TALL
+    if blk_m > tall and split_k > 1 and p.K // split_k < short:  # 0.73-0.99x at four of five (SWAP_MID_MORE)
+        return False
     return not _mid_tiles_keep(p, m_tiles * math.ceil(p.N / blk_n) * split_k)
 
 
@@ -809,14 +824,16 @@ RULES: list[Rule] = [
                   "(split-K 0.64-0.74x, v9 0.82x), 1.03-1.07x at 8192^3 (v9 1.01-1.03x)",
          detail=_stream_k_detail),
     Rule("swap-ab-mid", "sm_90a", "v11", when=_swap_mid, knobs=_swap_mid_knobs,
-         why=f"128 < M <= {SWAP_MID_MAX_M} (no residual, D in the inputs' dtype): swap AB with M as wgmma's N in the "
-             f"fewest tiles of at most {SWAP_MID_MAX_BLK_M} rows (a multiple of 8: 168 for 333, where 128-row tiles "
-             "compute 384), and the rows of N and split of least makespan, where that grid fills its waves and the "
-             "mid-tiles rules' 64-row tiles would not cover M exactly in as many CTAs",
+         why=f"128 < M <= {SWAP_MID_MAX_M} (no residual, D in the inputs' dtype): swap AB with M as wgmma's N in one "
+             f"to four tiles of at most {SWAP_MID_MAX_BLK_M} rows (a multiple of 8: two of 168 for 333, where 128-row "
+             "tiles compute 384), 64 or 128 rows of N and a split of one to four, the grid of least makespan that "
+             "fills its waves; not where the mid-tiles rules' 64-row tiles cover M exactly in as many CTAs, nor a "
+             "tile of more than 128 rows over K slices under 2048",
          evidence=SWAP_MID + ": 1.10-1.55x the policy's module as kernels at eight shapes of M = 200-384 (0.68-0.92x "
                   "cuBLAS -> 0.83-1.12x); " + SWAP_MID_MOVED + ": 1.23x in geomean at the 64 suite and every-model "
-                  "pairs it takes (52 not fitted on: 1.24x), 0.995x the least; 0.95-1.02x where it leaves the "
-                  "mid-tiles rules' 64-row tiles",
+                  "pairs it takes (52 not fitted on: 1.24x), 0.995x the least; " + SWAP_MID_NARROW + ": 1.04-2.13x "
+                  "on narrow weights and at M = 448; " + SWAP_MID_MORE + ": 1.21x in geomean, 0.990x the least, at "
+                  "the 138 pairs the widened rule takes",
          detail=_swap_mid_detail),
     Rule("split-k", "sm_90a", "v10", when=_split_k_wins, knobs=_split_k_knobs,
          why="too few tiles for whole waves and a long K: the wave model finishes sooner with each tile's K "
