@@ -58,13 +58,14 @@ PLAN_FILE = "subwave.json"
 PACK = "pack"
 SMS = 132  # the H100 SXM the policy plans for
 # (family, layer, M, dtype): each grid of the policy's choice fills < 66 SMs, K >= 2048. Since the mid-tiles rules
-# (M > 128: 64-row tiles and splits that fill the wave) these are the row-tile rule's grids at M = 96-128 on narrow
-# weights and the split-k rule's 128x128 split in two; the run of 2026-11-26 timed :data:`CASES_2026_11_26`, the
+# (M > 128: 64-row tiles and splits that fill the wave) and swap-ab-mid (M = 129-448) these are the row-tile rule's grids
+# at M = 96-128 on narrow weights; the run of 2026-11-26 timed :data:`CASES_2026_11_26`, the
 # policy's 128x128 grids of then (the sub-wave sweep still times those).
 CASES = (
-    ("llama-3.2-1b", "down", 256, "float16"),  # the split-k rule's v10 (split 2, 64 units) against 3 alternatives
-    ("llama-3.2-1b", "down", 192, "float16"),
+    # (llama-3.2-1b's down at M = 256 and 192, the split-k rule's v10 then, are swap-ab-mid's v11 since 2026-11-29)
+    ("llama-3.2-1b", "down", 112, "float16"),
     ("llama-3.2-1b", "down", 128, "float16"),  # row-tiles (64x128, no split) against split K
+    ("llama-3.2-1b", "qkv", 96, "float16"),
     ("llama-3.2-1b", "qkv", 128, "float16"),
     ("llama-3.2-1b", "o", 96, "float16"),
     ("phi-3-mini", "down", 128, "float16"),

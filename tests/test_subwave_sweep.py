@@ -168,8 +168,8 @@ def test_the_small_grid_is_v9_without_split_valid_for_each_layout_and_as_deep_as
 
 
 def _sub_wave_case(sweep):
-    """The first case whose policy grid still leaves most SMs idle (llama-3.2-1b's down at M = 256: the split-k
-    rule's 64 units; the mid-tiles rules fill the wave at the others of 2026-11-26)."""
+    """The first case whose policy grid still leaves most SMs idle (phi-3-mini's down at M = 128, the row-tile rule's
+    grid: the mid-tiles rules and swap-ab-mid fill the wave at the others of 2026-11-26)."""
     for case in sweep.cases():
         p = plan.Problem(case["M"], case["N"], case["K"], case["dtype"], sweep.ARCH, sweep.SMS)
         if plan.sub_wave(p, plan.choose(p)):
@@ -210,10 +210,17 @@ def test_a_check_item_carries_the_layout_and_old_items_read_as_the_forward(sweep
     assert sweep.parse_item("m001.so@333") == ("m001.so", 333, "KK")
 
 
+# the policy the sweep's cases were drawn under: since swap-ab-mid (2026-11-29) takes llama-3.2-1b's down at M = 256,
+# no case of the sweep has a split-k choice left, the one the small-tile alternative is offered beside
+BEFORE_SWAP_MID = [r for r in plan.RULES if r.name != "swap-ab-mid"]
+
+
 def test_the_dynm_grid_times_the_small_tile_alternative_at_a_fixed_and_a_runtime_m(sweep):
-    """The alternative plan.alternatives offers, fixed and runtime M in both runtime-M tile orders."""
-    case, p = _sub_wave_case(sweep)
-    small = next(a for a in plan.alternatives(p, plan.choose(p)) if a.rule == plan.ALT_SMALL_RULE)
+    """The alternative plan.alternatives offers (beside the split-k rule's choice at llama-3.2-1b's down at M = 256,
+    under the policy the sweep ran with), fixed and runtime M in both runtime-M tile orders."""
+    case = next(c for c in sweep.cases() if (c["M"], c["N"], c["K"]) == (256, 2048, 8192))
+    p = plan.Problem(case["M"], case["N"], case["K"], case["dtype"], sweep.ARCH, sweep.SMS)
+    small = next(a for a in plan.alternatives(p, plan.choose(p, rules=BEFORE_SWAP_MID)) if a.rule == plan.ALT_SMALL_RULE)
     grid = {label: knobs for label, _, knobs in sweep.grid_dynm(case)}
     assert set(grid) == {f"v9 64x128 p8 2x1 {o} {m}" for o in sweep.DYNM_ORDERS for m in ("fixed", "anyM")}
     pairs = {(k["tile_order"], k["dynamic_m"]) for k in grid.values()}
