@@ -228,6 +228,13 @@ ROW64_VARIANT = "with_row64"
 # policy as it was when this set was run, before plan.pdl_pays) beside the same module launched as a programmatic
 # dependent of the kernel before it (``pdl``)
 PDL_EPILOGUES = ("none", "bias_gelu_tanh")
+# pdl's L2 warm-up (the production kernel's optional ``l2_warm`` knob, ``prepare --set l2_warm``): at every weight of
+# the suite and the held-out weights at SUITE_MS up to L2_WARM_MAX_M and at STREAM_SMALL_SAMPLES (the every-model
+# samples' memory-bound cases), no epilogue and bias+GELU, wherever the policy's module launches with pdl: that module
+# (``now``) beside the same knobs with ``l2_warm=True`` (``warm``: B's first slices asked of L2 before the grid wait,
+# producer.warm_l2)
+L2_WARM_EPILOGUES = PDL_EPILOGUES
+L2_WARM_MAX_M = 512  # past it a kernel is long enough that its first loads are a small part of it
 # stream-K under one wave (``prepare --set stream_small``): a small-M grid of fewer tiles than SMs leaves SMs idle
 # while the weight streams (issue 30's memory-bound cases: 72-112 units on 132 SMs); v10's ``stream_k`` deals every
 # tile's K slices out evenly over all the clusters instead. At the suite's and the held-out weights at M = 1-128 and
@@ -359,7 +366,7 @@ def swap_mid_cases(sms: int = 132, narrow: bool = False) -> list[dict]:
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
              "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64",
-             "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more")
+             "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more", "l2_warm")
 CHECK_TIMEOUT = 120.0
 
 
@@ -652,6 +659,35 @@ def pdl_cases() -> list[dict]:
     return out
 
 
+def l2_warm_cases(sms: int = 132) -> list[dict]:
+    """The l2_warm set's timing cases (:data:`L2_WARM_EPILOGUES` x (the suite's and the held-out weights x
+    :data:`SUITE_MS` up to :data:`L2_WARM_MAX_M`, and :data:`STREAM_SMALL_SAMPLES`) where the policy's bf16 module
+    has ``pdl`` and its kernel can warm: ``now`` (the policy's knobs) and ``warm`` (with ``l2_warm=True``) at each."""
+    # the kernel's own reasons it cannot warm (an MN-major or gated B, a misaligned row), as the build would say
+    # pylint: disable=import-outside-toplevel
+    from gemm_ladder.rungs import make_config
+    from gemm_ladder.core.config import ConfigError
+
+    shapes = [(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SUITE_MS if M <= L2_WARM_MAX_M]
+    shapes += STREAM_SMALL_SAMPLES
+    out = []
+    for epilogue in L2_WARM_EPILOGUES:
+        for M, N, K in shapes:
+            p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", epilogue))
+            choice = plan.choose(p)
+            if not choice.knobs.get("pdl"):
+                continue
+            try:
+                make_config(choice.rung, M, N, K, **{**choice.knobs, "spec": spec_for("bfloat16", epilogue),
+                                                     "l2_warm": True})
+            except ConfigError:
+                continue
+            case = {"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16", "shape": [M, N, K],
+                    "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS}
+            out += [{**case, "variant": "now", "knobs": {}}, {**case, "variant": "warm", "knobs": {"l2_warm": True}}]
+    return out
+
+
 def stream_small_cases(sms: int = 132) -> list[dict]:
     """The stream_small set's timing cases: the policy's module and :data:`STREAM_SMALL_CANDIDATES` (no epilogue at
     the suite's and the held-out weights x :data:`STREAM_SMALL_MS` and at :data:`STREAM_SMALL_SAMPLES`; bias+GELU at
@@ -770,6 +806,8 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
                                                        for M in SUITE_MS])
     if which == "pdl":
         return pdl_cases()
+    if which == "l2_warm":
+        return l2_warm_cases(sms)
     if which == "stream_small":
         return stream_small_cases(sms)
     if which == "swap_pairs":
@@ -973,6 +1011,8 @@ def check_one(path: str, M: int, seed: int = 0) -> dict:
         ok = ok and not nan and within(err, err_torch)
     if N == K and C is None and not spec.gated and spec.d == mod.dtype:
         ok = check_chained(mod, A, B, kwargs, res, (bias, alpha)) and ok
+    if mod.knobs.get("l2_warm") and C is None and not spec.gated:
+        ok = check_weight_written(mod, A, B, kwargs, res, (bias, alpha)) and ok
     res["status"] = "ok" if ok else "wrong"
     return res
 
@@ -1019,6 +1059,49 @@ def check_chained(mod, A, B, kwargs: dict, res: dict, bias_alpha) -> bool:
             err = (got.double() - ref).abs().max().item()
             res[f"err_chain_{how}_{step}"] = err
             ok = ok and not bool(torch.isnan(got).any().item()) and within(err, err_torch)
+    return ok
+
+
+def check_weight_written(mod, A, B, kwargs: dict, res: dict, bias_alpha) -> bool:
+    """A call right after a kernel that writes its weight (``W.copy_(new)``, a weight update), eagerly and replayed
+    from a CUDA graph: with ``l2_warm`` the kernel asks L2 for B's first slices before it waits for the grid before
+    it, so a stale line kept past that write would show here. The product against float64 of the new weight; adds
+    ``err_weight_*`` to ``res``."""
+    import torch  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.serve.front import TorchMatmul  # pylint: disable=import-outside-toplevel
+
+    bias, alpha = bias_alpha
+    act = mod.spec.act
+    extras = [kwargs[o.name] for o in mod.spec.epilogue_operands()]
+    d_dtype = getattr(torch, mod.spec.d)
+    launch = mod.launcher(A, B, torch.empty(A.shape[0], mod.N, dtype=d_dtype, device="cuda"), **kwargs)
+    new = (-B).contiguous()  # every product changes sign: an old line of B anywhere is a wrong D
+    ref = reference(A, new, bias, act, alpha, None, 1.0)
+    theirs = torch.empty(A.shape[0], mod.N, dtype=d_dtype, device="cuda")
+    TorchMatmul(act)(A, new, theirs, bias=bias, alpha=alpha)
+    err_torch = (theirs.double() - ref).abs().max().item()
+    ok = True
+    for how in ("eager", "graph"):
+        W = B.clone()
+        D = torch.full((A.shape[0], mod.N), float("nan"), dtype=d_dtype, device="cuda")
+
+        def two(W=W, D=D):
+            W.copy_(new)  # the weight written by the kernel before ours
+            launch(A, W, D, *extras)
+        if how == "graph":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                two()
+            W.copy_(B)
+            D.fill_(float("nan"))
+            graph.replay()
+        else:
+            launch(A, W, D, *extras)  # the old weight's product first: its lines are in L2
+            two()
+        torch.cuda.synchronize()
+        err = (D.double() - ref).abs().max().item()
+        res[f"err_weight_{how}"] = err
+        ok = ok and not bool(torch.isnan(D).any().item()) and within(err, err_torch)
     return ok
 
 

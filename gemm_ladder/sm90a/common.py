@@ -674,6 +674,39 @@ def pdl(cfg: GemmConfig) -> bool:
     return bool(dict(cfg.extra).get("pdl", False))
 
 
+def l2_warm(cfg: GemmConfig) -> bool:
+    """The optional ``l2_warm`` knob (v9-v11, with ``pdl`` only): B's first K slices of a CTA's first unit
+    asked of L2 before the wait (``producer.warm_l2``)."""
+    return bool(dict(cfg.extra).get("l2_warm", False))
+
+
+def can_warm(cfg: GemmConfig) -> str | None:
+    """Why ``cfg``'s kernel cannot warm L2 with its weight (None: it can): B K-major and not SwiGLU's gated
+    weight (a CTA's rows of B are then whole rows in memory, one bulk prefetch each), a row a multiple of
+    16 bytes (the prefetch's unit), and B's offsets within 32 bits."""
+    spec = spec_of(cfg)
+    row_bytes = cfg.K * (1 if spec.b.startswith("float8") else 2)
+    if spec.b_major != "K":
+        return "B is MN-major (a row of the weight is then one K of every column, not a run of K)"
+    if spec.gated:
+        return "B is SwiGLU's gated weight (a tile's rows come from its two halves)"
+    if row_bytes % 16:
+        return f"a row of B is {row_bytes} bytes, not a multiple of 16 (the bulk prefetch's unit)"
+    if cfg.N * cfg.K >= 2**31:
+        return f"B has {cfg.N * cfg.K} elements: its offsets do not fit in 32 bits"
+    return None
+
+
+def check_l2_warm(cfg: GemmConfig) -> None:
+    if not l2_warm(cfg):
+        return
+    if not pdl(cfg):
+        raise ConfigError("l2_warm=True needs pdl=True: it warms L2 while the previous kernel finishes, which only a "
+                          "programmatic dependent launch overlaps; pass pdl=True or drop l2_warm")
+    if (why := can_warm(cfg)) is not None:
+        raise ConfigError(f"l2_warm=True on {cfg.rung}: {why}; use l2_warm=False")
+
+
 def with_pdl(cfg: GemmConfig, func):
     """``func`` launched with programmatic dependent launch where ``cfg`` asks for it (:func:`pdl`): TVM
     computes the thread tags itself and adds this one (``tirx.kernel_launch_params``)."""

@@ -146,8 +146,9 @@ KNOBS = gemm.knob_defaults(V10Knobs)
 # knobs kept only where set away from their default (``rungs.make_config``: the tags and cache keys of
 # every other v10 module stay as they were): where a tile's split-K units meet (``splitk``: a slot
 # each, summed in split order by the last, or one slot they all add into with red.global.add); fp8's
-# overlapped promotion unrolled over a unit's slices where a split divides them (v9's unroll_k, fp8.unroll_k)
-OPTIONAL_KNOBS = {"reduce": splitk.REDUCE_MODES[0], "unroll_k": False}
+# overlapped promotion unrolled over a unit's slices where a split divides them (v9's unroll_k, fp8.unroll_k);
+# pdl's L2 warm-up of the weight (producer.warm_l2)
+OPTIONAL_KNOBS = {"reduce": splitk.REDUCE_MODES[0], "unroll_k": False, "l2_warm": False}
 CONSUMERS = (1, 2, 3)
 # what the tuner tries beyond the defaults (gemm_ladder.tune.space)
 TUNE_CHOICES = {"split_k": (1, 2, 3, 4, 6, 8), "stream_k": (False, True)}
@@ -157,6 +158,7 @@ def check(cfg: GemmConfig) -> None:
     common.check_tile(cfg, CONSUMERS)
     epilogue.check_epilogue(cfg)
     common.check_pipe_depth(cfg)
+    common.check_l2_warm(cfg)
     common.check_consumer_registers(cfg)
     splitk.check_grid(cfg)
     splitk.check_reduce(cfg)

@@ -81,6 +81,9 @@ class V11Knobs:
 
 
 KNOBS = gemm.knob_defaults(V11Knobs)
+# knobs taken anywhere, kept only away from their defaults (``rungs.make_config``): pdl's L2 warm-up of the
+# weight's first slices (producer.warm_l2)
+OPTIONAL_KNOBS = {"l2_warm": False}
 BLK_M_CHOICES = common.SWAP_BLK_M  # M is wgmma's N
 # the operand spec's epilogues this preset builds (gemm_ladder.core.spec): a bias per column of D, an
 # activation and alpha, on each value as the transposed epilogue stages it (its column of D is a row of the
@@ -96,6 +99,7 @@ TUNE_CHOICES = {"blk_m": (8, 16, 32, 64), "blk_n": (64, 128, 256), "pipe_depth":
 def check(cfg: GemmConfig) -> None:
     common.check_swap_tile(cfg, CONSUMERS)
     common.check_pipe_depth(cfg)
+    common.check_l2_warm(cfg)
     common.check_consumer_registers(cfg, SwapPlan(cfg))
     splitk.check_grid(cfg)
 

@@ -189,9 +189,9 @@ FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "st
 # keys of other modules stay as they were): fp8 block scales staged by plain bulk copies (fp8.stage_bulk),
 # fp8's promotion groups in two half-width wgmma groups (fp8.halves: a 128x256 tile with its promotion),
 # a second consumer on each consumer's rows taking alternate K slices (kconsumers.py), fp8's overlapped
-# promotion unrolled over the whole tile (fp8.unroll_k)
+# promotion unrolled over the whole tile (fp8.unroll_k), pdl's L2 warm-up of the weight (producer.warm_l2)
 OPTIONAL_KNOBS = {"stage_bulk": False, "stage_bulk_split": False, "halves": False, "k_consumers": 1,
-                  "k_halves": False, "unroll_k": False}
+                  "k_halves": False, "unroll_k": False, "l2_warm": False}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 # knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
 # FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop
@@ -222,6 +222,7 @@ def check(cfg: GemmConfig) -> None:
     common.check_epi_under(cfg)
     common.check_consumer_registers(cfg)
     common.check_pipe_depth(cfg)
+    common.check_l2_warm(cfg)
     common.check_cluster(cfg, common.CLUSTER_M_WIDE)
     common.check_schedule(cfg, grid=cluster_grid(cfg))
     common.check_dynamic_m(cfg)

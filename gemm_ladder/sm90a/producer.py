@@ -238,3 +238,43 @@ class Producer:
         slices in that many contiguous parts, loaded in turn (:func:`interleaved`)."""
         count = self.plan.cfg.k_tiles if num_slices is None else num_slices
         _load_slices(self, pos, first_slice, count, m_st, n_st, backwards, parts)
+
+
+# -- l2_warm: the weight's first slices into L2 while the previous grid finishes ------------------------
+# With ``pdl`` a CTA sets up under the previous kernel's last CTAs and then waits for that grid's writes
+# (common.wait_for_previous_grid); its first TMA loads go to HBM only after the wait, and a short kernel
+# (a few microseconds of weight streaming at small M) spends a fair part of its time on that first
+# round trip. ``l2_warm`` asks L2, before the wait, for the B rows of this CTA's first unit over its
+# first ``pipe_depth`` K slices (``cp.async.bulk.prefetch.L2``: a hint, no data reaches the CTA).
+# It is safe whatever the previous kernel writes: L2 is where every SM's global writes meet, so a line
+# it fetched early is updated there by a later write, and the TMA loads after the wait read it from
+# there. Written here: TVM's TMA copy has no prefetch form, and this is one PTX instruction a row.
+# Measured, it does not pay: at the 92 bf16 cases of ``epilogue_check.py --set l2_warm`` (the suite's and the
+# held-out weights at M = 1-512 and the every-model samples' memory-bound cases, no epilogue and bias+GELU,
+# kernels in CUDA graphs) the warm kernel ran 0.980x the same kernel without it in geomean (0.88-1.07x): a few
+# microseconds of weight streaming chained behind another is bound by HBM throughout, and bytes asked for under
+# the previous kernel's tail come out of that kernel's share (benchmarks/results/2026-11-29_h200_l2_warm/). The
+# policy leaves it off; the knob stays, off by default, with this measurement.
+WARM_LANES = 32  # one warp: a row of B each lane, in turns
+
+
+def warm_rows(plan, cluster_m: int) -> int:
+    """Rows of B one CTA asks L2 for: its part of a B tile shared by ``cluster_m`` CTAs."""
+    return plan.cfg.blk_n // cluster_m
+
+
+@T.inline
+def warm_l2(plan, b, n_st, rank_m, cluster_m, first_slice, num_slices, lane_id):
+    """One warp: ask L2 for this CTA's rows of B (``n_st`` + its cluster part) over K slices
+    ``first_slice ..`` (at most ``plan.stages`` of them, and no further than ``num_slices`` or K)."""
+    c = T.meta_var(plan.cfg)
+    rows = T.meta_var(warm_rows(plan, cluster_m))
+    elem = T.meta_var(1 if plan.b_dtype.startswith("float8") else 2)
+    k_lo = T.meta_var(first_slice * c.blk_k)
+    k_hi = T.meta_var(T.min(c.K, (first_slice + T.min(num_slices, c.pipe_depth)) * c.blk_k))
+    row0 = T.meta_var(n_st + (rank_m * rows if cluster_m > 1 else 0))
+    for i in T.unroll((rows + WARM_LANES - 1) // WARM_LANES):
+        r = T.meta_var(i * WARM_LANES + lane_id)
+        if T.And(r < rows, row0 + r < c.N):
+            T.ptx.cp.async_.bulk.prefetch.L2.global_(T.address_of(b[row0 + r, k_lo]),
+                                                      T.Cast("uint32", (k_hi - k_lo) * elem))
