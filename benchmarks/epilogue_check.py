@@ -234,6 +234,18 @@ PDL_EPILOGUES = ("none", "bias_gelu_tanh")
 # (``now``) beside the same knobs with ``l2_warm=True`` (``warm``: B's first slices asked of L2 before the grid wait,
 # producer.warm_l2)
 L2_WARM_EPILOGUES = PDL_EPILOGUES
+# tiles of N narrow enough for one CTA per SM (``prepare --set narrow_n``): cuBLAS runs 64x32 tiles in 1x2 clusters
+# (A shared by multicast), 128 CTAs, at 64x4096x4096 (../results/2026-11-29_h200_deep_rings/cublas_small.json),
+# where v11's 64 rows of N split in two run 0.96x. At the suite's and the held-out weights at M = 16, 64 and 128
+# (no epilogue and bias+GELU) and the every-model samples' memory-bound cases (no epilogue): the policy's module
+# (``now``) beside v9 with 64 (M <= 64) or 128 rows of M and the narrowest whole 16 columns of N that fit one wave,
+# in 1x2 clusters (``v9_narrow_c2``, and at a 16-stage ring ``v9_narrow_c2_deep``) and alone (``v9_narrow``)
+NARROW_N_MS = (16, 64, 128)
+# the rule that run led to (plan's narrow-n) on every shape it moves (``prepare --set narrow_n_moved``): the suite's and
+# the every-model samples' of five seeds, and every every-model weight at NARROW_N_MOVED_MS, no epilogue and bias+GELU,
+# the policy's module (``now``) beside the policy without the rule (``no_narrow_n``)
+NARROW_N_RULE = "narrow-n"
+NARROW_N_MOVED_MS = (48, 64, 96, 128)
 L2_WARM_MAX_M = 512  # past it a kernel is long enough that its first loads are a small part of it
 # stream-K under one wave (``prepare --set stream_small``): a small-M grid of fewer tiles than SMs leaves SMs idle
 # while the weight streams (issue 30's memory-bound cases: 72-112 units on 132 SMs); v10's ``stream_k`` deals every
@@ -366,7 +378,7 @@ def swap_mid_cases(sms: int = 132, narrow: bool = False) -> list[dict]:
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
              "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64",
-             "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more", "l2_warm")
+             "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more", "l2_warm", "narrow_n", "narrow_n_moved")
 CHECK_TIMEOUT = 120.0
 
 
@@ -458,6 +470,8 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name not in SWAP64_RULES]
     if variant == "no_swap192":
         return [r for r in plan.RULES if r.name != SWAP_WIDE_RULE]
+    if variant == "no_narrow_n":
+        return [r for r in plan.RULES if r.name != NARROW_N_RULE]
     if variant == "no_swap_mid":
         return [r for r in plan.RULES if r.name != SWAP_MID_RULE]
     if variant == ROW64_VARIANT:
@@ -688,6 +702,44 @@ def l2_warm_cases(sms: int = 132) -> list[dict]:
     return out
 
 
+def narrow_width(M: int, N: int, sms: int = 132) -> int | None:
+    """The narrowest whole 16 columns of N whose tiles (of 64 rows of M up to 64, else 128) fit one wave on ``sms``
+    SMs, fewer than 256 wide (None: no such width)."""
+    width = -(-N // sms // 16) * 16
+    while -(-N // width) > sms:
+        width += 16
+    return width if width < 256 else None
+
+
+def narrow_n_cases(sms: int = 132) -> list[dict]:
+    """The narrow_n set's timing cases (see :data:`NARROW_N_MS`)."""
+    fused = [(e, (M, N, K)) for e in ("none", "bias_gelu_tanh") for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS
+             for M in NARROW_N_MS]
+    out = []
+    for epilogue, (M, N, K) in fused + [("none", s) for s in STREAM_SMALL_SAMPLES]:
+        width = narrow_width(M, N, sms)
+        if width is None:
+            continue
+        p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", epilogue))
+        case = {"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16", "shape": [M, N, K],
+                "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS}
+        out.append({**case, "variant": "now"})
+        base = {"blk_m": 64 if M <= 64 else 128, "blk_n": width, "num_warpgroups": 1 if M <= 64 else 2,
+                "cluster_m": 1, "epi_n": min(64, width), "stream_b": True, "pdl": True}
+        pairs = -(-N // width) % 2 == 0
+        for name, more, cap in (("v9_narrow_c2", {"cluster_n": 2}, plan.MAX_SMALL_M_DEPTH),
+                                ("v9_narrow_c2_deep", {"cluster_n": 2}, DEEP_RING_CAP),
+                                ("v9_narrow", {"cluster_n": 1}, plan.MAX_SMALL_M_DEPTH)):
+            if more["cluster_n"] == 2 and not pairs:
+                continue
+            knobs = {**base, **more}
+            depth = plan._deepest("v9", p, {**knobs, **spec_knobs(p.spec)}, cap)  # pylint: disable=protected-access
+            built = plan.with_spec({**knobs, "pipe_depth": depth, "dynamic_m": True}, p)
+            if plan._validate("v9", p, built) is None:  # pylint: disable=protected-access
+                out.append({**case, "rung": "v9", "variant": name, "knobs": built})
+    return out
+
+
 def stream_small_cases(sms: int = 132) -> list[dict]:
     """The stream_small set's timing cases: the policy's module and :data:`STREAM_SMALL_CANDIDATES` (no epilogue at
     the suite's and the held-out weights x :data:`STREAM_SMALL_MS` and at :data:`STREAM_SMALL_SAMPLES`; bias+GELU at
@@ -806,6 +858,14 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
                                                        for M in SUITE_MS])
     if which == "pdl":
         return pdl_cases()
+    if which == "narrow_n":
+        return narrow_n_cases(sms)
+    if which == "narrow_n_moved":
+        from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as later_sample_shapes)
+
+        weights = {(c["N"], c["K"]) for c in every_model.all_cases()}
+        extra = {(M, N, K) for N, K in weights for M in NARROW_N_MOVED_MS}
+        return moved_cases("no_narrow_n", ("none", "bias_gelu_tanh"), sms, extra=sorted(later_sample_shapes() | extra))
     if which == "l2_warm":
         return l2_warm_cases(sms)
     if which == "stream_small":

@@ -20,8 +20,8 @@ SWIZZLE_CODE = {"32B": 1, "64B": 2, "128B": 3}  # CUtensorMapSwizzle, as TVM's T
 def test_v9_takes_every_whole_16_columns_and_the_other_rungs_whole_64s():
     for blk_n in (80, 96, 112, 144, 160, 208, 240):
         assert make_config("v9", 1024, 2112, 512, blk_n=blk_n, epi_n=16).blk_n == blk_n
-    assert BLK_N_16 == tuple(range(64, 257, 16))
-    with pytest.raises(ConfigError, match=r"blk_n=100 is not supported by v9.*a multiple of 16 from 64 to 256"):
+    assert BLK_N_16 == tuple(range(32, 257, 16))
+    with pytest.raises(ConfigError, match=r"blk_n=100 is not supported by v9.*a multiple of 16 from 32 to 256"):
         make_config("v9", 1024, 2112, 512, blk_n=100)
     with pytest.raises(ConfigError, match=r"blk_n=96 is not supported by v8.*use 64, 128, 192 or 256"):
         make_config("v8", 1024, 2112, 512, blk_n=96)
@@ -61,6 +61,9 @@ def _d_stores(cfg):
 @pytest.mark.parametrize("spec, knobs, wgmma, mode, box", [
     # 16-bit: 128x96 in 32-column chunks (three 64-byte-swizzled boxes a tile row band)
     (None, {"blk_n": 96, "epi_n": 32}, "m64n96k16", "64B", 32),
+    # plan's narrow-n: 64x32 and 128x48 tiles, a chunk the whole tile width
+    (None, {"blk_m": 64, "blk_n": 32, "epi_n": 32, "num_warpgroups": 1, "cluster_m": 1}, "m64n32k16", "64B", 32),
+    (None, {"blk_n": 48, "epi_n": 48, "cluster_m": 1}, "m64n48k16", "32B", 16),
     # fp8, the width rule's 128x112 (FP8_WIDTH_KNOBS[112]): 16-column chunks through a 32-byte swizzle
     (GemmSpec.fp8(), {"blk_n": 112, "epi_n": 16, "overlap": 4, "pipe_depth": 7}, "m64n112k32", "32B", 16),
     # fp8 128x224 in halves: each half a m64n112k32 group, its chunks stored under the next tile
@@ -77,3 +80,13 @@ def test_the_kernel_issues_the_widths_wgmma_and_stores_its_chunks_in_swizzle_row
     # each box: one swizzle row of columns by the consumer's 64 rows, the chunk's columns in whole boxes
     assert {tuple(s.box_dims) for s in stores} == {(box, 64)}
     assert dict(cfg.extra)["epi_n"] % box == 0
+
+
+def test_the_barrier_checker_passes_the_narrow_tiles():
+    """plan's narrow-n tiles (one row of them, 32 and 48 wide: B's ring stages a quarter of a 128-wide tile's)."""
+    from gemm_ladder.protocol.check import check_config
+
+    for knobs in ({"blk_m": 64, "blk_n": 48, "num_warpgroups": 1}, {"blk_m": 128, "blk_n": 32, "num_warpgroups": 2}):
+        cfg = make_config("v9", 64, 768, 1024, **knobs, epi_n=knobs["blk_n"], cluster_m=1, stream_b=True, pdl=True,
+                          pipe_depth=8)
+        assert check_config(cfg).findings == [], knobs

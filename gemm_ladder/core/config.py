@@ -230,8 +230,9 @@ BLK_M_CHOICES = (64, 128, 192, 256)  # whole 64-row wgmma atoms (192: three, for
 # the output tile widths most rungs take: whole 64-column (128-byte) swizzled store boxes of 16-bit D
 BLK_N_CHOICES = (64, 128, 192, 256)
 # v9's widths (its chunked epilogue stores 16-, 32- or 64-column boxes: ``epilogue.box_cols``): any whole
-# 16 columns from 64 to 256, as cuBLASLt's 96-, 112- and 144-wide tiles
-BLK_N_16 = tuple(range(64, 257, 16))
+# 16 columns from 32 to 256, as cuBLASLt's 96-, 112- and 144-wide tiles and cuBLAS's 32-wide tiles at small M
+# (plan's narrow-n: one row of tiles 32 or 48 wide, as many CTAs as SMs)
+BLK_N_16 = tuple(range(32, 257, 16))
 
 
 def check_common(cfg: GemmConfig, blk_m_choices: tuple = BLK_M_CHOICES, operand_bytes: int | None = None,

@@ -741,7 +741,66 @@ def _mid_tile_detail(p: Problem) -> str:
     return f"{p.tiles(blk_m, blk_n)} tiles of {blk_m}x{blk_n}{split} on {p.sms} SMs (128x128: {p.tiles(128, 128)})"
 
 
+# -- tiles of N narrower than 64 at 32 < M <= 128: one row of tiles, as many CTAs as fit one wave. cuBLAS runs 64x32
+# tiles, 128 CTAs, at 64x4096x4096 (DEEP_RINGS' cublas_small.json); v9 takes whole 16 columns from 32. Timed on an H200
+# (NARROW_N: the suite's and the held-out weights at M = 16, 64 and 128, no epilogue and bias+GELU, and the every-model
+# samples' memory-bound cases; v9 with 64 rows of M (128 past 64, two consumers) and the narrowest whole 16 columns
+# whose tiles fit one wave, alone and in 1x2 clusters) the tiles alone won where they are 48 wide, or 32 wide at two
+# consumers, and K is short enough that the policy does not split it: 64x6144x4096 0.93 -> 1.04x cuBLAS (bias+GELU
+# 0.95 -> 1.04x), 48x5120x1280 0.97 -> 1.04x, 128x6144x4096 0.93 -> 0.97x, 128x4096x1024 0.95 -> 1.02x, 128x3072x768
+# 0.97 -> 1.00x (bias+GELU 0.98 -> 1.04x). They lost at K = 8192 and 14336 (0.80-0.93x against the policy's splits),
+# 32 wide at M <= 64 (64x4096x4096 0.93 against 0.96x, 64x3072x768 0.97 against 1.01x), and at M = 16 (0.4-0.8x: 64
+# rows of M for 16), and the 1x2 clusters lost to the tiles alone. Timed then at every shape it moved among the suite,
+# the every-model samples and every every-model weight at M = 48, 64, 96 and 128 (NARROW_N_MOVED: 72 pairs, 60 not
+# fitted on): at M = 96, where the second consumer's rows are half past M, 0.65-0.94x the policy's module before it,
+# which it leaves; elsewhere 1.052x in geomean (34 not fitted on: 1.052x), 0.984x the least.
+NARROW_N = "benchmarks/results/2026-11-29_h200_narrow_n/README.md"
+NARROW_N_MOVED = "benchmarks/results/2026-11-29_h200_narrow_n_moved/README.md"
+NARROW_N_WIDTHS = (32, 48)  # of N a tile: the widths measured (64 is the row-tiles and swap rules' own)
+NARROW_N_MAX_K = 5120  # past it the split rules' modules won
+NARROW_N_MIN_FILL = 0.7  # of the SMs the tiles fill, at least (96 of 132 won at 128x3072x768)
+
+
+def narrow_n_width(p: Problem) -> int:
+    """The narrowest whole 16 columns of N (32 at least) whose tiles fit one wave."""
+    width = max(32, math.ceil(p.N / p.sms / 16) * 16)
+    while math.ceil(p.N / width) > p.sms:
+        width += 16
+    return width
+
+
+def _narrow_n(p: Problem) -> bool:
+    # one consumer's 64 rows, or two consumers' 128 (past 64 and short of 128 it lost: NARROW_N_MOVED)
+    if not ((32 < p.M <= 64 or p.M == 128) and p.K <= NARROW_N_MAX_K and _bias_act_only(p)):
+        return False
+    width = narrow_n_width(p)
+    if width not in NARROW_N_WIDTHS or (width == 32 and p.M <= 64):
+        return False
+    return math.ceil(p.N / width) >= NARROW_N_MIN_FILL * p.sms
+
+
+def _narrow_n_knobs(p: Problem) -> dict:
+    width, two = narrow_n_width(p), p.M > 64
+    knobs = {"blk_m": 128 if two else 64, "blk_n": width, "num_warpgroups": 2 if two else 1, "cluster_m": 1,
+             "cluster_n": 1, "epi_n": width, **STREAM_B}
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
+
+
+def _narrow_n_detail(p: Problem) -> str:
+    width = narrow_n_width(p)
+    return f"{math.ceil(p.N / width)} tiles {width} wide on {p.sms} SMs (64-wide: {math.ceil(p.N / 64)})"
+
+
 RULES: list[Rule] = [
+    Rule("narrow-n", "sm_90a", "v9", when=_narrow_n, knobs=_narrow_n_knobs,
+         why=f"32 < M <= 64 or M = 128, K <= {NARROW_N_MAX_K}, whose tiles 48 wide (or 32, at M = 128) fit one wave "
+             f"and fill {NARROW_N_MIN_FILL:.0%} of it (no residual, D in the inputs' dtype): one row of v9 tiles of "
+             "all M rows (two consumers at 128) and the narrowest whole 16 columns of N that fit, no cluster, B "
+             "streamed",
+         evidence=NARROW_N + ": 64x6144x4096 0.93 -> 1.04x cuBLAS, 128x4096x1024 0.95 -> 1.02x, 48x5120x1280 0.97 -> "
+                  "1.04x; " + NARROW_N_MOVED + ": 1.052x the modules before it in geomean at the 46 pairs it takes "
+                  "(34 not fitted on: 1.052x), 0.984x the least",
+         detail=_narrow_n_detail),
     Rule("swap-ab-64", "sm_90a", "v11", when=_swap_64, knobs=_swap_narrow_knobs,
          why="32 < M <= 64 with N's 64-row tiles, times their split, in one wave (no residual, D in the inputs' "
              "dtype): the narrow swap's tiles, 64 rows of N per CTA against all M rows as wgmma's N, K split as "

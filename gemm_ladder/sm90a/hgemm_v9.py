@@ -158,7 +158,8 @@ shapes held out (``benchmarks/results/2026-11-28_h200_fp8_unroll/``).
 
 Constraints:
   - those of v8, with num_warpgroups (consumers) 1, 2 or 3 (blk_m a multiple of 64 x W);
-  - blk_n a multiple of 16 from 64 to 256 (cuBLASLt's 96-, 112- and 144-wide tiles among them);
+  - blk_n a multiple of 16 from 32 to 256 (cuBLASLt's 96-, 112- and 144-wide tiles among them; 32 and 48 for
+    one row of tiles at small M, as many CTAs as SMs);
     epi_n a multiple of 16 that divides blk_n (epi_n = blk_n: one buffer per consumer, the whole
     row band at once); a chunk leaves in 64-, 32- or 16-column boxes, the widest that divide it;
   - pipe_depth up to what shared memory allows beside the staging buffers;
