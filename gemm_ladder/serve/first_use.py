@@ -94,7 +94,8 @@ QUEUED_CLEAR = 1.10
 # 128x256 tiles 56.2 us, torch 62.2 and v11's 8-row tiles 65.4 as queued calls (v11 41.9-51.1 at M = 16 and 48), and
 # v11 25.8, v9 42.6 and torch 54.8 as kernels; v9 was kept and the call ran 71.0 us against F.linear's 60.1
 # (benchmarks/results/2026-11-29_h200_every_model_narrow_n/: seed 1). There the fastest kernel of ours is taken,
-# and its call is taken to cost the least queued time of ours
+# and its call is taken to cost the least queued time of ours: the same head at M = 7 then went to torch, 0.993x
+# (benchmarks/results/2026-11-29_h200_every_model_copies_pick/)
 COPIES_SHARED = "benchmarks/results/2026-11-29_h200_every_model_narrow_n/README.md"
 TORCH = "torch"
 _LOCK = threading.Lock()

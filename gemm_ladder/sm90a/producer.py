@@ -266,7 +266,7 @@ def warm_rows(plan, cluster_m: int) -> int:
 @T.inline
 def warm_l2(plan, b, n_st, rank_m, cluster_m, first_slice, num_slices, lane_id):
     """One warp: ask L2 for this CTA's rows of B (``n_st`` + its cluster part) over K slices
-    ``first_slice ..`` (at most ``plan.stages`` of them, and no further than ``num_slices`` or K)."""
+    ``first_slice ..`` (at most ``pipe_depth`` of them, and no further than ``num_slices`` or K)."""
     c = T.meta_var(plan.cfg)
     rows = T.meta_var(warm_rows(plan, cluster_m))
     elem = T.meta_var(1 if plan.b_dtype.startswith("float8") else 2)
