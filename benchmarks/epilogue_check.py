@@ -813,9 +813,9 @@ def split_check_cases() -> list[dict]:
 
 def rules_of(variant: str | None):
     """The rules ``plan_job`` takes for a rule case's variant: the policy's own, less the rules that came after
-    the small-M epilogue rule and take its shapes first (:data:`SWAP64_RULES`, 2026-11-29), so that the set
-    still measures that rule against the policy before it."""
-    later = [r for r in plan.RULES if r.name not in SWAP64_RULES]
+    the small-M epilogue rule and take its shapes first (:data:`SWAP64_RULES` and :data:`NARROW_N_RULE`,
+    2026-11-29), so that the set still measures that rule against the policy before it."""
+    later = [r for r in plan.RULES if r.name not in (*SWAP64_RULES, NARROW_N_RULE)]
     if variant == "before":  # without the rule, nor its split form (small-m-split, which takes its tiles)
         return [r for r in later if r.name not in (RULE_NAME, SMALL_SPLIT_RULE)]
     if variant == "probe_64x64":

@@ -289,10 +289,12 @@ def test_the_deep_rings_set_times_each_candidate_at_eight_stages_and_at_the_deep
 
 def test_the_row64_set_pairs_the_policy_with_the_candidate_rule():
     """``--set row64_moved``: every shape whose plain choice plan's ROW_TILES_64 (not in RULES) would change, the
-    policy's module (``now``: row-tiles) and the policy's with the candidate (``with_row64``: 64x64 tiles)."""
+    policy's module (``now``: row-tiles) and the policy's with the candidate (``with_row64``: 64x64 tiles). The run
+    of it (plan.ROW64_MOVED) timed twelve; narrow-n, since 2026-11-29, takes eight of them first (M = 128 on
+    weights 3072-4096 wide with K <= 4096), and the candidate comes after it."""
     cases = epilogue_check.cases_of("row64_moved")
     shapes = {tuple(c["shape"]) for c in cases}
-    assert len(shapes) == 12 and len(cases) == 24 and {c["variant"] for c in cases} == {"now", "with_row64"}
+    assert len(shapes) == 4 and len(cases) == 8 and {c["variant"] for c in cases} == {"now", "with_row64"}
     for M, N, K in shapes:
         p = plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec_for("bfloat16", "none"))
         assert epilogue_check.split_choice(p, "now").rule == "row-tiles"

@@ -118,10 +118,15 @@ def _bucket_of(M: int) -> int:
     return next(b for b, lo, hi in kernel_pack.bucket_cells() if lo <= M <= hi)
 
 
+# one weight planned over its whole M range: its buckets at M = 96 and 128 are the row-tile rule's sub-wave grids,
+# with alternatives (at 4096x4096 narrow-n's tiles fill the SMs at M = 128 since 2026-11-29)
+WEIGHT = (4096, 8192)
+
+
 @pytest.fixture(scope="module")
 def weight_plan():
     """The plan of one weight for its whole M range (plan_pack: the policy, nothing built)."""
-    return kernel_pack.plan_pack([], ["float16"], sms=132, weights=[(4096, 4096)])
+    return kernel_pack.plan_pack([], ["float16"], sms=132, weights=[WEIGHT])
 
 
 def test_the_buckets_tile_the_whole_m_range():
@@ -150,12 +155,12 @@ def test_a_weight_without_m_is_planned_at_every_bucket(weight_plan):
     assert cells[0][0] == 1 and cells[-1][1] == 16384
     assert all(a[1] + 1 == b[0] for a, b in zip(cells, cells[1:])), cells
     assert len({i["file"] for i in weight_plan}) == len(weight_plan)
-    assert all(i["dynamic_m"] and "_anyMx4096x4096_" in i["file"] for i in weight_plan)
+    assert all(i["dynamic_m"] and "_anyMx4096x8192_" in i["file"] for i in weight_plan)
     for b in kernel_pack.M_BUCKETS:
         item, run = next((i, r) for i in weight_plan for r in i["served"]
                          if b in r["m_values"] and not r.get("alternative"))
-        choice = plan.choose(plan.Problem(b, 4096, 4096, "float16", "sm_90a", 132))
-        job = BuildJob(choice.rung, (b, 4096, 4096), {**choice.knobs, "dynamic_m": True})
+        choice = plan.choose(plan.Problem(b, *WEIGHT, "float16", "sm_90a", 132))
+        job = BuildJob(choice.rung, (b, *WEIGHT), {**choice.knobs, "dynamic_m": True})
         assert item["file"] == kernel_pack._name(job, True) + ".so", b
         assert run["m_range"][0] <= b <= run["m_range"][1]
 
@@ -182,7 +187,7 @@ def _planned_pack(folder: Path, items) -> KernelPack:
 
 @pytest.mark.parametrize("M", [1, 3, 100, 5000, 16384])
 def test_find_serves_any_m_of_a_weight_from_its_bucket(weight_plan, tmp_path, M):
-    found = _planned_pack(tmp_path / "pack", weight_plan).find(M, 4096, 4096, "float16", "sm_90a")
+    found = _planned_pack(tmp_path / "pack", weight_plan).find(M, *WEIGHT, "float16", "sm_90a")
     assert found.fit == "tuned-range" and _bucket_of(M) in found.entry["m_values"], (M, found.entry)
     assert f"M in {found.entry['m_range'][0]}..{found.entry['m_range'][1]}" in found.describe()
 
@@ -190,11 +195,11 @@ def test_find_serves_any_m_of_a_weight_from_its_bucket(weight_plan, tmp_path, M)
 def test_every_m_up_to_16384_is_a_tuned_range_fit_and_none_past_it(weight_plan, tmp_path):
     pk = _planned_pack(tmp_path / "pack", weight_plan)
     for M in range(1, 16385):
-        found = pk.find(M, 4096, 4096, "float16", "sm_90a")
+        found = pk.find(M, *WEIGHT, "float16", "sm_90a")
         assert found.fit == "tuned-range" and _bucket_of(M) in found.entry["m_values"], M
-    top = pk.find(16384, 4096, 4096, "float16", "sm_90a").entry
+    top = pk.find(16384, *WEIGHT, "float16", "sm_90a").entry
     for M, far in ((16385, False), (65536, False), (65537, True)):
-        found = pk.find(M, 4096, 4096, "float16", "sm_90a")
+        found = pk.find(M, *WEIGHT, "float16", "sm_90a")
         assert (found.fit, found.entry) == ("any-m", top)
         assert (front._far(found.entry, found.fit, M) is not None) == far, M
 
@@ -365,7 +370,7 @@ def test_a_pack_built_for_a_weight_tiles_its_m_range(tmp_path, monkeypatch):
     monkeypatch.setattr(module_cache, "get_or_build",
                         lambda job, root=None: real(job, root, build=stand_in_build, ident=IDENT))
     man = kernel_pack.build_pack(tmp_path / "pack", [], ["float16"], sms=132, workers=1,
-                                 cache_root=tmp_path / "cache", weights=[(4096, 4096)])
+                                 cache_root=tmp_path / "cache", weights=[WEIGHT])
     assert {r["status"] for r in man["results"]} == {"built"}
     pk = KernelPack(tmp_path / "pack")
     ranges = sorted(e["m_range"] for e in pk.modules if not kernel_pack.is_alternative(e))
@@ -446,12 +451,12 @@ def test_a_pack_built_with_a_retired_knob_set_is_refused(tmp_path):
 
 
 # -- alternatives beside a sub-wave choice (issue 30) -------------------------------------------
-SUB_WAVE = (128, 4096, 4096)  # and M = 96 of the same weight: one module of each kind serves both
+SUB_WAVE = (128, *WEIGHT)  # and M = 96 of the same weight: one module of each kind serves both
 
 
 @pytest.fixture(scope="module")
 def sub_wave_plan():
-    """128x4096x4096: the policy's v9 choice (row-tiles) runs 64 tiles on 132 SMs; plan.alternatives offers split K."""
+    """128x4096x8192: the policy's v9 choice (row-tiles) runs 64 tiles on 132 SMs; plan.alternatives offers split K."""
     return kernel_pack.plan_pack([(96, *SUB_WAVE[1:]), SUB_WAVE], ["float16"], sms=132)
 
 
