@@ -677,11 +677,6 @@ def l2_warm_cases(sms: int = 132) -> list[dict]:
     """The l2_warm set's timing cases (:data:`L2_WARM_EPILOGUES` x (the suite's and the held-out weights x
     :data:`SUITE_MS` up to :data:`L2_WARM_MAX_M`, and :data:`STREAM_SMALL_SAMPLES`) where the policy's bf16 module
     has ``pdl`` and its kernel can warm: ``now`` (the policy's knobs) and ``warm`` (with ``l2_warm=True``) at each."""
-    # the kernel's own reasons it cannot warm (an MN-major or gated B, a misaligned row), as the build would say
-    # pylint: disable=import-outside-toplevel
-    from gemm_ladder.rungs import make_config
-    from gemm_ladder.core.config import ConfigError
-
     shapes = [(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SUITE_MS if M <= L2_WARM_MAX_M]
     shapes += STREAM_SMALL_SAMPLES
     out = []
@@ -689,12 +684,9 @@ def l2_warm_cases(sms: int = 132) -> list[dict]:
         for M, N, K in shapes:
             p = plan.Problem(M, N, K, "bfloat16", "sm_90a", sms, spec_for("bfloat16", epilogue))
             choice = plan.choose(p)
-            if not choice.knobs.get("pdl"):
-                continue
-            try:
-                make_config(choice.rung, M, N, K, **{**choice.knobs, "spec": spec_for("bfloat16", epilogue),
-                                                     "l2_warm": True})
-            except ConfigError:
+            # the rung's validator says where the kernel cannot warm (an MN-major or gated B, a misaligned row)
+            if not choice.knobs.get("pdl") or plan._validate(  # pylint: disable=protected-access
+                    choice.rung, p, {**choice.knobs, "l2_warm": True}) is not None:
                 continue
             case = {"purpose": "time", "set": "split", "epilogue": epilogue, "dtype": "bfloat16", "shape": [M, N, K],
                     "held_out": (N, K) in HELD_OUT_BIAS_WEIGHTS}
