@@ -731,6 +731,61 @@ def test_a_split_n_fast_launch_reads_the_weight_as_it_is_now():
     assert kernel.weights == [(B.data_ptr(), (248, K))] * 3 and len(set(kept)) == 1 and not front._B_COPIES
 
 
+class RecordedGraph:
+    """A stand-in for :func:`front._capture_split`'s CUDA graph: what a replay does (the kernel and
+    torch's matmul on the buffers and weight it was captured with, read as they are at the replay)."""
+
+    def __init__(self, route, a_in, b, d_main, tail):
+        self.replays, Nk, b = 0, d_main.shape[1], weakref.ref(b)  # a graph holds B's address, not B
+        self.ops = lambda: (route.run(a_in, b()[:Nk], d_main), torch.mm(a_in, b()[Nk:].t(), out=tail))
+
+    def replay(self):
+        self.replays += 1
+        self.ops()
+
+
+def test_a_split_n_fast_launch_replays_one_graph_per_weight(monkeypatch):
+    """The fast path's split launch captures the kernel and torch's matmul once per weight (kept
+    by identity and address) and replays that graph on a copy of each call's A: a new A each call,
+    two weights in turn, one written in place (read as written), one moved to new memory (captured
+    again); past SPLIT_GRAPHS weights the launches go one by one, with nothing captured."""
+    captured = []
+
+    def capture(*args):
+        captured.append(RecordedGraph(*args))
+        return captured[-1]
+
+    monkeypatch.setattr(front, "_capture_split", capture)
+    monkeypatch.setattr(front, "SPLIT_GRAPHS", 3)
+    M, N, K = 6, 250, 64
+    kernel = EpilogueKernel()
+    route = front.Route(kernel, None, "test", "v9", {})
+    launch = front.padded_launch(route, M, N, K, layout_fixes(Layout(M, N, K, "float16")))
+    weights = [torch.randn(N, K).half() for _ in range(2)]
+
+    def call(B):
+        A, D = torch.randn(M, K).half(), torch.full((M, N), float("nan")).half()
+        assert launch(A, B, D) is D
+        torch.testing.assert_close(D.float(), A.float() @ B.float().T, rtol=2e-3, atol=2e-3)
+
+    for step in range(3):
+        if step == 2:
+            weights[0].mul_(-1)
+        for B in weights:
+            call(B)
+    assert len(captured) == 2 and [g.replays for g in captured] == [3, 3]
+    weights[1].data = torch.randn(N, K).half()  # the same Parameter-like object, new memory
+    call(weights[1])
+    assert len(captured) == 3 and captured[2].replays == 1
+    more = [torch.randn(N, K).half() for _ in range(2)]
+    call(more[0])  # a third weight beside the two: SPLIT_GRAPHS = 3 reached
+    call(more[1])  # a fourth: one by one
+    assert len(captured) == 3 + 1 and kernel.weights[-1] == (more[1].data_ptr(), (248, K))
+    del weights[0]  # a weight gone frees its place
+    call(more[1])
+    assert len(captured) == 5 and captured[-1].replays == 1
+
+
 def test_a_padded_launch_for_a_module_of_another_m_goes_the_checked_way():
     """A module built for a larger M (its rows past M zero): the kept scratch does not apply, the
     launch copies A into the module's rows as the checked path does."""

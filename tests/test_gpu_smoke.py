@@ -237,6 +237,25 @@ for shape in {shapes!r}:
         out.fill_(float("nan"))
         g.replay()
         check(out, f"graph replay {{step}}")
+    # repeated calls without strict= (GEMM_LADDER_STRICT=1 keeps ours): the fast path's launch, which
+    # replays the kernel and torch's matmul as one CUDA graph per weight on a kept copy of A: a new A
+    # each call, two weights in turn, one of them written in place after its graph was captured
+    W2 = torch.randn(N, K, device="cuda", dtype=torch.float16) / K ** 0.5
+    for step in range(3):
+        A = torch.randn(M, K, device="cuda", dtype=torch.float16)
+        if step == 2:
+            W.mul_(-1)
+        for weight, name in ((W, "W"), (W2, "W2")):
+            want = A.double() @ weight.double().T
+            theirs = (((A @ weight.T).double() - want).norm() / want.norm()).item()
+            for D in (gemm_ladder.matmul(A, weight), gemm_ladder.matmul(A, weight, out=poisoned())):
+                torch.cuda.synchronize()
+                err = ((D.double() - want).norm() / want.norm()).item()
+                assert not D.isnan().any() and err <= 2 * theirs + 1e-3, (shape, name, step, err, theirs)
+    launches = [hit[1] for hit in front._FAST.values() if isinstance(hit[1], front.PaddedLaunch)]
+    graphs = [g for launch in launches for kept in launch.scratch.values() for g in kept[4].values()]
+    assert len(graphs) >= 2 and all(g[2] is not None for g in graphs), graphs
+    print("SMOKE split graphs", shape, len(graphs))
     print("SMOKE split route", shape, route.lines[0])
 print("SMOKE split done")
 """
@@ -244,12 +263,13 @@ print("SMOKE split done")
 
 def test_matmul_with_a_split_n(smoke, tmp_path):
     """N = 1001 with K a multiple of 8: the pack's modules on the weight's first 1000 rows as they
-    lie and torch's matmul on the last (strict: ours must serve), eager, through the fast path, and
-    in a CUDA graph replayed after the weight was written in place, against an fp64 reference with
-    the output poisoned first."""
+    lie and torch's matmul on the last (strict: ours must serve), eager, through the fast path (its
+    CUDA graph per weight, two weights in turn, one written in place), and in a CUDA graph replayed
+    after the weight was written in place, against an fp64 reference with the output poisoned first."""
     out = _script(tmp_path, "split.py", SPLIT.format(shapes=smoke["split_shapes"]), smoke["pack"], strict=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SMOKE split route") == len(smoke["split_shapes"]) and "SMOKE split done" in out.stdout
+    assert out.stdout.count("SMOKE split graphs") == len(smoke["split_shapes"]), out.stdout
 
 
 BIAS = """

@@ -175,6 +175,31 @@ def test_bad_arguments_raise_with_the_signature(fresh):
     assert fresh.remember("A", B, None, None, 0, Counted(), print, 1, 1, 1) is False  # not a tensor: nothing kept
 
 
+@pytest.mark.parametrize("native_side", [True, False], ids=["cpp", "python"])
+@pytest.mark.parametrize("M,N,K", [(5, 19, 16), (1, 145, 24)])
+def test_split_tail_puts_torchs_last_columns_beside_the_kernels(table, monkeypatch, native_side, M, N, K):
+    """A split N's call after the kernel (``front.split_tail``): D's first Nk columns from D_main,
+    its last ones A . B[Nk:]^T, in place in D (the C++ twin and the Python one alike)."""
+    monkeypatch.setitem(front._NATIVE, "module", table if native_side else None)
+    A, B = r(M, K, dtype=torch.float32), r(N, K, dtype=torch.float32)
+    Nk = N - N % 8
+    d_main = torch.randn(M, Nk)  # what the kernel wrote: any values, copied as they are
+    D = torch.full((M, N), float("nan"))
+    front.split_tail(A, B, d_main, torch.empty(M, N - Nk), D)
+    assert torch.equal(D[:, :Nk], d_main)
+    torch.testing.assert_close(D[:, Nk:], A @ B[Nk:].t())
+
+
+def test_split_tail_refuses_parts_that_do_not_make_d(table):
+    A, B, D = r(4, 16), r(19, 16), r(4, 19)
+    with pytest.raises(ValueError, match="tail \\[M, N - Nk\\]"):
+        table.split_tail(A, B, r(4, 16), r(4, 2), D)
+    with pytest.raises(TypeError, match="takes tensors"):
+        table.split_tail(A, B, r(4, 16), r(4, 3), None)
+    with pytest.raises(TypeError, match="5 arguments"):
+        table.split_tail(A, B, D)
+
+
 def test_the_front_door_registers_a_checked_call_and_repeats_it_in_cpp(fresh, monkeypatch):
     """torch's route: the first call is checked and remembered in both tables; the next ones are
     answered by the C++ lookup (the Python key is never made again)."""

@@ -10,6 +10,9 @@
 // with the tensors of that call (the key is made here, the one encoding for both sides).
 //   kind 0 (torch's route): aten::linear(.out) into out; route.calls counted here.
 //   kind 1 (a kernel of ours): the Python callable `call(A, B, out, bias)`, after the checks.
+// split_tail(A, B, D_main, tail, D): the rest of a split N's call (front.PaddedLaunch._split) after
+// our kernel wrote D's first columns into D_main: torch's product of B's last rows into tail, then
+// both into D, two ATen calls without Python's argument parsing in between.
 // lookup(A, B, out, bias) returns D, or None when the call must take the checked path: no entry,
 // an operand that is not a plain torch.Tensor / nn.Parameter (subclasses have their own
 // __torch_function__), a torch function or dispatch mode active (fake tensors, tracing), grad
@@ -22,7 +25,9 @@
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <pybind11/pybind11.h>
@@ -153,6 +158,41 @@ PyObject* lookup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// split_tail(A, B, D_main, tail, D): tail = A . B[Nk:]^T, then D = [D_main | tail] (Nk: D_main's
+// columns). The caller (front.PaddedLaunch._split) made every tensor and checked them: A [M, K],
+// B [N, K], D_main [M, Nk], tail [M, N - Nk] and D [M, N], one GPU and dtype.
+PyObject* split_tail(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "split_tail(A, B, D_main, tail, D) takes 5 arguments");
+    return nullptr;
+  }
+  for (int i = 0; i < 5; ++i) {
+    if (!THPVariable_Check(args[i])) {
+      PyErr_SetString(PyExc_TypeError, "split_tail(A, B, D_main, tail, D) takes tensors");
+      return nullptr;
+    }
+  }
+  const at::Tensor& a = THPVariable_Unpack(args[0]);
+  const at::Tensor& b = THPVariable_Unpack(args[1]);
+  const at::Tensor& d_main = THPVariable_Unpack(args[2]);
+  at::Tensor tail = THPVariable_Unpack(args[3]);
+  at::Tensor d = THPVariable_Unpack(args[4]);
+  if (a.dim() != 2 || b.dim() != 2 || d_main.dim() != 2 || tail.dim() != 2 || d.dim() != 2 ||
+      d_main.size(1) + tail.size(1) != d.size(1) || b.size(0) != d.size(1)) {
+    PyErr_SetString(PyExc_ValueError, "split_tail: A [M, K], B [N, K], D_main [M, Nk], tail [M, N - Nk], D [M, N]");
+    return nullptr;
+  }
+  const int64_t nk = d_main.size(1);
+  {
+    pybind11::gil_scoped_release no_gil;
+    at::mm_out(tail, a, b.narrow(0, nk, b.size(0) - nk).t());
+    at::cat_out(d, {d_main, tail}, 1);
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 void drop(Entry& e) {
   Py_XDECREF(e.route);
   Py_XDECREF(e.call);
@@ -211,6 +251,8 @@ PyMethodDef methods[] = {
      "lookup(A, B, out, bias): D for a call like a remembered one, else None"},
     {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(remember)), METH_FASTCALL,
      "remember(A, B, out, bias, kind, route, call, a_bytes, b_bytes, d_bytes)"},
+    {"split_tail", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(split_tail)), METH_FASTCALL,
+     "split_tail(A, B, D_main, tail, D): tail = A . B[Nk:]^T, D = [D_main | tail]"},
     {"clear", clear, METH_NOARGS, "forget every entry"},
     {"size", size, METH_NOARGS, "entries remembered"},
     {nullptr, nullptr, 0, nullptr}};

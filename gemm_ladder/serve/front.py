@@ -1441,18 +1441,111 @@ class PaddedLaunch:
 
     def _split(self, a, b, d, where):
         """A split N (K aligned, the weight read as it lies): the kernel's first ``Nk`` columns into
-        a kept [M, Nk] D, torch's last few, and both into ``d`` by one ``torch.cat``."""
-        import torch  # pylint: disable=import-outside-toplevel
-
+        a kept [M, Nk] D, torch's last few into a kept [M, N - Nk] tail, and both into ``d`` by
+        one ``torch.cat``. The kernel and torch's matmul run as one CUDA graph per weight
+        (:meth:`_split_graph`, on a kept copy of A): launched one by one they cost the host more
+        than twice the kernel's time (:data:`SPLIT_GRAPHS`)."""
         Nk = self.fixes.N
         with self.lock:
             kept = self.scratch.get(where)
             if kept is None or kept[0] != a.dtype:
-                kept = self.scratch[where] = (a.dtype, a.new_empty((self.M, Nk)))
-            d_main = kept[1]
-            self.route.run(a, b[:Nk], d_main)
-            torch.cat((d_main, torch.mm(a, b[Nk:].t())), dim=1, out=d)
+                kept = self.scratch[where] = (a.dtype, a.new_empty((self.M, Nk)), a.new_empty((self.M, self.N - Nk)),
+                                              a.new_empty((self.M, self.K)), {})
+            _, d_main, tail, a_in, _ = kept
+            graph = self._split_graph(kept, b)
+            if graph is None:
+                self.route.run(a, b[:Nk], d_main)
+                split_tail(a, b, d_main, tail, d)
+                return d
+            a_in.copy_(a)
+            graph.replay()
+            _cat_into(d_main, tail, d)
             return d
+
+    def _split_graph(self, kept, b):
+        """The CUDA graph of a split call's kernel and torch's matmul on weight ``b`` (from the kept
+        A copy into the kept D and tail), captured at its first call (None: no graph, the launches
+        one by one). Kept per weight, found by identity and address: a replay reads the weight's
+        memory as it is then, so an in-place update is seen; a weight moved elsewhere
+        (``param.data = ...``) gets a new graph. At most :data:`SPLIT_GRAPHS` weights a scratch."""
+        graphs = kept[4]
+        hit = graphs.get(id(b))
+        if hit is not None and hit[0]() is b and hit[1] == b.data_ptr():
+            return hit[2]
+        for key in [k for k, v in graphs.items() if v[0]() is None or k == id(b)]:
+            del graphs[key]  # weights gone, and this one's graph of its old address
+        if len(graphs) >= SPLIT_GRAPHS:
+            return None
+        graph = _capture_split(self.route, kept[3], b, kept[1], kept[2])
+        graphs[id(b)] = (weakref.ref(b), b.data_ptr(), graph)
+        return graph
+
+
+# the weights a split N's kept scratch holds CUDA graphs for (PaddedLaunch._split_graph): a graph
+# replay with a copy of A costs GPT-2's LM head ~25 us of host less a call than the kernel and
+# torch's matmul launched one by one (benchmarks/results/2026-11-29_h200_split_n/); past this many
+# weights a call launches them one by one (no capture per call)
+SPLIT_GRAPHS = 4
+
+
+def _capture_split(route: Route, a_in, b, d_main, tail):
+    """A CUDA graph of ``d_main = a_in . b[:Nk]^T`` (the route's kernel) and ``tail = a_in .
+    b[Nk:]^T`` (torch), captured on a side stream (thread-local capture: other threads' CUDA work
+    goes on) after one run of both there, so that nothing is set up inside the capture (cuBLAS's
+    handle for that stream); None where capture fails (the call then launches them one by one).
+    Not ``torch.cuda.graph``: it synchronises the GPU, collects garbage and empties torch's cache
+    of free GPU memory at each capture."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if not b.is_cuda:
+        return None
+    Nk = d_main.shape[1]
+    here = torch.cuda.current_stream()
+    side = _CAPTURE_STREAMS.get(a_in.device.index)
+    if side is None:  # one a GPU: torch keeps a cuBLAS workspace for each stream that ran its matmul
+        side = _CAPTURE_STREAMS[a_in.device.index] = torch.cuda.Stream(device=a_in.device)
+    side.wait_stream(here)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            route.run(a_in, b[:Nk], d_main)  # warm-up on the capture stream (cuBLAS's handle for it)
+            torch.mm(a_in, b[Nk:].t(), out=tail)
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                route.run(a_in, b[:Nk], d_main)
+                torch.mm(a_in, b[Nk:].t(), out=tail)
+            finally:
+                graph.capture_end()
+    except Exception:  # pylint: disable=broad-except  (the direct launches then run, and raise what is wrong)
+        graph = None
+    here.wait_stream(side)
+    return graph
+
+
+_CAPTURE_STREAMS: dict = {}  # GPU index -> the side stream _capture_split captures on
+
+
+def _cat_into(d_main, tail, d) -> None:
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.cat((d_main, tail), dim=1, out=d)
+
+
+def split_tail(a, b, d_main, tail, d) -> None:
+    """The rest of a split N's call after our kernel wrote D's first ``Nk`` columns into ``d_main``:
+    ``tail = a . b[Nk:]^T`` by torch, then ``d = [d_main | tail]``. The C++ table's twin
+    (``fastpath.cpp``'s ``split_tail``) where it is loaded: the two torch calls from Python cost
+    this host-bound path about as much host time as its kernel takes on the GPU (GPT-2's LM head at
+    M = 16: 45-134 us calls over a 28 us kernel, the slow ones under ``F.linear``:
+    ``benchmarks/results/2026-11-29_h200_every_model_copies_pick/``)."""
+    native_tail = getattr(_NATIVE["module"], "split_tail", None)
+    if native_tail is not None:
+        native_tail(a, b, d_main, tail, d)
+        return
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.mm(a, b[d_main.shape[1]:].t(), out=tail)
+    torch.cat((d_main, tail), dim=1, out=d)
 
 
 def torch_linear(a, b, d, *extras) -> None:
