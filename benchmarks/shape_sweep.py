@@ -11,8 +11,9 @@ a captured model, not the queued timer's (cuBLAS may pick other kernels under ca
 ``gemm_ladder.measure.harness``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/shape_sweep.py prepare build/sweep     # build box
-    (``prepare --campaign focus`` / ``tiles64`` / ``stream`` / ``narrow``: the later campaigns,
-    :data:`FOCUS`, :data:`TILES64`, :func:`_stream`, :data:`NARROW`)
+    (``prepare --campaign focus`` / ``tiles64`` / ``stream`` / ``narrow`` / ``narrow_clusters`` / ``narrow_rings``:
+    the later campaigns, :data:`FOCUS`, :data:`TILES64`, :func:`_stream`, :data:`NARROW`, :data:`NARROW_CLUSTERS`,
+    :func:`_narrow_rings`)
     python3 benchmarks/shape_sweep.py run build/sweep --out out/sweep               # GPU box
 
 ``run`` writes ``OUT/sweep.jsonl`` as it goes (a hang loses only what is left; run it under
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -144,7 +146,53 @@ NARROW = {
                        ("v11", {**_T64, **_S, "pipe_depth": 12}),
                        ("v11", {**_T64, **_S, "pipe_depth": 8, "split_k": 2})],
 }
-CAMPAIGNS = {"focus": FOCUS, "tiles64": TILES64, "stream": _stream, "narrow": NARROW}
+# a sixth campaign: plan's narrow-n tiles (one row of tiles of all M rows, 32 or 48 columns) read all of A from L2
+# once per CTA, 128 MB at 128x4096x4096 against the weight's 34 MB. cuBLAS shares A there: 64x64 tiles at
+# 128x4096x4096, 4x1 clusters of 64x64 at 64x4544x4544 (benchmarks/results/2026-11-29_h200_narrow_n_ncu/). Candidates:
+# A multicast over 1x2 clusters, B shared by the two M tiles of 64 (cluster_m=2), and deeper rings
+_NC = {"stream_b": True, "pdl": True, "cluster_m": 1}
+_W32 = {**_NC, "blk_m": 128, "blk_n": 32, "epi_n": 32, "num_warpgroups": 2}
+_W48 = {**_NC, "blk_m": 64, "blk_n": 48, "epi_n": 48, "num_warpgroups": 1}
+_T6464 = {**_NC, "blk_m": 64, "blk_n": 64, "epi_n": 64, "num_warpgroups": 1}
+NARROW_CLUSTERS = {
+    (128, 4096, 4096): [("v9", {**_W32, "pipe_depth": 8, "cluster_n": 2}), ("v9", {**_W32, "pipe_depth": 10}),
+                        ("v9", {**_T6464, "pipe_depth": 12}), ("v9", {**_T6464, "pipe_depth": 12, "cluster_m": 2}),
+                        ("v9", {**_T6464, "pipe_depth": 12, "cluster_m": 2, "cluster_n": 2}),
+                        ("v9", {**_T6464, "pipe_depth": 8, "cluster_m": 2})],
+    **{(64, N, K): [("v9", {**_W48, "pipe_depth": 12}), ("v9", {**_W48, "pipe_depth": 12, "cluster_n": 2}),
+                    ("v9", {**_T6464, "pipe_depth": 13}), ("v9", {**_T6464, "pipe_depth": 13, "cluster_n": 2})]
+       for N, K in ((4544, 4544), (6144, 4096))},
+}
+
+
+def _narrow_rings() -> dict:
+    """A seventh campaign: every every-model weight where plan's narrow-n applies at M = 48, 64 and 128 (fp16), its
+    tiles with deeper rings (the sixth campaign's best at 64x4544x4544: 12 stages, 1.193 against 1.155x cuBLAS), and
+    at M = 128, where N fits two rows of 64x64 tiles in one wave, those tiles sharing B in 2x1 clusters (its best at
+    128x4096x4096: 1.010 against 0.973x)."""
+    from gemm_ladder.measure.every_model import all_cases
+    from gemm_ladder.serve.plan import Problem, _narrow_n, narrow_n_width
+
+    weights = sorted({(c["N"] - c["N"] % 8, c["K"]) for c in all_cases()})
+    out = {}
+    for N, K in weights:
+        for M in (48, 64, 128):
+            p = Problem(M, N, K, "float16", "sm_90a", 132)
+            if not _narrow_n(p):
+                continue
+            w = narrow_n_width(p)
+            if M <= 64:
+                out[(M, N, K)] = [("v9", {**_W48, "blk_n": w, "epi_n": w, "pipe_depth": d}) for d in (10, 12)]
+                continue
+            wide = {**_NC, "blk_m": 128, "blk_n": w, "epi_n": w, "num_warpgroups": 2}
+            out[(M, N, K)] = [("v9", {**wide, "pipe_depth": 10 if w == 32 else 9})]
+            if 2 * math.ceil(N / 64) <= p.sms:
+                out[(M, N, K)] += [("v9", {**_T6464, "cluster_m": 2, "pipe_depth": d}) for d in (6, 8, 10)]
+    return out
+
+
+CAMPAIGNS = {"focus": FOCUS, "tiles64": TILES64, "stream": _stream, "narrow": NARROW, "narrow_clusters": NARROW_CLUSTERS,
+             "narrow_rings": _narrow_rings}
 
 
 def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:
@@ -309,7 +357,8 @@ def main() -> int:
     p.add_argument("folder", type=Path)
     p.add_argument("--campaign", choices=sorted(CAMPAIGNS),
                    help="a later campaign (FOCUS: the second, TILES64: the third, _stream: the fourth, "
-                        "NARROW: the fifth) instead of the first")
+                        "NARROW: the fifth, NARROW_CLUSTERS: the sixth, _narrow_rings: the seventh) instead of the "
+                        "first")
     r = sub.add_parser("run")
     r.add_argument("folder", type=Path)
     r.add_argument("--out", type=Path, required=True)

@@ -759,6 +759,14 @@ NARROW_N_MOVED = "benchmarks/results/2026-11-29_h200_narrow_n_moved/README.md"
 NARROW_N_WIDTHS = (32, 48)  # of N a tile: the widths measured (64 is the row-tiles and swap rules' own)
 NARROW_N_MAX_K = 5120  # past it the split rules' modules won
 NARROW_N_MIN_FILL = 0.7  # of the SMs the tiles fill, at least (96 of 132 won at 128x3072x768)
+# Timed again over every every-model weight the rule takes at M = 48, 64 and 128 (NARROW_RINGS, fp16, as kernels in
+# CUDA graphs, two runs): with one consumer, 12 stages ran 1.015x the 8 in geomean at the 10 shapes (0.988x the least,
+# 48x5120x1280; 1.02-1.03x at 4544 and 4672 wide); at M = 128 where tiles 32 wide fit, 64x64 tiles in 2x1 clusters
+# (the pair of M tiles of one column shares B) ran 1.031x the 32-wide tiles of all 128 rows at the 8 shapes (1.002x
+# the least, 128x3840x1280; 1.07x at 128x3072x768, 1.04x at 128x4096x4096). Rings of 6 and 9 stages lost at every
+# shape (0.71-0.95x), 10 at all but 6144x4096 (0.81-1.01x); A multicast over 1x2 clusters lost (0.83-0.97x).
+NARROW_RINGS = "benchmarks/results/2026-11-29_h200_narrow_rings/README.md"
+NARROW_N_ONE_DEPTH = 12  # stages of the one-consumer tiles (NARROW_RINGS)
 
 
 def narrow_n_width(p: Problem) -> int:
@@ -781,13 +789,22 @@ def _narrow_n(p: Problem) -> bool:
 
 def _narrow_n_knobs(p: Problem) -> dict:
     width, two = narrow_n_width(p), p.M > 64
+    if two and width == 32:  # two rows of 64x64 tiles fit one wave: the pair of a column shares B (NARROW_RINGS)
+        knobs = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 2, "cluster_n": 1, "epi_n": 64,
+                 **STREAM_B}
+        return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
     knobs = {"blk_m": 128 if two else 64, "blk_n": width, "num_warpgroups": 2 if two else 1, "cluster_m": 1,
              "cluster_n": 1, "epi_n": width, **STREAM_B}
-    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
+    # one consumer: 12 stages where they fit (NARROW_RINGS: 9 and 10 lost 3-20% where 8 and 12 did not)
+    deep = 0 if two else _deepest("v9", p, knobs, NARROW_N_ONE_DEPTH)
+    return {**knobs, "pipe_depth": deep if deep == NARROW_N_ONE_DEPTH else _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
 
 
 def _narrow_n_detail(p: Problem) -> str:
     width = narrow_n_width(p)
+    if p.M > 64 and width == 32:
+        return (f"{2 * math.ceil(p.N / 64)} tiles of 64x64 in 2x1 clusters on {p.sms} SMs (32-wide tiles of all "
+                f"{p.M} rows: {math.ceil(p.N / 32)})")
     return f"{math.ceil(p.N / width)} tiles {width} wide on {p.sms} SMs (64-wide: {math.ceil(p.N / 64)})"
 
 
@@ -796,10 +813,12 @@ RULES: list[Rule] = [
          why=f"32 < M <= 64 or M = 128, K <= {NARROW_N_MAX_K}, whose tiles 48 wide (or 32, at M = 128) fit one wave "
              f"and fill {NARROW_N_MIN_FILL:.0%} of it (no residual, D in the inputs' dtype): one row of v9 tiles of "
              "all M rows (two consumers at 128) and the narrowest whole 16 columns of N that fit, no cluster, B "
-             "streamed",
+             f"streamed, {NARROW_N_ONE_DEPTH} stages with one consumer; at M = 128 where 32 columns fit, 64x64 tiles "
+             "instead, the two of a column in a 2x1 cluster sharing B",
          evidence=NARROW_N + ": 64x6144x4096 0.93 -> 1.04x cuBLAS, 128x4096x1024 0.95 -> 1.02x, 48x5120x1280 0.97 -> "
                   "1.04x; " + NARROW_N_MOVED + ": 1.052x the modules before it in geomean at the 46 pairs it takes "
-                  "(34 not fitted on: 1.052x), 0.984x the least",
+                  "(34 not fitted on: 1.052x), 0.984x the least; " + NARROW_RINGS + ": 12 stages 1.015x the 8 "
+                  "with one consumer, 64x64 tiles in 2x1 clusters 1.031x the 32-wide tiles at M = 128",
          detail=_narrow_n_detail),
     Rule("swap-ab-64", "sm_90a", "v11", when=_swap_64, knobs=_swap_narrow_knobs,
          why="32 < M <= 64 with N's 64-row tiles, times their split, in one wave (no residual, D in the inputs' "
