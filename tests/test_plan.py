@@ -1320,18 +1320,20 @@ def _swap_mid_variant(knobs: dict) -> str:
 # -- narrow-n: one row of tiles 32 or 48 wide at small M ---------------------------------------------------------------
 @pytest.mark.parametrize("M, N, K, epilogue, width", [
     (64, 6144, 4096, "none", 48), (48, 5120, 1280, "bias_gelu_tanh", 48), (33, 4544, 4544, "bias_relu", 48),
-    (128, 4096, 1024, "none", 32), (128, 3072, 768, "bias_gelu_tanh", 32), (128, 6144, 4096, "none", 48)])
+    (128, 4096, 1024, "none", 32), (128, 3072, 768, "bias_gelu_tanh", 32), (128, 4096, 4096, "bias_relu", 32),
+    (128, 6144, 4096, "none", 48)])
 def test_rule_narrow_n(M, N, K, epilogue, width):
     """32 < M <= 64 (tiles 48 wide) or M = 128 (32 or 48) with K <= 5120 whose tiles fill 70% of one wave: v9 with
     all M rows in one row of tiles (one consumer's 64 with a ring of 12, or two consumers' 128 with at most 8), the
     narrowest whole 16 columns of N whose tiles fit the SMs, no cluster, B streamed; at M = 128 where 32 columns
-    fit, 64x64 tiles instead, the two M tiles of a column in a 2x1 cluster; the module builds at a runtime M."""
+    fit, 64x64 tiles instead, the two M tiles of a column in a 2x1 cluster (with a bias or an activation only from
+    K = 2048: below it they lost to the 32-wide tiles); the module builds at a runtime M."""
     p = E(M, N, K, epilogue)
     c, k = built_choice(p, "narrow-n", "v9")
     two = M == 128
     tiles = -(-N // width)
     assert 0.7 * H100 <= tiles <= H100 < -(-N // (width - 16)) and k["stream_b"] is True and c.knobs["pdl"] is True
-    if two and width == 32:
+    if two and width == 32 and (epilogue == "none" or K >= plan.NARROW_N_PAIRS_EPI_K):
         assert (k["blk_m"], k["blk_n"], k["num_warpgroups"], k["epi_n"]) == (64, 64, 1, 64)
         assert (k["cluster_m"], k["cluster_n"], k["pipe_depth"]) == (2, 1, plan.MAX_SMALL_M_DEPTH)
         assert f"{2 * -(-N // 64)} tiles of 64x64 in 2x1 clusters on {H100} SMs" in c.why
@@ -1397,6 +1399,30 @@ def test_narrow_n_rings_agree_with_their_sweep():
             gains[k["cluster_m"] == 2].append(mine[0]["ratio_to_cublas"] / before[0]["ratio_to_cublas"])
     assert len(gains[True]) == 16 and _geomean(gains[True]) > 1.025 and min(gains[True]) > 0.98
     assert len(gains[False]) == 30 and _geomean(gains[False]) > 1.005 and min(gains[False]) > 0.98
+
+
+def test_narrow_n_pairs_with_an_epilogue_from_k_2048():
+    """Issue 31's epilogue suite run with the 64x64 pairs at M = 128 (bias+GELU and bias+ReLU): where K is under
+    NARROW_N_PAIRS_EPI_K they ran below the 32-wide tiles' run before (which the rule keeps there now), from it
+    above; plain calls take the pairs at every K (the narrow_rings sweep)."""
+    results = Path(__file__).parent.parent / "benchmarks" / "results"
+    now = json.loads((Path(__file__).parent.parent / plan.NARROW_PAIRS_EPI).with_name("epilogue_suite.json")
+                     .read_text())["rows"]
+    before = {(r["op"], r["M"], r["N"], r["K"]): r for r in json.loads(
+        (results / "2026-11-29_h200_epilogue_suite_narrow_n" / "epilogue_suite.json").read_text())["rows"]}
+    seen = {True: 0, False: 0}
+    for r in now:
+        if r["chosen_by"] != "narrow-n" or r["knobs"]["cluster_m"] != 2:
+            continue
+        old = before[(r["op"], r["M"], r["N"], r["K"])]
+        assert old["knobs"]["blk_n"] == 32 and r["M"] == 128
+        short = r["K"] < plan.NARROW_N_PAIRS_EPI_K
+        assert (r["kernel_ratio"] < old["kernel_ratio"]) == short, (r["op"], r["N"], r["K"])
+        k = plan.choose(E(r["M"], r["N"], r["K"], r["op"])).knobs
+        assert (k["blk_n"], k["cluster_m"]) == ((32, 1) if short else (64, 2))
+        assert plan.choose(P(r["M"], r["N"], r["K"], "bfloat16")).knobs["cluster_m"] == 2
+        seen[short] += 1
+    assert seen == {True: 4, False: 2}
 
 
 def test_narrow_n_on_the_shapes_it_moved():

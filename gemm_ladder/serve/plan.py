@@ -767,6 +767,12 @@ NARROW_N_MIN_FILL = 0.7  # of the SMs the tiles fill, at least (96 of 132 won at
 # shape (0.71-0.95x), 10 at all but 6144x4096 (0.81-1.01x); A multicast over 1x2 clusters lost (0.83-0.97x).
 NARROW_RINGS = "benchmarks/results/2026-11-29_h200_narrow_rings/README.md"
 NARROW_N_ONE_DEPTH = 12  # stages of the one-consumer tiles (NARROW_RINGS)
+# with bias+GELU and bias+ReLU (NARROW_PAIRS_EPI: issue 31's epilogue suite with them) the 64x64 pairs ran 1.02-1.05x
+# cuBLASLt's fused epilogue at 128x4096x1024 and 0.95-0.97x at 128x3072x768, where the 32-wide tiles over two
+# consumers had run 1.05-1.10x and 1.02x in the run before (2026-11-29_h200_epilogue_suite_narrow_n); at
+# 128x4096x4096 they gained (0.96 -> 0.97-0.99x). Below this K an epilogue keeps the 32-wide tiles
+NARROW_PAIRS_EPI = "benchmarks/results/2026-11-29_h200_epilogue_suite_narrow_rings/README.md"
+NARROW_N_PAIRS_EPI_K = 2048
 
 
 def narrow_n_width(p: Problem) -> int:
@@ -787,9 +793,17 @@ def _narrow_n(p: Problem) -> bool:
     return math.ceil(p.N / width) >= NARROW_N_MIN_FILL * p.sms
 
 
+def _narrow_n_pairs(p: Problem) -> bool:
+    """At M = 128 where 32 columns fit: 64x64 tiles, the two of a column in a 2x1 cluster sharing B (NARROW_RINGS),
+    but for a bias or an activation at K under NARROW_N_PAIRS_EPI_K, where the two consumers' 32-wide tiles kept it."""
+    if not (p.M > 64 and narrow_n_width(p) == 32):
+        return False
+    return p.spec is None or p.spec.epilogue == "none" or p.K >= NARROW_N_PAIRS_EPI_K
+
+
 def _narrow_n_knobs(p: Problem) -> dict:
     width, two = narrow_n_width(p), p.M > 64
-    if two and width == 32:  # two rows of 64x64 tiles fit one wave: the pair of a column shares B (NARROW_RINGS)
+    if _narrow_n_pairs(p):  # two rows of 64x64 tiles fit one wave: the pair of a column shares B (NARROW_RINGS)
         knobs = {"blk_m": 64, "blk_n": 64, "num_warpgroups": 1, "cluster_m": 2, "cluster_n": 1, "epi_n": 64,
                  **STREAM_B}
         return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
@@ -802,7 +816,7 @@ def _narrow_n_knobs(p: Problem) -> dict:
 
 def _narrow_n_detail(p: Problem) -> str:
     width = narrow_n_width(p)
-    if p.M > 64 and width == 32:
+    if _narrow_n_pairs(p):
         return (f"{2 * math.ceil(p.N / 64)} tiles of 64x64 in 2x1 clusters on {p.sms} SMs (32-wide tiles of all "
                 f"{p.M} rows: {math.ceil(p.N / 32)})")
     return f"{math.ceil(p.N / width)} tiles {width} wide on {p.sms} SMs (64-wide: {math.ceil(p.N / 64)})"
@@ -814,7 +828,8 @@ RULES: list[Rule] = [
              f"and fill {NARROW_N_MIN_FILL:.0%} of it (no residual, D in the inputs' dtype): one row of v9 tiles of "
              "all M rows (two consumers at 128) and the narrowest whole 16 columns of N that fit, no cluster, B "
              f"streamed, {NARROW_N_ONE_DEPTH} stages with one consumer; at M = 128 where 32 columns fit, 64x64 tiles "
-             "instead, the two of a column in a 2x1 cluster sharing B",
+             f"instead, the two of a column in a 2x1 cluster sharing B (with a bias or an activation from K = "
+             f"{NARROW_N_PAIRS_EPI_K})",
          evidence=NARROW_N + ": 64x6144x4096 0.93 -> 1.04x cuBLAS, 128x4096x1024 0.95 -> 1.02x, 48x5120x1280 0.97 -> "
                   "1.04x; " + NARROW_N_MOVED + ": 1.052x the modules before it in geomean at the 46 pairs it takes "
                   "(34 not fitted on: 1.052x), 0.984x the least; " + NARROW_RINGS + ": 12 stages 1.015x the 8 "
