@@ -32,7 +32,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 from gemm_ladder.core import files
 from gemm_ladder.measure import harness, isolate, suite
@@ -50,20 +49,8 @@ def _cpu() -> int:
         return int(f.read().rsplit(")", 1)[1].split()[36])
 
 
-def _host_us(fn, sets, calls: int = 30) -> float:
-    import torch  # pylint: disable=import-outside-toplevel
-
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for j in range(calls):
-        fn(*sets[j % len(sets)])
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
-
-
 def _step_host_us(front, sets, Nk: int) -> dict:
-    """Host us per call of each step of the split path (:func:`_host_us`), from the remembered
+    """Host us per call of each step of the split path (``harness.host_us``), from the remembered
     call's own launch (``front._FAST``) down to each torch call."""
     import torch  # pylint: disable=import-outside-toplevel
 
@@ -89,7 +76,7 @@ def _step_host_us(front, sets, Nk: int) -> dict:
         "slice": lambda a, b, o: b[:Nk],
     }
     steps = {k: v for k, v in steps.items() if v is not None}
-    return {name: _host_us(fn, sets) for name, fn in steps.items()}
+    return {name: harness.host_us(fn, sets, 30) for name, fn in steps.items()}
 
 
 def _profile(fn, sets, calls: int = 300) -> list:
@@ -158,7 +145,7 @@ def time_case(case_id: str, args) -> dict:
         for name in turn:
             samples[name] += suite.burst_samples(ways[name], sets, BURST, PER_ROUND, r)
     ms = {name: statistics.median(v) for name, v in samples.items()}
-    host = {name: _host_us(fn, sets) for name, fn in ways.items()}
+    host = {name: harness.host_us(fn, sets, 30) for name, fn in ways.items()}
     steps = _step_host_us(front, sets, Nk)
     native_loaded = getattr(front._NATIVE["module"], "split_tail", None) is not None  # pylint: disable=protected-access
     return {"status": "ok", **base, "M": M, "N": N, "K": K, "dtype": dtype, "cpu": _cpu(),
