@@ -1443,8 +1443,11 @@ class PaddedLaunch:
         """A split N (K aligned, the weight read as it lies): the kernel's first ``Nk`` columns into
         a kept [M, Nk] D, torch's last few into a kept [M, N - Nk] tail, and both into ``d`` by
         one ``torch.cat``. The kernel and torch's matmul run as one CUDA graph per weight
-        (:meth:`_split_graph`, on a kept copy of A): launched one by one they cost the host more
-        than twice the kernel's time (:data:`SPLIT_GRAPHS`)."""
+        (:meth:`_split_graph`, on a kept copy of A): launched one by one they cost the GPU box's host
+        39-70 us a call over a 28 us kernel at GPT-2's LM head, the graph 23-38
+        (``benchmarks/results/2026-11-29_h200_split_n/``)."""
+        import torch  # pylint: disable=import-outside-toplevel
+
         Nk = self.fixes.N
         with self.lock:
             kept = self.scratch.get(where)
@@ -1459,7 +1462,7 @@ class PaddedLaunch:
                 return d
             a_in.copy_(a)
             graph.replay()
-            _cat_into(d_main, tail, d)
+            torch.cat((d_main, tail), dim=1, out=d)
             return d
 
     def _split_graph(self, kept, b):
@@ -1502,12 +1505,14 @@ def _capture_split(route: Route, a_in, b, d_main, tail):
     Nk = d_main.shape[1]
     here = torch.cuda.current_stream()
     side = _CAPTURE_STREAMS.get(a_in.device.index)
-    if side is None:  # one a GPU: torch keeps a cuBLAS workspace for each stream that ran its matmul
+    if side is None:  # one per GPU: torch keeps a cuBLAS workspace for each stream that ran its matmul
         side = _CAPTURE_STREAMS[a_in.device.index] = torch.cuda.Stream(device=a_in.device)
     side.wait_stream(here)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.stream(side):
+        # one capture at a time (each PaddedLaunch has its own lock): a launch into the side stream
+        # while another thread captures on it would land in that thread's graph
+        with _CAPTURE_LOCK, torch.cuda.stream(side):
             route.run(a_in, b[:Nk], d_main)  # warm-up on the capture stream (cuBLAS's handle for it)
             torch.mm(a_in, b[Nk:].t(), out=tail)
             graph.capture_begin(capture_error_mode="thread_local")
@@ -1523,21 +1528,16 @@ def _capture_split(route: Route, a_in, b, d_main, tail):
 
 
 _CAPTURE_STREAMS: dict = {}  # GPU index -> the side stream _capture_split captures on
-
-
-def _cat_into(d_main, tail, d) -> None:
-    import torch  # pylint: disable=import-outside-toplevel
-
-    torch.cat((d_main, tail), dim=1, out=d)
+_CAPTURE_LOCK = threading.Lock()
 
 
 def split_tail(a, b, d_main, tail, d) -> None:
     """The rest of a split N's call after our kernel wrote D's first ``Nk`` columns into ``d_main``:
-    ``tail = a . b[Nk:]^T`` by torch, then ``d = [d_main | tail]``. The C++ table's twin
-    (``fastpath.cpp``'s ``split_tail``) where it is loaded: the two torch calls from Python cost
-    this host-bound path about as much host time as its kernel takes on the GPU (GPT-2's LM head at
-    M = 16: 45-134 us calls over a 28 us kernel, the slow ones under ``F.linear``:
-    ``benchmarks/results/2026-11-29_h200_every_model_copies_pick/``)."""
+    ``tail = a . b[Nk:]^T`` by torch, then ``d = [d_main | tail]``, where no graph is kept
+    (:meth:`PaddedLaunch._split_graph`). The C++ table's twin (``fastpath.cpp``'s ``split_tail``)
+    where it is loaded: it skips the two calls' Python argument parsing, 2-8 us of the GPU box's
+    host a call (``benchmarks/results/2026-11-29_h200_split_n/``, ``split_n_no_graph``); cuBLAS's own
+    host time for the one column, ~27 us there, stays."""
     native_tail = getattr(_NATIVE["module"], "split_tail", None)
     if native_tail is not None:
         native_tail(a, b, d_main, tail, d)

@@ -809,9 +809,10 @@ def _narrow_n_knobs(p: Problem) -> dict:
         return {**knobs, "pipe_depth": _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
     knobs = {"blk_m": 128 if two else 64, "blk_n": width, "num_warpgroups": 2 if two else 1, "cluster_m": 1,
              "cluster_n": 1, "epi_n": width, **STREAM_B}
-    # one consumer: 12 stages where they fit (NARROW_RINGS: 9 and 10 lost 3-20% where 8 and 12 did not)
-    deep = 0 if two else _deepest("v9", p, knobs, NARROW_N_ONE_DEPTH)
-    return {**knobs, "pipe_depth": deep if deep == NARROW_N_ONE_DEPTH else _deepest("v9", p, knobs, MAX_SMALL_M_DEPTH)}
+    cap = MAX_SMALL_M_DEPTH
+    if not two and _deepest("v9", p, knobs, NARROW_N_ONE_DEPTH) == NARROW_N_ONE_DEPTH:
+        cap = NARROW_N_ONE_DEPTH  # one consumer: 12 stages where they fit (NARROW_RINGS: 9 and 10 lost up to 19%)
+    return {**knobs, "pipe_depth": _deepest("v9", p, knobs, cap)}
 
 
 def _narrow_n_detail(p: Problem) -> str:
