@@ -61,7 +61,9 @@ changed, against the policy without that rule (``no_narrow``, ``no_small_split``
 plan's 8 stages (the deepest each candidate fits) beside the same candidates at 8, at M = 64 and 128 on the 4096-wide
 weights (no epilogue and bias+GELU) and swap AB's at M <= 16; ``--set swap64_moved``: the shapes plan's
 ``swap-ab-64`` and ``long-k-split`` move, against the policy without them (``no_swap64``); ``--set row64_moved``:
-the shapes plan's candidate ``ROW_TILES_64`` would move, the policy with it (``with_row64``) against the policy.
+the shapes plan's candidate ``ROW_TILES_64`` would move, the policy with it (``with_row64``) against the policy;
+``--set bias_stash``: the suite set, and where the policy's kernel loads the tile's bias into registers before its
+K loop (``epilogue.BiasStash``), the same module reading it where it is added (``read``).
 
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
@@ -378,7 +380,8 @@ def swap_mid_cases(sms: int = 132, narrow: bool = False) -> list[dict]:
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
              "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64",
-             "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more", "l2_warm", "narrow_n", "narrow_n_moved")
+             "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more", "l2_warm", "narrow_n", "narrow_n_moved",
+             "bias_stash")
 CHECK_TIMEOUT = 120.0
 
 
@@ -694,6 +697,25 @@ def l2_warm_cases(sms: int = 132) -> list[dict]:
     return out
 
 
+def bias_stash_cases(sms: int = 132) -> list[dict]:
+    """The bias_stash set's timing cases: the suite set's (:func:`suite_cases`, the policy's module, ``now``, whose
+    bias is loaded into registers before each tile's K loop where its kernel has a stash) and, where it has one, the
+    same knobs with ``bias_stash=False`` (``read``: each value read from global memory where it is added, after the
+    tile's last wgmma, as every kernel did before the stash)."""
+    from gemm_ladder.rungs import make_config, rung_module  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.sm90a import gemm  # pylint: disable=import-outside-toplevel
+
+    out = []
+    for case in suite_cases():
+        out.append({**case, "set": "bias_stash"})
+        p = plan.Problem(*case["shape"], "bfloat16", "sm_90a", sms, spec_for("bfloat16", case["epilogue"]))
+        choice = plan.choose(p)
+        if gemm.bias_stash_regs(make_config(choice.rung, *case["shape"], **choice.knobs),
+                                rung_module(choice.rung).PRESET):
+            out.append({**case, "set": "bias_stash", "variant": "read", "knobs": {"bias_stash": False}})
+    return out
+
+
 def narrow_width(M: int, N: int, sms: int = 132) -> int | None:
     """The narrowest whole 16 columns of N whose tiles (of 64 rows of M up to 64, else 128) fit one wave on ``sms``
     SMs, fewer than 256 wide (None: no such width)."""
@@ -860,6 +882,8 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
         return moved_cases("no_narrow_n", ("none", "bias_gelu_tanh"), sms, extra=sorted(later_sample_shapes() | extra))
     if which == "l2_warm":
         return l2_warm_cases(sms)
+    if which == "bias_stash":
+        return bias_stash_cases(sms)
     if which == "stream_small":
         return stream_small_cases(sms)
     if which == "swap_pairs":

@@ -91,13 +91,25 @@ class EpilogueOp:
     def bind(self, buffers: dict) -> "EpilogueOp":
         return self
 
-    def apply(self, value, reg, lane_id, n0):
-        return self.at_column(value, n0 + layouts.acc_fragment_coord(reg, 0, lane_id)[1])
+    @property
+    def stash(self) -> "BiasStash | None":
+        """The registers that hold the tile's bias (:class:`BiasStash`), where the op has a stashed bias."""
+        return None
 
-    def at_column(self, value, col):
+    def with_stash(self, stash: "BiasStash") -> "EpilogueOp":
+        """The op reading its bias from ``stash`` (:meth:`BiasStash.load` fills it each tile); no bias: itself."""
+        return self
+
+    def apply(self, value, reg, lane_id, n0):
+        stash = self.stash
+        return self.at_column(value, n0 + layouts.acc_fragment_coord(reg, 0, lane_id)[1],
+                              None if stash is None else stash.slot_of_acc(reg))
+
+    def at_column(self, value, col, slot=None):
         """``value``, an accumulator of D's column ``col``, as this op makes it (``apply`` finds
         the column from the m64nNk16 fragment; swap AB's transposed epilogue, whose fragment rows
-        are D's columns, gives it)."""
+        are D's columns, gives it). ``slot``: where the column's bias waits in the stash, if the op
+        has one (:class:`BiasStash`), else None."""
         return value
 
 
@@ -111,6 +123,7 @@ class BiasOp(EpilogueOp):
     kernel parameter by :func:`kernel_operands`; ``bind`` takes its buffer."""
 
     bias: object = None  # bias[N] in global memory (after bind)
+    stashed: "BiasStash | None" = None  # the tile's values in registers (with_stash), or read at each column
 
     def bind(self, buffers: dict) -> "BiasOp":
         if "bias" not in buffers:
@@ -118,7 +131,16 @@ class BiasOp(EpilogueOp):
                               "must declare the spec's operands (epilogue.kernel_operands)")
         return dataclasses.replace(self, bias=buffers["bias"])
 
-    def at_column(self, value, col):
+    @property
+    def stash(self) -> "BiasStash | None":
+        return self.stashed
+
+    def with_stash(self, stash: "BiasStash") -> "BiasOp":
+        return dataclasses.replace(self, stashed=stash)
+
+    def at_column(self, value, col, slot=None):
+        if slot is not None and self.stashed is not None:
+            return value + self.stashed.regs[slot]
         # a tile past N reads N's last value (the store clips those columns)
         return value + T.Cast("float32", self.bias[T.min(col, self.bias.shape[0] - 1)])
 
@@ -160,9 +182,16 @@ class ActivationOp(EpilogueOp):
     def bind(self, buffers: dict) -> "ActivationOp":
         return dataclasses.replace(self, inner=self.inner.bind(buffers))
 
-    def at_column(self, value, col):
+    @property
+    def stash(self) -> "BiasStash | None":
+        return self.inner.stash
+
+    def with_stash(self, stash: "BiasStash") -> "ActivationOp":
+        return dataclasses.replace(self, inner=self.inner.with_stash(stash))
+
+    def at_column(self, value, col, slot=None):
         x = tvm.tirx.Var("pre_act", "float32")
-        return tvm.tirx.Let(x, self.inner.at_column(value, col), ACTIVATION_EXPRS[self.act](x))
+        return tvm.tirx.Let(x, self.inner.at_column(value, col, slot), ACTIVATION_EXPRS[self.act](x))
 
 
 @dataclass(frozen=True)
@@ -183,8 +212,15 @@ class ScaledOp(EpilogueOp):
                               "must declare the spec's operands (epilogue.kernel_operands)")
         return dataclasses.replace(self, op=self.op.bind(buffers), alpha=buffers["alpha"])
 
-    def at_column(self, value, col):
-        return self.op.at_column(value * self.alpha, col)
+    @property
+    def stash(self) -> "BiasStash | None":
+        return self.op.stash
+
+    def with_stash(self, stash: "BiasStash") -> "ScaledOp":
+        return dataclasses.replace(self, op=self.op.with_stash(stash))
+
+    def at_column(self, value, col, slot=None):
+        return self.op.at_column(value * self.alpha, col, slot)
 
 
 def op_of(cfg: GemmConfig, default: EpilogueOp = NO_OP) -> EpilogueOp:
@@ -195,6 +231,73 @@ def op_of(cfg: GemmConfig, default: EpilogueOp = NO_OP) -> EpilogueOp:
     op = BiasOp() if spec.bias else default
     op = op if spec.act == "none" else ActivationOp(spec.act, op)
     return ScaledOp(op) if spec.alpha else op
+
+
+def _bias_of(op: EpilogueOp):
+    """The bias buffer inside ``op`` (a bound :class:`BiasOp`, alone or wrapped), or None."""
+    while op is not None and not isinstance(op, BiasOp):
+        op = getattr(op, "inner", None) or getattr(op, "op", None)
+    return None if op is None else op.bias
+
+
+BIAS_STASH_REGS = 64  # the most registers a thread gives to the stash: blk_n <= 256 (a quarter of its columns)
+
+
+def bias_stash_regs(cfg: GemmConfig, plan: HopperPlan, transposed: bool, under: bool) -> int:
+    """Registers of a thread's :class:`BiasStash` for this kernel, 0 for none: a 16-bit kernel with a
+    bias whose epilogue runs after the tile's last wgmma (not ``epi_under``, whose conversion to pairs
+    issues its loads together), not gated, and at most :data:`BIAS_STASH_REGS` of them. A thread holds
+    a quarter of the tile's columns (two per eight), or under swap AB two rows of N per 64-row atom."""
+    spec = spec_of(cfg)
+    if not dict(cfg.extra).get("bias_stash", True):  # the optional knob, off: read where added (to measure it)
+        return 0
+    if not spec.bias or spec.gated or under or cfg.dtype not in ("float16", "bfloat16"):
+        return 0
+    regs = 2 * plan.m_atoms if transposed else plan.n_regs // 2
+    return regs if regs <= BIAS_STASH_REGS else 0
+
+
+@dataclass(frozen=True)
+class BiasStash:
+    """The bias of the columns a thread's accumulators hold, loaded into registers before the tile's K
+    loop (:meth:`load`), so that the epilogue adds it with no trip to memory after the last wgmma: read
+    where it is added (:meth:`BiasOp.at_column` without a stash), each value waits a global load's
+    latency after the consumer's barrier, once per 16 columns, since each ``stmatrix`` (a memory clobber)
+    holds the next loads back. TVM has no register-resident broadcast operand, hence this small class.
+
+    ``slot_of_acc(reg)``: the slot of accumulator ``reg`` of the m64nN fragment (its column
+    ``8 (reg // 4) + 2 (lane % 4) + reg % 2``: two columns of each eight). Under swap AB
+    (``transposed``), the fragment's rows are D's columns: ``slot_of_row(atom, reg)``, two rows of N
+    per 64-row atom (``16 warp + lane // 4`` and 8 past it)."""
+
+    regs: object  # float32[count] local
+    count: int
+    transposed: bool
+    warp_id: object
+    lane_id: object
+
+    def slot_of_acc(self, reg) -> int:
+        return (reg // 4) * 2 + reg % 2
+
+    def slot_of_row(self, atom: int, reg) -> int:
+        return atom * 2 + (reg % 4) // 2
+
+    def column(self, slot: int, n0):
+        """D's column of ``slot`` in the tile (or under swap AB, the consumer's rows) from ``n0``."""
+        if self.transposed:
+            return n0 + WG_M * (slot // 2) + 16 * self.warp_id + self.lane_id // 4 + 8 * (slot % 2)
+        return n0 + 8 * (slot // 2) + 2 * (self.lane_id % 4) + slot % 2
+
+    def load(self, op: EpilogueOp, n0) -> None:
+        """The tile's values from ``op``'s bias, its columns from ``n0`` (past N: N's last value)."""
+        _load_stash(self, _bias_of(op), n0)
+
+
+@T.inline
+def _load_stash(stash, bias, n0):
+    for s in T.unroll(stash.count):
+        col = T.meta_var(stash.column(s, n0))
+        stash.regs[s] = T.Cast("float32", bias[T.min(col, bias.shape[0] - 1)])
 
 
 @dataclass(frozen=True)
@@ -611,7 +714,8 @@ def acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed,
                 # matrix h4 of the x4 store: block 2ip + h4//2, N half h4%2
                 r = T.meta_var(a * NR + (2 * ip + h4 // 2) * 4 + (h4 % 2) * 2)
                 n = T.meta_var(n_first + a * WG_M + layouts.acc_fragment_coord(r % NR, warp_id, lane_id)[0])
-                T.ptx[pack_op(plan.cfg)](packed[h4], op.at_column(Dreg[r + 1], n), op.at_column(Dreg[r], n))
+                slot = T.meta_var(None if op.stash is None else op.stash.slot_of_row(a, r % NR))
+                T.ptx[pack_op(plan.cfg)](packed[h4], op.at_column(Dreg[r + 1], n, slot), op.at_column(Dreg[r], n, slot))
             # lane 8*mat + q: row q of matrix mat (block 2ip + mat//2, half mat%2)
             row, col = T.meta_var(layouts.stmatrix_trans_row(2 * ip + mat // 2, mat % 2, warp_id, q))
             T.ptx.stmatrix.sync.aligned.m8n8.x4.trans.shared.b16(
@@ -621,7 +725,8 @@ def acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed,
             for h in T.unroll(2):
                 r = T.meta_var(a * NR + (MB - 1) * 4 + h * 2)
                 n = T.meta_var(n_first + a * WG_M + layouts.acc_fragment_coord(r % NR, warp_id, lane_id)[0])
-                T.ptx[pack_op(plan.cfg)](packed[h], op.at_column(Dreg[r + 1], n), op.at_column(Dreg[r], n))
+                slot = T.meta_var(None if op.stash is None else op.stash.slot_of_row(a, r % NR))
+                T.ptx[pack_op(plan.cfg)](packed[h], op.at_column(Dreg[r + 1], n, slot), op.at_column(Dreg[r], n, slot))
             # x2: lanes 0-15 give the rows of the two matrices (the others' addresses unused)
             row1, col1 = T.meta_var(layouts.stmatrix_trans_row(MB - 1, mat % 2, warp_id, q))
             T.ptx.stmatrix.sync.aligned.m8n8.x2.trans.shared.b16(

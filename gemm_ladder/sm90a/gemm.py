@@ -198,6 +198,13 @@ def _store_sums(epi, sums, scales, m0, n0, chunk_it) -> None:
     epi.store_tile(sums, m0, n0, chunk_it)
 
 
+def bias_stash_regs(cfg: GemmConfig, preset: Preset) -> int:
+    """Registers a consumer thread of ``preset``'s kernel for ``cfg`` gives to its bias stash
+    (:class:`epilogue.BiasStash`, :func:`epilogue.bias_stash_regs`), 0 where it has none."""
+    under = not preset.split_k and common.epi_under(cfg)
+    return epilogue.bias_stash_regs(cfg, preset.plan(cfg), preset.epilogue == "transposed", under)
+
+
 def kernel(cfg: GemmConfig, preset: Preset):
     """The preset's kernel for ``cfg`` (validated by ``rungs.make_config``), a ``T.prim_func``."""
     plan = preset.plan(cfg)
@@ -255,6 +262,9 @@ def kernel(cfg: GemmConfig, preset: Preset):
     gated = spec_of(cfg).gated  # B = cat([W_gate, W_up]): D = act(gate) * up, N / 2 columns
     pdl = common.pdl(cfg)  # launched as a programmatic dependent of the kernel before it (common.with_pdl)
     warm = common.l2_warm(cfg)  # with pdl: B's first slices asked of L2 before the wait (producer.warm_l2)
+    transposed = preset.epilogue == "transposed"
+    stash_regs = bias_stash_regs(cfg, preset)  # the tile's bias loaded into registers before its K loop
+    stashing = stash_regs > 0
 
     def backwards(load_it):
         # k_zigzag: this CTA's odd tiles start on the K panels its even tiles ended on
@@ -431,6 +441,12 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                       unroll=fp8.unroll_k(cfg), stagger=fp8.stagger(cfg), consumer=c,
                                       halves=fp8.HalfPlan(cfg) if halves else None,
                                       desc_b_half=desc_b_half if halves else None))
+            if stashing:
+                Breg = T.alloc_local((stash_regs,), "float32")  # the tile's bias (epilogue.BiasStash)
+            stash = T.meta_var(epilogue.BiasStash(regs=Breg, count=stash_regs, transposed=transposed, warp_id=warp_id,
+                                                  lane_id=lane_id) if stashing else None)
+            # the first column of this consumer's part of the tile (under swap AB its rows of N are D's columns)
+            stash_n0 = T.meta_var(c * rows_per_wg if transposed else 0)
             if preset.epilogue == "transposed":
                 epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                     warp_id=warp_id, lane_id=lane_id, packed=packed, op=epi_op))
@@ -441,6 +457,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                                  residual=epilogue.ResidualRead.of(
                                                      cfg, g, c_ready if residual else None,
                                                      c_pairs if residual else None), gated=gated))
+            # the whole tiles' epilogue: its bias from the stash, loaded before each tile's K loop
+            epi_tiles = T.meta_var(dataclasses.replace(epi, op=epi_op.with_stash(stash)) if stashing else epi)
             if lanes > 1:
                 hand_over = T.meta_var(kconsumers.HandOver(buf=Rsmem, regs=acc_regs, thread=wtid, owner=c,
                                                            owners=consumers))
@@ -498,12 +516,16 @@ def kernel(cfg: GemmConfig, preset: Preset):
                     mma.run(it, nk, sched.m_start(ts.m_idx) + wg_row0, sched.n_start(n_col))
                 elif lanes > 1:
                     # k_consumers: this lane's slices, then lane 1's sums into lane 0's (kconsumers.py)
+                    if stashing:
+                        stash.load(epi_op, sched.n_start(n_col) + stash_n0)
                     if c_prefetch:
                         if lane == 0:
                             epi.prefetch_c(sched.m_start(ts.m_idx), sched.n_start(n_col), epi_it)
                     mma.run(it // lanes, nk // lanes)
                     hand_over.meet(mma.sums, lane)
                 else:
+                    if stashing:
+                        stash.load(epi_op, sched.n_start(n_col) + stash_n0)
                     if c_prefetch:
                         # the tile's first C chunk lands under its K loop (epilogue.ResidualRead)
                         epi.prefetch_c(sched.m_start(ts.m_idx), sched.n_start(n_col), epi_it)
@@ -523,15 +545,15 @@ def kernel(cfg: GemmConfig, preset: Preset):
                             parts.take_units(counter)
                         else:
                             parts.sum_units(counter, units_per_tile)
-                        _store_sums(epi, mma.sums, sum_scales, m_st, n_st, epi_it)
+                        _store_sums(epi_tiles, mma.sums, sum_scales, m_st, n_st, epi_it)
                         if preset.epilogue == "chunked":
                             epi_it = epi_it + epi.chunks_per_tile
                 elif lanes > 1:
                     if lane == 0:  # k_consumers: lane 0 stores the tile
-                        _store_sums(epi, mma.sums, sum_scales, m_st, n_st, epi_it)
+                        _store_sums(epi_tiles, mma.sums, sum_scales, m_st, n_st, epi_it)
                         epi_it = epi_it + epi.chunks_per_tile
                 elif not under:
-                    _store_sums(epi, mma.sums, sum_scales, m_st, n_st, epi_it)
+                    _store_sums(epi_tiles, mma.sums, sum_scales, m_st, n_st, epi_it)
                     if preset.epilogue == "chunked":
                         epi_it = epi_it + epi.chunks_per_tile
                 ts.next_tile()

@@ -147,8 +147,8 @@ KNOBS = gemm.knob_defaults(V10Knobs)
 # every other v10 module stay as they were): where a tile's split-K units meet (``splitk``: a slot
 # each, summed in split order by the last, or one slot they all add into with red.global.add); fp8's
 # overlapped promotion unrolled over a unit's slices where a split divides them (v9's unroll_k, fp8.unroll_k);
-# pdl's L2 warm-up of the weight (producer.warm_l2)
-OPTIONAL_KNOBS = {"reduce": splitk.REDUCE_MODES[0], "unroll_k": False, "l2_warm": False}
+# pdl's L2 warm-up of the weight (producer.warm_l2); v9's bias_stash (epilogue.BiasStash, on by default)
+OPTIONAL_KNOBS = {"reduce": splitk.REDUCE_MODES[0], "unroll_k": False, "l2_warm": False, "bias_stash": True}
 CONSUMERS = (1, 2, 3)
 # what the tuner tries beyond the defaults (gemm_ladder.tune.space)
 TUNE_CHOICES = {"split_k": (1, 2, 3, 4, 6, 8), "stream_k": (False, True)}

@@ -82,8 +82,8 @@ class V11Knobs:
 
 KNOBS = gemm.knob_defaults(V11Knobs)
 # knobs taken anywhere, kept only away from their defaults (``rungs.make_config``): pdl's L2 warm-up of the
-# weight's first slices (producer.warm_l2)
-OPTIONAL_KNOBS = {"l2_warm": False}
+# weight's first slices (producer.warm_l2); v9's bias_stash (epilogue.BiasStash, on by default)
+OPTIONAL_KNOBS = {"l2_warm": False, "bias_stash": True}
 BLK_M_CHOICES = common.SWAP_BLK_M  # M is wgmma's N
 # the operand spec's epilogues this preset builds (gemm_ladder.core.spec): a bias per column of D, an
 # activation and alpha, on each value as the transposed epilogue stages it (its column of D is a row of the

@@ -190,9 +190,11 @@ FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT, "st
 # keys of other modules stay as they were): fp8 block scales staged by plain bulk copies (fp8.stage_bulk),
 # fp8's promotion groups in two half-width wgmma groups (fp8.halves: a 128x256 tile with its promotion),
 # a second consumer on each consumer's rows taking alternate K slices (kconsumers.py), fp8's overlapped
-# promotion unrolled over the whole tile (fp8.unroll_k), pdl's L2 warm-up of the weight (producer.warm_l2)
+# promotion unrolled over the whole tile (fp8.unroll_k), pdl's L2 warm-up of the weight (producer.warm_l2), and,
+# on by default, a 16-bit bias epilogue's values loaded into registers before the tile's K loop (epilogue.BiasStash;
+# bias_stash=False reads them where they are added, as before: kept to measure the stash against)
 OPTIONAL_KNOBS = {"stage_bulk": False, "stage_bulk_split": False, "halves": False, "k_consumers": 1,
-                  "k_halves": False, "unroll_k": False, "l2_warm": False}
+                  "k_halves": False, "unroll_k": False, "l2_warm": False, "bias_stash": True}
 FP8_DEFAULTS = {"blk_k": 128, "blk_n": 128}  # one 128-byte swizzle row of fp8; room for the promoted sums
 # knobs of its residual kernels only (the spec's ``residual``; ``rungs.make_config`` adds them there, as
 # FP8_KNOBS): the residual's C loaded ahead (epilogue.ResidualRead), the first chunk under the K loop
