@@ -251,7 +251,7 @@ def bias_stash_regs(cfg: GemmConfig, plan: HopperPlan, transposed: bool, under: 
     spec = spec_of(cfg)
     if not dict(cfg.extra).get("bias_stash", True):  # the optional knob, off: read where added (to measure it)
         return 0
-    if not spec.bias or spec.gated or under or cfg.dtype not in ("float16", "bfloat16"):
+    if not spec.bias or spec.gated or under or spec.is_fp8:  # fp8's promoted sums hold registers enough
         return 0
     regs = 2 * plan.m_atoms if transposed else plan.n_regs // 2
     return regs if regs <= BIAS_STASH_REGS else 0
