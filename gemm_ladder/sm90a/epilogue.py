@@ -240,14 +240,17 @@ def _bias_of(op: EpilogueOp):
     return None if op is None else op.bias
 
 
-BIAS_STASH_REGS = 64  # the most registers a thread gives to the stash: blk_n <= 256 (a quarter of its columns)
+# the most registers a thread gives to the stash (a quarter of the tile's columns): blk_n <= 192. On the 256-wide tiles
+# (v10's stream-K, 64 registers) it measured 0.971-1.016x the reads, 0.999 in geomean over 10 cases; 1.005-1.045 on
+# the narrower ones (benchmarks/results/2026-11-29_h200_bias_stash/)
+BIAS_STASH_REGS = 48
 
 
 def bias_stash_regs(cfg: GemmConfig, plan: HopperPlan, transposed: bool, under: bool) -> int:
     """Registers of a thread's :class:`BiasStash` for this kernel, 0 for none: a 16-bit kernel with a
     bias whose epilogue runs after the tile's last wgmma (not ``epi_under``, whose conversion to pairs
-    issues its loads together), not gated, and at most :data:`BIAS_STASH_REGS` of them. A thread holds
-    a quarter of the tile's columns (two per eight), or under swap AB two rows of N per 64-row atom."""
+    issues its loads together), not gated, not fp8, and at most :data:`BIAS_STASH_REGS` of them. A thread
+    holds a quarter of the tile's columns (two per eight), or under swap AB two rows of N per 64-row atom."""
     spec = spec_of(cfg)
     if not dict(cfg.extra).get("bias_stash", True):  # the optional knob, off: read where added (to measure it)
         return 0
