@@ -63,7 +63,8 @@ weights (no epilogue and bias+GELU) and swap AB's at M <= 16; ``--set swap64_mov
 ``swap-ab-64`` and ``long-k-split`` move, against the policy without them (``no_swap64``); ``--set row64_moved``:
 the shapes plan's candidate ``ROW_TILES_64`` would move, the policy with it (``with_row64``) against the policy;
 ``--set bias_stash``: the suite set, and where the policy's kernel loads the tile's bias into registers before its
-K loop (``epilogue.BiasStash``), the same module reading it where it is added (``read``).
+K loop (``epilogue.BiasStash``), the same module reading it where it is added (``read``); ``--set tile224_moved``:
+every shape plan's ``tile-224`` moves, against the policy without it (``no_tile224``).
 
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
@@ -381,8 +382,12 @@ CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
              "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64",
              "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more", "l2_warm", "narrow_n", "narrow_n_moved",
-             "bias_stash")
+             "bias_stash", "tile224_moved")
 CHECK_TIMEOUT = 120.0
+# plan's tile-224 (128x224 tiles where their waves fill better, ``prepare --set tile224_moved``): every shape of the
+# suite, the held-out weights and every every-model sample it moves, no epilogue and bias+GELU, the policy with it
+# (``now``) against the policy without it (``no_tile224``)
+TILE_224_RULE = "tile-224"
 
 
 def cases() -> list[dict]:
@@ -477,6 +482,8 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name != NARROW_N_RULE]
     if variant == "no_swap_mid":
         return [r for r in plan.RULES if r.name != SWAP_MID_RULE]
+    if variant == "no_tile224":
+        return [r for r in plan.RULES if r.name != TILE_224_RULE]
     if variant == ROW64_VARIANT:
         return plan.with_row_tiles_64()
     return None
@@ -884,6 +891,12 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
         return l2_warm_cases(sms)
     if which == "bias_stash":
         return bias_stash_cases(sms)
+    if which == "tile224_moved":
+        from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as later_sample_shapes)
+
+        extra = {(c["M"], c["N"], c["K"]) for c in every_model.all_cases()}
+        extra |= {(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SUITE_MS}
+        return moved_cases("no_tile224", ("none", "bias_gelu_tanh"), sms, extra=sorted(extra))
     if which == "stream_small":
         return stream_small_cases(sms)
     if which == "swap_pairs":

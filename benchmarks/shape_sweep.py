@@ -11,9 +11,9 @@ a captured model, not the queued timer's (cuBLAS may pick other kernels under ca
 ``gemm_ladder.measure.harness``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/shape_sweep.py prepare build/sweep     # build box
-    (``prepare --campaign focus`` / ``tiles64`` / ``stream`` / ``narrow`` / ``narrow_clusters`` / ``narrow_rings``:
-    the later campaigns, :data:`FOCUS`, :data:`TILES64`, :func:`_stream`, :data:`NARROW`, :data:`NARROW_CLUSTERS`,
-    :func:`_narrow_rings`)
+    (``prepare --campaign focus`` / ``tiles64`` / ``stream`` / ``narrow`` / ``narrow_clusters`` / ``narrow_rings`` /
+    ``wide_mid``: the later campaigns, :data:`FOCUS`, :data:`TILES64`, :func:`_stream`, :data:`NARROW`,
+    :data:`NARROW_CLUSTERS`, :func:`_narrow_rings`, :data:`WIDE_MID`)
     python3 benchmarks/shape_sweep.py run build/sweep --out out/sweep               # GPU box
 
 ``run`` writes ``OUT/sweep.jsonl`` as it goes (a hang loses only what is left; run it under
@@ -191,8 +191,24 @@ def _narrow_rings() -> dict:
     return out
 
 
+# an eighth campaign: the weakest of issue 31's suite cases after the bias stash (../results/2026-11-29_h200_bias_stash/),
+# the wide weights at M = 64-512. Swap AB's weight tiles stream 1 MB of B per tile and read A's as much again from L2:
+# A shared by multicast over 1x2 clusters, or 256 rows of N a tile (A read half as often). At 512x28672x4096 v10's
+# 128x256 tiles make 3.4 waves (stream-K splits the last); 128x224 tiles make 512, 3.9 waves, with no split
+_SW = {"split_k": 1, "stream_b": True}
+_W224 = {"blk_m": 128, "blk_n": 224, "pdl": True}
+WIDE_MID = {
+    **{(M, N, 4096): [("v11", {**_SW, "blk_m": M, "blk_n": 128, "pipe_depth": 8 if M == 64 else 6, "cluster_n": 2}),
+                      ("v11", {**_SW, "blk_m": M, "blk_n": 256, "num_warpgroups": 2, "pipe_depth": 4 if M == 64 else 3}),
+                      ("v11", {**_SW, "blk_m": M, "blk_n": 256, "num_warpgroups": 2, "pipe_depth": 4 if M == 64 else 3,
+                               "cluster_n": 2})]
+       for M, N in ((64, 128256), (128, 128256), (64, 28672))},
+    (512, 28672, 4096): [("v9", {**_W224, "epi_n": 32, "pipe_depth": 4}), ("v9", {**_W224, "epi_n": 112, "pipe_depth": 3}),
+                         ("v9", {**_W224, "epi_n": 32, "pipe_depth": 4, "cluster_m": 1}),
+                         ("v9", {**_W224, "epi_n": 32, "pipe_depth": 4, "epi_under": True})],
+}
 CAMPAIGNS = {"focus": FOCUS, "tiles64": TILES64, "stream": _stream, "narrow": NARROW, "narrow_clusters": NARROW_CLUSTERS,
-             "narrow_rings": _narrow_rings}
+             "narrow_rings": _narrow_rings, "wide_mid": WIDE_MID}
 
 
 def _units_ok(rung: str, M: int, N: int, knobs: dict, sms: int = 132) -> bool:

@@ -40,6 +40,10 @@ v9's defaults)::
                                                        makespan, the deepest ring (<= 8)         allow stream B at once
     swap-ab-128       64 < M <= 128                    v11: blk_m 128, blk_n 128, split_k        as swap-ab, for B too
                                                        until 96 CTAs stream B                    large for row-tiles
+    tile-224          M > 128 and 128x224 tiles finish v9: 128x224 tiles, epi_n 32, depth 4,     224 columns fill the
+                      3% sooner than 128x256's, the    2x1 cluster; epi_under where tiles > SMs  waves where 256 leave
+                      other tiles' and stream-K's                                                a ragged last one
+                      (makespan)
     stream-k          M > 128, a partial last wave     v10 stream_k: v9's tiles, the last        the last wave's idle SMs
                       of 2x1 clusters, and stream-K    wave's K slices dealt out over every      outweigh two meets of
                       finishes >= 1% sooner than the   cluster                                   partial sums a CTA
@@ -157,7 +161,7 @@ class Problem:
 # v9's kernel-only rate per tile shape, relative to 128x256, where waves do not matter (many
 # of them): 8192x28672x4096 0.99 / 0.86, 8192x4096x4096 0.98 / 0.89, 512x128256x4096 1.02 / 0.88
 # (128x192 / 128x128; benchmarks/results/2026-11-22_h100_shape_sweep/)
-TILE_RATE = {(128, 256): 1.0, (128, 192): 0.98, (128, 128): 0.87}
+TILE_RATE = {(128, 256): 1.0, (128, 224): 0.98, (128, 192): 0.98, (128, 128): 0.87}
 
 
 def makespan(p: Problem, blk_m: int, blk_n: int) -> float:
@@ -431,6 +435,29 @@ def stream_k_makespan(p: Problem) -> float | None:
 def _stream_k_wins(p: Problem) -> bool:
     sk = stream_k_makespan(p)
     return p.M > 128 and sk is not None and sk <= STREAM_K_MARGIN * min(makespan(p, *t) for t in SQUARE_TILES)
+
+
+# -- 224-column tiles: at 512x28672x4096 (Llama-3-8B's fused gate/up weight) v10's stream-K over 128x256 tiles (448
+# tiles, 3.4 waves, the last cut into K slices) ran 0.92-0.94x cuBLAS as a kernel in four runs; v9's 128x224 tiles
+# make 512, 3.9 waves, and ran 0.95-0.96x (2x1 or 1x1 clusters) and 0.98-1.01x with the epilogue under the next tile
+# [WIDE_MID]. Where 224-wide tiles' waves finish TILE_224_MARGIN sooner than every other tile's and stream-K's
+# (makespan; 128x224's rate taken as 128x192's), the rule takes them; measured at every shape it moves [TILE_224_MOVED].
+WIDE_MID = "benchmarks/results/2026-11-29_h200_wide_mid/"
+TILE_224 = (128, 224)
+TILE_224_MARGIN = 1.0
+
+
+def _tile_224(p: Problem) -> bool:
+    if p.M <= 128:
+        return False
+    others = [makespan(p, *t) for t in SQUARE_TILES]
+    sk = stream_k_makespan(p)
+    return makespan(p, *TILE_224) <= TILE_224_MARGIN * min(others + ([sk] if sk is not None else []))
+
+
+def _tile_224_knobs(p: Problem) -> dict:
+    knobs = {"blk_m": TILE_224[0], "blk_n": TILE_224[1], "epi_n": 32, "pipe_depth": 4}
+    return {**knobs, "epi_under": True} if p.tiles(*TILE_224) > p.sms else knobs
 
 
 def _stream_k_detail(p: Problem) -> str:
@@ -910,6 +937,13 @@ RULES: list[Rule] = [
          evidence=SWEEP + ": 0.98-1.01x cuBLAS as kernels at M = 128 with N x K = 28672x4096, 4096x14336, "
                   "128256x4096",
          detail=_swap_detail(SWAP_BLK_N, swap_split_k)),
+    Rule("tile-224", "sm_90a", "v9", when=_tile_224, knobs=_tile_224_knobs,
+         why="M > 128 where 128x224 tiles fill their waves better than 128x256 tiles, stream-K or the narrower tiles "
+             f"(makespan {TILE_224_MARGIN}x theirs or less): v9 at 128x224 (epi_n 32, depth 4), the epilogue under "
+             "the next tile where a CTA has one",
+         evidence=WIDE_MID + ": 0.98-1.01x cuBLAS as kernels at 512x28672x4096 where stream-K ran 0.92-0.94x",
+         detail=lambda p: f"makespan (tile units): 128x224 {makespan(p, *TILE_224):.0f} ({p.tiles(*TILE_224)} tiles), "
+                          + _stream_k_detail(p)),
     Rule("stream-k", "sm_90a", "v10", when=_stream_k_wins, knobs=lambda p: {"split_k": 1, "stream_k": True},
          why="M > 128 and a partial last wave: v9's tiles for the whole waves, the last wave's K slices dealt "
              "out evenly over the clusters (v10 stream_k), when that finishes at least 1% sooner than the best "
