@@ -78,15 +78,19 @@ def test_the_transposed_epilogues_column_is_where_stmatrix_trans_puts_the_value(
                 assert acc_fragment_coord(r + 1, warp, lane)[0] == stored
 
 
-def test_v11_reads_the_bias_at_a_row_of_its_d_transposed_fragment():
+@pytest.mark.parametrize("stash", [False, True])
+def test_v11_reads_the_bias_at_a_row_of_its_d_transposed_fragment(stash):
+    """Every value packed for stmatrix .trans goes through the op (two bias values a pack, and alpha), none
+    without it: read from global memory where it is added (``bias_stash=False``), or from the registers the
+    tile's bias was loaded into before its K loop (``epilogue.BiasStash``, tests/test_bias_stash.py)."""
     cfg = make_config("v11", 16, 4096, 4096, spec=spec_for("bfloat16", "alpha_bias"), dtype="bfloat16",
-                      blk_m=16, split_k=4)
+                      blk_m=16, split_k=4, bias_stash=stash)
     assert [str(p.name) for p in kernel_of(cfg).params][-3:] == ["num_ctas", "bias", "alpha"]
     body = builder.build(kernel_of(cfg)).cuda_source().split("__global__")[-1]
-    packs = [line for line in body.splitlines() if "cvt_bf16x2_f32" in line and "bias_ptr" in line]
-    # every value packed for stmatrix .trans went through the op (two bias reads a pack), none without it
-    assert packs and all(line.count("bias_ptr[") == 2 and "alpha" in line for line in packs)
-    assert not [line for line in body.splitlines() if "cvt_bf16x2_f32" in line and "bias_ptr" not in line]
+    read = "Breg_ptr[" if stash else "bias_ptr["
+    packs = [line for line in body.splitlines() if "cvt_bf16x2_f32" in line and read in line]
+    assert packs and all(line.count(read) == 2 and "alpha" in line for line in packs)
+    assert not [line for line in body.splitlines() if "cvt_bf16x2_f32" in line and read not in line]
 
 
 def test_the_plain_kernels_are_as_they_were():

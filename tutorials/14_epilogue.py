@@ -322,6 +322,54 @@ suite_table("2026-11-28_h200_epilogue_suite_narrow")
 # From M = 512 up every module is a plain GEMM within 2-5% of cuBLAS with the epilogue fused on both
 # sides; M = 64 on the 4096-wide weights (0.87-0.91x) and 512x768x3072 (0.46x; 64x64 tiles ran 0.76x
 # in the few-tiles run, not yet a rule) are what is left below.
+
+# %% [markdown]
+# ### The bias loaded ahead (H200, 2026-11-29)
+#
+# Each bias value used to be read from global memory where it was added: after the tile's last wgmma,
+# behind the consumer's barrier. Every `stmatrix` is a memory clobber, so the compiler could not issue the
+# next chunk's loads before it: one global load's latency every 16 columns, at the end of a kernel whose
+# tensor cores are then idle. A kernel of one tile a CTA (M <= 512 here) pays it once, in a 4-40 us kernel.
+# Now `epilogue.BiasStash` loads a thread's values into registers before the tile's K loop: a quarter of
+# the tile's columns (two of each eight, where the m64nN fragment puts its accumulators), or under swap AB
+# two rows of N per 64-row atom. A 64x64 tile, one consumer: 16 loads before the first wgmma, and the
+# rounding reads registers.
+
+# %%
+small = gemm_ladder.build("v9", 128, 4096, 512, spec=spec_for("bfloat16", "bias_gelu_tanh"), blk_m=64, blk_n=64,
+                          num_warpgroups=1, epi_n=64)
+src = small.cuda_source()
+body = src[src.index("__global__"):]
+loads = [line.strip() for line in body.splitlines() if "Breg_ptr[" in line and "= ((float)bias_ptr" in line]
+first_mma = body.index("mma_async_sync_aligned")
+print(len(loads), "bias loads, all before the first wgmma:", all(body.index(x) < first_mma for x in loads))
+print(loads[0][:110])
+print(next(line.strip() for line in body.splitlines() if "pre_act = " in line))
+
+# %% [markdown]
+# The same module with `bias_stash=False` against it, at every suite case whose kernel has a stash
+# (`--set bias_stash`; `epi_under`'s tiles issue their loads together already and have none; the 256-wide
+# tiles were level, so the stash stops at 48 registers). The gain is largest where the kernel is shortest:
+
+# %%
+stash = teach.committed_run("2026-11-29_h200_bias_stash", "epilogue_stash.json")
+print(stash.describe())
+print(teach.sampled_clocks("2026-11-29_h200_bias_stash"))
+held_out = {(3072, 768), (768, 3072), (4096, 1024)}
+rows = []
+for op in ("bias_gelu_tanh", "bias_relu"):
+    for weights, held in (("suite", False), ("held out", True)):
+        gains = [r["kernel_ms"]["read"] / r["kernel_ms"]["now"] for r in stash.rows
+                 if r["op"] == op and "read" in r["kernel_ms"] and ((r["N"], r["K"]) in held_out) == held
+                 and r["knobs"].get("blk_n") is not None]  # the 256-wide tiles (v10's defaults) keep the reads
+        rows.append({"op": op, "weights": weights, "cases": len(gains), "stash x reads": f"{teach.geomean(gains):.3f}",
+                     "lowest": f"{min(gains):.3f}", "highest": f"{max(gains):.3f}"})
+print(report.table(rows, list(rows[0])))
+
+# %% [markdown]
+# On the suite's weights that took bias+GELU to 1.023x cuBLASLt's fused epilogue and 1.088x the unfused
+# path (bias+ReLU 1.020x and 1.084x): closer, and still **not met**. What is left below is kernel cases, with
+# or without an epilogue (512x28672x4096, 128x128256x4096; `benchmarks/results/2026-11-29_h200_wide_mid/`).
 #
 # To measure it again on an H100: `python benchmarks/epilogue_check.py prepare build/epi` here,
 # then `python benchmarks/epilogue_check.py run build/epi --out epilogue_check.json` on the GPU box
