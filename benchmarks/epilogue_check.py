@@ -381,8 +381,8 @@ def swap_mid_cases(sms: int = 132, narrow: bool = False) -> list[dict]:
 CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split_fill", "few_tiles", "swap_widths",
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
              "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64",
-             "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more", "l2_warm", "narrow_n", "narrow_n_moved",
-             "bias_stash", "tile224_moved")
+             "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more", "l2_warm", "narrow_n",
+             "narrow_n_moved", "bias_stash", "tile224_moved")
 CHECK_TIMEOUT = 120.0
 # plan's tile-224 (128x224 tiles where their waves fill better, ``prepare --set tile224_moved``): every shape of the
 # suite, the held-out weights and every every-model sample it moves, no epilogue and bias+GELU, the policy with it

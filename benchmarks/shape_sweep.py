@@ -191,19 +191,21 @@ def _narrow_rings() -> dict:
     return out
 
 
-# an eighth campaign: the weakest of issue 31's suite cases after the bias stash (../results/2026-11-29_h200_bias_stash/),
-# the wide weights at M = 64-512. Swap AB's weight tiles stream 1 MB of B per tile and read A's as much again from L2:
-# A shared by multicast over 1x2 clusters, or 256 rows of N a tile (A read half as often). At 512x28672x4096 v10's
-# 128x256 tiles make 3.4 waves (stream-K splits the last); 128x224 tiles make 512, 3.9 waves, with no split
+# an eighth campaign: the weakest of issue 31's suite cases after the bias stash
+# (../results/2026-11-29_h200_bias_stash/), the wide weights at M = 64-512. Swap AB's weight tiles stream 1 MB of B
+# per tile and read A's as much again from L2: A shared by multicast over 1x2 clusters, or 256 rows of N a tile (A read
+# half as often). At 512x28672x4096 v10's 128x256 tiles make 3.4 waves (stream-K splits the last); 128x224 tiles make
+# 512, 3.9 waves, with no split
 _SW = {"split_k": 1, "stream_b": True}
+_SW256 = {"blk_n": 256, "num_warpgroups": 2}
 _W224 = {"blk_m": 128, "blk_n": 224, "pdl": True}
 WIDE_MID = {
     **{(M, N, 4096): [("v11", {**_SW, "blk_m": M, "blk_n": 128, "pipe_depth": 8 if M == 64 else 6, "cluster_n": 2}),
-                      ("v11", {**_SW, "blk_m": M, "blk_n": 256, "num_warpgroups": 2, "pipe_depth": 4 if M == 64 else 3}),
-                      ("v11", {**_SW, "blk_m": M, "blk_n": 256, "num_warpgroups": 2, "pipe_depth": 4 if M == 64 else 3,
-                               "cluster_n": 2})]
+                      ("v11", {**_SW, **_SW256, "pipe_depth": 4 if M == 64 else 3, "blk_m": M}),
+                      ("v11", {**_SW, **_SW256, "pipe_depth": 4 if M == 64 else 3, "blk_m": M, "cluster_n": 2})]
        for M, N in ((64, 128256), (128, 128256), (64, 28672))},
-    (512, 28672, 4096): [("v9", {**_W224, "epi_n": 32, "pipe_depth": 4}), ("v9", {**_W224, "epi_n": 112, "pipe_depth": 3}),
+    (512, 28672, 4096): [("v9", {**_W224, "epi_n": 32, "pipe_depth": 4}),
+                         ("v9", {**_W224, "epi_n": 112, "pipe_depth": 3}),
                          ("v9", {**_W224, "epi_n": 32, "pipe_depth": 4, "cluster_m": 1}),
                          ("v9", {**_W224, "epi_n": 32, "pipe_depth": 4, "epi_under": True})],
 }

@@ -41,7 +41,7 @@ v9's defaults)::
     swap-ab-128       64 < M <= 128                    v11: blk_m 128, blk_n 128, split_k        as swap-ab, for B too
                                                        until 96 CTAs stream B                    large for row-tiles
     tile-224          M > 128 and 128x224 tiles finish v9: 128x224 tiles, epi_n 32, depth 4,     224 columns fill the
-                      3% sooner than 128x256's, the    2x1 cluster; epi_under where tiles > SMs  waves where 256 leave
+                      no later than 128x256's, the     2x1 cluster; epi_under where tiles > SMs  waves where 256 leave
                       other tiles' and stream-K's                                                a ragged last one
                       (makespan)
     stream-k          M > 128, a partial last wave     v10 stream_k: v9's tiles, the last        the last wave's idle SMs
@@ -160,7 +160,8 @@ class Problem:
 
 # v9's kernel-only rate per tile shape, relative to 128x256, where waves do not matter (many
 # of them): 8192x28672x4096 0.99 / 0.86, 8192x4096x4096 0.98 / 0.89, 512x128256x4096 1.02 / 0.88
-# (128x192 / 128x128; benchmarks/results/2026-11-22_h100_shape_sweep/)
+# (128x192 / 128x128; benchmarks/results/2026-11-22_h100_shape_sweep/); 128x224's is taken as 128x192's (not measured
+# alone: the tile-224 rule's evidence is its moved run)
 TILE_RATE = {(128, 256): 1.0, (128, 224): 0.98, (128, 192): 0.98, (128, 128): 0.87}
 
 
