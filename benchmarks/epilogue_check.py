@@ -64,7 +64,8 @@ weights (no epilogue and bias+GELU) and swap AB's at M <= 16; ``--set swap64_mov
 the shapes plan's candidate ``ROW_TILES_64`` would move, the policy with it (``with_row64``) against the policy;
 ``--set bias_stash``: the suite set, and where the policy's kernel loads the tile's bias into registers before its
 K loop (``epilogue.BiasStash``), the same module reading it where it is added (``read``); ``--set tile224_moved``:
-every shape plan's ``tile-224`` moves, against the policy without it (``no_tile224``).
+every shape plan's ``tile-224`` moves, against the policy without it (``no_tile224``); ``--set swap256_moved``:
+every shape a candidate rule (swap AB over 256 rows of N, :data:`SWAP256_VARIANT`) would move, against the policy.
 
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
@@ -83,6 +84,7 @@ import contextlib
 import dataclasses
 import gzip
 import json
+import math
 import queue
 import shutil
 import statistics
@@ -382,12 +384,17 @@ CASE_SETS = ("all", "epilogues", "rule", "split", "split_probe", "suite", "split
              "narrow_moved", "small_split_moved", "mid_tiles", "mid_moved", "deep_rings", "swap64_moved",
              "row64_moved", "pdl", "stream_small", "swap_pairs", "swap_wide", "swap_wide_moved", "swap_wide_m64",
              "fill_tiles", "swap_mid", "swap_mid_moved", "swap_mid_narrow", "swap_mid_more", "l2_warm", "narrow_n",
-             "narrow_n_moved", "bias_stash", "tile224_moved")
+             "narrow_n_moved", "bias_stash", "tile224_moved", "swap256_moved")
 CHECK_TIMEOUT = 120.0
 # plan's tile-224 (128x224 tiles where their waves fill better, ``prepare --set tile224_moved``): every shape of the
 # suite, the held-out weights and every every-model sample it moves, no epilogue and bias+GELU, the policy with it
 # (``now``) against the policy without it (``no_tile224``)
 TILE_224_RULE = "tile-224"
+# a candidate, not a rule yet (``prepare --set swap256_moved``): swap AB with 256 rows of N over two consumers at M <= 64
+# where swap-ab's 128-row tiles (unsplit) need a second wave and 256-row tiles fit in one (64x28672x4096: 1.024x cuBLAS
+# against 0.98-1.00x in four runs, ../results/2026-11-29_h200_wide_mid/); every shape it would move, no epilogue and
+# bias+GELU, the policy with it (``with_swap256``) against the policy (``now``)
+SWAP256_VARIANT = "with_swap256"
 
 
 def cases() -> list[dict]:
@@ -486,7 +493,27 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name != TILE_224_RULE]
     if variant == ROW64_VARIANT:
         return plan.with_row_tiles_64()
+    if variant == SWAP256_VARIANT:
+        rules = list(plan.RULES)
+        at = next(i for i, r in enumerate(rules) if r.name == "swap-ab")
+        return rules[:at] + [_swap256_rule()] + rules[at:]
     return None
+
+
+def _swap256_rule():
+    """:data:`SWAP256_VARIANT`'s rule: swap-ab's where its unsplit 128-row tiles take more than one wave and
+    256-row tiles fit in one, with 256 rows of N over two consumers and the deepest ring (<= 8) they fit."""
+    def when(p):
+        return (p.M <= 64 and plan.swap_split_k(p) == 1 and math.ceil(p.N / plan.SWAP_BLK_N) > p.sms
+                and math.ceil(p.N / 256) <= p.sms)
+
+    def knobs(p):
+        k = {"blk_m": plan.swap_blk_m(p.M), "blk_n": 256, "num_warpgroups": 2, "split_k": 1}
+        return {**k, "pipe_depth": plan._deepest("v11", p, k, plan.MAX_SWAP_DEPTH),  # pylint: disable=protected-access
+                **plan.STREAM_B}
+    return plan.Rule("swap-ab-256", "sm_90a", "v11", when=when, knobs=knobs,
+                     why="M <= 64 where swap-ab's 128-row tiles need a second wave and 256-row tiles fit in one "
+                         "(a candidate measured by epilogue_check --set swap256_moved)")
 
 
 def _variant_context(variant: str):
@@ -891,6 +918,12 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
         return l2_warm_cases(sms)
     if which == "bias_stash":
         return bias_stash_cases(sms)
+    if which == "swap256_moved":
+        from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as later_sample_shapes)
+
+        extra = {(c["M"], c["N"], c["K"]) for c in every_model.all_cases()}
+        extra |= {(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SUITE_MS}
+        return moved_cases(SWAP256_VARIANT, ("none", "bias_gelu_tanh"), sms, extra=sorted(extra))
     if which == "tile224_moved":
         from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as later_sample_shapes)
 
