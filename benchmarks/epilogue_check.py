@@ -65,7 +65,8 @@ the shapes plan's candidate ``ROW_TILES_64`` would move, the policy with it (``w
 ``--set bias_stash``: the suite set, and where the policy's kernel loads the tile's bias into registers before its
 K loop (``epilogue.BiasStash``), the same module reading it where it is added (``read``); ``--set tile224_moved``:
 every shape plan's ``tile-224`` moves, against the policy without it (``no_tile224``); ``--set swap256_moved``:
-every shape a candidate rule (swap AB over 256 rows of N, :data:`SWAP256_VARIANT`) would move, against the policy.
+every shape a candidate rule (swap AB over 256 rows of N, :data:`SWAP256_VARIANT`) would move, against the policy,
+also launched without PDL (``with_swap256_nopdl``).
 
 Rows (``--out X.json``; the file name must contain ``epilogue``): ``op``, ``M``, ``N``, ``K``,
 ``dtype``, ``kernel_ratio`` and ``call_ratio`` (the best torch peer's time over ours: above 1 we
@@ -393,7 +394,7 @@ TILE_224_RULE = "tile-224"
 # a candidate, not a rule yet (``prepare --set swap256_moved``): swap AB with 256 rows of N over two consumers at M <= 64
 # where swap-ab's 128-row tiles (unsplit) need a second wave and 256-row tiles fit in one (64x28672x4096: 1.024x cuBLAS
 # against 0.98-1.00x in four runs, ../results/2026-11-29_h200_wide_mid/); every shape it would move, no epilogue and
-# bias+GELU, the policy with it (``with_swap256``) against the policy (``now``)
+# bias+GELU, the policy with it (``with_swap256``, and without PDL: ``with_swap256_nopdl``) against the policy (``now``)
 SWAP256_VARIANT = "with_swap256"
 
 
@@ -493,7 +494,7 @@ def variant_rules(variant: str):
         return [r for r in plan.RULES if r.name != TILE_224_RULE]
     if variant == ROW64_VARIANT:
         return plan.with_row_tiles_64()
-    if variant == SWAP256_VARIANT:
+    if variant in (SWAP256_VARIANT, SWAP256_VARIANT + "_nopdl"):
         rules = list(plan.RULES)
         at = next(i for i, r in enumerate(rules) if r.name == "swap-ab")
         return rules[:at] + [_swap256_rule()] + rules[at:]
@@ -923,7 +924,10 @@ def cases_of(which: str, sms: int = 132) -> list[dict]:
 
         extra = {(c["M"], c["N"], c["K"]) for c in every_model.all_cases()}
         extra |= {(M, N, K) for N, K in SUITE_WEIGHTS + HELD_OUT_BIAS_WEIGHTS for M in SUITE_MS}
-        return moved_cases(SWAP256_VARIANT, ("none", "bias_gelu_tanh"), sms, extra=sorted(extra))
+        moved = moved_cases(SWAP256_VARIANT, ("none", "bias_gelu_tanh"), sms, extra=sorted(extra))
+        # and the candidate launched without PDL (the sweep's 1.024x at 64x28672x4096 was), where it would take it
+        return moved + [{**c, "variant": SWAP256_VARIANT + "_nopdl", "knobs": {"pdl": False}}
+                        for c in moved if c["variant"] == SWAP256_VARIANT]
     if which == "tile224_moved":
         from gemm_ladder.measure import every_model  # pylint: disable=import-outside-toplevel  (as later_sample_shapes)
 
