@@ -126,9 +126,11 @@ def item(case: dict) -> str:
 
 
 def passes_case(res: dict) -> bool:
-    """A check passes: within 2x torch's error, no NaN left, and served by the pack."""
+    """A check passes: within 2x torch's error, no NaN left, served by the pack, and the repeated
+    calls gave the same bits (:func:`repeat_check`)."""
     return (res.get("status") == "ok" and not res.get("nan") and bool(res.get("from_pack"))
-            and fp8_check.passes(res["rel_err"], res["torch_rel_err"]))
+            and fp8_check.passes(res["rel_err"], res["torch_rel_err"])
+            and res.get("repeat", {}).get("same_bits") is True)
 
 
 def make_row(case: dict, times: dict | None, checks: list[dict]) -> dict:
@@ -219,9 +221,29 @@ def check_case(name_at_m: str, args) -> dict:
     top = ref.abs().max().item() or 1.0
     res = {"name": name, "M": M, "status": "ok", "rel_err": ((d.double() - ref).abs().max() / top).item(),
            "torch_rel_err": ((ref_t.double() - ref).abs().max() / top).item(), "nan": bool(torch.isnan(d).any()),
-           "from_pack": any(line.startswith("source: kernel pack") for line in lines), "explain": lines}
+           "from_pack": any(line.startswith("source: kernel pack") for line in lines), "explain": lines,
+           "repeat": repeat_check(aq, wq, sa, sb, b, d)}
     res["correct"] = passes_case(res)
     return res
+
+
+def repeat_check(aq, wq, sa, sb, b, d) -> dict:
+    """The same call repeated as users repeat it (``scaled_mm``'s remembered calls: the Python lookup,
+    then the C++ table where it is loaded), into ``out`` poisoned with NaN and into a new D: each must
+    give the checked call's bits ``d``. Says which tables held the call."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import gemm_ladder  # pylint: disable=import-outside-toplevel
+    from gemm_ladder.serve import scaled  # pylint: disable=import-outside-toplevel
+
+    same = []
+    for use_out in (True, True, True, False, False, False):
+        out = torch.full_like(d, float("nan")) if use_out else None
+        got = gemm_ladder.scaled_mm(aq, wq.t(), sa, sb, bias=b, out=out, strict=True)
+        same.append(bool(torch.equal(got, d)) and (got is out) == use_out)
+    table = scaled._NATIVE["module"]  # pylint: disable=protected-access
+    return {"same_bits": all(same), "calls": len(same),
+            "python_entries": len(scaled._FAST),  # pylint: disable=protected-access
+            "native_entries": table.scaled_size() if table is not None else None}
 
 
 def check_all(folder) -> list[dict]:
@@ -239,7 +261,8 @@ def check_all(folder) -> list[dict]:
         res = {"name": name, "M": int(M), "correct": False, **res}
         out.append(res)
         print(f"check {it}: {'ok' if res.get('correct') else 'FAIL'} err {res.get('rel_err')} "
-              f"(torch {res.get('torch_rel_err')}) {res.get('error', res.get('detail', ''))[:300]}", flush=True)
+              f"(torch {res.get('torch_rel_err')}) repeat {res.get('repeat')} "
+              f"{res.get('error', res.get('detail', ''))[:300]}", flush=True)
     return out
 
 

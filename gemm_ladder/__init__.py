@@ -139,7 +139,7 @@ def load(path):
 
 
 def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, explain: bool = False,
-              strict: bool = False):
+              strict: bool | None = None):
     """fp8 D = A @ B * scale_a * scale_b (+ bias) with torch._scaled_mm's semantics (A [M, K] e4m3
     row-major, B [K, N] column-major: W.t() of a row-major [N, K] W): see :mod:`gemm_ladder.serve.scaled`."""
     return _scaled_mm(A, B, scale_a, scale_b, bias=bias, out_dtype=out_dtype, out=out, explain=explain, strict=strict)

@@ -307,9 +307,11 @@ def test_the_suite_summary_takes_geomeans_and_minima_per_recipe_leaving_out_rows
 
 
 def test_the_pack_check_passes_only_what_the_pack_served_within_twice_torchs_error():
-    good = {"status": "ok", "rel_err": 3e-3, "torch_rel_err": 3e-3, "nan": False, "from_pack": True}
+    good = {"status": "ok", "rel_err": 3e-3, "torch_rel_err": 3e-3, "nan": False, "from_pack": True,
+            "repeat": {"same_bits": True}}
     assert fp8_pack_check.passes_case(good)
-    for change in ({"from_pack": False}, {"nan": True}, {"rel_err": 7e-3}, {"status": "timeout"}):
+    for change in ({"from_pack": False}, {"nan": True}, {"rel_err": 7e-3}, {"status": "timeout"},
+                   {"repeat": {"same_bits": False}}, {"repeat": {}}):
         assert not fp8_pack_check.passes_case({**good, **change}), change
     case = next(c for c in fp8_pack_check.cases() if c["timed"])
     checks = [{"name": case["name"], "correct": True}, {"name": case["name"], "correct": False}]

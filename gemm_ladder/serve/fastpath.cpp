@@ -13,6 +13,10 @@
 // split_tail(A, B, D_main, tail, D): the rest of a split N's call (front.PaddedLaunch._split) after
 // our kernel wrote D's first columns into D_main: torch's product of B's last rows into tail, then
 // both into D, two ATen calls without Python's argument parsing in between.
+// scaled_lookup(A, B, scale_a, scale_b, bias, out, out_dtype, strict): the fp8 front door's repeated
+// call (scaled._repeat): the same key over its six tensors and the two arguments as passed, then the
+// views its launch takes (B as [N, K], the scales as vectors or, block's, transposed as they lie)
+// and D made here, and the Python launch called with them.
 // lookup(A, B, out, bias) returns D, or None when the call must take the checked path: no entry,
 // an operand that is not a plain torch.Tensor / nn.Parameter (subclasses have their own
 // __torch_function__), a torch function or dispatch mode active (fake tensors, tracing), grad
@@ -26,11 +30,13 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <pybind11/pybind11.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -238,6 +244,183 @@ PyObject* remember(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// -- scaled_mm's repeated call -----------------------------------------------------------------------
+struct ScaledEntry {
+  PyObject* launch = nullptr;  // launch(A, B_nk, D, [bias,] scale_a, scale_b): the route's bound launch
+  int64_t M = 0, N = 0;
+  at::ScalarType d_dtype = at::kBFloat16;
+  bool block = false;  // the scales passed transposed, as they lie (else as vectors)
+  int64_t a_bytes = 0, b_bytes = 0, d_bytes = 0;
+};
+
+std::unordered_map<std::string, ScaledEntry> scaled_table;
+
+// out_dtype (None or a torch.dtype) and strict (None, True or False) as passed; false: neither.
+bool add_flags(std::string& key, PyObject* out_dtype, PyObject* strict) {
+  if (out_dtype == Py_None) {
+    key.push_back('\xff');
+  } else if (THPDtype_Check(out_dtype)) {
+    key.push_back(static_cast<char>(reinterpret_cast<THPDtype*>(out_dtype)->scalar_type));
+  } else {
+    return false;
+  }
+  if (strict == Py_None) {
+    key.push_back('n');
+  } else if (strict == Py_True) {
+    key.push_back('t');
+  } else if (strict == Py_False) {
+    key.push_back('f');
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// args: A, B, scale_a, scale_b, bias, out, out_dtype, strict (the first eight of both entry points).
+bool make_scaled_key(PyObject* const* args, std::string& key, const at::Tensor** ts) {
+  key.reserve(256);
+  for (int i = 0; i < 6; ++i)
+    if (!add_key(key, args[i], &ts[i])) return false;
+  return ts[0] && ts[1] && ts[2] && ts[3] && add_flags(key, args[6], args[7]);
+}
+
+bool overlap(uintptr_t p, int64_t n, uintptr_t q, int64_t m) {
+  return p < q + static_cast<uintptr_t>(m) && q < p + static_cast<uintptr_t>(n);
+}
+
+// scaled._run_repeat's checks: no grad wanted, block scales 16-byte aligned, out apart from what the
+// kernel reads (sa and sb: the scales as the launch takes them).
+bool scaled_passes(const ScaledEntry& e, const at::Tensor* const* ts, const at::Tensor& sa, const at::Tensor& sb) {
+  bool wants_grad = false;
+  for (int i = 0; i < 6; ++i)
+    if (ts[i] && ts[i]->requires_grad()) wants_grad = true;
+  if (wants_grad && c10::GradMode::is_enabled()) return false;
+  if (e.block && ((ptr(&sa) | ptr(&sb)) & 15)) return false;
+  const at::Tensor *bias = ts[4], *D = ts[5];
+  if (!D) return true;
+  const uintptr_t pd = ptr(D);
+  return !(overlap(pd, e.d_bytes, ptr(ts[0]), e.a_bytes) || overlap(pd, e.d_bytes, ptr(ts[1]), e.b_bytes) ||
+           overlap(pd, e.d_bytes, ptr(&sa), sa.nbytes()) || overlap(pd, e.d_bytes, ptr(&sb), sb.nbytes()) ||
+           (bias && overlap(pd, e.d_bytes, ptr(bias), bias->nbytes())));
+}
+
+// A scale as the launch takes it: block's transposed, else a vector (a view: [], [1, 1] -> [1]).
+at::Tensor scale_view(const at::Tensor& s, bool block) {
+  if (block) return s.t();
+  return s.dim() == 1 ? s : s.reshape({-1});
+}
+
+// The Python object of view v of the argument o (o itself where v is o's tensor): a new reference.
+PyObject* wrap_view(PyObject* o, const at::Tensor& of, const at::Tensor& v) {
+  if (v.unsafeGetTensorImpl() == of.unsafeGetTensorImpl()) {
+    Py_INCREF(o);
+    return o;
+  }
+  return THPVariable_Wrap(v);
+}
+
+PyObject* scaled_lookup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "scaled_lookup(A, B, scale_a, scale_b, bias, out, out_dtype, strict) takes 8 "
+                                     "arguments");
+    return nullptr;
+  }
+  if (modes_active()) Py_RETURN_NONE;
+  std::string key;
+  const at::Tensor* ts[6];
+  if (!make_scaled_key(args, key, ts)) Py_RETURN_NONE;
+  auto it = scaled_table.find(key);
+  if (it == scaled_table.end()) Py_RETURN_NONE;
+  const ScaledEntry& e = it->second;
+  const at::Tensor sa = scale_view(*ts[2], e.block), sb = scale_view(*ts[3], e.block);
+  if (!scaled_passes(e, ts, sa, sb)) Py_RETURN_NONE;
+  PyObject* d = args[5];
+  if (ts[5]) {
+    Py_INCREF(d);
+  } else {
+    d = THPVariable_Wrap(at::empty({e.M, e.N}, ts[0]->options().dtype(e.d_dtype)));
+    if (!d) return nullptr;
+  }
+  PyObject* b_nk = THPVariable_Wrap(ts[1]->t());
+  PyObject* sa_obj = wrap_view(args[2], *ts[2], sa);
+  PyObject* sb_obj = wrap_view(args[3], *ts[3], sb);
+  PyObject* result = nullptr;
+  if (b_nk && sa_obj && sb_obj) {
+    PyObject* call[6] = {args[0], b_nk, d};
+    Py_ssize_t n = 3;
+    if (ts[4]) call[n++] = args[4];
+    call[n++] = sa_obj;
+    call[n++] = sb_obj;
+    result = PyObject_Vectorcall(e.launch, call, n, nullptr);
+  }
+  Py_XDECREF(b_nk);
+  Py_XDECREF(sa_obj);
+  Py_XDECREF(sb_obj);
+  if (!result) {
+    Py_DECREF(d);
+    return nullptr;
+  }
+  Py_DECREF(result);
+  return d;
+  END_HANDLE_TH_ERRORS
+}
+
+// scaled_remember(A, B, scale_a, scale_b, bias, out, out_dtype, strict, launch, M, N, d_dtype, block,
+// a_bytes, b_bytes, d_bytes): True when kept.
+PyObject* scaled_remember(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 16) {
+    PyErr_SetString(PyExc_TypeError, "scaled_remember(A, B, scale_a, scale_b, bias, out, out_dtype, strict, launch, "
+                                     "M, N, d_dtype, block, a_bytes, b_bytes, d_bytes) takes 16 arguments");
+    return nullptr;
+  }
+  std::string key;
+  const at::Tensor* ts[6];
+  if (!make_scaled_key(args, key, ts)) Py_RETURN_FALSE;
+  if (!PyCallable_Check(args[8])) {
+    PyErr_SetString(PyExc_TypeError, "launch must be callable: launch(A, B_nk, D, [bias,] scale_a, scale_b)");
+    return nullptr;
+  }
+  if (!THPDtype_Check(args[11])) {
+    PyErr_SetString(PyExc_TypeError, "d_dtype must be a torch.dtype");
+    return nullptr;
+  }
+  ScaledEntry e;
+  e.M = PyLong_AsLongLong(args[9]);
+  e.N = PyLong_AsLongLong(args[10]);
+  e.d_dtype = reinterpret_cast<THPDtype*>(args[11])->scalar_type;
+  const int block = PyObject_IsTrue(args[12]);
+  e.a_bytes = PyLong_AsLongLong(args[13]);
+  e.b_bytes = PyLong_AsLongLong(args[14]);
+  e.d_bytes = PyLong_AsLongLong(args[15]);
+  if (block < 0 || PyErr_Occurred()) return nullptr;
+  if (e.M < 1 || e.N < 1) {
+    PyErr_SetString(PyExc_ValueError, "M and N must be at least 1 (an empty D launches nothing)");
+    return nullptr;
+  }
+  e.block = block != 0;
+  e.launch = args[8];
+  Py_INCREF(e.launch);
+  auto found = scaled_table.find(key);
+  if (found != scaled_table.end()) {
+    Py_XDECREF(found->second.launch);
+    found->second = e;
+  } else {
+    scaled_table.emplace(std::move(key), e);
+  }
+  Py_RETURN_TRUE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* scaled_clear(PyObject*, PyObject*) {
+  for (auto& kv : scaled_table) Py_XDECREF(kv.second.launch);
+  scaled_table.clear();
+  Py_RETURN_NONE;
+}
+
+PyObject* scaled_size(PyObject*, PyObject*) { return PyLong_FromSize_t(scaled_table.size()); }
+
 PyObject* clear(PyObject*, PyObject*) {
   for (auto& kv : table) drop(kv.second);
   table.clear();
@@ -253,6 +436,14 @@ PyMethodDef methods[] = {
      "remember(A, B, out, bias, kind, route, call, a_bytes, b_bytes, d_bytes)"},
     {"split_tail", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(split_tail)), METH_FASTCALL,
      "split_tail(A, B, D_main, tail, D): tail = A . B[Nk:]^T, D = [D_main | tail]"},
+    {"scaled_lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(scaled_lookup)), METH_FASTCALL,
+     "scaled_lookup(A, B, scale_a, scale_b, bias, out, out_dtype, strict): D for an fp8 call like a remembered "
+     "one, else None"},
+    {"scaled_remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(scaled_remember)), METH_FASTCALL,
+     "scaled_remember(A, B, scale_a, scale_b, bias, out, out_dtype, strict, launch, M, N, d_dtype, block, a_bytes, "
+     "b_bytes, d_bytes)"},
+    {"scaled_clear", scaled_clear, METH_NOARGS, "forget every fp8 entry"},
+    {"scaled_size", scaled_size, METH_NOARGS, "fp8 entries remembered"},
     {"clear", clear, METH_NOARGS, "forget every entry"},
     {"size", size, METH_NOARGS, "entries remembered"},
     {nullptr, nullptr, 0, nullptr}};

@@ -1188,13 +1188,35 @@ def use_native(on: bool) -> None:
 
 
 def _forget_native(detach: bool = False) -> None:
-    """Empty the C++ table with ``_FAST`` (its entries are ``_FAST``'s); ``detach``: and stop
-    using it until a call is remembered again (:func:`reset`)."""
+    """Empty the C++ tables with ``_FAST`` (its entries are ``_FAST``'s), and the other front doors'
+    repeated calls (:func:`on_forget`); ``detach``: and stop using the C++ table until a call is
+    remembered again (:func:`reset`)."""
     _NATIVE_KEYS.clear()
     if _NATIVE["module"] is not None:
         _NATIVE["module"].clear()
+    for forget in _ON_FORGET:
+        forget()
     if detach:
         _NATIVE.update(lookup=None, module=None, waiting=False)
+
+
+_ON_FORGET: list = []  # the other front doors' forgetting of their repeated calls (scaled's)
+
+
+def on_forget(forget) -> None:
+    """Call ``forget()`` wherever the front door forgets its repeated calls (:func:`use_pack`,
+    :func:`reset`, :func:`use_native`): a front door whose routes come from the same packs and whose
+    repeated calls share the C++ table (``scaled``) forgets its own with them."""
+    if forget not in _ON_FORGET:
+        _ON_FORGET.append(forget)
+
+
+def native_table():
+    """The C++ table's module (``fastpath.cpp``) once loaded, else None (being built, off, or failed
+    to build), asked for on the way (:func:`_attach_native`): for another front door's repeated
+    calls (``scaled.scaled_mm``'s ``scaled_lookup``)."""
+    _attach_native()
+    return _NATIVE["module"]
 
 
 def fast_mm(A, B, bias=None):
