@@ -26,6 +26,10 @@ the suite instead: :data:`SUITE_WEIGHTS` (DeepSeek-V3's and Llama-3-8B's), no bi
   order rotates, as queued calls and as kernels in CUDA graphs cycling input sets that spill L2
   (``harness.event_times``/``graph_times``); the GPU's clocks and power sampled throughout.
 
+``prepare --bf16`` also puts the front door's bf16 modules of the timed squares (4096^3, 8192^3) in the
+pack, and ``run`` times ``gemm_ladder.matmul`` on bf16 inputs there beside the rest (``ours_bf16``: our bf16
+kernel's time over our fp8 kernel's in ``peer_ratios``, issue 32's fp8-over-bf16 target).
+
 Rows (the issue's results format): recipe, M, N, K, correct, tflops (ours, in graphs),
 ratio_to_scaled_mm and peer_ratios (torch's time over our kernel's), the pack module and explain lines;
 ``front_door``: torch's time over the front door's, as kernels and as calls, and what its first use chose.
@@ -152,11 +156,13 @@ def make_row(case: dict, times: dict | None, checks: list[dict]) -> dict:
             row.update(ratio_to_scaled_mm=fp8_check.ratio(peer["kernel_ms"], ours["kernel_ms"]),
                        peer_ratios={"torch_scaled_mm": fp8_check.ratio(peer["kernel_ms"], ours["kernel_ms"])},
                        call_ratio_to_scaled_mm=fp8_check.ratio(peer["call_ms"], ours["call_ms"]))
+        if "ours_bf16" in times:  # our bf16 kernel's time over our fp8 kernel's (issue 32: >= 1.7 at 8192^3)
+            row["peer_ratios"]["ours_bf16"] = fp8_check.ratio(times["ours_bf16"]["kernel_ms"], ours["kernel_ms"])
     return row
 
 
 # -- prepare (build box) -------------------------------------------------------------------------
-def prepare(out, weights=WEIGHTS, recipes=RECIPES, suite: bool = False) -> int:
+def prepare(out, weights=WEIGHTS, recipes=RECIPES, suite: bool = False, bf16: bool = False) -> int:
     # the build layer: this box's TVM compiler
     from gemm_ladder.serve import kernel_pack  # pylint: disable=import-outside-toplevel
 
@@ -168,9 +174,16 @@ def prepare(out, weights=WEIGHTS, recipes=RECIPES, suite: bool = False) -> int:
                                  request={"weights": [f"{N}x{K}" for N, K in weights], "dtypes": ["float8_e4m3"],
                                           "fp8_scales": list(recipes), "by": "benchmarks/fp8_pack_check.py"})
     failed = [r for r in man["results"] if r["status"] == "failed"]
+    squares = [(TIMED_MS[w], *w) for w in weights if bf16 and w[0] == w[1] and w in TIMED_MS]
+    if squares:  # the front door's bf16 modules of the timed squares, into the same pack (issue 32's 1.7x)
+        more = kernel_pack.build_pack(out / PACK, squares, ["bfloat16"], sms=132,
+                                      request={"shapes": [f"{M}x{N}x{K}" for M, N, K in squares],
+                                               "dtypes": ["bfloat16"], "by": "benchmarks/fp8_pack_check.py --bf16"})
+        failed += [r for r in more["results"] if r["status"] == "failed"]
     for r in failed:
         print(f"failed: {r['file']}: {r.get('detail')}", file=sys.stderr)
-    files.write_json(out / PLAN_FILE, {"format": FORMAT, "suite": suite, "cases": cases(weights, recipes, suite)})
+    files.write_json(out / PLAN_FILE, {"format": FORMAT, "suite": suite, "cases": cases(weights, recipes, suite),
+                                       "bf16": [[M, N, K] for M, N, K in squares]})
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len({e['file'] for e in man['modules']})} modules, {size / 2**20:.1f} MiB in {out}; "
           f"{len(cases(weights, recipes, suite))} cases")
@@ -266,7 +279,7 @@ def check_all(folder) -> list[dict]:
     return out
 
 
-def time_case(case: dict) -> dict:
+def time_case(case: dict, bf16=()) -> dict:
     """scaled_mm through the pack against torch._scaled_mm on input sets that spill L2 three times,
     in rounds whose order alternates, as kernels (CUDA graphs) and as queued calls."""
     import torch  # pylint: disable=import-outside-toplevel
@@ -283,6 +296,14 @@ def time_case(case: dict) -> dict:
     kernels = {"ours": lambda a, w, sa, sb, d: gemm_ladder.scaled_mm(a, w.t(), sa, sb, out=d, strict=True),
                "torch_scaled_mm": peer,
                "front_door": lambda a, w, sa, sb, d: gemm_ladder.scaled_mm(a, w.t(), sa, sb, out=d, strict=False)}
+    sets_of = {}
+    if [M, N, K] in bf16:  # our bf16 kernel at the shape, on bf16 inputs of its own (the pack's bf16 module)
+        sets_of["ours_bf16"] = [(torch.randn(M, K, device="cuda").to(torch.bfloat16),
+                                 torch.randn(N, K, device="cuda").to(torch.bfloat16),
+                                 torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+                                for _ in range(max(2, math.ceil(3 * l2 / (2 * (M * K + N * K + M * N)))))]
+        kernels["ours_bf16"] = lambda a, w, d: gemm_ladder.matmul(a, w, out=d, strict=True)
+        kernels["ours_bf16"](*sets_of["ours_bf16"][0])
     # the first call resolves and loads (outside any capture); a peer this torch refuses here (block-wise
     # at an N off its 128-column blocks) is left out with its message, ours timed alone; the front door's
     # first call times its candidates (first use) and says what it chose
@@ -301,8 +322,9 @@ def time_case(case: dict) -> dict:
     t0 = time.time()
     for r in range(ROUNDS):
         for n in names[r % len(names):] + names[:r % len(names)]:
-            graph[n] += harness.graph_times(kernels[n], sets, PER_ROUND, max(8, len(sets)))
-            call[n] += harness.event_times(kernels[n], sets, PER_ROUND)
+            ss = sets_of.get(n, sets)
+            graph[n] += harness.graph_times(kernels[n], ss, PER_ROUND, max(8, len(ss)))
+            call[n] += harness.event_times(kernels[n], ss, PER_ROUND)
     return {"times": {n: {"kernel_ms": statistics.median(graph[n]), "call_ms": statistics.median(call[n])}
                       for n in names}, "t0": t0, "t1": time.time(), "input_sets": len(sets), "left_out": left_out,
             "front_door_explain": chose, "front_door_matches": matches}
@@ -344,7 +366,7 @@ def run(folder, out) -> int:
         for case in (c for c in _plan(folder)["cases"] if c["timed"]):
             row = make_row(case, None, checks)
             if row["correct"]:
-                timed = time_case(case)
+                timed = time_case(case, _plan(folder).get("bf16", []))
                 row = make_row(case, timed["times"], checks)
                 row.update(clocks=sampler.between(timed["t0"], timed["t1"]), input_sets=timed["input_sets"],
                            peers_left_out=timed["left_out"], front_door_explain=timed["front_door_explain"],
@@ -383,8 +405,13 @@ def main(argv=None) -> int:
                     help=f"recipe,...: of {', '.join(ALL_RECIPES)} (default {','.join(RECIPES)})")
     pr.add_argument("--suite", action="store_true",
                     help="the fp8 suite: SUITE_WEIGHTS (DeepSeek-V3, Llama-3-8B), no bias, every M of SUITE_MS timed")
+    pr.add_argument("--bf16", action="store_true",
+                    help="also the front door's bf16 modules of the timed squares (4096^3, 8192^3): timed as "
+                         "ours_bf16 beside the fp8 kernel (issue 32's fp8 over bf16)")
     a = p.parse_args(argv)
-    return prepare(a.out, a.weights, a.recipes, a.suite) if a.cmd == "prepare" else run(a.folder, a.out)
+    if a.cmd == "prepare":
+        return prepare(a.out, a.weights, a.recipes, a.suite, a.bf16)
+    return run(a.folder, a.out)
 
 
 if __name__ == "__main__":

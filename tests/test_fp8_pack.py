@@ -319,6 +319,9 @@ def test_the_pack_check_passes_only_what_the_pack_served_within_twice_torchs_err
     times = {"ours": {"kernel_ms": 0.2, "call_ms": 0.25}, "torch_scaled_mm": {"kernel_ms": 0.1, "call_ms": 0.1}}
     row = fp8_pack_check.make_row(case, times, checks[:1])
     assert row["correct"] and row["ratio_to_scaled_mm"] == 0.5 and row["peer_ratios"] == {"torch_scaled_mm": 0.5}
+    with_bf16 = {**times, "ours_bf16": {"kernel_ms": 0.36, "call_ms": 0.4}}  # prepare --bf16's peer: bf16 over fp8
+    assert fp8_pack_check.make_row(case, with_bf16, checks[:1])["peer_ratios"] == {"torch_scaled_mm": 0.5,
+                                                                                     "ours_bf16": pytest.approx(1.8)}
     assert row["tflops"] == pytest.approx(2 * case["M"] * case["N"] * case["K"] / 0.2e-3 / 1e12)
     assert {"recipe", "M", "N", "K", "correct", "tflops", "ratio_to_scaled_mm", "peer_ratios"} <= set(row)
     assert "front_door" not in row

@@ -578,7 +578,7 @@ def scaled_mm(A, B, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, ex
     call = checked_call(A, B, scale_a, scale_b, bias, out_dtype, out)
     _require_gpu(A)
     grad = _grad_wanted(A, B, scale_a, scale_b, bias, out)
-    _check_apart(call, A, B, scale_a, scale_b, bias, out)
+    _check_apart(A, B, scale_a, scale_b, bias, out)
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
     strict = _strict(strict)
     route = route_of(call, index, strict, out_dtype)
@@ -644,7 +644,7 @@ def _no_backward(D, *inputs):
     return fn(D, *[t for t in inputs if t is not None])
 
 
-def _check_apart(call: Call, A, B, scale_a, scale_b, bias, out) -> None:
+def _check_apart(A, B, scale_a, scale_b, bias, out) -> None:
     """``out`` must share no byte with what the kernel reads (A, B, the scales, the bias): it
     writes D while it still reads them."""
     if out is None:
@@ -669,7 +669,7 @@ _NATIVE: dict = {"module": None}
 
 def _fast_key(A, B, scale_a, scale_b, bias, out, out_dtype, strict):
     """A call's layout for :data:`_FAST` (None where an argument is no tensor: the checked path says
-    what it must be); ``fastpath.cpp``'s ``scaled_key`` makes the same from the tensors' C++ fields."""
+    what it must be); ``fastpath.cpp``'s ``make_scaled_key`` makes its own from the tensors' C++ fields."""
     try:
         key = (A.shape, A.stride(), A.dtype, A.device, B.shape, B.stride(), B.dtype, B.device,
                scale_a.shape, scale_a.stride(), scale_a.dtype, scale_a.device,
@@ -706,9 +706,10 @@ def _remember(route: Route, call: Call, A, B, scale_a, scale_b, bias, out, given
     if route.candidates or launch is None or key is None:
         return
     hit = Repeat(launch, call.M, call.N, D.dtype, call.recipe == "block", A.nbytes, B.nbytes, D.nbytes)
+    table = native_table()  # outside the lock: with GEMM_LADDER_NATIVE=build it may compile first
     with _LOCK:
         _FAST[key] = hit
-        _NATIVE["module"] = native_table()
+        _NATIVE["module"] = table
     _to_native(key, hit, A, B, scale_a, scale_b, bias, out, given)
 
 
