@@ -192,6 +192,76 @@ def test_the_block_fallback_is_the_dequantized_product():
     assert (err > ref.abs() * 2 ** -10).any()  # it was rounded to bf16 (not compared to itself)
 
 
+class TorchBlock:
+    """torch._scaled_mm's block-wise kernel on the CPU: the layouts it takes checked, the product as the
+    dequantized inputs', the calls recorded."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, a, b, scale_a, scale_b, out_dtype=None, out=None, **kw):
+        self.calls.append((scale_a.shape, scale_a.stride(), scale_b.shape, scale_b.stride()))
+        d = (dequantize(a, scale_a).double() @ dequantize(b.t(), scale_b.t(), (128, 128)).double().t()).to(out_dtype)
+        return d if out is None else out.copy_(d)
+
+
+def test_where_torch_runs_block_scales_its_kernel_takes_them_in_its_own_layouts(monkeypatch):
+    """``torch_block``: torch's block-wise ``_scaled_mm`` on the scales as torch lays them out (scale_a
+    [M, K/128] M-major, scale_b [K/128, N/128] the .t() of row-major blocks), from the kernel's forms;
+    with a bias (which torch's block-wise kernel is not asked to add), the dequantized product."""
+    fake = TorchBlock()
+    monkeypatch.setattr(torch, "_scaled_mm", fake)
+    _, _, aq, wq, sa, sw = _block_operands()
+    ref = dequantize(aq, sa).double() @ dequantize(wq, sw, (128, 128)).double().t()
+    out = torch.full((200, 144), float("nan"), dtype=torch.bfloat16)
+    d = TorchScaledMM("block", torch.bfloat16, torch_block=True)(aq, wq, out=out, scale_a=sa.t().contiguous(),
+                                                                 scale_b=sw)
+    assert d is out and fake.calls == [((200, 3), (1, 200), (3, 2), (1, 3))]
+    torch.testing.assert_close(out.double(), ref, rtol=2 ** -7, atol=1e-6)
+    TorchScaledMM("block", torch.bfloat16, torch_block=True)(aq, wq, scale_a=sa.t().contiguous(), scale_b=sw,
+                                                            bias=torch.randn(144))
+    TorchScaledMM("block", torch.bfloat16)(aq, wq, scale_a=sa.t().contiguous(), scale_b=sw)
+    assert len(fake.calls) == 1  # neither the bias call nor one where torch runs no block scales
+
+
+def test_first_use_offers_torchs_block_kernel_only_where_it_runs_and_without_a_bias():
+    route = lambda: scaled.Route("ours", None, "kernel pack", "v9", {})  # noqa: E731
+    plain, biased = (scaled.Call(256, 144, 304, "block", GemmSpec.fp8("bfloat16", "block", b)) for b in (None, "bfloat16"))
+    offered = scaled._offer_torch(route(), "s", plain, False, torch.bfloat16, torch_block=True)
+    assert set(offered.candidates) == {"v9", "torch"}
+    assert offered.candidates["torch"][1]().module.torch_block is True
+    for call, strict, ok in ((plain, False, False), (biased, False, True), (plain, True, True)):
+        assert not scaled._offer_torch(route(), "s", call, strict, torch.bfloat16, torch_block=ok).candidates
+
+
+def test_with_no_kernel_a_block_call_falls_back_to_torchs_kernel_where_it_runs(no_gpu, monkeypatch):
+    call = scaled.Call(256, 144, 304, "block", BLOCK)
+    for runs in (True, False):
+        monkeypatch.setattr(scaled, "torch_runs_block", lambda index, runs=runs: runs)
+        with pytest.warns(scaled.KernelFallbackWarning):
+            scaled.reset()
+            route = scaled._resolve(call, 0, False, torch.bfloat16)
+        assert isinstance(route.module, TorchScaledMM) and route.module.torch_block is runs
+
+
+def test_torch_runs_block_asks_once_per_gpu_and_a_refusal_is_no(monkeypatch):
+    monkeypatch.setattr(scaled, "_TORCH_BLOCK", {})
+    asked = []
+
+    def probe_ok(make, index):
+        asked.append(index)
+        return True
+
+    monkeypatch.setattr(scaled, "outside_graph_pools", probe_ok)
+    assert scaled.torch_runs_block(0) and scaled.torch_runs_block(0) and asked == [0]
+
+    def refused(make, index):
+        raise RuntimeError("Invalid scaling configuration")
+
+    monkeypatch.setattr(scaled, "outside_graph_pools", refused)
+    assert not scaled.torch_runs_block(1) and scaled.torch_runs_block(0)
+
+
 def test_packs_build_block_scales_where_asked():
     specs = kernel_pack.pack_specs((kernel_pack.FP8_INPUT,), fp8_scales=("block",), fp8_out=("bfloat16",))
     assert specs == [BLOCK]

@@ -26,10 +26,12 @@ The block recipe is DeepSeek-V3's (A's activations in groups of 128 of K a row, 
 128x128 blocks), with the layouts torch's ``_scaled_mm`` checks for its BlockWise1x128 and
 BlockWise128x128 scalings (``is_blockwise_1x128_scaling``: scale_a ``[M, K/128]`` with strides
 ``(1, M)``; scale_b the ``.t()`` of a row-major ``[N/128, K/128]``) and DeepGEMM's (its A scales
-are M-major too: a warp's rows are adjacent). Torch 2.11 refuses them on an H100 (cuBLASLt on
-sm_90 has no block-wise scaling), so where no kernel of ours serves a block call the fallback is
-the product of the dequantized inputs in fp32 (:class:`TorchScaledMM`), not ``_scaled_mm``. The
-scales are applied as each 128 of K is promoted into the fp32 sums (``sm90a/fp8.py``).
+are M-major too: a warp's rows are adjacent). Whether this torch's ``_scaled_mm`` runs them is asked
+once per GPU (:func:`torch_runs_block`: torch 2.11 with CUDA 13 does on the H200 box; an earlier
+cuBLASLt refused them on sm_90). Where it does, torch's kernel is the fallback of a block call
+without a bias and the first use's other candidate; elsewhere, or with a bias, the fallback is the
+product of the dequantized inputs in fp32 (:class:`TorchScaledMM`). The scales are applied as each
+128 of K is promoted into the fp32 sums (``sm90a/fp8.py``).
 
 ``bias`` ``[N]`` in ``out_dtype`` or fp32; ``out_dtype`` bfloat16 (default) or float16 on our
 kernels (float32: torch's); K and N multiples of 16 (torch's rule, and TMA's 16-byte strides).
@@ -54,14 +56,15 @@ repeats its launch without the checks its layout settles (:func:`_repeat`; the C
 a backward that refuses, as ``torch._scaled_mm``'s does; ``out`` must not overlap what the kernel reads.
 
 The kernel of 2 or 3 is timed at the first call of a shape (M, weight, spec) on a GPU against
-``torch._scaled_mm`` for per-tensor and rowwise scales (torch has its own kernels for those), as
+``torch._scaled_mm`` for per-tensor and rowwise scales (torch has its own kernels for those), and for
+block scales without a bias where this torch runs them on the GPU (:func:`torch_runs_block`), as
 ``front.matmul`` times its candidates (``first_use``: queued launches and kernels in CUDA graphs on
 input sets that spill L2, the winners remembered per GPU in ``choices.json``): under CUDA-graph capture
 the faster kernel serves; eager calls go to torch where its whole calls were TORCH_EAGER_EDGE (1.10)
 times faster (its host path is the longer); ``explain`` says which ran and why, so ``scaled_mm`` is never
 slower than the library it replaces. Not with ``strict=True`` (or
-``GEMM_LADDER_STRICT=1``), nor with ``GEMM_LADDER_MEASURE=0``, nor for block scales (torch 2.11 has no
-block-wise kernel on sm_90: its stand-in is a float32 product).
+``GEMM_LADDER_STRICT=1``), nor with ``GEMM_LADDER_MEASURE=0``, nor for block scales where torch has no
+block-wise kernel on the GPU or the call has a bias (the stand-in then is a float32 product).
 
 The tuner does not time fp8 yet (the policy's fp8 knobs are ``plan.fp8_knobs``, from the fp8 sweep).
 
@@ -328,17 +331,22 @@ def reset() -> None:
 class TorchScaledMM:
     """``torch._scaled_mm`` in a module's place (A [M, K], B as [N, K] rows, the spec's operands):
     the fallback where no kernel of ours serves a call. An fp32 bias is added in fp32 before the
-    rounding, as our kernel does (torch takes a bias in out_dtype). Block scales (which torch 2.11
-    refuses on sm_90): the dequantized inputs' product in fp32, the scales as the kernel takes them
-    (scale_a [K/128, M], scale_b [N/128, K/128])."""
+    rounding, as our kernel does (torch takes a bias in out_dtype). Block scales come as the kernel
+    takes them (scale_a [K/128, M], scale_b [N/128, K/128]): with ``torch_block`` (this torch runs them
+    on the GPU, :func:`torch_runs_block`) and no bias, torch's block-wise kernel on their transposes
+    (its own layouts); else the dequantized inputs' product in fp32."""
 
-    def __init__(self, recipe: str, out_dtype):
-        self.recipe, self.out_dtype = recipe, out_dtype
+    def __init__(self, recipe: str, out_dtype, torch_block: bool = False):
+        self.recipe, self.out_dtype, self.torch_block = recipe, out_dtype, torch_block
 
     def __call__(self, a, b_nk, out=None, scale_a=None, scale_b=None, bias=None):
         import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
 
         M, N = a.shape[0], b_nk.shape[0]
+        if self.recipe == "block" and self.torch_block and bias is None:
+            if out is None:
+                return torch._scaled_mm(a, b_nk.t(), scale_a.t(), scale_b.t(), out_dtype=self.out_dtype)
+            return torch._scaled_mm(a, b_nk.t(), scale_a.t(), scale_b.t(), out_dtype=self.out_dtype, out=out)
         if self.recipe == "block":
             d = dequantize(a, scale_a.t()) @ dequantize(b_nk, scale_b, (BLOCK, BLOCK)).t()
             d = (d if bias is None else d + bias.float()).to(self.out_dtype)
@@ -380,7 +388,8 @@ def pack_command(call: Call) -> str:
             "and set GEMM_LADDER_PACK=PACK")
 
 
-def _from_packs(call: Call, arch: str, strict: bool, out_dtype) -> tuple[Route | None, list[str]]:
+def _from_packs(call: Call, arch: str, strict: bool, out_dtype, torch_block: bool = False
+                ) -> tuple[Route | None, list[str]]:
     """The first kernel pack module of the call's spec, N and K that computes its M as it is (a
     runtime-M module whose 32-bit indices take M, or one built for this M: A is not padded here),
     with torch beside it for the first call's timing (:func:`_offer_torch`), and notes on the modules
@@ -408,7 +417,7 @@ def _from_packs(call: Call, arch: str, strict: bool, out_dtype) -> tuple[Route |
                  f"source: {found.describe()}"]
         route = Route(_LOADED[key], None if e["dynamic_m"] else e["shape"][0], "kernel pack", e["rung"],
                       dict(e["knobs"]), lines)
-        return _offer_torch(route, e["so_sha256"], call, strict, out_dtype), notes
+        return _offer_torch(route, e["so_sha256"], call, strict, out_dtype, torch_block), notes
     return None, notes
 
 
@@ -421,7 +430,7 @@ def _policy(call: Call) -> tuple[str, dict]:
     return plan.fp8_module(call.M, call.N, call.K, call.recipe, call.spec.bias)
 
 
-def _build(call: Call, arch: str, strict: bool, out_dtype) -> Route:
+def _build(call: Call, arch: str, strict: bool, out_dtype, torch_block: bool = False) -> Route:
     """The policy's module for ``call`` from the module cache, or built into it now, with torch beside it
     for the first call's timing (:func:`_offer_torch`)."""
     rung, chosen, knobs = build_job(call, arch)
@@ -431,23 +440,24 @@ def _build(call: Call, arch: str, strict: bool, out_dtype) -> Route:
                   [f"kernel: {rung} fp8 ({call.spec.text()}) [M at run time]",
                    f"chosen by: plan.FP8_RULES: {chosen or 'v9 fp8 defaults'}",
                    f"source: {source} {path}"])
-    return _offer_torch(route, sha256_of(path), call, strict, out_dtype)
+    return _offer_torch(route, sha256_of(path), call, strict, out_dtype, torch_block)
 
 
 def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
     arch = device.arch_of(index)
+    torch_block = call.recipe == "block" and torch_runs_block(index)
     why = "out_dtype float32 is not built (bfloat16 or float16 are)" if call.spec is None else None
     if why is None:
         for mod in _MODULES:
             if _fits(mod, call):
                 return Route(mod, None if mod.dynamic_m else mod.M, "use_module", mod.rung, {},
                              [f"kernel: {mod.rung} fp8 ({call.spec.text()})", f"source: use_module {mod.path}"])
-        route, notes = _from_packs(call, arch, strict, out_dtype)
+        route, notes = _from_packs(call, arch, strict, out_dtype, torch_block)
         if route is not None:
             return route
         why = why_no_build()
         if why is None:
-            return _build(call, arch, strict, out_dtype)
+            return _build(call, arch, strict, out_dtype, torch_block)
         where = ", ".join(str(p.folder) for p in packs()) or "none ($GEMM_LADDER_PACK is not set)"
         passed = f"; passed over: {'; '.join(notes)}" if notes else ""
         why = (f"no module given to use_module and no kernel pack (packs: {where}) serves it{passed}, and nothing "
@@ -460,27 +470,56 @@ def _resolve(call: Call, index: int, strict: bool, out_dtype) -> Route:
         _WARNED.add((call.M, call.N, call.K, call.recipe))
         warnings.warn(f"gemm_ladder.scaled_mm {what}: torch._scaled_mm computes it: {why}{how}",
                       KernelFallbackWarning, stacklevel=3)
-    return Route(TorchScaledMM(call.recipe, out_dtype), None, "torch", "torch._scaled_mm", {},
+    return Route(TorchScaledMM(call.recipe, out_dtype, torch_block), None, "torch", "torch._scaled_mm", {},
                  ["kernel: torch._scaled_mm", f"why: {why}"] + ([f"how: {how[2:]}"] if how else []))
 
 
 # -- the measured choice at first use -----------------------------------------------------------------
 TORCH_RECIPES = ("tensor", "row")  # torch._scaled_mm's own kernels (cuBLASLt; rowwise CUTLASS) on sm_90
+_TORCH_BLOCK: dict = {}  # GPU index -> whether this torch's _scaled_mm runs block scales there (torch_runs_block)
 
 
-def _offer_torch(route: Route, sha256: str, call: Call, strict: bool, out_dtype) -> Route:
+def torch_runs_block(index: int) -> bool:
+    """Whether this torch's ``_scaled_mm`` runs block-wise scales (A's 1x128 groups, B's 128x128
+    blocks) on GPU ``index``: one 128x128x256 call (K of two groups: no scale shape a rowwise call
+    would also have), asked once per GPU, outside any CUDA-graph capture.
+    Torch 2.11 with CUDA 13 runs them on the H200 box (cuBLASLt's block scaling: 0.75-1.43x our kernels,
+    ``benchmarks/results/2026-11-29_h200_fp8_block_deepgemm/``); where it raises, or there is no GPU,
+    False."""
+    if index not in _TORCH_BLOCK:
+        def probe():
+            import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
+
+            dev = torch.device("cuda", index)
+            a = torch.zeros(BLOCK, 2 * BLOCK, device=dev).to(torch.float8_e4m3fn)  # A and W: [128, 256]
+            scale_a = torch.ones(2, BLOCK, device=dev).t()  # [M, K/128], M-major
+            scale_b = torch.ones(1, 2, device=dev).t()  # the .t() of a row-major [N/128, K/128]
+            torch._scaled_mm(a, a.t(), scale_a, scale_b, out_dtype=torch.bfloat16)
+            torch.cuda.synchronize(dev)
+            return True
+
+        try:
+            _TORCH_BLOCK[index] = outside_graph_pools(probe, index)
+        except Exception:  # pylint: disable=broad-except  (refused by this torch or cuBLASLt, or no GPU: not offered)
+            _TORCH_BLOCK[index] = False
+    return _TORCH_BLOCK[index]
+
+
+def _offer_torch(route: Route, sha256: str, call: Call, strict: bool, out_dtype, torch_block: bool = False) -> Route:
     """``route`` (a pack's module or one built here, whose file has ``sha256``) with torch._scaled_mm
     beside it as the candidates of the first call's timing (``first_use``), where torch has a kernel of
-    its own for the recipe (not block scales, whose stand-in is a float32 product) and the call is not
-    strict."""
-    if strict or call.recipe not in TORCH_RECIPES:
+    its own for the recipe (block scales: where ``torch_block`` says this torch runs them on the GPU,
+    :func:`torch_runs_block`, and the call has no bias, whose stand-in would be a float32 product) and
+    the call is not strict."""
+    block_ok = call.recipe == "block" and torch_block and call.spec is not None and call.spec.bias is None
+    if strict or (call.recipe not in TORCH_RECIPES and not block_ok):
         return route
     lines = ["kernel: torch._scaled_mm", f"why: at first use on this GPU it ran {call.M}x{call.N}x{call.K} "
              f"({call.recipe} scales) faster than our kernel (gemm_ladder is never slower than the library it replaces)",
              "source: torch (strict=True or GEMM_LADDER_STRICT=1 keeps ours)"]
     route.candidates = {
         route.rung: (sha256, lambda: route),
-        first_use.TORCH: (first_use.TORCH, lambda: Route(TorchScaledMM(call.recipe, out_dtype), None,
+        first_use.TORCH: (first_use.TORCH, lambda: Route(TorchScaledMM(call.recipe, out_dtype, block_ok), None,
                                                          "torch, measured faster", "torch._scaled_mm", {}, lines))}
     return route
 
