@@ -164,8 +164,13 @@ teach.show_source(fp8.scale_sums)
 # to wait on them), so the load's latency hides under a slice's wgmmas; DeepGEMM stages them through shared memory with the producer's TMA instead, which
 # costs a TMA box and barrier bytes a stage for three floats a thread. The epilogue then scales
 # nothing (a bias still is added). The layouts are those torch's `_scaled_mm` names BlockWise1x128
-# and BlockWise128x128 (A's scales M-major, so a warp's rows are adjacent), though torch 2.11
-# refuses them on an H100: `scaled_mm` falls back to the dequantized product there.
+# and BlockWise128x128 (A's scales M-major, so a warp's rows are adjacent). Whether torch's own kernel
+# runs them depends on its cuBLASLt: torch 2.11 with CUDA 13 does on an H200, so `scaled_mm` asks once per
+# GPU, and where it does, times torch's block-wise kernel against ours at a shape's first call. Where it
+# does not, the fallback is the dequantized product. On that H200, DeepGEMM's block-wise kernels, built
+# from source, ran 1.08-1.47x faster than ours: 1281 TFLOPS at 4096x7168x16384 against our 1139
+# (`benchmarks/results/2026-11-29_h200_fp8_block_deepgemm/`). What they do that ours do not is the
+# open question of issue 32.
 
 # %%
 teach.show_source(fp8.BlockScales)
