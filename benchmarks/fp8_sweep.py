@@ -670,6 +670,10 @@ BLOCK_CONFIGS = {
     "n256_h_u_ss_d3": {"blk_n": 256, "halves": True, "epi_under": True, "pipe_depth": 3, "stage_scales": True},
     "n256_h_u_ssb_d3": {"blk_n": 256, "halves": True, "epi_under": True, "pipe_depth": 3, "stage_scales": True,
                         "stage_bulk": True},
+    # 192x128 tiles over three consumers, the per-tensor fp8-wide tile: each consumer's drained promotion under the
+    # other two's wgmmas (two accumulator sets do not fit 152 registers a consumer); B shared in 1x2 or A in 2x1
+    "m192": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 1, "cluster_n": 2},
+    "m192_c2x1": {"blk_m": 192, "num_warpgroups": 3, "cluster_m": 2, "cluster_n": 1},
 }
 # shape -> the configs timed there. The first run (c7cf3e4, benchmarks/results/2026-11-26_h100_fp8_block_overlap/)
 # timed the overlap, clusters and ring depths: overlap=4 best past M = 128 (0.82-0.92x torch's block-wise), the
@@ -680,10 +684,10 @@ BLOCK_CONFIGS = {
 # benchmarks/results/2026-11-27_h100_fp8_under/ the halves with the epilogue under (n256_h_u) at the first three
 # shapes. This list is the policy's tiles (ov4_ss, n256_h_u: plan.fp8_tile) beside the halves without it.
 BLOCK_SWEEP = {
-    "4096x7168x16384": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3"),
+    "4096x7168x16384": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3", "m192", "m192_c2x1"),
     "4096^3": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3"),
-    "8192^3": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3"),
-    "4096x4096x7168": ("ov4_ss", "n256_h_u", "n256_h_u_ss_d3"),
+    "8192^3": ("ov4_ss", "n256_h_u", "n256_h_u_d3", "n256_h_u_ss_d3", "n256_h_u_ssb_d3", "m192"),
+    "4096x4096x7168": ("ov4_ss", "n256_h_u", "n256_h_u_ss_d3", "m192", "m192_c2x1"),
     "128x4096x7168": ("sm_ov2", "sm_ov2_ss", "sm_ov4_ss"),
 }
 BLOCK_PEER = {label: {"small": "tensor_policy_small", "wide": "tensor_policy_wide", "halves": "tensor_policy_halves",
