@@ -246,6 +246,7 @@ def test_with_no_kernel_a_block_call_falls_back_to_torchs_kernel_where_it_runs(n
 
 def test_torch_runs_block_asks_once_per_gpu_and_a_refusal_is_no(monkeypatch):
     monkeypatch.setattr(scaled, "_TORCH_BLOCK", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a GPU's answer, eagerly
     asked = []
 
     def probe_ok(make, index):
@@ -260,6 +261,12 @@ def test_torch_runs_block_asks_once_per_gpu_and_a_refusal_is_no(monkeypatch):
 
     monkeypatch.setattr(scaled, "outside_graph_pools", refused)
     assert not scaled.torch_runs_block(1) and scaled.torch_runs_block(0)
+    # inside a capture nothing is asked (the probe would join the caller's graph) and nothing is remembered
+    monkeypatch.setattr(scaled, "outside_graph_pools", probe_ok)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not scaled.torch_runs_block(2) and 2 not in scaled._TORCH_BLOCK and asked == [0]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert scaled.torch_runs_block(2) and asked == [0, 2]
 
 
 def test_packs_build_block_scales_where_asked():

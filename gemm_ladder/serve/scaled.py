@@ -482,11 +482,22 @@ _TORCH_BLOCK: dict = {}  # GPU index -> whether this torch's _scaled_mm runs blo
 def torch_runs_block(index: int) -> bool:
     """Whether this torch's ``_scaled_mm`` runs block-wise scales (A's 1x128 groups, B's 128x128
     blocks) on GPU ``index``: one 128x128x256 call (K of two groups: no scale shape a rowwise call
-    would also have), asked once per GPU, outside any CUDA-graph capture.
+    would also have), asked once per GPU, never inside a CUDA-graph capture: the probe would join the
+    caller's graph, so there it answers False without remembering (a shape first resolved there is
+    not offered torch's kernel; the next shape resolved eagerly asks).
     Torch 2.11 with CUDA 13 runs them on the H200 box (cuBLASLt's block scaling: 0.75-1.43x our kernels,
     ``benchmarks/results/2026-11-29_h200_fp8_block_deepgemm/``); where it raises, or there is no GPU,
     False."""
     if index not in _TORCH_BLOCK:
+        import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
+
+        try:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+        except Exception:  # pylint: disable=broad-except  (no CUDA here: no GPU to ask)
+            _TORCH_BLOCK[index] = False
+            return False
+
         def probe():
             import torch  # pylint: disable=import-outside-toplevel  (optional: torch, the caller's)
 
@@ -499,7 +510,7 @@ def torch_runs_block(index: int) -> bool:
             return True
 
         try:
-            _TORCH_BLOCK[index] = outside_graph_pools(probe, index)
+            _TORCH_BLOCK[index] = bool(outside_graph_pools(probe, index))
         except Exception:  # pylint: disable=broad-except  (refused by this torch or cuBLASLt, or no GPU: not offered)
             _TORCH_BLOCK[index] = False
     return _TORCH_BLOCK[index]
