@@ -226,7 +226,8 @@ def test_where_torch_runs_block_scales_its_kernel_takes_them_in_its_own_layouts(
 
 def test_first_use_offers_torchs_block_kernel_only_where_it_runs_and_without_a_bias():
     route = lambda: scaled.Route("ours", None, "kernel pack", "v9", {})  # noqa: E731
-    plain, biased = (scaled.Call(256, 144, 304, "block", GemmSpec.fp8("bfloat16", "block", b)) for b in (None, "bfloat16"))
+    plain, biased = (scaled.Call(256, 144, 304, "block", GemmSpec.fp8("bfloat16", "block", b))
+                     for b in (None, "bfloat16"))
     offered = scaled._offer_torch(route(), "s", plain, False, torch.bfloat16, torch_block=True)
     assert set(offered.candidates) == {"v9", "torch"}
     assert offered.candidates["torch"][1]().module.torch_block is True

@@ -1,8 +1,8 @@
 """``scaled_mm``'s measured choice at first use, on the CPU: a pack's (or a build's) fp8 kernel is timed
 against ``torch._scaled_mm`` for per-tensor and rowwise scales, the faster computes the shape (eagerly
 and under capture each its own), ``explain`` says so, the choice is remembered across processes, and
-nothing is timed in strict mode, for block scales torch has no kernel for, under capture or when switched off. The timing
-itself is ``first_use``'s (``tests/test_first_use.py``); on the GPU, ``benchmarks/gpu_session.sh``."""
+nothing is timed in strict mode, for block scales torch has no kernel for, under capture or when switched
+off. The timing itself is ``first_use``'s (``tests/test_first_use.py``); on the GPU, ``benchmarks/gpu_session.sh``."""
 
 import json
 

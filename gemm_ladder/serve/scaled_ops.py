@@ -21,9 +21,9 @@ from .scaled import check_call, scaled_mm as _scaled_mm
 @torch.library.custom_op("gemm_ladder::scaled_mm", mutates_args=())
 def scaled_mm(A: torch.Tensor, B: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
               bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``gemm_ladder.scaled_mm`` (A [M, K] e4m3 row-major, B [K, N] column-major, fp32 scales). Under
-    the op's own autograd (none registered: torch refuses a backward through it), so the kernel's D
-    is returned as it is."""
+    """``gemm_ladder.scaled_mm`` (A [M, K] e4m3 row-major, B [K, N] column-major, fp32 scales), with
+    grad mode off inside: the op registers no autograd formula, so torch itself refuses a backward
+    through it, and the front door's own refusing backward (``scaled._no_backward``) is not added."""
     with torch.no_grad():
         return _scaled_mm(A, B, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
 
