@@ -16,6 +16,8 @@ from gemm_ladder.serve import front, native, scaled
 from gemm_ladder.serve.front import Route
 from gemm_ladder.serve.runtime import ModuleInputError
 
+from .test_fp8_first_use import Ours
+
 M, N, K = 24, 32, 256
 
 
@@ -174,31 +176,13 @@ def test_modes_subclasses_and_bad_arguments(fresh):
     assert fresh.scaled_size() == 0 and fresh.scaled_lookup(A, W.t(), sa, sb, None, None, None, None) is None
 
 
-# -- through scaled_mm ---------------------------------------------------------------------------------
-class Module:
-    """A loaded fp8 module's stand-in (``GemmModule.launcher``'s convention), counting launches."""
-
-    path = "ours.so"
-
-    def __init__(self):
-        self.launches = 0
-
-    def launcher(self, a, b, out, **operands):
-        names = list(operands)
-
-        def launch(x, y, z, *extras):
-            self.launches += 1
-            ops = dict(zip(names, extras))
-            z.copy_(product(x, y, ops["scale_a"], ops["scale_b"], ops.get("bias")))
-        return launch
-
-
+# -- through scaled_mm (a loaded module's stand-in: test_fp8_first_use's, counting its launches) -----------
 @pytest.fixture
 def door(monkeypatch):
     """scaled_mm on the CPU: a GPU's route stand-in, the checked path counted, no C++ table unless asked."""
     front.reset()
     scaled.reset()
-    module = Module()
+    module = Ours()
     checks = []
     real_check = scaled.checked_call
 
