@@ -422,3 +422,35 @@ for M, N, K in ((256, 2112, 7168), (64, 6144, 4096), (256, 6144, 4096), (256, 40
 # promoted spilled, and `unroll_k` refuses it). The suite on one H200, before and after: 0.993x -> 1.010x
 # per-tensor, the lowest case 0.82x -> 0.87x (`benchmarks/results/2026-11-28_h200_fp8_suite/`). cuBLASLt still
 # leads at 256x6144x4096 (128x112 against its 128x96, 0.87x) and by 10% at 256x2112x7168.
+
+# %% [markdown]
+# ## The call, not only the kernel
+#
+# At small M a call's time is the host's, not the kernel's: a 9 us kernel behind a 30 us launch path runs at
+# the launch path's pace. Through its checked path `scaled_mm` spent 23-40 us of host a call on the H200 box,
+# where `torch._scaled_mm` spends 15-24, so at M = 64 our per-tensor calls ran 0.79-1.06x torch's while our
+# kernels ran 0.95-1.04x its. A call like one already checked (the same shapes, strides, dtypes and devices of its six
+# tensors, and `out_dtype` and `strict` as passed) now skips the checks its layout settles. It is looked up in
+# C++ (`fastpath.cpp`'s `scaled_lookup`), which makes the views the launch takes and D itself before calling
+# the bound launch: 11-16 us of host (`benchmarks/results/2026-11-29_h200_fp8_host/`). What depends on
+# addresses is checked again on every call: grad wanted, block scales 16-byte aligned, `out` apart from what
+# the kernel reads.
+#
+# ## Where fp8 stands (one H200, 2026-11-29)
+#
+# | | measured | against |
+# | --- | --- | --- |
+# | per-tensor suite (DeepSeek-V3's and Llama-3-8B's weights, M = 64-4096), kernels | 1.010-1.018x, lowest 0.92-0.94 | `torch._scaled_mm` |
+# | the same, calls | 1.22-1.23x, lowest 0.97-1.01 (0.945x before the repeated call) | `torch._scaled_mm` |
+# | rowwise suite, kernels / calls | 1.27x / 1.29x, lowest 1.02 / 1.04 | `torch._scaled_mm` |
+# | 4096^3 and 8192^3, per-tensor and rowwise | 1.054-1.082x, 1254-1354 TFLOPS | `torch._scaled_mm` |
+# | 8192^3, fp8 over bf16 | 1.87-1.95x | our own bf16 kernel |
+# | block suite, the front door (first use takes torch's where faster) | 1.089x, lowest 0.93 | torch's block-wise `_scaled_mm` |
+# | block, 4096x7168x16384 | 1139-1185 TFLOPS, 0.889x | DeepGEMM (1281 TFLOPS) |
+#
+# Why block scales trail: their sums must be scaled as each 128 of K joins the total, twice as often as
+# the per-tensor tile promotes. That is one FFMA an accumulator every 128 of K, issued by the warps that also
+# issue the wgmmas: 60% more instructions than per-tensor, and the tensor pipe busy 80% of the time instead of
+# 94% (Nsight Compute, `benchmarks/results/2026-11-29_h200_fp8_block_ncu/`). Within one consumer the adds cannot
+# run under its own wgmmas, because a 128x256 tile's two halves share one accumulator set: 168 registers a
+# thread is all a 384-thread CTA has.
