@@ -42,11 +42,12 @@ from .core.config import ARCHS, DEFAULT_ARCH, DEFAULT_DTYPE, DTYPES, ConfigError
 from .core.files import DamagedFile, FolderError, FolderInUse
 from .core.manifest import read_manifest
 from .core.records import RecordError
+from .core.spec import FP8_SCALES, GemmSpec
 from .measure import modules, report
 from .rungs import RUNGS
 from .serve import pack, tuning_db as db
 from .tune import merge as tune_merge, report as tune_report, rpc, serve, space
-from .tune.jobs import PlanError, from_args as jobs_from_args
+from .tune.jobs import FP8, TUNE_DTYPES, PlanError, from_args as jobs_from_args
 from .tune.measuring import CONFIRM_TOP, confirm_count, read_candidates
 from .tune.run import measure_local, tune_many
 
@@ -242,7 +243,8 @@ def _tune_show(a) -> int:
         tdb = db.TuningDB(_db_arg(a), strict=True)  # strict: a --db that is not there is an error
     except RecordError as err:
         raise UsageError(str(err)) from None
-    rows = [{"rung": e["rung"], "shape": "x".join(map(str, e["shape"])), "dtype": e["dtype"],
+    rows = [{"rung": e["rung"], "shape": "x".join(map(str, e["shape"])),
+             "dtype": e["dtype"] + (f" ({GemmSpec.parse(e['spec']).scales} fp8)" if e.get("spec") else ""),
              "arch": e["arch"], "gpu": e["gpu"], "tvm": e["tvm_version"], "tflops": f"{e['tflops']:.1f}",
              "ratio": f"{(e.get('ratio_to_cublas') or 0):.3f}", "knobs": tune_report.knob_label(e["knobs"]),
              "date": str(e.get("date", ""))[:10]} for e in tdb.entries]
@@ -272,7 +274,8 @@ def _candidate_folders(folders) -> None:
 
 def _jobs(a) -> list:
     try:
-        return jobs_from_args(a.rung, ([a.shape] if a.shape else []) + list(a.shapes or []), a.plan, a.dtype)
+        return jobs_from_args(a.rung, ([a.shape] if a.shape else []) + list(a.shapes or []), a.plan, a.dtype,
+                              a.fp8_scales or (), a.fp8_out or ())
     except (OSError, PlanError) as err:
         raise UsageError(str(err)) from None
 
@@ -292,7 +295,7 @@ def _measured(a, run: dict) -> int:
 
 def _space_of(a, job):
     return space.search_space(job.rung, job.shape, job.dtype, a.arch, {**space.parse_space(a.space), **job.space},
-                              a.l2_keep, a.sms, int(a.l2_mb * 2**20) if a.l2_mb else None)
+                              a.l2_keep, a.sms, int(a.l2_mb * 2**20) if a.l2_mb else None, spec=job.spec)
 
 
 def cmd_tune(a) -> int:
@@ -389,7 +392,13 @@ def _add_tune_parser(sub) -> None:
     t.add_argument("--shapes", type=cli_types.shapes, default=None,
                    help="several shapes in one run, comma-separated")
     t.add_argument("--plan", metavar="FILE", help="rungs and shapes, one rung a line (see gemm_ladder/tune/jobs.py)")
-    t.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES)
+    t.add_argument("--dtype", default=DEFAULT_DTYPE, choices=TUNE_DTYPES,
+                   help=f"the kernel's dtype; {FP8}: scaled_mm's fp8 kernel (A and B e4m3), timed against "
+                        "torch._scaled_mm, one job per --fp8-scales recipe and --fp8-out dtype")
+    t.add_argument("--fp8-scales", type=cli_types.names(FP8_SCALES, "fp8 scale recipe"), default=None,
+                   help=f"with --dtype {FP8}: the scale recipes, comma-separated (default tensor)")
+    t.add_argument("--fp8-out", type=cli_types.names(DTYPES, "fp8 D dtype"), default=None,
+                   help=f"with --dtype {FP8}: D's dtypes, comma-separated (default bfloat16)")
     t.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(ARCHS))
     t.add_argument("--space", action="append", metavar="KNOB=V1,V2",
                    help="values to try for a knob, e.g. pipe_depth=3,4,5 (repeatable; ';' separates knobs)")

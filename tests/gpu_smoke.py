@@ -2,7 +2,8 @@
 
 Every command and library entry that only runs on a GPU is run once here, as a user runs it, on
 the smallest inputs that reach its whole host path: ``verify``, ``bench``, ``suite run``, the
-every-model suite's job, ``tune --measure``, the ``rounds`` job of ``gemm_ladder.measure.isolate``,
+every-model suite's job, ``tune --measure`` (16-bit, and fp8 per-tensor and block-wise against
+``torch._scaled_mm``, then merged into a database the front door's fp8 policy reads), the ``rounds`` job of ``gemm_ladder.measure.isolate``,
 ``gemm_ladder.matmul`` and the torch op, also with a bias and with a bias and an activation (the
 operand spec's epilogue), a fused SwiGLU MLP's gradients (``nn.patch(fuse=True)``, eager and
 compiled) and its inference forward (the layers' fast lane), and the grouped front doors
@@ -30,6 +31,9 @@ INDEX = "smoke.json"
 # one module of the production rung at a shape of partial tiles, and one of the teaching ladder
 LADDER = [("v9", (200, 264, 320)), ("v4", (256, 256, 512))]
 TUNE = ("v5", (256, 256, 512), "blk_m=128;blk_n=128;num_warpgroups=2;pipe_depth=2,3")
+# scaled_mm's fp8 kernel tuned (tune --dtype float8_e4m3): two candidates of each recipe's, around the policy's knobs
+TUNE_FP8 = ("v9", (256, 512, 512), "pipe_depth=3,4;l2_group_size=8;tile_order=snake;cluster_m=2;cluster_n=1",
+            ("tensor", "block"))
 # one case of the shape suite (fp16 only: ``--only`` matches case ids by substring) and the
 # weight the front door's tests call through its pack
 SUITE_CASE = "float16-16x4096x4096"
@@ -81,6 +85,10 @@ def prepare(out) -> Path:
         _cli("export", "--rungs", rung, "--shapes", f"{M}x{N}x{K}", "--dtypes", "float16", "--out", str(out / "ladder"))
     rung, (M, N, K), space = TUNE
     _cli("tune", "--rung", rung, "--shape", f"{M}x{N}x{K}", "--space", space, "--build-only", "--out", str(out / "tune"))
+    rung, (M, N, K), space, recipes = TUNE_FP8
+    for recipe in recipes:
+        _cli("tune", "--rung", rung, "--shape", f"{M}x{N}x{K}", "--dtype", "float8_e4m3", "--fp8-scales", recipe,
+             "--space", space, "--build-only", "--out", str(out / f"tune_fp8_{recipe}"))
     shapes = sorted({SUITE_CASE.partition("-")[2], *FRONT_SHAPES, *SPLIT_SHAPES})
     _cli("pack", "build", "--shapes", ",".join(shapes), "--dtypes", "float16", "--out", str(out / "pack"))
     _cli("pack", "build", "--shapes", ",".join(BIAS_SHAPES), "--dtypes", "float16", "--epilogue", "bias",
@@ -94,7 +102,8 @@ def prepare(out) -> Path:
         _cli("pack", "build", "--shapes", ",".join(shapes), "--dtypes", "bfloat16", *how, "--out", str(out / "pack"))
     for weight in GROUPED:
         _cli("pack", "build", "--grouped", weight, "--dtypes", GROUPED_DTYPES[weight], "--out", str(out / "pack"))
-    index = {"ladder": "ladder", "tune": "tune", "pack": "pack", "suite_case": SUITE_CASE,
+    index = {"ladder": "ladder", "tune": "tune", "tune_fp8": {r: f"tune_fp8_{r}" for r in TUNE_FP8[3]},
+             "pack": "pack", "suite_case": SUITE_CASE,
              "front_shapes": list(FRONT_SHAPES), "split_shapes": list(SPLIT_SHAPES), "bias_shapes": list(BIAS_SHAPES), "act_shapes": list(ACT_SHAPES),
              "act_epilogues": list(ACT_EPILOGUES), "act_alone": list(ACT_ALONE), "swiglu_mlp": SWIGLU_MLP,
              "grouped": [[w, GROUPED_DTYPES[w]] for w in GROUPED]}

@@ -88,13 +88,13 @@ def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_databas
     assert choices[333].knobs["overlap"] == 4 and choices[128].knobs["blk_n"] == 64
     assert choices[1536].knobs["blk_m"] == 192 and choices[1536].knobs["num_warpgroups"] == 3
     assert choices[8192].knobs["blk_n"] == 256 and choices[8192].knobs["halves"] is True
-    assert all(plan.FP8_NO_DB in c.skipped for c in choices.values())
+    assert all(c.source == "rule" for c in choices.values())  # the packaged database holds no fp8 entry here
     block = GemmSpec.fp8("bfloat16", "block")
     # block scales: their own knobs (overlap=2 at small M, 4 on 128x128 past it, 128x256 in halves where its
     # waves fill best)
     for M, rule, overlap in ((1, "fp8-block-small-m", 2), (129, "fp8-block", 4), (8192, "fp8-block-halves", None)):
         c = plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, block))
-        assert c.rule == rule and c.knobs.get("overlap") == overlap and plan.FP8_NO_DB in c.skipped
+        assert c.rule == rule and c.knobs.get("overlap") == overlap and c.source == "rule"
     # 16-bit problems keep their rules (the small-M one here)
     assert plan.choose(plan.Problem(64, 4096, 7168, "bfloat16", "sm_90a", 132), use_db=False).rule not in \
         {r.name for r in plan.FP8_RULES}

@@ -35,7 +35,7 @@ def smoke(tmp_path_factory):
     else:
         root = prepare(tmp_path_factory.mktemp("smoke"))
     index = json.loads((root / INDEX).read_text())
-    return {k: (root / v if k in ("ladder", "tune", "pack") else v) for k, v in index.items()}
+    return {"root": root, **{k: (root / v if k in ("ladder", "tune", "pack") else v) for k, v in index.items()}}
 
 
 def _run(args, cwd, env=None, timeout=DEADLINE):
@@ -117,6 +117,31 @@ def test_tune_measure(smoke, tmp_path):
     doc = json.loads(report.read_text())
     ok = [r for r in doc["results"] if r["status"] == "ok"]
     assert len(ok) == len(doc["results"]) >= 2 and doc["best"] is not None
+
+
+def test_tune_measure_fp8(smoke, tmp_path):
+    """scaled_mm's fp8 kernel tuned, each recipe's folder: every candidate checked against the float64 product
+    of the dequantized inputs and timed against torch._scaled_mm on the same fp8 inputs (the second pass too:
+    the rounds job), then merged into a database as an entry of its operand spec, past the 16-bit peak's
+    bound where it is faster."""
+    tdb = tmp_path / "tuning_db.json"
+    for recipe, folder in smoke["tune_fp8"].items():
+        report = tmp_path / f"measurements_{recipe}.json"
+        out = _gemm_ladder("tune", "--measure", smoke["root"] / folder, "--reps", "5",
+                           "--confirm", "2", "--measurements-out", report, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(report.read_text())
+        assert "scales_" + recipe in doc["spec"]
+        ok = [r for r in doc["results"] if r["status"] == "ok"]
+        assert len(ok) == len(doc["results"]) >= 2, doc["results"]
+        assert all(r["cublas_path"].startswith("torch._scaled_mm") and r["rel_err"] < 0.02 for r in ok), ok
+        assert sum(r.get("confirmed") is True for r in ok) == 2 and doc["best"]["confirmed"] is True
+        merged = _gemm_ladder("tune", "--merge", report, "--db", tdb, cwd=tmp_path)
+        assert merged.returncode == 0, merged.stderr
+    entries = json.loads(tdb.read_text())["entries"]
+    assert sorted(e["spec"].rpartition("scales_")[2] for e in entries) == sorted(smoke["tune_fp8"])
+    shown = _gemm_ladder("tune", "--show", "--db", tdb, cwd=tmp_path)
+    assert shown.returncode == 0 and "block fp8" in shown.stdout and "tensor fp8" in shown.stdout
 
 
 def test_rounds_job(smoke, tmp_path):

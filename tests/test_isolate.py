@@ -34,23 +34,29 @@ def test_the_rounds_job_answers_for_every_module_of_its_group(tmp_path):
 
 
 def test_verify_refuses_a_spec_it_cannot_check_and_says_where_its_check_is():
-    """``harness.check`` (``verify``'s job) computes act(A . B^T + bias) into a 16-bit or float32 D; a
-    module that also needs scales, a residual, alpha, a gated B, groups or MN-major operands is refused by
-    name, not called with operands it does not take (which read as a wrong module)."""
+    """``harness.check`` (``verify``'s job) computes act(A . B^T + bias) into a 16-bit or float32 D, or a
+    scaled fp8 GEMM of one weight (every recipe, a bias); a module that also needs a residual, alpha, a
+    gated B, groups or MN-major operands is refused by name, not called with operands it does not take
+    (which read as a wrong module)."""
     import dataclasses
 
     from gemm_ladder.core.spec import GemmSpec, as_spec
     from gemm_ladder.measure import harness
 
-    for ok in (None, GemmSpec.default("bfloat16"), as_spec("d_float32.a_bfloat16.b_bfloat16", "bfloat16")):
+    scaled = [GemmSpec.fp8("bfloat16", r) for r in ("tensor", "row", "block")] + [
+        GemmSpec.fp8("float16", "row", "float32"), GemmSpec.fp8("bfloat16", "tensor", b="float8_e5m2")]
+    for ok in (None, GemmSpec.default("bfloat16"), as_spec("d_float32.a_bfloat16.b_bfloat16", "bfloat16"), *scaled):
         harness._checkable(ok)  # pylint: disable=protected-access
+    assert all(harness.is_scaled(s) for s in scaled) and not harness.is_scaled(GemmSpec.default("bfloat16"))
+    grouped = dataclasses.replace(GemmSpec.fp8("bfloat16", "row"), grouped=True)
+    assert not harness.is_scaled(grouped)
+    with pytest.raises(ValueError, match="adds groups"):
+        harness._checkable(grouped)  # pylint: disable=protected-access
     base = GemmSpec.default("bfloat16")
     for field, value, name in (("residual", "bfloat16", "a residual C"), ("alpha", True, "alpha"),
                                ("a_major", "M", "MN-major operands")):
         with pytest.raises(ValueError, match=f"adds {name}: check it through the front door"):
             harness._checkable(dataclasses.replace(base, **{field: value}))  # pylint: disable=protected-access
-    with pytest.raises(ValueError, match="adds fp8 scales"):
-        harness._checkable(GemmSpec.fp8())  # pylint: disable=protected-access
 
 
 def test_job_arguments_come_back_whole_or_are_refused():

@@ -199,17 +199,25 @@ MODEL_MACHINE = {
 }
 # no GPU of an arch exceeds this (dense fp16/bf16 with fp32 accumulate): a faster "measurement" is wrong
 PEAK_TFLOPS = {"sm_90a": 990.0, "sm_100a": 2500.0}
+FP8_PEAK_FACTOR = 2  # fp8 tensor cores run twice the 16-bit rate on both archs (H100: 1979 dense TFLOPS)
 
 
-def speed_problem(tflops, arch: str, name: str = "tflops") -> str | None:
-    """Why ``tflops`` cannot be a real measurement on ``arch``, or None."""
+def peak_tflops(arch: str, fp8: bool = False) -> float | None:
+    """The dense tensor-core peak no GPU of ``arch`` exceeds: 16-bit, or fp8 (``fp8``); None for an
+    arch with no figure."""
+    peak = PEAK_TFLOPS.get(arch)
+    return None if peak is None else peak * (FP8_PEAK_FACTOR if fp8 else 1)
+
+
+def speed_problem(tflops, arch: str, name: str = "tflops", fp8: bool = False) -> str | None:
+    """Why ``tflops`` cannot be a real measurement on ``arch`` (of an fp8 kernel where ``fp8``), or None."""
     if not isinstance(tflops, (int, float)) or isinstance(tflops, bool):
         return f"{name} {tflops!r} is not a number"
     if not math.isfinite(tflops) or tflops <= 0:
         return f"{name} {tflops!r} is not a positive finite number"
-    peak = PEAK_TFLOPS.get(arch)
+    peak = peak_tflops(arch, fp8)
     if peak is not None and tflops > peak:
-        return f"{name} {tflops} is above the {peak:.0f} TFLOPS no {arch} GPU exceeds"
+        return f"{name} {tflops} is above the {peak:.0f} TFLOPS no {arch} GPU exceeds{' in fp8' if fp8 else ''}"
     return None
 
 

@@ -330,6 +330,12 @@ def as_spec(value, dtype: str = "float16") -> GemmSpec:
     raise ConfigError(f"spec={value!r} is {type(value).__name__}; pass a GemmSpec or its text (e.g. bias_float16)")
 
 
+def text_is_fp8(text) -> bool:
+    """Whether a spec's text (a tuning entry's or a candidate list's ``spec``; None or "": a 16-bit
+    default) has fp8 operands. ``ConfigError`` for text :meth:`GemmSpec.parse` does not take."""
+    return bool(text) and GemmSpec.parse(text).is_fp8
+
+
 def epilogue_names() -> tuple[str, ...]:
     """The epilogue names :func:`spec_for` takes: ``none``, ``bias``, each activation, ``bias_`` +
     each activation (``bias_gelu_tanh``), each of those after ``alpha_`` (``alpha``,

@@ -26,6 +26,16 @@ activation), and ``time_module`` times against it too (``F.linear`` then the act
 unfused path a model runs). cuBLASLt's fused epilogue, ``torch._addmm_activation`` (relu, and GELU
 by tanh's formula, with a bias), is the other peer where it applies (``fused_peer`` says so); it is
 not timed here.
+
+A scaled fp8 module (``scaled_mm``'s: a spec with fp8 operands and a scale recipe) gets randn A and B
+quantized by the recipe (``serve.scaled.quantize_fp8``, as a user's call would), its scales as the
+kernel takes them (:func:`fp8_inputs`), and a bias where its spec has one. Its reference is the
+float64 product of the dequantized inputs (plus the bias), and its peer, in the checks and the
+timing alike, ``torch._scaled_mm`` on the same fp8 inputs (per-tensor: cuBLASLt; rowwise: torch's
+CUTLASS kernel; block-wise: cuBLASLt's block scaling, where this torch runs it on the GPU, else a
+check compares with torch in D's dtype on the dequantized inputs and timing is refused). The
+``cublas_*`` fields and ``ratio_to_cublas`` of its timing are that peer's (``cublas_path`` names it),
+so the tuner ranks fp8 candidates as it ranks 16-bit ones.
 """
 
 from __future__ import annotations
@@ -39,7 +49,8 @@ from dataclasses import asdict, dataclass
 
 from ..core import device
 from ..core.provenance import git_commit, utc_now
-from ..core.spec import torch_activation
+from ..core.spec import FP8_DTYPES, torch_activation
+from ..serve.scaled import dequantize, quantize_fp8, torch_runs_block
 
 ERROR_FLOOR = {"float16": 2e-4, "bfloat16": 2e-3}
 
@@ -86,13 +97,20 @@ def check_ms(mod) -> tuple[int, ...]:
     return tuple(sorted({mod.M, *DYNAMIC_M_CHECKS}))
 
 
+def is_scaled(spec) -> bool:
+    """Whether ``spec`` is a scaled fp8 GEMM's that :func:`check` and :func:`time_module` take (one weight)."""
+    return spec is not None and spec.is_fp8 and bool(spec.scales) and not spec.grouped
+
+
 def _checkable(spec) -> None:
-    """:func:`check` computes ``act(A . B^T + bias)`` from K-major 16-bit A and B into a 16-bit or float32 D;
-    a module whose operand spec needs more (scales, a residual, alpha, a gated B, MN-major operands, groups)
-    is refused with where its own check is, rather than called with operands it does not take."""
+    """:func:`check` computes ``act(A . B^T + bias)`` from K-major 16-bit A and B into a 16-bit or float32 D,
+    or a scaled fp8 GEMM's ``A . B^T * scales + bias`` (:func:`fp8_inputs`); a module whose operand spec needs
+    more (a residual, alpha, a gated B, MN-major operands, groups) is refused with where its own check is,
+    rather than called with operands it does not take."""
     if spec is None:
         return
-    extra = [name for name, on in (("fp8 scales", spec.scales), ("a residual C", spec.residual),
+    extra = [name for name, on in (("fp8 operands without scales", spec.is_fp8 and not spec.scales),
+                                   ("a residual C", spec.residual),
                                    ("alpha", spec.alpha), ("a gated B", spec.gated), ("groups", spec.grouped),
                                    ("MN-major operands", (spec.a_major, spec.b_major) != ("K", "K"))) if on]
     if extra:
@@ -109,6 +127,8 @@ def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
     spec = getattr(mod, "spec", None)
     _checkable(spec)
     M = mod.M if M is None else M
+    if is_scaled(spec):
+        return _check_fp8(mod, seed, M)
     A, B = random_inputs(M, mod.N, mod.K, mod.dtype, seed=seed)
     d_dtype = torch.float32 if getattr(spec, "d", None) == "float32" else A.dtype  # the spec's D
     out = torch.full((M, mod.N), float("nan"), dtype=d_dtype, device=A.device)
@@ -120,7 +140,15 @@ def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
     torch.cuda.synchronize()
     ref = torch_activation(A.double() @ B.double().T + (0 if bias is None else bias.double()), act)
     theirs = torch_activation(A @ B.T if bias is None else torch.addmm(bias, A, B.T), act).double()
-    ours = out.double()
+    return judge(out.double(), ref, theirs, ERROR_FLOOR[mod.dtype])
+
+
+def judge(ours, ref, theirs, floor: float) -> CheckResult:
+    """The pass rule of the module docstring: ``ours`` (float64, NaN where never written) against
+    ``ref``, within 2x the error of ``theirs`` (torch's path) plus ``floor``, and no element past 8x
+    torch's worst."""
+    import torch  # pylint: disable=import-outside-toplevel
+
     nan_count = int(torch.isnan(ours).sum().item())
     ref_norm = ref.norm().item() or 1.0
     diff = torch.nan_to_num(ours - ref, nan=float("inf"))
@@ -128,7 +156,6 @@ def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
     trel = (theirs - ref).norm().item() / ref_norm
     mabs = diff.abs().max().item()
     tmabs = (theirs - ref).abs().max().item()
-    floor = ERROR_FLOOR[mod.dtype]
     ok = nan_count == 0 and rel <= 2 * trel + floor and mabs <= 8 * tmabs + floor * 16
     detail = ""
     if not ok:
@@ -144,9 +171,129 @@ def check(mod, seed: int = 0, M: int | None = None) -> CheckResult:
     return CheckResult(ok, rel, trel, mabs, tmabs, nan_count, detail)
 
 
-def bytes_once(M: int, N: int, K: int) -> int:
-    """The fewest bytes a 16-bit GEMM moves through device memory: A and B read once, D written once."""
-    return (M * K + N * K + M * N) * 2
+# -- scaled fp8 modules (scaled_mm's kernels) --------------------------------------------------------
+BLOCK = 128  # the block recipe's groups: 1 x 128 of K (A), 128 x 128 (B): serve.scaled.BLOCK
+FP8_TORCH = "torch._scaled_mm"
+
+
+@dataclass
+class Fp8Inputs:
+    """One set of a scaled fp8 module's inputs: A and B in fp8 as the kernel reads them ([M, K], [N, K]),
+    the epilogue operands as the kernel takes them, in its spec's order (bias, scale_a, scale_b: block
+    scales as they lie, scale_a [K/128, M], scale_b [N/128, K/128]), the scales as ``torch._scaled_mm``
+    takes them, and the bias."""
+
+    A: object
+    B: object
+    operands: dict
+    torch_scales: tuple
+    bias: object
+
+    def dequantized(self, recipe: str) -> tuple:
+        """A and B times their scales, in float64."""
+        sa, sb = self.operands["scale_a"], self.operands["scale_b"]
+        if recipe == "block":
+            return (dequantize(self.A, sa.t()).double(), dequantize(self.B, sb, (BLOCK, BLOCK)).double())
+        M, N = self.A.shape[0], self.B.shape[0]
+        rows_a = sa.double().reshape(-1, 1).expand(M, 1) if recipe == "row" else sa.double().reshape(1, 1)
+        rows_b = sb.double().reshape(-1, 1).expand(N, 1) if recipe == "row" else sb.double().reshape(1, 1)
+        return self.A.double() * rows_a, self.B.double() * rows_b
+
+
+def fp8_inputs(M: int, N: int, K: int, spec, seed: int = 0) -> Fp8Inputs:
+    """randn A [M, K] and B [N, K] quantized by ``spec``'s recipe (``quantize_fp8``: the rounding a user's
+    call gets; B in the spec's e4m3 or e5m2), and a randn bias in the spec's bias dtype where it has one."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    a, b = random_inputs(M, N, K, "float32", seed=seed)
+    b_dtype = getattr(torch, "float8_e5m2" if spec.b == FP8_DTYPES[1] else "float8_e4m3fn")
+    if spec.scales == "block":
+        aq, sa = quantize_fp8(a, "block")  # [M, K/128], M-major
+        bq, sb = quantize_fp8(b, "block", dtype=b_dtype, block=(BLOCK, BLOCK))  # [N/128, K/128]
+        scales, torch_scales = (sa.t(), sb), (sa, sb.t())
+    else:
+        aq, sa = quantize_fp8(a, spec.scales)
+        bq, sb = quantize_fp8(b, spec.scales, dtype=b_dtype)
+        scales = (sa.reshape(-1), sb.reshape(-1))
+        torch_scales = (sa.reshape(M, 1), sb.reshape(1, N).contiguous()) if spec.scales == "row" else \
+            (sa.reshape(1), sb.reshape(1))
+    bias = random_inputs(1, N, 1, spec.bias, seed=seed + 1)[1][:, 0].contiguous() if spec.bias else None
+    operands = {} if bias is None else {"bias": bias}
+    operands.update(scale_a=scales[0], scale_b=scales[1])
+    return Fp8Inputs(aq, bq, operands, torch_scales, bias)
+
+
+def fp8_peer(spec, index: int = 0):
+    """``(peer(inputs, out), its name)``: ``torch._scaled_mm`` on an :class:`Fp8Inputs` set into ``out``
+    (a bias in float32, or with block scales, added to its float32 product: neither is in torch's
+    epilogue there); None for block scales where this torch does not run them on GPU ``index``."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if spec.scales == "block" and not torch_runs_block(index):
+        return None, f"{FP8_TORCH} has no block-wise kernel on this GPU in torch {torch.__version__}"
+    d = getattr(torch, spec.d)
+    fused = spec.bias == spec.d and spec.scales != "block"
+
+    def peer(x: Fp8Inputs, out):
+        if x.bias is None or fused:
+            return torch._scaled_mm(x.A, x.B.t(), *x.torch_scales, bias=x.bias, out_dtype=d, out=out)
+        return out.copy_(torch._scaled_mm(x.A, x.B.t(), *x.torch_scales, out_dtype=torch.float32) + x.bias)
+
+    return peer, FP8_TORCH if fused or not spec.bias else f"{FP8_TORCH} in float32, then the {spec.bias} bias added"
+
+
+def _check_fp8(mod, seed: int, M: int) -> CheckResult:
+    """:func:`check` for a scaled fp8 module: against the dequantized inputs' float64 product, within 2x
+    of ``torch._scaled_mm``'s error on the same fp8 inputs (block scales where this torch has no block
+    kernel: torch in D's dtype on the dequantized inputs)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    spec = mod.spec
+    x = fp8_inputs(M, mod.N, mod.K, spec, seed)
+    d = getattr(torch, spec.d)
+    out = torch.full((M, mod.N), float("nan"), dtype=d, device=x.A.device)
+    mod(x.A, x.B, out=out, **x.operands)
+    a64, b64 = x.dequantized(spec.scales)
+    ref = a64 @ b64.T + (0 if x.bias is None else x.bias.double())
+    peer, _ = fp8_peer(spec, x.A.device.index or 0)
+    theirs = torch.empty_like(out)
+    if peer is not None:
+        peer(x, theirs)
+    else:  # the yardstick where torch has no block-wise kernel: D's dtype on the dequantized inputs
+        a16, b16 = a64.to(d), b64.to(d)
+        theirs = a16 @ b16.T if x.bias is None else torch.addmm(x.bias.to(d), a16, b16.T)
+    torch.cuda.synchronize()
+    return judge(out.double(), ref, theirs.double(), ERROR_FLOOR[spec.d])
+
+
+def fp8_workload(mod, l2_bytes: int | None = None, seed: int = 1000):
+    """What :func:`time_module` and the rounds time a scaled fp8 module with: input sets (A, B, D)
+    spilling L2 (:func:`sets_to_spill_l2`), the epilogue operands every set shares (one set's scales and
+    bias: their values change no kernel's time), and ``torch._scaled_mm`` on a set, with its name.
+    ``ValueError`` for block scales where this torch has no block kernel (no peer to time against)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    spec = mod.spec
+    peer, name = fp8_peer(spec)
+    if peer is None:
+        raise ValueError(f"timing an fp8 module with block scales needs a peer: {name}; time it with "
+                         "benchmarks/fp8_check.py, which reports ours alone")
+    n = sets_to_spill_l2(mod.M, mod.N, mod.K, l2_bytes or device.probe(0).l2_bytes)
+    xs = [fp8_inputs(mod.M, mod.N, mod.K, spec, seed + i) for i in range(n)]
+    first = xs[0]
+    d = getattr(torch, spec.d)
+    sets = [(x.A, x.B, torch.empty((mod.M, mod.N), dtype=d, device=x.A.device)) for x in xs]
+
+    def theirs(a, b, o):
+        peer(Fp8Inputs(a, b, first.operands, first.torch_scales, first.bias), o)
+
+    return sets, first.operands, theirs, name
+
+
+def bytes_once(M: int, N: int, K: int, in_bytes: int = 2) -> int:
+    """The fewest bytes a GEMM moves through device memory: A and B read once (``in_bytes`` an element:
+    2 for 16-bit, 1 for fp8), a 16-bit D written once."""
+    return (M * K + N * K) * in_bytes + M * N * 2
 
 
 def sets_to_spill_l2(M: int, N: int, K: int, l2_bytes: int) -> int:
@@ -276,27 +423,32 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     if timer == "graph" and getattr(mod, "manifest", {}).get("watchdog"):
         raise ValueError("a watchdog build cannot be timed in a CUDA graph (each launch waits on its record): "
                          "use timer='queued', or the build without the watchdog")
-    sets = input_sets(mod.M, mod.N, mod.K, mod.dtype, seed=1000, l2_bytes=l2_bytes)
-    n_sets = len(sets)
+    spec = getattr(mod, "spec", None)
     flops = 2.0 * mod.M * mod.N * mod.K
+    peer_path = {}
+    if is_scaled(spec):  # scaled fp8: against torch._scaled_mm on the same fp8 inputs
+        sets, operands, theirs_fn, name = fp8_workload(mod, l2_bytes)
+        act, peer_path = "none", {"cublas_path": name}
+    else:
+        sets = input_sets(mod.M, mod.N, mod.K, mod.dtype, seed=1000, l2_bytes=l2_bytes)
+        # a bias module (its operand spec, gemm_ladder.core.spec) against cuBLAS's fused bias (addmm)
+        bias = random_inputs(1, mod.N, 1, mod.dtype, seed=999)[1][:, 0].contiguous() \
+            if getattr(spec, "bias", None) else None
+        operands = {} if bias is None else {"bias": bias}
+        # an activation module against torch's unfused path: the product, then the activation
+        act = getattr(spec, "act", "none")
 
-    # a bias module (its operand spec, gemm_ladder.core.spec) against cuBLAS's fused bias (addmm)
-    bias = random_inputs(1, mod.N, 1, mod.dtype, seed=999)[1][:, 0].contiguous() \
-        if getattr(getattr(mod, "spec", None), "bias", None) else None
-    operands = {} if bias is None else {"bias": bias}
-    # an activation module against torch's unfused path: the product, then the activation
-    act = getattr(getattr(mod, "spec", None), "act", "none")
+        def theirs_fn(a, b, o):
+            if bias is None:
+                torch.matmul(a, b.T, out=o)
+            else:
+                torch.addmm(bias, a, b.T, out=o)
+            if act != "none":
+                torch_activation(o, act)
+    n_sets = len(sets)
 
     def ours_fn(a, b, o):
         mod(a, b, out=o, **operands)
-
-    def theirs_fn(a, b, o):
-        if bias is None:
-            torch.matmul(a, b.T, out=o)
-        else:
-            torch.addmm(bias, a, b.T, out=o)
-        if act != "none":
-            torch_activation(o, act)
 
     ours_side, theirs_side = ours_fn, theirs_fn
     if timer == "graph":
@@ -326,7 +478,7 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
     ms, cublas_ms = statistics.median(ours), statistics.median(theirs)
     # what a memory-bound (small-M, weight-streaming) shape is judged by: A, B read and D
     # written once, over the time
-    moved = bytes_once(mod.M, mod.N, mod.K)
+    moved = bytes_once(mod.M, mod.N, mod.K, 1 if is_scaled(spec) else 2)
     launch = {"host_us": round(host_us(ours_fn, sets), 1), "cublas_host_us": round(host_us(theirs_fn, sets), 1)}
     return {
         **launch,
@@ -343,6 +495,7 @@ def time_module(mod, warmup: int = 10, reps: int = 50, l2_bytes: int | None = No
         "rounds": rounds,
         "warmup": warmup,
         "timer": timer if timer == "queued" else f"graph of {GRAPH_CALLS} launches",
+        **peer_path,
         **({} if act == "none" else {
             "cublas_path": f"{'addmm' if bias is not None else 'matmul'} then {act} (torch's unfused path)",
             "fused_peer": ("torch._addmm_activation (cuBLASLt's fused epilogue) applies, not timed here"

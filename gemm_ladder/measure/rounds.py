@@ -7,7 +7,8 @@ cuBLAS in short bursts, about 2% ahead at the limit; ``benchmarks/results/2026-1
 Two modules timed one after the other are thus compared through two different cuBLAS medians.
 Here every module of a group and cuBLAS take turns in the same rounds:
 
-- ``randn`` inputs, enough input sets to spill L2 three times;
+- ``randn`` inputs, enough input sets to spill L2 three times (a scaled fp8 group: fp8 inputs with
+  their scales, and ``torch._scaled_mm`` in cuBLAS's place: ``harness.fp8_workload``);
 - a warm-up of ``warm`` seconds of back-to-back launches of all of them, so the GPU is at its
   power limit before the first timed round;
 - ``rounds`` rounds, each one a burst of ``per_round`` CUDA-event-timed launches of every kernel,
@@ -39,12 +40,14 @@ def quartiles(xs: list[float]) -> list[float]:
 
 
 def check_group(mods) -> None:
-    """One shape and dtype for the whole group, or a ValueError that names the odd one."""
+    """One shape, dtype and operand spec for the whole group, or a ValueError that names the odd one."""
     first = mods[0]
     for m in mods[1:]:
-        if (m.M, m.N, m.K, m.dtype) != (first.M, first.N, first.K, first.dtype):
-            raise ValueError(f"module {m.M}x{m.N}x{m.K} {m.dtype} differs from the group's first "
-                             f"({first.M}x{first.N}x{first.K} {first.dtype}): time one shape and dtype per group")
+        if (m.M, m.N, m.K, m.dtype, getattr(m, "spec", None)) != (first.M, first.N, first.K, first.dtype,
+                                                                  getattr(first, "spec", None)):
+            raise ValueError(f"module {m.M}x{m.N}x{m.K} {m.dtype} ({getattr(m, 'spec', None)}) differs from the "
+                             f"group's first ({first.M}x{first.N}x{first.K} {first.dtype}, "
+                             f"{getattr(first, 'spec', None)}): time one shape, dtype and spec per group")
 
 
 def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: float = WARM_S) -> dict:
@@ -64,14 +67,18 @@ def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: fl
                          "at least 1, warm at least 0")
     check_group(mods)
     first = mods[0]
-    sets = harness.input_sets(first.M, first.N, first.K, first.dtype, seed=2000)
+    operands = {}
+    if harness.is_scaled(getattr(first, "spec", None)):  # fp8: torch._scaled_mm in cuBLAS's place
+        sets, operands, cublas, _ = harness.fp8_workload(first, seed=2000)
+    else:
+        sets = harness.input_sets(first.M, first.N, first.K, first.dtype, seed=2000)
+
+        def cublas(a, b, o):
+            torch.matmul(a, b.T, out=o)
     n_sets = len(sets)
 
     def ours(m):
-        return lambda a, b, o: m(a, b, out=o)
-
-    def cublas(a, b, o):
-        torch.matmul(a, b.T, out=o)
+        return lambda a, b, o: m(a, b, out=o, **operands)
 
     kernels = [cublas] + [ours(m) for m in mods]  # index 0: cuBLAS, i + 1: mods[i]
     t_end = time.time() + warm

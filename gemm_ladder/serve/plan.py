@@ -64,9 +64,9 @@ v9's defaults)::
                                                        depth 4, 2x1 cluster, epi_n 64); with     cuBLAS on squares;
                                                        epi_under where tiles > SMs               epi_under +0.4-2.8%
 
-An fp8 problem (its spec's operands are e4m3: ``scaled_mm``'s) takes :data:`FP8_RULES` instead: v9
-at its fp8 defaults at every M, the one fp8 kernel measured on a GPU; the tuning database, which
-holds 16-bit kernels' knobs only, is not asked.
+An fp8 problem (its spec's operands are e4m3: ``scaled_mm``'s) takes :data:`FP8_RULES` instead, and asks
+the tuning database for entries of its own spec only (``tune --dtype float8_e4m3``: knobs timed against
+``torch._scaled_mm``); a 16-bit entry's knobs are never an fp8 kernel's.
 
 The small-M rules (swap-ab-64 to swap-ab-128) and the mid-tiles rules also set ``stream_b``: B's loads evict first
 from L2, A's last, with 256-byte L2 fills (+1.6-6.3% as kernels at 18 of the suite's 20 cases
@@ -1372,6 +1372,20 @@ def fp8_module(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132) -
     return rung, ({**knobs, "pdl": True} if pdl_pays(p, rung, with_spec(knobs, p)) else knobs)
 
 
+def fp8_policy(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132, db=None) -> tuple[str, dict, str]:
+    """The rung and knobs of the module ``scaled_mm`` builds at M x N x K, and what chose them: the tuning
+    database's entry of this fp8 spec in the shape's bucket (:func:`db_choice`, ``tune --dtype float8_e4m3``)
+    where there is one, else :func:`fp8_module` (the :data:`FP8_RULES`). The knobs hold no dtype, arch or
+    spec (the caller's build adds them)."""
+    p = Problem(M, N, K, "bfloat16", "sm_90a", sms, GemmSpec.fp8("bfloat16", recipe, "bfloat16" if bias else None))
+    found, _, _ = db_choice(p, None, db)
+    if found is not None:
+        return found.rung, {k: v for k, v in found.knobs.items() if k not in ("dtype", "arch", "spec")}, \
+            f"tuning database, {found.why}"
+    rung, knobs = fp8_module(M, N, K, recipe, bias, sms)
+    return rung, knobs, f"plan.FP8_RULES: {knobs or 'v9 fp8 defaults'}"
+
+
 def _fp8_module(M: int, N: int, K: int, recipe: str, bias, sms: int) -> tuple[str, dict]:
     fill = fp8_fill_n(M, N, sms, recipe)
     if fill is not None:
@@ -1496,7 +1510,6 @@ FP8_RULES: list[Rule] = [
          evidence="benchmarks/results/2026-11-26_h100_fp8/README.md: correct for the tensor and row recipes, "
                   "0.64-0.86x torch._scaled_mm"),
 ]
-FP8_NO_DB = "tuning database: not asked (it holds no fp8 entries; the tuner does not time fp8 yet)"
 
 
 def is_fp8(p: Problem) -> bool:
@@ -1662,13 +1675,14 @@ def with_spec(knobs: dict, p: Problem) -> dict:
 def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | None, list[str], str]:
     """The tuning database's best entry in ``p``'s bucket among rungs at or above ``floor_rung``
     (any rung when None), by ratio to cuBLAS, notes on the entries passed over, and which files
-    the database read (``TuningDB.describe``)."""
-
-
+    the database read (``TuningDB.describe``). An fp8 problem takes entries of its own spec only
+    (timed against ``torch._scaled_mm``); any other, 16-bit entries (whose knobs its epilogue takes)."""
     base = db if isinstance(db, tdb.TuningDB) else tdb.TuningDB(db)
     bucket = tdb.shape_bucket((p.M, p.N, p.K))
-    near = {e["rung"] for e in base.entries
-            if e["dtype"] == p.dtype and e["arch"] == p.arch and tdb.shape_bucket(e["shape"]) == bucket}
+    spec = p.spec if is_fp8(p) else None
+    text = tdb.spec_text(spec, p.dtype)
+    near = {e["rung"] for e in base.entries if e["dtype"] == p.dtype and e["arch"] == p.arch
+            and e.get("spec") == text and tdb.shape_bucket(e["shape"]) == bucket}
     notes, found = [], []
     for rung in sorted(near, key=_rung_order):
         if floor_rung is not None and _rung_order(rung) < _rung_order(floor_rung):
@@ -1677,15 +1691,16 @@ def db_choice(p: Problem, floor_rung: str | None, db=None) -> tuple[Choice | Non
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # entries refused for this shape are simply not used
-            best = tdb.best_knobs(rung, p.M, p.N, p.K, p.dtype, p.arch, db=base)
+            best = tdb.best_knobs(rung, p.M, p.N, p.K, p.dtype, p.arch, db=base, spec=spec)
         if best is not None:
             found.append((rung, *best))
     if not found:
         return None, notes, base.describe()
     rung, knobs, entry = max(found, key=lambda f: f[2].get("ratio_to_cublas") or 0.0)
+    peer = "torch._scaled_mm" if spec is not None else "cuBLAS"
     why = (f"best in bucket {'x'.join(map(str, bucket))}: {entry['gpu']} {'x'.join(map(str, entry['shape']))} "
-           f"{entry['tflops']:.0f} TFLOPS ({entry.get('ratio_to_cublas') or 0:.2f}x cuBLAS, {str(entry.get('date'))[:10]}; "
-           f"{entry['db']})")
+           f"{entry['tflops']:.0f} TFLOPS ({entry.get('ratio_to_cublas') or 0:.2f}x {peer}, "
+           f"{str(entry.get('date'))[:10]}; {entry['db']})")
     knobs = with_spec(knobs, p)
     if spec_knobs(p.spec) and (refused := _validate(rung, p, knobs)) is not None:  # the entries tuned no epilogue
         return None, notes + [f"tuning database has {rung} for bucket {'x'.join(map(str, bucket))}: {refused}"], \
@@ -1699,8 +1714,6 @@ def choose(p: Problem, db=None, rules=None, use_db: bool = True) -> Choice:
     rule = rule_choice(p, rules)
     if not use_db:
         return rule
-    if is_fp8(p):  # the database's entries are 16-bit kernels' knobs: none is an fp8 kernel's
-        return dataclasses.replace(rule, skipped=rule.skipped + (FP8_NO_DB,))
     # a measured entry beats a rule that rests on a model alone, whatever its rung
     found, notes, database = db_choice(p, rule.rung if rule.measured else None, db)
     if found is None:

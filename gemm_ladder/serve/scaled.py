@@ -367,12 +367,18 @@ def _fits(mod, call: Call) -> bool:
 
 
 def build_job(call: Call, arch: str) -> tuple[str, dict, dict]:
-    """The module :func:`scaled_mm` builds for ``call``: the policy's fp8 kernel (``plan.FP8_RULES``:
-    ``plan.fp8_module``; v9, or v10 where it splits K) with M at run time, as ``pack build`` plans it,
-    so a pack's module and a build here are one entry of the module cache. (rung, the policy's knobs,
-    the build's knobs.)"""
-    rung, chosen = _policy(call)
-    return rung, chosen, {**chosen, "spec": call.spec.text(), "dtype": call.spec.d, "arch": arch, "dynamic_m": True}
+    """The module :func:`scaled_mm` builds for ``call``: the policy's fp8 kernel (``plan.fp8_policy``: the
+    tuning database's entry for the spec and bucket, else ``plan.FP8_RULES``' v9, or v10 where it splits
+    K) with M at run time, as ``pack build`` plans it, so a pack's module and a build here are one entry
+    of the module cache. (rung, the policy's knobs, the build's knobs.)"""
+    return _job(call, arch)[:3]
+
+
+def _job(call: Call, arch: str) -> tuple[str, dict, dict, str]:
+    """:func:`build_job`'s, and what chose the knobs (for explain)."""
+    rung, chosen, by = _policy(call)
+    return rung, chosen, {**chosen, "spec": call.spec.text(), "dtype": call.spec.d, "arch": arch,
+                          "dynamic_m": True}, by
 
 
 def pack_command(call: Call) -> str:
@@ -421,24 +427,24 @@ def _from_packs(call: Call, arch: str, strict: bool, out_dtype, torch_block: boo
     return None, notes
 
 
-def _policy(call: Call) -> tuple[str, dict]:
-    """The policy's fp8 rung and knobs for ``call`` (``plan.fp8_module``): asked only where a module is
-    built (``plan`` imports the rungs, which a runtime-only box does not have)."""
+def _policy(call: Call) -> tuple[str, dict, str]:
+    """The policy's fp8 rung and knobs for ``call``, and what chose them (``plan.fp8_policy``): asked only
+    where a module is built (``plan`` imports the rungs, which a runtime-only box does not have)."""
     # optional: the build layer (TVM's compiler), absent from a runtime-only GPU box
     from . import plan  # pylint: disable=import-outside-toplevel
 
-    return plan.fp8_module(call.M, call.N, call.K, call.recipe, call.spec.bias)
+    return plan.fp8_policy(call.M, call.N, call.K, call.recipe, call.spec.bias)
 
 
 def _build(call: Call, arch: str, strict: bool, out_dtype, torch_block: bool = False) -> Route:
     """The policy's module for ``call`` from the module cache, or built into it now, with torch beside it
     for the first call's timing (:func:`_offer_torch`)."""
-    rung, chosen, knobs = build_job(call, arch)
+    rung, _, knobs, by = _job(call, arch)
     path, how = cached_module((rung, (call.M, call.N, call.K), knobs))
     source = {"cache": "module cache", "built": "fresh build"}[how]
     route = Route(load(path), None, source, rung, knobs,
                   [f"kernel: {rung} fp8 ({call.spec.text()}) [M at run time]",
-                   f"chosen by: plan.FP8_RULES: {chosen or 'v9 fp8 defaults'}",
+                   f"chosen by: {by}",
                    f"source: {source} {path}"])
     return _offer_torch(route, sha256_of(path), call, strict, out_dtype, torch_block)
 

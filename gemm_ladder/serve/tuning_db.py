@@ -1,6 +1,6 @@
 """The tuning database, and the policy that uses it: tuned knobs for a build given none.
 
-A JSON file of best configs, one entry per (rung, shape, dtype, arch, gpu, TVM version)::
+A JSON file of best configs, one entry per (rung, shape, dtype, arch, gpu, TVM version, spec)::
 
     {"format": "gemm_ladder.tuning_db", "version": 1, "entries": [
         {"rung": "v6", "shape": [4096, 4096, 4096], "bucket": [4096, 4096, 4096],
@@ -9,6 +9,14 @@ A JSON file of best configs, one entry per (rung, shape, dtype, arch, gpu, TVM v
          "tflops": 612.0, "cublas_tflops": 680.0, "ratio_to_cublas": 0.9, "ms": 0.22,
          "date": "...", "commit": "...", "compiler": "nvrtc 13.0", "sources": "<sha256>",
          "sm_clock_mhz": "1980 MHz", "candidates_measured": 48}, ...]}
+
+An entry whose kernel has operands other than the dtype's default (an fp8 ``scaled_mm`` kernel) says
+so in ``spec``, the operand spec's text (``core.spec.GemmSpec.text``: e.g.
+``d_bfloat16.a_float8_e4m3.b_float8_e4m3.scales_tensor``); its ``dtype`` is D's, as a build's is, its
+``ratio_to_cublas`` is over torch's path for that spec (``torch._scaled_mm``: ``measure.harness``),
+and its speed may reach twice the 16-bit peak (``device.peak_tflops``). An entry without ``spec`` is
+a 16-bit kernel's, and serves only builds whose spec is the default (``plan.db_choice`` lends its
+knobs to the same dtype's epilogues); one with ``spec`` serves only that spec.
 
 Where it lives, wherever the process runs (:func:`db_files`; ``describe()`` says which files,
 and ``explain``, ``pack build`` and ``tune --show`` print it):
@@ -26,7 +34,7 @@ not parse (or nests too deep) is ignored with a warning (and moved aside on the 
 refused with ``records.RecordError`` when the caller asks for it strictly (``tune --show``); an
 entry that :data:`ENTRY_SCHEMA` refuses (malformed, of an unknown rung, with knobs that are not
 ints, bools or names, or with a speed that no GPU of its arch can reach: negative, NaN,
-infinite, above the arch's peak, :data:`PEAK_TFLOPS`) is ignored with a warning, on reading and
+infinite, above the arch's peak, ``device.peak_tflops``) is ignored with a warning, on reading and
 on merging; an entry of another TVM version, or with knobs the validator refuses today, is not
 used for a build. ``tune --merge`` refuses (``RecordError``, before writing anything) a file
 that is missing, not JSON, or not a measurements or run file (:data:`MEASUREMENTS_SCHEMA`), and
@@ -53,13 +61,14 @@ from ..core.config import ARCHS, COMMON_KNOBS, DTYPES, KNOB_NAME, ConfigError
 from ..core.device import speed_problem, speed_rank
 from ..core.provenance import tvm_version
 from ..core.records import ANY, SHAPE, Check, List, Maybe, Num, Obj, RecordError, Str
+from ..core.spec import SPEC_KNOB, as_spec, text_is_fp8
 from ..rungs import RUNGS, make_config
 
 DB_FORMAT = "gemm_ladder.tuning_db"
 DB_VERSION = 1
 DB_ENV = "GEMM_LADDER_TUNING_DB"
 PACKAGED_DB = Path(__file__).with_name("tuning_db.json")  # package data (pyproject.toml)
-ENTRY_KEY = ("rung", "shape", "dtype", "arch", "gpu", "tvm_version")
+ENTRY_KEY = ("rung", "shape", "dtype", "arch", "gpu", "tvm_version", "spec")  # spec: absent for 16-bit
 _OFF = ("", "off", "none", "0")
 
 
@@ -105,13 +114,29 @@ def knobs_problem(knobs) -> str | None:
     for k, v in knobs.items():
         if not KNOB_NAME.fullmatch(k) or k in ("rung", "M", "N", "K"):
             return f"knob name {records.show(k)} is not a knob's name"
+        if k == SPEC_KNOB:
+            return "the operand spec is among the knobs: an entry holds it in its own field, spec"
         if not isinstance(v, (int, str)):  # bool is an int
             return f"knob {k}={v!r} is {type(v).__name__}, not an int, a bool or a name"
     return None
 
 
+def spec_text(spec, dtype: str) -> str | None:
+    """What an entry's ``spec`` holds for a build of ``spec`` (a GemmSpec, its text, or None) in
+    ``dtype``: None for the dtype's default, else the spec's text."""
+    spec = as_spec(spec, dtype)
+    return None if spec.is_default() else spec.text()
+
+
 def _speeds_problem(e: dict) -> str | None:
-    return speed_problem(e["tflops"], e["arch"]) or knobs_problem(e["knobs"])
+    text = e.get("spec")
+    try:
+        fp8 = text_is_fp8(text)
+        if text is not None and spec_text(text, e["dtype"]) != text:
+            return f"spec {text!r} is not written as GemmSpec.text() writes it for D in {e['dtype']}"
+    except ConfigError as err:
+        return f"spec {text!r} does not parse ({err})"
+    return speed_problem(e["tflops"], e["arch"], fp8=fp8) or knobs_problem(e["knobs"])
 
 
 _SPEED = Maybe(Num(positive=True))
@@ -119,7 +144,7 @@ _SPEED = Maybe(Num(positive=True))
 ENTRY_SCHEMA = Check(Obj({"rung": Str(RUNGS), "shape": SHAPE, "dtype": Str(DTYPES), "arch": Str(ARCHS), "gpu": Str(),
                           "tvm_version": Str(), "knobs": ANY, "tflops": ANY},
                          {"cublas_tflops": _SPEED, "ratio_to_cublas": _SPEED, "date": Maybe(Str()),
-                          "sources": Maybe(Str())}), _speeds_problem)
+                          "sources": Maybe(Str()), "spec": Str()}), _speeds_problem)
 DB_SCHEMA = Obj({"entries": List()})
 
 
@@ -128,7 +153,7 @@ def _entry_problem(e) -> str | None:
 
 
 def _key(e: dict) -> tuple:
-    return tuple(json.dumps(e[k]) for k in ENTRY_KEY)
+    return tuple(json.dumps(e.get(k)) for k in ENTRY_KEY)
 
 
 class TuningDB:
@@ -218,7 +243,7 @@ class TuningDB:
                 os.replace(self.path, aside)
                 warnings.warn(f"the unreadable tuning database was moved to {aside}", stacklevel=2)
                 self.corrupt = False
-            entries = sorted(self._own, key=lambda e: tuple(str(e[k]) for k in ENTRY_KEY))
+            entries = sorted(self._own, key=lambda e: tuple(str(e.get(k) or "") for k in ENTRY_KEY))
             files.write_json(self.path, {"format": DB_FORMAT, "version": DB_VERSION, "entries": entries})
         except OSError as err:
             raise RecordError(f"cannot write the tuning database {self.path} ({err.strerror or err}): {fix}",
@@ -245,8 +270,9 @@ class TuningDB:
 
 
 def _usable(e: dict, rung: str, M: int, N: int, K: int, dtype: str, arch: str, tvm: str) -> bool:
-    """Whether an entry may be trusted for this build; warns when it may not."""
-    where = f"tuning entry {e['rung']} {'x'.join(map(str, e['shape']))} {e['dtype']} {e['arch']} on {e['gpu']}"
+    """Whether an entry may be trusted for this build (of the entry's spec); warns when it may not."""
+    where = (f"tuning entry {e['rung']} {'x'.join(map(str, e['shape']))} {e['dtype']}"
+             f"{' ' + e['spec'] if e.get('spec') else ''} {e['arch']} on {e['gpu']}")
     if e["tvm_version"] != tvm:
         warnings.warn(f"{where} was measured with TVM {e['tvm_version']}, not {tvm}: ignored", stacklevel=4)
         return False
@@ -254,7 +280,8 @@ def _usable(e: dict, rung: str, M: int, N: int, K: int, dtype: str, arch: str, t
         warnings.warn(f"{where} has dtype/arch among its knobs: ignored", stacklevel=4)
         return False
     try:
-        make_config(rung, M, N, K, dtype=dtype, arch=arch, **e["knobs"])
+        make_config(rung, M, N, K, dtype=dtype, arch=arch, **e["knobs"],
+                    **({SPEC_KNOB: e["spec"]} if e.get("spec") else {}))
     except ConfigError as err:
         warnings.warn(f"{where}: knobs {e['knobs']} are refused now ({err}): ignored", stacklevel=4)
         return False
@@ -262,8 +289,10 @@ def _usable(e: dict, rung: str, M: int, N: int, K: int, dtype: str, arch: str, t
 
 
 def best_knobs(rung: str, M: int, N: int, K: int, dtype: str = "float16", arch: str = "sm_90a",
-               db=None, gpu: str | None = "auto") -> tuple[dict, dict] | None:
-    """The best known knobs for this rung, shape bucket, dtype and arch: ``(knobs, entry)`` or None.
+               db=None, gpu: str | None = "auto", spec=None) -> tuple[dict, dict] | None:
+    """The best known knobs for this rung, shape bucket, dtype, arch and operand spec (``spec``: a
+    GemmSpec or its text; None, the dtype's default): ``(knobs, entry)`` or None. Only entries of that
+    very spec count (:func:`spec_text`): an fp8 kernel's knobs are not a 16-bit kernel's.
 
     Preference: the GPU here (by name; ``gpu="auto"`` asks the device, ``None`` means any GPU of
     the arch), then the exact shape, then the fastest (TFLOPS for the exact shape, the ratio to
@@ -275,9 +304,9 @@ def best_knobs(rung: str, M: int, N: int, K: int, dtype: str = "float16", arch: 
     tdb = db if isinstance(db, TuningDB) else TuningDB(db)
     if tdb.path is None and not tdb.entries:
         return None
-    bucket = shape_bucket((M, N, K))
+    bucket, text = shape_bucket((M, N, K)), spec_text(spec, dtype)
     near = [e for e in tdb.entries if e["rung"] == rung and e["dtype"] == dtype and e["arch"] == arch
-            and shape_bucket(e["shape"]) == bucket]
+            and e.get("spec") == text and shape_bucket(e["shape"]) == bucket]
     if not near:
         return None
     tvm = tvm_version()
@@ -299,20 +328,24 @@ def best_knobs(rung: str, M: int, N: int, K: int, dtype: str = "float16", arch: 
 
 
 def tuned_knobs(rung: str, M: int, N: int, K: int, knobs: dict) -> tuple[dict, dict | None]:
-    """The policy: with no rung knobs given, the database's best; explicit knobs always win.
+    """The policy: with no rung knobs given (the dtype, arch and operand spec are the question, not
+    knobs), the database's best for that spec; explicit knobs always win.
 
     Returns ``(knobs to build with, tuned_from record or None)`` and prints which entry it used.
     """
-    if set(knobs) - set(COMMON_KNOBS):
+    if set(knobs) - set(COMMON_KNOBS) - {SPEC_KNOB}:
         return knobs, None
     dtype, arch = knobs.get("dtype", COMMON_KNOBS["dtype"]), knobs.get("arch", COMMON_KNOBS["arch"])
-    found = best_knobs(rung, M, N, K, dtype, arch)
+    try:
+        found = best_knobs(rung, M, N, K, dtype, arch, spec=knobs.get(SPEC_KNOB))
+    except ConfigError:  # a spec that does not parse: the build refuses it with its own message
+        return knobs, None
     if found is None:
         return knobs, None
     tuned, entry = found
     tuned_from = {k: entry.get(k) for k in ("db", "gpu", "shape", "tflops", "cublas_tflops", "ratio_to_cublas",
                                             "date", "commit", "tvm_version")}
-    print(f"gemm_ladder: {rung} {M}x{N}x{K} {dtype}: tuned knobs {tuned} "
+    print(f"gemm_ladder: {rung} {M}x{N}x{K} {dtype}{' ' + entry['spec'] if entry.get('spec') else ''}: tuned knobs {tuned} "
           f"from {entry['gpu']} {'x'.join(map(str, entry['shape']))} ({entry['tflops']:.1f} TFLOPS, "
           f"{entry.get('ratio_to_cublas') or 0:.2f}x cuBLAS, {entry.get('date')}; {entry['db']})", file=sys.stderr)
     return {**knobs, **tuned}, tuned_from

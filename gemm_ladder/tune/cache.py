@@ -111,7 +111,8 @@ def _todo(sp: Space, cache: Path, ident: dict) -> tuple[list[dict], list[tuple]]
     """One entry per candidate (knobs, cache key, ``cached``?) and the build jobs the cache lacks."""
     todo, entries = [], []
     for knobs in sp.candidates:
-        args = (sp.rung, knobs, sp.shape, sp.dtype, sp.arch, ident["tvm_version"], ident["compiler"],
+        built = {**knobs, **sp.spec_knobs()}  # the operand spec is built into every candidate, and keys it
+        args = (sp.rung, built, sp.shape, sp.dtype, sp.arch, ident["tvm_version"], ident["compiler"],
                 ident["sources"])
         fields, key = cache_key_fields(*args), cache_key(*args)
         entry = {"knobs": knobs, "cache_key": key}
@@ -119,7 +120,7 @@ def _todo(sp: Space, cache: Path, ident: dict) -> tuple[list[dict], list[tuple]]
         if _cached(cache, key):
             entry["status"] = "cached"
         else:
-            todo.append((sp.rung, sp.shape, knobs, sp.dtype, sp.arch, key, fields, str(cache)))
+            todo.append((sp.rung, sp.shape, built, sp.dtype, sp.arch, key, fields, str(cache)))
     return entries, todo
 
 
@@ -181,7 +182,7 @@ def _place_all(sp: Space, out: Path, cache: Path, entries: list[dict], ident: di
     return {
         "format": CANDIDATES_FORMAT, "version": 1,
         "rung": sp.rung, "shape": list(sp.shape), "dtype": sp.dtype, "arch": sp.arch,
-        "tvm_version": ident["tvm_version"], "compiler": ident["compiler"], "sources": ident["sources"],
+        **({"spec": sp.spec} if sp.spec else {}), "tvm_version": ident["tvm_version"], "compiler": ident["compiler"], "sources": ident["sources"],
         "commit": git_commit(), "created": utc_now(),
         "space": sp.choices, "l2_model": sp.l2_model,
         "candidates": candidates, "failed": failed, "pruned": sp.pruned,

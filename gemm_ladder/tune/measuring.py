@@ -28,7 +28,8 @@ CANDIDATES_FORMAT = "gemm_ladder.tune.candidates"
 # what measuring reads of a candidate list (tune.cache.build_candidates writes it)
 CANDIDATES_SCHEMA = Obj({"format": Str((CANDIDATES_FORMAT,)), "rung": Str(), "shape": SHAPE, "dtype": Str(),
                          "arch": Str(), "tvm_version": Str(), "compiler": Str(),
-                         "candidates": List(Obj({"id": Str(), "file": FILE_NAME, "knobs": Map(), "cache_key": Str()}))})
+                         "candidates": List(Obj({"id": Str(), "file": FILE_NAME, "knobs": Map(), "cache_key": Str()}))},
+                        {"spec": Str()})  # spec: the operand spec's text, where not the dtype's default (fp8)
 MEASUREMENTS_FORMAT = "gemm_ladder.tune.measurements"
 RUN_FORMAT = "gemm_ladder.tune.run"  # several folders measured in one run: their reports and the run's figures
 # Dense fp16/bf16 tensor-core peak of the fastest GPU of each arch (H100/H200 SXM; GB200), in
@@ -193,7 +194,7 @@ def make_report(folder, man: dict, by_index: dict, gpu: dict, reps: int, timeout
     return {
         "format": MEASUREMENTS_FORMAT, "version": 1,
         "rung": man["rung"], "shape": man["shape"], "dtype": man["dtype"], "arch": man["arch"],
-        "tvm_version": man["tvm_version"], "compiler": man["compiler"], "sources": man.get("sources"),
+        **({"spec": man["spec"]} if man.get("spec") else {}), "tvm_version": man["tvm_version"], "compiler": man["compiler"], "sources": man.get("sources"),
         "commit": man.get("commit"), "gpu": gpu, "date": utc_now(), "reps": reps, "timeout_s": timeout,
         "method": harness.__doc__.strip(), "candidates": str(folder.resolve()),
         **extra, "results": results, "best": best,

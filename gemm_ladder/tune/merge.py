@@ -11,9 +11,10 @@ from __future__ import annotations
 import warnings
 
 from ..core import records
-from ..core.config import ARCHS, DTYPES
+from ..core.config import ARCHS, DTYPES, ConfigError
 from ..core.device import speed_problem, speed_rank
 from ..core.records import SHAPE, List, Maybe, Obj, RecordError, Str
+from ..core.spec import text_is_fp8
 from ..rungs import RUNGS
 from ..serve.tuning_db import TuningDB, _entry_problem, knobs_problem, shape_bucket
 from .measuring import MEASUREMENTS_FORMAT, RUN_FORMAT
@@ -22,7 +23,8 @@ from .measuring import MEASUREMENTS_FORMAT, RUN_FORMAT
 MEASUREMENTS_SCHEMA = Obj({"format": Str((MEASUREMENTS_FORMAT,)), "rung": Str(RUNGS), "shape": SHAPE,
                            "dtype": Str(DTYPES), "arch": Str(ARCHS), "tvm_version": Str(), "results": List(Obj())},
                           {"gpu": Maybe(Obj(optional={"name": Maybe(Str())})), "date": Maybe(Str()),
-                           "commit": Maybe(Str()), "compiler": Maybe(Str()), "sources": Maybe(Str())})
+                           "commit": Maybe(Str()), "compiler": Maybe(Str()), "sources": Maybe(Str()),
+                           "spec": Str()})
 RUN_SCHEMA = Obj({"reports": List(MEASUREMENTS_SCHEMA)})
 
 
@@ -31,10 +33,15 @@ def entry_from_measurements(report: dict, source: str = "measurements") -> dict 
     by :data:`MEASUREMENTS_SCHEMA`); results whose speed or knobs cannot be real are left out
     with a warning."""
     ok = []
+    try:
+        fp8 = text_is_fp8(report.get("spec"))
+    except ConfigError as err:
+        warnings.warn(f"{source}: spec {report.get('spec')!r} does not parse ({err}); nothing merged", stacklevel=3)
+        return None
     for r in report.get("results", []):
         if not isinstance(r, dict) or r.get("status") != "ok":
             continue
-        problem = speed_problem(r.get("tflops"), report.get("arch", "")) or knobs_problem(r.get("knobs"))
+        problem = speed_problem(r.get("tflops"), report.get("arch", ""), fp8=fp8) or knobs_problem(r.get("knobs"))
         if problem:
             warnings.warn(f"{source}: candidate {r.get('id', '?')} ignored ({problem})", stacklevel=3)
             continue
@@ -45,7 +52,8 @@ def entry_from_measurements(report: dict, source: str = "measurements") -> dict 
     gpu = report.get("gpu") or {}
     return {
         "rung": report["rung"], "shape": list(report["shape"]), "bucket": shape_bucket(report["shape"]),
-        "dtype": report["dtype"], "arch": report["arch"], "gpu": gpu.get("name") or "unknown",
+        "dtype": report["dtype"], "arch": report["arch"], **({"spec": report["spec"]} if report.get("spec") else {}),
+        "gpu": gpu.get("name") or "unknown",
         "tvm_version": report["tvm_version"], "knobs": best["knobs"],
         "tflops": best["tflops"], "cublas_tflops": best.get("cublas_tflops"),
         "ratio_to_cublas": best.get("ratio_to_cublas"), "ms": best.get("ms"),

@@ -49,6 +49,7 @@ from pathlib import Path
 from ..core import files, records
 from ..core.device import speed_problem
 from ..core.manifest import manifest_path
+from ..core.spec import text_is_fp8
 from ..core.procs import progress as progress_bar
 from ..core.provenance import utc_now
 from ..measure import isolate
@@ -143,14 +144,19 @@ def server_name(who: dict) -> str:
     return f"{who.get('host', '?')}/gpu{gpu}"
 
 
-def _result_problem(res: dict, item: Item, arch: str) -> str | None:
+def _speed_of(man: dict) -> tuple[str, bool]:
+    """What bounds a candidate folder's speeds: its arch, and whether its spec is fp8 (twice the peak)."""
+    return man["arch"], text_is_fp8(man.get("spec"))
+
+
+def _result_problem(res: dict, item: Item, arch: str, fp8: bool = False) -> str | None:
     if res.get("so_sha256") != item.sha256:
         return (f"the server measured a file with sha256 {str(res.get('so_sha256'))[:12]}..., not "
                 f"{item.path.name} ({item.sha256[:12]}...)")
     if res["status"] != "ok":
         return None
     for name in ("tflops", "cublas_tflops"):
-        problem = speed_problem(res.get(name), arch, name)
+        problem = speed_problem(res.get(name), arch, name, fp8)
         if problem:
             return problem
     for name in ("ms", "cublas_ms", "ratio_to_cublas"):
@@ -160,9 +166,10 @@ def _result_problem(res: dict, item: Item, arch: str) -> str | None:
     return None
 
 
-def read_reply(reply, items: list, archs: list[str]) -> tuple[list[dict], dict]:
+def read_reply(reply, items: list, archs: list) -> tuple[list[dict], dict]:
     """``(one result per item, the server's identity)``; :class:`BadReply` when the reply as a
-    whole cannot be read. A result that cannot be real (on its item's arch) becomes ``bad-reply``."""
+    whole cannot be read. A result that cannot be real (on its item's arch: ``archs`` holds an arch, or
+    :func:`_speed_of`'s ``(arch, fp8)``) becomes ``bad-reply``."""
     try:
         if isinstance(reply, str) and records.depth(reply) > records.MAX_DEPTH:
             raise ValueError(f"it nests deeper than {records.MAX_DEPTH} levels")  # json.loads would recurse out
@@ -174,11 +181,12 @@ def read_reply(reply, items: list, archs: list[str]) -> tuple[list[dict], dict]:
         raise BadReply(f"the reply has no list of {len(items)} results: {str(reply)[:120]!r}")
     who = data.get("server") if isinstance(data.get("server"), dict) else {}
     out = []
-    for res, item, arch in zip(results, items, archs):
+    for res, item, speed in zip(results, items, archs):
+        arch, fp8 = speed if isinstance(speed, tuple) else (speed, False)
         if not isinstance(res, dict) or res.get("status") not in CHILD_STATUSES:
             res = {"status": "bad-reply", "detail": f"not a result: {str(res)[:120]!r}"}
         else:
-            problem = _result_problem(res, item, arch)
+            problem = _result_problem(res, item, arch, fp8)
             if problem:
                 res = {"status": "bad-reply", "detail": problem, "reported": res}
         out.append({**{k: v for k, v in res.items() if k != "module"}, "server": server_name(who)})
@@ -221,7 +229,7 @@ class _Run:
             self.failed(att, "server-lost", f"the RPC session ended ({att.phase}): {att.error}")
             return
         try:
-            results, who = read_reply(att.reply, att.items, [self.mans[it.folder]["arch"] for it in att.items])
+            results, who = read_reply(att.reply, att.items, [_speed_of(self.mans[it.folder]) for it in att.items])
         except BadReply as err:
             self.failed(att, "bad-reply", str(err))
             return

@@ -30,25 +30,27 @@ from .rpc import measure_folders
 from .space import search_space
 
 
-def default_out(rung: str, shape, dtype: str, arch: str) -> Path:
-    """Where a run puts its candidates when not told: ``build/tune/<rung>_<MxNxK>_<dtype>_<arch>``."""
-    M, N, K = shape
-    return Path("build") / "tune" / f"{rung}_{M}x{N}x{K}_{dtype}_{arch}"
+def default_out(rung: str, shape, dtype: str, arch: str, spec: str | None = None) -> Path:
+    """Where a run puts its candidates when not told: ``build/tune/<rung>_<MxNxK>_<dtype>_<arch>`` (the
+    spec's tag for the dtype where there is one: ``jobs.Job.name``)."""
+    return Path("build") / "tune" / Job(rung, tuple(shape), dtype, spec=spec).name(arch)
 
 
 def tune(rung: str, shape, dtype: str = "float16", arch: str = "sm_90a", space: dict | None = None, *,
          l2_keep: int | None = 3, num_sms: int | None = None, l2_bytes: int | None = None,
          jobs: int | None = None, cache_dir=None, out=None, build_only: bool = False,
          reps: int = 50, timeout: float = 300.0, db=None, plot=True, progress: bool = True,
-         identity: dict | None = None) -> dict:
+         identity: dict | None = None, spec: str | None = None) -> dict:
     """Prune, build (cached, in parallel), and unless ``build_only`` measure and merge into ``db``.
+    ``spec``: an operand spec's text built into every candidate (``jobs.fp8_spec``: scaled_mm's fp8 kernel,
+    timed against ``torch._scaled_mm``; ``dtype`` is then D's).
 
     Returns the candidates manifest (``build_only``) or the measurements report (with
     ``"merged"``: what happened in the database).
     """
     M, N, K = (int(x) for x in shape)
-    out = Path(out) if out else default_out(rung, (M, N, K), dtype, arch)
-    sp = search_space(rung, (M, N, K), dtype, arch, space, l2_keep, num_sms, l2_bytes)
+    out = Path(out) if out else default_out(rung, (M, N, K), dtype, arch, spec)
+    sp = search_space(rung, (M, N, K), dtype, arch, space, l2_keep, num_sms, l2_bytes, spec=spec)
     man = build_candidates(sp, out, cache_dir, jobs, progress, identity)
     if build_only:
         return man
@@ -118,7 +120,7 @@ def tune_many(jobs: list[Job], arch: str = "sm_90a", space: dict | None = None, 
     folders, manifests = job_folders(jobs, arch, out), []
     for n, (job, folder) in enumerate(zip(jobs, folders), 1):
         sp = search_space(job.rung, job.shape, job.dtype, arch, {**(space or {}), **job.space}, l2_keep,
-                          num_sms, l2_bytes)
+                          num_sms, l2_bytes, spec=job.spec)
         if progress:
             print(f"tune: {n}/{len(jobs)} {job.name(arch)}: {sp.counts()}", file=sys.stderr)
         manifests.append(build_candidates(sp, folder, cache_dir, build_jobs, progress, identity))

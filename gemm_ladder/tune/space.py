@@ -13,6 +13,10 @@ given by the caller; a knob with none keeps its default. Then, in order:
    the traffic of a grouped order repeats from group to group, so a 32768 x 32768 grid costs
    what a 4096 x 4096 one does, and the ranking is the full model's (``tests/test_tune.py``).
 
+An operand spec other than the dtype's default (``spec``: an fp8 ``scaled_mm`` kernel's, as ``tune --dtype
+float8_e4m3`` asks) is validated with every point and built into every candidate; the L2 model counts its
+operands' bytes (one an element for fp8).
+
 A shape past the kernels' 32-bit indices (``config.check_extents``: no knob can make it fit) is
 refused at once, before any point is validated. A step that runs longer than
 :data:`PROGRESS_DELAY_S` (validating the points of a large space, the L2 model) shows a tqdm bar.
@@ -32,8 +36,10 @@ from schedulers import rank_group_sizes
 
 from .. import rungs
 from ..core import device
-from ..core.config import DTYPE_BYTES, KNOB_NAME, ConfigError, check_extents, largest_m, parse_knob_value
+from ..core.config import KNOB_NAME, ConfigError, check_extents, largest_m, parse_knob_value
 from ..core.device import MODEL_MACHINE
+from ..core.spec import SPEC_KNOB, as_spec, operand_bytes, text_is_fp8
+from ..serve import plan
 
 # Values tried for each knob a rung has; a knob not listed here (or in the rung's TUNE_CHOICES)
 # keeps the rung's default.
@@ -45,6 +51,16 @@ DEFAULT_CHOICES = {
     "num_warpgroups": (1, 2),
     "tile_order": ("grouped", "snake", "row", "column"),
     "stream_b": (False, True),
+}
+# Values tried for an fp8 (scaled_mm) kernel's knobs, around the policy's choice for the shape
+# (space.rung_knobs): the ring, the order and the clusters. Its tile, consumers and promotion stay the
+# policy's (the promotion's second accumulator set leaves the registers of no other tile; --space widens).
+FP8_CHOICES = {
+    "pipe_depth": (3, 4, 5, 6),
+    "l2_group_size": (4, 8, 16),
+    "tile_order": ("snake", "grouped"),
+    "cluster_m": (1, 2),
+    "cluster_n": (1, 2),
 }
 # Orders that walk the grid without L2 groups: l2_group_size changes nothing there.
 UNGROUPED_ORDERS = ("row", "column")
@@ -66,6 +82,11 @@ class Space:
     pruned: list[dict] = field(default_factory=list)
     points: int = 0
     l2_model: dict | None = None
+    spec: str | None = None  # the operand spec's text where it is not the dtype's default (jobs.Job.spec)
+
+    def spec_knobs(self) -> dict:
+        """The knob that carries :attr:`spec` to a build (none for the default)."""
+        return {SPEC_KNOB: self.spec} if self.spec else {}
 
     def counts(self) -> dict:
         out = {"points": self.points, "candidates": len(self.candidates)}
@@ -90,17 +111,33 @@ def parse_space(items) -> dict:
     return out
 
 
-def rung_knobs(rung: str, arch: str) -> dict:
-    """The rung's knobs and their defaults (imports the rung, hence TVM)."""
-    return dict(rungs.rung_module(rung, arch).KNOBS)
+def rung_knobs(rung: str, arch: str, spec: str | None = None, shape=None) -> dict:
+    """The rung's knobs and their defaults (imports the rung, hence TVM). With an fp8 ``spec``: the
+    rung's fp8 defaults (``make_config`` with the spec), then the policy's knobs for ``shape`` where the
+    policy takes this rung (``plan.fp8_module``: the rung's bare fp8 defaults are no kernel the front door
+    runs), knobs the policy sets that are not the rung's own (``unroll_k``) included."""
+    defaults = dict(rungs.rung_module(rung, arch).KNOBS)
+    if not text_is_fp8(spec):
+        return defaults
+    fp8 = as_spec(spec)
+    made = rungs.make_config(rung, 512, 512, 4096, dtype=fp8.d, arch=arch, spec=fp8).knobs()
+    defaults.update({k: v for k, v in made.items() if k not in ("dtype", "arch", SPEC_KNOB)})
+    if shape is not None:
+        policy_rung, knobs = plan.fp8_module(*shape, fp8.scales, fp8.bias)
+        if policy_rung == rung:
+            defaults.update(knobs)
+    return defaults
 
 
-def choices(rung: str, arch: str, space: dict | None = None) -> dict:
+def choices(rung: str, arch: str, space: dict | None = None, spec: str | None = None, shape=None) -> dict:
     """The values to try for each of the rung's knobs: ``space``, else the rung's ``TUNE_CHOICES``,
-    else :data:`DEFAULT_CHOICES`, else the default alone."""
+    else :data:`DEFAULT_CHOICES`, else the default alone (:func:`rung_knobs`). For an fp8 ``spec``,
+    :data:`FP8_CHOICES` stands for the last two, the policy's own value first: around the policy's knobs,
+    the policy's kernel among the candidates."""
     mod = rungs.rung_module(rung, arch)
-    defaults = dict(mod.KNOBS)
-    table = {**DEFAULT_CHOICES, **getattr(mod, "TUNE_CHOICES", {})}
+    defaults = rung_knobs(rung, arch, spec, shape)
+    fp8 = text_is_fp8(spec)
+    table = FP8_CHOICES if fp8 else {**DEFAULT_CHOICES, **getattr(mod, "TUNE_CHOICES", {})}
     space = dict(space or {})
     unknown = sorted(set(space) - set(defaults))
     if unknown:
@@ -109,7 +146,7 @@ def choices(rung: str, arch: str, space: dict | None = None) -> dict:
         )
     out = {}
     for name, default in defaults.items():
-        values = space.get(name, table.get(name, (default,)))
+        values = space.get(name, (default, *table[name]) if fp8 and name in table else table.get(name, (default,)))
         if isinstance(values, (str, int)):
             values = [values]
         out[name] = list(dict.fromkeys(values))
@@ -184,7 +221,7 @@ def _validate(rung, M, N, K, dtype, arch, names, values_list, sp: Space) -> list
         knobs = dict(zip(names, values))
         sp.points += 1
         try:
-            rungs.make_config(rung, M, N, K, dtype=dtype, arch=arch, **knobs)
+            rungs.make_config(rung, M, N, K, dtype=dtype, arch=arch, **knobs, **sp.spec_knobs())
         except ConfigError as err:
             sp.pruned.append({"knobs": knobs, "reason": _refusal_reason(str(err)), "detail": str(err)})
             continue
@@ -218,6 +255,7 @@ def _drop_ignored_group_sizes(valid: list[dict], default_g, sp: Space) -> list[d
 def _l2_prune(valid: list[dict], M, N, K, dtype, defaults, l2_keep, machine, sp: Space,
               progress: bool = False) -> list[dict]:
     """Keep the best ``l2_keep`` group sizes per (tile, order, cluster) by the L2 model."""
+    dtype_bytes = operand_bytes(as_spec(sp.spec, dtype))
     def key_of(knobs):
         get = {**defaults, **knobs}.get
         return (get("blk_m", 128), get("blk_n", 128), get("tile_order", "grouped"), get("cluster_m", 1),
@@ -230,7 +268,7 @@ def _l2_prune(valid: list[dict], M, N, K, dtype, defaults, l2_keep, machine, sp:
             groups.setdefault(key, set()).add(knobs["l2_group_size"])
     keep: dict = {}
     for key, sizes in _steps(groups.items(), len(groups), f"L2 model, {sp.rung}", progress):
-        ranked = _rank_groups(M, N, K, key, sorted(sizes), DTYPE_BYTES[dtype], machine)
+        ranked = _rank_groups(M, N, K, key, sorted(sizes), dtype_bytes, machine)
         keep[key] = {"kept": [g for g, _ in ranked[:l2_keep]], "traffic": {g: t.total_bytes for g, t in ranked}}
     kept = []
     for knobs in valid:
@@ -250,20 +288,22 @@ def _l2_prune(valid: list[dict], M, N, K, dtype, defaults, l2_keep, machine, sp:
 
 def search_space(rung: str, shape, dtype: str = "float16", arch: str = "sm_90a", space: dict | None = None,
                  l2_keep: int | None = 3, num_sms: int | None = None, l2_bytes: int | None = None,
-                 progress: bool = True) -> Space:
+                 progress: bool = True, spec: str | None = None) -> Space:
     """Enumerate the rung's knob space for ``shape`` and prune it before anything is built.
 
     ``space`` narrows or widens the values per knob (``{"pipe_depth": [3, 4]}``); knobs it does
     not name take :func:`choices`. ``l2_keep``: keep the best ``l2_keep`` l2_group_size values per
     (blk_m, blk_n, tile_order) by the L2-reuse model; ``None`` or 0 keeps them all. ``progress``:
     a bar on stderr for a step that runs long. A shape no knob can fit in 32-bit indices raises
-    ``IndexRangeError`` (a ``ConfigError``) at once.
+    ``IndexRangeError`` (a ``ConfigError``) at once. ``spec``: an operand spec's text (``GemmSpec.text``),
+    built into every candidate (None or the dtype's default: none); a spec no rung builds is a ``ConfigError``.
     """
     M, N, K = (int(x) for x in shape)
-    table = choices(rung, arch, space)
-    defaults = rung_knobs(rung, arch)
+    text = None if spec is None or as_spec(spec, dtype).is_default() else as_spec(spec, dtype).text()
+    table = choices(rung, arch, space, text, (M, N, K))
+    defaults = rung_knobs(rung, arch, text, (M, N, K))
     _check_some_tile_fits(rung, M, N, K, table, defaults)
-    sp = Space(rung, (M, N, K), dtype, arch, table)
+    sp = Space(rung, (M, N, K), dtype, arch, table, spec=text)
     names = list(table)
     points = _steps(itertools.product(*(table[n] for n in names)), math.prod(len(table[n]) for n in names),
                     f"validate {rung} knobs", progress)

@@ -1,0 +1,144 @@
+"""The fp8 tuner's run against the policy it would replace: which candidate is the policy's, and the rows.
+
+``tune --dtype float8_e4m3 --measure`` times every candidate against ``torch._scaled_mm`` (its second
+pass, the best four again in the same rounds). Where the best is not the policy's own kernel, that is
+not yet evidence that the database should override the policy: the policy's candidate may not have
+been in the second pass. So:
+
+    # build box, after tune --build-only: each folder's policy candidate (the rung's knobs need TVM)
+    .venv/bin/python benchmarks/fp8_tune.py policy build/tune_fp8/* > build/tune_fp8/policy.txt
+    # GPU box, after tune --measure: each folder's policy and best in the same rounds (benchmarks/ab_rounds.py:
+    # checked, then timed with torch._scaled_mm), where they differ
+    python3 benchmarks/fp8_tune.py ab build/tune_fp8/policy.txt --out OUT
+    # build box: the rows (issue 32's results format) and the entries worth merging
+    .venv/bin/python benchmarks/fp8_tune.py rows RUN.json ab_*.json --out fp8_tune.json
+
+A row holds the recipe, M, N, K, whether every candidate was correct, the best's TFLOPS and its ratio to
+``torch._scaled_mm`` (``ratio_to_scaled_mm``), the policy's, and the A/B's ratio of the best over the
+policy timed together (``ratio_to_policy``). ``merge`` lists the measurement reports whose best beat the
+policy in the A/B by more than :data:`MERGE_EDGE`: only those go into the packaged database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gemm_ladder.core import files
+from gemm_ladder.core.spec import GemmSpec
+
+MERGE_EDGE = 1.01  # the best must beat the policy's kernel by 1% in the same rounds to replace it
+
+
+def _reports(run: Path) -> list[dict]:
+    data = json.loads(run.read_text())
+    return data["reports"] if "reports" in data else [data]
+
+
+def policy_candidate(report: dict) -> dict | None:
+    """The candidate of ``report`` whose knobs are the policy's for its shape and spec (the rung's fp8
+    defaults under the policy's choice: ``tune.space.rung_knobs``), or None."""
+    # the build layer: the policy's knobs (TVM's compiler, on the build box)
+    from gemm_ladder.tune import space  # pylint: disable=import-outside-toplevel
+
+    want = space.rung_knobs(report["rung"], report["arch"], report["spec"], tuple(report["shape"]))
+    for r in report["results"]:
+        if all(want.get(k) == v for k, v in r["knobs"].items()):
+            return r
+    return None
+
+
+def policies(folders: list[Path]) -> list[str]:
+    """``folder policy_file`` for each candidate folder (its candidates.json) that holds the policy's kernel."""
+    lines = []
+    for folder in folders:
+        man = json.loads((folder / "candidates.json").read_text())
+        found = policy_candidate({**man, "results": man["candidates"]})
+        if found is None:
+            print(f"{folder}: no candidate has the policy's knobs", file=sys.stderr)
+            continue
+        lines.append(f"{folder} {found['file']}")
+    return lines
+
+
+def ab(policy_list: Path, out: Path) -> None:
+    """GPU box: for each folder of ``policy_list``, its measured best against the policy's candidate in the
+    same rounds (``ab_rounds.py``), into ``out/ab_<folder>.json``; nothing where the best is the policy's."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    for line in policy_list.read_text().split("\n"):
+        if not line.strip():
+            continue
+        folder, policy = line.split()
+        reports = sorted(Path(folder).glob("measurements_*.json"))
+        best = json.loads(reports[-1].read_text()).get("best") if reports else None
+        if best is None or best["file"] == policy:
+            print(f"{folder}: best is the policy's ({policy})" if best else f"{folder}: not measured", flush=True)
+            continue
+        subprocess.run([sys.executable, str(Path(__file__).with_name("ab_rounds.py")), f"{folder}/{policy}",
+                        f"{folder}/{best['file']}", "--rounds", "30", "--per-round", "20",
+                        "--out", str(out / f"ab_{Path(folder).name}.json")], check=False)
+
+
+def rows(run: Path, ab_files: list[Path]) -> dict:
+    ab = {}
+    for f in ab_files:
+        doc = json.loads(f.read_text())
+        mods = {m["module"]: m for m in doc["modules"]}
+        ab[tuple(doc["shape"])] = (doc, mods)
+    out, merge = [], []
+    for rep in _reports(run):
+        M, N, K = rep["shape"]
+        spec = GemmSpec.parse(rep["spec"])
+        policy, best = policy_candidate(rep), rep.get("best") or {}
+        doc, mods = ab.get((M, N, K), (None, {}))
+        pair = (mods.get(policy["file"]) if policy else None, mods.get(best.get("file")))
+        ratio = (pair[0]["ms"] / pair[1]["ms"]) if all(m and m.get("status") == "ok" for m in pair) and \
+            pair[0] is not pair[1] else (1.0 if policy and policy["file"] == best.get("file") else None)
+        row = {"recipe": spec.scales, "M": M, "N": N, "K": K,
+               "correct": all(r["status"] == "ok" for r in rep["results"]),
+               "candidates": len(rep["results"]), "tflops": best.get("tflops"),
+               "ratio_to_scaled_mm": best.get("ratio_to_cublas"),
+               "peer_ratios": {"torch_scaled_mm": best.get("ratio_to_cublas")},
+               "best_knobs": best.get("knobs"), "best_confirmed": best.get("confirmed") is True,
+               "policy_tflops": policy and policy.get("tflops"),
+               "policy_ratio_to_scaled_mm": policy and policy.get("ratio_to_cublas"),
+               "policy_confirmed": bool(policy and policy.get("confirmed")),
+               "ratio_to_policy": ratio,
+               "ab": None if doc is None else {m["module"]: {k: m.get(k) for k in ("status", "ms", "tflops",
+                                                                                 "ratio_to_cublas")}
+                                                for m in doc["modules"]},
+               "ab_clocks": None if doc is None else doc.get("clocks")}
+        out.append(row)
+        if ratio is not None and ratio > MERGE_EDGE:
+            merge.append(rep.get("path") or rep["candidates"])
+    return {"rows": out, "merge": merge, "merge_edge": MERGE_EDGE}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("policy", help="each candidate folder's policy candidate, one line each (build box)")
+    p.add_argument("folders", nargs="+", type=Path)
+    g = sub.add_parser("ab", help="each folder's best against its policy candidate, in the same rounds (GPU box)")
+    g.add_argument("policy_list", type=Path)
+    g.add_argument("--out", type=Path, required=True)
+    r = sub.add_parser("rows", help="the rows, with the A/B files of the pairs")
+    r.add_argument("run", type=Path)
+    r.add_argument("ab", nargs="*", type=Path)
+    r.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "policy":
+        print("\n".join(policies(a.folders)))
+        return 0
+    if a.cmd == "ab":
+        ab(a.policy_list, a.out)
+        return 0
+    files.write_json(a.out, rows(a.run, a.ab))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
