@@ -25,7 +25,8 @@ from gemm_ladder.serve.runtime import load  # noqa: E402
 from gemm_ladder.core import files  # noqa: E402
 
 
-def run_group(paths: list[Path], n_rounds: int, per_round: int, warm: float, sampler: Sampler) -> dict:
+def run_group(paths: list[Path], n_rounds: int, per_round: int, warm: float, sampler: Sampler,
+              timer: str = "queued") -> dict:
     mods = [load(p) for p in paths]
     try:
         rounds.check_group(mods)
@@ -36,7 +37,7 @@ def run_group(paths: list[Path], n_rounds: int, per_round: int, warm: float, sam
     good = [i for i, c in enumerate(checks) if c.ok]
     if not good:
         raise SystemExit("no module of the group passed its check: nothing to time")
-    timed = rounds.time_rounds([mods[i] for i in good], n_rounds, per_round, warm)
+    timed = rounds.time_rounds([mods[i] for i in good], n_rounds, per_round, warm, timer)
     timed_rows = dict(zip(good, timed["rows"]))
     rows = []
     for i, (p, m, c) in enumerate(zip(paths, mods, checks)):
@@ -45,7 +46,7 @@ def run_group(paths: list[Path], n_rounds: int, per_round: int, warm: float, sam
         row.update({"status": "ok", **timed_rows[i]} if i in timed_rows else {"status": "wrong"})
         rows.append(row)
     return {"shape": [first.M, first.N, first.K], "dtype": first.dtype, "rounds": n_rounds, "per_round": per_round,
-            "warm_s": warm, "input_sets": timed["input_sets"], "cublas_ms": timed["cublas_ms"],
+            "warm_s": warm, "timer": timer, "input_sets": timed["input_sets"], "cublas_ms": timed["cublas_ms"],
             "cublas_tflops": timed["cublas_tflops"], "clocks": sampler.between(timed["t0"], timed["t1"]),
             "modules": rows}
 
@@ -56,6 +57,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--per-round", type=int, default=30)
     ap.add_argument("--warm", type=float, default=2.0, help="seconds of warm-up launches")
+    ap.add_argument("--timer", choices=harness.TIMERS, default="queued",
+                    help="queued launches, or the kernels replayed in CUDA graphs (rounds.time_rounds)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if args.rounds < 1 or args.per_round < 1 or args.warm < 0:
@@ -65,7 +68,7 @@ def main() -> None:
         ap.error(f"no such module: {', '.join(missing)}")
     sampler = Sampler()
     try:
-        group = run_group(args.paths, args.rounds, args.per_round, args.warm, sampler)
+        group = run_group(args.paths, args.rounds, args.per_round, args.warm, sampler, args.timer)
     finally:
         sampler.stop()
     report = {**harness.run_info(), "gpu": harness.gpu_info(), "method": rounds.__doc__.strip(), **group}

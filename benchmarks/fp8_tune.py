@@ -8,7 +8,7 @@ been in the second pass. So:
     # build box, after tune --build-only: each folder's policy candidate (the rung's knobs need TVM)
     .venv/bin/python benchmarks/fp8_tune.py policy build/tune_fp8/* > build/tune_fp8/policy.txt
     # GPU box, after tune --measure: each folder's policy and best in the same rounds (benchmarks/ab_rounds.py:
-    # checked, then timed with torch._scaled_mm), where they differ
+    # checked, then timed with torch._scaled_mm, the kernels replayed in CUDA graphs), where they differ
     python3 benchmarks/fp8_tune.py ab build/tune_fp8/policy.txt --out OUT
     # build box: the rows (issue 32's results format) and the entries worth merging
     .venv/bin/python benchmarks/fp8_tune.py rows RUN.json ab_*.json --out fp8_tune.json
@@ -78,7 +78,7 @@ def ab(policy_list: Path, out: Path) -> None:
             print(f"{folder}: best is the policy's ({policy})" if best else f"{folder}: not measured", flush=True)
             continue
         subprocess.run([sys.executable, str(Path(__file__).with_name("ab_rounds.py")), f"{folder}/{policy}",
-                        f"{folder}/{best['file']}", "--rounds", "30", "--per-round", "20",
+                        f"{folder}/{best['file']}", "--rounds", "30", "--per-round", "20", "--timer", "graph",
                         "--out", str(out / f"ab_{Path(folder).name}.json")], check=False)
 
 

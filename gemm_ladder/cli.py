@@ -256,6 +256,8 @@ def _tune_show(a) -> int:
 
 def _tracker(a):
     """The tracker of ``--tracker`` (checked: something answers there), or None."""
+    if a.tracker and getattr(a, "timer", None):
+        raise UsageError("--timer is for measuring on this GPU: RPC servers time queued launches (drop --timer)")
     if bool(a.tracker) != bool(a.key):
         raise UsageError("--tracker HOST:PORT and --key KEY go together: the servers that key registered there")
     if a.tracker and (problem := serve.tracker_problem(a.tracker)):
@@ -312,7 +314,8 @@ def cmd_tune(a) -> int:
         try:
             run = (rpc.measure_folders(a.measure, tracker, a.key, a.reps, a.timeout, a.rpc_batch, a.run_out)
                    if tracker else measure_local(a.measure, a.reps, a.timeout, out=a.run_out, plot=a.plot or True,
-                                                 measurements_out=a.measurements_out, confirm_top=a.confirm))
+                                                 measurements_out=a.measurements_out, confirm_top=a.confirm,
+                                                 timer=a.timer))
         except RuntimeError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -346,7 +349,8 @@ def cmd_tune(a) -> int:
                            l2_bytes=int(a.l2_mb * 2**20) if a.l2_mb else None, build_jobs=a.jobs, cache_dir=a.cache,
                            build_only=a.build_only, tracker=tracker, key=a.key, batch=a.rpc_batch, reps=a.reps,
                            timeout=a.timeout, db=None if a.build_only else _db_arg(a), plot=a.plot or True,
-                           run_out=a.run_out, measurements_out=a.measurements_out, confirm_top=a.confirm)
+                           run_out=a.run_out, measurements_out=a.measurements_out, confirm_top=a.confirm,
+                           timer=a.timer)
     except (ConfigError, ValueError, FolderInUse, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -429,6 +433,10 @@ def _add_tune_parser(sub) -> None:
                    help=f"time the N best candidates of the first pass again, together with cuBLAS in the same "
                         f"rounds at the power limit, and rank by that (default {CONFIRM_TOP}; 0: first pass only; "
                         f"local measuring only)")
+    t.add_argument("--timer", choices=("queued", "graph"), default=None,
+                   help="how candidates are timed, both passes: queued launches, or the kernels replayed in CUDA "
+                        "graphs (default: graph for an fp8 folder, whose short kernels would time the host path; "
+                        "queued for a 16-bit one, as its database entries were; local measuring only)")
     t.add_argument("--timeout", type=cli_types.positive, default=300.0,
                    help="seconds per candidate before it counts as hung")
     t.add_argument("--measurements-out", type=cli_types.out_file, default=None,

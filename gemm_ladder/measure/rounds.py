@@ -50,8 +50,12 @@ def check_group(mods) -> None:
                              f"{getattr(first, 'spec', None)}): time one shape, dtype and spec per group")
 
 
-def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: float = WARM_S) -> dict:
+def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: float = WARM_S,
+                timer: str = "queued") -> dict:
     """Time ``mods`` (loaded, checked modules of one shape and dtype) and cuBLAS in the same rounds.
+    ``timer="graph"``: each burst is a CUDA-graph replay of the modules' bound launches (``launcher``), as
+    ``harness.time_module``'s graph timer: the kernels alone, no host path between them (a watchdog build
+    cannot be captured: ``ValueError``).
 
     Returns ``cublas_ms``, ``cublas_tflops``, ``input_sets``, the wall-clock span of the timed
     rounds (``t0``, ``t1``: for a clock sampler) and ``rows``, one per module in order: ``ms``,
@@ -62,6 +66,10 @@ def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: fl
 
     if not mods:
         raise ValueError("time_rounds needs at least one module")
+    if timer not in harness.TIMERS:
+        raise ValueError(f"timer={timer!r}: use one of {', '.join(harness.TIMERS)}")
+    if timer == "graph" and any(m.manifest.get("watchdog") for m in mods):
+        raise ValueError("a watchdog build cannot be timed in a CUDA graph: use timer='queued'")
     if rounds < 1 or per_round < 1 or warm < 0:
         raise ValueError(f"rounds={rounds}, per_round={per_round}, warm={warm}: rounds and per_round must be "
                          "at least 1, warm at least 0")
@@ -78,13 +86,20 @@ def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: fl
     n_sets = len(sets)
 
     def ours(m):
+        if timer == "graph":  # the checked call once, then the bound launch the graph replays
+            m(*sets[0][:2], out=sets[0][2], **operands)
+            launch = m.launcher(*sets[0], **operands)
+            return lambda a, b, o: launch(a, b, o, *operands.values())
         return lambda a, b, o: m(a, b, out=o, **operands)
+
+    def burst(fn, n, start=0):
+        return harness.graph_times(fn, sets, n) if timer == "graph" else harness.event_times(fn, sets, n, start=start)
 
     kernels = [cublas] + [ours(m) for m in mods]  # index 0: cuBLAS, i + 1: mods[i]
     t_end = time.time() + warm
     while time.time() < t_end:
         for fn in kernels:
-            harness.event_times(fn, sets, per_round)
+            burst(fn, per_round)
     times: list[list[float]] = [[] for _ in kernels]
     round_ms: list[list[float]] = [[] for _ in kernels]
     # every kernel in every position, forwards and backwards (not every permutation: 9 kernels
@@ -95,7 +110,7 @@ def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: fl
     t0 = time.time()
     for r in range(rounds):
         for i in orders[r % len(orders)]:
-            ts = harness.event_times(kernels[i], sets, per_round, start=r * per_round)
+            ts = burst(kernels[i], per_round, start=r * per_round)
             times[i] += ts
             round_ms[i].append(statistics.median(ts))
     t1 = time.time()
@@ -110,28 +125,31 @@ def time_rounds(mods, rounds: int = ROUNDS, per_round: int = PER_ROUND, warm: fl
             row["ratio_to_first"] = statistics.median(times[1]) / ms
             row["round_ratio_to_first_quartiles"] = quartiles([a / b for a, b in zip(round_ms[1], round_ms[i])])
         rows.append(row)
-    return {"rounds": rounds, "per_round": per_round, "warm_s": warm, "input_sets": n_sets, "cublas_ms": cub,
+    return {"rounds": rounds, "per_round": per_round, "warm_s": warm, "timer": timer, "input_sets": n_sets,
+            "cublas_ms": cub,
             "cublas_tflops": flops / cub / 1e9, "t0": t0, "t1": t1, "rows": rows}
 
 
 def group_job(paths, args) -> list[dict]:
     """The ``rounds`` job of :mod:`gemm_ladder.measure.isolate`: load the modules, check each (output
     poisoned, randn inputs), time the correct ones together (:func:`time_rounds`; ``args``:
-    rounds, per round, warm-up seconds). One result per path, in order: ``ok`` with the timing,
-    or ``wrong`` with the check."""
+    rounds, per round, warm-up seconds, and optionally the timer). One result per path, in order: ``ok``
+    with the timing, or ``wrong`` with the check."""
 
-    if args and len(args) != 3:
-        raise ValueError(f"the rounds job takes rounds, per round and warm-up seconds (e.g. --args "
-                         f"{ROUNDS},{PER_ROUND},{WARM_S}), or none for those; got {','.join(map(str, args))}")
+    if args and len(args) not in (3, 4):
+        raise ValueError(f"the rounds job takes rounds, per round and warm-up seconds, and optionally the timer "
+                         f"(e.g. --args {ROUNDS},{PER_ROUND},{WARM_S},graph), or none for those; got "
+                         f"{','.join(map(str, args))}")
     rounds, per_round, warm = (int(args[0]), int(args[1]), float(args[2])) if args else (ROUNDS, PER_ROUND, WARM_S)
+    timer = str(args[3]) if len(args) == 4 else "queued"
     mods = [load(p) for p in paths]
     check_group(mods)
     checks = [harness.check(m, seed=7) for m in mods]
     good = [i for i, c in enumerate(checks) if c.ok]
     out = [{"status": "wrong", **c.as_dict()} for c in checks]
     if good:
-        timed = time_rounds([mods[i] for i in good], rounds, per_round, warm)
-        meta = {k: timed[k] for k in ("rounds", "per_round", "warm_s", "cublas_ms")}
+        timed = time_rounds([mods[i] for i in good], rounds, per_round, warm, timer)
+        meta = {k: timed[k] for k in ("rounds", "per_round", "warm_s", "timer", "cublas_ms")}
         for i, row in zip(good, timed["rows"]):
             out[i] = {"status": "ok", **row, "rel_err": checks[i].rel_err, "rounds_method": meta}
     return out

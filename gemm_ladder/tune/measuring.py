@@ -19,6 +19,7 @@ from ..core.device import speed_rank
 from ..core.procs import progress as progress_bar
 from ..core.provenance import utc_now
 from ..core.records import FILE_NAME, SHAPE, List, Map, Obj, Str
+from ..core.spec import text_is_fp8
 from ..measure import harness, isolate, rounds
 from ..serve import runtime
 from .report import knob_label, plot_measurements
@@ -49,7 +50,7 @@ def read_candidates(folder) -> dict:
                              CANDIDATES_SCHEMA)
 
 
-def time_paths(paths, reps: int = 50, timeout: float = 300.0, on_result=None) -> list[dict]:
+def time_paths(paths, reps: int = 50, timeout: float = 300.0, on_result=None, timer: str = "queued") -> list[dict]:
     """Check and time modules against cuBLAS, each with its own ``timeout``: the method of
     :func:`measure` (and of a tuning RPC server, ``tune.serve``), results in the order of ``paths``.
 
@@ -60,26 +61,39 @@ def time_paths(paths, reps: int = 50, timeout: float = 300.0, on_result=None) ->
     after it in the same child; its first error is kept as ``first_try``.
     """
     paths = [Path(p) for p in paths]
-    timed = isolate.run_batch("time", paths, (reps,), timeout=timeout, on_result=on_result) if paths else []
+    args = (reps,) if timer == "queued" else (reps, timer)
+    timed = isolate.run_batch("time", paths, args, timeout=timeout, on_result=on_result) if paths else []
     for i, res in enumerate(timed):
         if res.get("status") == "error":
-            again = isolate.run_isolated("time", paths[i], reps, timeout=timeout)
+            again = isolate.run_isolated("time", paths[i], *args, timeout=timeout)
             timed[i] = {**again, "first_try": res.get("detail", "")}
     return timed
 
 
+def default_timer(man: dict) -> str:
+    """How a folder's candidates are timed unless told: an fp8 folder's kernels in CUDA graphs (its
+    short kernels, 10-60 us at the shapes the fp8 suite holds, would time the Python host path of a
+    queued call: 125 against 664 TFLOPS at 256x2112x7168 on an H200,
+    ``benchmarks/results/2026-11-29_h200_fp8_tune/``); a 16-bit folder's queued, as every entry of the
+    database was measured (the ratios of one database compare like with like)."""
+    return "graph" if text_is_fp8(man.get("spec")) else "queued"
+
+
 def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict | None = None,
-            progress: bool = True, plot=True, bar=None, confirm_top: int = CONFIRM_TOP) -> dict:
+            progress: bool = True, plot=True, bar=None, confirm_top: int = CONFIRM_TOP,
+            timer: str | None = None) -> dict:
     """Check and time every candidate of ``folder`` against cuBLAS; write the measurements JSON.
 
     :func:`time_paths` on every candidate of the folder: ``wrong``, ``crash``, ``error`` and
     ``timeout`` are recorded and do not stop the search. Then :func:`confirm` times the
     ``confirm_top`` best again, together (0 or 1: no second pass). ``bar``: a progress bar to
-    advance (one bar over several folders); else one is made when ``progress``. Returns the
+    advance (one bar over several folders); else one is made when ``progress``. ``timer``: ``queued`` or
+    ``graph`` (``harness.time_module``'s), both passes; default :func:`default_timer`. Returns the
     measurements dict (``"path"`` says where it was written).
     """
     folder = Path(folder)
     man = read_candidates(folder)
+    timer = timer or default_timer(man)
     gpu = gpu or harness.gpu_info()
     cands = man["candidates"]
     present = [i for i, c in enumerate(cands) if (folder / c["file"]).exists()]
@@ -99,13 +113,14 @@ def measure(folder, reps: int = 50, timeout: float = 300.0, out=None, gpu: dict 
                                     f"{best.get('module', '')}")
 
     try:
-        timed = time_paths([folder / cands[i]["file"] for i in present], reps, timeout, on_result=seen)
+        timed = time_paths([folder / cands[i]["file"] for i in present], reps, timeout, on_result=seen,
+                           timer=timer)
     finally:
         if own_bar and bar is not None:
             bar.close()
     paths = [folder / cands[i]["file"] for i in present]
-    timed, second = confirm(paths, timed, confirm_top, timeout)
-    report = make_report(folder, man, dict(zip(present, timed)), gpu, reps, timeout, confirm=second)
+    timed, second = confirm(paths, timed, confirm_top, timeout, timer=timer)
+    report = make_report(folder, man, dict(zip(present, timed)), gpu, reps, timeout, confirm=second, timer=timer)
     return write_report(report, Path(out) if out else None, plot)
 
 
@@ -153,7 +168,8 @@ def apply_confirmed(results: list[dict], picked: list[int], second: list[dict]) 
 
 
 def confirm(paths, results: list[dict], top: int = CONFIRM_TOP, timeout: float = 300.0,
-            rounds_args=(rounds.ROUNDS, rounds.PER_ROUND, rounds.WARM_S)) -> tuple[list[dict], dict | None]:
+            rounds_args=(rounds.ROUNDS, rounds.PER_ROUND, rounds.WARM_S), timer: str = "queued"
+            ) -> tuple[list[dict], dict | None]:
     """The tuner's second pass: the ``top`` best candidates of the first (``results``, in the order
     of ``paths``) timed again together, taking turns with cuBLAS in the same rounds after a
     warm-up at the power limit (:mod:`gemm_ladder.measure.rounds`, in a watched child).
@@ -172,9 +188,10 @@ def confirm(paths, results: list[dict], top: int = CONFIRM_TOP, timeout: float =
     group = [str(paths[i]) for i in picked]
     # the first result comes once the whole group is timed: the deadline is the group's
     deadline = timeout * len(group) + warm
-    second = isolate.run_batch("rounds", group, (n_rounds, per_round, warm), timeout=deadline, explain=False)
+    args = (n_rounds, per_round, warm) + (() if timer == "queued" else (timer,))
+    second = isolate.run_batch("rounds", group, args, timeout=deadline, explain=False)
     record = {"method": rounds.__doc__.split("\n\n")[0], "top": top, "rounds": n_rounds, "per_round": per_round,
-              "warm_s": warm, "candidates": [Path(g).name for g in group],
+              "warm_s": warm, "timer": timer, "candidates": [Path(g).name for g in group],
               "statuses": [r.get("status") for r in second]}
     return apply_confirmed(results, picked, second), record
 

@@ -69,11 +69,12 @@ def job_folders(jobs: list[Job], arch: str, out=None) -> list[Path]:
 
 
 def measure_local(folders, reps: int = 50, timeout: float = 300.0, *, out=None, progress: bool = True, plot=True,
-                  measurements_out=None, confirm_top: int | None = None) -> dict:
+                  measurements_out=None, confirm_top: int | None = None, timer: str | None = None) -> dict:
     """Measure candidate folders on this GPU, one after the other, under one progress bar;
     returns the run (the shape of ``rpc.measure_folders``'s). ``measurements_out``: where the
     one folder's measurements go (default: in the folder). ``confirm_top``: candidates of each
-    folder timed again together (``measuring.confirm``; default ``measuring.CONFIRM_TOP``)."""
+    folder timed again together (``measuring.confirm``; default ``measuring.CONFIRM_TOP``). ``timer``:
+    ``queued`` or ``graph`` for every folder (default: each folder's ``measuring.default_timer``)."""
 
     confirm_top = CONFIRM_TOP if confirm_top is None else confirm_top
 
@@ -84,7 +85,8 @@ def measure_local(folders, reps: int = 50, timeout: float = 300.0, *, out=None, 
     start = time.monotonic()
     try:
         reports = [measure(f, reps=reps, timeout=timeout, gpu=gpu, progress=False, plot=plot, bar=bar,
-                           out=measurements_out if len(folders) == 1 else None, confirm_top=confirm_top)
+                           out=measurements_out if len(folders) == 1 else None, confirm_top=confirm_top,
+                           timer=timer)
                    for f in folders]
     finally:
         if bar is not None:
@@ -108,7 +110,7 @@ def tune_many(jobs: list[Job], arch: str = "sm_90a", space: dict | None = None, 
               tracker: tuple[str, int] | None = None, key: str | None = None, batch: int = 4,
               reps: int = 50, timeout: float = 300.0, db=None, plot=True, progress: bool = True,
               run_out=None, measurements_out=None, identity: dict | None = None,
-              confirm_top: int | None = None) -> dict:
+              confirm_top: int | None = None, timer: str | None = None) -> dict:
     """Build every job's candidates (into :func:`job_folders`), then unless ``build_only``
     measure them all in one run (on the ``key`` servers of ``tracker`` when given, else on this
     GPU) and merge each job's best into ``db``.
@@ -132,6 +134,6 @@ def tune_many(jobs: list[Job], arch: str = "sm_90a", space: dict | None = None, 
                               progress=progress, plot=plot)
     else:
         run = measure_local(folders, reps=reps, timeout=timeout, out=run_out, progress=progress, plot=plot,
-                            measurements_out=measurements_out, confirm_top=confirm_top)
+                            measurements_out=measurements_out, confirm_top=confirm_top, timer=timer)
     run["merged"] = merge([r["path"] for r in run["reports"]], db)
     return {**result, **run}
