@@ -10,6 +10,11 @@ been in the second pass. So:
     # GPU box, after tune --measure: each folder's policy and best in the same rounds (benchmarks/ab_rounds.py:
     # checked, then timed with torch._scaled_mm, the kernels replayed in CUDA graphs), where they differ
     python3 benchmarks/fp8_tune.py ab build/tune_fp8/policy.txt --out OUT
+    # build box, once entries are merged: scaled_mm's own modules (M at run time) as its policy builds them
+    # from the rules and from the database, at the tuned shapes and at shapes of their buckets not tuned on
+    .venv/bin/python benchmarks/fp8_tune.py door build/fp8_door tensor:300x2112x7168 block:4096x2560x6144 ...
+    # GPU box: each pair in the same rounds, kernels in CUDA graphs
+    python3 benchmarks/fp8_tune.py abpairs build/fp8_door/pairs.txt --out OUT
     # build box: the rows (issue 32's results format) and the entries worth merging
     .venv/bin/python benchmarks/fp8_tune.py rows RUN.json ab_*.json --out fp8_tune.json
 
@@ -82,6 +87,54 @@ def ab(policy_list: Path, out: Path) -> None:
                         "--out", str(out / f"ab_{Path(folder).name}.json")], check=False)
 
 
+def door(out: Path, cases: list[str]) -> list[str]:
+    """Build box: for each ``recipe:MxNxK``, the module ``scaled_mm`` builds (``scaled.build_job``: M at run
+    time) with the tuning database off (the rules) and with the packaged one, copied into ``out``; writes
+    ``out/pairs.txt`` (``rules tuned name`` a line, where the two differ) and returns its lines."""
+    # the build layer: the policy and the module cache (TVM's compiler, on the build box)
+    # pylint: disable=import-outside-toplevel
+    import os
+    import shutil
+
+    from gemm_ladder.compile import module_cache
+    from gemm_ladder.compile.batch import BuildJob
+    from gemm_ladder.serve import scaled, tuning_db
+
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for case in cases:
+        recipe, _, shape = case.partition(":")
+        M, N, K = (int(x) for x in shape.split("x"))
+        call = scaled.Call(M, N, K, recipe, GemmSpec.fp8("bfloat16", recipe))
+        paths = {}
+        for label, setting in (("rules", "off"), ("tuned", str(tuning_db.PACKAGED_DB))):
+            os.environ[tuning_db.DB_ENV] = setting
+            rung, _, knobs = scaled.build_job(call, "sm_90a")
+            path, _ = module_cache.get_or_build(BuildJob(rung, (M, N, K), knobs))
+            paths[label] = out / f"{recipe}_{M}x{N}x{K}_{label}.so"
+            for src, dst in ((path, paths[label]), (Path(f"{path}.json"), Path(f"{paths[label]}.json"))):
+                shutil.copyfile(src, dst)
+        if paths["rules"].read_bytes() != paths["tuned"].read_bytes():
+            lines.append(f"{paths['rules']} {paths['tuned']} {recipe}_{M}x{N}x{K}")
+        else:
+            print(f"{case}: the database gives the rules' module", file=sys.stderr)
+    (out / "pairs.txt").write_text("".join(line + "\n" for line in lines))
+    return lines
+
+
+def ab_pairs(pairs_file: Path, out: Path) -> None:
+    """GPU box: each ``rules tuned name`` pair of ``pairs_file`` in the same rounds (``ab_rounds.py``, kernels
+    in CUDA graphs), into ``out/door_<name>.json``."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    for line in pairs_file.read_text().split("\n"):
+        if line.strip():
+            rules, tuned, name = line.split()
+            subprocess.run([sys.executable, str(Path(__file__).with_name("ab_rounds.py")), rules, tuned, "--rounds",
+                            "30", "--per-round", "20", "--timer", "graph", "--out", str(out / f"door_{name}.json")],
+                           check=False)
+
+
 def rows(run: Path, ab_files: list[Path]) -> dict:
     ab = {}
     for f in ab_files:
@@ -125,6 +178,12 @@ def main(argv=None) -> int:
     g = sub.add_parser("ab", help="each folder's best against its policy candidate, in the same rounds (GPU box)")
     g.add_argument("policy_list", type=Path)
     g.add_argument("--out", type=Path, required=True)
+    d = sub.add_parser("door", help="scaled_mm's modules from the rules and from the database (build box)")
+    d.add_argument("out", type=Path)
+    d.add_argument("cases", nargs="+", help="recipe:MxNxK")
+    q = sub.add_parser("abpairs", help="door's pairs in the same rounds (GPU box)")
+    q.add_argument("pairs", type=Path)
+    q.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("rows", help="the rows, with the A/B files of the pairs")
     r.add_argument("run", type=Path)
     r.add_argument("ab", nargs="*", type=Path)
@@ -135,6 +194,12 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "ab":
         ab(a.policy_list, a.out)
+        return 0
+    if a.cmd == "door":
+        print("\n".join(door(a.out, a.cases)))
+        return 0
+    if a.cmd == "abpairs":
+        ab_pairs(a.pairs, a.out)
         return 0
     files.write_json(a.out, rows(a.run, a.ab))
     return 0
