@@ -167,7 +167,36 @@ def rows(run: Path, ab_files: list[Path]) -> dict:
         out.append(row)
         if ratio is not None and ratio > MERGE_EDGE:
             merge.append(rep.get("path") or rep["candidates"])
-    return {"rows": out, "merge": merge, "merge_edge": MERGE_EDGE}
+    first = _reports(run)[0]
+    return {"gpu": first.get("gpu"), "date": first.get("date"), "timer": first.get("timer"), "rows": out,
+            "merge": merge, "merge_edge": MERGE_EDGE}
+
+
+def door_rows(door_files: list[Path], tuned: set) -> list[dict]:
+    """One row per ``door_<recipe>_<MxNxK>.json`` (``ab_rounds.py``'s: the rules' module first, the database's
+    second): its ratio over the rules' module timed in the same rounds, and each one's ratio to torch's;
+    ``held_out`` where the shape is not one the tuner ran (``tuned``: (recipe, M, N, K))."""
+    out = []
+    for f in door_files:
+        doc = json.loads(f.read_text())
+        recipe, asked = f.stem.split("_")[1], [int(x) for x in f.stem.split("_")[2].split("x")]
+        M, N, K = doc["shape"]
+        if asked != [M, N, K]:  # a runtime-M module from the cache keeps the M it was first built at
+            print(f"{f.name}: timed at {M}x{N}x{K}, not the case's {'x'.join(map(str, asked))}: left out",
+                  file=sys.stderr)
+            continue
+        rules, tuned_mod = doc["modules"]
+        out.append({"recipe": recipe, "M": M, "N": N, "K": K, "held_out": (recipe, M, N, K) not in tuned,
+                    "correct": rules["check"]["ok"] and tuned_mod["check"]["ok"], "tflops": tuned_mod.get("tflops"),
+                    "ratio_to_scaled_mm": tuned_mod.get("ratio_to_cublas"),
+                    "peer_ratios": {"torch_scaled_mm": tuned_mod.get("ratio_to_cublas"),
+                                    "rules_module": tuned_mod.get("ratio_to_first")},
+                    "rules_ratio_to_scaled_mm": rules.get("ratio_to_cublas"),
+                    "ratio_to_rules": tuned_mod.get("ratio_to_first"),
+                    "round_ratio_to_rules_quartiles": tuned_mod.get("round_ratio_to_first_quartiles"),
+                    "tuned_knobs": tuned_mod.get("knobs"), "rules_knobs": rules.get("knobs"),
+                    "clocks": doc.get("clocks"), "timer": doc.get("timer")})
+    return out
 
 
 def main(argv=None) -> int:
@@ -187,6 +216,8 @@ def main(argv=None) -> int:
     r = sub.add_parser("rows", help="the rows, with the A/B files of the pairs")
     r.add_argument("run", type=Path)
     r.add_argument("ab", nargs="*", type=Path)
+    r.add_argument("--door", nargs="*", type=Path, default=[], help="abpairs' door_*.json files")
+    r.add_argument("--commit", required=True, help="the commit the candidates and modules were built at")
     r.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     if a.cmd == "policy":
@@ -201,7 +232,9 @@ def main(argv=None) -> int:
     if a.cmd == "abpairs":
         ab_pairs(a.pairs, a.out)
         return 0
-    files.write_json(a.out, rows(a.run, a.ab))
+    doc = rows(a.run, a.ab)
+    tuned = {(r["recipe"], r["M"], r["N"], r["K"]) for r in doc["rows"]}
+    files.write_json(a.out, {**doc, "commit": a.commit, "front_door": door_rows(a.door, tuned)})
     return 0
 
 

@@ -224,8 +224,9 @@ def _print_merged(merged) -> None:
     for m in merged:
         e = m.get("entry")
         if e:
-            print(f"{m['action']}: {e['rung']} {'x'.join(map(str, e['shape']))} {e['dtype']} on {e['gpu']}: "
-                  f"{e['knobs']} {e['tflops']:.1f} TFLOPS ({(e.get('ratio_to_cublas') or 0):.3f}x cuBLAS)")
+            spec, peer = (f" {e['spec']}", "torch._scaled_mm") if e.get("spec") else ("", "cuBLAS")
+            print(f"{m['action']}: {e['rung']} {'x'.join(map(str, e['shape']))} {e['dtype']}{spec} on {e['gpu']}: "
+                  f"{e['knobs']} {e['tflops']:.1f} TFLOPS ({(e.get('ratio_to_cublas') or 0):.3f}x {peer})")
         else:
             print(f"{m['action']}: {m['file']}")
 

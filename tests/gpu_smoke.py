@@ -3,7 +3,8 @@
 Every command and library entry that only runs on a GPU is run once here, as a user runs it, on
 the smallest inputs that reach its whole host path: ``verify``, ``bench``, ``suite run``, the
 every-model suite's job, ``tune --measure`` (16-bit, and fp8 per-tensor and block-wise against
-``torch._scaled_mm``, then merged into a database the front door's fp8 policy reads), the ``rounds`` job of ``gemm_ladder.measure.isolate``,
+``torch._scaled_mm``, then merged into a database the front door's fp8 policy reads), the ``rounds`` job of
+``gemm_ladder.measure.isolate``,
 ``gemm_ladder.matmul`` and the torch op, also with a bias and with a bias and an activation (the
 operand spec's epilogue), a fused SwiGLU MLP's gradients (``nn.patch(fuse=True)``, eager and
 compiled) and its inference forward (the layers' fast lane), and the grouped front doors

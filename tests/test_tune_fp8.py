@@ -136,7 +136,8 @@ def test_plan_lines_and_arguments_ask_for_fp8_jobs():
     assert {GemmSpec.parse(j.spec).scales for j in found} == {"tensor", "block"}
     assert all(j.space == {"pipe_depth": [3, 4]} for j in found)
     names = {j.name("sm_90a") for j in found}
-    assert len(names) == 4 and sum("scales_block" in n for n in names) == 2 and sum("d_float16" in n for n in names) == 2
+    assert len(names) == 4 and sum("scales_block" in n for n in names) == 2
+    assert sum("d_float16" in n for n in names) == 2
     plain = jobs.parse_line("v9 4096x4096x4096 dtype=float8_e4m3,bfloat16")
     assert [(j.dtype, j.spec) for j in plain] == [("bfloat16", jobs.fp8_spec()), ("bfloat16", None)]
     assert plain[1].name("sm_90a") == "v9_4096x4096x4096_bfloat16_sm_90a"  # 16-bit names as before
@@ -212,4 +213,52 @@ def test_the_cli_tunes_fp8_and_refuses_recipes_without_it(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "scales_row" in out.stdout and out.stdout.count("candidate: ") == 5  # the policy's depth and 3..6
     out = cli("--rung", "v9", "--shape", "256x2112x7168", "--fp8-out", "float16", "--dry-run")
-    assert out.returncode == 2 and "--fp8-scales and --fp8-out choose fp8 kernels: add --dtype float8_e4m3" in out.stderr
+    assert out.returncode == 2
+    assert "--fp8-scales and --fp8-out choose fp8 kernels: add --dtype float8_e4m3" in out.stderr
+
+
+def _folder(root: Path, spec: str | None) -> Path:
+    root.mkdir(parents=True)
+    cands = []
+    for i in range(3):
+        (root / f"c{i}.so").write_bytes(b"not a real module")
+        cands.append({"id": f"c{i:03d}", "file": f"c{i}.so", "knobs": {"pipe_depth": 3 + i}, "cache_key": f"{i:064d}"})
+    man = {"format": "gemm_ladder.tune.candidates", "version": 1, "rung": "v9", "shape": list(SHAPE),
+           "dtype": "bfloat16", "arch": "sm_90a", "tvm_version": TVM, "compiler": "nvrtc", "candidates": cands,
+           **({"spec": spec} if spec else {})}
+    (root / "candidates.json").write_text(json.dumps(man))
+    return root
+
+
+@pytest.mark.parametrize("spec, given, want", [(BLOCK, None, "graph"), (None, None, "queued"),
+                                               (BLOCK, "queued", "queued"), (None, "graph", "graph")])
+def test_the_timer_reaches_both_passes_and_an_fp8_folder_times_kernels_in_graphs(tmp_path, monkeypatch, spec, given,
+                                                                                   want):
+    """An fp8 folder's candidates are timed as kernels replayed in CUDA graphs unless told otherwise (queued
+    calls would time the Python host path of its short kernels); a 16-bit folder's queued, as the database's
+    entries were. The first pass (the time job) and the second (the rounds job) get the same timer, and the
+    report and its second pass's record say which."""
+    from gemm_ladder.measure import isolate
+    from gemm_ladder.tune import measuring
+
+    calls = []
+
+    def fake_run_batch(job, paths, args=(), timeout=120.0, on_result=None, explain=True):
+        calls.append((job, tuple(args)))
+        out = [{"status": "ok", "ms": 1.0, "tflops": 1000.0 + i, "cublas_ms": 1.0, "cublas_tflops": 1000.0,
+                "ratio_to_cublas": 1.0 + i / 100, "rel_err": 1e-3, "module": Path(p).name} for i, p in enumerate(paths)]
+        for res in out:
+            if on_result:
+                on_result(res)
+        return out
+
+    monkeypatch.setattr(isolate, "run_batch", fake_run_batch)
+    folder = _folder(tmp_path / "cands", spec)
+    report = measuring.measure(folder, reps=7, timeout=5.0, gpu={"name": "NVIDIA H200"}, progress=False, plot=False,
+                               confirm_top=2, timer=given)
+    (time_job, time_args), (rounds_job, rounds_args) = calls
+    assert time_job == "time" and rounds_job == "rounds"
+    assert time_args == ((7,) if want == "queued" else (7, "graph"))
+    assert rounds_args[3:] == (() if want == "queued" else ("graph",))
+    assert report["timer"] == want and report["confirm"]["timer"] == want
+    assert report.get("spec") == spec

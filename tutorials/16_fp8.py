@@ -190,7 +190,8 @@ print("scale_a", tuple(sx.shape), sx.stride(), "scale_b", tuple(sw.t().shape), s
 #
 # The policy gives an fp8 problem v9's e4m3 kernel at the knobs the fp8 sweep measured
 # (`plan.FP8_RULES`, `plan.fp8_knobs`): one set for small M (one row of tiles), one for the rest, v9's
-# fp8 defaults with block scales; no tuning database (it holds 16-bit kernels' knobs). A kernel pack
+# fp8 defaults with block scales; the tuning database only where it holds an entry of the problem's own
+# spec (fp8 entries are timed against `torch._scaled_mm`: "Tuning fp8" below). A kernel pack
 # for a weight is then a runtime-M module for each of the two ranges of M, the modules `scaled_mm`
 # would build itself (`pack build --dtypes float8_e4m3 --fp8-scales row --fp8-out bfloat16`); with
 # `explain=True`, `scaled_mm` says which module served a call and from where, and where none
@@ -436,6 +437,35 @@ for M, N, K in ((256, 2112, 7168), (64, 6144, 4096), (256, 6144, 4096), (256, 40
 # addresses is checked again on every call: grad wanted, block scales 16-byte aligned, `out` apart from what
 # the kernel reads.
 #
+# ## Tuning fp8
+#
+# The policy's fp8 knobs come from sweeps, and the tuner can search around them:
+# `python -m gemm_ladder tune --rung v9 --shape 4096x2112x7168 --dtype float8_e4m3 --fp8-scales block`.
+# - The tile, the consumers and the promotion stay the policy's. Its ring depth, tile order, L2 group and
+#   clusters vary (`tune.space.FP8_CHOICES`), the policy's own value among them.
+# - Each candidate is checked against the float64 product of the dequantized inputs and timed against
+#   `torch._scaled_mm` on the same fp8 inputs.
+# - The kernels are timed in CUDA graphs. Queued calls would time the module's Python call: 125.6 TFLOPS
+#   against 619.7 for the same candidates at 256x2112x7168.
+# - The best goes into the database as an entry of its operand spec. `scaled_mm`'s builds and `pack build`
+#   then take it for every shape of its bucket.
+#
+# The first run on an H200 (`benchmarks/results/2026-11-29_h200_fp8_tune/`) covered 144 candidates at seven
+# shapes, all correct. Its bests beat the policy's own kernel at five of them, by 2-15% in the same rounds.
+# The front door builds a module that reads M at run time, and only one entry kept its win in that form.
+# Block scales at 4096x2112x7168 in 1x1 clusters ran +8.4% there, and +8.6% at 4096x2560x6144, a shape of the
+# bucket not tuned on. That entry is the packaged database's. The small-M entries lost at shapes of their
+# buckets: 16% at 200x4096x12288. So they were not kept.
+
+# %%
+from gemm_ladder.tune import jobs, space as tune_space  # noqa: E402
+
+sp = tune_space.search_space("v9", (4096, 2112, 7168), "bfloat16", spec=jobs.fp8_spec("block"), progress=False,
+                             space={"cluster_n": [1], "l2_group_size": [8, 16]})
+print(sp.counts(), "varied:", {k: v for k, v in sp.choices.items() if len(v) > 1})
+print(plan.fp8_policy(4096, 2112, 7168, "block")[2].rsplit(";", 1)[0] + ")")
+
+# %% [markdown]
 # ## Where fp8 stands (one H200, 2026-11-29)
 #
 # | | measured | against |

@@ -66,7 +66,9 @@ slower than the library it replaces. Not with ``strict=True`` (or
 ``GEMM_LADDER_STRICT=1``), nor with ``GEMM_LADDER_MEASURE=0``, nor for block scales where torch has no
 block-wise kernel on the GPU or the call has a bias (the stand-in then is a float32 product).
 
-The tuner does not time fp8 yet (the policy's fp8 knobs are ``plan.fp8_knobs``, from the fp8 sweep).
+The module built here comes from ``plan.fp8_policy``: the tuning database's entry for the call's spec and
+shape bucket (``tune --dtype float8_e4m3``: candidates timed against ``torch._scaled_mm``), else the
+rules' knobs (``plan.fp8_module``, from the fp8 sweeps); ``explain`` says which.
 
 :func:`quantize_fp8` makes the inputs with the rounding torch's recipes use: ``amax / fp8_max``
 as the scale (the dequantization multiplier), ``x / scale`` clamped to the fp8 range, then

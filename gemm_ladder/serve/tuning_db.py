@@ -345,7 +345,8 @@ def tuned_knobs(rung: str, M: int, N: int, K: int, knobs: dict) -> tuple[dict, d
     tuned, entry = found
     tuned_from = {k: entry.get(k) for k in ("db", "gpu", "shape", "tflops", "cublas_tflops", "ratio_to_cublas",
                                             "date", "commit", "tvm_version")}
-    print(f"gemm_ladder: {rung} {M}x{N}x{K} {dtype}{' ' + entry['spec'] if entry.get('spec') else ''}: tuned knobs {tuned} "
+    spec = f" {entry['spec']}" if entry.get("spec") else ""
+    print(f"gemm_ladder: {rung} {M}x{N}x{K} {dtype}{spec}: tuned knobs {tuned} "
           f"from {entry['gpu']} {'x'.join(map(str, entry['shape']))} ({entry['tflops']:.1f} TFLOPS, "
           f"{entry.get('ratio_to_cublas') or 0:.2f}x cuBLAS, {entry.get('date')}; {entry['db']})", file=sys.stderr)
     return {**knobs, **tuned}, tuned_from

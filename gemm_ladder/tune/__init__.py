@@ -7,6 +7,7 @@
     python -m gemm_ladder tune --measure build/tune/v6                      # GPU box, runtime-only TVM
     python -m gemm_ladder tune --merge build/tune/v6/measurements_nvidia-h100-80gb-hbm3.json
     python -m gemm_ladder tune --show                                       # the database as a table
+    python -m gemm_ladder tune --rung v9 --shape 4096x2112x7168 --dtype float8_e4m3 --fp8-scales block  # fp8
 
     from gemm_ladder.tune.run import tune
     tune("v6", (4096, 4096, 4096), space={"pipe_depth": [3, 4, 5]})
@@ -36,6 +37,13 @@ How a run goes, and the module of each step::
     use        gemm_ladder.build(rung, M, N, K) with no knobs takes the database's best          db
                (db.tuned_knobs; builder.build itself never reads the database);
                measuring.load_best(folder) loads the fastest measured module of a folder
+
+An fp8 job (``--dtype float8_e4m3``, ``--fp8-scales``, ``--fp8-out``; a plan line's ``dtype=float8_e4m3
+fp8_scales=...``) tunes scaled_mm's kernel: its operand spec is built into every candidate and keys the
+cache, the space varies the ring, the order, the L2 group and the clusters around the policy's knobs for the
+shape (``space.FP8_CHOICES``), each candidate is checked and timed against ``torch._scaled_mm`` on the same
+fp8 inputs (``measure.harness``), in CUDA graphs by default (``measuring.default_timer``; ``--timer``), and
+the best merges as an entry of its spec, which ``plan.fp8_policy`` and ``pack build`` then read.
 
 Tables and the plot of a measurement are in ``report``; ``run.tune`` is the whole run in one call,
 ``run.tune_many`` a run over a list of jobs (``jobs``: rungs x shapes x dtypes, e.g. a model's

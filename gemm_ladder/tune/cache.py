@@ -182,7 +182,8 @@ def _place_all(sp: Space, out: Path, cache: Path, entries: list[dict], ident: di
     return {
         "format": CANDIDATES_FORMAT, "version": 1,
         "rung": sp.rung, "shape": list(sp.shape), "dtype": sp.dtype, "arch": sp.arch,
-        **({"spec": sp.spec} if sp.spec else {}), "tvm_version": ident["tvm_version"], "compiler": ident["compiler"], "sources": ident["sources"],
+        **({"spec": sp.spec} if sp.spec else {}),
+        "tvm_version": ident["tvm_version"], "compiler": ident["compiler"], "sources": ident["sources"],
         "commit": git_commit(), "created": utc_now(),
         "space": sp.choices, "l2_model": sp.l2_model,
         "candidates": candidates, "failed": failed, "pruned": sp.pruned,

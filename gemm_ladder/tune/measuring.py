@@ -73,9 +73,9 @@ def time_paths(paths, reps: int = 50, timeout: float = 300.0, on_result=None, ti
 def default_timer(man: dict) -> str:
     """How a folder's candidates are timed unless told: an fp8 folder's kernels in CUDA graphs (its
     short kernels, 10-60 us at the shapes the fp8 suite holds, would time the Python host path of a
-    queued call: 125 against 664 TFLOPS at 256x2112x7168 on an H200,
-    ``benchmarks/results/2026-11-29_h200_fp8_tune/``); a 16-bit folder's queued, as every entry of the
-    database was measured (the ratios of one database compare like with like)."""
+    queued call: the best of the same candidates at 256x2112x7168 read 125.6 TFLOPS queued and 619.7 in
+    graphs on an H200, ``benchmarks/results/2026-11-29_h200_fp8_tune/``); a 16-bit folder's queued, as every
+    entry of the database was measured (the ratios of one database compare like with like)."""
     return "graph" if text_is_fp8(man.get("spec")) else "queued"
 
 
@@ -211,7 +211,8 @@ def make_report(folder, man: dict, by_index: dict, gpu: dict, reps: int, timeout
     return {
         "format": MEASUREMENTS_FORMAT, "version": 1,
         "rung": man["rung"], "shape": man["shape"], "dtype": man["dtype"], "arch": man["arch"],
-        **({"spec": man["spec"]} if man.get("spec") else {}), "tvm_version": man["tvm_version"], "compiler": man["compiler"], "sources": man.get("sources"),
+        **({"spec": man["spec"]} if man.get("spec") else {}),
+        "tvm_version": man["tvm_version"], "compiler": man["compiler"], "sources": man.get("sources"),
         "commit": man.get("commit"), "gpu": gpu, "date": utc_now(), "reps": reps, "timeout_s": timeout,
         "method": harness.__doc__.strip(), "candidates": str(folder.resolve()),
         **extra, "results": results, "best": best,
