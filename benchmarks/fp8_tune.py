@@ -109,6 +109,9 @@ def door(out: Path, cases: list[str]) -> list[str]:
         paths = {}
         for label, setting in (("rules", "off"), ("tuned", str(tuning_db.PACKAGED_DB))):
             os.environ[tuning_db.DB_ENV] = setting
+            # a cache of the case's own: a runtime-M module from the shared cache keeps the M it was first
+            # built at, and a pair must be timed at one M
+            os.environ["GEMM_LADDER_CACHE"] = str(out / "cache" / f"{recipe}_{M}x{N}x{K}")
             rung, _, knobs = scaled.build_job(call, "sm_90a")
             path, _ = module_cache.get_or_build(BuildJob(rung, (M, N, K), knobs))
             paths[label] = out / f"{recipe}_{M}x{N}x{K}_{label}.so"

@@ -164,6 +164,7 @@ def test_the_fp8_space_is_around_the_policy_and_every_candidate_builds_the_spec(
     assert any(all(c[k] == v for k, v in policy.items()) for c in sp.candidates)
     assert {c["pipe_depth"] for c in sp.candidates} == {policy["pipe_depth"], *tune_space.FP8_CHOICES["pipe_depth"]}
     assert all("spec" not in c for c in sp.candidates)
+    assert all(c["dynamic_m"] is True for c in sp.candidates)  # M at run time, as the front door's modules
     # the spec keys the cache: the same knobs in 16 bits are another binary
     ident = {"tvm_version": TVM, "compiler": "nvrtc", "sources": "s"}
     fp8_entries, _ = _todo(sp, Path("/nonexistent"), ident)

@@ -482,5 +482,7 @@ print(plan.fp8_policy(4096, 2112, 7168, "block")[2].rsplit(";", 1)[0] + ")")
 # the per-tensor tile promotes. That is one FFMA an accumulator every 128 of K, issued by the warps that also
 # issue the wgmmas: 60% more instructions than per-tensor, and the tensor pipe busy 80% of the time instead of
 # 94% (Nsight Compute, `benchmarks/results/2026-11-29_h200_fp8_block_ncu/`). Within one consumer the adds cannot
-# run under its own wgmmas, because a 128x256 tile's two halves share one accumulator set: 168 registers a
-# thread is all a 384-thread CTA has.
+# run under its own wgmmas, because a 128x256 tile's two halves share one accumulator set. A second set would
+# not fit: the total, two half sets and the stored output pairs come to 320 registers a thread. Without the
+# epilogue under they come to 256. A thread can address 255 at all, and `setmaxnreg` already gives each consumer
+# 232. What is left is where the adds issue: interleaved with the QGMMAs in the SASS, as DeepGEMM does.

@@ -115,7 +115,10 @@ def rung_knobs(rung: str, arch: str, spec: str | None = None, shape=None) -> dic
     """The rung's knobs and their defaults (imports the rung, hence TVM). With an fp8 ``spec``: the
     rung's fp8 defaults (``make_config`` with the spec), then the policy's knobs for ``shape`` where the
     policy takes this rung (``plan.fp8_module``: the rung's bare fp8 defaults are no kernel the front door
-    runs), knobs the policy sets that are not the rung's own (``unroll_k``) included."""
+    runs), knobs the policy sets that are not the rung's own (``unroll_k``) included, and M read at run time
+    (``dynamic_m``: the front door's modules do, and a static-M module's speed did not carry over to them: at
+    256x2112x7168 a best 1.146x the policy's static module ran 1.010x the policy's runtime-M one,
+    ``benchmarks/results/2026-11-29_h200_fp8_tune/``)."""
     defaults = dict(rungs.rung_module(rung, arch).KNOBS)
     if not text_is_fp8(spec):
         return defaults
@@ -126,6 +129,8 @@ def rung_knobs(rung: str, arch: str, spec: str | None = None, shape=None) -> dic
         policy_rung, knobs = plan.fp8_module(*shape, fp8.scales, fp8.bias)
         if policy_rung == rung:
             defaults.update(knobs)
+    if "dynamic_m" in defaults:  # the module scaled_mm and pack build make reads M at run time: tune that one
+        defaults["dynamic_m"] = True
     return defaults
 
 
