@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 from ..core import device
 from ..core.provenance import git_commit, utc_now
 from ..core.spec import FP8_DTYPES, torch_activation
-from ..serve.scaled import dequantize, quantize_fp8, torch_runs_block
+from ..serve.scaled import BLOCK, dequantize, quantize_fp8, torch_runs_block
 
 ERROR_FLOOR = {"float16": 2e-4, "bfloat16": 2e-3}
 
@@ -172,7 +172,6 @@ def judge(ours, ref, theirs, floor: float) -> CheckResult:
 
 
 # -- scaled fp8 modules (scaled_mm's kernels) --------------------------------------------------------
-BLOCK = 128  # the block recipe's groups: 1 x 128 of K (A), 128 x 128 (B): serve.scaled.BLOCK
 FP8_TORCH = "torch._scaled_mm"
 
 
@@ -276,8 +275,8 @@ def fp8_workload(mod, l2_bytes: int | None = None, seed: int = 1000):
     spec = mod.spec
     peer, name = fp8_peer(spec)
     if peer is None:
-        raise ValueError(f"timing an fp8 module with block scales needs a peer: {name}; time it with "
-                         "benchmarks/fp8_check.py, which reports ours alone")
+        raise ValueError(f"timing an fp8 module with block scales needs torch's block-wise kernel beside it: "
+                         f"{name}; time it on a GPU where torch runs one (torch 2.11 does on an H100 or H200)")
     n = sets_to_spill_l2(mod.M, mod.N, mod.K, l2_bytes or device.probe(0).l2_bytes)
     xs = [fp8_inputs(mod.M, mod.N, mod.K, spec, seed + i) for i in range(n)]
     first = xs[0]
