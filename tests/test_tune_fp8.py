@@ -263,3 +263,53 @@ def test_the_timer_reaches_both_passes_and_an_fp8_folder_times_kernels_in_graphs
     assert rounds_args[3:] == (() if want == "queued" else ("graph",))
     assert report["timer"] == want and report["confirm"]["timer"] == want
     assert report.get("spec") == spec
+
+
+# -- benchmarks/fp8_tune.py's pure parts: which candidate is the policy's, and the rows ----------------------
+sys.path.insert(0, str(REPO / "benchmarks"))
+import fp8_tune  # noqa: E402  (a benchmark script: the A/B of the tuner's best against the policy)
+
+
+def _ab_file(path: Path, shape, first: dict, second: dict) -> Path:
+    path.write_text(json.dumps({"shape": list(shape), "clocks": {"sm_mhz": 1700, "watts": 690}, "timer": "graph",
+                                "modules": [first, second]}))
+    return path
+
+
+def test_the_script_finds_the_policys_candidate_and_merges_only_what_beat_it(tmp_path):
+    shape = (256, 2112, 7168)
+    sp = tune_space.search_space("v9", shape, "bfloat16", progress=False, spec=jobs.fp8_spec(),
+                                 space={"cluster_n": [1], "l2_group_size": [8], "tile_order": ["snake"]})
+    results = [{"id": f"c{i:03d}", "file": f"c{i}.so", "knobs": k, "status": "ok", "tflops": 600.0 + i,
+                "ratio_to_cublas": 0.9 + i / 1000} for i, k in enumerate(sp.candidates)]
+    report = {"rung": "v9", "arch": "sm_90a", "shape": list(shape), "spec": jobs.fp8_spec(), "results": results,
+              "best": results[-1], "candidates": str(tmp_path / "folder"), "path": "m.json", "date": "d",
+              "gpu": {"name": "NVIDIA H200"}, "timer": "graph"}
+    policy = fp8_tune.policy_candidate(report)
+    want = tune_space.rung_knobs("v9", "sm_90a", jobs.fp8_spec(), shape)
+    assert policy is not None and all(want[k] == v for k, v in policy["knobs"].items())
+    assert sum(all(want.get(k) == v for k, v in r["knobs"].items()) for r in results) == 1
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"reports": [report]}))
+    for ratio, merged in ((1.05, ["m.json"]), (1.005, [])):  # past MERGE_EDGE, or not
+        ab = _ab_file(tmp_path / "ab.json", shape, {"module": policy["file"], "status": "ok", "ms": ratio},
+                      {"module": results[-1]["file"], "status": "ok", "ms": 1.0})
+        doc = fp8_tune.rows(run, [ab])
+        assert doc["rows"][0]["ratio_to_policy"] == pytest.approx(ratio) and doc["merge"] == merged
+        assert doc["rows"][0]["recipe"] == "tensor" and doc["rows"][0]["correct"] is True
+
+
+def test_door_rows_leave_out_a_pair_timed_at_another_m_and_mark_held_out_shapes(tmp_path):
+    def mod(name, ratio, first=None):
+        return {"module": name, "rung": "v9", "knobs": {}, "check": {"ok": True}, "tflops": 900.0,
+                "ratio_to_cublas": ratio, **({} if first is None else {"ratio_to_first": first,
+                                                                      "round_ratio_to_first_quartiles": [1, 1, 1]})}
+
+    files = [_ab_file(tmp_path / "door_tensor_256x4096x14336.json", (256, 4096, 14336), mod("r", 0.88),
+                      mod("t", 0.90, 1.02)),
+             _ab_file(tmp_path / "door_tensor_320x4096x14336.json", (320, 4096, 14336), mod("r", 0.36),
+                      mod("t", 0.55, 1.51)),
+             _ab_file(tmp_path / "door_block_96x7168x16384.json", (128, 7168, 16384), mod("r", 0.74),
+                      mod("t", 0.73, 0.98))]
+    rows = fp8_tune.door_rows(files, {("tensor", 256, 4096, 14336)})
+    assert [(r["M"], r["held_out"], r["ratio_to_rules"]) for r in rows] == [(256, False, 1.02), (320, True, 1.51)]
