@@ -151,12 +151,12 @@ def test_the_width_rule_takes_cuBLASLts_widths_where_they_fill_the_waves_and_not
 
 def test_128x128_tiles_under_one_wave_take_the_deeper_ring():
     """``plan.FP8_SUBWAVE_DEPTH``: per-tensor and rowwise 128x128 tiles that fit one wave (128 and 126 tiles at
-    M = 256) wait on their loads and take 6 stages; over many waves (1601x6144 on 128x128) the four stages stay,
+    M = 256) wait on their loads and take 6 stages; over many waves (2433x4096 on 128x128) the four stages stay,
     and block scales keep theirs."""
     for N in (8192, 8064):
         assert plan.fp8_tile(256, N) == "square" and plan.fp8_knobs(256, N, 4096, "row")["pipe_depth"] == 6
-    assert plan.fp8_tile(1601, 6144) == "square"  # 13 x 48 = 624 tiles of 128x128 on 132 SMs: 4.7 waves
-    assert plan.fp8_knobs(1601, 6144, 4096, "tensor") == plan.FP8_LARGE_KNOBS
+    assert plan.fp8_tile(2433, 4096) == "square"  # 20 x 32 = 640 tiles of 128x128 on 132 SMs: 4.8 waves
+    assert plan.fp8_knobs(2433, 4096, 4096, "tensor") == plan.FP8_LARGE_KNOBS
     assert "pipe_depth" not in plan.FP8_LARGE_KNOBS
     assert "pipe_depth" not in plan.fp8_knobs(256, 6144, 4096, "block")
 
@@ -193,3 +193,44 @@ def test_the_fill_rule_takes_64_row_tiles_where_they_come_to_one_whole_wave(M, N
     if fill is not None:
         assert plan.FP8_FILL_RESULTS in choice.text() and "0.99-0.995x" in choice.text()
         assert (Path(__file__).resolve().parents[1] / plan.FP8_FILL_RESULTS).is_file()
+
+
+@pytest.mark.parametrize("recipe", ["tensor", "row", "block"])
+def test_no_tiles_cluster_rounds_an_odd_row_of_tiles_up_by_a_wave(recipe):
+    """``plan.fp8_tile_cluster``: the persistent grid is one of cluster tiles, so 2x1 clusters over three
+    rows of 128-row tiles run as four rows. At M = 320 the rules' 128x112 made 74 clusters of 2x1 where a
+    wave holds 66 (two waves for 111 tiles: 0.36x torch._scaled_mm at 320x4096x14336). For the policy's
+    v9 modules past FP8_SMALL_M the grid of cluster tiles takes as many waves as the tiles alone would."""
+    from gemm_ladder.rungs import make_config
+
+    spec = GemmSpec.fp8("bfloat16", recipe)
+    for M in (257, 320, 384, 448, 576, 640, 896, 1152, 3000):
+        for N, K in ((4096, 14336), (6144, 4096), (7168, 16384), (28672, 8192), (18944, 3584), (24576, 1536),
+                     (2112, 7168), (11008, 4096)):
+            rung, knobs = plan.fp8_module(M, N, K, recipe)
+            cfg = make_config(rung, M, N, K, spec=spec, **knobs).knobs()
+            if rung != "v9" or cfg["blk_m"] == 64:  # the split's and the fill rule's own cluster counts
+                continue
+            cluster = (cfg["cluster_m"], cfg["cluster_n"])
+            tiles = plan.cluster_waves(M, N, cfg["blk_m"], cfg["blk_n"], (1, 1))
+            assert plan.cluster_waves(M, N, cfg["blk_m"], cfg["blk_n"], cluster) == tiles, (M, N, K, cfg)
+
+
+def test_an_odd_row_of_tiles_runs_unclustered_and_an_even_one_keeps_its_pair():
+    """Three rows of 128x112 at 320x4096 (37 columns): 2x1 would take two waves, 1x1 takes one (111 of 132
+    SMs); two rows (M = 256) and four (M = 512) keep the 2x1 pair; the wide tiles' 1x2 (sharing A) is kept
+    where its columns pair up without a wave; the small-M tiles' clusters are not this function's."""
+    assert plan.cluster_waves(320, 4096, 128, 112, (2, 1)) == 2 and plan.cluster_waves(320, 4096, 128, 112, (1, 1)) == 1
+    assert plan.fp8_tile(320, 4096) == "n112" and plan.fp8_tile_cluster(320, 4096, "n112") == (1, 1)
+    rung, knobs = plan.fp8_module(320, 4096, 14336, "tensor")
+    assert rung == "v9" and (knobs["blk_n"], knobs["cluster_m"], knobs["cluster_n"]) == (112, 1, 1)
+    assert plan.fp8_tile_cluster(512, 4096, "n112") == (2, 1) and plan.fp8_tile_cluster(256, 7168, "n112") == (2, 1)
+    assert "cluster_m" not in plan.fp8_knobs(512, 6144, 4096, "tensor")
+    assert plan.fp8_tile_cluster(8192, 8192, "wide") == (1, 2)
+    # 128x128 at 320x14336: 3 x 112 tiles, three waves; 2 x 112 clusters of 2x1 take four. 128x256: 3 x 56 tiles and
+    # 2 x 56 clusters, two waves either way
+    assert plan.fp8_tile_cluster(320, 14336, "square") == (1, 1) and plan.fp8_tile_cluster(320, 14336, "halves") == (2, 1)
+    assert plan.fp8_tile(320, 14336, recipe="block") == "square"
+    assert plan.fp8_knobs(320, 14336, 4096, "block") == {**plan.FP8_BLOCK_LARGE_KNOBS, "cluster_m": 1, "cluster_n": 1}
+    with pytest.raises(ValueError, match="small-M"):
+        plan.fp8_tile_cluster(64, 4096, "small")

@@ -1162,6 +1162,42 @@ FP8_WIDTH_RATE = {96: 0.79, 112: 0.96, 144: 0.97, 176: 1.025, 192: 1.08, 224: 1.
 FP8_NARROW_MAX_M = 512
 
 
+# The 128-row tiles run in clusters (2x1: two rows of tiles sharing B's tile; the wide tiles 1x2, sharing A's), and
+# the persistent grid is one of cluster tiles (sm90a/schedule.py), so an odd row (or column) of tiles is rounded up
+# to a whole cluster. Where that rounding adds a wave, the tiles take twice the time their count says: at M = 320 the
+# rules' 128x112 (3 x 37 = 111 tiles) made 2 x 37 = 74 clusters where a wave holds 66, and ran 0.36x
+# torch._scaled_mm at 320x4096x14336, 128x144 0.55x at 320x6144x4096 (FP8_TUNE_RESULTS, door2). Such a tile runs
+# unclustered (1x1) where that takes fewer waves, at 1x1's rate over 2x1's (FP8_WIDTHS_RESULTS run 9: 128x112 at
+# 256x6144x4096, 713 against 753 TFLOPS), and fp8_tile weighs each tile in the cluster it would run in.
+FP8_TUNE_RESULTS = "benchmarks/results/2026-11-29_h200_fp8_tune/README.md"
+FP8_UNCLUSTERED_RATE = 0.95
+FP8_TILE_SHAPES = {"square": (128, 128), "wide": (192, 128), "halves": (128, 256)}  # and n<width>: (128, width)
+
+
+def fp8_tile_shape(tile: str) -> tuple[int, int]:
+    """The (blk_m, blk_n) of :func:`fp8_tile`'s 128-row (or 192-row) tile ``tile``."""
+    return (128, int(tile[1:])) if tile.startswith("n") else FP8_TILE_SHAPES[tile]
+
+
+def cluster_waves(M: int, N: int, blk_m: int, blk_n: int, cluster: tuple[int, int], sms: int = 132) -> int:
+    """Waves of a persistent grid of ``cluster`` (rows, columns of tiles) cluster tiles of blk_m x blk_n at M x N:
+    an odd row or column of tiles rounded up to a whole cluster, ``sms // size`` clusters a wave."""
+    cm, cn = cluster
+    clusters = math.ceil(math.ceil(M / blk_m) / cm) * math.ceil(math.ceil(N / blk_n) / cn)
+    return math.ceil(clusters / (sms // (cm * cn)))
+
+
+def fp8_tile_cluster(M: int, N: int, tile: str, sms: int = 132) -> tuple[int, int]:
+    """The cluster :func:`fp8_tile`'s ``tile`` runs in at M x N: its own (1x2 for ``wide``, else 2x1), or 1x1
+    where the own cluster's rounding costs a wave (FP8_UNCLUSTERED_RATE)."""
+    if tile == "small":
+        raise ValueError("the small-M tiles' clusters are FP8_SMALL_KNOBS' (fp8_module); fp8_tile_cluster is for "
+                         "the 128-row and wide tiles")
+    bm, bn = fp8_tile_shape(tile)
+    own = (1, 2) if tile == "wide" else (2, 1)
+    return own if cluster_waves(M, N, bm, bn, own, sms) <= cluster_waves(M, N, bm, bn, (1, 1), sms) else (1, 1)
+
+
 def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
     """The tile fp8 at M x N with ``recipe``'s scales takes: ``small`` up to FP8_SMALL_M, then the one
     whose share of its waves' SM time, times its measured rate, is highest (ties: in this order): for
@@ -1169,20 +1205,22 @@ def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
     ``halves`` (128x256 promoted in halves) and, where 128x128 tiles fill more than half the SMs, ``n96`` ..
     ``n224`` (128 rows, FP8_WIDTH_KNOBS; those under 128 up to FP8_NARROW_MAX_M); for block
     scales (whose tiles cover whole 128-column B blocks), ``square`` (128x128, ov4 with staged scales) and
-    ``halves``."""
+    ``halves``. Waves are counted in the cluster each tile would run in (:func:`fp8_tile_cluster`)."""
     if M <= FP8_SMALL_M:
         return "small"
     p = Problem(M, N, 1, sms=sms)
 
-    def used(bm: int, bn: int) -> float:
-        return M * N / (p.waves(bm, bn) * sms * bm * bn)
+    def used(tile: str) -> float:
+        (bm, bn), cluster = fp8_tile_shape(tile), fp8_tile_cluster(M, N, tile, sms)
+        rate = FP8_UNCLUSTERED_RATE if cluster == (1, 1) else 1.0
+        return rate * M * N / (cluster_waves(M, N, bm, bn, cluster, sms) * sms * bm * bn)
     if recipe not in ("tensor", "row"):  # block scales: 128x128 (ov4, staged scales) or 128x256 in halves
-        score = {"square": used(128, 128), "halves": used(128, 256) * FP8_BLOCK_HALVES_RATE}
+        score = {"square": used("square"), "halves": used("halves") * FP8_BLOCK_HALVES_RATE}
     else:
-        score = {"square": used(128, 128), "wide": used(192, 128) * FP8_WIDE_RATE,
-                 "halves": used(128, 256) * FP8_HALVES_RATE}
+        score = {"square": used("square"), "wide": used("wide") * FP8_WIDE_RATE,
+                 "halves": used("halves") * FP8_HALVES_RATE}
         if p.tiles(128, 128) > sms // 2:  # fewer: the fill rule's 64-row tiles or the split (fp8_module)
-            score |= {f"n{bn}": used(128, bn) * rate for bn, rate in FP8_WIDTH_RATE.items()
+            score |= {f"n{bn}": used(f"n{bn}") * rate for bn, rate in FP8_WIDTH_RATE.items()
                       if bn >= 128 or M <= FP8_NARROW_MAX_M}
     return max(score, key=score.get)
 
@@ -1257,15 +1295,18 @@ def fp8_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict:
     """v9's knobs for a scaled e4m3 GEMM (``scaled_mm``'s): the policy above, by M, N and the recipe,
     the overlapped tiles unrolled where they fit (:func:`fp8_unrolled`)."""
     tile = fp8_tile(M, N, sms, recipe)
+    if tile == "small":
+        return dict(FP8_BLOCK_SMALL_KNOBS) if recipe == "block" else fp8_unrolled(dict(FP8_SMALL_KNOBS), K, recipe)
+    unclustered = {"cluster_m": 1, "cluster_n": 1} if fp8_tile_cluster(M, N, tile, sms) == (1, 1) else {}
     if recipe == "block":
-        return dict({"small": FP8_BLOCK_SMALL_KNOBS, "square": FP8_BLOCK_LARGE_KNOBS,
-                     "halves": FP8_BLOCK_HALVES_KNOBS}[tile])
+        return {**{"square": FP8_BLOCK_LARGE_KNOBS, "halves": FP8_BLOCK_HALVES_KNOBS}[tile], **unclustered}
     if tile == "square" and Problem(M, N, K, sms=sms).tiles(128, 128) <= sms:
-        return fp8_unrolled({**FP8_LARGE_KNOBS, "pipe_depth": FP8_SUBWAVE_DEPTH}, K, recipe)
-    if tile.startswith("n"):
-        return fp8_unrolled(dict(FP8_WIDTH_KNOBS[int(tile[1:])]), K, recipe)
-    return fp8_unrolled(dict({"small": FP8_SMALL_KNOBS, "square": FP8_LARGE_KNOBS, "wide": FP8_WIDE_KNOBS,
-                              "halves": FP8_HALVES_KNOBS}[tile]), K, recipe)
+        knobs = {**FP8_LARGE_KNOBS, "pipe_depth": FP8_SUBWAVE_DEPTH}
+    elif tile.startswith("n"):
+        knobs = dict(FP8_WIDTH_KNOBS[int(tile[1:])])
+    else:
+        knobs = dict({"square": FP8_LARGE_KNOBS, "wide": FP8_WIDE_KNOBS, "halves": FP8_HALVES_KNOBS}[tile])
+    return fp8_unrolled({**knobs, **unclustered}, K, recipe)
 
 
 def fp8_width(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> int | None:
