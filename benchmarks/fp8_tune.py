@@ -17,6 +17,8 @@ been in the second pass. So:
     python3 benchmarks/fp8_tune.py abpairs build/fp8_door/pairs.txt --out OUT
     # build box: the rows (issue 32's results format) and the entries worth merging
     .venv/bin/python benchmarks/fp8_tune.py rows RUN.json ab_*.json --out fp8_tune.json
+    # any ab_rounds.py files of fp8 modules (say, the rules before and after a change), a row per module
+    .venv/bin/python benchmarks/fp8_tune.py abrows OUT/door_*.json --baseline rules_before --commit C --out rows.json
 
 A row holds the recipe, M, N, K, whether every candidate was correct, the best's TFLOPS and its ratio to
 ``torch._scaled_mm`` (``ratio_to_scaled_mm``), the policy's, and the A/B's ratio of the best over the
@@ -202,6 +204,30 @@ def door_rows(door_files: list[Path], tuned: set) -> list[dict]:
     return out
 
 
+def ab_rows(ab_files: list[Path], baseline: str) -> dict:
+    """Issue 32's rows from ``ab_rounds.py`` files of scaled fp8 modules (one shape each, the group's first module
+    the baseline): one row per module with its recipe, shape, knobs, check, TFLOPS, ratio to ``torch._scaled_mm``
+    and, in ``peer_ratios``, ``baseline``'s time over its own (the same rounds), with the run's GPU and clocks."""
+    out, gpu, dates = [], None, []
+    for f in ab_files:
+        doc = json.loads(f.read_text())
+        gpu, M, N, K = gpu or doc.get("gpu"), *doc["shape"]
+        dates.append(doc.get("date"))
+        for i, m in enumerate(doc["modules"]):
+            spec = GemmSpec.parse(m["knobs"]["spec"])
+            ok = m.get("status") == "ok"
+            out.append({"recipe": spec.scales, "M": M, "N": N, "K": K, "module": m["module"], "rung": m["rung"],
+                        "baseline": i == 0, "correct": bool(m["check"]["ok"]), "rel_err": m["check"].get("rel_err"),
+                        "torch_rel_err": m["check"].get("torch_rel_err"), "tflops": m.get("tflops") if ok else None,
+                        "ratio_to_scaled_mm": m.get("ratio_to_cublas") if ok else None,
+                        "peer_ratios": {"torch_scaled_mm": m.get("ratio_to_cublas") if ok else None,
+                                        baseline: m.get("ratio_to_first") if ok and i else None},
+                        "round_ratio_quartiles": m.get("round_ratio_to_first_quartiles") if i else None,
+                        "knobs": {k: v for k, v in m["knobs"].items() if k not in ("dtype", "arch", "spec")},
+                        "clocks": doc.get("clocks"), "timer": doc.get("timer"), "file": f.name})
+    return {"gpu": gpu, "date": max(filter(None, dates), default=None), "baseline": baseline, "rows": out}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -216,6 +242,11 @@ def main(argv=None) -> int:
     q = sub.add_parser("abpairs", help="door's pairs in the same rounds (GPU box)")
     q.add_argument("pairs", type=Path)
     q.add_argument("--out", type=Path, required=True)
+    b = sub.add_parser("abrows", help="the rows of ab_rounds.py files, each group's first module the baseline")
+    b.add_argument("ab", nargs="+", type=Path)
+    b.add_argument("--baseline", required=True, help="what the first module of each group is (a peer_ratios key)")
+    b.add_argument("--commit", required=True, help="the commit the modules were built at")
+    b.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("rows", help="the rows, with the A/B files of the pairs")
     r.add_argument("run", type=Path)
     r.add_argument("ab", nargs="*", type=Path)
@@ -234,6 +265,9 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "abpairs":
         ab_pairs(a.pairs, a.out)
+        return 0
+    if a.cmd == "abrows":
+        files.write_json(a.out, {**ab_rows(a.ab, a.baseline), "commit": a.commit})
         return 0
     doc = rows(a.run, a.ab)
     tuned = {(r["recipe"], r["M"], r["N"], r["K"]) for r in doc["rows"]}

@@ -403,7 +403,8 @@ def _fp8_not_built(spec: GemmSpec, rung: str, epilogues) -> str | None:
     if spec.bias is not None and spec.bias not in (spec.d, ACC_DTYPE):
         return f"bias={spec.bias}: an fp8 GEMM's bias is built in D's dtype ({spec.d}) or float32"
     if SCALED not in epilogues:
-        return f"the scaled fp8 GEMM is not built for {rung}; it is built for v9"
+        return (f"the scaled fp8 GEMM is not built for {rung}; it is built for v9, v10 (per-tensor and rowwise scales) "
+                "and v11 (per-tensor)")
     return None
 
 

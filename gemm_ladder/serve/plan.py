@@ -1208,6 +1208,13 @@ def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
     ``halves``. Waves are counted in the cluster each tile would run in (:func:`fp8_tile_cluster`)."""
     if M <= FP8_SMALL_M:
         return "small"
+    score = fp8_tile_scores(M, N, sms, recipe)
+    return max(score, key=score.get)
+
+
+def fp8_tile_scores(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> dict[str, float]:
+    """Each tile :func:`fp8_tile` weighs at M x N (past FP8_SMALL_M): the share of its waves' SM time it fills (in
+    the cluster it would run in), times its measured rate."""
     p = Problem(M, N, 1, sms=sms)
 
     def used(tile: str) -> float:
@@ -1222,7 +1229,7 @@ def fp8_tile(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> str:
         if p.tiles(128, 128) > sms // 2:  # fewer: the fill rule's 64-row tiles or the split (fp8_module)
             score |= {f"n{bn}": used(f"n{bn}") * rate for bn, rate in FP8_WIDTH_RATE.items()
                       if bn >= 128 or M <= FP8_NARROW_MAX_M}
-    return max(score, key=score.get)
+    return score
 
 
 def fp8_wide(M: int, N: int, sms: int = 132, recipe: str = "tensor") -> bool:
@@ -1427,6 +1434,61 @@ def fp8_policy(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132, d
     return rung, knobs, f"plan.FP8_RULES: {knobs or 'v9 fp8 defaults'}"
 
 
+# Per-tensor fp8 at mid M with the operands swapped (v11: B's rows in wgmma's 64-row slot, M on its N, a multiple of
+# 16 here): tiles whose rows divide M where v9's come in 64-row steps. cuBLASLt runs such tiles there (torch's
+# profiler: 80 rows of M by 128 of N at 320x4096x14336, 160 by 128 at 640x4096x14336, 80 by 64 at 320x2112x7168).
+# FP8_SWAP_RESULTS (H200, kernels in graphs, the rules' module at cc5c878 in the same rounds): 80x128 over two
+# consumers with the overlapped promotion +27% at 320x4096x14336 and 320x4096x4096, 160x128 drained (two sets and
+# the sums pass the registers) +9% at 320x7168x16384 and 640x4096x14336, 80x64 over one consumer +68% at
+# 320x2112x7168; slower where v9's tiles fill as well: 80x128 at 320x6144x4096 (0.88x: two waves), 96x128 at
+# 384x4096x14336 (0.98x), 160x64 at 640x2112x7168 (0.94x). Each swap tile is weighed as fp8_tile weighs v9's
+# (the share of its waves it fills) at its rate over v9's 128x128, fitted to those eight: 0.8 for 128 columns over two
+# consumers with the overlapped promotion (up to 96 rows), 1.0 drained past it, 0.55 for 64 columns over one
+# consumer; it must beat the rules' tile by FP8_SWAP_MARGIN. Per-tensor only (v11's fp8: rowwise and block scales
+# index the tile's rows), past M = 256 (below, the fill and split rules' measured tiles) to FP8_SWAP_MAX_M.
+FP8_SWAP_RESULTS = "benchmarks/results/2026-11-29_h200_fp8_mid/README.md"
+FP8_SWAP_MIN_M, FP8_SWAP_MAX_M = 256, 768  # M past the first, up to the second
+FP8_SWAP_MARGIN = 1.05
+FP8_SWAP_OVERLAP_MAX_M = 96  # the most rows of M whose two accumulator sets and promoted sums fit (80 and 96 ran)
+FP8_SWAP_RATE = {(128, True): 0.8, (128, False): 1.0, (64, True): 0.55, (64, False): 0.55}  # (blk_n, overlap)
+FP8_SWAP_DEPTH = {128: 6, 64: 8}  # each width's ring: as deep as measured (80x128: 6, 80x64: 8 and 12 level)
+
+
+def fp8_swap_tiles(M: int, N: int, sms: int = 132) -> dict[tuple[int, int], float]:
+    """(blk_m, blk_n) -> score of v11's per-tensor fp8 tiles at M x N: rows of M a multiple of 16 from 64 to 256
+    (M over 1 to 8 rows of tiles), 128 or 64 columns of N, weighed by FP8_SWAP_RATE."""
+    out = {}
+    for blk_n in (128, 64):
+        for rows in range(1, 9):
+            bm = 16 * math.ceil(math.ceil(M / rows) / 16)
+            if not 64 <= bm <= 256:
+                continue
+            waves = cluster_waves(M, N, bm, blk_n, (1, 1), sms)
+            rate = FP8_SWAP_RATE[(blk_n, bm <= FP8_SWAP_OVERLAP_MAX_M)]
+            out[(bm, blk_n)] = rate * M * N / (waves * sms * bm * blk_n)
+    return out
+
+
+def fp8_swap_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict | None:
+    """v11's knobs where per-tensor fp8 at M x N x K (FP8_SWAP_MIN_M < M <= FP8_SWAP_MAX_M) takes swapped operands:
+    the best of :func:`fp8_swap_tiles` where it beats the rules' v9 tile (:func:`fp8_tile_scores`) by
+    FP8_SWAP_MARGIN; else None."""
+    if recipe != "tensor" or not FP8_SWAP_MIN_M < M <= FP8_SWAP_MAX_M:
+        return None
+    tiles = fp8_swap_tiles(M, N, sms)
+    if not tiles:
+        return None
+    (bm, bn), score = max(tiles.items(), key=lambda t: t[1])
+    if score < FP8_SWAP_MARGIN * max(fp8_tile_scores(M, N, sms, recipe).values()):
+        return None
+    knobs = {"blk_m": bm, "blk_n": bn, "num_warpgroups": bn // 64, "split_k": 1, "promote": FP8_PROMOTE}
+    if bm <= FP8_SWAP_OVERLAP_MAX_M:
+        knobs["overlap"] = 4
+    p = Problem(M, N, K, "bfloat16", "sm_90a", sms)
+    fp8_spec = {"blk_k": 128, **spec_knobs(GemmSpec.fp8("bfloat16", recipe))}
+    return {**knobs, "pipe_depth": _deepest("v11", p, {**knobs, **fp8_spec}, FP8_SWAP_DEPTH[bn])}
+
+
 def _fp8_module(M: int, N: int, K: int, recipe: str, bias, sms: int) -> tuple[str, dict]:
     fill = fp8_fill_n(M, N, sms, recipe)
     if fill is not None:
@@ -1437,6 +1499,9 @@ def _fp8_module(M: int, N: int, K: int, recipe: str, bias, sms: int) -> tuple[st
     ways = fp8_split_ways(M, N, K, sms, recipe, bias)
     if ways > 1:
         return "v10", {**_fp8_split_base(fp8_tile(M, N, sms, recipe), M), "promote": FP8_PROMOTE, "split_k": ways}
+    swap = fp8_swap_knobs(M, N, K, recipe, sms) if bias is None else None
+    if swap is not None:
+        return "v11", swap
     return "v9", fp8_knobs(M, N, K, recipe, sms)
 
 
@@ -1504,6 +1569,18 @@ FP8_RULES: list[Rule] = [
          evidence=FP8_RESULTS + ": 128x4096x7168, 424 TFLOPS (0.81x torch._scaled_mm; v9's fp8 defaults 0.47x); "
                   + FP8_SUBWAVE_RESULTS + ": overlap=4 447 TFLOPS there (0.84x), +1-2.5% at M = 64; "
                   + FP8_UNROLL_EVIDENCE),
+    Rule("fp8-swap", "sm_90a", "v11",
+         when=lambda p: (_fp8(p, False) and p.spec.bias is None
+                         and fp8_swap_knobs(p.M, p.N, p.K, p.spec.scales, p.sms) is not None),
+         knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
+         why=f"per-tensor fp8 at {FP8_SWAP_MIN_M} < M <= {FP8_SWAP_MAX_M} where tiles whose rows divide M fill the "
+             "waves better than v9's 64-row steps: v11's swapped operands (B's rows in wgmma's 64-row slot, M on its "
+             "N, a multiple of 16), 128 columns over two consumers (the overlapped promotion up to 96 rows, drained "
+             "past it) or 64 over one, each weighed by its measured rate, by a margin over the rules' v9 tile",
+         evidence=FP8_SWAP_RESULTS + ": 80x128 +27% at 320x4096x14336 and 320x4096x4096 (0.86x, 0.87x "
+                  "torch._scaled_mm), 160x128 +9% at 320x7168x16384 and 640x4096x14336, 80x64 +68% at "
+                  "320x2112x7168 (0.86x); not taken where v9's tiles fill as well (320x6144x4096, 384x4096x14336, "
+                  "640x2112x7168: 0.88-0.98x v9's)"),
     Rule("fp8-width", "sm_90a", "v9",
          when=lambda p: _fp8(p, False) and fp8_width(p.M, p.N, p.sms, p.spec.scales) is not None,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),

@@ -805,6 +805,10 @@ class SwapPlan(HopperPlan):
 
     @property
     def mma_op(self) -> str:
+        spec = spec_of(self.cfg)
+        if spec.is_fp8:  # the operands' roles swapped: B's type is wgmma's A, A's its B
+            ta, tb = FP8_PTX[spec.b], FP8_PTX[spec.a]
+            return f"wgmma.mma_async.sync.aligned.m64n{self.cfg.blk_m}k{self.mma_k}.f32.{ta}.{tb}"
         t = {"float16": "f16", "bfloat16": "bf16"}[self.cfg.dtype]
         return f"wgmma.mma_async.sync.aligned.m64n{self.cfg.blk_m}k{MMA_K}.f32.{t}.{t}"
 

@@ -150,7 +150,7 @@ from ..core.budget import (UNROLL_MAX_LOOP, UNROLL_MAX_REGS, UNROLL_MAX_REGS_PAI
                            limits_for, smem_bytes)
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
-from .common import WG_M, HopperPlan, consumer_warpgroups, role_registers
+from .common import WG_M, HopperPlan, SwapPlan, consumer_warpgroups, role_registers
 
 BLOCK = 128  # the block recipe's groups: A's 1 x 128 of K, B's 128 x 128
 PROMOTE_DEFAULT = 1  # slices of blk_k = 128 between promotions: every 128 of K, as DeepGEMM and CUTLASS
@@ -338,7 +338,7 @@ def check(cfg: GemmConfig) -> None:
     _check_halves(cfg, every, runs)
     regs = role_registers(consumer_warpgroups(cfg))
     budget = regs.consumer or regs.entry
-    acc = HopperPlan(cfg).acc_regs
+    acc = (SwapPlan if cfg.rung == "v11" else HopperPlan)(cfg).acc_regs  # v11: the swapped tile's (blk_m / 2 an atom)
     if halves(cfg):
         need = acc + acc // 2 + LOOP_REGS
         if need > budget:

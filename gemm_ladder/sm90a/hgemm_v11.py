@@ -30,6 +30,14 @@ writes each 8x8 block of the fragment as D's rows into the consumer's staging bu
                                  bar.sync 1+c; stmatrix.trans D^T -> Esmem[c] (blk_m x blk_n/W)
                                  fence; bar.sync 1+c; thread 0 of c: TMA stores, commit
 
+fp8 (issue 32, per-tensor scales): e4m3 A and B swap roles as 16-bit ones do (both K-major, as fp8 wgmma
+reads them), ``wgmma.m64n{blk_m}k32`` into v9's promoted fp32 sums (``promote``, ``overlap``: sm90a/fp8.py), the
+scalar scale applied to the sums before the transposed epilogue. The swap puts M on wgmma's N, a multiple of 8
+(of 16 here), so mid M takes tiles that divide it where v9's come in 64-row steps: at M = 320, 80-row tiles
+make 4 x 32 = 128 tiles of 4096 columns where 128-row ones cover 384 rows (what cuBLASLt runs there:
+``benchmarks/results/2026-11-29_h200_fp8_mid/``). Rowwise and block scales index the tile's rows and K blocks,
+which the swap transposes: not built here (v9, v10).
+
 Roles and registers: v10's (a producer warpgroup, W = 1 or 2 consumers); a consumer holds
 blk_m x blk_n / (128 W) accumulators (32 at blk_m = 64, blk_n = 128, W = 2).
 Barriers: v10's. Workspace: v10's, slots of blk_m x blk_n fp32 partials.
@@ -41,7 +49,8 @@ SMs, so split_k = 4 gives 128 units (``schedulers.wave_model`` chooses). Deep ri
 keep enough bytes in flight per SM; clusters buy little here (A, the shared operand, is small).
 
 Constraints:
-  - sm_90a; float16/bfloat16; K and N multiples of 8; blk_k = 64;
+  - sm_90a; float16/bfloat16, K and N multiples of 8, blk_k = 64; or e4m3 A and B with per-tensor scales
+    (blk_k = 128, no bias, D in 16 bits: ``fp8.check_split``);
   - blk_m a multiple of 8 from 8 to 256 (wgmma's N); blk_n in {64, 128, 192, 256}, a multiple of
     64 x num_warpgroups (1 or 2 consumers, whole 64-row atoms of N each);
   - pipe_depth from 2 up to what shared memory allows beside the blk_m x blk_n staging;
@@ -53,8 +62,9 @@ Run:  python -m gemm_ladder build v11 --shape 16x4096x4096 --knob blk_m=16 --kno
 
 from dataclasses import dataclass
 
-from ..core.config import GemmConfig
-from . import common, gemm, splitk
+from ..core.config import ConfigError, GemmConfig
+from ..core.spec import spec_of
+from . import common, fp8, gemm, splitk
 from .common import SwapPlan
 
 PRESET = gemm.V11
@@ -89,7 +99,11 @@ BLK_M_CHOICES = common.SWAP_BLK_M  # M is wgmma's N
 # activation and alpha, on each value as the transposed epilogue stages it (its column of D is a row of the
 # D^T fragment: ``epilogue.acc_to_smem_stmatrix_trans``); not the residual (C would be read transposed into
 # the staging buffer) nor a float32 D (stmatrix stores 16-bit values)
-EPILOGUES = ("none", "bias", "act", "alpha")
+# and scaled, fp8 with per-tensor scales (issue 32: mid M, the tile's rows on wgmma's N; the scalar scale on the sums)
+EPILOGUES = ("none", "bias", "act", "alpha", "scaled")
+# knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8), v9's promotion
+FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT}
+FP8_DEFAULTS = {"blk_k": 128, "split_k": 1}  # one 128-byte swizzle row of fp8; whole tiles (a split is asked for)
 CONSUMERS = (1, 2)
 # what the tuner tries beyond the defaults (gemm_ladder.tune.space)
 TUNE_CHOICES = {"blk_m": (8, 16, 32, 64), "blk_n": (64, 128, 256), "pipe_depth": (4, 6, 8),
@@ -102,6 +116,11 @@ def check(cfg: GemmConfig) -> None:
     common.check_l2_warm(cfg)
     common.check_consumer_registers(cfg, SwapPlan(cfg))
     splitk.check_grid(cfg)
+    if spec_of(cfg).is_fp8 and fp8.recipe(cfg) != "tensor":
+        raise ConfigError(f"v11 fp8 with {fp8.recipe(cfg)} scales: swap AB transposes the tile, and rowwise and block "
+                          "scales index its rows and K blocks; v11 builds per-tensor scales only (use v9 for "
+                          f"{fp8.recipe(cfg)} scales)")
+    fp8.check_split(cfg)
 
 
 cluster_grid = splitk.cluster_grid

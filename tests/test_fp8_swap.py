@@ -1,0 +1,107 @@
+"""fp8 with swapped operands (issue 32, mid M): v11's per-tensor e4m3 kernel (its wgmma, the promotion, the barriers,
+what it refuses) and the policy's ``fp8-swap`` rule (``plan.fp8_swap_knobs``), which takes it where tiles whose rows
+divide M fill the waves better than v9's. CPU only."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gemm_ladder.compile import sass
+from gemm_ladder.core.config import ConfigError
+from gemm_ladder.core.spec import GemmSpec
+from gemm_ladder.protocol.check import check_config
+from gemm_ladder.rungs import make_config
+from gemm_ladder.serve import plan
+
+from .built import built
+
+TENSOR = GemmSpec.fp8("bfloat16", "tensor")
+
+
+def _choice(M, N, K, spec=TENSOR):
+    return plan.rule_choice(plan.Problem(M, N, K, "bfloat16", "sm_90a", 132, spec))
+
+
+def test_v11_fp8_swaps_the_operands_types_into_its_e4m3_wgmma_and_promotes_without_spilling():
+    """M is wgmma's N (80 here, no 64-row step): ``wgmma.m64n80k32`` with B's type first, QGMMA in the SASS, the
+    promotion's fp32 adds, no local memory; an e5m2 B is wgmma's A under the swap."""
+    cfg = make_config("v11", 320, 4096, 14336, spec=TENSOR, blk_m=80, overlap=4, dynamic_m=True)
+    assert (cfg.blk_k, cfg.knobs()["split_k"], cfg.knobs()["promote"]) == (128, 1, 1)
+    src = built(cfg).cuda_source()
+    assert "wgmma.mma_async.sync.aligned.m64n80k32.f32.e4m3.e4m3" in src and "scale_a_ptr" in src
+    try:
+        text, usage = sass.disassemble(built(cfg).binary), sass.resource_usage(built(cfg).binary)
+    except sass.SassToolError as err:  # cuobjdump is an optional tool (TIRX_NOTES.md)
+        pytest.skip(f"no SASS here: {err}")
+    assert "QGMMA.64x80x32.F32.E4M3.E4M3" in text
+    assert len(re.findall(r"\bFADD\b", text)) >= 40 and usage.local == 0
+    e5m2 = make_config("v11", 320, 512, 512, spec=GemmSpec.fp8("bfloat16", "tensor", b="float8_e5m2"), blk_m=80)
+    assert ".f32.e5m2.e4m3" in built(e5m2).cuda_source()
+
+
+@pytest.mark.parametrize("knobs", [{"blk_m": 80, "overlap": 4}, {"blk_m": 160, "pipe_depth": 5}, {"blk_m": 80, "blk_n": 64,
+                                                                              "num_warpgroups": 1, "overlap": 4}])
+def test_the_barrier_checker_passes_v11s_fp8_tiles(knobs):
+    assert check_config(make_config("v11", 320, 512, 1280, spec=TENSOR, **knobs)).ok
+
+
+def test_v11_fp8_refuses_what_the_swap_does_not_build():
+    """Rowwise and block scales index the tile's rows and K blocks, which the swap transposes; a bias is not on the
+    split's epilogue; two accumulator sets and the promoted sums at 160 rows pass the registers."""
+    with pytest.raises(ConfigError, match="v11 fp8 with row scales: .*per-tensor scales only"):
+        make_config("v11", 320, 4096, 4096, spec=GemmSpec.fp8("bfloat16", "row"), blk_m=80)
+    with pytest.raises(ConfigError, match="v11 fp8 with block scales"):
+        make_config("v11", 320, 4096, 4096, spec=GemmSpec.fp8("bfloat16", "block"), blk_m=80)
+    with pytest.raises(ConfigError, match="with a bias"):
+        make_config("v11", 320, 4096, 4096, spec=GemmSpec.fp8("bfloat16", "tensor", "bfloat16"), blk_m=80)
+    with pytest.raises(ConfigError, match="overlap=4 holds 160 tensor-core accumulators .*over the 232"):
+        make_config("v11", 320, 4096, 4096, spec=TENSOR, blk_m=160, overlap=4, pipe_depth=4)
+    make_config("v11", 320, 4096, 4096, spec=TENSOR, blk_m=plan.FP8_SWAP_OVERLAP_MAX_M, overlap=4)  # the rule's most
+
+
+@pytest.mark.parametrize("M, N, K, tile", [
+    (320, 4096, 14336, (80, 128)),  # +27% over v9's 128x112 (3 rows of 128 for 320)
+    (320, 4096, 4096, (80, 128)),  # +27%
+    (320, 7168, 16384, (160, 128)),  # +9% over 192x128
+    (640, 4096, 14336, (160, 128)),  # +9%
+    (320, 2112, 7168, (80, 64)),  # +68% over 128x128 in 34 clusters of 2x1 (half the SMs)
+    (320, 6144, 4096, None),  # 80x128 ran 0.88x v9's 128x144 (two waves)
+    (384, 4096, 14336, None),  # 96x128 ran 0.98x v9's 128x112 (3 whole rows)
+])
+def test_the_swap_rule_takes_v11_where_it_ran_faster_and_not_where_it_ran_slower(M, N, K, tile):
+    choice = _choice(M, N, K)
+    if tile is None:
+        assert choice.rung == "v9" and choice.rule != "fp8-swap"
+        return
+    assert choice.rule == "fp8-swap" and choice.rung == "v11"
+    assert (choice.knobs["blk_m"], choice.knobs["blk_n"]) == tile and choice.knobs["split_k"] == 1
+    assert choice.knobs["num_warpgroups"] == tile[1] // 64
+    assert ("overlap" in choice.knobs) == (tile[0] <= plan.FP8_SWAP_OVERLAP_MAX_M)
+    make_config("v11", M, N, K, **choice.knobs)  # the knobs (the spec among them) validate
+    assert plan.FP8_SWAP_RESULTS in choice.text()
+    assert (Path(__file__).resolve().parents[1] / plan.FP8_SWAP_RESULTS).is_file()
+
+
+def test_the_swap_rule_keeps_to_per_tensor_scales_no_bias_and_its_range_of_m():
+    for spec in (GemmSpec.fp8("bfloat16", "row"), GemmSpec.fp8("bfloat16", "block"),
+                 GemmSpec.fp8("bfloat16", "tensor", "bfloat16")):
+        assert _choice(320, 4096, 14336, spec).rung != "v11"
+    for M in (plan.FP8_SWAP_MIN_M, 200, 64, plan.FP8_SWAP_MAX_M + 1, 4096):
+        assert _choice(M, 4096, 14336).rule != "fp8-swap", M
+    assert plan.fp8_swap_knobs(plan.FP8_SWAP_MIN_M + 64, 4096, 14336, "tensor") is not None
+
+
+def test_the_swap_rules_knobs_validate_at_every_m_and_weight_it_takes():
+    """Wherever the rule fires (odd N and K too), v11 builds its knobs: the ring as deep as shared memory holds."""
+    fired = 0
+    for M in range(plan.FP8_SWAP_MIN_M + 1, plan.FP8_SWAP_MAX_M + 1, 37):
+        for N, K in ((4096, 14336), (2112, 7168), (3008, 1008), (24576, 1536), (5120, 5120), (48, 32)):
+            rung, knobs = plan.fp8_module(M, N, K, "tensor")
+            if rung == "v11":
+                fired += 1
+                cfg = make_config("v11", M, N, K, spec=TENSOR, **knobs)
+                assert cfg.blk_m % 16 == 0 and 64 <= cfg.blk_m <= 256 and cfg.knobs()["pipe_depth"] >= 2
+    assert fired >= 10
