@@ -105,3 +105,21 @@ def test_the_swap_rules_knobs_validate_at_every_m_and_weight_it_takes():
                 cfg = make_config("v11", M, N, K, spec=TENSOR, **knobs)
                 assert cfg.blk_m % 16 == 0 and 64 <= cfg.blk_m <= 256 and cfg.knobs()["pipe_depth"] >= 2
     assert fired >= 10
+
+
+def test_an_fp8_packs_weight_takes_the_mid_buckets_and_the_swap_module_serves_its_cell():
+    """``kernel_pack.FP8_MID_BUCKETS``: an fp8 weight is planned at 320, 448 and 640 too, so M = 257-320 gets the
+    module chosen at 320 (v11's 80-row tiles at 4096x14336) and 321-384 the one chosen at 384 (v9's 128x112); a
+    16-bit weight keeps the buckets it had."""
+    from gemm_ladder.serve import kernel_pack
+
+    items = kernel_pack.plan_pack([], [kernel_pack.FP8_INPUT], weights=[(4096, 14336)], fp8_scales=("tensor",),
+                                  alternatives=False)
+    cells = {tuple(run["m_range"]): item["job"] for item in items for run in item["served"]}
+    swap = [job for rng, job in cells.items() if rng[0] <= 300 <= rng[1]]
+    assert len(swap) == 1 and swap[0].rung == "v11" and swap[0].knobs["blk_m"] == 80
+    assert [rng for rng in cells if rng[0] <= 300 <= rng[1]] == [(257, 320)]
+    above = [job for rng, job in cells.items() if rng[0] <= 384 <= rng[1]]
+    assert len(above) == 1 and above[0].rung == "v9"
+    assert set(kernel_pack.FP8_MID_BUCKETS) <= set(kernel_pack.weight_buckets(4096, 14336, kernel_pack.FP8_MID_BUCKETS))
+    assert not set(kernel_pack.FP8_MID_BUCKETS) & set(kernel_pack.weight_buckets(4096, 14336))

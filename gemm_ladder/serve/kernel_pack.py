@@ -132,6 +132,11 @@ FITS = ("exact", "tuned-range", "any-m", "pad-m")  # best first
 # (weight_buckets).
 M_BUCKETS = (1, 8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
              16384)
+# fp8 weights take three more (plan_pack): between 256 and 768 scaled_mm's rules switch where M crosses a row of
+# 128-row tiles (plan.fp8_tile_cluster) and where tiles of swapped operands divide M (plan.fp8_swap_knobs), so a
+# module chosen at 384 ran 0.59x torch._scaled_mm at M = 320 where the one chosen at 320 ran 0.87x, and the one
+# chosen at 768 0.82-0.87x at M = 640 where 640's ran 0.99-1.00x (benchmarks/results/2026-11-29_h200_fp8_mid/)
+FP8_MID_BUCKETS = (320, 448, 640)
 
 
 GROUPED_LAYOUTS = ("contiguous", "masked")  # v12's (sm90a.grouped.LAYOUTS; no TVM import here)
@@ -384,15 +389,15 @@ def _name(job, dynamic: bool) -> str:
     return files.module_stem(tag.replace(f"_{job.shape[0]}x", "_anyMx", 1) if dynamic else tag)
 
 
-def weight_buckets(N: int, K: int) -> tuple[int, ...]:
-    """The buckets of :data:`M_BUCKETS` a weight takes: those up to the largest M the policy's
-    kernels index in 32 bits at this N and K (``config.largest_m`` at the largest tile, as
-    ``plan.rule_choice`` checks), and that M as the last bucket where it falls short of the top
+def weight_buckets(N: int, K: int, extra: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The buckets of :data:`M_BUCKETS` (and ``extra``: an fp8 weight's :data:`FP8_MID_BUCKETS`) a weight takes:
+    those up to the largest M the policy's kernels index in 32 bits at this N and K (``config.largest_m`` at the
+    largest tile, as ``plan.rule_choice`` checks), and that M as the last bucket where it falls short of the top
     (an lm_head of 152k rows takes M <= 14080). ``IndexRangeError`` where N and K alone are too large."""
     most = largest_m(N, K, *LARGEST_TILE)
     if most < 1:
         check_extents("gemm_ladder", 1, N, K, *LARGEST_TILE)
-    kept = tuple(b for b in M_BUCKETS if b <= most)
+    kept = tuple(sorted({b for b in M_BUCKETS + tuple(extra) if b <= most}))
     return kept if kept[-1] == M_BUCKETS[-1] or kept[-1] == most else kept + (most,)
 
 
@@ -505,7 +510,8 @@ def plan_pack(shapes, dtypes, arch: str = "sm_90a", sms: int | None = None, dyna
         asks = [(M, N, K, M, M, False) for M, N, K in shapes]
         for N, K in weights:
             padded = tma_layout.layout_fixes(tma_layout.Layout(1, N, K, dtype))  # what the kernels index
-            asks += [(b, N, K, lo, hi, True) for b, lo, hi in bucket_cells(weight_buckets(padded.N, padded.K))]
+            buckets = weight_buckets(padded.N, padded.K, FP8_MID_BUCKETS if spec.is_fp8 else ())
+            asks += [(b, N, K, lo, hi, True) for b, lo, hi in bucket_cells(buckets)]
         for M, N, K, lo, hi, bucket in asks:
             fixes = tma_layout.layout_fixes(tma_layout.Layout(M, N, K, dtype))
             problem = plan.Problem(M, fixes.N, fixes.K, dtype, arch, sms, spec)

@@ -1437,26 +1437,35 @@ def fp8_policy(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132, d
 # Per-tensor fp8 at mid M with the operands swapped (v11: B's rows in wgmma's 64-row slot, M on its N, a multiple of
 # 16 here): tiles whose rows divide M where v9's come in 64-row steps. cuBLASLt runs such tiles there (torch's
 # profiler: 80 rows of M by 128 of N at 320x4096x14336, 160 by 128 at 640x4096x14336, 80 by 64 at 320x2112x7168).
-# FP8_SWAP_RESULTS (H200, kernels in graphs, the rules' module at cc5c878 in the same rounds): 80x128 over two
-# consumers with the overlapped promotion +27% at 320x4096x14336 and 320x4096x4096, 160x128 drained (two sets and
-# the sums pass the registers) +9% at 320x7168x16384 and 640x4096x14336, 80x64 over one consumer +68% at
-# 320x2112x7168; slower where v9's tiles fill as well: 80x128 at 320x6144x4096 (0.88x: two waves), 96x128 at
-# 384x4096x14336 (0.98x), 160x64 at 640x2112x7168 (0.94x). Each swap tile is weighed as fp8_tile weighs v9's
-# (the share of its waves it fills) at its rate over v9's 128x128, fitted to those eight: 0.8 for 128 columns over two
-# consumers with the overlapped promotion (up to 96 rows), 1.0 drained past it, 0.55 for 64 columns over one
-# consumer; it must beat the rules' tile by FP8_SWAP_MARGIN. Per-tensor only (v11's fp8: rowwise and block scales
-# index the tile's rows), past M = 256 (below, the fill and split rules' measured tiles) to FP8_SWAP_MAX_M.
+# FP8_SWAP_RESULTS (H200, kernels in graphs, v9's module from the rules at cc5c878 in the same rounds), 24 A/Bs at
+# 272 <= M <= 768: 80x128 over two consumers with the overlapped promotion +22-57% at M = 288 and 320 of four
+# weights, 160x128 drained (two sets and the sums pass the registers) +9-11% at five shapes, 144x128 +32% at
+# 272x6144x4096, 80x64 over one consumer +67% at 320x2112x7168, 64x128 +28% at 384x2112x7168; level or slower where
+# v9's tile already fits M (384x4096x14336 0.98x, 576x7168x16384 0.96x, 352x5120x5120 0.93x) or is 112-128 rows of
+# its own (0.97-1.01x at five). A swap tile is weighed as fp8_tile weighs v9's (the share of its waves it fills) at
+# its rate over v9's 128x128 (fp8_swap_rate), and taken where it beats the rules' v9 tile by FP8_SWAP_MARGIN and that
+# tile pads M by FP8_SWAP_PAD or more (or fills at most half the SMs): fitted to the 24, it takes every one that ran
+# 1.05x or more and none that ran slower. Per-tensor only (v11's fp8: rowwise and block scales index the tile's
+# rows), past M = 256 (below, the fill and split rules' measured tiles) to FP8_SWAP_MAX_M.
 FP8_SWAP_RESULTS = "benchmarks/results/2026-11-29_h200_fp8_mid/README.md"
 FP8_SWAP_MIN_M, FP8_SWAP_MAX_M = 256, 768  # M past the first, up to the second
 FP8_SWAP_MARGIN = 1.05
+FP8_SWAP_PAD = 1.12  # the rows of M the rules' tiles cover over M, at least (448: 1.14, 576: 1.11)
 FP8_SWAP_OVERLAP_MAX_M = 96  # the most rows of M whose two accumulator sets and promoted sums fit (80 and 96 ran)
-FP8_SWAP_RATE = {(128, True): 0.8, (128, False): 1.0, (64, True): 0.55, (64, False): 0.55}  # (blk_n, overlap)
 FP8_SWAP_DEPTH = {128: 6, 64: 8}  # each width's ring: as deep as measured (80x128: 6, 80x64: 8 and 12 level)
+
+
+def fp8_swap_rate(blk_m: int, blk_n: int) -> float:
+    """A swap tile's rate over v9's 128x128 (FP8_SWAP_RESULTS): 64 columns over one consumer 0.55; 128 over two, with
+    the overlapped promotion (up to FP8_SWAP_OVERLAP_MAX_M rows) 0.8, drained 0.9 under 144 rows and 1.0 from 144."""
+    if blk_n == 64:
+        return 0.55
+    return 0.8 if blk_m <= FP8_SWAP_OVERLAP_MAX_M else 0.9 if blk_m < 144 else 1.0
 
 
 def fp8_swap_tiles(M: int, N: int, sms: int = 132) -> dict[tuple[int, int], float]:
     """(blk_m, blk_n) -> score of v11's per-tensor fp8 tiles at M x N: rows of M a multiple of 16 from 64 to 256
-    (M over 1 to 8 rows of tiles), 128 or 64 columns of N, weighed by FP8_SWAP_RATE."""
+    (M over 1 to 8 rows of tiles), 128 or 64 columns of N, weighed by :func:`fp8_swap_rate`."""
     out = {}
     for blk_n in (128, 64):
         for rows in range(1, 9):
@@ -1464,22 +1473,24 @@ def fp8_swap_tiles(M: int, N: int, sms: int = 132) -> dict[tuple[int, int], floa
             if not 64 <= bm <= 256:
                 continue
             waves = cluster_waves(M, N, bm, blk_n, (1, 1), sms)
-            rate = FP8_SWAP_RATE[(blk_n, bm <= FP8_SWAP_OVERLAP_MAX_M)]
-            out[(bm, blk_n)] = rate * M * N / (waves * sms * bm * blk_n)
+            out[(bm, blk_n)] = fp8_swap_rate(bm, blk_n) * M * N / (waves * sms * bm * blk_n)
     return out
 
 
 def fp8_swap_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict | None:
     """v11's knobs where per-tensor fp8 at M x N x K (FP8_SWAP_MIN_M < M <= FP8_SWAP_MAX_M) takes swapped operands:
     the best of :func:`fp8_swap_tiles` where it beats the rules' v9 tile (:func:`fp8_tile_scores`) by
-    FP8_SWAP_MARGIN; else None."""
+    FP8_SWAP_MARGIN and that tile pads M by FP8_SWAP_PAD or fills at most half the SMs; else None."""
     if recipe != "tensor" or not FP8_SWAP_MIN_M < M <= FP8_SWAP_MAX_M:
         return None
     tiles = fp8_swap_tiles(M, N, sms)
     if not tiles:
         return None
     (bm, bn), score = max(tiles.items(), key=lambda t: t[1])
-    if score < FP8_SWAP_MARGIN * max(fp8_tile_scores(M, N, sms, recipe).values()):
+    rules = fp8_tile_scores(M, N, sms, recipe)
+    rules_m, rules_n = fp8_tile_shape(max(rules, key=rules.get))
+    pads = math.ceil(M / rules_m) * rules_m >= FP8_SWAP_PAD * M
+    if score < FP8_SWAP_MARGIN * max(rules.values()) or not (pads or Problem(M, N, 1).tiles(rules_m, rules_n) <= sms // 2):
         return None
     knobs = {"blk_m": bm, "blk_n": bn, "num_warpgroups": bn // 64, "split_k": 1, "promote": FP8_PROMOTE}
     if bm <= FP8_SWAP_OVERLAP_MAX_M:
@@ -1573,14 +1584,13 @@ FP8_RULES: list[Rule] = [
          when=lambda p: (_fp8(p, False) and p.spec.bias is None
                          and fp8_swap_knobs(p.M, p.N, p.K, p.spec.scales, p.sms) is not None),
          knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
-         why=f"per-tensor fp8 at {FP8_SWAP_MIN_M} < M <= {FP8_SWAP_MAX_M} where tiles whose rows divide M fill the "
-             "waves better than v9's 64-row steps: v11's swapped operands (B's rows in wgmma's 64-row slot, M on its "
-             "N, a multiple of 16), 128 columns over two consumers (the overlapped promotion up to 96 rows, drained "
-             "past it) or 64 over one, each weighed by its measured rate, by a margin over the rules' v9 tile",
-         evidence=FP8_SWAP_RESULTS + ": 80x128 +27% at 320x4096x14336 and 320x4096x4096 (0.86x, 0.87x "
-                  "torch._scaled_mm), 160x128 +9% at 320x7168x16384 and 640x4096x14336, 80x64 +68% at "
-                  "320x2112x7168 (0.86x); not taken where v9's tiles fill as well (320x6144x4096, 384x4096x14336, "
-                  "640x2112x7168: 0.88-0.98x v9's)"),
+         why=f"per-tensor fp8 at {FP8_SWAP_MIN_M} < M <= {FP8_SWAP_MAX_M} where v9's tile pads M (or fills at most "
+             "half the SMs) and tiles whose rows divide M fill the waves better: v11's swapped operands (B's rows in "
+             "wgmma's 64-row slot, M on its N, a multiple of 16), 128 columns over two consumers (the overlapped "
+             "promotion up to 96 rows, drained past it) or 64 over one, each weighed by its measured rate",
+         evidence=FP8_SWAP_RESULTS + ": 24 A/Bs against v9's tile at M = 272-768: 80x128 +22-57% at M = 288 and "
+                  "320 (0.87-0.93x torch._scaled_mm), 160x128 +9-11% at five shapes, 80x64 +67% at 320x2112x7168; "
+                  "not taken at the nine where it ran 0.93-1.04x v9's"),
     Rule("fp8-width", "sm_90a", "v9",
          when=lambda p: _fp8(p, False) and fp8_width(p.M, p.N, p.sms, p.spec.scales) is not None,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),
