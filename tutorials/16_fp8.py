@@ -466,11 +466,37 @@ print(sp.counts(), "varied:", {k: v for k, v in sp.choices.items() if len(v) > 1
 print(plan.fp8_policy(4096, 2112, 7168, "block")[2].rsplit(";", 1)[0] + ")")
 
 # %% [markdown]
+# ## Mid M: a wave lost to clusters, and swapped operands
+#
+# Between M = 256 and 768 the rules once ran at 0.36x `torch._scaled_mm` (320x4096x14336). The cause was the
+# grid. A persistent kernel walks a grid of *cluster* tiles. 128x112 tiles at M = 320 make three rows of 37, 111
+# tiles: one wave of 132 SMs. In 2x1 clusters the three rows round up to four, and 2 x 37 = 74 clusters pass
+# the 66 a wave holds. So the kernel took two waves for one wave's tiles. Now `fp8_tile` weighs each tile in the
+# cluster it would run in (`plan.fp8_tile_cluster`), and an odd row of tiles runs unclustered where the pair
+# would add a wave. On an H200 that made 22 of 22 shapes faster, 1.16-2.08x
+# (`benchmarks/results/2026-11-29_h200_fp8_mid/`).
+#
+# What was left is the tile's height. v9's tiles come in 64-row steps, because M is wgmma's 64-row slot, so at
+# M = 320 three rows of 128 cover 384. cuBLASLt's kernels there swap the operands. B's rows fill the 64-row
+# slot, and M becomes wgmma's N, which takes any multiple of 8. Its tiles are 80 rows of M at 320 and 160 at
+# 640: they divide M. v11 (swap AB) builds per-tensor fp8 the same way now: `wgmma.m64n80k32.f32.e4m3.e4m3` with
+# B's type first. The rule `fp8-swap` takes it where v9's tile pads M by 12% or more (or fills at most half the
+# SMs) and the swapped tile fills its waves better. Its rates were fitted to 24 A/Bs. At 11 shapes it was not
+# fitted on, 10 ran faster, 1.13-1.88x, and one level (0.99x). Rowwise and block scales stay on v9: their scales
+# index the tile's rows and K blocks, which the swap transposes.
+
+# %%
+for M, N, K in ((320, 4096, 14336), (320, 2112, 7168), (640, 4096, 14336), (384, 4096, 14336)):
+    rung, knobs = plan.fp8_module(M, N, K, "tensor")
+    print(f"{M}x{N}x{K}: {rung}", {k: knobs[k] for k in ("blk_m", "blk_n", "cluster_m", "overlap") if k in knobs})
+
+# %% [markdown]
 # ## Where fp8 stands (one H200, 2026-11-29)
 #
 # | | measured | against |
 # | --- | --- | --- |
-# | per-tensor suite (DeepSeek-V3's and Llama-3-8B's weights, M = 64-4096), kernels | 1.010-1.018x, lowest 0.92-0.94 | `torch._scaled_mm` |
+# | per-tensor suite (DeepSeek-V3's and Llama-3-8B's weights, M = 64, 256, 1024, 4096), kernels | 1.010-1.018x, lowest 0.92-0.94 | `torch._scaled_mm` |
+# | the same with M = 320-768 too (packs), kernels | 0.976x, lowest 0.73 (8 of 45 under 0.9) | `torch._scaled_mm` |
 # | the same, calls | 1.22-1.23x, lowest 0.97-1.01 (0.945x before the repeated call) | `torch._scaled_mm` |
 # | rowwise suite, kernels / calls | 1.27x / 1.29x, lowest 1.02 / 1.04 | `torch._scaled_mm` |
 # | 4096^3 and 8192^3, per-tensor and rowwise | 1.054-1.082x, 1254-1354 TFLOPS | `torch._scaled_mm` |
