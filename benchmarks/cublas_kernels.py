@@ -114,8 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("cublas_kernels.json"))
     ap.add_argument("--set", choices=sorted(SETS), default="sub_wave", dest="which",
                     help="sub_wave: issue 30's sub-wave shapes and the 350M dW (default); small: M = 64 and 128 on "
-                         "Llama-8B's 4096-wide weights, plain and with cuBLASLt's fused bias+GELU; mid: M = 333 and 512; "
-                         "fp8_mid: torch._scaled_mm per-tensor at M = 320-896")
+                         "Llama-8B's 4096-wide weights, plain and with cuBLASLt's fused bias+GELU; mid: M = 333 and "
+                         "512; fp8_mid: torch._scaled_mm per-tensor at M = 320-896")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("no CUDA GPU here: run it on the GPU box")

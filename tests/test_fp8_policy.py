@@ -229,7 +229,8 @@ def test_an_odd_row_of_tiles_runs_unclustered_and_an_even_one_keeps_its_pair():
     assert plan.fp8_tile_cluster(8192, 8192, "wide") == (1, 2)
     # 128x128 at 320x14336: 3 x 112 tiles, three waves; 2 x 112 clusters of 2x1 take four. 128x256: 3 x 56 tiles and
     # 2 x 56 clusters, two waves either way
-    assert plan.fp8_tile_cluster(320, 14336, "square") == (1, 1) and plan.fp8_tile_cluster(320, 14336, "halves") == (2, 1)
+    assert plan.fp8_tile_cluster(320, 14336, "square") == (1, 1)
+    assert plan.fp8_tile_cluster(320, 14336, "halves") == (2, 1)
     assert plan.fp8_tile(320, 14336, recipe="block") == "square"
     assert plan.fp8_knobs(320, 14336, 4096, "block") == {**plan.FP8_BLOCK_LARGE_KNOBS, "cluster_m": 1, "cluster_n": 1}
     with pytest.raises(ValueError, match="small-M"):

@@ -42,8 +42,8 @@ def test_v11_fp8_swaps_the_operands_types_into_its_e4m3_wgmma_and_promotes_witho
     assert ".f32.e5m2.e4m3" in built(e5m2).cuda_source()
 
 
-@pytest.mark.parametrize("knobs", [{"blk_m": 80, "overlap": 4}, {"blk_m": 160, "pipe_depth": 5}, {"blk_m": 80, "blk_n": 64,
-                                                                              "num_warpgroups": 1, "overlap": 4}])
+@pytest.mark.parametrize("knobs", [{"blk_m": 80, "overlap": 4}, {"blk_m": 160, "pipe_depth": 5},
+                                   {"blk_m": 80, "blk_n": 64, "num_warpgroups": 1, "overlap": 4}])
 def test_the_barrier_checker_passes_v11s_fp8_tiles(knobs):
     assert check_config(make_config("v11", 320, 512, 1280, spec=TENSOR, **knobs)).ok
 

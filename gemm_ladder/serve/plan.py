@@ -1490,7 +1490,8 @@ def fp8_swap_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict 
     rules = fp8_tile_scores(M, N, sms, recipe)
     rules_m, rules_n = fp8_tile_shape(max(rules, key=rules.get))
     pads = math.ceil(M / rules_m) * rules_m >= FP8_SWAP_PAD * M
-    if score < FP8_SWAP_MARGIN * max(rules.values()) or not (pads or Problem(M, N, 1).tiles(rules_m, rules_n) <= sms // 2):
+    few = Problem(M, N, 1).tiles(rules_m, rules_n) <= sms // 2
+    if score < FP8_SWAP_MARGIN * max(rules.values()) or not (pads or few):
         return None
     knobs = {"blk_m": bm, "blk_n": bn, "num_warpgroups": bn // 64, "split_k": 1, "promote": FP8_PROMOTE}
     if bm <= FP8_SWAP_OVERLAP_MAX_M:
