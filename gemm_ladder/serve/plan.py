@@ -1166,10 +1166,10 @@ FP8_NARROW_MAX_M = 512
 # the persistent grid is one of cluster tiles (sm90a/schedule.py), so an odd row (or column) of tiles is rounded up
 # to a whole cluster. Where that rounding adds a wave, the tiles take twice the time their count says: at M = 320 the
 # rules' 128x112 (3 x 37 = 111 tiles) made 2 x 37 = 74 clusters where a wave holds 66, and ran 0.36x
-# torch._scaled_mm at 320x4096x14336, 128x144 0.55x at 320x6144x4096 (FP8_TUNE_RESULTS, door2). Such a tile runs
-# unclustered (1x1) where that takes fewer waves, at 1x1's rate over 2x1's (FP8_WIDTHS_RESULTS run 9: 128x112 at
-# 256x6144x4096, 713 against 753 TFLOPS), and fp8_tile weighs each tile in the cluster it would run in.
-FP8_TUNE_RESULTS = "benchmarks/results/2026-11-29_h200_fp8_tune/README.md"
+# torch._scaled_mm at 320x4096x14336, 128x144 0.55x at 320x6144x4096 (benchmarks/results/2026-11-29_h200_fp8_tune/,
+# door2). Such a tile runs unclustered (1x1) where that takes fewer waves, at 1x1's rate over 2x1's
+# (FP8_WIDTHS_RESULTS run 9: 128x112 at 256x6144x4096, 713 against 753 TFLOPS), and fp8_tile weighs each tile in
+# the cluster it would run in (FP8_SWAP_RESULTS' first table: 22 of 22 shapes faster, 1.16-2.08x).
 FP8_UNCLUSTERED_RATE = 0.95
 FP8_TILE_SHAPES = {"square": (128, 128), "wide": (192, 128), "halves": (128, 256)}  # and n<width>: (128, width)
 

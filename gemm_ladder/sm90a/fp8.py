@@ -150,7 +150,7 @@ from ..core.budget import (UNROLL_MAX_LOOP, UNROLL_MAX_REGS, UNROLL_MAX_REGS_PAI
                            limits_for, smem_bytes)
 from ..core.config import ConfigError, GemmConfig
 from ..core.spec import spec_of
-from .common import WG_M, HopperPlan, SwapPlan, consumer_warpgroups, role_registers
+from .common import WG_M, HopperPlan, consumer_warpgroups, role_registers
 
 BLOCK = 128  # the block recipe's groups: A's 1 x 128 of K, B's 128 x 128
 PROMOTE_DEFAULT = 1  # slices of blk_k = 128 between promotions: every 128 of K, as DeepGEMM and CUTLASS
@@ -307,8 +307,9 @@ def scale_regs(plan: HopperPlan) -> int:
     return 2 * plan.m_atoms
 
 
-def check(cfg: GemmConfig) -> None:
-    """What v9 builds with an fp8 spec (see the module docstring), before anything compiles."""
+def check(cfg: GemmConfig, plan: HopperPlan | None = None) -> None:
+    """What v9 builds with an fp8 spec (see the module docstring), before anything compiles; ``plan``: the rung's
+    tile plan where it is not v9's (v11's swapped tile), whose accumulators the register budget counts."""
     if dict(cfg.extra).get("stage_bulk", False) and not enabled(cfg):
         raise ConfigError("stage_bulk=True with a 16-bit spec: it copies fp8 block scales (with stage_scales=True); "
                           "drop stage_bulk")
@@ -338,7 +339,7 @@ def check(cfg: GemmConfig) -> None:
     _check_halves(cfg, every, runs)
     regs = role_registers(consumer_warpgroups(cfg))
     budget = regs.consumer or regs.entry
-    acc = (SwapPlan if cfg.rung == "v11" else HopperPlan)(cfg).acc_regs  # v11: the swapped tile's (blk_m / 2 an atom)
+    acc = (plan or HopperPlan(cfg)).acc_regs  # the rung's own tile (v11's swapped: blk_m / 2 an atom)
     if halves(cfg):
         need = acc + acc // 2 + LOOP_REGS
         if need > budget:
@@ -359,16 +360,16 @@ def check(cfg: GemmConfig) -> None:
                "blk_n=128 (blk_m=128, two consumers)" + (", or promote=0" if every else "")))
 
 
-def check_split(cfg: GemmConfig) -> None:
+def check_split(cfg: GemmConfig, plan: HopperPlan | None = None) -> None:
     """v10's fp8 (split-K and stream-K): :func:`check`, then what they do not build. Each unit's (or
     piece's) promoted fp32 sums are the partials the last one adds up before the scales and the
     epilogue, so the scales must be applied once, after the sum: per-tensor and rowwise only (block
     scales apply at each promotion, by K block from the tile's first). A unit whose count of slices is
     known only at run time (stream-K's pieces, a split that does not divide the slices) needs the
-    promotion every slice (``mainloop._run_promoted_each``)."""
+    promotion every slice (``mainloop._run_promoted_each``). ``plan``: as :func:`check`'s."""
     if not spec_of(cfg).is_fp8:
         return
-    check(cfg)
+    check(cfg, plan)
     if recipe(cfg) == "block":
         raise ConfigError(f"{cfg.rung} with block scales: a split K's units and stream-K's pieces start past the "
                           "tile's first K block, and block scales are applied by K block at each promotion; use "

@@ -120,7 +120,7 @@ def check(cfg: GemmConfig) -> None:
         raise ConfigError(f"v11 fp8 with {fp8.recipe(cfg)} scales: swap AB transposes the tile, and rowwise and block "
                           "scales index its rows and K blocks; v11 builds per-tensor scales only (use v9 for "
                           f"{fp8.recipe(cfg)} scales)")
-    fp8.check_split(cfg)
+    fp8.check_split(cfg, SwapPlan(cfg))  # its registers counted on the swapped tile
 
 
 cluster_grid = splitk.cluster_grid
