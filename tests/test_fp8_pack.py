@@ -68,14 +68,15 @@ def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_databas
     """M up to FP8_SMALL_M (one row of tiles) takes the small-M knobs, split on v10 where they fill at most half
     the SMs over a long K (32 cluster tiles up to M = 64 here); past it, where 128x128 fills at most half the
     SMs, 64x128 tiles that come to one wave (fp8-fill: 4 x 32 at M = 129-256 here), then the tile whose waves
-    fill best: 128x112 at M = 333 (fp8-width: 3 x 37 = 111 tiles), the wide tiles (fp8-wide), many waves 128x256 in
-    halves (fp8-halves); block scales their own ranges."""
+    fill best: at M = 333 v11's swapped 176x64 over two consumers on halves of M (fp8-swap: 2 x 64 = 128 tiles where
+    v9's 128x112 come to 111), 128x144 at M = 1100 (fp8-width: 9 x 29 = 261 tiles, two waves), the wide tiles
+    (fp8-wide), many waves 128x256 in halves (fp8-halves); block scales their own ranges."""
     spec = GemmSpec.fp8("bfloat16", "row")
-    choices = {M: plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, spec)) for M in (1, 64, 128, 129,
-                                                                                                      333, 1536, 8192)}
+    choices = {M: plan.choose(plan.Problem(M, 4096, 7168, "bfloat16", "sm_90a", 132, spec))
+               for M in (1, 64, 128, 129, 333, 1100, 1536, 8192)}
     assert {M: c.rule for M, c in choices.items()} == {1: "fp8-split-k", 64: "fp8-split-k", 128: "fp8-small-m",
-                                                       129: "fp8-fill", 333: "fp8-width", 1536: "fp8-wide",
-                                                       8192: "fp8-halves"}
+                                                       129: "fp8-fill", 333: "fp8-swap", 1100: "fp8-width",
+                                                       1536: "fp8-wide", 8192: "fp8-halves"}
     assert choices[129].rung == "v9" and (choices[129].knobs["blk_m"], choices[129].knobs["blk_n"]) == (64, 128)
     assert choices[129].knobs["overlap"] == 4 and "split_k" not in choices[129].knobs
     # where no 64-row tiles come to one wave (N = 3072: 96 of 64x128, 192 of 64x64), v10's split K
@@ -84,8 +85,9 @@ def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_databas
     # the small-M tiles split with the overlapped promotion
     assert choices[64].rung == "v10" and choices[64].knobs["split_k"] == 2 and choices[64].knobs["blk_n"] == 64
     assert choices[64].knobs["overlap"] == 4 and choices[64].knobs == choices[1].knobs and choices[128].knobs["overlap"] == 4
-    assert len({json.dumps(c.knobs, sort_keys=True) for c in choices.values()}) == 6
-    assert choices[333].knobs["overlap"] == 4 and choices[128].knobs["blk_n"] == 64
+    assert len({json.dumps(c.knobs, sort_keys=True) for c in choices.values()}) == 7
+    assert choices[333].rung == "v11" and choices[333].knobs["split_m"] and choices[333].knobs["overlap"] == 4
+    assert choices[1100].knobs["blk_n"] == 144 and choices[128].knobs["blk_n"] == 64
     assert choices[1536].knobs["blk_m"] == 192 and choices[1536].knobs["num_warpgroups"] == 3
     assert choices[8192].knobs["blk_n"] == 256 and choices[8192].knobs["halves"] is True
     assert all(c.source == "rule" for c in choices.values())  # the packaged database holds no fp8 entry here
@@ -101,12 +103,14 @@ def test_the_policy_gives_fp8_one_kernel_a_range_of_m_and_asks_no_tuning_databas
 
 
 def test_a_weights_fp8_pack_is_the_modules_scaled_mm_would_build():
-    """A weight's M buckets get one runtime-M module a knob set (small M split and whole, the fill tiles, 128x112
-    (the width rule), 128x128, the wide tiles, 128x256 in halves), each with the knobs scaled_mm builds with at an
-    M of its range: a pack and a build here share entries of the module cache."""
+    """A weight's M buckets get one runtime-M module a knob set (small M split and whole, the fill tiles, v11's
+    swapped 80x128 and 160x128 at the mid buckets, 128x112 (the width rule), 128x128, the wide tiles, 128x256 in
+    halves), each with the knobs scaled_mm builds with at an M of its range: a pack and a build here share entries of
+    the module cache."""
     items = kernel_pack.plan_pack([], [E4M3], sms=132, weights=[(4096, 7168)], fp8_scales=("row",))
-    assert len(items) == 7 and all(i["dynamic_m"] for i in items)
-    assert sorted(i["job"].knobs.get("blk_n", 128) for i in items) == [64, 64, 112, 128, 128, 128, 256]
+    assert len(items) == 9 and all(i["dynamic_m"] for i in items)
+    assert sorted(i["job"].knobs.get("blk_n", 128) for i in items) == [64, 64, 112, 128, 128, 128, 128, 128, 256]
+    assert sorted(i["job"].knobs["blk_m"] for i in items if i["job"].rung == "v11") == [80, 160]
     ranges = sorted(run["m_range"] for i in items for run in i["served"])
     # the small-M tiles split up to M = 64 (32 cluster tiles), whole to FP8_SMALL_M, then the others
     assert ranges[0] == [1, 64] and ranges[1][1] <= plan.FP8_SMALL_M < ranges[2][0] and ranges[-1][1] == 16384
@@ -231,9 +235,10 @@ def test_the_cli_plans_fp8_modules_and_refuses_fp8_knobs_without_fp8():
     fp8_rows = [line for line in out.stdout.splitlines() if "float8_e4m3 row -> bfloat16" in line]
     # the M ranges of the runtime-M modules: the small-M tiles split and whole, the split K's, the fill tiles', the
     # width rule's, the 128x128 one's, the wide tiles' and the 128x256 tiles in halves (plan.FP8_RULES; the last
-    # four take turns as the waves fill)
+    # four take turns as the waves fill), and the swapped operands' at the mid buckets
     rules = {r.split()[-2] for r in fp8_rows}
-    assert rules == {"fp8-small-m", "fp8-split-k", "fp8-fill", "fp8-width", "fp8", "fp8-wide", "fp8-halves"}, out.stdout
+    assert rules == {"fp8-small-m", "fp8-split-k", "fp8-fill", "fp8-width", "fp8", "fp8-wide", "fp8-halves",
+                     "fp8-swap"}, out.stdout
     # the small-M tiles split to M = 64 (32 cluster tiles of 4096), whole up to FP8_SMALL_M
     assert any(" 1..64 " in r and "fp8-split-k" in r for r in fp8_rows), out.stdout
     assert any(f" 65..{plan.FP8_SMALL_M} " in r and "fp8-small-m" in r for r in fp8_rows), out.stdout

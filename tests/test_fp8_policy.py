@@ -222,8 +222,8 @@ def test_an_odd_row_of_tiles_runs_unclustered_and_an_even_one_keeps_its_pair():
     where its columns pair up without a wave; the small-M tiles' clusters are not this function's."""
     assert plan.cluster_waves(320, 4096, 128, 112, (2, 1)) == 2 and plan.cluster_waves(320, 4096, 128, 112, (1, 1)) == 1
     assert plan.fp8_tile(320, 4096) == "n112" and plan.fp8_tile_cluster(320, 4096, "n112") == (1, 1)
-    rung, knobs = plan.fp8_module(320, 4096, 14336, "row")  # (per-tensor takes swapped operands there: fp8-swap)
-    assert rung == "v9" and (knobs["blk_n"], knobs["cluster_m"], knobs["cluster_n"]) == (112, 1, 1)
+    knobs = plan.fp8_knobs(320, 4096, 14336, "row")  # v9's (the module there takes swapped operands: fp8-swap)
+    assert (knobs["blk_n"], knobs["cluster_m"], knobs["cluster_n"]) == (112, 1, 1)
     assert plan.fp8_tile_cluster(512, 4096, "n112") == (2, 1) and plan.fp8_tile_cluster(256, 7168, "n112") == (2, 1)
     assert "cluster_m" not in plan.fp8_knobs(512, 6144, 4096, "tensor")
     assert plan.fp8_tile_cluster(8192, 8192, "wide") == (1, 2)

@@ -1434,7 +1434,7 @@ def fp8_policy(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132, d
     return rung, knobs, f"plan.FP8_RULES: {knobs or 'v9 fp8 defaults'}"
 
 
-# Per-tensor fp8 at mid M with the operands swapped (v11: B's rows in wgmma's 64-row slot, M on its N, a multiple of
+# Per-tensor and rowwise fp8 at mid M with the operands swapped (v11: B's rows in wgmma's 64-row slot, M on its N, a multiple of
 # 16 here): tiles whose rows divide M where v9's come in 64-row steps. cuBLASLt runs such tiles there (torch's
 # profiler: 80 rows of M by 128 of N at 320x4096x14336, 160 by 128 at 640x4096x14336, 80 by 64 at 320x2112x7168).
 # FP8_SWAP_RESULTS (H200, kernels in graphs, v9's module from the rules at cc5c878 in the same rounds), 24 A/Bs at
@@ -1445,32 +1445,52 @@ def fp8_policy(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132, d
 # its own (0.97-1.01x at five). A swap tile is weighed as fp8_tile weighs v9's (the share of its waves it fills) at
 # its rate over v9's 128x128 (fp8_swap_rate), and taken where it beats the rules' v9 tile by FP8_SWAP_MARGIN and that
 # tile pads M by FP8_SWAP_PAD or more (or fills at most half the SMs): fitted to the 24, it takes every one that ran
-# 1.05x or more and none that ran slower. Per-tensor only (v11's fp8: rowwise and block scales index the tile's
-# rows), past M = 256 (below, the fill and split rules' measured tiles) to FP8_SWAP_MAX_M.
+# 1.05x or more and none that ran slower. Past M = 256 (below, the fill and split rules' measured tiles) to
+# FP8_SWAP_MAX_M. Rowwise scales from FP8_SWAP_NARROW_RESULTS on (v11 applies them to the transposed fragment, B's by
+# row): the same tiles, 1.11-1.93x the rules' v9 at 12 shapes. Not block scales (applied by K block at each
+# promotion, indexed by the tile's rows).
+# FP8_SWAP_NARROW_RESULTS (2026-11-30): 64 columns of N a tile fill the SMs of a narrow weight (2112 / 64 = 33 columns
+# of tiles, M over four rows of them: 132 tiles) where v9's tiles leave part of a wave. Over one consumer, the
+# promotion overlapped up to 128 rows (two sets and the sums pass the registers: FP8_SWAP_OVERLAP_MAX_M), 128x64 ran
+# 1.24x the rules at 512x2112x7168 (0.95x torch) and 96x64 1.19x at 384x2112x7168 (0.96x); past 128 rows the two
+# consumers take half the rows of M each (v11's split_m, each overlapped), 160x64 1.19x at 640x2112x7168 (1.02x torch)
+# and 192x64 1.10x at 768 (0.84x). So a 64-column tile is taken without the pad test (the three that lost were drained
+# 128-column tiles where v9's tile fit M), at its own rate (FP8_SWAP_N64_RATES).
 FP8_SWAP_RESULTS = "benchmarks/results/2026-11-29_h200_fp8_mid/README.md"
+FP8_SWAP_NARROW_RESULTS = "benchmarks/results/2026-11-30_h200_fp8_narrow/README.md"
 FP8_SWAP_MIN_M, FP8_SWAP_MAX_M = 256, 768  # M past the first, up to the second
+FP8_SWAP_RECIPES = ("tensor", "row")  # v11's fp8 scales (block scales index the tile's rows at each promotion)
 FP8_SWAP_MARGIN = 1.05
 FP8_SWAP_PAD = 1.12  # the rows of M the rules' tiles cover over M, at least (448: 1.14, 576: 1.11)
-FP8_SWAP_OVERLAP_MAX_M = 96  # the most rows of M whose two accumulator sets and promoted sums fit (80 and 96 ran)
+# the most rows of M whose two accumulator sets and promoted sums fit a consumer's registers: 128-column tiles over
+# two consumers (80 and 96 ran), 64-column ones over one (128 ran)
+FP8_SWAP_OVERLAP_MAX_M = {128: 96, 64: 128}
+FP8_SWAP_SPLIT_MAX_M = 192  # 64-column tiles past 128 rows: two consumers of at most 96 rows each (split_m)
 FP8_SWAP_DEPTH = {128: 6, 64: 8}  # each width's ring: as deep as measured (80x128: 6, 80x64: 8 and 12 level)
+# a 64-column tile's rate by its rows of M (FP8_SWAP_NARROW_RESULTS, each over the rules' v9 tile weighed as
+# fp8_tile weighs it): one consumer 0.52-0.59 at 80 rows, 0.60-0.72 at 96 (1.19x 64x128's, rated 0.8 and filling 0.77
+# of its wave there), 0.66-0.68 at 128; two on halves of M 0.75-0.77 at 160, 0.82 at 192
+FP8_SWAP_N64_RATES = ((80, 0.55), (96, 0.62), (128, 0.67), (160, 0.76), (192, 0.82))
 
 
 def fp8_swap_rate(blk_m: int, blk_n: int) -> float:
-    """A swap tile's rate over v9's 128x128 (FP8_SWAP_RESULTS): 64 columns over one consumer 0.55; 128 over two, with
-    the overlapped promotion (up to FP8_SWAP_OVERLAP_MAX_M rows) 0.8, drained 0.9 under 144 rows and 1.0 from 144."""
+    """A swap tile's rate over v9's 128x128 (FP8_SWAP_RESULTS): 64 columns FP8_SWAP_N64_RATES' (the first row bound at
+    or past ``blk_m``); 128 over two consumers, with the overlapped promotion (up to FP8_SWAP_OVERLAP_MAX_M rows)
+    0.8, drained 0.9 under 144 rows and 1.0 from 144."""
     if blk_n == 64:
-        return 0.55
-    return 0.8 if blk_m <= FP8_SWAP_OVERLAP_MAX_M else 0.9 if blk_m < 144 else 1.0
+        return next(rate for most, rate in FP8_SWAP_N64_RATES if blk_m <= most)
+    return 0.8 if blk_m <= FP8_SWAP_OVERLAP_MAX_M[128] else 0.9 if blk_m < 144 else 1.0
 
 
 def fp8_swap_tiles(M: int, N: int, sms: int = 132) -> dict[tuple[int, int], float]:
     """(blk_m, blk_n) -> score of v11's per-tensor fp8 tiles at M x N: rows of M a multiple of 16 from 64 to 256
-    (M over 1 to 8 rows of tiles), 128 or 64 columns of N, weighed by :func:`fp8_swap_rate`."""
+    (M over 1 to 8 rows of tiles; 64-column tiles up to FP8_SWAP_SPLIT_MAX_M), 128 or 64 columns of N, weighed by
+    :func:`fp8_swap_rate`."""
     out = {}
     for blk_n in (128, 64):
         for rows in range(1, 9):
             bm = 16 * math.ceil(math.ceil(M / rows) / 16)
-            if not 64 <= bm <= 256:
+            if not 64 <= bm <= (FP8_SWAP_SPLIT_MAX_M if blk_n == 64 else 256):
                 continue
             waves = cluster_waves(M, N, bm, blk_n, (1, 1), sms)
             out[(bm, blk_n)] = fp8_swap_rate(bm, blk_n) * M * N / (waves * sms * bm * blk_n)
@@ -1480,8 +1500,10 @@ def fp8_swap_tiles(M: int, N: int, sms: int = 132) -> dict[tuple[int, int], floa
 def fp8_swap_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict | None:
     """v11's knobs where per-tensor fp8 at M x N x K (FP8_SWAP_MIN_M < M <= FP8_SWAP_MAX_M) takes swapped operands:
     the best of :func:`fp8_swap_tiles` where it beats the rules' v9 tile (:func:`fp8_tile_scores`) by
-    FP8_SWAP_MARGIN and that tile pads M by FP8_SWAP_PAD or fills at most half the SMs; else None."""
-    if recipe != "tensor" or not FP8_SWAP_MIN_M < M <= FP8_SWAP_MAX_M:
+    FP8_SWAP_MARGIN and, for a 128-column tile, that tile pads M by FP8_SWAP_PAD or fills at most half the SMs; else
+    None. A 64-column tile past FP8_SWAP_OVERLAP_MAX_M rows runs over two consumers on halves of its rows
+    (``split_m``)."""
+    if recipe not in FP8_SWAP_RECIPES or not FP8_SWAP_MIN_M < M <= FP8_SWAP_MAX_M:
         return None
     tiles = fp8_swap_tiles(M, N, sms)
     if not tiles:
@@ -1491,10 +1513,14 @@ def fp8_swap_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict 
     rules_m, rules_n = fp8_tile_shape(max(rules, key=rules.get))
     pads = math.ceil(M / rules_m) * rules_m >= FP8_SWAP_PAD * M
     few = Problem(M, N, 1).tiles(rules_m, rules_n) <= sms // 2
-    if score < FP8_SWAP_MARGIN * max(rules.values()) or not (pads or few):
+    if score < FP8_SWAP_MARGIN * max(rules.values()) or not (pads or few or bn == 64):
         return None
-    knobs = {"blk_m": bm, "blk_n": bn, "num_warpgroups": bn // 64, "split_k": 1, "promote": FP8_PROMOTE}
-    if bm <= FP8_SWAP_OVERLAP_MAX_M:
+    split = bn == 64 and bm > FP8_SWAP_OVERLAP_MAX_M[bn]
+    knobs = {"blk_m": bm, "blk_n": bn, "num_warpgroups": 2 if split else bn // 64, "split_k": 1,
+             "promote": FP8_PROMOTE}
+    if split:
+        knobs["split_m"] = True
+    if split or bm <= FP8_SWAP_OVERLAP_MAX_M[bn]:
         knobs["overlap"] = 4
     p = Problem(M, N, K, "bfloat16", "sm_90a", sms)
     fp8_spec = {"blk_k": 128, **spec_knobs(GemmSpec.fp8("bfloat16", recipe))}
@@ -1585,13 +1611,17 @@ FP8_RULES: list[Rule] = [
          when=lambda p: (_fp8(p, False) and p.spec.bias is None
                          and fp8_swap_knobs(p.M, p.N, p.K, p.spec.scales, p.sms) is not None),
          knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
-         why=f"per-tensor fp8 at {FP8_SWAP_MIN_M} < M <= {FP8_SWAP_MAX_M} where v9's tile pads M (or fills at most "
-             "half the SMs) and tiles whose rows divide M fill the waves better: v11's swapped operands (B's rows in "
-             "wgmma's 64-row slot, M on its N, a multiple of 16), 128 columns over two consumers (the overlapped "
-             "promotion up to 96 rows, drained past it) or 64 over one, each weighed by its measured rate",
+         why=f"per-tensor or rowwise fp8 at {FP8_SWAP_MIN_M} < M <= {FP8_SWAP_MAX_M} where tiles whose rows divide M "
+             "fill the waves better than v9's: v11's swapped operands (B's rows in wgmma's 64-row slot, M on its N, a multiple "
+             "of 16), 128 columns over two consumers (the overlapped promotion up to 96 rows, drained past it; taken "
+             "where v9's tile pads M or fills at most half the SMs) or 64 (one consumer, overlapped, up to 128 rows; "
+             "two on halves of the rows past it, split_m), each weighed by its measured rate",
          evidence=FP8_SWAP_RESULTS + ": 24 A/Bs against v9's tile at M = 272-768: 80x128 +22-57% at M = 288 and "
                   "320 (0.87-0.93x torch._scaled_mm), 160x128 +9-11% at five shapes, 80x64 +67% at 320x2112x7168; "
-                  "not taken at the nine where it ran 0.93-1.04x v9's"),
+                  "not taken at the nine where it ran 0.93-1.04x v9's; " + FP8_SWAP_NARROW_RESULTS + ": 64-column "
+                  "tiles at 2112x7168, 96x64 +19% (M = 384), 128x64 +24% (512), 160x64 in split_m +19% (640), 192x64 "
+                  "+10% (768); held out, 14 of 14 per-tensor faster or level (1.005-1.30x), rowwise 12 of 12 "
+                  "1.11-1.93x"),
     Rule("fp8-width", "sm_90a", "v9",
          when=lambda p: _fp8(p, False) and fp8_width(p.M, p.N, p.sms, p.spec.scales) is not None,
          knobs=lambda p: fp8_knobs(p.M, p.N, p.K, p.spec.scales, p.sms),

@@ -267,13 +267,15 @@ def k_loop_unroll(nk):
 
 
 @T.inline
-def encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b):
-    """The descriptors of ring slot 0 (A at this warpgroup's first row), once per tile: the K
-    loop of v8-v11 (:func:`mma_k_slot`) reaches every slot, atom and K step from them by adds."""
+def encode_slot0(plan, Asmem, Bsmem, wg_row0, desc_a, desc_b, col0=0):
+    """The descriptors of ring slot 0 (A at this warpgroup's first row, B at its first column ``col0``: not 0 only
+    under swap AB's ``split_m``), once per tile: the K loop of v8-v11 (:func:`mma_k_slot`) reaches every slot, atom
+    and K step from them by adds."""
     fa = T.meta_var(plan.desc_a)
     fb = T.meta_var(plan.desc_b)
     T.cuda.wgmma.encode_matrix_descriptor(
-        T.address_of(desc_b[0]), Bsmem.ptr_to([0, 0, 0]), fb.ldo, fb.sdo, fb.swizzle_code
+        T.address_of(desc_b[0]), Bsmem.ptr_to([0, col0, 0] if fb.major == "K" else [0, 0, col0]), fb.ldo, fb.sdo,
+        fb.swizzle_code
     )
     # this warpgroup's first row of A: a row of a K-major tile, a column of an MN-major one
     T.cuda.wgmma.encode_matrix_descriptor(
@@ -796,21 +798,39 @@ class SwapPlan(HopperPlan):
     ``a`` holds D^T rows (N) ``64a + ...`` by columns (M) in the usual fragment layout."""
 
     @property
-    def rows_per_wg(self) -> int:  # rows of N per consumer
-        return self.cfg.blk_n // self.cfg.num_warpgroups
+    def split_m(self) -> bool:
+        """The knob ``split_m``: consumer ``c`` owns all ``blk_n`` rows of N and columns ``[c * blk_m/W, (c+1) *
+        blk_m/W)`` of M (both read the same B rows, each its own rows of A), instead of its rows of N."""
+        return bool(dict(self.cfg.extra).get("split_m", False))
 
     @property
-    def n_regs(self) -> int:  # accumulator registers of one m64n{blk_m} wgmma
-        return self.cfg.blk_m // 2
+    def rows_per_wg(self) -> int:  # rows of N per consumer
+        return self.cfg.blk_n if self.split_m else self.cfg.blk_n // self.cfg.num_warpgroups
+
+    @property
+    def m_cols(self) -> int:  # rows of M per consumer: wgmma's N
+        return self.cfg.blk_m // self.cfg.num_warpgroups if self.split_m else self.cfg.blk_m
+
+    def n_first(self, c):
+        """Consumer ``c``'s first row of N in the tile (a column of D)."""
+        return 0 if self.split_m else c * self.rows_per_wg
+
+    def m_first(self, c):
+        """Consumer ``c``'s first row of M in the tile (a row of A's tile, wgmma's B)."""
+        return c * self.m_cols if self.split_m else 0
+
+    @property
+    def n_regs(self) -> int:  # accumulator registers of one m64n{m_cols} wgmma
+        return self.m_cols // 2
 
     @property
     def mma_op(self) -> str:
         spec = spec_of(self.cfg)
         if spec.is_fp8:  # the operands' roles swapped: B's type is wgmma's A, A's its B
             ta, tb = FP8_PTX[spec.b], FP8_PTX[spec.a]
-            return f"wgmma.mma_async.sync.aligned.m64n{self.cfg.blk_m}k{self.mma_k}.f32.{ta}.{tb}"
+            return f"wgmma.mma_async.sync.aligned.m64n{self.m_cols}k{self.mma_k}.f32.{ta}.{tb}"
         t = {"float16": "f16", "bfloat16": "bf16"}[self.cfg.dtype]
-        return f"wgmma.mma_async.sync.aligned.m64n{self.cfg.blk_m}k{MMA_K}.f32.{t}.{t}"
+        return f"wgmma.mma_async.sync.aligned.m64n{self.m_cols}k{MMA_K}.f32.{t}.{t}"
 
 
 def check_swap_tile(cfg: GemmConfig, consumers=(1, 2)) -> None:
@@ -819,6 +839,15 @@ def check_swap_tile(cfg: GemmConfig, consumers=(1, 2)) -> None:
     if cfg.num_warpgroups not in consumers:
         choices = " or ".join(map(str, consumers))
         raise ConfigError(f"num_warpgroups={cfg.num_warpgroups!r} is not supported; use {choices}")
+    if SwapPlan(cfg).split_m:
+        if cfg.blk_n % WG_M or cfg.blk_m % (8 * cfg.num_warpgroups):
+            raise ConfigError(
+                f"split_m=True with blk_m={cfg.blk_m}, blk_n={cfg.blk_n}: each of the {cfg.num_warpgroups} "
+                f"consumer(s) takes all of blk_n (whole 64-row wgmma atoms) and blk_m / {cfg.num_warpgroups} rows of "
+                f"M (wgmma's N, a multiple of 8); use blk_n a multiple of {WG_M} and blk_m a multiple of "
+                f"{8 * cfg.num_warpgroups}"
+            )
+        return
     if cfg.blk_n % (WG_M * cfg.num_warpgroups):
         raise ConfigError(
             f"blk_n={cfg.blk_n} does not split into {cfg.num_warpgroups} consumer(s) of whole 64-row "

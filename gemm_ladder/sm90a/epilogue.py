@@ -708,7 +708,7 @@ def acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, warp_id, lane_id, packed,
     two 8-row blocks at once; an odd last block goes as x2.
     """
     NR = T.meta_var(plan.n_regs)
-    MB = T.meta_var(plan.cfg.blk_m // 8)  # 8-row blocks of M
+    MB = T.meta_var(plan.m_cols // 8)  # 8-row blocks of M (the consumer's: split_m)
     q = T.meta_var(lane_id % 8)
     mat = T.meta_var(lane_id // 8)
     for a in T.unroll(plan.m_atoms):
@@ -751,15 +751,16 @@ def _store_transposed(epi, Dreg, m_st, n_st):
     if wtid == 0:
         T.ptx.cp.async_.bulk.wait_group.read(0)
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
-    acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, epi.warp_id, epi.lane_id, epi.packed, epi.op,
-                               n_st + c * COLS)
+    n0 = T.meta_var(n_st + plan.n_first(c))  # the consumer's first column of D
+    m0 = T.meta_var(m_st + plan.m_first(c))  # and row (split_m)
+    ROWS = T.meta_var(plan.m_cols)
+    acc_to_smem_stmatrix_trans(plan, Dreg, Esmem, buf, epi.warp_id, epi.lane_id, epi.packed, epi.op, n0)
     T.ptx.fence.proxy.async_.shared__cta()
     T.ptx.bar.sync(T.Cast("uint32", CONSUMER_BARRIER + c), THREADS_PER_WG)
     if wtid == 0:
         for h in T.unroll(COLS // EPI_CHUNK):
             Tx.copy_async(
-                D[m_st:m_st + plan.cfg.blk_m,
-                  n_st + c * COLS + h * EPI_CHUNK:n_st + c * COLS + h * EPI_CHUNK + EPI_CHUNK],
+                D[m0:m0 + ROWS, n0 + h * EPI_CHUNK:n0 + h * EPI_CHUNK + EPI_CHUNK],
                 Esmem[buf, :, h * EPI_CHUNK:h * EPI_CHUNK + EPI_CHUNK], dispatch="tma_auto",
             )
         T.ptx.cp.async_.bulk.commit_group()

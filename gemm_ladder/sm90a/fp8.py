@@ -642,7 +642,11 @@ def scale_sums(plan, sums, scale_a, scale_b, how, m0, n0, warp_id, lane_id, sreg
 class SumScales:
     """One consumer's side of :func:`scale_sums` (per-tensor and rowwise scales, applied to a tile's
     fp32 sums once its K loop, or its split's sum, is done): the scale operands, the recipe, the
-    consumer's first row in a tile, its warp and lane, its scale registers."""
+    consumer's first row in a tile, its warp and lane, its scale registers.
+
+    ``swapped`` (v11, swap AB): the sums are D^T's fragment, its rows N and its columns M, so the rowwise recipe's
+    B scales go with the fragment's rows and A's with its columns; ``row0`` is then the consumer's first row of N in
+    the tile and ``col0`` its first row of M (``common.SwapPlan.n_first``, ``m_first``)."""
 
     plan: object
     scale_a: object
@@ -652,11 +656,17 @@ class SumScales:
     warp_id: object
     lane_id: object
     sreg: object
+    swapped: bool = False
+    col0: object = 0
 
     def apply(self, sums, m0, n0) -> None:
         """``sums`` of the tile at rows from ``m0`` and columns from ``n0`` times their scales, in place."""
-        scale_sums(self.plan, sums, self.scale_a, self.scale_b, self.how, m0 + self.row0, n0, self.warp_id,
-                   self.lane_id, self.sreg)
+        if self.swapped:  # the fragment's rows are N: B's scales by row, A's by column
+            scale_sums(self.plan, sums, self.scale_b, self.scale_a, self.how, n0 + self.row0, m0 + self.col0,
+                       self.warp_id, self.lane_id, self.sreg)
+        else:
+            scale_sums(self.plan, sums, self.scale_a, self.scale_b, self.how, m0 + self.row0, n0, self.warp_id,
+                       self.lane_id, self.sreg)
 
 
 # -- block scales staged in shared memory by the producer (knob ``stage_scales``) ----------------

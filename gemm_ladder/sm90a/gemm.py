@@ -209,7 +209,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     """The preset's kernel for ``cfg`` (validated by ``rungs.make_config``), a ``T.prim_func``."""
     plan = preset.plan(cfg)
     M, N, K = common.m_extent(cfg), cfg.N, cfg.K  # M: an int or runtime
-    BLK_M, BLK_N = cfg.blk_m, cfg.blk_n
+    BLK_N = cfg.blk_n
     cluster_m, cluster_n = common.cluster_shape(cfg)
     cluster_size = cluster_m * cluster_n
     m_tiles, n_tiles = preset.cluster_grid(cfg, M)  # in cluster tiles
@@ -227,7 +227,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
     rows_per_wg = plan.rows_per_wg  # of a_smem (A, or B under swap AB)
     A_layout, B_layout = plan.ab_layouts(stages)
     if preset.epilogue == "transposed":
-        staging_shape = (consumers, BLK_M, rows_per_wg)  # one D band per consumer
+        staging_shape = (consumers, plan.m_cols, rows_per_wg)  # one D band per consumer (split_m: its rows of M)
     else:
         # epi_n columns of 16-bit D a chunk; of a float32 D half as many (the same staging bytes)
         chunk_cols = dict(cfg.extra)["epi_n"] * 2 // epilogue.d_bytes(cfg)
@@ -404,7 +404,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
             c = T.meta_var((wg_id - 1) % consumers if lanes > 1 else wg_id - 1)
             lane = T.meta_var((wg_id - 1) // consumers)
             wtid = T.meta_var(warp_id * 32 + lane_id)
-            wg_row0 = T.meta_var(c * rows_per_wg)  # its rows of a_smem (of N under swap AB)
+            # its rows of a_smem (of N under swap AB: all of them with split_m, which gives it rows of M instead)
+            wg_row0 = T.meta_var(plan.n_first(c) if preset.swap_ab else c * rows_per_wg)
             # with halves the tensor cores' accumulators hold one half of the tile (fp8.HalfPlan)
             Dreg = T.alloc_local((acc_regs // 2 if halves else acc_regs,), "float32")
             desc_a = T.alloc_local((1,), "uint64")
@@ -431,7 +432,8 @@ def kernel(cfg: GemmConfig, preset: Preset):
             # fp8 per-tensor and rowwise: the sums times the scales once a tile's K loop (or its split's sum) is done
             sum_scales = T.meta_var(fp8.SumScales(plan=plan, scale_a=g["scale_a"], scale_b=g["scale_b"],
                                                   how=fp8.recipe(cfg), row0=wg_row0, warp_id=warp_id, lane_id=lane_id,
-                                                  sreg=Sreg) if scaled else None)
+                                                  sreg=Sreg, swapped=preset.swap_ab,
+                                                  col0=plan.m_first(c) if preset.swap_ab else 0) if scaled else None)
             # k_consumers: this lane's view of the ring (ring.Lane: every second position from its own)
             lane_ring = T.meta_var(ring.lane(lanes, lane) if lanes > 1 else ring)
             mma = T.meta_var(Consumer(plan=plan, ring=lane_ring, a_smem=Bsmem if preset.swap_ab else Asmem,
@@ -440,13 +442,14 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                       scales=block_scales, overlap=overlap, acc2=Dreg2 if overlap > 0 else None,
                                       unroll=fp8.unroll_k(cfg), stagger=fp8.stagger(cfg), consumer=c,
                                       halves=fp8.HalfPlan(cfg) if halves else None,
-                                      desc_b_half=desc_b_half if halves else None))
+                                      desc_b_half=desc_b_half if halves else None,
+                                      col0=plan.m_first(c) if preset.swap_ab else 0))
             if stashing:
                 Breg = T.alloc_local((stash_regs,), "float32")  # the tile's bias (epilogue.BiasStash)
             stash = T.meta_var(epilogue.BiasStash(regs=Breg, count=stash_regs, transposed=transposed, warp_id=warp_id,
                                                   lane_id=lane_id) if stashing else None)
             # the first column of this consumer's part of the tile (under swap AB its rows of N are D's columns)
-            stash_n0 = T.meta_var(c * rows_per_wg if transposed else 0)
+            stash_n0 = T.meta_var(plan.n_first(c) if transposed else 0)
             if preset.epilogue == "transposed":
                 epi = T.meta_var(TransposedEpilogue(plan=plan, d=D, staging=Esmem, consumer=c, thread=wtid,
                                                     warp_id=warp_id, lane_id=lane_id, packed=packed, op=epi_op))

@@ -30,16 +30,25 @@ writes each 8x8 block of the fragment as D's rows into the consumer's staging bu
                                  bar.sync 1+c; stmatrix.trans D^T -> Esmem[c] (blk_m x blk_n/W)
                                  fence; bar.sync 1+c; thread 0 of c: TMA stores, commit
 
-fp8 (issue 32, per-tensor scales): e4m3 A and B swap roles as 16-bit ones do (both K-major, as fp8 wgmma
+fp8 (issue 32, per-tensor and rowwise scales): e4m3 A and B swap roles as 16-bit ones do (both K-major, as fp8 wgmma
 reads them), ``wgmma.m64n{blk_m}k32`` into v9's promoted fp32 sums (``promote``, ``overlap``: sm90a/fp8.py), the
-scalar scale applied to the sums before the transposed epilogue. The swap puts M on wgmma's N, a multiple of 8
+scales applied to the sums before the transposed epilogue. The swap puts M on wgmma's N, a multiple of 8
 (of 16 here), so mid M takes tiles that divide it where v9's come in 64-row steps: at M = 320, 80-row tiles
 make 4 x 32 = 128 tiles of 4096 columns where 128-row ones cover 384 rows (what cuBLASLt runs there:
-``benchmarks/results/2026-11-29_h200_fp8_mid/``). Rowwise and block scales index the tile's rows and K blocks,
-which the swap transposes: not built here (v9, v10).
+``benchmarks/results/2026-11-29_h200_fp8_mid/``). Rowwise scales go with the transposed fragment: B's by its rows (N),
+A's by its columns (M) (``fp8.SumScales``' ``swapped``). Block scales are applied by K block at each promotion, indexed
+by the tile's rows: not built here (v9).
 
 Roles and registers: v10's (a producer warpgroup, W = 1 or 2 consumers); a consumer holds
 blk_m x blk_n / (128 W) accumulators (32 at blk_m = 64, blk_n = 128, W = 2).
+
+split_m (a knob, off by default): consumer ``c`` takes all ``blk_n`` rows of N and rows ``[c * blk_m/W, (c+1) *
+blk_m/W)`` of M instead of its rows of N: both read the stage's B rows, each its own rows of A (its wgmma's B
+descriptor starts at its first row, ``common.encode_slot0``'s ``col0``), ``wgmma.m64n{blk_m/W}``, and it stages and
+stores its own rows of D. A 64-row tile of N then has two consumers: at 160x64 fp8 (640x2112x7168), each overlaps its
+promotion in 80 rows, where one consumer of 160 rows has no registers for the second set and drains
+(1.19x, ``benchmarks/results/2026-11-30_h200_fp8_narrow/``). cuBLASLt runs that tile with two consumers too
+(``nvjet_sm90_qqtst_64x160_128x7_1x2_h``).
 Barriers: v10's. Workspace: v10's, slots of blk_m x blk_n fp32 partials.
 
 When it pays: small M (up to about 64; up to 256 where N is large) with a large N: the kernel
@@ -49,10 +58,11 @@ SMs, so split_k = 4 gives 128 units (``schedulers.wave_model`` chooses). Deep ri
 keep enough bytes in flight per SM; clusters buy little here (A, the shared operand, is small).
 
 Constraints:
-  - sm_90a; float16/bfloat16, K and N multiples of 8, blk_k = 64; or e4m3 A and B with per-tensor scales
-    (blk_k = 128, no bias, D in 16 bits: ``fp8.check_split``);
+  - sm_90a; float16/bfloat16, K and N multiples of 8, blk_k = 64; or e4m3 A and B with per-tensor or rowwise
+    scales (blk_k = 128, no bias, D in 16 bits: ``fp8.check_split``);
   - blk_m a multiple of 8 from 8 to 256 (wgmma's N); blk_n in {64, 128, 192, 256}, a multiple of
-    64 x num_warpgroups (1 or 2 consumers, whole 64-row atoms of N each);
+    64 x num_warpgroups (1 or 2 consumers, whole 64-row atoms of N each); with split_m, blk_n a multiple of 64 and
+    blk_m of 8 x num_warpgroups;
   - pipe_depth from 2 up to what shared memory allows beside the blk_m x blk_n staging;
   - clusters as v8 (a shared A tile splits into whole 8-row parts: blk_m a multiple of 8 x
     cluster_n); split_k, tile orders and dynamic_m as v10.
@@ -93,13 +103,15 @@ class V11Knobs:
 KNOBS = gemm.knob_defaults(V11Knobs)
 # knobs taken anywhere, kept only away from their defaults (``rungs.make_config``): pdl's L2 warm-up of the
 # weight's first slices (producer.warm_l2); v9's bias_stash (epilogue.BiasStash, on by default)
-OPTIONAL_KNOBS = {"l2_warm": False, "bias_stash": True}
+# and split_m, the consumers on rows of M where they take rows of N without it (common.SwapPlan.split_m)
+OPTIONAL_KNOBS = {"l2_warm": False, "bias_stash": True, "split_m": False}
 BLK_M_CHOICES = common.SWAP_BLK_M  # M is wgmma's N
 # the operand spec's epilogues this preset builds (gemm_ladder.core.spec): a bias per column of D, an
 # activation and alpha, on each value as the transposed epilogue stages it (its column of D is a row of the
 # D^T fragment: ``epilogue.acc_to_smem_stmatrix_trans``); not the residual (C would be read transposed into
 # the staging buffer) nor a float32 D (stmatrix stores 16-bit values)
-# and scaled, fp8 with per-tensor scales (issue 32: mid M, the tile's rows on wgmma's N; the scalar scale on the sums)
+# and scaled, fp8 with per-tensor or rowwise scales (issue 32: mid M, the tile's rows on wgmma's N; the scales on the
+# sums)
 EPILOGUES = ("none", "bias", "act", "alpha", "scaled")
 # knobs of its fp8 kernels only (``rungs.make_config`` adds them where the spec is fp8), v9's promotion
 FP8_KNOBS = {"promote": fp8.PROMOTE_DEFAULT, "overlap": fp8.OVERLAP_DEFAULT}
@@ -116,10 +128,10 @@ def check(cfg: GemmConfig) -> None:
     common.check_l2_warm(cfg)
     common.check_consumer_registers(cfg, SwapPlan(cfg))
     splitk.check_grid(cfg)
-    if spec_of(cfg).is_fp8 and fp8.recipe(cfg) != "tensor":
-        raise ConfigError(f"v11 fp8 with {fp8.recipe(cfg)} scales: swap AB transposes the tile, and rowwise and block "
-                          "scales index its rows and K blocks; v11 builds per-tensor scales only (use v9 for "
-                          f"{fp8.recipe(cfg)} scales)")
+    if spec_of(cfg).is_fp8 and fp8.recipe(cfg) == "block":
+        raise ConfigError("v11 fp8 with block scales: swap AB transposes the tile, and block scales are applied by K "
+                          "block at each promotion, indexed by the tile's rows; v11 builds per-tensor and rowwise "
+                          "scales only (use v9 for block scales)")
     fp8.check_split(cfg, SwapPlan(cfg))  # its registers counted on the swapped tile
 
 

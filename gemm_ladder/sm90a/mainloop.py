@@ -52,7 +52,7 @@ def _end_slice(mma, it, k):
 
 @T.inline
 def _issue(mma, it, nk):
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b, mma.col0)
     for k in T.serial(nk, unroll=k_loop_unroll(nk)):
         _begin_slice(mma, it, k)
         _end_slice(mma, it, k)
@@ -116,7 +116,7 @@ def _zero_total(mma):
 @T.inline
 def _start_promoted(mma):
     """A promoted K loop's start: the slot-0 descriptors, and the total at 0 (:func:`_zero_total`)."""
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b, mma.col0)
     _zero_total(mma)
 
 
@@ -276,7 +276,7 @@ def _run_block_scaled(mma, it, nk, m0, n0):
     block k, promoted as ``total += acc * scales``. The loop runs two slices a turn with two sets of
     scale registers, so block k + 1's scales load while slice k runs and are read a slice later,
     with no move between the sets (a move would wait for the load)."""
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b, mma.col0)
     mma.scales.load(m0, n0, 0, 0)
     for p in T.serial(nk // 2):
         mma.scales.load(m0, n0, 2 * p + 1, 1)
@@ -418,7 +418,7 @@ def _halves_group(mma, it, k0, count, scale_set=0, under=None, staged_at=None) -
 
 @T.inline
 def _encode_halves(mma):
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b, mma.col0)
     mma.desc_b_half[0] = mma.desc_b[0] + T.Cast("uint64", mma.halves.b_offset16)
     _zero_total(mma)
 
@@ -531,7 +531,7 @@ def _retire(mma, it, nk):
 def _issue_under(mma, it, nk, epi, pairs, m_prev, n_prev, has_prev, chunk_it):
     chunks_per_tile = T.meta_var(epi.chunks_per_tile)
     chunks_under = T.meta_var(min(chunks_per_tile, nk))  # one under each of the first slices
-    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b)
+    encode_slot0(mma.plan, mma.a_smem, mma.b_smem, mma.row0, mma.desc_a, mma.desc_b, mma.col0)
     for j in T.unroll(chunks_under):
         _begin_slice(mma, it, j)
         _end_slice(mma, it, j)
@@ -572,6 +572,7 @@ class Consumer:
     consumer: object = 0  # this consumer's index (with stagger)
     halves: object = None  # fp8.HalfPlan: each group's wgmmas in two half-width groups (acc holds a half), or None
     desc_b_half: object = None  # uint64[1] local: slot 0's descriptor of b_smem at the second half's rows
+    col0: object = 0  # this warpgroup's first row of b_smem (swap AB's split_m: its rows of M)
 
     @property
     def sums(self):
