@@ -482,21 +482,39 @@ print(plan.fp8_policy(4096, 2112, 7168, "block")[2].rsplit(";", 1)[0] + ")")
 # 640: they divide M. v11 (swap AB) builds per-tensor fp8 the same way now: `wgmma.m64n80k32.f32.e4m3.e4m3` with
 # B's type first. The rule `fp8-swap` takes it where v9's tile pads M by 12% or more (or fills at most half the
 # SMs) and the swapped tile fills its waves better. Its rates were fitted to 24 A/Bs. At 11 shapes it was not
-# fitted on, 10 ran faster, 1.13-1.88x, and one level (0.99x). Rowwise and block scales stay on v9: their scales
-# index the tile's rows and K blocks, which the swap transposes.
+# fitted on, 10 ran faster, 1.13-1.88x, and one level (0.99x).
+#
+# A narrow weight needs narrower tiles. DeepSeek-V3's 2112x7168 has 33 columns of 64-row tiles of N, so M over
+# four rows of tiles makes 132: one full wave, at any M. cuBLASLt runs exactly that (64x160 at M = 640). With 64
+# columns a tile has one 64-row wgmma atom, and who issues it matters:
+# - One consumer holds the sums, the tensor cores' accumulators and a second set to overlap the promotion with
+#   the next wgmmas: three sets of `blk_m / 2` registers. Up to 128 rows of M they fit, and 128x64 ran 1.24x the
+#   rules' v9 tile at 512x2112x7168.
+# - Past 128 rows there is no room for the second set, and a drained consumer is slow (160x64 0.96x the rules).
+#   `split_m` gives each of two consumers half of the rows of M instead: both read the same 64 rows of B, each its
+#   own rows of A (its wgmma's B descriptor starts at its first row), each stages and stores its own rows of D.
+#   Each is `m64n80` at 160 rows and overlaps its promotion: 1.19x the rules at 640x2112x7168, 1.02x torch.
+#
+# Rowwise scales take the swapped operands too. The sums are D^T's fragment, its rows N and its columns M, so
+# each thread keeps B's scales of its rows in registers and multiplies by A's scale of each column
+# (`fp8.SumScales`' `swapped`). Block scales stay on v9: they are applied by K block at each promotion, indexed
+# by the tile's rows. Held out (`benchmarks/results/2026-11-30_h200_fp8_narrow/`), against the rules before:
+# per-tensor 14 of 14 faster or level, 1.005-1.30x; rowwise 12 of 12 faster, 1.11-1.93x.
 
 # %%
-for M, N, K in ((320, 4096, 14336), (320, 2112, 7168), (640, 4096, 14336), (384, 4096, 14336)):
+for M, N, K in ((320, 4096, 14336), (320, 2112, 7168), (640, 2112, 7168), (640, 4096, 14336), (384, 4096, 14336)):
     rung, knobs = plan.fp8_module(M, N, K, "tensor")
-    print(f"{M}x{N}x{K}: {rung}", {k: knobs[k] for k in ("blk_m", "blk_n", "cluster_m", "overlap") if k in knobs})
+    print(f"{M}x{N}x{K}: {rung}", {k: knobs[k] for k in ("blk_m", "blk_n", "split_m", "cluster_m", "overlap")
+                                   if k in knobs})
 
 # %% [markdown]
-# ## Where fp8 stands (one H200, 2026-11-29)
+# ## Where fp8 stands (one H200, 2026-11-29 and 30)
 #
 # | | measured | against |
 # | --- | --- | --- |
 # | per-tensor suite (DeepSeek-V3's and Llama-3-8B's weights, M = 64, 256, 1024, 4096), kernels | 1.010-1.018x, lowest 0.92-0.94 | `torch._scaled_mm` |
-# | the same with M = 320-768 too (packs), kernels | 0.976x, lowest 0.73 (8 of 45 under 0.9) | `torch._scaled_mm` |
+# | the same with M = 320-768 too (packs), kernels | 0.986x, lowest 0.75 (6 of 45 under 0.9) | `torch._scaled_mm` |
+# | rowwise, the same 45 rows, kernels | 1.241x, lowest 0.94 | `torch._scaled_mm` |
 # | the same, calls | 1.22-1.23x, lowest 0.97-1.01 (0.945x before the repeated call) | `torch._scaled_mm` |
 # | rowwise suite, kernels / calls | 1.27x / 1.29x, lowest 1.02 / 1.04 | `torch._scaled_mm` |
 # | 4096^3 and 8192^3, per-tensor and rowwise | 1.054-1.082x, 1254-1354 TFLOPS | `torch._scaled_mm` |
