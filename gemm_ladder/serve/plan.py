@@ -1434,21 +1434,21 @@ def fp8_policy(M: int, N: int, K: int, recipe: str, bias=None, sms: int = 132, d
     return rung, knobs, f"plan.FP8_RULES: {knobs or 'v9 fp8 defaults'}"
 
 
-# Per-tensor and rowwise fp8 at mid M with the operands swapped (v11: B's rows in wgmma's 64-row slot, M on its N, a multiple of
-# 16 here): tiles whose rows divide M where v9's come in 64-row steps. cuBLASLt runs such tiles there (torch's
-# profiler: 80 rows of M by 128 of N at 320x4096x14336, 160 by 128 at 640x4096x14336, 80 by 64 at 320x2112x7168).
-# FP8_SWAP_RESULTS (H200, kernels in graphs, v9's module from the rules at cc5c878 in the same rounds), 24 A/Bs at
-# 272 <= M <= 768: 80x128 over two consumers with the overlapped promotion +22-57% at M = 288 and 320 of four
-# weights, 160x128 drained (two sets and the sums pass the registers) +9-11% at five shapes, 144x128 +32% at
-# 272x6144x4096, 80x64 over one consumer +67% at 320x2112x7168, 64x128 +28% at 384x2112x7168; level or slower where
-# v9's tile already fits M (384x4096x14336 0.98x, 576x7168x16384 0.96x, 352x5120x5120 0.93x) or is 112-128 rows of
-# its own (0.97-1.01x at five). A swap tile is weighed as fp8_tile weighs v9's (the share of its waves it fills) at
-# its rate over v9's 128x128 (fp8_swap_rate), and taken where it beats the rules' v9 tile by FP8_SWAP_MARGIN and that
-# tile pads M by FP8_SWAP_PAD or more (or fills at most half the SMs): fitted to the 24, it takes every one that ran
-# 1.05x or more and none that ran slower. Past M = 256 (below, the fill and split rules' measured tiles) to
-# FP8_SWAP_MAX_M. Rowwise scales from FP8_SWAP_NARROW_RESULTS on (v11 applies them to the transposed fragment, B's by
-# row): the same tiles, 1.11-1.93x the rules' v9 at 12 shapes. Not block scales (applied by K block at each
-# promotion, indexed by the tile's rows).
+# Per-tensor and rowwise fp8 at mid M with the operands swapped (v11: B's rows in wgmma's 64-row slot, M on its N, a
+# multiple of 16 here): tiles whose rows divide M where v9's come in 64-row steps. cuBLASLt runs such tiles there
+# (torch's profiler: 80 rows of M by 128 of N at 320x4096x14336, 160 by 128 at 640x4096x14336, 80 by 64 at
+# 320x2112x7168). FP8_SWAP_RESULTS (H200, kernels in graphs, v9's module from the rules at cc5c878 in the same
+# rounds), 24 A/Bs at 272 <= M <= 768: 80x128 over two consumers with the overlapped promotion +22-57% at M = 288 and
+# 320 of four weights, 160x128 drained (two sets and the sums pass the registers) +9-11% at five shapes, 144x128 +32%
+# at 272x6144x4096, 80x64 over one consumer +67% at 320x2112x7168, 64x128 +28% at 384x2112x7168; level or slower where
+# v9's tile already fits M (384x4096x14336 0.98x, 576x7168x16384 0.96x, 352x5120x5120 0.93x) or is 112-128 rows of its
+# own (0.97-1.01x at five). A swap tile is weighed as fp8_tile weighs v9's (the share of its waves it fills) at its
+# rate over v9's 128x128 (fp8_swap_rate), and taken where it beats the rules' v9 tile by FP8_SWAP_MARGIN and that tile
+# pads M by FP8_SWAP_PAD or more (or fills at most half the SMs): fitted to the 24, it takes every one that ran 1.05x
+# or more and none that ran slower. Past M = 256 (below, the fill and split rules' measured tiles) to FP8_SWAP_MAX_M.
+# Rowwise scales from FP8_SWAP_NARROW_RESULTS on (v11 applies them to the transposed fragment, B's by row): the same
+# tiles, 1.11-1.93x the rules' v9 at 12 shapes. Not block scales (applied by K block at each promotion, indexed by the
+# tile's rows).
 # FP8_SWAP_NARROW_RESULTS (2026-11-30): 64 columns of N a tile fill the SMs of a narrow weight (2112 / 64 = 33 columns
 # of tiles, M over four rows of them: 132 tiles) where v9's tiles leave part of a wave. Over one consumer, the
 # promotion overlapped up to 128 rows (two sets and the sums pass the registers: FP8_SWAP_OVERLAP_MAX_M), 128x64 ran
@@ -1498,8 +1498,8 @@ def fp8_swap_tiles(M: int, N: int, sms: int = 132) -> dict[tuple[int, int], floa
 
 
 def fp8_swap_knobs(M: int, N: int, K: int, recipe: str, sms: int = 132) -> dict | None:
-    """v11's knobs where per-tensor fp8 at M x N x K (FP8_SWAP_MIN_M < M <= FP8_SWAP_MAX_M) takes swapped operands:
-    the best of :func:`fp8_swap_tiles` where it beats the rules' v9 tile (:func:`fp8_tile_scores`) by
+    """v11's knobs where per-tensor or rowwise fp8 at M x N x K (FP8_SWAP_MIN_M < M <= FP8_SWAP_MAX_M) takes swapped
+    operands: the best of :func:`fp8_swap_tiles` where it beats the rules' v9 tile (:func:`fp8_tile_scores`) by
     FP8_SWAP_MARGIN and, for a 128-column tile, that tile pads M by FP8_SWAP_PAD or fills at most half the SMs; else
     None. A 64-column tile past FP8_SWAP_OVERLAP_MAX_M rows runs over two consumers on halves of its rows
     (``split_m``)."""
@@ -1612,10 +1612,10 @@ FP8_RULES: list[Rule] = [
                          and fp8_swap_knobs(p.M, p.N, p.K, p.spec.scales, p.sms) is not None),
          knobs=lambda p: fp8_module(p.M, p.N, p.K, p.spec.scales, p.spec.bias, p.sms)[1],
          why=f"per-tensor or rowwise fp8 at {FP8_SWAP_MIN_M} < M <= {FP8_SWAP_MAX_M} where tiles whose rows divide M "
-             "fill the waves better than v9's: v11's swapped operands (B's rows in wgmma's 64-row slot, M on its N, a multiple "
-             "of 16), 128 columns over two consumers (the overlapped promotion up to 96 rows, drained past it; taken "
-             "where v9's tile pads M or fills at most half the SMs) or 64 (one consumer, overlapped, up to 128 rows; "
-             "two on halves of the rows past it, split_m), each weighed by its measured rate",
+             "fill the waves better than v9's: v11's swapped operands (B's rows in wgmma's 64-row slot, M on its N, "
+             "a multiple of 16), 128 columns over two consumers (the overlapped promotion up to 96 rows, drained past "
+             "it; taken where v9's tile pads M or fills at most half the SMs) or 64 (one consumer, overlapped, up to "
+             "128 rows; two on halves of the rows past it, split_m), each weighed by its measured rate",
          evidence=FP8_SWAP_RESULTS + ": 24 A/Bs against v9's tile at M = 272-768: 80x128 +22-57% at M = 288 and "
                   "320 (0.87-0.93x torch._scaled_mm), 160x128 +9-11% at five shapes, 80x64 +67% at 320x2112x7168; "
                   "not taken at the nine where it ran 0.93-1.04x v9's; " + FP8_SWAP_NARROW_RESULTS + ": 64-column "
