@@ -107,6 +107,11 @@ def test_v11_fp8_refuses_what_the_swap_does_not_build():
         make_config("v11", 320, 4096, 4096, spec=GemmSpec.fp8("bfloat16", "tensor", "bfloat16"), blk_m=80)
     with pytest.raises(ConfigError, match="overlap=4 holds 160 tensor-core accumulators .*over the 232"):
         make_config("v11", 320, 4096, 4096, spec=TENSOR, blk_m=160, overlap=4, pipe_depth=4)
+    # two overlapped sets of 64 accumulators over two consumers spill (0.34x at 64x256); 48 do not
+    with pytest.raises(ConfigError, match=r"overlap=4 over two consumers of 64 accumulators each .*use overlap=0"):
+        make_config("v11", 320, 6144, 4096, spec=TENSOR, blk_m=64, blk_n=256, overlap=4, pipe_depth=4)
+    make_config("v11", 320, 6144, 4096, spec=TENSOR, blk_m=64, blk_n=256, pipe_depth=4)  # drained: 1.07x the rules
+    make_config("v11", 320, 6144, 4096, spec=TENSOR, blk_m=48, blk_n=256, overlap=4, pipe_depth=4)
     # the rule's most rows with the overlapped promotion, over two consumers and over one
     make_config("v11", 320, 4096, 4096, spec=TENSOR, blk_m=plan.FP8_SWAP_OVERLAP_MAX_M[128], overlap=4)
     make_config("v11", 320, 4096, 4096, spec=TENSOR, blk_m=plan.FP8_SWAP_OVERLAP_MAX_M[64], blk_n=64, num_warpgroups=1,

@@ -133,7 +133,20 @@ def check(cfg: GemmConfig) -> None:
                           "block at each promotion, indexed by the tile's rows; v11 builds per-tensor and rowwise "
                           "scales only (use v9 for block scales)")
     fp8.check_split(cfg, SwapPlan(cfg))  # its registers counted on the swapped tile
+    acc = SwapPlan(cfg).acc_regs
+    if fp8.overlap(cfg) and cfg.num_warpgroups == 2 and acc > FP8_OVERLAP_MOST_ACC:
+        raise ConfigError(
+            f"v11 fp8 with overlap={fp8.overlap(cfg)} over two consumers of {acc} accumulators each "
+            f"(blk_m={cfg.blk_m}, blk_n={cfg.blk_n}): two sets and the promoted sums spill beside the transposed "
+            f"epilogue (400 bytes of stack at 64x256, which ran 0.34x the drained kernel: {FP8_OVERLAP_RESULTS}); "
+            f"use overlap=0, or a tile of at most {FP8_OVERLAP_MOST_ACC} accumulators a consumer"
+        )
 
+
+# the most accumulators a consumer of two overlaps its promotion with, without spilling (ptxas, sm_90a: 48 at 96x128,
+# 192x64 in split_m and 48x256 take no stack; 64 at 64x256 takes 400 bytes), and where the spill was timed
+FP8_OVERLAP_MOST_ACC = 48
+FP8_OVERLAP_RESULTS = "benchmarks/results/2026-11-30_h200_fp8_narrow/README.md"
 
 cluster_grid = splitk.cluster_grid
 
