@@ -406,6 +406,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
             wtid = T.meta_var(warp_id * 32 + lane_id)
             # its rows of a_smem (of N under swap AB: all of them with split_m, which gives it rows of M instead)
             wg_row0 = T.meta_var(plan.n_first(c) if preset.swap_ab else c * rows_per_wg)
+            wg_col0 = T.meta_var(plan.m_first(c) if preset.swap_ab else 0)  # its first row of b_smem (split_m)
             # with halves the tensor cores' accumulators hold one half of the tile (fp8.HalfPlan)
             Dreg = T.alloc_local((acc_regs // 2 if halves else acc_regs,), "float32")
             desc_a = T.alloc_local((1,), "uint64")
@@ -433,7 +434,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
             sum_scales = T.meta_var(fp8.SumScales(plan=plan, scale_a=g["scale_a"], scale_b=g["scale_b"],
                                                   how=fp8.recipe(cfg), row0=wg_row0, warp_id=warp_id, lane_id=lane_id,
                                                   sreg=Sreg, swapped=preset.swap_ab,
-                                                  col0=plan.m_first(c) if preset.swap_ab else 0) if scaled else None)
+                                                  col0=wg_col0) if scaled else None)
             # k_consumers: this lane's view of the ring (ring.Lane: every second position from its own)
             lane_ring = T.meta_var(ring.lane(lanes, lane) if lanes > 1 else ring)
             mma = T.meta_var(Consumer(plan=plan, ring=lane_ring, a_smem=Bsmem if preset.swap_ab else Asmem,
@@ -443,7 +444,7 @@ def kernel(cfg: GemmConfig, preset: Preset):
                                       unroll=fp8.unroll_k(cfg), stagger=fp8.stagger(cfg), consumer=c,
                                       halves=fp8.HalfPlan(cfg) if halves else None,
                                       desc_b_half=desc_b_half if halves else None,
-                                      col0=plan.m_first(c) if preset.swap_ab else 0))
+                                      col0=wg_col0))
             if stashing:
                 Breg = T.alloc_local((stash_regs,), "float32")  # the tile's bias (epilogue.BiasStash)
             stash = T.meta_var(epilogue.BiasStash(regs=Breg, count=stash_regs, transposed=transposed, warp_id=warp_id,
